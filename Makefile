@@ -1,0 +1,29 @@
+# Two entry points on a fresh machine (Python >= 3.10 and pip only):
+#   make report   set up .venv and prove the catalogue of identities (python -m verify)
+#   make test     set up .venv and run the whole test suite (lint, pytest, MPI under mpiexec)
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: report test lint mpi-test bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+report: $(STAMP)
+	$(PY) -m verify
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check linop verify tests benchmarks
+
+test: lint
+	$(PY) -m pytest
+
+bench: $(STAMP)
+	for script in benchmarks/bench_*.py; do $(PY) $$script || exit 1; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

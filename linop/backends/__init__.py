@@ -1,0 +1,1 @@
+"""Interpreters of operator trees: numpy (apply), sparse (exact matrix), mpi (real ranks)."""

@@ -1,0 +1,248 @@
+"""The numpy interpreter: apply an operator tree to a state in one process.
+
+Handlers are registered per node type with :func:`handler`; a node without a handler is run
+through its :meth:`~linop.LinearOperator.expand`. Arrays are shared copy-on-write: the
+interpreter copies a caller's array only when it must change it, so application never mutates
+its input, and pass-through blocks cost nothing. Dtypes are kept (float32 stays float32,
+integers stay integers, object arrays of sympy symbols work) and are promoted only where the
+mathematics demands it (adding complex into real, scaling by a complex number).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import SpaceMismatchError, StateError
+from ..movement import Copy, CopyAdjoint, Move
+from ..operator import Composition, Identity, LinearOperator, Scaled, Sum, Zero
+from ..primitives import Add, Allocate, Clear, Deallocate
+from ..space import State
+
+__all__ = ["apply", "handler", "Workspace"]
+
+
+class Workspace:
+    """The interpreter's working state: arrays by block name, and which of them it owns.
+
+    An array that is not owned belongs to the caller and is copied before its first change.
+    """
+
+    __slots__ = ("arrays", "owned", "dtype")
+
+    def __init__(self, arrays: dict[str, np.ndarray], owned: set[str], dtype: np.dtype) -> None:
+        self.arrays = arrays
+        self.owned = owned
+        self.dtype = dtype
+
+    def writable(self, name: str, dtype: np.dtype | None = None) -> np.ndarray:
+        """The array of block ``name``, owned and able to hold ``dtype`` values."""
+        array = self.arrays[name]
+        target = array.dtype if dtype is None else np.result_type(array.dtype, dtype)
+        if name not in self.owned or target != array.dtype:
+            array = array.astype(target, copy=True)
+            self.arrays[name] = array
+            self.owned.add(name)
+        return array
+
+    def set(self, name: str, array: np.ndarray, *, owned: bool = True) -> None:
+        """Bind block ``name`` to ``array``."""
+        self.arrays[name] = array
+        if owned:
+            self.owned.add(name)
+        else:
+            self.owned.discard(name)
+
+    def drop(self, name: str) -> np.ndarray:
+        """Remove block ``name`` and return its array."""
+        self.owned.discard(name)
+        return self.arrays.pop(name)
+
+    def borrowed(self) -> Workspace:
+        """A workspace over the same arrays that owns none of them (for branches of a sum)."""
+        return Workspace(dict(self.arrays), set(), self.dtype)
+
+
+Handler = Callable[[Any, Workspace], None]
+_HANDLERS: dict[type, Handler] = {}
+
+
+def handler(node_type: type) -> Callable[[Handler], Handler]:
+    """Register the numpy handler of a node type (a fast path or a primitive)."""
+
+    def register(function: Handler) -> Handler:
+        _HANDLERS[node_type] = function
+        return function
+
+    return register
+
+
+def run(op: LinearOperator, work: Workspace) -> None:
+    """Apply ``op`` to the workspace, changing it into a state of ``op.range``."""
+    for cls in type(op).__mro__:
+        function = _HANDLERS.get(cls)
+        if function is not None:
+            function(op, work)
+            return
+    expanded = op.expand()
+    if expanded is op:
+        raise TypeError(f"the numpy interpreter has no handler for {type(op).__name__} and it does not expand")
+    run(expanded, work)
+
+
+def apply(
+    op: LinearOperator,
+    state: Mapping[str, Any],
+    *,
+    inplace: bool = False,
+    dtype: npt.DTypeLike | None = None,
+) -> State:
+    """Apply ``op`` to ``state``; see :meth:`linop.LinearOperator.apply`."""
+    arrays = op.domain.check_state(state)
+    if dtype is None:
+        dtype = np.result_type(*arrays.values()) if arrays else np.dtype(np.float64)
+    dtype = np.dtype(dtype)
+    if not inplace:
+        work = Workspace(dict(arrays), set(), dtype)
+        run(op, work)
+        result: State = {}
+        for name in op.range.names:
+            array = work.arrays[name]
+            if name not in work.owned:
+                array = array.view()
+                array.flags.writeable = False
+            result[name] = array
+        return result
+
+    op.domain.require_equal(op.range, f"in-place application of {op}: domain and range differ")
+    for name, array in arrays.items():
+        if array is not state[name] or not array.flags.writeable:
+            raise StateError(f"in-place application needs a writeable numpy array for block {name!r}")
+    work = Workspace(dict(arrays), set(arrays), dtype)
+    run(op, work)
+    pending = {}
+    for name, target in arrays.items():
+        result_array = work.arrays[name]
+        if result_array is target:
+            continue
+        if not np.can_cast(result_array.dtype, target.dtype, casting="same_kind"):
+            raise StateError(
+                f"in-place result of block {name!r} has dtype {result_array.dtype}, "
+                f"which the caller's {target.dtype} array cannot hold"
+            )
+        aliased = any(np.may_share_memory(result_array, other) for other in arrays.values())
+        pending[name] = result_array.copy() if aliased else result_array
+    for name, result_array in pending.items():
+        np.copyto(arrays[name], result_array, casting="same_kind")
+    return state  # type: ignore[return-value]
+
+
+# -- algebra -------------------------------------------------------------------------------
+@handler(Identity)
+def _identity(op: Identity, work: Workspace) -> None:
+    pass
+
+
+@handler(Zero)
+def _zero(op: Zero, work: Workspace) -> None:
+    work.arrays.clear()
+    work.owned.clear()
+    for block in op.range:
+        work.set(block.name, np.zeros(block.shape, dtype=work.dtype))
+
+
+@handler(Composition)
+def _composition(op: Composition, work: Workspace) -> None:
+    for factor in reversed(op.factors):
+        run(factor, work)
+
+
+@handler(Sum)
+def _sum(op: Sum, work: Workspace) -> None:
+    results = []
+    for term in op.terms:
+        branch = work.borrowed()
+        run(term, branch)
+        results.append(branch.arrays)
+    work.arrays.clear()
+    work.owned.clear()
+    for name in op.range.names:
+        total = results[0][name] + results[1][name] if len(results) > 1 else results[0][name].copy()
+        for other in results[2:]:
+            total += other[name]
+        work.set(name, total)
+
+
+@handler(Scaled)
+def _scaled(op: Scaled, work: Workspace) -> None:
+    run(op.operator, work)
+    for name, array in list(work.arrays.items()):
+        scaled_dtype = np.result_type(array, op.alpha) if array.dtype != object else array.dtype
+        if name in work.owned and scaled_dtype == array.dtype:
+            array *= op.alpha
+        else:
+            work.set(name, op.alpha * array)
+
+
+# -- primitives ----------------------------------------------------------------------------
+@handler(Allocate)
+def _allocate(op: Allocate, work: Workspace) -> None:
+    work.set(op.block.name, np.zeros(op.block.shape, dtype=work.dtype))
+
+
+@handler(Deallocate)
+def _deallocate(op: Deallocate, work: Workspace) -> None:
+    work.drop(op.name)
+
+
+@handler(Clear)
+def _clear(op: Clear, work: Workspace) -> None:
+    if op.region.size:
+        work.writable(op.region.name)[op.region.index] = 0
+
+
+@handler(Add)
+def _add(op: Add, work: Workspace) -> None:
+    source = work.arrays[op.src.name][op.src.index]
+    work.writable(op.dst.name, source.dtype)[op.dst.index] += source
+
+
+# -- fast paths (proven equal to their expansions in the tests) -----------------------------
+@handler(Copy)
+def _copy(op: Copy, work: Workspace) -> None:
+    source = work.arrays[op.src.name][op.src.index]
+    if op.out_of_place:
+        work.set(op.dst.name, source.astype(np.result_type(work.dtype, source.dtype), copy=True))
+    else:
+        work.writable(op.dst.name, source.dtype)[op.dst.index] = source
+
+
+@handler(CopyAdjoint)
+def _copy_adjoint(op: CopyAdjoint, work: Workspace) -> None:
+    back = work.arrays[op.dst.name]
+    if not op.out_of_place:
+        back = back[op.dst.index]
+    work.writable(op.src.name, back.dtype)[op.src.index] += back
+    if op.out_of_place:
+        work.drop(op.dst.name)
+    elif op.dst.size:
+        work.writable(op.dst.name)[op.dst.index] = 0
+
+
+@handler(Move)
+def _move(op: Move, work: Workspace) -> None:
+    if op.out_of_place:
+        owned = op.src.name in work.owned
+        array = work.drop(op.src.name)
+        target = np.result_type(work.dtype, array.dtype)
+        if target != array.dtype:
+            array, owned = array.astype(target), True
+        work.set(op.dst.name, array, owned=owned)
+        return
+    source = work.arrays[op.src.name][op.src.index]
+    work.writable(op.dst.name, source.dtype)[op.dst.index] = source
+    if op.src.size:
+        work.writable(op.src.name)[op.src.index] = 0

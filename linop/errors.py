@@ -1,0 +1,63 @@
+"""The typed errors of linop: one hierarchy under :class:`LinopError`.
+
+Every message names the block, shape, index, dimension or rank at fault, so that a user
+learns *what* is wrong without reading a numpy traceback.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "LinopError",
+    "SpaceMismatchError",
+    "RegionError",
+    "ShapeMismatchError",
+    "OverlapError",
+    "BlockExistsError",
+    "UnknownBlockError",
+    "StateError",
+    "ScalarError",
+    "WorkerError",
+]
+
+
+class LinopError(Exception):
+    """Base class of every error that linop raises on purpose."""
+
+
+class SpaceMismatchError(LinopError, ValueError):
+    """Two spaces that must agree (composition, sum, state) differ."""
+
+
+class RegionError(LinopError, IndexError):
+    """A region is out of bounds, has a step other than 1, or is not a basic box."""
+
+
+class ShapeMismatchError(LinopError, ValueError):
+    """Regions that must have the same shape (add, copy, move) do not."""
+
+
+class OverlapError(LinopError, ValueError):
+    """Regions that must be disjoint (add, copy, move) overlap."""
+
+
+class BlockExistsError(LinopError, ValueError):
+    """A block is allocated under a name that the space already holds."""
+
+
+class UnknownBlockError(LinopError, LookupError):
+    """A block name that the space does not hold."""
+
+    def __str__(self) -> str:  # LookupError would quote the message like a key
+        return str(self.args[0]) if self.args else ""
+
+
+class StateError(LinopError, ValueError):
+    """A state does not match its space: missing, extra or wrongly shaped blocks."""
+
+
+class ScalarError(LinopError, TypeError):
+    """An operator was multiplied by something that is not a scalar."""
+
+
+class WorkerError(LinopError, ValueError):
+    """An operator's blocks live on the wrong workers (ranks) for what it does."""

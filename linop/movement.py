@@ -1,0 +1,277 @@
+"""Derived data movement: copy, move and send-receive, each defined by its expansion.
+
+In place, both regions live in one space. Out of place, the destination is a new
+:class:`~linop.Block` (or just its name: same shape and worker as the source), allocated by
+the operator. Each node states its expansion into the primitives (THEORY.md section 1) and its
+adjoint rule; tests prove that the two agree.
+
+=========================  ======================================  ===============================
+operator                   expansion                               adjoint
+=========================  ======================================  ===============================
+Copy, in place             C = S_{a->b} K_b                        CopyAdjoint: K_b S_{b->a}
+Copy, out of place         C = S_{a->b} A_b                        CopyAdjoint: D_b S_{b->a}
+Move, in place             M = K_a S_{a->b} K_b                    Move b -> a
+Move, out of place         M = D_a S_{a->b} A_b  (relabel)         Move b -> a, out of place
+SendRecv                   a Copy between different workers       SendRecvAdjoint (adds back)
+=========================  ======================================  ===============================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+from .errors import RegionError, ShapeMismatchError, WorkerError
+from .operator import Composition, LinearOperator
+from .primitives import Add, Allocate, Clear, Deallocate, check_pair
+from .space import Block, Region, Space
+
+__all__ = ["Copy", "CopyAdjoint", "Move", "SendRecv", "SendRecvAdjoint"]
+
+Destination = Union[Region, Block, str]
+
+
+def _normalize_destination(kind: str, src: Region, dst: Destination) -> Region | Block:
+    """Check a (source, destination) pair; a name becomes a block shaped like the source."""
+    if not isinstance(src, Region):
+        raise TypeError(f"{kind} needs a source region, not {type(src).__name__}")
+    if isinstance(dst, str):
+        dst = Block(dst, src.shape, src.worker)
+    if isinstance(dst, Region):
+        check_pair(kind, src, dst)
+        return dst
+    if isinstance(dst, Block):
+        if dst.shape != src.shape:
+            raise ShapeMismatchError(
+                f"{kind} {src!r} -> new block {dst.name!r}: source shape {src.shape} "
+                f"differs from the new block's shape {dst.shape}"
+            )
+        src.space.with_block(dst)  # raises BlockExistsError if the name is taken
+        return dst
+    raise TypeError(f"{kind} destination must be a Region, a Block or a name, not {type(dst).__name__}")
+
+
+class _Movement(LinearOperator):
+    """Shared structure of a (src, dst) movement node; dst is a Region or a new Block."""
+
+    src: Region
+    dst: Region | Block
+
+    @property
+    def out_of_place(self) -> bool:
+        """True when the destination is a new block that the operator allocates."""
+        return isinstance(self.dst, Block)
+
+    @property
+    def dst_worker(self) -> int:
+        return self.dst.worker
+
+    def _label(self, symbol: str) -> str:
+        dst = self.dst.name if isinstance(self.dst, Block) else repr(self.dst)
+        star = "new " if self.out_of_place else ""
+        return f"{symbol}[{self.src!r} -> {star}{dst}]"
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class Copy(_Movement):
+    r"""Copy a region into another region (in place) or into a new block (out of place).
+
+    .. math::
+
+        C_{a \to b} = S_{a \to b} K_b \quad (x_b \leftarrow x_a), \qquad
+        C_{a \to b}^* = K_b S_{b \to a} \quad (x_a \leftarrow x_a + x_b,\ x_b \leftarrow 0)
+
+    Out of place, :math:`C = S_{a \to b} A_b` and :math:`C^* = D_b S_{b \to a}`.
+
+    Parameters
+    ----------
+    src : Region
+        What to copy.
+    dst : Region, Block or str
+        Where to: a region of the same space (in place, disjoint from ``src``), or a new block
+        (out of place; a name makes a block of the source's shape on the source's worker).
+    """
+
+    src: Region
+    dst: Region | Block
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dst", _normalize_destination(type(self).__name__, self.src, self.dst))
+
+    @property
+    def domain(self) -> Space:
+        return self.src.space
+
+    @property
+    def range(self) -> Space:
+        return self.src.space.with_block(self.dst) if self.out_of_place else self.src.space
+
+    def expand(self) -> LinearOperator:
+        """S_{a->b} K_b in place; S_{a->b} A_b out of place."""
+        if not self.out_of_place:
+            return Composition((Add(self.src, self.dst), Clear(self.dst)))
+        grown = self.range
+        return Composition(
+            (Add(self.src.in_space(grown), grown[self.dst.name]), Allocate(self.domain, self.dst))
+        )
+
+    def adjoint(self) -> LinearOperator:
+        """C_{a->b}* = K_b S_{b->a} (in place) or D_b S_{b->a} (out of place)."""
+        return CopyAdjoint(self.src, self.dst)
+
+    def __str__(self) -> str:
+        return self._label("C")
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class CopyAdjoint(_Movement):
+    r"""The adjoint of :class:`Copy`: add the destination back into the source, then clear
+    it (in place) or drop it (out of place).
+
+    .. math:: C_{a \to b}^* = K_b S_{b \to a}, \qquad (C^*)^* = C
+
+    ``src`` and ``dst`` name the regions of the forward copy; the domain holds ``dst``.
+    """
+
+    src: Region
+    dst: Region | Block
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dst", _normalize_destination(type(self).__name__, self.src, self.dst))
+
+    @property
+    def domain(self) -> Space:
+        return self.src.space.with_block(self.dst) if self.out_of_place else self.src.space
+
+    @property
+    def range(self) -> Space:
+        return self.src.space
+
+    def expand(self) -> LinearOperator:
+        """K_b S_{b->a} in place; D_b S_{b->a} out of place."""
+        if not self.out_of_place:
+            return Composition((Clear(self.dst), Add(self.dst, self.src)))
+        grown = self.domain
+        return Composition(
+            (Deallocate(grown, self.dst.name), Add(grown[self.dst.name], self.src.in_space(grown)))
+        )
+
+    def adjoint(self) -> LinearOperator:
+        """(C*)* = C."""
+        return Copy(self.src, self.dst)
+
+    def __str__(self) -> str:
+        return self._label("C*")
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class Move(_Movement):
+    r"""Move a region into another region (in place) or relabel a block (out of place).
+
+    .. math::
+
+        M_{a \to b} = K_a S_{a \to b} K_b \quad (x_b \leftarrow x_a,\ x_a \leftarrow 0),
+        \qquad M_{a \to b}^* = M_{b \to a}
+
+    Out of place, :math:`M = D_a S_{a \to b} A_b` relabels the whole block ``a`` as ``b``
+    (its matrix is the identity); the adjoint relabels ``b`` back as ``a``.
+
+    Raises
+    ------
+    RegionError
+        Out of place, if ``src`` is not a whole block (only whole blocks can be dropped).
+    """
+
+    src: Region
+    dst: Region | Block
+
+    def __post_init__(self) -> None:
+        dst = _normalize_destination("Move", self.src, self.dst)
+        if isinstance(dst, Block) and not self.src.is_whole:
+            raise RegionError(
+                f"Move {self.src!r} -> new block {dst.name!r}: an out-of-place move drops its "
+                f"source, so it must be the whole block {self.src.name!r}"
+            )
+        object.__setattr__(self, "dst", dst)
+
+    @property
+    def domain(self) -> Space:
+        return self.src.space
+
+    @property
+    def range(self) -> Space:
+        if not self.out_of_place:
+            return self.src.space
+        return self.src.space.without(self.src.name).with_block(self.dst)
+
+    def expand(self) -> LinearOperator:
+        """K_a S_{a->b} K_b in place; D_a S_{a->b} A_b out of place."""
+        if not self.out_of_place:
+            return Composition((Clear(self.src), Add(self.src, self.dst), Clear(self.dst)))
+        grown = self.domain.with_block(self.dst)
+        return Composition(
+            (
+                Deallocate(grown, self.src.name),
+                Add(self.src.in_space(grown), grown[self.dst.name]),
+                Allocate(self.domain, self.dst),
+            )
+        )
+
+    def adjoint(self) -> LinearOperator:
+        """M_{a->b}* = M_{b->a}."""
+        if not self.out_of_place:
+            return Move(self.dst, self.src)
+        return Move(self.range[self.dst.name], self.src.block)
+
+    def __str__(self) -> str:
+        return self._label("M")
+
+
+def _require_other_worker(node: _Movement) -> None:
+    if node.src.worker == node.dst_worker:
+        raise WorkerError(
+            f"{type(node).__name__} {node.src!r} -> {node.dst.name if isinstance(node.dst, Block) else node.dst!r}: "
+            f"both live on worker {node.src.worker}; use Copy within a worker"
+        )
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class SendRecv(Copy):
+    r"""A copy whose source and destination live on different workers (THEORY.md section 2).
+
+    .. math:: x_b \leftarrow x_a, \qquad \text{adjoint: } x_a \leftarrow x_a + x_b,\ x_b \leftarrow 0
+
+    The adjoint is a receive-send (:class:`SendRecvAdjoint`) that *adds* into the source.
+
+    Raises
+    ------
+    WorkerError
+        If both regions live on the same worker.
+    """
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require_other_worker(self)
+
+    def adjoint(self) -> LinearOperator:
+        """The receive-send that adds the destination back into the source."""
+        return SendRecvAdjoint(self.src, self.dst)
+
+    def __str__(self) -> str:
+        return self._label("SR")
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class SendRecvAdjoint(CopyAdjoint):
+    """Adjoint of :class:`SendRecv`: send x_b back to x_a's worker, add it there, clear x_b."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require_other_worker(self)
+
+    def adjoint(self) -> LinearOperator:
+        """(SR*)* = SR."""
+        return SendRecv(self.src, self.dst)
+
+    def __str__(self) -> str:
+        return self._label("SR*")

@@ -1,0 +1,344 @@
+"""Operator trees: the :class:`LinearOperator` base and the algebra nodes.
+
+An operator is an immutable *description* of a linear map from one :class:`~linop.Space` (its
+domain) to another (its range); it holds no data. Operators compose into trees with ``@``,
+``+``, ``-`` and scalar ``*``, and every node carries its own adjoint rule next to its
+definition, so ``op.H`` is derived by rules, never numerically. Interpreters (``linop.backends``)
+run a tree: ``op(state)`` with numpy, ``op.to_sparse()`` as an exact scipy.sparse matrix.
+
+Nodes that are not interpreted directly define :meth:`LinearOperator.expand`, their definition
+in terms of simpler nodes, down to the four trusted primitives (allocate, deallocate, clear,
+add; THEORY.md section 1).
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .errors import ScalarError, SpaceMismatchError
+from .space import Space, State
+
+if TYPE_CHECKING:
+    import scipy.sparse
+    import scipy.sparse.linalg
+
+__all__ = [
+    "LinearOperator",
+    "Identity",
+    "Zero",
+    "Composition",
+    "Sum",
+    "Scaled",
+    "expand_all",
+    "walk",
+]
+
+
+def _short(op: object, limit: int = 70) -> str:
+    text = str(op)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class LinearOperator:
+    """Base class of every operator node.
+
+    A subclass is a frozen dataclass that defines ``domain``, ``range`` and :meth:`adjoint`,
+    and either has an interpreter handler or defines :meth:`expand`. Equality and hashing are
+    structural, so ``A.H.H == A``.
+
+    The algebra follows the mathematics: ``(A @ B)(x) == A(B(x))``, ``(A + B)(x) == A(x) +
+    B(x)``, ``(alpha * A)(x) == alpha * A(x)``.
+    """
+
+    domain: Space
+    range: Space
+
+    # -- rules every node provides ------------------------------------------------------
+    def adjoint(self) -> LinearOperator:
+        """The adjoint operator: <A x, y> == <x, A* y> for all x, y."""
+        raise NotImplementedError(f"{type(self).__name__} defines no adjoint rule")
+
+    def expand(self) -> LinearOperator:
+        """This node's definition in simpler nodes (primitives return themselves)."""
+        return self
+
+    def children(self) -> tuple[LinearOperator, ...]:
+        """The operator's direct sub-operators (empty for leaves)."""
+        return ()
+
+    @property
+    def H(self) -> LinearOperator:  # noqa: N802 - the conventional name
+        """The adjoint, ``self.adjoint()``."""
+        return self.adjoint()
+
+    # -- algebra ---------------------------------------------------------------------------
+    def __matmul__(self, other: object) -> LinearOperator:
+        if not isinstance(other, LinearOperator):
+            return NotImplemented
+        return Composition((self, other))
+
+    def __add__(self, other: object) -> LinearOperator:
+        if not isinstance(other, LinearOperator):
+            return NotImplemented
+        return Sum((self, other))
+
+    def __sub__(self, other: object) -> LinearOperator:
+        if not isinstance(other, LinearOperator):
+            return NotImplemented
+        return Sum((self, -other))
+
+    def __neg__(self) -> LinearOperator:
+        return Scaled(-1, self)
+
+    def __mul__(self, alpha: object) -> LinearOperator:
+        if isinstance(alpha, LinearOperator):
+            raise ScalarError("use A @ B to compose operators; * multiplies by a scalar")
+        return Scaled(alpha, self)
+
+    __rmul__ = __mul__
+
+    # -- interpreters ------------------------------------------------------------------
+    def __call__(self, state: Mapping[str, Any]) -> State:
+        """Apply the operator to a state with the numpy interpreter (never mutates it)."""
+        return self.apply(state)
+
+    def apply(
+        self,
+        state: Mapping[str, Any],
+        *,
+        inplace: bool = False,
+        dtype: npt.DTypeLike | None = None,
+    ) -> State:
+        """Apply the operator with the numpy interpreter.
+
+        Parameters
+        ----------
+        state : dict of str to array
+            A state of ``self.domain``.
+        inplace : bool, optional
+            If True (only when domain equals range), write the result into the caller's
+            arrays and return the same dict; otherwise the caller's arrays are never changed
+            (blocks passed through unchanged come back as read-only views of them).
+        dtype : dtype, optional
+            Dtype of newly allocated blocks; default the common dtype of the input blocks.
+        """
+        from .backends.numpy_backend import apply
+
+        return apply(self, state, inplace=inplace, dtype=dtype)
+
+    def to_sparse(self, dtype: npt.DTypeLike | None = None) -> scipy.sparse.csr_array:
+        """The exact matrix over the canonical flattening (integer for pure data movement)."""
+        from .backends.sparse_backend import to_sparse
+
+        return to_sparse(self, dtype=dtype)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(range size, domain size): the shape of the matrix."""
+        return (self.range.size, self.domain.size)
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def walk(op: LinearOperator):
+    """Yield every node of a tree, parents before children."""
+    stack = [op]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(reversed(node.children()))
+
+
+def expand_all(op: LinearOperator) -> LinearOperator:
+    """Expand every node of a tree until only primitives and algebra nodes remain."""
+    expanded = op.expand()
+    if expanded is not op:
+        return expand_all(expanded)
+    if isinstance(op, Composition):
+        return Composition(tuple(expand_all(f) for f in op.factors))
+    if isinstance(op, Sum):
+        return Sum(tuple(expand_all(t) for t in op.terms))
+    if isinstance(op, Scaled):
+        return Scaled(op.alpha, expand_all(op.operator))
+    return op
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class Identity(LinearOperator):
+    """The identity I on a space: I x = x. Self-adjoint."""
+
+    space: Space
+
+    @property
+    def domain(self) -> Space:
+        return self.space
+
+    @property
+    def range(self) -> Space:
+        return self.space
+
+    def adjoint(self) -> LinearOperator:
+        """I* = I."""
+        return self
+
+    def __str__(self) -> str:
+        return "I"
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class Zero(LinearOperator):
+    """The zero map O from ``domain`` to ``range``; its adjoint is O from range to domain."""
+
+    domain: Space
+    range: Space
+
+    def adjoint(self) -> LinearOperator:
+        """O* = O (with domain and range swapped)."""
+        return Zero(self.range, self.domain)
+
+    def __str__(self) -> str:
+        return "O"
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class Composition(LinearOperator):
+    """Product of operators: ``Composition((A, B, C))(x) == A(B(C(x)))``.
+
+    Adjoint: (A B C)* = C* B* A*. Nested compositions are flattened, so ``(A @ B) @ C`` and
+    ``A @ (B @ C)`` are the same tree.
+
+    Raises
+    ------
+    SpaceMismatchError
+        If a factor's domain differs from the range of the factor to its right; the message
+        names the first differing block.
+    """
+
+    factors: tuple[LinearOperator, ...]
+
+    def __post_init__(self) -> None:
+        flat: list[LinearOperator] = []
+        for f in self.factors:
+            flat.extend(f.factors if isinstance(f, Composition) else (f,))
+        if not flat:
+            raise ValueError("a composition needs at least one factor")
+        for left, right in zip(flat, flat[1:]):
+            left.domain.require_equal(
+                right.range,
+                f"cannot compose {_short(left)!s} @ {_short(right)!s}: "
+                "the left domain (left) and the right range (right) differ",
+            )
+        object.__setattr__(self, "factors", tuple(flat))
+
+    @property
+    def domain(self) -> Space:
+        return self.factors[-1].domain
+
+    @property
+    def range(self) -> Space:
+        return self.factors[0].range
+
+    def children(self) -> tuple[LinearOperator, ...]:
+        return self.factors
+
+    def adjoint(self) -> LinearOperator:
+        """(A B)* = B* A*."""
+        return Composition(tuple(f.H for f in reversed(self.factors)))
+
+    def __str__(self) -> str:
+        return " @ ".join(f"({f})" if isinstance(f, Sum) else str(f) for f in self.factors)
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class Sum(LinearOperator):
+    """Sum of operators with the same domain and range: ``(A + B)(x) == A(x) + B(x)``.
+
+    Adjoint: (A + B)* = A* + B*.
+    """
+
+    terms: tuple[LinearOperator, ...]
+
+    def __post_init__(self) -> None:
+        flat: list[LinearOperator] = []
+        for t in self.terms:
+            flat.extend(t.terms if isinstance(t, Sum) else (t,))
+        if not flat:
+            raise ValueError("a sum needs at least one term")
+        first = flat[0]
+        for other in flat[1:]:
+            first.domain.require_equal(other.domain, f"cannot add {_short(first)} and {_short(other)}: domains differ")
+            first.range.require_equal(other.range, f"cannot add {_short(first)} and {_short(other)}: ranges differ")
+        object.__setattr__(self, "terms", tuple(flat))
+
+    @property
+    def domain(self) -> Space:
+        return self.terms[0].domain
+
+    @property
+    def range(self) -> Space:
+        return self.terms[0].range
+
+    def children(self) -> tuple[LinearOperator, ...]:
+        return self.terms
+
+    def adjoint(self) -> LinearOperator:
+        """(A + B)* = A* + B*."""
+        return Sum(tuple(t.H for t in self.terms))
+
+    def __str__(self) -> str:
+        return " + ".join(str(t) for t in self.terms)
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class Scaled(LinearOperator):
+    """A scalar multiple: ``Scaled(alpha, A)(x) == alpha * A(x)``; adjoint conj(alpha) A*.
+
+    Raises
+    ------
+    ScalarError
+        If ``alpha`` is not a number (int, float, complex or a numpy scalar).
+    """
+
+    alpha: Any
+    operator: LinearOperator
+
+    def __post_init__(self) -> None:
+        alpha = self.alpha
+        if isinstance(alpha, np.ndarray) and alpha.ndim == 0:
+            alpha = alpha[()]
+        if isinstance(alpha, bool) or not isinstance(alpha, numbers.Number):
+            raise ScalarError(
+                f"an operator can be multiplied only by a scalar number, not {type(self.alpha).__name__}"
+            )
+        object.__setattr__(self, "alpha", alpha)
+        if not isinstance(self.operator, LinearOperator):
+            raise TypeError(f"Scaled needs an operator, not {type(self.operator).__name__}")
+
+    @property
+    def domain(self) -> Space:
+        return self.operator.domain
+
+    @property
+    def range(self) -> Space:
+        return self.operator.range
+
+    def children(self) -> tuple[LinearOperator, ...]:
+        return (self.operator,)
+
+    def adjoint(self) -> LinearOperator:
+        """(alpha A)* = conj(alpha) A*."""
+        return Scaled(self.alpha.conjugate(), self.operator.H)
+
+    def __str__(self) -> str:
+        inner = f"({self.operator})" if isinstance(self.operator, (Sum, Composition)) else str(self.operator)
+        if self.alpha == -1:
+            return f"-{inner}"
+        return f"{self.alpha} * {inner}"
+

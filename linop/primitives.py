@@ -1,0 +1,179 @@
+"""The four trusted primitives: allocate, deallocate, clear and add (THEORY.md section 1).
+
+Every other operator of linop expands into these four, so they are the whole trust base:
+each is small enough to check by eye, and each interpreter implements them directly.
+
+==================  ==========================  ====================  ==================
+operator            action                      matrix on (x_a, x_b)  adjoint
+==================  ==========================  ====================  ==================
+Allocate A_b        bring x_b = 0 into scope    [I_a ; O_b]           Deallocate D_b
+Deallocate D_b      drop x_b                    [I_a  O_b]            Allocate A_b
+Clear K_b           x_b <- 0                    diag(I_a, O_b)        K_b
+Add S_{a->b}        x_b <- x_b + x_a            [[I, O], [I, I]]      S_{b->a}
+==================  ==========================  ====================  ==================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import OverlapError, ShapeMismatchError, SpaceMismatchError
+from .operator import LinearOperator
+from .space import Block, Region, Space
+
+__all__ = ["Allocate", "Deallocate", "Clear", "Add", "check_pair"]
+
+
+def check_pair(kind: str, src: Region, dst: Region) -> None:
+    """Validate two regions of one space that a primitive relates (same shape, disjoint)."""
+    if not isinstance(src, Region) or not isinstance(dst, Region):
+        raise TypeError(f"{kind} relates two regions, got {type(src).__name__} and {type(dst).__name__}")
+    if src.space != dst.space:
+        diff = src.space.difference(dst.space)
+        raise SpaceMismatchError(f"{kind} {src!r} -> {dst!r}: the regions come from different spaces ({diff})")
+    if src.shape != dst.shape:
+        raise ShapeMismatchError(
+            f"{kind} {src!r} -> {dst!r}: source shape {src.shape} differs from destination shape {dst.shape}"
+        )
+    if src.overlaps(dst):
+        raise OverlapError(f"{kind} {src!r} -> {dst!r}: the regions overlap in block {src.name!r}")
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class Allocate(LinearOperator):
+    r"""Bring a new block of zeros into scope.
+
+    .. math:: A_b : x \mapsto (x, x_b = 0), \qquad A_b^* = D_b
+
+    Parameters
+    ----------
+    space : Space
+        The domain; the range is ``space`` plus ``block``.
+    block : Block
+        The new block (its name must not exist in ``space``).
+
+    Raises
+    ------
+    BlockExistsError
+        If ``space`` already holds a block of that name.
+    """
+
+    space: Space
+    block: Block
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_range", self.space.with_block(self.block))
+
+    @property
+    def domain(self) -> Space:
+        return self.space
+
+    @property
+    def range(self) -> Space:
+        return self._range  # type: ignore[attr-defined]
+
+    def adjoint(self) -> LinearOperator:
+        """A_b* = D_b."""
+        return Deallocate(self.range, self.block.name)
+
+    def __str__(self) -> str:
+        return f"A[{self.block.name}]"
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class Deallocate(LinearOperator):
+    r"""Drop a block from scope.
+
+    .. math:: D_b : (x, x_b) \mapsto x, \qquad D_b^* = A_b
+
+    Raises
+    ------
+    UnknownBlockError
+        If ``space`` holds no block called ``name``.
+    """
+
+    space: Space
+    name: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_range", self.space.without(self.name))
+
+    @property
+    def domain(self) -> Space:
+        return self.space
+
+    @property
+    def range(self) -> Space:
+        return self._range  # type: ignore[attr-defined]
+
+    def adjoint(self) -> LinearOperator:
+        """D_b* = A_b."""
+        return Allocate(self.range, self.space.block(self.name))
+
+    def __str__(self) -> str:
+        return f"D[{self.name}]"
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class Clear(LinearOperator):
+    r"""Set a region to zero.
+
+    .. math:: K_b : x_b \mapsto 0 \text{ (all else unchanged)}, \qquad K_b^* = K_b
+    """
+
+    region: Region
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.region, Region):
+            raise TypeError(f"Clear needs a region, not {type(self.region).__name__}")
+
+    @property
+    def domain(self) -> Space:
+        return self.region.space
+
+    @property
+    def range(self) -> Space:
+        return self.region.space
+
+    def adjoint(self) -> LinearOperator:
+        """K_b* = K_b."""
+        return self
+
+    def __str__(self) -> str:
+        return f"K[{self.region!r}]"
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class Add(LinearOperator):
+    r"""Add one region into another of the same shape.
+
+    .. math:: S_{a \to b} : x_b \mapsto x_b + x_a, \qquad S_{a \to b}^* = S_{b \to a}
+
+    Raises
+    ------
+    ShapeMismatchError
+        If the regions' shapes differ.
+    OverlapError
+        If the regions share entries.
+    """
+
+    src: Region
+    dst: Region
+
+    def __post_init__(self) -> None:
+        check_pair("Add", self.src, self.dst)
+
+    @property
+    def domain(self) -> Space:
+        return self.src.space
+
+    @property
+    def range(self) -> Space:
+        return self.src.space
+
+    def adjoint(self) -> LinearOperator:
+        """S_{a->b}* = S_{b->a}."""
+        return Add(self.dst, self.src)
+
+    def __str__(self) -> str:
+        return f"S[{self.src!r} -> {self.dst!r}]"

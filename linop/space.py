@@ -1,0 +1,449 @@
+"""Spaces of named blocks, and regions (boxes) inside those blocks.
+
+A program's memory is one vector cut into named blocks (THEORY.md section 1). A
+:class:`Space` is the set of such blocks, each with a shape and the worker that owns it; a
+*state* of a space is a plain ``dict[str, numpy.ndarray]`` keyed by block name. A
+:class:`Region` is a box inside one block, the "subset x_a" of the theory.
+
+Canonical order
+---------------
+A space keeps its blocks sorted by name in *natural* order (runs of digits compare as
+numbers, so ``"x2" < "x10"``). Two spaces holding the same blocks are therefore equal
+whatever order they were built in, and :meth:`Space.flatten` lays a state out as one vector
+in exactly this order, each block raveled in C order. The sparse interpreter uses the same
+layout, so the row and column of every matrix entry are known.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Union
+
+import numpy as np
+import numpy.typing as npt
+
+from .errors import (
+    BlockExistsError,
+    RegionError,
+    SpaceMismatchError,
+    StateError,
+    UnknownBlockError,
+)
+
+__all__ = ["Block", "Space", "Region", "State", "natural_key"]
+
+State = dict[str, np.ndarray]
+"""A state of a space: one array per block name."""
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+def natural_key(name: str) -> tuple[Any, ...]:
+    """Sort key comparing runs of digits as numbers: ``"x2" < "x10"``."""
+    parts = _DIGITS.split(name)
+    return tuple(int(p) if i % 2 else p for i, p in enumerate(parts))
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """A named block of memory: its shape and the worker (rank) that owns it.
+
+    Parameters
+    ----------
+    name : str
+        Unique name of the block within a space.
+    shape : tuple of int
+        Shape of the block; zero extents (empty blocks) are allowed.
+    worker : int, optional
+        The worker that owns the block (rank under MPI). Default 0.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    worker: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise TypeError(f"a block name must be a non-empty string, not {self.name!r}")
+        shape = (self.shape,) if isinstance(self.shape, (int, np.integer)) else self.shape
+        try:
+            shape = tuple(operator.index(n) for n in shape)
+        except TypeError:
+            raise TypeError(
+                f"block {self.name!r}: shape must be a tuple of ints, not {self.shape!r}"
+            ) from None
+        if any(n < 0 for n in shape):
+            raise ValueError(f"block {self.name!r}: negative extent in shape {shape}")
+        object.__setattr__(self, "shape", shape)
+        worker = operator.index(self.worker)
+        if worker < 0:
+            raise ValueError(f"block {self.name!r}: worker must be >= 0, not {worker}")
+        object.__setattr__(self, "worker", worker)
+
+    @property
+    def size(self) -> int:
+        """Number of entries."""
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def ndim(self) -> int:
+        """Number of dimensions."""
+        return len(self.shape)
+
+    def __repr__(self) -> str:
+        worker = f", worker={self.worker}" if self.worker else ""
+        return f"Block({self.name!r}, {self.shape}{worker})"
+
+
+BlockLike = Union[Block, tuple]
+
+
+def _as_block(item: BlockLike) -> Block:
+    if isinstance(item, Block):
+        return item
+    if isinstance(item, tuple) and 2 <= len(item) <= 3:
+        return Block(*item)
+    raise TypeError(f"expected a Block or a (name, shape[, worker]) tuple, not {item!r}")
+
+
+class Space:
+    """An ordered set of named blocks (canonical natural order by name).
+
+    Parameters
+    ----------
+    blocks : iterable of Block or (name, shape[, worker]) tuples
+
+    Examples
+    --------
+    >>> space = Space([("y", (2,), 1), ("x", (2, 3))])
+    >>> space.names
+    ('x', 'y')
+    >>> space["x"][:, 1:]
+    x[0:2, 1:3]
+    """
+
+    __slots__ = ("_blocks", "_by_name", "_offsets", "_hash")
+
+    def __init__(self, blocks: Iterable[BlockLike] = ()) -> None:
+        by_name: dict[str, Block] = {}
+        for item in blocks:
+            block = _as_block(item)
+            if block.name in by_name:
+                raise BlockExistsError(f"block {block.name!r} appears twice in a space")
+            by_name[block.name] = block
+        ordered = tuple(sorted(by_name.values(), key=lambda b: natural_key(b.name)))
+        self._blocks = ordered
+        self._by_name = {b.name: b for b in ordered}
+        offsets, total = {}, 0
+        for b in ordered:
+            offsets[b.name] = total
+            total += b.size
+        self._offsets = offsets
+        self._hash = hash(ordered)
+
+    # -- structure -------------------------------------------------------------------
+    @property
+    def blocks(self) -> tuple[Block, ...]:
+        """The blocks, in canonical order."""
+        return self._blocks
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The block names, in canonical order."""
+        return tuple(self._by_name)
+
+    @property
+    def size(self) -> int:
+        """Total number of entries: the length of a flattened state."""
+        return sum(b.size for b in self._blocks)
+
+    @property
+    def workers(self) -> tuple[int, ...]:
+        """The workers that own at least one block, sorted."""
+        return tuple(sorted({b.worker for b in self._blocks}))
+
+    def block(self, name: str) -> Block:
+        """The block called ``name``."""
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise UnknownBlockError(
+                f"unknown block {name!r}; the space holds {list(self._by_name)}"
+            ) from None
+
+    def offset(self, name: str) -> int:
+        """Position of block ``name``'s first entry in a flattened state."""
+        self.block(name)
+        return self._offsets[name]
+
+    def __getitem__(self, name: str) -> Region:
+        block = self.block(name)
+        return Region(self, name, (0,) * block.ndim, block.shape)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    def __iter__(self) -> Iterator[Block]:
+        return iter(self._blocks)
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def with_block(self, block: BlockLike) -> Space:
+        """This space plus one more block (error if the name exists)."""
+        block = _as_block(block)
+        if block.name in self._by_name:
+            raise BlockExistsError(f"cannot add block {block.name!r}: the space already holds it")
+        return Space((*self._blocks, block))
+
+    def without(self, name: str) -> Space:
+        """This space minus block ``name`` (error if it does not exist)."""
+        self.block(name)
+        return Space(b for b in self._blocks if b.name != name)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Space):
+            return NotImplemented
+        return self._hash == other._hash and self._blocks == other._blocks
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __repr__(self) -> str:
+        return f"Space({list(self._blocks)!r})"
+
+    def __str__(self) -> str:
+        parts = []
+        for b in self._blocks:
+            shape = "x".join(map(str, b.shape)) or "scalar"
+            parts.append(f"{b.name}:{shape}@{b.worker}")
+        return "{" + ", ".join(parts) + "}"
+
+    def difference(self, other: Space) -> str | None:
+        """Describe the first block in which two spaces differ, or None if equal."""
+        for name in sorted(set(self.names) | set(other.names), key=natural_key):
+            mine, theirs = self._by_name.get(name), other._by_name.get(name)
+            if mine != theirs:
+                if mine is None:
+                    return f"block {name!r} is missing on the left ({theirs!r} on the right)"
+                if theirs is None:
+                    return f"block {name!r} is missing on the right ({mine!r} on the left)"
+                return f"block {name!r} differs: {mine!r} versus {theirs!r}"
+        return None
+
+    def require_equal(self, other: Space, what: str) -> None:
+        """Raise :class:`SpaceMismatchError` naming the first differing block."""
+        diff = self.difference(other)
+        if diff is not None:
+            raise SpaceMismatchError(f"{what}: {diff}")
+
+    # -- states ----------------------------------------------------------------------
+    def check_state(self, state: Mapping[str, Any]) -> State:
+        """Validate a state against this space and return it as a dict of arrays.
+
+        Raises
+        ------
+        StateError
+            If a block is missing, extra, or has the wrong shape.
+        """
+        if not isinstance(state, Mapping):
+            raise StateError(f"a state must be a dict of arrays keyed by block name, not {type(state).__name__}")
+        missing = [n for n in self._by_name if n not in state]
+        if missing:
+            raise StateError(f"state is missing block {missing[0]!r} (missing: {missing})")
+        extra = [n for n in state if n not in self._by_name]
+        if extra:
+            raise StateError(f"state has block {extra[0]!r} that the space does not hold")
+        arrays: State = {}
+        for name, block in self._by_name.items():
+            value = state[name]
+            array = value if isinstance(value, np.ndarray) else np.asarray(value)
+            if array.shape != block.shape:
+                raise StateError(
+                    f"block {name!r} has shape {array.shape}, the space expects {block.shape}"
+                )
+            arrays[name] = array
+        return arrays
+
+    def zeros(self, dtype: npt.DTypeLike = np.float64) -> State:
+        """A state of zeros."""
+        return {b.name: np.zeros(b.shape, dtype=dtype) for b in self._blocks}
+
+    def random(self, rng: np.random.Generator | int | None = None, dtype: npt.DTypeLike = np.float64) -> State:
+        """A random state: standard normal entries (real and imaginary parts for complex
+        dtypes), or integers in [-9, 9] for integer dtypes."""
+        rng = np.random.default_rng(rng)
+        dtype = np.dtype(dtype)
+        state: State = {}
+        for b in self._blocks:
+            if dtype.kind in "iu":
+                low = 0 if dtype.kind == "u" else -9
+                state[b.name] = rng.integers(low, 10, size=b.shape).astype(dtype)
+            elif dtype.kind == "c":
+                parts = rng.standard_normal((2, *b.shape))
+                state[b.name] = (parts[0] + 1j * parts[1]).astype(dtype)
+            elif dtype.kind == "f":
+                state[b.name] = rng.standard_normal(b.shape).astype(dtype)
+            else:
+                raise TypeError(f"cannot draw random entries of dtype {dtype}")
+        return state
+
+    def inner(self, x: Mapping[str, Any], y: Mapping[str, Any]) -> Any:
+        """The inner product sum(conj(x) * y) over all blocks (conjugate-linear in x)."""
+        x, y = self.check_state(x), self.check_state(y)
+        total: Any = 0
+        for name in self._by_name:
+            total = total + np.vdot(x[name], y[name])
+        return total
+
+    def flatten(self, state: Mapping[str, Any]) -> np.ndarray:
+        """One vector: the blocks in canonical order, each raveled in C order."""
+        arrays = self.check_state(state)
+        if not arrays:
+            return np.zeros(0)
+        return np.concatenate([arrays[n].ravel() for n in self._by_name])
+
+    def unflatten(self, vector: npt.ArrayLike) -> State:
+        """Inverse of :meth:`flatten` (the blocks are views into ``vector``)."""
+        vector = np.asarray(vector)
+        if vector.ndim != 1 or vector.shape[0] != self.size:
+            raise StateError(f"expected a vector of length {self.size}, got shape {vector.shape}")
+        return {
+            b.name: vector[self._offsets[b.name] : self._offsets[b.name] + b.size].reshape(b.shape)
+            for b in self._blocks
+        }
+
+
+def _normalize_index(key: Any, shape: tuple[int, ...], what: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Turn a basic index into (start, stop) per dimension, relative to ``shape``."""
+    key = key if isinstance(key, tuple) else (key,)
+    if sum(k is Ellipsis for k in key) > 1:
+        raise RegionError(f"{what}: at most one Ellipsis in an index")
+    if Ellipsis in key:
+        at = key.index(Ellipsis)
+        fill = len(shape) - (len(key) - 1)
+        key = key[:at] + (slice(None),) * max(fill, 0) + key[at + 1 :]
+    if len(key) > len(shape):
+        raise RegionError(f"{what}: {len(key)} indices for {len(shape)} dimensions")
+    key = key + (slice(None),) * (len(shape) - len(key))
+    starts, stops = [], []
+    for dim, (k, n) in enumerate(zip(key, shape)):
+        if isinstance(k, slice):
+            if k.step not in (None, 1):
+                raise RegionError(f"{what}: dimension {dim} has step {k.step}; regions are boxes with step 1")
+            start = 0 if k.start is None else _int_index(k.start, what, dim)
+            stop = n if k.stop is None else _int_index(k.stop, what, dim)
+            start = start + n if start < 0 else start
+            stop = stop + n if stop < 0 else stop
+            if not 0 <= start <= stop <= n:
+                raise RegionError(
+                    f"{what}: slice {k.start}:{k.stop} is out of bounds for dimension {dim} of extent {n}"
+                )
+        else:
+            i = _int_index(k, what, dim)
+            if not -n <= i < n:
+                raise RegionError(f"{what}: index {i} is out of bounds for dimension {dim} of extent {n}")
+            start = i + n if i < 0 else i
+            stop = start + 1
+        starts.append(start)
+        stops.append(stop)
+    return tuple(starts), tuple(stops)
+
+
+def _int_index(value: Any, what: str, dim: int) -> int:
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise RegionError(
+            f"{what}: dimension {dim}: only integers and slices make a region, not {value!r}"
+        ) from None
+
+
+@dataclass(frozen=True)
+class Region:
+    """A box inside one block of a space: the subset x_a of THEORY.md section 1.
+
+    Made by indexing a space: ``space["x"]`` is the whole block and ``space["x"][1:3, :]`` a
+    box of it. Only basic indices make regions: integers (which keep their dimension with
+    extent 1), slices with step 1, and one Ellipsis. Negative indices count from the end.
+    Indexing a region indexes *within* it, like a numpy view.
+    """
+
+    space: Space
+    name: str
+    start: tuple[int, ...]
+    stop: tuple[int, ...]
+
+    @property
+    def block(self) -> Block:
+        """The block that holds this region."""
+        return self.space.block(self.name)
+
+    @property
+    def worker(self) -> int:
+        """The worker that owns the region's block."""
+        return self.block.worker
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Extent of the box."""
+        return tuple(b - a for a, b in zip(self.start, self.stop))
+
+    @property
+    def size(self) -> int:
+        """Number of entries in the box."""
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def index(self) -> tuple[slice, ...]:
+        """The numpy index of the box inside its block."""
+        return tuple(slice(a, b) for a, b in zip(self.start, self.stop))
+
+    @property
+    def is_whole(self) -> bool:
+        """True when the region is its whole block."""
+        return self.stop == self.block.shape and not any(self.start)
+
+    def __getitem__(self, key: Any) -> Region:
+        start, stop = _normalize_index(key, self.shape, f"region {self!r}")
+        return Region(
+            self.space,
+            self.name,
+            tuple(a + s for a, s in zip(self.start, start)),
+            tuple(a + s for a, s in zip(self.start, stop)),
+        )
+
+    def overlaps(self, other: Region) -> bool:
+        """True when both regions share at least one entry."""
+        if self.name != other.name or self.size == 0 or other.size == 0:
+            return False
+        return all(
+            max(a0, b0) < min(a1, b1)
+            for a0, a1, b0, b1 in zip(self.start, self.stop, other.start, other.stop)
+        )
+
+    def in_space(self, space: Space) -> Region:
+        """The same box, in another space that holds the same block."""
+        if space.block(self.name) != self.block:
+            raise SpaceMismatchError(
+                f"region {self!r}: block {self.name!r} is {space.block(self.name)!r} in the target space"
+            )
+        return Region(space, self.name, self.start, self.stop)
+
+    def flat_indices(self) -> np.ndarray:
+        """Positions of the region's entries in the space's flattened state (C order)."""
+        strides = np.cumprod((1, *self.block.shape[::-1]))[-2::-1] if self.block.ndim else ()
+        grids = np.ix_(*(np.arange(a, b) * s for a, b, s in zip(self.start, self.stop, strides)))
+        offset = self.space.offset(self.name)
+        if not grids:
+            return np.array([offset])
+        return (functools.reduce(np.add, grids) + offset).ravel()
+
+    def __repr__(self) -> str:
+        if self.is_whole:
+            return self.name
+        return f"{self.name}[{', '.join(f'{a}:{b}' for a, b in zip(self.start, self.stop))}]"

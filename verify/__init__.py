@@ -1,0 +1,1 @@
+"""verify: prove the adjoints of linop operators numerically, exactly and symbolically."""
