@@ -17,6 +17,8 @@ __all__ = [
     "StateError",
     "ScalarError",
     "WorkerError",
+    "PartitionError",
+    "DecompositionError",
 ]
 
 
@@ -61,3 +63,11 @@ class ScalarError(LinopError, TypeError):
 
 class WorkerError(LinopError, ValueError):
     """An operator's blocks live on the wrong workers (ranks) for what it does."""
+
+
+class PartitionError(LinopError, ValueError):
+    """A partition of workers is malformed or does not fit the tensor or partition it meets."""
+
+
+class DecompositionError(LinopError, ValueError):
+    """Per-worker sizes of a tensor decomposition do not fit its global shape."""

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from .errors import ScalarError, SpaceMismatchError
+from .errors import ScalarError
 from .space import Space, State
 
 if TYPE_CHECKING:

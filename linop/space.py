@@ -126,7 +126,7 @@ class Space:
     x[0:2, 1:3]
     """
 
-    __slots__ = ("_blocks", "_by_name", "_offsets", "_hash")
+    __slots__ = ("_blocks", "_by_name", "_hash", "_offsets")
 
     def __init__(self, blocks: Iterable[BlockLike] = ()) -> None:
         by_name: dict[str, Block] = {}

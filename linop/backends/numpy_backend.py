@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import SpaceMismatchError, StateError
+from ..errors import StateError
 from ..movement import Copy, CopyAdjoint, Move
 from ..operator import Composition, Identity, LinearOperator, Scaled, Sum, Zero
 from ..primitives import Add, Allocate, Clear, Deallocate
@@ -31,7 +31,7 @@ class Workspace:
     An array that is not owned belongs to the caller and is copied before its first change.
     """
 
-    __slots__ = ("arrays", "owned", "dtype")
+    __slots__ = ("arrays", "dtype", "owned")
 
     def __init__(self, arrays: dict[str, np.ndarray], owned: set[str], dtype: np.dtype) -> None:
         self.arrays = arrays

@@ -1,0 +1,294 @@
+"""Cartesian partitions of workers and distributed tensors over them (THEORY.md section 2, 5).
+
+A :class:`Partition` arranges workers in a grid; two partitions may share workers, overlap or be
+disjoint. A :class:`DistributedTensor` cuts a global array into one block per worker of a
+partition, with a balanced decomposition by default (sizes differ by at most one, larger shares
+first) or explicit per-dimension sizes. Empty blocks are normal: 5 entries over 8 workers leave
+3 workers with nothing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .errors import DecompositionError, PartitionError
+from .space import Block, Region, Space, State
+
+__all__ = [
+    "Partition",
+    "DistributedTensor",
+    "balanced_sizes",
+    "intersect",
+    "Box",
+]
+
+Box = tuple[tuple[int, ...], tuple[int, ...]]
+"""A box of global coordinates: (start, stop) per dimension."""
+
+
+def balanced_sizes(length: int, parts: int) -> tuple[int, ...]:
+    """Split ``length`` into ``parts`` sizes differing by at most one, larger ones first.
+
+    >>> balanced_sizes(5, 3)
+    (2, 2, 1)
+    """
+    if parts < 1:
+        raise DecompositionError(f"cannot split length {length} into {parts} parts")
+    quotient, remainder = divmod(length, parts)
+    return (quotient + 1,) * remainder + (quotient,) * (parts - remainder)
+
+
+def intersect(a: Box, b: Box) -> Box | None:
+    """The intersection of two boxes, or None when it holds no entry."""
+    start = tuple(max(x, y) for x, y in zip(a[0], b[0]))
+    stop = tuple(min(x, y) for x, y in zip(a[1], b[1]))
+    if any(lo >= hi for lo, hi in zip(start, stop)):
+        return None
+    return start, stop
+
+
+@dataclass(frozen=True)
+class Partition:
+    """A Cartesian grid of workers.
+
+    Parameters
+    ----------
+    shape : tuple of int
+        Grid shape, e.g. ``(2, 3)``.
+    workers : sequence of int, optional
+        The worker ids in C order of grid index; default ``0 .. prod(shape) - 1``.
+
+    Raises
+    ------
+    PartitionError
+        If a worker is listed twice, the count does not match the shape, or an id is negative.
+
+    Examples
+    --------
+    >>> p = Partition((2, 2), workers=(4, 5, 6, 7))
+    >>> p.worker((1, 0)), p.index(5)
+    (6, (0, 1))
+    """
+
+    shape: tuple[int, ...]
+    workers: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        shape = (self.shape,) if isinstance(self.shape, (int, np.integer)) else self.shape
+        shape = tuple(operator.index(n) for n in shape)
+        if any(n < 1 for n in shape):
+            raise PartitionError(f"partition shape {shape} has an extent below 1")
+        object.__setattr__(self, "shape", shape)
+        count = int(np.prod(shape, dtype=np.int64))
+        workers = tuple(operator.index(w) for w in self.workers) if self.workers else tuple(range(count))
+        if len(workers) != count:
+            raise PartitionError(f"partition of shape {shape} needs {count} workers, got {len(workers)}")
+        seen: set[int] = set()
+        for w in workers:
+            if w < 0:
+                raise PartitionError(f"worker ids must be >= 0, got {w}")
+            if w in seen:
+                raise PartitionError(f"worker {w} is listed twice in partition {shape}")
+            seen.add(w)
+        object.__setattr__(self, "workers", workers)
+
+    @classmethod
+    def grid(cls, shape: Sequence[int] | int, *, first: int = 0) -> Partition:
+        """A partition of consecutive workers ``first, first + 1, ...`` in C order."""
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        return cls(shape, tuple(range(first, first + int(np.prod(shape, dtype=np.int64)))))
+
+    @property
+    def ndim(self) -> int:
+        """Number of grid dimensions."""
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        """Number of workers."""
+        return len(self.workers)
+
+    def indices(self) -> Iterator[tuple[int, ...]]:
+        """All grid indices, in C order."""
+        return itertools.product(*(range(n) for n in self.shape))
+
+    def worker(self, index: Sequence[int]) -> int:
+        """The worker at a grid index."""
+        index = tuple(index)
+        if len(index) != self.ndim or not all(0 <= i < n for i, n in zip(index, self.shape)):
+            raise PartitionError(f"index {index} is outside partition {self.shape}")
+        return self.workers[int(np.ravel_multi_index(index, self.shape))] if self.ndim else self.workers[0]
+
+    def index(self, worker: int) -> tuple[int, ...]:
+        """The grid index of a worker."""
+        try:
+            flat = self.workers.index(worker)
+        except ValueError:
+            raise PartitionError(f"worker {worker} is not in partition {self.shape} {self.workers}") from None
+        return tuple(int(i) for i in np.unravel_index(flat, self.shape)) if self.ndim else ()
+
+    def __contains__(self, worker: object) -> bool:
+        return worker in self.workers
+
+    def subpartitions(self, axes: Sequence[int]) -> list[Partition]:
+        """The partitions along ``axes``: workers grouped by their coordinates on the other axes.
+
+        Each group is a partition of shape ``(shape[a] for a in axes)``; groups come in C order
+        of the remaining coordinates.
+        """
+        axes = tuple(a % self.ndim for a in axes) if self.ndim else ()
+        others = tuple(a for a in range(self.ndim) if a not in axes)
+        groups = []
+        for fixed in itertools.product(*(range(self.shape[a]) for a in others)):
+            members = []
+            for moving in itertools.product(*(range(self.shape[a]) for a in axes)):
+                index = [0] * self.ndim
+                for a, i in zip(others, fixed):
+                    index[a] = i
+                for a, i in zip(axes, moving):
+                    index[a] = i
+                members.append(self.worker(index))
+            groups.append(Partition(tuple(self.shape[a] for a in axes), tuple(members)))
+        return groups
+
+    def __str__(self) -> str:
+        return f"P{self.shape}{list(self.workers)}"
+
+
+@dataclass(frozen=True)
+class DistributedTensor:
+    """A global array of ``global_shape`` cut into one block per worker of ``partition``.
+
+    Block ``name[i,j]`` (grid index (i, j)) holds the global box
+    ``[offset_d(i_d), offset_d(i_d) + sizes[d][i_d])`` in each dimension d and lives on worker
+    ``partition.worker((i, j))``.
+
+    Parameters
+    ----------
+    name : str
+        Prefix of the block names.
+    global_shape : tuple of int
+    partition : Partition
+        Must have one grid dimension per tensor dimension.
+    sizes : sequence of sequences of int, optional
+        Explicit per-dimension sizes (unbalanced decomposition); default balanced.
+
+    Raises
+    ------
+    PartitionError
+        If the partition's rank differs from the tensor's.
+    DecompositionError
+        If explicit sizes have the wrong count, are negative, or do not add up to the global
+        extent of their dimension.
+    """
+
+    name: str
+    global_shape: tuple[int, ...]
+    partition: Partition
+    sizes: tuple[tuple[int, ...], ...] = ()
+
+    def __post_init__(self) -> None:
+        shape = (self.global_shape,) if isinstance(self.global_shape, (int, np.integer)) else self.global_shape
+        shape = tuple(operator.index(n) for n in shape)
+        if any(n < 0 for n in shape):
+            raise DecompositionError(f"tensor {self.name!r}: negative extent in global shape {shape}")
+        object.__setattr__(self, "global_shape", shape)
+        if self.partition.ndim != len(shape):
+            raise PartitionError(
+                f"tensor {self.name!r} has rank {len(shape)} but partition {self.partition.shape} "
+                f"has rank {self.partition.ndim}"
+            )
+        if not self.sizes:
+            sizes = tuple(balanced_sizes(n, p) for n, p in zip(shape, self.partition.shape))
+        else:
+            if len(self.sizes) != len(shape):
+                raise DecompositionError(
+                    f"tensor {self.name!r}: sizes given for {len(self.sizes)} dimensions, tensor has {len(shape)}"
+                )
+            sizes = tuple(tuple(operator.index(s) for s in dim) for dim in self.sizes)
+            for d, (dim_sizes, n, p) in enumerate(zip(sizes, shape, self.partition.shape)):
+                if len(dim_sizes) != p:
+                    raise DecompositionError(
+                        f"tensor {self.name!r}: dimension {d} has {len(dim_sizes)} sizes for {p} workers"
+                    )
+                if any(s < 0 for s in dim_sizes):
+                    raise DecompositionError(f"tensor {self.name!r}: dimension {d} has a negative size {dim_sizes}")
+                if sum(dim_sizes) != n:
+                    raise DecompositionError(
+                        f"tensor {self.name!r}: dimension {d} sizes {dim_sizes} add up to {sum(dim_sizes)}, "
+                        f"not the global extent {n}"
+                    )
+        object.__setattr__(self, "sizes", sizes)
+        offsets = tuple(tuple(int(o) for o in np.cumsum((0, *dim))[:-1]) for dim in sizes)
+        object.__setattr__(self, "_offsets", offsets)
+
+    @property
+    def ndim(self) -> int:
+        """Number of tensor dimensions."""
+        return len(self.global_shape)
+
+    def block_name(self, index: Sequence[int]) -> str:
+        """Name of the block at a grid index, e.g. ``x[0,1]``."""
+        return f"{self.name}[{','.join(str(i) for i in index)}]"
+
+    def box(self, index: Sequence[int]) -> Box:
+        """The global box held by the block at a grid index."""
+        offsets = self._offsets  # type: ignore[attr-defined]
+        start = tuple(offsets[d][i] for d, i in enumerate(index))
+        stop = tuple(s + self.sizes[d][i] for d, (s, i) in enumerate(zip(start, index)))
+        return start, stop
+
+    def block(self, index: Sequence[int]) -> Block:
+        """The block at a grid index."""
+        start, stop = self.box(index)
+        return Block(self.block_name(index), tuple(b - a for a, b in zip(start, stop)), self.partition.worker(index))
+
+    @property
+    def blocks(self) -> tuple[Block, ...]:
+        """All blocks, in C order of grid index."""
+        return tuple(self.block(i) for i in self.partition.indices())
+
+    @property
+    def space(self) -> Space:
+        """The space of the tensor's blocks."""
+        return Space(self.blocks)
+
+    def region(self, index: Sequence[int], box: Box, space: Space | None = None) -> Region:
+        """The part of a global ``box`` held by block ``index`` as a region of ``space``
+        (default the tensor's space); ``box`` must lie inside that block's box."""
+        start, stop = self.box(index)
+        space = self.space if space is None else space
+        whole = space[self.block_name(index)]
+        return whole[tuple(slice(a - s, b - s) for a, b, s in zip(box[0], box[1], start))]
+
+    def scatter(self, array: Any) -> State:
+        """Cut a global array into a state of the tensor's space (copies)."""
+        array = np.asarray(array)
+        if array.shape != self.global_shape:
+            raise DecompositionError(
+                f"tensor {self.name!r}: array of shape {array.shape} does not match global shape {self.global_shape}"
+            )
+        state: State = {}
+        for index in self.partition.indices():
+            start, stop = self.box(index)
+            state[self.block_name(index)] = array[tuple(slice(a, b) for a, b in zip(start, stop))].copy()
+        return state
+
+    def gather(self, state: Mapping[str, Any]) -> np.ndarray:
+        """Assemble a state of the tensor's space into one global array."""
+        arrays = self.space.check_state(state)
+        dtype = np.result_type(*arrays.values()) if arrays else np.float64
+        out = np.zeros(self.global_shape, dtype=dtype)
+        for index in self.partition.indices():
+            start, stop = self.box(index)
+            out[tuple(slice(a, b) for a, b in zip(start, stop))] = arrays[self.block_name(index)]
+        return out
+
+    def __str__(self) -> str:
+        return f"{self.name}{list(self.global_shape)} on {self.partition}"
