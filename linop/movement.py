@@ -19,7 +19,6 @@ SendRecv                   a Copy between different workers       SendRecvAdjoin
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 from .errors import RegionError, ShapeMismatchError, WorkerError
 from .operator import Composition, LinearOperator
@@ -28,7 +27,7 @@ from .space import Block, Region, Space
 
 __all__ = ["Copy", "CopyAdjoint", "Move", "SendRecv", "SendRecvAdjoint"]
 
-Destination = Union[Region, Block, str]
+Destination = Region | Block | str
 
 
 def _normalize_destination(kind: str, src: Region, dst: Destination) -> Region | Block:

@@ -262,7 +262,7 @@ class DistributedTensor:
     def region(self, index: Sequence[int], box: Box, space: Space | None = None) -> Region:
         """The part of a global ``box`` held by block ``index`` as a region of ``space``
         (default the tensor's space); ``box`` must lie inside that block's box."""
-        start, stop = self.box(index)
+        start = self.box(index)[0]
         space = self.space if space is None else space
         whole = space[self.block_name(index)]
         return whole[tuple(slice(a - s, b - s) for a, b, s in zip(box[0], box[1], start))]

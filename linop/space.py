@@ -21,7 +21,7 @@ import operator
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -99,7 +99,7 @@ class Block:
         return f"Block({self.name!r}, {self.shape}{worker})"
 
 
-BlockLike = Union[Block, tuple]
+BlockLike = Block | tuple
 
 
 def _as_block(item: BlockLike) -> Block:
