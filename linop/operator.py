@@ -273,8 +273,12 @@ class Sum(LinearOperator):
             raise ValueError("a sum needs at least one term")
         first = flat[0]
         for other in flat[1:]:
-            first.domain.require_equal(other.domain, f"cannot add {_short(first)} and {_short(other)}: domains differ")
-            first.range.require_equal(other.range, f"cannot add {_short(first)} and {_short(other)}: ranges differ")
+            first.domain.require_equal(
+                other.domain, f"cannot add {_short(first)} and {_short(other)}: domains differ"
+            )
+            first.range.require_equal(
+                other.range, f"cannot add {_short(first)} and {_short(other)}: ranges differ"
+            )
         object.__setattr__(self, "terms", tuple(flat))
 
     @property
@@ -341,4 +345,3 @@ class Scaled(LinearOperator):
         if self.alpha == -1:
             return f"-{inner}"
         return f"{self.alpha} * {inner}"
-

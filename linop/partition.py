@@ -194,7 +194,9 @@ class DistributedTensor:
     sizes: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
-        shape = (self.global_shape,) if isinstance(self.global_shape, (int, np.integer)) else self.global_shape
+        shape = (
+            (self.global_shape,) if isinstance(self.global_shape, (int, np.integer)) else self.global_shape
+        )
         shape = tuple(operator.index(n) for n in shape)
         if any(n < 0 for n in shape):
             raise DecompositionError(f"tensor {self.name!r}: negative extent in global shape {shape}")
@@ -218,7 +220,9 @@ class DistributedTensor:
                         f"tensor {self.name!r}: dimension {d} has {len(dim_sizes)} sizes for {p} workers"
                     )
                 if any(s < 0 for s in dim_sizes):
-                    raise DecompositionError(f"tensor {self.name!r}: dimension {d} has a negative size {dim_sizes}")
+                    raise DecompositionError(
+                        f"tensor {self.name!r}: dimension {d} has a negative size {dim_sizes}"
+                    )
                 if sum(dim_sizes) != n:
                     raise DecompositionError(
                         f"tensor {self.name!r}: dimension {d} sizes {dim_sizes} add up to {sum(dim_sizes)}, "
@@ -247,7 +251,9 @@ class DistributedTensor:
     def block(self, index: Sequence[int]) -> Block:
         """The block at a grid index."""
         start, stop = self.box(index)
-        return Block(self.block_name(index), tuple(b - a for a, b in zip(start, stop)), self.partition.worker(index))
+        return Block(
+            self.block_name(index), tuple(b - a for a, b in zip(start, stop)), self.partition.worker(index)
+        )
 
     @property
     def blocks(self) -> tuple[Block, ...]:

@@ -30,7 +30,9 @@ def check_pair(kind: str, src: Region, dst: Region) -> None:
         raise TypeError(f"{kind} relates two regions, got {type(src).__name__} and {type(dst).__name__}")
     if src.space != dst.space:
         diff = src.space.difference(dst.space)
-        raise SpaceMismatchError(f"{kind} {src!r} -> {dst!r}: the regions come from different spaces ({diff})")
+        raise SpaceMismatchError(
+            f"{kind} {src!r} -> {dst!r}: the regions come from different spaces ({diff})"
+        )
     if src.shape != dst.shape:
         raise ShapeMismatchError(
             f"{kind} {src!r} -> {dst!r}: source shape {src.shape} differs from destination shape {dst.shape}"

@@ -251,7 +251,9 @@ class Space:
             If a block is missing, extra, or has the wrong shape.
         """
         if not isinstance(state, Mapping):
-            raise StateError(f"a state must be a dict of arrays keyed by block name, not {type(state).__name__}")
+            raise StateError(
+                f"a state must be a dict of arrays keyed by block name, not {type(state).__name__}"
+            )
         missing = [n for n in self._by_name if n not in state]
         if missing:
             raise StateError(f"state is missing block {missing[0]!r} (missing: {missing})")
@@ -263,9 +265,7 @@ class Space:
             value = state[name]
             array = value if isinstance(value, np.ndarray) else np.asarray(value)
             if array.shape != block.shape:
-                raise StateError(
-                    f"block {name!r} has shape {array.shape}, the space expects {block.shape}"
-                )
+                raise StateError(f"block {name!r} has shape {array.shape}, the space expects {block.shape}")
             arrays[name] = array
         return arrays
 
@@ -273,7 +273,9 @@ class Space:
         """A state of zeros."""
         return {b.name: np.zeros(b.shape, dtype=dtype) for b in self._blocks}
 
-    def random(self, rng: np.random.Generator | int | None = None, dtype: npt.DTypeLike = np.float64) -> State:
+    def random(
+        self, rng: np.random.Generator | int | None = None, dtype: npt.DTypeLike = np.float64
+    ) -> State:
         """A random state: standard normal entries (real and imaginary parts for complex
         dtypes), or integers in [-9, 9] for integer dtypes."""
         rng = np.random.default_rng(rng)
@@ -318,8 +320,10 @@ class Space:
         }
 
 
-def _normalize_index(key: Any, shape: tuple[int, ...], what: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Turn a basic index into (start, stop) per dimension, relative to ``shape``."""
+def _normalize_index(
+    key: Any, shape: tuple[int, ...], what: str
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[bool, ...]]:
+    """Turn a basic index into (start, stop, indexed by an integer) per dimension of ``shape``."""
     key = key if isinstance(key, tuple) else (key,)
     if sum(k is Ellipsis for k in key) > 1:
         raise RegionError(f"{what}: at most one Ellipsis in an index")
@@ -330,7 +334,7 @@ def _normalize_index(key: Any, shape: tuple[int, ...], what: str) -> tuple[tuple
     if len(key) > len(shape):
         raise RegionError(f"{what}: {len(key)} indices for {len(shape)} dimensions")
     key = key + (slice(None),) * (len(shape) - len(key))
-    starts, stops = [], []
+    starts, stops, integers = [], [], []
     for dim, (k, n) in enumerate(zip(key, shape)):
         if isinstance(k, slice):
             if k.step not in (None, 1):
@@ -351,7 +355,8 @@ def _normalize_index(key: Any, shape: tuple[int, ...], what: str) -> tuple[tuple
             stop = start + 1
         starts.append(start)
         stops.append(stop)
-    return tuple(starts), tuple(stops)
+        integers.append(not isinstance(k, slice))
+    return tuple(starts), tuple(stops), tuple(integers)
 
 
 def _int_index(value: Any, what: str, dim: int) -> int:
@@ -368,15 +373,24 @@ class Region:
     """A box inside one block of a space: the subset x_a of THEORY.md section 1.
 
     Made by indexing a space: ``space["x"]`` is the whole block and ``space["x"][1:3, :]`` a
-    box of it. Only basic indices make regions: integers (which keep their dimension with
-    extent 1), slices with step 1, and one Ellipsis. Negative indices count from the end.
-    Indexing a region indexes *within* it, like a numpy view.
+    box of it. Only basic indices make regions: integers, slices with step 1, and one
+    Ellipsis. Negative indices count from the end. As in numpy, an integer index drops its
+    dimension from the region's shape (``space["x"][0]`` of a 4 x 6 block has shape (6,));
+    indexing a region indexes *within* it, like a numpy view.
+
+    Attributes
+    ----------
+    start, stop : tuple of int
+        The box in block coordinates, one entry per block dimension.
+    dropped : tuple of int
+        Block dimensions indexed by an integer (extent 1, absent from ``shape``).
     """
 
     space: Space
     name: str
     start: tuple[int, ...]
     stop: tuple[int, ...]
+    dropped: tuple[int, ...] = ()
 
     @property
     def block(self) -> Block:
@@ -390,8 +404,8 @@ class Region:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        """Extent of the box."""
-        return tuple(b - a for a, b in zip(self.start, self.stop))
+        """Extent of the box along the dimensions that are not dropped."""
+        return tuple(b - a for d, (a, b) in enumerate(zip(self.start, self.stop)) if d not in self.dropped)
 
     @property
     def size(self) -> int:
@@ -400,22 +414,26 @@ class Region:
 
     @property
     def index(self) -> tuple[slice, ...]:
-        """The numpy index of the box inside its block."""
-        return tuple(slice(a, b) for a, b in zip(self.start, self.stop))
+        """The numpy index of the box inside its block (integers for dropped dimensions)."""
+        return tuple(
+            a if d in self.dropped else slice(a, b) for d, (a, b) in enumerate(zip(self.start, self.stop))
+        )
 
     @property
     def is_whole(self) -> bool:
         """True when the region is its whole block."""
-        return self.stop == self.block.shape and not any(self.start)
+        return self.stop == self.block.shape and not any(self.start) and not self.dropped
 
     def __getitem__(self, key: Any) -> Region:
-        start, stop = _normalize_index(key, self.shape, f"region {self!r}")
-        return Region(
-            self.space,
-            self.name,
-            tuple(a + s for a, s in zip(self.start, start)),
-            tuple(a + s for a, s in zip(self.start, stop)),
-        )
+        start, stop, integers = _normalize_index(key, self.shape, f"region {self!r}")
+        visible = [d for d in range(len(self.start)) if d not in self.dropped]
+        new_start, new_stop = list(self.start), list(self.stop)
+        dropped = set(self.dropped)
+        for d, a, b, integer in zip(visible, start, stop, integers):
+            new_start[d], new_stop[d] = self.start[d] + a, self.start[d] + b
+            if integer:
+                dropped.add(d)
+        return Region(self.space, self.name, tuple(new_start), tuple(new_stop), tuple(sorted(dropped)))
 
     def overlaps(self, other: Region) -> bool:
         """True when both regions share at least one entry."""
@@ -432,7 +450,7 @@ class Region:
             raise SpaceMismatchError(
                 f"region {self!r}: block {self.name!r} is {space.block(self.name)!r} in the target space"
             )
-        return Region(space, self.name, self.start, self.stop)
+        return Region(space, self.name, self.start, self.stop, self.dropped)
 
     def flat_indices(self) -> np.ndarray:
         """Positions of the region's entries in the space's flattened state (C order)."""
@@ -446,4 +464,7 @@ class Region:
     def __repr__(self) -> str:
         if self.is_whole:
             return self.name
-        return f"{self.name}[{', '.join(f'{a}:{b}' for a, b in zip(self.start, self.stop))}]"
+        parts = (
+            str(a) if d in self.dropped else f"{a}:{b}" for d, (a, b) in enumerate(zip(self.start, self.stop))
+        )
+        return f"{self.name}[{', '.join(parts)}]"

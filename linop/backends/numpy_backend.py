@@ -89,7 +89,9 @@ def run(op: LinearOperator, work: Workspace) -> None:
             return
     expanded = op.expand()
     if expanded is op:
-        raise TypeError(f"the numpy interpreter has no handler for {type(op).__name__} and it does not expand")
+        raise TypeError(
+            f"the numpy interpreter has no handler for {type(op).__name__} and it does not expand"
+        )
     run(expanded, work)
 
 

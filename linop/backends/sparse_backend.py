@@ -55,7 +55,9 @@ def matrix_of(op: LinearOperator) -> sp.csr_array:
             return function(op)
     expanded = op.expand()
     if expanded is op:
-        raise TypeError(f"the sparse interpreter has no handler for {type(op).__name__} and it does not expand")
+        raise TypeError(
+            f"the sparse interpreter has no handler for {type(op).__name__} and it does not expand"
+        )
     return matrix_of(expanded)
 
 
@@ -143,7 +145,9 @@ def _add(op: Add) -> sp.csr_array:
 
 
 # -- fast paths: one selection matrix each (proven equal to the expansions in the tests) -----
-def _movement(domain: Space, range_: Space, kept: np.ndarray, links: tuple[np.ndarray, np.ndarray]) -> sp.csr_array:
+def _movement(
+    domain: Space, range_: Space, kept: np.ndarray, links: tuple[np.ndarray, np.ndarray]
+) -> sp.csr_array:
     """Identity on the blocks shared by domain and range, except the domain entries that
     ``kept`` masks out, plus ones at ``links`` (range rows, domain columns)."""
     shared = tuple(n for n in domain.names if n in range_)
