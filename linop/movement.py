@@ -19,6 +19,7 @@ SendRecv                   a Copy between different workers       SendRecvAdjoin
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from .errors import RegionError, ShapeMismatchError, WorkerError
 from .operator import Composition, LinearOperator
@@ -101,7 +102,7 @@ class Copy(_Movement):
     def domain(self) -> Space:
         return self.src.space
 
-    @property
+    @cached_property
     def range(self) -> Space:
         return self.src.space.with_block(self.dst) if self.out_of_place else self.src.space
 
@@ -138,7 +139,7 @@ class CopyAdjoint(_Movement):
     def __post_init__(self) -> None:
         object.__setattr__(self, "dst", _normalize_destination(type(self).__name__, self.src, self.dst))
 
-    @property
+    @cached_property
     def domain(self) -> Space:
         return self.src.space.with_block(self.dst) if self.out_of_place else self.src.space
 
@@ -197,7 +198,7 @@ class Move(_Movement):
     def domain(self) -> Space:
         return self.src.space
 
-    @property
+    @cached_property
     def range(self) -> Space:
         if not self.out_of_place:
             return self.src.space

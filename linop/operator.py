@@ -297,7 +297,11 @@ class Sum(LinearOperator):
         return Sum(tuple(t.H for t in self.terms))
 
     def __str__(self) -> str:
-        return " + ".join(str(t) for t in self.terms)
+        text = str(self.terms[0])
+        for term in self.terms[1:]:
+            negated = isinstance(term, Scaled) and term.alpha == -1
+            text += f" - {str(term)[1:]}" if negated else f" + {term}"
+        return text
 
 
 @dataclass(frozen=True, eq=True, repr=False)

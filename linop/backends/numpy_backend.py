@@ -20,7 +20,7 @@ from ..errors import StateError
 from ..movement import Copy, CopyAdjoint, Move
 from ..operator import Composition, Identity, LinearOperator, Scaled, Sum, Zero
 from ..primitives import Add, Allocate, Clear, Deallocate
-from ..space import State
+from ..space import Region, State
 
 __all__ = ["apply", "handler", "Workspace"]
 
@@ -47,6 +47,16 @@ class Workspace:
             self.arrays[name] = array
             self.owned.add(name)
         return array
+
+    def overwritten(self, region: Region, dtype: np.dtype) -> np.ndarray:
+        """The array of ``region``'s block, owned and able to hold ``dtype``, for a write that
+        replaces the region's values: a whole borrowed block is not copied first."""
+        array = self.arrays[region.name]
+        if region.is_whole and region.name not in self.owned:
+            array = np.empty(array.shape, dtype=np.result_type(array.dtype, dtype))
+            self.set(region.name, array)
+            return array
+        return self.writable(region.name, dtype)
 
     def set(self, name: str, array: np.ndarray, *, owned: bool = True) -> None:
         """Bind block ``name`` to ``array``."""
@@ -219,7 +229,7 @@ def _copy(op: Copy, work: Workspace) -> None:
     if op.out_of_place:
         work.set(op.dst.name, source.astype(np.result_type(work.dtype, source.dtype), copy=True))
     else:
-        work.writable(op.dst.name, source.dtype)[op.dst.index] = source
+        work.overwritten(op.dst, source.dtype)[op.dst.index] = source
 
 
 @handler(CopyAdjoint)
@@ -245,6 +255,6 @@ def _move(op: Move, work: Workspace) -> None:
         work.set(op.dst.name, array, owned=owned)
         return
     source = work.arrays[op.src.name][op.src.index]
-    work.writable(op.dst.name, source.dtype)[op.dst.index] = source
+    work.overwritten(op.dst, source.dtype)[op.dst.index] = source
     if op.src.size:
         work.writable(op.src.name)[op.src.index] = 0
