@@ -1,0 +1,224 @@
+r"""Repartition (all-to-all) of a distributed tensor, and its special cases scatter and gather
+(THEORY.md section 2).
+
+A repartition re-decomposes one global array from any partition and decomposition to any
+other: overlapping, disjoint or identical worker sets, balanced or explicit sizes, empty
+shares. Every entry of the global array lives in exactly one block before and exactly one
+after, so the operator is a permutation: its adjoint is its inverse, the reverse repartition.
+
+==============================  ==========================================  ======================
+node                            forward                                     adjoint
+==============================  ==========================================  ======================
+Repartition(x, y)               y_j[box] = x_i[box] for every intersection  Repartition(y, x)
+Scatter(root, x)                x_i = root[box of x_i]                      Gather(root, x)
+Gather(root, x)                 root[box of x_i] = x_i                      Scatter(root, x)
+==============================  ==========================================  ======================
+
+Each expands (through :class:`~linop.collectives.Plan`) into Allocate, one in-place Copy or
+SendRecv per non-empty intersection, and Deallocate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .collectives import (
+    _NO_OTHERS,
+    GlobalShapeError,
+    Piece,
+    Plan,
+    Planned,
+    _piece,
+    _pieces,
+    _whole,
+    overlaps,
+)
+from .operator import LinearOperator
+from .partition import DistributedTensor
+from .space import Block, Space
+
+__all__ = ["Gather", "Repartition", "Scatter", "overlaps"]
+
+
+def _require_tensor(kind: str, what: str, value: object) -> None:
+    if not isinstance(value, DistributedTensor):
+        raise TypeError(f"{kind}: {what} must be a DistributedTensor, not {type(value).__name__}")
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class Repartition(Planned):
+    r"""Re-decompose a distributed tensor onto another partition and decomposition.
+
+    .. math::
+
+        y_j\big|_{b} = x_i\big|_{b} \text{ for every non-empty } b = \mathrm{box}(x_i) \cap
+        \mathrm{box}(y_j), \qquad T^* = T^{-1} = \text{Repartition}(y, x)
+
+    Out of place: the source blocks are dropped, the destination blocks are new. A piece that
+    stays on its worker is a Copy, any other a SendRecv.
+
+    Parameters
+    ----------
+    source, destination : DistributedTensor
+        Two decompositions of the same global shape, with different block names.
+    others : Space, optional
+        Blocks that pass through unchanged.
+
+    Raises
+    ------
+    GlobalShapeError
+        If the global shapes differ (names both tensors).
+    BlockExistsError
+        If a block name is used twice (source, destination, pass-through blocks).
+    """
+
+    source: DistributedTensor
+    destination: DistributedTensor
+    others: Space = _NO_OTHERS
+
+    def __post_init__(self) -> None:
+        _require_tensor("Repartition", "source", self.source)
+        _require_tensor("Repartition", "destination", self.destination)
+        if self.source.global_shape != self.destination.global_shape:
+            raise GlobalShapeError(
+                f"Repartition {self.source.name!r} -> {self.destination.name!r}: global shapes "
+                f"{self.source.global_shape} and {self.destination.global_shape} differ"
+            )
+        self._validate()
+
+    def _sources(self) -> tuple[Block, ...]:
+        return self.source.blocks
+
+    def _targets(self) -> tuple[Block, ...]:
+        return self.destination.blocks
+
+    def _plan(self) -> Plan:
+        items = []
+        for i, j, (start, stop) in overlaps(self.source, self.destination):
+            origin_i = self.source.box(i)[0]
+            origin_j = self.destination.box(j)[0]
+            items.append(
+                _piece(
+                    self.source.block_name(i),
+                    tuple(a - o for a, o in zip(start, origin_i)),
+                    self.destination.block_name(j),
+                    tuple(a - o for a, o in zip(start, origin_j)),
+                    tuple(b - a for a, b in zip(start, stop)),
+                )
+            )
+        return Plan(self.destination.blocks, _pieces(items), tuple(b.name for b in self.source.blocks))
+
+    def adjoint(self) -> LinearOperator:
+        """T* = the reverse repartition (a permutation's transpose is its inverse)."""
+        return Repartition(self.destination, self.source, self.others)
+
+    def __str__(self) -> str:
+        return f"T[{self.source.name} -> {self.destination.name}]"
+
+
+class _RootGeometry(Planned):
+    root: Block
+    tensor: DistributedTensor
+    others: Space
+
+    def _setup(self) -> None:
+        kind = type(self).__name__
+        if not isinstance(self.root, Block):
+            raise TypeError(f"{kind}: root must be a Block, not {type(self.root).__name__}")
+        _require_tensor(kind, "tensor", self.tensor)
+        if self.root.shape != self.tensor.global_shape:
+            raise GlobalShapeError(
+                f"{kind}: root block {self.root.name!r} has shape {self.root.shape} but tensor "
+                f"{self.tensor.name!r} has global shape {self.tensor.global_shape}"
+            )
+        self._validate()
+
+    def _scatter_pieces(self) -> tuple[Piece, ...]:
+        items = []
+        for index in self.tensor.partition.indices():
+            block = self.tensor.block(index)
+            items.append(_piece(self.root, self.tensor.box(index)[0], block, _whole(block), block.shape))
+        return _pieces(items)
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class Scatter(_RootGeometry):
+    r"""Cut one block holding a whole global array into the blocks of a distributed tensor.
+
+    .. math:: x_i = r\big|_{\mathrm{box}(x_i)}, \qquad S^* = S^{-1} = \text{Gather}
+
+    The root block is dropped; the tensor's blocks are new (Copy on the root's worker,
+    SendRecv to others). A special case of :class:`Repartition` from a one-worker partition.
+
+    Parameters
+    ----------
+    root : Block
+        The whole array, of shape ``tensor.global_shape``, on its worker.
+    tensor : DistributedTensor
+    others : Space, optional
+        Blocks that pass through unchanged.
+
+    Raises
+    ------
+    GlobalShapeError
+        If the root's shape is not the tensor's global shape.
+    """
+
+    root: Block
+    tensor: DistributedTensor
+    others: Space = _NO_OTHERS
+
+    def __post_init__(self) -> None:
+        self._setup()
+
+    def _sources(self) -> tuple[Block, ...]:
+        return (self.root,)
+
+    def _targets(self) -> tuple[Block, ...]:
+        return self.tensor.blocks
+
+    def _plan(self) -> Plan:
+        return Plan(self.tensor.blocks, self._scatter_pieces(), (self.root.name,))
+
+    def adjoint(self) -> LinearOperator:
+        """Scatter* = Gather (its inverse)."""
+        return Gather(self.root, self.tensor, self.others)
+
+    def __str__(self) -> str:
+        return f"Sc[{self.root.name} -> {self.tensor.name}]"
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class Gather(_RootGeometry):
+    r"""Assemble the blocks of a distributed tensor into one new block on the root's worker.
+
+    .. math:: r\big|_{\mathrm{box}(x_i)} = x_i, \qquad G^* = G^{-1} = \text{Scatter}
+
+    The fields mean what they mean for :class:`Scatter`: ``root`` is the new block.
+    """
+
+    root: Block
+    tensor: DistributedTensor
+    others: Space = _NO_OTHERS
+
+    def __post_init__(self) -> None:
+        self._setup()
+
+    def _sources(self) -> tuple[Block, ...]:
+        return self.tensor.blocks
+
+    def _targets(self) -> tuple[Block, ...]:
+        return (self.root,)
+
+    def _plan(self) -> Plan:
+        pieces = tuple(
+            Piece(p.target, p.target_start, p.source, p.source_start, p.shape) for p in self._scatter_pieces()
+        )
+        return Plan((self.root,), pieces, tuple(b.name for b in self.tensor.blocks))
+
+    def adjoint(self) -> LinearOperator:
+        """Gather* = Scatter (its inverse)."""
+        return Scatter(self.root, self.tensor, self.others)
+
+    def __str__(self) -> str:
+        return f"G[{self.tensor.name} -> {self.root.name}]"
