@@ -1,0 +1,548 @@
+"""Halo exchange and its adjoint, for any kernel, tensor rank and decomposition (THEORY.md section 3).
+
+Three operators take a distributed tensor to the *windows* a local sliding-window kernel needs:
+
+==================  ====================================  ===============================================
+operator            maps                                  adjoint
+==================  ====================================  ===============================================
+:func:`pad_shim`    bulk blocks -> local blocks           restrict each local block to its bulk
+:class:`HaloExchange`  local -> local (in place)          send halos back, **add** them into owners' bulk
+:func:`trim_shim`   local blocks -> windows               embed each window in a zero local block
+==================  ====================================  ===============================================
+
+:func:`halo_windows` composes them: each worker's window equals the global input, padded by the
+kernel's boundary mode, restricted to the worker's needed range (:mod:`linop.halo_geometry`).
+
+A *local* block holds, per dimension, ``[left pad | left halo | bulk | right halo | right pad]``
+(the hull of the bulk and the needed range). The exchange writes the entries of each window that
+lie outside the bulk: halo entries from their owners and, for the periodic and reflecting
+boundaries, pad entries from the entries they wrap to; zero pads are left alone.
+
+Nested and direct exchange
+--------------------------
+The *nested* exchange is the paper's ``H = H_{d-1} ... H_1 H_0``: stage ``H_i`` fills halos along
+dimension i, with the extent along earlier dimensions covering their (already filled) windows, so
+corner entries travel in two hops. Each stage is ``H_i = K_T C_U C_E C_P K_S`` with explicit send and
+receive buffers (see :class:`HaloStage`), so its adjoint ``H_i* = K_S C_P* C_E* C_U* K_T`` is derived
+by the primitives' rules. A halo wider than the neighbour's bulk is fetched from every worker along
+the dimension whose bulk it meets (multi-hop).
+
+The *direct* exchange is one stage: every window entry outside the bulk is copied straight from
+its owner, corners included (one box per pair of workers for zero padding). Both write the same
+entries with the same values, so they are the same operator; the tests prove it with exact
+matrices.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from .halo_geometry import HaloError, HaloGeometry, Kernel, Segment, halo_geometry
+from .movement import Copy, Move, SendRecv
+from .operator import Composition, Identity, LinearOperator
+from .partition import DistributedTensor
+from .primitives import Allocate, Clear, Deallocate
+from .space import Block, Region, Space
+
+__all__ = [
+    "HaloExchange",
+    "HaloExchangeAdjoint",
+    "HaloStage",
+    "HaloStageAdjoint",
+    "Transfer",
+    "halo_windows",
+    "local_space",
+    "pad_shim",
+    "trim_shim",
+    "window_space",
+]
+
+Variant = Literal["nested", "direct"]
+Transfer = tuple[Region, Region]
+"""One copy of a halo exchange stage: (source region, destination region) in the local space."""
+
+
+# -- names and spaces -------------------------------------------------------------------------
+def _name(prefix: str, index: Sequence[int]) -> str:
+    return f"{prefix}[{','.join(str(i) for i in index)}]"
+
+
+def _local_prefix(geometry: HaloGeometry, name: str | None) -> str:
+    prefix = f"{geometry.tensor.name}_local" if name is None else name
+    if prefix == geometry.tensor.name:
+        raise HaloError(f"the local blocks need a name other than the tensor's own {prefix!r}")
+    return prefix
+
+
+def _window_prefix(geometry: HaloGeometry, name: str | None) -> str:
+    return f"{geometry.tensor.name}_window" if name is None else name
+
+
+def local_space(geometry: HaloGeometry, name: str | None = None) -> Space:
+    """The space of the local (pad + halo + bulk) blocks, ``name[i,j]`` on the bulk's worker
+    (default name: the tensor's name + ``"_local"``)."""
+    prefix = _local_prefix(geometry, name)
+    partition = geometry.tensor.partition
+    return Space(
+        Block(_name(prefix, g), geometry.local_shape(g), partition.worker(g)) for g in partition.indices()
+    )
+
+
+def window_space(geometry: HaloGeometry, name: str | None = None) -> Space:
+    """The space of the windows, one block per worker (empty for a worker without output;
+    default name: the tensor's name + ``"_window"``)."""
+    prefix = _window_prefix(geometry, name)
+    partition = geometry.tensor.partition
+    return Space(
+        Block(_name(prefix, g), geometry.window_shape(g), partition.worker(g)) for g in partition.indices()
+    )
+
+
+def _box(space: Space, name: str, slices: Sequence[slice]) -> Region:
+    return Region(space, name, tuple(s.start for s in slices), tuple(s.stop for s in slices))
+
+
+# -- one stage: a set of commuting copies, with explicit buffers --------------------------------
+def _check_transfers(space: Space, transfers: tuple[Transfer, ...], label: str) -> None:
+    """Sources and destinations live in ``space``, shapes match, and no destination meets a
+    source or another destination (so the copies of a stage commute)."""
+    by_block: dict[str, tuple[list[Region], list[Region]]] = {}
+    for src, dst in transfers:
+        if not isinstance(src, Region) or not isinstance(dst, Region):
+            raise TypeError(f"stage {label}: a transfer is a (Region, Region) pair, not {(src, dst)!r}")
+        for region in (src, dst):
+            if region.space != space:
+                raise HaloError(f"stage {label}: region {region!r} is not a region of the stage's space")
+        if src.shape != dst.shape:
+            raise HaloError(
+                f"stage {label}: transfer {src!r} -> {dst!r} has shapes {src.shape} and {dst.shape}"
+            )
+        by_block.setdefault(src.name, ([], []))[0].append(src)
+        by_block.setdefault(dst.name, ([], []))[1].append(dst)
+    for name, (sources, destinations) in by_block.items():
+        for k, dst in enumerate(destinations):
+            for other in itertools.chain(sources, destinations[k + 1 :]):
+                if dst.overlaps(other):
+                    raise HaloError(
+                        f"stage {label}: destination {dst!r} overlaps {other!r} in block {name!r}; "
+                        "the copies of a stage must not read or write each other's destinations"
+                    )
+
+
+def _buffer_names(space: Space, label: str, count: int) -> list[tuple[str, str]]:
+    names = [(f"{label}.send{t}", f"{label}.recv{t}") for t in range(count)]
+    for pair in names:
+        for name in pair:
+            if name in space:
+                raise HaloError(f"stage {label}: buffer name {name!r} is already a block of the space")
+    return names
+
+
+def _stage_expansion(space: Space, transfers: tuple[Transfer, ...], label: str) -> LinearOperator:
+    """H_i = D K_T C_U C_E C_P K_S A: allocate the buffers, clear them (K_S), pack (C_P),
+    send-receive (C_E), unpack (C_U), clear (K_T) and drop them. A copy within one worker
+    needs no buffer: it is part of C_U."""
+    remote = [(s, d) for s, d in transfers if s.worker != d.worker]
+    local = [(s, d) for s, d in transfers if s.worker == d.worker]
+    names = _buffer_names(space, label, len(remote))
+    grown = space
+    allocate: list[LinearOperator] = []
+    for (src, dst), (send, recv) in zip(remote, names):
+        for name, worker in ((send, src.worker), (recv, dst.worker)):
+            allocate.append(Allocate(grown, Block(name, src.shape, worker)))
+            grown = allocate[-1].range
+    buffers = [grown[n] for pair in names for n in pair]
+    setup = [Clear(b) for b in buffers]
+    pack = [Copy(src.in_space(grown), grown[send]) for (src, _), (send, _) in zip(remote, names)]
+    exchange = [SendRecv(grown[send], grown[recv]) for send, recv in names]
+    unpack = [Copy(grown[recv], dst.in_space(grown)) for (_, dst), (_, recv) in zip(remote, names)]
+    unpack += [Copy(src.in_space(grown), dst.in_space(grown)) for src, dst in local]
+    teardown = [Clear(b) for b in buffers]
+    deallocate: list[LinearOperator] = []
+    for b in reversed(buffers):
+        deallocate.append(Deallocate(grown, b.name))
+        grown = deallocate[-1].range
+    factors = [*reversed(deallocate), *teardown, *unpack, *exchange, *pack, *setup, *reversed(allocate)]
+    if not factors:
+        return Identity(space)
+    return Composition(tuple(factors))
+
+
+class _StageBase(LinearOperator):
+    """Fields and spaces shared by :class:`HaloStage` and :class:`HaloStageAdjoint`."""
+
+    space: Space
+    transfers: tuple[Transfer, ...]
+    label: str = "H"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "transfers", tuple(tuple(t) for t in self.transfers))
+        _check_transfers(self.space, self.transfers, self.label)
+
+    @property
+    def domain(self) -> Space:
+        return self.space
+
+    @property
+    def range(self) -> Space:
+        return self.space
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class HaloStage(_StageBase):
+    r"""One exchange stage: a set of copies between regions of one space that commute.
+
+    .. math::
+
+        H_i = K_T\, C_U\, C_E\, C_P\, K_S: \quad x_{\mathrm{dst}_t} \leftarrow x_{\mathrm{src}_t}
+        \text{ for every transfer } t, \qquad
+        H_i^* : x_{\mathrm{src}_t} \leftarrow x_{\mathrm{src}_t} + x_{\mathrm{dst}_t},\
+        x_{\mathrm{dst}_t} \leftarrow 0
+
+    No destination meets a source or another destination, so the copies (and the adds of the
+    adjoint) may run in any order. The expansion packs each transfer between two workers into a
+    send buffer on the source's worker, send-receives it into a receive buffer on the
+    destination's worker and unpacks it; the buffers are allocated, cleared and dropped inside
+    the stage, so they are not part of the domain or range.
+
+    Parameters
+    ----------
+    space : Space
+        Domain and range (the local blocks).
+    transfers : tuple of (Region, Region)
+        ``(source, destination)`` pairs of regions of ``space``; a pair on two workers is a
+        message, a pair on one worker a local copy.
+    label : str, optional
+        Name of the stage (prefix of its buffer names), e.g. ``"H0"``.
+
+    Raises
+    ------
+    HaloError
+        If a region is not in ``space``, shapes differ, or a destination overlaps a source or
+        another destination.
+    """
+
+    space: Space
+    transfers: tuple[Transfer, ...]
+    label: str = "H"
+
+    def expand(self) -> LinearOperator:
+        """D K_T C_U C_E C_P K_S A over explicit buffers."""
+        return _stage_expansion(self.space, self.transfers, self.label)
+
+    def adjoint(self) -> LinearOperator:
+        """H_i* = K_S C_P* C_E* C_U* K_T: each destination is sent back and added into its source."""
+        return HaloStageAdjoint(self.space, self.transfers, self.label)
+
+    def __str__(self) -> str:
+        return f"{self.label}[{len(self.transfers)} copies]"
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class HaloStageAdjoint(_StageBase):
+    r"""Adjoint of :class:`HaloStage`: for every transfer, ``x_src += x_dst`` and ``x_dst = 0``.
+
+    ``transfers`` are the forward pairs. Its expansion is the adjoint of the forward expansion,
+    derived node by node (receive-sends that add into the sources).
+    """
+
+    space: Space
+    transfers: tuple[Transfer, ...]
+    label: str = "H"
+
+    def expand(self) -> LinearOperator:
+        """(D K_T C_U C_E C_P K_S A)* = D K_S C_P* C_E* C_U* K_T A."""
+        return _stage_expansion(self.space, self.transfers, self.label).H
+
+    def adjoint(self) -> LinearOperator:
+        """(H_i*)* = H_i."""
+        return HaloStage(self.space, self.transfers, self.label)
+
+    def __str__(self) -> str:
+        return f"{self.label}*[{len(self.transfers)} copies]"
+
+
+# -- transfer plans ---------------------------------------------------------------------------
+def _own_segment(geometry: HaloGeometry, dim: int, g: int, within: slice) -> list[Segment]:
+    """The receiver's own bulk positions inside ``within``, as a segment it owns."""
+    bulk = geometry.rows[dim][g].bulk
+    start, stop = max(bulk.start, within.start), min(bulk.stop, within.stop)
+    return [Segment(start, stop - start, g, start)] if stop > start else []
+
+
+def _segments_covering(geometry: HaloGeometry, dim: int, g: int) -> list[Segment]:
+    """The window's data positions along ``dim``, split by owner (own bulk and fills)."""
+    data = geometry.data_range(dim, g)
+    return _own_segment(geometry, dim, g, data) + list(geometry.fills[dim][g])
+
+
+def _transfers_from_segments(
+    space: Space, prefix: str, receiver: tuple[int, ...], per_dim: Sequence[Iterable[Segment]]
+) -> list[Transfer]:
+    transfers = []
+    for combo in itertools.product(*per_dim):
+        if any(seg.size == 0 for seg in combo):
+            continue
+        owner = tuple(seg.owner for seg in combo)
+        src = _box(space, _name(prefix, owner), [slice(s.src_start, s.src_start + s.size) for s in combo])
+        dst = _box(space, _name(prefix, receiver), [slice(s.dst_start, s.dst_start + s.size) for s in combo])
+        transfers.append((src, dst))
+    return transfers
+
+
+def nested_transfers(geometry: HaloGeometry, space: Space, prefix: str, dim: int) -> tuple[Transfer, ...]:
+    """Transfers of stage H_dim of the nested exchange.
+
+    A receiver's destination spans, along earlier dimensions, the data range of its window
+    (filled by earlier stages), along ``dim`` one fill segment, and along later dimensions its
+    whole bulk (later stages relay it). The source is the same box in the local block of the
+    segment's owner along ``dim``, which shares the receiver's layout in every other dimension.
+    """
+    transfers: list[Transfer] = []
+    for receiver in geometry.tensor.partition.indices():
+        per_dim: list[list[Segment]] = []
+        for j, g in enumerate(receiver):
+            if j < dim:
+                data = geometry.data_range(j, g)
+                per_dim.append([Segment(data.start, data.stop - data.start, g, data.start)])
+            elif j == dim:
+                per_dim.append(list(geometry.fills[j][g]))
+            else:
+                bulk = geometry.rows[j][g].bulk
+                per_dim.append([Segment(bulk.start, bulk.stop - bulk.start, g, bulk.start)])
+        transfers += _transfers_from_segments(space, prefix, receiver, per_dim)
+    return tuple(transfers)
+
+
+def direct_transfers(geometry: HaloGeometry, space: Space, prefix: str) -> tuple[Transfer, ...]:
+    """Transfers of the direct exchange: every entry the nested exchange writes, copied from its
+    owner's bulk in one hop (for each dimension i, the boxes whose last non-bulk dimension is i)."""
+    transfers: list[Transfer] = []
+    for receiver in geometry.tensor.partition.indices():
+        for dim in range(geometry.ndim):
+            per_dim: list[list[Segment]] = []
+            for j, g in enumerate(receiver):
+                if j < dim:
+                    per_dim.append(_segments_covering(geometry, j, g))
+                elif j == dim:
+                    per_dim.append(list(geometry.fills[j][g]))
+                else:
+                    bulk = geometry.rows[j][g].bulk
+                    per_dim.append([Segment(bulk.start, bulk.stop - bulk.start, g, bulk.start)])
+            transfers += _transfers_from_segments(space, prefix, receiver, per_dim)
+    return tuple(transfers)
+
+
+# -- the exchange -----------------------------------------------------------------------------
+class _ExchangeBase(LinearOperator):
+    """Fields and spaces shared by :class:`HaloExchange` and :class:`HaloExchangeAdjoint`."""
+
+    geometry: HaloGeometry
+    variant: Variant = "nested"
+    local_name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.variant not in ("nested", "direct"):
+            raise HaloError(f"halo exchange variant must be 'nested' or 'direct', not {self.variant!r}")
+        object.__setattr__(self, "local_name", _local_prefix(self.geometry, self.local_name))
+        object.__setattr__(self, "_space", local_space(self.geometry, self.local_name))
+
+    @property
+    def domain(self) -> Space:
+        return self._space  # type: ignore[attr-defined]
+
+    @property
+    def range(self) -> Space:
+        return self._space  # type: ignore[attr-defined]
+
+    def stages(self) -> tuple[HaloStage, ...]:
+        """The forward stages in the order they run (H_0 first); empty stages are left out."""
+        space, prefix = self.domain, self.local_name
+        if self.variant == "direct":
+            candidates = [HaloStage(space, direct_transfers(self.geometry, space, prefix), "H")]
+        else:
+            candidates = [
+                HaloStage(space, nested_transfers(self.geometry, space, prefix, d), f"H{d}")
+                for d in range(self.geometry.ndim)
+            ]
+        return tuple(s for s in candidates if s.transfers)
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class HaloExchange(_ExchangeBase):
+    r"""The in-place halo exchange on the local blocks of a halo geometry.
+
+    .. math::
+
+        H = H_{d-1} \cdots H_1 H_0 \ (\text{nested}), \qquad
+        H^* = H_0^* H_1^* \cdots H_{d-1}^*
+
+    Forward, every window entry outside a worker's bulk receives its value (halo entries from
+    their owners; periodic or reflected pad entries from the entries they wrap to). Adjoint, each
+    such entry is sent back and added into the bulk entry it came from, then cleared.
+
+    Parameters
+    ----------
+    geometry : HaloGeometry
+        From :func:`~linop.halo_geometry.halo_geometry`.
+    variant : {"nested", "direct"}, optional
+        ``"nested"`` (default): one :class:`HaloStage` per dimension, corners in two hops.
+        ``"direct"``: one stage, every entry straight from its owner. Same operator.
+    local_name : str, optional
+        Name of the local blocks (default the tensor's name + ``"_local"``).
+    """
+
+    geometry: HaloGeometry
+    variant: Variant = "nested"
+    local_name: str | None = None
+
+    def expand(self) -> LinearOperator:
+        """H_{d-1} ... H_0 (nested) or the single direct stage."""
+        stages = self.stages()
+        if not stages:
+            return Identity(self.domain)
+        return Composition(tuple(reversed(stages)))
+
+    def adjoint(self) -> LinearOperator:
+        """H* = H_0* ... H_{d-1}*."""
+        return HaloExchangeAdjoint(self.geometry, self.variant, self.local_name)
+
+    def __str__(self) -> str:
+        return f"H_{self.variant}[{self.local_name}]"
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class HaloExchangeAdjoint(_ExchangeBase):
+    """Adjoint of :class:`HaloExchange`: halos sent back and added into their owners' bulk."""
+
+    geometry: HaloGeometry
+    variant: Variant = "nested"
+    local_name: str | None = None
+
+    def expand(self) -> LinearOperator:
+        """H_0* ... H_{d-1}*, derived from the forward stages."""
+        return HaloExchange(self.geometry, self.variant, self.local_name).expand().H
+
+    def adjoint(self) -> LinearOperator:
+        """(H*)* = H."""
+        return HaloExchange(self.geometry, self.variant, self.local_name)
+
+    def __str__(self) -> str:
+        return f"H_{self.variant}*[{self.local_name}]"
+
+
+# -- shims ------------------------------------------------------------------------------------
+def pad_shim(geometry: HaloGeometry, *, local_name: str | None = None) -> LinearOperator:
+    r"""The operator from the tensor's bulk blocks to zero-initialised local blocks.
+
+    .. math::
+
+        E = \prod_w D_{x_w}\, C_{x_w \to \ell_w[\mathrm{bulk}]}\, A_{\ell_w}, \qquad
+        E^* : x_w \leftarrow \ell_w[\mathrm{bulk}] \ (\text{halo and pad entries dropped})
+
+    A worker whose local block is its bulk keeps its array (a relabelling move).
+    """
+    prefix = _local_prefix(geometry, local_name)
+    tensor = geometry.tensor
+    space = tensor.space
+    factors: list[LinearOperator] = []
+    for g in tensor.partition.indices():
+        bulk_name, local = (
+            tensor.block_name(g),
+            Block(_name(prefix, g), geometry.local_shape(g), tensor.partition.worker(g)),
+        )
+        if local.shape == space.block(bulk_name).shape:
+            factors.append(Move(space[bulk_name], local))
+            space = factors[-1].range
+            continue
+        allocate = Allocate(space, local)
+        grown = allocate.range
+        box = [r.bulk for r in geometry.worker_rows(g)]
+        copy = Copy(grown[bulk_name], _box(grown, local.name, box))
+        drop = Deallocate(grown, bulk_name)
+        factors += [allocate, copy, drop]
+        space = drop.range
+    if not factors:
+        return Identity(space)
+    return Composition(tuple(reversed(factors)))
+
+
+def trim_shim(
+    geometry: HaloGeometry, *, local_name: str | None = None, window_name: str | None = None
+) -> LinearOperator:
+    r"""The operator from the local blocks to the windows: each local block restricted to its
+    window (the trims dropped).
+
+    .. math::
+
+        T = \prod_w D_{\ell_w}\, C_{\ell_w[\mathrm{window}] \to y_w}, \qquad
+        T^* : \ell_w \leftarrow \text{zeros with } y_w \text{ at the window}
+
+    A worker whose window is its whole local block keeps its array (a relabelling move).
+    """
+    prefix, window_prefix = _local_prefix(geometry, local_name), _window_prefix(geometry, window_name)
+    if window_prefix == prefix:
+        raise HaloError(f"the windows need a name other than the local blocks' {prefix!r}")
+    space = local_space(geometry, prefix)
+    factors: list[LinearOperator] = []
+    for g in geometry.tensor.partition.indices():
+        local_name_g = _name(prefix, g)
+        window = Block(_name(window_prefix, g), geometry.window_shape(g), geometry.tensor.partition.worker(g))
+        box = [r.window for r in geometry.worker_rows(g)]
+        region = _box(space, local_name_g, box)
+        if region.is_whole:
+            factors.append(Move(region, window))
+            space = factors[-1].range
+            continue
+        copy = Copy(region, window)
+        drop = Deallocate(copy.range, local_name_g)
+        factors += [copy, drop]
+        space = drop.range
+    if not factors:
+        return Identity(space)
+    return Composition(tuple(reversed(factors)))
+
+
+def halo_windows(
+    tensor: DistributedTensor,
+    kernel: Kernel | int,
+    *,
+    variant: Variant = "nested",
+    local_name: str | None = None,
+    window_name: str | None = None,
+) -> LinearOperator:
+    r"""The operator from a distributed tensor's bulk blocks to its windows, ``T H E``.
+
+    .. math::
+
+        W = T\, H\, E, \qquad W^* = E^* H^* T^*
+
+    Worker w's window is ``pad(X)[need_w]``: the global input X padded by the kernel's boundary
+    mode, restricted to the input range the worker's outputs read (empty without output). A
+    local sliding-window kernel applied to it with no padding gives the worker's share of the
+    global output. The adjoint adds every window entry back into the bulk entry it came from
+    (wrapped pad entries included).
+
+    Parameters
+    ----------
+    tensor : DistributedTensor
+    kernel : Kernel or int
+    variant : {"nested", "direct"}, optional
+        Which :class:`HaloExchange` to use (same operator).
+    local_name, window_name : str, optional
+        Names of the local blocks and windows (default ``<tensor>_local``, ``<tensor>_window``).
+    """
+    geometry = halo_geometry(tensor, kernel)
+    return Composition(
+        (
+            trim_shim(geometry, local_name=local_name, window_name=window_name),
+            HaloExchange(geometry, variant, local_name),
+            pad_shim(geometry, local_name=local_name),
+        )
+    )
+
+
+from . import halo_numpy as _halo_numpy  # noqa: E402,F401  (registers the numpy fast paths)

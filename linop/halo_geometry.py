@@ -1,0 +1,545 @@
+"""Halo geometry of sliding-window kernels over distributed tensors (THEORY.md section 3).
+
+One function, :func:`halo_geometry`, serves every sliding-window kernel (convolution, pooling,
+any stencil): it takes a :class:`~linop.partition.DistributedTensor` (balanced or not) and a
+:class:`Kernel` (size, stride, padding, dilation and boundary mode per dimension) and returns,
+for every worker and every dimension, a :class:`DimGeometry` row: the worker's output share, the
+input range it needs, and how that range relates to the bulk it owns (halo, pad and trim widths).
+
+Coordinates
+-----------
+For one dimension with global input length m, kernel size k, stride s, padding p and dilation d,
+the output length is ``n = floor((m + 2p - d(k-1) - 1) / s) + 1``. Outputs are decomposed in
+balanced blocks over the workers of that dimension (:func:`~linop.partition.balanced_sizes`). A
+worker owning outputs ``[o0, o1)`` needs the input range (in unpadded global coordinates,
+negative or >= m inside the padding)::
+
+    need = [o0*s - p, (o1-1)*s - p + d(k-1) + 1)       (empty when o1 == o0)
+
+Against its bulk ``[i0, i1)``::
+
+    left halo  = max(0, i0 - max(need0, 0))     right halo = max(0, min(need1, m) - i1)
+    left pad   = max(0, -need0)                 right pad  = max(0, need1 - m)
+    left trim  = max(0, need0 - i0)             right trim = max(0, i1 - need1)
+
+A worker without output gets the empty range ``need = [i0, i0)``: no halo, no pad, and its whole
+bulk is trimmed (``right trim = i1 - i0``).
+
+Local layout
+------------
+Each worker's *local* block spans, per dimension, the hull of its bulk and its needed range::
+
+    local = [min(i0, need0), max(i1, need1))
+          = [left pad | left halo | bulk | right halo | right pad]
+
+and its *window* is the needed range, ``local[left trim : local size - right trim]``. A halo
+exchange fills the halo (and, for the periodic and reflecting boundary modes, the pad) entries
+that the window contains; entries of the layout that the window trims away are not exchanged.
+
+Boundary modes
+--------------
+``"zero"`` (default)
+    Pad entries are zeros (numpy's ``mode="constant"``).
+``"periodic"``
+    Entry x is global entry ``x mod m`` (numpy's ``"wrap"``).
+``"reflect"``
+    Mirror about the edge entries, which are *not* repeated: ``-1 -> 1``, ``m -> m-2``; repeated
+    for pads wider than the input (numpy's ``"reflect"``; PyTorch's ``"reflect"``).
+``"symmetric"``
+    Mirror about the edges, which *are* repeated: ``-1 -> 0``, ``m -> m-1`` (numpy's
+    ``"symmetric"``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from .errors import LinopError
+from .partition import DistributedTensor, balanced_sizes
+
+__all__ = [
+    "BOUNDARY_MODES",
+    "Boundary",
+    "DimGeometry",
+    "HaloError",
+    "HaloGeometry",
+    "Kernel",
+    "KernelError",
+    "Segment",
+    "halo_geometry",
+    "output_length",
+    "source_index",
+]
+
+Boundary = Literal["zero", "periodic", "reflect", "symmetric"]
+BOUNDARY_MODES: tuple[str, ...] = ("zero", "periodic", "reflect", "symmetric")
+"""The boundary (padding) modes: zeros, numpy's "wrap", "reflect" and "symmetric"."""
+
+
+class HaloError(LinopError, ValueError):
+    """A halo exchange cannot be built for this tensor (e.g. wrapping an empty dimension)."""
+
+
+class KernelError(HaloError):
+    """Sliding-window kernel parameters are invalid for a tensor; the message names the dimension."""
+
+
+# -- kernel parameters ------------------------------------------------------------------------
+def _per_dimension(value: object, ndim: int, what: str, leading: int) -> tuple:
+    """Broadcast a scalar to ``ndim - leading`` dimensions or check a per-dimension list."""
+    count = ndim - leading
+    if isinstance(value, (str, int, np.integer)):
+        return (value,) * count
+    values = tuple(value)  # type: ignore[arg-type]
+    if len(values) != count:
+        where = f" (after {leading} leading dimensions)" if leading else ""
+        raise KernelError(f"kernel {what} has {len(values)} entries for {count} dimensions{where}: {values}")
+    return values
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """Parameters of a sliding-window kernel: scalars apply to every dimension, or one per dimension.
+
+    Parameters
+    ----------
+    size : int or sequence of int
+        Kernel size k (>= 1).
+    stride : int or sequence of int, optional
+        Stride s (>= 1), default 1.
+    padding : int or sequence of int, optional
+        Padding p on both sides (>= 0), default 0.
+    dilation : int or sequence of int, optional
+        Dilation d (>= 1), default 1.
+    boundary : str or sequence of str, optional
+        How the padding is filled, one of :data:`BOUNDARY_MODES`; default ``"zero"``.
+    leading : int, optional
+        Number of leading dimensions (batch, channel) on which the kernel acts as the identity
+        (size 1, stride 1, no padding); per-dimension lists then cover only the others.
+
+    Examples
+    --------
+    >>> Kernel(3, padding=1, leading=2).resolve(4).size
+    (1, 1, 3, 3)
+    """
+
+    size: int | Sequence[int]
+    stride: int | Sequence[int] = 1
+    padding: int | Sequence[int] = 0
+    dilation: int | Sequence[int] = 1
+    boundary: str | Sequence[str] = "zero"
+    leading: int = 0
+
+    def resolve(self, ndim: int) -> Kernel:
+        """The same kernel with one entry per dimension of a rank-``ndim`` tensor, validated.
+
+        Raises
+        ------
+        KernelError
+            If a per-dimension list has the wrong length, a size, stride or dilation is below 1,
+            a padding is negative or a boundary mode is unknown (the message names the dimension).
+        """
+        leading = operator.index(self.leading)
+        if not 0 <= leading <= ndim:
+            raise KernelError(f"kernel has {leading} leading dimensions but the tensor has rank {ndim}")
+        values = {}
+        for what, identity in (
+            ("size", 1),
+            ("stride", 1),
+            ("padding", 0),
+            ("dilation", 1),
+            ("boundary", "zero"),
+        ):
+            given = _per_dimension(getattr(self, what), ndim, what, leading)
+            values[what] = (identity,) * leading + given
+        for what, low in (("size", 1), ("stride", 1), ("dilation", 1), ("padding", 0)):
+            checked = []
+            for dim, v in enumerate(values[what]):
+                try:
+                    v = operator.index(v)
+                except TypeError:
+                    raise KernelError(
+                        f"kernel {what} in dimension {dim} must be an integer, not {v!r}"
+                    ) from None
+                if v < low:
+                    raise KernelError(f"kernel {what} in dimension {dim} is {v}; it must be >= {low}")
+                checked.append(v)
+            values[what] = tuple(checked)
+        for dim, mode in enumerate(values["boundary"]):
+            if mode not in BOUNDARY_MODES:
+                raise KernelError(f"boundary mode {mode!r} in dimension {dim} is not one of {BOUNDARY_MODES}")
+        return Kernel(leading=leading, **values)
+
+    @property
+    def ndim(self) -> int:
+        """Rank of a resolved kernel."""
+        if isinstance(self.size, (int, np.integer)):
+            raise KernelError("an unresolved kernel has no rank; call resolve(ndim) first")
+        return len(self.size)  # type: ignore[arg-type]
+
+    def extent(self, dim: int) -> int:
+        """Receptive field d(k-1)+1 of a resolved kernel in dimension ``dim``."""
+        return self.dilation[dim] * (self.size[dim] - 1) + 1  # type: ignore[index]
+
+    def __str__(self) -> str:
+        parts = [f"size={self.size}"]
+        for what, default in (("stride", 1), ("padding", 0), ("dilation", 1), ("boundary", "zero")):
+            value = getattr(self, what)
+            if value != default and set(value if isinstance(value, tuple) else (value,)) != {default}:
+                parts.append(f"{what}={value}")
+        return f"Kernel({', '.join(parts)})"
+
+
+def output_length(length: int, size: int, stride: int = 1, padding: int = 0, dilation: int = 1) -> int:
+    """Output length floor((m + 2p - d(k-1) - 1) / s) + 1 of a sliding window (0 if it does not fit)."""
+    span = length + 2 * padding - dilation * (size - 1) - 1
+    return span // stride + 1 if span >= 0 else 0
+
+
+def source_index(x: int, length: int, boundary: str) -> int | None:
+    """The global entry that padded coordinate ``x`` reads, or None for a zero pad entry.
+
+    >>> [source_index(x, 3, "reflect") for x in range(-2, 5)]
+    [2, 1, 0, 1, 2, 1, 0]
+    """
+    if 0 <= x < length:
+        return x
+    if boundary == "zero" or length == 0:
+        return None
+    if boundary == "periodic":
+        return x % length
+    if boundary == "reflect":
+        if length == 1:
+            return 0
+        y = x % (2 * (length - 1))
+        return y if y < length else 2 * (length - 1) - y
+    if boundary == "symmetric":
+        y = x % (2 * length)
+        return y if y < length else 2 * length - 1 - y
+    raise KernelError(f"unknown boundary mode {boundary!r}")
+
+
+# -- geometry rows ----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class DimGeometry:
+    """One worker's halo geometry along one dimension (global coordinates, stops exclusive).
+
+    Attributes
+    ----------
+    dim, index : int
+        The tensor dimension and the worker's grid coordinate along it.
+    length : int
+        Global input length m of the dimension.
+    output_start, output_stop : int
+        The worker's share of the output, balanced over the dimension's workers.
+    bulk_start, bulk_stop : int
+        The input entries the worker owns.
+    need_start, need_stop : int
+        Input entries the worker's outputs read, padded coordinates (``[i0, i0)`` without output).
+    left_halo, right_halo, left_pad, right_pad, left_trim, right_trim : int
+        The widths of THEORY.md section 3 (see the module docstring).
+    """
+
+    dim: int
+    index: int
+    length: int
+    output_start: int
+    output_stop: int
+    bulk_start: int
+    bulk_stop: int
+    need_start: int
+    need_stop: int
+    left_halo: int
+    right_halo: int
+    left_pad: int
+    right_pad: int
+    left_trim: int
+    right_trim: int
+
+    @property
+    def has_output(self) -> bool:
+        """True when the worker owns at least one output entry along this dimension."""
+        return self.output_stop > self.output_start
+
+    @property
+    def local_start(self) -> int:
+        """First padded coordinate of the local layout (hull of bulk and need)."""
+        return min(self.bulk_start, self.need_start)
+
+    @property
+    def local_stop(self) -> int:
+        """End of the local layout."""
+        return max(self.bulk_stop, self.need_stop)
+
+    @property
+    def local_size(self) -> int:
+        """left pad + left halo + bulk + right halo + right pad."""
+        return self.local_stop - self.local_start
+
+    @property
+    def bulk_size(self) -> int:
+        return self.bulk_stop - self.bulk_start
+
+    @property
+    def window_size(self) -> int:
+        """Length of the window: local size minus both trims."""
+        return self.need_stop - self.need_start
+
+    def local(self, start: int, stop: int) -> slice:
+        """Local positions of the global (padded) range [start, stop)."""
+        return slice(start - self.local_start, stop - self.local_start)
+
+    @property
+    def bulk(self) -> slice:
+        """Local positions of the bulk."""
+        return self.local(self.bulk_start, self.bulk_stop)
+
+    @property
+    def window(self) -> slice:
+        """Local positions of the window: ``left_trim : local_size - right_trim``."""
+        return self.local(self.need_start, self.need_stop)
+
+    @classmethod
+    def build(
+        cls, dim: int, index: int, length: int, output: tuple[int, int], bulk: tuple[int, int], kernel: Kernel
+    ) -> DimGeometry:
+        """The row of THEORY.md section 3 for one worker and dimension of a resolved kernel."""
+        (o0, o1), (i0, i1) = output, bulk
+        s, p = kernel.stride[dim], kernel.padding[dim]  # type: ignore[index]
+        if o1 > o0:
+            n0, n1 = o0 * s - p, (o1 - 1) * s - p + kernel.extent(dim)
+        else:
+            n0 = n1 = i0
+        m = length
+        return cls(
+            dim=dim,
+            index=index,
+            length=m,
+            output_start=o0,
+            output_stop=o1,
+            bulk_start=i0,
+            bulk_stop=i1,
+            need_start=n0,
+            need_stop=n1,
+            left_halo=max(0, i0 - max(n0, 0)) if o1 > o0 else 0,
+            right_halo=max(0, min(n1, m) - i1) if o1 > o0 else 0,
+            left_pad=max(0, -n0),
+            right_pad=max(0, n1 - m),
+            left_trim=max(0, n0 - i0),
+            right_trim=max(0, i1 - n1),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """A run of local positions of a receiving worker, filled from one owner along one dimension.
+
+    Positions ``[dst_start, dst_start + size)`` of the receiver's local layout read positions
+    ``[src_start, src_start + size)`` of the local layout of the worker with grid coordinate
+    ``owner`` along the same dimension (inside that owner's bulk).
+    """
+
+    dst_start: int
+    size: int
+    owner: int
+    src_start: int
+
+
+_COLUMNS = (
+    ("worker", 6),
+    ("dim", 3),
+    ("output", 11),
+    ("bulk", 11),
+    ("need", 11),
+    ("halo", 7),
+    ("pad", 7),
+    ("trim", 7),
+    ("local", 5),
+    ("window", 6),
+)
+
+
+@dataclass(frozen=True)
+class HaloGeometry:
+    """Halo geometry of a kernel over a distributed tensor: one :class:`DimGeometry` per worker
+    and dimension. Build it with :func:`halo_geometry`; ``print(geometry)`` shows the table.
+
+    Attributes
+    ----------
+    tensor : DistributedTensor
+        The input tensor (its blocks are the bulks).
+    kernel : Kernel
+        The kernel, resolved to one entry per dimension.
+    output_shape : tuple of int
+        Global output shape.
+    rows : tuple of tuple of DimGeometry
+        ``rows[dim][g]``: the row of the workers with grid coordinate g along ``dim``.
+    fills : tuple of tuple of tuple of Segment
+        ``fills[dim][g]``: the runs of the window outside the bulk that are filled from owners
+        (halo entries, and pad entries unless the boundary is zero), along ``dim``.
+    """
+
+    tensor: DistributedTensor
+    kernel: Kernel
+    output_shape: tuple[int, ...]
+    rows: tuple[tuple[DimGeometry, ...], ...]
+    fills: tuple[tuple[tuple[Segment, ...], ...], ...] = field(repr=False)
+
+    @property
+    def ndim(self) -> int:
+        return self.tensor.ndim
+
+    def row(self, index: Sequence[int], dim: int) -> DimGeometry:
+        """The row of the worker at grid ``index`` along ``dim``."""
+        return self.rows[dim][index[dim]]
+
+    def worker_rows(self, index: Sequence[int]) -> tuple[DimGeometry, ...]:
+        """The rows of the worker at grid ``index``, one per dimension."""
+        return tuple(self.rows[d][i] for d, i in enumerate(index))
+
+    def local_shape(self, index: Sequence[int]) -> tuple[int, ...]:
+        """Shape of the worker's local (pad + halo + bulk) block."""
+        return tuple(r.local_size for r in self.worker_rows(index))
+
+    def window_shape(self, index: Sequence[int]) -> tuple[int, ...]:
+        """Shape of the worker's window (extent 0 along a dimension where it has no output)."""
+        return tuple(r.window_size for r in self.worker_rows(index))
+
+    def output_box(self, index: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The worker's share of the global output."""
+        rows = self.worker_rows(index)
+        return tuple(r.output_start for r in rows), tuple(r.output_stop for r in rows)
+
+    def data_range(self, dim: int, g: int) -> slice:
+        """Local positions of the window that hold data after an exchange: the window, minus
+        the zero pads when the boundary is zero; empty without output."""
+        r = self.rows[dim][g]
+        if not r.has_output:
+            return slice(r.bulk.start, r.bulk.start)
+        if self.kernel.boundary[dim] == "zero":  # type: ignore[index]
+            start, stop = max(r.need_start, 0), min(r.need_stop, r.length)
+            if stop <= start:
+                return slice(r.bulk.start, r.bulk.start)
+            return r.local(start, stop)
+        return r.window
+
+    def table(self) -> str:
+        """The geometry as a text table: one line per worker and dimension."""
+        header = "  ".join(name.rjust(width) for name, width in _COLUMNS)
+        lines = [f"halo geometry of {self.kernel} over {self.tensor}", header]
+        for index in self.tensor.partition.indices():
+            worker = self.tensor.partition.worker(index)
+            for r in self.worker_rows(index):
+                cells = (
+                    worker,
+                    r.dim,
+                    f"[{r.output_start},{r.output_stop})",
+                    f"[{r.bulk_start},{r.bulk_stop})",
+                    f"[{r.need_start},{r.need_stop})" if r.has_output else "-",
+                    f"{r.left_halo},{r.right_halo}",
+                    f"{r.left_pad},{r.right_pad}",
+                    f"{r.left_trim},{r.right_trim}",
+                    r.local_size,
+                    r.window_size,
+                )
+                lines.append("  ".join(str(c).rjust(w) for c, (_, w) in zip(cells, _COLUMNS)))
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _fill_segments(rows: Sequence[DimGeometry], g: int, boundary: str, data: slice) -> tuple[Segment, ...]:
+    """Runs of the receiver's window positions outside its bulk, grouped by owner, with
+    consecutive increasing sources (reflected runs become runs of one entry)."""
+    me = rows[g]
+    owners = [h for h, r in enumerate(rows) if r.bulk_size]
+    starts = [rows[h].bulk_start for h in owners]
+    segments: list[Segment] = []
+    for position in range(data.start, data.stop):
+        x = position + me.local_start
+        if me.bulk_start <= x < me.bulk_stop:
+            continue
+        source = source_index(x, me.length, boundary)
+        if source is None:
+            continue
+        h = owners[bisect.bisect_right(starts, source) - 1]
+        src = source - rows[h].local_start
+        if segments:
+            last = segments[-1]
+            if (
+                last.owner == h
+                and last.dst_start + last.size == position
+                and last.src_start + last.size == src
+            ):
+                segments[-1] = Segment(last.dst_start, last.size + 1, h, last.src_start)
+                continue
+        segments.append(Segment(position, 1, h, src))
+    return tuple(segments)
+
+
+def halo_geometry(tensor: DistributedTensor, kernel: Kernel | int) -> HaloGeometry:
+    """The halo geometry of a sliding-window kernel over a distributed tensor.
+
+    Parameters
+    ----------
+    tensor : DistributedTensor
+        The input, balanced or not; its partition also carries the output, decomposed in
+        balanced blocks.
+    kernel : Kernel or int
+        The kernel (an int is a kernel of that size, no padding, stride 1).
+
+    Raises
+    ------
+    KernelError
+        If the kernel parameters are invalid, or the kernel's extent d(k-1)+1 exceeds the
+        padded input m + 2p in some dimension (the message names it).
+    HaloError
+        If a periodic or reflecting boundary must wrap a dimension of length 0.
+    """
+    if not isinstance(kernel, Kernel):
+        kernel = Kernel(kernel)
+    kernel = kernel.resolve(tensor.ndim)
+    rows: list[tuple[DimGeometry, ...]] = []
+    fills: list[tuple[tuple[Segment, ...], ...]] = []
+    output_shape = []
+    for dim, (m, sizes) in enumerate(zip(tensor.global_shape, tensor.sizes)):
+        k, s, p, d = (getattr(kernel, a)[dim] for a in ("size", "stride", "padding", "dilation"))
+        extent = kernel.extent(dim)
+        if extent > m + 2 * p:
+            raise KernelError(
+                f"dimension {dim}: the kernel's extent {extent} (size {k}, dilation {d}) is larger than "
+                f"the padded input {m} + 2*{p} = {m + 2 * p}"
+            )
+        boundary = kernel.boundary[dim]  # type: ignore[index]
+        if boundary != "zero" and m == 0 and p > 0:
+            raise HaloError(f"dimension {dim}: the {boundary} boundary cannot pad an input of length 0")
+        n = output_length(m, k, s, p, d)
+        output_shape.append(n)
+        out_offsets = list(itertools.accumulate(balanced_sizes(n, len(sizes)), initial=0))
+        in_offsets = list(itertools.accumulate(sizes, initial=0))
+        dim_rows = tuple(
+            DimGeometry.build(
+                dim, g, m, (out_offsets[g], out_offsets[g + 1]), (in_offsets[g], in_offsets[g + 1]), kernel
+            )
+            for g in range(len(sizes))
+        )
+        rows.append(dim_rows)
+    geometry = HaloGeometry(tensor, kernel, tuple(output_shape), tuple(rows), ())
+    for dim, dim_rows in enumerate(rows):
+        boundary = kernel.boundary[dim]  # type: ignore[index]
+        fills.append(
+            tuple(
+                _fill_segments(dim_rows, g, boundary, geometry.data_range(dim, g))
+                for g in range(len(dim_rows))
+            )
+        )
+    object.__setattr__(geometry, "fills", tuple(fills))
+    return geometry
