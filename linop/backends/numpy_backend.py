@@ -182,7 +182,8 @@ def _sum(op: Sum, work: Workspace) -> None:
     work.arrays.clear()
     work.owned.clear()
     for name in op.range.names:
-        total = results[0][name] + results[1][name] if len(results) > 1 else results[0][name].copy()
+        # np.asarray: numpy turns arithmetic on 0-d arrays into scalars, which cannot be written
+        total = np.asarray(results[0][name] + results[1][name]) if len(results) > 1 else results[0][name].copy()
         for other in results[2:]:
             total += other[name]
         work.set(name, total)
@@ -196,7 +197,7 @@ def _scaled(op: Scaled, work: Workspace) -> None:
         if name in work.owned and scaled_dtype == array.dtype:
             array *= op.alpha
         else:
-            work.set(name, op.alpha * array)
+            work.set(name, np.asarray(op.alpha * array))  # 0-d stays an array
 
 
 # -- primitives ----------------------------------------------------------------------------
@@ -227,7 +228,8 @@ def _add(op: Add, work: Workspace) -> None:
 def _copy(op: Copy, work: Workspace) -> None:
     source = work.arrays[op.src.name][op.src.index]
     if op.out_of_place:
-        work.set(op.dst.name, source.astype(np.result_type(work.dtype, source.dtype), copy=True))
+        # np.array, not astype: indexing a 0-d block gives a scalar, and a block must stay an array
+        work.set(op.dst.name, np.array(source, dtype=np.result_type(work.dtype, source.dtype)))
     else:
         work.overwritten(op.dst, source.dtype)[op.dst.index] = source
 
