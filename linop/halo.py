@@ -36,9 +36,9 @@ matrices.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from .halo_geometry import HaloError, HaloGeometry, Kernel, Segment, halo_geometry
 from .movement import Copy, Move, SendRecv
@@ -99,6 +99,16 @@ def window_space(geometry: HaloGeometry, name: str | None = None) -> Space:
     return Space(
         Block(_name(prefix, g), geometry.window_shape(g), partition.worker(g)) for g in partition.indices()
     )
+
+
+def _cached(node: object, key: str, build: Callable[[], Any]) -> Any:
+    """``build()``, computed once per (immutable) node and kept on it."""
+    try:
+        return object.__getattribute__(node, key)
+    except AttributeError:
+        value = build()
+        object.__setattr__(node, key, value)
+        return value
 
 
 def _box(space: Space, name: str, slices: Sequence[slice]) -> Region:
@@ -183,6 +193,14 @@ class _StageBase(LinearOperator):
         _check_transfers(self.space, self.transfers, self.label)
 
     @property
+    def moves(self) -> tuple[tuple[str, tuple[slice, ...], str, tuple[slice, ...]], ...]:
+        """The transfers as ``(source block, source index, destination block, destination
+        index)`` with numpy indices, for interpreters."""
+        return _cached(
+            self, "_moves", lambda: tuple((s.name, s.index, d.name, d.index) for s, d in self.transfers)
+        )
+
+    @property
     def domain(self) -> Space:
         return self.space
 
@@ -231,7 +249,7 @@ class HaloStage(_StageBase):
 
     def expand(self) -> LinearOperator:
         """D K_T C_U C_E C_P K_S A over explicit buffers."""
-        return _stage_expansion(self.space, self.transfers, self.label)
+        return _cached(self, "_expansion", lambda: _stage_expansion(self.space, self.transfers, self.label))
 
     def adjoint(self) -> LinearOperator:
         """H_i* = K_S C_P* C_E* C_U* K_T: each destination is sent back and added into its source."""
@@ -255,7 +273,7 @@ class HaloStageAdjoint(_StageBase):
 
     def expand(self) -> LinearOperator:
         """(D K_T C_U C_E C_P K_S A)* = D K_S C_P* C_E* C_U* K_T A."""
-        return _stage_expansion(self.space, self.transfers, self.label).H
+        return _cached(self, "_expansion", lambda: self.adjoint().expand().H)
 
     def adjoint(self) -> LinearOperator:
         """(H_i*)* = H_i."""
@@ -360,6 +378,9 @@ class _ExchangeBase(LinearOperator):
 
     def stages(self) -> tuple[HaloStage, ...]:
         """The forward stages in the order they run (H_0 first); empty stages are left out."""
+        return _cached(self, "_stages", self._build_stages)
+
+    def _build_stages(self) -> tuple[HaloStage, ...]:
         space, prefix = self.domain, self.local_name
         if self.variant == "direct":
             candidates = [HaloStage(space, direct_transfers(self.geometry, space, prefix), "H")]
@@ -401,6 +422,9 @@ class HaloExchange(_ExchangeBase):
 
     def expand(self) -> LinearOperator:
         """H_{d-1} ... H_0 (nested) or the single direct stage."""
+        return _cached(self, "_expansion", self._build_expansion)
+
+    def _build_expansion(self) -> LinearOperator:
         stages = self.stages()
         if not stages:
             return Identity(self.domain)
@@ -424,7 +448,7 @@ class HaloExchangeAdjoint(_ExchangeBase):
 
     def expand(self) -> LinearOperator:
         """H_0* ... H_{d-1}*, derived from the forward stages."""
-        return HaloExchange(self.geometry, self.variant, self.local_name).expand().H
+        return _cached(self, "_expansion", lambda: self.adjoint().expand().H)
 
     def adjoint(self) -> LinearOperator:
         """(H*)* = H."""

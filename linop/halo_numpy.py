@@ -16,14 +16,15 @@ __all__: list[str] = []
 
 @handler(HaloStage)
 def _stage(op: HaloStage, work: Workspace) -> None:
-    for src, dst in op.transfers:
-        source = work.arrays[src.name][src.index]
-        work.writable(dst.name, source.dtype)[dst.index] = source
+    arrays = work.arrays
+    for src, src_index, dst, dst_index in op.moves:
+        source = arrays[src][src_index]
+        work.writable(dst, source.dtype)[dst_index] = source
 
 
 @handler(HaloStageAdjoint)
 def _stage_adjoint(op: HaloStageAdjoint, work: Workspace) -> None:
-    for src, dst in op.transfers:
-        back = work.arrays[dst.name][dst.index]
-        work.writable(src.name, back.dtype)[src.index] += back
-        work.writable(dst.name)[dst.index] = 0
+    for src, src_index, dst, dst_index in op.moves:
+        back = work.arrays[dst][dst_index]
+        work.writable(src, back.dtype)[src_index] += back
+        work.writable(dst)[dst_index] = 0

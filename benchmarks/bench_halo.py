@@ -1,0 +1,109 @@
+"""Halo benchmark: the windows of a 4096 x 4096 float64 tensor over a 2 x 2 partition.
+
+Compares the numpy interpreter running :func:`linop.halo.halo_windows` (nested and direct
+exchange) with hand-written numpy slicing of the same moves (zero-initialised local arrays, the
+bulk copied in, then every halo strip and corner sliced out of the neighbours' bulks), and the
+in-place exchange on local blocks with hand-written in-place halo copies. Prints medians and
+ratios; nothing is asserted. Run: ``python benchmarks/bench_halo.py``.
+"""
+
+from __future__ import annotations
+
+import time
+from statistics import median
+
+import numpy as np
+
+from linop.halo import HaloExchange, halo_windows, local_space
+from linop.halo_geometry import Kernel, halo_geometry
+from linop.partition import DistributedTensor, Partition
+
+N = 4096
+REPEATS = 11
+
+
+def timed(function, repeats: int = REPEATS) -> float:
+    """Median wall time of ``function()`` in seconds (one warm-up call first)."""
+    function()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        function()
+        samples.append(time.perf_counter() - start)
+    return median(samples)
+
+
+def _sides(i: int, n: int, h: int) -> tuple[slice, slice, slice, slice]:
+    """For grid coordinate i of 2 along a dimension of 2n entries and halo h: the local slice of
+    the bulk, the local slice of the one halo strip, and the slice of the neighbour's bulk that
+    fills it, and the neighbour's coordinate as a slice-free int packed in the 4th entry."""
+    if i == 0:  # pad on the left (zeros), halo on the right from worker 1
+        return slice(h, h + n), slice(h + n, 2 * h + n), slice(0, h), 1
+    return slice(h, h + n), slice(0, h), slice(n - h, n), 0
+
+
+def hand_windows(bulks: dict[tuple[int, int], np.ndarray], n: int, h: int) -> dict:
+    """Windows of a 2 x 2 decomposition with zero padding h, written out by hand."""
+    out = {}
+    for (i, j), bulk in bulks.items():
+        local = np.zeros((n + 2 * h, n + 2 * h))
+        rb, rh, rsrc, ri = _sides(i, n, h)
+        cb, ch, csrc, cj = _sides(j, n, h)
+        local[rb, cb] = bulk
+        local[rh, cb] = bulks[ri, j][rsrc, :]
+        local[rb, ch] = bulks[i, cj][:, csrc]
+        local[rh, ch] = bulks[ri, cj][rsrc, csrc]
+        out[i, j] = local
+    return out
+
+
+def hand_exchange(locals_: dict[tuple[int, int], np.ndarray], n: int, h: int) -> None:
+    """The same halo strips and corners, copied in place between local arrays."""
+    for (i, j), local in locals_.items():
+        rb, rh, rsrc, ri = _sides(i, n, h)
+        cb, ch, csrc, cj = _sides(j, n, h)
+        shift = slice(rsrc.start + h, rsrc.stop + h), slice(csrc.start + h, csrc.stop + h)
+        local[rh, cb] = locals_[ri, j][shift[0], cb]
+        local[rb, ch] = locals_[i, cj][rb, shift[1]]
+        local[rh, ch] = locals_[ri, cj][shift[0], shift[1]]
+
+
+def main() -> None:
+    tensor = DistributedTensor("x", (N, N), Partition((2, 2)))
+    rng = np.random.default_rng(0)
+    state = tensor.scatter(rng.standard_normal((N, N)))
+    n = N // 2
+    bulks = {index: state[tensor.block_name(index)] for index in tensor.partition.indices()}
+    print(f"windows of a {N} x {N} float64 tensor over a 2 x 2 partition, zero padding (median of {REPEATS})")
+    for size in (3, 7):
+        h = size // 2
+        kernel = Kernel(size, padding=h)
+        reference = hand_windows(bulks, n, h)
+        for variant in ("nested", "direct"):
+            op = halo_windows(tensor, kernel, variant=variant)
+            result = op(state)
+            assert all(np.array_equal(result[f"x_window[{i},{j}]"], reference[i, j]) for i, j in reference)
+            t_ours = timed(lambda op=op: op(state))
+            t_hand = timed(lambda h=h: hand_windows(bulks, n, h))
+            print(
+                f"  kernel {size}, windows, {variant:6s}  linop {t_ours * 1e3:8.2f} ms   "
+                f"numpy {t_hand * 1e3:8.2f} ms   ratio {t_ours / t_hand:5.2f}x"
+            )
+        geometry = halo_geometry(tensor, kernel)
+        space = local_space(geometry)
+        local_state = {name: reference[tuple(int(c) for c in name[8:-1].split(","))].copy() for name in space.names}
+        hand_locals = {
+            tuple(int(c) for c in name[8:-1].split(",")): array.copy() for name, array in local_state.items()
+        }
+        for variant in ("nested", "direct"):
+            exchange = HaloExchange(geometry, variant)
+            t_ours = timed(lambda exchange=exchange: exchange.apply(local_state, inplace=True))
+            t_hand = timed(lambda h=h: hand_exchange(hand_locals, n, h))
+            print(
+                f"  kernel {size}, in-place exchange, {variant:6s}  linop {t_ours * 1e6:8.1f} us   "
+                f"numpy {t_hand * 1e6:8.1f} us   ratio {t_ours / t_hand:5.2f}x"
+            )
+
+
+if __name__ == "__main__":
+    main()
