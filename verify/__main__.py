@@ -1,22 +1,111 @@
-"""Demo (to become the full verification report): build a copy/broadcast-like tree, print it
-and its adjoint, and prove the adjoint exactly."""
+"""``python -m verify``: prove the whole catalogue of identities and print the report.
 
+Usage::
+
+    python -m verify                      # every identity at every level, as a table
+    python -m verify --only 'copy-*'      # a subset (glob, substring, or section:N; commas)
+    python -m verify --levels exact,float32
+    python -m verify --json               # machine-readable (schema linop-verify-report/1)
+    python -m verify --list               # the catalogue: names, sections, statements
+
+Exit status: 0 when every check passes, 1 when any check fails or errors, 2 on a usage error
+(including a pattern that selects nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
 import sys
+import time
+from typing import TextIO
 
-from linop import Block, Copy, Space
+from .catalogue import Entry
+from .report import LEVELS, format_table, run, to_json
+
+__all__ = ["main"]
 
 
-def main() -> int:
-    space = Space([Block("x", (3,), worker=0)])
-    to_one = Copy(space["x"], Block("x1", (3,), worker=1))
-    broadcast = Copy(to_one.range["x"], Block("x2", (3,), worker=2)) @ to_one
-    matrix, adjoint = broadcast.to_sparse(), broadcast.H.to_sparse()
-    print("operator:", broadcast)
-    print("adjoint: ", broadcast.H)
-    print(matrix.toarray())
-    ok = (adjoint != matrix.T).nnz == 0
-    print("adjoint equals the transpose exactly:", ok)
-    return 0 if ok else 1
+class _Progress:
+    """Progress on stderr: a live line on a terminal, a line every few seconds otherwise."""
+
+    def __init__(self, stream: TextIO, every: float = 5.0) -> None:
+        self.stream = stream
+        self.live = stream.isatty()
+        self.every = every
+        self.last = time.perf_counter()
+
+    def __call__(self, done: int, total: int, entry: Entry, seconds: float) -> None:
+        if self.live:
+            self.stream.write(f"\r\033[K[{done + 1}/{total}] {entry.name}")
+            self.stream.flush()
+        elif time.perf_counter() - self.last >= self.every:
+            self.last = time.perf_counter()
+            self.stream.write(f"... {done}/{total} identities checked ({seconds:.0f} s)\n")
+            self.stream.flush()
+
+    def finish(self) -> None:
+        if self.live:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m verify",
+        description="Prove linop's catalogue of identities (THEORY.md) exactly, size-free, "
+        "symbolically and numerically.",
+        epilog="Exit status: 0 when everything passes, 1 when a check fails, 2 on a usage error.",
+    )
+    parser.add_argument(
+        "--only",
+        metavar="PATTERN",
+        help="identities to check: a glob (copy-*), a "
+        "substring of the name, or section:N; several separated by commas",
+    )
+    parser.add_argument(
+        "--levels",
+        metavar="LIST",
+        default=",".join(LEVELS),
+        help=f"comma-separated levels to run (default: all of {','.join(LEVELS)})",
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    parser.add_argument("--list", action="store_true", help="list the selected identities and exit")
+    parser.add_argument("--verbose", "-v", action="store_true", help="show each identity's statement")
+    parser.add_argument("--no-progress", action="store_true", help="do not report progress on stderr")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the report; return the exit status."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    from . import identities
+
+    levels = tuple(level.strip() for level in args.levels.split(",") if level.strip())
+    unknown = [level for level in levels if level not in LEVELS]
+    if unknown or not levels:
+        parser.print_usage(sys.stderr)
+        print(
+            f"python -m verify: unknown level {unknown[0] if unknown else ''!r}; choose from "
+            f"{', '.join(LEVELS)}",
+            file=sys.stderr,
+        )
+        return 2
+    entries = identities.select(args.only)
+    if not entries:
+        print(f"python -m verify: no identity matches {args.only!r}", file=sys.stderr)
+        return 2
+    if args.list:
+        width = max(len(e.name) for e in entries)
+        for e in entries:
+            print(f"{e.name:<{width}}  {e.section:<3} {e.kind:<7}  {e.statement}")
+        return 0
+    progress = None if args.no_progress else _Progress(sys.stderr)
+    report = run(entries, levels, progress)
+    if progress is not None:
+        progress.finish()
+    print(to_json(report, levels=levels) if args.json else format_table(report, verbose=args.verbose))
+    return 0 if report.passed else 1
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """The shape of a catalogue entry: one named identity of THEORY.md, provable at several levels.
 
-Each feature module contributes a list of :class:`Entry` objects; :mod:`verify.identities`
-collects them and ``python -m verify`` proves every one.
+Each feature module contributes a list ``ENTRIES`` of :class:`Entry` objects;
+:mod:`verify.identities` collects them and ``python -m verify`` proves every one. The helpers
+:func:`adjoint_entry` and :func:`equal_entry` build entries and, for whole-block trees, attach
+the size-free proof.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Literal
 
 from linop import LinearOperator
 
-__all__ = ["Entry"]
+__all__ = ["Entry", "adjoint_entry", "equal_entry"]
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,12 @@ class Entry:
     build : callable
         Builds the operators on concrete (small) spaces.
     size_free : callable or None
-        Optional: returns True when a sympy proof for every block size succeeds.
+        Optional: returns a truthy value when a sympy proof for every block size succeeds
+        (a :class:`verify.sizefree.SizeFreeProof`, whose ``detail`` the report shows), a
+        falsy one when it fails.
+    symbolic : bool
+        Whether the report also runs the entry-wise symbolic check (the symbolic dot test,
+        or symbolic equality); turn off for operators too large for sympy to expand quickly.
     """
 
     name: str
@@ -42,4 +49,47 @@ class Entry:
     statement: str
     kind: Literal["adjoint", "equal"]
     build: Callable[[], tuple[LinearOperator, ...]]
-    size_free: Callable[[], bool] | None = None
+    size_free: Callable[[], object] | None = None
+    symbolic: bool = True
+
+
+def adjoint_entry(
+    name: str,
+    section: str,
+    statement: str,
+    build: Callable[[], LinearOperator],
+    *,
+    size_free: bool = False,
+    symbolic: bool = True,
+) -> Entry:
+    """An ``"adjoint"`` entry for the operator ``build()``; with ``size_free=True`` (whole-block
+    trees only) the report also proves the adjoint for every block size."""
+
+    def proof() -> object:
+        from .sizefree import prove_adjoint
+
+        return prove_adjoint(build())
+
+    return Entry(
+        name, section, statement, "adjoint", lambda: (build(),), proof if size_free else None, symbolic
+    )
+
+
+def equal_entry(
+    name: str,
+    section: str,
+    statement: str,
+    build: Callable[[], tuple[LinearOperator, LinearOperator]],
+    *,
+    size_free: bool = False,
+    symbolic: bool = True,
+) -> Entry:
+    """An ``"equal"`` entry for the pair ``build()``; with ``size_free=True`` (whole-block trees
+    only) the report also proves the equality for every block size."""
+
+    def proof() -> object:
+        from .sizefree import prove_equal
+
+        return prove_equal(*build())
+
+    return Entry(name, section, statement, "equal", build, proof if size_free else None, symbolic)

@@ -1,0 +1,256 @@
+"""Exact proofs through the sparse interpreter: adjoints and equalities, entry by entry.
+
+Data movement has matrices of 0 and 1 (integers, with no rounding), so ``op.H`` can be proven
+equal to the conjugate transpose of ``op`` exactly, and two trees can be proven to be the same
+operator. When the matrices hold floating-point scalars (a tree scaled by 0.5), products may
+round differently in the two trees; the comparison then allows a few units in the last place
+and says so (``Proof.exact`` is False).
+
+A failure names the first differing entries as (block, index) pairs on both sides: the row's
+block in one space and the column's block in the other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from linop import LinearOperator, Space
+
+from .errors import VerificationError
+from .locate import Location, locations
+
+__all__ = [
+    "Mismatch",
+    "Proof",
+    "exact_adjoint",
+    "equal",
+    "assert_exact_adjoint",
+    "assert_equal",
+]
+
+MAX_REPORTED = 5
+"""How many differing entries a failed proof lists."""
+
+ROUNDING_ULPS = 64
+"""Units of roundoff allowed when a matrix has floating-point (not integer) entries."""
+
+
+@dataclass(frozen=True, slots=True)
+class Mismatch:
+    """One differing matrix entry: its row and column as (block, index), and both values."""
+
+    row: Location
+    column: Location
+    left: complex | float | int
+    right: complex | float | int
+
+    def __str__(self) -> str:
+        return f"row {self.row}, column {self.column}: {_number(self.left)} versus {_number(self.right)}"
+
+
+@dataclass(frozen=True)
+class Proof:
+    """The outcome of an exact check; true when the claim holds.
+
+    Attributes
+    ----------
+    claim : str
+        What was checked, e.g. ``"C[x -> y].H == (C[x -> y])^H"``.
+    passed : bool
+        Whether it holds.
+    detail : str
+        One readable paragraph: the evidence, or the first differing entries.
+    mismatches : tuple of Mismatch
+        The first differing entries (at most :data:`MAX_REPORTED`), in row-major order.
+    count : int
+        How many entries differ in total.
+    exact : bool
+        True when the comparison was exact (integer or identical entries); False when a
+        rounding allowance was used.
+    max_error : float
+        Largest absolute difference between the two matrices.
+    """
+
+    claim: str
+    passed: bool
+    detail: str
+    mismatches: tuple[Mismatch, ...] = ()
+    count: int = 0
+    exact: bool = True
+    max_error: float = 0.0
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def check(self) -> Proof:
+        """Return self if the claim holds; raise :class:`VerificationError` otherwise."""
+        if not self.passed:
+            raise VerificationError(f"{self.claim}: {self.detail}")
+        return self
+
+    def __repr__(self) -> str:
+        verdict = "proven" if self.passed else "FAILED"
+        return f"Proof({verdict}: {self.claim}; {self.detail})"
+
+
+def _number(value: object) -> str:
+    if isinstance(value, complex) or np.iscomplexobj(value):
+        value = complex(value)
+        if value.imag == 0:
+            value = value.real
+        else:
+            return f"{value:g}"
+    value = float(value)  # type: ignore[arg-type]
+    return str(int(value)) if value.is_integer() else f"{value:.17g}"
+
+
+def _space_problem(label: str, actual: Space, expected: Space) -> str | None:
+    diff = actual.difference(expected)
+    return None if diff is None else f"{label}: {diff}"
+
+
+def _compare(
+    claim: str,
+    left: sp.sparray,
+    right: sp.sparray,
+    row_space: Space,
+    column_space: Space,
+    names: tuple[str, str],
+    axes: tuple[str, str],
+) -> Proof:
+    """Compare two matrices of the same shape entry by entry."""
+    left, right = sp.csr_array(left), sp.csr_array(right)
+    dtype = np.result_type(left.dtype, right.dtype)
+    difference = sp.coo_array(left.astype(dtype) - right.astype(dtype))
+    difference.sum_duplicates()
+    values = difference.data
+    nonzero = values != 0
+    rows, cols, values = difference.row[nonzero], difference.col[nonzero], values[nonzero]
+    exact = True
+    max_error = float(np.abs(values).max()) if values.size else 0.0
+    if values.size and dtype.kind in "fc":
+        scale = max(
+            float(np.abs(left.data).max()) if left.nnz else 0.0,
+            float(np.abs(right.data).max()) if right.nnz else 0.0,
+            1.0,
+        )
+        allowed = ROUNDING_ULPS * np.finfo(dtype).eps * scale
+        significant = np.abs(values) > allowed
+        exact = False
+        rows, cols = rows[significant], cols[significant]
+    shape = f"{left.shape[0]}x{left.shape[1]} {dtype} matrices"
+    if rows.size == 0:
+        how = "entry by entry" if exact else f"up to {ROUNDING_ULPS} ulps of rounding"
+        return Proof(claim, True, f"equal {how} ({shape})", exact=exact, max_error=max_error)
+    order = np.lexsort((cols, rows))
+    rows, cols = rows[order], cols[order]
+    first_rows, first_cols = rows[:MAX_REPORTED], cols[:MAX_REPORTED]
+    left_dense = left[first_rows, first_cols]
+    right_dense = right[first_rows, first_cols]
+    mismatches = tuple(
+        Mismatch(r, c, _scalar(a), _scalar(b))
+        for r, c, a, b in zip(
+            locations(row_space, first_rows),
+            locations(column_space, first_cols),
+            np.asarray(left_dense).ravel(),
+            np.asarray(right_dense).ravel(),
+        )
+    )
+    listed = "; ".join(str(m) for m in mismatches)
+    more = f" (and {rows.size - len(mismatches)} more)" if rows.size > len(mismatches) else ""
+    detail = (
+        f"{rows.size} entries of the {shape} differ ({names[0]} versus {names[1]}; rows are "
+        f"entries of {axes[0]}, columns entries of {axes[1]}); first: {listed}{more}"
+    )
+    return Proof(claim, False, detail, mismatches, int(rows.size), exact, max_error)
+
+
+def _scalar(value: object) -> complex | float | int:
+    item = np.asarray(value).item()
+    return item  # type: ignore[no-any-return]
+
+
+def exact_adjoint(op: LinearOperator) -> Proof:
+    """Prove that ``op.H`` is the conjugate transpose of ``op``, entry by entry.
+
+    Both trees are materialized by the sparse interpreter (integer matrices for data
+    movement) and compared with no tolerance. Also checked: ``op.H`` maps ``op.range`` to
+    ``op.domain``, and ``op.H.H == op`` structurally.
+
+    Returns
+    -------
+    Proof
+        True when the claim holds; on failure its ``detail`` lists the first differing
+        entries, each as row (a block and index of ``op.domain``) and column (a block and
+        index of ``op.range``) with the value of ``op.H`` and of ``conj(op)^T`` there.
+
+    Examples
+    --------
+    >>> from linop import Space, Copy
+    >>> space = Space([("x", (2,)), ("y", (2,))])
+    >>> bool(exact_adjoint(Copy(space["x"], space["y"])))
+    True
+    """
+    adjoint = op.H
+    claim = f"{_short(op)}: op.H == conj(op)^T"
+    problem = _space_problem("op.H's domain is not op's range", adjoint.domain, op.range) or _space_problem(
+        "op.H's range is not op's domain", adjoint.range, op.domain
+    )
+    if problem:
+        return Proof(claim, False, problem)
+    proof = _compare(
+        claim,
+        adjoint.to_sparse(),
+        op.to_sparse().conj().T,
+        op.domain,
+        op.range,
+        ("op.H", "conj(op)^T"),
+        ("op.domain", "op.range"),
+    )
+    if proof.passed and adjoint.H != op:
+        return Proof(
+            claim,
+            False,
+            f"the matrices agree, but op.H.H is not structurally op: {_short(adjoint.H)} versus {_short(op)}",
+            exact=proof.exact,
+        )
+    return proof
+
+
+def equal(a: LinearOperator, b: LinearOperator) -> Proof:
+    """Prove that two trees are the same operator: same spaces and the same matrix.
+
+    Returns
+    -------
+    Proof
+        On failure, ``detail`` names the first differing block of the spaces, or the first
+        differing entries as row (a block and index of the range) and column (a block and
+        index of the domain) with the value of ``a`` and of ``b`` there.
+    """
+    claim = f"{_short(a)} == {_short(b)}"
+    problem = _space_problem("domains differ", a.domain, b.domain) or _space_problem(
+        "ranges differ", a.range, b.range
+    )
+    if problem:
+        return Proof(claim, False, problem)
+    return _compare(
+        claim, a.to_sparse(), b.to_sparse(), a.range, a.domain, ("left", "right"), ("the range", "the domain")
+    )
+
+
+def assert_exact_adjoint(op: LinearOperator) -> Proof:
+    """:func:`exact_adjoint`, raising :class:`VerificationError` (an AssertionError) on failure."""
+    return exact_adjoint(op).check()
+
+
+def assert_equal(a: LinearOperator, b: LinearOperator) -> Proof:
+    """:func:`equal`, raising :class:`VerificationError` (an AssertionError) on failure."""
+    return equal(a, b).check()
+
+
+def _short(op: object, limit: int = 80) -> str:
+    text = str(op)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

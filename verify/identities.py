@@ -1,0 +1,109 @@
+"""The catalogue: every identity of THEORY.md that linop proves, as named entries.
+
+Entries come from one module per feature, each holding a list ``ENTRIES`` of
+:class:`~verify.catalogue.Entry`. :data:`SOURCES` lists those modules explicitly; a listed
+module that is not installed yet is skipped, so the catalogue grows as features land.
+
+===================================  ==========================================================
+module                               THEORY.md
+===================================  ==========================================================
+verify.catalogue_primitives          1: allocate, deallocate, clear, add; copy and move
+verify.catalogue_distributed_primitives
+                                     2: send-receive and the patterns built from it
+verify.catalogue_collectives         2: the collective nodes (scatter ... all-to-all)
+verify.catalogue_halo                3: halo exchange
+===================================  ==========================================================
+
+Examples
+--------
+>>> from verify import identities
+>>> entry = identities.get("copy-inplace-adjoint")
+>>> entry.statement
+'C_{a->b}* is the adjoint of C_{a->b}'
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib
+import importlib.util
+
+from .catalogue import Entry
+
+__all__ = ["ENTRIES", "SOURCES", "get", "select", "sections", "load"]
+
+SOURCES: tuple[str, ...] = (
+    "verify.catalogue_primitives",
+    "verify.catalogue_distributed_primitives",
+    "verify.catalogue_collectives",
+    "verify.catalogue_halo",
+)
+"""The modules whose ``ENTRIES`` make the catalogue, in report order."""
+
+REQUIRED: frozenset[str] = frozenset(
+    {"verify.catalogue_primitives", "verify.catalogue_distributed_primitives"}
+)
+"""Sources that must exist; the others are skipped until their feature lands."""
+
+
+def load(sources: tuple[str, ...] = SOURCES) -> tuple[Entry, ...]:
+    """Collect the entries of ``sources``; raise ValueError on a duplicate name."""
+    entries: list[Entry] = []
+    seen: dict[str, str] = {}
+    for module_name in sources:
+        if module_name not in REQUIRED and importlib.util.find_spec(module_name) is None:
+            continue
+        module = importlib.import_module(module_name)
+        for entry in module.ENTRIES:
+            if not isinstance(entry, Entry):
+                raise TypeError(f"{module_name}.ENTRIES holds {type(entry).__name__}, not Entry")
+            if entry.kind not in ("adjoint", "equal"):
+                raise ValueError(
+                    f"identity {entry.name!r}: kind must be 'adjoint' or 'equal', not {entry.kind!r}"
+                )
+            if entry.name in seen:
+                raise ValueError(
+                    f"identity {entry.name!r} is defined in both {seen[entry.name]} and {module_name}"
+                )
+            seen[entry.name] = module_name
+            entries.append(entry)
+    return tuple(entries)
+
+
+ENTRIES: tuple[Entry, ...] = load()
+"""Every entry of the catalogue, in report order."""
+
+
+def get(name: str) -> Entry:
+    """The entry called ``name``."""
+    for entry in ENTRIES:
+        if entry.name == name:
+            return entry
+    raise KeyError(f"no identity called {name!r}")
+
+
+def select(pattern: str | None) -> tuple[Entry, ...]:
+    """Entries matching ``pattern``: comma-separated alternatives, each a glob (``copy-*``),
+    a plain substring of the name (``adjoint``) or ``section:N`` for a whole section."""
+    if not pattern:
+        return ENTRIES
+    alternatives = [p.strip() for p in pattern.split(",") if p.strip()]
+
+    def matches(entry: Entry) -> bool:
+        for p in alternatives:
+            if p.startswith("section:"):
+                if entry.section == p.split(":", 1)[1]:
+                    return True
+            elif any(c in p for c in "*?["):
+                if fnmatch.fnmatchcase(entry.name, p):
+                    return True
+            elif p in entry.name:
+                return True
+        return False
+
+    return tuple(e for e in ENTRIES if matches(e))
+
+
+def sections() -> tuple[str, ...]:
+    """The sections that have entries, in order."""
+    return tuple(dict.fromkeys(e.section for e in ENTRIES))

@@ -1,0 +1,382 @@
+"""Hypothesis strategies for linop: spaces, regions, operators, operator trees, states, dtypes.
+
+Use them to property-test your own operators the way ``hypothesis.extra.numpy`` is used::
+
+    from hypothesis import given
+    from verify import strategies as lst
+    import verify
+
+    @given(lst.operators(max_leaves=4))
+    def test_every_tree_has_an_exact_adjoint(op):
+        verify.exact_adjoint(op).check()
+
+    @given(lst.spaces().flatmap(lambda s: lst.states(s, dtype=lst.dtypes())))
+    def test_states_match_their_space(state):
+        ...
+
+Every strategy draws small objects (a few blocks of a few entries) so that exact (sparse) and
+symbolic checks stay fast; the size knobs are keyword arguments. Everything drawn is valid:
+regions lie inside their blocks, the pairs related by an add are disjoint and of one shape,
+and trees compose (each factor's domain is the range of the one to its right).
+
+=======================  ==================================================================
+strategy                 draws
+=======================  ==================================================================
+``dtypes()``             float32, float64, complex64, complex128 (numpy dtypes)
+``block_names()``        short names such as ``x``, ``b3``
+``shapes()``             block shapes, zero extents included
+``blocks()``             :class:`~linop.Block` with a shape and a worker
+``spaces()``             :class:`~linop.Space` of uniquely named blocks
+``regions(space)``       a :class:`~linop.Region` (box) of one of the space's blocks
+``region_pairs(space)``  two disjoint regions of one shape (source, destination)
+``scalars()``            small exact scalars: integers, dyadic fractions, complex
+``primitives(space)``    Allocate, Deallocate, Clear or Add with domain ``space``
+``movements(space)``     Copy, Move (in and out of place), SendRecv with domain ``space``
+``endomorphisms(space)`` leaves whose domain and range are both ``space``
+``operators(space)``     operator trees (compositions, sums, scalings) of bounded depth/size
+``states(space)``        a state (dict of arrays) of ``space`` with finite entries
+=======================  ==================================================================
+
+Later features add their own strategies (partitions, distributed tensors); they are
+re-exported here when their modules are installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from linop import (
+    Add,
+    Allocate,
+    Block,
+    Clear,
+    Copy,
+    Deallocate,
+    Identity,
+    LinearOperator,
+    Move,
+    Region,
+    SendRecv,
+    Space,
+    Zero,
+)
+
+__all__ = [
+    "dtypes",
+    "block_names",
+    "shapes",
+    "blocks",
+    "spaces",
+    "regions",
+    "region_pairs",
+    "scalars",
+    "primitives",
+    "movements",
+    "endomorphisms",
+    "operators",
+    "states",
+]
+
+_FLOATING = (np.float32, np.float64, np.complex64, np.complex128)
+
+
+def dtypes(*, real: bool = True, complex: bool = True, single: bool = True) -> st.SearchStrategy[np.dtype]:
+    """Floating dtypes that linop supports: float32/float64 (``real``) and complex64/complex128
+    (``complex``); ``single=False`` leaves out the single-precision ones."""
+    chosen = [
+        np.dtype(t)
+        for t in _FLOATING
+        if (real if np.dtype(t).kind == "f" else complex) and (single or t not in (np.float32, np.complex64))
+    ]
+    if not chosen:
+        raise ValueError("dtypes(): no dtype left with these options")
+    return st.sampled_from(chosen)
+
+
+def block_names() -> st.SearchStrategy[str]:
+    """Short block names: a letter, sometimes followed by a number (``x``, ``b3``, ``h12``)."""
+    return st.builds(
+        lambda letter, number: letter if number is None else f"{letter}{number}",
+        st.sampled_from("abcdhuvwxyz"),
+        st.none() | st.integers(0, 12),
+    )
+
+
+def shapes(
+    *, min_ndim: int = 1, max_ndim: int = 2, min_side: int = 0, max_side: int = 4
+) -> st.SearchStrategy[tuple[int, ...]]:
+    """Block shapes with ``min_ndim..max_ndim`` dimensions of extent ``min_side..max_side``."""
+    return hnp.array_shapes(min_dims=min_ndim, max_dims=max_ndim, min_side=min_side, max_side=max_side)
+
+
+def blocks(
+    *,
+    names: st.SearchStrategy[str] | None = None,
+    shape: st.SearchStrategy[tuple[int, ...]] | None = None,
+    max_workers: int = 3,
+) -> st.SearchStrategy[Block]:
+    """Blocks with a name, a shape and a worker in ``0..max_workers-1``."""
+    return st.builds(
+        Block,
+        names if names is not None else block_names(),
+        shape if shape is not None else shapes(),
+        st.integers(0, max_workers - 1),
+    )
+
+
+def spaces(
+    *,
+    min_blocks: int = 1,
+    max_blocks: int = 4,
+    min_ndim: int = 1,
+    max_ndim: int = 2,
+    min_side: int = 0,
+    max_side: int = 4,
+    max_workers: int = 3,
+) -> st.SearchStrategy[Space]:
+    """Spaces of ``min_blocks..max_blocks`` uniquely named blocks."""
+    block = blocks(
+        shape=shapes(min_ndim=min_ndim, max_ndim=max_ndim, min_side=min_side, max_side=max_side),
+        max_workers=max_workers,
+    )
+    return st.lists(block, min_size=min_blocks, max_size=max_blocks, unique_by=lambda b: b.name).map(Space)
+
+
+@st.composite
+def _interval(draw: st.DrawFn, extent: int, length: int | None = None) -> tuple[int, int]:
+    if length is None:
+        length = draw(st.integers(0, extent))
+    start = draw(st.integers(0, extent - length))
+    return start, start + length
+
+
+@st.composite
+def regions(draw: st.DrawFn, space: Space, *, whole: bool | None = None) -> Region:
+    """A region of one of ``space``'s blocks: a box, possibly empty, possibly the whole block
+    (``whole=True`` always whole, ``whole=False`` any box)."""
+    if not len(space):
+        raise ValueError("regions(): the space holds no block")
+    name = draw(st.sampled_from(space.names))
+    region = space[name]
+    if whole or (whole is None and draw(st.booleans())):
+        return region
+    bounds = [draw(_interval(n)) for n in region.shape]
+    return region[tuple(slice(a, b) for a, b in bounds)]
+
+
+@st.composite
+def region_pairs(draw: st.DrawFn, space: Space, *, other_worker: bool = False) -> tuple[Region, Region]:
+    """A (source, destination) pair of disjoint regions of one shape, in one block or two.
+
+    With ``other_worker=True`` the two regions lie on different workers (a send-receive);
+    the strategy then needs two blocks of the same rank on different workers.
+    """
+    pairs = [
+        (a, b)
+        for a in space.blocks
+        for b in space.blocks
+        if a.ndim == b.ndim and (a.worker != b.worker if other_worker else True)
+    ]
+    if not pairs:
+        raise ValueError(
+            "region_pairs(): no two blocks of the same rank"
+            + (" on different workers" if other_worker else "")
+        )
+    a, b = draw(st.sampled_from(pairs))
+    if a.name != b.name:
+        extents = [draw(st.integers(0, min(m, n))) for m, n in zip(a.shape, b.shape)]
+        src = [draw(_interval(m, e)) for m, e in zip(a.shape, extents)]
+        dst = [draw(_interval(n, e)) for n, e in zip(b.shape, extents)]
+    else:
+        # one block: separate the two boxes along one dimension (empty boxes never overlap)
+        if a.ndim == 0:
+            raise ValueError("region_pairs(): a 0-d block cannot hold two disjoint regions")
+        split = draw(st.integers(0, a.ndim - 1))
+        src, dst = [], []
+        for dim, n in enumerate(a.shape):
+            if dim == split:
+                e = draw(st.integers(0, n // 2))
+                s = draw(st.integers(0, n - 2 * e))
+                t = draw(st.integers(s + e, n - e))
+                src.append((s, s + e))
+                dst.append((t, t + e))
+            else:
+                e = draw(st.integers(0, n))
+                src.append(draw(_interval(n, e)))
+                dst.append(draw(_interval(n, e)))
+    source = space[a.name][tuple(slice(*p) for p in src)]
+    destination = space[b.name][tuple(slice(*p) for p in dst)]
+    return source, destination
+
+
+def scalars(*, complex: bool = True) -> st.SearchStrategy[Any]:
+    """Small scalars that keep matrices exact: integers, dyadic fractions, complex integers."""
+    real = st.integers(-3, 3) | st.sampled_from([0.5, -0.25, 2.0])
+    if not complex:
+        return real
+    return real | st.sampled_from([1j, -2j, 1 + 1j, 2 - 1j])
+
+
+def _fresh_name(space: Space, stem: str = "new") -> str:
+    i = 0
+    while f"{stem}{i}" in space:
+        i += 1
+    return f"{stem}{i}"
+
+
+@st.composite
+def primitives(draw: st.DrawFn, space: Space) -> LinearOperator:
+    """One of the four primitives (Allocate, Deallocate, Clear, Add) with domain ``space``."""
+    kinds = ["allocate"]
+    if len(space):
+        kinds += ["deallocate", "clear", "add"]
+    kind = draw(st.sampled_from(kinds))
+    if kind == "allocate":
+        block = draw(blocks(names=st.just(_fresh_name(space))))
+        return Allocate(space, block)
+    if kind == "deallocate":
+        return Deallocate(space, draw(st.sampled_from(space.names)))
+    if kind == "clear":
+        return Clear(draw(regions(space)))
+    return Add(*draw(region_pairs(space)))
+
+
+@st.composite
+def movements(draw: st.DrawFn, space: Space) -> LinearOperator:
+    """A Copy or Move, in place or out of place, or a SendRecv, with domain ``space``."""
+    if not len(space):
+        raise ValueError("movements(): the space holds no block")
+    kinds = ["copy", "copy-new", "move", "move-new", "sendrecv-new"]
+    if len(space.workers) > 1 and any(
+        a.worker != b.worker and a.ndim == b.ndim for a in space.blocks for b in space.blocks
+    ):
+        kinds.append("sendrecv")
+    kind = draw(st.sampled_from(kinds))
+    if kind in ("copy", "move"):
+        src, dst = draw(region_pairs(space))
+        return (Copy if kind == "copy" else Move)(src, dst)
+    if kind == "sendrecv":
+        return SendRecv(*draw(region_pairs(space, other_worker=True)))
+    new = _fresh_name(space)
+    if kind == "move-new":
+        return Move(draw(regions(space, whole=True)), new)
+    src = draw(regions(space))
+    if kind == "copy-new":
+        return Copy(src, new)
+    worker = draw(st.integers(0, 3).filter(lambda w: w != src.worker))
+    return SendRecv(src, Block(new, src.shape, worker))
+
+
+@st.composite
+def endomorphisms(draw: st.DrawFn, space: Space) -> LinearOperator:
+    """A leaf whose domain and range are both ``space``: Identity, Zero, Clear, Add, or an
+    in-place Copy or Move."""
+    kinds = ["identity", "zero"]
+    if len(space):
+        kinds += ["clear", "add", "copy", "move"]
+    kind = draw(st.sampled_from(kinds))
+    if kind == "identity":
+        return Identity(space)
+    if kind == "zero":
+        return Zero(space, space)
+    if kind == "clear":
+        return Clear(draw(regions(space)))
+    src, dst = draw(region_pairs(space))
+    return {"add": Add, "copy": Copy, "move": Move}[kind](src, dst)
+
+
+@st.composite
+def operators(
+    draw: st.DrawFn,
+    space: Space | None = None,
+    *,
+    max_depth: int = 3,
+    max_leaves: int = 6,
+    complex: bool = True,
+) -> LinearOperator:
+    """Operator trees: leaves from :func:`primitives`, :func:`movements` and
+    :func:`endomorphisms`, combined by composition, sum and scalar multiple.
+
+    Parameters
+    ----------
+    space : Space, optional
+        The domain of the tree; drawn from :func:`spaces` when omitted.
+    max_depth : int
+        Largest nesting depth of algebra nodes.
+    max_leaves : int
+        Largest number of leaves (primitive or movement nodes).
+    complex : bool
+        Allow complex scalars.
+    """
+    if space is None:
+        space = draw(spaces())
+    budget = [max(1, max_leaves)]
+
+    def leaf(domain: Space) -> LinearOperator:
+        budget[0] -= 1
+        if not len(domain):
+            return draw(primitives(domain))
+        return draw(st.one_of(primitives(domain), movements(domain), endomorphisms(domain)))
+
+    def build(domain: Space, depth: int) -> LinearOperator:
+        if depth <= 0 or budget[0] <= 1:
+            return leaf(domain)
+        kind = draw(st.sampled_from(["leaf", "compose", "sum", "scale"]))
+        if kind == "leaf":
+            return leaf(domain)
+        if kind == "scale":
+            return draw(scalars(complex=complex)) * build(domain, depth - 1)
+        first = build(domain, depth - 1)
+        if kind == "compose":
+            if budget[0] <= 0:
+                return first
+            return build(first.range, depth - 1) @ first
+        if budget[0] <= 0:
+            return first
+        budget[0] -= 1
+        return first + draw(endomorphisms(first.range)) @ first
+
+    return build(space, max_depth)
+
+
+def _elements(dtype: np.dtype, bound: float) -> st.SearchStrategy[Any]:
+    if dtype.kind == "c":
+        width = 64 if dtype.itemsize == 8 else 128
+        return st.complex_numbers(max_magnitude=bound, allow_nan=False, allow_infinity=False, width=width)
+    if dtype.kind == "f":
+        return st.floats(-bound, bound, width=8 * dtype.itemsize, allow_subnormal=False)
+    if dtype.kind in "iu":
+        return st.integers(0 if dtype.kind == "u" else -9, 9)
+    raise TypeError(f"states(): unsupported dtype {dtype}")
+
+
+@st.composite
+def states(
+    draw: st.DrawFn,
+    space: Space,
+    *,
+    dtype: npt.DTypeLike | st.SearchStrategy[np.dtype] = np.float64,
+    bound: float = 1e3,
+) -> dict[str, np.ndarray]:
+    """A state of ``space``: one array per block, finite entries of magnitude at most ``bound``.
+
+    ``dtype`` may be a dtype or a strategy of dtypes (e.g. :func:`dtypes`); one dtype is
+    drawn for the whole state.
+    """
+    chosen = np.dtype(draw(dtype) if isinstance(dtype, st.SearchStrategy) else dtype)
+    elements = _elements(chosen, bound)
+    return {b.name: draw(hnp.arrays(chosen, b.shape, elements=elements)) for b in space.blocks}
+
+
+# -- strategies of later features (partitions, distributed tensors), when installed ------------
+if importlib.util.find_spec("verify.strategies_distributed") is not None:
+    from . import strategies_distributed as _distributed
+    from .strategies_distributed import *  # noqa: F403
+
+    __all__ += list(getattr(_distributed, "__all__", ()))
