@@ -1,0 +1,34 @@
+"""Shared checks of the collectives tests: exact adjoints and equalities through the sparse
+interpreter (integer matrices, no tolerance)."""
+
+import numpy as np
+
+from linop import LinearOperator
+
+
+def assert_exact_adjoint(op: LinearOperator) -> None:
+    """op.H maps range to domain, its matrix is exactly op's transpose, and op.H.H == op."""
+    adjoint = op.H
+    assert adjoint.domain == op.range, f"{op}: adjoint domain is not the range"
+    assert adjoint.range == op.domain, f"{op}: adjoint range is not the domain"
+    forward = op.to_sparse()
+    assert forward.dtype.kind == "i", f"{op}: data movement should give an integer matrix"
+    backward = adjoint.to_sparse()
+    differing = (backward != forward.T).nnz
+    assert differing == 0, f"{op}: adjoint matrix differs from the transpose in {differing} entries"
+    assert adjoint.H == op, f"{op}: op.H.H is not structurally op"
+
+
+def assert_same_operator(a: LinearOperator, b: LinearOperator) -> None:
+    """Same spaces and exactly the same matrix."""
+    assert a.domain == b.domain, a.domain.difference(b.domain)
+    assert a.range == b.range, a.range.difference(b.range)
+    differing = (a.to_sparse() != b.to_sparse()).nnz
+    assert differing == 0, f"{a} and {b} differ in {differing} entries"
+
+
+def integer_state(space, seed=0):
+    """A state of distinct integers (so that every misplaced entry shows)."""
+    rng = np.random.default_rng(seed)
+    values = rng.permutation(space.size).astype(np.int64) + 1
+    return space.unflatten(values)

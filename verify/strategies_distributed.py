@@ -1,0 +1,156 @@
+"""Hypothesis strategies for partitions, decompositions and distributed tensors.
+
+Re-exported by :mod:`verify.strategies`. Everything drawn is small (a few workers, a few
+entries per dimension) so that exact sparse proofs stay fast, and valid: worker ids are
+distinct within a partition, explicit sizes add up to the global extent (empty shares
+included), and paired tensors share their global shape.
+
+==================================  ===============================================================
+strategy                            draws
+==================================  ===============================================================
+``partition_shapes()``              grid shapes such as ``(2, 1, 3)``
+``partitions()``                    a :class:`~linop.partition.Partition` on distinct worker ids
+``decompositions(shape, grid)``     per-dimension sizes: balanced or explicit, empty shares allowed
+``distributed_tensors()``           a :class:`~linop.partition.DistributedTensor`
+``tensor_pairs()``                  two tensors of one global shape (names ``x``, ``y``) on any
+                                    partitions: same, overlapping or disjoint worker sets
+``broadcast_setups()``              ``(tensor, destination partition, transpose)`` that broadcast
+==================================  ===============================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hypothesis import strategies as st
+
+from linop.partition import DistributedTensor, Partition, balanced_sizes
+
+__all__ = [
+    "broadcast_setups",
+    "decompositions",
+    "distributed_tensors",
+    "partition_shapes",
+    "partitions",
+    "tensor_pairs",
+]
+
+MAX_WORKER = 16
+"""Worker ids are drawn from ``0 .. MAX_WORKER - 1``."""
+
+
+def partition_shapes(*, min_dims: int = 1, max_dims: int = 3, max_extent: int = 3) -> st.SearchStrategy:
+    """Grid shapes of ``min_dims .. max_dims`` dimensions, extents ``1 .. max_extent``."""
+    return st.lists(st.integers(1, max_extent), min_size=min_dims, max_size=max_dims).map(tuple)
+
+
+@st.composite
+def partitions(
+    draw: st.DrawFn,
+    shape: Sequence[int] | None = None,
+    *,
+    min_dims: int = 1,
+    max_dims: int = 3,
+    max_extent: int = 3,
+    workers: Sequence[int] | None = None,
+) -> Partition:
+    """A partition of ``shape`` (drawn if not given) on distinct workers drawn from ``workers``
+    (default ``0 .. MAX_WORKER - 1``), in a random order."""
+    if shape is None:
+        shape = draw(partition_shapes(min_dims=min_dims, max_dims=max_dims, max_extent=max_extent))
+    shape = tuple(shape)
+    count = 1
+    for n in shape:
+        count *= n
+    pool = list(range(max(MAX_WORKER, count))) if workers is None else list(workers)
+    chosen = draw(st.permutations(pool))[:count]
+    return Partition(shape, tuple(chosen))
+
+
+@st.composite
+def decompositions(
+    draw: st.DrawFn, global_shape: Sequence[int], grid: Sequence[int], *, balanced: bool | None = None
+) -> tuple[tuple[int, ...], ...]:
+    """Per-dimension sizes of ``global_shape`` over a grid: balanced (larger shares first), or
+    explicit (any non-negative sizes adding up to the extent, empty shares included). With
+    ``balanced=None`` each dimension is either."""
+    sizes = []
+    for n, parts in zip(global_shape, grid):
+        use_balanced = draw(st.booleans()) if balanced is None else balanced
+        if use_balanced:
+            sizes.append(balanced_sizes(n, parts))
+            continue
+        cuts = sorted(draw(st.lists(st.integers(0, n), min_size=parts - 1, max_size=parts - 1)))
+        edges = (0, *cuts, n)
+        sizes.append(tuple(b - a for a, b in zip(edges, edges[1:])))
+    return tuple(sizes)
+
+
+@st.composite
+def distributed_tensors(
+    draw: st.DrawFn,
+    name: str = "x",
+    *,
+    partition: Partition | None = None,
+    global_shape: Sequence[int] | None = None,
+    max_extent: int = 6,
+    balanced: bool | None = None,
+    max_dims: int = 3,
+) -> DistributedTensor:
+    """A distributed tensor: a partition (drawn unless given), a global shape (extents
+    ``0 .. max_extent``, drawn unless given) and a decomposition (see :func:`decompositions`)."""
+    if partition is None:
+        rank = len(global_shape) if global_shape is not None else None
+        if rank is None:
+            partition = draw(partitions(max_dims=max_dims))
+        else:
+            partition = draw(partitions(min_dims=rank, max_dims=rank))
+    if global_shape is None:
+        global_shape = tuple(draw(st.integers(0, max_extent)) for _ in range(partition.ndim))
+    sizes = draw(decompositions(global_shape, partition.shape, balanced=balanced))
+    return DistributedTensor(name, tuple(global_shape), partition, sizes)
+
+
+@st.composite
+def tensor_pairs(
+    draw: st.DrawFn, *, max_dims: int = 3, max_extent: int = 6, balanced: bool | None = None
+) -> tuple[DistributedTensor, DistributedTensor]:
+    """Two decompositions ``x`` and ``y`` of one global shape, each on its own partition of
+    the same rank; the worker sets are independent draws, so they may coincide, overlap or be
+    disjoint."""
+    rank = draw(st.integers(1, max_dims))
+    global_shape = tuple(draw(st.integers(0, max_extent)) for _ in range(rank))
+    x = draw(
+        distributed_tensors(
+            "x",
+            partition=draw(partitions(min_dims=rank, max_dims=rank)),
+            global_shape=global_shape,
+            balanced=balanced,
+        )
+    )
+    y = draw(
+        distributed_tensors(
+            "y",
+            partition=draw(partitions(min_dims=rank, max_dims=rank)),
+            global_shape=global_shape,
+            balanced=balanced,
+        )
+    )
+    return x, y
+
+
+@st.composite
+def broadcast_setups(
+    draw: st.DrawFn, *, max_dims: int = 3, max_extent: int = 3
+) -> tuple[DistributedTensor, Partition, bool]:
+    """A source tensor ``x``, a destination partition that its partition broadcasts to
+    (NumPy rules, left-padded with ones), and whether the source shape is reversed first."""
+    destination = draw(partitions(max_dims=max_dims, max_extent=max_extent))
+    transpose = draw(st.booleans())
+    rank = draw(st.integers(1, destination.ndim))
+    shape = tuple(n if draw(st.booleans()) else 1 for n in destination.shape[destination.ndim - rank :])
+    if transpose:
+        shape = shape[::-1]
+    source = draw(partitions(shape))
+    tensor = draw(distributed_tensors("x", partition=source, max_extent=4))
+    return tensor, destination, transpose
