@@ -1,0 +1,565 @@
+"""The MPI interpreter: apply an operator tree across the ranks of a communicator.
+
+Every rank builds the same tree and holds only its own blocks: worker ``w`` of the tree runs on
+rank ``w`` of the communicator (ranks beyond the tree's workers take part in the checks and
+hold nothing). The result on each rank is that rank's blocks of the range, equal to the numpy
+interpreter's blocks for that worker.
+
+How a call runs
+---------------
+1. :func:`compile` (cached per tree and communicator) lowers the tree into a global program
+   and projects it onto this rank (:mod:`linop.backends.mpi_schedule`). Point-to-point moves
+   are batched into phases of nonblocking receives (posted first) and sends and one wait, so
+   no schedule can deadlock.
+2. One small ``Allreduce`` checks, before any data moves, that every rank holds the same tree
+   (a 128-bit fingerprint), that the communicator covers the tree's workers and that every
+   rank's local blocks are right; it also agrees on the dtype of the run. When anything is
+   wrong, every rank raises the same typed error (:mod:`linop.backends.mpi_errors`).
+3. The rank executes its schedule. Local steps use the numpy interpreter's handlers on a
+   copy-on-write workspace, so caller arrays are never mutated (unless ``inplace=True``).
+   Data moves as raw bytes straight from and into the blocks: contiguous regions as they are,
+   strided boxes through cached MPI subarray datatypes, so nothing is packed by hand.
+
+:meth:`Plan.bind` goes one step further for repeated in-place application (a halo exchange
+in a time loop): it checks once, then builds persistent requests on the caller's arrays, so
+each call is ``Startall`` and ``Waitall`` and nothing else.
+
+mpi4py is imported only when a function of this module runs.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import LinopError
+from ..operator import LinearOperator
+from ..space import Region, State
+from . import numpy_backend
+from .mpi_errors import (
+    CommunicatorError,
+    DistributedStateError,
+    MPIError,
+    TreeMismatchError,
+    UnsupportedNodeError,
+)
+from .mpi_schedule import (
+    Program,
+    RankBranches,
+    RankPhase,
+    RankZero,
+    Scale,
+    compile_program,
+    fingerprint,
+    lowering,
+)
+
+__all__ = ["apply", "compile", "Plan", "BoundPlan", "lowering", "DTYPE_CHARS"]
+
+DTYPE_CHARS = "bBhHiIlLqQefdgFDG"
+"""The numeric dtypes (numpy type characters) that the interpreter moves."""
+
+
+def _mpi() -> Any:
+    try:
+        from mpi4py import MPI
+    except ImportError as error:  # pragma: no cover - the test environment has mpi4py
+        raise ImportError("the MPI interpreter needs mpi4py: pip install 'linop[mpi]'") from error
+    return MPI
+
+
+# -- datatypes ------------------------------------------------------------------------------
+_BYTES: dict[int, Any] = {}
+_SUBARRAYS: dict[tuple, Any] = {}
+
+
+def _element(itemsize: int) -> Any:
+    """An MPI datatype of ``itemsize`` raw bytes (data moves between identical machines)."""
+    element = _BYTES.get(itemsize)
+    if element is None:
+        element = _mpi().BYTE.Create_contiguous(itemsize).Commit()
+        _BYTES[itemsize] = element
+    return element
+
+
+def _subarray(shape: tuple[int, ...], start: tuple[int, ...], sub: tuple[int, ...], itemsize: int) -> Any:
+    """A cached, committed subarray datatype for a box of a C-ordered array."""
+    key = (shape, start, sub, itemsize)
+    datatype = _SUBARRAYS.get(key)
+    if datatype is None:
+        datatype = _element(itemsize).Create_subarray(list(shape), list(sub), list(start)).Commit()
+        _SUBARRAYS[key] = datatype
+    return datatype
+
+
+def _region_spec(array: np.ndarray, region: Region) -> Any:
+    """An MPI buffer spec for ``array[region.index]`` without copying, or None if impossible."""
+    view = array[(*region.index, Ellipsis)]  # a view even when every index is an integer
+    if view.flags.c_contiguous:
+        return [view, view.nbytes, _mpi().BYTE]
+    if array.flags.c_contiguous:
+        extents = tuple(b - a for a, b in zip(region.start, region.stop))
+        return [array, 1, _subarray(array.shape, region.start, extents, array.itemsize)]
+    return None
+
+
+def _raw(array: np.ndarray) -> Any:
+    return [array, array.nbytes, _mpi().BYTE]
+
+
+# -- communicators and plans ----------------------------------------------------------------
+class _Context:
+    """Per user communicator: a private duplicate (our messages never meet the user's) and the
+    plans compiled for it."""
+
+    def __init__(self, comm: Any) -> None:
+        self.user = comm
+        self.comm = comm.Dup()
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        self.by_id: dict[int, tuple[weakref.ref, Plan]] = {}
+        self.by_tree: dict[LinearOperator, Plan] = {}
+
+
+_CONTEXTS: dict[int, _Context] = {}
+
+
+def _context(comm: Any) -> _Context:
+    mpi = _mpi()
+    comm = mpi.COMM_WORLD if comm is None else comm
+    key = mpi.Comm.py2f(comm)
+    context = _CONTEXTS.get(key)
+    if context is None or context.user != comm:
+        context = _Context(comm)
+        _CONTEXTS[key] = context
+    return context
+
+
+def compile(op: LinearOperator, *, comm: Any = None) -> Plan:
+    """The plan of ``op`` on ``comm`` (default ``MPI.COMM_WORLD``), compiled once and cached.
+
+    Compiling is local (no communication); the first application checks collectively that
+    every rank compiled the same tree. The cache holds the tree object (by identity) and
+    structurally equal trees.
+    """
+    context = _context(comm)
+    entry = context.by_id.get(id(op))
+    if entry is not None and entry[0]() is op:
+        return entry[1]
+    plan = context.by_tree.get(op)
+    if plan is None:
+        plan = Plan(op, context)
+        context.by_tree[op] = plan
+    key = id(op)
+    context.by_id[key] = (weakref.ref(op, lambda _ref, key=key, ids=context.by_id: ids.pop(key, None)), plan)
+    return plan
+
+
+def apply(
+    op: LinearOperator,
+    local_state: Mapping[str, Any],
+    *,
+    comm: Any = None,
+    inplace: bool = False,
+    dtype: npt.DTypeLike | None = None,
+) -> State:
+    """Apply ``op`` across the ranks of ``comm``; collective.
+
+    Parameters
+    ----------
+    op : LinearOperator
+        The same tree on every rank.
+    local_state : dict of str to array
+        The blocks of ``op.domain`` that this rank owns (worker == rank), and no others.
+    comm : mpi4py communicator, optional
+        Default ``MPI.COMM_WORLD``; it must have more ranks than the tree's largest worker.
+    inplace : bool, optional
+        Write the result into the caller's arrays (domain must equal range).
+    dtype : dtype, optional
+        Dtype of newly allocated blocks; default the common dtype of all ranks' blocks.
+
+    Returns
+    -------
+    dict of str to array
+        This rank's blocks of ``op.range``.
+
+    Raises
+    ------
+    TreeMismatchError, CommunicatorError, DistributedStateError, UnsupportedNodeError
+        On every rank together, before any data moves.
+    """
+    return compile(op, comm=comm).apply(local_state, inplace=inplace, dtype=dtype)
+
+
+class Plan:
+    """A tree compiled for one communicator: the global program and this rank's schedule."""
+
+    def __init__(self, op: LinearOperator, context: _Context) -> None:
+        self.op = op
+        self.context = context
+        self.fingerprint = fingerprint(op)
+        self.problem: MPIError | None = None
+        self.program: Program | None = None
+        self.schedule: tuple[Any, ...] = ()
+        self.domain_blocks: dict[str, Any] = {}
+        self.range_names: tuple[str, ...] = ()
+        try:
+            self.program = compile_program(op)
+        except Exception as error:  # raised collectively by check(), after the fingerprint test
+            self.problem = (
+                error
+                if isinstance(error, LinopError)
+                else UnsupportedNodeError(
+                    f"the MPI interpreter cannot compile {op}: {type(error).__name__}: {error}"
+                )
+            )
+            return
+        if self.program.max_worker >= context.size:
+            self.problem = CommunicatorError(
+                f"the tree names worker {self.program.max_worker} but the communicator has "
+                f"{context.size} rank(s); run with at least {self.program.max_worker + 1} ranks"
+            )
+            return
+        self.schedule = self.program.for_rank(context.rank)
+        self.domain_blocks = {b.name: b for b in op.domain if b.worker == context.rank}
+        self.range_names = tuple(b.name for b in op.range if b.worker == context.rank)
+
+    @property
+    def comm(self) -> Any:
+        """The plan's private communicator (a duplicate of the user's)."""
+        return self.context.comm
+
+    # -- the collective check ---------------------------------------------------------------
+    def _local_problem(self, state: Any, inplace: bool) -> str | None:
+        rank = self.context.rank
+        if not isinstance(state, Mapping):
+            return f"rank {rank}: the local state must be a dict of arrays, not {type(state).__name__}"
+        for name, block in self.domain_blocks.items():
+            if name not in state:
+                return f"rank {rank}: local state is missing block {name!r} {block.shape}"
+        for name in state:
+            if name not in self.domain_blocks:
+                if name in self.op.domain:
+                    owner = self.op.domain.block(name).worker
+                    return f"rank {rank}: local state holds block {name!r}, which belongs to worker {owner}"
+                return f"rank {rank}: local state holds block {name!r}, which the domain does not hold"
+        for name, block in self.domain_blocks.items():
+            array = state[name]
+            if not isinstance(array, np.ndarray):
+                return f"rank {rank}: block {name!r} is a {type(array).__name__}, not a numpy array"
+            if array.shape != block.shape:
+                return (
+                    f"rank {rank}: block {name!r} has shape {array.shape}, the domain expects {block.shape}"
+                )
+            if array.dtype.char not in DTYPE_CHARS:
+                return f"rank {rank}: block {name!r} has dtype {array.dtype}, which is not numeric"
+            if inplace and not array.flags.writeable:
+                return f"rank {rank}: in-place application needs a writeable array for block {name!r}"
+        return None
+
+    def check(self, state: Any, *, inplace: bool = False, dtype: npt.DTypeLike | None = None) -> np.dtype:
+        """Collectively validate the tree and every rank's local state; return the run's dtype.
+
+        One ``Allreduce`` (maximum) of a short integer vector: the fingerprint and its
+        negation (so maximum and minimum agree only when every rank has the same tree), an
+        error flag, and one flag per dtype present. A second collective, only when something
+        is wrong, gathers the ranks' messages so that every rank raises the same error.
+        """
+        mpi = _mpi()
+        words = np.frombuffer(self.fingerprint, dtype=np.uint32).astype(np.int64)
+        problem = str(self.problem) if self.problem is not None else None
+        if problem is None:
+            problem = self._local_problem(state, inplace)
+        if problem is None and inplace:
+            if self.op.domain != self.op.range:
+                problem = f"in-place application of {self.op}: domain and range differ"
+        present = np.zeros(len(DTYPE_CHARS), dtype=np.int64)
+        if problem is None:
+            for name in self.domain_blocks:
+                present[DTYPE_CHARS.index(state[name].dtype.char)] = 1
+        if dtype is not None:
+            char = np.dtype(dtype).char
+            if char in DTYPE_CHARS:
+                present[DTYPE_CHARS.index(char)] = 1
+            elif problem is None:
+                problem = f"rank {self.context.rank}: dtype {np.dtype(dtype)} is not numeric"
+        vector = np.concatenate([words, -words, [int(problem is not None)], present])
+        reduced = np.empty_like(vector)
+        self.comm.Allreduce(vector, reduced, op=mpi.MAX)
+        same_tree = bool(np.array_equal(reduced[:4], -reduced[4:8]))
+        if not same_tree or reduced[8]:
+            self._raise_collectively(same_tree, problem)
+        chars = [c for c, flag in zip(DTYPE_CHARS, reduced[9:]) if flag]
+        run = np.result_type(*chars) if chars else np.dtype(np.float64)
+        for alpha in self.program.alphas:
+            run = np.result_type(run, alpha)
+        return np.dtype(run)
+
+    def _raise_collectively(self, same_tree: bool, problem: str | None) -> None:
+        reports = self.comm.allgather((self.fingerprint, problem))
+        if not same_tree:
+            reference = reports[0][0]
+            others = [r for r, (fp, _) in enumerate(reports) if fp != reference]
+            raise TreeMismatchError(
+                f"the ranks hold different operator trees: rank(s) {others} differ from rank 0 "
+                "(every rank must build the same tree)"
+            )
+        messages = [(r, p) for r, (_, p) in enumerate(reports) if p is not None]
+        first = messages[0][1]
+        if self.problem is not None:
+            raise type(self.problem)(first)
+        more = f" (and {len(messages) - 1} more rank(s) at fault)" if len(messages) > 1 else ""
+        raise DistributedStateError(first + more)
+
+    # -- application -------------------------------------------------------------------------
+    def apply(
+        self,
+        local_state: Mapping[str, Any],
+        *,
+        inplace: bool = False,
+        dtype: npt.DTypeLike | None = None,
+    ) -> State:
+        """Apply the plan to this rank's blocks; collective. See :func:`apply`."""
+        run_dtype = self.check(local_state, inplace=inplace, dtype=dtype)
+        alloc = np.dtype(dtype) if dtype is not None else run_dtype
+        arrays = {name: local_state[name] for name in self.domain_blocks}
+        if not inplace:
+            work = numpy_backend.Workspace(dict(arrays), set(), alloc)
+            self._execute(work, run_dtype)
+            result: State = {}
+            for name in self.range_names:
+                array = work.arrays[name]
+                if name not in work.owned:
+                    array = array.view()
+                    array.flags.writeable = False
+                result[name] = array
+            return result
+        work = numpy_backend.Workspace(dict(arrays), set(arrays), alloc)
+        self._execute(work, run_dtype)
+        for name, target in arrays.items():
+            result_array = work.arrays[name]
+            if result_array is not target:
+                np.copyto(target, result_array, casting="unsafe")
+        return local_state  # type: ignore[return-value]
+
+    def _execute(self, work: numpy_backend.Workspace, dtype: np.dtype) -> None:
+        try:
+            _run(self.schedule, work, self.comm, dtype)
+        except Exception:
+            # After the collective check nothing should fail; if it does, peers may be waiting
+            # for this rank's messages, so the only way not to hang is to end the job loudly.
+            rank = self.context.rank
+            sys.stderr.write(
+                f"linop MPI interpreter: rank {rank} failed while applying {self.op}; aborting\n"
+            )
+            traceback.print_exc()
+            sys.stderr.flush()
+            self.comm.Abort(1)
+            raise  # pragma: no cover - Abort does not return
+
+    def bind(self, local_state: Mapping[str, Any]) -> BoundPlan:
+        """Prepare repeated *in-place* application to these very arrays; collective.
+
+        The check runs once, here. The returned callable then applies the operator in place
+        with no further checks: when the schedule is a sequence of phases of stores, adds
+        and clears between blocks that exist before and after (a halo exchange, an in-place
+        copy), every phase becomes persistent requests straight on the caller's arrays.
+        Otherwise each call runs the ordinary in-place application without its check.
+        """
+        dtype = self.check(local_state, inplace=True)
+        return BoundPlan(self, {name: local_state[name] for name in self.domain_blocks}, dtype)
+
+
+class BoundPlan:
+    """A plan bound to fixed arrays for repeated in-place application (see :meth:`Plan.bind`).
+
+    Call it with no arguments; ``free()`` releases its persistent requests.
+    """
+
+    def __init__(self, plan: Plan, arrays: dict[str, np.ndarray], dtype: np.dtype) -> None:
+        self.plan = plan
+        self.arrays = arrays
+        self.dtype = dtype
+        self._phases = _persistent_phases(plan.schedule, arrays, plan.comm, dtype)
+
+    @property
+    def persistent(self) -> bool:
+        """True when every call is only persistent requests and local clears/adds."""
+        return self._phases is not None
+
+    def __call__(self) -> dict[str, np.ndarray]:
+        if self._phases is None:
+            work = numpy_backend.Workspace(dict(self.arrays), set(self.arrays), self.dtype)
+            self.plan._execute(work, self.dtype)
+            for name, target in self.arrays.items():
+                if work.arrays[name] is not target:
+                    np.copyto(target, work.arrays[name], casting="unsafe")
+            return self.arrays
+        startall, waitall = _mpi().Prequest.Startall, _mpi().Request.Waitall
+        for requests, finish in self._phases:
+            if requests:
+                startall(requests)
+                waitall(requests)
+            for action in finish:
+                action()
+        return self.arrays
+
+    def free(self) -> None:
+        """Release the persistent requests."""
+        for requests, _ in self._phases or ():
+            for request in requests:
+                request.Free()
+        self._phases = None
+
+
+def _persistent_phases(
+    schedule: tuple[Any, ...], arrays: dict[str, np.ndarray], comm: Any, dtype: np.dtype
+) -> list | None:
+    """Persistent requests and post-actions for each phase, or None when the schedule has
+    steps other than phases of in-place stores/adds between existing blocks."""
+    if not all(array.dtype == dtype for array in arrays.values()):
+        return None
+    phases = []
+    for step in schedule:
+        if not isinstance(step, RankPhase):
+            return None
+        requests, finish = [], []
+        for peer, tag, t in step.receives:
+            if t.mode == "new" or t.target.name not in arrays:
+                return None
+            if t.source.size == 0:
+                continue
+            target = arrays[t.target.name]
+            spec = _region_spec(target, t.target) if t.mode == "store" else None
+            if spec is None:
+                buffer = np.empty(t.shape, dtype)
+                spec = _raw(buffer)
+                finish.append(_unpack(target, t.target.index, buffer, add=t.mode == "add"))
+            requests.append(comm.Recv_init(spec, peer, tag))
+        for peer, tag, t in step.sends:
+            if t.after == "drop" or t.source.name not in arrays:
+                return None
+            source = arrays[t.source.name]
+            if t.source.size:
+                spec = _region_spec(source, t.source)
+                if spec is None:
+                    return None
+                requests.append(comm.Send_init(spec, peer, tag))
+            if t.after == "clear" and t.source.size:
+                finish.append(_clearer(source, t.source.index))
+        phases.append((requests, finish))
+    return phases
+
+
+def _unpack(target: np.ndarray, index: tuple[slice, ...], buffer: np.ndarray, *, add: bool) -> Any:
+    view = target[index]
+    if add:
+        return lambda: np.add(view, buffer, out=view)
+    return lambda: np.copyto(view, buffer)
+
+
+def _clearer(array: np.ndarray, index: tuple[slice, ...]) -> Any:
+    view = array[index]
+    return lambda: view.fill(0)
+
+
+# -- execution ------------------------------------------------------------------------------
+def _run(schedule: tuple[Any, ...], work: numpy_backend.Workspace, comm: Any, dtype: np.dtype) -> None:
+    for step in schedule:
+        kind = type(step)
+        if kind is RankPhase:
+            _run_phase(step, work, comm, dtype)
+        elif isinstance(step, LinearOperator):
+            numpy_backend.run(step, work)
+        elif kind is Scale:
+            _scale(step.alpha, work)
+        elif kind is RankZero:
+            work.arrays.clear()
+            work.owned.clear()
+            for block in step.blocks:
+                work.set(block.name, np.zeros(block.shape, dtype=work.dtype))
+        elif kind is RankBranches:
+            _run_branches(step, work, comm, dtype)
+        else:
+            step.run(work, comm, dtype)
+
+
+def _scale(alpha: Any, work: numpy_backend.Workspace) -> None:
+    for name, array in list(work.arrays.items()):
+        if name in work.owned and np.result_type(array, alpha) == array.dtype:
+            array *= alpha
+        else:
+            work.set(name, np.asarray(alpha * array))
+
+
+def _run_branches(step: RankBranches, work: numpy_backend.Workspace, comm: Any, dtype: np.dtype) -> None:
+    results = []
+    for term in step.terms:
+        branch = work.borrowed()
+        _run(term, branch, comm, dtype)
+        results.append(branch.arrays)
+    work.arrays.clear()
+    work.owned.clear()
+    for name in step.names:
+        total = (
+            np.asarray(results[0][name] + results[1][name]) if len(results) > 1 else results[0][name].copy()
+        )
+        for other in results[2:]:
+            total += other[name]
+        work.set(name, total)
+
+
+def _run_phase(phase: RankPhase, work: numpy_backend.Workspace, comm: Any, dtype: np.dtype) -> None:
+    """Post every receive, then every send, wait once, then add/store what needs a buffer and
+    clear or drop the sources."""
+    requests = []
+    finish: list[tuple[Any, np.ndarray | None]] = []
+    for peer, tag, t in phase.receives:
+        if t.mode == "new":
+            buffer = np.empty(t.shape, dtype)
+            if buffer.size:
+                requests.append(comm.Irecv(_raw(buffer), peer, tag))
+            finish.append((t, buffer))
+            continue
+        if t.source.size == 0:
+            continue
+        target = work.writable(t.target.name, dtype)
+        if t.mode == "store" and target.dtype == dtype:
+            spec = _region_spec(target, t.target)
+            if spec is not None:
+                requests.append(comm.Irecv(spec, peer, tag))
+                continue
+        buffer = np.empty(t.shape, dtype)
+        requests.append(comm.Irecv(_raw(buffer), peer, tag))
+        finish.append((t, buffer))
+    for peer, tag, t in phase.sends:
+        if t.source.size == 0:
+            continue
+        array = work.arrays[t.source.name]
+        spec = None
+        if array.dtype == dtype:
+            spec = _region_spec(array, t.source)
+        if spec is None:
+            spec = _raw(np.ascontiguousarray(array[t.source.index], dtype=dtype))
+        requests.append(comm.Isend(spec, peer, tag))
+    if requests:
+        _mpi().Request.Waitall(requests)
+    for t, buffer in finish:
+        if t.mode == "new":
+            work.set(t.target.name, buffer)
+        elif t.mode == "add":
+            work.writable(t.target.name, dtype)[t.target.index] += buffer
+        else:
+            work.writable(t.target.name, dtype)[t.target.index] = buffer
+    for _, _, t in phase.sends:
+        if t.after == "clear":
+            if t.source.size:
+                work.writable(t.source.name)[t.source.index] = 0
+        elif t.after == "drop":
+            work.drop(t.source.name)

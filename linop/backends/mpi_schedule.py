@@ -1,0 +1,502 @@
+"""Compile an operator tree into per-rank schedules for the MPI interpreter.
+
+Compilation has three passes, all deterministic, so every rank that holds the same tree
+computes the same global program and the same batching:
+
+1. **Lowering** (:func:`lower`) turns the tree into a flat global program of steps: local
+   steps (a primitive or movement node whose blocks all live on one worker, run with the numpy
+   interpreter's handler on that worker), *transfers* (an add, copy or move whose source and
+   destination live on different workers), and the per-rank algebra steps (scale, zero, sum of
+   branches). Nodes without a handler are lowered through their :meth:`expand`; fast paths
+   (native collectives, halo exchange) register a lowering with :func:`lowering`.
+2. **Batching** (:func:`batch`) groups consecutive transfers into *phases* that run as one
+   batch of nonblocking receives (posted first) and sends followed by one wait. A transfer
+   joins the open phase only when that gives the same result as running it after the others
+   (no read-after-write, write-after-read or write-after-write conflict, two adds into one
+   region excepted: they commute and are applied in program order). Local steps that follow a
+   phase are deferred behind it, so transfers separated only by unrelated local work still
+   share a phase.
+3. **Projection** (:func:`project`) keeps, for one rank, the steps it takes part in.
+
+A transfer's data flow: the rank owning ``source`` sends it; the rank owning ``target``
+receives and then adds it (``"add"``), stores it (``"store"``) or makes it a new block
+(``"new"``); afterwards the source is kept, cleared or dropped (``after``). Every movement
+node maps onto one transfer: ``SendRecv`` is (store or new, keep), its adjoint (add, clear or
+drop) in the reverse direction, a cross-worker move (store or new, clear or drop).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..movement import Copy, CopyAdjoint, Move
+from ..operator import Composition, Identity, LinearOperator, Scaled, Sum, Zero
+from ..primitives import Add, Allocate, Clear, Deallocate
+from ..space import Block, Region, Space
+from .mpi_errors import UnsupportedNodeError
+
+__all__ = [
+    "Footprint",
+    "Local",
+    "Transfer",
+    "Phase",
+    "Scale",
+    "ZeroState",
+    "Branches",
+    "Barrier",
+    "Program",
+    "lower",
+    "lowering",
+    "batch",
+    "project",
+    "compile_program",
+    "fingerprint",
+]
+
+Box = tuple[str, "tuple[int, ...] | None", "tuple[int, ...] | None"]
+"""A block name and a box in it; ``None`` bounds mean the whole block."""
+
+
+def _box(region: Region) -> Box:
+    return (region.name, region.start, region.stop)
+
+
+def _whole(name: str) -> Box:
+    return (name, None, None)
+
+
+def _boxes_overlap(a: Box, b: Box) -> bool:
+    if a[0] != b[0]:
+        return False
+    if a[1] is None or b[1] is None:
+        return True
+    return all(max(a0, b0) < min(a1, b1) for a0, a1, b0, b1 in zip(a[1], a[2], b[1], b[2]))
+
+
+@dataclass(frozen=True, slots=True)
+class Footprint:
+    """What a step reads and writes; ``adds`` are writes that commute with each other."""
+
+    reads: tuple[Box, ...] = ()
+    writes: tuple[Box, ...] = ()
+    adds: tuple[Box, ...] = ()
+    opaque: bool = False
+
+    def conflicts(self, later: Footprint) -> bool:
+        """True when running ``later`` concurrently with (before the end of) this step could
+        change the result of running them in order."""
+        if self.opaque or later.opaque:
+            return True
+        mine_written = self.writes + self.adds
+        theirs_written = later.writes + later.adds
+        for w in mine_written:
+            if any(_boxes_overlap(w, r) for r in later.reads):
+                return True
+        for r in self.reads:
+            if any(_boxes_overlap(r, w) for w in theirs_written):
+                return True
+        for w in self.writes:
+            if any(_boxes_overlap(w, o) for o in theirs_written):
+                return True
+        return any(_boxes_overlap(a, w) for a in self.adds for w in later.writes)
+
+
+OPAQUE = Footprint(opaque=True)
+
+
+# -- global steps ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Local:
+    """A node whose blocks all live on ``worker``: run there with the numpy handler."""
+
+    node: LinearOperator
+    worker: int
+    footprint: Footprint
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """Move data of ``source`` (on one worker) into ``target`` (on another).
+
+    ``mode``: ``"add"`` (target += data), ``"store"`` (target = data) or ``"new"`` (target is a
+    new block). ``after``: ``"keep"``, ``"clear"`` or ``"drop"`` the source afterwards.
+    """
+
+    source: Region
+    target: Region | Block
+    mode: str
+    after: str
+
+    @property
+    def src_worker(self) -> int:
+        return self.source.worker
+
+    @property
+    def dst_worker(self) -> int:
+        return self.target.worker
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.source.shape
+
+    @property
+    def footprint(self) -> Footprint:
+        target = _whole(self.target.name) if self.mode == "new" else _box(self.target)
+        source_write = (
+            ()
+            if self.after == "keep"
+            else (_box(self.source) if self.after == "clear" else _whole(self.source.name),)
+        )
+        if self.mode == "add":
+            return Footprint(reads=(_box(self.source),), writes=source_write, adds=(target,))
+        return Footprint(reads=(_box(self.source),), writes=(target, *source_write))
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """Transfers that run as one batch: receives posted first, then sends, then one wait."""
+
+    transfers: tuple[Transfer, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Scale:
+    """Multiply every block a rank holds by ``alpha`` (the tail of a Scaled node)."""
+
+    alpha: Any
+
+
+@dataclass(frozen=True, slots=True)
+class ZeroState:
+    """Replace the state by zeros of ``space`` (each rank: the blocks it owns)."""
+
+    space: Space
+
+
+@dataclass(frozen=True, slots=True)
+class Branches:
+    """A sum: run each term's program on the same input, then add the results blockwise."""
+
+    terms: tuple[tuple[Any, ...], ...]
+    space: Space
+
+
+@dataclass(frozen=True, slots=True)
+class Barrier:
+    """A step provided by a fast-path lowering: it knows how to run itself on each rank.
+
+    ``runner`` is an object with ``project(rank)`` returning a per-rank step (an object with a
+    ``run(context)`` method) or None when the rank takes no part. Batching never moves other
+    steps across it.
+    """
+
+    runner: Any
+
+
+Step = Any
+"""One of Local, Transfer, Phase, Scale, ZeroState, Branches, Barrier."""
+
+
+# -- lowering -------------------------------------------------------------------------------
+Lowering = Callable[[Any], "list[Step] | None"]
+_LOWERINGS: dict[type, Lowering] = {}
+
+
+def lowering(node_type: type) -> Callable[[Lowering], Lowering]:
+    """Register a fast-path lowering for a node type.
+
+    The function takes the node and returns its list of global steps, or None to fall back to
+    the node's expansion (for cases the fast path does not cover).
+    """
+
+    def register(function: Lowering) -> Lowering:
+        _LOWERINGS[node_type] = function
+        return function
+
+    return register
+
+
+def _movement_steps(node: Copy | CopyAdjoint | Move) -> list[Step]:
+    """A movement node: local when both ends share a worker, else one transfer."""
+    src, dst = node.src, node.dst
+    if src.worker == dst.worker:
+        return [Local(node, src.worker, _movement_footprint(node))]
+    out = isinstance(dst, Block)
+    if isinstance(node, CopyAdjoint):
+        # data flows back from dst to src and is added there; dst is cleared or dropped
+        back = node.domain[dst.name] if out else dst
+        return [Transfer(back, src.in_space(node.domain), "add", "drop" if out else "clear")]
+    if isinstance(node, Move):
+        return [Transfer(src, dst, "new" if out else "store", "drop" if out else "clear")]
+    return [Transfer(src, dst, "new" if out else "store", "keep")]
+
+
+def _movement_footprint(node: Copy | CopyAdjoint | Move) -> Footprint:
+    src, dst = node.src, node.dst
+    dst_box = _whole(dst.name) if isinstance(dst, Block) else _box(dst)
+    if isinstance(node, CopyAdjoint):
+        return Footprint(reads=(dst_box,), writes=(_box(src), dst_box))
+    if isinstance(node, Move):
+        return Footprint(
+            reads=(_box(src),), writes=(dst_box, _box(src) if isinstance(dst, Region) else _whole(src.name))
+        )
+    return Footprint(reads=(_box(src),), writes=(dst_box,))
+
+
+def lower(op: LinearOperator) -> list[Step]:
+    """The global program of ``op``: its steps in execution order."""
+    steps: list[Step] = []
+    _lower_into(op, steps)
+    return steps
+
+
+def _lower_into(op: LinearOperator, steps: list[Step]) -> None:
+    for cls in type(op).__mro__:
+        function = _LOWERINGS.get(cls)
+        if function is not None:
+            lowered = function(op)
+            if lowered is not None:
+                steps.extend(lowered)
+                return
+            break
+    if isinstance(op, Composition):
+        for factor in reversed(op.factors):
+            _lower_into(factor, steps)
+    elif isinstance(op, Identity):
+        pass
+    elif isinstance(op, Zero):
+        steps.append(ZeroState(op.range))
+    elif isinstance(op, Scaled):
+        _lower_into(op.operator, steps)
+        steps.append(Scale(op.alpha))
+    elif isinstance(op, Sum):
+        steps.append(Branches(tuple(tuple(lower(t)) for t in op.terms), op.range))
+    elif isinstance(op, (Copy, CopyAdjoint, Move)):
+        steps.extend(_movement_steps(op))
+    elif isinstance(op, Add):
+        if op.src.worker == op.dst.worker:
+            steps.append(Local(op, op.src.worker, Footprint(reads=(_box(op.src),), adds=(_box(op.dst),))))
+        else:
+            steps.append(Transfer(op.src, op.dst, "add", "keep"))
+    elif isinstance(op, Clear):
+        steps.append(Local(op, op.region.worker, Footprint(writes=(_box(op.region),))))
+    elif isinstance(op, Allocate):
+        steps.append(Local(op, op.block.worker, Footprint(writes=(_whole(op.block.name),))))
+    elif isinstance(op, Deallocate):
+        steps.append(Local(op, op.space.block(op.name).worker, Footprint(writes=(_whole(op.name),))))
+    else:
+        expanded = op.expand()
+        if expanded is op:
+            raise UnsupportedNodeError(
+                f"the MPI interpreter has no handler for {type(op).__name__} ({op}) and it does not expand"
+            )
+        _lower_into(expanded, steps)
+
+
+# -- batching -------------------------------------------------------------------------------
+def batch(steps: Iterable[Step]) -> list[Step]:
+    """Group transfers into phases (see the module docstring); recurse into sum branches."""
+    out: list[Step] = []
+    phase: list[Transfer] = []
+    deferred: list[Local] = []
+
+    def flush() -> None:
+        if phase:
+            out.append(Phase(tuple(phase)))
+            phase.clear()
+        out.extend(deferred)
+        deferred.clear()
+
+    for step in steps:
+        if isinstance(step, Transfer):
+            fp = step.footprint
+            fits = all(not t.footprint.conflicts(fp) for t in phase) and all(
+                not local.footprint.conflicts(fp) for local in deferred
+            )
+            if not fits:
+                flush()
+            phase.append(step)
+        elif isinstance(step, Local) and phase:
+            deferred.append(step)
+        else:
+            flush()
+            if isinstance(step, Branches):
+                step = Branches(tuple(tuple(batch(term)) for term in step.terms), step.space)
+            out.append(step)
+    flush()
+    return out
+
+
+# -- projection -----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class RankPhase:
+    """One rank's part of a phase: (peer, tag, transfer) for its receives and its sends."""
+
+    receives: tuple[tuple[int, int, Transfer], ...]
+    sends: tuple[tuple[int, int, Transfer], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RankBranches:
+    """One rank's part of a sum: each term's rank program, and the range blocks it owns."""
+
+    terms: tuple[tuple[Any, ...], ...]
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RankZero:
+    """The blocks of a zero operator's range that a rank owns."""
+
+    blocks: tuple[Block, ...]
+
+
+TAG_LIMIT = 32767
+"""The largest tag MPI guarantees; tags repeat beyond it, which MPI's ordering makes safe."""
+
+
+def project(steps: Iterable[Step], rank: int) -> tuple[Any, ...]:
+    """The steps of a batched global program that ``rank`` takes part in."""
+    out: list[Any] = []
+    for step in steps:
+        if isinstance(step, Local):
+            if step.worker == rank:
+                out.append(step.node)
+        elif isinstance(step, Phase):
+            receives = tuple(
+                (t.src_worker, i % TAG_LIMIT, t) for i, t in enumerate(step.transfers) if t.dst_worker == rank
+            )
+            sends = tuple(
+                (t.dst_worker, i % TAG_LIMIT, t) for i, t in enumerate(step.transfers) if t.src_worker == rank
+            )
+            if receives or sends:
+                out.append(RankPhase(receives, sends))
+        elif isinstance(step, Transfer):
+            out.extend(project([Phase((step,))], rank))
+        elif isinstance(step, Scale):
+            out.append(step)
+        elif isinstance(step, ZeroState):
+            out.append(RankZero(tuple(b for b in step.space if b.worker == rank)))
+        elif isinstance(step, Branches):
+            names = tuple(b.name for b in step.space if b.worker == rank)
+            out.append(RankBranches(tuple(project(term, rank) for term in step.terms), names))
+        elif isinstance(step, Barrier):
+            mine = step.runner.project(rank)
+            if mine is not None:
+                out.append(mine)
+        else:  # pragma: no cover - lower() emits nothing else
+            raise TypeError(f"unknown step {step!r}")
+    return tuple(out)
+
+
+# -- whole programs -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Program:
+    """A compiled tree: its global batched steps, the scalars it multiplies by, and the
+    largest worker it names."""
+
+    steps: tuple[Step, ...]
+    alphas: tuple[Any, ...]
+    max_worker: int
+
+    def for_rank(self, rank: int) -> tuple[Any, ...]:
+        """The rank's schedule."""
+        return project(self.steps, rank)
+
+    @property
+    def phases(self) -> int:
+        """Number of communication phases and barriers at the top level (sums not counted)."""
+        return sum(isinstance(s, (Phase, Barrier)) for s in self.steps)
+
+
+def _alphas(steps: Iterable[Step]) -> list[Any]:
+    found = []
+    for step in steps:
+        if isinstance(step, Scale):
+            found.append(step.alpha)
+        elif isinstance(step, Branches):
+            for term in step.terms:
+                found.extend(_alphas(term))
+    return found
+
+
+def compile_program(op: LinearOperator) -> Program:
+    """Lower and batch ``op`` (deterministic: the same on every rank)."""
+    lowered = lower(op)
+    workers = [b.worker for space in (op.domain, op.range) for b in space]
+    workers.extend(_workers(lowered))
+    steps = tuple(batch(lowered))
+    return Program(steps, tuple(_alphas(steps)), max(workers, default=0))
+
+
+def _workers(steps: Iterable[Step]) -> list[int]:
+    """Every worker that a step of the program names."""
+    found: list[int] = []
+    for step in steps:
+        if isinstance(step, Local):
+            found.append(step.worker)
+        elif isinstance(step, Transfer):
+            found.extend((step.src_worker, step.dst_worker))
+        elif isinstance(step, ZeroState):
+            found.extend(b.worker for b in step.space)
+        elif isinstance(step, Branches):
+            found.extend(b.worker for b in step.space)
+            for term in step.terms:
+                found.extend(_workers(term))
+        elif isinstance(step, Barrier):
+            found.extend(step.runner.workers)
+    return found
+
+
+# -- fingerprint ----------------------------------------------------------------------------
+def fingerprint(op: LinearOperator) -> bytes:
+    """A stable 16-byte digest of the tree's structure (types, spaces, regions, scalars).
+
+    The same on every process for the same tree (it does not use Python's randomized
+    ``hash``); different trees differ with overwhelming probability.
+    """
+    digest = hashlib.blake2b(digest_size=16)
+    memo: dict[int, bytes] = {}
+    _feed(op, digest, memo)
+    return digest.digest()
+
+
+def _feed(value: Any, digest: Any, memo: dict[int, bytes]) -> None:
+    if isinstance(value, Space):
+        key = id(value)
+        if key not in memo:
+            memo[key] = repr(value).encode()
+        digest.update(b"S")
+        digest.update(memo[key])
+    elif isinstance(value, Region):
+        digest.update(f"R{value.name}{value.start}{value.stop}".encode())
+    elif isinstance(value, Block):
+        digest.update(b"B" + repr(value).encode())
+    elif isinstance(value, LinearOperator) or (
+        dataclasses.is_dataclass(value) and not isinstance(value, type)
+    ):
+        digest.update(f"<{type(value).__module__}.{type(value).__qualname__}".encode())
+        for field in dataclasses.fields(value):
+            digest.update(field.name.encode())
+            _feed(getattr(value, field.name), digest, memo)
+        digest.update(b">")
+    elif isinstance(value, (tuple, list)):
+        digest.update(f"({len(value)}".encode())
+        for item in value:
+            _feed(item, digest, memo)
+        digest.update(b")")
+    elif isinstance(value, np.ndarray):
+        digest.update(f"A{value.dtype.str}{value.shape}".encode())
+        digest.update(np.ascontiguousarray(value).tobytes())
+    elif callable(value):
+        digest.update(
+            f"F{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', type(value).__name__)}".encode()
+        )
+    else:
+        digest.update(f"V{type(value).__name__}:{value!r}".encode())

@@ -1,0 +1,25 @@
+"""Tests that run under ``mpiexec`` (launched by ``tests/test_mpi.py``, one launch per rank
+count). A plain serial ``pytest`` run does not collect them: the launcher sets
+``LINOP_MPI_TESTS=1``.
+
+Rules for every test here: each rank builds the same operators (hypothesis is derandomized),
+pass/fail is decided collectively (:func:`collective_assert`), so that a failure on one rank
+fails every rank instead of leaving the others waiting, and pytest-timeout bounds each test.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+if os.environ.get("LINOP_MPI_TESTS") != "1":
+    collect_ignore_glob = ["test_*.py"]
+
+
+@pytest.fixture
+def comm():
+    """The world communicator."""
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD

@@ -1,0 +1,126 @@
+"""The MPI interpreter equals the numpy interpreter, rank by rank, on random and chosen trees."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import collective_assert, compare_with_numpy, local_part, same_blocks
+from hypothesis import given, settings
+from mpi4py import MPI
+from strategies import movement_trees
+
+from linop import Block, Copy, Move, SendRecv, Space
+from linop.backends import mpi_backend
+
+COMM = MPI.COMM_WORLD
+SIZE = COMM.size
+SPMD = settings(derandomize=True, database=None, deadline=None, max_examples=40)
+
+
+@SPMD
+@given(movement_trees(SIZE))
+def test_random_trees_equal_numpy_interpreter(op):
+    compare_with_numpy(op, op.domain.random(7, dtype=np.int64))
+
+
+@SPMD
+@given(movement_trees(SIZE))
+def test_random_adjoint_trees_equal_numpy_interpreter(op):
+    compare_with_numpy(op.H, op.range.random(8, dtype=np.int64))
+
+
+def ring_space(shape=(4, 5)) -> Space:
+    return Space(Block(f"x{w}", shape, w) for w in range(SIZE))
+
+
+def ring_shift(space: Space) -> Copy:
+    """Every worker's first row to the next worker's last row (a cycle of send-receives)."""
+    op = None
+    for w in range(SIZE):
+        dst_worker = (w + 1) % SIZE
+        src, dst = space[f"x{w}"][0:1, :], space[f"x{dst_worker}"][-1:, :]
+        node = Copy(src, dst) if dst_worker == w else SendRecv(src, dst)
+        op = node if op is None else node @ op
+    return op
+
+
+@pytest.mark.parametrize(
+    "dtype", [np.int8, np.int32, np.uint16, np.float16, np.float32, np.float64, np.complex64, np.complex128]
+)
+def test_every_numeric_dtype(dtype):
+    space = ring_space()
+    op = ring_shift(space)
+    compare_with_numpy(op, space.random(1, dtype=dtype))
+    compare_with_numpy(op.H, space.random(2, dtype=dtype))
+
+
+def test_complex_scaling_of_real_blocks():
+    space = ring_space((3, 3))
+    op = (1 + 2j) * ring_shift(space) + ring_shift(space).H
+    compare_with_numpy(op, space.random(3), exact=False)
+
+
+def test_mixed_dtypes_across_ranks():
+    space = ring_space((2, 3))
+    state = space.random(4, dtype=np.float64)
+    state["x0"] = state["x0"].astype(np.float32)
+    compare_with_numpy(ring_shift(space), state)
+
+
+def test_phases_batch_a_ring_into_one():
+    space = ring_space()
+    plan = mpi_backend.compile(ring_shift(space), comm=COMM)
+    collective_assert(plan.program.phases == (1 if SIZE > 1 else 0), f"{plan.program.phases} phases")
+
+
+def test_inplace_writes_into_the_callers_arrays():
+    space = ring_space()
+    op = ring_shift(space)
+    state = space.random(5)
+    expected = op(state)
+    local = local_part(space, state, COMM.rank)
+    arrays = dict(local)
+    result = mpi_backend.apply(op, local, comm=COMM, inplace=True)
+    names = tuple(n for n in local)
+    problem = same_blocks(local, expected, names)
+    if problem is None and any(result[n] is not arrays[n] for n in names):
+        problem = "the in-place result is not the caller's arrays"
+    collective_assert(problem is None, str(problem))
+
+
+def test_bound_plan_runs_persistent_requests():
+    space = ring_space((64, 48))
+    op = ring_shift(space) @ Move(space["x0"][:, 0:1], space["x0"][:, 5:6])
+    state = space.random(6)
+    expected = op(state)
+    local = local_part(space, state, COMM.rank)
+    bound = mpi_backend.compile(op, comm=COMM).bind(local)
+    bound()
+    problem = same_blocks(local, expected, tuple(local))
+    twice = op(expected)
+    bound()
+    problem = problem or same_blocks(local, twice, tuple(local))
+    bound.free()
+    collective_assert(problem is None, str(problem))
+
+
+def test_a_subcommunicator():
+    half = COMM.Split(COMM.rank % 2, COMM.rank)
+    try:
+        space = Space(Block(f"x{w}", (3,), w) for w in range(half.size))
+        op = None
+        for w in range(1, half.size):
+            node = SendRecv(space["x0"], space[f"x{w}"])
+            op = node if op is None else node @ op
+        if op is not None:
+            compare_with_numpy(op, space.random(9, dtype=np.int64), comm=half)
+    finally:
+        half.Free()
+
+
+def test_cached_plan_is_reused():
+    space = ring_space()
+    op = ring_shift(space)
+    first = mpi_backend.compile(op, comm=COMM)
+    again = mpi_backend.compile(ring_shift(space), comm=COMM)
+    collective_assert(first is again and mpi_backend.compile(op, comm=COMM) is first, "plans were not cached")
