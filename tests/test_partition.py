@@ -163,7 +163,11 @@ def test_drawn_decompositions_add_up(data):
 @pytest.mark.parametrize(
     ("make", "error", "fragment"),
     [
-        (lambda: DistributedTensor("x", (4, 4), Partition.grid((2,))), PartitionError, "rank 2 but partition"),
+        (
+            lambda: DistributedTensor("x", (4, 4), Partition.grid((2,))),
+            PartitionError,
+            "rank 2 but partition",
+        ),
         (
             lambda: DistributedTensor("x", (4,), Partition.grid((2,)), sizes=((1, 2),)),
             DecompositionError,

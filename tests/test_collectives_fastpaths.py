@@ -1,0 +1,169 @@
+"""The numpy fast paths of the collectives equal their expansions, keep dtypes as the
+expansions do, never mutate inputs and never let two blocks share a writable array; and the
+catalogue entries of verify.catalogue_collectives hold."""
+
+import numpy as np
+import pytest
+from collective_checks import assert_exact_adjoint, assert_same_operator, integer_state
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from linop import Block, Clear
+from linop.backends.numpy_backend import apply
+from linop.collectives import AllGather, AllReduce, BlockGrid, Broadcast, ReduceScatter, SumReduce
+from linop.operator import expand_all
+from linop.partition import DistributedTensor, Partition
+from linop.repartition import Gather, Repartition, Scatter
+from verify.catalogue_collectives import ENTRIES
+from verify.strategies_distributed import broadcast_setups, distributed_tensors, tensor_pairs
+
+FAST = settings(max_examples=20, deadline=None)
+
+
+@st.composite
+def collectives(draw):
+    """Any collective node on drawn tensors (empty shares, unbalanced sizes, any workers)."""
+    kind = draw(st.sampled_from(["repartition", "broadcast", "allreduce", "allgather", "scatter"]))
+    adjoint = draw(st.booleans())
+    if kind == "repartition":
+        x, y = draw(tensor_pairs())
+        op = Repartition(x, y)
+    elif kind in ("broadcast", "allreduce"):
+        x, destination, transpose = draw(broadcast_setups())
+        op = Broadcast(x, destination, "y", transpose)
+        if kind == "allreduce":
+            axes = draw(st.sets(st.integers(0, destination.ndim - 1)).map(tuple))
+            op = AllReduce(BlockGrid.uniform("u", destination, (2, 1)), axes)
+    elif kind == "allgather":
+        x = draw(distributed_tensors("x"))
+        axes = draw(st.sets(st.integers(0, x.ndim - 1)).map(tuple))
+        op = AllGather(x, axes, "g")
+    else:
+        x = draw(distributed_tensors("x"))
+        op = Scatter(Block("r", x.global_shape, draw(st.integers(0, 20))), x)
+    return op.H if adjoint else op
+
+
+def _same_states(a, b):
+    assert set(a) == set(b)
+    for name in a:
+        assert a[name].dtype == b[name].dtype, name
+        assert np.array_equal(a[name], b[name]), name
+
+
+@given(collectives(), st.integers(0, 2**31))
+@FAST
+def test_fast_path_equals_expansion_on_integers(op, seed):
+    state = integer_state(op.domain, seed)
+    _same_states(op(state), apply(expand_all(op), state))
+
+
+@given(collectives(), st.sampled_from([np.float32, np.complex128]), st.integers(0, 2**31))
+@FAST
+def test_fast_path_equals_expansion_and_matrix_on_floats(op, dtype, seed):
+    state = op.domain.random(seed, dtype=dtype)
+    fast = op(state)
+    _same_states(fast, apply(expand_all(op), state))
+    vector = op.to_sparse() @ op.domain.flatten(state)
+    assert np.array_equal(op.range.flatten(fast), vector.astype(dtype))
+
+
+@given(collectives(), st.integers(0, 2**31))
+@FAST
+def test_mixed_dtypes_promote_as_the_expansion_does(op, seed):
+    state = integer_state(op.domain, seed)
+    names = op.domain.names
+    mixed = {
+        n: (a.astype(np.int32) if k % 2 else a.astype(np.float32)) for k, (n, a) in enumerate(state.items())
+    }
+    assert set(mixed) == set(names)
+    _same_states(op(mixed), apply(expand_all(op), mixed))
+    _same_states(op.apply(mixed, dtype=np.float64), apply(expand_all(op), mixed, dtype=np.float64))
+
+
+@given(collectives(), st.integers(0, 2**31))
+@FAST
+def test_inputs_are_never_mutated(op, seed):
+    state = integer_state(op.domain, seed)
+    before = {n: a.copy() for n, a in state.items()}
+    result = op(state)
+    for array in result.values():  # writing the result must not reach the input
+        if array.flags.writeable and array.size:
+            array[...] = -1
+    _same_states(state, before)
+
+
+def test_relabelled_blocks_are_not_written_through():
+    x = DistributedTensor("x", (4, 2), Partition((2, 1), (0, 1)))
+    y = DistributedTensor("y", (4, 2), Partition((2, 1), (0, 1)))
+    repartition = Repartition(x, y)
+    clear = Clear(repartition.range["y[0,0]"])
+    state = integer_state(x.space)
+    before = state["x[0,0]"].copy()
+    out = (clear @ repartition)(state)
+    assert np.array_equal(state["x[0,0]"], before)
+    assert not out["y[0,0]"].any()
+
+
+def test_all_reduce_shares_no_writable_array_between_members():
+    layout = BlockGrid.uniform("u", Partition.grid((3,)), (2,))
+    reduce = AllReduce(layout, (0,))
+    state = integer_state(layout.space)
+    total = state["u[0]"] + state["u[1]"] + state["u[2]"]
+    out = (Clear(reduce.range["u[1]"]) @ reduce)(state)
+    assert np.array_equal(out["u[0]"], total) and np.array_equal(out["u[2]"], total)
+    assert not out["u[1]"].any()
+
+
+def test_all_reduce_in_place_writes_into_the_callers_arrays():
+    layout = BlockGrid.uniform("u", Partition.grid((2, 2)), (3,))
+    state = integer_state(layout.space)
+    arrays = {n: a.copy() for n, a in state.items()}
+    AllReduce(layout, (1,)).apply(arrays, inplace=True)
+    assert np.array_equal(arrays["u[0,1]"], state["u[0,0]"] + state["u[0,1]"])
+    assert np.array_equal(arrays["u[1,0]"], state["u[1,0]"] + state["u[1,1]"])
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: Broadcast(DistributedTensor("x", (3,), Partition((1,), (0,))), Partition((1,), (0,)), "y"),
+        lambda: SumReduce(DistributedTensor("x", (3,), Partition((1,), (0,))), Partition((1,), (0,)), "y"),
+        lambda: ReduceScatter(DistributedTensor("x", (3,), Partition((1,), (0,))), (0,), "g"),
+        lambda: Gather(Block("r", (3,), 0), DistributedTensor("x", (3,), Partition((1,), (0,)))),
+    ],
+    ids=["broadcast-one-copy", "sum-reduce-one-copy", "reduce-scatter-one-member", "gather-one-block"],
+)
+def test_one_to_one_moves_relabel_without_copying(make):
+    op = make()
+    (name,) = op.domain.names
+    (target,) = op.range.names
+    array = np.arange(3.0)
+    out = op({name: array})
+    assert np.shares_memory(out[target], array)
+    assert not out[target].flags.writeable
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=[e.name for e in ENTRIES])
+def test_catalogue_entries_hold(entry):
+    built = entry.build()
+    if entry.kind == "adjoint":
+        assert_exact_adjoint(*built)
+    else:
+        assert_same_operator(*built)
+
+
+def test_catalogue_covers_every_node_and_section_two_identity():
+    names = {e.name for e in ENTRIES}
+    for required in [
+        "node-broadcast-adjoint",
+        "node-sum-reduce-adjoint",
+        "node-all-reduce-is-broadcast-sum-reduce",
+        "node-all-reduce-self-adjoint",
+        "node-repartition-round-trip",
+        "node-all-gather-adjoint",
+        "node-reduce-scatter-adjoint",
+        "node-scatter-adjoint",
+        "node-gather-adjoint",
+    ]:
+        assert required in names
