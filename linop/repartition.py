@@ -20,7 +20,11 @@ SendRecv per non-empty intersection, and Deallocate.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from .collectives import (
     _NO_OTHERS,
@@ -31,13 +35,60 @@ from .collectives import (
     _piece,
     _pieces,
     _whole,
-    overlaps,
 )
 from .operator import LinearOperator
 from .partition import DistributedTensor
 from .space import Block, Space
 
 __all__ = ["Gather", "Repartition", "Scatter", "overlaps"]
+
+
+def _boxes_overlap_1d(source: Sequence[int], target: Sequence[int]) -> list[list[tuple[int, int, int]]]:
+    """For 1-d decompositions given by sizes: for each target part, the (source part, lo, hi)
+    global intervals it shares with source parts (non-empty only)."""
+    source_edges = np.cumsum((0, *source))
+    target_edges = np.cumsum((0, *target))
+    result: list[list[tuple[int, int, int]]] = []
+    m = 0
+    for k in range(len(target)):
+        lo_t, hi_t = int(target_edges[k]), int(target_edges[k + 1])
+        parts = []
+        while m < len(source) and source_edges[m + 1] <= lo_t:
+            m += 1
+        n = m
+        while n < len(source) and source_edges[n] < hi_t:
+            lo, hi = max(lo_t, int(source_edges[n])), min(hi_t, int(source_edges[n + 1]))
+            if lo < hi:
+                parts.append((n, lo, hi))
+            n += 1
+        result.append(parts)
+    return result
+
+
+def overlaps(
+    source: DistributedTensor, destination: DistributedTensor
+) -> Iterator[tuple[tuple[int, ...], tuple[int, ...], tuple[tuple[int, ...], tuple[int, ...]]]]:
+    """The non-empty intersections of two decompositions of one global shape.
+
+    Yields ``(source index, destination index, global box)``, destinations in C order. Works
+    dimension by dimension, so the cost is the number of intersections, not the product of
+    the partition sizes.
+
+    Raises
+    ------
+    GlobalShapeError
+        If the global shapes differ.
+    """
+    if source.global_shape != destination.global_shape:
+        raise GlobalShapeError(
+            f"tensor {source.name!r} has global shape {source.global_shape} but tensor "
+            f"{destination.name!r} has global shape {destination.global_shape}"
+        )
+    per_dim = [_boxes_overlap_1d(s, t) for s, t in zip(source.sizes, destination.sizes)]
+    for j in destination.partition.indices():
+        for combo in itertools.product(*(per_dim[d][k] for d, k in enumerate(j))):
+            i = tuple(c[0] for c in combo)
+            yield i, j, (tuple(c[1] for c in combo), tuple(c[2] for c in combo))
 
 
 def _require_tensor(kind: str, what: str, value: object) -> None:

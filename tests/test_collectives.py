@@ -22,8 +22,8 @@ from linop.collectives import (
 )
 from linop.errors import PartitionError
 from linop.operator import expand_all, walk
-from linop.partition import DistributedTensor, Partition
-from linop.repartition import Gather, Repartition, Scatter
+from linop.partition import DistributedTensor, Partition, intersect
+from linop.repartition import Gather, Repartition, Scatter, overlaps
 from verify.strategies_distributed import broadcast_setups, distributed_tensors, tensor_pairs
 
 FAST = settings(max_examples=25, deadline=None)
@@ -415,3 +415,17 @@ def test_a_wrong_adjoint_is_caught_by_the_exact_check():
         assert wrong.H.domain == wrong.range
         with pytest.raises(AssertionError, match="differs from the transpose"):
             assert_exact_adjoint(wrong)
+
+
+@given(tensor_pairs())
+@FAST
+def test_overlaps_are_exactly_the_nonempty_box_intersections(pair):
+    x, y = pair
+    brute = {
+        (i, j, box)
+        for i in x.partition.indices()
+        for j in y.partition.indices()
+        if (box := intersect(x.box(i), y.box(j))) is not None
+    }
+    assert set(overlaps(x, y)) == brute
+    assert len(list(overlaps(x, y))) == len(brute)
