@@ -41,7 +41,10 @@ import numpy.typing as npt
 from ..errors import LinopError
 from ..operator import LinearOperator
 from ..space import Region, State
-from . import numpy_backend
+from . import (
+    mpi_fastpaths,  # noqa: F401 - registers the fast paths' lowerings
+    numpy_backend,
+)
 from .mpi_errors import (
     CommunicatorError,
     DistributedStateError,
@@ -427,6 +430,12 @@ def _persistent_phases(
         return None
     phases = []
     for step in schedule:
+        if hasattr(step, "persistent"):
+            prepared = step.persistent(arrays, comm, dtype)
+            if prepared is None:
+                return None
+            phases.append(prepared)
+            continue
         if not isinstance(step, RankPhase):
             return None
         requests, finish = [], []

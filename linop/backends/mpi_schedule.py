@@ -240,8 +240,8 @@ def _movement_steps(node: Copy | CopyAdjoint | Move) -> list[Step]:
 def _movement_footprint(node: Copy | CopyAdjoint | Move) -> Footprint:
     src, dst = node.src, node.dst
     dst_box = _whole(dst.name) if isinstance(dst, Block) else _box(dst)
-    if isinstance(node, CopyAdjoint):
-        return Footprint(reads=(dst_box,), writes=(_box(src), dst_box))
+    if isinstance(node, CopyAdjoint):  # x_src += x_dst (an add: commutes with adds), x_dst cleared
+        return Footprint(reads=(dst_box,), writes=(dst_box,), adds=(_box(src),))
     if isinstance(node, Move):
         return Footprint(
             reads=(_box(src),), writes=(dst_box, _box(src) if isinstance(dst, Region) else _whole(src.name))

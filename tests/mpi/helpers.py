@@ -37,7 +37,13 @@ def same_blocks(
         got, want = np.asarray(result[name]), np.asarray(expected[name])
         if got.shape != want.shape:
             return f"block {name!r} has shape {got.shape}, expected {want.shape}"
-        ok = np.array_equal(got, want) if exact else np.allclose(got, want, rtol=1e-12, atol=1e-12)
+        if exact:
+            ok = np.array_equal(got, want)
+        else:  # sums in another order: a few units of the dtype's precision
+            eps = np.finfo(np.result_type(got.dtype, np.float16)).eps
+            ok = np.allclose(
+                got, want, rtol=64 * eps, atol=64 * eps * max(1.0, float(np.abs(want).max(initial=0)))
+            )
         if not ok:
             return f"block {name!r} differs: {got!r} versus {want!r}"
     return None

@@ -1,0 +1,318 @@
+"""Fast paths of the MPI interpreter: native collectives and the halo exchange.
+
+Each fast path is a *lowering* (:func:`linop.backends.mpi_schedule.lowering`) that replaces a
+node's expansion by steps that do the same thing with fewer, larger MPI calls; the tests under
+``tests/mpi/`` prove each equal to the expansion, rank by rank.
+
+=============================  ===============================================================
+node                           MPI execution
+=============================  ===============================================================
+HaloStage (and its adjoint)    one phase of nonblocking point-to-point messages straight
+                               between the local blocks (subarray datatypes: the bulk is never
+                               copied); local pairs are plain copies (adjoint: adds and clears)
+AllReduce                      ``Iallreduce`` in place on a cached sub-communicator per group
+Broadcast                      ``Ibcast`` per source block on a cached sub-communicator
+SumReduce                      ``Ireduce`` per target block on a cached sub-communicator
+other planned collectives      their expansion: one phase of point-to-point messages with
+(repartition, scatter, ...)    subarray datatypes (an all-to-all without packing)
+=============================  ===============================================================
+
+A collective fast path applies when every group has its members on distinct workers and moves
+whole blocks; otherwise the lowering declines and the node runs through its expansion. Sums
+run natively only for dtypes MPI can add (``REDUCIBLE``); other dtypes run the expansion, a
+choice every rank makes alike because the run's dtype is agreed collectively.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..collectives import AllReduce, Broadcast, SumReduce
+from ..halo import HaloStage, HaloStageAdjoint
+from ..movement import Copy, CopyAdjoint
+from .mpi_schedule import Barrier, Local, Transfer, _movement_footprint, batch, lower, lowering, project
+
+__all__ = ["REDUCIBLE", "subcommunicator"]
+
+REDUCIBLE = "bBhHiIlLqQfdFD"
+"""Dtypes (numpy type characters) that the native sums use; others run the expansion."""
+
+
+# -- halo exchange ---------------------------------------------------------------------------
+@lowering(HaloStage)
+def _halo_stage(op: HaloStage) -> list[Any]:
+    """x_dst = x_src for every pair: remote pairs are messages, local pairs copies."""
+    steps: list[Any] = [Transfer(s, d, "store", "keep") for s, d in op.transfers if s.worker != d.worker]
+    for s, d in op.transfers:
+        if s.worker == d.worker:
+            node = Copy(s, d)
+            steps.append(Local(node, s.worker, _movement_footprint(node)))
+    return steps
+
+
+@lowering(HaloStageAdjoint)
+def _halo_stage_adjoint(op: HaloStageAdjoint) -> list[Any]:
+    """x_src += x_dst, x_dst = 0 for every pair (sent back where the pair spans two workers)."""
+    steps: list[Any] = [Transfer(d, s, "add", "clear") for s, d in op.transfers if s.worker != d.worker]
+    for s, d in op.transfers:
+        if s.worker == d.worker:
+            node = CopyAdjoint(s, d)
+            steps.append(Local(node, s.worker, _movement_footprint(node)))
+    return steps
+
+
+# -- sub-communicators -------------------------------------------------------------------------
+_SUBCOMMS: dict[tuple[int, tuple[int, ...]], Any] = {}
+
+
+def subcommunicator(comm: Any, ranks: tuple[int, ...]) -> Any:
+    """The communicator of ``ranks`` (in that order) inside ``comm``, created once.
+
+    Collective over ``ranks`` only (``MPI_Comm_create_group``); callers create the groups of a
+    step in one global order, so no two ranks wait for each other in opposite orders.
+    """
+    key = (comm.py2f(), ranks)
+    sub = _SUBCOMMS.get(key)
+    if sub is None:
+        group = comm.Get_group().Incl(list(ranks))
+        sub = comm.Create_group(group, tag=7)
+        group.Free()
+        _SUBCOMMS[key] = sub
+    return sub
+
+
+def _mpi_type(dtype: np.dtype) -> Any:
+    """The predefined MPI datatype of a numpy dtype (reductions need a predefined type)."""
+    from mpi4py import MPI
+
+    return MPI.Datatype.fromcode(dtype.char)
+
+
+def _contiguous_owned(work: Any, name: str, dtype: np.dtype) -> np.ndarray:
+    array = work.writable(name, dtype)
+    if not array.flags.c_contiguous or array.dtype != dtype:
+        array = np.ascontiguousarray(array, dtype=dtype)
+        work.set(name, array)
+    return array
+
+
+def _fallback(op: Any, rank: int) -> tuple[Any, ...]:
+    return project(batch(lower(op.expand())), rank)
+
+
+# -- all-reduce -------------------------------------------------------------------------------
+@dataclass
+class _RankAllReduce:
+    """One rank's part of an all-reduce: (block, group ranks) per group it belongs to."""
+
+    entries: tuple[tuple[str, tuple[int, ...]], ...]
+    fallback: tuple[Any, ...]
+
+    def run(self, work: Any, comm: Any, dtype: np.dtype) -> None:
+        if dtype.char not in REDUCIBLE:
+            from .mpi_backend import _run
+
+            _run(self.fallback, work, comm, dtype)
+            return
+        from mpi4py import MPI
+
+        subs = [subcommunicator(comm, ranks) for _, ranks in self.entries]
+        requests = []
+        for (name, _), sub in zip(self.entries, subs):
+            array = _contiguous_owned(work, name, dtype)
+            requests.append(sub.Iallreduce(MPI.IN_PLACE, [array, _mpi_type(dtype)], op=MPI.SUM))
+        MPI.Request.Waitall(requests)
+
+    def persistent(self, arrays: dict[str, np.ndarray], comm: Any, dtype: np.dtype) -> Any:
+        """Persistent ``Allreduce_init`` requests on the caller's arrays, or None."""
+        if dtype.char not in REDUCIBLE:
+            return None
+        from mpi4py import MPI
+
+        subs = [subcommunicator(comm, ranks) for _, ranks in self.entries]
+        requests = []
+        for (name, _), sub in zip(self.entries, subs):
+            array = arrays[name]
+            if not array.flags.c_contiguous:
+                return None
+            requests.append(sub.Allreduce_init(MPI.IN_PLACE, [array, _mpi_type(dtype)], op=MPI.SUM))
+        return requests, []
+
+
+@dataclass
+class _AllReduceRunner:
+    op: AllReduce
+    groups: tuple[tuple[tuple[str, int], ...], ...]
+    workers: tuple[int, ...] = field(default=())
+
+    def project(self, rank: int) -> _RankAllReduce:
+        entries = tuple(
+            (next(name for name, w in group if w == rank), tuple(w for _, w in group))
+            for group in self.groups
+            if any(w == rank for _, w in group)
+        )
+        return _RankAllReduce(entries, _fallback(self.op, rank))
+
+
+@lowering(AllReduce)
+def _all_reduce(op: AllReduce) -> list[Any] | None:
+    groups = []
+    for group in op.groups:
+        members = tuple((op.tensor.block_name(i), op.tensor.block(i).worker) for i in group)
+        if len({w for _, w in members}) != len(members):
+            return None
+        if len(members) > 1 and op.tensor.block(group[0]).size:
+            groups.append(members)
+    if not groups:
+        return []
+    workers = tuple(sorted({w for g in groups for _, w in g}))
+    return [Barrier(_AllReduceRunner(op, tuple(groups), workers))]
+
+
+# -- broadcast and sum-reduce ------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Group:
+    """One source block and its whole-block copies (broadcast), or one target block and the
+    copies summed into it (sum-reduce). ``ranks[0]`` is the root."""
+
+    root_name: str
+    shape: tuple[int, ...]
+    ranks: tuple[int, ...]
+    copies: tuple[tuple[str, int], ...]
+
+
+def _whole_groups(op: Any, *, reduce: bool) -> tuple[_Group, ...] | None:
+    """Group a broadcast's or sum-reduce's pieces by their tensor block; None when a piece is
+    not a whole block or two copies of one group share a worker."""
+    domain, range_ = op.domain, op.range
+    by_root: dict[str, list[tuple[str, int]]] = {}
+    for piece in op.plan.pieces:
+        root, copy = (piece.target, piece.source) if reduce else (piece.source, piece.target)
+        root_block = (range_ if reduce else domain).block(root)
+        copy_block = (domain if reduce else range_).block(copy)
+        if any(piece.source_start) or any(piece.target_start) or piece.shape != root_block.shape:
+            return None
+        if copy_block.shape != root_block.shape:
+            return None
+        by_root.setdefault(root, []).append((copy, copy_block.worker))
+    groups = []
+    for root, copies in by_root.items():
+        root_block = (range_ if reduce else domain).block(root)
+        workers = [w for _, w in copies]
+        if len(set(workers)) != len(workers):
+            return None
+        others = tuple(w for w in workers if w != root_block.worker)
+        groups.append(_Group(root, root_block.shape, (root_block.worker, *others), tuple(copies)))
+    return tuple(groups)
+
+
+@dataclass
+class _RankBroadcast:
+    groups: tuple[_Group, ...]
+    rank: int
+    dropped: tuple[str, ...]
+    created: tuple[Any, ...]
+    reduce: bool
+    fallback: tuple[Any, ...]
+
+    def run(self, work: Any, comm: Any, dtype: np.dtype) -> None:
+        if self.reduce and dtype.char not in REDUCIBLE:
+            from .mpi_backend import _run
+
+            _run(self.fallback, work, comm, dtype)
+            return
+        from mpi4py import MPI
+
+        subs = [subcommunicator(comm, g.ranks) if len(g.ranks) > 1 else None for g in self.groups]
+        requests, results = [], []
+        for group, sub in zip(self.groups, subs):
+            mine = [name for name, w in group.copies if w == self.rank]
+            is_root = group.ranks[0] == self.rank
+            if self.reduce:
+                self._start_reduce(group, sub, mine, is_root, work, dtype, requests, results, MPI)
+            else:
+                self._start_broadcast(group, sub, mine, is_root, work, dtype, requests, results)
+        if requests:
+            MPI.Request.Waitall(requests)
+        for name in self.dropped:
+            work.drop(name)
+        for name, array in results:
+            work.set(name, array)
+        for block in self.created:  # targets that no group fills (empty blocks)
+            if block.name not in work.arrays:
+                work.set(block.name, np.zeros(block.shape, dtype=work.dtype))
+
+    def _start_broadcast(self, group, sub, mine, is_root, work, dtype, requests, results) -> None:
+        if is_root:
+            source = work.arrays[group.root_name]
+            if mine:
+                buffer = np.array(source, dtype=dtype, order="C")
+                results.append((mine[0], buffer))
+            elif source.dtype == dtype and source.flags.c_contiguous and source.flags.writeable:
+                buffer = source
+            else:
+                buffer = np.array(source, dtype=dtype, order="C")
+        else:
+            buffer = np.empty(group.shape, dtype=dtype)
+            results.append((mine[0], buffer))
+        if sub is not None and buffer.size:
+            requests.append(sub.Ibcast([buffer, buffer.nbytes, _byte()], root=0))
+
+    def _start_reduce(self, group, sub, mine, is_root, work, dtype, requests, results, mpi) -> None:
+        mpi_type = _mpi_type(dtype)
+        if is_root:
+            if mine:
+                total = np.array(work.arrays[mine[0]], dtype=dtype, order="C")
+            else:
+                total = np.zeros(group.shape, dtype=dtype)
+            results.append((group.root_name, total))
+            if sub is not None and total.size:
+                requests.append(sub.Ireduce(mpi.IN_PLACE, [total, mpi_type], op=mpi.SUM, root=0))
+        else:
+            send = np.ascontiguousarray(work.arrays[mine[0]], dtype=dtype)
+            if send.size:
+                requests.append(sub.Ireduce([send, mpi_type], None, op=mpi.SUM, root=0))
+
+
+def _byte() -> Any:
+    from mpi4py import MPI
+
+    return MPI.BYTE
+
+
+@dataclass
+class _BroadcastRunner:
+    op: Any
+    groups: tuple[_Group, ...]
+    reduce: bool
+    workers: tuple[int, ...] = field(default=())
+
+    def project(self, rank: int) -> _RankBroadcast:
+        plan = self.op.plan
+        space = self.op.domain
+        dropped = tuple(n for n in plan.dropped if space.block(n).worker == rank)
+        created = tuple(b for b in plan.created if b.worker == rank)
+        groups = tuple(g for g in self.groups if rank in g.ranks)
+        return _RankBroadcast(groups, rank, dropped, created, self.reduce, _fallback(self.op, rank))
+
+
+def _lower_broadcast(op: Any, *, reduce: bool) -> list[Any] | None:
+    groups = _whole_groups(op, reduce=reduce)
+    if groups is None:
+        return None
+    workers = {w for g in groups for w in g.ranks}
+    workers |= {b.worker for b in op.plan.created} | {op.domain.block(n).worker for n in op.plan.dropped}
+    return [Barrier(_BroadcastRunner(op, groups, reduce, tuple(sorted(workers))))]
+
+
+@lowering(Broadcast)
+def _broadcast(op: Broadcast) -> list[Any] | None:
+    return _lower_broadcast(op, reduce=False)
+
+
+@lowering(SumReduce)
+def _sum_reduce(op: SumReduce) -> list[Any] | None:
+    return _lower_broadcast(op, reduce=True)

@@ -1,0 +1,147 @@
+"""Every mistake ends every rank with the same typed error, before any data moves."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from helpers import collective_assert, compare_with_numpy, expect_collective_error, local_part
+from mpi4py import MPI
+
+from linop import Block, LinearOperator, SendRecv, Space
+from linop.backends import mpi_backend
+from linop.backends.mpi_errors import (
+    CommunicatorError,
+    DistributedStateError,
+    MPIError,
+    TreeMismatchError,
+    UnsupportedNodeError,
+)
+
+COMM = MPI.COMM_WORLD
+RANK, SIZE = COMM.rank, COMM.size
+LAST = SIZE - 1
+
+
+def pair_space(shape=(4, 3)) -> Space:
+    return Space([Block("x", shape, 0), Block("y", shape, LAST)])
+
+
+def pair_copy(space: Space, row: int = 0):
+    from linop import Copy
+
+    src, dst = space["x"][row : row + 1, :], space["y"][1:2, :]
+    return SendRecv(src, dst) if LAST else Copy(src, dst)
+
+
+def still_works() -> None:
+    """After an error, a correct call succeeds (no stray messages left behind)."""
+    space = pair_space()
+    compare_with_numpy(pair_copy(space), space.random(11, dtype=np.int64))
+
+
+@pytest.mark.skipif(SIZE == 1, reason="one rank cannot disagree with itself")
+def test_mismatched_trees():
+    space = pair_space()
+    op = pair_copy(space, row=0 if RANK == 0 else 2)
+    local = local_part(space, space.random(0), RANK)
+    message = expect_collective_error(TreeMismatchError, lambda: mpi_backend.apply(op, local))
+    collective_assert("rank(s) [1" in message, message)
+    still_works()
+
+
+def test_too_few_ranks():
+    space = Space([Block("x", (2,), 0), Block("y", (2,), SIZE)])
+    op = SendRecv(space["x"], space["y"])
+    local = local_part(space, space.random(0), RANK)
+    message = expect_collective_error(CommunicatorError, lambda: mpi_backend.apply(op, local))
+    collective_assert(f"worker {SIZE}" in message and f"{SIZE} rank(s)" in message, message)
+    still_works()
+
+
+def _bad(kind: str, local: dict, space: Space) -> dict:
+    local = dict(local)
+    if kind == "missing":
+        local.pop("y")
+    elif kind == "extra":
+        local["x"] = np.zeros(space.block("x").shape)
+    elif kind == "shape":
+        local["y"] = np.zeros((2, 2))
+    elif kind == "dtype":
+        local["y"] = local["y"].astype(object)
+    elif kind == "not-an-array":
+        local["y"] = local["y"].tolist()
+    return local
+
+
+@pytest.mark.parametrize(
+    ("kind", "phrase"),
+    [
+        ("missing", "missing block 'y'"),
+        ("extra", "holds block 'x'"),
+        ("shape", "has shape (2, 2)"),
+        ("dtype", "not numeric"),
+        ("not-an-array", "not a numpy array"),
+    ],
+)
+def test_one_rank_with_wrong_blocks(kind, phrase):
+    space = pair_space()
+    op = pair_copy(space)
+    local = local_part(space, space.random(0), RANK)
+    if RANK == LAST:
+        if kind == "extra" and LAST == 0:
+            local["z"] = np.zeros(3)
+            phrase = "holds block 'z'"
+        else:
+            local = _bad(kind, local, space)
+    message = expect_collective_error(DistributedStateError, lambda: mpi_backend.apply(op, local))
+    collective_assert(f"rank {LAST}" in message and phrase in message, message)
+    still_works()
+
+
+def test_readonly_array_in_place():
+    space = pair_space()
+    op = pair_copy(space)
+    local = local_part(space, space.random(0), RANK)
+    if RANK == LAST:
+        local["y"].flags.writeable = False
+    message = expect_collective_error(
+        DistributedStateError, lambda: mpi_backend.apply(op, local, inplace=True)
+    )
+    collective_assert("writeable" in message, message)
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class Opaque(LinearOperator):
+    """A node with neither a handler nor an expansion."""
+
+    space: Space
+
+    @property
+    def domain(self) -> Space:
+        return self.space
+
+    @property
+    def range(self) -> Space:
+        return self.space
+
+    def adjoint(self) -> LinearOperator:
+        return self
+
+    def __str__(self) -> str:
+        return "Opaque"
+
+
+def test_unsupported_node():
+    space = pair_space()
+    op = pair_copy(space) @ Opaque(space)
+    local = local_part(space, space.random(0), RANK)
+    message = expect_collective_error(UnsupportedNodeError, lambda: mpi_backend.apply(op, local))
+    collective_assert("Opaque" in message, message)
+    still_works()
+
+
+def test_errors_are_linop_errors():
+    for error in (TreeMismatchError, CommunicatorError, DistributedStateError, UnsupportedNodeError):
+        assert issubclass(error, MPIError)

@@ -1,0 +1,154 @@
+"""Each MPI fast path equals the fully expanded tree under MPI and the numpy interpreter."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import collective_assert, compare_with_numpy, local_part, same_blocks
+from mpi4py import MPI
+
+from linop import expand_all
+from linop.backends import mpi_backend
+from linop.backends.mpi_schedule import Barrier, Phase
+from linop.collectives import AllGather, AllReduce, BlockGrid, Broadcast, ReduceScatter, SumReduce
+from linop.halo import HaloExchange, local_space
+from linop.halo_geometry import Kernel, halo_geometry
+from linop.partition import DistributedTensor, Partition
+from linop.repartition import Gather, Repartition, Scatter
+
+COMM = MPI.COMM_WORLD
+RANK, SIZE = COMM.rank, COMM.size
+
+GRIDS = {1: [(1,)], 2: [(2,), (2, 1), (1, 2)], 3: [(3,), (3, 1)], 4: [(4,), (2, 2), (4, 1), (1, 4)]}
+DTYPES = [np.int64, np.float64, np.complex128, np.float32, np.float16]
+
+
+def grids() -> list[tuple[int, ...]]:
+    return GRIDS[SIZE]
+
+
+def check_fast_path_equals_expansion(op, state, *, exact: bool) -> None:
+    """The fast-pathed tree, its full expansion (primitives only) and numpy agree."""
+    compare_with_numpy(op, state, exact=exact)
+    expanded = expand_all(op)
+    expected = op(state)
+    local = local_part(op.domain, state, RANK)
+    result = mpi_backend.apply(expanded, local, comm=COMM)
+    names = tuple(b.name for b in op.range if b.worker == RANK)
+    collective_assert(same_blocks(result, expected, names, exact=exact) is None, f"expansion of {op}")
+
+
+def tensor_2d(grid, shape=(9, 7), name="x") -> DistributedTensor:
+    grid = grid if len(grid) == 2 else (grid[0], 1)
+    return DistributedTensor(name, shape, Partition(grid))
+
+
+@pytest.mark.parametrize("variant", ["nested", "direct"])
+@pytest.mark.parametrize("grid", grids(), ids=str)
+@pytest.mark.parametrize("size", [3, 5])
+def test_halo_exchange(variant, grid, size):
+    geometry = halo_geometry(tensor_2d(grid), Kernel(size, padding=size // 2))
+    op = HaloExchange(geometry, variant)
+    state = op.domain.random(1, dtype=np.int64)
+    check_fast_path_equals_expansion(op, state, exact=True)
+    check_fast_path_equals_expansion(op.H, state, exact=True)
+    plan = mpi_backend.compile(op, comm=COMM)
+    collective_assert(plan.program.phases <= len(op.stages()), f"{plan.program.phases} phases")
+
+
+@pytest.mark.parametrize("boundary", ["periodic", "reflect"])
+def test_halo_exchange_wrapping_boundaries(boundary):
+    geometry = halo_geometry(tensor_2d(grids()[-1]), Kernel(3, padding=1, boundary=boundary))
+    op = HaloExchange(geometry)
+    state = op.domain.random(2, dtype=np.int64)
+    check_fast_path_equals_expansion(op, state, exact=True)
+    check_fast_path_equals_expansion(op.H, state, exact=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_halo_exchange_dtypes(dtype):
+    geometry = halo_geometry(tensor_2d(grids()[-1]), Kernel(3, padding=1))
+    op = HaloExchange(geometry)
+    compare_with_numpy(op, op.domain.random(3, dtype=dtype))
+    compare_with_numpy(op.H, op.domain.random(4, dtype=dtype), exact=np.dtype(dtype).kind in "iu")
+
+
+def test_bound_halo_exchange_is_persistent_and_copies_no_bulk():
+    geometry = halo_geometry(tensor_2d(grids()[-1], (40, 30)), Kernel(3, padding=1))
+    for op in (HaloExchange(geometry), HaloExchange(geometry).H):
+        state = op.domain.random(5)
+        expected = op(state)
+        local = local_part(op.domain, state, RANK)
+        arrays = dict(local)
+        bound = mpi_backend.compile(op, comm=COMM).bind(local)
+        bound()
+        problem = same_blocks(local, expected, tuple(local))
+        if problem is None and not bound.persistent:
+            problem = "not persistent"
+        if problem is None and any(local[n] is not arrays[n] for n in local):
+            problem = "arrays replaced"
+        bound.free()
+        collective_assert(problem is None, str(problem))
+
+
+def partitions_for_broadcast():
+    if SIZE == 1:
+        return [(Partition((1,)), Partition((1,)))]
+    cases = [(Partition((1,)), Partition((SIZE,)))]
+    if SIZE == 4:
+        cases += [(Partition((1, 2)), Partition((2, 2))), (Partition((2, 1)), Partition((2, 2)))]
+    return cases
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("case", range(len(partitions_for_broadcast())))
+def test_broadcast_and_sum_reduce(case, dtype):
+    source, destination = partitions_for_broadcast()[case]
+    tensor = DistributedTensor("x", (5, 4)[: source.ndim] if source.ndim == 1 else (5, 4), source)
+    if destination.ndim != tensor.ndim:
+        tensor = DistributedTensor("x", (5,) * destination.ndim, source)
+    broadcast = Broadcast(tensor, destination, "y")
+    exact = np.dtype(dtype).kind in "iu"
+    for op in (broadcast, broadcast.H, SumReduce(tensor, destination, "y")):
+        state = op.domain.random(6, dtype=dtype)
+        check_fast_path_equals_expansion(op, state, exact=exact or op is broadcast)
+    plan = mpi_backend.compile(broadcast, comm=COMM)
+    collective_assert(any(isinstance(s, Barrier) for s in plan.program.steps), "no native broadcast")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("grid", grids(), ids=str)
+def test_all_reduce(grid, dtype):
+    grid = grid if len(grid) == 2 else (grid[0], 1)
+    layout = BlockGrid.uniform("x", Partition(grid), (6, 5))
+    for axes in [(0,), (1,), (0, 1)]:
+        op = AllReduce(layout, axes)
+        check_fast_path_equals_expansion(
+            op, op.domain.random(7, dtype=dtype), exact=np.dtype(dtype).kind in "iu"
+        )
+
+
+@pytest.mark.parametrize("grid", grids(), ids=str)
+def test_all_gather_reduce_scatter_and_repartition(grid):
+    tensor = tensor_2d(grid, (7, 6))
+    other = DistributedTensor("z", (7, 6), Partition(tuple(reversed(tensor.partition.shape))))
+    for op in (AllGather(tensor, (0,), "g"), ReduceScatter(tensor, (0, 1), "g"), Repartition(tensor, other)):
+        for node in (op, op.H):
+            check_fast_path_equals_expansion(node, node.domain.random(8, dtype=np.int64), exact=True)
+        plan = mpi_backend.compile(op, comm=COMM)
+        collective_assert(sum(isinstance(s, Phase) for s in plan.program.steps) <= 1, str(plan.program.steps))
+
+
+def test_scatter_and_gather():
+    from linop import Block
+
+    tensor = DistributedTensor("x", (6, 5), Partition((SIZE, 1)))
+    root = Block("r", (6, 5), SIZE - 1)
+    for op in (Scatter(root, tensor), Gather(root, tensor)):
+        check_fast_path_equals_expansion(op, op.domain.random(9, dtype=np.int64), exact=True)
+        check_fast_path_equals_expansion(op.H, op.range.random(9, dtype=np.int64), exact=True)
+
+
+def test_local_space_of_halo_matches():
+    geometry = halo_geometry(tensor_2d(grids()[-1]), Kernel(3, padding=1))
+    assert HaloExchange(geometry).domain == local_space(geometry)
