@@ -4,16 +4,22 @@ interpreter (integer matrices, no tolerance)."""
 import numpy as np
 
 from linop import LinearOperator
+from linop.backends.sparse_backend import matrix_of
 
 
 def assert_exact_adjoint(op: LinearOperator) -> None:
-    """op.H maps range to domain, its matrix is exactly op's transpose, and op.H.H == op."""
+    """op.H maps range to domain, the matrix of its expansion is exactly the transpose of the
+    matrix of op's expansion, both fast paths agree with the expansions, and op.H.H == op."""
     adjoint = op.H
     assert adjoint.domain == op.range, f"{op}: adjoint domain is not the range"
     assert adjoint.range == op.domain, f"{op}: adjoint range is not the domain"
-    forward = op.to_sparse()
+    forward = matrix_of(op.expand())
     assert forward.dtype.kind == "i", f"{op}: data movement should give an integer matrix"
-    backward = adjoint.to_sparse()
+    backward = matrix_of(adjoint.expand())
+    assert (op.to_sparse() != forward).nnz == 0, f"{op}: sparse fast path differs from the expansion"
+    assert (adjoint.to_sparse() != backward).nnz == 0, (
+        f"{adjoint}: sparse fast path differs from the expansion"
+    )
     differing = (backward != forward.T).nnz
     assert differing == 0, f"{op}: adjoint matrix differs from the transpose in {differing} entries"
     assert adjoint.H == op, f"{op}: op.H.H is not structurally op"

@@ -1,4 +1,4 @@
-"""The numpy fast paths of the collectives equal their expansions, keep dtypes as the
+"""The numpy and sparse fast paths of the collectives equal their expansions, keep dtypes as the
 expansions do, never mutate inputs and never let two blocks share a writable array; and the
 catalogue entries of verify.catalogue_collectives hold."""
 
@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from linop import Block, Clear
 from linop.backends.numpy_backend import apply
+from linop.backends.sparse_backend import matrix_of
 from linop.collectives import AllGather, AllReduce, BlockGrid, Broadcast, ReduceScatter, SumReduce
 from linop.operator import expand_all
 from linop.partition import DistributedTensor, Partition
@@ -59,6 +60,14 @@ def test_fast_path_equals_expansion_and_matrix_on_integers(op, seed):
     _same_states(fast, apply(expand_all(op), state))
     vector = op.to_sparse() @ op.domain.flatten(state)
     assert np.array_equal(op.range.flatten(fast), vector)
+
+
+@given(collectives())
+@FAST
+def test_sparse_fast_path_equals_the_expansion_matrix(op):
+    fast = op.to_sparse()
+    assert fast.dtype.kind == "i"
+    assert (fast != matrix_of(op.expand())).nnz == 0
 
 
 @given(collectives(), st.sampled_from([np.float32, np.complex128]), st.integers(0, 2**31))
