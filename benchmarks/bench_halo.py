@@ -91,14 +91,16 @@ def main() -> None:
             )
         geometry = halo_geometry(tensor, kernel)
         space = local_space(geometry)
-        local_state = {name: reference[tuple(int(c) for c in name[8:-1].split(","))].copy() for name in space.names}
+        local_state = {
+            name: reference[tuple(int(c) for c in name[8:-1].split(","))].copy() for name in space.names
+        }
         hand_locals = {
             tuple(int(c) for c in name[8:-1].split(",")): array.copy() for name, array in local_state.items()
         }
         for variant in ("nested", "direct"):
             exchange = HaloExchange(geometry, variant)
-            t_ours = timed(lambda exchange=exchange: exchange.apply(local_state, inplace=True))
-            t_hand = timed(lambda h=h: hand_exchange(hand_locals, n, h))
+            t_ours = timed(lambda exchange=exchange, state=local_state: exchange.apply(state, inplace=True))
+            t_hand = timed(lambda h=h, arrays=hand_locals: hand_exchange(arrays, n, h))
             print(
                 f"  kernel {size}, in-place exchange, {variant:6s}  linop {t_ours * 1e6:8.1f} us   "
                 f"numpy {t_hand * 1e6:8.1f} us   ratio {t_ours / t_hand:5.2f}x"

@@ -569,4 +569,4 @@ def halo_windows(
     )
 
 
-from . import halo_numpy as _halo_numpy  # noqa: E402,F401  (registers the numpy fast paths)
+from . import halo_fastpaths as _halo_fastpaths  # noqa: E402,F401  (registers the fast paths)

@@ -1,0 +1,326 @@
+"""Halo exchange: windows equal the padded global input, exact adjoints, nested == direct, fast
+paths equal to their expansions, convolutions per worker equal the global one, typed errors."""
+
+from __future__ import annotations
+
+import itertools
+import tracemalloc
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+import verify
+from linop import Block, Copy, Space, expand_all
+from linop.halo import (
+    HaloExchange,
+    HaloExchangeAdjoint,
+    HaloStage,
+    HaloStageAdjoint,
+    halo_windows,
+    local_space,
+    pad_shim,
+    trim_shim,
+    window_space,
+)
+from linop.halo_geometry import HaloError, Kernel, halo_geometry
+from linop.partition import DistributedTensor, Partition
+from verify import symbolic
+from verify.strategies_halo import halo_cases
+
+NUMPY_MODE = {"zero": "constant", "periodic": "wrap", "reflect": "reflect", "symmetric": "symmetric"}
+
+
+def padded_global(array: np.ndarray, kernel: Kernel) -> np.ndarray:
+    """The global input padded per dimension by the kernel's boundary mode, with numpy.pad."""
+    for dim in range(array.ndim):
+        widths = [(0, 0)] * array.ndim
+        widths[dim] = (kernel.padding[dim], kernel.padding[dim])
+        array = np.pad(array, widths, mode=NUMPY_MODE[kernel.boundary[dim]])
+    return array
+
+
+def expected_windows(t: DistributedTensor, kernel: Kernel, array: np.ndarray) -> dict[str, np.ndarray]:
+    geometry = halo_geometry(t, kernel)
+    k = geometry.kernel
+    padded = padded_global(array, k)
+    windows = {}
+    for index in t.partition.indices():
+        rows = geometry.worker_rows(index)
+        box = tuple(
+            slice(r.need_start + k.padding[d], r.need_stop + k.padding[d]) for d, r in enumerate(rows)
+        )
+        windows[f"x_window[{','.join(map(str, index))}]"] = padded[box]
+    return windows
+
+
+def global_input(t: DistributedTensor) -> np.ndarray:
+    return np.arange(1, 1 + int(np.prod(t.global_shape)), dtype=np.int64).reshape(t.global_shape)
+
+
+# -- windows ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("variant", ["nested", "direct"])
+@settings(max_examples=60, deadline=None)
+@given(case=halo_cases())
+def test_windows_equal_the_padded_global_input(case, variant):
+    t, kernel = case
+    array = global_input(t)
+    windows = halo_windows(t, kernel, variant=variant)(t.scatter(array))
+    expected = expected_windows(t, kernel, array)
+    assert windows.keys() == expected.keys()
+    for name, window in windows.items():
+        assert window.shape == expected[name].shape, name
+        assert np.array_equal(window, expected[name]), name
+
+
+@settings(max_examples=30, deadline=None)
+@given(case=halo_cases(max_dims=3))
+def test_exact_adjoints_and_nested_equals_direct(case):
+    t, kernel = case
+    geometry = halo_geometry(t, kernel)
+    nested, direct = HaloExchange(geometry, "nested"), HaloExchange(geometry, "direct")
+    verify.exact_adjoint(nested).check()
+    verify.exact_adjoint(direct).check()
+    verify.equal(nested, direct).check()
+    verify.exact_adjoint(halo_windows(t, kernel)).check()
+    verify.equal(halo_windows(t, kernel), halo_windows(t, kernel, variant="direct")).check()
+
+
+@settings(max_examples=8, deadline=None)
+@given(case=halo_cases(min_dims=4, max_dims=4))
+def test_exact_adjoint_rank_four(case):
+    t, kernel = case
+    verify.exact_adjoint(halo_windows(t, kernel, variant="direct")).check()
+
+
+@pytest.mark.parametrize("mode", ["zero", "periodic", "reflect", "symmetric"])
+def test_windows_adjoint_adds_wrapped_entries_back(mode):
+    """W* of all-ones windows counts, per global entry, how many window entries read it
+    (wrapped and reflected pad entries included)."""
+    t = DistributedTensor("x", (5, 4), Partition((2, 2)))
+    kernel = halo_geometry(t, Kernel(3, padding=2, boundary=mode)).kernel
+    op = halo_windows(t, kernel)
+    counts = t.gather(op.H({b.name: np.ones(b.shape, dtype=np.int64) for b in op.range}))
+    labels = np.arange(1, 21).reshape(5, 4)  # 0 marks a zero pad entry
+    expected = np.zeros(20, dtype=np.int64)
+    pad_entries = 0
+    for window in expected_windows(t, kernel, labels).values():
+        np.add.at(expected, window[window > 0] - 1, 1)
+        pad_entries += int((window == 0).sum())
+    assert np.array_equal(counts, expected.reshape(5, 4))
+    assert counts.sum() + pad_entries == sum(b.size for b in op.range)
+    assert (pad_entries == 0) == (mode != "zero")
+
+
+def test_windows_of_workers_without_output_are_empty():
+    t = DistributedTensor("x", (5, 4), Partition((3, 1)))
+    op = halo_windows(t, Kernel((5, 1)))
+    shapes = {b.name: b.shape for b in op.range}
+    assert shapes == {"x_window[0,0]": (5, 4), "x_window[1,0]": (0, 4), "x_window[2,0]": (0, 4)}
+    verify.exact_adjoint(op).check()
+
+
+def test_multi_hop_halo_from_two_workers_away():
+    t = DistributedTensor("x", (8,), Partition((3,)), ((6, 1, 1),))
+    kernel = Kernel(5, padding=2)
+    exchange = HaloExchange(halo_geometry(t, kernel))
+    (stage,) = exchange.stages()
+    senders = {src.name for src, dst in stage.transfers if dst.name == "x_local[2]"}
+    assert senders == {"x_local[0]", "x_local[1]"}
+    array = global_input(t)
+    windows = halo_windows(t, kernel)(t.scatter(array))
+    assert np.array_equal(windows["x_window[2]"], expected_windows(t, kernel, array)["x_window[2]"])
+
+
+# -- the two-worker case, symbolically ------------------------------------------------------------
+def test_two_workers_symbolic_adjoint_adds_the_halo_into_the_neighbour():
+    """Six entries over two workers, kernel 3, padding 1: windows [0 x0 x1 x2 x3] and
+    [x2 x3 x4 x5 0]. The adjoint adds each halo entry back into its owner's bulk."""
+    t = DistributedTensor("x", (6,), Partition((2,)))
+    op = halo_windows(t, Kernel(3, padding=1))
+    x = symbolic.symbols(op.domain)
+    forward = symbolic.apply(op, x)
+    a, b = x["x[0]"], x["x[1]"]
+    assert list(forward["x_window[0]"]) == [0, a[0], a[1], a[2], b[0]]
+    assert list(forward["x_window[1]"]) == [a[2], b[0], b[1], b[2], 0]
+    y = symbolic.symbols(op.range)
+    back = symbolic.apply(op.H, y)
+    u, v = y["x_window[0]"], y["x_window[1]"]
+    assert list(back["x[0]"]) == [u[1], u[2], u[3] + v[0]]
+    assert list(back["x[1]"]) == [u[4] + v[1], v[2], v[3]]
+    assert symbolic.dot_test(op)
+
+
+def test_exchange_adjoint_on_local_blocks_symbolically():
+    t = DistributedTensor("x", (6,), Partition((2,)))
+    exchange = HaloExchange(halo_geometry(t, Kernel(3, padding=1)))
+    h = symbolic.symbols(exchange.domain)
+    back = symbolic.apply(exchange.H, h)
+    left, right = h["x_local[0]"], h["x_local[1]"]
+    # local blocks: [pad a0 a1 a2 | halo] and [halo | b0 b1 b2 pad]
+    assert list(back["x_local[0]"]) == [left[0], left[1], left[2], left[3] + right[0], 0]
+    assert list(back["x_local[1]"]) == [0, right[1] + left[4], right[2], right[3], right[4]]
+
+
+# -- convolution per worker equals the global convolution -------------------------------------------
+def correlate(padded: np.ndarray, weights: np.ndarray, stride, dilation, out_shape) -> np.ndarray:
+    """Strided, dilated cross-correlation of an already padded array (no padding of its own)."""
+    out = np.zeros(out_shape, dtype=np.result_type(padded, weights))
+    if 0 in out_shape:
+        return out
+    for offset in itertools.product(*(range(k) for k in weights.shape)):
+        box = tuple(
+            slice(o * d, o * d + (n - 1) * s + 1, s)
+            for o, d, s, n in zip(offset, dilation, stride, out_shape)
+        )
+        out += weights[offset] * padded[box]
+    return out
+
+
+def check_convolution(t: DistributedTensor, kernel: Kernel, seed: int = 0) -> None:
+    geometry = halo_geometry(t, kernel)
+    k = geometry.kernel
+    rng = np.random.default_rng(seed)
+    array = rng.integers(-9, 10, size=t.global_shape)
+    weights = rng.integers(-3, 4, size=k.size)
+    expected = correlate(padded_global(array, k), weights, k.stride, k.dilation, geometry.output_shape)
+    windows = halo_windows(t, kernel)(t.scatter(array))
+    for index in t.partition.indices():
+        start, stop = geometry.output_box(index)
+        shape = tuple(b - a for a, b in zip(start, stop))
+        local = correlate(
+            windows[f"x_window[{','.join(map(str, index))}]"], weights, k.stride, k.dilation, shape
+        )
+        assert np.array_equal(local, expected[tuple(slice(a, b) for a, b in zip(start, stop))]), index
+
+
+@pytest.mark.parametrize(
+    ("shape", "grid", "kernel", "sizes"),
+    [
+        pytest.param((10, 10), (2, 2), Kernel(3, padding=1), (), id="2x2-10x10-k3-p1"),
+        pytest.param((10, 10), (2, 2), Kernel(5, stride=2, padding=2), (), id="2x2-k5-s2-p2"),
+        pytest.param(
+            (11, 9),
+            (3, 2),
+            Kernel((3, 2), dilation=(2, 3), padding=(2, 1)),
+            ((1, 7, 3), (0, 9)),
+            id="unbalanced-dilated",
+        ),
+        pytest.param(
+            (9, 8), (2, 3), Kernel(4, stride=3, padding=3, boundary="periodic"), (), id="periodic-stride3"
+        ),
+        pytest.param(
+            (7, 6),
+            (3, 2),
+            Kernel(3, padding=2, boundary=("reflect", "symmetric")),
+            (),
+            id="reflect-symmetric",
+        ),
+        pytest.param((2, 3, 8, 7), (2, 1, 2, 2), Kernel(3, padding=1, leading=2), (), id="batch-channel-4d"),
+    ],
+)
+def test_convolution_per_worker_equals_global(shape, grid, kernel, sizes):
+    check_convolution(DistributedTensor("x", shape, Partition(grid), sizes), kernel)
+
+
+@settings(max_examples=25, deadline=None)
+@given(case=halo_cases(max_dims=3))
+def test_convolution_random_cases(case):
+    check_convolution(*case)
+
+
+# -- fast paths equal their expansions; in place without copying the bulk ---------------------------
+@settings(max_examples=15, deadline=None)
+@given(case=halo_cases(max_dims=2))
+def test_stage_fast_paths_equal_their_expansions(case):
+    """The numpy and sparse fast paths of the stages equal the expansions into primitives
+    (whose adjoints are derived by the primitives' rules)."""
+    t, kernel = case
+    geometry = halo_geometry(t, kernel)
+    for variant in ("nested", "direct"):
+        for op in (HaloExchange(geometry, variant), HaloExchangeAdjoint(geometry, variant)):
+            state = op.domain.random(1, dtype=np.int64)
+            fast = op(state)
+            slow = expand_all(op)(state)
+            assert all(np.array_equal(fast[n], slow[n]) for n in op.range.names)
+            in_place = {n: a.copy() for n, a in state.items()}
+            op.apply(in_place, inplace=True)
+            assert all(np.array_equal(in_place[n], slow[n]) for n in op.range.names)
+            verify.equal(op, expand_all(op)).check()  # the sparse fast paths
+        verify.exact_adjoint(expand_all(HaloExchange(geometry, variant))).check()
+
+
+def test_stage_expansion_has_explicit_buffers():
+    t = DistributedTensor("x", (6, 6), Partition((2, 2)))
+    exchange = HaloExchange(halo_geometry(t, Kernel(3, padding=1)))
+    stage = exchange.stages()[0]
+    names = {type(f).__name__ for f in stage.expand().factors}
+    assert {"Allocate", "Clear", "Copy", "SendRecv", "Deallocate"} <= names
+    assert isinstance(stage.H, HaloStageAdjoint) and stage.H.H == stage
+    assert exchange.H.H == exchange
+
+
+def test_in_place_exchange_does_not_copy_the_bulk():
+    t = DistributedTensor("x", (512, 512), Partition((2, 2)))
+    exchange = HaloExchange(halo_geometry(t, Kernel(3, padding=1)))
+    state = exchange.domain.random(0)
+    arrays = dict(state)
+    exchange.apply(state, inplace=True)  # warm up caches
+    tracemalloc.start()
+    exchange.apply(state, inplace=True)
+    exchange.H.apply(state, inplace=True)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert all(state[n] is arrays[n] for n in arrays)
+    assert peak < min(a.nbytes for a in arrays.values()) / 20
+
+
+# -- shims ----------------------------------------------------------------------------------------
+def test_shims_compose_to_the_windows_operator():
+    t = DistributedTensor("x", (7, 5), Partition((2, 2)), ((2, 5), (5, 0)))
+    kernel = Kernel(3, stride=2, padding=1)
+    geometry = halo_geometry(t, kernel)
+    embed, trim = pad_shim(geometry), trim_shim(geometry)
+    assert embed.domain == t.space and embed.range == local_space(geometry)
+    assert trim.domain == local_space(geometry) and trim.range == window_space(geometry)
+    verify.equal(trim @ HaloExchange(geometry) @ embed, halo_windows(t, kernel)).check()
+    verify.exact_adjoint(embed).check()
+    verify.exact_adjoint(trim).check()
+
+
+def test_a_crop_is_not_the_adjoint():
+    """pylops-mpi's halo 'adjoint' only crops; the exact check catches it."""
+    t = DistributedTensor("x", (6,), Partition((2,)))
+    geometry = halo_geometry(t, Kernel(3, padding=1))
+    op = halo_windows(t, Kernel(3, padding=1))
+    crop = pad_shim(geometry).H @ trim_shim(geometry).H
+    assert not verify.equal(crop, op.H)
+    assert verify.equal(op.H, op.H)
+
+
+# -- errors -----------------------------------------------------------------------------------------
+def test_stage_rejects_overlapping_copies():
+    space = Space([Block("a", (4,)), Block("b", (4,), 1)])
+    with pytest.raises(HaloError, match="overlaps"):
+        HaloStage(space, ((space["a"][0:2], space["b"][0:2]), (space["b"][1:3], space["a"][2:4])))
+    with pytest.raises(HaloError, match="shapes"):
+        HaloStage(space, ((space["a"][0:2], space["b"][0:3]),))
+
+
+def test_exchange_errors():
+    t = DistributedTensor("x", (6,), Partition((2,)))
+    geometry = halo_geometry(t, Kernel(3, padding=1))
+    with pytest.raises(HaloError, match="variant"):
+        HaloExchange(geometry, "diagonal")  # type: ignore[arg-type]
+    with pytest.raises(HaloError, match="other than the tensor"):
+        HaloExchange(geometry, local_name="x")
+    with pytest.raises(HaloError, match="other than the local"):
+        trim_shim(geometry, local_name="y", window_name="y")
+
+
+def test_stage_is_a_plain_copy_set():
+    space = Space([Block("a", (4,)), Block("b", (4,), 1)])
+    stage = HaloStage(space, ((space["a"][0:2], space["b"][2:4]), (space["b"][0:1], space["a"][3:4])))
+    copies = Copy(space["a"][0:2], space["b"][2:4]) @ Copy(space["b"][0:1], space["a"][3:4])
+    verify.equal(stage, copies).check()
+    verify.exact_adjoint(stage).check()
