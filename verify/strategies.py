@@ -65,6 +65,7 @@ from linop import (
     SendRecv,
     Space,
     Zero,
+    walk,
 )
 
 __all__ = [
@@ -139,13 +140,21 @@ def spaces(
     min_side: int = 0,
     max_side: int = 4,
     max_workers: int = 3,
+    same_shape: bool = False,
 ) -> st.SearchStrategy[Space]:
-    """Spaces of ``min_blocks..max_blocks`` uniquely named blocks."""
-    block = blocks(
-        shape=shapes(min_ndim=min_ndim, max_ndim=max_ndim, min_side=min_side, max_side=max_side),
-        max_workers=max_workers,
-    )
-    return st.lists(block, min_size=min_blocks, max_size=max_blocks, unique_by=lambda b: b.name).map(Space)
+    """Spaces of ``min_blocks..max_blocks`` uniquely named blocks; ``same_shape=True`` gives
+    every block one shape (so whole blocks can be added, copied and moved into each other)."""
+    shape = shapes(min_ndim=min_ndim, max_ndim=max_ndim, min_side=min_side, max_side=max_side)
+
+    def of_shape(chosen: st.SearchStrategy[tuple[int, ...]]) -> st.SearchStrategy[Space]:
+        block = blocks(shape=chosen, max_workers=max_workers)
+        return st.lists(block, min_size=min_blocks, max_size=max_blocks, unique_by=lambda b: b.name).map(
+            Space
+        )
+
+    if same_shape:
+        return shape.flatmap(lambda one: of_shape(st.just(one)))
+    return of_shape(shape)
 
 
 @st.composite
@@ -170,33 +179,45 @@ def regions(draw: st.DrawFn, space: Space, *, whole: bool | None = None) -> Regi
     return region[tuple(slice(a, b) for a, b in bounds)]
 
 
+def _pair_candidates(
+    space: Space, *, other_worker: bool = False, whole: bool = False
+) -> list[tuple[Block, Block]]:
+    """Blocks (a, b) that can hold a (source, destination) pair of regions."""
+    pairs = []
+    for a in space.blocks:
+        for b in space.blocks:
+            if other_worker and a.worker == b.worker:
+                continue
+            if whole and (a.name == b.name or a.shape != b.shape):
+                continue
+            if a.ndim != b.ndim or (a.name == b.name and a.ndim == 0):
+                continue
+            pairs.append((a, b))
+    return pairs
+
+
 @st.composite
-def region_pairs(draw: st.DrawFn, space: Space, *, other_worker: bool = False) -> tuple[Region, Region]:
+def region_pairs(
+    draw: st.DrawFn, space: Space, *, other_worker: bool = False, whole: bool = False
+) -> tuple[Region, Region]:
     """A (source, destination) pair of disjoint regions of one shape, in one block or two.
 
     With ``other_worker=True`` the two regions lie on different workers (a send-receive);
-    the strategy then needs two blocks of the same rank on different workers.
+    with ``whole=True`` both are whole blocks (of one shape). The space must allow such a
+    pair (ValueError otherwise).
     """
-    pairs = [
-        (a, b)
-        for a in space.blocks
-        for b in space.blocks
-        if a.ndim == b.ndim and (a.worker != b.worker if other_worker else True)
-    ]
+    pairs = _pair_candidates(space, other_worker=other_worker, whole=whole)
     if not pairs:
-        raise ValueError(
-            "region_pairs(): no two blocks of the same rank"
-            + (" on different workers" if other_worker else "")
-        )
+        raise ValueError(f"region_pairs(): the space {space} holds no suitable pair of blocks")
     a, b = draw(st.sampled_from(pairs))
+    if whole:
+        return space[a.name], space[b.name]
     if a.name != b.name:
         extents = [draw(st.integers(0, min(m, n))) for m, n in zip(a.shape, b.shape)]
         src = [draw(_interval(m, e)) for m, e in zip(a.shape, extents)]
         dst = [draw(_interval(n, e)) for n, e in zip(b.shape, extents)]
     else:
         # one block: separate the two boxes along one dimension (empty boxes never overlap)
-        if a.ndim == 0:
-            raise ValueError("region_pairs(): a 0-d block cannot hold two disjoint regions")
         split = draw(st.integers(0, a.ndim - 1))
         src, dst = [], []
         for dim, n in enumerate(a.shape):
@@ -231,42 +252,46 @@ def _fresh_name(space: Space, stem: str = "new") -> str:
 
 
 @st.composite
-def primitives(draw: st.DrawFn, space: Space) -> LinearOperator:
-    """One of the four primitives (Allocate, Deallocate, Clear, Add) with domain ``space``."""
+def primitives(draw: st.DrawFn, space: Space, *, whole: bool = False) -> LinearOperator:
+    """One of the four primitives (Allocate, Deallocate, Clear, Add) with domain ``space``;
+    ``whole=True`` keeps every region a whole block (trees for size-free proofs)."""
     kinds = ["allocate"]
     if len(space):
-        kinds += ["deallocate", "clear", "add"]
+        kinds += ["deallocate", "clear"]
+    if _pair_candidates(space, whole=whole):
+        kinds.append("add")
     kind = draw(st.sampled_from(kinds))
     if kind == "allocate":
-        block = draw(blocks(names=st.just(_fresh_name(space))))
-        return Allocate(space, block)
+        shape = st.sampled_from([b.shape for b in space.blocks]) if whole and len(space) else None
+        return Allocate(space, draw(blocks(names=st.just(_fresh_name(space)), shape=shape)))
     if kind == "deallocate":
         return Deallocate(space, draw(st.sampled_from(space.names)))
     if kind == "clear":
-        return Clear(draw(regions(space)))
-    return Add(*draw(region_pairs(space)))
+        return Clear(draw(regions(space, whole=whole or None)))
+    return Add(*draw(region_pairs(space, whole=whole)))
 
 
 @st.composite
-def movements(draw: st.DrawFn, space: Space) -> LinearOperator:
-    """A Copy or Move, in place or out of place, or a SendRecv, with domain ``space``."""
+def movements(draw: st.DrawFn, space: Space, *, whole: bool = False) -> LinearOperator:
+    """A Copy or Move, in place or out of place, or a SendRecv, with domain ``space``;
+    ``whole=True`` keeps every region a whole block."""
     if not len(space):
         raise ValueError("movements(): the space holds no block")
-    kinds = ["copy", "copy-new", "move", "move-new", "sendrecv-new"]
-    if len(space.workers) > 1 and any(
-        a.worker != b.worker and a.ndim == b.ndim for a in space.blocks for b in space.blocks
-    ):
+    kinds = ["copy-new", "move-new", "sendrecv-new"]
+    if _pair_candidates(space, whole=whole):
+        kinds += ["copy", "move"]
+    if _pair_candidates(space, whole=whole, other_worker=True):
         kinds.append("sendrecv")
     kind = draw(st.sampled_from(kinds))
     if kind in ("copy", "move"):
-        src, dst = draw(region_pairs(space))
+        src, dst = draw(region_pairs(space, whole=whole))
         return (Copy if kind == "copy" else Move)(src, dst)
     if kind == "sendrecv":
-        return SendRecv(*draw(region_pairs(space, other_worker=True)))
+        return SendRecv(*draw(region_pairs(space, other_worker=True, whole=whole)))
     new = _fresh_name(space)
     if kind == "move-new":
         return Move(draw(regions(space, whole=True)), new)
-    src = draw(regions(space))
+    src = draw(regions(space, whole=whole or None))
     if kind == "copy-new":
         return Copy(src, new)
     worker = draw(st.integers(0, 3).filter(lambda w: w != src.worker))
@@ -274,20 +299,22 @@ def movements(draw: st.DrawFn, space: Space) -> LinearOperator:
 
 
 @st.composite
-def endomorphisms(draw: st.DrawFn, space: Space) -> LinearOperator:
+def endomorphisms(draw: st.DrawFn, space: Space, *, whole: bool = False) -> LinearOperator:
     """A leaf whose domain and range are both ``space``: Identity, Zero, Clear, Add, or an
-    in-place Copy or Move."""
+    in-place Copy or Move; ``whole=True`` keeps every region a whole block."""
     kinds = ["identity", "zero"]
     if len(space):
-        kinds += ["clear", "add", "copy", "move"]
+        kinds.append("clear")
+    if _pair_candidates(space, whole=whole):
+        kinds += ["add", "copy", "move"]
     kind = draw(st.sampled_from(kinds))
     if kind == "identity":
         return Identity(space)
     if kind == "zero":
         return Zero(space, space)
     if kind == "clear":
-        return Clear(draw(regions(space)))
-    src, dst = draw(region_pairs(space))
+        return Clear(draw(regions(space, whole=whole or None)))
+    src, dst = draw(region_pairs(space, whole=whole))
     return {"add": Add, "copy": Copy, "move": Move}[kind](src, dst)
 
 
@@ -299,6 +326,7 @@ def operators(
     max_depth: int = 3,
     max_leaves: int = 6,
     complex: bool = True,
+    whole: bool = False,
 ) -> LinearOperator:
     """Operator trees: leaves from :func:`primitives`, :func:`movements` and
     :func:`endomorphisms`, combined by composition, sum and scalar multiple.
@@ -310,19 +338,28 @@ def operators(
     max_depth : int
         Largest nesting depth of algebra nodes.
     max_leaves : int
-        Largest number of leaves (primitive or movement nodes).
+        Largest number of leaves (nodes without children) in the tree.
     complex : bool
         Allow complex scalars.
+    whole : bool
+        Only whole-block regions: trees that have a size-free block form
+        (:func:`verify.symbolic.prove_adjoint`). A drawn space then has blocks of one shape.
     """
     if space is None:
-        space = draw(spaces())
+        space = draw(spaces(same_shape=whole))
     budget = [max(1, max_leaves)]
 
     def leaf(domain: Space) -> LinearOperator:
         budget[0] -= 1
         if not len(domain):
-            return draw(primitives(domain))
-        return draw(st.one_of(primitives(domain), movements(domain), endomorphisms(domain)))
+            return draw(primitives(domain, whole=whole))
+        return draw(
+            st.one_of(
+                primitives(domain, whole=whole),
+                movements(domain, whole=whole),
+                endomorphisms(domain, whole=whole),
+            )
+        )
 
     def build(domain: Space, depth: int) -> LinearOperator:
         if depth <= 0 or budget[0] <= 1:
@@ -337,10 +374,12 @@ def operators(
             if budget[0] <= 0:
                 return first
             return build(first.range, depth - 1) @ first
-        if budget[0] <= 0:
+        # a sum repeats ``first`` in its second term (e @ first): count its leaves again
+        repeated = sum(1 for node in walk(first) if not node.children())
+        if budget[0] < repeated + 1:
             return first
-        budget[0] -= 1
-        return first + draw(endomorphisms(first.range)) @ first
+        budget[0] -= repeated + 1
+        return first + draw(endomorphisms(first.range, whole=whole)) @ first
 
     return build(space, max_depth)
 

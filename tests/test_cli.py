@@ -1,0 +1,145 @@
+"""``python -m verify``: exit codes, the table, the JSON schema, and failures that name entries."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from linop import Add, Block, Copy, LinearOperator, Space
+from verify import __main__ as cli
+from verify import identities, report
+from verify.catalogue import adjoint_entry
+
+ROOT = Path(__file__).resolve().parents[1]
+
+RESULT_KEYS = {
+    "identity",
+    "section",
+    "statement",
+    "kind",
+    "level",
+    "status",
+    "passed",
+    "error",
+    "threshold",
+    "seconds",
+    "message",
+}
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "verify", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_whole_catalogue_passes():
+    done = run_cli("--no-progress")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    last = done.stdout.strip().splitlines()[-1]
+    assert f"{len(identities.ENTRIES)} identities" in last and " 0 failed" in last
+
+
+def test_json_schema():
+    done = run_cli("--json", "--only", "copy-inplace-adjoint,broadcast-adjoint")
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)
+    assert document["schema"] == report.SCHEMA
+    assert document["passed"] is True
+    assert document["levels"] == list(report.LEVELS)
+    summary = document["summary"]
+    assert set(summary) == {"identities", "checks", "passed", "failed", "seconds"}
+    assert summary["failed"] == 0 and summary["checks"] == len(document["results"])
+    for row in document["results"]:
+        assert set(row) == RESULT_KEYS
+        assert row["level"] in report.LEVELS and row["status"] == "pass"
+    levels = {(r["identity"], r["level"]) for r in document["results"]}
+    assert ("copy-inplace-adjoint", "size-free") in levels
+    assert ("copy-inplace-adjoint", "complex128") in levels
+
+
+def test_levels_option_and_table():
+    done = run_cli("--only", "section:1", "--levels", "exact,float32", "--no-progress")
+    assert done.returncode == 0
+    lines = done.stdout.splitlines()
+    assert lines[0].split() == ["identity", "sec", "level", "result", "error", "time"]
+    assert "size-free" not in done.stdout and "float32" in done.stdout
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("--only", "no-such-identity"), ("--levels", "float16"), ("--bogus",)],
+    ids=["nothing-selected", "unknown-level", "unknown-option"],
+)
+def test_usage_errors_exit_2(args):
+    assert run_cli(*args).returncode == 2
+
+
+def test_list():
+    done = run_cli("--list", "--only", "section:2")
+    assert done.returncode == 0
+    assert "sendrecv-adjoint" in done.stdout and "allocate-adjoint" not in done.stdout
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class CopyForgetsClear(Copy):
+    """A wrong adjoint: S_{b->a} instead of K_b S_{b->a}."""
+
+    def adjoint(self) -> LinearOperator:
+        return Add(self.dst, self.src)
+
+
+def broken_entry():
+    space = Space([Block("a", (2,)), Block("b", (2,))])
+    return adjoint_entry(
+        "broken-copy-adjoint",
+        "1",
+        "a deliberately wrong adjoint",
+        lambda: CopyForgetsClear(space["a"], space["b"]),
+        size_free=True,
+    )
+
+
+def test_a_broken_identity_fails_every_level_and_exits_1(monkeypatch, capsys):
+    monkeypatch.setattr(identities, "ENTRIES", (*identities.ENTRIES[:2], broken_entry()))
+    status = cli.main(["--json", "--no-progress"])
+    assert status == 1
+    document = json.loads(capsys.readouterr().out)
+    assert document["passed"] is False
+    broken = [r for r in document["results"] if r["identity"] == "broken-copy-adjoint"]
+    assert {r["level"] for r in broken} == set(report.LEVELS)
+    assert all(r["status"] == "fail" for r in broken)
+    assert document["summary"]["failed"] == len(broken)
+    for row in broken:
+        if row["level"] == "size-free":
+            assert "block (row b, column b)" in row["message"]
+        else:
+            assert "row b[0], column b[0]" in row["message"], row
+
+
+def test_failures_are_spelled_out_below_the_table(monkeypatch, capsys):
+    monkeypatch.setattr(identities, "ENTRIES", (broken_entry(),))
+    assert cli.main(["--levels", "exact", "--no-progress"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "Failures:" in out and "row b[0], column b[0]" in out
+
+
+def test_a_crashing_entry_is_an_error_not_a_crash(monkeypatch, capsys):
+    def explode():
+        raise RuntimeError("cannot build")
+
+    entry = adjoint_entry("explodes", "1", "boom", explode)
+    monkeypatch.setattr(identities, "ENTRIES", (entry,))
+    assert cli.main(["--json", "--no-progress"]) == 1
+    document = json.loads(capsys.readouterr().out)
+    assert document["results"][0]["status"] == "error"
+    assert "RuntimeError: cannot build" in document["results"][0]["message"]
