@@ -117,8 +117,14 @@ def main() -> None:
     gather = AllGather(x, (0,), "g")
 
     def all_gather_by_hand() -> dict:
-        whole = np.concatenate([state[x.block_name((i, 0))] for i in range(4)], axis=0)
-        return {i: whole.copy() for i in range(4)}
+        out = {}
+        for k in range(4):  # every member assembles the whole column of blocks
+            whole = np.empty((N, N))
+            for i in range(4):
+                start, stop = x.box((i, 0))
+                whole[start[0] : stop[0]] = state[x.block_name((i, 0))]
+            out[k] = whole
+        return out
 
     row("all-gather along axis 0 of 4x1", lambda: gather(state), all_gather_by_hand)
 
