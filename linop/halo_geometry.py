@@ -463,10 +463,12 @@ def _fill_segments(rows: Sequence[DimGeometry], g: int, boundary: str, data: sli
     owners = [h for h, r in enumerate(rows) if r.bulk_size]
     starts = [rows[h].bulk_start for h in owners]
     segments: list[Segment] = []
-    for position in range(data.start, data.stop):
+    bulk = me.bulk
+    outside = itertools.chain(
+        range(data.start, min(data.stop, bulk.start)), range(max(data.start, bulk.stop), data.stop)
+    )
+    for position in outside:
         x = position + me.local_start
-        if me.bulk_start <= x < me.bulk_stop:
-            continue
         source = source_index(x, me.length, boundary)
         if source is None:
             continue

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import itertools
 import tracemalloc
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 
 import verify
-from linop import Block, Copy, Space, expand_all
+from linop import Block, Clear, Composition, Copy, LinearOperator, Space, expand_all
 from linop.halo import (
     HaloExchange,
     HaloExchangeAdjoint,
@@ -324,3 +325,22 @@ def test_stage_is_a_plain_copy_set():
     copies = Copy(space["a"][0:2], space["b"][2:4]) @ Copy(space["b"][0:1], space["a"][3:4])
     verify.equal(stage, copies).check()
     verify.exact_adjoint(stage).check()
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class _CropOnlyStage(HaloStage):
+    """A deliberately wrong stage: its 'adjoint' clears the halos but never adds them back."""
+
+    def adjoint(self) -> LinearOperator:
+        clears = [Clear(dst) for _, dst in self.transfers]
+        return Composition(tuple(clears)) if len(clears) > 1 else clears[0]
+
+
+def test_exact_check_catches_a_stage_adjoint_that_does_not_add_back():
+    t = DistributedTensor("x", (6,), Partition((2,)))
+    (stage,) = HaloExchange(halo_geometry(t, Kernel(3, padding=1))).stages()
+    wrong = _CropOnlyStage(stage.space, stage.transfers, stage.label)
+    proof = verify.exact_adjoint(wrong)
+    assert not proof
+    assert "x_local" in proof.detail
+    assert verify.exact_adjoint(stage)
