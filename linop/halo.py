@@ -2,21 +2,23 @@
 
 Three operators take a distributed tensor to the *windows* a local sliding-window kernel needs:
 
-==================  ====================================  ===============================================
-operator            maps                                  adjoint
-==================  ====================================  ===============================================
-:func:`pad_shim`    bulk blocks -> local blocks           restrict each local block to its bulk
-:class:`HaloExchange`  local -> local (in place)          send halos back, **add** them into owners' bulk
-:func:`trim_shim`   local blocks -> windows               embed each window in a zero local block
-==================  ====================================  ===============================================
+=======================  ================================  ==============================================
+operator                 maps                              adjoint
+=======================  ================================  ==============================================
+:func:`pad_shim`         bulk blocks -> local blocks       restrict each local block to its bulk
+:class:`HaloExchange`    local -> local (in place)         send halos back, **add** them into owners' bulk
+:func:`trim_shim`        local blocks -> windows           embed each window in a zero local block
+=======================  ================================  ==============================================
 
 :func:`halo_windows` composes them: each worker's window equals the global input, padded by the
 kernel's boundary mode, restricted to the worker's needed range (:mod:`linop.halo_geometry`).
 
 A *local* block holds, per dimension, ``[left pad | left halo | bulk | right halo | right pad]``
 (the hull of the bulk and the needed range). The exchange writes the entries of each window that
-lie outside the bulk: halo entries from their owners and, for the periodic and reflecting
-boundaries, pad entries from the entries they wrap to; zero pads are left alone.
+lie outside the bulk (halo entries from their owners and, for the periodic and reflecting
+boundaries, pad entries from the entries they wrap to; zero pads are left alone), and the halo
+entries beside the bulk that the nested exchange relays to other workers; trimmed entries that
+nobody reads are not exchanged.
 
 Nested and direct exchange
 --------------------------
@@ -53,8 +55,10 @@ __all__ = [
     "HaloStage",
     "HaloStageAdjoint",
     "Transfer",
+    "direct_transfers",
     "halo_windows",
     "local_space",
+    "nested_transfers",
     "pad_shim",
     "trim_shim",
     "window_space",

@@ -344,3 +344,17 @@ def test_exact_check_catches_a_stage_adjoint_that_does_not_add_back():
     assert not proof
     assert "x_local" in proof.detail
     assert verify.exact_adjoint(stage)
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=halo_cases(modes=("zero",)))
+def test_direct_exchange_sends_one_box_per_pair_of_workers(case):
+    """With zero padding, each worker's window meets each owner's bulk in one box: the direct
+    exchange sends corners and edges from one owner in a single message."""
+    t, kernel = case
+    (stage,) = HaloExchange(halo_geometry(t, kernel), "direct").stages() or (None,)
+    if stage is None:
+        return
+    pairs = [(src.name, dst.name) for src, dst in stage.transfers]
+    assert len(pairs) == len(set(pairs))
+    assert all(src != dst for src, dst in pairs)
