@@ -19,6 +19,7 @@ import scipy.sparse as sp
 
 from linop import LinearOperator, Space
 
+from ._text import short, space_problem
 from .errors import VerificationError
 from .locate import Location, locations
 
@@ -107,11 +108,6 @@ def _number(value: object) -> str:
     return str(int(value)) if value.is_integer() else f"{value:.17g}"
 
 
-def _space_problem(label: str, actual: Space, expected: Space) -> str | None:
-    diff = actual.difference(expected)
-    return None if diff is None else f"{label}: {diff}"
-
-
 def _compare(
     claim: str,
     left: sp.sparray,
@@ -195,8 +191,8 @@ def exact_adjoint(op: LinearOperator) -> Proof:
     True
     """
     adjoint = op.H
-    claim = f"{_short(op)}: op.H == conj(op)^T"
-    problem = _space_problem("op.H's domain is not op's range", adjoint.domain, op.range) or _space_problem(
+    claim = f"{short(op)}: op.H == conj(op)^T"
+    problem = space_problem("op.H's domain is not op's range", adjoint.domain, op.range) or space_problem(
         "op.H's range is not op's domain", adjoint.range, op.domain
     )
     if problem:
@@ -214,7 +210,7 @@ def exact_adjoint(op: LinearOperator) -> Proof:
         return Proof(
             claim,
             False,
-            f"the matrices agree, but op.H.H is not structurally op: {_short(adjoint.H)} versus {_short(op)}",
+            f"the matrices agree, but op.H.H is not structurally op: {short(adjoint.H)} versus {short(op)}",
             exact=proof.exact,
         )
     return proof
@@ -230,8 +226,8 @@ def equal(a: LinearOperator, b: LinearOperator) -> Proof:
         differing entries as row (a block and index of the range) and column (a block and
         index of the domain) with the value of ``a`` and of ``b`` there.
     """
-    claim = f"{_short(a)} == {_short(b)}"
-    problem = _space_problem("domains differ", a.domain, b.domain) or _space_problem(
+    claim = f"{short(a)} == {short(b)}"
+    problem = space_problem("domains differ", a.domain, b.domain) or space_problem(
         "ranges differ", a.range, b.range
     )
     if problem:
@@ -249,8 +245,3 @@ def assert_exact_adjoint(op: LinearOperator) -> Proof:
 def assert_equal(a: LinearOperator, b: LinearOperator) -> Proof:
     """:func:`equal`, raising :class:`VerificationError` (an AssertionError) on failure."""
     return equal(a, b).check()
-
-
-def _short(op: object, limit: int = 80) -> str:
-    text = str(op)
-    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -26,6 +26,7 @@ import numpy.typing as npt
 
 from linop import LinearOperator, Space
 
+from ._text import short, space_problem
 from .errors import VerificationError
 from .locate import locate
 
@@ -107,11 +108,6 @@ def _norm(space: Space, state: dict) -> float:
     return float(np.sqrt(abs(space.inner(state, state))))
 
 
-def _space_problem(label: str, actual: Space, expected: Space) -> str | None:
-    diff = actual.difference(expected)
-    return None if diff is None else f"{label}: {diff}"
-
-
 def adjoint_test(
     op: LinearOperator,
     *,
@@ -156,9 +152,9 @@ def adjoint_test(
         raise ValueError(f"trials must be at least 1, not {trials}")
     rng = np.random.default_rng(0 if rng is None else rng)
     adjoint = op.H
-    claim = f"adjoint test of {_short(op)}"
+    claim = f"adjoint test of {short(op)}"
     limit = threshold_for(dtype, max(op.domain.size, op.range.size)) if threshold is None else threshold
-    problem = _space_problem("op.H's domain is not op's range", adjoint.domain, op.range) or _space_problem(
+    problem = space_problem("op.H's domain is not op's range", adjoint.domain, op.range) or space_problem(
         "op.H's range is not op's domain", adjoint.range, op.domain
     )
     if problem:
@@ -210,9 +206,9 @@ def numeric_equal(
     if dtype.kind not in "fc":
         raise TypeError(f"the numeric test needs a real or complex floating dtype, not {dtype}")
     rng = np.random.default_rng(0 if rng is None else rng)
-    claim = f"{_short(a)} == {_short(b)} numerically"
+    claim = f"{short(a)} == {short(b)} numerically"
     limit = threshold_for(dtype, max(a.domain.size, a.range.size)) if threshold is None else threshold
-    problem = _space_problem("domains differ", a.domain, b.domain) or _space_problem(
+    problem = space_problem("domains differ", a.domain, b.domain) or space_problem(
         "ranges differ", a.range, b.range
     )
     if problem:
@@ -286,8 +282,3 @@ def _fmt(value: object) -> str:
     if value.imag == 0:
         return f"{value.real:.6g}"
     return f"{value:.6g}"
-
-
-def _short(op: object, limit: int = 80) -> str:
-    text = str(op)
-    return text if len(text) <= limit else text[: limit - 3] + "..."

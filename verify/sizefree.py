@@ -60,6 +60,7 @@ from linop import (
     Zero,
 )
 
+from ._text import short
 from .errors import NotSizeFreeError, VerificationError
 
 __all__ = [
@@ -432,7 +433,7 @@ def prove_adjoint(op: LinearOperator) -> SizeFreeProof:
                 ),
                 forward.sizes,
             )
-    return _compare(f"{_short(op)}: op.H == op^H for all sizes", backward, expected, ("op.H", "op^H"))
+    return _compare(f"{short(op)}: op.H == op^H for all sizes", backward, expected, ("op.H", "op^H"))
 
 
 def prove_equal(a: LinearOperator, b: LinearOperator) -> SizeFreeProof:
@@ -444,9 +445,4 @@ def prove_equal(a: LinearOperator, b: LinearOperator) -> SizeFreeProof:
         If either tree acts on part of a block.
     """
     left, right = block_forms(a, b)
-    return _compare(f"{_short(a)} == {_short(b)} for all sizes", left, right, ("left", "right"))
-
-
-def _short(op: object, limit: int = 80) -> str:
-    text = str(op)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return _compare(f"{short(a)} == {short(b)} for all sizes", left, right, ("left", "right"))

@@ -29,6 +29,7 @@ import sympy
 
 from linop import LinearOperator, Space
 
+from ._text import short
 from .errors import SymbolicError, VerificationError
 from .locate import Location
 from .sizefree import (
@@ -178,7 +179,7 @@ def dot_test(op: LinearOperator) -> SymbolicResult:
     ``y[i]`` (of the range) is off by :math:`-c` from ``conj(op)``'s transpose.
     """
     adjoint = op.H
-    claim = f"symbolic dot test of {_short(op)}"
+    claim = f"symbolic dot test of {short(op)}"
     for label, actual, expected in (
         ("op.H's domain is not op's range", adjoint.domain, op.range),
         ("op.H's range is not op's domain", adjoint.range, op.domain),
@@ -212,7 +213,7 @@ def dot_test(op: LinearOperator) -> SymbolicResult:
     listed = "; ".join(text for _, text in wrong[:MAX_REPORTED])
     more = f" (and {len(wrong) - MAX_REPORTED} more)" if len(wrong) > MAX_REPORTED else ""
     detail = (
-        f"<F x, y> - <x, F* y> = {_short(residual, 200)} != 0; {len(wrong)} wrong entries of op.H "
+        f"<F x, y> - <x, F* y> = {short(residual, 200)} != 0; {len(wrong)} wrong entries of op.H "
         f"(rows are entries of op.domain, columns of op.range); first: {listed}{more}"
     )
     return SymbolicResult(claim, False, residual, detail)
@@ -224,7 +225,7 @@ def equal(a: LinearOperator, b: LinearOperator) -> SymbolicResult:
     On failure, names the first differing (block, index) entries of the range with both
     expressions.
     """
-    claim = f"{_short(a)} == {_short(b)} on symbols"
+    claim = f"{short(a)} == {short(b)} on symbols"
     for label, left, right in (("domains differ", a.domain, b.domain), ("ranges differ", a.range, b.range)):
         diff = left.difference(right)
         if diff is not None:
@@ -244,8 +245,3 @@ def equal(a: LinearOperator, b: LinearOperator) -> SymbolicResult:
     return SymbolicResult(
         claim, False, sympy.expand(first[1] - first[2]), f"{len(wrong)} entries differ; first: {listed}{more}"
     )
-
-
-def _short(op: object, limit: int = 80) -> str:
-    text = str(op)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
