@@ -143,3 +143,16 @@ def test_a_crashing_entry_is_an_error_not_a_crash(monkeypatch, capsys):
     document = json.loads(capsys.readouterr().out)
     assert document["results"][0]["status"] == "error"
     assert "RuntimeError: cannot build" in document["results"][0]["message"]
+
+
+def test_progress_lines_when_not_a_terminal():
+    import io
+
+    stream = io.StringIO()
+    progress = cli._Progress(stream, every=0.0)
+    entry = identities.ENTRIES[0]
+    progress(0, 3, entry, 0.0)
+    progress(1, 3, entry, 6.0)
+    progress.finish()
+    lines = stream.getvalue().splitlines()
+    assert lines[-1] == "... 1/3 identities checked (6 s)"
