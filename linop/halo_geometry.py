@@ -140,6 +140,9 @@ class Kernel:
     def resolve(self, ndim: int) -> Kernel:
         """The same kernel with one entry per dimension of a rank-``ndim`` tensor, validated.
 
+        The leading dimensions become explicit identity entries (and ``leading`` 0), so resolving
+        a resolved kernel again returns it unchanged.
+
         Raises
         ------
         KernelError
@@ -175,7 +178,7 @@ class Kernel:
         for dim, mode in enumerate(values["boundary"]):
             if mode not in BOUNDARY_MODES:
                 raise KernelError(f"boundary mode {mode!r} in dimension {dim} is not one of {BOUNDARY_MODES}")
-        return Kernel(leading=leading, **values)
+        return Kernel(leading=0, **values)  # every dimension is now explicit
 
     @property
     def ndim(self) -> int:

@@ -72,6 +72,7 @@ def test_multi_hop_halo_is_wider_than_the_neighbour():
 def test_leading_dimensions_act_as_kernel_one():
     kernel = Kernel(3, stride=2, padding=1, leading=2).resolve(4)
     assert kernel.size == (1, 1, 3, 3) and kernel.stride == (1, 1, 2, 2) and kernel.padding == (0, 0, 1, 1)
+    assert kernel.resolve(4) == kernel
     geometry = halo_geometry(tensor((2, 3, 8, 8), (2, 1, 2, 2)), Kernel(3, padding=1, leading=2))
     for dim in (0, 1):
         for row in geometry.rows[dim]:
