@@ -17,6 +17,7 @@ layout, so the row and column of every matrix entry are known.
 from __future__ import annotations
 
 import functools
+import math
 import operator
 import re
 from collections.abc import Iterable, Iterator, Mapping
@@ -42,8 +43,10 @@ State = dict[str, np.ndarray]
 _DIGITS = re.compile(r"(\d+)")
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def natural_key(name: str) -> tuple[Any, ...]:
-    """Sort key comparing runs of digits as numbers: ``"x2" < "x10"``."""
+    """Sort key comparing runs of digits as numbers: ``"x2" < "x10"`` (cached: spaces are
+    rebuilt block by block along an expansion, with the same names each time)."""
     parts = _DIGITS.split(name)
     return tuple(int(p) if i % 2 else p for i, p in enumerate(parts))
 
@@ -87,7 +90,7 @@ class Block:
     @property
     def size(self) -> int:
         """Number of entries."""
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def ndim(self) -> int:
@@ -237,6 +240,8 @@ class Space:
 
     def require_equal(self, other: Space, what: str) -> None:
         """Raise :class:`SpaceMismatchError` naming the first differing block."""
+        if self == other:  # the common case, without sorting names for a description
+            return
         diff = self.difference(other)
         if diff is not None:
             raise SpaceMismatchError(f"{what}: {diff}")
