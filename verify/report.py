@@ -221,6 +221,10 @@ def _error_text(row: CheckResult) -> str:
     return f"{row.error:.1e}"
 
 
+def _plural(count: int, one: str, many: str | None = None) -> str:
+    return f"{count} {one if count == 1 else (many or one + 's')}"
+
+
 def _time_text(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"
 
@@ -245,7 +249,7 @@ def format_table(report: Report, *, verbose: bool = False) -> str:
     failures = report.failures
     lines.append("-" * len(header))
     lines.append(
-        f"{report.identities} identities, {len(report.results)} checks: "
+        f"{_plural(report.identities, 'identity', 'identities')}, {_plural(len(report.results), 'check')}: "
         f"{len(report.results) - len(failures)} passed, {len(failures)} failed ({report.seconds:.1f} s)"
     )
     if failures:
