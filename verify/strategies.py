@@ -15,7 +15,14 @@ Use them to property-test your own operators the way ``hypothesis.extra.numpy`` 
         ...
 
 Every strategy draws small objects (a few blocks of a few entries) so that exact (sparse) and
-symbolic checks stay fast; the size knobs are keyword arguments. Everything drawn is valid:
+symbolic checks stay fast; the size knobs are keyword arguments. ``whole=True`` (on the
+operator strategies) keeps every region a whole block, which gives trees that have size-free
+block forms::
+
+    @given(lst.operators(whole=True))
+    def test_size_free(op):
+        verify.symbolic.prove_adjoint(op).check()
+ Everything drawn is valid:
 regions lie inside their blocks, the pairs related by an add are disjoint and of one shape,
 and trees compose (each factor's domain is the range of the one to its right).
 
