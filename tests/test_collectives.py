@@ -429,3 +429,20 @@ def test_overlaps_are_exactly_the_nonempty_box_intersections(pair):
     }
     assert set(overlaps(x, y)) == brute
     assert len(list(overlaps(x, y))) == len(brute)
+
+
+def test_broadcast_onto_its_own_partition_is_a_local_relabel():
+    x = DistributedTensor("x", (3, 4), Partition((1, 2), (6, 2)))
+    op = Broadcast(x, x.partition, "y")
+    assert not any(isinstance(n, SendRecv) for n in walk(op.expand()))
+    assert np.array_equal(op.to_sparse().toarray(), np.eye(12, dtype=np.int64))
+    assert [b.worker for b in op.copies.blocks] == [6, 2]
+
+
+def test_copies_on_shared_workers_stay_local_and_others_are_sent():
+    x = DistributedTensor("x", (2, 6), Partition((1, 2), (0, 1)))
+    op = Broadcast(x, Partition((2, 2), (0, 1, 2, 3)), "y")
+    moves = sorted(
+        (type(n).__name__, n.src.worker, n.dst.worker) for n in walk(op.expand()) if isinstance(n, Copy)
+    )
+    assert moves == [("Copy", 0, 0), ("Copy", 1, 1), ("SendRecv", 0, 2), ("SendRecv", 1, 3)]
