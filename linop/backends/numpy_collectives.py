@@ -4,8 +4,8 @@ tests/test_collectives_fastpaths.py).
 One handler serves every :class:`~linop.collectives.Planned` node (broadcast, sum-reduce,
 all-gather, reduce-scatter, repartition, scatter, gather): it reads the node's plan and does one
 numpy copy (or add) per piece, instead of running Allocate / Copy / Deallocate nodes one by one.
-A new block that is exactly one whole old block, used nowhere else, is relabelled without a
-copy (as an out-of-place Move is). Dtypes follow the expansion: a new block gets the common
+A new block that is exactly one whole old block, used nowhere else and dropped, is relabelled
+without a copy (as an out-of-place Move is), so no two blocks ever share a writable array. Dtypes follow the expansion: a new block gets the common
 dtype of the interpreter's working dtype and of the blocks that feed it.
 """
 
@@ -28,6 +28,7 @@ def _planned(op: Planned, work: Workspace) -> None:
     for piece in plan.pieces:
         by_target[piece.target].append(piece)
     uses = Counter(piece.source for piece in plan.pieces)
+    dropped = set(plan.dropped)
     results: dict[str, tuple[np.ndarray, bool]] = {}
     for block in plan.created:
         pieces = by_target[block.name]
@@ -38,6 +39,7 @@ def _planned(op: Planned, work: Workspace) -> None:
             if (
                 piece.shape == block.shape == source.shape
                 and uses[piece.source] == 1
+                and piece.source in dropped
                 and source.dtype == dtype
             ):
                 results[block.name] = (source, piece.source in work.owned)
