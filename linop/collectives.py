@@ -3,16 +3,16 @@ r"""Collectives between block layouts on partitions (THEORY.md section 2).
 A *layout* is one block per worker of a :class:`~linop.partition.Partition`: a
 :class:`~linop.partition.DistributedTensor` (blocks cut from one global array) or a
 :class:`BlockGrid` (any block shapes, e.g. the copies that a broadcast makes). The nodes here
-move data between layouts:
+move data between layouts (:mod:`linop.repartition` adds the all-to-all, scatter and gather):
 
 =================================  =========================================  ===================
 node                               forward                                    adjoint
 =================================  =========================================  ===================
-Broadcast(x, P, y)                 every y block is a copy of its x block     SumReduce(x, P, y)
-SumReduce(x, P, y)                 every x block is the sum of its copies     Broadcast(x, P, y)
+Broadcast(x, P, "y")               every y block is a copy of its x block     SumReduce(x, P, "y")
+SumReduce(x, P, "y")               every x block is the sum of its copies     Broadcast(x, P, "y")
 AllReduce(x, axes)                 every block <- sum over its group (B R)    itself
-AllGather(x, axes, g)              every g block holds its group's x blocks   ReduceScatter
-ReduceScatter(x, axes, g)          every x block <- sum of its box in the g's AllGather
+AllGather(x, axes, "g")            every g block holds its group's x blocks   ReduceScatter
+ReduceScatter(x, axes, "g")        every x block <- sum of its box in the g's AllGather
 =================================  =========================================  ===================
 
 All but :class:`AllReduce` are out of place: the source blocks are dropped and the
