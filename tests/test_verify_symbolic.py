@@ -182,3 +182,13 @@ def test_allocate_and_deallocate_forms():
     allocate = Allocate(small, Block("b", (2,)))
     assert symbolic.prove_equal(Deallocate(allocate.range, "b") @ allocate, Identity(small))
     assert symbolic.prove_equal(allocate @ Deallocate(allocate.range, "b"), Clear(allocate.range["b"]))
+
+
+def test_canonical_block_reduces_what_block_collapse_returns():
+    n = sympy.Symbol("n", integer=True, nonnegative=True)
+    identity = sympy.Identity(n)
+    assert canonical_block(sympy.MatPow(sympy.Rational(3, 16) * identity, 2)) == sympy.Rational(9, 256)
+    assert canonical_block(sympy.MatAdd(sympy.MatMul(2, identity), identity, sympy.ZeroMatrix(n, n))) == 3
+    assert canonical_block(sympy.Adjoint(sympy.MatMul(sympy.I, identity))) == -sympy.I
+    with pytest.raises(verify.NotSizeFreeError, match="not a multiple of an identity block"):
+        canonical_block(sympy.MatrixSymbol("W", n, n))

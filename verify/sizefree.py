@@ -325,6 +325,8 @@ def canonical_block(expr: sympy.Expr) -> sympy.Expr:
         return sympy.expand(sympy.Add(*(canonical_block(a) for a in expr.args)))
     if isinstance(expr, sympy.MatMul):
         return sympy.expand(sympy.Mul(*(canonical_block(a) for a in expr.args)))
+    if isinstance(expr, sympy.MatPow) and expr.exp.is_Integer and expr.exp >= 0:
+        return sympy.expand(canonical_block(expr.base) ** expr.exp)
     if isinstance(expr, sympy.Transpose):
         return canonical_block(expr.arg)
     if isinstance(expr, sympy.Adjoint):
