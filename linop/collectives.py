@@ -796,8 +796,3 @@ class ReduceScatter(_GatherGeometry):
 
     def __str__(self) -> str:
         return f"RS[{self.name} -> {self.tensor.name}; axes {list(self.axes)}]"
-
-
-# Fast paths of the numpy and sparse interpreters (registered for these node types on import).
-from .backends import numpy_collectives as _numpy_collectives  # noqa: E402, F401
-from .backends import sparse_collectives as _sparse_collectives  # noqa: E402, F401

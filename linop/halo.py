@@ -571,6 +571,3 @@ def halo_windows(
             pad_shim(geometry, local_name=local_name),
         )
     )
-
-
-from . import halo_fastpaths as _halo_fastpaths  # noqa: E402,F401  (registers the fast paths)

@@ -260,3 +260,8 @@ def _move(op: Move, work: Workspace) -> None:
     work.overwritten(op.dst, source.dtype)[op.dst.index] = source
     if op.src.size:
         work.writable(op.src.name)[op.src.index] = 0
+
+
+# Fast paths of derived nodes live beside this interpreter and register themselves here, so
+# that importing the operator modules never imports an interpreter.
+from . import numpy_collectives, numpy_halo  # noqa: E402, F401
