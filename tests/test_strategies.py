@@ -7,6 +7,7 @@ slowly fails these tests.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
@@ -141,13 +142,14 @@ def test_states_feed_operators(pair):
     assert all(np.isfinite(a).all() for a in result.values())
 
 
-def test_distributed_strategies_are_reexported_when_installed():
+@pytest.mark.parametrize("module_name", lst.FEATURE_MODULES)
+def test_feature_strategies_are_reexported_when_installed(module_name):
+    import importlib
     import importlib.util
 
-    if importlib.util.find_spec("verify.strategies_distributed") is None:
-        return
-    from verify import strategies_distributed
-
-    for name in strategies_distributed.__all__:
-        assert getattr(lst, name) is getattr(strategies_distributed, name)
+    if importlib.util.find_spec(module_name) is None:
+        pytest.skip(f"{module_name} has not landed")
+    module = importlib.import_module(module_name)
+    for name in module.__all__:
+        assert getattr(lst, name) is getattr(module, name)
         assert name in lst.__all__

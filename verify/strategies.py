@@ -420,9 +420,14 @@ def states(
     return {b.name: draw(hnp.arrays(chosen, b.shape, elements=elements)) for b in space.blocks}
 
 
-# -- strategies of later features (partitions, distributed tensors), when installed ------------
-if importlib.util.find_spec("verify.strategies_distributed") is not None:
-    from . import strategies_distributed as _distributed
-    from .strategies_distributed import *  # noqa: F403
+# -- strategies of later features (partitions, distributed tensors, halos), when installed -------
+FEATURE_MODULES: tuple[str, ...] = ("verify.strategies_distributed", "verify.strategies_halo")
+"""Modules whose public strategies this module re-exports when they exist."""
 
-    __all__ += list(getattr(_distributed, "__all__", ()))
+for _module_name in FEATURE_MODULES:
+    if importlib.util.find_spec(_module_name) is not None:
+        _module = importlib.import_module(_module_name)
+        for _name in getattr(_module, "__all__", ()):
+            globals()[_name] = getattr(_module, _name)
+            if _name not in __all__:
+                __all__.append(_name)
