@@ -66,9 +66,9 @@ def test_duplicate_names_are_refused():
         identities.load(("verify.catalogue_primitives", "verify.catalogue_primitives"))
 
 
-def test_missing_optional_sources_are_skipped():
-    entries = identities.load(("verify.catalogue_primitives", "verify.catalogue_not_landed_yet"))
-    assert {e.section for e in entries} == {"1"}
+def test_a_missing_source_is_an_error_not_a_silent_gap():
+    with pytest.raises(ModuleNotFoundError):
+        identities.load(("verify.catalogue_primitives", "verify.catalogue_that_does_not_exist"))
 
 
 def test_entry_helpers_attach_size_free_proofs():

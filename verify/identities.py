@@ -1,8 +1,8 @@
 """The catalogue: every identity of THEORY.md that linop proves, as named entries.
 
 Entries come from one module per feature, each holding a list ``ENTRIES`` of
-:class:`~verify.catalogue.Entry`. :data:`SOURCES` lists those modules explicitly; a listed
-module that is not installed yet is skipped, so the catalogue grows as features land.
+:class:`~verify.catalogue.Entry`. :data:`SOURCES` lists those modules explicitly; a
+new feature adds its module there.
 
 ===================================  ==========================================================
 module                               THEORY.md
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import fnmatch
 import importlib
-import importlib.util
 
 from .catalogue import Entry
 
@@ -40,19 +39,11 @@ SOURCES: tuple[str, ...] = (
 )
 """The modules whose ``ENTRIES`` make the catalogue, in report order."""
 
-REQUIRED: frozenset[str] = frozenset(
-    {"verify.catalogue_primitives", "verify.catalogue_distributed_primitives"}
-)
-"""Sources that must exist; the others are skipped until their feature lands."""
-
-
 def load(sources: tuple[str, ...] = SOURCES) -> tuple[Entry, ...]:
     """Collect the entries of ``sources``; raise ValueError on a duplicate name."""
     entries: list[Entry] = []
     seen: dict[str, str] = {}
     for module_name in sources:
-        if module_name not in REQUIRED and importlib.util.find_spec(module_name) is None:
-            continue
         module = importlib.import_module(module_name)
         for entry in module.ENTRIES:
             if not isinstance(entry, Entry):

@@ -50,7 +50,6 @@ re-exported here when their modules are installed.
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 import numpy as np
@@ -420,14 +419,13 @@ def states(
     return {b.name: draw(hnp.arrays(chosen, b.shape, elements=elements)) for b in space.blocks}
 
 
-# -- strategies of later features (partitions, distributed tensors, halos), when installed -------
-FEATURE_MODULES: tuple[str, ...] = ("verify.strategies_distributed", "verify.strategies_halo")
-"""Modules whose public strategies this module re-exports when they exist."""
+# -- strategies of the distributed features: partitions, distributed tensors, halos ------------
+from . import strategies_distributed as _distributed  # noqa: E402
+from . import strategies_halo as _halo  # noqa: E402
+from .strategies_distributed import *  # noqa: E402, F403
+from .strategies_halo import *  # noqa: E402, F403
 
-for _module_name in FEATURE_MODULES:
-    if importlib.util.find_spec(_module_name) is not None:
-        _module = importlib.import_module(_module_name)
-        for _name in getattr(_module, "__all__", ()):
-            globals()[_name] = getattr(_module, _name)
-            if _name not in __all__:
-                __all__.append(_name)
+FEATURE_MODULES: tuple[str, ...] = (_distributed.__name__, _halo.__name__)
+"""Modules whose public strategies this module re-exports."""
+
+__all__ += [name for module in (_distributed, _halo) for name in module.__all__ if name not in __all__]
