@@ -48,8 +48,10 @@ def test_mpi_suite(ranks):
         "-p",
         "no:mpi-pytest",
         f"--timeout={TEST_TIMEOUT}",
+        # a thread, not a signal: a rank stuck inside an MPI call never returns to Python
+        "--timeout-method=thread",
     ]
-    env = dict(os.environ, LINOP_MPI_TESTS="1", PYTHONHASHSEED="0")
+    env = dict(os.environ, LINOP_MPI_TESTS="1", PYTHONHASHSEED="0", PYTHONUNBUFFERED="1")
     try:
         done = subprocess.run(
             command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, check=False

@@ -374,30 +374,47 @@ class Plan:
             self.comm.Abort(1)
             raise  # pragma: no cover - Abort does not return
 
-    def bind(self, local_state: Mapping[str, Any]) -> BoundPlan:
-        """Prepare repeated *in-place* application to these very arrays; collective.
+    def bind(self, local_state: Mapping[str, Any], *, inplace: bool | None = None) -> BoundPlan:
+        """Prepare repeated application to these very arrays; collective.
 
-        The check runs once, here. The returned callable then applies the operator in place
-        with no further checks: when the schedule is a sequence of phases of stores, adds
-        and clears between blocks that exist before and after (a halo exchange, an in-place
-        copy), every phase becomes persistent requests straight on the caller's arrays.
-        Otherwise each call runs the ordinary in-place application without its check.
+        The check runs once, here; the returned callable then applies the operator with no
+        further checks. In place (the default when domain equals range), a schedule of phases
+        of stores, adds and clears between blocks that exist before and after (a halo
+        exchange, an in-place copy) and native all-reduces becomes persistent requests straight
+        on the caller's arrays. Out of place, a native broadcast or sum-reduce becomes
+        persistent collectives into result arrays prebuilt once: each call returns the same
+        arrays, overwritten. Any other schedule runs the ordinary application without its
+        check on each call.
         """
-        dtype = self.check(local_state, inplace=True)
-        return BoundPlan(self, {name: local_state[name] for name in self.domain_blocks}, dtype)
+        if inplace is None:
+            inplace = self.op.domain == self.op.range
+        dtype = self.check(local_state, inplace=inplace)
+        return BoundPlan(self, {name: local_state[name] for name in self.domain_blocks}, dtype, inplace)
 
 
 class BoundPlan:
-    """A plan bound to fixed arrays for repeated in-place application (see :meth:`Plan.bind`).
+    """A plan bound to fixed arrays for repeated application (see :meth:`Plan.bind`).
 
-    Call it with no arguments; ``free()`` releases its persistent requests.
+    Call it with no arguments: it returns this rank's blocks of the range (in place: the bound
+    arrays). ``free()`` releases its persistent requests.
     """
 
-    def __init__(self, plan: Plan, arrays: dict[str, np.ndarray], dtype: np.dtype) -> None:
+    def __init__(
+        self, plan: Plan, arrays: dict[str, np.ndarray], dtype: np.dtype, inplace: bool = True
+    ) -> None:
         self.plan = plan
         self.arrays = arrays
         self.dtype = dtype
-        self._phases = _persistent_phases(plan.schedule, arrays, plan.comm, dtype)
+        self.inplace = inplace
+        self.outputs: dict[str, np.ndarray] = {}
+        build = _persistent_phases if inplace else _persistent_out_of_place
+        possible = build(plan.schedule, arrays, plan.comm, dtype, dry=True) is not None
+        if plan.comm.allreduce(possible, op=_mpi().LAND):  # every rank binds, or none does
+            self._phases = build(plan.schedule, arrays, plan.comm, dtype, dry=False)
+        else:
+            self._phases = None
+        if not inplace and self._phases is not None:
+            self.outputs = self._phases.pop()
 
     @property
     def persistent(self) -> bool:
@@ -406,6 +423,10 @@ class BoundPlan:
 
     def __call__(self) -> dict[str, np.ndarray]:
         if self._phases is None:
+            if not self.inplace:
+                work = numpy_backend.Workspace(dict(self.arrays), set(), self.dtype)
+                self.plan._execute(work, self.dtype)
+                return {name: work.arrays[name] for name in self.plan.range_names}
             work = numpy_backend.Workspace(dict(self.arrays), set(self.arrays), self.dtype)
             self.plan._execute(work, self.dtype)
             for name, target in self.arrays.items():
@@ -419,7 +440,7 @@ class BoundPlan:
                 waitall(requests)
             for action in finish:
                 action()
-        return self.arrays
+        return self.outputs if not self.inplace else self.arrays
 
     def free(self) -> None:
         """Release the persistent requests."""
@@ -429,20 +450,43 @@ class BoundPlan:
         self._phases = None
 
 
+def _persistent_out_of_place(
+    schedule: tuple[Any, ...], arrays: dict[str, np.ndarray], comm: Any, dtype: np.dtype, *, dry: bool = False
+) -> list | None:
+    """Persistent collectives for a schedule of one native broadcast or sum-reduce, writing
+    into prebuilt result arrays: the phases, then the results dict last; None when the
+    schedule cannot be bound so (``dry``: decide only)."""
+    if len(schedule) != 1 or not hasattr(schedule[0], "bind_out_of_place"):
+        return None
+    prepared = schedule[0].bind_out_of_place(arrays, comm, dtype, dry=dry)
+    if prepared is None:
+        return None
+    requests, results = prepared
+    outputs = {name: array for name, array in arrays.items() if name not in schedule[0].dropped}
+    outputs.update(results)
+    # one collective at a time, in the global order of the groups
+    return [*(([request], []) for request in requests), outputs]
+
+
 def _persistent_phases(
-    schedule: tuple[Any, ...], arrays: dict[str, np.ndarray], comm: Any, dtype: np.dtype
+    schedule: tuple[Any, ...], arrays: dict[str, np.ndarray], comm: Any, dtype: np.dtype, *, dry: bool = False
 ) -> list | None:
     """Persistent requests and post-actions for each phase, or None when the schedule has
-    steps other than phases of in-place stores/adds between existing blocks."""
+    steps other than phases of in-place stores/adds between existing blocks and native
+    all-reduces. ``dry``: only decide, create nothing (collective initializations must be
+    made by every member or none, so the ranks agree on the decision first)."""
     if not all(array.dtype == dtype for array in arrays.values()):
         return None
     phases = []
     for step in schedule:
         if hasattr(step, "persistent"):
-            prepared = step.persistent(arrays, comm, dtype)
+            prepared = step.persistent(arrays, comm, dtype, dry=dry)
             if prepared is None:
                 return None
-            phases.append(prepared)
+            requests, finish = prepared
+            # collectives on several sub-communicators: one at a time, in the global order
+            phases.extend(([request], []) for request in requests)
+            phases.append(([], finish))
             continue
         if not isinstance(step, RankPhase):
             return None
@@ -458,7 +502,8 @@ def _persistent_phases(
                 buffer = np.empty(t.shape, dtype)
                 spec = _raw(buffer)
                 finish.append(_unpack(target, t.target.index, buffer, add=t.mode == "add"))
-            requests.append(comm.Recv_init(spec, peer, tag))
+            if not dry:
+                requests.append(comm.Recv_init(spec, peer, tag))
         for peer, tag, t in step.sends:
             if t.after == "drop" or t.source.name not in arrays:
                 return None
@@ -467,7 +512,8 @@ def _persistent_phases(
                 spec = _region_spec(source, t.source)
                 if spec is None:
                     return None
-                requests.append(comm.Send_init(spec, peer, tag))
+                if not dry:
+                    requests.append(comm.Send_init(spec, peer, tag))
             if t.after == "clear" and t.source.size:
                 finish.append(_clearer(source, t.source.index))
         phases.append((requests, finish))

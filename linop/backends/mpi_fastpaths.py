@@ -10,9 +10,13 @@ node                           MPI execution
 HaloStage (and its adjoint)    one phase of nonblocking point-to-point messages straight
                                between the local blocks (subarray datatypes: the bulk is never
                                copied); local pairs are plain copies (adjoint: adds and clears)
-AllReduce                      ``Iallreduce`` in place on a cached sub-communicator per group
-Broadcast                      ``Ibcast`` per source block on a cached sub-communicator
-SumReduce                      ``Ireduce`` per target block on a cached sub-communicator
+AllReduce                      ``Allreduce`` in place on a cached sub-communicator per group
+                               (``Allreduce_init`` persistent requests in a bound plan)
+Broadcast                      ``Bcast`` per source block on a cached sub-communicator, straight
+                               from the source array (the root's copy is that array, uncopied)
+SumReduce                      ``Allreduce`` per target block on a cached sub-communicator (on
+                               this MPICH it reaches the sum faster than ``Reduce``); the
+                               members other than the root discard their sum
 other planned collectives      their expansion: one phase of point-to-point messages with
 (repartition, scatter, ...)    subarray datatypes (an all-to-all without packing)
 =============================  ===============================================================
@@ -20,7 +24,9 @@ other planned collectives      their expansion: one phase of point-to-point mess
 A collective fast path applies when every group has its members on distinct workers and moves
 whole blocks; otherwise the lowering declines and the node runs through its expansion. Sums
 run natively only for dtypes MPI can add (``REDUCIBLE``); other dtypes run the expansion, a
-choice every rank makes alike because the run's dtype is agreed collectively.
+choice every rank makes alike because the run's dtype is agreed collectively. The collectives of
+one step are blocking calls made in one global order of the groups, which cannot deadlock: the
+first unfinished group in that order has all its members inside it.
 """
 
 from __future__ import annotations
@@ -119,26 +125,29 @@ class _RankAllReduce:
             return
         from mpi4py import MPI
 
-        subs = [subcommunicator(comm, ranks) for _, ranks in self.entries]
-        requests = []
-        for (name, _), sub in zip(self.entries, subs):
+        for name, ranks in self.entries:  # blocking, in the global order of the groups
             array = _contiguous_owned(work, name, dtype)
-            requests.append(sub.Iallreduce(MPI.IN_PLACE, [array, _mpi_type(dtype)], op=MPI.SUM))
-        MPI.Request.Waitall(requests)
+            subcommunicator(comm, ranks).Allreduce(MPI.IN_PLACE, [array, _mpi_type(dtype)], op=MPI.SUM)
 
-    def persistent(self, arrays: dict[str, np.ndarray], comm: Any, dtype: np.dtype) -> Any:
-        """Persistent ``Allreduce_init`` requests on the caller's arrays, or None."""
-        if dtype.char not in REDUCIBLE:
+    def persistent(
+        self, arrays: dict[str, np.ndarray], comm: Any, dtype: np.dtype, *, dry: bool = False
+    ) -> Any:
+        """Persistent ``Allreduce_init`` requests on the caller's arrays, or None (``dry``:
+        decide only, create nothing)."""
+        if dtype.char not in REDUCIBLE or any(
+            not arrays[name].flags.c_contiguous for name, _ in self.entries
+        ):
             return None
+        if dry:
+            return [], []
         from mpi4py import MPI
 
-        subs = [subcommunicator(comm, ranks) for _, ranks in self.entries]
-        requests = []
-        for (name, _), sub in zip(self.entries, subs):
-            array = arrays[name]
-            if not array.flags.c_contiguous:
-                return None
-            requests.append(sub.Allreduce_init(MPI.IN_PLACE, [array, _mpi_type(dtype)], op=MPI.SUM))
+        requests = [
+            subcommunicator(comm, ranks).Allreduce_init(
+                MPI.IN_PLACE, [arrays[name], _mpi_type(dtype)], op=MPI.SUM
+            )
+            for name, ranks in self.entries
+        ]
         return requests, []
 
 
@@ -217,6 +226,7 @@ class _RankBroadcast:
     created: tuple[Any, ...]
     reduce: bool
     fallback: tuple[Any, ...]
+    _scratch: list[np.ndarray] = field(default_factory=list)
 
     def run(self, work: Any, comm: Any, dtype: np.dtype) -> None:
         if self.reduce and dtype.char not in REDUCIBLE:
@@ -226,55 +236,116 @@ class _RankBroadcast:
             return
         from mpi4py import MPI
 
-        subs = [subcommunicator(comm, g.ranks) if len(g.ranks) > 1 else None for g in self.groups]
-        requests, results = [], []
-        for group, sub in zip(self.groups, subs):
+        results: list[tuple[str, np.ndarray, bool]] = []
+        for group in self.groups:  # blocking, in the global order of the groups
+            sub = subcommunicator(comm, group.ranks) if len(group.ranks) > 1 else None
             mine = [name for name, w in group.copies if w == self.rank]
             is_root = group.ranks[0] == self.rank
             if self.reduce:
-                self._start_reduce(group, sub, mine, is_root, work, dtype, requests, results, MPI)
+                self._reduce(group, sub, mine, is_root, work, dtype, results, MPI)
             else:
-                self._start_broadcast(group, sub, mine, is_root, work, dtype, requests, results)
-        if requests:
-            MPI.Request.Waitall(requests)
+                self._broadcast(group, sub, mine, is_root, work, dtype, results)
         for name in self.dropped:
             work.drop(name)
-        for name, array in results:
-            work.set(name, array)
+        for name, array, owned in results:
+            if owned:
+                work.set(name, array)
+            else:  # the caller's source array, passed through unchanged as the root's copy
+                view = array.view()
+                view.flags.writeable = False
+                work.set(name, view, owned=False)
         for block in self.created:  # targets that no group fills (empty blocks)
             if block.name not in work.arrays:
                 work.set(block.name, np.zeros(block.shape, dtype=work.dtype))
 
-    def _start_broadcast(self, group, sub, mine, is_root, work, dtype, requests, results) -> None:
+    def bind_out_of_place(
+        self, arrays: dict[str, np.ndarray], comm: Any, dtype: np.dtype, *, dry: bool = False
+    ) -> Any:
+        """Persistent ``Bcast_init`` / ``Allreduce_init`` requests between the bound input
+        arrays and result arrays built once, or None when the dtype or layout does not allow
+        it (``dry``: decide only, create nothing).
+
+        Returns (requests, results): results maps each new block this rank owns to its array
+        (the root's own broadcast copy is a read-only view of its source)."""
+        if self.reduce and dtype.char not in REDUCIBLE:
+            return None
+        if any(a.dtype != dtype or not a.flags.c_contiguous for a in arrays.values()):
+            return None
+        for group in self.groups:
+            root_has_copy = any(w == group.ranks[0] for _, w in group.copies)
+            if self.reduce and (not root_has_copy or len(group.ranks) == 1):
+                return None  # would need zeros or a copy made on every call
+        if any(b.size == 0 for b in self.created):
+            return None
+        if dry:
+            return [], {}
+        from mpi4py import MPI
+
+        requests, results = [], {}
+        for group in self.groups:
+            sub = subcommunicator(comm, group.ranks) if len(group.ranks) > 1 else None
+            mine = [name for name, w in group.copies if w == self.rank]
+            is_root = group.ranks[0] == self.rank
+            if not self.reduce:
+                if is_root:
+                    buffer = arrays[group.root_name]
+                    if mine:
+                        view = buffer.view()
+                        view.flags.writeable = False
+                        results[mine[0]] = view
+                else:
+                    buffer = np.empty(group.shape, dtype=dtype)
+                    results[mine[0]] = buffer
+                if sub is not None:
+                    requests.append(sub.Bcast_init([buffer, buffer.nbytes, _byte()], root=0))
+                continue
+            total = np.empty(group.shape, dtype=dtype)
+            mpi_type = _mpi_type(dtype)
+            requests.append(sub.Allreduce_init([arrays[mine[0]], mpi_type], [total, mpi_type], op=MPI.SUM))
+            if is_root:
+                results[group.root_name] = total
+            else:  # the request writes into it on every call: keep it alive with the request
+                self._scratch.append(total)
+        return requests, results
+
+    def _broadcast(self, group, sub, mine, is_root, work, dtype, results) -> None:
+        """Root: send its block as it is (it also becomes the root's own copy, uncopied);
+        others: receive into a new block."""
         if is_root:
             source = work.arrays[group.root_name]
-            if mine:
-                buffer = np.array(source, dtype=dtype, order="C")
-                results.append((mine[0], buffer))
-            elif source.dtype == dtype and source.flags.c_contiguous and source.flags.writeable:
-                buffer = source
+            if source.dtype == dtype and source.flags.c_contiguous and source.flags.writeable:
+                buffer, owned = source, group.root_name in work.owned
             else:
-                buffer = np.array(source, dtype=dtype, order="C")
+                buffer, owned = np.array(source, dtype=dtype, order="C"), True
+            if mine:
+                results.append((mine[0], buffer, owned))
         else:
             buffer = np.empty(group.shape, dtype=dtype)
-            results.append((mine[0], buffer))
+            results.append((mine[0], buffer, True))
         if sub is not None and buffer.size:
-            requests.append(sub.Ibcast([buffer, buffer.nbytes, _byte()], root=0))
+            sub.Bcast([buffer, buffer.nbytes, _byte()], root=0)
 
-    def _start_reduce(self, group, sub, mine, is_root, work, dtype, requests, results, mpi) -> None:
+    def _reduce(self, group, sub, mine, is_root, work, dtype, results, mpi) -> None:
+        """Every member adds its copy with ``Allreduce``: on this MPICH it reaches the sum
+        faster than ``Reduce`` (see benchmarks/bench_mpi_collectives.py); non-roots discard it."""
         mpi_type = _mpi_type(dtype)
-        if is_root:
-            if mine:
-                total = np.array(work.arrays[mine[0]], dtype=dtype, order="C")
+        total = np.empty(group.shape, dtype=dtype)
+        if mine:
+            send = work.arrays[mine[0]]
+            if send.dtype != dtype or not send.flags.c_contiguous:
+                send = np.ascontiguousarray(send, dtype=dtype)
+        else:  # the root holds no copy: it contributes zeros
+            total.fill(0)
+            send = None
+        if sub is not None and total.size:
+            if send is None:
+                sub.Allreduce(mpi.IN_PLACE, [total, mpi_type], op=mpi.SUM)
             else:
-                total = np.zeros(group.shape, dtype=dtype)
-            results.append((group.root_name, total))
-            if sub is not None and total.size:
-                requests.append(sub.Ireduce(mpi.IN_PLACE, [total, mpi_type], op=mpi.SUM, root=0))
-        else:
-            send = np.ascontiguousarray(work.arrays[mine[0]], dtype=dtype)
-            if send.size:
-                requests.append(sub.Ireduce([send, mpi_type], None, op=mpi.SUM, root=0))
+                sub.Allreduce([send, mpi_type], [total, mpi_type], op=mpi.SUM)
+        elif send is not None:
+            np.copyto(total, send)
+        if is_root:
+            results.append((group.root_name, total, True))
 
 
 def _byte() -> Any:

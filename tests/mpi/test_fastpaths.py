@@ -152,3 +152,26 @@ def test_scatter_and_gather():
 def test_local_space_of_halo_matches():
     geometry = halo_geometry(tensor_2d(grids()[-1]), Kernel(3, padding=1))
     assert HaloExchange(geometry).domain == local_space(geometry)
+
+
+@pytest.mark.parametrize("case", range(len(partitions_for_broadcast())))
+def test_bound_out_of_place_broadcast_and_sum_reduce(case):
+    source, destination = partitions_for_broadcast()[case]
+    shape = (5,) * destination.ndim
+    broadcast = Broadcast(DistributedTensor("x", shape, source), destination, "y")
+    for op in (broadcast, broadcast.H):
+        problem = None
+        for seed in (1, 2):  # twice: the prebuilt results are overwritten, not stale
+            state = op.domain.random(seed, dtype=np.float64)
+            local = local_part(op.domain, state, RANK)
+            if seed == 1:
+                bound = mpi_backend.compile(op, comm=COMM).bind(local)
+            else:
+                for name in local:
+                    bound.arrays[name][...] = local[name]
+            result = bound()
+            names = tuple(b.name for b in op.range if b.worker == RANK)
+            problem = problem or same_blocks(result, op(state), names, exact=op is broadcast)
+        collective_assert(problem is None, f"{op}: {problem}")
+        collective_assert(bound.persistent or SIZE == 1 or op is not broadcast, f"{op} not persistent")
+        bound.free()
