@@ -61,3 +61,23 @@ def test_mpi_suite(ranks):
             f"mpiexec -n {ranks} did not finish within {LAUNCH_TIMEOUT} s (deadlock?)\n{expired.stdout}"
         )
     assert done.returncode == 0, f"mpiexec -n {ranks} failed:\n{done.stdout[-6000:]}\n{done.stderr[-3000:]}"
+
+
+@pytest.mark.timeout(90)
+def test_a_rank_failing_mid_run_ends_the_job():
+    """After the collective check, a rank that raises aborts the job with its message."""
+    mpiexec = _mpiexec()
+    if mpiexec is None:
+        pytest.skip("no mpiexec found")
+    command = [mpiexec, "-n", "2", sys.executable, "tests/mpi/abort_case.py"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    try:
+        done = subprocess.run(
+            command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("a rank failing mid-run left the job hanging")
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output
+    assert "rank 1 failed while applying" in output and "a local kernel failed on rank 1" in output, output
+    assert "finished (it should not have)" not in output, output
