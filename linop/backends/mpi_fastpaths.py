@@ -17,8 +17,10 @@ Broadcast                      ``Bcast`` per source block on a cached sub-commun
 SumReduce                      ``Allreduce`` per target block on a cached sub-communicator (on
                                this MPICH it reaches the sum faster than ``Reduce``); the
                                members other than the root discard their sum
-other planned collectives      their expansion: one phase of point-to-point messages with
-(repartition, scatter, ...)    subarray datatypes (an all-to-all without packing)
+other copying plans           ``Alltoallw`` with subarray datatypes when every worker gives and
+(repartition, scatter,         gets at most one block (nothing packed by hand); otherwise, and
+gather, all-gather)            for adding plans (reduce-scatter), the expansion: one phase of
+                               point-to-point messages with subarray datatypes
 =============================  ===============================================================
 
 A collective fast path applies when every group has its members on distinct workers and moves
@@ -36,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from ..collectives import AllReduce, Broadcast, SumReduce
+from ..collectives import AllReduce, Broadcast, Planned, SumReduce
 from ..halo import HaloStage, HaloStageAdjoint
 from ..movement import Copy, CopyAdjoint
 from .mpi_schedule import Barrier, Local, Transfer, _movement_footprint, batch, lower, lowering, project
@@ -387,3 +389,103 @@ def _broadcast(op: Broadcast) -> list[Any] | None:
 @lowering(SumReduce)
 def _sum_reduce(op: SumReduce) -> list[Any] | None:
     return _lower_broadcast(op, reduce=True)
+
+
+# -- planned out-of-place moves (repartition, scatter, gather, all-gather) -------------------------
+@dataclass
+class _RankAlltoallw:
+    """One rank's part of an ``Alltoallw``: boxes of its one source block sent to each peer,
+    boxes of its one new block received from each peer, each a subarray datatype."""
+
+    source: str | None
+    source_shape: tuple[int, ...]
+    target: Any
+    sends: tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...]
+    receives: tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...]
+
+    def run(self, work: Any, comm: Any, dtype: np.dtype) -> None:
+        from mpi4py import MPI
+
+        from .mpi_backend import _subarray
+
+        size = comm.Get_size()
+        empty = np.empty(0, dtype=dtype)
+        if self.source is not None:
+            send = work.arrays[self.source]
+            if send.dtype != dtype or not send.flags.c_contiguous:
+                send = np.ascontiguousarray(send, dtype=dtype)
+        else:
+            send = empty
+        receive = np.zeros(self.target.shape, dtype=dtype) if self.target is not None else empty
+        send_counts, send_types = [0] * size, [MPI.BYTE] * size
+        for peer, start, shape in self.sends:
+            send_counts[peer], send_types[peer] = 1, _subarray(send.shape, start, shape, dtype)
+        receive_counts, receive_types = [0] * size, [MPI.BYTE] * size
+        for peer, start, shape in self.receives:
+            receive_counts[peer], receive_types[peer] = 1, _subarray(receive.shape, start, shape, dtype)
+        zeros = [0] * size
+        comm.Alltoallw(
+            [send, (send_counts, zeros), send_types], [receive, (receive_counts, zeros), receive_types]
+        )
+        if self.source is not None:
+            work.drop(self.source)
+        if self.target is not None:
+            work.set(self.target.name, receive)
+
+
+@dataclass
+class _AlltoallwRunner:
+    op: Any
+    by_worker: dict[int, tuple[Any, Any]]
+    workers: tuple[int, ...] = field(default=())
+
+    def project(self, rank: int) -> _RankAlltoallw:
+        """Every rank of the communicator takes part (``Alltoallw`` is collective)."""
+        source, target = self.by_worker.get(rank, (None, None))
+        sends, receives = [], []
+        domain, range_ = self.op.domain, self.op.range
+        for piece in self.op.plan.pieces:
+            from_worker = domain.block(piece.source).worker
+            to_worker = range_.block(piece.target).worker
+            if from_worker == rank:
+                sends.append((to_worker, piece.source_start, piece.shape))
+            if to_worker == rank:
+                receives.append((from_worker, piece.target_start, piece.shape))
+        shape = domain.block(source).shape if source is not None else ()
+        return _RankAlltoallw(source, shape, target, tuple(sends), tuple(receives))
+
+    def every_rank(self) -> bool:
+        return True
+
+
+@lowering(Planned)
+def _planned(op: Planned) -> list[Any] | None:
+    """A copying plan where every worker gives at most one block and gets at most one, and
+    each pair of workers shares at most one piece: one ``Alltoallw`` with subarray datatypes
+    (nothing packed by hand). Other plans run their expansion."""
+    plan = op.plan
+    if plan.adds:
+        return None
+    domain, range_ = op.domain, op.range
+    by_worker: dict[int, list[Any]] = {}
+    for name in plan.dropped:
+        block = domain.block(name)
+        entry = by_worker.setdefault(block.worker, [None, None])
+        if entry[0] is not None or block.ndim == 0:
+            return None
+        entry[0] = name
+    for block in plan.created:
+        entry = by_worker.setdefault(block.worker, [None, None])
+        if entry[1] is not None or block.ndim == 0:
+            return None
+        entry[1] = block
+    pairs = set()
+    for piece in plan.pieces:
+        if piece.source not in plan.dropped or piece.target not in {b.name for b in plan.created}:
+            return None
+        pair = (domain.block(piece.source).worker, range_.block(piece.target).worker)
+        if pair in pairs:
+            return None
+        pairs.add(pair)
+    workers = tuple(sorted(by_worker))
+    return [Barrier(_AlltoallwRunner(op, {w: tuple(e) for w, e in by_worker.items()}, workers))]

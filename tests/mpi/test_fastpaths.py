@@ -137,6 +137,8 @@ def test_all_gather_reduce_scatter_and_repartition(grid):
             check_fast_path_equals_expansion(node, node.domain.random(8, dtype=np.int64), exact=True)
         plan = mpi_backend.compile(op, comm=COMM)
         collective_assert(sum(isinstance(s, Phase) for s in plan.program.steps) <= 1, str(plan.program.steps))
+        if not isinstance(op, ReduceScatter):  # copying plans: one Alltoallw
+            collective_assert(any(isinstance(s, Barrier) for s in plan.program.steps), f"{op}: no Alltoallw")
 
 
 def test_scatter_and_gather():
