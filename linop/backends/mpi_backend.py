@@ -483,8 +483,9 @@ def _persistent_out_of_place(
     requests, results = prepared
     outputs = {name: array for name, array in arrays.items() if name not in schedule[0].dropped}
     outputs.update(results)
-    # one collective at a time, in the global order of the groups
-    return [*(([request], []) for request in requests), outputs]
+    # one collective at a time, in the global order of the groups (a callable is a blocking
+    # collective call, a request a persistent one)
+    return [*(([], [r]) if callable(r) else ([r], []) for r in requests), outputs]
 
 
 def _persistent_phases(
