@@ -157,17 +157,23 @@ class _Context:
         self.by_tree: dict[LinearOperator, Plan] = {}
 
 
-_CONTEXTS: dict[int, _Context] = {}
+_CONTEXTS: dict[int, tuple[weakref.ref, int, _Context]] = {}
 
 
 def _context(comm: Any) -> _Context:
+    """The context of a user communicator: found by the Python object (weakly held) and its
+    handle, so that a freed communicator whose handle MPI reuses never finds a stale one."""
     mpi = _mpi()
     comm = mpi.COMM_WORLD if comm is None else comm
-    key = mpi.Comm.py2f(comm)
-    context = _CONTEXTS.get(key)
-    if context is None or context.user != comm:
-        context = _Context(comm)
-        _CONTEXTS[key] = context
+    handle = mpi.Comm.py2f(comm)
+    if handle == mpi.Comm.py2f(mpi.COMM_NULL):
+        raise CommunicatorError("the communicator is MPI.COMM_NULL (freed, or this rank is not in it)")
+    key = id(comm)
+    entry = _CONTEXTS.get(key)
+    if entry is not None and entry[0]() is comm and entry[1] == handle:
+        return entry[2]
+    context = _Context(comm)
+    _CONTEXTS[key] = (weakref.ref(comm, lambda _ref, key=key: _CONTEXTS.pop(key, None)), handle, context)
     return context
 
 
