@@ -17,12 +17,22 @@ How a call runs
    wrong, every rank raises the same typed error (:mod:`linop.backends.mpi_errors`).
 3. The rank executes its schedule. Local steps use the numpy interpreter's handlers on a
    copy-on-write workspace, so caller arrays are never mutated (unless ``inplace=True``).
-   Data moves as raw bytes straight from and into the blocks: contiguous regions as they are,
-   strided boxes through cached MPI subarray datatypes, so nothing is packed by hand.
+   Data moves straight from and into the blocks: contiguous regions as they are, strided
+   boxes through cached MPI subarray datatypes; only thin boxes (contiguous runs shorter than
+   :data:`PACK_BELOW` bytes, e.g. column strips) are packed with numpy, which is faster.
+   Collectives and halo exchanges take the fast paths of :mod:`linop.backends.mpi_fastpaths`.
+4. If a rank nevertheless fails during execution (a bug, or a user kernel raising), it prints
+   its error and calls ``MPI_Abort``: its peers may be waiting for its messages, and ending
+   the job is the only way not to hang it.
 
-:meth:`Plan.bind` goes one step further for repeated in-place application (a halo exchange
-in a time loop): it checks once, then builds persistent requests on the caller's arrays, so
-each call is ``Startall`` and ``Waitall`` and nothing else.
+:meth:`Plan.bind` goes one step further for repeated application (a halo exchange in a time
+loop): it checks once, then builds persistent requests on the caller's arrays (and, out of
+place, on result arrays built once), so each call is ``Startall`` and ``Waitall`` and nothing
+else.
+
+Worker-to-rank mapping: identity. To place workers elsewhere, build the tree on the ranks you
+want (e.g. ``Partition(shape, workers=...)``) or pass a communicator whose rank order is the
+mapping (``comm.Split(0, key=...)``).
 
 mpi4py is imported only when a function of this module runs.
 """
@@ -63,7 +73,7 @@ from .mpi_schedule import (
     lowering,
 )
 
-__all__ = ["apply", "compile", "Plan", "BoundPlan", "lowering", "DTYPE_CHARS"]
+__all__ = ["apply", "compile", "Plan", "BoundPlan", "lowering", "DTYPE_CHARS", "PACK_BELOW"]
 
 DTYPE_CHARS = "bBhHiIlLqQefdgFDG"
 """The numeric dtypes (numpy type characters) that the interpreter moves."""
