@@ -177,3 +177,20 @@ def test_bound_out_of_place_broadcast_and_sum_reduce(case):
         collective_assert(problem is None, f"{op}: {problem}")
         collective_assert(bound.persistent or SIZE == 1 or op is not broadcast, f"{op} not persistent")
         bound.free()
+
+
+@pytest.mark.parametrize("adjoint", [False, True], ids=["forward", "adjoint"])
+def test_in_place_halo_exchange_copies_no_bulk(adjoint):
+    """Applied in place, the exchange allocates halo-sized buffers at most, never a block."""
+    import tracemalloc
+
+    geometry = halo_geometry(tensor_2d(grids()[-1], (512, 512)), Kernel(3, padding=1))
+    op = HaloExchange(geometry).H if adjoint else HaloExchange(geometry)
+    local = local_part(op.domain, op.domain.random(3), RANK)
+    mpi_backend.apply(op, local, comm=COMM, inplace=True)  # compile and cache outside the measure
+    block_bytes = max((a.nbytes for a in local.values()), default=0)
+    tracemalloc.start()
+    mpi_backend.apply(op, local, comm=COMM, inplace=True)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    collective_assert(peak < block_bytes / 8, f"peak allocation {peak} bytes for blocks of {block_bytes}")
