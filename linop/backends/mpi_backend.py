@@ -79,12 +79,19 @@ DTYPE_CHARS = "bBhHiIlLqQefdgFDG"
 """The numeric dtypes (numpy type characters) that the interpreter moves."""
 
 
+_MPI: Any = None
+
+
 def _mpi() -> Any:
-    try:
-        from mpi4py import MPI
-    except ImportError as error:  # pragma: no cover - the test environment has mpi4py
-        raise ImportError("the MPI interpreter needs mpi4py: pip install 'linop[mpi]'") from error
-    return MPI
+    """The mpi4py ``MPI`` module, imported on first use."""
+    global _MPI
+    if _MPI is None:
+        try:
+            from mpi4py import MPI
+        except ImportError as error:  # pragma: no cover - the test environment has mpi4py
+            raise ImportError("the MPI interpreter needs mpi4py: pip install 'linop[mpi]'") from error
+        _MPI = MPI
+    return _MPI
 
 
 # -- datatypes ------------------------------------------------------------------------------
@@ -135,10 +142,10 @@ def _contiguous_run(shape: tuple[int, ...], extents: tuple[int, ...], itemsize: 
     return run
 
 
-def _region_spec(array: np.ndarray, region: Region) -> Any:
+def _region_spec(array: np.ndarray, region: Region, index: tuple | None = None) -> Any:
     """An MPI buffer spec for ``array[region.index]`` without copying, or None when the box
     is better (or can only be) packed into a buffer."""
-    view = array[(*region.index, Ellipsis)]  # a view even when every index is an integer
+    view = array[(*region.index, Ellipsis) if index is None else index]  # a view even for integers
     if view.flags.c_contiguous:
         return [view, view.nbytes, _mpi().BYTE]
     if array.flags.c_contiguous:
@@ -250,6 +257,9 @@ class Plan:
         self.op = op
         self.context = context
         self.fingerprint = fingerprint(op)
+        words = np.frombuffer(self.fingerprint, dtype=np.uint32).astype(np.int64)
+        self._vector = np.concatenate([words, -words, np.zeros(1 + len(DTYPE_CHARS), dtype=np.int64)])
+        self._dtypes: dict[bytes, np.dtype] = {}
         self.problem: MPIError | None = None
         self.program: Program | None = None
         self.schedule: tuple[Any, ...] = ()
@@ -318,14 +328,14 @@ class Plan:
         is wrong, gathers the ranks' messages so that every rank raises the same error.
         """
         mpi = _mpi()
-        words = np.frombuffer(self.fingerprint, dtype=np.uint32).astype(np.int64)
         problem = str(self.problem) if self.problem is not None else None
         if problem is None:
             problem = self._local_problem(state, inplace)
         if problem is None and inplace:
             if self.op.domain != self.op.range:
                 problem = f"in-place application of {self.op}: domain and range differ"
-        present = np.zeros(len(DTYPE_CHARS), dtype=np.int64)
+        vector = self._vector.copy()  # fingerprint words and their negation, then flags
+        present = vector[9:]
         if problem is None:
             for name in self.domain_blocks:
                 present[DTYPE_CHARS.index(state[name].dtype.char)] = 1
@@ -335,17 +345,21 @@ class Plan:
                 present[DTYPE_CHARS.index(char)] = 1
             elif problem is None:
                 problem = f"rank {self.context.rank}: dtype {np.dtype(dtype)} is not numeric"
-        vector = np.concatenate([words, -words, [int(problem is not None)], present])
+        vector[8] = problem is not None
         reduced = np.empty_like(vector)
         self.comm.Allreduce(vector, reduced, op=mpi.MAX)
         same_tree = bool(np.array_equal(reduced[:4], -reduced[4:8]))
         if not same_tree or reduced[8]:
             self._raise_collectively(same_tree, problem)
-        chars = [c for c, flag in zip(DTYPE_CHARS, reduced[9:]) if flag]
-        run = np.result_type(*chars) if chars else np.dtype(np.float64)
-        for alpha in self.program.alphas:
-            run = np.result_type(run, alpha)
-        return np.dtype(run)
+        key = reduced[9:].tobytes()
+        run = self._dtypes.get(key)
+        if run is None:
+            chars = [c for c, flag in zip(DTYPE_CHARS, reduced[9:]) if flag]
+            run = np.result_type(*chars) if chars else np.dtype(np.float64)
+            for alpha in self.program.alphas:
+                run = np.result_type(run, alpha)
+            run = self._dtypes[key] = np.dtype(run)
+        return run
 
     def _raise_collectively(self, same_tree: bool, problem: str | None) -> None:
         reports = self.comm.allgather((self.fingerprint, problem))
@@ -628,7 +642,7 @@ def _run_phase(phase: RankPhase, work: numpy_backend.Workspace, comm: Any, dtype
     """Post every receive, then every send, wait once, then add/store what needs a buffer and
     clear or drop the sources."""
     requests = []
-    finish: list[tuple[Any, np.ndarray | None]] = []
+    finish: list[tuple[Any, np.ndarray]] = []
     for peer, tag, t in phase.receives:
         if t.mode == "new":
             buffer = np.empty(t.shape, dtype)
@@ -636,11 +650,11 @@ def _run_phase(phase: RankPhase, work: numpy_backend.Workspace, comm: Any, dtype
                 requests.append(comm.Irecv(_raw(buffer), peer, tag))
             finish.append((t, buffer))
             continue
-        if t.source.size == 0:
+        if phase.empty(t):
             continue
         target = work.writable(t.target.name, dtype)
         if t.mode == "store" and target.dtype == dtype:
-            spec = _region_spec(target, t.target)
+            spec = _region_spec(target, t.target, phase.index(t.target))
             if spec is not None:
                 requests.append(comm.Irecv(spec, peer, tag))
                 continue
@@ -648,14 +662,14 @@ def _run_phase(phase: RankPhase, work: numpy_backend.Workspace, comm: Any, dtype
         requests.append(comm.Irecv(_raw(buffer), peer, tag))
         finish.append((t, buffer))
     for peer, tag, t in phase.sends:
-        if t.source.size == 0:
+        if phase.empty(t):
             continue
         array = work.arrays[t.source.name]
         spec = None
         if array.dtype == dtype:
-            spec = _region_spec(array, t.source)
+            spec = _region_spec(array, t.source, phase.index(t.source))
         if spec is None:
-            spec = _raw(np.ascontiguousarray(array[t.source.index], dtype=dtype))
+            spec = _raw(np.ascontiguousarray(array[phase.index(t.source)], dtype=dtype))
         requests.append(comm.Isend(spec, peer, tag))
     if requests:
         _mpi().Request.Waitall(requests)
@@ -663,12 +677,12 @@ def _run_phase(phase: RankPhase, work: numpy_backend.Workspace, comm: Any, dtype
         if t.mode == "new":
             work.set(t.target.name, buffer)
         elif t.mode == "add":
-            work.writable(t.target.name, dtype)[t.target.index] += buffer
+            work.writable(t.target.name, dtype)[phase.index(t.target)] += buffer
         else:
-            work.writable(t.target.name, dtype)[t.target.index] = buffer
+            work.writable(t.target.name, dtype)[phase.index(t.target)] = buffer
     for _, _, t in phase.sends:
         if t.after == "clear":
-            if t.source.size:
-                work.writable(t.source.name)[t.source.index] = 0
+            if not phase.empty(t):
+                work.writable(t.source.name)[phase.index(t.source)] = 0
         elif t.after == "drop":
             work.drop(t.source.name)

@@ -334,12 +334,35 @@ def batch(steps: Iterable[Step]) -> list[Step]:
 
 
 # -- projection -----------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class RankPhase:
-    """One rank's part of a phase: (peer, tag, transfer) for its receives and its sends."""
+    """One rank's part of a phase: (peer, tag, transfer) for its receives and its sends.
+
+    :meth:`index` and :meth:`empty` answer from tables built once, so that running a phase
+    does no region arithmetic."""
 
     receives: tuple[tuple[int, int, Transfer], ...]
     sends: tuple[tuple[int, int, Transfer], ...]
+
+    def __post_init__(self) -> None:
+        indices: dict[int, tuple] = {}
+        empty: set[int] = set()
+        for _, _, t in (*self.receives, *self.sends):
+            for region in (t.source, t.target):
+                if isinstance(region, Region):
+                    indices[id(region)] = (*region.index, Ellipsis)
+            if t.source.size == 0:
+                empty.add(id(t))
+        object.__setattr__(self, "_indices", indices)
+        object.__setattr__(self, "_empty", frozenset(empty))
+
+    def index(self, region: Region) -> tuple:
+        """The numpy index of one of the phase's regions (a view even for integer indices)."""
+        return self._indices[id(region)]  # type: ignore[attr-defined]
+
+    def empty(self, transfer: Transfer) -> bool:
+        """True when the transfer moves no entries."""
+        return id(transfer) in self._empty  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True, slots=True)
