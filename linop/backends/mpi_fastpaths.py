@@ -83,6 +83,8 @@ def subcommunicator(comm: Any, ranks: tuple[int, ...]) -> Any:
     Collective over ``ranks`` only (``MPI_Comm_create_group``); callers create the groups of a
     step in one global order, so no two ranks wait for each other in opposite orders.
     """
+    if ranks == tuple(range(comm.Get_size())):  # the whole communicator, in order
+        return comm
     key = (comm.py2f(), ranks)
     sub = _SUBCOMMS.get(key)
     if sub is None:
