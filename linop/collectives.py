@@ -307,6 +307,10 @@ class Piece:
         """The numpy index of the box inside the target block."""
         return tuple(slice(a, a + n) for a, n in zip(self.target_start, self.shape))
 
+    def reversed(self) -> Piece:
+        """The same box travelling the other way (target to source): the piece of the dual."""
+        return Piece(self.target, self.target_start, self.source, self.source_start, self.shape)
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -564,9 +568,7 @@ class SumReduce(_BroadcastGeometry):
         return _layout_blocks(self.tensor)
 
     def _plan(self) -> Plan:
-        reversed_pieces = tuple(
-            Piece(p.target, p.target_start, p.source, p.source_start, p.shape) for p in self._copy_pieces()
-        )
+        reversed_pieces = tuple(p.reversed() for p in self._copy_pieces())
         return Plan(self._targets(), reversed_pieces, tuple(b.name for b in self._sources()), adds=True)
 
     def adjoint(self) -> LinearOperator:
@@ -783,9 +785,7 @@ class ReduceScatter(_GatherGeometry):
         return self.tensor.blocks
 
     def _plan(self) -> Plan:
-        reversed_pieces = tuple(
-            Piece(p.target, p.target_start, p.source, p.source_start, p.shape) for p in self._gather_pieces()
-        )
+        reversed_pieces = tuple(p.reversed() for p in self._gather_pieces())
         return Plan(
             self.tensor.blocks, reversed_pieces, tuple(b.name for b in self.gathered.blocks), adds=True
         )

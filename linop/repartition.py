@@ -262,9 +262,7 @@ class Gather(_RootGeometry):
         return (self.root,)
 
     def _plan(self) -> Plan:
-        pieces = tuple(
-            Piece(p.target, p.target_start, p.source, p.source_start, p.shape) for p in self._scatter_pieces()
-        )
+        pieces = tuple(p.reversed() for p in self._scatter_pieces())
         return Plan((self.root,), pieces, tuple(b.name for b in self.tensor.blocks))
 
     def adjoint(self) -> LinearOperator:
