@@ -54,7 +54,14 @@ def test_mpi_suite(ranks):
     env = dict(os.environ, LINOP_MPI_TESTS="1", PYTHONHASHSEED="0", PYTHONUNBUFFERED="1")
     try:
         done = subprocess.run(
-            command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, check=False
+            command,
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=LAUNCH_TIMEOUT,
+            check=False,
         )
     except subprocess.TimeoutExpired as expired:
         pytest.fail(
@@ -73,7 +80,14 @@ def test_a_rank_failing_mid_run_ends_the_job():
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     try:
         done = subprocess.run(
-            command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False
+            command,
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
         )
     except subprocess.TimeoutExpired:
         pytest.fail("a rank failing mid-run left the job hanging")
