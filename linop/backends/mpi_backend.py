@@ -359,6 +359,17 @@ class Plan:
             for alpha in self.program.alphas:
                 run = np.result_type(run, alpha)
             run = self._dtypes[key] = np.dtype(run)
+        if inplace:  # decided from global facts only, so every rank decides alike
+            narrow = [
+                c
+                for c, flag in zip(DTYPE_CHARS, reduced[9:])
+                if flag and not np.can_cast(run, c, "same_kind")
+            ]
+            if narrow:
+                raise DistributedStateError(
+                    f"in-place application of {self.op} computes in {run}, which the callers' "
+                    f"{np.dtype(narrow[0])} arrays cannot hold"
+                )
         return run
 
     def _raise_collectively(self, same_tree: bool, problem: str | None) -> None:

@@ -145,3 +145,12 @@ def test_unsupported_node():
 def test_errors_are_linop_errors():
     for error in (TreeMismatchError, CommunicatorError, DistributedStateError, UnsupportedNodeError):
         assert issubclass(error, MPIError)
+
+
+def test_in_place_result_too_wide_for_the_callers_arrays():
+    space = pair_space()
+    op = 1j * pair_copy(space)
+    local = local_part(space, space.random(0), RANK)
+    message = expect_collective_error(DistributedStateError, lambda: mpi_backend.apply(op, local, inplace=True))
+    collective_assert("complex128" in message and "float64" in message, message)
+    still_works()
