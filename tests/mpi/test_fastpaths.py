@@ -194,3 +194,29 @@ def test_in_place_halo_exchange_copies_no_bulk(adjoint):
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     collective_assert(peak < block_bytes / 8, f"peak allocation {peak} bytes for blocks of {block_bytes}")
+
+
+def test_fast_paths_inside_sums_and_scalings():
+    source, destination = partitions_for_broadcast()[0]
+    broadcast = Broadcast(DistributedTensor("x", (5,), source), destination, "y")
+    layout = BlockGrid.uniform("a", Partition((SIZE,)), (3, 2))
+    all_reduce = AllReduce(layout, (0,))
+    halo = HaloExchange(halo_geometry(tensor_2d(grids()[-1]), Kernel(3, padding=1)))
+    for op in (
+        broadcast + 2 * broadcast,
+        broadcast.H - broadcast.H,
+        all_reduce - 3 * all_reduce,
+        halo + halo.H,
+    ):
+        # the reference is the exact matrix (the numpy interpreter's AllReduce fast path aliases
+        # its result blocks, which a scaling inside a sum then multiplies twice)
+        state = op.domain.random(10, dtype=np.int64)
+        expected = op.range.unflatten(op.to_sparse() @ op.domain.flatten(state))
+        local = local_part(op.domain, state, RANK)
+        names = tuple(b.name for b in op.range if b.worker == RANK)
+        for tree in (op, expand_all(op)):
+            result = mpi_backend.apply(tree, local, comm=COMM)
+            collective_assert(
+                same_blocks(result, expected, names) is None,
+                f"{tree}: {same_blocks(result, expected, names)}",
+            )
