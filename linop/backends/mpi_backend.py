@@ -197,9 +197,10 @@ def _context(comm: Any) -> _Context:
 def compile(op: LinearOperator, *, comm: Any = None) -> Plan:
     """The plan of ``op`` on ``comm`` (default ``MPI.COMM_WORLD``), compiled once and cached.
 
-    Compiling is local (no communication); the first application checks collectively that
-    every rank compiled the same tree. The cache holds the tree object (by identity) and
-    structurally equal trees.
+    Compiling is local (no communication), except that the first use of a communicator
+    duplicates it (``MPI_Comm_dup``, collective), so that linop's messages never meet the
+    caller's; the first application checks collectively that every rank compiled the same
+    tree. The cache holds the tree object (by identity) and structurally equal trees.
     """
     context = _context(comm)
     entry = context.by_id.get(id(op))
