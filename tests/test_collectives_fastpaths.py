@@ -125,6 +125,20 @@ def test_all_reduce_shares_no_writable_array_between_members():
     assert not out["u[1]"].any()
 
 
+def test_all_reduce_members_are_independent_inside_sums_and_scalings():
+    # Each member owns its result: scaling one member of the sum must not scale another.
+    tensor = DistributedTensor("x", (4,), Partition.grid(2))
+    op = AllReduce(tensor, (0,))
+    tree = op - 3 * op
+    state = integer_state(tree.domain, 3)
+    by_matrix = tree.domain.unflatten(matrix_of(tree) @ tree.domain.flatten(state))
+    result = apply(tree, state)
+    for name in tree.range.names:
+        assert np.array_equal(result[name], by_matrix[name])
+    plain = apply(op, state)
+    assert not np.shares_memory(plain["x[0]"], plain["x[1]"])
+
+
 def test_all_reduce_in_place_writes_into_the_callers_arrays():
     layout = BlockGrid.uniform("u", Partition.grid((2, 2)), (3,))
     state = integer_state(layout.space)

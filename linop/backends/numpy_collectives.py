@@ -79,5 +79,5 @@ def _all_reduce(op: AllReduce, work: Workspace) -> None:
         for array in arrays[1:]:
             total += array
         work.set(names[0], total)
-        for name in names[1:]:
-            work.set(name, total, owned=False)
+        for name in names[1:]:  # every worker holds its own copy of the sum
+            work.set(name, total.copy())
