@@ -6,6 +6,13 @@ into trees whose adjoints (``op.H``) are derived by rules; interpreters apply a 
 (``op(state)``), or build its exact matrix (``op.to_sparse()``).
 """
 
+from .backends.mpi_errors import (
+    CommunicatorError,
+    DistributedStateError,
+    MPIError,
+    TreeMismatchError,
+    UnsupportedNodeError,
+)
 from .backends.scipy_interop import aslinearoperator
 from .collectives import (
     AllGather,
@@ -77,12 +84,14 @@ __all__ = [
     "Broadcast",
     "BroadcastError",
     "Clear",
+    "CommunicatorError",
     "Composition",
     "Copy",
     "CopyAdjoint",
     "Deallocate",
     "DecompositionError",
     "DimGeometry",
+    "DistributedStateError",
     "DistributedTensor",
     "Gather",
     "GlobalShapeError",
@@ -98,6 +107,7 @@ __all__ = [
     "Layout",
     "LinearOperator",
     "LinopError",
+    "MPIError",
     "Move",
     "OverlapError",
     "Partition",
@@ -118,7 +128,9 @@ __all__ = [
     "StateError",
     "Sum",
     "SumReduce",
+    "TreeMismatchError",
     "UnknownBlockError",
+    "UnsupportedNodeError",
     "WorkerError",
     "Zero",
     "aslinearoperator",

@@ -132,6 +132,24 @@ class LinearOperator:
 
         return apply(self, state, inplace=inplace, dtype=dtype)
 
+    def apply_mpi(
+        self,
+        local_state: Mapping[str, Any],
+        *,
+        comm: Any = None,
+        inplace: bool = False,
+        dtype: npt.DTypeLike | None = None,
+    ) -> State:
+        """Apply the operator across MPI ranks; see :func:`linop.backends.mpi_backend.apply`.
+
+        Every rank calls this with the same tree and only the blocks its rank owns (worker w is
+        rank w of ``comm``, default ``MPI.COMM_WORLD``); it returns this rank's blocks of the
+        range. Needs mpi4py (the ``mpi`` extra).
+        """
+        from .backends.mpi_backend import apply
+
+        return apply(self, local_state, comm=comm, inplace=inplace, dtype=dtype)
+
     def to_sparse(self, dtype: npt.DTypeLike | None = None) -> scipy.sparse.csr_array:
         """The exact matrix over the canonical flattening (integer for pure data movement)."""
         from .backends.sparse_backend import to_sparse

@@ -156,3 +156,18 @@ def test_progress_lines_when_not_a_terminal():
     progress.finish()
     lines = stream.getvalue().splitlines()
     assert lines[-1] == "... 1/3 identities checked (6 s)"
+
+
+def test_mpi_flag_runs_the_distributed_catalogue_under_mpiexec():
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    mpiexec = Path(sys.executable).with_name("mpiexec")
+    mpiexec = str(mpiexec) if mpiexec.exists() else shutil.which("mpiexec")
+    assert mpiexec, "mpiexec is installed by the dev extra (the mpich wheel)"
+    command = [mpiexec, "-n", "2", sys.executable, "-m", "verify", "--mpi", "--only", "copy-inplace*"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 failed" in done.stdout and "checked on 2 rank(s)" in done.stdout

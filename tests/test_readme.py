@@ -1,25 +1,52 @@
-"""The README's API tour runs as written."""
+"""The README's code runs as written: the API tour in this process, the MPI example under mpiexec."""
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+MPI_MARK = re.compile(r"^# \S+ — run with: \.venv/bin/mpiexec -n (\d+)")
 
 
 def python_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
 
 
-def test_readme_has_an_api_tour():
-    assert len(python_blocks()) >= 2
+def tour_blocks() -> list[str]:
+    return [block for block in python_blocks() if not MPI_MARK.match(block)]
 
 
-def test_readme_python_blocks_run_in_order(capsys):
+def mpi_blocks() -> list[tuple[int, str]]:
+    return [(int(MPI_MARK.match(b).group(1)), b) for b in python_blocks() if MPI_MARK.match(b)]
+
+
+def test_readme_has_an_api_tour_and_an_mpi_example():
+    assert len(tour_blocks()) >= 3 and len(mpi_blocks()) == 1
+
+
+def test_readme_tour_runs_in_order(capsys):
     namespace: dict = {}
-    for block in python_blocks():
+    for block in tour_blocks():
         exec(compile(block, str(README), "exec"), namespace)
     printed = capsys.readouterr().out
     assert "C*[a -> b] = K[b] @ S[b -> a]" in printed
     assert "2 * SR[a[0:2] -> b[2:4]] @ C[a -> b] - K[a]" in printed
+    assert "R[w_copy -> w]" in printed
     assert "source shape (2,) differs from destination shape (4,)" in printed
     assert "block 'c' is missing on the left" in printed
+
+
+def test_readme_mpi_example_runs_under_mpiexec(tmp_path):
+    ((ranks, block),) = mpi_blocks()
+    script = tmp_path / "example.py"
+    script.write_text(block + "\nassert back[mine.name].shape == mine.shape\n")
+    mpiexec = str(Path(sys.executable).with_name("mpiexec"))
+    done = subprocess.run(
+        [mpiexec, "-n", str(ranks), sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr

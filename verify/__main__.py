@@ -72,6 +72,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--list", action="store_true", help="list the selected identities and exit")
     parser.add_argument("--verbose", "-v", action="store_true", help="show each identity's statement")
     parser.add_argument("--no-progress", action="store_true", help="do not report progress on stderr")
+    parser.add_argument(
+        "--mpi",
+        action="store_true",
+        help="run the distributed part instead: each identity's operators under MPI against the "
+        "numpy interpreter, and the adjoint test with inner products summed over ranks "
+        "(launch with mpiexec -n K)",
+    )
     return parser
 
 
@@ -79,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run the report; return the exit status."""
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.mpi:
+        from . import distributed
+
+        return distributed.main([args.only] if args.only else [])
     from . import identities
 
     levels = tuple(level.strip() for level in args.levels.split(",") if level.strip())

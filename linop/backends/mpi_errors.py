@@ -14,7 +14,6 @@ __all__ = [
     "TreeMismatchError",
     "CommunicatorError",
     "DistributedStateError",
-    "RemoteRankError",
     "UnsupportedNodeError",
 ]
 
@@ -33,10 +32,6 @@ class CommunicatorError(MPIError, ValueError):
 
 class DistributedStateError(MPIError, StateError):
     """Some rank's local blocks are missing, extra, wrongly shaped or not numeric."""
-
-
-class RemoteRankError(MPIError, RuntimeError):
-    """Another rank failed while the operator was being applied."""
 
 
 class UnsupportedNodeError(MPIError, TypeError):

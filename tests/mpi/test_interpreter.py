@@ -124,3 +124,15 @@ def test_cached_plan_is_reused():
     first = mpi_backend.compile(op, comm=COMM)
     again = mpi_backend.compile(ring_shift(space), comm=COMM)
     collective_assert(first is again and mpi_backend.compile(op, comm=COMM) is first, "plans were not cached")
+
+
+def test_operator_method_apply_mpi_is_the_mpi_interpreter():
+    space = ring_space()
+    op = ring_shift(space)
+    state = space.random(4, dtype=np.int64)
+    local = local_part(space, state, COMM.rank)
+    by_method = op.apply_mpi(local, comm=COMM)
+    by_function = mpi_backend.apply(op, local, comm=COMM)
+    names = tuple(b.name for b in op.range if b.worker == COMM.rank)
+    collective_assert(same_blocks(by_method, by_function, names) is None, "apply_mpi differs")
+    collective_assert(same_blocks(by_method, op(state), names) is None, "apply_mpi differs from numpy")
