@@ -148,6 +148,46 @@ def test_all_reduce_in_place_writes_into_the_callers_arrays():
     assert np.array_equal(arrays["u[1,0]"], state["u[1,0]"] + state["u[1,1]"])
 
 
+_SCALAR = DistributedTensor("x", (), Partition(()))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: Broadcast(_SCALAR, Partition((3,)), "y"),
+        lambda: SumReduce(_SCALAR, Partition((3, 2)), "y"),
+        lambda: AllReduce(BlockGrid.uniform("u", Partition((3,)), ()), (0,)),
+        lambda: Repartition(_SCALAR, DistributedTensor("y", (), Partition((), (3,)))),
+        lambda: Scatter(Block("r", (), 2), _SCALAR),
+        lambda: Gather(Block("r", (), 2), _SCALAR),
+        lambda: AllGather(_SCALAR, (), "g"),
+        lambda: ReduceScatter(_SCALAR, (), "g"),
+    ],
+    ids=[
+        "broadcast",
+        "sum-reduce",
+        "all-reduce",
+        "repartition",
+        "scatter",
+        "gather",
+        "all-gather",
+        "reduce-scatter",
+    ],
+)
+@pytest.mark.parametrize("scale", [1, 3], ids=["plain", "scaled"])
+def test_scalar_blocks_stay_arrays_and_match_the_matrix(make, scale):
+    """0-d blocks (a rank-0 tensor on a rank-0 partition): every result is a 0-d array, also
+    where several copies are summed, so that a scaling after the node is not lost."""
+    op = scale * make()
+    state = integer_state(op.domain, 5)
+    expected = op.range.unflatten(op.to_sparse() @ op.domain.flatten(state))
+    fast = op(state)
+    _same_states(fast, apply(expand_all(op), state))
+    for name in op.range.names:
+        assert isinstance(fast[name], np.ndarray) and fast[name].shape == (), name
+        assert np.array_equal(fast[name], expected[name]), name
+
+
 @pytest.mark.parametrize(
     "make",
     [

@@ -46,7 +46,8 @@ def _planned(op: Planned, work: Workspace) -> None:
                 continue
         if plan.adds and pieces and all(p.shape == block.shape for p in pieces):
             first = pieces[0]
-            out = work.arrays[first.source][first.source_index()].astype(dtype, copy=True)
+            # np.array, not astype: indexing a 0-d block gives a scalar, and a block must stay an array
+            out = np.array(work.arrays[first.source][first.source_index()], dtype=dtype)
             for piece in pieces[1:]:
                 out += work.arrays[piece.source][piece.source_index()]
         else:
