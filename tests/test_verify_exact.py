@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 
 import verify
-from linop import Add, Block, Clear, Copy, Deallocate, LinearOperator, Move, SendRecv, Space
+from linop import Add, Block, Clear, Copy, Deallocate, Identity, LinearOperator, Move, SendRecv, Space
 from verify.locate import Location, locate, locations
 
 
@@ -130,3 +130,40 @@ def test_locations_skip_empty_blocks_and_format():
     assert str(Location("x", (1, 2))) == "x[1, 2]"
     with pytest.raises(IndexError):
         locate(s, 2)
+
+
+# (left, right) trees whose matrices differ by amounts that a rounding allowance would hide: a
+# tolerance floored at 1 hides a tiny scale, one relative to the largest entry hides an
+# off-by-one among huge integer-valued floats. (first differing row, how many differ, whether
+# the comparison is exact: integer-valued matrices get no allowance at all)
+NEARLY_EQUAL = [
+    pytest.param(
+        lambda: (1e-20 * Copy(space()["x"], space()["y"]), 1e-20 * Add(space()["x"], space()["y"])),
+        Location("y", (0, 0)),
+        6,
+        False,
+        id="tiny-scale",
+    ),
+    pytest.param(
+        lambda: (
+            2.0**50 * Copy(space()["x"], space()["y"]) + Clear(space()["y"]),
+            # plus the 0/1 matrix with a single 1 at (s, s)
+            2.0**50 * Copy(space()["x"], space()["y"])
+            + Clear(space()["y"])
+            + (Identity(space()) - Clear(space()["s"])),
+        ),
+        Location("s", ()),
+        1,
+        True,
+        id="integer-valued-floats-large-scale",
+    ),
+]
+
+
+@pytest.mark.parametrize(("build", "where", "count", "exact"), NEARLY_EQUAL)
+def test_small_differences_are_not_taken_for_rounding(build, where, count, exact):
+    left, right = build()
+    proof = verify.equal(left, right)
+    assert not proof, proof
+    assert proof.count == count and proof.mismatches[0].row == where
+    assert proof.exact is exact

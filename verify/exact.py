@@ -2,9 +2,11 @@
 
 Data movement has matrices of 0 and 1 (integers, with no rounding), so ``op.H`` can be proven
 equal to the conjugate transpose of ``op`` exactly, and two trees can be proven to be the same
-operator. When the matrices hold floating-point scalars (a tree scaled by 0.5), products may
-round differently in the two trees; the comparison then allows a few units in the last place
-and says so (``Proof.exact`` is False).
+operator. Matrices whose entries are all integers (of any dtype, below 2**53) are compared with
+no allowance. When an entry is a non-integer floating-point number (a tree scaled by 0.1),
+products may round differently in the two trees; the comparison then allows
+:data:`ROUNDING_ULPS` units in the last place of the largest entry and says so
+(``Proof.exact`` is False).
 
 A failure names the first differing entries as (block, index) pairs on both sides: the row's
 block in one space and the column's block in the other.
@@ -36,7 +38,8 @@ MAX_REPORTED = 5
 """How many differing entries a failed proof lists."""
 
 ROUNDING_ULPS = 64
-"""Units of roundoff allowed when a matrix has floating-point (not integer) entries."""
+"""Units of roundoff, relative to the largest entry of either matrix, allowed when a matrix has
+non-integer floating-point entries."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +72,7 @@ class Proof:
     count : int
         How many entries differ in total.
     exact : bool
-        True when the comparison was exact (integer or identical entries); False when a
+        True when the comparison was exact (integer-valued or identical entries); False when a
         rounding allowance was used.
     max_error : float
         Largest absolute difference between the two matrices.
@@ -127,12 +130,8 @@ def _compare(
     rows, cols, values = difference.row[nonzero], difference.col[nonzero], values[nonzero]
     exact = True
     max_error = float(np.abs(values).max()) if values.size else 0.0
-    if values.size and dtype.kind in "fc":
-        scale = max(
-            float(np.abs(left.data).max()) if left.nnz else 0.0,
-            float(np.abs(right.data).max()) if right.nnz else 0.0,
-            1.0,
-        )
+    if values.size and not (_integer_valued(left.data) and _integer_valued(right.data)):
+        scale = max(float(np.abs(left.data).max(initial=0.0)), float(np.abs(right.data).max(initial=0.0)))
         allowed = ROUNDING_ULPS * np.finfo(dtype).eps * scale
         significant = np.abs(values) > allowed
         exact = False
@@ -162,6 +161,15 @@ def _compare(
         f"entries of {axes[0]}, columns entries of {axes[1]}); first: {listed}{more}"
     )
     return Proof(claim, False, detail, mismatches, int(rows.size), exact, max_error)
+
+
+def _integer_valued(values: np.ndarray) -> bool:
+    """Whether every value is an integer that floating point holds exactly (below 2**53),
+    real and imaginary parts alike: such matrices are compared with no allowance."""
+    if values.dtype.kind in "iub":
+        return True
+    parts = (values.real, values.imag) if values.dtype.kind == "c" else (values,)
+    return all(bool(np.all((part == np.round(part)) & (np.abs(part) < 2.0**53))) for part in parts)
 
 
 def _scalar(value: object) -> complex | float | int:
