@@ -155,3 +155,52 @@ def test_numeric_level_without_localization_still_fails():
     assert not result
     assert "row" not in result.detail
     assert "<F x, y> =" in result.detail
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class ScaledSlightlyOff(Scaled):
+    """Claims (alpha F)* = conj(alpha) (1 + 1e-10) F*: a real error, ten digits down."""
+
+    def adjoint(self) -> LinearOperator:
+        return Scaled(complex(self.alpha).conjugate() * (1 + 1e-10), self.operator.H)
+
+
+def large_space() -> Space:
+    return Space([Block("a", (100, 100)), Block("b", (100, 100), 1)])
+
+
+# Wrong adjoints whose error is small: relative 1e-10, or one wrong entry of op.H among
+# 20000 x 20000 (relative error about 1 / 20000). float64 must catch both.
+SMALL_ERRORS = [
+    pytest.param(lambda: ScaledSlightlyOff(1.5, Copy(space()["a"], space()["b"])), id="scalar-off-by-1e-10"),
+    pytest.param(
+        lambda: ScaledSlightlyOff(0.5 - 2j, Copy(space()["a"], space()["b"])),
+        id="complex-scalar-off-by-1e-10",
+    ),
+    pytest.param(
+        lambda: CopyForgetsClear(large_space()["a"][0:1, 0:1], large_space()["b"][7:8, 3:4]),
+        id="one-entry-in-20000",
+    ),
+]
+
+
+@pytest.mark.parametrize("build", SMALL_ERRORS)
+def test_numeric_level_catches_small_errors_in_float64(build):
+    result = verify.adjoint_test(build(), dtype=np.float64)
+    assert not result, result
+    assert result.measured > 10 * result.threshold
+
+
+def test_numeric_level_localizes_a_wrong_adjoint_of_tiny_scale():
+    # the localization's allowance follows the operator's own scale, not a floor of 1
+    result = verify.adjoint_test(1e-20 * CopyForgetsClear(space()["a"], space()["b"]))
+    assert not result
+    assert "first: row b[0, 0], column b[0, 0]" in result.detail
+
+
+def test_numeric_equal_needs_a_trial_and_fails_on_nan():
+    s = space()
+    with pytest.raises(ValueError, match="trials"):
+        verify.numeric_equal(Copy(s["a"], s["b"]), Clear(s["b"]), trials=0)
+    result = verify.numeric_equal(float("nan") * Copy(s["a"], s["b"]), Copy(s["a"], s["b"]))
+    assert not result and result.measured == float("inf")

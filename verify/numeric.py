@@ -65,7 +65,7 @@ class AdjointTestResult:
     threshold : float
         The largest relative error that passes, from the dtype's machine epsilon.
     passed : bool
-        ``measured < threshold`` (or both zero).
+        ``measured < threshold``, or ``measured == 0``.
     dtype : numpy.dtype
         The dtype the test ran in.
     trials : int
@@ -200,11 +200,26 @@ def numeric_equal(
     r"""Test that two operators agree on random states:
     :math:`\|a x - b x\| / \max(\|a x\|, \|b x\|) < \varepsilon`.
 
-    On failure the detail names the block and index of the largest difference.
+    Parameters
+    ----------
+    a, b : LinearOperator
+        The two trees; their domains and ranges must agree (else the result fails, naming
+        the first differing block).
+    rng, dtype, trials, threshold
+        As for :func:`adjoint_test`.
+
+    Returns
+    -------
+    AdjointTestResult
+        Truthy when the worst relative difference is below the threshold; on failure the
+        detail names the block and index of the largest difference. A NaN or infinite
+        difference counts as an infinite error.
     """
     dtype = np.dtype(dtype)
     if dtype.kind not in "fc":
         raise TypeError(f"the numeric test needs a real or complex floating dtype, not {dtype}")
+    if trials < 1:
+        raise ValueError(f"trials must be at least 1, not {trials}")
     rng = np.random.default_rng(0 if rng is None else rng)
     claim = f"{short(a)} == {short(b)} numerically"
     limit = threshold_for(dtype, max(a.domain.size, a.range.size)) if threshold is None else threshold
@@ -221,7 +236,9 @@ def numeric_equal(
         scale = max(_norm(a.range, left), _norm(a.range, right))
         gap = _norm(a.range, difference)
         error = float(gap / scale) if scale > 0 else float(gap)
-        if error >= worst and gap > 0:
+        if not np.isfinite(error):
+            error = float("inf")
+        if gap != 0 and error >= worst:  # a NaN gap counts, as an infinite error
             worst = error
             name = max(difference, key=lambda n: np.abs(difference[n]).max(initial=0.0))
             at = np.unravel_index(int(np.abs(difference[name]).argmax()), difference[name].shape)
@@ -265,7 +282,7 @@ def _localize_adjoint(op: LinearOperator, adjoint: LinearOperator) -> str:
     forward = _matrix_by_probing(op, dtype)
     backward = _matrix_by_probing(adjoint, dtype)
     difference = np.abs(backward - forward.conj().T)
-    scale = max(float(np.abs(forward).max(initial=0.0)), 1.0)
+    scale = max(float(np.abs(forward).max(initial=0.0)), float(np.abs(backward).max(initial=0.0)))
     wrong = np.argwhere(difference > threshold_for(dtype, max(op.domain.size, op.range.size)) * scale)
     if wrong.size == 0:
         return "no single entry differs by more than the threshold"
