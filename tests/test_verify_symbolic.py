@@ -192,3 +192,22 @@ def test_canonical_block_reduces_what_block_collapse_returns():
     assert canonical_block(sympy.Adjoint(sympy.MatMul(sympy.I, identity))) == -sympy.I
     with pytest.raises(verify.NotSizeFreeError, match="not a multiple of an identity block"):
         canonical_block(sympy.MatrixSymbol("W", n, n))
+
+
+def clashing_space() -> Space:
+    # entry (0, 1) of block x and entry 1 of block x_0 would both be the symbol x_0_1
+    return Space([Block("x", (1, 2)), Block("x_0", (2,))])
+
+
+@pytest.mark.parametrize(
+    "check",
+    [
+        pytest.param(lambda s: symbolic.symbols(s), id="symbols"),
+        pytest.param(lambda s: symbolic.equal(Copy(s["x"][0, :], s["x_0"]), Identity(s)), id="equal"),
+        pytest.param(lambda s: symbolic.dot_test(Copy(s["x"][0, :], s["x_0"])), id="dot-test"),
+    ],
+)
+def test_clashing_symbol_names_are_refused(check):
+    # with one symbol for two entries, copying x[0, :] onto x_0 would look like the identity
+    with pytest.raises(verify.SymbolicError, match=r"entries x\[0, 0\] and x_0\[0\] would both be"):
+        check(clashing_space())

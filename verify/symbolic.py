@@ -80,12 +80,27 @@ def symbols(space: Space, prefix: str = "") -> dict[str, np.ndarray]:
     -------
     dict of str to numpy object array
         Block ``x`` of shape (2, 3) holds the symbols ``x_0_0`` ... ``x_1_2``.
+
+    Raises
+    ------
+    SymbolicError
+        If two entries would get one name (entry (0, 1) of a block ``x`` and entry 1 of a
+        block ``x_0`` are both ``x_0_1``): one symbol for two entries would let a wrong
+        operator that mixes them up pass.
     """
     state: dict[str, np.ndarray] = {}
+    owners: dict[str, Location] = {}
     for block in space.blocks:
         array = np.empty(block.shape, dtype=object)
         for index in np.ndindex(*block.shape):
-            array[index] = sympy.Symbol(symbol_name(block.name, index, prefix), real=True)
+            name = symbol_name(block.name, index, prefix)
+            owner = owners.setdefault(name, Location(block.name, tuple(index)))
+            if owner != Location(block.name, tuple(index)):
+                raise SymbolicError(
+                    f"entries {owner} and {Location(block.name, tuple(index))} would both be the "
+                    f"symbol {name!r}; rename one of the blocks {owner.block!r}, {block.name!r}"
+                )
+            array[index] = sympy.Symbol(name, real=True)
         state[block.name] = array
     return state
 
@@ -177,6 +192,11 @@ def dot_test(op: LinearOperator) -> SymbolicResult:
     prefix ``d`` (``dy_0``...). The residual is bilinear: a leftover term
     :math:`c\, x_j\, dy_i` means that ``op.H``'s entry at row ``x[j]`` (of the domain), column
     ``y[i]`` (of the range) is off by :math:`-c` from ``conj(op)``'s transpose.
+
+    Raises
+    ------
+    SymbolicError
+        If two entries of a space would share a symbol name (see :func:`symbols`).
     """
     adjoint = op.H
     claim = f"symbolic dot test of {short(op)}"
@@ -223,7 +243,8 @@ def equal(a: LinearOperator, b: LinearOperator) -> SymbolicResult:
     """Apply two trees to the same symbols and compare every entry of the result exactly.
 
     On failure, names the first differing (block, index) entries of the range with both
-    expressions.
+    expressions. Raises :class:`SymbolicError` if two entries of the domain would share a
+    symbol name (see :func:`symbols`).
     """
     claim = f"{short(a)} == {short(b)} on symbols"
     for label, left, right in (("domains differ", a.domain, b.domain), ("ranges differ", a.range, b.range)):
