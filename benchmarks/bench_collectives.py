@@ -7,9 +7,9 @@ Prints figures; nothing is asserted. Run: ``python benchmarks/bench_collectives.
 from __future__ import annotations
 
 import time
-from statistics import median
 
 import numpy as np
+from _timing import compare
 
 from linop.backends.numpy_backend import apply
 from linop.backends.sparse_backend import matrix_of
@@ -20,16 +20,6 @@ from linop.repartition import Repartition
 
 N = 4096
 REPEATS = 7
-
-
-def timed(function, repeats: int = REPEATS) -> float:
-    """Median wall time of ``function()`` in seconds."""
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        samples.append(time.perf_counter() - start)
-    return median(samples)
 
 
 def by_hand_repartition(x: DistributedTensor, y: DistributedTensor, state: dict) -> dict:
@@ -51,15 +41,10 @@ def by_hand_repartition(x: DistributedTensor, y: DistributedTensor, state: dict)
 
 
 def row(label: str, ours, theirs) -> None:
-    """Time both, interleaved (so that machine noise hits both alike), and print the ratio."""
-    ours_samples, theirs_samples = [], []
-    for _ in range(REPEATS):
-        ours_samples.append(timed(ours, 1))
-        theirs_samples.append(timed(theirs, 1))
-    t_ours, t_theirs = median(ours_samples), median(theirs_samples)
+    """Time both alternately (:func:`_timing.compare`); print the medians and the median ratio."""
+    t_ours, t_theirs, ratio = compare(ours, theirs, REPEATS)
     print(
-        f"  {label:44s} linop {t_ours * 1e3:8.2f} ms   numpy {t_theirs * 1e3:8.2f} ms   "
-        f"ratio {t_ours / t_theirs:5.2f}x"
+        f"  {label:44s} linop {t_ours * 1e3:8.2f} ms   numpy {t_theirs * 1e3:8.2f} ms   ratio {ratio:5.2f}x"
     )
 
 
@@ -110,8 +95,9 @@ def main() -> None:
     all_reduce = AllReduce(BlockGrid.of(broadcast.copies), (0,))
 
     def all_reduce_by_hand() -> dict:
+        # every member owns its sum, as in linop's result: the first row keeps it, the others copy
         totals = reduce_by_hand()
-        return {name: totals[k % 4] for k, name in enumerate(names)}
+        return {name: totals[k % 4] if k < 4 else totals[k % 4].copy() for k, name in enumerate(names)}
 
     row("all-reduce over axis 0 of 4x4", lambda: all_reduce(copied), all_reduce_by_hand)
     gather = AllGather(x, (0,), "g")

@@ -6,24 +6,14 @@ Prints figures; nothing is asserted. Run: ``python benchmarks/bench_core.py``.
 from __future__ import annotations
 
 import time
-from statistics import median
 
 import numpy as np
+from _timing import compare
 
 from linop import Block, Copy, Space
 
 N = 1_000_000
 REPEATS = 15
-
-
-def timed(function, repeats: int = REPEATS) -> float:
-    """Median wall time of ``function()`` in seconds."""
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        samples.append(time.perf_counter() - start)
-    return median(samples)
 
 
 def prove(op) -> bool:
@@ -56,9 +46,9 @@ def main() -> None:
         ),
     ]
     for label, ours, theirs in rows:
-        t_ours, t_theirs = timed(ours), timed(theirs)
+        t_ours, t_theirs, ratio = compare(ours, theirs, REPEATS)
         print(
-            f"  {label:30s} linop {t_ours * 1e3:7.3f} ms   numpy {t_theirs * 1e3:7.3f} ms   ratio {t_ours / t_theirs:5.2f}x"
+            f"  {label:30s} linop {t_ours * 1e3:7.3f} ms   numpy {t_theirs * 1e3:7.3f} ms   ratio {ratio:5.2f}x"
         )
 
 

@@ -9,10 +9,8 @@ ratios; nothing is asserted. Run: ``python benchmarks/bench_halo.py``.
 
 from __future__ import annotations
 
-import time
-from statistics import median
-
 import numpy as np
+from _timing import compare
 
 from linop.halo import HaloExchange, halo_windows, local_space
 from linop.halo_geometry import Kernel, halo_geometry
@@ -20,27 +18,6 @@ from linop.partition import DistributedTensor, Partition
 
 N = 4096
 REPEATS = 21
-
-
-def compare(ours, theirs, repeats: int = REPEATS) -> tuple[float, float, float]:
-    """Median times of ``ours()`` and ``theirs()`` and the median of their per-sample ratios.
-
-    The two run alternately (after one warm-up call each), so that load from other processes
-    on a shared machine hits both alike.
-    """
-    ours()
-    theirs()
-    mine, hand, ratios = [], [], []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        ours()
-        middle = time.perf_counter()
-        theirs()
-        end = time.perf_counter()
-        mine.append(middle - start)
-        hand.append(end - middle)
-        ratios.append((middle - start) / (end - middle))
-    return median(mine), median(hand), median(ratios)
 
 
 def _sides(i: int, n: int, h: int) -> tuple[slice, slice, slice, slice]:
@@ -96,7 +73,9 @@ def main() -> None:
             op = halo_windows(tensor, kernel, variant=variant)
             result = op(state)
             assert all(np.array_equal(result[f"x_window[{i},{j}]"], reference[i, j]) for i, j in reference)
-            t_ours, t_hand, ratio = compare(lambda op=op: op(state), lambda h=h: hand_windows(bulks, n, h))
+            t_ours, t_hand, ratio = compare(
+                lambda op=op: op(state), lambda h=h: hand_windows(bulks, n, h), REPEATS
+            )
             print(
                 f"  kernel {size}, windows, {variant:6s}            linop {t_ours * 1e3:8.2f} ms   "
                 f"numpy {t_hand * 1e3:8.2f} ms   ratio {ratio:5.2f}x"
@@ -114,6 +93,7 @@ def main() -> None:
             t_ours, t_hand, ratio = compare(
                 lambda exchange=exchange, state=local_state: exchange.apply(state, inplace=True),
                 lambda h=h, arrays=hand_locals: hand_exchange(arrays, n, h),
+                REPEATS,
             )
             print(
                 f"  kernel {size}, in-place exchange, {variant:6s}  linop {t_ours * 1e6:8.1f} us   "
