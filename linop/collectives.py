@@ -42,12 +42,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-import numpy as np
-
 from .errors import BlockExistsError, DecompositionError, PartitionError, ShapeMismatchError
 from .movement import Copy, CopyAdjoint, SendRecv, SendRecvAdjoint
 from .operator import Composition, Identity, LinearOperator
-from .partition import DistributedTensor, Partition
+from .partition import DistributedTensor, Partition, grid_block_name, normalized_axes
 from .primitives import Allocate, Deallocate
 from .space import Block, Space
 
@@ -97,10 +95,6 @@ class Layout(Protocol):
     def space(self) -> Space: ...
 
 
-def _grid_name(name: str, index: Sequence[int]) -> str:
-    return f"{name}[{','.join(str(i) for i in index)}]"
-
-
 @dataclass(frozen=True)
 class BlockGrid:
     """One block per worker of ``partition``, with explicit shapes.
@@ -119,8 +113,12 @@ class BlockGrid:
 
     Raises
     ------
+    TypeError
+        If ``partition`` is not a :class:`~linop.partition.Partition`.
     PartitionError
         If the number of shapes differs from the number of workers.
+    DecompositionError
+        If a block shape has a negative extent or is not a sequence of integers.
     """
 
     name: str
@@ -128,7 +126,11 @@ class BlockGrid:
     shapes: tuple[tuple[int, ...], ...]
 
     def __post_init__(self) -> None:
-        shapes = tuple(tuple(operator.index(n) for n in shape) for shape in self.shapes)
+        if not isinstance(self.partition, Partition):
+            raise TypeError(
+                f"block grid {self.name!r}: partition must be a Partition, not {type(self.partition).__name__}"
+            )
+        shapes = tuple(_block_shape(self.name, shape) for shape in self.shapes)
         if len(shapes) != self.partition.size:
             raise PartitionError(
                 f"block grid {self.name!r}: {len(shapes)} block shapes for the "
@@ -153,7 +155,7 @@ class BlockGrid:
 
     def block_name(self, index: Sequence[int]) -> str:
         """Name of the block at a grid index, e.g. ``y[0,1]``."""
-        return _grid_name(self.name, index)
+        return grid_block_name(self.name, index)
 
     def block(self, index: Sequence[int]) -> Block:
         """The block at a grid index."""
@@ -176,6 +178,15 @@ class BlockGrid:
 
     def __str__(self) -> str:
         return f"{self.name} on {self.partition}"
+
+
+def _block_shape(grid: str, shape: object) -> tuple[int, ...]:
+    try:
+        return tuple(operator.index(n) for n in shape)  # type: ignore[attr-defined]
+    except TypeError:
+        raise DecompositionError(
+            f"block grid {grid!r}: block shape {shape!r} is not a tuple of integers"
+        ) from None
 
 
 def _layout_blocks(layout: Layout) -> tuple[Block, ...]:
@@ -203,18 +214,8 @@ def _check_layout(kind: str, layout: object, what: str) -> None:
         )
 
 
-def _normalize_axes(kind: str, axes: Sequence[int] | int, partition: Partition) -> tuple[int, ...]:
-    axes = (axes,) if isinstance(axes, (int, np.integer)) else tuple(axes)
-    normalized = []
-    for axis in axes:
-        axis = operator.index(axis)
-        if not -partition.ndim <= axis < partition.ndim:
-            raise PartitionError(f"{kind}: axis {axis} is out of range for partition {partition.shape}")
-        axis %= partition.ndim
-        if axis in normalized:
-            raise PartitionError(f"{kind}: axis {axis} is listed twice")
-        normalized.append(axis)
-    return tuple(sorted(normalized))
+def _sorted_axes(kind: str, axes: Sequence[int] | int, partition: Partition) -> tuple[int, ...]:
+    return tuple(sorted(normalized_axes(kind, axes, partition)))
 
 
 # -- broadcasting geometry -----------------------------------------------------------------------
@@ -616,7 +617,7 @@ class AllReduce(LinearOperator):
 
     def __post_init__(self) -> None:
         _check_layout("AllReduce", self.tensor, "tensor")
-        axes = _normalize_axes("AllReduce", self.axes, self.tensor.partition)
+        axes = _sorted_axes("AllReduce", self.axes, self.tensor.partition)
         object.__setattr__(self, "axes", axes)
         groups = reduction_groups(self.tensor.partition, axes)
         for group in groups:
@@ -685,7 +686,7 @@ class _GatherGeometry(Planned):
             raise TypeError(f"{kind}: tensor must be a DistributedTensor, not {type(self.tensor).__name__}")
         if not isinstance(self.name, str) or not self.name:
             raise TypeError(f"{kind}: name must be a non-empty string, not {self.name!r}")
-        axes = _normalize_axes(kind, self.axes, self.tensor.partition)
+        axes = _sorted_axes(kind, self.axes, self.tensor.partition)
         object.__setattr__(self, "axes", axes)
         object.__setattr__(self, "_gathered", gathered_layout(self.tensor, axes, self.name))
         self._validate()

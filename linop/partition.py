@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import DecompositionError, PartitionError
+from .errors import DecompositionError, LinopError, PartitionError
 from .space import Block, Region, Space, State
 
 __all__ = [
@@ -26,10 +26,48 @@ __all__ = [
     "balanced_sizes",
     "intersect",
     "Box",
+    "grid_block_name",
+    "normalized_axes",
 ]
 
 Box = tuple[tuple[int, ...], tuple[int, ...]]
 """A box of global coordinates: (start, stop) per dimension."""
+
+
+def _integers(values: Any, what: str, error: type[LinopError]) -> tuple[int, ...]:
+    """``values`` as a tuple of ints (one integer stands for a 1-tuple); ``error`` naming
+    ``what`` if they are not integers."""
+    if isinstance(values, (int, np.integer)):
+        return (operator.index(values),)
+    try:
+        return tuple(operator.index(v) for v in values)
+    except TypeError:
+        raise error(f"{what} {values!r} must be integers") from None
+
+
+def normalized_axes(kind: str, axes: Sequence[int] | int, partition: Partition) -> tuple[int, ...]:
+    """``axes`` of ``partition`` made non-negative, in the order given.
+
+    Raises
+    ------
+    PartitionError
+        If an axis is not an integer, out of range, or listed twice (the message starts with
+        ``kind``).
+    """
+    normalized: list[int] = []
+    for axis in _integers(axes, f"{kind}: axes", PartitionError):
+        if not -partition.ndim <= axis < partition.ndim:
+            raise PartitionError(f"{kind}: axis {axis} is out of range for partition {partition.shape}")
+        axis %= partition.ndim
+        if axis in normalized:
+            raise PartitionError(f"{kind}: axis {axis} is listed twice")
+        normalized.append(axis)
+    return tuple(normalized)
+
+
+def grid_block_name(name: str, index: Sequence[int]) -> str:
+    """The name of a layout's block at a grid index: ``grid_block_name("x", (0, 1)) == "x[0,1]"``."""
+    return f"{name}[{','.join(str(i) for i in index)}]"
 
 
 def balanced_sizes(length: int, parts: int) -> tuple[int, ...]:
@@ -38,7 +76,7 @@ def balanced_sizes(length: int, parts: int) -> tuple[int, ...]:
     >>> balanced_sizes(5, 3)
     (2, 2, 1)
     """
-    if parts < 1:
+    if length < 0 or parts < 1:
         raise DecompositionError(f"cannot split length {length} into {parts} parts")
     quotient, remainder = divmod(length, parts)
     return (quotient + 1,) * remainder + (quotient,) * (parts - remainder)
@@ -67,7 +105,8 @@ class Partition:
     Raises
     ------
     PartitionError
-        If a worker is listed twice, the count does not match the shape, or an id is negative.
+        If a worker is listed twice, the count does not match the shape, an id is negative, or
+        the shape or the ids are not integers.
 
     Examples
     --------
@@ -80,13 +119,14 @@ class Partition:
     workers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        shape = (self.shape,) if isinstance(self.shape, (int, np.integer)) else self.shape
-        shape = tuple(operator.index(n) for n in shape)
+        shape = _integers(self.shape, "partition shape", PartitionError)
         if any(n < 1 for n in shape):
             raise PartitionError(f"partition shape {shape} has an extent below 1")
         object.__setattr__(self, "shape", shape)
         count = int(np.prod(shape, dtype=np.int64))
-        workers = tuple(operator.index(w) for w in self.workers) if self.workers else tuple(range(count))
+        workers = _integers(self.workers, f"partition {shape}: workers", PartitionError) or tuple(
+            range(count)
+        )
         if len(workers) != count:
             raise PartitionError(f"partition of shape {shape} needs {count} workers, got {len(workers)}")
         seen: set[int] = set()
@@ -101,7 +141,7 @@ class Partition:
     @classmethod
     def grid(cls, shape: Sequence[int] | int, *, first: int = 0) -> Partition:
         """A partition of consecutive workers ``first, first + 1, ...`` in C order."""
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        shape = _integers(shape, "partition shape", PartitionError)
         return cls(shape, tuple(range(first, first + int(np.prod(shape, dtype=np.int64)))))
 
     @property
@@ -118,11 +158,22 @@ class Partition:
         """All grid indices, in C order."""
         return itertools.product(*(range(n) for n in self.shape))
 
-    def worker(self, index: Sequence[int]) -> int:
-        """The worker at a grid index."""
+    def checked_index(self, index: Sequence[int]) -> tuple[int, ...]:
+        """``index`` as a tuple, if it is a grid index of this partition.
+
+        Raises
+        ------
+        PartitionError
+            If it has the wrong length or an entry outside ``0 .. shape[d] - 1``.
+        """
         index = tuple(index)
         if len(index) != self.ndim or not all(0 <= i < n for i, n in zip(index, self.shape)):
             raise PartitionError(f"index {index} is outside partition {self.shape}")
+        return index
+
+    def worker(self, index: Sequence[int]) -> int:
+        """The worker at a grid index."""
+        index = self.checked_index(index)
         return self.workers[int(np.ravel_multi_index(index, self.shape))] if self.ndim else self.workers[0]
 
     def index(self, worker: int) -> tuple[int, ...]:
@@ -139,10 +190,16 @@ class Partition:
     def subpartitions(self, axes: Sequence[int]) -> list[Partition]:
         """The partitions along ``axes``: workers grouped by their coordinates on the other axes.
 
-        Each group is a partition of shape ``(shape[a] for a in axes)``; groups come in C order
-        of the remaining coordinates.
+        Each group is a partition of shape ``(shape[a] for a in axes)``, its workers in C order
+        of the coordinates along ``axes`` taken in the order given (so ``[1, 0]`` transposes);
+        groups come in C order of the remaining coordinates.
+
+        Raises
+        ------
+        PartitionError
+            If an axis is out of range or listed twice.
         """
-        axes = tuple(a % self.ndim for a in axes) if self.ndim else ()
+        axes = normalized_axes("subpartitions", axes, self)
         others = tuple(a for a in range(self.ndim) if a not in axes)
         groups = []
         for fixed in itertools.product(*(range(self.shape[a]) for a in others)):
@@ -181,11 +238,13 @@ class DistributedTensor:
 
     Raises
     ------
+    TypeError
+        If ``partition`` is not a :class:`Partition`.
     PartitionError
         If the partition's rank differs from the tensor's.
     DecompositionError
-        If explicit sizes have the wrong count, are negative, or do not add up to the global
-        extent of their dimension.
+        If the global shape or the sizes are not integers, or explicit sizes have the wrong
+        count, are negative, or do not add up to the global extent of their dimension.
     """
 
     name: str
@@ -194,26 +253,30 @@ class DistributedTensor:
     sizes: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
-        shape = (
-            (self.global_shape,) if isinstance(self.global_shape, (int, np.integer)) else self.global_shape
-        )
-        shape = tuple(operator.index(n) for n in shape)
+        shape = _integers(self.global_shape, f"tensor {self.name!r}: global shape", DecompositionError)
         if any(n < 0 for n in shape):
             raise DecompositionError(f"tensor {self.name!r}: negative extent in global shape {shape}")
         object.__setattr__(self, "global_shape", shape)
+        if not isinstance(self.partition, Partition):
+            raise TypeError(
+                f"tensor {self.name!r}: partition must be a Partition, not {type(self.partition).__name__}"
+            )
         if self.partition.ndim != len(shape):
             raise PartitionError(
                 f"tensor {self.name!r} has rank {len(shape)} but partition {self.partition.shape} "
                 f"has rank {self.partition.ndim}"
             )
-        if not self.sizes:
+        if len(self.sizes) == 0:
             sizes = tuple(balanced_sizes(n, p) for n, p in zip(shape, self.partition.shape))
         else:
             if len(self.sizes) != len(shape):
                 raise DecompositionError(
                     f"tensor {self.name!r}: sizes given for {len(self.sizes)} dimensions, tensor has {len(shape)}"
                 )
-            sizes = tuple(tuple(operator.index(s) for s in dim) for dim in self.sizes)
+            sizes = tuple(
+                _integers(dim, f"tensor {self.name!r}: dimension {d} sizes", DecompositionError)
+                for d, dim in enumerate(self.sizes)
+            )
             for d, (dim_sizes, n, p) in enumerate(zip(sizes, shape, self.partition.shape)):
                 if len(dim_sizes) != p:
                     raise DecompositionError(
@@ -239,10 +302,11 @@ class DistributedTensor:
 
     def block_name(self, index: Sequence[int]) -> str:
         """Name of the block at a grid index, e.g. ``x[0,1]``."""
-        return f"{self.name}[{','.join(str(i) for i in index)}]"
+        return grid_block_name(self.name, index)
 
     def box(self, index: Sequence[int]) -> Box:
         """The global box held by the block at a grid index."""
+        index = self.partition.checked_index(index)
         offsets = self._offsets  # type: ignore[attr-defined]
         start = tuple(offsets[d][i] for d, i in enumerate(index))
         stop = tuple(s + self.sizes[d][i] for d, (s, i) in enumerate(zip(start, index)))

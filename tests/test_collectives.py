@@ -20,7 +20,7 @@ from linop.collectives import (
     broadcast_map,
     gathered_layout,
 )
-from linop.errors import PartitionError
+from linop.errors import DecompositionError, PartitionError
 from linop.operator import expand_all, walk
 from linop.partition import DistributedTensor, Partition, intersect
 from linop.repartition import Gather, Repartition, Scatter, overlaps
@@ -378,6 +378,16 @@ def test_other_blocks_pass_through_unchanged():
             PartitionError,
             "1 block shapes for the 2 workers",
         ),
+        (
+            lambda: BlockGrid("b", Partition.grid((2,)), (1, 1)),
+            DecompositionError,
+            "block grid 'b': block shape 1 is not a tuple of integers",
+        ),
+        (
+            lambda: AllReduce(BlockGrid.uniform("u", Partition.grid((2,)), (1,)), 0.5),
+            PartitionError,
+            r"AllReduce: axes 0.5 must be integers",
+        ),
     ],
     ids=[
         "shapes-do-not-broadcast",
@@ -391,12 +401,19 @@ def test_other_blocks_pass_through_unchanged():
         "axis-twice",
         "broadcast-same-name",
         "grid-shape-count",
+        "grid-shape-not-a-tuple",
+        "axis-not-an-integer",
     ],
 )
 def test_bad_collectives_get_typed_errors(make, error, fragment):
     with pytest.raises(error, match=fragment) as info:
         make()
     assert isinstance(info.value, LinopError)
+
+
+def test_a_block_grid_needs_a_partition():
+    with pytest.raises(TypeError, match="block grid 'b': partition must be a Partition, not tuple"):
+        BlockGrid("b", (2,), ((1,), (1,)))
 
 
 def test_a_wrong_adjoint_is_caught_by_the_exact_check():

@@ -71,6 +71,45 @@ def test_malformed_partitions_are_rejected_by_name(shape, workers, fragment):
         Partition(shape, workers)
 
 
+@pytest.mark.parametrize(
+    ("make", "error", "fragment"),
+    [
+        (lambda: Partition((2.5,)), PartitionError, r"partition shape \(2.5,\)"),
+        (lambda: Partition((2,), ("a", "b")), PartitionError, r"workers \('a', 'b'\)"),
+        (lambda: Partition.grid((2,), first=-1), PartitionError, "must be >= 0, got -1"),
+        (lambda: Partition((2, 3)).subpartitions([2]), PartitionError, "axis 2 is out of range"),
+        (lambda: Partition((2, 3)).subpartitions([0, -2]), PartitionError, "axis 0 is listed twice"),
+        (lambda: balanced_sizes(-3, 2), DecompositionError, "length -3"),
+    ],
+    ids=["float-extent", "string-workers", "negative-first", "axis-range", "axis-twice", "negative-length"],
+)
+def test_malformed_arguments_get_typed_errors(make, error, fragment):
+    with pytest.raises(error, match=fragment) as info:
+        make()
+    assert isinstance(info.value, LinopError)
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (lambda: Partition((2,), np.array([5, 3])), Partition((2,), (5, 3))),
+        (lambda: Partition.grid(np.int64(3), first=2), Partition((3,), (2, 3, 4))),
+        (lambda: Partition(np.array([2, 1])), Partition((2, 1))),
+    ],
+    ids=["numpy-workers", "numpy-int-grid", "numpy-shape"],
+)
+def test_numpy_integers_are_accepted(make, expected):
+    assert make() == expected
+
+
+def test_subpartitions_follow_the_order_of_the_axes():
+    p = Partition((2, 3), workers=(10, 11, 12, 13, 14, 15))
+    (transposed,) = p.subpartitions([1, 0])
+    assert transposed.shape == (3, 2)
+    assert transposed.workers == (10, 13, 11, 14, 12, 15)
+    assert [q.workers for q in p.subpartitions([-1])] == [q.workers for q in p.subpartitions([1])]
+
+
 def test_partition_lookup_errors_name_the_culprit():
     p = Partition.grid((2, 2))
     with pytest.raises(PartitionError, match=r"index \(2, 0\) is outside"):
@@ -196,6 +235,51 @@ def test_bad_tensors_get_typed_errors(make, error, fragment):
         make()
     assert isinstance(info.value, LinopError)
     assert "'x'" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "fragment"),
+    [
+        (lambda t: t.box((2, 0)), PartitionError, r"index \(2, 0\) is outside partition \(2, 2\)"),
+        (lambda t: t.box((-1, 0)), PartitionError, r"index \(-1, 0\) is outside"),
+        (lambda t: t.block((0,)), PartitionError, r"index \(0,\) is outside"),
+        (lambda t: t.region((0, 3), ((0, 0), (1, 1))), PartitionError, r"index \(0, 3\) is outside"),
+        (
+            lambda t: DistributedTensor("x", (4,), (2,)),
+            TypeError,
+            "partition must be a Partition, not tuple",
+        ),
+        (
+            lambda t: DistributedTensor("x", (4.0,), Partition((2,))),
+            DecompositionError,
+            r"tensor 'x': global shape \(4.0,\)",
+        ),
+        (
+            lambda t: DistributedTensor("x", (4,), Partition((2,)), sizes=(3,)),
+            DecompositionError,
+            r"tensor 'x': dimension 0 has 1 sizes for 2 workers",
+        ),
+    ],
+    ids=[
+        "index-too-large",
+        "negative-index",
+        "index-rank",
+        "region-index",
+        "not-a-partition",
+        "float-extent",
+        "sizes-not-nested",
+    ],
+)
+def test_bad_tensor_arguments_get_typed_errors(make, error, fragment):
+    tensor = DistributedTensor("x", (5, 4), Partition.grid((2, 2)))
+    with pytest.raises(error, match=fragment):
+        make(tensor)
+
+
+def test_numpy_sizes_are_accepted():
+    sizes = np.array([[1, 3], [2, 0]])
+    tensor = DistributedTensor("x", np.array([4, 2]), Partition.grid((2, 2)), sizes)
+    assert tensor == DistributedTensor("x", (4, 2), Partition.grid((2, 2)), ((1, 3), (2, 0)))
 
 
 def test_scatter_rejects_an_array_of_the_wrong_shape():
