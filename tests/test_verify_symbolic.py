@@ -211,3 +211,16 @@ def test_clashing_symbol_names_are_refused(check):
     # with one symbol for two entries, copying x[0, :] onto x_0 would look like the identity
     with pytest.raises(verify.SymbolicError, match=r"entries x\[0, 0\] and x_0\[0\] would both be"):
         check(clashing_space())
+
+
+def test_size_free_proofs_do_not_use_the_concrete_sizes():
+    # on empty blocks a copy and the identity are both the 0 x 0 matrix, so the exact level
+    # rightly proves them equal; for any other size they differ, and the size-free level says so
+    empty = Space([Block("a", (0,)), Block("b", (0,))])
+    copy, identity = Copy(empty["a"], empty["b"]), Identity(empty)
+    assert verify.equal(copy, identity)
+    proof = symbolic.prove_equal(copy, identity)
+    assert not proof
+    assert "block (row b, column a): left has I, right has 0" in proof.detail
+    n_a = sympy.Symbol("n_a", integer=True, nonnegative=True)
+    assert symbolic.block_matrix(copy).blocks[1, 0] == sympy.Identity(n_a)

@@ -39,6 +39,7 @@ SOURCES: tuple[str, ...] = (
 )
 """The modules whose ``ENTRIES`` make the catalogue, in report order."""
 
+
 def load(sources: tuple[str, ...] = SOURCES) -> tuple[Entry, ...]:
     """Collect the entries of ``sources``; raise ValueError on a duplicate name."""
     entries: list[Entry] = []

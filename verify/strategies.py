@@ -22,30 +22,31 @@ block forms::
     @given(lst.operators(whole=True))
     def test_size_free(op):
         verify.symbolic.prove_adjoint(op).check()
- Everything drawn is valid:
-regions lie inside their blocks, the pairs related by an add are disjoint and of one shape,
-and trees compose (each factor's domain is the range of the one to its right).
 
-=======================  ==================================================================
-strategy                 draws
-=======================  ==================================================================
-``dtypes()``             float32, float64, complex64, complex128 (numpy dtypes)
-``block_names()``        short names such as ``x``, ``b3``
-``shapes()``             block shapes, zero extents included
-``blocks()``             :class:`~linop.Block` with a shape and a worker
-``spaces()``             :class:`~linop.Space` of uniquely named blocks
-``regions(space)``       a :class:`~linop.Region` (box) of one of the space's blocks
-``region_pairs(space)``  two disjoint regions of one shape (source, destination)
-``scalars()``            small exact scalars: integers, dyadic fractions, complex
-``primitives(space)``    Allocate, Deallocate, Clear or Add with domain ``space``
-``movements(space)``     Copy, Move (in and out of place), SendRecv with domain ``space``
-``endomorphisms(space)`` leaves whose domain and range are both ``space``
-``operators(space)``     operator trees (compositions, sums, scalings) of bounded depth/size
-``states(space)``        a state (dict of arrays) of ``space`` with finite entries
-=======================  ==================================================================
+Everything drawn is valid: regions lie inside their blocks, the pairs related by an add are
+disjoint and of one shape, and trees compose (each factor's domain is the range of the one to
+its right).
 
-Later features add their own strategies (partitions, distributed tensors); they are
-re-exported here when their modules are installed.
+========================  ==================================================================
+strategy                  draws
+========================  ==================================================================
+``dtypes()``              float32, float64, complex64, complex128 (numpy dtypes)
+``block_names()``         short names such as ``x``, ``b3``
+``shapes()``              block shapes, zero extents included
+``blocks()``              :class:`~linop.Block` with a shape and a worker
+``spaces()``              :class:`~linop.Space` of uniquely named blocks
+``regions(space)``        a :class:`~linop.Region` (box) of one of the space's blocks
+``region_pairs(space)``   two disjoint regions of one shape (source, destination)
+``scalars()``             small exact scalars: integers, dyadic fractions, complex
+``primitives(space)``     Allocate, Deallocate, Clear or Add with domain ``space``
+``movements(space)``      Copy, Move (in and out of place), SendRecv with domain ``space``
+``endomorphisms(space)``  leaves whose domain and range are both ``space``
+``operators(space)``      operator trees (compositions, sums, scalings) of bounded depth/size
+``states(space)``         a state (dict of arrays) of ``space`` with finite entries
+========================  ==================================================================
+
+The strategies of the distributed features (partitions, distributed tensors, halos) live in
+their own modules (:data:`FEATURE_MODULES`) and are re-exported here.
 """
 
 from __future__ import annotations
