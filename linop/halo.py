@@ -367,6 +367,10 @@ class _ExchangeBase(LinearOperator):
     local_name: str | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.geometry, HaloGeometry):
+            raise TypeError(
+                f"{type(self).__name__}: geometry must be a HaloGeometry, not {type(self.geometry).__name__}"
+            )
         if self.variant not in ("nested", "direct"):
             raise HaloError(f"halo exchange variant must be 'nested' or 'direct', not {self.variant!r}")
         object.__setattr__(self, "local_name", _local_prefix(self.geometry, self.local_name))
@@ -418,6 +422,13 @@ class HaloExchange(_ExchangeBase):
         ``"direct"``: one stage, every entry straight from its owner. Same operator.
     local_name : str, optional
         Name of the local blocks (default the tensor's name + ``"_local"``).
+
+    Raises
+    ------
+    TypeError
+        If ``geometry`` is not a :class:`~linop.halo_geometry.HaloGeometry`.
+    HaloError
+        If the variant is unknown or ``local_name`` is the tensor's own name.
     """
 
     geometry: HaloGeometry

@@ -92,12 +92,29 @@ class KernelError(HaloError):
 
 
 # -- kernel parameters ------------------------------------------------------------------------
+def _is_scalar(value: object) -> bool:
+    """A kernel parameter given once for every dimension: a string or anything not iterable
+    (valid or not; the entries are validated per dimension)."""
+    if isinstance(value, str):
+        return True
+    try:
+        iter(value)  # type: ignore[call-overload]
+    except TypeError:
+        return True
+    return False
+
+
+def _entries(value: object) -> tuple:
+    """The entries of a kernel parameter: a scalar's one entry or a sequence's items."""
+    return (value,) if _is_scalar(value) else tuple(value)  # type: ignore[call-overload]
+
+
 def _per_dimension(value: object, ndim: int, what: str, leading: int) -> tuple:
     """Broadcast a scalar to ``ndim - leading`` dimensions or check a per-dimension list."""
     count = ndim - leading
-    if isinstance(value, (str, int, np.integer)):
+    if _is_scalar(value):
         return (value,) * count
-    values = tuple(value)  # type: ignore[arg-type]
+    values = tuple(value)  # type: ignore[call-overload]
     if len(values) != count:
         where = f" (after {leading} leading dimensions)" if leading else ""
         raise KernelError(f"kernel {what} has {len(values)} entries for {count} dimensions{where}: {values}")
@@ -149,7 +166,12 @@ class Kernel:
             If a per-dimension list has the wrong length, a size, stride or dilation is below 1,
             a padding is negative or a boundary mode is unknown (the message names the dimension).
         """
-        leading = operator.index(self.leading)
+        try:
+            leading = operator.index(self.leading)
+        except TypeError:
+            raise KernelError(
+                f"the number of leading dimensions must be an integer, not {self.leading!r}"
+            ) from None
         if not 0 <= leading <= ndim:
             raise KernelError(f"kernel has {leading} leading dimensions but the tensor has rank {ndim}")
         values = {}
@@ -193,9 +215,15 @@ class Kernel:
 
     def __str__(self) -> str:
         parts = [f"size={self.size}"]
-        for what, default in (("stride", 1), ("padding", 0), ("dilation", 1), ("boundary", "zero")):
+        for what, default in (
+            ("stride", 1),
+            ("padding", 0),
+            ("dilation", 1),
+            ("boundary", "zero"),
+            ("leading", 0),
+        ):
             value = getattr(self, what)
-            if value != default and set(value if isinstance(value, tuple) else (value,)) != {default}:
+            if any(entry != default for entry in _entries(value)):
                 parts.append(f"{what}={value}")
         return f"Kernel({', '.join(parts)})"
 
@@ -503,12 +531,16 @@ def halo_geometry(tensor: DistributedTensor, kernel: Kernel | int) -> HaloGeomet
 
     Raises
     ------
+    TypeError
+        If ``tensor`` is not a :class:`~linop.partition.DistributedTensor`.
     KernelError
         If the kernel parameters are invalid, or the kernel's extent d(k-1)+1 exceeds the
         padded input m + 2p in some dimension (the message names it).
     HaloError
         If a periodic or reflecting boundary must wrap a dimension of length 0.
     """
+    if not isinstance(tensor, DistributedTensor):
+        raise TypeError(f"halo_geometry: tensor must be a DistributedTensor, not {type(tensor).__name__}")
     if not isinstance(kernel, Kernel):
         kernel = Kernel(kernel)
     kernel = kernel.resolve(tensor.ndim)

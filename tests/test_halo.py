@@ -317,6 +317,12 @@ def test_exchange_errors():
         HaloExchange(geometry, local_name="x")
     with pytest.raises(HaloError, match="other than the local"):
         trim_shim(geometry, local_name="y", window_name="y")
+    with pytest.raises(
+        TypeError, match="HaloExchange: geometry must be a HaloGeometry, not DistributedTensor"
+    ):
+        HaloExchange(t)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="halo_geometry: tensor must be a DistributedTensor, not ndarray"):
+        halo_geometry(np.zeros(6), Kernel(3))  # type: ignore[arg-type]
 
 
 def test_stage_is_a_plain_copy_set():

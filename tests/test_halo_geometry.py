@@ -171,12 +171,37 @@ def test_source_index_matches_numpy_pad(mode, length):
         pytest.param(Kernel(3, padding=(1,)), "padding has 1 entries for 2 dimensions", id="list-too-short"),
         pytest.param(Kernel(3, boundary="mirror"), "'mirror' in dimension 0", id="unknown-boundary"),
         pytest.param(Kernel(3, leading=3), "3 leading dimensions", id="too-many-leading"),
+        pytest.param(Kernel(3.5), "size in dimension 0 must be an integer", id="float-size"),
+        pytest.param(
+            Kernel(3, stride=(1, 2.0)), "stride in dimension 1 must be an integer", id="float-stride"
+        ),
+        pytest.param(Kernel(3, padding=None), "padding in dimension 0 must be an integer", id="none-padding"),
+        pytest.param(Kernel(3, boundary=None), "None in dimension 0", id="none-boundary"),
+        pytest.param(Kernel(3, leading=1.5), "leading dimensions must be an integer", id="float-leading"),
     ],
 )
 def test_kernel_errors(kernel, match):
     with pytest.raises(KernelError, match=match) as caught:
         halo_geometry(tensor((6, 5), (2, 1)), kernel)
     assert isinstance(caught.value, LinopError) and isinstance(caught.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("kernel", "text"),
+    [
+        pytest.param(Kernel(3), "Kernel(size=3)", id="scalar"),
+        pytest.param(Kernel([3, 3], stride=[2, 2]), "Kernel(size=[3, 3], stride=[2, 2])", id="lists"),
+        pytest.param(Kernel((3, 3), padding=(0, 0)), "Kernel(size=(3, 3))", id="default-tuple-omitted"),
+        pytest.param(Kernel(3, padding=1, leading=2), "Kernel(size=3, padding=1, leading=2)", id="leading"),
+        pytest.param(
+            Kernel(3, boundary=("zero", "reflect")),
+            "Kernel(size=3, boundary=('zero', 'reflect'))",
+            id="modes",
+        ),
+    ],
+)
+def test_kernel_prints_its_parameters(kernel, text):
+    assert str(kernel) == text
 
 
 def test_padding_makes_a_large_kernel_fit():
