@@ -77,11 +77,24 @@ def test_levels_option_and_table():
 
 @pytest.mark.parametrize(
     "args",
-    [("--only", "no-such-identity"), ("--levels", "float16"), ("--bogus",)],
-    ids=["nothing-selected", "unknown-level", "unknown-option"],
+    [
+        ("--only", "no-such-identity"),
+        ("--levels", "float16"),
+        ("--bogus",),
+        ("--only", "clear-box-adjoint", "--levels", "size-free"),
+    ],
+    ids=["nothing-selected", "unknown-level", "unknown-option", "no-level-applies"],
 )
 def test_usage_errors_exit_2(args):
-    assert run_cli(*args).returncode == 2
+    done = run_cli("--no-progress", *args)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr
+
+
+def test_a_level_named_twice_runs_once():
+    done = run_cli("--only", "clear-box-adjoint", "--levels", "exact,exact", "--no-progress")
+    assert done.returncode == 0
+    assert "1 identity, 1 check: 1 passed, 0 failed" in done.stdout
 
 
 def test_list():

@@ -9,7 +9,7 @@ Usage::
     python -m verify --list               # the catalogue: names, sections, statements
 
 Exit status: 0 when every check passes, 1 when any check fails or errors, 2 on a usage error
-(including a pattern that selects nothing).
+(including a pattern that selects nothing, or levels that apply to none of the selection).
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         return distributed.main([args.only] if args.only else [])
     from . import identities
 
-    levels = tuple(level.strip() for level in args.levels.split(",") if level.strip())
+    levels = tuple(dict.fromkeys(level.strip() for level in args.levels.split(",") if level.strip()))
     unknown = [level for level in levels if level not in LEVELS]
     if unknown or not levels:
         parser.print_usage(sys.stderr)
@@ -115,6 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     report = run(entries, levels, progress)
     if progress is not None:
         progress.finish()
+    if not report.results:
+        print(
+            f"python -m verify: none of the levels {', '.join(levels)} applies to the selected identities",
+            file=sys.stderr,
+        )
+        return 2
     print(to_json(report, levels=levels) if args.json else format_table(report, verbose=args.verbose))
     return 0 if report.passed else 1
 

@@ -52,7 +52,8 @@ SEED = 20240601
 class CheckResult:
     """One row of the report: one identity at one level.
 
-    ``status`` is ``"pass"``, ``"fail"`` (the claim is false) or ``"error"`` (the check
+    ``level`` is one of :data:`LEVELS`, or ``"build"`` for an entry whose operators could not
+    be built (its only row, with status ``"error"``). ``status`` is ``"pass"``, ``"fail"`` (the claim is false) or ``"error"`` (the check
     raised). ``error`` is the measured error where there is one: the relative error of a
     numeric level, the largest absolute matrix difference of the exact level (0 when the
     matrices agree), None otherwise.
