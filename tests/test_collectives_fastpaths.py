@@ -5,7 +5,7 @@ catalogue entries of verify.catalogue_collectives hold."""
 import numpy as np
 import pytest
 from collective_checks import assert_exact_adjoint, assert_same_operator, integer_state
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from linop import Block, Clear
@@ -34,7 +34,8 @@ def collectives(draw):
         op = Broadcast(x, destination, "y", transpose)
         if kind == "allreduce":
             axes = draw(st.sets(st.integers(0, destination.ndim - 1)).map(tuple))
-            op = AllReduce(BlockGrid.uniform("u", destination, (2, 1)), axes)
+            shape = draw(st.lists(st.integers(0, 2), min_size=0, max_size=2).map(tuple))
+            op = AllReduce(BlockGrid.uniform("u", destination, shape), axes)
     elif kind == "allgather":
         x = draw(distributed_tensors("x"))
         axes = draw(st.sets(st.integers(0, x.ndim - 1)).map(tuple))
@@ -92,11 +93,18 @@ def test_mixed_dtypes_promote_as_the_expansion_does(op, seed):
 
 
 @given(collectives(), st.integers(0, 2**31))
+@example(AllReduce(BlockGrid.uniform("u", Partition.grid((2, 2)), (3,)), (0,)), 0)
+@example(Broadcast(DistributedTensor("x", (4,), Partition.grid(2)), Partition.grid((3, 2)), "y").H, 0)
 @FAST
-def test_inputs_are_never_mutated(op, seed):
+def test_inputs_are_never_mutated_and_results_share_no_writable_memory(op, seed):
     state = integer_state(op.domain, seed)
     before = {n: a.copy() for n, a in state.items()}
     result = op(state)
+    writable = [n for n, a in result.items() if a.flags.writeable]
+    for k, name in enumerate(writable):
+        assert not any(np.shares_memory(result[name], a) for a in state.values()), name
+        for other in writable[k + 1 :]:
+            assert not np.shares_memory(result[name], result[other]), (name, other)
     for array in result.values():  # writing the result must not reach the input
         if array.flags.writeable and array.size:
             array[...] = -1
