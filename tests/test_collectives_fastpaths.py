@@ -111,6 +111,26 @@ def test_inputs_are_never_mutated_and_results_share_no_writable_memory(op, seed)
     _same_states(state, before)
 
 
+@given(collectives(), st.integers(0, 2**31), st.booleans())
+@FAST
+def test_in_place_round_trips_write_the_matrix_result_into_the_callers_arrays(op, seed, separate):
+    """op.H op (and op itself where it is in place) applied with inplace=True: relabelled and
+    summed blocks land in the caller's own arrays, which may be views of one buffer."""
+    tree = op if op.domain == op.range else op.H @ op
+    state = integer_state(tree.domain, seed)
+    expected = tree.domain.unflatten(tree.to_sparse() @ tree.domain.flatten(state))
+    arrays = (
+        {n: a.copy() for n, a in state.items()}
+        if separate
+        else tree.domain.unflatten(tree.domain.flatten(state))
+    )
+    before = dict(arrays)
+    assert tree.apply(arrays, inplace=True) is arrays
+    for name in tree.range.names:
+        assert arrays[name] is before[name], name
+        assert np.array_equal(arrays[name], expected[name]), name
+
+
 def test_relabelled_blocks_are_not_written_through():
     x = DistributedTensor("x", (4, 2), Partition((2, 1), (0, 1)))
     y = DistributedTensor("y", (4, 2), Partition((2, 1), (0, 1)))
