@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import reduce
 
 import pytest
@@ -9,7 +10,19 @@ import sympy
 from hypothesis import given, settings
 
 import verify
-from linop import Add, Allocate, Block, Clear, Copy, Deallocate, Identity, Move, SendRecv, Space
+from linop import (
+    Add,
+    Allocate,
+    Block,
+    Clear,
+    Copy,
+    Deallocate,
+    Identity,
+    LinearOperator,
+    Move,
+    SendRecv,
+    Space,
+)
 from verify import strategies as lst
 from verify import symbolic
 from verify.sizefree import block_forms, canonical_block
@@ -224,3 +237,42 @@ def test_size_free_proofs_do_not_use_the_concrete_sizes():
     assert "block (row b, column a): left has I, right has 0" in proof.detail
     n_a = sympy.Symbol("n_a", integer=True, nonnegative=True)
     assert symbolic.block_matrix(copy).blocks[1, 0] == sympy.Identity(n_a)
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class CopyWithWrongSpaces(Copy):
+    """An adjoint that does not even map the range back to the domain."""
+
+    def adjoint(self) -> LinearOperator:
+        return Copy(self.src, "zz")
+
+
+@pytest.mark.parametrize(
+    ("check", "expected"),
+    [
+        pytest.param(
+            lambda: symbolic.dot_test(CopyWithWrongSpaces(space()["a"], space()["b"])),
+            "op.H's range is not op's domain: block 'zz'",
+            id="dot-test",
+        ),
+        pytest.param(
+            lambda: symbolic.equal(Copy(space()["a"], "y"), Copy(space()["a"], "z")),
+            "ranges differ: block 'y'",
+            id="equal",
+        ),
+        pytest.param(
+            lambda: symbolic.prove_adjoint(CopyWithWrongSpaces(space()["a"], space()["b"])),
+            "ranges differ: block 'zz'",
+            id="prove-adjoint",
+        ),
+        pytest.param(
+            lambda: symbolic.prove_equal(Copy(space()["a"], "y"), Copy(space()["a"], "z")),
+            "ranges differ: block 'y'",
+            id="prove-equal",
+        ),
+    ],
+)
+def test_differing_spaces_name_the_block(check, expected):
+    result = check()
+    assert not result
+    assert expected in result.detail

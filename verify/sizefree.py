@@ -60,7 +60,7 @@ from linop import (
     Zero,
 )
 
-from ._text import short
+from ._text import short, space_problem
 from .errors import NotSizeFreeError, VerificationError
 
 __all__ = [
@@ -371,13 +371,11 @@ class SizeFreeProof:
 
 
 def _compare(claim: str, left: BlockForm, right: BlockForm, names: tuple[str, str]) -> SizeFreeProof:
-    for label, a, b in (
-        ("ranges differ", left.range, right.range),
-        ("domains differ", left.domain, right.domain),
-    ):
-        diff = a.difference(b)
-        if diff is not None:
-            return SizeFreeProof(claim, False, left, right, f"{label}: {diff}")
+    problem = space_problem("ranges differ", left.range, right.range) or space_problem(
+        "domains differ", left.domain, right.domain
+    )
+    if problem:
+        return SizeFreeProof(claim, False, left, right, problem)
     wrong = []
     for row in left.range.names:
         for column in left.domain.names:

@@ -29,7 +29,7 @@ import sympy
 
 from linop import LinearOperator, Space
 
-from ._text import short
+from ._text import short, space_problem
 from .errors import SymbolicError, VerificationError
 from .locate import Location
 from .sizefree import (
@@ -200,13 +200,11 @@ def dot_test(op: LinearOperator) -> SymbolicResult:
     """
     adjoint = op.H
     claim = f"symbolic dot test of {short(op)}"
-    for label, actual, expected in (
-        ("op.H's domain is not op's range", adjoint.domain, op.range),
-        ("op.H's range is not op's domain", adjoint.range, op.domain),
-    ):
-        diff = actual.difference(expected)
-        if diff is not None:
-            return SymbolicResult(claim, False, sympy.nan, f"{label}: {diff}")
+    problem = space_problem("op.H's domain is not op's range", adjoint.domain, op.range) or space_problem(
+        "op.H's range is not op's domain", adjoint.range, op.domain
+    )
+    if problem:
+        return SymbolicResult(claim, False, sympy.nan, problem)
     x = symbols(op.domain)
     y = symbols(op.range, _second_prefix(op.domain, op.range))
     residual = sympy.expand(_inner(op.range, apply(op, x), y) - _inner(op.domain, x, apply(adjoint, y)))
@@ -247,10 +245,11 @@ def equal(a: LinearOperator, b: LinearOperator) -> SymbolicResult:
     symbol name (see :func:`symbols`).
     """
     claim = f"{short(a)} == {short(b)} on symbols"
-    for label, left, right in (("domains differ", a.domain, b.domain), ("ranges differ", a.range, b.range)):
-        diff = left.difference(right)
-        if diff is not None:
-            return SymbolicResult(claim, False, sympy.nan, f"{label}: {diff}")
+    problem = space_problem("domains differ", a.domain, b.domain) or space_problem(
+        "ranges differ", a.range, b.range
+    )
+    if problem:
+        return SymbolicResult(claim, False, sympy.nan, problem)
     x = symbols(a.domain)
     left, right = apply(a, x), apply(b, x)
     wrong = []
