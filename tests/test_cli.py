@@ -82,8 +82,9 @@ def test_levels_option_and_table():
         ("--levels", "float16"),
         ("--bogus",),
         ("--only", "clear-box-adjoint", "--levels", "size-free"),
+        ("--mpi", "--json"),
     ],
-    ids=["nothing-selected", "unknown-level", "unknown-option", "no-level-applies"],
+    ids=["nothing-selected", "unknown-level", "unknown-option", "no-level-applies", "mpi-with-json"],
 )
 def test_usage_errors_exit_2(args):
     done = run_cli("--no-progress", *args)

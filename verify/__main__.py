@@ -87,6 +87,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.mpi:
+        ignored = [
+            flag
+            for flag, given in (
+                ("--json", args.json),
+                ("--list", args.list),
+                ("--levels", args.levels != parser.get_default("levels")),
+                ("--verbose", args.verbose),
+            )
+            if given
+        ]
+        if ignored:
+            parser.error(
+                f"--mpi runs its own checks and takes only --only (and --no-progress), not {', '.join(ignored)}"
+            )
         from . import distributed
 
         return distributed.main([args.only] if args.only else [])
