@@ -7,6 +7,7 @@ Usage::
     python -m verify --levels exact,float32
     python -m verify --json               # machine-readable (schema linop-verify-report/1)
     python -m verify --list               # the catalogue: names, sections, statements
+    mpiexec -n 4 python -m verify --mpi   # the distributed checks (takes --only too)
 
 Exit status: 0 when every check passes, 1 when any check fails or errors, 2 on a usage error
 (including a pattern that selects nothing, or levels that apply to none of the selection).
