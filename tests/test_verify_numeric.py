@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import verify
-from linop import Block, Clear, Copy, Move, SendRecv, Space
+from linop import Block, Clear, Copy, LinopError, Move, SendRecv, Space
 from verify.numeric import threshold_for
 
 DTYPES = [np.float32, np.float64, np.complex64, np.complex128]
@@ -72,13 +72,20 @@ def test_results_repeat_for_a_seed():
 
 @pytest.mark.parametrize("dtype", [np.int64, np.bool_], ids=["int64", "bool"])
 def test_non_floating_dtypes_are_refused(dtype):
-    with pytest.raises(TypeError, match="floating dtype"):
+    with pytest.raises(verify.CheckOptionError, match="floating dtype"):
         verify.adjoint_test(Copy(space()["x"], space()["y"]), dtype=dtype)
+    with pytest.raises(verify.CheckOptionError, match="floating dtype"):
+        verify.numeric_equal(Copy(space()["x"], space()["y"]), Copy(space()["x"], space()["y"]), dtype=dtype)
 
 
 def test_trials_must_be_positive():
-    with pytest.raises(ValueError, match="trials"):
+    with pytest.raises(verify.CheckOptionError, match="trials"):
         verify.adjoint_test(Copy(space()["x"], space()["y"]), trials=0)
+
+
+def test_option_errors_are_typed():
+    assert issubclass(verify.CheckOptionError, LinopError)
+    assert issubclass(verify.CheckOptionError, TypeError) and issubclass(verify.CheckOptionError, ValueError)
 
 
 def test_empty_spaces_pass():

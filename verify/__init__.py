@@ -22,13 +22,14 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .errors import NotSizeFreeError, SymbolicError, VerificationError
+from .errors import CheckOptionError, NotSizeFreeError, SymbolicError, VerificationError
 from .exact import Mismatch, Proof, assert_equal, assert_exact_adjoint, equal, exact_adjoint
 from .locate import Location
 from .numeric import AdjointTestResult, adjoint_test, assert_adjoint, numeric_equal
 
 __all__ = [
     "AdjointTestResult",
+    "CheckOptionError",
     "Location",
     "Mismatch",
     "NotSizeFreeError",

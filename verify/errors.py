@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from linop import LinopError
 
-__all__ = ["VerificationError", "NotSizeFreeError", "SymbolicError"]
+__all__ = ["VerificationError", "NotSizeFreeError", "SymbolicError", "CheckOptionError"]
 
 
 class VerificationError(AssertionError):
@@ -22,3 +22,8 @@ class NotSizeFreeError(LinopError, ValueError):
 
 class SymbolicError(LinopError, ValueError):
     """A symbolic computation cannot be set up (for example, clashing symbol names)."""
+
+
+class CheckOptionError(LinopError, TypeError, ValueError):
+    """A check was called with an option it cannot use: a dtype that is not floating, fewer
+    than one trial, an unknown level of the report."""

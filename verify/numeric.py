@@ -27,7 +27,7 @@ import numpy.typing as npt
 from linop import LinearOperator, Space
 
 from ._text import short, space_problem
-from .errors import VerificationError
+from .errors import CheckOptionError, VerificationError
 from .locate import locate
 
 __all__ = [
@@ -144,12 +144,18 @@ def adjoint_test(
     -------
     AdjointTestResult
         Truthy when the test passes.
+
+    Raises
+    ------
+    CheckOptionError
+        If ``dtype`` is not a floating dtype or ``trials`` is below 1 (a
+        :class:`~linop.LinopError`, also a TypeError and a ValueError).
     """
     dtype = np.dtype(dtype)
     if dtype.kind not in "fc":
-        raise TypeError(f"the adjoint test needs a real or complex floating dtype, not {dtype}")
+        raise CheckOptionError(f"the adjoint test needs a real or complex floating dtype, not {dtype}")
     if trials < 1:
-        raise ValueError(f"trials must be at least 1, not {trials}")
+        raise CheckOptionError(f"trials must be at least 1, not {trials}")
     rng = np.random.default_rng(0 if rng is None else rng)
     adjoint = op.H
     claim = f"adjoint test of {short(op)}"
@@ -214,12 +220,17 @@ def numeric_equal(
         Truthy when the worst relative difference is below the threshold; on failure the
         detail names the block and index of the largest difference. A NaN or infinite
         difference counts as an infinite error.
+
+    Raises
+    ------
+    CheckOptionError
+        As for :func:`adjoint_test`.
     """
     dtype = np.dtype(dtype)
     if dtype.kind not in "fc":
-        raise TypeError(f"the numeric test needs a real or complex floating dtype, not {dtype}")
+        raise CheckOptionError(f"the numeric test needs a real or complex floating dtype, not {dtype}")
     if trials < 1:
-        raise ValueError(f"trials must be at least 1, not {trials}")
+        raise CheckOptionError(f"trials must be at least 1, not {trials}")
     rng = np.random.default_rng(0 if rng is None else rng)
     claim = f"{short(a)} == {short(b)} numerically"
     limit = threshold_for(dtype, max(a.domain.size, a.range.size)) if threshold is None else threshold

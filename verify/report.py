@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from .catalogue import Entry
+from .errors import CheckOptionError
 
 __all__ = ["LEVELS", "SCHEMA", "CheckResult", "Report", "check", "run", "format_table", "to_json"]
 
@@ -182,7 +183,7 @@ def run(
     levels = tuple(levels)
     unknown = [level for level in levels if level not in LEVELS]
     if unknown:
-        raise ValueError(f"unknown level {unknown[0]!r}; the levels are {', '.join(LEVELS)}")
+        raise CheckOptionError(f"unknown level {unknown[0]!r}; the levels are {', '.join(LEVELS)}")
     report = Report(identities=len(entries))
     start = time.perf_counter()
     for done, entry in enumerate(entries):

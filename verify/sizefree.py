@@ -54,6 +54,7 @@ from linop import (
     Identity,
     LinearOperator,
     Region,
+    ScalarError,
     Scaled,
     Space,
     Sum,
@@ -90,7 +91,7 @@ def exact_scalar(alpha: object) -> sympy.Expr:
     if isinstance(alpha, numbers.Complex):
         value = complex(alpha)
         return sympy.Rational(value.real) + sympy.I * sympy.Rational(value.imag)
-    raise TypeError(f"not a scalar: {alpha!r}")
+    raise ScalarError(f"not a scalar: {alpha!r}")
 
 
 @dataclass
