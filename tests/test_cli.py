@@ -185,3 +185,10 @@ def test_mpi_flag_runs_the_distributed_catalogue_under_mpiexec():
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "0 failed" in done.stdout and "checked on 2 rank(s)" in done.stdout
+
+
+def test_run_refuses_an_unknown_level():
+    import verify
+
+    with pytest.raises(verify.CheckOptionError, match="unknown level 'float16'"):
+        report.run(identities.ENTRIES[:1], ("exact", "float16"))
