@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import DecompositionError, LinopError, PartitionError
+from .errors import DecompositionError, LinopError, PartitionError, RegionError
 from .space import Block, Region, Space, State
 
 __all__ = [
@@ -331,8 +331,23 @@ class DistributedTensor:
 
     def region(self, index: Sequence[int], box: Box, space: Space | None = None) -> Region:
         """The part of a global ``box`` held by block ``index`` as a region of ``space``
-        (default the tensor's space); ``box`` must lie inside that block's box."""
-        start = self.box(index)[0]
+        (default the tensor's space).
+
+        Raises
+        ------
+        RegionError
+            If ``box`` does not lie inside that block's box.
+        """
+        start, stop = self.box(index)
+        lower, upper = (tuple(corner) for corner in box)
+        inside = len(lower) == len(upper) == self.ndim and all(
+            s <= a <= b <= e for a, b, s, e in zip(lower, upper, start, stop)
+        )
+        if not inside:
+            raise RegionError(
+                f"tensor {self.name!r}: global box {box} is not inside the box {(start, stop)} "
+                f"of block {self.block_name(index)!r}"
+            )
         space = self.space if space is None else space
         whole = space[self.block_name(index)]
         return whole[tuple(slice(a - s, b - s) for a, b, s in zip(box[0], box[1], start))]

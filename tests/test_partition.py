@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from linop.errors import DecompositionError, LinopError, PartitionError
+from linop.errors import DecompositionError, LinopError, PartitionError, RegionError
 from linop.partition import DistributedTensor, Partition, balanced_sizes, intersect
 from verify.strategies_distributed import decompositions, distributed_tensors, partitions
 
@@ -245,6 +245,16 @@ def test_bad_tensors_get_typed_errors(make, error, fragment):
         (lambda t: t.block((0,)), PartitionError, r"index \(0,\) is outside"),
         (lambda t: t.region((0, 3), ((0, 0), (1, 1))), PartitionError, r"index \(0, 3\) is outside"),
         (
+            lambda t: t.region((1, 0), ((0, 0), (4, 1))),
+            RegionError,
+            r"global box \(\(0, 0\), \(4, 1\)\) is not inside the box \(\(3, 0\), \(5, 2\)\) of block 'x\[1,0\]'",
+        ),
+        (
+            lambda t: t.region((0, 0), ((0, 0), (1,))),
+            RegionError,
+            r"global box \(\(0, 0\), \(1,\)\) is not inside",
+        ),
+        (
             lambda t: DistributedTensor("x", (4,), (2,)),
             TypeError,
             "partition must be a Partition, not tuple",
@@ -265,6 +275,8 @@ def test_bad_tensors_get_typed_errors(make, error, fragment):
         "negative-index",
         "index-rank",
         "region-index",
+        "region-box-outside-the-block",
+        "region-box-wrong-rank",
         "not-a-partition",
         "float-extent",
         "sizes-not-nested",
