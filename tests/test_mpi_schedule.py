@@ -72,6 +72,26 @@ def test_movement_nodes_map_onto_transfers():
     assert isinstance(t, Transfer) and (t.mode, t.after) == ("new", "drop")
 
 
+MOVED = Space([Block("a", (4, 4), 0), Block("b", (4, 4), 2), Block("c", (4, 4), 2)])
+RESHAPED = Space([Block("a", (4, 4), 0), Block("b", (5, 4), 1), Block("c", (4, 4), 2)])
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        (Copy(SPACE["a"][0:1], SPACE["b"][0:1]), Copy(MOVED["a"][0:1], MOVED["b"][0:1])),
+        (Copy(SPACE["a"][0:1], SPACE["b"][0:1]), Copy(RESHAPED["a"][0:1], RESHAPED["b"][0:1])),
+        (Copy(SPACE["a"][0], SPACE["b"][0]), Copy(SPACE["a"][0:1], SPACE["b"][0:1])),
+        (2 * Copy(SPACE["a"][0:1], SPACE["b"][0:1]), 2.0 * Copy(SPACE["a"][0:1], SPACE["b"][0:1])),
+    ],
+    ids=["worker-of-a-block", "shape-of-a-block", "integer-index", "scalar-type"],
+)
+def test_fingerprints_tell_apart_what_changes_the_program(one, other):
+    """Equal boxes on another layout (or of another kind) make another program: a fingerprint
+    blind to them would let ranks run different programs (stray messages, hangs)."""
+    assert fingerprint(one) != fingerprint(other)
+
+
 def test_fingerprints_tell_trees_apart():
     one = SendRecv(SPACE["a"][0:1], SPACE["b"][0:1])
     other = SendRecv(SPACE["a"][1:2], SPACE["b"][0:1])

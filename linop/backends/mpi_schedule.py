@@ -479,7 +479,8 @@ def _workers(steps: Iterable[Step]) -> list[int]:
 
 # -- fingerprint ----------------------------------------------------------------------------
 def fingerprint(op: LinearOperator) -> bytes:
-    """A stable 16-byte digest of the tree's structure (types, spaces, regions, scalars).
+    """A stable 16-byte digest of the tree's structure (types, spaces, regions with the shape
+    and worker of their block, scalars with their type: ``2`` and ``2.0`` differ).
 
     The same on every process for the same tree (it does not use Python's randomized
     ``hash``); different trees differ with overwhelming probability.
@@ -498,7 +499,8 @@ def _feed(value: Any, digest: Any, memo: dict[int, bytes]) -> None:
         digest.update(b"S")
         digest.update(memo[key])
     elif isinstance(value, Region):
-        digest.update(f"R{value.name}{value.start}{value.stop}".encode())
+        # the block's shape and worker too: a box means a different program on another layout
+        digest.update(f"R{value.start}{value.stop}{value.dropped}{value.block!r}".encode())
     elif isinstance(value, Block):
         digest.update(b"B" + repr(value).encode())
     elif isinstance(value, LinearOperator) or (

@@ -51,6 +51,20 @@ def test_mismatched_trees():
     still_works()
 
 
+@pytest.mark.skipif(SIZE == 1, reason="one rank cannot disagree with itself")
+def test_trees_equal_but_for_a_blocks_worker():
+    """Rank 0 places y on the last worker, the others on worker 0: the same boxes, but rank 0
+    would send a message that no rank receives."""
+    from linop import Copy
+
+    space = Space([Block("x", (4, 3), 0), Block("y", (4, 3), LAST if RANK == 0 else 0)])
+    op = Copy(space["x"][0:1, :], space["y"][1:2, :])
+    local = local_part(space, space.random(0), RANK)
+    message = expect_collective_error(TreeMismatchError, lambda: mpi_backend.apply(op, local))
+    collective_assert("rank(s) [1" in message, message)
+    still_works()
+
+
 def test_too_few_ranks():
     space = Space([Block("x", (2,), 0), Block("y", (2,), SIZE)])
     op = SendRecv(space["x"], space["y"])
