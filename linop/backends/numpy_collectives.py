@@ -4,9 +4,12 @@ tests/test_collectives_fastpaths.py).
 One handler serves every :class:`~linop.collectives.Planned` node (broadcast, sum-reduce,
 all-gather, reduce-scatter, repartition, scatter, gather): it reads the node's plan and does one
 numpy copy (or add) per piece, instead of running Allocate / Copy / Deallocate nodes one by one.
-A new block that is exactly one whole old block, used nowhere else and dropped, is relabelled
-without a copy (as an out-of-place Move is), so no two blocks ever share a writable array. Dtypes follow the expansion: a new block gets the common
-dtype of the interpreter's working dtype and of the blocks that feed it.
+A new block that is exactly one whole old block, used nowhere else, dropped and already of the
+right dtype, is relabelled without a copy (as an out-of-place Move is); every other new block is
+a fresh array, so no two blocks ever share a writable array. Dtypes follow the expansion: a new
+block gets the common dtype of the interpreter's working dtype and of the blocks that feed it.
+
+The all-reduce handler sums each group once and gives every member its own copy of the sum.
 """
 
 from __future__ import annotations
