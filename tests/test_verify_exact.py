@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 
 import verify
-from linop import Add, Block, Clear, Copy, Deallocate, Identity, LinearOperator, Move, SendRecv, Space
+from linop import Add, Block, Clear, Copy, Deallocate, Identity, LinearOperator, Move, SendRecv, Space, Zero
 from verify.locate import Location, locate, locations
 
 
@@ -167,3 +167,40 @@ def test_small_differences_are_not_taken_for_rounding(build, where, count, exact
     assert not proof, proof
     assert proof.count == count and proof.mismatches[0].row == where
     assert proof.exact is exact
+
+
+# Integer scalars large enough to overflow int64 in the sparse interpreter: a wrapped matrix
+# (2**80 is 0 modulo 2**64) must not become a proof. (left, right, whether they are equal)
+LARGE_INTEGERS = [
+    pytest.param(
+        lambda: (
+            (2**40 * Identity(space())) @ (2**40 * Copy(space()["x"], space()["y"])),
+            Zero(space(), space()),
+        ),
+        False,
+        id="product-wraps-to-zero",
+    ),
+    pytest.param(
+        # 2**63 wraps to -2**63
+        lambda: (
+            2**62 * Clear(space()["x"]) + 2**62 * Clear(space()["x"]),
+            -(2**62) * Clear(space()["x"]) + -(2**62) * Clear(space()["x"]),
+        ),
+        False,
+        id="sum-wraps",
+    ),
+    pytest.param(
+        lambda: (
+            2**70 * Copy(space()["x"], space()["y"]),
+            2**35 * (2**35 * Copy(space()["x"], space()["y"])),
+        ),
+        True,
+        id="scalar-beyond-int64",
+    ),
+]
+
+
+@pytest.mark.parametrize(("build", "same"), LARGE_INTEGERS)
+def test_integer_overflow_is_no_proof(build, same):
+    left, right = build()
+    assert bool(verify.equal(left, right)) is same

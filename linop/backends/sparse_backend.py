@@ -8,6 +8,7 @@ from index arrays (no Python loop per entry).
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,10 @@ __all__ = ["to_sparse", "handler", "embedding", "selection"]
 
 INDEX = np.int64
 """Integer dtype of data-movement matrices."""
+
+SAFE_INTEGER = 2.0**62
+"""Bound on the entries an integer product, sum or scaling may reach; beyond it the matrices
+are converted to float64 first (int64 arithmetic would wrap around silently)."""
 
 Handler = Callable[[Any], sp.csr_array]
 _HANDLERS: dict[type, Handler] = {}
@@ -99,11 +104,29 @@ def _zero(op: Zero) -> sp.csr_array:
     return sp.csr_array(op.shape, dtype=INDEX)
 
 
+def _largest(matrix: sp.sparray) -> float:
+    """The largest magnitude of an entry, in float64 (no integer overflow)."""
+    return float(np.abs(matrix.data.astype(np.float64)).max(initial=0.0))
+
+
+def _largest_row_sum(matrix: sp.sparray) -> float:
+    """The largest sum of magnitudes along a row, in float64."""
+    magnitudes = abs(matrix.astype(np.float64))
+    return float(np.asarray(magnitudes.sum(axis=1)).max(initial=0.0))
+
+
+def _integer(*matrices: sp.sparray) -> bool:
+    return all(m.dtype.kind in "iu" for m in matrices)
+
+
 @handler(Composition)
 def _composition(op: Composition) -> sp.csr_array:
     matrix = matrix_of(op.factors[-1])
     for factor in reversed(op.factors[:-1]):
-        matrix = matrix_of(factor) @ matrix
+        left = matrix_of(factor)
+        if _integer(left, matrix) and _largest_row_sum(left) * _largest(matrix) >= SAFE_INTEGER:
+            left, matrix = left.astype(np.float64), matrix.astype(np.float64)
+        matrix = left @ matrix
     return matrix.tocsr()
 
 
@@ -111,13 +134,20 @@ def _composition(op: Composition) -> sp.csr_array:
 def _sum(op: Sum) -> sp.csr_array:
     total = matrix_of(op.terms[0])
     for term in op.terms[1:]:
-        total = total + matrix_of(term)
+        matrix = matrix_of(term)
+        if _integer(total, matrix) and _largest(total) + _largest(matrix) >= SAFE_INTEGER:
+            total, matrix = total.astype(np.float64), matrix.astype(np.float64)
+        total = total + matrix
     return total.tocsr()
 
 
 @handler(Scaled)
 def _scaled(op: Scaled) -> sp.csr_array:
-    return (matrix_of(op.operator) * op.alpha).tocsr()
+    matrix = matrix_of(op.operator)
+    if _integer(matrix) and isinstance(op.alpha, numbers.Integral):
+        if abs(int(op.alpha)) * _largest(matrix) >= SAFE_INTEGER:
+            matrix = matrix.astype(np.float64)
+    return (matrix * op.alpha).tocsr()
 
 
 @handler(Allocate)
