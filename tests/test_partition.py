@@ -2,12 +2,12 @@
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import Phase, find, given, settings
 from hypothesis import strategies as st
 
 from linop.errors import DecompositionError, LinopError, PartitionError, RegionError
 from linop.partition import DistributedTensor, Partition, balanced_sizes, intersect
-from verify.strategies_distributed import decompositions, distributed_tensors, partitions
+from verify.strategies_distributed import decompositions, distributed_tensors, partitions, tensor_pairs
 
 FAST = settings(max_examples=40, deadline=None)
 
@@ -298,3 +298,28 @@ def test_scatter_rejects_an_array_of_the_wrong_shape():
     t = DistributedTensor("x", (3, 2), Partition.grid((1, 2)))
     with pytest.raises(DecompositionError, match=r"shape \(2, 3\) does not match global shape \(3, 2\)"):
         t.scatter(np.zeros((2, 3)))
+
+
+def _workers(tensor):
+    return set(tensor.partition.workers)
+
+
+@pytest.mark.parametrize(
+    "situation",
+    [
+        lambda x, y: not _workers(x) & _workers(y),
+        lambda x, y: _workers(x) & _workers(y) and _workers(x) != _workers(y),
+        lambda x, y: _workers(x) == _workers(y) and x.partition != y.partition,
+        lambda x, y: any(0 in dim for dim in x.sizes) and x.sizes != y.sizes,
+        lambda x, y: x.partition.size == 1 and y.partition.size > 1,
+    ],
+    ids=["disjoint", "overlapping", "same-workers-other-grid", "empty-share", "scatter-like"],
+)
+def test_tensor_pairs_reach_every_distdl_situation(situation):
+    """The strategy's docstring promises these situations; hypothesis must be able to find each."""
+    found = find(
+        tensor_pairs(),
+        lambda pair: bool(situation(*pair)),
+        settings=settings(max_examples=2000, database=None, phases=[Phase.generate], derandomize=True),
+    )
+    assert situation(*found)
