@@ -104,6 +104,8 @@ def test_operator_trees_are_bounded_and_have_exact_adjoints(op):
 @EXAMPLES
 @given(lst.operators(whole=True))
 def test_whole_block_trees_have_only_whole_regions(op):
+    regions = [value for node in walk(op) for value in vars(node).values() if isinstance(value, Region)]
+    assert all(region.is_whole for region in regions), [r for r in regions if not r.is_whole]
     assert verify.symbolic.prove_adjoint(op)
 
 
