@@ -181,7 +181,8 @@ def exact_adjoint(op: LinearOperator) -> Proof:
     """Prove that ``op.H`` is the conjugate transpose of ``op``, entry by entry.
 
     Both trees are materialized by the sparse interpreter (integer matrices for data
-    movement) and compared with no tolerance. Also checked: ``op.H`` maps ``op.range`` to
+    movement) and compared with no tolerance (a rounding allowance only when an entry is a
+    non-integer float, and then ``Proof.exact`` is False). Also checked: ``op.H`` maps ``op.range`` to
     ``op.domain``, and ``op.H.H == op`` structurally.
 
     Returns
@@ -225,7 +226,8 @@ def exact_adjoint(op: LinearOperator) -> Proof:
 
 
 def equal(a: LinearOperator, b: LinearOperator) -> Proof:
-    """Prove that two trees are the same operator: same spaces and the same matrix.
+    """Prove that two trees are the same operator: same spaces and the same matrix, compared
+    as in :func:`exact_adjoint`.
 
     Returns
     -------
