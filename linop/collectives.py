@@ -263,13 +263,18 @@ def broadcast_map(
     return mapping
 
 
-def reduction_groups(partition: Partition, axes: Sequence[int]) -> list[list[tuple[int, ...]]]:
+def reduction_groups(partition: Partition, axes: Sequence[int] | int) -> list[list[tuple[int, ...]]]:
     """Grid indices grouped along ``axes``: indices that differ only on ``axes`` share a group.
 
     Groups come in C order of the other coordinates; members in C order along ``axes`` (the
     first member is the group's root).
+
+    Raises
+    ------
+    PartitionError
+        If an axis is out of range or listed twice.
     """
-    axes = tuple(axes)
+    axes = _sorted_axes("reduction_groups", axes, partition)
     groups: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
     for index in partition.indices():
         key = tuple(i for d, i in enumerate(index) if d not in axes)
@@ -277,9 +282,16 @@ def reduction_groups(partition: Partition, axes: Sequence[int]) -> list[list[tup
     return list(groups.values())
 
 
-def gathered_layout(tensor: DistributedTensor, axes: Sequence[int], name: str) -> BlockGrid:
+def gathered_layout(tensor: DistributedTensor, axes: Sequence[int] | int, name: str) -> BlockGrid:
     """The layout that :class:`AllGather` produces: block ``name[j]`` covers block ``j``'s box
-    of ``tensor`` with every dimension in ``axes`` widened to the whole global extent."""
+    of ``tensor`` with every dimension in ``axes`` widened to the whole global extent.
+
+    Raises
+    ------
+    PartitionError
+        If an axis is out of range or listed twice.
+    """
+    axes = _sorted_axes("gathered_layout", axes, tensor.partition)
     shapes = []
     for index in tensor.partition.indices():
         start, stop = tensor.box(index)

@@ -19,6 +19,7 @@ from linop.collectives import (
     SumReduce,
     broadcast_map,
     gathered_layout,
+    reduction_groups,
 )
 from linop.errors import DecompositionError, PartitionError
 from linop.operator import expand_all, walk
@@ -287,6 +288,23 @@ def test_reduce_scatter_sums_over_the_group():
     for i in range(3):
         assert np.array_equal(out[f"x[{i},0]"], total[2 * i : 2 * i + 2])
     assert gathered_layout(x, (0,), "g").space == op.domain
+
+
+@pytest.mark.parametrize(
+    ("negative", "positive"), [((-1,), (1,)), ((-2, -1), (0, 1)), (-2, (0,))], ids=["-1", "-2,-1", "int"]
+)
+def test_geometry_helpers_accept_negative_axes(negative, positive):
+    x = DistributedTensor("x", (5, 4), Partition.grid((2, 2)))
+    assert reduction_groups(x.partition, negative) == reduction_groups(x.partition, positive)
+    assert gathered_layout(x, negative, "g") == gathered_layout(x, positive, "g")
+
+
+def test_geometry_helpers_reject_bad_axes():
+    x = DistributedTensor("x", (5, 4), Partition.grid((2, 2)))
+    with pytest.raises(PartitionError, match="reduction_groups: axis 2 is out of range"):
+        reduction_groups(x.partition, (2,))
+    with pytest.raises(PartitionError, match="gathered_layout: axis 1 is listed twice"):
+        gathered_layout(x, (1, -1), "g")
 
 
 # -- pass-through blocks ----------------------------------------------------------------------------
