@@ -207,6 +207,16 @@ def _union(kind: str, *groups: Iterable[Block]) -> Space:
     return Space(seen.values())
 
 
+def _require_tensor(kind: str, what: str, value: object) -> None:
+    if not isinstance(value, DistributedTensor):
+        raise TypeError(f"{kind}: {what} must be a DistributedTensor, not {type(value).__name__}")
+
+
+def _require_name(kind: str, name: object) -> None:
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"{kind}: name must be a non-empty string, not {name!r}")
+
+
 def _check_layout(kind: str, layout: object, what: str) -> None:
     if not isinstance(layout, Layout):
         raise TypeError(
@@ -451,8 +461,7 @@ class _BroadcastGeometry(Planned):
         _check_layout(kind, self.tensor, "tensor")
         if not isinstance(self.partition, Partition):
             raise TypeError(f"{kind}: partition must be a Partition, not {type(self.partition).__name__}")
-        if not isinstance(self.name, str) or not self.name:
-            raise TypeError(f"{kind}: name must be a non-empty string, not {self.name!r}")
+        _require_name(kind, self.name)
         object.__setattr__(self, "transpose", bool(self.transpose))
         mapping = broadcast_map(self.tensor.partition, self.partition, transpose=self.transpose)
         object.__setattr__(self, "_map", mapping)
@@ -694,10 +703,8 @@ class _GatherGeometry(Planned):
 
     def _setup(self) -> None:
         kind = type(self).__name__
-        if not isinstance(self.tensor, DistributedTensor):
-            raise TypeError(f"{kind}: tensor must be a DistributedTensor, not {type(self.tensor).__name__}")
-        if not isinstance(self.name, str) or not self.name:
-            raise TypeError(f"{kind}: name must be a non-empty string, not {self.name!r}")
+        _require_tensor(kind, "tensor", self.tensor)
+        _require_name(kind, self.name)
         axes = _sorted_axes(kind, self.axes, self.tensor.partition)
         object.__setattr__(self, "axes", axes)
         object.__setattr__(self, "_gathered", gathered_layout(self.tensor, axes, self.name))

@@ -34,6 +34,7 @@ from .collectives import (
     Planned,
     _piece,
     _pieces,
+    _require_tensor,
     _whole,
 )
 from .operator import LinearOperator
@@ -89,11 +90,6 @@ def overlaps(
         for combo in itertools.product(*(per_dim[d][k] for d, k in enumerate(j))):
             i = tuple(c[0] for c in combo)
             yield i, j, (tuple(c[1] for c in combo), tuple(c[2] for c in combo))
-
-
-def _require_tensor(kind: str, what: str, value: object) -> None:
-    if not isinstance(value, DistributedTensor):
-        raise TypeError(f"{kind}: {what} must be a DistributedTensor, not {type(value).__name__}")
 
 
 @dataclass(frozen=True, eq=True, repr=False)

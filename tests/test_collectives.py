@@ -429,6 +429,42 @@ def test_bad_collectives_get_typed_errors(make, error, fragment):
     assert isinstance(info.value, LinopError)
 
 
+_TENSOR = DistributedTensor("x", (4,), Partition.grid((2,)))
+
+
+@pytest.mark.parametrize(
+    ("make", "fragment"),
+    [
+        (lambda: Repartition(_TENSOR, "y"), "Repartition: destination must be a DistributedTensor, not str"),
+        (lambda: Scatter("r", _TENSOR), "Scatter: root must be a Block, not str"),
+        (lambda: Gather(Block("r", (4,)), (4,)), "Gather: tensor must be a DistributedTensor, not tuple"),
+        (lambda: AllGather(BlockGrid.of(_TENSOR), 0, "g"), "AllGather: tensor must be a DistributedTensor"),
+        (lambda: ReduceScatter(_TENSOR, 0, ""), "ReduceScatter: name must be a non-empty string"),
+        (lambda: Broadcast(_TENSOR, (2,), "y"), "Broadcast: partition must be a Partition, not tuple"),
+        (lambda: SumReduce(_TENSOR, Partition((2,)), 3), "SumReduce: name must be a non-empty string, not 3"),
+        (lambda: AllReduce(_TENSOR.space, 0), "AllReduce: tensor must be a DistributedTensor or a BlockGrid"),
+        (
+            lambda: Repartition(_TENSOR, _TENSOR, others=["z"]),
+            "Repartition: others must be a Space, not list",
+        ),
+    ],
+    ids=[
+        "repartition-destination",
+        "scatter-root",
+        "gather-tensor",
+        "all-gather-block-grid",
+        "reduce-scatter-empty-name",
+        "broadcast-partition",
+        "sum-reduce-name",
+        "all-reduce-space",
+        "others-not-a-space",
+    ],
+)
+def test_arguments_of_the_wrong_type_are_named(make, fragment):
+    with pytest.raises(TypeError, match=fragment):
+        make()
+
+
 def test_a_block_grid_needs_a_partition():
     with pytest.raises(TypeError, match="block grid 'b': partition must be a Partition, not tuple"):
         BlockGrid("b", (2,), ((1,), (1,)))
