@@ -156,6 +156,13 @@ def _region_spec(array: np.ndarray, region: Region, index: tuple | None = None) 
     return None
 
 
+def _read_only(array: np.ndarray) -> np.ndarray:
+    """A read-only view: how a caller's array passed through comes back."""
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
 def _raw(array: np.ndarray) -> Any:
     return [array, array.nbytes, _mpi().BYTE]
 
@@ -171,7 +178,7 @@ class _Context:
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         self.by_id: dict[int, tuple[weakref.ref, Plan]] = {}
-        self.by_tree: dict[LinearOperator, Plan] = {}
+        self.by_tree: dict[tuple[LinearOperator, bytes], Plan] = {}
 
 
 _CONTEXTS: dict[int, tuple[weakref.ref, int, _Context]] = {}
@@ -200,16 +207,19 @@ def compile(op: LinearOperator, *, comm: Any = None) -> Plan:
     Compiling is local (no communication), except that the first use of a communicator
     duplicates it (``MPI_Comm_dup``, collective), so that linop's messages never meet the
     caller's; the first application checks collectively that every rank compiled the same
-    tree. The cache holds the tree object (by identity) and structurally equal trees.
+    tree. The cache holds the tree object (by identity) and structurally equal trees of the
+    same fingerprint (``==`` alone would take ``2 * A`` for ``2.0 * A``, whose results have
+    another dtype).
     """
     context = _context(comm)
     entry = context.by_id.get(id(op))
     if entry is not None and entry[0]() is op:
         return entry[1]
-    plan = context.by_tree.get(op)
+    digest = fingerprint(op)
+    plan = context.by_tree.get((op, digest))
     if plan is None:
-        plan = Plan(op, context)
-        context.by_tree[op] = plan
+        plan = Plan(op, context, digest)
+        context.by_tree[op, digest] = plan
     key = id(op)
     context.by_id[key] = (weakref.ref(op, lambda _ref, key=key, ids=context.by_id: ids.pop(key, None)), plan)
     return plan
@@ -254,10 +264,10 @@ def apply(
 class Plan:
     """A tree compiled for one communicator: the global program and this rank's schedule."""
 
-    def __init__(self, op: LinearOperator, context: _Context) -> None:
+    def __init__(self, op: LinearOperator, context: _Context, digest: bytes | None = None) -> None:
         self.op = op
         self.context = context
-        self.fingerprint = fingerprint(op)
+        self.fingerprint = fingerprint(op) if digest is None else digest
         words = np.frombuffer(self.fingerprint, dtype=np.uint32).astype(np.int64)
         self._vector = np.concatenate([words, -words, np.zeros(1 + len(DTYPE_CHARS), dtype=np.int64)])
         self._dtypes: dict[bytes, np.dtype] = {}
@@ -341,11 +351,14 @@ class Plan:
             for name in self.domain_blocks:
                 present[DTYPE_CHARS.index(state[name].dtype.char)] = 1
         if dtype is not None:
-            char = np.dtype(dtype).char
-            if char in DTYPE_CHARS:
+            try:
+                char = np.dtype(dtype).char
+            except TypeError:
+                char = None
+            if char is not None and char in DTYPE_CHARS:
                 present[DTYPE_CHARS.index(char)] = 1
             elif problem is None:
-                problem = f"rank {self.context.rank}: dtype {np.dtype(dtype)} is not numeric"
+                problem = f"rank {self.context.rank}: dtype {dtype!r} is not a numeric dtype"
         vector[8] = problem is not None
         reduced = np.empty_like(vector)
         self.comm.Allreduce(vector, reduced, op=mpi.MAX)
@@ -402,23 +415,35 @@ class Plan:
         alloc = np.dtype(dtype) if dtype is not None else run_dtype
         arrays = {name: local_state[name] for name in self.domain_blocks}
         if not inplace:
-            work = numpy_backend.Workspace(dict(arrays), set(), alloc)
-            self._execute(work, run_dtype)
-            result: State = {}
-            for name in self.range_names:
-                array = work.arrays[name]
-                if name not in work.owned:
-                    array = array.view()
-                    array.flags.writeable = False
-                result[name] = array
-            return result
+            return self._out_of_place(arrays, run_dtype, alloc)
+        self._in_place(arrays, run_dtype, alloc)
+        return local_state  # type: ignore[return-value]
+
+    def _out_of_place(self, arrays: dict[str, np.ndarray], dtype: np.dtype, alloc: np.dtype) -> State:
+        """Run on copy-on-write arrays; blocks passed through come back as read-only views."""
+        work = numpy_backend.Workspace(dict(arrays), set(), alloc)
+        self._execute(work, dtype)
+        result: State = {}
+        for name in self.range_names:
+            array = work.arrays[name]
+            result[name] = array if name in work.owned else _read_only(array)
+        return result
+
+    def _in_place(self, arrays: dict[str, np.ndarray], dtype: np.dtype, alloc: np.dtype) -> None:
+        """Run on the caller's arrays, then write back the blocks that ended in other arrays.
+
+        A result may be another caller array (blocks swapped by out-of-place moves): it is
+        copied before any write-back, or the first write would clobber it."""
         work = numpy_backend.Workspace(dict(arrays), set(arrays), alloc)
-        self._execute(work, run_dtype)
+        self._execute(work, dtype)
+        pending = {}
         for name, target in arrays.items():
             result_array = work.arrays[name]
             if result_array is not target:
-                np.copyto(target, result_array, casting="unsafe")
-        return local_state  # type: ignore[return-value]
+                aliased = any(np.may_share_memory(result_array, other) for other in arrays.values())
+                pending[name] = result_array.copy() if aliased else result_array
+        for name, result_array in pending.items():
+            np.copyto(arrays[name], result_array, casting="unsafe")
 
     def _execute(self, work: numpy_backend.Workspace, dtype: np.dtype) -> None:
         try:
@@ -485,14 +510,8 @@ class BoundPlan:
     def __call__(self) -> dict[str, np.ndarray]:
         if self._phases is None:
             if not self.inplace:
-                work = numpy_backend.Workspace(dict(self.arrays), set(), self.dtype)
-                self.plan._execute(work, self.dtype)
-                return {name: work.arrays[name] for name in self.plan.range_names}
-            work = numpy_backend.Workspace(dict(self.arrays), set(self.arrays), self.dtype)
-            self.plan._execute(work, self.dtype)
-            for name, target in self.arrays.items():
-                if work.arrays[name] is not target:
-                    np.copyto(target, work.arrays[name], casting="unsafe")
+                return self.plan._out_of_place(self.arrays, self.dtype, self.dtype)
+            self.plan._in_place(self.arrays, self.dtype, self.dtype)
             return self.arrays
         startall, waitall = _mpi().Prequest.Startall, _mpi().Request.Waitall
         for requests, finish in self._phases:
@@ -523,7 +542,7 @@ def _persistent_out_of_place(
     if prepared is None:
         return None
     requests, results = prepared
-    outputs = {name: array for name, array in arrays.items() if name not in schedule[0].dropped}
+    outputs = {name: _read_only(a) for name, a in arrays.items() if name not in schedule[0].dropped}
     outputs.update(results)
     # one collective at a time, in the global order of the groups (a callable is a blocking
     # collective call, a request a persistent one)

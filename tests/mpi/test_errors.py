@@ -165,6 +165,22 @@ def test_in_place_result_too_wide_for_the_callers_arrays():
     space = pair_space()
     op = 1j * pair_copy(space)
     local = local_part(space, space.random(0), RANK)
-    message = expect_collective_error(DistributedStateError, lambda: mpi_backend.apply(op, local, inplace=True))
+    message = expect_collective_error(
+        DistributedStateError, lambda: mpi_backend.apply(op, local, inplace=True)
+    )
     collective_assert("complex128" in message and "float64" in message, message)
+    still_works()
+
+
+def test_one_rank_asking_for_a_dtype_that_is_none():
+    """An argument numpy rejects on one rank only is found by the collective check (raising
+    it there alone would leave the other ranks waiting)."""
+    space = pair_space()
+    op = pair_copy(space)
+    local = local_part(space, space.random(0), RANK)
+    dtype = "no-such-dtype" if RANK == LAST else None
+    message = expect_collective_error(
+        DistributedStateError, lambda: mpi_backend.apply(op, local, dtype=dtype)
+    )
+    collective_assert(f"rank {LAST}" in message and "no-such-dtype" in message, message)
     still_works()

@@ -88,6 +88,57 @@ def test_inplace_writes_into_the_callers_arrays():
     collective_assert(problem is None, str(problem))
 
 
+def swap_on_every_worker() -> Move:
+    """x_w and y_w trade places on every worker w through out-of-place moves: the results are
+    the caller's arrays, each under the other's name."""
+    space = Space(Block(f"{n}{w}", (2, 3), w) for w in range(SIZE) for n in "xy")
+    op = None
+    for w in range(SIZE):
+        for src, dst in ((f"x{w}", f"t{w}"), (f"y{w}", f"x{w}"), (f"t{w}", f"y{w}")):
+            current = space if op is None else op.range
+            node = Move(current[src], Block(dst, (2, 3), w))
+            op = node if op is None else node @ op
+    return op
+
+
+@pytest.mark.parametrize("bound", [False, True], ids=["apply", "bound"])
+def test_inplace_swap_of_the_callers_arrays(bound):
+    op = swap_on_every_worker()
+    state = op.domain.random(5)
+    expected = op(state)
+    local = local_part(op.domain, state, COMM.rank)
+    if bound:
+        mpi_backend.compile(op, comm=COMM).bind(local)()
+    else:
+        mpi_backend.apply(op, local, comm=COMM, inplace=True)
+    collective_assert(
+        same_blocks(local, expected, tuple(local)) is None, str(same_blocks(local, expected, tuple(local)))
+    )
+
+
+def test_equal_trees_with_other_scalar_types_are_compiled_apart():
+    """2 * A == 2.0 * A, but integer blocks stay integers only under the first."""
+    space = ring_space()
+    state = space.random(6, dtype=np.int64)
+    mpi_backend.compile(2 * ring_shift(space), comm=COMM)
+    compare_with_numpy(2.0 * ring_shift(space), state)
+    compare_with_numpy(2 * ring_shift(space), state)
+
+
+def test_bound_out_of_place_passes_blocks_through_read_only():
+    space = Space([*ring_space(), *(Block(f"p{w}", (3,), w) for w in range(SIZE))])
+    op = Move(space["p0"][0:1], space["p0"][2:3]) @ ring_shift(space)
+    state = space.random(7)
+    local = local_part(space, state, COMM.rank)
+    result = mpi_backend.compile(op, comm=COMM).bind(local, inplace=False)()
+    names = tuple(b.name for b in op.range if b.worker == COMM.rank)
+    problem = same_blocks(result, op(state), names)
+    writable = [n for n in names if result[n].flags.writeable and np.shares_memory(result[n], local[n])]
+    if problem is None and writable:
+        problem = f"results {writable} share writable memory with the input"
+    collective_assert(problem is None, str(problem))
+
+
 def test_bound_plan_runs_persistent_requests():
     space = ring_space((64, 48))
     op = ring_shift(space) @ Move(space["x0"][:, 0:1], space["x0"][:, 5:6])
