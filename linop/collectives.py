@@ -92,6 +92,9 @@ class Layout(Protocol):
     def block(self, index: Sequence[int]) -> Block: ...
 
     @property
+    def blocks(self) -> tuple[Block, ...]: ...
+
+    @property
     def space(self) -> Space: ...
 
 
@@ -187,10 +190,6 @@ def _block_shape(grid: str, shape: object) -> tuple[int, ...]:
         raise DecompositionError(
             f"block grid {grid!r}: block shape {shape!r} is not a tuple of integers"
         ) from None
-
-
-def _layout_blocks(layout: Layout) -> tuple[Block, ...]:
-    return tuple(layout.block(i) for i in layout.partition.indices())
 
 
 def _union(kind: str, *groups: Iterable[Block]) -> Space:
@@ -539,7 +538,7 @@ class Broadcast(_BroadcastGeometry):
         self._setup()
 
     def _sources(self) -> tuple[Block, ...]:
-        return _layout_blocks(self.tensor)
+        return self.tensor.blocks
 
     def _targets(self) -> tuple[Block, ...]:
         return self.copies.blocks
@@ -587,7 +586,7 @@ class SumReduce(_BroadcastGeometry):
         return self.copies.blocks
 
     def _targets(self) -> tuple[Block, ...]:
-        return _layout_blocks(self.tensor)
+        return self.tensor.blocks
 
     def _plan(self) -> Plan:
         reversed_pieces = tuple(p.reversed() for p in self._copy_pieces())
@@ -651,7 +650,7 @@ class AllReduce(LinearOperator):
                         f"block {root.name!r} of the same group has shape {root.shape}"
                     )
         object.__setattr__(self, "_groups", groups)
-        space = _union("AllReduce", _layout_blocks(self.tensor), self.others)
+        space = _union("AllReduce", self.tensor.blocks, self.others)
         object.__setattr__(self, "_space", space)
 
     @property
