@@ -2,15 +2,20 @@
 
 One ``mpiexec`` launch per rank count, each bounded twice: pytest-timeout inside (per test)
 and a wall-clock timeout around the launch, so that a deadlock fails the run instead of
-hanging it. Four ranks oversubscribe a two-core machine; that is intended.
+hanging it. On timeout every process of the launch is killed: MPICH's launcher starts its
+proxy and each rank in a session of their own, so killing ``mpiexec`` or its process group
+would rely on the proxy to clean up, and a surviving rank would hold the output pipe open
+(and the run with it). Four ranks oversubscribe a two-core machine; that is intended.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,13 +23,60 @@ import pytest
 pytest.importorskip("mpi4py")
 
 ROOT = Path(__file__).resolve().parent.parent
-LAUNCH_TIMEOUT = 240
-TEST_TIMEOUT = 90
+LAUNCH_TIMEOUT = 180
+TEST_TIMEOUT = 60
 
 
 def _mpiexec() -> str | None:
     beside_python = Path(sys.executable).parent / "mpiexec"
     return str(beside_python) if beside_python.exists() else shutil.which("mpiexec")
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (read from /proc; empty where there is none)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = entry.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended meanwhile
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry.parent.name))
+    found, queue = [], [pid]
+    while queue:
+        for child in children.get(queue.pop(), []):
+            found.append(child)
+            queue.append(child)
+    return found
+
+
+def run_bounded(command: list[str], timeout: float, env: dict[str, str]) -> tuple[int, str, str]:
+    """Run ``command``; after ``timeout`` seconds kill it and every process it started, and
+    raise :class:`subprocess.TimeoutExpired` with the output so far."""
+    process = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        tree = _descendants(process.pid)
+        for pid in (process.pid, *tree):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        stdout, stderr = process.communicate()
+        for _ in range(100):  # SIGKILL is delivered asynchronously: wait for the ends
+            if not any(_alive(pid) for pid in tree):
+                break
+            time.sleep(0.05)
+        raise subprocess.TimeoutExpired(command, timeout, stdout, stderr) from None
+    return process.returncode, stdout, stderr
 
 
 @pytest.mark.timeout(LAUNCH_TIMEOUT + 30)
@@ -53,21 +105,12 @@ def test_mpi_suite(ranks):
     ]
     env = dict(os.environ, LINOP_MPI_TESTS="1", PYTHONHASHSEED="0", PYTHONUNBUFFERED="1")
     try:
-        done = subprocess.run(
-            command,
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=LAUNCH_TIMEOUT,
-            check=False,
-        )
+        status, stdout, stderr = run_bounded(command, LAUNCH_TIMEOUT, env)
     except subprocess.TimeoutExpired as expired:
         pytest.fail(
             f"mpiexec -n {ranks} did not finish within {LAUNCH_TIMEOUT} s (deadlock?)\n{expired.stdout}"
         )
-    assert done.returncode == 0, f"mpiexec -n {ranks} failed:\n{done.stdout[-6000:]}\n{done.stderr[-3000:]}"
+    assert status == 0, f"mpiexec -n {ranks} failed:\n{stdout[-6000:]}\n{stderr[-3000:]}"
 
 
 @pytest.mark.timeout(90)
@@ -79,19 +122,37 @@ def test_a_rank_failing_mid_run_ends_the_job():
     command = [mpiexec, "-n", "2", sys.executable, "tests/mpi/abort_case.py"]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     try:
-        done = subprocess.run(
-            command,
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        status, stdout, stderr = run_bounded(command, 60, env)
     except subprocess.TimeoutExpired:
         pytest.fail("a rank failing mid-run left the job hanging")
-    output = done.stdout + done.stderr
-    assert done.returncode != 0, output
+    output = stdout + stderr
+    assert status != 0, output
     assert "rank 1 failed while applying" in output and "a local kernel failed on rank 1" in output, output
     assert "finished (it should not have)" not in output, output
+
+
+@pytest.mark.timeout(60)
+def test_a_hung_launch_is_killed_with_every_process(tmp_path):
+    """The bound itself, on a launch shaped like MPICH's: a parent whose child runs in a
+    session of its own (out of reach of a process-group kill) and holds the output pipe."""
+    pid_file = tmp_path / "child"
+    child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(600)"
+    parent = (
+        "import subprocess, sys; "
+        f"subprocess.Popen([sys.executable, '-c', {child!r}], start_new_session=True).wait()"
+    )
+    started = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_bounded([sys.executable, "-c", parent], 1.5, dict(os.environ))
+    assert time.monotonic() - started < 30
+    assert pid_file.exists(), "the child did not start"
+    assert not _alive(int(pid_file.read_text())), "the child survived the timeout"
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie has ended: only its parent has yet to reap it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in "ZX"
