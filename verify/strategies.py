@@ -413,7 +413,8 @@ def states(
     """A state of ``space``: one array per block, finite entries of magnitude at most ``bound``.
 
     ``dtype`` may be a dtype or a strategy of dtypes (e.g. :func:`dtypes`); one dtype is
-    drawn for the whole state.
+    drawn for the whole state. Integer dtypes get entries in -9..9 (0..9 unsigned), whatever
+    ``bound``.
     """
     chosen = np.dtype(draw(dtype) if isinstance(dtype, st.SearchStrategy) else dtype)
     elements = _elements(chosen, bound)
