@@ -14,6 +14,7 @@ from linop.backends import mpi_backend
 
 COMM = MPI.COMM_WORLD
 SIZE = COMM.size
+LAST = SIZE - 1
 SPMD = settings(derandomize=True, database=None, deadline=None, max_examples=40)
 
 
@@ -139,9 +140,14 @@ def test_bound_out_of_place_passes_blocks_through_read_only():
     collective_assert(problem is None, str(problem))
 
 
-def test_bound_plan_runs_persistent_requests():
+@pytest.mark.parametrize("local_step", [False, True], ids=["messages-only", "with-a-local-move"])
+def test_bound_plan(local_step):
+    """Phases of messages only become persistent requests; a local step makes the bound plan
+    run the ordinary schedule (without its check). Either way two calls apply the operator twice."""
     space = ring_space((64, 48))
-    op = ring_shift(space) @ Move(space["x0"][:, 0:1], space["x0"][:, 5:6])
+    op = ring_shift(space)
+    if local_step:
+        op = op @ Move(space["x0"][:, 0:1], space["x0"][:, 5:6])
     state = space.random(6)
     expected = op(state)
     local = local_part(space, state, COMM.rank)
@@ -151,8 +157,36 @@ def test_bound_plan_runs_persistent_requests():
     twice = op(expected)
     bound()
     problem = problem or same_blocks(local, twice, tuple(local))
+    persistent = not local_step and SIZE > 1  # on one rank the ring is a local copy
+    if problem is None and bound.persistent != persistent:
+        problem = f"persistent is {bound.persistent}"
     bound.free()
     collective_assert(problem is None, str(problem))
+
+
+def empty_block_trees() -> list:
+    """Zero-size blocks and boxes moving between workers; most ranks own nothing."""
+    space = Space([Block("e", (0, 3), 0), Block("f", (2, 0), LAST), Block("z", (3,), LAST)])
+
+    def copy(src, dst):
+        return SendRecv(src, dst) if src.worker != dst.worker else Copy(src, dst)
+
+    moved = Move(space["e"], Block("n", (0, 3), LAST))
+    return [
+        moved,
+        moved.H,
+        copy(space["f"], Block("g", (2, 0), 0)),
+        copy(space["f"], Block("g", (2, 0), 0)).H,
+        copy(space["z"][1:1], space["e"][0:0, 0]),
+        copy(space["z"][1:1], space["e"][0:0, 0]).H,
+        Move(space["z"][0:0], space["e"][0:0, 2]),
+    ]
+
+
+@pytest.mark.parametrize("index", range(7))
+def test_empty_blocks_and_boxes(index):
+    op = empty_block_trees()[index]
+    compare_with_numpy(op, op.domain.random(3, dtype=np.int64))
 
 
 def test_a_subcommunicator():
