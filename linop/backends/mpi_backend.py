@@ -49,7 +49,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import LinopError
-from ..operator import LinearOperator
+from ..operator import LinearOperator, Scaled, walk
 from ..space import Region, State
 from . import (
     mpi_fastpaths,  # noqa: F401 - registers the fast paths' lowerings
@@ -178,7 +178,7 @@ class _Context:
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         self.by_id: dict[int, tuple[weakref.ref, Plan]] = {}
-        self.by_tree: dict[tuple[LinearOperator, bytes], Plan] = {}
+        self.by_tree: dict[tuple[LinearOperator, tuple[type, ...]], Plan] = {}
 
 
 _CONTEXTS: dict[int, tuple[weakref.ref, int, _Context]] = {}
@@ -207,19 +207,18 @@ def compile(op: LinearOperator, *, comm: Any = None) -> Plan:
     Compiling is local (no communication), except that the first use of a communicator
     duplicates it (``MPI_Comm_dup``, collective), so that linop's messages never meet the
     caller's; the first application checks collectively that every rank compiled the same
-    tree. The cache holds the tree object (by identity) and structurally equal trees of the
-    same fingerprint (``==`` alone would take ``2 * A`` for ``2.0 * A``, whose results have
-    another dtype).
+    tree. The cache holds the tree object (by identity) and structurally equal trees whose
+    scalars have the same types (``==`` alone would take ``2 * A`` for ``2.0 * A``, whose
+    results have another dtype).
     """
     context = _context(comm)
     entry = context.by_id.get(id(op))
     if entry is not None and entry[0]() is op:
         return entry[1]
-    digest = fingerprint(op)
-    plan = context.by_tree.get((op, digest))
+    tree_key = (op, tuple(type(node.alpha) for node in walk(op) if isinstance(node, Scaled)))
+    plan = context.by_tree.get(tree_key)
     if plan is None:
-        plan = Plan(op, context, digest)
-        context.by_tree[op, digest] = plan
+        plan = context.by_tree[tree_key] = Plan(op, context)
     key = id(op)
     context.by_id[key] = (weakref.ref(op, lambda _ref, key=key, ids=context.by_id: ids.pop(key, None)), plan)
     return plan
@@ -264,10 +263,10 @@ def apply(
 class Plan:
     """A tree compiled for one communicator: the global program and this rank's schedule."""
 
-    def __init__(self, op: LinearOperator, context: _Context, digest: bytes | None = None) -> None:
+    def __init__(self, op: LinearOperator, context: _Context) -> None:
         self.op = op
         self.context = context
-        self.fingerprint = fingerprint(op) if digest is None else digest
+        self.fingerprint = fingerprint(op)
         words = np.frombuffer(self.fingerprint, dtype=np.uint32).astype(np.int64)
         self._vector = np.concatenate([words, -words, np.zeros(1 + len(DTYPE_CHARS), dtype=np.int64)])
         self._dtypes: dict[bytes, np.dtype] = {}
