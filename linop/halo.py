@@ -40,7 +40,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
+
+import numpy as np
 
 from .halo_geometry import HaloError, HaloGeometry, Kernel, Segment, halo_geometry
 from .movement import Copy, Move, SendRecv
@@ -134,16 +136,47 @@ def _check_transfers(space: Space, transfers: tuple[Transfer, ...], label: str) 
             raise HaloError(
                 f"stage {label}: transfer {src!r} -> {dst!r} has shapes {src.shape} and {dst.shape}"
             )
-        by_block.setdefault(src.name, ([], []))[0].append(src)
-        by_block.setdefault(dst.name, ([], []))[1].append(dst)
-    for name, (sources, destinations) in by_block.items():
-        for k, dst in enumerate(destinations):
-            for other in itertools.chain(sources, destinations[k + 1 :]):
-                if dst.overlaps(other):
-                    raise HaloError(
-                        f"stage {label}: destination {dst!r} overlaps {other!r} in block {name!r}; "
-                        "the copies of a stage must not read or write each other's destinations"
-                    )
+        if all(a < b for a, b in zip(src.start, src.stop)):  # empty boxes meet nothing
+            by_block.setdefault(src.name, ([], []))[0].append(src)
+            by_block.setdefault(dst.name, ([], []))[1].append(dst)
+    for sources, destinations in by_block.values():
+        _check_block(sources, destinations, label)
+
+
+def _check_block(sources: list[Region], destinations: list[Region], label: str) -> None:
+    """No destination box of one block meets a source or an earlier destination.
+
+    The boxes are marked on the grid of cells cut by their own boundaries (at most one cell per
+    entry of the block, usually a handful), so the check costs one small slice per box rather
+    than a comparison per pair of boxes: a reflected halo is thousands of one-entry copies.
+    """
+    if not destinations:
+        return
+    regions = sources + destinations
+    cuts = [
+        {c: i for i, c in enumerate(sorted({r.start[d] for r in regions} | {r.stop[d] for r in regions}))}
+        for d in range(len(regions[0].start))
+    ]
+
+    def cells(region: Region) -> tuple[slice, ...]:
+        return tuple(slice(cut[a], cut[b]) for cut, a, b in zip(cuts, region.start, region.stop))
+
+    written = np.zeros(tuple(len(cut) - 1 for cut in cuts), dtype=bool)
+    for k, dst in enumerate(destinations):
+        box = cells(dst)
+        if written[box].any():
+            _overlap(label, dst, next(other for other in destinations[:k] if other.overlaps(dst)))
+        written[box] = True
+    for src in sources:
+        if written[cells(src)].any():
+            _overlap(label, next(dst for dst in destinations if dst.overlaps(src)), src)
+
+
+def _overlap(label: str, destination: Region, other: Region) -> NoReturn:
+    raise HaloError(
+        f"stage {label}: destination {destination!r} overlaps {other!r} in block {destination.name!r}; "
+        "the copies of a stage must not read or write each other's destinations"
+    )
 
 
 def _buffer_names(space: Space, label: str, count: int) -> list[tuple[str, str]]:
