@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import Phase, find, given, settings
 
 from linop import LinopError
 from linop.halo_geometry import (
@@ -145,6 +147,23 @@ def test_fill_segments_read_the_wrapped_owner(case):
                     if not row.bulk_start <= x < row.bulk_stop and source is not None:
                         expected[x - row.local_start] = source
             assert filled == expected
+
+
+@pytest.mark.parametrize("ndim", [1, 2, 3, 4])
+@pytest.mark.parametrize(
+    ("what", "extreme"),
+    [("size", 7), ("size", 1), ("stride", 4), ("dilation", 3), ("padding", 3), ("padding", 0)],
+)
+def test_cases_reach_the_kernel_ranges_at_every_rank(ndim, what, extreme):
+    """The strategy behind the random tests draws the issue's ranges (size 1-7, stride 1-4,
+    dilation 1-3, padding 0-3) in tensors of every rank, on grids of 3 workers."""
+    t, _ = find(
+        halo_cases(min_dims=ndim, max_dims=ndim),
+        lambda case: extreme in getattr(case[1], what) and 3 in case[0].partition.shape,
+        settings=settings(database=None, max_examples=2000, phases=[Phase.generate]),
+        random=random.Random(0),
+    )
+    assert t.ndim == ndim
 
 
 # -- boundary modes -----------------------------------------------------------------------------

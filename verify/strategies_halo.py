@@ -12,7 +12,8 @@ strategy                            draws
 ``kernels(ndim)``                   a :class:`~linop.halo_geometry.Kernel` with one entry per
                                     dimension: size 1-7, stride 1-4, dilation 1-3, padding 0-3
 ``halo_cases()``                    ``(tensor, kernel)``: a distributed tensor of rank 1-4 on a
-                                    partition, and a kernel that fits it
+                                    partition, and a kernel that fits it (the full kernel
+                                    ranges in at least one dimension of every rank)
 ==================================  ===============================================================
 """
 
@@ -80,6 +81,12 @@ def kernels(
     return Kernel(size, stride, padding, dilation, boundary)
 
 
+_FULL_RANGES = {"max_size": 7, "max_stride": 4, "max_dilation": 3, "max_padding": 3}
+"""The kernel ranges of the issue: size 1-7, stride 1-4, dilation 1-3, padding 0-3."""
+_SMALL_RANGES = {"max_size": 3, "max_stride": 2, "max_dilation": 2, "max_padding": 2}
+"""Ranges that keep a dimension's extent at most 5 (the other dimensions of rank 3 and 4)."""
+
+
 @st.composite
 def halo_cases(
     draw: st.DrawFn,
@@ -92,32 +99,27 @@ def halo_cases(
 ) -> tuple[DistributedTensor, Kernel]:
     """A distributed tensor ``x`` and a kernel that fits it.
 
-    Rank 1 and 2 draw the full kernel ranges (size 1-7, stride 1-4, dilation 1-3, padding 0-3)
-    on grids of up to 3 workers per dimension; rank 3 and 4 keep each dimension's extent at most
-    5 and up to 2 workers per dimension, so the whole tensor stays a few hundred entries. Each
-    global extent is at least what the kernel needs, plus ``0 .. max_extra``.
+    Every rank draws the full kernel ranges (size 1-7, stride 1-4, dilation 1-3, padding 0-3)
+    on grids of up to 3 workers: rank 1 and 2 in every dimension, rank 3 and 4 in one drawn
+    dimension, the others keeping size 1-3, stride 1-2, dilation 1-2, padding 0-2, extent at
+    most 5 and up to 2 workers, so the whole tensor stays a few thousand entries. Each global
+    extent is at least what the kernel needs, plus ``0 .. max_extra`` (``0 .. 2`` in the small
+    dimensions).
     """
     ndim = draw(st.integers(min_dims, max_dims))
-    small = ndim >= 3
-    kernel = draw(
-        kernels(
-            ndim,
-            max_size=3 if small else 7,
-            max_dilation=2 if small else 3,
-            max_stride=2 if small else 4,
-            max_padding=2 if small else 3,
-            modes=modes,
-        )
-    )
-    shape = []
+    wide = set(range(ndim)) if ndim <= 2 else {draw(st.integers(0, ndim - 1))}
+    dims, shape, grid = [], [], []
     for dim in range(ndim):
-        extent = kernel.dilation[dim] * (kernel.size[dim] - 1) + 1  # type: ignore[index]
-        least = max(1, extent - 2 * kernel.padding[dim])  # type: ignore[index]
-        shape.append(least + draw(st.integers(0, 2 if small else max_extra)))
-    grid = tuple(draw(st.integers(1, 2 if small else 3)) for _ in range(ndim))
-    sizes = draw(decompositions(tuple(shape), grid, balanced=balanced))
+        ranges = _FULL_RANGES if dim in wide else _SMALL_RANGES
+        size, stride, padding, dilation, boundary = draw(_dimension_kernel(**ranges, modes=modes))
+        dims.append((size, stride, padding, dilation, boundary))
+        least = max(1, dilation * (size - 1) + 1 - 2 * padding)
+        shape.append(least + draw(st.integers(0, max_extra if dim in wide else 2)))
+        grid.append(draw(st.integers(1, 3 if dim in wide else 2)))
+    kernel = Kernel(*(tuple(column) for column in zip(*dims)))
+    sizes = draw(decompositions(tuple(shape), tuple(grid), balanced=balanced))
     count = 1
     for n in grid:
         count *= n
     workers = tuple(draw(st.permutations(range(count))))
-    return DistributedTensor("x", tuple(shape), Partition(grid, workers), sizes), kernel
+    return DistributedTensor("x", tuple(shape), Partition(tuple(grid), workers), sizes), kernel
