@@ -362,7 +362,8 @@ class DistributedTensor:
         state: State = {}
         for index in self.partition.indices():
             start, stop = self.box(index)
-            state[self.block_name(index)] = array[tuple(slice(a, b) for a, b in zip(start, stop))].copy()
+            # np.array, not .copy(): indexing a 0-d array gives a scalar, and a block must stay an array
+            state[self.block_name(index)] = np.array(array[tuple(slice(a, b) for a, b in zip(start, stop))])
         return state
 
     def gather(self, state: Mapping[str, Any]) -> np.ndarray:

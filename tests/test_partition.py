@@ -323,3 +323,12 @@ def test_tensor_pairs_reach_every_distdl_situation(situation):
         settings=settings(max_examples=2000, database=None, phases=[Phase.generate], derandomize=True),
     )
     assert situation(*found)
+
+
+def test_a_rank_zero_tensor_scatters_into_a_zero_d_array():
+    t = DistributedTensor("x", (), Partition(()))
+    array = np.array(5.0)
+    state = t.scatter(array)
+    assert isinstance(state["x[]"], np.ndarray) and state["x[]"].shape == ()
+    assert not np.shares_memory(state["x[]"], array)
+    assert t.gather(state) == array
