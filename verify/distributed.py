@@ -39,6 +39,8 @@ import numpy.typing as npt
 
 from linop import LinearOperator, Space
 
+from ._text import short
+from .errors import CheckOptionError
 from .numeric import AdjointTestResult, threshold_for
 
 __all__ = [
@@ -97,11 +99,6 @@ def _partial_inner(x: Mapping[str, np.ndarray], y: Mapping[str, np.ndarray]) -> 
     return total
 
 
-def _short(op: object, limit: int = 70) -> str:
-    text = str(op)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def distributed_adjoint_test(
     op: LinearOperator,
     *,
@@ -132,6 +129,12 @@ def distributed_adjoint_test(
     -------
     AdjointTestResult
         The same on every rank; truthy when the test passes.
+
+    Raises
+    ------
+    CheckOptionError
+        If ``dtype`` is not a floating dtype or ``trials`` is below 1 (on every rank alike:
+        the arguments are the same everywhere).
     """
     from linop.backends import mpi_backend
 
@@ -139,9 +142,11 @@ def distributed_adjoint_test(
     rank = comm.Get_rank()
     dtype = np.dtype(dtype)
     if dtype.kind not in "fc":
-        raise TypeError(f"the adjoint test needs a real or complex floating dtype, not {dtype}")
+        raise CheckOptionError(f"the adjoint test needs a real or complex floating dtype, not {dtype}")
+    if trials < 1:  # no trial would pass any adjoint
+        raise CheckOptionError(f"trials must be at least 1, not {trials}")
     adjoint = op.H
-    claim = f"distributed adjoint test of {_short(op)} on {comm.Get_size()} rank(s)"
+    claim = f"distributed adjoint test of {short(op, 70)} on {comm.Get_size()} rank(s)"
     limit = threshold_for(dtype, max(op.domain.size, op.range.size)) if threshold is None else threshold
     worst, worst_detail = 0.0, ""
     for trial in range(trials):
@@ -246,7 +251,7 @@ def cross_check(
     rank = comm.Get_rank()
     dtype = np.dtype(dtype)
     exact = dtype.kind in "iu"
-    claim = f"MPI cross-check of {_short(op)} on {comm.Get_size()} rank(s) ({dtype})"
+    claim = f"MPI cross-check of {short(op, 70)} on {comm.Get_size()} rank(s) ({dtype})"
     result = mpi_backend.apply(op, local_random(op.domain, rank, seed=seed, dtype=dtype), comm=comm)
     gathered = comm.gather({name: np.asarray(array) for name, array in result.items()}, root=0)
     detail = ""
@@ -294,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
             if comm.Get_rank() == 0:
                 verdict = "ok  " if ok else "FAIL"
                 notes = "; ".join(getattr(r, "detail", "") for r in results if not r)
-                print(f"{verdict} {entry.name:<40} {_short(op, 50)}" + (f"  {notes}" if notes else ""))
+                print(f"{verdict} {entry.name:<40} {short(op, 50)}" + (f"  {notes}" if notes else ""))
     if comm.Get_rank() == 0:
         print(
             f"{checked} operator(s) checked on {comm.Get_size()} rank(s), {failures} failed, "

@@ -245,7 +245,8 @@ def apply(
     inplace : bool, optional
         Write the result into the caller's arrays (domain must equal range).
     dtype : dtype, optional
-        Dtype of newly allocated blocks; default the common dtype of all ranks' blocks.
+        Dtype of newly allocated blocks; default the run's dtype: the common dtype of all
+        ranks' blocks and the tree's scalars (data moves between ranks in the run's dtype).
 
     Returns
     -------

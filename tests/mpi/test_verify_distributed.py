@@ -19,6 +19,7 @@ from linop.halo import HaloExchange
 from linop.halo_geometry import Kernel, halo_geometry
 from linop.partition import DistributedTensor, Partition
 from verify.distributed import cross_check, distributed_adjoint_test, global_random, local_random
+from verify.errors import CheckOptionError
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.rank, COMM.size
@@ -105,6 +106,14 @@ def test_adjoint_test_catches_a_wrong_adjoint():
     result = distributed_adjoint_test(WrongAdjoint(space["a"], space["b"]))
     collective_assert(not result and same_on_every_rank(result.measured), repr(result))
     collective_assert(result.measured > 1e-3, repr(result))
+
+
+@pytest.mark.parametrize(("option", "value"), [("dtype", np.int64), ("trials", 0)])
+def test_adjoint_test_refuses_options_that_cannot_test(option, value):
+    """An integer dtype, or no trial at all (which would pass any adjoint)."""
+    space = pair()
+    with pytest.raises(CheckOptionError):
+        distributed_adjoint_test(WrongAdjoint(space["a"], space["b"]), **{option: value})
 
 
 @dataclass(frozen=True, eq=True, repr=False)
