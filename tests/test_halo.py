@@ -251,6 +251,32 @@ def test_stage_fast_paths_equal_their_expansions(case):
         verify.exact_adjoint(expand_all(HaloExchange(geometry, variant))).check()
 
 
+@pytest.mark.parametrize("variant", ["nested", "direct"])
+@settings(max_examples=30, deadline=None)
+@given(case=halo_cases())
+def test_in_place_exchange_on_the_callers_arrays(case, variant):
+    """In place, every stage writes into the caller's local arrays while other workers' copies
+    of the same stage read them; the windows still equal numpy.pad of the global input, and
+    the in-place adjoint equals the transpose of the exact matrix of the forward exchange."""
+    t, kernel = case
+    geometry = halo_geometry(t, kernel)
+    exchange = HaloExchange(geometry, variant)
+    array = global_input(t)
+    local = {name: np.array(a) for name, a in pad_shim(geometry)(t.scatter(array)).items()}
+    arrays = dict(local)
+    assert exchange.apply(local, inplace=True) is local
+    assert all(local[name] is arrays[name] for name in arrays)
+    windows = trim_shim(geometry)(local)
+    expected = expected_windows(t, kernel, array)
+    assert all(np.array_equal(windows[name], expected[name]) for name in expected)
+
+    space = exchange.domain
+    back = space.random(7, dtype=np.int64)
+    transposed = space.unflatten(exchange.to_sparse().T @ space.flatten(back))
+    exchange.H.apply(back, inplace=True)
+    assert all(np.array_equal(back[name], transposed[name]) for name in space.names)
+
+
 def test_stage_expansion_has_explicit_buffers():
     t = DistributedTensor("x", (6, 6), Partition((2, 2)))
     exchange = HaloExchange(halo_geometry(t, Kernel(3, padding=1)))
@@ -261,15 +287,21 @@ def test_stage_expansion_has_explicit_buffers():
     assert exchange.H.H == exchange
 
 
-def test_in_place_exchange_does_not_copy_the_bulk():
+@pytest.mark.parametrize(
+    ("variant", "boundary"),
+    [("nested", "zero"), ("direct", "zero"), ("nested", "reflect"), ("direct", "periodic")],
+)
+def test_in_place_exchange_does_not_copy_the_bulk(variant, boundary):
     t = DistributedTensor("x", (512, 512), Partition((2, 2)))
-    exchange = HaloExchange(halo_geometry(t, Kernel(3, padding=1)))
+    exchange = HaloExchange(halo_geometry(t, Kernel(3, padding=1, boundary=boundary)), variant)
+    adjoint = exchange.H
     state = exchange.domain.random(0)
     arrays = dict(state)
-    exchange.apply(state, inplace=True)  # warm up caches
+    exchange.apply(state, inplace=True)  # warm up caches (stages, their moves)
+    adjoint.apply(state, inplace=True)
     tracemalloc.start()
     exchange.apply(state, inplace=True)
-    exchange.H.apply(state, inplace=True)
+    adjoint.apply(state, inplace=True)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert all(state[n] is arrays[n] for n in arrays)
