@@ -6,9 +6,23 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
+from hypothesis import HealthCheck, settings
 from mpi4py import MPI
 
 from linop import LinearOperator, Space
+
+
+def spmd(max_examples: int) -> settings:
+    """Hypothesis settings under which every rank draws the same examples and takes the same
+    path: derandomized, no database, and no timing-based health check (under load one rank
+    alone could fail it, leaving the others waiting in a collective)."""
+    return settings(
+        derandomize=True,
+        database=None,
+        deadline=None,
+        max_examples=max_examples,
+        suppress_health_check=list(HealthCheck),
+    )
 
 
 def local_part(space: Space, state: Mapping[str, np.ndarray], rank: int) -> dict[str, np.ndarray]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import collective_assert, compare_with_numpy, local_part, same_blocks
-from hypothesis import given, settings
+from helpers import collective_assert, compare_with_numpy, local_part, same_blocks, spmd
+from hypothesis import given
 from mpi4py import MPI
 from strategies import movement_trees
 
@@ -15,7 +15,7 @@ from linop.backends import mpi_backend
 COMM = MPI.COMM_WORLD
 SIZE = COMM.size
 LAST = SIZE - 1
-SPMD = settings(derandomize=True, database=None, deadline=None, max_examples=40)
+SPMD = spmd(max_examples=40)
 
 
 @SPMD

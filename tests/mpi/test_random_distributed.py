@@ -5,8 +5,8 @@ placement of workers on ranks; fast paths and full expansions both equal the num
 from __future__ import annotations
 
 import numpy as np
-from helpers import collective_assert, compare_with_numpy, local_part, same_blocks
-from hypothesis import given, settings
+from helpers import collective_assert, compare_with_numpy, local_part, same_blocks, spmd
+from hypothesis import given
 from hypothesis import strategies as st
 from mpi4py import MPI
 
@@ -22,7 +22,7 @@ from verify.strategies_halo import kernels
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.rank, COMM.size
-SPMD = settings(derandomize=True, database=None, deadline=None, max_examples=25)
+SPMD = spmd(max_examples=25)
 
 
 @st.composite

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from helpers import collective_assert
-from hypothesis import given, settings
+from helpers import collective_assert, spmd
+from hypothesis import given
 from mpi4py import MPI
 from strategies import movement_trees
 
@@ -57,7 +57,7 @@ def test_cross_check_passes(index):
     collective_assert(bool(cross_check(op, dtype=np.complex128)), "complex cross-check")
 
 
-@settings(derandomize=True, database=None, deadline=None, max_examples=15)
+@spmd(max_examples=15)
 @given(movement_trees(SIZE))
 def test_random_trees_pass_both(op):
     collective_assert(bool(cross_check(op)), "cross-check")
