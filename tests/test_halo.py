@@ -133,6 +133,46 @@ def test_multi_hop_halo_from_two_workers_away():
     assert np.array_equal(windows["x_window[2]"], expected_windows(t, kernel, array)["x_window[2]"])
 
 
+def grid_index(region) -> tuple[int, ...]:
+    """The grid index in a local block's name ``x_local[i,j]``."""
+    return tuple(int(i) for i in region.name[region.name.index("[") + 1 : -1].split(","))
+
+
+@pytest.mark.parametrize("variant", ["nested", "direct"])
+@pytest.mark.parametrize("boundary", ["zero", "periodic", "reflect"])
+def test_multi_hop_corners_in_two_dimensions(variant, boundary):
+    """Shares (6, 1, 1) x (1, 1, 6), kernel 5, padding 2: the corner worker's window reaches two
+    workers away along both dimensions, so corner entries come from diagonal workers."""
+    t = DistributedTensor("x", (8, 8), Partition((3, 3)), ((6, 1, 1), (1, 1, 6)))
+    kernel = Kernel(5, padding=2, boundary=boundary)
+    exchange = HaloExchange(halo_geometry(t, kernel), variant)
+    pairs = {
+        (grid_index(src), grid_index(dst)) for stage in exchange.stages() for src, dst in stage.transfers
+    }
+    diagonal = {(a, b) for a, b in pairs if a[0] != b[0] and a[1] != b[1]}
+    if variant == "nested":  # corners in two hops: worker [0,2] -> [2,2] -> [2,0]
+        assert diagonal == set() and {((0, 2), (2, 2)), ((2, 2), (2, 0))} <= pairs
+    else:  # corners in one message from the worker two away along both dimensions
+        assert ((0, 2), (2, 0)) in diagonal
+    array = global_input(t)
+    windows = halo_windows(t, kernel, variant=variant)(t.scatter(array))
+    expected = expected_windows(t, kernel, array)
+    assert all(np.array_equal(windows[name], expected[name]) for name in expected)
+
+
+@settings(max_examples=30, deadline=None)
+@given(case=halo_cases(min_dims=2, max_dims=3))
+def test_nested_stage_moves_data_along_its_own_dimension_only(case):
+    """H_i copies only between workers whose grid indices differ in coordinate i at most:
+    corner data reaches a diagonal worker in two hops, relayed by the earlier stage."""
+    t, kernel = case
+    for stage in HaloExchange(halo_geometry(t, kernel)).stages():
+        dim = int(stage.label.removeprefix("H"))
+        for src, dst in stage.transfers:
+            source, destination = grid_index(src), grid_index(dst)
+            assert all(a == b for j, (a, b) in enumerate(zip(source, destination)) if j != dim)
+
+
 # -- the two-worker case, symbolically ------------------------------------------------------------
 def test_two_workers_symbolic_adjoint_adds_the_halo_into_the_neighbour():
     """Six entries over two workers, kernel 3, padding 1: windows [0 x0 x1 x2 x3] and
