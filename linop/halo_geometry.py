@@ -59,8 +59,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-import numpy as np
-
 from .errors import LinopError
 from .partition import DistributedTensor, balanced_sizes
 
@@ -204,10 +202,19 @@ class Kernel:
 
     @property
     def ndim(self) -> int:
-        """Rank of a resolved kernel."""
-        if isinstance(self.size, (int, np.integer)):
-            raise KernelError("an unresolved kernel has no rank; call resolve(ndim) first")
-        return len(self.size)  # type: ignore[arg-type]
+        """Rank of the tensors the kernel fits: the leading dimensions plus the length of its
+        per-dimension lists.
+
+        Raises
+        ------
+        KernelError
+            If every parameter is a scalar (the kernel fits any rank; see :meth:`resolve`).
+        """
+        for what in ("size", "stride", "padding", "dilation", "boundary"):
+            value = getattr(self, what)
+            if not _is_scalar(value):
+                return operator.index(self.leading) + len(tuple(value))
+        raise KernelError(f"{self} has no per-dimension list, so no rank; call resolve(ndim) first")
 
     def extent(self, dim: int) -> int:
         """Receptive field d(k-1)+1 of a resolved kernel in dimension ``dim``."""

@@ -223,6 +223,25 @@ def test_kernel_prints_its_parameters(kernel, text):
     assert str(kernel) == text
 
 
+@pytest.mark.parametrize(
+    ("kernel", "ndim"),
+    [
+        pytest.param(Kernel((3, 3)), 2, id="size-list"),
+        pytest.param(Kernel((3, 3), leading=2), 4, id="leading"),
+        pytest.param(Kernel(3, stride=(1, 2, 1)), 3, id="stride-list"),
+        pytest.param(Kernel(3, padding=1, leading=2).resolve(4), 4, id="resolved"),
+    ],
+)
+def test_kernel_rank(kernel, ndim):
+    assert kernel.ndim == ndim
+    assert kernel.resolve(ndim).ndim == ndim
+
+
+def test_a_kernel_of_scalars_has_no_rank():
+    with pytest.raises(KernelError, match="no rank"):
+        _ = Kernel(3, padding=1).ndim
+
+
 def test_padding_makes_a_large_kernel_fit():
     geometry = halo_geometry(tensor((6, 5), (2, 1)), Kernel((3, 9), padding=(0, 2)))
     assert geometry.output_shape == (4, 1)
