@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import collective_assert, compare_with_numpy, local_part, same_blocks, spmd
+from helpers import (
+    collective_assert,
+    compare_with_numpy,
+    expect_collective_error,
+    local_part,
+    same_blocks,
+    spmd,
+)
 from hypothesis import given
 from mpi4py import MPI
 from strategies import movement_trees
@@ -221,3 +228,26 @@ def test_operator_method_apply_mpi_is_the_mpi_interpreter():
     names = tuple(b.name for b in op.range if b.worker == COMM.rank)
     collective_assert(same_blocks(by_method, by_function, names) is None, "apply_mpi differs")
     collective_assert(same_blocks(by_method, op(state), names) is None, "apply_mpi differs from numpy")
+
+
+def test_a_freed_communicator_and_a_reused_handle():
+    """A freed communicator is a typed error; a new one that MPI gives the freed handle gets
+    a context of its own (not the freed one's plans and private duplicate)."""
+    from linop.backends.mpi_errors import CommunicatorError
+
+    op = ring_shift(ring_space())
+    state = ring_space().random(12, dtype=np.int64)
+    local = local_part(op.domain, state, COMM.rank)
+    first = COMM.Dup()
+    compare_with_numpy(op, state, comm=first)
+    old_plan = mpi_backend.compile(op, comm=first)
+    first.Free()
+    message = expect_collective_error(CommunicatorError, lambda: mpi_backend.apply(op, local, comm=first))
+    collective_assert("COMM_NULL" in message, message)
+    second = COMM.Dup()
+    try:
+        compare_with_numpy(op, state, comm=second)
+        new_plan = mpi_backend.compile(op, comm=second)
+        collective_assert(new_plan is not old_plan and new_plan.context.user is second, "stale context")
+    finally:
+        second.Free()
