@@ -140,6 +140,14 @@ def test_inplace_swap_through_relabels_is_correct():
     assert x["x"].tolist() == [10, 11, 12] and x["y"].tolist() == [0, 1, 2]
 
 
+def test_inplace_accepts_disjoint_views_of_one_buffer():
+    buffer = np.arange(16.0)
+    state = {"a": buffer[0:4], "b": buffer[4:8], "c": buffer[8:12].reshape(2, 2)}
+    expected = Copy(SPACE["a"], SPACE["b"])(state)
+    Copy(SPACE["a"], SPACE["b"]).apply(state, inplace=True)
+    assert buffer[4:8].tolist() == expected["b"].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
 INPLACE_ERRORS = [
     (
         "domain differs from range",
@@ -154,6 +162,20 @@ INPLACE_ERRORS = [
         lambda: {**SPACE.random(0), "a": np.broadcast_to(np.zeros(1), (4,))},
         StateError,
         "writeable numpy array for block 'a'",
+    ),
+    (
+        "one array for two blocks",
+        Copy(SPACE["a"], SPACE["b"]),
+        lambda: (lambda shared: {"a": shared, "b": shared, "c": np.zeros((2, 2))})(np.zeros(4)),
+        StateError,
+        "blocks 'a' and 'b' share entries",
+    ),
+    (
+        "overlapping views",
+        Clear(SPACE["a"]),
+        lambda: (lambda buf: {"a": buf[0:4], "b": buf[2:6], "c": np.zeros((2, 2))})(np.zeros(8)),
+        StateError,
+        "blocks 'a' and 'b' share entries",
     ),
     (
         "result needs a wider dtype",

@@ -133,6 +133,12 @@ def apply(
     for name, array in arrays.items():
         if array is not state[name] or not array.flags.writeable:
             raise StateError(f"in-place application needs a writeable numpy array for block {name!r}")
+    shared = _first_shared_memory(arrays)
+    if shared is not None:
+        raise StateError(
+            f"in-place application needs separate memory per block; blocks {shared[0]!r} and "
+            f"{shared[1]!r} share entries"
+        )
     work = Workspace(dict(arrays), set(arrays), dtype)
     run(op, work)
     pending = {}
@@ -150,6 +156,33 @@ def apply(
     for name, result_array in pending.items():
         np.copyto(arrays[name], result_array, casting="same_kind")
     return state  # type: ignore[return-value]
+
+
+def _byte_bounds(array: np.ndarray) -> tuple[int, int]:
+    """The first and one-past-last byte addresses that ``array`` can touch."""
+    low = high = array.__array_interface__["data"][0]
+    for extent, stride in zip(array.shape, array.strides):
+        reach = (extent - 1) * stride
+        if reach < 0:
+            low += reach
+        else:
+            high += reach
+    return low, high + array.itemsize
+
+
+def _first_shared_memory(arrays: Mapping[str, np.ndarray]) -> tuple[str, str] | None:
+    """Two block names whose arrays share an entry, or None (a sweep over byte bounds, then an
+    exact check of the candidates, so that disjoint views of one buffer are accepted)."""
+    spans = sorted(
+        (*_byte_bounds(array), name) for name, array in arrays.items() if array.size and array.itemsize
+    )
+    for i, (_, high, name) in enumerate(spans):
+        for other_low, _, other in spans[i + 1 :]:
+            if other_low >= high:
+                break
+            if np.shares_memory(arrays[name], arrays[other]):
+                return tuple(sorted((name, other), key=str))  # type: ignore[return-value]
+    return None
 
 
 # -- algebra -------------------------------------------------------------------------------
@@ -183,7 +216,9 @@ def _sum(op: Sum, work: Workspace) -> None:
     work.owned.clear()
     for name in op.range.names:
         # np.asarray: numpy turns arithmetic on 0-d arrays into scalars, which cannot be written
-        total = np.asarray(results[0][name] + results[1][name]) if len(results) > 1 else results[0][name].copy()
+        total = (
+            np.asarray(results[0][name] + results[1][name]) if len(results) > 1 else results[0][name].copy()
+        )
         for other in results[2:]:
             total += other[name]
         work.set(name, total)
