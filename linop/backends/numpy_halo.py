@@ -17,15 +17,22 @@ __all__: list[str] = []
 
 @handler(HaloStage)
 def _stage(op: HaloStage, work: Workspace) -> None:
-    arrays = work.arrays
+    arrays, owned = work.arrays, work.owned
     for src, src_index, dst, dst_index in op.moves:
         source = arrays[src][src_index]
-        work.writable(dst, source.dtype)[dst_index] = source
+        target = arrays[dst]
+        if dst not in owned or target.dtype != source.dtype:  # else work.writable is a no-op
+            target = work.writable(dst, source.dtype)
+        target[dst_index] = source
 
 
 @handler(HaloStageAdjoint)
 def _stage_adjoint(op: HaloStageAdjoint, work: Workspace) -> None:
+    arrays, owned = work.arrays, work.owned
     for src, src_index, dst, dst_index in op.moves:
-        back = work.arrays[dst][dst_index]
-        work.writable(src, back.dtype)[src_index] += back
-        work.writable(dst)[dst_index] = 0
+        back = arrays[dst][dst_index]
+        target = arrays[src]
+        if src not in owned or target.dtype != back.dtype:  # else work.writable is a no-op
+            target = work.writable(src, back.dtype)
+        target[src_index] += back
+        (arrays[dst] if dst in owned else work.writable(dst))[dst_index] = 0
