@@ -491,18 +491,29 @@ def fingerprint(op: LinearOperator) -> bytes:
     return digest.digest()
 
 
+def _block_bytes(block: Block, memo: dict[int, bytes]) -> bytes:
+    """``repr(block)`` encoded, once per block object (spaces of a tree share their blocks)."""
+    text = memo.get(id(block))
+    if text is None:
+        text = memo[id(block)] = repr(block).encode()
+    return text
+
+
 def _feed(value: Any, digest: Any, memo: dict[int, bytes]) -> None:
+    # memo: bytes by object id, for the spaces and blocks of the tree (alive while it is fed)
     if isinstance(value, Space):
-        key = id(value)
-        if key not in memo:
-            memo[key] = repr(value).encode()
-        digest.update(b"S")
-        digest.update(memo[key])
+        text = memo.get(id(value))
+        if text is None:
+            text = memo[id(value)] = b"S%d:" % len(value) + b",".join(
+                _block_bytes(b, memo) for b in value.blocks
+            )
+        digest.update(text)
     elif isinstance(value, Region):
         # the block's shape and worker too: a box means a different program on another layout
-        digest.update(f"R{value.start}{value.stop}{value.dropped}{value.block!r}".encode())
+        digest.update(f"R{value.start}{value.stop}{value.dropped}".encode())
+        digest.update(_block_bytes(value.block, memo))
     elif isinstance(value, Block):
-        digest.update(b"B" + repr(value).encode())
+        digest.update(b"B" + _block_bytes(value, memo))
     elif isinstance(value, LinearOperator) or (
         dataclasses.is_dataclass(value) and not isinstance(value, type)
     ):
