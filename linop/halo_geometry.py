@@ -35,6 +35,9 @@ Each worker's *local* block spans, per dimension, the hull of its bulk and its n
 and its *window* is the needed range, ``local[left trim : local size - right trim]``. A halo
 exchange fills the halo (and, for the periodic and reflecting boundary modes, the pad) entries
 that the window contains; entries of the layout that the window trims away are not exchanged.
+With unbalanced shares the needed range may miss the bulk altogether (bulk ``[1, 3)``, need
+``[4, 9)``): the halo on that side then also spans the entries between them (right halo 6), which
+the trim on the other side drops again (left trim 3), so 5 entries are exchanged.
 
 Boundary modes
 --------------
@@ -282,7 +285,8 @@ class DimGeometry:
     need_start, need_stop : int
         Input entries the worker's outputs read, padded coordinates (``[i0, i0)`` without output).
     left_halo, right_halo, left_pad, right_pad, left_trim, right_trim : int
-        The widths of THEORY.md section 3 (see the module docstring).
+        The widths of THEORY.md section 3 (see the module docstring; a halo counts the entries
+        between the bulk and a needed range that misses it, which are trimmed, not exchanged).
     """
 
     dim: int

@@ -63,6 +63,16 @@ def test_worker_without_output():
     assert geometry.window_shape((2,)) == (0,)
 
 
+def test_needed_range_that_misses_the_bulk():
+    """Shares (1, 2, 9) of 12, kernel 3: worker 1 owns [1, 3) but needs [4, 9). Its right halo
+    spans [3, 9) and its left trim [1, 4), so only the window's 5 entries are exchanged."""
+    geometry = halo_geometry(tensor((12,), (3,), ((1, 2, 9),)), Kernel(3))
+    row = geometry.rows[0][1]
+    assert (row.need_start, row.need_stop, row.right_halo, row.left_trim) == (4, 9, 6, 3)
+    assert row.local_size == 8 and row.window_size == 5
+    assert sum(segment.size for segment in geometry.fills[0][1]) == 5
+
+
 def test_multi_hop_halo_is_wider_than_the_neighbour():
     geometry = halo_geometry(tensor((8,), (3,), ((6, 1, 1),)), Kernel(5, padding=2))
     last = geometry.rows[0][2]
