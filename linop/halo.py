@@ -122,13 +122,18 @@ def _box(space: Space, name: str, slices: Sequence[slice]) -> Region:
 
 
 # -- one stage: a set of commuting copies, with explicit buffers --------------------------------
+def _as_transfer(item: object, label: str) -> Transfer:
+    """``item`` as a (source, destination) pair of regions."""
+    if isinstance(item, (tuple, list)) and len(item) == 2 and all(isinstance(r, Region) for r in item):
+        return (item[0], item[1])
+    raise TypeError(f"stage {label}: a transfer is a (Region, Region) pair, not {item!r}")
+
+
 def _check_transfers(space: Space, transfers: tuple[Transfer, ...], label: str) -> None:
     """Sources and destinations live in ``space``, shapes match, and no destination meets a
     source or another destination (so the copies of a stage commute)."""
     by_block: dict[str, tuple[list[Region], list[Region]]] = {}
     for src, dst in transfers:
-        if not isinstance(src, Region) or not isinstance(dst, Region):
-            raise TypeError(f"stage {label}: a transfer is a (Region, Region) pair, not {(src, dst)!r}")
         for region in (src, dst):
             if region.space != space:
                 raise HaloError(f"stage {label}: region {region!r} is not a region of the stage's space")
@@ -226,7 +231,7 @@ class _StageBase(LinearOperator):
     label: str = "H"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "transfers", tuple(tuple(t) for t in self.transfers))
+        object.__setattr__(self, "transfers", tuple(_as_transfer(t, self.label) for t in self.transfers))
         _check_transfers(self.space, self.transfers, self.label)
 
     @property
@@ -275,6 +280,8 @@ class HaloStage(_StageBase):
 
     Raises
     ------
+    TypeError
+        If a transfer is not a (Region, Region) pair.
     HaloError
         If a region is not in ``space``, shapes differ, or a destination overlaps a source or
         another destination.

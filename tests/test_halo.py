@@ -412,6 +412,20 @@ def test_stage_of_thousands_of_one_entry_copies_is_checked_quickly():
     assert np.array_equal(reversed_copy, np.arange(n)[::-1])
 
 
+@pytest.mark.parametrize(
+    "transfer",
+    [
+        pytest.param((A[0:2], B[0:2], B[2:4]), id="three-regions"),
+        pytest.param((A[0:2],), id="one-region"),
+        pytest.param(("a", B[0:2]), id="name-not-region"),
+        pytest.param(A[0:2], id="region-not-pair"),
+    ],
+)
+def test_stage_rejects_a_transfer_that_is_not_a_pair_of_regions(transfer):
+    with pytest.raises(TypeError, match=r"stage H: a transfer is a \(Region, Region\) pair"):
+        HaloStage(STAGE_SPACE, (transfer,))
+
+
 def test_stage_accepts_regions_that_only_touch():
     transfers = (
         (A[0:2], A[2:4]),
