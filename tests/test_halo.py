@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import verify
 from linop import Block, Clear, Composition, Copy, LinearOperator, Space, expand_all
@@ -399,6 +400,46 @@ A, B, C = STAGE_SPACE["a"], STAGE_SPACE["b"], STAGE_SPACE["c"]
 def test_stage_rejects_conflicting_copies(transfers, match):
     with pytest.raises(HaloError, match=match):
         HaloStage(STAGE_SPACE, tuple(transfers))
+
+
+@st.composite
+def random_copies(draw: st.DrawFn) -> list[tuple]:
+    """A few same-shape box pairs in the 2-d blocks of a small space (overlapping or not)."""
+    space = Space([Block("p", (4, 5)), Block("q", (3, 4), 1)])
+    copies = []
+    for _ in range(draw(st.integers(1, 5))):
+        shape = (draw(st.integers(0, 3)), draw(st.integers(0, 3)))
+        regions = []
+        for _ in range(2):
+            name = draw(st.sampled_from(["p", "q"]))
+            block = space.block(name).shape
+            start = [draw(st.integers(0, max(0, n - k))) for n, k in zip(block, shape)]
+            if any(k > n for n, k in zip(block, shape)):
+                start, shape = [0, 0], (0, 0)
+            regions.append(space[name][start[0] : start[0] + shape[0], start[1] : start[1] + shape[1]])
+        if regions[0].shape == regions[1].shape:
+            copies.append(tuple(regions))
+    return copies
+
+
+@settings(max_examples=200, deadline=None)
+@given(copies=random_copies())
+def test_commuting_check_agrees_with_comparing_every_pair(copies):
+    """The stage's check (boxes marked on a grid of cells) against the plain definition: some
+    destination overlaps a source or another destination."""
+    conflict = any(
+        dst.overlaps(other)
+        for k, (_, dst) in enumerate(copies)
+        for other in [src for src, _ in copies] + [d for _, d in copies[k + 1 :]]
+    )
+    if not copies:
+        return
+    space = copies[0][0].space
+    if conflict:
+        with pytest.raises(HaloError, match="overlaps"):
+            HaloStage(space, tuple(copies))
+    else:
+        HaloStage(space, tuple(copies))
 
 
 @pytest.mark.timeout(10)
