@@ -38,7 +38,7 @@ matrices.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NoReturn
 
@@ -328,22 +328,46 @@ class HaloStageAdjoint(_StageBase):
 
 
 # -- transfer plans ---------------------------------------------------------------------------
-def _own_segment(geometry: HaloGeometry, dim: int, g: int, within: slice) -> list[Segment]:
-    """The receiver's own bulk positions inside ``within``, as a segment it owns."""
-    bulk = geometry.rows[dim][g].bulk
-    start, stop = max(bulk.start, within.start), min(bulk.stop, within.stop)
-    return [Segment(start, stop - start, g, start)] if stop > start else []
+def _whole(start: int, stop: int, g: int) -> list[Segment]:
+    """Positions ``[start, stop)`` of worker g's own local layout, as one segment it owns."""
+    return [Segment(start, stop - start, g, start)]
 
 
 def _segments_covering(geometry: HaloGeometry, dim: int, g: int) -> list[Segment]:
     """The window's data positions along ``dim``, split by owner (own bulk and fills)."""
+    data, bulk = geometry.data_range(dim, g), geometry.rows[dim][g].bulk
+    start, stop = max(bulk.start, data.start), min(bulk.stop, data.stop)
+    own = _whole(start, stop, g) if stop > start else []
+    return own + list(geometry.fills[dim][g])
+
+
+def _relayed(geometry: HaloGeometry, dim: int, g: int) -> list[Segment]:
+    """The window's data positions along ``dim`` as one segment of the receiver's own layout
+    (filled by the stage of ``dim``, so a later stage's owner holds them too)."""
     data = geometry.data_range(dim, g)
-    return _own_segment(geometry, dim, g, data) + list(geometry.fills[dim][g])
+    return _whole(data.start, data.stop, g)
 
 
-def _transfers_from_segments(
-    space: Space, prefix: str, receiver: tuple[int, ...], per_dim: Sequence[Iterable[Segment]]
+def _receiver_transfers(
+    geometry: HaloGeometry,
+    space: Space,
+    prefix: str,
+    receiver: tuple[int, ...],
+    dim: int,
+    earlier: Callable[[HaloGeometry, int, int], list[Segment]],
 ) -> list[Transfer]:
+    """The boxes one receiver gets filled along ``dim``: along earlier dimensions the segments
+    ``earlier`` gives, along ``dim`` the fill segments, along later dimensions its whole bulk.
+    Each box is copied from the same box of the local block of its segments' owners."""
+    per_dim: list[list[Segment]] = []
+    for j, g in enumerate(receiver):
+        if j < dim:
+            per_dim.append(earlier(geometry, j, g))
+        elif j == dim:
+            per_dim.append(list(geometry.fills[j][g]))
+        else:
+            bulk = geometry.rows[j][g].bulk
+            per_dim.append(_whole(bulk.start, bulk.stop, g))
     transfers = []
     for combo in itertools.product(*per_dim):
         if any(seg.size == 0 for seg in combo):
@@ -363,39 +387,23 @@ def nested_transfers(geometry: HaloGeometry, space: Space, prefix: str, dim: int
     whole bulk (later stages relay it). The source is the same box in the local block of the
     segment's owner along ``dim``, which shares the receiver's layout in every other dimension.
     """
-    transfers: list[Transfer] = []
-    for receiver in geometry.tensor.partition.indices():
-        per_dim: list[list[Segment]] = []
-        for j, g in enumerate(receiver):
-            if j < dim:
-                data = geometry.data_range(j, g)
-                per_dim.append([Segment(data.start, data.stop - data.start, g, data.start)])
-            elif j == dim:
-                per_dim.append(list(geometry.fills[j][g]))
-            else:
-                bulk = geometry.rows[j][g].bulk
-                per_dim.append([Segment(bulk.start, bulk.stop - bulk.start, g, bulk.start)])
-        transfers += _transfers_from_segments(space, prefix, receiver, per_dim)
-    return tuple(transfers)
+    return tuple(
+        transfer
+        for receiver in geometry.tensor.partition.indices()
+        for transfer in _receiver_transfers(geometry, space, prefix, receiver, dim, _relayed)
+    )
 
 
 def direct_transfers(geometry: HaloGeometry, space: Space, prefix: str) -> tuple[Transfer, ...]:
     """Transfers of the direct exchange: every entry the nested exchange writes, copied from its
-    owner's bulk in one hop (for each dimension i, the boxes whose last non-bulk dimension is i)."""
-    transfers: list[Transfer] = []
-    for receiver in geometry.tensor.partition.indices():
-        for dim in range(geometry.ndim):
-            per_dim: list[list[Segment]] = []
-            for j, g in enumerate(receiver):
-                if j < dim:
-                    per_dim.append(_segments_covering(geometry, j, g))
-                elif j == dim:
-                    per_dim.append(list(geometry.fills[j][g]))
-                else:
-                    bulk = geometry.rows[j][g].bulk
-                    per_dim.append([Segment(bulk.start, bulk.stop - bulk.start, g, bulk.start)])
-            transfers += _transfers_from_segments(space, prefix, receiver, per_dim)
-    return tuple(transfers)
+    owner's bulk in one hop (for each dimension i, the boxes whose last non-bulk dimension is i:
+    along earlier dimensions the window's data split by owner instead of relayed)."""
+    return tuple(
+        transfer
+        for receiver in geometry.tensor.partition.indices()
+        for dim in range(geometry.ndim)
+        for transfer in _receiver_transfers(geometry, space, prefix, receiver, dim, _segments_covering)
+    )
 
 
 # -- the exchange -----------------------------------------------------------------------------
