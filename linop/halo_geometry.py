@@ -425,14 +425,25 @@ class HaloGeometry:
         ``rows[dim][g]``: the row of the workers with grid coordinate g along ``dim``.
     fills : tuple of tuple of tuple of Segment
         ``fills[dim][g]``: the runs of the window outside the bulk that are filled from owners
-        (halo entries, and pad entries unless the boundary is zero), along ``dim``.
+        (halo entries, and pad entries unless the boundary is zero), along ``dim``; derived
+        from the rows and the boundary modes.
     """
 
     tensor: DistributedTensor
     kernel: Kernel
     output_shape: tuple[int, ...]
     rows: tuple[tuple[DimGeometry, ...], ...]
-    fills: tuple[tuple[tuple[Segment, ...], ...], ...] = field(repr=False)
+    fills: tuple[tuple[tuple[Segment, ...], ...], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        fills = tuple(
+            tuple(
+                _fill_segments(dim_rows, g, self.kernel.boundary[dim], self.data_range(dim, g))  # type: ignore[index]
+                for g in range(len(dim_rows))
+            )
+            for dim, dim_rows in enumerate(self.rows)
+        )
+        object.__setattr__(self, "fills", fills)
 
     @property
     def ndim(self) -> int:
@@ -556,7 +567,6 @@ def halo_geometry(tensor: DistributedTensor, kernel: Kernel | int) -> HaloGeomet
         kernel = Kernel(kernel)
     kernel = kernel.resolve(tensor.ndim)
     rows: list[tuple[DimGeometry, ...]] = []
-    fills: list[tuple[tuple[Segment, ...], ...]] = []
     output_shape = []
     for dim, (m, sizes) in enumerate(zip(tensor.global_shape, tensor.sizes)):
         k, s, p, d = (getattr(kernel, a)[dim] for a in ("size", "stride", "padding", "dilation"))
@@ -580,14 +590,4 @@ def halo_geometry(tensor: DistributedTensor, kernel: Kernel | int) -> HaloGeomet
             for g in range(len(sizes))
         )
         rows.append(dim_rows)
-    geometry = HaloGeometry(tensor, kernel, tuple(output_shape), tuple(rows), ())
-    for dim, dim_rows in enumerate(rows):
-        boundary = kernel.boundary[dim]  # type: ignore[index]
-        fills.append(
-            tuple(
-                _fill_segments(dim_rows, g, boundary, geometry.data_range(dim, g))
-                for g in range(len(dim_rows))
-            )
-        )
-    object.__setattr__(geometry, "fills", tuple(fills))
-    return geometry
+    return HaloGeometry(tensor, kernel, tuple(output_shape), tuple(rows))
