@@ -10,7 +10,7 @@ mathematics demands it (adding complex into real, scaling by a complex number).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -20,7 +20,7 @@ from ..errors import StateError
 from ..movement import Copy, CopyAdjoint, Move
 from ..operator import Composition, Identity, LinearOperator, Scaled, Sum, Zero
 from ..primitives import Add, Allocate, Clear, Deallocate
-from ..space import Region, State
+from ..space import Region, State, natural_key
 
 __all__ = ["apply", "handler", "Workspace"]
 
@@ -170,18 +170,29 @@ def _byte_bounds(array: np.ndarray) -> tuple[int, int]:
     return low, high + array.itemsize
 
 
-def _first_shared_memory(arrays: Mapping[str, np.ndarray]) -> tuple[str, str] | None:
-    """Two block names whose arrays share an entry, or None (a sweep over byte bounds, then an
-    exact check of the candidates, so that disjoint views of one buffer are accepted)."""
-    spans = sorted(
-        (*_byte_bounds(array), name) for name, array in arrays.items() if array.size and array.itemsize
-    )
+def _overlapping_bounds(spans: list[tuple[int, int, str]]) -> Iterator[tuple[str, str]]:
+    """Pairs of names whose (low, high, name) spans, sorted by low, overlap."""
     for i, (_, high, name) in enumerate(spans):
         for other_low, _, other in spans[i + 1 :]:
             if other_low >= high:
                 break
-            if np.shares_memory(arrays[name], arrays[other]):
-                return tuple(sorted((name, other), key=str))  # type: ignore[return-value]
+            yield name, other
+
+
+def _first_shared_memory(arrays: Mapping[str, np.ndarray]) -> tuple[str, str] | None:
+    """Two block names whose arrays share an entry, or None. Candidates (overlapping byte
+    bounds) are confirmed exactly, so that disjoint views of one buffer are accepted; few
+    blocks are compared pairwise, many by a sweep over sorted byte bounds."""
+    items = [(name, array) for name, array in arrays.items() if array.size and array.itemsize]
+    if len(items) <= 16:
+        candidates = (
+            (a, b) for i, (a, x) in enumerate(items) for b, y in items[i + 1 :] if np.may_share_memory(x, y)
+        )
+    else:
+        candidates = _overlapping_bounds(sorted((*_byte_bounds(array), name) for name, array in items))
+    for name, other in candidates:
+        if np.shares_memory(arrays[name], arrays[other]):
+            return tuple(sorted((name, other), key=natural_key))  # type: ignore[return-value]
     return None
 
 
