@@ -22,6 +22,7 @@ import operator
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -407,24 +408,24 @@ class Region:
         """The worker that owns the region's block."""
         return self.block.worker
 
-    @property
+    @cached_property
     def shape(self) -> tuple[int, ...]:
         """Extent of the box along the dimensions that are not dropped."""
         return tuple(b - a for d, (a, b) in enumerate(zip(self.start, self.stop)) if d not in self.dropped)
 
-    @property
+    @cached_property
     def size(self) -> int:
         """Number of entries in the box."""
         return int(np.prod(self.shape, dtype=np.int64))
 
-    @property
+    @cached_property
     def index(self) -> tuple[slice, ...]:
         """The numpy index of the box inside its block (integers for dropped dimensions)."""
         return tuple(
             a if d in self.dropped else slice(a, b) for d, (a, b) in enumerate(zip(self.start, self.stop))
         )
 
-    @property
+    @cached_property
     def is_whole(self) -> bool:
         """True when the region is its whole block."""
         return self.stop == self.block.shape and not any(self.start) and not self.dropped
