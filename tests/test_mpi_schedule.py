@@ -6,6 +6,8 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from linop import Add, Block, Copy, Move, SendRecv, Space
 from linop.backends.mpi_schedule import Phase, RankPhase, Transfer, compile_program, fingerprint, project
@@ -121,3 +123,75 @@ def test_fingerprints_do_not_depend_on_the_process():
         for seed in ("1", "2", "3")
     }
     assert len(digests) == 1
+
+
+def pairwise_batch(steps):
+    """The batching rule checked against every gathered step (the reference for ``batch``,
+    which only checks the steps that share a block)."""
+    from linop.backends.mpi_schedule import Local
+
+    out, phase, deferred = [], [], []
+    for step in steps:
+        if isinstance(step, Transfer):
+            fp = step.footprint
+            gathered = [t.footprint for t in phase] + [d.footprint for d in deferred]
+            if any(earlier.conflicts(fp) for earlier in gathered):
+                out.append(("phase", tuple(phase)))
+                out.extend(("local", d) for d in deferred)
+                phase, deferred = [], []
+            phase.append(step)
+        elif isinstance(step, Local) and phase:
+            deferred.append(step)
+        else:
+            if phase:
+                out.append(("phase", tuple(phase)))
+            out.extend(("local", d) for d in deferred)
+            phase, deferred = [], []
+            out.append(("local", step))
+    if phase:
+        out.append(("phase", tuple(phase)))
+    out.extend(("local", d) for d in deferred)
+    return out
+
+
+@st.composite
+def movement_sequences(draw):
+    nodes = []
+    for _ in range(draw(st.integers(1, 12))):
+        src_block, dst_block = draw(st.sampled_from(["a", "b", "c"])), draw(st.sampled_from(["a", "b", "c"]))
+        rows = draw(st.sampled_from([(0, 1), (1, 3), (2, 4), (0, 4)]))
+        other = draw(st.sampled_from([(0, 1), (1, 3), (2, 4), (0, 4)]))
+        src = SPACE[src_block][rows[0] : rows[1]]
+        length = rows[1] - rows[0]
+        start = other[0] if other[0] + length <= 4 else 0
+        dst = SPACE[dst_block][start : start + length]
+        if src.overlaps(dst):
+            continue
+        kind = draw(st.sampled_from([Copy, Add, Move]))
+        if kind is Copy and src.worker != dst.worker:
+            kind = SendRecv
+        nodes.append(kind(src, dst))
+    if not nodes:
+        nodes.append(SendRecv(SPACE["a"][0:1], SPACE["b"][0:1]))
+    op = nodes[0]
+    for node in nodes[1:]:
+        op = node @ op
+    return op
+
+
+@settings(max_examples=80, deadline=None)
+@given(movement_sequences())
+def test_indexed_batching_equals_the_pairwise_rule(op):
+    from linop.backends.mpi_schedule import batch, lower
+
+    steps = lower(op)
+    indexed = [("phase", s.transfers) if isinstance(s, Phase) else ("local", s) for s in batch(steps)]
+    assert indexed == pairwise_batch(steps)
+
+
+def test_each_nested_halo_stage_is_one_phase_at_scale():
+    from linop import DistributedTensor, HaloExchange, Kernel, Partition, halo_geometry
+
+    tensor = DistributedTensor("x", (64, 64), Partition.grid((8, 8)))
+    exchange = HaloExchange(halo_geometry(tensor, Kernel(3, padding=1)))
+    assert [len(p.transfers) for p in phases(exchange)] == [112, 112]

@@ -300,11 +300,54 @@ def _lower_into(op: LinearOperator, steps: list[Step]) -> None:
 
 
 # -- batching -------------------------------------------------------------------------------
+class _Pending:
+    """Footprints of the steps gathered since the last flush, indexed by block name, so that a
+    new step is checked only against the steps that touch one of its blocks."""
+
+    def __init__(self) -> None:
+        self.by_block: dict[str, list[Footprint]] = {}
+        self.opaque = False
+        self.empty = True
+
+    def add(self, footprint: Footprint) -> None:
+        self.empty = False
+        if footprint.opaque:
+            self.opaque = True
+            return
+        for name in _block_names(footprint):
+            self.by_block.setdefault(name, []).append(footprint)
+
+    def conflicts(self, later: Footprint) -> bool:
+        """True when ``later`` conflicts with any gathered step (see Footprint.conflicts)."""
+        if self.empty:
+            return False
+        if self.opaque or later.opaque:
+            return True
+        seen: set[int] = set()
+        for name in _block_names(later):
+            for earlier in self.by_block.get(name, ()):
+                if id(earlier) not in seen:
+                    seen.add(id(earlier))
+                    if earlier.conflicts(later):
+                        return True
+        return False
+
+    def clear(self) -> None:
+        self.by_block.clear()
+        self.opaque = False
+        self.empty = True
+
+
+def _block_names(footprint: Footprint) -> set[str]:
+    return {box[0] for boxes in (footprint.reads, footprint.writes, footprint.adds) for box in boxes}
+
+
 def batch(steps: Iterable[Step]) -> list[Step]:
     """Group transfers into phases (see the module docstring); recurse into sum branches."""
     out: list[Step] = []
     phase: list[Transfer] = []
     deferred: list[Local] = []
+    pending = _Pending()  # footprints of ``phase`` and ``deferred``
 
     def flush() -> None:
         if phase:
@@ -312,18 +355,18 @@ def batch(steps: Iterable[Step]) -> list[Step]:
             phase.clear()
         out.extend(deferred)
         deferred.clear()
+        pending.clear()
 
     for step in steps:
         if isinstance(step, Transfer):
             fp = step.footprint
-            fits = all(not t.footprint.conflicts(fp) for t in phase) and all(
-                not local.footprint.conflicts(fp) for local in deferred
-            )
-            if not fits:
+            if pending.conflicts(fp):
                 flush()
             phase.append(step)
+            pending.add(fp)
         elif isinstance(step, Local) and phase:
             deferred.append(step)
+            pending.add(step.footprint)
         else:
             flush()
             if isinstance(step, Branches):
