@@ -11,7 +11,6 @@ from .backends.mpi_errors import (
     DistributedStateError,
     MPIError,
     TreeMismatchError,
-    UnsupportedNodeError,
 )
 from .backends.scipy_interop import aslinearoperator
 from .collectives import (
@@ -40,6 +39,7 @@ from .errors import (
     SpaceMismatchError,
     StateError,
     UnknownBlockError,
+    UnsupportedNodeError,
     WorkerError,
 )
 from .halo import (

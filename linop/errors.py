@@ -17,6 +17,7 @@ __all__ = [
     "StateError",
     "ScalarError",
     "WorkerError",
+    "UnsupportedNodeError",
     "PartitionError",
     "DecompositionError",
 ]
@@ -71,3 +72,7 @@ class PartitionError(LinopError, ValueError):
 
 class DecompositionError(LinopError, ValueError):
     """Per-worker sizes of a tensor decomposition do not fit its global shape."""
+
+
+class UnsupportedNodeError(LinopError, TypeError):
+    """An interpreter has no handler for a node type, and the node does not expand."""

@@ -282,6 +282,37 @@ def test_a_wrong_adjoint_rule_is_caught_by_the_exact_check():
     assert (right.H.to_sparse() != right.to_sparse().T).nnz == 0
 
 
+@dataclass(frozen=True, eq=True, repr=False)
+class Opaque(LinearOperator):
+    """A node with neither an interpreter handler nor an expansion."""
+
+    space: Space
+
+    @property
+    def domain(self) -> Space:
+        return self.space
+
+    @property
+    def range(self) -> Space:
+        return self.space
+
+    def adjoint(self) -> LinearOperator:
+        return self
+
+    def __str__(self) -> str:
+        return "Opaque"
+
+
+@pytest.mark.parametrize(
+    "interpret", [lambda op: op(SPACE.zeros()), lambda op: op.to_sparse()], ids=["numpy", "sparse"]
+)
+def test_a_node_without_handler_or_expansion_is_a_typed_error(interpret):
+    from linop import UnsupportedNodeError
+
+    with pytest.raises(UnsupportedNodeError, match=r"no handler for Opaque \(Opaque\)"):
+        interpret(Clear(SPACE["a"]) @ Opaque(SPACE))
+
+
 def test_sum_of_terms_does_not_let_one_term_see_anothers_changes():
     tree = Sum((Clear(SPACE["a"]), Copy(SPACE["a"], SPACE["b"]), Identity(SPACE)))
     x = SPACE.random(5)

@@ -7,6 +7,7 @@ This module imports no MPI: the errors can be caught without mpi4py installed.
 
 from __future__ import annotations
 
+from .. import errors
 from ..errors import LinopError, StateError
 
 __all__ = [
@@ -34,5 +35,6 @@ class DistributedStateError(MPIError, StateError):
     """Some rank's local blocks are missing, extra, wrongly shaped or not numeric."""
 
 
-class UnsupportedNodeError(MPIError, TypeError):
-    """A node has no MPI handler and does not expand into simpler nodes."""
+class UnsupportedNodeError(MPIError, errors.UnsupportedNodeError):
+    """A node has no MPI handler and does not expand into simpler nodes (raised on every rank
+    together; also a :class:`linop.UnsupportedNodeError`)."""

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import StateError
+from ..errors import StateError, UnsupportedNodeError
 from ..movement import Copy, CopyAdjoint, Move
 from ..operator import Composition, Identity, LinearOperator, Scaled, Sum, Zero
 from ..primitives import Add, Allocate, Clear, Deallocate
@@ -99,8 +99,8 @@ def run(op: LinearOperator, work: Workspace) -> None:
             return
     expanded = op.expand()
     if expanded is op:
-        raise TypeError(
-            f"the numpy interpreter has no handler for {type(op).__name__} and it does not expand"
+        raise UnsupportedNodeError(
+            f"the numpy interpreter has no handler for {type(op).__name__} ({op}) and it does not expand"
         )
     run(expanded, work)
 

@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 import scipy.sparse as sp
 
+from ..errors import UnsupportedNodeError
 from ..movement import Copy, CopyAdjoint, Move
 from ..operator import Composition, Identity, LinearOperator, Scaled, Sum, Zero
 from ..primitives import Add, Allocate, Clear, Deallocate
@@ -60,8 +61,8 @@ def matrix_of(op: LinearOperator) -> sp.csr_array:
             return function(op)
     expanded = op.expand()
     if expanded is op:
-        raise TypeError(
-            f"the sparse interpreter has no handler for {type(op).__name__} and it does not expand"
+        raise UnsupportedNodeError(
+            f"the sparse interpreter has no handler for {type(op).__name__} ({op}) and it does not expand"
         )
     return matrix_of(expanded)
 
