@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import functools
 import operator
+from abc import abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -407,14 +408,17 @@ class Planned(LinearOperator):
 
     others: Space
 
+    @abstractmethod
     def _sources(self) -> tuple[Block, ...]:
-        raise NotImplementedError
+        """The blocks the operator consumes."""
 
+    @abstractmethod
     def _targets(self) -> tuple[Block, ...]:
-        raise NotImplementedError
+        """The blocks the operator produces."""
 
+    @abstractmethod
     def _plan(self) -> Plan:
-        raise NotImplementedError
+        """The allocations, pieces and drops that define the operator."""
 
     def _validate(self) -> None:
         if not isinstance(self.others, Space):

@@ -14,6 +14,7 @@ add; THEORY.md section 1).
 from __future__ import annotations
 
 import numbers
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -45,7 +46,7 @@ def _short(op: object, limit: int = 70) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-class LinearOperator:
+class LinearOperator(ABC):
     """Base class of every operator node.
 
     A subclass is a frozen dataclass that defines ``domain``, ``range`` and :meth:`adjoint`,
@@ -60,9 +61,9 @@ class LinearOperator:
     range: Space
 
     # -- rules every node provides ------------------------------------------------------
+    @abstractmethod
     def adjoint(self) -> LinearOperator:
         """The adjoint operator: <A x, y> == <x, A* y> for all x, y."""
-        raise NotImplementedError(f"{type(self).__name__} defines no adjoint rule")
 
     def expand(self) -> LinearOperator:
         """This node's definition in simpler nodes (primitives return themselves)."""
