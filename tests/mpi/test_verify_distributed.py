@@ -65,9 +65,8 @@ def test_random_trees_pass_both(op):
     collective_assert(bool(result), repr(result))
 
 
-@dataclass(frozen=True, eq=True, repr=False)
-class WrongAdjoint(LinearOperator):
-    """A send-receive whose adjoint rule is deliberately wrong (twice the true adjoint)."""
+class PairCopy(LinearOperator):
+    """A copy from ``src`` to ``dst`` that expands into a send-receive (or a local copy)."""
 
     src: Region
     dst: Region
@@ -84,6 +83,14 @@ class WrongAdjoint(LinearOperator):
         return (
             SendRecv(self.src, self.dst) if self.src.worker != self.dst.worker else Copy(self.src, self.dst)
         )
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class WrongAdjoint(PairCopy):
+    """A send-receive whose adjoint rule is deliberately wrong (twice the true adjoint)."""
+
+    src: Region
+    dst: Region
 
     def adjoint(self) -> LinearOperator:
         true = (
@@ -117,24 +124,11 @@ def test_adjoint_test_refuses_options_that_cannot_test(option, value):
 
 
 @dataclass(frozen=True, eq=True, repr=False)
-class Deviant(LinearOperator):
+class Deviant(PairCopy):
     """A copy whose numpy handler (below) negates, while its expansion (used by MPI) copies."""
 
     src: Region
     dst: Region
-
-    @property
-    def domain(self) -> Space:
-        return self.src.space
-
-    @property
-    def range(self) -> Space:
-        return self.src.space
-
-    def expand(self) -> LinearOperator:
-        return (
-            SendRecv(self.src, self.dst) if self.src.worker != self.dst.worker else Copy(self.src, self.dst)
-        )
 
     def adjoint(self) -> LinearOperator:
         return SendRecvAdjoint(self.src, self.dst)
