@@ -22,7 +22,7 @@ def mpi_blocks() -> list[tuple[int, str]]:
 
 
 def test_readme_has_an_api_tour_and_an_mpi_example():
-    assert len(tour_blocks()) >= 3 and len(mpi_blocks()) == 1
+    assert len(tour_blocks()) >= 4 and len(mpi_blocks()) == 1
 
 
 def test_readme_tour_runs_in_order(capsys):
@@ -33,6 +33,8 @@ def test_readme_tour_runs_in_order(capsys):
     assert "C*[a -> b] = K[b] @ S[b -> a]" in printed
     assert "2 * SR[a[0:2] -> b[2:4]] @ C[a -> b] - K[a]" in printed
     assert "R[w_copy -> w]" in printed
+    assert "equal entry by entry (8x8 int64 matrices)" in printed
+    assert "[a_0 + b_0 a_1 + b_1 a_2 + b_2 a_3 + b_3]" in printed
     assert "source shape (2,) differs from destination shape (4,)" in printed
     assert "block 'c' is missing on the left" in printed
 
