@@ -16,6 +16,7 @@ layout, so the row and column of every matrix entry are known.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 import operator
@@ -46,10 +47,15 @@ _DIGITS = re.compile(r"(\d+)")
 
 @functools.lru_cache(maxsize=1 << 16)
 def natural_key(name: str) -> tuple[Any, ...]:
-    """Sort key comparing runs of digits as numbers: ``"x2" < "x10"`` (cached: spaces are
-    rebuilt block by block along an expansion, with the same names each time)."""
+    """Sort key comparing runs of digits as numbers: ``"x2" < "x10"``; names that compare equal
+    so (``"x1"``, ``"x01"``) are ordered by the plain string. Cached: spaces are rebuilt block by
+    block along an expansion, with the same names each time."""
     parts = _DIGITS.split(name)
-    return tuple(int(p) if i % 2 else p for i, p in enumerate(parts))
+    return (tuple(int(p) if i % 2 else p for i, p in enumerate(parts)), name)
+
+
+def _block_key(block: Block) -> tuple[Any, ...]:
+    return natural_key(block.name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,15 +145,29 @@ class Space:
             if block.name in by_name:
                 raise BlockExistsError(f"block {block.name!r} appears twice in a space")
             by_name[block.name] = block
-        ordered = tuple(sorted(by_name.values(), key=lambda b: natural_key(b.name)))
+        self._adopt(tuple(sorted(by_name.values(), key=_block_key)))
+
+    def _adopt(self, ordered: tuple[Block, ...]) -> None:
+        """Take ``ordered`` (canonical order, unique names) as this space's blocks."""
         self._blocks = ordered
         self._by_name = {b.name: b for b in ordered}
-        offsets, total = {}, 0
-        for b in ordered:
-            offsets[b.name] = total
-            total += b.size
-        self._offsets = offsets
+        self._offsets: dict[str, int] | None = None  # built on first use
         self._hash = hash(ordered)
+
+    @classmethod
+    def _from_ordered(cls, ordered: tuple[Block, ...]) -> Space:
+        space = cls.__new__(cls)
+        space._adopt(ordered)
+        return space
+
+    def _offset_table(self) -> dict[str, int]:
+        if self._offsets is None:
+            offsets, total = {}, 0
+            for b in self._blocks:
+                offsets[b.name] = total
+                total += b.size
+            self._offsets = offsets
+        return self._offsets
 
     # -- structure -------------------------------------------------------------------
     @property
@@ -182,7 +202,7 @@ class Space:
     def offset(self, name: str) -> int:
         """Position of block ``name``'s first entry in a flattened state."""
         self.block(name)
-        return self._offsets[name]
+        return self._offset_table()[name]
 
     def __getitem__(self, name: str) -> Region:
         block = self.block(name)
@@ -202,12 +222,13 @@ class Space:
         block = _as_block(block)
         if block.name in self._by_name:
             raise BlockExistsError(f"cannot add block {block.name!r}: the space already holds it")
-        return Space((*self._blocks, block))
+        at = bisect.bisect(self._blocks, natural_key(block.name), key=_block_key)
+        return Space._from_ordered((*self._blocks[:at], block, *self._blocks[at:]))
 
     def without(self, name: str) -> Space:
         """This space minus block ``name`` (error if it does not exist)."""
         self.block(name)
-        return Space(b for b in self._blocks if b.name != name)
+        return Space._from_ordered(tuple(b for b in self._blocks if b.name != name))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Space):
@@ -320,9 +341,9 @@ class Space:
         vector = np.asarray(vector)
         if vector.ndim != 1 or vector.shape[0] != self.size:
             raise StateError(f"expected a vector of length {self.size}, got shape {vector.shape}")
+        offsets = self._offset_table()
         return {
-            b.name: vector[self._offsets[b.name] : self._offsets[b.name] + b.size].reshape(b.shape)
-            for b in self._blocks
+            b.name: vector[offsets[b.name] : offsets[b.name] + b.size].reshape(b.shape) for b in self._blocks
         }
 
 

@@ -2,6 +2,8 @@
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from linop import Block, BlockExistsError, RegionError, Space, StateError, UnknownBlockError
 
@@ -11,6 +13,13 @@ def test_blocks_are_kept_in_natural_name_order():
     assert space.names == ("a", "x2", "x10")
     assert [space.offset(n) for n in space.names] == [0, 3, 5]
     assert space.size == 6
+
+
+def test_names_with_equal_numbers_have_one_order_whatever_the_construction():
+    one, two = Space([("x1", (1,)), ("x01", (2,))]), Space([("x01", (2,)), ("x1", (1,))])
+    assert one == two and one.names == two.names == ("x01", "x1")
+    grown = Space([("x1", (1,))]).with_block(Block("x01", (2,)))
+    assert grown == one and grown.names == one.names and grown.offset("x1") == one.offset("x1")
 
 
 def test_equality_ignores_construction_order_and_hashes_alike():
@@ -128,3 +137,20 @@ STATE_CASES = [
 def test_states_that_do_not_match_raise_state_errors(state, text):
     with pytest.raises(StateError, match=text):
         Space([("x", (2,))]).check_state(state)
+
+
+@given(
+    st.lists(st.sampled_from(["a", "b", "x1", "x01", "x2", "x10", "y", "b2"]), min_size=1, unique=True),
+    st.data(),
+)
+def test_growing_and_shrinking_a_space_equals_building_it(names, data):
+    blocks = [Block(n, (i % 3,), i % 2) for i, n in enumerate(names)]
+    built = Space(blocks)
+    grown = Space()
+    for block in blocks:
+        grown = grown.with_block(block)
+    assert grown == built and grown.names == built.names and hash(grown) == hash(built)
+    assert [grown.offset(n) for n in grown.names] == [built.offset(n) for n in built.names]
+    dropped = data.draw(st.sampled_from(names))
+    assert built.without(dropped) == Space(b for b in blocks if b.name != dropped)
+    assert built.without(dropped).names == Space(b for b in blocks if b.name != dropped).names
