@@ -41,7 +41,7 @@ import operator
 from abc import abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 from .errors import BlockExistsError, DecompositionError, PartitionError, ShapeMismatchError
 from .movement import Copy, CopyAdjoint, SendRecv, SendRecvAdjoint
@@ -394,19 +394,28 @@ def _piece(source: Block | str, source_start, target: Block | str, target_start,
     )
 
 
-def _pieces(items: Iterable[Piece | None]) -> tuple[Piece, ...]:
+def _nonempty_pieces(items: Iterable[Piece | None]) -> tuple[Piece, ...]:
     return tuple(p for p in items if p is not None)
 
 
 class Planned(LinearOperator):
     """Base of the out-of-place collectives: a node defined by a :class:`Plan`.
 
-    Subclasses provide ``_sources`` and ``_targets`` (their consumed and produced blocks) and
-    ``_plan``; ``others`` are pass-through blocks. Interpreters may register one fast path for
-    this base class and serve every subclass.
+    Subclasses provide ``_setup`` (validation, called after construction), ``_sources`` and
+    ``_targets`` (the blocks they consume and produce) and ``_pieces``; ``ADDS`` says whether the
+    pieces are added (the adjoint of a copy) or copied. ``others`` are pass-through blocks.
+    Interpreters may register one fast path for this base class and serve every subclass.
     """
 
     others: Space
+    ADDS: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        self._setup()
+
+    @abstractmethod
+    def _setup(self) -> None:
+        """Check the fields, then :meth:`_validate` the spaces."""
 
     @abstractmethod
     def _sources(self) -> tuple[Block, ...]:
@@ -417,8 +426,8 @@ class Planned(LinearOperator):
         """The blocks the operator produces."""
 
     @abstractmethod
-    def _plan(self) -> Plan:
-        """The allocations, pieces and drops that define the operator."""
+    def _pieces(self) -> tuple[Piece, ...]:
+        """The boxes that travel from consumed to produced blocks."""
 
     def _validate(self) -> None:
         if not isinstance(self.others, Space):
@@ -440,8 +449,9 @@ class Planned(LinearOperator):
 
     @functools.cached_property
     def plan(self) -> Plan:
-        """The node's plan (computed once)."""
-        return self._plan()
+        """The node's plan (computed once): create the targets, move the pieces, drop the
+        sources."""
+        return Plan(self._targets(), self._pieces(), tuple(b.name for b in self._sources()), adds=self.ADDS)
 
     def expand(self) -> LinearOperator:
         """The plan in primitives (see :meth:`Plan.expand`)."""
@@ -486,7 +496,7 @@ class _BroadcastGeometry(Planned):
         for j in self.partition.indices():
             block = self.tensor.block(self.source_index(j))
             items.append(_piece(block, _whole(block), self.copies.block_name(j), _whole(block), block.shape))
-        return _pieces(items)
+        return _nonempty_pieces(items)
 
     @property
     def multiplicity(self) -> dict[tuple[int, ...], int]:
@@ -538,17 +548,14 @@ class Broadcast(_BroadcastGeometry):
     transpose: bool = False
     others: Space = _NO_OTHERS
 
-    def __post_init__(self) -> None:
-        self._setup()
-
     def _sources(self) -> tuple[Block, ...]:
         return self.tensor.blocks
 
     def _targets(self) -> tuple[Block, ...]:
         return self.copies.blocks
 
-    def _plan(self) -> Plan:
-        return Plan(self.copies.blocks, self._copy_pieces(), tuple(b.name for b in self._sources()))
+    def _pieces(self) -> tuple[Piece, ...]:
+        return self._copy_pieces()
 
     def adjoint(self) -> LinearOperator:
         """B* = R: the sum-reduce of the copies back onto the tensor."""
@@ -583,18 +590,16 @@ class SumReduce(_BroadcastGeometry):
     transpose: bool = False
     others: Space = _NO_OTHERS
 
-    def __post_init__(self) -> None:
-        self._setup()
-
     def _sources(self) -> tuple[Block, ...]:
         return self.copies.blocks
 
     def _targets(self) -> tuple[Block, ...]:
         return self.tensor.blocks
 
-    def _plan(self) -> Plan:
-        reversed_pieces = tuple(p.reversed() for p in self._copy_pieces())
-        return Plan(self._targets(), reversed_pieces, tuple(b.name for b in self._sources()), adds=True)
+    ADDS = True
+
+    def _pieces(self) -> tuple[Piece, ...]:
+        return tuple(p.reversed() for p in self._copy_pieces())
 
     def adjoint(self) -> LinearOperator:
         """R* = B."""
@@ -730,7 +735,7 @@ class _GatherGeometry(Planned):
                     items.append(
                         _piece(block, _whole(block), self.gathered.block_name(j), offset, block.shape)
                     )
-        return _pieces(items)
+        return _nonempty_pieces(items)
 
 
 @dataclass(frozen=True, eq=True, repr=False)
@@ -762,17 +767,14 @@ class AllGather(_GatherGeometry):
     name: str
     others: Space = _NO_OTHERS
 
-    def __post_init__(self) -> None:
-        self._setup()
-
     def _sources(self) -> tuple[Block, ...]:
         return self.tensor.blocks
 
     def _targets(self) -> tuple[Block, ...]:
         return self.gathered.blocks
 
-    def _plan(self) -> Plan:
-        return Plan(self.gathered.blocks, self._gather_pieces(), tuple(b.name for b in self.tensor.blocks))
+    def _pieces(self) -> tuple[Piece, ...]:
+        return self._gather_pieces()
 
     def adjoint(self) -> LinearOperator:
         """AG* = RS."""
@@ -798,20 +800,16 @@ class ReduceScatter(_GatherGeometry):
     name: str
     others: Space = _NO_OTHERS
 
-    def __post_init__(self) -> None:
-        self._setup()
-
     def _sources(self) -> tuple[Block, ...]:
         return self.gathered.blocks
 
     def _targets(self) -> tuple[Block, ...]:
         return self.tensor.blocks
 
-    def _plan(self) -> Plan:
-        reversed_pieces = tuple(p.reversed() for p in self._gather_pieces())
-        return Plan(
-            self.tensor.blocks, reversed_pieces, tuple(b.name for b in self.gathered.blocks), adds=True
-        )
+    ADDS = True
+
+    def _pieces(self) -> tuple[Piece, ...]:
+        return tuple(p.reversed() for p in self._gather_pieces())
 
     def adjoint(self) -> LinearOperator:
         """RS* = AG."""

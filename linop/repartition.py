@@ -30,10 +30,9 @@ from .collectives import (
     _NO_OTHERS,
     GlobalShapeError,
     Piece,
-    Plan,
     Planned,
+    _nonempty_pieces,
     _piece,
-    _pieces,
     _require_tensor,
     _whole,
 )
@@ -123,7 +122,7 @@ class Repartition(Planned):
     destination: DistributedTensor
     others: Space = _NO_OTHERS
 
-    def __post_init__(self) -> None:
+    def _setup(self) -> None:
         _require_tensor("Repartition", "source", self.source)
         _require_tensor("Repartition", "destination", self.destination)
         if self.source.global_shape != self.destination.global_shape:
@@ -139,7 +138,7 @@ class Repartition(Planned):
     def _targets(self) -> tuple[Block, ...]:
         return self.destination.blocks
 
-    def _plan(self) -> Plan:
+    def _pieces(self) -> tuple[Piece, ...]:
         items = []
         for i, j, (start, stop) in overlaps(self.source, self.destination):
             origin_i = self.source.box(i)[0]
@@ -153,7 +152,7 @@ class Repartition(Planned):
                     tuple(b - a for a, b in zip(start, stop)),
                 )
             )
-        return Plan(self.destination.blocks, _pieces(items), tuple(b.name for b in self.source.blocks))
+        return _nonempty_pieces(items)
 
     def adjoint(self) -> LinearOperator:
         """T* = the reverse repartition (a permutation's transpose is its inverse)."""
@@ -185,7 +184,7 @@ class _RootGeometry(Planned):
         for index in self.tensor.partition.indices():
             block = self.tensor.block(index)
             items.append(_piece(self.root, self.tensor.box(index)[0], block, _whole(block), block.shape))
-        return _pieces(items)
+        return _nonempty_pieces(items)
 
 
 @dataclass(frozen=True, eq=True, repr=False)
@@ -215,17 +214,14 @@ class Scatter(_RootGeometry):
     tensor: DistributedTensor
     others: Space = _NO_OTHERS
 
-    def __post_init__(self) -> None:
-        self._setup()
-
     def _sources(self) -> tuple[Block, ...]:
         return (self.root,)
 
     def _targets(self) -> tuple[Block, ...]:
         return self.tensor.blocks
 
-    def _plan(self) -> Plan:
-        return Plan(self.tensor.blocks, self._scatter_pieces(), (self.root.name,))
+    def _pieces(self) -> tuple[Piece, ...]:
+        return self._scatter_pieces()
 
     def adjoint(self) -> LinearOperator:
         """Scatter* = Gather (its inverse)."""
@@ -248,18 +244,14 @@ class Gather(_RootGeometry):
     tensor: DistributedTensor
     others: Space = _NO_OTHERS
 
-    def __post_init__(self) -> None:
-        self._setup()
-
     def _sources(self) -> tuple[Block, ...]:
         return self.tensor.blocks
 
     def _targets(self) -> tuple[Block, ...]:
         return (self.root,)
 
-    def _plan(self) -> Plan:
-        pieces = tuple(p.reversed() for p in self._scatter_pieces())
-        return Plan((self.root,), pieces, tuple(b.name for b in self.tensor.blocks))
+    def _pieces(self) -> tuple[Piece, ...]:
+        return tuple(p.reversed() for p in self._scatter_pieces())
 
     def adjoint(self) -> LinearOperator:
         """Gather* = Scatter (its inverse)."""
