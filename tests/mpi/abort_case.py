@@ -10,30 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from helpers import Opaque  # tests/mpi is this script's directory
 from mpi4py import MPI
 
-from linop import Block, LinearOperator, SendRecv, Space
+from linop import Block, SendRecv, Space
 from linop.backends import mpi_backend
 from linop.backends.mpi_schedule import Barrier, lowering
 
 
 @dataclass(frozen=True, eq=True, repr=False)
-class Faulty(LinearOperator):
-    space: Space
-
-    @property
-    def domain(self) -> Space:
-        return self.space
-
-    @property
-    def range(self) -> Space:
-        return self.space
-
-    def adjoint(self) -> LinearOperator:
-        return self
-
-    def __str__(self) -> str:
-        return "Faulty"
+class Faulty(Opaque):
+    """Lowered (below) to a step that raises on rank 1."""
 
 
 class _Raise:

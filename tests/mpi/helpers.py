@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -104,3 +105,25 @@ def compare_with_numpy(
         if wrong:
             problem = f"dtypes differ: {wrong}"
     collective_assert(problem is None, f"{op}: {problem}", comm)
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class Opaque(LinearOperator):
+    """A self-adjoint test node on a space with neither an interpreter handler nor an
+    expansion: what an interpreter does with a node it does not know."""
+
+    space: Space
+
+    @property
+    def domain(self) -> Space:
+        return self.space
+
+    @property
+    def range(self) -> Space:
+        return self.space
+
+    def adjoint(self) -> LinearOperator:
+        return self
+
+    def __str__(self) -> str:
+        return type(self).__name__

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pytest
-from helpers import collective_assert, compare_with_numpy, expect_collective_error, local_part
+from helpers import Opaque, collective_assert, compare_with_numpy, expect_collective_error, local_part
 from mpi4py import MPI
 
-from linop import Block, LinearOperator, SendRecv, Space
+from linop import Block, SendRecv, Space
 from linop.backends import mpi_backend
 from linop.backends.mpi_errors import (
     CommunicatorError,
@@ -124,27 +122,6 @@ def test_readonly_array_in_place():
         DistributedStateError, lambda: mpi_backend.apply(op, local, inplace=True)
     )
     collective_assert("writeable" in message, message)
-
-
-@dataclass(frozen=True, eq=True, repr=False)
-class Opaque(LinearOperator):
-    """A node with neither a handler nor an expansion."""
-
-    space: Space
-
-    @property
-    def domain(self) -> Space:
-        return self.space
-
-    @property
-    def range(self) -> Space:
-        return self.space
-
-    def adjoint(self) -> LinearOperator:
-        return self
-
-    def __str__(self) -> str:
-        return "Opaque"
 
 
 def test_unsupported_node():
