@@ -42,6 +42,7 @@ from linop import LinearOperator, Space
 from ._text import short
 from .errors import CheckOptionError
 from .numeric import AdjointTestResult, threshold_for
+from .verdict import Verdict
 
 __all__ = [
     "CrossCheckResult",
@@ -183,7 +184,7 @@ def distributed_adjoint_test(
 
 
 @dataclass(frozen=True)
-class CrossCheckResult:
+class CrossCheckResult(Verdict):
     """Outcome of :func:`cross_check`, the same on every rank.
 
     Attributes
@@ -202,17 +203,6 @@ class CrossCheckResult:
     passed: bool
     exact: bool
     detail: str = ""
-
-    def __bool__(self) -> bool:
-        return self.passed
-
-    def check(self) -> CrossCheckResult:
-        """Return self if the check passed; raise :class:`~verify.VerificationError` otherwise."""
-        if not self.passed:
-            from .errors import VerificationError
-
-            raise VerificationError(f"{self.claim}: {self.detail}")
-        return self
 
 
 def _compare(op: LinearOperator, gathered: list[dict[str, np.ndarray]], expected: dict, exact: bool) -> str:

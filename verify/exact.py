@@ -22,8 +22,8 @@ import scipy.sparse as sp
 from linop import LinearOperator, Space
 
 from ._text import short, space_problem
-from .errors import VerificationError
 from .locate import Location, locations
+from .verdict import Verdict
 
 __all__ = [
     "Mismatch",
@@ -56,7 +56,7 @@ class Mismatch:
 
 
 @dataclass(frozen=True)
-class Proof:
+class Proof(Verdict):
     """The outcome of an exact check; true when the claim holds.
 
     Attributes
@@ -85,15 +85,6 @@ class Proof:
     count: int = 0
     exact: bool = True
     max_error: float = 0.0
-
-    def __bool__(self) -> bool:
-        return self.passed
-
-    def check(self) -> Proof:
-        """Return self if the claim holds; raise :class:`VerificationError` otherwise."""
-        if not self.passed:
-            raise VerificationError(f"{self.claim}: {self.detail}")
-        return self
 
     def __repr__(self) -> str:
         verdict = "proven" if self.passed else "FAILED"

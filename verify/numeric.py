@@ -27,8 +27,9 @@ import numpy.typing as npt
 from linop import LinearOperator, Space
 
 from ._text import short, space_problem
-from .errors import CheckOptionError, VerificationError
+from .errors import CheckOptionError
 from .locate import locate
+from .verdict import Verdict
 
 __all__ = [
     "AdjointTestResult",
@@ -53,7 +54,7 @@ def threshold_for(dtype: npt.DTypeLike, size: int) -> float:
 
 
 @dataclass(frozen=True)
-class AdjointTestResult:
+class AdjointTestResult(Verdict):
     """Outcome of a numeric test (:func:`adjoint_test` or :func:`numeric_equal`).
 
     Attributes
@@ -82,17 +83,11 @@ class AdjointTestResult:
     trials: int
     detail: str = ""
 
-    def __bool__(self) -> bool:
-        return self.passed
-
-    def check(self) -> AdjointTestResult:
-        """Return self if the test passed; raise :class:`VerificationError` otherwise."""
-        if not self.passed:
-            raise VerificationError(
-                f"{self.claim}: relative error {self.measured:.3g} is not below the threshold "
-                f"{self.threshold:.3g} ({self.dtype}); {self.detail}"
-            )
-        return self
+    def _failure(self) -> str:
+        return (
+            f"{self.claim}: relative error {self.measured:.3g} is not below the threshold "
+            f"{self.threshold:.3g} ({self.dtype}); {self.detail}"
+        )
 
     def __repr__(self) -> str:
         verdict = "passed" if self.passed else "FAILED"

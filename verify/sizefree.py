@@ -62,7 +62,8 @@ from linop import (
 )
 
 from ._text import short, space_problem
-from .errors import NotSizeFreeError, VerificationError
+from .errors import NotSizeFreeError
+from .verdict import Verdict
 
 __all__ = [
     "BlockForm",
@@ -338,7 +339,7 @@ def canonical_block(expr: sympy.Expr) -> sympy.Expr:
 
 
 @dataclass(frozen=True)
-class SizeFreeProof:
+class SizeFreeProof(Verdict):
     """Outcome of a size-free proof; true when the block forms agree for every block size.
 
     Attributes
@@ -356,15 +357,6 @@ class SizeFreeProof:
     left: BlockForm
     right: BlockForm
     detail: str
-
-    def __bool__(self) -> bool:
-        return self.passed
-
-    def check(self) -> SizeFreeProof:
-        """Return self if proven; raise :class:`VerificationError` otherwise."""
-        if not self.passed:
-            raise VerificationError(f"{self.claim}: {self.detail}")
-        return self
 
     def __repr__(self) -> str:
         verdict = "proven" if self.passed else "FAILED"

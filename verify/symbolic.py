@@ -30,7 +30,7 @@ import sympy
 from linop import LinearOperator, Space
 
 from ._text import short, space_problem
-from .errors import SymbolicError, VerificationError
+from .errors import SymbolicError
 from .locate import Location
 from .sizefree import (
     BlockForm,
@@ -41,6 +41,7 @@ from .sizefree import (
     prove_adjoint,
     prove_equal,
 )
+from .verdict import Verdict
 
 __all__ = [
     "symbols",
@@ -133,7 +134,7 @@ def apply(op: LinearOperator, state: Mapping[str, np.ndarray] | None = None) -> 
 
 
 @dataclass(frozen=True)
-class SymbolicResult:
+class SymbolicResult(Verdict):
     """Outcome of a symbolic test; true when the residual is exactly zero.
 
     Attributes
@@ -150,15 +151,6 @@ class SymbolicResult:
     passed: bool
     residual: sympy.Expr
     detail: str = ""
-
-    def __bool__(self) -> bool:
-        return self.passed
-
-    def check(self) -> SymbolicResult:
-        """Return self if the test passed; raise :class:`VerificationError` otherwise."""
-        if not self.passed:
-            raise VerificationError(f"{self.claim}: {self.detail}")
-        return self
 
     def __repr__(self) -> str:
         if self.passed:
