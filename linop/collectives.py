@@ -589,14 +589,13 @@ class SumReduce(_BroadcastGeometry):
     name: str
     transpose: bool = False
     others: Space = _NO_OTHERS
+    ADDS = True  # the pieces are added back: the adjoint of copies
 
     def _sources(self) -> tuple[Block, ...]:
         return self.copies.blocks
 
     def _targets(self) -> tuple[Block, ...]:
         return self.tensor.blocks
-
-    ADDS = True
 
     def _pieces(self) -> tuple[Piece, ...]:
         return tuple(p.reversed() for p in self._copy_pieces())
@@ -799,14 +798,13 @@ class ReduceScatter(_GatherGeometry):
     axes: tuple[int, ...]
     name: str
     others: Space = _NO_OTHERS
+    ADDS = True  # the pieces are added back: the adjoint of copies
 
     def _sources(self) -> tuple[Block, ...]:
         return self.gathered.blocks
 
     def _targets(self) -> tuple[Block, ...]:
         return self.tensor.blocks
-
-    ADDS = True
 
     def _pieces(self) -> tuple[Piece, ...]:
         return tuple(p.reversed() for p in self._gather_pieces())
