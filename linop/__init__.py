@@ -6,12 +6,6 @@ into trees whose adjoints (``op.H``) are derived by rules; interpreters apply a 
 (``op(state)``), or build its exact matrix (``op.to_sparse()``).
 """
 
-from .backends.mpi_errors import (
-    CommunicatorError,
-    DistributedStateError,
-    MPIError,
-    TreeMismatchError,
-)
 from .backends.scipy_interop import aslinearoperator
 from .collectives import (
     AllGather,
@@ -29,8 +23,11 @@ from .collectives import (
 )
 from .errors import (
     BlockExistsError,
+    CommunicatorError,
     DecompositionError,
+    DistributedStateError,
     LinopError,
+    MPIError,
     OverlapError,
     PartitionError,
     RegionError,
@@ -38,6 +35,7 @@ from .errors import (
     ShapeMismatchError,
     SpaceMismatchError,
     StateError,
+    TreeMismatchError,
     UnknownBlockError,
     UnsupportedNodeError,
     WorkerError,

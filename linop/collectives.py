@@ -43,7 +43,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Protocol, runtime_checkable
 
-from .errors import BlockExistsError, DecompositionError, PartitionError, ShapeMismatchError
+from .errors import (
+    BlockExistsError,
+    BroadcastError,
+    DecompositionError,
+    GlobalShapeError,
+    PartitionError,
+    ShapeMismatchError,
+)
 from .movement import Copy, CopyAdjoint, SendRecv, SendRecvAdjoint
 from .operator import Composition, Identity, LinearOperator
 from .partition import DistributedTensor, Partition, grid_block_name, normalized_axes
@@ -67,14 +74,6 @@ __all__ = [
     "gathered_layout",
     "reduction_groups",
 ]
-
-
-class BroadcastError(PartitionError):
-    """Two partition shapes do not broadcast from source to destination."""
-
-
-class GlobalShapeError(DecompositionError):
-    """Two tensors (or a tensor and a block) that must have the same global shape do not."""
 
 
 # -- layouts ---------------------------------------------------------------------------------

@@ -1,7 +1,14 @@
 """The typed errors of linop: one hierarchy under :class:`LinopError`.
 
 Every message names the block, shape, index, dimension or rank at fault, so that a user
-learns *what* is wrong without reading a numpy traceback.
+learns *what* is wrong without reading a numpy traceback. Each class also derives from the
+builtin exception a caller would expect (``ValueError``, ``TypeError``, ``IndexError``,
+``LookupError``), so ``except ValueError`` keeps working.
+
+The errors of the MPI interpreter (:class:`MPIError` and below) are raised on *every* rank with
+the same message, after a collective agreement, so that a mistake on one rank ends the whole
+job cleanly instead of hanging it. This module imports no MPI: every error can be caught
+without mpi4py installed.
 """
 
 from __future__ import annotations
@@ -20,6 +27,14 @@ __all__ = [
     "UnsupportedNodeError",
     "PartitionError",
     "DecompositionError",
+    "BroadcastError",
+    "GlobalShapeError",
+    "HaloError",
+    "KernelError",
+    "MPIError",
+    "TreeMismatchError",
+    "CommunicatorError",
+    "DistributedStateError",
 ]
 
 
@@ -76,3 +91,35 @@ class DecompositionError(LinopError, ValueError):
 
 class UnsupportedNodeError(LinopError, TypeError):
     """An interpreter has no handler for a node type, and the node does not expand."""
+
+
+class BroadcastError(PartitionError):
+    """Two partition shapes do not broadcast from source to destination."""
+
+
+class GlobalShapeError(DecompositionError):
+    """Two tensors (or a tensor and a block) that must have the same global shape do not."""
+
+
+class HaloError(LinopError, ValueError):
+    """A halo exchange cannot be built for this tensor (e.g. wrapping an empty dimension)."""
+
+
+class KernelError(HaloError):
+    """Sliding-window kernel parameters are invalid for a tensor; the message names the dimension."""
+
+
+class MPIError(LinopError):
+    """Base class of the errors that the MPI interpreter raises on every rank."""
+
+
+class TreeMismatchError(MPIError, ValueError):
+    """The ranks of a communicator hold different operator trees (their fingerprints differ)."""
+
+
+class CommunicatorError(MPIError, ValueError):
+    """The communicator does not cover the tree's workers (too few ranks)."""
+
+
+class DistributedStateError(MPIError, StateError):
+    """Some rank's local blocks are missing, extra, wrongly shaped or not numeric."""

@@ -62,7 +62,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .errors import LinopError
+from .errors import HaloError, KernelError
 from .partition import DistributedTensor, balanced_sizes
 
 __all__ = [
@@ -82,14 +82,6 @@ __all__ = [
 Boundary = Literal["zero", "periodic", "reflect", "symmetric"]
 BOUNDARY_MODES: tuple[str, ...] = ("zero", "periodic", "reflect", "symmetric")
 """The boundary (padding) modes: zeros, numpy's "wrap", "reflect" and "symmetric"."""
-
-
-class HaloError(LinopError, ValueError):
-    """A halo exchange cannot be built for this tensor (e.g. wrapping an empty dimension)."""
-
-
-class KernelError(HaloError):
-    """Sliding-window kernel parameters are invalid for a tensor; the message names the dimension."""
 
 
 # -- kernel parameters ------------------------------------------------------------------------

@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     [PATTERN]``); rank 0 prints one line per identity. Exit status 0 when all pass."""
     from mpi4py import MPI
 
-    from linop.backends.mpi_errors import CommunicatorError
+    from linop.errors import CommunicatorError
 
     from . import identities
 

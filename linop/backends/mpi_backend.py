@@ -14,7 +14,7 @@ How a call runs
 2. One small ``Allreduce`` checks, before any data moves, that every rank holds the same tree
    (a 128-bit fingerprint), that the communicator covers the tree's workers and that every
    rank's local blocks are right; it also agrees on the dtype of the run. When anything is
-   wrong, every rank raises the same typed error (:mod:`linop.backends.mpi_errors`).
+   wrong, every rank raises the same typed error (:class:`linop.errors.MPIError` and its subclasses).
 3. The rank executes its schedule. Local steps use the numpy interpreter's handlers on a
    copy-on-write workspace, so caller arrays are never mutated (unless ``inplace=True``).
    Data moves straight from and into the blocks: contiguous regions as they are, strided
@@ -48,19 +48,19 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import LinopError
+from ..errors import (
+    CommunicatorError,
+    DistributedStateError,
+    LinopError,
+    MPIError,
+    TreeMismatchError,
+    UnsupportedNodeError,
+)
 from ..operator import LinearOperator, Scaled, walk
 from ..space import Region, State
 from . import (
     mpi_fastpaths,  # noqa: F401 - registers the fast paths' lowerings
     numpy_backend,
-)
-from .mpi_errors import (
-    CommunicatorError,
-    DistributedStateError,
-    MPIError,
-    TreeMismatchError,
-    UnsupportedNodeError,
 )
 from .mpi_schedule import (
     Program,

@@ -35,11 +35,11 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import UnsupportedNodeError
 from ..movement import Copy, CopyAdjoint, Move
 from ..operator import Composition, Identity, LinearOperator, Scaled, Sum, Zero
 from ..primitives import Add, Allocate, Clear, Deallocate
 from ..space import Block, Region, Space
-from .mpi_errors import UnsupportedNodeError
 
 __all__ = [
     "Footprint",

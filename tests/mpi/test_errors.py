@@ -9,9 +9,10 @@ from mpi4py import MPI
 
 from linop import Block, SendRecv, Space
 from linop.backends import mpi_backend
-from linop.backends.mpi_errors import (
+from linop.errors import (
     CommunicatorError,
     DistributedStateError,
+    LinopError,
     MPIError,
     TreeMismatchError,
     UnsupportedNodeError,
@@ -134,8 +135,9 @@ def test_unsupported_node():
 
 
 def test_errors_are_linop_errors():
-    for error in (TreeMismatchError, CommunicatorError, DistributedStateError, UnsupportedNodeError):
+    for error in (TreeMismatchError, CommunicatorError, DistributedStateError):
         assert issubclass(error, MPIError)
+    assert issubclass(UnsupportedNodeError, LinopError)
 
 
 def test_in_place_result_too_wide_for_the_callers_arrays():

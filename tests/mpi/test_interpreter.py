@@ -233,7 +233,7 @@ def test_operator_method_apply_mpi_is_the_mpi_interpreter():
 def test_a_freed_communicator_and_a_reused_handle():
     """A freed communicator is a typed error; a new one that MPI gives the freed handle gets
     a context of its own (not the freed one's plans and private duplicate)."""
-    from linop.backends.mpi_errors import CommunicatorError
+    from linop.errors import CommunicatorError
 
     op = ring_shift(ring_space())
     state = ring_space().random(12, dtype=np.int64)

@@ -1,0 +1,50 @@
+"""Example strategies per node type, for the proof that every interpreter handler is right.
+
+The dispatch registry (:mod:`linop.dispatch`) holds, for each node type and interpreter, the
+handler that runs that node directly instead of through its expansion. Each such handler must be
+proven equal to the node's full expansion into primitives. This module says *which examples* a
+node type is proven on: a zero-argument factory returning a hypothesis strategy of instances.
+
+Register one beside the strategies of its feature::
+
+    from verify.node_examples import examples_for
+
+    @examples_for(Copy)
+    def _copies():
+        return spaces().flatmap(movements).filter(lambda op: isinstance(op, Copy))
+
+A node type with a registered handler but no example strategy fails the registry proof test
+(``tests/test_registry.py``), so a new fast path cannot land unproven.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from hypothesis import strategies as st
+
+__all__ = ["examples_for", "example_strategy", "registered_examples"]
+
+ExampleFactory = Callable[[], st.SearchStrategy]
+_EXAMPLES: dict[type, ExampleFactory] = {}
+
+
+def examples_for(node_type: type) -> Callable[[ExampleFactory], ExampleFactory]:
+    """Register the example strategy of ``node_type`` (a decorator on a zero-argument factory)."""
+
+    def register(factory: ExampleFactory) -> ExampleFactory:
+        _EXAMPLES[node_type] = factory
+        return factory
+
+    return register
+
+
+def example_strategy(node_type: type) -> st.SearchStrategy | None:
+    """The strategy of examples of ``node_type``, or None when none is registered."""
+    factory = _EXAMPLES.get(node_type)
+    return None if factory is None else factory()
+
+
+def registered_examples() -> dict[type, ExampleFactory]:
+    """Every registered node type and its factory (a copy)."""
+    return dict(_EXAMPLES)
