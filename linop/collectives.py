@@ -1,4 +1,4 @@
-r"""Collectives between block layouts on partitions (THEORY.md section 2).
+r"""Collectives between block layouts on partitions (``docs/theory.md#collectives``).
 
 A *layout* is one block per worker of a :class:`~linop.partition.Partition`: a
 :class:`~linop.partition.DistributedTensor` (blocks cut from one global array) or a
@@ -619,7 +619,7 @@ class AllReduce(LinearOperator):
     where :math:`G(j)` is the group of grid indices that differ from ``j`` only on ``axes``
     (:func:`reduction_groups`). The expansion reduces onto each group's first member (receive-
     sends that add, :class:`~linop.SendRecvAdjoint`) and broadcasts back
-    (:class:`~linop.SendRecv`), the tree-free linear form of THEORY.md section 2.
+    (:class:`~linop.SendRecv`), the tree-free linear form of ``docs/theory.md#collectives``.
 
     Parameters
     ----------

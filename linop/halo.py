@@ -1,4 +1,5 @@
-"""Halo exchange and its adjoint, for any kernel, tensor rank and decomposition (THEORY.md section 3).
+"""Halo exchange and its adjoint, for any kernel, tensor rank and decomposition
+(``docs/theory.md#halo-exchange``).
 
 Three operators take a distributed tensor to the *windows* a local sliding-window kernel needs:
 

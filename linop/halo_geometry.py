@@ -1,4 +1,4 @@
-"""Halo geometry of sliding-window kernels over distributed tensors (THEORY.md section 3).
+"""Halo geometry of sliding-window kernels over distributed tensors (``docs/theory.md#halo-geometry``).
 
 One function, :func:`halo_geometry`, serves every sliding-window kernel (convolution, pooling,
 any stencil): it takes a :class:`~linop.partition.DistributedTensor` (balanced or not) and a
@@ -277,7 +277,7 @@ class DimGeometry:
     need_start, need_stop : int
         Input entries the worker's outputs read, padded coordinates (``[i0, i0)`` without output).
     left_halo, right_halo, left_pad, right_pad, left_trim, right_trim : int
-        The widths of THEORY.md section 3 (see the module docstring; a halo counts the entries
+        The widths of ``docs/theory.md#halo-geometry`` (see the module docstring; a halo counts the entries
         between the bulk and a needed range that misses it, which are trimmed, not exchanged).
     """
 
@@ -344,7 +344,7 @@ class DimGeometry:
     def build(
         cls, dim: int, index: int, length: int, output: tuple[int, int], bulk: tuple[int, int], kernel: Kernel
     ) -> DimGeometry:
-        """The row of THEORY.md section 3 for one worker and dimension of a resolved kernel."""
+        """The row of ``docs/theory.md#halo-geometry`` for one worker and dimension of a resolved kernel."""
         (o0, o1), (i0, i1) = output, bulk
         s, p = kernel.stride[dim], kernel.padding[dim]  # type: ignore[index]
         if o1 > o0:

@@ -2,8 +2,8 @@
 
 In place, both regions live in one space. Out of place, the destination is a new
 :class:`~linop.Block` (or just its name: same shape and worker as the source), allocated by
-the operator. Each node states its expansion into the primitives (THEORY.md section 1) and its
-adjoint rule; tests prove that the two agree.
+the operator. Each node states its expansion into the primitives (``docs/theory.md#primitives``)
+and its adjoint rule; tests prove that the two agree.
 
 =========================  ======================================  ===============================
 operator                   expansion                               adjoint
@@ -237,7 +237,8 @@ def _require_other_worker(node: _Movement) -> None:
 
 @dataclass(frozen=True, eq=True, repr=False)
 class SendRecv(Copy):
-    r"""A copy whose source and destination live on different workers (THEORY.md section 2).
+    r"""A copy whose source and destination live on different workers
+    (``docs/theory.md#distributed-primitives``).
 
     .. math:: x_b \leftarrow x_a, \qquad \text{adjoint: } x_a \leftarrow x_a + x_b,\ x_b \leftarrow 0
 

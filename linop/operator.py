@@ -8,7 +8,7 @@ run a tree: ``op(state)`` with numpy, ``op.to_sparse()`` as an exact scipy.spars
 
 Nodes that are not interpreted directly define :meth:`LinearOperator.expand`, their definition
 in terms of simpler nodes, down to the four trusted primitives (allocate, deallocate, clear,
-add; THEORY.md section 1).
+add; ``docs/theory.md#primitives``).
 """
 
 from __future__ import annotations

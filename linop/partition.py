@@ -1,4 +1,5 @@
-"""Cartesian partitions of workers and distributed tensors over them (THEORY.md section 2, 5).
+"""Cartesian partitions of workers and distributed tensors over them
+(``docs/theory.md#distributed-primitives``, ``#layers``).
 
 A :class:`Partition` arranges workers in a grid; two partitions may share workers, overlap or be
 disjoint. A :class:`DistributedTensor` cuts a global array into one block per worker of a

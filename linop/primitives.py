@@ -1,4 +1,4 @@
-"""The four trusted primitives: allocate, deallocate, clear and add (THEORY.md section 1).
+"""The four trusted primitives: allocate, deallocate, clear and add (``docs/theory.md#primitives``).
 
 Every other operator of linop expands into these four, so they are the whole trust base:
 each is small enough to check by eye, and each interpreter implements them directly.

@@ -1,5 +1,5 @@
 r"""Repartition (all-to-all) of a distributed tensor, and its special cases scatter and gather
-(THEORY.md section 2).
+(``docs/theory.md#collectives``).
 
 A repartition re-decomposes one global array from any partition and decomposition to any
 other: overlapping, disjoint or identical worker sets, balanced or explicit sizes, empty

@@ -1,6 +1,6 @@
 """Spaces of named blocks, and regions (boxes) inside those blocks.
 
-A program's memory is one vector cut into named blocks (THEORY.md section 1). A
+A program's memory is one vector cut into named blocks (``docs/theory.md#memory-and-blocks``). A
 :class:`Space` is the set of such blocks, each with a shape and the worker that owns it; a
 *state* of a space is a plain ``dict[str, numpy.ndarray]`` keyed by block name. A
 :class:`Region` is a box inside one block, the "subset x_a" of the theory.
@@ -397,7 +397,7 @@ def _int_index(value: Any, what: str, dim: int) -> int:
 
 @dataclass(frozen=True)
 class Region:
-    """A box inside one block of a space: the subset x_a of THEORY.md section 1.
+    """A box inside one block of a space: the subset x_a of ``docs/theory.md#memory-and-blocks``.
 
     Made by indexing a space: ``space["x"]`` is the whole block and ``space["x"][1:3, :]`` a
     box of it. Only basic indices make regions: integers, slices with step 1, and one

@@ -68,10 +68,10 @@ def test_json_schema():
 
 
 def test_levels_option_and_table():
-    done = run_cli("--only", "section:1", "--levels", "exact,float32", "--no-progress")
+    done = run_cli("--only", "section:primitives", "--levels", "exact,float32", "--no-progress")
     assert done.returncode == 0
     lines = done.stdout.splitlines()
-    assert lines[0].split() == ["identity", "sec", "level", "result", "error", "time"]
+    assert lines[0].split() == ["identity", "section", "level", "result", "error", "time"]
     assert "size-free" not in done.stdout and "float32" in done.stdout
 
 
@@ -99,7 +99,7 @@ def test_a_level_named_twice_runs_once():
 
 
 def test_list():
-    done = run_cli("--list", "--only", "section:2")
+    done = run_cli("--list", "--only", "section:distributed-primitives")
     assert done.returncode == 0
     assert "sendrecv-adjoint" in done.stdout and "allocate-adjoint" not in done.stdout
 
@@ -116,7 +116,7 @@ def broken_entry():
     space = Space([Block("a", (2,)), Block("b", (2,))])
     return adjoint_entry(
         "broken-copy-adjoint",
-        "1",
+        "primitives",
         "a deliberately wrong adjoint",
         lambda: CopyForgetsClear(space["a"], space["b"]),
         size_free=True,
@@ -151,7 +151,7 @@ def test_a_crashing_entry_is_an_error_not_a_crash(monkeypatch, capsys):
     def explode():
         raise RuntimeError("cannot build")
 
-    entry = adjoint_entry("explodes", "1", "boom", explode)
+    entry = adjoint_entry("explodes", "primitives", "boom", explode)
     monkeypatch.setattr(identities, "ENTRIES", (entry,))
     assert cli.main(["--json", "--no-progress"]) == 1
     document = json.loads(capsys.readouterr().out)

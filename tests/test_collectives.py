@@ -1,4 +1,4 @@
-"""Collectives as operators: exact adjoints over many shapes, THEORY.md section 2 identities,
+"""Collectives as operators: exact adjoints over many shapes, docs/theory.md#collectives identities,
 DistDL-style situations and typed errors."""
 
 import numpy as np

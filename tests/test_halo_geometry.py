@@ -1,4 +1,4 @@
-"""Halo geometry: the formulas of THEORY.md section 3, kernels, boundary modes and typed errors."""
+"""Halo geometry: the formulas of docs/theory.md#halo-geometry, kernels, boundary modes and typed errors."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The primitives and derived movements have exactly the block matrices of THEORY.md section 1."""
+"""The primitives and derived movements have exactly the block matrices of docs/theory.md#primitives."""
 
 import numpy as np
 import pytest
@@ -19,7 +19,7 @@ from linop import (
 )
 
 N = 3
-ONE, NIL = np.eye(N, dtype=np.int64), np.zeros((N, N), dtype=np.int64)  # I and O of THEORY.md
+ONE, NIL = np.eye(N, dtype=np.int64), np.zeros((N, N), dtype=np.int64)  # I and O of docs/theory.md#primitives
 AB = Space([("a", (N,)), ("b", (N,), 1)])
 A_ONLY = Space([("a", (N,))])
 

@@ -1,4 +1,4 @@
-"""verify.adjoint_test: the coherence test of THEORY.md section 4 in every floating dtype."""
+"""verify.adjoint_test: the coherence test of docs/theory.md#adjoint-test in every floating dtype."""
 
 from __future__ import annotations
 

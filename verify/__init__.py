@@ -3,7 +3,7 @@
 Levels
 ------
 numeric
-    :func:`adjoint_test` / :func:`assert_adjoint`: the dot test of THEORY.md section 4 on
+    :func:`adjoint_test` / :func:`assert_adjoint`: the dot test of ``docs/theory.md#adjoint-test`` on
     random states in float32, float64, complex64 or complex128; :func:`numeric_equal`.
 exact
     :func:`exact_adjoint`, :func:`equal` (and ``assert_`` forms): the sparse interpreter's

@@ -3,7 +3,7 @@
 Usage::
 
     python -m verify                      # every identity at every level, as a table
-    python -m verify --only 'copy-*'      # a subset (glob, substring, or section:N; commas)
+    python -m verify --only 'copy-*'      # a subset (glob, substring, or section:ANCHOR; commas)
     python -m verify --levels exact,float32
     python -m verify --json               # machine-readable (schema linop-verify-report/1)
     python -m verify --list               # the catalogue: names, sections, statements
@@ -53,7 +53,7 @@ class _Progress:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m verify",
-        description="Prove linop's catalogue of identities (THEORY.md) exactly, size-free, "
+        description="Prove linop's catalogue of identities (docs/theory.md) exactly, size-free, "
         "symbolically and numerically.",
         epilog="Exit status: 0 when everything passes, 1 when a check fails, 2 on a usage error.",
     )
@@ -61,7 +61,8 @@ def _parser() -> argparse.ArgumentParser:
         "--only",
         metavar="PATTERN",
         help="identities to check: a glob (copy-*), a "
-        "substring of the name, or section:N; several separated by commas",
+        "substring of the name, or section:ANCHOR (a section of docs/theory.md, e.g. "
+        "section:halo-exchange); several separated by commas",
     )
     parser.add_argument(
         "--levels",
@@ -123,8 +124,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.list:
         width = max(len(e.name) for e in entries)
+        section_width = max(len(e.section) for e in entries)
         for e in entries:
-            print(f"{e.name:<{width}}  {e.section:<3} {e.kind:<7}  {e.statement}")
+            print(f"{e.name:<{width}}  {e.section:<{section_width}}  {e.kind:<7}  {e.statement}")
         return 0
     progress = None if args.no_progress else _Progress(sys.stderr)
     report = run(entries, levels, progress)

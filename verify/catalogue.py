@@ -1,4 +1,4 @@
-"""The shape of a catalogue entry: one named identity of THEORY.md, provable at several levels.
+"""The shape of a catalogue entry: one named identity of ``docs/theory.md``, provable at several levels.
 
 Each feature module contributes a list ``ENTRIES`` of :class:`Entry` objects;
 :mod:`verify.identities` collects them and ``python -m verify`` proves every one. The helpers
@@ -26,7 +26,8 @@ class Entry:
     name : str
         Short unique id, e.g. ``"copy-inplace-adjoint"``.
     section : str
-        The THEORY.md section that states it, e.g. ``"1"``.
+        The anchor of the section of ``docs/theory.md`` that states it, e.g. ``"primitives"``
+        (``docs/theory.md#primitives``).
     statement : str
         One line of mathematics, e.g. ``"C_{a->b}* = K_b S_{b->a}"``.
     kind : {"adjoint", "equal"}

@@ -1,5 +1,5 @@
-"""Catalogue, THEORY.md sections 2 and 6: the collective nodes of :mod:`linop.collectives` and
-:mod:`linop.repartition`.
+"""Catalogue, ``docs/theory.md#collectives`` and ``#collective-algorithms``: the collective
+nodes of :mod:`linop.collectives` and :mod:`linop.repartition`.
 
 Each node carries its adjoint rule (Broadcast.H is a SumReduce, Repartition.H the reverse
 repartition, ...); the ``adjoint`` entries prove each rule equal to the conjugate transpose of
@@ -20,7 +20,7 @@ from .catalogue import Entry, adjoint_entry, equal_entry
 
 __all__ = ["ENTRIES"]
 
-SECTION = "2"
+SECTION = "collectives"
 
 
 # -- broadcast, sum-reduce, all-reduce: x on a 1 x 3 partition, copies on 2 x 3 ---------------------
@@ -224,7 +224,7 @@ ENTRIES: list[Entry] = [
     ),
     equal_entry(
         "node-ring-all-reduce",
-        "6",
+        "collective-algorithms",
         "all-reduce = AG RS (pipeline/ring: reduce-scatter, then all-gather)",
         _ring_all_reduce,
     ),

@@ -1,4 +1,4 @@
-"""Catalogue, THEORY.md section 2: distributed primitives built from send-receives.
+"""Catalogue, ``docs/theory.md#distributed-primitives``: distributed primitives built from send-receives.
 
 Send-receive is a copy between workers; scatter, gather, broadcast, sum-reduce, all-reduce and
 all-to-all are compositions of send-receives, moves and adds. The entries here build those
@@ -29,7 +29,7 @@ from .catalogue import Entry, adjoint_entry, equal_entry
 
 __all__ = ["ENTRIES"]
 
-SECTION = "2"
+SECTION = "distributed-primitives"
 K = 3
 """Number of destination workers of the broadcasts and scatters."""
 

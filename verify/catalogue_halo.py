@@ -1,4 +1,4 @@
-"""Catalogue, THEORY.md section 3: the halo exchange, its adjoint, and the windows operator.
+"""Catalogue, ``docs/theory.md#halo-exchange``: the halo exchange, its adjoint, and the windows operator.
 
 The exchange ``H = H_{d-1} ... H_0`` is proven at two levels: expanded into primitives (each
 stage ``H_i = K_T C_U C_E C_P K_S`` with explicit send and receive buffers, adjoint derived by
@@ -19,7 +19,7 @@ from .catalogue import Entry, adjoint_entry, equal_entry
 
 __all__ = ["ENTRIES"]
 
-SECTION = "3"
+SECTION = "halo-exchange"
 
 
 def _two_workers() -> DistributedTensor:

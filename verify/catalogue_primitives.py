@@ -1,4 +1,4 @@
-"""Catalogue, THEORY.md section 1: memory as a vector; the four primitives and copy/move.
+"""Catalogue, ``docs/theory.md#primitives``: memory as a vector; the four primitives and copy/move.
 
 Each row of the section's table becomes entries: the adjoint rule of the node (``op.H`` is the
 conjugate transpose of ``op``), the node's definition by primitives (which also proves each
@@ -27,7 +27,7 @@ from .catalogue import Entry, adjoint_entry, equal_entry
 
 __all__ = ["ENTRIES"]
 
-SECTION = "1"
+SECTION = "primitives"
 
 
 def _space() -> Space:

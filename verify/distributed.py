@@ -5,7 +5,7 @@ Both are collective: every rank calls them with the same tree, and every rank ge
 result.
 
 Adjoint test
-    The dot test of THEORY.md section 4 with the operator and its adjoint applied by the MPI
+    The dot test of ``docs/theory.md#adjoint-test`` with the operator and its adjoint applied by the MPI
     interpreter. Each rank holds only its own blocks, so each inner product is a sum over ranks:
     every rank sums its blocks in float64 / complex128 and one ``Allreduce`` adds the partial
     sums. The verdict is broadcast from rank 0, so no two ranks can disagree.

@@ -1,17 +1,20 @@
-"""The catalogue: every identity of THEORY.md that linop proves, as named entries.
+"""The catalogue: every identity of ``docs/theory.md`` that linop proves, as named entries.
 
 Entries come from one module per feature, each holding a list ``ENTRIES`` of
 :class:`~verify.catalogue.Entry`. :data:`SOURCES` lists those modules explicitly; a
 new feature adds its module there.
 
 ===================================  ==========================================================
-module                               THEORY.md
+module                               section of ``docs/theory.md`` (``Entry.section``)
 ===================================  ==========================================================
-verify.catalogue_primitives          1: allocate, deallocate, clear, add; copy and move
+verify.catalogue_primitives          ``primitives``: allocate, deallocate, clear, add; copy
+                                     and move
 verify.catalogue_distributed_primitives
-                                     2: send-receive and the patterns built from it
-verify.catalogue_collectives         2: the collective nodes (scatter ... all-to-all)
-verify.catalogue_halo                3: halo exchange
+                                     ``distributed-primitives``: send-receive and the
+                                     patterns built from it
+verify.catalogue_collectives         ``collectives``: the collective nodes (scatter ...
+                                     all-to-all); ``collective-algorithms``: the ring
+verify.catalogue_halo                ``halo-exchange``: halo exchange
 ===================================  ==========================================================
 
 Examples
@@ -76,7 +79,8 @@ def get(name: str) -> Entry:
 
 def select(pattern: str | None) -> tuple[Entry, ...]:
     """Entries matching ``pattern``: comma-separated alternatives, each a glob (``copy-*``),
-    a plain substring of the name (``adjoint``) or ``section:N`` for a whole section."""
+    a plain substring of the name (``adjoint``) or ``section:ANCHOR`` for a whole
+    section of ``docs/theory.md`` (``section:halo-exchange``)."""
     if not pattern:
         return ENTRIES
     alternatives = [p.strip() for p in pattern.split(",") if p.strip()]
@@ -97,5 +101,5 @@ def select(pattern: str | None) -> tuple[Entry, ...]:
 
 
 def sections() -> tuple[str, ...]:
-    """The sections that have entries, in order."""
+    """The sections (anchors in ``docs/theory.md``) that have entries, in order."""
     return tuple(dict.fromkeys(e.section for e in ENTRIES))

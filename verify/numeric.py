@@ -1,6 +1,6 @@
 r"""Numeric checks in floating point: the adjoint (dot) test and operator closeness.
 
-The adjoint test of THEORY.md section 4: for random x and y,
+The adjoint test of ``docs/theory.md#adjoint-test``: for random x and y,
 
 .. math::
 

@@ -234,7 +234,11 @@ def _time_text(seconds: float) -> str:
 def format_table(report: Report, *, verbose: bool = False) -> str:
     """The report as a text table, failures spelled out below it."""
     width = max([len("identity"), *(len(r.identity) for r in report.results)])
-    header = f"{'identity':<{width}}  sec  {'level':<10}  result  {'error':>8}  {'time':>7}"
+    section_width = max([len("section"), *(len(r.section) for r in report.results)])
+    header = (
+        f"{'identity':<{width}}  {'section':<{section_width}}  {'level':<10}  result  {'error':>8}  "
+        f"{'time':>7}"
+    )
     lines = [header, "-" * len(header)]
     previous = None
     for row in report.results:
@@ -245,8 +249,8 @@ def format_table(report: Report, *, verbose: bool = False) -> str:
         previous = row.identity
         verdict = {"pass": "pass", "fail": "FAIL", "error": "ERROR"}[row.status]
         lines.append(
-            f"{name:<{width}}  {section:<3}  {row.level:<10}  {verdict:<6}  {_error_text(row):>8}  "
-            f"{_time_text(row.seconds):>7}"
+            f"{name:<{width}}  {section:<{section_width}}  {row.level:<10}  {verdict:<6}  "
+            f"{_error_text(row):>8}  {_time_text(row.seconds):>7}"
         )
     failures = report.failures
     lines.append("-" * len(header))

@@ -159,7 +159,7 @@ def test_random_states_are_one_global_state():
 def test_catalogue_runs_under_mpi(capsys):
     from verify.distributed import main
 
-    status = main(["section:2"])
+    status = main(["section:distributed-primitives,section:collectives"])
     output = capsys.readouterr().out
     collective_assert(status == 0, output[-2000:])
     if RANK == 0:
