@@ -39,7 +39,7 @@ form: :class:`~verify.errors.NotSizeFreeError` says which node and region.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import sympy
@@ -59,11 +59,15 @@ from linop import (
     Space,
     Sum,
     Zero,
+    dispatch,
 )
 
 from ._text import short, space_problem
 from .errors import NotSizeFreeError
 from .verdict import Verdict
+
+INTERPRETER = "sizefree"
+"""The name of the block-form interpreter in the dispatch registry."""
 
 __all__ = [
     "BlockForm",
@@ -239,45 +243,92 @@ def _whole(node: LinearOperator, region: Region) -> str:
 
 
 def _form(op: LinearOperator, sizes: _Sizes, origin: LinearOperator | None = None) -> BlockForm:
-    for space in (op.domain, op.range):
-        for b in space.blocks:
-            sizes.add(b)
-    if isinstance(op, Composition):
-        forms = [_form(f, sizes, origin) for f in op.factors]
-        result = forms[-1]
-        for form in reversed(forms[:-1]):
-            result = form @ result
-        return result
-    if isinstance(op, Sum):
-        forms = [_form(t, sizes, origin) for t in op.terms]
-        result = forms[0]
-        for form in forms[1:]:
-            result = result + form
-        return result
-    if isinstance(op, Scaled):
-        return _form(op.operator, sizes, origin).scaled(exact_scalar(op.alpha))
-    if isinstance(op, Identity):
-        return BlockForm(op.range, op.domain, _diagonal(op.space))
-    if isinstance(op, Zero):
-        return BlockForm(op.range, op.domain, {})
-    if isinstance(op, Allocate):
-        return BlockForm(op.range, op.domain, _diagonal(op.domain))
-    if isinstance(op, Deallocate):
-        return BlockForm(op.range, op.domain, _diagonal(op.range))
-    if isinstance(op, Clear):
-        return BlockForm(op.range, op.domain, _diagonal(op.domain, skip=_whole(origin or op, op.region)))
-    if isinstance(op, Add):
-        src, dst = _whole(origin or op, op.src), _whole(origin or op, op.dst)
-        sizes.union(op.src.block, op.dst.block)
-        coefficients = _diagonal(op.domain)
-        coefficients[dst, src] = sympy.Integer(1)
-        return BlockForm(op.range, op.domain, coefficients)
+    """The block form of ``op`` through its size-free handler in the dispatch registry, or
+    of its expansion; ``origin`` is the node whose expansion is being formed (named in errors)."""
+    function = dispatch.lookup(INTERPRETER, type(op))
+    if function is not None:
+        form: BlockForm = function(op, sizes, origin)
+        return form
     expanded = op.expand()
     if expanded is op or expanded == op:
         raise NotSizeFreeError(
             f"{type(op).__name__} ({op}) neither is a primitive nor expands into primitives"
         )
     return _form(expanded, sizes, origin or op)
+
+
+def _handler(node_type: type) -> Callable[[Callable[..., BlockForm]], Callable[..., BlockForm]]:
+    """Register the size-free block form of a node type (primitives and algebra nodes; every
+    other node is formed from its expansion)."""
+
+    def register(function: Callable[..., BlockForm]) -> Callable[..., BlockForm]:
+        def form(op: LinearOperator, sizes: _Sizes, origin: LinearOperator | None) -> BlockForm:
+            for space in (op.domain, op.range):
+                for b in space.blocks:
+                    sizes.add(b)
+            return function(op, sizes, origin)
+
+        dispatch.register(INTERPRETER, node_type)(form)
+        return function
+
+    return register
+
+
+@_handler(Composition)
+def _composition(op: Composition, sizes: _Sizes, origin: LinearOperator | None) -> BlockForm:
+    forms = [_form(f, sizes, origin) for f in op.factors]
+    result = forms[-1]
+    for form in reversed(forms[:-1]):
+        result = form @ result
+    return result
+
+
+@_handler(Sum)
+def _sum(op: Sum, sizes: _Sizes, origin: LinearOperator | None) -> BlockForm:
+    forms = [_form(t, sizes, origin) for t in op.terms]
+    result = forms[0]
+    for form in forms[1:]:
+        result = result + form
+    return result
+
+
+@_handler(Scaled)
+def _scaled(op: Scaled, sizes: _Sizes, origin: LinearOperator | None) -> BlockForm:
+    return _form(op.operator, sizes, origin).scaled(exact_scalar(op.alpha))
+
+
+@_handler(Identity)
+def _identity(op: Identity, sizes: _Sizes, origin: LinearOperator | None) -> BlockForm:
+    return BlockForm(op.range, op.domain, _diagonal(op.space))
+
+
+@_handler(Zero)
+def _zero(op: Zero, sizes: _Sizes, origin: LinearOperator | None) -> BlockForm:
+    return BlockForm(op.range, op.domain, {})
+
+
+@_handler(Allocate)
+def _allocate(op: Allocate, sizes: _Sizes, origin: LinearOperator | None) -> BlockForm:
+    return BlockForm(op.range, op.domain, _diagonal(op.domain))
+
+
+@_handler(Deallocate)
+def _deallocate(op: Deallocate, sizes: _Sizes, origin: LinearOperator | None) -> BlockForm:
+    return BlockForm(op.range, op.domain, _diagonal(op.range))
+
+
+@_handler(Clear)
+def _clear(op: Clear, sizes: _Sizes, origin: LinearOperator | None) -> BlockForm:
+    return BlockForm(op.range, op.domain, _diagonal(op.domain, skip=_whole(origin or op, op.region)))
+
+
+@_handler(Add)
+def _add(op: Add, sizes: _Sizes, origin: LinearOperator | None) -> BlockForm:
+    src, dst = _whole(origin or op, op.src), _whole(origin or op, op.dst)
+    sizes.union(op.src.block, op.dst.block)
+    coefficients = _diagonal(op.domain)
+    coefficients[dst, src] = sympy.Integer(1)
+    return BlockForm(op.range, op.domain, coefficients)
 
 
 def _with_sizes(form: BlockForm, sizes: _Sizes) -> BlockForm:

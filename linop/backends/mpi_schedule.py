@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import UnsupportedNodeError
+from .. import dispatch
 from ..movement import Copy, CopyAdjoint, Move
 from ..operator import Composition, Identity, LinearOperator, Scaled, Sum, Zero
 from ..primitives import Add, Allocate, Clear, Deallocate
@@ -205,21 +205,36 @@ Step = Any
 
 # -- lowering -------------------------------------------------------------------------------
 Lowering = Callable[[Any], "list[Step] | None"]
-_LOWERINGS: dict[type, Lowering] = {}
 
 
 def lowering(node_type: type) -> Callable[[Lowering], Lowering]:
-    """Register a fast-path lowering for a node type.
+    """Register a fast-path lowering for a node type in the dispatch registry
+    (:mod:`linop.dispatch`, interpreter ``"mpi"``).
 
     The function takes the node and returns its list of global steps, or None to fall back to
     the node's expansion (for cases the fast path does not cover).
     """
 
     def register(function: Lowering) -> Lowering:
-        _LOWERINGS[node_type] = function
+        def lower_node(node: Any, steps: list[Step]) -> Any:
+            lowered = function(node)
+            if lowered is None:
+                return dispatch.DECLINE
+            steps.extend(lowered)
+            return None
+
+        lower_node.__doc__ = function.__doc__
+        lower_node.__wrapped__ = function  # type: ignore[attr-defined]
+        dispatch.register("mpi", node_type)(lower_node)
         return function
 
     return register
+
+
+def _steps(node_type: type) -> Callable[[Callable[[Any, list[Step]], None]], Callable[[Any, list[Step]], None]]:
+    """Register the lowering of an algebra node, primitive or movement node, which appends
+    its steps to the program (it never declines)."""
+    return dispatch.register("mpi", node_type)
 
 
 def _movement_steps(node: Copy | CopyAdjoint | Move) -> list[Step]:
@@ -257,46 +272,64 @@ def lower(op: LinearOperator) -> list[Step]:
 
 
 def _lower_into(op: LinearOperator, steps: list[Step]) -> None:
-    for cls in type(op).__mro__:
-        function = _LOWERINGS.get(cls)
-        if function is not None:
-            lowered = function(op)
-            if lowered is not None:
-                steps.extend(lowered)
-                return
-            break
-    if isinstance(op, Composition):
-        for factor in reversed(op.factors):
-            _lower_into(factor, steps)
-    elif isinstance(op, Identity):
-        pass
-    elif isinstance(op, Zero):
-        steps.append(ZeroState(op.range))
-    elif isinstance(op, Scaled):
-        _lower_into(op.operator, steps)
-        steps.append(Scale(op.alpha))
-    elif isinstance(op, Sum):
-        steps.append(Branches(tuple(tuple(lower(t)) for t in op.terms), op.range))
-    elif isinstance(op, (Copy, CopyAdjoint, Move)):
-        steps.extend(_movement_steps(op))
-    elif isinstance(op, Add):
-        if op.src.worker == op.dst.worker:
-            steps.append(Local(op, op.src.worker, Footprint(reads=(_box(op.src),), adds=(_box(op.dst),))))
-        else:
-            steps.append(Transfer(op.src, op.dst, "add", "keep"))
-    elif isinstance(op, Clear):
-        steps.append(Local(op, op.region.worker, Footprint(writes=(_box(op.region),))))
-    elif isinstance(op, Allocate):
-        steps.append(Local(op, op.block.worker, Footprint(writes=(_whole(op.block.name),))))
-    elif isinstance(op, Deallocate):
-        steps.append(Local(op, op.space.block(op.name).worker, Footprint(writes=(_whole(op.name),))))
+    dispatch.dispatch("mpi", op, steps)
+
+
+@_steps(Composition)
+def _lower_composition(op: Composition, steps: list[Step]) -> None:
+    for factor in reversed(op.factors):
+        _lower_into(factor, steps)
+
+
+@_steps(Identity)
+def _lower_identity(op: Identity, steps: list[Step]) -> None:
+    pass
+
+
+@_steps(Zero)
+def _lower_zero(op: Zero, steps: list[Step]) -> None:
+    steps.append(ZeroState(op.range))
+
+
+@_steps(Scaled)
+def _lower_scaled(op: Scaled, steps: list[Step]) -> None:
+    _lower_into(op.operator, steps)
+    steps.append(Scale(op.alpha))
+
+
+@_steps(Sum)
+def _lower_sum(op: Sum, steps: list[Step]) -> None:
+    steps.append(Branches(tuple(tuple(lower(t)) for t in op.terms), op.range))
+
+
+@_steps(Copy)
+@_steps(CopyAdjoint)
+@_steps(Move)
+def _lower_movement(op: Copy | CopyAdjoint | Move, steps: list[Step]) -> None:
+    steps.extend(_movement_steps(op))
+
+
+@_steps(Add)
+def _lower_add(op: Add, steps: list[Step]) -> None:
+    if op.src.worker == op.dst.worker:
+        steps.append(Local(op, op.src.worker, Footprint(reads=(_box(op.src),), adds=(_box(op.dst),))))
     else:
-        expanded = op.expand()
-        if expanded is op:
-            raise UnsupportedNodeError(
-                f"the MPI interpreter has no handler for {type(op).__name__} ({op}) and it does not expand"
-            )
-        _lower_into(expanded, steps)
+        steps.append(Transfer(op.src, op.dst, "add", "keep"))
+
+
+@_steps(Clear)
+def _lower_clear(op: Clear, steps: list[Step]) -> None:
+    steps.append(Local(op, op.region.worker, Footprint(writes=(_box(op.region),))))
+
+
+@_steps(Allocate)
+def _lower_allocate(op: Allocate, steps: list[Step]) -> None:
+    steps.append(Local(op, op.block.worker, Footprint(writes=(_whole(op.block.name),))))
+
+
+@_steps(Deallocate)
+def _lower_deallocate(op: Deallocate, steps: list[Step]) -> None:
+    steps.append(Local(op, op.space.block(op.name).worker, Footprint(writes=(_whole(op.name),))))
 
 
 # -- batching -------------------------------------------------------------------------------

@@ -1,8 +1,11 @@
 """The numpy interpreter: apply an operator tree to a state in one process.
 
-Handlers are registered per node type with :func:`handler`; a node without a handler is run
-through its :meth:`~linop.LinearOperator.expand`. Arrays are shared copy-on-write: the
-interpreter copies a caller's array only when it must change it, so application never mutates
+Handlers are registered per node type with :func:`handler` in the dispatch registry
+(:mod:`linop.dispatch`); a node without a handler is run through its
+:meth:`~linop.LinearOperator.expand`. The fast paths of derived nodes live in the other
+``numpy_*`` modules of this package, which the registry imports on first use.
+
+Arrays are shared copy-on-write: the interpreter copies a caller's array only when it must change it, so application never mutates
 its input, and pass-through blocks cost nothing. Dtypes are kept (float32 stays float32,
 integers stay integers, object arrays of sympy symbols work) and are promoted only where the
 mathematics demands it (adding complex into real, scaling by a complex number).
@@ -11,12 +14,13 @@ mathematics demands it (adding complex into real, scaling by a complex number).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import StateError, UnsupportedNodeError
+from .. import dispatch
+from ..errors import StateError
 from ..movement import Copy, CopyAdjoint, Move
 from ..operator import Composition, Identity, LinearOperator, Scaled, Sum, Zero
 from ..primitives import Add, Allocate, Clear, Deallocate
@@ -77,32 +81,18 @@ class Workspace:
 
 
 Handler = Callable[[Any, Workspace], None]
-_HANDLERS: dict[type, Handler] = {}
+H = TypeVar("H", bound=Handler)
 
 
-def handler(node_type: type) -> Callable[[Handler], Handler]:
-    """Register the numpy handler of a node type (a fast path or a primitive)."""
-
-    def register(function: Handler) -> Handler:
-        _HANDLERS[node_type] = function
-        return function
-
-    return register
+def handler(node_type: type) -> Callable[[H], H]:
+    """Register the numpy handler of a node type (a primitive or a fast path) in the
+    dispatch registry (:mod:`linop.dispatch`)."""
+    return dispatch.register("numpy", node_type)
 
 
 def run(op: LinearOperator, work: Workspace) -> None:
     """Apply ``op`` to the workspace, changing it into a state of ``op.range``."""
-    for cls in type(op).__mro__:
-        function = _HANDLERS.get(cls)
-        if function is not None:
-            function(op, work)
-            return
-    expanded = op.expand()
-    if expanded is op:
-        raise UnsupportedNodeError(
-            f"the numpy interpreter has no handler for {type(op).__name__} ({op}) and it does not expand"
-        )
-    run(expanded, work)
+    dispatch.dispatch("numpy", op, work)
 
 
 def apply(
@@ -306,8 +296,3 @@ def _move(op: Move, work: Workspace) -> None:
     work.overwritten(op.dst, source.dtype)[op.dst.index] = source
     if op.src.size:
         work.writable(op.src.name)[op.src.index] = 0
-
-
-# Fast paths of derived nodes live beside this interpreter and register themselves here, so
-# that importing the operator modules never imports an interpreter.
-from . import numpy_collectives, numpy_halo  # noqa: E402, F401

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 import scipy.sparse as sp
 
-from ..errors import UnsupportedNodeError
+from .. import dispatch
 from ..movement import Copy, CopyAdjoint, Move
 from ..operator import Composition, Identity, LinearOperator, Scaled, Sum, Zero
 from ..primitives import Add, Allocate, Clear, Deallocate
@@ -32,17 +32,13 @@ SAFE_INTEGER = 2.0**62
 are converted to float64 first (int64 arithmetic would wrap around silently)."""
 
 Handler = Callable[[Any], sp.csr_array]
-_HANDLERS: dict[type, Handler] = {}
+H = TypeVar("H", bound=Handler)
 
 
-def handler(node_type: type) -> Callable[[Handler], Handler]:
-    """Register the sparse handler of a node type."""
-
-    def register(function: Handler) -> Handler:
-        _HANDLERS[node_type] = function
-        return function
-
-    return register
+def handler(node_type: type) -> Callable[[H], H]:
+    """Register the sparse handler of a node type in the dispatch registry
+    (:mod:`linop.dispatch`)."""
+    return dispatch.register("sparse", node_type)
 
 
 def to_sparse(op: LinearOperator, dtype: npt.DTypeLike | None = None) -> sp.csr_array:
@@ -55,16 +51,8 @@ def to_sparse(op: LinearOperator, dtype: npt.DTypeLike | None = None) -> sp.csr_
 
 def matrix_of(op: LinearOperator) -> sp.csr_array:
     """The matrix of one node, through its handler or its expansion."""
-    for cls in type(op).__mro__:
-        function = _HANDLERS.get(cls)
-        if function is not None:
-            return function(op)
-    expanded = op.expand()
-    if expanded is op:
-        raise UnsupportedNodeError(
-            f"the sparse interpreter has no handler for {type(op).__name__} ({op}) and it does not expand"
-        )
-    return matrix_of(expanded)
+    matrix: sp.csr_array = dispatch.dispatch("sparse", op)
+    return matrix
 
 
 def selection(rows: np.ndarray, cols: np.ndarray, shape: tuple[int, int]) -> sp.csr_array:
@@ -223,8 +211,3 @@ def _move(op: Move) -> sp.csr_array:
         target = op.dst.flat_indices()
         keep[target] = False
     return _movement(op.domain, op.range, keep, (target, source))
-
-
-# Fast paths of derived nodes live beside this interpreter and register themselves here, so
-# that importing the operator modules never imports an interpreter.
-from . import sparse_collectives, sparse_halo  # noqa: E402, F401
