@@ -13,7 +13,7 @@ mathematics demands it (adding complex into real, scaling by a complex number).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import numpy as np
@@ -26,7 +26,15 @@ from ..operator import Composition, Identity, LinearOperator, Scaled, Sum, Zero
 from ..primitives import Add, Allocate, Clear, Deallocate
 from ..space import Region, State, natural_key
 
-__all__ = ["apply", "handler", "Workspace"]
+__all__ = [
+    "apply",
+    "handler",
+    "Workspace",
+    "first_shared_memory",
+    "scale_blocks",
+    "sum_branches",
+    "write_back",
+]
 
 
 class Workspace:
@@ -123,7 +131,7 @@ def apply(
     for name, array in arrays.items():
         if array is not state[name] or not array.flags.writeable:
             raise StateError(f"in-place application needs a writeable numpy array for block {name!r}")
-    shared = _first_shared_memory(arrays)
+    shared = first_shared_memory(arrays)
     if shared is not None:
         raise StateError(
             f"in-place application needs separate memory per block; blocks {shared[0]!r} and "
@@ -131,6 +139,22 @@ def apply(
         )
     work = Workspace(dict(arrays), set(arrays), dtype)
     run(op, work)
+    write_back(arrays, work)
+    return state  # type: ignore[return-value]
+
+
+def write_back(arrays: Mapping[str, np.ndarray], work: Workspace) -> None:
+    """End an in-place run: copy each block's result into the caller's array ``arrays[name]``
+    when the run left it in another array (shared by the numpy and MPI interpreters).
+
+    A result may be another caller array (blocks swapped by out-of-place moves): it is copied
+    before any write, or the first write would clobber it. Results are cast ``same_kind``.
+
+    Raises
+    ------
+    StateError
+        If a result's dtype cannot be cast ``same_kind`` into the caller's array.
+    """
     pending = {}
     for name, target in arrays.items():
         result_array = work.arrays[name]
@@ -145,7 +169,6 @@ def apply(
         pending[name] = result_array.copy() if aliased else result_array
     for name, result_array in pending.items():
         np.copyto(arrays[name], result_array, casting="same_kind")
-    return state  # type: ignore[return-value]
 
 
 def _byte_bounds(array: np.ndarray) -> tuple[int, int]:
@@ -169,7 +192,7 @@ def _overlapping_bounds(spans: list[tuple[int, int, str]]) -> Iterator[tuple[str
             yield name, other
 
 
-def _first_shared_memory(arrays: Mapping[str, np.ndarray]) -> tuple[str, str] | None:
+def first_shared_memory(arrays: Mapping[str, np.ndarray]) -> tuple[str, str] | None:
     """Two block names whose arrays share an entry, or None. Candidates (overlapping byte
     bounds) are confirmed exactly, so that disjoint views of one buffer are accepted; few
     blocks are compared pairwise, many by a sweep over sorted byte bounds."""
@@ -213,27 +236,48 @@ def _sum(op: Sum, work: Workspace) -> None:
         branch = work.borrowed()
         run(term, branch)
         results.append(branch.arrays)
+    sum_branches(results, op.range.names, work)
+
+
+def sum_branches(results: list[dict[str, np.ndarray]], names: Iterable[str], work: Workspace) -> None:
+    """Replace the workspace by the blockwise sum of the branch states ``results`` over the
+    blocks ``names`` (the semantics of a Sum, shared by the numpy and MPI interpreters).
+
+    Each total has the dtype of the sum of its terms (``np.result_type``): a complex term
+    after real ones promotes the total instead of failing to add into it.
+    """
     work.arrays.clear()
     work.owned.clear()
-    for name in op.range.names:
+    for name in names:
         # np.asarray: numpy turns arithmetic on 0-d arrays into scalars, which cannot be written
         total = (
             np.asarray(results[0][name] + results[1][name]) if len(results) > 1 else results[0][name].copy()
         )
         for other in results[2:]:
-            total += other[name]
+            addend = other[name]
+            if np.result_type(total, addend) == total.dtype:
+                total += addend
+            else:
+                total = np.asarray(total + addend)
         work.set(name, total)
 
 
 @handler(Scaled)
 def _scaled(op: Scaled, work: Workspace) -> None:
     run(op.operator, work)
+    scale_blocks(op.alpha, work)
+
+
+def scale_blocks(alpha: Any, work: Workspace) -> None:
+    """Multiply every block of the workspace by ``alpha`` (the tail of a Scaled node, shared by
+    the numpy and MPI interpreters): in place in owned arrays that can hold the product, else
+    into a new array of the promoted dtype (a borrowed array is never written)."""
     for name, array in list(work.arrays.items()):
-        scaled_dtype = np.result_type(array, op.alpha) if array.dtype != object else array.dtype
+        scaled_dtype = np.result_type(array, alpha) if array.dtype != object else array.dtype
         if name in work.owned and scaled_dtype == array.dtype:
-            array *= op.alpha
+            array *= alpha
         else:
-            work.set(name, np.asarray(op.alpha * array))  # 0-d stays an array
+            work.set(name, np.asarray(alpha * array))  # 0-d stays an array
 
 
 # -- primitives ----------------------------------------------------------------------------
