@@ -1,0 +1,703 @@
+r"""Local operators: a user's sequential linear kernel on one worker's blocks.
+
+A :class:`LocalOperator` carries computation into an operator tree: it consumes named *input*
+blocks of its domain (all on one worker), produces named *output* blocks (new blocks on that
+worker) and passes every other block through unchanged. With ``u`` the inputs raveled and
+concatenated in the order given, ``v`` the outputs likewise, and ``K`` the kernel,
+
+.. math::
+
+    L : (x_{\text{others}}, u) \mapsto (x_{\text{others}}, v = K u), \qquad
+    L^* : (x_{\text{others}}, v) \mapsto (x_{\text{others}}, u = K^* v)
+
+(docs/theory.md#local-operators). The adjoint swaps the roles of inputs and outputs and uses
+the kernel's adjoint: the conjugate transpose for a dense matrix, a ``scipy.sparse`` matrix or a
+``scipy.sparse.linalg.LinearOperator``; the user's adjoint callable otherwise. Whether a
+forward/adjoint pair of callables really is adjoint is a claim that ``verify`` checks
+(``verify.exact_adjoint`` probes both callables into matrices; ``verify.adjoint_test`` uses
+random states), never an assumption.
+
+A local operator is not data movement, so it has no expansion into the primitives: it is a
+*leaf* of every tree (its :meth:`~LocalOperator.expand` returns itself), and each interpreter
+has a handler for it: numpy calls the kernel (:mod:`linop.backends.numpy_local`), sparse
+materializes its matrix (:mod:`linop.backends.sparse_local`; callables are probed with unit
+vectors), sympy (numpy over object arrays) uses its matrix, and MPI runs it on its owning rank
+only (:mod:`linop.backends.mpi_local`).
+
+Equality is structural: two kernels are equal when they hold the same matrix content (a
+stable content digest, never ``ndarray.__eq__``) or the very same callables / scipy operator
+(identity), so ``L.H.H == L`` and local operators are hashable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import operator
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import scipy.sparse as sp
+import scipy.sparse.linalg as spla
+
+from .errors import BlockExistsError, LinopError, SpaceMismatchError, UnknownBlockError, WorkerError
+from .operator import LinearOperator
+from .space import Block, Space
+
+__all__ = [
+    "KERNEL_KINDS",
+    "KernelOutputError",
+    "LocalKernel",
+    "LocalOperator",
+    "LocalOperatorError",
+    "NoMatrixError",
+    "local_operator",
+    "matrix_callables",
+]
+
+_NO_OTHERS = Space()
+
+PROBE_BATCH = 1024
+"""How many unit vectors a vectorized callable is probed with per call."""
+
+
+class LocalOperatorError(LinopError, ValueError):
+    """A local operator is built wrongly (blocks, matrix shape, kernel kind)."""
+
+
+class KernelOutputError(LocalOperatorError):
+    """A kernel returned arrays of the wrong number, shape or dtype; names the node and block."""
+
+
+class NoMatrixError(LocalOperatorError, TypeError):
+    """A kernel given only as callables has no matrix for the symbolic (object-array) interpreter."""
+
+
+def _digest(*parts: bytes) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    for part in parts:
+        digest.update(len(part).to_bytes(8, "little"))
+        digest.update(part)
+    return digest.hexdigest()
+
+
+def _array_digest(array: np.ndarray) -> str:
+    array = np.ascontiguousarray(array)
+    if array.dtype == object:
+        return _digest(b"object", repr(array.shape).encode(), repr(array.tolist()).encode())
+    return _digest(array.dtype.str.encode(), repr(array.shape).encode(), array.tobytes())
+
+
+def _qualname(function: object) -> str:
+    module = getattr(function, "__module__", "") or ""
+    name = getattr(function, "__qualname__", None) or type(function).__qualname__
+    return f"{module}.{name}"
+
+
+class LocalKernel:
+    r"""A sequential linear map :math:`K : \mathbb{F}^n \to \mathbb{F}^m` and its adjoint.
+
+    Made with :meth:`of` from a dense matrix, a ``scipy.sparse`` matrix, a
+    ``scipy.sparse.linalg.LinearOperator`` or a pair of callables. Immutable: a matrix is
+    copied and made read-only.
+
+    Callables take one array per input block (in order) and return one array per output block
+    (a single array when there is one output); the adjoint callable the other way round. With
+    ``vectorized=True`` they also accept a leading batch axis (``(b, *shape)`` in, ``(b,
+    *shape)`` out), which the sparse interpreter uses to probe ``PROBE_BATCH`` unit vectors per
+    call.
+
+    Equality: same kind and same content digest (matrices), or the same callables or scipy
+    operator object (identity). ``repr`` is stable across processes (digest or qualified
+    names), which is what the MPI interpreter's tree fingerprint reads.
+    """
+
+    __slots__ = ("_adjoint", "_dtype", "_forward", "_key", "_kind", "_matrix", "_text", "_vectorized")
+
+    def __init__(
+        self,
+        kind: str,
+        *,
+        matrix: Any = None,
+        forward: Callable | None = None,
+        adjoint: Callable | None = None,
+        dtype: npt.DTypeLike | None = None,
+        vectorized: bool = False,
+    ) -> None:
+        self._kind = kind
+        self._matrix = matrix
+        self._forward = forward
+        self._adjoint = adjoint
+        self._dtype = None if dtype is None else np.dtype(dtype)
+        self._vectorized = bool(vectorized)
+        if kind == "dense":
+            self._key: Any = _array_digest(matrix)
+            self._text = f"dense {matrix.shape[0]}x{matrix.shape[1]} {matrix.dtype} #{self._key[:12]}"
+        elif kind == "sparse":
+            self._key = _digest(
+                matrix.dtype.str.encode(),
+                repr(matrix.shape).encode(),
+                matrix.indptr.tobytes(),
+                matrix.indices.tobytes(),
+                np.ascontiguousarray(matrix.data).tobytes(),
+            )
+            self._text = f"sparse {matrix.shape[0]}x{matrix.shape[1]} {matrix.dtype} #{self._key[:12]}"
+        elif kind == "scipy":
+            self._key = id(matrix)
+            self._text = f"scipy {matrix.shape[0]}x{matrix.shape[1]} {_qualname(matrix)}"
+        else:
+            self._key = (id(forward), id(adjoint), self._vectorized, self._dtype)
+            self._text = f"callables {_qualname(forward)} / {_qualname(adjoint)}"
+
+    # -- construction ---------------------------------------------------------------------------
+    @classmethod
+    def of(
+        cls,
+        kernel: Any = None,
+        *,
+        forward: Callable | None = None,
+        adjoint: Callable | None = None,
+        dtype: npt.DTypeLike | None = None,
+        vectorized: bool = False,
+    ) -> LocalKernel:
+        """A kernel from a matrix (dense array, scipy.sparse, scipy LinearOperator) or from
+        ``forward`` and ``adjoint`` callables (exactly one of the two ways).
+
+        Raises
+        ------
+        LocalOperatorError
+            If both or neither way is given, a callable is missing, or a matrix is not 2-D
+            numeric.
+        """
+        if isinstance(kernel, LocalKernel):
+            return kernel
+        if kernel is not None and (forward is not None or adjoint is not None):
+            raise LocalOperatorError(
+                "give a kernel either as a matrix or as forward/adjoint callables, not both"
+            )
+        if kernel is None:
+            if forward is None or adjoint is None:
+                missing = "forward" if forward is None else "adjoint"
+                raise LocalOperatorError(
+                    f"a kernel given as callables needs both forward and adjoint ({missing} missing)"
+                )
+            if not callable(forward) or not callable(adjoint):
+                raise LocalOperatorError("forward and adjoint must be callable")
+            return cls("callables", forward=forward, adjoint=adjoint, dtype=dtype, vectorized=vectorized)
+        if isinstance(kernel, spla.LinearOperator):
+            return cls("scipy", matrix=kernel, dtype=kernel.dtype)
+        if sp.issparse(kernel):
+            matrix = sp.csr_array(kernel, copy=True)
+            matrix.sum_duplicates()
+            matrix.sort_indices()
+            if matrix.ndim != 2:
+                raise LocalOperatorError(f"a kernel matrix must be 2-D, not of shape {matrix.shape}")
+            for part in (matrix.data, matrix.indices, matrix.indptr):
+                part.flags.writeable = False
+            return cls("sparse", matrix=matrix, dtype=matrix.dtype)
+        if callable(kernel):
+            raise LocalOperatorError(
+                "a callable kernel needs forward= and adjoint= (the adjoint is not derived)"
+            )
+        matrix = np.array(kernel, copy=True)
+        if matrix.ndim != 2:
+            raise LocalOperatorError(f"a kernel matrix must be 2-D, not of shape {matrix.shape}")
+        if matrix.dtype.kind not in "biufcO":
+            raise LocalOperatorError(f"a kernel matrix must be numeric, not of dtype {matrix.dtype}")
+        matrix.flags.writeable = False
+        return cls("dense", matrix=matrix, dtype=matrix.dtype)
+
+    # -- structure --------------------------------------------------------------------------------
+    @property
+    def kind(self) -> str:
+        """``"dense"``, ``"sparse"``, ``"scipy"`` or ``"callables"``."""
+        return self._kind
+
+    @property
+    def has_matrix(self) -> bool:
+        """True when the kernel holds its matrix (dense or sparse): usable on symbols."""
+        return self._kind in ("dense", "sparse")
+
+    @property
+    def matrix(self) -> Any:
+        """The matrix (dense array, csr_array or scipy LinearOperator); None for callables."""
+        return self._matrix
+
+    @property
+    def dtype(self) -> np.dtype | None:
+        """The dtype of the kernel's coefficients, when known."""
+        return self._dtype
+
+    @property
+    def vectorized(self) -> bool:
+        return self._vectorized
+
+    @property
+    def shape(self) -> tuple[int, int] | None:
+        """(m, n) for matrix kernels, None for callables."""
+        return None if self._matrix is None else tuple(self._matrix.shape)  # type: ignore[return-value]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, LocalKernel):
+            return NotImplemented
+        return (
+            self._kind == other._kind
+            and self._key == other._key
+            and (
+                self._kind not in ("scipy", "callables")
+                or (
+                    self._matrix is other._matrix
+                    and self._forward is other._forward
+                    and self._adjoint is other._adjoint
+                )
+            )
+        )
+
+    def __hash__(self) -> int:
+        return hash((self._kind, self._key))
+
+    def __repr__(self) -> str:
+        return f"LocalKernel({self._text})"
+
+    # -- action on flat vectors -----------------------------------------------------------------
+    def apply_matrix(self, vector: np.ndarray, *, adjoint: bool) -> np.ndarray:
+        """``K u`` (or ``K^* v``) for a matrix kernel; ``vector`` may hold columns (n x b)."""
+        matrix = self._matrix
+        if self._kind == "scipy":
+            operator_ = matrix.H if adjoint else matrix
+            return operator_.matmat(vector) if vector.ndim == 2 else operator_.matvec(vector)
+        if vector.dtype == object:
+            dense = matrix.toarray() if self._kind == "sparse" else matrix
+            dense = dense.conj().T if adjoint else dense
+            return np.dot(dense.astype(object), vector)
+        if adjoint:
+            matrix = matrix.conj().T
+        return np.asarray(matrix @ vector)
+
+    def call(self, arrays: Sequence[np.ndarray], *, adjoint: bool) -> Any:
+        """Call the forward (or adjoint) callable on one array per block."""
+        function = self._adjoint if adjoint else self._forward
+        return function(*arrays)  # type: ignore[misc]
+
+
+def _as_blocks(items: Any, what: str) -> tuple[Any, ...]:
+    if isinstance(items, (str, Block)):
+        return (items,)
+    if (
+        isinstance(items, tuple)
+        and len(items) == 2
+        and isinstance(items[0], str)
+        and not isinstance(items[1], str)
+    ):
+        return (items,)  # one (name, shape) pair
+    if isinstance(items, Mapping):
+        return tuple(items.items())
+    return tuple(items)
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class LocalOperator(LinearOperator):
+    r"""A user's sequential linear kernel on one worker's blocks (a leaf of every tree).
+
+    .. math::
+
+        L : (x_{\text{others}}, u) \mapsto (x_{\text{others}}, K u), \qquad
+        L^* : (x_{\text{others}}, v) \mapsto (x_{\text{others}}, K^* v)
+
+    where ``u`` is the ``inputs`` blocks raveled (C order) and concatenated in the order given,
+    and ``v`` the ``outputs`` likewise (docs/theory.md#local-operators). The inputs are
+    consumed (dropped) and the outputs are new blocks; ``others`` pass through unchanged. An
+    output may reuse an input's name (the block is replaced).
+
+    Not data movement, so no expansion: :meth:`expand` returns the node itself (a leaf). Every
+    interpreter has a handler (numpy, sparse, symbolic through numpy over object arrays, MPI on
+    the owning rank). Build one with :func:`local_operator`.
+
+    Parameters
+    ----------
+    inputs : tuple of Block
+        The blocks consumed (forward), all on one worker.
+    outputs : tuple of Block
+        The blocks produced (forward), on the same worker.
+    kernel : LocalKernel
+    others : Space
+        Blocks passed through unchanged.
+    name : str, optional
+        Label used in ``str`` and in error messages.
+    adjointed : bool, optional
+        True for the adjoint node: the domain holds the outputs and the range the inputs.
+
+    Raises
+    ------
+    WorkerError
+        If the inputs and outputs do not all live on one worker.
+    BlockExistsError
+        If a name is used twice among the inputs, among the outputs, or by a pass-through block.
+    LocalOperatorError
+        If a matrix kernel's shape is not (output size, input size).
+    """
+
+    inputs: tuple[Block, ...]
+    outputs: tuple[Block, ...]
+    kernel: LocalKernel
+    others: Space = _NO_OTHERS
+    name: str = "L"
+    adjointed: bool = False
+
+    def __post_init__(self) -> None:
+        inputs, outputs = tuple(self.inputs), tuple(self.outputs)
+        object.__setattr__(self, "inputs", inputs)
+        object.__setattr__(self, "outputs", outputs)
+        if not isinstance(self.kernel, LocalKernel):
+            raise LocalOperatorError(
+                f"local operator {self.name!r}: kernel must be a LocalKernel (see LocalKernel.of)"
+            )
+        if not isinstance(self.others, Space):
+            raise TypeError(f"local operator {self.name!r}: others must be a Space")
+        for group, what in ((inputs, "input"), (outputs, "output")):
+            if not group:
+                raise LocalOperatorError(f"local operator {self.name!r} needs at least one {what} block")
+            seen: set[str] = set()
+            for block in group:
+                if not isinstance(block, Block):
+                    raise TypeError(f"local operator {self.name!r}: {what}s must be Blocks, not {block!r}")
+                if block.name in seen:
+                    raise BlockExistsError(
+                        f"local operator {self.name!r}: {what} block {block.name!r} is listed twice"
+                    )
+                seen.add(block.name)
+                if block.name in self.others:
+                    raise BlockExistsError(
+                        f"local operator {self.name!r}: {what} block {block.name!r} is also a pass-through block"
+                    )
+        worker = inputs[0].worker
+        for block in (*inputs, *outputs):
+            if block.worker != worker:
+                raise WorkerError(
+                    f"local operator {self.name!r}: block {block.name!r} lives on worker {block.worker}, "
+                    f"but {inputs[0].name!r} on worker {worker}; a local operator acts on one worker's blocks"
+                )
+        shape = self.kernel.shape
+        n_in, n_out = sum(b.size for b in inputs), sum(b.size for b in outputs)
+        if shape is not None and shape != (n_out, n_in):
+            raise LocalOperatorError(
+                f"local operator {self.name!r}: kernel matrix has shape {shape}, but the outputs "
+                f"{[b.name for b in outputs]} hold {n_out} entries and the inputs {[b.name for b in inputs]} {n_in}"
+            )
+
+    # -- structure ------------------------------------------------------------------------------
+    @property
+    def worker(self) -> int:
+        """The worker that owns every block the kernel touches."""
+        return self.inputs[0].worker
+
+    @property
+    def consumed(self) -> tuple[Block, ...]:
+        """The blocks this node consumes: the inputs (forward) or the outputs (adjoint)."""
+        return self.outputs if self.adjointed else self.inputs
+
+    @property
+    def produced(self) -> tuple[Block, ...]:
+        """The blocks this node produces: the outputs (forward) or the inputs (adjoint)."""
+        return self.inputs if self.adjointed else self.outputs
+
+    @cached_property
+    def domain(self) -> Space:  # type: ignore[override]
+        return Space((*self.others.blocks, *self.consumed))
+
+    @cached_property
+    def range(self) -> Space:  # type: ignore[override]
+        return Space((*self.others.blocks, *self.produced))
+
+    def within(self, space: Space) -> LocalOperator:
+        """The same kernel on another domain ``space`` that holds the consumed blocks (every
+        other block of ``space`` passes through).
+
+        Raises
+        ------
+        SpaceMismatchError
+            If ``space`` lacks a consumed block or holds it with another shape or worker.
+        """
+        for block in self.consumed:
+            if block.name not in space or space.block(block.name) != block:
+                raise SpaceMismatchError(
+                    f"local operator {self}: the space {space} does not hold block {block!r}"
+                )
+        names = {b.name for b in self.consumed}
+        others = Space(b for b in space.blocks if b.name not in names)
+        if self.adjointed:
+            return LocalOperator(self.inputs, self.outputs, self.kernel, others, self.name, True)
+        return LocalOperator(self.inputs, self.outputs, self.kernel, others, self.name)
+
+    def expand(self) -> LinearOperator:
+        """A local operator is a leaf (not data movement): it expands to itself."""
+        return self
+
+    def adjoint(self) -> LinearOperator:
+        """L* = the same kernel's adjoint, with inputs and outputs swapped; (L*)* = L."""
+        return LocalOperator(
+            self.inputs, self.outputs, self.kernel, self.others, self.name, not self.adjointed
+        )
+
+    def __str__(self) -> str:
+        star = "*" if self.adjointed else ""
+        consumed = ", ".join(b.name for b in self.consumed)
+        produced = ", ".join(b.name for b in self.produced)
+        return f"{self.name}{star}[{consumed} -> {produced}]"
+
+    # -- the kernel's action ------------------------------------------------------------------
+    def evaluate(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Apply the kernel (or its adjoint) to the consumed blocks' arrays (in order), and
+        return the produced blocks' arrays, checked.
+
+        Raises
+        ------
+        NoMatrixError
+            For object arrays (symbols) when the kernel has no matrix.
+        KernelOutputError
+            If a callable returns the wrong number of arrays, a wrong shape, or a dtype that
+            cannot safely hold the input dtype (names this node and the block).
+        """
+        produced = self.produced
+        symbolic = any(np.asarray(a).dtype == object for a in arrays)
+        if self.kernel.kind == "callables":
+            if symbolic:
+                raise NoMatrixError(
+                    f"local operator {self} is given as callables, which cannot act on symbols; "
+                    "give the kernel as a matrix to use it in the symbolic interpreter"
+                )
+            results = self.kernel.call(arrays, adjoint=self.adjointed)
+            if isinstance(results, np.ndarray) or not isinstance(results, (tuple, list)):
+                results = (results,)
+            if len(results) != len(produced):
+                raise KernelOutputError(
+                    f"local operator {self}: the {'adjoint' if self.adjointed else 'forward'} kernel returned "
+                    f"{len(results)} arrays for the {len(produced)} blocks {[b.name for b in produced]}"
+                )
+            results = [np.asarray(r) for r in results]
+        else:
+            if self.kernel.kind == "scipy" and symbolic:
+                raise NoMatrixError(
+                    f"local operator {self} holds a scipy LinearOperator, which cannot act on symbols; "
+                    "give the kernel as a dense or sparse matrix"
+                )
+            flat = np.concatenate([np.asarray(a).reshape(-1) for a in arrays])
+            out = self.kernel.apply_matrix(flat, adjoint=self.adjointed)
+            splits = np.cumsum([b.size for b in produced])[:-1]
+            results = [part.reshape(b.shape) for part, b in zip(np.split(np.asarray(out), splits), produced)]
+        source = np.result_type(*arrays) if arrays else np.dtype(np.float64)
+        for block, result in zip(produced, results):
+            if result.shape != block.shape:
+                raise KernelOutputError(
+                    f"local operator {self}: block {block.name!r} came back with shape {result.shape}, "
+                    f"expected {block.shape}"
+                )
+            if not symbolic and (
+                result.dtype.kind not in "biufc" or not np.can_cast(source, result.dtype, "safe")
+            ):
+                raise KernelOutputError(
+                    f"local operator {self}: block {block.name!r} came back with dtype {result.dtype}, "
+                    f"which cannot hold the input dtype {source} without loss"
+                )
+        return results
+
+    def kernel_matrix(self) -> sp.csr_array:
+        """The kernel's matrix for this node's direction (``K`` forward, ``K^*`` adjoint), shape
+        (produced size, consumed size): the matrix itself, or probed with unit vectors (int64,
+        so integer kernels give integer matrices) for scipy operators and callables. For
+        callables the adjoint is probed from the adjoint callable, never derived, so a wrong
+        pair shows in ``verify.exact_adjoint``."""
+        return self._kernel_matrix
+
+    @cached_property
+    def _kernel_matrix(self) -> sp.csr_array:
+        kernel = self.kernel
+        if kernel.kind == "dense":
+            matrix = sp.csr_array(kernel.matrix)
+            return sp.csr_array(matrix.conj().T) if self.adjointed else matrix
+        if kernel.kind == "sparse":
+            return sp.csr_array(kernel.matrix.conj().T) if self.adjointed else kernel.matrix
+        consumed, produced = self.consumed, self.produced
+        n = sum(b.size for b in consumed)
+        m = sum(b.size for b in produced)
+        if kernel.kind == "scipy":
+            columns = [
+                np.asarray(
+                    kernel.apply_matrix(
+                        np.eye(n, dtype=np.int64)[:, s : s + PROBE_BATCH], adjoint=self.adjointed
+                    )
+                )
+                for s in range(0, n, PROBE_BATCH)
+            ]
+            return sp.csr_array(np.hstack(columns).reshape(m, n) if columns else np.zeros((m, n)))
+        return _probe(self, consumed, produced, n, m)
+
+
+def _probe(
+    op: LocalOperator, consumed: tuple[Block, ...], produced: tuple[Block, ...], n: int, m: int
+) -> sp.csr_array:
+    """The matrix of a callable kernel, probed with int64 unit vectors (batched when vectorized)."""
+    offsets = np.cumsum([0, *(b.size for b in consumed)])
+    batch = PROBE_BATCH if op.kernel.vectorized else 1
+    parts: list[sp.csr_array] = []
+    for start in range(0, n, batch):
+        stop = min(n, start + batch)
+        units = np.zeros((stop - start, n), dtype=np.int64)
+        units[np.arange(stop - start), np.arange(start, stop)] = 1
+        arrays = [
+            units[:, a:b].reshape(stop - start, *blk.shape)
+            for a, b, blk in zip(offsets, offsets[1:], consumed)
+        ]
+        if not op.kernel.vectorized:
+            arrays = [a[0] for a in arrays]
+        results = op.kernel.call(arrays, adjoint=op.adjointed)
+        if isinstance(results, np.ndarray) or not isinstance(results, (tuple, list)):
+            results = (results,)
+        if len(results) != len(produced):
+            raise KernelOutputError(
+                f"local operator {op}: the kernel returned {len(results)} arrays for the "
+                f"{len(produced)} blocks {[b.name for b in produced]}"
+            )
+        flat = []
+        for block, result in zip(produced, results):
+            result = np.asarray(result)
+            expected = (stop - start, *block.shape) if op.kernel.vectorized else block.shape
+            if result.shape != expected:
+                raise KernelOutputError(
+                    f"local operator {op}: block {block.name!r} came back with shape {result.shape} when "
+                    f"probed, expected {expected}"
+                )
+            flat.append(result.reshape(stop - start, block.size))
+        parts.append(sp.csr_array(np.concatenate(flat, axis=1).T if flat else np.zeros((m, stop - start))))
+    if not parts:
+        return sp.csr_array((m, n), dtype=np.int64)
+    return sp.csr_array(sp.hstack(parts, format="csr"))
+
+
+def _block_list(space: Space, items: Any, what: str, worker: int | None) -> tuple[Block, ...]:
+    blocks = []
+    for item in _as_blocks(items, what):
+        if isinstance(item, Block):
+            blocks.append(item)
+        elif isinstance(item, str):
+            if what != "input":
+                raise LocalOperatorError(
+                    f"output {item!r} needs a shape: give a Block or a (name, shape) pair"
+                )
+            blocks.append(space.block(item))
+        elif isinstance(item, tuple) and len(item) == 2:
+            name, shape = item
+            shape = (
+                (shape,) if isinstance(shape, (int, np.integer)) else tuple(operator.index(s) for s in shape)
+            )
+            blocks.append(Block(name, shape, 0 if worker is None else worker))
+        else:
+            raise TypeError(f"{what} must be a block name, a Block or a (name, shape) pair, not {item!r}")
+    return tuple(blocks)
+
+
+def local_operator(
+    space: Space,
+    inputs: str | Iterable[str],
+    outputs: Any,
+    kernel: Any = None,
+    *,
+    forward: Callable | None = None,
+    adjoint: Callable | None = None,
+    dtype: npt.DTypeLike | None = None,
+    vectorized: bool = False,
+    name: str = "L",
+) -> LocalOperator:
+    """A :class:`LocalOperator` on ``space``: consume ``inputs`` (names of blocks of ``space``),
+    produce ``outputs``, pass every other block of ``space`` through.
+
+    Parameters
+    ----------
+    space : Space
+        The domain.
+    inputs : str or sequence of str
+        Names of the consumed blocks (one worker).
+    outputs : Block, (name, shape), sequence of them, or a dict name -> shape
+        The produced blocks; names and shapes alone put them on the inputs' worker.
+    kernel : array, scipy.sparse matrix or scipy LinearOperator, optional
+        The kernel's matrix, shape (output size, input size); or give ``forward`` and ``adjoint``.
+    forward, adjoint : callable, optional
+        One array per input in, one per output out (and the reverse for ``adjoint``).
+    dtype : dtype, optional
+        Coefficient dtype of callables (informative).
+    vectorized : bool, optional
+        The callables accept a leading batch axis (faster probing by the sparse interpreter).
+    name : str, optional
+        Label in ``str`` and errors.
+
+    Raises
+    ------
+    UnknownBlockError
+        If an input is not a block of ``space``.
+    LocalOperatorError, WorkerError, BlockExistsError
+        As for :class:`LocalOperator` and :meth:`LocalKernel.of`.
+
+    Examples
+    --------
+    >>> space = Space([Block("x", (3,)), Block("z", (2,))])
+    >>> op = local_operator(space, "x", ("y", (2,)), np.ones((2, 3), dtype=int))
+    >>> op(dict(x=np.arange(3), z=np.zeros(2)))["y"].tolist()
+    [3, 3]
+    """
+    names = _as_blocks(inputs, "input")
+    for item in names:
+        if not isinstance(item, str):
+            raise TypeError(f"inputs must be names of blocks of the space, not {item!r}")
+        if item not in space:
+            raise UnknownBlockError(f"local operator {name!r}: input {item!r} is not a block of {space}")
+    input_blocks = tuple(space.block(n) for n in names)
+    output_blocks = _block_list(space, outputs, "output", input_blocks[0].worker if input_blocks else None)
+    others = Space(b for b in space.blocks if b.name not in names)
+    for block in output_blocks:
+        if block.name in others:
+            raise BlockExistsError(
+                f"local operator {name!r}: output {block.name!r} is already a block of the space"
+            )
+    made = LocalKernel.of(kernel, forward=forward, adjoint=adjoint, dtype=dtype, vectorized=vectorized)
+    return LocalOperator(input_blocks, output_blocks, made, others, name)
+
+
+KERNEL_KINDS: tuple[str, ...] = ("dense", "sparse", "scipy", "callables", "vectorized")
+"""The ways a kernel can be given (``"vectorized"``: callables with a leading batch axis)."""
+
+
+def matrix_callables(
+    matrix: npt.ArrayLike,
+    inputs: Sequence[Block],
+    outputs: Sequence[Block],
+    *,
+    vectorized: bool = False,
+) -> tuple[Callable[..., tuple[np.ndarray, ...]], Callable[..., tuple[np.ndarray, ...]]]:
+    """Forward and adjoint callables (``K u`` and ``K^H v`` on one array per block) acting as
+    ``matrix`` does: a way to give a known matrix as callables, for tests and examples.
+
+    With ``vectorized`` they accept a leading batch axis.
+    """
+    matrix = np.array(matrix, copy=True)
+    matrix.flags.writeable = False
+    adjoint_matrix = matrix.conj().T
+
+    def act(m: np.ndarray, source: Sequence[Block], target: Sequence[Block], arrays: Sequence[np.ndarray]):
+        lead = (
+            np.asarray(arrays[0]).shape[: np.asarray(arrays[0]).ndim - source[0].ndim] if vectorized else ()
+        )
+        flat = np.concatenate([np.asarray(a).reshape(*lead, b.size) for a, b in zip(arrays, source)], axis=-1)
+        out = flat @ m.T
+        splits = np.cumsum([b.size for b in target])[:-1]
+        return tuple(p.reshape(*lead, *b.shape) for p, b in zip(np.split(out, splits, axis=-1), target))
+
+    def forward(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+        return act(matrix, inputs, outputs, arrays)
+
+    def adjoint(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+        return act(adjoint_matrix, outputs, inputs, arrays)
+
+    return forward, adjoint
