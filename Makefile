@@ -6,18 +6,18 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: report test lint mpi-test bench clean
+.PHONY: report test lint mpi-test bench docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,docs]'
 	touch $(STAMP)
 
 report: $(STAMP)
 	$(PY) -m verify
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check linop verify tests benchmarks
+	$(VENV)/bin/ruff check linop verify tests benchmarks notebooks
 
 test: lint
 	$(PY) -m pytest
@@ -28,5 +28,8 @@ bench: $(STAMP)
 	for ranks in 2 4; do for script in benchmarks/bench_mpi_halo.py benchmarks/bench_mpi_collectives.py; do \
 		$(VENV)/bin/mpiexec -n $$ranks $(PY) $$script || exit 1; done; done
 
+docs: $(STAMP)
+	$(VENV)/bin/sphinx-build -W --keep-going -b html docs docs/_build/html
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis docs/_build

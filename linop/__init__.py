@@ -68,7 +68,16 @@ from .primitives import Add, Allocate, Clear, Deallocate
 from .repartition import Gather, Repartition, Scatter, overlaps
 from .space import Block, Region, Space, State
 
-__version__ = "0.1.0"
+
+def __getattr__(name: str) -> str:
+    """``linop.__version__``, read from the package metadata on first access (see
+    :mod:`linop.version`), so that ``import linop`` stays cheap."""
+    if name == "__version__":
+        from .version import package_version
+
+        return package_version()
+    raise AttributeError(f"module 'linop' has no attribute {name!r}")
+
 
 __all__ = [
     "Add",
