@@ -500,6 +500,12 @@ class HaloGeometry:
     def __str__(self) -> str:
         return self.table()
 
+    def _repr_html_(self) -> str:
+        """Jupyter: :meth:`table` as HTML (see :mod:`linop.display`)."""
+        from .display import geometry_html
+
+        return geometry_html(self)
+
 
 def _fill_segments(rows: Sequence[DimGeometry], g: int, boundary: str, data: slice) -> tuple[Segment, ...]:
     """Runs of the receiver's window positions outside its bulk, grouped by owner, with

@@ -165,6 +165,18 @@ class LinearOperator(ABC):
     def __repr__(self) -> str:
         return str(self)
 
+    def _repr_latex_(self) -> str:
+        """Jupyter: the block matrix over the named blocks (see :mod:`linop.display`)."""
+        from .display import operator_latex
+
+        return operator_latex(self)
+
+    def _repr_html_(self) -> str:
+        """Jupyter: shape, spaces, block matrix and the tree with each node's adjoint rule."""
+        from .display import operator_html
+
+        return operator_html(self)
+
 
 def walk(op: LinearOperator):
     """Yield every node of a tree, parents before children."""

@@ -248,6 +248,12 @@ class Space:
             parts.append(f"{b.name}:{shape}@{b.worker}")
         return "{" + ", ".join(parts) + "}"
 
+    def _repr_html_(self) -> str:
+        """Jupyter: a table of the blocks (name, shape, size, worker); see :mod:`linop.display`."""
+        from .display import space_html
+
+        return space_html(self)
+
     def difference(self, other: Space) -> str | None:
         """Describe the first block in which two spaces differ, or None if equal."""
         for name in sorted(set(self.names) | set(other.names), key=natural_key):

@@ -93,6 +93,12 @@ class Report:
     def failures(self) -> list[CheckResult]:
         return [r for r in self.results if not r.passed]
 
+    def _repr_html_(self) -> str:
+        """Jupyter: the report's rows as a table (see :mod:`verify.display`)."""
+        from .display import report_html
+
+        return report_html(self)
+
 
 def _finite(value: Any) -> float | None:
     if value is None:

@@ -30,6 +30,12 @@ class Verdict:
             raise VerificationError(self._failure())
         return self
 
+    def _repr_html_(self) -> str:
+        """Jupyter: the verdict, claim and evidence as a table (see :mod:`verify.display`)."""
+        from .display import verdict_html
+
+        return verdict_html(self)
+
     def _failure(self) -> str:
         """The message of the :class:`VerificationError` that :meth:`check` raises."""
         return f"{self.claim}: {self.detail}"
