@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,docs]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,docs,plot]'
 	touch $(STAMP)
 
 report: $(STAMP)
@@ -30,6 +30,8 @@ bench: $(STAMP)
 
 docs: $(STAMP)
 	$(VENV)/bin/sphinx-build -W --keep-going -b html docs docs/_build/html
+	$(VENV)/bin/jupyter nbconvert --to html --execute --ExecutePreprocessor.timeout=120 \
+		--output-dir docs/_build/html/notebooks notebooks/*.ipynb
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis docs/_build
