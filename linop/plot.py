@@ -1,0 +1,431 @@
+"""Pictures of operators, decompositions and schedules (matplotlib, the ``plot`` extra).
+
+:func:`spy`
+    The exact matrix of an operator next to the matrix of its adjoint, with the block boundaries
+    drawn and the blocks named; entries where ``op.H`` differs from ``conj(op)^T`` are marked,
+    so a wrong backward pass shows *where* it is wrong (``docs/theory.md#adjoint-test``).
+:func:`decomposition`
+    A distributed tensor's decomposition per dimension: each grid coordinate's bulk, and for a
+    halo geometry its halo (coloured by the worker it comes from), pads, trims and window
+    (``docs/theory.md#halo-geometry``). Unbalanced shares and halos that reach past the nearest
+    neighbour (several hops away) are visible as such.
+:func:`messages`
+    Who sends to whom in each communication phase of the MPI schedule
+    (:func:`linop.backends.mpi_schedule.compile_program`), with the entries each message moves;
+    a native collective is drawn as one band over its workers. :func:`schedule_messages` gives
+    the same as data.
+
+Every function returns a :class:`matplotlib.figure.Figure` and draws nothing on screen by
+itself; the artists carry a ``gid`` naming what they show (``"block-boundary"``,
+``"wrong-entry"``, ``"bulk"``, ``"halo"``, ``"pad"``, ``"trim"``, ``"window"``,
+``"message"``, ``"collective"``), so a figure can be inspected as well as looked at.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .errors import LinopError
+from .halo_geometry import HaloGeometry
+from .operator import LinearOperator
+from .partition import DistributedTensor
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+__all__ = [
+    "DENSE_LIMIT",
+    "Message",
+    "PlotError",
+    "decomposition",
+    "messages",
+    "schedule_messages",
+    "spy",
+]
+
+DENSE_LIMIT = 600
+"""Largest matrix side drawn entry by entry as an image; larger matrices are drawn as markers."""
+
+
+class PlotError(LinopError, ValueError):
+    """A picture that cannot be drawn (nothing to show, or a matrix too large to materialize)."""
+
+
+def _pyplot() -> Any:
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as exc:  # pragma: no cover - the plot extra is installed by make
+        raise ImportError("linop.plot needs matplotlib: pip install 'linop[plot]'") from exc
+    return Figure
+
+
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _colour(index: int) -> Any:
+    from matplotlib import colormaps
+
+    return colormaps["tab10"](index % 10)
+
+
+# -- spy plots -----------------------------------------------------------------------------------
+def _draw_matrix(ax: Axes, matrix: Any, rows: Sequence[Any], columns: Sequence[Any], title: str) -> None:
+    """One matrix with block boundaries (lines) and block names (ticks at block centres)."""
+    m, n = matrix.shape
+    if max(m, n) <= DENSE_LIMIT:
+        dense = matrix.toarray()
+        if np.iscomplexobj(dense):
+            dense = np.abs(dense)
+        top = float(np.abs(dense).max()) or 1.0
+        ax.imshow(dense.real, cmap="RdBu_r", vmin=-top, vmax=top, interpolation="nearest", aspect="equal")
+    else:
+        ax.spy(matrix, markersize=max(0.5, 200 / max(m, n)), color="black")
+    ax.set_xlim(-0.5, n - 0.5)
+    ax.set_ylim(m - 0.5, -0.5)
+    for offsets, horizontal in (
+        (np.cumsum([b.size for b in rows]), True),
+        (np.cumsum([b.size for b in columns]), False),
+    ):
+        for edge in offsets[:-1]:
+            line = (ax.axhline if horizontal else ax.axvline)(edge - 0.5, color="0.35", linewidth=0.8)
+            line.set_gid("block-boundary")
+    for blocks, setter, labeller in (
+        (rows, ax.set_yticks, ax.set_yticklabels),
+        (columns, ax.set_xticks, ax.set_xticklabels),
+    ):
+        starts = np.cumsum([0] + [b.size for b in blocks])
+        setter([(a + b - 1) / 2 for a, b in zip(starts[:-1], starts[1:])])
+        labeller([b.name for b in blocks], fontsize=8)
+    for label in ax.get_xticklabels():
+        label.set_rotation(60 if len(columns) > 3 else 0)
+    ax.set_title(title, fontsize=9)
+
+
+def spy(op: LinearOperator, *, adjoint: bool = True, figsize: tuple[float, float] | None = None) -> Figure:
+    r"""Spy plot of ``op``'s exact matrix, next to that of ``op.H`` (``adjoint=True``).
+
+    Rows of the forward matrix are the range's blocks, columns the domain's; the adjoint's are
+    the other way round. Entries are coloured by value (red positive, blue negative, white
+    zero). On the adjoint panel, every entry where ``op.H`` differs from
+    :math:`\overline{A}^T` is marked with a cross (gid ``"wrong-entry"``) and counted in the
+    title: none for a correct rule.
+
+    Raises
+    ------
+    PlotError
+        If the operator has an empty domain or range.
+    """
+    new_figure = _pyplot()
+    if op.shape[0] == 0 or op.shape[1] == 0:
+        raise PlotError(f"spy: {_short(str(op))} has an empty domain or range ({op.shape})")
+    forward = op.to_sparse().tocsr()
+    panels = 2 if adjoint else 1
+    if figsize is None:
+        figsize = (4.2 * panels, 4.2)
+    figure = new_figure(figsize=figsize, layout="constrained")
+    axes = figure.subplots(1, panels, squeeze=False)[0]
+    _draw_matrix(axes[0], forward, op.range.blocks, op.domain.blocks, f"$A$ = {_short(str(op))}")
+    if adjoint:
+        claimed = op.H.to_sparse().tocsr()
+        expected = forward.conj().T.tocsr()
+        if claimed.shape != expected.shape:
+            raise PlotError(
+                f"spy: op.H has shape {claimed.shape} but conj(op)^T has {expected.shape}; the spaces differ"
+            )
+        wrong = (claimed - expected).tocoo()
+        keep = wrong.data != 0
+        rows, cols = wrong.row[keep], wrong.col[keep]
+        title = f"$A^*$ = {_short(str(op.H))}\n" + (
+            "equal to conj(A)^T" if not len(rows) else f"{len(rows)} entries differ from conj(A)^T"
+        )
+        _draw_matrix(axes[1], claimed, op.domain.blocks, op.range.blocks, title)
+        if len(rows):
+            marks = axes[1].scatter(cols, rows, marker="x", color="orange", s=40, linewidths=1.5, zorder=3)
+            marks.set_gid("wrong-entry")
+    return figure
+
+
+# -- decompositions ------------------------------------------------------------------------------
+def _rect(ax: Axes, x0: float, width: float, y: float, gid: str, **style: Any) -> None:
+    from matplotlib.patches import Rectangle
+
+    if width <= 0:
+        return
+    patch = Rectangle((x0 - 0.5, y - 0.35), width, 0.7, **style)
+    patch.set_gid(gid)
+    ax.add_patch(patch)
+
+
+def _workers_along(tensor: DistributedTensor, dim: int, g: int) -> list[int]:
+    partition = tensor.partition
+    return [partition.worker(i) for i in partition.indices() if i[dim] == g]
+
+
+def decomposition(
+    layout: HaloGeometry | DistributedTensor, *, figsize: tuple[float, float] | None = None
+) -> Figure:
+    """Picture of a decomposition, one panel per tensor dimension, one row per grid coordinate.
+
+    For a :class:`~linop.partition.DistributedTensor`, each row shows the bulk that coordinate
+    owns along that dimension (unbalanced shares have unequal bars). For a
+    :class:`~linop.halo_geometry.HaloGeometry`, each row also shows, in global padded
+    coordinates:
+
+    - the **halo** entries its window receives, coloured by the grid coordinate that owns them
+      (a run from an owner more than one coordinate away is labelled with its hop count);
+    - the **pads** outside the global array (grey for a zero boundary; filled from the owners
+      for periodic and reflecting boundaries);
+    - the **trims**: entries of the local layout outside the window (cross-hatched);
+    - the **window** the kernel reads (black outline).
+
+    Raises
+    ------
+    TypeError
+        If ``layout`` is neither a HaloGeometry nor a DistributedTensor.
+    """
+    new_figure = _pyplot()
+    if isinstance(layout, HaloGeometry):
+        tensor, geometry = layout.tensor, layout
+    elif isinstance(layout, DistributedTensor):
+        tensor, geometry = layout, None
+    else:
+        raise TypeError(
+            f"decomposition needs a HaloGeometry or a DistributedTensor, not {type(layout).__name__}"
+        )
+    ndim = tensor.ndim
+    rows = max(tensor.partition.shape, default=1)
+    if figsize is None:
+        figsize = (8.0, 0.8 + (0.55 * rows + 0.6) * max(ndim, 1))
+    figure = new_figure(figsize=figsize, layout="constrained")
+    axes = figure.subplots(max(ndim, 1), 1, squeeze=False)[:, 0]
+    for dim in range(ndim):
+        ax = axes[dim]
+        sizes = tensor.sizes[dim]
+        offsets = np.cumsum((0, *sizes))
+        m = tensor.global_shape[dim]
+        low, high = 0, m
+        for g, size in enumerate(sizes):
+            _rect(ax, offsets[g], size, g, "bulk", facecolor=_colour(g), edgecolor="black", linewidth=0.8)
+            if geometry is not None:
+                low, high = (
+                    min(low, geometry.rows[dim][g].local_start),
+                    max(high, geometry.rows[dim][g].local_stop),
+                )
+                _draw_halo_row(ax, geometry, dim, g)
+        for edge in offsets[1:-1]:
+            ax.axvline(edge - 0.5, color="0.6", linestyle=":", linewidth=0.8)
+        for edge in (0, m):
+            ax.axvline(edge - 0.5, color="black", linewidth=1.0)
+        ax.set_xlim(low - 1, high)
+        ax.set_ylim(len(sizes) - 0.4, -0.6)
+        ax.set_yticks(range(len(sizes)))
+        ax.set_yticklabels(
+            [f"{g}: workers {','.join(map(str, _workers_along(tensor, dim, g)))}" for g in range(len(sizes))],
+            fontsize=8,
+        )
+        ax.set_xlabel(f"dimension {dim}: global index (0..{m}; pads outside)", fontsize=8)
+    what = f"halo geometry of {geometry.kernel}" if geometry is not None else "decomposition"
+    figure.suptitle(f"{what} over {tensor}", fontsize=9)
+    if geometry is not None:
+        _legend(axes[0])
+    return figure
+
+
+def _draw_halo_row(ax: Axes, geometry: HaloGeometry, dim: int, g: int) -> None:
+    row = geometry.rows[dim][g]
+    zero = geometry.kernel.boundary[dim] == "zero"  # type: ignore[index]
+    for segment in geometry.fills[dim][g]:
+        x0 = row.local_start + segment.dst_start
+        _rect(
+            ax,
+            x0,
+            segment.size,
+            g,
+            "halo",
+            facecolor=_colour(segment.owner),
+            alpha=0.45,
+            edgecolor=_colour(segment.owner),
+        )
+        hops = abs(segment.owner - g)
+        if hops > 1:
+            text = ax.text(
+                x0 + segment.size / 2 - 0.5,
+                g,
+                f"{hops} hops",
+                ha="center",
+                va="center",
+                fontsize=7,
+                fontweight="bold",
+            )
+            text.set_gid("hops")
+    if zero:
+        for x0, width in ((row.need_start, row.left_pad), (row.length, row.right_pad)):
+            _rect(ax, x0, width, g, "pad", facecolor="0.85", edgecolor="0.5", hatch="..")
+    else:
+        for x0, width in ((row.need_start, row.left_pad), (row.length, row.right_pad)):
+            _rect(ax, x0, width, g, "pad", fill=False, edgecolor="0.3", linestyle="--")
+    for x0, width in ((row.local_start, row.left_trim), (row.local_stop - row.right_trim, row.right_trim)):
+        _rect(ax, x0, width, g, "trim", fill=False, edgecolor="black", hatch="xxx", linewidth=0.0)
+    if row.has_output:
+        _rect(ax, row.need_start, row.window_size, g, "window", fill=False, edgecolor="black", linewidth=1.6)
+
+
+def _legend(ax: Axes) -> None:
+    from matplotlib.patches import Patch
+
+    handles = [
+        Patch(facecolor=_colour(0), edgecolor="black", label="bulk (colour: owner)"),
+        Patch(facecolor=_colour(1), alpha=0.45, label="halo (colour: owner)"),
+        Patch(facecolor="0.85", edgecolor="0.5", hatch="..", label="zero pad"),
+        Patch(fill=False, edgecolor="black", hatch="xxx", label="trim (not in the window)"),
+        Patch(fill=False, edgecolor="black", linewidth=1.6, label="window"),
+    ]
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+
+
+# -- message diagrams ----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One communication of a schedule: in ``phase``, ``source`` sends ``entries`` to ``target``
+    (point to point, ``kind == "send"``), or the workers of a native collective take part in it
+    (``kind`` the node's type, ``source == target == -1``, ``workers`` its members)."""
+
+    phase: int
+    source: int
+    target: int
+    entries: int
+    kind: str = "send"
+    workers: tuple[int, ...] = ()
+
+
+def schedule_messages(op: LinearOperator) -> list[Message]:
+    """The messages of ``op``'s MPI schedule, phase by phase (sums' branches one after the other).
+
+    Transfers that move no entries are left out; local steps (within one worker) send nothing.
+    """
+    from .backends.mpi_schedule import Barrier, Branches, Phase, Transfer, compile_program
+
+    found: list[Message] = []
+    phase = 0
+
+    def walk(steps: Sequence[Any]) -> None:
+        nonlocal phase
+        for step in steps:
+            if isinstance(step, (Phase, Transfer)):
+                transfers = step.transfers if isinstance(step, Phase) else (step,)
+                sent = [t for t in transfers if t.source.size]
+                for t in sent:
+                    found.append(Message(phase, t.src_worker, t.dst_worker, int(t.source.size)))
+                phase += bool(sent)
+            elif isinstance(step, Barrier):
+                node = getattr(step.runner, "op", None)
+                kind = type(node).__name__ if node is not None else type(step.runner).__name__
+                size = int(node.domain.size) if node is not None else 0
+                found.append(Message(phase, -1, -1, size, kind, tuple(getattr(step.runner, "workers", ()))))
+                phase += 1
+            elif isinstance(step, Branches):
+                for term in step.terms:
+                    walk(term)
+
+    walk(compile_program(op).steps)
+    return found
+
+
+def messages(op: LinearOperator, *, figsize: tuple[float, float] | None = None) -> Figure:
+    """Message diagram of ``op``'s MPI schedule: one column per phase, one lane per worker.
+
+    A point-to-point message is an arrow from the sender's lane to the receiver's, labelled
+    with the number of entries it moves (gid ``"message"``); a native collective (broadcast,
+    sum-reduce, all-reduce, all-to-all fast paths) is a band over its workers labelled with
+    the node's type (gid ``"collective"``).
+
+    Raises
+    ------
+    PlotError
+        If the schedule sends nothing (every step is local to one worker).
+    """
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+    new_figure = _pyplot()
+    found = schedule_messages(op)
+    if not found:
+        raise PlotError(f"messages: the schedule of {_short(str(op))} sends nothing (every step is local)")
+    workers = sorted(
+        {w for msg in found for w in (msg.source, msg.target, *msg.workers) if w >= 0}
+        | set(op.domain.workers)
+        | set(op.range.workers)
+    )
+    lane = {w: i for i, w in enumerate(workers)}
+    phases = max(msg.phase for msg in found) + 1
+    if figsize is None:
+        figsize = (1.6 + 1.5 * phases, 1.0 + 0.5 * len(workers))
+    figure = new_figure(figsize=figsize, layout="constrained")
+    ax = figure.subplots()
+    for i in range(len(workers)):
+        ax.axhline(i, color="0.85", linewidth=0.8, zorder=0)
+    for p in range(phases):
+        in_phase = [msg for msg in found if msg.phase == p]
+        sends = [msg for msg in in_phase if msg.kind == "send"]
+        for k, msg in enumerate(sends):
+            shift = (k + 0.5) / len(sends) * 0.6 - 0.3
+            arrow = FancyArrowPatch(
+                (p + shift - 0.15, lane[msg.source]),
+                (p + shift + 0.15, lane[msg.target]),
+                arrowstyle="-|>",
+                mutation_scale=10,
+                color=_colour(msg.source),
+                linewidth=1.2,
+                connectionstyle="arc3,rad=0.0",
+            )
+            arrow.set_gid("message")
+            ax.add_patch(arrow)
+            mid = (lane[msg.source] + lane[msg.target]) / 2
+            label = ax.text(
+                p + shift,
+                mid,
+                str(msg.entries),
+                fontsize=7,
+                ha="center",
+                va="center",
+                bbox={"boxstyle": "round,pad=0.1", "facecolor": "white", "edgecolor": "none"},
+            )
+            label.set_gid("message-label")
+        for msg in in_phase:
+            if msg.kind == "send":
+                continue
+            members = [lane[w] for w in msg.workers] or list(range(len(workers)))
+            band = FancyBboxPatch(
+                (p - 0.35, min(members) - 0.3),
+                0.7,
+                max(members) - min(members) + 0.6,
+                boxstyle="round,pad=0.02",
+                facecolor="0.9",
+                edgecolor="0.4",
+            )
+            band.set_gid("collective")
+            ax.add_patch(band)
+            ax.text(
+                p,
+                (min(members) + max(members)) / 2,
+                f"{msg.kind}\n(native)",
+                fontsize=7,
+                ha="center",
+                va="center",
+                rotation=90 if len(members) > 2 else 0,
+            )
+    ax.set_xlim(-0.6, phases - 0.4)
+    ax.set_ylim(len(workers) - 0.5, -0.5)
+    ax.set_xticks(range(phases))
+    ax.set_xticklabels([f"phase {p}" for p in range(phases)], fontsize=8)
+    ax.set_yticks(range(len(workers)))
+    ax.set_yticklabels([f"worker {w}" for w in workers], fontsize=8)
+    total = sum(msg.entries for msg in found if msg.kind == "send")
+    count = sum(msg.kind == "send" for msg in found)
+    ax.set_title(f"MPI schedule of {_short(str(op))}: {count} messages, {total} entries", fontsize=9)
+    return figure

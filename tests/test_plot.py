@@ -1,0 +1,183 @@
+"""Pictures (linop.plot): the figures are inspected, not only produced.
+
+Spy plots: block boundary lines and block labels per panel, the drawn image equal to the
+matrix, and the wrong entries of a deliberately wrong adjoint marked where they are.
+Decompositions: one patch per bulk, halo run, pad and trim with the widths of the geometry,
+and the multi-hop runs of an unbalanced decomposition labelled. Message diagrams: the messages
+of hand-derived schedules (a 2 x 2 halo exchange, a send-receive, a native broadcast).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+matplotlib = pytest.importorskip("matplotlib")
+matplotlib.use("Agg")
+
+from linop import (  # noqa: E402
+    Add,
+    Block,
+    Broadcast,
+    Clear,
+    Copy,
+    DistributedTensor,
+    HaloExchange,
+    Kernel,
+    LinopError,
+    Partition,
+    SendRecv,
+    Space,
+    halo_geometry,
+    plot,
+)
+
+SPACE = Space([Block("a", (3,)), Block("b", (3,)), Block("c", (2,), worker=1)])
+
+
+def _gids(artists, gid):
+    return [a for a in artists if a.get_gid() == gid]
+
+
+def _labels(texts):
+    return [t.get_text() for t in texts]
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        Copy(SPACE["a"], SPACE["b"]),
+        Copy(SPACE["a"][0:2], "d"),  # out of place: range has one more block than the domain
+        2 * Clear(SPACE["c"]) + Add(SPACE["a"], SPACE["b"]),
+    ],
+    ids=["copy", "copy-out-of-place", "sum"],
+)
+def test_spy_draws_block_boundaries_and_labels(op):
+    figure = plot.spy(op)
+    forward, adjoint = figure.axes
+    for ax, rows, columns in ((forward, op.range, op.domain), (adjoint, op.domain, op.range)):
+        assert len(_gids(ax.lines, "block-boundary")) == (len(rows) - 1) + (len(columns) - 1)
+        assert _labels(ax.get_yticklabels()) == list(rows.names)
+        assert _labels(ax.get_xticklabels()) == list(columns.names)
+        assert not _gids(ax.collections, "wrong-entry")
+    assert np.array_equal(forward.images[0].get_array(), op.to_sparse().toarray())
+    assert np.array_equal(adjoint.images[0].get_array(), op.H.to_sparse().toarray())
+    assert "equal to conj(A)^T" in adjoint.get_title()
+
+
+def test_spy_without_adjoint_has_one_panel():
+    figure = plot.spy(Copy(SPACE["a"], SPACE["b"]), adjoint=False)
+    assert len(figure.axes) == 1
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class CopyForgetsClear(Copy):
+    def adjoint(self):
+        return Add(self.dst, self.src)  # wrong: should be K_b S_{b->a}
+
+
+def test_spy_marks_the_wrong_entries_of_a_wrong_adjoint():
+    figure = plot.spy(CopyForgetsClear(SPACE["a"], SPACE["b"]))
+    adjoint = figure.axes[1]
+    (marks,) = _gids(adjoint.collections, "wrong-entry")
+    # op.H claims 1 at (row b[i], column b[i]); the truth is 0: flat positions 3+i, 3+i
+    assert sorted(map(tuple, marks.get_offsets().tolist())) == [(3.0, 3.0), (4.0, 4.0), (5.0, 5.0)]
+    assert "3 entries differ" in adjoint.get_title()
+
+
+def test_spy_refuses_an_empty_operator():
+    with pytest.raises(plot.PlotError, match="empty"):
+        plot.spy(Clear(Space([Block("e", (0,))])["e"]))
+
+
+UNBALANCED = DistributedTensor("v", (12,), Partition.grid((4,)), sizes=((1, 1, 1, 9),))
+CASES = [
+    ("unbalanced-1d", halo_geometry(UNBALANCED, Kernel(5, padding=2))),
+    (
+        "balanced-2x2",
+        halo_geometry(DistributedTensor("u", (10, 10), Partition.grid((2, 2))), Kernel(3, padding=1)),
+    ),
+    (
+        "periodic-1d",
+        halo_geometry(
+            DistributedTensor("p", (7,), Partition.grid((2,))), Kernel(3, padding=1, boundary="periodic")
+        ),
+    ),
+]
+
+
+def _widths(ax, gid, g):
+    return sum(p.get_width() for p in _gids(ax.patches, gid) if round(p.get_y() + 0.35) == g)
+
+
+@pytest.mark.parametrize("geometry", [c for _, c in CASES], ids=[i for i, _ in CASES])
+def test_decomposition_patches_have_the_geometry_widths(geometry):
+    figure = plot.decomposition(geometry)
+    panels = [ax for ax in figure.axes if ax.get_yticklabels()]
+    assert len(panels) == geometry.ndim
+    for dim, ax in enumerate(panels):
+        rows = geometry.rows[dim]
+        assert len(ax.get_yticklabels()) == len(rows)
+        for g, row in enumerate(rows):
+            assert _widths(ax, "bulk", g) == row.bulk_size
+            assert _widths(ax, "halo", g) == sum(s.size for s in geometry.fills[dim][g])
+            assert _widths(ax, "pad", g) == row.left_pad + row.right_pad
+            assert _widths(ax, "trim", g) == row.left_trim + row.right_trim
+            assert _widths(ax, "window", g) == (row.window_size if row.has_output else 0)
+
+
+def test_decomposition_labels_multi_hop_halos():
+    figure = plot.decomposition(CASES[0][1])
+    hops = sorted(_labels(t for t in figure.axes[0].texts if t.get_gid() == "hops"))
+    # worker 0 reads from coordinates 2 and 3, worker 1 from 3 (geometry.fills)
+    assert hops == ["2 hops", "2 hops", "3 hops"]
+
+
+def test_decomposition_of_a_tensor_shows_only_bulks():
+    figure = plot.decomposition(UNBALANCED)
+    ax = figure.axes[0]
+    assert [p.get_width() for p in _gids(ax.patches, "bulk")] == [1, 1, 1, 9]
+    assert not _gids(ax.patches, "halo")
+    with pytest.raises(TypeError, match="HaloGeometry or a DistributedTensor"):
+        plot.decomposition(SPACE)
+
+
+def test_messages_of_a_2x2_halo_exchange():
+    u = DistributedTensor("u", (10, 10), Partition.grid((2, 2)))
+    exchange = HaloExchange(halo_geometry(u, Kernel(3, padding=1)))
+    found = plot.schedule_messages(exchange)
+    # nested: dimension 0 first (a row of 5 to the vertical neighbour), then dimension 1
+    # (a column of 5 plus the corner just received: 6)
+    assert sorted((m.phase, m.source, m.target, m.entries) for m in found) == [
+        (0, 0, 2, 5), (0, 1, 3, 5), (0, 2, 0, 5), (0, 3, 1, 5),
+        (1, 0, 1, 6), (1, 1, 0, 6), (1, 2, 3, 6), (1, 3, 2, 6),
+    ]  # fmt: skip
+    figure = plot.messages(exchange)
+    ax = figure.axes[0]
+    assert len(_gids(ax.patches, "message")) == 8
+    assert sorted(_labels(t for t in ax.texts if t.get_gid() == "message-label")) == ["5"] * 4 + ["6"] * 4
+    assert _labels(ax.get_yticklabels()) == [f"worker {w}" for w in range(4)]
+    assert _labels(ax.get_xticklabels()) == ["phase 0", "phase 1"]
+
+
+def test_messages_of_a_send_receive_and_its_adjoint():
+    send = SendRecv(SPACE["a"][0:2], SPACE["c"])
+    assert [(m.source, m.target, m.entries) for m in plot.schedule_messages(send)] == [(0, 1, 2)]
+    assert [(m.source, m.target, m.entries) for m in plot.schedule_messages(send.H)] == [(1, 0, 2)]
+
+
+def test_messages_draw_a_native_collective_as_a_band():
+    w = DistributedTensor("w", (3, 4), Partition.grid((1, 1)))
+    bcast = Broadcast(w, Partition.grid((2, 2)), "w_copy")
+    (message,) = plot.schedule_messages(bcast)
+    assert message.kind == "Broadcast" and message.workers == (0, 1, 2, 3)
+    ax = plot.messages(bcast).axes[0]
+    assert len(_gids(ax.patches, "collective")) == 1 and not _gids(ax.patches, "message")
+
+
+def test_messages_refuse_a_local_schedule():
+    with pytest.raises(plot.PlotError, match="sends nothing") as caught:
+        plot.messages(Copy(SPACE["a"], SPACE["b"]))
+    assert isinstance(caught.value, LinopError)
