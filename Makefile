@@ -5,12 +5,15 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The CPU build of torch (about 780 MB installed; a plain `torch` resolves to a CUDA build of several
+# GB). On this machine kind pip finds the 2.13.0 CPU wheel on local disk (pip's find-links).
+TORCH ?= torch==2.13.0
 
 .PHONY: report test lint mpi-test bench docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,docs,plot]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,docs,plot,torch,jax]' '$(TORCH)'
 	touch $(STAMP)
 
 report: $(STAMP)

@@ -25,6 +25,7 @@ from ..movement import Copy, CopyAdjoint, Move
 from ..operator import Composition, Identity, LinearOperator, Scaled, Sum, Zero
 from ..primitives import Add, Allocate, Clear, Deallocate
 from ..space import Region, State, natural_key
+from . import array_api
 
 __all__ = [
     "apply",
@@ -111,6 +112,9 @@ def apply(
     dtype: npt.DTypeLike | None = None,
 ) -> State:
     """Apply ``op`` to ``state``; see :meth:`linop.LinearOperator.apply`."""
+    library = array_api.library_of(state) if isinstance(state, Mapping) else None
+    if library is not None:  # torch, jax, ... arrays: viewed as numpy here, same library out
+        return array_api.apply(op, state, library, apply, inplace=inplace, dtype=dtype)
     arrays = op.domain.check_state(state)
     if dtype is None:
         dtype = np.result_type(*arrays.values()) if arrays else np.dtype(np.float64)

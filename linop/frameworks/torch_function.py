@@ -1,0 +1,240 @@
+r"""Operator trees as PyTorch autograd functions and modules.
+
+For a tree :math:`A` (a linear map of states), the wrapped function computes
+
+.. math::
+
+    y = A x \quad\text{(forward: an interpreter)}, \qquad
+    \bar x = A^{*} \bar y \quad\text{(backward: the adjoint tree ``op.H``)}
+
+which is PyTorch's vector-Jacobian product of a linear map, complex inputs included
+(PyTorch's convention for complex gradients is the conjugate Wirtinger derivative, whose
+backward for :math:`y = A x` is :math:`A^H \bar y`). The backward is itself the wrapped
+adjoint, so it is differentiable again: :math:`A^{**} = A` gives double backward
+(``gradgradcheck``). The adjoint is derived by rules (``docs/theory.md#adjoint-test``), so no
+gradient here is a numerical approximation.
+
+In one process the interpreter is numpy (``op.apply``). Across MPI ranks (``comm=...``) each
+rank passes only its own blocks; forward and backward each run a plan compiled once and bound
+once to staging buffers (:meth:`linop.backends.mpi_backend.Plan.bind`), so a training loop pays
+no per-call planning or checking: each call copies the incoming tensors into the bound
+buffers, runs the bound plan and copies the results out.
+
+Under MPI every rank must take part in every forward and backward call (they are
+collective): every rank's loss must depend on the outputs of each call it makes. An empty
+*anchor* tensor that requires a gradient is passed to every call, so a rank that owns no input
+block still runs the backward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import StateError
+from ..operator import LinearOperator
+
+__all__ = ["TorchOperator", "OperatorModule", "function", "apply"]
+
+
+class _Runner:
+    """Runs one tree on tensors: in one process through the numpy interpreter, or across
+    ranks through a bound MPI plan. ``inputs`` / ``outputs`` are the block names this process
+    passes in and gets back, in the spaces' order."""
+
+    def __init__(self, op: LinearOperator, comm: Any = None, dtype: Any = None) -> None:
+        self.op = op
+        self.comm = comm
+        self.dtype = dtype
+        self._adjoint: _Runner | None = None
+        if comm is None:
+            self.plan = None
+            self.inputs = op.domain.names
+            self.outputs = op.range.names
+        else:
+            from ..backends import mpi_backend
+
+            self.plan = mpi_backend.compile(op, comm=comm)
+            self.inputs = tuple(self.plan.domain_blocks)
+            self.outputs = self.plan.range_names
+        self._staging: dict[str, np.ndarray] | None = None
+        self._bound: Any = None
+        self._bound_dtypes: tuple[Any, ...] = ()
+
+    @property
+    def adjoint(self) -> _Runner:
+        if self._adjoint is None:
+            self._adjoint = _Runner(self.op.H, self.comm, self.dtype)
+            self._adjoint._adjoint = self
+        return self._adjoint
+
+    def run(self, tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        state = {name: tensor.detach() for name, tensor in zip(self.inputs, tensors)}
+        if self.plan is None:
+            result = self.op.apply(state, dtype=self.dtype)
+            inputs = {t.data_ptr() for t in state.values() if t.numel()}
+            return tuple(_fresh(result[name], inputs) for name in self.outputs)
+        return self._run_bound(state)
+
+    def _run_bound(self, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        dtypes = tuple(t.dtype for t in state.values())
+        if self._bound is None or dtypes != self._bound_dtypes:
+            if self._bound is not None:
+                self._bound.free()
+            blocks = self.plan.domain_blocks
+            self._staging = {
+                name: np.empty(blocks[name].shape, dtype=_numpy_dtype(t.dtype)) for name, t in state.items()
+            }
+            self._bound = self.plan.bind(self._staging, inplace=False)
+            self._bound_dtypes = dtypes
+        for name, tensor in state.items():
+            np.copyto(self._staging[name], tensor.cpu().resolve_conj().resolve_neg().numpy())
+        result = self._bound()
+        device = next(iter(state.values())).device if state else torch.device("cpu")
+        return tuple(torch.from_numpy(np.array(result[name])).to(device) for name in self.outputs)
+
+
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    return torch.empty(0, dtype=dtype).numpy().dtype
+
+
+def _fresh(tensor: torch.Tensor, inputs: set[int]) -> torch.Tensor:
+    """A result that owns its memory: blocks passed through unchanged come back from the
+    interpreter as the (detached) input tensors, which an autograd Function must not return
+    as new results (a later in-place change of one would change the other)."""
+    return tensor.clone() if tensor.numel() and tensor.data_ptr() in inputs else tensor
+
+
+class _OperatorFunction(torch.autograd.Function):
+    """forward(runner, anchor, *inputs) = A x; backward = A^* applied through the adjoint
+    runner, by this same Function, so that the backward is differentiable."""
+
+    @staticmethod
+    def forward(ctx: Any, runner: _Runner, anchor: torch.Tensor | None, *tensors: torch.Tensor) -> Any:
+        ctx.runner = runner
+        ctx.anchor = anchor
+        ctx.inputs = [(t.dtype, t.device, t.shape) for t in tensors]
+        outputs = runner.run(tensors)
+        return outputs if len(outputs) != 1 else outputs[0]
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
+        adjoint = ctx.runner.adjoint
+        back = _OperatorFunction.apply(adjoint, ctx.anchor, *grads)
+        if not isinstance(back, tuple):
+            back = (back,)
+        fitted = []
+        for gradient, (dtype, device, _shape) in zip(back, ctx.inputs):
+            if gradient.is_complex() and not dtype.is_complex:
+                gradient = gradient.real  # a real input's gradient is the real part
+            fitted.append(gradient.to(dtype=dtype, device=device))
+        anchor_grad = None if ctx.anchor is None else torch.zeros_like(ctx.anchor)
+        return (None, anchor_grad, *fitted)
+
+
+class TorchOperator:
+    """A tree as a differentiable PyTorch function of states (dicts of tensors).
+
+    ``f(state)`` returns ``op(state)`` as tensors; gradients flow back through ``op.H``. Under
+    MPI (``comm`` given) every rank passes its own blocks and gets its own blocks back.
+
+    Parameters
+    ----------
+    op : LinearOperator
+    comm : mpi4py communicator, optional
+        Run across its ranks (every rank must build the same tree and call collectively).
+    dtype : dtype, optional
+        Dtype of blocks the tree allocates (numpy's or torch's); default the inputs' dtype.
+
+    Attributes
+    ----------
+    inputs, outputs : tuple of str
+        The block names this process passes in and gets back (all of them in one process;
+        this rank's under MPI), in the order of :meth:`tensors`.
+    """
+
+    def __init__(self, op: LinearOperator, *, comm: Any = None, dtype: Any = None) -> None:
+        if isinstance(dtype, torch.dtype):
+            dtype = _numpy_dtype(dtype)
+        self.op = op
+        self.comm = comm
+        self._runner = _Runner(op, comm, dtype)
+        self.inputs = self._runner.inputs
+        self.outputs = self._runner.outputs
+        self._anchor = None if comm is None else torch.zeros(0, dtype=torch.float64, requires_grad=True)
+
+    @property
+    def H(self) -> TorchOperator:  # noqa: N802 - the conventional name
+        """The adjoint, wrapped alike."""
+        return TorchOperator(self.op.H, comm=self.comm, dtype=self._runner.dtype)
+
+    def tensors(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Apply to tensors given positionally in the order of :attr:`inputs`; the results in
+        the order of :attr:`outputs` (for ``gradcheck`` and other positional APIs)."""
+        if len(tensors) != len(self.inputs):
+            raise StateError(
+                f"{self.op} takes {len(self.inputs)} tensor(s) {list(self.inputs)} here, not {len(tensors)}"
+            )
+        for name, tensor in zip(self.inputs, tensors):
+            if not isinstance(tensor, torch.Tensor):
+                raise StateError(f"block {name!r} must be a torch tensor, not {type(tensor).__name__}")
+        result = _OperatorFunction.apply(self._runner, self._anchor, *tensors)
+        return result if isinstance(result, tuple) else (result,)
+
+    def __call__(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if not isinstance(state, Mapping):
+            raise StateError(
+                f"a state must be a dict of tensors keyed by block name, not {type(state).__name__}"
+            )
+        missing = [name for name in self.inputs if name not in state]
+        extra = [name for name in state if name not in self.inputs]
+        if missing or extra:
+            raise StateError(
+                f"state for {self.op}: missing block(s) {missing}, unexpected block(s) {extra}"
+                + (" (under MPI pass only this rank's blocks)" if self.comm is not None else "")
+            )
+        return dict(zip(self.outputs, self.tensors(*(state[name] for name in self.inputs))))
+
+    def __repr__(self) -> str:
+        where = "" if self.comm is None else f", on {self.comm.size} MPI rank(s)"
+        return f"TorchOperator({self.op}{where})"
+
+
+def function(op: LinearOperator, *, comm: Any = None, dtype: Any = None) -> TorchOperator:
+    """Wrap ``op`` as a differentiable function of dicts of tensors; see :class:`TorchOperator`."""
+    return TorchOperator(op, comm=comm, dtype=dtype)
+
+
+def apply(
+    op: LinearOperator, state: Mapping[str, torch.Tensor], *, dtype: Any = None
+) -> dict[str, torch.Tensor]:
+    """``op(state)`` for tensors, differentiable (what ``op(state)`` does when a tensor
+    requires a gradient)."""
+    return TorchOperator(op, dtype=dtype)(state)
+
+
+class OperatorModule(torch.nn.Module):
+    """A tree as an ``nn.Module``: ``module(state)`` is ``op(state)``, differentiable.
+
+    It holds no parameters of its own (a tree holds no data); compose it with modules that
+    do. Under MPI (``comm`` given) the forward and backward plans are compiled once, at
+    construction, and bound on the first call.
+    """
+
+    def __init__(self, op: LinearOperator, *, comm: Any = None, dtype: Any = None) -> None:
+        super().__init__()
+        self.function = TorchOperator(op, comm=comm, dtype=dtype)
+
+    @property
+    def op(self) -> LinearOperator:
+        """The wrapped tree."""
+        return self.function.op
+
+    def forward(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return self.function(state)
+
+    def extra_repr(self) -> str:
+        return str(self.op)
