@@ -12,7 +12,7 @@ Copy, in place             C = S_{a->b} K_b                        CopyAdjoint: 
 Copy, out of place         C = S_{a->b} A_b                        CopyAdjoint: D_b S_{b->a}
 Move, in place             M = K_a S_{a->b} K_b                    Move b -> a
 Move, out of place         M = D_a S_{a->b} A_b  (relabel)         Move b -> a, out of place
-SendRecv                   a Copy between different workers       SendRecvAdjoint (adds back)
+SendRecv                   a Copy between different workers        SendRecvAdjoint (adds back)
 =========================  ======================================  ===============================
 """
 

@@ -51,4 +51,4 @@ def test_version_fallback_and_unknown_attributes():
 
 def test_docs_extra_names_the_sphinx_toolchain(pyproject):
     docs = {re.split(r"[<>=!~ ]", r)[0] for r in pyproject["project"]["optional-dependencies"]["docs"]}
-    assert docs == {"sphinx", "numpydoc", "myst-parser"}
+    assert {"sphinx", "numpydoc", "myst-parser"} <= docs

@@ -4,18 +4,17 @@ Entries come from one module per feature, each holding a list ``ENTRIES`` of
 :class:`~verify.catalogue.Entry`. :data:`SOURCES` lists those modules explicitly; a
 new feature adds its module there.
 
-===================================  ==========================================================
-module                               section of ``docs/theory.md`` (``Entry.section``)
-===================================  ==========================================================
-verify.catalogue_primitives          ``primitives``: allocate, deallocate, clear, add; copy
-                                     and move
-verify.catalogue_distributed_primitives
-                                     ``distributed-primitives``: send-receive and the
-                                     patterns built from it
-verify.catalogue_collectives         ``collectives``: the collective nodes (scatter ...
-                                     all-to-all); ``collective-algorithms``: the ring
-verify.catalogue_halo                ``halo-exchange``: halo exchange
-===================================  ==========================================================
+=======================================  ======================================================
+module                                   section of ``docs/theory.md`` (``Entry.section``)
+=======================================  ======================================================
+verify.catalogue_primitives              ``primitives``: allocate, deallocate, clear, add; copy
+                                         and move
+verify.catalogue_distributed_primitives  ``distributed-primitives``: send-receive and the
+                                         patterns built from it
+verify.catalogue_collectives             ``collectives``: the collective nodes (scatter ...
+                                         all-to-all); ``collective-algorithms``: the ring
+verify.catalogue_halo                    ``halo-exchange``: halo exchange
+=======================================  ======================================================
 
 Examples
 --------
