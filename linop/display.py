@@ -362,18 +362,23 @@ def tree_html(op: LinearOperator, *, limit: int = MAX_NODES) -> str:
     return table_html(("node", "type", "shape", "adjoint", "rule"), table, raw=(0, 3), more=more)
 
 
+def _blocks(space: Space) -> str:
+    count = len(space)
+    workers = ", ".join(map(str, space.workers))
+    return f"{count} block{'s' if count != 1 else ''} on worker{'s' if len(space.workers) != 1 else ''} {workers}"
+
+
 def operator_html(op: LinearOperator) -> str:
     """The operator's header (text, shape, spaces), block matrix and tree."""
     m, n = op.shape
     header = (
         f"<p><code>{_esc(_short(str(op), 200))}</code> &nbsp; {type(op).__name__}, {m} x {n}: "
-        f"domain {len(op.domain)} blocks on workers {list(op.domain.workers)}, "
-        f"range {len(op.range)} blocks on workers {list(op.range.workers)}</p>"
+        f"domain {_blocks(op.domain)}, range {_blocks(op.range)}</p>"
     )
     return (
         '<div class="linop-operator">'
         + header
-        + operator_latex(op)
+        + _esc(operator_latex(op))  # MathJax reads the text, entities decoded
         + "<details open><summary>tree, with each node's adjoint rule</summary>"
         + tree_html(op)
         + "</details></div>"

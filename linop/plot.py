@@ -15,14 +15,16 @@
     a native collective is drawn as one band over its workers. :func:`schedule_messages` gives
     the same as data.
 
-Every function returns a :class:`matplotlib.figure.Figure` and draws nothing on screen by
-itself; the artists carry a ``gid`` naming what they show (``"block-boundary"``,
+Every function returns a :class:`matplotlib.figure.Figure` (shown as a PNG in Jupyter) and
+draws nothing on screen by itself, nor touches pyplot's global state; the artists carry a ``gid`` naming what they show (``"block-boundary"``,
 ``"wrong-entry"``, ``"bulk"``, ``"halo"``, ``"pad"``, ``"trim"``, ``"window"``,
 ``"message"``, ``"collective"``), so a figure can be inspected as well as looked at.
 """
 
 from __future__ import annotations
 
+import functools
+import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -56,12 +58,24 @@ class PlotError(LinopError, ValueError):
     """A picture that cannot be drawn (nothing to show, or a matrix too large to materialize)."""
 
 
+@functools.cache
 def _pyplot() -> Any:
+    """The figure class: a matplotlib Figure that Jupyter shows as a PNG (``_repr_png_``) without
+    pyplot's global state (no figure is left open, no backend is chosen)."""
     try:
         from matplotlib.figure import Figure
     except ImportError as exc:  # pragma: no cover - the plot extra is installed by make
         raise ImportError("linop.plot needs matplotlib: pip install 'linop[plot]'") from exc
-    return Figure
+
+    class Picture(Figure):
+        """A Figure with a PNG repr for Jupyter."""
+
+        def _repr_png_(self) -> bytes:
+            buffer = io.BytesIO()
+            self.savefig(buffer, format="png", dpi=100)
+            return buffer.getvalue()
+
+    return Picture
 
 
 def _short(text: str, limit: int = 60) -> str:
@@ -294,7 +308,8 @@ def _legend(ax: Axes) -> None:
 class Message:
     """One communication of a schedule: in ``phase``, ``source`` sends ``entries`` to ``target``
     (point to point, ``kind == "send"``), or the workers of a native collective take part in it
-    (``kind`` the node's type, ``source == target == -1``, ``workers`` its members)."""
+    (``kind`` the node's type, ``source == target == -1``, ``workers`` its members, ``entries``
+    the size of the node's domain)."""
 
     phase: int
     source: int
@@ -309,7 +324,7 @@ def schedule_messages(op: LinearOperator) -> list[Message]:
 
     Transfers that move no entries are left out; local steps (within one worker) send nothing.
     """
-    from .backends.mpi_schedule import Barrier, Branches, Phase, Transfer, compile_program
+    from .backends.mpi_schedule import Branches, Phase, Transfer, compile_program
 
     found: list[Message] = []
     phase = 0
@@ -323,15 +338,15 @@ def schedule_messages(op: LinearOperator) -> list[Message]:
                 for t in sent:
                     found.append(Message(phase, t.src_worker, t.dst_worker, int(t.source.size)))
                 phase += bool(sent)
-            elif isinstance(step, Barrier):
+            elif isinstance(step, Branches):
+                for term in step.terms:
+                    walk(term)
+            elif hasattr(step, "runner"):  # a fast path (a native collective) runs as one step
                 node = getattr(step.runner, "op", None)
                 kind = type(node).__name__ if node is not None else type(step.runner).__name__
                 size = int(node.domain.size) if node is not None else 0
                 found.append(Message(phase, -1, -1, size, kind, tuple(getattr(step.runner, "workers", ()))))
                 phase += 1
-            elif isinstance(step, Branches):
-                for term in step.terms:
-                    walk(term)
 
     walk(compile_program(op).steps)
     return found

@@ -67,6 +67,11 @@ def test_spy_draws_block_boundaries_and_labels(op):
     assert "equal to conj(A)^T" in adjoint.get_title()
 
 
+def test_figures_show_as_png_in_jupyter():
+    png = plot.spy(Copy(SPACE["a"], SPACE["b"]))._repr_png_()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 1000
+
+
 def test_spy_without_adjoint_has_one_panel():
     figure = plot.spy(Copy(SPACE["a"], SPACE["b"]), adjoint=False)
     assert len(figure.axes) == 1
