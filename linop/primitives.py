@@ -58,6 +58,23 @@ class Allocate(LinearOperator):
     ------
     BlockExistsError
         If ``space`` already holds a block of that name.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linop import Allocate, Block, Space
+    >>> space = Space([Block("a", (2,))])
+    >>> grow = Allocate(space, Block("b", (3,)))
+    >>> print(grow.range.names, grow.H)
+    ('a', 'b') D[b]
+    >>> grow({"a": np.array([1.0, 2.0])})["b"]
+    array([0., 0., 0.])
+    >>> grow.to_sparse().toarray()
+    array([[1, 0],
+           [0, 1],
+           [0, 0],
+           [0, 0],
+           [0, 0]])
     """
 
     space: Space
@@ -88,10 +105,27 @@ class Deallocate(LinearOperator):
 
     .. math:: D_b : (x, x_b) \mapsto x, \qquad D_b^* = A_b
 
+    Parameters
+    ----------
+    space : Space
+        The domain; the range is ``space`` without the block.
+    name : str
+        The name of the block to drop.
+
     Raises
     ------
     UnknownBlockError
         If ``space`` holds no block called ``name``.
+
+    Examples
+    --------
+    >>> from linop import Block, Deallocate, Space
+    >>> space = Space([Block("a", (2,)), Block("b", (3,))])
+    >>> drop = Deallocate(space, "b")
+    >>> print(drop.range.names, drop.H)
+    ('a',) A[b]
+    >>> (drop.H.to_sparse() != drop.to_sparse().T).nnz
+    0
     """
 
     space: Space
@@ -121,6 +155,27 @@ class Clear(LinearOperator):
     r"""Set a region to zero.
 
     .. math:: K_b : x_b \mapsto 0 \text{ (all else unchanged)}, \qquad K_b^* = K_b
+
+    Parameters
+    ----------
+    region : Region
+        The entries to zero (a whole block or a box of one); domain and range are its space.
+
+    Raises
+    ------
+    TypeError
+        If ``region`` is not a :class:`~linop.Region`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linop import Block, Clear, Space
+    >>> space = Space([Block("a", (4,))])
+    >>> clear = Clear(space["a"][1:3])
+    >>> clear({"a": np.arange(4.0)})["a"]
+    array([0., 0., 0., 3.])
+    >>> clear.H == clear
+    True
     """
 
     region: Region
@@ -151,12 +206,39 @@ class Add(LinearOperator):
 
     .. math:: S_{a \to b} : x_b \mapsto x_b + x_a, \qquad S_{a \to b}^* = S_{b \to a}
 
+    Parameters
+    ----------
+    src : Region
+        The region added (unchanged by the operator).
+    dst : Region
+        The region added into; same space and shape as ``src``, disjoint from it.
+
     Raises
     ------
+    TypeError
+        If ``src`` or ``dst`` is not a :class:`~linop.Region`.
+    SpaceMismatchError
+        If the regions come from different spaces.
     ShapeMismatchError
         If the regions' shapes differ.
     OverlapError
         If the regions share entries.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linop import Add, Block, Space
+    >>> space = Space([Block("a", (2,)), Block("b", (2,))])
+    >>> add = Add(space["a"], space["b"])
+    >>> add({"a": np.array([1, 2]), "b": np.array([10, 20])})["b"]
+    array([11, 22])
+    >>> print(add.H)
+    S[b -> a]
+    >>> add.to_sparse().toarray()
+    array([[1, 0, 0, 0],
+           [0, 1, 0, 0],
+           [1, 0, 1, 0],
+           [0, 1, 0, 1]])
     """
 
     src: Region
