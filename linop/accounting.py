@@ -1,0 +1,576 @@
+r"""Communication accounting of operator trees, and their time in the alpha-beta model
+(``docs/theory.md#cost-model``).
+
+For any tree, :func:`account` counts per worker the messages and bytes it sends and receives
+and the bytes it adds, and finds the dependent communication phases; :func:`account_schedule`
+does the same for the schedule the MPI interpreter would run (the tree lowered and batched by
+:func:`linop.backends.mpi_schedule.compile_program`). Both return an :class:`Accounting`:
+plain data (:meth:`Accounting.as_dict`) and a printable table (:meth:`Accounting.table`).
+
+The model
+---------
+A :class:`CostModel` has three parameters: ``alpha`` (seconds per message: latency),
+``beta`` (seconds per byte moved) and ``gamma`` (seconds per byte *added*, the reduction's
+arithmetic). A message of n bytes costs alpha + beta n, plus gamma n when the receiver adds it
+into its data; a local add of n bytes costs gamma n; local copies cost nothing (their bytes
+are counted).
+
+- **The tree as built** (:func:`account`): the tree's movement steps in program order; a step
+  waits for every earlier step whose data it reads or overwrites (the footprints of
+  :mod:`linop.backends.mpi_schedule`), and each worker sends one message at a time and
+  receives one at a time (full duplex, one port each way). The modeled time is the end of the
+  last step; the *dependent phases* are the longest chain of messages each waiting for the
+  one before.
+- **The schedule** (:func:`account_schedule`): the interpreter's phases run one after another;
+  in a phase every worker sends its messages one after the other and receives its messages one
+  after the other, the phase lasting as long as its busiest port; local steps between phases
+  run in parallel on their workers. Native collectives of fast paths are counted as phases
+  whose time the model does not know (listed in ``native``).
+
+Both are the classical synchronous alpha-beta model: for P a power of two the all-reduce
+algorithms of :mod:`linop.algorithms.allreduce` come out at the survey's formulas (two trees
+2 log2 P (alpha + beta n), butterfly log2 P (alpha + beta n), ring 2 (P-1) (alpha + beta n / P),
+Rabenseifner 2 log2 P alpha + 2 (P-1)/P beta n, each plus its adds' gamma terms), which the
+tests check.
+
+A critical path is reported as a :class:`Cost`: how many message latencies, bytes and added
+bytes lie on it, so ``cost.time(model) = messages alpha + bytes beta + reduced gamma``. The
+adjoint of a tree sends the same messages in reverse: its alpha and beta terms are the tree's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .backends.mpi_schedule import (
+    Branches,
+    FastPathStep,
+    Footprint,
+    Local,
+    Phase,
+    Scale,
+    Transfer,
+    ZeroState,
+    compile_program,
+    lower,
+)
+from .errors import LinopError
+from .movement import Copy, CopyAdjoint, Move
+from .operator import Composition, Identity, LinearOperator, Scaled, Sum, Zero
+from .primitives import Add, Allocate, Clear, Deallocate
+
+__all__ = [
+    "Accounting",
+    "AccountingError",
+    "Cost",
+    "CostModel",
+    "Message",
+    "WorkerTraffic",
+    "account",
+    "account_schedule",
+]
+
+
+class AccountingError(LinopError, ValueError):
+    """Bad input to the accounting (an item size or model parameter out of range)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CostModel:
+    """The alpha-beta(-gamma) model: a message of n bytes costs ``alpha + beta n``, adding n
+    bytes costs ``gamma n`` (seconds).
+
+    Raises
+    ------
+    AccountingError
+        If a parameter is negative or not finite.
+    """
+
+    alpha: float
+    beta: float
+    gamma: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("alpha", "beta", "gamma"):
+            value = float(getattr(self, name))
+            if not np.isfinite(value) or value < 0:
+                raise AccountingError(f"cost model: {name} must be a finite number >= 0, not {value!r}")
+            object.__setattr__(self, name, value)
+
+    def __str__(self) -> str:
+        return f"alpha {self.alpha * 1e6:.3g} us, beta {self.beta * 1e9:.3g} ns/B, gamma {self.gamma * 1e9:.3g} ns/B"
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """Terms of a path: ``messages`` latencies, ``bytes`` moved and ``reduced`` bytes added."""
+
+    messages: int = 0
+    bytes: int = 0
+    reduced: int = 0
+
+    def time(self, model: CostModel) -> float:
+        """messages alpha + bytes beta + reduced gamma."""
+        return self.messages * model.alpha + self.bytes * model.beta + self.reduced * model.gamma
+
+    def __add__(self, other: Cost) -> Cost:
+        return Cost(self.messages + other.messages, self.bytes + other.bytes, self.reduced + other.reduced)
+
+    def __str__(self) -> str:
+        return f"{self.messages} alpha + {self.bytes} beta + {self.reduced} gamma"
+
+
+_NOTHING = Cost()
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One message: from worker ``source`` to worker ``target``; ``adds`` when the receiver adds
+    it into its data; ``phase`` the dependent phase it belongs to (1 = first)."""
+
+    source: int
+    target: int
+    nbytes: int
+    adds: bool
+    phase: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerTraffic:
+    """What one worker sends, receives, adds (``reduced``: bytes of adds, remote and local)
+    and copies locally, in messages and bytes."""
+
+    worker: int
+    sent: int = 0
+    sent_bytes: int = 0
+    received: int = 0
+    received_bytes: int = 0
+    reduced_bytes: int = 0
+    copied_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class _Event:
+    """A step of the tree as built: a message (``target`` set) or local work on ``worker``."""
+
+    worker: int
+    target: int | None
+    nbytes: int
+    adds: bool
+    footprint: Footprint
+    depends: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class _PhaseLoad:
+    """A schedule phase: per worker (send cost, receive cost) as Cost terms; or local work."""
+
+    sends: dict[int, list[Cost]]
+    receives: dict[int, list[Cost]]
+    native: str | None = None
+
+
+@dataclass(frozen=True)
+class Accounting:
+    """The communication of a tree (``kind="tree"``) or of its MPI schedule (``"schedule"``).
+
+    Attributes
+    ----------
+    kind : str
+    itemsize : int
+        Bytes per entry used to count bytes.
+    messages : tuple of Message
+        Every message, in program order.
+    workers : tuple of WorkerTraffic
+        One row per worker that the tree names.
+    phases : int
+        Dependent communication phases: for a tree the longest chain of messages each waiting
+        for the previous one; for a schedule the number of phases the interpreter runs
+        (native collectives included).
+    native : tuple of str
+        Fast-path steps of a schedule whose time the model does not know.
+    """
+
+    kind: str
+    itemsize: int
+    messages: tuple[Message, ...]
+    workers: tuple[WorkerTraffic, ...]
+    phases: int
+    native: tuple[str, ...] = ()
+    events: tuple[_Event, ...] = field(default=(), repr=False)
+    loads: tuple[Any, ...] = field(default=(), repr=False)
+
+    # -- totals -------------------------------------------------------------------------------
+    @property
+    def total_messages(self) -> int:
+        """Number of messages."""
+        return len(self.messages)
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes sent over all messages."""
+        return sum(m.nbytes for m in self.messages)
+
+    # -- the model ----------------------------------------------------------------------------
+    def critical_path(self, model: CostModel) -> Cost:
+        """The terms of the longest path under ``model`` (see the module docstring)."""
+        if self.kind == "tree":
+            return _simulate(self.events, model)
+        return _schedule_path(self.loads, model)
+
+    def time(self, model: CostModel) -> float:
+        """Modeled time in seconds."""
+        return self.critical_path(model).time(model)
+
+    # -- output -------------------------------------------------------------------------------
+    def as_dict(self, model: CostModel | None = None) -> dict[str, Any]:
+        """Plain data: totals, per-worker rows and, with a model, the critical path and time."""
+        data: dict[str, Any] = {
+            "kind": self.kind,
+            "itemsize": self.itemsize,
+            "messages": self.total_messages,
+            "bytes": self.total_bytes,
+            "phases": self.phases,
+            "native": list(self.native),
+            "workers": [
+                {
+                    "worker": w.worker,
+                    "sent": w.sent,
+                    "sent_bytes": w.sent_bytes,
+                    "received": w.received,
+                    "received_bytes": w.received_bytes,
+                    "reduced_bytes": w.reduced_bytes,
+                    "copied_bytes": w.copied_bytes,
+                }
+                for w in self.workers
+            ],
+        }
+        if model is not None:
+            path = self.critical_path(model)
+            data["critical_path"] = {"messages": path.messages, "bytes": path.bytes, "reduced": path.reduced}
+            data["time"] = path.time(model)
+        return data
+
+    def table(self, model: CostModel | None = None) -> str:
+        """A printable table: one row per worker, then totals and (with a model) the time."""
+        what = "tree as built" if self.kind == "tree" else "MPI schedule"
+        header = ("worker", "sent", "bytes sent", "received", "bytes received", "bytes added", "bytes copied")
+        rows = [
+            (w.worker, w.sent, w.sent_bytes, w.received, w.received_bytes, w.reduced_bytes, w.copied_bytes)
+            for w in self.workers
+        ]
+        widths = [
+            max(len(h), *(len(str(r[k])) for r in rows)) if rows else len(h) for k, h in enumerate(header)
+        ]
+        lines = [f"communication of the {what} ({self.itemsize}-byte entries)"]
+        lines.append("  ".join(h.rjust(n) for h, n in zip(header, widths)))
+        lines.extend("  ".join(str(v).rjust(n) for v, n in zip(r, widths)) for r in rows)
+        lines.append(
+            f"messages {self.total_messages}, bytes {self.total_bytes}, dependent phases {self.phases}"
+        )
+        if self.native:
+            lines.append(f"native collectives (time not modeled): {', '.join(self.native)}")
+        if model is not None:
+            path = self.critical_path(model)
+            lines.append(f"critical path {path} = {_seconds(path.time(model))} ({model})")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _seconds(value: float) -> str:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if value >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value * 1e9:.3g} ns"
+
+
+def _check_itemsize(itemsize: int) -> int:
+    if isinstance(itemsize, bool) or not isinstance(itemsize, (int, np.integer)) or itemsize < 1:
+        raise AccountingError(f"itemsize must be a positive integer (bytes per entry), not {itemsize!r}")
+    return int(itemsize)
+
+
+# -- the tree as built ----------------------------------------------------------------------------
+_LEAVES = (Copy, CopyAdjoint, Move, Add, Clear, Allocate, Deallocate)
+
+
+def _tree_steps(op: LinearOperator, out: list[Any]) -> None:
+    """The movement steps of ``op`` in program order, every other node expanded."""
+    if isinstance(op, Composition):
+        for factor in reversed(op.factors):
+            _tree_steps(factor, out)
+    elif isinstance(op, Sum):
+        for term in op.terms:  # each term runs on the same input, one after the other
+            _tree_steps(term, out)
+    elif isinstance(op, Scaled):
+        _tree_steps(op.operator, out)
+    elif isinstance(op, (Identity, Zero)):
+        pass
+    elif isinstance(op, _LEAVES):
+        out.extend(lower(op))
+    else:
+        expanded = op.expand()
+        if expanded is op:
+            out.extend(lower(op))  # the interpreter's own lowering, or its error for an unknown node
+        else:
+            _tree_steps(expanded, out)
+
+
+def _local_bytes(node: LinearOperator, itemsize: int) -> tuple[int, int]:
+    """(bytes added, bytes copied) by a local step."""
+    if isinstance(node, CopyAdjoint):
+        return node.src.size * itemsize, 0
+    if isinstance(node, Add):
+        return node.src.size * itemsize, 0
+    if isinstance(node, (Copy, Move)):
+        return 0, node.src.size * itemsize
+    return 0, 0
+
+
+def _names(footprint: Footprint) -> set[str]:
+    return {box[0] for boxes in (footprint.reads, footprint.writes, footprint.adds) for box in boxes}
+
+
+def _events(steps: Sequence[Any], itemsize: int) -> list[_Event]:
+    events: list[_Event] = []
+    touching: dict[str, list[int]] = {}
+    for step in steps:
+        if isinstance(step, Transfer):
+            event = _Event(
+                step.src_worker,
+                step.dst_worker,
+                step.source.size * itemsize,
+                step.mode == "add",
+                step.footprint,
+            )
+        elif isinstance(step, Local):
+            added, _ = _local_bytes(step.node, itemsize)
+            event = _Event(step.worker, None, added, added > 0, step.footprint)
+        else:  # a fast path of an unexpandable node: a barrier between everything before and after
+            raise AccountingError(f"cannot account the step {type(step).__name__} of a tree as built")
+        fp = event.footprint
+        earlier: set[int] = set()
+        for name in _names(fp):
+            earlier.update(touching.get(name, ()))
+        depends = tuple(sorted(k for k in earlier if events[k].footprint.conflicts(fp)))
+        index = len(events)
+        events.append(_Event(event.worker, event.target, event.nbytes, event.adds, fp, depends))
+        for name in _names(fp):
+            touching.setdefault(name, []).append(index)
+    return events
+
+
+def _duration(event: _Event) -> Cost:
+    if event.target is None:
+        return Cost(0, 0, event.nbytes if event.adds else 0)
+    return Cost(1, event.nbytes, event.nbytes if event.adds else 0)
+
+
+def _simulate(events: Sequence[_Event], model: CostModel) -> Cost:
+    """List scheduling in program order with dependencies and one port each way per worker."""
+    finish: list[tuple[float, Cost]] = []
+    ports: dict[tuple[str, int], tuple[float, Cost]] = {}
+    last = (0.0, _NOTHING)
+    for event in events:
+        start = (0.0, _NOTHING)
+        for k in event.depends:
+            if finish[k][0] > start[0]:
+                start = finish[k]
+        if event.target is None:
+            resources = [("cpu", event.worker)]
+        else:
+            resources = [("send", event.worker), ("receive", event.target)]
+        for key in resources:
+            free = ports.get(key)
+            if free is not None and free[0] > start[0]:
+                start = free
+        cost = start[1] + _duration(event)
+        end = (cost.time(model), cost)
+        finish.append(end)
+        for key in resources:
+            ports[key] = end
+        if end[0] > last[0]:
+            last = end
+    return last[1]
+
+
+def _depths(events: Sequence[_Event]) -> list[int]:
+    depth: list[int] = []
+    for event in events:
+        before = max((depth[k] for k in event.depends), default=0)
+        depth.append(before + (event.target is not None))
+    return depth
+
+
+def _traffic(
+    messages: Iterable[Message], local: dict[int, tuple[int, int]], workers: Iterable[int]
+) -> tuple[WorkerTraffic, ...]:
+    rows: dict[int, dict[str, int]] = {w: {} for w in workers}
+    for m in messages:
+        for w in (m.source, m.target):
+            rows.setdefault(w, {})
+        src, dst = rows[m.source], rows[m.target]
+        src["sent"] = src.get("sent", 0) + 1
+        src["sent_bytes"] = src.get("sent_bytes", 0) + m.nbytes
+        dst["received"] = dst.get("received", 0) + 1
+        dst["received_bytes"] = dst.get("received_bytes", 0) + m.nbytes
+        if m.adds:
+            dst["reduced_bytes"] = dst.get("reduced_bytes", 0) + m.nbytes
+    for w, (added, copied) in local.items():
+        row = rows.setdefault(w, {})
+        row["reduced_bytes"] = row.get("reduced_bytes", 0) + added
+        row["copied_bytes"] = row.get("copied_bytes", 0) + copied
+    return tuple(WorkerTraffic(w, **rows[w]) for w in sorted(rows))
+
+
+def _space_workers(op: LinearOperator) -> set[int]:
+    return {b.worker for space in (op.domain, op.range) for b in space}
+
+
+def account(op: LinearOperator, *, itemsize: int = 8) -> Accounting:
+    """The communication of ``op`` as built: every movement step in program order.
+
+    Parameters
+    ----------
+    op : LinearOperator
+        Any tree; nodes other than the movement primitives are expanded.
+    itemsize : int, optional
+        Bytes per entry (8 for float64, the default).
+
+    Returns
+    -------
+    Accounting
+        ``kind="tree"``; its ``critical_path(model)`` simulates the steps with their
+        dependencies and one send and one receive port per worker.
+
+    Raises
+    ------
+    AccountingError
+        If ``itemsize`` is not a positive integer.
+    """
+    itemsize = _check_itemsize(itemsize)
+    steps: list[Any] = []
+    _tree_steps(op, steps)
+    events = _events(steps, itemsize)
+    depth = _depths(events)
+    messages = tuple(
+        Message(e.worker, e.target, e.nbytes, e.adds, d)
+        for e, d in zip(events, depth)
+        if e.target is not None
+    )
+    local: dict[int, tuple[int, int]] = {}
+    for step in steps:
+        if isinstance(step, Local):
+            added, copied = _local_bytes(step.node, itemsize)
+            before = local.get(step.worker, (0, 0))
+            local[step.worker] = (before[0] + added, before[1] + copied)
+    return Accounting(
+        "tree",
+        itemsize,
+        messages,
+        _traffic(messages, local, _space_workers(op)),
+        max(depth, default=0),
+        events=tuple(events),
+    )
+
+
+# -- the MPI schedule ------------------------------------------------------------------------------
+def _schedule_loads(
+    steps: Iterable[Any],
+    itemsize: int,
+    messages: list[Message],
+    local: dict[int, tuple[int, int]],
+    count: list[int],
+) -> list[Any]:
+    loads: list[Any] = []
+    pending: dict[int, Cost] = {}  # local work since the last phase, per worker
+
+    def flush() -> None:
+        if pending:
+            loads.append(dict(pending))
+            pending.clear()
+
+    for step in steps:
+        if isinstance(step, Phase):
+            flush()
+            count[0] += 1
+            sends: dict[int, list[Cost]] = {}
+            receives: dict[int, list[Cost]] = {}
+            for t in step.transfers:
+                nbytes = t.source.size * itemsize
+                adds = t.mode == "add"
+                messages.append(Message(t.src_worker, t.dst_worker, nbytes, adds, count[0]))
+                sends.setdefault(t.src_worker, []).append(Cost(1, nbytes, 0))
+                receives.setdefault(t.dst_worker, []).append(Cost(1, nbytes, nbytes if adds else 0))
+            loads.append(_PhaseLoad(sends, receives))
+        elif isinstance(step, Local):
+            added, copied = _local_bytes(step.node, itemsize)
+            before = local.get(step.worker, (0, 0))
+            local[step.worker] = (before[0] + added, before[1] + copied)
+            pending[step.worker] = pending.get(step.worker, _NOTHING) + Cost(0, 0, added)
+        elif isinstance(step, Transfer):  # batch() emits phases; a lone transfer is one
+            loads.extend(_schedule_loads([Phase((step,))], itemsize, messages, local, count))
+        elif isinstance(step, Branches):
+            flush()
+            for term in step.terms:
+                loads.extend(_schedule_loads(term, itemsize, messages, local, count))
+        elif isinstance(step, FastPathStep):
+            flush()
+            count[0] += 1
+            loads.append(_PhaseLoad({}, {}, native=type(step.runner).__name__.lstrip("_")))
+        elif isinstance(step, (Scale, ZeroState)):
+            pass
+        else:  # pragma: no cover - compile_program emits nothing else
+            raise AccountingError(f"unknown schedule step {step!r}")
+    flush()
+    return loads
+
+
+def _schedule_path(loads: Sequence[Any], model: CostModel) -> Cost:
+    total = _NOTHING
+    for load in loads:
+        if isinstance(load, _PhaseLoad):
+            best = _NOTHING
+            for per_port in (load.sends, load.receives):
+                for costs in per_port.values():
+                    path = _NOTHING
+                    for c in costs:
+                        path = path + c
+                    if path.time(model) > best.time(model):
+                        best = path
+            total = total + best
+        else:
+            total = total + max(load.values(), key=lambda c: c.time(model), default=_NOTHING)
+    return total
+
+
+def account_schedule(op: LinearOperator, *, itemsize: int = 8) -> Accounting:
+    """The communication of the schedule the MPI interpreter would run for ``op``.
+
+    The tree is compiled with :func:`linop.backends.mpi_schedule.compile_program` (fast paths
+    included, then batched into phases); see the module docstring for the phase model.
+
+    Parameters and errors as for :func:`account`.
+    """
+    itemsize = _check_itemsize(itemsize)
+    program = compile_program(op)
+    messages: list[Message] = []
+    local: dict[int, tuple[int, int]] = {}
+    count = [0]
+    loads = _schedule_loads(program.steps, itemsize, messages, local, count)
+    native = tuple(load.native for load in loads if isinstance(load, _PhaseLoad) and load.native)
+    return Accounting(
+        "schedule",
+        itemsize,
+        tuple(messages),
+        _traffic(messages, local, _space_workers(op)),
+        count[0],
+        native,
+        loads=tuple(loads),
+    )
