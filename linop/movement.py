@@ -90,6 +90,38 @@ class Copy(_Movement):
     dst : Region, Block or str
         Where to: a region of the same space (in place, disjoint from ``src``), or a new block
         (out of place; a name makes a block of the source's shape on the source's worker).
+
+    Raises
+    ------
+    TypeError
+        If ``src`` is not a :class:`~linop.Region`, or ``dst`` is not a region, block or name.
+    SpaceMismatchError
+        In place, if the regions come from different spaces.
+    ShapeMismatchError
+        If the destination's shape differs from the source's.
+    OverlapError
+        In place, if the regions share entries.
+    BlockExistsError
+        Out of place, if the new block's name is taken in the source's space.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linop import Block, Copy, Space
+    >>> space = Space([Block("a", (3,)), Block("b", (3,))])
+    >>> copy = Copy(space["a"], space["b"])
+    >>> copy({"a": np.array([1, 2, 3]), "b": np.array([7, 8, 9])})["b"]
+    array([1, 2, 3])
+    >>> print(copy.H, "=", copy.H.expand())
+    C*[a -> b] = K[b] @ S[b -> a]
+    >>> copy.H({"a": np.array([1, 2, 3]), "b": np.array([7, 8, 9])})
+    {'a': array([ 8, 10, 12]), 'b': array([0, 0, 0])}
+
+    Out of place, the destination is a new block, here given by name:
+
+    >>> grown = Copy(space["a"][0:2], "c")
+    >>> grown.range.names, grown.range.block("c").shape
+    (('a', 'b', 'c'), (2,))
     """
 
     src: Region
@@ -130,7 +162,19 @@ class CopyAdjoint(_Movement):
 
     .. math:: C_{a \to b}^* = K_b S_{b \to a}, \qquad (C^*)^* = C
 
-    ``src`` and ``dst`` name the regions of the forward copy; the domain holds ``dst``.
+    Parameters
+    ----------
+    src, dst
+        The source and destination of the forward :class:`Copy` (the domain holds ``dst``, the
+        range drops it when it is a new block).
+
+    Examples
+    --------
+    >>> from linop import Block, Copy, CopyAdjoint, Space
+    >>> space = Space([Block("a", (2,))])
+    >>> adjoint = Copy(space["a"], "b").H
+    >>> isinstance(adjoint, CopyAdjoint), adjoint.domain.names, adjoint.range.names
+    (True, ('a', 'b'), ('a',))
     """
 
     src: Region
@@ -176,10 +220,41 @@ class Move(_Movement):
     Out of place, :math:`M = D_a S_{a \to b} A_b` relabels the whole block ``a`` as ``b``
     (its matrix is the identity); the adjoint relabels ``b`` back as ``a``.
 
+    Parameters
+    ----------
+    src : Region
+        What to move: a region (in place), or a whole block (out of place).
+    dst : Region, Block or str
+        Where to: a region of the same space, disjoint from ``src`` (in place), or a new block
+        or the name of one (out of place).
+
     Raises
     ------
+    TypeError
+        If ``src`` is not a :class:`~linop.Region`, or ``dst`` is not a region, block or name.
+    SpaceMismatchError
+        In place, if the regions come from different spaces.
+    ShapeMismatchError
+        If the destination's shape differs from the source's.
+    OverlapError
+        In place, if the regions share entries.
+    BlockExistsError
+        Out of place, if the new block's name is taken in the source's space.
     RegionError
         Out of place, if ``src`` is not a whole block (only whole blocks can be dropped).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linop import Block, Move, Space
+    >>> space = Space([Block("a", (2,)), Block("b", (2,))])
+    >>> move = Move(space["a"], space["b"])
+    >>> move({"a": np.array([1, 2]), "b": np.array([5, 6])})
+    {'a': array([0, 0]), 'b': array([1, 2])}
+    >>> move.H == Move(space["b"], space["a"])
+    True
+    >>> Move(space["b"], "d").range.names
+    ('a', 'd')
     """
 
     src: Region
@@ -244,10 +319,42 @@ class SendRecv(Copy):
 
     The adjoint is a receive-send (:class:`SendRecvAdjoint`) that *adds* into the source.
 
+    Parameters
+    ----------
+    src : Region
+        What to send, on one worker.
+    dst : Region, Block or str
+        Where it is received, on another worker: a region (in place) or a new block (out of
+        place; a name makes a block on the *source's* worker, which is an error here, so pass
+        a :class:`~linop.Block`).
+
     Raises
     ------
+    TypeError
+        If ``src`` is not a :class:`~linop.Region`, or ``dst`` is not a region, block or name.
+    SpaceMismatchError
+        In place, if the regions come from different spaces.
+    ShapeMismatchError
+        If the destination's shape differs from the source's.
+    OverlapError
+        In place, if the regions share entries.
+    BlockExistsError
+        Out of place, if the new block's name is taken in the source's space.
     WorkerError
         If both regions live on the same worker.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linop import Block, SendRecv, Space
+    >>> space = Space([Block("a", (4,), worker=0), Block("b", (2,), worker=1)])
+    >>> send = SendRecv(space["a"][2:4], space["b"])
+    >>> send({"a": np.arange(4), "b": np.zeros(2, dtype=int)})["b"]
+    array([2, 3])
+    >>> print(send.H)
+    SR*[a[2:4] -> b]
+    >>> send.H({"a": np.zeros(4, dtype=int), "b": np.array([5, 6])})
+    {'a': array([0, 0, 5, 6]), 'b': array([0, 0])}
     """
 
     def __post_init__(self) -> None:
@@ -264,7 +371,18 @@ class SendRecv(Copy):
 
 @dataclass(frozen=True, eq=True, repr=False)
 class SendRecvAdjoint(CopyAdjoint):
-    """Adjoint of :class:`SendRecv`: send x_b back to x_a's worker, add it there, clear x_b."""
+    """Adjoint of :class:`SendRecv`: send x_b back to x_a's worker, add it there, clear x_b.
+
+    Parameters
+    ----------
+    src, dst
+        The source and destination of the forward :class:`SendRecv`.
+
+    Raises
+    ------
+    WorkerError
+        If both regions live on the same worker.
+    """
 
     def __post_init__(self) -> None:
         super().__post_init__()
