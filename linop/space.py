@@ -70,6 +70,22 @@ class Block:
         Shape of the block; zero extents (empty blocks) are allowed.
     worker : int, optional
         The worker that owns the block (rank under MPI). Default 0.
+
+    Raises
+    ------
+    BlockError
+        If the name is not a non-empty string, the shape is not a tuple of non-negative ints
+        (an int is taken as a 1-d shape), the block has more entries than int64 counts, or the
+        worker is not an int in ``0 .. MAX_WORKER``.
+
+    Examples
+    --------
+    >>> from linop import Block
+    >>> block = Block("x", (4, 6), worker=1)
+    >>> block.size, block.ndim
+    (24, 2)
+    >>> Block("y", 3).shape
+    (3,)
     """
 
     name: str
@@ -123,9 +139,21 @@ def _as_block(item: BlockLike) -> Block:
 class Space:
     """An ordered set of named blocks (canonical natural order by name).
 
+    A state of the space is a ``dict`` from block name to array; the space flattens it into one
+    vector (blocks in this order, each raveled in C order), the layout of the exact matrices
+    (``docs/theory.md#memory-and-blocks``).
+
     Parameters
     ----------
     blocks : iterable of Block or (name, shape[, worker]) tuples
+        The blocks, in any order; the space keeps them in natural order of their names.
+
+    Raises
+    ------
+    BlockExistsError
+        If two blocks share a name.
+    BlockError
+        If a tuple does not make a valid :class:`Block`.
 
     Examples
     --------
@@ -134,6 +162,8 @@ class Space:
     ('x', 'y')
     >>> space["x"][:, 1:]
     x[0:2, 1:3]
+    >>> space.size, space.offset("y")
+    (8, 6)
     """
 
     __slots__ = ("_blocks", "_by_name", "_hash", "_offsets")
@@ -411,12 +441,36 @@ class Region:
     dimension from the region's shape (``space["x"][0]`` of a 4 x 6 block has shape (6,));
     indexing a region indexes *within* it, like a numpy view.
 
-    Attributes
+    Parameters
     ----------
+    space : Space
+        The space the region belongs to.
+    name : str
+        The block the box lies in.
     start, stop : tuple of int
         The box in block coordinates, one entry per block dimension.
-    dropped : tuple of int
+    dropped : tuple of int, optional
         Block dimensions indexed by an integer (extent 1, absent from ``shape``).
+
+    Raises
+    ------
+    RegionError
+        If the box is not inside the block or a dropped dimension is not of extent 1 (and, when
+        indexing, for an index that is not basic or is out of range).
+    UnknownBlockError
+        If the space holds no block ``name``.
+
+    Examples
+    --------
+    >>> from linop import Space
+    >>> space = Space([("x", (4, 6))])
+    >>> box = space["x"][1:3, 2:]
+    >>> box.shape, box.start, box.stop
+    ((2, 4), (1, 2), (3, 6))
+    >>> space["x"][0].shape, space["x"][-1, ::1].start
+    ((6,), (3, 0))
+    >>> box[0, 1:]
+    x[1, 3:6]
     """
 
     space: Space
