@@ -246,6 +246,28 @@ class DistributedTensor:
     DecompositionError
         If the global shape or the sizes are not integers, or explicit sizes have the wrong
         count, are negative, or do not add up to the global extent of their dimension.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linop import DistributedTensor, Partition
+    >>> tensor = DistributedTensor("x", (5, 4), Partition((2, 2)))
+    >>> tensor.space.names
+    ('x[0,0]', 'x[0,1]', 'x[1,0]', 'x[1,1]')
+    >>> block = tensor.block((1, 0))
+    >>> block.name, block.shape, block.worker, tensor.box((1, 0))
+    ('x[1,0]', (2, 2), 2, ((3, 0), (5, 2)))
+    >>> state = tensor.scatter(np.arange(20).reshape(5, 4))
+    >>> state["x[1,0]"]
+    array([[12, 13],
+           [16, 17]])
+    >>> bool((tensor.gather(state) == np.arange(20).reshape(5, 4)).all())
+    True
+
+    Unbalanced shares are given per dimension:
+
+    >>> DistributedTensor("y", (5,), Partition((2,)), sizes=((1, 4),)).block((1,)).shape
+    (4,)
     """
 
     name: str
