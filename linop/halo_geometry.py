@@ -277,8 +277,17 @@ class DimGeometry:
     need_start, need_stop : int
         Input entries the worker's outputs read, padded coordinates (``[i0, i0)`` without output).
     left_halo, right_halo, left_pad, right_pad, left_trim, right_trim : int
-        The widths of ``docs/theory.md#halo-geometry`` (see the module docstring; a halo counts the entries
-        between the bulk and a needed range that misses it, which are trimmed, not exchanged).
+        The widths of ``docs/theory.md#halo-geometry`` (see the module docstring; a halo counts
+        the entries between the bulk and a needed range that misses it, which are trimmed, not
+        exchanged).
+
+    Examples
+    --------
+    >>> from linop import DistributedTensor, Kernel, Partition, halo_geometry
+    >>> tensor = DistributedTensor("x", (11,), Partition((2,)))
+    >>> row = halo_geometry(tensor, Kernel(5, stride=2, padding=1)).row((0,), 0)
+    >>> (row.need_start, row.need_stop), (row.left_pad, row.right_halo)
+    ((-1, 8), (1, 2))
     """
 
     dim: int
@@ -404,6 +413,11 @@ _COLUMNS = (
 class HaloGeometry:
     """Halo geometry of a kernel over a distributed tensor: one :class:`DimGeometry` per worker
     and dimension. Build it with :func:`halo_geometry`; ``print(geometry)`` shows the table.
+
+    Parameters
+    ----------
+    tensor, kernel, output_shape, rows
+        As the attributes below; :func:`halo_geometry` computes them.
 
     Attributes
     ----------
@@ -558,6 +572,29 @@ def halo_geometry(tensor: DistributedTensor, kernel: Kernel | int) -> HaloGeomet
         padded input m + 2p in some dimension (the message names it).
     HaloError
         If a periodic or reflecting boundary must wrap a dimension of length 0.
+
+    Examples
+    --------
+    The worked example of ``docs/theory.md#halo-geometry``: 10 entries on 3 workers, a kernel
+    of size 2 and stride 2 (5 outputs, split 2, 2, 1; inputs split 4, 3, 3).
+
+    >>> from linop import DistributedTensor, Kernel, Partition, halo_geometry
+    >>> tensor = DistributedTensor("x", (10,), Partition((3,)))
+    >>> geometry = halo_geometry(tensor, Kernel(2, stride=2))
+    >>> geometry.output_shape
+    (5,)
+    >>> row = geometry.row((1,), 0)
+    >>> (row.need_start, row.need_stop), row.right_halo
+    ((4, 8), 1)
+    >>> last = geometry.row((2,), 0)
+    >>> (last.need_start, last.need_stop), last.left_trim, geometry.local_shape((2,))
+    ((8, 10), 1, (3,))
+    >>> print(geometry)  # doctest: +NORMALIZE_WHITESPACE
+    halo geometry of Kernel(size=(2,), stride=(2,)) over x[10] on P(3,)[0, 1, 2]
+    worker  dim       output         bulk         need     halo      pad     trim  local  window
+         0    0        [0,2)        [0,4)        [0,4)      0,0      0,0      0,0      4       4
+         1    0        [2,4)        [4,7)        [4,8)      0,1      0,0      0,0      4       4
+         2    0        [4,5)       [7,10)       [8,10)      0,0      0,0      1,0      3       2
     """
     if not isinstance(tensor, DistributedTensor):
         raise TypeError(f"halo_geometry: tensor must be a DistributedTensor, not {type(tensor).__name__}")
