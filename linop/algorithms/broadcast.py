@@ -179,7 +179,7 @@ def broadcast_scatter_allgather(tensor: Layout, partition: Partition, name: str)
     # ring all-gather: member i passes the chunk it received last to member i + 1
     count = len(members)
     for s in range(count - 1):
-        for i in range(count):
+        for i in reversed(range(count)):  # the last member first: it was served last
             chunk = bounds[members[(i - s) % count]]
             if chunk[1] > chunk[0]:
                 src, dst = _holder(ranks, members[i]), _holder(ranks, members[(i + 1) % count])
