@@ -478,6 +478,31 @@ class HaloExchange(_ExchangeBase):
         If ``geometry`` is not a :class:`~linop.halo_geometry.HaloGeometry`.
     HaloError
         If the variant is unknown or ``local_name`` is the tensor's own name.
+
+    Examples
+    --------
+    Six entries on two workers and a kernel of size 3: each local block holds the bulk and one
+    halo entry beside it.
+
+    >>> import numpy as np
+    >>> import verify
+    >>> from linop import DistributedTensor, HaloExchange, Kernel, Partition, halo_geometry
+    >>> tensor = DistributedTensor("x", (6,), Partition((2,)))
+    >>> exchange = HaloExchange(halo_geometry(tensor, Kernel(3)))
+    >>> exchange.domain.names
+    ('x_local[0]', 'x_local[1]')
+    >>> state = {"x_local[0]": np.array([1, 2, 3, 0]), "x_local[1]": np.array([0, 4, 5, 6])}
+    >>> exchange(state)
+    {'x_local[0]': array([1, 2, 3, 4]), 'x_local[1]': array([3, 4, 5, 6])}
+
+    The adjoint sends each halo back, adds it into its owner's bulk and clears it:
+
+    >>> exchange.H(exchange(state))
+    {'x_local[0]': array([1, 2, 6, 0]), 'x_local[1]': array([0, 8, 5, 6])}
+    >>> bool(verify.exact_adjoint(exchange))
+    True
+    >>> bool(verify.equal(exchange, HaloExchange(exchange.geometry, "direct")))
+    True
     """
 
     geometry: HaloGeometry
@@ -504,7 +529,13 @@ class HaloExchange(_ExchangeBase):
 
 @dataclass(frozen=True, eq=True, repr=False)
 class HaloExchangeAdjoint(_ExchangeBase):
-    """Adjoint of :class:`HaloExchange`: halos sent back and added into their owners' bulk."""
+    """Adjoint of :class:`HaloExchange`: halos sent back and added into their owners' bulk.
+
+    Parameters
+    ----------
+    geometry, variant, local_name
+        Those of the forward :class:`HaloExchange`.
+    """
 
     geometry: HaloGeometry
     variant: Variant = "nested"
@@ -532,6 +563,32 @@ def pad_shim(geometry: HaloGeometry, *, local_name: str | None = None) -> Linear
         E^* : x_w \leftarrow \ell_w[\mathrm{bulk}] \ (\text{halo and pad entries dropped})
 
     A worker whose local block is its bulk keeps its array (a relabelling move).
+
+    Parameters
+    ----------
+    geometry : HaloGeometry
+        From :func:`~linop.halo_geometry.halo_geometry`.
+    local_name : str, optional
+        Name of the local blocks (default the tensor's name + ``"_local"``).
+
+    Returns
+    -------
+    LinearOperator
+        From the tensor's space to :func:`local_space`.
+
+    Raises
+    ------
+    HaloError
+        If ``local_name`` is the tensor's own name.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linop import DistributedTensor, Kernel, Partition, halo_geometry, pad_shim
+    >>> tensor = DistributedTensor("x", (6,), Partition((2,)))
+    >>> pad = pad_shim(halo_geometry(tensor, Kernel(3, padding=1)))
+    >>> pad(tensor.scatter(np.arange(1, 7)))
+    {'x_local[0]': array([0, 1, 2, 3, 0]), 'x_local[1]': array([0, 4, 5, 6, 0])}
     """
     prefix = _local_prefix(geometry, local_name)
     tensor = geometry.tensor
@@ -570,6 +627,35 @@ def trim_shim(
         T^* : \ell_w \leftarrow \text{zeros with } y_w \text{ at the window}
 
     A worker whose window is its whole local block keeps its array (a relabelling move).
+
+    Parameters
+    ----------
+    geometry : HaloGeometry
+        From :func:`~linop.halo_geometry.halo_geometry`.
+    local_name, window_name : str, optional
+        Names of the local blocks and of the windows (default the tensor's name + ``"_local"``
+        and + ``"_window"``).
+
+    Returns
+    -------
+    LinearOperator
+        From :func:`local_space` to the windows.
+
+    Raises
+    ------
+    HaloError
+        If the windows would take the local blocks' name.
+
+    Examples
+    --------
+    Ten entries, kernel 2, stride 2 on three workers: worker 2 trims the first entry of its
+    bulk (``docs/theory.md#halo-geometry``).
+
+    >>> from linop import DistributedTensor, Kernel, Partition, halo_geometry, trim_shim
+    >>> tensor = DistributedTensor("x", (10,), Partition((3,)))
+    >>> trim = trim_shim(halo_geometry(tensor, Kernel(2, stride=2)))
+    >>> [trim.range.block(n).shape for n in trim.range.names]
+    [(4,), (4,), (2,)]
     """
     prefix, window_prefix = _local_prefix(geometry, local_name), _window_prefix(geometry, window_name)
     if window_prefix == prefix:
@@ -617,11 +703,38 @@ def halo_windows(
     Parameters
     ----------
     tensor : DistributedTensor
+        The input, decomposed over its partition (balanced or not).
     kernel : Kernel or int
+        The sliding-window kernel (an int is a kernel size for every dimension).
     variant : {"nested", "direct"}, optional
         Which :class:`HaloExchange` to use (same operator).
     local_name, window_name : str, optional
         Names of the local blocks and windows (default ``<tensor>_local``, ``<tensor>_window``).
+
+    Returns
+    -------
+    LinearOperator
+        ``T H E``, from the tensor's space to the windows' space.
+
+    Raises
+    ------
+    TypeError, KernelError, HaloError
+        As :func:`~linop.halo_geometry.halo_geometry` and :class:`HaloExchange`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import verify
+    >>> from linop import DistributedTensor, Kernel, Partition, halo_windows
+    >>> tensor = DistributedTensor("x", (6,), Partition((2,)))
+    >>> windows = halo_windows(tensor, Kernel(3, padding=1))
+    >>> windows(tensor.scatter(np.arange(1, 7)))
+    {'x_window[0]': array([0, 1, 2, 3, 4]), 'x_window[1]': array([3, 4, 5, 6, 0])}
+    >>> periodic = halo_windows(tensor, Kernel(3, padding=1, boundary="periodic"))
+    >>> periodic(tensor.scatter(np.arange(1, 7)))["x_window[0]"]
+    array([6, 1, 2, 3, 4])
+    >>> bool(verify.exact_adjoint(periodic))
+    True
     """
     geometry = halo_geometry(tensor, kernel)
     return Composition(
