@@ -15,6 +15,8 @@ from __future__ import annotations
 
 __all__ = [
     "LinopError",
+    "BlockError",
+    "OperandError",
     "SpaceMismatchError",
     "RegionError",
     "ShapeMismatchError",
@@ -22,6 +24,8 @@ __all__ = [
     "BlockExistsError",
     "UnknownBlockError",
     "StateError",
+    "DtypeError",
+    "IntegerOverflowError",
     "ScalarError",
     "WorkerError",
     "UnsupportedNodeError",
@@ -40,6 +44,16 @@ __all__ = [
 
 class LinopError(Exception):
     """Base class of every error that linop raises on purpose."""
+
+
+class BlockError(LinopError, TypeError, ValueError):
+    """A block is malformed: an empty or non-string name, a shape or worker that is not a
+    non-negative integer (bool is not taken as an integer), or more entries than int64 counts."""
+
+
+class OperandError(LinopError, TypeError, ValueError):
+    """Something other than an operator (or a space, a partition) was given where one is needed:
+    a factor of a composition, an operand of ``@`` or ``+``, the argument of a verification."""
 
 
 class SpaceMismatchError(LinopError, ValueError):
@@ -71,6 +85,16 @@ class UnknownBlockError(LinopError, LookupError):
 
 class StateError(LinopError, ValueError):
     """A state does not match its space: missing, extra or wrongly shaped blocks."""
+
+
+class DtypeError(StateError, TypeError):
+    """A block's dtype, or a requested dtype, is not one the interpreters compute in
+    (``docs/theory.md#dtypes``): bool, strings, dates, structured and unknown dtypes."""
+
+
+class IntegerOverflowError(LinopError, OverflowError):
+    """An integer result may not fit in int64 (or an in-place result in the caller's integer
+    dtype); the message names the block and the bound (``docs/theory.md#dtypes``)."""
 
 
 class ScalarError(LinopError, TypeError):

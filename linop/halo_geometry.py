@@ -62,6 +62,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
+
 from .errors import HaloError, KernelError
 from .partition import DistributedTensor, balanced_sizes
 
@@ -160,6 +162,8 @@ class Kernel:
             a padding is negative or a boundary mode is unknown (the message names the dimension).
         """
         try:
+            if isinstance(self.leading, (bool, np.bool_)):
+                raise TypeError
             leading = operator.index(self.leading)
         except TypeError:
             raise KernelError(
@@ -181,6 +185,8 @@ class Kernel:
             checked = []
             for dim, v in enumerate(values[what]):
                 try:
+                    if isinstance(v, (bool, np.bool_)):
+                        raise TypeError
                     v = operator.index(v)
                 except TypeError:
                     raise KernelError(
@@ -191,7 +197,7 @@ class Kernel:
                 checked.append(v)
             values[what] = tuple(checked)
         for dim, mode in enumerate(values["boundary"]):
-            if mode not in BOUNDARY_MODES:
+            if not isinstance(mode, str) or mode not in BOUNDARY_MODES:
                 raise KernelError(f"boundary mode {mode!r} in dimension {dim} is not one of {BOUNDARY_MODES}")
         return Kernel(leading=0, **values)  # every dimension is now explicit
 
@@ -606,7 +612,7 @@ def halo_geometry(tensor: DistributedTensor, kernel: Kernel | int) -> HaloGeomet
     for dim, (m, sizes) in enumerate(zip(tensor.global_shape, tensor.sizes)):
         k, s, p, d = (getattr(kernel, a)[dim] for a in ("size", "stride", "padding", "dilation"))
         extent = kernel.extent(dim)
-        if extent > m + 2 * p:
+        if extent > m + 2 * p and m + 2 * p > 0:  # an empty padded input gives an empty output
             raise KernelError(
                 f"dimension {dim}: the kernel's extent {extent} (size {k}, dilation {d}) is larger than "
                 f"the padded input {m} + 2*{p} = {m + 2 * p}"

@@ -13,7 +13,6 @@ add; ``docs/theory.md#primitives``).
 
 from __future__ import annotations
 
-import numbers
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from .errors import ScalarError
+from .errors import OperandError, ScalarError
 from .space import Space, State
 
 if TYPE_CHECKING:
@@ -60,6 +59,8 @@ class LinearOperator(ABC):
     domain: Space
     range: Space
 
+    __array_ufunc__ = None  # numpy defers to us: ``array * op`` is a ScalarError, not an object array
+
     # -- rules every node provides ------------------------------------------------------
     @abstractmethod
     def adjoint(self) -> LinearOperator:
@@ -80,19 +81,22 @@ class LinearOperator(ABC):
 
     # -- algebra ---------------------------------------------------------------------------
     def __matmul__(self, other: object) -> LinearOperator:
-        if not isinstance(other, LinearOperator):
-            return NotImplemented
-        return Composition((self, other))
+        return Composition((self, _operand(other, "@")))
+
+    def __rmatmul__(self, other: object) -> LinearOperator:
+        return Composition((_operand(other, "@"), self))
 
     def __add__(self, other: object) -> LinearOperator:
-        if not isinstance(other, LinearOperator):
-            return NotImplemented
-        return Sum((self, other))
+        return Sum((self, _operand(other, "+")))
+
+    def __radd__(self, other: object) -> LinearOperator:
+        return Sum((_operand(other, "+"), self))
 
     def __sub__(self, other: object) -> LinearOperator:
-        if not isinstance(other, LinearOperator):
-            return NotImplemented
-        return Sum((self, -other))
+        return Sum((self, -_operand(other, "-")))
+
+    def __rsub__(self, other: object) -> LinearOperator:
+        return Sum((_operand(other, "-"), -self))
 
     def __neg__(self) -> LinearOperator:
         return Scaled(-1, self)
@@ -178,6 +182,33 @@ class LinearOperator(ABC):
         return operator_html(self)
 
 
+def _operand(other: object, symbol: str) -> LinearOperator:
+    """``other`` if it is an operator, else an :class:`OperandError` naming it."""
+    if not isinstance(other, LinearOperator):
+        hint = " (use * to scale by a number)" if symbol in "@" and _is_number(other) else ""
+        raise OperandError(f"operand of {symbol} must be a LinearOperator, not {type(other).__name__}{hint}")
+    return other
+
+
+def _require_space(value: object, what: str) -> None:
+    if not isinstance(value, Space):
+        raise OperandError(f"{what} must be a Space, not {type(value).__name__} {_short(repr(value), 40)}")
+
+
+def _is_number(alpha: object) -> bool:
+    return isinstance(alpha, (int, float, complex, np.number)) and not isinstance(alpha, (bool, np.bool_))
+
+
+def _factors(kind: str, items: object) -> tuple[LinearOperator, ...]:
+    """The operators of a composition or a sum, each checked to be an operator."""
+    if isinstance(items, LinearOperator) or not isinstance(items, (tuple, list)):
+        raise OperandError(f"{kind} takes a tuple of operators, not {type(items).__name__}")
+    for i, item in enumerate(items):
+        if not isinstance(item, LinearOperator):
+            raise OperandError(f"{kind}: item {i} is a {type(item).__name__}, not a LinearOperator")
+    return tuple(items)
+
+
 def walk(op: LinearOperator):
     """Yield every node of a tree, parents before children."""
     stack = [op]
@@ -207,6 +238,9 @@ class Identity(LinearOperator):
 
     space: Space
 
+    def __post_init__(self) -> None:
+        _require_space(self.space, "Identity: the space")
+
     @property
     def domain(self) -> Space:
         return self.space
@@ -229,6 +263,10 @@ class Zero(LinearOperator):
 
     domain: Space
     range: Space
+
+    def __post_init__(self) -> None:
+        _require_space(self.domain, "Zero: the domain")
+        _require_space(self.range, "Zero: the range")
 
     def adjoint(self) -> LinearOperator:
         """O* = O (with domain and range swapped)."""
@@ -256,10 +294,10 @@ class Composition(LinearOperator):
 
     def __post_init__(self) -> None:
         flat: list[LinearOperator] = []
-        for f in self.factors:
+        for f in _factors("Composition", self.factors):
             flat.extend(f.factors if isinstance(f, Composition) else (f,))
         if not flat:
-            raise ValueError("a composition needs at least one factor")
+            raise OperandError("a composition needs at least one factor")
         for left, right in zip(flat, flat[1:]):
             left.domain.require_equal(
                 right.range,
@@ -298,10 +336,10 @@ class Sum(LinearOperator):
 
     def __post_init__(self) -> None:
         flat: list[LinearOperator] = []
-        for t in self.terms:
+        for t in _factors("Sum", self.terms):
             flat.extend(t.terms if isinstance(t, Sum) else (t,))
         if not flat:
-            raise ValueError("a sum needs at least one term")
+            raise OperandError("a sum needs at least one term")
         first = flat[0]
         for other in flat[1:]:
             first.domain.require_equal(
@@ -352,13 +390,17 @@ class Scaled(LinearOperator):
         alpha = self.alpha
         if isinstance(alpha, np.ndarray) and alpha.ndim == 0:
             alpha = alpha[()]
-        if isinstance(alpha, bool) or not isinstance(alpha, numbers.Number):
+        if not _is_number(alpha):
+            kind = "a Python or numpy int, float or complex"
             raise ScalarError(
-                f"an operator can be multiplied only by a scalar number, not {type(self.alpha).__name__}"
+                f"an operator can be multiplied only by {kind}, not {type(self.alpha).__name__} "
+                f"{_short(repr(self.alpha), 40)}"
             )
+        if isinstance(alpha, np.number) and alpha.dtype.kind not in "iufc":
+            raise ScalarError(f"the scalar {alpha!r} has dtype {alpha.dtype}, which is not numeric")
         object.__setattr__(self, "alpha", alpha)
         if not isinstance(self.operator, LinearOperator):
-            raise TypeError(f"Scaled needs an operator, not {type(self.operator).__name__}")
+            raise OperandError(f"Scaled needs an operator, not {type(self.operator).__name__}")
 
     @property
     def domain(self) -> Space:

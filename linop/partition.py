@@ -11,6 +11,7 @@ first) or explicit per-dimension sizes. Empty blocks are normal: 5 entries over 
 from __future__ import annotations
 
 import itertools
+import math
 import operator
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -18,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import DecompositionError, LinopError, PartitionError, RegionError
-from .space import Block, Region, Space, State
+from .errors import DecompositionError, LinopError, OperandError, PartitionError, RegionError
+from .space import MAX_SIZE, MAX_WORKER, Block, Region, Space, State
 
 __all__ = [
     "Partition",
@@ -38,12 +39,17 @@ Box = tuple[tuple[int, ...], tuple[int, ...]]
 def _integers(values: Any, what: str, error: type[LinopError]) -> tuple[int, ...]:
     """``values`` as a tuple of ints (one integer stands for a 1-tuple); ``error`` naming
     ``what`` if they are not integers."""
+    if isinstance(values, (bool, np.bool_)) or isinstance(values, (str, bytes)):
+        raise error(f"{what} {values!r} must be integers")
     if isinstance(values, (int, np.integer)):
         return (operator.index(values),)
     try:
-        return tuple(operator.index(v) for v in values)
+        items = tuple(values)
+        if any(isinstance(v, (bool, np.bool_)) for v in items):
+            raise TypeError
+        return tuple(operator.index(v) for v in items)
     except TypeError:
-        raise error(f"{what} {values!r} must be integers") from None
+        raise error(f"{what} {values!r} must be integers (not bools)") from None
 
 
 def normalized_axes(kind: str, axes: Sequence[int] | int, partition: Partition) -> tuple[int, ...]:
@@ -124,7 +130,11 @@ class Partition:
         if any(n < 1 for n in shape):
             raise PartitionError(f"partition shape {shape} has an extent below 1")
         object.__setattr__(self, "shape", shape)
-        count = int(np.prod(shape, dtype=np.int64))
+        count = math.prod(shape)
+        if count > MAX_WORKER + 1:
+            raise PartitionError(
+                f"partition shape {shape} has {count} workers, more than the {MAX_WORKER + 1} ranks MPI counts"
+            )
         workers = _integers(self.workers, f"partition {shape}: workers", PartitionError) or tuple(
             range(count)
         )
@@ -133,7 +143,9 @@ class Partition:
         seen: set[int] = set()
         for w in workers:
             if w < 0:
-                raise PartitionError(f"worker ids must be >= 0, got {w}")
+                raise PartitionError(f"partition {shape}: worker ids must be >= 0, got {w}")
+            if w > MAX_WORKER:
+                raise PartitionError(f"partition {shape}: worker ids must be <= {MAX_WORKER}, got {w}")
             if w in seen:
                 raise PartitionError(f"worker {w} is listed twice in partition {shape}")
             seen.add(w)
@@ -143,7 +155,11 @@ class Partition:
     def grid(cls, shape: Sequence[int] | int, *, first: int = 0) -> Partition:
         """A partition of consecutive workers ``first, first + 1, ...`` in C order."""
         shape = _integers(shape, "partition shape", PartitionError)
-        return cls(shape, tuple(range(first, first + int(np.prod(shape, dtype=np.int64)))))
+        first = _integers(first, "partition grid: first worker", PartitionError)[0]
+        count = math.prod(shape)
+        if count > MAX_WORKER + 1 or any(n < 1 for n in shape):
+            return cls(shape)  # the constructor names the problem
+        return cls(shape, tuple(range(first, first + count)))
 
     @property
     def ndim(self) -> int:
@@ -276,18 +292,30 @@ class DistributedTensor:
     sizes: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise DecompositionError(
+                f"a distributed tensor's name must be a non-empty string, not {self.name!r}"
+            )
         shape = _integers(self.global_shape, f"tensor {self.name!r}: global shape", DecompositionError)
         if any(n < 0 for n in shape):
             raise DecompositionError(f"tensor {self.name!r}: negative extent in global shape {shape}")
+        if math.prod(shape) > MAX_SIZE:
+            raise DecompositionError(
+                f"tensor {self.name!r}: global shape {shape} has more entries than int64 counts"
+            )
         object.__setattr__(self, "global_shape", shape)
         if not isinstance(self.partition, Partition):
-            raise TypeError(
+            raise OperandError(
                 f"tensor {self.name!r}: partition must be a Partition, not {type(self.partition).__name__}"
             )
         if self.partition.ndim != len(shape):
             raise PartitionError(
                 f"tensor {self.name!r} has rank {len(shape)} but partition {self.partition.shape} "
                 f"has rank {self.partition.ndim}"
+            )
+        if isinstance(self.sizes, (str, bytes)) or not isinstance(self.sizes, (Sequence, np.ndarray)):
+            raise DecompositionError(
+                f"tensor {self.name!r}: sizes must be one sequence of ints per dimension, not {self.sizes!r}"
             )
         if len(self.sizes) == 0:
             sizes = tuple(balanced_sizes(n, p) for n, p in zip(shape, self.partition.shape))

@@ -30,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .errors import (
+    BlockError,
     BlockExistsError,
     RegionError,
     SpaceMismatchError,
@@ -37,12 +38,30 @@ from .errors import (
     UnknownBlockError,
 )
 
-__all__ = ["Block", "Space", "Region", "State", "natural_key"]
+__all__ = ["Block", "Space", "Region", "State", "natural_key", "MAX_SIZE", "MAX_WORKER"]
 
 State = dict[str, np.ndarray]
 """A state of a space: one array per block name."""
 
 _DIGITS = re.compile(r"(\d+)")
+
+MAX_SIZE = 2**63 - 1
+"""The most entries a block (or a space, a tensor) may hold: flat positions are int64."""
+
+MAX_WORKER = 2**31 - 1
+"""The largest worker id: workers are MPI ranks, which are C ints."""
+
+
+def _is_integer(value: Any) -> bool:
+    """An int or numpy integer, but not a bool (True is not the extent 1)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _strict_index(value: Any) -> int:
+    """``operator.index(value)``, refusing bools (TypeError)."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError("a bool is not an integer here")
+    return operator.index(value)
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -94,20 +113,27 @@ class Block:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
-            raise TypeError(f"a block name must be a non-empty string, not {self.name!r}")
-        shape = (self.shape,) if isinstance(self.shape, (int, np.integer)) else self.shape
+            raise BlockError(f"a block name must be a non-empty string, not {self.name!r}")
+        shape = (self.shape,) if _is_integer(self.shape) or isinstance(self.shape, bool) else self.shape
         try:
-            shape = tuple(operator.index(n) for n in shape)
+            shape = tuple(_strict_index(n) for n in shape)
         except TypeError:
-            raise TypeError(
+            raise BlockError(
                 f"block {self.name!r}: shape must be a tuple of ints, not {self.shape!r}"
             ) from None
         if any(n < 0 for n in shape):
-            raise ValueError(f"block {self.name!r}: negative extent in shape {shape}")
+            raise BlockError(f"block {self.name!r}: negative extent in shape {shape}")
+        if math.prod(shape) > MAX_SIZE:
+            raise BlockError(
+                f"block {self.name!r}: shape {shape} has {math.prod(shape)} entries, more than int64 counts"
+            )
         object.__setattr__(self, "shape", shape)
-        worker = operator.index(self.worker)
-        if worker < 0:
-            raise ValueError(f"block {self.name!r}: worker must be >= 0, not {worker}")
+        try:
+            worker = _strict_index(self.worker)
+        except TypeError:
+            raise BlockError(f"block {self.name!r}: worker must be an int, not {self.worker!r}") from None
+        if not 0 <= worker <= MAX_WORKER:
+            raise BlockError(f"block {self.name!r}: worker must be in 0 .. {MAX_WORKER}, not {worker}")
         object.__setattr__(self, "worker", worker)
 
     @property
@@ -196,6 +222,8 @@ class Space:
             for b in self._blocks:
                 offsets[b.name] = total
                 total += b.size
+            if total > MAX_SIZE:
+                raise BlockError(f"the space's blocks hold {total} entries, more than int64 counts")
             self._offsets = offsets
         return self._offsets
 
@@ -236,7 +264,7 @@ class Space:
 
     def __getitem__(self, name: str) -> Region:
         block = self.block(name)
-        return Region(self, name, (0,) * block.ndim, block.shape)
+        return Region._checked(self, name, (0,) * block.ndim, block.shape, ())
 
     def __contains__(self, name: object) -> bool:
         return name in self._by_name
@@ -326,7 +354,13 @@ class Space:
         arrays: State = {}
         for name, block in self._by_name.items():
             value = state[name]
-            array = value if isinstance(value, np.ndarray) else np.asarray(value)
+            if isinstance(value, np.ndarray):
+                array = value
+            else:
+                try:
+                    array = np.asarray(value)
+                except (TypeError, ValueError) as error:
+                    raise StateError(f"block {name!r} is not an array ({error})") from None
             if array.shape != block.shape:
                 raise StateError(f"block {name!r} has shape {array.shape}, the space expects {block.shape}")
             arrays[name] = array
@@ -388,10 +422,11 @@ def _normalize_index(
 ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[bool, ...]]:
     """Turn a basic index into (start, stop, indexed by an integer) per dimension of ``shape``."""
     key = key if isinstance(key, tuple) else (key,)
-    if sum(k is Ellipsis for k in key) > 1:
+    ellipses = [i for i, k in enumerate(key) if k is Ellipsis]
+    if len(ellipses) > 1:
         raise RegionError(f"{what}: at most one Ellipsis in an index")
-    if Ellipsis in key:
-        at = key.index(Ellipsis)
+    if ellipses:
+        at = ellipses[0]
         fill = len(shape) - (len(key) - 1)
         key = key[:at] + (slice(None),) * max(fill, 0) + key[at + 1 :]
     if len(key) > len(shape):
@@ -400,7 +435,7 @@ def _normalize_index(
     starts, stops, integers = [], [], []
     for dim, (k, n) in enumerate(zip(key, shape)):
         if isinstance(k, slice):
-            if k.step not in (None, 1):
+            if k.step is not None and _int_index(k.step, what, dim) != 1:
                 raise RegionError(f"{what}: dimension {dim} has step {k.step}; regions are boxes with step 1")
             start = 0 if k.start is None else _int_index(k.start, what, dim)
             stop = n if k.stop is None else _int_index(k.stop, what, dim)
@@ -424,7 +459,7 @@ def _normalize_index(
 
 def _int_index(value: Any, what: str, dim: int) -> int:
     try:
-        return operator.index(value)
+        return _strict_index(value)
     except TypeError:
         raise RegionError(
             f"{what}: dimension {dim}: only integers and slices make a region, not {value!r}"
@@ -479,6 +514,56 @@ class Region:
     stop: tuple[int, ...]
     dropped: tuple[int, ...] = ()
 
+    def __post_init__(self) -> None:
+        """Validate a region built directly (indexing a space builds checked regions itself).
+
+        Raises
+        ------
+        RegionError
+            If the box is not inside the block (``0 <= start <= stop <= shape``), the corners
+            are not integers of the block's rank, or a dropped dimension is not of extent 1.
+        UnknownBlockError
+            If the space holds no block ``name``.
+        """
+        if not isinstance(self.space, Space):
+            raise RegionError(f"a region needs a Space, not {type(self.space).__name__}")
+        block = self.space.block(self.name)
+        what = f"region of block {self.name!r} {block.shape}"
+        corners = []
+        for label, corner in (("start", self.start), ("stop", self.stop), ("dropped", self.dropped)):
+            try:
+                corners.append(tuple(_strict_index(v) for v in corner))
+            except TypeError:
+                raise RegionError(f"{what}: {label} {corner!r} must be a tuple of ints") from None
+        start, stop, dropped = corners
+        if len(start) != block.ndim or len(stop) != block.ndim:
+            raise RegionError(f"{what}: start {start} and stop {stop} need {block.ndim} entries each")
+        for dim, (a, b, n) in enumerate(zip(start, stop, block.shape)):
+            if not 0 <= a <= b <= n:
+                raise RegionError(f"{what}: dimension {dim} range {a}:{b} is not inside 0:{n}")
+        if list(dropped) != sorted(set(dropped)) or any(
+            not 0 <= d < block.ndim or stop[d] - start[d] != 1 for d in dropped
+        ):
+            raise RegionError(
+                f"{what}: dropped dimensions {dropped} must be distinct, sorted and of extent 1"
+            )
+        object.__setattr__(self, "start", start)
+        object.__setattr__(self, "stop", stop)
+        object.__setattr__(self, "dropped", dropped)
+
+    @classmethod
+    def _checked(
+        cls, space: Space, name: str, start: tuple[int, ...], stop: tuple[int, ...], dropped: tuple[int, ...]
+    ) -> Region:
+        """A region whose fields the caller has already validated (no second check)."""
+        region = object.__new__(cls)
+        object.__setattr__(region, "space", space)
+        object.__setattr__(region, "name", name)
+        object.__setattr__(region, "start", start)
+        object.__setattr__(region, "stop", stop)
+        object.__setattr__(region, "dropped", dropped)
+        return region
+
     @property
     def block(self) -> Block:
         """The block that holds this region."""
@@ -497,7 +582,7 @@ class Region:
     @cached_property
     def size(self) -> int:
         """Number of entries in the box."""
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @cached_property
     def index(self) -> tuple[slice, ...]:
@@ -520,7 +605,9 @@ class Region:
             new_start[d], new_stop[d] = self.start[d] + a, self.start[d] + b
             if integer:
                 dropped.add(d)
-        return Region(self.space, self.name, tuple(new_start), tuple(new_stop), tuple(sorted(dropped)))
+        return Region._checked(
+            self.space, self.name, tuple(new_start), tuple(new_stop), tuple(sorted(dropped))
+        )
 
     def overlaps(self, other: Region) -> bool:
         """True when both regions share at least one entry."""
@@ -537,7 +624,7 @@ class Region:
             raise SpaceMismatchError(
                 f"region {self!r}: block {self.name!r} is {space.block(self.name)!r} in the target space"
             )
-        return Region(space, self.name, self.start, self.stop, self.dropped)
+        return Region._checked(space, self.name, self.start, self.stop, self.dropped)
 
     def flat_indices(self) -> np.ndarray:
         """Positions of the region's entries in the space's flattened state (C order)."""

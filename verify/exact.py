@@ -20,6 +20,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from linop import LinearOperator, Space
+from linop.errors import OperandError
 
 from ._text import short, space_problem
 from .locate import Location, locations
@@ -117,14 +118,15 @@ def _compare(
     difference = sp.coo_array(left.astype(dtype) - right.astype(dtype))
     difference.sum_duplicates()
     values = difference.data
-    nonzero = values != 0
+    nonzero = values != 0  # NaN differs from everything, itself included
     rows, cols, values = difference.row[nonzero], difference.col[nonzero], values[nonzero]
+    rows, cols, values = _drop_equal_infinities(left, right, rows, cols, values)
     exact = True
     max_error = float(np.abs(values).max()) if values.size else 0.0
     if values.size and not (_integer_valued(left.data) and _integer_valued(right.data)):
-        scale = max(float(np.abs(left.data).max(initial=0.0)), float(np.abs(right.data).max(initial=0.0)))
+        scale = max(_largest_finite(left.data), _largest_finite(right.data))
         allowed = ROUNDING_ULPS * np.finfo(dtype).eps * scale
-        significant = np.abs(values) > allowed
+        significant = ~(np.abs(values) <= allowed)  # a NaN or infinite difference is significant
         exact = False
         rows, cols = rows[significant], cols[significant]
     shape = f"{left.shape[0]}x{left.shape[1]} {dtype} matrices"
@@ -154,6 +156,27 @@ def _compare(
     return Proof(claim, False, detail, mismatches, int(rows.size), exact, max_error)
 
 
+def _drop_equal_infinities(
+    left: sp.csr_array, right: sp.csr_array, rows: np.ndarray, cols: np.ndarray, values: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Keep the differing entries, dropping those where both sides hold the same infinity
+    (their difference is NaN, yet the entries are equal)."""
+    nonfinite = np.flatnonzero(~np.isfinite(values))
+    if nonfinite.size == 0:
+        return rows, cols, values
+    a = np.asarray(left[rows[nonfinite], cols[nonfinite]]).ravel()
+    b = np.asarray(right[rows[nonfinite], cols[nonfinite]]).ravel()
+    keep = np.ones(values.size, dtype=bool)
+    keep[nonfinite[a == b]] = False
+    return rows[keep], cols[keep], values[keep]
+
+
+def _largest_finite(values: np.ndarray) -> float:
+    """The largest finite magnitude (0 if none): the scale of the rounding allowance."""
+    magnitudes = np.abs(values)
+    return float(magnitudes[np.isfinite(magnitudes)].max(initial=0.0))
+
+
 def _integer_valued(values: np.ndarray) -> bool:
     """Whether every value is an integer that floating point holds exactly (below 2**53),
     real and imaginary parts alike: such matrices are compared with no allowance."""
@@ -161,6 +184,11 @@ def _integer_valued(values: np.ndarray) -> bool:
         return True
     parts = (values.real, values.imag) if values.dtype.kind == "c" else (values,)
     return all(bool(np.all((part == np.round(part)) & (np.abs(part) < 2.0**53))) for part in parts)
+
+
+def _require_operator(value: object, what: str) -> None:
+    if not isinstance(value, LinearOperator):
+        raise OperandError(f"{what} must be a LinearOperator, not {type(value).__name__}")
 
 
 def _scalar(value: object) -> complex | float | int:
@@ -190,6 +218,7 @@ def exact_adjoint(op: LinearOperator) -> Proof:
     >>> bool(exact_adjoint(Copy(space["x"], space["y"])))
     True
     """
+    _require_operator(op, "exact_adjoint: op")
     adjoint = op.H
     claim = f"{short(op)}: op.H == conj(op)^T"
     problem = space_problem("op.H's domain is not op's range", adjoint.domain, op.range) or space_problem(
@@ -227,6 +256,8 @@ def equal(a: LinearOperator, b: LinearOperator) -> Proof:
         differing entries as row (a block and index of the range) and column (a block and
         index of the domain) with the value of ``a`` and of ``b`` there.
     """
+    _require_operator(a, "equal: the left operand")
+    _require_operator(b, "equal: the right operand")
     claim = f"{short(a)} == {short(b)}"
     problem = space_problem("domains differ", a.domain, b.domain) or space_problem(
         "ranges differ", a.range, b.range

@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from linop import LinearOperator, Space
+from linop.errors import OperandError
 
 from ._text import short, space_problem
 from .errors import CheckOptionError
@@ -99,6 +100,26 @@ class AdjointTestResult(Verdict):
         return text + (f"; {self.detail})" if self.detail and not self.passed else ")")
 
 
+def _require_operator(value: object, what: str) -> None:
+    if not isinstance(value, LinearOperator):
+        raise OperandError(f"{what} must be a LinearOperator, not {type(value).__name__}")
+
+
+def _checked_options(test: str, dtype: npt.DTypeLike, trials: object) -> np.dtype:
+    """The dtype of a check's states, after validating it and the number of trials."""
+    try:
+        dtype = np.dtype(dtype)
+    except (TypeError, ValueError):
+        raise CheckOptionError(f"{test}: {dtype!r} is not a dtype") from None
+    if dtype.kind not in "fc":
+        raise CheckOptionError(f"{test} needs a real or complex floating dtype, not {dtype}")
+    if isinstance(trials, bool) or not isinstance(trials, (int, np.integer)):
+        raise CheckOptionError(f"{test}: trials must be an int, not {trials!r}")
+    if trials < 1:
+        raise CheckOptionError(f"trials must be at least 1, not {trials}")
+    return dtype
+
+
 def _norm(space: Space, state: dict) -> float:
     return float(np.sqrt(abs(space.inner(state, state))))
 
@@ -146,11 +167,8 @@ def adjoint_test(
         If ``dtype`` is not a floating dtype or ``trials`` is below 1 (a
         :class:`~linop.LinopError`, also a TypeError and a ValueError).
     """
-    dtype = np.dtype(dtype)
-    if dtype.kind not in "fc":
-        raise CheckOptionError(f"the adjoint test needs a real or complex floating dtype, not {dtype}")
-    if trials < 1:
-        raise CheckOptionError(f"trials must be at least 1, not {trials}")
+    _require_operator(op, "adjoint_test: op")
+    dtype = _checked_options("the adjoint test", dtype, trials)
     rng = np.random.default_rng(0 if rng is None else rng)
     adjoint = op.H
     claim = f"adjoint test of {short(op)}"
@@ -221,11 +239,9 @@ def numeric_equal(
     CheckOptionError
         As for :func:`adjoint_test`.
     """
-    dtype = np.dtype(dtype)
-    if dtype.kind not in "fc":
-        raise CheckOptionError(f"the numeric test needs a real or complex floating dtype, not {dtype}")
-    if trials < 1:
-        raise CheckOptionError(f"trials must be at least 1, not {trials}")
+    _require_operator(a, "numeric_equal: the left operand")
+    _require_operator(b, "numeric_equal: the right operand")
+    dtype = _checked_options("the numeric test", dtype, trials)
     rng = np.random.default_rng(0 if rng is None else rng)
     claim = f"{short(a)} == {short(b)} numerically"
     limit = threshold_for(dtype, max(a.domain.size, a.range.size)) if threshold is None else threshold

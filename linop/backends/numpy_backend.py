@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from .. import dispatch
+from .. import dispatch, dtypes
 from ..errors import StateError
 from ..movement import Copy, CopyAdjoint, Move
 from ..operator import Composition, Identity, LinearOperator, Scaled, Sum, Zero
@@ -116,11 +116,11 @@ def apply(
     if library is not None:  # torch, jax, ... arrays: viewed as numpy here, same library out
         return array_api.apply(op, state, library, apply, inplace=inplace, dtype=dtype)
     arrays = op.domain.check_state(state)
+    run_arrays, dtype, cast = dtypes.prepare_numpy(op, arrays, dtype)  # docs/theory.md#dtypes
     if dtype is None:
-        dtype = np.result_type(*arrays.values()) if arrays else np.dtype(np.float64)
-    dtype = np.dtype(dtype)
+        dtype = np.result_type(*run_arrays.values()) if arrays else np.dtype(np.float64)
     if not inplace:
-        work = Workspace(dict(arrays), set(), dtype)
+        work = Workspace(run_arrays, set(), dtype)
         run(op, work)
         result: State = {}
         for name in op.range.names:
@@ -141,8 +141,10 @@ def apply(
             f"in-place application needs separate memory per block; blocks {shared[0]!r} and "
             f"{shared[1]!r} share entries"
         )
-    work = Workspace(dict(arrays), set(arrays), dtype)
+    work = Workspace(run_arrays, set(arrays), dtype)
     run(op, work)
+    if cast is not None:
+        dtypes.fit_back(work.arrays, arrays)
     write_back(arrays, work)
     return state  # type: ignore[return-value]
 

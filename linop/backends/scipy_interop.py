@@ -6,7 +6,10 @@ import numpy as np
 import numpy.typing as npt
 import scipy.sparse.linalg as spla
 
+from .. import dtypes
+from ..errors import OperandError, StateError
 from ..operator import LinearOperator
+from ..space import Space
 
 __all__ = ["aslinearoperator"]
 
@@ -23,12 +26,38 @@ def aslinearoperator(op: LinearOperator, dtype: npt.DTypeLike = np.float64) -> s
     dtype : dtype
         The dtype scipy reports for the operator (it must be given: trees hold no data).
     """
-    adjoint = op.H
+    if not isinstance(op, LinearOperator):
+        raise OperandError(f"aslinearoperator: op must be a LinearOperator, not {type(op).__name__}")
+    return _Wrapped(op, dtypes.check_requested(dtype, what="aslinearoperator: dtype"))
 
-    def matvec(vector: np.ndarray) -> np.ndarray:
-        return op.range.flatten(op(op.domain.unflatten(np.ravel(vector))))
 
-    def rmatvec(vector: np.ndarray) -> np.ndarray:
-        return op.domain.flatten(adjoint(op.range.unflatten(np.ravel(vector))))
+class _Wrapped(spla.LinearOperator):
+    """A linop operator seen by scipy; vectors of the wrong length get a StateError naming
+    the space (scipy's own check says only "dimension mismatch")."""
 
-    return spla.LinearOperator(op.shape, matvec=matvec, rmatvec=rmatvec, dtype=np.dtype(dtype))
+    def __init__(self, op: LinearOperator, dtype: np.dtype) -> None:
+        self.op, self.adjoint_op = op, op.H
+        super().__init__(dtype=dtype, shape=op.shape)
+
+    @staticmethod
+    def _length(vector: object, space: Space, what: str) -> np.ndarray:
+        array = np.asarray(vector)
+        if array.ndim > 2 or array.size != space.size or (array.ndim == 2 and array.shape[1] != 1):
+            raise StateError(
+                f"{what} needs a vector of length {space.size} (the space {space}), got shape {array.shape}"
+            )
+        return array
+
+    def matvec(self, x: object) -> np.ndarray:
+        return super().matvec(self._length(x, self.op.domain, "matvec"))
+
+    def rmatvec(self, x: object) -> np.ndarray:
+        return super().rmatvec(self._length(x, self.op.range, "rmatvec"))
+
+    def _matvec(self, x: np.ndarray) -> np.ndarray:
+        op = self.op
+        return op.range.flatten(op(op.domain.unflatten(np.ravel(x))))
+
+    def _rmatvec(self, x: np.ndarray) -> np.ndarray:
+        op = self.adjoint_op
+        return op.range.flatten(op(op.domain.unflatten(np.ravel(x))))

@@ -16,7 +16,8 @@ import numpy as np
 import numpy.typing as npt
 import scipy.sparse as sp
 
-from .. import dispatch
+from .. import dispatch, dtypes
+from ..errors import DtypeError
 from ..movement import Copy, CopyAdjoint, Move
 from ..operator import Composition, Identity, LinearOperator, Scaled, Sum, Zero
 from ..primitives import Add, Allocate, Clear, Deallocate
@@ -42,10 +43,33 @@ def handler(node_type: type) -> Callable[[H], H]:
 
 
 def to_sparse(op: LinearOperator, dtype: npt.DTypeLike | None = None) -> sp.csr_array:
-    """The matrix of ``op`` as CSR, shape (range.size, domain.size)."""
-    matrix = matrix_of(op)
+    """The matrix of ``op`` as CSR, shape (range.size, domain.size).
+
+    ``dtype`` converts the entries (``docs/theory.md#dtypes``); a conversion that would change
+    an entry (a non-integer or too large entry to an integer dtype, complex to real) is refused.
+
+    Raises
+    ------
+    DtypeError
+        If ``dtype`` is not a numeric dtype scipy.sparse holds, or the entries do not fit it.
+    """
     if dtype is not None:
-        matrix = matrix.astype(dtype)
+        dtype = dtypes.check_requested(dtype, what="to_sparse: dtype")
+    matrix = matrix_of(op)
+    if dtype is not None and dtype != matrix.dtype:
+        try:
+            converted = matrix.astype(dtype)
+        except (TypeError, ValueError) as error:
+            raise DtypeError(f"to_sparse: scipy.sparse cannot hold dtype {dtype} ({error})") from None
+        if dtype.kind in "iu" or (matrix.dtype.kind == "c" and dtype.kind != "c"):
+            with np.errstate(invalid="ignore", over="ignore"):
+                changed = (converted.astype(matrix.dtype) - matrix).count_nonzero()
+            if changed:
+                raise DtypeError(
+                    f"to_sparse: the matrix of {op} has {matrix.dtype} entries that dtype {dtype} "
+                    "cannot hold exactly"
+                )
+        matrix = converted
     return matrix
 
 
