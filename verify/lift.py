@@ -1,0 +1,440 @@
+r"""Prove another framework's backward pass: lift a black-box linear map into an operator.
+
+A framework's function :math:`f` (a numpy callable, a torch function or
+``torch.autograd.Function``, a JAX function) and the backward it claims, :math:`g` (its
+autograd backward / VJP, or a second callable), are *probed* with unit vectors, in batches:
+column :math:`j` of :math:`F` is :math:`f(e_j)` and column :math:`i` of :math:`G` is
+:math:`g(e_i)`. For data movement every entry is 0 or 1 (small integers for sums), computed
+exactly in floating point, so both matrices are stored as integers and compared exactly. The
+result is a :class:`Lifted` operator over named blocks,
+
+.. math::
+
+    \mathcal{L} : x \mapsto F x, \qquad \mathcal{L}^{*} : y \mapsto G y
+    \quad(\text{the claimed adjoint, not derived}),
+
+which composes with linop trees like any node. ``verify.exact_adjoint(lifted)`` then proves
+:math:`G = F^{H}` or refutes it, naming the first wrong entries as (block, index) pairs: a row
+is an entry of the function's input, a column an entry of its output
+(``docs/theory.md#adjoint-test``). :func:`prove_backward` does both steps.
+
+Probing assumes :math:`f` is linear; the lift checks that claim on a random integer state
+(:math:`f(x) = F x`, exactly when the entries are integers) and raises :class:`LiftError`
+when it fails, naming the entry.
+
+Conventions for the callables: they take the domain's blocks as positional arrays in the
+domain's order, and return one array (a range of one block), a tuple or list in the range's
+order, or a dict keyed by the range's block names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import scipy.sparse as sp
+
+from linop import Block, LinearOperator, LinopError, Space
+from linop.backends import numpy_backend, sparse_backend
+
+from .exact import Proof, exact_adjoint
+from .locate import locate
+
+__all__ = ["FRAMEWORKS", "LiftError", "Lifted", "lift", "prove_backward", "probe"]
+
+FRAMEWORKS = ("numpy", "torch", "jax")
+"""The frameworks whose functions :func:`lift` can call (and whose autodiff it can probe)."""
+
+
+class LiftError(LinopError, ValueError):
+    """A function cannot be lifted: it is not linear, returns the wrong blocks or shapes, or
+    its framework has no backward to probe."""
+
+
+def _digest(matrix: sp.csr_array) -> str:
+    matrix = sp.csr_array(matrix)
+    matrix.sort_indices()
+    h = hashlib.blake2b(digest_size=16)
+    for part in (np.asarray(matrix.shape), matrix.indptr, matrix.indices, matrix.data):
+        h.update(np.ascontiguousarray(part).tobytes())
+    h.update(str(matrix.dtype).encode())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True, eq=False)
+class Lifted(LinearOperator):
+    """A linear map known by its probed matrix, with a claimed adjoint known likewise.
+
+    Parameters
+    ----------
+    domain, range : Space
+    matrix : scipy.sparse array, shape (range.size, domain.size)
+        :math:`F` over the canonical flattenings.
+    claimed : scipy.sparse array, shape (domain.size, range.size)
+        :math:`G`, the claimed adjoint (what :meth:`adjoint` applies): it is *not* derived,
+        which is the point: ``verify.exact_adjoint`` checks it.
+    label : str
+        The name shown in trees (``"torch.roll"``).
+
+    Equality is structural (spaces, label and the two matrices' content digests), so
+    ``L.H.H == L``.
+    """
+
+    domain: Space
+    range: Space
+    matrix: sp.csr_array = field(repr=False)
+    claimed: sp.csr_array = field(repr=False)
+    label: str = "f"
+    adjoint_of: bool = False
+
+    def __post_init__(self) -> None:
+        if self.matrix.shape != (self.range.size, self.domain.size):
+            raise LiftError(
+                f"{self.label}: matrix shape {self.matrix.shape} is not (range size, domain size) "
+                f"= {(self.range.size, self.domain.size)}"
+            )
+        if self.claimed.shape != (self.domain.size, self.range.size):
+            raise LiftError(
+                f"{self.label}: claimed adjoint shape {self.claimed.shape} is not (domain size, range "
+                f"size) = {(self.domain.size, self.range.size)}"
+            )
+
+    @cached_property
+    def _key(self) -> tuple[Any, ...]:
+        return (
+            self.domain,
+            self.range,
+            self.label,
+            self.adjoint_of,
+            _digest(self.matrix),
+            _digest(self.claimed),
+        )
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Lifted) and self._key == other._key
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def adjoint(self) -> Lifted:
+        """The claimed adjoint: the lifted backward, whose own adjoint is the forward again."""
+        return Lifted(self.range, self.domain, self.claimed, self.matrix, self.label, not self.adjoint_of)
+
+    def __str__(self) -> str:
+        return f"Lifted[{self.label}]" + ("*" if self.adjoint_of else "")
+
+
+@numpy_backend.handler(Lifted)
+def _numpy_lifted(op: Lifted, work: numpy_backend.Workspace) -> None:
+    vector = op.domain.flatten({b.name: work.arrays[b.name] for b in op.domain})
+    result = op.range.unflatten(np.asarray(op.matrix @ vector))
+    work.arrays.clear()
+    work.owned.clear()
+    for name, array in result.items():
+        work.set(name, np.asarray(array))
+
+
+@sparse_backend.handler(Lifted)
+def _sparse_lifted(op: Lifted) -> sp.csr_array:
+    return sp.csr_array(op.matrix)
+
+
+# -- calling the black box -------------------------------------------------------------------
+Batch = Callable[[np.ndarray], np.ndarray]
+"""Applies a map to a batch of flat vectors: (B, n) -> (B, m)."""
+
+
+def _as_space(space: Space | Mapping[str, Sequence[int]]) -> Space:
+    if isinstance(space, Space):
+        return space
+    return Space([Block(name, tuple(shape)) for name, shape in space.items()])
+
+
+def _outputs(
+    result: Any, space: Space, label: str, to_numpy: Callable[[Any], np.ndarray]
+) -> list[np.ndarray]:
+    """The function's result as numpy arrays in ``space``'s order, checked block by block."""
+    names = space.names
+    if isinstance(result, Mapping):
+        missing = [n for n in names if n not in result]
+        if missing or len(result) != len(names):
+            raise LiftError(f"{label} returned blocks {sorted(result)}; the space holds {list(names)}")
+        values = [result[n] for n in names]
+    elif isinstance(result, tuple | list):
+        values = list(result)
+    else:
+        values = [result]
+    if len(values) != len(names):
+        raise LiftError(
+            f"{label} returned {len(values)} array(s); the space holds {len(names)} block(s) {list(names)}"
+        )
+    arrays = [to_numpy(v) for v in values]
+    for name, array in zip(names, arrays):
+        if array.shape != space.block(name).shape:
+            raise LiftError(
+                f"{label} returned shape {array.shape} for block {name!r}; the space expects "
+                f"{space.block(name).shape}"
+            )
+    return arrays
+
+
+def _numpy_batch(fn: Callable[..., Any], inside: Space, outside: Space, label: str) -> Batch:
+    def run(vectors: np.ndarray) -> np.ndarray:
+        rows = []
+        for vector in vectors:
+            state = inside.unflatten(vector)
+            arrays = _outputs(fn(*(state[n] for n in inside.names)), outside, label, np.asarray)
+            rows.append(outside.flatten(dict(zip(outside.names, arrays))))
+        return np.stack(rows) if rows else np.zeros((0, outside.size))
+
+    return run
+
+
+def _blocks_of(vectors: np.ndarray, space: Space) -> list[np.ndarray]:
+    """A batch of flat vectors (B, n) as one batched array (B, *shape) per block."""
+    return [
+        vectors[:, space.offset(b.name) : space.offset(b.name) + b.size].reshape((len(vectors), *b.shape))
+        for b in space
+    ]
+
+
+def _flat_of(blocks: Sequence[np.ndarray], space: Space, count: int) -> np.ndarray:
+    return (
+        np.concatenate([np.reshape(a, (count, -1)) for a in blocks], axis=1)
+        if blocks
+        else np.zeros((count, 0))
+    )
+
+
+def _torch_batches(
+    fn: Callable[..., Any], domain: Space, range_: Space, label: str, adjoint: Callable[..., Any] | None
+) -> tuple[Batch, Batch]:
+    import torch
+
+    def to_numpy(value: Any) -> np.ndarray:
+        if not isinstance(value, torch.Tensor):
+            raise LiftError(f"{label} returned a {type(value).__name__}, not a torch tensor")
+        return value.detach().cpu().resolve_conj().resolve_neg().numpy()
+
+    def looped(call: Callable[..., Any], inside: Space, outside: Space, name: str) -> Batch:
+        def run(vectors: np.ndarray) -> np.ndarray:
+            rows = []
+            for vector in vectors:
+                state = inside.unflatten(vector)
+                result = call(*(torch.from_numpy(np.array(state[n])) for n in inside.names))
+                arrays = _outputs(result, outside, name, to_numpy)
+                rows.append(outside.flatten(dict(zip(outside.names, arrays))))
+            return np.stack(rows) if rows else np.zeros((0, outside.size))
+
+        return run
+
+    def vmapped(call: Callable[..., Any], inside: Space, outside: Space, name: str) -> Batch:
+        loop = looped(call, inside, outside, name)
+
+        def run(vectors: np.ndarray) -> np.ndarray:
+            try:
+                batched = [torch.from_numpy(np.ascontiguousarray(a)) for a in _blocks_of(vectors, inside)]
+                result = torch.func.vmap(call)(*batched)
+            except Exception:  # not vmap-able (a custom autograd.Function, data-dependent code)
+                return loop(vectors)
+            values = [result[n] for n in outside.names] if isinstance(result, Mapping) else result
+            values = list(values) if isinstance(values, tuple | list) else [values]
+            if len(values) != len(outside.names):
+                return loop(vectors)
+            return _flat_of([to_numpy(v) for v in values], outside, len(vectors))
+
+        return run
+
+    forward = vmapped(fn, domain, range_, label)
+    if adjoint is not None:
+        return forward, vmapped(adjoint, range_, domain, f"the adjoint of {label}")
+
+    def backward(vectors: np.ndarray) -> np.ndarray:
+        """The autograd backward at 0 (the map is linear, so at any point), one cotangent
+        after another."""
+        rows = []
+        for vector in vectors:
+            inputs = [torch.zeros(b.shape, dtype=torch.float64, requires_grad=True) for b in domain]
+            outputs = fn(*inputs)
+            values = [outputs[n] for n in range_.names] if isinstance(outputs, Mapping) else outputs
+            values = list(values) if isinstance(values, tuple | list) else [values]
+            state = range_.unflatten(vector)
+            cotangents = [
+                torch.from_numpy(np.array(state[n])).to(v.dtype) for n, v in zip(range_.names, values)
+            ]
+            grads = torch.autograd.grad(values, inputs, cotangents, allow_unused=True)
+            arrays = [np.zeros(b.shape) if g is None else to_numpy(g) for b, g in zip(domain, grads)]
+            rows.append(domain.flatten(dict(zip(domain.names, arrays))))
+        return np.stack(rows) if rows else np.zeros((0, domain.size))
+
+    return forward, backward
+
+
+def _jax_batches(
+    fn: Callable[..., Any], domain: Space, range_: Space, label: str, adjoint: Callable[..., Any] | None
+) -> tuple[Batch, Batch]:
+    import jax
+    import jax.numpy as jnp
+
+    def as_tuple(result: Any, outside: Space) -> tuple[Any, ...]:
+        if isinstance(result, Mapping):
+            return tuple(result[n] for n in outside.names)
+        return tuple(result) if isinstance(result, tuple | list) else (result,)
+
+    def batched(call: Callable[..., Any], inside: Space, outside: Space, name: str) -> Batch:
+        mapped = jax.vmap(lambda *xs: as_tuple(call(*xs), outside))
+
+        def run(vectors: np.ndarray) -> np.ndarray:
+            values = mapped(*(jnp.asarray(a) for a in _blocks_of(vectors, inside)))
+            if len(values) != len(outside.names):
+                raise LiftError(
+                    f"{name} returned {len(values)} array(s); the space holds {list(outside.names)}"
+                )
+            for block, value in zip(outside, values):
+                if tuple(value.shape[1:]) != block.shape:
+                    raise LiftError(
+                        f"{name} returned shape {tuple(value.shape[1:])} for block {block.name!r}; the space "
+                        f"expects {block.shape}"
+                    )
+            return _flat_of([np.asarray(v) for v in values], outside, len(vectors))
+
+        return run
+
+    forward = batched(fn, domain, range_, label)
+    if adjoint is not None:
+        return forward, batched(adjoint, range_, domain, f"the adjoint of {label}")
+    zeros = tuple(jnp.zeros(b.shape) for b in domain)
+    _, vjp = jax.vjp(lambda *xs: as_tuple(fn(*xs), range_), *zeros)
+    mapped_vjp = jax.vmap(lambda *cts: vjp(tuple(cts)))
+
+    def backward(vectors: np.ndarray) -> np.ndarray:
+        grads = mapped_vjp(*(jnp.asarray(a) for a in _blocks_of(vectors, range_)))
+        return _flat_of([np.asarray(g) for g in grads], domain, len(vectors))
+
+    return forward, backward
+
+
+def probe(
+    apply_batch: Batch, size_in: int, size_out: int, *, batch: int = 256, dtype: npt.DTypeLike = np.float64
+) -> sp.csr_array:
+    """The matrix of a linear map by probing: column ``j`` is the map of the unit vector
+    ``e_j``, ``batch`` columns per call. Integer-valued matrices (data movement) are returned as
+    int64, so that the proof compares them exactly."""
+    columns = []
+    for start in range(0, size_in, batch):
+        stop = min(size_in, start + batch)
+        units = np.zeros((stop - start, size_in), dtype=dtype)
+        units[np.arange(stop - start), np.arange(start, stop)] = 1
+        images = np.asarray(apply_batch(units))
+        if images.shape != (stop - start, size_out):
+            raise LiftError(
+                f"probing gave images of shape {images.shape}, expected {(stop - start, size_out)}"
+            )
+        columns.append(sp.csr_array(images.T))
+    matrix = sp.csr_array(sp.hstack(columns)) if columns else sp.csr_array((size_out, size_in), dtype=dtype)
+    matrix.eliminate_zeros()
+    data = matrix.data
+    if data.dtype.kind == "c" and not np.any(data.imag):
+        matrix = matrix.real
+        data = matrix.data
+    if data.dtype.kind == "f" and np.all(data == np.round(data)) and np.all(np.abs(data) < 2.0**53):
+        matrix = matrix.astype(np.int64)
+    return matrix
+
+
+def _check_linear(
+    apply_batch: Batch, matrix: sp.csr_array, inside: Space, outside: Space, label: str
+) -> None:
+    """f(x) == F x on a random integer state (exactly, for integer F)."""
+    if inside.size == 0:
+        return
+    x = np.random.default_rng(12345).integers(-9, 10, size=inside.size).astype(np.float64)
+    got = np.asarray(apply_batch(x[None, :]))[0]
+    want = matrix @ x
+    tolerance = 0.0 if matrix.dtype.kind in "iu" else 1e-9 * max(1.0, float(np.abs(want).max(initial=0)))
+    wrong = np.flatnonzero(np.abs(got - want) > tolerance)
+    if wrong.size:
+        where = locate(outside, int(wrong[0]))
+        raise LiftError(
+            f"{label} is not linear: on a random integer state its output at {where} is "
+            f"{got[wrong[0]]:g}, the probed matrix gives {want[wrong[0]]:g} ({wrong.size} entries differ)"
+        )
+
+
+def lift(
+    forward: Callable[..., Any],
+    domain: Space | Mapping[str, Sequence[int]],
+    range: Space | Mapping[str, Sequence[int]],
+    *,
+    adjoint: Callable[..., Any] | None = None,
+    framework: str = "numpy",
+    batch: int = 256,
+    label: str | None = None,
+    check_linear: bool = True,
+) -> Lifted:
+    """Lift a black-box linear map and its claimed adjoint into a :class:`Lifted` operator.
+
+    Parameters
+    ----------
+    forward : callable
+        The linear map: positional arrays in ``domain`` order -> array(s) in ``range`` order
+        (or a dict by range block names).
+    domain, range : Space or dict of name to shape
+        The named blocks of its input and output (a dict gives blocks on worker 0).
+    adjoint : callable, optional
+        The claimed adjoint, range -> domain, in the same conventions. Default: the
+        framework's own backward (``torch.autograd.grad``, ``jax.vjp``); required for numpy.
+    framework : {"numpy", "torch", "jax"}
+        What the callables take and return. Torch and JAX callables are probed in batches
+        (``torch.func.vmap`` / ``jax.vmap``, falling back to one probe at a time for what
+        does not vectorize, such as a custom ``autograd.Function``).
+    batch : int
+        Unit vectors per call.
+    label : str, optional
+        The name shown in trees and proofs (default the callable's name).
+    check_linear : bool
+        Check ``f(x) == F x`` on a random integer state (default True).
+
+    Raises
+    ------
+    LiftError
+        When the map is not linear, returns the wrong blocks or shapes, or numpy is given no
+        adjoint.
+    """
+    domain, range_ = _as_space(domain), _as_space(range)
+    label = label or getattr(forward, "__qualname__", None) or type(forward).__name__
+    if framework not in FRAMEWORKS:
+        raise LiftError(f"unknown framework {framework!r}; expected one of {FRAMEWORKS}")
+    if framework == "numpy":
+        if adjoint is None:
+            raise LiftError(f"{label}: a numpy callable has no backward of its own; pass adjoint=")
+        apply_forward = _numpy_batch(forward, domain, range_, label)
+        apply_adjoint = _numpy_batch(adjoint, range_, domain, f"the adjoint of {label}")
+    elif framework == "torch":
+        apply_forward, apply_adjoint = _torch_batches(forward, domain, range_, label, adjoint)
+    else:
+        apply_forward, apply_adjoint = _jax_batches(forward, domain, range_, label, adjoint)
+    matrix = probe(apply_forward, domain.size, range_.size, batch=batch)
+    claimed = probe(apply_adjoint, range_.size, domain.size, batch=batch)
+    if check_linear:
+        _check_linear(apply_forward, matrix, domain, range_, label)
+        _check_linear(apply_adjoint, claimed, range_, domain, f"the adjoint of {label}")
+    return Lifted(domain, range_, matrix, claimed, label)
+
+
+def prove_backward(
+    forward: Callable[..., Any],
+    domain: Space | Mapping[str, Sequence[int]],
+    range: Space | Mapping[str, Sequence[int]],
+    **options: Any,
+) -> Proof:
+    """Lift ``forward`` with its claimed adjoint (:func:`lift`, same options) and prove the
+    adjoint exactly: a :class:`~verify.exact.Proof` whose failure lists the first wrong
+    entries, each a row (block, index) of the function's input and a column (block, index) of
+    its output, with the claimed backward's value and the true adjoint's."""
+    return exact_adjoint(lift(forward, domain, range, **options))
