@@ -1,0 +1,28 @@
+"""Distributed layers as verified operator trees (docs/theory.md#layers).
+
+Each layer is a description holding its tensors and partitions, and builds two trees: one
+linear in the input for fixed parameters (``input_operator``; its adjoint is the input
+gradient) and one linear in the parameters for a fixed input (``parameter_operator``; its
+adjoint is the weight gradient). The trees are made of collectives, halo exchanges and
+:class:`~linop.local.LocalOperator` leaves running the numpy kernels of
+:mod:`linop.layers.kernels`, so every interpreter (numpy, sparse, MPI) runs them and
+``verify`` proves their adjoints.
+
+=======================  =============================================================
+layer                    tree (forward)
+=======================  =============================================================
+:class:`Convolution`     R_{P_w->P_y} L B_{P_x->P_w} H (feature, channel, general)
+:class:`AveragePool`     L_mean H
+:class:`MaxPoolJacobian` S_{x0} H (a selection: exact)
+:class:`Affine`          R_{P_w->P_y} L B_{P_x->P_w}
+=======================  =============================================================
+
+:mod:`linop.layers.dad` holds the outer-product gradient identity of dAD.
+"""
+
+from .affine import Affine
+from .base import LayerError
+from .conv import Convolution
+from .pooling import AveragePool, MaxPoolJacobian
+
+__all__ = ["Affine", "AveragePool", "Convolution", "LayerError", "MaxPoolJacobian"]

@@ -1,0 +1,238 @@
+r"""A distributed affine layer y = W x + b as operator trees (docs/theory.md#layers).
+
+W (F_out x F_in) lives on P_w = P_fo x P_fi, x (N x F_in) on P_x = 1 x P_fi, y (N x F_out) on
+P_y = 1 x P_fo, and the bias on the P_fo x 1 sub-partition of P_w (fi = 0):
+
+.. math::
+
+    \tilde x = B_{P_x \to P_w} x, \qquad \tilde y_j = \tilde x_j W_j^T \;(+\, b_j \text{ where }
+    fi = 0), \qquad y = R_{P_w \to P_y} \tilde y
+
+:meth:`Affine.input_operator` is ``R L_W B`` (x -> y, W fixed; its adjoint is the input
+gradient, the broadcast's adjoint summing over the output features) and
+:meth:`Affine.parameter_operator` is ``R L_x`` ((W, b) -> y, x fixed; its adjoint gives dW and
+db). The partial outputs are named ``yt[fi,fo]`` (the grid index reversed) so that y on
+1 x P_fo is a NumPy-style broadcast of them, reduced by a plain :class:`~linop.SumReduce`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..collectives import Broadcast, SumReduce
+from ..operator import Composition, Identity, LinearOperator
+from ..partition import DistributedTensor, Partition, grid_block_name
+from ..space import Block, Space
+from .base import (
+    LayerError,
+    LocalStep,
+    local_stage,
+    require_int,
+    require_partition,
+    require_shape,
+    require_tensor,
+    split,
+)
+
+__all__ = ["Affine"]
+
+
+def _input_kernels(weights: np.ndarray):
+    def forward(x: np.ndarray) -> np.ndarray:
+        return x @ weights.T
+
+    def adjoint(y: np.ndarray) -> np.ndarray:
+        return y @ weights.conj()
+
+    return forward, adjoint
+
+
+def _parameter_kernels(x: np.ndarray | None, label: str, with_bias: bool):
+    def fixed() -> np.ndarray:
+        if x is None:
+            raise LayerError(f"{label}: the input block of this worker was not given to parameter_operator")
+        return x
+
+    def forward(w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+        y = np.einsum("nf,...of->...no", fixed(), w)
+        return y + b[..., None, :] if with_bias else y  # type: ignore[index]
+
+    def adjoint(y: np.ndarray):
+        dw = np.einsum("nf,...no->...of", fixed().conj(), y)
+        return (dw, y.sum(axis=-2)) if with_bias else dw
+
+    return forward, adjoint
+
+
+class Affine:
+    r"""A distributed affine layer :math:`y = W x + b` (rows of x are samples).
+
+    Parameters
+    ----------
+    x : DistributedTensor
+        Input (N, F_in) on P_x = 1 x P_fi.
+    out_features : int
+        F_out.
+    workers : Partition, optional
+        P_w = P_fo x P_fi; default 1 x P_fi on x's workers.
+    output : Partition, optional
+        P_y = 1 x P_fo; default the workers of P_w with fi = 0.
+    bias : bool, optional
+        Whether the parameter tree has a bias (on P_w's fi = 0 workers).
+    name : str, optional
+        Output name; the weights are ``name + "_w"`` and the bias ``name + "_b"``.
+
+    Raises
+    ------
+    LayerError
+        If x is not 2-D, its samples are partitioned, a partition has the wrong rank or shape,
+        or features do not divide over their workers.
+    """
+
+    def __init__(
+        self,
+        x: DistributedTensor,
+        out_features: int,
+        *,
+        workers: Partition | None = None,
+        output: Partition | None = None,
+        bias: bool = True,
+        name: str = "y",
+    ) -> None:
+        layer = "Affine"
+        self.x = require_tensor(layer, "x", x)
+        if x.ndim != 2:
+            raise LayerError(f"{layer}: x must be 2-D (samples, features), not of shape {x.global_shape}")
+        require_partition(layer, "x's partition", x.partition, 2)
+        if x.partition.shape[0] != 1:
+            raise LayerError(f"{layer}: x's samples must not be partitioned: partition {x.partition.shape}")
+        p_fi = x.partition.shape[1]
+        if workers is None:
+            workers = Partition((1, p_fi), x.partition.workers)
+        pw = require_partition(layer, "work partition P_w", workers, 2)
+        if pw.shape[1] != p_fi:
+            raise LayerError(
+                f"{layer}: work partition P_w {pw.shape} must be P_fo x {p_fi} to match x's {x.partition.shape}"
+            )
+        p_fo = pw.shape[0]
+        self.out_features = require_int(layer, "out_features", out_features)
+        self.fi_share = split(layer, "input features", x.global_shape[1], p_fi)
+        self.fo_share = split(layer, "output features", self.out_features, p_fo)
+        if output is None:
+            output = Partition((1, p_fo), tuple(pw.worker((fo, 0)) for fo in range(p_fo)))
+        py = require_partition(layer, "output partition P_y", output, 2)
+        if py.shape != (1, p_fo):
+            raise LayerError(f"{layer}: output partition P_y {py.shape} must be {(1, p_fo)}")
+        self.work, self.p_fo, self.p_fi = pw, p_fo, p_fi
+        self.y = DistributedTensor(name, (x.global_shape[0], self.out_features), py)
+        self.weights = DistributedTensor(f"{name}_w", (self.out_features, x.global_shape[1]), pw)
+        self.bias = (
+            DistributedTensor(
+                f"{name}_b",
+                (self.out_features,),
+                Partition((p_fo,), tuple(pw.worker((fo, 0)) for fo in range(p_fo))),
+            )
+            if bias
+            else None
+        )
+        self.broadcasts_input = not (
+            p_fo == 1 and all(pw.worker((0, fi)) == x.partition.worker((0, fi)) for fi in range(p_fi))
+        )
+        self.reduces_output = not (
+            p_fi == 1 and all(pw.worker((fo, 0)) == py.worker((0, fo)) for fo in range(p_fo))
+        )
+
+    def input_name(self, j) -> str:
+        """The name of the input block worker ``P_w[j]`` multiplies."""
+        return grid_block_name("xt", j) if self.broadcasts_input else self.x.block_name((0, j[1]))
+
+    def partial_name(self, j) -> str:
+        """The name of worker ``P_w[j]``'s partial output."""
+        return grid_block_name("yt", (j[1], j[0])) if self.reduces_output else self.y.block_name((0, j[0]))
+
+    def _partial(self, j) -> Block:
+        return Block(self.partial_name(j), (self.x.global_shape[0], self.fo_share), self.work.worker(j))
+
+    @property
+    def window_operator(self) -> LinearOperator:
+        r"""The data movement x -> its copies on P_w, :math:`B_{P_x \to P_w}`."""
+        if not self.broadcasts_input:
+            return Identity(self.x.space)
+        return Broadcast(self.x, self.work, "xt")
+
+    def _reduction(self, space: Space) -> LinearOperator | None:
+        if not self.reduces_output:
+            return None
+        partials = Partition(
+            (self.p_fi, self.p_fo),
+            tuple(self.work.worker((fo, fi)) for fi in range(self.p_fi) for fo in range(self.p_fo)),
+        )
+        return SumReduce(
+            self.y, partials, "yt", others=Space(b for b in space if not b.name.startswith("yt["))
+        )
+
+    def input_operator(self, weights: Any) -> LinearOperator:
+        """The layer as a linear operator of x for fixed ``weights`` (F_out, F_in), no bias.
+
+        Raises
+        ------
+        LayerError
+            If ``weights`` has the wrong shape.
+        """
+        weights = require_shape("Affine", "weights", weights, self.weights.global_shape)
+        moving = self.window_operator
+        steps = []
+        for j in self.work.indices():
+            fo, fi = j
+            part = np.array(
+                weights[
+                    fo * self.fo_share : (fo + 1) * self.fo_share,
+                    fi * self.fi_share : (fi + 1) * self.fi_share,
+                ]
+            )
+            part.flags.writeable = False
+            forward, adjoint = _input_kernels(part)
+            steps.append(
+                LocalStep(
+                    (self.input_name(j),), (self._partial(j),), forward, adjoint, grid_block_name("affine", j)
+                )
+            )
+        local = local_stage(moving.range, steps)
+        tree = local @ moving
+        reduce = self._reduction(local.range)
+        return tree if reduce is None else reduce @ tree
+
+    @property
+    def parameter_space(self) -> Space:
+        """The domain of :meth:`parameter_operator`: the weights (and the bias)."""
+        return Space((*self.weights.blocks, *(self.bias.blocks if self.bias is not None else ())))
+
+    def parameter_operator(self, inputs: Mapping[str, Any]) -> LinearOperator:
+        """The layer as a linear operator of (W, b) for a fixed x, given by its copies on P_w
+        (``window_operator(x)``; under MPI the blocks a rank holds are enough)."""
+        steps = []
+        for j in self.work.indices():
+            fo, fi = j
+            with_bias = self.bias is not None and fi == 0
+            names = (self.weights.block_name(j),) + ((self.bias.block_name((fo,)),) if with_bias else ())  # type: ignore[union-attr]
+            x = inputs.get(self.input_name(j))
+            if x is not None:
+                x = require_shape(
+                    "Affine", f"input {self.input_name(j)!r}", x, (self.x.global_shape[0], self.fi_share)
+                )
+            label = grid_block_name("affine_w", j)
+            forward, adjoint = _parameter_kernels(x, label, with_bias)
+            steps.append(LocalStep(names, (self._partial(j),), forward, adjoint, label))
+        local = local_stage(self.parameter_space, steps)
+        reduce = self._reduction(local.range)
+        return local if reduce is None else Composition((reduce, local))
+
+    def scatter_parameters(self, weights: Any, bias: Any = None) -> dict[str, np.ndarray]:
+        """A state of :attr:`parameter_space` from global W (and b)."""
+        state = self.weights.scatter(require_shape("Affine", "weights", weights, self.weights.global_shape))
+        if self.bias is not None:
+            state.update(self.bias.scatter(require_shape("Affine", "bias", bias, self.bias.global_shape)))
+        return state

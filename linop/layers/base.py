@@ -1,0 +1,103 @@
+"""What every layer shares: its typed error, argument checks, and the stage of local kernels.
+
+A layer is two operator trees (docs/theory.md#layers): one linear in the input for fixed
+parameters (its adjoint is the input gradient), and one linear in the parameters for a fixed
+input (its adjoint is the weight gradient). Both are ordinary trees of collectives, halo
+exchanges and :class:`~linop.local.LocalOperator` leaves, so every interpreter runs them and
+``verify`` proves them.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import LinopError
+from ..local import LocalKernel, LocalOperator
+from ..operator import Composition, Identity, LinearOperator
+from ..partition import DistributedTensor, Partition
+from ..space import Block, Space
+
+__all__ = [
+    "LayerError",
+    "LocalStep",
+    "local_stage",
+    "require_int",
+    "require_shape",
+    "require_tensor",
+    "split",
+]
+
+
+class LayerError(LinopError, ValueError):
+    """A layer's arguments do not fit together (channels, partitions, weights); the message
+    names the argument, its value and what was expected."""
+
+
+def require_tensor(layer: str, what: str, value: object) -> DistributedTensor:
+    if not isinstance(value, DistributedTensor):
+        raise LayerError(f"{layer}: {what} must be a DistributedTensor, not {type(value).__name__}")
+    return value
+
+
+def require_int(layer: str, what: str, value: object, low: int = 1) -> int:
+    try:
+        number = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise LayerError(f"{layer}: {what} must be an integer, not {value!r}") from None
+    if number < low:
+        raise LayerError(f"{layer}: {what} is {number}; it must be >= {low}")
+    return number
+
+
+def require_shape(layer: str, what: str, array: Any, expected: Sequence[int]) -> np.ndarray:
+    """``array`` as an ndarray of shape ``expected`` (else a LayerError naming it)."""
+    array = np.asarray(array)
+    if array.shape != tuple(expected):
+        raise LayerError(f"{layer}: {what} has shape {array.shape}, expected {tuple(expected)}")
+    return array
+
+
+def split(layer: str, what: str, total: int, parts: int) -> int:
+    """``total / parts`` when it divides (channels over workers), else a LayerError."""
+    if total % parts:
+        raise LayerError(f"{layer}: {total} {what} do not divide over {parts} workers")
+    return total // parts
+
+
+def require_partition(layer: str, what: str, partition: object, rank: int) -> Partition:
+    if not isinstance(partition, Partition):
+        raise LayerError(f"{layer}: {what} must be a Partition, not {type(partition).__name__}")
+    if partition.ndim != rank:
+        raise LayerError(f"{layer}: {what} {partition.shape} has rank {partition.ndim}, expected rank {rank}")
+    return partition
+
+
+@dataclass(frozen=True)
+class LocalStep:
+    """One local kernel of a stage: consume ``inputs`` (names), produce ``outputs`` (blocks)."""
+
+    inputs: tuple[str, ...]
+    outputs: tuple[Block, ...]
+    forward: Callable[..., Any]
+    adjoint: Callable[..., Any]
+    label: str
+
+
+def local_stage(space: Space, steps: Sequence[LocalStep]) -> LinearOperator:
+    """The local kernels of a stage, one :class:`LocalOperator` per step, composed in order on
+    ``space`` (each passes every other block through)."""
+    factors: list[LinearOperator] = []
+    for step in steps:
+        kernel = LocalKernel.of(forward=step.forward, adjoint=step.adjoint, vectorized=True)
+        op = LocalOperator(tuple(space.block(n) for n in step.inputs), step.outputs, kernel, name=step.label)
+        op = op.within(space)
+        factors.append(op)
+        space = op.range
+    if not factors:
+        return Identity(space)
+    return Composition(tuple(reversed(factors)))

@@ -1,0 +1,383 @@
+r"""Distributed convolution as operator trees: feature, channel and general partitions.
+
+The paper's algorithm (docs/theory.md#layers), for an input x of shape (N, C_in, S_0, ...) on
+P_x = 1 x P_ci x P_0 x ..., weights w (C_out, C_in, k_0, ...) on P_r = P_co x P_ci x 1 ...,
+output y (N, C_out, n_0, ...) on P_y = 1 x P_co x P_0 x ... and work partition
+P_w = 1 x P_co x P_ci x P_0 x ...:
+
+.. math::
+
+    \hat x = H x, \quad \tilde x = B_{P_x \to P_w} \hat x, \quad
+    \tilde y_j = \tilde w_j \star \tilde x_j \;(+\, \tilde b_j \text{ where } ci = 0), \quad
+    y = R_{P_w \to P_y} \tilde y
+
+with :math:`\tilde w = B_{P_r \to P_w} w` and the bias broadcast from one P_co x 1
+sub-partition over the spatial workers. As operators:
+
+* :meth:`Convolution.input_operator` (weights fixed): ``R L_w B H`` (x -> y); its adjoint
+  ``H* R* L_w* B*`` = ``H* B_{P_y->P_w} ...`` is the input gradient, the broadcast's adjoint
+  (a sum-reduce over the output channels) included.
+* :meth:`Convolution.parameter_operator` (input fixed, through its windows): ``R L_x (B_w, B_b)``
+  ((w, b) -> y); its adjoint gives dw and db, the implicit all-reduce of the weight gradient
+  appearing as the sum-reduce adjoint to the weights' broadcast.
+
+Partitions broadcast as in NumPy (right-aligned), so the internal copies are named by
+permuted grid indices that make each broadcast and reduction a plain :class:`~linop.Broadcast`
+or :class:`~linop.SumReduce`: the input windows' copies ``xt[co,0,ci,*s]``, the partial outputs
+``yt[ci,0,co,*s]`` and the bias copies ``bt[*s,co]``, all on worker ``P_w[0,co,ci,*s]``. When
+P_co is 1 (P_ci is 1) and the workers agree, the broadcast of the input (the reduction of the
+output) is the identity and left out, so a feature-partitioned layer is just ``L H``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..collectives import BlockGrid, Broadcast, SumReduce
+from ..halo import halo_windows
+from ..halo_geometry import Kernel, halo_geometry
+from ..operator import Composition, LinearOperator
+from ..partition import DistributedTensor, Partition, grid_block_name
+from ..space import Block, Space
+from . import kernels
+from .base import (
+    LayerError,
+    LocalStep,
+    local_stage,
+    require_int,
+    require_partition,
+    require_shape,
+    require_tensor,
+    split,
+)
+
+__all__ = ["Convolution"]
+
+
+def _spatial_kernel(kernel: Kernel | int, dims: int) -> Kernel:
+    """The kernel over the whole tensor: identity on batch and channel (``leading=2``)."""
+    if isinstance(kernel, int) or not isinstance(kernel, Kernel):
+        kernel = Kernel(kernel)
+    if kernel.leading not in (0, 2):
+        raise LayerError(
+            f"Convolution: the kernel acts on the {dims} spatial dimensions; leading must be 0, not {kernel.leading}"
+        )
+    full = Kernel(kernel.size, kernel.stride, kernel.padding, kernel.dilation, kernel.boundary, leading=2)
+    return full.resolve(dims + 2)
+
+
+def _input_kernels(weights: np.ndarray, window: tuple[int, ...], stride, dilation):
+    def forward(x: np.ndarray) -> np.ndarray:
+        return kernels.correlate(x, weights, stride, dilation)
+
+    def adjoint(y: np.ndarray) -> np.ndarray:
+        return kernels.correlate_adjoint(y, weights, window, stride, dilation)
+
+    return forward, adjoint
+
+
+def _parameter_kernels(
+    window: np.ndarray | None, label: str, size, stride, dilation, with_bias: bool, dims: int
+):
+    def fixed() -> np.ndarray:
+        if window is None:
+            raise LayerError(f"{label}: the input window of this worker was not given to parameter_operator")
+        return window
+
+    def forward(w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+        y = kernels.weight_correlate(fixed(), w, stride, dilation)
+        if with_bias:
+            y = y + b[(..., None, slice(None), *(None,) * dims)]  # type: ignore[index]
+        return y
+
+    def adjoint(y: np.ndarray):
+        dw = kernels.weight_correlate_adjoint(fixed(), y, size, stride, dilation)
+        if not with_bias:
+            return dw
+        return dw, y.sum(axis=(y.ndim - dims - 2, *range(y.ndim - dims, y.ndim)))
+
+    return forward, adjoint
+
+
+class Convolution:
+    r"""A distributed convolution (cross-correlation) layer over a feature, channel or general
+    partition, as two operator trees.
+
+    Parameters
+    ----------
+    x : DistributedTensor
+        Input (N, C_in, S_0, ...) on P_x = 1 x P_ci x P_0 x ... (any, unbalanced, spatial shares).
+    out_channels : int
+        C_out.
+    kernel : Kernel or int
+        The spatial kernel (size, stride, padding, dilation, boundary per spatial dimension).
+    workers : Partition, optional
+        P_w = 1 x P_co x P_ci x P_0 x ...; default 1 x 1 x P_ci x ... on the workers of P_x.
+    output : Partition, optional
+        P_y = 1 x P_co x P_0 x ...; default the ci = 0 slice of P_w.
+    bias : bool, optional
+        Whether the parameter tree has a learnable bias (on the P_co x 1 sub-partition of P_w
+        with ci = 0 and spatial index 0, broadcast over the spatial workers).
+    name : str, optional
+        Name of the output tensor (default ``"y"``); the weights are ``name + "_w"``, the bias
+        ``name + "_b"``.
+
+    Attributes
+    ----------
+    x, y, weights, bias : DistributedTensor
+        The input, output, weights (on P_r) and bias (None without bias).
+
+    Raises
+    ------
+    LayerError
+        If a partition has the wrong rank or shape, the batch dimension is partitioned, channels
+        do not divide over their workers, or the output partition does not match.
+    """
+
+    def __init__(
+        self,
+        x: DistributedTensor,
+        out_channels: int,
+        kernel: Kernel | int,
+        *,
+        workers: Partition | None = None,
+        output: Partition | None = None,
+        bias: bool = True,
+        name: str = "y",
+    ) -> None:
+        layer = "Convolution"
+        self.x = require_tensor(layer, "x", x)
+        dims = x.ndim - 2
+        if dims < 1:
+            raise LayerError(f"{layer}: x {x.global_shape} needs (batch, channel, spatial...) dimensions")
+        px = x.partition
+        if px.shape[0] != 1:
+            raise LayerError(f"{layer}: the batch dimension of x's partition {px.shape} must have extent 1")
+        p_ci, spatial = px.shape[1], px.shape[2:]
+        if workers is None:
+            workers = Partition((1, 1, p_ci, *spatial), px.workers)
+        pw = require_partition(layer, "work partition P_w", workers, dims + 3)
+        if pw.shape[0] != 1 or pw.shape[2] != p_ci or pw.shape[3:] != spatial:
+            raise LayerError(
+                f"{layer}: work partition P_w {pw.shape} must be 1 x P_co x {p_ci} x {' x '.join(map(str, spatial))} "
+                f"to match x's partition {px.shape}"
+            )
+        p_co = pw.shape[1]
+        c_in = x.global_shape[1]
+        self.out_channels = require_int(layer, "out_channels", out_channels)
+        ci_share = split(layer, "input channels", c_in, p_ci)
+        co_share = split(layer, "output channels", self.out_channels, p_co)
+        if any(s != ci_share for s in x.sizes[1]):
+            raise LayerError(f"{layer}: x's channel shares {x.sizes[1]} must all be {ci_share}")
+        self.kernel = _spatial_kernel(kernel, dims)
+        self.geometry = halo_geometry(x, self.kernel)
+        out_global = (x.global_shape[0], self.out_channels, *self.geometry.output_shape[2:])
+        if output is None:
+            output = Partition(
+                (1, p_co, *spatial), tuple(pw.worker((0, co, 0, *s)) for co, *s in _grid((p_co, *spatial)))
+            )
+        py = require_partition(layer, "output partition P_y", output, dims + 2)
+        if py.shape != (1, p_co, *spatial):
+            raise LayerError(f"{layer}: output partition P_y {py.shape} must be {(1, p_co, *spatial)}")
+        self.y = DistributedTensor(name, out_global, py)
+        self.work = pw
+        self.dims, self.p_co, self.p_ci, self.spatial = dims, p_co, p_ci, spatial
+        self.co_share, self.ci_share = co_share, ci_share
+        size = self.kernel.size[2:]  # type: ignore[index]
+        self.weights = DistributedTensor(
+            f"{name}_w",
+            (self.out_channels, c_in, *size),
+            Partition(
+                (p_co, p_ci, *(1,) * dims),
+                tuple(pw.worker((0, co, ci, *(0,) * dims)) for co, ci in _grid((p_co, p_ci))),
+            ),
+        )
+        self.bias = (
+            DistributedTensor(
+                f"{name}_b",
+                (self.out_channels,),
+                Partition((p_co,), tuple(pw.worker((0, co, 0, *(0,) * dims)) for co in range(p_co))),
+            )
+            if bias
+            else None
+        )
+        self._window_name = f"{x.name}_window"
+        self.broadcasts_input = not (
+            p_co == 1 and all(pw.worker((0, 0, *g[1:])) == px.worker(g) for g in px.indices())
+        )
+        self.reduces_output = not (
+            p_ci == 1 and all(pw.worker((0, g[1], 0, *g[2:])) == py.worker(g) for g in py.indices())
+        )
+        for name_ in (f"{name}_w", f"{name}_b"):
+            if name_ in (x.name, name):
+                raise LayerError(f"{layer}: names must differ, {name_!r} is taken")
+
+    # -- names and shapes per work index j = (0, co, ci, *s) ----------------------------------
+    def work_indices(self) -> list[tuple[int, ...]]:
+        """Every index of P_w, in C order."""
+        return list(self.work.indices())
+
+    def window_name(self, j: Sequence[int]) -> str:
+        """Name of the input window that worker ``P_w[j]`` correlates."""
+        _, co, ci, *s = j
+        if self.broadcasts_input:
+            return grid_block_name("xt", (co, 0, ci, *s))
+        return grid_block_name(self._window_name, (0, ci, *s))
+
+    def partial_name(self, j: Sequence[int]) -> str:
+        """Name of worker ``P_w[j]``'s partial output (the output block itself without reduction)."""
+        _, co, ci, *s = j
+        if self.reduces_output:
+            return grid_block_name("yt", (ci, 0, co, *s))
+        return self.y.block_name((0, co, *s))
+
+    def _window_shape(self, j: Sequence[int]) -> tuple[int, ...]:
+        _, _co, ci, *s = j
+        return self.geometry.window_shape((0, ci, *s))
+
+    def _partial_block(self, j: Sequence[int]) -> Block:
+        _, _co, ci, *s = j
+        start, stop = self.geometry.output_box((0, ci, *s))
+        spatial = tuple(b - a for a, b in zip(start[2:], stop[2:]))
+        return Block(
+            self.partial_name(j), (self.x.global_shape[0], self.co_share, *spatial), self.work.worker(j)
+        )
+
+    # -- trees ----------------------------------------------------------------------------------
+    @property
+    def window_operator(self) -> LinearOperator:
+        r"""The data movement x -> the windows on P_w: :math:`B_{P_x \to P_w} H` (an exact 0/1
+        operator)."""
+        windows = halo_windows(self.x, self.kernel, window_name=self._window_name)
+        if not self.broadcasts_input:
+            return windows
+        px = self.x.partition
+        grid = BlockGrid(self._window_name, px, tuple(self.geometry.window_shape(g) for g in px.indices()))
+        copies = Partition(
+            (self.p_co, 1, self.p_ci, *self.spatial),
+            tuple(
+                self.work.worker((0, co, ci, *s))
+                for co, _, ci, *s in _grid((self.p_co, 1, self.p_ci, *self.spatial))
+            ),
+        )
+        return Broadcast(grid, copies, "xt") @ windows
+
+    def _reduction(self, space: Space) -> LinearOperator | None:
+        if not self.reduces_output:
+            return None
+        partials = Partition(
+            (self.p_ci, 1, self.p_co, *self.spatial),
+            tuple(
+                self.work.worker((0, co, ci, *s))
+                for ci, _, co, *s in _grid((self.p_ci, 1, self.p_co, *self.spatial))
+            ),
+        )
+        others = Space(b for b in space if not b.name.startswith("yt["))
+        return SumReduce(self.y, partials, "yt", others=others)
+
+    def input_operator(self, weights: Any) -> LinearOperator:
+        r"""The layer as a linear operator of its input for fixed ``weights`` (C_out, C_in, *k):
+        :math:`y = R\, L_w\, B\, H\, x` (no bias: the bias is not linear in x). Its adjoint is the
+        input gradient.
+
+        Raises
+        ------
+        LayerError
+            If ``weights`` has the wrong shape.
+        """
+        weights = require_shape("Convolution", "weights", weights, self.weights.global_shape)
+        moving = self.window_operator
+        space = moving.range
+        stride, dilation = self.kernel.stride[2:], self.kernel.dilation[2:]  # type: ignore[index]
+        steps = []
+        for j in self.work_indices():
+            _, co, ci, *_ = j
+            part = np.array(
+                weights[
+                    co * self.co_share : (co + 1) * self.co_share,
+                    ci * self.ci_share : (ci + 1) * self.ci_share,
+                ]
+            )
+            part.flags.writeable = False
+            forward, adjoint = _input_kernels(part, self._window_shape(j)[2:], stride, dilation)
+            steps.append(
+                LocalStep(
+                    (self.window_name(j),),
+                    (self._partial_block(j),),
+                    forward,
+                    adjoint,
+                    grid_block_name("conv", j),
+                )
+            )
+        local = local_stage(space, steps)
+        tree = local @ moving
+        reduce = self._reduction(local.range)
+        return tree if reduce is None else reduce @ tree
+
+    @property
+    def parameter_space(self) -> Space:
+        """The domain of :meth:`parameter_operator`: the weights' blocks (and the bias')."""
+        blocks = list(self.weights.blocks)
+        if self.bias is not None:
+            blocks += self.bias.blocks
+        return Space(blocks)
+
+    def parameter_operator(self, windows: Mapping[str, Any]) -> LinearOperator:
+        r"""The layer as a linear operator of its parameters (w, b) for a fixed input, given by
+        its windows (``window_operator(x)``; under MPI, the blocks a rank holds are enough):
+        :math:`y = R\, L_{\tilde x}\, (B_w w, B_b b)`. Its adjoint gives the weight and bias
+        gradients (the broadcasts' adjoints sum the per-worker gradients).
+        """
+        stride, dilation = self.kernel.stride[2:], self.kernel.dilation[2:]  # type: ignore[index]
+        size = self.kernel.size[2:]  # type: ignore[index]
+        space = self.parameter_space
+        bias_space = self.bias.space if self.bias is not None else Space()
+        factors: list[LinearOperator] = [Broadcast(self.weights, self.work, "wt", others=bias_space)]
+        space = factors[-1].range
+        if self.bias is not None:
+            sub = Partition(
+                (*self.spatial, self.p_co),
+                tuple(self.work.worker((0, co, 0, *s)) for *s, co in _grid((*self.spatial, self.p_co))),
+            )
+            factors.append(
+                Broadcast(self.bias, sub, "bt", others=Space(b for b in space if b.name.startswith("wt[")))
+            )
+            space = factors[-1].range
+        steps = []
+        for j in self.work_indices():
+            _, co, ci, *s = j
+            with_bias = self.bias is not None and ci == 0
+            inputs = (grid_block_name("wt", j),) + ((grid_block_name("bt", (*s, co)),) if with_bias else ())
+            window = windows.get(self.window_name(j))
+            if window is not None:
+                window = require_shape(
+                    "Convolution", f"window {self.window_name(j)!r}", window, self._window_shape(j)
+                )
+            label = grid_block_name("conv_w", j)
+            forward, adjoint = _parameter_kernels(window, label, size, stride, dilation, with_bias, self.dims)
+            steps.append(LocalStep(inputs, (self._partial_block(j),), forward, adjoint, label))
+        local = local_stage(space, steps)
+        factors.append(local)
+        reduce = self._reduction(local.range)
+        if reduce is not None:
+            factors.append(reduce)
+        return Composition(tuple(reversed(factors)))
+
+    def scatter_parameters(self, weights: Any, bias: Any = None) -> dict[str, np.ndarray]:
+        """A state of :attr:`parameter_space` from global weights (and bias)."""
+        state = self.weights.scatter(
+            require_shape("Convolution", "weights", weights, self.weights.global_shape)
+        )
+        if self.bias is not None:
+            state.update(
+                self.bias.scatter(require_shape("Convolution", "bias", bias, self.bias.global_shape))
+            )
+        return state
+
+
+def _grid(shape: Sequence[int]):
+    return itertools.product(*(range(n) for n in shape))

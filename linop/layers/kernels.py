@@ -1,0 +1,207 @@
+r"""The sequential numpy kernels of the layers, each with its adjoint (docs/theory.md#layers).
+
+Arrays are laid out ``(batch, channel, *spatial)``; the spatial input of a kernel is a window
+(already padded and trimmed by the halo exchange, :func:`linop.halo_windows`), so the kernels
+use no padding. Every function accepts extra *leading* axes (a batch of probes, for the sparse
+interpreter) before ``(batch, channel, ...)``. The work is done by
+``numpy.lib.stride_tricks.sliding_window_view`` and ``tensordot`` / ``einsum``; the only Python
+loops run over the kernel's taps (k^d of them), never over entries.
+
+=============================  ===================================================================
+kernel                         maths (per spatial output position p, tap t)
+=============================  ===================================================================
+:func:`correlate`              y[n, o, p] = sum_{c, t} w[o, c, t] x[n, c, s p + d t]
+:func:`correlate_adjoint`      x[n, c, s p + d t] += sum_o w[o, c, t] y[n, o, p]  (adjoint in x)
+:func:`weight_correlate`       the same y as a function of w for fixed x
+:func:`weight_correlate_adjoint`  dw[o, c, t] = sum_{n, p} y[n, o, p] x[n, c, s p + d t]
+:func:`average_pool`           y[n, c, p] = mean_t x[n, c, s p + d t]
+:func:`average_pool_adjoint`   x[n, c, s p + d t] += y[n, c, p] / |t|
+:func:`max_selection`          the flat index of the first maximum of each window (fixed input)
+=============================  ===================================================================
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+__all__ = [
+    "output_shape",
+    "windows_view",
+    "correlate",
+    "correlate_adjoint",
+    "weight_correlate",
+    "weight_correlate_adjoint",
+    "average_pool",
+    "average_pool_adjoint",
+    "max_selection",
+    "select",
+    "select_adjoint",
+]
+
+
+def output_shape(
+    window: Sequence[int], size: Sequence[int], stride: Sequence[int], dilation: Sequence[int]
+) -> tuple[int, ...]:
+    """Spatial output shape of a sliding window over an unpadded ``window`` shape (0 where it
+    does not fit)."""
+    out = []
+    for m, k, s, d in zip(window, size, stride, dilation):
+        span = m - d * (k - 1) - 1
+        out.append(span // s + 1 if span >= 0 else 0)
+    return tuple(out)
+
+
+def windows_view(
+    x: np.ndarray, size: Sequence[int], stride: Sequence[int], dilation: Sequence[int]
+) -> np.ndarray:
+    """A read-only view ``(..., *out, *size)`` of the windows over the last ``len(size)`` axes of
+    ``x``: entry ``[..., p, t]`` is ``x[..., s p + d t]``. Empty output axes give an empty view."""
+    dims = len(size)
+    spatial = x.shape[x.ndim - dims :]
+    out = output_shape(spatial, size, stride, dilation)
+    extents = [d * (k - 1) + 1 for k, d in zip(size, dilation)]
+    lead = x.shape[: x.ndim - dims]
+    if 0 in out or any(m < e for m, e in zip(spatial, extents)):
+        return np.zeros((*lead, *out, *size), dtype=x.dtype)
+    view = sliding_window_view(x, extents, axis=tuple(range(x.ndim - dims, x.ndim)))
+    index = (
+        Ellipsis,
+        *tuple(slice(None, None, s) for s in stride),
+        *tuple(slice(None, None, d) for d in dilation),
+    )
+    view = view[index]
+    positions = tuple(slice(0, n) for n in out)
+    return view[(Ellipsis, *positions, *(slice(None),) * dims)]
+
+
+def _spatial_letters(dims: int) -> tuple[str, str]:
+    return "pqrs"[:dims], "ijkl"[:dims]
+
+
+def correlate(x: np.ndarray, w: np.ndarray, stride: Sequence[int], dilation: Sequence[int]) -> np.ndarray:
+    """``y = w (*) x``: cross-correlation of ``x (..., N, C, *window)`` with ``w (O, C, *k)``,
+    giving ``(..., N, O, *out)``."""
+    dims = w.ndim - 2
+    view = windows_view(x, w.shape[2:], stride, dilation)  # (..., N, C, *out, *k)
+    # contract C and the taps: tensordot over the last axes of view (C, taps) and w (C, taps)
+    moved = np.moveaxis(view, x.ndim - dims - 1, -dims - 1)  # (..., N, *out, C, *k)
+    y = np.tensordot(moved, w, axes=(list(range(moved.ndim - dims - 1, moved.ndim)), list(range(1, w.ndim))))
+    return np.moveaxis(y, -1, x.ndim - dims - 1)  # (..., N, O, *out)
+
+
+def _tap_slices(
+    tap: Sequence[int], out: Sequence[int], stride: Sequence[int], dilation: Sequence[int]
+) -> tuple:
+    return tuple(slice(t * d, t * d + s * (n - 1) + 1, s) for t, n, s, d in zip(tap, out, stride, dilation))
+
+
+def correlate_adjoint(
+    y: np.ndarray, w: np.ndarray, window: Sequence[int], stride: Sequence[int], dilation: Sequence[int]
+) -> np.ndarray:
+    """The adjoint of :func:`correlate` in ``x``: ``y (..., N, O, *out)`` to ``x (..., N, C,
+    *window)``, adding each tap's contribution (entries no window reads stay zero)."""
+    dims = w.ndim - 2
+    out = y.shape[y.ndim - dims :]
+    lead = y.shape[: y.ndim - dims - 1]  # (..., N)
+    dtype = np.result_type(y.dtype, w.dtype)
+    x = np.zeros((*lead, w.shape[1], *window), dtype=dtype)
+    if 0 in out:
+        return x
+    for tap in itertools.product(*(range(k) for k in w.shape[2:])):
+        part = np.tensordot(y, w[(slice(None), slice(None), *tap)], axes=([y.ndim - dims - 1], [0]))
+        part = np.moveaxis(part, -1, y.ndim - dims - 1)  # (..., N, C, *out)
+        x[(Ellipsis, *_tap_slices(tap, out, stride, dilation))] += part
+    return x
+
+
+def weight_correlate(
+    x: np.ndarray, w: np.ndarray, stride: Sequence[int], dilation: Sequence[int]
+) -> np.ndarray:
+    """``y = w (*) x`` as a function of ``w (..., O, C, *k)`` for a fixed ``x (N, C, *window)``,
+    giving ``(..., N, O, *out)``."""
+    dims = x.ndim - 2
+    size = w.shape[w.ndim - dims :]
+    view = windows_view(x, size, stride, dilation)  # (N, C, *out, *k)
+    out_letters, tap_letters = _spatial_letters(dims)
+    spec = f"nc{out_letters}{tap_letters},...oc{tap_letters}->...no{out_letters}"
+    return np.einsum(spec, view, w, optimize=True)
+
+
+def weight_correlate_adjoint(
+    x: np.ndarray, y: np.ndarray, size: Sequence[int], stride: Sequence[int], dilation: Sequence[int]
+) -> np.ndarray:
+    """The adjoint of :func:`weight_correlate`: ``y (..., N, O, *out)`` to ``dw (..., O, C, *k)``
+    (conjugating ``x`` for complex data)."""
+    dims = x.ndim - 2
+    view = windows_view(x, size, stride, dilation)
+    out_letters, tap_letters = _spatial_letters(dims)
+    spec = f"nc{out_letters}{tap_letters},...no{out_letters}->...oc{tap_letters}"
+    return np.einsum(spec, view.conj(), y, optimize=True)
+
+
+def average_pool(
+    x: np.ndarray, size: Sequence[int], stride: Sequence[int], dilation: Sequence[int]
+) -> np.ndarray:
+    """Mean of each window over the last ``len(size)`` axes."""
+    view = windows_view(x, size, stride, dilation)
+    dims = len(size)
+    taps = int(np.prod(size))
+    total = view.sum(axis=tuple(range(view.ndim - dims, view.ndim)))
+    return total / taps
+
+
+def average_pool_adjoint(
+    y: np.ndarray, window: Sequence[int], size: Sequence[int], stride: Sequence[int], dilation: Sequence[int]
+) -> np.ndarray:
+    """The adjoint of :func:`average_pool`: each output's value / |taps| added to every entry of
+    its window."""
+    dims = len(size)
+    out = y.shape[y.ndim - dims :]
+    taps = int(np.prod(size))
+    share = y / taps
+    x = np.zeros((*y.shape[: y.ndim - dims], *window), dtype=share.dtype)
+    if 0 in out:
+        return x
+    for tap in itertools.product(*(range(k) for k in size)):
+        x[(Ellipsis, *_tap_slices(tap, out, stride, dilation))] += share
+    return x
+
+
+def max_selection(
+    x: np.ndarray, size: Sequence[int], stride: Sequence[int], dilation: Sequence[int]
+) -> np.ndarray:
+    """For each window of ``x`` (the last ``len(size)`` axes), the flat index into ``x`` of its
+    first largest entry: the Jacobian of max pooling at ``x`` selects these entries."""
+    dims = len(size)
+    positions = np.arange(x.size).reshape(x.shape)
+    view = windows_view(x, size, stride, dilation)
+    where = windows_view(positions, size, stride, dilation)
+    taps = int(np.prod(size))
+    if view.size == 0:
+        return np.zeros(view.shape[: view.ndim - dims], dtype=np.int64)
+    flat_view = view.reshape(*view.shape[: view.ndim - dims], taps)
+    flat_where = where.reshape(*where.shape[: where.ndim - dims], taps)
+    best = np.argmax(flat_view, axis=-1)
+    return np.take_along_axis(flat_where, best[..., None], axis=-1)[..., 0].astype(np.int64)
+
+
+def select(x: np.ndarray, indices: np.ndarray, shape: Sequence[int]) -> np.ndarray:
+    """``x.reshape(..., -1)[..., indices]``: the entries ``indices`` (flat into the last axes of
+    ``shape``), keeping leading probe axes."""
+    lead = x.shape[: x.ndim - len(shape)]
+    return x.reshape(*lead, -1)[..., indices.reshape(-1)].reshape(*lead, *indices.shape)
+
+
+def select_adjoint(y: np.ndarray, indices: np.ndarray, shape: Sequence[int]) -> np.ndarray:
+    """The adjoint of :func:`select`: each ``y`` entry added into position ``indices`` of zeros
+    of ``shape``."""
+    lead = y.shape[: y.ndim - indices.ndim]
+    size = int(np.prod(shape))
+    flat = y.reshape(-1, indices.size)
+    out = np.zeros((flat.shape[0], size), dtype=y.dtype)
+    np.add.at(out, (slice(None), indices.reshape(-1)), flat)
+    return out.reshape(*lead, *shape)
