@@ -14,6 +14,8 @@ verify.catalogue_distributed_primitives  ``distributed-primitives``: send-receiv
 verify.catalogue_collectives             ``collectives``: the collective nodes (scatter ...
                                          all-to-all); ``collective-algorithms``: the ring
 verify.catalogue_halo                    ``halo-exchange``: halo exchange
+verify.catalogue_algorithms              ``collective-algorithms``: each algorithm variant equals
+                                         its collective; its adjoint is the reverse algorithm
 =======================================  ======================================================
 
 Examples
@@ -38,6 +40,7 @@ SOURCES: tuple[str, ...] = (
     "verify.catalogue_distributed_primitives",
     "verify.catalogue_collectives",
     "verify.catalogue_halo",
+    "verify.catalogue_algorithms",
 )
 """The modules whose ``ENTRIES`` make the catalogue, in report order."""
 
