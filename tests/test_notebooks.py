@@ -2,7 +2,9 @@
 
 The kernel is ``python3`` as this interpreter sees it; jupyter_client launches it with this
 very interpreter (``sys.executable``), which the first test checks, so the notebooks run
-against the code under test. Kernels run from the repository root.
+against the code under test. Kernels run from the repository root. Every executed notebook must
+show rich outputs (LaTeX, HTML and PNG), the displays of :mod:`linop.display` and
+:mod:`linop.plot`.
 """
 
 from __future__ import annotations
@@ -51,6 +53,23 @@ def test_notebook_is_committed_without_outputs(path):
             assert cell.execution_count is None, f"{path.name}: a code cell has an execution count"
 
 
+RICH = {"text/latex", "text/html", "image/png"}
+"""The rich outputs every notebook shows: operators' block matrices (LaTeX), tables and trees
+(HTML) and pictures (PNG)."""
+
+
+def mime_types(notebook: nbformat.NotebookNode) -> set[str]:
+    """Every mime type of the executed cells' display outputs."""
+    return {
+        kind
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+        for output in cell.outputs
+        if output.output_type in ("display_data", "execute_result")
+        for kind in output.get("data", {})
+    }
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_runs(path):
@@ -59,3 +78,14 @@ def test_notebook_runs(path):
         o for c in notebook.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"
     ]
     assert not errors
+    missing = RICH - mime_types(notebook)
+    assert not missing, f"{path.name}: no output of type {sorted(missing)}"
+
+
+def test_mime_types_reads_display_outputs():
+    cell = nbformat.v4.new_code_cell("x")
+    cell.outputs = [
+        nbformat.v4.new_output("execute_result", {"text/plain": "x", "text/latex": "$x$"}, execution_count=1),
+        nbformat.v4.new_output("stream", name="stdout", text="image/png"),
+    ]
+    assert mime_types(nbformat.v4.new_notebook(cells=[cell])) == {"text/plain", "text/latex"}
