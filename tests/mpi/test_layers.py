@@ -1,0 +1,108 @@
+"""Local operators and distributed layers under MPI equal the numpy interpreter, rank by rank
+(forward and adjoint), at every rank count; parameter trees built from only the windows a rank
+holds (as a real distributed run would) included."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import collective_assert, compare_with_numpy, local_part, same_blocks
+from mpi4py import MPI
+
+from linop import Block, DistributedTensor, Kernel, Partition, SendRecv, Space
+from linop.backends import mpi_backend
+from linop.layers import Affine, AveragePool, Convolution, MaxPoolJacobian
+from linop.local import local_operator
+
+COMM = MPI.COMM_WORLD
+SIZE = COMM.size
+RANK = COMM.rank
+
+
+def test_local_operators_run_on_their_owning_rank():
+    """A kernel on every worker, then a ring of send-receives of the results."""
+    space = Space(Block(f"x{w}", (3,), w) for w in range(SIZE))
+    op = None
+    for w in range(SIZE):
+        matrix = np.arange(6).reshape(2, 3) + w
+        current = space if op is None else op.range
+        node = local_operator(current, f"x{w}", Block(f"y{w}", (2,), w), matrix, name=f"K{w}")
+        op = node if op is None else node @ op
+    if SIZE > 1:
+        op = SendRecv(op.range["y0"], Block("z", (2,), SIZE - 1)) @ op
+    compare_with_numpy(op, op.domain.random(1, np.int64))
+    compare_with_numpy(op.H, op.range.random(2, np.int64))
+
+
+def _conv_cases():
+    cases = [("feature", (1, 1, SIZE, 1), None, 2)]
+    if SIZE == 4:
+        cases.append(("feature-2x2", (1, 1, 2, 2), None, 2))
+        cases.append(("general", (1, 2, 1, 1), Partition((1, 2, 2, 1, 1), (0, 1, 2, 3)), 4))
+    if SIZE == 2:
+        cases.append(("channel", (1, 1, 1, 1), Partition((1, 2, 1, 1, 1), (1, 0)), 4))
+    if SIZE == 3:
+        cases.append(("channel-in", (1, 3, 1, 1), None, 2))
+    return cases
+
+
+@pytest.mark.parametrize(("label", "px", "pw", "out"), _conv_cases(), ids=[c[0] for c in _conv_cases()])
+def test_convolution_trees_equal_numpy(label, px, pw, out):
+    rng = np.random.default_rng(5)
+    x = DistributedTensor("x", (2, 2 * px[1], 7, 6), Partition(px))
+    layer = Convolution(x, out, Kernel(3, padding=1, stride=(2, 1)), workers=pw)
+    w = rng.integers(-2, 3, layer.weights.global_shape)
+    b = rng.integers(-2, 3, layer.bias.global_shape)
+    data = rng.integers(-3, 4, x.global_shape)
+    forward = layer.input_operator(w)
+    compare_with_numpy(forward, x.scatter(data))
+    compare_with_numpy(forward.H, layer.y.space.random(3, np.int64))
+
+    # the parameter tree from this rank's windows only, as in a real run
+    windows_everywhere = layer.window_operator(x.scatter(data))
+    mine = mpi_backend.apply(layer.window_operator, local_part(x.space, x.scatter(data), RANK))
+    parameters_here = layer.parameter_operator(mine)
+    parameters = layer.parameter_operator(windows_everywhere)
+    state = layer.scatter_parameters(w, b)
+    expected = parameters(state)
+    result = mpi_backend.apply(parameters_here, local_part(parameters.domain, state, RANK))
+    names = tuple(blk.name for blk in parameters.range if blk.worker == RANK)
+    problem = same_blocks(result, expected, names)
+    dy = layer.y.space.random(4, np.int64)
+    expected_gradient = parameters.H(dy)
+    gradient = mpi_backend.apply(parameters_here.H, local_part(layer.y.space, dy, RANK))
+    names = tuple(blk.name for blk in parameters.domain if blk.worker == RANK)
+    problem = problem or same_blocks(gradient, expected_gradient, names)
+    collective_assert(problem is None, f"{label}: {problem}")
+
+
+def test_affine_trees_equal_numpy():
+    rng = np.random.default_rng(6)
+    p_fi = 2 if SIZE % 2 == 0 else 1
+    p_fo = SIZE // p_fi
+    x = DistributedTensor("x", (3, 4), Partition((1, p_fi)))
+    layer = Affine(x, 2 * p_fo, workers=Partition((p_fo, p_fi)))
+    data, w, b = (
+        rng.integers(-3, 4, (3, 4)),
+        rng.integers(-3, 4, layer.weights.global_shape),
+        rng.integers(-3, 4, 2 * p_fo),
+    )
+    forward = layer.input_operator(w)
+    compare_with_numpy(forward, x.scatter(data))
+    compare_with_numpy(forward.H, layer.y.space.random(1, np.int64))
+    parameters = layer.parameter_operator(layer.window_operator(x.scatter(data)))
+    compare_with_numpy(parameters, layer.scatter_parameters(w, b))
+    compare_with_numpy(parameters.H, layer.y.space.random(2, np.int64))
+
+
+def test_pooling_trees_equal_numpy():
+    rng = np.random.default_rng(7)
+    x = DistributedTensor("x", (1, 2, 4 * SIZE + 1, 5), Partition((1, 1, SIZE, 1)))
+    average = AveragePool(x, Kernel(2, stride=2, padding=(1, 0))).operator
+    data = rng.integers(-5, 6, x.global_shape).astype(float)
+    compare_with_numpy(average, x.scatter(data))
+    compare_with_numpy(average.H, average.range.random(3))
+    pool = MaxPoolJacobian(x, Kernel(3, stride=2, padding=1))
+    jacobian = pool.at(pool.window_operator(x.scatter(data)))
+    compare_with_numpy(jacobian, x.scatter(rng.integers(-5, 6, x.global_shape)))
+    compare_with_numpy(jacobian.H, jacobian.range.random(4, np.int64))
