@@ -54,6 +54,21 @@ class LinearOperator(ABC):
 
     The algebra follows the mathematics: ``(A @ B)(x) == A(B(x))``, ``(A + B)(x) == A(x) +
     B(x)``, ``(alpha * A)(x) == alpha * A(x)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linop import Add, Block, Clear, Copy, Space
+    >>> space = Space([Block("a", (2,)), Block("b", (2,))])
+    >>> tree = 2 * Copy(space["a"], space["b"]) - Clear(space["a"])
+    >>> print(tree)
+    2 * C[a -> b] - K[a]
+    >>> print(tree.H)
+    2 * C*[a -> b] - K[a]
+    >>> tree({"a": np.array([1.0, 2.0]), "b": np.zeros(2)})
+    {'a': array([2., 4.]), 'b': array([2., 4.])}
+    >>> tree.shape, tree.H.H == tree
+    ((4, 4), True)
     """
 
     domain: Space
@@ -234,7 +249,25 @@ def expand_all(op: LinearOperator) -> LinearOperator:
 
 @dataclass(frozen=True, eq=True, repr=False)
 class Identity(LinearOperator):
-    """The identity I on a space: I x = x. Self-adjoint."""
+    """The identity I on a space: I x = x. Self-adjoint.
+
+    Parameters
+    ----------
+    space : Space
+        Domain and range.
+
+    Raises
+    ------
+    TypeError
+        If ``space`` is not a :class:`~linop.Space`.
+
+    Examples
+    --------
+    >>> from linop import Identity, Space
+    >>> identity = Identity(Space([("a", (3,))]))
+    >>> identity.H == identity, identity.to_sparse().toarray().tolist()
+    (True, [[1, 0, 0], [0, 1, 0], [0, 0, 1]])
+    """
 
     space: Space
 
@@ -259,7 +292,25 @@ class Identity(LinearOperator):
 
 @dataclass(frozen=True, eq=True, repr=False)
 class Zero(LinearOperator):
-    """The zero map O from ``domain`` to ``range``; its adjoint is O from range to domain."""
+    """The zero map O from ``domain`` to ``range``; its adjoint is O from range to domain.
+
+    Parameters
+    ----------
+    domain, range : Space
+        The spaces it maps between.
+
+    Raises
+    ------
+    TypeError
+        If either is not a :class:`~linop.Space`.
+
+    Examples
+    --------
+    >>> from linop import Space, Zero
+    >>> zero = Zero(Space([("a", (3,))]), Space([("b", (2,))]))
+    >>> zero.shape, zero.H.shape, zero.to_sparse().nnz
+    ((2, 3), (3, 2), 0)
+    """
 
     domain: Space
     range: Space
@@ -281,13 +332,28 @@ class Composition(LinearOperator):
     """Product of operators: ``Composition((A, B, C))(x) == A(B(C(x)))``.
 
     Adjoint: (A B C)* = C* B* A*. Nested compositions are flattened, so ``(A @ B) @ C`` and
-    ``A @ (B @ C)`` are the same tree.
+    ``A @ (B @ C)`` are the same tree. ``A @ B`` builds one.
+
+    Parameters
+    ----------
+    factors : tuple of LinearOperator
+        The factors, leftmost (applied last) first.
 
     Raises
     ------
     SpaceMismatchError
         If a factor's domain differs from the range of the factor to its right; the message
         names the first differing block.
+
+    Examples
+    --------
+    >>> from linop import Add, Block, Clear, Composition, Copy, Space
+    >>> space = Space([Block("a", (2,)), Block("b", (2,))])
+    >>> copy = Composition((Add(space["a"], space["b"]), Clear(space["b"])))
+    >>> print(copy, "   adjoint:", copy.H)
+    S[a -> b] @ K[b]    adjoint: K[b] @ S[b -> a]
+    >>> copy == Add(space["a"], space["b"]) @ Clear(space["b"]) == Copy(space["a"], space["b"]).expand()
+    True
     """
 
     factors: tuple[LinearOperator, ...]
@@ -329,7 +395,27 @@ class Composition(LinearOperator):
 class Sum(LinearOperator):
     """Sum of operators with the same domain and range: ``(A + B)(x) == A(x) + B(x)``.
 
-    Adjoint: (A + B)* = A* + B*.
+    Adjoint: (A + B)* = A* + B*. ``A + B`` and ``A - B`` build one; nested sums are flattened.
+
+    Parameters
+    ----------
+    terms : tuple of LinearOperator
+        The terms, all with one domain and one range.
+
+    Raises
+    ------
+    SpaceMismatchError
+        If two terms' domains or ranges differ.
+
+    Examples
+    --------
+    >>> from linop import Block, Clear, Identity, Space, Sum
+    >>> space = Space([Block("a", (2,))])
+    >>> total = Sum((Identity(space), Clear(space["a"])))
+    >>> print(total, "|", total.H)
+    I + K[a] | I + K[a]
+    >>> total.to_sparse().toarray().tolist()
+    [[1, 0], [0, 1]]
     """
 
     terms: tuple[LinearOperator, ...]
@@ -377,10 +463,27 @@ class Sum(LinearOperator):
 class Scaled(LinearOperator):
     """A scalar multiple: ``Scaled(alpha, A)(x) == alpha * A(x)``; adjoint conj(alpha) A*.
 
+    ``alpha * A`` and ``-A`` build one.
+
+    Parameters
+    ----------
+    alpha : int, float, complex or numpy scalar
+        The factor.
+    operator : LinearOperator
+        The operator scaled.
+
     Raises
     ------
     ScalarError
         If ``alpha`` is not a number (int, float, complex or a numpy scalar).
+
+    Examples
+    --------
+    >>> from linop import Block, Copy, Space
+    >>> space = Space([Block("a", (1,)), Block("b", (1,))])
+    >>> scaled = 2j * Copy(space["a"], space["b"])
+    >>> print(scaled, "|", scaled.H)
+    2j * C[a -> b] | -2j * C*[a -> b]
     """
 
     alpha: Any
