@@ -136,10 +136,24 @@ class Kernel:
         Number of leading dimensions (batch, channel) on which the kernel acts as the identity
         (size 1, stride 1, no padding); per-dimension lists then cover only the others.
 
+    Raises
+    ------
+    KernelError
+        When the kernel is resolved for a tensor rank (:meth:`resolve`, which
+        :func:`halo_geometry` calls): a value out of range (size, stride or dilation below 1,
+        negative padding), an unknown boundary mode, a per-dimension list of the wrong length,
+        or more leading dimensions than the tensor has.
+
     Examples
     --------
     >>> Kernel(3, padding=1, leading=2).resolve(4).size
     (1, 1, 3, 3)
+    >>> Kernel((3, 5), stride=2, boundary="periodic").resolve(2).padding
+    (0, 0)
+    >>> Kernel(0).resolve(1)
+    Traceback (most recent call last):
+    ...
+    linop.errors.KernelError: kernel size in dimension 0 is 0; it must be >= 1
     """
 
     size: int | Sequence[int]
