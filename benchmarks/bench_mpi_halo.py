@@ -230,8 +230,8 @@ def main() -> int:
             rng = np.random.default_rng(RANK)
             start = rng.standard_normal(block.shape)
             arrays = {name: start.copy() for name in ("bound", "apply", "packed", "subarray")}
-            bound = mpi_backend.compile(op, comm=COMM).bind({block.name: arrays["bound"]})
-            adjoint_bound = mpi_backend.compile(op.H, comm=COMM).bind({block.name: arrays["bound"]})
+            bound = mpi_backend.plan_for(op, comm=COMM).bind({block.name: arrays["bound"]})
+            adjoint_bound = mpi_backend.plan_for(op.H, comm=COMM).bind({block.name: arrays["bound"]})
             packed = HandExchange(arrays["packed"], grid, h, subarray=False)
             subarray = HandExchange(arrays["subarray"], grid, h, subarray=True)
             # correctness first: one forward and one adjoint, all four agree

@@ -35,16 +35,26 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..collectives import AllReduce, Broadcast, Planned, SumReduce
 from ..halo import HaloStage, HaloStageAdjoint
 from ..movement import Copy, CopyAdjoint
-from .mpi_schedule import Barrier, Local, Transfer, _movement_footprint, batch, lower, lowering, project
+from ..space import Block
+from .mpi_context import subcommunicator
+from .mpi_datatypes import byte_type, mpi, predefined_type, subarray
+from .mpi_runtime import run_schedule
+from .mpi_schedule import FastPathStep, Local, Transfer, batch, lower, lowering, movement_footprint, project
+from .mpi_steps import Call, OutOfPlaceBinding, Persistent, RankStep
 
-__all__ = ["REDUCIBLE", "subcommunicator"]
+if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
+    from mpi4py.MPI import Intracomm
+
+    from .numpy_backend import Workspace
+
+__all__ = ["REDUCIBLE"]
 
 REDUCIBLE = "bBhHiIlLqQfdFD"
 """Dtypes (numpy type characters) that the native sums use; others run the expansion."""
@@ -58,7 +68,7 @@ def _halo_stage(op: HaloStage) -> list[Any]:
     for s, d in op.transfers:
         if s.worker == d.worker:
             node = Copy(s, d)
-            steps.append(Local(node, s.worker, _movement_footprint(node)))
+            steps.append(Local(node, s.worker, movement_footprint(node)))
     return steps
 
 
@@ -69,40 +79,12 @@ def _halo_stage_adjoint(op: HaloStageAdjoint) -> list[Any]:
     for s, d in op.transfers:
         if s.worker == d.worker:
             node = CopyAdjoint(s, d)
-            steps.append(Local(node, s.worker, _movement_footprint(node)))
+            steps.append(Local(node, s.worker, movement_footprint(node)))
     return steps
 
 
-# -- sub-communicators -------------------------------------------------------------------------
-_SUBCOMMS: dict[tuple[int, tuple[int, ...]], Any] = {}
-
-
-def subcommunicator(comm: Any, ranks: tuple[int, ...]) -> Any:
-    """The communicator of ``ranks`` (in that order) inside ``comm``, created once.
-
-    Collective over ``ranks`` only (``MPI_Comm_create_group``); callers create the groups of a
-    step in one global order, so no two ranks wait for each other in opposite orders.
-    """
-    if ranks == tuple(range(comm.Get_size())):  # the whole communicator, in order
-        return comm
-    key = (comm.py2f(), ranks)
-    sub = _SUBCOMMS.get(key)
-    if sub is None:
-        group = comm.Get_group().Incl(list(ranks))
-        sub = comm.Create_group(group, tag=7)
-        group.Free()
-        _SUBCOMMS[key] = sub
-    return sub
-
-
-def _mpi_type(dtype: np.dtype) -> Any:
-    """The predefined MPI datatype of a numpy dtype (reductions need a predefined type)."""
-    from mpi4py import MPI
-
-    return MPI.Datatype.fromcode(dtype.char)
-
-
-def _contiguous_owned(work: Any, name: str, dtype: np.dtype) -> np.ndarray:
+# -- helpers -----------------------------------------------------------------------------------
+def _contiguous_owned(work: Workspace, name: str, dtype: np.dtype) -> np.ndarray:
     array = work.writable(name, dtype)
     if not array.flags.c_contiguous or array.dtype != dtype:
         array = np.ascontiguousarray(array, dtype=dtype)
@@ -116,27 +98,24 @@ def _fallback(op: Any, rank: int) -> tuple[Any, ...]:
 
 # -- all-reduce -------------------------------------------------------------------------------
 @dataclass
-class _RankAllReduce:
+class _RankAllReduce(RankStep):
     """One rank's part of an all-reduce: (block, group ranks) per group it belongs to."""
 
     entries: tuple[tuple[str, tuple[int, ...]], ...]
     fallback: tuple[Any, ...]
 
-    def run(self, work: Any, comm: Any, dtype: np.dtype) -> None:
+    def run(self, work: Workspace, comm: Intracomm, dtype: np.dtype) -> None:
         if dtype.char not in REDUCIBLE:
-            from .mpi_backend import _run
-
-            _run(self.fallback, work, comm, dtype)
+            run_schedule(self.fallback, work, comm, dtype)
             return
-        from mpi4py import MPI
-
+        lib = mpi()
         for name, ranks in self.entries:  # blocking, in the global order of the groups
             array = _contiguous_owned(work, name, dtype)
-            subcommunicator(comm, ranks).Allreduce(MPI.IN_PLACE, [array, _mpi_type(dtype)], op=MPI.SUM)
+            subcommunicator(comm, ranks).Allreduce(lib.IN_PLACE, [array, predefined_type(dtype)], op=lib.SUM)
 
     def persistent(
-        self, arrays: dict[str, np.ndarray], comm: Any, dtype: np.dtype, *, dry: bool = False
-    ) -> Any:
+        self, arrays: dict[str, np.ndarray], comm: Intracomm, dtype: np.dtype, *, dry: bool = False
+    ) -> Persistent | None:
         """Persistent ``Allreduce_init`` requests on the caller's arrays, or None (``dry``:
         decide only, create nothing)."""
         if dtype.char not in REDUCIBLE or any(
@@ -144,16 +123,15 @@ class _RankAllReduce:
         ):
             return None
         if dry:
-            return [], []
-        from mpi4py import MPI
-
+            return Persistent()
+        lib = mpi()
         requests = [
             subcommunicator(comm, ranks).Allreduce_init(
-                MPI.IN_PLACE, [arrays[name], _mpi_type(dtype)], op=MPI.SUM
+                lib.IN_PLACE, [arrays[name], predefined_type(dtype)], op=lib.SUM
             )
             for name, ranks in self.entries
         ]
-        return requests, []
+        return Persistent(requests)
 
 
 @dataclass
@@ -183,7 +161,7 @@ def _all_reduce(op: AllReduce) -> list[Any] | None:
     if not groups:
         return []
     workers = tuple(sorted({w for g in groups for _, w in g}))
-    return [Barrier(_AllReduceRunner(op, tuple(groups), workers))]
+    return [FastPathStep(_AllReduceRunner(op, tuple(groups), workers))]
 
 
 # -- broadcast and sum-reduce ------------------------------------------------------------------
@@ -224,30 +202,27 @@ def _whole_groups(op: Any, *, reduce: bool) -> tuple[_Group, ...] | None:
 
 
 @dataclass
-class _RankBroadcast:
+class _RankBroadcast(RankStep):
     groups: tuple[_Group, ...]
     rank: int
     dropped: tuple[str, ...]
-    created: tuple[Any, ...]
+    created: tuple[Block, ...]
     reduce: bool
     fallback: tuple[Any, ...]
     _scratch: list[np.ndarray] = field(default_factory=list)
 
-    def run(self, work: Any, comm: Any, dtype: np.dtype) -> None:
+    def run(self, work: Workspace, comm: Intracomm, dtype: np.dtype) -> None:
         if self.reduce and dtype.char not in REDUCIBLE:
-            from .mpi_backend import _run
-
-            _run(self.fallback, work, comm, dtype)
+            run_schedule(self.fallback, work, comm, dtype)
             return
-        from mpi4py import MPI
-
+        lib = mpi()
         results: list[tuple[str, np.ndarray, bool]] = []
         for group in self.groups:  # blocking, in the global order of the groups
             sub = subcommunicator(comm, group.ranks) if len(group.ranks) > 1 else None
             mine = [name for name, w in group.copies if w == self.rank]
             is_root = group.ranks[0] == self.rank
             if self.reduce:
-                self._reduce(group, sub, mine, is_root, work, dtype, results, MPI)
+                self._reduce(group, sub, mine, is_root, work, dtype, results, lib)
             else:
                 self._broadcast(group, sub, mine, is_root, work, dtype, results)
         for name in self.dropped:
@@ -264,14 +239,14 @@ class _RankBroadcast:
                 work.set(block.name, np.zeros(block.shape, dtype=work.dtype))
 
     def bind_out_of_place(
-        self, arrays: dict[str, np.ndarray], comm: Any, dtype: np.dtype, *, dry: bool = False
-    ) -> Any:
+        self, arrays: dict[str, np.ndarray], comm: Intracomm, dtype: np.dtype, *, dry: bool = False
+    ) -> OutOfPlaceBinding | None:
         """Blocking ``Bcast`` calls / persistent ``Allreduce_init`` requests between the bound input
         arrays and result arrays built once, or None when the dtype or layout does not allow
         it (``dry``: decide only, create nothing).
 
-        Returns (requests, results): results maps each new block this rank owns to its array
-        (the root's own broadcast copy is a read-only view of its source)."""
+        The binding's results map each new block this rank owns to its array (the root's own
+        broadcast copy is a read-only view of its source)."""
         if self.reduce and dtype.char not in REDUCIBLE:
             return None
         if any(a.dtype != dtype or not a.flags.c_contiguous for a in arrays.values()):
@@ -283,10 +258,10 @@ class _RankBroadcast:
         if any(b.size == 0 for b in self.created):
             return None
         if dry:
-            return [], {}
-        from mpi4py import MPI
-
-        requests, results = [], {}
+            return OutOfPlaceBinding(dropped=self.dropped)
+        lib = mpi()
+        requests: list[Call] = []
+        results: dict[str, np.ndarray] = {}
         for group in self.groups:
             sub = subcommunicator(comm, group.ranks) if len(group.ranks) > 1 else None
             mine = [name for name, w in group.copies if w == self.rank]
@@ -303,18 +278,29 @@ class _RankBroadcast:
                     results[mine[0]] = buffer
                 if sub is not None:
                     # a blocking Bcast: measured faster than a persistent Bcast_init here
-                    requests.append(functools.partial(sub.Bcast, [buffer, buffer.nbytes, _byte()], root=0))
+                    requests.append(
+                        functools.partial(sub.Bcast, [buffer, buffer.nbytes, byte_type()], root=0)
+                    )
                 continue
             total = np.empty(group.shape, dtype=dtype)
-            mpi_type = _mpi_type(dtype)
-            requests.append(sub.Allreduce_init([arrays[mine[0]], mpi_type], [total, mpi_type], op=MPI.SUM))
+            mpi_type = predefined_type(dtype)
+            requests.append(sub.Allreduce_init([arrays[mine[0]], mpi_type], [total, mpi_type], op=lib.SUM))
             if is_root:
                 results[group.root_name] = total
             else:  # the request writes into it on every call: keep it alive with the request
                 self._scratch.append(total)
-        return requests, results
+        return OutOfPlaceBinding(requests, results, self.dropped)
 
-    def _broadcast(self, group, sub, mine, is_root, work, dtype, results) -> None:
+    def _broadcast(
+        self,
+        group: _Group,
+        sub: Intracomm | None,
+        mine: list[str],
+        is_root: bool,
+        work: Workspace,
+        dtype: np.dtype,
+        results: list[tuple[str, np.ndarray, bool]],
+    ) -> None:
         """Root: send its block as it is (it also becomes the root's own copy, uncopied);
         others: receive into a new block."""
         if is_root:
@@ -329,12 +315,22 @@ class _RankBroadcast:
             buffer = np.empty(group.shape, dtype=dtype)
             results.append((mine[0], buffer, True))
         if sub is not None and buffer.size:
-            sub.Bcast([buffer, buffer.nbytes, _byte()], root=0)
+            sub.Bcast([buffer, buffer.nbytes, byte_type()], root=0)
 
-    def _reduce(self, group, sub, mine, is_root, work, dtype, results, mpi) -> None:
+    def _reduce(
+        self,
+        group: _Group,
+        sub: Intracomm | None,
+        mine: list[str],
+        is_root: bool,
+        work: Workspace,
+        dtype: np.dtype,
+        results: list[tuple[str, np.ndarray, bool]],
+        lib: Any,
+    ) -> None:
         """Every member adds its copy with ``Allreduce``: on this MPICH it reaches the sum
         faster than ``Reduce`` (see benchmarks/bench_mpi_collectives.py); non-roots discard it."""
-        mpi_type = _mpi_type(dtype)
+        mpi_type = predefined_type(dtype)
         total = np.empty(group.shape, dtype=dtype)
         if mine:
             send = work.arrays[mine[0]]
@@ -345,19 +341,13 @@ class _RankBroadcast:
             send = None
         if sub is not None and total.size:
             if send is None:
-                sub.Allreduce(mpi.IN_PLACE, [total, mpi_type], op=mpi.SUM)
+                sub.Allreduce(lib.IN_PLACE, [total, mpi_type], op=lib.SUM)
             else:
-                sub.Allreduce([send, mpi_type], [total, mpi_type], op=mpi.SUM)
+                sub.Allreduce([send, mpi_type], [total, mpi_type], op=lib.SUM)
         elif send is not None:
             np.copyto(total, send)
         if is_root:
             results.append((group.root_name, total, True))
-
-
-def _byte() -> Any:
-    from mpi4py import MPI
-
-    return MPI.BYTE
 
 
 @dataclass
@@ -382,7 +372,7 @@ def _lower_broadcast(op: Any, *, reduce: bool) -> list[Any] | None:
         return None
     workers = {w for g in groups for w in g.ranks}
     workers |= {b.worker for b in op.plan.created} | {op.domain.block(n).worker for n in op.plan.dropped}
-    return [Barrier(_BroadcastRunner(op, groups, reduce, tuple(sorted(workers))))]
+    return [FastPathStep(_BroadcastRunner(op, groups, reduce, tuple(sorted(workers))))]
 
 
 @lowering(Broadcast)
@@ -397,7 +387,7 @@ def _sum_reduce(op: SumReduce) -> list[Any] | None:
 
 # -- planned out-of-place moves (repartition, scatter, gather, all-gather) -------------------------
 @dataclass
-class _RankAlltoallw:
+class _RankAlltoallw(RankStep):
     """One rank's part of an ``Alltoallw``: boxes of its one source block sent to each peer,
     boxes of its one new block received from each peer, each a subarray datatype."""
 
@@ -407,11 +397,8 @@ class _RankAlltoallw:
     sends: tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...]
     receives: tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...]
 
-    def run(self, work: Any, comm: Any, dtype: np.dtype) -> None:
-        from mpi4py import MPI
-
-        from .mpi_backend import _subarray
-
+    def run(self, work: Workspace, comm: Intracomm, dtype: np.dtype) -> None:
+        lib = mpi()
         size = comm.Get_size()
         empty = np.empty(0, dtype=dtype)
         if self.source is not None:
@@ -421,12 +408,12 @@ class _RankAlltoallw:
         else:
             send = empty
         receive = np.zeros(self.target.shape, dtype=dtype) if self.target is not None else empty
-        send_counts, send_types = [0] * size, [MPI.BYTE] * size
+        send_counts, send_types = [0] * size, [lib.BYTE] * size
         for peer, start, shape in self.sends:
-            send_counts[peer], send_types[peer] = 1, _subarray(send.shape, start, shape, dtype)
-        receive_counts, receive_types = [0] * size, [MPI.BYTE] * size
+            send_counts[peer], send_types[peer] = 1, subarray(send.shape, start, shape, dtype)
+        receive_counts, receive_types = [0] * size, [lib.BYTE] * size
         for peer, start, shape in self.receives:
-            receive_counts[peer], receive_types[peer] = 1, _subarray(receive.shape, start, shape, dtype)
+            receive_counts[peer], receive_types[peer] = 1, subarray(receive.shape, start, shape, dtype)
         zeros = [0] * size
         comm.Alltoallw(
             [send, (send_counts, zeros), send_types], [receive, (receive_counts, zeros), receive_types]
@@ -457,9 +444,6 @@ class _AlltoallwRunner:
                 receives.append((from_worker, piece.target_start, piece.shape))
         shape = domain.block(source).shape if source is not None else ()
         return _RankAlltoallw(source, shape, target, tuple(sends), tuple(receives))
-
-    def every_rank(self) -> bool:
-        return True
 
 
 @lowering(Planned)
@@ -492,4 +476,4 @@ def _planned(op: Planned) -> list[Any] | None:
             return None
         pairs.add(pair)
     workers = tuple(sorted(by_worker))
-    return [Barrier(_AlltoallwRunner(op, {w: tuple(e) for w, e in by_worker.items()}, workers))]
+    return [FastPathStep(_AlltoallwRunner(op, {w: tuple(e) for w, e in by_worker.items()}, workers))]

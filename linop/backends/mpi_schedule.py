@@ -40,6 +40,7 @@ from ..movement import Copy, CopyAdjoint, Move
 from ..operator import Composition, Identity, LinearOperator, Scaled, Sum, Zero
 from ..primitives import Add, Allocate, Clear, Deallocate
 from ..space import Block, Region, Space
+from .mpi_steps import FastPathRunner
 
 __all__ = [
     "Footprint",
@@ -49,7 +50,8 @@ __all__ = [
     "Scale",
     "ZeroState",
     "Branches",
-    "Barrier",
+    "FastPathStep",
+    "movement_footprint",
     "Program",
     "lower",
     "lowering",
@@ -188,19 +190,20 @@ class Branches:
 
 
 @dataclass(frozen=True, slots=True)
-class Barrier:
-    """A step provided by a fast-path lowering: it knows how to run itself on each rank.
+class FastPathStep:
+    """A step provided by a fast-path lowering, which runs itself on each rank.
 
-    ``runner`` is an object with ``project(rank)`` returning a per-rank step (an object with a
-    ``run(context)`` method) or None when the rank takes no part. Batching never moves other
-    steps across it.
+    ``runner`` (a :class:`~linop.backends.mpi_steps.FastPathRunner`) names the workers it
+    involves and gives each rank its part (a :class:`~linop.backends.mpi_steps.RankStep`), or
+    None when the rank takes no part. Batching never moves other steps across it. (Not an MPI
+    barrier: only the ranks the step involves synchronize, and only as its messages require.)
     """
 
-    runner: Any
+    runner: FastPathRunner
 
 
 Step = Any
-"""One of Local, Transfer, Phase, Scale, ZeroState, Branches, Barrier."""
+"""One of Local, Transfer, Phase, Scale, ZeroState, Branches, FastPathStep."""
 
 
 # -- lowering -------------------------------------------------------------------------------
@@ -241,7 +244,7 @@ def _movement_steps(node: Copy | CopyAdjoint | Move) -> list[Step]:
     """A movement node: local when both ends share a worker, else one transfer."""
     src, dst = node.src, node.dst
     if src.worker == dst.worker:
-        return [Local(node, src.worker, _movement_footprint(node))]
+        return [Local(node, src.worker, movement_footprint(node))]
     out = isinstance(dst, Block)
     if isinstance(node, CopyAdjoint):
         # data flows back from dst to src and is added there; dst is cleared or dropped
@@ -252,7 +255,8 @@ def _movement_steps(node: Copy | CopyAdjoint | Move) -> list[Step]:
     return [Transfer(src, dst, "new" if out else "store", "keep")]
 
 
-def _movement_footprint(node: Copy | CopyAdjoint | Move) -> Footprint:
+def movement_footprint(node: Copy | CopyAdjoint | Move) -> Footprint:
+    """What a movement node reads and writes (for batching; shared with the fast paths)."""
     src, dst = node.src, node.dst
     dst_box = _whole(dst.name) if isinstance(dst, Block) else _box(dst)
     if isinstance(node, CopyAdjoint):  # x_src += x_dst (an add: commutes with adds), x_dst cleared
@@ -485,7 +489,7 @@ def project(steps: Iterable[Step], rank: int) -> tuple[Any, ...]:
         elif isinstance(step, Branches):
             names = tuple(b.name for b in step.space if b.worker == rank)
             out.append(RankBranches(tuple(project(term, rank) for term in step.terms), names))
-        elif isinstance(step, Barrier):
+        elif isinstance(step, FastPathStep):
             mine = step.runner.project(rank)
             if mine is not None:
                 out.append(mine)
@@ -510,8 +514,8 @@ class Program:
 
     @property
     def phases(self) -> int:
-        """Number of communication phases and barriers at the top level (sums not counted)."""
-        return sum(isinstance(s, (Phase, Barrier)) for s in self.steps)
+        """Number of communication phases and fast-path steps at the top level (sums not counted)."""
+        return sum(isinstance(s, (Phase, FastPathStep)) for s in self.steps)
 
 
 def _alphas(steps: Iterable[Step]) -> list[Any]:
@@ -548,7 +552,7 @@ def _workers(steps: Iterable[Step]) -> list[int]:
             found.extend(b.worker for b in step.space)
             for term in step.terms:
                 found.extend(_workers(term))
-        elif isinstance(step, Barrier):
+        elif isinstance(step, FastPathStep):
             found.extend(step.runner.workers)
     return found
 

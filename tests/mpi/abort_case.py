@@ -15,7 +15,8 @@ from mpi4py import MPI
 
 from linop import Block, SendRecv, Space
 from linop.backends import mpi_backend
-from linop.backends.mpi_schedule import Barrier, lowering
+from linop.backends.mpi_schedule import FastPathStep, lowering
+from linop.backends.mpi_steps import RankStep
 
 
 @dataclass(frozen=True, eq=True, repr=False)
@@ -23,7 +24,7 @@ class Faulty(Opaque):
     """Lowered (below) to a step that raises on rank 1."""
 
 
-class _Raise:
+class _Raise(RankStep):
     workers = (0, 1)
 
     def project(self, rank: int):
@@ -35,7 +36,7 @@ class _Raise:
 
 @lowering(Faulty)
 def _faulty(op: Faulty):
-    return [Barrier(_Raise())]
+    return [FastPathStep(_Raise())]
 
 
 space = Space([Block("a", (4,), 0), Block("b", (4,), 1)])

@@ -9,7 +9,7 @@ from mpi4py import MPI
 
 from linop import expand_all
 from linop.backends import mpi_backend
-from linop.backends.mpi_schedule import Barrier, Phase
+from linop.backends.mpi_schedule import FastPathStep, Phase
 from linop.collectives import AllGather, AllReduce, BlockGrid, Broadcast, ReduceScatter, SumReduce
 from linop.halo import HaloExchange, local_space
 from linop.halo_geometry import Kernel, halo_geometry
@@ -52,7 +52,7 @@ def test_halo_exchange(variant, grid, size):
     state = op.domain.random(1, dtype=np.int64)
     check_fast_path_equals_expansion(op, state, exact=True)
     check_fast_path_equals_expansion(op.H, state, exact=True)
-    plan = mpi_backend.compile(op, comm=COMM)
+    plan = mpi_backend.plan_for(op, comm=COMM)
     collective_assert(plan.program.phases <= len(op.stages()), f"{plan.program.phases} phases")
 
 
@@ -80,7 +80,7 @@ def test_bound_halo_exchange_is_persistent_and_copies_no_bulk():
         expected = op(state)
         local = local_part(op.domain, state, RANK)
         arrays = dict(local)
-        bound = mpi_backend.compile(op, comm=COMM).bind(local)
+        bound = mpi_backend.plan_for(op, comm=COMM).bind(local)
         bound()
         problem = same_blocks(local, expected, tuple(local))
         if problem is None and not bound.persistent:
@@ -113,8 +113,8 @@ def test_broadcast_and_sum_reduce(case, dtype):
         state = op.domain.random(6, dtype=dtype)
         check_fast_path_equals_expansion(op, state, exact=exact or op is broadcast)
     for op in (broadcast, SumReduce(tensor, destination, "y")):
-        plan = mpi_backend.compile(op, comm=COMM)
-        collective_assert(any(isinstance(s, Barrier) for s in plan.program.steps), f"{op}: not native")
+        plan = mpi_backend.plan_for(op, comm=COMM)
+        collective_assert(any(isinstance(s, FastPathStep) for s in plan.program.steps), f"{op}: not native")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
@@ -128,8 +128,10 @@ def test_all_reduce(grid, dtype):
             op, op.domain.random(7, dtype=dtype), exact=np.dtype(dtype).kind in "iu"
         )
         if np.prod([grid[a] for a in axes]) > 1:  # some group has two members: the native path
-            plan = mpi_backend.compile(op, comm=COMM)
-            collective_assert(any(isinstance(s, Barrier) for s in plan.program.steps), f"{op}: not native")
+            plan = mpi_backend.plan_for(op, comm=COMM)
+            collective_assert(
+                any(isinstance(s, FastPathStep) for s in plan.program.steps), f"{op}: not native"
+            )
 
 
 @pytest.mark.parametrize("grid", grids(), ids=str)
@@ -139,10 +141,12 @@ def test_all_gather_reduce_scatter_and_repartition(grid):
     for op in (AllGather(tensor, (0,), "g"), ReduceScatter(tensor, (0, 1), "g"), Repartition(tensor, other)):
         for node in (op, op.H):
             check_fast_path_equals_expansion(node, node.domain.random(8, dtype=np.int64), exact=True)
-        plan = mpi_backend.compile(op, comm=COMM)
+        plan = mpi_backend.plan_for(op, comm=COMM)
         collective_assert(sum(isinstance(s, Phase) for s in plan.program.steps) <= 1, str(plan.program.steps))
         if not isinstance(op, ReduceScatter):  # copying plans: one Alltoallw
-            collective_assert(any(isinstance(s, Barrier) for s in plan.program.steps), f"{op}: no Alltoallw")
+            collective_assert(
+                any(isinstance(s, FastPathStep) for s in plan.program.steps), f"{op}: no Alltoallw"
+            )
 
 
 def test_scatter_and_gather():
@@ -171,7 +175,7 @@ def test_bound_out_of_place_broadcast_and_sum_reduce(case):
             state = op.domain.random(seed, dtype=np.float64)
             local = local_part(op.domain, state, RANK)
             if seed == 1:
-                bound = mpi_backend.compile(op, comm=COMM).bind(local)
+                bound = mpi_backend.plan_for(op, comm=COMM).bind(local)
             else:
                 for name in local:
                     bound.arrays[name][...] = local[name]

@@ -77,7 +77,7 @@ def test_mixed_dtypes_across_ranks():
 
 def test_phases_batch_a_ring_into_one():
     space = ring_space()
-    plan = mpi_backend.compile(ring_shift(space), comm=COMM)
+    plan = mpi_backend.plan_for(ring_shift(space), comm=COMM)
     collective_assert(plan.program.phases == (1 if SIZE > 1 else 0), f"{plan.program.phases} phases")
 
 
@@ -116,7 +116,7 @@ def test_inplace_swap_of_the_callers_arrays(bound):
     expected = op(state)
     local = local_part(op.domain, state, COMM.rank)
     if bound:
-        mpi_backend.compile(op, comm=COMM).bind(local)()
+        mpi_backend.plan_for(op, comm=COMM).bind(local)()
     else:
         mpi_backend.apply(op, local, comm=COMM, inplace=True)
     collective_assert(
@@ -128,7 +128,7 @@ def test_equal_trees_with_other_scalar_types_are_compiled_apart():
     """2 * A == 2.0 * A, but integer blocks stay integers only under the first."""
     space = ring_space()
     state = space.random(6, dtype=np.int64)
-    mpi_backend.compile(2 * ring_shift(space), comm=COMM)
+    mpi_backend.plan_for(2 * ring_shift(space), comm=COMM)
     compare_with_numpy(2.0 * ring_shift(space), state)
     compare_with_numpy(2 * ring_shift(space), state)
 
@@ -138,7 +138,7 @@ def test_bound_out_of_place_passes_blocks_through_read_only():
     op = Move(space["p0"][0:1], space["p0"][2:3]) @ ring_shift(space)
     state = space.random(7)
     local = local_part(space, state, COMM.rank)
-    result = mpi_backend.compile(op, comm=COMM).bind(local, inplace=False)()
+    result = mpi_backend.plan_for(op, comm=COMM).bind(local, inplace=False)()
     names = tuple(b.name for b in op.range if b.worker == COMM.rank)
     problem = same_blocks(result, op(state), names)
     writable = [n for n in names if result[n].flags.writeable and np.shares_memory(result[n], local[n])]
@@ -158,7 +158,7 @@ def test_bound_plan(local_step):
     state = space.random(6)
     expected = op(state)
     local = local_part(space, state, COMM.rank)
-    bound = mpi_backend.compile(op, comm=COMM).bind(local)
+    bound = mpi_backend.plan_for(op, comm=COMM).bind(local)
     bound()
     problem = same_blocks(local, expected, tuple(local))
     twice = op(expected)
@@ -213,9 +213,11 @@ def test_a_subcommunicator():
 def test_cached_plan_is_reused():
     space = ring_space()
     op = ring_shift(space)
-    first = mpi_backend.compile(op, comm=COMM)
-    again = mpi_backend.compile(ring_shift(space), comm=COMM)
-    collective_assert(first is again and mpi_backend.compile(op, comm=COMM) is first, "plans were not cached")
+    first = mpi_backend.plan_for(op, comm=COMM)
+    again = mpi_backend.plan_for(ring_shift(space), comm=COMM)
+    collective_assert(
+        first is again and mpi_backend.plan_for(op, comm=COMM) is first, "plans were not cached"
+    )
 
 
 def test_operator_method_apply_mpi_is_the_mpi_interpreter():
@@ -240,14 +242,14 @@ def test_a_freed_communicator_and_a_reused_handle():
     local = local_part(op.domain, state, COMM.rank)
     first = COMM.Dup()
     compare_with_numpy(op, state, comm=first)
-    old_plan = mpi_backend.compile(op, comm=first)
+    old_plan = mpi_backend.plan_for(op, comm=first)
     first.Free()
     message = expect_collective_error(CommunicatorError, lambda: mpi_backend.apply(op, local, comm=first))
     collective_assert("COMM_NULL" in message, message)
     second = COMM.Dup()
     try:
         compare_with_numpy(op, state, comm=second)
-        new_plan = mpi_backend.compile(op, comm=second)
+        new_plan = mpi_backend.plan_for(op, comm=second)
         collective_assert(new_plan is not old_plan and new_plan.context.user is second, "stale context")
     finally:
         second.Free()

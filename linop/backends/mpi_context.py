@@ -1,0 +1,220 @@
+"""Communicator contexts of the MPI interpreter: one per user communicator.
+
+A context holds a private duplicate of the user's communicator (linop's messages never meet
+the user's), the sub-communicators the native collectives create inside that duplicate, and a
+bounded cache of the plans compiled for it. It lives exactly as long as the user's
+communicator: it is stored as an MPI attribute of that communicator under a keyval whose delete
+callback frees the duplicate and its sub-communicators, so ``sub = comm.Dup(); ...;
+sub.Free()`` in a loop leaks nothing. The predefined ``MPI.COMM_WORLD`` and ``MPI.COMM_SELF``
+keep theirs until the process ends.
+
+Bad ``comm`` arguments raise a typed error here, before any communication, on every rank that
+passes them (:class:`CommunicatorArgumentError`, :class:`~linop.errors.CommunicatorError`).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from ..errors import CommunicatorError
+from ..operator import LinearOperator, Scaled, walk
+from .mpi_datatypes import mpi
+from .mpi_guard import abort_on_failure
+
+if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
+    from mpi4py.MPI import Comm, Intracomm
+
+__all__ = [
+    "PLAN_CACHE_SIZE",
+    "CommunicatorArgumentError",
+    "CommContext",
+    "PlanCache",
+    "context_for",
+    "subcommunicator",
+    "open_contexts",
+]
+
+PLAN_CACHE_SIZE = 128
+"""Plans kept per communicator (least recently used evicted first): at most this many trees
+by structure, plus the plans of this many most recently used tree objects (looked up by
+identity, the fast way)."""
+
+
+class CommunicatorArgumentError(CommunicatorError, TypeError):
+    """The ``comm`` argument is not an mpi4py communicator."""
+
+
+P = TypeVar("P")
+
+
+def tree_key(op: LinearOperator) -> tuple[LinearOperator, tuple[type, ...]]:
+    """The cache key of a tree: the tree itself (by ``==``) and the types of its scalars
+    (``2 * A == 2.0 * A``, but the results of the two have different dtypes)."""
+    return (op, tuple(type(node.alpha) for node in walk(op) if isinstance(node, Scaled)))
+
+
+class PlanCache(Generic[P]):
+    """Plans by tree, least recently used evicted beyond ``size``.
+
+    Found first by the tree object's identity (held weakly: no walk of the tree), then by
+    :func:`tree_key` (structurally equal trees share a plan)."""
+
+    def __init__(self, size: int = PLAN_CACHE_SIZE) -> None:
+        self.size = size
+        self._by_tree: OrderedDict[tuple[LinearOperator, tuple[type, ...]], P] = OrderedDict()
+        self._by_id: OrderedDict[int, tuple[weakref.ref[LinearOperator], P]] = OrderedDict()
+
+    def __len__(self) -> int:
+        """Number of distinct plans held."""
+        return len({id(plan) for plan in (*self._by_tree.values(), *(p for _, p in self._by_id.values()))})
+
+    def get(self, op: LinearOperator) -> P | None:
+        """The cached plan of ``op``, or None."""
+        key = id(op)
+        entry = self._by_id.get(key)
+        if entry is not None and entry[0]() is op:
+            self._by_id.move_to_end(key)
+            return entry[1]
+        by_tree = tree_key(op)
+        plan = self._by_tree.get(by_tree)
+        if plan is not None:
+            self._by_tree.move_to_end(by_tree)
+            self._remember(op, plan)
+        return plan
+
+    def put(self, op: LinearOperator, plan: P) -> P:
+        """Cache ``plan`` for ``op``; return it."""
+        self._by_tree[tree_key(op)] = plan
+        while len(self._by_tree) > self.size:
+            self._by_tree.popitem(last=False)
+        self._remember(op, plan)
+        return plan
+
+    def _remember(self, op: LinearOperator, plan: P) -> None:
+        key, ids = id(op), self._by_id
+        ids[key] = (weakref.ref(op, lambda _ref, key=key: ids.pop(key, None)), plan)
+        while len(ids) > self.size:
+            ids.popitem(last=False)
+
+    def clear(self) -> None:
+        self._by_tree.clear()
+        self._by_id.clear()
+
+
+_OPEN: set[int] = set()
+_SUBCOMMS: dict[int, dict[tuple[int, ...], Intracomm]] = {}
+
+
+class CommContext:
+    """linop's state for one user communicator (see the module docstring). Creating one is
+    collective over the user's communicator (``MPI_Comm_dup``)."""
+
+    def __init__(self, user: Intracomm) -> None:
+        self._user = weakref.ref(user)
+        with abort_on_failure(user, lambda: "duplicating the communicator"):
+            self.comm: Intracomm = user.Dup()
+        self.rank: int = self.comm.Get_rank()
+        self.size: int = self.comm.Get_size()
+        self.plans: PlanCache[Any] = PlanCache()
+        self.freed = False
+        _OPEN.add(id(self))
+
+    @property
+    def user(self) -> Intracomm | None:
+        """The user's communicator (None once its Python object is gone)."""
+        return self._user()
+
+    def free(self) -> None:
+        """Free the private duplicate and its sub-communicators, forget the plans; collective
+        (called from the user communicator's delete callback, or at no other time)."""
+        if self.freed:
+            return
+        self.freed = True
+        _OPEN.discard(id(self))
+        self.plans.clear()
+        for _, sub in sorted(_SUBCOMMS.pop(self.comm.py2f(), {}).items()):
+            sub.Free()
+        self.comm.Free()
+
+
+def open_contexts() -> int:
+    """Number of contexts (private duplicates) not yet freed in this process."""
+    return len(_OPEN)
+
+
+_KEYVAL: int | None = None
+_PREDEFINED: dict[int, CommContext] = {}
+
+
+def _delete_context(comm: Comm, keyval: int, context: CommContext) -> None:
+    """The keyval's delete callback: the user freed (or MPI deleted) the communicator."""
+    context.free()
+
+
+def _keyval() -> int:
+    global _KEYVAL
+    if _KEYVAL is None:
+        _KEYVAL = mpi().Comm.Create_keyval(delete_fn=_delete_context)
+    return _KEYVAL
+
+
+def context_for(comm: Any) -> CommContext:
+    """The context of a user communicator (default ``MPI.COMM_WORLD``), created on first use
+    (collective: a duplicate is made).
+
+    Raises
+    ------
+    CommunicatorArgumentError
+        ``comm`` is not an mpi4py communicator (e.g. the string ``"world"``).
+    CommunicatorError
+        ``comm`` is ``MPI.COMM_NULL`` (freed, or this rank is not in it) or an
+        intercommunicator.
+    """
+    module = mpi()
+    if comm is None:
+        comm = module.COMM_WORLD
+    if not isinstance(comm, module.Comm):
+        raise CommunicatorArgumentError(
+            f"comm must be an mpi4py communicator such as MPI.COMM_WORLD, not {type(comm).__name__} {comm!r}"
+        )
+    if comm == module.COMM_NULL:
+        raise CommunicatorError("the communicator is MPI.COMM_NULL (freed, or this rank is not in it)")
+    if not isinstance(comm, module.Intracomm) or comm.Is_inter():
+        raise CommunicatorError(
+            f"the MPI interpreter needs an intracommunicator, not {type(comm).__name__} (an intercommunicator)"
+        )
+    handle = comm.py2f()
+    if comm == module.COMM_WORLD or comm == module.COMM_SELF:
+        context = _PREDEFINED.get(handle)
+        if context is None:
+            context = _PREDEFINED[handle] = CommContext(comm)
+        return context
+    keyval = _keyval()
+    context = comm.Get_attr(keyval)
+    if context is None:
+        context = CommContext(comm)
+        comm.Set_attr(keyval, context)
+    return context
+
+
+def subcommunicator(comm: Intracomm, ranks: tuple[int, ...]) -> Intracomm:
+    """The communicator of ``ranks`` (in that order) inside a context's private ``comm``,
+    created once and freed with the context.
+
+    Collective over ``ranks`` only (``MPI_Comm_create_group``); callers create the groups of a
+    step in one global order, so no two ranks wait for each other in opposite orders.
+    """
+    if ranks == tuple(range(comm.Get_size())):  # the whole communicator, in order
+        return comm
+    table = _SUBCOMMS.setdefault(comm.py2f(), {})
+    sub = table.get(ranks)
+    if sub is None:
+        whole = comm.Get_group()
+        group = whole.Incl(list(ranks))
+        sub = comm.Create_group(group, tag=7)
+        group.Free()
+        whole.Free()
+        table[ranks] = sub
+    return sub

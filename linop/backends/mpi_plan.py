@@ -1,0 +1,177 @@
+"""A tree compiled for one communicator: :class:`DistributedPlan`.
+
+The plan holds the global program (:func:`linop.backends.mpi_schedule.compile_program`), this
+rank's schedule, and the entry check (:mod:`linop.backends.mpi_check`). Applying it checks
+collectively, then runs the schedule (:mod:`linop.backends.mpi_runtime`) on a copy-on-write
+workspace, so caller arrays are never mutated, except in place, where the results are written
+back into the caller's arrays with the numpy interpreter's rules
+(:func:`~linop.backends.numpy_backend.write_back`).
+
+Once the check has passed every rank is committed to the schedule: anything raised on a rank
+after it (a bug, a user kernel raising, ``KeyboardInterrupt``) ends the job with that rank's
+message (:func:`linop.backends.mpi_guard.abort_for`), since its peers may be waiting for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import CommunicatorError, LinopError, UnsupportedNodeError
+from ..operator import LinearOperator
+from ..space import Block, State
+from . import numpy_backend
+from .mpi_check import EntryCheck
+from .mpi_guard import abort_for
+from .mpi_runtime import run_schedule
+from .mpi_schedule import Program, compile_program, fingerprint
+
+if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
+    from mpi4py.MPI import Intracomm
+
+    from .mpi_bound import BoundPlan
+    from .mpi_context import CommContext
+
+__all__ = ["DistributedPlan", "read_only"]
+
+
+def read_only(array: np.ndarray) -> np.ndarray:
+    """A read-only view: how a caller's array passed through comes back."""
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
+class DistributedPlan:
+    """A tree compiled for one communicator: the global program and this rank's schedule.
+
+    Built by :func:`linop.backends.mpi_backend.plan_for` (cached per communicator). Compiling
+    is local; a tree the interpreter cannot compile (or a communicator too small for it) is
+    reported by the first application's check, on every rank alike.
+    """
+
+    def __init__(self, op: LinearOperator, context: CommContext) -> None:
+        self.op = op
+        self.context = context
+        self.fingerprint = fingerprint(op)
+        self.problem: LinopError | None = None
+        self.program: Program | None = None
+        self.schedule: tuple[Any, ...] = ()
+        self.domain_blocks: dict[str, Block] = {}
+        self.range_names: tuple[str, ...] = ()
+        try:
+            self.program = compile_program(op)
+        except Exception as error:  # raised collectively by the check, after the tree test
+            self.problem = (
+                error
+                if isinstance(error, LinopError)
+                else UnsupportedNodeError(
+                    f"the MPI interpreter cannot compile {op}: {type(error).__name__}: {error}"
+                )
+            )
+        else:
+            if self.program.max_worker >= context.size:
+                self.problem = CommunicatorError(
+                    f"the tree names worker {self.program.max_worker} but the communicator has "
+                    f"{context.size} rank(s); run with at least {self.program.max_worker + 1} ranks"
+                )
+            else:
+                self.schedule = self.program.for_rank(context.rank)
+                self.domain_blocks = {b.name: b for b in op.domain if b.worker == context.rank}
+                self.range_names = tuple(b.name for b in op.range if b.worker == context.rank)
+        alphas = self.program.alphas if self.program is not None else ()
+        self.entry = EntryCheck(op, self.fingerprint, context.comm, self.domain_blocks, alphas, self.problem)
+
+    @property
+    def comm(self) -> Intracomm:
+        """The plan's private communicator (a duplicate of the user's)."""
+        return self.context.comm
+
+    def check(self, state: Any, *, inplace: bool = False, dtype: npt.DTypeLike | None = None) -> np.dtype:
+        """Collectively validate the tree and every rank's local state; return the run's dtype
+        (see :mod:`linop.backends.mpi_check`).
+
+        Raises
+        ------
+        TreeMismatchError, CommunicatorError, DistributedStateError, UnsupportedNodeError
+            On every rank together, before any data moves.
+        """
+        if self.context.freed:
+            raise CommunicatorError(
+                f"the communicator of this plan of {self.op} has been freed; build the plan again "
+                "on a live communicator"
+            )
+        try:
+            outcome = self.entry.run(state, inplace=inplace, dtype=dtype)
+        except BaseException as error:
+            abort_for(self.comm, f"checking {self.op}", error)
+        return outcome.result()
+
+    # -- application -------------------------------------------------------------------------
+    def apply(
+        self,
+        local_state: Mapping[str, Any],
+        *,
+        inplace: bool = False,
+        dtype: npt.DTypeLike | None = None,
+    ) -> State:
+        """Apply the plan to this rank's blocks; collective. See
+        :func:`linop.backends.mpi_backend.apply`."""
+        run_dtype = self.check(local_state, inplace=inplace, dtype=dtype)
+        alloc = np.dtype(dtype) if dtype is not None else run_dtype
+        arrays = {name: local_state[name] for name in self.domain_blocks}
+        if not inplace:
+            return self.run_out_of_place(arrays, run_dtype, alloc)
+        self.run_in_place(arrays, run_dtype, alloc)
+        return local_state  # type: ignore[return-value]
+
+    def run_out_of_place(self, arrays: dict[str, np.ndarray], dtype: np.dtype, alloc: np.dtype) -> State:
+        """Run (no check) on copy-on-write arrays; blocks passed through come back as
+        read-only views. Collective; aborts the job if anything fails."""
+        try:
+            work = numpy_backend.Workspace(dict(arrays), set(), alloc)
+            run_schedule(self.schedule, work, self.comm, dtype)
+            result: State = {}
+            for name in self.range_names:
+                array = work.arrays[name]
+                result[name] = array if name in work.owned else read_only(array)
+            return result
+        except BaseException as error:
+            abort_for(self.comm, f"applying {self.op}", error)
+
+    def run_in_place(self, arrays: dict[str, np.ndarray], dtype: np.dtype, alloc: np.dtype) -> None:
+        """Run (no check) on the caller's arrays, then write back the blocks that ended in other
+        arrays (:func:`~linop.backends.numpy_backend.write_back`). Collective; aborts the job if
+        anything fails."""
+        try:
+            work = numpy_backend.Workspace(dict(arrays), set(arrays), alloc)
+            run_schedule(self.schedule, work, self.comm, dtype)
+            numpy_backend.write_back(arrays, work)
+        except BaseException as error:
+            abort_for(self.comm, f"applying {self.op}", error)
+
+    def bind(self, local_state: Mapping[str, Any], *, inplace: bool | None = None) -> BoundPlan:
+        """Prepare repeated application to these very arrays; collective.
+
+        The check runs once, here; the returned callable then applies the operator with no
+        further checks. In place (the default when domain equals range), a schedule of phases
+        of stores, adds and clears between blocks that exist before and after (a halo
+        exchange, an in-place copy) and native all-reduces becomes persistent requests straight
+        on the caller's arrays. Out of place, a native broadcast (a blocking ``Bcast`` per
+        call: measured faster than ``Bcast_init`` here) or sum-reduce (persistent
+        ``Allreduce_init``) writes into result arrays prebuilt once: each call returns the same
+        arrays, overwritten. Any other schedule runs the ordinary application without its
+        check on each call.
+        """
+        from .mpi_bound import BoundPlan
+
+        if inplace is None:
+            inplace = self.op.domain == self.op.range
+        dtype = self.check(local_state, inplace=inplace)
+        try:
+            return BoundPlan(self, {name: local_state[name] for name in self.domain_blocks}, dtype, inplace)
+        except BaseException as error:
+            abort_for(self.comm, f"binding {self.op}", error)

@@ -1,0 +1,121 @@
+"""The runtime of the MPI interpreter: execute one rank's schedule on its workspace.
+
+A rank's schedule (:meth:`linop.backends.mpi_schedule.Program.for_rank`) is a sequence of
+
+- local nodes, run with the numpy interpreter's handlers;
+- :class:`~linop.backends.mpi_schedule.RankPhase`: post every receive, then every send, wait
+  once, then add or store what needed a buffer and clear or drop the sources. Data moves straight
+  from and into the blocks (:func:`~linop.backends.mpi_datatypes.region_spec`);
+- the algebra steps, with the numpy interpreter's semantics (the same functions):
+  :class:`~linop.backends.mpi_schedule.Scale` (:func:`~linop.backends.numpy_backend.scale_blocks`),
+  :class:`~linop.backends.mpi_schedule.RankBranches`
+  (:func:`~linop.backends.numpy_backend.sum_branches`) and
+  :class:`~linop.backends.mpi_schedule.RankZero`;
+- fast-path steps (:class:`~linop.backends.mpi_steps.RankStep`), which run themselves.
+
+Every message travels in the run's dtype, agreed by all ranks before the run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..operator import LinearOperator
+from . import numpy_backend
+from .mpi_datatypes import mpi, raw_spec, region_spec
+from .mpi_schedule import RankBranches, RankPhase, RankZero, Scale, Transfer
+from .mpi_steps import RankStep
+
+if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
+    from mpi4py.MPI import Intracomm
+
+__all__ = ["run_schedule", "run_phase"]
+
+
+def run_schedule(
+    schedule: Sequence[Any], work: numpy_backend.Workspace, comm: Intracomm, dtype: np.dtype
+) -> None:
+    """Run a rank's schedule on ``work``; collective with the other ranks' schedules."""
+    for step in schedule:
+        kind = type(step)
+        if kind is RankPhase:
+            run_phase(step, work, comm, dtype)
+        elif isinstance(step, LinearOperator):
+            numpy_backend.run(step, work)
+        elif kind is Scale:
+            numpy_backend.scale_blocks(step.alpha, work)
+        elif kind is RankZero:
+            work.arrays.clear()
+            work.owned.clear()
+            for block in step.blocks:
+                work.set(block.name, np.zeros(block.shape, dtype=work.dtype))
+        elif kind is RankBranches:
+            _run_branches(step, work, comm, dtype)
+        elif isinstance(step, RankStep):
+            step.run(work, comm, dtype)
+        else:  # pragma: no cover - projection emits nothing else
+            raise TypeError(f"the MPI runtime cannot run the step {step!r}")
+
+
+def _run_branches(
+    step: RankBranches, work: numpy_backend.Workspace, comm: Intracomm, dtype: np.dtype
+) -> None:
+    results = []
+    for term in step.terms:
+        branch = work.borrowed()
+        run_schedule(term, branch, comm, dtype)
+        results.append(branch.arrays)
+    numpy_backend.sum_branches(results, step.names, work)
+
+
+def run_phase(phase: RankPhase, work: numpy_backend.Workspace, comm: Intracomm, dtype: np.dtype) -> None:
+    """Post every receive, then every send, wait once, then add/store what needs a buffer and
+    clear or drop the sources."""
+    requests = []
+    finish: list[tuple[Transfer, np.ndarray]] = []
+    for peer, tag, t in phase.receives:
+        if t.mode == "new":
+            buffer = np.empty(t.shape, dtype)
+            if buffer.size:
+                requests.append(comm.Irecv(raw_spec(buffer), peer, tag))
+            finish.append((t, buffer))
+            continue
+        if phase.empty(t):
+            continue
+        target = work.writable(t.target.name, dtype)
+        if t.mode == "store" and target.dtype == dtype:
+            spec = region_spec(target, t.target, phase.index(t.target))
+            if spec is not None:
+                requests.append(comm.Irecv(spec, peer, tag))
+                continue
+        buffer = np.empty(t.shape, dtype)
+        requests.append(comm.Irecv(raw_spec(buffer), peer, tag))
+        finish.append((t, buffer))
+    for peer, tag, t in phase.sends:
+        if phase.empty(t):
+            continue
+        array = work.arrays[t.source.name]
+        spec = None
+        if array.dtype == dtype:
+            spec = region_spec(array, t.source, phase.index(t.source))
+        if spec is None:
+            spec = raw_spec(np.ascontiguousarray(array[phase.index(t.source)], dtype=dtype))
+        requests.append(comm.Isend(spec, peer, tag))
+    if requests:
+        mpi().Request.Waitall(requests)
+    for t, buffer in finish:
+        if t.mode == "new":
+            work.set(t.target.name, buffer)
+        elif t.mode == "add":
+            work.writable(t.target.name, dtype)[phase.index(t.target)] += buffer
+        else:
+            work.writable(t.target.name, dtype)[phase.index(t.target)] = buffer
+    for _, _, t in phase.sends:
+        if t.after == "clear":
+            if not phase.empty(t):
+                work.writable(t.source.name)[phase.index(t.source)] = 0
+        elif t.after == "drop":
+            work.drop(t.source.name)

@@ -1,0 +1,88 @@
+"""The interfaces between the MPI interpreter's schedule, its fast paths and its runtime.
+
+A fast-path lowering (:func:`linop.backends.mpi_schedule.lowering`) emits a
+:class:`~linop.backends.mpi_schedule.FastPathStep` holding a :class:`FastPathRunner`: the
+global step, which knows the workers it involves and gives each rank its part, a
+:class:`RankStep`. The runtime (:mod:`linop.backends.mpi_runtime`) runs a rank step on the
+rank's workspace; a bound plan (:mod:`linop.backends.mpi_bound`) asks it, once, for persistent
+requests instead (:meth:`RankStep.persistent`, :meth:`RankStep.bind_out_of_place`), which a
+step that cannot be bound so declines by returning None (the default).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, Union
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
+    from mpi4py.MPI import Intracomm, Prequest
+
+    from .numpy_backend import Workspace
+
+__all__ = ["RankStep", "FastPathRunner", "Persistent", "OutOfPlaceBinding", "Action", "Call"]
+
+Action = Callable[[], object]
+"""A local action run after the requests of a phase complete (an unpack, add or clear)."""
+
+Call = Union["Prequest", Action]
+"""One collective call of a bound plan: a persistent request, or a blocking collective call."""
+
+
+@dataclass
+class Persistent:
+    """An in-place rank step bound to fixed arrays: persistent requests (started one at a
+    time, in the global order of their groups) and the local actions that follow them."""
+
+    requests: list[Prequest] = field(default_factory=list)
+    finish: list[Action] = field(default_factory=list)
+
+
+@dataclass
+class OutOfPlaceBinding:
+    """An out-of-place rank step bound to fixed input arrays: its collective calls in order,
+    the result arrays they write (built once, overwritten by every call) and the input blocks
+    the step drops from the state."""
+
+    calls: list[Call] = field(default_factory=list)
+    results: dict[str, np.ndarray] = field(default_factory=dict)
+    dropped: tuple[str, ...] = ()
+
+
+class RankStep(ABC):
+    """One rank's part of a fast-path step."""
+
+    @abstractmethod
+    def run(self, work: Workspace, comm: Intracomm, dtype: np.dtype) -> None:
+        """Run the step on this rank's workspace; collective over the ranks that take part."""
+
+    def persistent(
+        self, arrays: dict[str, np.ndarray], comm: Intracomm, dtype: np.dtype, *, dry: bool = False
+    ) -> Persistent | None:
+        """Persistent requests doing the step in place on ``arrays`` on every call, or None when
+        the step cannot be bound so (the default). ``dry``: only decide, create nothing
+        (collective initializations are made by every member or none, so ranks agree first)."""
+        return None
+
+    def bind_out_of_place(
+        self, arrays: dict[str, np.ndarray], comm: Intracomm, dtype: np.dtype, *, dry: bool = False
+    ) -> OutOfPlaceBinding | None:
+        """Collective calls doing the step from ``arrays`` into result arrays built once, or
+        None when the step cannot be bound so (the default). ``dry`` as in :meth:`persistent`."""
+        return None
+
+
+class FastPathRunner(Protocol):
+    """The global step of a fast-path lowering: the workers it involves and each rank's part."""
+
+    @property
+    def workers(self) -> tuple[int, ...]:
+        """Every worker the step involves (the communicator must cover them)."""
+        ...
+
+    def project(self, rank: int) -> RankStep | None:
+        """This rank's part, or None when the rank takes no part."""
+        ...
