@@ -144,7 +144,7 @@ def spy(op: LinearOperator, *, adjoint: bool = True, figsize: tuple[float, float
         figsize = (4.2 * panels, 4.2)
     figure = new_figure(figsize=figsize, layout="constrained")
     axes = figure.subplots(1, panels, squeeze=False)[0]
-    _draw_matrix(axes[0], forward, op.range.blocks, op.domain.blocks, f"$A$ = {_short(str(op))}")
+    _draw_matrix(axes[0], forward, op.range.blocks, op.domain.blocks, f"$A$ = {_short(str(op), 40)}")
     if adjoint:
         claimed = op.H.to_sparse().tocsr()
         expected = forward.conj().T.tocsr()
@@ -155,7 +155,7 @@ def spy(op: LinearOperator, *, adjoint: bool = True, figsize: tuple[float, float
         wrong = (claimed - expected).tocoo()
         keep = wrong.data != 0
         rows, cols = wrong.row[keep], wrong.col[keep]
-        title = f"$A^*$ = {_short(str(op.H))}\n" + (
+        title = f"$A^*$ = {_short(str(op.H), 40)}\n" + (
             "equal to conj(A)^T" if not len(rows) else f"{len(rows)} entries differ from conj(A)^T"
         )
         _draw_matrix(axes[1], claimed, op.domain.blocks, op.range.blocks, title)
@@ -355,8 +355,9 @@ def schedule_messages(op: LinearOperator) -> list[Message]:
 def messages(op: LinearOperator, *, figsize: tuple[float, float] | None = None) -> Figure:
     """Message diagram of ``op``'s MPI schedule: one column per phase, one lane per worker.
 
-    A point-to-point message is an arrow from the sender's lane to the receiver's, labelled
-    with the number of entries it moves (gid ``"message"``); a native collective (broadcast,
+    The messages of one phase from one sender to one receiver are one arrow from the sender's
+    lane to the receiver's (gid ``"message"``), labelled with the entries they move: ``5`` for
+    one message of 5 entries, ``2x5`` for two of 5, ``3: 12`` for three of 12 in total; a native collective (broadcast,
     sum-reduce, all-reduce, all-to-all fast paths) is a band over its workers labelled with
     the node's type (gid ``"collective"``).
 
@@ -379,35 +380,43 @@ def messages(op: LinearOperator, *, figsize: tuple[float, float] | None = None) 
     lane = {w: i for i, w in enumerate(workers)}
     phases = max(msg.phase for msg in found) + 1
     if figsize is None:
-        figsize = (1.6 + 1.5 * phases, 1.0 + 0.5 * len(workers))
+        widest = max(len({(m.source, m.target) for m in found if m.phase == p}) for p in range(phases))
+        figsize = (1.8 + phases * max(1.5, 0.32 * widest), 1.2 + 0.55 * len(workers))
     figure = new_figure(figsize=figsize, layout="constrained")
     ax = figure.subplots()
     for i in range(len(workers)):
         ax.axhline(i, color="0.85", linewidth=0.8, zorder=0)
     for p in range(phases):
         in_phase = [msg for msg in found if msg.phase == p]
-        sends = [msg for msg in in_phase if msg.kind == "send"]
-        for k, msg in enumerate(sends):
-            shift = (k + 0.5) / len(sends) * 0.6 - 0.3
+        pairs: dict[tuple[int, int], list[int]] = {}
+        for msg in in_phase:
+            if msg.kind == "send":
+                pairs.setdefault((msg.source, msg.target), []).append(msg.entries)
+        for k, ((source, target), sizes) in enumerate(sorted(pairs.items())):
+            shift = (k + 0.5) / len(pairs) * 0.8 - 0.4
             arrow = FancyArrowPatch(
-                (p + shift - 0.15, lane[msg.source]),
-                (p + shift + 0.15, lane[msg.target]),
+                (p + shift - 0.04, lane[source]),
+                (p + shift + 0.04, lane[target]),
                 arrowstyle="-|>",
                 mutation_scale=10,
-                color=_colour(msg.source),
+                color=_colour(source),
                 linewidth=1.2,
-                connectionstyle="arc3,rad=0.0",
             )
             arrow.set_gid("message")
             ax.add_patch(arrow)
-            mid = (lane[msg.source] + lane[msg.target]) / 2
+            text = (
+                str(sizes[0])
+                if len(sizes) == 1
+                else (f"{len(sizes)}x{sizes[0]}" if len(set(sizes)) == 1 else f"{len(sizes)}: {sum(sizes)}")
+            )
             label = ax.text(
                 p + shift,
-                mid,
-                str(msg.entries),
+                (lane[source] + lane[target]) / 2,
+                text,
                 fontsize=7,
                 ha="center",
                 va="center",
+                rotation=90,
                 bbox={"boxstyle": "round,pad=0.1", "facecolor": "white", "edgecolor": "none"},
             )
             label.set_gid("message-label")
@@ -442,5 +451,8 @@ def messages(op: LinearOperator, *, figsize: tuple[float, float] | None = None) 
     ax.set_yticklabels([f"worker {w}" for w in workers], fontsize=8)
     total = sum(msg.entries for msg in found if msg.kind == "send")
     count = sum(msg.kind == "send" for msg in found)
-    ax.set_title(f"MPI schedule of {_short(str(op))}: {count} messages, {total} entries", fontsize=9)
+    collectives = len(found) - count
+    parts = [f"{count} messages, {total} entries"] if count else []
+    parts += [f"{collectives} native collective{'s' if collectives != 1 else ''}"] if collectives else []
+    ax.set_title(f"MPI schedule of {_short(str(op), 40)}:\n{'; '.join(parts)}", fontsize=9)
     return figure

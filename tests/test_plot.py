@@ -180,6 +180,7 @@ def test_messages_draw_a_native_collective_as_a_band():
     assert message.kind == "Broadcast" and message.workers == (0, 1, 2, 3)
     ax = plot.messages(bcast).axes[0]
     assert len(_gids(ax.patches, "collective")) == 1 and not _gids(ax.patches, "message")
+    assert ax.get_title().endswith("1 native collective")
 
 
 def test_messages_refuse_a_local_schedule():
