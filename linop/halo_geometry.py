@@ -75,6 +75,7 @@ __all__ = [
     "HaloGeometry",
     "Kernel",
     "KernelError",
+    "Fills",
     "Segment",
     "halo_geometry",
     "output_length",
@@ -449,8 +450,8 @@ class HaloGeometry:
         Global output shape.
     rows : tuple of tuple of DimGeometry
         ``rows[dim][g]``: the row of the workers with grid coordinate g along ``dim``.
-    fills : tuple of tuple of tuple of Segment
-        ``fills[dim][g]``: the runs of the window outside the bulk that are filled from owners
+    fills : tuple of tuple of Fills
+        ``fills[dim][g]`` (a sequence of :class:`Segment`, in closed form): the runs of the window outside the bulk that are filled from owners
         (halo entries, and pad entries unless the boundary is zero), along ``dim``; derived
         from the rows and the boundary modes.
     """
@@ -459,7 +460,7 @@ class HaloGeometry:
     kernel: Kernel
     output_shape: tuple[int, ...]
     rows: tuple[tuple[DimGeometry, ...], ...]
-    fills: tuple[tuple[tuple[Segment, ...], ...], ...] = field(init=False, repr=False, compare=False)
+    fills: tuple[tuple[Fills, ...], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         fills = tuple(
@@ -541,35 +542,188 @@ class HaloGeometry:
         return geometry_html(self)
 
 
-def _fill_segments(rows: Sequence[DimGeometry], g: int, boundary: str, data: slice) -> tuple[Segment, ...]:
-    """Runs of the receiver's window positions outside its bulk, grouped by owner, with
-    consecutive increasing sources (reflected runs become runs of one entry)."""
-    me = rows[g]
-    owners = [h for h, r in enumerate(rows) if r.bulk_size]
-    starts = [rows[h].bulk_start for h in owners]
-    segments: list[Segment] = []
-    bulk = me.bulk
-    outside = itertools.chain(
-        range(data.start, min(data.stop, bulk.start)), range(max(data.start, bulk.stop), data.stop)
-    )
-    for position in outside:
-        x = position + me.local_start
-        source = source_index(x, me.length, boundary)
-        if source is None:
-            continue
-        h = owners[bisect.bisect_right(starts, source) - 1]
-        src = source - rows[h].local_start
-        if segments:
-            last = segments[-1]
+class Fills(Sequence[Segment]):
+    """The fill segments of one receiver along one dimension, held in closed form.
+
+    A periodic or reflecting boundary repeats the same runs every period of the padded
+    coordinate (m for periodic, 2(m-1) for reflect, 2m for symmetric), so the runs are kept as
+    ``(pattern, repeats, stride)`` parts: ``pattern`` (a tuple of segments) occurs ``repeats``
+    times, each time ``stride`` positions further. Building costs O(m + owners) per part
+    whatever the padding; iterating yields the segments one by one, and indexing finds one in
+    O(parts). It compares equal to the tuple of its segments.
+    """
+
+    __slots__ = ("_length", "_parts")
+
+    def __init__(self, parts: Sequence[tuple[tuple[Segment, ...], int, int]] = ()) -> None:
+        self._parts = tuple(p for p in parts if p[0] and p[1] > 0)
+        self._length = sum(len(pattern) * repeats for pattern, repeats, _ in self._parts)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        for pattern, repeats, stride in self._parts:
+            if stride == 0 or repeats == 1:
+                for _ in range(repeats):
+                    yield from pattern
+                continue
+            for k in range(repeats):
+                shift = k * stride
+                for seg in pattern:
+                    yield Segment(seg.dst_start + shift, seg.size, seg.owner, seg.src_start)
+
+    def __getitem__(self, index):  # type: ignore[no-untyped-def]
+        if isinstance(index, slice):
+            return tuple(self)[index]
+        i = operator.index(index)
+        if i < 0:
+            i += self._length
+        if not 0 <= i < self._length:
+            raise IndexError(f"fill segment {index} of {self._length}")
+        for pattern, repeats, stride in self._parts:
+            count = len(pattern) * repeats
+            if i < count:
+                k, j = divmod(i, len(pattern))
+                seg = pattern[j]
+                return Segment(seg.dst_start + k * stride, seg.size, seg.owner, seg.src_start)
+            i -= count
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (Fills, tuple, list)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        if self._length <= 8:
+            return f"Fills({tuple(self)!r})"
+        return f"Fills({self._length} segments in {len(self._parts)} parts)"
+
+
+def _period(length: int, boundary: str) -> int:
+    """The period of :func:`source_index` in the padded coordinate (0: none, zero boundary)."""
+    if boundary == "zero" or length == 0:
+        return 0
+    if boundary == "periodic":
+        return length
+    if boundary == "reflect":
+        return 2 * (length - 1) if length > 1 else 1
+    return 2 * length  # symmetric
+
+
+class _Runs:
+    """Builds segments from runs of sources, merging as the per-position rule did: a segment
+    grows while the owner stays, and destinations and sources both advance by one."""
+
+    def __init__(self, rows: Sequence[DimGeometry], local_start: int) -> None:
+        self.rows = rows
+        self.owners = [h for h, r in enumerate(rows) if r.bulk_size]
+        self.starts = [rows[h].bulk_start for h in self.owners]
+        self.local_start = local_start
+        self.out: list[Segment] = []
+
+    def _push(self, position: int, size: int, h: int, src: int) -> None:
+        if self.out:
+            last = self.out[-1]
             if (
                 last.owner == h
                 and last.dst_start + last.size == position
                 and last.src_start + last.size == src
             ):
-                segments[-1] = Segment(last.dst_start, last.size + 1, h, last.src_start)
-                continue
-        segments.append(Segment(position, 1, h, src))
-    return tuple(segments)
+                self.out[-1] = Segment(last.dst_start, last.size + size, h, last.src_start)
+                return
+        self.out.append(Segment(position, size, h, src))
+
+    def increasing(self, x0: int, s0: int, count: int) -> None:
+        """Padded coordinates x0 .. x0+count-1 read sources s0 .. s0+count-1, split by owner."""
+        x, s, left = x0, s0, count
+        while left > 0:
+            at = bisect.bisect_right(self.starts, s) - 1
+            h = self.owners[at]
+            stop = self.rows[h].bulk_stop
+            size = min(left, stop - s)
+            self._push(x - self.local_start, size, h, s - self.rows[h].local_start)
+            x, s, left = x + size, s + size, left - size
+
+    def decreasing(self, x0: int, s0: int, count: int) -> None:
+        """Padded coordinates x0 .. read sources s0, s0-1, ...: runs of one entry."""
+        for j in range(count):
+            s = s0 - j
+            h = self.owners[bisect.bisect_right(self.starts, s) - 1]
+            self._push(x0 + j - self.local_start, 1, h, s - self.rows[h].local_start)
+
+    def interval(self, x0: int, x1: int, length: int, boundary: str) -> None:
+        """The padded coordinates [x0, x1) (no period boundary inside for non-zero modes)."""
+        if x1 <= x0:
+            return
+        period = _period(length, boundary)
+        if period == 0:
+            lo, hi = max(x0, 0), min(x1, length)
+            if hi > lo:
+                self.increasing(lo, lo, hi - lo)
+            return
+        base = (x0 // period) * period
+        y0, y1 = x0 - base, x1 - base  # 0 <= y0 < y1 <= period
+        up = min(y1, length)  # sources y for y < length
+        if y0 < up:
+            self.increasing(base + y0, y0, up - y0)
+        if y1 > length:  # the mirrored half of reflect and symmetric
+            first = max(y0, length)
+            mirror = 2 * (length - 1) if boundary == "reflect" else 2 * length - 1
+            self.decreasing(base + first, mirror - first, y1 - first)
+
+    def span(self, x0: int, x1: int, length: int, boundary: str) -> None:
+        """The padded coordinates [x0, x1), split at period boundaries (explicitly)."""
+        period = _period(length, boundary)
+        if period == 0:
+            self.interval(x0, x1, length, boundary)
+            return
+        x = x0
+        while x < x1:
+            end = min(x1, (x // period + 1) * period)
+            self.interval(x, end, length, boundary)
+            x = end
+
+
+def _fill_segments(rows: Sequence[DimGeometry], g: int, boundary: str, data: slice) -> Fills:
+    """Runs of the receiver's window positions outside its bulk, grouped by owner, with
+    consecutive increasing sources (reflected runs become runs of one entry), in closed form:
+    whole periods of a wrapping boundary become one repeated part."""
+    me = rows[g]
+    m, local = me.length, me.local_start
+    bulk = me.bulk
+    pieces = (
+        (data.start + local, min(data.stop, bulk.start) + local),
+        (max(data.start, bulk.stop) + local, data.stop + local),
+    )
+    period = _period(m, boundary)
+    parts: list[tuple[tuple[Segment, ...], int, int]] = []
+    runs = _Runs(rows, local)
+    for x0, x1 in pieces:
+        if x1 <= x0:
+            continue
+        first_full = -(-x0 // period) * period if period else x1
+        repeats = (x1 - first_full) // period if period and first_full < x1 else 0
+        if repeats < 3:  # short: every period explicitly
+            runs.span(x0, x1, m, boundary)
+            continue
+        runs.span(x0, first_full, m, boundary)
+        head = tuple(runs.out)
+        pattern_runs = _Runs(rows, local)
+        pattern_runs.span(first_full, first_full + period, m, boundary)
+        pattern = tuple(pattern_runs.out)
+        # No segment merges across a period boundary: the source jumps back there (periodic
+        # m-1 -> 0, reflect 1 -> 0, symmetric 0 -> 0), so head, repeated pattern and tail are
+        # independent runs.
+        parts.append((head, 1, 0))
+        parts.append((pattern, repeats, period))
+        runs = _Runs(rows, local)
+        runs.span(first_full + repeats * period, x1, m, boundary)
+    parts.append((tuple(runs.out), 1, 0))
+    return Fills(parts)
 
 
 def halo_geometry(tensor: DistributedTensor, kernel: Kernel | int) -> HaloGeometry:

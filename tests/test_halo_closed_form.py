@@ -1,0 +1,116 @@
+"""Halo fill segments in closed form (``docs/theory.md#halo-geometry``): equal, on many random
+cases, to the per-position rule they replace (kept here as the oracle), and O(1) in the padding."""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import random
+
+import numpy as np
+import pytest
+
+from linop import BOUNDARY_MODES, DistributedTensor, Kernel, Partition, halo_geometry
+from linop.halo_geometry import Fills, Segment, source_index
+
+
+def per_position_segments(rows, g, boundary, data):
+    """The former computation: one position at a time, merging runs of increasing sources."""
+    me = rows[g]
+    owners = [h for h, r in enumerate(rows) if r.bulk_size]
+    starts = [rows[h].bulk_start for h in owners]
+    segments: list[Segment] = []
+    outside = itertools.chain(
+        range(data.start, min(data.stop, me.bulk.start)), range(max(data.start, me.bulk.stop), data.stop)
+    )
+    for position in outside:
+        source = source_index(position + me.local_start, me.length, boundary)
+        if source is None:
+            continue
+        h = owners[bisect.bisect_right(starts, source) - 1]
+        src = source - rows[h].local_start
+        if segments:
+            last = segments[-1]
+            if (
+                last.owner == h
+                and last.dst_start + last.size == position
+                and last.src_start + last.size == src
+            ):
+                segments[-1] = Segment(last.dst_start, last.size + 1, h, last.src_start)
+                continue
+        segments.append(Segment(position, 1, h, src))
+    return tuple(segments)
+
+
+def _random_case(rng: random.Random):
+    ndim = rng.choice([1, 1, 2])
+    shape = tuple(rng.choice([0, 1, 2, 3, 4, 5, 7, 10]) for _ in range(ndim))
+    grid = tuple(rng.randint(1, 4) for _ in range(ndim))
+    sizes = ()
+    if rng.random() < 0.5:  # unbalanced shares, empty ones included
+        sizes = []
+        for m, p in zip(shape, grid):
+            cuts = sorted(rng.randint(0, m) for _ in range(p - 1))
+            sizes.append(tuple(b - a for a, b in zip([0, *cuts], [*cuts, m])))
+        sizes = tuple(sizes)
+    tensor = DistributedTensor("x", shape, Partition(grid), sizes)
+    kernel = Kernel(
+        tuple(rng.randint(1, 4) for _ in range(ndim)),
+        stride=tuple(rng.randint(1, 3) for _ in range(ndim)),
+        padding=tuple(rng.choice([0, 1, 2, 5, 13, 40, 97]) for _ in range(ndim)),
+        dilation=tuple(rng.randint(1, 2) for _ in range(ndim)),
+        boundary=tuple(rng.choice(BOUNDARY_MODES) for _ in range(ndim)),
+    )
+    return tensor, kernel
+
+
+def test_closed_form_fills_equal_the_per_position_rule_on_random_cases():
+    rng = random.Random(20261201)
+    compared = repeated = 0
+    for _ in range(1500):
+        tensor, kernel = _random_case(rng)
+        try:
+            geometry = halo_geometry(tensor, kernel)
+        except Exception:  # kernels that do not fit are refused; other tests cover the errors
+            continue
+        for dim, rows in enumerate(geometry.rows):
+            for g in range(len(rows)):
+                expected = per_position_segments(
+                    rows, g, geometry.kernel.boundary[dim], geometry.data_range(dim, g)
+                )
+                got = geometry.fills[dim][g]
+                assert isinstance(got, Fills)
+                assert tuple(got) == expected and got == expected and len(got) == len(expected)
+                assert [got[i] for i in range(-len(expected), 0)] == list(expected)
+                compared += 1
+                repeated += "parts" in repr(got)
+    assert compared > 2000 and repeated > 20  # both the explicit and the repeated forms were met
+
+
+@pytest.mark.parametrize("boundary", ["periodic", "reflect", "symmetric"])
+def test_huge_padding_on_a_short_tensor_is_built_without_visiting_each_position(boundary):
+    tensor = DistributedTensor("x", (10,), Partition((2,)))
+    geometry = halo_geometry(tensor, Kernel(3, padding=10**8, boundary=boundary))  # O(padding) took minutes
+    fills = geometry.fills[0][0]
+    period = {"periodic": 10, "reflect": 18, "symmetric": 20}[boundary]
+    assert len(fills) > 10**8 // period
+    # spot checks against the rule, position by position, at the far end of the padding
+    last = fills[-1]
+    row = geometry.rows[0][0]
+    for offset in (0, last.size - 1):
+        x = last.dst_start + offset + row.local_start
+        source = source_index(x, 10, boundary)
+        owner = geometry.rows[0][last.owner]
+        assert last.src_start + offset + owner.local_start == source
+
+
+def test_fills_index_like_a_tuple():
+    geometry = halo_geometry(
+        DistributedTensor("x", (5,), Partition((2,))), Kernel(3, padding=30, boundary="periodic")
+    )
+    fills = geometry.fills[0][1]
+    as_tuple = tuple(fills)
+    assert fills[1:4] == as_tuple[1:4]
+    with pytest.raises(IndexError):
+        fills[len(as_tuple)]
+    assert np.array_equal([s.size for s in fills], [s.size for s in as_tuple])
