@@ -192,7 +192,8 @@ def decomposition(
     coordinates:
 
     - the **halo** entries its window receives, coloured by the grid coordinate that owns them
-      (a run from an owner more than one coordinate away is labelled with its hop count);
+      (a run from an owner more than one coordinate away is labelled with its hop count, the
+      distance in grid coordinates);
     - the **pads** outside the global array (grey for a zero boundary; filled from the owners
       for periodic and reflecting boundaries);
     - the **trims**: entries of the local layout outside the window (cross-hatched);
@@ -271,10 +272,10 @@ def _draw_halo_row(ax: Axes, geometry: HaloGeometry, dim: int, g: int) -> None:
             text = ax.text(
                 x0 + segment.size / 2 - 0.5,
                 g,
-                f"{hops} hops",
+                str(hops),
                 ha="center",
                 va="center",
-                fontsize=7,
+                fontsize=8,
                 fontweight="bold",
             )
             text.set_gid("hops")
@@ -295,7 +296,7 @@ def _legend(ax: Axes) -> None:
 
     handles = [
         Patch(facecolor=_colour(0), edgecolor="black", label="bulk (colour: owner)"),
-        Patch(facecolor=_colour(1), alpha=0.45, label="halo (colour: owner)"),
+        Patch(facecolor=_colour(1), alpha=0.45, label="halo (colour: owner;\nn: from n hops away)"),
         Patch(facecolor="0.85", edgecolor="0.5", hatch="..", label="zero pad"),
         Patch(fill=False, edgecolor="black", hatch="xxx", label="trim (not in the window)"),
         Patch(fill=False, edgecolor="black", linewidth=1.6, label="window"),
@@ -456,3 +457,24 @@ def messages(op: LinearOperator, *, figsize: tuple[float, float] | None = None) 
     parts += [f"{collectives} native collective{'s' if collectives != 1 else ''}"] if collectives else []
     ax.set_title(f"MPI schedule of {_short(str(op), 40)}:\n{'; '.join(parts)}", fontsize=9)
     return figure
+
+
+# -- the README's picture --------------------------------------------------------------------------
+def readme_picture(path: str) -> Figure:
+    """Draw the README's picture into ``path`` (a PNG): the halo geometry of a size-5 kernel with
+    padding 2 over 12 entries cut 1, 1, 1, 9 over four workers, where worker 0's halo comes from
+    two and three hops away. Regenerate with ``python -m linop.plot docs/images/halo_unbalanced.png``.
+    """
+    from .halo_geometry import Kernel, halo_geometry
+    from .partition import Partition
+
+    tensor = DistributedTensor("v", (12,), Partition((4,)), sizes=((1, 1, 1, 9),))
+    figure = decomposition(halo_geometry(tensor, Kernel(5, padding=2)), figsize=(7.5, 2.6))
+    figure.savefig(path, dpi=80)
+    return figure
+
+
+if __name__ == "__main__":  # pragma: no cover - run by tests/test_plot.py in a subprocess
+    import sys
+
+    readme_picture(sys.argv[1] if len(sys.argv) > 1 else "docs/images/halo_unbalanced.png")
