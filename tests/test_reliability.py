@@ -24,9 +24,9 @@ from linop import (
     Space,
     Sum,
     Zero,
-    aslinearoperator,
     halo_geometry,
 )
+from linop.backends.scipy_interop import aslinearoperator
 from linop.errors import (
     BlockError,
     DecompositionError,
