@@ -10,8 +10,9 @@ Register one beside the strategies of its feature::
     from verify.node_examples import examples_for
 
     @examples_for(Copy)
-    def _copies():
-        return spaces().flatmap(movements).filter(lambda op: isinstance(op, Copy))
+    @examples_for(Move)
+    def _movements():
+        return spaces().flatmap(movements)  # drawn Copy, SendRecv and Move nodes
 
 A node type with a registered handler but no example strategy fails the registry proof test
 (``tests/test_registry.py``), so a new fast path cannot land unproven.
@@ -40,9 +41,13 @@ def examples_for(node_type: type) -> Callable[[ExampleFactory], ExampleFactory]:
 
 
 def example_strategy(node_type: type) -> st.SearchStrategy | None:
-    """The strategy of examples of ``node_type``, or None when none is registered."""
+    """The strategy of examples of ``node_type`` (instances of it or of its subclasses), or
+    None when none is registered. One factory may serve several node types: its draws are
+    filtered to the type asked for."""
     factory = _EXAMPLES.get(node_type)
-    return None if factory is None else factory()
+    if factory is None:
+        return None
+    return factory().filter(lambda op: isinstance(op, node_type))
 
 
 def registered_examples() -> dict[type, ExampleFactory]:

@@ -15,19 +15,35 @@ strategy                            draws
 ``tensor_pairs()``                  two tensors of one global shape (names ``x``, ``y``) on any
                                     partitions: same, overlapping or disjoint worker sets
 ``broadcast_setups()``              ``(tensor, destination partition, transpose)`` that broadcast
+``collectives()``                   a collective node or its adjoint on drawn tensors
 ==================================  ===============================================================
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from hypothesis import strategies as st
 
+from linop import (
+    AllGather,
+    AllReduce,
+    Block,
+    BlockGrid,
+    Broadcast,
+    LinearOperator,
+    Repartition,
+    Scatter,
+    SumReduce,
+)
+from linop.collectives import Planned
 from linop.partition import DistributedTensor, Partition, balanced_sizes
+
+from .node_examples import examples_for
 
 __all__ = [
     "broadcast_setups",
+    "collectives",
     "decompositions",
     "distributed_tensors",
     "partition_shapes",
@@ -154,3 +170,41 @@ def broadcast_setups(
     source = draw(partitions(shape))
     tensor = draw(distributed_tensors("x", partition=source, max_extent=4))
     return tensor, destination, transpose
+
+
+# -- examples per node type, for the registry proof (tests/test_registry.py) ----------------
+@st.composite
+def collectives(draw: st.DrawFn) -> LinearOperator:
+    """Any collective node (or its adjoint) on drawn tensors: repartition, broadcast,
+    all-reduce, all-gather, scatter; empty shares, unbalanced sizes and any workers included."""
+    kind = draw(st.sampled_from(["repartition", "broadcast", "allreduce", "allgather", "scatter"]))
+    op: LinearOperator
+    if kind == "repartition":
+        x, y = draw(tensor_pairs())
+        op = Repartition(x, y)
+    elif kind in ("broadcast", "allreduce"):
+        x, destination, transpose = draw(broadcast_setups())
+        op = Broadcast(x, destination, "y", transpose)
+        if kind == "allreduce":
+            axes = draw(st.sets(st.integers(0, destination.ndim - 1)).map(tuple))
+            shape = draw(st.lists(st.integers(0, 2), min_size=0, max_size=2).map(tuple))
+            op = AllReduce(BlockGrid.uniform("u", destination, shape), axes)
+    elif kind == "allgather":
+        x = draw(distributed_tensors("x"))
+        axes = draw(st.sets(st.integers(0, x.ndim - 1)).map(tuple))
+        op = AllGather(x, axes, "g")
+    else:
+        x = draw(distributed_tensors("x"))
+        op = Scatter(Block("r", x.global_shape, draw(st.integers(0, 20))), x)
+    return op.H if draw(st.booleans()) else op
+
+
+def _collectives_of(node_type: type) -> Callable[[], st.SearchStrategy[LinearOperator]]:
+    def factory() -> st.SearchStrategy[LinearOperator]:
+        return collectives().filter(lambda op: isinstance(op, node_type))
+
+    return factory
+
+
+for _node_type in (Planned, AllReduce, Broadcast, SumReduce):
+    examples_for(_node_type)(_collectives_of(_node_type))

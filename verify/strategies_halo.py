@@ -14,19 +14,23 @@ strategy                            draws
 ``halo_cases()``                    ``(tensor, kernel)``: a distributed tensor of rank 1-4 on a
                                     partition, and a kernel that fits it (the full kernel
                                     ranges in at least one dimension of every rank)
+``halo_stages()``                   one stage of a nested or direct halo exchange, or its adjoint
 ==================================  ===============================================================
 """
 
 from __future__ import annotations
 
+from hypothesis import assume
 from hypothesis import strategies as st
 
+from linop import HaloExchange, HaloStage, HaloStageAdjoint, LinearOperator, halo_geometry
 from linop.halo_geometry import BOUNDARY_MODES, Kernel
 from linop.partition import DistributedTensor, Partition
 
+from .node_examples import examples_for
 from .strategies_distributed import decompositions
 
-__all__ = ["boundaries", "halo_cases", "kernels"]
+__all__ = ["boundaries", "halo_cases", "halo_stages", "kernels"]
 
 
 def boundaries(modes: tuple[str, ...] = BOUNDARY_MODES) -> st.SearchStrategy[str]:
@@ -123,3 +127,25 @@ def halo_cases(
         count *= n
     workers = tuple(draw(st.permutations(range(count))))
     return DistributedTensor("x", tuple(shape), Partition(tuple(grid), workers), sizes), kernel
+
+
+@st.composite
+def halo_stages(draw: st.DrawFn, *, max_dims: int = 2) -> LinearOperator:
+    """One :class:`~linop.HaloStage` of a nested or direct halo exchange of a drawn case, or
+    its :class:`~linop.HaloStageAdjoint`."""
+    tensor, kernel = draw(halo_cases(max_dims=max_dims))
+    exchange = HaloExchange(halo_geometry(tensor, kernel), draw(st.sampled_from(["nested", "direct"])))
+    stages = exchange.stages()
+    assume(stages)  # a case with nothing to exchange has no stage
+    stage: LinearOperator = draw(st.sampled_from(stages))
+    return stage.H if draw(st.booleans()) else stage
+
+
+@examples_for(HaloStage)
+def _stages() -> st.SearchStrategy[LinearOperator]:
+    return halo_stages().filter(lambda op: isinstance(op, HaloStage))
+
+
+@examples_for(HaloStageAdjoint)
+def _stage_adjoints() -> st.SearchStrategy[LinearOperator]:
+    return halo_stages().filter(lambda op: isinstance(op, HaloStageAdjoint))

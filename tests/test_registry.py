@@ -1,0 +1,203 @@
+"""The proof that every interpreter handler in the dispatch registry is right.
+
+For every registered (interpreter, node type) pair, on examples drawn from that node type's
+example strategy (``verify.node_examples``):
+
+- a *fast path* (a handler of a node that expands) gives exactly what the node's full
+  expansion into primitives gives through the same interpreter: the same integers, the same
+  dtypes, the input unchanged (numpy); the same matrix entry by entry (sparse);
+- a handler of a *leaf* (a primitive, an algebra node, a user kernel: nothing to expand into)
+  agrees with the other interpreters: numpy's result is the sparse matrix times the state, and
+  the size-free block form, at the blocks' actual sizes, is the sparse matrix.
+
+The MPI lowerings are proven the same way under mpiexec (tests/mpi/test_registry.py). A node
+type with a handler but no example strategy fails here, so no handler lands unproven.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import verify.sizefree
+import verify.strategies
+from linop import LinearOperator, dispatch, expand_all
+from linop.backends.numpy_backend import apply
+from linop.backends.sparse_backend import matrix_of
+from verify.errors import NotSizeFreeError
+from verify.node_examples import example_strategy, registered_examples
+
+PAIRS = sorted(dispatch.registered(), key=lambda pair: (pair[0], pair[1].__name__))
+EXAMPLES = settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow]
+)
+
+
+def _id(pair: tuple[str, type]) -> str:
+    return f"{pair[0]}-{pair[1].__name__}"
+
+
+def _integer_state(op: LinearOperator, seed: int) -> dict[str, np.ndarray]:
+    """Distinct integers, so that every misplaced entry shows."""
+    values = np.random.default_rng(seed).permutation(op.domain.size).astype(np.int64) + 1
+    return op.domain.unflatten(values)
+
+
+def _is_leaf(op: LinearOperator) -> bool:
+    return op.expand() is op
+
+
+def test_registry_holds_every_interpreter():
+    assert {interpreter for interpreter, _ in PAIRS} >= {"numpy", "sparse", "mpi", "sizefree"}
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=_id)
+def test_every_handled_node_type_has_examples(pair):
+    _, node_type = pair
+    assert example_strategy(node_type) is not None, (
+        f"{node_type.__name__} has a handler but no example strategy: register one with "
+        "verify.node_examples.examples_for"
+    )
+
+
+def _check_numpy(op: LinearOperator, seed: int) -> bool:
+    state = _integer_state(op, seed)
+    before = {name: array.copy() for name, array in state.items()}
+    result = apply(op, state)
+    leaf = _is_leaf(op)
+    if leaf:  # values as the exact matrix gives them (its dtype is the entries', not the state's)
+        expected = op.range.unflatten(matrix_of(op) @ op.domain.flatten(state))
+    else:  # a fast path: the expansion's values and dtypes
+        expected = apply(expand_all(op), state)
+    assert set(result) == set(expected) == set(op.range.names)
+    for name in op.range.names:
+        if not leaf:
+            assert result[name].dtype == expected[name].dtype, f"{op}: dtype of block {name!r}"
+        assert np.array_equal(result[name], expected[name]), f"{op}: block {name!r}"
+    for name, array in state.items():
+        assert np.array_equal(array, before[name]), f"{op} changed its input block {name!r}"
+    return True
+
+
+def _check_sparse(op: LinearOperator, seed: int) -> bool:
+    matrix = matrix_of(op)
+    assert matrix.shape == op.shape
+    if _is_leaf(op):
+        state = _integer_state(op, seed)
+        expected = op.range.flatten(apply(op, state))
+        assert np.array_equal(matrix @ op.domain.flatten(state), expected), str(op)
+        return True
+    expansion = matrix_of(expand_all(op))
+    assert (matrix != expansion).nnz == 0, f"{op}: the fast path's matrix differs from its expansion's"
+    return True
+
+
+def _check_sizefree(op: LinearOperator, seed: int) -> bool:
+    """The block form at the blocks' sizes is the exact matrix; False when ``op`` acts on
+    part of a block (it has no size-free form)."""
+    try:
+        form = verify.sizefree.block_form(op)
+    except NotSizeFreeError:
+        return False
+    dense = np.zeros(op.shape, dtype=complex)
+    for (row, column), value in form.coefficients.items():
+        r0, c0 = op.range.offset(row), op.domain.offset(column)
+        n = op.range.block(row).size
+        assert n == op.domain.block(column).size, f"{op}: block ({row}, {column}) is not square"
+        dense[r0 + np.arange(n), c0 + np.arange(n)] = complex(value)
+    exact = matrix_of(op).toarray()
+    assert np.array_equal(dense, exact), f"{op}: the size-free form differs from the exact matrix"
+    return True
+
+
+CHECKS = {"numpy": _check_numpy, "sparse": _check_sparse, "sizefree": _check_sizefree}
+
+
+@pytest.mark.parametrize("pair", [p for p in PAIRS if p[0] in CHECKS], ids=_id)
+def test_handler_equals_expansion(pair):
+    interpreter, node_type = pair
+    strategy = example_strategy(node_type)
+    assert strategy is not None
+    check = CHECKS[interpreter]
+    checked = 0
+
+    @EXAMPLES
+    @given(strategy, st.integers(0, 2**31))
+    def run(op, seed):
+        nonlocal checked
+        assert isinstance(op, node_type)
+        assert dispatch.lookup(interpreter, type(op)) is not None
+        if check(op, seed) is not False:
+            checked += 1
+
+    run()
+    assert checked > 0, f"no example of {node_type.__name__} could be checked by the {interpreter} interpreter"
+
+
+def test_mpi_lowerings_are_proven_under_mpi():
+    """The MPI pairs are proven by tests/mpi/test_registry.py (run by tests/test_mpi.py under
+    mpiexec), which walks the same registry."""
+    proof = Path(__file__).parent / "mpi" / "test_registry.py"
+    assert 'dispatch.registered("mpi")' in proof.read_text()
+    assert any(interpreter == "mpi" for interpreter, _ in PAIRS), "the MPI interpreter registers lowerings"
+
+
+def test_examples_exist_only_for_real_node_types():
+    for node_type in registered_examples():
+        assert issubclass(node_type, LinearOperator), node_type
+
+
+def test_a_wrong_fast_path_is_caught():
+    """A numpy handler that forgets to clear the destination's old values (an in-place copy
+    done as an add) fails the proof."""
+    from linop import Copy
+
+    examples = example_strategy(Copy)
+    assert examples is not None
+    original = dispatch.lookup("numpy", Copy)
+
+    def wrong(op, work):
+        source = work.arrays[op.src.name][op.src.index]
+        if op.out_of_place:
+            original(op, work)
+        else:
+            work.writable(op.dst.name, source.dtype)[op.dst.index] += source
+
+    table = dispatch._HANDLERS["numpy"]
+    table[Copy] = wrong
+    failures = 0
+    try:
+
+        @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+        @given(examples.filter(lambda op: isinstance(op, Copy) and not op.out_of_place), st.integers(0, 9))
+        def run(op, seed):
+            nonlocal failures
+            try:
+                _check_numpy(op, seed)
+            except AssertionError:
+                failures += 1
+
+        run()
+    finally:
+        table[Copy] = original
+    assert failures > 0
+
+
+def test_results_do_not_depend_on_import_order():
+    """Compiling a halo exchange for MPI in a fresh process that never imports the MPI
+    backend gives the fast path's program (2 steps), as it does after that import."""
+    code = (
+        "from linop import DistributedTensor, HaloExchange, Kernel, Partition, halo_geometry\n"
+        "from linop.backends import mpi_schedule\n"
+        "t = DistributedTensor('x', (16, 16), Partition.grid((2, 2)))\n"
+        "op = HaloExchange(halo_geometry(t, Kernel(3, padding=1)))\n"
+        "print(len(mpi_schedule.compile_program(op).steps))\n"
+    )
+    fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert fresh.stdout.strip() == "2"
