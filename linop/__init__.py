@@ -6,7 +6,8 @@ into trees whose adjoints (``op.H``) are derived by rules; interpreters apply a 
 (``op(state)``), or build its exact matrix (``op.to_sparse()``).
 """
 
-from .backends.scipy_interop import aslinearoperator
+from typing import Any
+
 from .collectives import (
     AllGather,
     AllReduce,
@@ -69,13 +70,18 @@ from .repartition import Gather, Repartition, Scatter, overlaps
 from .space import Block, Region, Space, State
 
 
-def __getattr__(name: str) -> str:
-    """``linop.__version__``, read from the package metadata on first access (see
-    :mod:`linop.version`), so that ``import linop`` stays cheap."""
+def __getattr__(name: str) -> Any:
+    """Attributes loaded on first access, so that ``import linop`` stays cheap:
+    ``__version__`` (read from the package metadata, see :mod:`linop.version`) and
+    ``aslinearoperator`` (the scipy adapter, which imports ``scipy.sparse.linalg``)."""
     if name == "__version__":
         from .version import package_version
 
         return package_version()
+    if name == "aslinearoperator":
+        from .backends.scipy_interop import aslinearoperator
+
+        return aslinearoperator
     raise AttributeError(f"module 'linop' has no attribute {name!r}")
 
 

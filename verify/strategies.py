@@ -63,17 +63,23 @@ from linop import (
     Allocate,
     Block,
     Clear,
+    Composition,
     Copy,
+    CopyAdjoint,
     Deallocate,
     Identity,
     LinearOperator,
     Move,
     Region,
+    Scaled,
     SendRecv,
     Space,
+    Sum,
     Zero,
     walk,
 )
+
+from .node_examples import examples_for
 
 __all__ = [
     "dtypes",
@@ -421,6 +427,60 @@ def states(
     return {b.name: draw(hnp.arrays(chosen, b.shape, elements=elements)) for b in space.blocks}
 
 
+# -- examples per node type, for the registry proof (tests/test_registry.py) ----------------
+def _of_type(strategy: st.SearchStrategy[LinearOperator], node_type: type) -> st.SearchStrategy[LinearOperator]:
+    return strategy.filter(lambda op: type(op) is node_type or isinstance(op, node_type))
+
+
+def _example_spaces() -> st.SearchStrategy[Space]:
+    """Spaces for node examples: any shapes, or one shape (so whole blocks pair up)."""
+    return st.one_of(spaces(), spaces(same_shape=True))
+
+
+@examples_for(Identity)
+def _identities() -> st.SearchStrategy[LinearOperator]:
+    return spaces().map(Identity)
+
+
+@examples_for(Zero)
+def _zeros() -> st.SearchStrategy[LinearOperator]:
+    return st.tuples(spaces(), spaces()).map(lambda pair: Zero(*pair))
+
+
+@examples_for(Composition)
+@examples_for(Sum)
+@examples_for(Scaled)
+def _algebra() -> st.SearchStrategy[LinearOperator]:
+    return st.one_of(
+        _of_type(
+            _example_spaces().flatmap(
+                lambda space: st.one_of(operators(space, max_leaves=4), operators(space, max_leaves=4, whole=True))
+            ),
+            node_type,
+        )
+        for node_type in (Composition, Sum, Scaled)
+    )
+
+
+@examples_for(Allocate)
+@examples_for(Deallocate)
+@examples_for(Clear)
+@examples_for(Add)
+def _primitives() -> st.SearchStrategy[LinearOperator]:
+    return _example_spaces().flatmap(lambda space: st.one_of(primitives(space), primitives(space, whole=True)))
+
+
+@examples_for(Copy)
+@examples_for(Move)
+def _movements() -> st.SearchStrategy[LinearOperator]:
+    return _example_spaces().flatmap(lambda space: st.one_of(movements(space), movements(space, whole=True)))
+
+
+@examples_for(CopyAdjoint)
+def _copy_adjoints() -> st.SearchStrategy[LinearOperator]:
+    return _of_type(_movements().map(lambda op: op.H), CopyAdjoint)
+
+
 # -- strategies of the distributed features: partitions, distributed tensors, halos ------------
 from . import strategies_distributed as _distributed  # noqa: E402
 from . import strategies_halo as _halo  # noqa: E402
@@ -432,3 +492,4 @@ FEATURE_MODULES: tuple[str, ...] = (_distributed.__name__, _halo.__name__)
 
 __all__ += [name for module in (_distributed, _halo) for name in module.__all__ if name not in __all__]
 from . import strategies_local as _local  # noqa: E402, F401 - registers the LocalOperator examples
+from . import strategies_frameworks as _frameworks  # noqa: E402, F401 - linop types for st.from_type, Lifted examples
