@@ -245,7 +245,9 @@ def rank_dad(
     starting from a seeded random Q (the same on every site). Each sum is an all-reduce of an
     h_i x r (h_{i+1} x r) block, so each iteration sends r (h_i + h_{i+1}) values per site.
     ``allreduce`` sums the sites' blocks (default: a plain sum, one process simulating the
-    sites; under MPI pass ``comm.allreduce`` of a one-element list's array).
+    sites; under MPI each rank passes its own site's factors and
+    ``lambda parts: comm.allreduce(parts[0])``). The error report all-reduces G once more
+    (not counted in ``sent_per_site``).
 
     Raises
     ------
@@ -265,7 +267,7 @@ def rank_dad(
         p, _ = np.linalg.qr(total([a.T @ (d @ q) for a, d in zip(activations, deltas_)]))
         q = total([d.T @ (a @ p) for a, d in zip(activations, deltas_)])
         sent += rank * (h_in + h_out)
-    g = sum(a.T @ d for a, d in zip(activations, deltas_))
+    g = total([a.T @ d for a, d in zip(activations, deltas_)])  # for the error report only (not counted)
     norm = float(np.linalg.norm(g)) or 1.0
     singular = np.linalg.svd(g, compute_uv=False)
     best = float(np.sqrt(np.sum(singular[rank:] ** 2))) / norm
