@@ -60,63 +60,62 @@ def bench(methods: dict, samples: int = SAMPLES) -> dict[str, float]:
 
 
 def bound(op, local):
-    plan = mpi_backend.plan_for(op, comm=COMM)
-    try:
-        return plan.bind(local)
-    except Exception:  # a schedule bind() does not cover: the checked application each call
-        return lambda: plan.apply(local)
+    """The tree checked once and bound to ``local`` (later calls run without the check)."""
+    return mpi_backend.plan_for(op, comm=COMM).bind(local)
+
+
+def measure(rng: np.random.Generator, n: int) -> dict[str, float]:
+    """Both strategies at N = n, checked against numpy, then timed."""
+    a_mine = rng.standard_normal((n, H_IN))
+    d_mine = rng.standard_normal((n, H_OUT))
+    d = dad.deltas(SIZE, n, H_OUT)
+    placeholders = [a_mine if s == RANK else np.zeros((n, H_IN)) for s in range(SIZE)]
+    reduce_tree = dad.allreduce_gradient(placeholders, d)
+    factor_tree = dad.factor_gather(SIZE, n, H_IN)
+    a_local = {f"A[{RANK},0]": a_mine}
+    d_local = {f"D[{RANK},0]": d_mine}
+    gathered_a = mpi_backend.apply(factor_tree, a_local, comm=COMM)[f"Ag[{RANK},0]"]
+    activations = [gathered_a[s * n : (s + 1) * n] for s in range(SIZE)]
+    gather_tree = dad.gathered_gradient(activations, d)
+
+    # exact strategies agree with numpy (and each other) before timing
+    full_a = np.concatenate(COMM.allgather(a_mine))
+    full_d = np.concatenate(COMM.allgather(d_mine))
+    expected = full_a.T @ full_d
+    for tree in (reduce_tree, gather_tree):
+        got = mpi_backend.apply(tree, d_local, comm=COMM)[f"G[{RANK}]"]
+        assert np.allclose(got, expected, rtol=1e-10, atol=1e-9), tree
+
+    run_reduce = bound(reduce_tree, d_local)
+    run_factors = bound(factor_tree, a_local)
+    run_gather_d = bound(gather_tree, d_local)
+    g_buffer = np.empty((H_IN, H_OUT))
+    a_buffer = np.empty((SIZE * n, H_IN))
+    d_buffer = np.empty((SIZE * n, H_OUT))
+
+    def hand_reduce():
+        np.matmul(a_mine.T, d_mine, out=g_buffer)
+        COMM.Allreduce(MPI.IN_PLACE, g_buffer)
+
+    def hand_gather():
+        COMM.Allgather(a_mine, a_buffer)
+        COMM.Allgather(d_mine, d_buffer)
+        np.matmul(a_buffer.T, d_buffer, out=g_buffer)
+
+    times = bench(
+        {
+            "linop reduce": run_reduce,
+            "linop gather": lambda: (run_factors(), run_gather_d()),
+            "hand reduce": hand_reduce,
+            "hand gather": hand_gather,
+        }
+    )
+    return times
 
 
 def main() -> None:
     rng = np.random.default_rng(RANK)
-    rows = []
-    for n in SWEEP:
-        a_mine = rng.standard_normal((n, H_IN))
-        d_mine = rng.standard_normal((n, H_OUT))
-        d = dad.deltas(SIZE, n, H_OUT)
-        placeholders = [a_mine if s == RANK else np.zeros((n, H_IN)) for s in range(SIZE)]
-        reduce_tree = dad.allreduce_gradient(placeholders, d)
-        factor_tree = dad.factor_gather(SIZE, n, H_IN)
-        a_local = {f"A[{RANK},0]": a_mine}
-        d_local = {f"D[{RANK},0]": d_mine}
-        gathered_a = mpi_backend.apply(factor_tree, a_local, comm=COMM)[f"Ag[{RANK},0]"]
-        activations = [gathered_a[s * n : (s + 1) * n] for s in range(SIZE)]
-        gather_tree = dad.gathered_gradient(activations, d)
-
-        # exact strategies agree with numpy (and each other) before timing
-        full_a = np.concatenate(COMM.allgather(a_mine))
-        full_d = np.concatenate(COMM.allgather(d_mine))
-        expected = full_a.T @ full_d
-        for tree in (reduce_tree, gather_tree):
-            got = mpi_backend.apply(tree, d_local, comm=COMM)[f"G[{RANK}]"]
-            assert np.allclose(got, expected, rtol=1e-10, atol=1e-9), tree
-
-        run_reduce = bound(reduce_tree, d_local)
-        run_factors = bound(factor_tree, a_local)
-        run_gather_d = bound(gather_tree, d_local)
-        g_buffer = np.empty((H_IN, H_OUT))
-        a_buffer = np.empty((SIZE * n, H_IN))
-        d_buffer = np.empty((SIZE * n, H_OUT))
-
-        def hand_reduce():
-            np.matmul(a_mine.T, d_mine, out=g_buffer)
-            COMM.Allreduce(MPI.IN_PLACE, g_buffer)
-
-        def hand_gather():
-            COMM.Allgather(a_mine, a_buffer)
-            COMM.Allgather(d_mine, d_buffer)
-            np.matmul(a_buffer.T, d_buffer, out=g_buffer)
-
-        times = bench(
-            {
-                "linop reduce": run_reduce,
-                "linop gather": lambda: (run_factors(), run_gather_d()),
-                "hand reduce": hand_reduce,
-                "hand gather": hand_gather,
-            }
-        )
-        rows.append((n, times))
-
+    rows = [(n, measure(rng, n)) for n in SWEEP]
     if RANK:
         return
     model = dad.crossover(H_IN, H_OUT)
