@@ -310,7 +310,7 @@ class Message:
     """One communication of a schedule: in ``phase``, ``source`` sends ``entries`` to ``target``
     (point to point, ``kind == "send"``), or the workers of a native collective take part in it
     (``kind`` the node's type, ``source == target == -1``, ``workers`` its members, ``entries``
-    the size of the node's domain)."""
+    the size of the node's domain). ``adds``: the receiver adds the data into its own."""
 
     phase: int
     source: int
@@ -318,13 +318,33 @@ class Message:
     entries: int
     kind: str = "send"
     workers: tuple[int, ...] = ()
+    adds: bool = False
 
 
-def schedule_messages(op: LinearOperator) -> list[Message]:
-    """The messages of ``op``'s MPI schedule, phase by phase (sums' branches one after the other).
+def schedule_messages(op: LinearOperator, *, of: str = "schedule") -> list[Message]:
+    """The messages of ``op``, phase by phase.
 
+    ``of="schedule"``: the schedule the MPI interpreter runs (its phases; sums' branches one
+    after the other; a native collective is one message of its kind). ``of="tree"``: the tree
+    as built, each message in its *dependent phase* (the longest chain of messages it waits
+    for, :func:`linop.accounting.account`), so an algorithm's rounds show as phases.
     Transfers that move no entries are left out; local steps (within one worker) send nothing.
+
+    Raises
+    ------
+    PlotError
+        If ``of`` is neither ``"schedule"`` nor ``"tree"``.
     """
+    if of == "tree":
+        from .accounting import account
+
+        return [
+            Message(m.phase - 1, m.source, m.target, m.nbytes, adds=m.adds)
+            for m in account(op, itemsize=1).messages
+            if m.nbytes
+        ]
+    if of != "schedule":
+        raise PlotError(f"schedule_messages: of must be 'schedule' or 'tree', not {of!r}")
     from .backends.mpi_schedule import Branches, Phase, Transfer, compile_program
 
     found: list[Message] = []
@@ -337,7 +357,9 @@ def schedule_messages(op: LinearOperator) -> list[Message]:
                 transfers = step.transfers if isinstance(step, Phase) else (step,)
                 sent = [t for t in transfers if t.source.size]
                 for t in sent:
-                    found.append(Message(phase, t.src_worker, t.dst_worker, int(t.source.size)))
+                    found.append(
+                        Message(phase, t.src_worker, t.dst_worker, int(t.source.size), adds=t.mode == "add")
+                    )
                 phase += bool(sent)
             elif isinstance(step, Branches):
                 for term in step.terms:
@@ -353,14 +375,20 @@ def schedule_messages(op: LinearOperator) -> list[Message]:
     return found
 
 
-def messages(op: LinearOperator, *, figsize: tuple[float, float] | None = None) -> Figure:
-    """Message diagram of ``op``'s MPI schedule: one column per phase, one lane per worker.
+def messages(
+    op: LinearOperator, *, of: str = "schedule", figsize: tuple[float, float] | None = None
+) -> Figure:
+    """Message diagram of ``op``: one column per phase, one lane per worker.
+
+    ``of`` chooses the phases as in :func:`schedule_messages`: the MPI schedule's (default) or
+    the tree's dependent phases (``"tree"``: an algorithm's rounds).
 
     The messages of one phase from one sender to one receiver are one arrow from the sender's
     lane to the receiver's (gid ``"message"``), labelled with the entries they move: ``5`` for
     one message of 5 entries, ``2x5`` for two of 5, ``3: 12`` for three of 12 in total; a native collective (broadcast,
     sum-reduce, all-reduce, all-to-all fast paths) is a band over its workers labelled with
-    the node's type (gid ``"collective"``).
+    the node's type (gid ``"collective"``). Messages whose receiver adds them (the
+    reductions of a backward pass) are dashed.
 
     Raises
     ------
@@ -370,7 +398,7 @@ def messages(op: LinearOperator, *, figsize: tuple[float, float] | None = None) 
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
     new_figure = _pyplot()
-    found = schedule_messages(op)
+    found = schedule_messages(op, of=of)
     if not found:
         raise PlotError(f"messages: the schedule of {_short(str(op))} sends nothing (every step is local)")
     workers = sorted(
@@ -390,9 +418,12 @@ def messages(op: LinearOperator, *, figsize: tuple[float, float] | None = None) 
     for p in range(phases):
         in_phase = [msg for msg in found if msg.phase == p]
         pairs: dict[tuple[int, int], list[int]] = {}
+        adding: set[tuple[int, int]] = set()
         for msg in in_phase:
             if msg.kind == "send":
                 pairs.setdefault((msg.source, msg.target), []).append(msg.entries)
+                if msg.adds:
+                    adding.add((msg.source, msg.target))
         for k, ((source, target), sizes) in enumerate(sorted(pairs.items())):
             shift = (k + 0.5) / len(pairs) * 0.8 - 0.4
             arrow = FancyArrowPatch(
@@ -402,6 +433,7 @@ def messages(op: LinearOperator, *, figsize: tuple[float, float] | None = None) 
                 mutation_scale=10,
                 color=_colour(source),
                 linewidth=1.2,
+                linestyle="--" if (source, target) in adding else "-",
             )
             arrow.set_gid("message")
             ax.add_patch(arrow)
@@ -455,7 +487,8 @@ def messages(op: LinearOperator, *, figsize: tuple[float, float] | None = None) 
     collectives = len(found) - count
     parts = [f"{count} messages, {total} entries"] if count else []
     parts += [f"{collectives} native collective{'s' if collectives != 1 else ''}"] if collectives else []
-    ax.set_title(f"MPI schedule of {_short(str(op), 40)}:\n{'; '.join(parts)}", fontsize=9)
+    what = "MPI schedule" if of == "schedule" else "dependent phases"
+    ax.set_title(f"{what} of {_short(str(op), 40)}:\n{'; '.join(parts)}", fontsize=9)
     return figure
 
 

@@ -196,3 +196,22 @@ def test_readme_picture_is_regenerated_by_the_module(tmp_path):
     target = tmp_path / "halo.png"
     subprocess.run([sys.executable, "-m", "linop.plot", str(target)], check=True, timeout=120)
     assert target.read_bytes().startswith(b"\x89PNG")
+
+
+def test_messages_of_the_tree_show_an_algorithms_rounds():
+    from linop import algorithms
+
+    ring = algorithms.problem("allreduce", 4, 8).variant("ring")
+    found = plot.schedule_messages(ring, of="tree")
+    # ring all-reduce on P = 4: P - 1 rounds of reduce-scatter (adding), P - 1 of all-gather,
+    # every worker sending one chunk of 8 / 4 entries to the next one in each round
+    assert sorted({m.phase for m in found}) == list(range(6))
+    for phase in range(6):
+        sent = sorted((m.source, m.target, m.entries, m.adds) for m in found if m.phase == phase)
+        assert sent == [(w, (w + 1) % 4, 2, phase < 3) for w in range(4)]
+    ax = plot.messages(ring, of="tree").axes[0]
+    arrows = _gids(ax.patches, "message")
+    assert len(arrows) == 24 and sum(a.get_linestyle() == "--" for a in arrows) == 12
+    assert ax.get_title().startswith("dependent phases")
+    with pytest.raises(plot.PlotError, match="'schedule' or 'tree'"):
+        plot.schedule_messages(ring, of="rounds")
