@@ -16,6 +16,8 @@ verify.catalogue_collectives             ``collectives``: the collective nodes (
 verify.catalogue_halo                    ``halo-exchange``: halo exchange
 verify.catalogue_algorithms              ``collective-algorithms``: each algorithm variant equals
                                          its collective; its adjoint is the reverse algorithm
+verify.catalogue_layers                  ``local-operators``, ``layers``, ``outer-product-gradients``:
+                                         local kernels, distributed layers, the dAD identity
 =======================================  ======================================================
 
 Examples
@@ -41,6 +43,7 @@ SOURCES: tuple[str, ...] = (
     "verify.catalogue_collectives",
     "verify.catalogue_halo",
     "verify.catalogue_algorithms",
+    "verify.catalogue_layers",
 )
 """The modules whose ``ENTRIES`` make the catalogue, in report order."""
 

@@ -174,6 +174,7 @@ class Convolution:
         if any(s != ci_share for s in x.sizes[1]):
             raise LayerError(f"{layer}: x's channel shares {x.sizes[1]} must all be {ci_share}")
         self.kernel = _spatial_kernel(kernel, dims)
+        self.spatial_kernel = kernel if isinstance(kernel, Kernel) else Kernel(kernel)
         self.geometry = halo_geometry(x, self.kernel)
         out_global = (x.global_shape[0], self.out_channels, *self.geometry.output_shape[2:])
         if output is None:
