@@ -13,6 +13,7 @@ add; ``docs/theory.md#primitives``).
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -182,7 +183,19 @@ class LinearOperator(ABC):
         return (self.range.size, self.domain.size)
 
     def __repr__(self) -> str:
-        return str(self)
+        """The constructor call, keyword by keyword (fields left at their defaults are
+        omitted); ``str`` gives the mathematical notation instead."""
+        if not dataclasses.is_dataclass(self):
+            return f"{type(self).__name__}()"
+        arguments = []
+        for field in dataclasses.fields(self):
+            if not field.init or not field.repr:
+                continue
+            value = getattr(self, field.name)
+            if field.default is not dataclasses.MISSING and value == field.default:
+                continue
+            arguments.append(f"{field.name}={value!r}")
+        return f"{type(self).__name__}({', '.join(arguments)})"
 
     def _repr_latex_(self) -> str:
         """Jupyter: the block matrix over the named blocks (see :mod:`linop.display`)."""
