@@ -11,6 +11,7 @@ would rely on the proxy to clean up, and a surviving rank would hold the output 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -64,19 +65,25 @@ def run_bounded(command: list[str], timeout: float, env: dict[str, str]) -> tupl
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        tree = _descendants(process.pid)
-        for pid in (process.pid, *tree):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        stdout, stderr = process.communicate()
-        for _ in range(100):  # SIGKILL is delivered asynchronously: wait for the ends
-            if not any(_alive(pid) for pid in tree):
-                break
-            time.sleep(0.05)
+        stdout, stderr = _kill_all(process)
         raise subprocess.TimeoutExpired(command, timeout, stdout, stderr) from None
     return process.returncode, stdout, stderr
+
+
+def _kill_all(process: subprocess.Popen) -> tuple[str, str]:
+    """SIGKILL ``process`` and every process it started; return its output so far."""
+    tree = _descendants(process.pid)
+    for pid in (process.pid, *tree):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    stdout, stderr = process.communicate()
+    for _ in range(100):  # SIGKILL is delivered asynchronously: wait for the ends
+        if not any(_alive(pid) for pid in tree):
+            break
+        time.sleep(0.05)
+    return stdout, stderr
 
 
 @pytest.mark.timeout(LAUNCH_TIMEOUT + 30)
@@ -129,6 +136,87 @@ def test_a_rank_failing_mid_run_ends_the_job():
     assert status != 0, output
     assert "rank 1 failed while applying" in output and "a local kernel failed on rank 1" in output, output
     assert "finished (it should not have)" not in output, output
+
+
+END_WITHIN = 10.0
+"""Seconds within which every rank of a job must end once one rank fails."""
+
+
+def _ends_within(process: subprocess.Popen, seconds: float, pids: list[int]) -> tuple[bool, str]:
+    """Wait up to ``seconds`` for the launch and every rank in ``pids`` to end; (ended, output).
+    A launch still running then is killed with every process it started."""
+    try:
+        stdout, stderr = process.communicate(timeout=seconds)
+        ended = True
+    except subprocess.TimeoutExpired:
+        stdout, stderr = _kill_all(process)
+        ended = False
+    survivors = [pid for pid in pids if _alive(pid)]
+    return ended and not survivors, f"{stdout}\n{stderr}\nsurvivors: {survivors}"
+
+
+def _launch(ranks: int, script: str, *args: str) -> subprocess.Popen:
+    mpiexec = _mpiexec()
+    if mpiexec is None:
+        pytest.skip("no mpiexec found")
+    return subprocess.Popen(
+        [mpiexec, "-n", str(ranks), sys.executable, f"tests/mpi/{script}", *args],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("ranks", [2, 4], ids=lambda n: f"{n}-ranks")
+def test_sigint_to_one_rank_inside_linop_ends_every_rank(ranks, tmp_path):
+    """KeyboardInterrupt is not an Exception: linop's abort path must catch it too."""
+    process = _launch(ranks, "interrupt_case.py", str(tmp_path))
+    victim = ranks - 1
+    files = [tmp_path / f"rank{r}" for r in range(ranks)]
+    deadline = time.monotonic() + 60
+    while not all(f.exists() and f.read_text() for f in files):
+        if time.monotonic() > deadline or process.poll() is not None:
+            stdout, stderr = _kill_all(process)
+            pytest.fail(f"the ranks did not start looping:\n{stdout}\n{stderr}")
+        time.sleep(0.05)
+    pids = [int(f.read_text()) for f in files]
+    time.sleep(0.2)  # well inside the loop of applications
+    os.kill(pids[victim], signal.SIGINT)
+    ended, output = _ends_within(process, END_WITHIN, pids)
+    assert ended, f"SIGINT to rank {victim} left the job running:\n{output}"
+    assert f"linop MPI interpreter: rank {victim} failed while" in output, output
+    assert "KeyboardInterrupt; aborting the job" in output, output
+    assert process.returncode != 0, output
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("ranks", "mode"),
+    [(2, "with"), (4, "with"), (3, "excepthook")],
+    ids=["2-ranks", "4-ranks", "3-ranks-hook"],
+)
+def test_a_user_exception_under_the_guard_ends_every_rank(ranks, mode):
+    process = _launch(ranks, "guard_case.py", mode)
+    try:
+        stdout, stderr = process.communicate(timeout=60)  # start-up included; the end is timed
+    except subprocess.TimeoutExpired:
+        stdout, stderr = _kill_all(process)
+        pytest.fail(f"a user exception under the guard left the job hanging:\n{stdout}\n{stderr}")
+    output = stdout + stderr
+    message = (
+        f"linop: rank {ranks - 1} raised ValueError: user code failed on rank {ranks - 1}; aborting the job"
+    )
+    assert message in output, output
+    assert "finished (it should not have)" not in output, output
+    assert process.returncode != 0, output
+    raised = float(re.search(r"raising at ([0-9.]+)", output).group(1))
+    assert time.time() - raised < END_WITHIN, (
+        f"the job ended {time.time() - raised:.1f} s after the exception"
+    )
 
 
 @pytest.mark.timeout(60)

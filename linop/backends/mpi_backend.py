@@ -43,7 +43,7 @@ mpi4py is imported only when a function of this module runs.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy.typing as npt
 
@@ -51,6 +51,7 @@ from ..errors import LinopError
 from ..operator import LinearOperator
 from ..space import State
 from . import (
+    array_api,
     mpi_fastpaths,  # noqa: F401 - registers the fast paths' lowerings
 )
 from .mpi_bound import BoundPlan
@@ -95,11 +96,16 @@ def plan_for(op: LinearOperator, *, comm: Any = None) -> DistributedPlan:
     CommunicatorError
         ``comm`` is ``MPI.COMM_NULL`` or an intercommunicator.
     """
-    context = context_for(comm)
-    plan = context.plans.get(op)
-    if plan is None:
-        plan = context.plans.put(op, DistributedPlan(op, context))
-    return plan
+    try:
+        context = context_for(comm)
+        plan = context.plans.get(op)
+        if plan is None:
+            plan = context.plans.put(op, DistributedPlan(op, context))
+        return plan
+    except LinopError:  # typed errors are raised on every rank alike: the job goes on
+        raise
+    except BaseException as error:  # anything else here may leave the other ranks waiting
+        _abort(comm, f"compiling {op}", error)
 
 
 def apply(
@@ -140,13 +146,19 @@ def apply(
         ``comm`` is not an mpi4py communicator (raised before any communication).
     """
     try:
-        return plan_for(op, comm=comm).apply(local_state, inplace=inplace, dtype=dtype)
+        entry = array_api.mpi_entry(local_state)  # torch, CuPy, ... arrays: numpy views, same library out
+        result = plan_for(op, comm=comm).apply(entry.arrays, inplace=inplace, dtype=dtype)
+        return entry.result(result, inplace=inplace)
     except LinopError:  # typed errors are raised on every rank alike: the job goes on
         raise
     except BaseException as error:  # anything else here may leave the other ranks waiting
-        module = mpi()
-        live = isinstance(comm, module.Comm) and comm != module.COMM_NULL
-        abort_for(comm if live else module.COMM_WORLD, f"applying {op}", error)
+        _abort(comm, f"applying {op}", error)
+
+
+def _abort(comm: Any, doing: str, error: BaseException) -> NoReturn:
+    module = mpi()
+    live = isinstance(comm, module.Comm) and comm != module.COMM_NULL
+    abort_for(comm if live else module.COMM_WORLD, doing, error)
 
 
 def compile(op: LinearOperator, *, comm: Any = None) -> DistributedPlan:

@@ -23,8 +23,9 @@ import numpy.typing as npt
 from ..errors import CommunicatorError, LinopError, UnsupportedNodeError
 from ..operator import LinearOperator
 from ..space import Block, State
-from . import numpy_backend
+from . import array_api, numpy_backend
 from .mpi_check import EntryCheck
+from .mpi_context import PlanCache
 from .mpi_guard import abort_for
 from .mpi_runtime import run_schedule
 from .mpi_schedule import Program, compile_program, fingerprint
@@ -36,6 +37,33 @@ if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
     from .mpi_context import CommContext
 
 __all__ = ["DistributedPlan", "read_only"]
+
+
+Compiled = tuple[bytes, "Program | None", "LinopError | None"]
+"""A tree's fingerprint, and its global program or the error compiling it raised."""
+
+_PROGRAMS: PlanCache[Compiled] = PlanCache()
+
+
+def _compiled(op: LinearOperator) -> Compiled:
+    """Fingerprint and compile ``op`` once per process (the global program does not depend on
+    the communicator: plans on several communicators share it)."""
+    found = _PROGRAMS.get(op)
+    if found is not None:
+        return found
+    program: Program | None = None
+    problem: LinopError | None = None
+    try:
+        program = compile_program(op)
+    except Exception as error:  # raised collectively by the check, after the tree test
+        problem = (
+            error
+            if isinstance(error, LinopError)
+            else UnsupportedNodeError(
+                f"the MPI interpreter cannot compile {op}: {type(error).__name__}: {error}"
+            )
+        )
+    return _PROGRAMS.put(op, (fingerprint(op), program, problem))
 
 
 def read_only(array: np.ndarray) -> np.ndarray:
@@ -56,23 +84,11 @@ class DistributedPlan:
     def __init__(self, op: LinearOperator, context: CommContext) -> None:
         self.op = op
         self.context = context
-        self.fingerprint = fingerprint(op)
-        self.problem: LinopError | None = None
-        self.program: Program | None = None
+        self.fingerprint, self.program, self.problem = _compiled(op)
         self.schedule: tuple[Any, ...] = ()
         self.domain_blocks: dict[str, Block] = {}
         self.range_names: tuple[str, ...] = ()
-        try:
-            self.program = compile_program(op)
-        except Exception as error:  # raised collectively by the check, after the tree test
-            self.problem = (
-                error
-                if isinstance(error, LinopError)
-                else UnsupportedNodeError(
-                    f"the MPI interpreter cannot compile {op}: {type(error).__name__}: {error}"
-                )
-            )
-        else:
+        if self.program is not None:
             if self.program.max_worker >= context.size:
                 self.problem = CommunicatorError(
                     f"the tree names worker {self.program.max_worker} but the communicator has "
@@ -170,8 +186,11 @@ class DistributedPlan:
 
         if inplace is None:
             inplace = self.op.domain == self.op.range
+        entry = array_api.mpi_entry(local_state)  # torch, CuPy, ... arrays: bound on numpy views
+        local_state = entry.arrays
         dtype = self.check(local_state, inplace=inplace)
         try:
-            return BoundPlan(self, {name: local_state[name] for name in self.domain_blocks}, dtype, inplace)
+            bound = BoundPlan(self, {name: local_state[name] for name in self.domain_blocks}, dtype, inplace)
+            return entry.bound(bound, inplace=inplace)
         except BaseException as error:
             abort_for(self.comm, f"binding {self.op}", error)

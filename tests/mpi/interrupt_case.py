@@ -1,0 +1,31 @@
+"""SIGINT to one rank while every rank loops over ``apply_mpi`` must end the whole job (the
+interrupted rank aborts it from inside linop), never leave the others waiting: run by
+tests/test_mpi.py, which sends the signal to one rank once every rank has written its pid.
+
+No guard here: the loop spends nearly all its time inside linop, where the interrupt lands.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+from mpi4py import MPI
+
+from linop import Block, SendRecv, Space
+
+COMM = MPI.COMM_WORLD
+RANK, SIZE = COMM.rank, COMM.size
+
+space = Space(Block(f"x{w}", (64, 64), w) for w in range(SIZE))
+op = None
+for w in range(SIZE):  # every worker's first rows to the next worker's last rows
+    node = SendRecv(space[f"x{w}"][0:8, :], space[f"x{(w + 1) % SIZE}"][-8:, :])
+    op = node if op is None else node @ op
+local = {f"x{RANK}": np.random.default_rng(RANK).standard_normal((64, 64))}
+op.apply_mpi(local, comm=COMM, inplace=True)  # compiled and checked once before the pid is out
+Path(sys.argv[1], f"rank{RANK}").write_text(str(os.getpid()))
+while True:
+    op.apply_mpi(local, comm=COMM, inplace=True)
