@@ -166,15 +166,6 @@ class _Event:
 
 
 @dataclass(frozen=True)
-class _PhaseLoad:
-    """A schedule phase: per worker (send cost, receive cost) as Cost terms; or local work."""
-
-    sends: dict[int, list[Cost]]
-    receives: dict[int, list[Cost]]
-    native: str | None = None
-
-
-@dataclass(frozen=True)
 class Accounting:
     """The communication of a tree (``kind="tree"``) or of its MPI schedule (``"schedule"``).
 
@@ -202,7 +193,6 @@ class Accounting:
     phases: int
     native: tuple[str, ...] = ()
     events: tuple[_Event, ...] = field(default=(), repr=False)
-    loads: tuple[Any, ...] = field(default=(), repr=False)
 
     # -- totals -------------------------------------------------------------------------------
     @property
@@ -218,9 +208,7 @@ class Accounting:
     # -- the model ----------------------------------------------------------------------------
     def critical_path(self, model: CostModel) -> Cost:
         """The terms of the longest path under ``model`` (see the module docstring)."""
-        if self.kind == "tree":
-            return _simulate(self.events, model)
-        return _schedule_path(self.loads, model)
+        return _simulate(self.events, model)
 
     def time(self, model: CostModel) -> float:
         """Modeled time in seconds."""
@@ -481,73 +469,66 @@ def account(op: LinearOperator, *, itemsize: int = 8) -> Accounting:
 
 
 # -- the MPI schedule ------------------------------------------------------------------------------
-def _schedule_loads(
-    steps: Iterable[Any],
-    itemsize: int,
-    messages: list[Message],
-    local: dict[int, tuple[int, int]],
-    count: list[int],
-) -> list[Any]:
-    loads: list[Any] = []
-    pending: dict[int, Cost] = {}  # local work since the last phase, per worker
+class _ScheduleEvents:
+    """Events of a schedule: a rank starts its next phase (or local step) when everything it
+    took part in before has finished: the interpreter waits for a phase's requests, rank by
+    rank, with no global barrier."""
 
-    def flush() -> None:
-        if pending:
-            loads.append(dict(pending))
-            pending.clear()
+    def __init__(self, itemsize: int) -> None:
+        self.itemsize = itemsize
+        self.events: list[_Event] = []
+        self.messages: list[Message] = []
+        self.local: dict[int, tuple[int, int]] = {}
+        self.native: list[str] = []
+        self.phases = 0
+        self.frontier: dict[int, list[int]] = {}  # per worker: the events its next step waits for
 
-    for step in steps:
-        if isinstance(step, Phase):
-            flush()
-            count[0] += 1
-            sends: dict[int, list[Cost]] = {}
-            receives: dict[int, list[Cost]] = {}
-            for t in step.transfers:
-                nbytes = t.source.size * itemsize
-                adds = t.mode == "add"
-                messages.append(Message(t.src_worker, t.dst_worker, nbytes, adds, count[0]))
-                sends.setdefault(t.src_worker, []).append(Cost(1, nbytes, 0))
-                receives.setdefault(t.dst_worker, []).append(Cost(1, nbytes, nbytes if adds else 0))
-            loads.append(_PhaseLoad(sends, receives))
-        elif isinstance(step, Local):
-            added, copied = _local_bytes(step.node, itemsize)
-            before = local.get(step.worker, (0, 0))
-            local[step.worker] = (before[0] + added, before[1] + copied)
-            pending[step.worker] = pending.get(step.worker, _NOTHING) + Cost(0, 0, added)
-        elif isinstance(step, Transfer):  # batch() emits phases; a lone transfer is one
-            loads.extend(_schedule_loads([Phase((step,))], itemsize, messages, local, count))
-        elif isinstance(step, Branches):
-            flush()
-            for term in step.terms:
-                loads.extend(_schedule_loads(term, itemsize, messages, local, count))
-        elif isinstance(step, FastPathStep):
-            flush()
-            count[0] += 1
-            loads.append(_PhaseLoad({}, {}, native=type(step.runner).__name__.lstrip("_")))
-        elif isinstance(step, (Scale, ZeroState)):
-            pass
-        else:  # pragma: no cover - compile_program emits nothing else
-            raise AccountingError(f"unknown schedule step {step!r}")
-    flush()
-    return loads
+    def _event(self, worker: int, target: int | None, nbytes: int, adds: bool, depends: set[int]) -> int:
+        self.events.append(_Event(worker, target, nbytes, adds, Footprint(), tuple(sorted(depends))))
+        return len(self.events) - 1
 
+    def run(self, steps: Iterable[Any]) -> None:
+        for step in steps:
+            if isinstance(step, Phase):
+                self.phase(step.transfers)
+            elif isinstance(step, Transfer):  # batch() emits phases; a lone transfer is one
+                self.phase((step,))
+            elif isinstance(step, Local):
+                added, copied = _local_bytes(step.node, self.itemsize)
+                before = self.local.get(step.worker, (0, 0))
+                self.local[step.worker] = (before[0] + added, before[1] + copied)
+                index = self._event(
+                    step.worker, None, added, added > 0, set(self.frontier.get(step.worker, ()))
+                )
+                self.frontier[step.worker] = [index]
+            elif isinstance(step, Branches):
+                for term in step.terms:
+                    self.run(term)
+            elif isinstance(step, FastPathStep):
+                self.phases += 1
+                self.native.append(type(step.runner).__name__.lstrip("_"))
+                workers = sorted(getattr(step.runner, "workers", ()) or self.frontier)
+                waits = {k for w in workers for k in self.frontier.get(w, ())}
+                index = self._event(workers[0] if workers else 0, None, 0, False, waits)
+                for w in workers:
+                    self.frontier[w] = [index]
+            elif isinstance(step, (Scale, ZeroState)):
+                pass
+            else:  # pragma: no cover - compile_program emits nothing else
+                raise AccountingError(f"unknown schedule step {step!r}")
 
-def _schedule_path(loads: Sequence[Any], model: CostModel) -> Cost:
-    total = _NOTHING
-    for load in loads:
-        if isinstance(load, _PhaseLoad):
-            best = _NOTHING
-            for per_port in (load.sends, load.receives):
-                for costs in per_port.values():
-                    path = _NOTHING
-                    for c in costs:
-                        path = path + c
-                    if path.time(model) > best.time(model):
-                        best = path
-            total = total + best
-        else:
-            total = total + max(load.values(), key=lambda c: c.time(model), default=_NOTHING)
-    return total
+    def phase(self, transfers: Sequence[Transfer]) -> None:
+        self.phases += 1
+        joined: dict[int, list[int]] = {}
+        for t in transfers:
+            nbytes = t.source.size * self.itemsize
+            adds = t.mode == "add"
+            self.messages.append(Message(t.src_worker, t.dst_worker, nbytes, adds, self.phases))
+            waits = set(self.frontier.get(t.src_worker, ())) | set(self.frontier.get(t.dst_worker, ()))
+            index = self._event(t.src_worker, t.dst_worker, nbytes, adds, waits)
+            for w in (t.src_worker, t.dst_worker):
+                joined.setdefault(w, []).append(index)
+        self.frontier.update(joined)
 
 
 def account_schedule(op: LinearOperator, *, itemsize: int = 8) -> Accounting:
@@ -560,17 +541,14 @@ def account_schedule(op: LinearOperator, *, itemsize: int = 8) -> Accounting:
     """
     itemsize = _check_itemsize(itemsize)
     program = compile_program(op)
-    messages: list[Message] = []
-    local: dict[int, tuple[int, int]] = {}
-    count = [0]
-    loads = _schedule_loads(program.steps, itemsize, messages, local, count)
-    native = tuple(load.native for load in loads if isinstance(load, _PhaseLoad) and load.native)
+    schedule = _ScheduleEvents(itemsize)
+    schedule.run(program.steps)
     return Accounting(
         "schedule",
         itemsize,
-        tuple(messages),
-        _traffic(messages, local, _space_workers(op)),
-        count[0],
-        native,
-        loads=tuple(loads),
+        tuple(schedule.messages),
+        _traffic(schedule.messages, schedule.local, _space_workers(op)),
+        schedule.phases,
+        tuple(schedule.native),
+        events=tuple(schedule.events),
     )

@@ -219,6 +219,7 @@ def reduce_linear(tensor: Layout, partition: Partition, name: str) -> LinearOper
     root = _reduce_holder(ranks, 0)
     for copy in ranks.copies[1:]:
         steps.add(steps.region(copy.name), steps.region(root))  # type: ignore[union-attr]
+    for copy in ranks.copies[1:]:
         steps.drop(copy.name)  # type: ignore[union-attr]
     _finish_reduce(steps, ranks)
     return steps.operator()
@@ -240,6 +241,7 @@ def reduce_binomial(tensor: Layout, partition: Partition, name: str) -> LinearOp
         senders.sort(key=lambda r: not (step > 1 and r + step // 2 < size))
         for r in senders:
             steps.add(steps.region(_reduce_holder(ranks, r)), steps.region(_reduce_holder(ranks, r - step)))
+        for r in senders:  # drops after the round's adds: the adjoint allocates before it sends
             steps.drop(_reduce_holder(ranks, r))
         step *= 2
     _finish_reduce(steps, ranks)

@@ -233,6 +233,9 @@ def reduce_scatter_recursive_halving(tensor: DistributedTensor, name: str) -> Li
         distance //= 2
     for low, high in plan.folded:
         block = chunks.blocks[low]
-        steps.copy(steps.region(names[high], chunks.bounds[low], axis), block)
+        if _nonempty(chunks.bounds[low]):
+            steps.copy(steps.region(names[high], chunks.bounds[low], axis), block)
+        else:  # an empty share: nothing to send
+            steps.allocate(block)
     _finish_scatter(chunks, steps, list(plan.participants))
     return steps.operator()
