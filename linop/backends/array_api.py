@@ -40,7 +40,9 @@ __all__ = [
     "to_numpy",
     "from_numpy",
     "apply",
-    "local_arrays",
+    "mpi_entry",
+    "MPIEntry",
+    "ForeignBoundPlan",
 ]
 
 
@@ -310,20 +312,98 @@ def _shares_caller_memory(
     return {name for name, array in arrays.items() if array.flags.writeable}
 
 
-def local_arrays(state: Mapping[str, Any]) -> tuple[dict[str, Any], Library | None]:
-    """For the MPI interpreter: a rank's local state as numpy arrays (views of the caller's
-    memory where possible, so bound plans and in-place runs act on it) and its library.
+class MPIEntry:
+    """A rank's local state at the MPI interpreter's entry, as numpy arrays, and the way back.
 
-    A state that cannot be converted (mixed libraries, an unreadable dtype) is returned as it
-    is, so that the interpreter's collective check fails on every rank together, naming the
-    block, instead of this rank alone raising while its peers wait.
+    Built by :func:`mpi_entry`. ``arrays`` is what the interpreter runs on: the caller's own
+    numpy state, or numpy views of another library's arrays (their memory itself for torch CPU
+    tensors and writeable DLPack exporters, so in-place runs and bound plans act on it; host
+    copies for accelerator arrays). :meth:`result` and :meth:`bound` turn what the interpreter
+    returns back into the caller's library.
+    """
+
+    def __init__(self, state: Any, arrays: Any, library: Library | None) -> None:
+        self.state = state
+        self.arrays = arrays
+        self.library = library
+        self.staged = (
+            set()
+            if library is None
+            else {name for name in arrays if name not in _shares_caller_memory(state, arrays, library)}
+        )
+
+    def result(self, result: Any, *, inplace: bool) -> Any:
+        """The interpreter's result in the caller's library (in place: the caller's dict, its
+        staged blocks written back)."""
+        if self.library is None:
+            return result
+        if inplace:
+            self.write_back()
+            return self.state
+        return _wrap_result(result, self.state, self.arrays, self.library)
+
+    def write_back(self) -> None:
+        """Copy staged host arrays back into the caller's (accelerator) arrays."""
+        for name in self.staged:
+            target, host = self.state[name], self.arrays[name]
+            if self.library is not None and self.library.kind == "torch":
+                import torch
+
+                target.copy_(torch.from_numpy(host))
+            else:
+                target[...] = from_numpy(host, self.library)  # type: ignore[arg-type]
+
+    def stage_in(self) -> None:
+        """Refresh staged host arrays from the caller's arrays (before a bound call)."""
+        for name in self.staged:
+            np.copyto(self.arrays[name], to_numpy(name, self.state[name], self.library))  # type: ignore[arg-type]
+
+    def bound(self, bound: Any, *, inplace: bool) -> Any:
+        """A bound plan whose calls take and give the caller's library (itself for numpy)."""
+        return bound if self.library is None else ForeignBoundPlan(bound, self, inplace)
+
+
+class ForeignBoundPlan:
+    """A bound MPI plan (:class:`linop.backends.mpi_bound.BoundPlan`) on another library's
+    arrays: each call refreshes staged host copies, runs the plan, and returns this rank's
+    blocks in that library (in place: the caller's own arrays, updated)."""
+
+    def __init__(self, bound: Any, entry: MPIEntry, inplace: bool) -> None:
+        self.plan = bound
+        self.entry = entry
+        self.inplace = inplace
+
+    @property
+    def persistent(self) -> bool:
+        """Whether the underlying bound plan runs persistent requests only."""
+        return bool(self.plan.persistent)
+
+    def __call__(self) -> Any:
+        self.entry.stage_in()
+        return self.entry.result(self.plan(), inplace=self.inplace)
+
+    def free(self) -> None:
+        """Release the persistent requests."""
+        self.plan.free()
+
+
+def mpi_entry(state: Any) -> MPIEntry:
+    """For the MPI interpreter's public entry (``apply``, ``bind``): a rank's local state as
+    numpy arrays, and the way back to the caller's library.
+
+    Never raises: a state that cannot be converted (mixed libraries, an unreadable dtype) is
+    passed on as it is, so that the interpreter's collective check fails on every rank
+    together, naming the block, instead of this rank alone raising while its peers wait.
+    Tensors that require a gradient are read detached (differentiate across ranks with
+    :class:`linop.frameworks.torch_function.TorchOperator` and ``comm=``).
     """
     if not isinstance(state, Mapping):
-        return state, None  # type: ignore[return-value]
+        return MPIEntry(state, state, None)
     try:
         library = library_of(state)
         if library is None:
-            return dict(state), None
-        return {name: to_numpy(name, value, library) for name, value in state.items()}, library
+            return MPIEntry(state, state, None)
+        arrays = {name: to_numpy(name, value, library) for name, value in state.items()}
     except ArrayLibraryError:
-        return dict(state), None
+        return MPIEntry(state, state, None)
+    return MPIEntry(state, arrays, library)

@@ -57,7 +57,7 @@ class _Runner:
         else:
             from ..backends import mpi_backend
 
-            self.plan = mpi_backend.compile(op, comm=comm)
+            self.plan = mpi_backend.plan_for(op, comm=comm)
             self.inputs = tuple(self.plan.domain_blocks)
             self.outputs = self.plan.range_names
         self._staging: dict[str, np.ndarray] | None = None
