@@ -8,25 +8,14 @@ into trees whose adjoints (``op.H``) are derived by rules; interpreters apply a 
 
 from typing import Any
 
-from .collectives import (
-    AllGather,
-    AllReduce,
-    BlockGrid,
-    Broadcast,
-    BroadcastError,
-    GlobalShapeError,
-    Layout,
-    ReduceScatter,
-    SumReduce,
-    broadcast_map,
-    gathered_layout,
-    reduction_groups,
-)
+from .collectives import AllGather, AllReduce, Broadcast, ReduceScatter, SumReduce
 from .errors import (
     BlockExistsError,
+    BroadcastError,
     CommunicatorError,
     DecompositionError,
     DistributedStateError,
+    GlobalShapeError,
     LinopError,
     MPIError,
     OverlapError,
@@ -62,6 +51,7 @@ from .halo_geometry import (
     halo_geometry,
     output_length,
 )
+from .layout import BlockGrid, Layout, broadcast_map, gathered_layout, reduction_groups
 from .movement import Copy, CopyAdjoint, Move, SendRecv, SendRecvAdjoint
 from .operator import Composition, Identity, LinearOperator, Scaled, Sum, Zero, expand_all, walk
 from .partition import DistributedTensor, Partition, balanced_sizes

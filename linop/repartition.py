@@ -14,7 +14,7 @@ Scatter(root, x)                x_i = root[box of x_i]                      Gath
 Gather(root, x)                 root[box of x_i] = x_i                      Scatter(root, x)
 ==============================  ==========================================  ======================
 
-Each expands (through :class:`~linop.collectives.Plan`) into Allocate, one in-place Copy or
+Each expands (through :class:`~linop.plan.MovementPlan`) into Allocate, one in-place Copy or
 SendRecv per non-empty intersection, and Deallocate.
 """
 
@@ -26,18 +26,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .collectives import (
-    _NO_OTHERS,
-    GlobalShapeError,
-    Piece,
-    Planned,
-    _nonempty_pieces,
-    _piece,
-    _require_tensor,
-    _whole,
-)
+from .errors import GlobalShapeError
+from .layout import require_tensor
 from .operator import LinearOperator
 from .partition import DistributedTensor
+from .plan import NO_OTHERS, Piece, Planned, fields_of, make_piece, nonempty_pieces, origin
 from .space import Block, Space
 
 __all__ = ["Gather", "Repartition", "Scatter", "overlaps"]
@@ -120,11 +113,11 @@ class Repartition(Planned):
 
     source: DistributedTensor
     destination: DistributedTensor
-    others: Space = _NO_OTHERS
+    others: Space = NO_OTHERS
 
     def _setup(self) -> None:
-        _require_tensor("Repartition", "source", self.source)
-        _require_tensor("Repartition", "destination", self.destination)
+        require_tensor("Repartition", "source", self.source)
+        require_tensor("Repartition", "destination", self.destination)
         if self.source.global_shape != self.destination.global_shape:
             raise GlobalShapeError(
                 f"Repartition {self.source.name!r} -> {self.destination.name!r}: global shapes "
@@ -144,7 +137,7 @@ class Repartition(Planned):
             origin_i = self.source.box(i)[0]
             origin_j = self.destination.box(j)[0]
             items.append(
-                _piece(
+                make_piece(
                     self.source.block_name(i),
                     tuple(a - o for a, o in zip(start, origin_i)),
                     self.destination.block_name(j),
@@ -152,26 +145,30 @@ class Repartition(Planned):
                     tuple(b - a for a, b in zip(start, stop)),
                 )
             )
-        return _nonempty_pieces(items)
+        return nonempty_pieces(items)
 
     def adjoint(self) -> LinearOperator:
         """T* = the reverse repartition (a permutation's transpose is its inverse)."""
-        return Repartition(self.destination, self.source, self.others)
+        return Repartition(source=self.destination, destination=self.source, others=self.others)
 
     def __str__(self) -> str:
         return f"T[{self.source.name} -> {self.destination.name}]"
 
 
+@dataclass(frozen=True, eq=True, repr=False)
 class _RootGeometry(Planned):
+    """The fields and geometry shared by :class:`Scatter` and its adjoint :class:`Gather`
+    (declared once here; each builds the other from them by keyword)."""
+
     root: Block
     tensor: DistributedTensor
-    others: Space
+    others: Space = NO_OTHERS
 
     def _setup(self) -> None:
         kind = type(self).__name__
         if not isinstance(self.root, Block):
             raise TypeError(f"{kind}: root must be a Block, not {type(self.root).__name__}")
-        _require_tensor(kind, "tensor", self.tensor)
+        require_tensor(kind, "tensor", self.tensor)
         if self.root.shape != self.tensor.global_shape:
             raise GlobalShapeError(
                 f"{kind}: root block {self.root.name!r} has shape {self.root.shape} but tensor "
@@ -183,8 +180,8 @@ class _RootGeometry(Planned):
         items = []
         for index in self.tensor.partition.indices():
             block = self.tensor.block(index)
-            items.append(_piece(self.root, self.tensor.box(index)[0], block, _whole(block), block.shape))
-        return _nonempty_pieces(items)
+            items.append(make_piece(self.root, self.tensor.box(index)[0], block, origin(block), block.shape))
+        return nonempty_pieces(items)
 
 
 @dataclass(frozen=True, eq=True, repr=False)
@@ -210,10 +207,6 @@ class Scatter(_RootGeometry):
         If the root's shape is not the tensor's global shape.
     """
 
-    root: Block
-    tensor: DistributedTensor
-    others: Space = _NO_OTHERS
-
     def _sources(self) -> tuple[Block, ...]:
         return (self.root,)
 
@@ -225,7 +218,7 @@ class Scatter(_RootGeometry):
 
     def adjoint(self) -> LinearOperator:
         """Scatter* = Gather (its inverse)."""
-        return Gather(self.root, self.tensor, self.others)
+        return Gather(**fields_of(self))
 
     def __str__(self) -> str:
         return f"Sc[{self.root.name} -> {self.tensor.name}]"
@@ -240,10 +233,6 @@ class Gather(_RootGeometry):
     The fields mean what they mean for :class:`Scatter`: ``root`` is the new block.
     """
 
-    root: Block
-    tensor: DistributedTensor
-    others: Space = _NO_OTHERS
-
     def _sources(self) -> tuple[Block, ...]:
         return self.tensor.blocks
 
@@ -255,7 +244,7 @@ class Gather(_RootGeometry):
 
     def adjoint(self) -> LinearOperator:
         """Gather* = Scatter (its inverse)."""
-        return Scatter(self.root, self.tensor, self.others)
+        return Scatter(**fields_of(self))
 
     def __str__(self) -> str:
         return f"G[{self.tensor.name} -> {self.root.name}]"

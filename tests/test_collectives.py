@@ -8,20 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from linop import Block, BlockExistsError, Copy, Identity, LinopError, SendRecv, ShapeMismatchError, Space
-from linop.collectives import (
-    AllGather,
-    AllReduce,
-    BlockGrid,
-    Broadcast,
-    BroadcastError,
-    GlobalShapeError,
-    ReduceScatter,
-    SumReduce,
-    broadcast_map,
-    gathered_layout,
-    reduction_groups,
-)
-from linop.errors import DecompositionError, PartitionError
+from linop.collectives import AllGather, AllReduce, Broadcast, ReduceScatter, SumReduce
+from linop.errors import BroadcastError, DecompositionError, GlobalShapeError, PartitionError
+from linop.layout import BlockGrid, broadcast_map, gathered_layout, reduction_groups
 from linop.operator import expand_all, walk
 from linop.partition import DistributedTensor, Partition, intersect
 from linop.repartition import Gather, Repartition, Scatter, overlaps

@@ -3,7 +3,7 @@ tests/test_collectives_fastpaths.py).
 
 A collective's matrix is a 0/1 selection: the identity on pass-through blocks, plus a one at
 (target entry, source entry) for every entry of every piece of its plan (copies and adds alike;
-:class:`~linop.collectives.Plan`). The all-reduce's matrix has, for each group, an identity
+:class:`~linop.plan.MovementPlan`). The all-reduce's matrix has, for each group, an identity
 block between every two members. Both are built from index arrays in one step, instead of
 multiplying one matrix per primitive of the expansion.
 """

@@ -1,0 +1,280 @@
+"""Layouts: one block per worker of a partition, and how the layouts of a collective map onto
+each other (``docs/theory.md#collectives``).
+
+A *layout* is what a collective moves data between: a :class:`~linop.partition.DistributedTensor`
+(blocks cut from one global array) or a :class:`BlockGrid` (any block shapes, e.g. the copies a
+broadcast makes). The broadcasting geometry says which source block feeds each destination block
+(:func:`broadcast_map`), which blocks reduce together (:func:`reduction_groups`) and what an
+all-gather produces (:func:`gathered_layout`). The validators at the end are shared by the
+collective nodes (:mod:`linop.collectives`, :mod:`linop.repartition`).
+
+Broadcasting of partitions
+--------------------------
+A source partition of shape ``s`` broadcasts to a destination partition of shape ``S`` as in
+NumPy: ``s`` is left-padded with ones to the length of ``S`` and each of its extents equals the
+destination's or is 1. Destination index ``j`` then takes its data from the source index
+``i_d = j_d`` (equal extents) or ``i_d = 0`` (extent 1), the padded dimensions dropped. With
+``transpose=True`` the source partition's shape (and index) is reversed first.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from .errors import BlockExistsError, BroadcastError, DecompositionError, PartitionError
+from .partition import DistributedTensor, Partition, grid_block_name, normalized_axes
+from .space import Block, Space
+
+__all__ = [
+    "BlockGrid",
+    "Layout",
+    "broadcast_map",
+    "check_layout",
+    "gathered_layout",
+    "reduction_groups",
+    "require_name",
+    "require_tensor",
+    "sorted_axes",
+    "union_space",
+]
+
+
+# -- layouts ---------------------------------------------------------------------------------
+@runtime_checkable
+class Layout(Protocol):
+    """One block per worker of a partition: what a collective moves data between.
+
+    Both :class:`~linop.partition.DistributedTensor` and :class:`BlockGrid` are layouts.
+    """
+
+    name: str
+    partition: Partition
+
+    def block_name(self, index: Sequence[int]) -> str: ...
+
+    def block(self, index: Sequence[int]) -> Block: ...
+
+    @property
+    def blocks(self) -> tuple[Block, ...]: ...
+
+    @property
+    def space(self) -> Space: ...
+
+
+@dataclass(frozen=True)
+class BlockGrid:
+    """One block per worker of ``partition``, with explicit shapes.
+
+    Block ``name[i,j]`` has shape ``shapes[k]`` (``k`` the position of ``(i, j)`` in C order of
+    grid index) and lives on ``partition.worker((i, j))``. Naming follows
+    :class:`~linop.partition.DistributedTensor`, so the two are interchangeable as layouts.
+
+    Parameters
+    ----------
+    name : str
+        Prefix of the block names.
+    partition : Partition
+    shapes : sequence of shapes
+        One block shape per worker, in C order of grid index.
+
+    Raises
+    ------
+    TypeError
+        If ``partition`` is not a :class:`~linop.partition.Partition`.
+    PartitionError
+        If the number of shapes differs from the number of workers.
+    DecompositionError
+        If a block shape has a negative extent or is not a sequence of integers.
+    """
+
+    name: str
+    partition: Partition
+    shapes: tuple[tuple[int, ...], ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.partition, Partition):
+            raise TypeError(
+                f"block grid {self.name!r}: partition must be a Partition, not {type(self.partition).__name__}"
+            )
+        shapes = tuple(_block_shape(self.name, shape) for shape in self.shapes)
+        if len(shapes) != self.partition.size:
+            raise PartitionError(
+                f"block grid {self.name!r}: {len(shapes)} block shapes for the "
+                f"{self.partition.size} workers of partition {self.partition.shape}"
+            )
+        for shape in shapes:
+            if any(n < 0 for n in shape):
+                raise DecompositionError(f"block grid {self.name!r}: negative extent in block shape {shape}")
+        object.__setattr__(self, "shapes", shapes)
+        object.__setattr__(self, "_position", {index: k for k, index in enumerate(self.partition.indices())})
+
+    @classmethod
+    def uniform(cls, name: str, partition: Partition, shape: Sequence[int]) -> BlockGrid:
+        """A grid whose blocks all have the same ``shape``."""
+        return cls(name, partition, (tuple(shape),) * partition.size)
+
+    @classmethod
+    def of(cls, layout: Layout, name: str | None = None) -> BlockGrid:
+        """The block shapes of another layout (optionally under a new name)."""
+        shapes = tuple(layout.block(i).shape for i in layout.partition.indices())
+        return cls(layout.name if name is None else name, layout.partition, shapes)
+
+    def block_name(self, index: Sequence[int]) -> str:
+        """Name of the block at a grid index, e.g. ``y[0,1]``."""
+        return grid_block_name(self.name, index)
+
+    def block(self, index: Sequence[int]) -> Block:
+        """The block at a grid index."""
+        index = tuple(index)
+        try:
+            shape = self.shapes[self._position[index]]  # type: ignore[attr-defined]
+        except KeyError:
+            raise PartitionError(f"index {index} is outside partition {self.partition.shape}") from None
+        return Block(self.block_name(index), shape, self.partition.worker(index))
+
+    @property
+    def blocks(self) -> tuple[Block, ...]:
+        """All blocks, in C order of grid index."""
+        return tuple(self.block(i) for i in self.partition.indices())
+
+    @property
+    def space(self) -> Space:
+        """The space of the grid's blocks."""
+        return Space(self.blocks)
+
+    def __str__(self) -> str:
+        return f"{self.name} on {self.partition}"
+
+
+def _block_shape(grid: str, shape: object) -> tuple[int, ...]:
+    try:
+        return tuple(operator.index(n) for n in shape)  # type: ignore[attr-defined]
+    except TypeError:
+        raise DecompositionError(
+            f"block grid {grid!r}: block shape {shape!r} is not a tuple of integers"
+        ) from None
+
+
+def union_space(kind: str, *groups: Iterable[Block]) -> Space:
+    """One space of several groups of blocks, with a clear error for a repeated name."""
+    seen: dict[str, Block] = {}
+    for group in groups:
+        for block in group:
+            if block.name in seen:
+                raise BlockExistsError(
+                    f"{kind}: block name {block.name!r} is used twice (source, destination and "
+                    "pass-through blocks must have different names)"
+                )
+            seen[block.name] = block
+    return Space(seen.values())
+
+
+def require_tensor(kind: str, what: str, value: object) -> None:
+    """Raise a TypeError naming node ``kind`` unless ``value`` is a distributed tensor."""
+    if not isinstance(value, DistributedTensor):
+        raise TypeError(f"{kind}: {what} must be a DistributedTensor, not {type(value).__name__}")
+
+
+def require_name(kind: str, name: object) -> None:
+    """Raise a TypeError naming node ``kind`` unless ``name`` is a non-empty string."""
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"{kind}: name must be a non-empty string, not {name!r}")
+
+
+def check_layout(kind: str, layout: object, what: str) -> None:
+    """Raise a TypeError naming node ``kind`` unless ``layout`` is a :class:`Layout`."""
+    if not isinstance(layout, Layout):
+        raise TypeError(
+            f"{kind}: {what} must be a DistributedTensor or a BlockGrid, not {type(layout).__name__}"
+        )
+
+
+def sorted_axes(kind: str, axes: Sequence[int] | int, partition: Partition) -> tuple[int, ...]:
+    """The partition axes ``axes`` normalized (negative ones wrapped, checked) and sorted."""
+    return tuple(sorted(normalized_axes(kind, axes, partition)))
+
+
+# -- broadcasting geometry -----------------------------------------------------------------------
+def broadcast_map(
+    source: Partition, destination: Partition, *, transpose: bool = False
+) -> dict[tuple[int, ...], tuple[int, ...]]:
+    """For every destination grid index, the source grid index whose data it receives.
+
+    Parameters
+    ----------
+    source, destination : Partition
+    transpose : bool, optional
+        Reverse the source partition's shape (and its indices) before broadcasting.
+
+    Raises
+    ------
+    BroadcastError
+        If the source has more dimensions than the destination, or an extent of the (padded)
+        source is neither 1 nor the destination's extent; the message names the dimension.
+
+    Examples
+    --------
+    >>> broadcast_map(Partition((1, 2)), Partition((2, 2)))[(1, 0)]
+    (0, 0)
+    """
+    shape = source.shape[::-1] if transpose else source.shape
+    described = f"source partition shape {source.shape}" + (" (reversed)" if transpose else "")
+    if len(shape) > destination.ndim:
+        raise BroadcastError(
+            f"{described} has {len(shape)} dimensions, more than destination partition "
+            f"shape {destination.shape} ({destination.ndim})"
+        )
+    pad = destination.ndim - len(shape)
+    padded = (1,) * pad + shape
+    for d, (a, b) in enumerate(zip(padded, destination.shape)):
+        if a not in (1, b):
+            raise BroadcastError(
+                f"{described} does not broadcast to destination partition shape {destination.shape}: "
+                f"dimension {d} (after left-padding with ones) has extent {a}, neither 1 nor {b}"
+            )
+    mapping = {}
+    for j in destination.indices():
+        i = tuple(jd if a == b else 0 for jd, a, b in zip(j, padded, destination.shape))[pad:]
+        mapping[j] = i[::-1] if transpose else i
+    return mapping
+
+
+def reduction_groups(partition: Partition, axes: Sequence[int] | int) -> list[list[tuple[int, ...]]]:
+    """Grid indices grouped along ``axes``: indices that differ only on ``axes`` share a group.
+
+    Groups come in C order of the other coordinates; members in C order along ``axes`` (the
+    first member is the group's root).
+
+    Raises
+    ------
+    PartitionError
+        If an axis is out of range or listed twice.
+    """
+    axes = sorted_axes("reduction_groups", axes, partition)
+    groups: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+    for index in partition.indices():
+        key = tuple(i for d, i in enumerate(index) if d not in axes)
+        groups.setdefault(key, []).append(index)
+    return list(groups.values())
+
+
+def gathered_layout(tensor: DistributedTensor, axes: Sequence[int] | int, name: str) -> BlockGrid:
+    """The layout that :class:`AllGather` produces: block ``name[j]`` covers block ``j``'s box
+    of ``tensor`` with every dimension in ``axes`` widened to the whole global extent.
+
+    Raises
+    ------
+    PartitionError
+        If an axis is out of range or listed twice.
+    """
+    axes = sorted_axes("gathered_layout", axes, tensor.partition)
+    shapes = []
+    for index in tensor.partition.indices():
+        start, stop = tensor.box(index)
+        shapes.append(
+            tuple(tensor.global_shape[d] if d in axes else b - a for d, (a, b) in enumerate(zip(start, stop)))
+        )
+    return BlockGrid(name, tensor.partition, tuple(shapes))

@@ -1,0 +1,204 @@
+"""Movement plans: the one definition shared by every out-of-place collective.
+
+A :class:`MovementPlan` says what an out-of-place collective does: allocate the new blocks,
+move *pieces* (:class:`Piece`: a box of an old block copied, or added, into a box of a new
+block) and drop the old blocks. :class:`Planned` is the base of the nodes defined this way
+(broadcast, sum-reduce, all-gather, reduce-scatter, repartition, scatter, gather): the plan
+expands into the primitives (Allocate; Copy or SendRecv in place, or their adjoints that add;
+Deallocate), and the interpreters' fast paths read the same plan, so one handler per
+interpreter serves every such collective.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from abc import abstractmethod
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from .layout import union_space
+from .movement import Copy, CopyAdjoint, SendRecv, SendRecvAdjoint
+from .operator import Composition, Identity, LinearOperator
+from .primitives import Allocate, Deallocate
+from .space import Block, Space
+
+__all__ = [
+    "NO_OTHERS",
+    "MovementPlan",
+    "Piece",
+    "Planned",
+    "fields_of",
+    "make_piece",
+    "nonempty_pieces",
+    "origin",
+]
+
+
+# -- plans -------------------------------------
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """A box of an old block (``source``) that goes to a box of a new block (``target``)."""
+
+    source: str
+    source_start: tuple[int, ...]
+    target: str
+    target_start: tuple[int, ...]
+    shape: tuple[int, ...]
+
+    def source_index(self) -> tuple[slice, ...]:
+        """The numpy index of the box inside the source block."""
+        return tuple(slice(a, a + n) for a, n in zip(self.source_start, self.shape))
+
+    def target_index(self) -> tuple[slice, ...]:
+        """The numpy index of the box inside the target block."""
+        return tuple(slice(a, a + n) for a, n in zip(self.target_start, self.shape))
+
+    def reversed(self) -> Piece:
+        """The same box travelling the other way (target to source): the piece of the dual."""
+        return Piece(self.target, self.target_start, self.source, self.source_start, self.shape)
+
+
+@dataclass(frozen=True)
+class MovementPlan:
+    """An out-of-place data movement: allocate ``created``, move ``pieces``, drop ``dropped``.
+
+    With ``adds=False`` each piece is *copied* into its target (targets are disjoint; a source
+    box may be copied several times). With ``adds=True`` each piece is *added* into its target
+    and its source box cleared (the adjoint of a copy); targets may receive several pieces.
+    Either way the matrix is the identity on pass-through blocks plus a one at (target entry,
+    source entry) for every entry of every piece.
+    """
+
+    created: tuple[Block, ...]
+    pieces: tuple[Piece, ...]
+    dropped: tuple[str, ...]
+    adds: bool = False
+
+    def expand(self, domain: Space) -> LinearOperator:
+        """The plan as primitives on ``domain``: Allocate, in-place Copy / SendRecv (or their
+        adjoints, which add), Deallocate; SendRecv wherever the two blocks' workers differ."""
+        factors: list[LinearOperator] = []
+        space = domain
+        for block in self.created:
+            node: LinearOperator = Allocate(space, block)
+            factors.append(node)
+            space = node.range
+        for piece in self.pieces:
+            old = space[piece.source][piece.source_index()]
+            new = space[piece.target][piece.target_index()]
+            remote = old.worker != new.worker
+            if self.adds:
+                factors.append(SendRecvAdjoint(new, old) if remote else CopyAdjoint(new, old))
+            else:
+                factors.append(SendRecv(old, new) if remote else Copy(old, new))
+        for name in self.dropped:
+            node = Deallocate(space, name)
+            factors.append(node)
+            space = node.range
+        if not factors:
+            return Identity(domain)
+        return Composition(tuple(reversed(factors)))
+
+
+def fields_of(node: Any) -> dict[str, Any]:
+    """The constructor fields of a dataclass node, by name: what its twin (its adjoint, which
+    declares the same fields) is built from, by keyword, so that no field order is relied on."""
+    return {field.name: getattr(node, field.name) for field in dataclasses.fields(node) if field.init}
+
+
+def origin(block: Block) -> tuple[int, ...]:
+    """The start of a whole block: zeros, one per dimension."""
+    return (0,) * block.ndim
+
+
+def make_piece(
+    source: Block | str,
+    source_start: Sequence[int],
+    target: Block | str,
+    target_start: Sequence[int],
+    shape: Sequence[int],
+) -> Piece | None:
+    """The piece moving the box of ``shape`` at ``source_start`` of ``source`` to
+    ``target_start`` of ``target``, or None when the box is empty."""
+    shape = tuple(shape)
+    if any(n == 0 for n in shape):
+        return None
+    return Piece(
+        source if isinstance(source, str) else source.name,
+        tuple(source_start),
+        target if isinstance(target, str) else target.name,
+        tuple(target_start),
+        shape,
+    )
+
+
+def nonempty_pieces(items: Iterable[Piece | None]) -> tuple[Piece, ...]:
+    """The pieces that are not None (empty boxes move nothing)."""
+    return tuple(p for p in items if p is not None)
+
+
+class Planned(LinearOperator):
+    """Base of the out-of-place collectives: a node defined by a :class:`MovementPlan`.
+
+    Subclasses provide ``_setup`` (validation, called after construction), ``_sources`` and
+    ``_targets`` (the blocks they consume and produce) and ``_pieces``; ``ADDS`` says whether the
+    pieces are added (the adjoint of a copy) or copied. ``others`` are pass-through blocks.
+    Interpreters may register one fast path for this base class and serve every subclass.
+    """
+
+    others: Space
+    ADDS: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        self._setup()
+
+    @abstractmethod
+    def _setup(self) -> None:
+        """Check the fields, then :meth:`_validate` the spaces."""
+
+    @abstractmethod
+    def _sources(self) -> tuple[Block, ...]:
+        """The blocks the operator consumes."""
+
+    @abstractmethod
+    def _targets(self) -> tuple[Block, ...]:
+        """The blocks the operator produces."""
+
+    @abstractmethod
+    def _pieces(self) -> tuple[Piece, ...]:
+        """The boxes that travel from consumed to produced blocks."""
+
+    def _validate(self) -> None:
+        if not isinstance(self.others, Space):
+            raise TypeError(
+                f"{type(self).__name__}: others must be a Space, not {type(self.others).__name__}"
+            )
+        kind = type(self).__name__
+        union_space(kind, self._sources(), self._targets(), self.others)
+        object.__setattr__(self, "_domain", union_space(kind, self.others, self._sources()))
+        object.__setattr__(self, "_range", union_space(kind, self.others, self._targets()))
+
+    @property
+    def domain(self) -> Space:
+        return self._domain  # type: ignore[attr-defined]
+
+    @property
+    def range(self) -> Space:
+        return self._range  # type: ignore[attr-defined]
+
+    @functools.cached_property
+    def plan(self) -> MovementPlan:
+        """The node's plan (computed once): create the targets, move the pieces, drop the
+        sources."""
+        return MovementPlan(
+            self._targets(), self._pieces(), tuple(b.name for b in self._sources()), adds=self.ADDS
+        )
+
+    def expand(self) -> LinearOperator:
+        """The plan in primitives (see :meth:`MovementPlan.expand`)."""
+        return self.plan.expand(self.domain)
+
+
+NO_OTHERS = Space()
