@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from ..collectives import BlockGrid, Broadcast, SumReduce
+from .. import BlockGrid, Broadcast, SumReduce  # the public names: collectives.py is being split
 from ..halo import halo_windows
 from ..halo_geometry import Kernel, halo_geometry
 from ..operator import Composition, LinearOperator
