@@ -20,7 +20,6 @@ from linop import Block, Space
 from linop.local import KERNEL_KINDS, LocalOperator, local_operator, matrix_callables
 
 from .node_examples import examples_for
-from .strategies import shapes, spaces
 
 __all__ = ["integer_matrices", "local_operators"]
 
@@ -36,6 +35,8 @@ def local_operators(
 ) -> LocalOperator:
     """A local operator on ``space`` (default: drawn) with an integer kernel of one of ``kinds``
     (``"dense"``, ``"sparse"``, ``"scipy"``, ``"callables"``, ``"vectorized"``)."""
+    from .strategies import shapes, spaces  # not at the top: verify.strategies imports this module
+
     if space is None:
         space = draw(spaces(max_blocks=3, max_side=3))
     worker = draw(st.sampled_from(sorted({b.worker for b in space})))
