@@ -57,7 +57,7 @@ __all__ = [
     "HaloExchangeAdjoint",
     "HaloStage",
     "HaloStageAdjoint",
-    "Transfer",
+    "RegionCopy",
     "direct_transfers",
     "halo_windows",
     "local_space",
@@ -68,7 +68,7 @@ __all__ = [
 ]
 
 Variant = Literal["nested", "direct"]
-Transfer = tuple[Region, Region]
+RegionCopy = tuple[Region, Region]
 """One copy of a halo exchange stage: (source region, destination region) in the local space."""
 
 
@@ -123,14 +123,14 @@ def _box(space: Space, name: str, slices: Sequence[slice]) -> Region:
 
 
 # -- one stage: a set of commuting copies, with explicit buffers --------------------------------
-def _as_transfer(item: object, label: str) -> Transfer:
+def _as_transfer(item: object, label: str) -> RegionCopy:
     """``item`` as a (source, destination) pair of regions."""
     if isinstance(item, (tuple, list)) and len(item) == 2 and all(isinstance(r, Region) for r in item):
         return (item[0], item[1])
-    raise TypeError(f"stage {label}: a transfer is a (Region, Region) pair, not {item!r}")
+    raise OperandError(f"stage {label}: a transfer is a (Region, Region) pair, not {item!r}")
 
 
-def _check_transfers(space: Space, transfers: tuple[Transfer, ...], label: str) -> None:
+def _check_transfers(space: Space, transfers: tuple[RegionCopy, ...], label: str) -> None:
     """Sources and destinations live in ``space``, shapes match, and no destination meets a
     source or another destination (so the copies of a stage commute)."""
     by_block: dict[str, tuple[list[Region], list[Region]]] = {}
@@ -194,7 +194,7 @@ def _buffer_names(space: Space, label: str, count: int) -> list[tuple[str, str]]
     return names
 
 
-def _stage_expansion(space: Space, transfers: tuple[Transfer, ...], label: str) -> LinearOperator:
+def _stage_expansion(space: Space, transfers: tuple[RegionCopy, ...], label: str) -> LinearOperator:
     """H_i = D K_T C_U C_E C_P K_S A: allocate the buffers, clear them (K_S), pack (C_P),
     send-receive (C_E), unpack (C_U), clear (K_T) and drop them. A copy within one worker
     needs no buffer: it is part of C_U."""
@@ -228,7 +228,7 @@ class _StageBase(LinearOperator):
     """Fields and spaces shared by :class:`HaloStage` and :class:`HaloStageAdjoint`."""
 
     space: Space
-    transfers: tuple[Transfer, ...]
+    transfers: tuple[RegionCopy, ...]
     label: str = "H"
 
     def __post_init__(self) -> None:
@@ -289,7 +289,7 @@ class HaloStage(_StageBase):
     """
 
     space: Space
-    transfers: tuple[Transfer, ...]
+    transfers: tuple[RegionCopy, ...]
     label: str = "H"
 
     def expand(self) -> LinearOperator:
@@ -313,7 +313,7 @@ class HaloStageAdjoint(_StageBase):
     """
 
     space: Space
-    transfers: tuple[Transfer, ...]
+    transfers: tuple[RegionCopy, ...]
     label: str = "H"
 
     def expand(self) -> LinearOperator:
@@ -329,7 +329,7 @@ class HaloStageAdjoint(_StageBase):
 
 
 # -- transfer plans ---------------------------------------------------------------------------
-def _whole(start: int, stop: int, g: int) -> list[Segment]:
+def _whole_segment(start: int, stop: int, g: int) -> list[Segment]:
     """Positions ``[start, stop)`` of worker g's own local layout, as one segment it owns."""
     return [Segment(start, stop - start, g, start)]
 
@@ -338,7 +338,7 @@ def _segments_covering(geometry: HaloGeometry, dim: int, g: int) -> list[Segment
     """The window's data positions along ``dim``, split by owner (own bulk and fills)."""
     data, bulk = geometry.data_range(dim, g), geometry.rows[dim][g].bulk
     start, stop = max(bulk.start, data.start), min(bulk.stop, data.stop)
-    own = _whole(start, stop, g) if stop > start else []
+    own = _whole_segment(start, stop, g) if stop > start else []
     return own + list(geometry.fills[dim][g])
 
 
@@ -346,7 +346,7 @@ def _relayed(geometry: HaloGeometry, dim: int, g: int) -> list[Segment]:
     """The window's data positions along ``dim`` as one segment of the receiver's own layout
     (filled by the stage of ``dim``, so a later stage's owner holds them too)."""
     data = geometry.data_range(dim, g)
-    return _whole(data.start, data.stop, g)
+    return _whole_segment(data.start, data.stop, g)
 
 
 def _receiver_transfers(
@@ -356,7 +356,7 @@ def _receiver_transfers(
     receiver: tuple[int, ...],
     dim: int,
     earlier: Callable[[HaloGeometry, int, int], list[Segment]],
-) -> list[Transfer]:
+) -> list[RegionCopy]:
     """The boxes one receiver gets filled along ``dim``: along earlier dimensions the segments
     ``earlier`` gives, along ``dim`` the fill segments, along later dimensions its whole bulk.
     Each box is copied from the same box of the local block of its segments' owners."""
@@ -368,7 +368,7 @@ def _receiver_transfers(
             per_dim.append(list(geometry.fills[j][g]))
         else:
             bulk = geometry.rows[j][g].bulk
-            per_dim.append(_whole(bulk.start, bulk.stop, g))
+            per_dim.append(_whole_segment(bulk.start, bulk.stop, g))
     transfers = []
     for combo in itertools.product(*per_dim):
         if any(seg.size == 0 for seg in combo):
@@ -380,7 +380,7 @@ def _receiver_transfers(
     return transfers
 
 
-def nested_transfers(geometry: HaloGeometry, space: Space, prefix: str, dim: int) -> tuple[Transfer, ...]:
+def nested_transfers(geometry: HaloGeometry, space: Space, prefix: str, dim: int) -> tuple[RegionCopy, ...]:
     """Transfers of stage H_dim of the nested exchange.
 
     A receiver's destination spans, along earlier dimensions, the data range of its window
@@ -395,7 +395,7 @@ def nested_transfers(geometry: HaloGeometry, space: Space, prefix: str, dim: int
     )
 
 
-def direct_transfers(geometry: HaloGeometry, space: Space, prefix: str) -> tuple[Transfer, ...]:
+def direct_transfers(geometry: HaloGeometry, space: Space, prefix: str) -> tuple[RegionCopy, ...]:
     """Transfers of the direct exchange: every entry the nested exchange writes, copied from its
     owner's bulk in one hop (for each dimension i, the boxes whose last non-bulk dimension is i:
     along earlier dimensions the window's data split by owner instead of relayed)."""
@@ -417,7 +417,7 @@ class _ExchangeBase(LinearOperator):
 
     def __post_init__(self) -> None:
         if not isinstance(self.geometry, HaloGeometry):
-            raise TypeError(
+            raise OperandError(
                 f"{type(self).__name__}: geometry must be a HaloGeometry, not {type(self.geometry).__name__}"
             )
         if self.variant not in ("nested", "direct"):

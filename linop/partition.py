@@ -25,14 +25,14 @@ from .space import MAX_SIZE, MAX_WORKER, Block, Region, Space, State
 __all__ = [
     "Partition",
     "DistributedTensor",
+    "GlobalBox",
     "balanced_sizes",
     "intersect",
-    "Box",
     "grid_block_name",
     "normalized_axes",
 ]
 
-Box = tuple[tuple[int, ...], tuple[int, ...]]
+GlobalBox = tuple[tuple[int, ...], tuple[int, ...]]
 """A box of global coordinates: (start, stop) per dimension."""
 
 
@@ -89,7 +89,7 @@ def balanced_sizes(length: int, parts: int) -> tuple[int, ...]:
     return (quotient + 1,) * remainder + (quotient,) * (parts - remainder)
 
 
-def intersect(a: Box, b: Box) -> Box | None:
+def intersect(a: GlobalBox, b: GlobalBox) -> GlobalBox | None:
     """The intersection of two boxes, or None when it holds no entry."""
     start = tuple(max(x, y) for x, y in zip(a[0], b[0]))
     stop = tuple(min(x, y) for x, y in zip(a[1], b[1]))
@@ -355,7 +355,7 @@ class DistributedTensor:
         """Name of the block at a grid index, e.g. ``x[0,1]``."""
         return grid_block_name(self.name, index)
 
-    def box(self, index: Sequence[int]) -> Box:
+    def box(self, index: Sequence[int]) -> GlobalBox:
         """The global box held by the block at a grid index."""
         index = self.partition.checked_index(index)
         offsets = self._offsets  # type: ignore[attr-defined]
@@ -380,7 +380,7 @@ class DistributedTensor:
         """The space of the tensor's blocks."""
         return Space(self.blocks)
 
-    def region(self, index: Sequence[int], box: Box, space: Space | None = None) -> Region:
+    def region(self, index: Sequence[int], box: GlobalBox, space: Space | None = None) -> Region:
         """The part of a global ``box`` held by block ``index`` as a region of ``space``
         (default the tensor's space).
 

@@ -233,7 +233,7 @@ def _diagonal(space: Space, skip: str | None = None) -> dict[Key, sympy.Expr]:
     return {(n, n): sympy.Integer(1) for n in space.names if n != skip}
 
 
-def _whole(node: LinearOperator, region: Region) -> str:
+def _whole_block_name(node: LinearOperator, region: Region) -> str:
     if not region.is_whole:
         raise NotSizeFreeError(
             f"{node} acts on {region!r}, a part of block {region.name!r} {region.block.shape}; "
@@ -319,12 +319,12 @@ def _deallocate(op: Deallocate, sizes: _Sizes, origin: LinearOperator | None) ->
 
 @_handler(Clear)
 def _clear(op: Clear, sizes: _Sizes, origin: LinearOperator | None) -> BlockForm:
-    return BlockForm(op.range, op.domain, _diagonal(op.domain, skip=_whole(origin or op, op.region)))
+    return BlockForm(op.range, op.domain, _diagonal(op.domain, skip=_whole_block_name(origin or op, op.region)))
 
 
 @_handler(Add)
 def _add(op: Add, sizes: _Sizes, origin: LinearOperator | None) -> BlockForm:
-    src, dst = _whole(origin or op, op.src), _whole(origin or op, op.dst)
+    src, dst = _whole_block_name(origin or op, op.src), _whole_block_name(origin or op, op.dst)
     sizes.union(op.src.block, op.dst.block)
     coefficients = _diagonal(op.domain)
     coefficients[dst, src] = sympy.Integer(1)

@@ -61,19 +61,19 @@ __all__ = [
     "fingerprint",
 ]
 
-Box = tuple[str, "tuple[int, ...] | None", "tuple[int, ...] | None"]
+BlockBox = tuple[str, "tuple[int, ...] | None", "tuple[int, ...] | None"]
 """A block name and a box in it; ``None`` bounds mean the whole block."""
 
 
-def _box(region: Region) -> Box:
+def _box(region: Region) -> BlockBox:
     return (region.name, region.start, region.stop)
 
 
-def _whole(name: str) -> Box:
+def _whole_block(name: str) -> BlockBox:
     return (name, None, None)
 
 
-def _boxes_overlap(a: Box, b: Box) -> bool:
+def _boxes_overlap(a: BlockBox, b: BlockBox) -> bool:
     if a[0] != b[0]:
         return False
     if a[1] is None or b[1] is None:
@@ -85,9 +85,9 @@ def _boxes_overlap(a: Box, b: Box) -> bool:
 class Footprint:
     """What a step reads and writes; ``adds`` are writes that commute with each other."""
 
-    reads: tuple[Box, ...] = ()
-    writes: tuple[Box, ...] = ()
-    adds: tuple[Box, ...] = ()
+    reads: tuple[BlockBox, ...] = ()
+    writes: tuple[BlockBox, ...] = ()
+    adds: tuple[BlockBox, ...] = ()
     opaque: bool = False
 
     def conflicts(self, later: Footprint) -> bool:
@@ -149,11 +149,11 @@ class Transfer:
 
     @property
     def footprint(self) -> Footprint:
-        target = _whole(self.target.name) if self.mode == "new" else _box(self.target)
+        target = _whole_block(self.target.name) if self.mode == "new" else _box(self.target)
         source_write = (
             ()
             if self.after == "keep"
-            else (_box(self.source) if self.after == "clear" else _whole(self.source.name),)
+            else (_box(self.source) if self.after == "clear" else _whole_block(self.source.name),)
         )
         if self.mode == "add":
             return Footprint(reads=(_box(self.source),), writes=source_write, adds=(target,))
@@ -258,12 +258,12 @@ def _movement_steps(node: Copy | CopyAdjoint | Move) -> list[Step]:
 def movement_footprint(node: Copy | CopyAdjoint | Move) -> Footprint:
     """What a movement node reads and writes (for batching; shared with the fast paths)."""
     src, dst = node.src, node.dst
-    dst_box = _whole(dst.name) if isinstance(dst, Block) else _box(dst)
+    dst_box = _whole_block(dst.name) if isinstance(dst, Block) else _box(dst)
     if isinstance(node, CopyAdjoint):  # x_src += x_dst (an add: commutes with adds), x_dst cleared
         return Footprint(reads=(dst_box,), writes=(dst_box,), adds=(_box(src),))
     if isinstance(node, Move):
         return Footprint(
-            reads=(_box(src),), writes=(dst_box, _box(src) if isinstance(dst, Region) else _whole(src.name))
+            reads=(_box(src),), writes=(dst_box, _box(src) if isinstance(dst, Region) else _whole_block(src.name))
         )
     return Footprint(reads=(_box(src),), writes=(dst_box,))
 
@@ -328,12 +328,12 @@ def _lower_clear(op: Clear, steps: list[Step]) -> None:
 
 @_steps(Allocate)
 def _lower_allocate(op: Allocate, steps: list[Step]) -> None:
-    steps.append(Local(op, op.block.worker, Footprint(writes=(_whole(op.block.name),))))
+    steps.append(Local(op, op.block.worker, Footprint(writes=(_whole_block(op.block.name),))))
 
 
 @_steps(Deallocate)
 def _lower_deallocate(op: Deallocate, steps: list[Step]) -> None:
-    steps.append(Local(op, op.space.block(op.name).worker, Footprint(writes=(_whole(op.name),))))
+    steps.append(Local(op, op.space.block(op.name).worker, Footprint(writes=(_whole_block(op.name),))))
 
 
 # -- batching -------------------------------------------------------------------------------
