@@ -69,7 +69,7 @@ def test_every_kind_has_an_exact_integer_matrix_and_adjoint(kind):
     assert verify.exact_adjoint(op), verify.exact_adjoint(op)
 
 
-@settings(max_examples=40)
+@settings(max_examples=25)
 @given(local_operators())
 def test_numpy_equals_the_sparse_matrix_on_random_examples(op):
     for node in (op, op.H):
