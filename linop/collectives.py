@@ -4,15 +4,15 @@ The nodes here move data between layouts (:mod:`linop.layout`: a
 :class:`~linop.partition.DistributedTensor` or a :class:`~linop.layout.BlockGrid`);
 :mod:`linop.repartition` adds the all-to-all, scatter and gather:
 
-=================================  =========================================  ===================
-node                               forward                                    adjoint
-=================================  =========================================  ===================
-Broadcast(x, P, "y")               every y block is a copy of its x block     SumReduce(x, P, "y")
-SumReduce(x, P, "y")               every x block is the sum of its copies     Broadcast(x, P, "y")
-AllReduce(x, axes)                 every block <- sum over its group (B R)    itself
-AllGather(x, axes, "g")            every g block holds its group's x blocks   ReduceScatter
-ReduceScatter(x, axes, "g")        every x block <- sum of its box in the g's AllGather
-=================================  =========================================  ===================
+===========================  ============================================  ======================
+node                         forward                                       adjoint
+===========================  ============================================  ======================
+Broadcast(x, P, "y")         every y block is a copy of its x block        SumReduce(x, P, "y")
+SumReduce(x, P, "y")         every x block is the sum of its copies        Broadcast(x, P, "y")
+AllReduce(x, axes)           every block <- sum over its group (B R)       itself
+AllGather(x, axes, "g")      every g block holds its group's x blocks      ReduceScatter
+ReduceScatter(x, axes, "g")  every x block <- sum of its box in the g's    AllGather
+===========================  ============================================  ======================
 
 All but :class:`AllReduce` are out of place: the source blocks are dropped and the
 destination blocks are new (their names must differ). Blocks listed in ``others`` pass through
@@ -136,7 +136,8 @@ class Broadcast(_BroadcastGeometry):
     name : str
         Prefix of the copies' block names (must differ from the tensor's).
     transpose : bool, optional
-        Reverse the source partition's shape first (DistDL's ``transpose_src``).
+        Route as DistDL's ``transpose_src``: the source grid reshaped to its reversed shape
+        (workers in C order), see :func:`~linop.layout.broadcast_map`.
     others : Space, optional
         Blocks that pass through unchanged.
 
