@@ -61,5 +61,36 @@ def _alias_signature(app, what, name, obj, options, signature, return_annotation
     return None
 
 
+def _numpydoc_with_one_template():
+    """numpydoc compiles its Jinja template anew for every object it documents (about a fifth of
+    the build time here); compile it once. The template is numpydoc's own: no custom template
+    directories are configured."""
+    import numpydoc.numpydoc
+    from numpydoc import docscrape, docscrape_sphinx
+
+    original = docscrape_sphinx.get_doc_object
+    template = []
+
+    def get_doc_object(obj, what=None, doc=None, config=None, builder=None):
+        config = {} if config is None else config
+        if not template:
+            return_value = original(obj, what=what, doc=doc, config=config, builder=builder)
+            template.append(config["template"])
+            return return_value
+        config["template"] = template[0]
+        return docscrape.get_doc_object(
+            obj,
+            what=what,
+            doc=doc,
+            config=config,
+            class_doc=docscrape_sphinx.SphinxClassDoc,
+            func_doc=docscrape_sphinx.SphinxFunctionDoc,
+            obj_doc=docscrape_sphinx.SphinxObjDoc,
+        )
+
+    numpydoc.numpydoc.get_doc_object = get_doc_object
+
+
 def setup(app):
     app.connect("autodoc-process-signature", _alias_signature, priority=400)
+    _numpydoc_with_one_template()
