@@ -24,7 +24,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from .errors import BlockExistsError, BroadcastError, DecompositionError, PartitionError
+import numpy as np
+
+from .errors import BlockExistsError, BroadcastError, DecompositionError, OperandError, PartitionError
 from .partition import DistributedTensor, Partition, grid_block_name, normalized_axes
 from .space import Block, Space
 
@@ -96,7 +98,7 @@ class BlockGrid:
 
     def __post_init__(self) -> None:
         if not isinstance(self.partition, Partition):
-            raise TypeError(
+            raise OperandError(
                 f"block grid {self.name!r}: partition must be a Partition, not {type(self.partition).__name__}"
             )
         shapes = tuple(_block_shape(self.name, shape) for shape in self.shapes)
@@ -173,21 +175,21 @@ def union_space(kind: str, *groups: Iterable[Block]) -> Space:
 
 
 def require_tensor(kind: str, what: str, value: object) -> None:
-    """Raise a TypeError naming node ``kind`` unless ``value`` is a distributed tensor."""
+    """Raise an OperandError (a TypeError) naming node ``kind`` unless ``value`` is a distributed tensor."""
     if not isinstance(value, DistributedTensor):
-        raise TypeError(f"{kind}: {what} must be a DistributedTensor, not {type(value).__name__}")
+        raise OperandError(f"{kind}: {what} must be a DistributedTensor, not {type(value).__name__}")
 
 
 def require_name(kind: str, name: object) -> None:
-    """Raise a TypeError naming node ``kind`` unless ``name`` is a non-empty string."""
+    """Raise an OperandError (a TypeError) naming node ``kind`` unless ``name`` is a non-empty string."""
     if not isinstance(name, str) or not name:
-        raise TypeError(f"{kind}: name must be a non-empty string, not {name!r}")
+        raise OperandError(f"{kind}: name must be a non-empty string, not {name!r}")
 
 
 def check_layout(kind: str, layout: object, what: str) -> None:
-    """Raise a TypeError naming node ``kind`` unless ``layout`` is a :class:`Layout`."""
+    """Raise an OperandError (a TypeError) naming node ``kind`` unless ``layout`` is a :class:`Layout`."""
     if not isinstance(layout, Layout):
-        raise TypeError(
+        raise OperandError(
             f"{kind}: {what} must be a DistributedTensor or a BlockGrid, not {type(layout).__name__}"
         )
 
@@ -207,7 +209,12 @@ def broadcast_map(
     ----------
     source, destination : Partition
     transpose : bool, optional
-        Reverse the source partition's shape (and its indices) before broadcasting.
+        Route as DistDL's ``transpose_src`` does: the source partition is *reshaped* to its
+        reversed shape, its workers keeping their C order, and broadcast from there. Source
+        index ``i`` (C-order position ``k`` in ``source.shape``) acts as index
+        ``unravel(k, reversed(source.shape))``; its block keeps its own shape. This is not
+        ``np.transpose`` of the grid (which would also reverse each index): on a 2 x 3 source
+        the two differ (see the Examples).
 
     Raises
     ------
@@ -219,6 +226,14 @@ def broadcast_map(
     --------
     >>> broadcast_map(Partition((1, 2)), Partition((2, 2)))[(1, 0)]
     (0, 0)
+
+    With ``transpose=True`` a 2 x 3 source acts as a 3 x 2 grid filled in C order, so
+    destination (0, 1) of a 3 x 2 partition reads source position 1, index (0, 1) (a
+    transpose of the grid would read (1, 0)):
+
+    >>> routes = broadcast_map(Partition((2, 3)), Partition((3, 2)), transpose=True)
+    >>> [routes[j] for j in [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]]
+    [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
     """
     shape = source.shape[::-1] if transpose else source.shape
     described = f"source partition shape {source.shape}" + (" (reversed)" if transpose else "")
@@ -238,7 +253,10 @@ def broadcast_map(
     mapping = {}
     for j in destination.indices():
         i = tuple(jd if a == b else 0 for jd, a, b in zip(j, padded, destination.shape))[pad:]
-        mapping[j] = i[::-1] if transpose else i
+        if transpose:  # the position in the reshaped grid names the source block in C order
+            position = int(np.ravel_multi_index(i, shape)) if shape else 0
+            i = tuple(int(n) for n in np.unravel_index(position, source.shape)) if shape else ()
+        mapping[j] = i
     return mapping
 
 
