@@ -11,7 +11,7 @@ loops run over the kernel's taps (k^d of them), never over entries.
 kernel                         maths (per spatial output position p, tap t)
 =============================  ===================================================================
 :func:`correlate`              y[n, o, p] = sum_{c, t} w[o, c, t] x[n, c, s p + d t]
-:func:`correlate_adjoint`      x[n, c, s p + d t] += sum_o w[o, c, t] y[n, o, p]  (adjoint in x)
+:func:`correlate_adjoint`      x[n, c, s p + d t] += sum_o conj(w[o, c, t]) y[n, o, p]  (adjoint in x)
 :func:`weight_correlate`       the same y as a function of w for fixed x
 :func:`weight_correlate_adjoint`  dw[o, c, t] = sum_{n, p} y[n, o, p] x[n, c, s p + d t]
 :func:`average_pool`           y[n, c, p] = mean_t x[n, c, s p + d t]
@@ -103,18 +103,30 @@ def correlate_adjoint(
     y: np.ndarray, w: np.ndarray, window: Sequence[int], stride: Sequence[int], dilation: Sequence[int]
 ) -> np.ndarray:
     """The adjoint of :func:`correlate` in ``x``: ``y (..., N, O, *out)`` to ``x (..., N, C,
-    *window)``, adding each tap's contribution (entries no window reads stay zero)."""
+    *window)``.
+
+    ``x[i] = sum_t conj(w[t]) y[p]`` over ``s p + d t = i`` is itself one correlation (so it
+    costs what the forward costs): ``y`` spread out by the stride (zeros between), padded by
+    ``d (k - 1)`` on both sides, correlated at dilation ``d`` with the flipped, channel-swapped,
+    conjugated kernel. Entries beyond the last one a window reads stay zero.
+    """
     dims = w.ndim - 2
     out = y.shape[y.ndim - dims :]
-    lead = y.shape[: y.ndim - dims - 1]  # (..., N)
+    lead = y.shape[: y.ndim - dims]  # (..., N, O)
     dtype = np.result_type(y.dtype, w.dtype)
-    x = np.zeros((*lead, w.shape[1], *window), dtype=dtype)
+    x = np.zeros((*lead[:-1], w.shape[1], *window), dtype=dtype)
     if 0 in out:
         return x
-    for tap in itertools.product(*(range(k) for k in w.shape[2:])):
-        part = np.tensordot(y, w[(slice(None), slice(None), *tap)], axes=([y.ndim - dims - 1], [0]))
-        part = np.moveaxis(part, -1, y.ndim - dims - 1)  # (..., N, C, *out)
-        x[(Ellipsis, *_tap_slices(tap, out, stride, dilation))] += part
+    size = w.shape[2:]
+    reach = [d * (k - 1) for k, d in zip(size, dilation)]
+    spread = np.zeros(
+        (*lead, *((n - 1) * s + 1 + 2 * r for n, s, r in zip(out, stride, reach))), dtype=y.dtype
+    )
+    spread[(Ellipsis, *(slice(r, r + (n - 1) * s + 1, s) for n, s, r in zip(out, stride, reach)))] = y
+    flipped = np.swapaxes(w[(slice(None), slice(None), *(slice(None, None, -1),) * dims)], 0, 1).conj()
+    full = correlate(spread, flipped, (1,) * dims, dilation)  # (..., N, C, (n-1)s + 1 + d(k-1) ...)
+    covered = tuple(slice(0, min(m, e)) for m, e in zip(window, full.shape[full.ndim - dims :]))
+    x[(Ellipsis, *covered)] = full[(Ellipsis, *covered)]
     return x
 
 
