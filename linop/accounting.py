@@ -13,7 +13,8 @@ A :class:`CostModel` has three parameters: ``alpha`` (seconds per message: laten
 ``beta`` (seconds per byte moved) and ``gamma`` (seconds per byte *added*, the reduction's
 arithmetic). A message of n bytes costs alpha + beta n, plus gamma n when the receiver adds it
 into its data; a local add of n bytes costs gamma n; local copies cost nothing (their bytes
-are counted).
+are counted). An optional fourth parameter ``delta`` charges every local step a fixed time: the
+interpreter's overhead per step, which the classical model leaves out (0 by default).
 
 - **The tree as built** (:func:`account`): the tree's movement steps in program order; a step
   waits for every earlier step whose data it reads or overwrites (the footprints of
@@ -82,7 +83,9 @@ class AccountingError(LinopError, ValueError):
 @dataclass(frozen=True, slots=True)
 class CostModel:
     """The alpha-beta(-gamma) model: a message of n bytes costs ``alpha + beta n``, adding n
-    bytes costs ``gamma n`` (seconds).
+    bytes costs ``gamma n`` (seconds); ``delta`` (default 0, outside the classical model) is
+    the fixed cost of one local step (an add, copy, allocation or drop on one worker), the
+    overhead an interpreter pays per step whatever its size.
 
     Raises
     ------
@@ -93,35 +96,50 @@ class CostModel:
     alpha: float
     beta: float
     gamma: float = 0.0
+    delta: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("alpha", "beta", "gamma"):
+        for name in ("alpha", "beta", "gamma", "delta"):
             value = float(getattr(self, name))
             if not np.isfinite(value) or value < 0:
                 raise AccountingError(f"cost model: {name} must be a finite number >= 0, not {value!r}")
             object.__setattr__(self, name, value)
 
     def __str__(self) -> str:
-        return f"alpha {self.alpha * 1e6:.3g} us, beta {self.beta * 1e9:.3g} ns/B, gamma {self.gamma * 1e9:.3g} ns/B"
+        text = f"alpha {self.alpha * 1e6:.3g} us, beta {self.beta * 1e9:.3g} ns/B, gamma {self.gamma * 1e9:.3g} ns/B"
+        return text + (f", delta {self.delta * 1e6:.3g} us" if self.delta else "")
 
 
 @dataclass(frozen=True, slots=True)
 class Cost:
-    """Terms of a path: ``messages`` latencies, ``bytes`` moved and ``reduced`` bytes added."""
+    """Terms of a path: ``messages`` latencies, ``bytes`` moved, ``reduced`` bytes added and
+    ``steps`` local steps."""
 
     messages: int = 0
     bytes: int = 0
     reduced: int = 0
+    steps: int = 0
 
     def time(self, model: CostModel) -> float:
-        """messages alpha + bytes beta + reduced gamma."""
-        return self.messages * model.alpha + self.bytes * model.beta + self.reduced * model.gamma
+        """messages alpha + bytes beta + reduced gamma + steps delta."""
+        return (
+            self.messages * model.alpha
+            + self.bytes * model.beta
+            + self.reduced * model.gamma
+            + self.steps * model.delta
+        )
 
     def __add__(self, other: Cost) -> Cost:
-        return Cost(self.messages + other.messages, self.bytes + other.bytes, self.reduced + other.reduced)
+        return Cost(
+            self.messages + other.messages,
+            self.bytes + other.bytes,
+            self.reduced + other.reduced,
+            self.steps + other.steps,
+        )
 
     def __str__(self) -> str:
-        return f"{self.messages} alpha + {self.bytes} beta + {self.reduced} gamma"
+        text = f"{self.messages} alpha + {self.bytes} beta + {self.reduced} gamma"
+        return text + (f" + {self.steps} delta" if self.steps else "")
 
 
 _NOTHING = Cost()
@@ -239,7 +257,12 @@ class Accounting:
         }
         if model is not None:
             path = self.critical_path(model)
-            data["critical_path"] = {"messages": path.messages, "bytes": path.bytes, "reduced": path.reduced}
+            data["critical_path"] = {
+                "messages": path.messages,
+                "bytes": path.bytes,
+                "reduced": path.reduced,
+                "steps": path.steps,
+            }
             data["time"] = path.time(model)
         return data
 
@@ -356,7 +379,7 @@ def _events(steps: Sequence[Any], itemsize: int) -> list[_Event]:
 
 def _duration(event: _Event) -> Cost:
     if event.target is None:
-        return Cost(0, 0, event.nbytes if event.adds else 0)
+        return Cost(0, 0, event.nbytes if event.adds else 0, 1)
     return Cost(1, event.nbytes, event.nbytes if event.adds else 0)
 
 

@@ -89,7 +89,7 @@ def test_table_and_plain_data():
     assert "messages 3, bytes 120, dependent phases 2" in text and "critical path 2 alpha + 80 beta" in text
     data = accounting.as_dict(MODEL)
     assert data["messages"] == 3 and data["workers"][0]["sent"] == 2
-    assert data["critical_path"] == {"messages": 2, "bytes": 80, "reduced": 0}
+    assert data["critical_path"] == {"messages": 2, "bytes": 80, "reduced": 0, "steps": 0}
     assert data["time"] == pytest.approx(accounting.time(MODEL))
 
 
@@ -103,6 +103,17 @@ def test_sums_and_scalings_are_accounted_term_by_term():
 
 def test_cost_terms_add_and_price():
     assert (Cost(1, 8, 0) + Cost(2, 16, 8)).time(CostModel(1.0, 0.5, 0.25)) == 3 + 12 + 2
+    assert Cost(0, 0, 0, 3).time(CostModel(0.0, 0.0, 0.0, delta=0.5)) == 1.5
+
+
+def test_delta_charges_local_steps_on_the_critical_path():
+    """A recursive-doubling exchange adds its received block and drops the buffer: two local
+    steps after the message on each worker."""
+    from linop.algorithms import problem
+
+    op = problem("allreduce", 2, 4).variant("recursive_doubling")
+    path = account(op).critical_path(CostModel(1.0, 0.0, 0.0, delta=1.0))
+    assert path.steps == 2 and path.messages == 1
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,7 @@ r"""Fit the alpha-beta-gamma model on the running MPI (``docs/theory.md#cost-mod
 :func:`calibrate` measures, in a few seconds:
 
 - **alpha and beta** by ping-pong between ranks 0 and 1: the one-way time t(m) of an m-byte
-  message is half a round trip (median of repeated samples); alpha = t(8 B) and beta the slope
+  message is half a round trip (median over samples of a batch of round trips each); alpha = t(8 B) and beta the slope
   between the smallest and the largest size (a two-point fit, robust to the noise of a shared
   machine where least squares is pulled by outliers);
 - **gamma** by timing ``numpy.add(a, b, out=a)`` on large float64 arrays: seconds per byte
@@ -11,7 +11,9 @@ r"""Fit the alpha-beta-gamma model on the running MPI (``docs/theory.md#cost-mod
 
 With ``interpreter=True`` the ping-pong runs through linop instead: a bound plan of a
 :class:`~linop.SendRecv` tree and its adjoint on the MPI interpreter, so alpha includes the
-interpreter's per-phase overhead (what the variants pay when they run as trees). The model is
+interpreter's per-phase overhead (what the variants pay when they run as trees), and the model
+gets a fourth parameter, ``delta``: the time of one local step (a bound plan of one-entry adds),
+the interpreter's fixed cost per add, copy, allocation or drop. The model is
 computed on rank 0 and broadcast, so every rank returns the same :class:`CostModel`. Needs
 mpi4py (the ``mpi`` extra) and at least two ranks.
 """
@@ -28,7 +30,7 @@ import numpy as np
 from ..accounting import CostModel
 from .common import AlgorithmError
 
-__all__ = ["CalibrationError", "calibrate", "ping_pong", "reduction_rate"]
+__all__ = ["CalibrationError", "calibrate", "local_step_time", "ping_pong", "reduction_rate"]
 
 
 class CalibrationError(AlgorithmError):
@@ -43,9 +45,12 @@ def _world(comm: Any) -> Any:
     return MPI.COMM_WORLD
 
 
-def ping_pong(comm: Any, nbytes: int, repeats: int = 20, *, interpreter: bool = False) -> float:
-    """Median one-way time (s) of an ``nbytes`` message between ranks 0 and 1 (collective over
-    ``comm``; ranks other than 0 and 1 only wait). Rank 0's result is the measurement."""
+def ping_pong(
+    comm: Any, nbytes: int, repeats: int = 20, *, batch: int = 10, interpreter: bool = False
+) -> float:
+    """One-way time (s) of an ``nbytes`` message between ranks 0 and 1: the median over
+    ``repeats`` samples of ``batch`` round trips each, halved (collective over ``comm``; ranks
+    other than 0 and 1 only wait). Rank 0's result is the measurement."""
     rank = comm.Get_rank()
     count = max(1, nbytes // 8)
     buffer = np.zeros(count)
@@ -61,14 +66,15 @@ def ping_pong(comm: Any, nbytes: int, repeats: int = 20, *, interpreter: bool = 
                 comm.Recv(buffer, source=0, tag=11)
                 comm.Send(buffer, dest=0, tag=12)
 
+    run()  # warm-up
+    run()
     samples = []
-    for k in range(repeats + 2):
+    for _ in range(repeats):
         comm.Barrier()
         start = time.perf_counter()
-        run()
-        elapsed = time.perf_counter() - start
-        if k >= 2:  # two warm-up round trips
-            samples.append(elapsed / 2)
+        for _ in range(batch):
+            run()
+        samples.append((time.perf_counter() - start) / (2 * batch))
     return float(median(samples))
 
 
@@ -138,12 +144,36 @@ def calibrate(
     if not 0 < small < large:
         raise CalibrationError(f"calibration sizes must be two increasing byte counts, not {tuple(sizes)}")
     t_small = ping_pong(comm, small, repeats, interpreter=interpreter)
-    t_large = ping_pong(comm, large, max(3, repeats // 4), interpreter=interpreter)
+    t_large = ping_pong(comm, large, max(3, repeats // 4), batch=2, interpreter=interpreter)
     gamma = reduction_rate()
+    delta = local_step_time(comm, repeats) if interpreter else 0.0
     fitted = None
     if comm.Get_rank() == 0:
         beta = max(t_large - t_small, 0.0) / (large - small)
         alpha = max(t_small - beta * small, 0.0)
-        fitted = (alpha, beta, gamma)
-    alpha, beta, gamma = comm.bcast(fitted, root=0)
-    return CostModel(alpha, beta, gamma)
+        fitted = (alpha, beta, gamma, delta)
+    alpha, beta, gamma, delta = comm.bcast(fitted, root=0)
+    return CostModel(alpha, beta, gamma, delta)
+
+
+def local_step_time(comm: Any, repeats: int = 20, steps: int = 20) -> float:
+    """Seconds per local step of the MPI interpreter: a bound plan of ``steps`` one-entry adds
+    on worker 0, timed on rank 0 (collective over ``comm``)."""
+    from ..backends import mpi_backend
+    from ..operator import Composition
+    from ..primitives import Add
+    from ..space import Block, Space
+
+    space = Space([Block("a", (1,), 0), Block("b", (1,), 0)])
+    tree = Composition(tuple(Add(space["a"], space["b"]) for _ in range(steps)))
+    state = {b.name: np.zeros(1) for b in space if b.worker == comm.Get_rank()}
+    run = mpi_backend.plan_for(tree, comm=comm).bind(state, inplace=True)
+    run()
+    samples = []
+    for _ in range(repeats):
+        comm.Barrier()
+        start = time.perf_counter()
+        for _ in range(5):
+            run()
+        samples.append((time.perf_counter() - start) / (5 * steps))
+    return float(median(samples))

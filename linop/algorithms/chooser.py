@@ -47,6 +47,15 @@ def _accountings(
     return tuple((name, how(op, itemsize=itemsize)) for name, op in built.items())
 
 
+def _step_counts(
+    collective: str, size: int, length: int, itemsize: int, schedule: bool
+) -> dict[str, tuple[int, int]]:
+    return {
+        name: (accounting.total_messages, len(accounting.events))
+        for name, accounting in _accountings(collective, size, length, itemsize, schedule)
+    }
+
+
 def modeled_times(
     collective: str,
     size: int,
@@ -84,9 +93,15 @@ def choose(
 ) -> Choice:
     """The variant of ``collective`` with the least modeled time (see :func:`modeled_times`).
 
-    Ties go to the variant listed first in :data:`linop.algorithms.VARIANTS`.
+    Ties (equal modeled times) go to the variant with fewer messages, then fewer steps in
+    the interpreter's program (each step costs interpreter time the model does not count), then
+    the one listed first in :data:`linop.algorithms.VARIANTS`.
     """
     times = modeled_times(collective, size, nbytes, model, itemsize=itemsize, schedule=schedule)
-    ranking = tuple(sorted(times.items(), key=lambda item: item[1]))
+    steps = _step_counts(
+        collective, size, max(1, int(nbytes) // int(itemsize)), int(itemsize), bool(schedule)
+    )
+    # equal times (within rounding): fewer messages, then fewer interpreter steps, win
+    ranking = tuple(sorted(times.items(), key=lambda item: (round(item[1], 15), steps[item[0]])))
     best = ranking[0]
     return Choice(collective, size, int(nbytes), best[0], best[1], ranking)
