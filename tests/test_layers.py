@@ -142,6 +142,19 @@ def test_the_feature_partitioned_tree_is_halo_exchange_then_local_kernels():
     assert len(leaves) == 4 and {leaf.worker for leaf in leaves} == {0, 1, 2, 3}
 
 
+@pytest.mark.parametrize("stride", [1, 2], ids=["stride1", "stride2"])
+def test_complex_weights_have_a_conjugated_adjoint(stride):
+    rng = np.random.default_rng(RNG_SEED)
+    x = DistributedTensor("x", (1, 2, 7, 6), Partition((1, 1, 2, 1)))
+    layer = Convolution(x, 2, Kernel(3, stride=stride, padding=1, dilation=(1, 2)))
+    w = rng.standard_normal(layer.weights.global_shape) + 1j * rng.standard_normal(layer.weights.global_shape)
+    assert verify.adjoint_test(layer.input_operator(w), dtype=np.complex128)
+    parameters = layer.parameter_operator(
+        layer.window_operator(x.scatter(rng.standard_normal(x.global_shape) * (1 + 1j)))
+    )
+    assert verify.adjoint_test(parameters, dtype=np.complex128)
+
+
 def test_float_convolution_passes_the_adjoint_test_and_fails_with_a_wrong_kernel():
     rng = np.random.default_rng(RNG_SEED)
     x = DistributedTensor("x", (1, 2, 6, 6), Partition((1, 2, 1, 2)))
