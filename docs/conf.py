@@ -46,6 +46,9 @@ autodoc_default_options = {"members": True, "show-inheritance": True}
 numpydoc_show_class_members = False
 numpydoc_class_members_toctree = False
 numpydoc_xref_param_type = False
+# numpydoc loads autosummary, which would scan every page and docstring for autosummary
+# directives to generate stub pages; there are none.
+autosummary_generate = False
 
 html_theme = "alabaster"
 html_title = f"linop {release}"
