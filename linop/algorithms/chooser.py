@@ -34,7 +34,7 @@ class Choice:
     ranking: tuple[tuple[str, float], ...]
 
     def __str__(self) -> str:
-        others = ", ".join(f"{name} {t * 1e6:.3g} us" for name, t in self.ranking)
+        others = ", ".join(f"{name} {t * 1e6:.1f} us" for name, t in self.ranking)
         return f"{self.collective} of {self.nbytes} B on {self.size} workers: {self.variant} ({others})"
 
 
