@@ -147,6 +147,26 @@ class Broadcast(_BroadcastGeometry):
         If the partition shapes do not broadcast.
     BlockExistsError
         If a block name is used twice (source, copies, pass-through blocks).
+
+    Examples
+    --------
+    One block on worker 0, broadcast to a partition of three workers; the adjoint sums the
+    three copies back, so ``R B = 3 I``:
+
+    >>> import numpy as np
+    >>> import verify
+    >>> from linop import Broadcast, DistributedTensor, Identity, Partition
+    >>> x = DistributedTensor("x", (2,), Partition((1,)))
+    >>> broadcast = Broadcast(x, Partition((3,)), "y")
+    >>> copies = broadcast({"x[0]": np.array([1, 2])})
+    >>> copies
+    {'y[0]': array([1, 2]), 'y[1]': array([1, 2]), 'y[2]': array([1, 2])}
+    >>> [block.worker for block in broadcast.range.blocks]
+    [0, 1, 2]
+    >>> print(broadcast.H, broadcast.H(copies))
+    R[y -> x] {'x[0]': array([3, 6])}
+    >>> bool(verify.equal(broadcast.H @ broadcast, 3 * Identity(broadcast.domain)))
+    True
     """
 
     def _sources(self) -> tuple[Block, ...]:
@@ -179,10 +199,26 @@ class SumReduce(_BroadcastGeometry):
     ``Broadcast(x, P, "y").H``): the domain holds the copies ``name[j]`` on ``partition``, the
     range the blocks of ``tensor``. Out of place: the copies are dropped.
 
+    Parameters
+    ----------
+    tensor, partition, name, transpose, others
+        As for :class:`Broadcast`.
+
     Raises
     ------
     BroadcastError, BlockExistsError
         As for :class:`Broadcast`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linop import DistributedTensor, Partition, SumReduce
+    >>> x = DistributedTensor("x", (2,), Partition((1,)))
+    >>> reduce = SumReduce(x, Partition((3,)), "y")
+    >>> reduce.domain.names, reduce.range.names
+    (('y[0]', 'y[1]', 'y[2]'), ('x[0]',))
+    >>> reduce({f"y[{j}]": np.array([j, 10 * j]) for j in range(3)})
+    {'x[0]': array([ 3, 30])}
     """
 
     ADDS = True  # the pieces are added back: the adjoint of copies
@@ -233,6 +269,17 @@ class AllReduce(LinearOperator):
         If an axis is out of range or repeated.
     ShapeMismatchError
         If two blocks of one group differ in shape (names both).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linop import AllReduce, DistributedTensor, Partition
+    >>> t = DistributedTensor("t", (4,), Partition((2,)))
+    >>> allreduce = AllReduce(t, 0)
+    >>> allreduce({"t[0]": np.array([1, 2]), "t[1]": np.array([10, 20])})
+    {'t[0]': array([11, 22]), 't[1]': array([11, 22])}
+    >>> allreduce.H == allreduce
+    True
     """
 
     tensor: Layout
@@ -359,6 +406,25 @@ class AllGather(_GatherGeometry):
         Prefix of the gathered blocks' names.
     others : Space, optional
         Blocks that pass through unchanged.
+
+    Raises
+    ------
+    PartitionError
+        If an axis is out of range or repeated.
+    BlockExistsError
+        If a block name is used twice.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import verify
+    >>> from linop import AllGather, DistributedTensor, Partition
+    >>> t = DistributedTensor("t", (4,), Partition((2,)))
+    >>> gather = AllGather(t, 0, "g")
+    >>> gather(t.scatter(np.arange(4)))
+    {'g[0]': array([0, 1, 2, 3]), 'g[1]': array([0, 1, 2, 3])}
+    >>> print(gather.H, bool(verify.exact_adjoint(gather)))
+    RS[g -> t; axes [0]] True
     """
 
     def _sources(self) -> tuple[Block, ...]:
@@ -387,6 +453,25 @@ class ReduceScatter(_GatherGeometry):
 
     The fields mean exactly what they mean for :class:`AllGather`: the domain holds the
     gathered blocks ``name[j]``, the range the tensor's blocks. Out of place.
+
+    Parameters
+    ----------
+    tensor, axes, name, others
+        As for :class:`AllGather`.
+
+    Raises
+    ------
+    PartitionError, BlockExistsError
+        As for :class:`AllGather`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linop import DistributedTensor, Partition, ReduceScatter
+    >>> t = DistributedTensor("t", (4,), Partition((2,)))
+    >>> scatter = ReduceScatter(t, 0, "g")
+    >>> scatter({"g[0]": np.array([1, 2, 3, 4]), "g[1]": np.array([10, 20, 30, 40])})
+    {'t[0]': array([11, 22]), 't[1]': array([33, 44])}
     """
 
     ADDS = True  # the pieces are added back: the adjoint of copies
