@@ -109,6 +109,24 @@ class Repartition(Planned):
         If the global shapes differ (names both tensors).
     BlockExistsError
         If a block name is used twice (source, destination, pass-through blocks).
+
+    Examples
+    --------
+    Six entries from two balanced blocks to three unbalanced ones; the reverse repartition is
+    both the adjoint and the inverse:
+
+    >>> import numpy as np
+    >>> import verify
+    >>> from linop import DistributedTensor, Identity, Partition, Repartition
+    >>> x = DistributedTensor("x", (6,), Partition((2,)))
+    >>> y = DistributedTensor("y", (6,), Partition((3,)), sizes=((1, 2, 3),))
+    >>> shuffle = Repartition(x, y)
+    >>> shuffle(x.scatter(np.arange(6)))
+    {'y[0]': array([0]), 'y[1]': array([1, 2]), 'y[2]': array([3, 4, 5])}
+    >>> shuffle.H == Repartition(y, x)
+    True
+    >>> bool(verify.equal(shuffle.H @ shuffle, Identity(shuffle.domain)))
+    True
     """
 
     source: DistributedTensor
@@ -205,6 +223,17 @@ class Scatter(_RootGeometry):
     ------
     GlobalShapeError
         If the root's shape is not the tensor's global shape.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linop import Block, DistributedTensor, Gather, Partition, Scatter
+    >>> x = DistributedTensor("x", (6,), Partition((2,)))
+    >>> scatter = Scatter(Block("whole", (6,), worker=0), x)
+    >>> scatter({"whole": np.arange(6)})
+    {'x[0]': array([0, 1, 2]), 'x[1]': array([3, 4, 5])}
+    >>> scatter.H == Gather(Block("whole", (6,), worker=0), x)
+    True
     """
 
     def _sources(self) -> tuple[Block, ...]:
@@ -231,6 +260,29 @@ class Gather(_RootGeometry):
     .. math:: r\big|_{\mathrm{box}(x_i)} = x_i, \qquad G^* = G^{-1} = \text{Scatter}
 
     The fields mean what they mean for :class:`Scatter`: ``root`` is the new block.
+
+    Parameters
+    ----------
+    root : Block
+        The new block that receives the whole array, on its worker.
+    tensor : DistributedTensor
+        The blocks gathered (dropped afterwards).
+    others : Space, optional
+        Blocks that pass through unchanged.
+
+    Raises
+    ------
+    GlobalShapeError
+        If the root's shape is not the tensor's global shape.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linop import Block, DistributedTensor, Gather, Partition
+    >>> x = DistributedTensor("x", (6,), Partition((2,)))
+    >>> gather = Gather(Block("whole", (6,), worker=1), x)
+    >>> gather(x.scatter(np.arange(6)))
+    {'whole': array([0, 1, 2, 3, 4, 5])}
     """
 
     def _sources(self) -> tuple[Block, ...]:
