@@ -9,8 +9,8 @@ First the alpha-beta-gamma model is fitted twice on this run (``linop.algorithms
 send-receive tree on the MPI interpreter, so alpha includes the interpreter's cost per phase).
 Then, for all-reduce, broadcast and all-gather, for every message size from 8 B to 8 MB (float64
 entries; the size is one worker's buffer: the all-reduce vector, the broadcast block, the
-gathered vector) and every variant: the measured time (a bound plan of the variant's tree, median
-over samples of the maximum over ranks), the modeled times under both models (the accounting of
+gathered vector) and every variant: the measured time (a bound plan of the variant's tree, the
+best over interleaved samples of the maximum over ranks), the modeled times under both models (the accounting of
 the schedule the interpreter runs), and the native MPI call's time. Each size ends with the
 chooser's pick under each model and its measured time over the best measured variant's.
 """
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from statistics import median
 
 import numpy as np
 from mpi4py import MPI
@@ -35,25 +34,33 @@ RANK, SIZE = COMM.rank, COMM.size
 WITHIN = 1.2
 
 
-def measure(function, samples: int, budget: float = 0.02) -> float:
-    """Median over samples of the maximum over ranks of one call's time (a batch per sample
-    sized so that it lasts about ``budget`` seconds)."""
-    function()
-    COMM.Barrier()
-    start = time.perf_counter()
-    function()
-    once = COMM.allreduce(time.perf_counter() - start, op=MPI.MAX)
-    batch = max(1, min(200, int(budget / max(once, 1e-7))))
-    times = []
-    for _ in range(samples):
+def measure(methods: dict, samples: int, budget: float = 0.01) -> dict[str, float]:
+    """Per method, the best over samples of the maximum over ranks of one call's time. The
+    methods run interleaved, sample by sample (a batch of calls each, sized to last about
+    ``budget`` seconds), so that load from other processes hits every method alike; the best
+    sample is the one least disturbed by it."""
+    batches = {}
+    for name, function in methods.items():
+        function()
         COMM.Barrier()
         start = time.perf_counter()
-        for _ in range(batch):
-            function()
-        times.append((time.perf_counter() - start) / batch)
-    values = np.array(times)
-    COMM.Allreduce(MPI.IN_PLACE, values, op=MPI.MAX)
-    return float(median(values))
+        function()
+        once = COMM.allreduce(time.perf_counter() - start, op=MPI.MAX)
+        batches[name] = max(1, min(200, int(budget / max(once, 1e-7))))
+    times: dict[str, list[float]] = {name: [] for name in methods}
+    for _ in range(samples):
+        for name, function in methods.items():
+            COMM.Barrier()
+            start = time.perf_counter()
+            for _ in range(batches[name]):
+                function()
+            times[name].append((time.perf_counter() - start) / batches[name])
+    best = {}
+    for name, values in times.items():
+        array = np.array(values)
+        COMM.Allreduce(MPI.IN_PLACE, array, op=MPI.MAX)
+        best[name] = float(array.min())
+    return best
 
 
 def native_call(collective: str, count: int):
@@ -84,12 +91,14 @@ def run(collective: str, sizes: list[int], samples: int, models: dict) -> list[t
     for nbytes in sizes:
         count = max(1, nbytes // 8)
         case = problem(collective, SIZE, count)
-        measured, modeled = {}, {}
+        methods, modeled = {}, {}
         for name, op in case.variants().items():
-            measured[name] = measure(bound_variant(op, collective), samples)
+            methods[name] = bound_variant(op, collective)
             accounting = account_schedule(op)
             modeled[name] = {label: accounting.time(model) for label, model in models.items()}
-        native = measure(native_call(collective, count), samples)
+        methods["native"] = native_call(collective, count)
+        measured = measure(methods, samples)
+        native = measured.pop("native")
         best = min(measured, key=measured.get)
         if RANK == 0:
             for name in measured:
@@ -113,7 +122,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer sizes and samples")
     args = parser.parse_args()
     sizes = [8, 512, 32768, 1 << 21] if args.quick else [8, 64, 512, 4096, 32768, 1 << 18, 1 << 21, 1 << 23]
-    samples = 3 if args.quick else 7
+    samples = 3 if args.quick else 9
     if SIZE < 2:
         if RANK == 0:
             print("bench_algorithms needs at least 2 ranks (mpiexec -n 2 ...)")
