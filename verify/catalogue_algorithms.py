@@ -1,7 +1,7 @@
 """Catalogue, ``docs/theory.md#collective-algorithms``: every collective algorithm of
 :mod:`linop.algorithms` equals its collective, and its adjoint equals the reverse algorithm.
 
-Each variant is built on 5 workers (not a power of two: the recursive variants fold a worker)
+Each variant is built on 3 workers (not a power of two: the recursive variants fold a worker)
 with lengths that do not divide evenly (unequal chunks; the all-gather, reduce-scatter and
 all-to-all shares are unequal and one is empty); the test suite proves the same for every
 P = 1 .. 16. The ``-reverse`` entries prove ``variant.H == reverse variant`` (the binomial
@@ -20,9 +20,9 @@ from .catalogue import Entry, equal_entry
 __all__ = ["ENTRIES"]
 
 SECTION = "collective-algorithms"
-WORKERS = 5
-_SHARES = (2, 0, 3, 1, 2)  # unequal, one empty
-_LENGTH = {"broadcast": 7, "reduce": 7, "allreduce": 7}
+WORKERS = 3
+_SHARES = (2, 0, 3)  # unequal, one empty
+_LENGTH = {"broadcast": 5, "reduce": 5, "allreduce": 5}
 
 
 def _length(collective: str) -> int | tuple[int, ...]:
