@@ -507,7 +507,7 @@ def readme_picture(path: str) -> Figure:
     return figure
 
 
-if __name__ == "__main__":  # pragma: no cover - run by tests/test_plot.py in a subprocess
+if __name__ == "__main__":  # pragma: no cover - readme_picture is tested directly
     import sys
 
     readme_picture(sys.argv[1] if len(sys.argv) > 1 else "docs/images/halo_unbalanced.png")
