@@ -50,7 +50,16 @@ SAFETY = 10.0
 
 def threshold_for(dtype: npt.DTypeLike, size: int) -> float:
     """The pass threshold of a relative error in ``dtype`` over vectors of ``size`` entries:
-    ``SAFETY * eps(dtype) * sqrt(max(size, 1))``."""
+    ``SAFETY * eps(dtype) * sqrt(max(size, 1))`` (``docs/theory.md#adjoint-test``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> bool(threshold_for(np.float64, 100) == 10 * np.finfo(np.float64).eps * 10)
+    True
+    >>> f"{threshold_for(np.float32, 4):.3g}"
+    '2.38e-06'
+    """
     return float(SAFETY * np.finfo(np.dtype(dtype)).eps * np.sqrt(max(size, 1)))
 
 
@@ -166,6 +175,16 @@ def adjoint_test(
     CheckOptionError
         If ``dtype`` is not a floating dtype or ``trials`` is below 1 (a
         :class:`~linop.LinopError`, also a TypeError and a ValueError).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linop import Block, Copy, Space
+    >>> from verify import adjoint_test
+    >>> space = Space([Block("a", (3,)), Block("b", (3,))])
+    >>> result = adjoint_test(Copy(space["a"], space["b"]), dtype=np.float32)
+    >>> bool(result), result.measured < result.threshold, result.trials
+    (True, True, 3)
     """
     _require_operator(op, "adjoint_test: op")
     dtype = _checked_options("the adjoint test", dtype, trials)
