@@ -27,6 +27,7 @@ Operators with too many blocks or entries fall back to a one-line summary.
 
 from __future__ import annotations
 
+import functools
 import html
 import inspect
 import numbers
@@ -45,6 +46,7 @@ __all__ = [
     "MAX_BLOCKS",
     "MAX_ENTRIES",
     "MAX_NODES",
+    "MAX_STATE_ENTRIES",
     "MAX_ROWS",
     "BlockCell",
     "BlockStructure",
@@ -74,6 +76,9 @@ MAX_ROWS = 64
 """Most rows of a space or geometry table."""
 
 MAX_EXPLICIT = 6
+
+MAX_STATE_ENTRIES = 64
+"""A state's block with more entries shows its first ``MAX_STATE_ENTRIES // 4`` and its shape."""
 """A general block with at most this many rows and columns is shown entry by entry."""
 
 
@@ -284,6 +289,13 @@ def block_structure(op: LinearOperator, matrix: Any = None) -> BlockStructure:
     return BlockStructure(op.range.names, op.domain.names, cells)
 
 
+@functools.lru_cache(maxsize=32)
+def _cached_structure(op: LinearOperator) -> BlockStructure:
+    """One materialization per operator for its LaTeX and HTML displays (operators are
+    immutable and hash structurally)."""
+    return block_structure(op)
+
+
 def _too_large(op: LinearOperator) -> str | None:
     """Why the block matrix of ``op`` is not shown, or None when it is."""
     blocks = max(len(op.range), len(op.domain))
@@ -311,7 +323,7 @@ def operator_latex(op: LinearOperator) -> str:
     reason = _too_large(op)
     if reason is None:
         try:
-            structure = block_structure(op)
+            structure = _cached_structure(op)
         except Exception as exc:  # a display never raises: say why there is no matrix
             reason = f"no matrix: {type(exc).__name__}: {exc}"
         else:
@@ -432,13 +444,16 @@ def _array_latex(array: np.ndarray) -> str:
     array = np.asarray(array)
     if array.ndim == 0:
         return sympy.latex(sympy.sympify(array[()]))
+    times = r"\times "
+    shape = rf"\ (\text{{shape }} {times.join(map(str, array.shape))})"
+    if array.size > MAX_STATE_ENTRIES:  # the first entries in C order, then the shape
+        first = ", ".join(sympy.latex(sympy.sympify(v)) for v in array.ravel()[:MAX_STATE_ENTRIES // 4])
+        return rf"[{first}, \dots]{shape}"
     matrix = array.reshape(1, -1) if array.ndim != 2 else array
     if matrix.size == 0:
         return r"[\,]"
     body = r" \\ ".join(" & ".join(sympy.latex(sympy.sympify(v)) for v in row) for row in matrix)
-    times = r"\times "
-    flat = "" if array.ndim <= 2 else rf"\ (\text{{shape }} {times.join(map(str, array.shape))})"
-    return r"\left[\begin{matrix}" + body + r"\end{matrix}\right]" + flat
+    return r"\left[\begin{matrix}" + body + r"\end{matrix}\right]" + ("" if array.ndim <= 2 else shape)
 
 
 @dataclass(frozen=True)

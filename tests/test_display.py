@@ -172,6 +172,12 @@ def test_show_state_renders_symbols_and_titles():
     assert r"0 & 1 \\ 2 & 3" in numbers
 
 
+def test_show_state_abbreviates_large_blocks():
+    latex = display.show_state({"big": np.arange(100).reshape(10, 10)})._repr_latex_()
+    assert r"[0, 1, 2" in latex and r"15, \dots]" in latex and "16" not in latex.split("dots")[0]
+    assert r"\text{shape } 10\times 10" in latex
+
+
 def test_show_state_rejects_what_is_not_a_state():
     with pytest.raises(TypeError, match="dict of arrays"):
         display.show_state([1, 2])
