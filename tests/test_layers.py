@@ -133,6 +133,21 @@ def test_convolution_equals_the_sequential_reference_and_is_exactly_adjoint(
     assert verify.exact_adjoint(layer.window_operator)  # the data movement alone
 
 
+@pytest.mark.parametrize(
+    ("boundary", "mode"), [("periodic", "wrap"), ("reflect", "reflect"), ("symmetric", "symmetric")], ids=str
+)
+def test_convolution_with_a_wrapping_boundary_equals_numpy_padding(boundary, mode):
+    rng = np.random.default_rng(RNG_SEED)
+    x = DistributedTensor("x", (1, 2, 7, 6), Partition((1, 1, 2, 2)))
+    layer = Convolution(x, 2, Kernel(3, padding=1, boundary=boundary))
+    data, w = rng.integers(-3, 4, x.global_shape), rng.integers(-2, 3, layer.weights.global_shape)
+    padded = np.pad(data, [(0, 0), (0, 0), (1, 1), (1, 1)], mode=mode)
+    expected = reference_correlation(padded, w, None, (1, 1), (0, 0), (1, 1))
+    forward = layer.input_operator(w)
+    assert np.array_equal(layer.y.gather(forward(x.scatter(data))), expected)
+    assert verify.exact_adjoint(forward)
+
+
 def test_the_feature_partitioned_tree_is_halo_exchange_then_local_kernels():
     x = DistributedTensor("x", (1, 2, 8, 8), Partition((1, 1, 2, 2)))
     layer = Convolution(x, 3, Kernel(3, padding=1))
