@@ -6,7 +6,9 @@ Binding checks once, then turns the schedule into persistent requests on the cal
 (and, out of place, on result arrays built once), so each call is ``Startall`` and ``Waitall``
 and the local unpacks and clears, nothing else. A schedule that cannot be bound so runs the
 ordinary application (without its check) on each call. Every rank binds persistently, or none
-does: the ranks agree first (one ``Allreduce``).
+does: the ranks agree first (one ``Allreduce``). A state with integer blocks is never bound
+persistently: each call runs the checked application, since whether an integer result fits
+(``docs/theory.md#dtypes``) depends on the values of that call.
 """
 
 from __future__ import annotations
@@ -43,16 +45,25 @@ class BoundPlan:
     """
 
     def __init__(
-        self, plan: DistributedPlan, arrays: dict[str, np.ndarray], dtype: np.dtype, inplace: bool = True
+        self,
+        plan: DistributedPlan,
+        arrays: dict[str, np.ndarray],
+        dtype: np.dtype,
+        inplace: bool = True,
+        *,
+        checked: bool = False,
     ) -> None:
         self.plan = plan
         self.arrays = arrays
         self.dtype = dtype
         self.inplace = inplace
+        self.checked = checked
         self.outputs: dict[str, np.ndarray] = {}
         comm = plan.comm
         self._phases: Phases | None = None
-        if inplace:
+        if checked:  # integer blocks: every call checks (the same decision on every rank)
+            pass
+        elif inplace:
             possible = _persistent_phases(plan.schedule, arrays, comm, dtype, dry=True) is not None
             if comm.allreduce(possible, op=mpi().LAND):  # every rank binds, or none does
                 self._phases = _persistent_phases(plan.schedule, arrays, comm, dtype, dry=False)
@@ -74,6 +85,8 @@ class BoundPlan:
     def __call__(self) -> State:
         phases = self._phases
         if phases is None:
+            if self.checked:
+                return self.plan.apply(self.arrays, inplace=self.inplace)
             if not self.inplace:
                 return self.plan.run_out_of_place(self.arrays, self.dtype, self.dtype)
             self.plan.run_in_place(self.arrays, self.dtype, self.dtype)

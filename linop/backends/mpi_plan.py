@@ -20,11 +20,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import CommunicatorError, LinopError, UnsupportedNodeError
+from .. import dtypes
+from ..errors import CommunicatorError, IntegerOverflowError, LinopError, UnsupportedNodeError
 from ..operator import LinearOperator
 from ..space import Block, State
 from . import array_api, numpy_backend
-from .mpi_check import EntryCheck
+from .mpi_check import CheckOutcome, DistributedOverflowError, EntryCheck
 from .mpi_context import PlanCache
 from .mpi_guard import abort_for
 from .mpi_runtime import run_schedule
@@ -66,6 +67,14 @@ def _compiled(op: LinearOperator) -> Compiled:
     return _PROGRAMS.put(op, (fingerprint(op), program, problem))
 
 
+def _cast(arrays: dict[str, np.ndarray], cast: np.dtype | None) -> dict[str, np.ndarray]:
+    """The arrays to run on: the caller's, or copies widened to ``cast`` (as the numpy
+    interpreter does, :func:`linop.dtypes.prepare_numpy`)."""
+    if cast is None:
+        return dict(arrays)
+    return {name: a.astype(np.result_type(a.dtype, cast)) for name, a in arrays.items()}
+
+
 def read_only(array: np.ndarray) -> np.ndarray:
     """A read-only view: how a caller's array passed through comes back."""
     view = array.view()
@@ -98,8 +107,7 @@ class DistributedPlan:
                 self.schedule = self.program.for_rank(context.rank)
                 self.domain_blocks = {b.name: b for b in op.domain if b.worker == context.rank}
                 self.range_names = tuple(b.name for b in op.range if b.worker == context.rank)
-        alphas = self.program.alphas if self.program is not None else ()
-        self.entry = EntryCheck(op, self.fingerprint, context.comm, self.domain_blocks, alphas, self.problem)
+        self.entry = EntryCheck(op, self.fingerprint, context.comm, self.domain_blocks, self.problem)
 
     @property
     def comm(self) -> Intracomm:
@@ -115,16 +123,19 @@ class DistributedPlan:
         TreeMismatchError, CommunicatorError, DistributedStateError, UnsupportedNodeError
             On every rank together, before any data moves.
         """
+        return self.agree(state, inplace=inplace, dtype=dtype).result()
+
+    def agree(self, state: Any, *, inplace: bool = False, dtype: npt.DTypeLike | None = None) -> CheckOutcome:
+        """The collective check's outcome (its error raised by :meth:`CheckOutcome.result`)."""
         if self.context.freed:
             raise CommunicatorError(
                 f"the communicator of this plan of {self.op} has been freed; build the plan again "
                 "on a live communicator"
             )
         try:
-            outcome = self.entry.run(state, inplace=inplace, dtype=dtype)
+            return self.entry.run(state, inplace=inplace, dtype=dtype)
         except BaseException as error:
             abort_for(self.comm, f"checking {self.op}", error)
-        return outcome.result()
 
     # -- application -------------------------------------------------------------------------
     def apply(
@@ -136,12 +147,16 @@ class DistributedPlan:
     ) -> State:
         """Apply the plan to this rank's blocks; collective. See
         :func:`linop.backends.mpi_backend.apply`."""
-        run_dtype = self.check(local_state, inplace=inplace, dtype=dtype)
+        outcome = self.agree(local_state, inplace=inplace, dtype=dtype)
+        run_dtype = outcome.result()
         alloc = np.dtype(dtype) if dtype is not None else run_dtype
         arrays = {name: local_state[name] for name in self.domain_blocks}
+        cast = outcome.cast
         if not inplace:
-            return self.run_out_of_place(arrays, run_dtype, alloc)
-        self.run_in_place(arrays, run_dtype, alloc)
+            return self.run_out_of_place(_cast(arrays, cast), run_dtype, alloc)
+        failure = self.run_in_place(arrays, run_dtype, alloc, cast=cast)
+        if failure is not None:
+            raise failure
         return local_state  # type: ignore[return-value]
 
     def run_out_of_place(self, arrays: dict[str, np.ndarray], dtype: np.dtype, alloc: np.dtype) -> State:
@@ -158,16 +173,37 @@ class DistributedPlan:
         except BaseException as error:
             abort_for(self.comm, f"applying {self.op}", error)
 
-    def run_in_place(self, arrays: dict[str, np.ndarray], dtype: np.dtype, alloc: np.dtype) -> None:
+    def run_in_place(
+        self, arrays: dict[str, np.ndarray], dtype: np.dtype, alloc: np.dtype, *, cast: np.dtype | None = None
+    ) -> LinopError | None:
         """Run (no check) on the caller's arrays, then write back the blocks that ended in other
         arrays (:func:`~linop.backends.numpy_backend.write_back`). Collective; aborts the job if
-        anything fails."""
+        anything fails.
+
+        With ``cast`` (an integer run widened by :func:`linop.dtypes.cast_dtype`) the run is on
+        widened copies, and the ranks agree whether every result fits its caller's array
+        (:func:`linop.dtypes.fit_back`) before any writes back: if one does not, nothing is
+        written and the error every rank raises is returned."""
         try:
-            work = numpy_backend.Workspace(dict(arrays), set(arrays), alloc)
+            work = numpy_backend.Workspace(_cast(arrays, cast), set(arrays), alloc)
             run_schedule(self.schedule, work, self.comm, dtype)
+            if cast is not None:
+                failure = self._fit_back(work, arrays)
+                if failure is not None:
+                    return failure
             numpy_backend.write_back(arrays, work)
+            return None
         except BaseException as error:
             abort_for(self.comm, f"applying {self.op}", error)
+
+    def _fit_back(self, work: numpy_backend.Workspace, arrays: dict[str, np.ndarray]) -> LinopError | None:
+        problem = None
+        try:
+            dtypes.fit_back(work.arrays, arrays)
+        except IntegerOverflowError as error:
+            problem = f"rank {self.context.rank}: {error}"
+        problems = [p for p in self.comm.allgather(problem) if p is not None]
+        return DistributedOverflowError(problems[0]) if problems else None
 
     def bind(self, local_state: Mapping[str, Any], *, inplace: bool | None = None) -> BoundPlan:
         """Prepare repeated application to these very arrays; collective.
@@ -188,9 +224,11 @@ class DistributedPlan:
             inplace = self.op.domain == self.op.range
         entry = array_api.mpi_entry(local_state)  # torch, CuPy, ... arrays: bound on numpy views
         local_state = entry.arrays
-        dtype = self.check(local_state, inplace=inplace)
+        outcome = self.agree(local_state, inplace=inplace)
+        dtype = outcome.result()
         try:
-            bound = BoundPlan(self, {name: local_state[name] for name in self.domain_blocks}, dtype, inplace)
+            arrays = {name: local_state[name] for name in self.domain_blocks}
+            bound = BoundPlan(self, arrays, dtype, inplace, checked=outcome.integers)
             return entry.bound(bound, inplace=inplace)
         except BaseException as error:
             abort_for(self.comm, f"binding {self.op}", error)

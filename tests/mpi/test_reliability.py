@@ -11,10 +11,17 @@ import pytest
 from helpers import collective_assert, compare_with_numpy, expect_collective_error, local_part, same_blocks
 from mpi4py import MPI
 
-from linop import Block, Clear, Copy, Identity, SendRecv, Space, Sum
+from linop import Add, Block, Clear, Copy, Identity, SendRecv, Space, Sum
 from linop.backends import mpi_backend
 from linop.backends.mpi_context import PLAN_CACHE_SIZE, CommunicatorArgumentError, context_for, open_contexts
-from linop.errors import CommunicatorError, DistributedStateError, StateError
+from linop.errors import (
+    CommunicatorError,
+    DistributedStateError,
+    DtypeError,
+    IntegerOverflowError,
+    MPIError,
+    StateError,
+)
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.rank, COMM.size
@@ -136,3 +143,53 @@ def test_the_plan_cache_is_bounded():
     again = mpi_backend.plan_for((PLAN_CACHE_SIZE + 12) * identity, comm=COMM)
     collective_assert(again is plans[-1], "the most recent plan was evicted")
     collective_assert(mpi_backend.plan_for(2 * identity, comm=COMM) is not first, "the oldest plan was kept")
+
+
+def pair_add():
+    """b += a, with a on worker 0 and b on the last."""
+    space = Space([Block("a", (3,), 0), Block("b", (3,), LAST)])
+    return space, Add(space["a"], space["b"])
+
+
+def test_dtypes_agree_with_numpy_bool_is_refused():
+    space, op = pair_add()
+    state = {"a": np.ones(3, dtype=bool), "b": np.ones(3, dtype=bool)}
+    with pytest.raises(DtypeError) as numpy_error:
+        op(state)
+    local = local_part(space, state, RANK)
+    message = expect_collective_error(DtypeError, lambda: mpi_backend.apply(op, local))
+    collective_assert(str(numpy_error.value) in message and "rank 0" in message, message)
+    expect_collective_error(DistributedStateError, lambda: mpi_backend.apply(op, local))
+
+
+def test_dtypes_agree_with_numpy_integers_widen_instead_of_wrapping():
+    _, op = pair_add()
+    state = {"a": np.full(3, 200, dtype=np.uint8), "b": np.full(3, 100, dtype=np.uint8)}
+    expected = op(state)
+    collective_assert(int(expected["b"][0]) == 300, f"numpy gave {expected['b']}")
+    compare_with_numpy(op, state)
+
+
+def test_dtypes_agree_with_numpy_integer_overflow_is_a_typed_error():
+    space, op = pair_add()
+    big = 2**40 * (2**40 * op)
+    state = {"a": np.full(3, 7, dtype=np.int64), "b": np.ones(3, dtype=np.int64)}
+    with pytest.raises(IntegerOverflowError):
+        big(state)
+    local = local_part(space, state, RANK)
+    expect_collective_error(IntegerOverflowError, lambda: mpi_backend.apply(big, local))
+    expect_collective_error(MPIError, lambda: mpi_backend.apply(big, local))
+
+
+def test_an_in_place_integer_result_that_does_not_fit_is_refused_on_every_rank():
+    space, op = pair_add()
+    state = {"a": np.full(3, 200, dtype=np.uint8), "b": np.full(3, 100, dtype=np.uint8)}
+    with pytest.raises(IntegerOverflowError, match="'b'"):
+        op.apply({n: a.copy() for n, a in state.items()}, inplace=True)
+    local = local_part(space, state, RANK)
+    message = expect_collective_error(
+        IntegerOverflowError, lambda: mpi_backend.apply(op, local, inplace=True)
+    )
+    collective_assert(f"rank {LAST}" in message and "'b'" in message, message)
+    unchanged = all(np.array_equal(local[n], state[n]) for n in local)
+    collective_assert(unchanged, "a refused in-place call wrote into the caller's arrays")
