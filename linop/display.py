@@ -245,6 +245,17 @@ def block_structure(op: LinearOperator, matrix: Any = None) -> BlockStructure:
     op : LinearOperator
     matrix : scipy.sparse matrix, optional
         ``op.to_sparse()`` if already computed.
+
+    Examples
+    --------
+    >>> from linop import Block, Copy, Space
+    >>> space = Space([Block("a", (3,)), Block("b", (3,))])
+    >>> block_structure(Copy(space["a"], space["b"])).text()
+    [['I', 'O'], ['I', 'O']]
+    >>> block_structure(Copy(space["a"], space["b"]).H).text()
+    [['I', 'I'], ['O', 'O']]
+    >>> block_structure(2 * Copy(space["a"][1:], space["b"][:2])).text()
+    [['2I', 'O'], ['*', '*']]
     """
     if matrix is None:
         matrix = op.to_sparse()
@@ -505,10 +516,30 @@ class StateView:
 
 
 def show_state(state: Mapping[str, Any] | None = None, /, **named: Mapping[str, Any]) -> StateView:
-    """Display states block by block, symbols rendered by sympy (numbers as they are).
+    r"""Display states block by block, symbols rendered by sympy (numbers as they are).
 
     ``show_state(x)`` shows one state; ``show_state(forward=y, adjoint=z)`` shows several side by
     side under those titles.
+
+    Raises
+    ------
+    TypeError
+        If no state is given, or a state is not a dict of arrays.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> view = show_state(forward={"a": np.arange(2)}, adjoint={"a": np.zeros(2, int)})
+    >>> view
+    forward:
+      a: [0, 1]
+    adjoint:
+      a: [0, 0]
+    >>> print(view._repr_latex_())
+    $$\begin{array}{rll}
+     & \text{forward} & \text{adjoint} \\
+    \texttt{a} & \left[\begin{matrix}0 & 1\end{matrix}\right] & \left[\begin{matrix}0 & 0\end{matrix}\right] \\
+    \end{array}$$
     """
     states: list[tuple[str, Mapping[str, Any]]] = []
     if state is not None:
