@@ -49,11 +49,15 @@ __all__ = [
 class Layout(Protocol):
     """One block per worker of a partition: what a collective moves data between.
 
-    Both :class:`~linop.partition.DistributedTensor` and :class:`BlockGrid` are layouts.
+    Both :class:`~linop.partition.DistributedTensor` and :class:`BlockGrid` are layouts
+    (frozen dataclasses: their members are read-only).
     """
 
-    name: str
-    partition: Partition
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def partition(self) -> Partition: ...
 
     def block_name(self, index: Sequence[int]) -> str: ...
 

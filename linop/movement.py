@@ -20,8 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
-from .errors import RegionError, ShapeMismatchError, WorkerError
+from .errors import OperandError, RegionError, ShapeMismatchError, WorkerError
 from .operator import Composition, LinearOperator
 from .primitives import Add, Allocate, Clear, Deallocate, check_pair
 from .space import Block, Region, Space
@@ -34,7 +35,7 @@ Destination = Region | Block | str
 def _normalize_destination(kind: str, src: Region, dst: Destination) -> Region | Block:
     """Check a (source, destination) pair; a name becomes a block shaped like the source."""
     if not isinstance(src, Region):
-        raise TypeError(f"{kind} needs a source region, not {type(src).__name__}")
+        raise OperandError(f"{kind} needs a source region, not {type(src).__name__}")
     if isinstance(dst, str):
         dst = Block(dst, src.shape, src.worker)
     if isinstance(dst, Region):
@@ -48,7 +49,7 @@ def _normalize_destination(kind: str, src: Region, dst: Destination) -> Region |
             )
         src.space.with_block(dst)  # raises BlockExistsError if the name is taken
         return dst
-    raise TypeError(f"{kind} destination must be a Region, a Block or a name, not {type(dst).__name__}")
+    raise OperandError(f"{kind} destination must be a Region, a Block or a name, not {type(dst).__name__}")
 
 
 class _Movement(LinearOperator):
@@ -127,6 +128,10 @@ class Copy(_Movement):
     src: Region
     dst: Region | Block
 
+    if TYPE_CHECKING:  # the constructor also takes a name for a new block (see Parameters)
+
+        def __init__(self, src: Region, dst: Region | Block | str) -> None: ...
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "dst", _normalize_destination(type(self).__name__, self.src, self.dst))
 
@@ -136,11 +141,11 @@ class Copy(_Movement):
 
     @cached_property
     def range(self) -> Space:
-        return self.src.space.with_block(self.dst) if self.out_of_place else self.src.space
+        return self.src.space.with_block(self.dst) if isinstance(self.dst, Block) else self.src.space
 
     def expand(self) -> LinearOperator:
         """S_{a->b} K_b in place; S_{a->b} A_b out of place."""
-        if not self.out_of_place:
+        if isinstance(self.dst, Region):
             return Composition((Add(self.src, self.dst), Clear(self.dst)))
         grown = self.range
         return Composition(
@@ -185,7 +190,7 @@ class CopyAdjoint(_Movement):
 
     @cached_property
     def domain(self) -> Space:
-        return self.src.space.with_block(self.dst) if self.out_of_place else self.src.space
+        return self.src.space.with_block(self.dst) if isinstance(self.dst, Block) else self.src.space
 
     @property
     def range(self) -> Space:
@@ -193,7 +198,7 @@ class CopyAdjoint(_Movement):
 
     def expand(self) -> LinearOperator:
         """K_b S_{b->a} in place; D_b S_{b->a} out of place."""
-        if not self.out_of_place:
+        if isinstance(self.dst, Region):
             return Composition((Clear(self.dst), Add(self.dst, self.src)))
         grown = self.domain
         return Composition(
@@ -260,6 +265,10 @@ class Move(_Movement):
     src: Region
     dst: Region | Block
 
+    if TYPE_CHECKING:  # the constructor also takes a name for a new block (see Parameters)
+
+        def __init__(self, src: Region, dst: Region | Block | str) -> None: ...
+
     def __post_init__(self) -> None:
         dst = _normalize_destination("Move", self.src, self.dst)
         if isinstance(dst, Block) and not self.src.is_whole:
@@ -275,13 +284,13 @@ class Move(_Movement):
 
     @cached_property
     def range(self) -> Space:
-        if not self.out_of_place:
+        if isinstance(self.dst, Region):
             return self.src.space
         return self.src.space.without(self.src.name).with_block(self.dst)
 
     def expand(self) -> LinearOperator:
         """K_a S_{a->b} K_b in place; D_a S_{a->b} A_b out of place."""
-        if not self.out_of_place:
+        if isinstance(self.dst, Region):
             return Composition((Clear(self.src), Add(self.src, self.dst), Clear(self.dst)))
         grown = self.domain.with_block(self.dst)
         return Composition(
@@ -294,7 +303,7 @@ class Move(_Movement):
 
     def adjoint(self) -> LinearOperator:
         """M_{a->b}* = M_{b->a}."""
-        if not self.out_of_place:
+        if isinstance(self.dst, Region):
             return Move(self.dst, self.src)
         return Move(self.range[self.dst.name], self.src.block)
 

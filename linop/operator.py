@@ -72,8 +72,15 @@ class LinearOperator(ABC):
     ((4, 4), True)
     """
 
-    domain: Space
-    range: Space
+    if TYPE_CHECKING:  # read-only to type checkers; a subclass gives a property or a field
+
+        @property
+        def domain(self) -> Space:
+            """The space the operator maps from."""
+
+        @property
+        def range(self) -> Space:
+            """The space the operator maps to."""
 
     __array_ufunc__ = None  # numpy defers to us: ``array * op`` is a ScalarError, not an object array
 
@@ -514,6 +521,9 @@ class Scaled(LinearOperator):
             )
         if isinstance(alpha, np.number) and alpha.dtype.kind not in "iufc":
             raise ScalarError(f"the scalar {alpha!r} has dtype {alpha.dtype}, which is not numeric")
+        if not isinstance(alpha, (int, np.integer)) and not np.isfinite(alpha):
+            # inf * 0 is NaN in numpy but 0 in the exact matrix (structural zeros): no agreement
+            raise ScalarError(f"the scalar {alpha!r} is not finite; an operator is scaled by finite numbers")
         object.__setattr__(self, "alpha", alpha)
         if not isinstance(self.operator, LinearOperator):
             raise OperandError(f"Scaled needs an operator, not {type(self.operator).__name__}")

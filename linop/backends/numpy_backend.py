@@ -24,7 +24,7 @@ from ..errors import StateError
 from ..movement import Copy, CopyAdjoint, Move
 from ..operator import Composition, Identity, LinearOperator, Scaled, Sum, Zero
 from ..primitives import Add, Allocate, Clear, Deallocate
-from ..space import Region, State, natural_key
+from ..space import Block, Region, State, natural_key
 from . import array_api
 
 __all__ = [
@@ -313,7 +313,7 @@ def _add(op: Add, work: Workspace) -> None:
 @handler(Copy)
 def _copy(op: Copy, work: Workspace) -> None:
     source = work.arrays[op.src.name][op.src.index]
-    if op.out_of_place:
+    if isinstance(op.dst, Block):
         # np.array, not astype: indexing a 0-d block gives a scalar, and a block must stay an array
         work.set(op.dst.name, np.array(source, dtype=np.result_type(work.dtype, source.dtype)))
     else:
@@ -323,10 +323,10 @@ def _copy(op: Copy, work: Workspace) -> None:
 @handler(CopyAdjoint)
 def _copy_adjoint(op: CopyAdjoint, work: Workspace) -> None:
     back = work.arrays[op.dst.name]
-    if not op.out_of_place:
+    if isinstance(op.dst, Region):
         back = back[op.dst.index]
     work.writable(op.src.name, back.dtype)[op.src.index] += back
-    if op.out_of_place:
+    if isinstance(op.dst, Block):
         work.drop(op.dst.name)
     elif op.dst.size:
         work.writable(op.dst.name)[op.dst.index] = 0
@@ -334,7 +334,7 @@ def _copy_adjoint(op: CopyAdjoint, work: Workspace) -> None:
 
 @handler(Move)
 def _move(op: Move, work: Workspace) -> None:
-    if op.out_of_place:
+    if isinstance(op.dst, Block):
         owned = op.src.name in work.owned
         array = work.drop(op.src.name)
         target = np.result_type(work.dtype, array.dtype)

@@ -21,7 +21,7 @@ from ..errors import DtypeError
 from ..movement import Copy, CopyAdjoint, Move
 from ..operator import Composition, Identity, LinearOperator, Scaled, Sum, Zero
 from ..primitives import Add, Allocate, Clear, Deallocate
-from ..space import Space
+from ..space import Block, Space
 
 __all__ = ["to_sparse", "handler", "embedding", "selection"]
 
@@ -57,6 +57,10 @@ def to_sparse(op: LinearOperator, dtype: npt.DTypeLike | None = None) -> sp.csr_
         dtype = dtypes.check_requested(dtype, what="to_sparse: dtype")
     matrix = matrix_of(op)
     if dtype is not None and dtype != matrix.dtype:
+        if matrix.dtype.kind == "c" and dtype.kind != "c":
+            if matrix.imag.count_nonzero():
+                raise DtypeError(f"to_sparse: the matrix of {op} has complex entries; dtype {dtype} is real")
+            matrix = matrix.real.tocsr()
         try:
             converted = matrix.astype(dtype)
         except (TypeError, ValueError) as error:
@@ -205,7 +209,7 @@ def _movement(
 @handler(Copy)
 def _copy(op: Copy) -> sp.csr_array:
     keep = np.ones(op.domain.size, dtype=bool)
-    if op.out_of_place:
+    if isinstance(op.dst, Block):
         target = op.range[op.dst.name].flat_indices()
     else:
         target = op.dst.flat_indices()
@@ -216,7 +220,7 @@ def _copy(op: Copy) -> sp.csr_array:
 @handler(CopyAdjoint)
 def _copy_adjoint(op: CopyAdjoint) -> sp.csr_array:
     keep = np.ones(op.domain.size, dtype=bool)
-    if op.out_of_place:
+    if isinstance(op.dst, Block):
         back = op.domain[op.dst.name].flat_indices()
     else:
         back = op.dst.flat_indices()
@@ -229,7 +233,7 @@ def _move(op: Move) -> sp.csr_array:
     keep = np.ones(op.domain.size, dtype=bool)
     source = op.src.flat_indices()
     keep[source] = False
-    if op.out_of_place:
+    if isinstance(op.dst, Block):
         target = op.range[op.dst.name].flat_indices()
     else:
         target = op.dst.flat_indices()
