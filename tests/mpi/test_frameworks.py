@@ -106,3 +106,76 @@ def test_cuda_tensors_come_back_on_their_device(comm):  # pragma: no cover - nee
     on_device = all(v.is_cuda for v in result.values())
     problem = same_blocks({k: v.cpu().numpy() for k, v in result.items()}, expected, mine)
     collective_assert(on_device and problem is None, f"cuda: {problem}")
+
+
+def _conv_model(size, rng):
+    """Two feature-partitioned convolutions (spatial rows over the ranks) and their torch twin."""
+    from linop.layers import Convolution
+
+    x = DistributedTensor("x", (2, 2, 2 * size + 3, 5), Partition((1, 1, size, 1)))
+    first = Convolution(x, 3, Kernel(3, padding=1), name="y")
+    second = Convolution(first.y, 2, Kernel(3, padding=1), name="z")
+    params = [
+        (rng.standard_normal(first.weights.global_shape), rng.standard_normal(first.bias.global_shape)),
+        (rng.standard_normal(second.weights.global_shape), rng.standard_normal(second.bias.global_shape)),
+    ]
+    twin = torch.nn.Sequential(
+        torch.nn.Conv2d(2, 3, 3, padding=1, dtype=torch.float64),
+        torch.nn.Tanh(),
+        torch.nn.Conv2d(3, 2, 3, padding=1, dtype=torch.float64),
+    )
+    with torch.no_grad():
+        for conv, (w, b) in zip((twin[0], twin[2]), params):
+            conv.weight.copy_(torch.from_numpy(w))
+            conv.bias.copy_(torch.from_numpy(b))
+    return x, (first, second), params, twin
+
+
+def test_distributed_convolutions_train_like_one_process(comm):
+    """Gradients (input, weights, bias) of the wrapped layers equal torch's Conv2d, and three
+    SGD steps of a conv-tanh-conv model trained across the ranks equal the one-process run."""
+    from linop.frameworks.torch_layers import LayerModule
+
+    rng = np.random.default_rng(11)
+    x, layers, params, twin = _conv_model(comm.size, rng)
+    modules = [LayerModule(layer, weights=w, bias=b, comm=comm) for layer, (w, b) in zip(layers, params)]
+    data = rng.standard_normal(x.global_shape)
+    local = {
+        k: torch.from_numpy(v).requires_grad_()
+        for k, v in local_part(x.space, x.scatter(data), comm.rank).items()
+    }
+    mine = [p for m in modules for p in m.parameters()]  # feature partitions: the weights live on rank 0
+    optimizer = torch.optim.SGD(mine or [torch.zeros(0, requires_grad=True)], lr=0.01)
+    reference_optimizer = torch.optim.SGD(twin.parameters(), lr=0.01)
+    reference_input = torch.from_numpy(data).requires_grad_()
+    problems = []
+    for step in range(3):
+        optimizer.zero_grad()
+        reference_optimizer.zero_grad()
+        hidden = {k: torch.tanh(v) for k, v in modules[0](local).items()}
+        out = modules[1](hidden)
+        sum((v * v).sum() for v in out.values()).backward()  # each rank its share of the loss
+        (twin(reference_input) ** 2).sum().backward()
+        if step == 0:  # the input gradient, on this rank's blocks
+            expected = x.scatter(reference_input.grad.numpy())
+            problems += [f"dx {k}" for k, v in local.items() if not np.allclose(v.grad.numpy(), expected[k])]
+        for module, conv in zip(modules, (twin[0], twin[2])):
+            grads = {n: p.grad.numpy() for n, p in module.parameter_state().items()}
+            reference = {
+                **module.layer.weights.scatter(conv.weight.grad.numpy()),
+                **module.layer.bias.scatter(conv.bias.grad.numpy()),
+            }
+            problems += [f"step {step} d{n}" for n, g in grads.items() if not np.allclose(g, reference[n])]
+        optimizer.step()
+        reference_optimizer.step()
+    for module, conv in zip(modules, (twin[0], twin[2])):
+        trained = {
+            **module.layer.weights.scatter(conv.weight.detach().numpy()),
+            **module.layer.bias.scatter(conv.bias.detach().numpy()),
+        }
+        problems += [
+            f"trained {n}"
+            for n, p in module.parameter_state().items()
+            if not np.allclose(p.detach(), trained[n])
+        ]
+    collective_assert(not problems, "; ".join(problems))

@@ -1,0 +1,97 @@
+"""Distributed layers wrapped as torch modules give torch's own gradients (input, weights, bias)."""
+
+import numpy as np
+import pytest
+
+from linop import DistributedTensor, Kernel, Partition, StateError
+from linop.layers import Affine, Convolution
+
+torch = pytest.importorskip("torch", reason="torch is not installed (the torch extra)")
+from linop.frameworks.torch_layers import LayerModule  # noqa: E402
+
+CONVOLUTIONS = {
+    "feature-2x2": ((2, 2, 8, 6), (1, 1, 2, 2), None, Kernel(3, padding=1)),
+    "feature-3x1-stride": ((2, 2, 9, 5), (1, 1, 3, 1), None, Kernel(3, padding=1, stride=(2, 1))),
+    "channel-in-2": ((1, 4, 6, 6), (1, 2, 1, 1), None, Kernel(3, padding=1)),
+    "general-2x2": (
+        (1, 2, 6, 5),
+        (1, 2, 1, 1),
+        Partition((1, 2, 2, 1, 1), (0, 1, 2, 3)),
+        Kernel(3, padding=1),
+    ),
+}
+
+
+def _gather(tensor, state):
+    return tensor.gather({b.name: state[b.name] for b in tensor.blocks})
+
+
+def _backward(module, tensor, inputs, dy):
+    outputs = module(inputs)
+    sum((outputs[k] * torch.from_numpy(dy[k])).sum() for k in outputs).backward()
+    return outputs
+
+
+@pytest.mark.parametrize("name", list(CONVOLUTIONS), ids=list(CONVOLUTIONS))
+def test_convolution_module_matches_torch_conv2d(name):
+    shape, grid, workers, kernel = CONVOLUTIONS[name]
+    rng = np.random.default_rng(1)
+    x = DistributedTensor("x", shape, Partition(grid))
+    layer = Convolution(x, 4, kernel, workers=workers)
+    w, b = rng.standard_normal(layer.weights.global_shape), rng.standard_normal(layer.bias.global_shape)
+    module = LayerModule(layer, weights=w, bias=b)
+    data, dy = rng.standard_normal(shape), rng.standard_normal(layer.y.global_shape)
+    inputs = {k: torch.from_numpy(v).requires_grad_() for k, v in x.scatter(data).items()}
+    outputs = _backward(module, torch, inputs, layer.y.scatter(dy))
+
+    conv = torch.nn.Conv2d(shape[1], 4, 3, padding=1, stride=kernel.stride, dtype=torch.float64)
+    with torch.no_grad():
+        conv.weight.copy_(torch.from_numpy(w))
+        conv.bias.copy_(torch.from_numpy(b))
+    reference = torch.from_numpy(data).requires_grad_()
+    expected = conv(reference)
+    expected.backward(torch.from_numpy(dy))
+
+    parameters = {k: v.grad.numpy() for k, v in module.parameter_state().items()}
+    assert np.allclose(layer.y.gather({k: v.detach().numpy() for k, v in outputs.items()}), expected.detach())
+    assert np.allclose(x.gather({k: v.grad.numpy() for k, v in inputs.items()}), reference.grad)
+    assert np.allclose(_gather(layer.weights, parameters), conv.weight.grad)
+    assert np.allclose(_gather(layer.bias, parameters), conv.bias.grad)
+
+
+@pytest.mark.parametrize("grid", [(1, 1), (2, 2), (3, 1)], ids=["1x1", "2x2", "3x1"])
+def test_affine_module_matches_torch_linear(grid):
+    p_fo, p_fi = grid
+    rng = np.random.default_rng(2)
+    x = DistributedTensor("x", (3, 6), Partition((1, p_fi)))
+    layer = Affine(x, 6, workers=Partition((p_fo, p_fi)))
+    w, b = rng.standard_normal((6, 6)), rng.standard_normal(6)
+    module = LayerModule(layer, weights=w, bias=b)
+    data, dy = rng.standard_normal((3, 6)), rng.standard_normal((3, 6))
+    inputs = {k: torch.from_numpy(v).requires_grad_() for k, v in x.scatter(data).items()}
+    outputs = _backward(module, torch, inputs, layer.y.scatter(dy))
+    linear = torch.nn.Linear(6, 6, dtype=torch.float64)
+    with torch.no_grad():
+        linear.weight.copy_(torch.from_numpy(w))
+        linear.bias.copy_(torch.from_numpy(b))
+    reference = torch.from_numpy(data).requires_grad_()
+    expected = linear(reference)
+    expected.backward(torch.from_numpy(dy))
+    parameters = {k: v.grad.numpy() for k, v in module.parameter_state().items()}
+    assert np.allclose(layer.y.gather({k: v.detach().numpy() for k, v in outputs.items()}), expected.detach())
+    assert np.allclose(x.gather({k: v.grad.numpy() for k, v in inputs.items()}), reference.grad)
+    assert np.allclose(_gather(layer.weights, parameters), linear.weight.grad)
+    assert np.allclose(_gather(layer.bias, parameters), linear.bias.grad)
+
+
+def test_layer_module_trains_with_a_torch_optimizer_and_refuses_wrong_blocks():
+    x = DistributedTensor("x", (3, 4), Partition((1, 2)))
+    module = LayerModule(Affine(x, 2), weights=np.ones((2, 4)))
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+    inputs = {k: torch.from_numpy(v) for k, v in x.scatter(np.ones((3, 4))).items()}
+    before = [p.detach().clone() for p in module.parameters()]
+    sum(v.sum() for v in module(inputs).values()).backward()
+    optimizer.step()
+    assert all(not torch.equal(a, b) for a, b in zip(before, module.parameters()))
+    with pytest.raises(StateError, match="takes blocks"):
+        module({"x[0,0]": inputs["x[0,0]"]})
