@@ -3,6 +3,9 @@ r"""Rich displays for Jupyter: operators, trees, spaces, states and halo geometr
 Jupyter shows an object through its ``_repr_latex_`` / ``_repr_html_`` hooks; the classes of
 linop define those hooks as one-line methods that call the functions of this module, so that
 the rendering lives in one place and the plain ``str`` / ``repr`` stay what a terminal shows.
+The HTML needs no math typesetting (front ends that show HTML do not all typeset LaTeX inside
+it): an operator's HTML draws its block matrix as a table, and its ``text/latex`` carries the
+same matrix for LaTeX-aware front ends and exporters. States show as LaTeX only.
 
 Block structure
 ---------------
@@ -117,15 +120,18 @@ def table_html(
     caption: str = "",
     raw: Sequence[int] = (),
     more: int = 0,
+    header_raw: bool = False,
 ) -> str:
-    """An HTML table; cells are escaped except the columns listed in ``raw`` (already HTML).
+    """An HTML table; cells are escaped except the columns listed in ``raw`` (already HTML), and
+    the header unless ``header_raw``.
 
     ``more`` adds a last line saying how many rows were left out.
     """
     parts = ['<table class="linop">']
     if caption:
         parts.append(f'<caption style="text-align:left">{caption}</caption>')
-    parts.append("<thead><tr>" + "".join(f"<th>{_esc(h)}</th>" for h in header) + "</tr></thead><tbody>")
+    heads = "".join(f"<th>{h if header_raw else _esc(h)}</th>" for h in header)
+    parts.append("<thead><tr>" + heads + "</tr></thead><tbody>")
     for row in rows:
         cells = (str(c) if i in raw else _esc(c) for i, c in enumerate(row))
         parts.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
@@ -178,6 +184,24 @@ class BlockCell:
             return r"\left[\begin{smallmatrix}" + body + r"\end{smallmatrix}\right]"
         return rf"\ast_{{{rows}\times {cols}}}"
 
+    def html(self) -> str:
+        """The piece in HTML (no math typesetting needed): O, I with its size, c I, the entries
+        of a small general block as a small table, or * with its shape."""
+        rows, cols = self.shape
+        if self.kind == "zero":
+            return '<span style="color:#999">O</span>'
+        if self.kind == "identity":
+            return f"I<sub>{rows}</sub>"
+        if self.kind == "scaled":
+            return f"{_esc(_number_tex(self.scalar))}&#8239;I<sub>{rows}</sub>"
+        if self.entries is not None:
+            body = "".join(
+                "<tr>" + "".join(f'<td style="padding:0 3px">{_esc(_number_tex(v))}</td>' for v in row) + "</tr>"
+                for row in self.entries
+            )
+            return f'<table style="font-size:75%;border:1px solid #bbb">{body}</table>'
+        return f"&#8727;<sub>{rows}&#215;{cols}</sub>"
+
     def text(self) -> str:
         """The piece as plain text: ``O``, ``I``, ``2I`` or ``*``."""
         if self.kind == "zero":
@@ -224,6 +248,21 @@ class BlockStructure:
     def text(self) -> list[list[str]]:
         """Every cell as plain text (``O``, ``I``, ``2I``, ``*``), row by row."""
         return [[self.cells[r, c].text() for c in self.domain_names] for r in self.range_names]
+
+    def html(self) -> str:
+        """The block matrix as an HTML table with the block names as row and column labels."""
+        header = ["", *(f"<code>{_esc(c)}</code>" for c in self.domain_names)]
+        rows = [
+            (f"<code>{_esc(r)}</code>", *(self.cells[r, c].html() for c in self.domain_names))
+            for r in self.range_names
+        ]
+        return table_html(
+            header,
+            rows,
+            caption="block matrix (rows: range blocks, columns: domain blocks)",
+            raw=tuple(range(len(header))),
+            header_raw=True,
+        )
 
     def latex(self) -> str:
         """The block matrix as a LaTeX array with the block names as row and column labels."""
@@ -398,10 +437,19 @@ def operator_html(op: LinearOperator) -> str:
         f"<p><code>{_esc(_short(str(op), 200))}</code> &nbsp; {type(op).__name__}, {m} x {n}: "
         f"domain {_blocks(op.domain)}, range {_blocks(op.range)}</p>"
     )
+    reason = _too_large(op)
+    matrix = ""
+    if reason is None:
+        try:
+            matrix = _cached_structure(op).html()
+        except Exception as exc:  # a display never raises: say why there is no matrix
+            reason = f"no matrix: {type(exc).__name__}: {exc}"
+    if reason is not None:
+        matrix = f"<p>block matrix not shown: {_esc(reason)}</p>"
     return (
         '<div class="linop-operator">'
         + header
-        + _esc(operator_latex(op))  # MathJax reads the text, entities decoded
+        + matrix
         + "<details open><summary>tree, with each node's adjoint rule</summary>"
         + tree_html(op)
         + "</details></div>"
@@ -471,7 +519,8 @@ def _array_latex(array: np.ndarray) -> str:
 class StateView:
     """A display of one or more states (dicts of arrays), block by block.
 
-    Made by :func:`show_state`; shows as LaTeX / HTML in Jupyter, as text elsewhere.
+    Made by :func:`show_state`; shows as LaTeX in Jupyter (no HTML: a front end that prefers
+    HTML would not typeset the symbols), as text elsewhere.
     """
 
     states: tuple[tuple[str, Mapping[str, Any]], ...]
@@ -497,13 +546,6 @@ class StateView:
             lines.append(f"{tex_text(name)} & {cells}" + r" \\")
         lines.append(r"\end{array}")
         return "$$" + "\n".join(lines) + "$$"
-
-    def _repr_html_(self) -> str:
-        header = ["block", *(title for title, _ in self.states)]
-        rows = [
-            (name, *(f"${self._cell(state, name)}$" for _, state in self.states)) for name in self.names()
-        ]
-        return table_html(header, rows, raw=tuple(range(1, len(header))))
 
     def __repr__(self) -> str:
         lines = []
