@@ -286,6 +286,27 @@ class HaloStage(_StageBase):
     HaloError
         If a region is not in ``space``, shapes differ, or a destination overlaps a source or
         another destination.
+
+    Examples
+    --------
+    One halo entry from worker 0 to worker 1; the expansion shows the five steps over explicit
+    buffers (allocated first and dropped last), and the stage equals it exactly:
+
+    >>> import numpy as np
+    >>> import verify
+    >>> from linop import Block, HaloStage, Space
+    >>> space = Space([Block("u", (3,), 0), Block("v", (3,), 1)])
+    >>> stage = HaloStage(space, ((space["u"][2:3], space["v"][0:1]),), "H0")
+    >>> stage({"u": np.array([1, 2, 3]), "v": np.array([0, 5, 6])})
+    {'u': array([1, 2, 3]), 'v': array([3, 5, 6])}
+    >>> stage.H({"u": np.array([1, 2, 3]), "v": np.array([4, 5, 6])})
+    {'u': array([1, 2, 7]), 'v': array([0, 5, 6])}
+    >>> print(stage.expand())  # doctest: +NORMALIZE_WHITESPACE
+    D[H0.send0] @ D[H0.recv0] @ K[H0.send0] @ K[H0.recv0] @ C[H0.recv0 -> v[0:1]] @
+    SR[H0.send0 -> H0.recv0] @ C[u[2:3] -> H0.send0] @ K[H0.send0] @ K[H0.recv0] @
+    A[H0.recv0] @ A[H0.send0]
+    >>> bool(verify.equal(stage, stage.expand()))
+    True
     """
 
     space: Space
