@@ -214,3 +214,13 @@ def test_messages_of_the_tree_show_an_algorithms_rounds():
     assert ax.get_title().startswith("dependent phases")
     with pytest.raises(plot.PlotError, match="'schedule' or 'tree'"):
         plot.schedule_messages(ring, of="rounds")
+
+
+def test_spy_of_a_large_operator_draws_markers():
+    space = Space([Block("a", (plot.DENSE_LIMIT,)), Block("b", (plot.DENSE_LIMIT,))])
+    figure = plot.spy(Copy(space["a"][:10], space["b"][5:15]))
+    forward = figure.axes[0]
+    assert not forward.images  # too large for an image: the nonzeros as markers
+    (markers,) = [line for line in forward.lines if line.get_gid() != "block-boundary"]
+    assert len(markers.get_xdata()) == (2 * plot.DENSE_LIMIT - 10) + 10  # I but rows b[5:15], and the copy
+    assert len(_gids(forward.lines, "block-boundary")) == 2
