@@ -64,7 +64,7 @@ from typing import Literal
 
 import numpy as np
 
-from .errors import HaloError, KernelError
+from .errors import HaloError, KernelError, OperandError
 from .partition import DistributedTensor, balanced_sizes
 
 __all__ = [
@@ -102,7 +102,7 @@ def _is_scalar(value: object) -> bool:
 
 def _entries(value: object) -> tuple:
     """The entries of a kernel parameter: a scalar's one entry or a sequence's items."""
-    return (value,) if _is_scalar(value) else tuple(value)  # type: ignore[call-overload]
+    return (value,) if _is_scalar(value) else tuple(value)  # type: ignore[call-overload, arg-type]
 
 
 def _per_dimension(value: object, ndim: int, what: str, leading: int) -> tuple:
@@ -110,7 +110,7 @@ def _per_dimension(value: object, ndim: int, what: str, leading: int) -> tuple:
     count = ndim - leading
     if _is_scalar(value):
         return (value,) * count
-    values = tuple(value)  # type: ignore[call-overload]
+    values: tuple[object, ...] = tuple(value)  # type: ignore[call-overload, arg-type]
     if len(values) != count:
         where = f" (after {leading} leading dimensions)" if leading else ""
         raise KernelError(f"kernel {what} has {len(values)} entries for {count} dimensions{where}: {values}")
@@ -771,7 +771,7 @@ def halo_geometry(tensor: DistributedTensor, kernel: Kernel | int) -> HaloGeomet
          2    0        [4,5)       [7,10)       [8,10)      0,0      0,0      1,0      3       2
     """
     if not isinstance(tensor, DistributedTensor):
-        raise TypeError(f"halo_geometry: tensor must be a DistributedTensor, not {type(tensor).__name__}")
+        raise OperandError(f"halo_geometry: tensor must be a DistributedTensor, not {type(tensor).__name__}")
     if not isinstance(kernel, Kernel):
         kernel = Kernel(kernel)
     kernel = kernel.resolve(tensor.ndim)

@@ -155,7 +155,8 @@ class Partition:
     def grid(cls, shape: Sequence[int] | int, *, first: int = 0) -> Partition:
         """A partition of consecutive workers ``first, first + 1, ...`` in C order."""
         shape = _integers(shape, "partition shape", PartitionError)
-        first = _integers(first, "partition grid: first worker", PartitionError)[0]
+        if isinstance(first, (bool, np.bool_)) or not isinstance(first, (int, np.integer)):
+            raise PartitionError(f"partition grid: the first worker must be an int, not {first!r}")
         count = math.prod(shape)
         if count > MAX_WORKER + 1 or any(n < 1 for n in shape):
             return cls(shape)  # the constructor names the problem

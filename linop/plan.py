@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from .errors import OperandError
 from .layout import union_space
 from .movement import Copy, CopyAdjoint, SendRecv, SendRecvAdjoint
 from .operator import Composition, Identity, LinearOperator
@@ -172,7 +173,7 @@ class Planned(LinearOperator):
 
     def _validate(self) -> None:
         if not isinstance(self.others, Space):
-            raise TypeError(
+            raise OperandError(
                 f"{type(self).__name__}: others must be a Space, not {type(self.others).__name__}"
             )
         kind = type(self).__name__

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import OverlapError, ShapeMismatchError, SpaceMismatchError
+from .errors import OperandError, OverlapError, ShapeMismatchError, SpaceMismatchError
 from .operator import LinearOperator
 from .space import Block, Region, Space
 
@@ -27,7 +27,7 @@ __all__ = ["Allocate", "Deallocate", "Clear", "Add", "check_pair"]
 def check_pair(kind: str, src: Region, dst: Region) -> None:
     """Validate two regions of one space that a primitive relates (same shape, disjoint)."""
     if not isinstance(src, Region) or not isinstance(dst, Region):
-        raise TypeError(f"{kind} relates two regions, got {type(src).__name__} and {type(dst).__name__}")
+        raise OperandError(f"{kind} relates two regions, got {type(src).__name__} and {type(dst).__name__}")
     if src.space != dst.space:
         diff = src.space.difference(dst.space)
         raise SpaceMismatchError(
@@ -81,6 +81,10 @@ class Allocate(LinearOperator):
     block: Block
 
     def __post_init__(self) -> None:
+        if not isinstance(self.space, Space):
+            raise OperandError(f"Allocate: the space must be a Space, not {type(self.space).__name__}")
+        if not isinstance(self.block, Block):
+            raise OperandError(f"Allocate: the new block must be a Block, not {type(self.block).__name__}")
         object.__setattr__(self, "_range", self.space.with_block(self.block))
 
     @property
@@ -132,6 +136,8 @@ class Deallocate(LinearOperator):
     name: str
 
     def __post_init__(self) -> None:
+        if not isinstance(self.space, Space):
+            raise OperandError(f"Deallocate: the space must be a Space, not {type(self.space).__name__}")
         object.__setattr__(self, "_range", self.space.without(self.name))
 
     @property
@@ -182,7 +188,7 @@ class Clear(LinearOperator):
 
     def __post_init__(self) -> None:
         if not isinstance(self.region, Region):
-            raise TypeError(f"Clear needs a region, not {type(self.region).__name__}")
+            raise OperandError(f"Clear needs a region, not {type(self.region).__name__}")
 
     @property
     def domain(self) -> Space:

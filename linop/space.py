@@ -159,7 +159,7 @@ def _as_block(item: BlockLike) -> Block:
         return item
     if isinstance(item, tuple) and 2 <= len(item) <= 3:
         return Block(*item)
-    raise TypeError(f"expected a Block or a (name, shape[, worker]) tuple, not {item!r}")
+    raise BlockError(f"expected a Block or a (name, shape[, worker]) tuple, not {item!r}")
 
 
 class Space:
@@ -196,6 +196,8 @@ class Space:
 
     def __init__(self, blocks: Iterable[BlockLike] = ()) -> None:
         by_name: dict[str, Block] = {}
+        if isinstance(blocks, (str, bytes, Mapping)) or not isinstance(blocks, Iterable):
+            raise BlockError(f"a space takes an iterable of blocks, not {type(blocks).__name__}")
         for item in blocks:
             block = _as_block(item)
             if block.name in by_name:
@@ -252,7 +254,7 @@ class Space:
         """The block called ``name``."""
         try:
             return self._by_name[name]
-        except KeyError:
+        except (KeyError, TypeError):  # TypeError: an unhashable name
             raise UnknownBlockError(
                 f"unknown block {name!r}; the space holds {list(self._by_name)}"
             ) from None
@@ -585,7 +587,7 @@ class Region:
         return math.prod(self.shape)
 
     @cached_property
-    def index(self) -> tuple[slice, ...]:
+    def index(self) -> tuple[int | slice, ...]:
         """The numpy index of the box inside its block (integers for dropped dimensions)."""
         return tuple(
             a if d in self.dropped else slice(a, b) for d, (a, b) in enumerate(zip(self.start, self.stop))

@@ -12,13 +12,19 @@ import pytest
 import verify
 from linop import (
     Add,
+    AllGather,
+    Allocate,
+    AllReduce,
     Block,
     Clear,
     Composition,
+    Copy,
+    Deallocate,
     DistributedTensor,
     HaloExchange,
     Identity,
     Kernel,
+    Move,
     Partition,
     Region,
     Space,
@@ -45,6 +51,7 @@ SPACE = Space([("a", (4,)), ("b", (4,))])
 I = Identity(SPACE)  # noqa: E741 - the identity's conventional name
 A = Add(SPACE["a"], SPACE["b"])
 STATE = SPACE.random(0)
+_TENSOR = DistributedTensor("x", (4,), Partition((2,)))
 
 
 def _by_matrix(op, state):
@@ -120,6 +127,25 @@ def _by_matrix(op, state):
         (lambda: verify.adjoint_test(I, dtype="foo"), LinopError, "'foo' is not a dtype"),
         (lambda: verify.adjoint_test(I, trials="3"), LinopError, "trials must be an int"),
         (lambda: verify.numeric_equal(I, 3), OperandError, "numeric_equal: the right operand"),
+        (lambda: Space(-2), BlockError, "iterable of blocks, not int"),
+        (lambda: Space([[[2], []]]), BlockError, "expected a Block"),
+        (lambda: SPACE[["a"]], LinopError, "unknown block"),
+        (lambda: Allocate(b"x", Block("c", (1,))), OperandError, "Allocate: the space must be a Space"),
+        (lambda: Allocate(SPACE, ("c", (1,))), OperandError, "Allocate: the new block must be a Block"),
+        (lambda: Deallocate(b"x", "a"), OperandError, "Deallocate: the space must be a Space"),
+        (lambda: Clear(np.datetime64(1, "s")), OperandError, "Clear needs a region"),
+        (lambda: Add("a", [1]), OperandError, "Add relates two regions"),
+        (lambda: Copy(b"=", SPACE["b"]), OperandError, "Copy needs a source region"),
+        (lambda: Move(SPACE["a"], 3.5), OperandError, "destination must be a Region"),
+        (lambda: halo_geometry(1.5, Kernel(1)), OperandError, "tensor must be a DistributedTensor"),
+        (lambda: HaloExchange("g"), OperandError, "geometry must be a HaloGeometry"),
+        (lambda: AllGather(1.5, (0,), "y"), OperandError, "AllGather: tensor must be a DistributedTensor"),
+        (lambda: AllReduce(3), OperandError, "AllReduce: tensor must be a DistributedTensor or a BlockGrid"),
+        (lambda: AllGather(_TENSOR, (0,), ()), OperandError, "AllGather: name must be a non-empty string"),
+        (lambda: Partition.grid(-3, first=[]), PartitionError, "first worker must be an int"),
+        (lambda: aslinearoperator(I).matvec(None), StateError, "numeric vector"),
+        (lambda: aslinearoperator(I).matvec(np.array(["a"] * 8)), StateError, "numeric vector"),
+        (lambda: (1j * I).to_sparse(dtype=float), DtypeError, "complex entries; dtype float64 is real"),
     ],
     ids=[
         "region-negative-start",
@@ -185,6 +211,25 @@ def _by_matrix(op, state):
         "adjoint-test-dtype",
         "adjoint-test-trials",
         "numeric-equal-int",
+        "space-of-int",
+        "space-of-list",
+        "space-unhashable-name",
+        "allocate-bytes-space",
+        "allocate-tuple-block",
+        "deallocate-bytes-space",
+        "clear-datetime",
+        "add-str-list",
+        "copy-bytes",
+        "move-float-destination",
+        "halo-geometry-float",
+        "halo-exchange-str",
+        "all-gather-float",
+        "all-reduce-int",
+        "all-gather-tuple-name",
+        "grid-list-first",
+        "matvec-none",
+        "matvec-strings",
+        "to-sparse-complex-to-real",
     ],
 )
 def test_bad_input_gets_a_typed_error_naming_the_culprit(call, error, fragment):
@@ -284,16 +329,26 @@ def test_a_later_complex_term_of_a_sum_promotes_float_states():
     assert np.allclose(SPACE.flatten(got), (2 + 1j) * SPACE.flatten(STATE))
 
 
-@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")], ids=["nan", "inf", "-inf"])
-def test_equal_does_not_drop_non_finite_differences(value):
-    proof = verify.equal(value * A, 2 * A)
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), np.float32("nan"), 1j * np.inf])
+def test_a_non_finite_scalar_is_refused_at_construction(value):
+    with pytest.raises(ScalarError, match="not finite"):
+        value * A
+
+
+OVERFLOWED = 1e200 * (1e200 * A)  # its matrix holds inf entries (the product overflows)
+
+
+def test_equal_does_not_drop_infinite_differences():
+    proof = verify.equal(OVERFLOWED, 2 * A)
     assert not proof and proof.count == 12
-    assert verify.equal(value * A, value * A) or np.isnan(value)  # equal infinities are equal
+    assert verify.equal(OVERFLOWED, 1e200 * (1e200 * A))  # equal infinities are equal
 
 
-def test_equal_infinities_are_equal_and_nan_never_is():
-    assert verify.equal(float("inf") * A, float("inf") * A)
-    assert not verify.equal(float("nan") * A, float("nan") * A)
+def test_equal_does_not_drop_nan_differences():
+    nan_matrix = OVERFLOWED - OVERFLOWED  # inf - inf: NaN entries
+    assert np.isnan(nan_matrix.to_sparse().data).any()
+    assert not verify.equal(nan_matrix, Zero(SPACE, SPACE))
+    assert not verify.equal(nan_matrix, nan_matrix)  # NaN equals nothing, itself included
 
 
 def test_region_built_directly_agrees_in_both_interpreters():

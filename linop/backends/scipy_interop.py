@@ -42,7 +42,9 @@ class _Wrapped(spla.LinearOperator):
     @staticmethod
     def _length(vector: object, space: Space, what: str) -> np.ndarray:
         array = np.asarray(vector)
-        if array.ndim > 2 or array.size != space.size or (array.ndim == 2 and array.shape[1] != 1):
+        if array.dtype.kind not in "iufc":
+            raise StateError(f"{what} needs a numeric vector, not {type(vector).__name__} of dtype {array.dtype}")
+        if not 1 <= array.ndim <= 2 or array.size != space.size or (array.ndim == 2 and array.shape[1] != 1):
             raise StateError(
                 f"{what} needs a vector of length {space.size} (the space {space}), got shape {array.shape}"
             )

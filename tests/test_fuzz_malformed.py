@@ -1,0 +1,113 @@
+"""The fuzz campaign: malformed arguments to every public constructor and entry point either
+succeed with the sparse interpreter's result or raise a LinopError (verify/strategies_malformed.py).
+
+A CI-sized run (seeded, about 20 s) is part of the suite; ``LINOP_LONG=1`` runs the long one. Both
+print how many inputs were tried per entry point and their outcomes."""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from collections import Counter
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from verify.strategies_malformed import Call, FuzzFailure, calls, outcome
+
+LONG = os.environ.get("LINOP_LONG") == "1"
+EXAMPLES = int(os.environ.get("LINOP_FUZZ_EXAMPLES", 20_000 if LONG else 600))
+
+
+KNOWN_UNTYPED = (
+    ("collectives.py", "partition must be a Partition"),
+    ("repartition.py", "root must be a Block"),
+)
+"""Builtin TypeErrors still raised in files another engineer is restructuring (listed in the
+reliability report; each is a one-line change to OperandError). Counted, not hidden."""
+
+
+def _known(failure: FuzzFailure) -> bool:
+    cause = failure.__cause__
+    if cause is None or type(cause) is not TypeError:
+        return False
+    filename = traceback.extract_tb(cause.__traceback__)[-1].filename
+    return any(filename.endswith(name) and text in str(cause) for name, text in KNOWN_UNTYPED)
+
+
+def _table(counts: Counter, seconds: float) -> str:
+    entries = sorted({entry for entry, _ in counts})
+    lines = [
+        f"fuzz campaign: {sum(counts.values())} inputs in {seconds:.1f} s (ok = equal to the sparse "
+        "interpreter, typed = LinopError)"
+    ]
+    for entry in entries:
+        ok, typed, known = counts[(entry, "ok")], counts[(entry, "typed")], counts[(entry, "known untyped")]
+        line = f"  {entry:28s} tried {ok + typed + known:6d}   ok {ok:6d}   typed {typed:6d}"
+        lines.append(line + (f"   known untyped {known}" if known else ""))
+    return "\n".join(lines)
+
+
+def test_malformed_calls_succeed_exactly_or_raise_a_linop_error(capsys):
+    counts: Counter = Counter()
+
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        derandomize=not LONG,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(calls())
+    def campaign(call: Call) -> None:
+        try:
+            result = outcome(call)
+        except FuzzFailure as failure:
+            if not _known(failure):
+                raise
+            result = "known untyped"
+        counts[(call.entry, result)] += 1
+
+    start = time.perf_counter()
+    campaign()
+    seconds = time.perf_counter() - start
+    with capsys.disabled():
+        print("\n" + _table(counts, seconds))
+    assert sum(counts.values()) >= 0.9 * EXAMPLES
+    outcomes = Counter(result for _, result in counts.elements())
+    assert outcomes["ok"] > 0.1 * EXAMPLES and outcomes["typed"] > 0.3 * EXAMPLES  # both outcomes are common
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        Call("deliberately untyped", lambda: [][1], "an IndexError from inside"),
+        Call("deliberately wrong", lambda: (_ for _ in ()).throw(ValueError("bare")), "a bare ValueError"),
+    ],
+    ids=["index-error", "value-error"],
+)
+def test_the_campaign_catches_an_untyped_error(call):
+    with pytest.raises(FuzzFailure, match="raised"):
+        outcome(call)
+
+
+def test_the_campaign_catches_a_wrong_result():
+    import numpy as np
+
+    from linop import Identity, Space
+    from linop.backends import numpy_backend
+
+    space = Space([("a", (2,))])
+    op = Identity(space)
+    wrong = numpy_backend.apply
+
+    def apply_wrongly():
+        result = wrong(op, {"a": np.ones(2)})
+        result = {"a": result["a"] * 2}
+        from verify.strategies_malformed import check_against_matrix
+
+        check_against_matrix(op, {"a": np.ones(2)}, result, None)
+
+    with pytest.raises(FuzzFailure, match="differs from the matrix"):
+        outcome(Call("wrong result", apply_wrongly, "doubled identity"))
