@@ -9,7 +9,7 @@ A 4096 x 4096 float64 global array is cut over a 2 x 1 grid (2 ranks) or 2 x 2 a
 (4 ranks); each rank holds its block with room for its halo (kernel 2h + 1, zero padding h,
 halo widths h = 1 and 3). Timed, in the same run and interleaved sample by sample:
 
-- ``linop bound``: ``compile(HaloExchange(...)).bind(local)``: checked once, then persistent
+- ``linop bound``: ``plan_for(HaloExchange(...)).bind(local)``: checked once, then persistent
   requests on the caller's arrays (subarray datatypes, nothing packed, nothing copied);
 - ``linop apply``: ``mpi_backend.apply(op, local, inplace=True)``: the collective safety check
   (one small Allreduce) and the schedule on every call;

@@ -14,11 +14,11 @@ persistently: each call runs the checked application, since whether an integer r
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from ..space import State
+from ..space import Region, State
 from .mpi_datatypes import mpi, raw_spec, region_spec
 from .mpi_guard import abort_for
 from .mpi_plan import DistributedPlan, read_only
@@ -172,11 +172,12 @@ def _persistent_phases(
             if t.source.size == 0:
                 continue
             target = arrays[t.target.name]
-            spec = region_spec(target, t.target) if t.mode == "store" else None  # type: ignore[arg-type]
+            region = cast(Region, t.target)  # a box of an existing block (not "new")
+            spec = region_spec(target, region) if t.mode == "store" else None
             if spec is None:
                 buffer = np.empty(t.shape, dtype)
                 spec = raw_spec(buffer)
-                finish.append(_unpack(target, t.target.index, buffer, add=t.mode == "add"))  # type: ignore[union-attr]
+                finish.append(_unpack(target, region.index, buffer, add=t.mode == "add"))
             if not dry:
                 requests.append(comm.Recv_init(spec, peer, tag))
         packs: list[Action] = []
@@ -200,18 +201,21 @@ def _persistent_phases(
     return phases
 
 
-def _unpack(target: np.ndarray, index: tuple[slice, ...], buffer: np.ndarray, *, add: bool) -> Action:
-    view = target[(*index, Ellipsis)]
+def _unpack(target: np.ndarray, index: tuple[Any, ...], buffer: np.ndarray, *, add: bool) -> Action:
+    key: tuple[Any, ...] = (*index, Ellipsis)
+    view = target[key]
     if add:
         return lambda: np.add(view, buffer, out=view)
     return lambda: np.copyto(view, buffer)
 
 
-def _packer(source: np.ndarray, index: tuple[slice, ...], buffer: np.ndarray) -> Action:
-    view = source[(*index, Ellipsis)]
+def _packer(source: np.ndarray, index: tuple[Any, ...], buffer: np.ndarray) -> Action:
+    key: tuple[Any, ...] = (*index, Ellipsis)
+    view = source[key]
     return lambda: np.copyto(buffer, view)
 
 
-def _clearer(array: np.ndarray, index: tuple[slice, ...]) -> Action:
-    view = array[(*index, Ellipsis)]
+def _clearer(array: np.ndarray, index: tuple[Any, ...]) -> Action:
+    key: tuple[Any, ...] = (*index, Ellipsis)
+    view = array[key]
     return lambda: view.fill(0)

@@ -94,7 +94,11 @@ class PlanCache(Generic[P]):
 
     def _remember(self, op: LinearOperator, plan: P) -> None:
         key, ids = id(op), self._by_id
-        ids[key] = (weakref.ref(op, lambda _ref, key=key: ids.pop(key, None)), plan)
+
+        def forget(_ref: weakref.ref[LinearOperator]) -> None:
+            ids.pop(key, None)
+
+        ids[key] = (weakref.ref(op, forget), plan)
         while len(ids) > self.size:
             ids.popitem(last=False)
 

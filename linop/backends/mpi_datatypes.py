@@ -118,7 +118,8 @@ def region_spec(array: np.ndarray, region: Region, index: tuple[Any, ...] | None
     """An MPI buffer spec for ``array[region.index]`` without copying, or None when the box
     is better (or can only be) packed into a buffer. ``index``: the region's numpy index with
     a trailing ``Ellipsis``, when the caller has it at hand."""
-    view = array[(*region.index, Ellipsis) if index is None else index]  # a view even for integers
+    key: tuple[Any, ...] = (*region.index, Ellipsis) if index is None else index
+    view = array[key]  # a view even for integer indices
     if view.flags.c_contiguous:
         return [view, view.nbytes, mpi().BYTE]
     if array.flags.c_contiguous:

@@ -284,6 +284,7 @@ class _RankBroadcast(RankStep):
                 continue
             total = np.empty(group.shape, dtype=dtype)
             mpi_type = predefined_type(dtype)
+            assert sub is not None  # a group of one was declined above
             requests.append(sub.Allreduce_init([arrays[mine[0]], mpi_type], [total, mpi_type], op=lib.SUM))
             if is_root:
                 results[group.root_name] = total

@@ -23,7 +23,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from contextlib import ContextDecorator, contextmanager
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from .mpi_datatypes import mpi
 
@@ -126,7 +126,7 @@ class Guard(ContextDecorator):
 
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
-    ) -> bool:
+    ) -> Literal[False]:
         if error is None:
             return False
         if isinstance(error, SystemExit) and error.code in (0, None):

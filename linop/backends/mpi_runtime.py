@@ -19,11 +19,12 @@ Every message travels in the run's dtype, agreed by all ranks before the run.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from ..operator import LinearOperator
+from ..space import Region
 from . import numpy_backend
 from .mpi_datatypes import mpi, raw_spec, region_spec
 from .mpi_schedule import RankBranches, RankPhase, RankZero, Scale, Transfer
@@ -87,7 +88,8 @@ def run_phase(phase: RankPhase, work: numpy_backend.Workspace, comm: Intracomm, 
             continue
         target = work.writable(t.target.name, dtype)
         if t.mode == "store" and target.dtype == dtype:
-            spec = region_spec(target, t.target, phase.index(t.target))
+            region = cast(Region, t.target)  # a box of an existing block (not "new")
+            spec = region_spec(target, region, phase.index(region))
             if spec is not None:
                 requests.append(comm.Irecv(spec, peer, tag))
                 continue
@@ -110,9 +112,9 @@ def run_phase(phase: RankPhase, work: numpy_backend.Workspace, comm: Intracomm, 
         if t.mode == "new":
             work.set(t.target.name, buffer)
         elif t.mode == "add":
-            work.writable(t.target.name, dtype)[phase.index(t.target)] += buffer
+            work.writable(t.target.name, dtype)[phase.index(cast(Region, t.target))] += buffer
         else:
-            work.writable(t.target.name, dtype)[phase.index(t.target)] = buffer
+            work.writable(t.target.name, dtype)[phase.index(cast(Region, t.target))] = buffer
     for _, _, t in phase.sends:
         if t.after == "clear":
             if not phase.empty(t):
