@@ -45,10 +45,12 @@ from typing import Any, Literal, NoReturn
 
 import numpy as np
 
+from .errors import OperandError
 from .halo_geometry import HaloError, HaloGeometry, Kernel, Segment, halo_geometry
 from .movement import Copy, Move, SendRecv
 from .operator import Composition, Identity, LinearOperator
 from .partition import DistributedTensor
+from .plan import fields_of
 from .primitives import Allocate, Clear, Deallocate
 from .space import Block, Region, Space
 
@@ -319,7 +321,7 @@ class HaloStage(_StageBase):
 
     def adjoint(self) -> LinearOperator:
         """H_i* = K_S C_P* C_E* C_U* K_T: each destination is sent back and added into its source."""
-        return HaloStageAdjoint(self.space, self.transfers, self.label)
+        return HaloStageAdjoint(**fields_of(self))
 
     def __str__(self) -> str:
         return f"{self.label}[{len(self.transfers)} copies]"
@@ -343,7 +345,7 @@ class HaloStageAdjoint(_StageBase):
 
     def adjoint(self) -> LinearOperator:
         """(H_i*)* = H_i."""
-        return HaloStage(self.space, self.transfers, self.label)
+        return HaloStage(**fields_of(self))
 
     def __str__(self) -> str:
         return f"{self.label}*[{len(self.transfers)} copies]"
@@ -459,7 +461,7 @@ class _ExchangeBase(LinearOperator):
         return _cached(self, "_stages", self._build_stages)
 
     def _build_stages(self) -> tuple[HaloStage, ...]:
-        space, prefix = self.domain, self.local_name
+        space, prefix = self.domain, _local_prefix(self.geometry, self.local_name)
         if self.variant == "direct":
             candidates = [HaloStage(space, direct_transfers(self.geometry, space, prefix), "H")]
         else:
@@ -542,7 +544,7 @@ class HaloExchange(_ExchangeBase):
 
     def adjoint(self) -> LinearOperator:
         """H* = H_0* ... H_{d-1}*."""
-        return HaloExchangeAdjoint(self.geometry, self.variant, self.local_name)
+        return HaloExchangeAdjoint(**fields_of(self))
 
     def __str__(self) -> str:
         return f"H_{self.variant}[{self.local_name}]"
@@ -568,7 +570,7 @@ class HaloExchangeAdjoint(_ExchangeBase):
 
     def adjoint(self) -> LinearOperator:
         """(H*)* = H."""
-        return HaloExchange(self.geometry, self.variant, self.local_name)
+        return HaloExchange(**fields_of(self))
 
     def __str__(self) -> str:
         return f"H_{self.variant}*[{self.local_name}]"

@@ -154,7 +154,7 @@ class Copy(_Movement):
 
     def adjoint(self) -> LinearOperator:
         """C_{a->b}* = K_b S_{b->a} (in place) or D_b S_{b->a} (out of place)."""
-        return CopyAdjoint(self.src, self.dst)
+        return CopyAdjoint(src=self.src, dst=self.dst)
 
     def __str__(self) -> str:
         return self._label("C")
@@ -207,7 +207,7 @@ class CopyAdjoint(_Movement):
 
     def adjoint(self) -> LinearOperator:
         """(C*)* = C."""
-        return Copy(self.src, self.dst)
+        return Copy(src=self.src, dst=self.dst)
 
     def __str__(self) -> str:
         return self._label("C*")
@@ -372,7 +372,7 @@ class SendRecv(Copy):
 
     def adjoint(self) -> LinearOperator:
         """The receive-send that adds the destination back into the source."""
-        return SendRecvAdjoint(self.src, self.dst)
+        return SendRecvAdjoint(src=self.src, dst=self.dst)
 
     def __str__(self) -> str:
         return self._label("SR")
@@ -399,7 +399,7 @@ class SendRecvAdjoint(CopyAdjoint):
 
     def adjoint(self) -> LinearOperator:
         """(SR*)* = SR."""
-        return SendRecv(self.src, self.dst)
+        return SendRecv(src=self.src, dst=self.dst)
 
     def __str__(self) -> str:
         return self._label("SR*")

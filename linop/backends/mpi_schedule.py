@@ -76,7 +76,7 @@ def _whole_block(name: str) -> BlockBox:
 def _boxes_overlap(a: BlockBox, b: BlockBox) -> bool:
     if a[0] != b[0]:
         return False
-    if a[1] is None or b[1] is None:
+    if a[1] is None or b[1] is None or a[2] is None or b[2] is None:
         return True
     return all(max(a0, b0) < min(a1, b1) for a0, a1, b0, b1 in zip(a[1], a[2], b[1], b[2]))
 
@@ -149,7 +149,7 @@ class Transfer:
 
     @property
     def footprint(self) -> Footprint:
-        target = _whole_block(self.target.name) if self.mode == "new" else _box(self.target)
+        target = _box(self.target) if isinstance(self.target, Region) else _whole_block(self.target.name)
         source_write = (
             ()
             if self.after == "keep"
@@ -234,7 +234,9 @@ def lowering(node_type: type) -> Callable[[Lowering], Lowering]:
     return register
 
 
-def _steps(node_type: type) -> Callable[[Callable[[Any, list[Step]], None]], Callable[[Any, list[Step]], None]]:
+def _steps(
+    node_type: type,
+) -> Callable[[Callable[[Any, list[Step]], None]], Callable[[Any, list[Step]], None]]:
     """Register the lowering of an algebra node, primitive or movement node, which appends
     its steps to the program (it never declines)."""
     return dispatch.register("mpi", node_type)
@@ -248,7 +250,7 @@ def _movement_steps(node: Copy | CopyAdjoint | Move) -> list[Step]:
     out = isinstance(dst, Block)
     if isinstance(node, CopyAdjoint):
         # data flows back from dst to src and is added there; dst is cleared or dropped
-        back = node.domain[dst.name] if out else dst
+        back = dst if isinstance(dst, Region) else node.domain[dst.name]
         return [Transfer(back, src.in_space(node.domain), "add", "drop" if out else "clear")]
     if isinstance(node, Move):
         return [Transfer(src, dst, "new" if out else "store", "drop" if out else "clear")]
@@ -263,7 +265,8 @@ def movement_footprint(node: Copy | CopyAdjoint | Move) -> Footprint:
         return Footprint(reads=(dst_box,), writes=(dst_box,), adds=(_box(src),))
     if isinstance(node, Move):
         return Footprint(
-            reads=(_box(src),), writes=(dst_box, _box(src) if isinstance(dst, Region) else _whole_block(src.name))
+            reads=(_box(src),),
+            writes=(dst_box, _box(src) if isinstance(dst, Region) else _whole_block(src.name)),
         )
     return Footprint(reads=(_box(src),), writes=(dst_box,))
 
@@ -594,9 +597,7 @@ def _feed(value: Any, digest: Any, memo: dict[int, bytes]) -> None:
         digest.update(_block_bytes(value.block, memo))
     elif isinstance(value, Block):
         digest.update(b"B" + _block_bytes(value, memo))
-    elif isinstance(value, LinearOperator) or (
-        dataclasses.is_dataclass(value) and not isinstance(value, type)
-    ):
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
         digest.update(f"<{type(value).__module__}.{type(value).__qualname__}".encode())
         for field in dataclasses.fields(value):
             digest.update(field.name.encode())

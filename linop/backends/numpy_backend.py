@@ -203,6 +203,7 @@ def first_shared_memory(arrays: Mapping[str, np.ndarray]) -> tuple[str, str] | N
     bounds) are confirmed exactly, so that disjoint views of one buffer are accepted; few
     blocks are compared pairwise, many by a sweep over sorted byte bounds."""
     items = [(name, array) for name, array in arrays.items() if array.size and array.itemsize]
+    candidates: Iterator[tuple[str, str]]
     if len(items) <= 16:
         candidates = (
             (a, b) for i, (a, x) in enumerate(items) for b, y in items[i + 1 :] if np.may_share_memory(x, y)
