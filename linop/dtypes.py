@@ -160,12 +160,10 @@ def cast_dtype(op: LinearOperator, dtypes: Iterable[np.dtype], largest: int) -> 
         If an integer result may reach 2**62.
     """
     dtypes = [np.dtype(d) for d in dtypes]
-    if not dtypes or any(d.kind == "O" for d in dtypes):
+    integers = [d for d in dtypes if d.kind in "iu"]
+    if not integers or any(d.kind == "O" for d in dtypes):  # the common case: no tree walk
         return None
     run = run_dtype(op, dtypes)
-    integers = [d for d in dtypes if d.kind in "iu"]
-    if not integers:
-        return None
     if run.kind not in "iu":
         return run
     g, negative = growth(op)
@@ -198,10 +196,14 @@ def prepare_numpy(
     (copies cast to ``cast`` when that is not None; else the caller's), the requested dtype
     (None if not given) and the cast.
     """
-    for name, array in arrays.items():
-        check_block_dtype(name, array.dtype, allow_object=True)
+    present = {a.dtype for a in arrays.values()}
+    if any(d.kind not in NUMERIC_KINDS and d.kind != "O" for d in present):
+        for name, array in arrays.items():
+            check_block_dtype(name, array.dtype, allow_object=True)
     requested = None if dtype is None else check_requested(dtype, allow_object=True)
-    cast = cast_dtype(op, [a.dtype for a in arrays.values()], largest_magnitude(arrays.values()))
+    if all(d.kind in "fc" for d in present):  # the common case: nothing to decide
+        return dict(arrays), requested, None
+    cast = cast_dtype(op, list(present), largest_magnitude(arrays.values()))
     if cast is None:
         return dict(arrays), requested, None
     cast_arrays = {name: a.astype(np.result_type(a.dtype, cast)) for name, a in arrays.items()}  # copies
