@@ -43,6 +43,7 @@ def _trees():
 
 
 TREES = _trees()
+SECOND_ORDER = ("copy-sendrecv-clear", "broadcast-2x2")
 
 
 def _inputs(op, dtype, seed=0):
@@ -57,7 +58,8 @@ def test_gradcheck_and_gradgradcheck_in_float64(name):
     f = function(TREES[name])
     inputs = _inputs(TREES[name], torch.float64)
     assert torch.autograd.gradcheck(f.tensors, inputs)
-    assert torch.autograd.gradgradcheck(f.tensors, inputs)
+    if name in SECOND_ORDER:  # the backward is the same Function on op.H: two trees suffice
+        assert torch.autograd.gradgradcheck(f.tensors, inputs)
 
 
 def test_gradcheck_complex_scaled_tree():
