@@ -20,6 +20,14 @@ adjoint tree backward.
 
 Arrays on an accelerator (torch CUDA tensors, CuPy arrays) are staged through host memory:
 copied to numpy, computed, copied back to their device.
+
+The MPI interpreter calls :func:`mpi_entry` at its public entry (``mpi_backend.apply`` and
+``DistributedPlan.bind``): a rank's torch CPU tensors are sent and received straight from and
+into their own memory (numpy views, which mpi4py sends as buffers), in place and through bound
+plans included; accelerator arrays are staged through host memory, which works with any MPI
+(a CUDA-aware MPI could take DLPack / ``__cuda_array_interface__`` buffers directly, but the
+interpreter's local steps run on numpy, so the host copy is needed anyway). A rank that holds
+no block cannot know the library and gets numpy arrays back.
 """
 
 from __future__ import annotations
