@@ -22,11 +22,13 @@ interpreter's overhead per step, which the classical model leaves out (0 by defa
   receives one at a time (full duplex, one port each way). The modeled time is the end of the
   last step; the *dependent phases* are the longest chain of messages each waiting for the
   one before.
-- **The schedule** (:func:`account_schedule`): the interpreter's phases run one after another;
-  in a phase every worker sends its messages one after the other and receives its messages one
-  after the other, the phase lasting as long as its busiest port; local steps between phases
-  run in parallel on their workers. Native collectives of fast paths are counted as phases
-  whose time the model does not know (listed in ``native``).
+- **The schedule** (:func:`account_schedule`): the interpreter's phases, rank by rank. A rank
+  starts a phase (or a local step) when everything it took part in before has finished, since
+  it waits for all the requests of its phase; there is no global barrier, so ranks that do not
+  meet run ahead. Within a phase each rank sends one message at a time and receives one at a
+  time, as in the tree. When batching puts a later round's message into an earlier phase, its
+  ranks wait for it before their next phase: the schedule can be slower than the tree. Native
+  collectives of fast paths are steps whose time the model does not know (``native``).
 
 Both are the classical synchronous alpha-beta model: for P a power of two the all-reduce
 algorithms of :mod:`linop.algorithms.allreduce` come out at the survey's formulas (two trees
