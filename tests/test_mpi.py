@@ -171,10 +171,12 @@ def _launch(ranks: int, script: str, *args: str) -> subprocess.Popen:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("ranks", [2, 4], ids=lambda n: f"{n}-ranks")
-def test_sigint_to_one_rank_inside_linop_ends_every_rank(ranks, tmp_path):
+@pytest.mark.parametrize(
+    ("ranks", "mode"), [(2, "apply"), (4, "bound")], ids=["2-ranks-apply", "4-ranks-bound"]
+)
+def test_sigint_to_one_rank_inside_linop_ends_every_rank(ranks, mode, tmp_path):
     """KeyboardInterrupt is not an Exception: linop's abort path must catch it too."""
-    process = _launch(ranks, "interrupt_case.py", str(tmp_path))
+    process = _launch(ranks, "interrupt_case.py", str(tmp_path), mode)
     victim = ranks - 1
     files = [tmp_path / f"rank{r}" for r in range(ranks)]
     deadline = time.monotonic() + 60
@@ -184,6 +186,8 @@ def test_sigint_to_one_rank_inside_linop_ends_every_rank(ranks, tmp_path):
             pytest.fail(f"the ranks did not start looping:\n{stdout}\n{stderr}")
         time.sleep(0.05)
     pids = [int(f.read_text()) for f in files]
+    for pid in pids:  # never signal anything but a rank of this launch
+        assert b"interrupt_case.py" in Path(f"/proc/{pid}/cmdline").read_bytes(), f"pid {pid} is no rank"
     time.sleep(0.2)  # well inside the loop of applications
     os.kill(pids[victim], signal.SIGINT)
     ended, output = _ends_within(process, END_WITHIN, pids)

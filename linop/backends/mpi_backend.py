@@ -159,11 +159,3 @@ def _abort(comm: Any, doing: str, error: BaseException) -> NoReturn:
     module = mpi()
     live = isinstance(comm, module.Comm) and comm != module.COMM_NULL
     abort_for(comm if live else module.COMM_WORLD, doing, error)
-
-
-def compile(op: LinearOperator, *, comm: Any = None) -> DistributedPlan:
-    """Deprecated: the old name of :func:`plan_for` (it shadowed the builtin ``compile``).
-
-    Kept, silent, only while callers inside linop move over; not part of ``__all__``.
-    """
-    return plan_for(op, comm=comm)

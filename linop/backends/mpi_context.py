@@ -34,6 +34,7 @@ __all__ = [
     "context_for",
     "subcommunicator",
     "open_contexts",
+    "open_subcommunicators",
 ]
 
 PLAN_CACHE_SIZE = 128
@@ -146,6 +147,11 @@ class CommContext:
 def open_contexts() -> int:
     """Number of contexts (private duplicates) not yet freed in this process."""
     return len(_OPEN)
+
+
+def open_subcommunicators() -> int:
+    """Number of sub-communicators of private duplicates not yet freed in this process."""
+    return sum(len(table) for table in _SUBCOMMS.values())
 
 
 _KEYVAL: int | None = None

@@ -1,6 +1,7 @@
 """SIGINT to one rank while every rank loops over ``apply_mpi`` must end the whole job (the
 interrupted rank aborts it from inside linop), never leave the others waiting: run by
-tests/test_mpi.py, which sends the signal to one rank once every rank has written its pid.
+tests/test_mpi.py as ``interrupt_case.py DIR apply`` (``apply_mpi`` each time) or ``... DIR
+bound`` (a bound plan), which sends the signal to one rank once every rank has written its pid.
 
 No guard here: the loop spends nearly all its time inside linop, where the interrupt lands.
 """
@@ -15,6 +16,7 @@ import numpy as np
 from mpi4py import MPI
 
 from linop import Block, SendRecv, Space
+from linop.backends.mpi_backend import plan_for
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.rank, COMM.size
@@ -25,7 +27,17 @@ for w in range(SIZE):  # every worker's first rows to the next worker's last row
     node = SendRecv(space[f"x{w}"][0:8, :], space[f"x{(w + 1) % SIZE}"][-8:, :])
     op = node if op is None else node @ op
 local = {f"x{RANK}": np.random.default_rng(RANK).standard_normal((64, 64))}
-op.apply_mpi(local, comm=COMM, inplace=True)  # compiled and checked once before the pid is out
-Path(sys.argv[1], f"rank{RANK}").write_text(str(os.getpid()))
+if sys.argv[2] == "bound":  # persistent requests: the bound call's own abort path
+    step = plan_for(op, comm=COMM).bind(local)
+else:
+
+    def step() -> None:
+        op.apply_mpi(local, comm=COMM, inplace=True)
+
+
+step()  # compiled and checked once before the pid is out
+pending = Path(sys.argv[1], f"rank{RANK}.tmp")
+pending.write_text(str(os.getpid()))
+pending.replace(pending.with_suffix(""))  # atomic: the launcher never reads half a pid
 while True:
-    op.apply_mpi(local, comm=COMM, inplace=True)
+    step()

@@ -11,9 +11,15 @@ import pytest
 from helpers import collective_assert, compare_with_numpy, expect_collective_error, local_part, same_blocks
 from mpi4py import MPI
 
-from linop import Add, Block, Clear, Copy, Identity, SendRecv, Space, Sum
+from linop import Add, AllReduce, Block, BlockGrid, Clear, Copy, Identity, Partition, SendRecv, Space, Sum
 from linop.backends import mpi_backend
-from linop.backends.mpi_context import PLAN_CACHE_SIZE, CommunicatorArgumentError, context_for, open_contexts
+from linop.backends.mpi_context import (
+    PLAN_CACHE_SIZE,
+    CommunicatorArgumentError,
+    context_for,
+    open_contexts,
+    open_subcommunicators,
+)
 from linop.errors import (
     CommunicatorError,
     DistributedStateError,
@@ -193,3 +199,25 @@ def test_an_in_place_integer_result_that_does_not_fit_is_refused_on_every_rank()
     collective_assert(f"rank {LAST}" in message and "'b'" in message, message)
     unchanged = all(np.array_equal(local[n], state[n]) for n in local)
     collective_assert(unchanged, "a refused in-place call wrote into the caller's arrays")
+
+
+@pytest.mark.skipif(SIZE < 3, reason="a sub-communicator needs a group smaller than the job")
+def test_sub_communicators_are_freed_with_the_users():
+    """A native all-reduce over workers 0 and 1 only creates a sub-communicator inside the
+    private duplicate: freed with it."""
+    layout = BlockGrid.uniform("a", Partition((2,)), (3, 2))
+    op = AllReduce(layout, (0,))
+    state = op.domain.random(4)
+    local = local_part(op.domain, state, RANK)
+    before = (open_contexts(), open_subcommunicators())
+    for _ in range(100):
+        sub = COMM.Dup()
+        result = op.apply_mpi(local, comm=sub)
+        during = open_subcommunicators()
+        sub.Free()
+    collective_assert(during > before[1] or RANK > 1, "the all-reduce made no sub-communicator")
+    after = (open_contexts(), open_subcommunicators())
+    collective_assert(after == before, f"open (contexts, sub-communicators): {before} before, {after} after")
+    names = tuple(b.name for b in op.range if b.worker == RANK)
+    problem = same_blocks(result, op(state), names, exact=False)
+    collective_assert(problem is None, str(problem))
