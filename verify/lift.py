@@ -45,7 +45,7 @@ from linop.backends import numpy_backend, sparse_backend
 from .exact import Proof, exact_adjoint
 from .locate import locate
 
-__all__ = ["FRAMEWORKS", "LiftError", "Lifted", "lift", "prove_backward", "probe"]
+__all__ = ["FRAMEWORKS", "LiftError", "Lifted", "lift", "lift_mpi", "prove_backward", "probe"]
 
 FRAMEWORKS = ("numpy", "torch", "jax")
 """The frameworks whose functions :func:`lift` can call (and whose autodiff it can probe)."""
@@ -438,3 +438,139 @@ def prove_backward(
     entries, each a row (block, index) of the function's input and a column (block, index) of
     its output, with the claimed backward's value and the true adjoint's."""
     return exact_adjoint(lift(forward, domain, range, **options))
+
+
+# -- across MPI ranks -----------------------------------------------------------------------
+def _probe_ranks(
+    call: Callable[..., Any],
+    inside: Space,
+    outside: Space,
+    comm: Any,
+    label: str,
+    to_input: Callable[[np.ndarray], Any],
+    to_numpy: Callable[[Any], np.ndarray],
+) -> sp.csr_array:
+    """The global matrix of a per-rank function by probing: for each global entry ``j`` of
+    ``inside`` every rank calls ``call`` together on its blocks (all zero but entry ``j`` on its
+    owner), records its own output column, and the columns are gathered on every rank."""
+    rank = comm.rank
+    mine_in = [b for b in inside if b.worker == rank]
+    mine_out = [b for b in outside if b.worker == rank]
+    mine_space = Space(mine_out)
+    offsets = np.array([outside.offset(b.name) for b in mine_out], dtype=np.int64)
+    rows: list[np.ndarray] = []
+    cols: list[np.ndarray] = []
+    vals: list[np.ndarray] = []
+    problem = None
+    for j in range(inside.size):
+        where = locate(inside, j)
+        arrays = {b.name: np.zeros(b.shape) for b in mine_in}
+        if where.block in arrays:
+            arrays[where.block][where.index] = 1.0
+        result = call(*(to_input(arrays[b.name]) for b in mine_in))
+        if problem is None:
+            try:
+                outputs = _outputs(result, mine_space, label, to_numpy) if mine_out else []
+            except LiftError as error:
+                problem = f"rank {rank}: {error}"
+                outputs = []
+        for offset, array in zip(offsets, outputs):
+            flat = np.ravel(array)
+            nonzero = np.flatnonzero(flat)
+            rows.append(nonzero + offset)
+            cols.append(np.full(nonzero.size, j))
+            vals.append(flat[nonzero])
+    problems = [p for p in comm.allgather(problem) if p is not None]
+    if problems:
+        raise LiftError("; ".join(problems))
+    pieces = comm.allgather(
+        (
+            np.concatenate(rows or [np.zeros(0, np.int64)]),
+            np.concatenate(cols or [np.zeros(0, np.int64)]),
+            np.concatenate(vals or [np.zeros(0)]),
+        )
+    )
+    r, c, v = (np.concatenate([p[k] for p in pieces]) for k in range(3))
+    matrix = sp.csr_array((v, (r, c)), shape=(outside.size, inside.size))
+    if (
+        matrix.dtype.kind == "f"
+        and np.all(matrix.data == np.round(matrix.data))
+        and np.all(np.abs(matrix.data) < 2.0**53)
+    ):
+        matrix = matrix.astype(np.int64)
+    return matrix
+
+
+def lift_mpi(
+    forward: Callable[..., Any],
+    domain: Space,
+    range: Space,
+    *,
+    adjoint: Callable[..., Any] | None = None,
+    comm: Any = None,
+    framework: str = "numpy",
+    label: str | None = None,
+) -> Lifted:
+    """Lift a per-rank function that communicates (hand-written mpi4py code) and its claimed
+    adjoint into one :class:`Lifted` operator, the same on every rank; collective.
+
+    Each rank's callables take this rank's blocks of the domain (worker == rank, in the
+    domain's order) and return this rank's blocks of the range, communicating as they like.
+    Every rank calls them together once per global entry (one unit vector at a time), so the
+    functions must be collective in the usual SPMD way; a function that raises on one rank only
+    leaves the others waiting (run under ``mpi_backend.guard()``). ``framework="torch"`` passes
+    and expects tensors; its default adjoint is autograd's backward, run on every rank together.
+
+    Raises
+    ------
+    LiftError
+        On every rank together, when a rank's function returns the wrong blocks or shapes.
+    """
+    if comm is None:
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+    label = label or getattr(forward, "__qualname__", None) or type(forward).__name__
+    if framework == "numpy":
+        if adjoint is None:
+            raise LiftError(f"{label}: a numpy callable has no backward of its own; pass adjoint=")
+        to_input: Callable[[np.ndarray], Any] = np.asarray
+        to_numpy: Callable[[Any], np.ndarray] = np.asarray
+    elif framework == "torch":
+        import torch
+
+        def to_input(array: np.ndarray) -> Any:
+            return torch.from_numpy(np.array(array))
+
+        def to_numpy(value: Any) -> np.ndarray:
+            return value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+
+        if adjoint is None:
+            adjoint = _torch_backward_of(forward, domain, range, comm)
+    else:
+        raise LiftError(f"lift_mpi supports the numpy and torch frameworks, not {framework!r}")
+    matrix = _probe_ranks(forward, domain, range, comm, label, to_input, to_numpy)
+    claimed = _probe_ranks(adjoint, range, domain, comm, f"the adjoint of {label}", to_input, to_numpy)
+    return Lifted(domain, range, matrix, claimed, label)
+
+
+def _torch_backward_of(
+    forward: Callable[..., Any], domain: Space, range_: Space, comm: Any
+) -> Callable[..., Any]:
+    """The autograd backward of a per-rank torch function as a callable of this rank's
+    cotangents (forward at zero, then ``torch.autograd.backward`` on every rank)."""
+    import torch
+
+    mine_in = [b for b in domain if b.worker == comm.rank]
+    mine_out = [b for b in range_ if b.worker == comm.rank]
+
+    def backward(*cotangents: Any) -> tuple[Any, ...]:
+        inputs = [torch.zeros(b.shape, dtype=torch.float64, requires_grad=True) for b in mine_in]
+        outputs = forward(*inputs)
+        values = list(outputs) if isinstance(outputs, tuple | list) else [outputs]
+        pairs = [(v, c.to(v.dtype)) for v, c in zip(values[: len(mine_out)], cotangents) if v.requires_grad]
+        if pairs:
+            torch.autograd.backward([v for v, _ in pairs], [c for _, c in pairs])
+        return tuple(torch.zeros(b.shape) if t.grad is None else t.grad for b, t in zip(mine_in, inputs))
+
+    return backward
