@@ -42,11 +42,22 @@ import numpy as np
 from ..collectives import AllReduce, Broadcast, Planned, SumReduce
 from ..halo import HaloStage, HaloStageAdjoint
 from ..movement import Copy, CopyAdjoint
+from ..operator import LinearOperator
 from ..space import Block
 from .mpi_context import subcommunicator
 from .mpi_datatypes import byte_type, mpi, predefined_type, subarray
 from .mpi_runtime import run_schedule
-from .mpi_schedule import FastPathStep, Local, Transfer, batch, lower, lowering, movement_footprint, project
+from .mpi_schedule import (
+    FastPathStep,
+    Local,
+    Step,
+    Transfer,
+    batch,
+    lower,
+    lowering,
+    movement_footprint,
+    project,
+)
 from .mpi_steps import Call, OutOfPlaceBinding, Persistent, RankStep
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
@@ -62,9 +73,9 @@ REDUCIBLE = "bBhHiIlLqQfdFD"
 
 # -- halo exchange ---------------------------------------------------------------------------
 @lowering(HaloStage)
-def _halo_stage(op: HaloStage) -> list[Any]:
+def _halo_stage(op: HaloStage) -> list[Step]:
     """x_dst = x_src for every pair: remote pairs are messages, local pairs copies."""
-    steps: list[Any] = [Transfer(s, d, "store", "keep") for s, d in op.transfers if s.worker != d.worker]
+    steps: list[Step] = [Transfer(s, d, "store", "keep") for s, d in op.transfers if s.worker != d.worker]
     for s, d in op.transfers:
         if s.worker == d.worker:
             node = Copy(s, d)
@@ -73,9 +84,9 @@ def _halo_stage(op: HaloStage) -> list[Any]:
 
 
 @lowering(HaloStageAdjoint)
-def _halo_stage_adjoint(op: HaloStageAdjoint) -> list[Any]:
+def _halo_stage_adjoint(op: HaloStageAdjoint) -> list[Step]:
     """x_src += x_dst, x_dst = 0 for every pair (sent back where the pair spans two workers)."""
-    steps: list[Any] = [Transfer(d, s, "add", "clear") for s, d in op.transfers if s.worker != d.worker]
+    steps: list[Step] = [Transfer(d, s, "add", "clear") for s, d in op.transfers if s.worker != d.worker]
     for s, d in op.transfers:
         if s.worker == d.worker:
             node = CopyAdjoint(s, d)
@@ -92,7 +103,7 @@ def _contiguous_owned(work: Workspace, name: str, dtype: np.dtype) -> np.ndarray
     return array
 
 
-def _fallback(op: Any, rank: int) -> tuple[Any, ...]:
+def _fallback(op: LinearOperator, rank: int) -> tuple[Any, ...]:
     return project(batch(lower(op.expand())), rank)
 
 
@@ -150,7 +161,7 @@ class _AllReduceRunner:
 
 
 @lowering(AllReduce)
-def _all_reduce(op: AllReduce) -> list[Any] | None:
+def _all_reduce(op: AllReduce) -> list[Step] | None:
     groups = []
     for group in op.groups:
         members = tuple((op.tensor.block_name(i), op.tensor.block(i).worker) for i in group)
@@ -176,7 +187,7 @@ class _Group:
     copies: tuple[tuple[str, int], ...]
 
 
-def _whole_groups(op: Any, *, reduce: bool) -> tuple[_Group, ...] | None:
+def _whole_groups(op: Broadcast | SumReduce, *, reduce: bool) -> tuple[_Group, ...] | None:
     """Group a broadcast's or sum-reduce's pieces by their tensor block; None when a piece is
     not a whole block or two copies of one group share a worker."""
     domain, range_ = op.domain, op.range
@@ -353,7 +364,7 @@ class _RankBroadcast(RankStep):
 
 @dataclass
 class _BroadcastRunner:
-    op: Any
+    op: Broadcast | SumReduce
     groups: tuple[_Group, ...]
     reduce: bool
     workers: tuple[int, ...] = field(default=())
@@ -367,7 +378,7 @@ class _BroadcastRunner:
         return _RankBroadcast(groups, rank, dropped, created, self.reduce, _fallback(self.op, rank))
 
 
-def _lower_broadcast(op: Any, *, reduce: bool) -> list[Any] | None:
+def _lower_broadcast(op: Broadcast | SumReduce, *, reduce: bool) -> list[Step] | None:
     groups = _whole_groups(op, reduce=reduce)
     if groups is None:
         return None
@@ -377,12 +388,12 @@ def _lower_broadcast(op: Any, *, reduce: bool) -> list[Any] | None:
 
 
 @lowering(Broadcast)
-def _broadcast(op: Broadcast) -> list[Any] | None:
+def _broadcast(op: Broadcast) -> list[Step] | None:
     return _lower_broadcast(op, reduce=False)
 
 
 @lowering(SumReduce)
-def _sum_reduce(op: SumReduce) -> list[Any] | None:
+def _sum_reduce(op: SumReduce) -> list[Step] | None:
     return _lower_broadcast(op, reduce=True)
 
 
@@ -394,7 +405,7 @@ class _RankAlltoallw(RankStep):
 
     source: str | None
     source_shape: tuple[int, ...]
-    target: Any
+    target: Block | None
     sends: tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...]
     receives: tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...]
 
@@ -427,8 +438,8 @@ class _RankAlltoallw(RankStep):
 
 @dataclass
 class _AlltoallwRunner:
-    op: Any
-    by_worker: dict[int, tuple[Any, Any]]
+    op: Planned
+    by_worker: dict[int, tuple[str | None, Block | None]]
     workers: tuple[int, ...] = field(default=())
 
     def project(self, rank: int) -> _RankAlltoallw:
@@ -448,7 +459,7 @@ class _AlltoallwRunner:
 
 
 @lowering(Planned)
-def _planned(op: Planned) -> list[Any] | None:
+def _planned(op: Planned) -> list[Step] | None:
     """A copying plan where every worker gives at most one block and gets at most one, and
     each pair of workers shares at most one piece: one ``Alltoallw`` with subarray datatypes
     (nothing packed by hand). Other plans run their expansion."""
