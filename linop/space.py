@@ -32,6 +32,7 @@ import numpy.typing as npt
 from .errors import (
     BlockError,
     BlockExistsError,
+    DtypeError,
     RegionError,
     SpaceMismatchError,
     StateError,
@@ -369,7 +370,8 @@ class Space:
         return arrays
 
     def zeros(self, dtype: npt.DTypeLike = np.float64) -> State:
-        """A state of zeros."""
+        """A state of zeros (``dtype``: a numeric dtype, or object; else a DtypeError)."""
+        dtype = _state_dtype(dtype, "zeros")
         return {b.name: np.zeros(b.shape, dtype=dtype) for b in self._blocks}
 
     def random(
@@ -378,7 +380,7 @@ class Space:
         """A random state: standard normal entries (real and imaginary parts for complex
         dtypes), or integers in [-9, 9] for integer dtypes."""
         rng = np.random.default_rng(rng)
-        dtype = np.dtype(dtype)
+        dtype = _state_dtype(dtype, "random")
         state: State = {}
         for b in self._blocks:
             if dtype.kind in "iu":
@@ -390,7 +392,7 @@ class Space:
             elif dtype.kind == "f":
                 state[b.name] = rng.standard_normal(b.shape).astype(dtype)
             else:
-                raise TypeError(f"cannot draw random entries of dtype {dtype}")
+                raise DtypeError(f"cannot draw random entries of dtype {dtype}")
         return state
 
     def inner(self, x: Mapping[str, Any], y: Mapping[str, Any]) -> Any:
@@ -417,6 +419,16 @@ class Space:
         return {
             b.name: vector[offsets[b.name] : offsets[b.name] + b.size].reshape(b.shape) for b in self._blocks
         }
+
+
+def _state_dtype(dtype: npt.DTypeLike, what: str) -> np.dtype:
+    try:
+        result = np.dtype(dtype)
+    except (TypeError, ValueError):
+        raise DtypeError(f"{what}: {dtype!r} is not a numpy dtype") from None
+    if result.kind not in "iufcO":
+        raise DtypeError(f"{what}: dtype {result} is not numeric")
+    return result
 
 
 def _normalize_index(

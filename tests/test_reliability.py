@@ -146,6 +146,10 @@ def _by_matrix(op, state):
         (lambda: aslinearoperator(I).matvec(None), StateError, "numeric vector"),
         (lambda: aslinearoperator(I).matvec(np.array(["a"] * 8)), StateError, "numeric vector"),
         (lambda: (1j * I).to_sparse(dtype=float), DtypeError, "complex entries; dtype float64 is real"),
+        (lambda: SPACE.zeros("foo"), DtypeError, "zeros: 'foo' is not a numpy dtype"),
+        (lambda: SPACE.zeros("U2"), DtypeError, "zeros: dtype <U2 is not numeric"),
+        (lambda: SPACE.random(0, bool), DtypeError, "random: dtype bool is not numeric"),
+        (lambda: SPACE.random(0, object), DtypeError, "cannot draw random entries of dtype object"),
     ],
     ids=[
         "region-negative-start",
@@ -230,6 +234,10 @@ def _by_matrix(op, state):
         "matvec-none",
         "matvec-strings",
         "to-sparse-complex-to-real",
+        "zeros-foo",
+        "zeros-str",
+        "random-bool",
+        "random-object",
     ],
 )
 def test_bad_input_gets_a_typed_error_naming_the_culprit(call, error, fragment):
