@@ -218,8 +218,8 @@ def problem(
     shares = _shares(collective, size, length)
     if collective in ("allgather", "reduce_scatter"):
         tensor = DistributedTensor("x", (sum(shares),), partition, sizes=(shares,))
-        node = AllGather(tensor, (0,), "g")
-        return Problem(collective, size, (tensor, "g"), node if collective == "allgather" else node.H)
+        gather = AllGather(tensor, (0,), "g")
+        return Problem(collective, size, (tensor, "g"), gather if collective == "allgather" else gather.H)
     x, y = alltoall.alltoall_tensors((rows,) * size, shares)
     reference = Repartition(x, y)
     return Problem(collective, size, (x, y), reference if collective == "alltoall" else reference.H)

@@ -142,11 +142,11 @@ def allreduce_recursive_doubling(tensor: Layout) -> LinearOperator:
         for k in range(plan.p2):
             receiver = blocks[plan.participants[k ^ mask]]
             temp = steps.temporary(f"{receiver.name}+rd{mask}")
-            sender = names[plan.participants[k]]
-            steps.copy(steps.region(sender), Block(temp, receiver.shape, receiver.worker))
+            sending = names[plan.participants[k]]
+            steps.copy(steps.region(sending), Block(temp, receiver.shape, receiver.worker))
             exchanges.append((temp, receiver.name))
-        for temp, receiver in exchanges:
-            steps.add(steps.region(temp), steps.region(receiver))
+        for temp, target in exchanges:
+            steps.add(steps.region(temp), steps.region(target))
         for temp, _ in exchanges:
             steps.drop(temp)
         mask *= 2

@@ -68,12 +68,9 @@ def _rooted(kind: str, tensor: Layout, partition: Partition, name: str) -> _Root
         raise AlgorithmError(f"{kind}: the source layout must hold exactly one block (it has {size})")
     reference = Broadcast(tensor, partition, name)  # validates the names and the partitions
     source = tensor.blocks[0]
-    copies = list(reference.copies.blocks)
-    at = next((k for k, b in enumerate(copies) if b.worker == source.worker), None)
-    if at is None:
-        ranks: list[Block | None] = [None, *copies]
-    else:
-        ranks = copies[at:] + copies[:at]
+    copies: list[Block | None] = list(reference.copies.blocks)
+    at = next((k for k, b in enumerate(copies) if b is not None and b.worker == source.worker), None)
+    ranks = [None, *copies] if at is None else copies[at:] + copies[:at]
     return _Rooted(source, tuple(ranks), reference.copies)
 
 
@@ -100,7 +97,7 @@ def broadcast_linear(tensor: Layout, partition: Partition, name: str) -> LinearO
     steps = Steps(tensor.space)
     x = ranks.source.name
     for copy in ranks.copies[1:]:
-        steps.copy(steps.region(x), copy)
+        steps.copy(steps.region(x), copy)  # type: ignore[arg-type]  # ranks past 0 have copies
     _finish_broadcast(steps, ranks)
     return steps.operator()
 
