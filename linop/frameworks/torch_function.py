@@ -16,9 +16,12 @@ gradient here is a numerical approximation.
 
 In one process the interpreter is numpy (``op.apply``). Across MPI ranks (``comm=...``) each
 rank passes only its own blocks; forward and backward each run a plan compiled once and bound
-once to staging buffers (:meth:`linop.backends.mpi_backend.Plan.bind`), so a training loop pays
-no per-call planning or checking: each call copies the incoming tensors into the bound
-buffers, runs the bound plan and copies the results out.
+once (:meth:`linop.backends.mpi_plan.DistributedPlan.bind`, which checks collectively), so a
+training loop pays no per-call planning or checking. Where binding prebuilt persistent
+requests (broadcasts, sum-reduces, all-reduces) each call copies the incoming tensors into the
+bound buffers, runs them and copies the results out; otherwise each call runs the plan straight
+on the tensors' memory (shapes checked locally: a wrong shape is a :class:`StateError` on that
+rank).
 
 Under MPI every rank must take part in every forward and backward call (they are
 collective): every rank's loss must depend on the outputs of each call it makes. An empty
@@ -90,10 +93,26 @@ class _Runner:
             }
             self._bound = self.plan.bind(self._staging, inplace=False)
             self._bound_dtypes = dtypes
-        for name, tensor in state.items():
-            np.copyto(self._staging[name], tensor.cpu().resolve_conj().resolve_neg().numpy())
-        result = self._bound()
+        views = {name: tensor.cpu().resolve_conj().resolve_neg().numpy() for name, tensor in state.items()}
+        for name, view in views.items():
+            if view.shape != self._staging[name].shape:
+                raise StateError(
+                    f"rank {self.plan.context.rank}: block {name!r} has shape {view.shape}, the domain "
+                    f"expects {self._staging[name].shape}"
+                )
         device = next(iter(state.values())).device if state else torch.device("cpu")
+        if not self._bound.persistent:
+            # Nothing was prebuilt on the staging buffers (the bind decision is the same on
+            # every rank): run the checked-once plan straight on the tensors' memory.
+            dtype = self._bound.dtype
+            result = self.plan.run_out_of_place(views, dtype, dtype)
+            return tuple(
+                torch.from_numpy(array if array.flags.writeable else np.array(array)).to(device)
+                for array in (result[name] for name in self.outputs)
+            )
+        for name, view in views.items():
+            np.copyto(self._staging[name], view)
+        result = self._bound()  # the same output arrays on every call: copied out
         return tuple(torch.from_numpy(np.array(result[name])).to(device) for name in self.outputs)
 
 

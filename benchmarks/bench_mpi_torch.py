@@ -1,0 +1,136 @@
+"""MPI + PyTorch benchmark: a halo-window tree as a TorchOperator across ranks, forward +
+backward, against the same moves hand-written with mpi4py in a torch autograd.Function.
+
+Run with 2 or 4 ranks::
+
+    mpiexec -n 4 python benchmarks/bench_mpi_torch.py
+
+An N x N float64 tensor is cut into row strips over the ranks; each rank's window for a 3 x 3
+kernel with zero padding 1 is its strip with one halo row from each neighbour (zeros at the
+ends, and a zero column on each side). ``linop``: ``TorchOperator(halo_windows(...), comm=comm)``: a plan bound once per
+direction; each call copies the tensors into the bound buffers, runs the plan and copies the
+results out. ``hand``: an ``autograd.Function`` that allocates the window, copies the strip in
+and exchanges halo rows with ``Sendrecv`` (backward: sends the halo rows' gradients back and
+adds them into the neighbours' edge rows). Both are checked equal first (windows and
+gradients); a sample's time is the maximum over ranks of one forward + backward; medians and
+the ratio linop / hand are printed on rank 0. Nothing is asserted about speed.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from statistics import median
+
+import numpy as np
+from mpi4py import MPI
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - the torch extra is not installed
+    if MPI.COMM_WORLD.rank == 0:
+        print("bench_mpi_torch: torch is not installed (pip install -e '.[torch]'); skipped")
+    sys.exit(0)
+
+from linop import DistributedTensor, Kernel, Partition, halo_windows
+from linop.frameworks.torch_function import TorchOperator
+
+COMM = MPI.COMM_WORLD
+RANK, SIZE = COMM.rank, COMM.size
+SAMPLES = 15
+
+
+def hand_function(comm):
+    up, down = RANK - 1, RANK + 1
+    neighbours = [(up, 0, 1), (down, -1, -2)]  # (rank, halo row, edge row of the bulk)
+
+    class Windows(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, strip):
+            rows, cols = strip.shape
+            window = torch.zeros((rows + 2, cols + 2), dtype=strip.dtype)
+            window[1:-1, 1:-1] = strip
+            w = window.numpy()
+            halos: dict[int, np.ndarray] = {}
+            requests = []
+            for peer, halo, edge in neighbours:
+                if 0 <= peer < SIZE:
+                    requests.append(comm.Irecv(halos.setdefault(halo, np.empty(cols)), source=peer))
+                    requests.append(comm.Isend(np.ascontiguousarray(w[edge, 1:-1]), dest=peer))
+            MPI.Request.Waitall(requests)
+            for halo, row in halos.items():
+                w[halo, 1:-1] = row
+            return window
+
+        @staticmethod
+        def backward(ctx, grad):
+            g = grad.numpy()
+            back = torch.from_numpy(np.array(g[1:-1, 1:-1]))
+            b = back.numpy()
+            received = {}
+            requests = []
+            for peer, halo, edge in neighbours:
+                if 0 <= peer < SIZE:
+                    received[edge] = np.empty(b.shape[1])
+                    requests.append(comm.Irecv(received[edge], source=peer))
+                    requests.append(comm.Isend(np.ascontiguousarray(g[halo, 1:-1]), dest=peer))
+            MPI.Request.Waitall(requests)
+            for edge, row in received.items():
+                b[0 if edge == 1 else -1] += row
+            return back
+
+    return Windows.apply
+
+
+def timed(call) -> float:
+    COMM.Barrier()
+    start = time.perf_counter()
+    call()
+    return COMM.allreduce(time.perf_counter() - start, op=MPI.MAX)
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    if RANK == 0:
+        print(f"{SIZE} ranks: {'N':>6} {'linop fwd+bwd':>14} {'hand fwd+bwd':>13} {'ratio':>6}")
+    for size in (1024, 4096):
+        tensor = DistributedTensor("x", (size, size), Partition.grid((SIZE, 1)))
+        windows = halo_windows(tensor, Kernel(3, padding=1))
+        f = TorchOperator(windows, comm=COMM)
+        (x_name,), (y_name,) = f.inputs, f.outputs
+        rng = np.random.default_rng(RANK)
+        strip = torch.from_numpy(rng.standard_normal(tensor.space.block(x_name).shape))
+        weight = torch.from_numpy(rng.standard_normal(windows.range.block(y_name).shape))
+        hand = hand_function(COMM)
+
+        def ours(strip=strip, weight=weight, f=f, x_name=x_name, y_name=y_name):
+            x = strip.detach().requires_grad_()
+            y = f({x_name: x})[y_name]
+            (y * weight).sum().backward()
+            return y.detach(), x.grad
+
+        def theirs(strip=strip, weight=weight, hand=hand):
+            x = strip.detach().requires_grad_()
+            y = hand(x)
+            (y * weight).sum().backward()
+            return y.detach(), x.grad
+
+        (y1, g1), (y2, g2) = ours(), theirs()
+        same = bool(torch.equal(y1, y2) and torch.allclose(g1, g2, rtol=0, atol=1e-12))
+        if not COMM.allreduce(same, op=MPI.LAND):
+            raise SystemExit("bench_mpi_torch: linop and the hand-written exchange differ")
+        mine, hand_times, ratios = [], [], []
+        for _ in range(SAMPLES):
+            a, b = timed(ours), timed(theirs)
+            mine.append(a)
+            hand_times.append(b)
+            ratios.append(a / b)
+        if RANK == 0:
+            print(
+                f"{'':>9}{size:>6} {median(mine) * 1e3:>11.2f} ms {median(hand_times) * 1e3:>10.2f} ms"
+                f" {median(ratios):>5.2f}x"
+            )
+
+
+if __name__ == "__main__":
+    main()
