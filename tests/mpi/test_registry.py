@@ -49,7 +49,7 @@ def test_lowering_equals_expansion(pair):
     assert strategy is not None, f"{node_type.__name__} has an MPI lowering but no example strategy"
     checked = 0
 
-    @spmd(25)
+    @spmd(8)
     @given(strategy, st.integers(0, 2**31))
     def run(op, seed):
         nonlocal checked
@@ -65,8 +65,8 @@ def test_lowering_equals_expansion(pair):
         if op.expand() is not op:
             slow = mpi_backend.apply(expand_all(op), local, comm=COMM)
             collective_assert(same_blocks(slow, expected, names) is None, f"expansion of {op}")
-        for name, array in local.items():
-            collective_assert(np.array_equal(array, state[name]), f"{op} changed its input {name!r}")
+        changed = [name for name, array in local.items() if not np.array_equal(array, state[name])]
+        collective_assert(not changed, f"{op} changed its input blocks {changed}")  # once on every rank
 
     run()
     collective_assert(checked > 0 or SIZE == 1, f"no example of {node_type.__name__} fits {SIZE} ranks")
