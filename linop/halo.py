@@ -41,7 +41,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, NoReturn
+from typing import Any, ClassVar, Literal, NoReturn
 
 import numpy as np
 
@@ -59,12 +59,18 @@ __all__ = [
     "HaloExchangeAdjoint",
     "HaloStage",
     "HaloStageAdjoint",
+    "PadShim",
+    "PadShimAdjoint",
+    "TrimShim",
+    "TrimShimAdjoint",
     "RegionCopy",
     "direct_transfers",
     "halo_windows",
     "local_space",
     "nested_transfers",
+    "pad_expansion",
     "pad_shim",
+    "trim_expansion",
     "trim_shim",
     "window_space",
 ]
@@ -79,7 +85,13 @@ def _name(prefix: str, index: Sequence[int]) -> str:
     return f"{prefix}[{','.join(str(i) for i in index)}]"
 
 
+def _require_geometry(geometry: object) -> None:
+    if not isinstance(geometry, HaloGeometry):
+        raise OperandError(f"a halo geometry is needed (see halo_geometry), not {type(geometry).__name__}")
+
+
 def _local_prefix(geometry: HaloGeometry, name: str | None) -> str:
+    _require_geometry(geometry)
     prefix = f"{geometry.tensor.name}_local" if name is None else name
     if prefix == geometry.tensor.name:
         raise HaloError(f"the local blocks need a name other than the tensor's own {prefix!r}")
@@ -87,6 +99,7 @@ def _local_prefix(geometry: HaloGeometry, name: str | None) -> str:
 
 
 def _window_prefix(geometry: HaloGeometry, name: str | None) -> str:
+    _require_geometry(geometry)
     return f"{geometry.tensor.name}_window" if name is None else name
 
 
@@ -585,7 +598,10 @@ def pad_shim(geometry: HaloGeometry, *, local_name: str | None = None) -> Linear
         E = \prod_w D_{x_w}\, C_{x_w \to \ell_w[\mathrm{bulk}]}\, A_{\ell_w}, \qquad
         E^* : x_w \leftarrow \ell_w[\mathrm{bulk}] \ (\text{halo and pad entries dropped})
 
-    A worker whose local block is its bulk keeps its array (a relabelling move).
+    A worker whose local block is its bulk keeps its array (a relabelling move). The result is
+    one :class:`PadShim` node: its per-worker parts act on that worker's blocks only, so
+    building, fingerprinting and planning it are linear in the number of workers; its
+    expansion into primitives (:func:`pad_expansion`) is built only when asked for.
 
     Parameters
     ----------
@@ -613,29 +629,7 @@ def pad_shim(geometry: HaloGeometry, *, local_name: str | None = None) -> Linear
     >>> pad(tensor.scatter(np.arange(1, 7)))
     {'x_local[0]': array([0, 1, 2, 3, 0]), 'x_local[1]': array([0, 4, 5, 6, 0])}
     """
-    prefix = _local_prefix(geometry, local_name)
-    tensor = geometry.tensor
-    space = tensor.space
-    factors: list[LinearOperator] = []
-    for g in tensor.partition.indices():
-        bulk_name, local = (
-            tensor.block_name(g),
-            Block(_name(prefix, g), geometry.local_shape(g), tensor.partition.worker(g)),
-        )
-        if local.shape == space.block(bulk_name).shape:
-            factors.append(Move(space[bulk_name], local))
-            space = factors[-1].range
-            continue
-        allocate = Allocate(space, local)
-        grown = allocate.range
-        box = [r.bulk for r in geometry.worker_rows(g)]
-        copy = Copy(grown[bulk_name], _box(grown, local.name, box))
-        drop = Deallocate(grown, bulk_name)
-        factors += [allocate, copy, drop]
-        space = drop.range
-    if not factors:
-        return Identity(space)
-    return Composition(tuple(reversed(factors)))
+    return PadShim(geometry, _local_prefix(geometry, local_name))
 
 
 def trim_shim(
@@ -649,7 +643,8 @@ def trim_shim(
         T = \prod_w D_{\ell_w}\, C_{\ell_w[\mathrm{window}] \to y_w}, \qquad
         T^* : \ell_w \leftarrow \text{zeros with } y_w \text{ at the window}
 
-    A worker whose window is its whole local block keeps its array (a relabelling move).
+    A worker whose window is its whole local block keeps its array (a relabelling move). The
+    result is one :class:`TrimShim` node (per-worker parts; see :func:`pad_shim`).
 
     Parameters
     ----------
@@ -683,6 +678,48 @@ def trim_shim(
     prefix, window_prefix = _local_prefix(geometry, local_name), _window_prefix(geometry, window_name)
     if window_prefix == prefix:
         raise HaloError(f"the windows need a name other than the local blocks' {prefix!r}")
+    return TrimShim(geometry, prefix, window_prefix)
+
+
+def pad_expansion(geometry: HaloGeometry, local_name: str | None = None) -> LinearOperator:
+    """The pad shim as primitives on the whole space, one worker after the other:
+    ``prod_w D_{x_w} C_{x_w -> l_w[bulk]} A_{l_w}`` (each factor on a space of all P blocks, so
+    this costs O(P^2); the interpreters use the per-worker parts of :class:`PadShim` instead)."""
+    prefix = _local_prefix(geometry, local_name)
+    tensor = geometry.tensor
+    space = tensor.space
+    factors: list[LinearOperator] = []
+    for g in tensor.partition.indices():
+        bulk_name, local = (
+            tensor.block_name(g),
+            Block(_name(prefix, g), geometry.local_shape(g), tensor.partition.worker(g)),
+        )
+        if local.shape == space.block(bulk_name).shape:
+            factors.append(Move(space[bulk_name], local))
+            space = factors[-1].range
+            continue
+        allocate = Allocate(space, local)
+        grown = allocate.range
+        box = [r.bulk for r in geometry.worker_rows(g)]
+        copy = Copy(grown[bulk_name], _box(grown, local.name, box))
+        drop = Deallocate(grown, bulk_name)
+        factors += [allocate, copy, drop]
+        space = drop.range
+    if not factors:
+        return Identity(space)
+    return Composition(tuple(reversed(factors)))
+
+
+
+
+def trim_expansion(
+    geometry: HaloGeometry, local_name: str | None = None, window_name: str | None = None
+) -> LinearOperator:
+    """The trim shim as primitives on the whole space, one worker after the other:
+    ``prod_w D_{l_w} C_{l_w[window] -> y_w}`` (O(P^2), see :func:`pad_expansion`)."""
+    prefix, window_prefix = _local_prefix(geometry, local_name), _window_prefix(geometry, window_name)
+    if window_prefix == prefix:
+        raise HaloError(f"the windows need a name other than the local blocks' {prefix!r}")
     space = local_space(geometry, prefix)
     factors: list[LinearOperator] = []
     for g in geometry.tensor.partition.indices():
@@ -701,6 +738,215 @@ def trim_shim(
     if not factors:
         return Identity(space)
     return Composition(tuple(reversed(factors)))
+
+
+
+
+# -- the shims as nodes: per-worker parts, the global expansion built lazily -------------------
+def _pad_part(geometry: HaloGeometry, prefix: str, g: tuple[int, ...]) -> LinearOperator:
+    """Worker g's part of the pad shim, on a space of its own blocks only."""
+    tensor = geometry.tensor
+    bulk = tensor.space.block(tensor.block_name(g))
+    local = Block(_name(prefix, g), geometry.local_shape(g), bulk.worker)
+    space = Space([bulk])
+    if local.shape == bulk.shape:
+        return Move(space[bulk.name], local)
+    allocate = Allocate(space, local)
+    grown = allocate.range
+    copy = Copy(grown[bulk.name], _box(grown, local.name, [r.bulk for r in geometry.worker_rows(g)]))
+    return Composition((Deallocate(grown, bulk.name), copy, allocate))
+
+
+def _trim_part(geometry: HaloGeometry, prefix: str, window_prefix: str, g: tuple[int, ...]) -> LinearOperator:
+    """Worker g's part of the trim shim, on a space of its own blocks only."""
+    worker = geometry.tensor.partition.worker(g)
+    local = Block(_name(prefix, g), geometry.local_shape(g), worker)
+    window = Block(_name(window_prefix, g), geometry.window_shape(g), worker)
+    space = Space([local])
+    region = _box(space, local.name, [r.window for r in geometry.worker_rows(g)])
+    if region.is_whole:
+        return Move(region, window)
+    copy = Copy(region, window)
+    return Composition((Deallocate(copy.range, local.name), copy))
+
+
+class _ShimBase(LinearOperator):
+    """A shim as one node: the direct sum of per-worker parts, each on its worker's blocks.
+
+    ``parts()`` are operators on disjoint sets of blocks (one worker's bulk, local or window
+    blocks); the shim applies each to its blocks. Interpreters run the parts (linear in the
+    number of workers); :meth:`expand` gives the primitives on the whole space, built on first
+    use only (``docs/theory.md#halo-geometry``)."""
+
+    ADJOINT: ClassVar[bool] = False
+
+    def _forward_parts(self) -> tuple[LinearOperator, ...]:
+        raise NotImplementedError
+
+    def _forward_expansion(self) -> LinearOperator:
+        raise NotImplementedError
+
+    def _forward_spaces(self) -> tuple[Space, Space]:
+        raise NotImplementedError
+
+    def parts(self) -> tuple[LinearOperator, ...]:
+        """The per-worker parts, in grid order (the adjoint's are the forward parts' adjoints)."""
+
+        def build() -> tuple[LinearOperator, ...]:
+            forward = self._forward_parts()
+            return tuple(p.H for p in forward) if self.ADJOINT else forward
+
+        return _cached(self, "_parts", build)
+
+    @property
+    def domain(self) -> Space:
+        spaces = _cached(self, "_spaces", self._forward_spaces)
+        return spaces[1] if self.ADJOINT else spaces[0]
+
+    @property
+    def range(self) -> Space:
+        spaces = _cached(self, "_spaces", self._forward_spaces)
+        return spaces[0] if self.ADJOINT else spaces[1]
+
+    def expand(self) -> LinearOperator:
+        """The primitives on the whole space (the forward expansion, or its adjoint)."""
+
+        def build() -> LinearOperator:
+            forward = self._forward_expansion()
+            return forward.H if self.ADJOINT else forward
+
+        return _cached(self, "_expansion", build)
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class PadShim(_ShimBase):
+    r"""The pad shim :math:`E` of :func:`pad_shim` as one node.
+
+    .. math::
+
+        E = \bigoplus_w E_w, \quad E_w = D_{x_w} C_{x_w \to \ell_w[\mathrm{bulk}]} A_{\ell_w},
+        \qquad E^* = \bigoplus_w E_w^*
+
+    Parameters
+    ----------
+    geometry : HaloGeometry
+        From :func:`~linop.halo_geometry.halo_geometry`.
+    local_name : str, optional
+        Name of the local blocks (default the tensor's name + ``"_local"``).
+    """
+
+    geometry: HaloGeometry
+    local_name: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "local_name", _local_prefix(self.geometry, self.local_name))
+
+    def _forward_spaces(self) -> tuple[Space, Space]:
+        return self.geometry.tensor.space, local_space(self.geometry, self.local_name)
+
+    def _forward_parts(self) -> tuple[LinearOperator, ...]:
+        prefix = str(self.local_name)
+        return tuple(_pad_part(self.geometry, prefix, g) for g in self.geometry.tensor.partition.indices())
+
+    def _forward_expansion(self) -> LinearOperator:
+        return pad_expansion(self.geometry, self.local_name)
+
+    def adjoint(self) -> LinearOperator:
+        """E* = the direct sum of the parts' adjoints (each local block restricted to its bulk)."""
+        return PadShimAdjoint(**fields_of(self))
+
+    def __str__(self) -> str:
+        return f"E[{self.geometry.tensor.name} -> {self.local_name}]"
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class PadShimAdjoint(PadShim):
+    """Adjoint of :class:`PadShim`: each local block restricted to its bulk (halo and pad
+    entries dropped).
+
+    Parameters
+    ----------
+    geometry, local_name
+        Those of the forward :class:`PadShim`.
+    """
+
+    ADJOINT: ClassVar[bool] = True
+
+    def adjoint(self) -> LinearOperator:
+        """The forward pad shim."""
+        return PadShim(**fields_of(self))
+
+    def __str__(self) -> str:
+        return f"E*[{self.local_name} -> {self.geometry.tensor.name}]"
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class TrimShim(_ShimBase):
+    r"""The trim shim :math:`T` of :func:`trim_shim` as one node.
+
+    .. math::
+
+        T = \bigoplus_w D_{\ell_w} C_{\ell_w[\mathrm{window}] \to y_w}, \qquad
+        T^* = \bigoplus_w (\text{zeros with } y_w \text{ at the window})
+
+    Parameters
+    ----------
+    geometry : HaloGeometry
+        From :func:`~linop.halo_geometry.halo_geometry`.
+    local_name, window_name : str
+        Names of the local blocks and of the windows.
+    """
+
+    geometry: HaloGeometry
+    local_name: str | None = None
+    window_name: str | None = None
+
+    def __post_init__(self) -> None:
+        prefix = _local_prefix(self.geometry, self.local_name)
+        window_prefix = _window_prefix(self.geometry, self.window_name)
+        if window_prefix == prefix:
+            raise HaloError(f"the windows need a name other than the local blocks' {prefix!r}")
+        object.__setattr__(self, "local_name", prefix)
+        object.__setattr__(self, "window_name", window_prefix)
+
+    def _forward_spaces(self) -> tuple[Space, Space]:
+        return local_space(self.geometry, self.local_name), window_space(self.geometry, self.window_name)
+
+    def _forward_parts(self) -> tuple[LinearOperator, ...]:
+        prefix, window_prefix = str(self.local_name), str(self.window_name)
+        return tuple(
+            _trim_part(self.geometry, prefix, window_prefix, g) for g in self.geometry.tensor.partition.indices()
+        )
+
+    def _forward_expansion(self) -> LinearOperator:
+        return trim_expansion(self.geometry, self.local_name, self.window_name)
+
+    def adjoint(self) -> LinearOperator:
+        """T* = the direct sum of the parts' adjoints (each window embedded in zeros)."""
+        return TrimShimAdjoint(**fields_of(self))
+
+    def __str__(self) -> str:
+        return f"T[{self.local_name} -> {self.window_name}]"
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class TrimShimAdjoint(TrimShim):
+    """Adjoint of :class:`TrimShim`: each window embedded in a zero local block.
+
+    Parameters
+    ----------
+    geometry, local_name, window_name
+        Those of the forward :class:`TrimShim`.
+    """
+
+    ADJOINT: ClassVar[bool] = True
+
+    def adjoint(self) -> LinearOperator:
+        """The forward trim shim."""
+        return TrimShim(**fields_of(self))
+
+    def __str__(self) -> str:
+        return f"T*[{self.window_name} -> {self.local_name}]"
 
 
 def halo_windows(

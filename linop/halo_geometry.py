@@ -252,7 +252,27 @@ class Kernel:
 
 
 def output_length(length: int, size: int, stride: int = 1, padding: int = 0, dilation: int = 1) -> int:
-    """Output length floor((m + 2p - d(k-1) - 1) / s) + 1 of a sliding window (0 if it does not fit)."""
+    """Output length floor((m + 2p - d(k-1) - 1) / s) + 1 of a sliding window (0 if it does not fit).
+
+    Raises
+    ------
+    KernelError
+        If an argument is not an integer (bools are not), or the stride is below 1.
+    """
+    values = []
+    for what, value in (
+        ("length", length),
+        ("size", size),
+        ("stride", stride),
+        ("padding", padding),
+        ("dilation", dilation),
+    ):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+            raise KernelError(f"output_length: {what} must be an integer, not {value!r}")
+        values.append(int(value))
+    length, size, stride, padding, dilation = values
+    if stride < 1:
+        raise KernelError(f"output_length: stride must be >= 1, not {stride}")
     span = length + 2 * padding - dilation * (size - 1) - 1
     return span // stride + 1 if span >= 0 else 0
 

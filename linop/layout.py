@@ -239,6 +239,9 @@ def broadcast_map(
     >>> [routes[j] for j in [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]]
     [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
     """
+    for what, partition in (("source", source), ("destination", destination)):
+        if not isinstance(partition, Partition):
+            raise OperandError(f"broadcast_map: the {what} must be a Partition, not {type(partition).__name__}")
     shape = source.shape[::-1] if transpose else source.shape
     described = f"source partition shape {source.shape}" + (" (reversed)" if transpose else "")
     if len(shape) > destination.ndim:

@@ -83,6 +83,11 @@ def balanced_sizes(length: int, parts: int) -> tuple[int, ...]:
     >>> balanced_sizes(5, 3)
     (2, 2, 1)
     """
+    length = _integers(length, "balanced_sizes: length", DecompositionError)
+    parts = _integers(parts, "balanced_sizes: parts", DecompositionError)
+    if len(length) != 1 or len(parts) != 1:
+        raise DecompositionError(f"balanced_sizes takes one length and one count, not {length} and {parts}")
+    length, parts = length[0], parts[0]
     if length < 0 or parts < 1:
         raise DecompositionError(f"cannot split length {length} into {parts} parts")
     quotient, remainder = divmod(length, parts)
@@ -184,7 +189,7 @@ class Partition:
         PartitionError
             If it has the wrong length or an entry outside ``0 .. shape[d] - 1``.
         """
-        index = tuple(index)
+        index = _integers(index, f"partition {self.shape}: index", PartitionError)
         if len(index) != self.ndim or not all(0 <= i < n for i, n in zip(index, self.shape)):
             raise PartitionError(f"index {index} is outside partition {self.shape}")
         return index
@@ -391,7 +396,12 @@ class DistributedTensor:
             If ``box`` does not lie inside that block's box.
         """
         start, stop = self.box(index)
-        lower, upper = (tuple(corner) for corner in box)
+        try:
+            lower, upper = (_integers(corner, "box corner", RegionError) for corner in box)
+        except (TypeError, ValueError):  # not a pair of corners
+            raise RegionError(
+                f"tensor {self.name!r}: a global box is a (start, stop) pair of corners, not {box!r}"
+            ) from None
         inside = len(lower) == len(upper) == self.ndim and all(
             s <= a <= b <= e for a, b, s, e in zip(lower, upper, start, stop)
         )

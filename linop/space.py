@@ -292,9 +292,11 @@ class Space:
         return Space._from_ordered(tuple(b for b in self._blocks if b.name != name))
 
     def __eq__(self, other: object) -> bool:
+        if self is other:  # the common case along a tree: O(1) instead of O(P)
+            return True
         if not isinstance(other, Space):
             return NotImplemented
-        return self._hash == other._hash and self._blocks == other._blocks
+        return self._hash == other._hash and (self._blocks is other._blocks or self._blocks == other._blocks)
 
     def __hash__(self) -> int:
         return self._hash
@@ -412,7 +414,10 @@ class Space:
 
     def unflatten(self, vector: npt.ArrayLike) -> State:
         """Inverse of :meth:`flatten` (the blocks are views into ``vector``)."""
-        vector = np.asarray(vector)
+        try:
+            vector = np.asarray(vector)
+        except (TypeError, ValueError) as error:
+            raise StateError(f"expected a vector of length {self.size} ({error})") from None
         if vector.ndim != 1 or vector.shape[0] != self.size:
             raise StateError(f"expected a vector of length {self.size}, got shape {vector.shape}")
         offsets = self._offset_table()

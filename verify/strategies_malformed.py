@@ -294,6 +294,66 @@ def _collectives(draw: st.DrawFn) -> Call:
     return Call(kind, builders[kind], _show(source, partition, name, axes, root, other))
 
 
+@st.composite
+def _methods(draw: st.DrawFn) -> Call:
+    """Methods and helpers of spaces, partitions and tensors, and the halo helpers."""
+    space = draw(lst.spaces())
+    partition = linop.Partition((2, 2))
+    tensor = linop.DistributedTensor("x", (4, 3), partition)
+    a, b = draw(junk()), draw(maybe(SMALL_INT))
+    kind = draw(
+        st.sampled_from(
+            [
+                "Space.with_block",
+                "Space.without",
+                "Space.offset",
+                "Space.flatten",
+                "Space.unflatten",
+                "Space.inner",
+                "Space.check_state",
+                "Partition.worker",
+                "Partition.index",
+                "Partition.subpartitions",
+                "DistributedTensor.box",
+                "DistributedTensor.region",
+                "DistributedTensor.scatter",
+                "DistributedTensor.gather",
+                "balanced_sizes",
+                "output_length",
+                "reduction_groups",
+                "gathered_layout",
+                "broadcast_map",
+                "halo_windows",
+                "pad_shim",
+            ]
+        )
+    )
+    actions: dict[str, Callable[[], Any]] = {
+        "Space.with_block": lambda: space.with_block(a),
+        "Space.without": lambda: space.without(a),
+        "Space.offset": lambda: space.offset(a),
+        "Space.flatten": lambda: space.flatten(a),
+        "Space.unflatten": lambda: space.unflatten(a),
+        "Space.inner": lambda: space.inner(a, a),
+        "Space.check_state": lambda: space.check_state(a),
+        "Partition.worker": lambda: partition.worker(a),
+        "Partition.index": lambda: partition.index(a),
+        "Partition.subpartitions": lambda: partition.subpartitions(a),
+        "DistributedTensor.box": lambda: tensor.box(a),
+        "DistributedTensor.region": lambda: tensor.region((0, 0), a),
+        "DistributedTensor.scatter": lambda: tensor.scatter(a),
+        "DistributedTensor.gather": lambda: tensor.gather(a),
+        "balanced_sizes": lambda: linop.balanced_sizes(a, b),
+        "output_length": lambda: linop.output_length(a, b),
+        "reduction_groups": lambda: linop.reduction_groups(partition, a),
+        "gathered_layout": lambda: linop.gathered_layout(tensor, a, "y"),
+        "broadcast_map": lambda: linop.broadcast_map(partition, a),
+        "halo_windows": lambda: linop.halo_windows(tensor, a),
+        "pad_shim": lambda: linop.pad_shim(a),
+    }
+    return Call(kind, actions[kind], _show(space, a, b))
+
+
 # -- entry points -------------------------------------------------------------------------------
 _STATE_DTYPES = [
     np.float64,
@@ -420,6 +480,7 @@ ENTRY_POINTS: dict[str, Callable[[], st.SearchStrategy[Call]]] = {
     "DistributedTensor": _tensors,
     "Kernel and halo": _kernels,
     "collectives and repartitions": _collectives,
+    "methods and helpers": _methods,
     "apply": _applications,
     "to_sparse": _matrices,
     "aslinearoperator": _scipy,
