@@ -44,9 +44,13 @@ class _Wrapped(spla.LinearOperator):
         try:
             array = np.asarray(vector)
         except (TypeError, ValueError) as error:  # ragged
-            raise StateError(f"{what} needs a vector of length {space.size}, not {vector!r} ({error})") from None
+            raise StateError(
+                f"{what} needs a vector of length {space.size}, not {vector!r} ({error})"
+            ) from None
         if array.dtype.kind not in "iufc":
-            raise StateError(f"{what} needs a numeric vector, not {type(vector).__name__} of dtype {array.dtype}")
+            raise StateError(
+                f"{what} needs a numeric vector, not {type(vector).__name__} of dtype {array.dtype}"
+            )
         if not 1 <= array.ndim <= 2 or array.size != space.size or (array.ndim == 2 and array.shape[1] != 1):
             raise StateError(
                 f"{what} needs a vector of length {space.size} (the space {space}), got shape {array.shape}"
