@@ -10,20 +10,28 @@ from typing import Any
 
 from .collectives import AllGather, AllReduce, Broadcast, ReduceScatter, SumReduce
 from .errors import (
+    AccountingError,
+    AlgorithmError,
     BlockError,
     BlockExistsError,
     BroadcastError,
+    CalibrationError,
     CommunicatorError,
     DecompositionError,
     DistributedStateError,
     DtypeError,
     GlobalShapeError,
     IntegerOverflowError,
+    KernelOutputError,
+    LayerError,
     LinopError,
+    LocalOperatorError,
     MPIError,
+    NoMatrixError,
     OperandError,
     OverlapError,
     PartitionError,
+    PlotError,
     RegionError,
     ScalarError,
     ShapeMismatchError,
@@ -56,6 +64,7 @@ from .halo_geometry import (
     output_length,
 )
 from .layout import BlockGrid, Layout, broadcast_map, gathered_layout, reduction_groups
+from .local import LocalKernel, LocalOperator, local_operator
 from .movement import Copy, CopyAdjoint, Move, SendRecv, SendRecvAdjoint
 from .operator import Composition, Identity, LinearOperator, Scaled, Sum, Zero, expand_all, walk
 from .partition import DistributedTensor, Partition, balanced_sizes
@@ -80,7 +89,9 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "AccountingError",
     "Add",
+    "AlgorithmError",
     "AllGather",
     "AllReduce",
     "Allocate",
@@ -91,6 +102,7 @@ __all__ = [
     "BlockGrid",
     "Broadcast",
     "BroadcastError",
+    "CalibrationError",
     "Clear",
     "CommunicatorError",
     "Composition",
@@ -114,15 +126,22 @@ __all__ = [
     "IntegerOverflowError",
     "Kernel",
     "KernelError",
+    "KernelOutputError",
+    "LayerError",
     "Layout",
     "LinearOperator",
     "LinopError",
+    "LocalKernel",
+    "LocalOperator",
+    "LocalOperatorError",
     "MPIError",
     "Move",
+    "NoMatrixError",
     "OperandError",
     "OverlapError",
     "Partition",
     "PartitionError",
+    "PlotError",
     "ReduceScatter",
     "Region",
     "RegionError",
@@ -151,6 +170,7 @@ __all__ = [
     "gathered_layout",
     "halo_geometry",
     "halo_windows",
+    "local_operator",
     "local_space",
     "output_length",
     "overlaps",

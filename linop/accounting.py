@@ -61,7 +61,7 @@ from .backends.mpi_schedule import (
     compile_program,
     lower,
 )
-from .errors import LinopError
+from .errors import AccountingError
 from .movement import Copy, CopyAdjoint, Move
 from .operator import Composition, Identity, LinearOperator, Scaled, Sum, Zero
 from .primitives import Add, Allocate, Clear, Deallocate
@@ -76,10 +76,6 @@ __all__ = [
     "account",
     "account_schedule",
 ]
-
-
-class AccountingError(LinopError, ValueError):
-    """Bad input to the accounting (an item size or model parameter out of range)."""
 
 
 @dataclass(frozen=True, slots=True)

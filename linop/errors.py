@@ -39,6 +39,14 @@ __all__ = [
     "TreeMismatchError",
     "CommunicatorError",
     "DistributedStateError",
+    "AccountingError",
+    "PlotError",
+    "LayerError",
+    "LocalOperatorError",
+    "KernelOutputError",
+    "NoMatrixError",
+    "AlgorithmError",
+    "CalibrationError",
 ]
 
 
@@ -147,3 +155,37 @@ class CommunicatorError(MPIError, ValueError):
 
 class DistributedStateError(MPIError, StateError):
     """Some rank's local blocks are missing, extra, wrongly shaped or not numeric."""
+
+
+class AccountingError(LinopError, ValueError):
+    """Bad input to the accounting (an item size or model parameter out of range)."""
+
+
+class PlotError(LinopError, ValueError):
+    """A picture that cannot be drawn (nothing to show, or a matrix too large to materialize)."""
+
+
+class LayerError(LinopError, ValueError):
+    """A layer's arguments do not fit together (channels, partitions, weights); the message
+    names the argument, its value and what was expected."""
+
+
+class LocalOperatorError(LinopError, ValueError):
+    """A local operator is built wrongly (blocks, matrix shape, kernel kind)."""
+
+
+class KernelOutputError(LocalOperatorError):
+    """A kernel returned arrays of the wrong number, shape or dtype; names the node and block."""
+
+
+class NoMatrixError(LocalOperatorError, TypeError):
+    """A kernel given only as callables has no matrix for the symbolic (object-array) interpreter."""
+
+
+class AlgorithmError(LinopError, ValueError):
+    """A collective algorithm cannot be built for the given layout (names the block, the
+    partition or the dimension at fault)."""
+
+
+class CalibrationError(AlgorithmError):
+    """The model cannot be fitted (fewer than two ranks, or unusable measurements)."""

@@ -33,19 +33,29 @@ from __future__ import annotations
 
 import hashlib
 import operator
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
-import scipy.sparse as sp
-import scipy.sparse.linalg as spla
 
-from .errors import BlockExistsError, LinopError, SpaceMismatchError, UnknownBlockError, WorkerError
+from .errors import (
+    BlockExistsError,
+    KernelOutputError,
+    LocalOperatorError,
+    NoMatrixError,
+    SpaceMismatchError,
+    UnknownBlockError,
+    WorkerError,
+)
 from .operator import LinearOperator
 from .space import Block, Space
+
+if TYPE_CHECKING:
+    import scipy.sparse as sp
 
 __all__ = [
     "KERNEL_KINDS",
@@ -62,18 +72,6 @@ _NO_OTHERS = Space()
 
 PROBE_BATCH = 1024
 """How many unit vectors a vectorized callable is probed with per call."""
-
-
-class LocalOperatorError(LinopError, ValueError):
-    """A local operator is built wrongly (blocks, matrix shape, kernel kind)."""
-
-
-class KernelOutputError(LocalOperatorError):
-    """A kernel returned arrays of the wrong number, shape or dtype; names the node and block."""
-
-
-class NoMatrixError(LocalOperatorError, TypeError):
-    """A kernel given only as callables has no matrix for the symbolic (object-array) interpreter."""
 
 
 def _digest(*parts: bytes) -> str:
@@ -187,10 +185,13 @@ class LocalKernel:
             if not callable(forward) or not callable(adjoint):
                 raise LocalOperatorError("forward and adjoint must be callable")
             return cls("callables", forward=forward, adjoint=adjoint, dtype=dtype, vectorized=vectorized)
-        if isinstance(kernel, spla.LinearOperator):
+        # a scipy LinearOperator implies scipy.sparse.linalg is loaded (slow to import: not here)
+        linalg = sys.modules.get("scipy.sparse.linalg")
+        if linalg is not None and isinstance(kernel, linalg.LinearOperator):
             return cls("scipy", matrix=kernel, dtype=kernel.dtype)
-        if sp.issparse(kernel):
-            matrix = sp.csr_array(kernel, copy=True)
+        sparse = sys.modules.get("scipy.sparse")  # a sparse matrix implies scipy.sparse is loaded
+        if sparse is not None and sparse.issparse(kernel):
+            matrix = sparse.csr_array(kernel, copy=True)
             matrix.sum_duplicates()
             matrix.sort_indices()
             if matrix.ndim != 2:
@@ -514,6 +515,8 @@ class LocalOperator(LinearOperator):
 
     @cached_property
     def _kernel_matrix(self) -> sp.csr_array:
+        import scipy.sparse as sp
+
         kernel = self.kernel
         if kernel.kind == "dense":
             matrix = sp.csr_array(kernel.matrix)
@@ -540,6 +543,8 @@ def _probe(
     op: LocalOperator, consumed: tuple[Block, ...], produced: tuple[Block, ...], n: int, m: int
 ) -> sp.csr_array:
     """The matrix of a callable kernel, probed with int64 unit vectors (batched when vectorized)."""
+    import scipy.sparse as sp
+
     offsets = np.cumsum([0, *(b.size for b in consumed)])
     batch = PROBE_BATCH if op.kernel.vectorized else 1
     parts: list[sp.csr_array] = []

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import LinopError
+from .errors import PlotError
 from .halo_geometry import HaloGeometry
 from .operator import LinearOperator
 from .partition import DistributedTensor
@@ -52,10 +52,6 @@ __all__ = [
 
 DENSE_LIMIT = 600
 """Largest matrix side drawn entry by entry as an image; larger matrices are drawn as markers."""
-
-
-class PlotError(LinopError, ValueError):
-    """A picture that cannot be drawn (nothing to show, or a matrix too large to materialize)."""
 
 
 @functools.cache

@@ -39,7 +39,7 @@ def test_import_linop_is_cheap():
     seconds = float(
         _fresh("import time, numpy\nstart = time.perf_counter()\nimport linop\nprint(time.perf_counter() - start)")
     )
-    assert seconds < 0.5, f"import linop took {seconds * 1000:.0f} ms of its own"
+    assert seconds < 1.0, f"import linop took {seconds * 1000:.0f} ms of its own"
 
 
 def _private_imports(path: Path) -> list[str]:

@@ -28,13 +28,9 @@ from typing import Any
 import numpy as np
 
 from ..accounting import CostModel
-from .common import AlgorithmError
+from ..errors import CalibrationError
 
 __all__ = ["CalibrationError", "calibrate", "local_step_time", "ping_pong", "reduction_rate"]
-
-
-class CalibrationError(AlgorithmError):
-    """The model cannot be fitted (fewer than two ranks, or unusable measurements)."""
 
 
 def _world(comm: Any) -> Any:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..errors import LinopError
+from ..errors import AlgorithmError
 from ..movement import Copy, Move, SendRecv
 from ..operator import Composition, Identity, LinearOperator
 from ..partition import balanced_sizes
@@ -20,11 +20,6 @@ from ..primitives import Add, Allocate, Deallocate
 from ..space import Block, Region, Space
 
 __all__ = ["AlgorithmError", "Fold", "Steps", "chunk_bounds", "fold"]
-
-
-class AlgorithmError(LinopError, ValueError):
-    """A collective algorithm cannot be built for the given layout (names the block, the
-    partition or the dimension at fault)."""
 
 
 def chunk_bounds(sizes: Sequence[int]) -> list[tuple[int, int]]:

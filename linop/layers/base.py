@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import LinopError
+from ..errors import LayerError
 from ..local import LocalKernel, LocalOperator
 from ..operator import Composition, Identity, LinearOperator
 from ..partition import DistributedTensor, Partition
@@ -31,11 +31,6 @@ __all__ = [
     "require_tensor",
     "split",
 ]
-
-
-class LayerError(LinopError, ValueError):
-    """A layer's arguments do not fit together (channels, partitions, weights); the message
-    names the argument, its value and what was expected."""
 
 
 def require_tensor(layer: str, what: str, value: object) -> DistributedTensor:
