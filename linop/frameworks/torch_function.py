@@ -26,7 +26,8 @@ rank).
 Under MPI every rank must take part in every forward and backward call (they are
 collective): every rank's loss must depend on the outputs of each call it makes. An empty
 *anchor* tensor that requires a gradient is passed to every call, so a rank that owns no input
-block still runs the backward.
+block still runs the backward; a rank that owns no output block adds the call's empty *token*
+output (``f.token.sum()``, zero) to its loss.
 """
 
 from __future__ import annotations
@@ -137,14 +138,20 @@ class _OperatorFunction(torch.autograd.Function):
         ctx.anchor = anchor
         ctx.inputs = [(t.dtype, t.device, t.shape) for t in tensors]
         outputs = runner.run(tensors)
+        if anchor is not None:  # under MPI: the token, an empty output every rank can use
+            outputs = (*outputs, torch.zeros(0, dtype=torch.float64))
         return outputs if len(outputs) != 1 else outputs[0]
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:
         adjoint = ctx.runner.adjoint
+        if ctx.anchor is not None:
+            grads = grads[:-1]  # the token's
         back = _OperatorFunction.apply(adjoint, ctx.anchor, *grads)
         if not isinstance(back, tuple):
             back = (back,)
+        if ctx.anchor is not None:
+            back = back[:-1]
         fitted = []
         for gradient, (dtype, device, _shape) in zip(back, ctx.inputs):
             if gradient.is_complex() and not dtype.is_complex:
@@ -184,6 +191,7 @@ class TorchOperator:
         self.inputs = self._runner.inputs
         self.outputs = self._runner.outputs
         self._anchor = None if comm is None else torch.zeros(0, dtype=torch.float64, requires_grad=True)
+        self.token = torch.zeros(0, dtype=torch.float64)
 
     @property
     def H(self) -> TorchOperator:  # noqa: N802 - the conventional name
@@ -201,7 +209,10 @@ class TorchOperator:
             if not isinstance(tensor, torch.Tensor):
                 raise StateError(f"block {name!r} must be a torch tensor, not {type(tensor).__name__}")
         result = _OperatorFunction.apply(self._runner, self._anchor, *tensors)
-        return result if isinstance(result, tuple) else (result,)
+        result = result if isinstance(result, tuple) else (result,)
+        if self._anchor is not None:
+            *result, self.token = result
+        return tuple(result)
 
     def __call__(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if not isinstance(state, Mapping):

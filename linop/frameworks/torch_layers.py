@@ -69,14 +69,14 @@ class _LayerFunction(torch.autograd.Function):
         ctx.module, ctx.parameters, ctx.theta = module, parameters, theta
         ctx.inputs = [(t.dtype, t.shape) for t in tensors]
         outputs = tuple(torch.from_numpy(np.array(y[n])) for n in module.output_names)
-        return outputs if len(outputs) != 1 else outputs[0]
+        return (*outputs, torch.zeros(0, dtype=torch.float64))  # the last: the token
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:
         module = ctx.module
         run, layer = module.runner, module.layer
-        g = {n: _numpy(t) for n, t in zip(module.output_names, grads)}
+        g = {n: _numpy(t) for n, t in zip(module.output_names, grads[:-1])}
         theta_grad = run(ctx.parameters.H, g)
         weights = module.global_weights(ctx.theta)
         x_grad = run(layer.input_operator(weights).H, g)
@@ -104,6 +104,10 @@ class LayerModule(torch.nn.Module):
     ----------
     input_names, output_names, parameter_names : tuple of str
         The blocks this process passes in, gets back and holds as parameters.
+    token : torch.Tensor
+        An empty output of the last call. Under MPI the backward is collective: a rank that
+        owns no output block (its loss cannot depend on the call) adds ``module.token.sum()``
+        (zero) to its loss, so that its backward runs with the others'.
     """
 
     def __init__(
@@ -133,6 +137,7 @@ class LayerModule(torch.nn.Module):
             for n in self.parameter_names
         )
         self._anchor = torch.zeros(0, dtype=torch.float64, requires_grad=True)
+        self.token = torch.zeros(0, dtype=torch.float64)
 
     def parameter_state(self) -> dict[str, torch.Tensor]:
         """This process's parameter blocks by name."""
@@ -155,8 +160,7 @@ class LayerModule(torch.nn.Module):
                 f"{type(self.layer).__name__} layer takes blocks {list(self.input_names)}, not {given}"
             )
         tensors = [x[n] for n in self.input_names] + list(self.blocks)
-        result = _LayerFunction.apply(self, self._anchor, *tensors)
-        result = result if isinstance(result, tuple) else (result,)
+        *result, self.token = _LayerFunction.apply(self, self._anchor, *tensors)
         return dict(zip(self.output_names, result))
 
     def extra_repr(self) -> str:

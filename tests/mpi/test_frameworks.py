@@ -179,3 +179,48 @@ def test_distributed_convolutions_train_like_one_process(comm):
             if not np.allclose(p.detach(), trained[n])
         ]
     collective_assert(not problems, "; ".join(problems))
+
+
+def test_distributed_affine_gives_torch_linear_gradients(comm):
+    """The affine layer on a P_fo x P_fi work partition of every rank: output, input, weight
+    and bias gradients equal torch's Linear."""
+    from linop.frameworks.torch_layers import LayerModule
+    from linop.layers import Affine
+
+    p_fi = 2 if comm.size % 2 == 0 else 1
+    p_fo = comm.size // p_fi
+    rng = np.random.default_rng(12)
+    x = DistributedTensor("x", (3, 4), Partition((1, p_fi)))
+    layer = Affine(x, 2 * p_fo, workers=Partition((p_fo, p_fi)))
+    w, b = rng.standard_normal(layer.weights.global_shape), rng.standard_normal(2 * p_fo)
+    data, dy = rng.standard_normal((3, 4)), rng.standard_normal(layer.y.global_shape)
+    module = LayerModule(layer, weights=w, bias=b, comm=comm)
+    local = {
+        k: torch.from_numpy(v).requires_grad_()
+        for k, v in local_part(x.space, x.scatter(data), comm.rank).items()
+    }
+    y = module(local)
+    dys = layer.y.scatter(dy)
+    # P_y is the fi = 0 column of P_w: a rank without output joins the backward through the token
+    (sum((v * torch.from_numpy(dys[k])).sum() for k, v in y.items()) + module.token.sum()).backward()
+    linear = torch.nn.Linear(4, 2 * p_fo, dtype=torch.float64)
+    with torch.no_grad():
+        linear.weight.copy_(torch.from_numpy(w))
+        linear.bias.copy_(torch.from_numpy(b))
+    reference = torch.from_numpy(data).requires_grad_()
+    out = linear(reference)
+    out.backward(torch.from_numpy(dy))
+    expected_y = layer.y.scatter(out.detach().numpy())
+    expected_dx = x.scatter(reference.grad.numpy())
+    expected_params = {
+        **layer.weights.scatter(linear.weight.grad.numpy()),
+        **layer.bias.scatter(linear.bias.grad.numpy()),
+    }
+    problems = [f"y {k}" for k, v in y.items() if not np.allclose(v.detach().numpy(), expected_y[k])]
+    problems += [f"dx {k}" for k, v in local.items() if not np.allclose(v.grad.numpy(), expected_dx[k])]
+    problems += [
+        f"d{k}"
+        for k, v in module.parameter_state().items()
+        if not np.allclose(v.grad.numpy(), expected_params[k])
+    ]
+    collective_assert(not problems, "; ".join(problems))
