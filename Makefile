@@ -28,7 +28,7 @@ test: lint
 bench: $(STAMP)
 	for script in benchmarks/bench_core.py benchmarks/bench_collectives.py benchmarks/bench_halo.py benchmarks/bench_torch.py; do \
 		$(PY) $$script || exit 1; done
-	for ranks in 2 4; do for script in benchmarks/bench_mpi_halo.py benchmarks/bench_mpi_collectives.py; do \
+	for ranks in 2 4; do for script in benchmarks/bench_mpi_halo.py benchmarks/bench_mpi_collectives.py benchmarks/bench_mpi_torch.py; do \
 		$(VENV)/bin/mpiexec -n $$ranks $(PY) $$script || exit 1; done; done
 
 docs: $(STAMP)
