@@ -416,7 +416,12 @@ class DistributedTensor:
 
     def scatter(self, array: Any) -> State:
         """Cut a global array into a state of the tensor's space (copies)."""
-        array = np.asarray(array)
+        try:
+            array = np.asarray(array)
+        except (TypeError, ValueError) as error:  # ragged
+            raise DecompositionError(
+                f"tensor {self.name!r}: cannot scatter {array!r}, not an array ({error})"
+            ) from None
         if array.shape != self.global_shape:
             raise DecompositionError(
                 f"tensor {self.name!r}: array of shape {array.shape} does not match global shape {self.global_shape}"
