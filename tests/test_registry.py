@@ -82,6 +82,12 @@ def _check_numpy(op: LinearOperator, seed: int) -> bool:
         assert np.array_equal(result[name], expected[name]), f"{op}: block {name!r}"
     for name, array in state.items():
         assert np.array_equal(array, before[name]), f"{op} changed its input block {name!r}"
+    if not leaf:  # in floating point too: the same dtypes, values up to the order of additions
+        floats = op.domain.random(seed, dtype=np.complex64 if seed % 2 else np.float32)
+        fast, slow = apply(op, floats), apply(expand_all(op), floats)
+        for name in op.range.names:
+            assert fast[name].dtype == slow[name].dtype, f"{op}: dtype of block {name!r} in floats"
+            assert np.allclose(fast[name], slow[name], rtol=1e-5, atol=1e-5), f"{op}: block {name!r} in floats"
     return True
 
 
