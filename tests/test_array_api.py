@@ -151,8 +151,16 @@ def test_jax_arrays_come_back_as_jax_arrays_and_in_place_is_refused():
         Add(SPACE["a"], SPACE["b"]).apply(state, inplace=True)
 
 
+def _has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
 @pytest.mark.skipif(
-    not __import__("importlib").util.find_spec("torch") or not __import__("torch").cuda.is_available(),
+    not _has_cuda(),
     reason="no CUDA device: torch CUDA tensors are staged through host memory and come back on their device",
 )
 def test_torch_cuda_tensors_come_back_on_their_device():  # pragma: no cover - needs a GPU

@@ -2,8 +2,6 @@
 PyTorch", "Use from JAX" and "Prove your framework's backward" (blocks marked ``# needs: torch``
 or ``# needs: jax``; skipped, with the reason, when that framework is not installed)."""
 
-import importlib.util
-
 import pytest
 from test_readme import NEEDS_MARK, README, python_blocks
 
@@ -19,8 +17,9 @@ def test_readme_has_the_framework_sections():
 
 @pytest.mark.parametrize("need, block", BLOCKS, ids=[f"{need}-{i}" for i, (need, _) in enumerate(BLOCKS)])
 def test_readme_framework_block_runs(need, block, capsys):
-    if importlib.util.find_spec(need) is None:
-        pytest.skip(f"{need} is not installed (the {need} extra: pip install -e '.[{need}]')")
+    pytest.importorskip(
+        need, reason=f"{need} is not installed (the {need} extra: pip install -e '.[{need}]')"
+    )
     exec(compile(block, str(README), "exec"), {})
     printed = capsys.readouterr().out
     if "prove_backward" in block:
