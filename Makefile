@@ -26,10 +26,14 @@ test: lint
 	$(PY) -m pytest
 
 bench: $(STAMP)
-	for script in benchmarks/bench_core.py benchmarks/bench_collectives.py benchmarks/bench_halo.py benchmarks/bench_torch.py; do \
+	for script in benchmarks/bench_core.py benchmarks/bench_collectives.py benchmarks/bench_halo.py \
+			benchmarks/bench_torch.py benchmarks/bench_scale.py; do \
 		$(PY) $$script || exit 1; done
-	for ranks in 2 4; do for script in benchmarks/bench_mpi_halo.py benchmarks/bench_mpi_collectives.py benchmarks/bench_mpi_torch.py; do \
+	$(PY) benchmarks/bench_layers.py --proof
+	for ranks in 2 4; do for script in benchmarks/bench_mpi_halo.py benchmarks/bench_mpi_collectives.py \
+			benchmarks/bench_mpi_torch.py benchmarks/bench_algorithms.py benchmarks/bench_dad.py; do \
 		$(VENV)/bin/mpiexec -n $$ranks $(PY) $$script || exit 1; done; done
+	$(VENV)/bin/mpiexec -n 4 $(PY) benchmarks/bench_layers.py
 
 docs: $(STAMP)
 	$(VENV)/bin/sphinx-build -W --keep-going -b html docs docs/_build/html
