@@ -126,7 +126,7 @@ class EntryCheck:
         words = np.frombuffer(fingerprint, dtype=np.uint32).astype(np.int64)
         self._vector = np.concatenate([words, -words, np.zeros(2 + len(DTYPE_CHARS), dtype=np.int64)])
         self._reduced = np.empty_like(self._vector)
-        self._dtypes: dict[bytes, tuple[np.dtype, bool]] = {}
+        self._dtypes: dict[bytes, tuple[np.dtype, bool, list[str]]] = {}
         self._growth: bool | None = None
 
     def local_problem(self, state: Any, inplace: bool) -> Problem | None:
@@ -178,7 +178,11 @@ class EntryCheck:
         if inplace:
             if self.op.domain != self.op.range:
                 return f"in-place application of {self.op}: domain and range differ", DistributedStateError
-            shared = first_shared_memory({name: state[name] for name in self.domain_blocks})
+            shared = (
+                first_shared_memory({name: state[name] for name in self.domain_blocks})
+                if len(self.domain_blocks) > 1
+                else None
+            )
             if shared is not None:
                 return (
                     f"rank {rank}: in-place application needs separate memory per block; blocks "
@@ -220,17 +224,16 @@ class EntryCheck:
         flags = reduced[_FLAGS:]
         key = flags.tobytes()
         known = self._dtypes.get(key)
-        if known is None:
+        if known is None:  # decided from global facts only, so every rank decides alike
             chars = [c for c, flag in zip(DTYPE_CHARS, flags) if flag]
+            run = np.dtype(dtypes.run_dtype(self.op, [np.dtype(c) for c in chars]))
             known = self._dtypes[key] = (
-                np.dtype(dtypes.run_dtype(self.op, [np.dtype(c) for c in chars])),
+                run,
                 any(np.dtype(c).kind in "iu" for c in chars),
+                [c for c in chars if not np.can_cast(run, c, "same_kind")],
             )
-        run, integers = known
-        if inplace:  # decided from global facts only, so every rank decides alike
-            narrow = [
-                c for c, flag in zip(DTYPE_CHARS, flags) if flag and not np.can_cast(run, c, "same_kind")
-            ]
+        run, integers, narrow = known
+        if inplace:
             if narrow:
                 return CheckOutcome(
                     None,
