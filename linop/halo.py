@@ -745,8 +745,7 @@ def trim_expansion(
 # -- the shims as nodes: per-worker parts, the global expansion built lazily -------------------
 def _pad_part(geometry: HaloGeometry, prefix: str, g: tuple[int, ...]) -> LinearOperator:
     """Worker g's part of the pad shim, on a space of its own blocks only."""
-    tensor = geometry.tensor
-    bulk = tensor.space.block(tensor.block_name(g))
+    bulk = geometry.tensor.block(g)  # not tensor.space: that builds all P blocks
     local = Block(_name(prefix, g), geometry.local_shape(g), bulk.worker)
     space = Space([bulk])
     if local.shape == bulk.shape:

@@ -1,0 +1,213 @@
+"""Per-rank planning cost as the job grows: what one rank spends before moving a byte.
+
+Every rank of an MPI job builds the same tree and plans its own part of it. This script runs,
+in one process and without MPI, the stages that :func:`linop.backends.mpi_backend.plan_for`
+runs on each rank, for one interior rank of a ``s x s`` grid of ``P = s**2`` workers:
+
+``build``
+    the tree (the constructor, or ``.H`` of the forward tree for the adjoint cases);
+``fingerprint``
+    :func:`linop.backends.mpi_schedule.fingerprint` (the digest every rank checks);
+``lower``
+    :func:`linop.backends.mpi_schedule.lower` (the global program);
+``batch``
+    :func:`linop.backends.mpi_schedule.batch` (phases of transfers);
+``project``
+    :func:`linop.backends.mpi_schedule.project` onto the rank at grid index ``(s//2, s//2)``.
+
+The cases (2-D grids, 8 x 8 local blocks, kernel 3, padding 1): ``HaloExchange``,
+``halo_windows``, ``Broadcast 1 -> P``, ``Broadcast (1,s) -> (s,s)``, ``AllReduce axis 0``,
+``Repartition (s,s) -> (2s,s/2)``, each forward and adjoint. For every stage the script prints
+seconds and the peak of traced memory (``tracemalloc``, a second pass: tracing slows Python,
+so the times come from an untraced pass), and the growth exponent ``k`` of ``time ~ P**k``
+fitted over the two largest P (least squares over all P with ``--fit all``).
+
+Usage::
+
+    python benchmarks/bench_scale.py                 # P = 4 ... 4096
+    python benchmarks/bench_scale.py --max 16384     # the full table (minutes on a busy machine)
+    python benchmarks/bench_scale.py --case halo_windows --no-memory
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import time
+import tracemalloc
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from linop import (
+    AllReduce,
+    Broadcast,
+    DistributedTensor,
+    HaloExchange,
+    Kernel,
+    LinearOperator,
+    Partition,
+    Repartition,
+    halo_geometry,
+    halo_windows,
+)
+from linop.backends import mpi_fastpaths  # noqa: F401 - registers the fast-path lowerings
+from linop.backends.mpi_schedule import batch, fingerprint, lower, project
+
+BLOCK = 8
+STAGES = ("build", "fingerprint", "lower", "batch", "project")
+
+
+def _grid(s: int) -> DistributedTensor:
+    return DistributedTensor("x", (BLOCK * s, BLOCK * s), Partition((s, s)))
+
+
+def halo_exchange(s: int) -> LinearOperator:
+    return HaloExchange(halo_geometry(_grid(s), Kernel(3, padding=1)))
+
+
+def windows(s: int) -> LinearOperator:
+    return halo_windows(_grid(s), Kernel(3, padding=1))
+
+
+def broadcast_one(s: int) -> LinearOperator:
+    x = DistributedTensor("x", (BLOCK, BLOCK), Partition((1, 1)))
+    return Broadcast(x, Partition((s, s)), "y")
+
+
+def broadcast_row(s: int) -> LinearOperator:
+    x = DistributedTensor("x", (BLOCK, BLOCK * s), Partition((1, s)))
+    return Broadcast(x, Partition((s, s)), "y")
+
+
+def allreduce(s: int) -> LinearOperator:
+    return AllReduce(_grid(s), 0)
+
+
+def repartition(s: int) -> LinearOperator:
+    y = DistributedTensor("y", (BLOCK * s, BLOCK * s), Partition((2 * s, max(s // 2, 1))))
+    return Repartition(_grid(s), y)
+
+
+CASES: dict[str, Callable[[int], LinearOperator]] = {
+    "HaloExchange": halo_exchange,
+    "halo_windows": windows,
+    "Broadcast 1 -> P": broadcast_one,
+    "Broadcast (1,s) -> (s,s)": broadcast_row,
+    "AllReduce axis 0": allreduce,
+    "Repartition (s,s) -> (2s,s/2)": repartition,
+}
+
+
+@dataclass
+class Measured:
+    seconds: dict[str, float]
+    peak_mb: dict[str, float]
+    schedule_steps: int
+
+
+def _stages(build: Callable[[int], LinearOperator], s: int, adjoint: bool) -> list[tuple[str, Callable]]:
+    """The stages as thunks sharing one dict of intermediate results."""
+    found: dict[str, object] = {}
+    rank = (s // 2) * s + s // 2
+
+    def tree() -> None:
+        op = build(s)
+        found["op"] = op.H if adjoint else op
+
+    return [
+        ("build", tree),
+        ("fingerprint", lambda: found.__setitem__("fp", fingerprint(found["op"]))),
+        ("lower", lambda: found.__setitem__("lowered", lower(found["op"]))),
+        ("batch", lambda: found.__setitem__("batched", batch(found["lowered"]))),
+        ("project", lambda: found.__setitem__("schedule", project(found["batched"], rank))),
+        ("", lambda: found.__setitem__("steps", len(found["schedule"]))),
+    ], found  # type: ignore[return-value]
+
+
+def measure(build: Callable[[int], LinearOperator], s: int, adjoint: bool, memory: bool) -> Measured:
+    seconds: dict[str, float] = {}
+    stages, found = _stages(build, s, adjoint)
+    gc.collect()
+    for name, run in stages:
+        start = time.perf_counter()
+        run()
+        if name:
+            seconds[name] = time.perf_counter() - start
+    steps = int(found["steps"])
+    peaks: dict[str, float] = {}
+    if memory:
+        del found
+        stages, found = _stages(build, s, adjoint)
+        gc.collect()
+        tracemalloc.start()
+        for name, run in stages:
+            tracemalloc.reset_peak()
+            run()
+            if name:
+                peaks[name] = tracemalloc.get_traced_memory()[1] / 1e6
+        tracemalloc.stop()
+    return Measured(seconds, peaks, steps)
+
+
+def exponent(sizes: list[int], values: list[float], fit: str) -> float:
+    """Least-squares slope of log(value) against log(P) (the two largest P unless ``fit='all'``)."""
+    pairs = [(math.log(p), math.log(max(v, 1e-7))) for p, v in zip(sizes, values)]
+    if fit != "all":
+        pairs = pairs[-2:]
+    if len(pairs) < 2:
+        return float("nan")
+    mx = sum(x for x, _ in pairs) / len(pairs)
+    my = sum(y for _, y in pairs) / len(pairs)
+    den = sum((x - mx) ** 2 for x, _ in pairs)
+    return sum((x - mx) * (y - my) for x, y in pairs) / den
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--max", type=int, default=4096, help="largest P (a power of 4); default 4096")
+    parser.add_argument("--min", type=int, default=4, help="smallest P; default 4")
+    parser.add_argument("--case", action="append", help="run only these cases (repeatable; substring)")
+    parser.add_argument("--no-adjoint", action="store_true", help="forward trees only")
+    parser.add_argument("--no-memory", action="store_true", help="skip the traced-memory pass")
+    parser.add_argument("--fit", choices=("last", "all"), default="last")
+    args = parser.parse_args()
+    sides = [s for s in (2**k for k in range(1, 9)) if args.min <= s * s <= args.max]
+    cases = {n: f for n, f in CASES.items() if not args.case or any(c in n for c in args.case)}
+    summary: list[tuple[str, int, float, float]] = []
+    for build in cases.values():  # warm-up: the interpreters' handler modules load on first use
+        measure(build, 2, True, memory=False)
+    for name, build in cases.items():
+        for adjoint in (False,) if args.no_adjoint else (False, True):
+            label = f"{name}{' (adjoint)' if adjoint else ''}"
+            print(f"\n{label}")
+            header = "      P " + "".join(f"{stage:>13}" for stage in STAGES) + "      total   peak MB  steps"
+            print(header)
+            sizes, totals, per_stage = [], [], {stage: [] for stage in STAGES}
+            for s in sides:
+                m = measure(build, s, adjoint, not args.no_memory)
+                total = sum(m.seconds.values())
+                peak = max(m.peak_mb.values(), default=float("nan"))
+                cells = "".join(
+                    f"{m.seconds[stage]:8.4f}s/{m.peak_mb.get(stage, float('nan')):3.0f}M"
+                    if not args.no_memory
+                    else f"{m.seconds[stage]:12.4f}s"
+                    for stage in STAGES
+                )
+                print(f"{s * s:7d} {cells} {total:9.3f}s {peak:9.1f} {m.schedule_steps:6d}", flush=True)
+                sizes.append(s * s)
+                totals.append(total)
+                for stage in STAGES:
+                    per_stage[stage].append(m.seconds[stage])
+                summary.append((label, s * s, total, peak))
+            fits = "".join(f"{exponent(sizes, per_stage[stage], args.fit):13.2f}" for stage in STAGES)
+            print(f"      k {fits} {exponent(sizes, totals, args.fit):9.2f}   (time ~ P**k)")
+    largest = max(s * s for s in sides)
+    print(f"\nsummary at P = {largest}: seconds / peak MB per rank (all stages)")
+    for label, p, total, peak in summary:
+        if p == largest:
+            print(f"  {label:42s} {total:8.3f} s  {peak:8.1f} MB")
+
+
+if __name__ == "__main__":
+    main()
