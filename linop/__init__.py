@@ -12,6 +12,7 @@ from .collectives import AllGather, AllReduce, Broadcast, ReduceScatter, SumRedu
 from .errors import (
     AccountingError,
     AlgorithmError,
+    ArrayLibraryError,
     BlockError,
     BlockExistsError,
     BroadcastError,
@@ -92,6 +93,7 @@ __all__ = [
     "AccountingError",
     "Add",
     "AlgorithmError",
+    "ArrayLibraryError",
     "AllGather",
     "AllReduce",
     "Allocate",

@@ -14,6 +14,7 @@ without mpi4py installed.
 from __future__ import annotations
 
 __all__ = [
+    "ArrayLibraryError",
     "LinopError",
     "BlockError",
     "OperandError",
@@ -189,3 +190,8 @@ class AlgorithmError(LinopError, ValueError):
 
 class CalibrationError(AlgorithmError):
     """The model cannot be fitted (fewer than two ranks, or unusable measurements)."""
+
+
+class ArrayLibraryError(LinopError, TypeError):
+    """A state mixes array libraries or devices, or holds an array the interpreters cannot
+    read (a dtype numpy has no equivalent for, such as bfloat16)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from linop import LinopError
 
-__all__ = ["VerificationError", "NotSizeFreeError", "SymbolicError", "CheckOptionError"]
+__all__ = ["VerificationError", "NotSizeFreeError", "SymbolicError", "CheckOptionError", "LiftError"]
 
 
 class VerificationError(AssertionError):
@@ -27,3 +27,8 @@ class SymbolicError(LinopError, ValueError):
 class CheckOptionError(LinopError, TypeError, ValueError):
     """A check was called with an option it cannot use: a dtype that is not floating, fewer
     than one trial, an unknown level of the report."""
+
+
+class LiftError(LinopError, ValueError):
+    """A function cannot be lifted: it is not linear, returns the wrong blocks or shapes, or
+    its framework has no backward to probe."""

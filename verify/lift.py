@@ -39,9 +39,10 @@ import numpy as np
 import numpy.typing as npt
 import scipy.sparse as sp
 
-from linop import Block, LinearOperator, LinopError, Space
+from linop import Block, LinearOperator, Space
 from linop.backends import numpy_backend, sparse_backend
 
+from .errors import LiftError
 from .exact import Proof, exact_adjoint
 from .locate import locate
 
@@ -49,11 +50,6 @@ __all__ = ["FRAMEWORKS", "LiftError", "Lifted", "lift", "lift_mpi", "prove_backw
 
 FRAMEWORKS = ("numpy", "torch", "jax")
 """The frameworks whose functions :func:`lift` can call (and whose autodiff it can probe)."""
-
-
-class LiftError(LinopError, ValueError):
-    """A function cannot be lifted: it is not linear, returns the wrong blocks or shapes, or
-    its framework has no backward to probe."""
 
 
 def _digest(matrix: sp.csr_array) -> str:

@@ -39,7 +39,7 @@ from typing import Any
 import array_api_compat as compat
 import numpy as np
 
-from ..errors import LinopError, StateError
+from ..errors import ArrayLibraryError, StateError
 
 __all__ = [
     "ArrayLibraryError",
@@ -52,11 +52,6 @@ __all__ = [
     "MPIEntry",
     "ForeignBoundPlan",
 ]
-
-
-class ArrayLibraryError(LinopError, TypeError):
-    """A state mixes array libraries or devices, or holds an array the interpreters cannot
-    read (a dtype numpy has no equivalent for, such as bfloat16)."""
 
 
 @dataclass(frozen=True)
