@@ -39,7 +39,7 @@ matrices.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, NoReturn
 
@@ -769,6 +769,10 @@ def _trim_part(geometry: HaloGeometry, prefix: str, window_prefix: str, g: tuple
     return Composition((Deallocate(copy.range, local.name), copy))
 
 
+ShimLink = tuple[str, tuple[slice, ...], str, tuple[slice, ...]]
+"""One worker's box of a shim: (domain block, box, range block, box), boxes as slices."""
+
+
 class _ShimBase(LinearOperator):
     """A shim as one node: the direct sum of per-worker parts, each on its worker's blocks.
 
@@ -787,6 +791,17 @@ class _ShimBase(LinearOperator):
 
     def _forward_spaces(self) -> tuple[Space, Space]:
         raise NotImplementedError
+
+    def _forward_links(self) -> Iterator[ShimLink]:
+        raise NotImplementedError
+
+    def links(self) -> Iterator[ShimLink]:
+        """The entries the shim moves, one box per worker: ``(domain block, box in it, range
+        block, box in it)`` with boxes as tuples of slices of equal shape; every other entry is
+        dropped (forward) or zero (adjoint). The shim's matrix is the 0/1 matrix with a one at
+        (range entry, domain entry) of each box pair."""
+        for link in self._forward_links():
+            yield (link[2], link[3], link[0], link[1]) if self.ADJOINT else link
 
     def parts(self) -> tuple[LinearOperator, ...]:
         """The per-worker parts, in grid order (the adjoint's are the forward parts' adjoints)."""
@@ -849,6 +864,13 @@ class PadShim(_ShimBase):
 
     def _forward_expansion(self) -> LinearOperator:
         return pad_expansion(self.geometry, self.local_name)
+
+    def _forward_links(self) -> Iterator[ShimLink]:
+        tensor, prefix = self.geometry.tensor, str(self.local_name)
+        for g in tensor.partition.indices():
+            bulk = tensor.block(g)
+            whole = tuple(slice(0, n) for n in bulk.shape)
+            yield bulk.name, whole, _name(prefix, g), tuple(r.bulk for r in self.geometry.worker_rows(g))
 
     def adjoint(self) -> LinearOperator:
         """E* = the direct sum of the parts' adjoints (each local block restricted to its bulk)."""
@@ -919,6 +941,13 @@ class TrimShim(_ShimBase):
 
     def _forward_expansion(self) -> LinearOperator:
         return trim_expansion(self.geometry, self.local_name, self.window_name)
+
+    def _forward_links(self) -> Iterator[ShimLink]:
+        prefix, window_prefix = str(self.local_name), str(self.window_name)
+        for g in self.geometry.tensor.partition.indices():
+            window = tuple(slice(0, n) for n in self.geometry.window_shape(g))
+            rows = tuple(r.window for r in self.geometry.worker_rows(g))
+            yield _name(prefix, g), rows, _name(window_prefix, g), window
 
     def adjoint(self) -> LinearOperator:
         """T* = the direct sum of the parts' adjoints (each window embedded in zeros)."""

@@ -132,6 +132,27 @@ def _largest_row_sum(matrix: sp.sparray) -> float:
     return float(np.asarray(magnitudes.sum(axis=1)).max(initial=0.0))
 
 
+def _row_sum_bound(matrix: sp.sparray) -> float:
+    """An upper bound of :func:`_largest_row_sum` for an integer CSR matrix, from the largest
+    entry and the most entries in a row, with no conversion of the matrix: for the 0/1
+    selection matrices of data movement it is the exact row sum (``docs/theory.md#dtypes``)."""
+    data = matrix.data
+    if not data.size:
+        return 0.0
+    largest = max(abs(int(data.max())), abs(int(data.min())))
+    return float(largest * int(np.diff(matrix.indptr).max()))
+
+
+def _overflows(left: sp.sparray, right: sp.sparray) -> bool:
+    """True when ``left @ right`` of integer matrices might reach :data:`SAFE_INTEGER`: the cheap
+    bound first, the exact row sums only when the bound does not settle it."""
+    if left.format != "csr":
+        left = left.tocsr()
+    if _row_sum_bound(left) * _largest(right) < SAFE_INTEGER:
+        return False
+    return _largest_row_sum(left) * _largest(right) >= SAFE_INTEGER
+
+
 def _integer(*matrices: sp.sparray) -> bool:
     return all(m.dtype.kind in "iu" for m in matrices)
 
@@ -141,7 +162,7 @@ def _composition(op: Composition) -> sp.csr_array:
     matrix = matrix_of(op.factors[-1])
     for factor in reversed(op.factors[:-1]):
         left = matrix_of(factor)
-        if _integer(left, matrix) and _largest_row_sum(left) * _largest(matrix) >= SAFE_INTEGER:
+        if _integer(left, matrix) and _overflows(left, matrix):
             left, matrix = left.astype(np.float64), matrix.astype(np.float64)
         matrix = left @ matrix
     return matrix.tocsr()
