@@ -14,6 +14,9 @@ without mpi4py installed.
 from __future__ import annotations
 
 __all__ = [
+    "CommunicatorArgumentError",
+    "DistributedDtypeError",
+    "DistributedOverflowError",
     "ArrayLibraryError",
     "LinopError",
     "BlockError",
@@ -195,3 +198,17 @@ class CalibrationError(AlgorithmError):
 class ArrayLibraryError(LinopError, TypeError):
     """A state mixes array libraries or devices, or holds an array the interpreters cannot
     read (a dtype numpy has no equivalent for, such as bfloat16)."""
+
+
+class CommunicatorArgumentError(CommunicatorError, TypeError):
+    """The ``comm`` argument is not an mpi4py communicator."""
+
+
+class DistributedDtypeError(DistributedStateError, DtypeError):
+    """A rank's block or requested dtype is not one linop computes in (raised on every rank;
+    also a :class:`~linop.errors.DtypeError`, as the numpy interpreter raises)."""
+
+
+class DistributedOverflowError(MPIError, IntegerOverflowError):
+    """An integer result may not fit (raised on every rank; also an
+    :class:`~linop.errors.IntegerOverflowError`, as the numpy interpreter raises)."""

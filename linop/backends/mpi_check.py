@@ -29,11 +29,12 @@ import numpy.typing as npt
 
 from .. import dtypes
 from ..errors import (
+    DistributedDtypeError,
+    DistributedOverflowError,
     DistributedStateError,
     DtypeError,
     IntegerOverflowError,
     LinopError,
-    MPIError,
     TreeMismatchError,
 )
 from ..operator import LinearOperator
@@ -58,16 +59,6 @@ DTYPE_CHARS = "bBhHiIlLqQefdgFDG"
 
 _ERROR, _LARGEST, _FLAGS = 8, 9, 10  # vector: fingerprint words (0-3), their negations (4-7), ...
 _INT64_MAX = 2**63 - 1
-
-
-class DistributedDtypeError(DistributedStateError, DtypeError):
-    """A rank's block or requested dtype is not one linop computes in (raised on every rank;
-    also a :class:`~linop.errors.DtypeError`, as the numpy interpreter raises)."""
-
-
-class DistributedOverflowError(MPIError, IntegerOverflowError):
-    """An integer result may not fit (raised on every rank; also an
-    :class:`~linop.errors.IntegerOverflowError`, as the numpy interpreter raises)."""
 
 
 @dataclass(frozen=True)

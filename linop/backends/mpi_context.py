@@ -18,7 +18,7 @@ import weakref
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from ..errors import CommunicatorError
+from ..errors import CommunicatorArgumentError, CommunicatorError
 from ..operator import LinearOperator, Scaled, walk
 from .mpi_datatypes import mpi
 from .mpi_guard import abort_on_failure
@@ -41,10 +41,6 @@ PLAN_CACHE_SIZE = 128
 """Plans kept per communicator (least recently used evicted first): at most this many trees
 by structure, plus the plans of this many most recently used tree objects (looked up by
 identity, the fast way)."""
-
-
-class CommunicatorArgumentError(CommunicatorError, TypeError):
-    """The ``comm`` argument is not an mpi4py communicator."""
 
 
 P = TypeVar("P")
