@@ -4,7 +4,7 @@ interpreter computes), on the examples of ``verify.node_examples``.
 
 Examples whose workers do not all fit on this job's ranks are skipped on every rank alike
 (hypothesis draws the same examples everywhere); each lowering must be proven on some example
-when the job has two ranks or more.
+when the job has three ranks or more (the example spaces use workers 0-2).
 """
 
 from __future__ import annotations
@@ -69,4 +69,5 @@ def test_lowering_equals_expansion(pair):
         collective_assert(not changed, f"{op} changed its input blocks {changed}")  # once on every rank
 
     run()
-    collective_assert(checked > 0 or SIZE == 1, f"no example of {node_type.__name__} fits {SIZE} ranks")
+    # the example spaces put blocks on workers 0-2: from 3 ranks on, every lowering is exercised
+    collective_assert(checked > 0 or SIZE < 3, f"no example of {node_type.__name__} fits {SIZE} ranks")
