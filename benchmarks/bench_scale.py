@@ -27,6 +27,11 @@ Usage::
     python benchmarks/bench_scale.py                 # P = 4 ... 4096
     python benchmarks/bench_scale.py --max 16384     # the full table (minutes on a busy machine)
     python benchmarks/bench_scale.py --case halo_windows --no-memory
+    python benchmarks/bench_scale.py --proof         # exact adjoint proofs at 1e6 - 1.44e7 entries
+
+``--proof`` times :func:`verify.exact_adjoint` (wall seconds and the process's peak resident
+memory) on ``halo_windows`` of a 1000^2 and a 3795^2 (14.4 M entries) tensor on 2 x 2, kernel
+3, padding 1, and on a 3163^2 (1e7 entries) repartition from 2 x 2 to 4 x 1.
 """
 
 from __future__ import annotations
@@ -163,6 +168,34 @@ def exponent(sizes: list[int], values: list[float], fit: str) -> float:
     return sum((x - mx) * (y - my) for x, y in pairs) / den
 
 
+def proofs() -> None:
+    import resource
+
+    import verify
+
+    def windows_of(n: int) -> LinearOperator:
+        return halo_windows(DistributedTensor("x", (n, n), Partition((2, 2))), Kernel(3, padding=1))
+
+    def repartition_of(n: int) -> LinearOperator:
+        x = DistributedTensor("x", (n, n), Partition((2, 2)))
+        return Repartition(x, DistributedTensor("y", (n, n), Partition((4, 1))))
+
+    cases = [
+        ("halo_windows, 1e6 entries", windows_of, 1000),
+        ("repartition 2x2 -> 4x1, 1e7 entries", repartition_of, 3163),
+        ("halo_windows, 14.4 M entries", windows_of, 3795),
+    ]
+    print("exact adjoint proofs (verify.exact_adjoint), wall seconds and peak RSS of the process:")
+    for what, build, n in cases:
+        op = build(n)
+        start = time.perf_counter()
+        proof = verify.exact_adjoint(op)
+        elapsed = time.perf_counter() - start
+        assert proof, proof
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3
+        print(f"  {what:40s} {elapsed:7.2f} s   peak RSS so far {peak:7.0f} MB")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max", type=int, default=4096, help="largest P (a power of 4); default 4096")
@@ -171,7 +204,11 @@ def main() -> None:
     parser.add_argument("--no-adjoint", action="store_true", help="forward trees only")
     parser.add_argument("--no-memory", action="store_true", help="skip the traced-memory pass")
     parser.add_argument("--fit", choices=("last", "all"), default="last")
+    parser.add_argument("--proof", action="store_true", help="time the exact adjoint proofs instead")
     args = parser.parse_args()
+    if args.proof:
+        proofs()
+        return
     sides = [s for s in (2**k for k in range(1, 9)) if args.min <= s * s <= args.max]
     cases = {n: f for n, f in CASES.items() if not args.case or any(c in n for c in args.case)}
     summary: list[tuple[str, int, float, float]] = []
