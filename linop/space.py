@@ -547,6 +547,15 @@ class Region:
         if not isinstance(self.space, Space):
             raise RegionError(f"a region needs a Space, not {type(self.space).__name__}")
         block = self.space.block(self.name)
+        if (
+            not self.dropped
+            and type(self.start) is tuple
+            and type(self.stop) is tuple
+            and len(self.start) == len(self.stop) == block.ndim
+            and all(type(a) is int and type(b) is int for a, b in zip(self.start, self.stop))
+            and all(0 <= a <= b <= n for a, b, n in zip(self.start, self.stop, block.shape))
+        ):  # the common case (halo plans build thousands of boxes): plain ints inside the block
+            return
         what = f"region of block {self.name!r} {block.shape}"
         corners = []
         for label, corner in (("start", self.start), ("stop", self.stop), ("dropped", self.dropped)):
