@@ -197,9 +197,13 @@ class Space:
 
     def __init__(self, blocks: Iterable[BlockLike] = ()) -> None:
         by_name: dict[str, Block] = {}
-        if isinstance(blocks, (str, bytes, Mapping)) or not isinstance(blocks, Iterable):
-            raise BlockError(f"a space takes an iterable of blocks, not {type(blocks).__name__}")
-        for item in blocks:
+        try:
+            if isinstance(blocks, (str, bytes, Mapping)):
+                raise TypeError
+            items = list(blocks)
+        except TypeError:  # not iterable (a 0-d array claims to be)
+            raise BlockError(f"a space takes an iterable of blocks, not {type(blocks).__name__}") from None
+        for item in items:
             block = _as_block(item)
             if block.name in by_name:
                 raise BlockExistsError(f"block {block.name!r} appears twice in a space")
