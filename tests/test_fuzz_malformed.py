@@ -76,7 +76,7 @@ def test_malformed_calls_succeed_exactly_or_raise_a_linop_error(capsys):
         print("\n" + _table(counts, seconds))
     assert sum(counts.values()) >= 0.9 * EXAMPLES
     outcomes = Counter(result for _, result in counts.elements())
-    assert outcomes["ok"] > 0.1 * EXAMPLES and outcomes["typed"] > 0.3 * EXAMPLES  # both outcomes are common
+    assert outcomes["ok"] > 0.05 * EXAMPLES and outcomes["typed"] > 0.3 * EXAMPLES  # both outcomes are common
 
 
 @pytest.mark.parametrize(
