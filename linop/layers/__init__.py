@@ -8,14 +8,14 @@ adjoint is the weight gradient). The trees are made of collectives, halo exchang
 :mod:`linop.layers.kernels`, so every interpreter (numpy, sparse, MPI) runs them and
 ``verify`` proves their adjoints.
 
-=======================  =============================================================
-layer                    tree (forward)
-=======================  =============================================================
-:class:`Convolution`     R_{P_w->P_y} L B_{P_x->P_w} H (feature, channel, general)
-:class:`AveragePool`     L_mean H
-:class:`MaxPoolJacobian` S_{x0} H (a selection: exact)
-:class:`Affine`          R_{P_w->P_y} L B_{P_x->P_w}
-=======================  =============================================================
+=========================  =============================================================
+layer                      tree (forward)
+=========================  =============================================================
+:class:`Convolution`       R_{P_w->P_y} L B_{P_x->P_w} H (feature, channel, general)
+:class:`AveragePool`       L_mean H
+:class:`MaxPoolJacobian`   S_{x0} H (a selection: exact)
+:class:`Affine`            R_{P_w->P_y} L B_{P_x->P_w}
+=========================  =============================================================
 
 :mod:`linop.layers.dad` holds the outer-product gradient identity of dAD.
 """

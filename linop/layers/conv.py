@@ -91,7 +91,9 @@ def _parameter_kernels(
     def forward(w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
         y = kernels.weight_correlate(fixed(), w, stride, dilation)
         if with_bias:
-            y = y + b[(..., None, slice(None), *(None,) * dims)]  # type: ignore[index]
+            assert b is not None  # the bias is given exactly when the layer has one
+            spread: kernels.Index = (..., None, slice(None), *(None,) * dims)
+            y = y + b[spread]
         return y
 
     def adjoint(y: np.ndarray):
@@ -281,7 +283,7 @@ class Convolution:
         return SumReduce(self.y, partials, "yt", others=others)
 
     def input_operator(self, weights: Any) -> LinearOperator:
-        r"""The layer as a linear operator of its input for fixed ``weights`` (C_out, C_in, *k):
+        r"""The layer as a linear operator of its input for fixed ``weights`` ``(C_out, C_in, *k)``:
         :math:`y = R\, L_w\, B\, H\, x` (no bias: the bias is not linear in x). Its adjoint is the
         input gradient.
 

@@ -39,7 +39,7 @@ from ..movement import Copy, CopyAdjoint, Move
 from ..operator import Composition, LinearOperator
 from ..partition import DistributedTensor, Partition
 from ..primitives import Add
-from ..space import Region
+from ..space import Block, Region
 from .base import LayerError
 
 __all__ = [
@@ -171,7 +171,8 @@ def _sent_region(node: LinearOperator) -> Region | None:
         if node.src.worker == node.dst.worker:
             return None
         if isinstance(node, CopyAdjoint):  # data flows back from dst to src
-            return node.domain[node.dst.name] if node.out_of_place else node.dst
+            dst = node.dst  # a new block exactly when the adjoint is out of place
+            return node.domain[dst.name] if isinstance(dst, Block) else dst
         return node.src
     return None
 

@@ -7,23 +7,24 @@ interpreter) before ``(batch, channel, ...)``. The work is done by
 ``numpy.lib.stride_tricks.sliding_window_view`` and ``tensordot`` / ``einsum``; the only Python
 loops run over the kernel's taps (k^d of them), never over entries.
 
-=============================  ===================================================================
-kernel                         maths (per spatial output position p, tap t)
-=============================  ===================================================================
-:func:`correlate`              y[n, o, p] = sum_{c, t} w[o, c, t] x[n, c, s p + d t]
-:func:`correlate_adjoint`      x[n, c, s p + d t] += sum_o conj(w[o, c, t]) y[n, o, p]  (adjoint in x)
-:func:`weight_correlate`       the same y as a function of w for fixed x
-:func:`weight_correlate_adjoint`  dw[o, c, t] = sum_{n, p} y[n, o, p] x[n, c, s p + d t]
-:func:`average_pool`           y[n, c, p] = mean_t x[n, c, s p + d t]
-:func:`average_pool_adjoint`   x[n, c, s p + d t] += y[n, c, p] / |t|
-:func:`max_selection`          the flat index of the first maximum of each window (fixed input)
-=============================  ===================================================================
+==================================  ===================================================================
+kernel                              maths (per spatial output position p, tap t)
+==================================  ===================================================================
+:func:`correlate`                   y[n, o, p] = sum_{c, t} w[o, c, t] x[n, c, s p + d t]
+:func:`correlate_adjoint`           x[n, c, s p + d t] += sum_o conj(w[o, c, t]) y[n, o, p]  (adjoint in x)
+:func:`weight_correlate`            the same y as a function of w for fixed x
+:func:`weight_correlate_adjoint`    dw[o, c, t] = sum_{n, p} y[n, o, p] x[n, c, s p + d t]
+:func:`average_pool`                y[n, c, p] = mean_t x[n, c, s p + d t]
+:func:`average_pool_adjoint`        x[n, c, s p + d t] += y[n, c, p] / (number of taps)
+:func:`max_selection`               the flat index of the first maximum of each window (fixed input)
+==================================  ===================================================================
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from types import EllipsisType
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -41,6 +42,10 @@ __all__ = [
     "select",
     "select_adjoint",
 ]
+
+#: A basic numpy index (slices, ``...``, new axes), built as a named tuple before subscripting: mypy
+#: infers ``tuple[object, ...]`` for a mixed tuple display and flags ``x[(..., *s)]`` as 3.11 syntax.
+Index = tuple[slice | EllipsisType | None, ...]
 
 
 def output_shape(
@@ -68,14 +73,15 @@ def windows_view(
     if 0 in out or any(m < e for m, e in zip(spatial, extents)):
         return np.zeros((*lead, *out, *size), dtype=x.dtype)
     view = sliding_window_view(x, extents, axis=tuple(range(x.ndim - dims, x.ndim)))
-    index = (
+    index: Index = (
         Ellipsis,
         *tuple(slice(None, None, s) for s in stride),
         *tuple(slice(None, None, d) for d in dilation),
     )
     view = view[index]
     positions = tuple(slice(0, n) for n in out)
-    return view[(Ellipsis, *positions, *(slice(None),) * dims)]
+    trimmed: Index = (Ellipsis, *positions, *(slice(None),) * dims)
+    return view[trimmed]
 
 
 def _spatial_letters(dims: int) -> tuple[str, str]:
@@ -95,7 +101,7 @@ def correlate(x: np.ndarray, w: np.ndarray, stride: Sequence[int], dilation: Seq
 
 def _tap_slices(
     tap: Sequence[int], out: Sequence[int], stride: Sequence[int], dilation: Sequence[int]
-) -> tuple:
+) -> tuple[slice, ...]:
     return tuple(slice(t * d, t * d + s * (n - 1) + 1, s) for t, n, s, d in zip(tap, out, stride, dilation))
 
 
@@ -122,11 +128,13 @@ def correlate_adjoint(
     spread = np.zeros(
         (*lead, *((n - 1) * s + 1 + 2 * r for n, s, r in zip(out, stride, reach))), dtype=y.dtype
     )
-    spread[(Ellipsis, *(slice(r, r + (n - 1) * s + 1, s) for n, s, r in zip(out, stride, reach)))] = y
-    flipped = np.swapaxes(w[(slice(None), slice(None), *(slice(None, None, -1),) * dims)], 0, 1).conj()
+    spaced: Index = (Ellipsis, *(slice(r, r + (n - 1) * s + 1, s) for n, s, r in zip(out, stride, reach)))
+    spread[spaced] = y
+    reverse: Index = (slice(None), slice(None), *(slice(None, None, -1),) * dims)
+    flipped = np.swapaxes(w[reverse], 0, 1).conj()
     full = correlate(spread, flipped, (1,) * dims, dilation)  # (..., N, C, (n-1)s + 1 + d(k-1) ...)
-    covered = tuple(slice(0, min(m, e)) for m, e in zip(window, full.shape[full.ndim - dims :]))
-    x[(Ellipsis, *covered)] = full[(Ellipsis, *covered)]
+    covered: Index = (Ellipsis, *(slice(0, min(m, e)) for m, e in zip(window, full.shape[full.ndim - dims :])))
+    x[covered] = full[covered]
     return x
 
 
@@ -169,8 +177,8 @@ def average_pool(
 def average_pool_adjoint(
     y: np.ndarray, window: Sequence[int], size: Sequence[int], stride: Sequence[int], dilation: Sequence[int]
 ) -> np.ndarray:
-    """The adjoint of :func:`average_pool`: each output's value / |taps| added to every entry of
-    its window."""
+    """The adjoint of :func:`average_pool`: each output's value divided by the number of taps
+    added to every entry of its window."""
     dims = len(size)
     out = y.shape[y.ndim - dims :]
     taps = int(np.prod(size))
@@ -179,7 +187,8 @@ def average_pool_adjoint(
     if 0 in out:
         return x
     for tap in itertools.product(*(range(k) for k in size)):
-        x[(Ellipsis, *_tap_slices(tap, out, stride, dilation))] += share
+        taken: Index = (Ellipsis, *_tap_slices(tap, out, stride, dilation))
+        x[taken] += share
     return x
 
 
@@ -215,5 +224,6 @@ def select_adjoint(y: np.ndarray, indices: np.ndarray, shape: Sequence[int]) -> 
     size = int(np.prod(shape))
     flat = y.reshape(-1, indices.size)
     out = np.zeros((flat.shape[0], size), dtype=y.dtype)
-    np.add.at(out, (slice(None), indices.reshape(-1)), flat)
+    # numpy's stubs type ufunc.at's indices as one integer array, not a tuple of index parts
+    np.add.at(out, (slice(None), indices.reshape(-1)), flat)  # type: ignore[arg-type]
     return out.reshape(*lead, *shape)

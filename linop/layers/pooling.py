@@ -36,6 +36,7 @@ __all__ = ["AveragePool", "MaxPoolJacobian"]
 
 class _Pool:
     layer = "Pool"
+    label: str  # the short name of each subclass's local steps
 
     def __init__(self, x: DistributedTensor, kernel: Kernel | int, *, name: str = "y") -> None:
         self.x = require_tensor(self.layer, "x", x)
@@ -77,7 +78,7 @@ class _Pool:
 
     def _parts(self):
         k = self.kernel
-        return k.size[2:], k.stride[2:], k.dilation[2:]  # type: ignore[index]
+        return k.size[2:], k.stride[2:], k.dilation[2:]
 
     def _stage(self, kernels_of) -> LinearOperator:
         moving = self.window_operator
