@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from verify.strategies_malformed import Call, FuzzFailure, calls, outcome
 
 LONG = os.environ.get("LINOP_LONG") == "1"
-EXAMPLES = int(os.environ.get("LINOP_FUZZ_EXAMPLES", 10_000 if LONG else 600))
+EXAMPLES = int(os.environ.get("LINOP_FUZZ_EXAMPLES", 10_000 if LONG else 2_000))
 
 
 KNOWN_UNTYPED = (
