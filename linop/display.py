@@ -310,10 +310,10 @@ def block_structure(op: LinearOperator, matrix: Any = None) -> BlockStructure:
     rows, cols, data, row_block, col_block = (a[order] for a in (rows, cols, data, row_block, col_block))
     pair = row_block * max(len(domain_blocks), 1) + col_block
     cuts = np.flatnonzero(np.diff(pair)) + 1
-    groups = {}
-    for chunk in np.split(np.arange(len(pair)), cuts):
-        if len(chunk):
-            groups[int(row_block[chunk[0]]), int(col_block[chunk[0]])] = chunk
+    groups: dict[tuple[int, int], np.ndarray] = {}
+    for run in np.split(np.arange(len(pair)), cuts):
+        if len(run):
+            groups[int(row_block[run[0]]), int(col_block[run[0]])] = run
     cells: dict[tuple[str, str], BlockCell] = {}
     for i, rb in enumerate(range_blocks):
         for j, db in enumerate(domain_blocks):

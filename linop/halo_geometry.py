@@ -102,7 +102,7 @@ def _is_scalar(value: object) -> bool:
 
 def _entries(value: object) -> tuple:
     """The entries of a kernel parameter: a scalar's one entry or a sequence's items."""
-    return (value,) if _is_scalar(value) else tuple(value)  # type: ignore[call-overload, arg-type]
+    return (value,) if _is_scalar(value) else tuple(value)  # type: ignore[arg-type]
 
 
 def _per_dimension(value: object, ndim: int, what: str, leading: int) -> tuple:
@@ -110,7 +110,7 @@ def _per_dimension(value: object, ndim: int, what: str, leading: int) -> tuple:
     count = ndim - leading
     if _is_scalar(value):
         return (value,) * count
-    values: tuple[object, ...] = tuple(value)  # type: ignore[call-overload, arg-type]
+    values: tuple[object, ...] = tuple(value)  # type: ignore[arg-type]
     if len(values) != count:
         where = f" (after {leading} leading dimensions)" if leading else ""
         raise KernelError(f"kernel {what} has {len(values)} entries for {count} dimensions{where}: {values}")
@@ -485,7 +485,7 @@ class HaloGeometry:
     def __post_init__(self) -> None:
         fills = tuple(
             tuple(
-                _fill_segments(dim_rows, g, self.kernel.boundary[dim], self.data_range(dim, g))  # type: ignore[index]
+                _fill_segments(dim_rows, g, self.kernel.boundary[dim], self.data_range(dim, g))
                 for g in range(len(dim_rows))
             )
             for dim, dim_rows in enumerate(self.rows)
@@ -523,7 +523,7 @@ class HaloGeometry:
         r = self.rows[dim][g]
         if not r.has_output:
             return slice(r.bulk.start, r.bulk.start)
-        if self.kernel.boundary[dim] == "zero":  # type: ignore[index]
+        if self.kernel.boundary[dim] == "zero":
             start, stop = max(r.need_start, 0), min(r.need_stop, r.length)
             if stop <= start:
                 return slice(r.bulk.start, r.bulk.start)
@@ -582,7 +582,7 @@ class Fills(Sequence[Segment]):
     def __len__(self) -> int:
         return self._length
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self):
         for pattern, repeats, stride in self._parts:
             if stride == 0 or repeats == 1:
                 for _ in range(repeats):
@@ -593,7 +593,7 @@ class Fills(Sequence[Segment]):
                 for seg in pattern:
                     yield Segment(seg.dst_start + shift, seg.size, seg.owner, seg.src_start)
 
-    def __getitem__(self, index):  # type: ignore[no-untyped-def]
+    def __getitem__(self, index):
         if isinstance(index, slice):
             return tuple(self)[index]
         i = operator.index(index)
@@ -805,7 +805,7 @@ def halo_geometry(tensor: DistributedTensor, kernel: Kernel | int) -> HaloGeomet
                 f"dimension {dim}: the kernel's extent {extent} (size {k}, dilation {d}) is larger than "
                 f"the padded input {m} + 2*{p} = {m + 2 * p}"
             )
-        boundary = kernel.boundary[dim]  # type: ignore[index]
+        boundary = kernel.boundary[dim]
         if boundary != "zero" and m == 0 and p > 0:
             raise HaloError(f"dimension {dim}: the {boundary} boundary cannot pad an input of length 0")
         n = output_length(m, k, s, p, d)

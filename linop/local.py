@@ -239,7 +239,7 @@ class LocalKernel:
     @property
     def shape(self) -> tuple[int, int] | None:
         """(m, n) for matrix kernels, None for callables."""
-        return None if self._matrix is None else tuple(self._matrix.shape)  # type: ignore[return-value]
+        return None if self._matrix is None else tuple(self._matrix.shape)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, LocalKernel):
@@ -406,11 +406,11 @@ class LocalOperator(LinearOperator):
         return self.inputs if self.adjointed else self.outputs
 
     @cached_property
-    def domain(self) -> Space:  # type: ignore[override]
+    def domain(self) -> Space:
         return Space((*self.others.blocks, *self.consumed))
 
     @cached_property
-    def range(self) -> Space:  # type: ignore[override]
+    def range(self) -> Space:
         return Space((*self.others.blocks, *self.produced))
 
     def within(self, space: Space) -> LocalOperator:
@@ -649,8 +649,9 @@ def local_operator(
     --------
     >>> space = Space([Block("x", (3,)), Block("z", (2,))])
     >>> op = local_operator(space, "x", ("y", (2,)), np.ones((2, 3), dtype=int))
-    >>> op(dict(x=np.arange(3), z=np.zeros(2)))["y"].tolist()
-    [3, 3]
+    >>> state = op(dict(x=np.arange(3), z=np.zeros(2, dtype=int)))  # y = K x; z passes through
+    >>> state["y"].tolist(), sorted(state)
+    ([3, 3], ['y', 'z'])
     """
     names = _as_blocks(inputs, "input")
     for item in names:

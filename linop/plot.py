@@ -250,7 +250,7 @@ def decomposition(
 
 def _draw_halo_row(ax: Axes, geometry: HaloGeometry, dim: int, g: int) -> None:
     row = geometry.rows[dim][g]
-    zero = geometry.kernel.boundary[dim] == "zero"  # type: ignore[index]
+    zero = geometry.kernel.boundary[dim] == "zero"
     for segment in geometry.fills[dim][g]:
         x0 = row.local_start + segment.dst_start
         _rect(
