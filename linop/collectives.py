@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .errors import ShapeMismatchError
+from .errors import OperandError, ShapeMismatchError
 from .layout import (
     BlockGrid,
     Layout,
@@ -77,7 +77,7 @@ class _BroadcastGeometry(Planned):
         kind = type(self).__name__
         check_layout(kind, self.tensor, "tensor")
         if not isinstance(self.partition, Partition):
-            raise TypeError(f"{kind}: partition must be a Partition, not {type(self.partition).__name__}")
+            raise OperandError(f"{kind}: partition must be a Partition, not {type(self.partition).__name__}")
         require_name(kind, self.name)
         object.__setattr__(self, "transpose", bool(self.transpose))
         mapping = broadcast_map(self.tensor.partition, self.partition, transpose=self.transpose)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import GlobalShapeError
+from .errors import GlobalShapeError, OperandError
 from .layout import require_tensor
 from .operator import LinearOperator
 from .partition import DistributedTensor
@@ -185,7 +185,7 @@ class _RootGeometry(Planned):
     def _setup(self) -> None:
         kind = type(self).__name__
         if not isinstance(self.root, Block):
-            raise TypeError(f"{kind}: root must be a Block, not {type(self.root).__name__}")
+            raise OperandError(f"{kind}: root must be a Block, not {type(self.root).__name__}")
         require_tensor(kind, "tensor", self.tensor)
         if self.root.shape != self.tensor.global_shape:
             raise GlobalShapeError(
