@@ -46,6 +46,8 @@ DOCTESTED = (
     "linop.collectives",
     "linop.repartition",
     "linop.version",
+    "linop.local",
+    "linop.display",
     "verify.identities",
     "verify.exact",
     "verify.numeric",
