@@ -10,6 +10,8 @@ reflecting modes adds wrapped entries back into their owners.
 
 from __future__ import annotations
 
+import functools
+
 from linop import LinearOperator, expand_all
 from linop.halo import HaloExchange, halo_windows
 from linop.halo_geometry import Kernel, halo_geometry
@@ -85,7 +87,7 @@ ENTRIES: list[Entry] = [
             f"halo-windows-{mode}-adjoint",
             SECTION,
             f"W = T H E with {mode} boundary on a 2 x 2 partition, kernel 3, padding 2: W* is its transpose",
-            lambda mode=mode: _windows(mode),
+            functools.partial(_windows, mode),
         )
         for mode in ("zero", "periodic", "reflect", "symmetric")
     ),

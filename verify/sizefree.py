@@ -88,7 +88,7 @@ def exact_scalar(alpha: object) -> sympy.Expr:
     if isinstance(alpha, sympy.Basic):
         return alpha
     if hasattr(alpha, "item"):
-        alpha = alpha.item()  # type: ignore[union-attr]
+        alpha = alpha.item()
     if isinstance(alpha, numbers.Integral):
         return sympy.Integer(int(alpha))
     if isinstance(alpha, numbers.Real):

@@ -51,7 +51,8 @@ their own modules (:data:`FEATURE_MODULES`) and are re-exported here.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -328,7 +329,8 @@ def endomorphisms(draw: st.DrawFn, space: Space, *, whole: bool = False) -> Line
     if kind == "clear":
         return Clear(draw(regions(space, whole=whole or None)))
     src, dst = draw(region_pairs(space, whole=whole))
-    return {"add": Add, "copy": Copy, "move": Move}[kind](src, dst)
+    makers: dict[str, Callable[[Region, Region], LinearOperator]] = {"add": Add, "copy": Copy, "move": Move}
+    return makers[kind](src, dst)
 
 
 @st.composite
@@ -399,10 +401,11 @@ def operators(
 
 def _elements(dtype: np.dtype, bound: float) -> st.SearchStrategy[Any]:
     if dtype.kind == "c":
-        width = 64 if dtype.itemsize == 8 else 128
+        width: Literal[64, 128] = 64 if dtype.itemsize == 8 else 128
         return st.complex_numbers(max_magnitude=bound, allow_nan=False, allow_infinity=False, width=width)
     if dtype.kind == "f":
-        return st.floats(-bound, bound, width=8 * dtype.itemsize, allow_subnormal=False)
+        width_bits = cast(Literal[16, 32, 64], 8 * dtype.itemsize)  # hypothesis rejects other widths
+        return st.floats(-bound, bound, width=width_bits, allow_subnormal=False)
     if dtype.kind in "iu":
         return st.integers(0 if dtype.kind == "u" else -9, 9)
     raise TypeError(f"states(): unsupported dtype {dtype}")
@@ -452,13 +455,15 @@ def _zeros() -> st.SearchStrategy[LinearOperator]:
 @examples_for(Scaled)
 def _algebra() -> st.SearchStrategy[LinearOperator]:
     return st.one_of(
-        _of_type(
-            _example_spaces().flatmap(
-                lambda space: st.one_of(operators(space, max_leaves=4), operators(space, max_leaves=4, whole=True))
-            ),
-            node_type,
-        )
-        for node_type in (Composition, Sum, Scaled)
+        [
+            _of_type(
+                _example_spaces().flatmap(
+                    lambda space: st.one_of(operators(space, max_leaves=4), operators(space, max_leaves=4, whole=True))
+                ),
+                node_type,
+            )
+            for node_type in (Composition, Sum, Scaled)
+        ]
     )
 
 

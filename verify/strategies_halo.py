@@ -120,7 +120,8 @@ def halo_cases(
         least = max(1, dilation * (size - 1) + 1 - 2 * padding)
         shape.append(least + draw(st.integers(0, max_extra if dim in wide else 2)))
         grid.append(draw(st.integers(1, 3 if dim in wide else 2)))
-    kernel = Kernel(*(tuple(column) for column in zip(*dims)))
+    k_size, k_stride, k_padding, k_dilation, k_boundary = (tuple(column) for column in zip(*dims))
+    kernel = Kernel(k_size, k_stride, k_padding, k_dilation, k_boundary)
     sizes = draw(decompositions(tuple(shape), tuple(grid), balanced=balanced))
     count = 1
     for n in grid:

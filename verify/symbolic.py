@@ -203,7 +203,7 @@ def dot_test(op: LinearOperator) -> SymbolicResult:
     if residual == 0:
         return SymbolicResult(claim, True, residual)
     domain_symbols, range_symbols = _symbol_table(op.domain, x), _symbol_table(op.range, y)
-    wrong = []
+    wrong: list[tuple[tuple[str | tuple[int, ...], ...], str]] = []
     for term in sympy.Add.make_args(residual):
         coefficient, factors = term.as_coeff_mul()
         found_x = [domain_symbols[f] for f in factors if f in domain_symbols]

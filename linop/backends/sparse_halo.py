@@ -17,7 +17,7 @@ from .sparse_backend import INDEX, handler, selection
 __all__: list[str] = []
 
 
-def _flat(op: HaloStage) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _flat(op: HaloStage | HaloStageAdjoint) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(source positions, destination positions, positions that are no destination)."""
     n = op.space.size
     if not op.transfers:
