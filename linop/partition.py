@@ -15,6 +15,7 @@ import math
 import operator
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -376,14 +377,14 @@ class DistributedTensor:
             self.block_name(index), tuple(b - a for a, b in zip(start, stop)), self.partition.worker(index)
         )
 
-    @property
+    @cached_property
     def blocks(self) -> tuple[Block, ...]:
-        """All blocks, in C order of grid index."""
+        """All blocks, in C order of grid index (built once per tensor)."""
         return tuple(self.block(i) for i in self.partition.indices())
 
-    @property
+    @cached_property
     def space(self) -> Space:
-        """The space of the tensor's blocks."""
+        """The space of the tensor's blocks (built once per tensor)."""
         return Space(self.blocks)
 
     def region(self, index: Sequence[int], box: GlobalBox, space: Space | None = None) -> Region:

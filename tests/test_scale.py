@@ -24,20 +24,11 @@ import bench_scale
 LINEAR = 6.0
 """Bound on count(4P) / count(P): linear growth gives about 4, quadratic 16."""
 
-QUADRATIC_FALLBACK = "the MPI fast path projects the full primitive expansion as a fallback (mpi_fastpaths)"
 CASES = [
     pytest.param("HaloExchange", id="halo-exchange"),
     pytest.param("halo_windows", id="halo-windows"),
-    pytest.param(
-        "Broadcast 1 -> P",
-        id="broadcast-one",
-        marks=pytest.mark.xfail(strict=True, reason=QUADRATIC_FALLBACK),
-    ),
-    pytest.param(
-        "Broadcast (1,s) -> (s,s)",
-        id="broadcast-row",
-        marks=pytest.mark.xfail(strict=True, reason=QUADRATIC_FALLBACK),
-    ),
+    pytest.param("Broadcast 1 -> P", id="broadcast-one"),
+    pytest.param("Broadcast (1,s) -> (s,s)", id="broadcast-row"),
     pytest.param("AllReduce axis 0", id="allreduce"),
     pytest.param("Repartition (s,s) -> (2s,s/2)", id="repartition"),
 ]

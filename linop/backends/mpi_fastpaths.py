@@ -103,8 +103,24 @@ def _contiguous_owned(work: Workspace, name: str, dtype: np.dtype) -> np.ndarray
     return array
 
 
-def _fallback(op: LinearOperator, rank: int) -> tuple[Any, ...]:
-    return project(batch(lower(op.expand())), rank)
+class _Fallback:
+    """A rank's schedule of a node's expansion, for dtypes MPI cannot reduce natively: built on
+    first use only (building it walks the whole expansion, O(P) or more per rank)."""
+
+    __slots__ = ("_schedule", "op", "rank")
+
+    def __init__(self, op: LinearOperator, rank: int) -> None:
+        self.op, self.rank = op, rank
+        self._schedule: tuple[Any, ...] | None = None
+
+    def schedule(self) -> tuple[Any, ...]:
+        if self._schedule is None:
+            self._schedule = project(batch(lower(self.op.expand())), self.rank)
+        return self._schedule
+
+
+def _fallback(op: LinearOperator, rank: int) -> _Fallback:
+    return _Fallback(op, rank)
 
 
 # -- all-reduce -------------------------------------------------------------------------------
@@ -113,11 +129,11 @@ class _RankAllReduce(RankStep):
     """One rank's part of an all-reduce: (block, group ranks) per group it belongs to."""
 
     entries: tuple[tuple[str, tuple[int, ...]], ...]
-    fallback: tuple[Any, ...]
+    fallback: _Fallback
 
     def run(self, work: Workspace, comm: Intracomm, dtype: np.dtype) -> None:
         if dtype.char not in REDUCIBLE:
-            run_schedule(self.fallback, work, comm, dtype)
+            run_schedule(self.fallback.schedule(), work, comm, dtype)
             return
         lib = mpi()
         for name, ranks in self.entries:  # blocking, in the global order of the groups
@@ -219,12 +235,12 @@ class _RankBroadcast(RankStep):
     dropped: tuple[str, ...]
     created: tuple[Block, ...]
     reduce: bool
-    fallback: tuple[Any, ...]
+    fallback: _Fallback
     _scratch: list[np.ndarray] = field(default_factory=list)
 
     def run(self, work: Workspace, comm: Intracomm, dtype: np.dtype) -> None:
         if self.reduce and dtype.char not in REDUCIBLE:
-            run_schedule(self.fallback, work, comm, dtype)
+            run_schedule(self.fallback.schedule(), work, comm, dtype)
             return
         lib = mpi()
         results: list[tuple[str, np.ndarray, bool]] = []
@@ -480,8 +496,9 @@ def _planned(op: Planned) -> list[Step] | None:
             return None
         entry[1] = block
     pairs = set()
+    dropped, created = set(plan.dropped), {b.name for b in plan.created}  # once, not per piece
     for piece in plan.pieces:
-        if piece.source not in plan.dropped or piece.target not in {b.name for b in plan.created}:
+        if piece.source not in dropped or piece.target not in created:
             return None
         pair = (domain.block(piece.source).worker, range_.block(piece.target).worker)
         if pair in pairs:
