@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # GB). On this machine kind pip finds the 2.13.0 CPU wheel on local disk (pip's find-links).
 TORCH ?= torch==2.13.0
 
-.PHONY: report test lint mpi-test bench docs clean
+.PHONY: report test lint typecheck mpi-test bench docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,10 @@ report: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check linop verify tests benchmarks notebooks
 
-test: lint
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+test: lint typecheck
 	$(PY) -m pytest
 
 bench: $(STAMP)

@@ -84,11 +84,11 @@ def balanced_sizes(length: int, parts: int) -> tuple[int, ...]:
     >>> balanced_sizes(5, 3)
     (2, 2, 1)
     """
-    length = _integers(length, "balanced_sizes: length", DecompositionError)
-    parts = _integers(parts, "balanced_sizes: parts", DecompositionError)
-    if len(length) != 1 or len(parts) != 1:
-        raise DecompositionError(f"balanced_sizes takes one length and one count, not {length} and {parts}")
-    length, parts = length[0], parts[0]
+    lengths = _integers(length, "balanced_sizes: length", DecompositionError)
+    counts = _integers(parts, "balanced_sizes: parts", DecompositionError)
+    if len(lengths) != 1 or len(counts) != 1:
+        raise DecompositionError(f"balanced_sizes takes one length and one count, not {lengths} and {counts}")
+    length, parts = lengths[0], counts[0]
     if length < 0 or parts < 1:
         raise DecompositionError(f"cannot split length {length} into {parts} parts")
     quotient, remainder = divmod(length, parts)

@@ -92,15 +92,15 @@ class Proof(Verdict):
         return f"Proof({verdict}: {self.claim}; {self.detail})"
 
 
-def _number(value: object) -> str:
+def _number(value: complex | float | int) -> str:
     if isinstance(value, complex) or np.iscomplexobj(value):
-        value = complex(value)
-        if value.imag == 0:
-            value = value.real
-        else:
-            return f"{value:g}"
-    value = float(value)  # type: ignore[arg-type]
-    return str(int(value)) if value.is_integer() else f"{value:.17g}"
+        number = complex(value)
+        if number.imag != 0:
+            return f"{number:g}"
+        real = number.real
+    else:
+        real = float(value)
+    return str(int(real)) if real.is_integer() else f"{real:.17g}"
 
 
 def _compare(
@@ -193,7 +193,7 @@ def _require_operator(value: object, what: str) -> None:
 
 def _scalar(value: object) -> complex | float | int:
     item = np.asarray(value).item()
-    return item  # type: ignore[no-any-return]
+    return item
 
 
 def exact_adjoint(op: LinearOperator) -> Proof:

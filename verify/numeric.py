@@ -335,8 +335,8 @@ def _localize_adjoint(op: LinearOperator, adjoint: LinearOperator) -> str:
     )
 
 
-def _fmt(value: object) -> str:
-    value = complex(value)  # type: ignore[arg-type]
-    if value.imag == 0:
-        return f"{value.real:.6g}"
-    return f"{value:.6g}"
+def _fmt(value: complex | float | int) -> str:
+    number = complex(value)
+    if number.imag == 0:
+        return f"{number.real:.6g}"
+    return f"{number:.6g}"

@@ -70,7 +70,7 @@ def shard_spaces(sizes: tuple[int, ...], name: str = "x", *, trailing: tuple[int
 
 
 def lifted_cases(
-    make: Callable[..., tuple[Callable[..., Any], Any, Any]],
+    make: Callable[..., tuple[Any, ...]],
     *parameters: st.SearchStrategy[Any],
     framework: str = "torch",
     adjoint: bool = False,

@@ -355,7 +355,7 @@ def _methods(draw: st.DrawFn) -> Call:
 
 
 # -- entry points -------------------------------------------------------------------------------
-_STATE_DTYPES = [
+_STATE_DTYPES: list[type | str] = [
     np.float64,
     np.float32,
     np.int64,
@@ -383,9 +383,10 @@ def _bad_states(draw: st.DrawFn, space: Space) -> dict[str, Any]:
         elif kind == "list":
             state[block.name] = np.arange(block.size).reshape(block.shape).tolist()
         elif kind == "big":
-            dtype = draw(st.sampled_from([np.uint8, np.int8, np.int64]))
-            info = np.iinfo(dtype)
-            state[block.name] = np.full(block.shape, draw(st.sampled_from([info.max, info.min])), dtype=dtype)
+            integer_types: list[type[np.integer[Any]]] = [np.uint8, np.int8, np.int64]
+            big = draw(st.sampled_from(integer_types))
+            info = np.iinfo(big)
+            state[block.name] = np.full(block.shape, draw(st.sampled_from([info.max, info.min])), dtype=big)
         else:
             dtype = np.float64 if kind == "valid" else draw(st.sampled_from(_STATE_DTYPES))
             values = np.arange(block.size).reshape(block.shape) % 7 - 3
@@ -403,7 +404,7 @@ def _applications(draw: st.DrawFn) -> Call:
     op = draw(lst.operators(space, max_leaves=3))
     state = draw(st.one_of(_bad_states(op.domain), lst.states(op.domain), junk()))
     inplace = draw(st.one_of(st.just(False), st.just(True)))
-    dtype = draw(st.one_of(st.none(), st.none(), st.sampled_from([*_STATE_DTYPES, "foo", 3])))
+    dtype: Any = draw(st.one_of(st.none(), st.none(), st.sampled_from([*_STATE_DTYPES, "foo", 3])))  # some invalid
 
     def apply() -> Any:
         arrays = (

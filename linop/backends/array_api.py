@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import array_api_compat as compat
 import numpy as np
@@ -246,7 +246,8 @@ def apply(
     dtype = _numpy_dtype(dtype, library)
     arrays = {name: to_numpy(name, value, library) for name, value in state.items()}
     if inplace:
-        return _apply_in_place(op, state, arrays, library, interpret, dtype)
+        # in place, the result is the caller's own state object (a dict, as LinearOperator.apply takes)
+        return cast(dict[str, Any], _apply_in_place(op, state, arrays, library, interpret, dtype))
     result = interpret(op, arrays, dtype=dtype)
     return _wrap_result(result, state, arrays, library)
 

@@ -78,14 +78,19 @@ def _lowered(*arrays: Any, op: LinearOperator, dtype: Any) -> list[Any]:
 
 
 def _transpose(cotangents: Any, *primals: Any, op: LinearOperator, dtype: Any) -> list[Any]:
-    cotangents = [jnp.zeros(ct.aval.shape, ct.aval.dtype) if type(ct) is ad.Zero else ct for ct in cotangents]
+    # jax types a Zero's aval as AbstractValue; a Zero of an array primal holds a ShapedArray
+    cotangents = [
+        jnp.zeros(ct.aval.shape, ct.aval.dtype) if type(ct) is ad.Zero else ct  # type: ignore[attr-defined]
+        for ct in cotangents
+    ]
     complex_ = any(jnp.iscomplexobj(ct) for ct in cotangents)
     if complex_:
         cotangents = [jnp.conj(ct) for ct in cotangents]
     back = operator_p.bind(*cotangents, op=op.H, dtype=dtype)
     result = []
     for value, primal in zip(back, primals):
-        aval = primal.aval if ad.is_undefined_primal(primal) else jax.core.get_aval(primal)
+        # jax.core.get_aval exists at run time but jax's stubs do not export it
+        aval = primal.aval if ad.is_undefined_primal(primal) else jax.core.get_aval(primal)  # type: ignore[attr-defined]
         if complex_:
             value = jnp.conj(value)
         if jnp.iscomplexobj(value) and not jnp.issubdtype(aval.dtype, jnp.complexfloating):

@@ -78,41 +78,45 @@ class _Runner:
     def run(self, tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         state = {name: tensor.detach() for name, tensor in zip(self.inputs, tensors)}
         if self.plan is None:
-            result = self.op.apply(state, dtype=self.dtype)
+            result: Mapping[str, Any] = self.op.apply(state, dtype=self.dtype)  # torch in, torch out
             inputs = {t.data_ptr() for t in state.values() if t.numel()}
             return tuple(_fresh(result[name], inputs) for name in self.outputs)
         return self._run_bound(state)
 
     def _run_bound(self, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        plan = self.plan
+        assert plan is not None  # run() comes here only with a plan
         dtypes = tuple(t.dtype for t in state.values())
         if self._bound is None or dtypes != self._bound_dtypes:
             if self._bound is not None:
                 self._bound.free()
-            blocks = self.plan.domain_blocks
+            blocks = plan.domain_blocks
             self._staging = {
                 name: np.empty(blocks[name].shape, dtype=_numpy_dtype(t.dtype)) for name, t in state.items()
             }
-            self._bound = self.plan.bind(self._staging, inplace=False)
+            self._bound = plan.bind(self._staging, inplace=False)
             self._bound_dtypes = dtypes
+        staging = self._staging
+        assert staging is not None  # set together with the bound plan
         views = {name: tensor.cpu().resolve_conj().resolve_neg().numpy() for name, tensor in state.items()}
         for name, view in views.items():
-            if view.shape != self._staging[name].shape:
+            if view.shape != staging[name].shape:
                 raise StateError(
-                    f"rank {self.plan.context.rank}: block {name!r} has shape {view.shape}, the domain "
-                    f"expects {self._staging[name].shape}"
+                    f"rank {plan.context.rank}: block {name!r} has shape {view.shape}, the domain "
+                    f"expects {staging[name].shape}"
                 )
         device = next(iter(state.values())).device if state else torch.device("cpu")
         if not self._bound.persistent:
             # Nothing was prebuilt on the staging buffers (the bind decision is the same on
             # every rank): run the checked-once plan straight on the tensors' memory.
             dtype = self._bound.dtype
-            result = self.plan.run_out_of_place(views, dtype, dtype)
+            result = plan.run_out_of_place(views, dtype, dtype)
             return tuple(
                 torch.from_numpy(array if array.flags.writeable else np.array(array)).to(device)
                 for array in (result[name] for name in self.outputs)
             )
         for name, view in views.items():
-            np.copyto(self._staging[name], view)
+            np.copyto(staging[name], view)
         result = self._bound()  # the same output arrays on every call: copied out
         return tuple(torch.from_numpy(np.array(result[name])).to(device) for name in self.outputs)
 
