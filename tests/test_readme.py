@@ -53,3 +53,16 @@ def test_readme_mpi_example_runs_under_mpiexec(tmp_path):
         stdin=subprocess.DEVNULL,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_readme_tour_type_checks(tmp_path):
+    """The tour is what users type: mypy accepts it against linop's annotations (blocks are
+    joined into one module, so a name reused across blocks may change its type)."""
+    pytest = __import__("pytest")
+    pytest.importorskip("mypy")
+    tour = tmp_path / "tour.py"
+    tour.write_text("# mypy: allow-redefinition\n" + "\n".join(tour_blocks()))
+    # the project's own cache (.mypy_cache, warm after `make typecheck`) keeps this quick
+    command = [sys.executable, "-m", "mypy", str(tour)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=README.parent)
+    assert result.returncode == 0, result.stdout + result.stderr
