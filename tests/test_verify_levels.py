@@ -198,6 +198,7 @@ def test_numeric_level_localizes_a_wrong_adjoint_of_tiny_scale():
     assert "first: row b[0, 0], column b[0, 0]" in result.detail
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the overflow to inf/NaN is the point
 def test_numeric_equal_needs_a_trial_and_fails_on_nan():
     s = space()
     with pytest.raises(ValueError, match="trials"):
