@@ -39,6 +39,7 @@ matrices.
 from __future__ import annotations
 
 import itertools
+from abc import abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, NoReturn
@@ -783,17 +784,21 @@ class _ShimBase(LinearOperator):
 
     ADJOINT: ClassVar[bool] = False
 
+    @abstractmethod
     def _forward_parts(self) -> tuple[LinearOperator, ...]:
-        raise NotImplementedError
+        """The forward shim's per-worker parts, each on its worker's blocks."""
 
+    @abstractmethod
     def _forward_expansion(self) -> LinearOperator:
-        raise NotImplementedError
+        """The forward shim in primitives on the whole space."""
 
+    @abstractmethod
     def _forward_spaces(self) -> tuple[Space, Space]:
-        raise NotImplementedError
+        """The forward shim's (domain, range)."""
 
+    @abstractmethod
     def _forward_links(self) -> Iterator[ShimLink]:
-        raise NotImplementedError
+        """The forward shim's boxes, one per worker (see :meth:`links`)."""
 
     def links(self) -> Iterator[ShimLink]:
         """The entries the shim moves, one box per worker: ``(domain block, box in it, range
