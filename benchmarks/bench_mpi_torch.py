@@ -10,16 +10,21 @@ kernel with zero padding 1 is its strip with one halo row from each neighbour (z
 ends, and a zero column on each side). ``linop``: ``TorchOperator(halo_windows(...), comm=comm)``: a plan bound once per
 direction; each call copies the tensors into the bound buffers, runs the plan and copies the
 results out. ``hand``: an ``autograd.Function`` that allocates the window, copies the strip in
-and exchanges halo rows with ``Sendrecv`` (backward: sends the halo rows' gradients back and
+and exchanges halo rows with ``Isend``/``Irecv`` (backward: sends the halo rows' gradients back and
 adds them into the neighbours' edge rows). Both are checked equal first (windows and
 gradients); a sample's time is the maximum over ranks of one forward + backward; medians and
 the ratio linop / hand are printed on rank 0. Nothing is asserted about speed.
 
 Second table: a row-partitioned 3 x 3 convolution, ``LayerModule(Convolution(...), comm=)``
-against a hand-written halo exchange (``Sendrecv`` in an autograd.Function) + ``conv2d`` +
-``Allreduce`` of the weight gradients. The layer's local kernels are linop.layers' numpy ones
-(einsum over sliding windows), which dominate its time (cProfile, one process: einsum 0.9 s of
-1.5 s for three steps of a 4 x 8 x 128 x 64 input), against torch's own conv2d.
+against a hand-written halo exchange (``Isend``/``Irecv`` in an autograd.Function) + ``conv2d``
++ ``Allreduce`` of the weight gradients. The module moves data with linop trees on plans bound
+once (the input's halo windows, the parameters' broadcast from their owner, and the adjoints of
+both in the backward) and computes with torch's ``conv2d`` and its backward, as the hand-written
+layer does. ``owners``: the parameters live on their owner (rank 0), broadcast in each forward
+and their gradients summed back (two more collective rounds than the hand-written layer);
+``replicated`` (``replicate=True``): every rank holds the copies it uses and the backward
+all-reduces their gradients, the hand-written layer's own scheme. Outputs, input gradients and
+the held weight gradients are checked equal to the hand-written layer's first.
 """
 
 from __future__ import annotations
@@ -140,7 +145,7 @@ def main() -> None:
 
 def hand_conv(comm, weight: torch.Tensor, bias: torch.Tensor):
     """A row-partitioned 3 x 3 convolution (padding 1) written by hand: a halo exchange of one
-    row each way as an autograd.Function (Sendrecv), then torch's conv2d; the weight and bias
+    row each way as an autograd.Function (Isend/Irecv), then torch's conv2d; the weight and bias
     gradients are summed over the ranks (Allreduce), as a data-parallel code would."""
     up, down = RANK - 1, RANK + 1
 
@@ -197,43 +202,56 @@ def conv_main() -> None:
 
     if RANK == 0:
         print(f"{SIZE} ranks, convolution 3 x 3 (padding 1), forward + backward:")
-        print(f"  {'x (N, C, H, W)':>20} {'linop layer':>12} {'hand':>10} {'ratio':>6}")
-    for shape, out_channels in (((2, 4, 16 * SIZE, 32), 4), ((4, 8, 32 * SIZE, 64), 8)):
+        print(
+            f"  {'x (N, C, H, W)':>20} {'hand':>10} {'linop owners':>13} {'ratio':>6}"
+            f" {'linop replicated':>17} {'ratio':>6}"
+        )
+    for shape, out_channels, samples in (
+        ((2, 4, 16 * SIZE, 32), 4, 41),
+        ((4, 8, 32 * SIZE, 64), 8, 21),
+        ((8, 16, 64 * SIZE, 128), 16, 9),
+    ):
         x = DistributedTensor("x", shape, Partition((1, 1, SIZE, 1)))
         layer = Convolution(x, out_channels, Kernel(3, padding=1))
         rng = np.random.default_rng(0)
         w, b = rng.standard_normal(layer.weights.global_shape), rng.standard_normal(layer.bias.global_shape)
-        module = LayerModule(layer, weights=w, bias=b, comm=COMM)
+        modules = [LayerModule(layer, weights=w, bias=b, comm=COMM, replicate=r) for r in (False, True)]
         data, dy = rng.standard_normal(shape), rng.standard_normal(layer.y.global_shape)
-        (x_name,), (y_name,) = module.input_names, module.output_names
+        (x_name,), (y_name,) = modules[0].input_names, modules[0].output_names
         strip = torch.from_numpy(x.scatter(data)[x_name])
         dy_strip = torch.from_numpy(layer.y.scatter(dy)[y_name])
         hand = hand_conv(COMM, torch.from_numpy(w), torch.from_numpy(b))
 
-        def ours(module=module, strip=strip, dy_strip=dy_strip, x_name=x_name, y_name=y_name):
+        def ours(module, strip=strip, dy_strip=dy_strip, x_name=x_name, y_name=y_name):
             module.zero_grad()
             x = strip.detach().requires_grad_()
             y = module({x_name: x})[y_name]
             ((y * dy_strip).sum() + module.token.sum()).backward()
-            return y.detach(), x.grad
+            return y.detach(), x.grad, [p.grad for p in module.parameters()]
 
         def theirs(hand=hand, strip=strip, dy_strip=dy_strip):
             return hand(strip, dy_strip)
 
-        (y1, g1), (y2, g2, *_) = ours(), theirs()
-        same = bool(torch.allclose(y1, y2) and torch.allclose(g1, g2))
+        y2, g2, w2, b2 = theirs()
+        same = True
+        for module in modules:  # outputs and input gradients; the weight gradients where held
+            y1, g1, grads = ours(module)
+            same &= bool(torch.allclose(y1, y2) and torch.allclose(g1, g2))
+            same &= all(torch.allclose(g, w2 if g.ndim == 4 else b2) for g in grads)
         if not COMM.allreduce(same, op=MPI.LAND):
             raise SystemExit("bench_mpi_torch: the linop layer and the hand-written convolution differ")
-        mine, hand_times, ratios = [], [], []
-        for _ in range(7):
-            a, b_ = timed(ours), timed(theirs)
-            mine.append(a)
-            hand_times.append(b_)
-            ratios.append(a / b_)
+        times: list[list[float]] = [[], [], []]
+        for _ in range(samples):
+            times[0].append(timed(theirs))
+            for column, module in zip(times[1:], modules):
+                column.append(timed(lambda module=module: ours(module)))
+        hand_time, owners, replicated = (median(column) for column in times)
+        ratio_owners = median(a / h for a, h in zip(times[1], times[0]))
+        ratio_replicated = median(a / h for a, h in zip(times[2], times[0]))
         if RANK == 0:
             print(
-                f"  {shape!s:>20} {median(mine) * 1e3:>9.2f} ms {median(hand_times) * 1e3:>7.2f} ms"
-                f" {median(ratios):>5.2f}x"
+                f"  {shape!s:>20} {hand_time * 1e3:>7.2f} ms {owners * 1e3:>10.2f} ms {ratio_owners:>5.2f}x"
+                f" {replicated * 1e3:>14.2f} ms {ratio_replicated:>5.2f}x"
             )
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from linop import DistributedTensor, Kernel, Partition, StateError
-from linop.layers import Affine, Convolution
+from linop.layers import Affine, Convolution, LayerError
 
 torch = pytest.importorskip("torch", reason="torch is not installed (the torch extra)")
 from linop.frameworks.torch_layers import LayerModule  # noqa: E402
@@ -95,3 +95,68 @@ def test_layer_module_trains_with_a_torch_optimizer_and_refuses_wrong_blocks():
     assert all(not torch.equal(a, b) for a, b in zip(before, module.parameters()))
     with pytest.raises(StateError, match="takes blocks"):
         module({"x[0,0]": inputs["x[0,0]"]})
+
+
+@pytest.mark.parametrize("name", ["feature-3x1-stride", "general-2x2"], ids=["feature-stride", "general"])
+def test_convolution_module_runs_the_adjoints_of_the_layer_trees(name):
+    """The module's torch kernels and movement trees compute what the layer's whole trees
+    (numpy kernels, proven by verify) compute: y = P(x) theta, dx = A(w)^* dy, dtheta = P(x)^* dy."""
+    shape, grid, workers, kernel = CONVOLUTIONS[name]
+    rng = np.random.default_rng(3)
+    x = DistributedTensor("x", shape, Partition(grid))
+    layer = Convolution(x, 4, kernel, workers=workers)
+    w, b = rng.standard_normal(layer.weights.global_shape), rng.standard_normal(layer.bias.global_shape)
+    module = LayerModule(layer, weights=w, bias=b)
+    data, dy = x.scatter(rng.standard_normal(shape)), layer.y.scatter(rng.standard_normal(layer.y.global_shape))
+    inputs = {k: torch.from_numpy(v).requires_grad_() for k, v in data.items()}
+    outputs = _backward(module, torch, inputs, dy)
+
+    parameters = layer.parameter_operator(layer.window_operator(data))
+    theta = layer.scatter_parameters(w, b)
+    expected_y = parameters(theta)
+    expected_dx = layer.input_operator(w).H(dy)
+    expected_dtheta = parameters.H(dy)
+    for k, v in outputs.items():
+        assert np.allclose(v.detach().numpy(), expected_y[k]), k
+    for k, v in inputs.items():
+        assert np.allclose(v.grad.numpy(), expected_dx[k]), k
+    for k, v in module.parameter_state().items():
+        assert np.allclose(v.grad.numpy(), expected_dtheta[k]), k
+
+
+def test_layer_module_refuses_a_convolution_torch_has_no_kernel_for():
+    x = DistributedTensor("x", (1, 1, 3, 3, 3, 3), Partition((1, 1, 1, 1, 1, 1)))
+    with pytest.raises(LayerError, match="4 spatial dimensions"):
+        LayerModule(Convolution(x, 1, Kernel(1)))
+
+
+@pytest.mark.parametrize("name", ["feature-2x2", "general-2x2"], ids=["feature", "general"])
+def test_replicated_copies_get_the_summed_gradient_of_their_block(name):
+    """replicate=True: the module holds the parameter copies; each gets the gradient of its
+    block (M M^* of the copies' gradients, proven equal to the layer's AllReduce tree), so an
+    SGD step keeps the copies equal to the moved, updated blocks of the default module."""
+    import verify
+
+    shape, grid, workers, kernel = CONVOLUTIONS[name]
+    rng = np.random.default_rng(4)
+    x = DistributedTensor("x", shape, Partition(grid))
+    layer = Convolution(x, 4, kernel, workers=workers)
+    movement = layer.parameter_movement
+    assert verify.equal(layer.copy_gradient_sum, movement @ movement.H)
+    w, b = rng.standard_normal(layer.weights.global_shape), rng.standard_normal(layer.bias.global_shape)
+    owners = LayerModule(layer, weights=w, bias=b)
+    copies = LayerModule(layer, weights=w, bias=b, replicate=True)
+    data, dy = x.scatter(rng.standard_normal(shape)), layer.y.scatter(rng.standard_normal(layer.y.global_shape))
+    results = []
+    for module in (owners, copies):
+        inputs = {k: torch.from_numpy(v).requires_grad_() for k, v in data.items()}
+        out = _backward(module, torch, inputs, dy)
+        results.append(({k: v.detach().numpy() for k, v in out.items()}, {k: v.grad for k, v in inputs.items()}))
+        torch.optim.SGD(module.parameters(), lr=0.1).step()
+    assert set(copies.parameter_names) == set(movement.range.names)
+    (y_owners, dx_owners), (y_copies, dx_copies) = results
+    assert all(np.allclose(y_owners[k], y_copies[k]) for k in y_owners)
+    assert all(torch.allclose(dx_owners[k], dx_copies[k]) for k in dx_owners)
+    moved = movement({k: v.detach().numpy() for k, v in owners.parameter_state().items()})
+    for k, v in copies.parameter_state().items():
+        assert np.allclose(v.detach().numpy(), moved[k]), k

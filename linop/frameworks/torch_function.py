@@ -202,6 +202,23 @@ class TorchOperator:
         """The adjoint, wrapped alike."""
         return TorchOperator(self.op.H, comm=self.comm, dtype=self._runner.dtype)
 
+    def untracked(self, state: Mapping[str, torch.Tensor], *, adjoint: bool = False) -> dict[str, torch.Tensor]:
+        """``op(state)`` (or ``op.H(state)`` with ``adjoint=True``) on this process's tensors,
+        without recording autograd: for code that is itself an autograd node and runs trees
+        inside its forward and backward (:class:`linop.frameworks.torch_layers.LayerModule`).
+        Under MPI it is collective, on the same bound plans as the tracked calls.
+
+        Raises
+        ------
+        StateError
+            If a block of this process's domain is missing from ``state``.
+        """
+        runner = self._runner.adjoint if adjoint else self._runner
+        missing = [name for name in runner.inputs if name not in state]
+        if missing:
+            raise StateError(f"state for {runner.op}: missing block(s) {missing}")
+        return dict(zip(runner.outputs, runner.run([state[name] for name in runner.inputs])))
+
     def tensors(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Apply to tensors given positionally in the order of :attr:`inputs`; the results in
         the order of :attr:`outputs` (for ``gradcheck`` and other positional APIs)."""

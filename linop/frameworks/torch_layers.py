@@ -1,88 +1,146 @@
 r"""Distributed layers (:mod:`linop.layers`) as PyTorch modules with learnable parameters.
 
-A layer :math:`y = \mathcal{W}(\theta)\, x` (a convolution or an affine map, bias included) is
-linear in its input for fixed parameters and linear in its parameters for a fixed input
-(``docs/theory.md#layers``). Its two trees give the whole backward pass:
+A layer :math:`y = R\,\big(L(\tilde x, \tilde\theta)\big)` (a convolution or an affine map,
+bias included) moves data three times and computes once (``docs/theory.md#layers``):
 
 .. math::
 
-    \bar x = A(\theta)^{*}\, \bar y \quad(\texttt{input\_operator}(W)\texttt{.H}), \qquad
-    \bar\theta = P(x)^{*}\, \bar y \quad(\texttt{parameter\_operator}(\text{windows of } x)\texttt{.H})
+    \tilde x = W x \quad(\texttt{window\_operator}), \qquad
+    \tilde\theta = M \theta \quad(\texttt{parameter\_movement}), \qquad
+    \tilde y_j = L_j(\tilde x_j, \tilde\theta_j), \qquad y = R\, \tilde y
+    \quad(\texttt{output\_reduction})
 
-and the forward is :math:`y = P(x)\,\theta`. The module holds this process's (this rank's)
-blocks of the parameters as ``nn.Parameter``\ s, so any torch optimizer trains them.
+where each worker's :math:`L_j` is bilinear: ``conv{1,2,3}d`` or ``linear`` on its window and
+its parameter copies. The backward pass is therefore
 
-In one process the trees run with the numpy interpreter; across MPI ranks (``comm=...``) each
-rank passes its own input blocks and gets its own output blocks, and the trees run with the
-MPI interpreter. The trees depend on the data (the input's windows, the weights), so they are
-built, and planned, on each call; the input gradient needs the whole weight tensor on every
-rank that computes with it, gathered from its owners on each backward (``allgather``).
+.. math::
+
+    \bar{\tilde y} = R^{*} \bar y, \qquad
+    (\bar{\tilde x}_j, \bar{\tilde\theta}_j) = \partial L_j^{*}\, \bar{\tilde y}_j, \qquad
+    \bar x = W^{*} \bar{\tilde x}, \qquad \bar\theta = M^{*} \bar{\tilde\theta}
+
+The three movements are operator trees, run (and their adjoints derived by rules) by linop; the
+local products run in torch (its own kernels and their backward), so that the module costs what
+the same layer written with torch and mpi4py costs. The movements' trees are built once, at
+construction; under MPI (``comm=...``) each is compiled once and bound on first use, forward and
+adjoint, so a training loop pays no per-call planning. The layer's ``input_operator`` and
+``parameter_operator`` are the same algorithm with numpy kernels, as whole trees: those are what
+``verify`` proves, and the tests check the module against them and against torch's own layers.
+
+The module holds this process's (this rank's) blocks of the parameters as ``nn.Parameter``\ s,
+so any torch optimizer trains them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..errors import StateError
-from ..operator import LinearOperator
-from ..space import State
+from ..errors import LayerError, StateError
+from ..layers import Affine, Convolution
+from .torch_function import TorchOperator
 
 __all__ = ["LayerModule"]
 
+#: The local product of one worker: (input window, weight copy, bias copy or None) -> partial output.
+LocalProduct = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
 
-def _numpy(tensor: torch.Tensor) -> np.ndarray:
-    return tensor.detach().cpu().resolve_conj().resolve_neg().numpy()
+_CONVOLUTIONS = {1: torch.nn.functional.conv1d, 2: torch.nn.functional.conv2d, 3: torch.nn.functional.conv3d}
 
 
-class _Runner:
-    """Runs trees with numpy (comm None) or across the ranks of ``comm``."""
+def local_product(layer: Any) -> LocalProduct:
+    """The torch function each worker of ``layer`` applies to its window and parameter copies.
 
-    def __init__(self, comm: Any) -> None:
-        self.comm = comm
+    Raises
+    ------
+    LayerError
+        For a layer type without a torch product, or a convolution over more than 3 spatial
+        dimensions (torch has ``conv1d`` to ``conv3d``).
+    """
+    if isinstance(layer, Affine):
+        return torch.nn.functional.linear
+    if isinstance(layer, Convolution):
+        if layer.dims not in _CONVOLUTIONS:
+            raise LayerError(
+                f"LayerModule: a convolution over {layer.dims} spatial dimensions has no torch kernel "
+                "(conv1d to conv3d); run its trees with linop's numpy kernels instead"
+            )
+        convolve = _CONVOLUTIONS[layer.dims]
+        stride = tuple(layer.kernel.stride[2:])  # type: ignore[index]
+        dilation = tuple(layer.kernel.dilation[2:])  # type: ignore[index]
 
-    def __call__(self, op: LinearOperator, state: State) -> State:
-        if self.comm is None:
-            return op.apply(state)
-        from ..backends import mpi_backend
+        def correlate(window: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+            return convolve(window, weight, bias, stride, 0, dilation)
 
-        return mpi_backend.apply(op, state, comm=self.comm)
-
-    def local(self, space: Any) -> tuple[str, ...]:
-        rank = 0 if self.comm is None else self.comm.rank
-        return tuple(b.name for b in space if self.comm is None or b.worker == rank)
+        return correlate
+    raise LayerError(f"LayerModule takes a Convolution or an Affine layer, not {type(layer).__name__}")
 
 
 class _LayerFunction(torch.autograd.Function):
+    """forward(module, anchor, *x blocks, *parameter blocks) -> (*y blocks, token)."""
+
     @staticmethod
     def forward(ctx: Any, module: LayerModule, anchor: torch.Tensor, *tensors: torch.Tensor) -> Any:
-        run, layer = module.runner, module.layer
         count = len(module.input_names)
-        x = {n: _numpy(t) for n, t in zip(module.input_names, tensors[:count])}
-        theta = {n: _numpy(t) for n, t in zip(module.parameter_names, tensors[count:])}
-        windows = run(layer.window_operator, x)
-        parameters = layer.parameter_operator(windows)
-        y = run(parameters, theta)
-        ctx.module, ctx.parameters, ctx.theta = module, parameters, theta
+        windows = module.windows.run(dict(zip(module.input_names, tensors[:count])))
+        parameters = dict(zip(module.parameter_names, tensors[count:]))
+        copies = parameters if module.copies is None else module.copies.run(parameters)
+        operands = {**windows, **copies}
+        leaves = {name: tensor.detach().requires_grad_() for name, tensor in operands.items()}
+        partials = {}
+        with torch.enable_grad():
+            for partial, (window, weight, bias) in module.products:
+                partials[partial] = module.product(
+                    leaves[window], leaves[weight], None if bias is None else leaves[bias]
+                )
+        outputs = module.reduction.run(partials) if module.reduction is not None else partials
+        ctx.module, ctx.leaves, ctx.partials = module, leaves, partials
         ctx.inputs = [(t.dtype, t.shape) for t in tensors]
-        outputs = tuple(torch.from_numpy(np.array(y[n])) for n in module.output_names)
-        return (*outputs, torch.zeros(0, dtype=torch.float64))  # the last: the token
+        result = tuple(outputs[n].detach() for n in module.output_names)
+        return (*result, torch.zeros(0, dtype=torch.float64))  # the last: the token
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:
         module = ctx.module
-        run, layer = module.runner, module.layer
-        g = {n: _numpy(t) for n, t in zip(module.output_names, grads[:-1])}
-        theta_grad = run(ctx.parameters.H, g)
-        weights = module.global_weights(ctx.theta)
-        x_grad = run(layer.input_operator(weights).H, g)
-        back = [x_grad[n] for n in module.input_names] + [theta_grad[n] for n in module.parameter_names]
-        fitted = [torch.from_numpy(np.array(v)).to(dtype) for v, (dtype, _) in zip(back, ctx.inputs)]
+        given = dict(zip(module.output_names, grads[:-1]))
+        if module.reduction is not None:
+            given = module.reduction.run_adjoint(given)
+        names = list(ctx.partials)
+        produced = [ctx.partials[n] for n in names]
+        leaves = list(ctx.leaves.values())
+        local = (
+            torch.autograd.grad(produced, leaves, [given[n] for n in names], allow_unused=True)
+            if produced
+            else ()
+        )
+        back = {name: torch.zeros_like(leaf) for name, leaf in ctx.leaves.items()}  # unused: zero
+        back.update((name, grad) for name, grad in zip(ctx.leaves, local) if grad is not None)
+        x_grad = module.windows.run_adjoint(back)
+        theta_grad = (
+            module.copies.run_adjoint(back) if module.copies is not None else module.copy_sum.run(back)
+        )
+        gradients = [x_grad[n] for n in module.input_names] + [theta_grad[n] for n in module.parameter_names]
+        fitted = [g.to(dtype) for g, (dtype, _) in zip(gradients, ctx.inputs)]
         return (None, torch.zeros(0, dtype=torch.float64), *fitted)
+
+
+class _Stage:
+    """A movement tree on this process's tensors, forward and adjoint (bound once each under
+    MPI), called without recording autograd: the layer's Function is the autograd node."""
+
+    def __init__(self, op: Any, comm: Any) -> None:
+        self.function = TorchOperator(op, comm=comm)
+        self.inputs, self.outputs = self.function.inputs, self.function.outputs
+
+    def run(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return self.function.untracked(tensors)
+
+    def run_adjoint(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return self.function.untracked(tensors, adjoint=True)
 
 
 class LayerModule(torch.nn.Module):
@@ -99,6 +157,14 @@ class LayerModule(torch.nn.Module):
         Run across its ranks (every rank builds the same layer and calls collectively).
     dtype : torch.dtype
         The parameters' dtype (default float64).
+    replicate : bool
+        Hold the parameter *copies* each process computes with (the range of the layer's
+        ``parameter_movement`` M) instead of the blocks it owns. The forward then moves no
+        parameters, and the backward gives every copy the summed gradient of its block,
+        :math:`M M^* \bar{\tilde\theta}` (``copy_gradient_sum``, all-reduces), as a data-parallel
+        code does: copies stay equal as long as every process applies the same update to them.
+        Default False: the owners hold the blocks, the forward broadcasts them and the
+        backward sums the gradients onto the owners (:math:`M^*`).
 
     Attributes
     ----------
@@ -108,6 +174,11 @@ class LayerModule(torch.nn.Module):
         An empty output of the last call. Under MPI the backward is collective: a rank that
         owns no output block (its loss cannot depend on the call) adds ``module.token.sum()``
         (zero) to its loss, so that its backward runs with the others'.
+
+    Raises
+    ------
+    LayerError
+        For a layer without a torch product (see :func:`local_product`).
     """
 
     def __init__(
@@ -118,20 +189,42 @@ class LayerModule(torch.nn.Module):
         bias: Any = None,
         comm: Any = None,
         dtype: torch.dtype = torch.float64,
+        replicate: bool = False,
     ) -> None:
         super().__init__()
         self.layer = layer
         self.comm = comm
-        self.runner = _Runner(comm)
-        self.input_names = self.runner.local(layer.x.space)
-        self.output_names = self.runner.local(layer.y.space)
-        self.parameter_names = self.runner.local(layer.parameter_space)
+        self.replicate = bool(replicate)
+        self.product = local_product(layer)
+        self.windows = _Stage(layer.window_operator, comm)
+        movement = layer.parameter_movement
+        self.copies = None if self.replicate else _Stage(movement, comm)
+        self.copy_sum = _Stage(layer.copy_gradient_sum, comm) if self.replicate else None
+        reduction = layer.output_reduction
+        self.reduction = None if reduction is None else _Stage(reduction, comm)
+        rank = None if comm is None else comm.rank
+        self.input_names = self.windows.inputs
+        held = self.copy_sum if self.copy_sum is not None else self.copies
+        assert held is not None  # one of the two, by replicate
+        self.parameter_names = held.inputs
+        self.output_names = (
+            self.reduction.outputs
+            if self.reduction is not None
+            else tuple(b.name for b in layer.y.space if rank is None or b.worker == rank)
+        )
+        self.products: list[tuple[str, tuple[str, str, str | None]]] = [
+            (layer.partial_block(j).name, layer.local_operands(j))
+            for j in layer.work_indices()
+            if rank is None or layer.work.worker(j) == rank
+        ]
         weights = np.zeros(layer.weights.global_shape) if weights is None else np.asarray(weights)
         state = (
             layer.scatter_parameters(weights, np.zeros(layer.bias.global_shape) if bias is None else bias)
             if layer.bias is not None
             else layer.scatter_parameters(weights)
         )
+        if self.replicate:  # every process computes the copies it holds (numpy, no communication)
+            state = movement(state)
         self.blocks = torch.nn.ParameterList(
             torch.nn.Parameter(torch.from_numpy(np.array(state[n], dtype=np.float64)).to(dtype))
             for n in self.parameter_names
@@ -143,23 +236,13 @@ class LayerModule(torch.nn.Module):
         """This process's parameter blocks by name."""
         return dict(zip(self.parameter_names, self.blocks))
 
-    def global_weights(self, theta: Mapping[str, np.ndarray]) -> np.ndarray:
-        """The whole weight tensor from this process's blocks (all of them in one process;
-        gathered from every rank's under MPI)."""
-        names = {b.name for b in self.layer.weights.blocks}
-        mine = {n: v for n, v in theta.items() if n in names}
-        if self.comm is not None:
-            for other in self.comm.allgather(mine):
-                mine.update(other)
-        return self.layer.weights.gather(mine)
-
     def forward(self, x: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if not isinstance(x, Mapping) or set(x) != set(self.input_names):
             given = sorted(x) if isinstance(x, Mapping) else type(x).__name__
             raise StateError(
                 f"{type(self.layer).__name__} layer takes blocks {list(self.input_names)}, not {given}"
             )
-        tensors = [x[n] for n in self.input_names] + list(self.blocks)
+        tensors: Sequence[torch.Tensor] = [x[n] for n in self.input_names] + list(self.blocks)
         *result, self.token = _LayerFunction.apply(self, self._anchor, *tensors)
         return dict(zip(self.output_names, result))
 

@@ -153,7 +153,12 @@ class Affine:
         """The name of worker ``P_w[j]``'s partial output."""
         return grid_block_name("yt", (j[1], j[0])) if self.reduces_output else self.y.block_name((0, j[0]))
 
-    def _partial(self, j) -> Block:
+    def work_indices(self) -> list[tuple[int, ...]]:
+        """Every index (fo, fi) of P_w, in C order."""
+        return list(self.work.indices())
+
+    def partial_block(self, j) -> Block:
+        """Worker ``P_w[j]``'s partial output block ``(N, F_out / P_fo)``."""
         return Block(self.partial_name(j), (self.x.global_shape[0], self.fo_share), self.work.worker(j))
 
     @property
@@ -197,7 +202,7 @@ class Affine:
             forward, adjoint = _input_kernels(part)
             steps.append(
                 LocalStep(
-                    (self.input_name(j),), (self._partial(j),), forward, adjoint, grid_block_name("affine", j)
+                    (self.input_name(j),), (self.partial_block(j),), forward, adjoint, grid_block_name("affine", j)
                 )
             )
         local = local_stage(moving.range, steps)
@@ -210,14 +215,44 @@ class Affine:
         """The domain of :meth:`parameter_operator`: the weights (and the bias)."""
         return Space((*self.weights.blocks, *(self.bias.blocks if self.bias is not None else ())))
 
+    @property
+    def parameter_movement(self) -> LinearOperator:
+        """The data movement of the parameters to the workers that use them: none (each block
+        of W already lives on its worker of P_w, and the bias on P_w's fi = 0 workers), so the
+        identity of :attr:`parameter_space`."""
+        return Identity(self.parameter_space)
+
+    @property
+    def copy_gradient_sum(self) -> LinearOperator:
+        """:math:`M M^*` for :math:`M` = :attr:`parameter_movement`: the identity (every block
+        has one copy)."""
+        return Identity(self.parameter_space)
+
+    def local_operands(self, j) -> tuple[str, str, str | None]:
+        """The blocks worker ``P_w[j]`` computes its partial output from: its input copy (in
+        :attr:`window_operator`'s range), its weight block and its bias block (None where
+        fi > 0 or without bias). The partial output is ``x_j W_j^T (+ b_j)``, bilinear in
+        (input, parameters)."""
+        fo, fi = j
+        bias = self.bias.block_name((fo,)) if self.bias is not None and fi == 0 else None
+        return self.input_name(j), self.weights.block_name(j), bias
+
+    @property
+    def output_reduction(self) -> LinearOperator | None:
+        """The sum over input-feature workers of the partial outputs into y, or None when each
+        partial output already is a block of y."""
+        if not self.reduces_output:
+            return None
+        return self._reduction(Space(self.partial_block(j) for j in self.work_indices()))
+
     def parameter_operator(self, inputs: Mapping[str, Any]) -> LinearOperator:
         """The layer as a linear operator of (W, b) for a fixed x, given by its copies on P_w
         (``window_operator(x)``; under MPI the blocks a rank holds are enough)."""
         steps = []
         for j in self.work.indices():
-            fo, fi = j
-            with_bias = self.bias is not None and fi == 0
-            names = (self.weights.block_name(j),) + ((self.bias.block_name((fo,)),) if with_bias else ())  # type: ignore[union-attr]
+            _, weight, bias = self.local_operands(j)
+            with_bias = bias is not None
+            names = (weight,) + ((bias,) if bias is not None else ())
             x = inputs.get(self.input_name(j))
             if x is not None:
                 x = require_shape(
@@ -225,7 +260,7 @@ class Affine:
                 )
             label = grid_block_name("affine_w", j)
             forward, adjoint = _parameter_kernels(x, label, with_bias)
-            steps.append(LocalStep(names, (self._partial(j),), forward, adjoint, label))
+            steps.append(LocalStep(names, (self.partial_block(j),), forward, adjoint, label))
         local = local_stage(self.parameter_space, steps)
         reduce = self._reduction(local.range)
         return local if reduce is None else Composition((reduce, local))

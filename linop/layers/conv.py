@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import BlockGrid, Broadcast, SumReduce  # the public names: collectives.py is being split
+from .. import AllReduce, BlockGrid, Broadcast, SumReduce  # the public names: collectives.py is being split
 from ..halo import halo_windows
 from ..halo_geometry import Kernel, halo_geometry
 from ..operator import Composition, LinearOperator
@@ -242,7 +242,8 @@ class Convolution:
         _, _co, ci, *s = j
         return self.geometry.window_shape((0, ci, *s))
 
-    def _partial_block(self, j: Sequence[int]) -> Block:
+    def partial_block(self, j: Sequence[int]) -> Block:
+        """Worker ``P_w[j]``'s partial output block ``(N, C_out / P_co, *out)``."""
         _, _co, ci, *s = j
         start, stop = self.geometry.output_box((0, ci, *s))
         spatial = tuple(b - a for a, b in zip(start[2:], stop[2:]))
@@ -310,7 +311,7 @@ class Convolution:
             steps.append(
                 LocalStep(
                     (self.window_name(j),),
-                    (self._partial_block(j),),
+                    (self.partial_block(j),),
                     forward,
                     adjoint,
                     grid_block_name("conv", j),
@@ -329,6 +330,65 @@ class Convolution:
             blocks += self.bias.blocks
         return Space(blocks)
 
+    @property
+    def parameter_movement(self) -> LinearOperator:
+        r"""The data movement of the parameters to the workers that use them,
+        :math:`(B_w w, B_b b)`: the weight copies ``wt[j]`` on every worker of P_w and the bias
+        copies ``bt[*s, co]`` on the workers with ci = 0 (an exact 0/1 operator; its adjoint
+        sums the per-worker gradients)."""
+        bias_space = self.bias.space if self.bias is not None else Space()
+        weights = Broadcast(self.weights, self.work, "wt", others=bias_space)
+        if self.bias is None:
+            return weights
+        copies = Space(b for b in weights.range if b.name.startswith("wt["))
+        return Broadcast(self.bias, self._bias_copies, "bt", others=copies) @ weights
+
+    @property
+    def copy_gradient_sum(self) -> LinearOperator:
+        r"""The sum of the gradients of all copies of each parameter block, given to every copy:
+        :math:`M M^{*}` for :math:`M` = :attr:`parameter_movement`, as one
+        :class:`~linop.AllReduce` per copy grid (the weight copies over P_w's spatial axes, the
+        bias copies over their spatial axes). It is what replicated parameters need: a process
+        that keeps its copies as parameters, all updated alike, gets the gradient of the
+        original block on each (``LayerModule(..., replicate=True)``)."""
+        dims = self.dims
+        shape = (self.co_share, self.ci_share, *self.kernel.size[2:])  # type: ignore[index]
+        weights = BlockGrid("wt", self.work, (shape,) * self.work.size)
+        if self.bias is None:
+            return AllReduce(weights, tuple(range(3, 3 + dims)))
+        copies = self._bias_copies
+        bias = BlockGrid("bt", copies, ((self.co_share,),) * copies.size)
+        return AllReduce(bias, tuple(range(dims)), others=Space(weights.blocks)) @ AllReduce(
+            weights, tuple(range(3, 3 + dims)), others=Space(bias.blocks)
+        )
+
+    @property
+    def _bias_copies(self) -> Partition:
+        return Partition(
+            (*self.spatial, self.p_co),
+            tuple(self.work.worker((0, co, 0, *s)) for *s, co in _grid((*self.spatial, self.p_co))),
+        )
+
+    def local_operands(self, j: Sequence[int]) -> tuple[str, str, str | None]:
+        """The blocks worker ``P_w[j]`` computes its partial output from: its input window
+        (a block of :attr:`window_operator`'s range), its weight copy and its bias copy (None
+        where ci > 0 or without bias; both in :attr:`parameter_movement`'s range).
+
+        The partial output is ``bias + correlate(window, weight copy)``
+        (:func:`linop.layers.kernels.correlate`), bilinear in (window, parameters)."""
+        _, co, ci, *s = j
+        bias = grid_block_name("bt", (*s, co)) if self.bias is not None and ci == 0 else None
+        return self.window_name(j), grid_block_name("wt", j), bias
+
+    @property
+    def output_reduction(self) -> LinearOperator | None:
+        """The sum over input-channel workers of the partial outputs into y (a
+        :class:`~linop.SumReduce` on the partial blocks alone), or None when each partial
+        output already is a block of y."""
+        if not self.reduces_output:
+            return None
+        return self._reduction(Space(self.partial_block(j) for j in self.work_indices()))
+
     def parameter_operator(self, windows: Mapping[str, Any]) -> LinearOperator:
         r"""The layer as a linear operator of its parameters (w, b) for a fixed input, given by
         its windows (``window_operator(x)``; under MPI, the blocks a rank holds are enough):
@@ -337,24 +397,13 @@ class Convolution:
         """
         stride, dilation = self.kernel.stride[2:], self.kernel.dilation[2:]  # type: ignore[index]
         size = self.kernel.size[2:]  # type: ignore[index]
-        space = self.parameter_space
-        bias_space = self.bias.space if self.bias is not None else Space()
-        factors: list[LinearOperator] = [Broadcast(self.weights, self.work, "wt", others=bias_space)]
-        space = factors[-1].range
-        if self.bias is not None:
-            sub = Partition(
-                (*self.spatial, self.p_co),
-                tuple(self.work.worker((0, co, 0, *s)) for *s, co in _grid((*self.spatial, self.p_co))),
-            )
-            factors.append(
-                Broadcast(self.bias, sub, "bt", others=Space(b for b in space if b.name.startswith("wt[")))
-            )
-            space = factors[-1].range
+        movement = self.parameter_movement
+        space = movement.range
         steps = []
         for j in self.work_indices():
-            _, co, ci, *s = j
-            with_bias = self.bias is not None and ci == 0
-            inputs = (grid_block_name("wt", j),) + ((grid_block_name("bt", (*s, co)),) if with_bias else ())
+            _, weight, bias = self.local_operands(j)
+            with_bias = bias is not None
+            inputs = (weight,) + ((bias,) if bias is not None else ())
             window = windows.get(self.window_name(j))
             if window is not None:
                 window = require_shape(
@@ -362,12 +411,10 @@ class Convolution:
                 )
             label = grid_block_name("conv_w", j)
             forward, adjoint = _parameter_kernels(window, label, size, stride, dilation, with_bias, self.dims)
-            steps.append(LocalStep(inputs, (self._partial_block(j),), forward, adjoint, label))
+            steps.append(LocalStep(inputs, (self.partial_block(j),), forward, adjoint, label))
         local = local_stage(space, steps)
-        factors.append(local)
         reduce = self._reduction(local.range)
-        if reduce is not None:
-            factors.append(reduce)
+        factors = [movement, local] if reduce is None else [movement, local, reduce]
         return Composition(tuple(reversed(factors)))
 
     def scatter_parameters(self, weights: Any, bias: Any = None) -> dict[str, np.ndarray]:

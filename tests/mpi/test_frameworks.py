@@ -131,14 +131,27 @@ def _conv_model(size, rng):
     return x, (first, second), params, twin
 
 
-def test_distributed_convolutions_train_like_one_process(comm):
-    """Gradients (input, weights, bias) of the wrapped layers equal torch's Conv2d, and three
-    SGD steps of a conv-tanh-conv model trained across the ranks equal the one-process run."""
+def _held(module, blocks):
+    """The parameters a module holds from the global ones' blocks: the blocks themselves, or
+    with ``replicate=True`` the copies the layer moves them to."""
+    return module.layer.parameter_movement(blocks) if module.replicate else blocks
+
+
+@pytest.mark.parametrize("replicate", [False, True], ids=["owners", "replicated"])
+def test_distributed_convolutions_train_like_one_process(comm, monkeypatch, replicate):
+    """Gradients (input, weights, bias) of the wrapped layers equal torch's Conv2d, three
+    SGD steps of a conv-tanh-conv model trained across the ranks equal the one-process run
+    (parameters held by their owners, or replicated as the copies each rank uses), and after the first step no call plans or binds anything (the movement trees are built,
+    compiled and bound once)."""
+    from linop.backends import mpi_backend, mpi_plan
     from linop.frameworks.torch_layers import LayerModule
 
     rng = np.random.default_rng(11)
     x, layers, params, twin = _conv_model(comm.size, rng)
-    modules = [LayerModule(layer, weights=w, bias=b, comm=comm) for layer, (w, b) in zip(layers, params)]
+    modules = [
+        LayerModule(layer, weights=w, bias=b, comm=comm, replicate=replicate)
+        for layer, (w, b) in zip(layers, params)
+    ]
     data = rng.standard_normal(x.global_shape)
     local = {
         k: torch.from_numpy(v).requires_grad_()
@@ -149,7 +162,20 @@ def test_distributed_convolutions_train_like_one_process(comm):
     reference_optimizer = torch.optim.SGD(twin.parameters(), lr=0.01)
     reference_input = torch.from_numpy(data).requires_grad_()
     problems = []
+    planned: list[str] = []
+
+    def counting(function, what):
+        def counted(*args, **kwargs):
+            planned.append(what)
+            return function(*args, **kwargs)
+
+        return counted
+
     for step in range(3):
+        if step == 1:
+            monkeypatch.setattr(mpi_backend, "plan_for", counting(mpi_backend.plan_for, "plan_for"))
+            bind = mpi_plan.DistributedPlan.bind
+            monkeypatch.setattr(mpi_plan.DistributedPlan, "bind", counting(bind, "bind"))
         optimizer.zero_grad()
         reference_optimizer.zero_grad()
         hidden = {k: torch.tanh(v) for k, v in modules[0](local).items()}
@@ -161,23 +187,30 @@ def test_distributed_convolutions_train_like_one_process(comm):
             problems += [f"dx {k}" for k, v in local.items() if not np.allclose(v.grad.numpy(), expected[k])]
         for module, conv in zip(modules, (twin[0], twin[2])):
             grads = {n: p.grad.numpy() for n, p in module.parameter_state().items()}
-            reference = {
-                **module.layer.weights.scatter(conv.weight.grad.numpy()),
-                **module.layer.bias.scatter(conv.bias.grad.numpy()),
-            }
+            reference = _held(
+                module,
+                {
+                    **module.layer.weights.scatter(conv.weight.grad.numpy()),
+                    **module.layer.bias.scatter(conv.bias.grad.numpy()),
+                },
+            )
             problems += [f"step {step} d{n}" for n, g in grads.items() if not np.allclose(g, reference[n])]
         optimizer.step()
         reference_optimizer.step()
     for module, conv in zip(modules, (twin[0], twin[2])):
-        trained = {
-            **module.layer.weights.scatter(conv.weight.detach().numpy()),
-            **module.layer.bias.scatter(conv.bias.detach().numpy()),
-        }
+        trained = _held(
+            module,
+            {
+                **module.layer.weights.scatter(conv.weight.detach().numpy()),
+                **module.layer.bias.scatter(conv.bias.detach().numpy()),
+            },
+        )
         problems += [
             f"trained {n}"
             for n, p in module.parameter_state().items()
             if not np.allclose(p.detach(), trained[n])
         ]
+    problems += [f"steps 2-3 called {sorted(set(planned))}"] if planned else []
     collective_assert(not problems, "; ".join(problems))
 
 
