@@ -12,16 +12,18 @@ How a call runs
    program and projects it onto this rank (:mod:`linop.backends.mpi_schedule`). Point-to-point
    moves are batched into phases of nonblocking receives (posted first) and sends and one wait,
    so no schedule can deadlock.
-2. One small ``Allreduce`` checks, before any data moves, that every rank holds the same tree,
-   that the communicator covers the tree's workers and that every rank's local blocks are right
-   (:mod:`linop.backends.mpi_check`); it also agrees on the dtype of the run. When anything is
-   wrong, every rank raises the same typed error (:class:`linop.errors.MPIError` and its
-   subclasses).
+2. One small ``Allreduce`` (a persistent request of the communicator) checks, before any data
+   moves, that every rank holds the same tree, that the communicator covers the tree's workers
+   and that every rank's local blocks are right (:mod:`linop.backends.mpi_check`); it also
+   agrees on the dtype of the run. When anything is wrong, every rank raises the same typed
+   error (:class:`linop.errors.MPIError` and its subclasses).
 3. The rank executes its schedule (:mod:`linop.backends.mpi_runtime`): local steps and the
    algebra (sums, scalings, the in-place write-back) with the numpy interpreter's semantics on a
    copy-on-write workspace, so caller arrays are never mutated (unless ``inplace=True``); data
    moves straight from and into the blocks (:mod:`linop.backends.mpi_datatypes`); collectives and
-   halo exchanges take the fast paths of :mod:`linop.backends.mpi_fastpaths`.
+   halo exchanges take the fast paths of :mod:`linop.backends.mpi_fastpaths`. In place, a
+   schedule of point-to-point phases (a halo exchange) runs as compiled once per layout of the
+   caller's arrays (:mod:`linop.backends.mpi_apply`).
 4. If a rank nevertheless fails during execution (a bug, a user kernel raising, Ctrl-C), it
    prints its error and calls ``MPI_Abort``: its peers may be waiting for its messages, and
    ending the job is the only way not to hang it (:mod:`linop.backends.mpi_guard`, whose
@@ -45,6 +47,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
+import numpy as np
 import numpy.typing as npt
 
 from ..errors import LinopError
@@ -54,6 +57,7 @@ from . import (
     array_api,
     mpi_fastpaths,  # noqa: F401 - registers the fast paths' lowerings
 )
+from .mpi_apply import checked_apply
 from .mpi_bound import BoundPlan
 from .mpi_check import DTYPE_CHARS
 from .mpi_context import PLAN_CACHE_SIZE, CommunicatorArgumentError, context_for
@@ -146,8 +150,10 @@ def apply(
         ``comm`` is not an mpi4py communicator (raised before any communication).
     """
     try:
+        if type(local_state) is dict and all(type(a) is np.ndarray for a in local_state.values()):
+            return checked_apply(plan_for(op, comm=comm), local_state, inplace=inplace, dtype=dtype)
         entry = array_api.mpi_entry(local_state)  # torch, CuPy, ... arrays: numpy views, same library out
-        result = plan_for(op, comm=comm).apply(entry.arrays, inplace=inplace, dtype=dtype)
+        result = checked_apply(plan_for(op, comm=comm), entry.arrays, inplace=inplace, dtype=dtype)
         return entry.result(result, inplace=inplace)
     except LinopError:  # typed errors are raised on every rank alike: the job goes on
         raise

@@ -9,6 +9,15 @@ collective gathers the ranks' messages, so that every rank raises the same typed
 interpreter's: missing, extra, wrongly shaped or non-numeric blocks, and in place a read-only
 array or one array passed for two blocks.
 
+The per-call cost is kept small without weakening any of this (``benchmarks/bench_mpi_apply.py``):
+the ``Allreduce`` is a persistent request made once per communicator (:class:`CheckReducer`);
+a state that passes a few cheap tests (a dict of exactly the rank's blocks, numpy arrays of the
+right shapes and numeric dtypes) skips the detailed diagnosis, which only words the error;
+the vector is rewritten only when what it says changes; and the outcome (run dtype, cast, or
+the error of a dtype clash) is remembered per reduced vector, which holds every global fact it
+depends on. Every call still reduces the whole vector: a tree, block or dtype that differs on
+any rank is found on the call where it differs.
+
 Dtypes follow the policy of :mod:`linop.dtypes` (``docs/theory.md#dtypes``), with the global
 facts the ranks agree on: the dtypes present on any rank and the largest integer magnitude
 (a maximum over ranks, in the same ``Allreduce``), so the numpy, sparse and MPI interpreters
@@ -47,10 +56,14 @@ if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
 
 __all__ = [
     "DTYPE_CHARS",
+    "VECTOR_LENGTH",
     "DistributedDtypeError",
     "DistributedOverflowError",
     "CheckOutcome",
+    "CheckReducer",
     "EntryCheck",
+    "register_reducer",
+    "release_reducer",
 ]
 
 DTYPE_CHARS = "bBhHiIlLqQefdgFDG"
@@ -59,6 +72,72 @@ DTYPE_CHARS = "bBhHiIlLqQefdgFDG"
 
 _ERROR, _LARGEST, _FLAGS = 8, 9, 10  # vector: fingerprint words (0-3), their negations (4-7), ...
 _INT64_MAX = 2**63 - 1
+_FLAG_OF = {c: _FLAGS + i for i, c in enumerate(DTYPE_CHARS)}
+_INTEGER_CHARS = frozenset(c for c in DTYPE_CHARS if np.dtype(c).kind in "iu")
+VECTOR_LENGTH = _FLAGS + len(DTYPE_CHARS)
+"""Length of the check vector (int64 entries): the same on every rank and for every tree."""
+_OUTCOMES_KEPT = 64  # outcomes remembered per tree (integer runs add one per largest magnitude)
+
+
+class CheckReducer:
+    """The one collective of the entry check on one private communicator: the maximum over
+    ranks of a :data:`VECTOR_LENGTH` int64 vector, in buffers owned here.
+
+    Created once per communicator context (collective, like the duplicate it belongs to) as
+    a persistent ``Allreduce_init`` request, so each check costs one ``Start`` and one
+    ``Wait`` (measured about half the latency of a blocking ``Allreduce`` on this MPICH);
+    when the MPI library has no persistent collectives, a blocking ``Allreduce``. On one rank
+    there is nothing to agree on: the vector is its own maximum. Every tree checked on the
+    communicator shares it (calls are collective, so they never overlap). ``persistent=False``
+    (a communicator without a context): a blocking ``Allreduce``, nothing created."""
+
+    def __init__(self, comm: Intracomm, *, persistent: bool = True) -> None:
+        self.comm = comm
+        self.send = np.zeros(VECTOR_LENGTH, dtype=np.int64)
+        self.received = np.zeros(VECTOR_LENGTH, dtype=np.int64)
+        self.request: Any = None
+        self.signature: Any = None  # what :attr:`send` holds (set by the check that wrote it)
+        self.sent = b""  # :attr:`send` as bytes
+        self.single = comm.Get_size() == 1
+        if persistent and not self.single:
+            try:
+                self.request = comm.Allreduce_init(self.send, self.received, op=mpi().MAX)
+            except (NotImplementedError, AttributeError):  # pragma: no cover - MPI-4 here
+                self.request = None
+
+    def reduce(self) -> np.ndarray:
+        """Reduce :attr:`send` (maximum over ranks) into :attr:`received` and return it."""
+        if self.single:
+            np.copyto(self.received, self.send)
+        elif self.request is not None:
+            self.request.Start()
+            self.request.Wait()
+        else:  # pragma: no cover - MPI libraries without persistent collectives
+            self.comm.Allreduce(self.send, self.received, op=mpi().MAX)
+        return self.received
+
+    def free(self) -> None:
+        """Release the persistent request (before the communicator is freed)."""
+        if self.request is not None:
+            self.request.Free()
+            self.request = None
+
+
+_REDUCERS: dict[int, CheckReducer] = {}
+
+
+def register_reducer(comm: Intracomm) -> CheckReducer:
+    """Create the check's reducer of a private communicator; collective over it (called once,
+    when its context is created)."""
+    reducer = _REDUCERS[comm.py2f()] = CheckReducer(comm)
+    return reducer
+
+
+def release_reducer(comm: Intracomm) -> None:
+    """Free the reducer of a private communicator about to be freed."""
+    reducer = _REDUCERS.pop(comm.py2f(), None)
+    if reducer is not None:
+        reducer.free()
 
 
 @dataclass(frozen=True)
@@ -116,9 +195,38 @@ class EntryCheck:
         self.problem = problem
         words = np.frombuffer(fingerprint, dtype=np.uint32).astype(np.int64)
         self._vector = np.concatenate([words, -words, np.zeros(2 + len(DTYPE_CHARS), dtype=np.int64)])
-        self._reduced = np.empty_like(self._vector)
+        self._tree = self._vector[:8].tobytes()  # the reduced words equal these iff all ranks agree
+        reducer = _REDUCERS.get(comm.py2f())
+        self._reducer = reducer if reducer is not None else CheckReducer(comm, persistent=False)
+        self._expected = tuple((name, block.shape) for name, block in domain_blocks.items())
+        self._same_space: bool | None = None  # domain == range, decided on first in-place use
+        self._outcomes: dict[tuple[bytes, bool], CheckOutcome] = {}  # by the reduced vector
         self._dtypes: dict[bytes, tuple[np.dtype, bool, list[str]]] = {}
         self._growth: bool | None = None
+
+    def _arrays_if_valid(self, state: Any, inplace: bool) -> list[np.ndarray] | None:
+        """This rank's arrays, in domain order, when a few cheap tests show the state right
+        (a dict holding exactly the rank's blocks as numpy arrays of the right shapes and
+        numeric dtypes; writeable, and one block in place or not); None otherwise, and then
+        :meth:`local_problem` decides (and words the error)."""
+        if type(state) is not dict or len(state) != len(self._expected):
+            return None
+        arrays = []
+        for name, shape in self._expected:
+            array = state.get(name)
+            if type(array) is not np.ndarray or array.shape != shape or array.dtype.char not in _FLAG_OF:
+                return None
+            if inplace and not array.flags.writeable:
+                return None
+            arrays.append(array)
+        if inplace and (len(arrays) > 1 or not self._domain_is_range()):
+            return None  # blocks sharing memory, or domain != range: the full test
+        return arrays
+
+    def _domain_is_range(self) -> bool:
+        if self._same_space is None:
+            self._same_space = bool(self.op.domain == self.op.range)
+        return self._same_space
 
     def local_problem(self, state: Any, inplace: bool) -> Problem | None:
         """What is wrong with this rank's local state (None when nothing is), and the error
@@ -186,18 +294,24 @@ class EntryCheck:
         """Check collectively; every rank gets the same outcome. Raises nothing itself (the
         caller raises the outcome's error, outside its abort-on-failure section)."""
         problem: Problem | None = None
-        if self.problem is not None:
-            problem = (str(self.problem), type(self.problem))
-        else:
-            problem = self.local_problem(state, inplace)
-        vector = self._vector.copy()  # fingerprint words and their negation, then flags
-        present = vector[_FLAGS:]
-        if problem is None:
-            arrays = [state[name] for name in self.domain_blocks]
-            for array in arrays:
-                present[DTYPE_CHARS.index(array.dtype.char)] = 1
-            if any(array.dtype.kind in "iu" for array in arrays):
-                vector[_LARGEST] = min(dtypes.largest_magnitude(arrays), _INT64_MAX)
+        arrays = None if self.problem is not None else self._arrays_if_valid(state, inplace)
+        if arrays is None:
+            if self.problem is not None:
+                problem = (str(self.problem), type(self.problem))
+            else:
+                problem = self.local_problem(state, inplace)
+                if problem is None:
+                    arrays = [state[name] for name in self.domain_blocks]
+        reducer = self._reducer
+        flags: tuple[int, ...] = ()
+        largest = 0
+        if arrays:
+            if len(arrays) == 1:
+                flags = (_FLAG_OF[arrays[0].dtype.char],)
+            else:
+                flags = tuple(sorted({_FLAG_OF[a.dtype.char] for a in arrays}))
+            if any(a.dtype.char in _INTEGER_CHARS for a in arrays):
+                largest = min(dtypes.largest_magnitude(arrays), _INT64_MAX)
         if dtype is not None:
             try:
                 char = dtypes.check_requested(dtype).char
@@ -205,17 +319,37 @@ class EntryCheck:
                 if problem is None:
                     problem = f"rank {self.rank}: {error}", DistributedDtypeError
             else:
-                present[DTYPE_CHARS.index(char)] = 1
-        vector[_ERROR] = problem is not None
-        reduced = self._reduced
-        self.comm.Allreduce(vector, reduced, op=mpi().MAX)
-        same_tree = bool(np.array_equal(reduced[:4], -reduced[4:8]))
-        if not same_tree or reduced[_ERROR]:
-            return CheckOutcome(None, self._collective_error(same_tree, problem))
+                flags = tuple(sorted({*flags, _FLAG_OF[char]}))
+        signature = (self, flags, largest, problem is not None)
+        if reducer.signature != signature:  # else the vector holds exactly this already
+            vector = reducer.send
+            np.copyto(vector, self._vector)  # fingerprint words and their negation, then flags
+            vector[list(flags)] = 1
+            vector[_LARGEST] = largest
+            vector[_ERROR] = problem is not None
+            reducer.signature, reducer.sent = signature, vector.tobytes()
+        reduced = reducer.reduce()
+        got = reduced.tobytes()
+        if got != reducer.sent or problem is not None:  # some rank differs from this one
+            same_tree = got[: len(self._tree)] == self._tree
+            if not same_tree or reduced[_ERROR]:
+                reducer.signature = None  # the error path's collectives do not touch the vector
+                return CheckOutcome(None, self._collective_error(same_tree, problem))
+        key = (got, inplace)  # global facts only: every rank decides alike
+        outcome = self._outcomes.get(key)
+        if outcome is None:
+            if len(self._outcomes) >= _OUTCOMES_KEPT:
+                self._outcomes.clear()
+            outcome = self._outcomes[key] = self._decide(reduced, inplace)
+        return outcome
+
+    def _decide(self, reduced: np.ndarray, inplace: bool) -> CheckOutcome:
+        """The outcome of a check every rank passed, from the reduced vector (the same on every
+        rank): the run's dtype, the cast, or the dtype or overflow error every rank raises."""
         flags = reduced[_FLAGS:]
         key = flags.tobytes()
         known = self._dtypes.get(key)
-        if known is None:  # decided from global facts only, so every rank decides alike
+        if known is None:
             chars = [c for c, flag in zip(DTYPE_CHARS, flags) if flag]
             run = np.dtype(dtypes.run_dtype(self.op, [np.dtype(c) for c in chars]))
             known = self._dtypes[key] = (

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ..errors import CommunicatorArgumentError, CommunicatorError
 from ..operator import LinearOperator, Scaled, walk
+from .mpi_check import register_reducer, release_reducer
 from .mpi_datatypes import mpi
 from .mpi_guard import abort_on_failure
 
@@ -116,6 +117,7 @@ class CommContext:
         self._user = weakref.ref(user)
         with abort_on_failure(user, lambda: "duplicating the communicator"):
             self.comm: Intracomm = user.Dup()
+            register_reducer(self.comm)  # the entry check's persistent Allreduce (collective)
         self.rank: int = self.comm.Get_rank()
         self.size: int = self.comm.Get_size()
         self.plans: PlanCache[Any] = PlanCache()
@@ -137,6 +139,7 @@ class CommContext:
         self.plans.clear()
         for _, sub in sorted(_SUBCOMMS.pop(self.comm.py2f(), {}).items()):
             sub.Free()
+        release_reducer(self.comm)
         self.comm.Free()
 
 
@@ -178,6 +181,25 @@ def context_for(comm: Any) -> CommContext:
         ``comm`` is ``MPI.COMM_NULL`` (freed, or this rank is not in it) or an
         intercommunicator.
     """
+    if comm is None:
+        comm = mpi().COMM_WORLD
+    last = _LAST
+    if last is not None and comm is last[0] and not last[1].freed:
+        return last[1]  # the communicator object of the previous call, not freed since
+    context = _context_for(comm)
+    _remember_last(comm, context)
+    return context
+
+
+_LAST: tuple[Any, CommContext] | None = None
+
+
+def _remember_last(comm: Any, context: CommContext) -> None:
+    global _LAST
+    _LAST = (comm, context)
+
+
+def _context_for(comm: Any) -> CommContext:
     module = mpi()
     if comm is None:
         comm = module.COMM_WORLD
