@@ -48,16 +48,19 @@ Step = Callable[[Arrays], object]
 """A local step of a compiled phase, run on the call's arrays (a pack, unpack, add or clear)."""
 
 _LAYOUTS_KEPT = 8  # compiled layouts per plan
+_BYTE: Any = None
 
 
 @dataclass(frozen=True)
 class _Message:
-    """One request of a compiled phase: ``[arrays[name], 1, datatype]``, or a scratch buffer
-    (``name`` None) when the box is packed."""
+    """One request of a compiled phase: the box ``arrays[name][index]`` as bytes when it is
+    contiguous (``datatype`` None), ``[arrays[name], 1, datatype]`` when it is strided, or a
+    scratch buffer (``name`` None) when it is packed."""
 
     peer: int
     tag: int
     name: str | None
+    index: tuple[Any, ...] | None
     datatype: Datatype | None
     buffer: np.ndarray | None
 
@@ -82,6 +85,9 @@ class CompiledPhases:
     def run(self, arrays: Arrays, comm: Intracomm) -> None:
         """Run every phase on ``arrays``: packs, then the receives and sends, one wait, then
         the unpacks, adds and clears."""
+        global _BYTE
+        if _BYTE is None:
+            _BYTE = mpi().BYTE
         waitall = mpi().Request.Waitall
         irecv, isend = comm.Irecv, comm.Isend
         for phase in self.phases:
@@ -99,6 +105,9 @@ def _spec(message: _Message, arrays: Arrays) -> list[Any]:
     if message.name is None:
         assert message.buffer is not None
         return raw_spec(message.buffer)
+    if message.datatype is None:  # a contiguous box: its view, as bytes (as the runtime sends it)
+        view = arrays[message.name][message.index]
+        return [view, view.nbytes, _BYTE]
     return [arrays[message.name], 1, message.datatype]
 
 
@@ -128,38 +137,44 @@ def compile_phases(schedule: Sequence[Any], arrays: Arrays, dtype: np.dtype) -> 
                 continue
             region = cast(Region, t.target)
             target = arrays[region.name]
-            datatype = _datatype(target, region) if t.mode == "store" else None
-            if datatype is not None:
-                receives.append(_Message(peer, tag, region.name, datatype, None))
+            direct = _direct(target, region, step.index(region)) if t.mode == "store" else None
+            if direct is not None:
+                receives.append(_Message(peer, tag, *direct))
                 continue
             buffer = np.empty(t.shape, dtype)
-            receives.append(_Message(peer, tag, None, None, buffer))
+            receives.append(_Message(peer, tag, None, None, None, buffer))
             finish.append(_unpack(region.name, step.index(region), buffer, add=t.mode == "add"))
         for peer, tag, t in step.sends:
             if t.after == "drop" or t.source.name not in arrays:
                 return None
             source = arrays[t.source.name]
             if t.source.size:
-                datatype = _datatype(source, t.source)
-                if datatype is not None:
-                    sends.append(_Message(peer, tag, t.source.name, datatype, None))
+                direct = _direct(source, t.source, step.index(t.source))
+                if direct is not None:
+                    sends.append(_Message(peer, tag, *direct))
                 else:  # a thin box: packed into a buffer before the requests start
                     buffer = np.empty(t.shape, dtype)
                     packs.append(_pack(t.source.name, step.index(t.source), buffer))
-                    sends.append(_Message(peer, tag, None, None, buffer))
+                    sends.append(_Message(peer, tag, None, None, None, buffer))
             if t.after == "clear" and t.source.size:
                 finish.append(_clear(t.source.name, step.index(t.source)))
         phases.append(_Phase(tuple(packs), tuple(receives), tuple(sends), tuple(finish)))
     return CompiledPhases(tuple(phases))
 
 
-def _datatype(array: np.ndarray, region: Region) -> Datatype | None:
-    """The subarray datatype of a box of a C-ordered block, or None for a thin box (its
-    contiguous runs shorter than :data:`PACK_BELOW` bytes: packed, as the runtime does)."""
+def _direct(
+    array: np.ndarray, region: Region, index: tuple[Any, ...]
+) -> tuple[str, tuple[Any, ...], Datatype | None, None] | None:
+    """How a box of a C-ordered block moves without packing, as
+    :func:`~linop.backends.mpi_datatypes.region_spec` decides: its view as bytes when it is
+    contiguous, else its subarray datatype; None for a thin box (contiguous runs shorter than
+    :data:`PACK_BELOW` bytes: packed)."""
+    if array[index].flags.c_contiguous:
+        return region.name, index, None, None
     extents = tuple(b - a for a, b in zip(region.start, region.stop))
     if contiguous_run(array.shape, extents, array.itemsize) < PACK_BELOW:
         return None
-    return subarray(array.shape, region.start, extents, array.dtype)
+    return region.name, index, subarray(array.shape, region.start, extents, array.dtype), None
 
 
 def _unpack(name: str, index: tuple[Any, ...], buffer: np.ndarray, *, add: bool) -> Step:

@@ -46,6 +46,7 @@ from ..operator import LinearOperator
 from ..space import Block
 from .mpi_context import subcommunicator
 from .mpi_datatypes import byte_type, mpi, predefined_type, subarray
+from .mpi_memory import new_array
 from .mpi_runtime import run_schedule
 from .mpi_schedule import (
     FastPathStep,
@@ -340,7 +341,7 @@ class _RankBroadcast(RankStep):
             if mine:
                 results.append((mine[0], buffer, owned))
         else:
-            buffer = np.empty(group.shape, dtype=dtype)
+            buffer = new_array(group.shape, dtype)  # recycled memory: no page faults per call
             results.append((mine[0], buffer, True))
         if sub is not None and buffer.size:
             sub.Bcast([buffer, buffer.nbytes, byte_type()], root=0)
@@ -359,7 +360,7 @@ class _RankBroadcast(RankStep):
         """Every member adds its copy with ``Allreduce``: on this MPICH it reaches the sum
         faster than ``Reduce`` (see benchmarks/bench_mpi_collectives.py); non-roots discard it."""
         mpi_type = predefined_type(dtype)
-        total = np.empty(group.shape, dtype=dtype)
+        total = new_array(group.shape, dtype)  # recycled memory: no page faults per call
         if mine:
             send = work.arrays[mine[0]]
             if send.dtype != dtype or not send.flags.c_contiguous:

@@ -218,3 +218,25 @@ def test_an_integer_overflow_is_found_after_warm_calls():
         IntegerOverflowError, lambda: mpi_backend.apply(op, large, comm=COMM, inplace=True)
     )
     collective_assert(all(np.array_equal(large[n], before[n]) for n in large), "arrays written")
+
+
+@pytest.mark.parametrize("reduce", [False, True], ids=["broadcast", "sum-reduce"])
+def test_kept_results_of_large_collectives_are_not_overwritten(reduce):
+    """Results of out-of-place broadcasts and sum-reduces come from recycled memory
+    (linop.backends.mpi_memory): a result the caller keeps is never reused by the next call."""
+    from linop.collectives import Broadcast
+
+    count = 1 << 15  # 256 KB of float64: pooled
+    source = DistributedTensor("s", (count,), Partition((1,)))
+    op = Broadcast(source, Partition((SIZE,)), "c")
+    op = op.H if reduce else op
+    kept, problem = [], None
+    for call in range(4):
+        state = {b.name: np.full(b.shape, float(call + 1)) for b in op.domain}
+        expected = op(state)
+        result = mpi_backend.apply(op, _own(op, state), comm=COMM)
+        kept.append((result, expected))
+        mpi_backend.apply(op, _own(op, state), comm=COMM)  # a result dropped at once: recycled
+    for result, expected in kept:
+        problem = problem or same_blocks(result, expected, tuple(result))
+    collective_assert(problem is None, str(problem))
