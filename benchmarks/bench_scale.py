@@ -9,11 +9,15 @@ runs on each rank, for one interior rank of a ``s x s`` grid of ``P = s**2`` wor
 ``fingerprint``
     :func:`linop.backends.mpi_schedule.fingerprint` (the digest every rank checks);
 ``lower``
-    :func:`linop.backends.mpi_schedule.lower` (the global program);
+    :func:`linop.backends.mpi_schedule.lower_for` (the steps the rank takes part in: what
+    :func:`~linop.backends.mpi_schedule.compile_for_rank` lowers for a plan);
 ``batch``
-    :func:`linop.backends.mpi_schedule.batch` (phases of transfers);
+    :func:`linop.backends.mpi_schedule.batch` of those steps (phases of transfers);
 ``project``
-    :func:`linop.backends.mpi_schedule.project` onto the rank at grid index ``(s//2, s//2)``.
+    :func:`linop.backends.mpi_schedule.project` onto the rank, at grid index ``(s//2, s//2)``.
+
+``--global`` measures the global program instead (:func:`~linop.backends.mpi_schedule.lower`
+of every rank's steps, batched, then projected), the route plans took before issue 13.
 
 The cases (2-D grids, 8 x 8 local blocks, kernel 3, padding 1): ``HaloExchange``,
 ``halo_windows``, ``Broadcast 1 -> P``, ``Broadcast (1,s) -> (s,s)``, ``AllReduce axis 0``,
@@ -57,7 +61,7 @@ from linop import (
     halo_windows,
 )
 from linop.backends import mpi_fastpaths  # noqa: F401 - registers the fast-path lowerings
-from linop.backends.mpi_schedule import batch, fingerprint, lower, project
+from linop.backends.mpi_schedule import batch, fingerprint, lower, lower_for, project
 
 BLOCK = 8
 STAGES = ("build", "fingerprint", "lower", "batch", "project")
@@ -111,6 +115,10 @@ class Measured:
     schedule_steps: int
 
 
+GLOBAL = False
+"""Measure the global program (``--global``) instead of the rank's own."""
+
+
 def _stages(build: Callable[[int], LinearOperator], s: int, adjoint: bool) -> list[tuple[str, Callable]]:
     """The stages as thunks sharing one dict of intermediate results."""
     found: dict[str, object] = {}
@@ -120,10 +128,13 @@ def _stages(build: Callable[[int], LinearOperator], s: int, adjoint: bool) -> li
         op = build(s)
         found["op"] = op.H if adjoint else op
 
+    def lowered() -> None:
+        found["lowered"] = lower(found["op"]) if GLOBAL else lower_for(found["op"], rank)[0]
+
     return [
         ("build", tree),
         ("fingerprint", lambda: found.__setitem__("fp", fingerprint(found["op"]))),
-        ("lower", lambda: found.__setitem__("lowered", lower(found["op"]))),
+        ("lower", lowered),
         ("batch", lambda: found.__setitem__("batched", batch(found["lowered"]))),
         ("project", lambda: found.__setitem__("schedule", project(found["batched"], rank))),
         ("", lambda: found.__setitem__("steps", len(found["schedule"]))),
@@ -205,7 +216,10 @@ def main() -> None:
     parser.add_argument("--no-memory", action="store_true", help="skip the traced-memory pass")
     parser.add_argument("--fit", choices=("last", "all"), default="last")
     parser.add_argument("--proof", action="store_true", help="time the exact adjoint proofs instead")
+    parser.add_argument("--global", dest="whole", action="store_true", help="the global program's route")
     args = parser.parse_args()
+    global GLOBAL
+    GLOBAL = args.whole
     if args.proof:
         proofs()
         return

@@ -82,7 +82,8 @@ class _BroadcastGeometry(Planned):
         object.__setattr__(self, "transpose", bool(self.transpose))
         mapping = broadcast_map(self.tensor.partition, self.partition, transpose=self.transpose)
         object.__setattr__(self, "_map", mapping)
-        shapes = tuple(self.tensor.block(mapping[j]).shape for j in self.partition.indices())
+        source_shapes = {i: self.tensor.block(i).shape for i in dict.fromkeys(mapping.values())}
+        shapes = tuple(source_shapes[mapping[j]] for j in self.partition.indices())
         object.__setattr__(self, "_copies", BlockGrid(self.name, self.partition, shapes))
         self._validate()
 
@@ -103,6 +104,19 @@ class _BroadcastGeometry(Planned):
                 make_piece(block, origin(block), self.copies.block_name(j), origin(block), block.shape)
             )
         return nonempty_pieces(items)
+
+    def copies_of(self, index: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+        """The copy indices that receive the tensor block at ``index``, in C order (a table
+        built once per node: the inverse of :meth:`source_index`)."""
+        try:
+            table = object.__getattribute__(self, "_inverse")
+        except AttributeError:
+            table = {}
+            for j, i in self._map.items():  # type: ignore[attr-defined]
+                table.setdefault(i, []).append(j)
+            table = {i: tuple(js) for i, js in table.items()}
+            object.__setattr__(self, "_inverse", table)
+        return table.get(tuple(index), ())
 
     @property
     def multiplicity(self) -> dict[tuple[int, ...], int]:
@@ -175,6 +189,9 @@ class Broadcast(_BroadcastGeometry):
     def _targets(self) -> tuple[Block, ...]:
         return self.copies.blocks
 
+    def _layouts(self) -> tuple[Layout, Layout]:
+        return self.tensor, self.copies
+
     def _pieces(self) -> tuple[Piece, ...]:
         return self._copy_pieces()
 
@@ -228,6 +245,9 @@ class SumReduce(_BroadcastGeometry):
 
     def _targets(self) -> tuple[Block, ...]:
         return self.tensor.blocks
+
+    def _layouts(self) -> tuple[Layout, Layout]:
+        return self.copies, self.tensor
 
     def _pieces(self) -> tuple[Piece, ...]:
         return tuple(p.reversed() for p in self._copy_pieces())
@@ -291,17 +311,21 @@ class AllReduce(LinearOperator):
         axes = sorted_axes("AllReduce", self.axes, self.tensor.partition)
         object.__setattr__(self, "axes", axes)
         groups = reduction_groups(self.tensor.partition, axes)
-        for group in groups:
-            root = self.tensor.block(group[0])
-            for index in group[1:]:
-                member = self.tensor.block(index)
-                if member.shape != root.shape:
-                    raise ShapeMismatchError(
-                        f"AllReduce over axes {axes}: block {member.name!r} has shape {member.shape} but "
-                        f"block {root.name!r} of the same group has shape {root.shape}"
-                    )
+        if not _equal_along(self.tensor, axes):
+            for group in groups:
+                root = self.tensor.block(group[0])
+                for index in group[1:]:
+                    member = self.tensor.block(index)
+                    if member.shape != root.shape:
+                        raise ShapeMismatchError(
+                            f"AllReduce over axes {axes}: block {member.name!r} has shape {member.shape} but "
+                            f"block {root.name!r} of the same group has shape {root.shape}"
+                        )
         object.__setattr__(self, "_groups", groups)
-        space = union_space("AllReduce", self.tensor.blocks, self.others)
+        if len(self.others) or not isinstance(self.others, Space):
+            space = union_space("AllReduce", self.tensor.blocks, self.others)
+        else:  # the tensor's own space, described by its rule
+            space = self.tensor.space
         object.__setattr__(self, "_space", space)
 
     @property
@@ -342,6 +366,15 @@ class AllReduce(LinearOperator):
 
     def __str__(self) -> str:
         return f"BR[{self.tensor.name}; axes {list(self.axes)}]"
+
+
+def _equal_along(layout: Layout, axes: tuple[int, ...]) -> bool:
+    """True when a distributed tensor's blocks have equal extents along ``axes`` (so every
+    reduction group's blocks have one shape), decided from the sizes without building blocks;
+    False for other layouts or unequal sizes (the caller then compares block by block)."""
+    if not isinstance(layout, DistributedTensor):
+        return False
+    return all(len(set(layout.sizes[d])) == 1 for d in axes)
 
 
 # -- all-gather and reduce-scatter --------------------------------------------------------------------
@@ -433,6 +466,9 @@ class AllGather(_GatherGeometry):
     def _targets(self) -> tuple[Block, ...]:
         return self.gathered.blocks
 
+    def _layouts(self) -> tuple[Layout, Layout]:
+        return self.tensor, self.gathered
+
     def _pieces(self) -> tuple[Piece, ...]:
         return self._gather_pieces()
 
@@ -481,6 +517,9 @@ class ReduceScatter(_GatherGeometry):
 
     def _targets(self) -> tuple[Block, ...]:
         return self.tensor.blocks
+
+    def _layouts(self) -> tuple[Layout, Layout]:
+        return self.gathered, self.tensor
 
     def _pieces(self) -> tuple[Piece, ...]:
         return tuple(p.reversed() for p in self._gather_pieces())

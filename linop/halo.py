@@ -53,7 +53,7 @@ from .operator import Composition, Identity, LinearOperator
 from .partition import DistributedTensor
 from .plan import fields_of
 from .primitives import Allocate, Clear, Deallocate
-from .space import Block, Region, Space
+from .space import Block, GridSpace, Region, Space
 
 __all__ = [
     "HaloExchange",
@@ -74,6 +74,7 @@ __all__ = [
     "trim_expansion",
     "trim_shim",
     "window_space",
+    "worker_transfers",
 ]
 
 Variant = Literal["nested", "direct"]
@@ -108,20 +109,16 @@ def local_space(geometry: HaloGeometry, name: str | None = None) -> Space:
     """The space of the local (pad + halo + bulk) blocks, ``name[i,j]`` on the bulk's worker
     (default name: the tensor's name + ``"_local"``)."""
     prefix = _local_prefix(geometry, name)
-    partition = geometry.tensor.partition
-    return Space(
-        Block(_name(prefix, g), geometry.local_shape(g), partition.worker(g)) for g in partition.indices()
-    )
+    extents = tuple(tuple(r.local_size for r in rows) for rows in geometry.rows)
+    return GridSpace(prefix, geometry.tensor.partition, extents=extents)
 
 
 def window_space(geometry: HaloGeometry, name: str | None = None) -> Space:
     """The space of the windows, one block per worker (empty for a worker without output;
     default name: the tensor's name + ``"_window"``)."""
     prefix = _window_prefix(geometry, name)
-    partition = geometry.tensor.partition
-    return Space(
-        Block(_name(prefix, g), geometry.window_shape(g), partition.worker(g)) for g in partition.indices()
-    )
+    extents = tuple(tuple(r.window_size for r in rows) for rows in geometry.rows)
+    return GridSpace(prefix, geometry.tensor.partition, extents=extents)
 
 
 def _cached(node: object, key: str, build: Callable[[], Any]) -> Any:
@@ -444,6 +441,66 @@ def direct_transfers(geometry: HaloGeometry, space: Space, prefix: str) -> tuple
     )
 
 
+# -- one worker's share of the transfers --------------------------------------------------------
+def _readers(
+    geometry: HaloGeometry, dim: int, segments: Callable[[HaloGeometry, int, int], list[Segment]]
+) -> dict[int, list[int]]:
+    """Along ``dim``: for each owner coordinate, the receiver coordinates whose ``segments``
+    read from it (sorted), computed once per geometry and kind of segment."""
+    key = f"_readers_{dim}_{segments.__name__}"
+
+    def build() -> dict[int, list[int]]:
+        table: dict[int, list[int]] = {}
+        for h in range(len(geometry.rows[dim])):
+            for owner in sorted({seg.owner for seg in segments(geometry, dim, h) if seg.size}):
+                table.setdefault(owner, []).append(h)
+        return table
+
+    return _cached(geometry, key, build)  # type: ignore[no-any-return]
+
+
+def _fill_segments_of(geometry: HaloGeometry, dim: int, g: int) -> list[Segment]:
+    return list(geometry.fills[dim][g])
+
+
+def worker_transfers(
+    geometry: HaloGeometry, space: Space, prefix: str, variant: Variant, index: tuple[int, ...]
+) -> tuple[tuple[RegionCopy, ...], ...]:
+    """The transfers of each exchange stage (in the order of :meth:`HaloExchange.stages`, empty
+    stages included) that the worker at grid ``index`` takes part in, as receiver or source, in
+    the order the whole stage lists them (:func:`nested_transfers`, :func:`direct_transfers`).
+
+    Only the worker's neighbours are visited: the receivers that read from the worker are found
+    per dimension from the fill segments (``docs/theory.md#halo-geometry``), so the cost is the
+    worker's own transfers, not the job's.
+    """
+    ndim = geometry.ndim
+    stages: list[tuple[RegionCopy, ...]] = []
+    mine = _name(prefix, index)
+    dims_of_stage = [tuple(range(ndim))] if variant == "direct" else [(d,) for d in range(ndim)]
+    earlier = _segments_covering if variant == "direct" else _relayed
+    for dims in dims_of_stage:
+        receivers: set[tuple[int, ...]] = {index}
+        for dim in dims:
+            choices: list[list[int]] = []
+            for j, g in enumerate(index):
+                if j < dim:
+                    choices.append([g] if variant == "nested" else _readers(geometry, j, earlier).get(g, []))
+                elif j == dim:
+                    choices.append(_readers(geometry, j, _fill_segments_of).get(g, []))
+                else:
+                    choices.append([g])
+            receivers.update(itertools.product(*choices))
+        transfers: list[RegionCopy] = []
+        for receiver in sorted(receivers):
+            for dim in dims:
+                for src, dst in _receiver_transfers(geometry, space, prefix, receiver, dim, earlier):
+                    if receiver == index or src.name == mine:
+                        transfers.append((src, dst))
+        stages.append(tuple(transfers))
+    return tuple(stages)
+
+
 # -- the exchange -----------------------------------------------------------------------------
 class _ExchangeBase(LinearOperator):
     """Fields and spaces shared by :class:`HaloExchange` and :class:`HaloExchangeAdjoint`."""
@@ -473,6 +530,18 @@ class _ExchangeBase(LinearOperator):
     def stages(self) -> tuple[HaloStage, ...]:
         """The forward stages in the order they run (H_0 first); empty stages are left out."""
         return _cached(self, "_stages", self._build_stages)
+
+    def worker_stages(self, index: tuple[int, ...]) -> tuple[tuple[RegionCopy, ...], ...]:
+        """The transfers of each forward stage that the worker at grid ``index`` takes part in
+        (see :func:`worker_transfers`), checked as :class:`HaloStage` checks a stage: every
+        region in the space, shapes equal, and in the worker's own block no destination meets
+        a source or another destination (the whole stage's check is the union of these)."""
+        prefix = _local_prefix(self.geometry, self.local_name)
+        found = worker_transfers(self.geometry, self.domain, prefix, self.variant, index)
+        labels = ["H"] if self.variant == "direct" else [f"H{d}" for d in range(self.geometry.ndim)]
+        for label, transfers in zip(labels, found):
+            _check_transfers(self.domain, transfers, label)
+        return found
 
     def _build_stages(self) -> tuple[HaloStage, ...]:
         space, prefix = self.domain, _local_prefix(self.geometry, self.local_name)
@@ -785,8 +854,18 @@ class _ShimBase(LinearOperator):
     ADJOINT: ClassVar[bool] = False
 
     @abstractmethod
+    def _forward_part(self, index: tuple[int, ...]) -> LinearOperator:
+        """The forward shim's part of the worker at grid ``index``, on its blocks only."""
+
     def _forward_parts(self) -> tuple[LinearOperator, ...]:
         """The forward shim's per-worker parts, each on its worker's blocks."""
+        return tuple(self._forward_part(g) for g in self.geometry.tensor.partition.indices())  # type: ignore[attr-defined]
+
+    def part(self, index: tuple[int, ...]) -> LinearOperator:
+        """The part of the worker at grid ``index`` alone (the adjoint's: the forward part's
+        adjoint), built without the other workers' parts."""
+        forward = self._forward_part(index)
+        return forward.H if self.ADJOINT else forward
 
     @abstractmethod
     def _forward_expansion(self) -> LinearOperator:
@@ -863,9 +942,8 @@ class PadShim(_ShimBase):
     def _forward_spaces(self) -> tuple[Space, Space]:
         return self.geometry.tensor.space, local_space(self.geometry, self.local_name)
 
-    def _forward_parts(self) -> tuple[LinearOperator, ...]:
-        prefix = str(self.local_name)
-        return tuple(_pad_part(self.geometry, prefix, g) for g in self.geometry.tensor.partition.indices())
+    def _forward_part(self, index: tuple[int, ...]) -> LinearOperator:
+        return _pad_part(self.geometry, str(self.local_name), index)
 
     def _forward_expansion(self) -> LinearOperator:
         return pad_expansion(self.geometry, self.local_name)
@@ -938,11 +1016,8 @@ class TrimShim(_ShimBase):
     def _forward_spaces(self) -> tuple[Space, Space]:
         return local_space(self.geometry, self.local_name), window_space(self.geometry, self.window_name)
 
-    def _forward_parts(self) -> tuple[LinearOperator, ...]:
-        prefix, window_prefix = str(self.local_name), str(self.window_name)
-        return tuple(
-            _trim_part(self.geometry, prefix, window_prefix, g) for g in self.geometry.tensor.partition.indices()
-        )
+    def _forward_part(self, index: tuple[int, ...]) -> LinearOperator:
+        return _trim_part(self.geometry, str(self.local_name), str(self.window_name), index)
 
     def _forward_expansion(self) -> LinearOperator:
         return trim_expansion(self.geometry, self.local_name, self.window_name)

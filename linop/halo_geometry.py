@@ -485,10 +485,11 @@ class HaloGeometry:
     def __post_init__(self) -> None:
         fills = tuple(
             tuple(
-                _fill_segments(dim_rows, g, self.kernel.boundary[dim], self.data_range(dim, g))
+                _fill_segments(dim_rows, g, self.kernel.boundary[dim], self.data_range(dim, g), owners)
                 for g in range(len(dim_rows))
             )
             for dim, dim_rows in enumerate(self.rows)
+            for owners in [_owners(dim_rows)]
         )
         object.__setattr__(self, "fills", fills)
 
@@ -638,10 +639,11 @@ class _Runs:
     """Builds segments from runs of sources, merging as the per-position rule did: a segment
     grows while the owner stays, and destinations and sources both advance by one."""
 
-    def __init__(self, rows: Sequence[DimGeometry], local_start: int) -> None:
+    def __init__(
+        self, rows: Sequence[DimGeometry], local_start: int, owners: tuple[list[int], list[int]] | None = None
+    ) -> None:
         self.rows = rows
-        self.owners = [h for h, r in enumerate(rows) if r.bulk_size]
-        self.starts = [rows[h].bulk_start for h in self.owners]
+        self.owners, self.starts = _owners(rows) if owners is None else owners
         self.local_start = local_start
         self.out: list[Segment] = []
 
@@ -708,7 +710,19 @@ class _Runs:
             x = end
 
 
-def _fill_segments(rows: Sequence[DimGeometry], g: int, boundary: str, data: slice) -> Fills:
+def _owners(rows: Sequence[DimGeometry]) -> tuple[list[int], list[int]]:
+    """The coordinates that own input along a dimension, and where their bulks start."""
+    owners = [h for h, r in enumerate(rows) if r.bulk_size]
+    return owners, [rows[h].bulk_start for h in owners]
+
+
+def _fill_segments(
+    rows: Sequence[DimGeometry],
+    g: int,
+    boundary: str,
+    data: slice,
+    owners: tuple[list[int], list[int]] | None = None,
+) -> Fills:
     """Runs of the receiver's window positions outside its bulk, grouped by owner, with
     consecutive increasing sources (reflected runs become runs of one entry), in closed form:
     whole periods of a wrapping boundary become one repeated part."""
@@ -721,7 +735,8 @@ def _fill_segments(rows: Sequence[DimGeometry], g: int, boundary: str, data: sli
     )
     period = _period(m, boundary)
     parts: list[tuple[tuple[Segment, ...], int, int]] = []
-    runs = _Runs(rows, local)
+    owners = _owners(rows) if owners is None else owners
+    runs = _Runs(rows, local, owners)
     for x0, x1 in pieces:
         if x1 <= x0:
             continue
@@ -732,7 +747,7 @@ def _fill_segments(rows: Sequence[DimGeometry], g: int, boundary: str, data: sli
             continue
         runs.span(x0, first_full, m, boundary)
         head = tuple(runs.out)
-        pattern_runs = _Runs(rows, local)
+        pattern_runs = _Runs(rows, local, owners)
         pattern_runs.span(first_full, first_full + period, m, boundary)
         pattern = tuple(pattern_runs.out)
         # No segment merges across a period boundary: the source jumps back there (periodic
@@ -740,7 +755,7 @@ def _fill_segments(rows: Sequence[DimGeometry], g: int, boundary: str, data: sli
         # independent runs.
         parts.append((head, 1, 0))
         parts.append((pattern, repeats, period))
-        runs = _Runs(rows, local)
+        runs = _Runs(rows, local, owners)
         runs.span(first_full + repeats * period, x1, m, boundary)
     parts.append((tuple(runs.out), 1, 0))
     return Fills(parts)

@@ -28,7 +28,7 @@ import numpy as np
 
 from .errors import BlockExistsError, BroadcastError, DecompositionError, OperandError, PartitionError
 from .partition import DistributedTensor, Partition, grid_block_name, normalized_axes
-from .space import Block, Space
+from .space import Block, GridSpace, Space
 
 __all__ = [
     "BlockGrid",
@@ -111,9 +111,12 @@ class BlockGrid:
                 f"block grid {self.name!r}: {len(shapes)} block shapes for the "
                 f"{self.partition.size} workers of partition {self.partition.shape}"
             )
-        for shape in shapes:
+        for shape in dict.fromkeys(shapes):
             if any(n < 0 for n in shape):
                 raise DecompositionError(f"block grid {self.name!r}: negative extent in block shape {shape}")
+            # the name and sizes as Block checks them, once per distinct shape (blocks are then
+            # built without a second check)
+            Block(grid_block_name(self.name, (0,) * self.partition.ndim), shape)
         object.__setattr__(self, "shapes", shapes)
         object.__setattr__(self, "_position", {index: k for k, index in enumerate(self.partition.indices())})
 
@@ -139,7 +142,7 @@ class BlockGrid:
             shape = self.shapes[self._position[index]]  # type: ignore[attr-defined]
         except KeyError:
             raise PartitionError(f"index {index} is outside partition {self.partition.shape}") from None
-        return Block(self.block_name(index), shape, self.partition.worker(index))
+        return Block.trusted(self.block_name(index), shape, self.partition.worker(index))  # validated here
 
     @property
     def blocks(self) -> tuple[Block, ...]:
@@ -148,8 +151,9 @@ class BlockGrid:
 
     @property
     def space(self) -> Space:
-        """The space of the grid's blocks."""
-        return Space(self.blocks)
+        """The space of the grid's blocks (described by the partition and the shapes:
+        :class:`~linop.space.GridSpace`)."""
+        return GridSpace(self.name, self.partition, shapes=self.shapes)
 
     def __str__(self) -> str:
         return f"{self.name} on {self.partition}"

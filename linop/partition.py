@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from .errors import DecompositionError, LinopError, OperandError, PartitionError, RegionError
-from .space import MAX_SIZE, MAX_WORKER, Block, Region, Space, State
+from .space import MAX_SIZE, MAX_WORKER, Block, GridSpace, Region, Space, State
 
 __all__ = [
     "Partition",
@@ -75,7 +75,7 @@ def normalized_axes(kind: str, axes: Sequence[int] | int, partition: Partition) 
 
 def grid_block_name(name: str, index: Sequence[int]) -> str:
     """The name of a layout's block at a grid index: ``grid_block_name("x", (0, 1)) == "x[0,1]"``."""
-    return f"{name}[{','.join(str(i) for i in index)}]"
+    return f"{name}[{','.join(map(str, index))}]"
 
 
 def balanced_sizes(length: int, parts: int) -> tuple[int, ...]:
@@ -146,8 +146,12 @@ class Partition:
         )
         if len(workers) != count:
             raise PartitionError(f"partition of shape {shape} needs {count} workers, got {len(workers)}")
+        first = workers[0]
+        consecutive = workers == tuple(range(first, first + count)) and 0 <= first <= MAX_WORKER + 1 - count
+        object.__setattr__(self, "_first", first if consecutive else None)
+        valid = consecutive or (len(set(workers)) == count and 0 <= min(workers) and max(workers) <= MAX_WORKER)
         seen: set[int] = set()
-        for w in workers:
+        for w in () if valid else workers:  # only to name the offending id
             if w < 0:
                 raise PartitionError(f"partition {shape}: worker ids must be >= 0, got {w}")
             if w > MAX_WORKER:
@@ -156,6 +160,11 @@ class Partition:
                 raise PartitionError(f"worker {w} is listed twice in partition {shape}")
             seen.add(w)
         object.__setattr__(self, "workers", workers)
+        strides, step = [], 1
+        for n in reversed(shape):
+            strides.append(step)
+            step *= n
+        object.__setattr__(self, "_strides", tuple(reversed(strides)))
 
     @classmethod
     def grid(cls, shape: Sequence[int] | int, *, first: int = 0) -> Partition:
@@ -190,6 +199,12 @@ class Partition:
         PartitionError
             If it has the wrong length or an entry outside ``0 .. shape[d] - 1``.
         """
+        if (
+            type(index) is tuple
+            and len(index) == len(self.shape)
+            and all(type(i) is int and 0 <= i < n for i, n in zip(index, self.shape))
+        ):  # the common case, checked without conversions (planning asks once per worker)
+            return index
         index = _integers(index, f"partition {self.shape}: index", PartitionError)
         if len(index) != self.ndim or not all(0 <= i < n for i, n in zip(index, self.shape)):
             raise PartitionError(f"index {index} is outside partition {self.shape}")
@@ -198,15 +213,46 @@ class Partition:
     def worker(self, index: Sequence[int]) -> int:
         """The worker at a grid index."""
         index = self.checked_index(index)
-        return self.workers[int(np.ravel_multi_index(index, self.shape))] if self.ndim else self.workers[0]
+        return self.workers[self.flat(index)]
+
+    def flat(self, index: tuple[int, ...]) -> int:
+        """The C-order position of a (checked) grid index."""
+        return sum(i * s for i, s in zip(index, self._strides))  # type: ignore[attr-defined]
 
     def index(self, worker: int) -> tuple[int, ...]:
         """The grid index of a worker."""
-        try:
-            flat = self.workers.index(worker)
-        except ValueError:
-            raise PartitionError(f"worker {worker} is not in partition {self.shape} {self.workers}") from None
+        flat = self.position(worker)
+        if flat is None:
+            raise PartitionError(f"worker {worker} is not in partition {self.shape} {self.workers}")
         return tuple(int(i) for i in np.unravel_index(flat, self.shape)) if self.ndim else ()
+
+    def position(self, worker: int) -> int | None:
+        """The C-order position of ``worker`` in the grid, or None when it is not a member
+        (a table built on first use: O(1) per call afterwards)."""
+        if not isinstance(worker, (int, np.integer)):
+            return None
+        first = self._first  # type: ignore[attr-defined]
+        if first is not None:  # consecutive workers: no table
+            position = int(worker) - first
+            return position if 0 <= position < len(self.workers) else None
+        try:
+            table = object.__getattribute__(self, "_positions")
+        except AttributeError:
+            table = {w: k for k, w in enumerate(self.workers)}
+            object.__setattr__(self, "_positions", table)
+        return table.get(worker)
+
+    @property
+    def max_worker(self) -> int:
+        """The largest worker id."""
+        first = self._first  # type: ignore[attr-defined]
+        if first is not None:
+            return first + len(self.workers) - 1
+        try:
+            return object.__getattribute__(self, "_max")  # type: ignore[no-any-return]
+        except AttributeError:
+            object.__setattr__(self, "_max", max(self.workers))
+            return self.max_worker
 
     def __contains__(self, worker: object) -> bool:
         return worker in self.workers
@@ -372,10 +418,10 @@ class DistributedTensor:
 
     def block(self, index: Sequence[int]) -> Block:
         """The block at a grid index."""
-        start, stop = self.box(index)
-        return Block(
-            self.block_name(index), tuple(b - a for a, b in zip(start, stop)), self.partition.worker(index)
-        )
+        index = self.partition.checked_index(index)
+        shape = tuple(self.sizes[d][i] for d, i in enumerate(index))
+        # the sizes and the workers are validated by the constructors: no second check
+        return Block.trusted(self.block_name(index), shape, self.partition.worker(index))
 
     @cached_property
     def blocks(self) -> tuple[Block, ...]:
@@ -384,8 +430,9 @@ class DistributedTensor:
 
     @cached_property
     def space(self) -> Space:
-        """The space of the tensor's blocks (built once per tensor)."""
-        return Space(self.blocks)
+        """The space of the tensor's blocks (built once per tensor; described by the partition
+        and the sizes, its blocks built only when asked for: :class:`~linop.space.GridSpace`)."""
+        return GridSpace(self.name, self.partition, extents=self.sizes)
 
     def region(self, index: Sequence[int], box: GlobalBox, space: Space | None = None) -> Region:
         """The part of a global ``box`` held by block ``index`` as a region of ``space``

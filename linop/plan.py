@@ -23,7 +23,7 @@ from .layout import union_space
 from .movement import Copy, CopyAdjoint, SendRecv, SendRecvAdjoint
 from .operator import Composition, Identity, LinearOperator
 from .primitives import Allocate, Deallocate
-from .space import Block, Space
+from .space import Block, GridSpace, Space
 
 __all__ = [
     "NO_OTHERS",
@@ -171,12 +171,26 @@ class Planned(LinearOperator):
     def _pieces(self) -> tuple[Piece, ...]:
         """The boxes that travel from consumed to produced blocks."""
 
+    def _layouts(self) -> tuple[Any, Any] | None:
+        """The (source, target) layouts when the node consumes one layout's blocks and produces
+        another's (each a :class:`~linop.layout.Layout`), else None."""
+        return None
+
     def _validate(self) -> None:
         if not isinstance(self.others, Space):
             raise OperandError(
                 f"{type(self).__name__}: others must be a Space, not {type(self.others).__name__}"
             )
         kind = type(self).__name__
+        layouts = self._layouts()
+        if layouts is not None and not len(self.others):
+            source, target = (layout.space for layout in layouts)
+            if isinstance(source, GridSpace) and isinstance(target, GridSpace) and source.prefix != target.prefix:
+                # two grids with different prefixes share no block name: the spaces are the
+                # layouts' own, described by their rules (no P-block union built)
+                object.__setattr__(self, "_domain", source)
+                object.__setattr__(self, "_range", target)
+                return
         union_space(kind, self._sources(), self._targets(), self.others)
         object.__setattr__(self, "_domain", union_space(kind, self.others, self._sources()))
         object.__setattr__(self, "_range", union_space(kind, self.others, self._targets()))

@@ -149,6 +149,9 @@ class Repartition(Planned):
     def _targets(self) -> tuple[Block, ...]:
         return self.destination.blocks
 
+    def _layouts(self) -> tuple[DistributedTensor, DistributedTensor]:
+        return self.source, self.destination
+
     def _pieces(self) -> tuple[Piece, ...]:
         items = []
         for i, j, (start, stop) in overlaps(self.source, self.destination):
@@ -164,6 +167,45 @@ class Repartition(Planned):
                 )
             )
         return nonempty_pieces(items)
+
+    def _per_dim(self) -> tuple[list, list]:
+        """Per dimension, the 1-d overlaps by destination part and by source part (once)."""
+        try:
+            return object.__getattribute__(self, "_overlaps_1d")  # type: ignore[no-any-return]
+        except AttributeError:
+            pairs = tuple(zip(self.source.sizes, self.destination.sizes))
+            found = ([_boxes_overlap_1d(a, b) for a, b in pairs], [_boxes_overlap_1d(b, a) for a, b in pairs])
+            object.__setattr__(self, "_overlaps_1d", found)
+            return found
+
+    def _piece(self, i: tuple[int, ...], j: tuple[int, ...], start: tuple[int, ...], stop: tuple[int, ...]) -> Piece:
+        origin_i, origin_j = self.source.box(i)[0], self.destination.box(j)[0]
+        return Piece(
+            self.source.block_name(i),
+            tuple(a - o for a, o in zip(start, origin_i)),
+            self.destination.block_name(j),
+            tuple(a - o for a, o in zip(start, origin_j)),
+            tuple(b - a for a, b in zip(start, stop)),
+        )
+
+    def pieces_into(self, j: Sequence[int]) -> tuple[Piece, ...]:
+        """The pieces into destination block ``j``, in the order of :attr:`plan` (from the
+        1-d overlaps of each dimension: the block's own work, not the job's)."""
+        j = self.destination.partition.checked_index(j)
+        by_target, _ = self._per_dim()
+        return tuple(
+            self._piece(tuple(c[0] for c in combo), j, tuple(c[1] for c in combo), tuple(c[2] for c in combo))
+            for combo in itertools.product(*(by_target[d][k] for d, k in enumerate(j)))
+        )
+
+    def pieces_from(self, i: Sequence[int]) -> tuple[Piece, ...]:
+        """The pieces out of source block ``i``, in the order of :attr:`plan`."""
+        i = self.source.partition.checked_index(i)
+        _, by_source = self._per_dim()
+        return tuple(
+            self._piece(i, tuple(c[0] for c in combo), tuple(c[1] for c in combo), tuple(c[2] for c in combo))
+            for combo in itertools.product(*(by_source[d][k] for d, k in enumerate(i)))
+        )
 
     def adjoint(self) -> LinearOperator:
         """T* = the reverse repartition (a permutation's transpose is its inverse)."""

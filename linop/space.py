@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 import math
 import operator
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -39,7 +40,7 @@ from .errors import (
     UnknownBlockError,
 )
 
-__all__ = ["Block", "Space", "Region", "State", "natural_key", "MAX_SIZE", "MAX_WORKER"]
+__all__ = ["Block", "Space", "GridSpace", "Region", "State", "natural_key", "MAX_SIZE", "MAX_WORKER"]
 
 State = dict[str, np.ndarray]
 """A state of a space: one array per block name."""
@@ -137,6 +138,16 @@ class Block:
             raise BlockError(f"block {self.name!r}: worker must be in 0 .. {MAX_WORKER}, not {worker}")
         object.__setattr__(self, "worker", worker)
 
+    @classmethod
+    def trusted(cls, name: str, shape: tuple[int, ...], worker: int) -> Block:
+        """A block from fields the caller has validated (a layout's rule: a non-empty name,
+        a tuple of non-negative ints, a partition's worker), without a second check."""
+        block = object.__new__(cls)
+        object.__setattr__(block, "name", name)
+        object.__setattr__(block, "shape", shape)
+        object.__setattr__(block, "worker", worker)
+        return block
+
     @property
     def size(self) -> int:
         """Number of entries."""
@@ -215,7 +226,7 @@ class Space:
         self._blocks = ordered
         self._by_name = {b.name: b for b in ordered}
         self._offsets: dict[str, int] | None = None  # built on first use
-        self._hash = hash(ordered)
+        self._hash = _space_hash(len(ordered), ordered.__getitem__)
 
     @classmethod
     def _from_ordered(cls, ordered: tuple[Block, ...]) -> Space:
@@ -254,6 +265,15 @@ class Space:
     def workers(self) -> tuple[int, ...]:
         """The workers that own at least one block, sorted."""
         return tuple(sorted({b.worker for b in self._blocks}))
+
+    def owned(self, worker: int) -> tuple[Block, ...]:
+        """The blocks ``worker`` owns, in canonical order."""
+        return tuple(b for b in self._blocks if b.worker == worker)
+
+    @property
+    def max_worker(self) -> int:
+        """The largest worker that owns a block (-1 for the empty space)."""
+        return max((b.worker for b in self._blocks), default=-1)
 
     def block(self, name: str) -> Block:
         """The block called ``name``."""
@@ -428,6 +448,237 @@ class Space:
         return {
             b.name: vector[offsets[b.name] : offsets[b.name] + b.size].reshape(b.shape) for b in self._blocks
         }
+
+
+def _space_hash(length: int, block_at: Callable[[int], Block]) -> int:
+    """The hash of a space of ``length`` blocks (``block_at(k)``: the k-th in canonical order):
+    its length and its first, middle and last blocks, so that a space described by a rule
+    (:class:`GridSpace`) hashes as its blocks do without building them all."""
+    if not length:
+        return hash(())
+    return hash((length, block_at(0), block_at(length // 2), block_at(length - 1)))
+
+
+class GridPartition(Protocol):
+    """What :class:`GridSpace` reads of a :class:`~linop.partition.Partition`."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def workers(self) -> tuple[int, ...]: ...
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def max_worker(self) -> int: ...
+
+    def position(self, worker: int) -> int | None: ...
+
+
+class GridSpace(Space):
+    """A space of one block ``prefix[i,j,...]`` per worker of a partition, described by a rule
+    instead of a list of blocks (``docs/theory.md#memory-and-blocks``).
+
+    The block at grid index ``g`` (C-order position ``k``) lives on ``partition.workers[k]`` and
+    has shape ``(extents[0][g_0], extents[1][g_1], ...)`` (a product rule: a distributed
+    tensor's blocks, a halo geometry's local blocks and windows) or ``shapes[k]`` (one shape per
+    worker: a block grid). Natural order of such names is C order of the grid index, so the
+    space is the :class:`Space` of those blocks and compares, hashes and flattens as it does.
+    Looking up a block, its membership, its length, size and workers cost O(1) or O(ndim) (no
+    block is built but those asked for); anything that needs every block (iteration,
+    ``names``, flattening, states) builds them once, as a plain space would hold them.
+
+    Parameters
+    ----------
+    prefix : str
+        The blocks' name prefix.
+    partition : Partition
+        The grid of workers.
+    extents : tuple of tuple of int, optional
+        Per dimension, the extent of each grid coordinate (product rule).
+    shapes : tuple of shapes, optional
+        One shape per worker in C order of grid index (exactly one of ``extents`` and
+        ``shapes``).
+
+    The caller (a layout's constructor) has validated the rule: non-negative int extents with
+    one entry per grid coordinate, or one shape per worker.
+
+    Examples
+    --------
+    >>> from linop import Partition, Space
+    >>> from linop.space import GridSpace
+    >>> grid = GridSpace("x", Partition((2, 2)), extents=((2, 1), (3, 3)))
+    >>> grid.block("x[1,0]"), len(grid), grid.size
+    (Block('x[1,0]', (1, 3), worker=2), 4, 18)
+    >>> grid == Space(grid.blocks), "x[2,0]" in grid
+    (True, False)
+    """
+
+    __slots__ = ("_description", "_extents", "_head", "_made", "_partition", "_prefix", "_shapes", "_strides")
+
+    def __init__(
+        self,
+        prefix: str,
+        partition: GridPartition,
+        *,
+        extents: tuple[tuple[int, ...], ...] | None = None,
+        shapes: tuple[tuple[int, ...], ...] | None = None,
+    ) -> None:
+        if (extents is None) == (shapes is None):
+            raise BlockError("a grid space takes either per-dimension extents or one shape per worker")
+        self._prefix, self._head, self._partition = prefix, prefix + "[", partition
+        self._extents, self._shapes = extents, shapes
+        self._made: dict[str, Block] = {}
+        self._description: bytes | None = None
+        strides, step = [], 1
+        for n in reversed(partition.shape):
+            strides.append(step)
+            step *= n
+        self._strides = tuple(reversed(strides))
+        self._hash = _space_hash(partition.size, self._block_at)
+
+    def __getattr__(self, name: str) -> Any:
+        # the slots of a plain space (every block) are filled on first use only
+        if name in ("_blocks", "_by_name", "_offsets"):
+            self._adopt(tuple(self._block_at(k) for k in range(self._partition.size)))
+            return object.__getattribute__(self, name)
+        raise AttributeError(name)
+
+    # -- the rule --------------------------------------------------------------------------
+    @property
+    def prefix(self) -> str:
+        """The blocks' name prefix."""
+        return self._prefix
+
+    @property
+    def partition(self) -> GridPartition:
+        """The grid of workers."""
+        return self._partition
+
+    def _index(self, position: int) -> tuple[int, ...]:
+        return tuple((position // s) % n for s, n in zip(self._strides, self._partition.shape))
+
+    def _make(self, index: tuple[int, ...], position: int) -> Block:
+        name = f"{self._head}{','.join(map(str, index))}]"
+        block = self._made.get(name)
+        if block is None:
+            if self._extents is not None:
+                shape = tuple(e[i] for e, i in zip(self._extents, index))
+            else:
+                shape = self._shapes[position]  # type: ignore[index]
+            block = self._made[name] = Block.trusted(name, shape, self._partition.workers[position])
+        return block
+
+    def _block_at(self, position: int) -> Block:
+        return self._make(self._index(position), position)
+
+    def _position_of(self, name: object) -> int | None:
+        """The C-order position of the block called ``name``, or None when there is none."""
+        if type(name) is not str or not name.startswith(self._head) or not name.endswith("]"):
+            return None
+        body = name[len(self._head) : -1]
+        parts = body.split(",") if body else []
+        shape = self._partition.shape
+        if len(parts) != len(shape) or not all(p.isdigit() and (p == "0" or p[0] != "0") for p in parts):
+            return None  # not the canonical spelling of a grid index
+        index = tuple(int(p) for p in parts)
+        if not all(i < n for i, n in zip(index, shape)):
+            return None
+        return sum(i * s for i, s in zip(index, self._strides))
+
+    def block_of(self, index: tuple[int, ...]) -> Block:
+        """The block at grid ``index`` (a checked tuple of ints)."""
+        return self._make(index, sum(i * s for i, s in zip(index, self._strides)))
+
+    # -- what a space answers, without building every block --------------------------------
+    def block(self, name: str) -> Block:
+        """The block called ``name``."""
+        found = self._made.get(name) if type(name) is str else None
+        if found is not None:
+            return found
+        position = self._position_of(name)
+        if position is None:
+            return super().block(name)  # raises UnknownBlockError
+        return self._block_at(position)
+
+    def __contains__(self, name: object) -> bool:
+        return (type(name) is str and name in self._made) or self._position_of(name) is not None
+
+    def __len__(self) -> int:
+        return self._partition.size
+
+    @property
+    def size(self) -> int:
+        """Total number of entries."""
+        if self._extents is not None:
+            return math.prod(sum(e) for e in self._extents)
+        return sum(math.prod(shape) for shape in self._shapes)  # type: ignore[union-attr]
+
+    @property
+    def workers(self) -> tuple[int, ...]:
+        """The workers of the partition, sorted."""
+        return tuple(sorted(self._partition.workers))
+
+    @property
+    def max_worker(self) -> int:
+        """The largest worker of the partition."""
+        return self._partition.max_worker
+
+    def owned(self, worker: int) -> tuple[Block, ...]:
+        """The block ``worker`` owns, if any."""
+        position = self._partition.position(worker)
+        return () if position is None else (self._block_at(position),)
+
+    def offset(self, name: str) -> int:
+        """Position of block ``name``'s first entry in a flattened state."""
+        self.block(name)
+        return self._offset_table()[name]
+
+    def same_rule(self, other: GridSpace) -> bool:
+        """True when ``other`` is described by the same prefix, partition and rule."""
+        return (
+            self._prefix == other._prefix
+            and self._partition == other._partition
+            and self._extents == other._extents
+            and self._shapes == other._shapes
+        )
+
+    def _shape_list(self) -> tuple[tuple[int, ...], ...]:
+        if self._shapes is not None:
+            return self._shapes
+        return tuple(itertools.product(*self._extents))  # type: ignore[misc]
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if isinstance(other, GridSpace):
+            if self._hash != other._hash:
+                return False
+            if self.same_rule(other):
+                return True
+            if self._prefix != other._prefix or self._partition != other._partition:
+                return False  # different names or workers (every grid space holds a block)
+            return self._shape_list() == other._shape_list()
+        return super().__eq__(other)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def description(self) -> bytes:
+        """The rule as bytes: prefix, partition and shapes (what a fingerprint reads)."""
+        if self._description is not None:
+            return self._description
+        partition = self._partition
+        rule = repr(self._extents) if self._extents is not None else repr(self._shapes)
+        text = (
+            f"G{self._prefix!r}{partition.shape}".encode()
+            + np.asarray(partition.workers, dtype=np.int64).tobytes()
+            + rule.encode()
+        )
+        self._description = text
+        return text
 
 
 def _state_dtype(dtype: npt.DTypeLike, what: str) -> np.dtype:

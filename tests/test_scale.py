@@ -1,22 +1,33 @@
-"""Per-rank planning grows linearly with the number of workers (issue 13).
+"""Per-rank planning is O(the rank's own work) plus a small O(P) description (issue 13).
 
-What one rank spends before moving a byte (building the tree, its fingerprint, lowering,
-batching and projecting onto one interior rank, as :func:`linop.backends.mpi_backend.plan_for`
-does) is pinned by an operation count that does not depend on timing: the number of blocks
-that every :class:`~linop.Space` built along the way holds. A plan that builds one P-block space
-per worker (the O(P^2) of the shims' expansions) multiplies that count by 16 when P grows 4x; a
-linear plan by about 4. ``benchmarks/bench_scale.py`` measures the seconds and megabytes.
+What one rank spends before moving a byte (building the tree, its fingerprint, and compiling its
+own schedule as :class:`~linop.backends.mpi_plan.DistributedPlan` does:
+:func:`~linop.backends.mpi_schedule.compile_for_rank`) is pinned by operation counts that do not
+depend on timing:
+
+* the *objects* of the model built while a rank plans: every :class:`~linop.Block` and
+  :class:`~linop.Region` constructed, and every block a :class:`~linop.Space` holds in full
+  (a :class:`~linop.space.GridSpace` holds none until asked for all of them);
+* for the halo cases, the count for compiling one interior rank is the same at P = 64 and
+  P = 256 (independent of P: the rank visits its neighbours only), and so is its schedule;
+* for every case, the count of the whole plan grows at most linearly (ratio < 6 when P grows
+  4x; linear gives 4, quadratic 16).
+
+A plan that builds one P-block space per worker (the old shims) fails the linear bound; the
+global program (every rank's transfers) fails the independence. ``benchmarks/bench_scale.py``
+measures seconds and megabytes.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from linop import Space
-from linop.backends.mpi_schedule import batch, fingerprint, lower, project
+from linop import Block, Region, Space
+from linop.backends.mpi_schedule import RankPhase, compile_for_rank, compile_program, fingerprint
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bench_scale
@@ -32,32 +43,110 @@ CASES = [
     pytest.param("AllReduce axis 0", id="allreduce"),
     pytest.param("Repartition (s,s) -> (2s,s/2)", id="repartition"),
 ]
+HALO = CASES[:2]
 
 
-def _blocks_held(case: str, s: int, adjoint: bool, monkeypatch: pytest.MonkeyPatch) -> int:
-    """Blocks held by all spaces built while one rank of an s x s grid plans ``case``."""
+def _counted(run: Callable[[], object], monkeypatch: pytest.MonkeyPatch) -> int:
+    """Blocks and regions constructed, plus blocks held by spaces in full, while ``run`` runs."""
     count = [0]
-    adopt = Space._adopt
+    adopt, block_check, trusted = Space._adopt, Block.__post_init__, Block.trusted.__func__  # type: ignore[attr-defined]
+    region_check, checked = Region.__post_init__, Region._checked.__func__  # type: ignore[attr-defined]
 
-    def counting(self: Space, ordered: tuple) -> None:
+    def counting_adopt(self: Space, ordered: tuple) -> None:
         count[0] += len(ordered)
         adopt(self, ordered)
 
+    def counting_block(self: Block) -> None:
+        count[0] += 1
+        block_check(self)
+
+    def counting_trusted(cls: type, *args: object) -> Block:
+        count[0] += 1
+        return trusted(cls, *args)
+
+    def counting_region(self: Region) -> None:
+        count[0] += 1
+        region_check(self)
+
+    def counting_checked(cls: type, *args: object) -> Region:
+        count[0] += 1
+        return checked(cls, *args)
+
     with monkeypatch.context() as patch:
-        patch.setattr(Space, "_adopt", counting)
-        op = bench_scale.CASES[case](s)
-        op = op.H if adjoint else op
-        fingerprint(op)
-        project(batch(lower(op)), (s // 2) * s + s // 2)
+        patch.setattr(Space, "_adopt", counting_adopt)
+        patch.setattr(Block, "__post_init__", counting_block)
+        patch.setattr(Block, "trusted", classmethod(counting_trusted))
+        patch.setattr(Region, "__post_init__", counting_region)
+        patch.setattr(Region, "_checked", classmethod(counting_checked))
+        run()
     return count[0]
+
+
+def _rank(s: int) -> int:
+    return (s // 2) * s + s // 2
+
+
+def _tree(case: str, s: int, adjoint: bool):
+    op = bench_scale.CASES[case](s)
+    return op.H if adjoint else op
+
+
+def _whole_plan(case: str, s: int, adjoint: bool, monkeypatch: pytest.MonkeyPatch) -> int:
+    def plan() -> None:
+        op = _tree(case, s, adjoint)
+        fingerprint(op)
+        compile_for_rank(op, _rank(s))
+
+    return _counted(plan, monkeypatch)
 
 
 @pytest.mark.parametrize("adjoint", [False, True], ids=["forward", "adjoint"])
 @pytest.mark.parametrize("case", CASES)
 def test_planning_grows_linearly(case: str, adjoint: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    small = _blocks_held(case, 8, adjoint, monkeypatch)
-    large = _blocks_held(case, 16, adjoint, monkeypatch)
-    assert large / small < LINEAR, f"{case}: {small} blocks held at P = 64, {large} at P = 256"
+    small = _whole_plan(case, 8, adjoint, monkeypatch)
+    large = _whole_plan(case, 16, adjoint, monkeypatch)
+    assert large / max(small, 1) < LINEAR, f"{case}: {small} objects at P = 64, {large} at P = 256"
+
+
+def _messages(schedule: tuple) -> list[tuple]:
+    """A schedule's messages, shape-free: (direction, grid offset of the peer, tag, shape)."""
+    out = []
+    for step in schedule:
+        if isinstance(step, RankPhase):
+            out += [("recv", tag, t.shape) for _, tag, t in step.receives]
+            out += [("send", tag, t.shape) for _, tag, t in step.sends]
+        else:
+            out.append(type(step).__name__)
+    return out
+
+
+@pytest.mark.parametrize("adjoint", [False, True], ids=["forward", "adjoint"])
+@pytest.mark.parametrize("case", HALO)
+def test_halo_rank_compiles_independently_of_p(
+    case: str, adjoint: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One interior rank's compile builds as many objects at P = 256 as at P = 64, and its
+    schedule is the same (messages, tags, shapes)."""
+    counts, schedules = [], []
+    for s in (8, 16):
+        op = _tree(case, s, adjoint)
+        found: list[tuple] = []
+        counts.append(
+            _counted(lambda op=op, s=s, found=found: found.append(compile_for_rank(op, _rank(s)).schedule), monkeypatch)
+        )
+        schedules.append(_messages(found[0]))
+    assert counts[0] == counts[1], f"{case}: {counts[0]} objects at P = 64, {counts[1]} at P = 256"
+    assert schedules[0] == schedules[1]
+    assert len(schedules[0]) > 0
+
+
+def test_the_global_program_is_not_independent_of_p(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The independence test catches a compile that lowers every rank's transfers."""
+    counts = []
+    for s in (8, 16):
+        op = _tree("HaloExchange", s, False)
+        counts.append(_counted(lambda op=op, s=s: compile_program(op).for_rank(_rank(s)), monkeypatch))
+    assert counts[1] > 3 * counts[0]
 
 
 def test_the_count_catches_quadratic_planning(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -70,6 +159,6 @@ def test_the_count_catches_quadratic_planning(monkeypatch: pytest.MonkeyPatch) -
         return pad_expansion(halo_geometry(bench_scale._grid(s), Kernel(3, padding=1)))
 
     monkeypatch.setitem(bench_scale.CASES, "old pad shim", quadratic)
-    small = _blocks_held("old pad shim", 8, False, monkeypatch)
-    large = _blocks_held("old pad shim", 16, False, monkeypatch)
+    small = _whole_plan("old pad shim", 8, False, monkeypatch)
+    large = _whole_plan("old pad shim", 16, False, monkeypatch)
     assert large / small > LINEAR

@@ -15,6 +15,7 @@ strategy                            draws
                                     partition, and a kernel that fits it (the full kernel
                                     ranges in at least one dimension of every rank)
 ``halo_stages()``                   one stage of a nested or direct halo exchange, or its adjoint
+``halo_exchanges()``                a nested or direct :class:`~linop.HaloExchange`, or its adjoint
 ==================================  ===============================================================
 """
 
@@ -23,14 +24,21 @@ from __future__ import annotations
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from linop import HaloExchange, HaloStage, HaloStageAdjoint, LinearOperator, halo_geometry
+from linop import (
+    HaloExchange,
+    HaloExchangeAdjoint,
+    HaloStage,
+    HaloStageAdjoint,
+    LinearOperator,
+    halo_geometry,
+)
 from linop.halo_geometry import BOUNDARY_MODES, Kernel
 from linop.partition import DistributedTensor, Partition
 
 from .node_examples import examples_for
 from .strategies_distributed import decompositions
 
-__all__ = ["boundaries", "halo_cases", "halo_stages", "kernels"]
+__all__ = ["boundaries", "halo_cases", "halo_exchanges", "halo_stages", "kernels"]
 
 
 def boundaries(modes: tuple[str, ...] = BOUNDARY_MODES) -> st.SearchStrategy[str]:
@@ -150,3 +158,22 @@ def _stages() -> st.SearchStrategy[LinearOperator]:
 @examples_for(HaloStageAdjoint)
 def _stage_adjoints() -> st.SearchStrategy[LinearOperator]:
     return halo_stages().filter(lambda op: isinstance(op, HaloStageAdjoint))
+
+
+@st.composite
+def halo_exchanges(draw: st.DrawFn, *, max_dims: int = 2) -> LinearOperator:
+    """A nested or direct :class:`~linop.HaloExchange` of a drawn case, or its adjoint (the MPI
+    interpreter lowers them rank by rank, from the geometry)."""
+    tensor, kernel = draw(halo_cases(max_dims=max_dims))
+    exchange = HaloExchange(halo_geometry(tensor, kernel), draw(st.sampled_from(["nested", "direct"])))
+    return exchange.H if draw(st.booleans()) else exchange
+
+
+@examples_for(HaloExchange)
+def _exchanges() -> st.SearchStrategy[LinearOperator]:
+    return halo_exchanges().filter(lambda op: isinstance(op, HaloExchange))
+
+
+@examples_for(HaloExchangeAdjoint)
+def _exchange_adjoints() -> st.SearchStrategy[LinearOperator]:
+    return halo_exchanges().filter(lambda op: isinstance(op, HaloExchangeAdjoint))

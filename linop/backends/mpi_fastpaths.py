@@ -34,16 +34,19 @@ first unfinished group in that order has all its members inside it.
 from __future__ import annotations
 
 import functools
+import itertools
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..collectives import AllReduce, Broadcast, Planned, SumReduce
-from ..halo import HaloStage, HaloStageAdjoint
+from ..halo import HaloExchange, HaloExchangeAdjoint, HaloStage, HaloStageAdjoint
 from ..movement import Copy, CopyAdjoint
 from ..operator import LinearOperator
-from ..space import Block
+from ..repartition import Repartition
+from ..space import Block, Region
 from .mpi_context import subcommunicator
 from .mpi_datatypes import byte_type, mpi, predefined_type, subarray
 from .mpi_memory import new_array
@@ -56,7 +59,9 @@ from .mpi_schedule import (
     batch,
     lower,
     lowering,
+    lowering_rank,
     movement_footprint,
+    note_workers,
     project,
 )
 from .mpi_steps import Call, OutOfPlaceBinding, Persistent, RankStep
@@ -76,21 +81,54 @@ REDUCIBLE = "bBhHiIlLqQfdFD"
 @lowering(HaloStage)
 def _halo_stage(op: HaloStage) -> list[Step]:
     """x_dst = x_src for every pair: remote pairs are messages, local pairs copies."""
-    steps: list[Step] = [Transfer(s, d, "store", "keep") for s, d in op.transfers if s.worker != d.worker]
-    for s, d in op.transfers:
-        if s.worker == d.worker:
-            node = Copy(s, d)
-            steps.append(Local(node, s.worker, movement_footprint(node)))
-    return steps
+    return _stage_steps(op.transfers, adjoint=False)
 
 
 @lowering(HaloStageAdjoint)
 def _halo_stage_adjoint(op: HaloStageAdjoint) -> list[Step]:
     """x_src += x_dst, x_dst = 0 for every pair (sent back where the pair spans two workers)."""
-    steps: list[Step] = [Transfer(d, s, "add", "clear") for s, d in op.transfers if s.worker != d.worker]
-    for s, d in op.transfers:
+    return _stage_steps(op.transfers, adjoint=True)
+
+
+@lowering(HaloExchange)
+def _halo_exchange(op: HaloExchange) -> list[Step] | None:
+    """One rank's lowering: the stages' steps it takes part in, from the geometry (its
+    neighbours only, :meth:`~linop.halo.HaloExchange.worker_stages`); the global program
+    lowers the stages themselves."""
+    return _rank_exchange(op, adjoint=False)
+
+
+@lowering(HaloExchangeAdjoint)
+def _halo_exchange_adjoint(op: HaloExchangeAdjoint) -> list[Step] | None:
+    """As :func:`_halo_exchange`: the adjoint stages in reverse order, H_{d-1}* first."""
+    return _rank_exchange(op, adjoint=True)
+
+
+def _rank_exchange(op: HaloExchange | HaloExchangeAdjoint, *, adjoint: bool) -> list[Step] | None:
+    rank = lowering_rank()
+    if rank is None:
+        return None
+    partition = op.geometry.tensor.partition
+    note_workers(partition.max_worker)
+    if partition.position(rank) is None:
+        return []
+    stages = op.worker_stages(partition.index(rank))
+    steps: list[Step] = []
+    for transfers in reversed(stages) if adjoint else stages:
+        steps.extend(_stage_steps(transfers, adjoint=adjoint))
+    return steps
+
+
+def _stage_steps(transfers: tuple[tuple[Region, Region], ...], *, adjoint: bool) -> list[Step]:
+    """The steps of one stage's transfers: messages first, then the local pairs (as the
+    lowerings of :class:`HaloStage` and :class:`HaloStageAdjoint` emit them)."""
+    steps: list[Step] = []
+    for s, d in transfers:
+        if s.worker != d.worker:
+            steps.append(Transfer(d, s, "add", "clear") if adjoint else Transfer(s, d, "store", "keep"))
+    for s, d in transfers:
         if s.worker == d.worker:
-            node = CopyAdjoint(s, d)
+            node = CopyAdjoint(s, d) if adjoint else Copy(s, d)
             steps.append(Local(node, s.worker, movement_footprint(node)))
     return steps
 
@@ -177,8 +215,56 @@ class _AllReduceRunner:
         return _RankAllReduce(entries, _fallback(self.op, rank))
 
 
+@dataclass
+class _Projected:
+    """A fast path lowered for one rank (:func:`~linop.backends.mpi_schedule.lower_for`):
+    that rank's part, built without the other ranks' parts."""
+
+    step: RankStep
+    rank: int
+    workers: tuple[int, ...]
+
+    def project(self, rank: int) -> RankStep:
+        if rank != self.rank:  # pragma: no cover - a rank's program is only projected onto it
+            raise ValueError(f"a step lowered for rank {self.rank} projected onto rank {rank}")
+        return self.step
+
+
+def _nonempty(layout: Any) -> bool:
+    """True when some block of a layout holds an entry."""
+    if hasattr(layout, "sizes"):
+        return all(sum(sizes) > 0 for sizes in layout.sizes)
+    return any(all(n > 0 for n in shape) for shape in layout.shapes)
+
+
+def _rank_all_reduce(op: AllReduce, rank: int) -> list[Step]:
+    """The rank's group only: its block and the workers of the indices that differ from its
+    own only along the axes (members in C order along them, as :func:`reduction_groups`)."""
+    partition = op.tensor.partition
+    note_workers(partition.max_worker)
+    if math.prod(partition.shape[a] for a in op.axes) <= 1 or not _nonempty(op.tensor):
+        return []  # no group to reduce, on any rank
+    entries: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    if partition.position(rank) is not None:
+        index = partition.index(rank)
+        block = op.tensor.block(index)
+        if block.size:
+            members = []
+            for moving in itertools.product(*(range(partition.shape[a]) for a in op.axes)):
+                member = list(index)
+                for a, k in zip(op.axes, moving):
+                    member[a] = k
+                members.append(partition.worker(tuple(member)))
+            entries = ((block.name, tuple(members)),)
+    step = _RankAllReduce(entries, _fallback(op, rank))
+    return [FastPathStep(_Projected(step, rank, (partition.max_worker,)))]
+
+
 @lowering(AllReduce)
 def _all_reduce(op: AllReduce) -> list[Step] | None:
+    rank = lowering_rank()
+    if rank is not None:
+        return _rank_all_reduce(op, rank)
     groups = []
     for group in op.groups:
         members = tuple((op.tensor.block_name(i), op.tensor.block(i).worker) for i in group)
@@ -395,7 +481,48 @@ class _BroadcastRunner:
         return _RankBroadcast(groups, rank, dropped, created, self.reduce, _fallback(self.op, rank))
 
 
+def _rank_broadcast(op: Broadcast | SumReduce, rank: int, *, reduce: bool) -> list[Step]:
+    """The rank's groups only (the source block it holds and the source block it copies), in
+    the global order of the groups (that of their first copy), and its dropped and created
+    blocks; every piece of a broadcast is a whole block, so the fast path always applies."""
+    tensor, copies = op.tensor, op.copies
+    note_workers(max(tensor.partition.max_worker, copies.partition.max_worker))
+    roots: list[tuple[int, ...]] = []
+    if copies.partition.position(rank) is not None:
+        roots.append(op.source_index(copies.partition.index(rank)))
+    if tensor.partition.position(rank) is not None:
+        own = tensor.partition.index(rank)
+        if own not in roots:
+            roots.append(own)
+    groups = []
+    for root in roots:
+        block = tensor.block(root)
+        members = op.copies_of(root)
+        if not block.size or not members:  # empty blocks move nothing: no group
+            continue
+        pairs = tuple((copies.block_name(j), copies.partition.worker(j)) for j in members)
+        ranks = (block.worker, *(w for _, w in pairs if w != block.worker))
+        first = copies.partition.flat(members[0])
+        groups.append((first, _Group(block.name, block.shape, ranks, pairs)))
+    mine_x = tensor.space.owned(rank)
+    mine_y = copies.space.owned(rank)
+    dropped, created = (mine_y, mine_x) if reduce else (mine_x, mine_y)
+    step = _RankBroadcast(
+        tuple(g for _, g in sorted(groups, key=lambda pair: pair[0])),
+        rank,
+        tuple(b.name for b in dropped),
+        created,
+        reduce,
+        _fallback(op, rank),
+    )
+    workers = (max(tensor.partition.max_worker, copies.partition.max_worker),)
+    return [FastPathStep(_Projected(step, rank, workers))]
+
+
 def _lower_broadcast(op: Broadcast | SumReduce, *, reduce: bool) -> list[Step] | None:
+    rank = lowering_rank()
+    if rank is not None:
+        return _rank_broadcast(op, rank, reduce=reduce)
     groups = _whole_groups(op, reduce=reduce)
     if groups is None:
         return None
@@ -475,11 +602,43 @@ class _AlltoallwRunner:
         return _RankAlltoallw(source, shape, target, tuple(sends), tuple(receives))
 
 
+def _rank_repartition(op: Repartition, rank: int) -> list[Step] | None:
+    """A repartition without pass-through blocks always qualifies for ``Alltoallw`` (every
+    worker holds at most one block of each tensor, and two blocks meet in at most one box):
+    the rank's sends and receives from the 1-d overlaps of its own blocks."""
+    source, destination = op.source, op.destination
+    if len(op.others) or not source.ndim:
+        return None
+    note_workers(max(source.partition.max_worker, destination.partition.max_worker))
+    name, shape, target = None, (), None
+    sends: tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...] = ()
+    receives: tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...] = ()
+    if source.partition.position(rank) is not None:
+        i = source.partition.index(rank)
+        block = source.block(i)
+        name, shape = block.name, block.shape
+        sends = tuple(
+            (destination.space.block(p.target).worker, p.source_start, p.shape) for p in op.pieces_from(i)
+        )
+    if destination.partition.position(rank) is not None:
+        j = destination.partition.index(rank)
+        target = destination.block(j)
+        receives = tuple(
+            (source.space.block(p.source).worker, p.target_start, p.shape) for p in op.pieces_into(j)
+        )
+    step = _RankAlltoallw(name, shape, target, sends, receives)
+    workers = (max(source.partition.max_worker, destination.partition.max_worker),)
+    return [FastPathStep(_Projected(step, rank, workers))]
+
+
 @lowering(Planned)
 def _planned(op: Planned) -> list[Step] | None:
     """A copying plan where every worker gives at most one block and gets at most one, and
     each pair of workers shares at most one piece: one ``Alltoallw`` with subarray datatypes
     (nothing packed by hand). Other plans run their expansion."""
+    rank = lowering_rank()
+    if rank is not None and isinstance(op, Repartition):
+        return _rank_repartition(op, rank)
     plan = op.plan
     if plan.adds:
         return None

@@ -1,7 +1,8 @@
 """A tree compiled for one communicator: :class:`DistributedPlan`.
 
-The plan holds the global program (:func:`linop.backends.mpi_schedule.compile_program`), this
-rank's schedule, and the entry check (:mod:`linop.backends.mpi_check`). Applying it checks
+The plan holds this rank's schedule (:func:`linop.backends.mpi_schedule.compile_for_rank`:
+the rank's own steps, compiled without the global program, which :attr:`DistributedPlan.program`
+builds on demand), and the entry check (:mod:`linop.backends.mpi_check`). Applying it checks
 collectively, then runs the schedule (:mod:`linop.backends.mpi_runtime`) on a copy-on-write
 workspace, so caller arrays are never mutated, except in place, where the results are written
 back into the caller's arrays with the numpy interpreter's rules
@@ -29,7 +30,7 @@ from .mpi_check import CheckOutcome, DistributedOverflowError, EntryCheck
 from .mpi_context import PlanCache
 from .mpi_guard import abort_for
 from .mpi_runtime import run_schedule
-from .mpi_schedule import Program, compile_program, fingerprint
+from .mpi_schedule import Program, RankProgram, compile_for_rank, compile_program, fingerprint
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
     from mpi4py.MPI import Intracomm
@@ -40,31 +41,45 @@ if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
 __all__ = ["DistributedPlan", "read_only"]
 
 
-Compiled = tuple[bytes, "Program | None", "LinopError | None"]
-"""A tree's fingerprint, and its global program or the error compiling it raised."""
+class Compiled:
+    """A tree's fingerprint, and per rank its program or the error compiling it raised (the
+    rank's program does not depend on the communicator: plans on several communicators share
+    it)."""
+
+    def __init__(self, op: LinearOperator) -> None:
+        self.fingerprint = fingerprint(op)
+        self.ranks: dict[int, tuple[RankProgram | None, LinopError | None]] = {}
+
+    def for_rank(self, op: LinearOperator, rank: int) -> tuple[RankProgram | None, LinopError | None]:
+        """``rank``'s program (:func:`~linop.backends.mpi_schedule.compile_for_rank`: its own
+        steps only, O(its own work)), or the error compiling it raised."""
+        found = self.ranks.get(rank)
+        if found is None:
+            program: RankProgram | None = None
+            problem: LinopError | None = None
+            try:
+                program = compile_for_rank(op, rank)
+            except Exception as error:  # raised collectively by the check, after the tree test
+                problem = (
+                    error
+                    if isinstance(error, LinopError)
+                    else UnsupportedNodeError(
+                        f"the MPI interpreter cannot compile {op}: {type(error).__name__}: {error}"
+                    )
+                )
+            found = self.ranks[rank] = (program, problem)
+        return found
+
 
 _PROGRAMS: PlanCache[Compiled] = PlanCache()
 
 
 def _compiled(op: LinearOperator) -> Compiled:
-    """Fingerprint and compile ``op`` once per process (the global program does not depend on
-    the communicator: plans on several communicators share it)."""
+    """The fingerprint and rank programs of ``op``, kept once per process."""
     found = _PROGRAMS.get(op)
     if found is not None:
         return found
-    program: Program | None = None
-    problem: LinopError | None = None
-    try:
-        program = compile_program(op)
-    except Exception as error:  # raised collectively by the check, after the tree test
-        problem = (
-            error
-            if isinstance(error, LinopError)
-            else UnsupportedNodeError(
-                f"the MPI interpreter cannot compile {op}: {type(error).__name__}: {error}"
-            )
-        )
-    return _PROGRAMS.put(op, (fingerprint(op), program, problem))
+    return _PROGRAMS.put(op, Compiled(op))
 
 
 def _cast(arrays: dict[str, np.ndarray], cast: np.dtype | None) -> dict[str, np.ndarray]:
@@ -93,21 +108,32 @@ class DistributedPlan:
     def __init__(self, op: LinearOperator, context: CommContext) -> None:
         self.op = op
         self.context = context
-        self.fingerprint, self.program, self.problem = _compiled(op)
+        compiled = _compiled(op)
+        self.fingerprint = compiled.fingerprint
+        self.rank_program, self.problem = compiled.for_rank(op, context.rank)
         self.schedule: tuple[Any, ...] = ()
         self.domain_blocks: dict[str, Block] = {}
         self.range_names: tuple[str, ...] = ()
-        if self.program is not None:
-            if self.program.max_worker >= context.size:
+        self._program: Program | None = None
+        if self.rank_program is not None:
+            if self.rank_program.max_worker >= context.size:
                 self.problem = CommunicatorError(
-                    f"the tree names worker {self.program.max_worker} but the communicator has "
-                    f"{context.size} rank(s); run with at least {self.program.max_worker + 1} ranks"
+                    f"the tree names worker {self.rank_program.max_worker} but the communicator has "
+                    f"{context.size} rank(s); run with at least {self.rank_program.max_worker + 1} ranks"
                 )
             else:
-                self.schedule = self.program.for_rank(context.rank)
-                self.domain_blocks = {b.name: b for b in op.domain if b.worker == context.rank}
-                self.range_names = tuple(b.name for b in op.range if b.worker == context.rank)
+                self.schedule = self.rank_program.schedule
+                self.domain_blocks = {b.name: b for b in op.domain.owned(context.rank)}
+                self.range_names = tuple(b.name for b in op.range.owned(context.rank))
         self.entry = EntryCheck(op, self.fingerprint, context.comm, self.domain_blocks, self.problem)
+
+    @property
+    def program(self) -> Program:
+        """The global program of the tree (every rank's steps; built on first use, for
+        inspection: the plan runs :attr:`schedule`, which this rank compiled on its own)."""
+        if self._program is None:
+            self._program = compile_program(self.op)
+        return self._program
 
     @property
     def comm(self) -> Intracomm:

@@ -27,7 +27,9 @@ drop) in the reverse direction, a cross-worker move (store or new, clear or drop
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
+import functools
 import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -39,7 +41,7 @@ from .. import dispatch
 from ..movement import Copy, CopyAdjoint, Move
 from ..operator import Composition, Identity, LinearOperator, Scaled, Sum, Zero
 from ..primitives import Add, Allocate, Clear, Deallocate
-from ..space import Block, Region, Space
+from ..space import Block, GridSpace, Region, Space
 from .mpi_steps import FastPathRunner
 
 __all__ = [
@@ -58,6 +60,11 @@ __all__ = [
     "batch",
     "project",
     "compile_program",
+    "compile_for_rank",
+    "RankProgram",
+    "lower_for",
+    "lowering_rank",
+    "note_workers",
     "fingerprint",
 ]
 
@@ -272,10 +279,68 @@ def movement_footprint(node: Copy | CopyAdjoint | Move) -> Footprint:
 
 
 def lower(op: LinearOperator) -> list[Step]:
-    """The global program of ``op``: its steps in execution order."""
+    """The global program of ``op``: its steps in execution order (inside :func:`lower_for`,
+    the steps of that rank's lowering)."""
     steps: list[Step] = []
     _lower_into(op, steps)
     return steps
+
+
+_RANK: contextvars.ContextVar[int | None] = contextvars.ContextVar("linop_lowering_rank", default=None)
+_OMITTED: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("linop_omitted", default=None)
+
+
+def lowering_rank() -> int | None:
+    """The rank a lowering is for (inside :func:`lower_for`), or None for the global program.
+
+    A lowering that can tell which of its steps a rank takes part in may emit only those when
+    this is not None (the rest are other ranks' business); it then reports the largest worker
+    of what it left out with :func:`note_workers`."""
+    return _RANK.get()
+
+
+def note_workers(largest: int) -> None:
+    """Record the largest worker that a rank's lowering left out (see :func:`lowering_rank`)."""
+    omitted = _OMITTED.get()
+    if omitted is not None:
+        omitted.append(largest)
+
+
+def lower_for(op: LinearOperator, rank: int) -> tuple[list[Step], int]:
+    """The steps of ``op`` that ``rank`` takes part in, in program order, and the largest worker
+    the whole program names.
+
+    Lowerings that know the rank (:func:`lowering_rank`: the halo exchange and shims) build only
+    its part, in O(its own work); the steps other lowerings build for other ranks are dropped
+    here. Every pair of ranks sees the transfers between them in the same order as in the
+    global program, which is what :func:`project` needs to match tags.
+    """
+    omitted: list[int] = []
+    rank_token, omitted_token = _RANK.set(rank), _OMITTED.set(omitted)
+    try:
+        steps = lower(op)
+    finally:
+        _RANK.reset(rank_token)
+        _OMITTED.reset(omitted_token)
+    largest = max((*omitted, *_workers(steps)), default=0)
+    return _involving(steps, rank), largest
+
+
+def _involving(steps: Iterable[Step], rank: int) -> list[Step]:
+    """The steps a rank takes part in (sums: every term's, kept whole as a step)."""
+    out: list[Step] = []
+    for step in steps:
+        if isinstance(step, Local):
+            if step.worker == rank:
+                out.append(step)
+        elif isinstance(step, Transfer):
+            if step.src_worker == rank or step.dst_worker == rank:
+                out.append(step)
+        elif isinstance(step, Branches):
+            out.append(Branches(tuple(tuple(_involving(term, rank)) for term in step.terms), step.space))
+        else:
+            out.append(step)
+    return out
 
 
 def _lower_into(op: LinearOperator, steps: list[Step]) -> None:
@@ -468,30 +533,45 @@ TAG_LIMIT = 32767
 
 
 def project(steps: Iterable[Step], rank: int) -> tuple[Any, ...]:
-    """The steps of a batched global program that ``rank`` takes part in."""
+    """The steps of a batched program that ``rank`` takes part in (the global program, or the
+    rank's own from :func:`lower_for` batched: the same messages with the same tags).
+
+    A message's tag counts the earlier transfers between the same (source, destination) pair
+    in program order (modulo :data:`TAG_LIMIT`), so both ends derive it from the transfers
+    they take part in, however each groups its transfers into phases."""
+    return _project(steps, rank, {})
+
+
+def _project(steps: Iterable[Step], rank: int, counts: dict[tuple[int, int], int]) -> tuple[Any, ...]:
     out: list[Any] = []
+
+    def tag(t: Transfer) -> int:
+        pair = (t.src_worker, t.dst_worker)
+        count = counts.get(pair, 0)
+        counts[pair] = count + 1
+        return count % TAG_LIMIT
+
     for step in steps:
         if isinstance(step, Local):
             if step.worker == rank:
                 out.append(step.node)
-        elif isinstance(step, Phase):
-            receives = tuple(
-                (t.src_worker, i % TAG_LIMIT, t) for i, t in enumerate(step.transfers) if t.dst_worker == rank
-            )
-            sends = tuple(
-                (t.dst_worker, i % TAG_LIMIT, t) for i, t in enumerate(step.transfers) if t.src_worker == rank
-            )
+        elif isinstance(step, (Phase, Transfer)):
+            receives, sends = [], []
+            for t in step.transfers if isinstance(step, Phase) else (step,):
+                src, dst = t.src_worker, t.dst_worker
+                if dst == rank:
+                    receives.append((src, tag(t), t))
+                elif src == rank:
+                    sends.append((dst, tag(t), t))
             if receives or sends:
-                out.append(RankPhase(receives, sends))
-        elif isinstance(step, Transfer):
-            out.extend(project([Phase((step,))], rank))
+                out.append(RankPhase(tuple(receives), tuple(sends)))
         elif isinstance(step, Scale):
             out.append(step)
         elif isinstance(step, ZeroState):
-            out.append(RankZero(tuple(b for b in step.space if b.worker == rank)))
+            out.append(RankZero(step.space.owned(rank)))
         elif isinstance(step, Branches):
-            names = tuple(b.name for b in step.space if b.worker == rank)
-            out.append(RankBranches(tuple(project(term, rank) for term in step.terms), names))
+            names = tuple(b.name for b in step.space.owned(rank))
+            out.append(RankBranches(tuple(_project(term, rank, counts) for term in step.terms), names))
         elif isinstance(step, FastPathStep):
             mine = step.runner.project(rank)
             if mine is not None:
@@ -532,10 +612,31 @@ def _alphas(steps: Iterable[Step]) -> list[Any]:
     return found
 
 
+@dataclass(frozen=True)
+class RankProgram:
+    """One rank's compiled tree: its schedule, the scalars the tree multiplies by, and the
+    largest worker the whole tree names (:func:`compile_for_rank`)."""
+
+    schedule: tuple[Any, ...]
+    alphas: tuple[Any, ...]
+    max_worker: int
+
+
+def compile_for_rank(op: LinearOperator, rank: int) -> RankProgram:
+    """``rank``'s schedule of ``op``: its own steps lowered (:func:`lower_for`), batched and
+    projected, without the global program. Runs with the schedules other ranks compile from
+    the global program (:meth:`Program.for_rank`) and with each other: the messages between
+    two ranks and their tags are the same."""
+    steps, largest = lower_for(op, rank)
+    batched = batch(steps)
+    workers = (op.domain.max_worker, op.range.max_worker, largest)
+    return RankProgram(project(batched, rank), tuple(_alphas(batched)), max(workers))
+
+
 def compile_program(op: LinearOperator) -> Program:
     """Lower and batch ``op`` (deterministic: the same on every rank)."""
     lowered = lower(op)
-    workers = [b.worker for space in (op.domain, op.range) for b in space]
+    workers = [op.domain.max_worker, op.range.max_worker]
     workers.extend(_workers(lowered))
     steps = tuple(batch(lowered))
     return Program(steps, tuple(_alphas(steps)), max(workers, default=0))
@@ -550,9 +651,9 @@ def _workers(steps: Iterable[Step]) -> list[int]:
         elif isinstance(step, Transfer):
             found.extend((step.src_worker, step.dst_worker))
         elif isinstance(step, ZeroState):
-            found.extend(b.worker for b in step.space)
+            found.append(step.space.max_worker)
         elif isinstance(step, Branches):
-            found.extend(b.worker for b in step.space)
+            found.append(step.space.max_worker)
             for term in step.terms:
                 found.extend(_workers(term))
         elif isinstance(step, FastPathStep):
@@ -574,6 +675,12 @@ def fingerprint(op: LinearOperator) -> bytes:
     return digest.digest()
 
 
+@functools.lru_cache(maxsize=256)
+def _fields_of(kind: type) -> tuple[str, ...]:
+    """The field names of a dataclass type."""
+    return tuple(field.name for field in dataclasses.fields(kind))
+
+
 def _block_bytes(block: Block, memo: dict[int, bytes]) -> bytes:
     """``repr(block)`` encoded, once per block object (spaces of a tree share their blocks)."""
     text = memo.get(id(block))
@@ -584,7 +691,9 @@ def _block_bytes(block: Block, memo: dict[int, bytes]) -> bytes:
 
 def _feed(value: Any, digest: Any, memo: dict[int, bytes]) -> None:
     # memo: bytes by object id, for the spaces and blocks of the tree (alive while it is fed)
-    if isinstance(value, Space):
+    if isinstance(value, GridSpace):  # described by its rule: O(1) Python work for P blocks
+        digest.update(value.description())
+    elif isinstance(value, Space):
         text = memo.get(id(value))
         if text is None:
             text = memo[id(value)] = b"S%d:" % len(value) + b",".join(
@@ -598,11 +707,33 @@ def _feed(value: Any, digest: Any, memo: dict[int, bytes]) -> None:
     elif isinstance(value, Block):
         digest.update(b"B" + _block_bytes(value, memo))
     elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        digest.update(f"<{type(value).__module__}.{type(value).__qualname__}".encode())
-        for field in dataclasses.fields(value):
-            digest.update(field.name.encode())
-            _feed(getattr(value, field.name), digest, memo)
-        digest.update(b">")
+        # a node, layout or geometry: digested once per object (a tree shares its tensors and
+        # geometries between nodes), the sub-digest fed wherever it appears
+        known = memo.get(id(value))
+        if known is None:
+            fields = _fields_of(type(value))
+            values = [getattr(value, name) for name in fields]
+            head = f"<{type(value).__module__}.{type(value).__qualname__}".encode()
+            if all(type(v) is int for v in values):  # a row of ints (a geometry row): one buffer
+                try:
+                    known = head + np.asarray(values, dtype=np.int64).tobytes()
+                except OverflowError:
+                    known = head + repr(values).encode()
+            else:
+                sub = hashlib.blake2b(digest_size=16)
+                sub.update(head)
+                for name, item in zip(fields, values):
+                    sub.update(name.encode())
+                    _feed(item, sub, memo)
+                known = b"D" + sub.digest()
+            memo[id(value)] = known
+        digest.update(known)
+    elif isinstance(value, tuple) and len(value) > 8 and all(type(v) is int for v in value):
+        # a long tuple of ints (a partition's workers, a decomposition's sizes): one buffer
+        try:
+            digest.update(b"I%d:" % len(value) + np.asarray(value, dtype=np.int64).tobytes())
+        except OverflowError:  # beyond int64: item by item
+            digest.update(repr(value).encode())
     elif isinstance(value, (tuple, list)):
         digest.update(f"({len(value)}".encode())
         for item in value:

@@ -3,14 +3,15 @@
 Every part of a :class:`~linop.halo.PadShim` or :class:`~linop.halo.TrimShim` (and of their
 adjoints) lives on one worker, so it lowers to local steps on that worker only: the shim's
 program is O(P) steps of O(1) blocks each, with no space of all P blocks per step (the O(P^2)
-of lowering its expansion). Proven equal to the expansion under mpiexec
+of lowering its expansion); one rank's lowering (:func:`~linop.backends.mpi_schedule.lower_for`)
+builds that rank's part only. Proven equal to the expansion under mpiexec
 (``tests/mpi/test_registry.py``).
 """
 
 from __future__ import annotations
 
 from ..halo import PadShim, PadShimAdjoint, TrimShim, TrimShimAdjoint
-from .mpi_schedule import Step, lower, lowering
+from .mpi_schedule import Step, lower, lowering, lowering_rank, note_workers
 
 __all__: list[str] = []
 
@@ -20,6 +21,14 @@ __all__: list[str] = []
 @lowering(TrimShim)
 @lowering(TrimShimAdjoint)
 def _lower_shim(op: PadShim) -> list[Step]:
+    rank = lowering_rank()
+    if rank is not None:  # one rank's lowering: its own part only
+        partition = op.geometry.tensor.partition
+        note_workers(partition.max_worker)
+        position = partition.position(rank)
+        if position is None:
+            return []
+        return lower(op.part(partition.index(rank)))
     steps: list[Step] = []
     for part in op.parts():
         steps.extend(lower(part))
