@@ -160,3 +160,14 @@ def test_replicated_copies_get_the_summed_gradient_of_their_block(name):
     moved = movement({k: v.detach().numpy() for k, v in owners.parameter_state().items()})
     for k, v in copies.parameter_state().items():
         assert np.allclose(v.detach().numpy(), moved[k]), k
+
+
+def test_float32_parameters_with_float64_input_compute_in_float64():
+    x = DistributedTensor("x", (3, 4), Partition((1, 2)))
+    module = LayerModule(Affine(x, 2), weights=np.ones((2, 4)), bias=np.ones(2), dtype=torch.float32)
+    inputs = {k: torch.from_numpy(v).requires_grad_() for k, v in x.scatter(np.full((3, 4), 0.1)).items()}
+    outputs = module(inputs)
+    assert all(v.dtype == torch.float64 for v in outputs.values())
+    sum(v.sum() for v in outputs.values()).backward()
+    assert all(p.grad.dtype == torch.float32 for p in module.parameters())
+    assert all(v.grad.dtype == torch.float64 for v in inputs.values())

@@ -33,6 +33,7 @@ so any torch optimizer trains them.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -89,7 +90,9 @@ class _LayerFunction(torch.autograd.Function):
         parameters = dict(zip(module.parameter_names, tensors[count:]))
         copies = parameters if module.copies is None else module.copies.run(parameters)
         operands = {**windows, **copies}
-        leaves = {name: tensor.detach().requires_grad_() for name, tensor in operands.items()}
+        dtypes = [t.dtype for t in operands.values()]
+        common = functools.reduce(torch.promote_types, dtypes) if dtypes else torch.float64
+        leaves = {name: tensor.detach().to(common).requires_grad_() for name, tensor in operands.items()}
         partials = {}
         with torch.enable_grad():
             for partial, (window, weight, bias) in module.products:

@@ -108,11 +108,11 @@ def test_sum_with_a_complex_term_after_real_ones():
         compare_with_numpy(op, space.random(2))
 
 
-CYCLES = 5000 if SIZE == 1 or os.environ.get("LINOP_LONG") == "1" else 300
+CYCLES = 5000 if SIZE == 1 or os.environ.get("LINOP_LONG") == "1" else 100
 """Dup / apply / Free cycles. 5,000 is past MPICH's limit of about 2,045 live communicators,
 which a leak of one duplicate per cycle hits; on one rank a cycle costs about 0.4 ms. With more
 ranks each ``Dup`` is a collective (about 2 ms on a loaded two-core machine), so there the
-suite counts linop's open contexts over 300 cycles, and ``LINOP_LONG=1`` runs the 5,000."""
+suite counts linop's open contexts over 100 cycles, and ``LINOP_LONG=1`` runs the 5,000."""
 
 
 def test_duplicated_communicators_are_freed_with_the_users():
