@@ -456,7 +456,7 @@ def _readers(
                 table.setdefault(owner, []).append(h)
         return table
 
-    return _cached(geometry, key, build)  # type: ignore[no-any-return]
+    return _cached(geometry, key, build)
 
 
 def _fill_segments_of(geometry: HaloGeometry, dim: int, g: int) -> list[Segment]:

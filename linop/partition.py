@@ -249,7 +249,7 @@ class Partition:
         if first is not None:
             return first + len(self.workers) - 1
         try:
-            return object.__getattribute__(self, "_max")  # type: ignore[no-any-return]
+            return object.__getattribute__(self, "_max")
         except AttributeError:
             object.__setattr__(self, "_max", max(self.workers))
             return self.max_worker

@@ -171,7 +171,7 @@ class Repartition(Planned):
     def _per_dim(self) -> tuple[list, list]:
         """Per dimension, the 1-d overlaps by destination part and by source part (once)."""
         try:
-            return object.__getattribute__(self, "_overlaps_1d")  # type: ignore[no-any-return]
+            return object.__getattribute__(self, "_overlaps_1d")
         except AttributeError:
             pairs = tuple(zip(self.source.sizes, self.destination.sizes))
             found = ([_boxes_overlap_1d(a, b) for a, b in pairs], [_boxes_overlap_1d(b, a) for a, b in pairs])

@@ -614,7 +614,8 @@ class GridSpace(Space):
         """Total number of entries."""
         if self._extents is not None:
             return math.prod(sum(e) for e in self._extents)
-        return sum(math.prod(shape) for shape in self._shapes)  # type: ignore[union-attr]
+        shapes: tuple[tuple[int, ...], ...] = self._shapes or ()
+        return sum(math.prod(shape) for shape in shapes)
 
     @property
     def workers(self) -> tuple[int, ...]:

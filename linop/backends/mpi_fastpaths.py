@@ -610,7 +610,9 @@ def _rank_repartition(op: Repartition, rank: int) -> list[Step] | None:
     if len(op.others) or not source.ndim:
         return None
     note_workers(max(source.partition.max_worker, destination.partition.max_worker))
-    name, shape, target = None, (), None
+    name: str | None = None
+    shape: tuple[int, ...] = ()
+    target: Block | None = None
     sends: tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...] = ()
     receives: tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...] = ()
     if source.partition.position(rank) is not None:
