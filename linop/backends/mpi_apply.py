@@ -82,23 +82,48 @@ class CompiledPhases:
     def __init__(self, phases: tuple[_Phase, ...]) -> None:
         self.phases = phases
 
-    def run(self, arrays: Arrays, comm: Intracomm) -> None:
+    def post_first(self, arrays: Arrays, comm: Intracomm) -> list[Any]:
+        """Pack the first phase's thin boxes and post its receives; return the receive
+        requests (for :meth:`run`'s ``posted``). Local: nothing is sent."""
+        _byte()
+        first = self.phases[0]
+        for pack in first.packs:
+            pack(arrays)
+        return [comm.Irecv(_spec(m, arrays), m.peer, m.tag) for m in first.receives]
+
+    def run(self, arrays: Arrays, comm: Intracomm, posted: list[Any] | None = None) -> None:
         """Run every phase on ``arrays``: packs, then the receives and sends, one wait, then
-        the unpacks, adds and clears."""
-        global _BYTE
-        if _BYTE is None:
-            _BYTE = mpi().BYTE
+        the unpacks, adds and clears. ``posted``: the first phase's receives and packs are
+        done already (:meth:`post_first`)."""
+        _byte()
         waitall = mpi().Request.Waitall
         irecv, isend = comm.Irecv, comm.Isend
-        for phase in self.phases:
-            for pack in phase.packs:
-                pack(arrays)
-            requests = [irecv(_spec(m, arrays), m.peer, m.tag) for m in phase.receives]
+        for i, phase in enumerate(self.phases):
+            if i == 0 and posted is not None:
+                requests = list(posted)
+            else:
+                for pack in phase.packs:
+                    pack(arrays)
+                requests = [irecv(_spec(m, arrays), m.peer, m.tag) for m in phase.receives]
             requests.extend(isend(_spec(m, arrays), m.peer, m.tag) for m in phase.sends)
             if requests:
                 waitall(requests)
             for step in phase.finish:
                 step(arrays)
+
+
+def _byte() -> None:
+    global _BYTE
+    if _BYTE is None:
+        _BYTE = mpi().BYTE
+
+
+def withdraw(requests: list[Any]) -> None:
+    """Cancel receives posted before the check and wait for them (no rank sent anything they
+    could match: see :func:`checked_apply`)."""
+    for request in requests:
+        request.Cancel()
+    mpi().Request.Waitall(requests)
 
 
 def _spec(message: _Message, arrays: Arrays) -> list[Any]:
@@ -235,7 +260,37 @@ def checked_apply(
     TreeMismatchError, CommunicatorError, DistributedStateError, UnsupportedNodeError
         On every rank together, before any data moves.
     """
-    outcome = plan.agree(state, inplace=inplace, dtype=dtype)
+    if plan.context.freed:
+        plan.agree(state, inplace=inplace, dtype=dtype)  # raises the freed communicator's error
+    comm = plan.comm
+    layouts = _LAYOUTS.get(plan) if inplace else None
+    posted: list[Any] = []
+    speculative: list[CompiledPhases] = []
+
+    def speculate(mine: list[np.ndarray]) -> bool:
+        """Post the first phase's receives of the compiled schedule these arrays had on an
+        earlier call, if any (the run's dtype is then most likely theirs)."""
+        first = mine[0].dtype
+        if layouts is None or any(a.dtype != first for a in mine):
+            return False
+        arrays = dict(zip(plan.domain_blocks, mine))
+        compiled = layouts.by_layout.get((layout_of(arrays), first.char))
+        if compiled is None:
+            return False
+        posted.extend(compiled.post_first(arrays, comm))
+        speculative.append(compiled)
+        return True
+
+    try:
+        pending = plan.entry.begin(state, inplace=inplace, dtype=dtype, speculate=speculate)
+        outcome = plan.entry.end(pending)
+        if posted and (outcome.error is not None or not outcome.uniform):
+            withdraw(posted)  # the run may not match them: nobody has sent anything yet
+            posted = []
+        if outcome.error is None and outcome.speculated and not outcome.uniform:
+            comm.Barrier()  # every rank withdrew such receives before any rank sends
+    except BaseException as error:  # a rank failing here would leave the others waiting
+        abort_for(comm, f"checking {plan.op}", error)
     run_dtype = outcome.result()
     arrays = {name: state[name] for name in plan.domain_blocks}
     if inplace:
@@ -246,10 +301,10 @@ def checked_apply(
             layouts = _LAYOUTS.get(plan)
             if layouts is None:
                 layouts = _LAYOUTS[plan] = _PlanLayouts()
-            try:
-                compiled = layouts.compiled(plan, arrays, run_dtype)
+            try:  # uniform: the run's dtype is the arrays', so the speculation's schedule is it
+                compiled = speculative[0] if posted else layouts.compiled(plan, arrays, run_dtype)
                 if compiled is not None:
-                    compiled.run(arrays, plan.comm)
+                    compiled.run(arrays, comm, posted or None)
                     return state
             except BaseException as error:  # the ranks are committed: see mpi_guard
                 abort_for(plan.comm, f"applying {plan.op}", error)

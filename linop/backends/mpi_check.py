@@ -29,7 +29,7 @@ without a bound instead (the ranks agree on that once per tree).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +62,7 @@ __all__ = [
     "CheckOutcome",
     "CheckReducer",
     "EntryCheck",
+    "Pending",
     "register_reducer",
     "release_reducer",
 ]
@@ -74,7 +75,9 @@ _ERROR, _LARGEST, _FLAGS = 8, 9, 10  # vector: fingerprint words (0-3), their ne
 _INT64_MAX = 2**63 - 1
 _FLAG_OF = {c: _FLAGS + i for i, c in enumerate(DTYPE_CHARS)}
 _INTEGER_CHARS = frozenset(c for c in DTYPE_CHARS if np.dtype(c).kind in "iu")
-VECTOR_LENGTH = _FLAGS + len(DTYPE_CHARS)
+_END = _FLAGS + len(DTYPE_CHARS)
+_SPECULATED = _END  # set by a rank that posted receives before the check (linop.backends.mpi_apply)
+VECTOR_LENGTH = _END + 1
 """Length of the check vector (int64 entries): the same on every rank and for every tree."""
 _OUTCOMES_KEPT = 64  # outcomes remembered per tree (integer runs add one per largest magnitude)
 
@@ -96,6 +99,7 @@ class CheckReducer:
         self.send = np.zeros(VECTOR_LENGTH, dtype=np.int64)
         self.received = np.zeros(VECTOR_LENGTH, dtype=np.int64)
         self.request: Any = None
+        self._pending: Any = None  # the nonblocking reduction without a persistent request
         self.signature: Any = None  # what :attr:`send` holds (set by the check that wrote it)
         self.sent = b""  # :attr:`send` as bytes
         self.single = comm.Get_size() == 1
@@ -105,16 +109,27 @@ class CheckReducer:
             except (NotImplementedError, AttributeError):  # pragma: no cover - MPI-4 here
                 self.request = None
 
-    def reduce(self) -> np.ndarray:
-        """Reduce :attr:`send` (maximum over ranks) into :attr:`received` and return it."""
+    def start(self) -> None:
+        """Start reducing :attr:`send` (maximum over ranks) into :attr:`received`."""
         if self.single:
             np.copyto(self.received, self.send)
         elif self.request is not None:
             self.request.Start()
-            self.request.Wait()
         else:  # pragma: no cover - MPI libraries without persistent collectives
-            self.comm.Allreduce(self.send, self.received, op=mpi().MAX)
+            self._pending = self.comm.Iallreduce(self.send, self.received, op=mpi().MAX)
+
+    def wait(self) -> np.ndarray:
+        """Complete the reduction started by :meth:`start`; return :attr:`received`."""
+        if self.request is not None:
+            self.request.Wait()
+        elif not self.single:  # pragma: no cover - MPI libraries without persistent collectives
+            self._pending.Wait()
         return self.received
+
+    def reduce(self) -> np.ndarray:
+        """Reduce :attr:`send` (maximum over ranks) into :attr:`received` and return it."""
+        self.start()
+        return self.wait()
 
     def free(self) -> None:
         """Release the persistent request (before the communicator is freed)."""
@@ -150,6 +165,10 @@ class CheckOutcome:
     error: LinopError | None
     cast: np.dtype | None = None
     integers: bool = False
+    uniform: bool = False
+    """Every rank's blocks have the run's dtype and are run uncast (one dtype on all ranks)."""
+    speculated: bool = False
+    """Some rank posted receives before the check (see :meth:`EntryCheck.begin`)."""
 
     def result(self) -> np.dtype:
         """The run's dtype; raises the agreed error instead when there is one."""
@@ -160,6 +179,14 @@ class CheckOutcome:
 
 
 Problem = tuple[str, type[LinopError]]
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A check begun (:meth:`EntryCheck.begin`): this rank's problem, if any, and the mode."""
+
+    problem: Problem | None
+    inplace: bool
 
 
 class EntryCheck:
@@ -194,7 +221,7 @@ class EntryCheck:
         self.domain_blocks = domain_blocks
         self.problem = problem
         words = np.frombuffer(fingerprint, dtype=np.uint32).astype(np.int64)
-        self._vector = np.concatenate([words, -words, np.zeros(2 + len(DTYPE_CHARS), dtype=np.int64)])
+        self._vector = np.concatenate([words, -words, np.zeros(VECTOR_LENGTH - 8, dtype=np.int64)])
         self._tree = self._vector[:8].tobytes()  # the reduced words equal these iff all ranks agree
         reducer = _REDUCERS.get(comm.py2f())
         self._reducer = reducer if reducer is not None else CheckReducer(comm, persistent=False)
@@ -293,6 +320,24 @@ class EntryCheck:
     def run(self, state: Any, *, inplace: bool = False, dtype: npt.DTypeLike | None = None) -> CheckOutcome:
         """Check collectively; every rank gets the same outcome. Raises nothing itself (the
         caller raises the outcome's error, outside its abort-on-failure section)."""
+        return self.end(self.begin(state, inplace=inplace, dtype=dtype))
+
+    def begin(
+        self,
+        state: Any,
+        *,
+        inplace: bool = False,
+        dtype: npt.DTypeLike | None = None,
+        speculate: Callable[[list[np.ndarray]], bool] | None = None,
+    ) -> Pending:
+        """Test the local state and start the collective check; :meth:`end` completes it.
+
+        ``speculate``, called with this rank's arrays when they pass the cheap tests, may post
+        receives for the run before the check completes; it returns whether it did. That is
+        safe: no rank sends before the check has passed on every rank, and the outcome tells
+        every rank alike (:attr:`CheckOutcome.speculated`) when a rank posted receives that the
+        agreed run may not match, so that all withdraw theirs before any sends (see
+        :mod:`linop.backends.mpi_apply`)."""
         problem: Problem | None = None
         arrays = None if self.problem is not None else self._arrays_if_valid(state, inplace)
         if arrays is None:
@@ -320,33 +365,42 @@ class EntryCheck:
                     problem = f"rank {self.rank}: {error}", DistributedDtypeError
             else:
                 flags = tuple(sorted({*flags, _FLAG_OF[char]}))
-        signature = (self, flags, largest, problem is not None)
+        speculated = bool(problem is None and arrays and speculate is not None and speculate(arrays))
+        signature = (self, flags, largest, problem is not None, speculated)
         if reducer.signature != signature:  # else the vector holds exactly this already
             vector = reducer.send
             np.copyto(vector, self._vector)  # fingerprint words and their negation, then flags
             vector[list(flags)] = 1
             vector[_LARGEST] = largest
             vector[_ERROR] = problem is not None
+            vector[_SPECULATED] = speculated
             reducer.signature, reducer.sent = signature, vector.tobytes()
-        reduced = reducer.reduce()
+        reducer.start()
+        return Pending(problem, inplace)
+
+    def end(self, pending: Pending) -> CheckOutcome:
+        """Complete the check begun by :meth:`begin`: the outcome, the same on every rank."""
+        reducer = self._reducer
+        problem = pending.problem
+        reduced = reducer.wait()
         got = reduced.tobytes()
         if got != reducer.sent or problem is not None:  # some rank differs from this one
             same_tree = got[: len(self._tree)] == self._tree
             if not same_tree or reduced[_ERROR]:
                 reducer.signature = None  # the error path's collectives do not touch the vector
                 return CheckOutcome(None, self._collective_error(same_tree, problem))
-        key = (got, inplace)  # global facts only: every rank decides alike
+        key = (got, pending.inplace)  # global facts only: every rank decides alike
         outcome = self._outcomes.get(key)
         if outcome is None:
             if len(self._outcomes) >= _OUTCOMES_KEPT:
                 self._outcomes.clear()
-            outcome = self._outcomes[key] = self._decide(reduced, inplace)
+            outcome = self._outcomes[key] = self._decide(reduced, pending.inplace)
         return outcome
 
     def _decide(self, reduced: np.ndarray, inplace: bool) -> CheckOutcome:
         """The outcome of a check every rank passed, from the reduced vector (the same on every
         rank): the run's dtype, the cast, or the dtype or overflow error every rank raises."""
-        flags = reduced[_FLAGS:]
+        flags = reduced[_FLAGS:_END]
         key = flags.tobytes()
         known = self._dtypes.get(key)
         if known is None:
@@ -379,7 +433,9 @@ class EntryCheck:
                 cast = np.dtype(np.int64)  # no bound to test: the widest integers
             if cast is not None:
                 run = np.result_type(run, cast)
-        return CheckOutcome(run, None, cast, integers)
+        present = [c for c, flag in zip(DTYPE_CHARS, flags) if flag]
+        uniform = cast is None and len(present) == 1 and np.dtype(present[0]) == run
+        return CheckOutcome(run, None, cast, integers, uniform, bool(reduced[_SPECULATED]))
 
     def _growth_known(self) -> bool:
         """Whether every rank can bound the tree's integer growth (:func:`linop.dtypes.growth`,
