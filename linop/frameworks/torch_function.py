@@ -98,27 +98,42 @@ class _Runner:
             self._bound_dtypes = dtypes
         staging = self._staging
         assert staging is not None  # set together with the bound plan
-        views = {name: tensor.cpu().resolve_conj().resolve_neg().numpy() for name, tensor in state.items()}
+        views = {name: _host_view(tensor) for name, tensor in state.items()}
         for name, view in views.items():
             if view.shape != staging[name].shape:
                 raise StateError(
                     f"rank {plan.context.rank}: block {name!r} has shape {view.shape}, the domain "
                     f"expects {staging[name].shape}"
                 )
-        device = next(iter(state.values())).device if state else torch.device("cpu")
+        device = next(iter(state.values())).device if state else _HOST
         if not self._bound.persistent:
             # Nothing was prebuilt on the staging buffers (the bind decision is the same on
             # every rank): run the checked-once plan straight on the tensors' memory.
             dtype = self._bound.dtype
             result = plan.run_out_of_place(views, dtype, dtype)
             return tuple(
-                torch.from_numpy(array if array.flags.writeable else np.array(array)).to(device)
+                _on(torch.from_numpy(array if array.flags.writeable else np.array(array)), device)
                 for array in (result[name] for name in self.outputs)
             )
         for name, view in views.items():
             np.copyto(staging[name], view)
         result = self._bound()  # the same output arrays on every call: copied out
-        return tuple(torch.from_numpy(np.array(result[name])).to(device) for name in self.outputs)
+        return tuple(_on(torch.from_numpy(np.array(result[name])), device) for name in self.outputs)
+
+
+_HOST = torch.device("cpu")
+
+
+def _host_view(tensor: torch.Tensor) -> np.ndarray:
+    """The tensor's values as a numpy array: its own memory for a plain CPU tensor, else a host
+    copy with the conjugate / negative bits resolved."""
+    if tensor.device.type == "cpu" and not tensor.is_conj() and not tensor.is_neg():
+        return tensor.numpy()
+    return tensor.cpu().resolve_conj().resolve_neg().numpy()
+
+
+def _on(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    return tensor if device.type == "cpu" else tensor.to(device)
 
 
 def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
