@@ -19,8 +19,9 @@ destination's or is 1. Destination index ``j`` then takes its data from the sour
 
 from __future__ import annotations
 
+import itertools
 import operator
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -105,7 +106,17 @@ class BlockGrid:
             raise OperandError(
                 f"block grid {self.name!r}: partition must be a Partition, not {type(self.partition).__name__}"
             )
-        shapes = tuple(_block_shape(self.name, shape) for shape in self.shapes)
+        checked: dict[object, tuple[int, ...]] = {}  # shapes repeat (a broadcast's copies): check each once
+
+        def check(shape: object) -> tuple[int, ...]:
+            if type(shape) is tuple:
+                found = checked.get(shape)
+                if found is None:
+                    found = checked[shape] = _block_shape(self.name, shape)
+                return found
+            return _block_shape(self.name, shape)
+
+        shapes = tuple(map(check, self.shapes))
         if len(shapes) != self.partition.size:
             raise PartitionError(
                 f"block grid {self.name!r}: {len(shapes)} block shapes for the "
@@ -196,6 +207,8 @@ def require_name(kind: str, name: object) -> None:
 
 def check_layout(kind: str, layout: object, what: str) -> None:
     """Raise an OperandError (a TypeError) naming node ``kind`` unless ``layout`` is a :class:`Layout`."""
+    if isinstance(layout, (DistributedTensor, BlockGrid)):
+        return  # (the protocol's isinstance reads every member: a tensor's blocks, all P of them)
     if not isinstance(layout, Layout):
         raise OperandError(
             f"{kind}: {what} must be a DistributedTensor or a BlockGrid, not {type(layout).__name__}"
@@ -261,13 +274,19 @@ def broadcast_map(
                 f"{described} does not broadcast to destination partition shape {destination.shape}: "
                 f"dimension {d} (after left-padding with ones) has extent {a}, neither 1 nor {b}"
             )
+    # per dimension, the source coordinate of each destination coordinate; their product
+    # runs in the destination's C order
+    coordinates = [range(b) if a == b else [0] * b for a, b in zip(padded, destination.shape)]
+    sources: Iterator[tuple[int, ...]] = itertools.product(*coordinates)
+    if pad:  # the padded dimensions name no source coordinate
+        sources = (i[pad:] for i in sources)
+    if not transpose:
+        return dict(zip(destination.indices(), sources))
     mapping = {}
-    for j in destination.indices():
-        i = tuple(jd if a == b else 0 for jd, a, b in zip(j, padded, destination.shape))[pad:]
-        if transpose:  # the position in the reshaped grid names the source block in C order
-            position = int(np.ravel_multi_index(i, shape)) if shape else 0
-            i = tuple(int(n) for n in np.unravel_index(position, source.shape)) if shape else ()
-        mapping[j] = i
+    for j, i in zip(destination.indices(), sources):
+        # the position in the reshaped grid names the source block in C order
+        position = int(np.ravel_multi_index(i, shape)) if shape else 0
+        mapping[j] = tuple(int(n) for n in np.unravel_index(position, source.shape)) if shape else ()
     return mapping
 
 
