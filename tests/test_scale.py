@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from linop import Block, Region, Space
+from linop.backends.mpi_plan import Compiled
 from linop.backends.mpi_schedule import RankPhase, compile_for_rank, compile_program, fingerprint
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -138,6 +139,17 @@ def test_halo_rank_compiles_independently_of_p(
     assert counts[0] == counts[1], f"{case}: {counts[0]} objects at P = 64, {counts[1]} at P = 256"
     assert schedules[0] == schedules[1]
     assert len(schedules[0]) > 0
+
+
+@pytest.mark.parametrize("case", HALO)
+def test_a_plan_compiles_only_its_rank(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What :class:`~linop.backends.mpi_plan.DistributedPlan` compiles (the fingerprint and the
+    rank's program, :class:`~linop.backends.mpi_plan.Compiled`) builds no object per worker."""
+    counts = []
+    for s in (8, 16):
+        op = _tree(case, s, False)
+        counts.append(_counted(lambda op=op, s=s: Compiled(op).for_rank(op, _rank(s)), monkeypatch))
+    assert counts[0] == counts[1], f"{case}: {counts[0]} objects at P = 64, {counts[1]} at P = 256"
 
 
 def test_the_global_program_is_not_independent_of_p(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,6 +18,19 @@ computes the same global program and the same batching:
    share a phase.
 3. **Projection** (:func:`project`) keeps, for one rank, the steps it takes part in.
 
+A plan does not build the global program: each rank compiles its own schedule
+(:func:`compile_for_rank`), lowering only the steps it takes part in (:func:`lower_for`; the
+halo exchange, its shims and the collectives' fast paths build the rank's part from their
+geometry, in O(the rank's own work), see ``docs/theory.md#cost-model``), then batching and
+projecting those. Batching a rank's steps alone may group them into fewer phases than the
+global program does (a phase is split only where one of the rank's own steps depends on an
+earlier one), which gives the same result, and cannot deadlock: phases are runs of program
+order on every rank, so the earliest unfinished transfer always has both ends posted. A
+message's tag counts the earlier transfers between the same pair of ranks, which both ends see
+in program order, so the schedules of :func:`compile_for_rank` and :meth:`Program.for_rank`
+run together. The global program (:func:`compile_program`) stays for inspection, accounting
+and plots.
+
 A transfer's data flow: the rank owning ``source`` sends it; the rank owning ``target``
 receives and then adds it (``"add"``), stores it (``"store"``) or makes it a new block
 (``"new"``); afterwards the source is kept, cleared or dropped (``after``). Every movement
