@@ -9,10 +9,13 @@ then the rank's schedule. This module keeps the per-call work beyond that check 
   blocks that exist before and after (a halo exchange and its adjoint) is compiled once per
   *layout* of the caller's arrays (names, shapes, strides, dtype) into the requests' datatypes
   and the pack, unpack and clear steps, the way :meth:`~linop.backends.mpi_plan.DistributedPlan.bind`
-  compiles it once for fixed arrays. A call then only creates the nonblocking requests on the
-  arrays it is given (subarray datatypes: the bulk is never copied; thin strips packed into
-  scratch buffers owned here), waits, unpacks and clears. Nothing holds the caller's arrays
-  between calls;
+  compiles it once for fixed arrays. The requests are persistent, made once per array object
+  (views as bytes, subarray datatypes for strided boxes: the bulk is never copied; thin strips
+  packed into scratch buffers owned here) on the arrays' memory *by address*, so they do not
+  keep the caller's arrays alive: a finalizer frees them with the array, and each call checks
+  that its arrays are the bound objects with the bound shape, strides and dtype (the
+  collective check has validated the rest). A call then starts them, waits, unpacks and
+  clears, as a bound plan does;
 - every other call runs the plan's ordinary schedule (:meth:`DistributedPlan.run_in_place`,
   :meth:`DistributedPlan.run_out_of_place`) with the outcome of the check it already made.
 
@@ -48,28 +51,21 @@ Step = Callable[[Arrays], object]
 """A local step of a compiled phase, run on the call's arrays (a pack, unpack, add or clear)."""
 
 _LAYOUTS_KEPT = 8  # compiled layouts per plan
-_BYTE: Any = None
 
 
-@dataclass(frozen=True)
-class _Message:
-    """One request of a compiled phase: the box ``arrays[name][index]`` as bytes when it is
-    contiguous (``datatype`` None), ``[arrays[name], 1, datatype]`` when it is strided, or a
-    scratch buffer (``name`` None) when it is packed."""
-
-    peer: int
-    tag: int
-    name: str | None
-    index: tuple[Any, ...] | None
-    datatype: Datatype | None
-    buffer: np.ndarray | None
+_VIEW, _BUFFER, _STRIDED = 0, 1, 2  # how a message's buffer is named on each call
+Message = tuple[int, Any, Any, Any, int, int]
+"""One request of a compiled phase: (kind, name, index, spec, peer, tag). ``_VIEW``: the
+contiguous box ``arrays[name][index]`` as bytes; ``_STRIDED``: ``[arrays[name], 1, spec]``
+with ``spec`` its subarray datatype; ``_BUFFER``: ``spec`` is the whole buffer spec of a
+scratch buffer (a packed thin box)."""
 
 
 @dataclass(frozen=True)
 class _Phase:
     packs: tuple[Step, ...]
-    receives: tuple[_Message, ...]
-    sends: tuple[_Message, ...]
+    receives: tuple[Message, ...]
+    sends: tuple[Message, ...]
     finish: tuple[Step, ...]
 
 
@@ -77,63 +73,137 @@ class CompiledPhases:
     """An in-place schedule of point-to-point phases compiled for one layout of the arrays.
 
     :meth:`run` applies it to arrays of that layout; collective with the other ranks'
-    schedules (the same messages as :func:`linop.backends.mpi_runtime.run_phase` sends)."""
+    schedules (the same messages as :func:`linop.backends.mpi_runtime.run_phase` sends).
+    The requests are persistent, made once per array object (:class:`_Binding`) on the
+    arrays' memory by address, so they do not keep the arrays alive: they are freed when an
+    array is, or when more than :data:`BINDINGS_KEPT` arrays have been seen."""
 
-    def __init__(self, phases: tuple[_Phase, ...]) -> None:
+    def __init__(self, phases: tuple[_Phase, ...], comm: Intracomm) -> None:
+        global _PERSISTENT
         self.phases = phases
+        self.comm = comm
+        self.bindings: dict[tuple[int, ...], _Binding] = {}
+        self._last: _Binding | None = None  # the binding of the previous call
+        _PERSISTENT = (mpi().Prequest.Startall, mpi().Request.Waitall)
 
-    def post_first(self, arrays: Arrays, comm: Intracomm) -> list[Any]:
-        """Pack the first phase's thin boxes and post its receives; return the receive
-        requests (for :meth:`run`'s ``posted``). Local: nothing is sent."""
-        _byte()
-        first = self.phases[0]
-        for pack in first.packs:
-            pack(arrays)
-        return [comm.Irecv(_spec(m, arrays), m.peer, m.tag) for m in first.receives]
-
-    def run(self, arrays: Arrays, comm: Intracomm, posted: list[Any] | None = None) -> None:
-        """Run every phase on ``arrays``: packs, then the receives and sends, one wait, then
-        the unpacks, adds and clears. ``posted``: the first phase's receives and packs are
-        done already (:meth:`post_first`)."""
-        _byte()
-        waitall = mpi().Request.Waitall
-        irecv, isend = comm.Irecv, comm.Isend
-        for i, phase in enumerate(self.phases):
-            if i == 0 and posted is not None:
-                requests = list(posted)
-            else:
-                for pack in phase.packs:
-                    pack(arrays)
-                requests = [irecv(_spec(m, arrays), m.peer, m.tag) for m in phase.receives]
-            requests.extend(isend(_spec(m, arrays), m.peer, m.tag) for m in phase.sends)
+    def run(self, arrays: Arrays) -> None:
+        """Run every phase on ``arrays``: packs, then start the receives and sends and wait
+        for them, then the unpacks, adds and clears."""
+        binding = self._last
+        if binding is None or not binding.holds(arrays):
+            key = tuple(id(a) for a in arrays.values())
+            binding = self.bindings.get(key)
+            if binding is None or not binding.holds(arrays):
+                binding = self._bind(key, arrays)
+            self._last = binding
+        startall, waitall = _PERSISTENT
+        for phase, requests in zip(self.phases, binding.requests):
+            for pack in phase.packs:
+                pack(arrays)
             if requests:
+                startall(requests)
                 waitall(requests)
             for step in phase.finish:
                 step(arrays)
 
+    def _bind(self, key: tuple[int, ...], arrays: Arrays) -> _Binding:
+        old = self.bindings.pop(key, None)
+        if old is not None:
+            old.free()
+        while len(self.bindings) >= BINDINGS_KEPT:
+            self.bindings.pop(next(iter(self.bindings))).free()
+        self._last = None
+        binding = self.bindings[key] = _Binding(self, key, arrays)
+        return binding
 
-def _byte() -> None:
-    global _BYTE
-    if _BYTE is None:
-        _BYTE = mpi().BYTE
+    def forget(self, key: tuple[int, ...], binding: _Binding) -> None:
+        """Drop a binding whose array is gone (its requests are freed)."""
+        if self.bindings.get(key) is binding:
+            del self.bindings[key]
+        if self._last is binding:
+            self._last = None
 
 
-def withdraw(requests: list[Any]) -> None:
-    """Cancel receives posted before the check and wait for them (no rank sent anything they
-    could match: see :func:`checked_apply`)."""
-    for request in requests:
-        request.Cancel()
-    mpi().Request.Waitall(requests)
+BINDINGS_KEPT = 4
+"""Array objects with persistent requests per compiled layout (a time loop alternating a few
+buffers reuses theirs)."""
+
+_PERSISTENT: tuple[Any, Any] = (None, None)
 
 
-def _spec(message: _Message, arrays: Arrays) -> list[Any]:
-    if message.name is None:
-        assert message.buffer is not None
-        return raw_spec(message.buffer)
-    if message.datatype is None:  # a contiguous box: its view, as bytes (as the runtime sends it)
-        view = arrays[message.name][message.index]
-        return [view, view.nbytes, _BYTE]
-    return [arrays[message.name], 1, message.datatype]
+class _Binding:
+    """The persistent requests of a compiled schedule on one set of array objects.
+
+    Made by address (``MPI.buffer.fromaddress``), so the requests do not hold the arrays:
+    a finalizer on each array frees them when it is collected. :meth:`holds` tells whether
+    the arrays of a call are still those objects with the same memory layout."""
+
+    def __init__(self, owner: CompiledPhases, key: tuple[int, ...], arrays: Arrays) -> None:
+        comm = owner.comm
+        lib = mpi()
+        self.refs = [weakref.ref(a) for a in arrays.values()]
+        self.layout = [(a.shape, a.strides, a.dtype.char) for a in arrays.values()]
+        self.requests: list[list[Any]] = []
+        for phase in owner.phases:
+            requests = []
+            for init, messages in ((comm.Recv_init, phase.receives), (comm.Send_init, phase.sends)):
+                for kind, name, index, spec, peer, tag in messages:
+                    if kind == _BUFFER:
+                        requests.append(init(spec, peer, tag))
+                        continue
+                    array = arrays[name]
+                    if kind == _VIEW:
+                        view = array[index]
+                        memory = lib.buffer.fromaddress(_address(view), view.nbytes)
+                        requests.append(init([memory, view.nbytes, lib.BYTE], peer, tag))
+                    else:
+                        memory = lib.buffer.fromaddress(_address(array), array.nbytes)
+                        requests.append(init([memory, 1, spec], peer, tag))
+            self.requests.append(requests)
+        for array in arrays.values():
+            weakref.finalize(array, _forget, weakref.ref(owner), key, weakref.ref(self))
+
+    def holds(self, arrays: Arrays) -> bool:
+        """The arrays are the bound objects, with the bound shapes, strides and dtypes (and
+        the binding is live)."""
+        if not self.requests:
+            return False
+        if len(self.refs) == 1:  # the common case, without the loop
+            (array,) = arrays.values()
+            shape, strides, char = self.layout[0]
+            return (
+                self.refs[0]() is array
+                and array.strides == strides
+                and array.shape == shape
+                and array.dtype.char == char
+            )
+        for ref, (shape, strides, char), array in zip(self.refs, self.layout, arrays.values()):
+            if ref() is not array or array.strides != strides or array.dtype.char != char:
+                return False
+            if array.shape != shape:
+                return False
+        return True
+
+    def free(self) -> None:
+        """Release the persistent requests (inactive: every call waits for them)."""
+        for requests in self.requests:
+            for request in requests:
+                request.Free()
+        self.requests = []
+
+
+def _forget(owner: Any, key: tuple[int, ...], binding: Any) -> None:
+    """An array of a binding was collected: free the binding's requests."""
+    found, compiled = binding(), owner()
+    if found is None:
+        return
+    found.free()
+    if compiled is not None:
+        compiled.forget(key, found)
+
+
+def _address(array: np.ndarray) -> int:
+    return int(array.__array_interface__["data"][0])
 
 
 def layout_of(arrays: Arrays) -> tuple[Any, ...]:
@@ -141,7 +211,9 @@ def layout_of(arrays: Arrays) -> tuple[Any, ...]:
     return tuple((name, a.shape, a.strides, a.dtype.char) for name, a in arrays.items())
 
 
-def compile_phases(schedule: Sequence[Any], arrays: Arrays, dtype: np.dtype) -> CompiledPhases | None:
+def compile_phases(
+    schedule: Sequence[Any], arrays: Arrays, dtype: np.dtype, comm: Intracomm
+) -> CompiledPhases | None:
     """Compile an in-place schedule for the layout of ``arrays``, or None when it has steps
     other than phases of stores, adds and clears between existing C-ordered blocks of the
     run's dtype (those run the ordinary runtime)."""
@@ -152,8 +224,8 @@ def compile_phases(schedule: Sequence[Any], arrays: Arrays, dtype: np.dtype) -> 
         if type(step) is not RankPhase:
             return None
         packs: list[Step] = []
-        receives: list[_Message] = []
-        sends: list[_Message] = []
+        receives: list[Message] = []
+        sends: list[Message] = []
         finish: list[Step] = []
         for peer, tag, t in step.receives:
             if t.mode == "new" or t.target.name not in arrays:
@@ -164,10 +236,10 @@ def compile_phases(schedule: Sequence[Any], arrays: Arrays, dtype: np.dtype) -> 
             target = arrays[region.name]
             direct = _direct(target, region, step.index(region)) if t.mode == "store" else None
             if direct is not None:
-                receives.append(_Message(peer, tag, *direct))
+                receives.append((*direct, peer, tag))
                 continue
             buffer = np.empty(t.shape, dtype)
-            receives.append(_Message(peer, tag, None, None, None, buffer))
+            receives.append((_BUFFER, None, None, raw_spec(buffer), peer, tag))
             finish.append(_unpack(region.name, step.index(region), buffer, add=t.mode == "add"))
         for peer, tag, t in step.sends:
             if t.after == "drop" or t.source.name not in arrays:
@@ -176,30 +248,30 @@ def compile_phases(schedule: Sequence[Any], arrays: Arrays, dtype: np.dtype) -> 
             if t.source.size:
                 direct = _direct(source, t.source, step.index(t.source))
                 if direct is not None:
-                    sends.append(_Message(peer, tag, *direct))
+                    sends.append((*direct, peer, tag))
                 else:  # a thin box: packed into a buffer before the requests start
                     buffer = np.empty(t.shape, dtype)
                     packs.append(_pack(t.source.name, step.index(t.source), buffer))
-                    sends.append(_Message(peer, tag, None, None, None, buffer))
+                    sends.append((_BUFFER, None, None, raw_spec(buffer), peer, tag))
             if t.after == "clear" and t.source.size:
                 finish.append(_clear(t.source.name, step.index(t.source)))
         phases.append(_Phase(tuple(packs), tuple(receives), tuple(sends), tuple(finish)))
-    return CompiledPhases(tuple(phases))
+    return CompiledPhases(tuple(phases), comm)
 
 
 def _direct(
     array: np.ndarray, region: Region, index: tuple[Any, ...]
-) -> tuple[str, tuple[Any, ...], Datatype | None, None] | None:
+) -> tuple[int, str, tuple[Any, ...], Datatype | None] | None:
     """How a box of a C-ordered block moves without packing, as
     :func:`~linop.backends.mpi_datatypes.region_spec` decides: its view as bytes when it is
     contiguous, else its subarray datatype; None for a thin box (contiguous runs shorter than
     :data:`PACK_BELOW` bytes: packed)."""
     if array[index].flags.c_contiguous:
-        return region.name, index, None, None
+        return _VIEW, region.name, index, None
     extents = tuple(b - a for a, b in zip(region.start, region.stop))
     if contiguous_run(array.shape, extents, array.itemsize) < PACK_BELOW:
         return None
-    return region.name, index, subarray(array.shape, region.start, extents, array.dtype), None
+    return _STRIDED, region.name, index, subarray(array.shape, region.start, extents, array.dtype)
 
 
 def _unpack(name: str, index: tuple[Any, ...], buffer: np.ndarray, *, add: bool) -> Step:
@@ -230,18 +302,19 @@ class _PlanLayouts:
         self.by_layout: dict[tuple[Any, ...], CompiledPhases | None] = {}
 
     def compiled(self, plan: DistributedPlan, arrays: Arrays, dtype: np.dtype) -> CompiledPhases | None:
-        key = (layout_of(arrays), dtype.char)
+        if len(arrays) == 1:  # the common case: one block, the layout read cheaply
+            (array,) = arrays.values()
+            key: tuple[Any, ...] = (array.shape, array.strides, array.dtype.char, dtype.char)
+        else:
+            key = (layout_of(arrays), dtype.char)
         try:
             return self.by_layout[key]
         except KeyError:
             pass
         if len(self.by_layout) >= _LAYOUTS_KEPT:
             self.by_layout.clear()
-        found = self.by_layout[key] = compile_phases(plan.schedule, arrays, dtype)
+        found = self.by_layout[key] = compile_phases(plan.schedule, arrays, dtype, plan.comm)
         return found
-
-
-_LAYOUTS: weakref.WeakKeyDictionary[DistributedPlan, _PlanLayouts] = weakref.WeakKeyDictionary()
 
 
 def checked_apply(
@@ -260,59 +333,32 @@ def checked_apply(
     TreeMismatchError, CommunicatorError, DistributedStateError, UnsupportedNodeError
         On every rank together, before any data moves.
     """
-    if plan.context.freed:
-        plan.agree(state, inplace=inplace, dtype=dtype)  # raises the freed communicator's error
-    comm = plan.comm
-    layouts = _LAYOUTS.get(plan) if inplace else None
-    posted: list[Any] = []
-    speculative: list[CompiledPhases] = []
-
-    def speculate(mine: list[np.ndarray]) -> bool:
-        """Post the first phase's receives of the compiled schedule these arrays had on an
-        earlier call, if any (the run's dtype is then most likely theirs)."""
-        first = mine[0].dtype
-        if layouts is None or any(a.dtype != first for a in mine):
-            return False
-        arrays = dict(zip(plan.domain_blocks, mine))
-        compiled = layouts.by_layout.get((layout_of(arrays), first.char))
-        if compiled is None:
-            return False
-        posted.extend(compiled.post_first(arrays, comm))
-        speculative.append(compiled)
-        return True
-
-    try:
-        pending = plan.entry.begin(state, inplace=inplace, dtype=dtype, speculate=speculate)
-        outcome = plan.entry.end(pending)
-        if posted and (outcome.error is not None or not outcome.uniform):
-            withdraw(posted)  # the run may not match them: nobody has sent anything yet
-            posted = []
-        if outcome.error is None and outcome.speculated and not outcome.uniform:
-            comm.Barrier()  # every rank withdrew such receives before any rank sends
-    except BaseException as error:  # a rank failing here would leave the others waiting
-        abort_for(comm, f"checking {plan.op}", error)
+    outcome = plan.agree(state, inplace=inplace, dtype=dtype)
     run_dtype = outcome.result()
-    arrays = {name: state[name] for name in plan.domain_blocks}
     if inplace:
         cast_to = outcome.cast
         if cast_to is None:
             if not plan.schedule:
                 return state
-            layouts = _LAYOUTS.get(plan)
+            layouts = plan.entry.extension
             if layouts is None:
-                layouts = _LAYOUTS[plan] = _PlanLayouts()
-            try:  # uniform: the run's dtype is the arrays', so the speculation's schedule is it
-                compiled = speculative[0] if posted else layouts.compiled(plan, arrays, run_dtype)
+                layouts = plan.entry.extension = _PlanLayouts()
+            # the check passed: a dict holds exactly this rank's blocks (any mapping: copied)
+            arrays = state if type(state) is dict else {name: state[name] for name in plan.domain_blocks}
+            try:
+                compiled = layouts.compiled(plan, arrays, run_dtype)
                 if compiled is not None:
-                    compiled.run(arrays, comm, posted or None)
+                    compiled.run(arrays)
                     return state
             except BaseException as error:  # the ranks are committed: see mpi_guard
                 abort_for(plan.comm, f"applying {plan.op}", error)
+        arrays = {name: state[name] for name in plan.domain_blocks}
         alloc = np.dtype(dtype) if dtype is not None else run_dtype
         failure = plan.run_in_place(arrays, run_dtype, alloc, cast=cast_to)
         if failure is not None:
             raise failure
         return state
+    arrays = {name: state[name] for name in plan.domain_blocks}
     alloc = np.dtype(dtype) if dtype is not None else run_dtype
     return plan.run_out_of_place(_widened(arrays, outcome.cast), run_dtype, alloc)
 

@@ -29,7 +29,7 @@ without a bound instead (the ranks agree on that once per tree).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -62,7 +62,6 @@ __all__ = [
     "CheckOutcome",
     "CheckReducer",
     "EntryCheck",
-    "Pending",
     "register_reducer",
     "release_reducer",
 ]
@@ -76,8 +75,7 @@ _INT64_MAX = 2**63 - 1
 _FLAG_OF = {c: _FLAGS + i for i, c in enumerate(DTYPE_CHARS)}
 _INTEGER_CHARS = frozenset(c for c in DTYPE_CHARS if np.dtype(c).kind in "iu")
 _END = _FLAGS + len(DTYPE_CHARS)
-_SPECULATED = _END  # set by a rank that posted receives before the check (linop.backends.mpi_apply)
-VECTOR_LENGTH = _END + 1
+VECTOR_LENGTH = _END
 """Length of the check vector (int64 entries): the same on every rank and for every tree."""
 _OUTCOMES_KEPT = 64  # outcomes remembered per tree (integer runs add one per largest magnitude)
 
@@ -165,10 +163,6 @@ class CheckOutcome:
     error: LinopError | None
     cast: np.dtype | None = None
     integers: bool = False
-    uniform: bool = False
-    """Every rank's blocks have the run's dtype and are run uncast (one dtype on all ranks)."""
-    speculated: bool = False
-    """Some rank posted receives before the check (see :meth:`EntryCheck.begin`)."""
 
     def result(self) -> np.dtype:
         """The run's dtype; raises the agreed error instead when there is one."""
@@ -179,14 +173,6 @@ class CheckOutcome:
 
 
 Problem = tuple[str, type[LinopError]]
-
-
-@dataclass(frozen=True)
-class Pending:
-    """A check begun (:meth:`EntryCheck.begin`): this rank's problem, if any, and the mode."""
-
-    problem: Problem | None
-    inplace: bool
 
 
 class EntryCheck:
@@ -227,6 +213,11 @@ class EntryCheck:
         self._reducer = reducer if reducer is not None else CheckReducer(comm, persistent=False)
         self._expected = tuple((name, block.shape) for name, block in domain_blocks.items())
         self._same_space: bool | None = None  # domain == range, decided on first in-place use
+        self._single = self._expected[0] if len(self._expected) == 1 else None
+        self.extension: Any = None
+        """Per-plan state of the checked apply (:mod:`linop.backends.mpi_apply`: the schedules
+        compiled per layout), kept here because the check is made once per plan."""
+        self._prepared: dict[str, list[Any]] = {}  # by dtype char: vector, bytes, outcomes
         self._outcomes: dict[tuple[bytes, bool], CheckOutcome] = {}  # by the reduced vector
         self._dtypes: dict[bytes, tuple[np.dtype, bool, list[str]]] = {}
         self._growth: bool | None = None
@@ -320,24 +311,48 @@ class EntryCheck:
     def run(self, state: Any, *, inplace: bool = False, dtype: npt.DTypeLike | None = None) -> CheckOutcome:
         """Check collectively; every rank gets the same outcome. Raises nothing itself (the
         caller raises the outcome's error, outside its abort-on-failure section)."""
-        return self.end(self.begin(state, inplace=inplace, dtype=dtype))
+        if dtype is None and self._single is not None:
+            outcome = self._run_single(state, inplace)
+            if outcome is not None:
+                return outcome
+        return self._run(state, inplace, dtype)
 
-    def begin(
-        self,
-        state: Any,
-        *,
-        inplace: bool = False,
-        dtype: npt.DTypeLike | None = None,
-        speculate: Callable[[list[np.ndarray]], bool] | None = None,
-    ) -> Pending:
-        """Test the local state and start the collective check; :meth:`end` completes it.
+    def _run_single(self, state: Any, inplace: bool) -> CheckOutcome | None:
+        """The common case, cheaply: one block of a float or complex dtype, no ``dtype=``;
+        None when the state is anything else (then :meth:`_run` checks it, before any
+        communication). Reduces the same vector :meth:`_run` would."""
+        name, shape = self._single  # type: ignore[misc]
+        if type(state) is not dict or len(state) != 1:
+            return None
+        array = state.get(name)
+        if type(array) is not np.ndarray or array.shape != shape:
+            return None
+        char = array.dtype.char
+        if char in _INTEGER_CHARS or char not in _FLAG_OF:
+            return None
+        if inplace and not (array.flags.writeable and self._domain_is_range()):
+            return None
+        prepared = self._prepared.get(char)
+        if prepared is None:
+            vector = self._vector.copy()
+            vector[_FLAG_OF[char]] = 1
+            prepared = self._prepared[char] = [(self, char), vector.tobytes(), vector, None, None]
+        signature, sent, vector, agreed, agreed_in_place = prepared
+        reducer = self._reducer
+        if reducer.signature is not signature:  # else the send buffer holds this vector already
+            np.copyto(reducer.send, vector)
+            reducer.signature, reducer.sent = signature, sent
+        reduced = reducer.reduce()
+        got = reduced.tobytes()
+        if got != sent:  # another rank differs: the general decoding, from the reduced vector
+            return self._outcome(reduced, got, None, inplace)
+        outcome = agreed_in_place if inplace else agreed  # every rank sent this very vector
+        if outcome is None:
+            outcome = self._outcome(reduced, got, None, inplace)
+            prepared[4 if inplace else 3] = outcome
+        return outcome
 
-        ``speculate``, called with this rank's arrays when they pass the cheap tests, may post
-        receives for the run before the check completes; it returns whether it did. That is
-        safe: no rank sends before the check has passed on every rank, and the outcome tells
-        every rank alike (:attr:`CheckOutcome.speculated`) when a rank posted receives that the
-        agreed run may not match, so that all withdraw theirs before any sends (see
-        :mod:`linop.backends.mpi_apply`)."""
+    def _run(self, state: Any, inplace: bool, dtype: npt.DTypeLike | None) -> CheckOutcome:
         problem: Problem | None = None
         arrays = None if self.problem is not None else self._arrays_if_valid(state, inplace)
         if arrays is None:
@@ -351,10 +366,7 @@ class EntryCheck:
         flags: tuple[int, ...] = ()
         largest = 0
         if arrays:
-            if len(arrays) == 1:
-                flags = (_FLAG_OF[arrays[0].dtype.char],)
-            else:
-                flags = tuple(sorted({_FLAG_OF[a.dtype.char] for a in arrays}))
+            flags = tuple(sorted({_FLAG_OF[a.dtype.char] for a in arrays}))
             if any(a.dtype.char in _INTEGER_CHARS for a in arrays):
                 largest = min(dtypes.largest_magnitude(arrays), _INT64_MAX)
         if dtype is not None:
@@ -365,36 +377,32 @@ class EntryCheck:
                     problem = f"rank {self.rank}: {error}", DistributedDtypeError
             else:
                 flags = tuple(sorted({*flags, _FLAG_OF[char]}))
-        speculated = bool(problem is None and arrays and speculate is not None and speculate(arrays))
-        signature = (self, flags, largest, problem is not None, speculated)
+        signature = (self, flags, largest, problem is not None)
         if reducer.signature != signature:  # else the vector holds exactly this already
             vector = reducer.send
             np.copyto(vector, self._vector)  # fingerprint words and their negation, then flags
             vector[list(flags)] = 1
             vector[_LARGEST] = largest
             vector[_ERROR] = problem is not None
-            vector[_SPECULATED] = speculated
             reducer.signature, reducer.sent = signature, vector.tobytes()
-        reducer.start()
-        return Pending(problem, inplace)
+        reduced = reducer.reduce()
+        return self._outcome(reduced, reduced.tobytes(), problem, inplace)
 
-    def end(self, pending: Pending) -> CheckOutcome:
-        """Complete the check begun by :meth:`begin`: the outcome, the same on every rank."""
-        reducer = self._reducer
-        problem = pending.problem
-        reduced = reducer.wait()
-        got = reduced.tobytes()
-        if got != reducer.sent or problem is not None:  # some rank differs from this one
+    def _outcome(
+        self, reduced: np.ndarray, got: bytes, problem: Problem | None, inplace: bool
+    ) -> CheckOutcome:
+        """The outcome from the reduced vector (``got``: as bytes), the same on every rank."""
+        if got != self._reducer.sent or problem is not None:  # some rank differs from this one
             same_tree = got[: len(self._tree)] == self._tree
             if not same_tree or reduced[_ERROR]:
-                reducer.signature = None  # the error path's collectives do not touch the vector
+                self._reducer.signature = None  # the error path's collectives do not touch it
                 return CheckOutcome(None, self._collective_error(same_tree, problem))
-        key = (got, pending.inplace)  # global facts only: every rank decides alike
+        key = (got, inplace)  # global facts only: every rank decides alike
         outcome = self._outcomes.get(key)
         if outcome is None:
             if len(self._outcomes) >= _OUTCOMES_KEPT:
                 self._outcomes.clear()
-            outcome = self._outcomes[key] = self._decide(reduced, pending.inplace)
+            outcome = self._outcomes[key] = self._decide(reduced, inplace)
         return outcome
 
     def _decide(self, reduced: np.ndarray, inplace: bool) -> CheckOutcome:
@@ -433,9 +441,7 @@ class EntryCheck:
                 cast = np.dtype(np.int64)  # no bound to test: the widest integers
             if cast is not None:
                 run = np.result_type(run, cast)
-        present = [c for c, flag in zip(DTYPE_CHARS, flags) if flag]
-        uniform = cast is None and len(present) == 1 and np.dtype(present[0]) == run
-        return CheckOutcome(run, None, cast, integers, uniform, bool(reduced[_SPECULATED]))
+        return CheckOutcome(run, None, cast, integers)
 
     def _growth_known(self) -> bool:
         """Whether every rank can bound the tree's integer growth (:func:`linop.dtypes.growth`,

@@ -5,15 +5,13 @@ the same typed error, before any data moves."""
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 from helpers import collective_assert, expect_collective_error, local_part, same_blocks
 from mpi4py import MPI
 
 from linop import AllReduce, BlockGrid, Partition
-from linop.backends import mpi_apply, mpi_backend
+from linop.backends import mpi_backend
 from linop.backends.mpi_apply import compile_phases
 from linop.errors import DistributedStateError, IntegerOverflowError, TreeMismatchError
 from linop.halo import HaloExchange
@@ -64,7 +62,7 @@ def test_the_in_place_halo_exchange_takes_the_compiled_path():
     op = halo(GRIDS[-1])
     local = _own(op, op.domain.random(1))
     plan = mpi_backend.plan_for(op, comm=COMM)
-    compiled = compile_phases(plan.schedule, local, np.dtype(np.float64))
+    compiled = compile_phases(plan.schedule, local, np.dtype(np.float64), plan.comm)
     collective_assert(SIZE == 1 or compiled is not None, f"schedule {plan.schedule} was not compiled")
 
 
@@ -163,23 +161,12 @@ def test_a_wrong_block_after_warm_calls_fails_on_every_rank(kind):
 
 
 @pytest.mark.parametrize("warm32", [False, True], ids=["float32-new", "float32-warm"])
-def test_one_rank_in_float32_after_warm_calls_equals_numpy(warm32, monkeypatch):
+def test_one_rank_in_float32_after_warm_calls_equals_numpy(warm32):
     """The last rank's block turns float32 (the run stays float64, its result is cast back
     into its array, as numpy does in place): that rank runs the ordinary runtime, the others
     the compiled schedule; the messages agree. With ``warm32`` every rank ran float32 first,
-    so the last rank posts float32-sized receives before the check: the agreed run is float64,
-    and every rank withdraws such receives before anyone sends. The last rank withdraws slowly
-    here, so that a peer sending early would find the wrong receive posted (MPICH's shared
-    memory matches only while the receiver polls, so on this machine even an early send
-    would wait for the correct receive: the test covers the path, it cannot show the race)."""
-    original = mpi_apply.withdraw
-
-    def slow(requests):
-        if RANK == LAST:
-            time.sleep(0.05)
-        original(requests)
-
-    monkeypatch.setattr(mpi_apply, "withdraw", slow)
+    so the last rank has a float32 schedule compiled for that layout: it must not be used
+    for the float64 run."""
     op = halo(GRIDS[-1])
     state = op.domain.random(13)
     if warm32:
@@ -262,4 +249,30 @@ def test_kept_results_of_large_collectives_are_not_overwritten(reduce):
         mpi_backend.apply(op, _own(op, state), comm=COMM)  # a result dropped at once: recycled
     for result, expected in kept:
         problem = problem or same_blocks(result, expected, tuple(result))
+    collective_assert(problem is None, str(problem))
+
+
+def test_persistent_requests_follow_the_array_objects():
+    """The compiled schedule's persistent requests are made per array object, by address:
+    new arrays each call (some kept, some dropped at once, ids and addresses reused), more of
+    them than are kept bound, and the old ones again: every call equals numpy, and a dropped
+    array frees its requests."""
+    import gc
+
+    op = halo(GRIDS[-1])
+    kept, problem = [], None
+    for call in range(2 * 4 + 3):
+        state = op.domain.random(20 + call % 5)
+        local = _own(op, state)
+        result = mpi_backend.apply(op, local, comm=COMM, inplace=True)
+        problem = problem or same_blocks(result, op(state), tuple(local))
+        if call % 2:
+            kept.append((local, state))
+        del local, result
+        gc.collect()
+    for local, state in kept:  # bound again (evicted meanwhile) or still bound
+        expected = op(op(op(state)))
+        mpi_backend.apply(op, local, comm=COMM, inplace=True)
+        result = mpi_backend.apply(op, local, comm=COMM, inplace=True)
+        problem = problem or same_blocks(result, expected, tuple(local))
     collective_assert(problem is None, str(problem))
