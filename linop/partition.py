@@ -141,13 +141,15 @@ class Partition:
             raise PartitionError(
                 f"partition shape {shape} has {count} workers, more than the {MAX_WORKER + 1} ranks MPI counts"
             )
-        workers = _integers(self.workers, f"partition {shape}: workers", PartitionError) or tuple(
-            range(count)
-        )
+        workers = _integers(self.workers, f"partition {shape}: workers", PartitionError)
+        defaulted = not workers
+        workers = workers or tuple(range(count))
         if len(workers) != count:
             raise PartitionError(f"partition of shape {shape} needs {count} workers, got {len(workers)}")
         first = workers[0]
-        consecutive = workers == tuple(range(first, first + count)) and 0 <= first <= MAX_WORKER + 1 - count
+        consecutive = defaulted or (
+            workers == tuple(range(first, first + count)) and 0 <= first <= MAX_WORKER + 1 - count
+        )
         object.__setattr__(self, "_first", first if consecutive else None)
         valid = consecutive or (len(set(workers)) == count and 0 <= min(workers) and max(workers) <= MAX_WORKER)
         seen: set[int] = set()
@@ -241,6 +243,20 @@ class Partition:
             table = {w: k for k, w in enumerate(self.workers)}
             object.__setattr__(self, "_positions", table)
         return table.get(worker)
+
+    def description(self) -> bytes:
+        """The partition as bytes for a fingerprint: its shape and its workers, consecutive
+        ones as the first id alone (so that the digest of a P-worker grid costs O(1)), others
+        as one buffer of int64 (built once)."""
+        try:
+            return object.__getattribute__(self, "_description")
+        except AttributeError:
+            pass
+        first = self._first  # type: ignore[attr-defined]
+        workers = b"C%d" % first if first is not None else b"L" + np.asarray(self.workers, dtype=np.int64).tobytes()
+        text = f"P{self.shape}".encode() + workers
+        object.__setattr__(self, "_description", text)
+        return text
 
     @property
     def max_worker(self) -> int:

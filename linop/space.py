@@ -476,6 +476,8 @@ class GridPartition(Protocol):
 
     def position(self, worker: int) -> int | None: ...
 
+    def description(self) -> bytes: ...
+
 
 class GridSpace(Space):
     """A space of one block ``prefix[i,j,...]`` per worker of a partition, described by a rule
@@ -671,13 +673,8 @@ class GridSpace(Space):
         """The rule as bytes: prefix, partition and shapes (what a fingerprint reads)."""
         if self._description is not None:
             return self._description
-        partition = self._partition
         rule = repr(self._extents) if self._extents is not None else repr(self._shapes)
-        text = (
-            f"G{self._prefix!r}{partition.shape}".encode()
-            + np.asarray(partition.workers, dtype=np.int64).tobytes()
-            + rule.encode()
-        )
+        text = f"G{self._prefix!r}".encode() + self._partition.description() + rule.encode()
         self._description = text
         return text
 

@@ -53,6 +53,7 @@ import numpy as np
 from .. import dispatch
 from ..movement import Copy, CopyAdjoint, Move
 from ..operator import Composition, Identity, LinearOperator, Scaled, Sum, Zero
+from ..partition import Partition
 from ..primitives import Add, Allocate, Clear, Deallocate
 from ..space import Block, GridSpace, Region, Space
 from .mpi_steps import FastPathRunner
@@ -704,7 +705,7 @@ def _block_bytes(block: Block, memo: dict[int, bytes]) -> bytes:
 
 def _feed(value: Any, digest: Any, memo: dict[int, bytes]) -> None:
     # memo: bytes by object id, for the spaces and blocks of the tree (alive while it is fed)
-    if isinstance(value, GridSpace):  # described by its rule: O(1) Python work for P blocks
+    if isinstance(value, (GridSpace, Partition)):  # described by their rules, not block by block
         digest.update(value.description())
     elif isinstance(value, Space):
         text = memo.get(id(value))
