@@ -21,7 +21,8 @@ of every rank's steps, batched, then projected), the route plans took before iss
 
 The cases (2-D grids, 8 x 8 local blocks, kernel 3, padding 1): ``HaloExchange``,
 ``halo_windows``, ``Broadcast 1 -> P``, ``Broadcast (1,s) -> (s,s)``, ``AllReduce axis 0``,
-``Repartition (s,s) -> (2s,s/2)``, each forward and adjoint. For every stage the script prints
+``Repartition (s,s) -> (2s,s/2)``, and ``AllGather axis 0`` (its adjoint a reduce-scatter), each
+forward and adjoint. For every stage the script prints
 seconds and the peak of traced memory (``tracemalloc``, a second pass: tracing slows Python,
 so the times come from an untraced pass), and the growth exponent ``k`` of ``time ~ P**k``
 fitted over the two largest P (least squares over all P with ``--fit all``).
@@ -49,6 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from linop import (
+    AllGather,
     AllReduce,
     Broadcast,
     DistributedTensor,
@@ -93,6 +95,10 @@ def allreduce(s: int) -> LinearOperator:
     return AllReduce(_grid(s), 0)
 
 
+def allgather(s: int) -> LinearOperator:
+    return AllGather(_grid(s), 0, "g")
+
+
 def repartition(s: int) -> LinearOperator:
     y = DistributedTensor("y", (BLOCK * s, BLOCK * s), Partition((2 * s, max(s // 2, 1))))
     return Repartition(_grid(s), y)
@@ -105,6 +111,7 @@ CASES: dict[str, Callable[[int], LinearOperator]] = {
     "Broadcast (1,s) -> (s,s)": broadcast_row,
     "AllReduce axis 0": allreduce,
     "Repartition (s,s) -> (2s,s/2)": repartition,
+    "AllGather axis 0": allgather,
 }
 
 

@@ -24,6 +24,7 @@ fields, declared once in a common base, and build each other by keyword.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -189,7 +190,7 @@ class Broadcast(_BroadcastGeometry):
     def _targets(self) -> tuple[Block, ...]:
         return self.copies.blocks
 
-    def _layouts(self) -> tuple[Layout, Layout]:
+    def layouts(self) -> tuple[Layout, Layout]:
         return self.tensor, self.copies
 
     def _pieces(self) -> tuple[Piece, ...]:
@@ -246,7 +247,7 @@ class SumReduce(_BroadcastGeometry):
     def _targets(self) -> tuple[Block, ...]:
         return self.tensor.blocks
 
-    def _layouts(self) -> tuple[Layout, Layout]:
+    def layouts(self) -> tuple[Layout, Layout]:
         return self.copies, self.tensor
 
     def _pieces(self) -> tuple[Piece, ...]:
@@ -402,19 +403,40 @@ class _GatherGeometry(Planned):
         """The gathered layout ``name[j]`` (see :func:`gathered_layout`)."""
         return self._gathered  # type: ignore[attr-defined]
 
+    def _gather_piece(self, i: tuple[int, ...], j: tuple[int, ...]) -> Piece | None:
+        """x_i (whole) -> g_j at x_i's offset along ``axes`` (None when x_i is empty)."""
+        block = self.tensor.block(i)
+        start = self.tensor.box(i)[0]
+        offset = tuple(start[d] if d in self.axes else 0 for d in range(self.tensor.ndim))
+        return make_piece(block, origin(block), self.gathered.block_name(j), offset, block.shape)
+
     def _gather_pieces(self) -> tuple[Piece, ...]:
         """x_i (whole) -> g_j at x_i's offset along ``axes``, for every j and i of one group."""
-        items = []
-        for group in reduction_groups(self.tensor.partition, self.axes):
-            for j in group:
-                for i in group:
-                    block = self.tensor.block(i)
-                    start = self.tensor.box(i)[0]
-                    offset = tuple(start[d] if d in self.axes else 0 for d in range(self.tensor.ndim))
-                    items.append(
-                        make_piece(block, origin(block), self.gathered.block_name(j), offset, block.shape)
-                    )
-        return nonempty_pieces(items)
+        return nonempty_pieces(
+            self._gather_piece(i, j)
+            for group in reduction_groups(self.tensor.partition, self.axes)
+            for j in group
+            for i in group
+        )
+
+    def rank_pieces(self, rank: int) -> tuple[Piece, ...]:
+        """The pieces of ``rank``'s group that start or end at its blocks, in plan order: into
+        its gathered block from every member, and from its block to every other member's (the
+        group only: O(group size), not the job's)."""
+        partition = self.tensor.partition
+        if partition.position(rank) is None:
+            return ()
+        own = partition.index(rank)
+        group = []
+        for moving in itertools.product(*(range(partition.shape[a]) for a in self.axes)):
+            member = list(own)
+            for a, k in zip(self.axes, moving):
+                member[a] = k
+            group.append(tuple(member))
+        pieces = nonempty_pieces(
+            self._gather_piece(i, j) for j in group for i in (group if j == own else [own])
+        )
+        return tuple(p.reversed() for p in pieces) if self.ADDS else pieces
 
 
 @dataclass(frozen=True, eq=True, repr=False)
@@ -466,7 +488,7 @@ class AllGather(_GatherGeometry):
     def _targets(self) -> tuple[Block, ...]:
         return self.gathered.blocks
 
-    def _layouts(self) -> tuple[Layout, Layout]:
+    def layouts(self) -> tuple[Layout, Layout]:
         return self.tensor, self.gathered
 
     def _pieces(self) -> tuple[Piece, ...]:
@@ -518,7 +540,7 @@ class ReduceScatter(_GatherGeometry):
     def _targets(self) -> tuple[Block, ...]:
         return self.tensor.blocks
 
-    def _layouts(self) -> tuple[Layout, Layout]:
+    def layouts(self) -> tuple[Layout, Layout]:
         return self.gathered, self.tensor
 
     def _pieces(self) -> tuple[Piece, ...]:

@@ -171,9 +171,15 @@ class Planned(LinearOperator):
     def _pieces(self) -> tuple[Piece, ...]:
         """The boxes that travel from consumed to produced blocks."""
 
-    def _layouts(self) -> tuple[Any, Any] | None:
+    def layouts(self) -> tuple[Any, Any] | None:
         """The (source, target) layouts when the node consumes one layout's blocks and produces
         another's (each a :class:`~linop.layout.Layout`), else None."""
+        return None
+
+    def rank_pieces(self, rank: int) -> tuple[Piece, ...] | None:
+        """The pieces that move data of ``rank``'s blocks (from or into them), in the order of
+        :attr:`plan`, found without the whole plan; None when the node cannot tell (then only
+        the whole plan says)."""
         return None
 
     def _validate(self) -> None:
@@ -182,7 +188,7 @@ class Planned(LinearOperator):
                 f"{type(self).__name__}: others must be a Space, not {type(self.others).__name__}"
             )
         kind = type(self).__name__
-        layouts = self._layouts()
+        layouts = self.layouts()
         if layouts is not None and not len(self.others):
             source, target = (layout.space for layout in layouts)
             if isinstance(source, GridSpace) and isinstance(target, GridSpace) and source.prefix != target.prefix:

@@ -149,7 +149,7 @@ class Repartition(Planned):
     def _targets(self) -> tuple[Block, ...]:
         return self.destination.blocks
 
-    def _layouts(self) -> tuple[DistributedTensor, DistributedTensor]:
+    def layouts(self) -> tuple[DistributedTensor, DistributedTensor]:
         return self.source, self.destination
 
     def _pieces(self) -> tuple[Piece, ...]:

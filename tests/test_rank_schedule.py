@@ -16,7 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from linop import DistributedTensor, HaloExchange, Kernel, Partition, halo_geometry, halo_windows
+from linop import (
+    AllGather,
+    DistributedTensor,
+    HaloExchange,
+    Kernel,
+    Partition,
+    ReduceScatter,
+    halo_geometry,
+    halo_windows,
+)
 from linop.backends.mpi_schedule import RankPhase, Transfer, compile_for_rank, compile_program
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -43,8 +52,8 @@ def _sequences(schedule: tuple) -> tuple[dict, list, list]:
             other.append({k: v for k, v in vars(step).items() if k != "fallback"})
         elif type(step).__module__.startswith("linop.backends"):
             other.append(repr(step))
-        else:
-            local.append(repr(step))
+        else:  # a node run on the rank: its blocks and boxes (the rank may build it on a smaller space)
+            local.append((type(step).__name__, str(step), repr(getattr(step, "block", None))))
     return messages, local, other
 
 
@@ -84,6 +93,24 @@ TREES = [
         for adjoint in (False, True)
     ),
 ]
+
+
+def _gathers(kind, shape, parts, axes, sizes=()):
+    return kind(DistributedTensor("x", shape, Partition(parts), sizes), axes, "g")
+
+
+GATHERS = [
+    pytest.param(lambda: _gathers(AllGather, (8, 8), (4, 4), 0), id="all-gather-axis-0"),
+    pytest.param(lambda: _gathers(AllGather, (8, 6), (2, 3), (0, 1)), id="all-gather-both-axes"),
+    pytest.param(lambda: _gathers(ReduceScatter, (8, 8), (4, 4), 1), id="reduce-scatter-axis-1"),
+    pytest.param(
+        lambda: _gathers(ReduceScatter, (7, 5), (3, 2), 0, ((3, 0, 4), (2, 3))), id="reduce-scatter-empty-share"
+    ),
+    pytest.param(
+        lambda: _gathers(AllGather, (7, 5), (3, 2), 0, ((3, 0, 4), (2, 3))), id="all-gather-empty-share"
+    ),
+]
+TREES += GATHERS
 
 
 def _bench(name: str, adjoint: bool):

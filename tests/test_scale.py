@@ -43,6 +43,7 @@ CASES = [
     pytest.param("Broadcast (1,s) -> (s,s)", id="broadcast-row"),
     pytest.param("AllReduce axis 0", id="allreduce"),
     pytest.param("Repartition (s,s) -> (2s,s/2)", id="repartition"),
+    pytest.param("AllGather axis 0", id="allgather"),
 ]
 HALO = CASES[:2]
 

@@ -41,12 +41,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..collectives import AllReduce, Broadcast, Planned, SumReduce
+from ..collectives import AllGather, AllReduce, Broadcast, Planned, SumReduce
 from ..halo import HaloExchange, HaloExchangeAdjoint, HaloStage, HaloStageAdjoint
-from ..movement import Copy, CopyAdjoint
+from ..movement import Copy, CopyAdjoint, SendRecv, SendRecvAdjoint
 from ..operator import LinearOperator
+from ..plan import Piece
+from ..primitives import Allocate, Deallocate
 from ..repartition import Repartition
-from ..space import Block, Region
+from ..space import Block, Region, Space
 from .mpi_context import subcommunicator
 from .mpi_datatypes import byte_type, mpi, predefined_type, subarray
 from .mpi_memory import new_array
@@ -633,14 +635,66 @@ def _rank_repartition(op: Repartition, rank: int) -> list[Step] | None:
     return [FastPathStep(_Projected(step, rank, workers))]
 
 
+def _rank_planned(op: Planned, rank: int, pieces: tuple[Piece, ...]) -> list[Step] | None:
+    """A plan between two layouts, for one rank, from the pieces of its blocks
+    (:meth:`~linop.plan.Planned.rank_pieces`): an all-gather as one ``Alltoallw`` (each worker
+    gives its one block and gets its one gathered block, one piece per pair of workers, as the
+    whole plan shows), any other plan as the rank's steps of the expansion (allocate its new
+    block, its pieces in plan order, drop its old block), each on a space of its two blocks."""
+    source, target = op.layouts()  # type: ignore[misc]
+    if not source.partition.ndim:
+        return None
+    note_workers(max(source.partition.max_worker, target.partition.max_worker))
+    domain, range_ = op.domain, op.range
+    if isinstance(op, AllGather):
+        (old,), new = domain.owned(rank) or (None,), range_.owned(rank)
+        sends = tuple(
+            (range_.block(p.target).worker, p.source_start, p.shape)
+            for p in pieces
+            if domain.block(p.source).worker == rank
+        )
+        receives = tuple(
+            (domain.block(p.source).worker, p.target_start, p.shape)
+            for p in pieces
+            if range_.block(p.target).worker == rank
+        )
+        step = _RankAlltoallw(
+            old.name if old is not None else None, old.shape if old is not None else (), new[0] if new else None,
+            sends, receives,
+        )
+        workers = (max(source.partition.max_worker, target.partition.max_worker),)
+        return [FastPathStep(_Projected(step, rank, workers))]
+    steps: list[Step] = []
+    for block in range_.owned(rank):
+        steps.extend(lower(Allocate(Space(), block)))
+    for p in pieces:
+        space = Space([domain.block(p.source), range_.block(p.target)])
+        old_box, new_box = space[p.source][p.source_index()], space[p.target][p.target_index()]
+        remote = old_box.worker != new_box.worker
+        node: LinearOperator
+        if op.ADDS:
+            node = SendRecvAdjoint(new_box, old_box) if remote else CopyAdjoint(new_box, old_box)
+        else:
+            node = SendRecv(old_box, new_box) if remote else Copy(old_box, new_box)
+        steps.extend(lower(node))
+    for block in domain.owned(rank):
+        steps.extend(lower(Deallocate(Space([block]), block.name)))
+    return steps
+
+
 @lowering(Planned)
 def _planned(op: Planned) -> list[Step] | None:
     """A copying plan where every worker gives at most one block and gets at most one, and
     each pair of workers shares at most one piece: one ``Alltoallw`` with subarray datatypes
     (nothing packed by hand). Other plans run their expansion."""
     rank = lowering_rank()
-    if rank is not None and isinstance(op, Repartition):
-        return _rank_repartition(op, rank)
+    if rank is not None:
+        if isinstance(op, Repartition):
+            return _rank_repartition(op, rank)
+        if not len(op.others) and op.layouts() is not None:
+            pieces = op.rank_pieces(rank)
+            if pieces is not None:
+                return _rank_planned(op, rank, pieces)
     plan = op.plan
     if plan.adds:
         return None

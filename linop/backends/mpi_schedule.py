@@ -425,6 +425,10 @@ class _Pending:
 
     def __init__(self) -> None:
         self.by_block: dict[str, list[Footprint]] = {}
+        # per block: the hull of the boxes read, written and added to (a necessary condition of
+        # a conflict, so that a run of steps on disjoint boxes of one block is checked in O(1)
+        # per step instead of against every earlier step)
+        self.hulls: dict[str, list[BlockBox | None]] = {}
         self.opaque = False
         self.empty = True
 
@@ -435,6 +439,27 @@ class _Pending:
             return
         for name in _block_names(footprint):
             self.by_block.setdefault(name, []).append(footprint)
+        for kind, boxes in enumerate((footprint.reads, footprint.writes, footprint.adds)):
+            for box in boxes:
+                hulls = self.hulls.setdefault(box[0], [None, None, None])
+                hulls[kind] = _hull(hulls[kind], box)
+
+    def _may_conflict(self, later: Footprint) -> bool:
+        """False when no hull of the gathered steps meets ``later`` as a conflict would."""
+        empty = (None, None, None)
+        for box in later.reads:  # after writes or adds
+            read, written, added = self.hulls.get(box[0], empty)
+            if _meets(written, box) or _meets(added, box):
+                return True
+        for box in later.writes:  # after reads, writes or adds
+            read, written, added = self.hulls.get(box[0], empty)
+            if _meets(read, box) or _meets(written, box) or _meets(added, box):
+                return True
+        for box in later.adds:  # after reads or writes (adds commute)
+            read, written, added = self.hulls.get(box[0], empty)
+            if _meets(read, box) or _meets(written, box):
+                return True
+        return False
 
     def conflicts(self, later: Footprint) -> bool:
         """True when ``later`` conflicts with any gathered step (see Footprint.conflicts)."""
@@ -442,6 +467,8 @@ class _Pending:
             return False
         if self.opaque or later.opaque:
             return True
+        if not self._may_conflict(later):
+            return False
         seen: set[int] = set()
         for name in _block_names(later):
             for earlier in self.by_block.get(name, ()):
@@ -453,8 +480,26 @@ class _Pending:
 
     def clear(self) -> None:
         self.by_block.clear()
+        self.hulls.clear()
         self.opaque = False
         self.empty = True
+
+
+def _hull(hull: BlockBox | None, box: BlockBox) -> BlockBox:
+    """The smallest box holding ``hull`` and ``box`` (whole-block bounds stay whole)."""
+    if hull is None:
+        return box
+    if hull[1] is None or hull[2] is None or box[1] is None or box[2] is None:
+        return (box[0], None, None)
+    return (
+        box[0],
+        tuple(min(a, b) for a, b in zip(hull[1], box[1])),
+        tuple(max(a, b) for a, b in zip(hull[2], box[2])),
+    )
+
+
+def _meets(hull: BlockBox | None, box: BlockBox) -> bool:
+    return hull is not None and _boxes_overlap(hull, box)
 
 
 def _block_names(footprint: Footprint) -> set[str]:
