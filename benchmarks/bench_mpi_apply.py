@@ -12,18 +12,23 @@ interleaved sample by sample:
 
 - the halo exchange of a 4096 x 4096 float64 array (grid 2 x 1 on 2 ranks, 2 x 2 and 4 x 1 on
   4; kernel 3 and 7, zero padding 1 and 3), forward and adjoint: ``apply(..., inplace=True)``
-  against the bound plan (in place: both write the halos into the caller's arrays; neither
-  copies the bulk);
+  against the bound plan, both on the same array (in place: both write the halos into the
+  caller's array; neither copies the bulk; the bound plan uses requests made once at
+  binding, apply checks every call collectively and then starts persistent requests it made
+  on its first call with that array);
 - 8 MB float64 all-reduce in place: ``apply(..., inplace=True)`` against the bound plan
-  (persistent ``Allreduce_init``) and ``Allreduce(IN_PLACE)``;
+  (persistent ``Allreduce_init``) and ``Allreduce(IN_PLACE)``, all three on the same array;
 - 8 MB broadcast from rank 0: ``apply`` (new result blocks, as an out-of-place call must
   return) against the bound plan (result arrays built once, overwritten by each call) and
   ``Bcast`` into a preallocated buffer;
 - 8 MB sum-reduce onto rank 0: ``apply`` (a new result block) against ``Allreduce`` into a
   preallocated array (and the bound plan).
 
-Each sample times a batch of calls; a sample's time is the maximum over ranks; the table shows
-medians and the ratios apply / reference. Nothing is asserted about speed; results are checked
+For the halo exchange a third line times a bare persistent ``Allreduce`` of the check's vector
+followed by the bound plan: the floor of any application that checks every call collectively
+before moving data (a halo exchange is itself a latency of a few microseconds, about one
+small collective's). Each sample times a batch of calls; a sample's time is the maximum over
+ranks; the table shows medians and the ratios apply / reference. Nothing is asserted about speed; results are checked
 equal to the references first. The load average is printed with the figures.
 """
 
@@ -39,6 +44,7 @@ import numpy as np
 from mpi4py import MPI
 
 from linop.backends import mpi_backend
+from linop.backends.mpi_check import VECTOR_LENGTH
 from linop.collectives import AllReduce, BlockGrid, Broadcast
 from linop.halo import HaloExchange
 from linop.halo_geometry import Kernel, halo_geometry
@@ -88,6 +94,28 @@ def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+class CheckFloor:
+    """A bare persistent ``Allreduce`` (maximum) of a vector the size of the entry check's,
+    then the bound plan: what any application that checks collectively before moving data
+    costs at least (no Python around either)."""
+
+    def __init__(self, bound: Callable[[], object]) -> None:
+        self.bound = bound
+        self.comm = COMM.Dup()
+        self.send = np.zeros(VECTOR_LENGTH, dtype=np.int64)
+        self.received = np.empty_like(self.send)
+        self.request = self.comm.Allreduce_init(self.send, self.received, op=MPI.MAX)
+
+    def __call__(self) -> None:
+        self.request.Start()
+        self.request.Wait()
+        self.bound()
+
+    def free(self) -> None:
+        self.request.Free()
+        self.comm.Free()
+
+
 def halo(ok: list[bool]) -> None:
     for grid in GRIDS.get(SIZE, []):
         for h in (1, 3):
@@ -104,7 +132,13 @@ def halo(ok: list[bool]) -> None:
             adjoint()
             mpi_backend.apply(op.H, applied, comm=COMM, inplace=True)
             ok.append(bool(np.array_equal(applied[block.name], bound_state[block.name])))
+            bound.free()
+            adjoint.free()
+            # timed on the same array (placement changes the time of a message)
+            bound = mpi_backend.plan_for(op, comm=COMM).bind(applied)
+            adjoint = mpi_backend.plan_for(op.H, comm=COMM).bind(applied)
             adjoint_op = op.H
+            floors = CheckFloor(bound), CheckFloor(adjoint)
             before = load()
             forward = bench(
                 {
@@ -112,6 +146,7 @@ def halo(ok: list[bool]) -> None:
                     "apply (checked, in place)": lambda op=op, applied=applied: mpi_backend.apply(
                         op, applied, comm=COMM, inplace=True
                     ),
+                    "floor: check Allreduce + bound": floors[0],
                 },
                 batch=20,
             )
@@ -121,12 +156,18 @@ def halo(ok: list[bool]) -> None:
                     "apply (checked, in place)": lambda op=adjoint_op, applied=applied: mpi_backend.apply(
                         op, applied, comm=COMM, inplace=True
                     ),
+                    "floor: check Allreduce + bound": floors[1],
                 },
                 batch=20,
             )
+            for floor in floors:
+                floor.free()
             bound.free()
             adjoint.free()
-            pair = [("apply (checked, in place)", "bound plan")]
+            pair = [
+                ("apply (checked, in place)", "bound plan"),
+                ("floor: check Allreduce + bound", "bound plan"),
+            ]
             report(f"halo {grid[0]}x{grid[1]} h={h} forward (load {before} -> {load()})", forward, pair)
             report(f"halo {grid[0]}x{grid[1]} h={h} adjoint", backward, pair)
 
@@ -137,11 +178,14 @@ def collectives(ok: list[bool]) -> None:
     layout = BlockGrid.uniform("a", Partition((SIZE,)), (COUNT,))
     all_reduce = AllReduce(layout, (0,))
     start = rng.standard_normal(COUNT) / SIZE
-    mine, bound_state, native = {f"a[{RANK}]": start.copy()}, {f"a[{RANK}]": start.copy()}, start.copy()
+    mine, native = {f"a[{RANK}]": start.copy()}, start.copy()
     mpi_backend.apply(all_reduce, mine, comm=COMM, inplace=True)
     COMM.Allreduce(MPI.IN_PLACE, native)
     ok.append(bool(np.allclose(mine[f"a[{RANK}]"], native, rtol=1e-12, atol=1e-12)))
-    bound = mpi_backend.plan_for(all_reduce, comm=COMM).bind(bound_state)
+    # timed on one zero array (sums stay finite; placement changes the time of an 8 MB call)
+    mine[f"a[{RANK}]"].fill(0)
+    native = mine[f"a[{RANK}]"]
+    bound = mpi_backend.plan_for(all_reduce, comm=COMM).bind(mine)
     before = load()
     times = bench(
         {

@@ -83,19 +83,23 @@ class CompiledPhases:
         self.phases = phases
         self.comm = comm
         self.bindings: dict[tuple[int, ...], _Binding] = {}
-        self._last: _Binding | None = None  # the binding of the previous call
+        self.last: _Binding | None = None  # the binding of the previous call
         _PERSISTENT = (mpi().Prequest.Startall, mpi().Request.Waitall)
 
     def run(self, arrays: Arrays) -> None:
         """Run every phase on ``arrays``: packs, then start the receives and sends and wait
         for them, then the unpacks, adds and clears."""
-        binding = self._last
+        binding = self.last
         if binding is None or not binding.holds(arrays):
             key = tuple(id(a) for a in arrays.values())
             binding = self.bindings.get(key)
             if binding is None or not binding.holds(arrays):
                 binding = self._bind(key, arrays)
-            self._last = binding
+            self.last = binding
+        self.run_bound(arrays, binding)
+
+    def run_bound(self, arrays: Arrays, binding: _Binding) -> None:
+        """:meth:`run` with the binding of these arrays at hand."""
         startall, waitall = _PERSISTENT
         for phase, requests in zip(self.phases, binding.requests):
             for pack in phase.packs:
@@ -112,7 +116,7 @@ class CompiledPhases:
             old.free()
         while len(self.bindings) >= BINDINGS_KEPT:
             self.bindings.pop(next(iter(self.bindings))).free()
-        self._last = None
+        self.last = None
         binding = self.bindings[key] = _Binding(self, key, arrays)
         return binding
 
@@ -120,8 +124,8 @@ class CompiledPhases:
         """Drop a binding whose array is gone (its requests are freed)."""
         if self.bindings.get(key) is binding:
             del self.bindings[key]
-        if self._last is binding:
-            self._last = None
+        if self.last is binding:
+            self.last = None
 
 
 BINDINGS_KEPT = 4
@@ -141,6 +145,7 @@ class _Binding:
     def __init__(self, owner: CompiledPhases, key: tuple[int, ...], arrays: Arrays) -> None:
         comm = owner.comm
         lib = mpi()
+        self.names = tuple(arrays)
         self.refs = [weakref.ref(a) for a in arrays.values()]
         self.layout = [(a.shape, a.strides, a.dtype.char) for a in arrays.values()]
         self.requests: list[list[Any]] = []
@@ -177,6 +182,8 @@ class _Binding:
                 and array.shape == shape
                 and array.dtype.char == char
             )
+        if tuple(arrays) != self.names:  # the same objects under other names are not the same
+            return False
         for ref, (shape, strides, char), array in zip(self.refs, self.layout, arrays.values()):
             if ref() is not array or array.strides != strides or array.dtype.char != char:
                 return False
@@ -296,10 +303,12 @@ def _clear(name: str, index: tuple[Any, ...]) -> Step:
 class _PlanLayouts:
     """The compiled in-place schedules of one plan, by layout (None: not compilable)."""
 
-    __slots__ = ("by_layout",)
+    __slots__ = ("by_layout", "last")
 
     def __init__(self) -> None:
         self.by_layout: dict[tuple[Any, ...], CompiledPhases | None] = {}
+        self.last: tuple[np.dtype, CompiledPhases, _Binding] | None = None
+        """The run dtype, schedule and binding of the previous in-place call (on a dict)."""
 
     def compiled(self, plan: DistributedPlan, arrays: Arrays, dtype: np.dtype) -> CompiledPhases | None:
         if len(arrays) == 1:  # the common case: one block, the layout read cheaply
@@ -313,6 +322,7 @@ class _PlanLayouts:
             pass
         if len(self.by_layout) >= _LAYOUTS_KEPT:
             self.by_layout.clear()
+            self.last = None
         found = self.by_layout[key] = compile_phases(plan.schedule, arrays, dtype, plan.comm)
         return found
 
@@ -335,6 +345,15 @@ def checked_apply(
     """
     outcome = plan.agree(state, inplace=inplace, dtype=dtype)
     run_dtype = outcome.result()
+    if inplace and outcome.cast is None:  # the previous call's arrays again: run their requests
+        layouts = plan.entry.extension
+        last = layouts.last if layouts is not None else None
+        if last is not None and last[0] is run_dtype and last[2].holds(state):
+            try:
+                last[1].run_bound(state, last[2])
+            except BaseException as error:  # the ranks are committed: see mpi_guard
+                abort_for(plan.comm, f"applying {plan.op}", error)
+            return state
     if inplace:
         cast_to = outcome.cast
         if cast_to is None:
@@ -349,6 +368,8 @@ def checked_apply(
                 compiled = layouts.compiled(plan, arrays, run_dtype)
                 if compiled is not None:
                     compiled.run(arrays)
+                    if compiled.last is not None and arrays is state:
+                        layouts.last = (run_dtype, compiled, compiled.last)
                     return state
             except BaseException as error:  # the ranks are committed: see mpi_guard
                 abort_for(plan.comm, f"applying {plan.op}", error)

@@ -276,3 +276,27 @@ def test_persistent_requests_follow_the_array_objects():
         result = mpi_backend.apply(op, local, comm=COMM, inplace=True)
         problem = problem or same_blocks(result, expected, tuple(local))
     collective_assert(problem is None, str(problem))
+
+
+@pytest.mark.skipif(SIZE == 1, reason="the move between the workers needs two ranks")
+def test_the_same_arrays_under_swapped_names_are_not_the_same_binding():
+    """Rank 0 holds blocks a and b (one shape): its arrays passed again with the names
+    swapped (and the dict in an order that lists the objects as before) move by name."""
+    from linop import Block, SendRecv, Space
+
+    space = Space([Block("a", (3, 4), 0), Block("b", (3, 4), 0), Block("y", (3, 4), LAST)])
+    op = SendRecv(space["y"][2:3, :], space["b"][0:1, :]) @ SendRecv(space["a"][1:2, :], space["y"][0:1, :])
+    mine = _own(op, space.random(31))
+    problem = None
+    for call in range(4):
+        local = mine
+        if RANK == 0 and call % 2:
+            first, second = mine["a"], mine["b"]
+            local = {"b": first, "a": second}  # the objects in the same order, names swapped
+        current: dict[str, np.ndarray] = {}
+        for part in COMM.allgather({n: a.copy() for n, a in local.items()}):
+            current.update(part)
+        expected = op(current)
+        result = mpi_backend.apply(op, local, comm=COMM, inplace=True)
+        problem = problem or same_blocks(result, expected, tuple(local))
+    collective_assert(problem is None, str(problem))
