@@ -319,10 +319,10 @@ def gathered_layout(tensor: DistributedTensor, axes: Sequence[int] | int, name: 
         If an axis is out of range or listed twice.
     """
     axes = sorted_axes("gathered_layout", axes, tensor.partition)
-    shapes = []
-    for index in tensor.partition.indices():
-        start, stop = tensor.box(index)
-        shapes.append(
-            tuple(tensor.global_shape[d] if d in axes else b - a for d, (a, b) in enumerate(zip(start, stop)))
-        )
-    return BlockGrid(name, tensor.partition, tuple(shapes))
+    # per dimension, the extent of each grid coordinate (the whole extent along ``axes``); their
+    # product runs in C order of grid index
+    extents = [
+        (n,) * len(sizes) if d in axes else sizes
+        for d, (n, sizes) in enumerate(zip(tensor.global_shape, tensor.sizes))
+    ]
+    return BlockGrid(name, tensor.partition, tuple(itertools.product(*extents)))
