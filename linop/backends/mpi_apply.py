@@ -343,8 +343,16 @@ def checked_apply(
     TreeMismatchError, CommunicatorError, DistributedStateError, UnsupportedNodeError
         On every rank together, before any data moves.
     """
-    outcome = plan.agree(state, inplace=inplace, dtype=dtype)
-    run_dtype = outcome.result()
+    if plan.context.freed:
+        plan.agree(state, inplace=inplace, dtype=dtype)  # raises the freed communicator's error
+    try:
+        outcome = plan.entry.run(state, inplace=inplace, dtype=dtype)
+    except BaseException as error:  # a rank failing here would leave the others waiting
+        abort_for(plan.comm, f"checking {plan.op}", error)
+    if outcome.error is not None:
+        raise outcome.error
+    run_dtype = outcome.dtype
+    assert run_dtype is not None
     if inplace and outcome.cast is None:  # the previous call's arrays again: run their requests
         layouts = plan.entry.extension
         last = layouts.last if layouts is not None else None
