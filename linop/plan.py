@@ -173,7 +173,8 @@ class Planned(LinearOperator):
 
     def layouts(self) -> tuple[Any, Any] | None:
         """The (source, target) layouts when the node consumes one layout's blocks and produces
-        another's (each a :class:`~linop.layout.Layout`), else None."""
+        another's (each a :class:`~linop.layout.Layout`, or one :class:`~linop.Block`: a
+        scatter's root), else None."""
         return None
 
     def rank_pieces(self, rank: int) -> tuple[Piece, ...] | None:
@@ -190,10 +191,9 @@ class Planned(LinearOperator):
         kind = type(self).__name__
         layouts = self.layouts()
         if layouts is not None and not len(self.others):
-            source, target = (layout.space for layout in layouts)
-            if isinstance(source, GridSpace) and isinstance(target, GridSpace) and source.prefix != target.prefix:
-                # two grids with different prefixes share no block name: the spaces are the
-                # layouts' own, described by their rules (no P-block union built)
+            source, target = (Space([x]) if isinstance(x, Block) else x.space for x in layouts)
+            if _disjoint(source, target):
+                # the spaces are the layouts' own, described by their rules (no P-block union)
                 object.__setattr__(self, "_domain", source)
                 object.__setattr__(self, "_range", target)
                 return
@@ -220,6 +220,18 @@ class Planned(LinearOperator):
     def expand(self) -> LinearOperator:
         """The plan in primitives (see :meth:`MovementPlan.expand`)."""
         return self.plan.expand(self.domain)
+
+
+def _disjoint(a: Space, b: Space) -> bool:
+    """True when two spaces, at least one a grid, share no block name (found without listing
+    a grid's blocks: two grids with different prefixes share none); False when not sure."""
+    if isinstance(a, GridSpace) and isinstance(b, GridSpace):
+        return a.prefix != b.prefix
+    if isinstance(b, GridSpace) and len(a) <= 8:
+        return not any(name in b for name in a.names)
+    if isinstance(a, GridSpace) and len(b) <= 8:
+        return not any(name in a for name in b.names)
+    return False
 
 
 NO_OTHERS = Space()

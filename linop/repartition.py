@@ -236,12 +236,23 @@ class _RootGeometry(Planned):
             )
         self._validate()
 
+    def _scatter_piece(self, index: tuple[int, ...]) -> Piece | None:
+        block = self.tensor.block(index)
+        return make_piece(self.root, self.tensor.box(index)[0], block, origin(block), block.shape)
+
     def _scatter_pieces(self) -> tuple[Piece, ...]:
-        items = []
-        for index in self.tensor.partition.indices():
-            block = self.tensor.block(index)
-            items.append(make_piece(self.root, self.tensor.box(index)[0], block, origin(block), block.shape))
-        return nonempty_pieces(items)
+        return nonempty_pieces(self._scatter_piece(index) for index in self.tensor.partition.indices())
+
+    def rank_pieces(self, rank: int) -> tuple[Piece, ...]:
+        """The pieces of ``rank``'s blocks in plan order: every piece on the root's worker, the
+        piece of its own block on any other (O(1) off the root)."""
+        if rank == self.root.worker:
+            pieces = self._scatter_pieces()
+        elif self.tensor.partition.position(rank) is not None:
+            pieces = nonempty_pieces([self._scatter_piece(self.tensor.partition.index(rank))])
+        else:
+            pieces = ()
+        return tuple(p.reversed() for p in pieces) if isinstance(self, Gather) else pieces
 
 
 @dataclass(frozen=True, eq=True, repr=False)
@@ -283,6 +294,9 @@ class Scatter(_RootGeometry):
 
     def _targets(self) -> tuple[Block, ...]:
         return self.tensor.blocks
+
+    def layouts(self) -> tuple[Block, DistributedTensor]:
+        return self.root, self.tensor
 
     def _pieces(self) -> tuple[Piece, ...]:
         return self._scatter_pieces()
@@ -332,6 +346,9 @@ class Gather(_RootGeometry):
 
     def _targets(self) -> tuple[Block, ...]:
         return (self.root,)
+
+    def layouts(self) -> tuple[DistributedTensor, Block]:
+        return self.tensor, self.root
 
     def _pieces(self) -> tuple[Piece, ...]:
         return tuple(p.reversed() for p in self._scatter_pieces())

@@ -18,11 +18,14 @@ import pytest
 
 from linop import (
     AllGather,
+    Block,
     DistributedTensor,
+    Gather,
     HaloExchange,
     Kernel,
     Partition,
     ReduceScatter,
+    Scatter,
     halo_geometry,
     halo_windows,
 )
@@ -111,6 +114,18 @@ GATHERS = [
     ),
 ]
 TREES += GATHERS
+
+
+def _root(kind, worker, sizes=()):
+    return kind(Block("r", (7, 5), worker), DistributedTensor("x", (7, 5), Partition((3, 2)), sizes))
+
+
+TREES += [
+    pytest.param(lambda: _root(Scatter, 0), id="scatter-root-0"),
+    pytest.param(lambda: _root(Scatter, 4, ((3, 0, 4), (2, 3))), id="scatter-root-4-empty-share"),
+    pytest.param(lambda: _root(Gather, 2), id="gather-root-2"),
+    pytest.param(lambda: _root(Gather, 7, ((3, 0, 4), (5, 0))), id="gather-root-outside-empty-share"),
+]
 
 
 def _bench(name: str, adjoint: bool):

@@ -47,7 +47,7 @@ from ..movement import Copy, CopyAdjoint, SendRecv, SendRecvAdjoint
 from ..operator import LinearOperator
 from ..plan import Piece
 from ..primitives import Allocate, Deallocate
-from ..repartition import Repartition
+from ..repartition import Gather, Repartition, Scatter
 from ..space import Block, Region, Space
 from .mpi_context import subcommunicator
 from .mpi_datatypes import byte_type, mpi, predefined_type, subarray
@@ -635,6 +635,42 @@ def _rank_repartition(op: Repartition, rank: int) -> list[Step] | None:
     return [FastPathStep(_Projected(step, rank, workers))]
 
 
+def _alltoallw_step(op: Planned, rank: int, pieces: tuple[Piece, ...], largest: int) -> FastPathStep:
+    """The rank's ``Alltoallw`` from the pieces of its blocks (in plan order): its one old
+    block's boxes sent, its one new block's boxes received."""
+    domain, range_ = op.domain, op.range
+    (old,), new = domain.owned(rank) or (None,), range_.owned(rank)
+    sends = tuple(
+        (range_.block(p.target).worker, p.source_start, p.shape)
+        for p in pieces
+        if domain.block(p.source).worker == rank
+    )
+    receives = tuple(
+        (domain.block(p.source).worker, p.target_start, p.shape)
+        for p in pieces
+        if range_.block(p.target).worker == rank
+    )
+    step = _RankAlltoallw(
+        old.name if old is not None else None,
+        old.shape if old is not None else (),
+        new[0] if new else None,
+        sends,
+        receives,
+    )
+    return FastPathStep(_Projected(step, rank, (largest,)))
+
+
+def _rank_root(op: Scatter | Gather, rank: int) -> list[Step] | None:
+    """A scatter or gather without pass-through blocks is one ``Alltoallw`` (the root's worker
+    gives or gets its one block, every other worker one piece): the root's worker sends or
+    receives every piece, any other rank its own."""
+    if len(op.others) or not op.root.ndim:
+        return None
+    largest = max(op.tensor.partition.max_worker, op.root.worker)
+    note_workers(largest)
+    return [_alltoallw_step(op, rank, op.rank_pieces(rank), largest)]
+
+
 def _rank_planned(op: Planned, rank: int, pieces: tuple[Piece, ...]) -> list[Step] | None:
     """A plan between two layouts, for one rank, from the pieces of its blocks
     (:meth:`~linop.plan.Planned.rank_pieces`): an all-gather as one ``Alltoallw`` (each worker
@@ -647,23 +683,8 @@ def _rank_planned(op: Planned, rank: int, pieces: tuple[Piece, ...]) -> list[Ste
     note_workers(max(source.partition.max_worker, target.partition.max_worker))
     domain, range_ = op.domain, op.range
     if isinstance(op, AllGather):
-        (old,), new = domain.owned(rank) or (None,), range_.owned(rank)
-        sends = tuple(
-            (range_.block(p.target).worker, p.source_start, p.shape)
-            for p in pieces
-            if domain.block(p.source).worker == rank
-        )
-        receives = tuple(
-            (domain.block(p.source).worker, p.target_start, p.shape)
-            for p in pieces
-            if range_.block(p.target).worker == rank
-        )
-        step = _RankAlltoallw(
-            old.name if old is not None else None, old.shape if old is not None else (), new[0] if new else None,
-            sends, receives,
-        )
-        workers = (max(source.partition.max_worker, target.partition.max_worker),)
-        return [FastPathStep(_Projected(step, rank, workers))]
+        largest = max(source.partition.max_worker, target.partition.max_worker)
+        return [_alltoallw_step(op, rank, pieces, largest)]
     steps: list[Step] = []
     for block in range_.owned(rank):
         steps.extend(lower(Allocate(Space(), block)))
@@ -691,6 +712,8 @@ def _planned(op: Planned) -> list[Step] | None:
     if rank is not None:
         if isinstance(op, Repartition):
             return _rank_repartition(op, rank)
+        if isinstance(op, (Scatter, Gather)):
+            return _rank_root(op, rank)
         if not len(op.others) and op.layouts() is not None:
             pieces = op.rank_pieces(rank)
             if pieces is not None:
