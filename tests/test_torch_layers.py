@@ -171,3 +171,38 @@ def test_float32_parameters_with_float64_input_compute_in_float64():
     sum(v.sum() for v in outputs.values()).backward()
     assert all(p.grad.dtype == torch.float32 for p in module.parameters())
     assert all(v.grad.dtype == torch.float64 for v in inputs.values())
+
+
+@pytest.mark.parametrize("kind", ["convolution", "affine"])
+def test_complex_layers_give_torch_autograds_gradients(kind):
+    """complex128 data and parameters: the module's explicit backward of its local products
+    (conjugated operands) equals torch autograd through the same layer in one piece."""
+    rng = np.random.default_rng(5)
+
+    def draw(*shape):
+        return rng.standard_normal(shape) + 1j * rng.standard_normal(shape)
+
+    if kind == "convolution":
+        x = DistributedTensor("x", (1, 2, 6, 5), Partition((1, 1, 2, 1)))
+        layer = Convolution(x, 3, Kernel(3, padding=1))
+        reference = lambda data, w, b: torch.nn.functional.conv2d(data, w, b, padding=1)  # noqa: E731
+    else:
+        x = DistributedTensor("x", (3, 4), Partition((1, 2)))
+        layer = Affine(x, 2, workers=Partition((1, 2)))
+        reference = torch.nn.functional.linear
+    w, b = draw(*layer.weights.global_shape), draw(*layer.bias.global_shape)
+    data, dy = draw(*x.global_shape), draw(*layer.y.global_shape)
+    module = LayerModule(layer, weights=w, bias=b, dtype=torch.complex128)
+    inputs = {k: torch.from_numpy(v).requires_grad_() for k, v in x.scatter(data).items()}
+    outputs = module(inputs)
+    dys = layer.y.scatter(dy)
+    sum((v * torch.from_numpy(dys[k]).conj()).real.sum() for k, v in outputs.items()).backward()
+
+    tensors = [torch.from_numpy(a).requires_grad_() for a in (data, w, b)]
+    out = reference(*tensors)
+    (out * torch.from_numpy(dy).conj()).real.sum().backward()
+    assert np.allclose(layer.y.gather({k: v.detach().numpy() for k, v in outputs.items()}), out.detach())
+    assert np.allclose(x.gather({k: v.grad.numpy() for k, v in inputs.items()}), tensors[0].grad)
+    parameters = {k: v.grad.numpy() for k, v in module.parameter_state().items()}
+    assert np.allclose(_gather(layer.weights, parameters), tensors[1].grad)
+    assert np.allclose(_gather(layer.bias, parameters), tensors[2].grad)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -46,14 +47,80 @@ from .torch_function import TorchOperator
 
 __all__ = ["LayerModule"]
 
-#: The local product of one worker: (input window, weight copy, bias copy or None) -> partial output.
-LocalProduct = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+Tensor = torch.Tensor
 
 _CONVOLUTIONS = {1: torch.nn.functional.conv1d, 2: torch.nn.functional.conv2d, 3: torch.nn.functional.conv3d}
 
 
+@dataclass(frozen=True)
+class LocalProduct:
+    r"""The product each worker computes, :math:`\tilde y_j = L(\tilde x_j, \tilde\theta_j)`,
+    bilinear in (window, parameters), and its vector-Jacobian product.
+
+    ``forward(window, weight, bias)`` gives the partial output (``bias`` may be None);
+    ``backward(grad, window, weight, bias)`` gives the gradients of the three operands
+    (PyTorch's convention, complex included: :math:`L(\cdot, \theta)^* \bar y` and
+    :math:`L(x, \cdot)^* \bar y`), None for an absent bias.
+    """
+
+    forward: Callable[[Tensor, Tensor, Tensor | None], Tensor]
+    backward: Callable[[Tensor, Tensor, Tensor, Tensor | None], tuple[Tensor, Tensor, Tensor | None]]
+
+
+def _linear_backward(
+    grad: Tensor, x: Tensor, weight: Tensor, bias: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    # y = x W^T + b: dx = g conj(W), dW = g^T conj(x), db = sum of g over the samples
+    return grad @ weight.conj(), grad.mT @ x.conj(), None if bias is None else grad.sum(0)
+
+
+def _autograd_backward(
+    forward: Callable[[Tensor, Tensor, Tensor | None], Tensor],
+    grad: Tensor,
+    window: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    leaves = [t.detach().requires_grad_() for t in (window, weight, bias) if t is not None]
+    with torch.enable_grad():
+        out = forward(leaves[0], leaves[1], leaves[2] if bias is not None else None)
+    grads = torch.autograd.grad(out, leaves, grad)
+    return grads[0], grads[1], grads[2] if bias is not None else None
+
+
+def _convolution(dims: int, stride: tuple[int, ...], dilation: tuple[int, ...]) -> LocalProduct:
+    convolve = _CONVOLUTIONS[dims]
+    zeros = [0] * dims
+
+    def forward(window: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        return convolve(window, weight, bias, stride, 0, dilation)
+
+    def backward(
+        grad: Tensor, window: Tensor, weight: Tensor, bias: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        if window.is_complex():  # torch convolves complex data as real ones: autograd knows how
+            return _autograd_backward(forward, grad, window, weight, bias)
+        # torch's own convolution backward (what autograd runs for real data), called directly
+        dx, dw, db = torch.ops.aten.convolution_backward(
+            grad,
+            window,
+            weight,
+            None if bias is None else list(bias.shape),
+            list(stride),
+            zeros,
+            list(dilation),
+            False,
+            zeros,
+            1,
+            [True, True, bias is not None],
+        )
+        return dx, dw, db if bias is not None else None
+
+    return LocalProduct(forward, backward)
+
+
 def local_product(layer: Any) -> LocalProduct:
-    """The torch function each worker of ``layer`` applies to its window and parameter copies.
+    """The torch product each worker of ``layer`` applies to its window and parameter copies.
 
     Raises
     ------
@@ -62,21 +129,16 @@ def local_product(layer: Any) -> LocalProduct:
         dimensions (torch has ``conv1d`` to ``conv3d``).
     """
     if isinstance(layer, Affine):
-        return torch.nn.functional.linear
+        return LocalProduct(torch.nn.functional.linear, _linear_backward)
     if isinstance(layer, Convolution):
         if layer.dims not in _CONVOLUTIONS:
             raise LayerError(
                 f"LayerModule: a convolution over {layer.dims} spatial dimensions has no torch kernel "
                 "(conv1d to conv3d); run its trees with linop's numpy kernels instead"
             )
-        convolve = _CONVOLUTIONS[layer.dims]
         stride = tuple(layer.kernel.stride[2:])  # type: ignore[index]
         dilation = tuple(layer.kernel.dilation[2:])  # type: ignore[index]
-
-        def correlate(window: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-            return convolve(window, weight, bias, stride, 0, dilation)
-
-        return correlate
+        return _convolution(layer.dims, stride, dilation)
     raise LayerError(f"LayerModule takes a Convolution or an Affine layer, not {type(layer).__name__}")
 
 
@@ -92,17 +154,17 @@ class _LayerFunction(torch.autograd.Function):
         operands = {**windows, **copies}
         dtypes = [t.dtype for t in operands.values()]
         common = functools.reduce(torch.promote_types, dtypes) if dtypes else torch.float64
-        leaves = {name: tensor.detach().to(common).requires_grad_() for name, tensor in operands.items()}
-        partials = {}
-        with torch.enable_grad():
-            for partial, (window, weight, bias) in module.products:
-                partials[partial] = module.product(
-                    leaves[window], leaves[weight], None if bias is None else leaves[bias]
-                )
+        operands = {name: tensor.to(common) for name, tensor in operands.items()}
+        partials = {
+            partial: module.product.forward(
+                operands[window], operands[weight], None if bias is None else operands[bias]
+            )
+            for partial, (window, weight, bias) in module.products
+        }
         outputs = module.reduction.run(partials) if module.reduction is not None else partials
-        ctx.module, ctx.leaves, ctx.partials = module, leaves, partials
+        ctx.module, ctx.operands = module, operands
         ctx.inputs = [(t.dtype, t.shape) for t in tensors]
-        result = tuple(outputs[n].detach() for n in module.output_names)
+        result = tuple(outputs[n] for n in module.output_names)
         return (*result, torch.zeros(0, dtype=torch.float64))  # the last: the token
 
     @staticmethod
@@ -112,16 +174,17 @@ class _LayerFunction(torch.autograd.Function):
         given = dict(zip(module.output_names, grads[:-1]))
         if module.reduction is not None:
             given = module.reduction.run_adjoint(given)
-        names = list(ctx.partials)
-        produced = [ctx.partials[n] for n in names]
-        leaves = list(ctx.leaves.values())
-        local = (
-            torch.autograd.grad(produced, leaves, [given[n] for n in names], allow_unused=True)
-            if produced
-            else ()
-        )
-        back = {name: torch.zeros_like(leaf) for name, leaf in ctx.leaves.items()}  # unused: zero
-        back.update((name, grad) for name, grad in zip(ctx.leaves, local) if grad is not None)
+        operands = ctx.operands
+        back: dict[str, torch.Tensor] = {}
+        for partial, (window, weight, bias) in module.products:
+            local = module.product.backward(
+                given[partial], operands[window], operands[weight], None if bias is None else operands[bias]
+            )
+            for name, gradient in zip((window, weight, bias), local):
+                if name is not None and gradient is not None:
+                    back[name] = back[name] + gradient if name in back else gradient
+        for name, tensor in operands.items():  # an operand no product of this process uses
+            back.setdefault(name, torch.zeros_like(tensor))
         x_grad = module.windows.run_adjoint(back)
         theta_grad = (
             module.copies.run_adjoint(back) if module.copies is not None else module.copy_sum.run(back)
@@ -229,7 +292,7 @@ class LayerModule(torch.nn.Module):
         if self.replicate:  # every process computes the copies it holds (numpy, no communication)
             state = movement(state)
         self.blocks = torch.nn.ParameterList(
-            torch.nn.Parameter(torch.from_numpy(np.array(state[n], dtype=np.float64)).to(dtype))
+            torch.nn.Parameter(torch.from_numpy(np.array(state[n])).to(dtype))
             for n in self.parameter_names
         )
         self._anchor = torch.zeros(0, dtype=torch.float64, requires_grad=True)
