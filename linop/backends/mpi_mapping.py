@@ -86,7 +86,7 @@ class WorkerMap:
     (1, 5, 9, 13)
     """
 
-    __slots__ = ("_ranks", "_pairs", "_by_rank", "_hash")
+    __slots__ = ("_by_rank", "_hash", "_pairs", "_ranks")
 
     def __init__(self, ranks: Sequence[int] | Mapping[int, int]) -> None:
         if isinstance(ranks, Mapping):
@@ -179,7 +179,7 @@ class WorkerMap:
 
 
 def _natural(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 0
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and bool(value >= 0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -135,7 +135,9 @@ class DistributedPlan:
                 self.range_names = tuple(b.name for b in op.range.owned(context.rank))
         self.entry = EntryCheck(op, self.fingerprint, context.comm, self.domain_blocks, self.problem)
 
-    def _init_mapped(self, op: LinearOperator, context: CommContext, mapping: WorkerMap | WorkerMapError) -> None:
+    def _init_mapped(
+        self, op: LinearOperator, context: CommContext, mapping: WorkerMap | WorkerMapError
+    ) -> None:
         """A plan under a worker-to-rank map (:mod:`linop.backends.mpi_mapping`); a map that
         could not be built (``mapping`` is its error) is reported by the check on every rank."""
         tree = fingerprint(op)
