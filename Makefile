@@ -33,7 +33,7 @@ bench: $(STAMP)
 			benchmarks/bench_torch.py benchmarks/bench_scale.py; do \
 		$(PY) $$script || exit 1; done
 	$(PY) benchmarks/bench_layers.py --proof
-	for ranks in 2 4; do for script in benchmarks/bench_mpi_halo.py benchmarks/bench_mpi_collectives.py \
+	for ranks in 2 4; do for script in benchmarks/bench_mpi_halo.py benchmarks/bench_mpi_collectives.py benchmarks/bench_mpi_apply.py \
 			benchmarks/bench_mpi_torch.py benchmarks/bench_algorithms.py benchmarks/bench_dad.py; do \
 		$(VENV)/bin/mpiexec -n $$ranks $(PY) $$script || exit 1; done; done
 	$(VENV)/bin/mpiexec -n 4 $(PY) benchmarks/bench_layers.py

@@ -20,8 +20,9 @@ its parameter copies. The backward pass is therefore
     \bar x = W^{*} \bar{\tilde x}, \qquad \bar\theta = M^{*} \bar{\tilde\theta}
 
 The three movements are operator trees, run (and their adjoints derived by rules) by linop; the
-local products run in torch (its own kernels and their backward), so that the module costs what
-the same layer written with torch and mpi4py costs. The movements' trees are built once, at
+local products run in torch (its own kernels and their backward), so that the compute is
+torch's own and what the module adds to a hand-written torch + mpi4py layer is the per-call
+cost of running the movements' plans (``benchmarks/bench_mpi_torch.py``). The movements' trees are built once, at
 construction; under MPI (``comm=...``) each is compiled once and bound on first use, forward and
 adjoint, so a training loop pays no per-call planning. The layer's ``input_operator`` and
 ``parameter_operator`` are the same algorithm with numpy kernels, as whole trees: those are what

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -12,11 +13,16 @@ from mpi4py import MPI
 
 from linop import LinearOperator, Space
 
+LONG = os.environ.get("LINOP_LONG") == "1"
 
-def spmd(max_examples: int) -> settings:
+
+def spmd(max_examples: int, *, long: int | None = None) -> settings:
     """Hypothesis settings under which every rank draws the same examples and takes the same
     path: derandomized, no database, and no timing-based health check (under load one rank
-    alone could fail it, leaving the others waiting in a collective)."""
+    alone could fail it, leaving the others waiting in a collective). ``long``: the number of
+    examples with ``LINOP_LONG=1`` (default ``max_examples``)."""
+    if LONG and long is not None:
+        max_examples = long
     return settings(
         derandomize=True,
         database=None,

@@ -22,7 +22,7 @@ from linop.backends import mpi_backend
 COMM = MPI.COMM_WORLD
 SIZE = COMM.size
 LAST = SIZE - 1
-SPMD = spmd(max_examples=40)
+SPMD = spmd(max_examples=20, long=80)
 
 
 @SPMD

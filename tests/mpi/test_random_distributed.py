@@ -22,7 +22,7 @@ from verify.strategies_halo import kernels
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.rank, COMM.size
-SPMD = spmd(max_examples=25)
+SPMD = spmd(max_examples=12, long=50)
 
 
 @st.composite

@@ -57,7 +57,7 @@ def test_cross_check_passes(index):
     collective_assert(bool(cross_check(op, dtype=np.complex128)), "complex cross-check")
 
 
-@spmd(max_examples=15)
+@spmd(max_examples=8, long=30)
 @given(movement_trees(SIZE))
 def test_random_trees_pass_both(op):
     collective_assert(bool(cross_check(op)), "cross-check")
