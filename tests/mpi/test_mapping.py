@@ -173,7 +173,7 @@ def test_in_place_and_bound_halo_exchange():
     collective_assert(same_blocks(result, twice, names) is None, "bound plan, two calls")
 
 
-@spmd(max_examples=20)
+@spmd(max_examples=8, long=30)
 @given(movement_trees(WORKERS))
 def test_random_trees(op):
     for name, mapping in MAPS.items():
