@@ -42,6 +42,8 @@ from .errors import (
     UnknownBlockError,
     UnsupportedNodeError,
     WorkerError,
+    WorkerMapError,
+    WorkerMapMismatchError,
 )
 from .halo import (
     HaloExchange,
@@ -164,6 +166,8 @@ __all__ = [
     "UnknownBlockError",
     "UnsupportedNodeError",
     "WorkerError",
+    "WorkerMapError",
+    "WorkerMapMismatchError",
     "Zero",
     "aslinearoperator",
     "balanced_sizes",

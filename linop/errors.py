@@ -42,6 +42,8 @@ __all__ = [
     "MPIError",
     "TreeMismatchError",
     "CommunicatorError",
+    "WorkerMapError",
+    "WorkerMapMismatchError",
     "DistributedStateError",
     "AccountingError",
     "PlotError",
@@ -155,6 +157,15 @@ class TreeMismatchError(MPIError, ValueError):
 
 class CommunicatorError(MPIError, ValueError):
     """The communicator does not cover the tree's workers (too few ranks)."""
+
+
+class WorkerMapError(CommunicatorError):
+    """A worker-to-rank map is invalid for the tree or the communicator (a worker of the tree
+    unmapped, a rank out of range, a malformed entry); the message names the worker."""
+
+
+class WorkerMapMismatchError(TreeMismatchError):
+    """The ranks hold the same tree but different worker-to-rank maps."""
 
 
 class DistributedStateError(MPIError, StateError):

@@ -34,23 +34,24 @@ a time loop): it checks once, then builds persistent requests on the caller's ar
 (:mod:`linop.backends.mpi_bound`).
 
 Communicators: linop works on a private duplicate of the user's communicator, freed when the
-user frees theirs (:mod:`linop.backends.mpi_context`). Worker-to-rank mapping: identity. To
-place workers elsewhere, build the tree on the ranks you want (e.g. ``Partition(shape,
-workers=...)``) or pass a communicator whose rank order is the mapping (``comm.Split(0,
-key=...)``).
+user frees theirs (:mod:`linop.backends.mpi_context`). Worker-to-rank mapping: identity by
+default; ``mapping=`` (:class:`~linop.backends.mpi_mapping.WorkerMap`) places any worker on any
+rank, several workers per rank included (transfers between workers of one rank become local
+copies; the fast paths give way to the point-to-point expansion, see
+:mod:`linop.backends.mpi_mapping`).
 
 mpi4py is imported only when a function of this module runs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import LinopError
+from ..errors import LinopError, WorkerMapError
 from ..operator import LinearOperator
 from ..space import State
 from . import (
@@ -60,11 +61,15 @@ from . import (
 from .mpi_apply import checked_apply
 from .mpi_bound import BoundPlan
 from .mpi_check import DTYPE_CHARS
-from .mpi_context import PLAN_CACHE_SIZE, CommunicatorArgumentError, context_for
+from .mpi_context import PLAN_CACHE_SIZE, CommunicatorArgumentError, PlanCache, context_for
 from .mpi_datatypes import PACK_BELOW, mpi
 from .mpi_guard import Guard, abort_for, guard, install_excepthook
+from .mpi_mapping import WorkerMap
 from .mpi_plan import DistributedPlan
 from .mpi_schedule import lowering
+
+MappingLike = WorkerMap | Sequence[int] | Mapping[int, int]
+"""What ``mapping=`` accepts: a :class:`WorkerMap`, ``ranks[w]`` per worker, or worker -> rank."""
 
 __all__ = [
     "apply",
@@ -75,6 +80,7 @@ __all__ = [
     "Guard",
     "install_excepthook",
     "lowering",
+    "WorkerMap",
     "CommunicatorArgumentError",
     "DTYPE_CHARS",
     "PACK_BELOW",
@@ -82,7 +88,7 @@ __all__ = [
 ]
 
 
-def plan_for(op: LinearOperator, *, comm: Any = None) -> DistributedPlan:
+def plan_for(op: LinearOperator, *, comm: Any = None, mapping: MappingLike | None = None) -> DistributedPlan:
     """The plan of ``op`` on ``comm`` (default ``MPI.COMM_WORLD``), compiled once and cached.
 
     Compiling is local (no communication), except that the first use of a communicator
@@ -93,6 +99,13 @@ def plan_for(op: LinearOperator, *, comm: Any = None) -> DistributedPlan:
     same types (``==`` alone would take ``2 * A`` for ``2.0 * A``, whose results have another
     dtype).
 
+    ``mapping`` (a :class:`~linop.backends.mpi_mapping.WorkerMap`, a sequence ``ranks[w]`` or a
+    dict of worker to rank; default worker ``w`` on rank ``w``) places the tree's workers on
+    the ranks, several per rank if need be (:mod:`linop.backends.mpi_mapping`). A map that is
+    malformed, leaves a worker of the tree out, names a rank the communicator lacks or differs
+    between ranks fails the first application's check on every rank
+    (:class:`~linop.errors.WorkerMapError`, :class:`~linop.errors.WorkerMapMismatchError`).
+
     Raises
     ------
     CommunicatorArgumentError
@@ -102,6 +115,8 @@ def plan_for(op: LinearOperator, *, comm: Any = None) -> DistributedPlan:
     """
     try:
         context = context_for(comm)
+        if mapping is not None:
+            return _mapped_plan(op, context, mapping)
         plan = context.plans.get(op)
         if plan is None:
             plan = context.plans.put(op, DistributedPlan(op, context))
@@ -110,6 +125,22 @@ def plan_for(op: LinearOperator, *, comm: Any = None) -> DistributedPlan:
         raise
     except BaseException as error:  # anything else here may leave the other ranks waiting
         _abort(comm, f"compiling {op}", error)
+
+
+def _mapped_plan(op: LinearOperator, context: Any, mapping: MappingLike) -> DistributedPlan:
+    try:
+        worker_map = WorkerMap.of(mapping)
+    except WorkerMapError as error:  # reported by the check on every rank (maps may differ)
+        return DistributedPlan(op, context, error)
+    cache = context.mapped_plans.get(worker_map)
+    if cache is None:
+        if len(context.mapped_plans) >= PLAN_CACHE_SIZE:  # the oldest map's plans out
+            context.mapped_plans.pop(next(iter(context.mapped_plans)))
+        cache = context.mapped_plans[worker_map] = PlanCache()
+    plan = cache.get(op)
+    if plan is None:
+        plan = cache.put(op, DistributedPlan(op, context, worker_map))
+    return plan
 
 
 _LAST_PLAN: tuple[LinearOperator, Any, DistributedPlan] | None = None
@@ -122,6 +153,7 @@ def apply(
     comm: Any = None,
     inplace: bool = False,
     dtype: npt.DTypeLike | None = None,
+    mapping: MappingLike | None = None,
 ) -> State:
     """Apply ``op`` across the ranks of ``comm``; collective.
 
@@ -130,15 +162,18 @@ def apply(
     op : LinearOperator
         The same tree on every rank.
     local_state : dict of str to array
-        The blocks of ``op.domain`` that this rank owns (worker == rank), and no others.
+        The blocks of ``op.domain`` that this rank owns (those of its workers), and no others.
     comm : mpi4py communicator, optional
-        Default ``MPI.COMM_WORLD``; it must have more ranks than the tree's largest worker.
+        Default ``MPI.COMM_WORLD``; it must have more ranks than the tree's largest worker
+        (under ``mapping``: than the largest rank the map uses).
     inplace : bool, optional
         Write the result into the caller's arrays (domain must equal range; one array per
         block).
     dtype : dtype, optional
         Dtype of newly allocated blocks; default the run's dtype: the common dtype of all
         ranks' blocks and the tree's scalars (data moves between ranks in the run's dtype).
+    mapping : WorkerMap, sequence of int or dict of int to int, optional
+        The rank of each worker (default: worker ``w`` on rank ``w``); see :func:`plan_for`.
 
     Returns
     -------
@@ -149,11 +184,20 @@ def apply(
     ------
     TreeMismatchError, CommunicatorError, DistributedStateError, UnsupportedNodeError
         On every rank together, before any data moves.
+    WorkerMapError, WorkerMapMismatchError
+        A bad ``mapping`` (see :func:`plan_for`), on every rank together.
     CommunicatorArgumentError
         ``comm`` is not an mpi4py communicator (raised before any communication).
     """
     global _LAST_PLAN
     try:
+        if mapping is not None:
+            plan = plan_for(op, comm=comm, mapping=mapping)
+            if _plain(local_state):
+                return checked_apply(plan, local_state, inplace=inplace, dtype=dtype)
+            entry = array_api.mpi_entry(local_state)
+            result = checked_apply(plan, entry.arrays, inplace=inplace, dtype=dtype)
+            return entry.result(result, inplace=inplace)
         if _plain(local_state):
             last = _LAST_PLAN  # a loop applying one tree: its plan without a cache lookup
             if last is not None and last[0] is op and last[1] is comm and not last[2].context.freed:

@@ -45,6 +45,7 @@ from ..errors import (
     IntegerOverflowError,
     LinopError,
     TreeMismatchError,
+    WorkerMapMismatchError,
 )
 from ..operator import LinearOperator
 from ..space import Block
@@ -199,9 +200,12 @@ class EntryCheck:
         comm: Intracomm,
         domain_blocks: dict[str, Block],
         problem: LinopError | None,
+        *,
+        tree_fingerprint: bytes | None = None,
     ) -> None:
         self.op = op
         self.fingerprint = fingerprint
+        self.tree_fingerprint = fingerprint if tree_fingerprint is None else tree_fingerprint
         self.comm = comm
         self.rank = comm.Get_rank()
         self.domain_blocks = domain_blocks
@@ -465,15 +469,20 @@ class EntryCheck:
         return self._growth
 
     def _collective_error(self, same_tree: bool, problem: Problem | None) -> LinopError:
-        reports = self.comm.allgather((self.fingerprint, problem))
+        reports = self.comm.allgather((self.fingerprint, problem, self.tree_fingerprint))
         if not same_tree:
             reference = reports[0][0]
-            others = [r for r, (fp, _) in enumerate(reports) if fp != reference]
+            others = [r for r, (fp, _, _) in enumerate(reports) if fp != reference]
+            if all(tree == reports[0][2] for _, _, tree in reports):  # one tree, other worker maps
+                return WorkerMapMismatchError(
+                    f"the ranks hold different worker-to-rank maps for {self.op}: rank(s) {others} "
+                    "differ from rank 0 (every rank must pass the same mapping=)"
+                )
             return TreeMismatchError(
                 f"the ranks hold different operator trees: rank(s) {others} differ from rank 0 "
                 "(every rank must build the same tree)"
             )
-        faults = [p for _, p in reports if p is not None]
+        faults = [p for _, p, _ in reports if p is not None]
         message, kind = faults[0]
         if self.problem is not None:
             return kind(message)

@@ -121,6 +121,7 @@ class CommContext:
         self.rank: int = self.comm.Get_rank()
         self.size: int = self.comm.Get_size()
         self.plans: PlanCache[Any] = PlanCache()
+        self.mapped_plans: dict[Any, PlanCache[Any]] = {}  # per worker map (mpi_backend)
         self.freed = False
         _OPEN.add(id(self))
 
@@ -137,6 +138,7 @@ class CommContext:
         self.freed = True
         _OPEN.discard(id(self))
         self.plans.clear()
+        self.mapped_plans.clear()
         for _, sub in sorted(_SUBCOMMS.pop(self.comm.py2f(), {}).items()):
             sub.Free()
         release_reducer(self.comm)

@@ -15,6 +15,7 @@ message (:func:`linop.backends.mpi_guard.abort_for`), since its peers may be wai
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -22,13 +23,14 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import dtypes
-from ..errors import CommunicatorError, IntegerOverflowError, LinopError, UnsupportedNodeError
+from ..errors import CommunicatorError, IntegerOverflowError, LinopError, UnsupportedNodeError, WorkerMapError
 from ..operator import LinearOperator
 from ..space import Block, State
-from . import array_api, numpy_backend
+from . import array_api, mpi_mapping, numpy_backend
 from .mpi_check import CheckOutcome, DistributedOverflowError, EntryCheck
 from .mpi_context import PlanCache
 from .mpi_guard import abort_for
+from .mpi_mapping import WorkerMap
 from .mpi_runtime import run_schedule
 from .mpi_schedule import Program, RankProgram, compile_for_rank, compile_program, fingerprint
 
@@ -105,16 +107,22 @@ class DistributedPlan:
     reported by the first application's check, on every rank alike.
     """
 
-    def __init__(self, op: LinearOperator, context: CommContext) -> None:
+    def __init__(
+        self, op: LinearOperator, context: CommContext, mapping: WorkerMap | WorkerMapError | None = None
+    ) -> None:
         self.op = op
         self.context = context
-        compiled = _compiled(op)
-        self.fingerprint = compiled.fingerprint
-        self.rank_program, self.problem = compiled.for_rank(op, context.rank)
+        self.mapping = mapping
         self.schedule: tuple[Any, ...] = ()
         self.domain_blocks: dict[str, Block] = {}
         self.range_names: tuple[str, ...] = ()
         self._program: Program | None = None
+        if mapping is not None:
+            self._init_mapped(op, context, mapping)
+            return
+        compiled = _compiled(op)
+        self.fingerprint = compiled.fingerprint
+        self.rank_program, self.problem = compiled.for_rank(op, context.rank)
         if self.rank_program is not None:
             if self.rank_program.max_worker >= context.size:
                 self.problem = CommunicatorError(
@@ -126,6 +134,27 @@ class DistributedPlan:
                 self.domain_blocks = {b.name: b for b in op.domain.owned(context.rank)}
                 self.range_names = tuple(b.name for b in op.range.owned(context.rank))
         self.entry = EntryCheck(op, self.fingerprint, context.comm, self.domain_blocks, self.problem)
+
+    def _init_mapped(
+        self, op: LinearOperator, context: CommContext, mapping: WorkerMap | WorkerMapError
+    ) -> None:
+        """A plan under a worker-to-rank map (:mod:`linop.backends.mpi_mapping`); a map that
+        could not be built (``mapping`` is its error) is reported by the check on every rank."""
+        tree = fingerprint(op)
+        if isinstance(mapping, WorkerMapError):
+            self.fingerprint = hashlib.blake2b(tree + b"invalid map", digest_size=16).digest()
+            self.rank_program, self.problem = None, mapping
+        else:
+            compiled = mpi_mapping.compiled_for(op, mapping)
+            self.fingerprint = compiled.fingerprint
+            self.rank_program, self.problem = compiled.for_rank(context.rank, context.size)
+            if self.rank_program is not None:
+                self.schedule = self.rank_program.schedule
+                self.domain_blocks = compiled.domain_blocks(context.rank)
+                self.range_names = compiled.range_names(context.rank)
+        self.entry = EntryCheck(
+            op, self.fingerprint, context.comm, self.domain_blocks, self.problem, tree_fingerprint=tree
+        )
 
     @property
     def program(self) -> Program:

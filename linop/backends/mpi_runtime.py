@@ -11,7 +11,9 @@ A rank's schedule (:meth:`linop.backends.mpi_schedule.Program.for_rank`) is a se
   :class:`~linop.backends.mpi_schedule.RankBranches`
   (:func:`~linop.backends.numpy_backend.sum_branches`) and
   :class:`~linop.backends.mpi_schedule.RankZero`;
-- fast-path steps (:class:`~linop.backends.mpi_steps.RankStep`), which run themselves.
+- fast-path steps (:class:`~linop.backends.mpi_steps.RankStep`), which run themselves;
+- under a worker-to-rank map, :class:`~linop.backends.mpi_mapping.LocalMoves`: transfers
+  between two workers of this rank, run as local copies.
 
 Every message travels in the run's dtype, agreed by all ranks before the run.
 """
@@ -27,6 +29,7 @@ from ..operator import LinearOperator
 from ..space import Region
 from . import numpy_backend
 from .mpi_datatypes import mpi, raw_spec, region_spec
+from .mpi_mapping import LocalMoves, run_local_moves
 from .mpi_schedule import RankBranches, RankPhase, RankZero, Scale, Transfer
 from .mpi_steps import RankStep
 
@@ -57,6 +60,8 @@ def run_schedule(
             _run_branches(step, work, comm, dtype)
         elif isinstance(step, RankStep):
             step.run(work, comm, dtype)
+        elif kind is LocalMoves:  # transfers between two workers of this rank (a worker map)
+            run_local_moves(step, work, dtype)
         else:  # pragma: no cover - projection emits nothing else
             raise TypeError(f"the MPI runtime cannot run the step {step!r}")
 

@@ -70,6 +70,7 @@ __all__ = [
     "movement_footprint",
     "Program",
     "lower",
+    "lower_portable",
     "lowering",
     "batch",
     "project",
@@ -244,6 +245,8 @@ def lowering(node_type: type) -> Callable[[Lowering], Lowering]:
             lowered = function(node)
             if lowered is None:
                 return dispatch.DECLINE
+            if _PORTABLE.get() and any(type(step) is FastPathStep for step in lowered):
+                return dispatch.DECLINE  # a worker map: the expansion's point-to-point steps
             steps.extend(lowered)
             return None
 
@@ -290,6 +293,21 @@ def movement_footprint(node: Copy | CopyAdjoint | Move) -> Footprint:
             writes=(dst_box, _box(src) if isinstance(dst, Region) else _whole_block(src.name)),
         )
     return Footprint(reads=(_box(src),), writes=(dst_box,))
+
+
+_PORTABLE: contextvars.ContextVar[bool] = contextvars.ContextVar("linop_portable", default=False)
+
+
+def lower_portable(op: LinearOperator) -> list[Step]:
+    """The global program of ``op`` without fast-path steps: every lowering that would emit a
+    :class:`FastPathStep` declines, so its node runs its expansion (local steps and transfers
+    between workers only). Used under a worker-to-rank map (:mod:`linop.backends.mpi_mapping`),
+    where the fast paths' worker == rank layout does not hold."""
+    token = _PORTABLE.set(True)
+    try:
+        return lower(op)
+    finally:
+        _PORTABLE.reset(token)
 
 
 def lower(op: LinearOperator) -> list[Step]:

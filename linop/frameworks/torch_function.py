@@ -49,10 +49,11 @@ class _Runner:
     ranks through a bound MPI plan. ``inputs`` / ``outputs`` are the block names this process
     passes in and gets back, in the spaces' order."""
 
-    def __init__(self, op: LinearOperator, comm: Any = None, dtype: Any = None) -> None:
+    def __init__(self, op: LinearOperator, comm: Any = None, dtype: Any = None, mapping: Any = None) -> None:
         self.op = op
         self.comm = comm
         self.dtype = dtype
+        self.mapping = mapping
         self._adjoint: _Runner | None = None
         if comm is None:
             self.plan = None
@@ -61,7 +62,7 @@ class _Runner:
         else:
             from ..backends import mpi_backend
 
-            self.plan = mpi_backend.plan_for(op, comm=comm)
+            self.plan = mpi_backend.plan_for(op, comm=comm, mapping=mapping)
             self.inputs = tuple(self.plan.domain_blocks)
             self.outputs = self.plan.range_names
         self._staging: dict[str, np.ndarray] | None = None
@@ -71,7 +72,7 @@ class _Runner:
     @property
     def adjoint(self) -> _Runner:
         if self._adjoint is None:
-            self._adjoint = _Runner(self.op.H, self.comm, self.dtype)
+            self._adjoint = _Runner(self.op.H, self.comm, self.dtype, self.mapping)
             self._adjoint._adjoint = self
         return self._adjoint
 
@@ -193,6 +194,9 @@ class TorchOperator:
         Run across its ranks (every rank must build the same tree and call collectively).
     dtype : dtype, optional
         Dtype of blocks the tree allocates (numpy's or torch's); default the inputs' dtype.
+    mapping : WorkerMap, sequence or dict, optional
+        Under MPI, the rank of each worker (default worker ``w`` on rank ``w``; see
+        :func:`linop.backends.mpi_backend.plan_for`).
 
     Attributes
     ----------
@@ -201,12 +205,15 @@ class TorchOperator:
         this rank's under MPI), in the order of :meth:`tensors`.
     """
 
-    def __init__(self, op: LinearOperator, *, comm: Any = None, dtype: Any = None) -> None:
+    def __init__(
+        self, op: LinearOperator, *, comm: Any = None, dtype: Any = None, mapping: Any = None
+    ) -> None:
         if isinstance(dtype, torch.dtype):
             dtype = _numpy_dtype(dtype)
         self.op = op
         self.comm = comm
-        self._runner = _Runner(op, comm, dtype)
+        self.mapping = mapping
+        self._runner = _Runner(op, comm, dtype, mapping)
         self.inputs = self._runner.inputs
         self.outputs = self._runner.outputs
         self._anchor = None if comm is None else torch.zeros(0, dtype=torch.float64, requires_grad=True)
@@ -215,9 +222,11 @@ class TorchOperator:
     @property
     def H(self) -> TorchOperator:  # noqa: N802 - the conventional name
         """The adjoint, wrapped alike."""
-        return TorchOperator(self.op.H, comm=self.comm, dtype=self._runner.dtype)
+        return TorchOperator(self.op.H, comm=self.comm, dtype=self._runner.dtype, mapping=self.mapping)
 
-    def untracked(self, state: Mapping[str, torch.Tensor], *, adjoint: bool = False) -> dict[str, torch.Tensor]:
+    def untracked(
+        self, state: Mapping[str, torch.Tensor], *, adjoint: bool = False
+    ) -> dict[str, torch.Tensor]:
         """``op(state)`` (or ``op.H(state)`` with ``adjoint=True``) on this process's tensors,
         without recording autograd: for code that is itself an autograd node and runs trees
         inside its forward and backward (:class:`linop.frameworks.torch_layers.LayerModule`).
@@ -269,9 +278,11 @@ class TorchOperator:
         return f"TorchOperator({self.op}{where})"
 
 
-def function(op: LinearOperator, *, comm: Any = None, dtype: Any = None) -> TorchOperator:
+def function(
+    op: LinearOperator, *, comm: Any = None, dtype: Any = None, mapping: Any = None
+) -> TorchOperator:
     """Wrap ``op`` as a differentiable function of dicts of tensors; see :class:`TorchOperator`."""
-    return TorchOperator(op, comm=comm, dtype=dtype)
+    return TorchOperator(op, comm=comm, dtype=dtype, mapping=mapping)
 
 
 def apply(
@@ -290,9 +301,11 @@ class OperatorModule(torch.nn.Module):
     construction, and bound on the first call.
     """
 
-    def __init__(self, op: LinearOperator, *, comm: Any = None, dtype: Any = None) -> None:
+    def __init__(
+        self, op: LinearOperator, *, comm: Any = None, dtype: Any = None, mapping: Any = None
+    ) -> None:
         super().__init__()
-        self.function = TorchOperator(op, comm=comm, dtype=dtype)
+        self.function = TorchOperator(op, comm=comm, dtype=dtype, mapping=mapping)
 
     @property
     def op(self) -> LinearOperator:

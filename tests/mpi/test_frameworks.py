@@ -257,3 +257,34 @@ def test_distributed_affine_gives_torch_linear_gradients(comm):
         if not np.allclose(v.grad.numpy(), expected_params[k])
     ]
     collective_assert(not problems, "; ".join(problems))
+
+
+def test_torch_operator_under_a_worker_map(comm):
+    from linop.backends.mpi_mapping import WorkerMap
+
+    u = DistributedTensor("u", (9, 7), Partition.grid((4, 4)))
+    op = halo_windows(u, Kernel(3, padding=1))
+    mapping = WorkerMap.round_robin(16, comm.size)
+    held = set(mapping.workers_on(comm.rank))
+    f = TorchOperator(op, comm=comm, mapping=mapping)
+    full, cotangent = _integers(op.domain, 5), _integers(op.range, 6)
+    forward = op({k: v.astype(np.float64) for k, v in full.items()})
+    backward = op.H({k: v.astype(np.float64) for k, v in cotangent.items()})
+    x = {
+        b.name: torch.from_numpy(full[b.name].astype(np.float64)).requires_grad_()
+        for b in op.domain
+        if b.worker in held
+    }
+    y = f(x)
+    weights = {k: torch.from_numpy(cotangent[k].astype(np.float64)) for k in y}
+    sum((y[k] * weights[k]).sum() for k in y).backward()
+    grads = {k: (torch.zeros_like(v) if v.grad is None else v.grad) for k, v in x.items()}
+    problem = same_blocks({k: v.detach().numpy() for k, v in y.items()}, forward, f.outputs) or same_blocks(
+        {k: v.numpy() for k, v in grads.items()}, backward, f.inputs
+    )
+    names = tuple(b.name for b in op.range if b.worker in held)
+    collective_assert(problem is None and f.outputs == names, f"mapped torch: {problem}")
+    result = op.apply_mpi({k: v.detach() for k, v in x.items()}, comm=comm, mapping=mapping)
+    collective_assert(
+        same_blocks({k: np.asarray(v) for k, v in result.items()}, forward, names) is None, "apply_mpi"
+    )

@@ -1,0 +1,239 @@
+"""Worker-to-rank maps under MPI: 16 workers on 1, 2, 3 or 4 ranks (round-robin, blocked and
+scattered maps), several workers per rank. Every result equals the numpy interpreter exactly
+(integers), adjoints included (and the inner-product identity across ranks); transfers between
+workers of one rank are local moves, never messages; bad maps fail on every rank with a typed
+error."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import collective_assert, expect_collective_error, same_blocks, spmd
+from hypothesis import given
+from mpi4py import MPI
+from strategies import movement_trees
+
+from linop.backends import mpi_backend
+from linop.backends.mpi_mapping import LocalMoves, WorkerMap
+from linop.backends.mpi_schedule import RankPhase
+from linop.collectives import AllReduce, BlockGrid, Broadcast, SumReduce
+from linop.errors import DistributedStateError, WorkerMapError, WorkerMapMismatchError
+from linop.halo import HaloExchange, halo_windows
+from linop.halo_geometry import Kernel, halo_geometry
+from linop.partition import DistributedTensor, Partition
+from linop.repartition import Repartition
+
+COMM = MPI.COMM_WORLD
+RANK, SIZE = COMM.rank, COMM.size
+WORKERS = 16
+
+MAPS = {
+    "round-robin": WorkerMap.round_robin(WORKERS, SIZE),
+    "blocked": WorkerMap.blocked(WORKERS, SIZE),
+    "scattered": WorkerMap({w: (5 * w + 3) % 7 % SIZE for w in range(WORKERS)}),
+}
+
+
+def grid_tensor(name: str = "x", shape: tuple[int, ...] = (11, 9), grid: tuple[int, ...] = (4, 4)):
+    return DistributedTensor(name, shape, Partition(grid))
+
+
+def _halo():
+    return HaloExchange(halo_geometry(grid_tensor(), Kernel(3, padding=1)))
+
+
+def _halo_direct_5():
+    return HaloExchange(halo_geometry(grid_tensor(), Kernel(5, padding=2)), "direct")
+
+
+def _windows():
+    return halo_windows(grid_tensor(), Kernel(3, padding=1))
+
+
+def _broadcast_1d():
+    return Broadcast(DistributedTensor("x", (7,), Partition((1,))), Partition((WORKERS,)), "y")
+
+
+def _broadcast_rows():
+    return Broadcast(DistributedTensor("x", (6, 5), Partition((1, 4))), Partition((4, 4)), "y")
+
+
+def _sum_reduce():
+    return SumReduce(DistributedTensor("x", (6, 5), Partition((1, 4))), Partition((4, 4)), "y")
+
+
+def _all_reduce(axes):
+    return lambda: AllReduce(BlockGrid.uniform("x", Partition((4, 4)), (3, 2)), axes)
+
+
+def _repartition():
+    reversed_workers = tuple(reversed(range(WORKERS)))
+    target = DistributedTensor("z", (11, 9), Partition((2, 8), workers=reversed_workers))
+    return Repartition(grid_tensor(), target)
+
+
+CASES = {
+    "halo": _halo,
+    "halo-direct-k5": _halo_direct_5,
+    "halo_windows": _windows,
+    "broadcast-1-to-16": _broadcast_1d,
+    "broadcast-rows": _broadcast_rows,
+    "sum-reduce": _sum_reduce,
+    "all-reduce-0": _all_reduce((0,)),
+    "all-reduce-0-1": _all_reduce((0, 1)),
+    "repartition": _repartition,
+}
+
+
+def mine(space, mapping: WorkerMap) -> tuple[str, ...]:
+    held = set(mapping.workers_on(RANK))
+    return tuple(b.name for b in space if b.worker in held)
+
+
+def local_part(space, state, mapping: WorkerMap) -> dict[str, np.ndarray]:
+    return {name: np.array(state[name]) for name in mine(space, mapping)}
+
+
+def check_mapped(op, mapping: WorkerMap, seed: int) -> dict[str, np.ndarray]:
+    """``op`` under ``mapping`` equals numpy on every rank's blocks; inputs unchanged."""
+    state = op.domain.random(seed, dtype=np.int64)
+    expected = op(state)
+    local = local_part(op.domain, state, mapping)
+    before = {n: a.copy() for n, a in local.items()}
+    result = mpi_backend.apply(op, local, comm=COMM, mapping=mapping)
+    problem = same_blocks(result, expected, mine(op.range, mapping))
+    if problem is None and any(not np.array_equal(before[n], local[n]) for n in local):
+        problem = "the caller's arrays were mutated"
+    collective_assert(problem is None, f"{op} under {mapping}: {problem}")
+    return result
+
+
+def local_dot(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> int:
+    return int(sum(np.vdot(a[n], b[n]) for n in a))
+
+
+@pytest.mark.parametrize("map_name", list(MAPS))
+@pytest.mark.parametrize("case", list(CASES))
+def test_mapped_equals_numpy_and_adjoint(case, map_name):
+    mapping = MAPS[map_name]
+    op = CASES[case]()
+    forward = check_mapped(op, mapping, 1)
+    check_mapped(op.H, mapping, 2)
+    # <A x, y> == <x, A* y> with each rank's blocks, summed over ranks (integers: exact)
+    x = local_part(op.domain, op.domain.random(3, dtype=np.int64), mapping)
+    y = local_part(op.range, op.range.random(4, dtype=np.int64), mapping)
+    ax = mpi_backend.apply(op, x, comm=COMM, mapping=mapping)
+    ahy = mpi_backend.apply(op.H, y, comm=COMM, mapping=mapping)
+    left = COMM.allreduce(local_dot(ax, y))
+    right = COMM.allreduce(local_dot(x, ahy))
+    collective_assert(left == right, f"{op}: <Ax, y> = {left}, <x, A*y> = {right}")
+    assert sorted(forward) == sorted(mine(op.range, mapping))
+
+
+@pytest.mark.parametrize("map_name", list(MAPS))
+def test_same_rank_transfers_are_local_moves(map_name):
+    mapping = MAPS[map_name]
+    plan = mpi_backend.plan_for(_halo(), comm=COMM, mapping=mapping)
+    peers = [
+        peer
+        for step in plan.schedule
+        if type(step) is RankPhase
+        for peer, _, _ in (*step.receives, *step.sends)
+    ]
+    moves = sum(len(step.transfers) for step in plan.schedule if type(step) is LocalMoves)
+    held = len(mapping.workers_on(RANK))
+    collective_assert(RANK not in peers, f"messages to self: {peers}")
+    # a rank holding two or more workers of the 4 x 4 grid holds a neighbouring pair unless the
+    # map scatters them: then at least one local move
+    neighbours = any(
+        abs(a - b) in (1, 4) and (a // 4 == b // 4 or abs(a - b) == 4)
+        for a in mapping.workers_on(RANK)
+        for b in mapping.workers_on(RANK)
+    )
+    collective_assert(moves > 0 or not neighbours, f"{held} workers, {moves} local moves")
+    if SIZE == 1:
+        collective_assert(not peers and moves > 0, f"one rank: peers {peers}, {moves} moves")
+
+
+def test_in_place_and_bound_halo_exchange():
+    mapping = MAPS["blocked"]
+    op = _halo()
+    state = op.domain.random(5, dtype=np.float64)
+    expected = op(state)
+    names = mine(op.range, mapping)
+    local = local_part(op.domain, state, mapping)
+    out = mpi_backend.apply(op, local, comm=COMM, mapping=mapping, inplace=True)
+    problem = same_blocks(out, expected, names)
+    collective_assert(problem is None and out is local, f"in place: {problem}")
+    bound_state = local_part(op.domain, state, mapping)
+    bound = mpi_backend.plan_for(op, comm=COMM, mapping=mapping).bind(bound_state)
+    for _ in range(2):  # a second call: applied again to the first call's result
+        result = bound()
+    twice = op(expected)
+    collective_assert(same_blocks(result, twice, names) is None, "bound plan, two calls")
+
+
+@spmd(max_examples=8, long=30)
+@given(movement_trees(WORKERS))
+def test_random_trees(op):
+    for name, mapping in MAPS.items():
+        state = op.domain.random(6, dtype=np.int64)
+        expected = op(state)
+        result = mpi_backend.apply(op, local_part(op.domain, state, mapping), comm=COMM, mapping=mapping)
+        problem = same_blocks(result, expected, mine(op.range, mapping))
+        collective_assert(problem is None, f"{name}: {op}: {problem}")
+
+
+def test_worker_missing_fails_on_every_rank():
+    op = _halo()
+    partial = WorkerMap({w: w % SIZE for w in range(WORKERS) if w != 9})
+    message = expect_collective_error(
+        WorkerMapError, lambda: mpi_backend.apply(op, {}, comm=COMM, mapping=partial)
+    )
+    assert "worker 9" in message
+
+
+def test_rank_out_of_range_fails_on_every_rank():
+    op = _halo()
+    beyond = WorkerMap([SIZE if w == 6 else 0 for w in range(WORKERS)])
+    message = expect_collective_error(
+        WorkerMapError, lambda: mpi_backend.apply(op, {}, comm=COMM, mapping=beyond)
+    )
+    assert "worker 6" in message and f"rank {SIZE}" in message
+
+
+def test_malformed_map_fails_on_every_rank():
+    op = _halo()
+    message = expect_collective_error(
+        WorkerMapError, lambda: mpi_backend.apply(op, {}, comm=COMM, mapping=[0] * 15 + [-1])
+    )
+    assert "worker 15" in message
+
+
+@pytest.mark.skipif(SIZE == 1, reason="one rank cannot disagree with itself")
+@pytest.mark.parametrize("other", ["another map", "no map", "malformed on rank 1"])
+def test_maps_differing_across_ranks_fail_on_every_rank(other):
+    op = _halo()
+    mapping: object = MAPS["round-robin"]
+    if RANK == 1:
+        mapping = {
+            "another map": MAPS["blocked"],
+            "no map": None,
+            "malformed on rank 1": [0, -3],
+        }[other]
+    local = local_part(op.domain, op.domain.random(1), MAPS["round-robin"])
+    message = expect_collective_error(
+        WorkerMapMismatchError, lambda: mpi_backend.apply(op, local, comm=COMM, mapping=mapping)
+    )
+    assert "rank(s) [1]" in message
+
+
+def test_wrong_local_state_under_a_map_fails_on_every_rank():
+    op = _halo()
+    mapping = MAPS["blocked"]
+    local = local_part(op.domain, op.domain.random(1), mapping)
+    if RANK == SIZE - 1:
+        local.pop(next(iter(local)))
+    expect_collective_error(
+        DistributedStateError, lambda: mpi_backend.apply(op, local, comm=COMM, mapping=mapping)
+    )
