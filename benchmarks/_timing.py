@@ -1,7 +1,8 @@
-"""The timing helper shared by the serial benchmark scripts.
+"""The timing helpers shared by the benchmark scripts.
 
-The scripts run as ``python benchmarks/<script>.py``, which puts this directory on ``sys.path``;
-they import the helper as ``from _timing import compare``.
+The scripts run as ``python benchmarks/<script>.py`` (or under ``mpiexec``), which puts this
+directory on ``sys.path``; they import the helpers as ``from _timing import compare`` (serial)
+and ``from _timing import interleaved_over_ranks`` (MPI).
 """
 
 from __future__ import annotations
@@ -9,8 +10,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from statistics import median
+from typing import Any
 
-__all__ = ["compare"]
+import numpy as np
+
+__all__ = ["compare", "interleaved_over_ranks"]
 
 
 def compare(
@@ -34,3 +38,30 @@ def compare(
         hand.append(end - middle)
         ratios.append((middle - start) / (end - middle))
     return median(mine), median(hand), median(ratios)
+
+
+def interleaved_over_ranks(
+    methods: dict[str, Callable[[], object]], comm: Any, samples: int, batch: int, warmups: int = 1
+) -> dict[str, np.ndarray]:
+    """Per method, the time of one call in each sample: the maximum over the ranks of ``comm``
+    of a batch's mean. Methods are interleaved within each sample (after ``warmups`` calls
+    each), each batch starts after a barrier, so that load hits every method alike."""
+    from mpi4py import MPI
+
+    times: dict[str, list[float]] = {name: [] for name in methods}
+    for function in methods.values():
+        for _ in range(warmups):
+            function()
+    for _ in range(samples):
+        for name, function in methods.items():
+            comm.Barrier()
+            start = time.perf_counter()
+            for _ in range(batch):
+                function()
+            times[name].append((time.perf_counter() - start) / batch)
+    result = {}
+    for name, values in times.items():
+        array = np.array(values)
+        comm.Allreduce(MPI.IN_PLACE, array, op=MPI.MAX)
+        result[name] = array
+    return result

@@ -36,11 +36,11 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from collections.abc import Callable
 from statistics import median
 
 import numpy as np
+from _timing import interleaved_over_ranks
 from mpi4py import MPI
 
 from linop.backends import mpi_backend
@@ -60,23 +60,8 @@ SAMPLES = int(os.environ.get("BENCH_SAMPLES", "41"))
 
 def bench(methods: dict[str, Callable[[], object]], batch: int) -> dict[str, float]:
     """Median over samples of the maximum over ranks of one call's time, methods interleaved."""
-    times: dict[str, list[float]] = {name: [] for name in methods}
-    for function in methods.values():  # warm up
-        function()
-        function()
-    for _ in range(SAMPLES):
-        for name, function in methods.items():
-            COMM.Barrier()
-            start = time.perf_counter()
-            for _ in range(batch):
-                function()
-            times[name].append((time.perf_counter() - start) / batch)
-    result = {}
-    for name, values in times.items():
-        array = np.array(values)
-        COMM.Allreduce(MPI.IN_PLACE, array, op=MPI.MAX)
-        result[name] = float(median(array))
-    return result
+    samples = interleaved_over_ranks(methods, COMM, SAMPLES, batch, warmups=2)
+    return {name: float(median(t)) for name, t in samples.items()}
 
 
 def report(title: str, times: dict[str, float], pairs: list[tuple[str, str]], unit: str = "us") -> None:

@@ -22,10 +22,10 @@ native way. Results are checked equal to the native ones before timing.
 from __future__ import annotations
 
 import sys
-import time
 from statistics import median
 
 import numpy as np
+from _timing import interleaved_over_ranks
 from mpi4py import MPI
 
 from linop.backends import mpi_backend
@@ -41,21 +41,8 @@ BATCH = 5
 
 def bench(methods: dict) -> dict[str, tuple[float, float]]:
     """(median, best) over samples of the maximum over ranks of one call's time; interleaved."""
-    times: dict[str, list[float]] = {name: [] for name in methods}
-    for function in methods.values():
-        function()
-    for _ in range(SAMPLES):
-        for name, function in methods.items():
-            COMM.Barrier()
-            start = time.perf_counter()
-            for _ in range(BATCH):
-                function()
-            times[name].append((time.perf_counter() - start) / BATCH)
-    result = {}
-    for name, values in times.items():
-        array = np.array(values)
-        COMM.Allreduce(MPI.IN_PLACE, array, op=MPI.MAX)
-        result[name] = (median(array), float(array.min()))
+    samples = interleaved_over_ranks(methods, COMM, SAMPLES, BATCH)
+    result = {name: (median(t), float(t.min())) for name, t in samples.items()}
     return result
 
 

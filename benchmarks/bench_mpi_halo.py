@@ -27,10 +27,10 @@ about speed; the results are checked equal to the hand-written exchange before t
 from __future__ import annotations
 
 import sys
-import time
 from statistics import median
 
 import numpy as np
+from _timing import interleaved_over_ranks
 from mpi4py import MPI
 
 from linop.backends import mpi_backend
@@ -48,22 +48,7 @@ BATCH = 10
 
 def bench(methods: dict, samples: int = SAMPLES, batch: int = BATCH) -> dict[str, float]:
     """Median over samples of the maximum over ranks of one call's time, methods interleaved."""
-    times: dict[str, list[float]] = {name: [] for name in methods}
-    for function in methods.values():  # warm up
-        function()
-    for _ in range(samples):
-        for name, function in methods.items():
-            COMM.Barrier()
-            start = time.perf_counter()
-            for _ in range(batch):
-                function()
-            times[name].append((time.perf_counter() - start) / batch)
-    result = {}
-    for name, values in times.items():
-        array = np.array(values)
-        COMM.Allreduce(MPI.IN_PLACE, array, op=MPI.MAX)
-        result[name] = median(array)
-    return result
+    return {name: median(t) for name, t in interleaved_over_ranks(methods, COMM, samples, batch).items()}
 
 
 # -- hand-written exchanges (independent of linop) --------------------------------------------
