@@ -89,11 +89,34 @@ def test_every_reference_into_the_theory_names_an_existing_section():
     assert not broken, "references to sections docs/theory.md lacks:\n" + "\n".join(broken)
 
 
-def test_no_reference_to_a_theory_file_the_project_lacks():
-    offenders = [
-        str(p.relative_to(ROOT)) for p in project_files() if "THEORY.md" in p.read_text(encoding="utf-8")
+#: A cited markdown file: ``docs/theory.md``, ``README.md``, ``../elsewhere/notes.md``.
+CITED_FILE = re.compile(r"(?<![\w/.-])((?:\.\./)*[\w./-]*\w\.md)\b")
+
+
+def missing_files(path: Path, text: str) -> list[str]:
+    """The markdown files ``text`` (of ``path``) cites that the project does not contain: a
+    path leaving the repository, or one found neither from the root, beside ``path``, nor in
+    docs/."""
+    return [
+        name
+        for name in sorted(set(CITED_FILE.findall(text)))
+        if name.startswith("../") or not any(c.exists() for c in (ROOT / name, path.parent / name, DOCS / name))
     ]
-    assert not offenders, f"these files cite THEORY.md, which the project does not contain: {offenders}"
+
+
+def test_every_cited_markdown_file_is_in_the_project():
+    offenders = [
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in project_files()
+        for name in missing_files(path, path.read_text(encoding="utf-8"))
+    ]
+    assert not offenders, "files cite documents the project does not contain:\n" + "\n".join(offenders)
+
+
+def test_the_citation_check_catches_files_outside_the_project():
+    here = ROOT / "tests" / "test_docs.py"
+    text = "see ../notes/DESIGN.md, docs/no-such-file.md and docs/theory.md"
+    assert missing_files(here, text) == ["../notes/DESIGN.md", "docs/no-such-file.md"]
 
 
 def test_the_reference_checks_catch_a_broken_anchor():
