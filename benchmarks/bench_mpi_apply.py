@@ -125,25 +125,18 @@ def halo(ok: list[bool]) -> None:
             adjoint_op = op.H
             floors = CheckFloor(bound), CheckFloor(adjoint)
             before = load()
-            forward = bench(
-                {
-                    "bound plan": bound,
-                    "apply (checked, in place)": lambda op=op, applied=applied: mpi_backend.apply(
-                        op, applied, comm=COMM, inplace=True
-                    ),
-                    "floor: check Allreduce + bound": floors[0],
-                },
-                batch=20,
-            )
-            backward = bench(
-                {
-                    "bound plan": adjoint,
-                    "apply (checked, in place)": lambda op=adjoint_op, applied=applied: mpi_backend.apply(
-                        op, applied, comm=COMM, inplace=True
-                    ),
-                    "floor: check Allreduce + bound": floors[1],
-                },
-                batch=20,
+            forward, backward = (
+                bench(
+                    {
+                        "bound plan": plan,
+                        "apply (checked, in place)": lambda tree=tree, applied=applied: mpi_backend.apply(
+                            tree, applied, comm=COMM, inplace=True
+                        ),
+                        "floor: check Allreduce + bound": floor,
+                    },
+                    batch=20,
+                )
+                for plan, tree, floor in ((bound, op, floors[0]), (adjoint, adjoint_op, floors[1]))
             )
             for floor in floors:
                 floor.free()

@@ -32,19 +32,26 @@ def _backward(module, tensor, inputs, dy):
     return outputs
 
 
-@pytest.mark.parametrize("name", list(CONVOLUTIONS), ids=list(CONVOLUTIONS))
-def test_convolution_module_matches_torch_conv2d(name):
+def _convolution_case(name, seed):
+    """The convolution of CONVOLUTIONS[name] with 4 output channels, random weights and bias."""
     shape, grid, workers, kernel = CONVOLUTIONS[name]
-    rng = np.random.default_rng(1)
+    rng = np.random.default_rng(seed)
     x = DistributedTensor("x", shape, Partition(grid))
     layer = Convolution(x, 4, kernel, workers=workers)
     w, b = rng.standard_normal(layer.weights.global_shape), rng.standard_normal(layer.bias.global_shape)
+    return rng, x, layer, w, b
+
+
+@pytest.mark.parametrize("name", list(CONVOLUTIONS), ids=list(CONVOLUTIONS))
+def test_convolution_module_matches_torch_conv2d(name):
+    rng, x, layer, w, b = _convolution_case(name, 1)
     module = LayerModule(layer, weights=w, bias=b)
-    data, dy = rng.standard_normal(shape), rng.standard_normal(layer.y.global_shape)
+    data, dy = rng.standard_normal(x.global_shape), rng.standard_normal(layer.y.global_shape)
     inputs = {k: torch.from_numpy(v).requires_grad_() for k, v in x.scatter(data).items()}
     outputs = _backward(module, torch, inputs, layer.y.scatter(dy))
 
-    conv = torch.nn.Conv2d(shape[1], 4, 3, padding=1, stride=kernel.stride, dtype=torch.float64)
+    stride = CONVOLUTIONS[name][3].stride
+    conv = torch.nn.Conv2d(x.global_shape[1], 4, 3, padding=1, stride=stride, dtype=torch.float64)
     with torch.no_grad():
         conv.weight.copy_(torch.from_numpy(w))
         conv.bias.copy_(torch.from_numpy(b))
@@ -101,13 +108,9 @@ def test_layer_module_trains_with_a_torch_optimizer_and_refuses_wrong_blocks():
 def test_convolution_module_runs_the_adjoints_of_the_layer_trees(name):
     """The module's torch kernels and movement trees compute what the layer's whole trees
     (numpy kernels, proven by verify) compute: y = P(x) theta, dx = A(w)^* dy, dtheta = P(x)^* dy."""
-    shape, grid, workers, kernel = CONVOLUTIONS[name]
-    rng = np.random.default_rng(3)
-    x = DistributedTensor("x", shape, Partition(grid))
-    layer = Convolution(x, 4, kernel, workers=workers)
-    w, b = rng.standard_normal(layer.weights.global_shape), rng.standard_normal(layer.bias.global_shape)
+    rng, x, layer, w, b = _convolution_case(name, 3)
     module = LayerModule(layer, weights=w, bias=b)
-    data, dy = x.scatter(rng.standard_normal(shape)), layer.y.scatter(rng.standard_normal(layer.y.global_shape))
+    data, dy = x.scatter(rng.standard_normal(x.global_shape)), layer.y.scatter(rng.standard_normal(layer.y.global_shape))
     inputs = {k: torch.from_numpy(v).requires_grad_() for k, v in data.items()}
     outputs = _backward(module, torch, inputs, dy)
 
@@ -137,16 +140,12 @@ def test_replicated_copies_get_the_summed_gradient_of_their_block(name):
     SGD step keeps the copies equal to the moved, updated blocks of the default module."""
     import verify
 
-    shape, grid, workers, kernel = CONVOLUTIONS[name]
-    rng = np.random.default_rng(4)
-    x = DistributedTensor("x", shape, Partition(grid))
-    layer = Convolution(x, 4, kernel, workers=workers)
+    rng, x, layer, w, b = _convolution_case(name, 4)
     movement = layer.parameter_movement
     assert verify.equal(layer.copy_gradient_sum, movement @ movement.H)
-    w, b = rng.standard_normal(layer.weights.global_shape), rng.standard_normal(layer.bias.global_shape)
     owners = LayerModule(layer, weights=w, bias=b)
     copies = LayerModule(layer, weights=w, bias=b, replicate=True)
-    data, dy = x.scatter(rng.standard_normal(shape)), layer.y.scatter(rng.standard_normal(layer.y.global_shape))
+    data, dy = x.scatter(rng.standard_normal(x.global_shape)), layer.y.scatter(rng.standard_normal(layer.y.global_shape))
     results = []
     for module in (owners, copies):
         inputs = {k: torch.from_numpy(v).requires_grad_() for k, v in data.items()}

@@ -164,7 +164,7 @@ class _LayerFunction(torch.autograd.Function):
         }
         outputs = module.reduction.run(partials) if module.reduction is not None else partials
         ctx.module, ctx.operands = module, operands
-        ctx.inputs = [(t.dtype, t.shape) for t in tensors]
+        ctx.dtypes = [t.dtype for t in tensors]
         result = tuple(outputs[n] for n in module.output_names)
         return (*result, torch.zeros(0, dtype=torch.float64))  # the last: the token
 
@@ -191,7 +191,7 @@ class _LayerFunction(torch.autograd.Function):
             module.copies.run_adjoint(back) if module.copies is not None else module.copy_sum.run(back)
         )
         gradients = [x_grad[n] for n in module.input_names] + [theta_grad[n] for n in module.parameter_names]
-        fitted = [g.to(dtype) for g, (dtype, _) in zip(gradients, ctx.inputs)]
+        fitted = [g.to(dtype) for g, dtype in zip(gradients, ctx.dtypes)]
         return (None, torch.zeros(0, dtype=torch.float64), *fitted)
 
 
