@@ -7,16 +7,16 @@ runs on each rank, for one interior rank of a ``s x s`` grid of ``P = s**2`` wor
 ``build``
     the tree (the constructor, or ``.H`` of the forward tree for the adjoint cases);
 ``fingerprint``
-    :func:`linop.backends.mpi_schedule.fingerprint` (the digest every rank checks);
+    :func:`linop.program.fingerprint` (the digest every rank checks);
 ``lower``
-    :func:`linop.backends.mpi_schedule.lower_for` (the steps the rank takes part in: what
-    :func:`~linop.backends.mpi_schedule.compile_for_rank` lowers for a plan);
+    :func:`linop.program.lower_for` (the steps the rank takes part in: what
+    :func:`~linop.program.compile_for_rank` lowers for a plan);
 ``batch``
-    :func:`linop.backends.mpi_schedule.batch` of those steps (phases of transfers);
+    :func:`linop.program.batch` of those steps (phases of transfers);
 ``project``
-    :func:`linop.backends.mpi_schedule.project` onto the rank, at grid index ``(s//2, s//2)``.
+    :func:`linop.program.project` onto the rank, at grid index ``(s//2, s//2)``.
 
-``--global`` measures the global program instead (:func:`~linop.backends.mpi_schedule.lower`
+``--global`` measures the global program instead (:func:`~linop.program.lower`
 of every rank's steps, batched, then projected), the route plans took before issue 13.
 
 The cases (2-D grids, 8 x 8 local blocks, kernel 3, padding 1): ``HaloExchange``,
@@ -63,7 +63,7 @@ from linop import (
     halo_windows,
 )
 from linop.backends import mpi_fastpaths  # noqa: F401 - registers the fast-path lowerings
-from linop.backends.mpi_schedule import batch, fingerprint, lower, lower_for, project
+from linop.program import batch, fingerprint, lower, lower_for, project
 
 BLOCK = 8
 STAGES = ("build", "fingerprint", "lower", "batch", "project")

@@ -4,7 +4,7 @@ r"""Communication accounting of operator trees, and their time in the alpha-beta
 For any tree, :func:`account` counts per worker the messages and bytes it sends and receives
 and the bytes it adds, and finds the dependent communication phases; :func:`account_schedule`
 does the same for the schedule the MPI interpreter would run (the tree lowered and batched by
-:func:`linop.backends.mpi_schedule.compile_program`). Both return an :class:`Accounting`:
+:func:`linop.program.compile_program`). Both return an :class:`Accounting`:
 plain data (:meth:`Accounting.as_dict`) and a printable table (:meth:`Accounting.table`).
 
 The model
@@ -18,7 +18,7 @@ interpreter's overhead per step, which the classical model leaves out (0 by defa
 
 - **The tree as built** (:func:`account`): the tree's movement steps in program order; a step
   waits for every earlier step whose data it reads or overwrites (the footprints of
-  :mod:`linop.backends.mpi_schedule`), and each worker sends one message at a time and
+  :mod:`linop.program`), and each worker sends one message at a time and
   receives one at a time (full duplex, one port each way). The modeled time is the end of the
   last step; the *dependent phases* are the longest chain of messages each waiting for the
   one before.
@@ -49,7 +49,11 @@ from typing import Any
 
 import numpy as np
 
-from .backends.mpi_schedule import (
+from .errors import AccountingError
+from .movement import Copy, CopyAdjoint, Move
+from .operator import Composition, Identity, LinearOperator, Scaled, Sum, Zero
+from .primitives import Add, Allocate, Clear, Deallocate
+from .program import (
     Branches,
     FastPathStep,
     Footprint,
@@ -61,10 +65,6 @@ from .backends.mpi_schedule import (
     compile_program,
     lower,
 )
-from .errors import AccountingError
-from .movement import Copy, CopyAdjoint, Move
-from .operator import Composition, Identity, LinearOperator, Scaled, Sum, Zero
-from .primitives import Add, Allocate, Clear, Deallocate
 
 __all__ = [
     "Accounting",
@@ -555,7 +555,7 @@ class _ScheduleEvents:
 def account_schedule(op: LinearOperator, *, itemsize: int = 8) -> Accounting:
     """The communication of the schedule the MPI interpreter would run for ``op``.
 
-    The tree is compiled with :func:`linop.backends.mpi_schedule.compile_program` (fast paths
+    The tree is compiled with :func:`linop.program.compile_program` (fast paths
     included, then batched into phases); see the module docstring for the phase model.
 
     Parameters and errors as for :func:`account`.

@@ -7,11 +7,13 @@ has no handler and does not expand raises :class:`~linop.errors.UnsupportedNodeE
 handler may *decline* a particular node (return :data:`DECLINE`, e.g. an MPI fast path for a
 layout it does not cover); the node is then run through its expansion.
 
-Handlers live beside their interpreter, in the modules of ``linop.backends`` named after it
-(``numpy_*``, ``sparse_*``, ``mpi_*``), and register themselves with :func:`register` when
-imported. The first lookup for an interpreter imports *all* of its modules, so no result
-depends on which module a program happened to import first, and ``import linop`` itself loads
-no interpreter. Interpreters defined outside linop (``verify``'s size-free block forms) register
+Handlers live beside their interpreter, in the modules and packages that
+:data:`HANDLER_MODULES` lists for it (a package: every module in it), and register themselves
+with :func:`register` when imported. The first lookup for an interpreter imports *all* of
+them, so no result depends on which module a program happened to import first, and
+``import linop`` itself loads no interpreter. The interpreter ``"program"`` is the lowering of
+a tree into the distributed program (:mod:`linop.program`): the generic lowerings and the
+executors' fast paths. Interpreters defined outside linop (``verify``'s size-free block forms) register
 their handlers when their own module is imported.
 
 Every handler of a node that expands is a *fast path*: it must give the same result as the
@@ -24,7 +26,8 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from types import MappingProxyType
 from typing import Any, Final, TypeVar
 
 from .errors import UnsupportedNodeError
@@ -32,6 +35,7 @@ from .errors import UnsupportedNodeError
 __all__ = [
     "DECLINE",
     "BUILTIN_INTERPRETERS",
+    "HANDLER_MODULES",
     "register",
     "lookup",
     "dispatch",
@@ -39,8 +43,31 @@ __all__ = [
     "load",
 ]
 
-BUILTIN_INTERPRETERS: Final = ("numpy", "sparse", "mpi")
-"""Interpreters whose handler modules live in ``linop.backends`` (``<name>_*.py``)."""
+HANDLER_MODULES: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
+    {
+        "numpy": (
+            "linop.backends.numpy_backend",
+            "linop.backends.numpy_collectives",
+            "linop.backends.numpy_halo",
+            "linop.backends.numpy_local",
+            "linop.backends.numpy_shims",
+        ),
+        "sparse": (
+            "linop.backends.sparse_backend",
+            "linop.backends.sparse_collectives",
+            "linop.backends.sparse_halo",
+            "linop.backends.sparse_local",
+            "linop.backends.sparse_shims",
+        ),
+        "program": ("linop.program", "linop.backends.mpi_fastpaths"),
+    }
+)
+"""The modules and packages holding each built-in interpreter's handlers (names only: nothing
+is imported before the interpreter's first lookup). ``tests/test_registry.py`` proves the list
+complete: importing every module of linop registers no handler that loading it missed."""
+
+BUILTIN_INTERPRETERS: Final = tuple(HANDLER_MODULES)
+"""The interpreters whose handlers :data:`HANDLER_MODULES` lists."""
 
 
 class _Decline:
@@ -91,13 +118,15 @@ def register(interpreter: str, node_type: type) -> Callable[[H], H]:
     return decorate
 
 
-def _backend_modules(interpreter: str) -> Iterator[str]:
-    from . import backends
-
-    prefix = f"{interpreter}_"
-    for module in pkgutil.iter_modules(backends.__path__):
-        if module.name.startswith(prefix):
-            yield f"{backends.__name__}.{module.name}"
+def _handler_modules(interpreter: str) -> Iterator[str]:
+    """The modules of ``interpreter`` (a listed package: it and every module inside it)."""
+    for name in HANDLER_MODULES[interpreter]:
+        yield name
+        module = importlib.import_module(name)
+        path = getattr(module, "__path__", None)
+        if path is not None:
+            for found in pkgutil.walk_packages(path, prefix=f"{name}."):
+                yield found.name
 
 
 def load(interpreter: str) -> None:
@@ -105,8 +134,8 @@ def load(interpreter: str) -> None:
     if interpreter in _LOADED:
         return
     _LOADED.add(interpreter)
-    if interpreter in BUILTIN_INTERPRETERS:
-        for name in sorted(_backend_modules(interpreter)):
+    if interpreter in HANDLER_MODULES:
+        for name in _handler_modules(interpreter):
             importlib.import_module(name)
 
 

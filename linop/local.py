@@ -22,7 +22,7 @@ A local operator is not data movement, so it has no expansion into the primitive
 has a handler for it: numpy calls the kernel (:mod:`linop.backends.numpy_local`), sparse
 materializes its matrix (:mod:`linop.backends.sparse_local`; callables are probed with unit
 vectors), sympy (numpy over object arrays) uses its matrix, and MPI runs it on its owning rank
-only (:mod:`linop.backends.mpi_local`).
+only (:mod:`linop.program.lowering_local`).
 
 Equality is structural: two kernels are equal when they hold the same matrix content (a
 stable content digest, never ``ndarray.__eq__``) or the very same callables / scipy operator

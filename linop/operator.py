@@ -173,7 +173,7 @@ class LinearOperator(ABC):
 
         Every rank calls this with the same tree and only the blocks its rank owns (worker w is
         rank w of ``comm``, default ``MPI.COMM_WORLD``, unless ``mapping`` places the workers:
-        a :class:`~linop.backends.mpi_mapping.WorkerMap`); it returns this rank's blocks of the
+        a :class:`~linop.program.WorkerMap`); it returns this rank's blocks of the
         range. Needs mpi4py (the ``mpi`` extra).
         """
         from .backends.mpi_backend import apply

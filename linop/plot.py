@@ -11,7 +11,7 @@
     neighbour (several hops away) are visible as such.
 :func:`messages`
     Who sends to whom in each communication phase of the MPI schedule
-    (:func:`linop.backends.mpi_schedule.compile_program`), with the entries each message moves;
+    (:func:`linop.program.compile_program`), with the entries each message moves;
     a native collective is drawn as one band over its workers. :func:`schedule_messages` gives
     the same as data.
 
@@ -341,7 +341,7 @@ def schedule_messages(op: LinearOperator, *, of: str = "schedule") -> list[Messa
         ]
     if of != "schedule":
         raise PlotError(f"schedule_messages: of must be 'schedule' or 'tree', not {of!r}")
-    from .backends.mpi_schedule import Branches, Phase, Transfer, compile_program
+    from .program import Branches, Phase, Transfer, compile_program
 
     found: list[Message] = []
     phase = 0

@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 import verify
 from linop import Block, Copy, LinopError, SendRecv, Space, UnknownBlockError, WorkerError
-from linop.backends.mpi_schedule import Local, fingerprint, lower
 from linop.local import (
     KERNEL_KINDS,
     KernelOutputError,
@@ -23,6 +22,7 @@ from linop.local import (
     local_operator,
     matrix_callables,
 )
+from linop.program import Local, fingerprint, lower
 from verify.node_examples import example_strategy
 from verify.strategies_local import local_operators
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from linop import Add, Block, Copy, Move, SendRecv, Space
-from linop.backends.mpi_schedule import Phase, RankPhase, Transfer, compile_program, fingerprint, project
+from linop.program import Phase, RankPhase, Transfer, compile_program, fingerprint, project
 
 SPACE = Space([Block("a", (4, 4), 0), Block("b", (4, 4), 1), Block("c", (4, 4), 2)])
 
@@ -108,7 +108,7 @@ def test_fingerprints_do_not_depend_on_the_process():
     """Python's string hashing is randomized per process; the fingerprint must not be."""
     code = (
         "from linop import Block, SendRecv, Space;"
-        "from linop.backends.mpi_schedule import fingerprint;"
+        "from linop.program import fingerprint;"
         "s = Space([Block('a', (4, 4), 0), Block('b', (4, 4), 1)]);"
         "print(fingerprint(2 * SendRecv(s['a'][0:1], s['b'][0:1]).H).hex())"
     )
@@ -128,7 +128,7 @@ def test_fingerprints_do_not_depend_on_the_process():
 def pairwise_batch(steps):
     """The batching rule checked against every gathered step (the reference for ``batch``,
     which only checks the steps that share a block)."""
-    from linop.backends.mpi_schedule import Local
+    from linop.program import Local
 
     out, phase, deferred = [], [], []
     for step in steps:
@@ -182,7 +182,7 @@ def movement_sequences(draw):
 @settings(max_examples=80, deadline=None)
 @given(movement_sequences())
 def test_indexed_batching_equals_the_pairwise_rule(op):
-    from linop.backends.mpi_schedule import batch, lower
+    from linop.program import batch, lower
 
     steps = lower(op)
     indexed = [("phase", s.transfers) if isinstance(s, Phase) else ("local", s) for s in batch(steps)]

@@ -10,7 +10,7 @@ example strategy (``verify.node_examples``):
   agrees with the other interpreters: numpy's result is the sparse matrix times the state, and
   the size-free block form, at the blocks' actual sizes, is the sparse matrix.
 
-The MPI lowerings are proven the same way under mpiexec (tests/mpi/test_registry.py). A node
+The lowerings into the distributed program (``"program"``) are proven the same way under mpiexec (tests/mpi/test_registry.py). A node
 type with a handler but no example strategy fails here, so no handler lands unproven.
 """
 
@@ -54,7 +54,7 @@ def _is_leaf(op: LinearOperator) -> bool:
 
 
 def test_registry_holds_every_interpreter():
-    assert {interpreter for interpreter, _ in PAIRS} >= {"numpy", "sparse", "mpi", "sizefree"}
+    assert {interpreter for interpreter, _ in PAIRS} >= {"numpy", "sparse", "program", "sizefree"}
 
 
 @pytest.mark.parametrize("pair", PAIRS, ids=_id)
@@ -146,12 +146,13 @@ def test_handler_equals_expansion(pair):
     assert checked > 0, f"no example of {node_type.__name__} could be checked by the {interpreter} interpreter"
 
 
-def test_mpi_lowerings_are_proven_under_mpi():
-    """The MPI pairs are proven by tests/mpi/test_registry.py (run by tests/test_mpi.py under
-    mpiexec), which walks the same registry."""
+def test_program_lowerings_are_proven_under_mpi():
+    """The lowerings into the distributed program (the generic ones and the MPI fast paths)
+    are proven by tests/mpi/test_registry.py (run by tests/test_mpi.py under mpiexec), which
+    walks the same registry."""
     proof = Path(__file__).parent / "mpi" / "test_registry.py"
-    assert 'dispatch.registered("mpi")' in proof.read_text()
-    assert any(interpreter == "mpi" for interpreter, _ in PAIRS), "the MPI interpreter registers lowerings"
+    assert 'dispatch.registered("program")' in proof.read_text()
+    assert any(interpreter == "program" for interpreter, _ in PAIRS), "the program registers lowerings"
 
 
 def test_examples_exist_only_for_real_node_types():
@@ -200,10 +201,10 @@ def test_results_do_not_depend_on_import_order():
     backend gives the fast path's program (2 steps), as it does after that import."""
     code = (
         "from linop import DistributedTensor, HaloExchange, Kernel, Partition, halo_geometry\n"
-        "from linop.backends import mpi_schedule\n"
+        "from linop import program\n"
         "t = DistributedTensor('x', (16, 16), Partition.grid((2, 2)))\n"
         "op = HaloExchange(halo_geometry(t, Kernel(3, padding=1)))\n"
-        "print(len(mpi_schedule.compile_program(op).steps))\n"
+        "print(len(program.compile_program(op).steps))\n"
     )
     fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert fresh.stdout.strip() == "2"

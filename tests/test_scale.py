@@ -2,7 +2,7 @@
 
 What one rank spends before moving a byte (building the tree, its fingerprint, and compiling its
 own schedule as :class:`~linop.backends.mpi_plan.DistributedPlan` does:
-:func:`~linop.backends.mpi_schedule.compile_for_rank`) is pinned by operation counts that do not
+:func:`~linop.program.compile_for_rank`) is pinned by operation counts that do not
 depend on timing:
 
 * the *objects* of the model built while a rank plans: every :class:`~linop.Block` and
@@ -28,7 +28,7 @@ import pytest
 
 from linop import Block, Region, Space
 from linop.backends.mpi_plan import Compiled
-from linop.backends.mpi_schedule import RankPhase, compile_for_rank, compile_program, fingerprint
+from linop.program import RankPhase, compile_for_rank, compile_program, fingerprint
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bench_scale

@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 
 from linop.backends import numpy_backend
-from linop.backends.mpi_mapping import LocalMoves, WorkerMap, compile_mapped, compiled_for
+from linop.backends.mpi_mapping import compile_mapped, compiled_for
 from linop.backends.mpi_runtime import run_schedule
-from linop.backends.mpi_schedule import RankBranches, RankPhase
 from linop.collectives import AllReduce, BlockGrid, Broadcast
 from linop.errors import CommunicatorError, LinopError, WorkerMapError
 from linop.halo import HaloExchange, halo_windows
 from linop.halo_geometry import Kernel, halo_geometry
 from linop.partition import DistributedTensor, Partition
+from linop.program import LocalMoves, RankBranches, RankPhase, WorkerMap
 from linop.repartition import Repartition
 
 WORKERS = 16

@@ -34,10 +34,10 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import numpy.typing as npt
 
+from ..program import RankPhase
 from ..space import Region, State
 from .mpi_datatypes import PACK_BELOW, contiguous_run, mpi, raw_spec, subarray
 from .mpi_guard import abort_for
-from .mpi_schedule import RankPhase
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
     from mpi4py.MPI import Datatype, Intracomm

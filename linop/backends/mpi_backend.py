@@ -9,7 +9,7 @@ How a call runs
 ---------------
 1. :func:`plan_for` (cached per tree and communicator, at most
    :data:`~linop.backends.mpi_context.PLAN_CACHE_SIZE` plans each) lowers the tree into a global
-   program and projects it onto this rank (:mod:`linop.backends.mpi_schedule`). Point-to-point
+   program and projects it onto this rank (:mod:`linop.program`). Point-to-point
    moves are batched into phases of nonblocking receives (posted first) and sends and one wait,
    so no schedule can deadlock.
 2. One small ``Allreduce`` (a persistent request of the communicator) checks, before any data
@@ -35,7 +35,7 @@ a time loop): it checks once, then builds persistent requests on the caller's ar
 
 Communicators: linop works on a private duplicate of the user's communicator, freed when the
 user frees theirs (:mod:`linop.backends.mpi_context`). Worker-to-rank mapping: identity by
-default; ``mapping=`` (:class:`~linop.backends.mpi_mapping.WorkerMap`) places any worker on any
+default; ``mapping=`` (:class:`~linop.program.WorkerMap`) places any worker on any
 rank, several workers per rank included (transfers between workers of one rank become local
 copies; the fast paths give way to the point-to-point expansion, see
 :mod:`linop.backends.mpi_mapping`).
@@ -53,6 +53,7 @@ import numpy.typing as npt
 
 from ..errors import LinopError, WorkerMapError
 from ..operator import LinearOperator
+from ..program import WorkerMap, lowering
 from ..space import State
 from . import (
     array_api,
@@ -64,9 +65,7 @@ from .mpi_check import DTYPE_CHARS
 from .mpi_context import PLAN_CACHE_SIZE, CommunicatorArgumentError, PlanCache, context_for
 from .mpi_datatypes import PACK_BELOW, mpi
 from .mpi_guard import Guard, abort_for, guard, install_excepthook
-from .mpi_mapping import WorkerMap
 from .mpi_plan import DistributedPlan
-from .mpi_schedule import lowering
 
 MappingLike = WorkerMap | Sequence[int] | Mapping[int, int]
 """What ``mapping=`` accepts: a :class:`WorkerMap`, ``ranks[w]`` per worker, or worker -> rank."""
@@ -99,7 +98,7 @@ def plan_for(op: LinearOperator, *, comm: Any = None, mapping: MappingLike | Non
     same types (``==`` alone would take ``2 * A`` for ``2.0 * A``, whose results have another
     dtype).
 
-    ``mapping`` (a :class:`~linop.backends.mpi_mapping.WorkerMap`, a sequence ``ranks[w]`` or a
+    ``mapping`` (a :class:`~linop.program.WorkerMap`, a sequence ``ranks[w]`` or a
     dict of worker to rank; default worker ``w`` on rank ``w``) places the tree's workers on
     the ranks, several per rank if need be (:mod:`linop.backends.mpi_mapping`). A map that is
     malformed, leaves a worker of the tree out, names a rank the communicator lacks or differs

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from ..program import RankPhase
 from ..space import Region, State
 from .mpi_datatypes import mpi, raw_spec, region_spec
 from .mpi_guard import abort_for
 from .mpi_plan import DistributedPlan, read_only
-from .mpi_schedule import RankPhase
 from .mpi_steps import Action, Call, RankStep
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time

@@ -1,6 +1,6 @@
 """Fast paths of the MPI interpreter: native collectives and the halo exchange.
 
-Each fast path is a *lowering* (:func:`linop.backends.mpi_schedule.lowering`) that replaces a
+Each fast path is a *lowering* (:func:`linop.program.lowering`) that replaces a
 node's expansion by steps that do the same thing with fewer, larger MPI calls; the tests under
 ``tests/mpi/`` prove each equal to the expansion, rank by rank.
 
@@ -47,13 +47,7 @@ from ..movement import Copy, CopyAdjoint, SendRecv, SendRecvAdjoint
 from ..operator import LinearOperator
 from ..plan import Piece
 from ..primitives import Allocate, Deallocate
-from ..repartition import Gather, Repartition, Scatter
-from ..space import Block, Region, Space
-from .mpi_context import subcommunicator
-from .mpi_datatypes import byte_type, mpi, predefined_type, subarray
-from .mpi_memory import new_array
-from .mpi_runtime import run_schedule
-from .mpi_schedule import (
+from ..program import (
     FastPathStep,
     Local,
     Step,
@@ -66,6 +60,12 @@ from .mpi_schedule import (
     note_workers,
     project,
 )
+from ..repartition import Gather, Repartition, Scatter
+from ..space import Block, Region, Space
+from .mpi_context import subcommunicator
+from .mpi_datatypes import byte_type, mpi, predefined_type, subarray
+from .mpi_memory import new_array
+from .mpi_runtime import run_schedule
 from .mpi_steps import Call, OutOfPlaceBinding, Persistent, RankStep
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
@@ -219,7 +219,7 @@ class _AllReduceRunner:
 
 @dataclass
 class _Projected:
-    """A fast path lowered for one rank (:func:`~linop.backends.mpi_schedule.lower_for`):
+    """A fast path lowered for one rank (:func:`~linop.program.lower_for`):
     that rank's part, built without the other ranks' parts."""
 
     step: RankStep

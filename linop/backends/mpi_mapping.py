@@ -1,5 +1,5 @@
-"""Any worker-to-rank map for the MPI interpreter: :class:`WorkerMap` and the schedules of a
-rank that holds several workers.
+"""Any worker-to-rank map for the MPI interpreter: the schedules of a rank that holds several
+workers (the map itself: :class:`~linop.program.WorkerMap`).
 
 By default worker ``w`` of a tree runs on rank ``w``. With a :class:`WorkerMap` (``mapping=``
 of :func:`~linop.backends.mpi_backend.apply` and :func:`~linop.backends.mpi_backend.plan_for`)
@@ -7,16 +7,16 @@ worker ``w`` runs on rank ``mapping.rank_of(w)``: a rank may hold several worker
 4 ranks: 4 workers each) or none, and its local state holds the blocks of all its workers.
 
 A rank's schedule is the schedule of the *set* of workers it holds, projected from the global
-program (:func:`compile_mapped`):
+program (:func:`compile_mapped`) by :func:`~linop.program.project` under the map:
 
-- the program is lowered without fast paths (:func:`~linop.backends.mpi_schedule.lower_portable`):
+- the program is lowered without fast paths (:func:`~linop.program.lower_portable`):
   halo exchanges, collectives and repartitions run their point-to-point expansion, whose steps
   name workers only (the fast paths assume worker == rank: native collectives on groups of
   ranks, one message per pair of workers). Correctness first: a collective whose group
   collapses onto fewer ranks runs as its expansion's transfers;
 - a local step runs on the rank holding its worker;
 - a transfer between two workers of one rank becomes a local copy, add or move
-  (:class:`LocalMoves`, run after the messages of its phase: the transfers of a phase do not
+  (:class:`~linop.program.LocalMoves`, run after the messages of its phase: the transfers of a phase do not
   conflict, so their order is free);
 - a transfer between workers on two ranks is a message between those ranks. Its tag counts the
   earlier messages between the same (source rank, destination rank) pair in the global program
@@ -33,163 +33,31 @@ worker of the tree is unmapped or mapped to a rank the communicator does not hav
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
-from ..errors import LinopError, UnsupportedNodeError, WorkerMapError
+from ..errors import LinopError, UnsupportedNodeError
 from ..operator import LinearOperator
-from ..space import Block, Space
-from .mpi_context import PlanCache
-from .mpi_schedule import (
-    TAG_LIMIT,
+from ..program import (
     Branches,
-    FastPathStep,
     Local,
-    Phase,
-    RankBranches,
-    RankPhase,
+    LocalMoves,
     RankProgram,
-    RankZero,
-    Scale,
     Transfer,
+    WorkerMap,
     ZeroState,
     batch,
     fingerprint,
     lower_portable,
+    owned_blocks,
+    project,
 )
+from ..space import Block, Space
+from .mpi_context import PlanCache
 
-__all__ = ["WorkerMap", "LocalMoves", "MappedCompiled", "compile_mapped", "compiled_for", "run_local_moves"]
-
-
-class WorkerMap:
-    """Which rank runs each worker of a tree: ``rank_of(w)``.
-
-    Parameters
-    ----------
-    ranks : sequence of int, or mapping of int to int
-        ``ranks[w]`` is the rank of worker ``w`` (a sequence covers workers ``0 .. len - 1``;
-        a mapping names its workers).
-
-    Raises
-    ------
-    WorkerMapError
-        A worker or rank that is not a non-negative integer (the message names the worker).
-
-    Examples
-    --------
-    >>> WorkerMap.blocked(16, 4).workers_on(1)
-    (4, 5, 6, 7)
-    >>> WorkerMap.round_robin(16, 4).workers_on(1)
-    (1, 5, 9, 13)
-    """
-
-    __slots__ = ("_by_rank", "_hash", "_pairs", "_ranks")
-
-    def __init__(self, ranks: Sequence[int] | Mapping[int, int]) -> None:
-        if isinstance(ranks, Mapping):
-            items = list(ranks.items())
-        elif isinstance(ranks, (str, bytes)) or not isinstance(ranks, Sequence):
-            raise WorkerMapError(
-                f"a worker map is a sequence (rank of worker w at index w) or a dict of worker to rank, "
-                f"not {type(ranks).__name__}"
-            )
-        else:
-            items = list(enumerate(ranks))
-        table: dict[int, int] = {}
-        for worker, rank in items:
-            if not _natural(worker):
-                raise WorkerMapError(f"worker map: worker {worker!r} is not a non-negative integer")
-            if not _natural(rank):
-                raise WorkerMapError(f"worker map: worker {worker} maps to {rank!r}, not a non-negative rank")
-            table[int(worker)] = int(rank)
-        self._ranks = table
-        self._pairs = tuple(sorted(table.items()))
-        by_rank: dict[int, list[int]] = {}
-        for worker, rank in self._pairs:
-            by_rank.setdefault(rank, []).append(worker)
-        self._by_rank = {rank: tuple(workers) for rank, workers in by_rank.items()}
-        self._hash = hash(self._pairs)
-
-    @classmethod
-    def of(cls, mapping: WorkerMap | Sequence[int] | Mapping[int, int]) -> WorkerMap:
-        """``mapping`` as a :class:`WorkerMap` (itself when it is one)."""
-        return mapping if isinstance(mapping, WorkerMap) else cls(mapping)
-
-    @classmethod
-    def round_robin(cls, workers: int, ranks: int) -> WorkerMap:
-        """Worker ``w`` on rank ``w % ranks``."""
-        return cls([w % ranks for w in range(workers)])
-
-    @classmethod
-    def blocked(cls, workers: int, ranks: int) -> WorkerMap:
-        """Consecutive workers together: worker ``w`` on rank ``w * ranks // workers``."""
-        return cls([w * ranks // workers for w in range(workers)])
-
-    def rank_of(self, worker: int) -> int:
-        """The rank of ``worker``.
-
-        Raises
-        ------
-        WorkerMapError
-            ``worker`` is not mapped.
-        """
-        rank = self._ranks.get(worker)
-        if rank is None:
-            raise WorkerMapError(f"worker {worker} of the tree is not in the worker map")
-        return rank
-
-    def workers_on(self, rank: int) -> tuple[int, ...]:
-        """The workers that ``rank`` holds, in increasing order."""
-        return self._by_rank.get(rank, ())
-
-    @property
-    def pairs(self) -> tuple[tuple[int, int], ...]:
-        """(worker, rank) for every mapped worker, by worker."""
-        return self._pairs
-
-    def description(self) -> bytes:
-        """The map as bytes (part of the tree's fingerprint under this map)."""
-        return b"M" + np.asarray(self._pairs, dtype=np.int64).tobytes()
-
-    def problem(self, workers: Iterable[int], size: int) -> WorkerMapError | None:
-        """What is wrong with this map for a tree naming ``workers`` on ``size`` ranks (the
-        smallest worker at fault is named), or None."""
-        for worker in sorted(set(workers)):
-            rank = self._ranks.get(worker)
-            if rank is None:
-                return WorkerMapError(f"worker {worker} of the tree is not in the worker map")
-            if rank >= size:
-                return WorkerMapError(
-                    f"the worker map puts worker {worker} on rank {rank}, but the communicator has "
-                    f"{size} rank(s)"
-                )
-        return None
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, WorkerMap) and self._pairs == other._pairs
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __repr__(self) -> str:
-        return f"WorkerMap({dict(self._pairs)!r})"
-
-
-def _natural(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and bool(value >= 0)
-
-
-@dataclass(frozen=True, slots=True)
-class LocalMoves:
-    """Transfers between two workers of one rank, run as local copies, adds or moves
-    (:func:`run_local_moves`) with a transfer's semantics: ``target`` gets (``"new"``,
-    ``"store"``) or adds (``"add"``) ``source`` in the run's dtype; then ``source`` is kept,
-    cleared or dropped."""
-
-    transfers: tuple[Transfer, ...]
+__all__ = ["MappedCompiled", "compile_mapped", "compiled_for", "run_local_moves"]
 
 
 def run_local_moves(step: LocalMoves, work: Any, dtype: np.dtype) -> None:
@@ -234,61 +102,6 @@ def _tree_workers(op: LinearOperator, steps: Iterable[Any], found: set[int]) -> 
     return found
 
 
-def _owned(space: Space, mapping: WorkerMap, rank: int) -> tuple[Block, ...]:
-    mine = set(mapping.workers_on(rank))
-    return tuple(block for block in space.blocks if block.worker in mine)
-
-
-def project_mapped(steps: Iterable[Any], mapping: WorkerMap, rank: int) -> tuple[Any, ...]:
-    """``rank``'s schedule of a batched portable program under ``mapping`` (see the module
-    docstring): its workers' local steps, its messages with tags counted per pair of ranks in
-    program order, and its transfers between its own workers as :class:`LocalMoves`."""
-    return _project(steps, mapping, rank, {})
-
-
-def _project(
-    steps: Iterable[Any], mapping: WorkerMap, rank: int, counts: dict[tuple[int, int], int]
-) -> tuple[Any, ...]:
-    out: list[Any] = []
-    rank_of = mapping.rank_of
-    for step in steps:
-        if isinstance(step, Local):
-            if rank_of(step.worker) == rank:
-                out.append(step.node)
-        elif isinstance(step, (Phase, Transfer)):
-            receives, sends, local = [], [], []
-            for t in step.transfers if isinstance(step, Phase) else (step,):
-                src, dst = rank_of(t.src_worker), rank_of(t.dst_worker)
-                if src == dst:
-                    if src == rank:
-                        local.append(t)
-                    continue
-                pair = (src, dst)
-                count = counts.get(pair, 0)
-                counts[pair] = count + 1
-                if dst == rank:
-                    receives.append((src, count % TAG_LIMIT, t))
-                elif src == rank:
-                    sends.append((dst, count % TAG_LIMIT, t))
-            if receives or sends:
-                out.append(RankPhase(tuple(receives), tuple(sends)))
-            if local:
-                out.append(LocalMoves(tuple(local)))
-        elif isinstance(step, Scale):
-            out.append(step)
-        elif isinstance(step, ZeroState):
-            out.append(RankZero(_owned(step.space, mapping, rank)))
-        elif isinstance(step, Branches):
-            names = tuple(b.name for b in _owned(step.space, mapping, rank))
-            terms = tuple(_project(term, mapping, rank, counts) for term in step.terms)
-            out.append(RankBranches(terms, names))
-        elif isinstance(step, FastPathStep):  # pragma: no cover - lower_portable declines them
-            raise UnsupportedNodeError(f"a fast-path step {step!r} cannot run under a worker map")
-        else:  # pragma: no cover - lowering emits nothing else
-            raise TypeError(f"unknown step {step!r}")
-    return tuple(out)
-
-
 class MappedCompiled:
     """A tree compiled under one worker map: its fingerprint (the tree's and the map's), the
     global portable program, the workers it names, and per rank the schedule (or the error
@@ -327,18 +140,18 @@ class MappedCompiled:
             problem = self.error or self.mapping.problem(self.workers, size)
             program = None
             if problem is None:
-                schedule = project_mapped(self.steps, self.mapping, rank)
-                program = RankProgram(schedule, (), max(self.workers, default=0))
+                schedule = project(self.steps, rank, self.mapping)
+                program = RankProgram(schedule, max(self.workers, default=0))
             found = self.ranks[key] = (program, problem)
         return found
 
     def domain_blocks(self, rank: int) -> dict[str, Block]:
         """The domain blocks ``rank`` holds (of all its workers), in domain order."""
-        return {b.name: b for b in _owned(self.op.domain, self.mapping, rank)}
+        return {b.name: b for b in owned_blocks(self.op.domain, rank, self.mapping)}
 
     def range_names(self, rank: int) -> tuple[str, ...]:
         """The names of the range blocks ``rank`` holds, in range order."""
-        return tuple(b.name for b in _owned(self.op.range, self.mapping, rank))
+        return tuple(b.name for b in owned_blocks(self.op.range, rank, self.mapping))
 
 
 _COMPILED: dict[WorkerMap, PlanCache[MappedCompiled]] = {}

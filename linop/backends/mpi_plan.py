@@ -1,6 +1,6 @@
 """A tree compiled for one communicator: :class:`DistributedPlan`.
 
-The plan holds this rank's schedule (:func:`linop.backends.mpi_schedule.compile_for_rank`:
+The plan holds this rank's schedule (:func:`linop.program.compile_for_rank`:
 the rank's own steps, compiled without the global program, which :attr:`DistributedPlan.program`
 builds on demand), and the entry check (:mod:`linop.backends.mpi_check`). Applying it checks
 collectively, then runs the schedule (:mod:`linop.backends.mpi_runtime`) on a copy-on-write
@@ -25,14 +25,13 @@ import numpy.typing as npt
 from .. import dtypes
 from ..errors import CommunicatorError, IntegerOverflowError, LinopError, UnsupportedNodeError, WorkerMapError
 from ..operator import LinearOperator
+from ..program import Program, RankProgram, WorkerMap, compile_for_rank, compile_program, fingerprint
 from ..space import Block, State
 from . import array_api, mpi_mapping, numpy_backend
 from .mpi_check import CheckOutcome, DistributedOverflowError, EntryCheck
 from .mpi_context import PlanCache
 from .mpi_guard import abort_for
-from .mpi_mapping import WorkerMap
 from .mpi_runtime import run_schedule
-from .mpi_schedule import Program, RankProgram, compile_for_rank, compile_program, fingerprint
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
     from mpi4py.MPI import Intracomm
@@ -53,7 +52,7 @@ class Compiled:
         self.ranks: dict[int, tuple[RankProgram | None, LinopError | None]] = {}
 
     def for_rank(self, op: LinearOperator, rank: int) -> tuple[RankProgram | None, LinopError | None]:
-        """``rank``'s program (:func:`~linop.backends.mpi_schedule.compile_for_rank`: its own
+        """``rank``'s program (:func:`~linop.program.compile_for_rank`: its own
         steps only, O(its own work)), or the error compiling it raised."""
         found = self.ranks.get(rank)
         if found is None:

@@ -1,18 +1,18 @@
 """The runtime of the MPI interpreter: execute one rank's schedule on its workspace.
 
-A rank's schedule (:meth:`linop.backends.mpi_schedule.Program.for_rank`) is a sequence of
+A rank's schedule (:meth:`linop.program.Program.for_rank`) is a sequence of
 
 - local nodes, run with the numpy interpreter's handlers;
-- :class:`~linop.backends.mpi_schedule.RankPhase`: post every receive, then every send, wait
+- :class:`~linop.program.RankPhase`: post every receive, then every send, wait
   once, then add or store what needed a buffer and clear or drop the sources. Data moves straight
   from and into the blocks (:func:`~linop.backends.mpi_datatypes.region_spec`);
 - the algebra steps, with the numpy interpreter's semantics (the same functions):
-  :class:`~linop.backends.mpi_schedule.Scale` (:func:`~linop.backends.numpy_backend.scale_blocks`),
-  :class:`~linop.backends.mpi_schedule.RankBranches`
+  :class:`~linop.program.Scale` (:func:`~linop.backends.numpy_backend.scale_blocks`),
+  :class:`~linop.program.RankBranches`
   (:func:`~linop.backends.numpy_backend.sum_branches`) and
-  :class:`~linop.backends.mpi_schedule.RankZero`;
+  :class:`~linop.program.RankZero`;
 - fast-path steps (:class:`~linop.backends.mpi_steps.RankStep`), which run themselves;
-- under a worker-to-rank map, :class:`~linop.backends.mpi_mapping.LocalMoves`: transfers
+- under a worker-to-rank map, :class:`~linop.program.LocalMoves`: transfers
   between two workers of this rank, run as local copies.
 
 Every message travels in the run's dtype, agreed by all ranks before the run.
@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from ..operator import LinearOperator
+from ..program import LocalMoves, RankBranches, RankPhase, RankZero, Scale, Transfer
 from ..space import Region
 from . import numpy_backend
 from .mpi_datatypes import mpi, raw_spec, region_spec
-from .mpi_mapping import LocalMoves, run_local_moves
-from .mpi_schedule import RankBranches, RankPhase, RankZero, Scale, Transfer
+from .mpi_mapping import run_local_moves
 from .mpi_steps import RankStep
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time

@@ -1,8 +1,8 @@
-"""The interfaces between the MPI interpreter's schedule, its fast paths and its runtime.
+"""The interfaces between the MPI interpreter's fast paths and its runtime.
 
-A fast-path lowering (:func:`linop.backends.mpi_schedule.lowering`) emits a
-:class:`~linop.backends.mpi_schedule.FastPathStep` holding a :class:`FastPathRunner`: the
-global step, which knows the workers it involves and gives each rank its part, a
+A fast-path lowering (:func:`linop.program.lowering`) emits a
+:class:`~linop.program.FastPathStep` holding a :class:`~linop.program.FastPathRunner`: the
+global step, which knows the workers it involves and gives each rank its part, here a
 :class:`RankStep`. The runtime (:mod:`linop.backends.mpi_runtime`) runs a rank step on the
 rank's workspace; a bound plan (:mod:`linop.backends.mpi_bound`) asks it, once, for persistent
 requests instead (:meth:`RankStep.persistent`, :meth:`RankStep.bind_out_of_place`), which a
@@ -14,16 +14,18 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, Union
+from typing import TYPE_CHECKING, Union
 
 import numpy as np
+
+from ..program import RankPart
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
     from mpi4py.MPI import Intracomm, Prequest
 
     from .numpy_backend import Workspace
 
-__all__ = ["RankStep", "FastPathRunner", "Persistent", "OutOfPlaceBinding", "Action", "Call"]
+__all__ = ["RankStep", "Persistent", "OutOfPlaceBinding", "Action", "Call"]
 
 Action = Callable[[], object]
 """A local action run after the requests of a phase complete (an unpack, add or clear)."""
@@ -52,8 +54,8 @@ class OutOfPlaceBinding:
     dropped: tuple[str, ...] = ()
 
 
-class RankStep(ABC):
-    """One rank's part of a fast-path step."""
+class RankStep(RankPart, ABC):
+    """One rank's part of an MPI fast-path step."""
 
     @abstractmethod
     def run(self, work: Workspace, comm: Intracomm, dtype: np.dtype) -> None:
@@ -73,16 +75,3 @@ class RankStep(ABC):
         """Collective calls doing the step from ``arrays`` into result arrays built once, or
         None when the step cannot be bound so (the default). ``dry`` as in :meth:`persistent`."""
         return None
-
-
-class FastPathRunner(Protocol):
-    """The global step of a fast-path lowering: the workers it involves and each rank's part."""
-
-    @property
-    def workers(self) -> tuple[int, ...]:
-        """Every worker the step involves (the communicator must cover them)."""
-        ...
-
-    def project(self, rank: int) -> RankStep | None:
-        """This rank's part, or None when the rank takes no part."""
-        ...

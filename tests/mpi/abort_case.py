@@ -15,8 +15,8 @@ from mpi4py import MPI
 
 from linop import Block, SendRecv, Space
 from linop.backends import mpi_backend
-from linop.backends.mpi_schedule import FastPathStep, lowering
 from linop.backends.mpi_steps import RankStep
+from linop.program import FastPathStep, lowering
 
 
 @dataclass(frozen=True, eq=True, repr=False)

@@ -9,11 +9,11 @@ from mpi4py import MPI
 
 from linop import expand_all
 from linop.backends import mpi_backend
-from linop.backends.mpi_schedule import FastPathStep, Phase
 from linop.collectives import AllGather, AllReduce, BlockGrid, Broadcast, ReduceScatter, SumReduce
 from linop.halo import HaloExchange, local_space
 from linop.halo_geometry import Kernel, halo_geometry
 from linop.partition import DistributedTensor, Partition
+from linop.program import FastPathStep, Phase
 from linop.repartition import Gather, Repartition, Scatter
 
 COMM = MPI.COMM_WORLD

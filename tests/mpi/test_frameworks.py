@@ -260,7 +260,7 @@ def test_distributed_affine_gives_torch_linear_gradients(comm):
 
 
 def test_torch_operator_under_a_worker_map(comm):
-    from linop.backends.mpi_mapping import WorkerMap
+    from linop.program import WorkerMap
 
     u = DistributedTensor("u", (9, 7), Partition.grid((4, 4)))
     op = halo_windows(u, Kernel(3, padding=1))

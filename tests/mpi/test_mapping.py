@@ -14,13 +14,12 @@ from mpi4py import MPI
 from strategies import movement_trees
 
 from linop.backends import mpi_backend
-from linop.backends.mpi_mapping import LocalMoves, WorkerMap
-from linop.backends.mpi_schedule import RankPhase
 from linop.collectives import AllReduce, BlockGrid, Broadcast, SumReduce
 from linop.errors import DistributedStateError, WorkerMapError, WorkerMapMismatchError
 from linop.halo import HaloExchange, halo_windows
 from linop.halo_geometry import Kernel, halo_geometry
 from linop.partition import DistributedTensor, Partition
+from linop.program import LocalMoves, RankPhase, WorkerMap
 from linop.repartition import Repartition
 
 COMM = MPI.COMM_WORLD

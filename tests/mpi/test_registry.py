@@ -1,6 +1,8 @@
-"""The registry proof under MPI: every MPI lowering in the dispatch registry gives, across the
-ranks, exactly what its node's full expansion into primitives gives (and what the numpy
-interpreter computes), on the examples of ``verify.node_examples``.
+"""The registry proof under MPI: every lowering into the distributed program in the dispatch
+registry (interpreter ``"program"``: the generic lowerings and the MPI fast paths), run by the
+MPI interpreter, gives, across the ranks, exactly what its node's full expansion into
+primitives gives (and what the numpy interpreter computes), on the examples of
+``verify.node_examples``.
 
 Examples whose workers do not all fit on this job's ranks are skipped on every rank alike
 (hypothesis draws the same examples everywhere); each lowering must be proven on some example
@@ -24,7 +26,7 @@ from verify.node_examples import example_strategy
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.rank, COMM.size
-PAIRS = sorted(dispatch.registered("mpi"), key=lambda pair: pair[1].__name__)
+PAIRS = sorted(dispatch.registered("program"), key=lambda pair: pair[1].__name__)
 
 
 def _workers(op: LinearOperator) -> int:

@@ -1,9 +1,9 @@
-"""MPI lowering of the halo shims: the steps of each per-worker part, one after the other.
+"""The lowering of the halo shims: the steps of each per-worker part, one after the other.
 
 Every part of a :class:`~linop.halo.PadShim` or :class:`~linop.halo.TrimShim` (and of their
 adjoints) lives on one worker, so it lowers to local steps on that worker only: the shim's
 program is O(P) steps of O(1) blocks each, with no space of all P blocks per step (the O(P^2)
-of lowering its expansion); one rank's lowering (:func:`~linop.backends.mpi_schedule.lower_for`)
+of lowering its expansion); one rank's lowering (:func:`~linop.program.lowering.lower_for`)
 builds that rank's part only. Proven equal to the expansion under mpiexec
 (``tests/mpi/test_registry.py``).
 """
@@ -11,7 +11,8 @@ builds that rank's part only. Proven equal to the expansion under mpiexec
 from __future__ import annotations
 
 from ..halo import PadShim, PadShimAdjoint, TrimShim, TrimShimAdjoint
-from .mpi_schedule import Step, lower, lowering, lowering_rank, note_workers
+from .lowering import lower, lowering, lowering_rank, note_workers
+from .steps import Step
 
 __all__: list[str] = []
 

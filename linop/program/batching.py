@@ -1,0 +1,139 @@
+"""Batching: consecutive transfers grouped into phases (:class:`~linop.program.steps.Phase`).
+
+A phase runs as one batch of nonblocking receives (posted first) and sends followed by one
+wait. A transfer joins the open phase only when that gives the same result as running it after
+the others (no read-after-write, write-after-read or write-after-write conflict, two adds into
+one region excepted: they commute and are applied in program order). Local steps that follow a
+phase are deferred behind it, so transfers separated only by unrelated local work still share a
+phase. Batching is deterministic, so every rank that holds the same steps batches them alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .steps import BlockBox, Branches, Footprint, Local, Phase, Step, Transfer
+from .steps import boxes_overlap as _boxes_overlap
+
+__all__ = ["batch"]
+
+
+class _Pending:
+    """Footprints of the steps gathered since the last flush, indexed by block name, so that a
+    new step is checked only against the steps that touch one of its blocks."""
+
+    def __init__(self) -> None:
+        self.by_block: dict[str, list[Footprint]] = {}
+        # per block: the hull of the boxes read, written and added to (a necessary condition of
+        # a conflict, so that a run of steps on disjoint boxes of one block is checked in O(1)
+        # per step instead of against every earlier step)
+        self.hulls: dict[str, list[BlockBox | None]] = {}
+        self.opaque = False
+        self.empty = True
+
+    def add(self, footprint: Footprint) -> None:
+        self.empty = False
+        if footprint.opaque:
+            self.opaque = True
+            return
+        for name in _block_names(footprint):
+            self.by_block.setdefault(name, []).append(footprint)
+        for kind, boxes in enumerate((footprint.reads, footprint.writes, footprint.adds)):
+            for box in boxes:
+                hulls = self.hulls.setdefault(box[0], [None, None, None])
+                hulls[kind] = _hull(hulls[kind], box)
+
+    def _may_conflict(self, later: Footprint) -> bool:
+        """False when no hull of the gathered steps meets ``later`` as a conflict would."""
+        empty = (None, None, None)
+        for box in later.reads:  # after writes or adds
+            read, written, added = self.hulls.get(box[0], empty)
+            if _meets(written, box) or _meets(added, box):
+                return True
+        for box in later.writes:  # after reads, writes or adds
+            read, written, added = self.hulls.get(box[0], empty)
+            if _meets(read, box) or _meets(written, box) or _meets(added, box):
+                return True
+        for box in later.adds:  # after reads or writes (adds commute)
+            read, written, added = self.hulls.get(box[0], empty)
+            if _meets(read, box) or _meets(written, box):
+                return True
+        return False
+
+    def conflicts(self, later: Footprint) -> bool:
+        """True when ``later`` conflicts with any gathered step (see Footprint.conflicts)."""
+        if self.empty:
+            return False
+        if self.opaque or later.opaque:
+            return True
+        if not self._may_conflict(later):
+            return False
+        seen: set[int] = set()
+        for name in _block_names(later):
+            for earlier in self.by_block.get(name, ()):
+                if id(earlier) not in seen:
+                    seen.add(id(earlier))
+                    if earlier.conflicts(later):
+                        return True
+        return False
+
+    def clear(self) -> None:
+        self.by_block.clear()
+        self.hulls.clear()
+        self.opaque = False
+        self.empty = True
+
+
+def _hull(hull: BlockBox | None, box: BlockBox) -> BlockBox:
+    """The smallest box holding ``hull`` and ``box`` (whole-block bounds stay whole)."""
+    if hull is None:
+        return box
+    if hull[1] is None or hull[2] is None or box[1] is None or box[2] is None:
+        return (box[0], None, None)
+    return (
+        box[0],
+        tuple(min(a, b) for a, b in zip(hull[1], box[1])),
+        tuple(max(a, b) for a, b in zip(hull[2], box[2])),
+    )
+
+
+def _meets(hull: BlockBox | None, box: BlockBox) -> bool:
+    return hull is not None and _boxes_overlap(hull, box)
+
+
+def _block_names(footprint: Footprint) -> set[str]:
+    return {box[0] for boxes in (footprint.reads, footprint.writes, footprint.adds) for box in boxes}
+
+
+def batch(steps: Iterable[Step]) -> list[Step]:
+    """Group transfers into phases (see the module docstring); recurse into sum branches."""
+    out: list[Step] = []
+    phase: list[Transfer] = []
+    deferred: list[Local] = []
+    pending = _Pending()  # footprints of ``phase`` and ``deferred``
+
+    def flush() -> None:
+        if phase:
+            out.append(Phase(tuple(phase)))
+            phase.clear()
+        out.extend(deferred)
+        deferred.clear()
+        pending.clear()
+
+    for step in steps:
+        if isinstance(step, Transfer):
+            fp = step.footprint
+            if pending.conflicts(fp):
+                flush()
+            phase.append(step)
+            pending.add(fp)
+        elif isinstance(step, Local) and phase:
+            deferred.append(step)
+            pending.add(step.footprint)
+        else:
+            flush()
+            if isinstance(step, Branches):
+                step = Branches(tuple(tuple(batch(term)) for term in step.terms), step.space)
+            out.append(step)
+    flush()
+    return out

@@ -1,0 +1,108 @@
+"""The fingerprint of a tree: a stable digest of its structure, the same on every process.
+
+Executors compare it across ranks before any data moves (the entry check), so that ranks
+holding different trees fail together with one clear message instead of hanging.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+from typing import Any
+
+import numpy as np
+
+from ..operator import LinearOperator
+from ..partition import Partition
+from ..space import Block, GridSpace, Region, Space
+
+__all__ = ["fingerprint"]
+
+
+def fingerprint(op: LinearOperator) -> bytes:
+    """A stable 16-byte digest of the tree's structure (types, spaces, regions with the shape
+    and worker of their block, scalars with their type: ``2`` and ``2.0`` differ).
+
+    The same on every process for the same tree (it does not use Python's randomized
+    ``hash``); different trees differ with overwhelming probability.
+    """
+    digest = hashlib.blake2b(digest_size=16)
+    memo: dict[int, bytes] = {}
+    _feed(op, digest, memo)
+    return digest.digest()
+
+
+@functools.lru_cache(maxsize=256)
+def _fields_of(kind: type) -> tuple[str, ...]:
+    """The field names of a dataclass type."""
+    return tuple(field.name for field in dataclasses.fields(kind))
+
+
+def _block_bytes(block: Block, memo: dict[int, bytes]) -> bytes:
+    """``repr(block)`` encoded, once per block object (spaces of a tree share their blocks)."""
+    text = memo.get(id(block))
+    if text is None:
+        text = memo[id(block)] = repr(block).encode()
+    return text
+
+
+def _feed(value: Any, digest: Any, memo: dict[int, bytes]) -> None:
+    # memo: bytes by object id, for the spaces and blocks of the tree (alive while it is fed)
+    if isinstance(value, (GridSpace, Partition)):  # described by their rules, not block by block
+        digest.update(value.description())
+    elif isinstance(value, Space):
+        text = memo.get(id(value))
+        if text is None:
+            text = memo[id(value)] = b"S%d:" % len(value) + b",".join(
+                _block_bytes(b, memo) for b in value.blocks
+            )
+        digest.update(text)
+    elif isinstance(value, Region):
+        # the block's shape and worker too: a box means a different program on another layout
+        digest.update(f"R{value.start}{value.stop}{value.dropped}".encode())
+        digest.update(_block_bytes(value.block, memo))
+    elif isinstance(value, Block):
+        digest.update(b"B" + _block_bytes(value, memo))
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        # a node, layout or geometry: digested once per object (a tree shares its tensors and
+        # geometries between nodes), the sub-digest fed wherever it appears
+        known = memo.get(id(value))
+        if known is None:
+            fields = _fields_of(type(value))
+            values = [getattr(value, name) for name in fields]
+            head = f"<{type(value).__module__}.{type(value).__qualname__}".encode()
+            if all(type(v) is int for v in values):  # a row of ints (a geometry row): one buffer
+                try:
+                    known = head + np.asarray(values, dtype=np.int64).tobytes()
+                except OverflowError:
+                    known = head + repr(values).encode()
+            else:
+                sub = hashlib.blake2b(digest_size=16)
+                sub.update(head)
+                for name, item in zip(fields, values):
+                    sub.update(name.encode())
+                    _feed(item, sub, memo)
+                known = b"D" + sub.digest()
+            memo[id(value)] = known
+        digest.update(known)
+    elif isinstance(value, tuple) and len(value) > 8 and all(type(v) is int for v in value):
+        # a long tuple of ints (a partition's workers, a decomposition's sizes): one buffer
+        try:
+            digest.update(b"I%d:" % len(value) + np.asarray(value, dtype=np.int64).tobytes())
+        except OverflowError:  # beyond int64: item by item
+            digest.update(repr(value).encode())
+    elif isinstance(value, (tuple, list)):
+        digest.update(f"({len(value)}".encode())
+        for item in value:
+            _feed(item, digest, memo)
+        digest.update(b")")
+    elif isinstance(value, np.ndarray):
+        digest.update(f"A{value.dtype.str}{value.shape}".encode())
+        digest.update(np.ascontiguousarray(value).tobytes())
+    elif callable(value):
+        digest.update(
+            f"F{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', type(value).__name__)}".encode()
+        )
+    else:
+        digest.update(f"V{type(value).__name__}:{value!r}".encode())
