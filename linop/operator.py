@@ -156,7 +156,7 @@ class LinearOperator(ABC):
         dtype : dtype, optional
             Dtype of newly allocated blocks; default the common dtype of the input blocks.
         """
-        from .backends.numpy_backend import apply
+        from .entry import apply
 
         return apply(self, state, inplace=inplace, dtype=dtype)
 

@@ -120,6 +120,19 @@ def test_torch_requiring_a_gradient_is_differentiated_not_refused():
     assert a.grad.tolist() == [1.0, 1.0, 1.0, 1.0]  # C* = K_b S_{b->a}: each a_i reached b_i once
 
 
+def test_the_numpy_interpreter_alone_refuses_a_state_needing_a_gradient():
+    """Only the entry point (``op(state)``, :mod:`linop.entry`) reaches the frameworks; the
+    interpreter called directly refuses rather than dropping the gradient."""
+    from linop.backends import numpy_backend
+
+    torch = _torch()
+    state = {"a": torch.arange(4.0, requires_grad=True), "b": torch.zeros(4)}
+    with pytest.raises(StateError, match="requires a gradient"):
+        numpy_backend.apply(Copy(SPACE["a"], SPACE["b"]), state)
+    detached = numpy_backend.apply(Copy(SPACE["a"], SPACE["b"]), {k: v.detach() for k, v in state.items()})
+    assert detached["b"].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
 def test_torch_in_place_on_a_tensor_requiring_a_gradient_is_refused():
     torch = _torch()
     state = {"a": torch.arange(4.0, requires_grad=True), "b": torch.zeros(4)}

@@ -56,3 +56,138 @@ def _private_imports(path: Path) -> list[str]:
 def test_no_module_imports_private_names_of_another(package):
     offenders = [line for path in sorted((ROOT / package).rglob("*.py")) for line in _private_imports(path)]
     assert not offenders, "\n".join(offenders)
+
+
+# -- layering: which package may import which ------------------------------------------------
+ENGINES = ("mpi4py", "torch", "jax", "jaxlib")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _absolute(module: str, node: ast.ImportFrom, is_package: bool) -> str:
+    """The absolute module an ``ImportFrom`` reads from (relative levels resolved)."""
+    if not node.level:
+        return node.module or ""
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    base = package[: len(package) - node.level + 1]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imports_of(source: str, module: str, *, is_package: bool = False) -> list[tuple[str, int, bool]]:
+    """Every module ``source`` (the text of ``module``) imports: (absolute name, line, whether
+    the import runs when the module is imported). Imports inside functions run later (lazy);
+    imports under ``if TYPE_CHECKING:`` never run. ``from a import b`` yields both ``a`` and
+    ``a.b`` (``b`` may be a submodule)."""
+    found: list[tuple[str, int, bool]] = []
+
+    def visit(nodes: list[ast.stmt], eager: bool) -> None:
+        for node in nodes:
+            if isinstance(node, ast.Import):
+                found.extend((alias.name, node.lineno, eager) for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = _absolute(module, node, is_package)
+                found.append((base, node.lineno, eager))
+                found.extend((f"{base}.{alias.name}", node.lineno, eager) for alias in node.names)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                visit(node.body, False)
+            elif isinstance(node, ast.If):
+                visit(node.body, eager and not _is_type_checking(node.test))
+                visit(node.orelse, eager)
+            else:
+                for field in ("body", "orelse", "finalbody", "handlers"):
+                    children = getattr(node, field, None)
+                    if isinstance(children, list):
+                        visit([c for c in children if isinstance(c, ast.stmt)], eager)
+                        for handler in children:
+                            if isinstance(handler, ast.ExceptHandler):
+                                visit(handler.body, eager)
+
+    visit(ast.parse(source).body, True)
+    return found
+
+
+def _within(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def layering_violations(
+    source: str, module: str, *, is_package: bool = False
+) -> list[str]:
+    """The import rules of docs/design.md that ``module`` (its text ``source``) breaks."""
+    out = []
+    for name, line, eager in imports_of(source, module, is_package=is_package):
+        where = f"{module}:{line} imports {name}"
+        if _within(module, ("linop.backends",)) and _within(name, ("linop.frameworks",)):
+            out.append(f"{where}: backends never import frameworks")
+        core = _within(module, ("linop",)) and not _within(module, ("linop.backends", "linop.frameworks"))
+        if core and eager and _within(name, ("linop.backends",)):
+            out.append(f"{where}: the core imports no backend at module level")
+        if _within(module, ("linop.program",)) and _within(name, (*ENGINES, "linop.backends", "linop.frameworks")):
+            out.append(f"{where}: linop.program imports no engine, backend or framework, not even lazily")
+        if module in ("linop.accounting", "linop.plot") and _within(name, ("linop.backends",)):
+            out.append(f"{where}: accounting and plots read linop.program, never a backend")
+    return out
+
+
+def test_the_layering_holds():
+    offenders = [
+        line
+        for path in sorted((ROOT / "linop").rglob("*.py"))
+        for line in layering_violations(path.read_text(), _module_name(path), is_package=path.name == "__init__.py")
+    ]
+    assert not offenders, "\n".join(offenders)
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "rule"),
+    [
+        ("linop.backends.numpy_x", "def f():\n    from ..frameworks import torch_function\n", "never import frameworks"),
+        ("linop.backends.numpy_x", "import linop.frameworks.jax_function\n", "never import frameworks"),
+        ("linop.halo", "from .backends import numpy_backend\n", "no backend at module level"),
+        ("linop.layers.conv", "try:\n    from ..backends.mpi_backend import apply\nexcept ImportError:\n    pass\n",
+         "no backend at module level"),
+        ("linop.program.steps", "def f():\n    import torch\n", "imports no engine"),
+        ("linop.program.lowering", "from mpi4py import MPI\n", "imports no engine"),
+        ("linop.program.compile", "def f():\n    from ..backends import mpi_fastpaths\n", "imports no engine"),
+        ("linop.accounting", "def f():\n    from .backends.mpi_plan import Compiled\n", "never a backend"),
+        ("linop.plot", "def f():\n    from .backends import sparse_backend\n", "never a backend"),
+    ],
+)
+def test_the_layering_check_catches_a_violation(module, source, rule):
+    found = layering_violations(source, module)
+    assert any(rule in line for line in found), found
+
+
+def test_the_layering_check_allows_what_the_rules_allow():
+    """Lazy backend imports in the core, TYPE_CHECKING imports, frameworks importing backends."""
+    assert not layering_violations("def f():\n    from .backends import numpy_backend\n", "linop.operator")
+    assert not layering_violations(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .backends.numpy_backend import Workspace\n",
+        "linop.local",
+    )
+    assert not layering_violations("from ..backends import mpi_backend\n", "linop.frameworks.torch_function")
+    assert not layering_violations("from . import steps\n", "linop.program", is_package=True)
+
+
+def test_compiling_a_program_loads_no_engine():
+    """The whole compilation (lowering through the registry, batching, projection) in a fresh
+    process imports neither mpi4py, torch nor jax."""
+    loaded = _fresh(
+        "import sys\n"
+        "from linop import DistributedTensor, HaloExchange, Kernel, Partition, halo_geometry\n"
+        "from linop.program import compile_for_rank, compile_program\n"
+        "t = DistributedTensor('x', (16, 16), Partition.grid((2, 2)))\n"
+        "op = HaloExchange(halo_geometry(t, Kernel(3, padding=1)))\n"
+        "compile_program(op).for_rank(1); compile_for_rank(op, 2)\n"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {ENGINES!r}))\n"
+    )
+    assert loaded.strip() == "[]", loaded

@@ -12,11 +12,10 @@ Plain Python values (lists, numbers) are neutral: they take the library of the o
 Blocks passed through unchanged come back as the caller's own array objects (the numpy
 interpreter returns read-only views instead; other libraries have no read-only view).
 
-Differentiation is not lost on the way: a torch state with a tensor that requires a gradient
-(while grad mode is on) is routed through :func:`linop.frameworks.torch_function.apply`, and
-a state holding JAX tracers (inside ``jax.grad``, ``jax.jit``, ...) through
-:func:`linop.frameworks.jax_function.apply`; both run the same interpreter forward and the
-adjoint tree backward.
+Differentiation is the entry point's business (:mod:`linop.entry`, which sends a torch state
+that requires a gradient and a state of JAX tracers to ``linop.frameworks``): this module never
+imports the frameworks, and :func:`apply` refuses a state that needs differentiation
+(:func:`needs_autodiff`) rather than silently dropping its gradient.
 
 Arrays on an accelerator (torch CUDA tensors, CuPy arrays) are staged through host memory:
 copied to numpy, computed, copied back to their device.
@@ -47,6 +46,7 @@ __all__ = [
     "library_of",
     "to_numpy",
     "from_numpy",
+    "needs_autodiff",
     "apply",
     "mpi_entry",
     "MPIEntry",
@@ -197,7 +197,8 @@ def _numpy_dtype(dtype: Any, library: Library) -> Any:
     return dtype
 
 
-def _needs_autodiff(state: Mapping[str, Any], library: Library) -> bool:
+def needs_autodiff(state: Mapping[str, Any], library: Library) -> bool:
+    """True when a block of ``state`` requires a gradient (torch, grad mode on) or is a JAX tracer."""
     if library.kind == "torch":
         import torch
 
@@ -230,19 +231,11 @@ def apply(
     host copy written back); JAX arrays are immutable and tensors that require a gradient
     cannot be written behind autograd's back: both are a :class:`StateError`.
     """
-    if _needs_autodiff(state, library):
-        if inplace:
-            raise StateError(
-                "in-place application cannot be differentiated: a block requires a gradient "
-                "(detach it, or apply out of place)"
-            )
-        if library.kind == "torch":
-            from ..frameworks import torch_function
-
-            return torch_function.apply(op, state, dtype=dtype)
-        from ..frameworks import jax_function
-
-        return jax_function.apply(op, state, dtype=dtype)
+    if needs_autodiff(state, library):
+        raise StateError(
+            "a block requires a gradient: apply with op(state), which differentiates through "
+            "linop.frameworks (or detach the tensors)"
+        )
     dtype = _numpy_dtype(dtype, library)
     arrays = {name: to_numpy(name, value, library) for name, value in state.items()}
     if inplace:

@@ -29,6 +29,7 @@ from . import array_api
 
 __all__ = [
     "apply",
+    "apply_numpy",
     "handler",
     "Workspace",
     "first_shared_memory",
@@ -111,10 +112,28 @@ def apply(
     inplace: bool = False,
     dtype: npt.DTypeLike | None = None,
 ) -> State:
-    """Apply ``op`` to ``state``; see :meth:`linop.LinearOperator.apply`."""
+    """Apply ``op`` to ``state``; see :meth:`linop.LinearOperator.apply` (which also
+    differentiates torch and JAX states: :mod:`linop.entry`).
+
+    Raises
+    ------
+    StateError
+        A block requires a gradient (apply with ``op(state)`` to differentiate).
+    """
     library = array_api.library_of(state) if isinstance(state, Mapping) else None
     if library is not None:  # torch, jax, ... arrays: viewed as numpy here, same library out
-        return array_api.apply(op, state, library, apply, inplace=inplace, dtype=dtype)
+        return array_api.apply(op, state, library, apply_numpy, inplace=inplace, dtype=dtype)
+    return apply_numpy(op, state, inplace=inplace, dtype=dtype)
+
+
+def apply_numpy(
+    op: LinearOperator,
+    state: Mapping[str, Any],
+    *,
+    inplace: bool = False,
+    dtype: npt.DTypeLike | None = None,
+) -> State:
+    """:func:`apply` on a state of numpy arrays (and plain Python values) only."""
     arrays = op.domain.check_state(state)
     run_arrays, dtype, cast = dtypes.prepare_numpy(op, arrays, dtype)  # docs/theory.md#dtypes
     if dtype is None:
