@@ -16,22 +16,26 @@ type with a handler but no example strategy fails here, so no handler lands unpr
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import pkgutil
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+import linop
 import verify.sizefree
 import verify.strategies
-from linop import LinearOperator, dispatch, expand_all
+from linop import Copy, LinearOperator, dispatch, expand_all
 from linop.backends.numpy_backend import apply
 from linop.backends.sparse_backend import matrix_of
 from verify.errors import NotSizeFreeError
-from verify.node_examples import example_strategy, registered_examples
+from verify.node_examples import example_strategy, examples_of, registered_examples
 
 PAIRS = sorted(dispatch.registered(), key=lambda pair: (pair[0], pair[1].__name__))
 EXAMPLES = settings(
@@ -64,6 +68,96 @@ def test_every_handled_node_type_has_examples(pair):
         f"{node_type.__name__} has a handler but no example strategy: register one with "
         "verify.node_examples.examples_for"
     )
+
+
+def concrete_node_types(prefix: str = "linop.") -> list[type]:
+    """Every concrete subclass of LinearOperator defined in a module under ``prefix`` (every
+    module of linop imported first, the framework adapters excepted: they define no node)."""
+    for module in pkgutil.walk_packages(linop.__path__, "linop."):
+        if not module.name.startswith("linop.frameworks"):
+            importlib.import_module(module.name)
+    found: set[type] = set()
+    queue = [LinearOperator]
+    while queue:
+        for cls in queue.pop().__subclasses__():
+            if cls not in found:
+                found.add(cls)
+                queue.append(cls)
+    return sorted(
+        (c for c in found if c.__module__.startswith(prefix) and not inspect.isabstract(c)),
+        key=lambda c: f"{c.__module__}.{c.__qualname__}",
+    )
+
+
+DRAW = settings(
+    max_examples=100, deadline=None, database=None, phases=[Phase.generate], suppress_health_check=list(HealthCheck)
+)
+
+
+class _DrawnError(Exception):
+    """Raised by the search as soon as it draws an instance of the node type it looks for."""
+
+
+def _draws(strategy: st.SearchStrategy, node_type: type) -> bool:
+    @DRAW
+    @given(strategy)
+    def search(op):
+        if isinstance(op, node_type):
+            raise _DrawnError
+
+    try:
+        search()
+    except _DrawnError:
+        return True
+    return False
+
+
+def without_examples(node_types: list[type]) -> list[str]:
+    """The node types that no example factory draws (:func:`~verify.node_examples.examples_of`)."""
+    missing = []
+    for node_type in node_types:
+        strategy = examples_of(node_type)
+        if strategy is None or not _draws(strategy, node_type):
+            missing.append(node_type.__name__)
+    return missing
+
+
+NODE_TYPES = concrete_node_types()
+
+
+def test_the_walk_finds_the_node_types():
+    names = {c.__name__ for c in NODE_TYPES}
+    assert {"Copy", "SendRecv", "Allocate", "HaloExchange", "Repartition", "AllGather", "LocalOperator"} <= names
+    assert "Planned" not in names  # abstract
+
+
+@pytest.mark.parametrize("node_type", NODE_TYPES, ids=lambda c: c.__qualname__)
+def test_every_node_type_of_linop_has_examples(node_type):
+    """Every concrete node type, handled or not, is drawn by an example factory: a node that
+    the registry proof and the catalogue never see cannot land."""
+    assert not without_examples([node_type]), (
+        f"{node_type.__module__}.{node_type.__qualname__} has no examples: register a factory "
+        "with verify.node_examples.examples_for (or make a registered base class's factory draw it)"
+    )
+
+
+def test_a_new_node_type_without_examples_is_caught():
+    """A new subclass (of a node whose factory exists, and of no node at all) is caught."""
+
+    class UnprovenCopy(Copy):
+        pass
+
+    class UnprovenLeaf(LinearOperator):
+        def expand(self) -> LinearOperator:
+            return self
+
+        def adjoint(self) -> LinearOperator:
+            return self
+
+    walked = concrete_node_types(prefix=__name__)
+    assert {UnprovenCopy, UnprovenLeaf} <= set(walked)
+    assert set(without_examples([UnprovenCopy, UnprovenLeaf])) == {"UnprovenCopy", "UnprovenLeaf"}
+    assert not without_examples([Copy])
 
 
 def _check_numpy(op: LinearOperator, seed: int) -> bool:

@@ -15,7 +15,9 @@ Register one beside the strategies of its feature::
         return spaces().flatmap(movements)  # drawn Copy, SendRecv and Move nodes
 
 A node type with a registered handler but no example strategy fails the registry proof test
-(``tests/test_registry.py``), so a new fast path cannot land unproven.
+(``tests/test_registry.py``), so a new fast path cannot land unproven; so does any concrete
+node type of linop that no factory draws (its own, or its nearest registered base class's:
+:func:`examples_of`), so a new node cannot land without ever being drawn.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from collections.abc import Callable
 
 from hypothesis import strategies as st
 
-__all__ = ["examples_for", "example_strategy", "registered_examples"]
+__all__ = ["examples_for", "example_strategy", "examples_of", "registered_examples"]
 
 ExampleFactory = Callable[[], st.SearchStrategy]
 _EXAMPLES: dict[type, ExampleFactory] = {}
@@ -48,6 +50,19 @@ def example_strategy(node_type: type) -> st.SearchStrategy | None:
     if factory is None:
         return None
     return factory().filter(lambda op: isinstance(op, node_type))
+
+
+def examples_of(node_type: type) -> st.SearchStrategy | None:
+    """The strategy meant to draw ``node_type``: its own factory's or, without one, the factory
+    of its nearest registered base class (``SendRecv`` is drawn by the factory of ``Copy``),
+    unfiltered (it may draw other types too); None when no class of its method resolution
+    order has a factory. Whether it really draws ``node_type`` is checked per node type by
+    ``tests/test_registry.py``."""
+    for cls in node_type.__mro__:
+        factory = _EXAMPLES.get(cls)
+        if factory is not None:
+            return factory()
+    return None
 
 
 def registered_examples() -> dict[type, ExampleFactory]:
