@@ -13,9 +13,16 @@ computes the same global program and the same batching:
    batch of nonblocking receives (posted first) and sends followed by one wait. A transfer
    joins the open phase only when that gives the same result as running it after the others
    (no read-after-write, write-after-read or write-after-write conflict, two adds into one
-   region excepted: they commute and are applied in program order). Local steps that follow a
+   region excepted: they commute and are applied in program order), and when its ``round``
+   is not above the round of the phase's last transfer. Local steps that follow a
    phase are deferred behind it, so transfers separated only by unrelated local work still
-   share a phase.
+   share a phase. The round is a transfer's depth in the data dependencies of the node that
+   emits it, as both of its ends compute it (the halo exchange: its stage): a rank sees only
+   its own side of a dependency, so without it a receiver would post a message of the next
+   stage in the phase where its sender is still receiving what that message carries, and wait
+   for the sender's next phase; ranks waiting so for each other chain across the grid. With it
+   a receive is posted in the phase its sender sends in (:mod:`linop.latency` models the
+   schedules' critical path).
 3. **Projection** (:func:`project`) keeps, for one rank, the steps it takes part in.
 
 A plan does not build the global program: each rank compiles its own schedule
@@ -25,7 +32,8 @@ geometry, in O(the rank's own work), see ``docs/theory.md#cost-model``), then ba
 projecting those. Batching a rank's steps alone may group them into fewer phases than the
 global program does (a phase is split only where one of the rank's own steps depends on an
 earlier one), which gives the same result, and cannot deadlock: phases are runs of program
-order on every rank, so the earliest unfinished transfer always has both ends posted. A
+order on every rank (the rounds only split phases further), so the earliest unfinished
+transfer always has both ends posted. A
 message's tag counts the earlier transfers between the same pair of ranks, which both ends see
 in program order, so the schedules of :func:`compile_for_rank` and :meth:`Program.for_rank`
 run together. The global program (:func:`compile_program`) stays for inspection, accounting
@@ -150,12 +158,15 @@ class Transfer:
 
     ``mode``: ``"add"`` (target += data), ``"store"`` (target = data) or ``"new"`` (target is a
     new block). ``after``: ``"keep"``, ``"clear"`` or ``"drop"`` the source afterwards.
+    ``round``: the transfer's depth in the data dependencies of the node that emits it, the
+    same at both ends (0 by default; see the module docstring's batching).
     """
 
     source: Region
     target: Region | Block
     mode: str
     after: str
+    round: int = 0
 
     @property
     def src_worker(self) -> int:
@@ -542,7 +553,7 @@ def batch(steps: Iterable[Step]) -> list[Step]:
     for step in steps:
         if isinstance(step, Transfer):
             fp = step.footprint
-            if pending.conflicts(fp):
+            if pending.conflicts(fp) or (phase and step.round > phase[-1].round):
                 flush()
             phase.append(step)
             pending.add(fp)
