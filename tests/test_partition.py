@@ -361,7 +361,7 @@ def test_consecutive_workers_are_described_not_enumerated():
     assert small == Partition.grid((2, 3), first=4) == Partition((2, 3), workers=range(4, 10))
     assert hash(small) == hash(Partition.grid((2, 3), first=4))
     assert small.workers == (4, 5, 6, 7, 8, 9) == tuple(small.workers) and small.workers == range(4, 10)
-    assert small.workers[1:3] == (5, 6) and list(reversed(small.workers))[0] == 9
+    assert small.workers[1:3] == (5, 6) and next(reversed(small.workers)) == 9
     assert hash(small.workers) == hash((4, 5, 6, 7, 8, 9))
     assert repr(small) == "Partition(shape=(2, 3), workers=(4, 5, 6, 7, 8, 9))"
 
