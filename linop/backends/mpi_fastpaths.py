@@ -332,7 +332,6 @@ class _RankBroadcast(RankStep):
     created: tuple[Block, ...]
     reduce: bool
     fallback: _Fallback
-    _scratch: list[np.ndarray] = field(default_factory=list)
 
     def run(self, work: Workspace, comm: Intracomm, dtype: np.dtype) -> None:
         if self.reduce and dtype.char not in REDUCIBLE:
@@ -385,6 +384,7 @@ class _RankBroadcast(RankStep):
         lib = mpi()
         requests: list[Call] = []
         results: dict[str, np.ndarray] = {}
+        scratch: list[np.ndarray] = []
         for group in self.groups:
             sub = subcommunicator(comm, group.ranks) if len(group.ranks) > 1 else None
             mine = [name for name, w in group.copies if w == self.rank]
@@ -411,9 +411,9 @@ class _RankBroadcast(RankStep):
             requests.append(sub.Allreduce_init([arrays[mine[0]], mpi_type], [total, mpi_type], op=lib.SUM))
             if is_root:
                 results[group.root_name] = total
-            else:  # the request writes into it on every call: keep it alive with the request
-                self._scratch.append(total)
-        return OutOfPlaceBinding(requests, results, self.dropped)
+            else:  # the request writes into it on every call: kept alive with the binding
+                scratch.append(total)
+        return OutOfPlaceBinding(requests, results, self.dropped, scratch)
 
     def _broadcast(
         self,
