@@ -20,7 +20,8 @@ runs on each rank, for one interior rank of a ``s x s`` grid of ``P = s**2`` wor
 of every rank's steps, batched, then projected), the route plans took before issue 13.
 
 The cases (2-D grids, 8 x 8 local blocks, kernel 3, padding 1): ``HaloExchange``,
-``halo_windows``, ``Broadcast 1 -> P``, ``Broadcast (1,s) -> (s,s)``, ``AllReduce axis 0``,
+``halo_windows``, ``Broadcast 1 -> P``, ``Broadcast (1,s) -> (s,s)``, ``AllReduce axis 0`` (on a tensor and on a
+``BlockGrid``),
 ``Repartition (s,s) -> (2s,s/2)``, and ``AllGather axis 0`` (its adjoint a reduce-scatter), each
 forward and adjoint. For every stage the script prints
 seconds and the peak of traced memory (``tracemalloc``, a second pass: tracing slows Python,
@@ -31,6 +32,7 @@ Usage::
 
     python benchmarks/bench_scale.py                 # P = 4 ... 4096
     python benchmarks/bench_scale.py --max 16384     # the full table (minutes on a busy machine)
+    python benchmarks/bench_scale.py --min 16384 --max 1048576   # P = 16,384, 65,536, 262,144, 1,048,576
     python benchmarks/bench_scale.py --case halo_windows --no-memory
     python benchmarks/bench_scale.py --proof         # exact adjoint proofs at 1e6 - 1.44e7 entries
 
@@ -52,6 +54,7 @@ from dataclasses import dataclass
 from linop import (
     AllGather,
     AllReduce,
+    BlockGrid,
     Broadcast,
     DistributedTensor,
     HaloExchange,
@@ -95,6 +98,10 @@ def allreduce(s: int) -> LinearOperator:
     return AllReduce(_grid(s), 0)
 
 
+def allreduce_block_grid(s: int) -> LinearOperator:
+    return AllReduce(BlockGrid.uniform("x", Partition((s, s)), (BLOCK, BLOCK)), 0)
+
+
 def allgather(s: int) -> LinearOperator:
     return AllGather(_grid(s), 0, "g")
 
@@ -110,6 +117,7 @@ CASES: dict[str, Callable[[int], LinearOperator]] = {
     "Broadcast 1 -> P": broadcast_one,
     "Broadcast (1,s) -> (s,s)": broadcast_row,
     "AllReduce axis 0": allreduce,
+    "AllReduce axis 0 (BlockGrid)": allreduce_block_grid,
     "Repartition (s,s) -> (2s,s/2)": repartition,
     "AllGather axis 0": allgather,
 }
@@ -230,7 +238,7 @@ def main() -> None:
     if args.proof:
         proofs()
         return
-    sides = [s for s in (2**k for k in range(1, 9)) if args.min <= s * s <= args.max]
+    sides = [s for s in (2**k for k in range(1, 11)) if args.min <= s * s <= args.max]
     cases = {n: f for n, f in CASES.items() if not args.case or any(c in n for c in args.case)}
     summary: list[tuple[str, int, float, float]] = []
     for build in cases.values():  # warm-up: the interpreters' handler modules load on first use

@@ -16,19 +16,30 @@ into its data; a local add of n bytes costs gamma n; local copies cost nothing (
 are counted). An optional fourth parameter ``delta`` charges every local step a fixed time: the
 interpreter's overhead per step, which the classical model leaves out (0 by default).
 
-- **The tree as built** (:func:`account`): the tree's movement steps in program order; a step
-  waits for every earlier step whose data it reads or overwrites (the footprints of
-  :mod:`linop.program`), and each worker sends one message at a time and
-  receives one at a time (full duplex, one port each way). The modeled time is the end of the
-  last step; the *dependent phases* are the longest chain of messages each waiting for the
-  one before.
+- **The tree as built** (:func:`account`): the tree's movement steps in program order (a node
+  the MPI interpreter lowers to plain messages and local steps, such as a halo stage, counted
+  as those steps, not as the staging buffers of its expansion); a step waits for every earlier
+  step whose data it reads or overwrites (the footprints of :mod:`linop.program`),
+  and each worker sends one message at a time and receives one at a time (full duplex, one
+  port each way). Each step takes the earliest time at which its dependencies have finished
+  and its ports are free for its whole duration (first fit: a message independent of the ones
+  before it uses a port's idle time rather than queueing behind them). The modeled time is the
+  end of the last step; the *dependent phases* are the longest chain of messages each waiting
+  for the data of the one before.
 - **The schedule** (:func:`account_schedule`): the interpreter's phases, rank by rank. A rank
   starts a phase (or a local step) when everything it took part in before has finished, since
   it waits for all the requests of its phase; there is no global barrier, so ranks that do not
   meet run ahead. Within a phase each rank sends one message at a time and receives one at a
-  time, as in the tree. When batching puts a later round's message into an earlier phase, its
-  ranks wait for it before their next phase: the schedule can be slower than the tree. Native
-  collectives of fast paths are steps whose time the model does not know (``native``).
+  time, as in the tree. Native collectives of fast paths are steps whose time the model does
+  not know (``native``). The *dependent phases* are the critical path, in latencies, of the
+  schedules the ranks run, each compiled on its own (:func:`linop.latency.critical_path`: a
+  phase posts all its messages at once and ends when its receives have arrived); a rank that
+  waits in a phase for a message its peer sends only in a later one lengthens it.
+
+Dependent phases count latencies one after the other when every message of a phase is in
+flight at once; the one-port critical path can hold more messages than that, where a worker
+sends several in one phase: the binomial broadcast on 6 workers has 2 dependent phases
+(0 -> 1 -> 3), and its root's three sends make the critical path 3 alpha, its round count.
 
 Both are the classical synchronous alpha-beta model: for P a power of two the all-reduce
 algorithms of :mod:`linop.algorithms.allreduce` come out at the survey's formulas (two trees
@@ -50,6 +61,7 @@ from typing import Any
 import numpy as np
 
 from .errors import AccountingError
+from .latency import critical_path
 from .movement import Copy, CopyAdjoint, Move
 from .operator import Composition, Identity, LinearOperator, Scaled, Sum, Zero
 from .primitives import Add, Allocate, Clear, Deallocate
@@ -62,8 +74,10 @@ from .program import (
     Scale,
     Transfer,
     ZeroState,
+    compile_for_rank,
     compile_program,
     lower,
+    lower_portable,
 )
 
 __all__ = [
@@ -196,8 +210,8 @@ class Accounting:
         One row per worker that the tree names.
     phases : int
         Dependent communication phases: for a tree the longest chain of messages each waiting
-        for the previous one; for a schedule the number of phases the interpreter runs
-        (native collectives included).
+        for the previous one; for a schedule the critical path of the ranks' schedules in
+        latencies (native collectives counted as one each).
     native : tuple of str
         Fast-path steps of a schedule whose time the model does not know.
     """
@@ -324,6 +338,12 @@ def _tree_steps(op: LinearOperator, out: list[Any]) -> None:
     elif isinstance(op, _LEAVES):
         out.extend(lower(op))
     else:
+        # the interpreter's own steps where they are plain messages and local steps (a halo
+        # stage's transfers, not the staging buffers of its expansion); else the expansion
+        lowered = lower_portable(op)
+        if all(type(step) in (Transfer, Local) for step in lowered):
+            out.extend(lowered)
+            return
         expanded = op.expand()
         if expanded is op:
             out.extend(lower(op))  # the interpreter's own lowering, or its error for an unknown node
@@ -382,9 +402,12 @@ def _duration(event: _Event) -> Cost:
 
 
 def _simulate(events: Sequence[_Event], model: CostModel) -> Cost:
-    """List scheduling in program order with dependencies and one port each way per worker."""
+    """List scheduling in program order with dependencies and one port each way per worker:
+    each event takes the earliest time, from when its dependencies have finished, at which its
+    ports are free for its whole duration (first fit, so that a message independent of the
+    ones before it fills a port's idle time instead of queueing behind them)."""
     finish: list[tuple[float, Cost]] = []
-    ports: dict[tuple[str, int], tuple[float, Cost]] = {}
+    busy: dict[tuple[str, int], list[tuple[float, float, Cost]]] = {}
     last = (0.0, _NOTHING)
     for event in events:
         start = (0.0, _NOTHING)
@@ -395,15 +418,21 @@ def _simulate(events: Sequence[_Event], model: CostModel) -> Cost:
             resources = [("cpu", event.worker)]
         else:
             resources = [("send", event.worker), ("receive", event.target)]
-        for key in resources:
-            free = ports.get(key)
-            if free is not None and free[0] > start[0]:
-                start = free
-        cost = start[1] + _duration(event)
+        duration = _duration(event)
+        length = duration.time(model)
+        intervals = [interval for key in resources for interval in busy.get(key, ())]
+        candidates = [start, *((e, c) for _, e, c in intervals if e > start[0])]
+        candidates.sort(key=lambda item: item[0])
+        for candidate in candidates:
+            begin = candidate[0]
+            if not any(begin < e and begin + length > b for b, e, _ in intervals):
+                start = candidate
+                break
+        cost = start[1] + duration
         end = (cost.time(model), cost)
         finish.append(end)
         for key in resources:
-            ports[key] = end
+            busy.setdefault(key, []).append((start[0], end[0], cost))
         if end[0] > last[0]:
             last = end
     return last[1]
@@ -552,11 +581,21 @@ class _ScheduleEvents:
         self.frontier.update(joined)
 
 
+def _rank_phases(op: LinearOperator, max_worker: int) -> int:
+    """The dependent phases of the schedules the ranks run (each compiled on its own, as the
+    interpreter does): their critical path in latencies (:func:`linop.latency.critical_path`),
+    a native collective counted as one latency on its rank."""
+    schedules = {rank: compile_for_rank(op, rank).schedule for rank in range(max_worker + 1)}
+    return critical_path(schedules, native=lambda rank, step: (1, (rank,)))
+
+
 def account_schedule(op: LinearOperator, *, itemsize: int = 8) -> Accounting:
     """The communication of the schedule the MPI interpreter would run for ``op``.
 
     The tree is compiled with :func:`linop.program.compile_program` (fast paths
-    included, then batched into phases); see the module docstring for the phase model.
+    included, then batched into phases) for the messages and the time, and every rank's own
+    schedule (:func:`~linop.program.compile_for_rank`) for the dependent phases;
+    see the module docstring for the phase model.
 
     Parameters and errors as for :func:`account`.
     """
@@ -569,7 +608,7 @@ def account_schedule(op: LinearOperator, *, itemsize: int = 8) -> Accounting:
         itemsize,
         tuple(schedule.messages),
         _traffic(schedule.messages, schedule.local, _space_workers(op)),
-        schedule.phases,
+        _rank_phases(op, program.max_worker),
         tuple(schedule.native),
         events=tuple(schedule.events),
     )

@@ -25,6 +25,7 @@ from .space import MAX_SIZE, MAX_WORKER, Block, GridSpace, Region, Space, State
 
 __all__ = [
     "Partition",
+    "WorkerRange",
     "DistributedTensor",
     "GlobalBox",
     "balanced_sizes",
@@ -104,6 +105,72 @@ def intersect(a: GlobalBox, b: GlobalBox) -> GlobalBox | None:
     return start, stop
 
 
+class WorkerRange(Sequence[int]):
+    """The consecutive workers ``start, start + 1, ..., stop - 1`` of a partition, described
+    rather than enumerated: O(1) memory, membership and position at any count. Equal to any
+    sequence holding the same ids (a tuple, a list, a ``range``), and hashed as the tuple of
+    them (so built only when hashed on its own; a :class:`Partition` hashes its description).
+    """
+
+    __slots__ = ("_hash", "_range")
+
+    def __init__(self, start: int, stop: int) -> None:
+        self._range = range(start, stop)
+        self._hash: int | None = None
+
+    @property
+    def start(self) -> int:
+        return self._range.start
+
+    @property
+    def stop(self) -> int:
+        return self._range.stop
+
+    def __len__(self) -> int:
+        return len(self._range)
+
+    def __getitem__(self, index: Any) -> Any:
+        found = self._range[index]
+        return tuple(found) if isinstance(index, slice) else found
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._range)
+
+    def __reversed__(self) -> Iterator[int]:
+        return reversed(self._range)
+
+    def __contains__(self, worker: object) -> bool:
+        return worker in self._range
+
+    def index(self, worker: Any, start: int = 0, stop: int | None = None) -> int:
+        position = self._range.index(worker)
+        if position < start or (stop is not None and position >= stop):
+            raise ValueError(f"{worker} is not in the range")
+        return position
+
+    def count(self, worker: Any) -> int:
+        return self._range.count(worker)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, WorkerRange):
+            return self._range == other._range
+        if isinstance(other, range):
+            return self._range == other
+        if isinstance(other, (tuple, list)):
+            return len(other) == len(self._range) and all(a == b for a, b in zip(other, self._range))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            self._hash = hash(tuple(self._range))
+        return self._hash
+
+    def __repr__(self) -> str:
+        if len(self._range) <= 32:
+            return repr(tuple(self._range))
+        return f"WorkerRange({self._range.start}, {self._range.stop})"
+
+
 @dataclass(frozen=True)
 class Partition:
     """A Cartesian grid of workers.
@@ -113,7 +180,9 @@ class Partition:
     shape : tuple of int
         Grid shape, e.g. ``(2, 3)``.
     workers : sequence of int, optional
-        The worker ids in C order of grid index; default ``0 .. prod(shape) - 1``.
+        The worker ids in C order of grid index; default ``0 .. prod(shape) - 1``. Consecutive
+        ids are kept as a :class:`WorkerRange` (described, not enumerated: a partition of 2^30
+        workers costs what one of 4 does).
 
     Raises
     ------
@@ -129,7 +198,7 @@ class Partition:
     """
 
     shape: tuple[int, ...]
-    workers: tuple[int, ...] = ()
+    workers: Sequence[int] = ()
 
     def __post_init__(self) -> None:
         shape = _integers(self.shape, "partition shape", PartitionError)
@@ -141,15 +210,22 @@ class Partition:
             raise PartitionError(
                 f"partition shape {shape} has {count} workers, more than the {MAX_WORKER + 1} ranks MPI counts"
             )
-        workers = _integers(self.workers, f"partition {shape}: workers", PartitionError)
-        defaulted = not workers
-        workers = workers or tuple(range(count))
+        given = self.workers
+        if isinstance(given, WorkerRange) or (isinstance(given, range) and given.step == 1 and len(given) > 0):
+            workers: Sequence[int] = range(given.start, given.stop)  # described, not enumerated
+        else:
+            workers = _integers(given, f"partition {shape}: workers", PartitionError) or range(count)
         if len(workers) != count:
             raise PartitionError(f"partition of shape {shape} needs {count} workers, got {len(workers)}")
         first = workers[0]
-        consecutive = defaulted or (
-            workers == tuple(range(first, first + count)) and 0 <= first <= MAX_WORKER + 1 - count
-        )
+        in_bounds = 0 <= first <= MAX_WORKER + 1 - count
+        if isinstance(workers, range) and not in_bounds:
+            workers = tuple(workers)  # the checks below name the offending id
+        consecutive = in_bounds and (isinstance(workers, range) or workers == tuple(range(first, first + count)))
+        if consecutive:
+            # consecutive workers are kept described: O(1) memory at any P, and equal
+            # partitions compare equal however their workers were given
+            workers = WorkerRange(first, first + count)
         object.__setattr__(self, "_first", first if consecutive else None)
         valid = consecutive or (len(set(workers)) == count and 0 <= min(workers) and max(workers) <= MAX_WORKER)
         seen: set[int] = set()
@@ -177,7 +253,7 @@ class Partition:
         count = math.prod(shape)
         if count > MAX_WORKER + 1 or any(n < 1 for n in shape):
             return cls(shape)  # the constructor names the problem
-        return cls(shape, tuple(range(first, first + count)))
+        return cls(shape, range(first, first + count))
 
     @property
     def ndim(self) -> int:
@@ -272,6 +348,10 @@ class Partition:
 
     def __contains__(self, worker: object) -> bool:
         return worker in self.workers
+
+    def __hash__(self) -> int:
+        # the description, not the workers: O(1) for consecutive workers
+        return hash(self.description())
 
     def subpartitions(self, axes: Sequence[int]) -> list[Partition]:
         """The partitions along ``axes``: workers grouped by their coordinates on the other axes.

@@ -22,7 +22,7 @@ import itertools
 import math
 import operator
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Protocol
@@ -262,7 +262,7 @@ class Space:
         return sum(b.size for b in self._blocks)
 
     @property
-    def workers(self) -> tuple[int, ...]:
+    def workers(self) -> Sequence[int]:
         """The workers that own at least one block, sorted."""
         return tuple(sorted({b.worker for b in self._blocks}))
 
@@ -466,7 +466,7 @@ class GridPartition(Protocol):
     def shape(self) -> tuple[int, ...]: ...
 
     @property
-    def workers(self) -> tuple[int, ...]: ...
+    def workers(self) -> Sequence[int]: ...
 
     @property
     def size(self) -> int: ...
@@ -620,9 +620,11 @@ class GridSpace(Space):
         return sum(math.prod(shape) for shape in shapes)
 
     @property
-    def workers(self) -> tuple[int, ...]:
-        """The workers of the partition, sorted."""
-        return tuple(sorted(self._partition.workers))
+    def workers(self) -> Sequence[int]:
+        """The workers of the partition, sorted (consecutive ones described, not enumerated)."""
+        workers = self._partition.workers
+        consecutive = getattr(self._partition, "_first", None) is not None  # sorted already
+        return workers if consecutive else tuple(sorted(workers))
 
     @property
     def max_worker(self) -> int:

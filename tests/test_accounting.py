@@ -129,3 +129,48 @@ def test_delta_charges_local_steps_on_the_critical_path():
 def test_bad_input_raises_accounting_error(build, message):
     with pytest.raises(AccountingError, match=message):
         build()
+
+
+def _halo_2x2(variant: str, adjoint: bool = False):
+    u = DistributedTensor("u", (8, 8), Partition.grid((2, 2)))
+    exchange = HaloExchange(halo_geometry(u, Kernel(3, padding=1)), variant)
+    return exchange.H if adjoint else exchange
+
+
+@pytest.mark.parametrize("adjoint", [False, True], ids=["forward", "adjoint"])
+def test_direct_halo_exchange_is_three_messages_per_worker(adjoint):
+    """2 x 2 workers, 8 x 8, kernel 3: every worker sends a row, a column and a corner (32 + 32
+    + 8 bytes), all independent: 3 alpha + 72 beta on one port each way, not a queue of the
+    other workers' messages in program order."""
+    exchange = _halo_2x2("direct", adjoint)
+    for how in (account, account_schedule):
+        path = how(exchange).critical_path(MODEL)
+        assert (path.messages, path.bytes) == (3, 72), how.__name__
+        assert path.reduced == (72 if adjoint else 0)
+
+
+@pytest.mark.parametrize("variant", ["nested", "direct"])
+def test_as_built_adds_and_copies_what_the_schedule_does(variant):
+    """The tree as built counts the halo stages' messages, not the staging buffers of their
+    expansion that the interpreter never runs: 72 bytes added per worker in the adjoint."""
+    for adjoint in (False, True):
+        built, scheduled = account(_halo_2x2(variant, adjoint)), account_schedule(_halo_2x2(variant, adjoint))
+        for mine, theirs in zip(built.workers, scheduled.workers):
+            assert (mine.reduced_bytes, mine.copied_bytes) == (theirs.reduced_bytes, theirs.copied_bytes)
+            assert mine.reduced_bytes == (72 if adjoint else 0)
+
+
+@pytest.mark.parametrize("size", range(2, 10))
+def test_dependent_phases_of_a_binomial_broadcast(size):
+    """The tree and the schedule agree on the longest chain (worker r is reached through one
+    message per bit set in r: 0 -> 1 -> 3 -> 7 ...), while the one-port critical path holds
+    the round count ceil(log2 P): 2 dependent phases and 3 alpha at P = 6."""
+    from linop.algorithms import problem
+
+    op = problem("broadcast", size, 4).variant("binomial")
+    rounds = (size - 1).bit_length()
+    chain = max(bin(r).count("1") for r in range(size))
+    built, scheduled = account(op), account_schedule(op)
+    assert built.phases == scheduled.phases == chain
+    for accounting in (built, scheduled):
+        assert accounting.critical_path(CostModel(1.0, 0.0)).messages == rounds

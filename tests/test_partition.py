@@ -332,3 +332,43 @@ def test_a_rank_zero_tensor_scatters_into_a_zero_d_array():
     assert isinstance(state["x[]"], np.ndarray) and state["x[]"].shape == ()
     assert not np.shares_memory(state["x[]"], array)
     assert t.gather(state) == array
+
+
+# -- consecutive workers, described -----------------------------------------------------------------
+def _peak_bytes(build) -> int:
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        build()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_consecutive_workers_are_described_not_enumerated():
+    """2^30 workers cost what 4 do: the ids are a WorkerRange (O(1) memory, membership and
+    position), equal to the tuple of them however they were given."""
+    from linop.partition import WorkerRange
+
+    huge = Partition((1 << 15, 1 << 15))
+    assert isinstance(huge.workers, WorkerRange) and huge.size == 1 << 30
+    assert huge.max_worker == (1 << 30) - 1 and (1 << 30) - 1 in huge and (1 << 30) not in huge
+    assert huge.index(huge.worker((3, 4))) == (3, 4)
+    assert _peak_bytes(lambda: Partition((1 << 15, 1 << 15))) < 100_000
+    assert _peak_bytes(lambda: Partition.grid((1 << 15, 1 << 15), first=7)) < 100_000
+    small = Partition((2, 3), workers=(4, 5, 6, 7, 8, 9))
+    assert small == Partition.grid((2, 3), first=4) == Partition((2, 3), workers=range(4, 10))
+    assert hash(small) == hash(Partition.grid((2, 3), first=4))
+    assert small.workers == (4, 5, 6, 7, 8, 9) == tuple(small.workers) and small.workers == range(4, 10)
+    assert small.workers[1:3] == (5, 6) and next(reversed(small.workers)) == 9
+    assert hash(small.workers) == hash((4, 5, 6, 7, 8, 9))
+    assert repr(small) == "Partition(shape=(2, 3), workers=(4, 5, 6, 7, 8, 9))"
+
+
+def test_control_listed_workers_are_enumerated():
+    """The memory measure catches a partition that holds its ids one by one."""
+    count = 1 << 16
+    shuffled = tuple(reversed(range(count)))
+    assert _peak_bytes(lambda: Partition((count,), workers=shuffled)) > 8 * count
+    assert Partition((count,), workers=shuffled) != Partition((count,))

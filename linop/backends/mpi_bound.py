@@ -59,6 +59,7 @@ class BoundPlan:
         self.inplace = inplace
         self.checked = checked
         self.outputs: dict[str, np.ndarray] = {}
+        self._scratch: list[np.ndarray] = []  # arrays the requests write into, freed with them
         comm = plan.comm
         self._phases: Phases | None = None
         if checked:  # integer blocks: every call checks (the same decision on every rank)
@@ -72,7 +73,7 @@ class BoundPlan:
             if comm.allreduce(possible, op=mpi().LAND):
                 bound = _persistent_out_of_place(plan.schedule, arrays, comm, dtype, dry=False)
                 if bound is not None:
-                    self._phases, self.outputs = bound
+                    self._phases, self.outputs, self._scratch = bound
         self._startall = mpi().Prequest.Startall
         self._waitall = mpi().Request.Waitall
 
@@ -104,11 +105,12 @@ class BoundPlan:
         return self.outputs if not self.inplace else self.arrays
 
     def free(self) -> None:
-        """Release the persistent requests."""
+        """Release the persistent requests and the arrays they write into."""
         for requests, _ in self._phases or ():
             for request in requests:
                 request.Free()
         self._phases = None
+        self._scratch = []
 
 
 def _persistent_out_of_place(
@@ -118,10 +120,11 @@ def _persistent_out_of_place(
     dtype: np.dtype,
     *,
     dry: bool = False,
-) -> tuple[Phases, dict[str, np.ndarray]] | None:
+) -> tuple[Phases, dict[str, np.ndarray], list[np.ndarray]] | None:
     """Persistent collectives for a schedule of one native broadcast or sum-reduce, writing
-    into prebuilt result arrays: the phases and the results; None when the schedule cannot be
-    bound so (``dry``: decide only)."""
+    into prebuilt result arrays: the phases, the results and the scratch arrays the calls
+    write into (kept with the binding); None when the schedule cannot be bound so (``dry``:
+    decide only)."""
     if len(schedule) != 1 or not isinstance(schedule[0], RankStep):
         return None
     binding = schedule[0].bind_out_of_place(arrays, comm, dtype, dry=dry)
@@ -131,7 +134,7 @@ def _persistent_out_of_place(
     outputs.update(binding.results)
     # one collective at a time, in the global order of the groups (a callable is a blocking
     # collective call, a request a persistent one)
-    return [_one_call(call) for call in binding.calls], outputs
+    return [_one_call(call) for call in binding.calls], outputs, binding.scratch
 
 
 def _one_call(call: Call) -> tuple[list[Any], list[Action]]:

@@ -184,7 +184,7 @@ class EntryCheck:
     op : LinearOperator
         The tree.
     fingerprint : bytes
-        Its 16-byte fingerprint (:func:`linop.backends.mpi_schedule.fingerprint`).
+        Its 16-byte fingerprint (:func:`linop.program.fingerprint`).
     comm : mpi4py communicator
         The private communicator the check runs on.
     domain_blocks : dict of str to Block

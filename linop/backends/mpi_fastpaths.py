@@ -106,28 +106,35 @@ def _halo_exchange_adjoint(op: HaloExchangeAdjoint) -> list[Step] | None:
     return _rank_exchange(op, adjoint=True)
 
 
-def _rank_exchange(op: HaloExchange | HaloExchangeAdjoint, *, adjoint: bool) -> list[Step] | None:
+def _rank_exchange(op: HaloExchange | HaloExchangeAdjoint, *, adjoint: bool) -> list[Step]:
+    """The stages' steps in the order they run, each stage's messages of round its position
+    in that order (the next stage's messages read or write what the previous one moved, on
+    one end or the other: each rank starts a phase per stage, and posts a receive in the phase
+    its sender sends it in). The global program: every stage whole; one rank's: its part."""
     rank = lowering_rank()
     if rank is None:
-        return None
-    partition = op.geometry.tensor.partition
-    note_workers(partition.max_worker)
-    if partition.position(rank) is None:
-        return []
-    stages = op.worker_stages(partition.index(rank))
+        stages = tuple(stage.transfers for stage in op.stages())
+    else:
+        partition = op.geometry.tensor.partition
+        note_workers(partition.max_worker)
+        if partition.position(rank) is None:
+            return []
+        stages = op.worker_stages(partition.index(rank))
     steps: list[Step] = []
-    for transfers in reversed(stages) if adjoint else stages:
-        steps.extend(_stage_steps(transfers, adjoint=adjoint))
+    for depth, transfers in enumerate(reversed(stages) if adjoint else stages):
+        steps.extend(_stage_steps(transfers, adjoint=adjoint, depth=depth))
     return steps
 
 
-def _stage_steps(transfers: tuple[tuple[Region, Region], ...], *, adjoint: bool) -> list[Step]:
-    """The steps of one stage's transfers: messages first, then the local pairs (as the
-    lowerings of :class:`HaloStage` and :class:`HaloStageAdjoint` emit them)."""
+def _stage_steps(transfers: tuple[tuple[Region, Region], ...], *, adjoint: bool, depth: int = 0) -> list[Step]:
+    """The steps of one stage's transfers: messages (of round ``depth``) first, then the local
+    pairs (as the lowerings of :class:`HaloStage` and :class:`HaloStageAdjoint` emit them)."""
     steps: list[Step] = []
     for s, d in transfers:
         if s.worker != d.worker:
-            steps.append(Transfer(d, s, "add", "clear") if adjoint else Transfer(s, d, "store", "keep"))
+            steps.append(
+                Transfer(d, s, "add", "clear", depth) if adjoint else Transfer(s, d, "store", "keep", depth)
+            )
     for s, d in transfers:
         if s.worker == d.worker:
             node = CopyAdjoint(s, d) if adjoint else Copy(s, d)
@@ -325,7 +332,6 @@ class _RankBroadcast(RankStep):
     created: tuple[Block, ...]
     reduce: bool
     fallback: _Fallback
-    _scratch: list[np.ndarray] = field(default_factory=list)
 
     def run(self, work: Workspace, comm: Intracomm, dtype: np.dtype) -> None:
         if self.reduce and dtype.char not in REDUCIBLE:
@@ -378,6 +384,7 @@ class _RankBroadcast(RankStep):
         lib = mpi()
         requests: list[Call] = []
         results: dict[str, np.ndarray] = {}
+        scratch: list[np.ndarray] = []
         for group in self.groups:
             sub = subcommunicator(comm, group.ranks) if len(group.ranks) > 1 else None
             mine = [name for name, w in group.copies if w == self.rank]
@@ -404,9 +411,9 @@ class _RankBroadcast(RankStep):
             requests.append(sub.Allreduce_init([arrays[mine[0]], mpi_type], [total, mpi_type], op=lib.SUM))
             if is_root:
                 results[group.root_name] = total
-            else:  # the request writes into it on every call: keep it alive with the request
-                self._scratch.append(total)
-        return OutOfPlaceBinding(requests, results, self.dropped)
+            else:  # the request writes into it on every call: kept alive with the binding
+                scratch.append(total)
+        return OutOfPlaceBinding(requests, results, self.dropped, scratch)
 
     def _broadcast(
         self,

@@ -52,6 +52,9 @@ class OutOfPlaceBinding:
     calls: list[Call] = field(default_factory=list)
     results: dict[str, np.ndarray] = field(default_factory=dict)
     dropped: tuple[str, ...] = ()
+    scratch: list[np.ndarray] = field(default_factory=list)
+    """Arrays the calls write into that are no result (a non-root's sum): kept alive with
+    the binding, released by its ``free()``."""
 
 
 class RankStep(RankPart, ABC):

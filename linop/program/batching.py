@@ -3,9 +3,19 @@
 A phase runs as one batch of nonblocking receives (posted first) and sends followed by one
 wait. A transfer joins the open phase only when that gives the same result as running it after
 the others (no read-after-write, write-after-read or write-after-write conflict, two adds into
-one region excepted: they commute and are applied in program order). Local steps that follow a
-phase are deferred behind it, so transfers separated only by unrelated local work still share a
-phase. Batching is deterministic, so every rank that holds the same steps batches them alike.
+one region excepted: they commute and are applied in program order), and when its ``round``
+is not above the round of the phase's last transfer. Local steps that follow a phase are
+deferred behind it, so transfers separated only by unrelated local work still share a phase.
+Batching is deterministic, so every rank that holds the same steps batches them alike.
+
+The round is a transfer's depth in the data dependencies of the node that emits it, as both of
+its ends compute it (the halo exchange: its stage). A rank sees only its own side of a
+dependency, so without rounds a receiver would post a message of the next stage in the phase
+where its sender is still receiving what that message carries, and wait for the sender's next
+phase; ranks waiting so for each other chain across the grid. With rounds a receive is posted
+in the phase its sender sends in (:mod:`linop.latency` models the schedules' critical path).
+Rounds only split phases further, so phases stay runs of program order on every rank and
+batching still cannot deadlock.
 """
 
 from __future__ import annotations
@@ -123,7 +133,7 @@ def batch(steps: Iterable[Step]) -> list[Step]:
     for step in steps:
         if isinstance(step, Transfer):
             fp = step.footprint
-            if pending.conflicts(fp):
+            if pending.conflicts(fp) or (phase and step.round > phase[-1].round):
                 flush()
             phase.append(step)
             pending.add(fp)

@@ -117,12 +117,15 @@ class Transfer:
 
     ``mode``: ``"add"`` (target += data), ``"store"`` (target = data) or ``"new"`` (target is a
     new block). ``after``: ``"keep"``, ``"clear"`` or ``"drop"`` the source afterwards.
+    ``round``: the transfer's depth in the data dependencies of the node that emits it, the
+    same at both ends (0 by default; see :mod:`linop.program.batching`).
     """
 
     source: Region
     target: Region | Block
     mode: str
     after: str
+    round: int = 0
 
     @property
     def src_worker(self) -> int:

@@ -227,3 +227,29 @@ def test_fast_paths_inside_sums_and_scalings():
                 same_blocks(result, expected, names) is None,
                 f"{tree}: {same_blocks(result, expected, names)}",
             )
+
+
+def test_a_bound_sum_reduce_frees_its_scratch():
+    """A bound native sum-reduce writes each non-root rank's sum into an array of the result's
+    size on every call: the binding holds it (not the plan's step, which would keep one per
+    bind for the plan's life) and ``free()`` releases it."""
+    import gc
+    import weakref
+
+    tensor = DistributedTensor("x", (64,), Partition((1,)))
+    op = Broadcast(tensor, Partition((SIZE,)), "y").H  # the sum of every copy onto worker 0
+    local = local_part(op.domain, op.domain.random(4), RANK)
+    plan = mpi_backend.plan_for(op, comm=COMM)
+    bindings = [plan.bind(local, inplace=False) for _ in range(3)]
+    scratch = [weakref.ref(a) for bound in bindings for a in bound._scratch]
+    expected = 3 if RANK != 0 and SIZE > 1 and all(b.persistent for b in bindings) else 0
+    problem = None if len(scratch) == expected else f"{len(scratch)} scratch arrays, expected {expected}"
+    steps_hold = [name for step in plan.schedule for name in vars(step) if "scratch" in name]
+    problem = problem or (f"the plan's step holds {steps_hold}" if steps_hold else None)
+    for bound in bindings:
+        bound.free()
+    del bindings
+    gc.collect()
+    alive = sum(ref() is not None for ref in scratch)
+    problem = problem or (f"{alive} scratch arrays alive after free()" if alive else None)
+    collective_assert(problem is None, str(problem))
