@@ -51,6 +51,8 @@ __all__ = [
     "LocalOperatorError",
     "KernelOutputError",
     "NoMatrixError",
+    "NotLinearError",
+    "KernelWriteError",
     "AlgorithmError",
     "CalibrationError",
 ]
@@ -195,6 +197,17 @@ class KernelOutputError(LocalOperatorError):
 
 class NoMatrixError(LocalOperatorError, TypeError):
     """A kernel given only as callables has no matrix for the symbolic (object-array) interpreter."""
+
+
+class NotLinearError(LocalOperatorError):
+    """A kernel given as callables is not linear, or does not act as it claims (a false
+    ``vectorized=True``): on some probe state its output differs from its probed matrix's
+    (docs/theory.md#local-operators); names the node, the state and the entry."""
+
+
+class KernelWriteError(LocalOperatorError):
+    """A kernel tried to write into an array it was given (its arguments are read-only views:
+    operators never change the caller's arrays); names the node, the direction and the block."""
 
 
 class AlgorithmError(LinopError, ValueError):

@@ -45,12 +45,15 @@ import numpy.typing as npt
 from .errors import (
     BlockExistsError,
     KernelOutputError,
+    KernelWriteError,
     LocalOperatorError,
     NoMatrixError,
+    NotLinearError,
     SpaceMismatchError,
     UnknownBlockError,
     WorkerError,
 )
+from .linearity import linearity_problem
 from .operator import LinearOperator
 from .space import Block, Space
 
@@ -470,15 +473,7 @@ class LocalOperator(LinearOperator):
                     f"local operator {self} is given as callables, which cannot act on symbols; "
                     "give the kernel as a matrix to use it in the symbolic interpreter"
                 )
-            results = self.kernel.call(arrays, adjoint=self.adjointed)
-            if isinstance(results, np.ndarray) or not isinstance(results, (tuple, list)):
-                results = (results,)
-            if len(results) != len(produced):
-                raise KernelOutputError(
-                    f"local operator {self}: the {'adjoint' if self.adjointed else 'forward'} kernel returned "
-                    f"{len(results)} arrays for the {len(produced)} blocks {[b.name for b in produced]}"
-                )
-            results = [np.asarray(r) for r in results]
+            results = [np.asarray(r) for r in self._call(arrays)]
         else:
             if self.kernel.kind == "scipy" and symbolic:
                 raise NoMatrixError(
@@ -536,7 +531,100 @@ class LocalOperator(LinearOperator):
                 for s in range(0, n, PROBE_BATCH)
             ]
             return sp.csr_array(np.hstack(columns).reshape(m, n) if columns else np.zeros((m, n)))
-        return _probe(self, consumed, produced, n, m)
+        matrix = _probe(self, consumed, produced, n, m)
+        self._require_linear(matrix, n)
+        return matrix
+
+    # -- calling the callables ------------------------------------------------------------------
+    @property
+    def _direction(self) -> str:
+        return "adjoint" if self.adjointed else "forward"
+
+    def _call(self, arrays: Sequence[np.ndarray]) -> list[Any]:
+        """Call the kernel's callable for this direction on read-only views of ``arrays`` and
+        return its results as a list, one per produced block (their count checked).
+
+        Raises
+        ------
+        KernelWriteError
+            If the callable tries to write into an argument.
+        KernelOutputError
+            If it returns another number of arrays than there are produced blocks.
+        """
+        views = []
+        for array in arrays:
+            view = np.asarray(array).view()
+            view.flags.writeable = False
+            views.append(view)
+        try:
+            results = self.kernel.call(views, adjoint=self.adjointed)
+        except ValueError as error:
+            if "read-only" not in str(error):
+                raise
+            raise KernelWriteError(
+                f"local operator {self}: the {self._direction} kernel "
+                f"{_qualname(self.kernel._adjoint if self.adjointed else self.kernel._forward)} tried to write "
+                f"into its argument (block(s) {[b.name for b in self.consumed]}); kernels are given read-only "
+                "views and must return new arrays, so that the caller's arrays never change"
+            ) from error
+        if isinstance(results, np.ndarray) or not isinstance(results, (tuple, list)):
+            results = (results,)
+        produced = self.produced
+        if len(results) != len(produced):
+            raise KernelOutputError(
+                f"local operator {self}: the {self._direction} kernel returned {len(results)} arrays for the "
+                f"{len(produced)} blocks {[b.name for b in produced]}"
+            )
+        return list(results)
+
+    def _require_linear(self, matrix: sp.csr_array, n: int) -> None:
+        """Check that the callables act as their probed ``matrix`` on the states of
+        :func:`linop.linearity.probe_states`, called one state at a time as the numpy
+        interpreter calls them (so a false ``vectorized=True`` shows too).
+
+        Raises
+        ------
+        NotLinearError
+            Naming the state and the first differing produced entry.
+        """
+        consumed, produced = self.consumed, self.produced
+        offsets = np.cumsum([0, *(b.size for b in consumed)])
+
+        def apply_states(states: np.ndarray) -> np.ndarray:
+            rows = []
+            for state in states:
+                arrays = [state[a:b].reshape(blk.shape) for a, b, blk in zip(offsets, offsets[1:], consumed)]
+                flat = []
+                for block, result in zip(produced, self._call(arrays)):
+                    result = np.asarray(result)
+                    if result.shape != block.shape:
+                        raise KernelOutputError(
+                            f"local operator {self}: block {block.name!r} came back with shape {result.shape}, "
+                            f"expected {block.shape}"
+                        )
+                    flat.append(result.reshape(-1))
+                rows.append(np.concatenate(flat) if flat else np.zeros(0))
+            return np.stack(rows)
+
+        problem = linearity_problem(apply_states, matrix, n)
+        if problem is None:
+            return
+        index, where = problem.index, None
+        for block in produced:
+            if index < block.size:
+                where = f"{block.name}[{', '.join(str(int(i)) for i in np.unravel_index(index, block.shape))}]"
+                break
+            index -= block.size
+        claim = (
+            " (it is vectorized=True, so it was probed in batches: it may not act on a leading batch axis "
+            "as it claims)"
+            if self.kernel.vectorized
+            else ""
+        )
+        raise NotLinearError(
+            f"local operator {self}: the {self._direction} kernel is not linear{claim}: "
+            f"{problem.describe(str(where))}; its probed matrix does not describe it"
+        )
 
 
 def _probe(
@@ -558,14 +646,7 @@ def _probe(
         ]
         if not op.kernel.vectorized:
             arrays = [a[0] for a in arrays]
-        results = op.kernel.call(arrays, adjoint=op.adjointed)
-        if isinstance(results, np.ndarray) or not isinstance(results, (tuple, list)):
-            results = (results,)
-        if len(results) != len(produced):
-            raise KernelOutputError(
-                f"local operator {op}: the kernel returned {len(results)} arrays for the "
-                f"{len(produced)} blocks {[b.name for b in produced]}"
-            )
+        results = op._call(arrays)
         flat = []
         for block, result in zip(produced, results):
             result = np.asarray(result)

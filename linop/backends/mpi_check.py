@@ -50,7 +50,7 @@ from ..errors import (
 from ..operator import LinearOperator
 from ..space import Block
 from .mpi_datatypes import mpi
-from .numpy_backend import first_shared_memory
+from .numpy_backend import first_shared_memory, overlaps_itself
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
     from mpi4py.MPI import Intracomm
@@ -238,8 +238,8 @@ class EntryCheck:
             array = state.get(name)
             if type(array) is not np.ndarray or array.shape != shape or array.dtype.char not in _FLAG_OF:
                 return None
-            if inplace and not array.flags.writeable:
-                return None
+            if inplace and not (array.flags.writeable and array.flags.contiguous):
+                return None  # read-only, or perhaps overlapping itself: the full test
             arrays.append(array)
         if inplace and (len(arrays) > 1 or not self._domain_is_range()):
             return None  # blocks sharing memory, or domain != range: the full test
@@ -296,6 +296,12 @@ class EntryCheck:
                     f"rank {rank}: in-place application needs a writeable array for block {name!r}",
                     DistributedStateError,
                 )
+            if inplace and overlaps_itself(array):
+                return (
+                    f"rank {rank}: in-place application cannot write block {name!r}: its entries overlap "
+                    f"in memory (strides {array.strides} for shape {array.shape}, a broadcast or expanded view)",
+                    DistributedStateError,
+                )
         if inplace:
             if self.op.domain != self.op.range:
                 return f"in-place application of {self.op}: domain and range differ", DistributedStateError
@@ -334,7 +340,7 @@ class EntryCheck:
         char = array.dtype.char
         if char in _INTEGER_CHARS or char not in _FLAG_OF:
             return None
-        if inplace and not (array.flags.writeable and self._domain_is_range()):
+        if inplace and not (array.flags.writeable and array.flags.contiguous and self._domain_is_range()):
             return None
         prepared = self._prepared.get(char)
         if prepared is None:
