@@ -44,6 +44,8 @@ __all__ = [
     "CommunicatorError",
     "WorkerMapError",
     "WorkerMapMismatchError",
+    "PeerTimeoutError",
+    "TimeoutArgumentError",
     "DistributedStateError",
     "AccountingError",
     "PlotError",
@@ -168,6 +170,17 @@ class WorkerMapError(CommunicatorError):
 
 class WorkerMapMismatchError(TreeMismatchError):
     """The ranks hold the same tree but different worker-to-rank maps."""
+
+
+class PeerTimeoutError(MPIError, TimeoutError):
+    """Some ranks did not arrive at a collective of the MPI interpreter (the entry check, a
+    bound plan's first start) within the deadline (``timeout=`` or ``LINOP_TIMEOUT``); raised
+    on every rank that did, naming those that did not, before the job is aborted."""
+
+
+class TimeoutArgumentError(LinopError, TypeError, ValueError):
+    """A deadline (``timeout=`` or the ``LINOP_TIMEOUT`` environment variable) that is not a
+    positive number of seconds."""
 
 
 class DistributedStateError(MPIError, StateError):

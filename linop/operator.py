@@ -168,17 +168,21 @@ class LinearOperator(ABC):
         inplace: bool = False,
         dtype: npt.DTypeLike | None = None,
         mapping: Any = None,
+        timeout: Any = None,
     ) -> State:
         """Apply the operator across MPI ranks; see :func:`linop.backends.mpi_backend.apply`.
 
         Every rank calls this with the same tree and only the blocks its rank owns (worker w is
         rank w of ``comm``, default ``MPI.COMM_WORLD``, unless ``mapping`` places the workers:
         a :class:`~linop.backends.mpi_mapping.WorkerMap`); it returns this rank's blocks of the
-        range. Needs mpi4py (the ``mpi`` extra).
+        range. ``timeout`` (seconds, default ``LINOP_TIMEOUT``) bounds the wait for every rank
+        to arrive. Needs mpi4py (the ``mpi`` extra).
         """
         from .backends.mpi_backend import apply
 
-        return apply(self, local_state, comm=comm, inplace=inplace, dtype=dtype, mapping=mapping)
+        return apply(
+            self, local_state, comm=comm, inplace=inplace, dtype=dtype, mapping=mapping, timeout=timeout
+        )
 
     def to_sparse(self, dtype: npt.DTypeLike | None = None) -> scipy.sparse.csr_array:
         """The exact matrix over the canonical flattening (integer for pure data movement)."""
