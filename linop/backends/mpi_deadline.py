@@ -61,10 +61,14 @@ def _parse(value: Any, what: str) -> float | None:
                 f"{what} must be a number of seconds (or off), not {value!r}"
             ) from None
     if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
-        raise TimeoutArgumentError(f"{what} must be a number of seconds or None, not {type(value).__name__} {value!r}")
+        raise TimeoutArgumentError(
+            f"{what} must be a number of seconds or None, not {type(value).__name__} {value!r}"
+        )
     seconds = float(value)
     if math.isnan(seconds) or seconds <= 0:
-        raise TimeoutArgumentError(f"{what} must be positive seconds (or None for no deadline), not {value!r}")
+        raise TimeoutArgumentError(
+            f"{what} must be positive seconds (or None for no deadline), not {value!r}"
+        )
     return None if math.isinf(seconds) else seconds
 
 
