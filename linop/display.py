@@ -40,6 +40,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .errors import OperandError
+
 if TYPE_CHECKING:
     from .halo_geometry import HaloGeometry
     from .operator import LinearOperator
@@ -565,8 +567,8 @@ def show_state(state: Mapping[str, Any] | None = None, /, **named: Mapping[str, 
 
     Raises
     ------
-    TypeError
-        If no state is given, or a state is not a dict of arrays.
+    OperandError
+        (a ``TypeError``) If no state is given, or a state is not a dict of arrays.
 
     Examples
     --------
@@ -588,10 +590,10 @@ def show_state(state: Mapping[str, Any] | None = None, /, **named: Mapping[str, 
         states.append(("", state))
     states.extend(named.items())
     if not states:
-        raise TypeError("show_state needs at least one state")
+        raise OperandError("show_state needs at least one state")  # a LinopError and a TypeError
     for title, s in states:
         if not isinstance(s, Mapping):
-            raise TypeError(
+            raise OperandError(
                 f"show_state: {title or 'the state'} must be a dict of arrays, not {type(s).__name__}"
             )
     return StateView(tuple(states))

@@ -49,6 +49,7 @@ from .errors import (
     LocalOperatorError,
     NoMatrixError,
     NotLinearError,
+    OperandError,
     SpaceMismatchError,
     UnknownBlockError,
     WorkerError,
@@ -299,7 +300,12 @@ def _as_blocks(items: Any, what: str) -> tuple[Any, ...]:
         return (items,)  # one (name, shape) pair
     if isinstance(items, Mapping):
         return tuple(items.items())
-    return tuple(items)
+    try:
+        return tuple(items)
+    except TypeError:
+        raise OperandError(
+            f"{what}s must be block names, Blocks or (name, shape) pairs (or a sequence of them), not {items!r}"
+        ) from None
 
 
 @dataclass(frozen=True, eq=True, repr=False)
@@ -360,14 +366,14 @@ class LocalOperator(LinearOperator):
                 f"local operator {self.name!r}: kernel must be a LocalKernel (see LocalKernel.of)"
             )
         if not isinstance(self.others, Space):
-            raise TypeError(f"local operator {self.name!r}: others must be a Space")
+            raise OperandError(f"local operator {self.name!r}: others must be a Space")
         for group, what in ((inputs, "input"), (outputs, "output")):
             if not group:
                 raise LocalOperatorError(f"local operator {self.name!r} needs at least one {what} block")
             seen: set[str] = set()
             for block in group:
                 if not isinstance(block, Block):
-                    raise TypeError(f"local operator {self.name!r}: {what}s must be Blocks, not {block!r}")
+                    raise OperandError(f"local operator {self.name!r}: {what}s must be Blocks, not {block!r}")
                 if block.name in seen:
                     raise BlockExistsError(
                         f"local operator {self.name!r}: {what} block {block.name!r} is listed twice"
@@ -676,12 +682,19 @@ def _block_list(space: Space, items: Any, what: str, worker: int | None) -> tupl
             blocks.append(space.block(item))
         elif isinstance(item, tuple) and len(item) == 2:
             name, shape = item
-            shape = (
-                (shape,) if isinstance(shape, (int, np.integer)) else tuple(operator.index(s) for s in shape)
-            )
+            try:
+                shape = (
+                    (shape,)
+                    if isinstance(shape, (int, np.integer))
+                    else tuple(operator.index(s) for s in shape)
+                )
+            except TypeError:
+                raise LocalOperatorError(
+                    f"{what} {name!r}: its shape must be a sequence of integers, not {shape!r}"
+                ) from None
             blocks.append(Block(name, shape, 0 if worker is None else worker))
         else:
-            raise TypeError(f"{what} must be a block name, a Block or a (name, shape) pair, not {item!r}")
+            raise OperandError(f"{what} must be a block name, a Block or a (name, shape) pair, not {item!r}")
     return tuple(blocks)
 
 
@@ -737,7 +750,7 @@ def local_operator(
     names = _as_blocks(inputs, "input")
     for item in names:
         if not isinstance(item, str):
-            raise TypeError(f"inputs must be names of blocks of the space, not {item!r}")
+            raise OperandError(f"inputs must be names of blocks of the space, not {item!r}")
         if item not in space:
             raise UnknownBlockError(f"local operator {name!r}: input {item!r} is not a block of {space}")
     input_blocks = tuple(space.block(n) for n in names)
