@@ -105,3 +105,52 @@ def test_plot_and_display_argument_errors_are_typed():
     with pytest.raises(OperandError, match="not str") as caught:
         plot.decomposition("x")
     assert isinstance(caught.value, TypeError)  # as before, for callers catching TypeError
+
+
+# -- display: LaTeX that KaTeX, MathJax 2 and MathJax 3 render alike ---------------------------------
+def _text_runs(latex: str) -> list[str]:
+    """The contents of every \\text{...} / \\texttt{...} run (no nesting in what we emit)."""
+    import re
+
+    return re.findall(r"\\text(?:tt)?\{([^{}]*)\}", latex)
+
+
+def test_block_names_with_specials_leave_no_macro_inside_text_runs():
+    """MathJax 2 (and 3 without textmacros) shows text-mode content verbatim: a \\_ there reads
+    as a backslash and an underscore. Nothing that needs a macro may stay inside a text run."""
+    from linop import Copy, display
+
+    space = Space([Block("u_local", (2,)), Block("v#1", (2,), worker=1)])
+    latex = Copy(space["u_local"], space["v#1"])._repr_latex_()
+    assert r"\texttt{u}\mathtt{\_}\texttt{local}" in latex
+    for run in _text_runs(latex):
+        assert not set(run) & set("\\_{}#%&$^~"), run
+    words = display.tex_words("no {matrix}: 50% of a_b & $x$ \\ ^~")
+    for run in _text_runs(words):
+        assert not set(run) & set("\\_{}#%&$^~"), run
+    assert words.count(r"\{") == 1 and words.count(r"\}") == 1 and r"\backslash" in words
+
+
+def test_the_latex_of_an_operator_without_a_matrix_escapes_the_exception_text():
+    from linop import display
+
+    def forward(x):
+        raise ValueError("bad {kernel}_1 $5 & 10% \\end")
+
+    op = local_operator(X4, "x", ("y", (2,)), forward=forward, adjoint=lambda y: np.zeros(4))
+    latex = display.operator_latex(op)
+    assert "no matrix" in latex and "ValueError" in latex
+    assert latex.count("{") == latex.count("}") + 0  # balanced braces: the message is escaped
+    for run in _text_runs(latex):
+        assert not set(run) & set("\\_{}#%&$^~"), run
+    assert r"\end" not in latex.replace(r"\end{array}", "")
+    assert r"\mathtt{\$}" in latex and r"\{" in latex
+
+
+def test_state_titles_are_escaped():
+    from linop import display
+
+    latex = display.show_state(my_state={"a_b": np.arange(2)})._repr_latex_()
+    assert r"\text{my}\mathtt{\_}\text{state}" in latex
+    for run in _text_runs(latex):
+        assert not set(run) & set("\\_{}#%&$^~"), run
