@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import AccountingError
+from .errors import AccountingError, OperandError
 from .latency import critical_path
 from .movement import Copy, CopyAdjoint, Move
 from .operator import Composition, Identity, LinearOperator, Scaled, Sum, Zero
@@ -112,7 +112,15 @@ class CostModel:
 
     def __post_init__(self) -> None:
         for name in ("alpha", "beta", "gamma", "delta"):
-            value = float(getattr(self, name))
+            given = getattr(self, name)
+            if isinstance(given, bool | str | bytes):
+                raise AccountingError(f"cost model: {name} must be a finite number >= 0, not {given!r}")
+            try:
+                value = float(given)
+            except (TypeError, ValueError):
+                raise AccountingError(
+                    f"cost model: {name} must be a finite number >= 0, not {given!r}"
+                ) from None
             if not np.isfinite(value) or value < 0:
                 raise AccountingError(f"cost model: {name} must be a finite number >= 0, not {value!r}")
             object.__setattr__(self, name, value)
@@ -313,6 +321,11 @@ def _seconds(value: float) -> str:
     return f"{value * 1e9:.3g} ns"
 
 
+def _check_operator(op: object) -> None:
+    if not isinstance(op, LinearOperator):
+        raise OperandError(f"the accounting needs a LinearOperator, not {type(op).__name__} {op!r:.60}")
+
+
 def _check_itemsize(itemsize: int) -> int:
     if isinstance(itemsize, bool) or not isinstance(itemsize, (int, np.integer)) or itemsize < 1:
         raise AccountingError(f"itemsize must be a positive integer (bytes per entry), not {itemsize!r}")
@@ -491,7 +504,10 @@ def account(op: LinearOperator, *, itemsize: int = 8) -> Accounting:
     ------
     AccountingError
         If ``itemsize`` is not a positive integer.
+    OperandError
+        If ``op`` is not a :class:`~linop.LinearOperator`.
     """
+    _check_operator(op)
     itemsize = _check_itemsize(itemsize)
     steps: list[Any] = []
     _tree_steps(op, steps)
@@ -599,6 +615,7 @@ def account_schedule(op: LinearOperator, *, itemsize: int = 8) -> Accounting:
 
     Parameters and errors as for :func:`account`.
     """
+    _check_operator(op)
     itemsize = _check_itemsize(itemsize)
     program = compile_program(op)
     schedule = _ScheduleEvents(itemsize)

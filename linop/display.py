@@ -40,6 +40,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .errors import OperandError
+
 if TYPE_CHECKING:
     from .halo_geometry import HaloGeometry
     from .operator import LinearOperator
@@ -63,6 +65,7 @@ __all__ = [
     "space_html",
     "table_html",
     "tex_text",
+    "tex_words",
     "tree_html",
 ]
 
@@ -86,23 +89,56 @@ MAX_STATE_ENTRIES = 64
 
 
 # -- text helpers --------------------------------------------------------------------------------
-_TEX_SPECIAL = {
-    "\\": r"\textbackslash{}",
-    "_": r"\_",
+# Characters that TeX text mode does not take literally. KaTeX reads macros such as ``\_``
+# inside ``\text{}``/``\texttt{}``, but MathJax 2 (and MathJax 3 without its textmacros
+# extension) shows text-mode content verbatim, so ``\texttt{u\_local}`` reads "u\_local"
+# there. Every renderer agrees on math mode: these characters are written as math macros
+# between text runs (``\texttt{u}\mathtt{\_}\texttt{local}``).
+_TEX_MATH = {
+    "\\": r"\backslash",
+    "_": r"\mathtt{\_}",
     "{": r"\{",
     "}": r"\}",
-    "#": r"\#",
-    "%": r"\%",
-    "&": r"\&",
-    "$": r"\$",
-    "^": r"\^{}",
-    "~": r"\~{}",
+    "#": r"\mathtt{\#}",
+    "%": r"\mathtt{\%}",
+    "&": r"\mathtt{\&}",
+    "$": r"\mathtt{\$}",
+    "^": r"\hat{}",
+    "~": r"\tilde{}",
 }
 
 
+def _tex_runs(text: str, font: str) -> str:
+    r"""``text`` as LaTeX that KaTeX, MathJax 2 and MathJax 3 render alike (inside math): runs
+    of ordinary characters in ``font`` (``\texttt`` or ``\text``), each special character as
+    a math macro between them."""
+    parts: list[str] = []
+    run: list[str] = []
+    for ch in str(text):
+        special = _TEX_MATH.get(ch)
+        if special is None:
+            run.append(ch)
+            continue
+        if run:
+            parts.append(f"{font}{{{''.join(run)}}}")
+            run = []
+        parts.append(special)
+    if run or not parts:
+        parts.append(f"{font}{{{''.join(run)}}}")
+    return "".join(parts)
+
+
 def tex_text(text: str) -> str:
-    r"""``text`` as typewriter LaTeX: ``tex_text("x_window[0]") == r"\texttt{x\_window[0]}"``."""
-    return r"\texttt{" + "".join(_TEX_SPECIAL.get(ch, ch) for ch in str(text)) + "}"
+    r"""``text`` as typewriter LaTeX that renders the same in KaTeX, MathJax 2 and MathJax 3:
+    ``tex_text("x_window[0]") == r"\texttt{x}\mathtt{\_}\texttt{window[0]}"`` (special
+    characters as math macros between text runs, which every renderer reads alike)."""
+    return _tex_runs(text, r"\texttt")
+
+
+def tex_words(text: str) -> str:
+    r"""``text`` (any message, an exception's included) as upright LaTeX text, escaped as
+    :func:`tex_text` escapes: ``tex_words("no {matrix}") == r"\text{no }\{\text{matrix}\}"``."""
+    return _tex_runs(text, r"\text")
 
 
 def _esc(value: object) -> str:
@@ -363,8 +399,8 @@ def _summary_latex(op: LinearOperator, reason: str) -> str:
     m, n = op.shape
     return (
         rf"{tex_text(_short(str(op), 80))}\colon \mathbb{{F}}^{{{n}}} \to \mathbb{{F}}^{{{m}}}"
-        rf"\quad \text{{({len(op.domain)} domain blocks, {len(op.range)} range blocks; "
-        rf"summary: {reason})}}"
+        r"\quad "
+        + tex_words(f"({len(op.domain)} domain blocks, {len(op.range)} range blocks; summary: {reason})")
     )
 
 
@@ -540,7 +576,7 @@ class StateView:
         columns = "l" * len(self.states)
         lines = [rf"\begin{{array}}{{r{columns}}}"]
         if titled:
-            lines.append(" & " + " & ".join(rf"\text{{{t}}}" for t, _ in self.states) + r" \\")
+            lines.append(" & " + " & ".join(tex_words(t) for t, _ in self.states) + r" \\")
         for name in self.names():
             cells = " & ".join(self._cell(state, name) for _, state in self.states)
             lines.append(f"{tex_text(name)} & {cells}" + r" \\")
@@ -565,8 +601,8 @@ def show_state(state: Mapping[str, Any] | None = None, /, **named: Mapping[str, 
 
     Raises
     ------
-    TypeError
-        If no state is given, or a state is not a dict of arrays.
+    OperandError
+        (a ``TypeError``) If no state is given, or a state is not a dict of arrays.
 
     Examples
     --------
@@ -588,10 +624,10 @@ def show_state(state: Mapping[str, Any] | None = None, /, **named: Mapping[str, 
         states.append(("", state))
     states.extend(named.items())
     if not states:
-        raise TypeError("show_state needs at least one state")
+        raise OperandError("show_state needs at least one state")  # a LinopError and a TypeError
     for title, s in states:
         if not isinstance(s, Mapping):
-            raise TypeError(
+            raise OperandError(
                 f"show_state: {title or 'the state'} must be a dict of arrays, not {type(s).__name__}"
             )
     return StateView(tuple(states))

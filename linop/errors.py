@@ -44,6 +44,8 @@ __all__ = [
     "CommunicatorError",
     "WorkerMapError",
     "WorkerMapMismatchError",
+    "PeerTimeoutError",
+    "TimeoutArgumentError",
     "DistributedStateError",
     "AccountingError",
     "PlotError",
@@ -51,6 +53,8 @@ __all__ = [
     "LocalOperatorError",
     "KernelOutputError",
     "NoMatrixError",
+    "NotLinearError",
+    "KernelWriteError",
     "AlgorithmError",
     "CalibrationError",
 ]
@@ -168,6 +172,17 @@ class WorkerMapMismatchError(TreeMismatchError):
     """The ranks hold the same tree but different worker-to-rank maps."""
 
 
+class PeerTimeoutError(MPIError, TimeoutError):
+    """Some ranks did not arrive at a collective of the MPI interpreter (the entry check, a
+    bound plan's first start) within the deadline (``timeout=`` or ``LINOP_TIMEOUT``); raised
+    on every rank that did, naming those that did not, before the job is aborted."""
+
+
+class TimeoutArgumentError(LinopError, TypeError, ValueError):
+    """A deadline (``timeout=`` or the ``LINOP_TIMEOUT`` environment variable) that is not a
+    positive number of seconds."""
+
+
 class DistributedStateError(MPIError, StateError):
     """Some rank's local blocks are missing, extra, wrongly shaped or not numeric."""
 
@@ -195,6 +210,17 @@ class KernelOutputError(LocalOperatorError):
 
 class NoMatrixError(LocalOperatorError, TypeError):
     """A kernel given only as callables has no matrix for the symbolic (object-array) interpreter."""
+
+
+class NotLinearError(LocalOperatorError):
+    """A kernel given as callables is not linear, or does not act as it claims (a false
+    ``vectorized=True``): on some probe state its output differs from its probed matrix's
+    (docs/theory.md#local-operators); names the node, the state and the entry."""
+
+
+class KernelWriteError(LocalOperatorError):
+    """A kernel tried to write into an array it was given (its arguments are read-only views:
+    operators never change the caller's arrays); names the node, the direction and the block."""
 
 
 class AlgorithmError(LinopError, ValueError):

@@ -45,12 +45,16 @@ import numpy.typing as npt
 from .errors import (
     BlockExistsError,
     KernelOutputError,
+    KernelWriteError,
     LocalOperatorError,
     NoMatrixError,
+    NotLinearError,
+    OperandError,
     SpaceMismatchError,
     UnknownBlockError,
     WorkerError,
 )
+from .linearity import linearity_problem
 from .operator import LinearOperator
 from .space import Block, Space
 
@@ -296,7 +300,12 @@ def _as_blocks(items: Any, what: str) -> tuple[Any, ...]:
         return (items,)  # one (name, shape) pair
     if isinstance(items, Mapping):
         return tuple(items.items())
-    return tuple(items)
+    try:
+        return tuple(items)
+    except TypeError:
+        raise OperandError(
+            f"{what}s must be block names, Blocks or (name, shape) pairs (or a sequence of them), not {items!r}"
+        ) from None
 
 
 @dataclass(frozen=True, eq=True, repr=False)
@@ -357,14 +366,14 @@ class LocalOperator(LinearOperator):
                 f"local operator {self.name!r}: kernel must be a LocalKernel (see LocalKernel.of)"
             )
         if not isinstance(self.others, Space):
-            raise TypeError(f"local operator {self.name!r}: others must be a Space")
+            raise OperandError(f"local operator {self.name!r}: others must be a Space")
         for group, what in ((inputs, "input"), (outputs, "output")):
             if not group:
                 raise LocalOperatorError(f"local operator {self.name!r} needs at least one {what} block")
             seen: set[str] = set()
             for block in group:
                 if not isinstance(block, Block):
-                    raise TypeError(f"local operator {self.name!r}: {what}s must be Blocks, not {block!r}")
+                    raise OperandError(f"local operator {self.name!r}: {what}s must be Blocks, not {block!r}")
                 if block.name in seen:
                     raise BlockExistsError(
                         f"local operator {self.name!r}: {what} block {block.name!r} is listed twice"
@@ -470,15 +479,7 @@ class LocalOperator(LinearOperator):
                     f"local operator {self} is given as callables, which cannot act on symbols; "
                     "give the kernel as a matrix to use it in the symbolic interpreter"
                 )
-            results = self.kernel.call(arrays, adjoint=self.adjointed)
-            if isinstance(results, np.ndarray) or not isinstance(results, (tuple, list)):
-                results = (results,)
-            if len(results) != len(produced):
-                raise KernelOutputError(
-                    f"local operator {self}: the {'adjoint' if self.adjointed else 'forward'} kernel returned "
-                    f"{len(results)} arrays for the {len(produced)} blocks {[b.name for b in produced]}"
-                )
-            results = [np.asarray(r) for r in results]
+            results = [np.asarray(r) for r in self._call(arrays)]
         else:
             if self.kernel.kind == "scipy" and symbolic:
                 raise NoMatrixError(
@@ -536,7 +537,100 @@ class LocalOperator(LinearOperator):
                 for s in range(0, n, PROBE_BATCH)
             ]
             return sp.csr_array(np.hstack(columns).reshape(m, n) if columns else np.zeros((m, n)))
-        return _probe(self, consumed, produced, n, m)
+        matrix = _probe(self, consumed, produced, n, m)
+        self._require_linear(matrix, n)
+        return matrix
+
+    # -- calling the callables ------------------------------------------------------------------
+    @property
+    def _direction(self) -> str:
+        return "adjoint" if self.adjointed else "forward"
+
+    def _call(self, arrays: Sequence[np.ndarray]) -> list[Any]:
+        """Call the kernel's callable for this direction on read-only views of ``arrays`` and
+        return its results as a list, one per produced block (their count checked).
+
+        Raises
+        ------
+        KernelWriteError
+            If the callable tries to write into an argument.
+        KernelOutputError
+            If it returns another number of arrays than there are produced blocks.
+        """
+        views = []
+        for array in arrays:
+            view = np.asarray(array).view()
+            view.flags.writeable = False
+            views.append(view)
+        try:
+            results = self.kernel.call(views, adjoint=self.adjointed)
+        except ValueError as error:
+            if "read-only" not in str(error):
+                raise
+            raise KernelWriteError(
+                f"local operator {self}: the {self._direction} kernel "
+                f"{_qualname(self.kernel._adjoint if self.adjointed else self.kernel._forward)} tried to write "
+                f"into its argument (block(s) {[b.name for b in self.consumed]}); kernels are given read-only "
+                "views and must return new arrays, so that the caller's arrays never change"
+            ) from error
+        if isinstance(results, np.ndarray) or not isinstance(results, (tuple, list)):
+            results = (results,)
+        produced = self.produced
+        if len(results) != len(produced):
+            raise KernelOutputError(
+                f"local operator {self}: the {self._direction} kernel returned {len(results)} arrays for the "
+                f"{len(produced)} blocks {[b.name for b in produced]}"
+            )
+        return list(results)
+
+    def _require_linear(self, matrix: sp.csr_array, n: int) -> None:
+        """Check that the callables act as their probed ``matrix`` on the states of
+        :func:`linop.linearity.probe_states`, called one state at a time as the numpy
+        interpreter calls them (so a false ``vectorized=True`` shows too).
+
+        Raises
+        ------
+        NotLinearError
+            Naming the state and the first differing produced entry.
+        """
+        consumed, produced = self.consumed, self.produced
+        offsets = np.cumsum([0, *(b.size for b in consumed)])
+
+        def apply_states(states: np.ndarray) -> np.ndarray:
+            rows = []
+            for state in states:
+                arrays = [state[a:b].reshape(blk.shape) for a, b, blk in zip(offsets, offsets[1:], consumed)]
+                flat = []
+                for block, result in zip(produced, self._call(arrays)):
+                    result = np.asarray(result)
+                    if result.shape != block.shape:
+                        raise KernelOutputError(
+                            f"local operator {self}: block {block.name!r} came back with shape {result.shape}, "
+                            f"expected {block.shape}"
+                        )
+                    flat.append(result.reshape(-1))
+                rows.append(np.concatenate(flat) if flat else np.zeros(0))
+            return np.stack(rows)
+
+        problem = linearity_problem(apply_states, matrix, n)
+        if problem is None:
+            return
+        index, where = problem.index, None
+        for block in produced:
+            if index < block.size:
+                where = f"{block.name}[{', '.join(str(int(i)) for i in np.unravel_index(index, block.shape))}]"
+                break
+            index -= block.size
+        claim = (
+            " (it is vectorized=True, so it was probed in batches: it may not act on a leading batch axis "
+            "as it claims)"
+            if self.kernel.vectorized
+            else ""
+        )
+        raise NotLinearError(
+            f"local operator {self}: the {self._direction} kernel is not linear{claim}: "
+            f"{problem.describe(str(where))}; its probed matrix does not describe it"
+        )
 
 
 def _probe(
@@ -558,14 +652,7 @@ def _probe(
         ]
         if not op.kernel.vectorized:
             arrays = [a[0] for a in arrays]
-        results = op.kernel.call(arrays, adjoint=op.adjointed)
-        if isinstance(results, np.ndarray) or not isinstance(results, (tuple, list)):
-            results = (results,)
-        if len(results) != len(produced):
-            raise KernelOutputError(
-                f"local operator {op}: the kernel returned {len(results)} arrays for the "
-                f"{len(produced)} blocks {[b.name for b in produced]}"
-            )
+        results = op._call(arrays)
         flat = []
         for block, result in zip(produced, results):
             result = np.asarray(result)
@@ -595,12 +682,19 @@ def _block_list(space: Space, items: Any, what: str, worker: int | None) -> tupl
             blocks.append(space.block(item))
         elif isinstance(item, tuple) and len(item) == 2:
             name, shape = item
-            shape = (
-                (shape,) if isinstance(shape, (int, np.integer)) else tuple(operator.index(s) for s in shape)
-            )
+            try:
+                shape = (
+                    (shape,)
+                    if isinstance(shape, (int, np.integer))
+                    else tuple(operator.index(s) for s in shape)
+                )
+            except TypeError:
+                raise LocalOperatorError(
+                    f"{what} {name!r}: its shape must be a sequence of integers, not {shape!r}"
+                ) from None
             blocks.append(Block(name, shape, 0 if worker is None else worker))
         else:
-            raise TypeError(f"{what} must be a block name, a Block or a (name, shape) pair, not {item!r}")
+            raise OperandError(f"{what} must be a block name, a Block or a (name, shape) pair, not {item!r}")
     return tuple(blocks)
 
 
@@ -656,7 +750,7 @@ def local_operator(
     names = _as_blocks(inputs, "input")
     for item in names:
         if not isinstance(item, str):
-            raise TypeError(f"inputs must be names of blocks of the space, not {item!r}")
+            raise OperandError(f"inputs must be names of blocks of the space, not {item!r}")
         if item not in space:
             raise UnknownBlockError(f"local operator {name!r}: input {item!r} is not a block of {space}")
     input_blocks = tuple(space.block(n) for n in names)

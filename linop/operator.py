@@ -168,17 +168,21 @@ class LinearOperator(ABC):
         inplace: bool = False,
         dtype: npt.DTypeLike | None = None,
         mapping: Any = None,
+        timeout: Any = None,
     ) -> State:
         """Apply the operator across MPI ranks; see :func:`linop.backends.mpi_backend.apply`.
 
         Every rank calls this with the same tree and only the blocks its rank owns (worker w is
         rank w of ``comm``, default ``MPI.COMM_WORLD``, unless ``mapping`` places the workers:
         a :class:`~linop.program.WorkerMap`); it returns this rank's blocks of the
-        range. Needs mpi4py (the ``mpi`` extra).
+        range. ``timeout`` (seconds, default ``LINOP_TIMEOUT``) bounds the wait for every rank
+        to arrive. Needs mpi4py (the ``mpi`` extra).
         """
         from .backends.mpi_backend import apply
 
-        return apply(self, local_state, comm=comm, inplace=inplace, dtype=dtype, mapping=mapping)
+        return apply(
+            self, local_state, comm=comm, inplace=inplace, dtype=dtype, mapping=mapping, timeout=timeout
+        )
 
     def to_sparse(self, dtype: npt.DTypeLike | None = None) -> scipy.sparse.csr_array:
         """The exact matrix over the canonical flattening (integer for pure data movement)."""
@@ -381,17 +385,23 @@ class Composition(LinearOperator):
     factors: tuple[LinearOperator, ...]
 
     def __post_init__(self) -> None:
+        # Only the junctions between the items are checked (a nested composition's own were
+        # checked when it was built), and the message is worded only on a mismatch: building
+        # ``A1 @ (A2 @ (... @ An))`` one factor at a time costs O(n) checks in all, not O(n^2).
         flat: list[LinearOperator] = []
-        for f in _factors("Composition", self.factors):
-            flat.extend(f.factors if isinstance(f, Composition) else (f,))
+        for item in _factors("Composition", self.factors):
+            parts = item.factors if isinstance(item, Composition) else (item,)
+            if flat:
+                left, right = flat[-1], parts[0]
+                if left.domain != right.range:
+                    left.domain.require_equal(
+                        right.range,
+                        f"cannot compose {_short(left)!s} @ {_short(right)!s}: "
+                        "the left domain (left) and the right range (right) differ",
+                    )
+            flat.extend(parts)
         if not flat:
             raise OperandError("a composition needs at least one factor")
-        for left, right in zip(flat, flat[1:]):
-            left.domain.require_equal(
-                right.range,
-                f"cannot compose {_short(left)!s} @ {_short(right)!s}: "
-                "the left domain (left) and the right range (right) differ",
-            )
         object.__setattr__(self, "factors", tuple(flat))
 
     @property
@@ -449,13 +459,15 @@ class Sum(LinearOperator):
         if not flat:
             raise OperandError("a sum needs at least one term")
         first = flat[0]
-        for other in flat[1:]:
-            first.domain.require_equal(
-                other.domain, f"cannot add {_short(first)} and {_short(other)}: domains differ"
-            )
-            first.range.require_equal(
-                other.range, f"cannot add {_short(first)} and {_short(other)}: ranges differ"
-            )
+        for other in flat[1:]:  # worded only on a mismatch (see Composition)
+            if first.domain != other.domain:
+                first.domain.require_equal(
+                    other.domain, f"cannot add {_short(first)} and {_short(other)}: domains differ"
+                )
+            if first.range != other.range:
+                first.range.require_equal(
+                    other.range, f"cannot add {_short(first)} and {_short(other)}: ranges differ"
+                )
         object.__setattr__(self, "terms", tuple(flat))
 
     @property

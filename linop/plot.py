@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import PlotError
+from .errors import OperandError, PlotError
 from .halo_geometry import HaloGeometry
 from .operator import LinearOperator
 from .partition import DistributedTensor
@@ -197,8 +197,8 @@ def decomposition(
 
     Raises
     ------
-    TypeError
-        If ``layout`` is neither a HaloGeometry nor a DistributedTensor.
+    OperandError
+        (a ``TypeError``) If ``layout`` is neither a HaloGeometry nor a DistributedTensor.
     """
     new_figure = _pyplot()
     if isinstance(layout, HaloGeometry):
@@ -206,7 +206,7 @@ def decomposition(
     elif isinstance(layout, DistributedTensor):
         tensor, geometry = layout, None
     else:
-        raise TypeError(
+        raise OperandError(  # a LinopError and a TypeError
             f"decomposition needs a HaloGeometry or a DistributedTensor, not {type(layout).__name__}"
         )
     ndim = tensor.ndim

@@ -99,7 +99,7 @@ def test_latex_labels_rows_and_columns_with_block_names():
     space = Space([Block("x_0", (2,)), Block("y", (2,), worker=1)])
     latex = Copy(space["x_0"], space["y"])._repr_latex_()
     assert latex.startswith("$$") and latex.endswith("$$")
-    assert latex.count(r"\texttt{x\_0}") == 2 and latex.count(r"\texttt{y}") == 2
+    assert latex.count(r"\texttt{x}\mathtt{\_}\texttt{0}") == 2 and latex.count(r"\texttt{y}") == 2
     assert latex.count(r"I_{2}") == 2 and latex.count(" O ") + latex.count("& O") >= 2
     assert r"\hline" in latex
 
@@ -225,8 +225,8 @@ def test_show_state_rejects_what_is_not_a_state():
 
 
 def test_tex_text_escapes_specials():
-    assert display.tex_text("x_window[0]") == r"\texttt{x\_window[0]}"
-    assert display.tex_text("a&b%") == r"\texttt{a\&b\%}"
+    assert display.tex_text("x_window[0]") == r"\texttt{x}\mathtt{\_}\texttt{window[0]}"
+    assert display.tex_text("a&b%") == r"\texttt{a}\mathtt{\&}\texttt{b}\mathtt{\%}"
 
 
 @dataclass(frozen=True, eq=True, repr=False)

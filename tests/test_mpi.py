@@ -248,3 +248,27 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state not in "ZX"
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(("ranks", "mode"), [(2, "apply"), (4, "bound")], ids=["2-ranks-apply", "4-ranks-bound"])
+def test_a_rank_that_never_arrives_ends_the_job_with_a_typed_error(ranks, mode):
+    """Rank 1 skips a call: every other rank raises PeerTimeoutError naming it by the
+    deadline (2 s), and the job is aborted. The bound below is only a runaway guard (no timing
+    is asserted): without the deadline the launch would hang until it."""
+    mpiexec = _mpiexec()
+    if mpiexec is None:
+        pytest.skip("no mpiexec found")
+    runner = ["-m", "mpi4py"] if mode == "bound" else []
+    command = [mpiexec, "-n", str(ranks), sys.executable, *runner, "tests/mpi/timeout_case.py", mode]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", LINOP_TIMEOUT="2" if mode == "bound" else "")
+    try:
+        status, stdout, stderr = run_bounded(command, 200, env)
+    except subprocess.TimeoutExpired as error:
+        pytest.fail(f"timed out: a rank that never arrived left the others waiting:\n{error.stdout}\n{error.stderr}")
+    output = stdout + stderr
+    assert status != 0, output
+    assert "finished (it should not have)" not in output, output
+    for rank in (r for r in range(ranks) if r != 1):
+        assert f"PeerTimeoutError: rank {rank}: rank(s) [1] did not arrive" in output, output
+    assert "aborting the job" in output, output

@@ -18,9 +18,12 @@ which composes with linop trees like any node. ``verify.exact_adjoint(lifted)`` 
 is an entry of the function's input, a column an entry of its output
 (``docs/theory.md#adjoint-test``). :func:`prove_backward` does both steps.
 
-Probing assumes :math:`f` is linear; the lift checks that claim on a random integer state
-(:math:`f(x) = F x`, exactly when the entries are integers) and raises :class:`LiftError`
-when it fails, naming the entry.
+Probing assumes :math:`f` is linear; the lift checks that claim (:math:`f(x) = F x`) on
+several states, :func:`linop.linearity.probe_states`: zero, random integer states, their sum
+and a multiple (exactly when the entries are integers) and a random non-integer state (up to
+rounding), and raises :class:`LiftError` when it fails, naming the state and the entry.
+Domains and ranges above :data:`MAX_ENTRIES` entries are refused before any call (probing
+costs one call per entry).
 
 Conventions for the callables: they take the domain's blocks as positional arrays in the
 domain's order, and return one array (a range of one block), a tuple or list in the range's
@@ -41,15 +44,21 @@ import scipy.sparse as sp
 
 from linop import Block, LinearOperator, Space
 from linop.backends import numpy_backend, sparse_backend
+from linop.linearity import linearity_problem
 
 from .errors import LiftError
 from .exact import Proof, exact_adjoint
 from .locate import locate
 
-__all__ = ["FRAMEWORKS", "LiftError", "Lifted", "lift", "lift_mpi", "prove_backward", "probe"]
+__all__ = ["FRAMEWORKS", "MAX_ENTRIES", "LiftError", "Lifted", "lift", "lift_mpi", "prove_backward", "probe"]
 
 FRAMEWORKS = ("numpy", "torch", "jax")
 """The frameworks whose functions :func:`lift` can call (and whose autodiff it can probe)."""
+
+MAX_ENTRIES = 1 << 14
+"""The largest domain or range (in entries) that :func:`lift` and :func:`lift_mpi` probe by
+default: probing calls the function once per entry, each on a dense vector, so the work grows
+as the square of the size (16384 entries: about 2.7e8 multiply-adds and 16384 calls)."""
 
 
 def _digest(matrix: sp.csr_array) -> str:
@@ -179,12 +188,27 @@ def _outputs(
     return arrays
 
 
+def _read_only(array: np.ndarray) -> np.ndarray:
+    view = np.asarray(array).view()
+    view.flags.writeable = False
+    return view
+
+
 def _numpy_batch(fn: Callable[..., Any], inside: Space, outside: Space, label: str) -> Batch:
     def run(vectors: np.ndarray) -> np.ndarray:
         rows = []
         for vector in vectors:
             state = inside.unflatten(vector)
-            arrays = _outputs(fn(*(state[n] for n in inside.names)), outside, label, np.asarray)
+            try:
+                result = fn(*(_read_only(state[n]) for n in inside.names))
+            except ValueError as error:
+                if "read-only" not in str(error):
+                    raise
+                raise LiftError(
+                    f"{label} writes into its input (blocks {list(inside.names)}): it is given read-only "
+                    "arrays and must return new ones (a function that changes its argument cannot be probed)"
+                ) from error
+            arrays = _outputs(result, outside, label, np.asarray)
             rows.append(outside.flatten(dict(zip(outside.names, arrays))))
         return np.stack(rows) if rows else np.zeros((0, outside.size))
 
@@ -234,7 +258,7 @@ def _torch_batches(
 
         def run(vectors: np.ndarray) -> np.ndarray:
             try:
-                batched = [torch.from_numpy(np.ascontiguousarray(a)) for a in _blocks_of(vectors, inside)]
+                batched = [torch.from_numpy(np.array(a)) for a in _blocks_of(vectors, inside)]
                 result = torch.func.vmap(call)(*batched)
             except Exception:  # not vmap-able (a custom autograd.Function, data-dependent code)
                 return loop(vectors)
@@ -346,20 +370,25 @@ def probe(
 def _check_linear(
     apply_batch: Batch, matrix: sp.csr_array, inside: Space, outside: Space, label: str
 ) -> None:
-    """f(x) == F x on a random integer state (exactly, for integer F)."""
-    if inside.size == 0:
-        return
-    x = np.random.default_rng(12345).integers(-9, 10, size=inside.size).astype(np.float64)
-    got = np.asarray(apply_batch(x[None, :]))[0]
-    want = matrix @ x
-    tolerance = 0.0 if matrix.dtype.kind in "iu" else 1e-9 * max(1.0, float(np.abs(want).max(initial=0)))
-    wrong = np.flatnonzero(np.abs(got - want) > tolerance)
-    if wrong.size:
-        where = locate(outside, int(wrong[0]))
-        raise LiftError(
-            f"{label} is not linear: on a random integer state its output at {where} is "
-            f"{got[wrong[0]]:g}, the probed matrix gives {want[wrong[0]]:g} ({wrong.size} entries differ)"
-        )
+    """``f(x) == F x`` on the states of :func:`linop.linearity.probe_states` (zero, random
+    integer states, their sum and a multiple, exactly for integer ``F``; a random non-integer
+    state up to rounding)."""
+    problem = linearity_problem(apply_batch, matrix, inside.size)
+    if problem is not None:
+        raise LiftError(f"{label} is not linear: {problem.describe(str(locate(outside, problem.index)))}")
+
+
+def _require_options(batch: object, max_entries: object, domain: Space, range_: Space, label: str) -> None:
+    for name, value in (("batch", batch), ("max_entries", max_entries)):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+            raise LiftError(f"{label}: {name} must be a positive integer, not {value!r}")
+    for what, space in (("domain", domain), ("range", range_)):
+        if space.size > max_entries:  # type: ignore[operator]
+            raise LiftError(
+                f"{label}: the {what} holds {space.size} entries, more than max_entries={max_entries}: "
+                f"probing calls the function once per entry on dense vectors of that size (pass a larger "
+                f"max_entries= to lift it anyway, or lift a smaller instance of the same map)"
+            )
 
 
 def lift(
@@ -372,6 +401,7 @@ def lift(
     batch: int = 256,
     label: str | None = None,
     check_linear: bool = True,
+    max_entries: int = MAX_ENTRIES,
 ) -> Lifted:
     """Lift a black-box linear map and its claimed adjoint into a :class:`Lifted` operator.
 
@@ -390,20 +420,27 @@ def lift(
         (``torch.func.vmap`` / ``jax.vmap``, falling back to one probe at a time for what
         does not vectorize, such as a custom ``autograd.Function``).
     batch : int
-        Unit vectors per call.
+        Unit vectors per call (a positive integer).
     label : str, optional
         The name shown in trees and proofs (default the callable's name).
     check_linear : bool
-        Check ``f(x) == F x`` on a random integer state (default True).
+        Check ``f(x) == F x`` on the states of :func:`linop.linearity.probe_states` (zero,
+        random integer states, their sum and a multiple, exactly for an integer ``F``, and a
+        random non-integer state), for both callables (default True).
+    max_entries : int
+        The largest domain or range size probed (default :data:`MAX_ENTRIES`): probing costs
+        one call per entry on dense vectors, so larger maps are refused before any call.
 
     Raises
     ------
     LiftError
-        When the map is not linear, returns the wrong blocks or shapes, or numpy is given no
-        adjoint.
+        When the map is not linear, writes into its input (numpy arrays are given read-only),
+        returns the wrong blocks or shapes, is larger than ``max_entries``, ``batch`` is not a
+        positive integer, or numpy is given no adjoint.
     """
     domain, range_ = _as_space(domain), _as_space(range)
     label = label or getattr(forward, "__qualname__", None) or type(forward).__name__
+    _require_options(batch, max_entries, domain, range_, label)
     if framework not in FRAMEWORKS:
         raise LiftError(f"unknown framework {framework!r}; expected one of {FRAMEWORKS}")
     if framework == "numpy":
@@ -506,6 +543,7 @@ def lift_mpi(
     comm: Any = None,
     framework: str = "numpy",
     label: str | None = None,
+    max_entries: int = MAX_ENTRIES,
 ) -> Lifted:
     """Lift a per-rank function that communicates (hand-written mpi4py code) and its claimed
     adjoint into one :class:`Lifted` operator, the same on every rank; collective.
@@ -517,16 +555,21 @@ def lift_mpi(
     leaves the others waiting (run under ``mpi_backend.guard()``). ``framework="torch"`` passes
     and expects tensors; its default adjoint is autograd's backward, run on every rank together.
 
+    ``max_entries`` bounds the domain and range sizes as in :func:`lift` (the spaces are the
+    same on every rank, so every rank refuses alike, before any call).
+
     Raises
     ------
     LiftError
-        On every rank together, when a rank's function returns the wrong blocks or shapes.
+        On every rank together, when a rank's function returns the wrong blocks or shapes, or
+        a space holds more than ``max_entries`` entries.
     """
     if comm is None:
         from mpi4py import MPI
 
         comm = MPI.COMM_WORLD
     label = label or getattr(forward, "__qualname__", None) or type(forward).__name__
+    _require_options(1, max_entries, domain, range, label)
     if framework == "numpy":
         if adjoint is None:
             raise LiftError(f"{label}: a numpy callable has no backward of its own; pass adjoint=")

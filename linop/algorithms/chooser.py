@@ -15,7 +15,9 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from ..accounting import Accounting, CostModel, account, account_schedule
+import numpy as np
+
+from ..accounting import Accounting, CostModel, _check_itemsize, account, account_schedule
 from . import VARIANTS, AlgorithmError, problem
 
 __all__ = ["Choice", "choose", "modeled_times"]
@@ -71,10 +73,18 @@ def modeled_times(
     Raises
     ------
     AlgorithmError
-        For an unknown collective or a non-positive size.
+        For an unknown collective, a non-positive size, a negative or non-integer ``nbytes``
+        or a ``model`` that is not a :class:`~linop.accounting.CostModel`.
+    AccountingError
+        If ``itemsize`` is not a positive integer.
     """
     if collective not in VARIANTS:
         raise AlgorithmError(f"no collective {collective!r}; known: {list(VARIANTS)}")
+    itemsize = _check_itemsize(itemsize)
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int | np.integer) or nbytes < 0:
+        raise AlgorithmError(f"{collective}: nbytes must be a non-negative integer (bytes per worker), not {nbytes!r}")
+    if not isinstance(model, CostModel):
+        raise AlgorithmError(f"{collective}: model must be a CostModel, not {type(model).__name__}")
     length = max(1, int(nbytes) // int(itemsize))
     return {
         name: accounting.time(model)

@@ -333,10 +333,11 @@ def checked_apply(
     *,
     inplace: bool = False,
     dtype: npt.DTypeLike | None = None,
+    timeout: Any = None,
 ) -> State:
     """Check collectively, then apply ``plan`` to this rank's blocks: what
     :meth:`DistributedPlan.apply` does, with the cheap in-place path described in the module
-    docstring. Collective.
+    docstring. Collective; ``timeout`` as in :meth:`DistributedPlan.check`.
 
     Raises
     ------
@@ -345,8 +346,9 @@ def checked_apply(
     """
     if plan.context.freed:
         plan.agree(state, inplace=inplace, dtype=dtype)  # raises the freed communicator's error
+    seconds = plan.deadline(timeout)
     try:
-        outcome = plan.entry.run(state, inplace=inplace, dtype=dtype)
+        outcome = plan.entry.run(state, inplace=inplace, dtype=dtype, timeout=seconds)
     except BaseException as error:  # a rank failing here would leave the others waiting
         abort_for(plan.comm, f"checking {plan.op}", error)
     if outcome.error is not None:

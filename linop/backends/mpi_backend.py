@@ -64,6 +64,7 @@ from .mpi_bound import BoundPlan
 from .mpi_check import DTYPE_CHARS
 from .mpi_context import PLAN_CACHE_SIZE, CommunicatorArgumentError, PlanCache, context_for
 from .mpi_datatypes import PACK_BELOW, mpi
+from .mpi_deadline import resolve_timeout
 from .mpi_guard import Guard, abort_for, guard, install_excepthook
 from .mpi_plan import DistributedPlan
 
@@ -87,7 +88,9 @@ __all__ = [
 ]
 
 
-def plan_for(op: LinearOperator, *, comm: Any = None, mapping: MappingLike | None = None) -> DistributedPlan:
+def plan_for(
+    op: LinearOperator, *, comm: Any = None, mapping: MappingLike | None = None, timeout: Any = None
+) -> DistributedPlan:
     """The plan of ``op`` on ``comm`` (default ``MPI.COMM_WORLD``), compiled once and cached.
 
     Compiling is local (no communication), except that the first use of a communicator
@@ -105,20 +108,32 @@ def plan_for(op: LinearOperator, *, comm: Any = None, mapping: MappingLike | Non
     between ranks fails the first application's check on every rank
     (:class:`~linop.errors.WorkerMapError`, :class:`~linop.errors.WorkerMapMismatchError`).
 
+    ``timeout`` (seconds) sets the plan's default deadline (:attr:`DistributedPlan.timeout`):
+    how long its checks and its bound plans' first calls wait for every rank to arrive before
+    the ranks that did raise :class:`~linop.errors.PeerTimeoutError` naming the others and
+    the job is aborted (:mod:`linop.backends.mpi_deadline`; default ``LINOP_TIMEOUT``, else
+    no deadline). The first use of a communicator (its duplication) has no deadline.
+
     Raises
     ------
     CommunicatorArgumentError
         ``comm`` is not an mpi4py communicator.
     CommunicatorError
         ``comm`` is ``MPI.COMM_NULL`` or an intercommunicator.
+    TimeoutArgumentError
+        ``timeout`` is not a positive number of seconds.
     """
+    if timeout is not None:
+        resolve_timeout(timeout)  # a bad value raises here, before any communication
     try:
         context = context_for(comm)
         if mapping is not None:
-            return _mapped_plan(op, context, mapping)
-        plan = context.plans.get(op)
-        if plan is None:
-            plan = context.plans.put(op, DistributedPlan(op, context))
+            plan = _mapped_plan(op, context, mapping)
+        else:
+            cached = context.plans.get(op)
+            plan = cached if cached is not None else context.plans.put(op, DistributedPlan(op, context))
+        if timeout is not None:
+            plan.timeout = timeout
         return plan
     except LinopError:  # typed errors are raised on every rank alike: the job goes on
         raise
@@ -153,6 +168,7 @@ def apply(
     inplace: bool = False,
     dtype: npt.DTypeLike | None = None,
     mapping: MappingLike | None = None,
+    timeout: Any = None,
 ) -> State:
     """Apply ``op`` across the ranks of ``comm``; collective.
 
@@ -173,6 +189,12 @@ def apply(
         ranks' blocks and the tree's scalars (data moves between ranks in the run's dtype).
     mapping : WorkerMap, sequence of int or dict of int to int, optional
         The rank of each worker (default: worker ``w`` on rank ``w``); see :func:`plan_for`.
+    timeout : float, optional
+        Seconds to wait at the entry check for every rank to arrive (default: the plan's
+        :attr:`~DistributedPlan.timeout`, else the environment variable ``LINOP_TIMEOUT``,
+        else no deadline). When it passes, every rank that arrived raises
+        :class:`~linop.errors.PeerTimeoutError` naming the ranks that did not, prints it and
+        aborts the job (a missing rank may never return).
 
     Returns
     -------
@@ -193,9 +215,9 @@ def apply(
         if mapping is not None:
             plan = plan_for(op, comm=comm, mapping=mapping)
             if _plain(local_state):
-                return checked_apply(plan, local_state, inplace=inplace, dtype=dtype)
+                return checked_apply(plan, local_state, inplace=inplace, dtype=dtype, timeout=timeout)
             entry = array_api.mpi_entry(local_state)
-            result = checked_apply(plan, entry.arrays, inplace=inplace, dtype=dtype)
+            result = checked_apply(plan, entry.arrays, inplace=inplace, dtype=dtype, timeout=timeout)
             return entry.result(result, inplace=inplace)
         if _plain(local_state):
             last = _LAST_PLAN  # a loop applying one tree: its plan without a cache lookup
@@ -204,9 +226,11 @@ def apply(
             else:
                 plan = plan_for(op, comm=comm)
                 _LAST_PLAN = (op, comm, plan)
-            return checked_apply(plan, local_state, inplace=inplace, dtype=dtype)
+            return checked_apply(plan, local_state, inplace=inplace, dtype=dtype, timeout=timeout)
         entry = array_api.mpi_entry(local_state)  # torch, CuPy, ... arrays: numpy views, same library out
-        result = checked_apply(plan_for(op, comm=comm), entry.arrays, inplace=inplace, dtype=dtype)
+        result = checked_apply(
+            plan_for(op, comm=comm), entry.arrays, inplace=inplace, dtype=dtype, timeout=timeout
+        )
         return entry.result(result, inplace=inplace)
     except LinopError:  # typed errors are raised on every rank alike: the job goes on
         raise

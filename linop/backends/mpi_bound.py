@@ -21,6 +21,7 @@ import numpy as np
 from ..program import RankPhase
 from ..space import Region, State
 from .mpi_datatypes import mpi, raw_spec, region_spec
+from .mpi_deadline import wait_all
 from .mpi_guard import abort_for
 from .mpi_plan import DistributedPlan, read_only
 from .mpi_steps import Action, Call, RankStep
@@ -52,8 +53,10 @@ class BoundPlan:
         inplace: bool = True,
         *,
         checked: bool = False,
+        timeout: float | None = None,
     ) -> None:
         self.plan = plan
+        self._first_timeout = timeout  # the first call's deadline (mpi_deadline), then None
         self.arrays = arrays
         self.dtype = dtype
         self.inplace = inplace
@@ -94,6 +97,11 @@ class BoundPlan:
             return self.arrays
         try:
             startall, waitall = self._startall, self._waitall
+            if self._first_timeout is not None:  # every rank's first start: within the deadline
+                timeout, self._first_timeout = self._first_timeout, None
+                comm = self.plan.comm  # a barrier first: no rank completes before all arrived
+                wait_all([comm.Ibarrier()], comm, timeout, f"the first call of the bound plan of {self.plan.op}")
+
             for requests, finish in phases:
                 if requests:
                     startall(requests)

@@ -50,7 +50,8 @@ from ..errors import (
 from ..operator import LinearOperator
 from ..space import Block
 from .mpi_datatypes import mpi
-from .numpy_backend import first_shared_memory
+from .mpi_deadline import wait_all
+from .numpy_backend import first_shared_memory, overlaps_itself
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
     from mpi4py.MPI import Intracomm
@@ -117,18 +118,24 @@ class CheckReducer:
         else:  # pragma: no cover - MPI libraries without persistent collectives
             self._pending = self.comm.Iallreduce(self.send, self.received, op=mpi().MAX)
 
-    def wait(self) -> np.ndarray:
-        """Complete the reduction started by :meth:`start`; return :attr:`received`."""
-        if self.request is not None:
-            self.request.Wait()
-        elif not self.single:  # pragma: no cover - MPI libraries without persistent collectives
-            self._pending.Wait()
+    def wait(self, timeout: float | None = None, doing: str = "the entry check") -> np.ndarray:
+        """Complete the reduction started by :meth:`start`; return :attr:`received`. With a
+        ``timeout`` (seconds) the reduction is polled, and ranks that do not arrive in time
+        raise :class:`~linop.errors.PeerTimeoutError` (:mod:`linop.backends.mpi_deadline`)."""
+        if self.single:
+            return self.received
+        request = self.request if self.request is not None else self._pending
+        if timeout is None:
+            request.Wait()
+        else:
+            wait_all([request], self.comm, timeout, doing)
         return self.received
 
-    def reduce(self) -> np.ndarray:
-        """Reduce :attr:`send` (maximum over ranks) into :attr:`received` and return it."""
+    def reduce(self, timeout: float | None = None, doing: str = "the entry check") -> np.ndarray:
+        """Reduce :attr:`send` (maximum over ranks) into :attr:`received` and return it
+        (within ``timeout`` seconds, see :meth:`wait`)."""
         self.start()
-        return self.wait()
+        return self.wait(timeout, doing)
 
     def free(self) -> None:
         """Release the persistent request (before the communicator is freed)."""
@@ -238,8 +245,8 @@ class EntryCheck:
             array = state.get(name)
             if type(array) is not np.ndarray or array.shape != shape or array.dtype.char not in _FLAG_OF:
                 return None
-            if inplace and not array.flags.writeable:
-                return None
+            if inplace and not (array.flags.writeable and array.flags.contiguous):
+                return None  # read-only, or perhaps overlapping itself: the full test
             arrays.append(array)
         if inplace and (len(arrays) > 1 or not self._domain_is_range()):
             return None  # blocks sharing memory, or domain != range: the full test
@@ -296,6 +303,12 @@ class EntryCheck:
                     f"rank {rank}: in-place application needs a writeable array for block {name!r}",
                     DistributedStateError,
                 )
+            if inplace and overlaps_itself(array):
+                return (
+                    f"rank {rank}: in-place application cannot write block {name!r}: its entries overlap "
+                    f"in memory (strides {array.strides} for shape {array.shape}, a broadcast or expanded view)",
+                    DistributedStateError,
+                )
         if inplace:
             if self.op.domain != self.op.range:
                 return f"in-place application of {self.op}: domain and range differ", DistributedStateError
@@ -312,16 +325,29 @@ class EntryCheck:
                 )
         return None
 
-    def run(self, state: Any, *, inplace: bool = False, dtype: npt.DTypeLike | None = None) -> CheckOutcome:
+    def run(
+        self,
+        state: Any,
+        *,
+        inplace: bool = False,
+        dtype: npt.DTypeLike | None = None,
+        timeout: float | None = None,
+    ) -> CheckOutcome:
         """Check collectively; every rank gets the same outcome. Raises nothing itself (the
-        caller raises the outcome's error, outside its abort-on-failure section)."""
+        caller raises the outcome's error, outside its abort-on-failure section), except
+        :class:`~linop.errors.PeerTimeoutError` when ``timeout`` (seconds, resolved) passes
+        before every rank arrives (the caller aborts the job then)."""
         if dtype is None and self._single is not None:
-            outcome = self._run_single(state, inplace)
+            outcome = self._run_single(state, inplace, timeout)
             if outcome is not None:
                 return outcome
-        return self._run(state, inplace, dtype)
+        return self._run(state, inplace, dtype, timeout)
 
-    def _run_single(self, state: Any, inplace: bool) -> CheckOutcome | None:
+    def _doing(self) -> str:
+        text = str(self.op)
+        return f"the entry check of {text if len(text) <= 80 else text[:77] + '...'}"
+
+    def _run_single(self, state: Any, inplace: bool, timeout: float | None = None) -> CheckOutcome | None:
         """The common case, cheaply: one block of a float or complex dtype, no ``dtype=``;
         None when the state is anything else (then :meth:`_run` checks it, before any
         communication). Reduces the same vector :meth:`_run` would."""
@@ -334,7 +360,7 @@ class EntryCheck:
         char = array.dtype.char
         if char in _INTEGER_CHARS or char not in _FLAG_OF:
             return None
-        if inplace and not (array.flags.writeable and self._domain_is_range()):
+        if inplace and not (array.flags.writeable and array.flags.contiguous and self._domain_is_range()):
             return None
         prepared = self._prepared.get(char)
         if prepared is None:
@@ -347,12 +373,12 @@ class EntryCheck:
             np.copyto(reducer.send, vector)
             reducer.signature, reducer.sent = signature, sent
         request = reducer.request
-        if request is not None:  # the persistent Allreduce, without the method calls around it
+        if request is not None and timeout is None:  # the persistent Allreduce, without calls around it
             request.Start()
             request.Wait()
             reduced = reducer.received
         else:
-            reduced = reducer.reduce()
+            reduced = reducer.reduce(timeout, self._doing())
         got = reduced.tobytes()
         if got != sent:  # another rank differs: the general decoding, from the reduced vector
             return self._outcome(reduced, got, None, inplace)
@@ -362,7 +388,9 @@ class EntryCheck:
             prepared[4 if inplace else 3] = outcome
         return outcome
 
-    def _run(self, state: Any, inplace: bool, dtype: npt.DTypeLike | None) -> CheckOutcome:
+    def _run(
+        self, state: Any, inplace: bool, dtype: npt.DTypeLike | None, timeout: float | None = None
+    ) -> CheckOutcome:
         problem: Problem | None = None
         arrays = None if self.problem is not None else self._arrays_if_valid(state, inplace)
         if arrays is None:
@@ -395,7 +423,7 @@ class EntryCheck:
             vector[_LARGEST] = largest
             vector[_ERROR] = problem is not None
             reducer.signature, reducer.sent = signature, vector.tobytes()
-        reduced = reducer.reduce()
+        reduced = reducer.reduce(timeout, self._doing())
         return self._outcome(reduced, reduced.tobytes(), problem, inplace)
 
     def _outcome(

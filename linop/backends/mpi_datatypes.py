@@ -11,6 +11,8 @@ mpi4py is imported only when a function of this module runs (:func:`mpi`).
 
 from __future__ import annotations
 
+import sys
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,6 +24,8 @@ if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
 
 __all__ = [
     "PACK_BELOW",
+    "SUBARRAY_CACHE_SIZE",
+    "cached_subarrays",
     "BufferSpec",
     "mpi",
     "element_type",
@@ -43,7 +47,13 @@ walking thousands of tiny runs. Longer runs move through subarray datatypes, unp
 
 _MPI: Any = None
 _ELEMENTS: dict[str, Datatype] = {}
-_SUBARRAYS: dict[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], str], Datatype] = {}
+_SUBARRAYS: OrderedDict[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], str], Datatype] = OrderedDict()
+_RETIRED: list[Datatype] = []  # evicted, still referenced elsewhere (a compiled schedule): freed later
+
+SUBARRAY_CACHE_SIZE = 1024
+"""Subarray datatypes kept (least recently used evicted first, as the plan cache does). An
+evicted datatype is freed (``MPI_Type_free``) once nothing else holds it: a compiled schedule
+or bound plan that still uses one keeps it alive until it is dropped."""
 
 
 def mpi() -> Any:
@@ -101,7 +111,33 @@ def subarray(
     if datatype is None:
         datatype = element_type(dtype).Create_subarray(list(shape), list(sub), list(start)).Commit()
         _SUBARRAYS[key] = datatype
+        if len(_SUBARRAYS) > SUBARRAY_CACHE_SIZE:
+            _evict()
+    else:
+        _SUBARRAYS.move_to_end(key)
     return datatype
+
+
+def _evict() -> None:
+    """Drop the least recently used subarray datatypes beyond :data:`SUBARRAY_CACHE_SIZE`, and
+    free every dropped one that nothing else references any more (CPython reference counts:
+    the list below and the loop variable are the only holders then)."""
+    while len(_SUBARRAYS) > SUBARRAY_CACHE_SIZE:
+        _RETIRED.append(_SUBARRAYS.popitem(last=False)[1])
+    kept = []
+    while _RETIRED:
+        datatype = _RETIRED.pop()
+        if sys.getrefcount(datatype) <= 2:  # this variable and getrefcount's argument
+            datatype.Free()
+        else:
+            kept.append(datatype)
+        del datatype
+    _RETIRED.extend(kept)
+
+
+def cached_subarrays() -> int:
+    """How many subarray datatypes the cache holds (at most :data:`SUBARRAY_CACHE_SIZE`)."""
+    return len(_SUBARRAYS)
 
 
 def contiguous_run(shape: tuple[int, ...], extents: tuple[int, ...], itemsize: int) -> int:

@@ -30,6 +30,7 @@ from ..space import Block, State
 from . import array_api, mpi_mapping, numpy_backend
 from .mpi_check import CheckOutcome, DistributedOverflowError, EntryCheck
 from .mpi_context import PlanCache
+from .mpi_deadline import resolve_timeout
 from .mpi_guard import abort_for
 from .mpi_runtime import run_schedule
 
@@ -116,6 +117,10 @@ class DistributedPlan:
         self.domain_blocks: dict[str, Block] = {}
         self.range_names: tuple[str, ...] = ()
         self._program: Program | None = None
+        self.timeout: Any = None
+        """The default deadline of this plan's checks and bound plans' first starts, in seconds
+        (set by ``plan_for(..., timeout=)``; None: ``LINOP_TIMEOUT``, see
+        :mod:`linop.backends.mpi_deadline`)."""
         if mapping is not None:
             self._init_mapped(op, context, mapping)
             return
@@ -168,7 +173,9 @@ class DistributedPlan:
         """The plan's private communicator (a duplicate of the user's)."""
         return self.context.comm
 
-    def check(self, state: Any, *, inplace: bool = False, dtype: npt.DTypeLike | None = None) -> np.dtype:
+    def check(
+        self, state: Any, *, inplace: bool = False, dtype: npt.DTypeLike | None = None, timeout: Any = None
+    ) -> np.dtype:
         """Collectively validate the tree and every rank's local state; return the run's dtype
         (see :mod:`linop.backends.mpi_check`).
 
@@ -176,19 +183,36 @@ class DistributedPlan:
         ------
         TreeMismatchError, CommunicatorError, DistributedStateError, UnsupportedNodeError
             On every rank together, before any data moves.
+        PeerTimeoutError
+            Printed by every rank that arrived, naming those that did not within ``timeout``
+            seconds (default :attr:`timeout`, else ``LINOP_TIMEOUT``), before the job is aborted.
         """
-        return self.agree(state, inplace=inplace, dtype=dtype).result()
+        return self.agree(state, inplace=inplace, dtype=dtype, timeout=timeout).result()
 
-    def agree(self, state: Any, *, inplace: bool = False, dtype: npt.DTypeLike | None = None) -> CheckOutcome:
+    def deadline(self, timeout: Any = None) -> float | None:
+        """The deadline in seconds of a call given ``timeout`` (None: :attr:`timeout`, else
+        ``LINOP_TIMEOUT``); None for none.
+
+        Raises
+        ------
+        TimeoutArgumentError
+            If it is not a positive number of seconds.
+        """
+        return resolve_timeout(self.timeout if timeout is None else timeout)
+
+    def agree(
+        self, state: Any, *, inplace: bool = False, dtype: npt.DTypeLike | None = None, timeout: Any = None
+    ) -> CheckOutcome:
         """The collective check's outcome (its error raised by :meth:`CheckOutcome.result`)."""
         if self.context.freed:
             raise CommunicatorError(
                 f"the communicator of this plan of {self.op} has been freed; build the plan again "
                 "on a live communicator"
             )
+        seconds = self.deadline(timeout)
         try:
-            return self.entry.run(state, inplace=inplace, dtype=dtype)
-        except BaseException as error:
+            return self.entry.run(state, inplace=inplace, dtype=dtype, timeout=seconds)
+        except BaseException as error:  # PeerTimeoutError included: the missing ranks may never come
             abort_for(self.comm, f"checking {self.op}", error)
 
     # -- application -------------------------------------------------------------------------
@@ -198,10 +222,11 @@ class DistributedPlan:
         *,
         inplace: bool = False,
         dtype: npt.DTypeLike | None = None,
+        timeout: Any = None,
     ) -> State:
         """Apply the plan to this rank's blocks; collective. See
         :func:`linop.backends.mpi_backend.apply`."""
-        outcome = self.agree(local_state, inplace=inplace, dtype=dtype)
+        outcome = self.agree(local_state, inplace=inplace, dtype=dtype, timeout=timeout)
         run_dtype = outcome.result()
         alloc = np.dtype(dtype) if dtype is not None else run_dtype
         arrays = {name: local_state[name] for name in self.domain_blocks}
@@ -259,7 +284,9 @@ class DistributedPlan:
         problems = [p for p in self.comm.allgather(problem) if p is not None]
         return DistributedOverflowError(problems[0]) if problems else None
 
-    def bind(self, local_state: Mapping[str, Any], *, inplace: bool | None = None) -> BoundPlan:
+    def bind(
+        self, local_state: Mapping[str, Any], *, inplace: bool | None = None, timeout: Any = None
+    ) -> BoundPlan:
         """Prepare repeated application to these very arrays; collective.
 
         The check runs once, here; the returned callable then applies the operator with no
@@ -271,6 +298,10 @@ class DistributedPlan:
         ``Allreduce_init``) writes into result arrays prebuilt once: each call returns the same
         arrays, overwritten. Any other schedule runs the ordinary application without its
         check on each call.
+
+        ``timeout`` (seconds; default :attr:`timeout`, else ``LINOP_TIMEOUT``) bounds the wait
+        of the check here and of the bound plan's first call for every rank to arrive
+        (:mod:`linop.backends.mpi_deadline`).
         """
         from .mpi_bound import BoundPlan
 
@@ -278,11 +309,13 @@ class DistributedPlan:
             inplace = self.op.domain == self.op.range
         entry = array_api.mpi_entry(local_state)  # torch, CuPy, ... arrays: bound on numpy views
         local_state = entry.arrays
-        outcome = self.agree(local_state, inplace=inplace)
+        outcome = self.agree(local_state, inplace=inplace, timeout=timeout)
         dtype = outcome.result()
         try:
             arrays = {name: local_state[name] for name in self.domain_blocks}
-            bound = BoundPlan(self, arrays, dtype, inplace, checked=outcome.integers)
+            bound = BoundPlan(
+                self, arrays, dtype, inplace, checked=outcome.integers, timeout=self.deadline(timeout)
+            )
             return entry.bound(bound, inplace=inplace)
         except BaseException as error:
             abort_for(self.comm, f"binding {self.op}", error)

@@ -154,6 +154,12 @@ def apply_numpy(
     for name, array in arrays.items():
         if array is not state[name] or not array.flags.writeable:
             raise StateError(f"in-place application needs a writeable numpy array for block {name!r}")
+        if overlaps_itself(array):
+            raise StateError(
+                f"in-place application cannot write block {name!r}: its entries overlap in memory (strides "
+                f"{array.strides} for shape {array.shape}, a broadcast or expanded view); pass an array "
+                "with one memory location per entry"
+            )
     shared = first_shared_memory(arrays)
     if shared is not None:
         raise StateError(
@@ -233,6 +239,32 @@ def first_shared_memory(arrays: Mapping[str, np.ndarray]) -> tuple[str, str] | N
         if np.shares_memory(arrays[name], arrays[other]):
             return tuple(sorted((name, other), key=natural_key))  # type: ignore[return-value]
     return None
+
+
+def overlaps_itself(array: np.ndarray) -> bool:
+    """Whether two entries of ``array`` share memory (a stride-0 view such as a broadcast or
+    ``torch.expand``, an ``as_strided`` view with overlapping strides): in-place writes into
+    such an array cannot hold a different value per entry. Contiguous arrays are decided at
+    once; others by their strides, sorted, each at least the span of the smaller ones
+    (sufficient), else exactly by their entries' byte offsets."""
+    flags = array.flags
+    if flags.c_contiguous or flags.f_contiguous or array.size <= 1:
+        return False
+    dims = sorted((abs(stride), extent) for stride, extent in zip(array.strides, array.shape) if extent > 1)
+    if dims and dims[0][0] == 0:
+        return True
+    span = array.itemsize
+    for stride, extent in dims:
+        if stride < span:
+            break
+        span += stride * (extent - 1)
+    else:
+        return False
+    offsets = np.zeros(1, dtype=np.int64)
+    for stride, extent in dims:
+        offsets = (offsets[:, None] + stride * np.arange(extent, dtype=np.int64)).ravel()
+    offsets.sort()
+    return bool(np.any(np.diff(offsets) < array.itemsize))
 
 
 # -- algebra -------------------------------------------------------------------------------

@@ -267,6 +267,11 @@ class Affine:
 
     def scatter_parameters(self, weights: Any, bias: Any = None) -> dict[str, np.ndarray]:
         """A state of :attr:`parameter_space` from global W (and b)."""
+        if self.bias is None and bias is not None:
+            raise LayerError(
+                "Affine: a bias was given to scatter_parameters, but the layer was built with bias=False "
+                "(it has no bias to scatter)"
+            )
         state = self.weights.scatter(require_shape("Affine", "weights", weights, self.weights.global_shape))
         if self.bias is not None:
             state.update(self.bias.scatter(require_shape("Affine", "bias", bias, self.bias.global_shape)))

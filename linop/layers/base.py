@@ -50,10 +50,16 @@ def require_int(layer: str, what: str, value: object, low: int = 1) -> int:
 
 
 def require_shape(layer: str, what: str, array: Any, expected: Sequence[int]) -> np.ndarray:
-    """``array`` as an ndarray of shape ``expected`` (else a LayerError naming it)."""
-    array = np.asarray(array)
+    """``array`` as an ndarray of shape ``expected`` and of a numeric dtype (numbers, or
+    objects such as symbols), else a LayerError naming it."""
+    try:
+        array = np.asarray(array)
+    except (TypeError, ValueError) as error:  # ragged nested lists, unconvertible objects
+        raise LayerError(f"{layer}: {what} is not an array ({error})") from None
     if array.shape != tuple(expected):
         raise LayerError(f"{layer}: {what} has shape {array.shape}, expected {tuple(expected)}")
+    if array.dtype.kind not in "biufcO":
+        raise LayerError(f"{layer}: {what} has dtype {array.dtype}, not a numeric dtype")
     return array
 
 

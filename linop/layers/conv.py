@@ -419,6 +419,11 @@ class Convolution:
 
     def scatter_parameters(self, weights: Any, bias: Any = None) -> dict[str, np.ndarray]:
         """A state of :attr:`parameter_space` from global weights (and bias)."""
+        if self.bias is None and bias is not None:
+            raise LayerError(
+                "Convolution: a bias was given to scatter_parameters, but the layer was built with bias=False "
+                "(it has no bias to scatter)"
+            )
         state = self.weights.scatter(
             require_shape("Convolution", "weights", weights, self.weights.global_shape)
         )

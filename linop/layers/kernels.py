@@ -193,10 +193,19 @@ def average_pool_adjoint(
 
 
 def max_selection(
-    x: np.ndarray, size: Sequence[int], stride: Sequence[int], dilation: Sequence[int]
+    x: np.ndarray,
+    size: Sequence[int],
+    stride: Sequence[int],
+    dilation: Sequence[int],
+    real: np.ndarray | None = None,
 ) -> np.ndarray:
     """For each window of ``x`` (the last ``len(size)`` axes), the flat index into ``x`` of its
-    first largest entry: the Jacobian of max pooling at ``x`` selects these entries."""
+    first largest entry: the Jacobian of max pooling at ``x`` selects these entries.
+
+    ``real`` (a boolean array of ``x``'s trailing shape, or broadcastable to ``x``) marks the
+    entries that are the tensor's own; the others are padding, which max pooling treats as
+    minus infinity (as torch and DistDL do): a window's largest *real* entry is selected, and
+    padding only when the window holds no real entry."""
     dims = len(size)
     positions = np.arange(x.size).reshape(x.shape)
     view = windows_view(x, size, stride, dilation)
@@ -206,7 +215,17 @@ def max_selection(
         return np.zeros(view.shape[: view.ndim - dims], dtype=np.int64)
     flat_view = view.reshape(*view.shape[: view.ndim - dims], taps)
     flat_where = where.reshape(*where.shape[: where.ndim - dims], taps)
-    best = np.argmax(flat_view, axis=-1)
+    if real is None:
+        best = np.argmax(flat_view, axis=-1)
+    else:
+        mask = windows_view(np.broadcast_to(real, x.shape), size, stride, dilation)
+        flat_mask = mask.reshape(flat_view.shape)
+        # the largest real entry: the first real tap holding the largest value among real taps
+        lowest = np.min(flat_view, axis=-1, keepdims=True)
+        candidates = np.where(flat_mask, flat_view, lowest)
+        top = np.max(candidates, axis=-1, keepdims=True)
+        chosen = flat_mask & (flat_view == top)
+        best = np.where(chosen.any(axis=-1), np.argmax(chosen, axis=-1), np.argmax(flat_view, axis=-1))
     return np.take_along_axis(flat_where, best[..., None], axis=-1)[..., 0].astype(np.int64)
 
 

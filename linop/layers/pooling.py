@@ -11,7 +11,8 @@ by a local kernel on each worker's window:
   dyadic, so the matrices are exact in floating point).
 * :class:`MaxPoolJacobian`: max pooling is not linear, but its Jacobian at a given input x_0 is:
   a *selection* operator, each output taking the entry of its window where x_0 is largest (the
-  first one on ties; zero padding can be selected, and then the output does not depend on x).
+  first one on ties). Zero padding counts as minus infinity, as in torch and DistDL: a window
+  that touches the padding selects its largest real entry, however negative.
   Its matrix has one 1 per output row, so it is proven exactly; applied to x_0 itself it gives
   max pooling of x_0.
 """
@@ -149,6 +150,21 @@ class MaxPoolJacobian(_Pool):
     layer = "MaxPoolJacobian"
     label = "max"
 
+    def _real_entries(self, g) -> np.ndarray:
+        """Which entries of worker ``g``'s window are x's own (True) rather than zero padding
+        (False): padding positions lie outside ``[0, length)`` in a dimension whose boundary
+        is ``"zero"`` (other boundaries fill the padding with x's entries)."""
+        boundary = self.kernel.boundary
+        masks = []
+        for d, row in enumerate(self.geometry.worker_rows(g)):
+            coords = np.arange(row.need_start, row.need_stop)
+            mode = boundary if isinstance(boundary, str) else boundary[d]
+            masks.append((coords >= 0) & (coords < row.length) if mode == "zero" else np.ones(coords.size, bool))
+        real = np.ones((1,) * len(masks), dtype=bool)
+        for d, mask in enumerate(masks):
+            real = real & mask.reshape([-1 if k == d else 1 for k in range(len(masks))])
+        return real
+
     def at(self, windows: Mapping[str, Any]) -> LinearOperator:
         """The Jacobian at the input whose windows are ``windows`` (a state of the windows, or
         the blocks of it this rank holds).
@@ -166,7 +182,9 @@ class MaxPoolJacobian(_Pool):
                 window = require_shape(
                     self.layer, f"window {name!r}", windows[name], self.geometry.window_shape(g)
                 )
-                selections[name] = kernels.max_selection(np.asarray(window), size, stride, dilation)
+                selections[name] = kernels.max_selection(
+                    np.asarray(window), size, stride, dilation, self._real_entries(g)
+                )
 
         def kernels_of(g, window):
             name = self.window_name(g)

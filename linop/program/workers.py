@@ -18,12 +18,20 @@ from ..errors import WorkerMapError
 __all__ = ["WorkerMap"]
 
 
+def _counts(how: str, workers: object, ranks: object) -> tuple[int, int]:
+    if not _natural(workers):
+        raise WorkerMapError(f"WorkerMap.{how}: workers must be a non-negative integer, not {workers!r}")
+    if not _natural(ranks) or int(ranks) < 1:  # type: ignore[call-overload]
+        raise WorkerMapError(f"WorkerMap.{how}: ranks must be a positive integer, not {ranks!r}")
+    return int(workers), int(ranks)  # type: ignore[call-overload]
+
+
 class WorkerMap:
     """Which rank runs each worker of a tree: ``rank_of(w)``.
 
     Parameters
     ----------
-    ranks : sequence of int, or mapping of int to int
+    ranks : sequence of int (a 1-D numpy array included), or mapping of int to int
         ``ranks[w]`` is the rank of worker ``w`` (a sequence covers workers ``0 .. len - 1``;
         a mapping names its workers).
 
@@ -43,6 +51,13 @@ class WorkerMap:
     __slots__ = ("_by_rank", "_hash", "_pairs", "_ranks")
 
     def __init__(self, ranks: Sequence[int] | Mapping[int, int]) -> None:
+        if isinstance(ranks, np.ndarray):  # a numpy array of ranks is a sequence of ranks too
+            if ranks.ndim != 1:
+                raise WorkerMapError(
+                    f"a worker map given as an array must be 1-D (rank of worker w at index w), not of "
+                    f"shape {ranks.shape}"
+                )
+            ranks = ranks.tolist()
         if isinstance(ranks, Mapping):
             items = list(ranks.items())
         elif isinstance(ranks, (str, bytes)) or not isinstance(ranks, Sequence):
@@ -74,12 +89,26 @@ class WorkerMap:
 
     @classmethod
     def round_robin(cls, workers: int, ranks: int) -> WorkerMap:
-        """Worker ``w`` on rank ``w % ranks``."""
+        """Worker ``w`` on rank ``w % ranks``.
+
+        Raises
+        ------
+        WorkerMapError
+            ``workers`` is not a non-negative integer or ``ranks`` not a positive one.
+        """
+        workers, ranks = _counts("round_robin", workers, ranks)
         return cls([w % ranks for w in range(workers)])
 
     @classmethod
     def blocked(cls, workers: int, ranks: int) -> WorkerMap:
-        """Consecutive workers together: worker ``w`` on rank ``w * ranks // workers``."""
+        """Consecutive workers together: worker ``w`` on rank ``w * ranks // workers``.
+
+        Raises
+        ------
+        WorkerMapError
+            ``workers`` is not a non-negative integer or ``ranks`` not a positive one.
+        """
+        workers, ranks = _counts("blocked", workers, ranks)
         return cls([w * ranks // workers for w in range(workers)])
 
     def rank_of(self, worker: int) -> int:

@@ -221,3 +221,31 @@ def test_sub_communicators_are_freed_with_the_users():
     names = tuple(b.name for b in op.range if b.worker == RANK)
     problem = same_blocks(result, op(state), names, exact=False)
     collective_assert(problem is None, str(problem))
+
+
+def test_the_subarray_datatype_cache_is_bounded_and_frees_what_it_evicts(monkeypatch):
+    """Issue 22: the cache of subarray datatypes is least recently used first out, like the
+    plan cache; an evicted datatype is freed once nothing else holds it."""
+    from linop.backends import mpi_datatypes
+
+    monkeypatch.setattr(mpi_datatypes, "SUBARRAY_CACHE_SIZE", 4)
+    dtype = np.dtype(np.float64)
+    first = [mpi_datatypes.subarray((64,), (i,), (1,), dtype) for i in range(50, 54)]
+    held = first[0]  # a schedule would hold its datatype like this
+    del first
+    made = [mpi_datatypes.subarray((64,), (i,), (1,), dtype) for i in range(8)]
+    assert mpi_datatypes.cached_subarrays() <= 4
+    assert held != MPI.DATATYPE_NULL and held.Get_size() == 8  # still referenced: not freed
+    assert all(d != MPI.DATATYPE_NULL for d in made[-4:])
+    again = mpi_datatypes.subarray((64,), (7,), (1,), dtype)
+    assert again is made[-1]  # a hit: the same committed datatype
+    del made, again
+    handle = held.py2f()
+    assert any(d.py2f() == handle for d in mpi_datatypes._RETIRED)  # evicted, waiting to be freed
+    del held
+    for i in range(8, 12):  # the next evictions free it
+        mpi_datatypes.subarray((64,), (i,), (1,), dtype)
+    assert not any(d.py2f() == handle for d in mpi_datatypes._RETIRED)
+    space = Space(Block(f"x{w}", (8,), w) for w in range(SIZE))  # the interpreter, on a tiny cache
+    op = _move(space["x0"][1:3], space[f"x{LAST}"][5:7])
+    compare_with_numpy(op, {f"x{w}": np.arange(8.0) + w for w in range(SIZE)})

@@ -1,0 +1,145 @@
+"""A deadline for the collectives at the MPI interpreter's entry: no rank waits forever for
+a peer that never arrives.
+
+Every application starts with a collective (the entry check's ``Allreduce``,
+:mod:`linop.backends.mpi_check`; a bound plan's first start, :mod:`linop.backends.mpi_bound`).
+A rank that never makes the call (it crashed elsewhere, took another branch, waits for input)
+would leave every other rank blocked there. With a deadline the collective is completed by
+polling (``Test``) instead of waiting; when the deadline passes, the rank sends a short
+*notice* to every other rank on the private communicator (a reserved tag), and a rank still
+polling that receives one gives up too and sends its own. After a short grace period
+(:data:`GRACE` seconds) for the notices of the others, each rank that arrived knows which
+ranks arrived, and raises :class:`~linop.errors.PeerTimeoutError` naming the others; the
+interpreter then aborts the job (``MPI_Abort``, as :func:`~linop.backends.mpi_guard.guard`
+does), since the missing rank may never return.
+
+The deadline is ``timeout=`` (seconds) of ``apply`` / ``apply_mpi`` / ``plan_for``, else the
+environment variable :data:`ENVIRONMENT` (read once per process, at the first use); by default
+there is none (``None``: wait as long as it takes, with no polling cost).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import PeerTimeoutError, TimeoutArgumentError
+from .mpi_datatypes import mpi
+
+if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
+    from mpi4py.MPI import Intracomm
+
+__all__ = ["ENVIRONMENT", "GRACE", "PeerTimeoutError", "resolve_timeout", "wait_all"]
+
+ENVIRONMENT = "LINOP_TIMEOUT"
+"""The environment variable giving the default deadline in seconds (unset, empty, ``0``,
+``off`` or ``none``: no deadline)."""
+
+GRACE = 2.0
+"""Seconds a rank whose deadline passed waits for the other ranks' notices before naming the
+ranks that did not arrive (generous: on an oversubscribed machine a rank may sleep that long)."""
+
+_UNSET = object()
+_default: Any = _UNSET
+
+
+def _parse(value: Any, what: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("", "0", "off", "none"):
+            return None
+        try:
+            value = float(text)
+        except ValueError:
+            raise TimeoutArgumentError(
+                f"{what} must be a number of seconds (or off), not {value!r}"
+            ) from None
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise TimeoutArgumentError(
+            f"{what} must be a number of seconds or None, not {type(value).__name__} {value!r}"
+        )
+    seconds = float(value)
+    if math.isnan(seconds) or seconds <= 0:
+        raise TimeoutArgumentError(
+            f"{what} must be positive seconds (or None for no deadline), not {value!r}"
+        )
+    return None if math.isinf(seconds) else seconds
+
+
+def resolve_timeout(timeout: Any) -> float | None:
+    """The deadline in seconds for a call given ``timeout`` (None: the default of
+    :data:`ENVIRONMENT`, read once per process), or None for no deadline.
+
+    Raises
+    ------
+    TimeoutArgumentError
+        ``timeout`` (or the environment variable) is not a positive number of seconds.
+    """
+    global _default
+    if timeout is not None:
+        return _parse(timeout, "timeout=")
+    if _default is _UNSET:
+        _default = _parse(os.environ.get(ENVIRONMENT), f"the environment variable {ENVIRONMENT}")
+    return _default
+
+
+def _notice_tag(comm: Intracomm) -> int:
+    """The reserved tag of the notices: the largest tag the MPI library allows (above every
+    tag of the schedules, :data:`linop.program.TAG_LIMIT`)."""
+    upper = comm.Get_attr(mpi().TAG_UB)
+    return int(upper) if upper else 32767
+
+
+def wait_all(requests: list[Any], comm: Intracomm, timeout: float, doing: str) -> None:
+    """Complete ``requests`` (started collectives or transfers on ``comm``) within
+    ``timeout`` seconds, or raise :class:`PeerTimeoutError` naming the ranks of ``comm`` that
+    did not arrive (on every rank that did, within :data:`GRACE` of each other)."""
+    module = mpi()
+    end = time.monotonic() + timeout
+    tag = _notice_tag(comm)
+    pause = 1e-5
+    pending = list(requests)
+    while True:
+        # one request at a time: MPICH 5.0's Testall fails on persistent collectives
+        pending = [request for request in pending if not request.Test()]
+        if not pending:
+            return
+        if comm.Iprobe(module.ANY_SOURCE, tag) or time.monotonic() >= end:
+            _give_up(comm, tag, timeout, doing)
+        time.sleep(pause)
+        pause = min(2 * pause, 1e-3)
+
+
+def _give_up(comm: Intracomm, tag: int, timeout: float, doing: str) -> None:
+    module = mpi()
+    rank, size = comm.Get_rank(), comm.Get_size()
+    notice = np.zeros(1, dtype=np.int8)
+    for other in range(size):  # eager, tiny: they complete without their receiver
+        if other != rank:
+            comm.Isend(notice, dest=other, tag=tag)
+    arrived = {rank}
+    status = module.Status()
+    grace_end = time.monotonic() + GRACE
+    received = np.zeros(1, dtype=np.int8)
+    while len(arrived) < size and time.monotonic() < grace_end:
+        while comm.Iprobe(module.ANY_SOURCE, tag, status):
+            source = status.Get_source()
+            comm.Recv(received, source=source, tag=tag)
+            arrived.add(source)
+        time.sleep(1e-3)
+    missing = [r for r in range(size) if r not in arrived]
+    if not missing:  # every rank gave up (each near its own deadline): no single culprit
+        raise PeerTimeoutError(
+            f"rank {rank}: {doing} did not complete within {timeout:g} s (timeout= or {ENVIRONMENT}); "
+            f"every rank reached it, but not together"
+        )
+    raise PeerTimeoutError(
+        f"rank {rank}: rank(s) {missing} did not arrive at {doing} within {timeout:g} s (timeout= or "
+        f"{ENVIRONMENT}); rank(s) {sorted(arrived)} did"
+    )

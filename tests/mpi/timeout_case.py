@@ -1,0 +1,57 @@
+"""A rank that never arrives at a call must not leave the others waiting forever: run by
+tests/test_mpi.py as ``timeout_case.py apply`` (``apply_mpi(..., timeout=)`` under
+:func:`~linop.backends.mpi_backend.guard`) or ``timeout_case.py bound`` (the deadline from
+``LINOP_TIMEOUT``, a bound plan's first call, under ``python -m mpi4py``).
+
+Every rank first applies once together (so the communicator's duplicate exists); then rank 1
+skips the next call and sleeps. The other ranks must end by the deadline with
+``PeerTimeoutError`` naming rank 1, and the job must be aborted (rank 1 included).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from linop import Block, SendRecv, Space
+from linop.backends.mpi_backend import guard, plan_for
+
+COMM = MPI.COMM_WORLD
+RANK, SIZE = COMM.rank, COMM.size
+MISSING = 1
+TIMEOUT = 2.0
+
+space = Space(Block(f"x{w}", (16,), w) for w in range(SIZE))
+op = None
+for w in range(SIZE):
+    node = SendRecv(space[f"x{w}"][0:2], space[f"x{(w + 1) % SIZE}"][-2:])
+    op = node if op is None else node @ op
+local = {f"x{RANK}": np.arange(16.0)}
+
+
+def main(mode: str) -> None:
+    if mode == "apply":
+        op.apply_mpi(local, comm=COMM, inplace=True, timeout=TIMEOUT)  # every rank: fine
+        if RANK == MISSING:
+            time.sleep(120)  # never arrives (the abort ends it)
+        print(f"rank {RANK} calls at {time.time()}", flush=True)
+        op.apply_mpi(local, comm=COMM, inplace=True, timeout=TIMEOUT)
+    else:  # the deadline from LINOP_TIMEOUT (set by the launcher), a bound plan's first call
+        bound = plan_for(op, comm=COMM).bind(local)
+        assert bound.persistent
+        if RANK == MISSING:
+            time.sleep(120)
+        print(f"rank {RANK} calls at {time.time()}", flush=True)
+        bound()
+        COMM.Barrier()  # a rank whose call completed (no message from rank 1) waits here
+    print(f"rank {RANK} finished (it should not have)", flush=True)
+
+
+if sys.argv[1] == "apply":
+    with guard():
+        main("apply")
+else:
+    main("bound")
