@@ -61,7 +61,7 @@ def _pyplot() -> Any:
     try:
         from matplotlib.figure import Figure
     except ImportError as exc:  # pragma: no cover - the plot extra is installed by make
-        raise ImportError("linop.plot needs matplotlib: pip install 'linop[plot]'") from exc
+        raise ImportError("linop.plot needs matplotlib: pip install 'linop-adjoint[plot]'") from exc
 
     class Picture(Figure):
         """A Figure with a PNG repr for Jupyter."""

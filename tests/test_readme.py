@@ -66,3 +66,27 @@ def test_readme_tour_type_checks(tmp_path):
     command = [sys.executable, "-m", "mypy", str(tour)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=README.parent)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_readme_names_every_section_of_the_report():
+    """The report's sections as the README lists them are the catalogue's, in order."""
+    from verify.identities import sections
+
+    text = " ".join(README.read_text().split())
+    listed = re.search(r"\(`verify\.identities`: the sections (.*?) of \[docs/theory\.md\]", text)
+    assert listed, "README no longer lists the report's sections"
+    assert re.findall(r"`([a-z-]+)`", listed.group(1)) == list(sections())
+
+
+def test_readme_states_the_algorithm_sizes_the_tests_run():
+    """The worker counts README says the algorithm tests cover are tests/test_algorithms.py's:
+    the default set, and every P = 1 .. 16 only with LINOP_LONG."""
+    source = (README.parent / "tests" / "test_algorithms.py").read_text()
+    default = re.search(r"^LIGHT = ALL_SIZES if LONG else \(([\d, ]+)\)$", source, re.MULTILINE)
+    assert default and "ALL_SIZES = tuple(range(1, 17))" in source
+    text = " ".join(README.read_text().split())
+    stated = re.search(
+        r"the tests do for P = ([\d, ]+) with unequal shares, and for every P = 1 \.\. 16 with `LINOP_LONG=1`", text
+    )
+    assert stated, "README no longer states which P the algorithm tests run"
+    assert [int(p) for p in stated.group(1).split(",")] == [int(p) for p in default.group(1).split(",")]
