@@ -5,7 +5,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PIP := $(PY) -m pip install --quiet --disable-pip-version-check
+# --no-compile: Python compiles what it imports on first use; compiling every installed file (all of
+# sympy, torch) would double the install time.
+PIP := $(PY) -m pip install --quiet --disable-pip-version-check --no-compile
 CORE_STAMP := $(VENV)/.installed-core
 STAMP := $(VENV)/.installed
 # torch for `make test`. A plain `torch` from PyPI is a CUDA build of several GB on Linux; the CPU
