@@ -17,7 +17,6 @@ layout, so the row and column of every matrix entry are known.
 from __future__ import annotations
 
 import bisect
-import difflib
 import functools
 import itertools
 import math
@@ -77,6 +76,8 @@ def closest_name(name: str, candidates: Iterable[str]) -> str | None:
     >>> closest_name("weight", ["a", "b"]) is None
     True
     """
+    import difflib  # only when a name is wrong: it is not needed on import
+
     close = difflib.get_close_matches(str(name), [str(c) for c in candidates], n=1, cutoff=0.5)
     return close[0] if close else None
 
