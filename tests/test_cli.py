@@ -185,3 +185,20 @@ def test_run_refuses_an_unknown_level():
 
     with pytest.raises(verify.CheckOptionError, match="unknown level 'float16'"):
         report.run(identities.ENTRIES[:1], ("exact", "float16"))
+
+
+def test_ctrl_c_ends_the_report_with_a_line_and_status_130(monkeypatch, capsys):
+    """A long report interrupted: one line saying how far it got, no traceback, exit 130."""
+
+    def interrupted(entries, levels, progress):
+        progress(0, len(entries), entries[0], 0.0)
+        progress(1, len(entries), entries[1], 1.0)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "run", interrupted)
+    status = cli.main(["--only", "copy-*"])
+    err = capsys.readouterr().err
+    total = len(identities.select("copy-*"))
+    assert status == 130
+    assert f"python -m verify: interrupted after 1/{total} identities; no result to report" in err
+    assert "Traceback" not in err
