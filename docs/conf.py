@@ -40,7 +40,7 @@ root_doc = "index"
 # are executed once during the build; tests/test_docs.py passes ``-D nb_execution_mode=off`` with
 # notebooks its kernels already ran.
 nb_execution_mode = "auto"
-nb_execution_timeout = 300
+nb_execution_timeout = 1200  # per cell; generous (notebook 05 launches MPI ranks)
 nb_execution_raise_on_error = True
 nb_execution_show_tb = True
 

@@ -16,7 +16,7 @@ from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-TIMEOUT = 300
+TIMEOUT = 1200
 """Seconds one cell may take (generous: the suite must pass on a loaded machine)."""
 
 
