@@ -1,22 +1,34 @@
 # Two entry points on a fresh machine (Python >= 3.10 and pip only):
-#   make report   set up .venv and prove the catalogue of identities (python -m verify)
-#   make test     set up .venv and run the whole test suite (lint, pytest, MPI under mpiexec)
+#   make report   set up .venv with the core alone (numpy, scipy, sympy, hypothesis,
+#                 array-api-compat; about 290 MB) and prove the catalogue (python -m verify)
+#   make test     set up .venv with every extra and run the whole test suite (lint, pytest, MPI)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# --no-compile: Python compiles what it imports on first use; compiling every installed file (all of
+# sympy, torch) would double the install time.
+PIP := $(PY) -m pip install --quiet --disable-pip-version-check --no-compile
+CORE_STAMP := $(VENV)/.installed-core
 STAMP := $(VENV)/.installed
-# The CPU build of torch (about 780 MB installed; a plain `torch` resolves to a CUDA build of several
-# GB). On this machine kind pip finds the 2.13.0 CPU wheel on local disk (pip's find-links).
+# torch for `make test`. A plain `torch` from PyPI is a CUDA build of several GB on Linux; the CPU
+# build (about 750 MB installed) comes from PyTorch's CPU index:
+#   make test TORCH_INDEX=--extra-index-url=https://download.pytorch.org/whl/cpu
+# (README: "Install"). On this project's CI machine pip finds the 2.13.0 CPU wheel on local disk.
 TORCH ?= torch==2.13.0
+TORCH_INDEX ?=
 
 .PHONY: report test lint typecheck mpi-test bench docs clean
 
-$(STAMP): pyproject.toml
+$(CORE_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,docs,plot,torch,jax]' '$(TORCH)'
+	$(PIP) -e .
+	touch $(CORE_STAMP)
+
+$(STAMP): $(CORE_STAMP)
+	$(PIP) $(TORCH_INDEX) -e '.[dev,docs,plot,torch,jax]' '$(TORCH)'
 	touch $(STAMP)
 
-report: $(STAMP)
+report: $(CORE_STAMP)
 	$(PY) -m verify
 
 lint: $(STAMP)
@@ -38,10 +50,10 @@ bench: $(STAMP)
 		$(VENV)/bin/mpiexec -n $$ranks $(PY) $$script || exit 1; done; done
 	$(VENV)/bin/mpiexec -n 4 $(PY) benchmarks/bench_layers.py
 
+# The notebooks are part of the docs (myst-nb executes them during the build); math renders
+# from the MathJax copy in the build (no network).
 docs: $(STAMP)
 	$(VENV)/bin/sphinx-build -W --keep-going -b html docs docs/_build/html
-	$(VENV)/bin/jupyter nbconvert --to html --execute --ExecutePreprocessor.timeout=120 \
-		--output-dir docs/_build/html/notebooks notebooks/*.ipynb
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis docs/_build

@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import gc
 import math
+import sys
 import time
 import tracemalloc
 from collections.abc import Callable
@@ -276,4 +277,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()  # each row is printed (flushed) as soon as it is measured: the progress
+    except KeyboardInterrupt:
+        print("\nbench_scale: interrupted (Ctrl-C); the rows above are complete", file=sys.stderr)
+        sys.exit(130)

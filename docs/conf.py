@@ -1,11 +1,15 @@
-"""Sphinx configuration: the theory (MyST markdown) and the API reference (autodoc + numpydoc).
+"""Sphinx configuration: the theory (MyST markdown), the notebooks (myst-nb) and the API reference
+(autodoc + numpydoc), in the furo theme.
 
 Build with ``make docs`` (``sphinx-build -W --keep-going -b html docs docs/_build/html``); the test
-suite builds it too (``tests/test_docs.py``). No extension reaches the network.
+suite builds it too (``tests/test_docs.py``, from notebooks it has already executed). Nothing is
+loaded from the network: MathJax is served from the build (``sphinx-mathjax-offline``), and no
+extension reaches out while building.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 import types
 from pathlib import Path
@@ -24,22 +28,39 @@ version = release
 extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.mathjax",
+    "sphinx-mathjax-offline",  # MathJax 3 copied into _build/html/_static/mathjax
     "numpydoc",
-    "myst_parser",
+    "myst_nb",  # MyST markdown (it loads myst_parser) and Jupyter notebooks
 ]
 
-source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
-exclude_patterns = ["_build"]
+exclude_patterns = ["_build", "**/.ipynb_checkpoints"]
 root_doc = "index"
+
+# The notebooks (docs/notebooks links to the repository's notebooks/, committed without outputs)
+# are executed once during the build; tests/test_docs.py passes ``-D nb_execution_mode=off`` with
+# notebooks its kernels already ran.
+nb_execution_mode = "auto"
+nb_execution_timeout = 1200  # per cell; generous (notebook 05 launches MPI ranks)
+nb_execution_raise_on_error = True
+nb_execution_show_tb = True
 
 # MyST: $...$ and $$...$$ math, and heading slugs as anchors (docs/theory.md#halo-exchange).
 myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence"]
 myst_heading_anchors = 3
 
-# autodoc: members in source order, type hints in the signature only.
+# autodoc: members in source order, type hints in the signature only, numpy's type aliases by
+# name (not their expansion: ``DTypeLike`` is a union of some forty types).
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 autodoc_default_options = {"members": True, "show-inheritance": True}
+autodoc_type_aliases = {
+    "npt.DTypeLike": "numpy.typing.DTypeLike",
+    "DTypeLike": "numpy.typing.DTypeLike",
+    "npt.ArrayLike": "numpy.typing.ArrayLike",
+    "ArrayLike": "numpy.typing.ArrayLike",
+    "npt.NDArray": "numpy.typing.NDArray",
+}
+python_maximum_signature_line_length = 100
 
 # numpydoc: no autosummary tables of members (autodoc lists them), no cross-referencing of
 # every type word.
@@ -50,18 +71,38 @@ numpydoc_xref_param_type = False
 # directives to generate stub pages; there are none.
 autosummary_generate = False
 
-html_theme = "alabaster"
+html_theme = "furo"
 html_title = f"linop {release}"
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+html_css_files = ["linop.css"]  # a wider column for code (lines of up to 110 characters)
+
+
+_ALIAS_REPR = re.compile(r"TypeAliasForwardRef\('([\w.]+)'\)")
+"""How Sphinx 9 prints an ``autodoc_type_aliases`` entry inside a union (``DTypeLike | None``)."""
 
 
 def _alias_signature(app, what, name, obj, options, signature, return_annotation):
     """Type aliases (``State = dict[str, np.ndarray]``) have no signature: answer before numpydoc,
     whose answer for them makes Sphinx 9 fail with an IndexError. ``()`` is falsy, so Sphinx keeps
-    the (empty) signature it has."""
+    the (empty) signature it has. A type alias inside a union is shown by its name (Sphinx leaves
+    the repr of its placeholder there)."""
     if isinstance(obj, types.GenericAlias):
         return ()
+    if _ALIAS_REPR.search(signature or "") or _ALIAS_REPR.search(return_annotation or ""):
+        return _ALIAS_REPR.sub(r"\1", signature or ""), _ALIAS_REPR.sub(r"\1", return_annotation or "")
     return None
+
+
+def _public_bases(app, name, obj, options, bases):
+    """Show a class's public ancestors as its bases: a private helper base (``_Movement``) is
+    replaced by the first public class of its method resolution order."""
+    public = []
+    for base in bases:
+        if isinstance(base, type) and base.__name__.startswith("_"):
+            base = next(c for c in base.__mro__ if not c.__name__.startswith("_"))
+        if base not in public:
+            public.append(base)
+    bases[:] = public
 
 
 def _numpydoc_with_one_template():
@@ -96,4 +137,5 @@ def _numpydoc_with_one_template():
 
 def setup(app):
     app.connect("autodoc-process-signature", _alias_signature, priority=400)
+    app.connect("autodoc-process-bases", _public_bases)
     _numpydoc_with_one_template()

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DENSE_LIMIT",
+    "SPY_LIMIT",
     "Message",
     "PlotError",
     "decomposition",
@@ -53,6 +54,10 @@ __all__ = [
 DENSE_LIMIT = 600
 """Largest matrix side drawn entry by entry as an image; larger matrices are drawn as markers."""
 
+SPY_LIMIT = 1_000_000
+"""Largest matrix side :func:`spy` draws: beyond it the exact matrix takes seconds to minutes to
+build and its markers cover the picture. The size is checked before anything is built."""
+
 
 @functools.cache
 def _pyplot() -> Any:
@@ -61,7 +66,7 @@ def _pyplot() -> Any:
     try:
         from matplotlib.figure import Figure
     except ImportError as exc:  # pragma: no cover - the plot extra is installed by make
-        raise ImportError("linop.plot needs matplotlib: pip install 'linop[plot]'") from exc
+        raise ImportError("linop.plot needs matplotlib: pip install 'linop-adjoint[plot]'") from exc
 
     class Picture(Figure):
         """A Figure with a PNG repr for Jupyter."""
@@ -93,7 +98,10 @@ def _draw_matrix(ax: Axes, matrix: Any, rows: Sequence[Any], columns: Sequence[A
         if np.iscomplexobj(dense):
             dense = np.abs(dense)
         top = float(np.abs(dense).max()) or 1.0
-        ax.imshow(dense.real, cmap="RdBu_r", vmin=-top, vmax=top, interpolation="nearest", aspect="equal")
+        image = ax.imshow(
+            dense.real, cmap="RdBu_r", vmin=-top, vmax=top, interpolation="nearest", aspect="equal"
+        )
+        _colour_key(ax, image, dense, top)
     else:
         ax.spy(matrix, markersize=max(0.5, 200 / max(m, n)), color="black")
     ax.set_xlim(-0.5, n - 0.5)
@@ -117,6 +125,19 @@ def _draw_matrix(ax: Axes, matrix: Any, rows: Sequence[Any], columns: Sequence[A
     ax.set_title(title, fontsize=9)
 
 
+def _colour_key(ax: Axes, image: Any, dense: np.ndarray, top: float) -> None:
+    """A colour bar beside ``ax`` (gid ``"colour-key"``); integer-valued matrices get integer
+    ticks (every value from -top to top when there are few, else a handful)."""
+    from matplotlib.ticker import MaxNLocator
+
+    bar = ax.figure.colorbar(image, ax=ax, shrink=0.6, pad=0.02)
+    bar.ax.set_gid("colour-key")
+    bar.ax.tick_params(labelsize=7)
+    if np.array_equal(dense, np.round(dense)):
+        bar.locator = MaxNLocator(nbins=min(int(2 * top), 8), integer=True)
+        bar.update_ticks()
+
+
 def spy(op: LinearOperator, *, adjoint: bool = True, figsize: tuple[float, float] | None = None) -> Figure:
     r"""Spy plot of ``op``'s exact matrix, next to that of ``op.H`` (``adjoint=True``).
 
@@ -126,14 +147,22 @@ def spy(op: LinearOperator, *, adjoint: bool = True, figsize: tuple[float, float
     :math:`\overline{A}^T` is marked with a cross (gid ``"wrong-entry"``) and counted in the
     title: none for a correct rule.
 
+    Integer matrices (data movement) get a colour key with integer ticks.
+
     Raises
     ------
     PlotError
-        If the operator has an empty domain or range.
+        If the operator has an empty domain or range, or a side longer than :data:`SPY_LIMIT`
+        (checked from its shape, before its matrix is built).
     """
     new_figure = _pyplot()
     if op.shape[0] == 0 or op.shape[1] == 0:
         raise PlotError(f"spy: {_short(str(op))} has an empty domain or range ({op.shape})")
+    if max(op.shape) > SPY_LIMIT:
+        raise PlotError(
+            f"spy: the matrix of {_short(str(op))} is {op.shape[0]} x {op.shape[1]}, larger than "
+            f"SPY_LIMIT ({SPY_LIMIT}) on a side: too large to draw; plot a smaller instance of it"
+        )
     forward = op.to_sparse().tocsr()
     panels = 2 if adjoint else 1
     if figsize is None:
@@ -209,14 +238,16 @@ def decomposition(
         raise OperandError(  # a LinopError and a TypeError
             f"decomposition needs a HaloGeometry or a DistributedTensor, not {type(layout).__name__}"
         )
+    from matplotlib.ticker import MaxNLocator
+
     ndim = tensor.ndim
+    drawn = [d for d in range(ndim) if not _trivial_dimension(tensor, geometry, d)] or list(range(ndim))[:1]
     rows = max(tensor.partition.shape, default=1)
     if figsize is None:
-        figsize = (8.0, 0.8 + (0.55 * rows + 0.6) * max(ndim, 1))
+        figsize = (8.0, 0.8 + (0.55 * rows + 0.6) * max(len(drawn), 1))
     figure = new_figure(figsize=figsize, layout="constrained")
-    axes = figure.subplots(max(ndim, 1), 1, squeeze=False)[:, 0]
-    for dim in range(ndim):
-        ax = axes[dim]
+    axes = figure.subplots(max(len(drawn), 1), 1, squeeze=False)[:, 0]
+    for ax, dim in zip(axes, drawn):
         sizes = tensor.sizes[dim]
         offsets = np.cumsum((0, *sizes))
         m = tensor.global_shape[dim]
@@ -240,12 +271,29 @@ def decomposition(
             [f"{g}: workers {','.join(map(str, _workers_along(tensor, dim, g)))}" for g in range(len(sizes))],
             fontsize=8,
         )
-        ax.set_xlabel(f"dimension {dim}: global index (0..{m}; pads outside)", fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel(f"dimension {dim}: global index (0..{m - 1}; pads outside)", fontsize=8)
     what = f"halo geometry of {geometry.kernel}" if geometry is not None else "decomposition"
+    skipped = [d for d in range(ndim) if d not in drawn]
+    if skipped:
+        what += f" (dimension{'s' * (len(skipped) > 1)} {', '.join(map(str, skipped))}: extent 1, undivided)"
     figure.suptitle(f"{what} over {tensor}", fontsize=9)
     if geometry is not None:
         _legend(axes[0])
     return figure
+
+
+def _trivial_dimension(tensor: DistributedTensor, geometry: HaloGeometry | None, dim: int) -> bool:
+    """A dimension of extent 1 on one grid coordinate, with no pad, trim or halo: its panel
+    would show one bar of width 1, so it is named in the title instead."""
+    if tensor.global_shape[dim] != 1 or tensor.partition.shape[dim] != 1:
+        return False
+    if geometry is None:
+        return True
+    (row,) = geometry.rows[dim]
+    return not geometry.fills[dim][0] and not (
+        row.left_pad or row.right_pad or row.left_trim or row.right_trim
+    )
 
 
 def _draw_halo_row(ax: Axes, geometry: HaloGeometry, dim: int, g: int) -> None:
@@ -372,19 +420,25 @@ def schedule_messages(op: LinearOperator, *, of: str = "schedule") -> list[Messa
 
 
 def messages(
-    op: LinearOperator, *, of: str = "schedule", figsize: tuple[float, float] | None = None
+    op: LinearOperator,
+    *,
+    of: str = "schedule",
+    title: str | None = None,
+    figsize: tuple[float, float] | None = None,
 ) -> Figure:
     """Message diagram of ``op``: one column per phase, one lane per worker.
 
     ``of`` chooses the phases as in :func:`schedule_messages`: the MPI schedule's (default) or
-    the tree's dependent phases (``"tree"``: an algorithm's rounds).
+    the tree's dependent phases (``"tree"``: an algorithm's rounds). ``title`` names what is
+    drawn (an algorithm: ``"ring all-reduce"``); by default the operator's text when it is
+    short, else its node type and workers (a long tree cut off says nothing).
 
     The messages of one phase from one sender to one receiver are one arrow from the sender's
     lane to the receiver's (gid ``"message"``), labelled with the entries they move: ``5`` for
     one message of 5 entries, ``2x5`` for two of 5, ``3: 12`` for three of 12 in total; a native collective (broadcast,
     sum-reduce, all-reduce, all-to-all fast paths) is a band over its workers labelled with
     the node's type (gid ``"collective"``). Messages whose receiver adds them (the
-    reductions of a backward pass) are dashed.
+    reductions of a backward pass) are dashed, and a legend then says so.
 
     Raises
     ------
@@ -484,15 +538,39 @@ def messages(
     parts = [f"{count} messages, {total} entries"] if count else []
     parts += [f"{collectives} native collective{'s' if collectives != 1 else ''}"] if collectives else []
     what = "MPI schedule" if of == "schedule" else "dependent phases"
-    ax.set_title(f"{what} of {_short(str(op), 40)}:\n{'; '.join(parts)}", fontsize=9)
+    if title is None:
+        title = str(op) if len(str(op)) <= 40 else f"a {type(op).__name__} over workers {_ranges(workers)}"
+    ax.set_title(f"{what} of {title}:\n{'; '.join(parts)}", fontsize=9)
+    if any(msg.adds for msg in found if msg.kind == "send"):
+        _message_legend(ax)
     return figure
+
+
+def _ranges(workers: Sequence[int]) -> str:
+    """``0..3`` for consecutive workers, else the list."""
+    consecutive = list(workers) == list(range(workers[0], workers[-1] + 1)) if workers else False
+    return (
+        f"{workers[0]}..{workers[-1]}" if consecutive and len(workers) > 2 else ", ".join(map(str, workers))
+    )
+
+
+def _message_legend(ax: Axes) -> None:
+    from matplotlib.lines import Line2D
+
+    handles = [
+        Line2D([], [], color="0.3", linewidth=1.2, label="message: the receiver stores it"),
+        Line2D([], [], color="0.3", linewidth=1.2, linestyle="--", label="message: the receiver adds it"),
+    ]
+    legend = ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    legend.set_gid("message-legend")
 
 
 # -- the README's picture --------------------------------------------------------------------------
 def readme_picture(path: str) -> Figure:
     """Draw the README's picture into ``path`` (a PNG): the halo geometry of a size-5 kernel with
     padding 2 over 12 entries cut 1, 1, 1, 9 over four workers, where worker 0's halo comes from
-    two and three hops away. Regenerate with ``python -m linop.plot docs/images/halo_unbalanced.png``.
+    two and three hops away. Regenerate with ``python -m linop.plot docs/images/halo_unbalanced.png``
+    (:func:`main`).
     """
     from .halo_geometry import Kernel, halo_geometry
     from .partition import Partition
@@ -503,7 +581,24 @@ def readme_picture(path: str) -> Figure:
     return figure
 
 
-if __name__ == "__main__":  # pragma: no cover - readme_picture is tested directly
-    import sys
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m linop.plot OUTPUT.png``: draw the README's picture (:func:`readme_picture`)
+    into ``OUTPUT.png``. The path is required, so nothing is overwritten by accident; the
+    README's copy is ``docs/images/halo_unbalanced.png``."""
+    import argparse
 
-    readme_picture(sys.argv[1] if len(sys.argv) > 1 else "docs/images/halo_unbalanced.png")
+    parser = argparse.ArgumentParser(
+        prog="python -m linop.plot",
+        description="Draw the README's picture: the halo geometry of a size-5 kernel with padding 2 "
+        "over 12 entries cut 1, 1, 1, 9 over four workers.",
+        epilog="The README's copy: python -m linop.plot docs/images/halo_unbalanced.png",
+    )
+    parser.add_argument("output", metavar="OUTPUT.png", help="the PNG file to write (replaced if it exists)")
+    args = parser.parse_args(argv)
+    readme_picture(args.output)
+    print(f"linop.plot: wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - main is tested directly
+    raise SystemExit(main())

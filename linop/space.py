@@ -40,7 +40,18 @@ from .errors import (
     UnknownBlockError,
 )
 
-__all__ = ["Block", "Space", "GridSpace", "Region", "State", "natural_key", "MAX_SIZE", "MAX_WORKER"]
+__all__ = [
+    "Block",
+    "Space",
+    "GridSpace",
+    "Region",
+    "State",
+    "natural_key",
+    "closest_name",
+    "did_you_mean",
+    "MAX_SIZE",
+    "MAX_WORKER",
+]
 
 State = dict[str, np.ndarray]
 """A state of a space: one array per block name."""
@@ -52,6 +63,35 @@ MAX_SIZE = 2**63 - 1
 
 MAX_WORKER = 2**31 - 1
 """The largest worker id: workers are MPI ranks, which are C ints."""
+
+
+def closest_name(name: str, candidates: Iterable[str]) -> str | None:
+    """The one of ``candidates`` closest to ``name`` (:func:`difflib.get_close_matches`), or None
+    when none is close: the block a misspelt key stands for.
+
+    Examples
+    --------
+    >>> closest_name("bb", ["a", "b", "c"])
+    'b'
+    >>> closest_name("weight", ["a", "b"]) is None
+    True
+    """
+    import difflib  # only when a name is wrong: it is not needed on import
+
+    close = difflib.get_close_matches(str(name), [str(c) for c in candidates], n=1, cutoff=0.5)
+    return close[0] if close else None
+
+
+def did_you_mean(name: str, candidates: Iterable[str]) -> str:
+    """``"; did you mean 'b'?"`` for the closest of ``candidates`` to ``name``, or ``""``.
+
+    Examples
+    --------
+    >>> did_you_mean("bb", ["a", "b", "c"])
+    "; did you mean 'b'?"
+    """
+    close = closest_name(name, candidates)
+    return "" if close is None else f"; did you mean {close!r}?"
 
 
 def _is_integer(value: Any) -> bool:
@@ -375,11 +415,17 @@ class Space:
                 f"a state must be a dict of arrays keyed by block name, not {type(state).__name__}"
             )
         missing = [n for n in self._by_name if n not in state]
-        if missing:
-            raise StateError(f"state is missing block {missing[0]!r} (missing: {missing})")
         extra = [n for n in state if n not in self._by_name]
+        if missing:
+            found = ""
+            if extra:  # a misspelt key: name it and the block it stands for
+                shown = closest_name(missing[0], extra) or extra[0]
+                hint = did_you_mean(shown, missing)
+                found = f"; the state has {shown!r}, which the space does not hold{hint}"
+            raise StateError(f"state is missing block {missing[0]!r} (missing: {missing}){found}")
         if extra:
-            raise StateError(f"state has block {extra[0]!r} that the space does not hold")
+            hint = did_you_mean(extra[0], self._by_name)
+            raise StateError(f"state has block {extra[0]!r} that the space does not hold{hint}")
         arrays: State = {}
         for name, block in self._by_name.items():
             value = state[name]

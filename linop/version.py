@@ -8,21 +8,25 @@ from __future__ import annotations
 
 from functools import cache
 
-__all__ = ["UNKNOWN_VERSION", "package_version"]
+__all__ = ["DISTRIBUTION", "UNKNOWN_VERSION", "package_version"]
+
+DISTRIBUTION = "linop-adjoint"
+"""The distribution name on the package index (``pip install linop-adjoint``); the import names
+are ``linop`` and ``verify``. (``linop`` on PyPI is an unrelated project.)"""
 
 UNKNOWN_VERSION = "0+unknown"
 """The version reported when linop runs from a source tree that is not installed."""
 
 
 @cache
-def package_version(distribution: str = "linop") -> str:
+def package_version(distribution: str = DISTRIBUTION) -> str:
     """The version of the installed ``distribution``, or :data:`UNKNOWN_VERSION` if it is not
     installed.
 
     Parameters
     ----------
     distribution : str
-        The distribution name, ``"linop"`` by default.
+        The distribution name, :data:`DISTRIBUTION` (``"linop-adjoint"``) by default.
 
     Returns
     -------

@@ -32,14 +32,22 @@ RESULT_KEYS = {
 }
 
 
+CLI_TIMEOUT = 900
+"""Seconds one ``python -m verify`` may take (the whole catalogue: about 5 s on the idle machine;
+generous, so that a loaded one passes)."""
+
+
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "verify", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "verify", *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=CLI_TIMEOUT,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"python -m verify {' '.join(args)} timed out after {CLI_TIMEOUT} s")
 
 
 def test_whole_catalogue_passes():
@@ -172,23 +180,25 @@ def test_progress_lines_when_not_a_terminal():
     assert lines[-1] == "... 1/3 identities checked (6 s)"
 
 
-def test_mpi_flag_runs_the_distributed_catalogue_under_mpiexec():
-    import shutil
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    mpiexec = Path(sys.executable).with_name("mpiexec")
-    mpiexec = str(mpiexec) if mpiexec.exists() else shutil.which("mpiexec")
-    assert mpiexec, "mpiexec is installed by the dev extra (the mpich wheel)"
-    command = [mpiexec, "-n", "2", sys.executable, "-m", "verify", "--mpi", "--only", "copy-inplace*"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "0 failed" in done.stdout and "checked on 2 rank(s)" in done.stdout
-
-
 def test_run_refuses_an_unknown_level():
     import verify
 
     with pytest.raises(verify.CheckOptionError, match="unknown level 'float16'"):
         report.run(identities.ENTRIES[:1], ("exact", "float16"))
+
+
+def test_ctrl_c_ends_the_report_with_a_line_and_status_130(monkeypatch, capsys):
+    """A long report interrupted: one line saying how far it got, no traceback, exit 130."""
+
+    def interrupted(entries, levels, progress):
+        progress(0, len(entries), entries[0], 0.0)
+        progress(1, len(entries), entries[1], 1.0)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "run", interrupted)
+    status = cli.main(["--only", "copy-*"])
+    err = capsys.readouterr().err
+    total = len(identities.select("copy-*"))
+    assert status == 130
+    assert f"python -m verify: interrupted after 1/{total} identities; no result to report" in err
+    assert "Traceback" not in err

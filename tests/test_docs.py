@@ -7,10 +7,13 @@ import doctest
 import importlib
 import importlib.util
 import re
+import shutil
 import subprocess
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
 
+import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -179,29 +182,150 @@ def test_public_nodes_have_doctested_examples():
     assert modules <= set(DOCTESTED), f"examples in {sorted(modules - set(DOCTESTED))} are not run"
 
 
-def test_sphinx_build_is_warning_free(tmp_path):
-    for tool in ("sphinx", "numpydoc", "myst_parser"):
-        assert importlib.util.find_spec(tool), (
-            f"{tool} missing: install the docs extra (pip install -e '.[docs]')"
-        )
-    command = [
-        sys.executable,
-        "-m",
-        "sphinx",
-        "-W",
-        "--keep-going",
-        "-q",
-        "-j",
-        "1",
-        "-b",
-        "html",
-        str(DOCS),
-        str(tmp_path / "html"),
-    ]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240)
+SPHINX_TIMEOUT = 1800
+"""Seconds the Sphinx build may take: generous (about 40 s on an idle machine), so a loaded one
+still passes; past it the test reports that the build timed out."""
+
+
+def docs_source(folder: Path) -> Path:
+    """A copy of docs/ whose notebooks/ holds the notebooks executed (once per session, shared
+    with tests/test_notebooks.py) instead of the link to the clean ones."""
+    from notebook_runs import NOTEBOOKS, executed
+
+    source = folder / "docs"
+    shutil.copytree(DOCS, source, symlinks=True, ignore=shutil.ignore_patterns("_build"))
+    (source / "notebooks").unlink()
+    (source / "notebooks").mkdir()
+    for path in NOTEBOOKS:
+        nbformat.write(executed(path), source / "notebooks" / path.name)
+    return source
+
+
+@pytest.fixture(scope="module")
+def built_docs(tmp_path_factory) -> Path:
+    """The HTML docs, built warning-free (``-W``) from the executed notebooks."""
+    for tool in ("sphinx", "numpydoc", "myst_parser", "myst_nb", "furo", "nbclient"):
+        assert importlib.util.find_spec(tool), f"{tool} missing: install the docs extra (.[docs])"
+    assert (DOCS / "notebooks").resolve() == ROOT / "notebooks", "docs/notebooks links to notebooks/"
+    folder = tmp_path_factory.mktemp("docs")
+    source = docs_source(folder)
+    html = folder / "html"
+    command = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-j", "1", "-b", "html"]
+    command += ["-D", "nb_execution_mode=off", str(source), str(html)]
+    try:
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=SPHINX_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the Sphinx build timed out after {SPHINX_TIMEOUT} s")
     assert done.returncode == 0, done.stderr[-6000:]
-    theory = (tmp_path / "html" / "theory.html").read_text(encoding="utf-8")
+    return html
+
+
+@pytest.mark.timeout(2 * SPHINX_TIMEOUT)
+def test_sphinx_build_is_warning_free(built_docs):
+    theory = (built_docs / "theory.html").read_text(encoding="utf-8")
     for anchor in ANCHORS:
         assert f'id="{anchor}"' in theory, anchor
-    api = (tmp_path / "html" / "api" / "linop.html").read_text(encoding="utf-8")
+    api = (built_docs / "api" / "linop.html").read_text(encoding="utf-8")
     assert 'id="linop.space.Block"' in api and 'id="linop.halo.HaloExchange"' in api
+    assert 'href="api/linop.html#linop.space.Space"' in theory, "theory links resolve into the API"
+
+
+def test_the_notebooks_are_in_the_docs_navigation(built_docs):
+    from notebook_runs import NOTEBOOKS
+
+    index = (built_docs / "index.html").read_text(encoding="utf-8")
+    for path in NOTEBOOKS:
+        page = built_docs / "notebooks" / f"{path.stem}.html"
+        assert page.exists(), page.name
+        assert f'href="notebooks/{path.stem}.html"' in index, f"{path.name} is not in the navigation"
+    halo = (built_docs / "notebooks" / "02_halo.html").read_text(encoding="utf-8")
+    assert 'class="cell_output' in halo and "<img" in halo, "the stored outputs are rendered"
+
+
+LOADING = {"script": "src", "link": "href", "img": "src", "iframe": "src", "source": "src", "embed": "src"}
+LOADING |= {"object": "data", "video": "src", "audio": "src"}
+"""The tags that load a resource, and the attribute naming it."""
+
+
+class ExternalLoads(HTMLParser):
+    """Every resource an HTML page loads from outside the build: ``<script src>``, ``<link
+    href>`` (stylesheets, icons, preloads; not ``<a>`` links, which load nothing), ``<img src>``,
+    ``<iframe src>``, ``<source src>``, ``<embed src>``, ``<object data>``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        wanted = LOADING.get(tag)
+        for name, value in attrs:
+            if name == wanted and value and re.match(r"(https?:)?//", value.strip()):
+                self.found.append(f"<{tag} {name}={value}>")
+
+
+def external_loads(html: str) -> list[str]:
+    parser = ExternalLoads()
+    parser.feed(html)
+    return parser.found
+
+
+REMOTE_CSS = re.compile(r"@import\s+(url\()?['\"]?(https?:)?//|url\(['\"]?(https?:)?//")
+
+
+def test_no_page_loads_anything_from_outside_the_build(built_docs):
+    pages = sorted(built_docs.rglob("*.html"))
+    assert len(pages) > 10
+    offenders = [f"{p.relative_to(built_docs)}: {x}" for p in pages for x in external_loads(p.read_text())]
+    styles = sorted(built_docs.rglob("*.css"))
+    offenders += [str(s.relative_to(built_docs)) for s in styles if REMOTE_CSS.search(s.read_text("utf-8"))]
+    assert not offenders, "the docs load from the network:\n" + "\n".join(offenders)
+
+
+def test_the_external_load_check_catches_a_cdn():
+    page = (
+        '<script src="https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-chtml.js"></script>'
+        '<link rel="stylesheet" href="//fonts.example.org/a.css"><img src="_images/x.png">'
+        '<a href="https://example.org">a link loads nothing</a><script src="_static/mathjax/tex-chtml.js">'
+    )
+    assert external_loads(page) == [
+        "<script src=https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-chtml.js>",
+        "<link href=//fonts.example.org/a.css>",
+    ]
+    assert REMOTE_CSS.search("@import url('https://fonts.example.org/x.css');")
+    assert not REMOTE_CSS.search("src: url(fonts/woff-v2/MathJax_Zero.woff)")
+
+
+def test_math_renders_from_a_mathjax_in_the_build(built_docs):
+    mathjax = built_docs / "_static" / "mathjax"
+    assert (mathjax / "tex-chtml.js").is_file()
+    assert any((mathjax / "output" / "chtml" / "fonts").rglob("*.woff")), "MathJax's fonts are in the build"
+    for page in ("theory.html", "notebooks/01_primitives.html"):
+        html = (built_docs / page).read_text(encoding="utf-8")
+        assert 'src="' in html and "_static/mathjax/tex-chtml.js" in html, page
+        assert 'class="math' in html, f"{page} has no formulas"
+
+
+def test_signatures_name_type_aliases_and_no_private_class_shows(built_docs):
+    api = (built_docs / "api" / "linop.html").read_text(encoding="utf-8")
+    text = " ".join(re.sub(r"<[^>]+>", "", api).split())
+    start = text.index("apply( state")
+    signature = text[start : start + 400]
+    assert "dtype: numpy.typing.DTypeLike | None = None" in signature, signature
+    for page in (built_docs / "api").glob("*.html"):
+        text = re.sub(r"<[^>]+>", "", page.read_text(encoding="utf-8"))
+        assert "TypeAliasForwardRef" not in text and "_SupportsDType" not in text, page.name
+        private = sorted(set(re.findall(r"Bases: ([\w.]*\b_\w+)", text)))
+        assert not private, f"{page.name} shows private bases {private}"
+        anchors = re.findall(r'id="((?:linop|verify)\.[\w.]*\._\w+)"', page.read_text(encoding="utf-8"))
+        assert not [a for a in anchors if not a.rsplit(".", 1)[1].startswith("__")], anchors
+
+
+RAW_ROLE = re.compile(r"\{[a-z]+(?::[a-z]+)?\}`")
+"""A Sphinx role in MyST syntax, ``{class}`X```: a code host shows it raw."""
+
+
+def test_the_theory_reads_on_a_code_host():
+    for path in (THEORY, DOCS / "index.md"):
+        roles = RAW_ROLE.findall(path.read_text(encoding="utf-8"))
+        assert not roles, f"{path.name} shows {len(roles)} raw Sphinx roles on a code host; use [text](#target)"
+    assert RAW_ROLE.findall("A {class}`~linop.space.Space` and {py:func}`f`") == ["{class}`", "{py:func}`"]

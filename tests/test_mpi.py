@@ -1,8 +1,9 @@
 """Run the MPI suite (tests/mpi/) under mpiexec at 1, 2, 3 and 4 ranks.
 
 One ``mpiexec`` launch per rank count, each bounded twice: pytest-timeout inside (per test)
-and a wall-clock timeout around the launch, so that a deadlock fails the run instead of
-hanging it. On timeout every process of the launch is killed: MPICH's launcher starts its
+and a timeout around the launch, so that a deadlock fails the run instead of hanging it. The
+bounds are generous (a correct suite passes on a machine running four times more processes than
+it has cores) and report that the launch timed out; no test asserts how fast anything ran. On timeout every process of the launch is killed: MPICH's launcher starts its
 proxy and each rank in a session of their own, so killing ``mpiexec`` or its process group
 would rely on the proxy to clean up, and a surviving rank would hold the output pipe open
 (and the run with it). Four ranks oversubscribe a two-core machine; that is intended.
@@ -24,8 +25,13 @@ import pytest
 pytest.importorskip("mpi4py")
 
 ROOT = Path(__file__).resolve().parent.parent
-LAUNCH_TIMEOUT = 180
-TEST_TIMEOUT = 60
+LAUNCH_TIMEOUT = 1200
+"""Seconds one launch of the MPI suite may take (about 20-40 s on the idle machine)."""
+TEST_TIMEOUT = 300
+"""Seconds one test of the MPI suite may take inside its launch."""
+JOB_TIMEOUT = 300
+"""Seconds a launch of one failure case (a rank raising, interrupted, or under the guard) may take
+to start, fail and end every rank; a job still running then is killed and reported."""
 
 
 def _mpiexec() -> str | None:
@@ -115,12 +121,12 @@ def test_mpi_suite(ranks):
         status, stdout, stderr = run_bounded(command, LAUNCH_TIMEOUT, env)
     except subprocess.TimeoutExpired as expired:
         pytest.fail(
-            f"mpiexec -n {ranks} did not finish within {LAUNCH_TIMEOUT} s (deadlock?)\n{expired.stdout}"
+            f"mpiexec -n {ranks} timed out after {LAUNCH_TIMEOUT} s (every process killed)\n{expired.stdout}"
         )
     assert status == 0, f"mpiexec -n {ranks} failed:\n{stdout[-6000:]}\n{stderr[-3000:]}"
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(JOB_TIMEOUT + 60)
 def test_a_rank_failing_mid_run_ends_the_job():
     """After the collective check, a rank that raises aborts the job with its message."""
     mpiexec = _mpiexec()
@@ -129,17 +135,18 @@ def test_a_rank_failing_mid_run_ends_the_job():
     command = [mpiexec, "-n", "2", sys.executable, "tests/mpi/abort_case.py"]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     try:
-        status, stdout, stderr = run_bounded(command, 60, env)
+        status, stdout, stderr = run_bounded(command, JOB_TIMEOUT, env)
     except subprocess.TimeoutExpired:
-        pytest.fail("a rank failing mid-run left the job hanging")
+        pytest.fail(f"timed out: a rank failing mid-run left the job running for {JOB_TIMEOUT} s")
     output = stdout + stderr
     assert status != 0, output
     assert "rank 1 failed while applying" in output and "a local kernel failed on rank 1" in output, output
     assert "finished (it should not have)" not in output, output
 
 
-END_WITHIN = 10.0
-"""Seconds within which every rank of a job must end once one rank fails."""
+END_WITHIN = 120.0
+"""Seconds every rank of a job may take to end once one rank fails (within a second or two on
+the idle machine; generous, so that a loaded one passes): a job still running then has hung."""
 
 
 def _ends_within(process: subprocess.Popen, seconds: float, pids: list[int]) -> tuple[bool, str]:
@@ -170,7 +177,7 @@ def _launch(ranks: int, script: str, *args: str) -> subprocess.Popen:
     )
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(JOB_TIMEOUT + END_WITHIN + 60)
 @pytest.mark.parametrize(
     ("ranks", "mode"), [(2, "apply"), (4, "bound")], ids=["2-ranks-apply", "4-ranks-bound"]
 )
@@ -179,11 +186,11 @@ def test_sigint_to_one_rank_inside_linop_ends_every_rank(ranks, mode, tmp_path):
     process = _launch(ranks, "interrupt_case.py", str(tmp_path), mode)
     victim = ranks - 1
     files = [tmp_path / f"rank{r}" for r in range(ranks)]
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + JOB_TIMEOUT
     while not all(f.exists() and f.read_text() for f in files):
         if time.monotonic() > deadline or process.poll() is not None:
             stdout, stderr = _kill_all(process)
-            pytest.fail(f"the ranks did not start looping:\n{stdout}\n{stderr}")
+            pytest.fail(f"the ranks did not start looping (ended, or timed out):\n{stdout}\n{stderr}")
         time.sleep(0.05)
     pids = [int(f.read_text()) for f in files]
     for pid in pids:  # never signal anything but a rank of this launch
@@ -191,13 +198,13 @@ def test_sigint_to_one_rank_inside_linop_ends_every_rank(ranks, mode, tmp_path):
     time.sleep(0.2)  # well inside the loop of applications
     os.kill(pids[victim], signal.SIGINT)
     ended, output = _ends_within(process, END_WITHIN, pids)
-    assert ended, f"SIGINT to rank {victim} left the job running:\n{output}"
+    assert ended, f"timed out: SIGINT to rank {victim} left the job running for {END_WITHIN} s:\n{output}"
     assert f"linop MPI interpreter: rank {victim} failed while" in output, output
     assert "KeyboardInterrupt; aborting the job" in output, output
     assert process.returncode != 0, output
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(JOB_TIMEOUT + 60)
 @pytest.mark.parametrize(
     ("ranks", "mode"),
     [(2, "with"), (4, "with"), (3, "excepthook")],
@@ -206,10 +213,10 @@ def test_sigint_to_one_rank_inside_linop_ends_every_rank(ranks, mode, tmp_path):
 def test_a_user_exception_under_the_guard_ends_every_rank(ranks, mode):
     process = _launch(ranks, "guard_case.py", mode)
     try:
-        stdout, stderr = process.communicate(timeout=60)  # start-up included; the end is timed
+        stdout, stderr = process.communicate(timeout=JOB_TIMEOUT)  # start-up, the failure, the end
     except subprocess.TimeoutExpired:
         stdout, stderr = _kill_all(process)
-        pytest.fail(f"a user exception under the guard left the job hanging:\n{stdout}\n{stderr}")
+        pytest.fail(f"timed out: a user exception under the guard left the job running:\n{stdout}\n{stderr}")
     output = stdout + stderr
     message = (
         f"linop: rank {ranks - 1} raised ValueError: user code failed on rank {ranks - 1}; aborting the job"
@@ -217,13 +224,10 @@ def test_a_user_exception_under_the_guard_ends_every_rank(ranks, mode):
     assert message in output, output
     assert "finished (it should not have)" not in output, output
     assert process.returncode != 0, output
-    raised = float(re.search(r"raising at ([0-9.]+)", output).group(1))
-    assert time.time() - raised < END_WITHIN, (
-        f"the job ended {time.time() - raised:.1f} s after the exception"
-    )
+    assert re.search(r"raising at ([0-9.]+)", output), output  # the failing rank got there
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(400)
 def test_a_hung_launch_is_killed_with_every_process(tmp_path):
     """The bound itself, on a launch shaped like MPICH's: a parent whose child runs in a
     session of its own (out of reach of a process-group kill) and holds the output pipe."""
@@ -236,7 +240,7 @@ def test_a_hung_launch_is_killed_with_every_process(tmp_path):
     started = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired):
         run_bounded([sys.executable, "-c", parent], 1.5, dict(os.environ))
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < 300, "the launch ran on past its timeout (the child sleeps 600 s)"
     assert pid_file.exists(), "the child did not start"
     assert not _alive(int(pid_file.read_text())), "the child survived the timeout"
 

@@ -2,7 +2,8 @@
 
 The kernel is ``python3`` as this interpreter sees it; jupyter_client launches it with this
 very interpreter (``sys.executable``), which the first test checks, so the notebooks run
-against the code under test. Kernels run from the repository root. Every executed notebook must
+against the code under test. Kernels run from the repository root; each notebook runs once per
+session (tests/notebook_runs.py), and tests/test_docs.py renders the same executed copies. Every executed notebook must
 show rich outputs (LaTeX, HTML and PNG), the displays of :mod:`linop.display` and
 :mod:`linop.plot`.
 """
@@ -11,26 +12,10 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
-
-ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-TIMEOUT = 120
-
-
-def execute(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    client = NotebookClient(
-        notebook,
-        kernel_name="python3",
-        timeout=TIMEOUT,
-        resources={"metadata": {"path": str(ROOT)}},
-    )
-    client.execute()
-    return notebook
+from notebook_runs import NOTEBOOKS, execute, executed
 
 
 def test_kernel_is_this_interpreter():
@@ -70,10 +55,10 @@ def mime_types(notebook: nbformat.NotebookNode) -> set[str]:
     }
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_runs(path):
-    notebook = execute(nbformat.read(path, as_version=4))
+    notebook = executed(path)
     errors = [
         o for c in notebook.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"
     ]

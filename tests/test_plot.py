@@ -56,7 +56,8 @@ def _labels(texts):
 )
 def test_spy_draws_block_boundaries_and_labels(op):
     figure = plot.spy(op)
-    forward, adjoint = figure.axes
+    forward, adjoint, *keys = figure.axes
+    assert [key.get_gid() for key in keys] == ["colour-key", "colour-key"]
     for ax, rows, columns in ((forward, op.range, op.domain), (adjoint, op.domain, op.range)):
         assert len(_gids(ax.lines, "block-boundary")) == (len(rows) - 1) + (len(columns) - 1)
         assert _labels(ax.get_yticklabels()) == list(rows.names)
@@ -74,7 +75,7 @@ def test_figures_show_as_png_in_jupyter():
 
 def test_spy_without_adjoint_has_one_panel():
     figure = plot.spy(Copy(SPACE["a"], SPACE["b"]), adjoint=False)
-    assert len(figure.axes) == 1
+    assert [ax.get_gid() for ax in figure.axes] == [None, "colour-key"]
 
 
 @dataclass(frozen=True, eq=True, repr=False)
@@ -224,3 +225,76 @@ def test_spy_of_a_large_operator_draws_markers():
     (markers,) = [line for line in forward.lines if line.get_gid() != "block-boundary"]
     assert len(markers.get_xdata()) == (2 * plot.DENSE_LIMIT - 10) + 10  # I but rows b[5:15], and the copy
     assert len(_gids(forward.lines, "block-boundary")) == 2
+
+
+def test_spy_refuses_a_too_large_operator_before_building_it(monkeypatch):
+    huge = Space([Block("a", (10**7,)), Block("b", (10**7,))])  # a 2e7 x 2e7 matrix
+    op = Copy(huge["a"], huge["b"])
+
+    def never(self):
+        raise AssertionError("spy built the matrix before checking its size")
+
+    monkeypatch.setattr(type(op), "to_sparse", never)
+    with pytest.raises(plot.PlotError, match=r"20000000 x 20000000, larger than SPY_LIMIT") as caught:
+        plot.spy(op)
+    assert isinstance(caught.value, LinopError)
+
+
+def test_an_integer_spy_plot_has_a_colour_key_with_integer_ticks():
+    op = 2 * Clear(SPACE["c"]) + Add(SPACE["a"], SPACE["b"])  # entries -1 .. 2 (K = I - P)
+    figure = plot.spy(op)
+    keys = [ax for ax in figure.axes if ax.get_gid() == "colour-key"]
+    assert len(keys) == 2, "one colour key per panel"
+    for key in keys:
+        ticks = [t for t in key.get_yticks() if key.get_ylim()[0] <= t <= key.get_ylim()[1]]
+        assert ticks and all(float(t).is_integer() for t in ticks), ticks
+
+
+def test_decomposition_axes_are_honest():
+    figure = plot.decomposition(UNBALANCED)
+    ax = figure.axes[0]
+    assert "global index (0..11;" in ax.get_xlabel()  # 12 entries: indices 0 .. 11
+    assert all(float(t).is_integer() for t in ax.get_xticks())
+
+
+def test_a_size_one_dimension_gets_no_panel():
+    thin = DistributedTensor("x", (1, 8), Partition.grid((1, 2)))
+    figure = plot.decomposition(thin)
+    (ax,) = figure.axes
+    assert "dimension 1" in ax.get_xlabel()
+    assert "dimension 0: extent 1, undivided" in figure.get_suptitle()
+    assert all(float(t).is_integer() for t in ax.get_xticks())
+    # a halo along the size-1 dimension (zero pads) is worth its panel
+    padded = halo_geometry(thin, Kernel((3, 1), padding=(1, 0)))
+    assert len([a for a in plot.decomposition(padded).axes if a.get_yticklabels()]) == 2
+
+
+def test_messages_are_titled_by_name_with_a_legend_for_adding_arrows():
+    from linop import algorithms
+
+    ring = algorithms.problem("allreduce", 4, 8).variant("ring")
+    ax = plot.messages(ring, of="tree", title="ring all-reduce").axes[0]
+    assert ax.get_title().startswith("dependent phases of ring all-reduce:")
+    legend = ax.get_legend()
+    assert legend is not None and legend.get_gid() == "message-legend"
+    texts = [t.get_text() for t in legend.get_texts()]
+    assert texts == ["message: the receiver stores it", "message: the receiver adds it"]
+    assert [h.get_linestyle() for h in legend.legend_handles] == ["-", "--"]
+    default = plot.messages(ring, of="tree").axes[0].get_title()
+    assert "..." not in default and default.startswith("dependent phases of a Composition over workers 0..3")
+    send = plot.messages(SendRecv(SPACE["a"][0:2], SPACE["c"])).axes[0]
+    assert send.get_legend() is None, "nothing is added: no legend needed"
+
+
+def test_the_module_needs_an_output_path(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as done:
+        plot.main([])
+    assert done.value.code == 2 and "OUTPUT.png" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as done:
+        plot.main(["--help"])
+    assert done.value.code == 0 and "usage: python -m linop.plot" in capsys.readouterr().out
+    assert not list(tmp_path.iterdir()), "neither a missing path nor --help writes a file"
+    assert plot.main([str(tmp_path / "halo.png")]) == 0
+    assert f"wrote {tmp_path / 'halo.png'}" in capsys.readouterr().out
+    assert (tmp_path / "halo.png").read_bytes().startswith(b"\x89PNG")

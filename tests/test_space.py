@@ -154,3 +154,19 @@ def test_growing_and_shrinking_a_space_equals_building_it(names, data):
     dropped = data.draw(st.sampled_from(names))
     assert built.without(dropped) == Space(b for b in blocks if b.name != dropped)
     assert built.without(dropped).names == Space(b for b in blocks if b.name != dropped).names
+
+
+def test_a_misspelt_block_name_is_named_with_the_block_it_stands_for():
+    from linop import Copy
+
+    space = Space([Block("a", (2,)), Block("b", (2,))])
+    op = Copy(space["a"], space["b"])
+    with pytest.raises(StateError, match=r"missing block 'b' .*the state has 'bb'.*did you mean 'b'\?"):
+        op.apply({"a": np.ones(2), "bb": np.ones(2)})
+    with pytest.raises(StateError, match=r"has block 'bb' that the space does not hold; did you mean 'b'\?"):
+        op.apply({"a": np.ones(2), "b": np.ones(2), "bb": np.ones(2)})
+    with pytest.raises(StateError, match=r"missing block 'b' \(missing: \['b'\]\)$"):
+        op.apply({"a": np.ones(2)})
+    with pytest.raises(StateError) as info:  # no close name: no guess
+        op.apply({"a": np.ones(2), "weights": np.ones(2)})
+    assert "'weights'" in str(info.value) and "did you mean" not in str(info.value)

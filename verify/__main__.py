@@ -10,7 +10,8 @@ Usage::
     mpiexec -n 4 python -m verify --mpi   # the distributed checks (takes --only too)
 
 Exit status: 0 when every check passes, 1 when any check fails or errors, 2 on a usage error
-(including a pattern that selects nothing, or levels that apply to none of the selection).
+(including a pattern that selects nothing, or levels that apply to none of the selection), 130
+when interrupted (Ctrl-C: one line saying how far it got, no traceback).
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ class _Progress:
         self.live = stream.isatty()
         self.every = every
         self.last = time.perf_counter()
+        self.done = 0
 
     def __call__(self, done: int, total: int, entry: Entry, seconds: float) -> None:
+        self.done = done
         if self.live:
             self.stream.write(f"\r\033[K[{done + 1}/{total}] {entry.name}")
             self.stream.flush()
@@ -55,7 +58,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m verify",
         description="Prove linop's catalogue of identities (docs/theory.md) exactly, size-free, "
         "symbolically and numerically.",
-        epilog="Exit status: 0 when everything passes, 1 when a check fails, 2 on a usage error.",
+        epilog="Exit status: 0 when everything passes, 1 when a check fails, 2 on a usage error, "
+        "130 when interrupted (Ctrl-C).",
     )
     parser.add_argument(
         "--only",
@@ -129,7 +133,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{e.name:<{width}}  {e.section:<{section_width}}  {e.kind:<7}  {e.statement}")
         return 0
     progress = None if args.no_progress else _Progress(sys.stderr)
-    report = run(entries, levels, progress)
+    try:
+        report = run(entries, levels, progress)
+    except KeyboardInterrupt:  # Ctrl-C: a line saying so, not a traceback; status 130 (128 + SIGINT)
+        if progress is not None:
+            progress.finish()
+        where = f" after {progress.done}/{len(entries)} identities" if progress is not None else ""
+        print(f"python -m verify: interrupted{where}; no result to report", file=sys.stderr)
+        return 130
     if progress is not None:
         progress.finish()
     if not report.results:

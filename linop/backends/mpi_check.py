@@ -48,7 +48,7 @@ from ..errors import (
     WorkerMapMismatchError,
 )
 from ..operator import LinearOperator
-from ..space import Block
+from ..space import Block, closest_name
 from .mpi_datatypes import mpi
 from .mpi_deadline import wait_all
 from .numpy_backend import first_shared_memory, overlaps_itself
@@ -268,8 +268,12 @@ class EntryCheck:
             )
         for name, block in self.domain_blocks.items():
             if name not in state:
+                typo = closest_name(name, [str(n) for n in state if n not in self.op.domain])
+                hint = ""
+                if typo is not None:  # a misspelt key ('bb' for 'b'): name both
+                    hint = f"; it holds {typo!r}, which the domain lacks: did you mean {name!r}?"
                 return (
-                    f"rank {rank}: local state is missing block {name!r} {block.shape}",
+                    f"rank {rank}: local state is missing block {name!r} {block.shape}{hint}",
                     DistributedStateError,
                 )
         for name in state:

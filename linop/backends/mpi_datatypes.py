@@ -69,7 +69,7 @@ def mpi() -> Any:
         try:
             from mpi4py import MPI
         except ImportError as error:  # pragma: no cover - the test environment has mpi4py
-            raise ImportError("the MPI interpreter needs mpi4py: pip install 'linop[mpi]'") from error
+            raise ImportError("the MPI interpreter needs mpi4py: pip install 'linop-adjoint[mpi]'") from error
         _MPI = MPI
     return _MPI
 

@@ -77,6 +77,8 @@ def _bad(kind: str, local: dict, space: Space) -> dict:
     local = dict(local)
     if kind == "missing":
         local.pop("y")
+    elif kind == "misspelt":
+        local["yy"] = local.pop("y")
     elif kind == "extra":
         local["x"] = np.zeros(space.block("x").shape)
     elif kind == "shape":
@@ -92,6 +94,7 @@ def _bad(kind: str, local: dict, space: Space) -> dict:
     ("kind", "phrase"),
     [
         ("missing", "missing block 'y'"),
+        ("misspelt", "missing block 'y' (4, 3); it holds 'yy', which the domain lacks: did you mean 'y'?"),
         ("extra", "holds block 'x'"),
         ("shape", "has shape (2, 2)"),
         ("dtype", "not numeric"),

@@ -164,3 +164,15 @@ def test_catalogue_runs_under_mpi(capsys):
     collective_assert(status == 0, output[-2000:])
     if RANK == 0:
         assert "0 failed" in output
+
+
+def test_the_mpi_flag_of_the_cli(capsys):
+    """``python -m verify --mpi --only PATTERN`` (its argument handling, then the distributed
+    catalogue), in this launch instead of one of its own."""
+    from verify.__main__ import main
+
+    status = main(["--mpi", "--only", "copy-inplace*"])
+    output = capsys.readouterr().out
+    collective_assert(status == 0, output[-2000:])
+    if RANK == 0:
+        assert "0 failed" in output and f"checked on {SIZE} rank(s)" in output, output[-2000:]
