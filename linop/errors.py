@@ -37,6 +37,7 @@ __all__ = [
     "DecompositionError",
     "BroadcastError",
     "GlobalShapeError",
+    "PlacementError",
     "HaloError",
     "KernelError",
     "MPIError",
@@ -137,6 +138,11 @@ class BroadcastError(PartitionError):
 
 class GlobalShapeError(DecompositionError):
     """Two tensors (or a tensor and a block) that must have the same global shape do not."""
+
+
+class PlacementError(DecompositionError):
+    """A device mesh, its placements (``Shard``, ``Replicate``, ``Partial``) and a global shape
+    do not fit together; the message names the mesh dimension or the tensor dimension."""
 
 
 class HaloError(LinopError, ValueError):
