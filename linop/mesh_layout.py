@@ -36,7 +36,7 @@ import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
@@ -83,7 +83,7 @@ class Partial:
         return "P"
 
 
-Placement = Union[Shard, Replicate, Partial]
+Placement = Shard | Replicate | Partial
 
 
 def as_placement(value: Any, mesh_dim: int = 0) -> Placement:
@@ -183,7 +183,7 @@ class MeshLayout:
     mesh_shape: tuple[int, ...]
     placements: tuple[Placement, ...]
     global_shape: tuple[int, ...]
-    sizes: tuple[tuple[int, ...], ...] = ()
+    sizes: Any = ()  # given as a mapping or per dimension; stored as a tuple per dimension
     ranks: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
@@ -220,7 +220,9 @@ class MeshLayout:
             tuple(i for i, p in enumerate(placements) if isinstance(p, Shard) and p.dim == d)
             for d in range(len(shape))
         )
-        pieces = tuple(self._piece_sizes(d, shape[d], tuple(mesh[i] for i in cuts[d])) for d in range(len(shape)))
+        pieces = tuple(
+            self._piece_sizes(d, shape[d], tuple(mesh[i] for i in cuts[d])) for d in range(len(shape))
+        )
         object.__setattr__(self, "mesh_shape", mesh)
         object.__setattr__(self, "global_shape", shape)
         object.__setattr__(self, "placements", tuple(placements))
@@ -250,6 +252,7 @@ class MeshLayout:
                 )
             given = self.sizes[d]
         count = math.prod(extents)
+        sizes: tuple[int, ...]
         if given is None:
             sizes = (length,)
             for m in extents:
@@ -302,7 +305,7 @@ class MeshLayout:
             tensor.partition.shape,
             placements,
             tensor.global_shape,
-            sizes,  # type: ignore[arg-type]
+            sizes,
             tensor.partition.workers,
         )
 
@@ -345,7 +348,7 @@ class MeshLayout:
 
     def shard_mesh_dims(self, d: int) -> tuple[int, ...]:
         """The mesh dimensions that cut tensor dimension ``d``, in nesting order."""
-        return self._cuts[d]  # type: ignore[attr-defined,no-any-return]
+        return self._cuts[d]  # type: ignore[attr-defined]
 
     def kinds(self) -> tuple[type, ...]:
         """The placement class of every mesh dimension."""
@@ -362,7 +365,9 @@ class MeshLayout:
     def piece_coordinates(self, d: int, piece: int) -> tuple[int, ...]:
         """The coordinates, on the mesh dimensions cutting ``d``, of piece ``piece``."""
         cuts = self._cuts[d]  # type: ignore[attr-defined]
-        return tuple(int(c) for c in np.unravel_index(piece, [self.mesh_shape[i] for i in cuts])) if cuts else ()
+        return (
+            tuple(int(c) for c in np.unravel_index(piece, [self.mesh_shape[i] for i in cuts])) if cuts else ()
+        )
 
     def pieces_overlapping(self, d: int, lo: int, hi: int) -> range:
         """The pieces of tensor dimension ``d`` that hold some of ``[lo, hi)`` (empty pieces
@@ -398,7 +403,9 @@ class MeshLayout:
     @cached_property
     def grid(self) -> BlockGrid:
         """The blocks as a :class:`~linop.layout.BlockGrid` on the mesh partition."""
-        return BlockGrid(self.name, self.partition, tuple(self.local_shape(c) for c in self.partition.indices()))
+        return BlockGrid(
+            self.name, self.partition, tuple(self.local_shape(c) for c in self.partition.indices())
+        )
 
     def block_name(self, index: Sequence[int]) -> str:
         """Name of the block at a mesh coordinate, e.g. ``x[0,1]``."""
@@ -435,7 +442,10 @@ class MeshLayout:
                     coordinate[i] = c
             workers.append(self.partition.worker(coordinate))
         return DistributedTensor(
-            f"{self.name}_global" if name is None else name, self.global_shape, Partition(counts, workers), self.sizes
+            f"{self.name}_global" if name is None else name,
+            self.global_shape,
+            Partition(counts, tuple(workers)),
+            self.sizes,
         )
 
     # -- global arrays --------------------------------------------------------------------

@@ -53,7 +53,13 @@ from .operator import Composition, LinearOperator
 from .plan import NO_OTHERS, Piece, Planned, make_piece
 from .space import Block, Space
 
-__all__ = ["Redistribute", "RedistributeCopies", "RedistributeSums", "compatible_sources", "intermediate_layout"]
+__all__ = [
+    "Redistribute",
+    "RedistributeCopies",
+    "RedistributeSums",
+    "compatible_sources",
+    "intermediate_layout",
+]
 
 
 def _check_pair(kind: str, source: object, destination: object) -> None:
@@ -80,7 +86,9 @@ def _check_pair(kind: str, source: object, destination: object) -> None:
         raise OperandError(f"{kind}: source and destination layouts are both named {source.name!r}")
 
 
-def compatible_sources(source: MeshLayout, destination: MeshLayout, t: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
+def compatible_sources(
+    source: MeshLayout, destination: MeshLayout, t: tuple[int, ...]
+) -> Iterator[tuple[int, ...]]:
     """The source coordinates ``s ~ t`` whose boxes meet destination block ``t``'s (see the
     module docstring), in C order."""
     lo, hi = destination.box(t)
@@ -110,7 +118,7 @@ def compatible_sources(source: MeshLayout, destination: MeshLayout, t: tuple[int
         for part in shard_parts:
             for i, c in part.items():
                 s[i] = c
-        for values in itertools.product(*(choices[i] for i in free)):  # type: ignore[misc]
+        for values in itertools.product(*(choices[i] or () for i in free)):
             for i, c in zip(free, values):
                 s[i] = c
             yield tuple(s)
@@ -152,9 +160,13 @@ def intermediate_layout(source: MeshLayout, destination: MeshLayout) -> MeshLayo
 
 def _fans(source: MeshLayout, destination: MeshLayout) -> tuple[bool, bool]:
     """(partial terms to sum, new copies to make)."""
-    fan_in = any(isinstance(a, Partial) and not isinstance(b, Partial) for a, b in zip(source.placements, destination.placements))
+    fan_in = any(
+        isinstance(a, Partial) and not isinstance(b, Partial)
+        for a, b in zip(source.placements, destination.placements)
+    )
     fan_out = any(
-        isinstance(b, Replicate) and not isinstance(a, Replicate) for a, b in zip(source.placements, destination.placements)
+        isinstance(b, Replicate) and not isinstance(a, Replicate)
+        for a, b in zip(source.placements, destination.placements)
     )
     return fan_in, fan_out
 
@@ -175,7 +187,11 @@ class _RedistributeGeometry(Planned):
         if fan_in if not self.ADDS else fan_out:
             raise PlacementError(
                 f"{kind}: {self.source} -> {self.destination} needs "
-                + ("partial terms summed (use RedistributeSums or Redistribute)" if not self.ADDS else "copies made (use RedistributeCopies or Redistribute)")
+                + (
+                    "partial terms summed (use RedistributeSums or Redistribute)"
+                    if not self.ADDS
+                    else "copies made (use RedistributeCopies or Redistribute)"
+                )
             )
         self._validate()
 
