@@ -1,0 +1,43 @@
+"""Run the checks of ``checks.py`` on K gloo processes made by ``torch.multiprocessing.spawn``:
+``python spawn.py K``.
+The rendezvous is on 127.0.0.1 at a free port picked here; ``init_process_group`` has a 60 s
+timeout, and the launcher test bounds the whole run."""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import sys
+from pathlib import Path
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def process(rank: int, size: int, port: int) -> None:
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=size,
+        timeout=datetime.timedelta(seconds=60),
+    )
+    try:
+        import checks
+
+        checks.main()
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    size = int(sys.argv[1])
+    mp.spawn(process, args=(size, free_port()), nprocs=size)
