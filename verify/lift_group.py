@@ -78,7 +78,9 @@ def lift_group(
         from .lift import _as_space
 
         domain, range = _as_space(domain), _as_space(range)
-    return lift_mpi(forward, domain, range, adjoint=adjoint, comm=GroupComm(group), framework=framework, label=label)
+    return lift_mpi(
+        forward, domain, range, adjoint=adjoint, comm=GroupComm(group), framework=framework, label=label
+    )
 
 
 def prove_backward_group(

@@ -52,7 +52,12 @@ SizesLike = Mapping[int, Sequence[int]] | Sequence[Sequence[int] | None] | None
 
 
 def mesh_layout(
-    mesh: Any, placements: Sequence[Any], global_shape: Sequence[int], sizes: SizesLike = None, *, name: str = "x"
+    mesh: Any,
+    placements: Sequence[Any],
+    global_shape: Sequence[int],
+    sizes: SizesLike = None,
+    *,
+    name: str = "x",
 ) -> MeshLayout:
     """The layout of a global shape on ``mesh`` with ``placements``.
 
@@ -204,5 +209,11 @@ def redistribute(
     a DTensor on the same mesh. ``source_sizes`` / ``sizes``: the uneven piece sizes of the
     input and of the result (default ``torch.chunk``'s)."""
     local, source = from_dtensor(x, source_sizes, name="x")
-    destination = mesh_layout(x.device_mesh, [as_placement(p, i) for i, p in enumerate(placements)], source.global_shape, sizes, name="y")
+    destination = mesh_layout(
+        x.device_mesh,
+        [as_placement(p, i) for i, p in enumerate(placements)],
+        source.global_shape,
+        sizes,
+        name="y",
+    )
     return to_dtensor(redistribute_local(local, source, destination, group=group), destination, x.device_mesh)

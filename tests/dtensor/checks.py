@@ -43,14 +43,20 @@ def check_redistribute(label: str, source: MeshLayout, destination: MeshLayout, 
     mine_in, mine_out = source.block_of(rank).name, destination.block_of(rank).name
     local = torch.tensor(state[mine_in], dtype=torch.float64, requires_grad=True)
     out = redistribute_local(local, source, destination)
-    check(torch.equal(out.detach(), torch.from_numpy(expected[mine_out].astype(np.float64))), f"{label}: forward")
+    check(
+        torch.equal(out.detach(), torch.from_numpy(expected[mine_out].astype(np.float64))),
+        f"{label}: forward",
+    )
     everything = [None] * dist.get_world_size()
     dist.all_gather_object(everything, (mine_out, out.detach().numpy()))
     check(np.array_equal(destination.gather(dict(everything)), data), f"{label}: global array")
     cotangent = {b.name: rng.integers(-9, 10, b.shape) for b in destination.blocks}
     (out * torch.from_numpy(cotangent[mine_out].astype(np.float64))).sum().backward()
     back = tree.H(cotangent)[mine_in]
-    check(local.grad is not None and torch.equal(local.grad, torch.from_numpy(back.astype(np.float64))), f"{label}: backward")
+    check(
+        local.grad is not None and torch.equal(local.grad, torch.from_numpy(back.astype(np.float64))),
+        f"{label}: backward",
+    )
 
 
 # -- the DTensor side ---------------------------------------------------------------------------
@@ -90,7 +96,10 @@ def check_dtensor_interop(size: int) -> None:
             raised = str(error)
         chunked = MeshLayout.from_placements((size,), [Shard(0)], (77, 9)).block_of(dist.get_rank())
         if chunked.shape != mine.shape:
-            check("tensor dimension 0" in raised and "sizes=" in raised, f"from_dtensor without sizes: {raised!r}")
+            check(
+                "tensor dimension 0" in raised and "sizes=" in raised,
+                f"from_dtensor without sizes: {raised!r}",
+            )
         local, layout = from_dtensor(uneven, {0: _rows(size)})
         columns = redistribute_local(local, layout, [Shard(1)])
         expected = MeshLayout.from_placements((size,), [Shard(1)], (77, 9)).box((dist.get_rank(),))
@@ -149,7 +158,9 @@ def check_lifting(size: int) -> None:
     gathered = MeshLayout.from_placements((size,), [Replicate()], (2 * size, 2), name="g").space
     proof = prove_backward_group(lambda t: GatherRows.apply(t, False), shards, gathered, label="all_gather")
     check(bool(proof), f"lift: all_gather with the reduction proven ({proof})")
-    lifted = lift_group(lambda t: GatherRows.apply(t, True), shards, gathered, label="all_gather, no reduction")
+    lifted = lift_group(
+        lambda t: GatherRows.apply(t, True), shards, gathered, label="all_gather, no reduction"
+    )
     proof = verify.exact_adjoint(lifted)
     if size == 1:
         check(bool(proof), "lift: on one rank nothing is forgotten")
@@ -159,7 +170,14 @@ def check_lifting(size: int) -> None:
         # x[0][0,0] is copied into every rank's g: its gradient must add g[1]'s entry (0, 0)
         check(
             first is not None
-            and (first.row.block, first.row.index, first.column.block, first.column.index, first.left, first.right)
+            and (
+                first.row.block,
+                first.row.index,
+                first.column.block,
+                first.column.index,
+                first.left,
+                first.right,
+            )
             == ("x[0]", (0, 0), "g[1]", (0, 0), 0, 1),
             f"lift: the first wrong entry is named ({first})",
         )
@@ -167,7 +185,10 @@ def check_lifting(size: int) -> None:
     source = MeshLayout.from_placements((size,), [Shard(0)], (5, 2), {0: (0,) * (size - 1) + (5,)}, name="a")
     destination = source.with_placements([Replicate()], name="b")
     proof = prove_backward_group(
-        lambda t: redistribute_local(t, source, destination), source.space, destination.space, label="linop S0->R"
+        lambda t: redistribute_local(t, source, destination),
+        source.space,
+        destination.space,
+        label="linop S0->R",
     )
     check(bool(proof), f"lift: linop's redistribute backward proven ({proof})")
     partial = source.with_placements([Partial()], name="b")
