@@ -517,4 +517,7 @@ class MeshLayout:
 
     def __str__(self) -> str:
         placements = ", ".join(map(str, self.placements))
-        return f"{self.name}{list(self.global_shape)} on mesh {self.mesh_shape} [{placements}]"
+        chunked = MeshLayout(self.name, self.mesh_shape, self.placements, self.global_shape, (), self.ranks)
+        uneven = {d: s for d, (s, c) in enumerate(zip(self.sizes, chunked.sizes)) if s != c}
+        sizes = f" sizes {uneven}" if uneven else ""
+        return f"{self.name}{list(self.global_shape)} on mesh {self.mesh_shape} [{placements}]{sizes}"

@@ -5,7 +5,9 @@ that failed), each named with its case."""
 
 from __future__ import annotations
 
+import re
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -198,6 +200,19 @@ def check_lifting(size: int) -> None:
     check(bool(proof), f"lift: linop's S0->P backward proven ({proof})")
 
 
+def run_readme_blocks(size: int) -> None:
+    """The README's ``# dtensor: K`` blocks for this world size, as written."""
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    blocks = [
+        b for b in re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL) if b.startswith("# dtensor: ")
+    ]
+    check(bool(blocks), "the README has a '# dtensor: K' block")
+    for block in blocks:
+        if int(block.split("\n", 1)[0].split(":")[1]) == size:
+            exec(compile(block, "README.md", "exec"), {})
+            check(True, "the README's DTensor block ran")
+
+
 def main() -> None:
     size = dist.get_world_size()
     started = time.perf_counter()
@@ -208,6 +223,8 @@ def main() -> None:
     timings.append(("DTensor interop", time.perf_counter() - started - sum(t for _, t in timings)))
     check_lifting(size)
     timings.append(("lifting", time.perf_counter() - started - sum(t for _, t in timings)))
+    run_readme_blocks(size)
+    timings.append(("README", time.perf_counter() - started - sum(t for _, t in timings)))
     failures: list[list[str]] = [[] for _ in range(size)]
     dist.all_gather_object(failures, FAILURES)
     found = [f for per_rank in failures for f in per_rank]
