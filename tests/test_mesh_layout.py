@@ -267,3 +267,28 @@ def test_redistribute_errors():
         RedistributeCopies(a.with_placements([Partial()], name="p"), a.with_placements([Shard(0)], name="b"))
     with pytest.raises(LinopError, match="MeshLayout"):
         Redistribute(a, "b")  # type: ignore[arg-type]
+
+
+# -- the torch side, in one process ------------------------------------------------------------
+def test_torch_mesh_layout_and_placements_round_trip():
+    pytest.importorskip("torch")
+    from torch.distributed.tensor import Replicate as TorchReplicate
+    from torch.distributed.tensor import Shard as TorchShard
+
+    from linop.frameworks.dtensor import mesh_layout, torch_placements
+
+    layout = mesh_layout((2, 2), [TorchShard(0), TorchReplicate()], (5, 3), {0: (4, 1)})
+    assert layout == MeshLayout.from_placements((2, 2), [Shard(0), Replicate()], (5, 3), {0: (4, 1)})
+    assert torch_placements(layout) == (TorchShard(0), TorchReplicate())
+    assert mesh_layout((2, 2), torch_placements(layout), (5, 3), {0: (4, 1)}) == layout
+
+
+def test_redistribute_local_names_the_wrong_dimension():
+    torch = pytest.importorskip("torch")
+    from linop.frameworks.dtensor import redistribute_local
+
+    rows = MeshLayout.from_placements((4,), [Shard(0)], (77, 9), {0: (10, 30, 7, 30)})
+    with pytest.raises(
+        PlacementError, match=r"rank 0 holds a local tensor of shape \(20, 9\).*tensor dimension 0"
+    ):
+        redistribute_local(torch.zeros(20, 9), rows, [Shard(1)])  # torch.chunk's rows, not the layout's
