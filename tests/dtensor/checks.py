@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -62,13 +63,11 @@ def check_redistribute(label: str, source: MeshLayout, destination: MeshLayout, 
 
 
 # -- the DTensor side ---------------------------------------------------------------------------
-def check_dtensor_interop(size: int) -> None:
-    from torch.distributed.device_mesh import init_device_mesh
+def check_dtensor_interop(size: int, mesh: Any) -> None:
     from torch.distributed.tensor import Replicate as TorchReplicate
     from torch.distributed.tensor import Shard as TorchShard
     from torch.distributed.tensor import distribute_tensor
 
-    mesh = init_device_mesh("cpu", (size,))
     full = torch.arange(77 * 9, dtype=torch.float64).reshape(77, 9)
     x = distribute_tensor(full, mesh, [TorchShard(0)])
     local, layout = from_dtensor(x)
@@ -139,12 +138,10 @@ class GatherRows(torch.autograd.Function):
         return grad[rank * rows : (rank + 1) * rows].clone(), None
 
 
-def check_lifting(size: int) -> None:
-    from torch.distributed.device_mesh import init_device_mesh
+def check_lifting(size: int, mesh: Any) -> None:
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor import Shard as TorchShard
 
-    mesh = init_device_mesh("cpu", (size,))
     # DTensor's own redistribute Shard(0) -> Shard(1) of a 5 x 4 (torch.chunk sizes): proven
     rows = mesh_layout(mesh, [Shard(0)], (5, 4), name="x")
     columns = rows.with_placements([Shard(1)], name="y")
@@ -219,9 +216,12 @@ def main() -> None:
     for k, (label, source, destination) in enumerate(cases(size)):
         check_redistribute(label, source, destination, seed=k)
     timings = [("redistribute cases", time.perf_counter() - started)]
-    check_dtensor_interop(size)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (size,))  # one mesh (and its group) for every check
+    check_dtensor_interop(size, mesh)
     timings.append(("DTensor interop", time.perf_counter() - started - sum(t for _, t in timings)))
-    check_lifting(size)
+    check_lifting(size, mesh)
     timings.append(("lifting", time.perf_counter() - started - sum(t for _, t in timings)))
     run_readme_blocks(size)
     timings.append(("README", time.perf_counter() - started - sum(t for _, t in timings)))
