@@ -160,7 +160,11 @@ def repartition_rows(rank: int, size: int) -> list[str]:
     equal = torch.equal(hand(), expected)
     step = td.plan_for(op).bind(state, inplace=False)
     equal = equal and torch.equal(step()[out.name], expected)
-    methods: dict[str, Callable[[], Any]] = {"bound": step, "apply": lambda: td.apply(op, state), "hand": hand}
+    methods: dict[str, Callable[[], Any]] = {
+        "bound": step,
+        "apply": lambda: td.apply(op, state),
+        "hand": hand,
+    }
     try:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor import DTensor, Shard
@@ -170,7 +174,7 @@ def repartition_rows(rank: int, size: int) -> list[str]:
         redistributed = dtensor.redistribute(mesh, [Shard(1)]).to_local()
         equal = equal and torch.equal(redistributed, expected)
         methods["dtensor"] = lambda: dtensor.redistribute(mesh, [Shard(1)]).to_local()
-    except Exception as error:  # noqa: BLE001 - reported, the rest still timed
+    except Exception as error:
         if rank == 0:
             print(f"DTensor.redistribute not timed: {type(error).__name__}: {error}")
     times = timed(methods, batch=2)
@@ -199,7 +203,9 @@ def main() -> None:
     lines.append(repartition_rows(rank, size))
     if rank == 0:
         load = os.getloadavg()
-        print(f"{size} processes, gloo, torch {torch.__version__}, {SAMPLES} samples; load {load[0]:.1f} {load[1]:.1f}")
+        print(
+            f"{size} processes, gloo, torch {torch.__version__}, {SAMPLES} samples; load {load[0]:.1f} {load[1]:.1f}"
+        )
         print("case | per-rank block | hand | linop bound (ratio) | linop apply (ratio) | DTensor (ratio)")
         for cells in lines:
             print(" | ".join(cells))
