@@ -217,7 +217,9 @@ class Checks:
             )
             self.run(name + " float64 native", lambda op=op: against_numpy(op, 10, dtype=np.float64))
             self.run(name + " uint16 portable", lambda op=op: against_numpy(op, 11, dtype=np.uint16))
-        self.run("halo is portable", lambda: None if not td.plan_for(trees["scatter"]).native else "native")
+        self.run(
+            "scatter is portable", lambda: None if not td.plan_for(trees["scatter"]).native else "native"
+        )
 
     def mapped(self) -> None:
         workers = 2 * self.size
@@ -407,6 +409,21 @@ class Checks:
 
             return function(op, comm=object(), group=True)
 
+        def control() -> str | None:
+            """A wrong entry in one rank's result is caught by the comparison (the checks above
+            can fail)."""
+            mine = local(op.domain, full, self.rank)
+            result = td.apply(op, mine)
+            names = tuple(b.name for b in op.range if b.worker == self.rank)
+            if self.rank != size - 1:
+                return differs(result, op(full), names)
+            name = next(n for n in names if result[n].numel())
+            wrong = dict(result)
+            wrong[name] = result[name].clone()
+            wrong[name].view(-1)[0] += 1
+            return None if differs(wrong, op(full), names) is not None else "a wrong entry was not caught"
+
+        self.run("control: a wrong entry is caught", control)
         if size > 1:
             self.run("error: mismatched tree", lambda: self.same_error(TreeMismatchError, mismatched))
         self.run("error: wrong block shape", lambda: self.same_error(DistributedStateError, wrong_shape))

@@ -32,7 +32,7 @@ from ...operator import LinearOperator
 from ...space import Block
 from .. import array_api, mpi_mapping, numpy_backend
 from ..mpi_mapping import WorkerMap
-from ..mpi_plan import _cast, read_only
+from ..mpi_plan import read_only
 from ..mpi_schedule import RankPhase, fingerprint
 from . import device as device_path
 from .check import TorchEntryCheck
@@ -41,6 +41,14 @@ from .runtime import phase_operations, run_schedule
 from .schedule import SUMMABLE, Compiled
 
 __all__ = ["TorchDistributedPlan", "BoundTorchPlan"]
+
+
+def _cast(arrays: dict[str, np.ndarray], cast: np.dtype | None) -> dict[str, np.ndarray]:
+    """The arrays to run on: the caller's, or copies widened to ``cast`` (an integer run the
+    check widened, :func:`linop.dtypes.cast_dtype`; the MPI plan widens alike)."""
+    if cast is None:
+        return dict(arrays)
+    return {name: a.astype(np.result_type(a.dtype, cast)) for name, a in arrays.items()}
 
 
 class TorchDistributedPlan:
