@@ -92,9 +92,7 @@ def _check_numpy(op: LinearOperator, seed: int) -> bool:
         fast, slow = apply(op, floats), apply(expand_all(op), floats)
         for name in op.range.names:
             assert fast[name].dtype == slow[name].dtype, f"{op}: dtype of block {name!r} in floats"
-            assert np.allclose(fast[name], slow[name], rtol=1e-5, atol=1e-5), (
-                f"{op}: block {name!r} in floats"
-            )
+            assert np.allclose(fast[name], slow[name], rtol=1e-5, atol=1e-5), f"{op}: block {name!r} in floats"
     return True
 
 
@@ -174,9 +172,7 @@ def test_handler_equals_expansion(pair):
             checked += 1
 
     run()
-    assert checked > 0, (
-        f"no example of {node_type.__name__} could be checked by the {interpreter} interpreter"
-    )
+    assert checked > 0, f"no example of {node_type.__name__} could be checked by the {interpreter} interpreter"
 
 
 def test_mpi_lowerings_are_proven_under_mpi():
