@@ -354,6 +354,49 @@ class Checks:
 
             self.run(f"autograd {name}", check)
 
+    def layer(self) -> None:
+        """A convolution held by its owners (the forward broadcasts the parameters, the backward
+        sums their gradients back: the native broadcast and reduce) against torch's Conv2d."""
+        from linop.frameworks.torch_layers import LayerModule
+        from linop.layers import Convolution
+
+        def check() -> str | None:
+            x = DistributedTensor("x", (2, 3, 3 * self.size + 1, 5), Partition((1, 1, self.size, 1)))
+            conv = Convolution(x, 2, Kernel(3, padding=1))
+            rng = np.random.default_rng(3)
+            weights = rng.standard_normal(conv.weights.global_shape)
+            bias = rng.standard_normal(conv.bias.global_shape)
+            layer = LayerModule(conv, weights=weights, bias=bias, group=True)
+            twin = torch.nn.Conv2d(3, 2, 3, padding=1, dtype=torch.float64)
+            with torch.no_grad():
+                twin.weight.copy_(torch.from_numpy(weights))
+                twin.bias.copy_(torch.from_numpy(bias))
+            image = torch.from_numpy(rng.standard_normal(x.global_shape)).requires_grad_()
+            blocks = x.scatter(image.detach().numpy())
+            mine = {
+                b.name: torch.from_numpy(blocks[b.name]).requires_grad_()
+                for b in x.space
+                if b.worker == self.rank
+            }
+            for _ in range(2):  # the second call on the bound plans
+                for tensor in (image, *mine.values(), *layer.parameters(), *twin.parameters()):
+                    tensor.grad = None
+                out = layer(mine)
+                (sum((v * v).sum() for v in out.values()) + layer.token.sum()).backward()
+                (twin(image) ** 2).sum().backward()
+                whole = {
+                    **conv.weights.scatter(twin.weight.grad.numpy()),
+                    **conv.bias.scatter(twin.bias.grad.numpy()),
+                }
+                wrong = [n for n, p in layer.parameter_state().items() if not np.allclose(p.grad, whole[n])]
+                expected = x.scatter(image.grad.numpy())
+                wrong += [n for n, t in mine.items() if not np.allclose(t.grad, expected[n])]
+                if wrong:
+                    return f"gradients differ from Conv2d's: {wrong}"
+            return None
+
+        self.run("LayerModule owners against Conv2d", check)
+
     # -- typed errors on every rank ----------------------------------------------------------------
     def same_error(self, kind: type, call: Callable[[], Any]) -> str | None:
         try:
@@ -472,6 +515,7 @@ def main(readme: str | None = None, *, timeout_case: bool = False) -> None:
         checks.subgroup,
         checks.bound,
         checks.autograd,
+        checks.layer,
         checks.errors,
         checks.random_trees,
     ):

@@ -36,7 +36,7 @@ from ..mpi_plan import read_only
 from ..mpi_schedule import RankPhase, fingerprint
 from . import device as device_path
 from .check import TorchEntryCheck
-from .group import GroupContext
+from .group import GroupContext, resolve_timeout
 from .runtime import phase_operations, run_schedule
 from .schedule import SUMMABLE, Compiled
 
@@ -128,8 +128,9 @@ class TorchDistributedPlan:
 
     def check(self, local_state: Any, *, inplace: bool = False, timeout: float | None = None) -> Any:
         """Collectively validate the tree and every rank's local state (numpy arrays); the
-        agreed outcome (:class:`~linop.backends.mpi_check.CheckOutcome`)."""
-        return self.entry.run_within(local_state, timeout, inplace=inplace)
+        agreed outcome (:class:`~linop.backends.mpi_check.CheckOutcome`). ``timeout``: seconds
+        (default ``$LINOP_TIMEOUT``, else none)."""
+        return self.entry.run_within(local_state, resolve_timeout(timeout), inplace=inplace)
 
     # -- application -------------------------------------------------------------------------
     def apply(
