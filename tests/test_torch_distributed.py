@@ -3,7 +3,8 @@ running every check of ``tests/torchdist/checks.py`` (halo exchanges, collective
 repartitions, worker maps, a sub-group, bound plans, autograd, typed errors on every rank,
 random trees; against the numpy interpreter, exactly in integers).
 
-Processes 1, 3 and 4 are made by ``torch.multiprocessing.spawn`` (``tests/torchdist/spawn.py``),
+Processes 1, 3 and 4 are made by ``torch.multiprocessing.spawn`` (``tests/torchdist/spawn.py``;
+at 3 the CPU tensors take the device path, the one CUDA tensors take under NCCL),
 2 by ``python -m torch.distributed.run`` (torchrun), which also runs the README's "Run under
 torchrun" script and, last, a rank that never arrives (the others must raise
 ``PeerTimeoutError`` within the deadline). Rendezvous on 127.0.0.1 at a free port picked at
@@ -48,15 +49,23 @@ def _run(command: list[str]) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
         command, cwd=SCRIPTS, env=_environment(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT
     )
-    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-4000:]}\n{result.stderr[-8000:]}"
+    assert result.returncode == 0, (
+        f"exit {result.returncode}\n{result.stdout[-4000:]}\n{result.stderr[-8000:]}"
+    )
     return result
 
 
-@pytest.mark.parametrize("processes", [1, 3, 4])
-def test_checks_under_spawn(processes):
+@pytest.mark.parametrize(
+    "processes, path", [(1, "host"), (3, "device"), (4, "host")], ids=["1-host", "3-device", "4-host"]
+)
+def test_checks_under_spawn(processes, path, monkeypatch):
+    """``device``: CPU tensors forced through the device path (torch ops, tensors kept where
+    they are), which CUDA tensors take under NCCL."""
+    if path == "device":
+        monkeypatch.setenv("LINOP_TORCH_DEVICE_PATH", "1")
     result = _run([sys.executable, "spawn.py", str(processes)])
     for rank in range(processes):
-        assert f"CHECKS OK" in result.stdout and f"rank {rank}\n" in result.stdout, result.stdout
+        assert "CHECKS OK 7" in result.stdout and f" rank {rank}\n" in result.stdout, result.stdout
 
 
 def test_checks_readme_and_a_missing_peer_under_torchrun(tmp_path):

@@ -61,25 +61,40 @@ def agree(ok: bool, message: str) -> list[str]:
 def local(space: Space, state: dict, rank: int, *, as_torch: bool = True) -> dict:
     """The blocks of ``state`` that ``rank`` owns, as fresh tensors (or arrays)."""
     out = {b.name: np.array(state[b.name]) for b in space if b.worker == rank}
-    return {k: torch.from_numpy(v) for k, v in out.items()} if as_torch else out
+    return {k: on_device(torch.from_numpy(v)) for k, v in out.items()} if as_torch else out
+
+
+DEVICE = os.environ.get("LINOP_CHECKS_DEVICE")  # "cuda:K" under NCCL (spawn.py --nccl)
+
+
+def on_device(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor on the launch's device (the CPU unless NCCL)."""
+    return tensor if DEVICE is None else tensor.to(DEVICE)
 
 
 def differs(result: dict, expected: dict, names: tuple[str, ...], *, exact: bool = True) -> str | None:
     if sorted(result) != sorted(names):
         return f"blocks {sorted(result)} instead of {sorted(names)}"
     for name in names:
-        got = np.asarray(result[name].numpy() if isinstance(result[name], torch.Tensor) else result[name])
+        value = result[name]
+        got = np.asarray(value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value)
         want = np.asarray(expected[name])
         if got.shape != want.shape:
             return f"{name}: shape {got.shape} versus {want.shape}"
-        same = np.array_equal(got, want) if exact else np.allclose(got, want, rtol=1e-9, atol=1e-9)
+        if exact:
+            same = np.array_equal(got, want)
+        else:  # sums in another order: a few units of the dtype's precision
+            eps = 64 * float(np.finfo(np.result_type(got.dtype, np.float16)).eps)
+            same = np.allclose(got, want, rtol=eps, atol=eps * max(1.0, float(np.abs(want).max(initial=0))))
         if not same:
             wrong = int(np.sum(got != want))
             return f"{name}: {wrong} wrong entries"
     return None
 
 
-def against_numpy(op: Any, seed: int, *, dtype: Any = np.int64, inplace: bool = False, **kw: Any) -> str | None:
+def against_numpy(
+    op: Any, seed: int, *, dtype: Any = np.int64, inplace: bool = False, **kw: Any
+) -> str | None:
     """Apply ``op`` with the executor on this rank's blocks; compare with the numpy interpreter;
     also that the caller's tensors are unchanged (out of place)."""
     rank = dist.get_rank()
@@ -94,7 +109,7 @@ def against_numpy(op: Any, seed: int, *, dtype: Any = np.int64, inplace: bool = 
     full = op.domain.random(seed, dtype=dtype)
     expected = op(full)
     held = mine_in(op.domain)
-    mine = {k: torch.from_numpy(np.array(full[k])) for k in held}
+    mine = {k: on_device(torch.from_numpy(np.array(full[k]))) for k in held}
     before = {k: v.clone() for k, v in mine.items()}
     result = td.apply(op, mine, inplace=inplace, **kw)
     names = mine_in(op.range)
@@ -119,9 +134,11 @@ class Checks:
         self.count = 0
 
     def run(self, name: str, check: Callable[[], str | None]) -> None:
+        if os.environ.get("LINOP_CHECK_TRACE") == "1":
+            print(f"rank {self.rank}: {name}", flush=True)
         try:
             problem = check()
-        except Exception as error:  # noqa: BLE001 - reported collectively
+        except Exception as error:
             problem = f"raised {type(error).__name__}: {error}"
         self.count += 1
         self.failures += [f"{name}: {m}" for m in agree(problem is None, str(problem))]
@@ -130,12 +147,26 @@ class Checks:
     def halos(self) -> None:
         size = self.size
         cases = {
-            "halo 1-d width 1": (DistributedTensor("x", (4 * size + 1,), Partition((size,))), Kernel(3, padding=1)),
-            "halo 1-d width 3": (DistributedTensor("x", (4 * size + 1,), Partition((size,))), Kernel(7, padding=3)),
-            "halo 2-d width 1": (DistributedTensor("x", (9, 8), Partition(grid_2d(size))), Kernel(3, padding=1)),
-            "halo 2-d width 3": (DistributedTensor("x", (13, 12), Partition(grid_2d(size))), Kernel(7, padding=3)),
+            "halo 1-d width 1": (
+                DistributedTensor("x", (4 * size + 1,), Partition((size,))),
+                Kernel(3, padding=1),
+            ),
+            "halo 1-d width 3": (
+                DistributedTensor("x", (4 * size + 1,), Partition((size,))),
+                Kernel(7, padding=3),
+            ),
+            "halo 2-d width 1": (
+                DistributedTensor("x", (9, 8), Partition(grid_2d(size))),
+                Kernel(3, padding=1),
+            ),
+            "halo 2-d width 3": (
+                DistributedTensor("x", (13, 12), Partition(grid_2d(size))),
+                Kernel(7, padding=3),
+            ),
             "halo unbalanced": (
-                DistributedTensor("x", (3 * size + 2,), Partition((size,)), sizes=[[1] * (size - 1) + [2 * size + 3]])
+                DistributedTensor(
+                    "x", (3 * size + 2,), Partition((size,)), sizes=[[1] * (size - 1) + [2 * size + 3]]
+                )
                 if size > 1
                 else DistributedTensor("x", (5,), Partition((1,))),
                 Kernel(3, padding=1),
@@ -177,7 +208,7 @@ class Checks:
         for name, op in trees.items():
             self.run(name, lambda op=op: against_numpy(op, 7))
             self.run(name + " adjoint", lambda op=op: against_numpy(op.H, 8))
-            self.run(name + " float32", lambda op=op: against_numpy(op, 9, dtype=np.float32) if False else None)
+            self.run(name + " float32", lambda op=op: against_numpy(op, 9, dtype=np.float32))
         for name in ("broadcast", "sum-reduce", "all-reduce axis 0"):
             op = trees[name]
             self.run(
@@ -186,7 +217,9 @@ class Checks:
             )
             self.run(name + " float64 native", lambda op=op: against_numpy(op, 10, dtype=np.float64))
             self.run(name + " uint16 portable", lambda op=op: against_numpy(op, 11, dtype=np.uint16))
-        self.run("halo is portable", lambda: None if not td.plan_for(trees["scatter"]).native else "native")
+        self.run(
+            "scatter is portable", lambda: None if not td.plan_for(trees["scatter"]).native else "native"
+        )
 
     def mapped(self) -> None:
         workers = 2 * self.size
@@ -238,7 +271,7 @@ class Checks:
                     problem = against_numpy(op.H, 16)
                 if problem is None and op.domain == op.range:
                     problem = against_numpy(op, 17, inplace=True)
-            except Exception as error:  # noqa: BLE001 - agreed below
+            except Exception as error:
                 problem = f"{type(error).__name__}: {error}"
             failures = agree(problem is None, f"{op}: {problem}")
             assert not failures, failures
@@ -254,7 +287,7 @@ class Checks:
         def in_place() -> str | None:
             mine = local(op.domain, full, self.rank)
             step = td.plan_for(op).bind(mine)
-            if not step.prepared:
+            if not step.prepared and os.environ.get("LINOP_TORCH_DEVICE_PATH") != "1":
                 return "the in-place halo exchange is not prepared"
             state = full
             for _ in range(3):  # three calls: the exchange applied three times
@@ -276,7 +309,9 @@ class Checks:
             names = tuple(b.name for b in adjoint.range if b.worker == self.rank)
             problem = differs(step(), expected, names)
             other = adjoint.domain.random(19, dtype=np.int64)
-            problem = problem or differs(step.run_on(local(adjoint.domain, other, self.rank)), adjoint(other), names)
+            problem = problem or differs(
+                step.run_on(local(adjoint.domain, other, self.rank)), adjoint(other), names
+            )
             step.free()
             return problem
 
@@ -290,7 +325,9 @@ class Checks:
         u = DistributedTensor("u", (7, 5), Partition(grid_2d(self.size)))
         trees = {
             "windows": halo_windows(u, Kernel(3, padding=1)),
-            "broadcast": Broadcast(DistributedTensor("w", (2, 3), Partition.grid((1, 1))), Partition.grid((self.size, 1)), "c"),
+            "broadcast": Broadcast(
+                DistributedTensor("w", (2, 3), Partition.grid((1, 1))), Partition.grid((self.size, 1)), "c"
+            ),
         }
         for name, op in trees.items():
 
@@ -317,6 +354,49 @@ class Checks:
 
             self.run(f"autograd {name}", check)
 
+    def layer(self) -> None:
+        """A convolution held by its owners (the forward broadcasts the parameters, the backward
+        sums their gradients back: the native broadcast and reduce) against torch's Conv2d."""
+        from linop.frameworks.torch_layers import LayerModule
+        from linop.layers import Convolution
+
+        def check() -> str | None:
+            x = DistributedTensor("x", (2, 3, 3 * self.size + 1, 5), Partition((1, 1, self.size, 1)))
+            conv = Convolution(x, 2, Kernel(3, padding=1))
+            rng = np.random.default_rng(3)
+            weights = rng.standard_normal(conv.weights.global_shape)
+            bias = rng.standard_normal(conv.bias.global_shape)
+            layer = LayerModule(conv, weights=weights, bias=bias, group=True)
+            twin = torch.nn.Conv2d(3, 2, 3, padding=1, dtype=torch.float64)
+            with torch.no_grad():
+                twin.weight.copy_(torch.from_numpy(weights))
+                twin.bias.copy_(torch.from_numpy(bias))
+            image = torch.from_numpy(rng.standard_normal(x.global_shape)).requires_grad_()
+            blocks = x.scatter(image.detach().numpy())
+            mine = {
+                b.name: torch.from_numpy(blocks[b.name]).requires_grad_()
+                for b in x.space
+                if b.worker == self.rank
+            }
+            for _ in range(2):  # the second call on the bound plans
+                for tensor in (image, *mine.values(), *layer.parameters(), *twin.parameters()):
+                    tensor.grad = None
+                out = layer(mine)
+                (sum((v * v).sum() for v in out.values()) + layer.token.sum()).backward()
+                (twin(image) ** 2).sum().backward()
+                whole = {
+                    **conv.weights.scatter(twin.weight.grad.numpy()),
+                    **conv.bias.scatter(twin.bias.grad.numpy()),
+                }
+                wrong = [n for n, p in layer.parameter_state().items() if not np.allclose(p.grad, whole[n])]
+                expected = x.scatter(image.grad.numpy())
+                wrong += [n for n, t in mine.items() if not np.allclose(t.grad, expected[n])]
+                if wrong:
+                    return f"gradients differ from Conv2d's: {wrong}"
+            return None
+
+        self.run("LayerModule owners against Conv2d", check)
+
     # -- typed errors on every rank ----------------------------------------------------------------
     def same_error(self, kind: type, call: Callable[[], Any]) -> str | None:
         try:
@@ -324,7 +404,7 @@ class Checks:
             message = "no error"
         except kind as error:
             message = f"{type(error).__name__}: {error}"
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             message = f"UNEXPECTED {type(error).__name__}: {error}"
         gathered: list[Any] = [None] * self.size
         dist.all_gather_object(gathered, message)
@@ -339,7 +419,11 @@ class Checks:
         full = op.domain.random(22, dtype=np.int64)
 
         def mismatched() -> Any:
-            other = HaloExchange(halo_geometry(DistributedTensor("e", (4 * size + 1,), Partition((size,))), Kernel(3, padding=1)))
+            other = HaloExchange(
+                halo_geometry(
+                    DistributedTensor("e", (4 * size + 1,), Partition((size,))), Kernel(3, padding=1)
+                )
+            )
             tree = other if self.rank == size - 1 and size > 1 else op
             return td.apply(tree, local(tree.domain, tree.domain.random(0, dtype=np.int64), self.rank))
 
@@ -368,6 +452,21 @@ class Checks:
 
             return function(op, comm=object(), group=True)
 
+        def control() -> str | None:
+            """A wrong entry in one rank's result is caught by the comparison (the checks above
+            can fail)."""
+            mine = local(op.domain, full, self.rank)
+            result = td.apply(op, mine)
+            names = tuple(b.name for b in op.range if b.worker == self.rank)
+            if self.rank != size - 1:
+                return differs(result, op(full), names)
+            name = next(n for n in names if result[n].numel())
+            wrong = dict(result)
+            wrong[name] = result[name].clone()
+            wrong[name].view(-1)[0] += 1
+            return None if differs(wrong, op(full), names) is not None else "a wrong entry was not caught"
+
+        self.run("control: a wrong entry is caught", control)
         if size > 1:
             self.run("error: mismatched tree", lambda: self.same_error(TreeMismatchError, mismatched))
         self.run("error: wrong block shape", lambda: self.same_error(DistributedStateError, wrong_shape))
@@ -416,6 +515,7 @@ def main(readme: str | None = None, *, timeout_case: bool = False) -> None:
         checks.subgroup,
         checks.bound,
         checks.autograd,
+        checks.layer,
         checks.errors,
         checks.random_trees,
     ):

@@ -60,6 +60,18 @@ __all__ = [
 ]
 
 
+def plan_context(group: Any = None) -> GroupContext:
+    """The executor's context of ``group`` (None or True: the world group): its rank, size,
+    device and caches (see :class:`~linop.backends.torch_distributed.group.GroupContext`).
+
+    Raises
+    ------
+    ProcessGroupError, ProcessGroupArgumentError
+        As :func:`plan_for`.
+    """
+    return context_for(group)
+
+
 def plan_for(
     op: LinearOperator, *, group: Any = None, mapping: MappingLike | None = None
 ) -> TorchDistributedPlan:

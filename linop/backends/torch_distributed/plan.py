@@ -32,14 +32,23 @@ from ...operator import LinearOperator
 from ...space import Block
 from .. import array_api, mpi_mapping, numpy_backend
 from ..mpi_mapping import WorkerMap
-from ..mpi_plan import _cast, read_only
+from ..mpi_plan import read_only
 from ..mpi_schedule import RankPhase, fingerprint
+from . import device as device_path
 from .check import TorchEntryCheck
-from .group import GroupContext
+from .group import GroupContext, resolve_timeout
 from .runtime import phase_operations, run_schedule
 from .schedule import SUMMABLE, Compiled
 
 __all__ = ["TorchDistributedPlan", "BoundTorchPlan"]
+
+
+def _cast(arrays: dict[str, np.ndarray], cast: np.dtype | None) -> dict[str, np.ndarray]:
+    """The arrays to run on: the caller's, or copies widened to ``cast`` (an integer run the
+    check widened, :func:`linop.dtypes.cast_dtype`; the MPI plan widens alike)."""
+    if cast is None:
+        return dict(arrays)
+    return {name: a.astype(np.result_type(a.dtype, cast)) for name, a in arrays.items()}
 
 
 class TorchDistributedPlan:
@@ -119,8 +128,9 @@ class TorchDistributedPlan:
 
     def check(self, local_state: Any, *, inplace: bool = False, timeout: float | None = None) -> Any:
         """Collectively validate the tree and every rank's local state (numpy arrays); the
-        agreed outcome (:class:`~linop.backends.mpi_check.CheckOutcome`)."""
-        return self.entry.run_within(local_state, timeout, inplace=inplace)
+        agreed outcome (:class:`~linop.backends.mpi_check.CheckOutcome`). ``timeout``: seconds
+        (default ``$LINOP_TIMEOUT``, else none)."""
+        return self.entry.run_within(local_state, resolve_timeout(timeout), inplace=inplace)
 
     # -- application -------------------------------------------------------------------------
     def apply(
@@ -128,6 +138,8 @@ class TorchDistributedPlan:
     ) -> Any:
         """Apply the plan to this rank's blocks; collective. See
         :func:`linop.backends.torch_distributed.apply`."""
+        if device_path.use_device_path(local_state, self.context):
+            return self._apply_on_device(local_state, inplace=inplace, timeout=timeout)
         entry = array_api.mpi_entry(local_state)  # CPU tensors: numpy views of their memory
         outcome = self.check(entry.arrays, inplace=inplace, timeout=timeout)
         run_dtype = outcome.result()
@@ -136,6 +148,73 @@ class TorchDistributedPlan:
             return entry.result(self.run_out_of_place(_cast(arrays, outcome.cast), run_dtype), inplace=False)
         self.run_in_place(arrays, run_dtype, cast=outcome.cast)
         return entry.result(local_state, inplace=True)
+
+    # -- the device path (device.py): tensors stay where they are ------------------------------
+    def _apply_on_device(
+        self, local_state: Mapping[str, Any], *, inplace: bool, timeout: float | None
+    ) -> Any:
+        stand_ins = (
+            device_path.check_stand_ins(local_state) if isinstance(local_state, Mapping) else local_state
+        )
+        outcome = self.check(stand_ins, inplace=inplace, timeout=timeout)
+        dtype = outcome.result()
+        tensors = {name: local_state[name] for name in self.domain_blocks}
+        return self.run_on_device(tensors, dtype, outcome.cast, inplace=inplace, state=local_state)
+
+    def run_on_device(
+        self,
+        tensors: dict[str, Any],
+        dtype: np.dtype,
+        cast: np.dtype | None,
+        *,
+        inplace: bool,
+        state: Any = None,
+    ) -> Any:
+        """Run (no check) on device tensors; out of place the range blocks as new tensors, in
+        place the caller's tensors updated (``state`` returned). Collective."""
+        import torch
+
+        run = device_path.torch_dtype(dtype if cast is None else np.result_type(dtype, cast))
+        where = next(iter(tensors.values())).device if tensors else self.context.device
+        arrays = {name: t.detach() for name, t in tensors.items()}
+        if cast is not None:
+            arrays = {name: t.to(torch.promote_types(t.dtype, run)) for name, t in arrays.items()}
+        work = device_path.DeviceWorkspace(
+            dict(arrays), set(arrays) if inplace and cast is None else set(), run, where
+        )
+        device_path.run_device_schedule(
+            self.schedule_for(dtype), work, self.context, device_path.torch_dtype(dtype)
+        )
+        if not inplace:
+            return {
+                name: work.arrays[name] if name in work.owned else work.arrays[name].clone()
+                for name in self.range_names
+            }
+        if cast is not None:
+            problem = None
+            for name, target in tensors.items():
+                result = work.arrays[name]
+                info = torch.iinfo(target.dtype) if not target.dtype.is_floating_point else None
+                if (
+                    info is not None
+                    and result.numel()
+                    and (result.min() < info.min or result.max() > info.max)
+                ):
+                    problem = f"rank {self.context.rank}: block {name!r} does not fit {target.dtype} in place"
+                    break
+            problems = [p for p in self.entry.comm.allgather(problem) if p is not None]
+            if problems:
+                raise DistributedOverflowError(problems[0])
+        results = {name: work.arrays[name] for name in tensors}
+        pending = {
+            name: (r.clone() if any(r.data_ptr() == t.data_ptr() for t in tensors.values()) else r)
+            for name, r in results.items()
+            if r is not tensors[name]
+        }
+        with torch.no_grad():
+            for name, result in pending.items():
+                tensors[name].copy_(result)
+        return state
 
     def run_out_of_place(self, arrays: dict[str, np.ndarray], dtype: np.dtype) -> dict[str, np.ndarray]:
         """Run (no check) on copy-on-write arrays; blocks passed through come back as read-only
@@ -180,6 +259,14 @@ class TorchDistributedPlan:
         """
         if inplace is None:
             inplace = self.op.domain == self.op.range
+        if device_path.use_device_path(local_state, self.context):
+            stand_ins = (
+                device_path.check_stand_ins(local_state) if isinstance(local_state, Mapping) else local_state
+            )
+            outcome = self.check(stand_ins, inplace=inplace, timeout=timeout)
+            return BoundTorchPlan(
+                self, None, outcome.result(), inplace, outcome.cast, device_state=local_state
+            )
         entry = array_api.mpi_entry(local_state)
         outcome = self.check(entry.arrays, inplace=inplace, timeout=timeout)
         dtype = outcome.result()
@@ -261,16 +348,27 @@ class BoundTorchPlan:
     """
 
     def __init__(
-        self, plan: TorchDistributedPlan, entry: Any, dtype: np.dtype, inplace: bool, cast: Any
+        self,
+        plan: TorchDistributedPlan,
+        entry: Any,
+        dtype: np.dtype,
+        inplace: bool,
+        cast: Any,
+        *,
+        device_state: Mapping[str, Any] | None = None,
     ) -> None:
         self.plan = plan
         self.entry = entry
         self.dtype = dtype
         self.inplace = inplace
         self.cast = cast
-        self.arrays = {name: entry.arrays[name] for name in plan.domain_blocks}
         self.freed = False
         self._phases: list[_PreparedPhase] | None = None
+        self.device_state = device_state
+        if device_state is not None:  # the device path: each call runs on the bound tensors
+            self.arrays: dict[str, Any] = {name: device_state[name] for name in plan.domain_blocks}
+            return
+        self.arrays = {name: entry.arrays[name] for name in plan.domain_blocks}
         schedule = plan.schedule_for(dtype)
         if inplace and cast is None and _preparable(schedule, self.arrays, dtype):
             work = numpy_backend.Workspace(dict(self.arrays), set(self.arrays), dtype)
@@ -283,6 +381,10 @@ class BoundTorchPlan:
     def __call__(self) -> Any:
         if self.freed:
             raise StateError(f"this bound plan of {self.plan.op} has been freed; bind the plan again")
+        if self.device_state is not None:
+            return self.plan.run_on_device(
+                self.arrays, self.dtype, self.cast, inplace=self.inplace, state=self.device_state
+            )
         self.entry.stage_in()
         if self._phases is not None:
             for phase in self._phases:
@@ -304,6 +406,17 @@ class BoundTorchPlan:
             A block missing, or of another shape or dtype than bound (on this rank only:
             decided before any communication, from what every rank bound alike).
         """
+        if self.device_state is not None:
+            tensors = {}
+            for name, bound in self.arrays.items():
+                tensor = local_state.get(name) if isinstance(local_state, Mapping) else None
+                if tensor is None or tensor.shape != bound.shape or tensor.dtype != bound.dtype:
+                    raise StateError(
+                        f"rank {self.plan.context.rank}: block {name!r} is not a tensor of shape "
+                        f"{tuple(bound.shape)} and dtype {bound.dtype} as bound"
+                    )
+                tensors[name] = tensor
+            return self.plan.run_on_device(tensors, self.dtype, self.cast, inplace=False)
         entry = array_api.mpi_entry(local_state)
         arrays = {}
         for name, bound in self.arrays.items():

@@ -26,12 +26,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ...collectives import AllReduce, Broadcast, SumReduce
 from ...errors import LinopError, UnsupportedNodeError
 from ...operator import LinearOperator
 from ...space import Block
-from .. import mpi_fastpaths
+from .. import mpi_fastpaths  # noqa: F401 - registers the fast paths' lowerings
 from ..mpi_mapping import WorkerMap, compiled_for
-from ..mpi_schedule import Branches, FastPathStep, RankBranches, RankProgram, compile_program
+from ..mpi_schedule import Branches, FastPathStep, RankProgram, compile_program, project
 
 __all__ = ["AllReduceStep", "BroadcastStep", "Compiled", "SUMMABLE", "native_program", "portable_program"]
 
@@ -55,51 +56,89 @@ class BroadcastStep:
     blocks of the copies, or a ``reduce`` of the copies into a new root block; then the blocks
     the node drops are dropped and those it creates but no group fills are zeros."""
 
-    groups: tuple[Any, ...]  # mpi_fastpaths._Group: root_name, shape, ranks, copies
+    groups: tuple[Any, ...]  # the MPI lowering's groups: root_name, shape, ranks, copies
     rank: int
     dropped: tuple[str, ...]
     created: tuple[Block, ...]
     reduce: bool
 
 
-_NATIVE_RUNNERS = (mpi_fastpaths._AllReduceRunner, mpi_fastpaths._BroadcastRunner)
+@dataclass(frozen=True)
+class _AllReduceRunner:
+    """The global all-reduce step for torch: its groups ((block, worker) per member)."""
+
+    groups: tuple[tuple[tuple[str, int], ...], ...]
+    workers: tuple[int, ...]
+
+    def rank_sets(self) -> list[tuple[int, ...]]:
+        return [tuple(w for _, w in group) for group in self.groups]
+
+    def project(self, rank: int) -> AllReduceStep | None:
+        entries = tuple(
+            (next(name for name, w in group if w == rank), tuple(w for _, w in group))
+            for group in self.groups
+            if any(w == rank for _, w in group)
+        )
+        return AllReduceStep(entries) if entries else None
 
 
-def _rank_sets(steps: Iterable[Any], found: list[tuple[int, ...]]) -> bool:
-    """Collect the rank sets of the native collectives in program order; False when a fast
-    path other than an all-reduce, broadcast or sum-reduce occurs."""
+@dataclass(frozen=True)
+class _BroadcastRunner:
+    """The global broadcast or sum-reduce step for torch: its whole-block groups."""
+
+    op: Broadcast | SumReduce
+    groups: tuple[Any, ...]
+    workers: tuple[int, ...]
+
+    def rank_sets(self) -> list[tuple[int, ...]]:
+        return [tuple(group.ranks) for group in self.groups]
+
+    def project(self, rank: int) -> BroadcastStep | None:
+        plan, space = self.op.plan, self.op.domain
+        dropped = tuple(n for n in plan.dropped if space.block(n).worker == rank)
+        created = tuple(b for b in plan.created if b.worker == rank)
+        groups = tuple(g for g in self.groups if rank in g.ranks)
+        if not (dropped or created or groups):
+            return None
+        return BroadcastStep(groups, rank, dropped, created, isinstance(self.op, SumReduce))
+
+
+def _native(runner: Any) -> Any:
+    """The torch runner of an MPI fast path's runner (from its node and groups), or None when
+    torch has no native collective for it."""
+    op = getattr(runner, "op", None)
+    if isinstance(op, AllReduce):
+        return _AllReduceRunner(tuple(runner.groups), tuple(runner.workers))
+    if isinstance(op, (Broadcast, SumReduce)):
+        return _BroadcastRunner(op, tuple(runner.groups), tuple(runner.workers))
+    return None
+
+
+def _replace(steps: Iterable[Any], found: list[tuple[int, ...]]) -> list[Any] | None:
+    """The global steps with every fast path replaced by its torch runner, collecting the rank
+    sets of their groups in program order; None when some fast path has no native collective."""
+    out: list[Any] = []
     for step in steps:
         if isinstance(step, Branches):
+            terms = []
             for term in step.terms:
-                if not _rank_sets(term, found):
-                    return False
+                replaced = _replace(term, found)
+                if replaced is None:
+                    return None
+                terms.append(tuple(replaced))
+            out.append(Branches(tuple(terms), step.space))
         elif isinstance(step, FastPathStep):
-            runner = step.runner
-            if not isinstance(runner, _NATIVE_RUNNERS):
-                return False
-            if isinstance(runner, mpi_fastpaths._AllReduceRunner):
-                sets = [tuple(w for _, w in group) for group in runner.groups]
-            else:
-                sets = [group.ranks for group in runner.groups]
-            for ranks in sets:
+            runner = _native(step.runner)
+            if runner is None:
+                return None
+            for ranks in runner.rank_sets():
                 key = tuple(sorted(ranks))
                 if len(key) > 1 and key not in found:
                     found.append(key)
-    return True
-
-
-def _translate(schedule: Iterable[Any]) -> tuple[Any, ...]:
-    out: list[Any] = []
-    for step in schedule:
-        if isinstance(step, mpi_fastpaths._RankAllReduce):
-            out.append(AllReduceStep(step.entries))
-        elif isinstance(step, mpi_fastpaths._RankBroadcast):
-            out.append(BroadcastStep(step.groups, step.rank, step.dropped, step.created, step.reduce))
-        elif isinstance(step, RankBranches):
-            out.append(RankBranches(tuple(_translate(term) for term in step.terms), step.names))
+            out.append(FastPathStep(runner))
         else:
             out.append(step)
-    return tuple(out)
+    return out
 
 
 def native_program(op: LinearOperator, rank: int) -> tuple[RankProgram, tuple[tuple[int, ...], ...]] | None:
@@ -107,10 +146,10 @@ def native_program(op: LinearOperator, rank: int) -> tuple[RankProgram, tuple[tu
     global order), or None when the tree has a fast path without a native torch collective."""
     program = compile_program(op)
     found: list[tuple[int, ...]] = []
-    if not _rank_sets(program.steps, found):
+    steps = _replace(program.steps, found)
+    if steps is None:
         return None
-    schedule = _translate(program.for_rank(rank))
-    return RankProgram(schedule, program.alphas, program.max_worker), tuple(found)
+    return RankProgram(project(steps, rank), program.alphas, program.max_worker), tuple(found)
 
 
 def portable_program(
