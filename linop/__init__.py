@@ -32,6 +32,7 @@ from .errors import (
     OperandError,
     OverlapError,
     PartitionError,
+    PlacementError,
     PlotError,
     RegionError,
     ScalarError,
@@ -68,10 +69,12 @@ from .halo_geometry import (
 )
 from .layout import BlockGrid, Layout, broadcast_map, gathered_layout, reduction_groups
 from .local import LocalKernel, LocalOperator, local_operator
+from .mesh_layout import MeshLayout
 from .movement import Copy, CopyAdjoint, Move, SendRecv, SendRecvAdjoint
 from .operator import Composition, Identity, LinearOperator, Scaled, Sum, Zero, expand_all, walk
 from .partition import DistributedTensor, Partition, balanced_sizes
 from .primitives import Add, Allocate, Clear, Deallocate
+from .redistribute import Redistribute
 from .repartition import Gather, Repartition, Scatter, overlaps
 from .space import Block, Region, Space, State
 
@@ -139,13 +142,16 @@ __all__ = [
     "LocalOperator",
     "LocalOperatorError",
     "MPIError",
+    "MeshLayout",
     "Move",
     "NoMatrixError",
     "OperandError",
     "OverlapError",
     "Partition",
     "PartitionError",
+    "PlacementError",
     "PlotError",
+    "Redistribute",
     "ReduceScatter",
     "Region",
     "RegionError",

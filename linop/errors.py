@@ -37,6 +37,7 @@ __all__ = [
     "DecompositionError",
     "BroadcastError",
     "GlobalShapeError",
+    "PlacementError",
     "HaloError",
     "KernelError",
     "MPIError",
@@ -57,6 +58,9 @@ __all__ = [
     "KernelWriteError",
     "AlgorithmError",
     "CalibrationError",
+    "ProcessGroupError",
+    "ProcessGroupArgumentError",
+    "PeerTimeoutError",
 ]
 
 
@@ -141,6 +145,11 @@ class BroadcastError(PartitionError):
 
 class GlobalShapeError(DecompositionError):
     """Two tensors (or a tensor and a block) that must have the same global shape do not."""
+
+
+class PlacementError(DecompositionError):
+    """A device mesh, its placements (``Shard``, ``Replicate``, ``Partial``) and a global shape
+    do not fit together; the message names the mesh dimension or the tensor dimension."""
 
 
 class HaloError(LinopError, ValueError):
@@ -249,3 +258,20 @@ class DistributedDtypeError(DistributedStateError, DtypeError):
 class DistributedOverflowError(MPIError, IntegerOverflowError):
     """An integer result may not fit (raised on every rank; also an
     :class:`~linop.errors.IntegerOverflowError`, as the numpy interpreter raises)."""
+
+
+class ProcessGroupError(CommunicatorError):
+    """A ``torch.distributed`` process group cannot run the tree: torch.distributed is not
+    initialized, this process is not a member of the group, or the group has too few ranks for
+    the tree's workers (raised on every rank alike where the ranks can agree)."""
+
+
+class ProcessGroupArgumentError(ProcessGroupError, TypeError):
+    """The ``group`` argument is not a ``torch.distributed`` process group (or ``True``/None for
+    the world group), or both ``comm=`` (MPI) and ``group=`` (torch.distributed) were given."""
+
+
+class PeerTimeoutError(ProcessGroupError, TimeoutError):
+    """Some rank of a process group did not reach the entry check within the ``timeout``
+    (it failed, hung or is running something else); raised on every rank that arrived. The
+    group is unusable afterwards (a collective is left unfinished): end the job."""

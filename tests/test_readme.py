@@ -7,6 +7,8 @@ from pathlib import Path
 README = Path(__file__).resolve().parents[1] / "README.md"
 MPI_MARK = re.compile(r"^# \S+ — run with: \.venv/bin/mpiexec -n (\d+)")
 NEEDS_MARK = re.compile(r"^# needs: (\w+)")  # blocks that need an optional framework: tests/test_readme_frameworks.py
+TORCHRUN_MARK = re.compile(r"^# torchrun: (\d+)")  # blocks run under torchrun: tests/test_readme_torchrun.py
+DTENSOR_MARK = re.compile(r"^# dtensor: (\d+)")  # run on K gloo processes by tests/dtensor/checks.py
 
 
 def python_blocks() -> list[str]:
@@ -14,7 +16,11 @@ def python_blocks() -> list[str]:
 
 
 def tour_blocks() -> list[str]:
-    return [block for block in python_blocks() if not MPI_MARK.match(block) and not NEEDS_MARK.match(block)]
+    return [
+        block
+        for block in python_blocks()
+        if not any(mark.match(block) for mark in (MPI_MARK, NEEDS_MARK, TORCHRUN_MARK, DTENSOR_MARK))
+    ]
 
 
 def mpi_blocks() -> list[tuple[int, str]]:

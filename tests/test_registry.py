@@ -37,6 +37,11 @@ from linop.backends.sparse_backend import matrix_of
 from verify.errors import NotSizeFreeError
 from verify.node_examples import example_strategy, examples_of, registered_examples
 
+try:  # the torch.distributed executor's device handlers (interpreter "torch-device"), with torch
+    import linop.backends.torch_distributed.device  # noqa: F401
+except ImportError:  # pragma: no cover - torch is an optional extra
+    pass
+
 PAIRS = sorted(dispatch.registered(), key=lambda pair: (pair[0], pair[1].__name__))
 EXAMPLES = settings(
     max_examples=15, deadline=None, suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow]
@@ -216,7 +221,31 @@ def _check_sizefree(op: LinearOperator, seed: int) -> bool:
     return True
 
 
-CHECKS = {"numpy": _check_numpy, "sparse": _check_sparse, "sizefree": _check_sizefree}
+def _check_torch_device(op: LinearOperator, seed: int) -> bool:
+    """The device path's handler (torch operations on tensors, here on the CPU) gives exactly
+    the numpy interpreter's blocks and dtypes, and leaves the input tensors unchanged."""
+    import torch
+
+    from linop.backends.torch_distributed.device import INTERPRETER, DeviceWorkspace
+
+    state = _integer_state(op, seed)
+    expected = apply(op, state)
+    tensors = {name: torch.from_numpy(array.copy()) for name, array in state.items()}
+    work = DeviceWorkspace(dict(tensors), set(), torch.int64, torch.device("cpu"))
+    dispatch.dispatch(INTERPRETER, op, work)
+    assert sorted(work.arrays) == sorted(expected), f"{op}: blocks {sorted(work.arrays)}"
+    for name, array in expected.items():
+        assert np.array_equal(work.arrays[name].numpy(), array), f"{op}: block {name!r} differs"
+    assert all(np.array_equal(tensors[name].numpy(), state[name]) for name in state), f"{op}: input changed"
+    return True
+
+
+CHECKS = {
+    "numpy": _check_numpy,
+    "sparse": _check_sparse,
+    "sizefree": _check_sizefree,
+    "torch-device": _check_torch_device,
+}
 
 
 @pytest.mark.parametrize("pair", [p for p in PAIRS if p[0] in CHECKS], ids=_id)

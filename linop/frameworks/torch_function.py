@@ -17,7 +17,10 @@ gradient here is a numerical approximation.
 In one process the interpreter is numpy (``op.apply``). Across MPI ranks (``comm=...``) each
 rank passes only its own blocks; forward and backward each run a plan compiled once and bound
 once (:meth:`linop.backends.mpi_plan.DistributedPlan.bind`, which checks collectively), so a
-training loop pays no per-call planning or checking. Where binding prebuilt persistent
+training loop pays no per-call planning or checking. Across the ranks of a ``torch.distributed``
+process group (``group=...``, ``group=True`` for the world group) the same holds with the
+torch.distributed executor's plans (:meth:`linop.backends.torch_distributed.TorchDistributedPlan.bind`,
+then :meth:`~linop.backends.torch_distributed.BoundTorchPlan.run_on` on each call's tensors). Where binding prebuilt persistent
 requests (broadcasts, sum-reduces, all-reduces) each call copies the incoming tensors into the
 bound buffers, runs them and copies the results out; otherwise each call runs the plan straight
 on the tensors' memory (shapes checked locally: a wrong shape is a :class:`StateError` on that
@@ -38,24 +41,61 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import StateError
+from ..errors import ProcessGroupArgumentError, StateError
 from ..operator import LinearOperator
 
 __all__ = ["TorchOperator", "OperatorModule", "function", "apply"]
 
 
+def engine_arguments(comm: Any, group: Any) -> None:
+    """Reject ``comm=`` (MPI) and ``group=`` (torch.distributed) given together.
+
+    Raises
+    ------
+    ProcessGroupArgumentError
+        When both are given.
+    """
+    if comm is not None and group is not None and group is not False:
+        raise ProcessGroupArgumentError(
+            "pass comm= (an mpi4py communicator: MPI) or group= (a torch.distributed process group), not both"
+        )
+
+
+def process_rank(comm: Any, group: Any) -> int | None:
+    """This process's rank in ``comm`` or ``group`` (None in one process)."""
+    if comm is not None:
+        return int(comm.rank)
+    if group is not None and group is not False:
+        from ..backends import torch_distributed
+
+        return torch_distributed.plan_context(group).rank
+    return None
+
+
 class _Runner:
     """Runs one tree on tensors: in one process through the numpy interpreter, or across
-    ranks through a bound MPI plan. ``inputs`` / ``outputs`` are the block names this process
-    passes in and gets back, in the spaces' order."""
+    ranks through a bound MPI plan or a bound torch.distributed plan. ``inputs`` / ``outputs``
+    are the block names this process passes in and gets back, in the spaces' order."""
 
-    def __init__(self, op: LinearOperator, comm: Any = None, dtype: Any = None, mapping: Any = None) -> None:
+    def __init__(
+        self, op: LinearOperator, comm: Any = None, dtype: Any = None, mapping: Any = None, group: Any = None
+    ) -> None:
+        engine_arguments(comm, group)
         self.op = op
         self.comm = comm
+        self.group = None if group is False else group
         self.dtype = dtype
         self.mapping = mapping
         self._adjoint: _Runner | None = None
-        if comm is None:
+        self.torch_plan: Any = None
+        if self.group is not None:
+            from ..backends import torch_distributed
+
+            self.plan = None
+            self.torch_plan = torch_distributed.plan_for(op, group=self.group, mapping=mapping)
+            self.inputs = tuple(self.torch_plan.domain_blocks)
+            self.outputs = self.torch_plan.range_names
+        elif comm is None:
             self.plan = None
             self.inputs = op.domain.names
             self.outputs = op.range.names
@@ -72,17 +112,34 @@ class _Runner:
     @property
     def adjoint(self) -> _Runner:
         if self._adjoint is None:
-            self._adjoint = _Runner(self.op.H, self.comm, self.dtype, self.mapping)
+            self._adjoint = _Runner(self.op.H, self.comm, self.dtype, self.mapping, self.group)
             self._adjoint._adjoint = self
         return self._adjoint
 
     def run(self, tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         state = {name: tensor.detach() for name, tensor in zip(self.inputs, tensors)}
+        if self.torch_plan is not None:
+            return self._run_group(state)
         if self.plan is None:
             result: Mapping[str, Any] = self.op.apply(state, dtype=self.dtype)  # torch in, torch out
             inputs = {t.data_ptr() for t in state.values() if t.numel()}
             return tuple(_fresh(result[name], inputs) for name in self.outputs)
         return self._run_bound(state)
+
+    def _run_group(self, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """On a process group: bind (the check, once per dtypes) on the first call's tensors,
+        then run on each call's tensors without the check (shapes and dtypes tested locally)."""
+        dtypes = tuple(t.dtype for t in state.values())
+        inputs = {t.data_ptr() for t in state.values() if t.numel()}
+        if self._bound is None or dtypes != self._bound_dtypes:
+            if self._bound is not None:
+                self._bound.free()
+            self._bound = self.torch_plan.bind(state, inplace=False)
+            self._bound_dtypes = dtypes
+            result = self._bound()
+        else:
+            result = self._bound.run_on(state)
+        return tuple(_fresh(_as_tensor(result[name]), inputs) for name in self.outputs)
 
     def _run_bound(self, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
         plan = self.plan
@@ -123,6 +180,13 @@ class _Runner:
 
 
 _HOST = torch.device("cpu")
+
+
+def _as_tensor(value: Any) -> torch.Tensor:
+    """A result block as a tensor (a rank that passes no block gets numpy arrays back)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    return torch.from_numpy(np.array(value))
 
 
 def _host_view(tensor: torch.Tensor) -> np.ndarray:
@@ -195,8 +259,16 @@ class TorchOperator:
     dtype : dtype, optional
         Dtype of blocks the tree allocates (numpy's or torch's); default the inputs' dtype.
     mapping : WorkerMap, sequence or dict, optional
-        Under MPI, the rank of each worker (default worker ``w`` on rank ``w``; see
-        :func:`linop.backends.mpi_backend.plan_for`).
+        Under MPI or a process group, the rank of each worker (default worker ``w`` on rank
+        ``w``; see :func:`linop.backends.mpi_backend.plan_for`).
+    group : torch.distributed ProcessGroup or True, optional
+        Run across the ranks of this process group (``True``: the world group) with the
+        torch.distributed executor (:mod:`linop.backends.torch_distributed`).
+
+    Raises
+    ------
+    ProcessGroupArgumentError
+        Both ``comm`` and ``group`` given, or ``group`` not a process group.
 
     Attributes
     ----------
@@ -206,23 +278,27 @@ class TorchOperator:
     """
 
     def __init__(
-        self, op: LinearOperator, *, comm: Any = None, dtype: Any = None, mapping: Any = None
+        self, op: LinearOperator, *, comm: Any = None, dtype: Any = None, mapping: Any = None, group: Any = None
     ) -> None:
         if isinstance(dtype, torch.dtype):
             dtype = _numpy_dtype(dtype)
         self.op = op
         self.comm = comm
         self.mapping = mapping
-        self._runner = _Runner(op, comm, dtype, mapping)
+        self._runner = _Runner(op, comm, dtype, mapping, group)
+        self.group = self._runner.group
         self.inputs = self._runner.inputs
         self.outputs = self._runner.outputs
-        self._anchor = None if comm is None else torch.zeros(0, dtype=torch.float64, requires_grad=True)
+        distributed = comm is not None or self.group is not None
+        self._anchor = torch.zeros(0, dtype=torch.float64, requires_grad=True) if distributed else None
         self.token = torch.zeros(0, dtype=torch.float64)
 
     @property
     def H(self) -> TorchOperator:  # noqa: N802 - the conventional name
         """The adjoint, wrapped alike."""
-        return TorchOperator(self.op.H, comm=self.comm, dtype=self._runner.dtype, mapping=self.mapping)
+        return TorchOperator(
+            self.op.H, comm=self.comm, dtype=self._runner.dtype, mapping=self.mapping, group=self.group
+        )
 
     def untracked(
         self, state: Mapping[str, torch.Tensor], *, adjoint: bool = False
@@ -269,20 +345,28 @@ class TorchOperator:
         if missing or extra:
             raise StateError(
                 f"state for {self.op}: missing block(s) {missing}, unexpected block(s) {extra}"
-                + (" (under MPI pass only this rank's blocks)" if self.comm is not None else "")
+                + (
+                    " (across ranks pass only this rank's blocks)"
+                    if self.comm is not None or self.group is not None
+                    else ""
+                )
             )
         return dict(zip(self.outputs, self.tensors(*(state[name] for name in self.inputs))))
 
     def __repr__(self) -> str:
-        where = "" if self.comm is None else f", on {self.comm.size} MPI rank(s)"
+        if self.group is not None:
+            where = f", on {self._runner.torch_plan.context.size} torch.distributed rank(s)"
+        else:
+            where = "" if self.comm is None else f", on {self.comm.size} MPI rank(s)"
         return f"TorchOperator({self.op}{where})"
 
 
 def function(
-    op: LinearOperator, *, comm: Any = None, dtype: Any = None, mapping: Any = None
+    op: LinearOperator, *, comm: Any = None, dtype: Any = None, mapping: Any = None, group: Any = None
 ) -> TorchOperator:
-    """Wrap ``op`` as a differentiable function of dicts of tensors; see :class:`TorchOperator`."""
-    return TorchOperator(op, comm=comm, dtype=dtype, mapping=mapping)
+    """Wrap ``op`` as a differentiable function of dicts of tensors; see :class:`TorchOperator`
+    (``comm=``: across MPI ranks; ``group=``: across a torch.distributed process group)."""
+    return TorchOperator(op, comm=comm, dtype=dtype, mapping=mapping, group=group)
 
 
 def apply(
@@ -297,15 +381,15 @@ class OperatorModule(torch.nn.Module):
     """A tree as an ``nn.Module``: ``module(state)`` is ``op(state)``, differentiable.
 
     It holds no parameters of its own (a tree holds no data); compose it with modules that
-    do. Under MPI (``comm`` given) the forward and backward plans are compiled once, at
-    construction, and bound on the first call.
+    do. Under MPI (``comm`` given) or on a process group (``group`` given) the forward and
+    backward plans are compiled once, at construction, and bound on the first call.
     """
 
     def __init__(
-        self, op: LinearOperator, *, comm: Any = None, dtype: Any = None, mapping: Any = None
+        self, op: LinearOperator, *, comm: Any = None, dtype: Any = None, mapping: Any = None, group: Any = None
     ) -> None:
         super().__init__()
-        self.function = TorchOperator(op, comm=comm, dtype=dtype, mapping=mapping)
+        self.function = TorchOperator(op, comm=comm, dtype=dtype, mapping=mapping, group=group)
 
     @property
     def op(self) -> LinearOperator:

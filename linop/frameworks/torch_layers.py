@@ -44,7 +44,7 @@ import torch
 
 from ..errors import LayerError, StateError
 from ..layers import Affine, Convolution
-from .torch_function import TorchOperator
+from .torch_function import TorchOperator, engine_arguments, process_rank
 
 __all__ = ["LayerModule"]
 
@@ -199,8 +199,8 @@ class _Stage:
     """A movement tree on this process's tensors, forward and adjoint (bound once each under
     MPI), called without recording autograd: the layer's Function is the autograd node."""
 
-    def __init__(self, op: Any, comm: Any) -> None:
-        self.function = TorchOperator(op, comm=comm)
+    def __init__(self, op: Any, comm: Any, group: Any = None) -> None:
+        self.function = TorchOperator(op, comm=comm, group=group)
         self.inputs, self.outputs = self.function.inputs, self.function.outputs
 
     def run(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -222,6 +222,10 @@ class LayerModule(torch.nn.Module):
         The global initial parameters (default: zeros); each process keeps its own blocks.
     comm : mpi4py communicator, optional
         Run across its ranks (every rank builds the same layer and calls collectively).
+    group : torch.distributed ProcessGroup or True, optional
+        Run across the ranks of this process group instead (``True``: the world group), with
+        the torch.distributed executor's bound plans (:mod:`linop.backends.torch_distributed`);
+        not together with ``comm``.
     dtype : torch.dtype
         The parameters' dtype (default float64).
     replicate : bool
@@ -257,19 +261,22 @@ class LayerModule(torch.nn.Module):
         comm: Any = None,
         dtype: torch.dtype = torch.float64,
         replicate: bool = False,
+        group: Any = None,
     ) -> None:
         super().__init__()
+        engine_arguments(comm, group)
         self.layer = layer
         self.comm = comm
+        self.group = group
         self.replicate = bool(replicate)
         self.product = local_product(layer)
-        self.windows = _Stage(layer.window_operator, comm)
+        self.windows = _Stage(layer.window_operator, comm, group)
         movement = layer.parameter_movement
-        self.copies = None if self.replicate else _Stage(movement, comm)
-        self.copy_sum = _Stage(layer.copy_gradient_sum, comm) if self.replicate else None
+        self.copies = None if self.replicate else _Stage(movement, comm, group)
+        self.copy_sum = _Stage(layer.copy_gradient_sum, comm, group) if self.replicate else None
         reduction = layer.output_reduction
-        self.reduction = None if reduction is None else _Stage(reduction, comm)
-        rank = None if comm is None else comm.rank
+        self.reduction = None if reduction is None else _Stage(reduction, comm, group)
+        rank = process_rank(comm, group)
         self.input_names = self.windows.inputs
         held = self.copy_sum if self.copy_sum is not None else self.copies
         assert held is not None  # one of the two, by replicate

@@ -1,0 +1,240 @@
+"""torch.distributed benchmark (gloo, CPU): linop's executor against hand-written torch code.
+
+Run with ``python benchmarks/bench_torch_distributed.py`` (spawns 4 processes, rendezvous on
+127.0.0.1), or under ``torchrun --nproc-per-node 4 --master-addr 127.0.0.1 --master-port P``.
+Timed in the same processes, interleaved sample by sample (each sample a batch of calls, its
+time the maximum over ranks; the table shows medians and the median of per-sample ratios):
+
+- halo exchange of a 4096 x 4096 float64 array, 1-d (4 x 1) and 2-d (2 x 2) grids, halo widths
+  1 and 3 (kernels 3 and 7, zero padding), in place:
+  ``linop bound`` (``plan_for(op).bind(local)``: checked once, the phases prepared on the
+  tensors' memory), ``linop apply`` (``apply(op, local, inplace=True)``: the entry check on
+  every call) against ``hand`` (hand-written ``isend``/``irecv`` of packed strips into
+  preallocated buffers; the 2-d exchange in two stages, rows then columns, which fills the
+  corners);
+- repartition of a 4096 x 4096 float32 array from row to column shards: ``linop bound`` and
+  ``linop apply`` (out of place) against ``hand`` (``all_to_all_single`` of the row block
+  packed by a transpose into contiguous per-destination pieces) and ``DTensor.redistribute``
+  (``Shard(0)`` to ``Shard(1)``).
+
+Every method's result is checked equal to linop's before timing. Nothing is asserted about
+speed. The machine may be shared: report its load with the figures.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable
+from statistics import median
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from linop.backends import torch_distributed as td
+from linop.halo import HaloExchange
+from linop.halo_geometry import Kernel, halo_geometry
+from linop.partition import DistributedTensor, Partition
+from linop.repartition import Repartition
+
+N = int(os.environ.get("BENCH_N", "4096"))
+SAMPLES = int(os.environ.get("BENCH_SAMPLES", "15"))
+
+
+def timed(methods: dict[str, Callable[[], object]], batch: int) -> dict[str, list[float]]:
+    """Per method, per sample: the maximum over ranks of a batch's mean time per call."""
+    times: dict[str, list[float]] = {name: [] for name in methods}
+    for function in methods.values():
+        function()
+    for _ in range(SAMPLES):
+        for name, function in methods.items():
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(batch):
+                function()
+            elapsed = torch.tensor([(time.perf_counter() - start) / batch], dtype=torch.float64)
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+            times[name].append(float(elapsed))
+    return times
+
+
+def hand_halo(block: torch.Tensor, grid: tuple[int, int], rank: int, h: int) -> Callable[[], None]:
+    """A hand-written in-place halo exchange of width ``h`` on linop's local layout (room for
+    ``h`` halo or padding entries on every side; padding left as it is): packed strips,
+    isend/irecv, dimension by dimension. Rows first, over the bulk columns; then columns, over
+    the rows that hold data (bulk and the row halos just received): the corners are filled."""
+    rows, cols = grid
+    i, j = divmod(rank, cols)
+    position = (i, j)
+    counts = (rows, cols)
+    strides = (cols, 1)
+    stages = []
+    for axis in (0, 1):
+        other = 1 - axis
+        extent_other = block.shape[other]
+        if axis == 0:  # across the bulk of the other dimension
+            span = slice(h, extent_other - h)
+        else:  # over the rows holding data: bulk, and the halos of existing neighbours
+            low = 0 if position[other] > 0 else h
+            high = extent_other if position[other] < counts[other] - 1 else extent_other - h
+            span = slice(low, high)
+        extent = block.shape[axis]
+        parts = []
+        for direction in (-1, 1):
+            neighbour = position[axis] + direction
+            if not 0 <= neighbour < counts[axis]:
+                continue
+            peer = rank + direction * strides[axis]
+            send = slice(h, 2 * h) if direction < 0 else slice(extent - 2 * h, extent - h)
+            receive = slice(0, h) if direction < 0 else slice(extent - h, extent)
+            index_send = (send, span) if axis == 0 else (span, send)
+            index_recv = (receive, span) if axis == 0 else (span, receive)
+            out = block[index_send].contiguous()
+            into = torch.empty_like(out)
+            parts.append((peer, index_send, index_recv, out, into))
+        stages.append(parts)
+
+    def exchange() -> None:
+        for parts in stages:
+            requests = []
+            for peer, index_send, _, out, into in parts:
+                out.copy_(block[index_send])
+                requests.append(dist.irecv(into, peer))
+                requests.append(dist.isend(out, peer))
+            for request in requests:
+                request.wait()
+            for _, _, index_recv, _, into in parts:
+                block[index_recv] = into
+
+    return exchange
+
+
+def halo_rows(grid: tuple[int, int], h: int, rank: int) -> list[str]:
+    tensor = DistributedTensor("x", (N, N), Partition(grid))
+    op = HaloExchange(halo_geometry(tensor, Kernel(2 * h + 1, padding=h)))
+    (mine,) = [b for b in op.domain if b.worker == rank]
+    rng = np.random.default_rng(rank)
+    base = torch.from_numpy(rng.standard_normal(mine.shape))
+    ours, checked, theirs = base.clone(), base.clone(), base.clone()
+    # correctness first: one exchange each, the same values
+    td.apply(op, {mine.name: checked}, inplace=True)
+    hand = hand_halo(theirs, grid, rank, h)
+    hand()
+    equal = torch.equal(checked, theirs)
+    step = td.plan_for(op).bind({mine.name: ours})
+    times = timed(
+        {
+            "bound": step,
+            "apply": lambda: td.apply(op, {mine.name: ours}, inplace=True),
+            "hand": hand,
+        },
+        batch=5,
+    )
+    step.free()
+    return _row(f"halo {grid[0]}x{grid[1]} h={h}", times, equal, base.numel() * 8)
+
+
+def repartition_rows(rank: int, size: int) -> list[str]:
+    rows = DistributedTensor("r", (N, N), Partition((size, 1)))
+    columns = DistributedTensor("c", (N, N), Partition((1, size)))
+    op = Repartition(rows, columns)
+    (mine,) = [b for b in op.domain if b.worker == rank]
+    (out,) = [b for b in op.range if b.worker == rank]
+    rng = np.random.default_rng(rank)
+    block = torch.from_numpy(rng.standard_normal(mine.shape).astype(np.float32))
+    state = {mine.name: block}
+    expected = td.apply(op, state)[out.name]
+    piece = N // size
+    received = torch.empty(size, N // size, piece, dtype=torch.float32)
+
+    def hand() -> torch.Tensor:
+        send = block.reshape(N // size, size, piece).transpose(0, 1).contiguous()  # per destination
+        dist.all_to_all_single(received, send)
+        return received.reshape(N, piece)  # piece j: rows of rank j, my columns: already in place
+
+    equal = torch.equal(hand(), expected)
+    step = td.plan_for(op).bind(state, inplace=False)
+    equal = equal and torch.equal(step()[out.name], expected)
+    methods: dict[str, Callable[[], Any]] = {
+        "bound": step,
+        "apply": lambda: td.apply(op, state),
+        "hand": hand,
+    }
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import DTensor, Shard
+
+        mesh = init_device_mesh("cpu", (size,))
+        dtensor = DTensor.from_local(block, mesh, [Shard(0)])
+        redistributed = dtensor.redistribute(mesh, [Shard(1)]).to_local()
+        equal = equal and torch.equal(redistributed, expected)
+        methods["dtensor"] = lambda: dtensor.redistribute(mesh, [Shard(1)]).to_local()
+    except Exception as error:
+        if rank == 0:
+            print(f"DTensor.redistribute not timed: {type(error).__name__}: {error}")
+    times = timed(methods, batch=2)
+    step.free()
+    return _row(f"repartition rows->cols f32 {N}^2", times, equal, block.numel() * 4)
+
+
+def _row(name: str, times: dict[str, list[float]], equal: bool, nbytes: int) -> list[str]:
+    hand = times["hand"]
+    cells = [f"{name:<34}", f"{nbytes / 2**20:7.1f} MB", f"{median(hand) * 1e3:9.3f} ms"]
+    for method in ("bound", "apply", "dtensor"):
+        if method in times:
+            ratio = median(t / h for t, h in zip(times[method], hand))
+            cells.append(f"{method} {median(times[method]) * 1e3:9.3f} ms ({ratio:5.2f}x)")
+    cells.append("equal" if equal else "DIFFERENT")
+    return cells
+
+
+def main() -> None:
+    rank, size = dist.get_rank(), dist.get_world_size()
+    lines = []
+    grids = [(size, 1), (2, size // 2)] if size == 4 else [(size, 1)]
+    for grid in grids:
+        for h in (1, 3):
+            lines.append(halo_rows(grid, h, rank))
+    lines.append(repartition_rows(rank, size))
+    if rank == 0:
+        load = os.getloadavg()
+        print(
+            f"{size} processes, gloo, torch {torch.__version__}, {SAMPLES} samples; load {load[0]:.1f} {load[1]:.1f}"
+        )
+        print("case | per-rank block | hand | linop bound (ratio) | linop apply (ratio) | DTensor (ratio)")
+        for cells in lines:
+            print(" | ".join(cells))
+
+
+def _process(rank: int, size: int, port: int) -> None:
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=size,
+        timeout=datetime.timedelta(seconds=300),
+    )
+    try:
+        main()
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    if "RANK" in os.environ:  # under torchrun
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+        main()
+        dist.destroy_process_group()
+    else:
+        import torch.multiprocessing as mp
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        processes = int(sys.argv[1]) if len(sys.argv) > 1 else 4
+        mp.spawn(_process, args=(processes, port), nprocs=processes)

@@ -1,0 +1,164 @@
+"""The entry check on a torch.distributed process group: :class:`TorchEntryCheck`.
+
+The MPI interpreter's check (:class:`linop.backends.mpi_check.EntryCheck`) decides, from one
+reduction (maximum over ranks) of a short int64 vector, whether a call may run and in which
+dtype: the tree's fingerprint words and their negations (maximum and minimum agree only when
+every rank holds the same tree), an error flag, one flag per dtype present on any rank and the
+largest integer magnitude. Here the same vector, decoded by the same code, is reduced by one
+``torch.distributed.all_reduce`` (``MAX``) on the group (:class:`TorchReducer`), waited for
+within the call's deadline: a rank that never arrives makes every rank that did raise
+:class:`~linop.errors.PeerTimeoutError` instead of waiting forever. Only when something is
+wrong, ``all_gather_object`` collects the ranks' messages, so that every rank raises the same
+typed error (a mismatched tree, a missing or wrongly shaped block, a bad dtype, a group too
+small for the tree) before any data moves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ...errors import LinopError
+from ...operator import LinearOperator
+from ...space import Block
+from ..mpi_check import VECTOR_LENGTH, EntryCheck
+from .group import GroupContext
+
+__all__ = ["TorchReducer", "TorchEntryCheck"]
+
+
+class TorchReducer:
+    """The check's reduction on one group: the maximum over ranks of a :data:`VECTOR_LENGTH`
+    int64 vector (the interface :class:`~linop.backends.mpi_check.EntryCheck` reduces through).
+
+    Made once per group context; every tree checked on the group shares it (calls on a group
+    are collective, so they never overlap). The reduction runs in place on a tensor sharing
+    :attr:`received`'s memory (on the CPU; copied to and from the device for NCCL)."""
+
+    request = None  # no persistent request: EntryCheck calls reduce()
+
+    def __init__(self, context: GroupContext) -> None:
+        import torch
+
+        self.context = context
+        self.send = np.zeros(VECTOR_LENGTH, dtype=np.int64)
+        self.received = np.zeros(VECTOR_LENGTH, dtype=np.int64)
+        self.signature: Any = None
+        self.sent = b""
+        self.single = context.size == 1
+        self._tensor = torch.from_numpy(self.received)
+        self.timeout: float | None = None  # set by the check before each reduction
+        self.doing = "the entry check"
+
+    def reduce(self) -> np.ndarray:
+        """Reduce :attr:`send` (maximum over ranks) into :attr:`received` and return it.
+
+        Raises
+        ------
+        PeerTimeoutError
+            Not every rank took part within :attr:`timeout` seconds.
+        """
+        np.copyto(self.received, self.send)
+        if not self.single:
+            self.received[:] = self.all_reduce(self.received, "max")
+        return self.received
+
+    def all_reduce(self, values: np.ndarray, how: str) -> np.ndarray:
+        """The maximum (``"max"``) or minimum (``"min"``) over ranks of an int64 vector."""
+        import torch
+        import torch.distributed as dist
+
+        context = self.context
+        op = dist.ReduceOp.MAX if how == "max" else dist.ReduceOp.MIN
+        tensor = torch.from_numpy(np.array(values, dtype=np.int64))
+        if context.device.type != "cpu":
+            tensor = tensor.to(context.device)
+        work = dist.all_reduce(tensor, op=op, group=context.group, async_op=True)
+        context.wait(work, self.timeout, self.doing)
+        return tensor.cpu().numpy()
+
+
+class _GroupComm:
+    """The few communicator methods :class:`~linop.backends.mpi_check.EntryCheck` calls, on a
+    process group."""
+
+    def __init__(self, context: GroupContext) -> None:
+        self.context = context
+
+    def Get_rank(self) -> int:  # noqa: N802 - the mpi4py name EntryCheck calls
+        return self.context.rank
+
+    def Get_size(self) -> int:  # noqa: N802 - the mpi4py name EntryCheck calls
+        return self.context.size
+
+    def py2f(self) -> tuple[str, int]:
+        """A key that is no MPI communicator's (EntryCheck looks its reducer up by it)."""
+        return ("torch.distributed", id(self.context))
+
+    def allgather(self, value: Any) -> list[Any]:
+        import torch.distributed as dist
+
+        gathered: list[Any] = [None] * self.context.size
+        dist.all_gather_object(gathered, value, group=self.context.group)
+        return gathered
+
+
+class TorchEntryCheck(EntryCheck):
+    """The entry check of one compiled tree on one process group (see the module docstring).
+
+    Parameters
+    ----------
+    op : LinearOperator
+        The tree.
+    fingerprint : bytes
+        Its 16-byte fingerprint (the tree's, and the worker map's under ``mapping=``).
+    context : GroupContext
+        The group.
+    domain_blocks : dict of str to Block
+        The blocks of ``op.domain`` that this rank owns.
+    problem : LinopError, optional
+        A compile-time problem (a group too small, a bad map), raised on every rank.
+    tree_fingerprint : bytes, optional
+        The tree's own fingerprint, when ``fingerprint`` also covers a worker map.
+    """
+
+    def __init__(
+        self,
+        op: LinearOperator,
+        fingerprint: bytes,
+        context: GroupContext,
+        domain_blocks: dict[str, Block],
+        problem: LinopError | None,
+        *,
+        tree_fingerprint: bytes | None = None,
+    ) -> None:
+        comm: Any = _GroupComm(context)
+        super().__init__(op, fingerprint, comm, domain_blocks, problem, tree_fingerprint=tree_fingerprint)
+        if context.reducer is None:
+            context.reducer = TorchReducer(context)
+        self._reducer = context.reducer
+        self.context = context
+
+    def run_within(self, state: Any, timeout: float | None, *, inplace: bool = False) -> Any:
+        """:meth:`run` with the reduction waited for at most ``timeout`` seconds."""
+        reducer = self.context.reducer
+        reducer.timeout = timeout
+        reducer.doing = f"the entry check of {self.op}"
+        return self.run(state, inplace=inplace)
+
+    def _growth_known(self) -> bool:
+        """Whether every rank can bound the tree's integer growth (as the MPI check, agreed
+        by a minimum over the group)."""
+        if self._growth is None:
+            from ... import dtypes
+
+            try:
+                dtypes.growth(self.op)
+                known = 1
+            except Exception:  # the matrix cannot be formed on this rank
+                known = 0
+            reducer = self.context.reducer
+            agreed = reducer.all_reduce(np.array([known]), "min") if not reducer.single else [known]
+            self._growth = bool(agreed[0])
+        return self._growth

@@ -1,0 +1,377 @@
+"""The device path of the torch.distributed executor: run a rank's schedule on tensors where
+they live (CUDA tensors with NCCL: no staging through host memory).
+
+The host path (:mod:`~linop.backends.torch_distributed.runtime`) runs the numpy
+interpreter's handlers on numpy views of CPU tensors; numpy cannot read device memory, so here
+the same schedule runs with torch operations on a :class:`DeviceWorkspace` of tensors, with
+the numpy workspace's copy-on-write semantics:
+
+- local steps: the primitives and movement nodes (``Allocate``, ``Deallocate``, ``Clear``,
+  ``Add``, ``Copy``, ``CopyAdjoint``, ``Move``) as torch indexing on the device, registered in
+  the dispatch registry as the interpreter ``"torch-device"``; any other node runs through its
+  expansion into those (a node with only a numpy kernel, such as a layer's local product,
+  has none: :class:`~linop.errors.UnsupportedNodeError`);
+- the algebra (scale, zero, sums) as torch arithmetic; phases as one ``batch_isend_irecv`` of
+  device tensors; all-reduces, broadcasts and sum-reduces as ``all_reduce``, ``broadcast`` and
+  ``reduce`` of device tensors.
+
+The entry check reads only shapes, dtypes and the largest integer magnitude, which it takes
+from the device tensors (:func:`check_stand_ins`), so it is the same check as on the host.
+
+This path runs whenever the group's backend is NCCL or the blocks are not CPU tensors (blocks
+of the unsigned dtypes torch has little arithmetic for, :data:`HOST_ONLY`, take the host path,
+staged). It is
+tested on the CPU with gloo (``LINOP_TORCH_DEVICE_PATH=1`` forces it for CPU tensors, the
+launch of ``tests/test_torch_distributed.py`` runs the checks so); on a GPU with NCCL its test
+is skipped where no GPU is present.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ... import dispatch
+from ...movement import Copy, CopyAdjoint, Move
+from ...operator import LinearOperator
+from ...primitives import Add, Allocate, Clear, Deallocate
+from ...space import Block, Region
+from ..mpi_mapping import LocalMoves
+from ..mpi_schedule import RankBranches, RankPhase, RankZero, Scale
+from .group import GroupContext
+from .schedule import AllReduceStep, BroadcastStep
+
+__all__ = ["DeviceWorkspace", "FORCE_VARIABLE", "use_device_path", "check_stand_ins", "run_device_schedule"]
+
+FORCE_VARIABLE = "LINOP_TORCH_DEVICE_PATH"
+"""Set to ``1`` to run CPU tensors through the device path too (for testing it without a GPU)."""
+
+INTERPRETER = "torch-device"
+
+
+def _host_only() -> frozenset[Any]:
+    import torch
+
+    return frozenset(getattr(torch, name) for name in ("uint16", "uint32", "uint64") if hasattr(torch, name))
+
+
+HOST_ONLY = _host_only()
+"""Dtypes that run on the host path even for device tensors (staged through host memory):
+torch lacks arithmetic for them on most devices."""
+
+
+def torch_dtype(dtype: np.dtype) -> Any:
+    """numpy's dtype as torch's."""
+    import torch
+
+    return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+
+
+def numpy_dtype(dtype: Any) -> np.dtype:
+    """torch's dtype as numpy's."""
+    import torch
+
+    return torch.empty(0, dtype=dtype).numpy().dtype
+
+
+def use_device_path(state: Any, context: GroupContext) -> bool:
+    """Whether a call runs on the device path: an NCCL group, a block that is a tensor off the
+    CPU, or :data:`FORCE_VARIABLE` set with torch tensors."""
+    import torch
+
+    if context.device.type != "cpu":
+        return True
+    if not isinstance(state, Mapping):
+        return False
+    tensors = [v for v in state.values() if isinstance(v, torch.Tensor)]
+    if any(t.dtype in HOST_ONLY for t in tensors):  # torch has little arithmetic for them
+        return False
+    if any(t.device.type != "cpu" for t in tensors):
+        return True
+    return bool(tensors) and os.environ.get(FORCE_VARIABLE) == "1"
+
+
+def check_stand_ins(state: Mapping[str, Any]) -> dict[str, Any]:
+    """For the entry check: each tensor as a numpy array of its shape and dtype whose entries
+    all equal the tensor's largest magnitude (one host entry, zero strides; blocks whose
+    tensors share memory share their stand-in's memory too). Anything else as it is."""
+    import torch
+
+    out: dict[str, Any] = {}
+    seen: dict[tuple[int, int], np.ndarray] = {}
+    for name, value in state.items():
+        if not isinstance(value, torch.Tensor):
+            out[name] = value
+            continue
+        try:
+            dtype = numpy_dtype(value.dtype)
+        except (TypeError, RuntimeError):
+            out[name] = value  # the check names the block and its type
+            continue
+        largest = 0
+        if value.numel() and dtype.kind in "iu":  # int64 on the device: abs of every integer dtype
+            largest = int(value.detach().to(torch.int64).abs().max().item())
+        storage = (value.untyped_storage().data_ptr(), value.device.index or 0)
+        host = seen.get(storage)
+        if host is None or host.dtype != dtype:
+            host = seen[storage] = np.array([largest], dtype=dtype)
+        else:
+            host[0] = max(host[0], largest)
+        out[name] = np.lib.stride_tricks.as_strided(host, value.shape, (0,) * value.dim())
+    return out
+
+
+class DeviceWorkspace:
+    """The interpreter's working state on a device: tensors by block name, and which of them it
+    owns (a tensor it does not own belongs to the caller and is copied before its first change).
+
+    ``dtype`` is the torch dtype of new blocks; ``device`` where they are made."""
+
+    __slots__ = ("arrays", "device", "dtype", "owned")
+
+    def __init__(self, arrays: dict[str, Any], owned: set[str], dtype: Any, device: Any) -> None:
+        self.arrays = arrays
+        self.owned = owned
+        self.dtype = dtype
+        self.device = device
+
+    def writable(self, name: str, dtype: Any = None) -> Any:
+        import torch
+
+        tensor = self.arrays[name]
+        target = tensor.dtype if dtype is None else torch.promote_types(tensor.dtype, dtype)
+        if name not in self.owned or target != tensor.dtype:
+            tensor = tensor.to(dtype=target, copy=True)
+            self.arrays[name] = tensor
+            self.owned.add(name)
+        return tensor
+
+    def set(self, name: str, tensor: Any, *, owned: bool = True) -> None:
+        self.arrays[name] = tensor
+        if owned:
+            self.owned.add(name)
+        else:
+            self.owned.discard(name)
+
+    def drop(self, name: str) -> Any:
+        self.owned.discard(name)
+        return self.arrays.pop(name)
+
+    def zeros(self, shape: tuple[int, ...]) -> Any:
+        import torch
+
+        return torch.zeros(shape, dtype=self.dtype, device=self.device)
+
+    def borrowed(self) -> DeviceWorkspace:
+        return DeviceWorkspace(dict(self.arrays), set(), self.dtype, self.device)
+
+
+def _index(region: Region) -> tuple[Any, ...]:
+    return (*region.index, Ellipsis)
+
+
+# -- local steps on the device (registered for the dispatch interpreter "torch-device") -----
+@dispatch.register(INTERPRETER, Allocate)
+def _allocate(op: Allocate, work: DeviceWorkspace) -> None:
+    work.set(op.block.name, work.zeros(op.block.shape))
+
+
+@dispatch.register(INTERPRETER, Deallocate)
+def _deallocate(op: Deallocate, work: DeviceWorkspace) -> None:
+    work.drop(op.name)
+
+
+@dispatch.register(INTERPRETER, Clear)
+def _clear(op: Clear, work: DeviceWorkspace) -> None:
+    if op.region.size:
+        work.writable(op.region.name)[_index(op.region)] = 0
+
+
+@dispatch.register(INTERPRETER, Add)
+def _add(op: Add, work: DeviceWorkspace) -> None:
+    source = work.arrays[op.src.name][_index(op.src)]
+    work.writable(op.dst.name, source.dtype)[_index(op.dst)] += source
+
+
+@dispatch.register(INTERPRETER, Copy)
+def _copy(op: Copy, work: DeviceWorkspace) -> None:
+    import torch
+
+    source = work.arrays[op.src.name][_index(op.src)]
+    if isinstance(op.dst, Block):
+        work.set(op.dst.name, source.to(dtype=torch.promote_types(work.dtype, source.dtype), copy=True))
+    else:
+        work.writable(op.dst.name, source.dtype)[_index(op.dst)] = source
+
+
+@dispatch.register(INTERPRETER, CopyAdjoint)
+def _copy_adjoint(op: CopyAdjoint, work: DeviceWorkspace) -> None:
+    back = work.arrays[op.dst.name]
+    if isinstance(op.dst, Region):
+        back = back[_index(op.dst)]
+    work.writable(op.src.name, back.dtype)[_index(op.src)] += back
+    if isinstance(op.dst, Block):
+        work.drop(op.dst.name)
+    elif op.dst.size:
+        work.writable(op.dst.name)[_index(op.dst)] = 0
+
+
+@dispatch.register(INTERPRETER, Move)
+def _move(op: Move, work: DeviceWorkspace) -> None:
+    import torch
+
+    if isinstance(op.dst, Block):
+        owned = op.src.name in work.owned
+        tensor = work.drop(op.src.name)
+        target = torch.promote_types(work.dtype, tensor.dtype)
+        if target != tensor.dtype:
+            tensor, owned = tensor.to(target), True
+        work.set(op.dst.name, tensor, owned=owned)
+        return
+    source = work.arrays[op.src.name][_index(op.src)].clone()
+    work.writable(op.dst.name, source.dtype)[_index(op.dst)] = source
+    if op.src.size:
+        work.writable(op.src.name)[_index(op.src)] = 0
+
+
+# -- the schedule --------------------------------------------------------------------------------
+def run_device_schedule(
+    schedule: Sequence[Any], work: DeviceWorkspace, context: GroupContext, dtype: Any
+) -> None:
+    """Run a rank's schedule on device tensors (``dtype``: the run's torch dtype); collective."""
+    import torch
+
+    for step in schedule:
+        kind = type(step)
+        if kind is RankPhase:
+            _phase(step, work, context, dtype)
+        elif isinstance(step, LinearOperator):
+            dispatch.dispatch(INTERPRETER, step, work)
+        elif kind is Scale:
+            for name, tensor in list(work.arrays.items()):
+                scaled = tensor * step.alpha
+                if name in work.owned and scaled.dtype == tensor.dtype:
+                    tensor.copy_(scaled)
+                else:
+                    work.set(name, scaled)
+        elif kind is RankZero:
+            work.arrays.clear()
+            work.owned.clear()
+            for block in step.blocks:
+                work.set(block.name, work.zeros(block.shape))
+        elif kind is RankBranches:
+            results = []
+            for term in step.terms:
+                branch = work.borrowed()
+                run_device_schedule(term, branch, context, dtype)
+                results.append(branch.arrays)
+            work.arrays.clear()
+            work.owned.clear()
+            for name in step.names:
+                total = results[0][name].clone()
+                for other in results[1:]:
+                    total = total + other[name]
+                work.set(name, total)
+        elif kind is LocalMoves:
+            for t in step.transfers:
+                data = work.arrays[t.source.name][_index(t.source)]
+                if t.mode == "new":
+                    work.set(t.target.name, data.to(dtype=dtype, copy=True))
+                else:
+                    target = work.writable(t.target.name, dtype)
+                    if t.mode == "add":
+                        target[_index(t.target)] += data
+                    else:
+                        target[_index(t.target)] = data
+                if t.after == "clear" and t.source.size:
+                    work.writable(t.source.name)[_index(t.source)] = 0
+                elif t.after == "drop":
+                    work.drop(t.source.name)
+        elif kind is AllReduceStep:
+            import torch.distributed as dist
+
+            for name, ranks in step.entries:
+                tensor = work.writable(name, dtype).contiguous()
+                work.set(name, tensor)
+                dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=context.subgroup(ranks))
+        elif kind is BroadcastStep:
+            _broadcast(step, work, context, dtype)
+        else:  # pragma: no cover - the schedules hold nothing else
+            raise TypeError(f"the torch.distributed device path cannot run the step {step!r}")
+    del torch
+
+
+def _phase(phase: RankPhase, work: DeviceWorkspace, context: GroupContext, dtype: Any) -> None:
+    import torch
+    import torch.distributed as dist
+
+    group = context.group
+    operations = []
+    finish = []
+    for peer, tag, t in phase.receives:
+        if t.mode != "new" and phase.empty(t):
+            continue
+        buffer = torch.empty(t.shape, dtype=dtype, device=work.device)
+        if buffer.numel():
+            operations.append(dist.P2POp(dist.irecv, buffer, group=group, tag=tag, group_peer=peer))
+        finish.append((t, buffer))
+    for peer, tag, t in phase.sends:
+        if phase.empty(t):
+            continue
+        data = work.arrays[t.source.name][phase.index(t.source)].to(dtype=dtype).contiguous()
+        operations.append(dist.P2POp(dist.isend, data, group=group, tag=tag, group_peer=peer))
+    if operations:
+        for request in dist.batch_isend_irecv(operations):
+            request.wait()
+    for t, buffer in finish:
+        if t.mode == "new":
+            work.set(t.target.name, buffer)
+        elif t.mode == "add":
+            work.writable(t.target.name, dtype)[phase.index(t.target)] += buffer  # type: ignore[arg-type]
+        else:
+            work.writable(t.target.name, dtype)[phase.index(t.target)] = buffer  # type: ignore[arg-type]
+    for _, _, t in phase.sends:
+        if t.after == "clear":
+            if not phase.empty(t):
+                work.writable(t.source.name)[phase.index(t.source)] = 0
+        elif t.after == "drop":
+            work.drop(t.source.name)
+
+
+def _broadcast(step: BroadcastStep, work: DeviceWorkspace, context: GroupContext, dtype: Any) -> None:
+    import torch
+    import torch.distributed as dist
+
+    results: list[tuple[str, Any]] = []
+    for group in step.groups:
+        root = group.ranks[0]
+        sub = context.subgroup(group.ranks) if len(group.ranks) > 1 else None
+        mine = [name for name, w in group.copies if w == step.rank]
+        if not step.reduce:
+            if root == step.rank:
+                buffer = work.arrays[group.root_name].to(dtype=dtype, copy=True).contiguous()
+            else:
+                buffer = torch.empty(group.shape, dtype=dtype, device=work.device)
+            if sub is not None and buffer.numel():
+                dist.broadcast(buffer, src=root, group=sub)
+            if mine:
+                results.append((mine[0], buffer))
+            continue
+        if mine:
+            total = work.arrays[mine[0]].to(dtype=dtype, copy=True).contiguous()
+        else:
+            total = torch.zeros(group.shape, dtype=dtype, device=work.device)
+        if sub is not None and total.numel():
+            dist.reduce(total, dst=root, op=dist.ReduceOp.SUM, group=sub)
+        if root == step.rank:
+            results.append((group.root_name, total))
+    for name in step.dropped:
+        work.drop(name)
+    for name, tensor in results:
+        work.set(name, tensor)
+    for block in step.created:
+        if block.name not in work.arrays:
+            work.set(block.name, work.zeros(block.shape))

@@ -1,0 +1,180 @@
+"""Process groups for the torch.distributed executor: :class:`GroupContext`.
+
+A context is made once per process group (:func:`context_for`) and holds what every call on
+that group needs: this process's rank and the group's size, the device collectives run on
+(the CPU for gloo, this process's CUDA device for NCCL), the entry check's reducer, the plan
+caches, and the sub-groups of the native collectives, created once per set of ranks and cached
+(:meth:`GroupContext.subgroup`).
+
+``torch.distributed.new_group`` is collective over the whole *world* group, and every rank
+must create its groups in the same order. The executor therefore uses native collectives only
+on the world group, and creates their sub-groups after the entry check has passed (so every
+rank holds the same tree), in the order of the tree's global program, which every rank
+derives alike (:mod:`linop.backends.torch_distributed.schedule`).
+
+The check's deadline: ``timeout=`` (seconds) of the public functions, else the environment
+variable ``LINOP_TIMEOUT`` (seconds; unset, empty, ``0`` or ``off``: no deadline of linop's,
+only the process group's own timeout of ``init_process_group``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from typing import Any
+
+from ...errors import PeerTimeoutError, ProcessGroupArgumentError, ProcessGroupError
+
+__all__ = ["GroupContext", "context_for", "resolve_timeout", "TIMEOUT_VARIABLE"]
+
+TIMEOUT_VARIABLE = "LINOP_TIMEOUT"
+"""The environment variable giving the default deadline (seconds) of the entry check."""
+
+
+def resolve_timeout(timeout: float | None) -> float | None:
+    """The deadline in seconds: ``timeout``, else ``$LINOP_TIMEOUT``, else None (none).
+
+    Raises
+    ------
+    ProcessGroupArgumentError
+        A timeout that is not a positive number (the variable's value named).
+    """
+    if timeout is None:
+        text = os.environ.get(TIMEOUT_VARIABLE, "").strip().lower()
+        if text in ("", "0", "off", "none"):
+            return None
+        try:
+            timeout = float(text)
+        except ValueError:
+            raise ProcessGroupArgumentError(
+                f"{TIMEOUT_VARIABLE}={text!r} is not a number of seconds (or 'off')"
+            ) from None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ProcessGroupArgumentError(f"timeout must be a positive number of seconds, not {timeout!r}")
+    return float(timeout)
+
+
+def _dist() -> Any:
+    try:
+        import torch.distributed as dist
+    except ImportError as error:  # pragma: no cover - torch is installed where this runs
+        raise ProcessGroupError(f"torch.distributed is not available: {error}") from error
+    return dist
+
+
+class GroupContext:
+    """What the executor keeps per process group.
+
+    Attributes
+    ----------
+    group : ProcessGroup
+        The group every call of a plan runs on.
+    rank, size : int
+        This process's rank in ``group`` and the group's size.
+    world : bool
+        Whether ``group`` is the default (world) group: only then are native collectives on
+        sub-groups used.
+    device : torch.device
+        Where the group's collectives take their tensors (``cuda`` for NCCL, else the CPU).
+    """
+
+    def __init__(self, group: Any) -> None:
+        import torch
+
+        dist = _dist()
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+        self.world = group is dist.distributed_c10d._get_default_group()
+        self.backend = str(dist.get_backend(group))
+        if self.backend == "nccl":  # NCCL moves CUDA tensors only
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            self.device = torch.device("cpu")
+        self._subgroups: dict[tuple[int, ...], Any] = {}
+        from ..mpi_context import PlanCache
+
+        self.plans: PlanCache[Any] = PlanCache()
+        self.mapped_plans: dict[Any, PlanCache[Any]] = {}
+        self.reducer: Any = None  # the entry check's (check.TorchReducer), made on first use
+
+    def subgroup(self, ranks: tuple[int, ...]) -> Any:
+        """The process group of ``ranks`` (world ranks), created on first use and cached.
+
+        Collective over the world group when it creates one: call only in an order every rank
+        follows (:meth:`create_subgroups`)."""
+        key = tuple(sorted(ranks))
+        found = self._subgroups.get(key)
+        if found is None:
+            if len(key) == self.size:
+                found = self.group
+            else:
+                found = _dist().new_group(ranks=list(key))
+            self._subgroups[key] = found
+        return found
+
+    def create_subgroups(self, rank_sets: tuple[tuple[int, ...], ...]) -> None:
+        """Create the sub-groups of ``rank_sets`` not made yet, in that order, on every rank
+        (the sets come from the global program, the same on every rank)."""
+        for ranks in rank_sets:
+            self.subgroup(ranks)
+
+    def wait(self, work: Any, timeout: float | None, doing: str) -> None:
+        """Wait for an asynchronous collective ``work``, within ``timeout`` seconds if given.
+
+        Raises
+        ------
+        PeerTimeoutError
+            The collective did not complete in time, or a peer's connection was lost.
+        """
+        try:
+            if timeout is None:
+                work.wait()
+            else:
+                work.wait(datetime.timedelta(seconds=timeout))
+        except RuntimeError as error:
+            within = "" if timeout is None else f" within {timeout:g} s"
+            raise PeerTimeoutError(
+                f"rank {self.rank}: not every rank of the group of {self.size} reached {doing}{within} "
+                f"(a rank failed, hung or called something else; the group cannot be used any more): "
+                f"{str(error).splitlines()[0] if str(error) else type(error).__name__}"
+            ) from error
+
+
+_CONTEXTS: dict[int, tuple[Any, GroupContext]] = {}
+
+
+def context_for(group: Any = None) -> GroupContext:
+    """The context of ``group`` (None or True: the world group), made once per group.
+
+    Raises
+    ------
+    ProcessGroupError
+        torch.distributed is not initialized, or this process is not a member of ``group``.
+    ProcessGroupArgumentError
+        ``group`` is not a process group.
+    """
+    dist = _dist()
+    if group is not None and group is not True and not isinstance(group, dist.ProcessGroup):
+        raise ProcessGroupArgumentError(
+            f"group= takes a torch.distributed ProcessGroup (or True / None for the world group), "
+            f"not {type(group).__name__}"
+        )
+    if not dist.is_initialized():
+        raise ProcessGroupError(
+            "torch.distributed is not initialized: call torch.distributed.init_process_group(...) "
+            "first (for example under torchrun), then pass group= (default: the world group)"
+        )
+    if group is None or group is True:
+        group = dist.distributed_c10d._get_default_group()
+    found = _CONTEXTS.get(id(group))
+    if found is not None and found[0] is group:
+        return found[1]
+    if dist.get_rank(group) < 0:
+        raise ProcessGroupError(
+            f"this process (world rank {dist.get_rank()}) is not a member of the process group it was "
+            "given: call linop only on the ranks of the group"
+        )
+    context = GroupContext(group)
+    _CONTEXTS[id(group)] = (group, context)
+    return context

@@ -1,0 +1,442 @@
+"""A tree compiled for one process group: :class:`TorchDistributedPlan`, and its bound form
+:class:`BoundTorchPlan`.
+
+Applying a plan checks collectively (:mod:`linop.backends.torch_distributed.check`), then
+runs this rank's schedule (:mod:`linop.backends.torch_distributed.schedule`, run by
+:mod:`linop.backends.torch_distributed.runtime`) on a copy-on-write workspace over numpy views
+of the caller's CPU tensors, so caller tensors are never changed (unless ``inplace=True``).
+
+Once the check has passed every rank is committed to the schedule. A rank that fails after it
+raises its error; its peers then wait in their next message until the process group's timeout
+(``init_process_group(..., timeout=...)``) unless the launcher ends them first (``torchrun``
+and ``torch.multiprocessing.spawn`` end every process when one fails).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ... import dtypes
+from ...errors import (
+    DistributedOverflowError,
+    IntegerOverflowError,
+    ProcessGroupError,
+    StateError,
+    WorkerMapError,
+)
+from ...operator import LinearOperator
+from ...space import Block
+from .. import array_api, mpi_mapping, numpy_backend
+from ..mpi_mapping import WorkerMap
+from ..mpi_plan import read_only
+from ..mpi_schedule import RankPhase, fingerprint
+from . import device as device_path
+from .check import TorchEntryCheck
+from .group import GroupContext, resolve_timeout
+from .runtime import phase_operations, run_schedule
+from .schedule import SUMMABLE, Compiled
+
+__all__ = ["TorchDistributedPlan", "BoundTorchPlan"]
+
+
+def _cast(arrays: dict[str, np.ndarray], cast: np.dtype | None) -> dict[str, np.ndarray]:
+    """The arrays to run on: the caller's, or copies widened to ``cast`` (an integer run the
+    check widened, :func:`linop.dtypes.cast_dtype`; the MPI plan widens alike)."""
+    if cast is None:
+        return dict(arrays)
+    return {name: a.astype(np.result_type(a.dtype, cast)) for name, a in arrays.items()}
+
+
+class TorchDistributedPlan:
+    """A tree compiled for one process group: this rank's schedules and the entry check.
+
+    Built by :func:`linop.backends.torch_distributed.plan_for` (cached per group). Compiling is
+    local; a tree the executor cannot compile, a group too small for it or a bad worker map is
+    reported by the first application's check, on every rank alike.
+
+    Attributes
+    ----------
+    domain_blocks : dict of str to Block
+        The blocks of the domain this rank passes (its workers').
+    range_names : tuple of str
+        The names of the range blocks this rank gets back.
+    native : bool
+        Whether the plan runs native collectives (all-reduce, broadcast, sum-reduce on
+        sub-groups of the world group) for dtypes they add; else the portable program.
+    """
+
+    def __init__(
+        self, op: LinearOperator, context: GroupContext, mapping: WorkerMap | WorkerMapError | None = None
+    ) -> None:
+        self.op = op
+        self.context = context
+        self.mapping = mapping
+        self.domain_blocks: dict[str, Block] = {}
+        self.range_names: tuple[str, ...] = ()
+        self._compiled: Compiled | None = None
+        self._mapped_schedule: tuple[Any, ...] = ()
+        tree = fingerprint(op)
+        rank, size = context.rank, context.size
+        problem = None
+        if mapping is None:
+            self.fingerprint = tree
+            self._compiled = Compiled(op, rank, size, world=context.world)
+            problem = self._compiled.problem
+            if problem is None and self._compiled.max_worker >= size:
+                problem = ProcessGroupError(
+                    f"the tree names worker {self._compiled.max_worker} but the process group has {size} "
+                    f"rank(s); launch at least {self._compiled.max_worker + 1} processes"
+                )
+            if problem is None:
+                self.domain_blocks = {b.name: b for b in op.domain.owned(rank)}
+                self.range_names = tuple(b.name for b in op.range.owned(rank))
+        elif isinstance(mapping, WorkerMapError):
+            self.fingerprint = hashlib.blake2b(tree + b"invalid map", digest_size=16).digest()
+            problem = mapping
+        else:
+            compiled = mpi_mapping.compiled_for(op, mapping)
+            self.fingerprint = compiled.fingerprint
+            program, problem = compiled.for_rank(rank, size)
+            if program is not None:
+                self._mapped_schedule = program.schedule
+                self.domain_blocks = compiled.domain_blocks(rank)
+                self.range_names = compiled.range_names(rank)
+        self.problem = problem
+        self.entry = TorchEntryCheck(
+            op, self.fingerprint, context, self.domain_blocks, problem, tree_fingerprint=tree
+        )
+
+    @property
+    def native(self) -> bool:
+        return self._compiled is not None and self._compiled.native is not None
+
+    def schedule_for(self, dtype: np.dtype) -> tuple[Any, ...]:
+        """This rank's schedule for a run in ``dtype`` (agreed by the check, so every rank
+        chooses alike). The first native run creates the collectives' sub-groups, collectively
+        over the world group, in the global program's order."""
+        compiled = self._compiled
+        if compiled is None:
+            return self._mapped_schedule
+        if compiled.native is not None and dtype.char in SUMMABLE:
+            self.context.create_subgroups(compiled.rank_sets)
+            return compiled.native.schedule
+        return compiled.portable().schedule
+
+    def check(self, local_state: Any, *, inplace: bool = False, timeout: float | None = None) -> Any:
+        """Collectively validate the tree and every rank's local state (numpy arrays); the
+        agreed outcome (:class:`~linop.backends.mpi_check.CheckOutcome`). ``timeout``: seconds
+        (default ``$LINOP_TIMEOUT``, else none)."""
+        return self.entry.run_within(local_state, resolve_timeout(timeout), inplace=inplace)
+
+    # -- application -------------------------------------------------------------------------
+    def apply(
+        self, local_state: Mapping[str, Any], *, inplace: bool = False, timeout: float | None = None
+    ) -> Any:
+        """Apply the plan to this rank's blocks; collective. See
+        :func:`linop.backends.torch_distributed.apply`."""
+        if device_path.use_device_path(local_state, self.context):
+            return self._apply_on_device(local_state, inplace=inplace, timeout=timeout)
+        entry = array_api.mpi_entry(local_state)  # CPU tensors: numpy views of their memory
+        outcome = self.check(entry.arrays, inplace=inplace, timeout=timeout)
+        run_dtype = outcome.result()
+        arrays = {name: entry.arrays[name] for name in self.domain_blocks}
+        if not inplace:
+            return entry.result(self.run_out_of_place(_cast(arrays, outcome.cast), run_dtype), inplace=False)
+        self.run_in_place(arrays, run_dtype, cast=outcome.cast)
+        return entry.result(local_state, inplace=True)
+
+    # -- the device path (device.py): tensors stay where they are ------------------------------
+    def _apply_on_device(
+        self, local_state: Mapping[str, Any], *, inplace: bool, timeout: float | None
+    ) -> Any:
+        stand_ins = (
+            device_path.check_stand_ins(local_state) if isinstance(local_state, Mapping) else local_state
+        )
+        outcome = self.check(stand_ins, inplace=inplace, timeout=timeout)
+        dtype = outcome.result()
+        tensors = {name: local_state[name] for name in self.domain_blocks}
+        return self.run_on_device(tensors, dtype, outcome.cast, inplace=inplace, state=local_state)
+
+    def run_on_device(
+        self,
+        tensors: dict[str, Any],
+        dtype: np.dtype,
+        cast: np.dtype | None,
+        *,
+        inplace: bool,
+        state: Any = None,
+    ) -> Any:
+        """Run (no check) on device tensors; out of place the range blocks as new tensors, in
+        place the caller's tensors updated (``state`` returned). Collective."""
+        import torch
+
+        run = device_path.torch_dtype(dtype if cast is None else np.result_type(dtype, cast))
+        where = next(iter(tensors.values())).device if tensors else self.context.device
+        arrays = {name: t.detach() for name, t in tensors.items()}
+        if cast is not None:
+            arrays = {name: t.to(torch.promote_types(t.dtype, run)) for name, t in arrays.items()}
+        work = device_path.DeviceWorkspace(
+            dict(arrays), set(arrays) if inplace and cast is None else set(), run, where
+        )
+        device_path.run_device_schedule(
+            self.schedule_for(dtype), work, self.context, device_path.torch_dtype(dtype)
+        )
+        if not inplace:
+            return {
+                name: work.arrays[name] if name in work.owned else work.arrays[name].clone()
+                for name in self.range_names
+            }
+        if cast is not None:
+            problem = None
+            for name, target in tensors.items():
+                result = work.arrays[name]
+                info = torch.iinfo(target.dtype) if not target.dtype.is_floating_point else None
+                if (
+                    info is not None
+                    and result.numel()
+                    and (result.min() < info.min or result.max() > info.max)
+                ):
+                    problem = f"rank {self.context.rank}: block {name!r} does not fit {target.dtype} in place"
+                    break
+            problems = [p for p in self.entry.comm.allgather(problem) if p is not None]
+            if problems:
+                raise DistributedOverflowError(problems[0])
+        results = {name: work.arrays[name] for name in tensors}
+        pending = {
+            name: (r.clone() if any(r.data_ptr() == t.data_ptr() for t in tensors.values()) else r)
+            for name, r in results.items()
+            if r is not tensors[name]
+        }
+        with torch.no_grad():
+            for name, result in pending.items():
+                tensors[name].copy_(result)
+        return state
+
+    def run_out_of_place(self, arrays: dict[str, np.ndarray], dtype: np.dtype) -> dict[str, np.ndarray]:
+        """Run (no check) on copy-on-write arrays; blocks passed through come back as read-only
+        views. Collective."""
+        work = numpy_backend.Workspace(dict(arrays), set(), dtype)
+        run_schedule(self.schedule_for(dtype), work, self.context, dtype)
+        result = {}
+        for name in self.range_names:
+            array = work.arrays[name]
+            result[name] = array if name in work.owned else read_only(array)
+        return result
+
+    def run_in_place(
+        self, arrays: dict[str, np.ndarray], dtype: np.dtype, *, cast: np.dtype | None = None
+    ) -> None:
+        """Run (no check) on the caller's arrays and write back the blocks that ended in other
+        arrays. With ``cast`` (an integer run widened), the ranks agree that every result fits
+        its caller's array before any is written back. Collective."""
+        work = numpy_backend.Workspace(_cast(arrays, cast), set(arrays), dtype)
+        run_schedule(self.schedule_for(dtype), work, self.context, dtype)
+        if cast is not None:
+            problem = None
+            try:
+                dtypes.fit_back(work.arrays, arrays)
+            except IntegerOverflowError as error:
+                problem = f"rank {self.context.rank}: {error}"
+            problems = [p for p in self.entry.comm.allgather(problem) if p is not None]
+            if problems:
+                raise DistributedOverflowError(problems[0])
+        numpy_backend.write_back(arrays, work)
+
+    def bind(
+        self, local_state: Mapping[str, Any], *, inplace: bool | None = None, timeout: float | None = None
+    ) -> BoundTorchPlan:
+        """Prepare repeated application to these very tensors (or arrays); collective.
+
+        The check runs once, here. In place (the default when domain equals range), a schedule
+        of point-to-point phases of stores, adds and clears (a halo exchange) is prepared once:
+        its operations on the caller's memory and its receive and packing buffers, so a call
+        only starts the batches and finishes them. Any other schedule runs on each call
+        without its check.
+        """
+        if inplace is None:
+            inplace = self.op.domain == self.op.range
+        if device_path.use_device_path(local_state, self.context):
+            stand_ins = (
+                device_path.check_stand_ins(local_state) if isinstance(local_state, Mapping) else local_state
+            )
+            outcome = self.check(stand_ins, inplace=inplace, timeout=timeout)
+            return BoundTorchPlan(
+                self, None, outcome.result(), inplace, outcome.cast, device_state=local_state
+            )
+        entry = array_api.mpi_entry(local_state)
+        outcome = self.check(entry.arrays, inplace=inplace, timeout=timeout)
+        dtype = outcome.result()
+        return BoundTorchPlan(self, entry, dtype, inplace, outcome.cast)
+
+
+class _PreparedPhase:
+    """One phase bound to fixed arrays: its operations, the packing before and the finishing
+    after (receive buffers added or stored, sources cleared)."""
+
+    def __init__(
+        self, phase: RankPhase, work: numpy_backend.Workspace, context: GroupContext, dtype: np.dtype
+    ):
+        import torch.distributed as dist
+
+        self.packs: list[tuple[np.ndarray, np.ndarray]] = []
+        self.operations, finish = phase_operations(phase, work, context, dtype)
+        for operation, (_, _, t) in zip(
+            [op for op in self.operations if op.op is dist.isend],
+            [s for s in phase.sends if not phase.empty(s[2])],
+        ):
+            source = work.arrays[t.source.name][phase.index(t.source)]
+            if not np.shares_memory(operation.tensor.numpy(), source):  # a packed copy: refresh per call
+                self.packs.append((operation.tensor.numpy(), source))
+        self.unpacks: list[tuple[np.ndarray, np.ndarray, bool]] = []
+        for t, buffer in finish:
+            target = work.arrays[t.target.name][phase.index(t.target)]  # type: ignore[arg-type]
+            self.unpacks.append((target, buffer, t.mode == "add"))
+        self.clears = [
+            work.arrays[t.source.name][phase.index(t.source)]
+            for _, _, t in phase.sends
+            if t.after == "clear" and not phase.empty(t)
+        ]
+
+    def run(self) -> None:
+        import torch.distributed as dist
+
+        for packed, source in self.packs:
+            np.copyto(packed, source)
+        if self.operations:
+            for request in dist.batch_isend_irecv(self.operations):
+                request.wait()
+        for target, buffer, add in self.unpacks:
+            if add:
+                target += buffer
+            else:
+                target[...] = buffer
+        for source in self.clears:
+            source[...] = 0
+
+
+def _preparable(schedule: tuple[Any, ...], arrays: dict[str, np.ndarray], dtype: np.dtype) -> bool:
+    """Whether an in-place schedule can be prepared once: point-to-point phases only, of
+    stores and adds into boxes of existing blocks and keeps and clears of their sources, on
+    arrays of the run's dtype (so no step replaces an array)."""
+    if not all(type(step) is RankPhase for step in schedule):
+        return False
+    if any(a.dtype != dtype for a in arrays.values()):
+        return False
+    for phase in schedule:
+        for _, _, t in (*phase.receives, *phase.sends):
+            if t.mode == "new" or t.after == "drop":
+                return False
+    return True
+
+
+class BoundTorchPlan:
+    """A plan bound to fixed tensors (or arrays) of this rank (:meth:`TorchDistributedPlan.bind`):
+    calling it applies the operator to their current values, with no further check, and
+    returns this rank's range blocks (in place: the caller's dict, its tensors updated).
+
+    Attributes
+    ----------
+    prepared : bool
+        Whether the call runs phases prepared once on the caller's memory (in place,
+        point-to-point stores, adds and clears: a halo exchange).
+    dtype : numpy dtype
+        The run's dtype, agreed when binding.
+    """
+
+    def __init__(
+        self,
+        plan: TorchDistributedPlan,
+        entry: Any,
+        dtype: np.dtype,
+        inplace: bool,
+        cast: Any,
+        *,
+        device_state: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.plan = plan
+        self.entry = entry
+        self.dtype = dtype
+        self.inplace = inplace
+        self.cast = cast
+        self.freed = False
+        self._phases: list[_PreparedPhase] | None = None
+        self.device_state = device_state
+        if device_state is not None:  # the device path: each call runs on the bound tensors
+            self.arrays: dict[str, Any] = {name: device_state[name] for name in plan.domain_blocks}
+            return
+        self.arrays = {name: entry.arrays[name] for name in plan.domain_blocks}
+        schedule = plan.schedule_for(dtype)
+        if inplace and cast is None and _preparable(schedule, self.arrays, dtype):
+            work = numpy_backend.Workspace(dict(self.arrays), set(self.arrays), dtype)
+            self._phases = [_PreparedPhase(phase, work, plan.context, dtype) for phase in schedule]
+
+    @property
+    def prepared(self) -> bool:
+        return self._phases is not None
+
+    def __call__(self) -> Any:
+        if self.freed:
+            raise StateError(f"this bound plan of {self.plan.op} has been freed; bind the plan again")
+        if self.device_state is not None:
+            return self.plan.run_on_device(
+                self.arrays, self.dtype, self.cast, inplace=self.inplace, state=self.device_state
+            )
+        self.entry.stage_in()
+        if self._phases is not None:
+            for phase in self._phases:
+                phase.run()
+            return self.entry.result(self.entry.state, inplace=True)
+        if self.inplace:
+            self.plan.run_in_place(self.arrays, self.dtype, cast=self.cast)
+            return self.entry.result(self.entry.state, inplace=True)
+        result = self.plan.run_out_of_place(_cast(self.arrays, self.cast), self.dtype)
+        return self.entry.result(result, inplace=False)
+
+    def run_on(self, local_state: Mapping[str, Any]) -> Any:
+        """Apply out of place to other tensors of the bound shapes and dtypes, without the
+        check (for training loops whose inputs are new tensors on each call).
+
+        Raises
+        ------
+        StateError
+            A block missing, or of another shape or dtype than bound (on this rank only:
+            decided before any communication, from what every rank bound alike).
+        """
+        if self.device_state is not None:
+            tensors = {}
+            for name, bound in self.arrays.items():
+                tensor = local_state.get(name) if isinstance(local_state, Mapping) else None
+                if tensor is None or tensor.shape != bound.shape or tensor.dtype != bound.dtype:
+                    raise StateError(
+                        f"rank {self.plan.context.rank}: block {name!r} is not a tensor of shape "
+                        f"{tuple(bound.shape)} and dtype {bound.dtype} as bound"
+                    )
+                tensors[name] = tensor
+            return self.plan.run_on_device(tensors, self.dtype, self.cast, inplace=False)
+        entry = array_api.mpi_entry(local_state)
+        arrays = {}
+        for name, bound in self.arrays.items():
+            array = entry.arrays.get(name) if isinstance(entry.arrays, Mapping) else None
+            if not isinstance(array, np.ndarray) or array.shape != bound.shape or array.dtype != bound.dtype:
+                got = (
+                    "missing"
+                    if array is None
+                    else f"{getattr(array, 'shape', '?')} {getattr(array, 'dtype', '?')}"
+                )
+                raise StateError(
+                    f"rank {self.plan.context.rank}: block {name!r} is {got}; this bound plan of "
+                    f"{self.plan.op} takes {bound.shape} {bound.dtype}"
+                )
+            arrays[name] = array
+        result = self.plan.run_out_of_place(_cast(arrays, self.cast), self.dtype)
+        return entry.result(result, inplace=False)
+
+    def free(self) -> None:
+        """Release the prepared operations and buffers (a later call raises StateError)."""
+        self._phases = None
+        self.arrays = {}
+        self.freed = True

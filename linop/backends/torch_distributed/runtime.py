@@ -1,0 +1,221 @@
+"""Run one rank's schedule on a process group (host memory): :func:`run_schedule`.
+
+The workspace is the numpy interpreter's (:class:`~linop.backends.numpy_backend.Workspace`)
+over numpy views of the caller's CPU tensors (no copy), so local steps run the numpy
+interpreter's handlers and the algebra steps (scale, zero, sums) its functions, as in the MPI
+runtime (:mod:`linop.backends.mpi_runtime`). Messages travel as tensors sharing the arrays'
+memory (``torch.from_numpy``):
+
+- :class:`~linop.backends.mpi_schedule.RankPhase`: every receive and send of the phase in one
+  ``torch.distributed.batch_isend_irecv`` (tags from the program), one wait, then the adds,
+  stores and clears that needed a buffer. A receive lands straight in the target box when it
+  is contiguous; a send goes straight from the source box when it is;
+- :class:`~linop.backends.torch_distributed.schedule.AllReduceStep`: ``all_reduce`` in place
+  on the block; :class:`~linop.backends.torch_distributed.schedule.BroadcastStep`:
+  ``broadcast`` from the root's block, or ``reduce`` into a new root block, on the cached
+  sub-group of its ranks.
+
+Every message travels in the run's dtype, agreed by every rank in the entry check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, cast
+
+import numpy as np
+
+from ...operator import LinearOperator
+from ...space import Region
+from .. import numpy_backend
+from ..mpi_mapping import LocalMoves, run_local_moves
+from ..mpi_schedule import RankBranches, RankPhase, RankZero, Scale, Transfer
+from .group import GroupContext
+from .schedule import AllReduceStep, BroadcastStep
+
+__all__ = ["run_schedule", "run_phase", "phase_operations"]
+
+
+def _tensor(array: np.ndarray) -> Any:
+    import torch
+
+    return torch.from_numpy(array)
+
+
+def run_schedule(
+    schedule: Sequence[Any], work: numpy_backend.Workspace, context: GroupContext, dtype: np.dtype
+) -> None:
+    """Run a rank's schedule on ``work``; collective with the other ranks' schedules."""
+    for step in schedule:
+        kind = type(step)
+        if kind is RankPhase:
+            run_phase(step, work, context, dtype)
+        elif isinstance(step, LinearOperator):
+            numpy_backend.run(step, work)
+        elif kind is Scale:
+            numpy_backend.scale_blocks(step.alpha, work)
+        elif kind is RankZero:
+            work.arrays.clear()
+            work.owned.clear()
+            for block in step.blocks:
+                work.set(block.name, np.zeros(block.shape, dtype=work.dtype))
+        elif kind is RankBranches:
+            results = []
+            for term in step.terms:
+                branch = work.borrowed()
+                run_schedule(term, branch, context, dtype)
+                results.append(branch.arrays)
+            numpy_backend.sum_branches(results, step.names, work)
+        elif kind is LocalMoves:  # transfers between two workers of this rank (a worker map)
+            run_local_moves(step, work, dtype)
+        elif kind is AllReduceStep:
+            _all_reduce(step, work, context, dtype)
+        elif kind is BroadcastStep:
+            _broadcast(step, work, context, dtype)
+        else:  # pragma: no cover - the schedules hold nothing else
+            raise TypeError(f"the torch.distributed runtime cannot run the step {step!r}")
+
+
+def phase_operations(
+    phase: RankPhase, work: numpy_backend.Workspace, context: GroupContext, dtype: np.dtype
+) -> tuple[list[Any], list[tuple[Transfer, np.ndarray]]]:
+    """The point-to-point operations of a phase (receives first) and the receive buffers to
+    finish afterwards (``(transfer, buffer)``: new blocks, adds, stores into boxes that are not
+    contiguous or not in the run's dtype)."""
+    import torch.distributed as dist
+
+    group = context.group
+    operations: list[Any] = []
+    finish: list[tuple[Transfer, np.ndarray]] = []
+    for peer, tag, t in phase.receives:
+        if t.mode == "new":
+            buffer = np.empty(t.shape, dtype)
+            if buffer.size:
+                operations.append(
+                    dist.P2POp(dist.irecv, _tensor(buffer), group=group, tag=tag, group_peer=peer)
+                )
+            finish.append((t, buffer))
+            continue
+        if phase.empty(t):
+            continue
+        target = work.writable(t.target.name, dtype)
+        if t.mode == "store" and target.dtype == dtype:
+            view = target[phase.index(cast(Region, t.target))]
+            if view.flags.c_contiguous:
+                operations.append(
+                    dist.P2POp(dist.irecv, _tensor(view), group=group, tag=tag, group_peer=peer)
+                )
+                continue
+        buffer = np.empty(t.shape, dtype)
+        operations.append(dist.P2POp(dist.irecv, _tensor(buffer), group=group, tag=tag, group_peer=peer))
+        finish.append((t, buffer))
+    for peer, tag, t in phase.sends:
+        if phase.empty(t):
+            continue
+        data = work.arrays[t.source.name][phase.index(t.source)]
+        if data.dtype != dtype or not data.flags.c_contiguous or not data.flags.writeable:
+            data = np.array(data, dtype=dtype, order="C")
+        operations.append(dist.P2POp(dist.isend, _tensor(data), group=group, tag=tag, group_peer=peer))
+    return operations, finish
+
+
+def finish_phase(
+    phase: RankPhase,
+    work: numpy_backend.Workspace,
+    finish: list[tuple[Transfer, np.ndarray]],
+    dtype: np.dtype,
+) -> None:
+    """After a phase's messages: add or store the buffered receives, clear or drop the
+    sources."""
+    for t, buffer in finish:
+        if t.mode == "new":
+            work.set(t.target.name, buffer)
+        elif t.mode == "add":
+            work.writable(t.target.name, dtype)[phase.index(cast(Region, t.target))] += buffer
+        else:
+            work.writable(t.target.name, dtype)[phase.index(cast(Region, t.target))] = buffer
+    for _, _, t in phase.sends:
+        if t.after == "clear":
+            if not phase.empty(t):
+                work.writable(t.source.name)[phase.index(t.source)] = 0
+        elif t.after == "drop":
+            work.drop(t.source.name)
+
+
+def run_phase(
+    phase: RankPhase, work: numpy_backend.Workspace, context: GroupContext, dtype: np.dtype
+) -> None:
+    """One ``batch_isend_irecv`` of the phase's receives and sends, one wait, then the finish."""
+    import torch.distributed as dist
+
+    operations, finish = phase_operations(phase, work, context, dtype)
+    if operations:
+        for request in dist.batch_isend_irecv(operations):
+            request.wait()
+    finish_phase(phase, work, finish, dtype)
+
+
+def _owned_contiguous(work: numpy_backend.Workspace, name: str, dtype: np.dtype) -> np.ndarray:
+    array = work.writable(name, dtype)
+    if not array.flags.c_contiguous or array.dtype != dtype:
+        array = np.ascontiguousarray(array, dtype=dtype)
+        work.set(name, array)
+    return array
+
+
+def _all_reduce(
+    step: AllReduceStep, work: numpy_backend.Workspace, context: GroupContext, dtype: np.dtype
+) -> None:
+    import torch.distributed as dist
+
+    for name, ranks in step.entries:  # blocking, in the global order of the groups
+        array = _owned_contiguous(work, name, dtype)
+        dist.all_reduce(_tensor(array), op=dist.ReduceOp.SUM, group=context.subgroup(ranks))
+
+
+def _broadcast(
+    step: BroadcastStep, work: numpy_backend.Workspace, context: GroupContext, dtype: np.dtype
+) -> None:
+    import torch.distributed as dist
+
+    results: list[tuple[str, np.ndarray, bool]] = []
+    for group in step.groups:  # blocking, in the global order of the groups
+        root = group.ranks[0]
+        sub = context.subgroup(group.ranks) if len(group.ranks) > 1 else None
+        mine = [name for name, w in group.copies if w == step.rank]
+        is_root = root == step.rank
+        if not step.reduce:
+            if is_root:
+                source = work.arrays[group.root_name]
+                if source.dtype == dtype and source.flags.c_contiguous and source.flags.writeable:
+                    buffer, owned = source, group.root_name in work.owned
+                else:
+                    buffer, owned = np.array(source, dtype=dtype, order="C"), True
+                if mine:
+                    results.append((mine[0], buffer, owned))
+            else:
+                buffer = np.empty(group.shape, dtype)
+                results.append((mine[0], buffer, True))
+            if sub is not None and buffer.size:
+                dist.broadcast(_tensor(buffer), src=root, group=sub)
+            continue
+        if mine:  # reduce works in place: never on the caller's array
+            total = np.array(work.arrays[mine[0]], dtype=dtype, order="C")
+        else:  # the root holds no copy: it contributes zeros
+            total = np.zeros(group.shape, dtype)
+        if sub is not None and total.size:
+            dist.reduce(_tensor(total), dst=root, op=dist.ReduceOp.SUM, group=sub)
+        if is_root:
+            results.append((group.root_name, total, True))
+    for name in step.dropped:
+        work.drop(name)
+    for name, array, owned in results:
+        if owned:
+            work.set(name, array)
+        else:  # the caller's source array, passed through unchanged as the root's copy
+            view = array.view()
+            view.flags.writeable = False
+            work.set(name, view, owned=False)
+    for block in step.created:  # targets that no group fills (empty blocks)
+        if block.name not in work.arrays:
+            work.set(block.name, np.zeros(block.shape, dtype=work.dtype))

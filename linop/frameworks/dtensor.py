@@ -1,0 +1,219 @@
+"""PyTorch's DTensor and linop: device meshes and placements as linop layouts, and an exact,
+differentiable redistribute between any two of them on a torch.distributed process group.
+
+The layout maths is :mod:`linop.mesh_layout` (no torch needed: test it in one process); the
+tree is :class:`linop.redistribute.Redistribute`; this module connects them to torch:
+
+- :func:`mesh_layout`: a ``DeviceMesh`` (or a mesh shape) + placements (torch's or ours) + a
+  global shape (+ explicit uneven sizes) -> :class:`~linop.mesh_layout.MeshLayout`, whose
+  workers are the mesh's ranks; :func:`torch_placements` goes back.
+- :func:`from_dtensor` / :func:`to_dtensor`: a DTensor <-> (this rank's local tensor, its
+  layout), through DTensor's own differentiable ``to_local`` / ``from_local``.
+- :func:`redistribute_local` (local tensors) and :func:`redistribute` (DTensors): the tree
+  run by :mod:`linop.backends.torch_distributed` through
+  :func:`linop.frameworks.torch_function.function` (``group=``), so the backward is the
+  adjoint tree ``Redistribute(B^dagger, A^dagger)``, derived by rules and exact.
+
+DTensor computes shard boxes with ``torch.chunk`` sizes only; a DTensor built with
+``from_local`` on other uneven sizes (rows 10/30/7/30) silently gets wrong results from its own
+redistribute (public thread pytorch#144109). Pass such sizes as ``sizes=`` here: the tree
+intersects the real boxes. DTensor's own operators still assume chunk sizes, so keep such
+tensors local (:func:`redistribute_local`) or in layouts with chunk sizes.
+
+Replicate <-> Partial: linop's ``Replicate -> Partial`` keeps the value on partial term 0 and
+zeros elsewhere (exact in integers) where DTensor divides by the mesh extent; both stand for the
+same global array.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ..errors import PlacementError
+from ..mesh_layout import MeshLayout, Partial, Replicate, Shard, as_placement
+from ..redistribute import Redistribute
+from .torch_function import TorchOperator, function
+
+__all__ = [
+    "from_dtensor",
+    "mesh_layout",
+    "redistribute",
+    "redistribute_local",
+    "redistribute_operator",
+    "to_dtensor",
+    "torch_placements",
+]
+
+SizesLike = Mapping[int, Sequence[int]] | Sequence[Sequence[int] | None] | None
+
+
+def mesh_layout(
+    mesh: Any,
+    placements: Sequence[Any],
+    global_shape: Sequence[int],
+    sizes: SizesLike = None,
+    *,
+    name: str = "x",
+) -> MeshLayout:
+    """The layout of a global shape on ``mesh`` with ``placements``.
+
+    Parameters
+    ----------
+    mesh : DeviceMesh or sequence of int
+        A torch ``DeviceMesh`` (its shape and its ranks, ``mesh.mesh.flatten()``, become the
+        layout's mesh and workers) or a plain mesh shape (workers ``0 .. size - 1``).
+    placements : sequence
+        torch's ``Shard(d)``, ``Replicate()``, ``Partial()`` or :mod:`linop.mesh_layout`'s.
+    global_shape : sequence of int
+    sizes : mapping or sequence, optional
+        Explicit uneven piece sizes per sharded tensor dimension (default ``torch.chunk``'s).
+
+    Raises
+    ------
+    PlacementError
+        When mesh, placements, shape and sizes do not fit (naming the mesh or tensor dimension).
+    """
+    if hasattr(mesh, "mesh") and hasattr(mesh, "shape"):
+        ranks = tuple(int(r) for r in mesh.mesh.flatten().tolist())
+        shape = tuple(int(n) for n in mesh.mesh.shape)
+    else:
+        ranks, shape = (), tuple(mesh)
+    return MeshLayout.from_placements(shape, placements, tuple(global_shape), sizes, ranks=ranks, name=name)
+
+
+def torch_placements(layout: MeshLayout) -> tuple[Any, ...]:
+    """The layout's placements as torch's (``Shard``, ``Replicate``, ``Partial``)."""
+    from torch.distributed.tensor import Partial as TorchPartial
+    from torch.distributed.tensor import Replicate as TorchReplicate
+    from torch.distributed.tensor import Shard as TorchShard
+
+    result: list[Any] = []
+    for placement in layout.placements:
+        if isinstance(placement, Shard):
+            result.append(TorchShard(placement.dim))
+        elif isinstance(placement, Replicate):
+            result.append(TorchReplicate())
+        else:
+            assert isinstance(placement, Partial)
+            result.append(TorchPartial())
+    return tuple(result)
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _check_local(local: torch.Tensor, layout: MeshLayout, rank: int) -> None:
+    if rank not in layout.partition:
+        raise PlacementError(f"layout {layout.name!r}: rank {rank} is not in the mesh {list(layout.ranks)}")
+    expected = layout.block_of(rank).shape
+    if tuple(local.shape) != expected:
+        wrong = [d for d, (a, b) in enumerate(zip(local.shape, expected)) if a != b]
+        where = f"tensor dimension {wrong[0]}" if wrong else f"rank {len(local.shape)} versus {len(expected)}"
+        raise PlacementError(
+            f"layout {layout.name!r}: rank {rank} holds a local tensor of shape {tuple(local.shape)}, the layout "
+            f"gives it {expected} ({where}; pass sizes= for uneven shards that are not torch.chunk's)"
+        )
+
+
+def from_dtensor(x: Any, sizes: SizesLike = None, *, name: str = "x") -> tuple[torch.Tensor, MeshLayout]:
+    """This rank's local tensor of DTensor ``x`` (``x.to_local()``, differentiable) and its
+    layout (``sizes``: the uneven piece sizes it was built with, default ``torch.chunk``'s).
+
+    Raises
+    ------
+    PlacementError
+        When the local tensor's shape is not the one the layout gives this rank (naming the
+        tensor dimension): a DTensor built by ``from_local`` on other sizes needs ``sizes=``.
+    """
+    layout = mesh_layout(x.device_mesh, x.placements, tuple(x.shape), sizes, name=name)
+    local = x.to_local()
+    _check_local(local, layout, _rank())
+    return local, layout
+
+
+def to_dtensor(local: torch.Tensor, layout: MeshLayout, mesh: Any) -> Any:
+    """A DTensor from this rank's local tensor in ``layout`` on ``mesh`` (``DTensor.from_local``
+    with the global shape given, so uneven shards keep their global shape; differentiable)."""
+    from torch.distributed.tensor import DTensor
+
+    _check_local(local, layout, _rank())
+    shape = layout.global_shape
+    stride = tuple(int(torch.tensor(shape[d + 1 :]).prod()) for d in range(len(shape)))
+    return DTensor.from_local(
+        local, mesh, torch_placements(layout), run_check=False, shape=torch.Size(shape), stride=stride
+    )
+
+
+def redistribute_operator(source: MeshLayout, destination: MeshLayout) -> Redistribute:
+    """The tree: :class:`~linop.redistribute.Redistribute` (exact for every layout)."""
+    return Redistribute(source, destination)
+
+
+_FUNCTIONS: OrderedDict[tuple[Any, ...], TorchOperator] = OrderedDict()
+_FUNCTIONS_KEPT = 64
+
+
+def _function(tree: Redistribute, group: Any) -> TorchOperator:
+    """The differentiable wrapper of ``tree`` on ``group``, built (and its plans bound) once."""
+    key = (tree, id(group) if group is not None else None)
+    found = _FUNCTIONS.get(key)
+    if found is None:
+        found = function(tree, group=True if group is None else group)
+        _FUNCTIONS[key] = found
+        if len(_FUNCTIONS) > _FUNCTIONS_KEPT:
+            _FUNCTIONS.popitem(last=False)
+    else:
+        _FUNCTIONS.move_to_end(key)
+    return found
+
+
+def redistribute_local(
+    local: torch.Tensor, source: MeshLayout, destination: MeshLayout | Sequence[Any], *, group: Any = None
+) -> torch.Tensor:
+    """This rank's local tensor in layout ``destination`` (a layout, or placements on the
+    source's mesh with torch.chunk sizes) from its local tensor in ``source``; collective over
+    ``group`` (default the world group: worker ``w`` on rank ``w``). Differentiable: the
+    backward runs the adjoint tree.
+
+    Raises
+    ------
+    PlacementError
+        When ``local`` does not have the shape ``source`` gives this rank, or the layouts do not
+        fit (different meshes, placements that do not match the mesh).
+    """
+    if not isinstance(destination, MeshLayout):
+        destination = source.with_placements(destination, name=f"{source.name}_out")
+    rank = _rank()
+    _check_local(local, source, rank)
+    tree = redistribute_operator(source, destination)
+    result = _function(tree, group)({source.block_of(rank).name: local})
+    return result[destination.block_of(rank).name]
+
+
+def redistribute(
+    x: Any,
+    placements: Sequence[Any],
+    sizes: SizesLike = None,
+    *,
+    source_sizes: SizesLike = None,
+    group: Any = None,
+) -> Any:
+    """DTensor ``x`` redistributed to ``placements`` by linop's tree (exact, differentiable):
+    a DTensor on the same mesh. ``source_sizes`` / ``sizes``: the uneven piece sizes of the
+    input and of the result (default ``torch.chunk``'s)."""
+    local, source = from_dtensor(x, source_sizes, name="x")
+    destination = mesh_layout(
+        x.device_mesh,
+        [as_placement(p, i) for i, p in enumerate(placements)],
+        source.global_shape,
+        sizes,
+        name="y",
+    )
+    return to_dtensor(redistribute_local(local, source, destination, group=group), destination, x.device_mesh)

@@ -1,0 +1,46 @@
+"""Run ``checks.main()`` (or, with ``--bench``, another module's ``main()``) on K gloo processes
+made by ``torch.multiprocessing.spawn``: ``python spawn.py K [module]``. The rendezvous is on
+127.0.0.1 at a free port picked here; ``init_process_group`` has a 60 s timeout, and the
+launcher bounds the whole run."""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import socket
+import sys
+from pathlib import Path
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+HERE = Path(__file__).resolve().parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def process(rank: int, size: int, port: int, module: str) -> None:
+    sys.path.insert(0, str(HERE))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=size,
+        timeout=datetime.timedelta(seconds=60),
+    )
+    try:
+        importlib.import_module(module).main()
+    finally:
+        dist.destroy_process_group()
+
+
+def launch(size: int, module: str = "checks") -> None:
+    mp.spawn(process, args=(size, free_port(), module), nprocs=size)
+
+
+if __name__ == "__main__":
+    launch(int(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "checks")

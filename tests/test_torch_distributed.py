@@ -1,0 +1,131 @@
+"""The torch.distributed executor on gloo, at 1-4 processes: one launch per process count, each
+running every check of ``tests/torchdist/checks.py`` (halo exchanges, collectives,
+repartitions, worker maps, a sub-group, bound plans, autograd, typed errors on every rank,
+random trees; against the numpy interpreter, exactly in integers).
+
+Processes 1, 3 and 4 are made by ``torch.multiprocessing.spawn`` (``tests/torchdist/spawn.py``;
+at 3 the CPU tensors take the device path, the one CUDA tensors take under NCCL),
+2 by ``python -m torch.distributed.run`` (torchrun), which also runs the README's "Run under
+torchrun" script and, last, a rank that never arrives (the others must raise
+``PeerTimeoutError`` within the deadline). Rendezvous on 127.0.0.1 at a free port picked at
+run time; every launch is bounded by a timeout and ``init_process_group(timeout=60 s)``.
+``LINOP_LONG=1`` draws more random trees.
+
+Also here, in this process: the errors raised before any process group exists.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (the torch extra)")
+dist = pytest.importorskip("torch.distributed")
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "tests" / "torchdist"
+LAUNCH_TIMEOUT = 600  # seconds: a shared, loaded 2-core machine imports torch slowly
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _environment() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def _run(command: list[str]) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        command, cwd=SCRIPTS, env=_environment(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT
+    )
+    assert result.returncode == 0, (
+        f"exit {result.returncode}\n{result.stdout[-4000:]}\n{result.stderr[-8000:]}"
+    )
+    return result
+
+
+@pytest.mark.parametrize(
+    "processes, path", [(1, "host"), (3, "device"), (4, "host")], ids=["1-host", "3-device", "4-host"]
+)
+def test_checks_under_spawn(processes, path, monkeypatch):
+    """``device``: CPU tensors forced through the device path (torch ops, tensors kept where
+    they are), which CUDA tensors take under NCCL."""
+    if path == "device":
+        monkeypatch.setenv("LINOP_TORCH_DEVICE_PATH", "1")
+    result = _run([sys.executable, "spawn.py", str(processes)])
+    for rank in range(processes):
+        assert "CHECKS OK 7" in result.stdout and f" rank {rank}\n" in result.stdout, result.stdout
+
+
+def test_checks_readme_and_a_missing_peer_under_torchrun(tmp_path):
+    from test_readme_torchrun import torchrun_block
+
+    processes, block = torchrun_block()
+    assert processes == 2
+    script = tmp_path / "readme_torchrun.py"
+    script.write_text(block)
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(processes),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(_free_port()),
+        "checks.py",
+        str(script),
+        "--timeout-case",
+    ]
+    result = _run(command)
+    out = result.stdout
+    assert out.count("CHECKS OK") == processes, out
+    assert "TIMEOUT OK rank 0" in out and "TIMEOUT ABSENT rank 1" in out, out
+    assert "PeerTimeoutError" not in result.stderr
+
+
+def test_errors_before_any_process_group():
+    from linop import Block, Space
+    from linop.backends import torch_distributed as td
+    from linop.errors import ProcessGroupArgumentError, ProcessGroupError
+    from linop.frameworks.torch_function import function
+
+    op = Space([Block("a", (2,), 0)]).identity() if hasattr(Space, "identity") else None
+    if op is None:
+        from linop import Identity
+
+        op = Identity(Space([Block("a", (2,), 0)]))
+    if dist.is_initialized():  # pragma: no cover - a plain pytest process has no group
+        pytest.skip("a process group exists in this process")
+    with pytest.raises(ProcessGroupError, match="not initialized"):
+        td.apply(op, {"a": torch.zeros(2)})
+    with pytest.raises(ProcessGroupArgumentError, match="ProcessGroup"):
+        td.plan_for(op, group="world")
+    with pytest.raises(ProcessGroupArgumentError, match="not both"):
+        function(op, comm=object(), group=True)
+    with pytest.raises(ProcessGroupArgumentError, match="positive"):
+        td.apply(op, {"a": torch.zeros(2)}, timeout=-1)
+    os.environ["LINOP_TIMEOUT"] = "soon"
+    try:
+        with pytest.raises(ProcessGroupArgumentError, match="LINOP_TIMEOUT"):
+            td.apply(op, {"a": torch.zeros(2)})
+    finally:
+        del os.environ["LINOP_TIMEOUT"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (the NCCL path needs a GPU)")
+def test_nccl_device_path():  # pragma: no cover - needs a GPU
+    result = _run([sys.executable, "spawn.py", "1", "--nccl"])
+    assert "CHECKS OK" in result.stdout

@@ -1,0 +1,543 @@
+"""Checks of the torch.distributed executor, run on every process of one gloo launch.
+
+Launched by ``tests/test_torch_distributed.py`` under ``torch.distributed.run`` (torchrun) or
+``torch.multiprocessing.spawn`` (``spawn.py``). Every process builds the same trees and runs
+every check; each check's pass or fail is agreed over the group (:func:`agree`), so every
+process takes the same path and a failure on one fails all. The process prints ``CHECKS OK
+<n>`` at the end, or raises with the failures of every rank.
+
+Exact first: data movement on integer arrays, compared entry by entry with the numpy
+interpreter.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "mpi"))  # the tree strategies (tests/mpi/strategies.py)
+
+from linop import (  # noqa: E402
+    Block,
+    DistributedTensor,
+    HaloExchange,
+    Kernel,
+    Partition,
+    SendRecv,
+    Space,
+    halo_geometry,
+    halo_windows,
+)
+from linop.backends import torch_distributed as td  # noqa: E402
+from linop.collectives import AllReduce, BlockGrid, Broadcast, SumReduce  # noqa: E402
+from linop.errors import (  # noqa: E402
+    DistributedStateError,
+    ProcessGroupArgumentError,
+    ProcessGroupError,
+    TreeMismatchError,
+)
+from linop.repartition import Gather, Repartition, Scatter  # noqa: E402
+
+LONG = os.environ.get("LINOP_LONG") == "1"
+TIMEOUT = datetime.timedelta(seconds=60)
+
+
+def agree(ok: bool, message: str) -> list[str]:
+    """Every rank's failure messages (empty when the check passed everywhere)."""
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, None if ok else f"rank {dist.get_rank()}: {message}")
+    return [m for m in gathered if m is not None]
+
+
+def local(space: Space, state: dict, rank: int, *, as_torch: bool = True) -> dict:
+    """The blocks of ``state`` that ``rank`` owns, as fresh tensors (or arrays)."""
+    out = {b.name: np.array(state[b.name]) for b in space if b.worker == rank}
+    return {k: on_device(torch.from_numpy(v)) for k, v in out.items()} if as_torch else out
+
+
+DEVICE = os.environ.get("LINOP_CHECKS_DEVICE")  # "cuda:K" under NCCL (spawn.py --nccl)
+
+
+def on_device(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor on the launch's device (the CPU unless NCCL)."""
+    return tensor if DEVICE is None else tensor.to(DEVICE)
+
+
+def differs(result: dict, expected: dict, names: tuple[str, ...], *, exact: bool = True) -> str | None:
+    if sorted(result) != sorted(names):
+        return f"blocks {sorted(result)} instead of {sorted(names)}"
+    for name in names:
+        value = result[name]
+        got = np.asarray(value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value)
+        want = np.asarray(expected[name])
+        if got.shape != want.shape:
+            return f"{name}: shape {got.shape} versus {want.shape}"
+        if exact:
+            same = np.array_equal(got, want)
+        else:  # sums in another order: a few units of the dtype's precision
+            eps = 64 * float(np.finfo(np.result_type(got.dtype, np.float16)).eps)
+            same = np.allclose(got, want, rtol=eps, atol=eps * max(1.0, float(np.abs(want).max(initial=0))))
+        if not same:
+            wrong = int(np.sum(got != want))
+            return f"{name}: {wrong} wrong entries"
+    return None
+
+
+def against_numpy(
+    op: Any, seed: int, *, dtype: Any = np.int64, inplace: bool = False, **kw: Any
+) -> str | None:
+    """Apply ``op`` with the executor on this rank's blocks; compare with the numpy interpreter;
+    also that the caller's tensors are unchanged (out of place)."""
+    rank = dist.get_rank()
+    mapping = td.WorkerMap.of(kw["mapping"]) if kw.get("mapping") is not None else None
+    group = kw.get("group")
+    place = rank if group is None else dist.get_rank(group)  # this process's rank in the group
+
+    def mine_in(space: Space) -> tuple[str, ...]:
+        where = (lambda w: w) if mapping is None else mapping.rank_of
+        return tuple(b.name for b in space if where(b.worker) == place)
+
+    full = op.domain.random(seed, dtype=dtype)
+    expected = op(full)
+    held = mine_in(op.domain)
+    mine = {k: on_device(torch.from_numpy(np.array(full[k]))) for k in held}
+    before = {k: v.clone() for k, v in mine.items()}
+    result = td.apply(op, mine, inplace=inplace, **kw)
+    names = mine_in(op.range)
+    problem = differs(result, expected, names, exact=np.dtype(dtype).kind in "iu")
+    if problem is None and not inplace and any(not torch.equal(before[k], mine[k]) for k in mine):
+        problem = "the caller's tensors were changed"
+    if problem is None and mine and any(not isinstance(v, torch.Tensor) for v in result.values()):
+        problem = "results are not tensors"
+    return problem
+
+
+def grid_2d(size: int) -> tuple[int, int]:
+    return {1: (1, 1), 2: (2, 1), 3: (3, 1), 4: (2, 2)}[size]
+
+
+class Checks:
+    """The checks, collected; :meth:`run` agrees on each one over the group."""
+
+    def __init__(self) -> None:
+        self.rank, self.size = dist.get_rank(), dist.get_world_size()
+        self.failures: list[str] = []
+        self.count = 0
+
+    def run(self, name: str, check: Callable[[], str | None]) -> None:
+        if os.environ.get("LINOP_CHECK_TRACE") == "1":
+            print(f"rank {self.rank}: {name}", flush=True)
+        try:
+            problem = check()
+        except Exception as error:
+            problem = f"raised {type(error).__name__}: {error}"
+        self.count += 1
+        self.failures += [f"{name}: {m}" for m in agree(problem is None, str(problem))]
+
+    # -- halo exchanges ----------------------------------------------------------------------
+    def halos(self) -> None:
+        size = self.size
+        cases = {
+            "halo 1-d width 1": (
+                DistributedTensor("x", (4 * size + 1,), Partition((size,))),
+                Kernel(3, padding=1),
+            ),
+            "halo 1-d width 3": (
+                DistributedTensor("x", (4 * size + 1,), Partition((size,))),
+                Kernel(7, padding=3),
+            ),
+            "halo 2-d width 1": (
+                DistributedTensor("x", (9, 8), Partition(grid_2d(size))),
+                Kernel(3, padding=1),
+            ),
+            "halo 2-d width 3": (
+                DistributedTensor("x", (13, 12), Partition(grid_2d(size))),
+                Kernel(7, padding=3),
+            ),
+            "halo unbalanced": (
+                DistributedTensor(
+                    "x", (3 * size + 2,), Partition((size,)), sizes=[[1] * (size - 1) + [2 * size + 3]]
+                )
+                if size > 1
+                else DistributedTensor("x", (5,), Partition((1,))),
+                Kernel(3, padding=1),
+            ),
+            "halo multi-hop": (DistributedTensor("x", (2 * size,), Partition((size,))), Kernel(7, padding=3)),
+            "halo periodic": (
+                DistributedTensor("x", (3 * size, 4), Partition((size, 1))),
+                Kernel(3, padding=1, boundary="periodic"),
+            ),
+        }
+        for name, (tensor, kernel) in cases.items():
+            op = HaloExchange(halo_geometry(tensor, kernel))
+            self.run(name, lambda op=op: against_numpy(op, 1))
+            self.run(name + " adjoint", lambda op=op: against_numpy(op.H, 2))
+            self.run(name + " in place", lambda op=op: against_numpy(op, 3, inplace=True))
+            self.run(name + " float64", lambda op=op: against_numpy(op, 4, dtype=np.float64))
+        windows = halo_windows(DistributedTensor("u", (7, 5), Partition(grid_2d(size))), Kernel(3, padding=1))
+        self.run("halo windows", lambda: against_numpy(windows, 5))
+        self.run("halo windows adjoint", lambda: against_numpy(windows.H, 6))
+
+    # -- collectives and repartitions ----------------------------------------------------------
+    def collectives(self) -> None:
+        size = self.size
+        tensor = DistributedTensor("x", (7, 6), Partition((size, 1)))
+        other = DistributedTensor("z", (7, 6), Partition((1, size)))
+        w = DistributedTensor("w", (3, 4), Partition.grid((1, 1)))
+        layout = BlockGrid.uniform("a", Partition(grid_2d(size)), (6, 5))
+        root = Block("r", (6, 5), size - 1)
+        scattered = DistributedTensor("s", (6, 5), Partition((size, 1)))
+        trees = {
+            "repartition rows to columns": Repartition(tensor, other),
+            "broadcast": Broadcast(w, Partition.grid((size, 1)), "w_copy"),
+            "sum-reduce": SumReduce(w, Partition.grid((size, 1)), "w_copy"),
+            "all-reduce axis 0": AllReduce(layout, (0,)),
+            "all-reduce axes 0 1": AllReduce(layout, (0, 1)),
+            "scatter": Scatter(root, scattered),
+            "gather": Gather(root, scattered),
+        }
+        for name, op in trees.items():
+            self.run(name, lambda op=op: against_numpy(op, 7))
+            self.run(name + " adjoint", lambda op=op: against_numpy(op.H, 8))
+            self.run(name + " float32", lambda op=op: against_numpy(op, 9, dtype=np.float32))
+        for name in ("broadcast", "sum-reduce", "all-reduce axis 0"):
+            op = trees[name]
+            self.run(
+                name + " is native on the world group",
+                lambda op=op: None if td.plan_for(op).native or self.size == 1 else "portable",
+            )
+            self.run(name + " float64 native", lambda op=op: against_numpy(op, 10, dtype=np.float64))
+            self.run(name + " uint16 portable", lambda op=op: against_numpy(op, 11, dtype=np.uint16))
+        self.run(
+            "scatter is portable", lambda: None if not td.plan_for(trees["scatter"]).native else "native"
+        )
+
+    def mapped(self) -> None:
+        workers = 2 * self.size
+        tensor = DistributedTensor("m", (3 * workers,), Partition((workers,)))
+        op = HaloExchange(halo_geometry(tensor, Kernel(3, padding=1)))
+        for name, mapping in (
+            ("blocked", td.WorkerMap.blocked(workers, self.size)),
+            ("round robin", td.WorkerMap.round_robin(workers, self.size)),
+        ):
+            self.run(f"worker map {name}", lambda m=mapping: against_numpy(op, 12, mapping=m))
+            self.run(f"worker map {name} adjoint", lambda m=mapping: against_numpy(op.H, 13, mapping=m))
+
+    def subgroup(self) -> None:
+        """A group of the first size - 1 ranks (created by every rank, in order): its members
+        run a tree on it (the portable program); the others take no part."""
+        if self.size < 3:
+            return
+        members = list(range(self.size - 1))
+        group = dist.new_group(members)
+        tensor = DistributedTensor("g", (3 * len(members),), Partition((len(members),)))
+        op = HaloExchange(halo_geometry(tensor, Kernel(3, padding=1)))
+
+        def check() -> str | None:
+            if self.rank not in members:
+                return None
+            return against_numpy(op, 14, group=group)
+
+        self.run("sub-group", check)
+
+    def random_trees(self) -> None:
+        from hypothesis import HealthCheck, given, settings
+        from strategies import movement_trees
+
+        count = 60 if LONG else 12
+
+        @settings(
+            derandomize=True,
+            database=None,
+            deadline=None,
+            max_examples=count,
+            suppress_health_check=list(HealthCheck),
+        )
+        @given(movement_trees(self.size))
+        def trees(op: Any) -> None:
+            problem = None
+            try:
+                problem = against_numpy(op, 15)
+                if problem is None:
+                    problem = against_numpy(op.H, 16)
+                if problem is None and op.domain == op.range:
+                    problem = against_numpy(op, 17, inplace=True)
+            except Exception as error:
+                problem = f"{type(error).__name__}: {error}"
+            failures = agree(problem is None, f"{op}: {problem}")
+            assert not failures, failures
+
+        self.run("random trees", lambda: trees())
+
+    # -- bound plans ----------------------------------------------------------------------------
+    def bound(self) -> None:
+        tensor = DistributedTensor("b", (9, 8), Partition(grid_2d(self.size)))
+        op = HaloExchange(halo_geometry(tensor, Kernel(5, padding=2)))
+        full = op.domain.random(18, dtype=np.int64)
+
+        def in_place() -> str | None:
+            mine = local(op.domain, full, self.rank)
+            step = td.plan_for(op).bind(mine)
+            if not step.prepared and os.environ.get("LINOP_TORCH_DEVICE_PATH") != "1":
+                return "the in-place halo exchange is not prepared"
+            state = full
+            for _ in range(3):  # three calls: the exchange applied three times
+                result = step()
+                state = op(state)
+                if any(result[k] is not mine[k] for k in mine):
+                    return "in place: not the caller's tensors"
+                problem = differs(mine, state, tuple(mine))
+                if problem:
+                    return problem
+            step.free()
+            return None
+
+        def out_of_place() -> str | None:
+            adjoint = op.H
+            mine = local(adjoint.domain, full, self.rank)
+            step = td.plan_for(adjoint).bind(mine, inplace=False)
+            expected = adjoint(full)
+            names = tuple(b.name for b in adjoint.range if b.worker == self.rank)
+            problem = differs(step(), expected, names)
+            other = adjoint.domain.random(19, dtype=np.int64)
+            problem = problem or differs(
+                step.run_on(local(adjoint.domain, other, self.rank)), adjoint(other), names
+            )
+            step.free()
+            return problem
+
+        self.run("bound in place", in_place)
+        self.run("bound out of place", out_of_place)
+
+    # -- autograd -------------------------------------------------------------------------------
+    def autograd(self) -> None:
+        from linop.frameworks.torch_function import OperatorModule, function
+
+        u = DistributedTensor("u", (7, 5), Partition(grid_2d(self.size)))
+        trees = {
+            "windows": halo_windows(u, Kernel(3, padding=1)),
+            "broadcast": Broadcast(
+                DistributedTensor("w", (2, 3), Partition.grid((1, 1))), Partition.grid((self.size, 1)), "c"
+            ),
+        }
+        for name, op in trees.items():
+
+            def check(op: Any = op) -> str | None:
+                f = function(op, group=True)
+                full = op.domain.random(20, dtype=np.int64)
+                cotangent = op.range.random(21, dtype=np.int64)
+                forward = op({k: v.astype(np.float64) for k, v in full.items()})
+                backward = op.H({k: v.astype(np.float64) for k, v in cotangent.items()})
+                for _ in range(2):  # the second call runs the bound plans without checks
+                    x = {k: v.double().requires_grad_() for k, v in local(op.domain, full, self.rank).items()}
+                    y = f(x)
+                    weights = {k: v.double() for k, v in local(op.range, cotangent, self.rank).items()}
+                    loss = sum((y[k] * weights[k]).sum() for k in y) + f.token.sum()
+                    loss.backward()
+                    grads = {k: (torch.zeros_like(v) if v.grad is None else v.grad) for k, v in x.items()}
+                    problem = differs({k: v.detach() for k, v in y.items()}, forward, f.outputs) or differs(
+                        grads, backward, f.inputs
+                    )
+                    if problem:
+                        return problem
+                module = OperatorModule(op, group=True)
+                return None if module(x).keys() == y.keys() else "OperatorModule outputs differ"
+
+            self.run(f"autograd {name}", check)
+
+    def layer(self) -> None:
+        """A convolution held by its owners (the forward broadcasts the parameters, the backward
+        sums their gradients back: the native broadcast and reduce) against torch's Conv2d."""
+        from linop.frameworks.torch_layers import LayerModule
+        from linop.layers import Convolution
+
+        def check() -> str | None:
+            x = DistributedTensor("x", (2, 3, 3 * self.size + 1, 5), Partition((1, 1, self.size, 1)))
+            conv = Convolution(x, 2, Kernel(3, padding=1))
+            rng = np.random.default_rng(3)
+            weights = rng.standard_normal(conv.weights.global_shape)
+            bias = rng.standard_normal(conv.bias.global_shape)
+            layer = LayerModule(conv, weights=weights, bias=bias, group=True)
+            twin = torch.nn.Conv2d(3, 2, 3, padding=1, dtype=torch.float64)
+            with torch.no_grad():
+                twin.weight.copy_(torch.from_numpy(weights))
+                twin.bias.copy_(torch.from_numpy(bias))
+            image = torch.from_numpy(rng.standard_normal(x.global_shape)).requires_grad_()
+            blocks = x.scatter(image.detach().numpy())
+            mine = {
+                b.name: torch.from_numpy(blocks[b.name]).requires_grad_()
+                for b in x.space
+                if b.worker == self.rank
+            }
+            for _ in range(2):  # the second call on the bound plans
+                for tensor in (image, *mine.values(), *layer.parameters(), *twin.parameters()):
+                    tensor.grad = None
+                out = layer(mine)
+                (sum((v * v).sum() for v in out.values()) + layer.token.sum()).backward()
+                (twin(image) ** 2).sum().backward()
+                whole = {
+                    **conv.weights.scatter(twin.weight.grad.numpy()),
+                    **conv.bias.scatter(twin.bias.grad.numpy()),
+                }
+                wrong = [n for n, p in layer.parameter_state().items() if not np.allclose(p.grad, whole[n])]
+                expected = x.scatter(image.grad.numpy())
+                wrong += [n for n, t in mine.items() if not np.allclose(t.grad, expected[n])]
+                if wrong:
+                    return f"gradients differ from Conv2d's: {wrong}"
+            return None
+
+        self.run("LayerModule owners against Conv2d", check)
+
+    # -- typed errors on every rank ----------------------------------------------------------------
+    def same_error(self, kind: type, call: Callable[[], Any]) -> str | None:
+        try:
+            call()
+            message = "no error"
+        except kind as error:
+            message = f"{type(error).__name__}: {error}"
+        except Exception as error:
+            message = f"UNEXPECTED {type(error).__name__}: {error}"
+        gathered: list[Any] = [None] * self.size
+        dist.all_gather_object(gathered, message)
+        if message.startswith(("no error", "UNEXPECTED")):
+            return message
+        return None if len(set(gathered)) == 1 else f"messages differ: {gathered}"
+
+    def errors(self) -> None:
+        size = self.size
+        tensor = DistributedTensor("e", (4 * size,), Partition((size,)))
+        op = HaloExchange(halo_geometry(tensor, Kernel(3, padding=1)))
+        full = op.domain.random(22, dtype=np.int64)
+
+        def mismatched() -> Any:
+            other = HaloExchange(
+                halo_geometry(
+                    DistributedTensor("e", (4 * size + 1,), Partition((size,))), Kernel(3, padding=1)
+                )
+            )
+            tree = other if self.rank == size - 1 and size > 1 else op
+            return td.apply(tree, local(tree.domain, tree.domain.random(0, dtype=np.int64), self.rank))
+
+        def wrong_shape() -> Any:
+            mine = local(op.domain, full, self.rank)
+            if self.rank == 0:
+                name = next(iter(mine))
+                mine[name] = torch.zeros(tuple(n + 1 for n in mine[name].shape), dtype=torch.int64)
+            return td.apply(op, mine)
+
+        def missing_block() -> Any:
+            mine = local(op.domain, full, self.rank)
+            if self.rank == size - 1:
+                mine.pop(next(iter(mine)))
+            return td.apply(op, mine)
+
+        def group_too_small() -> Any:
+            big = SendRecv(Space([Block("a", (2,), 0)])["a"], Block("b", (2,), size))
+            return td.apply(big, local(big.domain, big.domain.random(0, dtype=np.int64), self.rank))
+
+        def bad_group() -> Any:
+            return td.apply(op, local(op.domain, full, self.rank), group="world")
+
+        def both_engines() -> Any:
+            from linop.frameworks.torch_function import function
+
+            return function(op, comm=object(), group=True)
+
+        def control() -> str | None:
+            """A wrong entry in one rank's result is caught by the comparison (the checks above
+            can fail)."""
+            mine = local(op.domain, full, self.rank)
+            result = td.apply(op, mine)
+            names = tuple(b.name for b in op.range if b.worker == self.rank)
+            if self.rank != size - 1:
+                return differs(result, op(full), names)
+            name = next(n for n in names if result[n].numel())
+            wrong = dict(result)
+            wrong[name] = result[name].clone()
+            wrong[name].view(-1)[0] += 1
+            return None if differs(wrong, op(full), names) is not None else "a wrong entry was not caught"
+
+        self.run("control: a wrong entry is caught", control)
+        if size > 1:
+            self.run("error: mismatched tree", lambda: self.same_error(TreeMismatchError, mismatched))
+        self.run("error: wrong block shape", lambda: self.same_error(DistributedStateError, wrong_shape))
+        self.run("error: missing block", lambda: self.same_error(DistributedStateError, missing_block))
+        self.run("error: group too small", lambda: self.same_error(ProcessGroupError, group_too_small))
+        self.run("error: bad group argument", lambda: self.same_error(ProcessGroupArgumentError, bad_group))
+        self.run("error: comm and group", lambda: self.same_error(ProcessGroupArgumentError, both_engines))
+        # the group still works after the errors
+        self.run("after the errors", lambda: against_numpy(op, 23))
+
+
+def missing_peer(seconds: float = 3.0) -> None:
+    """The last check of a launch (the group is unusable afterwards): every rank but the last
+    calls the executor with ``timeout=seconds``; the last never arrives. Each rank that called
+    must raise PeerTimeoutError within the deadline (plus slack for a loaded machine). Prints
+    ``TIMEOUT OK`` on each such rank; the launcher test looks for it."""
+    import time
+
+    from linop.errors import PeerTimeoutError
+
+    rank, size = dist.get_rank(), dist.get_world_size()
+    tensor = DistributedTensor("t", (4 * size,), Partition((size,)))
+    op = HaloExchange(halo_geometry(tensor, Kernel(3, padding=1)))
+    if rank == size - 1:  # never arrives; waits until the others have given up, then leaves
+        time.sleep(seconds + 5)
+        print(f"TIMEOUT ABSENT rank {rank}", flush=True)
+        return
+    start = time.monotonic()
+    try:
+        td.apply(op, local(op.domain, op.domain.random(0, dtype=np.int64), rank), timeout=seconds)
+    except PeerTimeoutError as error:
+        elapsed = time.monotonic() - start
+        if elapsed > seconds + 20:
+            raise AssertionError(f"the timeout took {elapsed:.1f} s") from error
+        print(f"TIMEOUT OK rank {rank} after {elapsed:.1f} s: {error}", flush=True)
+        return
+    raise AssertionError("no PeerTimeoutError without the last rank")
+
+
+def main(readme: str | None = None, *, timeout_case: bool = False) -> None:
+    checks = Checks()
+    for part in (
+        checks.halos,
+        checks.collectives,
+        checks.mapped,
+        checks.subgroup,
+        checks.bound,
+        checks.autograd,
+        checks.layer,
+        checks.errors,
+        checks.random_trees,
+    ):
+        part()
+    if readme is not None:
+        checks.run("README block", lambda: _readme(readme))
+    if checks.failures:
+        raise AssertionError(f"{len(checks.failures)} check(s) failed:\n" + "\n".join(checks.failures))
+    print(f"CHECKS OK {checks.count} rank {checks.rank}", flush=True)
+    if timeout_case:
+        missing_peer()
+
+
+def _readme(path: str) -> str | None:
+    exec(compile(Path(path).read_text(), path, "exec"), {"__name__": "__main__"})
+    return None
+
+
+if __name__ == "__main__":  # under torchrun: the environment gives the rank and the rendezvous
+    # python checks.py [README_BLOCK.py] [--timeout-case]
+    arguments = [a for a in sys.argv[1:] if not a.startswith("--")]
+    dist.init_process_group("gloo", timeout=TIMEOUT)
+    main(arguments[0] if arguments else None, timeout_case="--timeout-case" in sys.argv)
+    sys.stdout.flush()
+    os._exit(0)  # after the timeout case the group cannot be shut down cleanly

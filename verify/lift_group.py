@@ -1,0 +1,94 @@
+r"""Prove a torch.distributed code's backward across processes: :func:`verify.lift.lift_mpi`
+over a ``torch.distributed`` process group instead of an MPI communicator.
+
+Every rank of the group probes together, one global entry at a time: the rank owning entry
+:math:`j` of the domain passes the unit vector there, every other rank zeros, each calls its
+per-rank function (which communicates as it likes: DTensor's ``redistribute``, a hand-written
+``all_gather``, linop's own trees) and keeps its column of the output; the columns are gathered
+on every rank (``all_gather_object``). The claimed backward (autograd's, run on every rank
+together, or a second callable) is probed likewise, so every rank holds the same
+:class:`~verify.lift.Lifted` for :func:`verify.exact_adjoint`, which proves
+:math:`G = F^{H}` or names the first wrong entries as (block, index) pairs: a row is an entry
+of the function's input, a column an entry of its output.
+
+The inner product is the sum over every rank's blocks (each block an independent variable). A
+layout with ``Replicate`` copies thus has a cotangent per copy: DTensor, which treats the
+copies as one value and its cotangent as replicated, gives the local slice of the gradient
+where this adjoint sums over the copies (``Shard -> Replicate``); a layout without copies
+(``Shard(0) -> Shard(1)``) compares directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from linop import Space
+
+from .exact import Proof, exact_adjoint
+from .lift import Lifted, lift_mpi
+
+__all__ = ["GroupComm", "lift_group", "prove_backward_group"]
+
+
+class GroupComm:
+    """The two things probing needs of a communicator (``rank`` and a pickled ``allgather``),
+    over a torch.distributed process group (default the world group)."""
+
+    def __init__(self, group: Any = None) -> None:
+        import torch.distributed as dist
+
+        self._dist = dist
+        self.group = group
+        self.rank = dist.get_rank(group) if group is not None else dist.get_rank()
+        self.size = dist.get_world_size(group) if group is not None else dist.get_world_size()
+
+    def allgather(self, value: Any) -> list[Any]:
+        """Every rank's ``value``, in rank order, on every rank."""
+        gathered: list[Any] = [None] * self.size
+        self._dist.all_gather_object(gathered, value, group=self.group)
+        return gathered
+
+
+def lift_group(
+    forward: Callable[..., Any],
+    domain: Space | Mapping[str, Sequence[int]],
+    range: Space | Mapping[str, Sequence[int]],
+    *,
+    adjoint: Callable[..., Any] | None = None,
+    group: Any = None,
+    framework: str = "torch",
+    label: str | None = None,
+) -> Lifted:
+    """Lift a per-rank function that communicates over a torch.distributed process group, and
+    its claimed adjoint, into one :class:`~verify.lift.Lifted`, the same on every rank;
+    collective over ``group``.
+
+    Each rank's callables take this rank's blocks of ``domain`` (worker == group rank, in the
+    domain's order) and return this rank's blocks of ``range``. With ``framework="torch"``
+    (default) they take and return tensors and the default adjoint is autograd's backward;
+    ``"numpy"`` takes arrays and needs ``adjoint=``.
+
+    Raises
+    ------
+    LiftError
+        On every rank together, when a rank's function returns the wrong blocks or shapes.
+    """
+    if not isinstance(domain, Space) or not isinstance(range, Space):
+        from .lift import _as_space
+
+        domain, range = _as_space(domain), _as_space(range)
+    return lift_mpi(
+        forward, domain, range, adjoint=adjoint, comm=GroupComm(group), framework=framework, label=label
+    )
+
+
+def prove_backward_group(
+    forward: Callable[..., Any],
+    domain: Space | Mapping[str, Sequence[int]],
+    range: Space | Mapping[str, Sequence[int]],
+    **options: Any,
+) -> Proof:
+    """Lift ``forward`` across the group (:func:`lift_group`, same options) and prove its
+    claimed backward exactly; the same :class:`~verify.exact.Proof` on every rank."""
+    return exact_adjoint(lift_group(forward, domain, range, **options))
