@@ -60,7 +60,6 @@ __all__ = [
     "CalibrationError",
     "ProcessGroupError",
     "ProcessGroupArgumentError",
-    "PeerTimeoutError",
 ]
 
 

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 import verify
 from linop import GlobalShapeError, LinopError, OperandError, PlacementError, StateError
-from linop.backends.mpi_schedule import fingerprint
 from linop.mesh_layout import MeshLayout, Partial, Replicate, Shard, as_placement, chunk_sizes
+from linop.program import fingerprint
 from linop.redistribute import Redistribute, RedistributeCopies, RedistributeSums
 
 

@@ -38,7 +38,7 @@ from verify.errors import NotSizeFreeError
 from verify.node_examples import example_strategy, examples_of, registered_examples
 
 try:  # the torch.distributed executor's device handlers (interpreter "torch-device"), with torch
-    import linop.backends.torch_distributed.device  # noqa: F401
+    import linop.backends.torch_distributed.device
 except ImportError:  # pragma: no cover - torch is an optional extra
     pass
 

@@ -9,7 +9,7 @@ interpreter's blocks for its workers.
 How a call runs
 ---------------
 1. :func:`plan_for` (cached per tree and group) compiles this rank's program from the
-   distributed program of :mod:`linop.backends.mpi_schedule`
+   distributed program of :mod:`linop.program`
    (:mod:`~linop.backends.torch_distributed.schedule`): native collectives where the layout
    allows (all-reduce, broadcast, sum-reduce on the world group), else the portable
    point-to-point program, exact for every tree.
@@ -36,9 +36,9 @@ from typing import Any
 
 from ...errors import PeerTimeoutError, ProcessGroupArgumentError, ProcessGroupError, WorkerMapError
 from ...operator import LinearOperator
+from ...program import WorkerMap
 from .. import mpi_fastpaths  # noqa: F401 - registers the fast paths' lowerings
 from ..mpi_context import PLAN_CACHE_SIZE, PlanCache
-from ..mpi_mapping import WorkerMap
 from .group import TIMEOUT_VARIABLE, GroupContext, context_for, resolve_timeout
 from .plan import BoundTorchPlan, TorchDistributedPlan
 

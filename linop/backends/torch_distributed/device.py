@@ -38,9 +38,8 @@ from ... import dispatch
 from ...movement import Copy, CopyAdjoint, Move
 from ...operator import LinearOperator
 from ...primitives import Add, Allocate, Clear, Deallocate
+from ...program import LocalMoves, RankBranches, RankPhase, RankZero, Scale
 from ...space import Block, Region
-from ..mpi_mapping import LocalMoves
-from ..mpi_schedule import RankBranches, RankPhase, RankZero, Scale
 from .group import GroupContext
 from .schedule import AllReduceStep, BroadcastStep
 

@@ -29,11 +29,10 @@ from ...errors import (
     WorkerMapError,
 )
 from ...operator import LinearOperator
+from ...program import RankPhase, WorkerMap, fingerprint
 from ...space import Block
 from .. import array_api, mpi_mapping, numpy_backend
-from ..mpi_mapping import WorkerMap
 from ..mpi_plan import read_only
-from ..mpi_schedule import RankPhase, fingerprint
 from . import device as device_path
 from .check import TorchEntryCheck
 from .group import GroupContext, resolve_timeout

@@ -6,7 +6,7 @@ interpreter's handlers and the algebra steps (scale, zero, sums) its functions, 
 runtime (:mod:`linop.backends.mpi_runtime`). Messages travel as tensors sharing the arrays'
 memory (``torch.from_numpy``):
 
-- :class:`~linop.backends.mpi_schedule.RankPhase`: every receive and send of the phase in one
+- :class:`~linop.program.RankPhase`: every receive and send of the phase in one
   ``torch.distributed.batch_isend_irecv`` (tags from the program), one wait, then the adds,
   stores and clears that needed a buffer. A receive lands straight in the target box when it
   is contiguous; a send goes straight from the source box when it is;
@@ -26,10 +26,10 @@ from typing import Any, cast
 import numpy as np
 
 from ...operator import LinearOperator
+from ...program import LocalMoves, RankBranches, RankPhase, RankZero, Scale, Transfer
 from ...space import Region
 from .. import numpy_backend
-from ..mpi_mapping import LocalMoves, run_local_moves
-from ..mpi_schedule import RankBranches, RankPhase, RankZero, Scale, Transfer
+from ..mpi_mapping import run_local_moves
 from .group import GroupContext
 from .schedule import AllReduceStep, BroadcastStep
 

@@ -1,9 +1,9 @@
 """One rank's program for the torch.distributed executor: native or portable.
 
-Both come from the distributed program of :mod:`linop.backends.mpi_schedule`:
+Both come from the distributed program of :mod:`linop.program`:
 
 - **native** (the world group only): the global program with its fast paths
-  (:func:`~linop.backends.mpi_schedule.compile_program`, the same on every rank), used when
+  (:func:`~linop.program.compile_program`, the same on every rank), used when
   every fast path in it is an all-reduce, broadcast or sum-reduce. Each becomes one
   ``torch.distributed`` collective per group of ranks (:class:`AllReduceStep`,
   :class:`BroadcastStep`) on a sub-group; the ordered list of those groups' rank sets
@@ -11,7 +11,7 @@ Both come from the distributed program of :mod:`linop.backends.mpi_schedule`:
   (``new_group`` is collective over the world group);
 - **portable** otherwise (halo exchanges, repartitions, scatters, gathers, any tree; any
   group; any worker-to-rank map): the program lowered without fast paths
-  (:func:`~linop.backends.mpi_schedule.lower_portable`) and projected onto the rank by
+  (:func:`~linop.program.lower_portable`) and projected onto the rank by
   :mod:`linop.backends.mpi_mapping`: local steps, point-to-point phases (one
   ``batch_isend_irecv`` each) and local moves between two workers of one rank. It is exact for
   every tree.
@@ -29,10 +29,10 @@ from typing import Any
 from ...collectives import AllReduce, Broadcast, SumReduce
 from ...errors import LinopError, UnsupportedNodeError
 from ...operator import LinearOperator
+from ...program import Branches, FastPathStep, RankProgram, WorkerMap, compile_program, project
 from ...space import Block
 from .. import mpi_fastpaths  # noqa: F401 - registers the fast paths' lowerings
-from ..mpi_mapping import WorkerMap, compiled_for
-from ..mpi_schedule import Branches, FastPathStep, RankProgram, compile_program, project
+from ..mpi_mapping import compiled_for
 
 __all__ = ["AllReduceStep", "BroadcastStep", "Compiled", "SUMMABLE", "native_program", "portable_program"]
 
