@@ -181,9 +181,11 @@ class WorkerMapMismatchError(TreeMismatchError):
 
 
 class PeerTimeoutError(MPIError, TimeoutError):
-    """Some ranks did not arrive at a collective of the MPI interpreter (the entry check, a
-    bound plan's first start) within the deadline (``timeout=`` or ``LINOP_TIMEOUT``); raised
-    on every rank that did, naming those that did not, before the job is aborted."""
+    """Some ranks did not arrive at a collective of a distributed executor (the entry check, a
+    bound plan's first start; MPI or a ``torch.distributed`` process group) within the deadline
+    (``timeout=`` or ``LINOP_TIMEOUT``); raised on every rank that did, naming those that did
+    not. Under MPI the job is then aborted; a process group is unusable afterwards (a collective
+    is left unfinished): end the job."""
 
 
 class TimeoutArgumentError(LinopError, TypeError, ValueError):
@@ -270,7 +272,3 @@ class ProcessGroupArgumentError(ProcessGroupError, TypeError):
     the world group), or both ``comm=`` (MPI) and ``group=`` (torch.distributed) were given."""
 
 
-class PeerTimeoutError(ProcessGroupError, TimeoutError):
-    """Some rank of a process group did not reach the entry check within the ``timeout``
-    (it failed, hung or is running something else); raised on every rank that arrived. The
-    group is unusable afterwards (a collective is left unfinished): end the job."""
