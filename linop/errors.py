@@ -53,6 +53,8 @@ __all__ = [
     "NoMatrixError",
     "AlgorithmError",
     "CalibrationError",
+    "MeshError",
+    "DeviceKernelError",
 ]
 
 
@@ -223,3 +225,12 @@ class DistributedDtypeError(DistributedStateError, DtypeError):
 class DistributedOverflowError(MPIError, IntegerOverflowError):
     """An integer result may not fit (raised on every rank; also an
     :class:`~linop.errors.IntegerOverflowError`, as the numpy interpreter raises)."""
+
+
+class MeshError(PartitionError):
+    """A JAX device mesh does not fit a partition or a compiled plan (names the mesh axis or
+    the partition dimension at fault)."""
+
+
+class DeviceKernelError(UnsupportedNodeError):
+    """A node cannot run inside ``jit`` on JAX devices (a LocalOperator's numpy kernel)."""

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import UnsupportedNodeError, WorkerError
+from ..errors import DeviceKernelError, WorkerError
 from ..local import LocalOperator
 from ..movement import Copy, CopyAdjoint, Move
 from ..operator import LinearOperator
@@ -63,10 +63,6 @@ __all__ = [
     "compile_plan",
     "edge_colouring",
 ]
-
-
-class DeviceKernelError(UnsupportedNodeError):
-    """A node cannot run inside ``jit`` on JAX devices (a numpy kernel of a LocalOperator)."""
 
 
 _PREFIX = re.compile(r"^(.*?)(\[[^\[\]]*\])?$")
