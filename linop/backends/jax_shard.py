@@ -284,19 +284,20 @@ def _mapped(plan: Plan, mesh: Mesh, axes: tuple[str, ...], batch_dims: int, adjo
 
     else:
         kernel = local_function(plan, axes, batch_dims)
-    return jax.shard_map(
+    mapped = jax.shard_map(
         kernel,
         mesh=mesh,
         in_specs=(spec,) * len(plan.domain.slots),
         out_specs=(spec,) * len(plan.range.slots),
         check_vma=False,
     )
+    return jax.jit(mapped)
 
 
 def sharded_call(
     plan: Plan, mesh: Mesh, axes: tuple[str, ...], batch_dims: int = 0, *, adjoint_by_tree: bool = True
 ) -> Any:
-    """The ``shard_map`` of the plan over ``mesh`` (cached), a function of the domain's
+    """The jitted ``shard_map`` of the plan over ``mesh`` (cached), a function of the domain's
     interface slots stacked over devices (``(devices, *batch, *slot.shape)``, the leading axis
     sharded over ``axes``) returning the range's likewise. With ``adjoint_by_tree`` (default)
     it runs :data:`sharded_p`, so JAX transposes it by the plan of ``op.H``; without, JAX

@@ -24,6 +24,7 @@ masked on entry and exit.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 import jax
@@ -141,41 +142,26 @@ class ShardedOperator:
 
     def pack(self, state: Mapping[str, Any], layout: Layout | None = None) -> dict[str, jax.Array]:
         """A state of per-worker arrays (by block name) as stacked, padded slots, sharded over
-        the mesh (works on tracers too)."""
+        the mesh (jitted; works on tracers too)."""
         layout = self.domain if layout is None else layout
-        by_block = {b.name: b for s in layout.slots for b in s.blocks if b is not None}
-        missing = [n for n in by_block if n not in state]
-        extra = [n for n in state if n not in by_block]
+        names = tuple(b.name for s in layout.slots for b in s.blocks if b is not None)
+        shapes = {b.name: b.shape for s in layout.slots for b in s.blocks if b is not None}
+        missing = [n for n in names if n not in state]
+        extra = [n for n in state if n not in shapes]
         if missing or extra:
             raise StateError(f"state for {self.op}: missing block(s) {missing}, unexpected block(s) {extra}")
-        values = {n: jnp.asarray(v) for n, v in state.items()}
-        for name, block in by_block.items():
-            if values[name].shape != block.shape:
-                raise StateError(f"block {name!r} has shape {values[name].shape}, the space expects {block.shape}")
-        dtype = jnp.result_type(*values.values()) if values else jnp.float32
-        out = {}
-        for spec in layout.slots:
-            rows = []
-            for block in spec.blocks:
-                if block is None:
-                    rows.append(jnp.zeros(spec.shape, dtype))
-                else:
-                    pads = [(0, n - m) for n, m in zip(spec.shape, block.shape)]
-                    value = values[block.name].astype(dtype)
-                    rows.append(jnp.pad(value, pads) if any(p for _, p in pads) else value)
-            out[spec.name] = jax.lax.with_sharding_constraint(jnp.stack(rows), self.sharding)
-        return out
+        values = [state[n] for n in names]
+        for name, value in zip(names, values):
+            shape = tuple(np.shape(value))
+            if shape != shapes[name]:
+                raise StateError(f"block {name!r} has shape {shape}, the space expects {shapes[name]}")
+        return dict(zip(layout.names, _packer(layout, names, self.sharding)(*values)))
 
     def unpack(self, slots: Mapping[str, Any], layout: Layout | None = None) -> dict[str, jax.Array]:
-        """Stacked slots back to per-worker arrays by block name (padding cut off)."""
+        """Stacked slots back to per-worker arrays by block name (padding cut off; jitted)."""
         layout = self.range if layout is None else layout
-        out = {}
-        for spec in layout.slots:
-            array = slots[spec.name]
-            for d, block in enumerate(spec.blocks):
-                if block is not None:
-                    out[block.name] = array[(d, *(slice(0, n) for n in block.shape))]
-        return out
+        names = tuple(b.name for s in layout.slots for b in s.blocks if b is not None)
+        return dict(zip(names, _unpacker(layout)(*(slots[n] for n in layout.names))))
 
     def blocks(self, state: Mapping[str, Any]) -> dict[str, jax.Array]:
         """``op(state)`` for per-worker arrays keyed by block name, through the slots."""
@@ -183,6 +169,40 @@ class ShardedOperator:
 
     def __repr__(self) -> str:
         return f"ShardedOperator({self.op}, {self.devices} devices, {self.plan.rounds} ppermute rounds)"
+
+
+@lru_cache(maxsize=256)
+def _packer(layout: Layout, names: tuple[str, ...], sharding: NamedSharding) -> Callable[..., tuple[jax.Array, ...]]:
+    def pack(*values: Any) -> tuple[jax.Array, ...]:
+        by_name = dict(zip(names, values))
+        dtype = jnp.result_type(*values) if values else jnp.float32
+        out = []
+        for spec in layout.slots:
+            rows = []
+            for block in spec.blocks:
+                if block is None:
+                    rows.append(jnp.zeros(spec.shape, dtype))
+                    continue
+                pads = [(0, n - m) for n, m in zip(spec.shape, block.shape)]
+                value = jnp.asarray(by_name[block.name]).astype(dtype)
+                rows.append(jnp.pad(value, pads) if any(p for _, p in pads) else value)
+            out.append(jax.lax.with_sharding_constraint(jnp.stack(rows), sharding))
+        return tuple(out)
+
+    return jax.jit(pack)
+
+
+@lru_cache(maxsize=256)
+def _unpacker(layout: Layout) -> Callable[..., tuple[jax.Array, ...]]:
+    def unpack(*arrays: Any) -> tuple[jax.Array, ...]:
+        out = []
+        for spec, array in zip(layout.slots, arrays):
+            for d, block in enumerate(spec.blocks):
+                if block is not None:
+                    out.append(array[(d, *(slice(0, n) for n in block.shape))])
+        return tuple(out)
+
+    return jax.jit(unpack)
 
 
 def sharded(
