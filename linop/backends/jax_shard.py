@@ -119,11 +119,24 @@ def _run(device: _Device, ops: Sequence[Any], state: dict[str, jax.Array]) -> di
 
     for op in ops:
         if isinstance(op, BoxOp):
+            starts = device.starts(op.dst_starts, op.active)
             value = None
             if op.src is not None:
                 assert op.src_starts is not None and op.src_shape is not None
-                value = device.read(get(op.src), device.starts(op.src_starts, op.active), op.src_shape)
-            starts = device.starts(op.dst_starts, op.active)
+                src_starts = device.starts(op.src_starts, op.active)
+                into_zeros = op.dst not in state and op.kind in ("set", "add")  # 0 + v = v
+                if (op.kind == "set" or into_zeros) and op.active.all() and _static(starts) and _static(src_starts):
+                    whole = _whole(src_starts, op.src_shape, device.plan.slots[op.src])
+                    if whole and _whole(starts, op.shape, device.plan.slots[op.dst]):
+                        state[op.dst] = get(op.src).reshape(*device.batch, *op.shape)  # no copy
+                        continue
+                    if into_zeros:  # one pad, not zeros and an update
+                        box = device.read(get(op.src), src_starts, op.src_shape).reshape(*device.batch, *op.shape)
+                        high = [n - a - m for n, a, m in zip(device.plan.slots[op.dst], starts, op.shape)]
+                        pads = [(0, 0, 0)] * len(device.batch) + [(a, h, 0) for a, h in zip(starts, high)]
+                        state[op.dst] = lax.pad(box, jnp.zeros((), box.dtype), pads)
+                        continue
+                value = device.read(get(op.src), src_starts, op.src_shape)
             state[op.dst] = device.write(get(op.dst), starts, op.shape, value, op.kind, op.active)
         elif isinstance(op, Exchange):
             senders = np.zeros(len(op.receivers), dtype=bool)
@@ -155,6 +168,14 @@ def _run(device: _Device, ops: Sequence[Any], state: dict[str, jax.Array]) -> di
         else:  # pragma: no cover - compile_plan emits nothing else
             raise TypeError(f"unknown op {op!r}")
     return state
+
+
+def _static(starts: tuple[Any, ...]) -> bool:
+    return all(isinstance(s, int) for s in starts)
+
+
+def _whole(starts: tuple[Any, ...], shape: tuple[int, ...], slot: tuple[int, ...]) -> bool:
+    return not any(starts) and tuple(shape) == tuple(slot)
 
 
 def _fit(array: jax.Array, batch: int, shape: tuple[int, ...]) -> jax.Array:

@@ -546,6 +546,34 @@ class _Compiler:
         return ops
 
 
+def _reads(op: Any, slots: dict[str, tuple[int, ...]]) -> set[str] | None:
+    """The slots whose values ``op`` uses (None: all of them)."""
+    if isinstance(op, BoxOp):
+        used = set() if op.src is None else {op.src}
+        whole = op.kind != "add" and op.active.all() and not op.dst_starts.any() and op.shape == slots[op.dst]
+        if not whole:
+            used.add(op.dst)
+        return used
+    if isinstance(op, Exchange):
+        return {p.src for p in op.pieces} | {p.dst for p in op.pieces}
+    return None
+
+
+def drop_dead_clears(ops: Sequence[Any], live_at_end: set[str], slots: dict[str, tuple[int, ...]]) -> tuple[Any, ...]:
+    """``ops`` without the clears of slots that no later op reads (a block cleared and then
+    dropped, as the adjoint of a copy leaves its source): a slot is reborn only by a step
+    that clears or overwrites it, so the clear is never observed."""
+    kept: list[Any] = []
+    read_later: set[str] | None = set(live_at_end)
+    for op in reversed(ops):
+        if isinstance(op, BoxOp) and op.kind == "clear" and read_later is not None and op.dst not in read_later:
+            continue
+        kept.append(op)
+        used = _reads(op, slots)
+        read_later = None if used is None or read_later is None else read_later | used
+    return tuple(reversed(kept))
+
+
 def math_size(shape: Sequence[int]) -> int:
     return int(np.prod(shape, dtype=np.int64)) if shape else 1
 
@@ -576,6 +604,7 @@ def compile_plan(op: LinearOperator, devices: int, device_of: Sequence[int] | No
         outputs.append((internal, spec.extents()))
     inputs = tuple(spec.name for spec in compiler.domain.slots)
     shapes = {name: tuple(shape) for name, shape in compiler.shapes.items()}
+    ops = list(drop_dead_clears(ops, {s for internal, _ in outputs for s in internal if s is not None}, shapes))
     return Plan(
         op,
         devices,

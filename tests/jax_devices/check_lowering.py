@@ -311,6 +311,10 @@ def check_api() -> None:
 
 
 if __name__ == "__main__":
+    if COUNT == 4:
+        from check_lift import check_lift
+
+        check_lift(MESH)
     check_api()
     check_control()
     check_uneven_77_rows()
