@@ -22,17 +22,17 @@ import sys
 
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from _timing import compare  # noqa: E402
-from jax import lax  # noqa: E402
-from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+from _timing import compare
+from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from linop import AllReduce, DistributedTensor, Kernel, Partition, Repartition, halo_windows  # noqa: E402
-from linop.frameworks.jax_function import function as callback_function  # noqa: E402
-from linop.frameworks.jax_sharded import sharded  # noqa: E402
-from linop.layout import BlockGrid  # noqa: E402
+from linop import AllReduce, DistributedTensor, Kernel, Partition, Repartition, halo_windows
+from linop.frameworks.jax_function import function as callback_function
+from linop.frameworks.jax_sharded import sharded
+from linop.layout import BlockGrid
 
 QUICK = "--quick" in sys.argv
 REPEATS = 5 if QUICK else 11
@@ -42,7 +42,9 @@ P = 4
 
 
 def hand_map(kernel):
-    return jax.jit(jax.shard_map(kernel, mesh=MESH, in_specs=PartitionSpec("d"), out_specs=PartitionSpec("d")))
+    return jax.jit(
+        jax.shard_map(kernel, mesh=MESH, in_specs=PartitionSpec("d"), out_specs=PartitionSpec("d"))
+    )
 
 
 def hand_halo(x):
@@ -67,7 +69,11 @@ def loss_grad(f):
 def run(ours, theirs, argument) -> tuple[float, float, float]:
     a, b = ours(argument), theirs(argument)
     assert np.array_equal(np.asarray(a), np.asarray(b)), "the two sides differ"
-    return compare(lambda: jax.block_until_ready(ours(argument)), lambda: jax.block_until_ready(theirs(argument)), REPEATS)
+    return compare(
+        lambda: jax.block_until_ready(ours(argument)),
+        lambda: jax.block_until_ready(theirs(argument)),
+        REPEATS,
+    )
 
 
 def row(label: str, timing: tuple[float, float, float]) -> None:
@@ -82,7 +88,9 @@ def single(f):
 
 def main() -> None:
     load = os.getloadavg()
-    print(f"4 host devices, float32; load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} on {os.cpu_count()} cores")
+    print(
+        f"4 host devices, float32; load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} on {os.cpu_count()} cores"
+    )
     print("| case | linop | other | ratio |")
     print("|---|---|---|---|")
     sizes = (64, 128) if QUICK else (64, 128, 512, 1024)
@@ -103,14 +111,23 @@ def main() -> None:
 
             called = jax.jit(via_callback)
             row(f"halo windows {P}x{n} x {n}, forward, vs host callback", run(ours, called, x))
-            row(f"halo windows {P}x{n} x {n}, grad, vs host callback", run(loss_grad(ours), loss_grad(called), x))
+            row(
+                f"halo windows {P}x{n} x {n}, grad, vs host callback",
+                run(loss_grad(ours), loss_grad(called), x),
+            )
         y = DistributedTensor("y", (P * n, P * n), Partition.grid((1, P)))
         xr = DistributedTensor("x", (P * n, P * n), Partition.grid((P, 1)))
         columns = single(sharded(Repartition(xr, y), MESH))
         big = jax.device_put(jnp.arange(P * n * P * n, dtype=jnp.float32).reshape(P, n, P * n) % 89, ROWS)
         hand_c = hand_map(hand_columns)
-        row(f"repartition rows -> columns {P * n} x {P * n}, forward, vs all_to_all", run(columns, hand_c, big))
-        row(f"repartition rows -> columns {P * n} x {P * n}, grad, vs all_to_all", run(loss_grad(columns), loss_grad(hand_c), big))
+        row(
+            f"repartition rows -> columns {P * n} x {P * n}, forward, vs all_to_all",
+            run(columns, hand_c, big),
+        )
+        row(
+            f"repartition rows -> columns {P * n} x {P * n}, grad, vs all_to_all",
+            run(loss_grad(columns), loss_grad(hand_c), big),
+        )
         reduce = single(sharded(AllReduce(BlockGrid.uniform("r", Partition.grid((P,)), (n, n)), (0,)), MESH))
         hand_r = hand_map(hand_allreduce)
         row(f"all-reduce {n} x {n} per device, forward, vs psum", run(reduce, hand_r, x))
@@ -125,12 +142,19 @@ def main() -> None:
     padded = 1 - (P * n - 3) * n / (P * shape[0] * shape[1])
     ours_u, ours_e = single(f_uneven), single(f_even)
     ours_u(xu)
-    timing = compare(lambda: jax.block_until_ready(ours_u(xu)), lambda: jax.block_until_ready(ours_e(xe)), REPEATS)
-    row(f"padding: halo windows of {P * n - 3} rows ({padded:.2%} of the slot padded) vs {P * n} rows, forward", timing)
+    timing = compare(
+        lambda: jax.block_until_ready(ours_u(xu)), lambda: jax.block_until_ready(ours_e(xe)), REPEATS
+    )
+    row(
+        f"padding: halo windows of {P * n - 3} rows ({padded:.2%} of the slot padded) vs {P * n} rows, forward",
+        timing,
+    )
     grads = loss_grad(ours_u), loss_grad(ours_e)
     grads[0](xu)
-    timing = compare(lambda: jax.block_until_ready(grads[0](xu)), lambda: jax.block_until_ready(grads[1](xe)), REPEATS)
-    row(f"padding: same, grad", timing)
+    timing = compare(
+        lambda: jax.block_until_ready(grads[0](xu)), lambda: jax.block_until_ready(grads[1](xe)), REPEATS
+    )
+    row("padding: same, grad", timing)
     load = os.getloadavg()
     print(f"load average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}")
 

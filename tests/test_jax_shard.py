@@ -58,7 +58,9 @@ def test_edge_colouring_is_proper_with_the_largest_degree_many_colours(edges):
     for c in set(colours):
         chosen = [e for e, k in zip(edges, colours) if k == c]
         assert len({u for u, _ in chosen}) == len(chosen) and len({v for _, v in chosen}) == len(chosen)
-    degree = max([sum(u == a for u, _ in edges) for a in range(6)] + [sum(v == b for _, v in edges) for b in range(6)])
+    degree = max(
+        [sum(u == a for u, _ in edges) for a in range(6)] + [sum(v == b for _, v in edges) for b in range(6)]
+    )
     assert len(set(colours)) == degree
 
 

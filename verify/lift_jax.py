@@ -65,7 +65,7 @@ def slot_functions(
         for spec, array in zip(layout.slots, slots):
             for d, block in enumerate(spec.blocks):
                 if block is not None:
-                    by_name[block.name] = array[(d, *(slice(0, n) for n in block.shape))]
+                    by_name[block.name] = array[(d,) + tuple(slice(0, n) for n in block.shape)]
         return tuple(by_name[name] for name in names)
 
     return layout, pack, unpack
@@ -108,7 +108,9 @@ def lift_shard_map(
     return lift(on_blocks, domain, range, adjoint=claimed, framework="jax", label=name, batch=batch)
 
 
-def prove_shard_map(forward: Callable[..., Any], domain: Space, range: Space, devices: int, **options: Any) -> Proof:
+def prove_shard_map(
+    forward: Callable[..., Any], domain: Space, range: Space, devices: int, **options: Any
+) -> Proof:
     """:func:`lift_shard_map` then :func:`verify.exact_adjoint`: proven, or refuted with the
     first wrong entries (a row is an entry of the function's input, a column of its output)."""
     return exact_adjoint(lift_shard_map(forward, domain, range, devices, **options))

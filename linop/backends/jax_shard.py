@@ -100,12 +100,10 @@ class _Device:
                 return array.at[index].add(value)
             return array.at[index].set(jnp.zeros((), array.dtype) if value is None else value)
         old = self.read(array, starts, shape)
-        if kind == "add":
-            new = old + value
-        elif kind == "set":
-            new = value
-        else:
+        if value is None:  # clear
             new = jnp.zeros_like(old)
+        else:
+            new = old + value if kind == "add" else value
         if not everyone:
             new = jnp.where(self.row(active), new, old)
         lead = (0,) * len(self.batch)
@@ -125,13 +123,20 @@ def _run(device: _Device, ops: Sequence[Any], state: dict[str, jax.Array]) -> di
                 assert op.src_starts is not None and op.src_shape is not None
                 src_starts = device.starts(op.src_starts, op.active)
                 into_zeros = op.dst not in state and op.kind in ("set", "add")  # 0 + v = v
-                if (op.kind == "set" or into_zeros) and op.active.all() and _static(starts) and _static(src_starts):
+                if (
+                    (op.kind == "set" or into_zeros)
+                    and op.active.all()
+                    and _static(starts)
+                    and _static(src_starts)
+                ):
                     whole = _whole(src_starts, op.src_shape, device.plan.slots[op.src])
                     if whole and _whole(starts, op.shape, device.plan.slots[op.dst]):
                         state[op.dst] = get(op.src).reshape(*device.batch, *op.shape)  # no copy
                         continue
                     if into_zeros:  # one pad, not zeros and an update
-                        box = device.read(get(op.src), src_starts, op.src_shape).reshape(*device.batch, *op.shape)
+                        box = device.read(get(op.src), src_starts, op.src_shape).reshape(
+                            *device.batch, *op.shape
+                        )
                         high = [n - a - m for n, a, m in zip(device.plan.slots[op.dst], starts, op.shape)]
                         pads = [(0, 0, 0)] * len(device.batch) + [(a, h, 0) for a, h in zip(starts, high)]
                         state[op.dst] = lax.pad(box, jnp.zeros((), box.dtype), pads)
@@ -183,7 +188,7 @@ def _fit(array: jax.Array, batch: int, shape: tuple[int, ...]) -> jax.Array:
     have = array.shape[batch:]
     if have == shape:
         return array
-    cropped = array[(Ellipsis, *(slice(0, min(a, b)) for a, b in zip(have, shape)))]
+    cropped = array[(Ellipsis,) + tuple(slice(0, min(a, b)) for a, b in zip(have, shape))]
     pads = [(0, 0)] * batch + [(0, max(0, b - a)) for a, b in zip(have, shape)]
     return jnp.pad(cropped, pads)
 
@@ -209,13 +214,20 @@ def local_function(plan: Plan, axes: Sequence[str], batch_dims: int = 0) -> Any:
                 array = device.mask(array, spec.extents())
             state[slot] = _fit(array, batch_dims, plan.slots[slot])
         state = _run(device, plan.ops, state)
-        return tuple(_output(device, state, spec, internal, extents) for spec, (internal, extents) in zip(plan.range.slots, plan.outputs))
+        return tuple(
+            _output(device, state, spec, internal, extents)
+            for spec, (internal, extents) in zip(plan.range.slots, plan.outputs)
+        )
 
     return run
 
 
 def _output(
-    device: _Device, state: dict[str, jax.Array], spec: SlotSpec, internal: tuple[str | None, ...], extents: np.ndarray
+    device: _Device,
+    state: dict[str, jax.Array],
+    spec: SlotSpec,
+    internal: tuple[str | None, ...],
+    extents: np.ndarray,
 ) -> jax.Array:
     batch = len(device.batch)
     used = sorted({s for s in internal if s is not None})
@@ -253,7 +265,9 @@ def _lowering(*pieces: Any, plan: Plan, axes: tuple[str, ...], batch_dims: int) 
     return list(local_function(plan, axes, batch_dims)(*pieces))
 
 
-def _transpose(cotangents: Any, *primals: Any, plan: Plan, axes: tuple[str, ...], batch_dims: int) -> list[Any]:
+def _transpose(
+    cotangents: Any, *primals: Any, plan: Plan, axes: tuple[str, ...], batch_dims: int
+) -> list[Any]:
     cotangents = [
         jnp.zeros(ct.aval.shape, ct.aval.dtype) if type(ct) is ad.Zero else ct  # type: ignore[attr-defined]
         for ct in cotangents
@@ -276,7 +290,9 @@ def _transpose(cotangents: Any, *primals: Any, plan: Plan, axes: tuple[str, ...]
     return result
 
 
-def _batched(arguments: Sequence[Any], dims: Sequence[Any], *, plan: Plan, axes: tuple[str, ...], batch_dims: int) -> Any:
+def _batched(
+    arguments: Sequence[Any], dims: Sequence[Any], *, plan: Plan, axes: tuple[str, ...], batch_dims: int
+) -> Any:
     size = next(a.shape[d] for a, d in zip(arguments, dims) if d is not None)
     moved = []
     for a, d in zip(arguments, dims):

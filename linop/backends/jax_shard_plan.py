@@ -46,7 +46,17 @@ from ..movement import Copy, CopyAdjoint, Move
 from ..operator import LinearOperator
 from ..primitives import Add, Allocate, Clear, Deallocate
 from ..space import Block, Region, Space, natural_key
-from .mpi_schedule import Branches, FastPathStep, Local, Phase, Scale, Transfer, ZeroState, batch, lower_portable
+from .mpi_schedule import (
+    Branches,
+    FastPathStep,
+    Local,
+    Phase,
+    Scale,
+    Transfer,
+    ZeroState,
+    batch,
+    lower_portable,
+)
 
 __all__ = [
     "DeviceKernelError",
@@ -117,11 +127,15 @@ def _device(worker: int, device_of: Sequence[int], what: str) -> int:
     return device_of[worker]
 
 
-def _grouped(blocks: Iterable[Block], device_of: Sequence[int], devices: int) -> dict[tuple[str, int, int], list]:
+def _grouped(
+    blocks: Iterable[Block], device_of: Sequence[int], devices: int
+) -> dict[tuple[str, int, int], list]:
     """(prefix, ndim, k) -> per-device block, the k-th block of that prefix on each device."""
     per: dict[tuple[str, int, int], list[Block]] = {}
     for block in sorted(blocks, key=lambda b: natural_key(b.name)):
-        per.setdefault((_prefix(block.name), block.ndim, _device(block.worker, device_of, f"block {block.name!r}")), []).append(block)
+        per.setdefault(
+            (_prefix(block.name), block.ndim, _device(block.worker, device_of, f"block {block.name!r}")), []
+        ).append(block)
     groups: dict[tuple[str, int, int], list] = {}
     for (prefix, ndim, device), found in per.items():
         for k, block in enumerate(found):
@@ -225,7 +239,9 @@ class Plan:
     range: Layout
     slots: dict[str, tuple[int, ...]]  # internal slot -> padded shape
     inputs: tuple[str, ...]  # internal slot of each domain interface slot
-    outputs: tuple[tuple[tuple[str | None, ...], np.ndarray], ...]  # per range slot: internal slot per device, extents
+    outputs: tuple[
+        tuple[tuple[str | None, ...], np.ndarray], ...
+    ]  # per range slot: internal slot per device, extents
     ops: tuple[Any, ...]
     alphas: tuple[Any, ...]
     rounds: int = 0
@@ -346,7 +362,11 @@ class _Compiler:
     def box(self, region: Region | Block) -> tuple[int, tuple[str, tuple[int, ...], tuple[int, ...]]]:
         """(device, (slot, start, box shape in block dimensions))."""
         if isinstance(region, Block):
-            return self._dev(region.worker, region.name), (self.slot(region), (0,) * region.ndim, region.shape)
+            return self._dev(region.worker, region.name), (
+                self.slot(region),
+                (0,) * region.ndim,
+                region.shape,
+            )
         block = region.block
         shape = tuple(b - a for a, b in zip(region.start, region.stop))
         return self._dev(block.worker, block.name), (self.slot(block), region.start, shape)
@@ -431,7 +451,7 @@ class _Compiler:
             for d in sorted(heads):
                 m = queues[d][heads[d]]
                 groups.setdefault(m.key, []).append((d, m))
-            for key, members in groups.items():
+            for members in groups.values():
                 ops.append(self._box_op(members))
             heads = {d: i + 1 for d, i in heads.items() if i + 1 < len(queues[d])}
 
@@ -447,7 +467,9 @@ class _Compiler:
         active[[d for d, _ in members]] = True
         src_starts = None
         if first.src is not None:
-            src_starts = self._starts({d: m.src[1] for d, m in members if m.src is not None}, len(first.src[1]))
+            src_starts = self._starts(
+                {d: m.src[1] for d, m in members if m.src is not None}, len(first.src[1])
+            )
         dst_starts = self._starts({d: m.dst[1] for d, m in members}, len(first.dst[1]))
         return BoxOp(
             first.kind,
@@ -488,9 +510,9 @@ class _Compiler:
             colours = edge_colouring(pairs)
             for c in range(max(colours) + 1):
                 chosen = [p for p, k in zip(pairs, colours) if k == c]
-                pieces = []
+                round_pieces: list[Piece] = []
                 for i, (src_slot, src_shape, dst_slot, dst_shape, mode) in enumerate(signature):
-                    pieces.append(
+                    round_pieces.append(
                         Piece(
                             src_slot,
                             self._starts({s: messages[(s, r)][i][0][1] for s, r in chosen}, len(src_shape)),
@@ -503,7 +525,7 @@ class _Compiler:
                     )
                 receivers = np.zeros(self.devices, dtype=bool)
                 receivers[[r for _, r in chosen]] = True
-                ops.append(Exchange(tuple(chosen), tuple(pieces), receivers))
+                ops.append(Exchange(tuple(chosen), tuple(round_pieces), receivers))
                 self.rounds += 1
         self.local_run(after, ops)
 
@@ -559,14 +581,21 @@ def _reads(op: Any, slots: dict[str, tuple[int, ...]]) -> set[str] | None:
     return None
 
 
-def drop_dead_clears(ops: Sequence[Any], live_at_end: set[str], slots: dict[str, tuple[int, ...]]) -> tuple[Any, ...]:
+def drop_dead_clears(
+    ops: Sequence[Any], live_at_end: set[str], slots: dict[str, tuple[int, ...]]
+) -> tuple[Any, ...]:
     """``ops`` without the clears of slots that no later op reads (a block cleared and then
     dropped, as the adjoint of a copy leaves its source): a slot is reborn only by a step
     that clears or overwrites it, so the clear is never observed."""
     kept: list[Any] = []
     read_later: set[str] | None = set(live_at_end)
     for op in reversed(ops):
-        if isinstance(op, BoxOp) and op.kind == "clear" and read_later is not None and op.dst not in read_later:
+        if (
+            isinstance(op, BoxOp)
+            and op.kind == "clear"
+            and read_later is not None
+            and op.dst not in read_later
+        ):
             continue
         kept.append(op)
         used = _reads(op, slots)
@@ -595,7 +624,9 @@ def compile_plan(op: LinearOperator, devices: int, device_of: Sequence[int] | No
     device_of = tuple(int(d) for d in device_of)
     bad = [w for w, d in enumerate(device_of) if not 0 <= d < devices]
     if bad:
-        raise WorkerError(f"worker {bad[0]} is mapped to device {device_of[bad[0]]}, outside 0 .. {devices - 1}")
+        raise WorkerError(
+            f"worker {bad[0]} is mapped to device {device_of[bad[0]]}, outside 0 .. {devices - 1}"
+        )
     compiler = _Compiler(op, devices, device_of)
     ops = compiler.steps(batch(lower_portable(op)))
     outputs = []
@@ -604,7 +635,9 @@ def compile_plan(op: LinearOperator, devices: int, device_of: Sequence[int] | No
         outputs.append((internal, spec.extents()))
     inputs = tuple(spec.name for spec in compiler.domain.slots)
     shapes = {name: tuple(shape) for name, shape in compiler.shapes.items()}
-    ops = list(drop_dead_clears(ops, {s for internal, _ in outputs for s in internal if s is not None}, shapes))
+    ops = list(
+        drop_dead_clears(ops, {s for internal, _ in outputs for s in internal if s is not None}, shapes)
+    )
     return Plan(
         op,
         devices,

@@ -172,7 +172,9 @@ class ShardedOperator:
 
 
 @lru_cache(maxsize=256)
-def _packer(layout: Layout, names: tuple[str, ...], sharding: NamedSharding) -> Callable[..., tuple[jax.Array, ...]]:
+def _packer(
+    layout: Layout, names: tuple[str, ...], sharding: NamedSharding
+) -> Callable[..., tuple[jax.Array, ...]]:
     def pack(*values: Any) -> tuple[jax.Array, ...]:
         by_name = dict(zip(names, values))
         dtype = jnp.result_type(*values) if values else jnp.float32
@@ -199,7 +201,7 @@ def _unpacker(layout: Layout) -> Callable[..., tuple[jax.Array, ...]]:
         for spec, array in zip(layout.slots, arrays):
             for d, block in enumerate(spec.blocks):
                 if block is not None:
-                    out.append(array[(d, *(slice(0, n) for n in block.shape))])
+                    out.append(array[(d,) + tuple(slice(0, n) for n in block.shape)])
         return tuple(out)
 
     return jax.jit(unpack)
@@ -227,7 +229,9 @@ def sharded(
 
 
 # -- global arrays of distributed tensors --------------------------------------------------
-def _tensor_devices(tensor: DistributedTensor, mesh: Mesh, dims: Sequence[str | None], axes: tuple[str, ...]) -> dict[int, int]:
+def _tensor_devices(
+    tensor: DistributedTensor, mesh: Mesh, dims: Sequence[str | None], axes: tuple[str, ...]
+) -> dict[int, int]:
     """Worker -> device for the tensor's blocks, block at grid index i on the device at mesh
     coordinate i[dim] along the axis ``dims[dim]`` (0 along the other axes)."""
     dims = tuple(dims)
@@ -242,7 +246,9 @@ def _tensor_devices(tensor: DistributedTensor, mesh: Mesh, dims: Sequence[str | 
                     f"tensor {tensor.name!r}: dimension {dim} is cut into {parts} parts but mapped to no mesh axis"
                 )
         elif axis not in axes:
-            raise MeshError(f"tensor {tensor.name!r}: dimension {dim} is mapped to {axis!r}, not a mesh axis {axes}")
+            raise MeshError(
+                f"tensor {tensor.name!r}: dimension {dim} is mapped to {axis!r}, not a mesh axis {axes}"
+            )
         elif mesh.shape[axis] != parts:
             raise MeshError(
                 f"tensor {tensor.name!r}: dimension {dim} is cut into {parts} parts but mesh axis {axis!r} has "
@@ -302,8 +308,12 @@ def tensor_function(
                 f"worker {worker} holds a block of {source.name!r} on device {placed[worker]} and of "
                 f"{target.name!r} on device {device}: the mesh mappings disagree"
             )
-    op.domain.require_equal(source.space, f"tensor_function: the domain of {op} and the space of {source.name!r}")
-    op.range.require_equal(target.space, f"tensor_function: the range of {op} and the space of {target.name!r}")
+    op.domain.require_equal(
+        source.space, f"tensor_function: the domain of {op} and the space of {source.name!r}"
+    )
+    op.range.require_equal(
+        target.space, f"tensor_function: the range of {op} and the space of {target.name!r}"
+    )
     function = sharded(op, mesh, axes=axes, workers=placed)
 
     def apply(array: Any) -> jax.Array:
@@ -318,7 +328,9 @@ def tensor_function(
             for i in source.partition.indices()
         }
         blocks = function.blocks(state)
-        out = jnp.zeros(target.global_shape, dtype=next(iter(blocks.values())).dtype if blocks else array.dtype)
+        out = jnp.zeros(
+            target.global_shape, dtype=next(iter(blocks.values())).dtype if blocks else array.dtype
+        )
         for i in target.partition.indices():
             out = out.at[tuple(slice(a, b) for a, b in zip(*target.box(i)))].set(blocks[target.block_name(i)])
         return out

@@ -35,6 +35,7 @@ import numpy as np  # noqa: E402
 from hypothesis import HealthCheck, assume, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from jax.sharding import Mesh  # noqa: E402
+from mpi.strategies import movement_trees  # noqa: E402
 
 from linop import (  # noqa: E402
     AllGather,
@@ -50,7 +51,6 @@ from linop import (  # noqa: E402
 from linop.backends.jax_shard_plan import Exchange, Plan  # noqa: E402
 from linop.frameworks.jax_sharded import ShardedOperator, sharded  # noqa: E402
 from linop.layout import BlockGrid  # noqa: E402
-from mpi.strategies import movement_trees  # noqa: E402
 from verify.strategies_distributed import decompositions  # noqa: E402
 from verify.strategies_halo import halo_cases  # noqa: E402
 
@@ -68,7 +68,9 @@ def state_of(space, seed: int) -> dict[str, np.ndarray]:
 def mismatch(got, want) -> str | None:
     for name in want:
         if not np.array_equal(np.asarray(got[name]), np.asarray(want[name])):
-            return f"block {name!r}: {np.asarray(got[name]).tolist()} versus {np.asarray(want[name]).tolist()}"
+            return (
+                f"block {name!r}: {np.asarray(got[name]).tolist()} versus {np.asarray(want[name]).tolist()}"
+            )
     return None
 
 
@@ -282,11 +284,18 @@ def check_api() -> None:
     rows = 4 * COUNT + 1  # uneven over the devices
     x = DistributedTensor("x", (rows, 5), Partition.grid((COUNT, 1)))
     y = DistributedTensor("y", (rows, 5), Partition.grid((1, 1)))
-    z = DistributedTensor("z", (rows, 5), Partition.grid((COUNT, 1), first=0), sizes=((rows - COUNT + 1,) + (1,) * (COUNT - 1), (5,)))
+    z = DistributedTensor(
+        "z",
+        (rows, 5),
+        Partition.grid((COUNT, 1), first=0),
+        sizes=((rows - COUNT + 1,) + (1,) * (COUNT - 1), (5,)),
+    )
     data = np.arange(rows * 5, dtype=np.int32).reshape(rows, 5)
     move = tensor_function(Repartition(x, z), MESH, x, z, ("d", None))
     assert np.array_equal(np.asarray(jax.jit(move)(data)), data)
-    gradient = jax.grad(lambda a: jnp.sum(move(a) * jnp.arange(rows * 5.0).reshape(rows, 5)))(data.astype(np.float32))
+    gradient = jax.grad(lambda a: jnp.sum(move(a) * jnp.arange(rows * 5.0).reshape(rows, 5)))(
+        data.astype(np.float32)
+    )
     assert np.array_equal(np.asarray(gradient), data), "the gradient of a repartition is its inverse"
     f = sharded(Repartition(x, z), MESH)
     blocks = f.blocks(x.scatter(data))
@@ -305,7 +314,9 @@ def check_api() -> None:
     except DtypeError as error:
         errors.append(str(error))
     assert len(errors) == 3, errors
-    assert "tensor 'y' has 2 dimensions but the mesh mapping (None, None, 'd') names 3" in errors[0], errors[0]
+    assert "tensor 'y' has 2 dimensions but the mesh mapping (None, None, 'd') names 3" in errors[0], errors[
+        0
+    ]
     assert "slot 'x' has shape" in errors[1] and "slot 'x' has dtype bool" in errors[2], errors
     print("api and errors:", errors[0][:60], "|", errors[1][:40])
 
