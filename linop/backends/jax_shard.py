@@ -32,7 +32,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 from jax.sharding import Mesh, PartitionSpec
 
-from .jax_shard_plan import BoxOp, Exchange, Plan, ScaleOp, SlotSpec, SumOp, ZeroOp
+from .jax_shard_plan import BoxOp, Exchange, Plan, PsumOp, ScaleOp, SlotSpec, SumOp, ZeroOp
 
 __all__ = ["local_function", "sharded_p", "sharded_call", "result_dtype"]
 
@@ -155,6 +155,8 @@ def _run(device: _Device, ops: Sequence[Any], state: dict[str, jax.Array]) -> di
                 state[piece.dst] = device.write(
                     get(piece.dst), starts, piece.dst_shape, value, piece.mode, op.receivers
                 )
+        elif isinstance(op, PsumOp):
+            state[op.slot] = lax.psum(get(op.slot), device.axis)
         elif isinstance(op, ScaleOp):
             state = {k: (v * op.alpha).astype(device.dtype) for k, v in state.items()}
         elif isinstance(op, ZeroOp):

@@ -41,9 +41,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import DeviceKernelError, WorkerError
+from ..collectives import AllReduce
 from ..local import LocalOperator
 from ..movement import Copy, CopyAdjoint, Move
-from ..operator import LinearOperator
+from ..operator import Composition, LinearOperator
 from ..primitives import Add, Allocate, Clear, Deallocate
 from ..space import Block, Region, Space, natural_key
 from .mpi_schedule import (
@@ -65,6 +66,7 @@ __all__ = [
     "BoxOp",
     "Piece",
     "Exchange",
+    "PsumOp",
     "ScaleOp",
     "ZeroOp",
     "SumOp",
@@ -210,6 +212,14 @@ class Exchange:
     perm: tuple[tuple[int, int], ...]
     pieces: tuple[Piece, ...]
     receivers: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class PsumOp:
+    """A native all-reduce: ``slot <- psum(slot)`` over every device (an AllReduce whose one
+    group is every device, one block each)."""
+
+    slot: str
 
 
 @dataclass(frozen=True, eq=False)
@@ -530,6 +540,31 @@ class _Compiler:
         self.local_run(after, ops)
 
     # -- the program ----------------------------------------------------------------------
+    def tree(self, op: LinearOperator) -> list[Any]:
+        """The ops of ``op``: native collectives where the layout allows (an all-reduce over
+        every device), the portable program of everything else."""
+        if isinstance(op, Composition) and any(self._native(f) is not None for f in op.factors):
+            ops: list[Any] = []
+            for factor in reversed(op.factors):
+                ops.extend(self.tree(factor))
+            return ops
+        slot = self._native(op)
+        if slot is not None:
+            return [PsumOp(slot)]
+        return self.steps(batch(lower_portable(op)))
+
+    def _native(self, op: LinearOperator) -> str | None:
+        """The slot of an AllReduce that ``psum`` computes exactly (one group of every device,
+        one block of one slot on each), else None."""
+        if not isinstance(op, AllReduce) or len(op.others) or len(op.groups) != 1:
+            return None
+        blocks = [op.tensor.block(index) for index in op.groups[0]]
+        devices = {self._dev(b.worker, b.name) for b in blocks}
+        slots = {self.slot(b) for b in blocks}
+        if len(blocks) != self.devices or len(devices) != self.devices or len(slots) != 1:
+            return None
+        return slots.pop()
+
     def steps(self, steps: Iterable[Any]) -> list[Any]:
         ops: list[Any] = []
         pending: list[tuple[int, Any]] = []
@@ -628,7 +663,7 @@ def compile_plan(op: LinearOperator, devices: int, device_of: Sequence[int] | No
             f"worker {bad[0]} is mapped to device {device_of[bad[0]]}, outside 0 .. {devices - 1}"
         )
     compiler = _Compiler(op, devices, device_of)
-    ops = compiler.steps(batch(lower_portable(op)))
+    ops = compiler.tree(op)
     outputs = []
     for spec in compiler.range.slots:
         internal = tuple(None if b is None else compiler.slot(b) for b in spec.blocks)

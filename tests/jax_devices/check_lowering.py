@@ -184,8 +184,12 @@ def collective_trees(draw):
         op = Repartition(x, draw(tensors("y", rank, x.global_shape)))
     elif kind == "broadcast":
         x = draw(tensors("x", rank))
-        grid = draw(grid_shapes(rank))
-        grid = tuple(1 if n == 1 else g for n, g in zip(x.partition.shape, grid))
+        left = COUNT // int(np.prod(x.partition.shape))
+        grid = []
+        for n in x.partition.shape:  # a source extent > 1 stays, an extent 1 may broadcast
+            g = n if n != 1 else draw(st.integers(1, max(1, left)))
+            left //= 1 if n != 1 else g
+            grid.append(g)
         op = Broadcast(x, workers_partition(draw, grid), "y")
     elif kind == "allreduce":
         partition = workers_partition(draw, draw(grid_shapes(rank)))
@@ -243,6 +247,20 @@ def check_uneven_77_rows() -> None:
         f = sharded(op, MESH)
         assert any(s.padded for s in f.domain.slots), f.domain
         prove(f, f"uneven {op}")
+
+
+def check_native_allreduce() -> None:
+    """An all-reduce over every device lowers to one ``psum`` (also inside a composition and
+    in its adjoint), exactly."""
+    from linop.backends.jax_shard_plan import PsumOp
+
+    t = DistributedTensor("t", (3 * COUNT, 2), Partition.grid((COUNT, 1)))
+    x = DistributedTensor("x", (3 * COUNT, 2), Partition.grid((1, 1)))
+    for op in (AllReduce(t, (0,)), AllReduce(t, (0,)) @ Repartition(x, t)):
+        f = sharded(op, MESH)
+        assert any(isinstance(o, PsumOp) for o in f.plan.ops), f.plan.ops
+        assert any(isinstance(o, PsumOp) for o in f.plan.adjoint().ops)
+        prove(f, f"native {op}")
 
 
 def reversed_round(plan: Plan) -> Plan:
@@ -328,6 +346,7 @@ if __name__ == "__main__":
         check_lift(MESH)
     check_api()
     check_control()
+    check_native_allreduce()
     check_uneven_77_rows()
     check_collectives()
     check_halos()
