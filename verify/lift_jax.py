@@ -65,7 +65,8 @@ def slot_functions(
         for spec, array in zip(layout.slots, slots):
             for d, block in enumerate(spec.blocks):
                 if block is not None:
-                    by_name[block.name] = array[(d,) + tuple(slice(0, n) for n in block.shape)]
+                    index = (d, *(slice(0, n) for n in block.shape))
+                    by_name[block.name] = array[index]
         return tuple(by_name[name] for name in names)
 
     return layout, pack, unpack

@@ -190,7 +190,8 @@ def _fit(array: jax.Array, batch: int, shape: tuple[int, ...]) -> jax.Array:
     have = array.shape[batch:]
     if have == shape:
         return array
-    cropped = array[(Ellipsis,) + tuple(slice(0, min(a, b)) for a, b in zip(have, shape))]
+    index = (Ellipsis, *(slice(0, min(a, b)) for a, b in zip(have, shape)))
+    cropped = array[index]
     pads = [(0, 0)] * batch + [(0, max(0, b - a)) for a, b in zip(have, shape)]
     return jnp.pad(cropped, pads)
 

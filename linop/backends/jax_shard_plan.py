@@ -40,8 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DeviceKernelError, WorkerError
 from ..collectives import AllReduce
+from ..errors import DeviceKernelError, WorkerError
 from ..local import LocalOperator
 from ..movement import Copy, CopyAdjoint, Move
 from ..operator import Composition, LinearOperator

@@ -201,7 +201,8 @@ def _unpacker(layout: Layout) -> Callable[..., tuple[jax.Array, ...]]:
         for spec, array in zip(layout.slots, arrays):
             for d, block in enumerate(spec.blocks):
                 if block is not None:
-                    out.append(array[(d,) + tuple(slice(0, n) for n in block.shape)])
+                    index = (d, *(slice(0, n) for n in block.shape))
+                    out.append(array[index])
         return tuple(out)
 
     return jax.jit(unpack)
