@@ -317,6 +317,9 @@ def tensor_function(
     )
     function = sharded(op, mesh, axes=axes, workers=placed)
 
+    to_slot = _even_reshape(source, source_axes, axes, function.domain)
+    from_slot = _even_reshape(target, target_axes, axes, function.range)
+
     def apply(array: Any) -> jax.Array:
         array = jnp.asarray(array)
         if tuple(array.shape) != source.global_shape:
@@ -324,6 +327,9 @@ def tensor_function(
                 f"tensor {source.name!r}: array of shape {tuple(array.shape)} does not match global shape "
                 f"{source.global_shape}"
             )
+        if to_slot is not None and from_slot is not None:  # even shards: reshapes, nothing moves
+            (stacked,) = function.arrays(to_slot(array))
+            return from_slot.inverse(stacked)
         state = {
             source.block_name(i): array[tuple(slice(a, b) for a, b in zip(*source.box(i)))]
             for i in source.partition.indices()
@@ -337,4 +343,63 @@ def tensor_function(
         return out
 
     apply.sharded = function  # type: ignore[attr-defined]
+    apply.reshapes = to_slot is not None and from_slot is not None  # type: ignore[attr-defined]
     return apply
+
+
+class _EvenReshape:
+    """Global array <-> its one stacked slot, for a tensor cut evenly along mesh axes: the
+    global array reshaped to (parts, block) per dimension, the parts moved to the front in
+    mesh-axis order (the devices' linear order), then merged into the device axis."""
+
+    def __init__(
+        self, tensor: DistributedTensor, dims: tuple[str | None, ...], axes: tuple[str, ...]
+    ) -> None:
+        self.parts = tensor.partition.shape
+        self.block = tuple(sizes[0] for sizes in tensor.sizes)
+        order = [dims.index(a) for a in axes if a in dims]  # tensor dims in device order
+        split = [n for pair in zip(self.parts, self.block) for n in pair]
+        leading = [2 * k for k in order] + [2 * k for k in range(len(self.parts)) if k not in order]
+        self.split = tuple(split)
+        self.permutation = tuple(leading + [2 * k + 1 for k in range(len(self.parts))])
+        self.global_shape = tensor.global_shape
+
+    def __call__(self, array: jax.Array) -> jax.Array:
+        moved = jnp.transpose(array.reshape(self.split), self.permutation)
+        return moved.reshape(-1, *self.block)
+
+    def inverse(self, stacked: jax.Array) -> jax.Array:
+        ordered = [self.split[k] for k in self.permutation]
+        back = np.argsort(self.permutation)
+        return jnp.transpose(stacked.reshape(ordered), back).reshape(self.global_shape)
+
+
+def _even_reshape(
+    tensor: DistributedTensor, dims: Sequence[str | None], axes: tuple[str, ...], layout: Layout
+) -> _EvenReshape | None:
+    """The reshape for an evenly cut tensor whose slot holds exactly its blocks, else None."""
+    if any(len(set(sizes)) != 1 for sizes in tensor.sizes) or len(layout.slots) != 1:
+        return None
+    (slot,) = layout.slots
+    if slot.padded or len(slot.blocks) != tensor.partition.size:
+        return None
+    reshape = _EvenReshape(tensor, tuple(dims), axes)
+    expected = [tensor.block_name(index) for index in _device_ordered(tensor, tuple(dims), axes)]
+    if [b.name if b is not None else None for b in slot.blocks] != expected:
+        return None
+    return reshape
+
+
+def _device_ordered(tensor: DistributedTensor, dims: tuple[str | None, ...], axes: tuple[str, ...]) -> list:
+    """The tensor's grid indices in the order of their devices (row-major over the mapped mesh axes)."""
+    import itertools
+
+    order = [dims.index(a) for a in axes if a in dims]
+    ranges = [range(tensor.partition.shape[k]) for k in order]
+    out = []
+    for coordinate in itertools.product(*ranges):
+        index = [0] * tensor.ndim
+        for k, c in zip(order, coordinate):
+            index[k] = c
+        out.append(tuple(index))
+    return out

@@ -315,6 +315,16 @@ def check_api() -> None:
         data.astype(np.float32)
     )
     assert np.array_equal(np.asarray(gradient), data), "the gradient of a repartition is its inverse"
+    rows_even = DistributedTensor("r", (2 * COUNT, 3 * COUNT), Partition.grid((COUNT, 1)))
+    columns = DistributedTensor("c", (2 * COUNT, 3 * COUNT), Partition.grid((1, COUNT)))
+    even = np.arange(6 * COUNT * COUNT, dtype=np.float32).reshape(2 * COUNT, 3 * COUNT)
+    turn = tensor_function(
+        Repartition(rows_even, columns), MESH, rows_even, columns, ("d", None), (None, "d")
+    )
+    assert turn.reshapes and not move.reshapes
+    assert np.array_equal(np.asarray(jax.jit(turn)(even)), even), "even shards: the reshape path"
+    back = jax.jit(jax.grad(lambda a: jnp.sum(turn(a) * even)))(even)
+    assert np.array_equal(np.asarray(back), even)
     f = sharded(Repartition(x, z), MESH)
     blocks = f.blocks(x.scatter(data))
     assert all(np.array_equal(np.asarray(blocks[n]), v) for n, v in z.scatter(data).items())
