@@ -370,7 +370,7 @@ class _EvenReshape:
 
     def inverse(self, stacked: jax.Array) -> jax.Array:
         ordered = [self.split[k] for k in self.permutation]
-        back = np.argsort(self.permutation)
+        back = tuple(int(k) for k in np.argsort(self.permutation))
         return jnp.transpose(stacked.reshape(ordered), back).reshape(self.global_shape)
 
 
