@@ -12,7 +12,7 @@ transpose), all under ``jit``, float32:
 - the padding overhead: halo windows with 4n - 3 rows (uneven, padded slots) against 4n rows.
 
 Every pair is first checked to give the same result. Prints medians and ratios (linop /
-other). Run: ``python benchmarks/bench_jax_shard.py [--quick]``.
+other). Run: ``python benchmarks/bench_jax_shard.py [--quick | --large]``.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def main() -> None:
     )
     print("| case | linop | other | ratio |")
     print("|---|---|---|---|")
-    sizes = (64, 128) if QUICK else (64, 128, 512, 1024)
+    sizes = (64, 128) if QUICK else (64, 128, 512, 1024) if "--large" in sys.argv else (64, 128, 512)
     for n in sizes:
         u = DistributedTensor("u", (P * n, n), Partition.grid((P, 1)))
         windows = sharded(halo_windows(u, Kernel(3, padding=1)), MESH)
