@@ -60,6 +60,8 @@ __all__ = [
     "CalibrationError",
     "ProcessGroupError",
     "ProcessGroupArgumentError",
+    "MeshError",
+    "DeviceKernelError",
 ]
 
 
@@ -272,3 +274,10 @@ class ProcessGroupArgumentError(ProcessGroupError, TypeError):
     the world group), or both ``comm=`` (MPI) and ``group=`` (torch.distributed) were given."""
 
 
+class MeshError(PartitionError):
+    """A JAX device mesh does not fit a partition or a compiled plan (names the mesh axis or
+    the partition dimension at fault)."""
+
+
+class DeviceKernelError(UnsupportedNodeError):
+    """A node cannot run inside ``jit`` on JAX devices (a LocalOperator's numpy kernel)."""

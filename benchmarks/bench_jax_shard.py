@@ -1,0 +1,163 @@
+"""JAX devices benchmark: linop's lowering into ``shard_map`` against hand-written ``shard_map``
+code doing the same moves, and against the host-callback adapter (``linop.frameworks.
+jax_function``), on 4 host devices (``XLA_FLAGS=--xla_force_host_platform_device_count=4``,
+set here before JAX is imported). Forward and ``grad`` (of ``0.5 |f(x)|^2``: a forward and a
+transpose), all under ``jit``, float32:
+
+- halo windows of a 2-d array cut in 4 row blocks, kernel 3 x 3, zero padding 1 (hand: two
+  ``ppermute`` of one row each, ``concatenate`` and ``pad``);
+- repartition rows -> columns (hand: one tiled ``all_to_all``);
+- all-reduce (hand: ``psum``; linop lowers its expansion to ``ppermute`` rounds, no native
+  collective yet);
+- the padding overhead: halo windows with 4n - 3 rows (uneven, padded slots) against 4n rows.
+
+Every pair is first checked to give the same result. Prints medians and ratios (linop /
+other). Run: ``python benchmarks/bench_jax_shard.py [--quick | --large]``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from _timing import compare
+from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from linop import AllReduce, DistributedTensor, Kernel, Partition, Repartition, halo_windows
+from linop.frameworks.jax_function import function as callback_function
+from linop.frameworks.jax_sharded import sharded
+from linop.layout import BlockGrid
+
+QUICK = "--quick" in sys.argv
+REPEATS = 5 if QUICK else 11
+MESH = Mesh(np.array(jax.devices()), ("d",))
+ROWS = NamedSharding(MESH, PartitionSpec("d"))
+P = 4
+
+
+def hand_map(kernel):
+    return jax.jit(
+        jax.shard_map(kernel, mesh=MESH, in_specs=PartitionSpec("d"), out_specs=PartitionSpec("d"))
+    )
+
+
+def hand_halo(x):
+    block = x[0]
+    from_above = lax.ppermute(block[-1:], "d", [(i, i + 1) for i in range(P - 1)])
+    from_below = lax.ppermute(block[:1], "d", [(i + 1, i) for i in range(P - 1)])
+    return jnp.pad(jnp.concatenate([from_above, block, from_below]), ((0, 0), (1, 1)))[None]
+
+
+def hand_columns(x):
+    return lax.all_to_all(x[0], "d", split_axis=1, concat_axis=0, tiled=True)[None]
+
+
+def hand_allreduce(x):
+    return lax.psum(x, "d")
+
+
+def loss_grad(f):
+    return jax.jit(jax.grad(lambda a: 0.5 * jnp.sum(f(a) ** 2)))
+
+
+def run(ours, theirs, argument) -> tuple[float, float, float]:
+    a, b = ours(argument), theirs(argument)
+    assert np.array_equal(np.asarray(a), np.asarray(b)), "the two sides differ"
+    return compare(
+        lambda: jax.block_until_ready(ours(argument)),
+        lambda: jax.block_until_ready(theirs(argument)),
+        REPEATS,
+    )
+
+
+def row(label: str, timing: tuple[float, float, float]) -> None:
+    mine, other, ratio = timing
+    print(f"| {label} | {mine * 1e3:9.3f} ms | {other * 1e3:9.3f} ms | {ratio:6.2f}x |")
+
+
+def single(f):
+    """The lowering on one stacked slot in, one out."""
+    return jax.jit(lambda a: f.arrays(a)[0])
+
+
+def main() -> None:
+    load = os.getloadavg()
+    print(
+        f"4 host devices, float32; load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} on {os.cpu_count()} cores"
+    )
+    print("| case | linop | other | ratio |")
+    print("|---|---|---|---|")
+    sizes = (64, 128) if QUICK else (64, 128, 512, 1024) if "--large" in sys.argv else (64, 128, 512)
+    for n in sizes:
+        u = DistributedTensor("u", (P * n, n), Partition.grid((P, 1)))
+        windows = sharded(halo_windows(u, Kernel(3, padding=1)), MESH)
+        x = jax.device_put(jnp.arange(P * n * n, dtype=jnp.float32).reshape(P, n, n) % 97, ROWS)
+        ours, hand = single(windows), hand_map(hand_halo)
+        row(f"halo windows {P}x{n} x {n}, forward, vs hand shard_map", run(ours, hand, x))
+        row(f"halo windows {P}x{n} x {n}, grad, vs hand shard_map", run(loss_grad(ours), loss_grad(hand), x))
+        if n <= 128:  # the callback path stalls (XLA's gather onto one device) at 512 x 512
+            back = callback_function(windows.op)
+            names = windows.op.domain.names
+
+            def via_callback(a, back=back, names=names):
+                state = {name: a[i] for i, name in enumerate(names)}
+                return jnp.stack(list(back(state).values()))
+
+            called = jax.jit(via_callback)
+            row(f"halo windows {P}x{n} x {n}, forward, vs host callback", run(ours, called, x))
+            row(
+                f"halo windows {P}x{n} x {n}, grad, vs host callback",
+                run(loss_grad(ours), loss_grad(called), x),
+            )
+        y = DistributedTensor("y", (P * n, P * n), Partition.grid((1, P)))
+        xr = DistributedTensor("x", (P * n, P * n), Partition.grid((P, 1)))
+        columns = single(sharded(Repartition(xr, y), MESH))
+        big = jax.device_put(jnp.arange(P * n * P * n, dtype=jnp.float32).reshape(P, n, P * n) % 89, ROWS)
+        hand_c = hand_map(hand_columns)
+        row(
+            f"repartition rows -> columns {P * n} x {P * n}, forward, vs all_to_all",
+            run(columns, hand_c, big),
+        )
+        row(
+            f"repartition rows -> columns {P * n} x {P * n}, grad, vs all_to_all",
+            run(loss_grad(columns), loss_grad(hand_c), big),
+        )
+        reduce = single(sharded(AllReduce(BlockGrid.uniform("r", Partition.grid((P,)), (n, n)), (0,)), MESH))
+        hand_r = hand_map(hand_allreduce)
+        row(f"all-reduce {n} x {n} per device, forward, vs psum", run(reduce, hand_r, x))
+        row(f"all-reduce {n} x {n} per device, grad, vs psum", run(loss_grad(reduce), loss_grad(hand_r), x))
+    n = 512
+    even = DistributedTensor("u", (P * n, n), Partition.grid((P, 1)))
+    uneven = DistributedTensor("u", (P * n - 3, n), Partition.grid((P, 1)))
+    f_even, f_uneven = (sharded(halo_windows(t, Kernel(3, padding=1)), MESH) for t in (even, uneven))
+    xe = jax.device_put(jnp.ones((P, n, n), jnp.float32), ROWS)
+    shape = f_uneven.domain.slots[0].shape
+    xu = jax.device_put(jnp.ones((P, *shape), jnp.float32), ROWS)
+    padded = 1 - (P * n - 3) * n / (P * shape[0] * shape[1])
+    ours_u, ours_e = single(f_uneven), single(f_even)
+    ours_u(xu)
+    timing = compare(
+        lambda: jax.block_until_ready(ours_u(xu)), lambda: jax.block_until_ready(ours_e(xe)), REPEATS
+    )
+    row(
+        f"padding: halo windows of {P * n - 3} rows ({padded:.2%} of the slot padded) vs {P * n} rows, forward",
+        timing,
+    )
+    grads = loss_grad(ours_u), loss_grad(ours_e)
+    grads[0](xu)
+    timing = compare(
+        lambda: jax.block_until_ready(grads[0](xu)), lambda: jax.block_until_ready(grads[1](xe)), REPEATS
+    )
+    row("padding: same, grad", timing)
+    load = os.getloadavg()
+    print(f"load average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""The lowering of trees onto JAX devices (``linop.backends.jax_shard``), proven in one
+subprocess per device count: JAX's host device count must be set before JAX is imported, so
+each count runs ``tests/jax_devices/check_lowering.py K`` (not collected by pytest) under a
+timeout. 1, 2 and 4 devices in CI; 8 devices and more examples with ``LINOP_LONG=1``.
+
+The host-side plan (slots, rounds, edge colouring) is tested here directly, without JAX devices.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from linop import DistributedTensor, Partition, Repartition
+from linop.backends.jax_shard_plan import Exchange, compile_plan, edge_colouring, space_layout
+from linop.errors import DeviceKernelError, WorkerError
+
+HERE = Path(__file__).resolve().parent
+LONG = os.environ.get("LINOP_LONG") == "1"
+COUNTS = [1, 2, 4, 8] if LONG else [1, 2, 4]
+
+
+def run_device_script(script: str, count: int, *args: str, timeout: float = 600) -> str:
+    """Run ``tests/jax_devices/<script> count *args`` with ``count`` host devices; its stdout."""
+    pytest.importorskip("jax", reason="jax is not installed (the jax extra: pip install -e '.[jax]')")
+    environment = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={count}")
+    environment["PYTHONPATH"] = os.pathsep.join([str(HERE.parent), environment.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, str(HERE / "jax_devices" / script), str(count), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=environment,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    return done.stdout
+
+
+@pytest.mark.parametrize("count", COUNTS)
+def test_lowering_equals_numpy_and_its_transpose_equals_the_adjoint(count):
+    printed = run_device_script("check_lowering.py", count)
+    assert f"trees proven on {count} devices" in printed
+    if count >= 2:
+        assert "control caught: control: reversed permutation" in printed
+
+
+@settings(max_examples=60, derandomize=True, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5)), unique=True))
+def test_edge_colouring_is_proper_with_the_largest_degree_many_colours(edges):
+    colours = edge_colouring(edges)
+    for c in set(colours):
+        chosen = [e for e, k in zip(edges, colours) if k == c]
+        assert len({u for u, _ in chosen}) == len(chosen) and len({v for _, v in chosen}) == len(chosen)
+    degree = max(
+        [sum(u == a for u, _ in edges) for a in range(6)] + [sum(v == b for _, v in edges) for b in range(6)]
+    )
+    assert len(set(colours)) == degree
+
+
+def test_each_round_is_a_permutation_and_uneven_blocks_are_padded():
+    x = DistributedTensor("x", (77, 6), Partition.grid((4, 1)))
+    y = DistributedTensor("y", (77, 6), Partition.grid((1, 4)))
+    plan = compile_plan(Repartition(x, y), 4)
+    (slot,) = plan.domain.slots
+    assert slot.name == "x" and slot.shape == (20, 6) and slot.padded
+    assert [b.shape for b in slot.blocks] == [(20, 6), (19, 6), (19, 6), (19, 6)]
+    for op in plan.ops:
+        if isinstance(op, Exchange):
+            senders, receivers = [s for s, _ in op.perm], [r for _, r in op.perm]
+            assert len(set(senders)) == len(senders) and len(set(receivers)) == len(receivers)
+    assert plan.rounds >= 3  # every device sends to three others
+
+
+def test_a_block_on_a_worker_without_a_device_is_refused_naming_it():
+    x = DistributedTensor("x", (8,), Partition.grid((4,)))
+    with pytest.raises(WorkerError, match=r"block 'x\[3\]' lives on worker 3"):
+        space_layout(x.space, (0, 1, 2), 3)
+
+
+def test_a_numpy_kernel_is_refused_with_a_typed_error():
+    from linop import Block, Space, local_operator
+
+    space = Space([Block("a", (2,))])
+    kernel = local_operator(space, ["a"], {"b": (2,)}, forward=lambda a: (a,), adjoint=lambda b: (b,))
+    with pytest.raises(DeviceKernelError, match="cannot run inside jit on JAX devices"):
+        compile_plan(kernel, 1)
