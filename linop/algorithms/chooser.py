@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..accounting import Accounting, CostModel, _check_itemsize, account, account_schedule
+from ..accounting import Accounting, CostModel, checked_itemsize, account, account_schedule
 from . import VARIANTS, AlgorithmError, problem
 
 __all__ = ["Choice", "choose", "modeled_times"]
@@ -80,7 +80,7 @@ def modeled_times(
     """
     if collective not in VARIANTS:
         raise AlgorithmError(f"no collective {collective!r}; known: {list(VARIANTS)}")
-    itemsize = _check_itemsize(itemsize)
+    itemsize = checked_itemsize(itemsize)
     if isinstance(nbytes, bool) or not isinstance(nbytes, int | np.integer) or nbytes < 0:
         raise AlgorithmError(f"{collective}: nbytes must be a non-negative integer (bytes per worker), not {nbytes!r}")
     if not isinstance(model, CostModel):
