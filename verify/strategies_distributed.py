@@ -38,6 +38,7 @@ from linop import (
 )
 from linop.collectives import Planned
 from linop.partition import DistributedTensor, Partition, balanced_sizes
+from linop.repartition import Gather
 
 from .node_examples import examples_for
 
@@ -206,5 +207,5 @@ def _collectives_of(node_type: type) -> Callable[[], st.SearchStrategy[LinearOpe
     return factory
 
 
-for _node_type in (Planned, AllReduce, Broadcast, SumReduce):
+for _node_type in (Planned, AllReduce, Broadcast, SumReduce, Repartition, Scatter, Gather, AllGather):
     examples_for(_node_type)(_collectives_of(_node_type))
