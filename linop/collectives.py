@@ -419,14 +419,14 @@ class _GatherGeometry(Planned):
             for i in group
         )
 
-    def rank_pieces(self, rank: int) -> tuple[Piece, ...]:
-        """The pieces of ``rank``'s group that start or end at its blocks, in plan order: into
+    def rank_pieces(self, worker: int) -> tuple[Piece, ...]:
+        """The pieces of ``worker``'s group that start or end at its blocks, in plan order: into
         its gathered block from every member, and from its block to every other member's (the
         group only: O(group size), not the job's)."""
         partition = self.tensor.partition
-        if partition.position(rank) is None:
+        if partition.position(worker) is None:
             return ()
-        own = partition.index(rank)
+        own = partition.index(worker)
         group = []
         for moving in itertools.product(*(range(partition.shape[a]) for a in self.axes)):
             member = list(own)

@@ -14,7 +14,7 @@ import itertools
 import math
 import operator
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -199,6 +199,8 @@ class Partition:
 
     shape: tuple[int, ...]
     workers: Sequence[int] = ()
+    _first: int | None = field(init=False, repr=False, compare=False)  # consecutive ids from it, or None
+    _strides: tuple[int, ...] = field(init=False, repr=False, compare=False)  # of the C-order grid
 
     def __post_init__(self) -> None:
         shape = _integers(self.shape, "partition shape", PartitionError)
@@ -295,7 +297,7 @@ class Partition:
 
     def flat(self, index: tuple[int, ...]) -> int:
         """The C-order position of a (checked) grid index."""
-        return sum(i * s for i, s in zip(index, self._strides))  # type: ignore[attr-defined]
+        return sum(i * s for i, s in zip(index, self._strides))
 
     def index(self, worker: int) -> tuple[int, ...]:
         """The grid index of a worker."""
@@ -309,7 +311,7 @@ class Partition:
         (a table built on first use: O(1) per call afterwards)."""
         if not isinstance(worker, (int, np.integer)):
             return None
-        first = self._first  # type: ignore[attr-defined]
+        first = self._first
         if first is not None:  # consecutive workers: no table
             position = int(worker) - first
             return position if 0 <= position < len(self.workers) else None
@@ -328,7 +330,7 @@ class Partition:
             return object.__getattribute__(self, "_description")
         except AttributeError:
             pass
-        first = self._first  # type: ignore[attr-defined]
+        first = self._first
         workers = b"C%d" % first if first is not None else b"L" + np.asarray(self.workers, dtype=np.int64).tobytes()
         text = f"P{self.shape}".encode() + workers
         object.__setattr__(self, "_description", text)
@@ -337,7 +339,7 @@ class Partition:
     @property
     def max_worker(self) -> int:
         """The largest worker id."""
-        first = self._first  # type: ignore[attr-defined]
+        first = self._first
         if first is not None:
             return first + len(self.workers) - 1
         try:
@@ -439,6 +441,7 @@ class DistributedTensor:
     global_shape: tuple[int, ...]
     partition: Partition
     sizes: tuple[tuple[int, ...], ...] = ()
+    _offsets: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)  # of the blocks
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -507,7 +510,7 @@ class DistributedTensor:
     def box(self, index: Sequence[int]) -> GlobalBox:
         """The global box held by the block at a grid index."""
         index = self.partition.checked_index(index)
-        offsets = self._offsets  # type: ignore[attr-defined]
+        offsets = self._offsets
         start = tuple(offsets[d][i] for d, i in enumerate(index))
         stop = tuple(s + self.sizes[d][i] for d, (s, i) in enumerate(zip(start, index)))
         return start, stop

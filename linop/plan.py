@@ -177,8 +177,8 @@ class Planned(LinearOperator):
         scatter's root), else None."""
         return None
 
-    def rank_pieces(self, rank: int) -> tuple[Piece, ...] | None:
-        """The pieces that move data of ``rank``'s blocks (from or into them), in the order of
+    def rank_pieces(self, worker: int) -> tuple[Piece, ...] | None:
+        """The pieces that move data of ``worker``'s blocks (from or into them), in the order of
         :attr:`plan`, found without the whole plan; None when the node cannot tell (then only
         the whole plan says)."""
         return None

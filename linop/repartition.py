@@ -243,13 +243,13 @@ class _RootGeometry(Planned):
     def _scatter_pieces(self) -> tuple[Piece, ...]:
         return nonempty_pieces(self._scatter_piece(index) for index in self.tensor.partition.indices())
 
-    def rank_pieces(self, rank: int) -> tuple[Piece, ...]:
-        """The pieces of ``rank``'s blocks in plan order: every piece on the root's worker, the
+    def rank_pieces(self, worker: int) -> tuple[Piece, ...]:
+        """The pieces of ``worker``'s blocks in plan order: every piece on the root's worker, the
         piece of its own block on any other (O(1) off the root)."""
-        if rank == self.root.worker:
+        if worker == self.root.worker:
             pieces = self._scatter_pieces()
-        elif self.tensor.partition.position(rank) is not None:
-            pieces = nonempty_pieces([self._scatter_piece(self.tensor.partition.index(rank))])
+        elif self.tensor.partition.position(worker) is not None:
+            pieces = nonempty_pieces([self._scatter_piece(self.tensor.partition.index(worker))])
         else:
             pieces = ()
         return tuple(p.reversed() for p in pieces) if isinstance(self, Gather) else pieces

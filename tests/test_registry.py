@@ -16,6 +16,7 @@ type with a handler but no example strategy fails here, so no handler lands unpr
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import pkgutil
@@ -317,6 +318,35 @@ def test_a_wrong_fast_path_is_caught():
     finally:
         table[Copy] = original
     assert failures > 0
+
+
+def _unlisted_handlers(setup: str = "") -> list[str]:
+    """In a fresh process (after ``setup``): the handlers that importing every module of linop
+    registers beyond those that loading ``dispatch.HANDLER_MODULES`` registered."""
+    code = (
+        "import importlib, pkgutil, linop\n"
+        "from linop import dispatch\n"
+        f"{setup}\n"
+        "listed = set(dispatch.registered())\n"
+        "for m in pkgutil.walk_packages(linop.__path__, 'linop.'):\n"
+        "    if not m.name.startswith('linop.frameworks'):\n"
+        "        importlib.import_module(m.name)\n"
+        "print(sorted(f'{i}:{t.__name__}' for i, t in set(dispatch.registered()) - listed))\n"
+    )
+    fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return ast.literal_eval(fresh.stdout)
+
+
+def test_the_handler_module_list_is_complete():
+    assert _unlisted_handlers() == []
+
+
+def test_a_handler_module_missing_from_the_list_is_caught():
+    setup = (
+        "dispatch.HANDLER_MODULES = {**dispatch.HANDLER_MODULES, 'numpy': tuple(\n"
+        "    m for m in dispatch.HANDLER_MODULES['numpy'] if m != 'linop.backends.numpy_halo')}"
+    )
+    assert "numpy:HaloStage" in _unlisted_handlers(setup)
 
 
 def test_results_do_not_depend_on_import_order():

@@ -38,6 +38,7 @@ from linop import (
 )
 from linop.collectives import Planned
 from linop.partition import DistributedTensor, Partition, balanced_sizes
+from linop.repartition import Gather
 
 from .node_examples import examples_for
 
@@ -206,5 +207,20 @@ def _collectives_of(node_type: type) -> Callable[[], st.SearchStrategy[LinearOpe
     return factory
 
 
-for _node_type in (Planned, AllReduce, Broadcast, SumReduce):
+for _node_type in (Planned, AllReduce, Broadcast, SumReduce, Repartition, AllGather):
     examples_for(_node_type)(_collectives_of(_node_type))
+
+
+@examples_for(Scatter)
+@examples_for(Gather)
+def _scatters() -> st.SearchStrategy[LinearOperator]:
+    """Scatters and gathers whose root is among the workers ``0 .. MAX_WORKER - 1`` (read when
+    drawn), as well as far away (:func:`collectives`)."""
+
+    @st.composite
+    def near(draw: st.DrawFn) -> LinearOperator:
+        x = draw(distributed_tensors("x"))
+        op = Scatter(Block("r", x.global_shape, draw(st.integers(0, MAX_WORKER - 1))), x)
+        return op.H if draw(st.booleans()) else op
+
+    return st.one_of(near(), collectives().filter(lambda op: isinstance(op, (Scatter, Gather))))

@@ -678,20 +678,30 @@ def _rank_root(op: Scatter | Gather, rank: int) -> list[Step] | None:
     return [_alltoallw_step(op, rank, op.rank_pieces(rank), largest)]
 
 
-def _rank_planned(op: Planned, rank: int, pieces: tuple[Piece, ...]) -> list[Step] | None:
-    """A plan between two layouts, for one rank, from the pieces of its blocks
-    (:meth:`~linop.plan.Planned.rank_pieces`): an all-gather as one ``Alltoallw`` (each worker
-    gives its one block and gets its one gathered block, one piece per pair of workers, as the
-    whole plan shows), any other plan as the rank's steps of the expansion (allocate its new
-    block, its pieces in plan order, drop its old block), each on a space of its two blocks."""
+def _layout_pieces(op: Planned, rank: int) -> tuple[Piece, ...] | None:
+    """The pieces of ``rank``'s blocks (:meth:`~linop.plan.Planned.rank_pieces`) of a plan
+    between two layouts without pass-through blocks, or None for any other plan."""
+    if len(op.others) or op.layouts() is None:
+        return None
+    return op.rank_pieces(rank)
+
+
+def _noted_layouts(op: Planned) -> tuple[Any, Any] | None:
+    """The two layouts of a plan, its largest worker noted; None over a 0-d partition."""
     source, target = op.layouts()  # type: ignore[misc]
     if not source.partition.ndim:
         return None
     note_workers(max(source.partition.max_worker, target.partition.max_worker))
+    return source, target
+
+
+def _rank_planned(op: Planned, rank: int, pieces: tuple[Piece, ...]) -> list[Step] | None:
+    """A plan between two layouts, for one rank, from the pieces of its blocks: the rank's
+    steps of the expansion (allocate its new block, its pieces in plan order, drop its old
+    block), each on a space of its two blocks."""
+    if _noted_layouts(op) is None:
+        return None
     domain, range_ = op.domain, op.range
-    if isinstance(op, AllGather):
-        largest = max(source.partition.max_worker, target.partition.max_worker)
-        return [_alltoallw_step(op, rank, pieces, largest)]
     steps: list[Step] = []
     for block in range_.owned(rank):
         steps.extend(lower(Allocate(Space(), block)))
@@ -710,21 +720,56 @@ def _rank_planned(op: Planned, rank: int, pieces: tuple[Piece, ...]) -> list[Ste
     return steps
 
 
+@lowering(Repartition)
+def _repartition(op: Repartition) -> list[Step] | None:
+    """One ``Alltoallw`` (see :func:`_planned`); one rank's lowering from the overlaps of its
+    own blocks (:func:`_rank_repartition`)."""
+    rank = lowering_rank()
+    return _global_alltoallw(op) if rank is None else _rank_repartition(op, rank)
+
+
+@lowering(Scatter)
+@lowering(Gather)
+def _scatter_gather(op: Scatter | Gather) -> list[Step] | None:
+    """One ``Alltoallw`` (see :func:`_planned`); one rank's lowering from its own pieces
+    (:func:`_rank_root`)."""
+    rank = lowering_rank()
+    return _global_alltoallw(op) if rank is None else _rank_root(op, rank)
+
+
+@lowering(AllGather)
+def _all_gather(op: AllGather) -> list[Step] | None:
+    """One ``Alltoallw`` (see :func:`_planned`); for one rank, from the pieces of its blocks:
+    each worker gives its one block and gets its one gathered block, one piece per pair of
+    workers, as the whole plan shows."""
+    rank = lowering_rank()
+    if rank is not None:
+        pieces = _layout_pieces(op, rank)
+        if pieces is not None:
+            layouts = _noted_layouts(op)
+            if layouts is None:
+                return None
+            largest = max(layouts[0].partition.max_worker, layouts[1].partition.max_worker)
+            return [_alltoallw_step(op, rank, pieces, largest)]
+    return _global_alltoallw(op)
+
+
 @lowering(Planned)
 def _planned(op: Planned) -> list[Step] | None:
     """A copying plan where every worker gives at most one block and gets at most one, and
     each pair of workers shares at most one piece: one ``Alltoallw`` with subarray datatypes
-    (nothing packed by hand). Other plans run their expansion."""
+    (nothing packed by hand). Other plans run their expansion (for one rank: its own steps of
+    it, :func:`_rank_planned`, when the plan is between two layouts)."""
     rank = lowering_rank()
     if rank is not None:
-        if isinstance(op, Repartition):
-            return _rank_repartition(op, rank)
-        if isinstance(op, (Scatter, Gather)):
-            return _rank_root(op, rank)
-        if not len(op.others) and op.layouts() is not None:
-            pieces = op.rank_pieces(rank)
-            if pieces is not None:
-                return _rank_planned(op, rank, pieces)
+        pieces = _layout_pieces(op, rank)
+        if pieces is not None:
+            return _rank_planned(op, rank, pieces)
+    return _global_alltoallw(op)
+
+
+def _global_alltoallw(op: Planned) -> list[Step] | None:
+    """The ``Alltoallw`` step of a plan that qualifies (see :func:`_planned`), or None."""
     plan = op.plan
     if plan.adds:
         return None

@@ -3,7 +3,8 @@
 Handlers are registered per node type with :func:`handler` in the dispatch registry
 (:mod:`linop.dispatch`); a node without a handler is run through its
 :meth:`~linop.LinearOperator.expand`. The fast paths of derived nodes live in the other
-``numpy_*`` modules of this package, which the registry imports on first use.
+``numpy_*`` modules of this package, which the registry imports on first use
+(:data:`linop.dispatch.HANDLER_MODULES`).
 
 Arrays are shared copy-on-write: the interpreter copies a caller's array only when it must change it, so application never mutates
 its input, and pass-through blocks cost nothing. Dtypes are kept (float32 stays float32,

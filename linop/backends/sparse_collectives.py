@@ -1,5 +1,6 @@
-"""Fast paths of the sparse interpreter for the collectives (proven equal to their expansions in
-tests/test_collectives_fastpaths.py).
+"""Fast paths of the sparse interpreter for the collectives (proven equal to their expansions,
+entry by entry, by the registry proof in tests/test_registry.py; their dtypes and aliasing are
+pinned by tests/test_collectives_fastpaths.py).
 
 A collective's matrix is a 0/1 selection: the identity on pass-through blocks, plus a one at
 (target entry, source entry) for every entry of every piece of its plan (copies and adds alike;

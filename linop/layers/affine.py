@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import Broadcast, SumReduce  # the public names: collectives.py is being split
+from .. import Broadcast, SumReduce
 from ..operator import Composition, Identity, LinearOperator
 from ..partition import DistributedTensor, Partition, grid_block_name
 from ..space import Block, Space

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import AllReduce, BlockGrid, Broadcast, SumReduce  # the public names: collectives.py is being split
+from .. import AllReduce, BlockGrid, Broadcast, SumReduce
 from ..halo import halo_windows
 from ..halo_geometry import Kernel, halo_geometry
 from ..operator import Composition, LinearOperator

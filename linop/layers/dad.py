@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import AllGather, AllReduce, BlockGrid  # the public names: collectives.py is being split
+from .. import AllGather, AllReduce, BlockGrid
 from ..local import LocalKernel, LocalOperator
 from ..movement import Copy, CopyAdjoint, Move
 from ..operator import Composition, LinearOperator

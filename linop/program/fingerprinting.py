@@ -35,8 +35,9 @@ def fingerprint(op: LinearOperator) -> bytes:
 
 @functools.lru_cache(maxsize=256)
 def _fields_of(kind: type) -> tuple[str, ...]:
-    """The field names of a dataclass type."""
-    return tuple(field.name for field in dataclasses.fields(kind))
+    """The names of the fields a dataclass type is built from (``init=False`` fields are
+    derived from them, so they add nothing to a digest)."""
+    return tuple(field.name for field in dataclasses.fields(kind) if field.init)
 
 
 def _block_bytes(block: Block, memo: dict[int, bytes]) -> bytes:
