@@ -311,9 +311,8 @@ class AllReduce(LinearOperator):
         check_layout("AllReduce", self.tensor, "tensor")
         axes = sorted_axes("AllReduce", self.axes, self.tensor.partition)
         object.__setattr__(self, "axes", axes)
-        groups = reduction_groups(self.tensor.partition, axes)
         if not _equal_along(self.tensor, axes):
-            for group in groups:
+            for group in self.groups:
                 root = self.tensor.block(group[0])
                 for index in group[1:]:
                     member = self.tensor.block(index)
@@ -322,7 +321,6 @@ class AllReduce(LinearOperator):
                             f"AllReduce over axes {axes}: block {member.name!r} has shape {member.shape} but "
                             f"block {root.name!r} of the same group has shape {root.shape}"
                         )
-        object.__setattr__(self, "_groups", groups)
         if len(self.others) or not isinstance(self.others, Space):
             space = union_space("AllReduce", self.tensor.blocks, self.others)
         else:  # the tensor's own space, described by its rule
@@ -331,8 +329,14 @@ class AllReduce(LinearOperator):
 
     @property
     def groups(self) -> list[list[tuple[int, ...]]]:
-        """The reduction groups of grid indices (first member is the root)."""
-        return self._groups  # type: ignore[attr-defined]
+        """The reduction groups of grid indices (first member is the root; listed on first
+        use: a rank's planning describes its own group from the partition instead)."""
+        try:
+            return object.__getattribute__(self, "_groups")
+        except AttributeError:
+            groups = reduction_groups(self.tensor.partition, self.axes)
+            object.__setattr__(self, "_groups", groups)
+            return groups
 
     @property
     def domain(self) -> Space:
@@ -372,9 +376,11 @@ class AllReduce(LinearOperator):
 def _equal_along(layout: Layout, axes: tuple[int, ...]) -> bool:
     """True when a distributed tensor's blocks have equal extents along ``axes`` (so every
     reduction group's blocks have one shape), decided from the sizes without building blocks;
-    False for other layouts or unequal sizes (the caller then compares block by block)."""
+    False for other layouts or unequal sizes (the caller then compares block by block). A
+    block grid whose blocks all have one shape is equal along any axes."""
     if not isinstance(layout, DistributedTensor):
-        return False
+        shapes = getattr(layout, "shapes", None)
+        return type(shapes) is tuple and len(shapes) > 0 and shapes.count(shapes[0]) == len(shapes)
     return all(len(set(layout.sizes[d])) == 1 for d in axes)
 
 

@@ -116,20 +116,23 @@ class BlockGrid:
                 return found
             return _block_shape(self.name, shape)
 
-        shapes = tuple(map(check, self.shapes))
+        given = self.shapes
+        if type(given) is tuple and given and type(given[0]) is tuple and given.count(given[0]) == len(given):
+            shapes = given if check(given[0]) is given[0] else (check(given[0]),) * len(given)  # uniform
+        else:
+            shapes = tuple(map(check, given))
         if len(shapes) != self.partition.size:
             raise PartitionError(
                 f"block grid {self.name!r}: {len(shapes)} block shapes for the "
                 f"{self.partition.size} workers of partition {self.partition.shape}"
             )
-        for shape in dict.fromkeys(shapes):
+        for shape in (shapes[:1] if len(shapes) and shapes.count(shapes[0]) == len(shapes) else dict.fromkeys(shapes)):
             if any(n < 0 for n in shape):
                 raise DecompositionError(f"block grid {self.name!r}: negative extent in block shape {shape}")
             # the name and sizes as Block checks them, once per distinct shape (blocks are then
             # built without a second check)
             Block(grid_block_name(self.name, (0,) * self.partition.ndim), shape)
         object.__setattr__(self, "shapes", shapes)
-        object.__setattr__(self, "_position", {index: k for k, index in enumerate(self.partition.indices())})
 
     @classmethod
     def uniform(cls, name: str, partition: Partition, shape: Sequence[int]) -> BlockGrid:
@@ -148,11 +151,8 @@ class BlockGrid:
 
     def block(self, index: Sequence[int]) -> Block:
         """The block at a grid index."""
-        index = tuple(index)
-        try:
-            shape = self.shapes[self._position[index]]  # type: ignore[attr-defined]
-        except KeyError:
-            raise PartitionError(f"index {index} is outside partition {self.partition.shape}") from None
+        index = self.partition.checked_index(index)  # its C-order position: no table of P indices
+        shape = self.shapes[self.partition.flat(index)]
         return Block.trusted(self.block_name(index), shape, self.partition.worker(index))  # validated here
 
     @property

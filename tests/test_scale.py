@@ -175,3 +175,29 @@ def test_the_count_catches_quadratic_planning(monkeypatch: pytest.MonkeyPatch) -
     small = _whole_plan("old pad shim", 8, False, monkeypatch)
     large = _whole_plan("old pad shim", 16, False, monkeypatch)
     assert large / small > LINEAR
+
+
+def _block_grid_all_reduce(s: int, *, uneven: bool = False):
+    from linop import AllReduce, BlockGrid, Partition
+
+    shapes = [(bench_scale.BLOCK, bench_scale.BLOCK)] * (s * s)
+    if uneven:  # the last row's blocks of another shape (each row reduced): checked block by block
+        shapes[-s:] = [(bench_scale.BLOCK, bench_scale.BLOCK + 1)] * s
+    return AllReduce(BlockGrid("x", Partition((s, s)), tuple(shapes)), 1 if uneven else 0)
+
+
+def test_all_reduce_on_a_uniform_block_grid_builds_no_block_per_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Building the tree, its fingerprint and one rank's compile construct as many objects at
+    P = 256 as at P = 64 (the constructor checks one shape, not every block); the control, a
+    grid whose shapes differ, is checked block by block and fails the equality."""
+
+    def plan(uneven: bool, s: int) -> int:
+        def run() -> None:
+            op = _block_grid_all_reduce(s, uneven=uneven)
+            fingerprint(op)
+            compile_for_rank(op, _rank(s))
+
+        return _counted(run, monkeypatch)
+
+    assert plan(False, 8) == plan(False, 16)
+    assert plan(True, 16) > 3 * plan(True, 8)

@@ -14,6 +14,7 @@ passes them (:class:`CommunicatorArgumentError`, :class:`~linop.errors.Communica
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -229,6 +230,12 @@ def _context_for(comm: Any) -> CommContext:
     return context
 
 
+@functools.lru_cache(maxsize=4)
+def _in_order(size: int) -> tuple[int, ...]:
+    """``0 .. size - 1``, built once per size (compared against on every collective call)."""
+    return tuple(range(size))
+
+
 def subcommunicator(comm: Intracomm, ranks: tuple[int, ...]) -> Intracomm:
     """The communicator of ``ranks`` (in that order) inside a context's private ``comm``,
     created once and freed with the context.
@@ -236,7 +243,8 @@ def subcommunicator(comm: Intracomm, ranks: tuple[int, ...]) -> Intracomm:
     Collective over ``ranks`` only (``MPI_Comm_create_group``); callers create the groups of a
     step in one global order, so no two ranks wait for each other in opposite orders.
     """
-    if ranks == tuple(range(comm.Get_size())):  # the whole communicator, in order
+    size = comm.Get_size()
+    if len(ranks) == size and ranks == _in_order(size):  # the whole communicator, in order
         return comm
     table = _SUBCOMMS.setdefault(comm.py2f(), {})
     sub = table.get(ranks)

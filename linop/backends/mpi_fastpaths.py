@@ -333,15 +333,23 @@ class _RankBroadcast(RankStep):
     reduce: bool
     fallback: _Fallback
 
+    def _mine(self) -> list[list[str]]:
+        """Per group, the copies this rank holds: found once (a 1 -> P group lists P copies),
+        not on every call."""
+        found = self.__dict__.get("_mine_of_groups")
+        if found is None:
+            found = [[name for name, w in group.copies if w == self.rank] for group in self.groups]
+            self.__dict__["_mine_of_groups"] = found
+        return found
+
     def run(self, work: Workspace, comm: Intracomm, dtype: np.dtype) -> None:
         if self.reduce and dtype.char not in REDUCIBLE:
             run_schedule(self.fallback.schedule(), work, comm, dtype)
             return
         lib = mpi()
         results: list[tuple[str, np.ndarray, bool]] = []
-        for group in self.groups:  # blocking, in the global order of the groups
+        for group, mine in zip(self.groups, self._mine()):  # blocking, in the global order of the groups
             sub = subcommunicator(comm, group.ranks) if len(group.ranks) > 1 else None
-            mine = [name for name, w in group.copies if w == self.rank]
             is_root = group.ranks[0] == self.rank
             if self.reduce:
                 self._reduce(group, sub, mine, is_root, work, dtype, results, lib)
@@ -385,9 +393,8 @@ class _RankBroadcast(RankStep):
         requests: list[Call] = []
         results: dict[str, np.ndarray] = {}
         scratch: list[np.ndarray] = []
-        for group in self.groups:
+        for group, mine in zip(self.groups, self._mine()):
             sub = subcommunicator(comm, group.ranks) if len(group.ranks) > 1 else None
-            mine = [name for name, w in group.copies if w == self.rank]
             is_root = group.ranks[0] == self.rank
             if not self.reduce:
                 if is_root:

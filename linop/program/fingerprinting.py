@@ -93,6 +93,10 @@ def _feed(value: Any, digest: Any, memo: dict[int, bytes]) -> None:
             digest.update(b"I%d:" % len(value) + np.asarray(value, dtype=np.int64).tobytes())
         except OverflowError:  # beyond int64: item by item
             digest.update(repr(value).encode())
+    elif type(value) is tuple and len(value) > 8 and value.count(value[0]) == len(value):
+        # P equal items (a block grid's uniform shapes): the item once and the count
+        digest.update(b"U%d:" % len(value))
+        _feed(value[0], digest, memo)
     elif isinstance(value, (tuple, list)):
         digest.update(f"({len(value)}".encode())
         for item in value:
