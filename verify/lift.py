@@ -154,10 +154,32 @@ Batch = Callable[[np.ndarray], np.ndarray]
 """Applies a map to a batch of flat vectors: (B, n) -> (B, m)."""
 
 
-def _as_space(space: Space | Mapping[str, Sequence[int]]) -> Space:
+def _as_space(space: Space | Mapping[str, Sequence[int]], what: str = "space", label: str = "lift") -> Space:
+    """A Space, or a dict of block name to shape as blocks on worker 0.
+
+    Raises
+    ------
+    LiftError
+        For anything else (a block's malformed name or shape: a :class:`~linop.errors.BlockError`).
+    """
     if isinstance(space, Space):
         return space
-    return Space([Block(name, tuple(shape)) for name, shape in space.items()])
+    if not isinstance(space, Mapping):
+        raise LiftError(
+            f"{label}: the {what} must be a Space or a dict of block name to shape, not "
+            f"{type(space).__name__} {space!r:.40}"
+        )
+    blocks = []
+    for name, given in space.items():
+        shape: Any = given
+        if isinstance(shape, int | np.integer) and not isinstance(shape, bool):
+            shape = (shape,)
+        if isinstance(shape, str | bytes) or not isinstance(shape, Sequence | np.ndarray):
+            raise LiftError(
+                f"{label}: block {name!r} of the {what} has shape {shape!r}, not a sequence of integers"
+            )
+        blocks.append(Block(name, tuple(shape)))
+    return Space(blocks)
 
 
 def _outputs(
@@ -438,8 +460,8 @@ def lift(
         returns the wrong blocks or shapes, is larger than ``max_entries``, ``batch`` is not a
         positive integer, or numpy is given no adjoint.
     """
-    domain, range_ = _as_space(domain), _as_space(range)
     label = label or getattr(forward, "__qualname__", None) or type(forward).__name__
+    domain, range_ = _as_space(domain, "domain", label), _as_space(range, "range", label)
     _require_options(batch, max_entries, domain, range_, label)
     if framework not in FRAMEWORKS:
         raise LiftError(f"unknown framework {framework!r}; expected one of {FRAMEWORKS}")

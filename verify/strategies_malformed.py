@@ -490,9 +490,14 @@ ENTRY_POINTS: dict[str, Callable[[], st.SearchStrategy[Call]]] = {
 """The strategy of calls of each group of entry points."""
 
 
-def calls() -> st.SearchStrategy[Call]:
-    """One call of any public constructor or entry point, with malformed arguments half the time."""
-    return st.one_of(*(strategy() for strategy in ENTRY_POINTS.values()))
+def calls(*, frameworks: bool = False) -> st.SearchStrategy[Call]:
+    """One call of any public constructor or entry point, with malformed arguments half the time
+    (with ``frameworks``: also states of torch and JAX arrays, which imports both); the groups
+    of :mod:`verify.strategies_malformed_surface` included."""
+    from .strategies_malformed_surface import FRAMEWORK_ENTRY_POINTS, SURFACE_ENTRY_POINTS
+
+    groups = {**ENTRY_POINTS, **SURFACE_ENTRY_POINTS, **(FRAMEWORK_ENTRY_POINTS if frameworks else {})}
+    return st.one_of(*(strategy() for strategy in groups.values()))
 
 
 # -- checking -------------------------------------------------------------------------------------

@@ -78,8 +78,10 @@ def modeled_times(
     AccountingError
         If ``itemsize`` is not a positive integer.
     """
-    if collective not in VARIANTS:
+    if not isinstance(collective, str) or collective not in VARIANTS:
         raise AlgorithmError(f"no collective {collective!r}; known: {list(VARIANTS)}")
+    if isinstance(size, bool) or not isinstance(size, int | np.integer) or size < 1:
+        raise AlgorithmError(f"{collective}: size must be a positive integer (workers), not {size!r}")
     itemsize = _check_itemsize(itemsize)
     if isinstance(nbytes, bool) or not isinstance(nbytes, int | np.integer) or nbytes < 0:
         raise AlgorithmError(f"{collective}: nbytes must be a non-negative integer (bytes per worker), not {nbytes!r}")
