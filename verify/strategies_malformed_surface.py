@@ -32,6 +32,11 @@ _M = np.array([[1, 0, 2, 0], [0, -1, 0, 3]])  # a 2 x 4 integer kernel
 _P = np.arange(16).reshape(4, 4) % 5  # square and not symmetric: a batched probe reads P^T
 
 
+def _arg(draw: st.DrawFn, valid: st.SearchStrategy[Any], honest: bool) -> Any:
+    """A valid value when the call is ``honest``, else valid or junk (half and half)."""
+    return draw(valid if honest else maybe(valid))
+
+
 def _linear(vectorized: bool) -> tuple[Callable[..., Any], Callable[..., Any]]:
     if vectorized:
         return (lambda x: x @ _M.T), (lambda y: y @ _M)
@@ -67,8 +72,9 @@ def _refused(call: Callable[[], Any], what: str) -> Callable[[], Any]:
 def _local_operators(draw: st.DrawFn) -> Call:
     """``local_operator`` with matrices, honest callables and kernels that are not linear."""
     space = Space([Block("x", (4,)), Block("z", (2,))])
-    inputs = draw(maybe(st.sampled_from(["x", ("x",)])))
-    outputs = draw(maybe(st.sampled_from([("y", (2,)), ("y", 2), {"y": (2,)}, Block("y", (2,))])))
+    honest = draw(st.booleans())
+    inputs = _arg(draw, st.sampled_from(["x", ("x",)]), honest)
+    outputs = _arg(draw, st.sampled_from([("y", (2,)), ("y", 2), {"y": (2,)}, Block("y", (2,))]), honest)
     kind = draw(st.sampled_from(["dense", "sparse", "callables", "vectorized", "not linear", "junk"]))
     if kind in ("dense", "sparse"):
         import scipy.sparse as sp
@@ -116,12 +122,13 @@ def _layers(draw: st.DrawFn) -> Call:
     from linop.layers import Affine, AveragePool, Convolution, MaxPoolJacobian
 
     workers = draw(st.sampled_from([1, 2, 3]))
+    honest = draw(st.booleans())
     x = DistributedTensor("x", (1, 2, 6), Partition((1, 1, workers)))
-    kernel = draw(maybe(st.sampled_from([2, 3, Kernel(3, padding=1), Kernel(2, stride=2)])))
+    kernel = _arg(draw, st.sampled_from([2, 3, Kernel(3, padding=1), Kernel(2, stride=2)]), honest)
     kind = draw(st.sampled_from(["conv", "affine", "average", "max"]))
     rng = np.random.default_rng(draw(st.integers(0, 9)))
     if kind == "conv":
-        channels = draw(maybe(st.sampled_from([1, 2])))
+        channels = _arg(draw, st.sampled_from([1, 2]), honest)
         bias = draw(st.booleans())
 
         def conv() -> Any:
@@ -130,7 +137,7 @@ def _layers(draw: st.DrawFn) -> Call:
             layer.scatter_parameters(weights, draw_bias(layer))
             return layer.input_operator(weights)
 
-        weights_kind = draw(st.sampled_from(["ok", "ok", "junk", "strings"]))
+        weights_kind = "ok" if honest else draw(st.sampled_from(["ok", "junk", "strings"]))
 
         def draw_weights(shape: tuple[int, ...]) -> Any:
             if weights_kind == "ok":
@@ -138,17 +145,17 @@ def _layers(draw: st.DrawFn) -> Call:
             return np.full(shape, "w") if weights_kind == "strings" else junk_weights
 
         junk_weights = draw(junk())
-        junk_bias = draw(maybe(st.just(np.ones(2))))
+        junk_bias = _arg(draw, st.just(np.ones(2)), honest)
 
         def draw_bias(layer: Any) -> Any:
             return None if layer.bias is None and draw_none else junk_bias
 
-        draw_none = draw(st.booleans())
+        draw_none = honest or draw(st.booleans())
         return Call("Convolution", conv, _show(channels, kernel, bias=bias, weights=weights_kind))
     if kind == "affine":
         y = DistributedTensor("x", (1, 4), Partition((1, workers if workers != 3 else 1)))
-        features = draw(maybe(st.sampled_from([2, 3])))
-        weights = draw(maybe(st.just(rng.integers(-3, 4, (3, 4)))))
+        features = _arg(draw, st.just(3), honest)
+        weights = _arg(draw, st.just(rng.integers(-3, 4, (3, 4))), honest)
 
         def affine() -> Any:
             return Affine(y, features).input_operator(weights)
@@ -178,8 +185,9 @@ def _lifts(draw: st.DrawFn) -> Call:
     """``lift`` / ``prove_backward`` on linear maps, maps that are not, and malformed options."""
     from verify.lift import prove_backward
 
-    domain = draw(maybe(st.sampled_from([{"x": (4,)}, {"x": (2, 2)}, {}])))
-    batch = draw(maybe(st.sampled_from([1, 3, 256])))
+    honest = draw(st.booleans())
+    domain = _arg(draw, st.sampled_from([{"x": (4,)}, {"x": (2, 2)}, {}]), honest)
+    batch = _arg(draw, st.sampled_from([1, 3, 256]), honest)
     kind = draw(st.sampled_from(["linear", "linear", "not linear", "wrong adjoint"]))
     if kind == "not linear":
         what = draw(st.sampled_from(["affine", "square", "floor", "writes its input"]))
@@ -278,11 +286,12 @@ def _costs(draw: st.DrawFn) -> Call:
         alpha, beta = draw(maybe(st.just(1e-6))), draw(maybe(st.just(1e-9)))
         return Call("CostModel", lambda: CostModel(alpha, beta), _show(alpha, beta))
     if kind == "choose":
-        size = draw(maybe(st.sampled_from([2, 4])))
-        nbytes = draw(maybe(st.sampled_from([0, 8, 1 << 12])))
-        itemsize = draw(maybe(st.sampled_from([4, 8])))
-        model = draw(maybe(st.just(CostModel(1e-6, 1e-9))))
-        collective = draw(maybe(st.sampled_from(["allreduce", "broadcast"])))
+        honest = draw(st.booleans())
+        size = _arg(draw, st.sampled_from([2, 4]), honest)
+        nbytes = _arg(draw, st.sampled_from([0, 8, 1 << 12]), honest)
+        itemsize = _arg(draw, st.sampled_from([4, 8]), honest)
+        model = _arg(draw, st.just(CostModel(1e-6, 1e-9)), honest)
+        collective = _arg(draw, st.sampled_from(["allreduce", "broadcast"]), honest)
         return Call(
             "choose",
             lambda: choose(collective, size, nbytes, model, itemsize=itemsize),
