@@ -24,7 +24,15 @@ from hypothesis import strategies as st
 import linop
 from linop import Block, DistributedTensor, Kernel, Partition, Space
 
-from .strategies_malformed import SMALL_INT, Call, FuzzFailure, _show, check_against_matrix, junk, maybe
+from .strategies_malformed import (
+    SMALL_INT,
+    Call,
+    FuzzFailure,
+    check_against_matrix,
+    junk,
+    maybe,
+    show_arguments,
+)
 
 __all__ = ["SURFACE_ENTRY_POINTS", "FRAMEWORK_ENTRY_POINTS"]
 
@@ -83,14 +91,14 @@ def _local_operators(draw: st.DrawFn) -> Call:
         return Call(
             "local_operator",
             lambda: linop.local_operator(space, inputs, outputs, kernel),
-            _show(inputs, outputs, kind),
+            show_arguments(inputs, outputs, kind),
         )
     if kind == "junk":
         kernel, forward, adjoint = draw(junk()), draw(maybe(st.just(np.sum))), draw(junk())
         return Call(
             "local_operator",
             lambda: linop.local_operator(space, inputs, outputs, kernel, forward=forward, adjoint=adjoint),
-            _show(inputs, outputs, kernel, forward, adjoint),
+            show_arguments(inputs, outputs, kernel, forward, adjoint),
         )
     if kind == "not linear":
         what = draw(st.sampled_from(sorted(_NOT_LINEAR)))
@@ -112,7 +120,7 @@ def _local_operators(draw: st.DrawFn) -> Call:
         lambda: linop.local_operator(
             space, inputs, outputs, forward=forward, adjoint=adjoint, vectorized=vectorized
         ),
-        _show(inputs, outputs, kind),
+        show_arguments(inputs, outputs, kind),
     )
 
 
@@ -151,7 +159,7 @@ def _layers(draw: st.DrawFn) -> Call:
             return None if layer.bias is None and draw_none else junk_bias
 
         draw_none = honest or draw(st.booleans())
-        return Call("Convolution", conv, _show(channels, kernel, bias=bias, weights=weights_kind))
+        return Call("Convolution", conv, show_arguments(channels, kernel, bias=bias, weights=weights_kind))
     if kind == "affine":
         y = DistributedTensor("x", (1, 4), Partition((1, workers if workers != 3 else 1)))
         features = _arg(draw, st.just(3), honest)
@@ -160,9 +168,9 @@ def _layers(draw: st.DrawFn) -> Call:
         def affine() -> Any:
             return Affine(y, features).input_operator(weights)
 
-        return Call("Affine", affine, _show(features, weights))
+        return Call("Affine", affine, show_arguments(features, weights))
     if kind == "average":
-        return Call("AveragePool", lambda: AveragePool(x, kernel).operator, _show(kernel))
+        return Call("AveragePool", lambda: AveragePool(x, kernel).operator, show_arguments(kernel))
     x0 = -rng.permutation(12).reshape(1, 2, 6).astype(float) - 1  # negative: padding must not win
 
     def maximum() -> Any:
@@ -177,7 +185,7 @@ def _layers(draw: st.DrawFn) -> Call:
             raise FuzzFailure(f"max pooling {got.tolist()} differs from the reference")
         return jacobian
 
-    return Call("MaxPoolJacobian", maximum, _show(kernel))
+    return Call("MaxPoolJacobian", maximum, show_arguments(kernel))
 
 
 @st.composite
@@ -208,7 +216,7 @@ def _lifts(draw: st.DrawFn) -> Call:
             raise FuzzFailure(f"a true adjoint was refuted: {proof!r}")
         return proof
 
-    return Call("prove_backward", run, _show(domain, batch=batch, kind=kind))
+    return Call("prove_backward", run, show_arguments(domain, batch=batch, kind=kind))
 
 
 @st.composite
@@ -218,7 +226,7 @@ def _worker_maps(draw: st.DrawFn) -> Call:
     kind = draw(st.sampled_from(["WorkerMap", "round_robin", "blocked", "array"]))
     if kind == "WorkerMap":
         ranks = draw(maybe(st.lists(SMALL_INT, max_size=4)))
-        return Call("WorkerMap", lambda: WorkerMap(ranks), _show(ranks))
+        return Call("WorkerMap", lambda: WorkerMap(ranks), show_arguments(ranks))
     if kind == "array":
         ranks = draw(st.sampled_from([np.array([0, 1, 1]), np.array([[0]]), np.array([0.5]), np.array([-1])]))
 
@@ -228,7 +236,7 @@ def _worker_maps(draw: st.DrawFn) -> Call:
                 raise FuzzFailure(f"WorkerMap.of({ranks!r}) is {made!r}")
             return made
 
-        return Call("WorkerMap.of(array)", of, _show(ranks))
+        return Call("WorkerMap.of(array)", of, show_arguments(ranks))
     workers, ranks = draw(maybe(SMALL_INT)), draw(maybe(SMALL_INT))
     build = getattr(WorkerMap, kind)
 
@@ -238,7 +246,7 @@ def _worker_maps(draw: st.DrawFn) -> Call:
             raise FuzzFailure(f"WorkerMap.{kind}({workers}, {ranks}) is {result!r}")
         return result
 
-    return Call(f"WorkerMap.{kind}", made, _show(workers, ranks))
+    return Call(f"WorkerMap.{kind}", made, show_arguments(workers, ranks))
 
 
 _TEXT_RUN = re.compile(r"\\text(?:tt)?\{([^{}]*)\}")
@@ -261,19 +269,21 @@ def _displays(draw: st.DrawFn) -> Call:
     if kind == "operator":
         space = Space([Block(name, (2,)), Block("b", (2,))])
         op = linop.Copy(space[name], space["b"])
-        return Call("operator_latex", lambda: checked(display.operator_latex(op)), _show(name))
+        return Call("operator_latex", lambda: checked(display.operator_latex(op)), show_arguments(name))
     if kind == "state":
         return Call(
             "show_state",
             lambda: checked(display.show_state({name: np.arange(2)})._repr_latex_()),
-            _show(name),
+            show_arguments(name),
         )
     if kind == "text":
         return Call(
-            "tex_text", lambda: checked(display.tex_text(name) + display.tex_words(name)), _show(name)
+            "tex_text",
+            lambda: checked(display.tex_text(name) + display.tex_words(name)),
+            show_arguments(name),
         )
     value = draw(junk())
-    return Call("show_state", lambda: display.show_state(value), _show(value))
+    return Call("show_state", lambda: display.show_state(value), show_arguments(value))
 
 
 @st.composite
@@ -284,7 +294,7 @@ def _costs(draw: st.DrawFn) -> Call:
     kind = draw(st.sampled_from(["CostModel", "choose", "account"]))
     if kind == "CostModel":
         alpha, beta = draw(maybe(st.just(1e-6))), draw(maybe(st.just(1e-9)))
-        return Call("CostModel", lambda: CostModel(alpha, beta), _show(alpha, beta))
+        return Call("CostModel", lambda: CostModel(alpha, beta), show_arguments(alpha, beta))
     if kind == "choose":
         honest = draw(st.booleans())
         size = _arg(draw, st.sampled_from([2, 4]), honest)
@@ -295,12 +305,12 @@ def _costs(draw: st.DrawFn) -> Call:
         return Call(
             "choose",
             lambda: choose(collective, size, nbytes, model, itemsize=itemsize),
-            _show(collective, size, nbytes, model, itemsize=itemsize),
+            show_arguments(collective, size, nbytes, model, itemsize=itemsize),
         )
     space = Space([Block("a", (2,)), Block("b", (2,), worker=1)])
     op = draw(maybe(st.just(linop.SendRecv(space["a"], space["b"]))))
     itemsize = draw(maybe(st.sampled_from([4, 8])))
-    return Call("account", lambda: account(op, itemsize=itemsize), _show(op, itemsize=itemsize))
+    return Call("account", lambda: account(op, itemsize=itemsize), show_arguments(op, itemsize=itemsize))
 
 
 SURFACE_ENTRY_POINTS: dict[str, Callable[[], st.SearchStrategy[Call]]] = {
@@ -402,7 +412,7 @@ def _framework_applications(draw: st.DrawFn, library: str) -> Call:
                     raise FuzzFailure(f"block {name!r} of the caller changed ({forms})")
         return result
 
-    return Call(f"apply ({library} states)", run, _show(op, forms, inplace=inplace))
+    return Call(f"apply ({library} states)", run, show_arguments(op, forms, inplace=inplace))
 
 
 FRAMEWORK_ENTRY_POINTS: dict[str, Callable[[], st.SearchStrategy[Call]]] = {

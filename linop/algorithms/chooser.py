@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..accounting import Accounting, CostModel, _check_itemsize, account, account_schedule
+from ..accounting import Accounting, CostModel, account, account_schedule, check_itemsize
 from . import VARIANTS, AlgorithmError, problem
 
 __all__ = ["Choice", "choose", "modeled_times"]
@@ -82,7 +82,7 @@ def modeled_times(
         raise AlgorithmError(f"no collective {collective!r}; known: {list(VARIANTS)}")
     if isinstance(size, bool) or not isinstance(size, int | np.integer) or size < 1:
         raise AlgorithmError(f"{collective}: size must be a positive integer (workers), not {size!r}")
-    itemsize = _check_itemsize(itemsize)
+    itemsize = check_itemsize(itemsize)
     if isinstance(nbytes, bool) or not isinstance(nbytes, int | np.integer) or nbytes < 0:
         raise AlgorithmError(f"{collective}: nbytes must be a non-negative integer (bytes per worker), not {nbytes!r}")
     if not isinstance(model, CostModel):
