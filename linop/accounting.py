@@ -326,9 +326,9 @@ def _check_operator(op: object) -> None:
         raise OperandError(f"the accounting needs a LinearOperator, not {type(op).__name__} {op!r:.60}")
 
 
-def checked_itemsize(itemsize: int) -> int:
-    """``itemsize`` (bytes per entry) as an int, or :class:`~linop.errors.AccountingError` when
-    it is not a positive integer."""
+def check_itemsize(itemsize: int) -> int:
+    """``itemsize`` (bytes per entry) as an int, or an :class:`AccountingError` if it is not a
+    positive integer (shared with :mod:`linop.algorithms.chooser`)."""
     if isinstance(itemsize, bool) or not isinstance(itemsize, (int, np.integer)) or itemsize < 1:
         raise AccountingError(f"itemsize must be a positive integer (bytes per entry), not {itemsize!r}")
     return int(itemsize)
@@ -510,7 +510,7 @@ def account(op: LinearOperator, *, itemsize: int = 8) -> Accounting:
         If ``op`` is not a :class:`~linop.LinearOperator`.
     """
     _check_operator(op)
-    itemsize = checked_itemsize(itemsize)
+    itemsize = check_itemsize(itemsize)
     steps: list[Any] = []
     _tree_steps(op, steps)
     events = _events(steps, itemsize)
@@ -618,7 +618,7 @@ def account_schedule(op: LinearOperator, *, itemsize: int = 8) -> Accounting:
     Parameters and errors as for :func:`account`.
     """
     _check_operator(op)
-    itemsize = checked_itemsize(itemsize)
+    itemsize = check_itemsize(itemsize)
     program = compile_program(op)
     schedule = _ScheduleEvents(itemsize)
     schedule.run(program.steps)

@@ -2,7 +2,10 @@
 succeed with the sparse interpreter's result or raise a LinopError (verify/strategies_malformed.py).
 
 A CI-sized run (1,000 seeded calls, about 10-20 s) is part of the suite; ``LINOP_LONG=1`` runs
-the long one (10,000). Both print how many inputs were tried per entry point and their outcomes."""
+the long one (10,000, states of torch and JAX arrays included). Both print how many inputs were
+tried per entry point and their outcomes. The groups of verify/strategies_malformed_surface.py
+(local operators, layers, lift / prove_backward, worker maps, the display, the accounting and
+the chooser) are part of both; the torch and JAX states have a small seeded run of their own."""
 
 from __future__ import annotations
 
@@ -41,7 +44,7 @@ def test_malformed_calls_succeed_exactly_or_raise_a_linop_error(capsys):
         database=None,
         suppress_health_check=list(HealthCheck),
     )
-    @given(calls())
+    @given(calls(frameworks=LONG))
     def campaign(call: Call) -> None:
         counts[(call.entry, outcome(call))] += 1
 
@@ -87,3 +90,47 @@ def test_the_campaign_catches_a_wrong_result():
 
     with pytest.raises(FuzzFailure, match="differs from the matrix"):
         outcome(Call("wrong result", apply_wrongly, "doubled identity"))
+
+
+FRAMEWORK_EXAMPLES = 0 if LONG else 40  # the long campaign draws framework states itself
+
+
+@pytest.mark.skipif(LONG, reason="LINOP_LONG=1: the main campaign includes framework states")
+@pytest.mark.parametrize("library", ["torch", "jax"])
+def test_framework_states_succeed_exactly_or_raise_a_linop_error(library, capsys):
+    """States of torch tensors (requires_grad, non-contiguous, stride 0, float16, bfloat16, int,
+    mixed with numpy) and JAX arrays, in place or not."""
+    pytest.importorskip(library)
+    from verify.strategies_malformed_surface import FRAMEWORK_ENTRY_POINTS
+
+    counts: Counter = Counter()
+    strategy = FRAMEWORK_ENTRY_POINTS["torch states" if library == "torch" else "JAX states"]()
+
+    @settings(
+        max_examples=FRAMEWORK_EXAMPLES,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(strategy)
+    def campaign(call: Call) -> None:
+        counts[outcome(call)] += 1
+
+    campaign()
+    with capsys.disabled():
+        print(f"\n{library} states: {dict(counts)}")
+    assert counts["ok"] > 0 and counts["typed"] > 0
+
+
+def test_the_campaign_catches_a_false_proof():
+    """Control of the surface checks: accepting a kernel known not to be linear is a failure."""
+    import numpy as np
+
+    from linop import Block, Space, local_operator
+    from verify.strategies_malformed_surface import _refused
+
+    space = Space([Block("x", (4,))])
+    accepted = _refused(lambda: local_operator(space, "x", ("y", (4,)), np.eye(4, dtype=int)), "affine")
+    with pytest.raises(FuzzFailure, match="was accepted"):
+        outcome(Call("false proof", accepted, "a linear kernel posing as an affine one"))

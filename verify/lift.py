@@ -154,10 +154,32 @@ Batch = Callable[[np.ndarray], np.ndarray]
 """Applies a map to a batch of flat vectors: (B, n) -> (B, m)."""
 
 
-def _as_space(space: Space | Mapping[str, Sequence[int]]) -> Space:
+def _as_space(space: Space | Mapping[str, Sequence[int]], what: str = "space", label: str = "lift") -> Space:
+    """A Space, or a dict of block name to shape as blocks on worker 0.
+
+    Raises
+    ------
+    LiftError
+        For anything else (a block's malformed name or shape: a :class:`~linop.errors.BlockError`).
+    """
     if isinstance(space, Space):
         return space
-    return Space([Block(name, tuple(shape)) for name, shape in space.items()])
+    if not isinstance(space, Mapping):
+        raise LiftError(
+            f"{label}: the {what} must be a Space or a dict of block name to shape, not "
+            f"{type(space).__name__} {space!r:.40}"
+        )
+    blocks = []
+    for name, given in space.items():
+        shape: Any = given
+        if isinstance(shape, int | np.integer) and not isinstance(shape, bool):
+            shape = (shape,)
+        if isinstance(shape, str | bytes) or not isinstance(shape, Sequence | np.ndarray):
+            raise LiftError(
+                f"{label}: block {name!r} of the {what} has shape {shape!r}, not a sequence of integers"
+            )
+        blocks.append(Block(name, tuple(shape)))
+    return Space(blocks)
 
 
 def _outputs(
@@ -438,8 +460,8 @@ def lift(
         returns the wrong blocks or shapes, is larger than ``max_entries``, ``batch`` is not a
         positive integer, or numpy is given no adjoint.
     """
-    domain, range_ = _as_space(domain), _as_space(range)
     label = label or getattr(forward, "__qualname__", None) or type(forward).__name__
+    domain, range_ = _as_space(domain, "domain", label), _as_space(range, "range", label)
     _require_options(batch, max_entries, domain, range_, label)
     if framework not in FRAMEWORKS:
         raise LiftError(f"unknown framework {framework!r}; expected one of {FRAMEWORKS}")
@@ -590,7 +612,58 @@ def lift_mpi(
         raise LiftError(f"lift_mpi supports the numpy and torch frameworks, not {framework!r}")
     matrix = _probe_ranks(forward, domain, range, comm, label, to_input, to_numpy)
     claimed = _probe_ranks(adjoint, range, domain, comm, f"the adjoint of {label}", to_input, to_numpy)
+    _check_linear_ranks(forward, matrix, domain, range, comm, label, to_input, to_numpy)
+    _check_linear_ranks(adjoint, claimed, range, domain, comm, f"the adjoint of {label}", to_input, to_numpy)
     return Lifted(domain, range, matrix, claimed, label)
+
+
+def _check_linear_ranks(
+    call: Callable[..., Any],
+    matrix: sp.csr_array,
+    inside: Space,
+    outside: Space,
+    comm: Any,
+    label: str,
+    to_input: Callable[[np.ndarray], Any],
+    to_numpy: Callable[[Any], np.ndarray],
+) -> None:
+    """The linearity check of :func:`lift` for a per-rank function: every rank calls it
+    together on its blocks of each state of :func:`linop.linearity.probe_states` and compares
+    its own output blocks with the gathered matrix; the ranks agree on the verdict."""
+    rank = comm.rank
+    mine_in = [b for b in inside if b.worker == rank]
+    mine_out = [b for b in outside if b.worker == rank]
+    rows = np.concatenate(
+        [np.arange(outside.offset(b.name), outside.offset(b.name) + b.size) for b in mine_out] or [np.zeros(0, int)]
+    )
+    problem = None
+
+    def apply_states(states: np.ndarray) -> np.ndarray:
+        images = np.zeros((len(states), outside.size))
+        for k, state in enumerate(states):
+            blocks = inside.unflatten(state)
+            result = call(*(to_input(np.array(blocks[b.name])) for b in mine_in))
+            outputs = _outputs(result, Space(mine_out), label, to_numpy) if mine_out else []
+            images[k, rows] = np.concatenate([np.ravel(a) for a in outputs]) if outputs else []
+        return images
+
+    def on_rank_rows(states: np.ndarray) -> np.ndarray:
+        images = apply_states(states)
+        wants = np.asarray(matrix @ states.T).T
+        others = np.ones(outside.size, bool)
+        others[rows] = False
+        images[:, others] = wants[:, others]  # only this rank's rows are its to check
+        return images
+
+    try:
+        found = linearity_problem(on_rank_rows, matrix, inside.size)
+    except LiftError as error:
+        found, problem = None, f"rank {rank}: {error}"
+    if found is not None:
+        problem = f"rank {rank}: {label} is not linear: {found.describe(str(locate(outside, found.index)))}"
+    problems = [p for p in comm.allgather(problem) if p is not None]
+    if problems:
+        raise LiftError("; ".join(problems))
 
 
 def _torch_backward_of(

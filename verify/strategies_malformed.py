@@ -31,7 +31,17 @@ from linop.backends.scipy_interop import aslinearoperator
 
 from . import strategies as lst
 
-__all__ = ["Call", "FuzzFailure", "check_against_matrix", "junk", "maybe", "calls", "outcome", "ENTRY_POINTS"]
+__all__ = [
+    "Call",
+    "FuzzFailure",
+    "check_against_matrix",
+    "junk",
+    "maybe",
+    "calls",
+    "outcome",
+    "show_arguments",
+    "ENTRY_POINTS",
+]
 
 
 class FuzzFailure(AssertionError):  # noqa: N818 - a failed check, like VerificationError
@@ -102,7 +112,8 @@ def maybe(valid: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
     return st.one_of(valid, junk())
 
 
-def _show(*args: Any, **kwargs: Any) -> str:
+def show_arguments(*args: Any, **kwargs: Any) -> str:
+    """The arguments of a call, each shortened, as a readable description."""
     parts = [_short(repr(a)) for a in args] + [f"{k}={_short(repr(v))}" for k, v in kwargs.items()]
     return ", ".join(parts)
 
@@ -112,7 +123,7 @@ def _short(text: str, limit: int = 80) -> str:
 
 
 def _call(entry: str, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Call:
-    return Call(entry, lambda: function(*args, **kwargs), _show(*args, **kwargs))
+    return Call(entry, lambda: function(*args, **kwargs), show_arguments(*args, **kwargs))
 
 
 SMALL_INT = st.integers(0, 4)
@@ -147,7 +158,7 @@ def _indexing(draw: st.DrawFn) -> Call:
             st.just((Ellipsis, Ellipsis)),
         )
     )
-    return Call("space[name][index]", lambda: space[name][index], _show(space, name, index))
+    return Call("space[name][index]", lambda: space[name][index], show_arguments(space, name, index))
 
 
 @st.composite
@@ -205,7 +216,7 @@ def _algebra(draw: st.DrawFn) -> Call:
     draw_space = draw(maybe(st.just(space)))
     draw_other = draw(maybe(st.just(space)))
     items = draw(st.one_of(st.tuples(st.just(op), maybe(st.just(op))), junk()))
-    return Call(kind, actions[kind], _show(op, other, alpha, draw_space, items))
+    return Call(kind, actions[kind], show_arguments(op, other, alpha, draw_space, items))
 
 
 @st.composite
@@ -255,7 +266,7 @@ def _kernels(draw: st.DrawFn) -> Call:
         geometry = linop.halo_geometry(tensor, kernel)
         return linop.HaloExchange(geometry, variant)
 
-    return Call("halo_geometry/HaloExchange", build, _show(tensor, kernel, variant))
+    return Call("halo_geometry/HaloExchange", build, show_arguments(tensor, kernel, variant))
 
 
 @st.composite
@@ -291,7 +302,7 @@ def _collectives(draw: st.DrawFn) -> Call:
         "Gather": lambda: linop.Gather(root, source),
         "Repartition": lambda: linop.Repartition(source, other),
     }
-    return Call(kind, builders[kind], _show(source, partition, name, axes, root, other))
+    return Call(kind, builders[kind], show_arguments(source, partition, name, axes, root, other))
 
 
 @st.composite
@@ -351,7 +362,7 @@ def _methods(draw: st.DrawFn) -> Call:
         "halo_windows": lambda: linop.halo_windows(tensor, a),
         "pad_shim": lambda: linop.pad_shim(a),
     }
-    return Call(kind, actions[kind], _show(space, a, b))
+    return Call(kind, actions[kind], show_arguments(space, a, b))
 
 
 # -- entry points -------------------------------------------------------------------------------
@@ -421,7 +432,7 @@ def _applications(draw: st.DrawFn) -> Call:
         check_against_matrix(op, before, result, dtype)
         return result
 
-    return Call("apply", apply, _show(op, state, inplace=inplace, dtype=dtype))
+    return Call("apply", apply, show_arguments(op, state, inplace=inplace, dtype=dtype))
 
 
 @st.composite
@@ -449,7 +460,7 @@ def _scipy(draw: st.DrawFn) -> Call:
             raise FuzzFailure(f"aslinearoperator: {result} != {expected}")
         return result
 
-    return Call("aslinearoperator", run, _show(op, dtype, vector, adjoint=adjoint))
+    return Call("aslinearoperator", run, show_arguments(op, dtype, vector, adjoint=adjoint))
 
 
 @st.composite
@@ -490,9 +501,14 @@ ENTRY_POINTS: dict[str, Callable[[], st.SearchStrategy[Call]]] = {
 """The strategy of calls of each group of entry points."""
 
 
-def calls() -> st.SearchStrategy[Call]:
-    """One call of any public constructor or entry point, with malformed arguments half the time."""
-    return st.one_of(*(strategy() for strategy in ENTRY_POINTS.values()))
+def calls(*, frameworks: bool = False) -> st.SearchStrategy[Call]:
+    """One call of any public constructor or entry point, with malformed arguments half the time
+    (with ``frameworks``: also states of torch and JAX arrays, which imports both); the groups
+    of :mod:`verify.strategies_malformed_surface` included."""
+    from .strategies_malformed_surface import FRAMEWORK_ENTRY_POINTS, SURFACE_ENTRY_POINTS
+
+    groups = {**ENTRY_POINTS, **SURFACE_ENTRY_POINTS, **(FRAMEWORK_ENTRY_POINTS if frameworks else {})}
+    return st.one_of(*(strategy() for strategy in groups.values()))
 
 
 # -- checking -------------------------------------------------------------------------------------

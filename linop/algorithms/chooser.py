@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..accounting import Accounting, CostModel, checked_itemsize, account, account_schedule
+from ..accounting import Accounting, CostModel, account, account_schedule, check_itemsize
 from . import VARIANTS, AlgorithmError, problem
 
 __all__ = ["Choice", "choose", "modeled_times"]
@@ -78,9 +78,11 @@ def modeled_times(
     AccountingError
         If ``itemsize`` is not a positive integer.
     """
-    if collective not in VARIANTS:
+    if not isinstance(collective, str) or collective not in VARIANTS:
         raise AlgorithmError(f"no collective {collective!r}; known: {list(VARIANTS)}")
-    itemsize = checked_itemsize(itemsize)
+    if isinstance(size, bool) or not isinstance(size, int | np.integer) or size < 1:
+        raise AlgorithmError(f"{collective}: size must be a positive integer (workers), not {size!r}")
+    itemsize = check_itemsize(itemsize)
     if isinstance(nbytes, bool) or not isinstance(nbytes, int | np.integer) or nbytes < 0:
         raise AlgorithmError(f"{collective}: nbytes must be a non-negative integer (bytes per worker), not {nbytes!r}")
     if not isinstance(model, CostModel):

@@ -18,9 +18,19 @@ from ..errors import WorkerMapError
 __all__ = ["WorkerMap"]
 
 
+MAX_MAP_WORKERS = 1 << 24
+"""The most workers :meth:`WorkerMap.round_robin` and :meth:`WorkerMap.blocked` build a map
+for: a map is an explicit table, one entry per worker."""
+
+
 def _counts(how: str, workers: object, ranks: object) -> tuple[int, int]:
     if not _natural(workers):
         raise WorkerMapError(f"WorkerMap.{how}: workers must be a non-negative integer, not {workers!r}")
+    if int(workers) > MAX_MAP_WORKERS:  # type: ignore[call-overload]
+        raise WorkerMapError(
+            f"WorkerMap.{how}: {workers} workers is more than an explicit map holds "
+            f"(at most MAX_MAP_WORKERS = {MAX_MAP_WORKERS})"
+        )
     if not _natural(ranks) or int(ranks) < 1:  # type: ignore[call-overload]
         raise WorkerMapError(f"WorkerMap.{how}: ranks must be a positive integer, not {ranks!r}")
     return int(workers), int(ranks)  # type: ignore[call-overload]
@@ -94,7 +104,8 @@ class WorkerMap:
         Raises
         ------
         WorkerMapError
-            ``workers`` is not a non-negative integer or ``ranks`` not a positive one.
+            ``workers`` is not a non-negative integer (at most :data:`MAX_MAP_WORKERS`) or
+            ``ranks`` not a positive one.
         """
         workers, ranks = _counts("round_robin", workers, ranks)
         return cls([w % ranks for w in range(workers)])
@@ -106,7 +117,8 @@ class WorkerMap:
         Raises
         ------
         WorkerMapError
-            ``workers`` is not a non-negative integer or ``ranks`` not a positive one.
+            ``workers`` is not a non-negative integer (at most :data:`MAX_MAP_WORKERS`) or
+            ``ranks`` not a positive one.
         """
         workers, ranks = _counts("blocked", workers, ranks)
         return cls([w * ranks // workers for w in range(workers)])

@@ -102,3 +102,26 @@ def test_wrong_output_shape_fails_on_every_rank(comm):
     space = _space(comm)
     with pytest.raises(LiftError, match="returned shape"):
         lift_mpi(lambda x: np.zeros(2), space, space, adjoint=lambda y: y, comm=comm)
+
+
+def test_a_per_rank_map_that_is_not_linear_is_refused_on_every_rank():
+    """Issue 22: lift_mpi checks linearity as lift does (probe states, every rank together):
+    the halo exchange plus one on the last rank's bulk is affine, and never proven."""
+    comm = MPI.COMM_WORLD
+    space = _space(comm)
+    exchange = halo_forward(comm)
+
+    def affine(x):
+        y = exchange(x)
+        return y + 1 if comm.rank == comm.size - 1 else y
+
+    try:
+        lift_mpi(affine, space, space, adjoint=halo_adjoint(comm), comm=comm)
+        message = "NO ERROR"
+    except LiftError as error:
+        message = str(error)
+    messages = comm.allgather(message)
+    collective_assert(all(m == messages[0] for m in messages), f"ranks disagree: {messages}")
+    collective_assert(f"rank {comm.size - 1}:" in message and "is not linear" in message, message)
+    lifted = lift_mpi(exchange, space, space, adjoint=halo_adjoint(comm), comm=comm)  # control
+    collective_assert(bool(verify.exact_adjoint(lifted)), "the true backward is no longer proven")

@@ -249,3 +249,19 @@ def test_the_subarray_datatype_cache_is_bounded_and_frees_what_it_evicts(monkeyp
     space = Space(Block(f"x{w}", (8,), w) for w in range(SIZE))  # the interpreter, on a tiny cache
     op = _move(space["x0"][1:3], space[f"x{LAST}"][5:7])
     compare_with_numpy(op, {f"x{w}": np.arange(8.0) + w for w in range(SIZE)})
+
+
+@pytest.mark.parametrize("bound", [False, True], ids=["apply", "bind"])
+def test_in_place_into_a_stride_zero_array_is_refused_on_every_rank(bound):
+    """Issue 22: a writeable view whose entries share memory (stride 0) cannot hold a result
+    in place; refused like numpy, on every rank."""
+    space = Space(Block(f"x{w}", (4,), w) for w in range(SIZE))
+    op = _move(space["x0"][0:1], space[f"x{LAST}"][3:4])
+    broadcast = np.lib.stride_tricks.as_strided(np.zeros(1), shape=(4,), strides=(0,))
+    local = {f"x{RANK}": broadcast if RANK == LAST else np.arange(4.0)}
+    plan = mpi_backend.plan_for(op, comm=COMM)
+    call = (lambda: plan.bind(local)) if bound else (lambda: mpi_backend.apply(op, local, inplace=True))
+    message = expect_collective_error(DistributedStateError, call)
+    collective_assert(f"rank {LAST}" in message and "overlap in memory" in message, message)
+    good = {f"x{RANK}": np.arange(4.0)}  # control: an ordinary array is fine
+    mpi_backend.apply(op, good, inplace=True)
