@@ -34,11 +34,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ...errors import PeerTimeoutError, ProcessGroupArgumentError, ProcessGroupError, WorkerMapError
+from ...errors import (  # noqa: F401 - re-exported for callers (documented in linop.errors)
+    PeerTimeoutError,
+    ProcessGroupArgumentError,
+    ProcessGroupError,
+    WorkerMapError,
+)
 from ...operator import LinearOperator
 from .. import mpi_fastpaths  # noqa: F401 - registers the fast paths' lowerings
 from ..mpi_context import PLAN_CACHE_SIZE, PlanCache
-from ..mpi_mapping import WorkerMap
+from ..mpi_mapping import WorkerMap  # re-exported for callers (documented in mpi_mapping)
 from .group import TIMEOUT_VARIABLE, GroupContext, context_for, resolve_timeout
 from .plan import BoundTorchPlan, TorchDistributedPlan
 
@@ -48,16 +53,14 @@ MappingLike = WorkerMap | Sequence[int] | Mapping[int, int]
 __all__ = [
     "apply",
     "plan_for",
+    "plan_context",
     "TorchDistributedPlan",
     "BoundTorchPlan",
-    "WorkerMap",
     "GroupContext",
-    "plan_context",
     "TIMEOUT_VARIABLE",
-    "ProcessGroupError",
-    "ProcessGroupArgumentError",
-    "PeerTimeoutError",
 ]
+# also importable from here (documented where they live): WorkerMap (linop.backends.mpi_mapping),
+# ProcessGroupError, ProcessGroupArgumentError, PeerTimeoutError (linop.errors)
 
 
 def plan_context(group: Any = None) -> GroupContext:
