@@ -34,9 +34,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ...errors import PeerTimeoutError, ProcessGroupArgumentError, ProcessGroupError, WorkerMapError
+from ...errors import (  # noqa: F401 - re-exported for callers (documented in linop.errors)
+    PeerTimeoutError,
+    ProcessGroupArgumentError,
+    ProcessGroupError,
+    WorkerMapError,
+)
 from ...operator import LinearOperator
-from ...program import WorkerMap
+from ...program import WorkerMap  # re-exported for callers (documented in linop.program)
 from .. import mpi_fastpaths  # noqa: F401 - registers the fast paths' lowerings
 from ..mpi_context import PLAN_CACHE_SIZE, PlanCache
 from .group import TIMEOUT_VARIABLE, GroupContext, context_for, resolve_timeout
@@ -48,16 +53,14 @@ MappingLike = WorkerMap | Sequence[int] | Mapping[int, int]
 __all__ = [
     "apply",
     "plan_for",
+    "plan_context",
     "TorchDistributedPlan",
     "BoundTorchPlan",
-    "WorkerMap",
     "GroupContext",
-    "plan_context",
     "TIMEOUT_VARIABLE",
-    "ProcessGroupError",
-    "ProcessGroupArgumentError",
-    "PeerTimeoutError",
 ]
+# also importable from here (documented where they live): WorkerMap (linop.backends.mpi_mapping),
+# ProcessGroupError, ProcessGroupArgumentError, PeerTimeoutError (linop.errors)
 
 
 def plan_context(group: Any = None) -> GroupContext:
