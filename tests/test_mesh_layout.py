@@ -79,7 +79,7 @@ def test_chunk_sizes_follow_torch_chunk():
     assert chunk_sizes(77, 4) == (20, 20, 20, 17)
 
 
-@settings(max_examples=60)
+@settings(max_examples=40)
 @given(
     st.lists(st.integers(1, 3), min_size=1, max_size=3).flatmap(
         lambda mesh: st.tuples(
@@ -185,7 +185,7 @@ def test_every_placement_pair_on_a_2d_mesh():
         check_redistribute(source, source.with_placements(b, name="b"))
 
 
-@settings(max_examples=80)
+@settings(max_examples=40)
 @given(layout_pairs(), st.integers(0, 2**16))
 def test_redistribute_is_exact_for_drawn_layouts(pair, seed):
     source, destination = pair

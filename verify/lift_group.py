@@ -20,7 +20,7 @@ where this adjoint sums over the copies (``Shard -> Replicate``); a layout witho
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from linop import Space
@@ -52,8 +52,8 @@ class GroupComm:
 
 def lift_group(
     forward: Callable[..., Any],
-    domain: Space | Mapping[str, Sequence[int]],
-    range: Space | Mapping[str, Sequence[int]],
+    domain: Space,
+    range: Space,
     *,
     adjoint: Callable[..., Any] | None = None,
     group: Any = None,
@@ -64,8 +64,9 @@ def lift_group(
     its claimed adjoint, into one :class:`~verify.lift.Lifted`, the same on every rank;
     collective over ``group``.
 
-    Each rank's callables take this rank's blocks of ``domain`` (worker == group rank, in the
-    domain's order) and return this rank's blocks of ``range``. With ``framework="torch"``
+    ``domain`` and ``range`` are spaces whose blocks name their workers (a
+    :class:`~linop.MeshLayout`'s ``space``, say). Each rank's callables take this rank's blocks
+    of ``domain`` (worker == group rank, in the domain's order) and return this rank's blocks of ``range``. With ``framework="torch"``
     (default) they take and return tensors and the default adjoint is autograd's backward;
     ``"numpy"`` takes arrays and needs ``adjoint=``.
 
@@ -74,10 +75,6 @@ def lift_group(
     LiftError
         On every rank together, when a rank's function returns the wrong blocks or shapes.
     """
-    if not isinstance(domain, Space) or not isinstance(range, Space):
-        from .lift import _as_space
-
-        domain, range = _as_space(domain), _as_space(range)
     return lift_mpi(
         forward, domain, range, adjoint=adjoint, comm=GroupComm(group), framework=framework, label=label
     )
@@ -85,8 +82,8 @@ def lift_group(
 
 def prove_backward_group(
     forward: Callable[..., Any],
-    domain: Space | Mapping[str, Sequence[int]],
-    range: Space | Mapping[str, Sequence[int]],
+    domain: Space,
+    range: Space,
     **options: Any,
 ) -> Proof:
     """Lift ``forward`` across the group (:func:`lift_group`, same options) and prove its

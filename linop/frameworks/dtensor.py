@@ -179,8 +179,10 @@ def redistribute_local(
 ) -> torch.Tensor:
     """This rank's local tensor in layout ``destination`` (a layout, or placements on the
     source's mesh with torch.chunk sizes) from its local tensor in ``source``; collective over
-    ``group`` (default the world group: worker ``w`` on rank ``w``). Differentiable: the
-    backward runs the adjoint tree.
+    ``group`` (default the world group), whose rank ``w`` runs the layout's worker ``w`` (a
+    DeviceMesh's ranks are global ranks: pass a group whose ranks are the global ones, such as
+    the world group, or layouts with ``ranks=`` renumbered). Differentiable: the backward runs
+    the adjoint tree. The wrapper is built (and its plans bound) once per tree and group.
 
     Raises
     ------
