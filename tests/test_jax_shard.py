@@ -43,6 +43,7 @@ def run_device_script(script: str, count: int, *args: str, timeout: float = 600)
     return done.stdout
 
 
+@pytest.mark.timeout(900)  # one subprocess: seconds on an idle machine, minutes on a loaded one
 @pytest.mark.parametrize("count", COUNTS)
 def test_lowering_equals_numpy_and_its_transpose_equals_the_adjoint(count):
     printed = run_device_script("check_lowering.py", count)

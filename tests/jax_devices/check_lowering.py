@@ -321,7 +321,7 @@ def check_api() -> None:
     turn = tensor_function(
         Repartition(rows_even, columns), MESH, rows_even, columns, ("d", None), (None, "d")
     )
-    assert turn.reshapes and not move.reshapes
+    assert turn.reshapes and (COUNT == 1 or not move.reshapes)  # one device: nothing is uneven
     assert np.array_equal(np.asarray(jax.jit(turn)(even)), even), "even shards: the reshape path"
     back = jax.jit(jax.grad(lambda a: jnp.sum(turn(a) * even)))(even)
     assert np.array_equal(np.asarray(back), even)
