@@ -306,7 +306,7 @@ class MeshLayout:
             placements,
             tensor.global_shape,
             sizes,
-            tensor.partition.workers,
+            tuple(tensor.partition.workers),
         )
 
     def with_placements(

@@ -149,7 +149,7 @@ def native_program(op: LinearOperator, rank: int) -> tuple[RankProgram, tuple[tu
     steps = _replace(program.steps, found)
     if steps is None:
         return None
-    return RankProgram(project(steps, rank), program.alphas, program.max_worker), tuple(found)
+    return RankProgram(project(steps, rank), program.max_worker), tuple(found)
 
 
 def portable_program(
