@@ -141,7 +141,7 @@ def _own(f: ShardedOperator):
 
 
 SETTINGS = settings(
-    max_examples=12 if LONG else (2 if COUNT >= 4 else 1),
+    max_examples=12 if LONG else 1,
     derandomize=True,
     deadline=None,
     database=None,
