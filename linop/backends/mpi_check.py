@@ -18,6 +18,11 @@ the error of a dtype clash) is remembered per reduced vector, which holds every 
 depends on. Every call still reduces the whole vector: a tree, block or dtype that differs on
 any rank is found on the call where it differs.
 
+With a deadline (``timeout=``, ``LINOP_TIMEOUT``) the ``Allreduce`` is polled instead of
+waited for, and ranks that do not arrive in time are named by every rank that did
+(:class:`~linop.errors.PeerTimeoutError`, :mod:`linop.backends.mpi_deadline`); without one the
+check waits as before, at no extra cost.
+
 Dtypes follow the policy of :mod:`linop.dtypes` (``docs/theory.md#dtypes``), with the global
 facts the ranks agree on: the dtypes present on any rank and the largest integer magnitude
 (a maximum over ranks, in the same ``Allreduce``), so the numpy, sparse and MPI interpreters
