@@ -164,7 +164,7 @@ def test_a_dtype_string_numpy_cannot_parse_is_a_typed_error(dtype):
     from linop.errors import DtypeError
 
     op = Identity(X4)
-    with pytest.raises(DtypeError, match="not a numpy dtype|not numeric"):  # "i4," is a structured dtype
+    with pytest.raises(DtypeError, match=r"not a numpy dtype|not numeric"):  # "i4," is a structured dtype
         op.to_sparse(dtype)
     with pytest.raises(DtypeError):
         op.apply({"x": np.arange(4.0)}, dtype=dtype)
