@@ -78,7 +78,7 @@ def check_requested(dtype: npt.DTypeLike, *, allow_object: bool = False, what: s
     """
     try:
         result = np.dtype(dtype)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, SyntaxError):  # numpy parses "a," as a structured dtype
         raise DtypeError(f"{what} {dtype!r} is not a numpy dtype") from None
     if result.kind not in NUMERIC_KINDS and not (allow_object and result.kind == "O"):
         raise DtypeError(

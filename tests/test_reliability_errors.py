@@ -154,3 +154,17 @@ def test_state_titles_are_escaped():
     assert r"\text{my}\mathtt{\_}\text{state}" in latex
     for run in _text_runs(latex):
         assert not set(run) & set("\\_{}#%&$^~"), run
+
+
+@pytest.mark.parametrize("dtype", [b",", ",", "i4,"])
+def test_a_dtype_string_numpy_cannot_parse_is_a_typed_error(dtype):
+    """Found by the long fuzz run: numpy parses such strings as structured dtypes and raises
+    SyntaxError from inside."""
+    from linop import Identity
+    from linop.errors import DtypeError
+
+    op = Identity(X4)
+    with pytest.raises(DtypeError, match=r"not a numpy dtype|not numeric"):  # "i4," is a structured dtype
+        op.to_sparse(dtype)
+    with pytest.raises(DtypeError):
+        op.apply({"x": np.arange(4.0)}, dtype=dtype)

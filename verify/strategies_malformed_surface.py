@@ -267,9 +267,12 @@ def _displays(draw: st.DrawFn) -> Call:
         return latex
 
     if kind == "operator":
-        space = Space([Block(name, (2,)), Block("b", (2,))])
-        op = linop.Copy(space[name], space["b"])
-        return Call("operator_latex", lambda: checked(display.operator_latex(op)), show_arguments(name))
+
+        def latex() -> str:  # "zz" is outside the names' alphabet: no clash
+            space = Space([Block(name, (2,)), Block("zz", (2,))])
+            return checked(display.operator_latex(linop.Copy(space[name], space["zz"])))
+
+        return Call("operator_latex", latex, show_arguments(name))
     if kind == "state":
         return Call(
             "show_state",

@@ -18,6 +18,11 @@ the error of a dtype clash) is remembered per reduced vector, which holds every 
 depends on. Every call still reduces the whole vector: a tree, block or dtype that differs on
 any rank is found on the call where it differs.
 
+With a deadline (``timeout=``, ``LINOP_TIMEOUT``) the ``Allreduce`` is polled instead of
+waited for, and ranks that do not arrive in time are named by every rank that did
+(:class:`~linop.errors.PeerTimeoutError`, :mod:`linop.backends.mpi_deadline`); without one the
+check waits as before, at no extra cost.
+
 Dtypes follow the policy of :mod:`linop.dtypes` (``docs/theory.md#dtypes``), with the global
 facts the ranks agree on: the dtypes present on any rank and the largest integer magnitude
 (a maximum over ranks, in the same ``Allreduce``), so the numpy, sparse and MPI interpreters
@@ -232,6 +237,7 @@ class EntryCheck:
         self._outcomes: dict[tuple[bytes, bool], CheckOutcome] = {}  # by the reduced vector
         self._dtypes: dict[bytes, tuple[np.dtype, bool, list[str]]] = {}
         self._growth: bool | None = None
+        self._doing_text: str | None = None
 
     def _arrays_if_valid(self, state: Any, inplace: bool) -> list[np.ndarray] | None:
         """This rank's arrays, in domain order, when a few cheap tests show the state right
@@ -348,8 +354,11 @@ class EntryCheck:
         return self._run(state, inplace, dtype, timeout)
 
     def _doing(self) -> str:
-        text = str(self.op)
-        return f"the entry check of {text if len(text) <= 80 else text[:77] + '...'}"
+        """What a deadline's error says the ranks were doing (worded once per tree)."""
+        if self._doing_text is None:
+            text = str(self.op)
+            self._doing_text = f"the entry check of {text if len(text) <= 80 else text[:77] + '...'}"
+        return self._doing_text
 
     def _run_single(self, state: Any, inplace: bool, timeout: float | None = None) -> CheckOutcome | None:
         """The common case, cheaply: one block of a float or complex dtype, no ``dtype=``;
