@@ -60,6 +60,8 @@ HANDLER_MODULES: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
             "linop.backends.sparse_shims",
         ),
         "program": ("linop.program", "linop.backends.mpi_fastpaths"),
+        # the torch.distributed executor's local steps on a device (CUDA under NCCL)
+        "torch-device": ("linop.backends.torch_distributed.device",),
     }
 )
 """The modules and packages holding each built-in interpreter's handlers (names only: nothing

@@ -17,44 +17,7 @@ from linop import GlobalShapeError, LinopError, OperandError, PlacementError, St
 from linop.mesh_layout import MeshLayout, Partial, Replicate, Shard, as_placement, chunk_sizes
 from linop.program import fingerprint
 from linop.redistribute import Redistribute, RedistributeCopies, RedistributeSums
-
-
-# -- strategies ------------------------------------------------------------------------------
-@st.composite
-def compositions(draw: st.DrawFn, total: int, parts: int) -> tuple[int, ...]:
-    """``total`` cut into ``parts`` non-negative sizes (uneven and empty pieces included)."""
-    cuts = sorted(draw(st.lists(st.integers(0, total), min_size=parts - 1, max_size=parts - 1)))
-    edges = [0, *cuts, total]
-    return tuple(b - a for a, b in zip(edges, edges[1:]))
-
-
-@st.composite
-def placements(draw: st.DrawFn, mesh_ndim: int, ndim: int) -> tuple[object, ...]:
-    kinds = [Replicate(), Partial(), *(Shard(d) for d in range(ndim))]
-    return tuple(draw(st.sampled_from(kinds)) for _ in range(mesh_ndim))
-
-
-@st.composite
-def layout_sizes(draw: st.DrawFn, layout: MeshLayout) -> dict[int, tuple[int, ...]]:
-    """Explicit uneven sizes for some of the sharded tensor dimensions of ``layout``."""
-    sizes = {}
-    for d in range(layout.ndim):
-        cuts = layout.shard_mesh_dims(d)
-        if cuts and draw(st.booleans()):
-            count = int(np.prod([layout.mesh_shape[i] for i in cuts]))
-            sizes[d] = draw(compositions(layout.global_shape[d], count))
-    return sizes
-
-
-@st.composite
-def layout_pairs(draw: st.DrawFn) -> tuple[MeshLayout, MeshLayout]:
-    mesh = tuple(draw(st.lists(st.integers(1, 3), min_size=1, max_size=3)))
-    shape = tuple(draw(st.lists(st.integers(0, 7), min_size=1, max_size=3)))
-    layouts = []
-    for name in ("a", "b"):
-        draft = MeshLayout.from_placements(mesh, draw(placements(len(mesh), len(shape))), shape, name=name)
-        layouts.append(draft.with_placements(draft.placements, draw(layout_sizes(draft))))
-    return layouts[0], layouts[1]
+from verify.strategies_mesh import layout_pairs, placements
 
 
 def check_redistribute(source: MeshLayout, destination: MeshLayout, seed: int = 0) -> Redistribute:

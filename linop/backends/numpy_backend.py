@@ -247,7 +247,12 @@ def overlaps_itself(array: np.ndarray) -> bool:
     ``torch.expand``, an ``as_strided`` view with overlapping strides): in-place writes into
     such an array cannot hold a different value per entry. Contiguous arrays are decided at
     once; others by their strides, sorted, each at least the span of the smaller ones
-    (sufficient), else exactly by their entries' byte offsets."""
+    (sufficient), else exactly by their entries' byte offsets. An array that stands in for
+    memory elsewhere (the torch executor's device stand-ins) says so itself, in an
+    ``overlapping`` attribute."""
+    known = getattr(array, "overlapping", None)
+    if known is not None:
+        return bool(known)
     flags = array.flags
     if flags.c_contiguous or flags.f_contiguous or array.size <= 1:
         return False

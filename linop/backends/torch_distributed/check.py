@@ -51,14 +51,17 @@ class TorchReducer:
         self.timeout: float | None = None  # set by the check before each reduction
         self.doing = "the entry check"
 
-    def reduce(self) -> np.ndarray:
-        """Reduce :attr:`send` (maximum over ranks) into :attr:`received` and return it.
+    def reduce(self, timeout: float | None = None, doing: str | None = None) -> np.ndarray:
+        """Reduce :attr:`send` (maximum over ranks) into :attr:`received` and return it (the
+        signature of the MPI check's reducer; ``timeout`` None waits :attr:`timeout`).
 
         Raises
         ------
         PeerTimeoutError
-            Not every rank took part within :attr:`timeout` seconds.
+            Not every rank took part within the timeout.
         """
+        if timeout is not None:
+            self.timeout = timeout
         np.copyto(self.received, self.send)
         if not self.single:
             self.received[:] = self.all_reduce(self.received, "max")

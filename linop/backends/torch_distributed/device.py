@@ -119,8 +119,30 @@ def check_stand_ins(state: Mapping[str, Any]) -> dict[str, Any]:
             host = seen[storage] = np.array([largest], dtype=dtype)
         else:
             host[0] = max(host[0], largest)
-        out[name] = np.lib.stride_tricks.as_strided(host, value.shape, (0,) * value.dim())
+        stand_in = np.lib.stride_tricks.as_strided(host, value.shape, (0,) * value.dim()).view(StandIn)
+        stand_in.overlapping = _overlaps_itself(value)
+        out[name] = stand_in
     return out
+
+
+class StandIn(np.ndarray):
+    """A tensor's stand-in for the entry check: zero strides over one host entry, and whether
+    the tensor's own entries overlap in memory (``overlapping``: an in-place call refuses it)."""
+
+    overlapping: bool = False
+
+
+def _overlaps_itself(tensor: Any) -> bool:
+    """Whether two entries of ``tensor`` share memory, decided from its strides alone (as
+    :func:`~linop.backends.numpy_backend.overlaps_itself` decides for an array)."""
+    from ..numpy_backend import overlaps_itself
+
+    itemsize = tensor.element_size()
+    strides = tuple(s * itemsize for s in tensor.stride())
+    # an array with the tensor's layout over a one-entry buffer: only its strides are read
+    buffer = np.zeros(1, dtype=np.dtype((np.void, itemsize)))
+    layout = np.lib.stride_tricks.as_strided(buffer, tensor.shape, strides)
+    return bool(tensor.numel() > 1 and overlaps_itself(layout))
 
 
 class DeviceWorkspace:
