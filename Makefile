@@ -33,6 +33,7 @@ report: $(CORE_STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check linop verify tests benchmarks notebooks
+	$(VENV)/bin/ruff format --check linop verify tests benchmarks
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy

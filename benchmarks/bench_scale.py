@@ -224,7 +224,9 @@ def proofs() -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--max", type=int, default=4096, help="largest P (a power of 4); default 4096")
     parser.add_argument("--min", type=int, default=4, help="smallest P; default 4")
     parser.add_argument("--case", action="append", help="run only these cases (repeatable; substring)")

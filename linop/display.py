@@ -232,7 +232,9 @@ class BlockCell:
             return f"{_esc(_number_tex(self.scalar))}&#8239;I<sub>{rows}</sub>"
         if self.entries is not None:
             body = "".join(
-                "<tr>" + "".join(f'<td style="padding:0 3px">{_esc(_number_tex(v))}</td>' for v in row) + "</tr>"
+                "<tr>"
+                + "".join(f'<td style="padding:0 3px">{_esc(_number_tex(v))}</td>' for v in row)
+                + "</tr>"
                 for row in self.entries
             )
             return f'<table style="font-size:75%;border:1px solid #bbb">{body}</table>'
@@ -542,7 +544,7 @@ def _array_latex(array: np.ndarray) -> str:
     times = r"\times "
     shape = rf"\ (\text{{shape }} {times.join(map(str, array.shape))})"
     if array.size > MAX_STATE_ENTRIES:  # the first entries in C order, then the shape
-        first = ", ".join(sympy.latex(sympy.sympify(v)) for v in array.ravel()[:MAX_STATE_ENTRIES // 4])
+        first = ", ".join(sympy.latex(sympy.sympify(v)) for v in array.ravel()[: MAX_STATE_ENTRIES // 4])
         return rf"[{first}, \dots]{shape}"
     matrix = array.reshape(1, -1) if array.ndim != 2 else array
     if matrix.size == 0:

@@ -780,8 +780,6 @@ def pad_expansion(geometry: HaloGeometry, local_name: str | None = None) -> Line
     return Composition(tuple(reversed(factors)))
 
 
-
-
 def trim_expansion(
     geometry: HaloGeometry, local_name: str | None = None, window_name: str | None = None
 ) -> LinearOperator:
@@ -808,8 +806,6 @@ def trim_expansion(
     if not factors:
         return Identity(space)
     return Composition(tuple(reversed(factors)))
-
-
 
 
 # -- the shims as nodes: per-worker parts, the global expansion built lazily -------------------

@@ -126,7 +126,9 @@ class BlockGrid:
                 f"block grid {self.name!r}: {len(shapes)} block shapes for the "
                 f"{self.partition.size} workers of partition {self.partition.shape}"
             )
-        for shape in (shapes[:1] if len(shapes) and shapes.count(shapes[0]) == len(shapes) else dict.fromkeys(shapes)):
+        for shape in (
+            shapes[:1] if len(shapes) and shapes.count(shapes[0]) == len(shapes) else dict.fromkeys(shapes)
+        ):
             if any(n < 0 for n in shape):
                 raise DecompositionError(f"block grid {self.name!r}: negative extent in block shape {shape}")
             # the name and sizes as Block checks them, once per distinct shape (blocks are then
@@ -258,7 +260,9 @@ def broadcast_map(
     """
     for what, partition in (("source", source), ("destination", destination)):
         if not isinstance(partition, Partition):
-            raise OperandError(f"broadcast_map: the {what} must be a Partition, not {type(partition).__name__}")
+            raise OperandError(
+                f"broadcast_map: the {what} must be a Partition, not {type(partition).__name__}"
+            )
     shape = source.shape[::-1] if transpose else source.shape
     described = f"source partition shape {source.shape}" + (" (reversed)" if transpose else "")
     if len(shape) > destination.ndim:

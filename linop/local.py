@@ -618,7 +618,9 @@ class LocalOperator(LinearOperator):
         index, where = problem.index, None
         for block in produced:
             if index < block.size:
-                where = f"{block.name}[{', '.join(str(int(i)) for i in np.unravel_index(index, block.shape))}]"
+                where = (
+                    f"{block.name}[{', '.join(str(int(i)) for i in np.unravel_index(index, block.shape))}]"
+                )
                 break
             index -= block.size
         claim = (

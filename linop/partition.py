@@ -213,7 +213,9 @@ class Partition:
                 f"partition shape {shape} has {count} workers, more than the {MAX_WORKER + 1} ranks MPI counts"
             )
         given = self.workers
-        if isinstance(given, WorkerRange) or (isinstance(given, range) and given.step == 1 and len(given) > 0):
+        if isinstance(given, WorkerRange) or (
+            isinstance(given, range) and given.step == 1 and len(given) > 0
+        ):
             workers: Sequence[int] = range(given.start, given.stop)  # described, not enumerated
         else:
             workers = _integers(given, f"partition {shape}: workers", PartitionError) or range(count)
@@ -223,13 +225,17 @@ class Partition:
         in_bounds = 0 <= first <= MAX_WORKER + 1 - count
         if isinstance(workers, range) and not in_bounds:
             workers = tuple(workers)  # the checks below name the offending id
-        consecutive = in_bounds and (isinstance(workers, range) or workers == tuple(range(first, first + count)))
+        consecutive = in_bounds and (
+            isinstance(workers, range) or workers == tuple(range(first, first + count))
+        )
         if consecutive:
             # consecutive workers are kept described: O(1) memory at any P, and equal
             # partitions compare equal however their workers were given
             workers = WorkerRange(first, first + count)
         object.__setattr__(self, "_first", first if consecutive else None)
-        valid = consecutive or (len(set(workers)) == count and 0 <= min(workers) and max(workers) <= MAX_WORKER)
+        valid = consecutive or (
+            len(set(workers)) == count and 0 <= min(workers) and max(workers) <= MAX_WORKER
+        )
         seen: set[int] = set()
         for w in () if valid else workers:  # only to name the offending id
             if w < 0:
@@ -331,7 +337,9 @@ class Partition:
         except AttributeError:
             pass
         first = self._first
-        workers = b"C%d" % first if first is not None else b"L" + np.asarray(self.workers, dtype=np.int64).tobytes()
+        workers = (
+            b"C%d" % first if first is not None else b"L" + np.asarray(self.workers, dtype=np.int64).tobytes()
+        )
         text = f"P{self.shape}".encode() + workers
         object.__setattr__(self, "_description", text)
         return text

@@ -178,7 +178,9 @@ class Repartition(Planned):
             object.__setattr__(self, "_overlaps_1d", found)
             return found
 
-    def _piece(self, i: tuple[int, ...], j: tuple[int, ...], start: tuple[int, ...], stop: tuple[int, ...]) -> Piece:
+    def _piece(
+        self, i: tuple[int, ...], j: tuple[int, ...], start: tuple[int, ...], stop: tuple[int, ...]
+    ) -> Piece:
         origin_i, origin_j = self.source.box(i)[0], self.destination.box(j)[0]
         return Piece(
             self.source.block_name(i),

@@ -105,7 +105,8 @@ def missing_files(path: Path, text: str) -> list[str]:
     return [
         name
         for name in sorted(set(CITED_FILE.findall(text)))
-        if name.startswith("../") or not any(c.exists() for c in (ROOT / name, path.parent / name, DOCS / name))
+        if name.startswith("../")
+        or not any(c.exists() for c in (ROOT / name, path.parent / name, DOCS / name))
     ]
 
 
@@ -331,5 +332,7 @@ RAW_ROLE = re.compile(r"\{[a-z]+(?::[a-z]+)?\}`")
 def test_the_theory_reads_on_a_code_host():
     for path in (THEORY, DOCS / "index.md"):
         roles = RAW_ROLE.findall(path.read_text(encoding="utf-8"))
-        assert not roles, f"{path.name} shows {len(roles)} raw Sphinx roles on a code host; use [text](#target)"
+        assert not roles, (
+            f"{path.name} shows {len(roles)} raw Sphinx roles on a code host; use [text](#target)"
+        )
     assert RAW_ROLE.findall("A {class}`~linop.space.Space` and {py:func}`f`") == ["{class}`", "{py:func}`"]

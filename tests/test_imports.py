@@ -59,7 +59,9 @@ def _private_imports(path: Path) -> list[str]:
         if isinstance(node, ast.ImportFrom):
             for alias in node.names:
                 if alias.name.startswith("_") and not alias.name.startswith("__"):
-                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {alias.name} from {node.module}")
+                    found.append(
+                        f"{path.relative_to(ROOT)}:{node.lineno} imports {alias.name} from {node.module}"
+                    )
     return found
 
 
@@ -130,9 +132,7 @@ def _within(name: str, prefixes: tuple[str, ...]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
-def layering_violations(
-    source: str, module: str, *, is_package: bool = False
-) -> list[str]:
+def layering_violations(source: str, module: str, *, is_package: bool = False) -> list[str]:
     """The import rules of docs/design.md that ``module`` (its text ``source``) breaks."""
     out = []
     for name, line, eager in imports_of(source, module, is_package=is_package):
@@ -142,7 +142,9 @@ def layering_violations(
         core = _within(module, ("linop",)) and not _within(module, ("linop.backends", "linop.frameworks"))
         if core and eager and _within(name, ("linop.backends",)):
             out.append(f"{where}: the core imports no backend at module level")
-        if _within(module, ("linop.program",)) and _within(name, (*ENGINES, "linop.backends", "linop.frameworks")):
+        if _within(module, ("linop.program",)) and _within(
+            name, (*ENGINES, "linop.backends", "linop.frameworks")
+        ):
             out.append(f"{where}: linop.program imports no engine, backend or framework, not even lazily")
         if module in ("linop.accounting", "linop.plot") and _within(name, ("linop.backends",)):
             out.append(f"{where}: accounting and plots read linop.program, never a backend")
@@ -153,7 +155,9 @@ def test_the_layering_holds():
     offenders = [
         line
         for path in sorted((ROOT / "linop").rglob("*.py"))
-        for line in layering_violations(path.read_text(), _module_name(path), is_package=path.name == "__init__.py")
+        for line in layering_violations(
+            path.read_text(), _module_name(path), is_package=path.name == "__init__.py"
+        )
     ]
     assert not offenders, "\n".join(offenders)
 
@@ -161,14 +165,25 @@ def test_the_layering_holds():
 @pytest.mark.parametrize(
     ("module", "source", "rule"),
     [
-        ("linop.backends.numpy_x", "def f():\n    from ..frameworks import torch_function\n", "never import frameworks"),
+        (
+            "linop.backends.numpy_x",
+            "def f():\n    from ..frameworks import torch_function\n",
+            "never import frameworks",
+        ),
         ("linop.backends.numpy_x", "import linop.frameworks.jax_function\n", "never import frameworks"),
         ("linop.halo", "from .backends import numpy_backend\n", "no backend at module level"),
-        ("linop.layers.conv", "try:\n    from ..backends.mpi_backend import apply\nexcept ImportError:\n    pass\n",
-         "no backend at module level"),
+        (
+            "linop.layers.conv",
+            "try:\n    from ..backends.mpi_backend import apply\nexcept ImportError:\n    pass\n",
+            "no backend at module level",
+        ),
         ("linop.program.steps", "def f():\n    import torch\n", "imports no engine"),
         ("linop.program.lowering", "from mpi4py import MPI\n", "imports no engine"),
-        ("linop.program.compile", "def f():\n    from ..backends import mpi_fastpaths\n", "imports no engine"),
+        (
+            "linop.program.compile",
+            "def f():\n    from ..backends import mpi_fastpaths\n",
+            "imports no engine",
+        ),
         ("linop.accounting", "def f():\n    from .backends.mpi_plan import Compiled\n", "never a backend"),
         ("linop.plot", "def f():\n    from .backends import sparse_backend\n", "never a backend"),
     ],

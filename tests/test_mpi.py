@@ -255,7 +255,9 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize(("ranks", "mode"), [(2, "apply"), (4, "bound")], ids=["2-ranks-apply", "4-ranks-bound"])
+@pytest.mark.parametrize(
+    ("ranks", "mode"), [(2, "apply"), (4, "bound")], ids=["2-ranks-apply", "4-ranks-bound"]
+)
 def test_a_rank_that_never_arrives_ends_the_job_with_a_typed_error(ranks, mode):
     """Rank 1 skips a call: every other rank raises PeerTimeoutError naming it by the
     deadline (2 s), and the job is aborted. The bound below is only a runaway guard (no timing
@@ -269,7 +271,9 @@ def test_a_rank_that_never_arrives_ends_the_job_with_a_typed_error(ranks, mode):
     try:
         status, stdout, stderr = run_bounded(command, 200, env)
     except subprocess.TimeoutExpired as error:
-        pytest.fail(f"timed out: a rank that never arrived left the others waiting:\n{error.stdout}\n{error.stderr}")
+        pytest.fail(
+            f"timed out: a rank that never arrived left the others waiting:\n{error.stdout}\n{error.stderr}"
+        )
     output = stdout + stderr
     assert status != 0, output
     assert "finished (it should not have)" not in output, output

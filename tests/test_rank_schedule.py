@@ -62,8 +62,10 @@ def _sequences(schedule: tuple) -> tuple[dict, list, list]:
 
 def _halo(shape, parts, kernel, variant="nested", windows=False, adjoint=False):
     tensor = DistributedTensor("x", shape, Partition(parts))
-    op = halo_windows(tensor, kernel, variant=variant) if windows else HaloExchange(
-        halo_geometry(tensor, kernel), variant
+    op = (
+        halo_windows(tensor, kernel, variant=variant)
+        if windows
+        else HaloExchange(halo_geometry(tensor, kernel), variant)
     )
     return op.H if adjoint else op
 
@@ -82,16 +84,21 @@ TREES = [
     ),
     pytest.param(lambda: _halo((9,), (3,), Kernel(3, padding=4, boundary="reflect")), id="reflect-wide"),
     pytest.param(
-        lambda: _halo((8, 9, 7), (2, 3, 2), Kernel(3, padding=1, boundary="symmetric"), windows=True, adjoint=True),
+        lambda: _halo(
+            (8, 9, 7), (2, 3, 2), Kernel(3, padding=1, boundary="symmetric"), windows=True, adjoint=True
+        ),
         id="symmetric-3d-windows-adjoint",
     ),
-    pytest.param(lambda: _halo((10, 10), (5, 5), Kernel((3, 5), padding=(1, 6), boundary="periodic")), id="multi-hop"),
-    pytest.param(lambda: _halo((10,), (1,), Kernel(3, padding=1, boundary="periodic")), id="one-worker"),
     pytest.param(
-        lambda: _halo((11, 6), (3, 2), Kernel(2, stride=2), windows=True), id="strided-trims"
+        lambda: _halo((10, 10), (5, 5), Kernel((3, 5), padding=(1, 6), boundary="periodic")), id="multi-hop"
     ),
+    pytest.param(lambda: _halo((10,), (1,), Kernel(3, padding=1, boundary="periodic")), id="one-worker"),
+    pytest.param(lambda: _halo((11, 6), (3, 2), Kernel(2, stride=2), windows=True), id="strided-trims"),
     *(
-        pytest.param(lambda name=name, adjoint=adjoint: _bench(name, adjoint), id=f"{name}-{'adjoint' if adjoint else 'forward'}")
+        pytest.param(
+            lambda name=name, adjoint=adjoint: _bench(name, adjoint),
+            id=f"{name}-{'adjoint' if adjoint else 'forward'}",
+        )
         for name in bench_scale.CASES
         for adjoint in (False, True)
     ),
@@ -107,7 +114,8 @@ GATHERS = [
     pytest.param(lambda: _gathers(AllGather, (8, 6), (2, 3), (0, 1)), id="all-gather-both-axes"),
     pytest.param(lambda: _gathers(ReduceScatter, (8, 8), (4, 4), 1), id="reduce-scatter-axis-1"),
     pytest.param(
-        lambda: _gathers(ReduceScatter, (7, 5), (3, 2), 0, ((3, 0, 4), (2, 3))), id="reduce-scatter-empty-share"
+        lambda: _gathers(ReduceScatter, (7, 5), (3, 2), 0, ((3, 0, 4), (2, 3))),
+        id="reduce-scatter-empty-share",
     ),
     pytest.param(
         lambda: _gathers(AllGather, (7, 5), (3, 2), 0, ((3, 0, 4), (2, 3))), id="all-gather-empty-share"

@@ -6,7 +6,9 @@ from pathlib import Path
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 MPI_MARK = re.compile(r"^# \S+ — run with: \.venv/bin/mpiexec -n (\d+)")
-NEEDS_MARK = re.compile(r"^# needs: (\w+)")  # blocks that need an optional framework: tests/test_readme_frameworks.py
+NEEDS_MARK = re.compile(
+    r"^# needs: (\w+)"
+)  # blocks that need an optional framework: tests/test_readme_frameworks.py
 TORCHRUN_MARK = re.compile(r"^# torchrun: (\d+)")  # blocks run under torchrun: tests/test_readme_torchrun.py
 DTENSOR_MARK = re.compile(r"^# dtensor: (\d+)")  # run on K gloo processes by tests/dtensor/checks.py
 
@@ -90,7 +92,8 @@ def test_readme_states_the_algorithm_sizes_the_tests_run():
     assert default and "ALL_SIZES = tuple(range(1, 17))" in source
     text = " ".join(README.read_text().split())
     stated = re.search(
-        r"the tests do for P = ([\d, ]+) with unequal shares, and for every P = 1 \.\. 16 with `LINOP_LONG=1`", text
+        r"the tests do for P = ([\d, ]+) with unequal shares, and for every P = 1 \.\. 16 with `LINOP_LONG=1`",
+        text,
     )
     assert stated, "README no longer states which P the algorithm tests run"
     assert [int(p) for p in stated.group(1).split(",")] == [int(p) for p in default.group(1).split(",")]

@@ -15,7 +15,12 @@ BLOCKS = [(NEEDS_MARK.match(block).group(1), block) for block in python_blocks()
 
 def test_readme_has_the_framework_sections():
     text = README.read_text()
-    for heading in ("## Use from PyTorch", "## Use from JAX", "## Run on JAX devices", "## Prove your framework's backward"):
+    for heading in (
+        "## Use from PyTorch",
+        "## Use from JAX",
+        "## Run on JAX devices",
+        "## Prove your framework's backward",
+    ):
         assert heading in text
     assert sorted(need for need, _ in BLOCKS) == ["jax", "jax", "torch", "torch", "torch"]
 
@@ -27,7 +32,11 @@ def test_readme_framework_block_runs(need, block, capsys):
     )
     if "XLA_FLAGS" in block:  # JAX host devices: a fresh process, JAX not yet imported
         done = subprocess.run(
-            [sys.executable, "-c", block], capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL
+            [sys.executable, "-c", block],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            stdin=subprocess.DEVNULL,
         )
         assert done.returncode == 0, done.stdout + done.stderr
         printed = done.stdout

@@ -96,7 +96,11 @@ def concrete_node_types(prefix: str = "linop.") -> list[type]:
 
 
 DRAW = settings(
-    max_examples=100, deadline=None, database=None, phases=[Phase.generate], suppress_health_check=list(HealthCheck)
+    max_examples=100,
+    deadline=None,
+    database=None,
+    phases=[Phase.generate],
+    suppress_health_check=list(HealthCheck),
 )
 
 
@@ -133,7 +137,15 @@ NODE_TYPES = concrete_node_types()
 
 def test_the_walk_finds_the_node_types():
     names = {c.__name__ for c in NODE_TYPES}
-    assert {"Copy", "SendRecv", "Allocate", "HaloExchange", "Repartition", "AllGather", "LocalOperator"} <= names
+    assert {
+        "Copy",
+        "SendRecv",
+        "Allocate",
+        "HaloExchange",
+        "Repartition",
+        "AllGather",
+        "LocalOperator",
+    } <= names
     assert "Planned" not in names  # abstract
 
 
@@ -187,7 +199,9 @@ def _check_numpy(op: LinearOperator, seed: int) -> bool:
         fast, slow = apply(op, floats), apply(expand_all(op), floats)
         for name in op.range.names:
             assert fast[name].dtype == slow[name].dtype, f"{op}: dtype of block {name!r} in floats"
-            assert np.allclose(fast[name], slow[name], rtol=1e-5, atol=1e-5), f"{op}: block {name!r} in floats"
+            assert np.allclose(fast[name], slow[name], rtol=1e-5, atol=1e-5), (
+                f"{op}: block {name!r} in floats"
+            )
     return True
 
 
@@ -267,7 +281,9 @@ def test_handler_equals_expansion(pair):
             checked += 1
 
     run()
-    assert checked > 0, f"no example of {node_type.__name__} could be checked by the {interpreter} interpreter"
+    assert checked > 0, (
+        f"no example of {node_type.__name__} could be checked by the {interpreter} interpreter"
+    )
 
 
 def test_program_lowerings_are_proven_under_mpi():

@@ -134,7 +134,10 @@ def test_halo_rank_compiles_independently_of_p(
         op = _tree(case, s, adjoint)
         found: list[tuple] = []
         counts.append(
-            _counted(lambda op=op, s=s, found=found: found.append(compile_for_rank(op, _rank(s)).schedule), monkeypatch)
+            _counted(
+                lambda op=op, s=s, found=found: found.append(compile_for_rank(op, _rank(s)).schedule),
+                monkeypatch,
+            )
         )
         schedules.append(_messages(found[0]))
     assert counts[0] == counts[1], f"{case}: {counts[0]} objects at P = 64, {counts[1]} at P = 256"
@@ -186,7 +189,9 @@ def _block_grid_all_reduce(s: int, *, uneven: bool = False):
     return AllReduce(BlockGrid("x", Partition((s, s)), tuple(shapes)), 1 if uneven else 0)
 
 
-def test_all_reduce_on_a_uniform_block_grid_builds_no_block_per_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_all_reduce_on_a_uniform_block_grid_builds_no_block_per_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Building the tree, its fingerprint and one rank's compile construct as many objects at
     P = 256 as at P = 64 (the constructor checks one shape, not every block); the control, a
     grid whose shapes differ, is checked block by block and fails the equality."""

@@ -110,7 +110,10 @@ def test_convolution_module_runs_the_adjoints_of_the_layer_trees(name):
     (numpy kernels, proven by verify) compute: y = P(x) theta, dx = A(w)^* dy, dtheta = P(x)^* dy."""
     rng, x, layer, w, b = _convolution_case(name, 3)
     module = LayerModule(layer, weights=w, bias=b)
-    data, dy = x.scatter(rng.standard_normal(x.global_shape)), layer.y.scatter(rng.standard_normal(layer.y.global_shape))
+    data, dy = (
+        x.scatter(rng.standard_normal(x.global_shape)),
+        layer.y.scatter(rng.standard_normal(layer.y.global_shape)),
+    )
     inputs = {k: torch.from_numpy(v).requires_grad_() for k, v in data.items()}
     outputs = _backward(module, torch, inputs, dy)
 
@@ -145,12 +148,17 @@ def test_replicated_copies_get_the_summed_gradient_of_their_block(name):
     assert verify.equal(layer.copy_gradient_sum, movement @ movement.H)
     owners = LayerModule(layer, weights=w, bias=b)
     copies = LayerModule(layer, weights=w, bias=b, replicate=True)
-    data, dy = x.scatter(rng.standard_normal(x.global_shape)), layer.y.scatter(rng.standard_normal(layer.y.global_shape))
+    data, dy = (
+        x.scatter(rng.standard_normal(x.global_shape)),
+        layer.y.scatter(rng.standard_normal(layer.y.global_shape)),
+    )
     results = []
     for module in (owners, copies):
         inputs = {k: torch.from_numpy(v).requires_grad_() for k, v in data.items()}
         out = _backward(module, torch, inputs, dy)
-        results.append(({k: v.detach().numpy() for k, v in out.items()}, {k: v.grad for k, v in inputs.items()}))
+        results.append(
+            ({k: v.detach().numpy() for k, v in out.items()}, {k: v.grad for k, v in inputs.items()})
+        )
         torch.optim.SGD(module.parameters(), lr=0.1).step()
     assert set(copies.parameter_names) == set(movement.range.names)
     (y_owners, dx_owners), (y_copies, dx_copies) = results

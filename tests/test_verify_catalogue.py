@@ -18,8 +18,6 @@ def test_names_are_unique_and_well_formed():
     assert all(re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", n) for n in names)
 
 
-
-
 def test_primitives_and_collectives_are_covered_and_sections_are_theory_anchors():
     assert {"primitives", "distributed-primitives", "collectives"} <= set(identities.sections())
     assert all(e.section in theory_anchors() for e in identities.ENTRIES)  # real sections of docs/theory.md

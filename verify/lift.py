@@ -634,7 +634,8 @@ def _check_linear_ranks(
     mine_in = [b for b in inside if b.worker == rank]
     mine_out = [b for b in outside if b.worker == rank]
     rows = np.concatenate(
-        [np.arange(outside.offset(b.name), outside.offset(b.name) + b.size) for b in mine_out] or [np.zeros(0, int)]
+        [np.arange(outside.offset(b.name), outside.offset(b.name) + b.size) for b in mine_out]
+        or [np.zeros(0, int)]
     )
     problem = None
 

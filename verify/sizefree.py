@@ -319,7 +319,9 @@ def _deallocate(op: Deallocate, sizes: _Sizes, origin: LinearOperator | None) ->
 
 @_handler(Clear)
 def _clear(op: Clear, sizes: _Sizes, origin: LinearOperator | None) -> BlockForm:
-    return BlockForm(op.range, op.domain, _diagonal(op.domain, skip=_whole_block_name(origin or op, op.region)))
+    return BlockForm(
+        op.range, op.domain, _diagonal(op.domain, skip=_whole_block_name(origin or op, op.region))
+    )
 
 
 @_handler(Add)

@@ -431,7 +431,9 @@ def states(
 
 
 # -- examples per node type, for the registry proof (tests/test_registry.py) ----------------
-def _of_type(strategy: st.SearchStrategy[LinearOperator], node_type: type) -> st.SearchStrategy[LinearOperator]:
+def _of_type(
+    strategy: st.SearchStrategy[LinearOperator], node_type: type
+) -> st.SearchStrategy[LinearOperator]:
     return strategy.filter(lambda op: type(op) is node_type or isinstance(op, node_type))
 
 
@@ -458,7 +460,9 @@ def _algebra() -> st.SearchStrategy[LinearOperator]:
         [
             _of_type(
                 _example_spaces().flatmap(
-                    lambda space: st.one_of(operators(space, max_leaves=4), operators(space, max_leaves=4, whole=True))
+                    lambda space: st.one_of(
+                        operators(space, max_leaves=4), operators(space, max_leaves=4, whole=True)
+                    )
                 ),
                 node_type,
             )
@@ -472,7 +476,9 @@ def _algebra() -> st.SearchStrategy[LinearOperator]:
 @examples_for(Clear)
 @examples_for(Add)
 def _primitives() -> st.SearchStrategy[LinearOperator]:
-    return _example_spaces().flatmap(lambda space: st.one_of(primitives(space), primitives(space, whole=True)))
+    return _example_spaces().flatmap(
+        lambda space: st.one_of(primitives(space), primitives(space, whole=True))
+    )
 
 
 @examples_for(Copy)

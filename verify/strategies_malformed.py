@@ -415,7 +415,9 @@ def _applications(draw: st.DrawFn) -> Call:
     op = draw(lst.operators(space, max_leaves=3))
     state = draw(st.one_of(_bad_states(op.domain), lst.states(op.domain), junk()))
     inplace = draw(st.one_of(st.just(False), st.just(True)))
-    dtype: Any = draw(st.one_of(st.none(), st.none(), st.sampled_from([*_STATE_DTYPES, "foo", 3])))  # some invalid
+    dtype: Any = draw(
+        st.one_of(st.none(), st.none(), st.sampled_from([*_STATE_DTYPES, "foo", 3]))
+    )  # some invalid
 
     def apply() -> Any:
         arrays = (

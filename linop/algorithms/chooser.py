@@ -84,7 +84,9 @@ def modeled_times(
         raise AlgorithmError(f"{collective}: size must be a positive integer (workers), not {size!r}")
     itemsize = check_itemsize(itemsize)
     if isinstance(nbytes, bool) or not isinstance(nbytes, int | np.integer) or nbytes < 0:
-        raise AlgorithmError(f"{collective}: nbytes must be a non-negative integer (bytes per worker), not {nbytes!r}")
+        raise AlgorithmError(
+            f"{collective}: nbytes must be a non-negative integer (bytes per worker), not {nbytes!r}"
+        )
     if not isinstance(model, CostModel):
         raise AlgorithmError(f"{collective}: model must be a CostModel, not {type(model).__name__}")
     length = max(1, int(nbytes) // int(itemsize))

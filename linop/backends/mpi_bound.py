@@ -100,7 +100,9 @@ class BoundPlan:
             if self._first_timeout is not None:  # every rank's first start: within the deadline
                 timeout, self._first_timeout = self._first_timeout, None
                 comm = self.plan.comm  # a barrier first: no rank completes before all arrived
-                wait_all([comm.Ibarrier()], comm, timeout, f"the first call of the bound plan of {self.plan.op}")
+                wait_all(
+                    [comm.Ibarrier()], comm, timeout, f"the first call of the bound plan of {self.plan.op}"
+                )
 
             for requests, finish in phases:
                 if requests:

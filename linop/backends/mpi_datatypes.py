@@ -47,7 +47,9 @@ walking thousands of tiny runs. Longer runs move through subarray datatypes, unp
 
 _MPI: Any = None
 _ELEMENTS: dict[str, Datatype] = {}
-_SUBARRAYS: OrderedDict[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], str], Datatype] = OrderedDict()
+_SUBARRAYS: OrderedDict[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], str], Datatype] = (
+    OrderedDict()
+)
 _RETIRED: list[Datatype] = []  # evicted, still referenced elsewhere (a compiled schedule): freed later
 
 SUBARRAY_CACHE_SIZE = 1024

@@ -126,7 +126,9 @@ def _rank_exchange(op: HaloExchange | HaloExchangeAdjoint, *, adjoint: bool) -> 
     return steps
 
 
-def _stage_steps(transfers: tuple[tuple[Region, Region], ...], *, adjoint: bool, depth: int = 0) -> list[Step]:
+def _stage_steps(
+    transfers: tuple[tuple[Region, Region], ...], *, adjoint: bool, depth: int = 0
+) -> list[Step]:
     """The steps of one stage's transfers: messages (of round ``depth``) first, then the local
     pairs (as the lowerings of :class:`HaloStage` and :class:`HaloStageAdjoint` emit them)."""
     steps: list[Step] = []

@@ -278,7 +278,13 @@ class TorchOperator:
     """
 
     def __init__(
-        self, op: LinearOperator, *, comm: Any = None, dtype: Any = None, mapping: Any = None, group: Any = None
+        self,
+        op: LinearOperator,
+        *,
+        comm: Any = None,
+        dtype: Any = None,
+        mapping: Any = None,
+        group: Any = None,
     ) -> None:
         if isinstance(dtype, torch.dtype):
             dtype = _numpy_dtype(dtype)
@@ -386,7 +392,13 @@ class OperatorModule(torch.nn.Module):
     """
 
     def __init__(
-        self, op: LinearOperator, *, comm: Any = None, dtype: Any = None, mapping: Any = None, group: Any = None
+        self,
+        op: LinearOperator,
+        *,
+        comm: Any = None,
+        dtype: Any = None,
+        mapping: Any = None,
+        group: Any = None,
     ) -> None:
         super().__init__()
         self.function = TorchOperator(op, comm=comm, dtype=dtype, mapping=mapping, group=group)

@@ -300,8 +300,7 @@ class LayerModule(torch.nn.Module):
         if self.replicate:  # every process computes the copies it holds (numpy, no communication)
             state = movement(state)
         self.blocks = torch.nn.ParameterList(
-            torch.nn.Parameter(torch.from_numpy(np.array(state[n])).to(dtype))
-            for n in self.parameter_names
+            torch.nn.Parameter(torch.from_numpy(np.array(state[n])).to(dtype)) for n in self.parameter_names
         )
         self._anchor = torch.zeros(0, dtype=torch.float64, requires_grad=True)
         self.token = torch.zeros(0, dtype=torch.float64)

@@ -202,7 +202,11 @@ class Affine:
             forward, adjoint = _input_kernels(part)
             steps.append(
                 LocalStep(
-                    (self.input_name(j),), (self.partial_block(j),), forward, adjoint, grid_block_name("affine", j)
+                    (self.input_name(j),),
+                    (self.partial_block(j),),
+                    forward,
+                    adjoint,
+                    grid_block_name("affine", j),
                 )
             )
         local = local_stage(moving.range, steps)

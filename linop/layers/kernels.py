@@ -133,7 +133,10 @@ def correlate_adjoint(
     reverse: Index = (slice(None), slice(None), *(slice(None, None, -1),) * dims)
     flipped = np.swapaxes(w[reverse], 0, 1).conj()
     full = correlate(spread, flipped, (1,) * dims, dilation)  # (..., N, C, (n-1)s + 1 + d(k-1) ...)
-    covered: Index = (Ellipsis, *(slice(0, min(m, e)) for m, e in zip(window, full.shape[full.ndim - dims :])))
+    covered: Index = (
+        Ellipsis,
+        *(slice(0, min(m, e)) for m, e in zip(window, full.shape[full.ndim - dims :])),
+    )
     x[covered] = full[covered]
     return x
 

@@ -159,7 +159,9 @@ class MaxPoolJacobian(_Pool):
         for d, row in enumerate(self.geometry.worker_rows(g)):
             coords = np.arange(row.need_start, row.need_stop)
             mode = boundary if isinstance(boundary, str) else boundary[d]
-            masks.append((coords >= 0) & (coords < row.length) if mode == "zero" else np.ones(coords.size, bool))
+            masks.append(
+                (coords >= 0) & (coords < row.length) if mode == "zero" else np.ones(coords.size, bool)
+            )
         real = np.ones((1,) * len(masks), dtype=bool)
         for d, mask in enumerate(masks):
             real = real & mask.reshape([-1 if k == d else 1 for k in range(len(masks))])
