@@ -38,10 +38,10 @@ def placements(draw: st.DrawFn, mesh_ndim: int, ndim: int) -> tuple[Placement, .
 @st.composite
 def layout_sizes(draw: st.DrawFn, layout: MeshLayout) -> dict[int, tuple[int, ...]]:
     """Explicit uneven sizes for some of the sharded tensor dimensions of ``layout``."""
-    sizes = {}
+    sizes: dict[int, tuple[int, ...]] = {}
     for d in range(layout.ndim):
         cuts = layout.shard_mesh_dims(d)
-        if cuts and draw(st.booleans()):
+        if len(cuts) > 0 and draw(st.booleans()):
             count = math.prod(layout.mesh_shape[i] for i in cuts)
             sizes[d] = draw(compositions(layout.global_shape[d], count))
     return sizes
