@@ -25,12 +25,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from ..operator import LinearOperator
-from ..program import LocalMoves, RankBranches, RankPhase, RankZero, Scale, Transfer
+from ..program import RankPhase, Transfer
 from ..space import Region
 from . import numpy_backend
+from .host_schedule import run_rank_schedule
 from .mpi_datatypes import mpi, raw_spec, region_spec
-from .mpi_mapping import run_local_moves
 from .mpi_steps import RankStep
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
@@ -42,39 +41,18 @@ __all__ = ["run_schedule", "run_phase"]
 def run_schedule(
     schedule: Sequence[Any], work: numpy_backend.Workspace, comm: Intracomm, dtype: np.dtype
 ) -> None:
-    """Run a rank's schedule on ``work``; collective with the other ranks' schedules."""
-    for step in schedule:
-        kind = type(step)
-        if kind is RankPhase:
-            run_phase(step, work, comm, dtype)
-        elif isinstance(step, LinearOperator):
-            numpy_backend.run(step, work)
-        elif kind is Scale:
-            numpy_backend.scale_blocks(step.alpha, work)
-        elif kind is RankZero:
-            work.arrays.clear()
-            work.owned.clear()
-            for block in step.blocks:
-                work.set(block.name, np.zeros(block.shape, dtype=work.dtype))
-        elif kind is RankBranches:
-            _run_branches(step, work, comm, dtype)
-        elif isinstance(step, RankStep):
-            step.run(work, comm, dtype)
-        elif kind is LocalMoves:  # transfers between two workers of this rank (a worker map)
-            run_local_moves(step, work, dtype)
-        else:  # pragma: no cover - projection emits nothing else
+    """Run a rank's schedule on ``work`` (:func:`~linop.backends.host_schedule.run_rank_schedule`:
+    phases by :func:`run_phase`, fast-path steps by themselves); collective with the other ranks'
+    schedules."""
+
+    def part(step: Any, work: numpy_backend.Workspace) -> None:
+        if not isinstance(step, RankStep):  # pragma: no cover - projection emits nothing else
             raise TypeError(f"the MPI runtime cannot run the step {step!r}")
+        step.run(work, comm, dtype)
 
-
-def _run_branches(
-    step: RankBranches, work: numpy_backend.Workspace, comm: Intracomm, dtype: np.dtype
-) -> None:
-    results = []
-    for term in step.terms:
-        branch = work.borrowed()
-        run_schedule(term, branch, comm, dtype)
-        results.append(branch.arrays)
-    numpy_backend.sum_branches(results, step.names, work)
+    run_rank_schedule(
+        schedule, work, dtype, phase=lambda step, work: run_phase(step, work, comm, dtype), part=part
+    )
 
 
 def run_phase(phase: RankPhase, work: numpy_backend.Workspace, comm: Intracomm, dtype: np.dtype) -> None:

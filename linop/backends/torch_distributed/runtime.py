@@ -25,11 +25,10 @@ from typing import Any, cast
 
 import numpy as np
 
-from ...operator import LinearOperator
-from ...program import LocalMoves, RankBranches, RankPhase, RankZero, Scale, Transfer
+from ...program import RankPhase, Transfer
 from ...space import Region
 from .. import numpy_backend
-from ..mpi_mapping import run_local_moves
+from ..host_schedule import run_rank_schedule
 from .group import GroupContext
 from .schedule import AllReduceStep, BroadcastStep
 
@@ -45,35 +44,22 @@ def _tensor(array: np.ndarray) -> Any:
 def run_schedule(
     schedule: Sequence[Any], work: numpy_backend.Workspace, context: GroupContext, dtype: np.dtype
 ) -> None:
-    """Run a rank's schedule on ``work``; collective with the other ranks' schedules."""
-    for step in schedule:
+    """Run a rank's schedule on ``work`` (:func:`~linop.backends.host_schedule.run_rank_schedule`:
+    phases by :func:`run_phase`, the native collectives here); collective with the other ranks'
+    schedules."""
+
+    def part(step: Any, work: numpy_backend.Workspace) -> None:
         kind = type(step)
-        if kind is RankPhase:
-            run_phase(step, work, context, dtype)
-        elif isinstance(step, LinearOperator):
-            numpy_backend.run(step, work)
-        elif kind is Scale:
-            numpy_backend.scale_blocks(step.alpha, work)
-        elif kind is RankZero:
-            work.arrays.clear()
-            work.owned.clear()
-            for block in step.blocks:
-                work.set(block.name, np.zeros(block.shape, dtype=work.dtype))
-        elif kind is RankBranches:
-            results = []
-            for term in step.terms:
-                branch = work.borrowed()
-                run_schedule(term, branch, context, dtype)
-                results.append(branch.arrays)
-            numpy_backend.sum_branches(results, step.names, work)
-        elif kind is LocalMoves:  # transfers between two workers of this rank (a worker map)
-            run_local_moves(step, work, dtype)
-        elif kind is AllReduceStep:
+        if kind is AllReduceStep:
             _all_reduce(step, work, context, dtype)
         elif kind is BroadcastStep:
             _broadcast(step, work, context, dtype)
         else:  # pragma: no cover - the schedules hold nothing else
             raise TypeError(f"the torch.distributed runtime cannot run the step {step!r}")
+
+    run_rank_schedule(
+        schedule, work, dtype, phase=lambda step, work: run_phase(step, work, context, dtype), part=part
+    )
 
 
 def phase_operations(

@@ -1,0 +1,67 @@
+"""One rank's schedule run on host memory, for every executor that keeps its blocks in numpy
+arrays (the MPI interpreter, the torch.distributed executor's host path).
+
+The steps of a rank's schedule (:mod:`linop.program`) mean the same on every engine except two:
+a communication phase (:class:`~linop.program.RankPhase`) and an executor's own fast-path parts.
+:func:`run_rank_schedule` runs everything else with the numpy interpreter's semantics (the same
+functions): local nodes with its handlers, :class:`~linop.program.Scale`
+(:func:`~linop.backends.numpy_backend.scale_blocks`), :class:`~linop.program.RankZero`,
+:class:`~linop.program.RankBranches` (:func:`~linop.backends.numpy_backend.sum_branches`) and,
+under a worker-to-rank map, :class:`~linop.program.LocalMoves` (transfers between two workers of
+one rank, as local copies); the executor passes how it runs a phase and its other parts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..operator import LinearOperator
+from ..program import LocalMoves, RankBranches, RankPhase, RankZero, Scale
+from . import numpy_backend
+from .mpi_mapping import run_local_moves
+
+__all__ = ["run_rank_schedule"]
+
+StepRunner = Callable[[Any, numpy_backend.Workspace], None]
+"""Runs one step of a rank's schedule on a workspace (collective with the step's peers)."""
+
+
+def run_rank_schedule(
+    schedule: Sequence[Any],
+    work: numpy_backend.Workspace,
+    dtype: np.dtype,
+    *,
+    phase: StepRunner,
+    part: StepRunner,
+) -> None:
+    """Run a rank's schedule on ``work``: ``phase`` runs each
+    :class:`~linop.program.RankPhase`, ``part`` each step that is neither a phase nor one of the
+    engine-independent steps above (an executor's fast-path part; it raises ``TypeError`` for a
+    step it does not know). Collective with the other ranks' schedules."""
+    for step in schedule:
+        kind = type(step)
+        if kind is RankPhase:
+            phase(step, work)
+        elif isinstance(step, LinearOperator):
+            numpy_backend.run(step, work)
+        elif kind is Scale:
+            numpy_backend.scale_blocks(step.alpha, work)
+        elif kind is RankZero:
+            work.arrays.clear()
+            work.owned.clear()
+            for block in step.blocks:
+                work.set(block.name, np.zeros(block.shape, dtype=work.dtype))
+        elif kind is RankBranches:
+            results = []
+            for term in step.terms:
+                branch = work.borrowed()
+                run_rank_schedule(term, branch, dtype, phase=phase, part=part)
+                results.append(branch.arrays)
+            numpy_backend.sum_branches(results, step.names, work)
+        elif kind is LocalMoves:
+            run_local_moves(step, work, dtype)
+        else:
+            part(step, work)
