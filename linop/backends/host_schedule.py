@@ -14,16 +14,17 @@ one rank, as local copies); the executor passes how it runs a phase and its othe
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from ..operator import LinearOperator
-from ..program import LocalMoves, RankBranches, RankPhase, RankZero, Scale
+from ..program import LocalMoves, RankBranches, RankPhase, RankZero, Scale, Transfer
+from ..space import Block, Region
 from . import numpy_backend
 from .mpi_mapping import run_local_moves
 
-__all__ = ["run_rank_schedule"]
+__all__ = ["run_rank_schedule", "finish_phase", "store_results"]
 
 StepRunner = Callable[[Any, numpy_backend.Workspace], None]
 """Runs one step of a rank's schedule on a workspace (collective with the step's peers)."""
@@ -65,3 +66,49 @@ def run_rank_schedule(
             run_local_moves(step, work, dtype)
         else:
             part(step, work)
+
+
+def finish_phase(
+    phase: RankPhase,
+    work: numpy_backend.Workspace,
+    finish: list[tuple[Transfer, np.ndarray]],
+    dtype: np.dtype,
+) -> None:
+    """After a phase's messages have arrived (whatever engine moved them): add or store the
+    buffered receives (``(transfer, buffer)``), then clear or drop the sources."""
+    for t, buffer in finish:
+        if t.mode == "new":
+            work.set(t.target.name, buffer)
+        elif t.mode == "add":
+            work.writable(t.target.name, dtype)[phase.index(cast(Region, t.target))] += buffer
+        else:
+            work.writable(t.target.name, dtype)[phase.index(cast(Region, t.target))] = buffer
+    for _, _, t in phase.sends:
+        if t.after == "clear":
+            if not phase.empty(t):
+                work.writable(t.source.name)[phase.index(t.source)] = 0
+        elif t.after == "drop":
+            work.drop(t.source.name)
+
+
+def store_results(
+    work: numpy_backend.Workspace,
+    dropped: Sequence[str],
+    results: Sequence[tuple[str, np.ndarray, bool]],
+    created: Sequence[Block],
+) -> None:
+    """After a native broadcast or sum-reduce: drop the consumed blocks, store the results
+    (``(name, array, owned)``; an array not owned is the caller's source, passed through
+    read-only as the root's copy) and zero the targets no group filled (empty blocks)."""
+    for name in dropped:
+        work.drop(name)
+    for name, array, owned in results:
+        if owned:
+            work.set(name, array)
+        else:
+            view = array.view()
+            view.flags.writeable = False
+            work.set(name, view, owned=False)
+    for block in created:
+        if block.name not in work.arrays:
+            work.set(block.name, np.zeros(block.shape, dtype=work.dtype))

@@ -62,6 +62,7 @@ from ..program import (
 )
 from ..repartition import Gather, Repartition, Scatter
 from ..space import Block, Region, Space
+from .host_schedule import store_results
 from .mpi_context import subcommunicator
 from .mpi_datatypes import byte_type, mpi, predefined_type, subarray
 from .mpi_memory import new_array
@@ -357,18 +358,7 @@ class _RankBroadcast(RankStep):
                 self._reduce(group, sub, mine, is_root, work, dtype, results, lib)
             else:
                 self._broadcast(group, sub, mine, is_root, work, dtype, results)
-        for name in self.dropped:
-            work.drop(name)
-        for name, array, owned in results:
-            if owned:
-                work.set(name, array)
-            else:  # the caller's source array, passed through unchanged as the root's copy
-                view = array.view()
-                view.flags.writeable = False
-                work.set(name, view, owned=False)
-        for block in self.created:  # targets that no group fills (empty blocks)
-            if block.name not in work.arrays:
-                work.set(block.name, np.zeros(block.shape, dtype=work.dtype))
+        store_results(work, self.dropped, results, self.created)
 
     def bind_out_of_place(
         self, arrays: dict[str, np.ndarray], comm: Intracomm, dtype: np.dtype, *, dry: bool = False

@@ -28,7 +28,7 @@ import numpy as np
 from ..program import RankPhase, Transfer
 from ..space import Region
 from . import numpy_backend
-from .host_schedule import run_rank_schedule
+from .host_schedule import finish_phase, run_rank_schedule
 from .mpi_datatypes import mpi, raw_spec, region_spec
 from .mpi_steps import RankStep
 
@@ -91,16 +91,4 @@ def run_phase(phase: RankPhase, work: numpy_backend.Workspace, comm: Intracomm, 
         requests.append(comm.Isend(spec, peer, tag))
     if requests:
         mpi().Request.Waitall(requests)
-    for t, buffer in finish:
-        if t.mode == "new":
-            work.set(t.target.name, buffer)
-        elif t.mode == "add":
-            work.writable(t.target.name, dtype)[phase.index(cast(Region, t.target))] += buffer
-        else:
-            work.writable(t.target.name, dtype)[phase.index(cast(Region, t.target))] = buffer
-    for _, _, t in phase.sends:
-        if t.after == "clear":
-            if not phase.empty(t):
-                work.writable(t.source.name)[phase.index(t.source)] = 0
-        elif t.after == "drop":
-            work.drop(t.source.name)
+    finish_phase(phase, work, finish, dtype)

@@ -28,7 +28,7 @@ import numpy as np
 from ...program import RankPhase, Transfer
 from ...space import Region
 from .. import numpy_backend
-from ..host_schedule import run_rank_schedule
+from ..host_schedule import finish_phase, run_rank_schedule, store_results
 from .group import GroupContext
 from .schedule import AllReduceStep, BroadcastStep
 
@@ -105,29 +105,6 @@ def phase_operations(
     return operations, finish
 
 
-def finish_phase(
-    phase: RankPhase,
-    work: numpy_backend.Workspace,
-    finish: list[tuple[Transfer, np.ndarray]],
-    dtype: np.dtype,
-) -> None:
-    """After a phase's messages: add or store the buffered receives, clear or drop the
-    sources."""
-    for t, buffer in finish:
-        if t.mode == "new":
-            work.set(t.target.name, buffer)
-        elif t.mode == "add":
-            work.writable(t.target.name, dtype)[phase.index(cast(Region, t.target))] += buffer
-        else:
-            work.writable(t.target.name, dtype)[phase.index(cast(Region, t.target))] = buffer
-    for _, _, t in phase.sends:
-        if t.after == "clear":
-            if not phase.empty(t):
-                work.writable(t.source.name)[phase.index(t.source)] = 0
-        elif t.after == "drop":
-            work.drop(t.source.name)
-
-
 def run_phase(
     phase: RankPhase, work: numpy_backend.Workspace, context: GroupContext, dtype: np.dtype
 ) -> None:
@@ -193,15 +170,4 @@ def _broadcast(
             dist.reduce(_tensor(total), dst=root, op=dist.ReduceOp.SUM, group=sub)
         if is_root:
             results.append((group.root_name, total, True))
-    for name in step.dropped:
-        work.drop(name)
-    for name, array, owned in results:
-        if owned:
-            work.set(name, array)
-        else:  # the caller's source array, passed through unchanged as the root's copy
-            view = array.view()
-            view.flags.writeable = False
-            work.set(name, view, owned=False)
-    for block in step.created:  # targets that no group fills (empty blocks)
-        if block.name not in work.arrays:
-            work.set(block.name, np.zeros(block.shape, dtype=work.dtype))
+    store_results(work, step.dropped, results, step.created)
