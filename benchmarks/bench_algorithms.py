@@ -29,7 +29,7 @@ from linop.accounting import account_schedule
 from linop.algorithms import problem
 from linop.algorithms.calibrate import calibrate
 from linop.algorithms.chooser import choose
-from linop.backends import mpi_backend
+from linop.backends import mpi as mpi_backend
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.rank, COMM.size

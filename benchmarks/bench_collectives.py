@@ -11,8 +11,8 @@ import time
 import numpy as np
 from _timing import compare
 
-from linop.backends.numpy_backend import apply
-from linop.backends.sparse_backend import matrix_of
+from linop.backends.numpy import apply
+from linop.backends.sparse import matrix_of
 from linop.collectives import AllGather, AllReduce, BlockGrid, Broadcast, SumReduce
 from linop.operator import expand_all
 from linop.partition import DistributedTensor, Partition

@@ -29,7 +29,7 @@ from statistics import median
 import numpy as np
 from mpi4py import MPI
 
-from linop.backends import mpi_backend
+from linop.backends import mpi as mpi_backend
 from linop.layers import dad
 
 COMM = MPI.COMM_WORLD

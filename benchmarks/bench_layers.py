@@ -62,7 +62,7 @@ def main() -> None:
     from mpi4py import MPI
 
     from linop import DistributedTensor, Kernel, Partition
-    from linop.backends import mpi_backend
+    from linop.backends import mpi as mpi_backend
     from linop.layers import Convolution
 
     comm = MPI.COMM_WORLD

@@ -43,8 +43,8 @@ import numpy as np
 from _timing import interleaved_over_ranks
 from mpi4py import MPI
 
-from linop.backends import mpi_backend
-from linop.backends.mpi_check import VECTOR_LENGTH
+from linop.backends import mpi as mpi_backend
+from linop.backends.mpi.check import VECTOR_LENGTH
 from linop.collectives import AllReduce, BlockGrid, Broadcast
 from linop.halo import HaloExchange
 from linop.halo_geometry import Kernel, halo_geometry

@@ -28,7 +28,7 @@ import numpy as np
 from _timing import interleaved_over_ranks
 from mpi4py import MPI
 
-from linop.backends import mpi_backend
+from linop.backends import mpi as mpi_backend
 from linop.collectives import AllReduce, BlockGrid, Broadcast
 from linop.partition import DistributedTensor, Partition
 

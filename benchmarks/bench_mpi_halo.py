@@ -33,7 +33,7 @@ import numpy as np
 from _timing import interleaved_over_ranks
 from mpi4py import MPI
 
-from linop.backends import mpi_backend
+from linop.backends import mpi as mpi_backend
 from linop.halo import HaloExchange
 from linop.halo_geometry import Kernel, halo_geometry
 from linop.partition import DistributedTensor, Partition

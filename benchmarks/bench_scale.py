@@ -1,7 +1,7 @@
 """Per-rank planning cost as the job grows: what one rank spends before moving a byte.
 
 Every rank of an MPI job builds the same tree and plans its own part of it. This script runs,
-in one process and without MPI, the stages that :func:`linop.backends.mpi_backend.plan_for`
+in one process and without MPI, the stages that :func:`linop.backends.mpi.plan_for`
 runs on each rank, for one interior rank of a ``s x s`` grid of ``P = s**2`` workers:
 
 ``build``
@@ -66,7 +66,7 @@ from linop import (
     halo_geometry,
     halo_windows,
 )
-from linop.backends import mpi_fastpaths  # noqa: F401 - registers the fast-path lowerings
+from linop.backends.mpi import fastpaths as mpi_fastpaths  # noqa: F401 - registers the fast-path lowerings
 from linop.program import batch, fingerprint, lower, lower_for, project
 
 BLOCK = 8

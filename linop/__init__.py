@@ -88,7 +88,7 @@ def __getattr__(name: str) -> Any:
 
         return package_version()
     if name == "aslinearoperator":
-        from .backends.scipy_interop import aslinearoperator
+        from .backends.sparse.scipy_interop import aslinearoperator
 
         return aslinearoperator
     raise AttributeError(f"module 'linop' has no attribute {name!r}")

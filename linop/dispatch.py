@@ -46,20 +46,20 @@ __all__ = [
 HANDLER_MODULES: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
     {
         "numpy": (
-            "linop.backends.numpy_backend",
-            "linop.backends.numpy_collectives",
-            "linop.backends.numpy_halo",
-            "linop.backends.numpy_local",
-            "linop.backends.numpy_shims",
+            "linop.backends.numpy",
+            "linop.backends.numpy.collectives",
+            "linop.backends.numpy.halo",
+            "linop.backends.numpy.local",
+            "linop.backends.numpy.shims",
         ),
         "sparse": (
-            "linop.backends.sparse_backend",
-            "linop.backends.sparse_collectives",
-            "linop.backends.sparse_halo",
-            "linop.backends.sparse_local",
-            "linop.backends.sparse_shims",
+            "linop.backends.sparse",
+            "linop.backends.sparse.collectives",
+            "linop.backends.sparse.halo",
+            "linop.backends.sparse.local",
+            "linop.backends.sparse.shims",
         ),
-        "program": ("linop.program", "linop.backends.mpi_fastpaths"),
+        "program": ("linop.program", "linop.backends.mpi.fastpaths"),
         # the torch.distributed executor's local steps on a device (CUDA under NCCL)
         "torch-device": ("linop.backends.torch_distributed.device",),
     }

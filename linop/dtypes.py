@@ -18,7 +18,7 @@ See ``docs/theory.md#dtypes``. In short:
   narrowest integer dtype of the state (and a negative entry of the matrix does not meet an
   unsigned dtype) the result is exact in the blocks' own dtypes. Otherwise every block is cast
   to the run dtype if ``G * M`` fits it, else to int64; when ``G * M`` reaches 2**62 (the
-  sparse interpreter's own limit, :data:`linop.backends.sparse_backend.SAFE_INTEGER`) the run
+  sparse interpreter's own limit, :data:`linop.backends.sparse.SAFE_INTEGER`) the run
   raises :class:`~linop.errors.IntegerOverflowError`: cast the state to float64 to accept
   rounding. The decision depends only on the tree, the blocks' dtypes and ``M`` (a global
   maximum under MPI), so every interpreter and every rank decides alike.

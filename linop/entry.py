@@ -43,7 +43,8 @@ def apply(
     StateError
         In place on a state that needs differentiation (a block requires a gradient).
     """
-    from .backends import array_api, numpy_backend
+    from .backends import array_api
+    from .backends import numpy as numpy_backend
 
     library = array_api.library_of(state) if isinstance(state, Mapping) else None
     if library is None:  # numpy: the fast path

@@ -19,8 +19,8 @@ random states), never an assumption.
 
 A local operator is not data movement, so it has no expansion into the primitives: it is a
 *leaf* of every tree (its :meth:`~LocalOperator.expand` returns itself), and each interpreter
-has a handler for it: numpy calls the kernel (:mod:`linop.backends.numpy_local`), sparse
-materializes its matrix (:mod:`linop.backends.sparse_local`; callables are probed with unit
+has a handler for it: numpy calls the kernel (:mod:`linop.backends.numpy.local`), sparse
+materializes its matrix (:mod:`linop.backends.sparse.local`; callables are probed with unit
 vectors), sympy (numpy over object arrays) uses its matrix, and MPI runs it on its owning rank
 only (:mod:`linop.program.lowering_local`).
 

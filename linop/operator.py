@@ -170,7 +170,7 @@ class LinearOperator(ABC):
         mapping: Any = None,
         timeout: Any = None,
     ) -> State:
-        """Apply the operator across MPI ranks; see :func:`linop.backends.mpi_backend.apply`.
+        """Apply the operator across MPI ranks; see :func:`linop.backends.mpi.apply`.
 
         Every rank calls this with the same tree and only the blocks its rank owns (worker w is
         rank w of ``comm``, default ``MPI.COMM_WORLD``, unless ``mapping`` places the workers:
@@ -178,7 +178,7 @@ class LinearOperator(ABC):
         range. ``timeout`` (seconds, default ``LINOP_TIMEOUT``) bounds the wait for every rank
         to arrive. Needs mpi4py (the ``mpi`` extra).
         """
-        from .backends.mpi_backend import apply
+        from .backends.mpi import apply
 
         return apply(
             self, local_state, comm=comm, inplace=inplace, dtype=dtype, mapping=mapping, timeout=timeout
@@ -186,7 +186,7 @@ class LinearOperator(ABC):
 
     def to_sparse(self, dtype: npt.DTypeLike | None = None) -> scipy.sparse.csr_array:
         """The exact matrix over the canonical flattening (integer for pure data movement)."""
-        from .backends.sparse_backend import to_sparse
+        from .backends.sparse import to_sparse
 
         return to_sparse(self, dtype=dtype)
 

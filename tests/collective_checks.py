@@ -4,7 +4,7 @@ interpreter (integer matrices, no tolerance)."""
 import numpy as np
 
 from linop import LinearOperator, expand_all
-from linop.backends.sparse_backend import matrix_of
+from linop.backends.sparse import matrix_of
 
 
 def assert_exact_adjoint(op: LinearOperator) -> None:

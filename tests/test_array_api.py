@@ -123,7 +123,7 @@ def test_torch_requiring_a_gradient_is_differentiated_not_refused():
 def test_the_numpy_interpreter_alone_refuses_a_state_needing_a_gradient():
     """Only the entry point (``op(state)``, :mod:`linop.entry`) reaches the frameworks; the
     interpreter called directly refuses rather than dropping the gradient."""
-    from linop.backends import numpy_backend
+    from linop.backends import numpy as numpy_backend
 
     torch = _torch()
     state = {"a": torch.arange(4.0, requires_grad=True), "b": torch.zeros(4)}

@@ -11,8 +11,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from linop import Block, Clear
-from linop.backends.numpy_backend import apply
-from linop.backends.sparse_backend import matrix_of
+from linop.backends.numpy import apply
+from linop.backends.sparse import matrix_of
 from linop.collectives import AllGather, AllReduce, BlockGrid, Broadcast, ReduceScatter, SumReduce
 from linop.operator import expand_all
 from linop.partition import DistributedTensor, Partition

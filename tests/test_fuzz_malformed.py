@@ -75,7 +75,7 @@ def test_the_campaign_catches_a_wrong_result():
     import numpy as np
 
     from linop import Identity, Space
-    from linop.backends import numpy_backend
+    from linop.backends import numpy as numpy_backend
 
     space = Space([("a", (2,))])
     op = Identity(space)

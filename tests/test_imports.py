@@ -29,7 +29,7 @@ def test_import_linop_loads_no_backend_and_no_scipy_linalg():
 
 def test_scipy_adapter_still_reachable_from_the_package():
     assert _fresh("import linop; print(linop.aslinearoperator.__module__)").strip() == (
-        "linop.backends.scipy_interop"
+        "linop.backends.sparse.scipy_interop"
     )
 
 

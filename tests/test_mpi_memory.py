@@ -1,4 +1,4 @@
-"""The recycled result memory of the MPI interpreter (linop.backends.mpi_memory): an array's
+"""The recycled result memory of the MPI interpreter (linop.backends.mpi.memory): an array's
 memory goes back to the free list only once the array and every view of it are gone."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from linop.backends import mpi_memory
-from linop.backends.mpi_memory import POOL_FROM, new_array
+from linop.backends.mpi import memory as mpi_memory
+from linop.backends.mpi.memory import POOL_FROM, new_array
 
 
 @pytest.fixture(autouse=True)

@@ -132,7 +132,7 @@ def test_wheel_metadata_is_the_pyprojects(built, pyproject):
         assert got == {requirement_name(r) for r in wanted}, extra
     assert metadata.get_payload().startswith("# linop"), "the README is the long description"
     assert {n.split("/")[0] for n in names} == {"linop", "verify", f"{stem}-{project['version']}.dist-info"}
-    assert {"linop/py.typed", "verify/py.typed", "linop/backends/mpi_backend.py"} <= set(names)
+    assert {"linop/py.typed", "verify/py.typed", "linop/backends/mpi/__init__.py"} <= set(names)
     assert f"{stem}-{project['version']}.dist-info/licenses/LICENSE" in names
 
 

@@ -33,8 +33,8 @@ import linop
 import verify.sizefree
 import verify.strategies
 from linop import Copy, LinearOperator, dispatch, expand_all
-from linop.backends.numpy_backend import apply
-from linop.backends.sparse_backend import matrix_of
+from linop.backends.numpy import apply
+from linop.backends.sparse import matrix_of
 from verify.errors import NotSizeFreeError
 from verify.node_examples import example_strategy, examples_of, registered_examples
 
@@ -360,7 +360,7 @@ def test_the_handler_module_list_is_complete():
 def test_a_handler_module_missing_from_the_list_is_caught():
     setup = (
         "dispatch.HANDLER_MODULES = {**dispatch.HANDLER_MODULES, 'numpy': tuple(\n"
-        "    m for m in dispatch.HANDLER_MODULES['numpy'] if m != 'linop.backends.numpy_halo')}"
+        "    m for m in dispatch.HANDLER_MODULES['numpy'] if m != 'linop.backends.numpy.halo')}"
     )
     assert "numpy:HaloStage" in _unlisted_handlers(setup)
 

@@ -37,7 +37,7 @@ from linop import (
     pad_shim,
     window_space,
 )
-from linop.backends.scipy_interop import aslinearoperator
+from linop.backends.sparse.scipy_interop import aslinearoperator
 from linop.errors import (
     BlockError,
     DecompositionError,

@@ -1,7 +1,7 @@
 """Per-rank planning is O(the rank's own work) plus a small O(P) description (issue 13).
 
 What one rank spends before moving a byte (building the tree, its fingerprint, and compiling its
-own schedule as :class:`~linop.backends.mpi_plan.DistributedPlan` does:
+own schedule as :class:`~linop.backends.mpi.plan.DistributedPlan` does:
 :func:`~linop.program.compile_for_rank`) is pinned by operation counts that do not
 depend on timing:
 
@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from linop import Block, Region, Space
-from linop.backends.mpi_plan import Compiled
+from linop.backends.mpi.plan import Compiled
 from linop.program import RankPhase, compile_for_rank, compile_program, fingerprint
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -147,8 +147,8 @@ def test_halo_rank_compiles_independently_of_p(
 
 @pytest.mark.parametrize("case", HALO)
 def test_a_plan_compiles_only_its_rank(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """What :class:`~linop.backends.mpi_plan.DistributedPlan` compiles (the fingerprint and the
-    rank's program, :class:`~linop.backends.mpi_plan.Compiled`) builds no object per worker."""
+    """What :class:`~linop.backends.mpi.plan.DistributedPlan` compiles (the fingerprint and the
+    rank's program, :class:`~linop.backends.mpi.plan.Compiled`) builds no object per worker."""
     counts = []
     for s in (8, 16):
         op = _tree(case, s, False)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from linop.backends import numpy_backend
-from linop.backends.mpi_mapping import compile_mapped, compiled_for
-from linop.backends.mpi_runtime import run_schedule
+from linop.backends import numpy as numpy_backend
+from linop.backends.mpi.mapping import compile_mapped, compiled_for
+from linop.backends.mpi.runtime import run_schedule
 from linop.collectives import AllReduce, BlockGrid, Broadcast
 from linop.errors import CommunicatorError, LinopError, WorkerMapError
 from linop.halo import HaloExchange, halo_windows

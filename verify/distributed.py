@@ -137,7 +137,7 @@ def distributed_adjoint_test(
         If ``dtype`` is not a floating dtype or ``trials`` is below 1 (on every rank alike:
         the arguments are the same everywhere).
     """
-    from linop.backends import mpi_backend
+    from linop.backends import mpi as mpi_backend
 
     comm = _world(comm)
     rank = comm.Get_rank()
@@ -235,7 +235,7 @@ def cross_check(
 ) -> CrossCheckResult:
     """Apply ``op`` under MPI, gather the result on rank 0 and compare it with the numpy
     interpreter's; collective. Integer dtypes (the default) compare exactly."""
-    from linop.backends import mpi_backend
+    from linop.backends import mpi as mpi_backend
 
     comm = _world(comm)
     rank = comm.Get_rank()

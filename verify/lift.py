@@ -43,7 +43,8 @@ import numpy.typing as npt
 import scipy.sparse as sp
 
 from linop import Block, LinearOperator, Space
-from linop.backends import numpy_backend, sparse_backend
+from linop.backends import numpy as numpy_backend
+from linop.backends import sparse as sparse_backend
 from linop.linearity import linearity_problem
 
 from .errors import LiftError

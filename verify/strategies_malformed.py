@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 import linop
 from linop import LinearOperator, LinopError, Space
-from linop.backends.scipy_interop import aslinearoperator
+from linop.backends.sparse.scipy_interop import aslinearoperator
 
 from . import strategies as lst
 

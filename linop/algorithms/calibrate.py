@@ -76,7 +76,7 @@ def ping_pong(
 
 def _interpreter_round_trip(comm: Any, count: int) -> Any:
     """A bound plan that sends a block from worker 0 to worker 1 and back (two phases)."""
-    from ..backends import mpi_backend
+    from ..backends import mpi as mpi_backend
     from ..movement import SendRecv
     from ..space import Block, Space
 
@@ -155,7 +155,7 @@ def calibrate(
 def local_step_time(comm: Any, repeats: int = 20, steps: int = 20) -> float:
     """Seconds per local step of the MPI interpreter: a bound plan of ``steps`` one-entry adds
     on worker 0, timed on rank 0 (collective over ``comm``)."""
-    from ..backends import mpi_backend
+    from ..backends import mpi as mpi_backend
     from ..operator import Composition
     from ..primitives import Add
     from ..space import Block, Space

@@ -361,7 +361,7 @@ class MPIEntry:
 
 
 class ForeignBoundPlan:
-    """A bound MPI plan (:class:`linop.backends.mpi_bound.BoundPlan`) on another library's
+    """A bound MPI plan (:class:`linop.backends.mpi.bound.BoundPlan`) on another library's
     arrays: each call refreshes staged host copies, runs the plan, and returns this rank's
     blocks in that library (in place: the caller's own arrays, updated)."""
 

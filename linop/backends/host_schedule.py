@@ -5,8 +5,8 @@ The steps of a rank's schedule (:mod:`linop.program`) mean the same on every eng
 a communication phase (:class:`~linop.program.RankPhase`) and an executor's own fast-path parts.
 :func:`run_rank_schedule` runs everything else with the numpy interpreter's semantics (the same
 functions): local nodes with its handlers, :class:`~linop.program.Scale`
-(:func:`~linop.backends.numpy_backend.scale_blocks`), :class:`~linop.program.RankZero`,
-:class:`~linop.program.RankBranches` (:func:`~linop.backends.numpy_backend.sum_branches`) and,
+(:func:`~linop.backends.numpy.scale_blocks`), :class:`~linop.program.RankZero`,
+:class:`~linop.program.RankBranches` (:func:`~linop.backends.numpy.sum_branches`) and,
 under a worker-to-rank map, :class:`~linop.program.LocalMoves` (transfers between two workers of
 one rank, as local copies); the executor passes how it runs a phase and its other parts.
 """
@@ -21,8 +21,8 @@ import numpy as np
 from ..operator import LinearOperator
 from ..program import LocalMoves, RankBranches, RankPhase, RankZero, Scale, Transfer
 from ..space import Block, Region
-from . import numpy_backend
-from .mpi_mapping import run_local_moves
+from . import numpy as numpy_backend
+from .mpi.mapping import run_local_moves
 
 __all__ = ["run_rank_schedule", "finish_phase", "store_results"]
 

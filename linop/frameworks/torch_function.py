@@ -16,7 +16,7 @@ gradient here is a numerical approximation.
 
 In one process the interpreter is numpy (``op.apply``). Across MPI ranks (``comm=...``) each
 rank passes only its own blocks; forward and backward each run a plan compiled once and bound
-once (:meth:`linop.backends.mpi_plan.DistributedPlan.bind`, which checks collectively), so a
+once (:meth:`linop.backends.mpi.plan.DistributedPlan.bind`, which checks collectively), so a
 training loop pays no per-call planning or checking. Across the ranks of a ``torch.distributed``
 process group (``group=...``, ``group=True`` for the world group) the same holds with the
 torch.distributed executor's plans (:meth:`linop.backends.torch_distributed.TorchDistributedPlan.bind`,
@@ -100,7 +100,7 @@ class _Runner:
             self.inputs = op.domain.names
             self.outputs = op.range.names
         else:
-            from ..backends import mpi_backend
+            from ..backends import mpi as mpi_backend
 
             self.plan = mpi_backend.plan_for(op, comm=comm, mapping=mapping)
             self.inputs = tuple(self.plan.domain_blocks)
@@ -260,7 +260,7 @@ class TorchOperator:
         Dtype of blocks the tree allocates (numpy's or torch's); default the inputs' dtype.
     mapping : WorkerMap, sequence or dict, optional
         Under MPI or a process group, the rank of each worker (default worker ``w`` on rank
-        ``w``; see :func:`linop.backends.mpi_backend.plan_for`).
+        ``w``; see :func:`linop.backends.mpi.plan_for`).
     group : torch.distributed ProcessGroup or True, optional
         Run across the ranks of this process group (``True``: the world group) with the
         torch.distributed executor (:mod:`linop.backends.torch_distributed`).

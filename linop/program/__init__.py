@@ -1,7 +1,7 @@
 """The distributed program: an operator tree as data that any executor can run.
 
 This package imports no engine (no mpi4py, torch or jax, not even lazily); the executors at the
-edge (:mod:`linop.backends.mpi_backend` today) consume what it builds. Compilation has three
+edge (:mod:`linop.backends.mpi` today) consume what it builds. Compilation has three
 passes, all deterministic, so every process that holds the same tree computes the same program:
 
 1. **Lowering** (:mod:`linop.program.lowering`) turns the tree into a flat list of *steps*

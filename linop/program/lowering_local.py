@@ -1,5 +1,5 @@
 """The lowering of :class:`~linop.local.LocalOperator`: one local step on the owning worker
-(run there with the numpy handler, :mod:`linop.backends.numpy_local`); other ranks skip it. It
+(run there with the numpy handler, :mod:`linop.backends.numpy.local`); other ranks skip it. It
 reads the consumed blocks and writes (drops) them and the produced blocks, which is what
 batching needs to keep it ordered against transfers of the same blocks.
 """

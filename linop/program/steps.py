@@ -183,7 +183,7 @@ class Branches:
 
 class RankPart(ABC):  # noqa: B024 - a marker base: each executor's parts define their own methods
     """One rank's part of a fast-path step, run by the executor whose lowering made it (the
-    MPI interpreter's parts are :class:`~linop.backends.mpi_steps.RankStep`)."""
+    MPI interpreter's parts are :class:`~linop.backends.mpi.steps.RankStep`)."""
 
 
 class FastPathRunner(Protocol):

@@ -14,8 +14,8 @@ from helpers import Opaque  # tests/mpi is this script's directory
 from mpi4py import MPI
 
 from linop import Block, SendRecv, Space
-from linop.backends import mpi_backend
-from linop.backends.mpi_steps import RankStep
+from linop.backends import mpi as mpi_backend
+from linop.backends.mpi.steps import RankStep
 from linop.program import FastPathStep, lowering
 
 

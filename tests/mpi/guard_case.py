@@ -15,7 +15,7 @@ import numpy as np
 from mpi4py import MPI
 
 from linop import Block, SendRecv, Space
-from linop.backends.mpi_backend import guard, install_excepthook
+from linop.backends.mpi import guard, install_excepthook
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.rank, COMM.size

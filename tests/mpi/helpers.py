@@ -93,7 +93,7 @@ def compare_with_numpy(
     op: LinearOperator, state: Mapping[str, np.ndarray], comm: Any = MPI.COMM_WORLD, *, exact: bool = True
 ) -> None:
     """Apply ``op`` under MPI and with numpy; each rank's blocks must agree, inputs unchanged."""
-    from linop.backends import mpi_backend
+    from linop.backends import mpi as mpi_backend
 
     rank = comm.rank
     expected = op(state)

@@ -18,7 +18,7 @@ import numpy as np
 from mpi4py import MPI
 
 from linop import Block, SendRecv, Space
-from linop.backends.mpi_backend import plan_for
+from linop.backends.mpi import plan_for
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.rank, COMM.size

@@ -1,4 +1,4 @@
-"""The cheap checked apply (linop.backends.mpi_apply and the cached entry check): repeated calls
+"""The cheap checked apply (linop.backends.mpi.checked_apply and the cached entry check): repeated calls
 give the numpy interpreter's results, and after warm calls (check vector, outcome and compiled
 schedule cached) a mismatched tree or a wrong block on one rank still fails on every rank with
 the same typed error, before any data moves."""
@@ -11,8 +11,8 @@ from helpers import collective_assert, expect_collective_error, local_part, same
 from mpi4py import MPI
 
 from linop import AllReduce, BlockGrid, Partition
-from linop.backends import mpi_backend
-from linop.backends.mpi_apply import compile_phases
+from linop.backends import mpi as mpi_backend
+from linop.backends.mpi.checked_apply import compile_phases
 from linop.errors import DistributedStateError, IntegerOverflowError, TreeMismatchError
 from linop.halo import HaloExchange
 from linop.halo_geometry import Kernel, halo_geometry
@@ -233,7 +233,7 @@ def test_an_integer_overflow_is_found_after_warm_calls():
 @pytest.mark.parametrize("reduce", [False, True], ids=["broadcast", "sum-reduce"])
 def test_kept_results_of_large_collectives_are_not_overwritten(reduce):
     """Results of out-of-place broadcasts and sum-reduces come from recycled memory
-    (linop.backends.mpi_memory): a result the caller keeps is never reused by the next call."""
+    (linop.backends.mpi.memory): a result the caller keeps is never reused by the next call."""
     from linop.collectives import Broadcast
 
     count = 1 << 15  # 256 KB of float64: pooled

@@ -8,7 +8,7 @@ from helpers import Opaque, collective_assert, compare_with_numpy, expect_collec
 from mpi4py import MPI
 
 from linop import Block, SendRecv, Space
-from linop.backends import mpi_backend
+from linop.backends import mpi as mpi_backend
 from linop.errors import (
     CommunicatorError,
     DistributedStateError,

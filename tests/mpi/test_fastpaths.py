@@ -8,7 +8,7 @@ from helpers import collective_assert, compare_with_numpy, local_part, same_bloc
 from mpi4py import MPI
 
 from linop import expand_all
-from linop.backends import mpi_backend
+from linop.backends import mpi as mpi_backend
 from linop.collectives import AllGather, AllReduce, BlockGrid, Broadcast, ReduceScatter, SumReduce
 from linop.halo import HaloExchange, local_space
 from linop.halo_geometry import Kernel, halo_geometry

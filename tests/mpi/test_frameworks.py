@@ -62,7 +62,7 @@ def test_bound_in_place_halo_exchange_on_torch_tensors(comm):
     expected = op({k: v.astype(np.float64) for k, v in full.items()})
     local = _as_torch(local_part(op.domain, full, comm.rank))
     tensors = dict(local)
-    from linop.backends import mpi_backend
+    from linop.backends import mpi as mpi_backend
 
     bound = mpi_backend.plan_for(op, comm=comm).bind(local)
     result = bound()
@@ -143,7 +143,8 @@ def test_distributed_convolutions_train_like_one_process(comm, monkeypatch, repl
     SGD steps of a conv-tanh-conv model trained across the ranks equal the one-process run
     (parameters held by their owners, or replicated as the copies each rank uses), and after the first step no call plans or binds anything (the movement trees are built,
     compiled and bound once)."""
-    from linop.backends import mpi_backend, mpi_plan
+    from linop.backends import mpi as mpi_backend
+    from linop.backends.mpi import plan as mpi_plan
     from linop.frameworks.torch_layers import LayerModule
 
     rng = np.random.default_rng(11)

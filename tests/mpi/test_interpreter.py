@@ -17,7 +17,7 @@ from mpi4py import MPI
 from strategies import movement_trees
 
 from linop import Block, Copy, Move, SendRecv, Space
-from linop.backends import mpi_backend
+from linop.backends import mpi as mpi_backend
 
 COMM = MPI.COMM_WORLD
 SIZE = COMM.size

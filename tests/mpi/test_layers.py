@@ -10,7 +10,7 @@ from helpers import collective_assert, compare_with_numpy, local_part, same_bloc
 from mpi4py import MPI
 
 from linop import Block, DistributedTensor, Kernel, Partition, SendRecv, Space
-from linop.backends import mpi_backend
+from linop.backends import mpi as mpi_backend
 from linop.layers import Affine, AveragePool, Convolution, MaxPoolJacobian
 from linop.local import local_operator
 

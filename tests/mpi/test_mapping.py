@@ -13,7 +13,7 @@ from hypothesis import given
 from mpi4py import MPI
 from strategies import movement_trees
 
-from linop.backends import mpi_backend
+from linop.backends import mpi as mpi_backend
 from linop.collectives import AllReduce, BlockGrid, Broadcast, SumReduce
 from linop.errors import DistributedStateError, WorkerMapError, WorkerMapMismatchError
 from linop.halo import HaloExchange, halo_windows

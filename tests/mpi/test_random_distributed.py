@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from mpi4py import MPI
 
 from linop import expand_all
-from linop.backends import mpi_backend
+from linop.backends import mpi as mpi_backend
 from linop.collectives import AllGather, AllReduce, ReduceScatter
 from linop.halo import HaloExchange
 from linop.halo_geometry import HaloError, KernelError, halo_geometry

@@ -21,7 +21,7 @@ from mpi4py import MPI
 import verify.strategies  # noqa: F401 - registers the example strategies
 import verify.strategies_distributed as distributed_strategies
 from linop import LinearOperator, dispatch, expand_all
-from linop.backends import mpi_backend
+from linop.backends import mpi as mpi_backend
 from verify.node_examples import example_strategy
 
 COMM = MPI.COMM_WORLD

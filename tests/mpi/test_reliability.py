@@ -12,8 +12,8 @@ from helpers import collective_assert, compare_with_numpy, expect_collective_err
 from mpi4py import MPI
 
 from linop import Add, AllReduce, Block, BlockGrid, Clear, Copy, Identity, Partition, SendRecv, Space, Sum
-from linop.backends import mpi_backend
-from linop.backends.mpi_context import (
+from linop.backends import mpi as mpi_backend
+from linop.backends.mpi.context import (
     PLAN_CACHE_SIZE,
     CommunicatorArgumentError,
     context_for,
@@ -226,7 +226,7 @@ def test_sub_communicators_are_freed_with_the_users():
 def test_the_subarray_datatype_cache_is_bounded_and_frees_what_it_evicts(monkeypatch):
     """Issue 22: the cache of subarray datatypes is least recently used first out, like the
     plan cache; an evicted datatype is freed once nothing else holds it."""
-    from linop.backends import mpi_datatypes
+    from linop.backends.mpi import datatypes as mpi_datatypes
 
     monkeypatch.setattr(mpi_datatypes, "SUBARRAY_CACHE_SIZE", 4)
     dtype = np.dtype(np.float64)

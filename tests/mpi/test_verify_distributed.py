@@ -13,7 +13,7 @@ from mpi4py import MPI
 from strategies import movement_trees
 
 from linop import Block, Copy, LinearOperator, Region, SendRecv, SendRecvAdjoint, Space
-from linop.backends import numpy_backend
+from linop.backends import numpy as numpy_backend
 from linop.collectives import AllReduce, BlockGrid, Broadcast
 from linop.halo import HaloExchange
 from linop.halo_geometry import Kernel, halo_geometry

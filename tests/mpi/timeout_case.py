@@ -1,6 +1,6 @@
 """A rank that never arrives at a call must not leave the others waiting forever: run by
 tests/test_mpi.py as ``timeout_case.py apply`` (``apply_mpi(..., timeout=)`` under
-:func:`~linop.backends.mpi_backend.guard`) or ``timeout_case.py bound`` (the deadline from
+:func:`~linop.backends.mpi.guard`) or ``timeout_case.py bound`` (the deadline from
 ``LINOP_TIMEOUT``, a bound plan's first call, under ``python -m mpi4py``).
 
 Every rank first applies once together (so the communicator's duplicate exists); then rank 1
@@ -17,7 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 from linop import Block, SendRecv, Space
-from linop.backends.mpi_backend import guard, plan_for
+from linop.backends.mpi import guard, plan_for
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.rank, COMM.size

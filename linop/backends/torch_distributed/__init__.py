@@ -1,6 +1,6 @@
 """The torch.distributed executor: apply an operator tree across the ranks of a process group.
 
-The same trees as the MPI interpreter (:mod:`linop.backends.mpi_backend`), under ``torchrun``
+The same trees as the MPI interpreter (:mod:`linop.backends.mpi`), under ``torchrun``
 or ``torch.multiprocessing.spawn``: every rank builds the same tree and passes only its own
 blocks (worker ``w`` on rank ``w`` of the group, or any map with ``mapping=``) as torch tensors
 (numpy arrays work too) and gets its blocks of the range back, equal to the numpy
@@ -42,8 +42,8 @@ from ...errors import (  # noqa: F401 - re-exported for callers (documented in l
 )
 from ...operator import LinearOperator
 from ...program import WorkerMap  # re-exported for callers (documented in linop.program)
-from .. import mpi_fastpaths  # noqa: F401 - registers the fast paths' lowerings
-from ..mpi_context import PLAN_CACHE_SIZE, PlanCache
+from ..mpi import fastpaths as mpi_fastpaths  # noqa: F401 - registers the fast paths' lowerings
+from ..mpi.context import PLAN_CACHE_SIZE, PlanCache
 from .group import TIMEOUT_VARIABLE, GroupContext, context_for, resolve_timeout
 from .plan import BoundTorchPlan, TorchDistributedPlan
 
@@ -59,7 +59,7 @@ __all__ = [
     "GroupContext",
     "TIMEOUT_VARIABLE",
 ]
-# also importable from here (documented where they live): WorkerMap (linop.backends.mpi_mapping),
+# also importable from here (documented where they live): WorkerMap (linop.backends.mpi.mapping),
 # ProcessGroupError, ProcessGroupArgumentError, PeerTimeoutError (linop.errors)
 
 
@@ -82,7 +82,7 @@ def plan_for(
 
     Compiling is local (no communication); the first application checks collectively that
     every rank compiled the same tree. ``mapping`` places the tree's workers on the group's
-    ranks (:class:`~linop.backends.mpi_mapping.WorkerMap`, a sequence ``ranks[w]`` or a dict),
+    ranks (:class:`~linop.backends.mpi.mapping.WorkerMap`, a sequence ``ranks[w]`` or a dict),
     several per rank if need be; mapped trees run the portable program.
 
     Raises

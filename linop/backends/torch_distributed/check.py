@@ -1,6 +1,6 @@
 """The entry check on a torch.distributed process group: :class:`TorchEntryCheck`.
 
-The MPI interpreter's check (:class:`linop.backends.mpi_check.EntryCheck`) decides, from one
+The MPI interpreter's check (:class:`linop.backends.mpi.check.EntryCheck`) decides, from one
 reduction (maximum over ranks) of a short int64 vector, whether a call may run and in which
 dtype: the tree's fingerprint words and their negations (maximum and minimum agree only when
 every rank holds the same tree), an error flag, one flag per dtype present on any rank and the
@@ -22,7 +22,7 @@ import numpy as np
 from ...errors import LinopError
 from ...operator import LinearOperator
 from ...space import Block
-from ..mpi_check import VECTOR_LENGTH, EntryCheck
+from ..mpi.check import VECTOR_LENGTH, EntryCheck
 from .group import GroupContext
 
 __all__ = ["TorchReducer", "TorchEntryCheck"]
@@ -30,7 +30,7 @@ __all__ = ["TorchReducer", "TorchEntryCheck"]
 
 class TorchReducer:
     """The check's reduction on one group: the maximum over ranks of a :data:`VECTOR_LENGTH`
-    int64 vector (the interface :class:`~linop.backends.mpi_check.EntryCheck` reduces through).
+    int64 vector (the interface :class:`~linop.backends.mpi.check.EntryCheck` reduces through).
 
     Made once per group context; every tree checked on the group shares it (calls on a group
     are collective, so they never overlap). The reduction runs in place on a tensor sharing
@@ -83,7 +83,7 @@ class TorchReducer:
 
 
 class _GroupComm:
-    """The few communicator methods :class:`~linop.backends.mpi_check.EntryCheck` calls, on a
+    """The few communicator methods :class:`~linop.backends.mpi.check.EntryCheck` calls, on a
     process group."""
 
     def __init__(self, context: GroupContext) -> None:

@@ -134,8 +134,8 @@ class StandIn(np.ndarray):
 
 def _overlaps_itself(tensor: Any) -> bool:
     """Whether two entries of ``tensor`` share memory, decided from its strides alone (as
-    :func:`~linop.backends.numpy_backend.overlaps_itself` decides for an array)."""
-    from ..numpy_backend import overlaps_itself
+    :func:`~linop.backends.numpy.overlaps_itself` decides for an array)."""
+    from ..numpy import overlaps_itself
 
     itemsize = tensor.element_size()
     strides = tuple(s * itemsize for s in tensor.stride())

@@ -92,7 +92,7 @@ class GroupContext:
         else:
             self.device = torch.device("cpu")
         self._subgroups: dict[tuple[int, ...], Any] = {}
-        from ..mpi_context import PlanCache
+        from ..mpi.context import PlanCache
 
         self.plans: PlanCache[Any] = PlanCache()
         self.mapped_plans: dict[Any, PlanCache[Any]] = {}

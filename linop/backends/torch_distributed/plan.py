@@ -31,8 +31,10 @@ from ...errors import (
 from ...operator import LinearOperator
 from ...program import RankPhase, WorkerMap, fingerprint
 from ...space import Block
-from .. import array_api, mpi_mapping, numpy_backend
-from ..mpi_plan import read_only
+from .. import array_api
+from .. import numpy as numpy_backend
+from ..mpi import mapping as mpi_mapping
+from ..mpi.plan import read_only
 from . import device as device_path
 from .check import TorchEntryCheck
 from .group import GroupContext, resolve_timeout
@@ -127,7 +129,7 @@ class TorchDistributedPlan:
 
     def check(self, local_state: Any, *, inplace: bool = False, timeout: float | None = None) -> Any:
         """Collectively validate the tree and every rank's local state (numpy arrays); the
-        agreed outcome (:class:`~linop.backends.mpi_check.CheckOutcome`). ``timeout``: seconds
+        agreed outcome (:class:`~linop.backends.mpi.check.CheckOutcome`). ``timeout``: seconds
         (default ``$LINOP_TIMEOUT``, else none)."""
         return self.entry.run_within(local_state, resolve_timeout(timeout), inplace=inplace)
 

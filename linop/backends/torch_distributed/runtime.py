@@ -1,9 +1,9 @@
 """Run one rank's schedule on a process group (host memory): :func:`run_schedule`.
 
-The workspace is the numpy interpreter's (:class:`~linop.backends.numpy_backend.Workspace`)
+The workspace is the numpy interpreter's (:class:`~linop.backends.numpy.Workspace`)
 over numpy views of the caller's CPU tensors (no copy), so local steps run the numpy
 interpreter's handlers and the algebra steps (scale, zero, sums) its functions, as in the MPI
-runtime (:mod:`linop.backends.mpi_runtime`). Messages travel as tensors sharing the arrays'
+runtime (:mod:`linop.backends.mpi.runtime`). Messages travel as tensors sharing the arrays'
 memory (``torch.from_numpy``):
 
 - :class:`~linop.program.RankPhase`: every receive and send of the phase in one
@@ -27,7 +27,7 @@ import numpy as np
 
 from ...program import RankPhase, Transfer
 from ...space import Region
-from .. import numpy_backend
+from .. import numpy as numpy_backend
 from ..host_schedule import finish_phase, run_rank_schedule, store_results
 from .group import GroupContext
 from .schedule import AllReduceStep, BroadcastStep

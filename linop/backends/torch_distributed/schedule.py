@@ -12,7 +12,7 @@ Both come from the distributed program of :mod:`linop.program`:
 - **portable** otherwise (halo exchanges, repartitions, scatters, gathers, any tree; any
   group; any worker-to-rank map): the program lowered without fast paths
   (:func:`~linop.program.lower_portable`) and projected onto the rank by
-  :mod:`linop.backends.mpi_mapping`: local steps, point-to-point phases (one
+  :mod:`linop.backends.mpi.mapping`: local steps, point-to-point phases (one
   ``batch_isend_irecv`` each) and local moves between two workers of one rank. It is exact for
   every tree.
 
@@ -31,8 +31,8 @@ from ...errors import LinopError, UnsupportedNodeError
 from ...operator import LinearOperator
 from ...program import Branches, FastPathStep, RankProgram, WorkerMap, compile_program, project
 from ...space import Block
-from .. import mpi_fastpaths  # noqa: F401 - registers the fast paths' lowerings
-from ..mpi_mapping import compiled_for
+from ..mpi import fastpaths as mpi_fastpaths  # noqa: F401 - registers the fast paths' lowerings
+from ..mpi.mapping import compiled_for
 
 __all__ = ["AllReduceStep", "BroadcastStep", "Compiled", "SUMMABLE", "native_program", "portable_program"]
 

@@ -16,12 +16,12 @@ import numpy as np
 import numpy.typing as npt
 import scipy.sparse as sp
 
-from .. import dispatch, dtypes
-from ..errors import DtypeError
-from ..movement import Copy, CopyAdjoint, Move
-from ..operator import Composition, Identity, LinearOperator, Scaled, Sum, Zero
-from ..primitives import Add, Allocate, Clear, Deallocate
-from ..space import Block, Space
+from ... import dispatch, dtypes
+from ...errors import DtypeError
+from ...movement import Copy, CopyAdjoint, Move
+from ...operator import Composition, Identity, LinearOperator, Scaled, Sum, Zero
+from ...primitives import Add, Allocate, Clear, Deallocate
+from ...space import Block, Space
 
 __all__ = ["to_sparse", "handler", "embedding", "selection"]
 

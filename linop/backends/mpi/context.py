@@ -19,11 +19,11 @@ import weakref
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from ..errors import CommunicatorArgumentError, CommunicatorError
-from ..operator import LinearOperator, Scaled, walk
-from .mpi_check import register_reducer, release_reducer
-from .mpi_datatypes import mpi
-from .mpi_guard import abort_on_failure
+from ...errors import CommunicatorArgumentError, CommunicatorError
+from ...operator import LinearOperator, Scaled, walk
+from .check import register_reducer, release_reducer
+from .datatypes import mpi
+from .guards import abort_on_failure
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
     from mpi4py.MPI import Comm, Intracomm

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from ..local import LocalOperator
-from .sparse_backend import INDEX, handler
+from ...local import LocalOperator
+from . import INDEX, handler
 
 __all__: list[str] = []
 

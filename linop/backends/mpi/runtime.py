@@ -5,13 +5,13 @@ A rank's schedule (:meth:`linop.program.Program.for_rank`) is a sequence of
 - local nodes, run with the numpy interpreter's handlers;
 - :class:`~linop.program.RankPhase`: post every receive, then every send, wait
   once, then add or store what needed a buffer and clear or drop the sources. Data moves straight
-  from and into the blocks (:func:`~linop.backends.mpi_datatypes.region_spec`);
+  from and into the blocks (:func:`~linop.backends.mpi.datatypes.region_spec`);
 - the algebra steps, with the numpy interpreter's semantics (the same functions):
-  :class:`~linop.program.Scale` (:func:`~linop.backends.numpy_backend.scale_blocks`),
+  :class:`~linop.program.Scale` (:func:`~linop.backends.numpy.scale_blocks`),
   :class:`~linop.program.RankBranches`
-  (:func:`~linop.backends.numpy_backend.sum_branches`) and
+  (:func:`~linop.backends.numpy.sum_branches`) and
   :class:`~linop.program.RankZero`;
-- fast-path steps (:class:`~linop.backends.mpi_steps.RankStep`), which run themselves;
+- fast-path steps (:class:`~linop.backends.mpi.steps.RankStep`), which run themselves;
 - under a worker-to-rank map, :class:`~linop.program.LocalMoves`: transfers
   between two workers of this rank, run as local copies.
 
@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from ..program import RankPhase, Transfer
-from ..space import Region
-from . import numpy_backend
-from .host_schedule import finish_phase, run_rank_schedule
-from .mpi_datatypes import mpi, raw_spec, region_spec
-from .mpi_steps import RankStep
+from ...program import RankPhase, Transfer
+from ...space import Region
+from .. import numpy as numpy_backend
+from ..host_schedule import finish_phase, run_rank_schedule
+from .datatypes import mpi, raw_spec, region_spec
+from .steps import RankStep
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
     from mpi4py.MPI import Intracomm

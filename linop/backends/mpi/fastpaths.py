@@ -41,13 +41,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..collectives import AllGather, AllReduce, Broadcast, Planned, SumReduce
-from ..halo import HaloExchange, HaloExchangeAdjoint, HaloStage, HaloStageAdjoint
-from ..movement import Copy, CopyAdjoint, SendRecv, SendRecvAdjoint
-from ..operator import LinearOperator
-from ..plan import Piece
-from ..primitives import Allocate, Deallocate
-from ..program import (
+from ...collectives import AllGather, AllReduce, Broadcast, Planned, SumReduce
+from ...halo import HaloExchange, HaloExchangeAdjoint, HaloStage, HaloStageAdjoint
+from ...movement import Copy, CopyAdjoint, SendRecv, SendRecvAdjoint
+from ...operator import LinearOperator
+from ...plan import Piece
+from ...primitives import Allocate, Deallocate
+from ...program import (
     FastPathStep,
     Local,
     Step,
@@ -60,19 +60,19 @@ from ..program import (
     note_workers,
     project,
 )
-from ..repartition import Gather, Repartition, Scatter
-from ..space import Block, Region, Space
-from .host_schedule import store_results
-from .mpi_context import subcommunicator
-from .mpi_datatypes import byte_type, mpi, predefined_type, subarray
-from .mpi_memory import new_array
-from .mpi_runtime import run_schedule
-from .mpi_steps import Call, OutOfPlaceBinding, Persistent, RankStep
+from ...repartition import Gather, Repartition, Scatter
+from ...space import Block, Region, Space
+from ..host_schedule import store_results
+from .context import subcommunicator
+from .datatypes import byte_type, mpi, predefined_type, subarray
+from .memory import new_array
+from .runtime import run_schedule
+from .steps import Call, OutOfPlaceBinding, Persistent, RankStep
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
     from mpi4py.MPI import Intracomm
 
-    from .numpy_backend import Workspace
+    from ..numpy import Workspace
 
 __all__ = ["REDUCIBLE"]
 

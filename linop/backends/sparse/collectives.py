@@ -14,9 +14,9 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from ..collectives import AllReduce, Planned
-from ..space import Space
-from .sparse_backend import INDEX, handler, selection
+from ...collectives import AllReduce, Planned
+from ...space import Space
+from . import INDEX, handler, selection
 
 __all__: list[str] = []
 

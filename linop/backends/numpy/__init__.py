@@ -2,8 +2,8 @@
 
 Handlers are registered per node type with :func:`handler` in the dispatch registry
 (:mod:`linop.dispatch`); a node without a handler is run through its
-:meth:`~linop.LinearOperator.expand`. The fast paths of derived nodes live in the other
-``numpy_*`` modules of this package, which the registry imports on first use
+:meth:`~linop.LinearOperator.expand`. The fast paths of derived nodes live in the modules of
+this package (``collectives``, ``halo``, ``local``, ``shims``), which the registry imports on first use
 (:data:`linop.dispatch.HANDLER_MODULES`).
 
 Arrays are shared copy-on-write: the interpreter copies a caller's array only when it must change it, so application never mutates
@@ -20,13 +20,13 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from .. import dispatch, dtypes
-from ..errors import StateError
-from ..movement import Copy, CopyAdjoint, Move
-from ..operator import Composition, Identity, LinearOperator, Scaled, Sum, Zero
-from ..primitives import Add, Allocate, Clear, Deallocate
-from ..space import Block, Region, State, natural_key
-from . import array_api
+from ... import dispatch, dtypes
+from ...errors import StateError
+from ...movement import Copy, CopyAdjoint, Move
+from ...operator import Composition, Identity, LinearOperator, Scaled, Sum, Zero
+from ...primitives import Add, Allocate, Clear, Deallocate
+from ...space import Block, Region, State, natural_key
+from .. import array_api
 
 __all__ = [
     "apply",

@@ -25,7 +25,7 @@ from contextlib import ContextDecorator, contextmanager
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
-from .mpi_datatypes import mpi
+from .datatypes import mpi
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
     from mpi4py.MPI import Comm

@@ -9,8 +9,8 @@ expansion into primitives in ``tests/test_halo.py``.
 
 from __future__ import annotations
 
-from ..halo import HaloStage, HaloStageAdjoint
-from .numpy_backend import Workspace, handler
+from ...halo import HaloStage, HaloStageAdjoint
+from . import Workspace, handler
 
 __all__: list[str] = []
 

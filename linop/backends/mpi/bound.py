@@ -1,6 +1,6 @@
-"""Bound plans: a :class:`~linop.backends.mpi_plan.DistributedPlan` fixed to the caller's arrays
+"""Bound plans: a :class:`~linop.backends.mpi.plan.DistributedPlan` fixed to the caller's arrays
 for repeated application (a halo exchange in a time loop), see
-:meth:`~linop.backends.mpi_plan.DistributedPlan.bind`.
+:meth:`~linop.backends.mpi.plan.DistributedPlan.bind`.
 
 Binding checks once, then turns the schedule into persistent requests on the caller's arrays
 (and, out of place, on result arrays built once), so each call is ``Startall`` and ``Waitall``
@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from ..program import RankPhase
-from ..space import Region, State
-from .mpi_datatypes import mpi, raw_spec, region_spec
-from .mpi_deadline import wait_all
-from .mpi_guard import abort_for
-from .mpi_plan import DistributedPlan, read_only
-from .mpi_steps import Action, Call, RankStep
+from ...program import RankPhase
+from ...space import Region, State
+from .datatypes import mpi, raw_spec, region_spec
+from .deadline import wait_all
+from .guards import abort_for
+from .plan import DistributedPlan, read_only
+from .steps import Action, Call, RankStep
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
     from mpi4py.MPI import Intracomm

@@ -6,8 +6,8 @@ of its expansion over whole spaces. Proven equal to the expansion in ``tests/tes
 
 from __future__ import annotations
 
-from ..halo import PadShim, PadShimAdjoint, TrimShim, TrimShimAdjoint
-from .numpy_backend import Workspace, handler, run
+from ...halo import PadShim, PadShimAdjoint, TrimShim, TrimShimAdjoint
+from . import Workspace, handler, run
 
 __all__: list[str] = []
 

@@ -6,10 +6,10 @@ import numpy as np
 import numpy.typing as npt
 import scipy.sparse.linalg as spla
 
-from .. import dtypes
-from ..errors import OperandError, StateError
-from ..operator import LinearOperator
-from ..space import Space
+from ... import dtypes
+from ...errors import OperandError, StateError
+from ...operator import LinearOperator
+from ...space import Space
 
 __all__ = ["aslinearoperator"]
 

@@ -19,8 +19,8 @@ from collections import Counter
 
 import numpy as np
 
-from ..collectives import AllReduce, Planned
-from .numpy_backend import Workspace, handler
+from ...collectives import AllReduce, Planned
+from . import Workspace, handler
 
 __all__: list[str] = []
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..local import LocalOperator
-from .numpy_backend import Workspace, handler
+from ...local import LocalOperator
+from . import Workspace, handler
 
 __all__: list[str] = []
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..space import Region
+from ...space import Region
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
     from mpi4py.MPI import Datatype
@@ -94,7 +94,7 @@ def element_type(dtype: np.dtype) -> Datatype:
 
 def predefined_type(dtype: np.dtype) -> Datatype:
     """The predefined MPI datatype of ``dtype`` (reductions need one; see
-    :data:`linop.backends.mpi_fastpaths.REDUCIBLE` for the dtypes that have one)."""
+    :data:`linop.backends.mpi.fastpaths.REDUCIBLE` for the dtypes that have one)."""
     return mpi().Datatype.fromcode(dtype.char)
 
 

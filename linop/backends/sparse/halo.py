@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from ..halo import HaloStage, HaloStageAdjoint
-from .sparse_backend import INDEX, handler, selection
+from ...halo import HaloStage, HaloStageAdjoint
+from . import INDEX, handler, selection
 
 __all__: list[str] = []
 

@@ -20,7 +20,7 @@ any rank is found on the call where it differs.
 
 With a deadline (``timeout=``, ``LINOP_TIMEOUT``) the ``Allreduce`` is polled instead of
 waited for, and ranks that do not arrive in time are named by every rank that did
-(:class:`~linop.errors.PeerTimeoutError`, :mod:`linop.backends.mpi_deadline`); without one the
+(:class:`~linop.errors.PeerTimeoutError`, :mod:`linop.backends.mpi.deadline`); without one the
 check waits as before, at no extra cost.
 
 Dtypes follow the policy of :mod:`linop.dtypes` (``docs/theory.md#dtypes``), with the global
@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from .. import dtypes
-from ..errors import (
+from ... import dtypes
+from ...errors import (
     DistributedDtypeError,
     DistributedOverflowError,
     DistributedStateError,
@@ -52,11 +52,11 @@ from ..errors import (
     TreeMismatchError,
     WorkerMapMismatchError,
 )
-from ..operator import LinearOperator
-from ..space import Block, closest_name
-from .mpi_datatypes import mpi
-from .mpi_deadline import wait_all
-from .numpy_backend import first_shared_memory, overlaps_itself
+from ...operator import LinearOperator
+from ...space import Block, closest_name
+from ..numpy import first_shared_memory, overlaps_itself
+from .datatypes import mpi
+from .deadline import wait_all
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
     from mpi4py.MPI import Intracomm
@@ -126,7 +126,7 @@ class CheckReducer:
     def wait(self, timeout: float | None = None, doing: str = "the entry check") -> np.ndarray:
         """Complete the reduction started by :meth:`start`; return :attr:`received`. With a
         ``timeout`` (seconds) the reduction is polled, and ranks that do not arrive in time
-        raise :class:`~linop.errors.PeerTimeoutError` (:mod:`linop.backends.mpi_deadline`)."""
+        raise :class:`~linop.errors.PeerTimeoutError` (:mod:`linop.backends.mpi.deadline`)."""
         if self.single:
             return self.received
         request = self.request if self.request is not None else self._pending
@@ -231,7 +231,7 @@ class EntryCheck:
         self._same_space: bool | None = None  # domain == range, decided on first in-place use
         self._single = self._expected[0] if len(self._expected) == 1 else None
         self.extension: Any = None
-        """Per-plan state of the checked apply (:mod:`linop.backends.mpi_apply`: the schedules
+        """Per-plan state of the checked apply (:mod:`linop.backends.mpi.checked_apply`: the schedules
         compiled per layout), kept here because the check is made once per plan."""
         self._prepared: dict[str, list[Any]] = {}  # by dtype char: vector, bytes, outcomes
         self._outcomes: dict[tuple[bytes, bool], CheckOutcome] = {}  # by the reduced vector

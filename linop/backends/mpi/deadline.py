@@ -2,7 +2,7 @@
 a peer that never arrives.
 
 Every application starts with a collective (the entry check's ``Allreduce``,
-:mod:`linop.backends.mpi_check`; a bound plan's first start, :mod:`linop.backends.mpi_bound`).
+:mod:`linop.backends.mpi.check`; a bound plan's first start, :mod:`linop.backends.mpi.bound`).
 A rank that never makes the call (it crashed elsewhere, took another branch, waits for input)
 would leave every other rank blocked there. With a deadline the collective is completed by
 polling (``Test``) instead of waiting; when the deadline passes, the rank sends a short
@@ -10,7 +10,7 @@ polling (``Test``) instead of waiting; when the deadline passes, the rank sends 
 polling that receives one gives up too and sends its own. After a short grace period
 (:data:`GRACE` seconds) for the notices of the others, each rank that arrived knows which
 ranks arrived, and raises :class:`~linop.errors.PeerTimeoutError` naming the others; the
-interpreter then aborts the job (``MPI_Abort``, as :func:`~linop.backends.mpi_guard.guard`
+interpreter then aborts the job (``MPI_Abort``, as :func:`~linop.backends.mpi.guards.guard`
 does), since the missing rank may never return.
 
 The deadline is ``timeout=`` (seconds) of ``apply`` / ``apply_mpi`` / ``plan_for``, else the
@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import PeerTimeoutError, TimeoutArgumentError
-from .mpi_datatypes import mpi
+from ...errors import PeerTimeoutError, TimeoutArgumentError
+from .datatypes import mpi
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
     from mpi4py.MPI import Intracomm

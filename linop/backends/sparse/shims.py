@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from ..halo import PadShim, PadShimAdjoint, TrimShim, TrimShimAdjoint
-from ..space import Space
-from .sparse_backend import INDEX, handler, selection
+from ...halo import PadShim, PadShimAdjoint, TrimShim, TrimShimAdjoint
+from ...space import Space
+from . import INDEX, handler, selection
 
 __all__: list[str] = []
 

@@ -1,14 +1,14 @@
 """The checked application of a plan, per call: :func:`checked_apply`.
 
-Every call of :func:`linop.backends.mpi_backend.apply` runs the collective entry check
-(:mod:`linop.backends.mpi_check`: one persistent ``Allreduce`` of a short vector, so that a
+Every call of :func:`linop.backends.mpi.apply` runs the collective entry check
+(:mod:`linop.backends.mpi.check`: one persistent ``Allreduce`` of a short vector, so that a
 mismatched tree or a wrong local state fails on every rank together, before any data moves),
 then the rank's schedule. This module keeps the per-call work beyond that check small:
 
 - in place, a schedule made only of phases of point-to-point stores, adds and clears between
   blocks that exist before and after (a halo exchange and its adjoint) is compiled once per
   *layout* of the caller's arrays (names, shapes, strides, dtype) into the requests' datatypes
-  and the pack, unpack and clear steps, the way :meth:`~linop.backends.mpi_plan.DistributedPlan.bind`
+  and the pack, unpack and clear steps, the way :meth:`~linop.backends.mpi.plan.DistributedPlan.bind`
   compiles it once for fixed arrays. The requests are persistent, made once per array object
   (views as bytes, subarray datatypes for strided boxes: the bulk is never copied; thin strips
   packed into scratch buffers owned here) on the arrays' memory *by address*, so they do not
@@ -34,15 +34,15 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import numpy.typing as npt
 
-from ..program import RankPhase
-from ..space import Region, State
-from .mpi_datatypes import PACK_BELOW, contiguous_run, mpi, raw_spec, subarray
-from .mpi_guard import abort_for
+from ...program import RankPhase
+from ...space import Region, State
+from .datatypes import PACK_BELOW, contiguous_run, mpi, raw_spec, subarray
+from .guards import abort_for
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
     from mpi4py.MPI import Datatype, Intracomm
 
-    from .mpi_plan import DistributedPlan
+    from .plan import DistributedPlan
 
 __all__ = ["checked_apply", "CompiledPhases", "compile_phases"]
 
@@ -73,7 +73,7 @@ class CompiledPhases:
     """An in-place schedule of point-to-point phases compiled for one layout of the arrays.
 
     :meth:`run` applies it to arrays of that layout; collective with the other ranks'
-    schedules (the same messages as :func:`linop.backends.mpi_runtime.run_phase` sends).
+    schedules (the same messages as :func:`linop.backends.mpi.runtime.run_phase` sends).
     The requests are persistent, made once per array object (:class:`_Binding`) on the
     arrays' memory by address, so they do not keep the arrays alive: they are freed when an
     array is, or when more than :data:`BINDINGS_KEPT` arrays have been seen."""
@@ -270,7 +270,7 @@ def _direct(
     array: np.ndarray, region: Region, index: tuple[Any, ...]
 ) -> tuple[int, str, tuple[Any, ...], Datatype | None] | None:
     """How a box of a C-ordered block moves without packing, as
-    :func:`~linop.backends.mpi_datatypes.region_spec` decides: its view as bytes when it is
+    :func:`~linop.backends.mpi.datatypes.region_spec` decides: its view as bytes when it is
     contiguous, else its subarray datatype; None for a thin box (contiguous runs shorter than
     :data:`PACK_BELOW` bytes: packed)."""
     if array[index].flags.c_contiguous:

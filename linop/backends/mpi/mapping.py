@@ -2,7 +2,7 @@
 workers (the map itself: :class:`~linop.program.WorkerMap`).
 
 By default worker ``w`` of a tree runs on rank ``w``. With a :class:`WorkerMap` (``mapping=``
-of :func:`~linop.backends.mpi_backend.apply` and :func:`~linop.backends.mpi_backend.plan_for`)
+of :func:`~linop.backends.mpi.apply` and :func:`~linop.backends.mpi.plan_for`)
 worker ``w`` runs on rank ``mapping.rank_of(w)``: a rank may hold several workers (16 workers on
 4 ranks: 4 workers each) or none, and its local state holds the blocks of all its workers.
 
@@ -38,9 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import LinopError, UnsupportedNodeError
-from ..operator import LinearOperator
-from ..program import (
+from ...errors import LinopError, UnsupportedNodeError
+from ...operator import LinearOperator
+from ...program import (
     Branches,
     Local,
     LocalMoves,
@@ -54,14 +54,14 @@ from ..program import (
     owned_blocks,
     project,
 )
-from ..space import Block, Space
-from .mpi_context import PlanCache
+from ...space import Block, Space
+from .context import PlanCache
 
 __all__ = ["MappedCompiled", "compile_mapped", "compiled_for", "run_local_moves"]
 
 
 def run_local_moves(step: LocalMoves, work: Any, dtype: np.dtype) -> None:
-    """Run ``step`` on the workspace ``work`` (a :class:`~linop.backends.numpy_backend.Workspace`)."""
+    """Run ``step`` on the workspace ``work`` (a :class:`~linop.backends.numpy.Workspace`)."""
     for t in step.transfers:
         source_index = (*t.source.index, Ellipsis)
         data = work.arrays[t.source.name][source_index]

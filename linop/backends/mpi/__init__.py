@@ -8,37 +8,37 @@ interpreter's blocks for that worker.
 How a call runs
 ---------------
 1. :func:`plan_for` (cached per tree and communicator, at most
-   :data:`~linop.backends.mpi_context.PLAN_CACHE_SIZE` plans each) lowers the tree into a global
+   :data:`~linop.backends.mpi.context.PLAN_CACHE_SIZE` plans each) lowers the tree into a global
    program and projects it onto this rank (:mod:`linop.program`). Point-to-point
    moves are batched into phases of nonblocking receives (posted first) and sends and one wait,
    so no schedule can deadlock.
 2. One small ``Allreduce`` (a persistent request of the communicator) checks, before any data
    moves, that every rank holds the same tree, that the communicator covers the tree's workers
-   and that every rank's local blocks are right (:mod:`linop.backends.mpi_check`); it also
+   and that every rank's local blocks are right (:mod:`linop.backends.mpi.check`); it also
    agrees on the dtype of the run. When anything is wrong, every rank raises the same typed
    error (:class:`linop.errors.MPIError` and its subclasses).
-3. The rank executes its schedule (:mod:`linop.backends.mpi_runtime`): local steps and the
+3. The rank executes its schedule (:mod:`linop.backends.mpi.runtime`): local steps and the
    algebra (sums, scalings, the in-place write-back) with the numpy interpreter's semantics on a
    copy-on-write workspace, so caller arrays are never mutated (unless ``inplace=True``); data
-   moves straight from and into the blocks (:mod:`linop.backends.mpi_datatypes`); collectives and
-   halo exchanges take the fast paths of :mod:`linop.backends.mpi_fastpaths`. In place, a
+   moves straight from and into the blocks (:mod:`linop.backends.mpi.datatypes`); collectives and
+   halo exchanges take the fast paths of :mod:`linop.backends.mpi.fastpaths`. In place, a
    schedule of point-to-point phases (a halo exchange) runs as compiled once per layout of the
-   caller's arrays (:mod:`linop.backends.mpi_apply`).
+   caller's arrays (:mod:`linop.backends.mpi.checked_apply`).
 4. If a rank nevertheless fails during execution (a bug, a user kernel raising, Ctrl-C), it
    prints its error and calls ``MPI_Abort``: its peers may be waiting for its messages, and
-   ending the job is the only way not to hang it (:mod:`linop.backends.mpi_guard`, whose
+   ending the job is the only way not to hang it (:mod:`linop.backends.mpi.guards`, whose
    :func:`guard` does the same for the user's own code).
 
 :meth:`DistributedPlan.bind` goes one step further for repeated application (a halo exchange in
 a time loop): it checks once, then builds persistent requests on the caller's arrays
-(:mod:`linop.backends.mpi_bound`).
+(:mod:`linop.backends.mpi.bound`).
 
 Communicators: linop works on a private duplicate of the user's communicator, freed when the
-user frees theirs (:mod:`linop.backends.mpi_context`). Worker-to-rank mapping: identity by
+user frees theirs (:mod:`linop.backends.mpi.context`). Worker-to-rank mapping: identity by
 default; ``mapping=`` (:class:`~linop.program.WorkerMap`) places any worker on any
 rank, several workers per rank included (transfers between workers of one rank become local
 copies; the fast paths give way to the point-to-point expansion, see
-:mod:`linop.backends.mpi_mapping`).
+:mod:`linop.backends.mpi.mapping`).
 
 mpi4py is imported only when a function of this module runs.
 """
@@ -51,22 +51,20 @@ from typing import Any, NoReturn
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import LinopError, WorkerMapError
-from ..operator import LinearOperator
-from ..program import WorkerMap, lowering
-from ..space import State
-from . import (
-    array_api,
-    mpi_fastpaths,  # noqa: F401 - registers the fast paths' lowerings
-)
-from .mpi_apply import checked_apply
-from .mpi_bound import BoundPlan
-from .mpi_check import DTYPE_CHARS
-from .mpi_context import PLAN_CACHE_SIZE, CommunicatorArgumentError, PlanCache, context_for
-from .mpi_datatypes import PACK_BELOW, mpi
-from .mpi_deadline import resolve_timeout
-from .mpi_guard import Guard, abort_for, guard, install_excepthook
-from .mpi_plan import DistributedPlan
+from ...errors import LinopError, WorkerMapError
+from ...operator import LinearOperator
+from ...program import WorkerMap, lowering
+from ...space import State
+from .. import array_api
+from . import fastpaths as mpi_fastpaths  # noqa: F401 - registers the fast paths' lowerings
+from .bound import BoundPlan
+from .check import DTYPE_CHARS
+from .checked_apply import checked_apply
+from .context import PLAN_CACHE_SIZE, CommunicatorArgumentError, PlanCache, context_for
+from .datatypes import PACK_BELOW, mpi
+from .deadline import resolve_timeout
+from .guards import Guard, abort_for, guard, install_excepthook
+from .plan import DistributedPlan
 
 MappingLike = WorkerMap | Sequence[int] | Mapping[int, int]
 """What ``mapping=`` accepts: a :class:`WorkerMap`, ``ranks[w]`` per worker, or worker -> rank."""
@@ -103,7 +101,7 @@ def plan_for(
 
     ``mapping`` (a :class:`~linop.program.WorkerMap`, a sequence ``ranks[w]`` or a
     dict of worker to rank; default worker ``w`` on rank ``w``) places the tree's workers on
-    the ranks, several per rank if need be (:mod:`linop.backends.mpi_mapping`). A map that is
+    the ranks, several per rank if need be (:mod:`linop.backends.mpi.mapping`). A map that is
     malformed, leaves a worker of the tree out, names a rank the communicator lacks or differs
     between ranks fails the first application's check on every rank
     (:class:`~linop.errors.WorkerMapError`, :class:`~linop.errors.WorkerMapMismatchError`).
@@ -111,7 +109,7 @@ def plan_for(
     ``timeout`` (seconds) sets the plan's default deadline (:attr:`DistributedPlan.timeout`):
     how long its checks and its bound plans' first calls wait for every rank to arrive before
     the ranks that did raise :class:`~linop.errors.PeerTimeoutError` naming the others and
-    the job is aborted (:mod:`linop.backends.mpi_deadline`; default ``LINOP_TIMEOUT``, else
+    the job is aborted (:mod:`linop.backends.mpi.deadline`; default ``LINOP_TIMEOUT``, else
     no deadline). The first use of a communicator (its duplication) has no deadline.
 
     Raises

@@ -2,15 +2,15 @@
 
 The plan holds this rank's schedule (:func:`linop.program.compile_for_rank`:
 the rank's own steps, compiled without the global program, which :attr:`DistributedPlan.program`
-builds on demand), and the entry check (:mod:`linop.backends.mpi_check`). Applying it checks
-collectively, then runs the schedule (:mod:`linop.backends.mpi_runtime`) on a copy-on-write
+builds on demand), and the entry check (:mod:`linop.backends.mpi.check`). Applying it checks
+collectively, then runs the schedule (:mod:`linop.backends.mpi.runtime`) on a copy-on-write
 workspace, so caller arrays are never mutated, except in place, where the results are written
 back into the caller's arrays with the numpy interpreter's rules
-(:func:`~linop.backends.numpy_backend.write_back`).
+(:func:`~linop.backends.numpy.write_back`).
 
 Once the check has passed every rank is committed to the schedule: anything raised on a rank
 after it (a bug, a user kernel raising, ``KeyboardInterrupt``) ends the job with that rank's
-message (:func:`linop.backends.mpi_guard.abort_for`), since its peers may be waiting for it.
+message (:func:`linop.backends.mpi.guards.abort_for`), since its peers may be waiting for it.
 """
 
 from __future__ import annotations
@@ -22,23 +22,31 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from .. import dtypes
-from ..errors import CommunicatorError, IntegerOverflowError, LinopError, UnsupportedNodeError, WorkerMapError
-from ..operator import LinearOperator
-from ..program import Program, RankProgram, WorkerMap, compile_for_rank, compile_program, fingerprint
-from ..space import Block, State
-from . import array_api, mpi_mapping, numpy_backend
-from .mpi_check import CheckOutcome, DistributedOverflowError, EntryCheck
-from .mpi_context import PlanCache
-from .mpi_deadline import resolve_timeout
-from .mpi_guard import abort_for
-from .mpi_runtime import run_schedule
+from ... import dtypes
+from ...errors import (
+    CommunicatorError,
+    IntegerOverflowError,
+    LinopError,
+    UnsupportedNodeError,
+    WorkerMapError,
+)
+from ...operator import LinearOperator
+from ...program import Program, RankProgram, WorkerMap, compile_for_rank, compile_program, fingerprint
+from ...space import Block, State
+from .. import array_api
+from .. import numpy as numpy_backend
+from . import mapping as mpi_mapping
+from .check import CheckOutcome, DistributedOverflowError, EntryCheck
+from .context import PlanCache
+from .deadline import resolve_timeout
+from .guards import abort_for
+from .runtime import run_schedule
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
     from mpi4py.MPI import Intracomm
 
-    from .mpi_bound import BoundPlan
-    from .mpi_context import CommContext
+    from .bound import BoundPlan
+    from .context import CommContext
 
 __all__ = ["DistributedPlan", "read_only"]
 
@@ -102,7 +110,7 @@ def read_only(array: np.ndarray) -> np.ndarray:
 class DistributedPlan:
     """A tree compiled for one communicator: the global program and this rank's schedule.
 
-    Built by :func:`linop.backends.mpi_backend.plan_for` (cached per communicator). Compiling
+    Built by :func:`linop.backends.mpi.plan_for` (cached per communicator). Compiling
     is local; a tree the interpreter cannot compile (or a communicator too small for it) is
     reported by the first application's check, on every rank alike.
     """
@@ -120,7 +128,7 @@ class DistributedPlan:
         self.timeout: Any = None
         """The default deadline of this plan's checks and bound plans' first starts, in seconds
         (set by ``plan_for(..., timeout=)``; None: ``LINOP_TIMEOUT``, see
-        :mod:`linop.backends.mpi_deadline`)."""
+        :mod:`linop.backends.mpi.deadline`)."""
         if mapping is not None:
             self._init_mapped(op, context, mapping)
             return
@@ -142,7 +150,7 @@ class DistributedPlan:
     def _init_mapped(
         self, op: LinearOperator, context: CommContext, mapping: WorkerMap | WorkerMapError
     ) -> None:
-        """A plan under a worker-to-rank map (:mod:`linop.backends.mpi_mapping`); a map that
+        """A plan under a worker-to-rank map (:mod:`linop.backends.mpi.mapping`); a map that
         could not be built (``mapping`` is its error) is reported by the check on every rank."""
         tree = fingerprint(op)
         if isinstance(mapping, WorkerMapError):
@@ -177,7 +185,7 @@ class DistributedPlan:
         self, state: Any, *, inplace: bool = False, dtype: npt.DTypeLike | None = None, timeout: Any = None
     ) -> np.dtype:
         """Collectively validate the tree and every rank's local state; return the run's dtype
-        (see :mod:`linop.backends.mpi_check`).
+        (see :mod:`linop.backends.mpi.check`).
 
         Raises
         ------
@@ -225,7 +233,7 @@ class DistributedPlan:
         timeout: Any = None,
     ) -> State:
         """Apply the plan to this rank's blocks; collective. See
-        :func:`linop.backends.mpi_backend.apply`."""
+        :func:`linop.backends.mpi.apply`."""
         outcome = self.agree(local_state, inplace=inplace, dtype=dtype, timeout=timeout)
         run_dtype = outcome.result()
         alloc = np.dtype(dtype) if dtype is not None else run_dtype
@@ -256,7 +264,7 @@ class DistributedPlan:
         self, arrays: dict[str, np.ndarray], dtype: np.dtype, alloc: np.dtype, *, cast: np.dtype | None = None
     ) -> LinopError | None:
         """Run (no check) on the caller's arrays, then write back the blocks that ended in other
-        arrays (:func:`~linop.backends.numpy_backend.write_back`). Collective; aborts the job if
+        arrays (:func:`~linop.backends.numpy.write_back`). Collective; aborts the job if
         anything fails.
 
         With ``cast`` (an integer run widened by :func:`linop.dtypes.cast_dtype`) the run is on
@@ -301,9 +309,9 @@ class DistributedPlan:
 
         ``timeout`` (seconds; default :attr:`timeout`, else ``LINOP_TIMEOUT``) bounds the wait
         of the check here and of the bound plan's first call for every rank to arrive
-        (:mod:`linop.backends.mpi_deadline`).
+        (:mod:`linop.backends.mpi.deadline`).
         """
-        from .mpi_bound import BoundPlan
+        from .bound import BoundPlan
 
         if inplace is None:
             inplace = self.op.domain == self.op.range

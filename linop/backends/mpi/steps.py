@@ -3,8 +3,8 @@
 A fast-path lowering (:func:`linop.program.lowering`) emits a
 :class:`~linop.program.FastPathStep` holding a :class:`~linop.program.FastPathRunner`: the
 global step, which knows the workers it involves and gives each rank its part, here a
-:class:`RankStep`. The runtime (:mod:`linop.backends.mpi_runtime`) runs a rank step on the
-rank's workspace; a bound plan (:mod:`linop.backends.mpi_bound`) asks it, once, for persistent
+:class:`RankStep`. The runtime (:mod:`linop.backends.mpi.runtime`) runs a rank step on the
+rank's workspace; a bound plan (:mod:`linop.backends.mpi.bound`) asks it, once, for persistent
 requests instead (:meth:`RankStep.persistent`, :meth:`RankStep.bind_out_of_place`), which a
 step that cannot be bound so declines by returning None (the default).
 """
@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Union
 
 import numpy as np
 
-from ..program import RankPart
+from ...program import RankPart
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
     from mpi4py.MPI import Intracomm, Prequest
 
-    from .numpy_backend import Workspace
+    from ..numpy import Workspace
 
 __all__ = ["RankStep", "Persistent", "OutOfPlaceBinding", "Action", "Call"]
 
