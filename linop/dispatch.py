@@ -45,20 +45,8 @@ __all__ = [
 
 HANDLER_MODULES: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
     {
-        "numpy": (
-            "linop.backends.numpy",
-            "linop.backends.numpy.collectives",
-            "linop.backends.numpy.halo",
-            "linop.backends.numpy.local",
-            "linop.backends.numpy.shims",
-        ),
-        "sparse": (
-            "linop.backends.sparse",
-            "linop.backends.sparse.collectives",
-            "linop.backends.sparse.halo",
-            "linop.backends.sparse.local",
-            "linop.backends.sparse.shims",
-        ),
+        "numpy": ("linop.backends.numpy",),
+        "sparse": ("linop.backends.sparse",),
         "program": ("linop.program", "linop.backends.mpi.fastpaths"),
         # the torch.distributed executor's local steps on a device (CUDA under NCCL)
         "torch-device": ("linop.backends.torch_distributed.device",),
