@@ -566,16 +566,16 @@ ALLTOALL_STRATEGY = "auto"
 ``"packed"`` or ``"subarray"`` (forced for every step run or bound after it is set: for
 measurements and tests)."""
 
-PACKED_RUNS_BELOW = 1 << 16
-"""The measured rule of :func:`alltoall_strategy`, in bytes of one contiguous run of a box (at
-8 bytes an entry): a step packs by hand when some box it sends or receives is strided with runs
-shorter than this; with longer runs the subarray datatypes move the data without an extra copy.
-When every box is contiguous the packed path copies nothing (``Alltoallv`` straight between the
-blocks). Measured on this MPICH (shared memory, 4 ranks, 4096 x 4096 float32 rows to
-columns: runs of 4 KB): packing by hand into one buffer and ``Alltoallv`` was 1.17-1.34x faster
-than ``Alltoallw`` with subarray types; ``benchmarks/bench_mpi_repartition.py`` prints both,
-forced, beside the hand-written ones, for runs of 1-8 KB. Longer runs were not measured: they
-keep the datatypes, which copy nothing extra."""
+PACKED_RUNS_BELOW = 2048
+"""The measured rule of :func:`alltoall_strategy`, in entries of one contiguous run of a box:
+a step packs by hand (one buffer, ``Alltoallv``) when some box it sends or receives is strided
+with runs shorter than this; with longer runs the subarray datatypes (``Alltoallw``) move the
+data without an extra copy. When every box is contiguous the packed path copies nothing
+(``Alltoallv`` straight between the blocks). Measured with ``benchmarks/bench_mpi_repartition.py``
+on this MPICH (shared memory, 4 ranks on 2 cores, float32, at load averages of 22-28: best
+samples): runs of 2 KB packed 1.20x faster than subarray datatypes, runs of 4 KB 0.95-1.13x
+(a draw), runs of 8 KB 0.70-0.94x (the datatypes faster); an earlier quiet-machine measurement
+at 4 KB runs (4096 x 4096 float32 rows to columns) found packing 1.17-1.34x faster."""
 
 
 def _box_index(start: tuple[int, ...], shape: tuple[int, ...]) -> tuple[slice, ...]:
@@ -608,8 +608,8 @@ def alltoall_strategy(
     receives: tuple[Box, ...],
 ) -> str:
     """``"packed"`` (boxes copied into one buffer, ``Alltoallv``, copied out) when some box is
-    strided with contiguous runs shorter than :data:`PACKED_RUNS_BELOW` bytes (at 8 bytes an
-    entry), else ``"subarray"`` (``Alltoallw`` with a subarray datatype per box): the measured
+    strided with contiguous runs shorter than :data:`PACKED_RUNS_BELOW` entries, or when no box
+    is strided, else ``"subarray"`` (``Alltoallw`` with a subarray datatype per box): the measured
     rule (see :data:`PACKED_RUNS_BELOW`). A box contiguous in its block is never copied by
     either: the packed path sends or receives it in place when every box of that side is."""
     runs = [
@@ -617,9 +617,9 @@ def alltoall_strategy(
         for r in (_shortest_strided_run(source_shape, sends), _shortest_strided_run(target_shape, receives))
         if r is not None
     ]
-    if runs and min(runs) * 8 < PACKED_RUNS_BELOW:
-        return "packed"
-    return "subarray" if runs else "packed"
+    if runs and min(runs) >= PACKED_RUNS_BELOW:
+        return "subarray"
+    return "packed"
 
 
 @dataclass

@@ -378,6 +378,16 @@ def test_the_alltoall_strategy_is_recorded_and_a_wrong_displacement_is_caught(mo
     collective_assert(
         len(steps) == 1 and steps[0].strategy in ("packed", "subarray"), f"no recorded strategy: {steps}"
     )
+    rule = mpi_fastpaths.alltoall_strategy
+    long_runs = mpi_fastpaths.PACKED_RUNS_BELOW
+    choices = (
+        rule(
+            (8, 2 * long_runs), (8, long_runs), ((0, (0, 0), (8, long_runs)),), ((0, (0, 0), (8, long_runs)),)
+        ),
+        rule((8, 16), (8, 8), ((0, (0, 0), (8, 8)),), ((0, (0, 0), (8, 8)),)),  # strided, short runs
+        rule((8, 16), (4, 16), ((0, (0, 0), (4, 16)),), ((0, (0, 0), (4, 16)),)),  # all contiguous
+    )
+    collective_assert(choices == ("subarray", "packed", "packed"), f"the rule chose {choices}")
     if SIZE == 1:
         return  # one peer at displacement 0: nothing to shift
     real = mpi_fastpaths._packed_side
