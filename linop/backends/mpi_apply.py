@@ -14,8 +14,9 @@ then the rank's schedule. This module keeps the per-call work beyond that check 
   packed into scratch buffers owned here) on the arrays' memory *by address*, so they do not
   keep the caller's arrays alive: a finalizer frees them with the array, and each call checks
   that its arrays are the bound objects with the bound shape, strides and dtype (the
-  collective check has validated the rest). A call then starts them, waits, unpacks and
-  clears, as a bound plan does;
+  collective check has validated the rest). A call then runs the binding's prepared calls
+  (packs, ``Startall``, ``Waitall``, unpacks and clears on views of the bound memory, made by
+  address too), as a bound plan does;
 - every other call runs the plan's ordinary schedule (:meth:`DistributedPlan.run_in_place`,
   :meth:`DistributedPlan.run_out_of_place`) with the outcome of the check it already made.
 
