@@ -253,3 +253,156 @@ def test_a_bound_sum_reduce_frees_its_scratch():
     alive = sum(ref() is not None for ref in scratch)
     problem = problem or (f"{alive} scratch arrays alive after free()" if alive else None)
     collective_assert(problem is None, str(problem))
+
+
+# -- bound plans compiled into prepared calls (mpi.compiled) -------------------------------------
+def compiled_trees() -> list:
+    """Trees whose rank schedules compile: halo windows (allocate, copy, a phase, moves) and
+    their adjoints (copy-adjoints, adds and clears), a layer's parameter broadcasts and their
+    sums, a scaled halo exchange, a repartition."""
+    from linop import halo_windows
+    from linop.layers import Convolution
+
+    grid = grids()[-1]
+    tensor = tensor_2d(grid, (12, 10))
+    windows = halo_windows(tensor, Kernel(3, padding=1))
+    image = DistributedTensor("c", (2, 3, 4 * SIZE, 5), Partition((1, 1, SIZE, 1)))
+    layer = Convolution(image, 2, Kernel(3, padding=1))
+    halo = HaloExchange(halo_geometry(tensor, Kernel(3, padding=1)))
+    other = DistributedTensor("z", (12, 10), Partition(tuple(reversed(tensor.partition.shape))))
+    return [
+        windows,
+        windows.H,
+        layer.window_operator,
+        layer.window_operator.H,
+        layer.parameter_movement,
+        layer.parameter_movement.H,
+        2.0 * halo,
+        Repartition(tensor, other),
+        Repartition(tensor, other).H,
+    ]
+
+
+def bound_problem(bound, op, state, names, *, inplace: bool) -> str | None:
+    """None when two calls of ``bound`` (on its arrays holding ``state``, then ``2 state + 1``)
+    give ``op``'s results exactly and leave the inputs unchanged out of place."""
+    for values in (state, {k: 2 * v + 1 for k, v in state.items()}):
+        for name, array in bound.arrays.items():
+            array[...] = values[name]
+        before = {name: array.copy() for name, array in bound.arrays.items()}
+        result = bound()
+        expected = op(values)
+        problem = same_blocks(result, expected, names)
+        if problem is None and not inplace:
+            changed = [n for n, a in bound.arrays.items() if not np.array_equal(a, before[n])]
+            problem = f"inputs {changed} written out of place" if changed else None
+        if problem is not None:
+            return problem
+    return None
+
+
+@pytest.mark.parametrize("case", range(9))
+def test_compiled_bound_plans_equal_the_tree(case):
+    """Every rank compiles (persistent), and two calls give the tree's results exactly
+    (integer values in float64), out of place and, where domain equals range, in place."""
+    op = compiled_trees()[case]
+    state = {k: v.astype(np.float64) for k, v in op.domain.random(case, dtype=np.int64).items()}
+    names = tuple(b.name for b in op.range if b.worker == RANK)
+    modes = [False, True] if op.domain == op.range else [False]
+    for inplace in modes:
+        local = local_part(op.domain, state, RANK)
+        bound = mpi_backend.plan_for(op, comm=COMM).bind(local, inplace=inplace)
+        one_rank_sum = SIZE == 1 and "R[" in str(op)  # a sum of one copy: declined on one rank
+        problem = None if bound.persistent or one_rank_sum else "not compiled"
+        problem = problem or bound_problem(
+            bound, op, state, names if not inplace else tuple(local), inplace=inplace
+        )
+        bound.free()
+        collective_assert(problem is None, f"{op} (inplace={inplace}): {problem}")
+
+
+def test_a_wrong_prepared_call_is_caught():
+    """Control: a compiled window exchange whose copy of the bulk writes one row too low gives
+    results that the equality test of the compiled plans reports."""
+    from linop import halo_windows
+
+    op = halo_windows(tensor_2d(grids()[-1], (12, 10)), Kernel(3, padding=1))
+    state = {k: v.astype(np.float64) for k, v in op.domain.random(3, dtype=np.int64).items()}
+    names = tuple(b.name for b in op.range if b.worker == RANK)
+    bound = mpi_backend.plan_for(op, comm=COMM).bind(local_part(op.domain, state, RANK), inplace=False)
+    calls = bound._calls
+    for i, (function, arguments) in enumerate(calls):
+        if function is np.copyto and arguments[0].ndim == 2 and arguments[0].shape[0] > 1:
+            target, source = arguments  # the bulk into the window: shifted by one row
+            calls[i] = (np.copyto, (target[1:], source[:-1]))
+            break
+    problem = bound_problem(bound, op, state, names, inplace=False)
+    bound.free()
+    collective_assert(problem is not None, "a shifted copy went unnoticed")
+
+
+@pytest.mark.parametrize("strategy", ["packed", "subarray"])
+def test_repartition_strategies_equal_the_tree(strategy, monkeypatch):
+    """Forced packed ``Alltoallv`` and forced subarray ``Alltoallw`` move exactly the tree's
+    entries (int64 through the checked apply, float64 through a bound plan) for layouts whose
+    boxes are strided on one side and contiguous on the other, or on both."""
+    from linop.backends.mpi import fastpaths as mpi_fastpaths
+
+    monkeypatch.setattr(mpi_fastpaths, "ALLTOALL_STRATEGY", strategy)
+    for grid in grids():
+        tensor = tensor_2d(grid, (9, 7))
+        for other_grid in {tuple(reversed(tensor.partition.shape)), tensor.partition.shape}:
+            other = DistributedTensor("z", (9, 7), Partition(other_grid))
+            for op in (Repartition(tensor, other), Repartition(tensor, other).H):
+                state = op.domain.random(5, dtype=np.int64)
+                local = local_part(op.domain, state, RANK)
+                names = tuple(b.name for b in op.range if b.worker == RANK)
+                problem = same_blocks(mpi_backend.apply(op, local, comm=COMM), op(state), names)
+                floats = {k: v.astype(np.float64) for k, v in state.items()}
+                bound = mpi_backend.plan_for(op, comm=COMM).bind(local_part(op.domain, floats, RANK))
+                problem = problem or bound_problem(bound, op, floats, names, inplace=False)
+                bound.free()
+                collective_assert(problem is None, f"{op} ({strategy}): {problem}")
+
+
+def test_the_alltoall_strategy_is_recorded_and_a_wrong_displacement_is_caught(monkeypatch):
+    """The plan records each all-to-all's strategy (the measured rule); control: a packed
+    all-to-all whose send displacements are off by one entry is caught by the same check."""
+    from linop.backends.mpi import fastpaths as mpi_fastpaths
+
+    tensor = tensor_2d(grids()[-1], (9, 7))
+    other = DistributedTensor("z", (9, 7), Partition(tuple(reversed(tensor.partition.shape))))
+    op = Repartition(tensor, other)
+    plan = mpi_backend.plan_for(op, comm=COMM)
+    steps = [s for s in plan.schedule if hasattr(s, "strategy")]
+    collective_assert(
+        len(steps) == 1 and steps[0].strategy in ("packed", "subarray"), f"no recorded strategy: {steps}"
+    )
+    rule = mpi_fastpaths.alltoall_strategy
+    long_runs = mpi_fastpaths.PACKED_RUNS_BELOW
+    choices = (
+        rule(
+            (8, 2 * long_runs), (8, long_runs), ((0, (0, 0), (8, long_runs)),), ((0, (0, 0), (8, long_runs)),)
+        ),
+        rule((8, 16), (8, 8), ((0, (0, 0), (8, 8)),), ((0, (0, 0), (8, 8)),)),  # strided, short runs
+        rule((8, 16), (4, 16), ((0, (0, 0), (4, 16)),), ((0, (0, 0), (4, 16)),)),  # all contiguous
+    )
+    collective_assert(choices == ("subarray", "packed", "packed"), f"the rule chose {choices}")
+    if SIZE == 1:
+        return  # one peer at displacement 0: nothing to shift
+    real = mpi_fastpaths._packed_side
+
+    def shifted(block, boxes, size, dtype, *, pack):
+        side = real(block, boxes, size, dtype, pack=pack)
+        if pack and max(side.displacements) > 0:  # one entry early: inside the buffer still
+            peer = side.displacements.index(max(side.displacements))
+            side.displacements[peer] -= 1
+        return side
+
+    monkeypatch.setattr(mpi_fastpaths, "ALLTOALL_STRATEGY", "packed")
+    monkeypatch.setattr(mpi_fastpaths, "_packed_side", shifted)
+    state = op.domain.random(6, dtype=np.int64)
+    names = tuple(b.name for b in op.range if b.worker == RANK)
+    result = mpi_backend.apply(op, local_part(op.domain, state, RANK), comm=COMM)
+    caught = same_blocks(result, op(state), names) is not None
+    collective_assert(any(COMM.allgather(caught)), "a wrong displacement went unnoticed")

@@ -147,14 +147,17 @@ def test_bound_out_of_place_passes_blocks_through_read_only():
     collective_assert(problem is None, str(problem))
 
 
-@pytest.mark.parametrize("local_step", [False, True], ids=["messages-only", "with-a-local-move"])
-def test_bound_plan(local_step):
-    """Phases of messages only become persistent requests; a local step makes the bound plan
-    run the ordinary schedule (without its check). Either way two calls apply the operator twice."""
+@pytest.mark.parametrize("extra", ["messages-only", "with-a-local-move", "with-a-sum"])
+def test_bound_plan(extra):
+    """Phases of messages and local moves compile into prepared calls (persistent requests,
+    numpy copies); a sum (not compiled) makes the bound plan run the ordinary schedule
+    (without its check). Either way two calls apply the operator twice."""
     space = ring_space((64, 48))
     op = ring_shift(space)
-    if local_step:
+    if extra == "with-a-local-move":
         op = op @ Move(space["x0"][:, 0:1], space["x0"][:, 5:6])
+    elif extra == "with-a-sum":
+        op = op + 2.0 * op
     state = space.random(6)
     expected = op(state)
     local = local_part(space, state, COMM.rank)
@@ -164,7 +167,7 @@ def test_bound_plan(local_step):
     twice = op(expected)
     bound()
     problem = problem or same_blocks(local, twice, tuple(local))
-    persistent = not local_step and SIZE > 1  # on one rank the ring is a local copy
+    persistent = extra != "with-a-sum"
     if problem is None and bound.persistent != persistent:
         problem = f"persistent is {bound.persistent}"
     bound.free()

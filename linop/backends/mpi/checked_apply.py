@@ -14,8 +14,9 @@ then the rank's schedule. This module keeps the per-call work beyond that check 
   packed into scratch buffers owned here) on the arrays' memory *by address*, so they do not
   keep the caller's arrays alive: a finalizer frees them with the array, and each call checks
   that its arrays are the bound objects with the bound shape, strides and dtype (the
-  collective check has validated the rest). A call then starts them, waits, unpacks and
-  clears, as a bound plan does;
+  collective check has validated the rest). A call then runs the binding's prepared calls
+  (packs, ``Startall``, ``Waitall``, unpacks and clears on views of the bound memory, made by
+  address too), as a bound plan does;
 - every other call runs the plan's ordinary schedule (:meth:`DistributedPlan.run_in_place`,
   :meth:`DistributedPlan.run_out_of_place`) with the outcome of the check it already made.
 
@@ -27,7 +28,7 @@ through); in place the results are written into them.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -47,8 +48,10 @@ if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
 __all__ = ["checked_apply", "CompiledPhases", "compile_phases"]
 
 Arrays = dict[str, np.ndarray]
-Step = Callable[[Arrays], object]
-"""A local step of a compiled phase, run on the call's arrays (a pack, unpack, add or clear)."""
+Local = tuple[str, str, tuple[Any, ...], Any]
+"""A local step of a compiled phase: (kind, block name, index, buffer), kind ``"pack"`` (the
+box copied into the buffer before the requests start), ``"store"`` or ``"add"`` (the buffer
+copied or added into the box after they complete) or ``"clear"`` (the box zeroed; no buffer)."""
 
 _LAYOUTS_KEPT = 8  # compiled layouts per plan
 
@@ -63,10 +66,10 @@ scratch buffer (a packed thin box)."""
 
 @dataclass(frozen=True)
 class _Phase:
-    packs: tuple[Step, ...]
+    packs: tuple[Local, ...]
     receives: tuple[Message, ...]
     sends: tuple[Message, ...]
-    finish: tuple[Step, ...]
+    finish: tuple[Local, ...]
 
 
 class CompiledPhases:
@@ -99,16 +102,10 @@ class CompiledPhases:
         self.run_bound(arrays, binding)
 
     def run_bound(self, arrays: Arrays, binding: _Binding) -> None:
-        """:meth:`run` with the binding of these arrays at hand."""
-        startall, waitall = _PERSISTENT
-        for phase, requests in zip(self.phases, binding.requests):
-            for pack in phase.packs:
-                pack(arrays)
-            if requests:
-                startall(requests)
-                waitall(requests)
-            for step in phase.finish:
-                step(arrays)
+        """:meth:`run` with the binding of these arrays at hand: its prepared calls (packs,
+        ``Startall``, ``Waitall``, unpacks and clears on views of the bound memory), in order."""
+        for function, arguments in binding.calls:
+            function(*arguments)
 
     def _bind(self, key: tuple[int, ...], arrays: Arrays) -> _Binding:
         old = self.bindings.pop(key, None)
@@ -165,6 +162,7 @@ class _Binding:
                         memory = lib.buffer.fromaddress(_address(array), array.nbytes)
                         requests.append(init([memory, 1, spec], peer, tag))
             self.requests.append(requests)
+        self.calls = _prepared_calls(owner.phases, self.requests, arrays)
         for array in arrays.values():
             weakref.finalize(array, _forget, weakref.ref(owner), key, weakref.ref(self))
 
@@ -197,6 +195,40 @@ class _Binding:
             for request in requests:
                 request.Free()
         self.requests = []
+        self.calls = []
+
+
+def _prepared_calls(phases: tuple[_Phase, ...], requests: list[list[Any]], arrays: Arrays) -> list[Any]:
+    """One call's work on these arrays, as ``(function, arguments)`` pairs: each phase's packs,
+    ``Startall`` and ``Waitall`` of its requests, its unpacks, adds and clears. The boxes are
+    views of the arrays' memory by address (:func:`_memory_view`), which do not keep the arrays
+    alive (a binding is freed with its arrays)."""
+    startall, waitall = _PERSISTENT
+    bases = {name: _memory_view(array) for name, array in arrays.items()}
+    calls: list[Any] = []
+    for phase, started in zip(phases, requests):
+        for _, name, index, buffer in phase.packs:
+            calls.append((np.copyto, (buffer, bases[name][index])))
+        if started:
+            calls.append((startall, (started,)))
+            calls.append((waitall, (started,)))
+        for kind, name, index, buffer in phase.finish:
+            view = bases[name][index]
+            if kind == "store":
+                calls.append((np.copyto, (view, buffer)))
+            elif kind == "add":
+                calls.append((np.add, (view, buffer, view)))
+            else:
+                calls.append((view.fill, (0,)))
+    return calls
+
+
+def _memory_view(array: np.ndarray) -> np.ndarray:
+    """A writeable array over the memory of a C-ordered ``array`` that holds no reference to it."""
+    if not array.size:  # no memory to name: no box of it moves anything
+        return np.empty(array.shape, dtype=array.dtype)
+    memory = mpi().buffer.fromaddress(_address(array), array.nbytes)
+    return np.frombuffer(memory, dtype=array.dtype).reshape(array.shape)
 
 
 def _forget(owner: Any, key: tuple[int, ...], binding: Any) -> None:
@@ -230,10 +262,10 @@ def compile_phases(
     for step in schedule:
         if type(step) is not RankPhase:
             return None
-        packs: list[Step] = []
+        packs: list[Local] = []
         receives: list[Message] = []
         sends: list[Message] = []
-        finish: list[Step] = []
+        finish: list[Local] = []
         for peer, tag, t in step.receives:
             if t.mode == "new" or t.target.name not in arrays:
                 return None
@@ -247,7 +279,7 @@ def compile_phases(
                 continue
             buffer = np.empty(t.shape, dtype)
             receives.append((_BUFFER, None, None, raw_spec(buffer), peer, tag))
-            finish.append(_unpack(region.name, step.index(region), buffer, add=t.mode == "add"))
+            finish.append(("add" if t.mode == "add" else "store", region.name, step.index(region), buffer))
         for peer, tag, t in step.sends:
             if t.after == "drop" or t.source.name not in arrays:
                 return None
@@ -258,10 +290,10 @@ def compile_phases(
                     sends.append((*direct, peer, tag))
                 else:  # a thin box: packed into a buffer before the requests start
                     buffer = np.empty(t.shape, dtype)
-                    packs.append(_pack(t.source.name, step.index(t.source), buffer))
+                    packs.append(("pack", t.source.name, step.index(t.source), buffer))
                     sends.append((_BUFFER, None, None, raw_spec(buffer), peer, tag))
             if t.after == "clear" and t.source.size:
-                finish.append(_clear(t.source.name, step.index(t.source)))
+                finish.append(("clear", t.source.name, step.index(t.source), None))
         phases.append(_Phase(tuple(packs), tuple(receives), tuple(sends), tuple(finish)))
     return CompiledPhases(tuple(phases), comm)
 
@@ -279,25 +311,6 @@ def _direct(
     if contiguous_run(array.shape, extents, array.itemsize) < PACK_BELOW:
         return None
     return _STRIDED, region.name, index, subarray(array.shape, region.start, extents, array.dtype)
-
-
-def _unpack(name: str, index: tuple[Any, ...], buffer: np.ndarray, *, add: bool) -> Step:
-    if add:
-
-        def added(arrays: Arrays) -> None:
-            view = arrays[name][index]
-            np.add(view, buffer, out=view)
-
-        return added
-    return lambda arrays: np.copyto(arrays[name][index], buffer)
-
-
-def _pack(name: str, index: tuple[Any, ...], buffer: np.ndarray) -> Step:
-    return lambda arrays: np.copyto(buffer, arrays[name][index])
-
-
-def _clear(name: str, index: tuple[Any, ...]) -> Step:
-    return lambda arrays: arrays[name][index].fill(0)
 
 
 class _PlanLayouts:

@@ -64,6 +64,11 @@ class RankStep(RankPart, ABC):
     def run(self, work: Workspace, comm: Intracomm, dtype: np.dtype) -> None:
         """Run the step on this rank's workspace; collective over the ranks that take part."""
 
+    def written(self) -> tuple[str, ...] | None:
+        """The blocks an in-place step writes, which :meth:`persistent` binds (a compiled run
+        makes them its own first); None for a step that binds out of place (the default)."""
+        return None
+
     def persistent(
         self, arrays: dict[str, np.ndarray], comm: Intracomm, dtype: np.dtype, *, dry: bool = False
     ) -> Persistent | None:

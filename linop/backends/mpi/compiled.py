@@ -1,0 +1,390 @@
+"""A rank's schedule compiled for fixed arrays into one flat list of prepared calls.
+
+:meth:`~linop.backends.mpi.plan.DistributedPlan.bind` fixes the arrays a plan runs on; this
+module runs the schedule once *symbolically* on them, at binding: it follows which array holds
+each block after every step (the caller's arrays, and result or scratch buffers built here,
+once), and writes down each step's work as ``(function, arguments)`` pairs on those very
+arrays and their views:
+
+- a phase (:class:`~linop.program.RankPhase`): persistent requests (``Recv_init`` /
+  ``Send_init``) made once on the blocks' memory (subarray datatypes for strided boxes, thin
+  strips packed into buffers owned here), then one ``Startall`` and one ``Waitall`` per call,
+  then the unpacks, adds and clears (``np.copyto``, ``np.add(..., out=)``, ``ndarray.fill``);
+- the movement primitives (``Allocate``, ``Deallocate``, ``Copy``, ``CopyAdjoint``, ``Move``,
+  ``Add``, ``Clear``), :class:`~linop.program.Scale` and :class:`~linop.program.RankZero`:
+  numpy calls on prebuilt views, with the numpy interpreter's semantics
+  (:mod:`linop.backends.numpy`), renames and drops resolved at binding;
+- a fast-path part (:class:`~linop.backends.mpi.steps.RankStep`): its persistent collectives
+  (:meth:`~linop.backends.mpi.steps.RankStep.persistent`,
+  :meth:`~linop.backends.mpi.steps.RankStep.bind_out_of_place`), started and waited one at a
+  time in the global order of their groups.
+
+A call of the bound plan is then ``for function, arguments in calls: function(*arguments)``:
+no lookup by block name, no dispatch on step types, no closure, no allocation.
+
+The caller's arrays are never written out of place: a block is copied into a buffer built
+here before its first change (the numpy interpreter's copy-on-write, as a prepared
+``np.copyto`` at the same point of the call). In place, each block's result is copied back into
+its caller's array when the run leaves it elsewhere (through a buffer when it lies in another
+caller array, as :func:`~linop.backends.numpy.write_back` does).
+
+A schedule with other steps (local kernels, sums, moves under a worker map) is not compiled
+(:func:`compile_schedule` returns None); the bound plan then runs the ordinary schedule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+
+from ...movement import Copy, CopyAdjoint, Move
+from ...primitives import Add, Allocate, Clear, Deallocate
+from ...program import RankPhase, RankZero, Scale
+from ...space import Block, Region
+from .datatypes import mpi, raw_spec, region_spec
+from .steps import RankStep
+
+if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
+    from mpi4py.MPI import Intracomm
+
+__all__ = ["PreparedCall", "CompiledRun", "compile_schedule", "run_calls"]
+
+PreparedCall = tuple[Callable[..., object], tuple[Any, ...]]
+"""One prepared call of a compiled run: a function and its (fixed) arguments."""
+
+
+@dataclass
+class CompiledRun:
+    """A schedule compiled for fixed arrays: the calls of one application, in order, and what
+    they leave behind.
+
+    Attributes
+    ----------
+    calls : list of PreparedCall
+        The application, as ``function(*arguments)`` calls in order.
+    outputs : dict
+        Out of place: this rank's range blocks (buffers built at binding, overwritten by each
+        call; a caller's block passed through as a read-only view). In place: empty (the
+        results are in the caller's arrays).
+    requests : list
+        The persistent requests the calls start (freed by :meth:`free`).
+    scratch : list of ndarray
+        Arrays a fast path's collectives write into that are no result (kept alive here).
+    """
+
+    calls: list[PreparedCall] = field(default_factory=list)
+    outputs: dict[str, np.ndarray] = field(default_factory=dict)
+    requests: list[Any] = field(default_factory=list)
+    scratch: list[np.ndarray] = field(default_factory=list)
+
+    def free(self) -> None:
+        """Release the persistent requests; the calls and their buffers are dropped."""
+        for request in self.requests:
+            request.Free()
+        self.requests = []
+        self.calls = []
+        self.scratch = []
+
+
+def run_calls(calls: Sequence[PreparedCall]) -> None:
+    """Run a compiled application: every prepared call, in order."""
+    for function, arguments in calls:
+        function(*arguments)
+
+
+class _DeclinedError(Exception):
+    """A step the compiler does not handle: the schedule runs uncompiled."""
+
+
+def _index(region: Region) -> tuple[Any, ...]:
+    return (*region.index, Ellipsis)  # a view even for integer indices
+
+
+class _Compiler:
+    """The symbolic run: which array holds each block now, and which of them are owned (built
+    here, or the caller's in place) rather than borrowed (the caller's, out of place)."""
+
+    def __init__(
+        self, arrays: dict[str, np.ndarray], comm: Intracomm, dtype: np.dtype, *, inplace: bool, dry: bool
+    ):
+        self.arrays = dict(arrays)
+        self.owned: set[str] = set(arrays) if inplace else set()
+        self.comm = comm
+        self.dtype = dtype
+        self.dry = dry
+        self.run = CompiledRun()
+        self.calls = self.run.calls
+        self._startall = mpi().Prequest.Startall
+        self._waitall = mpi().Request.Waitall
+
+    # -- the workspace, symbolically (numpy_backend.Workspace's rules) ------------------------
+    def buffer(self, shape: tuple[int, ...]) -> np.ndarray:
+        return np.zeros(shape, dtype=self.dtype)  # untouched pages until first written
+
+    def writable(self, name: str) -> np.ndarray:
+        array = self.arrays[name]
+        if name not in self.owned:  # the caller's: copied before its first change
+            copy = self.buffer(array.shape)
+            self.calls.append((np.copyto, (copy, array)))
+            self.arrays[name] = array = copy
+            self.owned.add(name)
+        return array
+
+    def overwritten(self, region: Region) -> np.ndarray:
+        if region.is_whole and region.name not in self.owned:
+            array = self.arrays[region.name] = self.buffer(self.arrays[region.name].shape)
+            self.owned.add(region.name)
+            return array
+        return self.writable(region.name)
+
+    def set(self, name: str, array: np.ndarray, *, owned: bool = True) -> None:
+        self.arrays[name] = array
+        if owned:
+            self.owned.add(name)
+        else:
+            self.owned.discard(name)
+
+    def drop(self, name: str) -> np.ndarray:
+        self.owned.discard(name)
+        return self.arrays.pop(name)
+
+    def view(self, region: Region | Block) -> np.ndarray:
+        array = self.arrays[region.name]
+        return array[_index(region)] if isinstance(region, Region) else array
+
+    # -- steps ----------------------------------------------------------------------------------
+    def step(self, step: Any) -> None:
+        kind = type(step)
+        handler = _HANDLERS.get(kind)
+        if handler is not None:
+            handler(self, step)
+        elif isinstance(step, RankStep):
+            self.fast_path(step)
+        else:
+            raise _DeclinedError(kind.__name__)
+
+    def allocate(self, op: Allocate) -> None:
+        array = self.buffer(op.block.shape)
+        self.calls.append((array.fill, (0,)))
+        self.set(op.block.name, array)
+
+    def deallocate(self, op: Deallocate) -> None:
+        self.drop(op.name)
+
+    def copy(self, op: Copy) -> None:
+        source = self.view(op.src)
+        if isinstance(op.dst, Block):
+            array = self.buffer(source.shape)
+            self.calls.append((np.copyto, (array, source)))
+            self.set(op.dst.name, array)
+        else:
+            target = self.overwritten(op.dst)[_index(op.dst)]
+            self.calls.append((np.copyto, (target, source)))
+
+    def copy_adjoint(self, op: CopyAdjoint) -> None:
+        back = self.view(op.dst)
+        target = self.writable(op.src.name)[_index(op.src)]
+        self.calls.append((np.add, (target, back, target)))
+        if isinstance(op.dst, Block):
+            self.drop(op.dst.name)
+        elif op.dst.size:
+            self.calls.append((self.writable(op.dst.name)[_index(op.dst)].fill, (0,)))
+
+    def move(self, op: Move) -> None:
+        if isinstance(op.dst, Block):
+            owned = op.src.name in self.owned
+            self.set(op.dst.name, self.drop(op.src.name), owned=owned)
+            return
+        source = self.view(op.src)
+        self.calls.append((np.copyto, (self.overwritten(op.dst)[_index(op.dst)], source)))
+        if op.src.size:
+            self.calls.append((self.writable(op.src.name)[_index(op.src)].fill, (0,)))
+
+    def add(self, op: Add) -> None:
+        source = self.view(op.src)
+        target = self.writable(op.dst.name)[_index(op.dst)]
+        self.calls.append((np.add, (target, source, target)))
+
+    def clear(self, op: Clear) -> None:
+        if op.region.size:
+            self.calls.append((self.writable(op.region.name)[_index(op.region)].fill, (0,)))
+
+    def scale(self, step: Scale) -> None:
+        for name in list(self.arrays):
+            array = self.arrays[name]
+            if np.result_type(array, step.alpha) != array.dtype:
+                raise _DeclinedError("a scaling that widens the dtype")
+            array = self.writable(name)
+            self.calls.append((np.multiply, (array, step.alpha, array)))
+
+    def zero(self, step: RankZero) -> None:
+        self.arrays.clear()
+        self.owned.clear()
+        for block in step.blocks:
+            array = self.buffer(block.shape)
+            self.calls.append((array.fill, (0,)))
+            self.set(block.name, array)
+
+    def phase(self, phase: RankPhase) -> None:
+        """:func:`~linop.backends.mpi.runtime.run_phase` and
+        :func:`~linop.backends.host_schedule.finish_phase`, step by step, prepared."""
+        comm, dry = self.comm, self.dry
+        requests: list[Any] = []
+        finish: list[PreparedCall] = []
+        created: list[tuple[str, np.ndarray]] = []
+        for peer, tag, t in phase.receives:
+            if t.mode == "new":
+                buffer = self.buffer(t.shape)
+                if buffer.size and not dry:
+                    requests.append(comm.Recv_init(raw_spec(buffer), peer, tag))
+                created.append((t.target.name, buffer))
+                continue
+            if phase.empty(t):
+                continue
+            region = cast(Region, t.target)
+            index = phase.index(region)
+            target = self.writable(region.name)
+            spec = region_spec(target, region, index) if t.mode == "store" else None
+            if spec is None:
+                buffer = self.buffer(t.shape)
+                spec = raw_spec(buffer)
+                view = target[index]
+                finish.append(
+                    (np.add, (view, buffer, view)) if t.mode == "add" else (np.copyto, (view, buffer))
+                )
+            if not dry:
+                requests.append(comm.Recv_init(spec, peer, tag))
+        for peer, tag, t in phase.sends:
+            if phase.empty(t):
+                continue
+            array = self.arrays[t.source.name]
+            index = phase.index(t.source)
+            spec = region_spec(array, t.source, index)
+            if spec is None:  # a thin box: packed into a buffer before each start
+                buffer = self.buffer(t.shape)
+                self.calls.append((np.copyto, (buffer, array[index])))
+                spec = raw_spec(buffer)
+            if not dry:
+                requests.append(comm.Send_init(spec, peer, tag))
+        if requests:
+            self.run.requests.extend(requests)
+            self.calls.append((self._startall, (requests,)))
+            self.calls.append((self._waitall, (requests,)))
+        self.calls.extend(finish)
+        for name, buffer in created:
+            self.set(name, buffer)
+        for _, _, t in phase.sends:
+            if t.after == "clear":
+                if not phase.empty(t):
+                    view = self.writable(t.source.name)[phase.index(t.source)]
+                    self.calls.append((view.fill, (0,)))
+            elif t.after == "drop":
+                self.drop(t.source.name)
+
+    def fast_path(self, step: RankStep) -> None:
+        """A native collective, bound: in place on the blocks it writes (made owned first), or
+        out of place into result buffers its binding builds."""
+        written = step.written()
+        if written is not None:
+            arrays = {name: self.writable(name) for name in written}
+            prepared = step.persistent(arrays, self.comm, self.dtype, dry=self.dry)
+            if prepared is None:
+                raise _DeclinedError(type(step).__name__)
+            for request in prepared.requests:  # one at a time, in the global order
+                self.run.requests.append(request)
+                self.calls.append((request.Start, ()))
+                self.calls.append((request.Wait, ()))
+            self.calls.extend((action, ()) for action in prepared.finish)
+            return
+        binding = step.bind_out_of_place(dict(self.arrays), self.comm, self.dtype, dry=self.dry)
+        if binding is None:
+            raise _DeclinedError(type(step).__name__)
+        for call in binding.calls:
+            if callable(call):  # a blocking collective call
+                self.calls.append((call, ()))
+            else:
+                self.run.requests.append(call)
+                self.calls.append((call.Start, ()))
+                self.calls.append((call.Wait, ()))
+        self.run.scratch.extend(binding.scratch)
+        for name in binding.dropped:
+            self.drop(name)
+        for name, array in binding.results.items():
+            self.set(name, array, owned=bool(array.flags.writeable))
+
+    # -- the end of a run ---------------------------------------------------------------------
+    def outputs(self, names: Sequence[str]) -> dict[str, np.ndarray]:
+        from .plan import read_only
+
+        result = {}
+        for name in names:
+            if name not in self.arrays:
+                raise _DeclinedError(f"no block {name!r} at the end")
+            array = self.arrays[name]
+            result[name] = array if name in self.owned else read_only(array)
+        return result
+
+    def write_back(self, callers: dict[str, np.ndarray]) -> None:
+        """Each caller array gets its block's result (through a buffer when the result lies in
+        another caller's array, which may be written before it is read)."""
+        pending = []
+        for name, target in callers.items():
+            if name not in self.arrays:
+                raise _DeclinedError(f"no block {name!r} at the end")
+            result = self.arrays[name]
+            if result is target:
+                continue
+            if any(np.may_share_memory(result, other) for other in callers.values()):
+                copy = self.buffer(result.shape)
+                self.calls.append((np.copyto, (copy, result)))
+                result = copy
+            pending.append((target, result))
+        self.calls.extend((np.copyto, pair) for pair in pending)
+
+
+_HANDLERS: dict[type, Callable[[_Compiler, Any], None]] = {
+    RankPhase: _Compiler.phase,
+    Allocate: _Compiler.allocate,
+    Deallocate: _Compiler.deallocate,
+    Copy: _Compiler.copy,
+    CopyAdjoint: _Compiler.copy_adjoint,
+    Move: _Compiler.move,
+    Add: _Compiler.add,
+    Clear: _Compiler.clear,
+    Scale: _Compiler.scale,
+    RankZero: _Compiler.zero,
+}
+
+
+def compile_schedule(
+    schedule: Sequence[Any],
+    arrays: dict[str, np.ndarray],
+    comm: Intracomm,
+    dtype: np.dtype,
+    *,
+    inplace: bool,
+    range_names: Sequence[str],
+    dry: bool = False,
+) -> CompiledRun | None:
+    """Compile a rank's schedule for the fixed ``arrays`` (this rank's domain blocks, every one
+    of the run's dtype), or None when it holds a step not compiled here (see the module
+    docstring). ``dry``: only decide, create no MPI request (collective initializations are
+    made by every member or none: the ranks agree on the dry outcome first)."""
+    if not all(array.dtype == dtype for array in arrays.values()):
+        return None
+    compiler = _Compiler(arrays, comm, dtype, inplace=inplace, dry=dry)
+    try:
+        for step in schedule:
+            compiler.step(step)
+        if inplace:
+            compiler.write_back(arrays)
+        else:
+            compiler.run.outputs = compiler.outputs(range_names)
+    except _DeclinedError:
+        for request in compiler.run.requests:  # made before the declined step (point-to-point only)
+            request.Free()
+        return None
+    return compiler.run
