@@ -119,6 +119,15 @@ class GroupContext:
         for ranks in rank_sets:
             self.subgroup(ranks)
 
+    def rank_in(self, sub: Any, rank: int) -> int:
+        """The rank, in the sub-group ``sub`` (made by :meth:`subgroup`), of ``rank`` (a rank
+        of this context's group): what ``group_src=`` and ``group_dst=`` take."""
+        if sub is self.group:
+            return rank
+        dist = _dist()
+        world = rank if self.world else dist.get_global_rank(self.group, rank)
+        return int(dist.get_group_rank(sub, world))
+
     def wait(self, work: Any, timeout: float | None, doing: str) -> None:
         """Wait for an asynchronous collective ``work``, within ``timeout`` seconds if given.
 

@@ -36,8 +36,8 @@ from ..mpi_plan import read_only
 from . import device as device_path
 from .check import TorchEntryCheck
 from .group import GroupContext, resolve_timeout
-from .runtime import phase_operations, run_schedule
-from .schedule import SUMMABLE, Compiled
+from .runtime import AllToAll, new_target, phase_operations, run_schedule
+from .schedule import SUMMABLE, AllToAllStep, Compiled, agree_native
 
 __all__ = ["TorchDistributedPlan", "BoundTorchPlan"]
 
@@ -65,7 +65,9 @@ class TorchDistributedPlan:
         The names of the range blocks this rank gets back.
     native : bool
         Whether the plan runs native collectives (all-reduce, broadcast, sum-reduce on
-        sub-groups of the world group) for dtypes they add; else the portable program.
+        sub-groups, ``all_to_all_single`` over the group) for dtypes they move; else the
+        portable program. Before the first run: whether this rank's own part is native (the
+        ranks agree at the first run).
     """
 
     def __init__(
@@ -77,6 +79,7 @@ class TorchDistributedPlan:
         self.domain_blocks: dict[str, Block] = {}
         self.range_names: tuple[str, ...] = ()
         self._compiled: Compiled | None = None
+        self._agreed: tuple[tuple[int, ...], ...] | bool | None = False  # False: not agreed yet
         self._mapped_schedule: tuple[Any, ...] = ()
         tree = fingerprint(op)
         rank, size = context.rank, context.size
@@ -111,17 +114,32 @@ class TorchDistributedPlan:
 
     @property
     def native(self) -> bool:
-        return self._compiled is not None and self._compiled.native is not None
+        if self._compiled is None:
+            return False
+        if self._agreed is False:
+            return self._compiled.native is not None
+        return self._agreed is not None
 
     def schedule_for(self, dtype: np.dtype) -> tuple[Any, ...]:
         """This rank's schedule for a run in ``dtype`` (agreed by the check, so every rank
-        chooses alike). The first native run creates the collectives' sub-groups, collectively
-        over the world group, in the global program's order."""
+        chooses alike). The first run agrees, collectively, whether every rank's part is
+        native (:func:`~linop.backends.torch_distributed.schedule.agree_native`) and creates
+        the collectives' sub-groups, collectively over the world group, in one order."""
         compiled = self._compiled
         if compiled is None:
             return self._mapped_schedule
-        if compiled.native is not None and dtype.char in SUMMABLE:
-            self.context.create_subgroups(compiled.rank_sets)
+        if self._agreed is False:
+            reducer = self.context.reducer
+            self._agreed = agree_native(
+                compiled.local_sets if compiled.native is not None else None,
+                self.context.size,
+                world=self.context.world,
+                reduce_max=lambda values: reducer.all_reduce(values, "max"),
+                gather=self.entry.comm.allgather,
+            )
+            if isinstance(self._agreed, tuple):
+                self.context.create_subgroups(self._agreed)
+        if self._agreed is not None and compiled.native is not None and dtype.char in SUMMABLE:
             return compiled.native.schedule
         return compiled.portable().schedule
 
@@ -332,6 +350,27 @@ def _preparable(schedule: tuple[Any, ...], arrays: dict[str, np.ndarray], dtype:
     return True
 
 
+def _prepared_exchange(
+    schedule: tuple[Any, ...], arrays: dict[str, np.ndarray], plan: TorchDistributedPlan, dtype: np.dtype
+) -> tuple[AllToAll, dict[str, np.ndarray]] | None:
+    """An out-of-place schedule of one ``all_to_all_single`` (a repartition, scatter, gather or
+    all-gather) prepared once on the bound source array and a result array made here, which
+    every call overwrites; None for any other schedule (or a source not C-contiguous in the
+    run's dtype)."""
+    if len(schedule) != 1 or type(schedule[0]) is not AllToAllStep:
+        return None
+    step = schedule[0]
+    source = None if step.source is None else arrays.get(step.source)
+    if step.source is not None and (source is None or source.dtype != dtype or not source.flags.c_contiguous):
+        return None
+    names = () if step.target is None else (step.target.name,)
+    if set(plan.range_names) != set(names) or set(arrays) != ({step.source} - {None}):
+        return None
+    target = new_target(step, dtype)
+    results = {} if target is None else {names[0]: target}
+    return AllToAll(step, source, target, dtype, plan.context), results
+
+
 class BoundTorchPlan:
     """A plan bound to fixed tensors (or arrays) of this rank (:meth:`TorchDistributedPlan.bind`):
     calling it applies the operator to their current values, with no further check, and
@@ -340,8 +379,11 @@ class BoundTorchPlan:
     Attributes
     ----------
     prepared : bool
-        Whether the call runs phases prepared once on the caller's memory (in place,
-        point-to-point stores, adds and clears: a halo exchange).
+        Whether the call runs operations prepared once: phases on the caller's memory (in
+        place, point-to-point stores, adds and clears: a halo exchange), or one
+        ``all_to_all_single`` from the bound tensors into result tensors made at binding and
+        overwritten by every call (out of place: a repartition, scatter, gather, all-gather;
+        copy a result to keep it past the next call; :meth:`run_on` returns new tensors).
     dtype : numpy dtype
         The run's dtype, agreed when binding.
     """
@@ -363,6 +405,7 @@ class BoundTorchPlan:
         self.cast = cast
         self.freed = False
         self._phases: list[_PreparedPhase] | None = None
+        self._exchange: tuple[AllToAll, dict[str, np.ndarray]] | None = None
         self.device_state = device_state
         if device_state is not None:  # the device path: each call runs on the bound tensors
             self.arrays: dict[str, Any] = {name: device_state[name] for name in plan.domain_blocks}
@@ -372,10 +415,12 @@ class BoundTorchPlan:
         if inplace and cast is None and _preparable(schedule, self.arrays, dtype):
             work = numpy_backend.Workspace(dict(self.arrays), set(self.arrays), dtype)
             self._phases = [_PreparedPhase(phase, work, plan.context, dtype) for phase in schedule]
+        elif not inplace and cast is None:
+            self._exchange = _prepared_exchange(schedule, self.arrays, plan, dtype)
 
     @property
     def prepared(self) -> bool:
-        return self._phases is not None
+        return self._phases is not None or self._exchange is not None
 
     def __call__(self) -> Any:
         if self.freed:
@@ -389,6 +434,10 @@ class BoundTorchPlan:
             for phase in self._phases:
                 phase.run()
             return self.entry.result(self.entry.state, inplace=True)
+        if self._exchange is not None:
+            exchange, results = self._exchange
+            exchange.run()
+            return self.entry.result(dict(results), inplace=False)
         if self.inplace:
             self.plan.run_in_place(self.arrays, self.dtype, cast=self.cast)
             return self.entry.result(self.entry.state, inplace=True)
@@ -437,5 +486,6 @@ class BoundTorchPlan:
     def free(self) -> None:
         """Release the prepared operations and buffers (a later call raises StateError)."""
         self._phases = None
+        self._exchange = None
         self.arrays = {}
         self.freed = True
