@@ -269,6 +269,14 @@ class ProcessGroupError(CommunicatorError):
     the tree's workers (raised on every rank alike where the ranks can agree)."""
 
 
+class RankFailedError(MPIError, RuntimeError):
+    """A rank of a ``torch.distributed`` process group failed during a call, after the entry
+    check had committed every rank to the schedule (its own error, or a peer's connection
+    lost or timed out). The rank that failed shuts the group down, so every peer waiting on
+    it fails at once with this error too instead of waiting for the group's timeout; the group
+    is unusable afterwards on every rank: end the job (the original error is chained)."""
+
+
 class ProcessGroupArgumentError(ProcessGroupError, TypeError):
     """The ``group`` argument is not a ``torch.distributed`` process group (or ``True``/None for
     the world group), or both ``comm=`` (MPI) and ``group=`` (torch.distributed) were given."""

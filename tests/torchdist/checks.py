@@ -611,6 +611,80 @@ def missing_peer(seconds: float = 3.0) -> None:
     raise AssertionError("no PeerTimeoutError without the last rank")
 
 
+def failing_rank(limit: float = 20.0) -> None:
+    """A last check of a launch (the group is shut down afterwards): a call after the entry
+    check in which the last rank fails (its run raises). Every rank must raise
+    RankFailedError well within the group's 60 s timeout (the failing rank shuts the group down,
+    so its peers fail at once). Prints ``FAILURE OK`` on each rank; the launcher test looks
+    for it."""
+    import time
+
+    from linop.backends.torch_distributed import runtime
+    from linop.errors import RankFailedError
+
+    rank, size = dist.get_rank(), dist.get_world_size()
+    op = Repartition(
+        DistributedTensor("f", (4 * size, 3), Partition((size, 1))),
+        DistributedTensor("h", (4 * size, 3), Partition((1, size))),
+    )
+    mine = local(op.domain, op.domain.random(0, dtype=np.int64), rank, as_torch=False)
+    td.apply(op, mine)  # a first call that works
+    if rank == size - 1:
+
+        def fails(*args: Any) -> None:
+            raise ValueError(f"rank {rank} fails on purpose")
+
+        runtime._all_to_all = fails  # type: ignore[assignment]
+    start = time.monotonic()
+    try:
+        td.apply(op, mine)
+    except RankFailedError as error:
+        elapsed = time.monotonic() - start
+        if elapsed > limit:
+            raise AssertionError(f"RankFailedError after {elapsed:.1f} s") from error
+        print(f"FAILURE OK rank {rank} after {elapsed:.1f} s: {error}", flush=True)
+        return
+    raise AssertionError("no RankFailedError")
+
+
+def absent_from_bound_call(seconds: float = 3.0) -> None:
+    """A last check of a launch of 2 or 3 processes: every rank binds an in-place periodic halo
+    exchange (the check passes, its phases are prepared) with ``timeout=seconds``; the last rank never makes the first
+    call. Every other rank must raise PeerTimeoutError within the deadline (plus slack).
+    Prints ``BOUND TIMEOUT OK`` on each such rank."""
+    import time
+
+    from linop.errors import PeerTimeoutError
+
+    rank, size = dist.get_rank(), dist.get_world_size()
+    tensor = DistributedTensor("t", (4 * size,), Partition((size,)))
+    # periodic: at 2 or 3 ranks every rank exchanges with the last one
+    op = HaloExchange(halo_geometry(tensor, Kernel(3, padding=1, boundary="periodic")))
+    mine = local(op.domain, op.domain.random(0, dtype=np.int64), rank, as_torch=False)
+    step = td.plan_for(op).bind(mine, timeout=seconds)
+    if not step.prepared:
+        raise AssertionError("the bound halo exchange is not prepared")
+    if rank == size - 1:
+        time.sleep(seconds + 5)
+        print(f"BOUND TIMEOUT ABSENT rank {rank}", flush=True)
+        return
+    start = time.monotonic()
+    try:
+        step()
+    except PeerTimeoutError as error:
+        elapsed = time.monotonic() - start
+        if elapsed > seconds + 20:
+            raise AssertionError(f"the timeout took {elapsed:.1f} s") from error
+        print(f"BOUND TIMEOUT OK rank {rank} after {elapsed:.1f} s: {error}", flush=True)
+        return
+    raise AssertionError("no PeerTimeoutError without the last rank")
+
+
+FINALES = {"failure": failing_rank, "bound-timeout": absent_from_bound_call}
+"""The last case of a spawn launch, chosen by ``$LINOP_CHECKS_FINALE`` (each leaves the group
+unusable)."""
+
+
 def main(readme: str | None = None, *, timeout_case: bool = False) -> None:
     checks = Checks()
     for part in (

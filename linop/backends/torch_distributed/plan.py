@@ -80,6 +80,7 @@ class TorchDistributedPlan:
         self.range_names: tuple[str, ...] = ()
         self._compiled: Compiled | None = None
         self._agreed: tuple[tuple[int, ...], ...] | bool | None = False  # False: not agreed yet
+        self._prepared: tuple[tuple[Any, ...], list[_PreparedPhase]] | None = None  # apply's, in place
         self._mapped_schedule: tuple[Any, ...] = ()
         tree = fingerprint(op)
         rank, size = context.rank, context.size
@@ -163,8 +164,38 @@ class TorchDistributedPlan:
         arrays = {name: entry.arrays[name] for name in self.domain_blocks}
         if not inplace:
             return entry.result(self.run_out_of_place(_cast(arrays, outcome.cast), run_dtype), inplace=False)
+        if outcome.cast is None and self._run_prepared(arrays, run_dtype):
+            return entry.result(local_state, inplace=True)
         self.run_in_place(arrays, run_dtype, cast=outcome.cast)
         return entry.result(local_state, inplace=True)
+
+    def _run_prepared(self, arrays: dict[str, np.ndarray], dtype: np.dtype) -> bool:
+        """Run an in-place halo-like schedule (:func:`_preparable`) on phases prepared for
+        these very arrays, kept from the previous call on the same memory (same addresses,
+        shapes, strides and dtypes: a time loop), else prepared now and kept; False when the
+        schedule cannot be prepared (the caller then runs it unprepared). Every rank decides
+        alike: the schedule and the run's dtype are agreed, and memory only changes which
+        buffers this rank reuses. The kept phases hold views of the arrays (so their memory
+        cannot be reused for another array while kept)."""
+        key = tuple(
+            (name, a.__array_interface__["data"][0], a.shape, a.strides, a.dtype.str)
+            for name, a in arrays.items()
+        )
+        if self._prepared is not None and self._prepared[0] == key:
+            phases = self._prepared[1]
+        else:
+            schedule = self.schedule_for(dtype)
+            if not all(a.flags.writeable for a in arrays.values()) or not _preparable(
+                schedule, arrays, dtype
+            ):
+                return False
+            work = numpy_backend.Workspace(dict(arrays), set(arrays), dtype)
+            phases = [_PreparedPhase(phase, work, self.context, dtype) for phase in schedule]
+            self._prepared = (key, phases)
+        with self.context.guard(self.op):
+            for phase in phases:
+                phase.run()
+        return True
 
     # -- the device path (device.py): tensors stay where they are ------------------------------
     def _apply_on_device(
@@ -199,9 +230,10 @@ class TorchDistributedPlan:
         work = device_path.DeviceWorkspace(
             dict(arrays), set(arrays) if inplace and cast is None else set(), run, where
         )
-        device_path.run_device_schedule(
-            self.schedule_for(dtype), work, self.context, device_path.torch_dtype(dtype)
-        )
+        with self.context.guard(self.op):
+            device_path.run_device_schedule(
+                self.schedule_for(dtype), work, self.context, device_path.torch_dtype(dtype)
+            )
         if not inplace:
             return {
                 name: work.arrays[name] if name in work.owned else work.arrays[name].clone()
@@ -237,7 +269,8 @@ class TorchDistributedPlan:
         """Run (no check) on copy-on-write arrays; blocks passed through come back as read-only
         views. Collective."""
         work = numpy_backend.Workspace(dict(arrays), set(), dtype)
-        run_schedule(self.schedule_for(dtype), work, self.context, dtype)
+        with self.context.guard(self.op):
+            run_schedule(self.schedule_for(dtype), work, self.context, dtype)
         result = {}
         for name in self.range_names:
             array = work.arrays[name]
@@ -251,7 +284,8 @@ class TorchDistributedPlan:
         arrays. With ``cast`` (an integer run widened), the ranks agree that every result fits
         its caller's array before any is written back. Collective."""
         work = numpy_backend.Workspace(_cast(arrays, cast), set(arrays), dtype)
-        run_schedule(self.schedule_for(dtype), work, self.context, dtype)
+        with self.context.guard(self.op):
+            run_schedule(self.schedule_for(dtype), work, self.context, dtype)
         if cast is not None:
             problem = None
             try:
@@ -287,7 +321,7 @@ class TorchDistributedPlan:
         entry = array_api.mpi_entry(local_state)
         outcome = self.check(entry.arrays, inplace=inplace, timeout=timeout)
         dtype = outcome.result()
-        return BoundTorchPlan(self, entry, dtype, inplace, outcome.cast)
+        return BoundTorchPlan(self, entry, dtype, inplace, outcome.cast, timeout=resolve_timeout(timeout))
 
 
 class _PreparedPhase:
@@ -299,6 +333,7 @@ class _PreparedPhase:
     ):
         import torch.distributed as dist
 
+        self.context = context
         self.packs: list[tuple[np.ndarray, np.ndarray]] = []
         self.operations, finish = phase_operations(phase, work, context, dtype)
         for operation, (_, _, t) in zip(
@@ -318,14 +353,23 @@ class _PreparedPhase:
             if t.after == "clear" and not phase.empty(t)
         ]
 
-    def run(self) -> None:
+    def run(self, timeout: float | None = None) -> None:
+        """One exchange; ``timeout`` (seconds, a bound plan's first call) bounds the wait.
+
+        Raises
+        ------
+        PeerTimeoutError
+            With ``timeout``: a peer did not take part in time."""
         import torch.distributed as dist
 
         for packed, source in self.packs:
             np.copyto(packed, source)
         if self.operations:
             for request in dist.batch_isend_irecv(self.operations):
-                request.wait()
+                if timeout is None:
+                    request.wait()
+                else:
+                    self.context.wait(request, timeout, "the first call of a bound plan")
         for target, buffer, add in self.unpacks:
             if add:
                 target += buffer
@@ -363,11 +407,11 @@ def _prepared_exchange(
     source = None if step.source is None else arrays.get(step.source)
     if step.source is not None and (source is None or source.dtype != dtype or not source.flags.c_contiguous):
         return None
-    names = () if step.target is None else (step.target.name,)
-    if set(plan.range_names) != set(names) or set(arrays) != ({step.source} - {None}):
+    names = set() if step.target is None else {step.target.name}
+    if set(plan.range_names) != names or set(arrays) != ({step.source} - {None}):
         return None
     target = new_target(step, dtype)
-    results = {} if target is None else {names[0]: target}
+    results = {} if target is None or step.target is None else {step.target.name: target}
     return AllToAll(step, source, target, dtype, plan.context), results
 
 
@@ -397,6 +441,7 @@ class BoundTorchPlan:
         cast: Any,
         *,
         device_state: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
     ) -> None:
         self.plan = plan
         self.entry = entry
@@ -404,6 +449,7 @@ class BoundTorchPlan:
         self.inplace = inplace
         self.cast = cast
         self.freed = False
+        self._first_timeout = timeout  # the first call's deadline (prepared calls), then None
         self._phases: list[_PreparedPhase] | None = None
         self._exchange: tuple[AllToAll, dict[str, np.ndarray]] | None = None
         self.device_state = device_state
@@ -430,13 +476,16 @@ class BoundTorchPlan:
                 self.arrays, self.dtype, self.cast, inplace=self.inplace, state=self.device_state
             )
         self.entry.stage_in()
+        timeout, self._first_timeout = self._first_timeout, None
         if self._phases is not None:
-            for phase in self._phases:
-                phase.run()
+            with self.plan.context.guard(self.plan.op):
+                for phase in self._phases:
+                    phase.run(timeout)
             return self.entry.result(self.entry.state, inplace=True)
         if self._exchange is not None:
             exchange, results = self._exchange
-            exchange.run()
+            with self.plan.context.guard(self.plan.op):
+                exchange.run(timeout)
             return self.entry.result(dict(results), inplace=False)
         if self.inplace:
             self.plan.run_in_place(self.arrays, self.dtype, cast=self.cast)

@@ -203,7 +203,8 @@ class AllToAll:
     arrays: ``source`` (the rank's old block, C-contiguous in the run's dtype, or None) and
     ``target`` (its new block, or None). :meth:`run` packs the boxes that need it, makes one
     ``all_to_all_single`` over the group, and unpacks; a bound plan keeps the object and runs
-    it on every call (the buffers made once), an unbound run makes one per call.
+    it on every call (the buffers made once), an unbound run makes one per call, its packing
+    buffers reused from the group's (``scratch=True``, :meth:`GroupContext.scratch`).
 
     Boxes that lie one after the other in the block's memory (the rows of a row-sharded block)
     are sent from it, or received into it, with no copy."""
@@ -215,8 +216,12 @@ class AllToAll:
         target: np.ndarray | None,
         dtype: np.dtype,
         context: GroupContext,
+        *,
+        scratch: bool = False,
     ) -> None:
         size = context.size
+        self.wait_on = context
+        self.context = context if scratch else None
         self.group = context.group
         self.packs: list[tuple[np.ndarray, np.ndarray]] = []  # (buffer piece, box) before
         self.unpacks: list[tuple[np.ndarray, np.ndarray]] = []  # (box, buffer piece) after
@@ -237,8 +242,8 @@ class AllToAll:
                 found.append((peer, view))
         return found
 
-    @staticmethod
     def _buffer(
+        self,
         array: np.ndarray | None,
         boxes: list[tuple[int, np.ndarray]],
         dtype: np.dtype,
@@ -252,7 +257,10 @@ class AllToAll:
             offset = _consecutive(array, boxes)
         if array is not None and offset is not None:
             return _tensor(array.reshape(-1)[offset : offset + total])
-        flat = np.empty(total, dtype)
+        if self.context is not None:  # an unbound run: the group's packing buffer, reused
+            flat = self.context.scratch("send" if outgoing else "receive", total, dtype)
+        else:
+            flat = np.empty(total, dtype)
         at = 0
         for _, view in boxes:
             piece = flat[at : at + view.size].reshape(view.shape)
@@ -260,15 +268,27 @@ class AllToAll:
             at += view.size
         return _tensor(flat)
 
-    def run(self) -> None:
-        """Pack, exchange, unpack; collective over the group."""
+    def run(self, timeout: float | None = None) -> None:
+        """Pack, exchange, unpack; collective over the group. ``timeout`` (seconds, a bound
+        plan's first call) bounds the wait (:class:`~linop.errors.PeerTimeoutError`)."""
         import torch.distributed as dist
 
         for into, source in self.packs:
             np.copyto(into, source)
-        dist.all_to_all_single(
-            self.receive, self.send, self.receive_splits, self.send_splits, group=self.group
-        )
+        if timeout is None:
+            dist.all_to_all_single(
+                self.receive, self.send, self.receive_splits, self.send_splits, group=self.group
+            )
+        else:
+            work = dist.all_to_all_single(
+                self.receive,
+                self.send,
+                self.receive_splits,
+                self.send_splits,
+                group=self.group,
+                async_op=True,
+            )
+            self.wait_on.wait(work, timeout, "the first call of a bound plan")
         for into, source in self.unpacks:
             np.copyto(into, source)
 
@@ -290,7 +310,7 @@ def _all_to_all(
         if source.dtype != dtype or not source.flags.c_contiguous:
             source = np.ascontiguousarray(source, dtype=dtype)
     target = new_target(step, dtype)
-    AllToAll(step, source, target, dtype, context).run()
+    AllToAll(step, source, target, dtype, context, scratch=True).run()
     if step.source is not None:
         work.drop(step.source)
     if step.target is not None:
