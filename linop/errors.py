@@ -46,6 +46,7 @@ __all__ = [
     "WorkerMapError",
     "WorkerMapMismatchError",
     "PeerTimeoutError",
+    "RankFailedError",
     "TimeoutArgumentError",
     "DistributedStateError",
     "AccountingError",

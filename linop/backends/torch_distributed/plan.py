@@ -7,9 +7,12 @@ runs this rank's schedule (:mod:`linop.backends.torch_distributed.schedule`, run
 of the caller's CPU tensors, so caller tensors are never changed (unless ``inplace=True``).
 
 Once the check has passed every rank is committed to the schedule. A rank that fails after it
-raises its error; its peers then wait in their next message until the process group's timeout
-(``init_process_group(..., timeout=...)``) unless the launcher ends them first (``torchrun``
-and ``torch.multiprocessing.spawn`` end every process when one fails).
+(its own error, a lost peer) shuts the group down
+(:class:`~linop.backends.torch_distributed.group.RunGuard`), so its peers, blocked on it, fail
+at once instead of waiting for the process group's timeout; every rank raises
+:class:`~linop.errors.RankFailedError` within about a second, and the group is unusable
+afterwards. A failing *check* (a mismatched tree, a bad block) raises its typed error on every
+rank before any data moves and leaves the group usable.
 """
 
 from __future__ import annotations
