@@ -308,8 +308,11 @@ class TorchDistributedPlan:
         The check runs once, here. In place (the default when domain equals range), a schedule
         of point-to-point phases of stores, adds and clears (a halo exchange) is prepared once:
         its operations on the caller's memory and its receive and packing buffers, so a call
-        only starts the batches and finishes them. Any other schedule runs on each call
-        without its check.
+        only starts the batches and finishes them; out of place, one ``all_to_all_single`` (a
+        repartition, scatter, gather, all-gather) is prepared alike, into result tensors that
+        every call overwrites. Any other schedule runs on each call without its check.
+        ``timeout`` bounds the check and, for a prepared step, its first call's wait
+        (:class:`~linop.errors.PeerTimeoutError` when a peer never makes that call).
         """
         if inplace is None:
             inplace = self.op.domain == self.op.range
