@@ -41,8 +41,8 @@ from typing import Any
 from ...errors import (  # noqa: F401 - re-exported for callers (documented in linop.errors)
     PeerTimeoutError,
     ProcessGroupArgumentError,
-    RankFailedError,
     ProcessGroupError,
+    RankFailedError,
     WorkerMapError,
 )
 from ...operator import LinearOperator
