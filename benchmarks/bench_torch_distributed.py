@@ -15,7 +15,15 @@ time the maximum over ranks; the table shows medians and the median of per-sampl
 - repartition of a 4096 x 4096 float32 array from row to column shards: ``linop bound`` and
   ``linop apply`` (out of place) against ``hand`` (``all_to_all_single`` of the row block
   packed by a transpose into contiguous per-destination pieces) and ``DTensor.redistribute``
-  (``Shard(0)`` to ``Shard(1)``).
+  (``Shard(0)`` to ``Shard(1)``);
+- a convolution training step (forward and backward, 3 x 3 kernel, ``BENCH_LAYER`` =
+  batch, channels, height, width, default 4 x 16 x 512 x 256, float32, rows sharded over the
+  processes): ``linop`` (``LayerModule(Convolution(...), group=True)``: the input's halo
+  exchanged by linop's tree, the parameters broadcast from their owners in the forward and
+  their gradients summed back in the backward) against ``hand`` (the same layer written by
+  hand: an ``autograd.Function`` exchanging the halo rows with ``isend``/``irecv`` and adding
+  the halo gradients back in its backward, ``conv2d`` on the padded slab, and an
+  ``all_reduce`` of the replicated parameters' gradients).
 
 Every method's result is checked equal to linop's before timing. Nothing is asserted about
 speed. The machine may be shared: report its load with the figures.
@@ -43,6 +51,7 @@ from linop.partition import DistributedTensor, Partition
 from linop.repartition import Repartition
 
 N = int(os.environ.get("BENCH_N", "4096"))
+# BENCH_ONLY: a comma-separated subset of halo, repartition, layer (default: all)
 SAMPLES = int(os.environ.get("BENCH_SAMPLES", "15"))
 
 
@@ -182,10 +191,113 @@ def repartition_rows(rank: int, size: int) -> list[str]:
     return _row(f"repartition rows->cols f32 {N}^2", times, equal, block.numel() * 4)
 
 
+class _HandHalo(torch.autograd.Function):
+    """A hand-written halo exchange of ``h`` rows (dimension 2) between neighbouring ranks,
+    zero rows at the global edges; backward: the halo rows' gradients sent back and added."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, h: int) -> torch.Tensor:
+        rank, size = dist.get_rank(), dist.get_world_size()
+        ctx.h = h
+        shape = list(x.shape)
+        shape[2] += 2 * h
+        padded = x.new_zeros(shape)
+        padded[:, :, h : h + x.shape[2]] = x
+        top = [padded[:, :, :h].contiguous()] if rank > 0 else []
+        bottom = [padded[:, :, -h:].contiguous()] if rank < size - 1 else []
+        requests = []
+        if rank > 0:
+            requests.append(dist.irecv(top[0], rank - 1))
+            requests.append(dist.isend(x[:, :, :h].contiguous(), rank - 1))
+        if rank < size - 1:
+            requests.append(dist.irecv(bottom[0], rank + 1))
+            requests.append(dist.isend(x[:, :, -h:].contiguous(), rank + 1))
+        for request in requests:
+            request.wait()
+        if top:
+            padded[:, :, :h] = top[0]
+        if bottom:
+            padded[:, :, -h:] = bottom[0]
+        return padded
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        rank, size = dist.get_rank(), dist.get_world_size()
+        h = ctx.h
+        result = grad[:, :, h:-h].clone()
+        requests, received = [], []
+        if rank > 0:
+            into = torch.empty_like(result[:, :, :h])
+            requests.append(dist.irecv(into, rank - 1))
+            requests.append(dist.isend(grad[:, :, :h].contiguous(), rank - 1))
+            received.append((slice(0, h), into))
+        if rank < size - 1:
+            into = torch.empty_like(result[:, :, -h:])
+            requests.append(dist.irecv(into, rank + 1))
+            requests.append(dist.isend(grad[:, :, -h:].contiguous(), rank + 1))
+            received.append((slice(result.shape[2] - h, result.shape[2]), into))
+        for request in requests:
+            request.wait()
+        for rows, into in received:
+            result[:, :, rows] += into
+        return result, None
+
+
+def layer_rows(rank: int, size: int) -> list[str]:
+    """A convolution step (forward + backward) of linop's LayerModule against the hand-written
+    layer, the same input, parameters and loss; gradients compared before timing."""
+    import torch.nn.functional as functional
+
+    from linop.frameworks.torch_layers import LayerModule
+    from linop.layers import Convolution
+
+    batch, channels, height, width = (
+        int(n) for n in os.environ.get("BENCH_LAYER", "4,16,512,256").split(",")
+    )
+    x = DistributedTensor("x", (batch, channels, height, width), Partition((1, 1, size, 1)))
+    conv = Convolution(x, channels, Kernel(3, padding=1))
+    rng = np.random.default_rng(0)
+    weights = rng.standard_normal(conv.weights.global_shape).astype(np.float32)
+    bias = rng.standard_normal(conv.bias.global_shape).astype(np.float32)
+    layer = LayerModule(conv, weights=weights, bias=bias, group=True, dtype=torch.float32)
+    (mine,) = [b for b in x.space if b.worker == rank]
+    data = torch.from_numpy(np.random.default_rng(rank + 1).standard_normal(mine.shape).astype(np.float32))
+    ours = data.clone().requires_grad_()
+    theirs = data.clone().requires_grad_()
+    weight = torch.from_numpy(weights).requires_grad_()
+    offset = torch.from_numpy(bias).requires_grad_()
+
+    def linop_step() -> dict[str, torch.Tensor]:
+        for tensor in (ours, *layer.parameters()):
+            tensor.grad = None
+        out = layer({mine.name: ours})
+        (sum((v * v).sum() for v in out.values()) + layer.token.sum()).backward()
+        return out
+
+    def hand_step() -> torch.Tensor:
+        for tensor in (theirs, weight, offset):
+            tensor.grad = None
+        padded = _HandHalo.apply(theirs, 1)
+        out = functional.conv2d(padded, weight, offset, padding=(0, 1))
+        (out * out).sum().backward()
+        for tensor in (weight, offset):
+            dist.all_reduce(tensor.grad)
+        return out
+
+    ours_out, hand_out = linop_step(), hand_step()
+    (name,) = ours_out
+    equal = bool(
+        torch.allclose(ours_out[name].detach(), hand_out.detach(), rtol=1e-4, atol=1e-3)
+        and torch.allclose(ours.grad, theirs.grad, rtol=1e-3, atol=1e-2)
+    )
+    times = timed({"linop": linop_step, "hand": hand_step}, batch=1)
+    return _row(f"conv step {batch}x{channels}x{height}x{width} f32", times, equal, data.numel() * 4)
+
+
 def _row(name: str, times: dict[str, list[float]], equal: bool, nbytes: int) -> list[str]:
     hand = times["hand"]
     cells = [f"{name:<34}", f"{nbytes / 2**20:7.1f} MB", f"{median(hand) * 1e3:9.3f} ms"]
-    for method in ("bound", "apply", "dtensor"):
+    for method in ("bound", "apply", "dtensor", "linop"):
         if method in times:
             ratio = median(t / h for t, h in zip(times[method], hand))
             cells.append(f"{method} {median(times[method]) * 1e3:9.3f} ms ({ratio:5.2f}x)")
@@ -196,17 +308,25 @@ def _row(name: str, times: dict[str, list[float]], equal: bool, nbytes: int) -> 
 def main() -> None:
     rank, size = dist.get_rank(), dist.get_world_size()
     lines = []
+    only = set(os.environ.get("BENCH_ONLY", "halo,repartition,layer").split(","))
     grids = [(size, 1), (2, size // 2)] if size == 4 else [(size, 1)]
-    for grid in grids:
-        for h in (1, 3):
-            lines.append(halo_rows(grid, h, rank))
-    lines.append(repartition_rows(rank, size))
+    if "halo" in only:
+        for grid in grids:
+            for h in (1, 3):
+                lines.append(halo_rows(grid, h, rank))
+    if "repartition" in only:
+        lines.append(repartition_rows(rank, size))
+    if "layer" in only:
+        lines.append(layer_rows(rank, size))
     if rank == 0:
         load = os.getloadavg()
         print(
             f"{size} processes, gloo, torch {torch.__version__}, {SAMPLES} samples; load {load[0]:.1f} {load[1]:.1f}"
         )
-        print("case | per-rank block | hand | linop bound (ratio) | linop apply (ratio) | DTensor (ratio)")
+        print(
+            "case | per-rank block | hand | linop bound (ratio) | linop apply (ratio) | DTensor (ratio)"
+            " | linop LayerModule step (ratio)"
+        )
         for cells in lines:
             print(" | ".join(cells))
 

@@ -46,6 +46,7 @@ __all__ = [
     "WorkerMapError",
     "WorkerMapMismatchError",
     "PeerTimeoutError",
+    "RankFailedError",
     "TimeoutArgumentError",
     "DistributedStateError",
     "AccountingError",
@@ -267,6 +268,14 @@ class ProcessGroupError(CommunicatorError):
     """A ``torch.distributed`` process group cannot run the tree: torch.distributed is not
     initialized, this process is not a member of the group, or the group has too few ranks for
     the tree's workers (raised on every rank alike where the ranks can agree)."""
+
+
+class RankFailedError(MPIError, RuntimeError):
+    """A rank of a ``torch.distributed`` process group failed during a call, after the entry
+    check had committed every rank to the schedule (its own error, or a peer's connection
+    lost or timed out). The rank that failed shuts the group down, so every peer waiting on
+    it fails at once with this error too instead of waiting for the group's timeout; the group
+    is unusable afterwards on every rank: end the job (the original error is chained)."""
 
 
 class ProcessGroupArgumentError(ProcessGroupError, TypeError):

@@ -64,8 +64,16 @@ def test_checks_under_spawn(processes, path, monkeypatch):
     they are), which CUDA tensors take under NCCL."""
     if path == "device":
         monkeypatch.setenv("LINOP_TORCH_DEVICE_PATH", "1")
+    finale = {1: None, 3: "bound-timeout", 4: "failure"}[processes]  # the launch's last case
+    if finale:
+        monkeypatch.setenv("LINOP_CHECKS_FINALE", finale)
     result = _run([sys.executable, "spawn.py", str(processes)])
     assert _passed(result.stdout) == set(range(processes)), result.stdout
+    if finale == "failure":  # a rank failing after the check: every rank raised RankFailedError
+        assert set(map(int, re.findall(r"FAILURE OK rank (\d+)", result.stdout))) == set(range(processes))
+    if finale == "bound-timeout":  # a bound plan's first call without the last rank
+        found = set(map(int, re.findall(r"BOUND TIMEOUT OK rank (\d+)", result.stdout)))
+        assert found == set(range(processes - 1)), result.stdout
 
 
 def _passed(out: str) -> set[int]:

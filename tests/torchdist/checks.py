@@ -217,9 +217,114 @@ class Checks:
             )
             self.run(name + " float64 native", lambda op=op: against_numpy(op, 10, dtype=np.float64))
             self.run(name + " uint16 portable", lambda op=op: against_numpy(op, 11, dtype=np.uint16))
-        self.run(
-            "scatter is portable", lambda: None if not td.plan_for(trees["scatter"]).native else "native"
-        )
+        for name in ("repartition rows to columns", "scatter", "gather"):
+            self.run(
+                name + " is native on the world group",
+                lambda op=trees[name]: None if td.plan_for(op).native or self.size == 1 else "portable",
+            )
+
+    def native_moves(self) -> None:
+        """Repartitions (even, uneven, empty shares, 2-d grids), scatters, gathers and
+        all-gathers run as one ``all_to_all_single`` (native; their adjoints too, but the
+        reduce-scatters, which add, run their own rank's point-to-point phases): equal entry by entry, in
+        integers, to the point-to-point program (the same tree under the identity worker map)
+        and to the numpy interpreter, forward and adjoint, unbound and bound (two calls on new
+        values). Control: a native step with two peers' boxes swapped is caught."""
+        from linop.collectives import AllGather
+
+        size = self.size
+        uneven = [1] * (size - 1) + [9 - (size - 1)] if size > 1 else [9]
+        zero = [0] + [3] * (size - 1) if size > 1 else [3]
+        trees = {
+            "rows to columns": Repartition(
+                DistributedTensor("p", (9, 7), Partition((size, 1))),
+                DistributedTensor("q", (9, 7), Partition((1, size))),
+            ),
+            "uneven rows to even rows": Repartition(
+                DistributedTensor("p", (9, 5), Partition((size, 1)), sizes=[uneven, [5]]),
+                DistributedTensor("q", (9, 5), Partition((size, 1))),
+            ),
+            "an empty share": Repartition(
+                DistributedTensor(
+                    "p", (3 * (size - 1) if size > 1 else 3, 4), Partition((size, 1)), sizes=[zero, [4]]
+                ),
+                DistributedTensor("q", (3 * (size - 1) if size > 1 else 3, 4), Partition((1, size))),
+            ),
+            "grid to columns 3-d": Repartition(
+                DistributedTensor("p", (5, 6, 3), Partition((*grid_2d(size), 1))),
+                DistributedTensor(
+                    "q", (5, 6, 3), Partition((1, 1, size)) if size <= 3 else Partition((1, 2, 2))
+                ),
+            ),
+            "scatter": Scatter(Block("r", (7, 3), 0), DistributedTensor("s", (7, 3), Partition((size, 1)))),
+            "gather": Gather(
+                Block("r", (5, 6), size - 1), DistributedTensor("s", (5, 6), Partition((1, size)))
+            ),
+            "all-gather": AllGather(DistributedTensor("a", (7, 4), Partition((size, 1))), 0, "g"),
+            "all-gather 2-d": AllGather(DistributedTensor("a", (6, 5), Partition(grid_2d(size))), 1, "g"),
+        }
+        identity = td.WorkerMap(list(range(size)))
+
+        def compare(op: Any, seed: int) -> str | None:
+            plan = td.plan_for(op)
+            if size > 1 and not plan.native:
+                return "not native"
+            full = op.domain.random(seed, dtype=np.int64)
+            mine = local(op.domain, full, self.rank)
+            native = plan.apply(mine)
+            portable = td.apply(op, local(op.domain, full, self.rank), mapping=identity)
+            names = tuple(b.name for b in op.range if b.worker == self.rank)
+            problem = differs(native, op(full), names) or differs(native, portable, names)
+            if problem is not None:
+                return problem
+            bound = plan.bind(mine, inplace=False)
+            one_exchange = [type(s).__name__ for s in plan.schedule_for(np.dtype(np.int64))] == [
+                "AllToAllStep"
+            ]
+            host = DEVICE is None and os.environ.get("LINOP_TORCH_DEVICE_PATH") != "1"
+            if host and one_exchange != bound.prepared:
+                return f"one all-to-all: {one_exchange}, bound and prepared: {bound.prepared}"
+            for call in range(2):
+                again = op.domain.random(seed + 1 + call, dtype=np.int64)
+                for name, tensor in mine.items():
+                    tensor.copy_(torch.from_numpy(again[name]))
+                problem = differs(bound(), op(again), names)
+                if problem is not None:
+                    return f"bound call {call}: {problem}"
+            bound.free()
+            return None
+
+        for name, op in trees.items():
+            self.run(f"native {name}", lambda op=op: compare(op, 31))
+            self.run(f"native {name} adjoint", lambda op=op: compare(op.H, 32))
+
+        def control() -> str | None:
+            """A native step whose receive boxes are shifted one row up (the same split sizes)
+            gives wrong entries that the comparison finds on every rank (so the comparisons
+            above can fail)."""
+            from linop.backends.torch_distributed.plan import TorchDistributedPlan
+            from linop.program import RankProgram
+
+            if size == 1:
+                return None
+            op = trees["rows to columns"]
+            plan = TorchDistributedPlan(op, td.plan_context())
+            native = plan._compiled.native
+            (step,) = native.schedule
+            shifted = tuple(
+                (peer, (start[0] - 1, *start[1:]) if start[0] > 0 else start, shape)
+                for peer, start, shape in step.receives
+            )
+            wrong = type(step)(step.source, step.target, step.sends, shifted)
+            plan._compiled.native = RankProgram((wrong,), native.max_worker)
+            full = op.domain.random(33, dtype=np.int64)
+            result = plan.apply(local(op.domain, full, self.rank))
+            names = tuple(b.name for b in op.range if b.worker == self.rank)
+            return (
+                None if differs(result, op(full), names) is not None else "the shifted boxes were not caught"
+            )
+
+        self.run("control: a wrong native all-to-all is caught", control)
 
     def mapped(self) -> None:
         workers = 2 * self.size
@@ -506,11 +611,86 @@ def missing_peer(seconds: float = 3.0) -> None:
     raise AssertionError("no PeerTimeoutError without the last rank")
 
 
+def failing_rank(limit: float = 20.0) -> None:
+    """A last check of a launch (the group is shut down afterwards): a call after the entry
+    check in which the last rank fails (its run raises). Every rank must raise
+    RankFailedError well within the group's 60 s timeout (the failing rank shuts the group down,
+    so its peers fail at once). Prints ``FAILURE OK`` on each rank; the launcher test looks
+    for it."""
+    import time
+
+    from linop.backends.torch_distributed import runtime
+    from linop.errors import RankFailedError
+
+    rank, size = dist.get_rank(), dist.get_world_size()
+    op = Repartition(
+        DistributedTensor("f", (4 * size, 3), Partition((size, 1))),
+        DistributedTensor("h", (4 * size, 3), Partition((1, size))),
+    )
+    mine = local(op.domain, op.domain.random(0, dtype=np.int64), rank, as_torch=False)
+    td.apply(op, mine)  # a first call that works
+    if rank == size - 1:
+
+        def fails(*args: Any) -> None:
+            raise ValueError(f"rank {rank} fails on purpose")
+
+        runtime._all_to_all = fails  # type: ignore[assignment]
+    start = time.monotonic()
+    try:
+        td.apply(op, mine)
+    except RankFailedError as error:
+        elapsed = time.monotonic() - start
+        if elapsed > limit:
+            raise AssertionError(f"RankFailedError after {elapsed:.1f} s") from error
+        print(f"FAILURE OK rank {rank} after {elapsed:.1f} s: {error}", flush=True)
+        return
+    raise AssertionError("no RankFailedError")
+
+
+def absent_from_bound_call(seconds: float = 3.0) -> None:
+    """A last check of a launch of 2 or 3 processes: every rank binds an in-place periodic halo
+    exchange (the check passes, its phases are prepared) with ``timeout=seconds``; the last rank never makes the first
+    call. Every other rank must raise PeerTimeoutError within the deadline (plus slack).
+    Prints ``BOUND TIMEOUT OK`` on each such rank."""
+    import time
+
+    from linop.errors import PeerTimeoutError
+
+    rank, size = dist.get_rank(), dist.get_world_size()
+    tensor = DistributedTensor("t", (4 * size,), Partition((size,)))
+    # periodic: at 2 or 3 ranks every rank exchanges with the last one
+    op = HaloExchange(halo_geometry(tensor, Kernel(3, padding=1, boundary="periodic")))
+    mine = local(op.domain, op.domain.random(0, dtype=np.int64), rank, as_torch=False)
+    step = td.plan_for(op).bind(mine, timeout=seconds)
+    if not step.prepared:
+        raise AssertionError("the bound halo exchange is not prepared")
+    if rank == size - 1:
+        time.sleep(seconds + 5)
+        print(f"BOUND TIMEOUT ABSENT rank {rank}", flush=True)
+        return
+    start = time.monotonic()
+    try:
+        step()
+    except PeerTimeoutError as error:
+        elapsed = time.monotonic() - start
+        if elapsed > seconds + 20:
+            raise AssertionError(f"the timeout took {elapsed:.1f} s") from error
+        print(f"BOUND TIMEOUT OK rank {rank} after {elapsed:.1f} s: {error}", flush=True)
+        return
+    raise AssertionError("no PeerTimeoutError without the last rank")
+
+
+FINALES = {"failure": failing_rank, "bound-timeout": absent_from_bound_call}
+"""The last case of a spawn launch, chosen by ``$LINOP_CHECKS_FINALE`` (each leaves the group
+unusable)."""
+
+
 def main(readme: str | None = None, *, timeout_case: bool = False) -> None:
     checks = Checks()
     for part in (
         checks.halos,
         checks.collectives,
+        checks.native_moves,
         checks.mapped,
         checks.subgroup,
         checks.bound,

@@ -10,9 +10,11 @@ How a call runs
 ---------------
 1. :func:`plan_for` (cached per tree and group) compiles this rank's program from the
    distributed program of :mod:`linop.program`
-   (:mod:`~linop.backends.torch_distributed.schedule`): native collectives where the layout
-   allows (all-reduce, broadcast, sum-reduce on the world group), else the portable
-   point-to-point program, exact for every tree.
+   (:mod:`~linop.backends.torch_distributed.schedule`; the rank plans only its own part):
+   native collectives where the layout allows (all-reduce, broadcast, sum-reduce on cached
+   sub-groups of the world group; one ``all_to_all_single`` of packed buffers for a
+   repartition, scatter, gather or all-gather, on any group), else the portable point-to-point
+   program, exact for every tree. The ranks agree on the choice at the plan's first run.
 2. One small ``all_reduce`` checks, before any data moves, that every rank holds the same tree
    (a fingerprint), that the group has enough ranks and that each rank's blocks are right; any
    mistake raises the same typed error on every rank
@@ -20,8 +22,10 @@ How a call runs
    bounds it: a rank that never arrives makes the others raise
    :class:`~linop.errors.PeerTimeoutError`.
 3. The rank runs its schedule (:mod:`~linop.backends.torch_distributed.runtime`): phases of
-   ``batch_isend_irecv``, ``all_reduce``/``broadcast``/``reduce`` on cached sub-groups, local
-   steps with the numpy interpreter's handlers on numpy views of the CPU tensors (no copy).
+   ``batch_isend_irecv``, ``all_reduce``/``broadcast``/``reduce`` on cached sub-groups,
+   ``all_to_all_single``, local steps with the numpy interpreter's handlers on numpy views of
+   the CPU tensors (no copy). A rank failing during the run shuts the group down, so every
+   rank raises :class:`~linop.errors.RankFailedError` at once instead of hanging.
 
 Devices: CPU tensors with gloo run as above. CUDA tensors with NCCL are not staged through
 host memory: :mod:`~linop.backends.torch_distributed.device` runs the same schedule with the
@@ -38,6 +42,7 @@ from ...errors import (  # noqa: F401 - re-exported for callers (documented in l
     PeerTimeoutError,
     ProcessGroupArgumentError,
     ProcessGroupError,
+    RankFailedError,
     WorkerMapError,
 )
 from ...operator import LinearOperator
@@ -157,6 +162,8 @@ def apply(
         A bad ``mapping``, on every rank together.
     PeerTimeoutError
         Some rank did not reach the check within ``timeout``, on every rank that did.
+    RankFailedError
+        A rank failed during the run (after the check), on every rank: the group is shut down.
     ProcessGroupArgumentError
         ``group`` is not a process group, or ``timeout`` not a positive number.
     """

@@ -41,7 +41,7 @@ from ...primitives import Add, Allocate, Clear, Deallocate
 from ...program import LocalMoves, RankBranches, RankPhase, RankZero, Scale
 from ...space import Block, Region
 from .group import GroupContext
-from .schedule import AllReduceStep, BroadcastStep
+from .schedule import AllReduceStep, AllToAllStep, BroadcastStep
 
 __all__ = ["DeviceWorkspace", "FORCE_VARIABLE", "use_device_path", "check_stand_ins", "run_device_schedule"]
 
@@ -320,6 +320,8 @@ def run_device_schedule(
                 dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=context.subgroup(ranks))
         elif kind is BroadcastStep:
             _broadcast(step, work, context, dtype)
+        elif kind is AllToAllStep:
+            _all_to_all(step, work, context, dtype)
         else:  # pragma: no cover - the schedules hold nothing else
             raise TypeError(f"the torch.distributed device path cannot run the step {step!r}")
     del torch
@@ -377,7 +379,7 @@ def _broadcast(step: BroadcastStep, work: DeviceWorkspace, context: GroupContext
             else:
                 buffer = torch.empty(group.shape, dtype=dtype, device=work.device)
             if sub is not None and buffer.numel():
-                dist.broadcast(buffer, src=root, group=sub)
+                dist.broadcast(buffer, group=sub, group_src=context.rank_in(sub, root))
             if mine:
                 results.append((mine[0], buffer))
             continue
@@ -386,7 +388,7 @@ def _broadcast(step: BroadcastStep, work: DeviceWorkspace, context: GroupContext
         else:
             total = torch.zeros(group.shape, dtype=dtype, device=work.device)
         if sub is not None and total.numel():
-            dist.reduce(total, dst=root, op=dist.ReduceOp.SUM, group=sub)
+            dist.reduce(total, op=dist.ReduceOp.SUM, group=sub, group_dst=context.rank_in(sub, root))
         if root == step.rank:
             results.append((group.root_name, total))
     for name in step.dropped:
@@ -396,3 +398,51 @@ def _broadcast(step: BroadcastStep, work: DeviceWorkspace, context: GroupContext
     for block in step.created:
         if block.name not in work.arrays:
             work.set(block.name, work.zeros(block.shape))
+
+
+def _all_to_all(step: AllToAllStep, work: DeviceWorkspace, context: GroupContext, dtype: Any) -> None:
+    """One ``all_to_all_single`` over the group: the boxes of the old block packed in peer
+    order (one ``torch.cat``), received into one buffer and stored into the new block."""
+    import torch
+    import torch.distributed as dist
+
+    def box(start: tuple[int, ...], shape: tuple[int, ...]) -> tuple[slice, ...]:
+        return tuple(slice(a, a + n) for a, n in zip(start, shape))
+
+    size = context.size
+    send_splits, receive_splits = [0] * size, _splits(step, size)
+    pieces = []
+    if step.source is not None:
+        source = work.arrays[step.source]
+        for peer, start, shape in sorted(step.sends, key=lambda b: b[0]):
+            piece = source[box(start, shape)]
+            if piece.numel():
+                send_splits[peer] = piece.numel()
+                pieces.append(piece.reshape(-1).to(dtype=dtype))
+    send = torch.cat(pieces) if pieces else torch.empty(0, dtype=dtype, device=work.device)
+    receive = torch.empty(sum(receive_splits), dtype=dtype, device=work.device)
+    dist.all_to_all_single(receive, send, receive_splits, send_splits, group=context.group)
+    if step.source is not None:
+        work.drop(step.source)
+    if step.target is not None:
+        target = torch.zeros(step.target.shape, dtype=dtype, device=work.device)
+        at = 0
+        for _, start, shape in sorted(step.receives, key=lambda b: b[0]):
+            count = 1
+            for n in shape:
+                count *= n
+            if count:
+                target[box(start, shape)] = receive[at : at + count].reshape(shape)
+                at += count
+        work.set(step.target.name, target)
+
+
+def _splits(step: AllToAllStep, size: int) -> list[int]:
+    """The number of entries received from each peer."""
+    splits = [0] * size
+    for peer, _, shape in step.receives:
+        count = 1
+        for n in shape:
+            count *= n
+        splits[peer] = count
+    return splits

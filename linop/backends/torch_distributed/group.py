@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import datetime
 import os
-from typing import Any
+from typing import Any, Literal
 
-from ...errors import PeerTimeoutError, ProcessGroupArgumentError, ProcessGroupError
+from ...errors import PeerTimeoutError, ProcessGroupArgumentError, ProcessGroupError, RankFailedError
 
-__all__ = ["GroupContext", "context_for", "resolve_timeout", "TIMEOUT_VARIABLE"]
+__all__ = ["GroupContext", "RunGuard", "context_for", "resolve_timeout", "TIMEOUT_VARIABLE"]
 
 TIMEOUT_VARIABLE = "LINOP_TIMEOUT"
 """The environment variable giving the default deadline (seconds) of the entry check."""
@@ -97,6 +97,8 @@ class GroupContext:
         self.plans: PlanCache[Any] = PlanCache()
         self.mapped_plans: dict[Any, PlanCache[Any]] = {}
         self.reducer: Any = None  # the entry check's (check.TorchReducer), made on first use
+        self._scratch: dict[tuple[str, int, str], Any] = {}
+        self.failed = False  # shut down after a failure mid-call (RunGuard)
 
     def subgroup(self, ranks: tuple[int, ...]) -> Any:
         """The process group of ``ranks`` (world ranks), created on first use and cached.
@@ -119,6 +121,47 @@ class GroupContext:
         for ranks in rank_sets:
             self.subgroup(ranks)
 
+    def scratch(self, purpose: str, size: int, dtype: Any) -> Any:
+        """A flat numpy buffer of ``size`` entries of ``dtype`` for ``purpose``, kept and reused
+        by the next call asking alike (packing buffers of unbound runs: calls on a group never
+        overlap, and no result is ever such a buffer); the 8 most recent are kept."""
+        import numpy as np
+
+        key = (purpose, size, np.dtype(dtype).str)
+        found = self._scratch.pop(key, None)
+        if found is None:
+            found = np.empty(size, dtype)
+            if len(self._scratch) >= 8:
+                self._scratch.pop(next(iter(self._scratch)))
+        self._scratch[key] = found
+        return found
+
+    def rank_in(self, sub: Any, rank: int) -> int:
+        """The rank, in the sub-group ``sub`` (made by :meth:`subgroup`), of ``rank`` (a rank
+        of this context's group): what ``group_src=`` and ``group_dst=`` take."""
+        if sub is self.group:
+            return rank
+        dist = _dist()
+        world = rank if self.world else dist.get_global_rank(self.group, rank)
+        return int(dist.get_group_rank(sub, world))
+
+    def guard(self, doing: Any) -> RunGuard:
+        """A :class:`RunGuard` for running a call of ``doing`` (the operator; formatted only
+        on failure) on this group."""
+        return RunGuard(self, doing)
+
+    def shut_down(self) -> None:
+        """Destroy the group (after a failure mid-call): its connections close, so peers blocked
+        on this rank fail at once. Later calls on it raise ProcessGroupError."""
+        self.failed = True
+        _CONTEXTS.pop(id(self.group), None)
+        try:
+            dist = _dist()
+            if dist.is_initialized():
+                dist.destroy_process_group(None if self.world else self.group)
+        except Exception:  # pragma: no cover - already torn down
+            pass
+
     def wait(self, work: Any, timeout: float | None, doing: str) -> None:
         """Wait for an asynchronous collective ``work``, within ``timeout`` seconds if given.
 
@@ -139,6 +182,39 @@ class GroupContext:
                 f"(a rank failed, hung or called something else; the group cannot be used any more): "
                 f"{str(error).splitlines()[0] if str(error) else type(error).__name__}"
             ) from error
+
+
+class RunGuard:
+    """``with context.guard(doing):`` around a schedule's run, after the entry check: any
+    error inside (this rank's, or a peer's lost connection or timeout) shuts the group down on
+    this rank, so that its peers, blocked on it, fail at once (a closed connection) instead of
+    waiting for the group's timeout, and raises :class:`~linop.errors.RankFailedError` (chained
+    from the error; a :class:`~linop.errors.PeerTimeoutError` of a first bound call,
+    ``KeyboardInterrupt`` and other non-``Exception`` errors are re-raised
+    as they are, after the shutdown). Every rank of the group thus ends the call with the same
+    typed error within about a second; the group cannot be used afterwards."""
+
+    __slots__ = ("context", "doing")
+
+    def __init__(self, context: GroupContext, doing: Any) -> None:
+        self.context, self.doing = context, doing
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, error: Any, traceback: Any) -> Literal[False]:
+        if error is None:
+            return False
+        context = self.context
+        context.shut_down()
+        if not isinstance(error, Exception) or isinstance(error, (RankFailedError, PeerTimeoutError)):
+            return False
+        cause = str(error).splitlines()[0] if str(error) else ""
+        raise RankFailedError(
+            f"rank {context.rank}: the call of {self.doing} failed after the entry check ({type(error).__name__}: "
+            f"{cause}); the process group of {context.size} has been shut down on this rank so that "
+            f"its peers fail now too: end the job"
+        ) from error
 
 
 _CONTEXTS: dict[int, tuple[Any, GroupContext]] = {}

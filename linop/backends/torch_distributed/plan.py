@@ -7,9 +7,12 @@ runs this rank's schedule (:mod:`linop.backends.torch_distributed.schedule`, run
 of the caller's CPU tensors, so caller tensors are never changed (unless ``inplace=True``).
 
 Once the check has passed every rank is committed to the schedule. A rank that fails after it
-raises its error; its peers then wait in their next message until the process group's timeout
-(``init_process_group(..., timeout=...)``) unless the launcher ends them first (``torchrun``
-and ``torch.multiprocessing.spawn`` end every process when one fails).
+(its own error, a lost peer) shuts the group down
+(:class:`~linop.backends.torch_distributed.group.RunGuard`), so its peers, blocked on it, fail
+at once instead of waiting for the process group's timeout; every rank raises
+:class:`~linop.errors.RankFailedError` within about a second, and the group is unusable
+afterwards. A failing *check* (a mismatched tree, a bad block) raises its typed error on every
+rank before any data moves and leaves the group usable.
 """
 
 from __future__ import annotations
@@ -38,8 +41,8 @@ from ..mpi.plan import read_only
 from . import device as device_path
 from .check import TorchEntryCheck
 from .group import GroupContext, resolve_timeout
-from .runtime import phase_operations, run_schedule
-from .schedule import SUMMABLE, Compiled
+from .runtime import AllToAll, new_target, phase_operations, run_schedule
+from .schedule import SUMMABLE, AllToAllStep, Compiled, agree_native
 
 __all__ = ["TorchDistributedPlan", "BoundTorchPlan"]
 
@@ -67,7 +70,9 @@ class TorchDistributedPlan:
         The names of the range blocks this rank gets back.
     native : bool
         Whether the plan runs native collectives (all-reduce, broadcast, sum-reduce on
-        sub-groups of the world group) for dtypes they add; else the portable program.
+        sub-groups, ``all_to_all_single`` over the group) for dtypes they move; else the
+        portable program. Before the first run: whether this rank's own part is native (the
+        ranks agree at the first run).
     """
 
     def __init__(
@@ -79,6 +84,8 @@ class TorchDistributedPlan:
         self.domain_blocks: dict[str, Block] = {}
         self.range_names: tuple[str, ...] = ()
         self._compiled: Compiled | None = None
+        self._agreed: tuple[tuple[int, ...], ...] | bool | None = False  # False: not agreed yet
+        self._prepared: tuple[tuple[Any, ...], list[_PreparedPhase]] | None = None  # apply's, in place
         self._mapped_schedule: tuple[Any, ...] = ()
         tree = fingerprint(op)
         rank, size = context.rank, context.size
@@ -113,17 +120,32 @@ class TorchDistributedPlan:
 
     @property
     def native(self) -> bool:
-        return self._compiled is not None and self._compiled.native is not None
+        if self._compiled is None:
+            return False
+        if self._agreed is False:
+            return self._compiled.native is not None
+        return self._agreed is not None
 
     def schedule_for(self, dtype: np.dtype) -> tuple[Any, ...]:
         """This rank's schedule for a run in ``dtype`` (agreed by the check, so every rank
-        chooses alike). The first native run creates the collectives' sub-groups, collectively
-        over the world group, in the global program's order."""
+        chooses alike). The first run agrees, collectively, whether every rank's part is
+        native (:func:`~linop.backends.torch_distributed.schedule.agree_native`) and creates
+        the collectives' sub-groups, collectively over the world group, in one order."""
         compiled = self._compiled
         if compiled is None:
             return self._mapped_schedule
-        if compiled.native is not None and dtype.char in SUMMABLE:
-            self.context.create_subgroups(compiled.rank_sets)
+        if self._agreed is False:
+            reducer = self.context.reducer
+            self._agreed = agree_native(
+                compiled.local_sets if compiled.native is not None else None,
+                self.context.size,
+                world=self.context.world,
+                reduce_max=lambda values: reducer.all_reduce(values, "max"),
+                gather=self.entry.comm.allgather,
+            )
+            if isinstance(self._agreed, tuple):
+                self.context.create_subgroups(self._agreed)
+        if self._agreed is not None and compiled.native is not None and dtype.char in SUMMABLE:
             return compiled.native.schedule
         return compiled.portable().schedule
 
@@ -147,8 +169,38 @@ class TorchDistributedPlan:
         arrays = {name: entry.arrays[name] for name in self.domain_blocks}
         if not inplace:
             return entry.result(self.run_out_of_place(_cast(arrays, outcome.cast), run_dtype), inplace=False)
+        if outcome.cast is None and self._run_prepared(arrays, run_dtype):
+            return entry.result(local_state, inplace=True)
         self.run_in_place(arrays, run_dtype, cast=outcome.cast)
         return entry.result(local_state, inplace=True)
+
+    def _run_prepared(self, arrays: dict[str, np.ndarray], dtype: np.dtype) -> bool:
+        """Run an in-place halo-like schedule (:func:`_preparable`) on phases prepared for
+        these very arrays, kept from the previous call on the same memory (same addresses,
+        shapes, strides and dtypes: a time loop), else prepared now and kept; False when the
+        schedule cannot be prepared (the caller then runs it unprepared). Every rank decides
+        alike: the schedule and the run's dtype are agreed, and memory only changes which
+        buffers this rank reuses. The kept phases hold views of the arrays (so their memory
+        cannot be reused for another array while kept)."""
+        key = tuple(
+            (name, a.__array_interface__["data"][0], a.shape, a.strides, a.dtype.str)
+            for name, a in arrays.items()
+        )
+        if self._prepared is not None and self._prepared[0] == key:
+            phases = self._prepared[1]
+        else:
+            schedule = self.schedule_for(dtype)
+            if not all(a.flags.writeable for a in arrays.values()) or not _preparable(
+                schedule, arrays, dtype
+            ):
+                return False
+            work = numpy_backend.Workspace(dict(arrays), set(arrays), dtype)
+            phases = [_PreparedPhase(phase, work, self.context, dtype) for phase in schedule]
+            self._prepared = (key, phases)
+        with self.context.guard(self.op):
+            for phase in phases:
+                phase.run()
+        return True
 
     # -- the device path (device.py): tensors stay where they are ------------------------------
     def _apply_on_device(
@@ -183,9 +235,10 @@ class TorchDistributedPlan:
         work = device_path.DeviceWorkspace(
             dict(arrays), set(arrays) if inplace and cast is None else set(), run, where
         )
-        device_path.run_device_schedule(
-            self.schedule_for(dtype), work, self.context, device_path.torch_dtype(dtype)
-        )
+        with self.context.guard(self.op):
+            device_path.run_device_schedule(
+                self.schedule_for(dtype), work, self.context, device_path.torch_dtype(dtype)
+            )
         if not inplace:
             return {
                 name: work.arrays[name] if name in work.owned else work.arrays[name].clone()
@@ -221,7 +274,8 @@ class TorchDistributedPlan:
         """Run (no check) on copy-on-write arrays; blocks passed through come back as read-only
         views. Collective."""
         work = numpy_backend.Workspace(dict(arrays), set(), dtype)
-        run_schedule(self.schedule_for(dtype), work, self.context, dtype)
+        with self.context.guard(self.op):
+            run_schedule(self.schedule_for(dtype), work, self.context, dtype)
         result = {}
         for name in self.range_names:
             array = work.arrays[name]
@@ -235,7 +289,8 @@ class TorchDistributedPlan:
         arrays. With ``cast`` (an integer run widened), the ranks agree that every result fits
         its caller's array before any is written back. Collective."""
         work = numpy_backend.Workspace(_cast(arrays, cast), set(arrays), dtype)
-        run_schedule(self.schedule_for(dtype), work, self.context, dtype)
+        with self.context.guard(self.op):
+            run_schedule(self.schedule_for(dtype), work, self.context, dtype)
         if cast is not None:
             problem = None
             try:
@@ -255,8 +310,11 @@ class TorchDistributedPlan:
         The check runs once, here. In place (the default when domain equals range), a schedule
         of point-to-point phases of stores, adds and clears (a halo exchange) is prepared once:
         its operations on the caller's memory and its receive and packing buffers, so a call
-        only starts the batches and finishes them. Any other schedule runs on each call
-        without its check.
+        only starts the batches and finishes them; out of place, one ``all_to_all_single`` (a
+        repartition, scatter, gather, all-gather) is prepared alike, into result tensors that
+        every call overwrites. Any other schedule runs on each call without its check.
+        ``timeout`` bounds the check and, for a prepared step, its first call's wait
+        (:class:`~linop.errors.PeerTimeoutError` when a peer never makes that call).
         """
         if inplace is None:
             inplace = self.op.domain == self.op.range
@@ -271,7 +329,7 @@ class TorchDistributedPlan:
         entry = array_api.mpi_entry(local_state)
         outcome = self.check(entry.arrays, inplace=inplace, timeout=timeout)
         dtype = outcome.result()
-        return BoundTorchPlan(self, entry, dtype, inplace, outcome.cast)
+        return BoundTorchPlan(self, entry, dtype, inplace, outcome.cast, timeout=resolve_timeout(timeout))
 
 
 class _PreparedPhase:
@@ -283,6 +341,7 @@ class _PreparedPhase:
     ):
         import torch.distributed as dist
 
+        self.context = context
         self.packs: list[tuple[np.ndarray, np.ndarray]] = []
         self.operations, finish = phase_operations(phase, work, context, dtype)
         for operation, (_, _, t) in zip(
@@ -302,14 +361,23 @@ class _PreparedPhase:
             if t.after == "clear" and not phase.empty(t)
         ]
 
-    def run(self) -> None:
+    def run(self, timeout: float | None = None) -> None:
+        """One exchange; ``timeout`` (seconds, a bound plan's first call) bounds the wait.
+
+        Raises
+        ------
+        PeerTimeoutError
+            With ``timeout``: a peer did not take part in time."""
         import torch.distributed as dist
 
         for packed, source in self.packs:
             np.copyto(packed, source)
         if self.operations:
             for request in dist.batch_isend_irecv(self.operations):
-                request.wait()
+                if timeout is None:
+                    request.wait()
+                else:
+                    self.context.wait(request, timeout, "the first call of a bound plan")
         for target, buffer, add in self.unpacks:
             if add:
                 target += buffer
@@ -334,6 +402,27 @@ def _preparable(schedule: tuple[Any, ...], arrays: dict[str, np.ndarray], dtype:
     return True
 
 
+def _prepared_exchange(
+    schedule: tuple[Any, ...], arrays: dict[str, np.ndarray], plan: TorchDistributedPlan, dtype: np.dtype
+) -> tuple[AllToAll, dict[str, np.ndarray]] | None:
+    """An out-of-place schedule of one ``all_to_all_single`` (a repartition, scatter, gather or
+    all-gather) prepared once on the bound source array and a result array made here, which
+    every call overwrites; None for any other schedule (or a source not C-contiguous in the
+    run's dtype)."""
+    if len(schedule) != 1 or type(schedule[0]) is not AllToAllStep:
+        return None
+    step = schedule[0]
+    source = None if step.source is None else arrays.get(step.source)
+    if step.source is not None and (source is None or source.dtype != dtype or not source.flags.c_contiguous):
+        return None
+    names = set() if step.target is None else {step.target.name}
+    if set(plan.range_names) != names or set(arrays) != ({step.source} - {None}):
+        return None
+    target = new_target(step, dtype)
+    results = {} if target is None or step.target is None else {step.target.name: target}
+    return AllToAll(step, source, target, dtype, plan.context), results
+
+
 class BoundTorchPlan:
     """A plan bound to fixed tensors (or arrays) of this rank (:meth:`TorchDistributedPlan.bind`):
     calling it applies the operator to their current values, with no further check, and
@@ -342,8 +431,11 @@ class BoundTorchPlan:
     Attributes
     ----------
     prepared : bool
-        Whether the call runs phases prepared once on the caller's memory (in place,
-        point-to-point stores, adds and clears: a halo exchange).
+        Whether the call runs operations prepared once: phases on the caller's memory (in
+        place, point-to-point stores, adds and clears: a halo exchange), or one
+        ``all_to_all_single`` from the bound tensors into result tensors made at binding and
+        overwritten by every call (out of place: a repartition, scatter, gather, all-gather;
+        copy a result to keep it past the next call; :meth:`run_on` returns new tensors).
     dtype : numpy dtype
         The run's dtype, agreed when binding.
     """
@@ -357,6 +449,7 @@ class BoundTorchPlan:
         cast: Any,
         *,
         device_state: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
     ) -> None:
         self.plan = plan
         self.entry = entry
@@ -364,7 +457,9 @@ class BoundTorchPlan:
         self.inplace = inplace
         self.cast = cast
         self.freed = False
+        self._first_timeout = timeout  # the first call's deadline (prepared calls), then None
         self._phases: list[_PreparedPhase] | None = None
+        self._exchange: tuple[AllToAll, dict[str, np.ndarray]] | None = None
         self.device_state = device_state
         if device_state is not None:  # the device path: each call runs on the bound tensors
             self.arrays: dict[str, Any] = {name: device_state[name] for name in plan.domain_blocks}
@@ -374,10 +469,12 @@ class BoundTorchPlan:
         if inplace and cast is None and _preparable(schedule, self.arrays, dtype):
             work = numpy_backend.Workspace(dict(self.arrays), set(self.arrays), dtype)
             self._phases = [_PreparedPhase(phase, work, plan.context, dtype) for phase in schedule]
+        elif not inplace and cast is None:
+            self._exchange = _prepared_exchange(schedule, self.arrays, plan, dtype)
 
     @property
     def prepared(self) -> bool:
-        return self._phases is not None
+        return self._phases is not None or self._exchange is not None
 
     def __call__(self) -> Any:
         if self.freed:
@@ -387,10 +484,17 @@ class BoundTorchPlan:
                 self.arrays, self.dtype, self.cast, inplace=self.inplace, state=self.device_state
             )
         self.entry.stage_in()
+        timeout, self._first_timeout = self._first_timeout, None
         if self._phases is not None:
-            for phase in self._phases:
-                phase.run()
+            with self.plan.context.guard(self.plan.op):
+                for phase in self._phases:
+                    phase.run(timeout)
             return self.entry.result(self.entry.state, inplace=True)
+        if self._exchange is not None:
+            exchange, results = self._exchange
+            with self.plan.context.guard(self.plan.op):
+                exchange.run(timeout)
+            return self.entry.result(dict(results), inplace=False)
         if self.inplace:
             self.plan.run_in_place(self.arrays, self.dtype, cast=self.cast)
             return self.entry.result(self.entry.state, inplace=True)
@@ -439,5 +543,6 @@ class BoundTorchPlan:
     def free(self) -> None:
         """Release the prepared operations and buffers (a later call raises StateError)."""
         self._phases = None
+        self._exchange = None
         self.arrays = {}
         self.freed = True

@@ -13,7 +13,10 @@ memory (``torch.from_numpy``):
 - :class:`~linop.backends.torch_distributed.schedule.AllReduceStep`: ``all_reduce`` in place
   on the block; :class:`~linop.backends.torch_distributed.schedule.BroadcastStep`:
   ``broadcast`` from the root's block, or ``reduce`` into a new root block, on the cached
-  sub-group of its ranks.
+  sub-group of its ranks; :class:`~linop.backends.torch_distributed.schedule.AllToAllStep`:
+  one ``all_to_all_single`` over the group (:class:`AllToAll`: the boxes packed in peer order,
+  or sent from and received into the blocks' own memory where the boxes lie one after the
+  other there).
 
 Every message travels in the run's dtype, agreed by every rank in the entry check.
 """
@@ -30,9 +33,9 @@ from ...space import Region
 from .. import numpy as numpy_backend
 from ..host_schedule import finish_phase, run_rank_schedule, store_results
 from .group import GroupContext
-from .schedule import AllReduceStep, BroadcastStep
+from .schedule import AllReduceStep, AllToAllStep, BroadcastStep
 
-__all__ = ["run_schedule", "run_phase", "phase_operations"]
+__all__ = ["run_schedule", "run_phase", "phase_operations", "AllToAll"]
 
 
 def _tensor(array: np.ndarray) -> Any:
@@ -54,6 +57,8 @@ def run_schedule(
             _all_reduce(step, work, context, dtype)
         elif kind is BroadcastStep:
             _broadcast(step, work, context, dtype)
+        elif kind is AllToAllStep:
+            _all_to_all(step, work, context, dtype)
         else:  # pragma: no cover - the schedules hold nothing else
             raise TypeError(f"the torch.distributed runtime cannot run the step {step!r}")
 
@@ -160,14 +165,154 @@ def _broadcast(
                 buffer = np.empty(group.shape, dtype)
                 results.append((mine[0], buffer, True))
             if sub is not None and buffer.size:
-                dist.broadcast(_tensor(buffer), src=root, group=sub)
+                dist.broadcast(_tensor(buffer), group=sub, group_src=context.rank_in(sub, root))
             continue
         if mine:  # reduce works in place: never on the caller's array
             total = np.array(work.arrays[mine[0]], dtype=dtype, order="C")
         else:  # the root holds no copy: it contributes zeros
             total = np.zeros(group.shape, dtype)
         if sub is not None and total.size:
-            dist.reduce(_tensor(total), dst=root, op=dist.ReduceOp.SUM, group=sub)
+            dist.reduce(_tensor(total), op=dist.ReduceOp.SUM, group=sub, group_dst=context.rank_in(sub, root))
         if is_root:
             results.append((group.root_name, total, True))
     store_results(work, step.dropped, results, step.created)
+
+
+def _consecutive(array: np.ndarray, boxes: list[tuple[int, np.ndarray]]) -> int | None:
+    """The offset (in entries) in ``array``'s memory where the ``boxes`` (non-empty views of
+    it, in peer order) begin, when they lie there one after the other; else None."""
+    if not array.flags.c_contiguous:
+        return None
+    base = array.__array_interface__["data"][0]
+    first: int | None = None
+    expected = 0
+    for _, view in boxes:
+        if not view.flags.c_contiguous:
+            return None
+        offset = (view.__array_interface__["data"][0] - base) // array.itemsize
+        if first is None:
+            first = expected = offset
+        if offset != expected:
+            return None
+        expected += view.size
+    return 0 if first is None else first
+
+
+class AllToAll:
+    """One :class:`~linop.backends.torch_distributed.schedule.AllToAllStep` prepared on fixed
+    arrays: ``source`` (the rank's old block, C-contiguous in the run's dtype, or None) and
+    ``target`` (its new block, or None). :meth:`run` packs the boxes that need it, makes one
+    ``all_to_all_single`` over the group, and unpacks; a bound plan keeps the object and runs
+    it on every call (the buffers made once), an unbound run makes one per call, its packing
+    buffers reused from the group's (``scratch=True``, :meth:`GroupContext.scratch`).
+
+    Boxes that lie one after the other in the block's memory (the rows of a row-sharded block)
+    are sent from it, or received into it, with no copy."""
+
+    def __init__(
+        self,
+        step: AllToAllStep,
+        source: np.ndarray | None,
+        target: np.ndarray | None,
+        dtype: np.dtype,
+        context: GroupContext,
+        *,
+        scratch: bool = False,
+    ) -> None:
+        size = context.size
+        self.wait_on = context
+        self.context = context if scratch else None
+        self.group = context.group
+        self.packs: list[tuple[np.ndarray, np.ndarray]] = []  # (buffer piece, box) before
+        self.unpacks: list[tuple[np.ndarray, np.ndarray]] = []  # (box, buffer piece) after
+        self.send_splits = [0] * size
+        self.receive_splits = [0] * size
+        sends = [] if source is None else self._boxes(source, step.sends, self.send_splits)
+        receives = [] if target is None else self._boxes(target, step.receives, self.receive_splits)
+        self.send = self._buffer(source, sends, dtype, self.packs, outgoing=True)
+        self.receive = self._buffer(target, receives, dtype, self.unpacks, outgoing=False)
+
+    @staticmethod
+    def _boxes(array: np.ndarray, boxes: tuple[Any, ...], splits: list[int]) -> list[tuple[int, np.ndarray]]:
+        found = []
+        for peer, start, shape in sorted(boxes, key=lambda box: box[0]):
+            view = array[tuple(slice(a, a + n) for a, n in zip(start, shape))]
+            if view.size:
+                splits[peer] = view.size
+                found.append((peer, view))
+        return found
+
+    def _buffer(
+        self,
+        array: np.ndarray | None,
+        boxes: list[tuple[int, np.ndarray]],
+        dtype: np.dtype,
+        copies: list[tuple[np.ndarray, np.ndarray]],
+        *,
+        outgoing: bool,
+    ) -> Any:
+        total = sum(view.size for _, view in boxes)
+        offset = None
+        if array is not None and (array.flags.writeable or not outgoing):
+            offset = _consecutive(array, boxes)
+        if array is not None and offset is not None:
+            return _tensor(array.reshape(-1)[offset : offset + total])
+        if self.context is not None:  # an unbound run: the group's packing buffer, reused
+            flat = self.context.scratch("send" if outgoing else "receive", total, dtype)
+        else:
+            flat = np.empty(total, dtype)
+        at = 0
+        for _, view in boxes:
+            piece = flat[at : at + view.size].reshape(view.shape)
+            copies.append((piece, view) if outgoing else (view, piece))
+            at += view.size
+        return _tensor(flat)
+
+    def run(self, timeout: float | None = None) -> None:
+        """Pack, exchange, unpack; collective over the group. ``timeout`` (seconds, a bound
+        plan's first call) bounds the wait (:class:`~linop.errors.PeerTimeoutError`)."""
+        import torch.distributed as dist
+
+        for into, source in self.packs:
+            np.copyto(into, source)
+        if timeout is None:
+            dist.all_to_all_single(
+                self.receive, self.send, self.receive_splits, self.send_splits, group=self.group
+            )
+        else:
+            work = dist.all_to_all_single(
+                self.receive,
+                self.send,
+                self.receive_splits,
+                self.send_splits,
+                group=self.group,
+                async_op=True,
+            )
+            self.wait_on.wait(work, timeout, "the first call of a bound plan")
+        for into, source in self.unpacks:
+            np.copyto(into, source)
+
+
+def new_target(step: AllToAllStep, dtype: np.dtype) -> np.ndarray | None:
+    """The array of the step's new block (zeros where no box arrives), or None."""
+    if step.target is None:
+        return None
+    make = np.empty if step.covered else np.zeros
+    return make(step.target.shape, dtype)
+
+
+def _all_to_all(
+    step: AllToAllStep, work: numpy_backend.Workspace, context: GroupContext, dtype: np.dtype
+) -> None:
+    source = None
+    if step.source is not None:
+        source = work.arrays[step.source]
+        if source.dtype != dtype or not source.flags.c_contiguous:
+            source = np.ascontiguousarray(source, dtype=dtype)
+    target = new_target(step, dtype)
+    AllToAll(step, source, target, dtype, context, scratch=True).run()
+    if step.source is not None:
+        work.drop(step.source)
+    if step.target is not None:
+        assert target is not None
+        work.set(step.target.name, target)

@@ -2,49 +2,63 @@
 
 Both come from the distributed program of :mod:`linop.program`:
 
-- **native** (the world group only): the global program with its fast paths
-  (:func:`~linop.program.compile_program`, the same on every rank), used when
-  every fast path in it is an all-reduce, broadcast or sum-reduce. Each becomes one
-  ``torch.distributed`` collective per group of ranks (:class:`AllReduceStep`,
-  :class:`BroadcastStep`) on a sub-group; the ordered list of those groups' rank sets
-  (:attr:`Compiled.rank_sets`) is what every rank creates, in that order, after the entry check
-  (``new_group`` is collective over the world group);
-- **portable** otherwise (halo exchanges, repartitions, scatters, gathers, any tree; any
-  group; any worker-to-rank map): the program lowered without fast paths
-  (:func:`~linop.program.lower_portable`) and projected onto the rank by
-  :mod:`linop.backends.mpi.mapping`: local steps, point-to-point phases (one
+- **native**: this rank's own program with its fast paths
+  (:func:`~linop.program.compile_for_rank`: the rank plans only its own part, in O(its own
+  work), never the global program), used when every fast path in it has a ``torch.distributed``
+  collective: all-reduce (:class:`AllReduceStep`), broadcast and sum-reduce
+  (:class:`BroadcastStep`) on a sub-group per group of ranks, and the copying plans whose every
+  worker gives at most one block and gets at most one (repartition, scatter, gather,
+  all-gather: :class:`AllToAllStep`, one ``all_to_all_single`` of packed buffers over the whole
+  group, uneven splits included). Because each rank sees only its own part, the ranks agree
+  once, at a plan's first run after the entry check (:func:`agree_native`, one
+  ``all_gather_object``), that every rank's part is native, and on the union of the groups'
+  rank sets, which every rank then creates in one order (``new_group`` is collective over the
+  world group);
+- **portable** otherwise (halo exchanges, reduce-scatters, any tree; any worker-to-rank map):
+  the program lowered without fast paths (:func:`~linop.program.lower_portable`) and projected
+  onto the rank by :mod:`linop.backends.mpi.mapping`: local steps, point-to-point phases (one
   ``batch_isend_irecv`` each) and local moves between two workers of one rank. It is exact for
   every tree.
 
-The choice depends only on the tree and the group (and, for sums, the agreed run dtype), so
-every rank makes it alike.
+The choice depends only on the tree, the group and (for gloo's and NCCL's reductions) the
+agreed run dtype, and is agreed by every rank, so every rank makes it alike.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ...collectives import AllReduce, Broadcast, SumReduce
 from ...errors import LinopError, UnsupportedNodeError
 from ...operator import LinearOperator
-from ...program import Branches, FastPathStep, RankProgram, WorkerMap, compile_program, project
+from ...program import RankBranches, RankPart, RankProgram, WorkerMap, compile_for_rank
 from ...space import Block
 from ..mpi import fastpaths as mpi_fastpaths  # noqa: F401 - registers the fast paths' lowerings
 from ..mpi.mapping import compiled_for
 
-__all__ = ["AllReduceStep", "BroadcastStep", "Compiled", "SUMMABLE", "native_program", "portable_program"]
+__all__ = [
+    "AllReduceStep",
+    "AllToAllStep",
+    "BroadcastStep",
+    "Compiled",
+    "SUMMABLE",
+    "agree_native",
+    "native_program",
+    "portable_program",
+]
 
 SUMMABLE = "bBhilqfdFD"
-"""Dtypes (numpy type characters) that the native sums use (gloo and NCCL add them); a run
-in another dtype takes the portable program."""
+"""Dtypes (numpy type characters) that the native collectives use (gloo and NCCL move and add
+them); a run in another dtype takes the portable program."""
+
+Box = tuple[int, tuple[int, ...], tuple[int, ...]]
+"""A peer (group rank) and a box of a block: its start and shape."""
 
 
 @dataclass(frozen=True)
 class AllReduceStep:
-    """One rank's part of an all-reduce: ``all_reduce`` (sum, in place) of ``(block, world
-    ranks of its group)`` per group it belongs to, in the global order of the groups."""
+    """One rank's part of an all-reduce: ``all_reduce`` (sum, in place) of ``(block, ranks of
+    its group)`` per group it belongs to, in the global order of the groups."""
 
     entries: tuple[tuple[str, tuple[int, ...]], ...]
 
@@ -64,92 +78,123 @@ class BroadcastStep:
 
 
 @dataclass(frozen=True)
-class _AllReduceRunner:
-    """The global all-reduce step for torch: its groups ((block, worker) per member)."""
+class AllToAllStep:
+    """One rank's part of a copying plan in which every worker gives at most one block and gets
+    at most one (a repartition, scatter, gather or all-gather): the boxes of its one old block
+    ``source`` sent to each peer (``sends``), the boxes of its one new block ``target`` received
+    from each peer (``receives``), at most one box per peer each way; the old block is dropped.
 
-    groups: tuple[tuple[tuple[str, int], ...], ...]
-    workers: tuple[int, ...]
+    Run as one ``all_to_all_single`` over the group: the boxes packed in peer order into one
+    buffer (or sent straight from the block when they lie one after the other in its memory,
+    as rows do), received likewise (straight into the new block when its boxes are consecutive
+    rows), with uneven split sizes. In the maths: the plan's copy ``y[box_j] = x_j[box]`` for
+    every piece; its adjoint (another plan of the same kind) sends the boxes back."""
 
-    def rank_sets(self) -> list[tuple[int, ...]]:
-        return [tuple(w for _, w in group) for group in self.groups]
+    source: str | None
+    target: Block | None
+    sends: tuple[Box, ...]
+    receives: tuple[Box, ...]
 
-    def project(self, rank: int) -> AllReduceStep | None:
-        entries = tuple(
-            (next(name for name, w in group if w == rank), tuple(w for _, w in group))
-            for group in self.groups
-            if any(w == rank for _, w in group)
+    @property
+    def covered(self) -> bool:
+        """Whether the received boxes fill the new block (else it starts as zeros)."""
+        if self.target is None:
+            return True
+        total = 0
+        for _, _, shape in self.receives:
+            count = 1
+            for n in shape:
+                count *= n
+            total += count
+        return total == self.target.size
+
+
+def _torch_part(part: Any) -> Any:
+    """The torch step of one of the MPI fast paths' rank parts (recognized by the fields of
+    :mod:`linop.backends.mpi.fastpaths`' rank steps), or None when torch has no native
+    collective for it (a halo stage: the portable program's phases do it)."""
+    fields = vars(part) if hasattr(part, "__dict__") else {}
+    if "entries" in fields and "fallback" in fields:
+        return AllReduceStep(tuple(part.entries))
+    if {"groups", "rank", "dropped", "created", "reduce"} <= fields.keys():
+        return BroadcastStep(
+            tuple(part.groups), part.rank, tuple(part.dropped), tuple(part.created), part.reduce
         )
-        return AllReduceStep(entries) if entries else None
-
-
-@dataclass(frozen=True)
-class _BroadcastRunner:
-    """The global broadcast or sum-reduce step for torch: its whole-block groups."""
-
-    op: Broadcast | SumReduce
-    groups: tuple[Any, ...]
-    workers: tuple[int, ...]
-
-    def rank_sets(self) -> list[tuple[int, ...]]:
-        return [tuple(group.ranks) for group in self.groups]
-
-    def project(self, rank: int) -> BroadcastStep | None:
-        plan, space = self.op.plan, self.op.domain
-        dropped = tuple(n for n in plan.dropped if space.block(n).worker == rank)
-        created = tuple(b for b in plan.created if b.worker == rank)
-        groups = tuple(g for g in self.groups if rank in g.ranks)
-        if not (dropped or created or groups):
-            return None
-        return BroadcastStep(groups, rank, dropped, created, isinstance(self.op, SumReduce))
-
-
-def _native(runner: Any) -> Any:
-    """The torch runner of an MPI fast path's runner (from its node and groups), or None when
-    torch has no native collective for it."""
-    op = getattr(runner, "op", None)
-    if isinstance(op, AllReduce):
-        return _AllReduceRunner(tuple(runner.groups), tuple(runner.workers))
-    if isinstance(op, (Broadcast, SumReduce)):
-        return _BroadcastRunner(op, tuple(runner.groups), tuple(runner.workers))
+    if {"source", "source_shape", "target", "sends", "receives"} <= fields.keys():
+        return AllToAllStep(part.source, part.target, tuple(part.sends), tuple(part.receives))
     return None
 
 
-def _replace(steps: Iterable[Any], found: list[tuple[int, ...]]) -> list[Any] | None:
-    """The global steps with every fast path replaced by its torch runner, collecting the rank
-    sets of their groups in program order; None when some fast path has no native collective."""
+def _translate(schedule: tuple[Any, ...], found: list[tuple[int, ...]]) -> tuple[Any, ...] | None:
+    """A rank schedule with every fast-path part replaced by its torch step (collecting the
+    rank sets of its groups), or None when some part has no native collective."""
     out: list[Any] = []
-    for step in steps:
-        if isinstance(step, Branches):
+    for step in schedule:
+        if isinstance(step, RankBranches):
             terms = []
             for term in step.terms:
-                replaced = _replace(term, found)
-                if replaced is None:
+                translated = _translate(term, found)
+                if translated is None:
                     return None
-                terms.append(tuple(replaced))
-            out.append(Branches(tuple(terms), step.space))
-        elif isinstance(step, FastPathStep):
-            runner = _native(step.runner)
-            if runner is None:
+                terms.append(translated)
+            out.append(RankBranches(tuple(terms), step.names))
+        elif isinstance(step, RankPart):
+            mine = _torch_part(step)
+            if mine is None:
                 return None
-            for ranks in runner.rank_sets():
+            if isinstance(mine, AllReduceStep):
+                sets = [ranks for _, ranks in mine.entries]
+            elif isinstance(mine, BroadcastStep):
+                sets = [tuple(g.ranks) for g in mine.groups]
+            else:
+                sets = []
+            for ranks in sets:
                 key = tuple(sorted(ranks))
                 if len(key) > 1 and key not in found:
                     found.append(key)
-            out.append(FastPathStep(runner))
+            out.append(mine)
         else:
             out.append(step)
-    return out
+    return tuple(out)
 
 
 def native_program(op: LinearOperator, rank: int) -> tuple[RankProgram, tuple[tuple[int, ...], ...]] | None:
-    """``rank``'s native program and the rank sets of its collectives (every rank's, in the
-    global order), or None when the tree has a fast path without a native torch collective."""
-    program = compile_program(op)
+    """``rank``'s native program (compiled for this rank alone) and the rank sets of its own
+    collectives' groups, or None when its part has a fast path without a native torch
+    collective. Only every rank's agreement (:func:`agree_native`) makes it run."""
+    program = compile_for_rank(op, rank)
     found: list[tuple[int, ...]] = []
-    steps = _replace(program.steps, found)
-    if steps is None:
+    schedule = _translate(program.schedule, found)
+    if schedule is None:
         return None
-    return RankProgram(project(steps, rank), program.max_worker), tuple(found)
+    return RankProgram(schedule, program.max_worker), tuple(found)
+
+
+def agree_native(
+    local: tuple[tuple[int, ...], ...] | None, size: int, *, world: bool, reduce_max: Any, gather: Any
+) -> tuple[tuple[int, ...], ...] | None:
+    """Whether every rank runs its native program, and then the sorted union of every rank's
+    sub-group rank sets (each rank creates them all, in that order), else None.
+
+    ``local`` is this rank's rank sets (None: its part is not native). Collective: one
+    ``reduce_max`` (the maximum over ranks of a short int64 vector) says whether some rank is
+    not native and whether some rank needs sub-groups; only then ``gather`` (an
+    ``all_gather_object``) collects the rank sets. Off the world group, only collectives over
+    the whole group are native (a sub-group would need every world rank)."""
+    import numpy as np
+
+    if local is not None and not world and any(len(ranks) not in (1, size) for ranks in local):
+        local = None
+    sets = () if local is None else tuple(r for r in local if 1 < len(r) < size)
+    flags = np.array([local is None, bool(sets)], dtype=np.int64)
+    if size > 1:
+        flags = reduce_max(flags)
+    if flags[0]:
+        return None
+    if not flags[1]:
+        return ()
+    every = gather(sets) if size > 1 else [sets]
+    return tuple(sorted({ranks for mine in every for ranks in mine}))
 
 
 def portable_program(
@@ -162,36 +207,36 @@ def portable_program(
 
 class Compiled:
     """A tree's programs for one rank of a group of ``size`` ranks (see the module docstring):
-    the native one (None when the tree or group does not allow it) and the portable one
+    this rank's native candidate (None when its part does not allow it), the portable program
     (built on first use), or the error compiling raised.
 
     Attributes
     ----------
     max_worker : int
         The largest worker the tree names (the group must have more ranks).
-    rank_sets : tuple of tuple of int
-        The world ranks of every native collective's group, in the global program's order.
+    local_sets : tuple of tuple of int
+        The ranks of this rank's own native collectives' groups.
     """
 
     def __init__(self, op: LinearOperator, rank: int, size: int, *, world: bool) -> None:
-        self.op, self.rank, self.size = op, rank, size
+        self.op, self.rank, self.size, self.world = op, rank, size, world
         self.native: RankProgram | None = None
-        self.rank_sets: tuple[tuple[int, ...], ...] = ()
+        self.local_sets: tuple[tuple[int, ...], ...] = ()
         self.problem: LinopError | None = None
         self._portable: RankProgram | None = None
         self.max_worker = max(op.domain.max_worker, op.range.max_worker)
         try:
-            if world:
-                found = native_program(op, rank)
-                if found is not None:
-                    self.native, self.rank_sets = found
-                    self.max_worker = max(self.max_worker, self.native.max_worker)
-            if self.native is None:
+            found = native_program(op, rank)
+            if found is not None:
+                self.native, self.local_sets = found
+                self.max_worker = max(self.max_worker, self.native.max_worker)
+            else:
                 mapped = compiled_for(op, WorkerMap(list(range(size))))
                 if mapped.error is not None:
                     raise mapped.error
                 self.max_worker = max([self.max_worker, *mapped.workers])
         except Exception as error:  # raised collectively by the entry check
+            self.native = None
             self.problem = (
                 error
                 if isinstance(error, LinopError)
