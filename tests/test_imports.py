@@ -171,21 +171,21 @@ def test_the_layering_holds():
             "never import frameworks",
         ),
         ("linop.backends.numpy_x", "import linop.frameworks.jax_function\n", "never import frameworks"),
-        ("linop.halo", "from .backends import numpy_backend\n", "no backend at module level"),
+        ("linop.halo", "from .backends import numpy\n", "no backend at module level"),
         (
             "linop.layers.conv",
-            "try:\n    from ..backends.mpi_backend import apply\nexcept ImportError:\n    pass\n",
+            "try:\n    from ..backends.mpi import apply\nexcept ImportError:\n    pass\n",
             "no backend at module level",
         ),
         ("linop.program.steps", "def f():\n    import torch\n", "imports no engine"),
         ("linop.program.lowering", "from mpi4py import MPI\n", "imports no engine"),
         (
             "linop.program.compile",
-            "def f():\n    from ..backends import mpi_fastpaths\n",
+            "def f():\n    from ..backends.mpi import fastpaths\n",
             "imports no engine",
         ),
-        ("linop.accounting", "def f():\n    from .backends.mpi_plan import Compiled\n", "never a backend"),
-        ("linop.plot", "def f():\n    from .backends import sparse_backend\n", "never a backend"),
+        ("linop.accounting", "def f():\n    from .backends.mpi.plan import Compiled\n", "never a backend"),
+        ("linop.plot", "def f():\n    from .backends import sparse\n", "never a backend"),
     ],
 )
 def test_the_layering_check_catches_a_violation(module, source, rule):
@@ -195,12 +195,12 @@ def test_the_layering_check_catches_a_violation(module, source, rule):
 
 def test_the_layering_check_allows_what_the_rules_allow():
     """Lazy backend imports in the core, TYPE_CHECKING imports, frameworks importing backends."""
-    assert not layering_violations("def f():\n    from .backends import numpy_backend\n", "linop.operator")
+    assert not layering_violations("def f():\n    from .backends import numpy\n", "linop.operator")
     assert not layering_violations(
-        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .backends.numpy_backend import Workspace\n",
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .backends.numpy import Workspace\n",
         "linop.local",
     )
-    assert not layering_violations("from ..backends import mpi_backend\n", "linop.frameworks.torch_function")
+    assert not layering_violations("from ..backends import mpi\n", "linop.frameworks.torch_function")
     assert not layering_violations("from . import steps\n", "linop.program", is_package=True)
 
 
