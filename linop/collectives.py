@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .errors import OperandError, ShapeMismatchError
 from .layout import (
@@ -73,6 +73,8 @@ class _BroadcastGeometry(Planned):
     name: str
     transpose: bool = False
     others: Space = NO_OTHERS
+    _map: dict[tuple[int, ...], tuple[int, ...]] = field(init=False, repr=False, compare=False)
+    _copies: BlockGrid = field(init=False, repr=False, compare=False)
 
     def _setup(self) -> None:
         kind = type(self).__name__
@@ -91,11 +93,11 @@ class _BroadcastGeometry(Planned):
     @property
     def copies(self) -> BlockGrid:
         """The layout of the copies: ``name[j]`` on worker ``partition.worker(j)``."""
-        return self._copies  # type: ignore[attr-defined]
+        return self._copies
 
     def source_index(self, index: Sequence[int]) -> tuple[int, ...]:
         """The tensor's grid index whose block is copied to copy ``index``."""
-        return self._map[tuple(index)]  # type: ignore[attr-defined]
+        return self._map[tuple(index)]
 
     def _copy_pieces(self) -> tuple[Piece, ...]:
         items = []
@@ -113,7 +115,7 @@ class _BroadcastGeometry(Planned):
             table = object.__getattribute__(self, "_inverse")
         except AttributeError:
             table = {}
-            for j, i in self._map.items():  # type: ignore[attr-defined]
+            for j, i in self._map.items():
                 table.setdefault(i, []).append(j)
             table = {i: tuple(js) for i, js in table.items()}
             object.__setattr__(self, "_inverse", table)
@@ -306,6 +308,7 @@ class AllReduce(LinearOperator):
     tensor: Layout
     axes: tuple[int, ...] = ()
     others: Space = NO_OTHERS
+    _space: Space = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_layout("AllReduce", self.tensor, "tensor")
@@ -340,11 +343,11 @@ class AllReduce(LinearOperator):
 
     @property
     def domain(self) -> Space:
-        return self._space  # type: ignore[attr-defined]
+        return self._space
 
     @property
     def range(self) -> Space:
-        return self._space  # type: ignore[attr-defined]
+        return self._space
 
     def expand(self) -> LinearOperator:
         """Per group: root += member, member <- 0 (reduce); then member <- root (broadcast)."""
@@ -394,6 +397,7 @@ class _GatherGeometry(Planned):
     axes: tuple[int, ...]
     name: str
     others: Space = NO_OTHERS
+    _gathered: BlockGrid = field(init=False, repr=False, compare=False)
 
     def _setup(self) -> None:
         kind = type(self).__name__
@@ -407,7 +411,7 @@ class _GatherGeometry(Planned):
     @property
     def gathered(self) -> BlockGrid:
         """The gathered layout ``name[j]`` (see :func:`gathered_layout`)."""
-        return self._gathered  # type: ignore[attr-defined]
+        return self._gathered
 
     def _gather_piece(self, i: tuple[int, ...], j: tuple[int, ...]) -> Piece | None:
         """x_i (whole) -> g_j at x_i's offset along ``axes`` (None when x_i is empty)."""

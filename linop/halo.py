@@ -508,6 +508,7 @@ class _ExchangeBase(LinearOperator):
     geometry: HaloGeometry
     variant: Variant = "nested"
     local_name: str | None = None
+    _space: Space  # set by __post_init__
 
     def __post_init__(self) -> None:
         if not isinstance(self.geometry, HaloGeometry):
@@ -521,11 +522,11 @@ class _ExchangeBase(LinearOperator):
 
     @property
     def domain(self) -> Space:
-        return self._space  # type: ignore[attr-defined]
+        return self._space
 
     @property
     def range(self) -> Space:
-        return self._space  # type: ignore[attr-defined]
+        return self._space
 
     def stages(self) -> tuple[HaloStage, ...]:
         """The forward stages in the order they run (H_0 first); empty stages are left out."""
@@ -848,6 +849,7 @@ class _ShimBase(LinearOperator):
     use only (``docs/theory.md#halo-geometry``)."""
 
     ADJOINT: ClassVar[bool] = False
+    geometry: HaloGeometry  # a field of every shim
 
     @abstractmethod
     def _forward_part(self, index: tuple[int, ...]) -> LinearOperator:
@@ -855,7 +857,7 @@ class _ShimBase(LinearOperator):
 
     def _forward_parts(self) -> tuple[LinearOperator, ...]:
         """The forward shim's per-worker parts, each on its worker's blocks."""
-        return tuple(self._forward_part(g) for g in self.geometry.tensor.partition.indices())  # type: ignore[attr-defined]
+        return tuple(self._forward_part(g) for g in self.geometry.tensor.partition.indices())
 
     def part(self, index: tuple[int, ...]) -> LinearOperator:
         """The part of the worker at grid ``index`` alone (the adjoint's: the forward part's

@@ -34,7 +34,7 @@ import itertools
 import math
 import operator
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -185,6 +185,9 @@ class MeshLayout:
     global_shape: tuple[int, ...]
     sizes: Any = ()  # given as a mapping or per dimension; stored as a tuple per dimension
     ranks: tuple[int, ...] = ()
+    _cuts: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
+    _offsets: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
+    _partition: Partition = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -344,11 +347,11 @@ class MeshLayout:
     @property
     def partition(self) -> Partition:
         """The mesh as a partition of workers (C order of mesh coordinates)."""
-        return self._partition  # type: ignore[attr-defined]
+        return self._partition
 
     def shard_mesh_dims(self, d: int) -> tuple[int, ...]:
         """The mesh dimensions that cut tensor dimension ``d``, in nesting order."""
-        return self._cuts[d]  # type: ignore[attr-defined]
+        return self._cuts[d]
 
     def kinds(self) -> tuple[type, ...]:
         """The placement class of every mesh dimension."""
@@ -358,13 +361,13 @@ class MeshLayout:
         """The index of the piece of tensor dimension ``d`` that mesh coordinate ``coordinate``
         holds (mixed radix over the mesh dimensions that cut it)."""
         k = 0
-        for i in self._cuts[d]:  # type: ignore[attr-defined]
+        for i in self._cuts[d]:
             k = k * self.mesh_shape[i] + coordinate[i]
         return k
 
     def piece_coordinates(self, d: int, piece: int) -> tuple[int, ...]:
         """The coordinates, on the mesh dimensions cutting ``d``, of piece ``piece``."""
-        cuts = self._cuts[d]  # type: ignore[attr-defined]
+        cuts = self._cuts[d]
         return (
             tuple(int(c) for c in np.unravel_index(piece, [self.mesh_shape[i] for i in cuts])) if cuts else ()
         )
@@ -372,7 +375,7 @@ class MeshLayout:
     def pieces_overlapping(self, d: int, lo: int, hi: int) -> range:
         """The pieces of tensor dimension ``d`` that hold some of ``[lo, hi)`` (empty pieces
         excluded at the ends)."""
-        offsets = self._offsets[d]  # type: ignore[attr-defined]
+        offsets = self._offsets[d]
         if lo >= hi:
             return range(0)
         first = bisect.bisect_right(offsets, lo) - 1
@@ -382,7 +385,7 @@ class MeshLayout:
     def box(self, coordinate: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The global box (start, stop) held by the block at a mesh coordinate."""
         coordinate = self.partition.checked_index(coordinate)
-        offsets = self._offsets  # type: ignore[attr-defined]
+        offsets = self._offsets
         start, stop = [], []
         for d in range(self.ndim):
             k = self.piece(d, coordinate)
@@ -438,7 +441,7 @@ class MeshLayout:
         for index in itertools.product(*(range(n) for n in counts)):
             coordinate = [0] * len(self.mesh_shape)
             for d, k in enumerate(index):
-                for i, c in zip(self._cuts[d], self.piece_coordinates(d, k)):  # type: ignore[attr-defined]
+                for i, c in zip(self._cuts[d], self.piece_coordinates(d, k)):
                     coordinate[i] = c
             workers.append(self.partition.worker(coordinate))
         return DistributedTensor(

@@ -151,6 +151,8 @@ class Planned(LinearOperator):
 
     others: Space
     ADDS: ClassVar[bool] = False
+    _domain: Space  # set by _validate
+    _range: Space
 
     def __post_init__(self) -> None:
         self._setup()
@@ -203,11 +205,11 @@ class Planned(LinearOperator):
 
     @property
     def domain(self) -> Space:
-        return self._domain  # type: ignore[attr-defined]
+        return self._domain
 
     @property
     def range(self) -> Space:
-        return self._range  # type: ignore[attr-defined]
+        return self._range
 
     @functools.cached_property
     def plan(self) -> MovementPlan:

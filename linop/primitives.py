@@ -15,7 +15,7 @@ Add S_{a->b}        x_b <- x_b + x_a            [[I, O], [I, I]]      S_{b->a}
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .errors import OperandError, OverlapError, ShapeMismatchError, SpaceMismatchError
 from .operator import LinearOperator
@@ -79,6 +79,7 @@ class Allocate(LinearOperator):
 
     space: Space
     block: Block
+    _range: Space = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.space, Space):
@@ -93,7 +94,7 @@ class Allocate(LinearOperator):
 
     @property
     def range(self) -> Space:
-        return self._range  # type: ignore[attr-defined]
+        return self._range
 
     def adjoint(self) -> LinearOperator:
         """A_b* = D_b."""
@@ -134,6 +135,7 @@ class Deallocate(LinearOperator):
 
     space: Space
     name: str
+    _range: Space = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.space, Space):
@@ -146,7 +148,7 @@ class Deallocate(LinearOperator):
 
     @property
     def range(self) -> Space:
-        return self._range  # type: ignore[attr-defined]
+        return self._range
 
     def adjoint(self) -> LinearOperator:
         """D_b* = A_b."""
