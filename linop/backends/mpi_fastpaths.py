@@ -36,6 +36,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -60,6 +61,7 @@ from ..program import (
     note_workers,
     project,
 )
+from ..program.groups import CopyPairs, RootedRanks
 from ..repartition import Gather, Repartition, Scatter
 from ..space import Block, Region, Space
 from .host_schedule import store_results
@@ -246,7 +248,9 @@ def _nonempty(layout: Any) -> bool:
     """True when some block of a layout holds an entry."""
     if hasattr(layout, "sizes"):
         return all(sum(sizes) > 0 for sizes in layout.sizes)
-    return any(all(n > 0 for n in shape) for shape in layout.shapes)
+    shapes = layout.shapes
+    distinct = getattr(shapes, "distinct", None)  # described shapes: the few distinct ones
+    return any(all(n > 0 for n in shape) for shape in (distinct() if distinct is not None else shapes))
 
 
 def _rank_all_reduce(op: AllReduce, rank: int) -> list[Step]:
@@ -298,8 +302,17 @@ class _Group:
 
     root_name: str
     shape: tuple[int, ...]
-    ranks: tuple[int, ...]
-    copies: tuple[tuple[str, int], ...]
+    ranks: Sequence[int]
+    copies: Sequence[tuple[str, int]]
+
+    def copy_on(self, rank: int) -> list[str]:
+        """The copies ``rank`` holds (none or one): from the description of a rank's own
+        lowering (:class:`~linop.program.groups.CopyPairs`), else by a scan."""
+        name_on = getattr(self.copies, "name_on", None)
+        if name_on is not None:
+            found = name_on(rank)
+            return [] if found is None else [found]
+        return [name for name, w in self.copies if w == rank]
 
 
 def _whole_groups(op: Broadcast | SumReduce, *, reduce: bool) -> tuple[_Group, ...] | None:
@@ -341,7 +354,7 @@ class _RankBroadcast(RankStep):
         not on every call."""
         found = self.__dict__.get("_mine_of_groups")
         if found is None:
-            found = [[name for name, w in group.copies if w == self.rank] for group in self.groups]
+            found = [group.copy_on(self.rank) for group in self.groups]
             self.__dict__["_mine_of_groups"] = found
         return found
 
@@ -374,7 +387,7 @@ class _RankBroadcast(RankStep):
         if any(a.dtype != dtype or not a.flags.c_contiguous for a in arrays.values()):
             return None
         for group in self.groups:
-            root_has_copy = any(w == group.ranks[0] for _, w in group.copies)
+            root_has_copy = bool(group.copy_on(group.ranks[0]))
             if self.reduce and (not root_has_copy or len(group.ranks) == 1):
                 return None  # would need zeros or a copy made on every call
         if any(b.size == 0 for b in self.created):
@@ -505,13 +518,12 @@ def _rank_broadcast(op: Broadcast | SumReduce, rank: int, *, reduce: bool) -> li
     groups = []
     for root in roots:
         block = tensor.block(root)
-        members = op.copies_of(root)
-        if not block.size or not members:  # empty blocks move nothing: no group
+        members = op.copy_box(root)  # described: a 1 -> P group is never listed
+        if not block.size or not len(members):  # empty blocks move nothing: no group
             continue
-        pairs = tuple((copies.block_name(j), copies.partition.worker(j)) for j in members)
-        ranks = (block.worker, *(w for _, w in pairs if w != block.worker))
-        first = copies.partition.flat(members[0])
-        groups.append((first, _Group(block.name, block.shape, ranks, pairs)))
+        ranks = RootedRanks(block.worker, members)
+        first = copies.partition.flat(members.grid_index(0))
+        groups.append((first, _Group(block.name, block.shape, ranks, CopyPairs(copies, members))))
     mine_x = tensor.space.owned(rank)
     mine_y = copies.space.owned(rank)
     dropped, created = (mine_y, mine_x) if reduce else (mine_x, mine_y)

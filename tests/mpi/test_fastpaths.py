@@ -97,6 +97,9 @@ def partitions_for_broadcast():
     cases = [(Partition((1,)), Partition((SIZE,)))]
     if SIZE == 4:
         cases += [(Partition((1, 2)), Partition((2, 2))), (Partition((2, 1)), Partition((2, 2)))]
+        # the root among the copies but not first (its sub-communicator's runs split around it),
+        # and the root outside them
+        cases += [(Partition((1,), (2,)), Partition((SIZE,))), (Partition((1,), (3,)), Partition((3,)))]
     return cases
 
 
