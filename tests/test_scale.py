@@ -212,6 +212,7 @@ def test_all_reduce_on_a_uniform_block_grid_builds_no_block_per_worker(
 DESCRIBED = [
     pytest.param("Broadcast 1 -> P", id="broadcast-one"),
     pytest.param("Broadcast (1,s) -> (s,s)", id="broadcast-row"),
+    pytest.param("AllGather axis 0", id="allgather"),
 ]
 
 
@@ -220,7 +221,7 @@ DESCRIBED = [
 def test_collective_rank_plans_independently_of_p(case: str, adjoint: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Building the tree, its fingerprint and one interior rank's compile construct as many
     objects at P = 256 as at P = 64: the groups are described (a box of the copies'
-    partition, the root), never listed."""
+    partition, the root; an all-gather's line), never listed."""
     counts = [_whole_plan(case, s, adjoint, monkeypatch) for s in (8, 16)]
     assert counts[0] == counts[1], f"{case}: {counts[0]} objects at P = 64, {counts[1]} at P = 256"
 
