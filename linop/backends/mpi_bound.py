@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from ..program import RankPhase
+from ..program import LocalMoves, RankPhase
 from ..space import Region, State
 from .mpi_datatypes import mpi, raw_spec, region_spec
 from .mpi_deadline import wait_all
@@ -175,6 +175,12 @@ def _persistent_phases(
             phases.extend(([request], []) for request in prepared.requests)
             phases.append(([], prepared.finish))
             continue
+        if isinstance(step, LocalMoves):  # a worker map's moves between a rank's own workers
+            moves = _local_move_actions(step, arrays)
+            if moves is None:
+                return None
+            phases.append(([], moves))
+            continue
         if not isinstance(step, RankPhase):
             return None
         requests: list[Any] = []
@@ -212,6 +218,29 @@ def _persistent_phases(
             phases.append(([], packs))
         phases.append((requests, finish))
     return phases
+
+
+def _local_move_actions(step: LocalMoves, arrays: dict[str, np.ndarray]) -> list[Action] | None:
+    """A :class:`~linop.program.LocalMoves` step as copies, adds and clears between views of
+    the bound arrays (run after the messages of its phase, as the runtime runs it), or None
+    when a move creates or drops a block."""
+    actions: list[Action] = []
+    for t in step.transfers:
+        if t.mode == "new" or t.after == "drop" or t.source.name not in arrays:
+            return None
+        if t.target.name not in arrays or not t.source.size:
+            if t.target.name not in arrays:
+                return None
+            continue
+        source = arrays[t.source.name][(*t.source.index, Ellipsis)]
+        target = arrays[t.target.name][(*cast(Region, t.target).index, Ellipsis)]
+        if t.mode == "add":
+            actions.append(lambda s=source, d=target: np.add(d, s, out=d))
+        else:
+            actions.append(lambda s=source, d=target: np.copyto(d, s))
+        if t.after == "clear":
+            actions.append(lambda s=source: s.fill(0))
+    return actions
 
 
 def _unpack(target: np.ndarray, index: tuple[Any, ...], buffer: np.ndarray, *, add: bool) -> Action:
