@@ -232,15 +232,19 @@ def _local_move_actions(step: LocalMoves, arrays: dict[str, np.ndarray]) -> list
             if t.target.name not in arrays:
                 return None
             continue
-        source = arrays[t.source.name][(*t.source.index, Ellipsis)]
-        target = arrays[t.target.name][(*cast(Region, t.target).index, Ellipsis)]
-        if t.mode == "add":
-            actions.append(lambda s=source, d=target: np.add(d, s, out=d))
-        else:
-            actions.append(lambda s=source, d=target: np.copyto(d, s))
+        source_key: tuple[Any, ...] = (*t.source.index, Ellipsis)
+        target_key: tuple[Any, ...] = (*cast(Region, t.target).index, Ellipsis)
+        source, target = arrays[t.source.name][source_key], arrays[t.target.name][target_key]
+        actions.append(_mover(source, target, add=t.mode == "add"))
         if t.after == "clear":
-            actions.append(lambda s=source: s.fill(0))
+            actions.append(_clearer(source, ()))
     return actions
+
+
+def _mover(source: np.ndarray, target: np.ndarray, *, add: bool) -> Action:
+    if add:
+        return lambda: np.add(target, source, out=target)
+    return lambda: np.copyto(target, source)
 
 
 def _unpack(target: np.ndarray, index: tuple[Any, ...], buffer: np.ndarray, *, add: bool) -> Action:
