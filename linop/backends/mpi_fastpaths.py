@@ -57,6 +57,7 @@ from ..program import (
     batch,
     lower,
     lowering,
+    lowering_mapping,
     lowering_rank,
     movement_footprint,
     note_workers,
@@ -277,8 +278,98 @@ def _rank_all_reduce(op: AllReduce, rank: int) -> list[Step]:
     return [FastPathStep(_Projected(step, rank, (partition.max_worker,)))]
 
 
+# -- all-reduce under a worker map ---------------------------------------------------------------
+@dataclass
+class _RankMappedAllReduce(RankStep):
+    """One rank's part of an all-reduce under a worker map: per group it holds a member of (in
+    the global order of the groups), its members' blocks and the distinct ranks of the group.
+    The rank sums its own members locally, ``Allreduce`` runs on the sub-communicator of the
+    distinct ranks (none when the group lives on this rank alone), and the sum is copied back
+    into every member it holds."""
+
+    entries: tuple[tuple[tuple[str, ...], tuple[int, ...]], ...]
+    fallback: Any
+
+    def run(self, work: Workspace, comm: Intracomm, dtype: np.dtype) -> None:
+        if dtype.char not in REDUCIBLE:
+            run_schedule(self.fallback(), work, comm, dtype)
+            return
+        for names, ranks in self.entries:  # blocking, in the global order of the groups
+            arrays = [_contiguous_owned(work, name, dtype) for name in names]
+            _reduce_members(arrays, ranks, comm, dtype)()
+
+    def persistent(
+        self, arrays: dict[str, np.ndarray], comm: Intracomm, dtype: np.dtype, *, dry: bool = False
+    ) -> Persistent | None:
+        """The local sums, blocking ``Allreduce`` calls and copies on the caller's arrays, in
+        order (as one finishing action per group), or None for dtypes MPI cannot sum."""
+        if dtype.char not in REDUCIBLE or any(
+            not arrays[name].flags.c_contiguous for names, _ in self.entries for name in names
+        ):
+            return None
+        if dry:
+            return Persistent()
+        finish = [_reduce_members([arrays[n] for n in names], ranks, comm, dtype) for names, ranks in self.entries]
+        return Persistent([], finish)
+
+
+def _reduce_members(arrays: list[np.ndarray], ranks: tuple[int, ...], comm: Intracomm, dtype: np.dtype) -> Any:
+    """The action summing ``arrays`` (one rank's members of a group) into the first, then over
+    ``ranks`` (its sub-communicator, when more than this rank), then copying the sum back."""
+    total, others = arrays[0], arrays[1:]
+    sub = subcommunicator(comm, ranks) if len(ranks) > 1 else None
+    lib = mpi()
+    mpi_type = predefined_type(dtype)
+
+    def reduce() -> None:
+        for other in others:
+            np.add(total, other, out=total)
+        if sub is not None:
+            sub.Allreduce(lib.IN_PLACE, [total, mpi_type], op=lib.SUM)
+        for other in others:
+            np.copyto(other, total)
+
+    return reduce
+
+
+@dataclass
+class _MappedAllReduceRunner:
+    """The global all-reduce step under a worker map (:func:`~linop.program.lower_portable`):
+    projected onto a rank through the map (``project_mapped``)."""
+
+    op: AllReduce
+    workers: tuple[int, ...] = field(default=())
+
+    def project(self, rank: int) -> RankStep:  # pragma: no cover - only projected under a map
+        raise ValueError("a mapped all-reduce is projected under its map")
+
+    def project_mapped(self, rank: int, mapping: Any) -> _RankMappedAllReduce | None:
+        op, held = self.op, set(mapping.workers_on(rank))
+        entries = []
+        for group in op.groups:
+            blocks = [op.tensor.block(i) for i in group]
+            if len(blocks) < 2 or not blocks[0].size:
+                continue
+            names = tuple(b.name for b in blocks if b.worker in held)
+            if names:
+                ranks = tuple(sorted({mapping.rank_of(b.worker) for b in blocks}))
+                entries.append((names, ranks))
+        if not entries:
+            return None
+
+        def fallback() -> tuple[Any, ...]:
+            return project(batch(lower(op.expand())), rank, mapping)
+
+        return _RankMappedAllReduce(tuple(entries), functools.lru_cache(maxsize=1)(fallback))
+
+
 @lowering(AllReduce)
 def _all_reduce(op: AllReduce) -> list[Step] | None:
+    if lowering_mapping() is not None:  # a worker map: the group's workers on one rank sum locally
+        if len(op.others) or math.prod(op.tensor.partition.shape[a] for a in op.axes) <= 1:
+            return None
+        workers = tuple(op.tensor.partition.workers)
+        return [FastPathStep(_MappedAllReduceRunner(op, workers))]
     rank = lowering_rank()
     if rank is not None:
         return _rank_all_reduce(op, rank)

@@ -141,5 +141,18 @@ class CopyPairs(Sequence[tuple[str, int]]):
         position = self.box.position_of(worker)
         return None if position is None else self.layout.block_name(self.box.grid_index(position))
 
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, CopyPairs) and (self.layout.name, self.box.key()) == (
+            other.layout.name,
+            other.box.key(),
+        ):
+            return True
+        if isinstance(other, (CopyPairs, tuple, list)):
+            return len(other) == len(self) and all(a == tuple(b) for a, b in zip(self, other))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.layout.name, self.box.key()))
+
     def __repr__(self) -> str:
         return f"CopyPairs({self.layout.name!r}, {self.box!r})"
