@@ -31,7 +31,9 @@ from dataclasses import dataclass, field
 from .errors import OperandError, ShapeMismatchError
 from .layout import (
     BlockGrid,
+    BroadcastRule,
     Layout,
+    ProductShapes,
     broadcast_map,
     check_layout,
     gathered_layout,
@@ -43,7 +45,7 @@ from .layout import (
 )
 from .movement import Copy, CopyAdjoint, SendRecv, SendRecvAdjoint
 from .operator import Composition, Identity, LinearOperator
-from .partition import DistributedTensor, Partition
+from .partition import DistributedTensor, Partition, WorkerBox
 from .plan import NO_OTHERS, Piece, Planned, fields_of, make_piece, nonempty_pieces, origin
 from .space import Block, Space
 
@@ -73,7 +75,7 @@ class _BroadcastGeometry(Planned):
     name: str
     transpose: bool = False
     others: Space = NO_OTHERS
-    _map: dict[tuple[int, ...], tuple[int, ...]] = field(init=False, repr=False, compare=False)
+    _rule: BroadcastRule = field(init=False, repr=False, compare=False)
     _copies: BlockGrid = field(init=False, repr=False, compare=False)
 
     def _setup(self) -> None:
@@ -83,10 +85,13 @@ class _BroadcastGeometry(Planned):
             raise OperandError(f"{kind}: partition must be a Partition, not {type(self.partition).__name__}")
         require_name(kind, self.name)
         object.__setattr__(self, "transpose", bool(self.transpose))
-        mapping = broadcast_map(self.tensor.partition, self.partition, transpose=self.transpose)
-        object.__setattr__(self, "_map", mapping)
-        source_shapes = {i: self.tensor.block(i).shape for i in dict.fromkeys(mapping.values())}
-        shapes = tuple(source_shapes[mapping[j]] for j in self.partition.indices())
+        rule = BroadcastRule(self.tensor.partition, self.partition, self.transpose)
+        object.__setattr__(self, "_rule", rule)
+        shapes: Sequence[tuple[int, ...]] | None = _copy_shapes(self.tensor, rule)
+        if shapes is None:  # listed: the map's source of every copy (O(P), described cases aside)
+            mapping = broadcast_map(self.tensor.partition, self.partition, transpose=self.transpose)
+            source_shapes = {i: self.tensor.block(i).shape for i in dict.fromkeys(mapping.values())}
+            shapes = tuple(source_shapes[mapping[j]] for j in self.partition.indices())
         object.__setattr__(self, "_copies", BlockGrid(self.name, self.partition, shapes))
         self._validate()
 
@@ -97,7 +102,12 @@ class _BroadcastGeometry(Planned):
 
     def source_index(self, index: Sequence[int]) -> tuple[int, ...]:
         """The tensor's grid index whose block is copied to copy ``index``."""
-        return self._map[tuple(index)]
+        return self._rule.source_index(self.partition.checked_index(index))
+
+    def copy_box(self, index: Sequence[int]) -> WorkerBox:
+        """The workers of the copies of the tensor block at ``index`` (in C order of their copy
+        index), described by their box of the copies' partition, not listed."""
+        return WorkerBox(self.partition, self._rule.copy_box(self.tensor.partition.checked_index(index)))
 
     def _copy_pieces(self) -> tuple[Piece, ...]:
         items = []
@@ -109,17 +119,10 @@ class _BroadcastGeometry(Planned):
         return nonempty_pieces(items)
 
     def copies_of(self, index: Sequence[int]) -> tuple[tuple[int, ...], ...]:
-        """The copy indices that receive the tensor block at ``index``, in C order (a table
-        built once per node: the inverse of :meth:`source_index`)."""
-        try:
-            table = object.__getattribute__(self, "_inverse")
-        except AttributeError:
-            table = {}
-            for j, i in self._map.items():
-                table.setdefault(i, []).append(j)
-            table = {i: tuple(js) for i, js in table.items()}
-            object.__setattr__(self, "_inverse", table)
-        return table.get(tuple(index), ())
+        """The copy indices that receive the tensor block at ``index``, in C order (listed from
+        :meth:`copy_box`: the inverse of :meth:`source_index`)."""
+        box = self.copy_box(index)
+        return tuple(box.grid_index(k) for k in range(len(box)))
 
     @property
     def multiplicity(self) -> dict[tuple[int, ...], int]:
@@ -128,6 +131,36 @@ class _BroadcastGeometry(Planned):
         for j in self.partition.indices():
             counts[self.source_index(j)] += 1
         return counts
+
+
+def _copy_shapes(tensor: Layout, rule: BroadcastRule) -> ProductShapes | None:
+    """The shapes of a broadcast's copies as a product rule (the copy at destination index
+    ``j`` has its source block's shape), or None when they are not one (a transposed route, a
+    block grid of listed shapes that differ)."""
+    counts = rule.destination.shape
+    if isinstance(tensor, DistributedTensor):
+        source: ProductShapes | None = ProductShapes(tensor.partition.shape, tensor.sizes)
+    elif isinstance(tensor, BlockGrid) and isinstance(tensor.shapes, ProductShapes):
+        source = tensor.shapes
+    elif (
+        isinstance(tensor, BlockGrid)
+        and len(tensor.shapes)
+        and tensor.shapes.count(tensor.shapes[0]) == len(tensor.shapes)
+    ):
+        source = ProductShapes.uniform(tensor.partition.shape, tensor.shapes[0])
+    else:
+        source = None
+    if source is None:
+        return None
+    if rule.transpose and any(e is not None for e in source.extents):
+        return None  # the reshaped route mixes the dimensions: listed
+    extents: list[tuple[int, ...] | None] = [None] * rule.pad
+    for d in range(rule.pad, len(counts)):
+        e = source.extents[d - rule.pad] if not rule.transpose else None
+        if e is not None and rule.padded[d] != counts[d]:  # broadcast along d: the one block's extent
+            e = (e[0],) * counts[d]
+        extents.append(e)
+    return ProductShapes(counts, extents, source.tail)
 
 
 @dataclass(frozen=True, eq=True, repr=False)
@@ -383,6 +416,8 @@ def _equal_along(layout: Layout, axes: tuple[int, ...]) -> bool:
     block grid whose blocks all have one shape is equal along any axes."""
     if not isinstance(layout, DistributedTensor):
         shapes = getattr(layout, "shapes", None)
+        if isinstance(shapes, ProductShapes):  # described: decided from its rule
+            return shapes.uniform_along(axes)
         return type(shapes) is tuple and len(shapes) > 0 and shapes.count(shapes[0]) == len(shapes)
     return all(len(set(layout.sizes[d])) == 1 for d in axes)
 

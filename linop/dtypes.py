@@ -50,6 +50,8 @@ __all__ = [
     "run_dtype",
     "largest_magnitude",
     "growth",
+    "growth_bound",
+    "EXACT_GROWTH_ENTRIES",
     "cast_dtype",
     "prepare_numpy",
     "fit_back",
@@ -124,7 +126,94 @@ def largest_magnitude(arrays: Iterable[np.ndarray]) -> int:
 
 @functools.lru_cache(maxsize=64)
 def _cached_growth(op: LinearOperator) -> tuple[int | float, bool]:
-    return _growth(op)
+    return _growth_of(op)
+
+
+def _growth_of(op: LinearOperator) -> tuple[int | float, bool]:
+    if op.domain.size + op.range.size <= EXACT_GROWTH_ENTRIES:
+        return _growth(op)
+    return _bound(op)
+
+
+def _bound(op: LinearOperator) -> tuple[int | float, bool]:
+    from . import collectives, halo, movement, primitives, repartition
+    from .operator import Composition, Identity, Scaled, Sum, Zero
+
+    if isinstance(op, Composition):
+        g: int | float = 1
+        negative = False
+        for factor in op.factors:
+            fg, fn = _bound(factor)
+            g, negative = g * fg, negative or fn
+        return g, negative
+    if isinstance(op, Sum):
+        parts = [_bound(term) for term in op.terms]
+        return sum(g for g, _ in parts), any(n for _, n in parts)
+    if isinstance(op, Scaled):
+        g, negative = _bound(op.operator)
+        alpha = op.alpha
+        return abs(alpha) * g, negative or bool(np.real(alpha) < 0)
+    if isinstance(op, Zero):
+        return 0, False
+    copying = (
+        Identity,
+        movement.Copy,
+        movement.SendRecv,
+        movement.Move,
+        primitives.Clear,
+        primitives.Allocate,
+        primitives.Deallocate,
+        collectives.Broadcast,
+        collectives.AllGather,
+        repartition.Repartition,
+        repartition.Scatter,
+        repartition.Gather,
+    )
+    if isinstance(op, copying):
+        return 1, False
+    if isinstance(op, (primitives.Add, movement.CopyAdjoint, movement.SendRecvAdjoint)):
+        return 2, False
+    if isinstance(op, collectives.SumReduce):
+        return len(op.copy_box((0,) * op.tensor.partition.ndim)), False  # every block: as many copies
+    if isinstance(op, collectives.AllReduce):
+        return int(np.prod([op.tensor.partition.shape[a] for a in op.axes], dtype=object)), False
+    if isinstance(op, collectives.ReduceScatter):
+        return int(np.prod([op.tensor.partition.shape[a] for a in op.axes], dtype=object)), False
+    if isinstance(op, (halo.HaloExchange, halo.HaloStage)) and _zero_boundary(op):
+        return 1, False
+    if isinstance(op, halo.HaloExchangeAdjoint) and _zero_boundary(op):
+        g = 1
+        for rows in op.geometry.rows:
+            g *= 1 + _most_halos_holding_one_entry(rows)
+        return g, False
+    expanded = op.expand()
+    if expanded is not op:
+        return _bound(expanded)
+    return _growth(op)  # a leaf: its own matrix (a local operator: its block's)
+
+
+def _zero_boundary(op: Any) -> bool:
+    geometry = getattr(op, "geometry", None)
+    if geometry is None:
+        return False
+    modes = geometry.kernel.resolve(geometry.tensor.ndim).boundary
+    return all(mode == "zero" for mode in modes)
+
+
+def _most_halos_holding_one_entry(rows: Any) -> int:
+    """The most halos of one dimension's workers that hold one input entry (a sweep over the
+    halos' intervals, clipped to the tensor)."""
+    events: list[tuple[int, int]] = []
+    for row in rows:
+        for start, stop in ((row.need_start, row.bulk_start), (row.bulk_stop, row.need_stop)):
+            start, stop = max(start, 0), min(stop, row.length)
+            if start < stop:
+                events += [(start, 1), (stop, -1)]
+    most = depth = 0
+    for _, step in sorted(events):  # at one coordinate, ends (-1) sort before starts
+        depth += step
+        most = max(most, depth)
+    return most
 
 
 def _growth(op: LinearOperator) -> tuple[int | float, bool]:
@@ -137,13 +226,51 @@ def _growth(op: LinearOperator) -> tuple[int | float, bool]:
     return (int(largest) if largest < 2.0**53 else largest), negative
 
 
+EXACT_GROWTH_ENTRIES = 1 << 16
+"""Trees whose domain and range hold at most this many entries together bound their growth
+by their exact matrix; larger ones by the structural rule (:func:`growth_bound`), whose cost
+does not depend on the number of workers."""
+
+
 def growth(op: LinearOperator) -> tuple[int | float, bool]:
-    """``(G, negative)``: the largest absolute row sum of the tree's matrix (exact below
-    2**53), and whether an entry is negative. Cached per tree."""
+    """``(G, negative)``: a bound on the largest absolute row sum of the tree's matrix, and
+    whether an entry may be negative. Cached per tree.
+
+    For a tree of at most :data:`EXACT_GROWTH_ENTRIES` entries (domain and range) it is exact
+    (from the matrix, below 2**53); for a larger one it is :func:`growth_bound`, from the
+    nodes' structure and per-block facts, never the global matrix."""
     try:
         return _cached_growth(op)
     except TypeError:  # an unhashable node (a user's kernel holding an array)
-        return _growth(op)
+        return _growth_of(op)
+
+
+def growth_bound(op: LinearOperator) -> tuple[int | float, bool]:
+    """``(G, negative)`` with ``G`` at least the largest absolute row sum of ``op``'s matrix,
+    from the structure of the tree (O(the tree's nodes and the rows of its geometries), not
+    O(P)):
+
+    ===============================================  =================================================
+    node                                             G
+    ===============================================  =================================================
+    A @ B, A + B, alpha * A                          G(A) G(B), G(A) + G(B), abs(alpha) G(A)
+    identity, copies, moves, clears, allocations     1 (every output entry one input entry, or 0)
+    adds (Add, CopyAdjoint, SendRecvAdjoint)         2
+    Broadcast, AllGather, a copying plan             1
+    SumReduce                                        the number of copies of one source block
+    AllReduce, ReduceScatter                         the size of a group (the blocks summed)
+    HaloExchange (zero boundary), its stages         1
+    HaloExchange adjoint (zero boundary)             per dimension, 1 + the most halos that hold
+                                                     one input entry (the forward copies e into a
+                                                     product of such sets: the column sums of the
+                                                     forward), multiplied over the dimensions
+    any other node                                   its own matrix (a local operator's block), or
+                                                     its expansion's bound
+    ===============================================  =================================================
+
+    ``negative`` is True when a scalar or a node's own matrix has a negative entry.
+    """
+    return _bound(op)
 
 
 def cast_dtype(op: LinearOperator, dtypes: Iterable[np.dtype], largest: int) -> np.dtype | None:

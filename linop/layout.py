@@ -20,10 +20,11 @@ destination's or is 1. Destination index ``j`` then takes its data from the sour
 from __future__ import annotations
 
 import itertools
+import math
 import operator
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -33,6 +34,8 @@ from .space import Block, GridSpace, Space
 
 __all__ = [
     "BlockGrid",
+    "BroadcastRule",
+    "ProductShapes",
     "Layout",
     "broadcast_map",
     "check_layout",
@@ -71,6 +74,140 @@ class Layout(Protocol):
     def space(self) -> Space: ...
 
 
+class ProductShapes(Sequence[tuple[int, ...]]):
+    """The block shapes of a grid described by a product rule, not listed: O(ndim) memory and
+    look-up at any number of workers.
+
+    The block at grid index ``g`` has shape ``(extents[d][g[d]] for every d whose extents
+    are not None) + tail``: a dimension with extents gives the block one axis whose extent
+    depends on the coordinate there; a dimension with None gives it none (the block is the
+    same all along it); ``tail`` is appended to every shape. A uniform grid is all None with
+    the shape as its tail; an all-gather's gathered blocks and a broadcast's copies are
+    products too.
+
+    It is a sequence of shapes in C order of grid index (``shapes[k]``), equal to the tuple of
+    them; it hashes by its length and first, middle and last shapes, which is what a
+    :class:`BlockGrid` hashes whatever form its shapes take.
+
+    Examples
+    --------
+    >>> shapes = ProductShapes((2, 3), ((4, 5), None))
+    >>> len(shapes), shapes[4], shapes == ((4,), (4,), (4,), (5,), (5,), (5,))
+    (6, (5,), True)
+    """
+
+    __slots__ = ("_counts", "_extents", "_len", "_strides", "_tail")
+
+    def __init__(
+        self,
+        counts: Sequence[int],
+        extents: Sequence[Sequence[int] | None],
+        tail: Sequence[int] = (),
+    ) -> None:
+        self._counts = tuple(int(n) for n in counts)
+        self._extents = tuple(None if e is None else tuple(e) for e in extents)
+        self._tail = tuple(tail)
+        if len(self._extents) != len(self._counts) or any(
+            e is not None and len(e) != n for e, n in zip(self._extents, self._counts)
+        ):
+            raise PartitionError(
+                f"product shapes: per-dimension extents {self._extents} do not match the grid {self._counts}"
+            )
+        strides, step = [], 1
+        for n in reversed(self._counts):
+            strides.append(step)
+            step *= n
+        self._strides = tuple(reversed(strides))
+        self._len = step
+
+    @classmethod
+    def uniform(cls, counts: Sequence[int], shape: Sequence[int]) -> ProductShapes:
+        """Every block of a grid of ``counts`` of one ``shape``."""
+        return cls(counts, (None,) * len(counts), shape)
+
+    @property
+    def counts(self) -> tuple[int, ...]:
+        """The grid's shape."""
+        return self._counts
+
+    @property
+    def extents(self) -> tuple[tuple[int, ...] | None, ...]:
+        """Per grid dimension, the extent of each coordinate, or None."""
+        return self._extents
+
+    @property
+    def tail(self) -> tuple[int, ...]:
+        """The extents appended to every shape."""
+        return self._tail
+
+    def at(self, index: Sequence[int]) -> tuple[int, ...]:
+        """The shape at a grid index."""
+        return tuple(e[i] for e, i in zip(self._extents, index) if e is not None) + self._tail
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, position: Any) -> Any:
+        if isinstance(position, slice):
+            return tuple(self[k] for k in range(*position.indices(self._len)))
+        position = operator.index(position)
+        if position < 0:
+            position += self._len
+        if not 0 <= position < self._len:
+            raise IndexError(f"shape {position} of a grid of {self._len} blocks")
+        return self.at(tuple((position // s) % n for s, n in zip(self._strides, self._counts)))
+
+    def __iter__(self) -> Iterator[tuple[int, ...]]:
+        per = [e if e is not None else (None,) * n for e, n in zip(self._extents, self._counts)]
+        for row in itertools.product(*per):
+            yield tuple(n for n in row if n is not None) + self._tail
+
+    def distinct(self) -> tuple[tuple[int, ...], ...]:
+        """The distinct shapes (a product of the distinct extents per dimension: a few)."""
+        per = [tuple(dict.fromkeys(e)) if e is not None else (None,) for e in self._extents]
+        return tuple(
+            dict.fromkeys(tuple(n for n in row if n is not None) + self._tail for row in itertools.product(*per))
+        )
+
+    def total(self) -> int:
+        """The sum of the entries of every shape (the grid space's size)."""
+        total = math.prod(self._tail)
+        for e, n in zip(self._extents, self._counts):
+            total *= n if e is None else sum(e)
+        return total
+
+    def uniform_along(self, axes: Iterable[int]) -> bool:
+        """True when the shape does not change along any of ``axes``."""
+        return all(len(set(self._extents[a] or ())) <= 1 for a in axes)
+
+    def count(self, shape: Any) -> int:
+        if self.distinct() == (shape,):
+            return self._len
+        return sum(1 for s in self if s == shape)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ProductShapes):
+            if (self._counts, self._extents, self._tail) == (other._counts, other._extents, other._tail):
+                return True
+            return self._len == other._len and all(a == b for a, b in zip(self, other))
+        if isinstance(other, (tuple, list)):
+            return len(other) == self._len and all(a == tuple(b) for a, b in zip(self, other))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return shapes_hash(self)
+
+    def __repr__(self) -> str:
+        return f"ProductShapes({self._counts!r}, {self._extents!r}, {self._tail!r})"
+
+
+def shapes_hash(shapes: Sequence[tuple[int, ...]]) -> int:
+    """The hash of a grid's block shapes, in any form (a tuple, :class:`ProductShapes`): its
+    length and its first, middle and last shapes."""
+    n = len(shapes)
+    return hash((n, shapes[0], shapes[n // 2], shapes[n - 1])) if n else hash(())
+
+
 @dataclass(frozen=True)
 class BlockGrid:
     """One block per worker of ``partition``, with explicit shapes.
@@ -84,8 +221,9 @@ class BlockGrid:
     name : str
         Prefix of the block names.
     partition : Partition
-    shapes : sequence of shapes
-        One block shape per worker, in C order of grid index.
+    shapes : sequence of shapes, or ProductShapes
+        One block shape per worker, in C order of grid index (a :class:`ProductShapes`
+        describes them by a product rule without listing them).
 
     Raises
     ------
@@ -99,7 +237,7 @@ class BlockGrid:
 
     name: str
     partition: Partition
-    shapes: tuple[tuple[int, ...], ...]
+    shapes: Sequence[tuple[int, ...]]
 
     def __post_init__(self) -> None:
         if not isinstance(self.partition, Partition):
@@ -117,6 +255,20 @@ class BlockGrid:
             return _block_shape(self.name, shape)
 
         given = self.shapes
+        if isinstance(given, ProductShapes):  # described: each distinct shape checked once
+            if given.counts != self.partition.shape:
+                raise PartitionError(
+                    f"block grid {self.name!r}: shapes described for a grid {given.counts}, not for "
+                    f"partition {self.partition.shape}"
+                )
+            for shape in given.distinct():
+                checked_shape = _block_shape(self.name, shape)
+                if any(n < 0 for n in checked_shape):
+                    raise DecompositionError(
+                        f"block grid {self.name!r}: negative extent in block shape {checked_shape}"
+                    )
+                Block(grid_block_name(self.name, (0,) * self.partition.ndim), checked_shape)
+            return
         if type(given) is tuple and given and type(given[0]) is tuple and given.count(given[0]) == len(given):
             shapes = given if check(given[0]) is given[0] else (check(given[0]),) * len(given)  # uniform
         else:
@@ -138,8 +290,15 @@ class BlockGrid:
 
     @classmethod
     def uniform(cls, name: str, partition: Partition, shape: Sequence[int]) -> BlockGrid:
-        """A grid whose blocks all have the same ``shape``."""
-        return cls(name, partition, (tuple(shape),) * partition.size)
+        """A grid whose blocks all have the same ``shape`` (described: :class:`ProductShapes`)."""
+        if not isinstance(partition, Partition):
+            return cls(name, partition, ())  # the constructor names the problem
+        return cls(name, partition, ProductShapes.uniform(partition.shape, _block_shape(name, shape)))
+
+    def __hash__(self) -> int:
+        # the shapes by length and three of them, so a tuple and a described form that are
+        # equal hash alike (and P shapes are never hashed one by one)
+        return hash((self.name, self.partition, shapes_hash(self.shapes)))
 
     @classmethod
     def of(cls, layout: Layout, name: str | None = None) -> BlockGrid:
@@ -223,6 +382,69 @@ def sorted_axes(kind: str, axes: Sequence[int] | int, partition: Partition) -> t
 
 
 # -- broadcasting geometry -----------------------------------------------------------------------
+
+class BroadcastRule:
+    """:func:`broadcast_map` described, not tabulated: the source index of any destination
+    index and the box of destination indices that copy any source index, in O(ndim) each.
+
+    Raises
+    ------
+    BroadcastError
+        As :func:`broadcast_map` (the shapes do not broadcast; the message names the dimension).
+    """
+
+    __slots__ = ("destination", "pad", "padded", "reshaped", "source", "transpose")
+
+    def __init__(self, source: Partition, destination: Partition, transpose: bool = False) -> None:
+        for what, partition in (("source", source), ("destination", destination)):
+            if not isinstance(partition, Partition):
+                raise OperandError(
+                    f"broadcast_map: the {what} must be a Partition, not {type(partition).__name__}"
+                )
+        shape = source.shape[::-1] if transpose else source.shape
+        described = f"source partition shape {source.shape}" + (" (reversed)" if transpose else "")
+        if len(shape) > destination.ndim:
+            raise BroadcastError(
+                f"{described} has {len(shape)} dimensions, more than destination partition "
+                f"shape {destination.shape} ({destination.ndim})"
+            )
+        pad = destination.ndim - len(shape)
+        padded = (1,) * pad + shape
+        for d, (a, b) in enumerate(zip(padded, destination.shape)):
+            if a not in (1, b):
+                raise BroadcastError(
+                    f"{described} does not broadcast to destination partition shape {destination.shape}: "
+                    f"dimension {d} (after left-padding with ones) has extent {a}, neither 1 nor {b}"
+                )
+        self.source, self.destination, self.transpose = source, destination, bool(transpose)
+        self.reshaped, self.pad, self.padded = shape, pad, padded
+
+    def source_index(self, index: Sequence[int]) -> tuple[int, ...]:
+        """The source grid index whose block destination ``index`` copies."""
+        pad, padded = self.pad, self.padded
+        reshaped = tuple(index[d] if padded[d] != 1 else 0 for d in range(pad, len(padded)))
+        if not self.transpose:
+            return reshaped
+        if not self.reshaped:
+            return ()
+        position = int(np.ravel_multi_index(reshaped, self.reshaped))
+        return tuple(int(n) for n in np.unravel_index(position, self.source.shape))
+
+    def copy_box(self, index: Sequence[int]) -> tuple[int | None, ...]:
+        """The destination indices that copy source ``index``: per destination dimension its
+        fixed coordinate, or None for every coordinate (a box: see
+        :class:`~linop.partition.WorkerBox`)."""
+        index = tuple(index)
+        if self.transpose and self.reshaped:
+            position = int(np.ravel_multi_index(index, self.source.shape))
+            index = tuple(int(n) for n in np.unravel_index(position, self.reshaped))
+        box: list[int | None] = [None] * self.pad
+        for d in range(self.pad, len(self.padded)):
+            a, b = self.padded[d], self.destination.shape[d]
+            box.append(index[d - self.pad] if a == b else None)
+        return tuple(box)
+
+
 def broadcast_map(
     source: Partition, destination: Partition, *, transpose: bool = False
 ) -> dict[tuple[int, ...], tuple[int, ...]]:
@@ -258,26 +480,8 @@ def broadcast_map(
     >>> [routes[j] for j in [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]]
     [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
     """
-    for what, partition in (("source", source), ("destination", destination)):
-        if not isinstance(partition, Partition):
-            raise OperandError(
-                f"broadcast_map: the {what} must be a Partition, not {type(partition).__name__}"
-            )
-    shape = source.shape[::-1] if transpose else source.shape
-    described = f"source partition shape {source.shape}" + (" (reversed)" if transpose else "")
-    if len(shape) > destination.ndim:
-        raise BroadcastError(
-            f"{described} has {len(shape)} dimensions, more than destination partition "
-            f"shape {destination.shape} ({destination.ndim})"
-        )
-    pad = destination.ndim - len(shape)
-    padded = (1,) * pad + shape
-    for d, (a, b) in enumerate(zip(padded, destination.shape)):
-        if a not in (1, b):
-            raise BroadcastError(
-                f"{described} does not broadcast to destination partition shape {destination.shape}: "
-                f"dimension {d} (after left-padding with ones) has extent {a}, neither 1 nor {b}"
-            )
+    rule = BroadcastRule(source, destination, transpose)
+    shape, pad, padded = rule.reshaped, rule.pad, rule.padded
     # per dimension, the source coordinate of each destination coordinate; their product
     # runs in the destination's C order
     coordinates = [range(b) if a == b else [0] * b for a, b in zip(padded, destination.shape)]
@@ -323,10 +527,10 @@ def gathered_layout(tensor: DistributedTensor, axes: Sequence[int] | int, name: 
         If an axis is out of range or listed twice.
     """
     axes = sorted_axes("gathered_layout", axes, tensor.partition)
-    # per dimension, the extent of each grid coordinate (the whole extent along ``axes``); their
-    # product runs in C order of grid index
+    # per dimension, the extent of each grid coordinate (the whole extent along ``axes``): the
+    # shapes described by their product rule, not listed
     extents = [
         (n,) * len(sizes) if d in axes else sizes
         for d, (n, sizes) in enumerate(zip(tensor.global_shape, tensor.sizes))
     ]
-    return BlockGrid(name, tensor.partition, tuple(itertools.product(*extents)))
+    return BlockGrid(name, tensor.partition, ProductShapes(tensor.partition.shape, extents))

@@ -26,6 +26,7 @@ from .space import MAX_SIZE, MAX_WORKER, Block, GridSpace, Region, Space, State
 __all__ = [
     "Partition",
     "WorkerRange",
+    "WorkerBox",
     "DistributedTensor",
     "GlobalBox",
     "balanced_sizes",
@@ -169,6 +170,137 @@ class WorkerRange(Sequence[int]):
         if len(self._range) <= 32:
             return repr(tuple(self._range))
         return f"WorkerRange({self._range.start}, {self._range.stop})"
+
+
+class WorkerBox(Sequence[int]):
+    """The workers of a box of a partition's grid indices, described rather than enumerated:
+    per grid dimension a fixed coordinate, or None for every coordinate. In C order of the
+    grid index; O(ndim) memory, length, membership and position at any count.
+
+    A broadcast's copies of one source block, a reduction's group along some axes: the rank
+    that plans such a group names it by its box, never by the list of its members.
+
+    Examples
+    --------
+    >>> box = WorkerBox(Partition((3, 4)), (None, 1))
+    >>> tuple(box), 5 in box, box.index(9), box.triples()
+    ((1, 5, 9), True, 2, ((1, 9, 4),))
+    """
+
+    __slots__ = ("_counts", "_fixed", "_free", "_len", "_partition")
+
+    def __init__(self, partition: Partition, fixed: Sequence[int | None]) -> None:
+        fixed = tuple(fixed)
+        if len(fixed) != partition.ndim or any(
+            f is not None and not 0 <= f < n for f, n in zip(fixed, partition.shape)
+        ):
+            raise PartitionError(f"box {fixed} is not a box of partition {partition.shape}")
+        self._partition, self._fixed = partition, fixed
+        self._free = tuple(d for d, f in enumerate(fixed) if f is None)
+        self._counts = tuple(partition.shape[d] for d in self._free)
+        self._len = math.prod(self._counts)
+
+    @property
+    def partition(self) -> Partition:
+        return self._partition
+
+    @property
+    def fixed(self) -> tuple[int | None, ...]:
+        """Per grid dimension, the fixed coordinate or None (every coordinate)."""
+        return self._fixed
+
+    def grid_index(self, position: int) -> tuple[int, ...]:
+        """The grid index of the box's ``position``-th member (C order)."""
+        index = list(self._fixed)
+        for d, n in zip(reversed(self._free), reversed(self._counts)):
+            position, index[d] = divmod(position, n)
+        return tuple(index)  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, position: Any) -> Any:
+        if isinstance(position, slice):
+            return tuple(self[k] for k in range(*position.indices(self._len)))
+        position = operator.index(position)
+        if position < 0:
+            position += self._len
+        if not 0 <= position < self._len:
+            raise IndexError(f"member {position} of a box of {self._len} workers")
+        return self._partition.worker(self.grid_index(position))
+
+    def __iter__(self) -> Iterator[int]:
+        for k in range(self._len):
+            yield self._partition.worker(self.grid_index(k))
+
+    def position_of(self, worker: object) -> int | None:
+        """The position of ``worker`` in the box (C order), or None when it is not a member."""
+        flat = self._partition.position(worker)  # type: ignore[arg-type]
+        if flat is None:
+            return None
+        index = self._partition.index(worker)  # type: ignore[arg-type]
+        if any(f is not None and f != i for f, i in zip(self._fixed, index)):
+            return None
+        position = 0
+        for d, n in zip(self._free, self._counts):
+            position = position * n + index[d]
+        return position
+
+    def __contains__(self, worker: object) -> bool:
+        return self.position_of(worker) is not None
+
+    def index(self, worker: Any, start: int = 0, stop: int | None = None) -> int:
+        position = self.position_of(worker)
+        if position is None or position < start or (stop is not None and position >= stop):
+            raise ValueError(f"worker {worker} is not in the box")
+        return position
+
+    def count(self, worker: Any) -> int:
+        return int(worker in self)
+
+    def triples(self) -> tuple[tuple[int, int, int], ...]:
+        """The members as ``(first, last, stride)`` runs in order (what ``MPI_Group_range_incl``
+        takes): adjacent free dimensions of consecutive workers merge into one run, so a row, a
+        column or a whole grid is one triple; a partition of listed workers gives one per member."""
+        partition = self._partition
+        if not self._len:
+            return ()
+        if getattr(partition, "_first", None) is None:
+            return tuple((w, w, 1) for w in self)
+        strides = partition._strides
+        runs: list[tuple[int, int]] = []  # (count, stride) of each merged free dimension
+        previous = None
+        for d, n in zip(self._free, self._counts):
+            if previous is not None and previous == d - 1 and runs:
+                count, _ = runs[-1]
+                runs[-1] = (count * n, strides[d])
+            else:
+                runs.append((n, strides[d]))
+            previous = d
+        start = partition.worker(tuple(0 if f is None else f for f in self._fixed))
+        *outer, (count, stride) = runs if runs else [(1, 1)]
+        out = []
+        for digits in itertools.product(*(range(n) for n, _ in outer)):
+            first = start + sum(k * st for k, (_, st) in zip(digits, outer))
+            out.append((first, first + (count - 1) * stride, stride))
+        return tuple(out)
+
+    def key(self) -> tuple[Any, ...]:
+        """A hashable description (equal boxes of equal partitions, equal keys)."""
+        return (self._partition.description(), self._fixed)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, WorkerBox):
+            return self.key() == other.key() or tuple(self) == tuple(other)
+        if isinstance(other, (tuple, list, range, WorkerRange)):
+            return len(other) == self._len and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.key())
+
+    def __repr__(self) -> str:
+        return f"WorkerBox({self._partition.shape}, {self._fixed})"
 
 
 @dataclass(frozen=True)

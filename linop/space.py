@@ -546,9 +546,9 @@ class GridSpace(Space):
         The grid of workers.
     extents : tuple of tuple of int, optional
         Per dimension, the extent of each grid coordinate (product rule).
-    shapes : tuple of shapes, optional
-        One shape per worker in C order of grid index (exactly one of ``extents`` and
-        ``shapes``).
+    shapes : sequence of shapes, optional
+        One shape per worker in C order of grid index (a tuple, or a rule such as
+        :class:`~linop.layout.ProductShapes`; exactly one of ``extents`` and ``shapes``).
 
     The caller (a layout's constructor) has validated the rule: non-negative int extents with
     one entry per grid coordinate, or one shape per worker.
@@ -572,7 +572,7 @@ class GridSpace(Space):
         partition: GridPartition,
         *,
         extents: tuple[tuple[int, ...], ...] | None = None,
-        shapes: tuple[tuple[int, ...], ...] | None = None,
+        shapes: Sequence[tuple[int, ...]] | None = None,
     ) -> None:
         if (extents is None) == (shapes is None):
             raise BlockError("a grid space takes either per-dimension extents or one shape per worker")
@@ -662,7 +662,10 @@ class GridSpace(Space):
         """Total number of entries."""
         if self._extents is not None:
             return math.prod(sum(e) for e in self._extents)
-        shapes: tuple[tuple[int, ...], ...] = self._shapes or ()
+        shapes: Sequence[tuple[int, ...]] = self._shapes or ()
+        total = getattr(shapes, "total", None)  # shapes described by a rule (ProductShapes)
+        if total is not None:
+            return int(total())
         return sum(math.prod(shape) for shape in shapes)
 
     @property
@@ -696,7 +699,7 @@ class GridSpace(Space):
             and self._shapes == other._shapes
         )
 
-    def _shape_list(self) -> tuple[tuple[int, ...], ...]:
+    def _shape_list(self) -> Sequence[tuple[int, ...]]:
         if self._shapes is not None:
             return self._shapes
         return tuple(itertools.product(*self._extents))  # type: ignore[misc]

@@ -20,6 +20,7 @@ measures seconds and megabytes.
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -206,3 +207,108 @@ def test_all_reduce_on_a_uniform_block_grid_builds_no_block_per_worker(
 
     assert plan(False, 8) == plan(False, 16)
     assert plan(True, 16) > 3 * plan(True, 8)
+
+
+DESCRIBED = [
+    pytest.param("Broadcast 1 -> P", id="broadcast-one"),
+    pytest.param("Broadcast (1,s) -> (s,s)", id="broadcast-row"),
+    pytest.param("AllGather axis 0", id="allgather"),
+]
+
+
+@pytest.mark.parametrize("adjoint", [False, True], ids=["forward", "adjoint"])
+@pytest.mark.parametrize("case", DESCRIBED)
+def test_collective_rank_plans_independently_of_p(case: str, adjoint: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Building the tree, its fingerprint and one interior rank's compile construct as many
+    objects at P = 256 as at P = 64: the groups are described (a box of the copies'
+    partition, the root; an all-gather's line), never listed."""
+    counts = [_whole_plan(case, s, adjoint, monkeypatch) for s in (8, 16)]
+    assert counts[0] == counts[1], f"{case}: {counts[0]} objects at P = 64, {counts[1]} at P = 256"
+
+
+def test_a_listed_broadcast_group_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The control: a rank lowering that lists the group (the copies' blocks, one per copy, as
+    the lowering before issue 24 did) fails the equality."""
+    from linop.collectives import Broadcast
+
+    def listing(self, index):  # type: ignore[no-untyped-def]
+        box = original(self, index)
+        for k in range(len(box)):  # one block per copy, as a listed group builds
+            self.copies.block(box.grid_index(k))
+        return box
+
+    original = Broadcast.copy_box
+    monkeypatch.setattr(Broadcast, "copy_box", listing)
+    counts = [_whole_plan("Broadcast 1 -> P", s, False, monkeypatch) for s in (8, 16)]
+    assert counts[1] > 3 * counts[0]
+
+
+def test_described_groups_equal_their_lists() -> None:
+    """A :class:`~linop.partition.WorkerBox`, the runs MPI includes, the rooted ranks and the
+    copy names equal their enumeration on consecutive and listed workers, the root first,
+    among the members or outside them."""
+    import itertools
+
+    from linop import Partition
+    from linop.layout import BlockGrid
+    from linop.partition import WorkerBox
+    from linop.program.groups import CopyPairs, RootedRanks
+
+    for partition in (Partition((3, 4, 2)), Partition((3, 4, 2), workers=tuple(range(50, 74))[::-1])):
+        for fixed in itertools.product(*((None, *range(n)) for n in partition.shape)):
+            box = WorkerBox(partition, fixed)
+            listed = tuple(
+                partition.worker(i)
+                for i in partition.indices()
+                if all(f is None or f == c for f, c in zip(fixed, i))
+            )
+            assert tuple(box) == listed and len(box) == len(listed)
+            assert all(box.index(w) == k for k, w in enumerate(listed)) and 99 not in box
+            runs = [w for first, last, stride in box.triples() for w in range(first, last + 1, stride)]
+            assert tuple(runs) == listed
+            for root in (listed[0], listed[-1], listed[len(listed) // 2], 99):
+                ranks = RootedRanks(root, box)
+                expected = (root, *(w for w in listed if w != root))
+                assert tuple(ranks) == expected and len(ranks) == len(expected)
+                assert [ranks[k] for k in range(len(ranks))] == list(expected)
+                spread = [w for a, b, st in ranks.triples() for w in range(a, b + 1, st)]
+                assert tuple(spread) == expected
+            grid = BlockGrid.uniform("y", partition, (2,))
+            pairs = CopyPairs(grid, box)
+            assert list(pairs) == [(grid.block_name(partition.index(w)), w) for w in listed]
+            assert all(pairs.name_on(w) == grid.block_name(partition.index(w)) for w in listed)
+            assert pairs.name_on(99) is None
+
+
+def test_described_shapes_equal_their_lists() -> None:
+    """The copies of a broadcast and the blocks of an all-gather, described by product rules,
+    have the shapes the map and the gathered boxes give one by one (padded, broadcast and
+    uneven dimensions; a transposed route listed); equal grids hash alike in either form."""
+    from linop import AllGather, BlockGrid, Broadcast, DistributedTensor, Partition, broadcast_map
+    from linop.layout import ProductShapes
+
+    cases = [
+        (DistributedTensor("x", (5, 7), Partition((1, 3))), Partition((4, 3)), False),
+        (DistributedTensor("x", (5,), Partition((2,))), Partition((3, 2)), False),
+        (DistributedTensor("x", (5, 7), Partition((2, 1))), Partition((2, 3)), False),
+        (DistributedTensor("x", (5, 7), Partition((2, 3))), Partition((3, 2)), True),
+        (BlockGrid.uniform("x", Partition((1, 2)), (3,)), Partition((2, 2)), False),
+    ]
+    for tensor, destination, transpose in cases:
+        op = Broadcast(tensor, destination, "y", transpose=transpose)
+        routes = broadcast_map(tensor.partition, destination, transpose=transpose)
+        listed = tuple(tensor.block(routes[j]).shape for j in destination.indices())
+        assert op.copies.shapes == listed and listed == op.copies.shapes
+        assert all(op.source_index(j) == routes[j] for j in destination.indices())
+        assert isinstance(op.copies.shapes, ProductShapes) != transpose
+        again = BlockGrid("y", destination, listed)
+        assert again == op.copies and hash(again) == hash(op.copies)
+    tensor = DistributedTensor("x", (5, 7), Partition((2, 3)))
+    for axes in ((0,), (1,), (0, 1)):
+        gathered = AllGather(tensor, axes, "g").gathered
+        boxes = tuple(
+            tuple(n if d in axes else b - a for d, (a, b, n) in enumerate(zip(*tensor.box(i), (5, 7))))
+            for i in tensor.partition.indices()
+        )
+        assert gathered.shapes == boxes and gathered.space.size == sum(math.prod(s) for s in boxes)
+    assert ProductShapes((2,), ((1, 2),)) != ((1,), (3,))  # the control: a wrong list differs

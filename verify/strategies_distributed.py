@@ -36,7 +36,7 @@ from linop import (
     Scatter,
     SumReduce,
 )
-from linop.collectives import Planned
+from linop.collectives import Planned, ReduceScatter
 from linop.partition import DistributedTensor, Partition, balanced_sizes
 from linop.repartition import Gather
 
@@ -207,7 +207,7 @@ def _collectives_of(node_type: type) -> Callable[[], st.SearchStrategy[LinearOpe
     return factory
 
 
-for _node_type in (Planned, AllReduce, Broadcast, SumReduce, Repartition, AllGather):
+for _node_type in (Planned, AllReduce, Broadcast, SumReduce, Repartition, AllGather, ReduceScatter):
     examples_for(_node_type)(_collectives_of(_node_type))
 
 

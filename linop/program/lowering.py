@@ -46,6 +46,7 @@ __all__ = [
     "lower_for",
     "lower_portable",
     "lowering_rank",
+    "lowering_mapping",
     "note_workers",
     "movement_footprint",
     "workers_named",
@@ -71,7 +72,9 @@ def lowering(node_type: type) -> Callable[[Lowering], Lowering]:
             lowered = function(node)
             if lowered is None:
                 return dispatch.DECLINE
-            if _PORTABLE.get() and any(type(step) is FastPathStep for step in lowered):
+            if _PORTABLE.get() and any(
+                type(step) is FastPathStep and not hasattr(step.runner, "project_mapped") for step in lowered
+            ):
                 return dispatch.DECLINE  # a worker map: the expansion's point-to-point steps
             steps.extend(lowered)
             return None
@@ -124,17 +127,27 @@ def movement_footprint(node: Copy | CopyAdjoint | Move) -> Footprint:
 _PORTABLE: contextvars.ContextVar[bool] = contextvars.ContextVar("linop_portable", default=False)
 
 
-def lower_portable(op: LinearOperator) -> list[Step]:
-    """The global program of ``op`` without fast-path steps: every lowering that would emit a
-    :class:`~linop.program.steps.FastPathStep` declines, so its node runs its expansion (local
-    steps and transfers between workers only). Used under a worker-to-rank map
+_MAPPING: contextvars.ContextVar[Any] = contextvars.ContextVar("linop_mapping", default=None)
+
+
+def lower_portable(op: LinearOperator, mapping: Any = None) -> list[Step]:
+    """The global program of ``op`` for a worker-to-rank map
     (:class:`~linop.program.workers.WorkerMap`), where the fast paths' worker == rank layout
-    does not hold."""
-    token = _PORTABLE.set(True)
+    does not hold: every lowering that would emit a
+    :class:`~linop.program.steps.FastPathStep` declines, so its node runs its expansion (local
+    steps and transfers between workers only), unless the step's runner projects under a map
+    (``project_mapped(rank, mapping)``: a lowering that reads :func:`lowering_mapping`)."""
+    token, mapping_token = _PORTABLE.set(True), _MAPPING.set(mapping)
     try:
         return lower(op)
     finally:
         _PORTABLE.reset(token)
+        _MAPPING.reset(mapping_token)
+
+
+def lowering_mapping() -> Any:
+    """The worker map a portable lowering is for (:func:`lower_portable`), or None."""
+    return _MAPPING.get()
 
 
 def lower(op: LinearOperator) -> list[Step]:

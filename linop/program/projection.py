@@ -10,7 +10,8 @@ A program names workers; a rank runs the workers a worker map gives it (by defau
   :class:`~linop.program.steps.LocalMoves` (run after the messages of its phase: the transfers
   of a phase do not conflict, so their order is free);
 - scales, its blocks of a zero state, each term of a sum projected;
-- its part of a fast-path step (identity map only: fast paths assume worker == rank).
+- its part of a fast-path step (under a map, only of a step whose runner projects under one:
+  ``project_mapped(rank, mapping)``).
 
 A message's tag counts the earlier messages between the same (source rank, destination rank)
 pair in program order (modulo :data:`TAG_LIMIT`), so both ends derive it from the transfers
@@ -72,7 +73,7 @@ def project(steps: Iterable[Step], rank: int, mapping: WorkerMap | None = None) 
     Raises
     ------
     UnsupportedNodeError
-        Under a map, a fast-path step (lower with
+        Under a map, a fast-path step whose runner does not project under one (lower with
         :func:`~linop.program.lowering.lower_portable`).
     """
     return _project(steps, rank, mapping, {})
@@ -121,8 +122,12 @@ def _project(
             out.append(RankBranches(terms, names))
         elif isinstance(step, FastPathStep):
             if mapping is not None:
-                raise UnsupportedNodeError(f"a fast-path step {step!r} cannot run under a worker map")
-            mine = step.runner.project(rank)
+                project_mapped = getattr(step.runner, "project_mapped", None)
+                if project_mapped is None:
+                    raise UnsupportedNodeError(f"a fast-path step {step!r} cannot run under a worker map")
+                mine = project_mapped(rank, mapping)
+            else:
+                mine = step.runner.project(rank)
             if mine is not None:
                 out.append(mine)
         else:  # pragma: no cover - lowering emits nothing else

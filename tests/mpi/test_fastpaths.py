@@ -97,6 +97,9 @@ def partitions_for_broadcast():
     cases = [(Partition((1,)), Partition((SIZE,)))]
     if SIZE == 4:
         cases += [(Partition((1, 2)), Partition((2, 2))), (Partition((2, 1)), Partition((2, 2)))]
+        # the root among the copies but not first (its sub-communicator's runs split around it),
+        # and the root outside them
+        cases += [(Partition((1,), (2,)), Partition((SIZE,))), (Partition((1,), (3,)), Partition((3,)))]
     return cases
 
 
@@ -147,6 +150,33 @@ def test_all_gather_reduce_scatter_and_repartition(grid):
             collective_assert(
                 any(isinstance(s, FastPathStep) for s in plan.program.steps), f"{op}: no Alltoallw"
             )
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.float16], ids=["int64", "float16"])
+@pytest.mark.parametrize("grid", grids(), ids=str)
+def test_native_all_gather_and_reduce_scatter_on_equal_shares(grid, dtype):
+    """Along one axis of equal shares an all-gather is one ``Allgather`` and a reduce-scatter
+    one ``Reduce_scatter_block`` per line of the partition (float16, which MPI cannot sum,
+    runs the expansion): equal to the expansion and to numpy, both axes, exactly (integer
+    entries)."""
+    grid = grid if len(grid) == 2 else (grid[0], 1)
+    tensor = DistributedTensor("x", (2 * grid[0], 3 * grid[1]), Partition(grid))
+    for axis in (0, 1):
+        for op in (AllGather(tensor, (axis,), "g"), ReduceScatter(tensor, (axis,), "g")):
+            if grid[axis] < 2:
+                continue
+            plan = mpi_backend.plan_for(op, comm=COMM)
+            collective_assert(
+                any(
+                    type(s.runner).__name__ in ("_GatherRunner", "_Projected")
+                    for s in plan.program.steps
+                    if isinstance(s, FastPathStep)
+                ),
+                f"{op}: not native",
+            )
+            for node in (op, op.H):  # small integers: float16 sums exactly too
+                state = {k: v.astype(dtype) for k, v in node.domain.random(11, dtype=np.int64).items()}
+                check_fast_path_equals_expansion(node, state, exact=True)
 
 
 def test_scatter_and_gather():

@@ -17,7 +17,9 @@ arrays and their views:
 - a fast-path part (:class:`~linop.backends.mpi.steps.RankStep`): its persistent collectives
   (:meth:`~linop.backends.mpi.steps.RankStep.persistent`,
   :meth:`~linop.backends.mpi.steps.RankStep.bind_out_of_place`), started and waited one at a
-  time in the global order of their groups.
+  time in the global order of their groups;
+- a worker map's moves between two workers of this rank (:class:`~linop.program.LocalMoves`):
+  copies, adds and clears between views, as the runtime runs them.
 
 A call of the bound plan is then ``for function, arguments in calls: function(*arguments)``:
 no lookup by block name, no dispatch on step types, no closure, no allocation.
@@ -28,7 +30,7 @@ here before its first change (the numpy interpreter's copy-on-write, as a prepar
 its caller's array when the run leaves it elsewhere (through a buffer when it lies in another
 caller array, as :func:`~linop.backends.numpy.write_back` does).
 
-A schedule with other steps (local kernels, sums, moves under a worker map) is not compiled
+A schedule with other steps (local kernels, sums) is not compiled
 (:func:`compile_schedule` returns None); the bound plan then runs the ordinary schedule.
 """
 
@@ -42,7 +44,7 @@ import numpy as np
 
 from ...movement import Copy, CopyAdjoint, Move
 from ...primitives import Add, Allocate, Clear, Deallocate
-from ...program import RankPhase, RankZero, Scale
+from ...program import LocalMoves, RankPhase, RankZero, Scale
 from ...space import Block, Region
 from .datatypes import mpi, raw_spec, region_spec
 from .steps import RankStep
@@ -284,6 +286,28 @@ class _Compiler:
             elif t.after == "drop":
                 self.drop(t.source.name)
 
+    def local_moves(self, step: LocalMoves) -> None:
+        """:func:`~linop.backends.mpi.mapping.run_local_moves` (a worker map's moves between
+        two workers of this rank), prepared: copies, adds and clears between views."""
+        for t in step.transfers:
+            data = self.view(t.source)
+            if t.mode == "new":
+                array = self.buffer(data.shape)
+                self.calls.append((np.copyto, (array, data)))
+                self.set(t.target.name, array)
+            else:
+                region = cast(Region, t.target)
+                target = self.writable(region.name)[_index(region)]
+                if t.mode == "add":
+                    self.calls.append((np.add, (target, data, target)))
+                else:
+                    self.calls.append((np.copyto, (target, data)))
+            if t.after == "clear":
+                if t.source.size:
+                    self.calls.append((self.writable(t.source.name)[_index(t.source)].fill, (0,)))
+            elif t.after == "drop":
+                self.drop(t.source.name)
+
     def fast_path(self, step: RankStep) -> None:
         """A native collective, bound: in place on the blocks it writes (made owned first), or
         out of place into result buffers its binding builds."""
@@ -356,6 +380,7 @@ _HANDLERS: dict[type, Callable[[_Compiler, Any], None]] = {
     Clear: _Compiler.clear,
     Scale: _Compiler.scale,
     RankZero: _Compiler.zero,
+    LocalMoves: _Compiler.local_moves,
 }
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import weakref
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ...errors import CommunicatorArgumentError, CommunicatorError
@@ -236,23 +237,41 @@ def _in_order(size: int) -> tuple[int, ...]:
     return tuple(range(size))
 
 
-def subcommunicator(comm: Intracomm, ranks: tuple[int, ...]) -> Intracomm:
+def subcommunicator(comm: Intracomm, ranks: Sequence[int]) -> Intracomm:
     """The communicator of ``ranks`` (in that order) inside a context's private ``comm``,
     created once and freed with the context.
 
     Collective over ``ranks`` only (``MPI_Comm_create_group``); callers create the groups of a
-    step in one global order, so no two ranks wait for each other in opposite orders.
+    step in one global order, so no two ranks wait for each other in opposite orders. Ranks
+    described by runs (:class:`~linop.program.groups.RootedRanks`) are included run by run
+    (``MPI_Group_range_incl``): a group of P ranks costs O(runs) here, never a list of P.
     """
     size = comm.Get_size()
-    if len(ranks) == size and ranks == _in_order(size):  # the whole communicator, in order
+    triples = getattr(ranks, "triples", None)  # described ranks (linop.program.groups): runs
+    runs = triples() if triples is not None else None
+    if runs is not None:
+        if len(ranks) == size and _whole(runs, size):
+            return comm
+    elif len(ranks) == size and ranks == _in_order(size):  # the whole communicator, in order
         return comm
+    key: Any = ranks if runs is None else ("runs", runs)
     table = _SUBCOMMS.setdefault(comm.py2f(), {})
-    sub = table.get(ranks)
+    sub = table.get(key)
     if sub is None:
         whole = comm.Get_group()
-        group = whole.Incl(list(ranks))
+        group = whole.Incl(list(ranks)) if runs is None else whole.Range_incl(list(runs))
         sub = comm.Create_group(group, tag=7)
         group.Free()
         whole.Free()
-        table[ranks] = sub
+        table[key] = sub
     return sub
+
+
+def _whole(runs: tuple[tuple[int, int, int], ...], size: int) -> bool:
+    """True when ``(first, last, stride)`` runs list ranks ``0 .. size - 1`` in order."""
+    expected = 0
+    for first, last, stride in runs:
+        if first != expected or (first != last and stride != 1):
+            return False
+        expected = last + 1
+    return expected == size

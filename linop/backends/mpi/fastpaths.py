@@ -39,15 +39,17 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from ...collectives import AllGather, AllReduce, Broadcast, Planned, SumReduce
+from ...collectives import AllGather, AllReduce, Broadcast, Planned, ReduceScatter, SumReduce
 from ...halo import HaloExchange, HaloExchangeAdjoint, HaloStage, HaloStageAdjoint
 from ...movement import Copy, CopyAdjoint, SendRecv, SendRecvAdjoint
 from ...operator import LinearOperator
+from ...partition import WorkerBox
 from ...plan import Piece
 from ...primitives import Allocate, Deallocate
 from ...program import (
@@ -58,11 +60,13 @@ from ...program import (
     batch,
     lower,
     lowering,
+    lowering_mapping,
     lowering_rank,
     movement_footprint,
     note_workers,
     project,
 )
+from ...program.groups import CopyPairs, RootedRanks
 from ...repartition import Gather, Repartition, Scatter
 from ...space import Block, Region, Space
 from ..host_schedule import store_results
@@ -252,7 +256,9 @@ def _nonempty(layout: Any) -> bool:
     """True when some block of a layout holds an entry."""
     if hasattr(layout, "sizes"):
         return all(sum(sizes) > 0 for sizes in layout.sizes)
-    return any(all(n > 0 for n in shape) for shape in layout.shapes)
+    shapes = layout.shapes
+    distinct = getattr(shapes, "distinct", None)  # described shapes: the few distinct ones
+    return any(all(n > 0 for n in shape) for shape in (distinct() if distinct is not None else shapes))
 
 
 def _rank_all_reduce(op: AllReduce, rank: int) -> list[Step]:
@@ -278,8 +284,102 @@ def _rank_all_reduce(op: AllReduce, rank: int) -> list[Step]:
     return [FastPathStep(_Projected(step, rank, (partition.max_worker,)))]
 
 
+# -- all-reduce under a worker map ---------------------------------------------------------------
+@dataclass
+class _RankMappedAllReduce(RankStep):
+    """One rank's part of an all-reduce under a worker map: per group it holds a member of (in
+    the global order of the groups), its members' blocks and the distinct ranks of the group.
+    The rank sums its own members locally, ``Allreduce`` runs on the sub-communicator of the
+    distinct ranks (none when the group lives on this rank alone), and the sum is copied back
+    into every member it holds."""
+
+    entries: tuple[tuple[tuple[str, ...], tuple[int, ...]], ...]
+    fallback: Any
+
+    def run(self, work: Workspace, comm: Intracomm, dtype: np.dtype) -> None:
+        if dtype.char not in REDUCIBLE:
+            run_schedule(self.fallback(), work, comm, dtype)
+            return
+        for names, ranks in self.entries:  # blocking, in the global order of the groups
+            arrays = [_contiguous_owned(work, name, dtype) for name in names]
+            _reduce_members(arrays, ranks, comm, dtype)()
+
+    def persistent(
+        self, arrays: dict[str, np.ndarray], comm: Intracomm, dtype: np.dtype, *, dry: bool = False
+    ) -> Persistent | None:
+        """The local sums, blocking ``Allreduce`` calls and copies on the caller's arrays, in
+        order (as one finishing action per group), or None for dtypes MPI cannot sum."""
+        if dtype.char not in REDUCIBLE or any(
+            not arrays[name].flags.c_contiguous for names, _ in self.entries for name in names
+        ):
+            return None
+        if dry:
+            return Persistent()
+        finish = [
+            _reduce_members([arrays[n] for n in names], ranks, comm, dtype) for names, ranks in self.entries
+        ]
+        return Persistent([], finish)
+
+
+def _reduce_members(
+    arrays: list[np.ndarray], ranks: tuple[int, ...], comm: Intracomm, dtype: np.dtype
+) -> Any:
+    """The action summing ``arrays`` (one rank's members of a group) into the first, then over
+    ``ranks`` (its sub-communicator, when more than this rank), then copying the sum back."""
+    total, others = arrays[0], arrays[1:]
+    sub = subcommunicator(comm, ranks) if len(ranks) > 1 else None
+    lib = mpi()
+    mpi_type = predefined_type(dtype)
+
+    def reduce() -> None:
+        for other in others:
+            np.add(total, other, out=total)
+        if sub is not None:
+            sub.Allreduce(lib.IN_PLACE, [total, mpi_type], op=lib.SUM)
+        for other in others:
+            np.copyto(other, total)
+
+    return reduce
+
+
+@dataclass
+class _MappedAllReduceRunner:
+    """The global all-reduce step under a worker map (:func:`~linop.program.lower_portable`):
+    projected onto a rank through the map (``project_mapped``)."""
+
+    op: AllReduce
+    workers: tuple[int, ...] = field(default=())
+
+    def project(self, rank: int) -> RankStep:  # pragma: no cover - only projected under a map
+        raise ValueError("a mapped all-reduce is projected under its map")
+
+    def project_mapped(self, rank: int, mapping: Any) -> _RankMappedAllReduce | None:
+        op, held = self.op, set(mapping.workers_on(rank))
+        entries = []
+        for group in op.groups:
+            blocks = [op.tensor.block(i) for i in group]
+            if len(blocks) < 2 or not blocks[0].size:
+                continue
+            names = tuple(b.name for b in blocks if b.worker in held)
+            if names:
+                ranks = tuple(sorted({mapping.rank_of(b.worker) for b in blocks}))
+                entries.append((names, ranks))
+        if not entries:
+            return None
+
+        def fallback() -> tuple[Any, ...]:
+            return project(batch(lower(op.expand())), rank, mapping)
+
+        return _RankMappedAllReduce(tuple(entries), functools.lru_cache(maxsize=1)(fallback))
+
+
 @lowering(AllReduce)
 def _all_reduce(op: AllReduce) -> list[Step] | None:
+    if lowering_mapping() is not None:  # a worker map: the group's workers on one rank sum locally
+        if len(op.others) or math.prod(op.tensor.partition.shape[a] for a in op.axes) <= 1:
+            return None
+        workers = tuple(op.tensor.partition.workers)
+        return [FastPathStep(_MappedAllReduceRunner(op, workers))]
     rank = lowering_rank()
     if rank is not None:
         return _rank_all_reduce(op, rank)
@@ -304,8 +404,17 @@ class _Group:
 
     root_name: str
     shape: tuple[int, ...]
-    ranks: tuple[int, ...]
-    copies: tuple[tuple[str, int], ...]
+    ranks: Sequence[int]
+    copies: Sequence[tuple[str, int]]
+
+    def copy_on(self, rank: int) -> list[str]:
+        """The copies ``rank`` holds (none or one): from the description of a rank's own
+        lowering (:class:`~linop.program.groups.CopyPairs`), else by a scan."""
+        name_on = getattr(self.copies, "name_on", None)
+        if name_on is not None:
+            found = name_on(rank)
+            return [] if found is None else [found]
+        return [name for name, w in self.copies if w == rank]
 
 
 def _whole_groups(op: Broadcast | SumReduce, *, reduce: bool) -> tuple[_Group, ...] | None:
@@ -347,7 +456,7 @@ class _RankBroadcast(RankStep):
         not on every call."""
         found = self.__dict__.get("_mine_of_groups")
         if found is None:
-            found = [[name for name, w in group.copies if w == self.rank] for group in self.groups]
+            found = [group.copy_on(self.rank) for group in self.groups]
             self.__dict__["_mine_of_groups"] = found
         return found
 
@@ -380,7 +489,7 @@ class _RankBroadcast(RankStep):
         if any(a.dtype != dtype or not a.flags.c_contiguous for a in arrays.values()):
             return None
         for group in self.groups:
-            root_has_copy = any(w == group.ranks[0] for _, w in group.copies)
+            root_has_copy = bool(group.copy_on(group.ranks[0]))
             if self.reduce and (not root_has_copy or len(group.ranks) == 1):
                 return None  # would need zeros or a copy made on every call
         if any(b.size == 0 for b in self.created):
@@ -512,13 +621,12 @@ def _rank_broadcast(op: Broadcast | SumReduce, rank: int, *, reduce: bool) -> li
     groups = []
     for root in roots:
         block = tensor.block(root)
-        members = op.copies_of(root)
-        if not block.size or not members:  # empty blocks move nothing: no group
+        members = op.copy_box(root)  # described: a 1 -> P group is never listed
+        if not block.size or not len(members):  # empty blocks move nothing: no group
             continue
-        pairs = tuple((copies.block_name(j), copies.partition.worker(j)) for j in members)
-        ranks = (block.worker, *(w for _, w in pairs if w != block.worker))
-        first = copies.partition.flat(members[0])
-        groups.append((first, _Group(block.name, block.shape, ranks, pairs)))
+        ranks = RootedRanks(block.worker, members)
+        first = copies.partition.flat(members.grid_index(0))
+        groups.append((first, _Group(block.name, block.shape, ranks, CopyPairs(copies, members))))
     mine_x = tensor.space.owned(rank)
     mine_y = copies.space.owned(rank)
     dropped, created = (mine_y, mine_x) if reduce else (mine_x, mine_y)
@@ -905,11 +1013,139 @@ def _scatter_gather(op: Scatter | Gather) -> list[Step] | None:
     return _global_alltoallw(op) if rank is None else _rank_root(op, rank)
 
 
+# -- all-gather and reduce-scatter along one axis of equal shares -------------------------------
+@dataclass
+class _RankGather(RankStep):
+    """One rank's part of an all-gather (``Allgather``) or reduce-scatter
+    (``Reduce_scatter_block``) along one axis whose shares are equal: its group is a line of
+    the partition, described (:class:`~linop.partition.WorkerBox`), and the member at
+    coordinate ``k`` owns entries ``[k n, (k + 1) n)`` of the gathered block along ``axis``.
+
+    ``source`` is the block the rank gives (its tensor block; a gathered block for the
+    reduce-scatter) and ``target`` the block it gets; ``line`` is None on a rank outside
+    the layout or whose group has one member (then the step copies or sums locally)."""
+
+    source: str | None
+    target: Block | None
+    members: Sequence[int]
+    axis: int
+    reduce: bool
+    fallback: _Fallback
+
+    def run(self, work: Workspace, comm: Intracomm, dtype: np.dtype) -> None:
+        if self.reduce and dtype.char not in REDUCIBLE:
+            run_schedule(self.fallback.schedule(), work, comm, dtype)
+            return
+        if self.source is None or self.target is None:
+            return
+        send = work.arrays[self.source]
+        if send.dtype != dtype or not send.flags.c_contiguous:
+            send = np.ascontiguousarray(send, dtype=dtype)
+        count = len(self.members)
+        lib = mpi()
+        sub = subcommunicator(comm, self.members)
+        if self.reduce:  # the gathered block as [member, share] in C order, then summed
+            lined = _by_member(send, self.axis, count)
+            receive = np.empty(self.target.shape, dtype=dtype)
+            mpi_type = predefined_type(dtype)
+            if receive.size:
+                sub.Reduce_scatter_block([lined, mpi_type], [receive, mpi_type], op=lib.SUM)
+        else:
+            receive = np.empty(self.target.shape, dtype=dtype)
+            lined_shape = (count, *send.shape)
+            direct = math.prod(receive.shape[: self.axis]) == 1  # the shares are contiguous
+            gathered = receive if direct else np.empty(lined_shape, dtype=dtype)
+            if receive.size:
+                sub.Allgather([send, send.nbytes, byte_type()], [gathered, send.nbytes, byte_type()])
+            if not direct:
+                _by_member(receive, self.axis, count, out=gathered)
+        work.drop(self.source)
+        work.set(self.target.name, receive)
+
+
+def _by_member(array: np.ndarray, axis: int, count: int, out: np.ndarray | None = None) -> np.ndarray:
+    """``array`` (a gathered block) as ``[member, share]``: axis ``axis`` cut into ``count``
+    equal shares and the member's index moved first (a copy unless the shares lead). With
+    ``out`` (that arrangement), the reverse: ``out`` written back into ``array``."""
+    shape = array.shape
+    split = (*shape[:axis], count, shape[axis] // count, *shape[axis + 1 :])
+    lined = np.moveaxis(array.reshape(split), axis, 0)
+    if out is not None:
+        lined[...] = out
+        return array
+    return np.ascontiguousarray(lined)
+
+
+def _gather_line(op: AllGather | ReduceScatter) -> int | None:
+    """The one axis of an all-gather or reduce-scatter whose native path applies (no
+    pass-through blocks, one axis, equal shares along it, more than one member), or None."""
+    tensor = op.tensor
+    if len(op.others) or len(op.axes) != 1 or not tensor.ndim:
+        return None
+    (axis,) = op.axes
+    sizes = tensor.sizes[axis]
+    if len(sizes) < 2 or len(set(sizes)) != 1:
+        return None
+    return axis
+
+
+def _rank_gather(op: AllGather | ReduceScatter, rank: int, axis: int) -> _RankGather:
+    """The rank's native gather step: its own block, its gathered block, its line described."""
+    tensor, gathered = op.tensor, op.gathered
+    reduce = isinstance(op, ReduceScatter)
+    source: str | None = None
+    target: Block | None = None
+    members: Sequence[int] = ()
+    if tensor.partition.position(rank) is not None:
+        index = tensor.partition.index(rank)
+        mine, whole = tensor.block(index), gathered.block(index)
+        source, target = (whole.name, mine) if reduce else (mine.name, whole)
+        members = WorkerBox(tensor.partition, tuple(None if d == axis else i for d, i in enumerate(index)))
+    return _RankGather(source, target, members, axis, reduce, _fallback(op, rank))
+
+
+@dataclass
+class _GatherRunner:
+    op: AllGather | ReduceScatter
+    axis: int
+    workers: tuple[int, ...] = field(default=())
+
+    def project(self, rank: int) -> _RankGather:
+        return _rank_gather(self.op, rank, self.axis)
+
+
+def _native_gather(op: AllGather | ReduceScatter) -> list[Step] | None:
+    """The native step of an all-gather or reduce-scatter along one line of equal shares (one
+    ``Allgather`` / ``Reduce_scatter_block`` per line, on its sub-communicator; a rank plans
+    its own line only), or None for any other (the ``Alltoallw`` or the expansion)."""
+    axis = _gather_line(op)
+    if axis is None:
+        return None
+    partition = op.tensor.partition
+    rank = lowering_rank()
+    if rank is None:
+        return [FastPathStep(_GatherRunner(op, axis, tuple(partition.workers)))]
+    note_workers(partition.max_worker)
+    return [FastPathStep(_Projected(_rank_gather(op, rank, axis), rank, (partition.max_worker,)))]
+
+
+@lowering(ReduceScatter)
+def _reduce_scatter(op: ReduceScatter) -> list[Step] | None:
+    """Natively along one line of equal shares (:func:`_native_gather`); else as any plan
+    (:func:`_planned`)."""
+    native = _native_gather(op)
+    return native if native is not None else _planned(op)
+
+
 @lowering(AllGather)
 def _all_gather(op: AllGather) -> list[Step] | None:
-    """One ``Alltoallw`` (see :func:`_planned`); for one rank, from the pieces of its blocks:
+    """Natively along one line of equal shares (:func:`_native_gather`); else one
+    ``Alltoallw`` (see :func:`_planned`); for one rank, from the pieces of its blocks:
     each worker gives its one block and gets its one gathered block, one piece per pair of
     workers, as the whole plan shows."""
+    native = _native_gather(op)
+    if native is not None:
+        return native
     rank = lowering_rank()
     if rank is not None:
         pieces = _layout_pieces(op, rank)

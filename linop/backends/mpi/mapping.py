@@ -117,7 +117,7 @@ class MappedCompiled:
         self.workers: set[int] = set()
         self.error: LinopError | None = None
         try:
-            lowered = lower_portable(op)
+            lowered = lower_portable(op, mapping)
             found: set[int] = set(_space_workers(op.domain))
             found.update(_space_workers(op.range))
             self.workers = _tree_workers(op, lowered, found)

@@ -1,0 +1,105 @@
+"""Worker maps under MPI: 16 workers on 4 ranks against the same data one worker per rank.
+
+Run with 4 ranks::
+
+    mpiexec -n 4 python benchmarks/bench_mpi_mapping.py [--side 1024]
+
+Each rank holds the same data in both layouts:
+
+- ``halo``: a ``2s x 2s`` float64 global array with kernel 3, padding 1. Mapped: a 4 x 4 grid of
+  workers, each rank holding a 2 x 2 square of them (``mapping=``; the halos between a rank's
+  own workers are local copies); one worker per rank: a 2 x 2 grid. The rank boundaries, and so
+  the bytes sent between ranks, are the same.
+- ``all-reduce``: every block summed over the whole grid. Mapped: 16 workers of ``s/2 x s/2``
+  blocks, four per rank (a rank's workers sum locally first, then one ``Allreduce`` over the
+  ranks); one worker per rank: 4 workers of ``s x s/2`` blocks, the same entries per rank,
+  reduced over the 4 ranks (no map).
+
+Both run as bound plans (``plan_for(op, mapping=...).bind(local)``), interleaved sample by
+sample; a sample's time is the maximum over ranks; the table shows medians and the ratio
+mapped / one worker per rank. Results are checked equal to the numpy interpreter first.
+Nothing is asserted about speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+from statistics import median
+
+import numpy as np
+from _timing import interleaved_over_ranks
+from mpi4py import MPI
+
+from linop import AllReduce, BlockGrid, DistributedTensor, HaloExchange, Kernel, Partition, halo_geometry
+from linop.backends import mpi as mpi_backend
+from linop.program import WorkerMap
+
+COMM = MPI.COMM_WORLD
+RANK, SIZE = COMM.rank, COMM.size
+
+
+def squares_map() -> WorkerMap:
+    """Worker (i, j) of a 4 x 4 grid on rank (i // 2) * 2 + j // 2: a 2 x 2 square per rank."""
+    return WorkerMap([(w // 4 // 2) * 2 + (w % 4) // 2 for w in range(16)])
+
+
+def bound(op, mapping):
+    state = op.domain.random(1)
+    mine = mapping.workers_on(RANK) if mapping is not None else (RANK,)
+    local = {b.name: state[b.name] for b in op.domain if b.worker in mine}
+    plan = mpi_backend.plan_for(op, comm=COMM, mapping=mapping)
+    expected = op(state)
+    got = plan.bind({k: v.copy() for k, v in local.items()})()
+    for name, array in got.items():
+        assert np.allclose(array, expected[name]), name
+    return plan.bind(local)
+
+
+def cases(side: int):
+    mapping = squares_map()
+    kernel = Kernel(3, padding=1)
+    halo_mapped = HaloExchange(
+        halo_geometry(DistributedTensor("x", (2 * side, 2 * side), Partition((4, 4))), kernel)
+    )
+    halo_plain = HaloExchange(
+        halo_geometry(DistributedTensor("x", (2 * side, 2 * side), Partition((2, 2))), kernel)
+    )
+    half = side // 2
+    reduce_mapped = AllReduce(BlockGrid.uniform("a", Partition((4, 4)), (half, half)), (0, 1))
+    reduce_plain = AllReduce(BlockGrid.uniform("a", Partition((4,)), (side, half)), (0,))
+    return {
+        "halo exchange": (bound(halo_mapped, mapping), bound(halo_plain, None)),
+        "halo adjoint": (bound(halo_mapped.H, mapping), bound(halo_plain.H, None)),
+        "all-reduce": (bound(reduce_mapped, mapping), bound(reduce_plain, None)),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--side", type=int, default=1024, help="a rank's share is side x side entries")
+    parser.add_argument("--samples", type=int, default=15)
+    args = parser.parse_args()
+    if SIZE != 4:
+        raise SystemExit("run with 4 ranks: mpiexec -n 4 python benchmarks/bench_mpi_mapping.py")
+    if RANK == 0:
+        print(
+            f"16 workers on 4 ranks (mapping=) against 4 workers, one per rank; {args.side}^2 float64 per rank"
+        )
+        print(f"{'case':16s} {'mapped':>12s} {'one per rank':>14s} {'ratio':>8s}")
+    for name, (mapped, plain) in cases(args.side).items():
+        times = interleaved_over_ranks({"mapped": mapped, "plain": plain}, COMM, args.samples, 5)
+        ratio = median(times["mapped"] / times["plain"])
+        if RANK == 0:
+            print(
+                f"{name:16s} {median(times['mapped']) * 1e3:10.3f}ms {median(times['plain']) * 1e3:12.3f}ms "
+                f"{ratio:8.2f}x",
+                flush=True,
+            )
+        mapped.free()
+        plain.free()
+
+
+if __name__ == "__main__":
+    main()

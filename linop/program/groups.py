@@ -1,0 +1,158 @@
+"""Groups of workers described, not enumerated: what one rank plans of a collective.
+
+A broadcast from one block to P copies, or a reduction of P blocks onto one, is a group of P
+workers. A rank that plans its part names the group by a rule (a
+:class:`~linop.partition.WorkerBox` of the copies' partition and the root's worker) and
+never lists its members: length, membership, the position of a worker, and the runs of
+consecutive ranks that ``MPI_Group_range_incl`` takes all cost O(ndim).
+
+:class:`RootedRanks`
+    the ranks of a group, root first (the order of the sub-communicator a native collective
+    runs on: the root is rank 0 there), then the members in C order without the root;
+:class:`CopyPairs`
+    the (block name, worker) of each copy of a layout in a box, in C order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from ..partition import WorkerBox
+
+__all__ = ["CopyPairs", "RootedRanks"]
+
+
+class RootedRanks(Sequence[int]):
+    """``(root, *(w for w in members if w != root))``, described.
+
+    Parameters
+    ----------
+    root : int
+        The root's worker (first).
+    members : WorkerBox
+        The other workers of the group (the root may be one of them: it is listed once).
+
+    Examples
+    --------
+    >>> from linop import Partition
+    >>> from linop.partition import WorkerBox
+    >>> ranks = RootedRanks(5, WorkerBox(Partition((3, 4)), (None, 1)))
+    >>> tuple(ranks), ranks.triples()
+    ((5, 1, 9), ((5, 5, 1), (1, 1, 4), (9, 9, 4)))
+    """
+
+    __slots__ = ("_at", "_len", "members", "root")
+
+    def __init__(self, root: int, members: WorkerBox) -> None:
+        self.root, self.members = int(root), members
+        at = members.position_of(self.root)
+        self._at = len(members) if at is None else at  # the root's place among the members
+        self._len = len(members) + (at is None)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, position: Any) -> Any:
+        if isinstance(position, slice):
+            return tuple(self[k] for k in range(*position.indices(self._len)))
+        if position < 0:
+            position += self._len
+        if not 0 <= position < self._len:
+            raise IndexError(f"rank {position} of a group of {self._len}")
+        if position == 0:
+            return self.root
+        return self.members[position - 1 if position <= self._at else position]
+
+    def __iter__(self) -> Iterator[int]:
+        yield self.root
+        for w in self.members:
+            if w != self.root:
+                yield w
+
+    def __contains__(self, worker: object) -> bool:
+        return worker == self.root or worker in self.members
+
+    def triples(self) -> tuple[tuple[int, int, int], ...]:
+        """The ranks as ``(first, last, stride)`` runs, in order: the root's, then the
+        members' runs with the root taken out."""
+        out = [(self.root, self.root, 1)]
+        for first, last, stride in self.members.triples():
+            r = self.root
+            if first <= r <= last and (r - first) % stride == 0:
+                if r > first:
+                    out.append((first, r - stride, stride))
+                if r < last:
+                    out.append((r + stride, last, stride))
+            else:
+                out.append((first, last, stride))
+        return tuple(out)
+
+    def key(self) -> tuple[Any, ...]:
+        """A hashable description (a sub-communicator cache key)."""
+        return ("rooted", self.root, self.members.key())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RootedRanks):
+            return self.key() == other.key() or tuple(self) == tuple(other)
+        if isinstance(other, (tuple, list)):
+            return len(other) == self._len and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.key())
+
+    def __repr__(self) -> str:
+        return f"RootedRanks({self.root}, {self.members!r})"
+
+
+class CopyPairs(Sequence[tuple[str, int]]):
+    """``(layout.block_name(j), worker of j)`` for every index ``j`` of a box of a layout's
+    partition, in C order, described.
+
+    Parameters
+    ----------
+    layout : a layout (:class:`~linop.layout.Layout`)
+        Names the blocks.
+    box : WorkerBox
+        A box of ``layout.partition``.
+    """
+
+    __slots__ = ("box", "layout")
+
+    def __init__(self, layout: Any, box: WorkerBox) -> None:
+        self.layout, self.box = layout, box
+
+    def __len__(self) -> int:
+        return len(self.box)
+
+    def __getitem__(self, position: Any) -> Any:
+        if isinstance(position, slice):
+            return tuple(self[k] for k in range(*position.indices(len(self))))
+        if position < 0:
+            position += len(self)
+        if not 0 <= position < len(self):
+            raise IndexError(f"copy {position} of {len(self)}")
+        index = self.box.grid_index(position)
+        return self.layout.block_name(index), self.box.partition.worker(index)
+
+    def name_on(self, worker: int) -> str | None:
+        """The name of the copy on ``worker``, or None (a box holds one block per worker)."""
+        position = self.box.position_of(worker)
+        return None if position is None else self.layout.block_name(self.box.grid_index(position))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, CopyPairs) and (self.layout.name, self.box.key()) == (
+            other.layout.name,
+            other.box.key(),
+        ):
+            return True
+        if isinstance(other, (CopyPairs, tuple, list)):
+            return len(other) == len(self) and all(a == tuple(b) for a, b in zip(self, other))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.layout.name, self.box.key()))
+
+    def __repr__(self) -> str:
+        return f"CopyPairs({self.layout.name!r}, {self.box!r})"
