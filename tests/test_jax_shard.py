@@ -132,3 +132,27 @@ def test_a_clear_whose_box_is_read_later_is_kept_and_one_outside_dropped():
     inside, outside = box("clear", None, "a", (3,), (1,)), box("clear", None, "a", (0,), (2,))
     kept = drop_dead_clears([inside, outside, read], {"b"}, {"a": (4,), "b": (4,)}, 2)
     assert kept == (inside, read)
+
+
+def test_an_all_reduce_along_a_mesh_axis_is_one_psum_over_that_axis_only_on_a_fitting_mesh():
+    from linop import AllReduce
+    from linop.backends.jax_shard_plan import PsumOp
+
+    t = DistributedTensor("t", (4, 6), Partition.grid((2, 2)))
+    for axis in (0, 1):
+        square = compile_plan(AllReduce(t, (axis,)), 4, mesh_shape=(2, 2))
+        assert [o.over for o in square.ops if isinstance(o, PsumOp)] == [(axis,)]
+        assert [o.over for o in square.adjoint().ops if isinstance(o, PsumOp)] == [(axis,)]
+    line = compile_plan(AllReduce(t, (0,)), 4)  # groups {0, 2}, {1, 3} are no axis of a line
+    assert not any(isinstance(o, PsumOp) for o in line.ops)
+    assert [o.over for o in compile_plan(AllReduce(t, (0, 1)), 4).ops if isinstance(o, PsumOp)] == [(0,)]
+
+
+def test_a_reduce_scatter_is_one_psum_scatter_with_each_devices_own_add_inside():
+    from linop import AllGather
+    from linop.backends.jax_shard_plan import CollectiveOp
+
+    x = DistributedTensor("x", (8, 3), Partition.grid((4, 1)))
+    (op,) = compile_plan(AllGather(x, (0,), "g").H, 4).ops  # the self adds folded, clears dropped
+    assert isinstance(op, CollectiveOp)
+    assert [(p.kind, p.with_self) for p in op.pieces] == [("psum_scatter", True)]

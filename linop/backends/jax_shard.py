@@ -90,7 +90,9 @@ def _run(device: DeviceView, ops: Sequence[Any], slots: Slots) -> Slots:
             for part in op.pieces:
                 _collective(device, slots, part)
         elif isinstance(op, PsumOp):
-            slots.set(op.slot, lax.psum(slots.value(op.slot), device.axis))
+            names = device.axis if isinstance(device.axis, tuple) else (device.axis,)
+            over = tuple(names[i] for i in op.over)
+            slots.set(op.slot, lax.psum(slots.value(op.slot), over[0] if len(over) == 1 else over))
         elif isinstance(op, ScaleOp):
             scaled = Slots(device)
             for name in slots.names():

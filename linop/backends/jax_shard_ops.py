@@ -108,10 +108,12 @@ class CollectiveOp:
 
 @dataclass(frozen=True, eq=False)
 class PsumOp:
-    """A native all-reduce: ``slot <- psum(slot)`` over every device (an AllReduce whose one
-    group is every device, one block each)."""
+    """A native all-reduce: ``slot <- psum(slot)`` over the mesh axes ``over`` (indices into
+    the plan's mesh axes): an AllReduce with one block on every device whose groups are the
+    devices that differ only along those axes."""
 
     slot: str
+    over: tuple[int, ...]
 
 
 @dataclass(frozen=True, eq=False)

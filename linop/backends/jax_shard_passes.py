@@ -54,34 +54,40 @@ def _reads(op: Any) -> list[tuple[str, Box]] | None:
     return None
 
 
-def _writes(op: Any) -> list[tuple[str, Box]] | None:
-    """The boxes ``op`` writes (None: any slot)."""
+def _modes(op: Any) -> list[tuple[str, Box, str]] | None:
+    """The boxes ``op`` writes, each with its mode ("set", "add" or "clear")."""
     if isinstance(op, BoxOp):
-        return [(op.dst, (op.dst_starts, op.active, op.shape))]
+        return [(op.dst, (op.dst_starts, op.active, op.shape), op.kind)]
     if isinstance(op, Exchange):
-        return [(p.dst, (p.dst_starts, op.receivers, p.dst_shape)) for p in op.pieces]
+        return [(p.dst, (p.dst_starts, op.receivers, p.dst_shape), p.mode) for p in op.pieces]
     if isinstance(op, CollectiveOp):
-        found: list[tuple[str, Box]] = []
+        found: list[tuple[str, Box, str]] = []
         for piece in op.pieces:
             used = piece.used()
-            found.extend((piece.dst, (piece.places[s], used[s], piece.dst_shape)) for s in range(len(used)))
+            found.extend(
+                (piece.dst, (piece.places[s], used[s], piece.dst_shape), piece.mode) for s in range(len(used))
+            )
         return found
     return None
 
 
 def _conflict(a: Any, b: Any) -> bool:
-    """Whether swapping the order of ``a`` and ``b`` (or running them as one) may change a result."""
-    a_reads, a_writes, b_reads, b_writes = _reads(a), _writes(a), _reads(b), _writes(b)
+    """Whether swapping the order of ``a`` and ``b`` (or running them as one) may change a
+    result: a box one writes meets a box the other reads or writes (two adds commute)."""
+    a_reads, a_writes, b_reads, b_writes = _reads(a), _modes(a), _reads(b), _modes(b)
     if a_reads is None or a_writes is None or b_reads is None or b_writes is None:
         return True
-    for first, second in (
-        (a_writes, b_reads),
-        (a_writes, b_writes),
-        (a_reads, b_writes),
-    ):
-        for slot, box in first:
-            if any(slot == other and boxes_meet(box, found) for other, found in second):
-                return True
+    for slot, box, mode in a_writes:
+        if any(slot == other and boxes_meet(box, found) for other, found in b_reads):
+            return True
+        if any(
+            slot == other and boxes_meet(box, found) and not mode == kind == "add"
+            for other, found, kind in b_writes
+        ):
+            return True
+    for slot, box in a_reads:
+        if any(slot == other and boxes_meet(box, found) for other, found, _ in b_writes):
+            return True
     return False
 
 

@@ -29,7 +29,7 @@ Ops. Each op is the same code on every device, its per-device geometry in small 
   every other device, as native collectives (``all_to_all``, ``all_gather``,
   ``psum_scatter``; :class:`CollectivePiece`); each device's local copy of the same structure
   next to it joins it as the device's box to itself (:func:`fold_self_boxes`).
-- :class:`PsumOp`: an all-reduce over every device.
+- :class:`PsumOp`: an all-reduce whose groups are the devices along some mesh axes.
 - :class:`ScaleOp`, :class:`ZeroOp`, :class:`SumOp` (branches on the same input, added slot
   by slot over the range's slots).
 
@@ -129,12 +129,15 @@ class Plan:
     ops: tuple[Any, ...]
     alphas: tuple[Any, ...]
     rounds: int = 0
+    mesh_shape: tuple[int, ...] = ()
     adjoint_cache: list = field(default_factory=list, repr=False)
 
     def adjoint(self) -> Plan:
         """The plan of ``op.H`` on the same devices (built once)."""
         if not self.adjoint_cache:
-            self.adjoint_cache.append(compile_plan(self.op.H, self.devices, self.device_of))
+            self.adjoint_cache.append(
+                compile_plan(self.op.H, self.devices, self.device_of, self.mesh_shape or None)
+            )
         return self.adjoint_cache[0]
 
 
@@ -158,8 +161,11 @@ class _Micro:
 
 
 class _Compiler:
-    def __init__(self, op: LinearOperator, devices: int, device_of: Sequence[int]) -> None:
+    def __init__(
+        self, op: LinearOperator, devices: int, device_of: Sequence[int], mesh_shape: tuple[int, ...]
+    ) -> None:
         self.op = op
+        self.mesh_shape = mesh_shape
         self.devices = devices
         self.device_of = tuple(device_of)
         self.domain = space_layout(op.domain, device_of, devices)
@@ -428,29 +434,43 @@ class _Compiler:
 
     # -- the program ----------------------------------------------------------------------
     def tree(self, op: LinearOperator) -> list[Any]:
-        """The ops of ``op``: native collectives where the layout allows (an all-reduce over
-        every device), the portable program of everything else."""
+        """The ops of ``op``: native collectives where the layout allows (an all-reduce whose
+        groups are the devices along some mesh axes), the portable program of the rest."""
         if isinstance(op, Composition) and any(self._native(f) is not None for f in op.factors):
             ops: list[Any] = []
             for factor in reversed(op.factors):
                 ops.extend(self.tree(factor))
             return ops
-        slot = self._native(op)
-        if slot is not None:
-            return [PsumOp(slot)]
+        native = self._native(op)
+        if native is not None:
+            return [PsumOp(*native)]
         return self.steps(batch(lower_portable(op)))
 
-    def _native(self, op: LinearOperator) -> str | None:
-        """The slot of an AllReduce that ``psum`` computes exactly (one group of every device,
-        one block of one slot on each), else None."""
-        if not isinstance(op, AllReduce) or len(op.others) or len(op.groups) != 1:
+    def _native(self, op: LinearOperator) -> tuple[str, tuple[int, ...]] | None:
+        """(slot, mesh axes) of an AllReduce that ``psum`` over those axes computes exactly:
+        one block of one slot on every device, each group the devices that differ only along
+        those axes (all of them for one group), else None."""
+        if not isinstance(op, AllReduce) or len(op.others):
             return None
-        blocks = [op.tensor.block(index) for index in op.groups[0]]
-        devices = {self._dev(b.worker, b.name) for b in blocks}
+        blocks = [op.tensor.block(index) for group in op.groups for index in group]
+        devices = [self._dev(b.worker, b.name) for b in blocks]
         slots = {self.slot(b) for b in blocks}
-        if len(blocks) != self.devices or len(devices) != self.devices or len(slots) != 1:
+        if len(blocks) != self.devices or len(set(devices)) != self.devices or len(slots) != 1:
             return None
-        return slots.pop()
+        groups = sorted(
+            sorted(self._dev(op.tensor.block(i).worker, op.tensor.block(i).name) for i in group)
+            for group in op.groups
+        )
+        for over in self._axis_sets():
+            if _classes(self.mesh_shape, over) == groups:
+                return slots.pop(), over
+        return None
+
+    def _axis_sets(self) -> list[tuple[int, ...]]:
+        """Every set of mesh axes, all of them first."""
+        k = len(self.mesh_shape)
+        found = [tuple(i for i in range(k) if m >> i & 1) for m in range(1, 1 << k)]
+        return sorted(found, key=len, reverse=True)
 
     def steps(self, steps: Iterable[Any]) -> list[Any]:
         ops: list[Any] = []
@@ -490,9 +510,26 @@ class _Compiler:
         return ops
 
 
-def compile_plan(op: LinearOperator, devices: int, device_of: Sequence[int] | None = None) -> Plan:
+def _classes(mesh_shape: tuple[int, ...], over: tuple[int, ...]) -> list[list[int]]:
+    """The devices (linearized row-major over ``mesh_shape``) grouped by their coordinates
+    along the axes not in ``over``."""
+    coordinates = np.array(np.unravel_index(np.arange(int(np.prod(mesh_shape))), mesh_shape)).T
+    kept = [i for i in range(len(mesh_shape)) if i not in over]
+    classes: dict[tuple[int, ...], list[int]] = {}
+    for device, coordinate in enumerate(coordinates):
+        classes.setdefault(tuple(int(coordinate[i]) for i in kept), []).append(device)
+    return sorted(classes.values())
+
+
+def compile_plan(
+    op: LinearOperator,
+    devices: int,
+    device_of: Sequence[int] | None = None,
+    mesh_shape: Sequence[int] | None = None,
+) -> Plan:
     """Compile ``op`` for ``devices`` JAX devices, worker ``w`` on device ``device_of[w]``
-    (default: worker w on device w).
+    (default: worker w on device w), the devices linearized row-major over mesh axes of sizes
+    ``mesh_shape`` (default one axis of ``devices``).
 
     Raises
     ------
@@ -510,7 +547,10 @@ def compile_plan(op: LinearOperator, devices: int, device_of: Sequence[int] | No
         raise WorkerError(
             f"worker {bad[0]} is mapped to device {device_of[bad[0]]}, outside 0 .. {devices - 1}"
         )
-    compiler = _Compiler(op, devices, device_of)
+    mesh_shape = (devices,) if mesh_shape is None else tuple(int(n) for n in mesh_shape)
+    if int(np.prod(mesh_shape)) != devices:
+        raise WorkerError(f"mesh axes of sizes {mesh_shape} do not hold {devices} devices")
+    compiler = _Compiler(op, devices, device_of, mesh_shape)
     ops = compiler.tree(op)
     outputs = []
     for spec in compiler.range.slots:
@@ -518,15 +558,9 @@ def compile_plan(op: LinearOperator, devices: int, device_of: Sequence[int] | No
         outputs.append((internal, spec.extents()))
     inputs = tuple(spec.name for spec in compiler.domain.slots)
     shapes = {name: tuple(shape) for name, shape in compiler.shapes.items()}
-    ops = list(fold_self_boxes(ops, devices))
-    ops = list(
-        drop_dead_clears(
-            ops,
-            {s for internal, _ in outputs for s in internal if s is not None},
-            shapes,
-            devices,
-        )
-    )
+    live = {s for internal, _ in outputs for s in internal if s is not None}
+    ops = list(drop_dead_clears(ops, live, shapes, devices))  # a dead clear may sit between
+    ops = list(drop_dead_clears(fold_self_boxes(ops, devices), live, shapes, devices))
     return Plan(
         op,
         devices,
@@ -539,4 +573,5 @@ def compile_plan(op: LinearOperator, devices: int, device_of: Sequence[int] | No
         tuple(ops),
         tuple(compiler.alphas),
         compiler.rounds,
+        mesh_shape,
     )

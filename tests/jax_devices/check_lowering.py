@@ -266,6 +266,25 @@ def check_native_allreduce() -> None:
         prove(f, f"native {op}")
 
 
+def check_psum_over_a_mesh_axis() -> None:
+    """On a 2 x 2 mesh, an all-reduce over one partition axis is one psum over the mesh axis
+    its groups run along (rows: "a", columns: "b"), in the forward and the adjoint plan."""
+    if COUNT != 4:
+        return
+    from linop.backends.jax_shard_plan import PsumOp
+
+    square = Mesh(np.array(jax.devices()).reshape(2, 2), ("a", "b"))
+    t = DistributedTensor("t", (4, 6), Partition.grid((2, 2)))
+    for axis in (0, 1):
+        f = sharded(AllReduce(t, (axis,)), square)
+        assert [o.over for o in f.plan.ops if isinstance(o, PsumOp)] == [(axis,)], f.plan.ops
+        assert [o.over for o in f.plan.adjoint().ops if isinstance(o, PsumOp)] == [(axis,)]
+        prove(f, f"psum over mesh axis {'ab'[axis]}")
+    on_a_line = sharded(AllReduce(t, (0,)), MESH)  # the same groups on one axis: ppermute rounds
+    assert not any(isinstance(o, PsumOp) for o in on_a_line.plan.ops)
+    prove(on_a_line, "the same all-reduce on a 1-d mesh")
+
+
 def kinds(plan: Plan) -> list[tuple[str, bool]]:
     from linop.backends.jax_shard_plan import CollectiveOp
 
@@ -439,6 +458,7 @@ if __name__ == "__main__":
     check_control()
     check_native_allreduce()
     check_native_collectives()
+    check_psum_over_a_mesh_axis()
     check_drawn_native_collectives()
     check_uneven_77_rows()
     check_collectives()
