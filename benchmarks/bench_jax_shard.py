@@ -152,7 +152,7 @@ def main() -> None:
         hand_r = hand_map(hand_allreduce)
         row(f"all-reduce {n} x {n} per device, forward, vs psum", run(reduce, hand_r, x))
         row(f"all-reduce {n} x {n} per device, grad, vs psum", run(loss_grad(reduce), loss_grad(hand_r), x))
-    callback_sizes = (16, 64) if QUICK else (16, 64, 128, 256)
+    callback_sizes = (16, 64) if QUICK else (16, 64, 128)  # at 256 the callback stalls (XLA aborts)
     for n in callback_sizes:  # 16: the README's 64 x 48 field is 16 rows per device
         u = DistributedTensor("u", (P * n, n), Partition.grid((P, 1)))
         windows = sharded(halo_windows(u, Kernel(3, padding=1)), MESH)

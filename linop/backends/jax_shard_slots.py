@@ -113,20 +113,20 @@ class DeviceView:
         the box), which XLA fuses with its neighbours into one pass over the array instead
         of an in-place update that needs the array's buffer to itself."""
         full = array.shape[len(self.batch) :]
+        everyone = bool(active.all())
+        zero = jnp.zeros((), array.dtype)
+        if kind == "add" and value is not None:  # no select: the pad is zero outside the box
+            placed = self.place(value.astype(array.dtype), starts, full)
+            return array + (placed if everyone else jnp.where(self.row(active), placed, zero))
         inside = jnp.ones(full, dtype=bool)
         for k, (a, n) in enumerate(zip(starts, shape)):
             position = lax.broadcasted_iota(jnp.int32, full, k)
             inside = inside & (position >= a) & (position < a + n)
-        everyone = bool(active.all())
         if not everyone:
             inside = inside & self.row(active)
-        zero = jnp.zeros((), array.dtype)
         if value is None:
             return jnp.where(inside, zero, array)
-        placed = self.place(value.astype(array.dtype), starts, full)
-        if kind == "add":
-            return array + (placed if everyone else jnp.where(self.row(active), placed, zero))
-        return jnp.where(inside, placed, array)
+        return jnp.where(inside, self.place(value.astype(array.dtype), starts, full), array)
 
     def place(self, value: jax.Array, starts: tuple[int, ...], full: tuple[int, ...]) -> jax.Array:
         """``value`` at ``starts`` in zeros of shape ``full`` (a pad; nothing when it fills)."""
