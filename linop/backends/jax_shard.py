@@ -125,8 +125,24 @@ def _collective(device: DeviceView, slots: Slots, piece: CollectivePiece) -> Non
     step = (np.arange(p) + 1) % p  # for device d, some other device
     if piece.kind == "all_gather":
         box = slots.read(piece.src, piece.sends[step, np.arange(p)], everyone, piece.src_shape)
+        along = _side_by_side(piece)
+        if along is not None:  # the boxes land side by side in sender order: one tiled gather
+            shape = tuple(n * p if k == along else n for k, n in enumerate(piece.dst_shape))
+            box = box.reshape(*device.batch[1:], *piece.dst_shape)  # without the device axis,
+            # so that XLA gathers along a major dimension in the default layout (no copies)
+            whole = lax.all_gather(box, device.axis, axis=len(device.batch) - 1 + along, tiled=True)
+            slots.write(piece.dst, piece.places[0], everyone, shape, whole[None], "set")
+            return
         received = lax.all_gather(box, device.axis, axis=0, tiled=False)
     else:
+        along = _side_by_side(piece, piece.sends, piece.src_shape) if piece.kind == "psum_scatter" else None
+        if along is not None:  # the boxes sent lie side by side in receiver order: one tiled scatter
+            shape = tuple(n * p if k == along else n for k, n in enumerate(piece.src_shape))
+            region = slots.read(piece.src, piece.sends[0], everyone, shape)[0]  # no device axis
+            total = lax.psum_scatter(region, device.axis, scatter_dimension=along, tiled=True)
+            place = piece.places[step, np.arange(p)]
+            slots.write(piece.dst, place, everyone, piece.dst_shape, total[None], "add")
+            return
         chunks = [slots.read(piece.src, piece.sends[e], used[e], piece.src_shape) for e in range(p)]
         if piece.kind == "psum_scatter":
             if not piece.with_self:  # a device's own box is not sent
@@ -141,6 +157,28 @@ def _collective(device: DeviceView, slots: Slots, piece: CollectivePiece) -> Non
         slots.write(
             piece.dst, piece.places[sender], used[sender], piece.dst_shape, received[sender], piece.mode
         )
+
+
+def _side_by_side(
+    piece: CollectivePiece, table: np.ndarray | None = None, shape: tuple[int, ...] | None = None
+) -> int | None:
+    """The dimension along which the boxes of ``table`` (default the places: ``[sender,
+    receiver]``; or the sends: ``[destination, sender]``) lie one after the other in the order
+    of its first index, at the same starts on every device, else None."""
+    table = piece.places if table is None else table
+    shape = piece.dst_shape if shape is None else shape
+    if not piece.with_self:
+        return None
+    first = table[:, 0]  # [first index] -> start, if every device agrees
+    if not (table == first[:, None]).all():
+        return None
+    steps = first - first[0]
+    for k, n in enumerate(shape):
+        expected = np.zeros_like(steps)
+        expected[:, k] = np.arange(len(steps)) * n
+        if (steps == expected).all():
+            return k
+    return None
 
 
 def _fit(array: jax.Array, batch: int, shape: tuple[int, ...]) -> jax.Array:
