@@ -139,7 +139,9 @@ def _collective(device: DeviceView, slots: Slots, piece: CollectivePiece) -> Non
         if along is not None:  # the boxes sent lie side by side in receiver order: one tiled scatter
             shape = tuple(n * p if k == along else n for k, n in enumerate(piece.src_shape))
             region = slots.read(piece.src, piece.sends[0], everyone, shape)[0]  # no device axis
-            total = lax.psum_scatter(region, device.axis, scatter_dimension=along, tiled=True)
+            total = lax.psum_scatter(
+                region, device.axis, scatter_dimension=len(device.batch) - 1 + along, tiled=True
+            )
             place = piece.places[step, np.arange(p)]
             slots.write(piece.dst, place, everyone, piece.dst_shape, total[None], "add")
             return
