@@ -5,10 +5,14 @@ set here before JAX is imported). Forward and ``grad`` (of ``0.5 |f(x)|^2``: a f
 transpose), all under ``jit``, float32:
 
 - halo windows of a 2-d array cut in 4 row blocks, kernel 3 x 3, zero padding 1 (hand: two
-  ``ppermute`` of one row each, ``concatenate`` and ``pad``);
-- repartition rows -> columns (hand: one tiled ``all_to_all``);
-- all-reduce (hand: ``psum``; linop lowers its expansion to ``ppermute`` rounds, no native
-  collective yet);
+  ``ppermute`` of one row each, ``concatenate`` and ``pad``): forward, grad, and the transpose
+  alone (the VJP of a fixed cotangent; in the grad of ``0.5 |f|^2`` the cotangent is the
+  forward's output, which XLA partly simplifies away for the hand-written code);
+- repartition rows -> columns (hand: one tiled ``all_to_all``; linop: one ``all_to_all``);
+- all-gather (hand and linop: one ``all_gather``; its transpose a ``psum_scatter``);
+- all-reduce (hand and linop: ``psum``);
+- against the host callback at the README's size (16 rows per device) and larger;
+- the fixed cost of one call (the smallest halo; and an identity ``shard_map``: dispatch);
 - the padding overhead: halo windows with 4n - 3 rows (uneven, padded slots) against 4n rows.
 
 Every pair is first checked to give the same result. Prints medians and ratios (linop /
@@ -29,7 +33,7 @@ from _timing import compare
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from linop import AllReduce, DistributedTensor, Kernel, Partition, Repartition, halo_windows
+from linop import AllGather, AllReduce, DistributedTensor, Kernel, Partition, Repartition, halo_windows
 from linop.frameworks.jax_function import function as callback_function
 from linop.frameworks.jax_sharded import sharded
 from linop.layout import BlockGrid
@@ -56,6 +60,10 @@ def hand_halo(x):
 
 def hand_columns(x):
     return lax.all_to_all(x[0], "d", split_axis=1, concat_axis=0, tiled=True)[None]
+
+
+def hand_gather(x):
+    return lax.all_gather(x[0], "d", axis=0, tiled=True)[None]
 
 
 def hand_allreduce(x):
@@ -86,6 +94,22 @@ def single(f):
     return jax.jit(lambda a: f.arrays(a)[0])
 
 
+def vjp_of(f, cotangent):
+    """The transpose alone: the VJP of ``f`` applied to a fixed cotangent."""
+    return jax.jit(lambda a: jax.vjp(f, a)[1](cotangent)[0])
+
+
+def via_callback_of(op):
+    back = callback_function(op)
+    names = op.domain.names
+
+    def via_callback(a):
+        state = {name: a[i] for i, name in enumerate(names)}
+        return jnp.stack(list(back(state).values()))
+
+    return jax.jit(via_callback)
+
+
 def main() -> None:
     load = os.getloadavg()
     print(
@@ -99,22 +123,14 @@ def main() -> None:
         windows = sharded(halo_windows(u, Kernel(3, padding=1)), MESH)
         x = jax.device_put(jnp.arange(P * n * n, dtype=jnp.float32).reshape(P, n, n) % 97, ROWS)
         ours, hand = single(windows), hand_map(hand_halo)
-        row(f"halo windows {P}x{n} x {n}, forward, vs hand shard_map", run(ours, hand, x))
-        row(f"halo windows {P}x{n} x {n}, grad, vs hand shard_map", run(loss_grad(ours), loss_grad(hand), x))
-        if n <= 128:  # the callback path stalls (XLA's gather onto one device) at 512 x 512
-            back = callback_function(windows.op)
-            names = windows.op.domain.names
-
-            def via_callback(a, back=back, names=names):
-                state = {name: a[i] for i, name in enumerate(names)}
-                return jnp.stack(list(back(state).values()))
-
-            called = jax.jit(via_callback)
-            row(f"halo windows {P}x{n} x {n}, forward, vs host callback", run(ours, called, x))
-            row(
-                f"halo windows {P}x{n} x {n}, grad, vs host callback",
-                run(loss_grad(ours), loss_grad(called), x),
-            )
+        label = f"halo windows {P}x{n} x {n}"
+        row(f"{label}, forward, vs hand shard_map", run(ours, hand, x))
+        row(f"{label}, grad of 0.5 |f|^2, vs hand shard_map", run(loss_grad(ours), loss_grad(hand), x))
+        ct = jax.device_put(jnp.ones((P, n + 2, n + 2), jnp.float32), ROWS)
+        row(
+            f"{label}, transpose (vjp of a fixed cotangent), vs hand",
+            run(vjp_of(ours, ct), vjp_of(hand, ct), x),
+        )
         y = DistributedTensor("y", (P * n, P * n), Partition.grid((1, P)))
         xr = DistributedTensor("x", (P * n, P * n), Partition.grid((P, 1)))
         columns = single(sharded(Repartition(xr, y), MESH))
@@ -128,10 +144,34 @@ def main() -> None:
             f"repartition rows -> columns {P * n} x {P * n}, grad, vs all_to_all",
             run(loss_grad(columns), loss_grad(hand_c), big),
         )
+        gather = single(sharded(AllGather(u, (0,), "g"), MESH))
+        hand_g = hand_map(hand_gather)
+        row(f"all-gather {P}x{n} x {n}, forward, vs all_gather", run(gather, hand_g, x))
+        row(f"all-gather {P}x{n} x {n}, grad, vs all_gather", run(loss_grad(gather), loss_grad(hand_g), x))
         reduce = single(sharded(AllReduce(BlockGrid.uniform("r", Partition.grid((P,)), (n, n)), (0,)), MESH))
         hand_r = hand_map(hand_allreduce)
         row(f"all-reduce {n} x {n} per device, forward, vs psum", run(reduce, hand_r, x))
         row(f"all-reduce {n} x {n} per device, grad, vs psum", run(loss_grad(reduce), loss_grad(hand_r), x))
+    callback_sizes = (16, 64) if QUICK else (16, 64, 128)  # at 256 the callback stalls (XLA aborts)
+    for n in callback_sizes:  # 16: the README's 64 x 48 field is 16 rows per device
+        u = DistributedTensor("u", (P * n, n), Partition.grid((P, 1)))
+        windows = sharded(halo_windows(u, Kernel(3, padding=1)), MESH)
+        x = jax.device_put(jnp.arange(P * n * n, dtype=jnp.float32).reshape(P, n, n) % 97, ROWS)
+        ours, called = single(windows), via_callback_of(windows.op)
+        row(f"halo windows {P}x{n} x {n}, forward, vs host callback", run(ours, called, x))
+        row(f"halo windows {P}x{n} x {n}, grad, vs host callback", run(loss_grad(ours), loss_grad(called), x))
+    # the fixed cost of one call: the smallest case, linop's jitted call against the hand one,
+    # and against an empty jitted shard_map (the dispatch alone)
+    u = DistributedTensor("u", (P * 2, 2), Partition.grid((P, 1)))
+    windows = sharded(halo_windows(u, Kernel(3, padding=1)), MESH)
+    x = jax.device_put(jnp.ones((P, 2, 2), jnp.float32), ROWS)
+    tiny = single(windows)  # made once: a new jit wrapper per call would retrace
+    row("per-call cost, halo of 2 x 2 blocks, forward, vs hand shard_map", run(tiny, hand_map(hand_halo), x))
+    nothing = hand_map(lambda a: a)
+    timing = compare(
+        lambda: jax.block_until_ready(tiny(x)), lambda: jax.block_until_ready(nothing(x)), REPEATS
+    )
+    row("per-call cost, same, vs an identity shard_map (dispatch alone)", timing)
     n = 512
     even = DistributedTensor("u", (P * n, n), Partition.grid((P, 1)))
     uneven = DistributedTensor("u", (P * n - 3, n), Partition.grid((P, 1)))

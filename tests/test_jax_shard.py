@@ -92,3 +92,67 @@ def test_a_numpy_kernel_is_refused_with_a_typed_error():
     kernel = local_operator(space, ["a"], {"b": (2,)}, forward=lambda a: (a,), adjoint=lambda b: (b,))
     with pytest.raises(DeviceKernelError, match="cannot run inside jit on JAX devices"):
         compile_plan(kernel, 1)
+
+
+def test_an_even_rows_to_columns_phase_is_one_all_to_all_with_each_devices_own_box():
+    from linop.backends.jax_shard_plan import CollectiveOp
+
+    x = DistributedTensor("x", (8, 8), Partition.grid((4, 1)))
+    y = DistributedTensor("y", (8, 8), Partition.grid((1, 4)))
+    plan = compile_plan(Repartition(x, y), 4)
+    (op,) = plan.ops  # the local copies of each device's own box folded into the collective
+    assert isinstance(op, CollectiveOp)
+    (piece,) = op.pieces
+    assert (piece.kind, piece.with_self) == ("all_to_all", True)
+    assert piece.sends[:, 2].tolist() == [[0, 0], [0, 2], [0, 4], [0, 6]]  # device 2's box for each e
+    assert piece.places[:, 1].tolist() == [[0, 0], [2, 0], [4, 0], [6, 0]]  # device 1 puts s's box
+
+
+def test_the_halo_adjoint_drops_the_clears_of_halo_cells_never_read_again():
+    from linop import Kernel, halo_windows
+    from linop.backends.jax_shard_plan import BoxOp
+
+    u = DistributedTensor("u", (32, 8), Partition.grid((4, 1)))
+    plan = compile_plan(halo_windows(u, Kernel(3, padding=1)), 4).adjoint()
+    assert not [o for o in plan.ops if isinstance(o, BoxOp) and o.kind == "clear"]
+
+
+def test_a_clear_whose_box_is_read_later_is_kept_and_one_outside_dropped():
+    import numpy as np
+
+    from linop.backends.jax_shard_plan import BoxOp, drop_dead_clears
+
+    everyone = np.ones(2, dtype=bool)
+
+    def box(kind, src, dst, start, shape):
+        starts = np.asarray([start, start], dtype=np.int32)
+        return BoxOp(kind, src, None if src is None else starts, dst, starts, shape, shape, everyone)
+
+    read = box("set", "a", "b", (2,), (2,))  # reads a[2:4]
+    inside, outside = box("clear", None, "a", (3,), (1,)), box("clear", None, "a", (0,), (2,))
+    kept = drop_dead_clears([inside, outside, read], {"b"}, {"a": (4,), "b": (4,)}, 2)
+    assert kept == (inside, read)
+
+
+def test_an_all_reduce_along_a_mesh_axis_is_one_psum_over_that_axis_only_on_a_fitting_mesh():
+    from linop import AllReduce
+    from linop.backends.jax_shard_plan import PsumOp
+
+    t = DistributedTensor("t", (4, 6), Partition.grid((2, 2)))
+    for axis in (0, 1):
+        square = compile_plan(AllReduce(t, (axis,)), 4, mesh_shape=(2, 2))
+        assert [o.over for o in square.ops if isinstance(o, PsumOp)] == [(axis,)]
+        assert [o.over for o in square.adjoint().ops if isinstance(o, PsumOp)] == [(axis,)]
+    line = compile_plan(AllReduce(t, (0,)), 4)  # groups {0, 2}, {1, 3} are no axis of a line
+    assert not any(isinstance(o, PsumOp) for o in line.ops)
+    assert [o.over for o in compile_plan(AllReduce(t, (0, 1)), 4).ops if isinstance(o, PsumOp)] == [(0,)]
+
+
+def test_a_reduce_scatter_is_one_psum_scatter_with_each_devices_own_add_inside():
+    from linop import AllGather
+    from linop.backends.jax_shard_plan import CollectiveOp
+
+    x = DistributedTensor("x", (8, 3), Partition.grid((4, 1)))
+    (op,) = compile_plan(AllGather(x, (0,), "g").H, 4).ops  # the self adds folded, clears dropped
+    assert isinstance(op, CollectiveOp)
+    assert [(p.kind, p.with_self) for p in op.pieces] == [("psum_scatter", True)]

@@ -1,10 +1,14 @@
 r"""Run a compiled plan (:mod:`linop.backends.jax_shard_plan`) inside ``shard_map`` under ``jit``.
 
 :func:`local_function` is the per-device program: given the device's pieces of the domain's
-interface slots it returns its pieces of the range's, by static slices, ``lax.dynamic_slice`` /
-``dynamic_update_slice`` at per-device starts (a small constant table read at the device's
-``lax.axis_index``) and one ``lax.ppermute`` per round of transfers. Nothing runs on the host
-and nothing is gathered onto one device.
+interface slots it returns its pieces of the range's: box reads and writes on the device's slots
+(:mod:`linop.backends.jax_shard_slots`: static slices, tiles assembled by ``concatenate`` and
+``pad``, in-place updates at per-device starts read from small constant tables at the device's
+``lax.axis_index``), one ``lax.ppermute`` per round of transfers and one native collective
+(``all_to_all``, ``all_gather``, ``psum_scatter``, ``psum``) per phase that is one. Nothing
+runs on the host and nothing is gathered onto one device. The device's leading axis (of length
+1) is kept on every slot, so that an in-place update is never followed by a reshape (which
+would make XLA copy the slot).
 
 :data:`sharded_p` wraps the ``shard_map`` of that program into one linear JAX primitive on
 arrays stacked over devices (leading axis sharded over the mesh), whose
@@ -32,7 +36,19 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 from jax.sharding import Mesh, PartitionSpec
 
-from .jax_shard_plan import BoxOp, Exchange, Plan, PsumOp, ScaleOp, SlotSpec, SumOp, ZeroOp
+from .jax_shard_plan import (
+    BoxOp,
+    CollectiveOp,
+    CollectivePiece,
+    Exchange,
+    Plan,
+    PsumOp,
+    ScaleOp,
+    SlotSpec,
+    SumOp,
+    ZeroOp,
+)
+from .jax_shard_slots import DeviceView, Slots
 
 __all__ = ["local_function", "sharded_p", "sharded_call", "result_dtype"]
 
@@ -42,147 +58,129 @@ def result_dtype(plan: Plan, dtype: Any) -> Any:
     return jnp.result_type(dtype, *plan.alphas) if plan.alphas else jnp.dtype(dtype)
 
 
-class _Device:
-    """The running device's view: its index, the batch shape and dtype, and the slot arrays."""
-
-    def __init__(self, plan: Plan, axes: tuple[str, ...], batch: tuple[int, ...], dtype: Any) -> None:
-        self.plan = plan
-        self.axis = axes[0] if len(axes) == 1 else axes
-        self.index = lax.axis_index(self.axis)
-        self.batch = batch
-        self.dtype = dtype
-
-    def row(self, table: np.ndarray) -> Any:
-        return jnp.asarray(table)[self.index]
-
-    def zeros(self, slot: str) -> jax.Array:
-        return jnp.zeros((*self.batch, *self.plan.slots[slot]), self.dtype)
-
-    def starts(self, table: np.ndarray, mask: np.ndarray) -> tuple[Any, ...]:
-        """Python ints when every masked device starts at the same place, else traced."""
-        rows = table[mask]
-        if len(rows) and (rows == rows[0]).all():
-            return tuple(int(v) for v in rows[0])
-        return tuple(self.row(table)[k] for k in range(table.shape[1]))
-
-    def mask(self, array: jax.Array, extents: np.ndarray) -> jax.Array:
-        """Zero the entries outside this device's block (extents: (devices, ndim))."""
-        shape = array.shape[len(self.batch) :]
-        extent = self.row(extents)
-        valid = jnp.ones(shape, dtype=bool)
-        for k in range(len(shape)):
-            valid = valid & (lax.broadcasted_iota(jnp.int32, shape, k) < extent[k])
-        return jnp.where(valid, array, jnp.zeros((), array.dtype))
-
-    def read(self, array: jax.Array, starts: tuple[Any, ...], shape: tuple[int, ...]) -> jax.Array:
-        lead = (0,) * len(self.batch)
-        if all(isinstance(s, int) for s in starts):
-            return lax.slice(array, (*lead, *starts), (*self.batch, *(s + n for s, n in zip(starts, shape))))
-        return lax.dynamic_slice(array, (*lead, *starts), (*self.batch, *shape))
-
-    def write(
-        self,
-        array: jax.Array,
-        starts: tuple[Any, ...],
-        shape: tuple[int, ...],
-        value: jax.Array | None,
-        kind: str,
-        active: np.ndarray,
-    ) -> jax.Array:
-        """``array[box] <- value`` (set), ``+= value`` (add) or ``<- 0`` (clear) on active devices."""
-        everyone = bool(active.all())
-        static = all(isinstance(s, int) for s in starts)
-        if value is not None:
-            value = value.reshape(*self.batch, *shape)
-        if static and everyone:
-            index = (Ellipsis, *(slice(s, s + n) for s, n in zip(starts, shape)))
-            if kind == "add":
-                return array.at[index].add(value)
-            return array.at[index].set(jnp.zeros((), array.dtype) if value is None else value)
-        old = self.read(array, starts, shape)
-        if value is None:  # clear
-            new = jnp.zeros_like(old)
-        else:
-            new = old + value if kind == "add" else value
-        if not everyone:
-            new = jnp.where(self.row(active), new, old)
-        lead = (0,) * len(self.batch)
-        return lax.dynamic_update_slice(array, new, (*lead, *starts))
-
-
-def _run(device: _Device, ops: Sequence[Any], state: dict[str, jax.Array]) -> dict[str, jax.Array]:
-    def get(slot: str) -> jax.Array:
-        found = state.get(slot)
-        return device.zeros(slot) if found is None else found
-
+def _run(device: DeviceView, ops: Sequence[Any], slots: Slots) -> Slots:
     for op in ops:
         if isinstance(op, BoxOp):
-            starts = device.starts(op.dst_starts, op.active)
+            if (
+                op.src is not None
+                and op.kind == "set"
+                and op.active.all()
+                and op.shape == device.plan.slots[op.dst]
+                and op.src_shape == op.shape == device.plan.slots[op.src]
+                and not op.src_starts.any()  # type: ignore[union-attr]
+                and not op.dst_starts.any()
+            ):
+                slots.alias(op.dst, op.src)  # a whole slot copied: no copy
+                continue
             value = None
             if op.src is not None:
                 assert op.src_starts is not None and op.src_shape is not None
-                src_starts = device.starts(op.src_starts, op.active)
-                into_zeros = op.dst not in state and op.kind in ("set", "add")  # 0 + v = v
-                if (
-                    (op.kind == "set" or into_zeros)
-                    and op.active.all()
-                    and _static(starts)
-                    and _static(src_starts)
-                ):
-                    whole = _whole(src_starts, op.src_shape, device.plan.slots[op.src])
-                    if whole and _whole(starts, op.shape, device.plan.slots[op.dst]):
-                        state[op.dst] = get(op.src).reshape(*device.batch, *op.shape)  # no copy
-                        continue
-                    if into_zeros:  # one pad, not zeros and an update
-                        box = device.read(get(op.src), src_starts, op.src_shape).reshape(
-                            *device.batch, *op.shape
-                        )
-                        high = [n - a - m for n, a, m in zip(device.plan.slots[op.dst], starts, op.shape)]
-                        pads = [(0, 0, 0)] * len(device.batch) + [(a, h, 0) for a, h in zip(starts, high)]
-                        state[op.dst] = lax.pad(box, jnp.zeros((), box.dtype), pads)
-                        continue
-                value = device.read(get(op.src), src_starts, op.src_shape)
-            state[op.dst] = device.write(get(op.dst), starts, op.shape, value, op.kind, op.active)
+                value = slots.read(op.src, op.src_starts, op.active, op.src_shape)
+            slots.write(op.dst, op.dst_starts, op.active, op.shape, value, op.kind)
         elif isinstance(op, Exchange):
             senders = np.zeros(len(op.receivers), dtype=bool)
             senders[[s for s, _ in op.perm]] = True
-            values = tuple(
-                device.read(get(p.src), device.starts(p.src_starts, senders), p.src_shape) for p in op.pieces
-            )
+            values = tuple(slots.read(p.src, p.src_starts, senders, p.src_shape) for p in op.pieces)
             received = lax.ppermute(values, device.axis, perm=list(op.perm))
             for piece, value in zip(op.pieces, received):
-                starts = device.starts(piece.dst_starts, op.receivers)
-                state[piece.dst] = device.write(
-                    get(piece.dst), starts, piece.dst_shape, value, piece.mode, op.receivers
+                slots.write(
+                    piece.dst, piece.dst_starts, op.receivers, piece.dst_shape, value, piece.mode, True
                 )
+        elif isinstance(op, CollectiveOp):
+            for part in op.pieces:
+                _collective(device, slots, part)
         elif isinstance(op, PsumOp):
-            state[op.slot] = lax.psum(get(op.slot), device.axis)
+            names = device.axis if isinstance(device.axis, tuple) else (device.axis,)
+            over = tuple(names[i] for i in op.over)
+            slots.set(op.slot, lax.psum(slots.value(op.slot), over[0] if len(over) == 1 else over))
         elif isinstance(op, ScaleOp):
-            state = {k: (v * op.alpha).astype(device.dtype) for k, v in state.items()}
+            scaled = Slots(device)
+            for name in slots.names():
+                scaled.set(name, (slots.value(name) * op.alpha).astype(device.dtype))
+            slots = scaled
         elif isinstance(op, ZeroOp):
-            state = {}
+            slots = Slots(device)
         elif isinstance(op, SumOp):
-            results = [_run(device, term, dict(state)) for term in op.terms]
-            summed = {}
+            results = [_run(device, term, slots.copy()) for term in op.terms]
+            summed = Slots(device)
             for slot in op.slots:
-                present = [r[slot] for r in results if slot in r]
+                present = [r.value(slot) for r in results if r.has(slot)]
                 if present:
                     total = present[0]
                     for other in present[1:]:
                         total = total + other
-                    summed[slot] = total
-            state = summed
+                    summed.set(slot, total)
+            slots = summed
         else:  # pragma: no cover - compile_plan emits nothing else
             raise TypeError(f"unknown op {op!r}")
-    return state
+    return slots
 
 
-def _static(starts: tuple[Any, ...]) -> bool:
-    return all(isinstance(s, int) for s in starts)
+def _collective(device: DeviceView, slots: Slots, piece: CollectivePiece) -> None:
+    """One piece of a phase in which every device sends to every other (see
+    :class:`~linop.backends.jax_shard_plan.CollectivePiece`), by one native collective."""
+    p = device.plan.devices
+    everyone = np.ones(p, dtype=bool)
+    used = piece.used()
+    step = (np.arange(p) + 1) % p  # for device d, some other device
+    if piece.kind == "all_gather":
+        box = slots.read(piece.src, piece.sends[step, np.arange(p)], everyone, piece.src_shape)
+        along = _side_by_side(piece)
+        if along is not None:  # the boxes land side by side in sender order: one tiled gather
+            shape = tuple(n * p if k == along else n for k, n in enumerate(piece.dst_shape))
+            box = box.reshape(*device.batch[1:], *piece.dst_shape)  # without the device axis,
+            # so that XLA gathers along a major dimension in the default layout (no copies)
+            whole = lax.all_gather(box, device.axis, axis=len(device.batch) - 1 + along, tiled=True)
+            slots.write(piece.dst, piece.places[0], everyone, shape, whole[None], "set")
+            return
+        received = lax.all_gather(box, device.axis, axis=0, tiled=False)
+    else:
+        along = _side_by_side(piece, piece.sends, piece.src_shape) if piece.kind == "psum_scatter" else None
+        if along is not None:  # the boxes sent lie side by side in receiver order: one tiled scatter
+            shape = tuple(n * p if k == along else n for k, n in enumerate(piece.src_shape))
+            region = slots.read(piece.src, piece.sends[0], everyone, shape)[0]  # no device axis
+            total = lax.psum_scatter(
+                region, device.axis, scatter_dimension=len(device.batch) - 1 + along, tiled=True
+            )
+            place = piece.places[step, np.arange(p)]
+            slots.write(piece.dst, place, everyone, piece.dst_shape, total[None], "add")
+            return
+        chunks = [slots.read(piece.src, piece.sends[e], used[e], piece.src_shape) for e in range(p)]
+        if piece.kind == "psum_scatter":
+            if not piece.with_self:  # a device's own box is not sent
+                zero = jnp.zeros((), device.dtype)
+                chunks = [jnp.where(device.index == e, zero, c) for e, c in enumerate(chunks)]
+            total = lax.psum_scatter(jnp.stack(chunks), device.axis, scatter_dimension=0, tiled=True)
+            place = piece.places[step, np.arange(p)]
+            slots.write(piece.dst, place, everyone, piece.dst_shape, total[0], "add")
+            return
+        received = lax.all_to_all(jnp.stack(chunks), device.axis, 0, 0, tiled=True)
+    for sender in range(p):
+        slots.write(
+            piece.dst, piece.places[sender], used[sender], piece.dst_shape, received[sender], piece.mode
+        )
 
 
-def _whole(starts: tuple[Any, ...], shape: tuple[int, ...], slot: tuple[int, ...]) -> bool:
-    return not any(starts) and tuple(shape) == tuple(slot)
+def _side_by_side(
+    piece: CollectivePiece, table: np.ndarray | None = None, shape: tuple[int, ...] | None = None
+) -> int | None:
+    """The dimension along which the boxes of ``table`` (default the places: ``[sender,
+    receiver]``; or the sends: ``[destination, sender]``) lie one after the other in the order
+    of its first index, at the same starts on every device, else None."""
+    table = piece.places if table is None else table
+    shape = piece.dst_shape if shape is None else shape
+    if not piece.with_self:
+        return None
+    first = table[:, 0]  # [first index] -> start, if every device agrees
+    if not (table == first[:, None]).all():
+        return None
+    steps = first - first[0]
+    for k, n in enumerate(shape):
+        expected = np.zeros_like(steps)
+        expected[:, k] = np.arange(len(steps)) * n
+        if (steps == expected).all():
+            return k
+    return None
 
 
 def _fit(array: jax.Array, batch: int, shape: tuple[int, ...]) -> jax.Array:
@@ -208,26 +206,29 @@ def local_function(plan: Plan, axes: Sequence[str], batch_dims: int = 0) -> Any:
 
     def run(*pieces: jax.Array) -> tuple[jax.Array, ...]:
         dtype = result_dtype(plan, pieces[0].dtype) if pieces else jnp.dtype(jnp.float32)
-        batch = tuple(pieces[0].shape[1 : 1 + batch_dims]) if pieces else ()
-        device = _Device(plan, axes, batch, dtype)
-        state: dict[str, jax.Array] = {}
+        # the device's leading axis (of length 1) is kept as a batch axis: an in-place update
+        # of a slot is then the last op of its fusion, never followed by a reshape (a copy)
+        batch = (1, *pieces[0].shape[1 : 1 + batch_dims]) if pieces else (1,)
+        device = DeviceView(plan, axes, batch, dtype)
+        slots = Slots(device)
         for spec, slot, piece in zip(plan.domain.slots, plan.inputs, pieces):
-            array = piece[0].astype(dtype)
+            array = piece.astype(dtype)
             if spec.padded:
                 array = device.mask(array, spec.extents())
-            state[slot] = _fit(array, batch_dims, plan.slots[slot])
-        state = _run(device, plan.ops, state)
-        return tuple(
-            _output(device, state, spec, internal, extents)
+            slots.set(slot, _fit(array, len(batch), plan.slots[slot]))
+        slots = _run(device, plan.ops, slots)
+        outputs = tuple(
+            _output(device, slots, spec, internal, extents)
             for spec, (internal, extents) in zip(plan.range.slots, plan.outputs)
         )
+        return outputs
 
     return run
 
 
 def _output(
-    device: _Device,
-    state: dict[str, jax.Array],
+    device: DeviceView,
+    slots: Slots,
     spec: SlotSpec,
     internal: tuple[str | None, ...],
     extents: np.ndarray,
@@ -235,11 +236,10 @@ def _output(
     batch = len(device.batch)
     used = sorted({s for s in internal if s is not None})
     if not used:
-        return jnp.zeros((1, *device.batch, *spec.shape), device.dtype)
+        return jnp.zeros((*device.batch, *spec.shape), device.dtype)
 
     def value(slot: str) -> jax.Array:
-        found = state.get(slot)
-        return _fit(device.zeros(slot) if found is None else found, batch, spec.shape)
+        return _fit(slots.value(slot), batch, spec.shape)
 
     array = value(used[0])
     for slot in used[1:]:
@@ -247,7 +247,7 @@ def _output(
         array = jnp.where(device.row(chosen), value(slot), array)
     if spec.padded or len(used) > 1:
         array = device.mask(array, extents)
-    return array[None]
+    return array
 
 
 # -- the primitive --------------------------------------------------------------------------

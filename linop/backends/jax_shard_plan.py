@@ -1,6 +1,8 @@
 r"""Compile an operator tree into a static SPMD plan for JAX devices (no JAX needed here).
 
-The portable global program of the tree (:func:`~linop.program.lower_portable`,
+The modules: :mod:`~linop.backends.jax_shard_layout` (slots), :mod:`~linop.backends.jax_shard_ops`
+(ops), :mod:`~linop.backends.jax_shard_colouring` (rounds), :mod:`~linop.backends.jax_shard_passes`
+(passes over ops); this one compiles a tree. The portable global program of the tree (:func:`~linop.program.lower_portable`,
 batched: local steps, phases of transfers, scalings, zeros, sums) becomes a list of *ops* that
 every device runs alike inside ``shard_map`` (:mod:`linop.backends.jax_shard` runs them).
 
@@ -23,17 +25,22 @@ Ops. Each op is the same code on every device, its per-device geometry in small 
   which each device sends at most one message and receives at most one (a bipartite edge
   colouring with as many colours as the largest degree, by alternating paths), so each round
   is a permutation.
+- :class:`CollectiveOp`: a phase in which every device sends one message of one structure to
+  every other device, as native collectives (``all_to_all``, ``all_gather``,
+  ``psum_scatter``; :class:`CollectivePiece`); each device's local copy of the same structure
+  next to it joins it as the device's box to itself (:func:`fold_self_boxes`).
+- :class:`PsumOp`: an all-reduce whose groups are the devices along some mesh axes.
 - :class:`ScaleOp`, :class:`ZeroOp`, :class:`SumOp` (branches on the same input, added slot
   by slot over the range's slots).
 
 Padding never leaks: steps touch only block entries, the interface's padding is masked on entry
-and exit, and a block allocated again after being dropped is cleared first. The adjoint's plan
+and exit, and a block allocated again after being dropped is cleared first. A clear whose
+entries no later op reads is dropped (:func:`drop_dead_clears`, decided box by box). The adjoint's plan
 is the plan of ``op.H`` (derived by linop's rules), whose interface is this plan's swapped.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,7 +64,29 @@ from ..program import (
     batch,
     lower_portable,
 )
-from ..space import Block, Region, Space, natural_key
+from ..space import Block, Region, natural_key
+from .jax_shard_colouring import edge_colouring
+from .jax_shard_layout import (
+    Layout,
+    SlotSpec,
+    block_prefix,
+    device_of_worker,
+    space_layout,
+)
+from .jax_shard_ops import (
+    BoxOp,
+    CollectiveOp,
+    CollectivePiece,
+    Exchange,
+    Piece,
+    PsumOp,
+    ScaleOp,
+    SumOp,
+    ZeroOp,
+    collective_piece,
+    math_size,
+)
+from .jax_shard_passes import boxes_meet, drop_dead_clears, fold_self_boxes
 
 __all__ = [
     "DeviceKernelError",
@@ -67,6 +96,8 @@ __all__ = [
     "Piece",
     "Exchange",
     "PsumOp",
+    "CollectiveOp",
+    "CollectivePiece",
     "ScaleOp",
     "ZeroOp",
     "SumOp",
@@ -74,168 +105,11 @@ __all__ = [
     "space_layout",
     "compile_plan",
     "edge_colouring",
+    "boxes_meet",
+    "drop_dead_clears",
+    "fold_self_boxes",
+    "collective_piece",
 ]
-
-
-_PREFIX = re.compile(r"^(.*?)(\[[^\[\]]*\])?$")
-
-
-def _prefix(name: str) -> str:
-    match = _PREFIX.match(name)
-    return match.group(1) if match and match.group(1) else name
-
-
-@dataclass(frozen=True)
-class SlotSpec:
-    """One interface slot: its name, padded shape, and per device the block it holds (or None)."""
-
-    name: str
-    shape: tuple[int, ...]
-    blocks: tuple[Block | None, ...]
-
-    @property
-    def padded(self) -> bool:
-        """True when some device's block is smaller than the slot (or absent)."""
-        return any(b is None or b.shape != self.shape for b in self.blocks)
-
-    def extents(self) -> np.ndarray:
-        """(devices, ndim) int32: each device's block shape (zeros where absent)."""
-        rows = [b.shape if b is not None else (0,) * len(self.shape) for b in self.blocks]
-        return np.asarray(rows, dtype=np.int32).reshape(len(self.blocks), len(self.shape))
-
-
-@dataclass(frozen=True)
-class Layout:
-    """The interface of a space on the devices: its slots in order."""
-
-    slots: tuple[SlotSpec, ...]
-    devices: int
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(s.name for s in self.slots)
-
-    def slot_of(self) -> dict[str, tuple[str, int]]:
-        """Block name -> (slot name, device)."""
-        return {b.name: (s.name, d) for s in self.slots for d, b in enumerate(s.blocks) if b is not None}
-
-
-def _device(worker: int, device_of: Sequence[int], what: str) -> int:
-    if not 0 <= worker < len(device_of):
-        raise WorkerError(
-            f"{what} lives on worker {worker}, but the worker-to-device map covers workers "
-            f"0 .. {len(device_of) - 1} only (more workers than devices: pass workers=)"
-        )
-    return device_of[worker]
-
-
-def _grouped(
-    blocks: Iterable[Block], device_of: Sequence[int], devices: int
-) -> dict[tuple[str, int, int], list]:
-    """(prefix, ndim, k) -> per-device block, the k-th block of that prefix on each device."""
-    per: dict[tuple[str, int, int], list[Block]] = {}
-    for block in sorted(blocks, key=lambda b: natural_key(b.name)):
-        per.setdefault(
-            (_prefix(block.name), block.ndim, _device(block.worker, device_of, f"block {block.name!r}")), []
-        ).append(block)
-    groups: dict[tuple[str, int, int], list] = {}
-    for (prefix, ndim, device), found in per.items():
-        for k, block in enumerate(found):
-            groups.setdefault((prefix, ndim, k), [None] * devices)[device] = block
-    return groups
-
-
-def _slot_names(keys: Iterable[tuple[str, int, int]]) -> dict[tuple[str, int, int], str]:
-    keys = sorted(keys, key=lambda key: (natural_key(key[0]), key[1], key[2]))
-    ndims: dict[str, set[int]] = {}
-    for prefix, ndim, _ in keys:
-        ndims.setdefault(prefix, set()).add(ndim)
-    names = {}
-    for prefix, ndim, k in keys:
-        name = prefix if len(ndims[prefix]) == 1 else f"{prefix}.{ndim}d"
-        names[(prefix, ndim, k)] = name if k == 0 else f"{name}#{k}"
-    return names
-
-
-def space_layout(space: Space, device_of: Sequence[int], devices: int) -> Layout:
-    """The interface slots of ``space``: blocks grouped by name prefix and rank, the k-th
-    block of a prefix on each device in slot k, each slot padded to its largest block."""
-    groups = _grouped(space.blocks, device_of, devices)
-    names = _slot_names(groups)
-    slots = []
-    for key in sorted(groups, key=lambda key: names[key]):
-        members = groups[key]
-        ndim = key[1]
-        shape = tuple(max((b.shape[i] for b in members if b is not None), default=0) for i in range(ndim))
-        slots.append(SlotSpec(names[key], shape, tuple(members)))
-    slots.sort(key=lambda s: natural_key(s.name))
-    return Layout(tuple(slots), devices)
-
-
-# -- ops ------------------------------------------------------------------------------------
-Starts = np.ndarray
-"""(devices, ndim) int32: each device's box start in a slot (zeros where it takes no part)."""
-
-
-@dataclass(frozen=True, eq=False)
-class BoxOp:
-    """On each active device: ``dst[box] <- src[box]`` / ``+=`` / ``<- 0`` (``kind``)."""
-
-    kind: str
-    src: str | None
-    src_starts: Starts | None
-    dst: str
-    dst_starts: Starts
-    shape: tuple[int, ...]  # the destination box shape
-    src_shape: tuple[int, ...] | None
-    active: np.ndarray  # (devices,) bool
-
-
-@dataclass(frozen=True, eq=False)
-class Piece:
-    """One transfer of every message of a round: its source and target box and mode."""
-
-    src: str
-    src_starts: Starts
-    src_shape: tuple[int, ...]
-    dst: str
-    dst_starts: Starts
-    dst_shape: tuple[int, ...]
-    mode: str  # "set" or "add"
-
-
-@dataclass(frozen=True, eq=False)
-class Exchange:
-    """One ``ppermute`` round: ``perm`` pairs (source device, target device), each message the
-    same ``pieces``; ``receivers`` marks the devices that receive."""
-
-    perm: tuple[tuple[int, int], ...]
-    pieces: tuple[Piece, ...]
-    receivers: np.ndarray
-
-
-@dataclass(frozen=True, eq=False)
-class PsumOp:
-    """A native all-reduce: ``slot <- psum(slot)`` over every device (an AllReduce whose one
-    group is every device, one block each)."""
-
-    slot: str
-
-
-@dataclass(frozen=True, eq=False)
-class ScaleOp:
-    alpha: Any
-
-
-@dataclass(frozen=True, eq=False)
-class ZeroOp:
-    pass
-
-
-@dataclass(frozen=True, eq=False)
-class SumOp:
-    terms: tuple[tuple[Any, ...], ...]
-    slots: tuple[str, ...]  # the range's internal slots, summed
 
 
 @dataclass(frozen=True, eq=False)
@@ -255,54 +129,16 @@ class Plan:
     ops: tuple[Any, ...]
     alphas: tuple[Any, ...]
     rounds: int = 0
+    mesh_shape: tuple[int, ...] = ()
     adjoint_cache: list = field(default_factory=list, repr=False)
 
     def adjoint(self) -> Plan:
         """The plan of ``op.H`` on the same devices (built once)."""
         if not self.adjoint_cache:
-            self.adjoint_cache.append(compile_plan(self.op.H, self.devices, self.device_of))
+            self.adjoint_cache.append(
+                compile_plan(self.op.H, self.devices, self.device_of, self.mesh_shape or None)
+            )
         return self.adjoint_cache[0]
-
-
-# -- edge colouring -------------------------------------------------------------------------
-def edge_colouring(edges: Sequence[tuple[int, int]]) -> list[int]:
-    """A proper colouring of a simple bipartite graph's edges (sender, receiver) with as many
-    colours as its largest degree (König), by alternating-path recolouring."""
-    at_u: dict[tuple[int, int], int] = {}
-    at_v: dict[tuple[int, int], int] = {}
-    colour: dict[tuple[int, int], int] = {}
-
-    def free(table: dict[tuple[int, int], int], node: int) -> int:
-        c = 0
-        while (node, c) in table:
-            c += 1
-        return c
-
-    for u, v in edges:
-        a, b = free(at_u, u), free(at_v, v)
-        if (v, a) in at_v:  # a is used at v: flip the a/b path from v, then a is free at both
-            path, node, on_v, c = [], v, True, a
-            while True:
-                if on_v:
-                    other = at_v.get((node, c))
-                    if other is None:
-                        break
-                    path.append((other, node, c))
-                else:
-                    other = at_u.get((node, c))
-                    if other is None:
-                        break
-                    path.append((node, other, c))
-                node, on_v, c = other, not on_v, b if c == a else a
-            for pu, pv, c in path:
-                del at_u[(pu, c)], at_v[(pv, c)]
-            for pu, pv, c in path:
-                swapped = b if c == a else a
-                at_u[(pu, swapped)], at_v[(pv, swapped)] = pv, pu
-                colour[(pu, pv)] = swapped
-        at_u[(u, a)], at_v[(v, a)] = v, u
-        colour[(u, v)] = a
-    return [colour[e] for e in edges]
 
 
 # -- compilation ----------------------------------------------------------------------------
@@ -316,12 +152,20 @@ class _Micro:
 
     @property
     def key(self) -> tuple:
-        return (self.kind, None if self.src is None else (self.src[0], self.src[2]), self.dst[0], self.dst[2])
+        return (
+            self.kind,
+            None if self.src is None else (self.src[0], self.src[2]),
+            self.dst[0],
+            self.dst[2],
+        )
 
 
 class _Compiler:
-    def __init__(self, op: LinearOperator, devices: int, device_of: Sequence[int]) -> None:
+    def __init__(
+        self, op: LinearOperator, devices: int, device_of: Sequence[int], mesh_shape: tuple[int, ...]
+    ) -> None:
         self.op = op
+        self.mesh_shape = mesh_shape
         self.devices = devices
         self.device_of = tuple(device_of)
         self.domain = space_layout(op.domain, device_of, devices)
@@ -347,7 +191,7 @@ class _Compiler:
         self.alphas: list[Any] = []
 
     def _dev(self, worker: int, name: str) -> int:
-        return _device(worker, self.device_of, f"block {name!r}")
+        return device_of_worker(worker, self.device_of, f"block {name!r}")
 
     def _grow(self, slot: str, shape: Sequence[int]) -> None:
         known = self.shapes.setdefault(slot, list(shape))
@@ -360,7 +204,7 @@ class _Compiler:
         device = self._dev(block.worker, block.name)
         found = self.slot_of.get((device, block.name))
         if found is None:
-            prefix, k = f"~{_prefix(block.name)}.{block.ndim}d", 0
+            prefix, k = f"~{block_prefix(block.name)}.{block.ndim}d", 0
             while (device, f"{prefix}#{k}") in self.taken:
                 k += 1
             found = f"{prefix}#{k}"
@@ -379,7 +223,11 @@ class _Compiler:
             )
         block = region.block
         shape = tuple(b - a for a, b in zip(region.start, region.stop))
-        return self._dev(block.worker, block.name), (self.slot(block), region.start, shape)
+        return self._dev(block.worker, block.name), (
+            self.slot(block),
+            region.start,
+            shape,
+        )
 
     # -- local nodes ----------------------------------------------------------------------
     def micro(self, node: LinearOperator) -> list[tuple[int, _Micro | tuple[str, str]]]:
@@ -478,7 +326,8 @@ class _Compiler:
         src_starts = None
         if first.src is not None:
             src_starts = self._starts(
-                {d: m.src[1] for d, m in members if m.src is not None}, len(first.src[1])
+                {d: m.src[1] for d, m in members if m.src is not None},
+                len(first.src[1]),
             )
         dst_starts = self._starts({d: m.dst[1] for d, m in members}, len(first.dst[1]))
         return BoxOp(
@@ -511,7 +360,12 @@ class _Compiler:
                 after.append((s_dev, _Micro("clear", None, source)))
             elif t.after == "drop":
                 after.append((s_dev, ("dead", t.source.name)))
+        collective = self._collective(messages)
         self.local_run(local, ops)
+        if collective is not None:
+            ops.append(collective)
+            self.local_run(after, ops)
+            return
         by_signature: dict[tuple, list[tuple[int, int]]] = {}
         for pair, pieces in messages.items():
             signature = tuple((s[0], s[2], t[0], t[2], mode) for s, t, mode in pieces)
@@ -525,10 +379,16 @@ class _Compiler:
                     round_pieces.append(
                         Piece(
                             src_slot,
-                            self._starts({s: messages[(s, r)][i][0][1] for s, r in chosen}, len(src_shape)),
+                            self._starts(
+                                {s: messages[(s, r)][i][0][1] for s, r in chosen},
+                                len(src_shape),
+                            ),
                             src_shape,
                             dst_slot,
-                            self._starts({r: messages[(s, r)][i][1][1] for s, r in chosen}, len(dst_shape)),
+                            self._starts(
+                                {r: messages[(s, r)][i][1][1] for s, r in chosen},
+                                len(dst_shape),
+                            ),
                             dst_shape,
                             mode,
                         )
@@ -539,31 +399,78 @@ class _Compiler:
                 self.rounds += 1
         self.local_run(after, ops)
 
+    def _collective(self, messages: Mapping[tuple[int, int], list[tuple]]) -> CollectiveOp | None:
+        """A phase in which every device sends one message of one structure to every other
+        device, as one native collective per piece (see :class:`CollectivePiece`), else None."""
+        p = self.devices
+        if p < 2 or len(messages) != p * (p - 1):
+            return None
+        signatures = {
+            tuple((s[0], s[2], t[0], t[2], mode) for s, t, mode in pieces) for pieces in messages.values()
+        }
+        if len(signatures) != 1:
+            return None
+        (signature,) = signatures
+        pieces = []
+        for i, (src_slot, src_shape, dst_slot, dst_shape, mode) in enumerate(signature):
+            sends = np.zeros((p, p, len(src_shape)), dtype=np.int32)  # [destination, sender]
+            places = np.zeros((p, p, len(dst_shape)), dtype=np.int32)  # [sender, receiver]
+            for (sender, receiver), found in messages.items():
+                sends[receiver, sender] = found[i][0][1]
+                places[sender, receiver] = found[i][1][1]
+            pieces.append(
+                collective_piece(
+                    src_slot,
+                    sends,
+                    tuple(src_shape),
+                    dst_slot,
+                    places,
+                    tuple(dst_shape),
+                    mode,
+                    False,
+                )
+            )
+        return CollectiveOp(tuple(pieces))
+
     # -- the program ----------------------------------------------------------------------
     def tree(self, op: LinearOperator) -> list[Any]:
-        """The ops of ``op``: native collectives where the layout allows (an all-reduce over
-        every device), the portable program of everything else."""
+        """The ops of ``op``: native collectives where the layout allows (an all-reduce whose
+        groups are the devices along some mesh axes), the portable program of the rest."""
         if isinstance(op, Composition) and any(self._native(f) is not None for f in op.factors):
             ops: list[Any] = []
             for factor in reversed(op.factors):
                 ops.extend(self.tree(factor))
             return ops
-        slot = self._native(op)
-        if slot is not None:
-            return [PsumOp(slot)]
+        native = self._native(op)
+        if native is not None:
+            return [PsumOp(*native)]
         return self.steps(batch(lower_portable(op)))
 
-    def _native(self, op: LinearOperator) -> str | None:
-        """The slot of an AllReduce that ``psum`` computes exactly (one group of every device,
-        one block of one slot on each), else None."""
-        if not isinstance(op, AllReduce) or len(op.others) or len(op.groups) != 1:
+    def _native(self, op: LinearOperator) -> tuple[str, tuple[int, ...]] | None:
+        """(slot, mesh axes) of an AllReduce that ``psum`` over those axes computes exactly:
+        one block of one slot on every device, each group the devices that differ only along
+        those axes (all of them for one group), else None."""
+        if not isinstance(op, AllReduce) or len(op.others):
             return None
-        blocks = [op.tensor.block(index) for index in op.groups[0]]
-        devices = {self._dev(b.worker, b.name) for b in blocks}
+        blocks = [op.tensor.block(index) for group in op.groups for index in group]
+        devices = [self._dev(b.worker, b.name) for b in blocks]
         slots = {self.slot(b) for b in blocks}
-        if len(blocks) != self.devices or len(devices) != self.devices or len(slots) != 1:
+        if len(blocks) != self.devices or len(set(devices)) != self.devices or len(slots) != 1:
             return None
-        return slots.pop()
+        groups = sorted(
+            sorted(self._dev(op.tensor.block(i).worker, op.tensor.block(i).name) for i in group)
+            for group in op.groups
+        )
+        for over in self._axis_sets():
+            if _classes(self.mesh_shape, over) == groups:
+                return slots.pop(), over
+        return None
+
+    def _axis_sets(self) -> list[tuple[int, ...]]:
+        """Every set of mesh axes, all of them first."""
+        k = len(self.mesh_shape)
+        found = [tuple(i for i in range(k) if m >> i & 1) for m in range(1, 1 << k)]
+        return sorted(found, key=len, reverse=True)
 
     def steps(self, steps: Iterable[Any]) -> list[Any]:
         ops: list[Any] = []
@@ -603,48 +510,26 @@ class _Compiler:
         return ops
 
 
-def _reads(op: Any, slots: dict[str, tuple[int, ...]]) -> set[str] | None:
-    """The slots whose values ``op`` uses (None: all of them)."""
-    if isinstance(op, BoxOp):
-        used = set() if op.src is None else {op.src}
-        whole = op.kind != "add" and op.active.all() and not op.dst_starts.any() and op.shape == slots[op.dst]
-        if not whole:
-            used.add(op.dst)
-        return used
-    if isinstance(op, Exchange):
-        return {p.src for p in op.pieces} | {p.dst for p in op.pieces}
-    return None
+def _classes(mesh_shape: tuple[int, ...], over: tuple[int, ...]) -> list[list[int]]:
+    """The devices (linearized row-major over ``mesh_shape``) grouped by their coordinates
+    along the axes not in ``over``."""
+    coordinates = np.array(np.unravel_index(np.arange(int(np.prod(mesh_shape))), mesh_shape)).T
+    kept = [i for i in range(len(mesh_shape)) if i not in over]
+    classes: dict[tuple[int, ...], list[int]] = {}
+    for device, coordinate in enumerate(coordinates):
+        classes.setdefault(tuple(int(coordinate[i]) for i in kept), []).append(device)
+    return sorted(classes.values())
 
 
-def drop_dead_clears(
-    ops: Sequence[Any], live_at_end: set[str], slots: dict[str, tuple[int, ...]]
-) -> tuple[Any, ...]:
-    """``ops`` without the clears of slots that no later op reads (a block cleared and then
-    dropped, as the adjoint of a copy leaves its source): a slot is reborn only by a step
-    that clears or overwrites it, so the clear is never observed."""
-    kept: list[Any] = []
-    read_later: set[str] | None = set(live_at_end)
-    for op in reversed(ops):
-        if (
-            isinstance(op, BoxOp)
-            and op.kind == "clear"
-            and read_later is not None
-            and op.dst not in read_later
-        ):
-            continue
-        kept.append(op)
-        used = _reads(op, slots)
-        read_later = None if used is None or read_later is None else read_later | used
-    return tuple(reversed(kept))
-
-
-def math_size(shape: Sequence[int]) -> int:
-    return int(np.prod(shape, dtype=np.int64)) if shape else 1
-
-
-def compile_plan(op: LinearOperator, devices: int, device_of: Sequence[int] | None = None) -> Plan:
+def compile_plan(
+    op: LinearOperator,
+    devices: int,
+    device_of: Sequence[int] | None = None,
+    mesh_shape: Sequence[int] | None = None,
+) -> Plan:
     """Compile ``op`` for ``devices`` JAX devices, worker ``w`` on device ``device_of[w]``
-    (default: worker w on device w).
+    (default: worker w on device w), the devices linearized row-major over mesh axes of sizes
+    ``mesh_shape`` (default one axis of ``devices``).
 
     Raises
     ------
@@ -662,7 +547,10 @@ def compile_plan(op: LinearOperator, devices: int, device_of: Sequence[int] | No
         raise WorkerError(
             f"worker {bad[0]} is mapped to device {device_of[bad[0]]}, outside 0 .. {devices - 1}"
         )
-    compiler = _Compiler(op, devices, device_of)
+    mesh_shape = (devices,) if mesh_shape is None else tuple(int(n) for n in mesh_shape)
+    if int(np.prod(mesh_shape)) != devices:
+        raise WorkerError(f"mesh axes of sizes {mesh_shape} do not hold {devices} devices")
+    compiler = _Compiler(op, devices, device_of, mesh_shape)
     ops = compiler.tree(op)
     outputs = []
     for spec in compiler.range.slots:
@@ -670,9 +558,9 @@ def compile_plan(op: LinearOperator, devices: int, device_of: Sequence[int] | No
         outputs.append((internal, spec.extents()))
     inputs = tuple(spec.name for spec in compiler.domain.slots)
     shapes = {name: tuple(shape) for name, shape in compiler.shapes.items()}
-    ops = list(
-        drop_dead_clears(ops, {s for internal, _ in outputs for s in internal if s is not None}, shapes)
-    )
+    live = {s for internal, _ in outputs for s in internal if s is not None}
+    ops = list(drop_dead_clears(ops, live, shapes, devices))  # a dead clear may sit between
+    ops = list(drop_dead_clears(fold_self_boxes(ops, devices), live, shapes, devices))
     return Plan(
         op,
         devices,
@@ -685,4 +573,5 @@ def compile_plan(op: LinearOperator, devices: int, device_of: Sequence[int] | No
         tuple(ops),
         tuple(compiler.alphas),
         compiler.rounds,
+        mesh_shape,
     )

@@ -80,7 +80,8 @@ class ShardedOperator:
                 raise MeshError(f"mesh axis {axis!r} is not an axis of the mesh {dict(mesh.shape)}")
         self.devices = int(np.prod([mesh.shape[a] for a in self.axes]))
         if plan is None:
-            plan = compile_plan(op, self.devices, _device_map(workers, self.devices))
+            shape = tuple(mesh.shape[a] for a in self.axes)
+            plan = compile_plan(op, self.devices, _device_map(workers, self.devices), shape)
         self.plan = plan
         self.sharding = NamedSharding(mesh, PartitionSpec(self.axes[0] if len(self.axes) == 1 else self.axes))
 

@@ -11,7 +11,10 @@ adds, clears, allocations, scalings, sums), and a worker map (2K workers on K de
 - its transpose by ``jax.linear_transpose`` and its ``jax.vjp`` equal ``op.H`` exactly, and
   so does JAX's own transpose of the lowered program (``adjoint_by_tree=False``);
 - ``jax.jvp`` gives the op on the tangent and ``jax.vmap`` maps over a batch;
-- a deliberately wrong lowering (one round's permutation reversed) is caught.
+- phases in which every device sends to every other lower to native collectives
+  (``all_to_all``, ``all_gather``, ``psum_scatter``), proven likewise;
+- deliberately wrong lowerings (one round's permutation reversed, an all_to_all's boxes
+  placed by the wrong senders) are caught.
 
 ``LINOP_LONG=1`` draws more examples.
 """
@@ -96,7 +99,7 @@ def host_unpack(layout, arrays) -> dict[str, np.ndarray]:
     return out
 
 
-def prove(f: ShardedOperator, label: str) -> None:
+def prove(f: ShardedOperator, label: str, every: bool = False) -> None:
     """Forward, both transposes, vjp (and on every fourth case jvp and vmap) of ``f`` against
     the numpy interpreter, all in one jitted function (one compilation per case)."""
     op = f.op
@@ -105,7 +108,7 @@ def prove(f: ShardedOperator, label: str) -> None:
     args, cotangent = host_pack(f.domain, x), tuple(a.astype(np.float32) for a in host_pack(f.range, y))
     second = host_pack(f.domain, x2)
     own = _own(f)
-    extra = LONG or len(CHECKED) % 4 == 0
+    extra = every or LONG or len(CHECKED) % 4 == 0
 
     def everything(args, cotangent, second):
         floats = [a.astype(jnp.float32) for a in args]
@@ -263,6 +266,103 @@ def check_native_allreduce() -> None:
         prove(f, f"native {op}")
 
 
+def check_psum_over_a_mesh_axis() -> None:
+    """On a 2 x 2 mesh, an all-reduce over one partition axis is one psum over the mesh axis
+    its groups run along (rows: "a", columns: "b"), in the forward and the adjoint plan."""
+    if COUNT != 4:
+        return
+    from linop.backends.jax_shard_plan import PsumOp
+
+    square = Mesh(np.array(jax.devices()).reshape(2, 2), ("a", "b"))
+    t = DistributedTensor("t", (4, 6), Partition.grid((2, 2)))
+    for axis in (0, 1):
+        f = sharded(AllReduce(t, (axis,)), square)
+        assert [o.over for o in f.plan.ops if isinstance(o, PsumOp)] == [(axis,)], f.plan.ops
+        assert [o.over for o in f.plan.adjoint().ops if isinstance(o, PsumOp)] == [(axis,)]
+        prove(f, f"psum over mesh axis {'ab'[axis]}")
+    on_a_line = sharded(AllReduce(t, (0,)), MESH)  # the same groups on one axis: ppermute rounds
+    assert not any(isinstance(o, PsumOp) for o in on_a_line.plan.ops)
+    prove(on_a_line, "the same all-reduce on a 1-d mesh")
+
+
+def kinds(plan: Plan) -> list[tuple[str, bool]]:
+    from linop.backends.jax_shard_plan import CollectiveOp
+
+    return [(p.kind, p.with_self) for o in plan.ops if isinstance(o, CollectiveOp) for p in o.pieces]
+
+
+@st.composite
+def even_collectives(draw):
+    """Layouts whose phases are native collectives: every device sends one box of one shape
+    to every other (even shares over all COUNT devices, workers in any order)."""
+    kind = draw(st.sampled_from(["repartition", "allgather", "reducescatter"]))
+    n = draw(st.integers(1, 3))
+    cols = draw(st.integers(1, 3))
+    order = tuple(draw(st.permutations(range(COUNT))))
+    rows = DistributedTensor("x", (COUNT * n, COUNT * cols), Partition((COUNT, 1), order))
+    if kind == "repartition":
+        target = DistributedTensor(
+            "y", rows.global_shape, Partition((1, COUNT), tuple(draw(st.permutations(range(COUNT)))))
+        )
+        op = Repartition(rows, target)
+        want = "all_to_all"
+    else:
+        op = AllGather(rows, (0,), "g")
+        want = "all_gather"
+        if kind == "reducescatter":
+            op, want = op.H, "psum_scatter"
+    return op, want
+
+
+@SETTINGS
+@given(even_collectives())
+def check_drawn_native_collectives(case) -> None:
+    op, want = case
+    f = sharded(op, MESH)
+    assert (want, True) in kinds(f.plan), (op, kinds(f.plan))
+    prove(f, f"native {want}: {op}", every=True)
+
+
+def check_native_collectives() -> None:
+    """Rows -> columns is one all_to_all (each device's own box inside it), an all-gather one
+    all_gather, its adjoint (a reduce-scatter) one psum_scatter; exactly, with their
+    transposes by op.H; uneven shares keep ppermute rounds; a wrong all_to_all is caught."""
+    if COUNT < 2:
+        return
+    rows = DistributedTensor("x", (2 * COUNT, 3 * COUNT), Partition.grid((COUNT, 1)))
+    columns = DistributedTensor("y", (2 * COUNT, 3 * COUNT), Partition.grid((1, COUNT)))
+    turn = sharded(Repartition(rows, columns), MESH)
+    assert kinds(turn.plan) == [("all_to_all", True)], kinds(turn.plan)
+    assert kinds(turn.plan.adjoint()) == [("all_to_all", True)]
+    assert not any(isinstance(o, Exchange) for o in turn.plan.ops)
+    prove(turn, "native all_to_all", every=True)
+    gather = sharded(AllGather(rows, (0,), "g"), MESH)
+    assert ("all_gather", True) in kinds(gather.plan), kinds(gather.plan)
+    assert ("psum_scatter", True) in kinds(gather.plan.adjoint()), kinds(gather.plan.adjoint())
+    prove(gather, "native all_gather", every=True)
+    prove(gather.H, "native psum_scatter", every=True)
+    uneven = DistributedTensor("u", (2 * COUNT + 1, 3 * COUNT), Partition.grid((COUNT, 1)))
+    other = DistributedTensor("v", (2 * COUNT + 1, 3 * COUNT), Partition.grid((1, COUNT)))
+    if COUNT > 2:  # boxes of two shapes: no single collective
+        assert kinds(sharded(Repartition(uneven, other), MESH).plan) == []
+    from linop.backends.jax_shard_plan import CollectiveOp
+
+    ops = list(turn.plan.ops)
+    k = next(i for i, o in enumerate(ops) if isinstance(o, CollectiveOp))
+    (piece,) = ops[k].pieces
+    ops[k] = CollectiveOp((dataclasses.replace(piece, places=piece.places[::-1].copy()),))
+    wrong = ShardedOperator(
+        turn.op, MESH, plan=dataclasses.replace(turn.plan, ops=tuple(ops), adjoint_cache=[])
+    )
+    try:
+        prove(wrong, "control: all_to_all boxes placed by the wrong senders")
+    except AssertionError as error:
+        assert "forward differs from the numpy interpreter" in str(error), error
+        print("control caught:", str(error)[:100])
+    else:
+        raise AssertionError("a wrong all_to_all was not caught")
+
+
 def reversed_round(plan: Plan) -> Plan:
     """The plan with its first exchange's permutation reversed (a wrong lowering)."""
     ops = list(plan.ops)
@@ -357,6 +457,10 @@ if __name__ == "__main__":
     check_api()
     check_control()
     check_native_allreduce()
+    check_native_collectives()
+    check_psum_over_a_mesh_axis()
+    if COUNT >= 2:  # one device: nothing moves between devices
+        check_drawn_native_collectives()
     check_uneven_77_rows()
     check_collectives()
     check_halos()

@@ -1,0 +1,354 @@
+r"""The slots of one device while a plan runs inside ``shard_map``: boxes read and written.
+
+:class:`DeviceView` is the running device (its index along the mesh axes, the leading batch
+shape and the dtype) with the elementary box operations on one array: read a box, write one
+(an in-place ``dynamic_update_slice`` at per-device starts), blend one (the same at static
+starts as a pad and a select, which XLA fuses), mask the padding of uneven blocks.
+
+:class:`Slots` holds the device's slots and defers work so that XLA sees the simplest code:
+
+- a slot is its *base* and the writes since (*pending*); a read of a box that no pending
+  write touches comes from the base; a read that contains every pending write it meets is the
+  base's box with those writes applied to it, not the whole slot;
+- a slot built from scratch (never written, or made by a copy into a fresh slot) is a set of
+  disjoint static *tiles* and zeros elsewhere: a set or add into its zero region adds a tile,
+  a clear there is nothing, a read inside one tile is a slice of that tile's value, and the
+  slot is assembled by ``concatenate`` and ``pad`` (a guillotine cut of the tiles), which XLA
+  sees through: a later slice of the assembly is the tile itself, as in hand-written code.
+
+Every decision is taken on the host from the plan's static tables (boxes meet on some device
+or not), so the traced program holds no test. Values on devices that take no part in a step
+are never observed: a ppermute delivers zeros there, and every other write is masked.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .jax_shard_passes import boxes_meet
+from .jax_shard_plan import Plan
+
+__all__ = ["DeviceView", "Slots"]
+
+Box = tuple[np.ndarray, np.ndarray, tuple[int, ...]]
+
+
+class DeviceView:
+    """The running device: its index, the leading (batch) shape and dtype, box operations."""
+
+    def __init__(self, plan: Plan, axes: tuple[str, ...], batch: tuple[int, ...], dtype: Any) -> None:
+        self.plan = plan
+        self.axis = axes[0] if len(axes) == 1 else axes
+        self.index = lax.axis_index(self.axis)
+        self.batch = batch
+        self.dtype = dtype
+
+    def row(self, table: np.ndarray) -> Any:
+        return jnp.asarray(table)[self.index]
+
+    def zeros(self, shape: tuple[int, ...]) -> jax.Array:
+        return jnp.zeros((*self.batch, *shape), self.dtype)
+
+    def starts(self, table: np.ndarray, mask: np.ndarray) -> tuple[Any, ...]:
+        """Python ints when every masked device starts at the same place, else traced."""
+        rows = table[mask]
+        if len(rows) and (rows == rows[0]).all():
+            return tuple(int(v) for v in rows[0])
+        return tuple(self.row(table)[k] for k in range(table.shape[1]))
+
+    def mask(self, array: jax.Array, extents: np.ndarray) -> jax.Array:
+        """Zero the entries outside this device's block (extents: (devices, ndim))."""
+        shape = array.shape[len(self.batch) :]
+        extent = self.row(extents)
+        valid = jnp.ones(shape, dtype=bool)
+        for k in range(len(shape)):
+            valid = valid & (lax.broadcasted_iota(jnp.int32, shape, k) < extent[k])
+        return jnp.where(valid, array, jnp.zeros((), array.dtype))
+
+    def read(self, array: jax.Array, starts: tuple[Any, ...], shape: tuple[int, ...]) -> jax.Array:
+        lead = (0,) * len(self.batch)
+        if _static(starts):
+            if tuple(starts) == (0,) * len(starts) and tuple(shape) == array.shape[len(self.batch) :]:
+                return array
+            return lax.slice(array, (*lead, *starts), (*self.batch, *(s + n for s, n in zip(starts, shape))))
+        return lax.dynamic_slice(array, (*lead, *starts), (*self.batch, *shape))
+
+    def write(
+        self,
+        array: jax.Array,
+        starts: tuple[Any, ...],
+        shape: tuple[int, ...],
+        value: jax.Array | None,
+        kind: str,
+        active: np.ndarray,
+    ) -> jax.Array:
+        """``array[box] <- value`` (set), ``+= value`` (add) or ``<- 0`` (clear) on the active
+        devices, as an in-place update (``dynamic_update_slice``)."""
+        everyone = bool(active.all())
+        old = self.read(array, starts, shape)
+        if value is None:  # clear
+            new = jnp.zeros_like(old)
+        else:
+            new = old + value if kind == "add" else value.astype(array.dtype)
+        if not everyone:
+            new = jnp.where(self.row(active), new, old)
+        lead = (0,) * len(self.batch)
+        return lax.dynamic_update_slice(array, new, (*lead, *starts))
+
+    def blend(
+        self,
+        array: jax.Array,
+        starts: tuple[int, ...],
+        shape: tuple[int, ...],
+        value: jax.Array | None,
+        kind: str,
+        active: np.ndarray,
+    ) -> jax.Array:
+        """:meth:`write` at static starts as elementwise code (a pad of the value, a select on
+        the box), which XLA fuses with its neighbours into one pass over the array instead
+        of an in-place update that needs the array's buffer to itself."""
+        full = array.shape[len(self.batch) :]
+        everyone = bool(active.all())
+        zero = jnp.zeros((), array.dtype)
+        if kind == "add" and value is not None:  # no select: the pad is zero outside the box
+            placed = self.place(value.astype(array.dtype), starts, full)
+            return array + (placed if everyone else jnp.where(self.row(active), placed, zero))
+        inside = jnp.ones(full, dtype=bool)
+        for k, (a, n) in enumerate(zip(starts, shape)):
+            position = lax.broadcasted_iota(jnp.int32, full, k)
+            inside = inside & (position >= a) & (position < a + n)
+        if not everyone:
+            inside = inside & self.row(active)
+        if value is None:
+            return jnp.where(inside, zero, array)
+        return jnp.where(inside, self.place(value.astype(array.dtype), starts, full), array)
+
+    def place(self, value: jax.Array, starts: tuple[int, ...], full: tuple[int, ...]) -> jax.Array:
+        """``value`` at ``starts`` in zeros of shape ``full`` (a pad; nothing when it fills)."""
+        shape = value.shape[len(self.batch) :]
+        if tuple(shape) == tuple(full):
+            return value
+        pads = [(0, 0, 0)] * len(self.batch) + [(a, m - a - n, 0) for a, n, m in zip(starts, shape, full)]
+        return lax.pad(value, jnp.zeros((), value.dtype), pads)
+
+    def assemble(self, full: tuple[int, ...], tiles: list[tuple[tuple[int, ...], jax.Array]]) -> jax.Array:
+        """Disjoint tiles (start, value) in zeros of shape ``full``: the tiles' bounding box
+        padded, cut into two along a dimension where no tile straddles the cut, each part
+        assembled likewise and the two concatenated (blended one by one when no cut exists)."""
+        if not tiles:
+            return self.zeros(full)
+        lead = len(self.batch)
+        ndim = len(full)
+        low = [min(a[k] for a, _ in tiles) for k in range(ndim)]
+        high = [max(a[k] + v.shape[lead + k] for a, v in tiles) for k in range(ndim)]
+        if low != [0] * ndim or high != list(full):
+            inner = [(tuple(s - b for s, b in zip(a, low)), v) for a, v in tiles]
+            box = self.assemble(tuple(h - b for h, b in zip(high, low)), inner)
+            return self.place(box, tuple(low), full)
+        if len(tiles) == 1:
+            return tiles[0][1]
+        for k in range(ndim):
+            for cut in sorted({a[k] for a, _ in tiles} - {0}):
+                if all(a[k] + v.shape[lead + k] <= cut or a[k] >= cut for a, v in tiles):
+                    first = [(a, v) for a, v in tiles if a[k] < cut]
+                    second = [
+                        (tuple(s - cut if j == k else s for j, s in enumerate(a)), v)
+                        for a, v in tiles
+                        if a[k] >= cut
+                    ]
+                    part = tuple(cut if j == k else n for j, n in enumerate(full))
+                    rest = tuple(n - cut if j == k else n for j, n in enumerate(full))
+                    return jnp.concatenate(
+                        [self.assemble(part, first), self.assemble(rest, second)], axis=lead + k
+                    )
+        everyone = np.ones(self.plan.devices, dtype=bool)
+        array = self.zeros(full)
+        for a, v in tiles:
+            array = self.blend(array, a, v.shape[lead:], v, "add", everyone)
+        return array
+
+
+class _Write:
+    """A write not yet applied to its slot: ``box <- value`` / ``+= value`` / ``<- 0``."""
+
+    def __init__(self, box: Box, value: jax.Array | None, kind: str, zeros_elsewhere: bool) -> None:
+        self.box = box
+        self.value = value
+        self.kind = kind
+        # a value that is zero on the inactive devices (a ppermute's output) is added unmasked
+        self.unmasked = zeros_elsewhere and kind == "add"
+
+
+class _Tiles:
+    """A slot built from scratch: disjoint static boxes with values, zeros elsewhere."""
+
+    def __init__(self, tiles: tuple[tuple[tuple[int, ...], jax.Array], ...] = ()) -> None:
+        self.tiles = tiles
+
+
+class Slots:
+    """The slot arrays of one device, writes deferred (see the module docstring)."""
+
+    def __init__(self, device: DeviceView) -> None:
+        self.device = device
+        self.base: dict[str, jax.Array | _Tiles] = {}
+        self.pending: dict[str, list[_Write]] = {}
+
+    def copy(self) -> Slots:
+        other = Slots(self.device)
+        other.base = dict(self.base)
+        other.pending = {k: list(v) for k, v in self.pending.items()}
+        return other
+
+    def has(self, slot: str) -> bool:
+        return slot in self.base or slot in self.pending
+
+    def names(self) -> list[str]:
+        return sorted(set(self.base) | set(self.pending))
+
+    def shape(self, slot: str) -> tuple[int, ...]:
+        return self.device.plan.slots[slot]
+
+    def set(self, slot: str, array: jax.Array) -> None:
+        """The slot is ``array`` (its every entry)."""
+        self.base[slot] = array
+        self.pending.pop(slot, None)
+
+    def alias(self, dst: str, src: str) -> None:
+        """Slot ``dst`` becomes slot ``src`` (same shape), its structure kept."""
+        base = self.base.get(src)
+        if src in self.pending or (base is not None and not isinstance(base, _Tiles)):
+            self.set(dst, self.value(src))
+        else:
+            self.base[dst] = base if base is not None else _Tiles()
+            self.pending.pop(dst, None)
+
+    def value(self, slot: str) -> jax.Array:
+        """The slot with every pending write applied (zeros if never written)."""
+        device = self.device
+        array = self._base_array(slot)
+        everyone = np.ones(device.plan.devices, dtype=bool)
+        for w in self.pending.pop(slot, []):
+            array = self._apply(array, (0,) * len(w.box[2]), w, everyone)
+        self.base[slot] = array
+        return array
+
+    def _base_array(self, slot: str) -> jax.Array:
+        base = self.base.get(slot)
+        if isinstance(base, _Tiles) or base is None:
+            tiles = list(base.tiles) if isinstance(base, _Tiles) else []
+            base = self.device.assemble(self.shape(slot), tiles)
+            self.base[slot] = base
+        return base
+
+    def _apply(self, array: jax.Array, origin: tuple[int, ...], w: _Write, everyone: np.ndarray) -> jax.Array:
+        """``w`` applied to ``array``, which holds the slot's box starting at ``origin``."""
+        device = self.device
+        table, mask, shape = w.box
+        starts = device.starts(table, mask)
+        active = everyone if w.unmasked else mask
+        if _static(starts):
+            local = tuple(s - o for s, o in zip(starts, origin))
+            return device.blend(array, local, shape, w.value, w.kind, active)
+        local_starts = tuple(s - o for s, o in zip(starts, origin))
+        return device.write(array, local_starts, shape, w.value, w.kind, active)
+
+    def _read_base(self, slot: str, starts: tuple[Any, ...], shape: tuple[int, ...]) -> jax.Array:
+        device = self.device
+        base = self.base.get(slot)
+        if (base is None or isinstance(base, _Tiles)) and _static(starts):
+            tiles = base.tiles if isinstance(base, _Tiles) else ()
+            meets = [(a, v) for a, v in tiles if _overlap(starts, shape, a, v.shape[len(device.batch) :])]
+            if not meets:
+                return device.zeros(shape)
+            if len(meets) == 1:
+                a, v = meets[0]
+                inner = v.shape[len(device.batch) :]
+                if all(s >= b and s + n <= b + m for s, n, b, m in zip(starts, shape, a, inner)):
+                    return device.read(v, tuple(s - b for s, b in zip(starts, a)), shape)
+        return device.read(self._base_array(slot), starts, shape)
+
+    def read(self, slot: str, table: np.ndarray, mask: np.ndarray, shape: tuple[int, ...]) -> jax.Array:
+        """The box of ``slot`` on each active device (other devices: any value)."""
+        device = self.device
+        starts = device.starts(table, mask)
+        box = (table, mask, shape)
+        writes = self.pending.get(slot, [])
+        meeting = [w for w in writes if boxes_meet(box, w.box)]
+        if meeting and not (
+            _static(starts)
+            and all(_contains(starts, shape, device.starts(w.box[0], w.box[1]), w) for w in meeting)
+        ):
+            self.value(slot)
+            meeting = []
+        array = self._read_base(slot, starts, shape)
+        everyone = np.ones(device.plan.devices, dtype=bool)
+        for w in meeting:  # each inside the box: applied to the box alone
+            array = self._apply(array, starts, w, everyone)
+        return array
+
+    def write(
+        self,
+        slot: str,
+        table: np.ndarray,
+        mask: np.ndarray,
+        shape: tuple[int, ...],
+        value: jax.Array | None,
+        kind: str,
+        zeros_elsewhere: bool = False,
+    ) -> None:
+        """``box <- value`` (set), ``+= value`` (add) or ``<- 0`` (clear) on the active
+        devices; ``zeros_elsewhere``: the value is zero on the inactive ones (a ppermute)."""
+        device = self.device
+        if value is not None:
+            value = value.reshape(*device.batch, *shape).astype(device.dtype)
+        starts = device.starts(table, mask)
+        full = self.shape(slot)
+        everyone = bool(mask.all())
+        if everyone and _static(starts) and not any(starts) and tuple(shape) == full:
+            if kind == "set" or (kind == "add" and not self.has(slot)):
+                assert value is not None
+                self.set(slot, value)
+                return
+            if kind == "clear":
+                self.base[slot] = _Tiles()
+                self.pending.pop(slot, None)
+                return
+        base = self.base.get(slot)
+        if slot not in self.pending and (base is None or isinstance(base, _Tiles)) and _static(starts):
+            tiles = base.tiles if isinstance(base, _Tiles) else ()
+            lead = len(device.batch)
+            if not any(_overlap(starts, shape, a, v.shape[lead:]) for a, v in tiles):
+                if kind == "clear":  # already zero
+                    self.base[slot] = _Tiles(tiles)
+                    return
+                if 0 in shape:
+                    return
+                assert value is not None
+                if not (everyone or zeros_elsewhere):
+                    value = jnp.where(device.row(mask), value, jnp.zeros((), value.dtype))
+                self.base[slot] = _Tiles((*tiles, (tuple(starts), value)))
+                return
+        self.pending.setdefault(slot, []).append(_Write((table, mask, shape), value, kind, zeros_elsewhere))
+
+
+def _static(starts: tuple[Any, ...]) -> bool:
+    return all(isinstance(s, int) for s in starts)
+
+
+def _overlap(a: tuple[int, ...], n: tuple[int, ...], b: tuple[int, ...], m: tuple[int, ...]) -> bool:
+    if 0 in n or 0 in m:
+        return False
+    return all(x < y + q and y < x + p for x, p, y, q in zip(a, n, b, m))
+
+
+def _contains(starts: tuple[int, ...], shape: tuple[int, ...], inner: tuple[Any, ...], w: _Write) -> bool:
+    """Whether the write ``w`` (at ``inner``) lies inside the box at ``starts`` on every device."""
+    if not _static(inner):
+        return False
+    return all(s <= i and i + m <= s + n for s, n, i, m in zip(starts, shape, inner, w.box[2]))
