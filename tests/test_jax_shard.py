@@ -1,4 +1,4 @@
-"""The lowering of trees onto JAX devices (``linop.backends.jax_shard``), proven in one
+"""The lowering of trees onto JAX devices (``linop.backends.jax.shard``), proven in one
 subprocess per device count: JAX's host device count must be set before JAX is imported, so
 each count runs ``tests/jax_devices/check_lowering.py K`` (not collected by pytest) under a
 timeout. 1, 2 and 4 devices in CI; 8 devices and more examples with ``LINOP_LONG=1``.
@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from linop import DistributedTensor, Partition, Repartition
-from linop.backends.jax_shard_plan import Exchange, compile_plan, edge_colouring, space_layout
+from linop.backends.jax.plan import Exchange, compile_plan, edge_colouring, space_layout
 from linop.errors import DeviceKernelError, WorkerError
 
 HERE = Path(__file__).resolve().parent
@@ -95,7 +95,7 @@ def test_a_numpy_kernel_is_refused_with_a_typed_error():
 
 
 def test_an_even_rows_to_columns_phase_is_one_all_to_all_with_each_devices_own_box():
-    from linop.backends.jax_shard_plan import CollectiveOp
+    from linop.backends.jax.plan import CollectiveOp
 
     x = DistributedTensor("x", (8, 8), Partition.grid((4, 1)))
     y = DistributedTensor("y", (8, 8), Partition.grid((1, 4)))
@@ -110,7 +110,7 @@ def test_an_even_rows_to_columns_phase_is_one_all_to_all_with_each_devices_own_b
 
 def test_the_halo_adjoint_drops_the_clears_of_halo_cells_never_read_again():
     from linop import Kernel, halo_windows
-    from linop.backends.jax_shard_plan import BoxOp
+    from linop.backends.jax.plan import BoxOp
 
     u = DistributedTensor("u", (32, 8), Partition.grid((4, 1)))
     plan = compile_plan(halo_windows(u, Kernel(3, padding=1)), 4).adjoint()
@@ -120,7 +120,7 @@ def test_the_halo_adjoint_drops_the_clears_of_halo_cells_never_read_again():
 def test_a_clear_whose_box_is_read_later_is_kept_and_one_outside_dropped():
     import numpy as np
 
-    from linop.backends.jax_shard_plan import BoxOp, drop_dead_clears
+    from linop.backends.jax.plan import BoxOp, drop_dead_clears
 
     everyone = np.ones(2, dtype=bool)
 
@@ -136,7 +136,7 @@ def test_a_clear_whose_box_is_read_later_is_kept_and_one_outside_dropped():
 
 def test_an_all_reduce_along_a_mesh_axis_is_one_psum_over_that_axis_only_on_a_fitting_mesh():
     from linop import AllReduce
-    from linop.backends.jax_shard_plan import PsumOp
+    from linop.backends.jax.plan import PsumOp
 
     t = DistributedTensor("t", (4, 6), Partition.grid((2, 2)))
     for axis in (0, 1):
@@ -150,7 +150,7 @@ def test_an_all_reduce_along_a_mesh_axis_is_one_psum_over_that_axis_only_on_a_fi
 
 def test_a_reduce_scatter_is_one_psum_scatter_with_each_devices_own_add_inside():
     from linop import AllGather
-    from linop.backends.jax_shard_plan import CollectiveOp
+    from linop.backends.jax.plan import CollectiveOp
 
     x = DistributedTensor("x", (8, 3), Partition.grid((4, 1)))
     (op,) = compile_plan(AllGather(x, (0,), "g").H, 4).ops  # the self adds folded, clears dropped

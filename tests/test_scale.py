@@ -218,7 +218,9 @@ DESCRIBED = [
 
 @pytest.mark.parametrize("adjoint", [False, True], ids=["forward", "adjoint"])
 @pytest.mark.parametrize("case", DESCRIBED)
-def test_collective_rank_plans_independently_of_p(case: str, adjoint: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_collective_rank_plans_independently_of_p(
+    case: str, adjoint: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Building the tree, its fingerprint and one interior rank's compile construct as many
     objects at P = 256 as at P = 64: the groups are described (a box of the copies'
     partition, the root; an all-gather's line), never listed."""

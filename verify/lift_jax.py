@@ -4,7 +4,7 @@ A JAX function on a device mesh takes arrays stacked over the devices (the leadi
 sharded over the mesh) and returns such arrays. Here its input and output are described by
 linop spaces: each block lives on a worker, worker ``w`` on device ``w`` (or ``workers=``), and
 the blocks are laid out in stacked, zero-padded *slots* exactly as
-:mod:`linop.frameworks.jax_sharded` does (:func:`linop.backends.jax_shard_plan.space_layout`:
+:mod:`linop.frameworks.jax_sharded` does (:func:`linop.backends.jax.plan.space_layout`:
 the blocks ``x[0]``, ``x[1]``, ... of one prefix form the slot ``x``, device ``d``'s block in
 row ``d``). :func:`lift_shard_map` wraps the function as a function of the blocks and lifts it
 with :func:`verify.lift.lift` (``framework="jax"``): its matrix by probing the forward, the
@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from linop import Space
-from linop.backends.jax_shard_plan import Layout, space_layout
+from linop.backends.jax.plan import Layout, space_layout
 
 from .exact import Proof, exact_adjoint
 from .lift import Lifted, lift

@@ -1,4 +1,4 @@
-r"""Operator trees inside ``jit`` on JAX devices: the lowering of :mod:`linop.backends.jax_shard`.
+r"""Operator trees inside ``jit`` on JAX devices: the lowering of :mod:`linop.backends.jax.shard`.
 
 :func:`sharded` compiles a tree for a device :class:`~jax.sharding.Mesh` into a
 :class:`ShardedOperator`, a JAX function of the domain's *slots*: each slot is one array
@@ -32,8 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ..backends.jax_shard import local_function, sharded_call
-from ..backends.jax_shard_plan import Layout, Plan, compile_plan
+from ..backends.jax.plan import Layout, Plan, compile_plan
+from ..backends.jax.shard import local_function, sharded_call
 from ..errors import DtypeError, MeshError, StateError
 from ..operator import LinearOperator
 from ..partition import DistributedTensor

@@ -51,7 +51,7 @@ from linop import (  # noqa: E402
     halo_geometry,
     halo_windows,
 )
-from linop.backends.jax_shard_plan import Exchange, Plan  # noqa: E402
+from linop.backends.jax.plan import Exchange, Plan  # noqa: E402
 from linop.frameworks.jax_sharded import ShardedOperator, sharded  # noqa: E402
 from linop.layout import BlockGrid  # noqa: E402
 from verify.strategies_distributed import decompositions  # noqa: E402
@@ -138,7 +138,7 @@ def prove(f: ShardedOperator, label: str, every: bool = False) -> None:
 
 
 def _own(f: ShardedOperator):
-    from linop.backends.jax_shard import sharded_call
+    from linop.backends.jax.shard import sharded_call
 
     return sharded_call(f.plan, f.mesh, f.axes, adjoint_by_tree=False)
 
@@ -255,7 +255,7 @@ def check_uneven_77_rows() -> None:
 def check_native_allreduce() -> None:
     """An all-reduce over every device lowers to one ``psum`` (also inside a composition and
     in its adjoint), exactly."""
-    from linop.backends.jax_shard_plan import PsumOp
+    from linop.backends.jax.plan import PsumOp
 
     t = DistributedTensor("t", (3 * COUNT, 2), Partition.grid((COUNT, 1)))
     x = DistributedTensor("x", (3 * COUNT, 2), Partition.grid((1, 1)))
@@ -271,7 +271,7 @@ def check_psum_over_a_mesh_axis() -> None:
     its groups run along (rows: "a", columns: "b"), in the forward and the adjoint plan."""
     if COUNT != 4:
         return
-    from linop.backends.jax_shard_plan import PsumOp
+    from linop.backends.jax.plan import PsumOp
 
     square = Mesh(np.array(jax.devices()).reshape(2, 2), ("a", "b"))
     t = DistributedTensor("t", (4, 6), Partition.grid((2, 2)))
@@ -286,7 +286,7 @@ def check_psum_over_a_mesh_axis() -> None:
 
 
 def kinds(plan: Plan) -> list[tuple[str, bool]]:
-    from linop.backends.jax_shard_plan import CollectiveOp
+    from linop.backends.jax.plan import CollectiveOp
 
     return [(p.kind, p.with_self) for o in plan.ops if isinstance(o, CollectiveOp) for p in o.pieces]
 
@@ -345,7 +345,7 @@ def check_native_collectives() -> None:
     other = DistributedTensor("v", (2 * COUNT + 1, 3 * COUNT), Partition.grid((1, COUNT)))
     if COUNT > 2:  # boxes of two shapes: no single collective
         assert kinds(sharded(Repartition(uneven, other), MESH).plan) == []
-    from linop.backends.jax_shard_plan import CollectiveOp
+    from linop.backends.jax.plan import CollectiveOp
 
     ops = list(turn.plan.ops)
     k = next(i for i, o in enumerate(ops) if isinstance(o, CollectiveOp))

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import WorkerError
-from ..space import Block, Space, natural_key
+from ...errors import WorkerError
+from ...space import Block, Space, natural_key
 
 __all__ = ["SlotSpec", "Layout", "space_layout", "block_prefix", "device_of_worker"]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .jax_shard_ops import BoxOp, CollectiveOp, Exchange, collective_piece
+from .ops import BoxOp, CollectiveOp, Exchange, collective_piece
 
 __all__ = ["Box", "boxes_meet", "drop_dead_clears", "fold_self_boxes"]
 

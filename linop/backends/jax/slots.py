@@ -30,8 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .jax_shard_passes import boxes_meet
-from .jax_shard_plan import Plan
+from .passes import boxes_meet
+from .plan import Plan
 
 __all__ = ["DeviceView", "Slots"]
 

@@ -1,8 +1,8 @@
-r"""Run a compiled plan (:mod:`linop.backends.jax_shard_plan`) inside ``shard_map`` under ``jit``.
+r"""Run a compiled plan (:mod:`linop.backends.jax.plan`) inside ``shard_map`` under ``jit``.
 
 :func:`local_function` is the per-device program: given the device's pieces of the domain's
 interface slots it returns its pieces of the range's: box reads and writes on the device's slots
-(:mod:`linop.backends.jax_shard_slots`: static slices, tiles assembled by ``concatenate`` and
+(:mod:`linop.backends.jax.slots`: static slices, tiles assembled by ``concatenate`` and
 ``pad``, in-place updates at per-device starts read from small constant tables at the device's
 ``lax.axis_index``), one ``lax.ppermute`` per round of transfers and one native collective
 (``all_to_all``, ``all_gather``, ``psum_scatter``, ``psum``) per phase that is one. Nothing
@@ -36,7 +36,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 from jax.sharding import Mesh, PartitionSpec
 
-from .jax_shard_plan import (
+from .plan import (
     BoxOp,
     CollectiveOp,
     CollectivePiece,
@@ -48,7 +48,7 @@ from .jax_shard_plan import (
     SumOp,
     ZeroOp,
 )
-from .jax_shard_slots import DeviceView, Slots
+from .slots import DeviceView, Slots
 
 __all__ = ["local_function", "sharded_p", "sharded_call", "result_dtype"]
 
@@ -118,7 +118,7 @@ def _run(device: DeviceView, ops: Sequence[Any], slots: Slots) -> Slots:
 
 def _collective(device: DeviceView, slots: Slots, piece: CollectivePiece) -> None:
     """One piece of a phase in which every device sends to every other (see
-    :class:`~linop.backends.jax_shard_plan.CollectivePiece`), by one native collective."""
+    :class:`~linop.backends.jax.plan.CollectivePiece`), by one native collective."""
     p = device.plan.devices
     everyone = np.ones(p, dtype=bool)
     used = piece.used()

@@ -1,8 +1,8 @@
 """The ops of a plan for JAX devices: what every device runs alike inside ``shard_map``.
 
 Each op holds its per-device geometry in small static tables (``(devices, ndim)`` starts, a
-``(devices,)`` mask of the devices taking part); see :mod:`linop.backends.jax_shard_plan` for
-how a tree becomes ops and :mod:`linop.backends.jax_shard` for how they run. No JAX needed here.
+``(devices,)`` mask of the devices taking part); see :mod:`linop.backends.jax.plan` for
+how a tree becomes ops and :mod:`linop.backends.jax.shard` for how they run. No JAX needed here.
 """
 
 from __future__ import annotations

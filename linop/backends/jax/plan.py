@@ -1,10 +1,10 @@
 r"""Compile an operator tree into a static SPMD plan for JAX devices (no JAX needed here).
 
-The modules: :mod:`~linop.backends.jax_shard_layout` (slots), :mod:`~linop.backends.jax_shard_ops`
-(ops), :mod:`~linop.backends.jax_shard_colouring` (rounds), :mod:`~linop.backends.jax_shard_passes`
+The modules: :mod:`~linop.backends.jax.layout` (slots), :mod:`~linop.backends.jax.ops`
+(ops), :mod:`~linop.backends.jax.colouring` (rounds), :mod:`~linop.backends.jax.passes`
 (passes over ops); this one compiles a tree. The portable global program of the tree (:func:`~linop.program.lower_portable`,
 batched: local steps, phases of transfers, scalings, zeros, sums) becomes a list of *ops* that
-every device runs alike inside ``shard_map`` (:mod:`linop.backends.jax_shard` runs them).
+every device runs alike inside ``shard_map`` (:mod:`linop.backends.jax.shard` runs them).
 
 State. Worker ``w`` lives on device ``device_of[w]``. Every block of the program gets a *slot*:
 an array of one static shape on every device, the largest shape of the blocks sharing it, so
@@ -47,13 +47,13 @@ from typing import Any
 
 import numpy as np
 
-from ..collectives import AllReduce
-from ..errors import DeviceKernelError, WorkerError
-from ..local import LocalOperator
-from ..movement import Copy, CopyAdjoint, Move
-from ..operator import Composition, LinearOperator
-from ..primitives import Add, Allocate, Clear, Deallocate
-from ..program import (
+from ...collectives import AllReduce
+from ...errors import DeviceKernelError, WorkerError
+from ...local import LocalOperator
+from ...movement import Copy, CopyAdjoint, Move
+from ...operator import Composition, LinearOperator
+from ...primitives import Add, Allocate, Clear, Deallocate
+from ...program import (
     Branches,
     FastPathStep,
     Local,
@@ -64,16 +64,16 @@ from ..program import (
     batch,
     lower_portable,
 )
-from ..space import Block, Region, natural_key
-from .jax_shard_colouring import edge_colouring
-from .jax_shard_layout import (
+from ...space import Block, Region, natural_key
+from .colouring import edge_colouring
+from .layout import (
     Layout,
     SlotSpec,
     block_prefix,
     device_of_worker,
     space_layout,
 )
-from .jax_shard_ops import (
+from .ops import (
     BoxOp,
     CollectiveOp,
     CollectivePiece,
@@ -86,7 +86,7 @@ from .jax_shard_ops import (
     collective_piece,
     math_size,
 )
-from .jax_shard_passes import boxes_meet, drop_dead_clears, fold_self_boxes
+from .passes import boxes_meet, drop_dead_clears, fold_self_boxes
 
 __all__ = [
     "DeviceKernelError",
