@@ -304,6 +304,9 @@ class _RankMappedAllReduce(RankStep):
             arrays = [_contiguous_owned(work, name, dtype) for name in names]
             _reduce_members(arrays, ranks, comm, dtype)()
 
+    def written(self) -> tuple[str, ...]:
+        return tuple(name for names, _ in self.entries for name in names)
+
     def persistent(
         self, arrays: dict[str, np.ndarray], comm: Intracomm, dtype: np.dtype, *, dry: bool = False
     ) -> Persistent | None:
