@@ -55,7 +55,7 @@ reason: the first unfinished group in that order has all its members inside it.
 
 from __future__ import annotations
 
-from . import lowering_local, lowering_shims  # noqa: F401 - register the generic lowerings
+from . import lowering_local, lowering_overlap, lowering_shims  # noqa: F401 - register the generic lowerings
 from .batching import batch
 from .compile import Program, RankProgram, compile_for_rank, compile_program
 from .fingerprinting import fingerprint
@@ -83,6 +83,7 @@ from .steps import (
     LocalMoves,
     Phase,
     RankBranches,
+    RankOverlap,
     RankPart,
     RankPhase,
     RankZero,
@@ -118,6 +119,7 @@ __all__ = [
     "RankBranches",
     "RankZero",
     "LocalMoves",
+    "RankOverlap",
     "ScheduleStep",
     "INTERPRETER",
     "Lowering",
