@@ -121,6 +121,17 @@ def against_numpy(
     return problem
 
 
+def _against_plain(op: Any, plain: Any, seed: int) -> str | None:
+    """``op`` under the executor against the numpy interpreter's ``plain`` (the same operator)."""
+    rank = dist.get_rank()
+    full = op.domain.random(seed, dtype=np.int64)
+    mine = {
+        b.name: on_device(torch.from_numpy(np.array(full[b.name]))) for b in op.domain if b.worker == rank
+    }
+    result = td.apply(op, mine)
+    return differs(result, plain(full), tuple(b.name for b in op.range if b.worker == rank))
+
+
 def grid_2d(size: int) -> tuple[int, int]:
     return {1: (1, 1), 2: (2, 1), 3: (3, 1), 4: (2, 2)}[size]
 
@@ -186,6 +197,30 @@ class Checks:
         windows = halo_windows(DistributedTensor("u", (7, 5), Partition(grid_2d(size))), Kernel(3, padding=1))
         self.run("halo windows", lambda: against_numpy(windows, 5))
         self.run("halo windows adjoint", lambda: against_numpy(windows.H, 6))
+
+    # -- the overlapped halo exchange -----------------------------------------------------------
+    def overlap(self) -> None:
+        """The overlapped convolution (interior run while the exchange's messages are in
+        flight) equals the plain tree's numpy result, forward and adjoint, integers."""
+        from linop.layers import Convolution
+
+        size = self.size
+        cases = {
+            "overlap 1-d": (
+                DistributedTensor("x", (1, 2, 4 * size + 1), Partition((1, 1, size))),
+                Kernel(3, padding=1),
+            ),
+            "overlap 2-d": (
+                DistributedTensor("x", (1, 1, 9, 8), Partition((1, 1, *grid_2d(size)))),
+                Kernel(5, padding=2),
+            ),
+        }
+        for name, (tensor, kernel) in cases.items():
+            layer = Convolution(tensor, 2, kernel, bias=False)
+            w = np.random.default_rng(3).integers(-2, 3, layer.weights.global_shape)
+            plain, overlapped = layer.input_operator(w), layer.input_operator(w, overlap=True)
+            self.run(name, lambda a=overlapped, b=plain: _against_plain(a, b, 7))
+            self.run(name + " adjoint", lambda a=overlapped.H, b=plain.H: _against_plain(a, b, 8))
 
     # -- collectives and repartitions ----------------------------------------------------------
     def collectives(self) -> None:
@@ -510,6 +545,7 @@ def main(readme: str | None = None, *, timeout_case: bool = False) -> None:
     checks = Checks()
     for part in (
         checks.halos,
+        checks.overlap,
         checks.collectives,
         checks.mapped,
         checks.subgroup,
