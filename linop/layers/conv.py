@@ -346,11 +346,14 @@ class Convolution:
         part.flags.writeable = False
         return part
 
-    def overlapped_products(self, kernels: overlap_split.PieceKernels) -> LinearOperator:
+    def overlapped_products(
+        self, kernels: overlap_split.PieceKernels, *, windows: bool = False
+    ) -> LinearOperator:
         """The tree from x to the partial outputs with the halo exchange overlapped, each
         piece's product made by ``kernels(j, window_shape) -> (forward, adjoint)``
         (:func:`linop.layers.overlap_split.overlapped_products`; the reduction over input-channel
-        workers not included).
+        workers not included). ``windows``: keep the windows too (the blocks
+        :meth:`window_name` names), for a framework's weight gradient.
 
         Raises
         ------
@@ -366,7 +369,24 @@ class Convolution:
         for g in self.x.partition.indices():
             j = (0, 0, *g[1:])
             outputs.append((j, self.partial_block(j)))
-        return overlap_split.overlapped_products(self.geometry, outputs, kernels)
+        names = [self.window_name(j) for j, _ in outputs] if windows else None
+        return overlap_split.overlapped_products(self.geometry, outputs, kernels, windows=names)
+
+    def interior_fraction(self) -> float:
+        """The smallest share, over the workers with output, of their outputs that the interior
+        holds (:func:`linop.layers.overlap_split.interior_box`): 1 without any halo, 0 when
+        some worker's every output needs one."""
+        dims = tuple(range(2, self.x.ndim))
+        worst = 1.0
+        for g in self.x.partition.indices():
+            start, stop = self.geometry.output_box(g)
+            total = int(np.prod([stop[d] - start[d] for d in dims]))
+            if total == 0:
+                continue
+            box = overlap_split.interior_box(self.geometry, g, dims)
+            inner = 0 if box is None else int(np.prod([b - a for a, b in zip(*box)]))
+            worst = min(worst, inner / total)
+        return worst
 
     def _overlapped_input_operator(self, weights: np.ndarray) -> LinearOperator:
         stride, dilation = self.kernel.stride[2:], self.kernel.dilation[2:]  # type: ignore[index]

@@ -155,6 +155,7 @@ def overlapped_products(
     dims: Sequence[int] | None = None,
     prefix: str | None = None,
     interior: Callable[[Sequence[int], Sequence[int]], Box | None] | None = None,
+    windows: Sequence[str] | None = None,
 ) -> LinearOperator:
     """The overlapped tree from the tensor's bulk blocks to each worker's output block (see the
     module docstring).
@@ -180,6 +181,9 @@ def overlapped_products(
         ``interior(index, dims) -> Box | None``, the interior of each worker (default
         :func:`interior_box`); another split gives another operator unless it too reads no
         halo (the control tests widen it into the halo and see the equality fail).
+    windows : sequence of str, optional
+        Keep each worker's window too, under these names (per grid index, in C order): the
+        tree then gives ``(outputs, windows)``, what a framework needs for the weight gradient.
     """
     tensor = geometry.tensor
     dims = tuple(range(2, tensor.ndim)) if dims is None else tuple(dims)
@@ -248,6 +252,12 @@ def overlapped_products(
             drop = Deallocate(store.range, piece.name)
             factors = [drop, store, product, copy, *factors]
             space = drop.range
+        if windows is not None:
+            name = windows[grid.index(g)]
+            region = space[local.name][tuple(r.window for r in geometry.worker_rows(g))]
+            keep = Copy(region, Block(name, region.shape, local.worker))
+            factors = [keep, *factors]
+            space = keep.range
         drop_local = Deallocate(space, local.name)
         factors = [drop_local, *factors]
         space = drop_local.range
