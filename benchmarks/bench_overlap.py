@@ -70,7 +70,7 @@ class HandLayer:
 
     def __init__(self, comm, grid, shape, weight, bias):
         self.comm, self.weight, self.bias = comm, weight, bias
-        n, c, h, w = shape
+        _, _, h, w = shape
         self.shape = shape
         py, px = grid
         i, j = divmod(comm.rank, px)
