@@ -268,10 +268,10 @@ class _LayerFunction(torch.autograd.Function):
                     back[name] = back[name] + gradient if name in back else gradient
         if overlapped:  # the input gradient: the overlapped tree's adjoint (exchange in flight)
             module.live.update({n: operands[n] for n in module.live})
-            cotangent = {n: torch.zeros_like(operands[n]) for n in module.window_names}
-            dtype = next(iter(cotangent.values())).dtype if cotangent else torch.float64
-            cotangent.update({n: given[n].to(dtype) for n in module.partial_names})
-            x_grad = module.overlapped.run_adjoint(cotangent)
+            dtype = operands[module.window_names[0]].dtype if module.window_names else torch.float64
+            x_grad = module.overlapped_input.run_adjoint(
+                {n: given[n].to(dtype) for n in module.partial_names}
+            )
         for name, tensor in operands.items():  # an operand no product of this process uses
             back.setdefault(name, torch.zeros_like(tensor))
         if not overlapped:
@@ -378,9 +378,11 @@ class LayerModule(torch.nn.Module):
         self.overlap = bool(overlap)
         self.live: dict[str, Tensor] = {}  # the weight copies of the current call (overlap)
         self.overlapped: _Stage | None = None
+        self.overlapped_input: _Stage | None = None  # its adjoint: the input gradient
         if self.overlap:
-            tree = layer.overlapped_products(_piece_kernels(layer, self.live), windows=True)
-            self.overlapped = _Stage(tree, comm, group)
+            kernels = _piece_kernels(layer, self.live)
+            self.overlapped = _Stage(layer.overlapped_products(kernels, windows=True), comm, group)
+            self.overlapped_input = _Stage(layer.overlapped_products(kernels), comm, group)
         self.windows = _Stage(layer.window_operator, comm, group)
         movement = layer.parameter_movement
         self.copies = None if self.replicate else _Stage(movement, comm, group)
