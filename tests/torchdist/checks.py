@@ -221,6 +221,32 @@ class Checks:
             plain, overlapped = layer.input_operator(w), layer.input_operator(w, overlap=True)
             self.run(name, lambda a=overlapped, b=plain: _against_plain(a, b, 7))
             self.run(name + " adjoint", lambda a=overlapped.H, b=plain.H: _against_plain(a, b, 8))
+        self.run("overlap LayerModule", self._overlapped_module)
+
+    def _overlapped_module(self) -> str | None:
+        """LayerModule(overlap=True) on the group gives the plain module's outputs and
+        gradients exactly (integer-valued float64)."""
+        from linop.frameworks.torch_layers import LayerModule
+        from linop.layers import Convolution
+
+        x = DistributedTensor("x", (1, 2, 9, 8), Partition((1, 1, *grid_2d(self.size))))
+        conv = Convolution(x, 2, Kernel(3, padding=1))
+        rng = np.random.default_rng(4)
+        w = rng.integers(-2, 3, conv.weights.global_shape).astype(float)
+        b = rng.integers(-2, 3, conv.bias.global_shape).astype(float)
+        data = x.scatter(rng.integers(-3, 4, x.global_shape).astype(float))
+        runs = []
+        for overlap in (False, True):
+            module = LayerModule(conv, weights=w, bias=b, group=True, overlap=overlap)
+            inputs = {n: torch.from_numpy(data[n].copy()).requires_grad_() for n in module.input_names}
+            out = module(inputs)
+            (sum((v * v).sum() for v in out.values()) + module.token.sum()).backward()
+            grads = {n: p.grad for n, p in module.parameter_state().items()}
+            runs.append(({**out, **{n + ".grad": t.grad for n, t in inputs.items()}}, grads))
+        for a, c in zip(*runs):
+            if sorted(a) != sorted(c) or any(not torch.equal(a[n], c[n]) for n in a):
+                return f"the overlapped module differs from the plain one: {sorted(a)}"
+        return None
 
     # -- collectives and repartitions ----------------------------------------------------------
     def collectives(self) -> None:
