@@ -369,8 +369,12 @@ class LayerModule(torch.nn.Module):
         self.replicate = bool(replicate)
         self.product = local_product(layer)
         real = not dtype.is_complex
-        if overlap is None:
-            overlap = real and overlap_pays(layer, comm is not None or group is not None)
+        if overlap is None:  # not under NCCL: the device path runs no local operators
+            device = (
+                group is not None
+                and torch.distributed.get_backend(None if group is True else group) == "nccl"
+            )
+            overlap = real and not device and overlap_pays(layer, comm is not None or group is not None)
         elif overlap and not (isinstance(layer, Convolution) and layer.overlappable and real):
             raise LayerError(
                 "LayerModule: overlap=True needs a convolution that does not broadcast its input, in a real dtype"
