@@ -505,4 +505,5 @@ __all__ += [name for module in (_distributed, _halo) for name in module.__all__ 
 from . import strategies_frameworks as _frameworks  # noqa: E402, F401 - linop types for st.from_type, Lifted examples
 from . import strategies_local as _local  # noqa: E402, F401 - registers the LocalOperator examples
 from . import strategies_mesh as _mesh  # noqa: E402, F401 - registers the redistribute examples
+from . import strategies_overlap as _overlap  # noqa: E402, F401 - registers the overlapped halo examples
 from . import strategies_shims as _shims  # noqa: E402, F401 - registers the halo shim examples

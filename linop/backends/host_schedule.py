@@ -8,7 +8,9 @@ functions): local nodes with its handlers, :class:`~linop.program.Scale`
 (:func:`~linop.backends.numpy.scale_blocks`), :class:`~linop.program.RankZero`,
 :class:`~linop.program.RankBranches` (:func:`~linop.backends.numpy.sum_branches`) and,
 under a worker-to-rank map, :class:`~linop.program.LocalMoves` (transfers between two workers of
-one rank, as local copies); the executor passes how it runs a phase and its other parts.
+one rank, as local copies); the executor passes how it runs a phase and its other parts, and
+how it starts one so that the local work of a :class:`~linop.program.RankOverlap` runs while
+the phase's messages are in flight.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any, cast
 import numpy as np
 
 from ..operator import LinearOperator
-from ..program import LocalMoves, RankBranches, RankPhase, RankZero, Scale, Transfer
+from ..program import LocalMoves, RankBranches, RankOverlap, RankPhase, RankZero, Scale, Transfer
 from ..space import Block, Region
 from . import numpy as numpy_backend
 from .mpi.mapping import run_local_moves
@@ -29,6 +31,10 @@ __all__ = ["run_rank_schedule", "finish_phase", "store_results"]
 StepRunner = Callable[[Any, numpy_backend.Workspace], None]
 """Runs one step of a rank's schedule on a workspace (collective with the step's peers)."""
 
+PhaseStarter = Callable[[RankPhase, numpy_backend.Workspace], Callable[[], None]]
+"""Starts a phase's nonblocking receives and sends and returns what completes it (wait, then
+finish: :func:`finish_phase`), for local work in flight (:class:`~linop.program.RankOverlap`)."""
+
 
 def run_rank_schedule(
     schedule: Sequence[Any],
@@ -37,15 +43,31 @@ def run_rank_schedule(
     *,
     phase: StepRunner,
     part: StepRunner,
+    start: PhaseStarter | None = None,
 ) -> None:
     """Run a rank's schedule on ``work``: ``phase`` runs each
     :class:`~linop.program.RankPhase`, ``part`` each step that is neither a phase nor one of the
     engine-independent steps above (an executor's fast-path part; it raises ``TypeError`` for a
-    step it does not know). Collective with the other ranks' schedules."""
+    step it does not know). A :class:`~linop.program.RankOverlap` runs its nodes between
+    ``start`` (which starts the phase) and the completion it returns; without ``start``, after
+    the phase (the same result: the nodes touch nothing the phase moves). Collective with the
+    other ranks' schedules."""
     for step in schedule:
         kind = type(step)
         if kind is RankPhase:
             phase(step, work)
+        elif kind is RankOverlap:
+            if step.phase is None:
+                complete = None
+            elif start is None:
+                phase(step.phase, work)
+                complete = None
+            else:
+                complete = start(step.phase, work)
+            for node in step.during:
+                numpy_backend.run(node, work)
+            if complete is not None:
+                complete()
         elif isinstance(step, LinearOperator):
             numpy_backend.run(step, work)
         elif kind is Scale:
@@ -59,7 +81,7 @@ def run_rank_schedule(
             results = []
             for term in step.terms:
                 branch = work.borrowed()
-                run_rank_schedule(term, branch, dtype, phase=phase, part=part)
+                run_rank_schedule(term, branch, dtype, phase=phase, part=part, start=start)
                 results.append(branch.arrays)
             numpy_backend.sum_branches(results, step.names, work)
         elif kind is LocalMoves:

@@ -43,7 +43,7 @@ from ..halo_geometry import Kernel, halo_geometry
 from ..operator import Composition, LinearOperator
 from ..partition import DistributedTensor, Partition, grid_block_name
 from ..space import Block, Space
-from . import kernels
+from . import kernels, overlap_split
 from .base import (
     LayerError,
     LocalStep,
@@ -283,17 +283,25 @@ class Convolution:
         others = Space(b for b in space if not b.name.startswith("yt["))
         return SumReduce(self.y, partials, "yt", others=others)
 
-    def input_operator(self, weights: Any) -> LinearOperator:
+    def input_operator(self, weights: Any, *, overlap: bool = False) -> LinearOperator:
         r"""The layer as a linear operator of its input for fixed ``weights`` ``(C_out, C_in, *k)``:
         :math:`y = R\, L_w\, B\, H\, x` (no bias: the bias is not linear in x). Its adjoint is the
         input gradient.
 
+        ``overlap=True`` gives the same operator with the halo exchange overlapped: each
+        worker's interior product runs while the exchange's messages are in flight, the
+        boundary strips after it (:mod:`linop.layers.overlap_split`; the adjoint overlapped
+        alike). It needs a layer that does not broadcast its input (P_co = 1).
+
         Raises
         ------
         LayerError
-            If ``weights`` has the wrong shape.
+            If ``weights`` has the wrong shape, or ``overlap`` is asked of a layer that
+            broadcasts its input.
         """
         weights = require_shape("Convolution", "weights", weights, self.weights.global_shape)
+        if overlap:
+            return self._overlapped_input_operator(weights)
         moving = self.window_operator
         space = moving.range
         stride, dilation = self.kernel.stride[2:], self.kernel.dilation[2:]  # type: ignore[index]
@@ -320,6 +328,74 @@ class Convolution:
         local = local_stage(space, steps)
         tree = local @ moving
         reduce = self._reduction(local.range)
+        return tree if reduce is None else reduce @ tree
+
+    @property
+    def overlappable(self) -> bool:
+        """True when the input tree can overlap its halo exchange (the input is not broadcast:
+        each worker's window is its own input's)."""
+        return not self.broadcasts_input
+
+    def _part(self, weights: np.ndarray, j: Sequence[int]) -> np.ndarray:
+        _, co, ci, *_ = j
+        part = np.array(
+            weights[
+                co * self.co_share : (co + 1) * self.co_share, ci * self.ci_share : (ci + 1) * self.ci_share
+            ]
+        )
+        part.flags.writeable = False
+        return part
+
+    def overlapped_products(
+        self, kernels: overlap_split.PieceKernels, *, windows: bool = False
+    ) -> LinearOperator:
+        """The tree from x to the partial outputs with the halo exchange overlapped, each
+        piece's product made by ``kernels(j, window_shape) -> (forward, adjoint)``
+        (:func:`linop.layers.overlap_split.overlapped_products`; the reduction over input-channel
+        workers not included). ``windows``: keep the windows too (the blocks
+        :meth:`window_name` names), for a framework's weight gradient.
+
+        Raises
+        ------
+        LayerError
+            If the layer broadcasts its input (P_co > 1).
+        """
+        if not self.overlappable:
+            raise LayerError(
+                f"Convolution: the halo exchange cannot be overlapped when the input is broadcast "
+                f"(P_co = {self.p_co}); use overlap=False"
+            )
+        outputs = []
+        for g in self.x.partition.indices():
+            j = (0, 0, *g[1:])
+            outputs.append((j, self.partial_block(j)))
+        names = [self.window_name(j) for j, _ in outputs] if windows else None
+        return overlap_split.overlapped_products(self.geometry, outputs, kernels, windows=names)
+
+    def interior_fraction(self) -> float:
+        """The smallest share, over the workers with output, of their outputs that the interior
+        holds (:func:`linop.layers.overlap_split.interior_box`): 1 without any halo, 0 when
+        some worker's every output needs one."""
+        dims = tuple(range(2, self.x.ndim))
+        worst = 1.0
+        for g in self.x.partition.indices():
+            start, stop = self.geometry.output_box(g)
+            total = int(np.prod([stop[d] - start[d] for d in dims]))
+            if total == 0:
+                continue
+            box = overlap_split.interior_box(self.geometry, g, dims)
+            inner = 0 if box is None else int(np.prod([b - a for a, b in zip(*box)]))
+            worst = min(worst, inner / total)
+        return worst
+
+    def _overlapped_input_operator(self, weights: np.ndarray) -> LinearOperator:
+        stride, dilation = self.kernel.stride[2:], self.kernel.dilation[2:]  # type: ignore[index]
+
+        def kernels(j: Sequence[int], window: tuple[int, ...]):
+            return _input_kernels(self._part(weights, j), window, stride, dilation)
+
+        tree = self.overlapped_products(kernels)
+        reduce = self._reduction(tree.range)
         return tree if reduce is None else reduce @ tree
 
     @property

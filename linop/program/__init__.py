@@ -29,6 +29,13 @@ order, step after step:
   then every send, and completes them all before the next step; a received transfer then adds
   into (``"add"``), stores into (``"store"``) or creates (``"new"``) its target, and the sender
   keeps, clears or drops its source (``after``) once the send has completed;
+- a :class:`RankOverlap`: a phase with local work that may run while its messages are in
+  flight (an overlapped halo exchange's interior products, :class:`~linop.overlap.OverlappedHalo`).
+  The executor starts the phase's receives and sends, runs the ``during`` nodes on the rank's
+  blocks, waits, then finishes the phase as above. The nodes read and write nothing the phase's
+  transfers touch (batching moved them into the phase only across steps they commute with), so
+  an executor that cannot overlap runs the phase and then the nodes, with the same result;
+  ``phase`` is None when the rank has no message in it (the nodes just run);
 - a :class:`LocalMoves` (under a worker map): the transfers between two of the rank's workers,
   done as local copies with the same semantics, after the messages of their phase;
 - :class:`Scale` multiplies every block the rank holds; :class:`RankZero` replaces the state by
@@ -55,7 +62,7 @@ reason: the first unfinished group in that order has all its members inside it.
 
 from __future__ import annotations
 
-from . import lowering_local, lowering_shims  # noqa: F401 - register the generic lowerings
+from . import lowering_local, lowering_overlap, lowering_shims  # noqa: F401 - register the generic lowerings
 from .batching import batch
 from .compile import Program, RankProgram, compile_for_rank, compile_program
 from .fingerprinting import fingerprint
@@ -84,6 +91,7 @@ from .steps import (
     LocalMoves,
     Phase,
     RankBranches,
+    RankOverlap,
     RankPart,
     RankPhase,
     RankZero,
@@ -119,6 +127,7 @@ __all__ = [
     "RankBranches",
     "RankZero",
     "LocalMoves",
+    "RankOverlap",
     "ScheduleStep",
     "INTERPRETER",
     "Lowering",

@@ -16,6 +16,14 @@ phase; ranks waiting so for each other chain across the grid. With rounds a rece
 in the phase its sender sends in (:mod:`linop.latency` models the schedules' critical path).
 Rounds only split phases further, so phases stay runs of program order on every rank and
 batching still cannot deadlock.
+
+A local step marked ``in_flight`` (an overlapped product's interior,
+:class:`~linop.overlap.OverlappedHalo`) joins the open phase as work to run while its messages
+are in flight (:attr:`~linop.program.steps.Phase.during`) when it conflicts with none of the
+phase's transfers and none of the local steps deferred behind it (the in-flight steps keep their
+order among themselves); with no phase open it waits for the next phase, whose transfers must then
+not conflict with it. Either way it is moved only across steps it commutes with, so the result
+is that of program order; otherwise it runs in order.
 """
 
 from __future__ import annotations
@@ -119,27 +127,52 @@ def batch(steps: Iterable[Step]) -> list[Step]:
     """Group transfers into phases (see the module docstring); recurse into sum branches."""
     out: list[Step] = []
     phase: list[Transfer] = []
+    during: list[Local] = []  # in-flight local steps of the open phase
+    waiting: list[Local] = []  # in-flight local steps before any phase: for the next one
     deferred: list[Local] = []
-    pending = _Pending()  # footprints of ``phase`` and ``deferred``
+    pending = _Pending()  # footprints of ``phase``, ``during``, ``waiting`` and ``deferred``
+    crossed = _Pending()  # footprints of ``phase`` and ``deferred``: what in-flight work crosses
 
     def flush() -> None:
         if phase:
-            out.append(Phase(tuple(phase)))
+            out.append(Phase(tuple(phase), tuple(during)))
             phase.clear()
+        else:
+            out.extend(during)
+        during.clear()
+        out.extend(waiting)
+        waiting.clear()
         out.extend(deferred)
         deferred.clear()
         pending.clear()
+        crossed.clear()
 
     for step in steps:
         if isinstance(step, Transfer):
             fp = step.footprint
             if pending.conflicts(fp) or (phase and step.round > phase[-1].round):
                 flush()
+            if not phase and waiting:  # in-flight work before the phase: run it during
+                during.extend(waiting)
+                waiting.clear()
             phase.append(step)
+            pending.add(fp)
+            crossed.add(fp)
+        elif isinstance(step, Local) and step.in_flight:
+            fp = step.footprint
+            # the in-flight steps of a phase run in program order among themselves: one needs
+            # to commute only with the transfers and the deferred steps it is moved across
+            if phase and not crossed.conflicts(fp):
+                during.append(step)
+            else:
+                if phase or deferred:
+                    flush()
+                waiting.append(step)
             pending.add(fp)
         elif isinstance(step, Local) and phase:
             deferred.append(step)
             pending.add(step.footprint)
+            crossed.add(step.footprint)
         else:
             flush()
             if isinstance(step, Branches):

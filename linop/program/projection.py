@@ -12,6 +12,8 @@ A program names workers; a rank runs the workers a worker map gives it (by defau
 - scales, its blocks of a zero state, each term of a sum projected;
 - its part of a fast-path step (under a map, only of a step whose runner projects under one:
   ``project_mapped(rank, mapping)``).
+- a phase with local work in flight (:attr:`~linop.program.steps.Phase.during`) as a
+  :class:`~linop.program.steps.RankOverlap`: its part of the phase and its workers' nodes.
 
 A message's tag counts the earlier messages between the same (source rank, destination rank)
 pair in program order (modulo :data:`TAG_LIMIT`), so both ends derive it from the transfers
@@ -21,6 +23,7 @@ they take part in, however each groups its transfers into phases.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from ..errors import UnsupportedNodeError
 from ..space import Block, Space
@@ -31,6 +34,7 @@ from .steps import (
     LocalMoves,
     Phase,
     RankBranches,
+    RankOverlap,
     RankPhase,
     RankZero,
     Scale,
@@ -108,8 +112,12 @@ def _project(
                     receives.append((src, count % TAG_LIMIT, t))
                 else:
                     sends.append((dst, count % TAG_LIMIT, t))
-            if receives or sends:
-                out.append(RankPhase(tuple(receives), tuple(sends)))
+            during = () if isinstance(step, Transfer) else _during(step, rank, rank_of)
+            rank_phase = RankPhase(tuple(receives), tuple(sends)) if receives or sends else None
+            if during:
+                out.append(RankOverlap(rank_phase, during))
+            elif rank_phase is not None:
+                out.append(rank_phase)
             if local:
                 out.append(LocalMoves(tuple(local)))
         elif isinstance(step, Scale):
@@ -133,3 +141,12 @@ def _project(
         else:  # pragma: no cover - lowering emits nothing else
             raise TypeError(f"unknown step {step!r}")
     return tuple(out)
+
+
+def _during(phase: Phase, rank: int, rank_of: Any) -> tuple[Any, ...]:
+    """The nodes of the phase's in-flight local steps that ``rank`` runs."""
+    return tuple(
+        local.node
+        for local in phase.during
+        if (local.worker if rank_of is None else rank_of(local.worker)) == rank
+    )

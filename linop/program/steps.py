@@ -43,6 +43,7 @@ __all__ = [
     "RankBranches",
     "RankZero",
     "LocalMoves",
+    "RankOverlap",
     "ScheduleStep",
 ]
 
@@ -104,11 +105,16 @@ OPAQUE = Footprint(opaque=True)
 # -- global steps ---------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Local:
-    """A node whose blocks all live on ``worker``: run there with the numpy handler."""
+    """A node whose blocks all live on ``worker``: run there with the numpy handler.
+
+    ``in_flight``: the node may run while the messages of a phase are in flight (an
+    overlapped product's interior, :class:`~linop.overlap.OverlappedHalo`): batching puts it
+    into the phase it does not conflict with (:attr:`Phase.during`), else runs it in order."""
 
     node: LinearOperator
     worker: int
     footprint: Footprint
+    in_flight: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,9 +160,15 @@ class Transfer:
 
 @dataclass(frozen=True, slots=True)
 class Phase:
-    """Transfers that run as one batch: receives posted first, then sends, then one wait."""
+    """Transfers that run as one batch: receives posted first, then sends, then one wait.
+
+    ``during``: local steps that run while the phase's messages are in flight (after every
+    receive and send is started, before the wait). They conflict with no transfer of the
+    phase (nor with any step they were moved across), so running them before, during or after
+    the phase gives the same result."""
 
     transfers: tuple[Transfer, ...]
+    during: tuple[Local, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,5 +287,19 @@ class LocalMoves:
     transfers: tuple[Transfer, ...]
 
 
-ScheduleStep = LinearOperator | RankPhase | Scale | RankZero | RankBranches | LocalMoves | RankPart
+@dataclass(frozen=True, slots=True)
+class RankOverlap:
+    """One rank's part of a phase with local work in flight: start ``phase``'s receives and
+    sends, run the ``during`` nodes on the rank's blocks, wait, finish the phase. The nodes
+    touch nothing the phase's transfers read or write, so an executor that cannot overlap
+    may run the phase and then the nodes (``phase`` is None when the rank has no message in
+    it: the nodes then just run)."""
+
+    phase: RankPhase | None
+    during: tuple[LinearOperator, ...]
+
+
+ScheduleStep = (
+    LinearOperator | RankPhase | Scale | RankZero | RankBranches | LocalMoves | RankOverlap | RankPart
+)
 """A step of one rank's schedule: a node run on the rank's blocks, or one of the rank steps."""

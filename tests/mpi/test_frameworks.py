@@ -289,3 +289,55 @@ def test_torch_operator_under_a_worker_map(comm):
     collective_assert(
         same_blocks({k: np.asarray(v) for k, v in result.items()}, forward, names) is None, "apply_mpi"
     )
+
+
+def test_overlapped_layer_module_equals_the_plain_one(comm):
+    """LayerModule with the halo exchange overlapped (the interior's torch products run while
+    the exchange's messages are in flight, the backward with the adjoint exchange in flight)
+    gives exactly the plain module's outputs and gradients (integer-valued float64), on the
+    first call and on the bound plans of the second; the default turns it on where it pays."""
+    from linop.frameworks.torch_layers import LayerModule
+    from linop.layers import Convolution
+
+    rng = np.random.default_rng(13)
+    parts = (1, 1, 2, 2) if comm.size == 4 else (1, 1, comm.size, 1)
+    x = DistributedTensor("x", (2, 2, 6 * parts[2] + 1, 6 * parts[3]), Partition(parts))
+    layer = Convolution(x, 3, Kernel(3, padding=1))
+    w = rng.integers(-2, 3, layer.weights.global_shape).astype(float)
+    b = rng.integers(-2, 3, layer.bias.global_shape).astype(float)
+    data = x.scatter(rng.integers(-3, 4, x.global_shape).astype(float))
+    runs = []
+    for overlap in (False, True):
+        module = LayerModule(layer, weights=w, bias=b, comm=comm, overlap=overlap)
+        for _ in range(2):
+            inputs = {n: torch.from_numpy(data[n].copy()).requires_grad_() for n in module.input_names}
+            out = module(inputs)
+            (sum(((i + 1) * v).sum() for i, v in enumerate(out.values())) + module.token.sum()).backward()
+            runs.append(
+                (
+                    {n: v.detach().numpy() for n, v in out.items()},
+                    {n: t.grad.numpy() for n, t in inputs.items()},
+                    {n: p.grad.numpy().copy() for n, p in module.parameter_state().items()},
+                )
+            )
+            for p in module.parameters():
+                p.grad = None
+    problem = None
+    for plain, overlapped in zip(runs[:2], runs[2:]):
+        for a, c in zip(plain, overlapped):
+            if sorted(a) != sorted(c) or any(not np.array_equal(a[n], c[n]) for n in a):
+                problem = problem or f"outputs or gradients differ: {sorted(a)}"
+    if LayerModule(layer, weights=w, bias=b, comm=comm).overlap:
+        problem = problem or "overlap chosen by default (it is opt-in)"
+    default = LayerModule(layer, weights=w, bias=b, comm=comm, overlap=None)  # by the rule
+    small = Convolution(
+        DistributedTensor("s", (1, 1, 2 * comm.size, 4), Partition((1, 1, comm.size, 1))),
+        1,
+        Kernel(3, padding=1),
+    )
+    expected = comm.size > 1
+    if default.overlap != expected or LayerModule(small, comm=comm, overlap=None).overlap:
+        problem = problem or f"the overlap default: {default.overlap} (expected {expected}), small layer"
+    if LayerModule(layer, weights=w, bias=b, overlap=None).overlap:  # one process: nothing to hide
+        problem = problem or "overlap chosen without a communicator"
+    collective_assert(problem is None, str(problem))

@@ -4,6 +4,8 @@ holds (as a real distributed run would) included."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from helpers import collective_assert, compare_with_numpy, local_part, same_blocks
@@ -14,6 +16,7 @@ from linop.backends import mpi as mpi_backend
 from linop.layers import Affine, AveragePool, Convolution, MaxPoolJacobian
 from linop.local import local_operator
 
+LONG = os.environ.get("LINOP_LONG") == "1"
 COMM = MPI.COMM_WORLD
 SIZE = COMM.size
 RANK = COMM.rank
@@ -106,3 +109,57 @@ def test_pooling_trees_equal_numpy():
     jacobian = pool.at(pool.window_operator(x.scatter(data)))
     compare_with_numpy(jacobian, x.scatter(rng.integers(-5, 6, x.global_shape)))
     compare_with_numpy(jacobian.H, jacobian.range.random(4, np.int64))
+
+
+def _overlap_cases():
+    """(label, global shape, partition, kernel, sizes): 1-d and 2-d, kernels and paddings,
+    unbalanced shares, a channel split (a reduction after the product)."""
+    cases = [("1d-k3", (2, 2, 4 * SIZE + 1), (1, 1, SIZE), Kernel(3, padding=1), None)]
+    if LONG:
+        cases.append(
+            ("1d-k5-stride2", (1, 1, 5 * SIZE + 2), (1, 1, SIZE), Kernel(5, stride=2, padding=2), None)
+        )
+        cases.append(("2d-rows", (1, 2, 3 * SIZE + 2, 6), (1, 1, SIZE, 1), Kernel(3, padding=1), None))
+    if SIZE > 1:
+        sizes = ((1,), (1,), tuple(range(1, SIZE + 1)), (7,))
+        cases.append(
+            ("2d-unbalanced", (1, 1, sum(sizes[2]), 7), (1, 1, SIZE, 1), Kernel(3, padding=1), sizes)
+        )
+    if SIZE == 4:
+        cases.append(("2d-2x2-k3", (1, 2, 9, 8), (1, 1, 2, 2), Kernel(3, padding=1), None))
+        if LONG:
+            cases.append(("2d-2x2-k5", (1, 1, 10, 9), (1, 1, 2, 2), Kernel(5, padding=2), None))
+        cases.append(("2d-channels", (1, 2, 8, 7), (1, 2, 2, 1), Kernel(3, padding=1), None))
+    return cases
+
+
+@pytest.mark.parametrize(
+    ("label", "shape", "px", "kernel", "sizes"), _overlap_cases(), ids=[c[0] for c in _overlap_cases()]
+)
+def test_overlapped_convolution_under_mpi_equals_the_plain_one(label, shape, px, kernel, sizes):
+    """The overlapped tree under MPI (interior in flight) gives, rank by rank and entry by
+    entry, the numpy interpreter's plain tree: forward and adjoint, integers."""
+    from linop.program import RankOverlap, compile_for_rank
+
+    rng = np.random.default_rng(11)
+    partition = Partition(px)
+    x = (
+        DistributedTensor("x", shape, partition)
+        if sizes is None
+        else DistributedTensor("x", shape, partition, sizes=sizes)
+    )
+    layer = Convolution(x, 2, kernel, bias=False)
+    w = rng.integers(-2, 3, layer.weights.global_shape)
+    plain, overlapped = layer.input_operator(w), layer.input_operator(w, overlap=True)
+    problem = None
+    for forward, (op, reference) in enumerate(((overlapped, plain), (overlapped.H, plain.H))):
+        state = op.domain.random(5 + forward, np.int64)
+        expected = reference(state)
+        result = mpi_backend.apply(op, local_part(op.domain, state, RANK))
+        names = tuple(b.name for b in op.range if b.worker == RANK)
+        problem = problem or same_blocks(result, expected, names)
+        if SIZE > 1 and RANK < partition.size:  # the rank really overlaps: its interior in flight
+            schedule = compile_for_rank(op, RANK).schedule
+            if not any(isinstance(s, RankOverlap) and s.phase is not None and s.during for s in schedule):
+                problem = problem or f"rank {RANK}: no phase with work in flight in {label}"
+    collective_assert(problem is None, f"{label}: {problem}")

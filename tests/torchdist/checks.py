@@ -121,6 +121,17 @@ def against_numpy(
     return problem
 
 
+def _against_plain(op: Any, plain: Any, seed: int) -> str | None:
+    """``op`` under the executor against the numpy interpreter's ``plain`` (the same operator)."""
+    rank = dist.get_rank()
+    full = op.domain.random(seed, dtype=np.int64)
+    mine = {
+        b.name: on_device(torch.from_numpy(np.array(full[b.name]))) for b in op.domain if b.worker == rank
+    }
+    result = td.apply(op, mine)
+    return differs(result, plain(full), tuple(b.name for b in op.range if b.worker == rank))
+
+
 def grid_2d(size: int) -> tuple[int, int]:
     return {1: (1, 1), 2: (2, 1), 3: (3, 1), 4: (2, 2)}[size]
 
@@ -186,6 +197,58 @@ class Checks:
         windows = halo_windows(DistributedTensor("u", (7, 5), Partition(grid_2d(size))), Kernel(3, padding=1))
         self.run("halo windows", lambda: against_numpy(windows, 5))
         self.run("halo windows adjoint", lambda: against_numpy(windows.H, 6))
+
+    # -- the overlapped halo exchange -----------------------------------------------------------
+    def overlap(self) -> None:
+        """The overlapped convolution (interior run while the exchange's messages are in
+        flight) equals the plain tree's numpy result, forward and adjoint, integers."""
+        from linop.layers import Convolution
+
+        if DEVICE is not None or os.environ.get("LINOP_TORCH_DEVICE_PATH") == "1":  # no local operators there
+            return
+        size = self.size
+        cases = {
+            "overlap 1-d": (
+                DistributedTensor("x", (1, 2, 4 * size + 1), Partition((1, 1, size))),
+                Kernel(3, padding=1),
+            ),
+            "overlap 2-d": (
+                DistributedTensor("x", (1, 1, 9, 8), Partition((1, 1, *grid_2d(size)))),
+                Kernel(5, padding=2),
+            ),
+        }
+        for name, (tensor, kernel) in cases.items():
+            layer = Convolution(tensor, 2, kernel, bias=False)
+            w = np.random.default_rng(3).integers(-2, 3, layer.weights.global_shape)
+            plain, overlapped = layer.input_operator(w), layer.input_operator(w, overlap=True)
+            self.run(name, lambda a=overlapped, b=plain: _against_plain(a, b, 7))
+            self.run(name + " adjoint", lambda a=overlapped.H, b=plain.H: _against_plain(a, b, 8))
+        self.run("overlap LayerModule", self._overlapped_module)
+
+    def _overlapped_module(self) -> str | None:
+        """LayerModule(overlap=True) on the group gives the plain module's outputs and
+        gradients exactly (integer-valued float64)."""
+        from linop.frameworks.torch_layers import LayerModule
+        from linop.layers import Convolution
+
+        x = DistributedTensor("x", (1, 2, 9, 8), Partition((1, 1, *grid_2d(self.size))))
+        conv = Convolution(x, 2, Kernel(3, padding=1))
+        rng = np.random.default_rng(4)
+        w = rng.integers(-2, 3, conv.weights.global_shape).astype(float)
+        b = rng.integers(-2, 3, conv.bias.global_shape).astype(float)
+        data = x.scatter(rng.integers(-3, 4, x.global_shape).astype(float))
+        runs = []
+        for overlap in (False, True):
+            module = LayerModule(conv, weights=w, bias=b, group=True, overlap=overlap)
+            inputs = {n: torch.from_numpy(data[n].copy()).requires_grad_() for n in module.input_names}
+            out = module(inputs)
+            (sum((v * v).sum() for v in out.values()) + module.token.sum()).backward()
+            grads = {n: p.grad for n, p in module.parameter_state().items()}
+            runs.append(({**out, **{n + ".grad": t.grad for n, t in inputs.items()}}, grads))
+        for a, c in zip(*runs):
+            if sorted(a) != sorted(c) or any(not torch.equal(a[n], c[n]) for n in a):
+                return f"the overlapped module differs from the plain one: {sorted(a)}"
+        return None
 
     # -- collectives and repartitions ----------------------------------------------------------
     def collectives(self) -> None:
@@ -689,6 +752,7 @@ def main(readme: str | None = None, *, timeout_case: bool = False) -> None:
     checks = Checks()
     for part in (
         checks.halos,
+        checks.overlap,
         checks.collectives,
         checks.native_moves,
         checks.mapped,

@@ -11,6 +11,8 @@ A rank's schedule (:meth:`linop.program.Program.for_rank`) is a sequence of
   :class:`~linop.program.RankBranches`
   (:func:`~linop.backends.numpy.sum_branches`) and
   :class:`~linop.program.RankZero`;
+- :class:`~linop.program.RankOverlap`: the phase posted (:func:`start_phase`), its local
+  nodes run while the messages are in flight, then the wait and the finish;
 - fast-path steps (:class:`~linop.backends.mpi.steps.RankStep`), which run themselves;
 - under a worker-to-rank map, :class:`~linop.program.LocalMoves`: transfers
   between two workers of this rank, run as local copies.
@@ -20,7 +22,7 @@ Every message travels in the run's dtype, agreed by all ranks before the run.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -51,13 +53,28 @@ def run_schedule(
         step.run(work, comm, dtype)
 
     run_rank_schedule(
-        schedule, work, dtype, phase=lambda step, work: run_phase(step, work, comm, dtype), part=part
+        schedule,
+        work,
+        dtype,
+        phase=lambda step, work: run_phase(step, work, comm, dtype),
+        part=part,
+        start=lambda step, work: start_phase(step, work, comm, dtype),
     )
 
 
 def run_phase(phase: RankPhase, work: numpy_backend.Workspace, comm: Intracomm, dtype: np.dtype) -> None:
     """Post every receive, then every send, wait once, then add/store what needs a buffer and
     clear or drop the sources."""
+    start_phase(phase, work, comm, dtype)()
+
+
+def start_phase(
+    phase: RankPhase, work: numpy_backend.Workspace, comm: Intracomm, dtype: np.dtype
+) -> Callable[[], None]:
+    """Post every receive, then every send (nonblocking), and return what completes the phase:
+    wait once, then add/store what needs a buffer and clear or drop the sources. Local work
+    that touches none of the phase's regions may run in between (a
+    :class:`~linop.program.RankOverlap`)."""
     requests = []
     finish: list[tuple[Transfer, np.ndarray]] = []
     for peer, tag, t in phase.receives:
@@ -89,6 +106,10 @@ def run_phase(phase: RankPhase, work: numpy_backend.Workspace, comm: Intracomm, 
         if spec is None:
             spec = raw_spec(np.ascontiguousarray(array[phase.index(t.source)], dtype=dtype))
         requests.append(comm.Isend(spec, peer, tag))
-    if requests:
-        mpi().Request.Waitall(requests)
-    finish_phase(phase, work, finish, dtype)
+
+    def complete() -> None:
+        if requests:
+            mpi().Request.Waitall(requests)
+        finish_phase(phase, work, finish, dtype)
+
+    return complete

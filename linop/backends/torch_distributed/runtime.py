@@ -23,7 +23,7 @@ Every message travels in the run's dtype, agreed by every rank in the entry chec
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -63,7 +63,12 @@ def run_schedule(
             raise TypeError(f"the torch.distributed runtime cannot run the step {step!r}")
 
     run_rank_schedule(
-        schedule, work, dtype, phase=lambda step, work: run_phase(step, work, context, dtype), part=part
+        schedule,
+        work,
+        dtype,
+        phase=lambda step, work: run_phase(step, work, context, dtype),
+        part=part,
+        start=lambda step, work: start_phase(step, work, context, dtype),
     )
 
 
@@ -114,13 +119,26 @@ def run_phase(
     phase: RankPhase, work: numpy_backend.Workspace, context: GroupContext, dtype: np.dtype
 ) -> None:
     """One ``batch_isend_irecv`` of the phase's receives and sends, one wait, then the finish."""
+    start_phase(phase, work, context, dtype)()
+
+
+def start_phase(
+    phase: RankPhase, work: numpy_backend.Workspace, context: GroupContext, dtype: np.dtype
+) -> Callable[[], None]:
+    """Start the phase's receives and sends (one ``batch_isend_irecv``) and return what
+    completes it (wait, then the finish); a :class:`~linop.program.RankOverlap`'s local work
+    runs in between."""
     import torch.distributed as dist
 
     operations, finish = phase_operations(phase, work, context, dtype)
-    if operations:
-        for request in dist.batch_isend_irecv(operations):
+    requests = dist.batch_isend_irecv(operations) if operations else []
+
+    def complete() -> None:
+        for request in requests:
             request.wait()
-    finish_phase(phase, work, finish, dtype)
+        finish_phase(phase, work, finish, dtype)
+
+    return complete
 
 
 def _owned_contiguous(work: numpy_backend.Workspace, name: str, dtype: np.dtype) -> np.ndarray:
