@@ -21,7 +21,7 @@ import numpy as np
 from ..program import RankPhase
 from ..space import Region, State
 from .mpi_datatypes import mpi, raw_spec, region_spec
-from .mpi_deadline import wait_all
+from .mpi_deadline import arrive_within
 from .mpi_guard import abort_for
 from .mpi_plan import DistributedPlan, read_only
 from .mpi_steps import Action, Call, RankStep
@@ -87,6 +87,8 @@ class BoundPlan:
         return self._phases is not None
 
     def __call__(self) -> State:
+        if self._first_timeout is not None:
+            self._arrive_first()
         phases = self._phases
         if phases is None:
             if self.checked:
@@ -97,13 +99,6 @@ class BoundPlan:
             return self.arrays
         try:
             startall, waitall = self._startall, self._waitall
-            if self._first_timeout is not None:  # every rank's first start: within the deadline
-                timeout, self._first_timeout = self._first_timeout, None
-                comm = self.plan.comm  # a barrier first: no rank completes before all arrived
-                wait_all(
-                    [comm.Ibarrier()], comm, timeout, f"the first call of the bound plan of {self.plan.op}"
-                )
-
             for requests, finish in phases:
                 if requests:
                     startall(requests)
@@ -113,6 +108,17 @@ class BoundPlan:
         except BaseException as error:
             abort_for(self.plan.comm, f"applying the bound plan of {self.plan.op}", error)
         return self.outputs if not self.inplace else self.arrays
+
+    def _arrive_first(self) -> None:
+        """Every rank's first call, persistent or not, within the deadline: a polled barrier
+        first (:func:`~linop.backends.mpi_deadline.arrive_within`), so no rank waits in a
+        blocking call for one that never comes; a timeout ends the job."""
+        timeout, self._first_timeout = self._first_timeout, None
+        assert timeout is not None  # called only while the first call's deadline is set
+        try:
+            arrive_within(self.plan.comm, timeout, f"the first call of the bound plan of {self.plan.op}")
+        except BaseException as error:
+            abort_for(self.plan.comm, f"applying the bound plan of {self.plan.op}", error)
 
     def free(self) -> None:
         """Release the persistent requests and the arrays they write into."""
