@@ -1062,6 +1062,7 @@ def halo_windows(
     variant: Variant = "nested",
     local_name: str | None = None,
     window_name: str | None = None,
+    output_sizes: Sequence[Sequence[int] | None] | None = None,
 ) -> LinearOperator:
     r"""The operator from a distributed tensor's bulk blocks to its windows, ``T H E``.
 
@@ -1085,6 +1086,9 @@ def halo_windows(
         Which :class:`HaloExchange` to use (same operator).
     local_name, window_name : str, optional
         Names of the local blocks and windows (default ``<tensor>_local``, ``<tensor>_window``).
+    output_sizes : sequence, optional
+        The output's shares per dimension (None entries balanced), as
+        :func:`~linop.halo_geometry.halo_geometry` takes them.
 
     Returns
     -------
@@ -1111,7 +1115,7 @@ def halo_windows(
     >>> bool(verify.exact_adjoint(periodic))
     True
     """
-    geometry = halo_geometry(tensor, kernel)
+    geometry = halo_geometry(tensor, kernel, output_sizes=output_sizes)
     return Composition(
         (
             trim_shim(geometry, local_name=local_name, window_name=window_name),

@@ -60,11 +60,11 @@ import itertools
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
-from .errors import HaloError, KernelError, OperandError
+from .errors import DecompositionError, HaloError, KernelError, OperandError
 from .partition import DistributedTensor, balanced_sizes
 
 __all__ = [
@@ -513,6 +513,12 @@ class HaloGeometry:
         """Shape of the worker's window (extent 0 along a dimension where it has no output)."""
         return tuple(r.window_size for r in self.worker_rows(index))
 
+    @property
+    def output_sizes(self) -> tuple[tuple[int, ...], ...]:
+        """The output's shares per dimension, one per worker along it (the ``sizes`` of a
+        :class:`~linop.partition.DistributedTensor` of the output on the input's partition)."""
+        return tuple(tuple(r.output_stop - r.output_start for r in dim_rows) for dim_rows in self.rows)
+
     def output_box(self, index: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The worker's share of the global output."""
         rows = self.worker_rows(index)
@@ -761,16 +767,26 @@ def _fill_segments(
     return Fills(parts)
 
 
-def halo_geometry(tensor: DistributedTensor, kernel: Kernel | int) -> HaloGeometry:
+def halo_geometry(
+    tensor: DistributedTensor,
+    kernel: Kernel | int,
+    *,
+    output_sizes: Sequence[Sequence[int] | None] | None = None,
+) -> HaloGeometry:
     """The halo geometry of a sliding-window kernel over a distributed tensor.
 
     Parameters
     ----------
     tensor : DistributedTensor
         The input, balanced or not; its partition also carries the output, decomposed in
-        balanced blocks.
+        balanced blocks unless ``output_sizes`` says otherwise.
     kernel : Kernel or int
         The kernel (an int is a kernel of that size, no padding, stride 1).
+    output_sizes : sequence, optional
+        One entry per dimension: None (the output's balanced shares) or the output's explicit
+        shares over that dimension's workers (adding up to the output length). A layer passes
+        the input's own shares for the dimensions its kernel leaves alone (the channels), so
+        that an unbalanced channel decomposition stays where it is (no halo along it).
 
     Raises
     ------
@@ -781,6 +797,9 @@ def halo_geometry(tensor: DistributedTensor, kernel: Kernel | int) -> HaloGeomet
         padded input m + 2p in some dimension (the message names it).
     HaloError
         If a periodic or reflecting boundary must wrap a dimension of length 0.
+    DecompositionError
+        If ``output_sizes`` has the wrong number of dimensions, or explicit shares that are
+        not integers, have the wrong count, are negative or do not add up to the output length.
 
     Examples
     --------
@@ -812,7 +831,7 @@ def halo_geometry(tensor: DistributedTensor, kernel: Kernel | int) -> HaloGeomet
     kernel = kernel.resolve(tensor.ndim)
     rows: list[tuple[DimGeometry, ...]] = []
     output_shape = []
-    for dim, (m, sizes) in enumerate(zip(tensor.global_shape, tensor.sizes)):
+    for dim, m in enumerate(tensor.global_shape):
         k, s, p, d = (getattr(kernel, a)[dim] for a in ("size", "stride", "padding", "dilation"))
         extent = kernel.extent(dim)
         if extent > m + 2 * p and m + 2 * p > 0:  # an empty padded input gives an empty output
@@ -823,9 +842,10 @@ def halo_geometry(tensor: DistributedTensor, kernel: Kernel | int) -> HaloGeomet
         boundary = kernel.boundary[dim]
         if boundary != "zero" and m == 0 and p > 0:
             raise HaloError(f"dimension {dim}: the {boundary} boundary cannot pad an input of length 0")
-        n = output_length(m, k, s, p, d)
-        output_shape.append(n)
-        out_offsets = list(itertools.accumulate(balanced_sizes(n, len(sizes)), initial=0))
+        output_shape.append(output_length(m, k, s, p, d))
+    shares = _output_shares(tensor, tuple(output_shape), output_sizes)
+    for dim, (m, sizes) in enumerate(zip(tensor.global_shape, tensor.sizes)):
+        out_offsets = list(itertools.accumulate(shares[dim], initial=0))
         in_offsets = list(itertools.accumulate(sizes, initial=0))
         dim_rows = tuple(
             DimGeometry.build(
@@ -835,3 +855,25 @@ def halo_geometry(tensor: DistributedTensor, kernel: Kernel | int) -> HaloGeomet
         )
         rows.append(dim_rows)
     return HaloGeometry(tensor, kernel, tuple(output_shape), tuple(rows))
+
+
+def _output_shares(
+    tensor: DistributedTensor, lengths: tuple[int, ...], given: Sequence[Sequence[int] | None] | None
+) -> tuple[tuple[int, ...], ...]:
+    """The output's shares per dimension (``lengths`` the output shape): balanced, or the
+    explicit ones of ``given`` (validated as a decomposition of the output over the tensor's
+    partition)."""
+    counts = tensor.partition.shape
+    if given is None:
+        return tuple(balanced_sizes(n, p) for n, p in zip(lengths, counts))
+    if isinstance(given, (str, bytes)) or not isinstance(given, Sequence) or len(given) != tensor.ndim:
+        raise DecompositionError(
+            f"halo_geometry: output_sizes must give one entry (None or shares) for each of the "
+            f"{tensor.ndim} dimensions of {tensor.name!r}, not {given!r}"
+        )
+    # validated by the decomposition below, whatever the caller gave
+    sizes: Any = tuple(
+        balanced_sizes(n, p) if entry is None else entry for n, p, entry in zip(lengths, counts, given)
+    )
+    # the checks of a decomposition (integers, one per worker, non-negative, adding up)
+    return DistributedTensor(f"{tensor.name}_output", lengths, tensor.partition, sizes=sizes).sizes

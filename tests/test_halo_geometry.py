@@ -273,3 +273,37 @@ def test_rows_are_frozen_values():
     assert isinstance(row, DimGeometry)
     with pytest.raises(AttributeError):
         row.left_pad = 3  # type: ignore[misc]
+
+
+def test_explicit_output_sizes_keep_an_identity_dimension_where_it_is():
+    """Channels (1, 4, 1) under a kernel that leaves them alone: balanced outputs (2, 2, 2)
+    would need a halo along the channels; explicit output sizes equal to the input's need none."""
+    x = tensor((1, 6, 8), (1, 3, 2), ((1,), (1, 4, 1), (5, 3)))
+    kernel = Kernel(3, padding=1, leading=2)
+    balanced = halo_geometry(x, kernel)
+    assert balanced.output_sizes[1] == (2, 2, 2) and balanced.row((0, 0, 0), 1).right_halo == 1
+    kept = halo_geometry(x, kernel, output_sizes=(None, (1, 4, 1), None))
+    assert kept.output_sizes == ((1,), (1, 4, 1), (4, 4))
+    rows = [kept.row((0, c, 0), 1) for c in range(3)]
+    assert all(r.left_halo == r.right_halo == r.left_trim == r.right_trim == 0 for r in rows)
+    assert [kept.window_shape((0, c, 0))[1] for c in range(3)] == [1, 4, 1]
+
+
+@pytest.mark.parametrize(
+    ("sizes", "message"),
+    [
+        ((None, (2, 2, 1), None), r"dimension 1 sizes \(2, 2, 1\) add up to 5"),
+        ((None, (3, 3), None), "dimension 1 has 2 sizes for 3 workers"),
+        ((None, (7, -1, 0), None), "negative size"),
+        ((None, None), "one entry .* for each of the 3 dimensions"),
+        ("abc", "one entry .* for each of the 3 dimensions"),
+        ((None, (1.5, 4.5, 0), None), "must be integers"),
+    ],
+    ids=["sum", "count", "negative", "rank", "string", "floats"],
+)
+def test_bad_output_sizes_raise_decomposition_errors(sizes, message):
+    from linop import DecompositionError
+
+    x = tensor((1, 6, 8), (1, 3, 2))
+    with pytest.raises(DecompositionError, match=message):
+        halo_geometry(x, Kernel(3, leading=2), output_sizes=sizes)

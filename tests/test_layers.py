@@ -12,7 +12,7 @@ import scipy.signal
 from numpy.lib.stride_tricks import sliding_window_view
 
 import verify
-from linop import DistributedTensor, Kernel, Partition
+from linop import DistributedTensor, Kernel, Partition, StateError, balanced_sizes
 from linop.layers import Affine, AveragePool, Convolution, LayerError, MaxPoolJacobian
 from linop.local import LocalKernel, LocalOperator
 
@@ -225,6 +225,191 @@ def test_gradients_match_torch_autograd(kernel):
     np.testing.assert_allclose(dx, tx.grad.numpy(), rtol=1e-12, atol=1e-12)
 
 
+# -- unbalanced channel shares -----------------------------------------------------------------
+def sparse_apply(op, state):
+    """``op`` through the sparse interpreter: its exact matrix times the flattened state."""
+    return op.range.unflatten(op.to_sparse() @ op.domain.flatten(state))
+
+
+def sequential_twin(layer: Convolution) -> Convolution:
+    """The same convolution on one worker (the single-process layer)."""
+    ones = (1,) * layer.x.ndim
+    xs = DistributedTensor("xs", layer.x.global_shape, Partition(ones))
+    return Convolution(xs, layer.out_channels, layer.spatial_kernel, name="ys")
+
+
+# (x shape, x partition, x sizes or None, P_w, C_out, out_sizes or None, kernel); the channel
+# shares are the balanced split (7 over 3 is 3, 2, 2) or the explicit sizes given
+UNBALANCED_CONV_CASES = [
+    pytest.param(
+        (1, 7, 6, 5), (1, 3, 1, 1), None, (1, 2, 3, 1, 1), 5, None, Kernel(3, padding=1), id="ci7/3-co5/2"
+    ),
+    pytest.param(
+        (1, 6, 6, 5),
+        (1, 3, 1, 1),
+        ((1,), (1, 4, 1), (6,), (5,)),
+        (1, 2, 3, 1, 1),
+        4,
+        (3, 1),
+        Kernel(3, padding=1),
+        id="explicit-ci1,4,1-co3,1",
+    ),
+    pytest.param(
+        (1, 5, 7, 6),
+        (1, 2, 2, 1),
+        None,
+        (1, 3, 2, 2, 1),
+        4,
+        None,
+        Kernel(3, stride=2, padding=1),
+        id="general-ci5/2-co4/3",
+    ),
+    pytest.param(
+        (1, 2, 5, 5), (1, 3, 1, 1), None, (1, 3, 3, 1, 1), 2, None, Kernel(3), id="empty-shares-ci2/3-co2/3"
+    ),
+    pytest.param((2, 8, 5, 4), (1, 3, 1, 1), None, (1, 2, 3, 1, 1), 10, None, Kernel(3), id="distdl-co2-ci3"),
+    pytest.param(
+        (1, 5, 6, 4), (1, 2, 1, 1), None, (1, 2, 2, 1, 1), 10, None, Kernel(3, padding=1), id="distdl-co2-ci2"
+    ),
+]
+
+
+def _unbalanced_layer(shape, px, sizes, pw, out, out_sizes, kernel, *, bias=True):
+    x = DistributedTensor("x", shape, Partition(px), sizes=sizes or ())
+    workers = Partition(pw, tuple(range(int(np.prod(pw)))))
+    return Convolution(x, out, kernel, workers=workers, out_sizes=out_sizes, bias=bias)
+
+
+@pytest.mark.parametrize(("shape", "px", "sizes", "pw", "out", "out_sizes", "kernel"), UNBALANCED_CONV_CASES)
+def test_unbalanced_channel_shares_equal_the_single_process_layer_exactly(
+    shape, px, sizes, pw, out, out_sizes, kernel
+):
+    rng = np.random.default_rng(RNG_SEED)
+    layer = _unbalanced_layer(shape, px, sizes, pw, out, out_sizes, kernel)
+    x = layer.x
+    assert layer.ci_sizes == (sizes[1] if sizes else balanced_sizes(shape[1], px[1]))
+    assert layer.co_sizes == (out_sizes or balanced_sizes(out, pw[1]))
+    assert layer.y.sizes[1] == layer.co_sizes and layer.weights.sizes[:2] == (layer.co_sizes, layer.ci_sizes)
+    single = sequential_twin(layer)
+    data = rng.integers(-3, 4, shape)
+    w = rng.integers(-2, 3, layer.weights.global_shape)
+    b = rng.integers(-2, 3, (out,))
+    dy = rng.integers(-3, 4, layer.y.global_shape)
+    k = layer.kernel
+    expected = reference_correlation(
+        data, w, None, spatial(k, "stride"), spatial(k, "padding"), spatial(k, "dilation")
+    )
+
+    forward, forward_single = layer.input_operator(w), single.input_operator(w)
+    parameters = layer.parameter_operator(layer.window_operator(x.scatter(data)))
+    parameters_single = single.parameter_operator(single.window_operator(single.x.scatter(data)))
+    for run in (lambda op, state: op(state), sparse_apply):  # the numpy and the sparse interpreters
+        result = layer.y.gather(run(forward, x.scatter(data)))
+        assert result.dtype.kind == "i" and np.array_equal(result, expected)
+        assert np.array_equal(result, single.y.gather(run(forward_single, single.x.scatter(data))))
+        dx = x.gather(run(forward.H, layer.y.scatter(dy)))
+        assert np.array_equal(dx, single.x.gather(run(forward_single.H, single.y.scatter(dy))))
+        with_bias = layer.y.gather(run(parameters, layer.scatter_parameters(w, b)))
+        assert np.array_equal(with_bias, expected + b[None, :, None, None])
+        gradient = run(parameters.H, layer.y.scatter(dy))
+        gradient_single = run(parameters_single.H, single.y.scatter(dy))
+        for mine, theirs in ((layer.weights, single.weights), (layer.bias, single.bias)):
+            assert np.array_equal(
+                mine.gather(only(mine, gradient)), theirs.gather(only(theirs, gradient_single))
+            )
+    for op in (forward, parameters, layer.window_operator, layer.copy_gradient_sum):
+        proof = verify.exact_adjoint(op)
+        assert proof, proof
+
+
+def test_weights_scattered_with_the_wrong_channel_shares_are_refused():
+    """The control: with explicit uneven channel shares (1, 4, 1), weights cut by the balanced
+    split (2, 2, 2) have the wrong block shapes, and every interpreter refuses them by name."""
+    rng = np.random.default_rng(RNG_SEED)
+    layer = _unbalanced_layer(
+        (1, 6, 6, 5), (1, 3, 1, 1), ((1,), (1, 4, 1), (6,), (5,)), (1, 1, 3, 1, 1), 3, None, 3
+    )
+    w = rng.integers(-2, 3, layer.weights.global_shape)
+    balanced = DistributedTensor(layer.weights.name, layer.weights.global_shape, layer.weights.partition)
+    wrong = {**balanced.scatter(w), **layer.bias.scatter(np.zeros(3, dtype=int))}
+    assert layer.scatter_parameters(w, np.zeros(3, dtype=int)).keys() == wrong.keys()
+    data = rng.integers(-3, 4, layer.x.global_shape)
+    parameters = layer.parameter_operator(layer.window_operator(layer.x.scatter(data)))
+    with pytest.raises(StateError, match=r"y_w\[0,0,0,0\]"):
+        parameters(wrong)
+    with pytest.raises(StateError, match=r"y_w\[0,0,0,0\]"):
+        parameters.domain.flatten(wrong)
+    # and an operator that cut the weights by the balanced split is a different operator
+    forward = layer.input_operator(w)
+    x_balanced = DistributedTensor("x", layer.x.global_shape, layer.x.partition)
+    shifted = Convolution(x_balanced, 3, 3, workers=layer.work)
+    assert forward.domain != shifted.input_operator(w).domain
+
+
+def test_unbalanced_feature_shares_equal_the_single_process_affine_exactly():
+    rng = np.random.default_rng(RNG_SEED)
+    cases = [
+        (DistributedTensor("x", (4, 7), Partition((1, 3))), Partition((2, 3)), 5, None),
+        (
+            DistributedTensor("x", (4, 7), Partition((1, 2)), sizes=((4,), (6, 1))),
+            Partition((3, 2)),
+            4,
+            (0, 3, 1),
+        ),
+        (DistributedTensor("x", (3, 12), Partition((1, 4))), Partition((3, 4)), 7, None),  # DistDL's 12 -> 7
+    ]
+    for x, workers, out, out_sizes in cases:
+        layer = Affine(x, out, workers=workers, out_sizes=out_sizes)
+        assert layer.fi_sizes == x.sizes[1] and layer.fo_sizes == (
+            out_sizes or balanced_sizes(out, workers.shape[0])
+        )
+        data, w, b = (
+            rng.integers(-3, 4, x.global_shape),
+            rng.integers(-3, 4, (out, x.global_shape[1])),
+            rng.integers(-3, 4, out),
+        )
+        dy = rng.integers(-3, 4, (x.global_shape[0], out))
+        forward = layer.input_operator(w)
+        parameters = layer.parameter_operator(layer.window_operator(x.scatter(data)))
+        for run in (lambda op, state: op(state), sparse_apply):
+            assert np.array_equal(layer.y.gather(run(forward, x.scatter(data))), data @ w.T)
+            assert np.array_equal(
+                layer.y.gather(run(parameters, layer.scatter_parameters(w, b))), data @ w.T + b
+            )
+            gradient = run(parameters.H, layer.y.scatter(dy))
+            assert np.array_equal(layer.weights.gather(only(layer.weights, gradient)), dy.T @ data)
+            assert np.array_equal(layer.bias.gather(only(layer.bias, gradient)), dy.sum(axis=0))
+            assert np.array_equal(x.gather(run(forward.H, layer.y.scatter(dy))), dy @ w)
+        assert verify.exact_adjoint(forward) and verify.exact_adjoint(parameters)
+    with pytest.raises(StateError, match=r"y_w\[0,0\]"):  # the control: the balanced split of W
+        layer = Affine(cases[1][0], 4, workers=cases[1][1], out_sizes=(0, 3, 1))
+        balanced = DistributedTensor("y_w", (4, 7), layer.weights.partition)
+        layer.parameter_operator(layer.window_operator(cases[1][0].scatter(np.ones((4, 7), int))))(
+            {**balanced.scatter(np.ones((4, 7), int)), **layer.bias.scatter(np.ones(4, int))}
+        )
+
+
+@pytest.mark.parametrize("cls", [AveragePool, MaxPoolJacobian], ids=["average", "max"])
+def test_pooling_keeps_unbalanced_channel_shares(cls):
+    rng = np.random.default_rng(RNG_SEED)
+    x = DistributedTensor("x", (1, 5, 7, 6), Partition((1, 3, 2, 1)), sizes=((1,), (4, 0, 1), (4, 3), (6,)))
+    pool = cls(x, Kernel(2, stride=2, padding=(1, 0)))
+    assert pool.y.sizes[1] == (4, 0, 1)
+    windows = pool.window_operator
+    assert all(windows.range[pool.window_name(g)].shape[1] == x.sizes[1][g[1]] for g in x.partition.indices())
+    x0 = rng.permutation(int(np.prod(x.global_shape))).reshape(x.global_shape).astype(float) - 300  # no ties
+    op = pool.operator if cls is AveragePool else pool.at(windows(x.scatter(x0)))
+    how = "mean" if cls is AveragePool else "max"
+    expected = reference_pool(x0, (2, 2), (2, 2), (1, 0), how) if how == "mean" else None
+    result = pool.y.gather(op(x.scatter(x0)))
+    if expected is not None:
+        np.testing.assert_allclose(result, expected, rtol=1e-14)
+    else:
+        padded = np.pad(x0, [(0, 0), (0, 0), (1, 1), (0, 0)], constant_values=-np.inf)
+        assert np.array_equal(result, reference_pool(padded, (2, 2), (2, 2), (0, 0), "max"))
+    assert verify.exact_adjoint(op)
+
+
 # -- pooling ---------------------------------------------------------------------------------
 POOL_CASES = [
     pytest.param(
@@ -334,12 +519,27 @@ def _x(shape=(1, 4, 6, 6), partition=(1, 2, 1, 1)) -> DistributedTensor:
 
 BAD = [
     pytest.param(
-        lambda: Convolution(_x(), 3, 3, workers=Partition((1, 2, 2, 1, 1))),
-        "3 output channels do not divide over 2",
-        id="out-channels",
+        lambda: Convolution(_x(), 3, 3, workers=Partition((1, 2, 2, 1, 1)), out_sizes=(2, 2)),
+        r"the output channel shares \(2, 2\) add up to 4, not 3",
+        id="out-sizes-sum",
     ),
     pytest.param(
-        lambda: Convolution(_x((1, 3, 6, 6)), 2, 3), "3 input channels do not divide over 2", id="in-channels"
+        lambda: Convolution(_x(), 3, 3, out_sizes=(1, 2)),
+        r"2 output channel shares \(1, 2\) for 1 workers",
+        id="out-sizes-count",
+    ),
+    pytest.param(
+        lambda: Convolution(_x(), 1, 3, workers=Partition((1, 2, 2, 1, 1)), out_sizes=(2, -1)),
+        "negative entry",
+        id="out-sizes-negative",
+    ),
+    pytest.param(
+        lambda: Convolution(_x(), 2, 3, workers=Partition((1, 2, 2, 1, 1)), out_sizes=(1.5, 0.5)),
+        "must be integers",
+        id="out-sizes-floats",
+    ),
+    pytest.param(
+        lambda: Convolution(_x(), 2, 3, out_sizes="2"), "must be a sequence of integers", id="out-sizes-str"
     ),
     pytest.param(
         lambda: Convolution(_x(), 2, 3, workers=Partition((1, 2, 2, 1))),
@@ -366,9 +566,14 @@ BAD = [
     ),
     pytest.param(lambda: Convolution(_x(), 0, 3), "out_channels is 0", id="zero-channels"),
     pytest.param(
-        lambda: Affine(_x((4, 6), (1, 2)), 3, workers=Partition((2, 2))),
-        "3 output features do not divide",
-        id="affine-features",
+        lambda: Affine(_x((4, 6), (1, 2)), 3, workers=Partition((2, 2)), out_sizes=(3, 1)),
+        r"the output feature shares \(3, 1\) add up to 4, not 3",
+        id="affine-out-sizes",
+    ),
+    pytest.param(
+        lambda: Affine(_x((4, 6), (1, 2)), 3, workers=Partition((2, 2)), out_sizes=(True, 2)),
+        "must be integers",
+        id="affine-out-sizes-bools",
     ),
     pytest.param(
         lambda: Affine(_x((4, 6), (1, 2)), 4, workers=Partition((2,))),

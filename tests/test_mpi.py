@@ -254,20 +254,34 @@ def _alive(pid: int) -> bool:
     return state not in "ZX"
 
 
+_LONG_ONLY = pytest.mark.skipif(not os.environ.get("LINOP_LONG"), reason="the other rank count: LINOP_LONG=1")
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(
-    ("ranks", "mode"), [(2, "apply"), (4, "bound")], ids=["2-ranks-apply", "4-ranks-bound"]
+    ("ranks", "mode"),
+    [
+        pytest.param(2, "apply", id="2-ranks-apply"),
+        pytest.param(4, "bound", id="4-ranks-bound"),
+        pytest.param(4, "dup", id="4-ranks-dup"),
+        pytest.param(2, "unbound", id="2-ranks-unbound"),
+        pytest.param(2, "dup", id="2-ranks-dup", marks=_LONG_ONLY),
+        pytest.param(4, "unbound", id="4-ranks-unbound", marks=_LONG_ONLY),
+    ],
 )
 def test_a_rank_that_never_arrives_ends_the_job_with_a_typed_error(ranks, mode):
-    """Rank 1 skips a call: every other rank raises PeerTimeoutError naming it by the
-    deadline (2 s), and the job is aborted. The bound below is only a runaway guard (no timing
-    is asserted): without the deadline the launch would hang until it."""
+    """Rank 1 skips a call (the entry check, a bound plan's first call, persistent or not, or
+    the communicator's duplication at its first plan): every other rank raises
+    PeerTimeoutError naming it by the deadline (2 s), and the job is aborted. The bound below
+    is only a runaway guard (no timing is asserted): without the deadline the launch would
+    hang until it."""
     mpiexec = _mpiexec()
     if mpiexec is None:
         pytest.skip("no mpiexec found")
-    runner = ["-m", "mpi4py"] if mode == "bound" else []
+    from_environment = mode in ("bound", "unbound")
+    runner = ["-m", "mpi4py"] if from_environment else []
     command = [mpiexec, "-n", str(ranks), sys.executable, *runner, "tests/mpi/timeout_case.py", mode]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", LINOP_TIMEOUT="2" if mode == "bound" else "")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", LINOP_TIMEOUT="2" if from_environment else "")
     try:
         status, stdout, stderr = run_bounded(command, 200, env)
     except subprocess.TimeoutExpired as error:
@@ -277,6 +291,9 @@ def test_a_rank_that_never_arrives_ends_the_job_with_a_typed_error(ranks, mode):
     output = stdout + stderr
     assert status != 0, output
     assert "finished (it should not have)" not in output, output
+    doing = {"dup": "the duplication of the communicator", "unbound": "the first call of the bound plan"}
     for rank in (r for r in range(ranks) if r != 1):
         assert f"PeerTimeoutError: rank {rank}: rank(s) [1] did not arrive" in output, output
+        if mode in doing:
+            assert f"rank {rank}: rank(s) [1] did not arrive at {doing[mode]}" in output, output
     assert "aborting the job" in output, output

@@ -213,3 +213,86 @@ def test_complex_layers_give_torch_autograds_gradients(kind):
     parameters = {k: v.grad.numpy() for k, v in module.parameter_state().items()}
     assert np.allclose(_gather(layer.weights, parameters), tensors[1].grad)
     assert np.allclose(_gather(layer.bias, parameters), tensors[2].grad)
+
+
+UNBALANCED = {
+    # name: (x shape, x partition, x sizes or None, P_w, C_out, out_sizes or None)
+    "ci7/3-co5/2": ((2, 7, 6, 5), (1, 3, 1, 1), None, (1, 2, 3, 1, 1), 5, None),
+    "explicit-ci1,4,1-co3,1": (
+        (1, 6, 6, 5),
+        (1, 3, 1, 1),
+        ((1,), (1, 4, 1), (6,), (5,)),
+        (1, 2, 3, 1, 1),
+        4,
+        (3, 1),
+    ),
+    "general-ci5/2-co4/3": ((1, 5, 7, 6), (1, 2, 2, 1), None, (1, 3, 2, 2, 1), 4, None),
+    "empty-shares-ci2/3-co2/3": ((1, 2, 5, 5), (1, 3, 1, 1), None, (1, 3, 3, 1, 1), 2, None),
+}
+
+
+@pytest.mark.parametrize("replicate", [False, True], ids=["owners", "replicated"])
+@pytest.mark.parametrize("name", list(UNBALANCED), ids=list(UNBALANCED))
+def test_unbalanced_channel_shares_give_torch_conv2d_gradients(name, replicate):
+    """Channels that do not divide over their workers (balanced 3, 2, 2 shares, explicit uneven
+    ones, empty ones): the module's output and input, weight and bias gradients are torch's."""
+    shape, grid, sizes, pw, out, out_sizes = UNBALANCED[name]
+    rng = np.random.default_rng(7)
+    x = DistributedTensor("x", shape, Partition(grid), sizes=sizes or ())
+    workers = Partition(pw, tuple(range(int(np.prod(pw)))))
+    layer = Convolution(x, out, Kernel(3, padding=1), workers=workers, out_sizes=out_sizes)
+    w, b = rng.standard_normal(layer.weights.global_shape), rng.standard_normal(out)
+    module = LayerModule(layer, weights=w, bias=b, replicate=replicate)
+    data, dy = rng.standard_normal(shape), rng.standard_normal(layer.y.global_shape)
+    inputs = {k: torch.from_numpy(v).requires_grad_() for k, v in x.scatter(data).items()}
+    outputs = _backward(module, torch, inputs, layer.y.scatter(dy))
+
+    conv = torch.nn.Conv2d(shape[1], out, 3, padding=1, dtype=torch.float64)
+    with torch.no_grad():
+        conv.weight.copy_(torch.from_numpy(w))
+        conv.bias.copy_(torch.from_numpy(b))
+    reference = torch.from_numpy(data).requires_grad_()
+    expected = conv(reference)
+    expected.backward(torch.from_numpy(dy))
+    assert np.allclose(layer.y.gather({k: v.detach().numpy() for k, v in outputs.items()}), expected.detach())
+    assert np.allclose(x.gather({k: v.grad.numpy() for k, v in inputs.items()}), reference.grad)
+    grads = {k: v.grad.numpy() for k, v in module.parameter_state().items()}
+    if replicate:  # every copy holds its block's gradient: read the owners' copies (ci = 0, s = 0)
+        owners = {
+            layer.local_operands(j)[1]: layer.weights.block_name((*j[1:3], 0, 0))
+            for j in layer.work_indices()
+        }
+        grads = {owners[k]: v for k, v in grads.items() if k in owners and k.endswith(",0,0]")} | {
+            layer.bias.block_name((co,)): grads[f"bt[0,0,{co}]"] for co in range(pw[1])
+        }
+    assert np.allclose(_gather(layer.weights, grads), conv.weight.grad)
+    assert np.allclose(_gather(layer.bias, grads), conv.bias.grad)
+
+
+@pytest.mark.parametrize(
+    ("features", "grid", "sizes", "out", "out_sizes"),
+    [(7, (2, 3), None, 5, None), (7, (3, 2), (6, 1), 4, (0, 3, 1)), (12, (3, 4), None, 7, None)],
+    ids=["fi7/3-fo5/2", "explicit-fi6,1-fo0,3,1", "distdl-12-to-7"],
+)
+def test_unbalanced_feature_shares_give_torch_linear_gradients(features, grid, sizes, out, out_sizes):
+    p_fi = grid[1]
+    rng = np.random.default_rng(8)
+    x = DistributedTensor("x", (3, features), Partition((1, p_fi)), sizes=((3,), sizes) if sizes else ())
+    layer = Affine(x, out, workers=Partition(grid), out_sizes=out_sizes)
+    w, b = rng.standard_normal((out, features)), rng.standard_normal(out)
+    module = LayerModule(layer, weights=w, bias=b)
+    data, dy = rng.standard_normal((3, features)), rng.standard_normal((3, out))
+    inputs = {k: torch.from_numpy(v).requires_grad_() for k, v in x.scatter(data).items()}
+    outputs = _backward(module, torch, inputs, layer.y.scatter(dy))
+    linear = torch.nn.Linear(features, out, dtype=torch.float64)
+    with torch.no_grad():
+        linear.weight.copy_(torch.from_numpy(w))
+        linear.bias.copy_(torch.from_numpy(b))
+    reference = torch.from_numpy(data).requires_grad_()
+    expected = linear(reference)
+    expected.backward(torch.from_numpy(dy))
+    parameters = {k: v.grad.numpy() for k, v in module.parameter_state().items()}
+    assert np.allclose(layer.y.gather({k: v.detach().numpy() for k, v in outputs.items()}), expected.detach())
+    assert np.allclose(x.gather({k: v.grad.numpy() for k, v in inputs.items()}), reference.grad)
+    assert np.allclose(_gather(layer.weights, parameters), linear.weight.grad)
+    assert np.allclose(_gather(layer.bias, parameters), linear.bias.grad)

@@ -48,7 +48,8 @@ def _weights(layer: Convolution | Affine) -> np.ndarray:
 def _sequential_pair(layer: Convolution, px: tuple[int, ...]) -> tuple[LinearOperator, LinearOperator]:
     """(distributed layer between single-worker tensors, the sequential layer)."""
     ones = (1,) * len(px)
-    sequential = Convolution(_x(ones, name="xs"), layer.out_channels, layer.spatial_kernel, name="ys")
+    xs = _x(ones, layer.x.global_shape, name="xs")
+    sequential = Convolution(xs, layer.out_channels, layer.spatial_kernel, name="ys")
     w = _weights(layer)
     into = Repartition(sequential.x, layer.x)
     out = Repartition(layer.y, sequential.y)
@@ -61,6 +62,14 @@ GENERAL, GENERAL_WORKERS, GENERAL_KERNEL = (
     Partition((1, 2, 2, 1, 1)),
     Kernel(3, stride=2, padding=(1, 0)),
 )
+
+
+UNBALANCED, UNBALANCED_WORKERS = (1, 2, 1, 1), Partition((1, 2, 2, 1, 1))
+
+
+def _unbalanced() -> Convolution:
+    """5 input channels over 2 workers (3, 2) and 3 output channels over 2 (2, 1)."""
+    return Convolution(_x(UNBALANCED, (1, 5, 6, 5)), 3, FEATURE_KERNEL, workers=UNBALANCED_WORKERS)
 
 
 def _feature() -> Convolution:
@@ -136,6 +145,14 @@ ENTRIES: list[Entry] = [
         LAYERS,
         "y = R L_x (B_w w, B_b b) with the bias on one P_co x 1 sub-partition: exact weight gradient",
         lambda: _parameters(_general()),
+        symbolic=False,
+    ),
+    equal_entry(
+        "conv-unbalanced-channels-equals-sequential",
+        LAYERS,
+        "channels that do not divide (5 in as 3, 2; 3 out as 2, 1 on P_w = 1 x 2 x 2 x 1 x 1): the "
+        "sequential convolution",
+        lambda: _sequential_pair(_unbalanced(), UNBALANCED),
         symbolic=False,
     ),
     adjoint_entry(

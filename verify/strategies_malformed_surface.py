@@ -33,6 +33,7 @@ from .strategies_malformed import (
     maybe,
     show_arguments,
 )
+from .strategies_malformed_layers import LAYER_ENTRY_POINTS
 
 __all__ = ["SURFACE_ENTRY_POINTS", "FRAMEWORK_ENTRY_POINTS"]
 
@@ -319,6 +320,7 @@ def _costs(draw: st.DrawFn) -> Call:
 SURFACE_ENTRY_POINTS: dict[str, Callable[[], st.SearchStrategy[Call]]] = {
     "local operators": _local_operators,
     "layers": _layers,
+    **LAYER_ENTRY_POINTS,  # unbalanced channel and feature shares
     "lift / prove_backward": _lifts,
     "worker maps": _worker_maps,
     "display": _displays,

@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from ..errors import LayerError, StateError
-from ..layers import Affine, Convolution
+from ..layers import Affine, Convolution, kernels
 from .torch_function import TorchOperator, engine_arguments, process_rank
 
 __all__ = ["LayerModule"]
@@ -96,11 +96,21 @@ def _convolution(dims: int, stride: tuple[int, ...], dilation: tuple[int, ...]) 
     zeros = [0] * dims
 
     def forward(window: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        if 0 in weight.shape[:2]:
+            # an empty channel share (unbalanced shares, more workers than channels): torch
+            # refuses no output channels and gives an empty output for no input channels,
+            # where the product is the bias alone
+            out = kernels.output_shape(tuple(window.shape[2:]), tuple(weight.shape[2:]), stride, dilation)
+            y = window.new_zeros((window.shape[0], weight.shape[0], *out))
+            return y if bias is None else y + bias.reshape(-1, *(1,) * dims)
         return convolve(window, weight, bias, stride, 0, dilation)
 
     def backward(
         grad: Tensor, window: Tensor, weight: Tensor, bias: Tensor | None, input_gradient: bool = True
     ) -> tuple[Tensor | None, Tensor, Tensor | None]:
+        if 0 in weight.shape[:2]:  # the product above: the bias alone, or nothing
+            bias_grad = None if bias is None else grad.sum(dim=(0, *range(2, grad.ndim)))
+            return (torch.zeros_like(window) if input_gradient else None), torch.zeros_like(weight), bias_grad
         if window.is_complex():  # torch convolves complex data as real ones: autograd knows how
             return _autograd_backward(forward, grad, window, weight, bias)
         # torch's own convolution backward (what autograd runs for real data), called directly

@@ -17,7 +17,7 @@ db). The partial outputs are named ``yt[fi,fo]`` (the grid index reversed) so th
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,7 +34,8 @@ from .base import (
     require_partition,
     require_shape,
     require_tensor,
-    split,
+    share_slices,
+    shares,
 )
 
 __all__ = ["Affine"]
@@ -73,7 +74,8 @@ class Affine:
     Parameters
     ----------
     x : DistributedTensor
-        Input (N, F_in) on P_x = 1 x P_fi.
+        Input (N, F_in) on P_x = 1 x P_fi; its feature shares (balanced, e.g. 7 over 3 is
+        3, 2, 2, or explicit) are the weights' input-feature shares.
     out_features : int
         F_out.
     workers : Partition, optional
@@ -84,12 +86,21 @@ class Affine:
         Whether the parameter tree has a bias (on P_w's fi = 0 workers).
     name : str, optional
         Output name; the weights are ``name + "_w"`` and the bias ``name + "_b"``.
+    out_sizes : sequence of int, optional
+        The output features' shares over P_fo (one per worker, adding up to F_out, empty
+        shares allowed); default balanced. They are y's feature shares and the weights' and
+        bias' output-feature shares.
+
+    Attributes
+    ----------
+    fi_sizes, fo_sizes : tuple of int
+        The input and output features' shares over P_fi and P_fo.
 
     Raises
     ------
     LayerError
         If x is not 2-D, its samples are partitioned, a partition has the wrong rank or shape,
-        or features do not divide over their workers.
+        or ``out_sizes`` is not a decomposition of F_out over P_fo.
     """
 
     def __init__(
@@ -101,6 +112,7 @@ class Affine:
         output: Partition | None = None,
         bias: bool = True,
         name: str = "y",
+        out_sizes: Sequence[int] | None = None,
     ) -> None:
         layer = "Affine"
         self.x = require_tensor(layer, "x", x)
@@ -119,21 +131,26 @@ class Affine:
             )
         p_fo = pw.shape[0]
         self.out_features = require_int(layer, "out_features", out_features)
-        self.fi_share = split(layer, "input features", x.global_shape[1], p_fi)
-        self.fo_share = split(layer, "output features", self.out_features, p_fo)
+        self.fi_sizes = x.sizes[1]
+        self.fo_sizes = shares(layer, "output feature", self.out_features, p_fo, out_sizes)
         if output is None:
             output = Partition((1, p_fo), tuple(pw.worker((fo, 0)) for fo in range(p_fo)))
         py = require_partition(layer, "output partition P_y", output, 2)
         if py.shape != (1, p_fo):
             raise LayerError(f"{layer}: output partition P_y {py.shape} must be {(1, p_fo)}")
         self.work, self.p_fo, self.p_fi = pw, p_fo, p_fi
-        self.y = DistributedTensor(name, (x.global_shape[0], self.out_features), py)
-        self.weights = DistributedTensor(f"{name}_w", (self.out_features, x.global_shape[1]), pw)
+        self.y = DistributedTensor(
+            name, (x.global_shape[0], self.out_features), py, sizes=((x.global_shape[0],), self.fo_sizes)
+        )
+        self.weights = DistributedTensor(
+            f"{name}_w", (self.out_features, x.global_shape[1]), pw, sizes=(self.fo_sizes, self.fi_sizes)
+        )
         self.bias = (
             DistributedTensor(
                 f"{name}_b",
                 (self.out_features,),
                 Partition((p_fo,), tuple(pw.worker((fo, 0)) for fo in range(p_fo))),
+                sizes=(self.fo_sizes,),
             )
             if bias
             else None
@@ -158,8 +175,8 @@ class Affine:
         return list(self.work.indices())
 
     def partial_block(self, j) -> Block:
-        """Worker ``P_w[j]``'s partial output block ``(N, F_out / P_fo)``."""
-        return Block(self.partial_name(j), (self.x.global_shape[0], self.fo_share), self.work.worker(j))
+        """Worker ``P_w[j]``'s partial output block ``(N, fo_sizes[fo])``."""
+        return Block(self.partial_name(j), (self.x.global_shape[0], self.fo_sizes[j[0]]), self.work.worker(j))
 
     @property
     def window_operator(self) -> LinearOperator:
@@ -190,14 +207,10 @@ class Affine:
         weights = require_shape("Affine", "weights", weights, self.weights.global_shape)
         moving = self.window_operator
         steps = []
+        fo_slices, fi_slices = share_slices(self.fo_sizes), share_slices(self.fi_sizes)
         for j in self.work.indices():
             fo, fi = j
-            part = np.array(
-                weights[
-                    fo * self.fo_share : (fo + 1) * self.fo_share,
-                    fi * self.fi_share : (fi + 1) * self.fi_share,
-                ]
-            )
+            part = np.array(weights[fo_slices[fo], fi_slices[fi]])
             part.flags.writeable = False
             forward, adjoint = _input_kernels(part)
             steps.append(
@@ -260,7 +273,10 @@ class Affine:
             x = inputs.get(self.input_name(j))
             if x is not None:
                 x = require_shape(
-                    "Affine", f"input {self.input_name(j)!r}", x, (self.x.global_shape[0], self.fi_share)
+                    "Affine",
+                    f"input {self.input_name(j)!r}",
+                    x,
+                    (self.x.global_shape[0], self.fi_sizes[j[1]]),
                 )
             label = grid_block_name("affine_w", j)
             forward, adjoint = _parameter_kernels(x, label, with_bias)

@@ -9,6 +9,7 @@ exchanges and :class:`~linop.local.LocalOperator` leaves, so every interpreter r
 
 from __future__ import annotations
 
+import itertools
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ import numpy as np
 from ..errors import LayerError
 from ..local import LocalKernel, LocalOperator
 from ..operator import Composition, Identity, LinearOperator
-from ..partition import DistributedTensor, Partition
+from ..partition import DistributedTensor, Partition, balanced_sizes
 from ..space import Block, Space
 
 __all__ = [
@@ -29,7 +30,8 @@ __all__ = [
     "require_int",
     "require_shape",
     "require_tensor",
-    "split",
+    "share_slices",
+    "shares",
 ]
 
 
@@ -63,11 +65,44 @@ def require_shape(layer: str, what: str, array: Any, expected: Sequence[int]) ->
     return array
 
 
-def split(layer: str, what: str, total: int, parts: int) -> int:
-    """``total / parts`` when it divides (channels over workers), else a LayerError."""
-    if total % parts:
-        raise LayerError(f"{layer}: {total} {what} do not divide over {parts} workers")
-    return total // parts
+def shares(layer: str, what: str, total: int, parts: int, given: object = None) -> tuple[int, ...]:
+    """The shares of ``total`` ``what`` (channels, features) over ``parts`` workers: the
+    balanced split (:func:`~linop.partition.balanced_sizes`: sizes differing by at most one,
+    larger first, e.g. 7 over 3 is 3, 2, 2) when ``given`` is None, else ``given`` checked
+    (one non-negative integer per worker, adding up to ``total``; shares may be empty).
+
+    Raises
+    ------
+    LayerError
+        If ``given`` is not a sequence of integers, has the wrong count, a negative entry or
+        the wrong sum (the message names ``what``).
+    """
+    if given is None:
+        return balanced_sizes(total, parts)
+    if isinstance(given, (str, bytes)) or not isinstance(given, (Sequence, np.ndarray)):
+        raise LayerError(f"{layer}: the {what} shares must be a sequence of integers, not {given!r}")
+    values: list[int] = []
+    for value in given:
+        try:
+            if isinstance(value, (bool, np.bool_)):
+                raise TypeError
+            values.append(operator.index(value))
+        except TypeError:
+            raise LayerError(f"{layer}: the {what} shares {given!r} must be integers (not bools)") from None
+    if len(values) != parts:
+        raise LayerError(f"{layer}: {len(values)} {what} shares {tuple(values)} for {parts} workers")
+    if any(v < 0 for v in values):
+        raise LayerError(f"{layer}: the {what} shares {tuple(values)} have a negative entry")
+    if sum(values) != total:
+        raise LayerError(f"{layer}: the {what} shares {tuple(values)} add up to {sum(values)}, not {total}")
+    return tuple(values)
+
+
+def share_slices(sizes: Sequence[int]) -> tuple[slice, ...]:
+    """The consecutive ranges of global indices the shares ``sizes`` hold: ``(3, 2, 2)`` gives
+    ``0:3, 3:5, 5:7``."""
+    stops = tuple(itertools.accumulate(sizes))
+    return tuple(slice(stop - size, stop) for size, stop in zip(sizes, stops))
 
 
 def require_partition(layer: str, what: str, partition: object, rank: int) -> Partition:

@@ -52,7 +52,8 @@ from .base import (
     require_partition,
     require_shape,
     require_tensor,
-    split,
+    share_slices,
+    shares,
 )
 
 __all__ = ["Convolution"]
@@ -112,7 +113,9 @@ class Convolution:
     Parameters
     ----------
     x : DistributedTensor
-        Input (N, C_in, S_0, ...) on P_x = 1 x P_ci x P_0 x ... (any, unbalanced, spatial shares).
+        Input (N, C_in, S_0, ...) on P_x = 1 x P_ci x P_0 x ... (any shares, unbalanced ones
+        included: its channel shares are the weights' input-channel shares, e.g. 7 channels
+        over 3 workers 3, 2, 2 by default, or the explicit sizes x was built with).
     out_channels : int
         C_out.
     kernel : Kernel or int
@@ -127,17 +130,26 @@ class Convolution:
     name : str, optional
         Name of the output tensor (default ``"y"``); the weights are ``name + "_w"``, the bias
         ``name + "_b"``.
+    out_sizes : sequence of int, optional
+        The output channels' shares over P_co (one per worker, adding up to C_out, empty
+        shares allowed); default balanced (:func:`~linop.partition.balanced_sizes`: 10 over 3
+        is 4, 3, 3). They are y's channel shares and the weights' and bias' output-channel
+        shares.
 
     Attributes
     ----------
     x, y, weights, bias : DistributedTensor
-        The input, output, weights (on P_r) and bias (None without bias).
+        The input, output, weights (on P_r, shares ``(out_sizes, x.sizes[1], k...)``) and bias
+        (shares ``out_sizes``; None without bias).
+    ci_sizes, co_sizes : tuple of int
+        The input and output channels' shares over P_ci and P_co.
 
     Raises
     ------
     LayerError
-        If a partition has the wrong rank or shape, the batch dimension is partitioned, channels
-        do not divide over their workers, or the output partition does not match.
+        If a partition has the wrong rank or shape, the batch dimension is partitioned,
+        ``out_sizes`` is not a decomposition of C_out over P_co, or the output partition does
+        not match.
     """
 
     def __init__(
@@ -150,6 +162,7 @@ class Convolution:
         output: Partition | None = None,
         bias: bool = True,
         name: str = "y",
+        out_sizes: Sequence[int] | None = None,
     ) -> None:
         layer = "Convolution"
         self.x = require_tensor(layer, "x", x)
@@ -171,13 +184,13 @@ class Convolution:
         p_co = pw.shape[1]
         c_in = x.global_shape[1]
         self.out_channels = require_int(layer, "out_channels", out_channels)
-        ci_share = split(layer, "input channels", c_in, p_ci)
-        co_share = split(layer, "output channels", self.out_channels, p_co)
-        if any(s != ci_share for s in x.sizes[1]):
-            raise LayerError(f"{layer}: x's channel shares {x.sizes[1]} must all be {ci_share}")
+        ci_sizes = x.sizes[1]
+        co_sizes = shares(layer, "output channel", self.out_channels, p_co, out_sizes)
         self.kernel = _spatial_kernel(kernel, dims)
         self.spatial_kernel = kernel if isinstance(kernel, Kernel) else Kernel(kernel)
-        self.geometry = halo_geometry(x, self.kernel)
+        # the channels stay where x has them (its shares, balanced or not: no halo along them)
+        self._window_shares: tuple[tuple[int, ...] | None, ...] = (x.sizes[0], ci_sizes, *(None,) * dims)
+        self.geometry = halo_geometry(x, self.kernel, output_sizes=self._window_shares)
         out_global = (x.global_shape[0], self.out_channels, *self.geometry.output_shape[2:])
         if output is None:
             output = Partition(
@@ -186,10 +199,11 @@ class Convolution:
         py = require_partition(layer, "output partition P_y", output, dims + 2)
         if py.shape != (1, p_co, *spatial):
             raise LayerError(f"{layer}: output partition P_y {py.shape} must be {(1, p_co, *spatial)}")
-        self.y = DistributedTensor(name, out_global, py)
+        spatial_sizes = self.geometry.output_sizes[2:]
+        self.y = DistributedTensor(name, out_global, py, sizes=((out_global[0],), co_sizes, *spatial_sizes))
         self.work = pw
         self.dims, self.p_co, self.p_ci, self.spatial = dims, p_co, p_ci, spatial
-        self.co_share, self.ci_share = co_share, ci_share
+        self.co_sizes, self.ci_sizes = co_sizes, ci_sizes
         size = self.kernel.size[2:]  # type: ignore[index]
         self.weights = DistributedTensor(
             f"{name}_w",
@@ -198,12 +212,14 @@ class Convolution:
                 (p_co, p_ci, *(1,) * dims),
                 tuple(pw.worker((0, co, ci, *(0,) * dims)) for co, ci in _grid((p_co, p_ci))),
             ),
+            sizes=(co_sizes, ci_sizes, *((k,) for k in size)),
         )
         self.bias = (
             DistributedTensor(
                 f"{name}_b",
                 (self.out_channels,),
                 Partition((p_co,), tuple(pw.worker((0, co, 0, *(0,) * dims)) for co in range(p_co))),
+                sizes=(co_sizes,),
             )
             if bias
             else None
@@ -243,12 +259,12 @@ class Convolution:
         return self.geometry.window_shape((0, ci, *s))
 
     def partial_block(self, j: Sequence[int]) -> Block:
-        """Worker ``P_w[j]``'s partial output block ``(N, C_out / P_co, *out)``."""
-        _, _co, ci, *s = j
+        """Worker ``P_w[j]``'s partial output block ``(N, co_sizes[co], *out)``."""
+        _, co, ci, *s = j
         start, stop = self.geometry.output_box((0, ci, *s))
         spatial = tuple(b - a for a, b in zip(start[2:], stop[2:]))
         return Block(
-            self.partial_name(j), (self.x.global_shape[0], self.co_share, *spatial), self.work.worker(j)
+            self.partial_name(j), (self.x.global_shape[0], self.co_sizes[co], *spatial), self.work.worker(j)
         )
 
     # -- trees ----------------------------------------------------------------------------------
@@ -256,7 +272,9 @@ class Convolution:
     def window_operator(self) -> LinearOperator:
         r"""The data movement x -> the windows on P_w: :math:`B_{P_x \to P_w} H` (an exact 0/1
         operator)."""
-        windows = halo_windows(self.x, self.kernel, window_name=self._window_name)
+        windows = halo_windows(
+            self.x, self.kernel, window_name=self._window_name, output_sizes=self._window_shares
+        )
         if not self.broadcasts_input:
             return windows
         px = self.x.partition
@@ -306,14 +324,10 @@ class Convolution:
         space = moving.range
         stride, dilation = self.kernel.stride[2:], self.kernel.dilation[2:]  # type: ignore[index]
         steps = []
+        co_slices, ci_slices = share_slices(self.co_sizes), share_slices(self.ci_sizes)
         for j in self.work_indices():
             _, co, ci, *_ = j
-            part = np.array(
-                weights[
-                    co * self.co_share : (co + 1) * self.co_share,
-                    ci * self.ci_share : (ci + 1) * self.ci_share,
-                ]
-            )
+            part = np.array(weights[co_slices[co], ci_slices[ci]])
             part.flags.writeable = False
             forward, adjoint = _input_kernels(part, self._window_shape(j)[2:], stride, dilation)
             steps.append(
@@ -428,12 +442,13 @@ class Convolution:
         that keeps its copies as parameters, all updated alike, gets the gradient of the
         original block on each (``LayerModule(..., replicate=True)``)."""
         dims = self.dims
-        shape = (self.co_share, self.ci_share, *self.kernel.size[2:])  # type: ignore[index]
-        weights = BlockGrid("wt", self.work, (shape,) * self.work.size)
+        size = tuple(self.kernel.size[2:])  # type: ignore[index]
+        shapes = tuple((self.co_sizes[co], self.ci_sizes[ci], *size) for _, co, ci, *_ in self.work.indices())
+        weights = BlockGrid("wt", self.work, shapes)
         if self.bias is None:
             return AllReduce(weights, tuple(range(3, 3 + dims)))
         copies = self._bias_copies
-        bias = BlockGrid("bt", copies, ((self.co_share,),) * copies.size)
+        bias = BlockGrid("bt", copies, tuple((self.co_sizes[g[-1]],) for g in copies.indices()))
         return AllReduce(bias, tuple(range(dims)), others=Space(weights.blocks)) @ AllReduce(
             weights, tuple(range(3, 3 + dims)), others=Space(bias.blocks)
         )

@@ -59,20 +59,22 @@ class _Pool:
         self.kernel = Kernel(
             kernel.size, kernel.stride, kernel.padding, kernel.dilation, kernel.boundary, leading=2
         ).resolve(x.ndim)
-        self.geometry = halo_geometry(x, self.kernel)
-        self.y = DistributedTensor(name, self.geometry.output_shape, x.partition)
-        for g in x.partition.indices():
-            if self.geometry.output_box(g) != self.y.box(g):
-                raise LayerError(
-                    f"{self.layer}: x's batch/channel shares {x.sizes[:2]} must be balanced (output block {g})"
-                )
+        # batch and channels stay where x has them (its shares, balanced or not: no halo along
+        # them); the spatial outputs are balanced
+        self._window_shares = (x.sizes[0], x.sizes[1], *(None,) * dims)
+        self.geometry = halo_geometry(x, self.kernel, output_sizes=self._window_shares)
+        self.y = DistributedTensor(
+            name, self.geometry.output_shape, x.partition, sizes=self.geometry.output_sizes
+        )
         self.dims = dims
         self._window_name = f"{x.name}_window"
 
     @property
     def window_operator(self) -> LinearOperator:
         """The halo exchange x -> the windows (exact 0/1 data movement)."""
-        return halo_windows(self.x, self.kernel, window_name=self._window_name)
+        return halo_windows(
+            self.x, self.kernel, window_name=self._window_name, output_sizes=self._window_shares
+        )
 
     def window_name(self, g) -> str:
         return grid_block_name(self._window_name, g)
@@ -105,7 +107,8 @@ class AveragePool(_Pool):
     Parameters
     ----------
     x : DistributedTensor
-        Input (N, C, S_0, ...), batch not partitioned.
+        Input (N, C, S_0, ...), batch not partitioned; y keeps its channel shares (balanced or
+        not), its spatial outputs balanced.
     kernel : Kernel or int
         Spatial pooling window (size, stride, padding, dilation; padding counts as zeros).
     name : str, optional

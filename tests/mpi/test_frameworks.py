@@ -260,6 +260,49 @@ def test_distributed_affine_gives_torch_linear_gradients(comm):
     collective_assert(not problems, "; ".join(problems))
 
 
+def test_unbalanced_channel_convolution_gives_torch_conv2d_gradients(comm):
+    """A general convolution whose 5 input and 7 output channels do not divide over their
+    workers (shares 3, 2 and 4, 3 or 7 over 1; 3 over 3 ranks: 2, 2, 1 of 5 and 3, 2, 2 of 7):
+    output, input, weight and bias gradients across the ranks equal torch's Conv2d."""
+    from linop.frameworks.torch_layers import LayerModule
+    from linop.layers import Convolution
+
+    p_ci = 2 if comm.size % 2 == 0 else 1
+    p_co = comm.size // p_ci
+    rng = np.random.default_rng(13)
+    x = DistributedTensor("x", (1, 5, 6, 5), Partition((1, p_ci, 1, 1)))
+    workers = Partition((1, p_co, p_ci, 1, 1), tuple(reversed(range(comm.size))))
+    layer = Convolution(x, 7, Kernel(3, padding=1), workers=workers)
+    w, b = rng.standard_normal(layer.weights.global_shape), rng.standard_normal(7)
+    data, dy = rng.standard_normal(x.global_shape), rng.standard_normal(layer.y.global_shape)
+    module = LayerModule(layer, weights=w, bias=b, comm=comm)
+    local = {
+        k: torch.from_numpy(v).requires_grad_()
+        for k, v in local_part(x.space, x.scatter(data), comm.rank).items()
+    }
+    y = module(local)
+    dys = layer.y.scatter(dy)
+    (sum((v * torch.from_numpy(dys[k])).sum() for k, v in y.items()) + module.token.sum()).backward()
+    conv = torch.nn.Conv2d(5, 7, 3, padding=1, dtype=torch.float64)
+    with torch.no_grad():
+        conv.weight.copy_(torch.from_numpy(w))
+        conv.bias.copy_(torch.from_numpy(b))
+    reference = torch.from_numpy(data).requires_grad_()
+    out = conv(reference)
+    out.backward(torch.from_numpy(dy))
+    expected_y = layer.y.scatter(out.detach().numpy())
+    expected_dx = x.scatter(reference.grad.numpy())
+    expected_params = layer.scatter_parameters(conv.weight.grad.numpy(), conv.bias.grad.numpy())
+    problems = [f"y {k}" for k, v in y.items() if not np.allclose(v.detach().numpy(), expected_y[k])]
+    problems += [f"dx {k}" for k, v in local.items() if not np.allclose(v.grad.numpy(), expected_dx[k])]
+    problems += [
+        f"d{k}"
+        for k, v in module.parameter_state().items()
+        if not np.allclose(v.grad.numpy(), expected_params[k])
+    ]
+    collective_assert(not problems, "; ".join(problems))
+
+
 def test_torch_operator_under_a_worker_map(comm):
     from linop.program import WorkerMap
 

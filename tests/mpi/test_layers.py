@@ -79,6 +79,105 @@ def test_convolution_trees_equal_numpy(label, px, pw, out):
     collective_assert(problem is None, f"{label}: {problem}")
 
 
+def _unbalanced_conv_cases():
+    """Channels that do not divide over their workers: balanced shares (7 over 3 is 3, 2, 2),
+    explicit uneven ones and empty ones, at every rank count. (label, x shape, P_x, x sizes,
+    P_w, its workers, C_out, out_sizes)"""
+    if SIZE == 1:
+        return [("ci3/1-co5/1", (2, 3, 6, 5), (1, 1, 1, 1), None, (1, 1, 1, 1, 1), (0,), 5, None)]
+    cases = [
+        ("ci3/2", (2, 3, 6, 5), (1, 2, 1, 1), None, (1, 1, 2, 1, 1), (0, 1), 2, None),
+        ("co5/2", (1, 2, 6, 5), (1, 1, 1, 1), None, (1, 2, 1, 1, 1), (1, 0), 5, None),
+    ]
+    if SIZE >= 3:
+        cases.append(("ci7/3", (1, 7, 6, 5), (1, 3, 1, 1), None, (1, 1, 3, 1, 1), (0, 1, 2), 3, None))
+        cases.append(
+            (
+                "explicit-ci0,2,1",
+                (2, 3, 6, 5),
+                (1, 3, 1, 1),
+                ((2,), (0, 2, 1), (6,), (5,)),
+                (1, 1, 3, 1, 1),
+                (2, 0, 1),
+                3,
+                None,
+            )
+        )
+        cases.append(
+            ("explicit-co2,0,1", (2, 3, 6, 5), (1, 1, 1, 1), None, (1, 3, 1, 1, 1), (1, 2, 0), 3, (2, 0, 1))
+        )
+    if SIZE == 4:
+        cases.append(
+            ("general-ci5/2-co7/2", (1, 5, 7, 6), (1, 2, 1, 1), None, (1, 2, 2, 1, 1), (0, 1, 2, 3), 7, None)
+        )
+        cases.append(
+            (
+                "general-explicit-co1,6",
+                (1, 5, 7, 6),
+                (1, 2, 1, 1),
+                ((1,), (4, 1), (7,), (6,)),
+                (1, 2, 2, 1, 1),
+                (3, 1, 2, 0),
+                7,
+                (1, 6),
+            )
+        )
+    return cases
+
+
+@pytest.mark.parametrize(
+    ("label", "shape", "px", "sizes", "pw", "workers", "out", "out_sizes"),
+    _unbalanced_conv_cases(),
+    ids=[c[0] for c in _unbalanced_conv_cases()],
+)
+def test_unbalanced_channel_shares_equal_numpy(label, shape, px, sizes, pw, workers, out, out_sizes):
+    rng = np.random.default_rng(8)
+    x = DistributedTensor("x", shape, Partition(px), sizes=sizes or ())
+    layer = Convolution(
+        x, out, Kernel(3, padding=1, stride=(2, 1)), workers=Partition(pw, workers), out_sizes=out_sizes
+    )
+    w = rng.integers(-2, 3, layer.weights.global_shape)
+    b = rng.integers(-2, 3, layer.bias.global_shape)
+    data = rng.integers(-3, 4, x.global_shape)
+    forward = layer.input_operator(w)
+    compare_with_numpy(forward, x.scatter(data))
+    compare_with_numpy(forward.H, layer.y.space.random(3, np.int64))
+    mine = mpi_backend.apply(layer.window_operator, local_part(x.space, x.scatter(data), RANK))
+    parameters_here = layer.parameter_operator(mine)
+    parameters = layer.parameter_operator(layer.window_operator(x.scatter(data)))
+    state = layer.scatter_parameters(w, b)
+    result = mpi_backend.apply(parameters_here, local_part(parameters.domain, state, RANK))
+    problem = same_blocks(
+        result, parameters(state), tuple(b.name for b in parameters.range if b.worker == RANK)
+    )
+    dy = layer.y.space.random(4, np.int64)
+    gradient = mpi_backend.apply(parameters_here.H, local_part(layer.y.space, dy, RANK))
+    names = tuple(blk.name for blk in parameters.domain if blk.worker == RANK)
+    problem = problem or same_blocks(gradient, parameters.H(dy), names)
+    compare_with_numpy(layer.copy_gradient_sum, layer.copy_gradient_sum.domain.random(5, np.int64))
+    collective_assert(problem is None, f"{label}: {problem}")
+
+
+def test_unbalanced_feature_shares_equal_numpy():
+    rng = np.random.default_rng(9)
+    p_fi = 2 if SIZE % 2 == 0 else 1
+    p_fo = SIZE // p_fi
+    x = DistributedTensor("x", (3, 7), Partition((1, p_fi)))  # 7 features: 4, 3 over 2 workers
+    for out, out_sizes in ((2 * p_fo + 1, None), (5, (5,) + (0,) * (p_fo - 1))):
+        layer = Affine(x, out, workers=Partition((p_fo, p_fi)), out_sizes=out_sizes)
+        data, w, b = (
+            rng.integers(-3, 4, (3, 7)),
+            rng.integers(-3, 4, layer.weights.global_shape),
+            rng.integers(-3, 4, out),
+        )
+        forward = layer.input_operator(w)
+        compare_with_numpy(forward, x.scatter(data))
+        compare_with_numpy(forward.H, layer.y.space.random(1, np.int64))
+        parameters = layer.parameter_operator(layer.window_operator(x.scatter(data)))
+        compare_with_numpy(parameters, layer.scatter_parameters(w, b))
+        compare_with_numpy(parameters.H, layer.y.space.random(2, np.int64))
+
+
 def test_affine_trees_equal_numpy():
     rng = np.random.default_rng(6)
     p_fi = 2 if SIZE % 2 == 0 else 1

@@ -1,11 +1,14 @@
 """A rank that never arrives at a call must not leave the others waiting forever: run by
 tests/test_mpi.py as ``timeout_case.py apply`` (``apply_mpi(..., timeout=)`` under
-:func:`~linop.backends.mpi.guard`) or ``timeout_case.py bound`` (the deadline from
-``LINOP_TIMEOUT``, a bound plan's first call, under ``python -m mpi4py``).
+:func:`~linop.backends.mpi.guard`), ``timeout_case.py bound`` (the deadline from
+``LINOP_TIMEOUT``, a persistent bound plan's first call, under ``python -m mpi4py``),
+``timeout_case.py unbound`` (the same for a bound plan that is not persistent: its first call
+runs the ordinary application) or ``timeout_case.py dup`` (``apply_mpi(..., timeout=)`` as the
+first use of the communicator, whose duplication ``MPI_Comm_dup`` is collective).
 
-Every rank first applies once together (so the communicator's duplicate exists); then rank 1
-skips the next call and sleeps. The other ranks must end by the deadline with
-``PeerTimeoutError`` naming rank 1, and the job must be aborted (rank 1 included).
+Except in ``dup``, every rank first applies once together (so the communicator's duplicate
+exists); then rank 1 skips the next call and sleeps. The other ranks must end by the deadline
+with ``PeerTimeoutError`` naming rank 1, and the job must be aborted (rank 1 included).
 """
 
 from __future__ import annotations
@@ -39,9 +42,15 @@ def main(mode: str) -> None:
             time.sleep(120)  # never arrives (the abort ends it)
         print(f"rank {RANK} calls at {time.time()}", flush=True)
         op.apply_mpi(local, comm=COMM, inplace=True, timeout=TIMEOUT)
+    elif mode == "dup":  # rank 1 misses the first call on the communicator: its duplication
+        if RANK == MISSING:
+            time.sleep(120)
+        print(f"rank {RANK} calls at {time.time()}", flush=True)
+        op.apply_mpi(local, comm=COMM, inplace=True, timeout=TIMEOUT)
     else:  # the deadline from LINOP_TIMEOUT (set by the launcher), a bound plan's first call
-        bound = plan_for(op, comm=COMM).bind(local)
-        assert bound.persistent
+        persistent = mode == "bound"
+        bound = plan_for(op, comm=COMM).bind(local, inplace=persistent)
+        assert bound.persistent == persistent  # out of place, a chain of send-receives is not
         if RANK == MISSING:
             time.sleep(120)
         print(f"rank {RANK} calls at {time.time()}", flush=True)
@@ -50,8 +59,8 @@ def main(mode: str) -> None:
     print(f"rank {RANK} finished (it should not have)", flush=True)
 
 
-if sys.argv[1] == "apply":
+if sys.argv[1] in ("apply", "dup"):
     with guard():
-        main("apply")
+        main(sys.argv[1])
 else:
-    main("bound")
+    main(sys.argv[1])

@@ -110,7 +110,7 @@ def plan_for(
     how long its checks and its bound plans' first calls wait for every rank to arrive before
     the ranks that did raise :class:`~linop.errors.PeerTimeoutError` naming the others and
     the job is aborted (:mod:`linop.backends.mpi.deadline`; default ``LINOP_TIMEOUT``, else
-    no deadline). The first use of a communicator (its duplication) has no deadline.
+    no deadline). The first plan on a communicator duplicates it within the same deadline.
 
     Raises
     ------
@@ -124,7 +124,7 @@ def plan_for(
     if timeout is not None:
         resolve_timeout(timeout)  # a bad value raises here, before any communication
     try:
-        context = context_for(comm)
+        context = context_for(comm, timeout)
         if mapping is not None:
             plan = _mapped_plan(op, context, mapping)
         else:
@@ -210,6 +210,8 @@ def apply(
     """
     global _LAST_PLAN
     try:
+        if timeout is not None:  # the communicator's first plan duplicates it within this deadline
+            context_for(comm, timeout)
         if mapping is not None:
             plan = plan_for(op, comm=comm, mapping=mapping)
             if _plain(local_state):

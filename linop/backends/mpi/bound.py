@@ -20,7 +20,7 @@ import numpy as np
 from ...space import State
 from .compiled import CompiledRun, PreparedCall, compile_schedule
 from .datatypes import mpi
-from .deadline import wait_all
+from .deadline import arrive_within
 from .guards import abort_for
 from .plan import DistributedPlan
 
@@ -80,6 +80,8 @@ class BoundPlan:
         return self._calls is not None
 
     def __call__(self) -> State:
+        if self._first_timeout is not None:
+            self._arrive_first()
         calls = self._calls
         if calls is None:
             if self.checked:
@@ -89,17 +91,22 @@ class BoundPlan:
             self.plan.run_in_place(self.arrays, self.dtype, self.dtype)
             return self.arrays
         try:
-            if self._first_timeout is not None:  # every rank's first start: within the deadline
-                timeout, self._first_timeout = self._first_timeout, None
-                comm = self.plan.comm  # a barrier first: no rank completes before all arrived
-                wait_all(
-                    [comm.Ibarrier()], comm, timeout, f"the first call of the bound plan of {self.plan.op}"
-                )
             for function, arguments in calls:
                 function(*arguments)
         except BaseException as error:
             abort_for(self.plan.comm, f"applying the bound plan of {self.plan.op}", error)
         return self.outputs if not self.inplace else self.arrays
+
+    def _arrive_first(self) -> None:
+        """Every rank's first call, compiled or not, within the deadline: a polled barrier
+        first (:func:`~linop.backends.mpi.deadline.arrive_within`), so no rank waits in a
+        blocking call for one that never comes; a timeout ends the job."""
+        timeout, self._first_timeout = self._first_timeout, None
+        assert timeout is not None  # called only while the first call's deadline is set
+        try:
+            arrive_within(self.plan.comm, timeout, f"the first call of the bound plan of {self.plan.op}")
+        except BaseException as error:
+            abort_for(self.plan.comm, f"applying the bound plan of {self.plan.op}", error)
 
     def free(self) -> None:
         """Release the persistent requests and the arrays they write into."""

@@ -24,6 +24,7 @@ from ...errors import CommunicatorArgumentError, CommunicatorError
 from ...operator import LinearOperator, Scaled, walk
 from .check import register_reducer, release_reducer
 from .datatypes import mpi
+from .deadline import arrive_within, resolve_timeout
 from .guards import abort_on_failure
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
@@ -115,9 +116,12 @@ class CommContext:
     """linop's state for one user communicator (see the module docstring). Creating one is
     collective over the user's communicator (``MPI_Comm_dup``)."""
 
-    def __init__(self, user: Intracomm) -> None:
+    def __init__(self, user: Intracomm, timeout: Any = None) -> None:
         self._user = weakref.ref(user)
+        deadline = resolve_timeout(timeout)  # a bad value raises here, before any communication
         with abort_on_failure(user, lambda: "duplicating the communicator"):
+            if deadline is not None:  # MPI_Comm_dup has no deadline: every rank arrives first
+                arrive_within(user, deadline, "the duplication of the communicator (its first plan)")
             self.comm: Intracomm = user.Dup()
             register_reducer(self.comm)  # the entry check's persistent Allreduce (collective)
         self.rank: int = self.comm.Get_rank()
@@ -173,9 +177,10 @@ def _keyval() -> int:
     return _KEYVAL
 
 
-def context_for(comm: Any) -> CommContext:
+def context_for(comm: Any, timeout: Any = None) -> CommContext:
     """The context of a user communicator (default ``MPI.COMM_WORLD``), created on first use
-    (collective: a duplicate is made).
+    (collective: a duplicate is made, within the deadline ``timeout`` seconds, default
+    ``LINOP_TIMEOUT``: :func:`~linop.backends.mpi.deadline.arrive_within`).
 
     Raises
     ------
@@ -184,13 +189,18 @@ def context_for(comm: Any) -> CommContext:
     CommunicatorError
         ``comm`` is ``MPI.COMM_NULL`` (freed, or this rank is not in it) or an
         intercommunicator.
+    TimeoutArgumentError
+        ``timeout`` is not a positive number of seconds (when a context is created).
+
+    A rank that does not arrive at the duplication within the deadline makes every rank that
+    did raise :class:`~linop.errors.PeerTimeoutError` naming it, then the job is aborted.
     """
     if comm is None:
         comm = mpi().COMM_WORLD
     last = _LAST
     if last is not None and comm is last[0] and not last[1].freed:
         return last[1]  # the communicator object of the previous call, not freed since
-    context = _context_for(comm)
+    context = _context_for(comm, timeout)
     _remember_last(comm, context)
     return context
 
@@ -203,7 +213,7 @@ def _remember_last(comm: Any, context: CommContext) -> None:
     _LAST = (comm, context)
 
 
-def _context_for(comm: Any) -> CommContext:
+def _context_for(comm: Any, timeout: Any = None) -> CommContext:
     module = mpi()
     if comm is None:
         comm = module.COMM_WORLD
@@ -221,12 +231,12 @@ def _context_for(comm: Any) -> CommContext:
     if comm == module.COMM_WORLD or comm == module.COMM_SELF:
         context = _PREDEFINED.get(handle)
         if context is None:
-            context = _PREDEFINED[handle] = CommContext(comm)
+            context = _PREDEFINED[handle] = CommContext(comm, timeout)
         return context
     keyval = _keyval()
     context = comm.Get_attr(keyval)
     if context is None:
-        context = CommContext(comm)
+        context = CommContext(comm, timeout)
         comm.Set_attr(keyval, context)
     return context
 

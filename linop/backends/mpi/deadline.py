@@ -2,7 +2,8 @@
 a peer that never arrives.
 
 Every application starts with a collective (the entry check's ``Allreduce``,
-:mod:`linop.backends.mpi.check`; a bound plan's first start, :mod:`linop.backends.mpi.bound`).
+:mod:`linop.backends.mpi.check`; a bound plan's first call, :mod:`linop.backends.mpi.bound`;
+the first plan on a communicator duplicates it, :mod:`linop.backends.mpi.context`).
 A rank that never makes the call (it crashed elsewhere, took another branch, waits for input)
 would leave every other rank blocked there. With a deadline the collective is completed by
 polling (``Test``) instead of waiting; when the deadline passes, the rank sends a short
@@ -15,7 +16,11 @@ does), since the missing rank may never return.
 
 The deadline is ``timeout=`` (seconds) of ``apply`` / ``apply_mpi`` / ``plan_for``, else the
 environment variable :data:`ENVIRONMENT` (read once per process, at the first use); by default
-there is none (``None``: wait as long as it takes, with no polling cost).
+there is none (``None``: wait as long as it takes, with no polling cost). A collective with no
+deadline of its own (``MPI_Comm_dup``, the first call of a bound plan that runs the ordinary
+application) is preceded by :func:`arrive_within`, a polled barrier with the same deadline.
+The duplication's barrier and its notices run on the user's communicator (linop's private one
+does not exist yet; the notices use the reserved tag, and a timeout ends the job anyway).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from .datatypes import mpi
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
     from mpi4py.MPI import Intracomm
 
-__all__ = ["ENVIRONMENT", "GRACE", "PeerTimeoutError", "resolve_timeout", "wait_all"]
+__all__ = ["ENVIRONMENT", "GRACE", "PeerTimeoutError", "arrive_within", "resolve_timeout", "wait_all"]
 
 ENVIRONMENT = "LINOP_TIMEOUT"
 """The environment variable giving the default deadline in seconds (unset, empty, ``0``,
@@ -114,6 +119,16 @@ def wait_all(requests: list[Any], comm: Intracomm, timeout: float, doing: str) -
             _give_up(comm, tag, timeout, doing)
         time.sleep(pause)
         pause = min(2 * pause, 1e-3)
+
+
+def arrive_within(comm: Intracomm, timeout: float, doing: str) -> None:
+    """Return once every rank of ``comm`` has called this (a nonblocking barrier, polled by
+    :func:`wait_all`), or raise :class:`PeerTimeoutError` naming the ranks that did not arrive
+    within ``timeout`` seconds. For a blocking collective with no deadline of its own (the
+    communicator's duplication, a bound plan's first call): after it no rank waits there for
+    a missing one. Nothing to wait for on one rank."""
+    if comm.Get_size() > 1:
+        wait_all([comm.Ibarrier()], comm, timeout, doing)
 
 
 def _give_up(comm: Intracomm, tag: int, timeout: float, doing: str) -> None:
