@@ -324,12 +324,8 @@ class Convolution:
         space = moving.range
         stride, dilation = self.kernel.stride[2:], self.kernel.dilation[2:]  # type: ignore[index]
         steps = []
-        co_slices, ci_slices = share_slices(self.co_sizes), share_slices(self.ci_sizes)
         for j in self.work_indices():
-            _, co, ci, *_ = j
-            part = np.array(weights[co_slices[co], ci_slices[ci]])
-            part.flags.writeable = False
-            forward, adjoint = _input_kernels(part, self._window_shape(j)[2:], stride, dilation)
+            forward, adjoint = _input_kernels(self._part(weights, j), self._window_shape(j)[2:], stride, dilation)
             steps.append(
                 LocalStep(
                     (self.window_name(j),),
@@ -351,12 +347,9 @@ class Convolution:
         return not self.broadcasts_input
 
     def _part(self, weights: np.ndarray, j: Sequence[int]) -> np.ndarray:
+        """Worker ``j``'s read-only share of the global weights (its output and input channels)."""
         _, co, ci, *_ = j
-        part = np.array(
-            weights[
-                co * self.co_share : (co + 1) * self.co_share, ci * self.ci_share : (ci + 1) * self.ci_share
-            ]
-        )
+        part = np.array(weights[share_slices(self.co_sizes)[co], share_slices(self.ci_sizes)[ci]])
         part.flags.writeable = False
         return part
 
