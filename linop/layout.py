@@ -166,7 +166,9 @@ class ProductShapes(Sequence[tuple[int, ...]]):
         """The distinct shapes (a product of the distinct extents per dimension: a few)."""
         per = [tuple(dict.fromkeys(e)) if e is not None else (None,) for e in self._extents]
         return tuple(
-            dict.fromkeys(tuple(n for n in row if n is not None) + self._tail for row in itertools.product(*per))
+            dict.fromkeys(
+                tuple(n for n in row if n is not None) + self._tail for row in itertools.product(*per)
+            )
         )
 
     def total(self) -> int:
@@ -382,6 +384,7 @@ def sorted_axes(kind: str, axes: Sequence[int] | int, partition: Partition) -> t
 
 
 # -- broadcasting geometry -----------------------------------------------------------------------
+
 
 class BroadcastRule:
     """:func:`broadcast_map` described, not tabulated: the source index of any destination

@@ -325,7 +325,9 @@ class Convolution:
         stride, dilation = self.kernel.stride[2:], self.kernel.dilation[2:]  # type: ignore[index]
         steps = []
         for j in self.work_indices():
-            forward, adjoint = _input_kernels(self._part(weights, j), self._window_shape(j)[2:], stride, dilation)
+            forward, adjoint = _input_kernels(
+                self._part(weights, j), self._window_shape(j)[2:], stride, dilation
+            )
             steps.append(
                 LocalStep(
                     (self.window_name(j),),
