@@ -93,7 +93,7 @@ def _kill_all(process: subprocess.Popen) -> tuple[str, str]:
 
 
 @pytest.mark.timeout(LAUNCH_TIMEOUT + 30)
-@pytest.mark.parametrize("ranks", [1, 2, 3, 4], ids=lambda n: f"{n}-ranks")
+@pytest.mark.parametrize("ranks", [4, 3, 2, 1], ids=lambda n: f"{n}-ranks")  # the longest first
 def test_mpi_suite(ranks):
     mpiexec = _mpiexec()
     if mpiexec is None:
