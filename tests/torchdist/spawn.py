@@ -1,12 +1,15 @@
 """Run the checks of ``checks.py`` on K gloo processes made by ``torch.multiprocessing.spawn``:
-``python spawn.py K [--nccl]`` (``--nccl``: the NCCL backend, one CUDA device per process, the
-blocks as CUDA tensors: the executor's device path).
+``python spawn.py K [--nccl] [--dtensor]`` (``--nccl``: the NCCL backend, one CUDA device per
+process, the blocks as CUDA tensors: the executor's device path; ``--dtensor``: then the checks
+of ``tests/dtensor/checks.py`` on the same processes and group, so that the suite starts one
+world of K processes for both).
 The rendezvous is on 127.0.0.1 at a free port picked here; ``init_process_group`` has a 60 s
 timeout, and the launcher test bounds the whole run."""
 
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import socket
 import sys
 from pathlib import Path
@@ -23,7 +26,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def process(rank: int, size: int, port: int, backend: str) -> None:
+def dtensor_checks() -> None:
+    """Run ``tests/dtensor/checks.py`` (loaded as ``dtensor_checks``: ``checks`` is ours)."""
+    folder = Path(__file__).resolve().parent.parent / "dtensor"
+    sys.path.insert(1, str(folder))  # its ``cases``, after ours
+    spec = importlib.util.spec_from_file_location("dtensor_checks", folder / "checks.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["dtensor_checks"] = module
+    spec.loader.exec_module(module)
+    module.main()
+
+
+def process(rank: int, size: int, port: int, backend: str, dtensor: bool = False) -> None:
     if backend == "nccl":  # pragma: no cover - needs a GPU
         import os
 
@@ -42,6 +57,8 @@ def process(rank: int, size: int, port: int, backend: str) -> None:
         import checks
 
         checks.main()
+        if dtensor:
+            dtensor_checks()
     finally:
         dist.destroy_process_group()
 
@@ -49,4 +66,4 @@ def process(rank: int, size: int, port: int, backend: str) -> None:
 if __name__ == "__main__":
     size = int(sys.argv[1])
     backend = "nccl" if "--nccl" in sys.argv else "gloo"
-    mp.spawn(process, args=(size, free_port(), backend), nprocs=size)
+    mp.spawn(process, args=(size, free_port(), backend, "--dtensor" in sys.argv), nprocs=size)
