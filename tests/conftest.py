@@ -24,6 +24,7 @@ the longest tests first and finish together.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -51,7 +52,7 @@ GROUPS = {
     "test_packaging.py": "packaging",
 }
 """Test modules whose tests share one costly result (a module fixture or a per-process cache),
-and the xdist group that keeps them on one worker."""
+and the group that keeps them on one worker (:func:`pytest_xdist_make_scheduler`)."""
 
 LAUNCHES = (
     "test_mpi.py",
@@ -64,15 +65,24 @@ LAUNCHES = (
 """Test modules that launch many processes or run long (in this order: the longest first)."""
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "xdist_group(name): run on one pytest-xdist worker (--dist loadgroup)")
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist; without it, never called
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under ``--dist loadgroup``: every test a unit of its own, but the tests of a module of
+    :data:`GROUPS` in that group's one unit (on one worker). xdist's own grouping by
+    ``xdist_group`` marks renames the tests' node ids, which pytest 9 no longer takes."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupedScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+            return GROUPS.get(module, nodeid)
+
+    return GroupedScheduling(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LAUNCHES)}
-    for item in items:
-        group = GROUPS.get(item.path.name)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
     # sorted is stable: the order within a module, and of every other module, is kept
     items[:] = sorted(items, key=lambda item: rank.get(item.path.name, len(LAUNCHES)))
