@@ -38,8 +38,10 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
+# -n auto: one pytest-xdist worker per core; --dist loadgroup keeps the tests that share work on
+# one worker (tests/conftest.py: GROUPS).
 test: lint typecheck
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto --dist loadgroup
 
 bench: $(STAMP)
 	for script in benchmarks/bench_core.py benchmarks/bench_collectives.py benchmarks/bench_halo.py \

@@ -1,12 +1,88 @@
-"""Test-suite settings: hypothesis draws the same examples on every run (reproducible CI).
+"""Test-suite settings: reproducible hypothesis examples, MPICH settings for the MPI launches, and
+the grouping and order of tests for a parallel run (``make test`` runs ``pytest -n auto --dist
+loadgroup`` with pytest-xdist).
 
-Set ``HYPOTHESIS_PROFILE=explore`` to draw fresh random examples (and more of them) instead.
+Hypothesis draws the same examples on every run (reproducible CI). Set
+``HYPOTHESIS_PROFILE=explore`` to draw fresh random examples (and more of them) instead.
+
+MPICH (the mpich wheel: ch4, shared memory between the ranks on one machine) waits for messages
+by polling without pause. The suite starts 4 ranks on a 2-core machine, where a rank polling
+for a message holds a core the rank that would send it needs. :data:`MPICH_YIELDING` makes a
+rank that finds nothing give up the processor instead (the settings MPICH's own CI uses for
+mpi4py's tests at 3 to 5 ranks on 2 cores, and a sleep rather than ``sched_yield``, which
+hardly yields under Linux's scheduler). They are set here, for every process the tests start
+(``mpiexec`` in tests/test_mpi.py, the notebooks' kernels and their launches, the CLI); users'
+own runs are left alone. A variable already set in the environment is kept.
+
+Parallel runs (pytest-xdist): tests that share work run on one worker, in one group
+(:data:`GROUPS`): the notebooks, executed once and both checked (tests/test_notebooks.py) and
+built into the docs (tests/test_docs.py); the wheel and sdist of tests/test_packaging.py.
+Launches of many processes (:data:`LAUNCHES`) are collected first, so that the workers start
+the longest tests first and finish together.
 """
 
-import os
+from __future__ import annotations
 
+import os
+from typing import Any
+
+import pytest
 from hypothesis import settings
 
 settings.register_profile("ci", derandomize=True, database=None, deadline=None)
 settings.register_profile("explore", max_examples=500, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+MPICH_YIELDING = {
+    "MPIR_CVAR_CH4_PROGRESS_THROTTLE": "1",
+    "MPIR_CVAR_CH4_PROGRESS_THROTTLE_NO_PROGRESS_COUNT": "1",
+    "MPIR_CVAR_POLLS_BEFORE_YIELD": "1",
+    "MPIR_CVAR_ENABLE_HEAVY_YIELD": "1",
+}
+"""MPICH control variables (``mpivars`` lists them): after one poll that found nothing
+(``..._NO_PROGRESS_COUNT``), throttle the progress loop (``..._THROTTLE``) by yielding the
+processor, with a sleep (``ENABLE_HEAVY_YIELD``) rather than ``sched_yield``."""
+
+for _name, _value in MPICH_YIELDING.items():
+    os.environ.setdefault(_name, _value)
+
+GROUPS = {
+    "test_docs.py": "notebooks",
+    "test_notebooks.py": "notebooks",
+    "test_packaging.py": "packaging",
+}
+"""Test modules whose tests share one costly result (a module fixture or a per-process cache),
+and the group that keeps them on one worker (:func:`pytest_xdist_make_scheduler`)."""
+
+LAUNCHES = (
+    "test_mpi.py",
+    "test_torch_distributed.py",
+    "test_dtensor.py",
+    "test_jax_shard.py",
+    "test_notebooks.py",
+    "test_docs.py",
+)
+"""Test modules that launch many processes or run long (in this order: the longest first)."""
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist; without it, never called
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under ``--dist loadgroup``: every test a unit of its own, but the tests of a module of
+    :data:`GROUPS` in that group's one unit (on one worker). xdist's own grouping by
+    ``xdist_group`` marks renames the tests' node ids, which pytest 9 no longer takes."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupedScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+            return GROUPS.get(module, nodeid)
+
+    return GroupedScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LAUNCHES)}
+    # sorted is stable: the order within a module, and of every other module, is kept
+    items[:] = sorted(items, key=lambda item: rank.get(item.path.name, len(LAUNCHES)))

@@ -6,7 +6,10 @@ bounds are generous (a correct suite passes on a machine running four times more
 it has cores) and report that the launch timed out; no test asserts how fast anything ran. On timeout every process of the launch is killed: MPICH's launcher starts its
 proxy and each rank in a session of their own, so killing ``mpiexec`` or its process group
 would rely on the proxy to clean up, and a surviving rank would hold the output pipe open
-(and the run with it). Four ranks oversubscribe a two-core machine; that is intended.
+(and the run with it). Four ranks oversubscribe a two-core machine; that is intended. Every
+launch inherits the MPICH settings of tests/conftest.py (``MPICH_YIELDING``): a rank that polls
+for a message and finds none gives up the processor instead of spinning on it. The launches run
+the longest first (4 ranks), for the parallel run of ``make test``.
 """
 
 from __future__ import annotations
@@ -93,7 +96,7 @@ def _kill_all(process: subprocess.Popen) -> tuple[str, str]:
 
 
 @pytest.mark.timeout(LAUNCH_TIMEOUT + 30)
-@pytest.mark.parametrize("ranks", [1, 2, 3, 4], ids=lambda n: f"{n}-ranks")
+@pytest.mark.parametrize("ranks", [4, 3, 2, 1], ids=lambda n: f"{n}-ranks")  # the longest first
 def test_mpi_suite(ranks):
     mpiexec = _mpiexec()
     if mpiexec is None:

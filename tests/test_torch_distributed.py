@@ -4,7 +4,8 @@ repartitions, worker maps, a sub-group, bound plans, autograd, typed errors on e
 random trees; against the numpy interpreter, exactly in integers).
 
 Processes 1, 3 and 4 are made by ``torch.multiprocessing.spawn`` (``tests/torchdist/spawn.py``;
-at 3 the CPU tensors take the device path, the one CUDA tensors take under NCCL),
+at 3 the CPU tensors take the device path, the one CUDA tensors take under NCCL; the 4 processes
+then run the DTensor checks of ``tests/test_dtensor.py`` too, one world of 4 for both),
 2 by ``python -m torch.distributed.run`` (torchrun), which also runs the README's "Run under
 torchrun" script and, last, a rank that never arrives (the others must raise
 ``PeerTimeoutError`` within the deadline). Rendezvous on 127.0.0.1 at a free port picked at
@@ -30,7 +31,9 @@ dist = pytest.importorskip("torch.distributed")
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "tests" / "torchdist"
-LAUNCH_TIMEOUT = 600  # seconds: a shared, loaded 2-core machine imports torch slowly
+LAUNCH_TIMEOUT = 1200
+"""Seconds one launch may take: generous (a shared, loaded 2-core machine imports torch slowly,
+and the 4-process launch runs the DTensor checks too); past it the test reports "timed out"."""
 
 
 def _free_port() -> int:
@@ -47,17 +50,22 @@ def _environment() -> dict[str, str]:
 
 
 def _run(command: list[str]) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        command, cwd=SCRIPTS, env=_environment(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT
-    )
+    try:
+        result = subprocess.run(
+            command, cwd=SCRIPTS, env=_environment(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT
+        )
+    except subprocess.TimeoutExpired as expired:
+        out = expired.stdout.decode() if isinstance(expired.stdout, bytes) else expired.stdout
+        pytest.fail(f"{' '.join(command[1:])} timed out after {LAUNCH_TIMEOUT} s\n{out}")
     assert result.returncode == 0, (
         f"exit {result.returncode}\n{result.stdout[-4000:]}\n{result.stderr[-8000:]}"
     )
     return result
 
 
+@pytest.mark.timeout(LAUNCH_TIMEOUT + 60)
 @pytest.mark.parametrize(
-    "processes, path", [(1, "host"), (3, "device"), (4, "host")], ids=["1-host", "3-device", "4-host"]
+    "processes, path", [(4, "host"), (3, "device"), (1, "host")], ids=["4-host", "3-device", "1-host"]
 )
 def test_checks_under_spawn(processes, path, monkeypatch):
     """``device``: CPU tensors forced through the device path (torch ops, tensors kept where
@@ -67,8 +75,13 @@ def test_checks_under_spawn(processes, path, monkeypatch):
     finale = {1: None, 3: "bound-timeout", 4: "failure"}[processes]  # the launch's last case
     if finale:
         monkeypatch.setenv("LINOP_CHECKS_FINALE", finale)
-    result = _run([sys.executable, "spawn.py", str(processes)])
+    with_dtensor = ["--dtensor"] if processes == 4 else []
+    result = _run([sys.executable, "spawn.py", str(processes), *with_dtensor])
     assert _passed(result.stdout) == set(range(processes)), result.stdout
+    if with_dtensor:
+        from test_dtensor import assert_dtensor_checks_passed
+
+        assert_dtensor_checks_passed(result.stdout, processes)
     if finale == "failure":  # a rank failing after the check: every rank raised RankFailedError
         assert set(map(int, re.findall(r"FAILURE OK rank (\d+)", result.stdout))) == set(range(processes))
     if finale == "bound-timeout":  # a bound plan's first call without the last rank
@@ -82,6 +95,7 @@ def _passed(out: str) -> set[int]:
     return {int(rank) for rank in re.findall(r"CHECKS OK \d+ rank (\d+)", out)}
 
 
+@pytest.mark.timeout(LAUNCH_TIMEOUT + 60)
 def test_checks_readme_and_a_missing_peer_under_torchrun(tmp_path):
     from test_readme_torchrun import torchrun_block
 

@@ -48,7 +48,7 @@ from linop.errors import (  # noqa: E402
 from linop.repartition import Gather, Repartition, Scatter  # noqa: E402
 
 LONG = os.environ.get("LINOP_LONG") == "1"
-TIMEOUT = datetime.timedelta(seconds=60)
+TIMEOUT = datetime.timedelta(seconds=300)  # generous: a loaded machine skews the ranks
 
 
 def agree(ok: bool, message: str) -> list[str]:
@@ -667,18 +667,18 @@ def missing_peer(seconds: float = 3.0) -> None:
         td.apply(op, local(op.domain, op.domain.random(0, dtype=np.int64), rank), timeout=seconds)
     except PeerTimeoutError as error:
         elapsed = time.monotonic() - start
-        if elapsed > seconds + 20:
+        if elapsed > seconds + 60:  # generous: only tells the deadline from a hang
             raise AssertionError(f"the timeout took {elapsed:.1f} s") from error
         print(f"TIMEOUT OK rank {rank} after {elapsed:.1f} s: {error}", flush=True)
         return
     raise AssertionError("no PeerTimeoutError without the last rank")
 
 
-def failing_rank(limit: float = 20.0) -> None:
+def failing_rank(limit: float = 90.0) -> None:
     """A last check of a launch (the group is shut down afterwards): a call after the entry
     check in which the last rank fails (its run raises). Every rank must raise
-    RankFailedError well within the group's 60 s timeout (the failing rank shuts the group down,
-    so its peers fail at once). Prints ``FAILURE OK`` on each rank; the launcher test looks
+    RankFailedError well within the group's 300 s timeout (the failing rank shuts the group down,
+    so its peers fail at once; the limit only tells that from the group's own timeout). Prints ``FAILURE OK`` on each rank; the launcher test looks
     for it."""
     import time
 
@@ -736,7 +736,7 @@ def absent_from_bound_call(seconds: float = 3.0) -> None:
         step()
     except PeerTimeoutError as error:
         elapsed = time.monotonic() - start
-        if elapsed > seconds + 20:
+        if elapsed > seconds + 60:  # generous: only tells the deadline from a hang
             raise AssertionError(f"the timeout took {elapsed:.1f} s") from error
         print(f"BOUND TIMEOUT OK rank {rank} after {elapsed:.1f} s: {error}", flush=True)
         return

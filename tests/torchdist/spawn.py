@@ -1,12 +1,16 @@
 """Run the checks of ``checks.py`` on K gloo processes made by ``torch.multiprocessing.spawn``:
-``python spawn.py K [--nccl]`` (``--nccl``: the NCCL backend, one CUDA device per process, the
-blocks as CUDA tensors: the executor's device path).
+``python spawn.py K [--nccl] [--dtensor]`` (``--nccl``: the NCCL backend, one CUDA device per
+process, the blocks as CUDA tensors: the executor's device path; ``--dtensor``: then the checks
+of ``tests/dtensor/checks.py`` on the same processes and group, so that the suite starts one
+world of K processes for both).
 The rendezvous is on 127.0.0.1 at a free port picked here; ``init_process_group`` has a 60 s
 timeout, and the launcher test bounds the whole run."""
 
 from __future__ import annotations
 
 import datetime
+import importlib.util
+import os
 import socket
 import sys
 from pathlib import Path
@@ -23,10 +27,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def process(rank: int, size: int, port: int, backend: str) -> None:
-    if backend == "nccl":  # pragma: no cover - needs a GPU
-        import os
+def dtensor_checks() -> None:
+    """Run ``tests/dtensor/checks.py`` (loaded as ``dtensor_checks``: ``checks`` is ours)."""
+    folder = Path(__file__).resolve().parent.parent / "dtensor"
+    sys.path.insert(1, str(folder))  # its ``cases``, after ours
+    spec = importlib.util.spec_from_file_location("dtensor_checks", folder / "checks.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["dtensor_checks"] = module
+    spec.loader.exec_module(module)
+    module.main()
 
+
+def process(rank: int, size: int, port: int, backend: str, dtensor: bool = False) -> None:
+    if backend == "nccl":  # pragma: no cover - needs a GPU
         import torch
 
         torch.cuda.set_device(rank % torch.cuda.device_count())
@@ -36,15 +50,15 @@ def process(rank: int, size: int, port: int, backend: str) -> None:
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
         world_size=size,
-        timeout=datetime.timedelta(seconds=60),
+        timeout=datetime.timedelta(seconds=300),  # generous: a loaded machine skews the ranks
     )
-    import os
-
     finale = os.environ.get("LINOP_CHECKS_FINALE")
     try:
         import checks
 
         checks.main()
+        if dtensor:
+            dtensor_checks()
         if finale:  # the group is unusable afterwards: leave without shutting it down
             checks.FINALES[finale]()
             sys.stdout.flush()
@@ -57,4 +71,4 @@ def process(rank: int, size: int, port: int, backend: str) -> None:
 if __name__ == "__main__":
     size = int(sys.argv[1])
     backend = "nccl" if "--nccl" in sys.argv else "gloo"
-    mp.spawn(process, args=(size, free_port(), backend), nprocs=size)
+    mp.spawn(process, args=(size, free_port(), backend, "--dtensor" in sys.argv), nprocs=size)
