@@ -28,6 +28,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from .described import DescribedSequence
 from .errors import BlockExistsError, BroadcastError, DecompositionError, OperandError, PartitionError
 from .partition import DistributedTensor, Partition, grid_block_name, normalized_axes
 from .space import Block, GridSpace, Space
@@ -74,7 +75,7 @@ class Layout(Protocol):
     def space(self) -> Space: ...
 
 
-class ProductShapes(Sequence[tuple[int, ...]]):
+class ProductShapes(DescribedSequence[tuple[int, ...]]):
     """The block shapes of a grid described by a product rule, not listed: O(ndim) memory and
     look-up at any number of workers.
 
@@ -97,6 +98,7 @@ class ProductShapes(Sequence[tuple[int, ...]]):
     """
 
     __slots__ = ("_counts", "_extents", "_len", "_strides", "_tail")
+    _MISSING = "shape {position} of a grid of {length} blocks"
 
     def __init__(
         self,
@@ -144,17 +146,7 @@ class ProductShapes(Sequence[tuple[int, ...]]):
         """The shape at a grid index."""
         return tuple(e[i] for e, i in zip(self._extents, index) if e is not None) + self._tail
 
-    def __len__(self) -> int:
-        return self._len
-
-    def __getitem__(self, position: Any) -> Any:
-        if isinstance(position, slice):
-            return tuple(self[k] for k in range(*position.indices(self._len)))
-        position = operator.index(position)
-        if position < 0:
-            position += self._len
-        if not 0 <= position < self._len:
-            raise IndexError(f"shape {position} of a grid of {self._len} blocks")
+    def _at(self, position: int) -> tuple[int, ...]:
         return self.at(tuple((position // s) % n for s, n in zip(self._strides, self._counts)))
 
     def __iter__(self) -> Iterator[tuple[int, ...]]:

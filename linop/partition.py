@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from .described import DescribedSequence
 from .errors import DecompositionError, LinopError, OperandError, PartitionError, RegionError
 from .space import MAX_SIZE, MAX_WORKER, Block, GridSpace, Region, Space, State
 
@@ -172,7 +173,7 @@ class WorkerRange(Sequence[int]):
         return f"WorkerRange({self._range.start}, {self._range.stop})"
 
 
-class WorkerBox(Sequence[int]):
+class WorkerBox(DescribedSequence[int]):
     """The workers of a box of a partition's grid indices, described rather than enumerated:
     per grid dimension a fixed coordinate, or None for every coordinate. In C order of the
     grid index; O(ndim) memory, length, membership and position at any count.
@@ -188,6 +189,7 @@ class WorkerBox(Sequence[int]):
     """
 
     __slots__ = ("_counts", "_fixed", "_free", "_len", "_partition")
+    _MISSING = "member {position} of a box of {length} workers"
 
     def __init__(self, partition: Partition, fixed: Sequence[int | None]) -> None:
         fixed = tuple(fixed)
@@ -216,17 +218,7 @@ class WorkerBox(Sequence[int]):
             position, index[d] = divmod(position, n)
         return tuple(index)  # type: ignore[arg-type]
 
-    def __len__(self) -> int:
-        return self._len
-
-    def __getitem__(self, position: Any) -> Any:
-        if isinstance(position, slice):
-            return tuple(self[k] for k in range(*position.indices(self._len)))
-        position = operator.index(position)
-        if position < 0:
-            position += self._len
-        if not 0 <= position < self._len:
-            raise IndexError(f"member {position} of a box of {self._len} workers")
+    def _at(self, position: int) -> int:
         return self._partition.worker(self.grid_index(position))
 
     def __iter__(self) -> Iterator[int]:
