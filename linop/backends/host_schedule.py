@@ -113,6 +113,16 @@ def finish_phase(
             work.drop(t.source.name)
 
 
+def root_buffer(work: numpy_backend.Workspace, name: str, dtype: np.dtype) -> tuple[np.ndarray, bool]:
+    """A native broadcast's send buffer on its root, and whether the workspace owns it: the
+    root's block itself when it is C-contiguous, writeable and of the run's dtype (it is then
+    also the root's copy, uncopied), else a C-ordered copy of it."""
+    source = work.arrays[name]
+    if source.dtype == dtype and source.flags.c_contiguous and source.flags.writeable:
+        return source, name in work.owned
+    return np.array(source, dtype=dtype, order="C"), True
+
+
 def store_results(
     work: numpy_backend.Workspace,
     dropped: Sequence[str],

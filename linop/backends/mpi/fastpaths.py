@@ -69,7 +69,7 @@ from ...program import (
 from ...program.groups import CopyPairs, RootedRanks
 from ...repartition import Gather, Repartition, Scatter
 from ...space import Block, Region, Space
-from ..host_schedule import store_results
+from ..host_schedule import root_buffer, store_results
 from .context import subcommunicator
 from .datatypes import byte_type, contiguous_run, element_type, mpi, predefined_type, subarray
 from .memory import new_array
@@ -546,11 +546,7 @@ class _RankBroadcast(RankStep):
         """Root: send its block as it is (it also becomes the root's own copy, uncopied);
         others: receive into a new block."""
         if is_root:
-            source = work.arrays[group.root_name]
-            if source.dtype == dtype and source.flags.c_contiguous and source.flags.writeable:
-                buffer, owned = source, group.root_name in work.owned
-            else:
-                buffer, owned = np.array(source, dtype=dtype, order="C"), True
+            buffer, owned = root_buffer(work, group.root_name, dtype)
             if mine:
                 results.append((mine[0], buffer, owned))
         else:

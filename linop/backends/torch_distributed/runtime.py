@@ -31,7 +31,7 @@ import numpy as np
 from ...program import RankPhase, Transfer
 from ...space import Region
 from .. import numpy as numpy_backend
-from ..host_schedule import finish_phase, run_rank_schedule, store_results
+from ..host_schedule import finish_phase, root_buffer, run_rank_schedule, store_results
 from .group import GroupContext
 from .schedule import AllReduceStep, AllToAllStep, BroadcastStep
 
@@ -172,11 +172,7 @@ def _broadcast(
         is_root = root == step.rank
         if not step.reduce:
             if is_root:
-                source = work.arrays[group.root_name]
-                if source.dtype == dtype and source.flags.c_contiguous and source.flags.writeable:
-                    buffer, owned = source, group.root_name in work.owned
-                else:
-                    buffer, owned = np.array(source, dtype=dtype, order="C"), True
+                buffer, owned = root_buffer(work, group.root_name, dtype)
                 if mine:
                     results.append((mine[0], buffer, owned))
             else:
