@@ -19,12 +19,14 @@ mpi4py is imported only when an abort happens or a guard is entered without a co
 from __future__ import annotations
 
 import sys
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import ContextDecorator, contextmanager
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
+from ...errors import PeerTimeoutError
 from .datatypes import mpi
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
@@ -57,15 +59,25 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
-def abort_job(comm: Comm, message: str, error: BaseException | None = None, *, status: int = 1) -> NoReturn:
-    """Print ``message`` (and ``error``'s traceback) to stderr in one write, then
-    ``comm.Abort(status)``, which ends every process of the job."""
+REPORT_GRACE = 1.0
+"""Seconds a rank waits after printing a :class:`~linop.errors.PeerTimeoutError` before it
+aborts the job: the other ranks that arrived reach the same error at about the same time, and
+each prints its own before the abort ends them."""
+
+
+def abort_job(
+    comm: Comm, message: str, error: BaseException | None = None, *, status: int = 1, settle: float = 0.0
+) -> NoReturn:
+    """Print ``message`` (and ``error``'s traceback) to stderr in one write, wait ``settle``
+    seconds, then ``comm.Abort(status)``, which ends every process of the job."""
     text = message + "\n"
     if error is not None:
         text += "".join(traceback.format_exception(type(error), error, error.__traceback__))
     try:
         sys.stderr.write(text)
         sys.stderr.flush()
+        if settle:
+            time.sleep(settle)
     finally:
         comm.Abort(status)
     raise SystemExit(status)  # pragma: no cover - Abort does not return
@@ -95,6 +107,7 @@ def abort_for(comm: Comm, doing: str, error: BaseException) -> NoReturn:
         "aborting the job",
         error,
         status=exit_status(error),
+        settle=REPORT_GRACE if isinstance(error, PeerTimeoutError) else 0.0,
     )
 
 

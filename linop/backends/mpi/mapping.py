@@ -107,7 +107,7 @@ class MappedCompiled:
     global portable program, the workers it names, and per rank the schedule (or the error
     compiling or validating raised)."""
 
-    def __init__(self, op: LinearOperator, mapping: WorkerMap) -> None:
+    def __init__(self, op: LinearOperator, mapping: WorkerMap, *, native: bool = True) -> None:
         self.op = op
         self.mapping = mapping
         self.tree_fingerprint = fingerprint(op)
@@ -117,7 +117,8 @@ class MappedCompiled:
         self.workers: set[int] = set()
         self.error: LinopError | None = None
         try:
-            lowered = lower_portable(op, mapping)
+            # native: the MPI fast paths that run under a map (another engine takes none)
+            lowered = lower_portable(op, mapping if native else None)
             found: set[int] = set(_space_workers(op.domain))
             found.update(_space_workers(op.range))
             self.workers = _tree_workers(op, lowered, found)
@@ -154,21 +155,24 @@ class MappedCompiled:
         return tuple(b.name for b in owned_blocks(self.op.range, rank, self.mapping))
 
 
-_COMPILED: dict[WorkerMap, PlanCache[MappedCompiled]] = {}
+_COMPILED: dict[tuple[WorkerMap, bool], PlanCache[MappedCompiled]] = {}
 _MAPS_KEPT = 8
 
 
-def compiled_for(op: LinearOperator, mapping: WorkerMap) -> MappedCompiled:
+def compiled_for(op: LinearOperator, mapping: WorkerMap, *, native: bool = True) -> MappedCompiled:
     """The compilation of ``op`` under ``mapping``, kept once per process (a few maps, a few
-    trees each)."""
-    cache = _COMPILED.get(mapping)
+    trees each). ``native``: with the MPI fast paths that run under a map (an all-reduce's
+    workers on one rank summed locally first); False for an executor of another engine, whose
+    program holds point-to-point steps only."""
+    key = (mapping, native)
+    cache = _COMPILED.get(key)
     if cache is None:
         if len(_COMPILED) >= _MAPS_KEPT:
             _COMPILED.pop(next(iter(_COMPILED)))
-        cache = _COMPILED[mapping] = PlanCache()
+        cache = _COMPILED[key] = PlanCache()
     found = cache.get(op)
     if found is None:
-        found = cache.put(op, MappedCompiled(op, mapping))
+        found = cache.put(op, MappedCompiled(op, mapping, native=native))
     return found
 
 

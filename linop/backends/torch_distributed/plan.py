@@ -106,7 +106,7 @@ class TorchDistributedPlan:
             self.fingerprint = hashlib.blake2b(tree + b"invalid map", digest_size=16).digest()
             problem = mapping
         else:
-            compiled = mpi_mapping.compiled_for(op, mapping)
+            compiled = mpi_mapping.compiled_for(op, mapping, native=False)
             self.fingerprint = compiled.fingerprint
             program, problem = compiled.for_rank(rank, size)
             if program is not None:

@@ -202,7 +202,7 @@ def portable_program(
 ) -> tuple[RankProgram | None, LinopError | None]:
     """``rank``'s portable program under ``mapping`` on ``size`` ranks, or the error to raise
     on every rank (a worker unmapped or beyond the group)."""
-    return compiled_for(op, mapping).for_rank(rank, size)
+    return compiled_for(op, mapping, native=False).for_rank(rank, size)
 
 
 class Compiled:
@@ -231,7 +231,7 @@ class Compiled:
                 self.native, self.local_sets = found
                 self.max_worker = max(self.max_worker, self.native.max_worker)
             else:
-                mapped = compiled_for(op, WorkerMap(list(range(size))))
+                mapped = compiled_for(op, WorkerMap(list(range(size))), native=False)
                 if mapped.error is not None:
                     raise mapped.error
                 self.max_worker = max([self.max_worker, *mapped.workers])
