@@ -5,8 +5,13 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# --no-compile: Python compiles what it imports on first use; compiling every installed file (all of
-# sympy, torch) would double the install time.
+# --no-compile: Python compiles what it imports on first use and keeps the bytecode; compiling
+# every installed file (all of sympy, torch) would double the install time. "Keeps" needs bytecode
+# writing on: with PYTHONDONTWRITEBYTECODE set (common in containers, and set on this project's CI
+# machine) each of the suite's processes (MPI ranks, torch.distributed and JAX launches, notebook
+# kernels, CLI runs) would compile torch, JAX, scipy and sympy from source again, about 4 s of CPU
+# per process; so the targets below run without it.
+unexport PYTHONDONTWRITEBYTECODE
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check --no-compile
 CORE_STAMP := $(VENV)/.installed-core
 STAMP := $(VENV)/.installed
