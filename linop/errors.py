@@ -273,8 +273,10 @@ class ProcessGroupError(CommunicatorError):
 class RankFailedError(MPIError, RuntimeError):
     """A rank of a ``torch.distributed`` process group failed during a call, after the entry
     check had committed every rank to the schedule (its own error, or a peer's connection
-    lost or timed out). The rank that failed shuts the group down, so every peer waiting on
-    it fails at once with this error too instead of waiting for the group's timeout; the group
+    lost or timed out). The rank that failed raises it and shuts the group down on itself;
+    every peer waiting on it raises it too once the failing rank's process ends (an uncaught
+    error ends it: under gloo a living process cannot close its connections), instead of
+    waiting for the group's timeout; the group
     is unusable afterwards on every rank: end the job (the original error is chained)."""
 
 

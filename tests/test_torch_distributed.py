@@ -8,7 +8,8 @@ at 3 the CPU tensors take the device path, the one CUDA tensors take under NCCL;
 then run the DTensor checks of ``tests/test_dtensor.py`` too, one world of 4 for both),
 2 by ``python -m torch.distributed.run`` (torchrun), which also runs the README's "Run under
 torchrun" script and, last, a rank that never arrives (the others must raise
-``PeerTimeoutError`` within the deadline). Rendezvous on 127.0.0.1 at a free port picked at
+``PeerTimeoutError`` naming the deadline while it is still alive: only the deadline can have
+ended their wait). Rendezvous on 127.0.0.1 at a free port picked at
 run time; every launch is bounded by a timeout and ``init_process_group(timeout=60 s)``.
 ``LINOP_LONG=1`` draws more random trees.
 
@@ -67,7 +68,7 @@ def _run(command: list[str]) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(
     "processes, path", [(4, "host"), (3, "device"), (1, "host")], ids=["4-host", "3-device", "1-host"]
 )
-def test_checks_under_spawn(processes, path, monkeypatch):
+def test_checks_under_spawn(processes, path, monkeypatch, tmp_path):
     """``device``: CPU tensors forced through the device path (torch ops, tensors kept where
     they are), which CUDA tensors take under NCCL."""
     if path == "device":
@@ -75,6 +76,7 @@ def test_checks_under_spawn(processes, path, monkeypatch):
     finale = {1: None, 3: "bound-timeout", 4: "failure"}[processes]  # the launch's last case
     if finale:
         monkeypatch.setenv("LINOP_CHECKS_FINALE", finale)
+        monkeypatch.setenv("LINOP_CHECKS_MARKERS", str(tmp_path))
     with_dtensor = ["--dtensor"] if processes == 4 else []
     result = _run([sys.executable, "spawn.py", str(processes), *with_dtensor])
     assert _passed(result.stdout) == set(range(processes)), result.stdout
@@ -87,6 +89,7 @@ def test_checks_under_spawn(processes, path, monkeypatch):
     if finale == "bound-timeout":  # a bound plan's first call without the last rank
         found = set(map(int, re.findall(r"BOUND TIMEOUT OK rank (\d+)", result.stdout)))
         assert found == set(range(processes - 1)), result.stdout
+        assert f"BOUND TIMEOUT ABSENT rank {processes - 1}" in result.stdout, result.stdout
 
 
 def _passed(out: str) -> set[int]:
@@ -96,13 +99,16 @@ def _passed(out: str) -> set[int]:
 
 
 @pytest.mark.timeout(LAUNCH_TIMEOUT + 60)
-def test_checks_readme_and_a_missing_peer_under_torchrun(tmp_path):
+def test_checks_readme_and_a_missing_peer_under_torchrun(tmp_path, monkeypatch):
     from test_readme_torchrun import torchrun_block
 
     processes, block = torchrun_block()
     assert processes == 2
     script = tmp_path / "readme_torchrun.py"
     script.write_text(block)
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    monkeypatch.setenv("LINOP_CHECKS_MARKERS", str(markers))
     command = [
         sys.executable,
         "-m",

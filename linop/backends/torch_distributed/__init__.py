@@ -24,8 +24,9 @@ How a call runs
 3. The rank runs its schedule (:mod:`~linop.backends.torch_distributed.runtime`): phases of
    ``batch_isend_irecv``, ``all_reduce``/``broadcast``/``reduce`` on cached sub-groups,
    ``all_to_all_single``, local steps with the numpy interpreter's handlers on numpy views of
-   the CPU tensors (no copy). A rank failing during the run shuts the group down, so every
-   rank raises :class:`~linop.errors.RankFailedError` at once instead of hanging.
+   the CPU tensors (no copy). A rank failing during the run raises
+   :class:`~linop.errors.RankFailedError`; so does every peer blocked on it once its process
+   ends (an uncaught error ends it), instead of hanging until the group's timeout.
 
 Devices: CPU tensors with gloo run as above. CUDA tensors with NCCL are not staged through
 host memory: :mod:`~linop.backends.torch_distributed.device` runs the same schedule with the
@@ -163,7 +164,8 @@ def apply(
     PeerTimeoutError
         Some rank did not reach the check within ``timeout``, on every rank that did.
     RankFailedError
-        A rank failed during the run (after the check), on every rank: the group is shut down.
+        A rank failed during the run (after the check): on that rank, and on every peer once
+        the failing rank's process has ended. The group is unusable afterwards.
     ProcessGroupArgumentError
         ``group`` is not a process group, or ``timeout`` not a positive number.
     """

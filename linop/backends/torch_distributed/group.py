@@ -151,8 +151,9 @@ class GroupContext:
         return RunGuard(self, doing)
 
     def shut_down(self) -> None:
-        """Destroy the group (after a failure mid-call): its connections close, so peers blocked
-        on this rank fail at once. Later calls on it raise ProcessGroupError."""
+        """Destroy the group on this rank (after a failure mid-call): later calls on it raise
+        ProcessGroupError. Its peers, blocked on this rank, fail when this process ends (gloo
+        closes the connections only then)."""
         self.failed = True
         _CONTEXTS.pop(id(self.group), None)
         try:
@@ -187,12 +188,11 @@ class GroupContext:
 class RunGuard:
     """``with context.guard(doing):`` around a schedule's run, after the entry check: any
     error inside (this rank's, or a peer's lost connection or timeout) shuts the group down on
-    this rank, so that its peers, blocked on it, fail at once (a closed connection) instead of
-    waiting for the group's timeout, and raises :class:`~linop.errors.RankFailedError` (chained
-    from the error; a :class:`~linop.errors.PeerTimeoutError` of a first bound call,
-    ``KeyboardInterrupt`` and other non-``Exception`` errors are re-raised
-    as they are, after the shutdown). Every rank of the group thus ends the call with the same
-    typed error within about a second; the group cannot be used afterwards."""
+    this rank, so that no later call uses it, and raises :class:`~linop.errors.RankFailedError`
+    (chained from the error; a :class:`~linop.errors.PeerTimeoutError` of a first bound call,
+    ``KeyboardInterrupt`` and other non-``Exception`` errors are re-raised as they are, after
+    the shutdown). The peers blocked on this rank raise the same typed error once this process
+    ends (their connections to it close); the group cannot be used afterwards."""
 
     __slots__ = ("context", "doing")
 
@@ -212,8 +212,8 @@ class RunGuard:
         cause = str(error).splitlines()[0] if str(error) else ""
         raise RankFailedError(
             f"rank {context.rank}: the call of {self.doing} failed after the entry check ({type(error).__name__}: "
-            f"{cause}); the process group of {context.size} has been shut down on this rank so that "
-            f"its peers fail now too: end the job"
+            f"{cause}); the process group of {context.size} has been shut down on this rank; its peers "
+            f"fail once this process ends: end the job"
         ) from error
 
 

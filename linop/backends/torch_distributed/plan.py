@@ -7,11 +7,13 @@ runs this rank's schedule (:mod:`linop.backends.torch_distributed.schedule`, run
 of the caller's CPU tensors, so caller tensors are never changed (unless ``inplace=True``).
 
 Once the check has passed every rank is committed to the schedule. A rank that fails after it
-(its own error, a lost peer) shuts the group down
-(:class:`~linop.backends.torch_distributed.group.RunGuard`), so its peers, blocked on it, fail
-at once instead of waiting for the process group's timeout; every rank raises
-:class:`~linop.errors.RankFailedError` within about a second, and the group is unusable
-afterwards. A failing *check* (a mismatched tree, a bad block) raises its typed error on every
+(its own error, a lost peer) raises :class:`~linop.errors.RankFailedError` and shuts the group
+down on itself (:class:`~linop.backends.torch_distributed.group.RunGuard`); its peers, blocked
+on it, raise :class:`~linop.errors.RankFailedError` as soon as its process ends (their
+connections to it close), not at the process group's timeout. Gloo cannot close a group's
+connections while the process lives (``destroy_process_group``, ``abort`` and ``shutdown`` leave
+the peers waiting, torch 2.13): a rank that catches the error must end its process. The group
+is unusable afterwards. A failing *check* (a mismatched tree, a bad block) raises its typed error on every
 rank before any data moves and leaves the group usable.
 """
 
