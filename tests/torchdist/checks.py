@@ -755,7 +755,9 @@ def failing_rank() -> None:
         if failing and f"rank {rank} fails on purpose" not in chain:
             raise AssertionError(f"the failing rank's error does not chain its own: {chain}") from error
         if not failing and ("timed out" in chain.lower() or "closed" not in chain.lower()):
-            raise AssertionError(f"a peer was not freed by the failing rank's closed connections: {chain}") from error
+            raise AssertionError(
+                f"a peer was not freed by the failing rank's closed connections: {chain}"
+            ) from error
         print(f"FAILURE OK rank {rank}: {error}", flush=True)
         return
     raise AssertionError("no RankFailedError")
