@@ -50,9 +50,12 @@ GROUPS = {
     "test_docs.py": "notebooks",
     "test_notebooks.py": "notebooks",
     "test_packaging.py": "packaging",
+    "test_registry.py::test_the_handler_module_list_is_complete": "handler-modules",
+    "test_registry.py::test_a_handler_module_missing_from_the_list_is_caught": "handler-modules",
 }
-"""Test modules whose tests share one costly result (a module fixture or a per-process cache),
-and the group that keeps them on one worker (:func:`pytest_xdist_make_scheduler`)."""
+"""Test modules (``test_x.py``) or single tests (``test_x.py::test_name``) that share one costly
+result (a module fixture or a per-process cache), and the group that keeps them on one worker
+(:func:`pytest_xdist_make_scheduler`)."""
 
 LAUNCHES = (
     "test_mpi.py",
@@ -68,16 +71,18 @@ LAUNCHES = (
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist; without it, never called
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Under ``--dist loadgroup``: every test a unit of its own, but the tests of a module of
-    :data:`GROUPS` in that group's one unit (on one worker). xdist's own grouping by
-    ``xdist_group`` marks renames the tests' node ids, which pytest 9 no longer takes."""
+    :data:`GROUPS`, and the single tests it names, in that group's one unit (on one worker).
+    xdist's own grouping by ``xdist_group`` marks renames the tests' node ids, which pytest 9
+    no longer takes."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     class GroupedScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
-            return GROUPS.get(module, nodeid)
+            path, _, name = nodeid.partition("::")
+            module = path.rsplit("/", 1)[-1]
+            return GROUPS.get(module) or GROUPS.get(f"{module}::{name}", nodeid)
 
     return GroupedScheduling(config, log)
 

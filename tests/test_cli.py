@@ -1,4 +1,12 @@
-"""``python -m verify``: exit codes, the table, the JSON schema, and failures that name entries."""
+"""``python -m verify``: exit codes, the table, the JSON schema, and failures that name entries.
+
+The command line is :func:`verify.__main__.main` and ``sys.exit`` of its status, so most tests
+call ``main`` in this process (:func:`run_main`: what it printed, and the status it returned or
+the ``SystemExit`` that argparse raised); only
+:func:`test_python_m_verify_is_the_command_and_its_status_reaches_the_shell` starts the process,
+for what only the process shows: that ``python -m verify`` runs ``main`` and exits with its
+status.
+"""
 
 from __future__ import annotations
 
@@ -33,11 +41,21 @@ RESULT_KEYS = {
 
 
 CLI_TIMEOUT = 900
-"""Seconds one ``python -m verify`` may take (the whole catalogue: about 5 s on the idle machine;
-generous, so that a loaded one passes)."""
+"""Seconds one ``python -m verify`` process may take (the runs here list or refuse, and check
+nothing: well under a second on the idle machine; generous, so that a loaded one passes)."""
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
+@dataclass(frozen=True)
+class Done:
+    """What one run of the command line gave: its exit status and what it printed."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m verify args`` in a new process, from the repository's root."""
     try:
         return subprocess.run(
             [sys.executable, "-m", "verify", *args],
@@ -50,15 +68,42 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
         pytest.fail(f"python -m verify {' '.join(args)} timed out after {CLI_TIMEOUT} s")
 
 
-def test_whole_catalogue_passes():
-    done = run_cli("--no-progress")
+def run_main(capsys: pytest.CaptureFixture[str], *args: str) -> Done:
+    """Run ``python -m verify args`` in this process: :func:`verify.__main__.main`, with the
+    status it returns or the ``SystemExit`` it raises (argparse's usage errors), and what it
+    printed on stdout and stderr."""
+    capsys.readouterr()  # what was printed before is not this run's
+    try:
+        status = cli.main(list(args))
+    except SystemExit as exited:
+        status = exited.code
+    out, err = capsys.readouterr()
+    assert isinstance(status, int), f"exit status {status!r}"
+    return Done(status, out, err)
+
+
+def test_python_m_verify_is_the_command_and_its_status_reaches_the_shell():
+    """In a process of its own: ``python -m verify`` runs ``main`` and exits with its status
+    (0 with the listing on stdout; 2 with the reason on stderr)."""
+    listed = run_cli("--list", "--only", "copy-inplace-adjoint")
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    names = [line.split()[0] for line in listed.stdout.splitlines()]
+    assert names == [e.name for e in identities.select("copy-inplace-adjoint")], listed.stdout
+    refused = run_cli("--no-progress", "--only", "no-such-identity")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "python -m verify: no identity matches 'no-such-identity'" in refused.stderr
+    assert not refused.stdout
+
+
+def test_whole_catalogue_passes(capsys):
+    done = run_main(capsys, "--no-progress")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     last = done.stdout.strip().splitlines()[-1]
     assert f"{len(identities.ENTRIES)} identities" in last and " 0 failed" in last
 
 
-def test_json_schema():
-    done = run_cli("--json", "--only", "copy-inplace-adjoint,broadcast-adjoint")
+def test_json_schema(capsys):
+    done = run_main(capsys, "--json", "--only", "copy-inplace-adjoint,broadcast-adjoint")
     assert done.returncode == 0, done.stderr
     document = json.loads(done.stdout)
     assert document["schema"] == report.SCHEMA
@@ -75,8 +120,8 @@ def test_json_schema():
     assert ("copy-inplace-adjoint", "complex128") in levels
 
 
-def test_levels_option_and_table():
-    done = run_cli("--only", "section:primitives", "--levels", "exact,float32", "--no-progress")
+def test_levels_option_and_table(capsys):
+    done = run_main(capsys, "--only", "section:primitives", "--levels", "exact,float32", "--no-progress")
     assert done.returncode == 0
     lines = done.stdout.splitlines()
     assert lines[0].split() == ["identity", "section", "level", "result", "error", "time"]
@@ -94,20 +139,20 @@ def test_levels_option_and_table():
     ],
     ids=["nothing-selected", "unknown-level", "unknown-option", "no-level-applies", "mpi-with-json"],
 )
-def test_usage_errors_exit_2(args):
-    done = run_cli("--no-progress", *args)
+def test_usage_errors_exit_2(capsys, args):
+    done = run_main(capsys, "--no-progress", *args)
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr
 
 
-def test_a_level_named_twice_runs_once():
-    done = run_cli("--only", "clear-box-adjoint", "--levels", "exact,exact", "--no-progress")
+def test_a_level_named_twice_runs_once(capsys):
+    done = run_main(capsys, "--only", "clear-box-adjoint", "--levels", "exact,exact", "--no-progress")
     assert done.returncode == 0
     assert "1 identity, 1 check: 1 passed, 0 failed" in done.stdout
 
 
-def test_list():
-    done = run_cli("--list", "--only", "section:distributed-primitives")
+def test_list(capsys):
+    done = run_main(capsys, "--list", "--only", "section:distributed-primitives")
     assert done.returncode == 0
     assert "sendrecv-adjoint" in done.stdout and "allocate-adjoint" not in done.stdout
 

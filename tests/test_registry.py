@@ -16,9 +16,9 @@ type with a handler but no example strategy fails here, so no handler lands unpr
 
 from __future__ import annotations
 
-import ast
 import importlib
 import inspect
+import json
 import pkgutil
 import subprocess
 import sys
@@ -336,33 +336,62 @@ def test_a_wrong_fast_path_is_caught():
     assert failures > 0
 
 
-def _unlisted_handlers(setup: str = "") -> list[str]:
-    """In a fresh process (after ``setup``): the handlers that importing every module of linop
-    registers beyond those that loading ``dispatch.HANDLER_MODULES`` registered."""
-    code = (
-        "import importlib, pkgutil, linop\n"
-        "from linop import dispatch\n"
-        f"{setup}\n"
-        "listed = set(dispatch.registered())\n"
-        "for m in pkgutil.walk_packages(linop.__path__, 'linop.'):\n"
-        "    if not m.name.startswith('linop.frameworks'):\n"
-        "        importlib.import_module(m.name)\n"
-        "print(sorted(f'{i}:{t.__name__}' for i, t in set(dispatch.registered()) - listed))\n"
+MISSING_HALO = "dispatch.HANDLER_MODULES = {{**dispatch.HANDLER_MODULES, 'numpy': ({},)}}".format(
+    ", ".join(repr(f"linop.backends.numpy.{m}") for m in ("collectives", "local", "shims"))
+)
+"""A defective list: the numpy package's modules listed one by one (not the package, whose walk
+finds them all), with its halo module left out."""
+
+_UNLISTED = """
+import importlib, json, pkgutil, sys
+
+def unlisted(setup):
+    for name in [n for n in sys.modules if n == 'linop' or n.startswith('linop.')]:
+        del sys.modules[name]  # linop afresh (the packages it imported stay loaded)
+    import linop
+    from linop import dispatch
+    exec(setup, {'dispatch': dispatch})
+    listed = set(dispatch.registered())
+    for m in pkgutil.walk_packages(linop.__path__, 'linop.'):
+        if not m.name.startswith('linop.frameworks'):
+            importlib.import_module(m.name)
+    return sorted(f'{i}:{t.__name__}' for i, t in set(dispatch.registered()) - listed)
+
+fresh = not any(n == 'linop' or n.startswith('linop.') for n in sys.modules)
+print(json.dumps([fresh] + [unlisted(setup) for setup in json.loads(sys.argv[1])]))
+"""
+
+
+def _unlisted_handlers(*setups: str) -> tuple[bool, list[list[str]]]:
+    """In one fresh process, for each of ``setups`` in turn (code run on ``dispatch`` before
+    the first lookup): the handlers that importing every module of linop registers beyond
+    those that loading ``dispatch.HANDLER_MODULES`` registered. Whether linop was unloaded when
+    the first began (a fresh process), and each one's list. After the first, linop's modules are
+    dropped from ``sys.modules`` and imported afresh, the other packages they import (torch,
+    JAX, scipy) left loaded: one process pays for those imports once."""
+    done = subprocess.run(
+        [sys.executable, "-c", _UNLISTED, json.dumps(setups)], capture_output=True, text=True, check=True
     )
-    fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return ast.literal_eval(fresh.stdout)
+    fresh, *results = json.loads(done.stdout)
+    return fresh, results
 
 
-def test_the_handler_module_list_is_complete():
-    assert _unlisted_handlers() == []
+@pytest.fixture(scope="module")
+def unlisted() -> dict[str, list[str]]:
+    """The unlisted handlers with the real list (``"complete"``: the first pass, in a process
+    that had not imported linop) and with :data:`MISSING_HALO` (``"missing-halo"``), from one
+    process."""
+    fresh, (complete, missing) = _unlisted_handlers("", MISSING_HALO)
+    assert fresh, "linop was imported before the first pass"
+    return {"complete": complete, "missing-halo": missing}
 
 
-def test_a_handler_module_missing_from_the_list_is_caught():
-    # the numpy package's modules listed one by one (not the package, whose walk finds them
-    # all), with its halo module left out
-    modules = ", ".join(repr(f"linop.backends.numpy.{m}") for m in ("collectives", "local", "shims"))
-    setup = f"dispatch.HANDLER_MODULES = {{**dispatch.HANDLER_MODULES, 'numpy': ({modules},)}}"
-    assert "numpy:HaloStage" in _unlisted_handlers(setup)
+def test_the_handler_module_list_is_complete(unlisted):
+    assert unlisted["complete"] == []
+
+
+def test_a_handler_module_missing_from_the_list_is_caught(unlisted):
+    assert "numpy:HaloStage" in unlisted["missing-halo"]
 
 
 def test_results_do_not_depend_on_import_order():

@@ -89,7 +89,30 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the report; return the exit status."""
+    """Run ``python -m verify`` with the command-line arguments ``argv``: print the report.
+
+    The command line is this function and ``sys.exit`` of its result, so a caller in the same
+    process (the tests) sees what the shell sees.
+
+    Parameters
+    ----------
+    argv
+        The arguments, without the program name; None: ``sys.argv[1:]``.
+
+    Returns
+    -------
+    int
+        The exit status: 0 when every check passes, 1 when a check fails or errors, 2 on a usage
+        error found after parsing (levels unknown or applying to none of the selection, a
+        pattern that selects nothing), 130 when interrupted; with ``--mpi``, the status of
+        :func:`verify.distributed.main`.
+
+    Raises
+    ------
+    SystemExit
+        From argparse: status 2 on a usage error it finds (an unknown option, a missing value,
+        ``--mpi`` with an option it does not take), 0 after ``--help``.
+    """
     parser = _parser()
     args = parser.parse_args(argv)
     if args.mpi:
