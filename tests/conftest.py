@@ -16,7 +16,8 @@ own runs are left alone. A variable already set in the environment is kept.
 
 Parallel runs (pytest-xdist): tests that share work run on one worker, in one group
 (:data:`GROUPS`): the notebooks, executed once and both checked (tests/test_notebooks.py) and
-built into the docs (tests/test_docs.py); the wheel and sdist of tests/test_packaging.py.
+built into the docs (tests/test_docs.py); the wheel and sdist of tests/test_packaging.py; the
+JAX device process of tests/test_jax_shard.py (one process for the tests of its device counts).
 Launches of many processes (:data:`LAUNCHES`) are collected first, so that the workers start
 the longest tests first and finish together.
 """
@@ -50,6 +51,7 @@ GROUPS = {
     "test_docs.py": "notebooks",
     "test_notebooks.py": "notebooks",
     "test_packaging.py": "packaging",
+    "test_jax_shard.py": "jax devices",
 }
 """Test modules whose tests share one costly result (a module fixture or a per-process cache),
 and the group that keeps them on one worker (:func:`pytest_xdist_make_scheduler`)."""
