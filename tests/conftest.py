@@ -16,7 +16,9 @@ own runs are left alone. A variable already set in the environment is kept.
 
 Parallel runs (pytest-xdist): tests that share work run on one worker, in one group
 (:data:`GROUPS`): the notebooks, executed once and both checked (tests/test_notebooks.py) and
-built into the docs (tests/test_docs.py); the wheel and sdist of tests/test_packaging.py.
+built into the docs (tests/test_docs.py); the wheel and sdist of tests/test_packaging.py; the
+JAX device process of tests/test_jax_shard.py (one process for the tests of its device counts);
+the one process of tests/test_registry.py's two handler-list checks.
 Launches of many processes (:data:`LAUNCHES`) are collected first, so that the workers start
 the longest tests first and finish together.
 """
@@ -52,6 +54,7 @@ GROUPS = {
     "test_packaging.py": "packaging",
     "test_registry.py::test_the_handler_module_list_is_complete": "handler-modules",
     "test_registry.py::test_a_handler_module_missing_from_the_list_is_caught": "handler-modules",
+    "test_jax_shard.py": "jax devices",
 }
 """Test modules (``test_x.py``) or single tests (``test_x.py::test_name``) that share one costly
 result (a module fixture or a per-process cache), and the group that keeps them on one worker

@@ -1,16 +1,23 @@
-"""The lowering of trees onto JAX devices (``linop.backends.jax.shard``), proven in one
-subprocess per device count: JAX's host device count must be set before JAX is imported, so
-each count runs ``tests/jax_devices/check_lowering.py K`` (not collected by pytest) under a
-timeout. 1, 2 and 4 devices in CI; 8 devices and more examples with ``LINOP_LONG=1``.
+"""The lowering of trees onto JAX devices (``linop.backends.jax.shard``), proven in a
+subprocess: JAX's host device count must be set before JAX is imported, so
+``tests/jax_devices/check_lowering.py D K1 K2 ...`` (not collected by pytest) runs with D host
+devices under a timeout and proves every check for each device count K on a mesh over the
+first K of them. In CI one process of 4 devices proves the counts 1, 2 and 4 (Python, the JAX
+import and XLA's warm-up paid once, not once per count); with ``LINOP_LONG=1`` a second process
+of 8 devices proves the count 8, and every count draws more examples. The process runs once
+per module (:func:`device_run`) and one test per count reads its section of the output.
 
 The host-side plan (slots, rounds, edge colouring) is tested here directly, without JAX devices.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -23,33 +30,84 @@ from linop.errors import DeviceKernelError, WorkerError
 
 HERE = Path(__file__).resolve().parent
 LONG = os.environ.get("LINOP_LONG") == "1"
-COUNTS = [1, 2, 4, 8] if LONG else [1, 2, 4]
+PROCESSES = {4: (1, 2, 4), 8: (8,)} if LONG else {4: (1, 2, 4)}
+"""Host devices of each device process, and the device counts it proves (meshes over its
+first K devices)."""
+COUNTS = [count for counts in PROCESSES.values() for count in counts]
 
 
-def run_device_script(script: str, count: int, *args: str, timeout: float = 600) -> str:
-    """Run ``tests/jax_devices/<script> count *args`` with ``count`` host devices; its stdout."""
+def run_device_script(
+    script: str, devices: int, *args: str, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """Run ``tests/jax_devices/<script> devices *args`` with ``devices`` host devices, bounded by
+    ``timeout`` seconds."""
     pytest.importorskip("jax", reason="jax is not installed (the jax extra: pip install -e '.[jax]')")
-    environment = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={count}")
+    environment = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
     environment["PYTHONPATH"] = os.pathsep.join([str(HERE.parent), environment.get("PYTHONPATH", "")])
-    done = subprocess.run(
-        [sys.executable, str(HERE / "jax_devices" / script), str(count), *args],
+    return subprocess.run(
+        [sys.executable, str(HERE / "jax_devices" / script), str(devices), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         env=environment,
         stdin=subprocess.DEVNULL,
     )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    return done.stdout
+
+
+@dataclass(frozen=True)
+class DeviceRun:
+    """The output of one ``check_lowering.py`` process, split by device count."""
+
+    counts: tuple[int, ...]
+    returncode: int | None
+    """The exit status; None if the process was killed at its timeout."""
+    stdout: str = field(repr=False)
+    stderr: str = field(repr=False)
+
+    @functools.cached_property
+    def sections(self) -> dict[int, str]:
+        """The stdout of each count, from its ``== K devices`` line to the next."""
+        parts = re.split(r"^== (\d+) devices$", self.stdout, flags=re.MULTILINE)
+        return {int(k): text for k, text in zip(parts[1::2], parts[2::2])}
+
+    def passed(self, count: int) -> bool:
+        """Whether every check of ``count`` devices ran and passed."""
+        return f"trees proven on {count} devices" in self.sections.get(count, "")
+
+    def failure(self, count: int) -> str:
+        """Why ``count`` did not pass: its section (or the process's end) and stderr."""
+        why = "timed out; " if self.returncode is None else f"exit status {self.returncode}; "
+        text = self.sections.get(count, f"no output for {count} devices\n" + self.stdout)
+        return why + text[-4000:] + self.stderr[-4000:]
+
+
+@functools.cache
+def device_run(devices: int) -> DeviceRun:
+    """The ``check_lowering.py`` process of ``devices`` host devices (:data:`PROCESSES`), run
+    once (also when it fails or times out) for the tests of all its counts."""
+    counts = PROCESSES[devices]
+    try:
+        done = run_device_script("check_lowering.py", devices, *map(str, counts))
+    except subprocess.TimeoutExpired as expired:  # the counts finished before it still pass
+
+        def text(out: str | bytes | None) -> str:
+            return out.decode(errors="replace") if isinstance(out, bytes) else out or ""
+
+        return DeviceRun(counts, None, text(expired.stdout), text(expired.stderr))
+    return DeviceRun(counts, done.returncode, done.stdout, done.stderr)
 
 
 @pytest.mark.timeout(900)  # one subprocess: seconds on an idle machine, minutes on a loaded one
 @pytest.mark.parametrize("count", COUNTS)
 def test_lowering_equals_numpy_and_its_transpose_equals_the_adjoint(count):
-    printed = run_device_script("check_lowering.py", count)
-    assert f"trees proven on {count} devices" in printed
+    run = device_run(next(d for d, counts in PROCESSES.items() if count in counts))
+    assert run.passed(count), run.failure(count)
+    printed = run.sections[count]
     if count >= 2:
-        assert "control caught: control: reversed permutation" in printed
+        assert "control caught: control: reversed permutation" in printed, printed[-4000:]
+    # a failed process is the failure of one of its counts, reported by that count's test; if
+    # every count passed (a crash after them), by the test of each
+    assert run.returncode == 0 or not all(map(run.passed, run.counts)), run.failure(count)
 
 
 @settings(max_examples=60, derandomize=True, deadline=None)

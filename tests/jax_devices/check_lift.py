@@ -1,5 +1,5 @@
-"""``verify.lift_jax`` on a user's own ``shard_map`` functions (run by check_lowering.py at 4
-devices, in its process): a hand-written periodic ``ppermute`` halo exchange is proven with
+"""``verify.lift_jax`` on a user's own ``shard_map`` functions (run by check_lowering.py for the
+count 4, in its process, on its mesh over the first 4 devices): a hand-written periodic ``ppermute`` halo exchange is proven with
 JAX's own transpose, refuted with a ``custom_vjp`` that re-applies the forward (naming the
 entry), and linop's lowering is proven with its transpose by ``op.H``."""
 

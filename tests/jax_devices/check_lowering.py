@@ -1,6 +1,13 @@
-"""Proofs of the lowering onto JAX devices, run in ONE process per device count (launched by
-``tests/test_jax_shard.py``: ``python check_lowering.py K``, which sets
-``XLA_FLAGS=--xla_force_host_platform_device_count=K`` before importing JAX).
+"""Proofs of the lowering onto JAX devices, for several device counts in ONE process of D host
+devices (launched by ``tests/test_jax_shard.py``: ``python check_lowering.py D K1 K2 ...``,
+which sets ``XLA_FLAGS=--xla_force_host_platform_device_count=D`` before importing JAX; the
+counts default to D alone). Each count K <= D runs every check below on its own mesh, over the
+first K devices (``jax.sharding.Mesh`` over ``jax.devices()[:K]``), with K workers, its own
+drawn examples and its own list of proven trees (:class:`Run`). Its output opens with a line
+``== K devices`` and ends with ``OK n trees proven on K devices (s seconds)``; a count whose
+checks fail prints its traceback and ``FAILED on K devices`` instead, and the next count still
+runs (the exit status is then 1). One process for the counts 1, 2 and 4 starts Python, imports
+JAX and warms up XLA once instead of three times.
 
 For trees drawn by hypothesis (derandomized) on K workers: halo exchanges (nested multi-hop
 and direct, unbalanced and empty shares, every boundary mode), halo windows, repartitions,
@@ -12,10 +19,12 @@ adds, clears, allocations, scalings, sums), and a worker map (2K workers on K de
   so does JAX's own transpose of the lowered program (``adjoint_by_tree=False``);
 - ``jax.jvp`` gives the op on the tangent and ``jax.vmap`` maps over a batch;
 - phases in which every device sends to every other lower to native collectives
-  (``all_to_all``, ``all_gather``, ``psum_scatter``), proven likewise;
+  (``all_to_all``, ``all_gather``, ``psum_scatter``), proven likewise (K >= 2);
 - deliberately wrong lowerings (one round's permutation reversed, an all_to_all's boxes
-  placed by the wrong senders) are caught.
+  placed by the wrong senders) are caught (K >= 2).
 
+At K = 4 also ``verify.lift_jax`` on hand-written ``shard_map`` functions (``check_lift.py``)
+and a psum over one axis of a 2 x 2 mesh; at K >= 4 77 rows over 4 devices.
 ``LINOP_LONG=1`` draws more examples.
 """
 
@@ -24,11 +33,16 @@ from __future__ import annotations
 import os
 import sys
 
-COUNT = int(sys.argv[1]) if len(sys.argv) > 1 else 4
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={COUNT}"
+DEVICES = int(sys.argv[1]) if len(sys.argv) > 1 else 4
+COUNTS = [int(a) for a in sys.argv[2:]] or [DEVICES]
+os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES}"
 
 import dataclasses  # noqa: E402
 import pathlib  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from typing import Any  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # tests/ (mpi strategies)
 
@@ -46,6 +60,7 @@ from linop import (  # noqa: E402
     Broadcast,
     DistributedTensor,
     HaloExchange,
+    LinearOperator,
     Partition,
     Repartition,
     halo_geometry,
@@ -57,10 +72,24 @@ from linop.layout import BlockGrid  # noqa: E402
 from verify.strategies_distributed import decompositions  # noqa: E402
 from verify.strategies_halo import halo_cases  # noqa: E402
 
-assert len(jax.devices()) == COUNT, jax.devices()
+assert len(jax.devices()) == DEVICES, jax.devices()
+assert COUNTS and all(1 <= k <= DEVICES for k in COUNTS), (COUNTS, DEVICES)
 LONG = os.environ.get("LINOP_LONG") == "1"
-MESH = Mesh(np.array(jax.devices()), ("d",))
-CHECKED: list[str] = []
+
+
+@dataclasses.dataclass
+class Run:
+    """One device count's checks: ``count`` devices, the 1-d mesh ``("d",)`` over the first
+    ``count`` of the process's devices, and the labels of the trees proven on it so far."""
+
+    count: int
+    mesh: Mesh
+    checked: list[str] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def on_first(cls, count: int) -> Run:
+        """The run on a mesh over ``jax.devices()[:count]``."""
+        return cls(count, Mesh(np.array(jax.devices()[:count]), ("d",)))
 
 
 def state_of(space, seed: int) -> dict[str, np.ndarray]:
@@ -99,16 +128,17 @@ def host_unpack(layout, arrays) -> dict[str, np.ndarray]:
     return out
 
 
-def prove(f: ShardedOperator, label: str, every: bool = False) -> None:
-    """Forward, both transposes, vjp (and on every fourth case jvp and vmap) of ``f`` against
-    the numpy interpreter, all in one jitted function (one compilation per case)."""
+def prove(run: Run, f: ShardedOperator, label: str, every: bool = False) -> None:
+    """Forward, both transposes, vjp (and on every fourth case of ``run`` jvp and vmap) of
+    ``f`` against the numpy interpreter, all in one jitted function (one compilation per case);
+    ``label`` is added to ``run.checked``."""
     op = f.op
     x, y, x2 = state_of(op.domain, 1), state_of(op.range, 2), state_of(op.domain, 3)
     want, want_h = op(x), op.H(y)
     args, cotangent = host_pack(f.domain, x), tuple(a.astype(np.float32) for a in host_pack(f.range, y))
     second = host_pack(f.domain, x2)
     own = _own(f)
-    extra = every or LONG or len(CHECKED) % 4 == 0
+    extra = every or LONG or len(run.checked) % 4 == 0
 
     def everything(args, cotangent, second):
         floats = [a.astype(jnp.float32) for a in args]
@@ -134,7 +164,7 @@ def prove(f: ShardedOperator, label: str, every: bool = False) -> None:
             found = mismatch(host_unpack(f.domain, values), want_h)
             against = "op.H"
         assert found is None, f"{label}: {what} differs from {against}, {found}"
-    CHECKED.append(label)
+    run.checked.append(label)
 
 
 def _own(f: ShardedOperator):
@@ -152,16 +182,16 @@ SETTINGS = settings(
 )
 
 
-def workers_partition(draw, shape) -> Partition:
-    count = int(np.prod(shape))
-    chosen = draw(st.permutations(range(COUNT)))[:count]
+def workers_partition(draw, shape, count: int) -> Partition:
+    chosen = draw(st.permutations(range(count)))[: int(np.prod(shape))]
     return Partition(tuple(shape), tuple(chosen))
 
 
 @st.composite
-def grid_shapes(draw, rank: int) -> tuple[int, ...]:
+def grid_shapes(draw, rank: int, count: int) -> tuple[int, ...]:
+    """A grid of ``rank`` dimensions with at most ``count`` cells."""
     shape = []
-    left = COUNT
+    left = count
     for _ in range(rank):
         n = draw(st.integers(1, max(1, left)))
         shape.append(n)
@@ -170,119 +200,141 @@ def grid_shapes(draw, rank: int) -> tuple[int, ...]:
 
 
 @st.composite
-def tensors(draw, name: str, rank: int, global_shape=None) -> DistributedTensor:
-    grid = draw(grid_shapes(rank))
+def tensors(draw, name: str, rank: int, count: int, global_shape=None) -> DistributedTensor:
+    grid = draw(grid_shapes(rank, count))
     if global_shape is None:
         global_shape = tuple(draw(st.integers(0, 7)) for _ in range(rank))
     sizes = draw(decompositions(global_shape, grid))
-    return DistributedTensor(name, tuple(global_shape), workers_partition(draw, grid), sizes)
+    return DistributedTensor(name, tuple(global_shape), workers_partition(draw, grid, count), sizes)
 
 
 @st.composite
-def collective_trees(draw):
+def collective_trees(draw, count: int):
     kind = draw(st.sampled_from(["repartition", "broadcast", "allreduce", "allgather"]))
     rank = draw(st.integers(1, 2))
+    op: LinearOperator
     if kind == "repartition":
-        x = draw(tensors("x", rank))
-        op = Repartition(x, draw(tensors("y", rank, x.global_shape)))
+        x = draw(tensors("x", rank, count))
+        op = Repartition(x, draw(tensors("y", rank, count, x.global_shape)))
     elif kind == "broadcast":
-        x = draw(tensors("x", rank))
-        left = COUNT // int(np.prod(x.partition.shape))
+        x = draw(tensors("x", rank, count))
+        left = count // int(np.prod(x.partition.shape))
         grid = []
         for n in x.partition.shape:  # a source extent > 1 stays, an extent 1 may broadcast
             g = n if n != 1 else draw(st.integers(1, max(1, left)))
             left //= 1 if n != 1 else g
             grid.append(g)
-        op = Broadcast(x, workers_partition(draw, grid), "y")
+        op = Broadcast(x, workers_partition(draw, grid, count), "y")
     elif kind == "allreduce":
-        partition = workers_partition(draw, draw(grid_shapes(rank)))
+        partition = workers_partition(draw, draw(grid_shapes(rank, count)), count)
         shape = tuple(draw(st.integers(0, 3)) for _ in range(draw(st.integers(0, 2))))
         axes = tuple(sorted(draw(st.sets(st.integers(0, rank - 1)))))
         op = AllReduce(BlockGrid.uniform("u", partition, shape), axes)
     else:
-        x = draw(tensors("x", rank))
+        x = draw(tensors("x", rank, count))
         op = AllGather(x, tuple(sorted(draw(st.sets(st.integers(0, rank - 1))))), "g")
     return op.H if draw(st.booleans()) else op
 
 
 @st.composite
-def halo_trees(draw):
+def halo_trees(draw, count: int):
     x, kernel = draw(halo_cases(max_dims=2))
-    assume(x.partition.size <= COUNT)
+    assume(x.partition.size <= count)
     kind = draw(st.sampled_from(["nested", "direct", "windows"]))
     op = halo_windows(x, kernel) if kind == "windows" else HaloExchange(halo_geometry(x, kernel), kind)
     return op.H if draw(st.booleans()) else op
 
 
-@SETTINGS
-@given(collective_trees())
-def check_collectives(op) -> None:
-    prove(sharded(op, MESH), str(op))
+def drawn(trees: st.SearchStrategy, check: Callable[[Any], None]) -> None:
+    """``check`` on :data:`SETTINGS` many trees drawn from ``trees`` (the first failing one
+    shrunk and reported by hypothesis)."""
+    SETTINGS(given(trees)(check))()
 
 
-@SETTINGS
-@given(halo_trees())
-def check_halos(op) -> None:
-    prove(sharded(op, MESH), str(op))
+def check_collectives(run: Run) -> None:
+    """Drawn repartitions, broadcasts, all-reduces and all-gathers (or their adjoints)."""
+
+    def collective(op: LinearOperator) -> None:
+        prove(run, sharded(op, run.mesh), str(op))
+
+    drawn(collective_trees(run.count), collective)
 
 
-@SETTINGS
-@given(movement_trees(COUNT))
-def check_movement(op) -> None:
-    prove(sharded(op, MESH), f"movement tree {op}")
+def check_halos(run: Run) -> None:
+    """Drawn halo exchanges (nested and direct) and halo windows (or their adjoints)."""
+
+    def halo(op: LinearOperator) -> None:
+        prove(run, sharded(op, run.mesh), str(op))
+
+    drawn(halo_trees(run.count), halo)
 
 
-@SETTINGS
-@given(movement_trees(2 * COUNT))
-def check_worker_map(op) -> None:
-    prove(sharded(op, MESH, workers=[w % COUNT for w in range(2 * COUNT)]), f"2 workers per device: {op}")
+def check_movement(run: Run) -> None:
+    """Drawn movement trees on ``run.count`` workers, one per device."""
+
+    def movement(op: LinearOperator) -> None:
+        prove(run, sharded(op, run.mesh), f"movement tree {op}")
+
+    drawn(movement_trees(run.count), movement)
 
 
-def check_uneven_77_rows() -> None:
+def check_worker_map(run: Run) -> None:
+    """Drawn movement trees on ``2 * run.count`` workers, worker ``w`` on device ``w % count``."""
+    count = run.count
+
+    def worker_map(op: LinearOperator) -> None:
+        workers = [w % count for w in range(2 * count)]
+        prove(run, sharded(op, run.mesh, workers=workers), f"2 workers per device: {op}")
+
+    drawn(movement_trees(2 * count), worker_map)
+
+
+def check_uneven_77_rows(run: Run) -> None:
     """77 rows over 4 devices (shard_map refuses): repartition and halo windows, exactly."""
-    if COUNT < 4:
+    if run.count < 4:
         return
     x = DistributedTensor("x", (77, 6), Partition.grid((4, 1)))
     y = DistributedTensor("y", (77, 6), Partition.grid((2, 2)))
     from linop import Kernel
 
     for op in (Repartition(x, y), halo_windows(x, Kernel((3, 3), padding=1, boundary="periodic"))):
-        f = sharded(op, MESH)
+        f = sharded(op, run.mesh)
         assert any(s.padded for s in f.domain.slots), f.domain
-        prove(f, f"uneven {op}")
+        prove(run, f, f"uneven {op}")
 
 
-def check_native_allreduce() -> None:
+def check_native_allreduce(run: Run) -> None:
     """An all-reduce over every device lowers to one ``psum`` (also inside a composition and
     in its adjoint), exactly."""
     from linop.backends.jax.plan import PsumOp
 
-    t = DistributedTensor("t", (3 * COUNT, 2), Partition.grid((COUNT, 1)))
-    x = DistributedTensor("x", (3 * COUNT, 2), Partition.grid((1, 1)))
+    count = run.count
+    t = DistributedTensor("t", (3 * count, 2), Partition.grid((count, 1)))
+    x = DistributedTensor("x", (3 * count, 2), Partition.grid((1, 1)))
     for op in (AllReduce(t, (0,)), AllReduce(t, (0,)) @ Repartition(x, t)):
-        f = sharded(op, MESH)
+        f = sharded(op, run.mesh)
         assert any(isinstance(o, PsumOp) for o in f.plan.ops), f.plan.ops
         assert any(isinstance(o, PsumOp) for o in f.plan.adjoint().ops)
-        prove(f, f"native {op}")
+        prove(run, f, f"native {op}")
 
 
-def check_psum_over_a_mesh_axis() -> None:
+def check_psum_over_a_mesh_axis(run: Run) -> None:
     """On a 2 x 2 mesh, an all-reduce over one partition axis is one psum over the mesh axis
     its groups run along (rows: "a", columns: "b"), in the forward and the adjoint plan."""
-    if COUNT != 4:
+    if run.count != 4:
         return
     from linop.backends.jax.plan import PsumOp
 
-    square = Mesh(np.array(jax.devices()).reshape(2, 2), ("a", "b"))
+    square = Mesh(run.mesh.devices.reshape(2, 2), ("a", "b"))
     t = DistributedTensor("t", (4, 6), Partition.grid((2, 2)))
     for axis in (0, 1):
         f = sharded(AllReduce(t, (axis,)), square)
         assert [o.over for o in f.plan.ops if isinstance(o, PsumOp)] == [(axis,)], f.plan.ops
         assert [o.over for o in f.plan.adjoint().ops if isinstance(o, PsumOp)] == [(axis,)]
-        prove(f, f"psum over mesh axis {'ab'[axis]}")
-    on_a_line = sharded(AllReduce(t, (0,)), MESH)  # the same groups on one axis: ppermute rounds
+        prove(run, f, f"psum over mesh axis {'ab'[axis]}")
+    on_a_line = sharded(AllReduce(t, (0,)), run.mesh)  # the same groups on one axis: ppermute rounds
     assert not any(isinstance(o, PsumOp) for o in on_a_line.plan.ops)
-    prove(on_a_line, "the same all-reduce on a 1-d mesh")
+    prove(run, on_a_line, "the same all-reduce on a 1-d mesh")
 
 
 def kinds(plan: Plan) -> list[tuple[str, bool]]:
@@ -292,17 +344,18 @@ def kinds(plan: Plan) -> list[tuple[str, bool]]:
 
 
 @st.composite
-def even_collectives(draw):
+def even_collectives(draw, count: int):
     """Layouts whose phases are native collectives: every device sends one box of one shape
-    to every other (even shares over all COUNT devices, workers in any order)."""
+    to every other (even shares over all ``count`` devices, workers in any order)."""
     kind = draw(st.sampled_from(["repartition", "allgather", "reducescatter"]))
     n = draw(st.integers(1, 3))
     cols = draw(st.integers(1, 3))
-    order = tuple(draw(st.permutations(range(COUNT))))
-    rows = DistributedTensor("x", (COUNT * n, COUNT * cols), Partition((COUNT, 1), order))
+    order = tuple(draw(st.permutations(range(count))))
+    rows = DistributedTensor("x", (count * n, count * cols), Partition((count, 1), order))
+    op: LinearOperator
     if kind == "repartition":
         target = DistributedTensor(
-            "y", rows.global_shape, Partition((1, COUNT), tuple(draw(st.permutations(range(COUNT)))))
+            "y", rows.global_shape, Partition((1, count), tuple(draw(st.permutations(range(count)))))
         )
         op = Repartition(rows, target)
         want = "all_to_all"
@@ -314,37 +367,41 @@ def even_collectives(draw):
     return op, want
 
 
-@SETTINGS
-@given(even_collectives())
-def check_drawn_native_collectives(case) -> None:
-    op, want = case
-    f = sharded(op, MESH)
-    assert (want, True) in kinds(f.plan), (op, kinds(f.plan))
-    prove(f, f"native {want}: {op}", every=True)
+def check_drawn_native_collectives(run: Run) -> None:
+    """Drawn even layouts lower to the native collective they call for, exactly."""
+
+    def check(case: tuple[LinearOperator, str]) -> None:
+        op, want = case
+        f = sharded(op, run.mesh)
+        assert (want, True) in kinds(f.plan), (op, kinds(f.plan))
+        prove(run, f, f"native {want}: {op}", every=True)
+
+    drawn(even_collectives(run.count), check)
 
 
-def check_native_collectives() -> None:
+def check_native_collectives(run: Run) -> None:
     """Rows -> columns is one all_to_all (each device's own box inside it), an all-gather one
     all_gather, its adjoint (a reduce-scatter) one psum_scatter; exactly, with their
     transposes by op.H; uneven shares keep ppermute rounds; a wrong all_to_all is caught."""
-    if COUNT < 2:
+    if run.count < 2:
         return
-    rows = DistributedTensor("x", (2 * COUNT, 3 * COUNT), Partition.grid((COUNT, 1)))
-    columns = DistributedTensor("y", (2 * COUNT, 3 * COUNT), Partition.grid((1, COUNT)))
-    turn = sharded(Repartition(rows, columns), MESH)
+    count = run.count
+    rows = DistributedTensor("x", (2 * count, 3 * count), Partition.grid((count, 1)))
+    columns = DistributedTensor("y", (2 * count, 3 * count), Partition.grid((1, count)))
+    turn = sharded(Repartition(rows, columns), run.mesh)
     assert kinds(turn.plan) == [("all_to_all", True)], kinds(turn.plan)
     assert kinds(turn.plan.adjoint()) == [("all_to_all", True)]
     assert not any(isinstance(o, Exchange) for o in turn.plan.ops)
-    prove(turn, "native all_to_all", every=True)
-    gather = sharded(AllGather(rows, (0,), "g"), MESH)
+    prove(run, turn, "native all_to_all", every=True)
+    gather = sharded(AllGather(rows, (0,), "g"), run.mesh)
     assert ("all_gather", True) in kinds(gather.plan), kinds(gather.plan)
     assert ("psum_scatter", True) in kinds(gather.plan.adjoint()), kinds(gather.plan.adjoint())
-    prove(gather, "native all_gather", every=True)
-    prove(gather.H, "native psum_scatter", every=True)
-    uneven = DistributedTensor("u", (2 * COUNT + 1, 3 * COUNT), Partition.grid((COUNT, 1)))
-    other = DistributedTensor("v", (2 * COUNT + 1, 3 * COUNT), Partition.grid((1, COUNT)))
-    if COUNT > 2:  # boxes of two shapes: no single collective
-        assert kinds(sharded(Repartition(uneven, other), MESH).plan) == []
+    prove(run, gather, "native all_gather", every=True)
+    prove(run, gather.H, "native psum_scatter", every=True)
+    uneven = DistributedTensor("u", (2 * count + 1, 3 * count), Partition.grid((count, 1)))
+    other = DistributedTensor("v", (2 * count + 1, 3 * count), Partition.grid((1, count)))
+    if count > 2:  # boxes of two shapes: no single collective
+        assert kinds(sharded(Repartition(uneven, other), run.mesh).plan) == []
     from linop.backends.jax.plan import CollectiveOp
 
     ops = list(turn.plan.ops)
@@ -352,10 +409,10 @@ def check_native_collectives() -> None:
     (piece,) = ops[k].pieces
     ops[k] = CollectiveOp((dataclasses.replace(piece, places=piece.places[::-1].copy()),))
     wrong = ShardedOperator(
-        turn.op, MESH, plan=dataclasses.replace(turn.plan, ops=tuple(ops), adjoint_cache=[])
+        turn.op, run.mesh, plan=dataclasses.replace(turn.plan, ops=tuple(ops), adjoint_cache=[])
     )
     try:
-        prove(wrong, "control: all_to_all boxes placed by the wrong senders")
+        prove(run, wrong, "control: all_to_all boxes placed by the wrong senders")
     except AssertionError as error:
         assert "forward differs from the numpy interpreter" in str(error), error
         print("control caught:", str(error)[:100])
@@ -376,17 +433,18 @@ def reversed_round(plan: Plan) -> Plan:
     raise AssertionError("no exchange to reverse")
 
 
-def check_control() -> None:
+def check_control(run: Run) -> None:
     """The same comparison catches a reversed permutation (forward and transpose)."""
-    if COUNT < 2:
+    if run.count < 2:
         return
-    x = DistributedTensor("x", (9, 4), Partition.grid((COUNT, 1)))
-    y = DistributedTensor("y", (9, 4), Partition.grid((1, 2 if COUNT >= 2 else 1)))
+    count = run.count
+    x = DistributedTensor("x", (9, 4), Partition.grid((count, 1)))
+    y = DistributedTensor("y", (9, 4), Partition.grid((1, 2 if count >= 2 else 1)))
     op = Repartition(x, y)
-    good = sharded(op, MESH)
-    wrong = ShardedOperator(op, MESH, plan=reversed_round(good.plan))
+    good = sharded(op, run.mesh)
+    wrong = ShardedOperator(op, run.mesh, plan=reversed_round(good.plan))
     try:
-        prove(wrong, "control: reversed permutation")
+        prove(run, wrong, "control: reversed permutation")
     except AssertionError as error:
         assert "forward differs from the numpy interpreter" in str(error), error
         print("control caught:", str(error)[:100])
@@ -394,51 +452,52 @@ def check_control() -> None:
         raise AssertionError("a reversed permutation was not caught")
 
 
-def check_api() -> None:
+def check_api(run: Run) -> None:
     """tensor_function on global arrays (uneven rows), f.blocks, and the typed errors."""
     from linop.errors import DtypeError, MeshError, StateError
     from linop.frameworks.jax_sharded import tensor_function
 
-    rows = 4 * COUNT + 1  # uneven over the devices
-    x = DistributedTensor("x", (rows, 5), Partition.grid((COUNT, 1)))
+    count = run.count
+    rows = 4 * count + 1  # uneven over the devices
+    x = DistributedTensor("x", (rows, 5), Partition.grid((count, 1)))
     y = DistributedTensor("y", (rows, 5), Partition.grid((1, 1)))
     z = DistributedTensor(
         "z",
         (rows, 5),
-        Partition.grid((COUNT, 1), first=0),
-        sizes=((rows - COUNT + 1,) + (1,) * (COUNT - 1), (5,)),
+        Partition.grid((count, 1), first=0),
+        sizes=((rows - count + 1,) + (1,) * (count - 1), (5,)),
     )
     data = np.arange(rows * 5, dtype=np.int32).reshape(rows, 5)
-    move = tensor_function(Repartition(x, z), MESH, x, z, ("d", None))
+    move = tensor_function(Repartition(x, z), run.mesh, x, z, ("d", None))
     assert np.array_equal(np.asarray(jax.jit(move)(data)), data)
     gradient = jax.grad(lambda a: jnp.sum(move(a) * jnp.arange(rows * 5.0).reshape(rows, 5)))(
         data.astype(np.float32)
     )
     assert np.array_equal(np.asarray(gradient), data), "the gradient of a repartition is its inverse"
-    rows_even = DistributedTensor("r", (2 * COUNT, 3 * COUNT), Partition.grid((COUNT, 1)))
-    columns = DistributedTensor("c", (2 * COUNT, 3 * COUNT), Partition.grid((1, COUNT)))
-    even = np.arange(6 * COUNT * COUNT, dtype=np.float32).reshape(2 * COUNT, 3 * COUNT)
+    rows_even = DistributedTensor("r", (2 * count, 3 * count), Partition.grid((count, 1)))
+    columns = DistributedTensor("c", (2 * count, 3 * count), Partition.grid((1, count)))
+    even = np.arange(6 * count * count, dtype=np.float32).reshape(2 * count, 3 * count)
     turn = tensor_function(
-        Repartition(rows_even, columns), MESH, rows_even, columns, ("d", None), (None, "d")
+        Repartition(rows_even, columns), run.mesh, rows_even, columns, ("d", None), (None, "d")
     )
-    assert turn.reshapes and (COUNT == 1 or not move.reshapes)  # one device: nothing is uneven
+    assert turn.reshapes and (count == 1 or not move.reshapes)  # one device: nothing is uneven
     assert np.array_equal(np.asarray(jax.jit(turn)(even)), even), "even shards: the reshape path"
     back = jax.jit(jax.grad(lambda a: jnp.sum(turn(a) * even)))(even)
     assert np.array_equal(np.asarray(back), even)
-    f = sharded(Repartition(x, z), MESH)
+    f = sharded(Repartition(x, z), run.mesh)
     blocks = f.blocks(x.scatter(data))
     assert all(np.array_equal(np.asarray(blocks[n]), v) for n, v in z.scatter(data).items())
     errors = []
     try:
-        tensor_function(Repartition(x, y), MESH, x, y, ("d", None), (None, None, "d"))
+        tensor_function(Repartition(x, y), run.mesh, x, y, ("d", None), (None, None, "d"))
     except MeshError as error:
         errors.append(str(error))
     try:
-        f({"x": np.zeros((COUNT, 3, 5), np.int32)})
+        f({"x": np.zeros((count, 3, 5), np.int32)})
     except StateError as error:
         errors.append(str(error))
     try:
-        f({"x": np.zeros((COUNT, *f.domain.slots[0].shape), bool)})
+        f({"x": np.zeros((count, *f.domain.slots[0].shape), bool)})
     except DtypeError as error:
         errors.append(str(error))
     assert len(errors) == 3, errors
@@ -449,21 +508,40 @@ def check_api() -> None:
     print("api and errors:", errors[0][:60], "|", errors[1][:40])
 
 
-if __name__ == "__main__":
-    if COUNT == 4:
+def check_count(count: int) -> None:
+    """Every check on a mesh over the first ``count`` devices; prints ``OK n trees proven on
+    count devices``."""
+    start = time.perf_counter()
+    run = Run.on_first(count)
+    if count == 4:
         from check_lift import check_lift
 
-        check_lift(MESH)
-    check_api()
-    check_control()
-    check_native_allreduce()
-    check_native_collectives()
-    check_psum_over_a_mesh_axis()
-    if COUNT >= 2:  # one device: nothing moves between devices
-        check_drawn_native_collectives()
-    check_uneven_77_rows()
-    check_collectives()
-    check_halos()
-    check_movement()
-    check_worker_map()
-    print(f"OK {len(CHECKED)} trees proven on {COUNT} devices")
+        check_lift(run.mesh)
+    check_api(run)
+    check_control(run)
+    check_native_allreduce(run)
+    check_native_collectives(run)
+    check_psum_over_a_mesh_axis(run)
+    if count >= 2:  # one device: nothing moves between devices
+        check_drawn_native_collectives(run)
+    check_uneven_77_rows(run)
+    check_collectives(run)
+    check_halos(run)
+    check_movement(run)
+    check_worker_map(run)
+    seconds = time.perf_counter() - start
+    print(f"OK {len(run.checked)} trees proven on {count} devices ({seconds:.1f} s)")
+
+
+if __name__ == "__main__":
+    failed = []
+    for count in COUNTS:
+        print(f"== {count} devices", flush=True)
+        try:
+            check_count(count)
+        except Exception:  # reported under its count; the next count still runs
+            traceback.print_exc(file=sys.stdout)
+            print(f"FAILED on {count} devices")
+            failed.append(count)
+        sys.stdout.flush()
+    sys.exit(1 if failed else 0)
