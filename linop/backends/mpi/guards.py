@@ -59,6 +59,12 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
+OUTPUT_DRAIN = 0.25
+"""Seconds a rank waits after printing why it aborts and before ``MPI_Abort``: the launcher
+forwards a rank's output asynchronously, and an abort right after the write can end the job
+before the message is forwarded (seen with MPICH's hydra: the traceback of a rank under
+:func:`install_excepthook` lost, once in a CI run)."""
+
 REPORT_GRACE = 1.0
 """Seconds a rank waits after printing a :class:`~linop.errors.PeerTimeoutError` before it
 aborts the job: the other ranks that arrived reach the same error at about the same time, and
@@ -66,10 +72,16 @@ each prints its own before the abort ends them."""
 
 
 def abort_job(
-    comm: Comm, message: str, error: BaseException | None = None, *, status: int = 1, settle: float = 0.0
+    comm: Comm,
+    message: str,
+    error: BaseException | None = None,
+    *,
+    status: int = 1,
+    settle: float = OUTPUT_DRAIN,
 ) -> NoReturn:
     """Print ``message`` (and ``error``'s traceback) to stderr in one write, wait ``settle``
-    seconds, then ``comm.Abort(status)``, which ends every process of the job."""
+    seconds (default :data:`OUTPUT_DRAIN`), then ``comm.Abort(status)``, which ends every
+    process of the job."""
     text = message + "\n"
     if error is not None:
         text += "".join(traceback.format_exception(type(error), error, error.__traceback__))
@@ -107,7 +119,7 @@ def abort_for(comm: Comm, doing: str, error: BaseException) -> NoReturn:
         "aborting the job",
         error,
         status=exit_status(error),
-        settle=REPORT_GRACE if isinstance(error, PeerTimeoutError) else 0.0,
+        settle=REPORT_GRACE if isinstance(error, PeerTimeoutError) else OUTPUT_DRAIN,
     )
 
 
