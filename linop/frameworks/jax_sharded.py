@@ -218,6 +218,10 @@ def sharded(
 ) -> ShardedOperator:
     """Compile ``op`` for ``mesh``; see :class:`ShardedOperator`.
 
+    Compiled once per (tree, mesh, axes, workers): an equal tree built again (a step function
+    that builds its operators on every call) gets the same :class:`ShardedOperator`, so its
+    plan is not compiled again and XLA compiles nothing new.
+
     Raises
     ------
     MeshError
@@ -227,6 +231,18 @@ def sharded(
     DeviceKernelError
         If the tree holds a LocalOperator (a numpy kernel cannot run inside jit).
     """
+    placement = None
+    if workers is not None:  # a list is the map of its indices: either form, one entry
+        placement = tuple(sorted((workers if isinstance(workers, Mapping) else dict(enumerate(workers))).items()))
+    return _sharded(op, mesh, None if axes is None else tuple(axes), placement)
+
+
+@lru_cache(maxsize=256)
+def _sharded(
+    op: LinearOperator, mesh: Mesh, axes: tuple[str, ...] | None, placement: tuple[tuple[int, int], ...] | None
+) -> ShardedOperator:
+    """:func:`sharded` with hashable arguments (``placement``: the worker map's items, sorted)."""
+    workers = None if placement is None else dict(placement)
     return ShardedOperator(op, mesh, axes=axes, workers=workers)
 
 
