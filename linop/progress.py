@@ -8,7 +8,7 @@ is chosen by the ``progress=`` keyword of those functions (:data:`ProgressOption
   (so short calls in tests and notebooks stay silent);
 - ``True``: report from the first step; ``False``: never;
 - a callable: called as ``callback(done, total, what)`` at every step (a notebook or a GUI
-  draws its own bar), with nothing written to stderr.
+  draws its own bar), with nothing written to stderr but the line on Ctrl-C.
 
 On a terminal the report is one live line, rewritten in place; otherwise (a log, a pipe, a
 captured stream) a line every :data:`LINE_SECONDS` and one at the end. Under MPI only rank 0
@@ -17,9 +17,10 @@ reports (``report=False`` on the others).
 Used as a context manager, a :class:`Progress` also handles Ctrl-C: when ``KeyboardInterrupt``
 leaves the block it clears the live line, writes one line such as ``lift of f: interrupted
 after 1,536 of 65,536 probes (forward)``, and lets the interrupt propagate (the program still
-stops; nothing partial is returned). Under MPI a ``KeyboardInterrupt`` inside linop's
-collective sections aborts the whole job as before (:mod:`linop.backends.mpi.guards`); this
-line comes only from the rank-0 code that sees the interrupt itself.
+stops; nothing partial is returned); ``progress=False`` silences this line too. Under MPI a
+``KeyboardInterrupt`` inside linop's collective sections aborts the whole job as before
+(:mod:`linop.backends.mpi.guards`); this line comes only from the rank-0 code that sees the
+interrupt itself.
 """
 
 from __future__ import annotations

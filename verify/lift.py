@@ -484,9 +484,9 @@ def lift(
         Progress of the probing (one step per unit vector, forward then adjoint, then the
         linearity check), :mod:`linop.progress`: None (default) reports on stderr only once
         the lift has run 2 s, True always, False never; a callable is called as
-        ``progress(done, total, what)`` instead. Ctrl-C while probing writes one line saying
-        how far it got (``lift of f: interrupted after 1,536 of 32,768 probes (forward)``)
-        and re-raises the ``KeyboardInterrupt``.
+        ``progress(done, total, what)`` instead. Ctrl-C while probing writes one line on
+        stderr (unless ``progress=False``) saying how far it got (``lift of f: interrupted
+        after 1,536 of 32,768 probes (forward)``) and re-raises the ``KeyboardInterrupt``.
 
     Returns
     -------
