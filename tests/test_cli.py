@@ -212,17 +212,21 @@ def test_a_crashing_entry_is_an_error_not_a_crash(monkeypatch, capsys):
     assert "RuntimeError: cannot build" in document["results"][0]["message"]
 
 
-def test_progress_lines_when_not_a_terminal():
+def test_progress_lines_when_not_a_terminal(monkeypatch):
+    """The CLI's progress (linop.progress.Progress): a line every few seconds off a terminal."""
     import io
 
+    import linop.progress
+
+    now = iter([0.0, 1.0, 9.0])
+    monkeypatch.setattr(linop.progress, "clock", lambda: next(now))
     stream = io.StringIO()
-    progress = cli._Progress(stream, every=0.0)
-    entry = identities.ENTRIES[0]
-    progress(0, 3, entry, 0.0)
-    progress(1, 3, entry, 6.0)
-    progress.finish()
+    progress = linop.progress.Progress("python -m verify", 3, "identities checked", stream=stream)
+    progress.update(0, identities.ENTRIES[0].name)
+    progress.update(1, identities.ENTRIES[1].name)
+    progress.clear()
     lines = stream.getvalue().splitlines()
-    assert lines[-1] == "... 1/3 identities checked (6 s)"
+    assert lines == [f"python -m verify: 1 of 3 identities checked ({identities.ENTRIES[1].name}) (9 s)"]
 
 
 def test_run_refuses_an_unknown_level():

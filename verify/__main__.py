@@ -18,39 +18,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-from typing import TextIO
+
+from linop.progress import Progress
 
 from .catalogue import Entry
 from .report import LEVELS, format_table, run, to_json
 
 __all__ = ["main"]
-
-
-class _Progress:
-    """Progress on stderr: a live line on a terminal, a line every few seconds otherwise."""
-
-    def __init__(self, stream: TextIO, every: float = 5.0) -> None:
-        self.stream = stream
-        self.live = stream.isatty()
-        self.every = every
-        self.last = time.perf_counter()
-        self.done = 0
-
-    def __call__(self, done: int, total: int, entry: Entry, seconds: float) -> None:
-        self.done = done
-        if self.live:
-            self.stream.write(f"\r\033[K[{done + 1}/{total}] {entry.name}")
-            self.stream.flush()
-        elif time.perf_counter() - self.last >= self.every:
-            self.last = time.perf_counter()
-            self.stream.write(f"... {done}/{total} identities checked ({seconds:.0f} s)\n")
-            self.stream.flush()
-
-    def finish(self) -> None:
-        if self.live:
-            self.stream.write("\r\033[K")
-            self.stream.flush()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -155,17 +129,22 @@ def main(argv: list[str] | None = None) -> int:
         for e in entries:
             print(f"{e.name:<{width}}  {e.section:<{section_width}}  {e.kind:<7}  {e.statement}")
         return 0
-    progress = None if args.no_progress else _Progress(sys.stderr)
+    # a live line on a terminal, a line every few seconds otherwise, once the run has taken 2 s
+    progress = Progress(
+        "python -m verify", len(entries), "identities checked", progress=False if args.no_progress else None
+    )
+
+    def checking(done: int, total: int, entry: Entry, seconds: float) -> None:
+        progress.update(done, entry.name)
+
     try:
-        report = run(entries, levels, progress)
+        report = run(entries, levels, checking)
     except KeyboardInterrupt:  # Ctrl-C: a line saying so, not a traceback; status 130 (128 + SIGINT)
-        if progress is not None:
-            progress.finish()
-        where = f" after {progress.done}/{len(entries)} identities" if progress is not None else ""
+        progress.clear()
+        where = "" if args.no_progress else f" after {progress.done}/{len(entries)} identities"
         print(f"python -m verify: interrupted{where}; no result to report", file=sys.stderr)
         return 130
-    if progress is not None:
-        progress.finish()
+    progress.clear()
     if not report.results:
         print(
             f"python -m verify: none of the levels {', '.join(levels)} applies to the selected identities",

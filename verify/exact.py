@@ -10,6 +10,13 @@ products may round differently in the two trees; the comparison then allows
 
 A failure names the first differing entries as (block, index) pairs on both sides: the row's
 block in one space and the column's block in the other.
+
+These proofs report no progress (unlike :func:`verify.lift.lift` and
+:func:`linop.algorithms.calibrate.calibrate`): the sparse interpreter calls one handler per
+node, and a large operator is a tree of few nodes (``halo_windows`` of 2.25 M entries: a dozen
+handler calls for both matrices) whose time is in a few whole-matrix scipy operations
+(coo-to-csr conversions, sparse products, then one subtraction to compare), of costs that differ
+by orders of magnitude; no count of steps would say how far a proof has got.
 """
 
 from __future__ import annotations

@@ -46,6 +46,7 @@ from linop import Block, LinearOperator, Space
 from linop.backends import numpy as numpy_backend
 from linop.backends import sparse as sparse_backend
 from linop.linearity import linearity_problem
+from linop.progress import Progress, ProgressOption
 
 from .errors import LiftError
 from .exact import Proof, exact_adjoint
@@ -366,11 +367,31 @@ def _jax_batches(
 
 
 def probe(
-    apply_batch: Batch, size_in: int, size_out: int, *, batch: int = 256, dtype: npt.DTypeLike = np.float64
+    apply_batch: Batch,
+    size_in: int,
+    size_out: int,
+    *,
+    batch: int = 256,
+    dtype: npt.DTypeLike = np.float64,
+    tick: Callable[[int], None] | None = None,
 ) -> sp.csr_array:
     """The matrix of a linear map by probing: column ``j`` is the map of the unit vector
     ``e_j``, ``batch`` columns per call. Integer-valued matrices (data movement) are returned as
-    int64, so that the proof compares them exactly."""
+    int64, so that the proof compares them exactly.
+
+    Parameters
+    ----------
+    apply_batch : callable
+        The map on a batch of flat vectors, (B, size_in) -> (B, size_out).
+    size_in, size_out : int
+        The sizes of its domain and range.
+    batch : int
+        Unit vectors per call.
+    dtype : dtype
+        The unit vectors' dtype.
+    tick : callable, optional
+        Called with the number of columns just probed after each call (progress).
+    """
     columns = []
     for start in range(0, size_in, batch):
         stop = min(size_in, start + batch)
@@ -382,6 +403,8 @@ def probe(
                 f"probing gave images of shape {images.shape}, expected {(stop - start, size_out)}"
             )
         columns.append(sp.csr_array(images.T))
+        if tick is not None:
+            tick(stop - start)
     matrix = sp.csr_array(sp.hstack(columns)) if columns else sp.csr_array((size_out, size_in), dtype=dtype)
     matrix.eliminate_zeros()
     data = matrix.data
@@ -428,6 +451,7 @@ def lift(
     label: str | None = None,
     check_linear: bool = True,
     max_entries: int = MAX_ENTRIES,
+    progress: ProgressOption = None,
 ) -> Lifted:
     """Lift a black-box linear map and its claimed adjoint into a :class:`Lifted` operator.
 
@@ -456,6 +480,18 @@ def lift(
     max_entries : int
         The largest domain or range size probed (default :data:`MAX_ENTRIES`): probing costs
         one call per entry on dense vectors, so larger maps are refused before any call.
+    progress : None, bool or callable
+        Progress of the probing (one step per unit vector, forward then adjoint, then the
+        linearity check), :mod:`linop.progress`: None (default) reports on stderr only once
+        the lift has run 2 s, True always, False never; a callable is called as
+        ``progress(done, total, what)`` instead. Ctrl-C while probing writes one line on
+        stderr (unless ``progress=False``) saying how far it got (``lift of f: interrupted
+        after 1,536 of 32,768 probes (forward)``) and re-raises the ``KeyboardInterrupt``.
+
+    Returns
+    -------
+    Lifted
+        The probed operator, whose adjoint is the claimed one.
 
     Raises
     ------
@@ -463,6 +499,8 @@ def lift(
         When the map is not linear, writes into its input (numpy arrays are given read-only),
         returns the wrong blocks or shapes, is larger than ``max_entries``, ``batch`` is not a
         positive integer, or numpy is given no adjoint.
+    KeyboardInterrupt
+        On Ctrl-C, after the line saying how far the probing got.
     """
     label = label or getattr(forward, "__qualname__", None) or type(forward).__name__
     domain, range_ = _as_space(domain, "domain", label), _as_space(range, "range", label)
@@ -478,11 +516,15 @@ def lift(
         apply_forward, apply_adjoint = _torch_batches(forward, domain, range_, label, adjoint)
     else:
         apply_forward, apply_adjoint = _jax_batches(forward, domain, range_, label, adjoint)
-    matrix = probe(apply_forward, domain.size, range_.size, batch=batch)
-    claimed = probe(apply_adjoint, range_.size, domain.size, batch=batch)
-    if check_linear:
-        _check_linear(apply_forward, matrix, domain, range_, label)
-        _check_linear(apply_adjoint, claimed, range_, domain, f"the adjoint of {label}")
+    with Progress(f"lift of {label}", domain.size + range_.size, "probes", progress=progress) as report:
+        report.update(0, "forward")
+        matrix = probe(apply_forward, domain.size, range_.size, batch=batch, tick=report.advance)
+        report.update(report.done, "adjoint")
+        claimed = probe(apply_adjoint, range_.size, domain.size, batch=batch, tick=report.advance)
+        if check_linear:
+            report.update(report.done, "checking linearity")
+            _check_linear(apply_forward, matrix, domain, range_, label)
+            _check_linear(apply_adjoint, claimed, range_, domain, f"the adjoint of {label}")
     return Lifted(domain, range_, matrix, claimed, label)
 
 
@@ -495,7 +537,11 @@ def prove_backward(
     """Lift ``forward`` with its claimed adjoint (:func:`lift`, same options) and prove the
     adjoint exactly: a :class:`~verify.exact.Proof` whose failure lists the first wrong
     entries, each a row (block, index) of the function's input and a column (block, index) of
-    its output, with the claimed backward's value and the true adjoint's."""
+    its output, with the claimed backward's value and the true adjoint's.
+
+    Progress (``progress=``, as in :func:`lift`) covers the probing; the exact proof that
+    follows is a few whole-matrix scipy operations (:func:`verify.exact.exact_adjoint`) and
+    reports none."""
     return exact_adjoint(lift(forward, domain, range, **options))
 
 
@@ -508,10 +554,12 @@ def _probe_ranks(
     label: str,
     to_input: Callable[[np.ndarray], Any],
     to_numpy: Callable[[Any], np.ndarray],
+    tick: Callable[[], None] | None = None,
 ) -> sp.csr_array:
     """The global matrix of a per-rank function by probing: for each global entry ``j`` of
     ``inside`` every rank calls ``call`` together on its blocks (all zero but entry ``j`` on its
-    owner), records its own output column, and the columns are gathered on every rank."""
+    owner), records its own output column, and the columns are gathered on every rank;
+    ``tick()`` after each entry (progress)."""
     rank = comm.rank
     mine_in = [b for b in inside if b.worker == rank]
     mine_out = [b for b in outside if b.worker == rank]
@@ -539,6 +587,8 @@ def _probe_ranks(
             rows.append(nonzero + offset)
             cols.append(np.full(nonzero.size, j))
             vals.append(flat[nonzero])
+        if tick is not None:
+            tick()
     problems = [p for p in comm.allgather(problem) if p is not None]
     if problems:
         raise LiftError("; ".join(problems))
@@ -570,6 +620,7 @@ def lift_mpi(
     framework: str = "numpy",
     label: str | None = None,
     max_entries: int = MAX_ENTRIES,
+    progress: ProgressOption = None,
 ) -> Lifted:
     """Lift a per-rank function that communicates (hand-written mpi4py code) and its claimed
     adjoint into one :class:`Lifted` operator, the same on every rank; collective.
@@ -583,6 +634,33 @@ def lift_mpi(
 
     ``max_entries`` bounds the domain and range sizes as in :func:`lift` (the spaces are the
     same on every rank, so every rank refuses alike, before any call).
+
+    Parameters
+    ----------
+    forward : callable
+        This rank's part of the map: this rank's domain blocks -> this rank's range blocks.
+    domain, range : Space
+        The global spaces, whose blocks name their workers (ranks).
+    adjoint : callable, optional
+        The claimed adjoint's part on this rank (default for torch: autograd's backward).
+    comm : mpi4py communicator, optional
+        Default ``MPI.COMM_WORLD``.
+    framework : {"numpy", "torch"}
+        What the callables take and return.
+    label : str, optional
+        The name shown in trees and proofs.
+    max_entries : int
+        The largest domain or range size probed.
+    progress : None, bool or callable
+        As in :func:`lift` (one step per global entry, forward then adjoint); only rank 0
+        reports. Ctrl-C that reaches this code writes rank 0's line saying how far the
+        probing got and re-raises; one inside linop's own collective sections aborts the job
+        (:mod:`linop.backends.mpi.guards`).
+
+    Returns
+    -------
+    Lifted
+        The same on every rank.
 
     Raises
     ------
@@ -614,10 +692,19 @@ def lift_mpi(
             adjoint = _torch_backward_of(forward, domain, range, comm)
     else:
         raise LiftError(f"lift_mpi supports the numpy and torch frameworks, not {framework!r}")
-    matrix = _probe_ranks(forward, domain, range, comm, label, to_input, to_numpy)
-    claimed = _probe_ranks(adjoint, range, domain, comm, f"the adjoint of {label}", to_input, to_numpy)
-    _check_linear_ranks(forward, matrix, domain, range, comm, label, to_input, to_numpy)
-    _check_linear_ranks(adjoint, claimed, range, domain, comm, f"the adjoint of {label}", to_input, to_numpy)
+    adjoint_label = f"the adjoint of {label}"
+    with Progress(
+        f"lift of {label}", domain.size + range.size, "probes", progress=progress, report=comm.rank == 0
+    ) as report:
+        report.update(0, "forward")
+        matrix = _probe_ranks(forward, domain, range, comm, label, to_input, to_numpy, report.advance)
+        report.update(report.done, "adjoint")
+        claimed = _probe_ranks(
+            adjoint, range, domain, comm, adjoint_label, to_input, to_numpy, report.advance
+        )
+        report.update(report.done, "checking linearity")
+        _check_linear_ranks(forward, matrix, domain, range, comm, label, to_input, to_numpy)
+        _check_linear_ranks(adjoint, claimed, range, domain, comm, adjoint_label, to_input, to_numpy)
     return Lifted(domain, range, matrix, claimed, label)
 
 

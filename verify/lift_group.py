@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from linop import Space
+from linop.progress import ProgressOption
 
 from .exact import Proof, exact_adjoint
 from .lift import Lifted, lift_mpi
@@ -59,6 +60,7 @@ def lift_group(
     group: Any = None,
     framework: str = "torch",
     label: str | None = None,
+    progress: ProgressOption = None,
 ) -> Lifted:
     """Lift a per-rank function that communicates over a torch.distributed process group, and
     its claimed adjoint, into one :class:`~verify.lift.Lifted`, the same on every rank;
@@ -70,13 +72,23 @@ def lift_group(
     (default) they take and return tensors and the default adjoint is autograd's backward;
     ``"numpy"`` takes arrays and needs ``adjoint=``.
 
+    ``progress=`` is as in :func:`verify.lift.lift_mpi`: group rank 0 reports the probing
+    (None: once it has run 2 s; True, False, or a callable of ``(done, total, what)``).
+
     Raises
     ------
     LiftError
         On every rank together, when a rank's function returns the wrong blocks or shapes.
     """
     return lift_mpi(
-        forward, domain, range, adjoint=adjoint, comm=GroupComm(group), framework=framework, label=label
+        forward,
+        domain,
+        range,
+        adjoint=adjoint,
+        comm=GroupComm(group),
+        framework=framework,
+        label=label,
+        progress=progress,
     )
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from linop import Space
 from linop.backends.jax.plan import Layout, space_layout
+from linop.progress import ProgressOption
 
 from .exact import Proof, exact_adjoint
 from .lift import Lifted, lift
@@ -88,11 +89,13 @@ def lift_shard_map(
     workers: Sequence[int] | None = None,
     label: str | None = None,
     batch: int = 64,
+    progress: ProgressOption = None,
 ) -> Lifted:
     """Lift a function of stacked slots (``forward(*domain_slots) -> range slots``: one array,
     a tuple in slot order, or a dict by slot name) and its claimed transpose (its JAX VJP, or
     ``adjoint(*range_slots) -> domain slots``) into a :class:`~verify.lift.Lifted` operator
-    from ``domain`` to ``range``, on ``devices`` devices (worker w on device ``workers[w]``)."""
+    from ``domain`` to ``range``, on ``devices`` devices (worker w on device ``workers[w]``).
+    ``progress=`` reports the probing as in :func:`verify.lift.lift`."""
     source, pack_in, unpack_in = slot_functions(domain, devices, workers)
     target, pack_out, unpack_out = slot_functions(range, devices, workers)
 
@@ -106,7 +109,9 @@ def lift_shard_map(
             return unpack_in(*_as_tuple(adjoint(*pack_out(*blocks)), source))
 
     name = label or getattr(forward, "__qualname__", None) or type(forward).__name__
-    return lift(on_blocks, domain, range, adjoint=claimed, framework="jax", label=name, batch=batch)
+    return lift(
+        on_blocks, domain, range, adjoint=claimed, framework="jax", label=name, batch=batch, progress=progress
+    )
 
 
 def prove_shard_map(

@@ -21,7 +21,7 @@ mpi4py (the ``mpi`` extra) and at least two ranks.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from statistics import median
 from typing import Any
 
@@ -29,6 +29,7 @@ import numpy as np
 
 from ..accounting import CostModel
 from ..errors import CalibrationError
+from ..progress import Progress, ProgressOption
 
 __all__ = ["CalibrationError", "calibrate", "local_step_time", "ping_pong", "reduction_rate"]
 
@@ -42,11 +43,18 @@ def _world(comm: Any) -> Any:
 
 
 def ping_pong(
-    comm: Any, nbytes: int, repeats: int = 20, *, batch: int = 10, interpreter: bool = False
+    comm: Any,
+    nbytes: int,
+    repeats: int = 20,
+    *,
+    batch: int = 10,
+    interpreter: bool = False,
+    tick: Callable[[], None] | None = None,
 ) -> float:
     """One-way time (s) of an ``nbytes`` message between ranks 0 and 1: the median over
     ``repeats`` samples of ``batch`` round trips each, halved (collective over ``comm``; ranks
-    other than 0 and 1 only wait). Rank 0's result is the measurement."""
+    other than 0 and 1 only wait). Rank 0's result is the measurement; ``tick()`` is called
+    after each sample (progress)."""
     rank = comm.Get_rank()
     count = max(1, nbytes // 8)
     buffer = np.zeros(count)
@@ -71,6 +79,8 @@ def ping_pong(
         for _ in range(batch):
             run()
         samples.append((time.perf_counter() - start) / (2 * batch))
+        if tick is not None:
+            tick()
     return float(median(samples))
 
 
@@ -107,6 +117,7 @@ def calibrate(
     sizes: Sequence[int] = (8, 1 << 20),
     repeats: int = 20,
     interpreter: bool = False,
+    progress: ProgressOption = None,
 ) -> CostModel:
     """Measure alpha, beta and gamma on ``comm`` (default ``MPI.COMM_WORLD``); collective.
 
@@ -120,6 +131,13 @@ def calibrate(
     interpreter : bool
         Ping-pong through the MPI interpreter (a bound plan of send-receives) instead of raw
         ``Send``/``Recv``.
+    progress : None, bool or callable
+        Progress on rank 0, one step per timed sample (the ping-pongs, the reduction rate and,
+        with ``interpreter=True``, the local steps), :mod:`linop.progress`: None (default)
+        reports on stderr only once calibration has run 2 s, True always, False never; a
+        callable is called as ``progress(done, total, what)`` instead. Ctrl-C between MPI calls
+        writes rank 0's line saying how far it got and re-raises the ``KeyboardInterrupt``
+        (inside the interpreter's bound plans it aborts the job, as any failure there does).
 
     Returns
     -------
@@ -139,10 +157,18 @@ def calibrate(
     small, large = (int(s) for s in sizes)
     if not 0 < small < large:
         raise CalibrationError(f"calibration sizes must be two increasing byte counts, not {tuple(sizes)}")
-    t_small = ping_pong(comm, small, repeats, interpreter=interpreter)
-    t_large = ping_pong(comm, large, max(3, repeats // 4), batch=2, interpreter=interpreter)
-    gamma = reduction_rate()
-    delta = local_step_time(comm, repeats) if interpreter else 0.0
+    large_repeats = max(3, repeats // 4)
+    total = repeats + large_repeats + 1 + (repeats if interpreter else 0)
+    rank0 = comm.Get_rank() == 0
+    with Progress("calibrate", total, "samples", progress=progress, report=rank0) as report:
+        report.update(0, f"alpha: {small}-byte ping-pong")
+        t_small = ping_pong(comm, small, repeats, interpreter=interpreter, tick=report.advance)
+        report.update(report.done, f"beta: {large}-byte ping-pong")
+        t_large = ping_pong(comm, large, large_repeats, batch=2, interpreter=interpreter, tick=report.advance)
+        report.update(report.done, "gamma: reduction rate")
+        gamma = reduction_rate()
+        report.advance(1, "delta: local steps" if interpreter else None)
+        delta = local_step_time(comm, repeats, tick=report.advance) if interpreter else 0.0
     fitted = None
     if comm.Get_rank() == 0:
         beta = max(t_large - t_small, 0.0) / (large - small)
@@ -152,9 +178,11 @@ def calibrate(
     return CostModel(alpha, beta, gamma, delta)
 
 
-def local_step_time(comm: Any, repeats: int = 20, steps: int = 20) -> float:
+def local_step_time(
+    comm: Any, repeats: int = 20, steps: int = 20, *, tick: Callable[[], None] | None = None
+) -> float:
     """Seconds per local step of the MPI interpreter: a bound plan of ``steps`` one-entry adds
-    on worker 0, timed on rank 0 (collective over ``comm``)."""
+    on worker 0, timed on rank 0 (collective over ``comm``); ``tick()`` after each sample."""
     from ..backends import mpi as mpi_backend
     from ..operator import Composition
     from ..primitives import Add
@@ -172,4 +200,6 @@ def local_step_time(comm: Any, repeats: int = 20, steps: int = 20) -> float:
         for _ in range(5):
             run()
         samples.append((time.perf_counter() - start) / (5 * steps))
+        if tick is not None:
+            tick()
     return float(median(samples))

@@ -65,6 +65,26 @@ def test_hand_written_halo_exchange_and_its_adjoint_are_proven(comm):
     collective_assert(bool(proof), proof.detail)
 
 
+def test_progress_is_reported_on_rank_0_only(comm):
+    space = _space(comm)
+    seen = []
+    lift_mpi(
+        halo_forward(comm),
+        space,
+        space,
+        adjoint=halo_adjoint(comm),
+        comm=comm,
+        label="halo",
+        progress=lambda done, total, what: seen.append((done, total)),
+    )
+    counts = [done for done, _ in seen]
+    if comm.rank == 0:
+        ok = counts == sorted(counts) and seen[-1] == (2 * space.size, 2 * space.size)
+    else:
+        ok = seen == []
+    collective_assert(ok, f"rank {comm.rank} saw {seen[:3]}...{seen[-3:]}")
+
+
 def test_backward_that_reapplies_the_forward_is_refuted_with_named_entries(comm):
     space = _space(comm)
     lifted = lift_mpi(halo_forward(comm), space, space, adjoint=halo_forward(comm), comm=comm, label="halo")
