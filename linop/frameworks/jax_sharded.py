@@ -233,13 +233,18 @@ def sharded(
     """
     placement = None
     if workers is not None:  # a list is the map of its indices: either form, one entry
-        placement = tuple(sorted((workers if isinstance(workers, Mapping) else dict(enumerate(workers))).items()))
+        placement = tuple(
+            sorted((workers if isinstance(workers, Mapping) else dict(enumerate(workers))).items())
+        )
     return _sharded(op, mesh, None if axes is None else tuple(axes), placement)
 
 
 @lru_cache(maxsize=256)
 def _sharded(
-    op: LinearOperator, mesh: Mesh, axes: tuple[str, ...] | None, placement: tuple[tuple[int, int], ...] | None
+    op: LinearOperator,
+    mesh: Mesh,
+    axes: tuple[str, ...] | None,
+    placement: tuple[tuple[int, int], ...] | None,
 ) -> ShardedOperator:
     """:func:`sharded` with hashable arguments (``placement``: the worker map's items, sorted)."""
     workers = None if placement is None else dict(placement)
