@@ -100,15 +100,21 @@ FRAMEWORK_EXAMPLES = 0 if LONG else 40  # the long campaign draws framework stat
 
 
 @pytest.mark.skipif(LONG, reason="LINOP_LONG=1: the main campaign includes framework states")
-@pytest.mark.parametrize("library", ["torch", "jax"])
-def test_framework_states_succeed_exactly_or_raise_a_linop_error(library, capsys):
+@pytest.mark.parametrize(
+    ("library", "group"),
+    [("torch", "torch states"), ("jax", "JAX states"), ("jax", "JAX device executor")],
+    ids=["torch-states", "jax-states", "jax-device-executor"],
+)
+def test_framework_states_succeed_exactly_or_raise_a_linop_error(library, group, capsys):
     """States of torch tensors (requires_grad, non-contiguous, stride 0, float16, bfloat16, int,
-    mixed with numpy) and JAX arrays, in place or not."""
+    mixed with numpy) and JAX arrays, in place or not; and the JAX device executor (a tree
+    compiled for a one-device mesh with a junk mesh, axes or worker map half the time, applied
+    to numpy, JAX or junk blocks)."""
     pytest.importorskip(library)
     from verify.strategies_malformed_surface import FRAMEWORK_ENTRY_POINTS
 
     counts: Counter = Counter()
-    strategy = FRAMEWORK_ENTRY_POINTS["torch states" if library == "torch" else "JAX states"]()
+    strategy = FRAMEWORK_ENTRY_POINTS[group]()
 
     @settings(
         max_examples=FRAMEWORK_EXAMPLES,
@@ -123,7 +129,7 @@ def test_framework_states_succeed_exactly_or_raise_a_linop_error(library, capsys
 
     campaign()
     with capsys.disabled():
-        print(f"\n{library} states: {dict(counts)}")
+        print(f"\n{group}: {dict(counts)}")
     assert counts["ok"] > 0 and counts["typed"] > 0
 
 

@@ -1,6 +1,6 @@
 """More of the fuzz campaign (:mod:`verify.strategies_malformed`): local operators, layers,
-``lift`` / ``prove_backward``, worker maps, the display, the accounting and the chooser, and
-states of other array libraries (torch, JAX).
+``lift`` / ``prove_backward``, worker maps, the display, the accounting and the chooser,
+states of other array libraries (torch, JAX), and the JAX device executor.
 
 Each strategy draws one :class:`~verify.strategies_malformed.Call`, with arguments half valid
 and half :func:`~verify.strategies_malformed.junk`, and kernels that are honest half the time:
@@ -420,8 +420,72 @@ def _framework_applications(draw: st.DrawFn, library: str) -> Call:
     return Call(f"apply ({library} states)", run, show_arguments(op, forms, inplace=inplace))
 
 
+def _device_trees() -> list[linop.LinearOperator]:
+    """Small distributed trees (workers 0 and 1) for the JAX device executor."""
+    space = Space([Block("a", (4,), 0), Block("b", (4,), 1)])
+    tensor = DistributedTensor("t", (6,), Partition((2,)))
+    halo = linop.HaloExchange(linop.halo_geometry(tensor, Kernel(3, padding=1)))
+    return [
+        linop.SendRecv(space["a"][0:2], space["b"][2:4]),
+        linop.Move(space["a"][1:3], space["b"][0:2]) + linop.Identity(space),
+        halo,
+        halo.H,
+    ]
+
+
+@st.composite
+def _device_executions(draw: st.DrawFn) -> Call:
+    """A tree compiled for a one-device JAX mesh (both workers on it) with arguments half
+    valid: the mesh, ``axes``, ``workers``; then applied to a state of numpy or JAX blocks, some
+    missing, extra, misshapen or of a non-numeric dtype. The sparse interpreter's result, or a
+    LinopError."""
+    import jax
+    from jax.sharding import Mesh
+
+    from linop.frameworks.jax_sharded import sharded
+
+    op = draw(st.sampled_from(_device_trees()))
+    honest = draw(st.booleans())
+    mesh = _arg(draw, st.just(Mesh(np.array(jax.devices()[:1]), ("d",))), honest)
+    axes = _arg(draw, st.sampled_from([None, ("d",), ["d"]]), honest)
+    workers = _arg(draw, st.sampled_from([{0: 0, 1: 0}, [0, 0], (0, 0)]), honest)
+    values = {b.name: (np.arange(b.size) + 10 * i).reshape(b.shape) for i, b in enumerate(op.domain)}
+    state: dict[str, Any] = {}
+    forms = []
+    for name, array in values.items():
+        form = draw(
+            st.sampled_from(
+                ["numpy int", "numpy float", "jax", "junk"] if not honest else ["numpy int", "jax"]
+            )
+        )
+        forms.append(form)
+        if form == "junk":
+            state[name] = draw(junk())
+        elif form == "jax":
+            state[name] = jax.numpy.asarray(array.astype(np.float32))
+        else:
+            state[name] = array.astype(np.int64 if form == "numpy int" else np.float64)
+    if not honest and draw(st.booleans()):
+        state[draw(st.sampled_from(["extra", *values]))] = draw(junk())
+
+    def run() -> Any:
+        before = {n: np.array(v) for n, v in state.items() if isinstance(v, np.ndarray)}
+        executor = sharded(op, mesh, axes=axes, workers=workers)
+        result = executor.blocks(state)
+        got = {name: np.asarray(result[name]).astype(np.float64) for name in op.range.names}
+        reference = {name: np.asarray(state[name]).astype(np.float64) for name in op.domain.names}
+        check_against_matrix(op, reference, got, np.float32)
+        for name, array in before.items():
+            if not np.array_equal(state[name], array):
+                raise FuzzFailure(f"block {name!r} of the caller changed")
+        return result
+
+    return Call("JAX device executor", run, show_arguments(op, mesh, forms, axes=axes, workers=workers))
+
+
 FRAMEWORK_ENTRY_POINTS: dict[str, Callable[[], st.SearchStrategy[Call]]] = {
     "torch states": lambda: _framework_applications("torch"),
     "JAX states": lambda: _framework_applications("jax"),
+    "JAX device executor": _device_executions,
 }
 """Strategies that import torch or JAX (slow to import: a test of their own)."""

@@ -34,7 +34,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ..backends.jax.plan import Layout, Plan, compile_plan
 from ..backends.jax.shard import local_function, sharded_call
-from ..errors import DtypeError, MeshError, StateError
+from ..errors import DtypeError, MeshError, OperandError, StateError, WorkerError
 from ..operator import LinearOperator
 from ..partition import DistributedTensor
 
@@ -224,19 +224,59 @@ def sharded(
 
     Raises
     ------
+    OperandError
+        If ``op`` is not a LinearOperator.
     MeshError
-        If ``axes`` names an axis the mesh does not have.
+        If ``mesh`` is not a ``jax.sharding.Mesh``, or ``axes`` is not a sequence of distinct
+        axis names of the mesh.
     WorkerError
-        If a block lives on a worker that the map does not place on a device.
+        If ``workers`` is not a dict or list of non-negative integers, or a block lives on a
+        worker that the map does not place on a device.
     DeviceKernelError
         If the tree holds a LocalOperator (a numpy kernel cannot run inside jit).
     """
-    placement = None
-    if workers is not None:  # a list is the map of its indices: either form, one entry
-        placement = tuple(
-            sorted((workers if isinstance(workers, Mapping) else dict(enumerate(workers))).items())
+    if not isinstance(op, LinearOperator):
+        raise OperandError(f"sharded() compiles a LinearOperator, not {type(op).__name__} {op!r:.60}")
+    if not isinstance(mesh, Mesh):
+        raise MeshError(f"mesh must be a jax.sharding.Mesh, not {type(mesh).__name__} {mesh!r:.60}")
+    return _sharded(op, mesh, _axes(axes, mesh), _placement(workers))
+
+
+def _axes(axes: Any, mesh: Mesh) -> tuple[str, ...] | None:
+    """``axes`` as a tuple of the mesh's axis names (None: all of them)."""
+    if axes is None:
+        return None
+    if isinstance(axes, str) or not isinstance(axes, Sequence):
+        raise MeshError(f"axes must be a sequence of mesh axis names, not {type(axes).__name__} {axes!r:.60}")
+    for axis in axes:
+        if not isinstance(axis, str) or axis not in mesh.shape:
+            raise MeshError(f"mesh axis {axis!r:.40} is not an axis of the mesh {dict(mesh.shape)}")
+    if not axes or len(set(axes)) != len(axes):
+        raise MeshError(
+            f"axes {list(axes)} must name distinct axes of the mesh {dict(mesh.shape)}, at least one"
         )
-    return _sharded(op, mesh, None if axes is None else tuple(axes), placement)
+    return tuple(axes)
+
+
+def _placement(workers: Any) -> tuple[tuple[int, int], ...] | None:
+    """The worker map's items, sorted (a list is the map of its indices: either form, one
+    entry of the cache)."""
+    if workers is None:
+        return None
+    if isinstance(workers, Mapping):
+        pairs = list(workers.items())
+    elif isinstance(workers, Sequence) and not isinstance(workers, str | bytes):
+        pairs = list(enumerate(workers))
+    else:
+        raise WorkerError(
+            f"workers must map workers to device indices (a dict or a list), not {type(workers).__name__} "
+            f"{workers!r:.60}"
+        )
+    for worker, device in pairs:
+        for what, value in (("worker", worker), ("device index", device)):
+            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
+                raise WorkerError(f"workers: {what} {value!r:.40} is not a non-negative integer")
+    return tuple(sorted((int(w), int(d)) for w, d in pairs))
 
 
 @lru_cache(maxsize=256)
