@@ -1,6 +1,7 @@
 """More of the fuzz campaign (:mod:`verify.strategies_malformed`): local operators, layers,
 ``lift`` / ``prove_backward``, worker maps, the display, the accounting and the chooser,
-states of other array libraries (torch, JAX), and the JAX device executor.
+states of other array libraries (torch, JAX), the JAX device executor, and the
+torch.distributed executor on a one-process group.
 
 Each strategy draws one :class:`~verify.strategies_malformed.Call`, with arguments half valid
 and half :func:`~verify.strategies_malformed.junk`, and kernels that are honest half the time:
@@ -35,7 +36,7 @@ from .strategies_malformed import (
 )
 from .strategies_malformed_layers import LAYER_ENTRY_POINTS
 
-__all__ = ["SURFACE_ENTRY_POINTS", "FRAMEWORK_ENTRY_POINTS"]
+__all__ = ["SURFACE_ENTRY_POINTS", "FRAMEWORK_ENTRY_POINTS", "GROUP_ENTRY_POINTS"]
 
 _M = np.array([[1, 0, 2, 0], [0, -1, 0, 3]])  # a 2 x 4 integer kernel
 _P = np.arange(16).reshape(4, 4) % 5  # square and not symmetric: a batched probe reads P^T
@@ -483,9 +484,61 @@ def _device_executions(draw: st.DrawFn) -> Call:
     return Call("JAX device executor", run, show_arguments(op, mesh, forms, axes=axes, workers=workers))
 
 
+@st.composite
+def _group_executions(draw: st.DrawFn) -> Call:
+    """A tree applied by the torch.distributed executor on a one-process group (the caller
+    initializes it: ``torch.distributed`` with world size 1), both workers mapped onto rank 0,
+    with arguments half valid: ``group``, ``mapping``, ``timeout``, ``inplace``, and a state of
+    torch or numpy blocks, some missing, extra, misshapen or junk. The sparse interpreter's
+    result, or a LinopError."""
+    import torch
+
+    from linop.backends import torch_distributed as td
+
+    op = draw(st.sampled_from(_device_trees()))
+    honest = draw(st.booleans())
+    group = _arg(draw, st.sampled_from([None, True]), honest)
+    mapping = _arg(draw, st.sampled_from([[0, 0], {0: 0, 1: 0}, (0, 0)]), honest)
+    timeout = _arg(draw, st.sampled_from([None, 30.0, 60]), honest)
+    inplace = draw(st.booleans())
+    values = {b.name: (np.arange(b.size) + 10 * i).reshape(b.shape) for i, b in enumerate(op.domain)}
+    state: dict[str, Any] = {}
+    forms = []
+    for name, array in values.items():
+        form = draw(st.sampled_from(["torch int", "torch float", "numpy"] + ([] if honest else ["junk"])))
+        forms.append(form)
+        if form == "junk":
+            state[name] = draw(junk())
+        elif form == "numpy":
+            state[name] = array.astype(np.float64)
+        else:
+            state[name] = torch.from_numpy(array.astype(np.int64 if form == "torch int" else np.float64))
+    if not honest and draw(st.booleans()):
+        state[draw(st.sampled_from(["extra", *values]))] = draw(junk())
+
+    def run() -> Any:
+        before = {n: _as_numpy(v).copy() for n, v in state.items() if hasattr(v, "shape")}
+        result = td.apply(op, state, group=group, mapping=mapping, timeout=timeout, inplace=inplace)
+        reference = {name: before[name].astype(np.float64) for name in op.domain.names}
+        got = {name: _as_numpy(result[name]).astype(np.float64) for name in op.range.names}
+        check_against_matrix(op, reference, got, None)
+        if not inplace:
+            for name, array in before.items():
+                if not np.array_equal(_as_numpy(state[name]), array):
+                    raise FuzzFailure(f"block {name!r} of the caller changed")
+        return result
+
+    arguments = show_arguments(op, forms, group=group, mapping=mapping, timeout=timeout, inplace=inplace)
+    return Call("torch.distributed executor", run, arguments)
+
+
 FRAMEWORK_ENTRY_POINTS: dict[str, Callable[[], st.SearchStrategy[Call]]] = {
     "torch states": lambda: _framework_applications("torch"),
     "JAX states": lambda: _framework_applications("jax"),
     "JAX device executor": _device_executions,
 }
+GROUP_ENTRY_POINTS: dict[str, Callable[[], st.SearchStrategy[Call]]] = {
+    "torch.distributed executor": _group_executions,
+}
+"""Strategies that need a torch.distributed process group (the caller initializes one)."""
 """Strategies that import torch or JAX (slow to import: a test of their own)."""

@@ -401,6 +401,6 @@ def mpi_entry(state: Any) -> MPIEntry:
         if library is None:
             return MPIEntry(state, state, None)
         arrays = {name: to_numpy(name, value, library) for name, value in state.items()}
-    except ArrayLibraryError:
+    except (ArrayLibraryError, TypeError, ValueError):  # e.g. a ragged list beside a tensor
         return MPIEntry(state, state, None)
     return MPIEntry(state, arrays, library)
