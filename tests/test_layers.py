@@ -4,8 +4,6 @@ gradients from the parameter tree's adjoint, and typed errors for bad arguments.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import scipy.signal
@@ -192,7 +190,6 @@ def test_float_convolution_passes_the_adjoint_test_and_fails_with_a_wrong_kernel
     [Kernel(3, padding=1), Kernel(3, stride=2, padding=1, dilation=1), Kernel(2, dilation=2)],
     ids=["k3p1", "k3s2p1", "k2d2"],
 )
-@pytest.mark.skipif(not os.environ.get("LINOP_LONG"), reason="importing torch takes ~10 s: LINOP_LONG=1")
 def test_gradients_match_torch_autograd(kernel):
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(RNG_SEED)

@@ -259,9 +259,6 @@ def _alive(pid: int) -> bool:
     return state not in "ZX"
 
 
-_LONG_ONLY = pytest.mark.skipif(not os.environ.get("LINOP_LONG"), reason="the other rank count: LINOP_LONG=1")
-
-
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(
     ("ranks", "mode"),
@@ -270,8 +267,8 @@ _LONG_ONLY = pytest.mark.skipif(not os.environ.get("LINOP_LONG"), reason="the ot
         pytest.param(4, "bound", id="4-ranks-bound"),
         pytest.param(4, "dup", id="4-ranks-dup"),
         pytest.param(2, "unbound", id="2-ranks-unbound"),
-        pytest.param(2, "dup", id="2-ranks-dup", marks=_LONG_ONLY),
-        pytest.param(4, "unbound", id="4-ranks-unbound", marks=_LONG_ONLY),
+        pytest.param(2, "dup", id="2-ranks-dup"),
+        pytest.param(4, "unbound", id="4-ranks-unbound"),
     ],
 )
 def test_a_rank_that_never_arrives_ends_the_job_with_a_typed_error(ranks, mode):
