@@ -66,7 +66,7 @@ from linop import (
     halo_geometry,
     halo_windows,
 )
-from linop.backends.mpi import fastpaths as mpi_fastpaths  # noqa: F401 - registers the fast-path lowerings
+from linop.backends.mpi import native as mpi_native  # noqa: F401 - registers the fast-path lowerings
 from linop.program import batch, fingerprint, lower, lower_for, project
 
 BLOCK = 8

@@ -47,7 +47,7 @@ HANDLER_MODULES: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
     {
         "numpy": ("linop.backends.numpy",),
         "sparse": ("linop.backends.sparse",),
-        "program": ("linop.program", "linop.backends.mpi.fastpaths"),
+        "program": ("linop.program", "linop.backends.mpi.native"),
         # the torch.distributed executor's local steps on a device (CUDA under NCCL)
         "torch-device": ("linop.backends.torch_distributed.device",),
     }

@@ -181,7 +181,7 @@ def test_the_layering_holds():
         ("linop.program.lowering", "from mpi4py import MPI\n", "imports no engine"),
         (
             "linop.program.compile",
-            "def f():\n    from ..backends.mpi import fastpaths\n",
+            "def f():\n    from ..backends.mpi import native\n",
             "imports no engine",
         ),
         ("linop.accounting", "def f():\n    from .backends.mpi.plan import Compiled\n", "never a backend"),

@@ -21,7 +21,7 @@ How a call runs
    algebra (sums, scalings, the in-place write-back) with the numpy interpreter's semantics on a
    copy-on-write workspace, so caller arrays are never mutated (unless ``inplace=True``); data
    moves straight from and into the blocks (:mod:`linop.backends.mpi.datatypes`); collectives and
-   halo exchanges take the fast paths of :mod:`linop.backends.mpi.fastpaths`. In place, a
+   halo exchanges take the fast paths of :mod:`linop.backends.mpi.native`. In place, a
    schedule of point-to-point phases (a halo exchange) runs as compiled once per layout of the
    caller's arrays (:mod:`linop.backends.mpi.checked_apply`).
 4. If a rank nevertheless fails during execution (a bug, a user kernel raising, Ctrl-C), it
@@ -56,7 +56,7 @@ from ...operator import LinearOperator
 from ...program import WorkerMap, lowering
 from ...space import State
 from .. import array_api
-from . import fastpaths as mpi_fastpaths  # noqa: F401 - registers the fast paths' lowerings
+from . import native as mpi_native  # noqa: F401 - registers the fast paths' lowerings
 from .bound import BoundPlan
 from .check import DTYPE_CHARS
 from .checked_apply import checked_apply

@@ -33,7 +33,7 @@ from ...errors import LinopError, UnsupportedNodeError
 from ...operator import LinearOperator
 from ...program import RankBranches, RankPart, RankProgram, WorkerMap, compile_for_rank
 from ...space import Block
-from ..mpi import fastpaths as mpi_fastpaths  # noqa: F401 - registers the fast paths' lowerings
+from ..mpi import native as mpi_native  # noqa: F401 - registers the fast paths' lowerings
 from ..mpi.mapping import compiled_for
 
 __all__ = [
@@ -111,7 +111,7 @@ class AllToAllStep:
 
 def _torch_part(part: Any) -> Any:
     """The torch step of one of the MPI fast paths' rank parts (recognized by the fields of
-    :mod:`linop.backends.mpi.fastpaths`' rank steps), or None when torch has no native
+    :mod:`linop.backends.mpi.native`' rank steps), or None when torch has no native
     collective for it (a halo stage: the portable program's phases do it)."""
     fields = vars(part) if hasattr(part, "__dict__") else {}
     if "entries" in fields and "fallback" in fields:

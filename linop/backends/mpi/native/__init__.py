@@ -45,14 +45,14 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from ...collectives import AllGather, AllReduce, Broadcast, Planned, ReduceScatter, SumReduce
-from ...halo import HaloExchange, HaloExchangeAdjoint, HaloStage, HaloStageAdjoint
-from ...movement import Copy, CopyAdjoint, SendRecv, SendRecvAdjoint
-from ...operator import LinearOperator
-from ...partition import WorkerBox
-from ...plan import Piece
-from ...primitives import Allocate, Deallocate
-from ...program import (
+from ....collectives import AllGather, AllReduce, Broadcast, Planned, ReduceScatter, SumReduce
+from ....halo import HaloExchange, HaloExchangeAdjoint, HaloStage, HaloStageAdjoint
+from ....movement import Copy, CopyAdjoint, SendRecv, SendRecvAdjoint
+from ....operator import LinearOperator
+from ....partition import WorkerBox
+from ....plan import Piece
+from ....primitives import Allocate, Deallocate
+from ....program import (
     FastPathStep,
     Local,
     Step,
@@ -66,20 +66,20 @@ from ...program import (
     note_workers,
     project,
 )
-from ...program.groups import CopyPairs, RootedRanks
-from ...repartition import Gather, Repartition, Scatter
-from ...space import Block, Region, Space
-from ..host_schedule import root_buffer, store_results
-from .context import subcommunicator
-from .datatypes import byte_type, contiguous_run, element_type, mpi, predefined_type, subarray
-from .memory import new_array
-from .runtime import run_schedule
-from .steps import Action, Call, OutOfPlaceBinding, Persistent, RankStep
+from ....program.groups import CopyPairs, RootedRanks
+from ....repartition import Gather, Repartition, Scatter
+from ....space import Block, Region, Space
+from ...host_schedule import root_buffer, store_results
+from ..context import subcommunicator
+from ..datatypes import byte_type, contiguous_run, element_type, mpi, predefined_type, subarray
+from ..memory import new_array
+from ..runtime import run_schedule
+from ..steps import Action, Call, OutOfPlaceBinding, Persistent, RankStep
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
     from mpi4py.MPI import Intracomm
 
-    from ..numpy import Workspace
+    from ...numpy import Workspace
 
 __all__ = ["REDUCIBLE"]
 
