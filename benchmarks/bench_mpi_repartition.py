@@ -8,9 +8,9 @@ An N x N float32 array moves from one grid of blocks to another (rows to columns
 2 x 2 grid, a 2 x 2 grid to rows). Timed, interleaved sample by sample:
 
 - ``linop auto``: ``plan_for(Repartition(x, y)).bind(state)``: checked once, then the all-to-all
-  its plan chose (:func:`linop.backends.mpi.native.alltoall_strategy`, printed);
+  its plan chose (:func:`linop.backends.mpi.native.all_to_all.alltoall_strategy`, printed);
 - ``linop packed`` / ``linop subarray``: the same, bound with the choice forced
-  (``mpi_native.ALLTOALL_STRATEGY``);
+  (``all_to_all.ALLTOALL_STRATEGY``);
 - ``hand packed``: hand-written mpi4py: every box copied into one send buffer, one
   ``Alltoallv``, every box copied out of one receive buffer (buffers preallocated);
 - ``hand subarray``: hand-written mpi4py: one ``Alltoallw`` with a subarray datatype per box,
@@ -33,7 +33,7 @@ from _timing import interleaved_over_ranks
 from mpi4py import MPI
 
 from linop.backends import mpi as mpi_backend
-from linop.backends.mpi import native as mpi_native
+from linop.backends.mpi.native import all_to_all
 from linop.partition import DistributedTensor, Partition
 from linop.repartition import Repartition
 
@@ -146,12 +146,12 @@ def load() -> str:
 
 
 def bound_with(plan, state, strategy: str):
-    old = mpi_native.ALLTOALL_STRATEGY
-    mpi_native.ALLTOALL_STRATEGY = strategy
+    old = all_to_all.ALLTOALL_STRATEGY
+    all_to_all.ALLTOALL_STRATEGY = strategy
     try:
         return plan.bind(state)
     finally:
-        mpi_native.ALLTOALL_STRATEGY = old
+        all_to_all.ALLTOALL_STRATEGY = old
 
 
 def main() -> int:

@@ -168,7 +168,7 @@ def test_native_all_gather_and_reduce_scatter_on_equal_shares(grid, dtype):
             plan = mpi_backend.plan_for(op, comm=COMM)
             collective_assert(
                 any(
-                    type(s.runner).__name__ in ("_GatherRunner", "_Projected")
+                    type(s.runner).__name__ in ("_GatherRunner", "Projected")
                     for s in plan.program.steps
                     if isinstance(s, FastPathStep)
                 ),
@@ -376,9 +376,9 @@ def test_repartition_strategies_equal_the_tree(strategy, monkeypatch):
     """Forced packed ``Alltoallv`` and forced subarray ``Alltoallw`` move exactly the tree's
     entries (int64 through the checked apply, float64 through a bound plan) for layouts whose
     boxes are strided on one side and contiguous on the other, or on both."""
-    from linop.backends.mpi import native as mpi_native
+    from linop.backends.mpi.native import all_to_all
 
-    monkeypatch.setattr(mpi_native, "ALLTOALL_STRATEGY", strategy)
+    monkeypatch.setattr(all_to_all, "ALLTOALL_STRATEGY", strategy)
     for grid in grids():
         tensor = tensor_2d(grid, (9, 7))
         for other_grid in {tuple(reversed(tensor.partition.shape)), tensor.partition.shape}:
@@ -398,7 +398,7 @@ def test_repartition_strategies_equal_the_tree(strategy, monkeypatch):
 def test_the_alltoall_strategy_is_recorded_and_a_wrong_displacement_is_caught(monkeypatch):
     """The plan records each all-to-all's strategy (the measured rule); control: a packed
     all-to-all whose send displacements are off by one entry is caught by the same check."""
-    from linop.backends.mpi import native as mpi_native
+    from linop.backends.mpi.native import all_to_all
 
     tensor = tensor_2d(grids()[-1], (9, 7))
     other = DistributedTensor("z", (9, 7), Partition(tuple(reversed(tensor.partition.shape))))
@@ -408,8 +408,8 @@ def test_the_alltoall_strategy_is_recorded_and_a_wrong_displacement_is_caught(mo
     collective_assert(
         len(steps) == 1 and steps[0].strategy in ("packed", "subarray"), f"no recorded strategy: {steps}"
     )
-    rule = mpi_native.alltoall_strategy
-    long_runs = mpi_native.PACKED_RUNS_BELOW
+    rule = all_to_all.alltoall_strategy
+    long_runs = all_to_all.PACKED_RUNS_BELOW
     choices = (
         rule(
             (8, 2 * long_runs), (8, long_runs), ((0, (0, 0), (8, long_runs)),), ((0, (0, 0), (8, long_runs)),)
@@ -420,7 +420,7 @@ def test_the_alltoall_strategy_is_recorded_and_a_wrong_displacement_is_caught(mo
     collective_assert(choices == ("subarray", "packed", "packed"), f"the rule chose {choices}")
     if SIZE == 1:
         return  # one peer at displacement 0: nothing to shift
-    real = mpi_native._packed_side
+    real = all_to_all._packed_side
 
     def shifted(block, boxes, size, dtype, *, pack):
         side = real(block, boxes, size, dtype, pack=pack)
@@ -429,8 +429,8 @@ def test_the_alltoall_strategy_is_recorded_and_a_wrong_displacement_is_caught(mo
             side.displacements[peer] -= 1
         return side
 
-    monkeypatch.setattr(mpi_native, "ALLTOALL_STRATEGY", "packed")
-    monkeypatch.setattr(mpi_native, "_packed_side", shifted)
+    monkeypatch.setattr(all_to_all, "ALLTOALL_STRATEGY", "packed")
+    monkeypatch.setattr(all_to_all, "_packed_side", shifted)
     state = op.domain.random(6, dtype=np.int64)
     names = tuple(b.name for b in op.range if b.worker == RANK)
     result = mpi_backend.apply(op, local_part(op.domain, state, RANK), comm=COMM)

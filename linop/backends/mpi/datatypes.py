@@ -94,7 +94,7 @@ def element_type(dtype: np.dtype) -> Datatype:
 
 def predefined_type(dtype: np.dtype) -> Datatype:
     """The predefined MPI datatype of ``dtype`` (reductions need one; see
-    :data:`linop.backends.mpi.native.REDUCIBLE` for the dtypes that have one)."""
+    :data:`linop.backends.mpi.native.common.REDUCIBLE` for the dtypes that have one)."""
     return mpi().Datatype.fromcode(dtype.char)
 
 

@@ -1,0 +1,292 @@
+"""The native rooted groups: :class:`~linop.collectives.Broadcast` (``Bcast`` per source
+block) and :class:`~linop.collectives.SumReduce` (``Allreduce`` per target block), each on a
+cached sub-communicator."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ....collectives import Broadcast, SumReduce
+from ....program import FastPathStep, Step, lowering, lowering_rank, note_workers
+from ....program.groups import CopyPairs, RootedRanks
+from ....space import Block
+from ...host_schedule import root_buffer, store_results
+from ..context import subcommunicator
+from ..datatypes import byte_type, mpi, predefined_type
+from ..memory import new_array
+from ..runtime import run_schedule
+from ..steps import Call, OutOfPlaceBinding, RankStep
+from .common import REDUCIBLE, Fallback, Projected, fallback
+
+if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
+    from mpi4py.MPI import Intracomm
+
+    from ...numpy import Workspace
+
+
+@dataclass(frozen=True)
+class _Group:
+    """One source block and its whole-block copies (broadcast), or one target block and the
+    copies summed into it (sum-reduce). ``ranks[0]`` is the root."""
+
+    root_name: str
+    shape: tuple[int, ...]
+    ranks: Sequence[int]
+    copies: Sequence[tuple[str, int]]
+
+    def copy_on(self, rank: int) -> list[str]:
+        """The copies ``rank`` holds (none or one): from the description of a rank's own
+        lowering (:class:`~linop.program.groups.CopyPairs`), else by a scan."""
+        name_on = getattr(self.copies, "name_on", None)
+        if name_on is not None:
+            found = name_on(rank)
+            return [] if found is None else [found]
+        return [name for name, w in self.copies if w == rank]
+
+
+def _whole_groups(op: Broadcast | SumReduce, *, reduce: bool) -> tuple[_Group, ...] | None:
+    """Group a broadcast's or sum-reduce's pieces by their tensor block; None when a piece is
+    not a whole block or two copies of one group share a worker."""
+    domain, range_ = op.domain, op.range
+    by_root: dict[str, list[tuple[str, int]]] = {}
+    for piece in op.plan.pieces:
+        root, copy = (piece.target, piece.source) if reduce else (piece.source, piece.target)
+        root_block = (range_ if reduce else domain).block(root)
+        copy_block = (domain if reduce else range_).block(copy)
+        if any(piece.source_start) or any(piece.target_start) or piece.shape != root_block.shape:
+            return None
+        if copy_block.shape != root_block.shape:
+            return None
+        by_root.setdefault(root, []).append((copy, copy_block.worker))
+    groups = []
+    for root, copies in by_root.items():
+        root_block = (range_ if reduce else domain).block(root)
+        workers = [w for _, w in copies]
+        if len(set(workers)) != len(workers):
+            return None
+        others = tuple(w for w in workers if w != root_block.worker)
+        groups.append(_Group(root, root_block.shape, (root_block.worker, *others), tuple(copies)))
+    return tuple(groups)
+
+
+@dataclass
+class _RankBroadcast(RankStep):
+    groups: tuple[_Group, ...]
+    rank: int
+    dropped: tuple[str, ...]
+    created: tuple[Block, ...]
+    reduce: bool
+    fallback: Fallback
+
+    def _mine(self) -> list[list[str]]:
+        """Per group, the copies this rank holds: found once (a 1 -> P group lists P copies),
+        not on every call."""
+        found = self.__dict__.get("_mine_of_groups")
+        if found is None:
+            found = [group.copy_on(self.rank) for group in self.groups]
+            self.__dict__["_mine_of_groups"] = found
+        return found
+
+    def run(self, work: Workspace, comm: Intracomm, dtype: np.dtype) -> None:
+        if self.reduce and dtype.char not in REDUCIBLE:
+            run_schedule(self.fallback.schedule(), work, comm, dtype)
+            return
+        lib = mpi()
+        results: list[tuple[str, np.ndarray, bool]] = []
+        for group, mine in zip(self.groups, self._mine()):  # blocking, in the global order of the groups
+            sub = subcommunicator(comm, group.ranks) if len(group.ranks) > 1 else None
+            is_root = group.ranks[0] == self.rank
+            if self.reduce:
+                self._reduce(group, sub, mine, is_root, work, dtype, results, lib)
+            else:
+                self._broadcast(group, sub, mine, is_root, work, dtype, results)
+        store_results(work, self.dropped, results, self.created)
+
+    def bind_out_of_place(
+        self, arrays: dict[str, np.ndarray], comm: Intracomm, dtype: np.dtype, *, dry: bool = False
+    ) -> OutOfPlaceBinding | None:
+        """Blocking ``Bcast`` calls / persistent ``Allreduce_init`` requests between the bound input
+        arrays and result arrays built once, or None when the dtype or layout does not allow
+        it (``dry``: decide only, create nothing).
+
+        The binding's results map each new block this rank owns to its array (the root's own
+        broadcast copy is a read-only view of its source)."""
+        if self.reduce and dtype.char not in REDUCIBLE:
+            return None
+        if any(a.dtype != dtype or not a.flags.c_contiguous for a in arrays.values()):
+            return None
+        for group in self.groups:
+            root_has_copy = bool(group.copy_on(group.ranks[0]))
+            if self.reduce and (not root_has_copy or len(group.ranks) == 1):
+                return None  # would need zeros or a copy made on every call
+        if any(b.size == 0 for b in self.created):
+            return None
+        if dry:  # the results' names and shapes (placeholders: untouched memory)
+            names = {b.name: np.empty(b.shape, dtype=dtype) for b in self.created}
+            return OutOfPlaceBinding(results=names, dropped=self.dropped)
+        lib = mpi()
+        requests: list[Call] = []
+        results: dict[str, np.ndarray] = {}
+        scratch: list[np.ndarray] = []
+        for group, mine in zip(self.groups, self._mine()):
+            sub = subcommunicator(comm, group.ranks) if len(group.ranks) > 1 else None
+            is_root = group.ranks[0] == self.rank
+            if not self.reduce:
+                if is_root:
+                    buffer = arrays[group.root_name]
+                    if mine:
+                        view = buffer.view()
+                        view.flags.writeable = False
+                        results[mine[0]] = view
+                else:
+                    buffer = np.empty(group.shape, dtype=dtype)
+                    results[mine[0]] = buffer
+                if sub is not None:
+                    # a blocking Bcast: measured faster than a persistent Bcast_init here
+                    requests.append(
+                        functools.partial(sub.Bcast, [buffer, buffer.nbytes, byte_type()], root=0)
+                    )
+                continue
+            total = np.empty(group.shape, dtype=dtype)
+            mpi_type = predefined_type(dtype)
+            assert sub is not None  # a group of one was declined above
+            requests.append(sub.Allreduce_init([arrays[mine[0]], mpi_type], [total, mpi_type], op=lib.SUM))
+            if is_root:
+                results[group.root_name] = total
+            else:  # the request writes into it on every call: kept alive with the binding
+                scratch.append(total)
+        return OutOfPlaceBinding(requests, results, self.dropped, scratch)
+
+    def _broadcast(
+        self,
+        group: _Group,
+        sub: Intracomm | None,
+        mine: list[str],
+        is_root: bool,
+        work: Workspace,
+        dtype: np.dtype,
+        results: list[tuple[str, np.ndarray, bool]],
+    ) -> None:
+        """Root: send its block as it is (it also becomes the root's own copy, uncopied);
+        others: receive into a new block."""
+        if is_root:
+            buffer, owned = root_buffer(work, group.root_name, dtype)
+            if mine:
+                results.append((mine[0], buffer, owned))
+        else:
+            buffer = new_array(group.shape, dtype)  # recycled memory: no page faults per call
+            results.append((mine[0], buffer, True))
+        if sub is not None and buffer.size:
+            sub.Bcast([buffer, buffer.nbytes, byte_type()], root=0)
+
+    def _reduce(
+        self,
+        group: _Group,
+        sub: Intracomm | None,
+        mine: list[str],
+        is_root: bool,
+        work: Workspace,
+        dtype: np.dtype,
+        results: list[tuple[str, np.ndarray, bool]],
+        lib: Any,
+    ) -> None:
+        """Every member adds its copy with ``Allreduce``: on this MPICH it reaches the sum
+        faster than ``Reduce`` (see benchmarks/bench_mpi_collectives.py); non-roots discard it."""
+        mpi_type = predefined_type(dtype)
+        total = new_array(group.shape, dtype)  # recycled memory: no page faults per call
+        if mine:
+            send = work.arrays[mine[0]]
+            if send.dtype != dtype or not send.flags.c_contiguous:
+                send = np.ascontiguousarray(send, dtype=dtype)
+        else:  # the root holds no copy: it contributes zeros
+            total.fill(0)
+            send = None
+        if sub is not None and total.size:
+            if send is None:
+                sub.Allreduce(lib.IN_PLACE, [total, mpi_type], op=lib.SUM)
+            else:
+                sub.Allreduce([send, mpi_type], [total, mpi_type], op=lib.SUM)
+        elif send is not None:
+            np.copyto(total, send)
+        if is_root:
+            results.append((group.root_name, total, True))
+
+
+@dataclass
+class _BroadcastRunner:
+    op: Broadcast | SumReduce
+    groups: tuple[_Group, ...]
+    reduce: bool
+    workers: tuple[int, ...] = field(default=())
+
+    def project(self, rank: int) -> _RankBroadcast:
+        plan = self.op.plan
+        space = self.op.domain
+        dropped = tuple(n for n in plan.dropped if space.block(n).worker == rank)
+        created = tuple(b for b in plan.created if b.worker == rank)
+        groups = tuple(g for g in self.groups if rank in g.ranks)
+        return _RankBroadcast(groups, rank, dropped, created, self.reduce, fallback(self.op, rank))
+
+
+def _rank_broadcast(op: Broadcast | SumReduce, rank: int, *, reduce: bool) -> list[Step]:
+    """The rank's groups only (the source block it holds and the source block it copies), in
+    the global order of the groups (that of their first copy), and its dropped and created
+    blocks; every piece of a broadcast is a whole block, so the fast path always applies."""
+    tensor, copies = op.tensor, op.copies
+    note_workers(max(tensor.partition.max_worker, copies.partition.max_worker))
+    roots: list[tuple[int, ...]] = []
+    if copies.partition.position(rank) is not None:
+        roots.append(op.source_index(copies.partition.index(rank)))
+    if tensor.partition.position(rank) is not None:
+        own = tensor.partition.index(rank)
+        if own not in roots:
+            roots.append(own)
+    groups = []
+    for root in roots:
+        block = tensor.block(root)
+        members = op.copy_box(root)  # described: a 1 -> P group is never listed
+        if not block.size or not len(members):  # empty blocks move nothing: no group
+            continue
+        ranks = RootedRanks(block.worker, members)
+        first = copies.partition.flat(members.grid_index(0))
+        groups.append((first, _Group(block.name, block.shape, ranks, CopyPairs(copies, members))))
+    mine_x = tensor.space.owned(rank)
+    mine_y = copies.space.owned(rank)
+    dropped, created = (mine_y, mine_x) if reduce else (mine_x, mine_y)
+    step = _RankBroadcast(
+        tuple(g for _, g in sorted(groups, key=lambda pair: pair[0])),
+        rank,
+        tuple(b.name for b in dropped),
+        created,
+        reduce,
+        fallback(op, rank),
+    )
+    workers = (max(tensor.partition.max_worker, copies.partition.max_worker),)
+    return [FastPathStep(Projected(step, rank, workers))]
+
+
+def _lower_broadcast(op: Broadcast | SumReduce, *, reduce: bool) -> list[Step] | None:
+    rank = lowering_rank()
+    if rank is not None:
+        return _rank_broadcast(op, rank, reduce=reduce)
+    groups = _whole_groups(op, reduce=reduce)
+    if groups is None:
+        return None
+    workers = {w for g in groups for w in g.ranks}
+    workers |= {b.worker for b in op.plan.created} | {op.domain.block(n).worker for n in op.plan.dropped}
+    return [FastPathStep(_BroadcastRunner(op, groups, reduce, tuple(sorted(workers))))]
+
+
+@lowering(Broadcast)
+def _broadcast(op: Broadcast) -> list[Step] | None:
+    return _lower_broadcast(op, reduce=False)
+
+
+@lowering(SumReduce)
+def _sum_reduce(op: SumReduce) -> list[Step] | None:
+    return _lower_broadcast(op, reduce=True)
