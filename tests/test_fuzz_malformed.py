@@ -113,13 +113,18 @@ def test_framework_states_succeed_exactly_or_raise_a_linop_error(library, group,
     pytest.importorskip(library)
     from verify.strategies_malformed_surface import FRAMEWORK_ENTRY_POINTS
 
+    _side_campaign(FRAMEWORK_ENTRY_POINTS[group](), FRAMEWORK_EXAMPLES, group, capsys)
+
+
+def _side_campaign(strategy, examples: int, label: str, capsys) -> None:
+    """``examples`` calls drawn from ``strategy``: each exact or typed (:func:`outcome`), both
+    outcomes seen; the counts printed."""
     counts: Counter = Counter()
-    strategy = FRAMEWORK_ENTRY_POINTS[group]()
 
     @settings(
-        max_examples=FRAMEWORK_EXAMPLES,
+        max_examples=examples,
         deadline=None,
-        derandomize=True,
+        derandomize=not LONG,
         database=None,
         suppress_health_check=list(HealthCheck),
     )
@@ -129,7 +134,7 @@ def test_framework_states_succeed_exactly_or_raise_a_linop_error(library, group,
 
     campaign()
     with capsys.disabled():
-        print(f"\n{group}: {dict(counts)}")
+        print(f"\n{label}: {dict(counts)}")
     assert counts["ok"] > 0 and counts["typed"] > 0
 
 
@@ -187,20 +192,5 @@ def test_the_torch_distributed_executor_long_campaign(one_process_group, capsys)
 def _group_campaign(examples: int, capsys) -> None:
     from verify.strategies_malformed_surface import GROUP_ENTRY_POINTS
 
-    counts: Counter = Counter()
-
-    @settings(
-        max_examples=examples,
-        deadline=None,
-        derandomize=not LONG,
-        database=None,
-        suppress_health_check=list(HealthCheck),
-    )
-    @given(GROUP_ENTRY_POINTS["torch.distributed executor"]())
-    def campaign(call: Call) -> None:
-        counts[outcome(call)] += 1
-
-    campaign()
-    with capsys.disabled():
-        print(f"\ntorch.distributed executor: {dict(counts)}")
-    assert counts["ok"] > 0 and counts["typed"] > 0
+    group = "torch.distributed executor"
+    _side_campaign(GROUP_ENTRY_POINTS[group](), examples, group, capsys)
