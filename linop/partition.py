@@ -31,6 +31,7 @@ __all__ = [
     "DistributedTensor",
     "GlobalBox",
     "balanced_sizes",
+    "MAX_LISTED_PARTS",
     "intersect",
     "grid_block_name",
     "normalized_axes",
@@ -81,11 +82,22 @@ def grid_block_name(name: str, index: Sequence[int]) -> str:
     return f"{name}[{','.join(map(str, index))}]"
 
 
+MAX_LISTED_PARTS = 2**24
+"""The most parts :func:`balanced_sizes` lists (a tuple of that many sizes is 128 MB); a
+count beyond it is refused with a typed error instead of exhausting memory."""
+
+
 def balanced_sizes(length: int, parts: int) -> tuple[int, ...]:
     """Split ``length`` into ``parts`` sizes differing by at most one, larger ones first.
 
     >>> balanced_sizes(5, 3)
     (2, 2, 1)
+
+    Raises
+    ------
+    DecompositionError
+        If ``length`` is negative, ``parts`` is not positive or above
+        :data:`MAX_LISTED_PARTS`, or either is not one integer.
     """
     lengths = _integers(length, "balanced_sizes: length", DecompositionError)
     counts = _integers(parts, "balanced_sizes: parts", DecompositionError)
@@ -94,6 +106,10 @@ def balanced_sizes(length: int, parts: int) -> tuple[int, ...]:
     length, parts = lengths[0], counts[0]
     if length < 0 or parts < 1:
         raise DecompositionError(f"cannot split length {length} into {parts} parts")
+    if parts > MAX_LISTED_PARTS:
+        raise DecompositionError(
+            f"balanced_sizes lists every part's size: {parts} parts is more than {MAX_LISTED_PARTS}"
+        )
     quotient, remainder = divmod(length, parts)
     return (quotient + 1,) * remainder + (quotient,) * (parts - remainder)
 

@@ -142,6 +142,16 @@ def test_balanced_sizes_reject_zero_parts():
         balanced_sizes(3, 0)
 
 
+def test_balanced_sizes_refuse_more_parts_than_they_can_list_naming_the_count():
+    """Found by the long fuzz campaign: 2**40 parts raised a bare MemoryError (after minutes
+    of allocation); the largest count listed still works."""
+    from linop.partition import MAX_LISTED_PARTS
+
+    with pytest.raises(DecompositionError, match=str(2**40)):
+        balanced_sizes(2**31, 2**40)
+    assert len(balanced_sizes(3, MAX_LISTED_PARTS)) == MAX_LISTED_PARTS
+
+
 def test_intersect_boxes():
     assert intersect(((0, 0), (4, 4)), ((2, 3), (6, 5))) == ((2, 3), (4, 4))
     assert intersect(((0,), (2,)), ((2,), (5,))) is None
