@@ -771,6 +771,29 @@ KERNEL_KINDS: tuple[str, ...] = ("dense", "sparse", "scipy", "callables", "vecto
 """The ways a kernel can be given (``"vectorized"``: callables with a leading batch axis)."""
 
 
+@dataclass(frozen=True, eq=False)
+class _MatrixAction:
+    """``arrays -> m @ concat(arrays)`` split into the ``target`` blocks: one direction of
+    :func:`matrix_callables` (a class rather than a closure, so the operators built on it
+    pickle, as they are sent between processes)."""
+
+    matrix: np.ndarray
+    source: tuple[Block, ...]
+    target: tuple[Block, ...]
+    vectorized: bool
+
+    def __call__(self, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+        first = np.asarray(arrays[0])
+        lead = first.shape[: first.ndim - self.source[0].ndim] if self.vectorized else ()
+        flat = np.concatenate(
+            [np.asarray(a).reshape(*lead, b.size) for a, b in zip(arrays, self.source)], axis=-1
+        )
+        out = flat @ self.matrix.T
+        splits = np.cumsum([b.size for b in self.target])[:-1]
+        parts = np.split(out, splits, axis=-1)
+        return tuple(p.reshape(*lead, *b.shape) for p, b in zip(parts, self.target))
+
+
 def matrix_callables(
     matrix: npt.ArrayLike,
     inputs: Sequence[Block],
@@ -781,25 +804,12 @@ def matrix_callables(
     """Forward and adjoint callables (``K u`` and ``K^H v`` on one array per block) acting as
     ``matrix`` does: a way to give a known matrix as callables, for tests and examples.
 
-    With ``vectorized`` they accept a leading batch axis.
+    With ``vectorized`` they accept a leading batch axis. Both callables pickle.
     """
     matrix = np.array(matrix, copy=True)
     matrix.flags.writeable = False
     adjoint_matrix = matrix.conj().T
-
-    def act(m: np.ndarray, source: Sequence[Block], target: Sequence[Block], arrays: Sequence[np.ndarray]):
-        lead = (
-            np.asarray(arrays[0]).shape[: np.asarray(arrays[0]).ndim - source[0].ndim] if vectorized else ()
-        )
-        flat = np.concatenate([np.asarray(a).reshape(*lead, b.size) for a, b in zip(arrays, source)], axis=-1)
-        out = flat @ m.T
-        splits = np.cumsum([b.size for b in target])[:-1]
-        return tuple(p.reshape(*lead, *b.shape) for p, b in zip(np.split(out, splits, axis=-1), target))
-
-    def forward(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
-        return act(matrix, inputs, outputs, arrays)
-
-    def adjoint(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
-        return act(adjoint_matrix, outputs, inputs, arrays)
-
+    inputs, outputs = tuple(inputs), tuple(outputs)
+    forward = _MatrixAction(matrix, inputs, outputs, vectorized)
+    adjoint = _MatrixAction(adjoint_matrix, outputs, inputs, vectorized)
     return forward, adjoint

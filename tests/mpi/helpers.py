@@ -1,14 +1,20 @@
-"""Shared helpers of the MPI tests: local parts of states and collective assertions."""
+"""Shared helpers of the MPI tests: hypothesis examples drawn once and shared by every rank,
+local parts of states and collective assertions."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.errors import UnsatisfiedAssumption
 from mpi4py import MPI
 
 from linop import LinearOperator, Space
@@ -30,6 +36,147 @@ def spmd(max_examples: int, *, long: int | None = None) -> settings:
         max_examples=max_examples,
         suppress_health_check=list(HealthCheck),
     )
+
+
+_CALL, _DONE, _FAILED, _DRAWN, _ABORTED = "call", "done", "failed", "drawn", "aborted"
+
+
+class _Examples:
+    """Rank 0's examples sent to the other ranks, on a communicator of their own. A rank waiting
+    for the next example sleeps between probes: the ranks outnumber the cores, and one waiting
+    inside MPI would take the processor from rank 0, which is drawing."""
+
+    TAG = 31
+    PAUSE = 0.0005
+    """Seconds a waiting rank sleeps between two probes."""
+
+    def __init__(self, comm: Any) -> None:
+        self.comm = comm.Dup()  # collective: every rank starts the test together
+
+    def free(self) -> None:
+        self.comm.Free()
+
+    def send(self, message: Any) -> Any:
+        for rank in range(1, self.comm.size):
+            self.comm.send(message, dest=rank, tag=self.TAG)
+        return message
+
+    def receive(self) -> Any:
+        while not self.comm.iprobe(source=0, tag=self.TAG):
+            time.sleep(self.PAUSE)
+        return self.comm.recv(source=0, tag=self.TAG)
+
+
+class _LeadingData:
+    """``st.data()`` on rank 0: every value drawn is sent to the other ranks."""
+
+    def __init__(self, data: Any, examples: _Examples) -> None:
+        self._data, self._examples = data, examples
+
+    def draw(self, strategy: st.SearchStrategy, label: Any = None) -> Any:
+        try:
+            value = self._data.draw(strategy, label)
+        except BaseException:  # hypothesis gave up on this example (or the strategy failed)
+            self._examples.send((_ABORTED, None))
+            raise
+        return self._examples.send((_DRAWN, value))[1]
+
+
+class _FollowingData:
+    """``st.data()`` on the other ranks: each draw is the value rank 0 drew."""
+
+    def __init__(self, examples: _Examples) -> None:
+        self._examples = examples
+
+    def draw(self, strategy: st.SearchStrategy, label: Any = None) -> Any:
+        kind, value = self._examples.receive()
+        if kind == _ABORTED:
+            raise _AbandonedError
+        return value
+
+
+class _AbandonedError(Exception):
+    """Rank 0's hypothesis gave up the example under way: the other ranks leave it too."""
+
+
+_DATA = "<st.data()>"
+"""What stands for an ``st.data()`` argument in the arguments rank 0 sends."""
+
+
+def spmd_given(
+    *strategies: st.SearchStrategy,
+    max_examples: int,
+    long: int | None = None,
+    comm: Any = MPI.COMM_WORLD,
+) -> Callable[[Callable[..., None]], Callable[[], None]]:
+    """``@given(*strategies)`` under :func:`spmd` settings, with the examples drawn on rank 0
+    alone and sent to every rank (hypothesis's generation is most of the cost of these tests,
+    and would otherwise be repeated on every rank). Each rank runs the test on the same
+    arguments; operators arrive as pickled copies of rank 0's, which the MPI interpreter's
+    entry check compares across ranks as it does for trees each rank built. An ``st.data()``
+    argument draws on rank 0 and hands the value to every rank.
+
+    Failures stay collective: when rank 0's hypothesis reports a failing example (after
+    shrinking, every call of which the other ranks follow), every rank fails; a rank that
+    failed on an example rank 0 passed fails at the end with its own error."""
+
+    def decorate(test: Callable[..., None]) -> Callable[[], None]:
+        is_data = [isinstance(s, type(st.data())) for s in strategies]
+        names = [f"drawn_{i}" for i in range(len(strategies))]
+
+        def lead(examples: _Examples, **drawn: Any) -> None:
+            args = [drawn[name] for name in names]
+            examples.send((_CALL, tuple(_DATA if data else a for a, data in zip(args, is_data))))
+            test(*(_LeadingData(a, examples) if data else a for a, data in zip(args, is_data)))
+
+        def follow(examples: _Examples) -> None:
+            failure: BaseException | None = None
+            while True:
+                kind, payload = examples.receive()
+                if kind == _DONE:
+                    break
+                if kind == _FAILED:
+                    raise AssertionError(f"rank 0 found a failing example: {payload}")
+                try:
+                    test(*(_FollowingData(examples) if a == _DATA else a for a in payload))
+                except (_AbandonedError, UnsatisfiedAssumption):
+                    pass
+                except Exception as error:  # rank 0's hypothesis decides; kept for the end
+                    failure = error
+            if failure is not None:
+                raise AssertionError(
+                    f"rank {comm.rank} failed on an example that rank 0 passed: {failure!r}"
+                ) from failure
+
+        @functools.wraps(test, assigned=("__module__", "__name__", "__qualname__", "__doc__"), updated=())
+        def run() -> None:
+            examples = _Examples(comm)
+            try:
+                if comm.rank == 0:
+                    _lead_all(examples)
+                else:
+                    follow(examples)
+            finally:
+                examples.free()
+
+        def _lead_all(examples: _Examples) -> None:
+            # @given wants named parameters: a signature of its own names them
+            def drawn(**values: Any) -> None:
+                lead(examples, **values)
+
+            parameters = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in names]
+            drawn.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+            try:
+                spmd(max_examples, long=long)(given(**dict(zip(names, strategies)))(drawn))()
+            except BaseException as error:
+                examples.send((_FAILED, f"{type(error).__name__}: {error}"[:2000]))
+                raise
+            examples.send((_DONE, None))
+
+        del run.__wrapped__  # type: ignore[attr-defined]  # pytest would ask for its arguments as fixtures
+        return run
+
+    return decorate
 
 
 def local_part(space: Space, state: Mapping[str, np.ndarray], rank: int) -> dict[str, np.ndarray]:

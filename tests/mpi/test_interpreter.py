@@ -10,9 +10,8 @@ from helpers import (
     expect_collective_error,
     local_part,
     same_blocks,
-    spmd,
+    spmd_given,
 )
-from hypothesis import given
 from mpi4py import MPI
 from strategies import movement_trees
 
@@ -22,17 +21,15 @@ from linop.backends import mpi as mpi_backend
 COMM = MPI.COMM_WORLD
 SIZE = COMM.size
 LAST = SIZE - 1
-SPMD = spmd(max_examples=20, long=80)
+EXAMPLES = {"max_examples": 20, "long": 80}
 
 
-@SPMD
-@given(movement_trees(SIZE))
+@spmd_given(movement_trees(SIZE), **EXAMPLES)
 def test_random_trees_equal_numpy_interpreter(op):
     compare_with_numpy(op, op.domain.random(7, dtype=np.int64))
 
 
-@SPMD
-@given(movement_trees(SIZE))
+@spmd_given(movement_trees(SIZE), **EXAMPLES)
 def test_random_adjoint_trees_equal_numpy_interpreter(op):
     compare_with_numpy(op.H, op.range.random(8, dtype=np.int64))
 

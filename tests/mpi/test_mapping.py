@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import collective_assert, expect_collective_error, same_blocks, spmd
-from hypothesis import given
+from helpers import collective_assert, expect_collective_error, same_blocks, spmd_given
 from mpi4py import MPI
 from strategies import movement_trees
 
@@ -221,8 +220,7 @@ def test_mapped_all_reduce_is_native_and_exact(map_name, axes):
         bound.free()
 
 
-@spmd(max_examples=8, long=30)
-@given(movement_trees(WORKERS))
+@spmd_given(movement_trees(WORKERS), max_examples=8, long=30)
 def test_random_trees(op):
     for name, mapping in MAPS.items():
         state = op.domain.random(6, dtype=np.int64)

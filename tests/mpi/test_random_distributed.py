@@ -5,8 +5,7 @@ placement of workers on ranks; fast paths and full expansions both equal the num
 from __future__ import annotations
 
 import numpy as np
-from helpers import collective_assert, compare_with_numpy, local_part, same_blocks, spmd
-from hypothesis import given
+from helpers import collective_assert, compare_with_numpy, local_part, same_blocks, spmd_given
 from hypothesis import strategies as st
 from mpi4py import MPI
 
@@ -22,7 +21,7 @@ from verify.strategies_halo import kernels
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.rank, COMM.size
-SPMD = spmd(max_examples=12, long=50)
+EXAMPLES = {"max_examples": 12, "long": 50}
 
 
 @st.composite
@@ -56,8 +55,7 @@ def agree(op, state) -> None:
     collective_assert(same_blocks(result, op(state), names) is None, f"expansion of {op}")
 
 
-@SPMD
-@given(st.data())
+@spmd_given(st.data(), **EXAMPLES)
 def test_random_repartitions(data):
     ndim = data.draw(st.integers(1, 2))
     x = data.draw(tensors("x", ndim))
@@ -67,8 +65,7 @@ def test_random_repartitions(data):
     agree(op.H, op.range.random(2, dtype=np.int64))
 
 
-@SPMD
-@given(st.data())
+@spmd_given(st.data(), **EXAMPLES)
 def test_random_gathers_and_reductions(data):
     ndim = data.draw(st.integers(1, 2))
     x = data.draw(tensors("x", ndim))
@@ -81,8 +78,7 @@ def test_random_gathers_and_reductions(data):
         agree(op, op.domain.random(4, dtype=np.int64))
 
 
-@SPMD
-@given(st.data())
+@spmd_given(st.data(), **EXAMPLES)
 def test_random_halo_exchanges(data):
     ndim = data.draw(st.integers(1, 2))
     kernel = data.draw(kernels(ndim, max_size=5, max_stride=2, max_dilation=2, max_padding=2))

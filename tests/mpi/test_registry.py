@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import collective_assert, local_part, same_blocks, spmd
-from hypothesis import given
+from helpers import collective_assert, local_part, same_blocks, spmd_given
 from hypothesis import strategies as st
 from mpi4py import MPI
 
@@ -51,8 +50,7 @@ def test_lowering_equals_expansion(pair):
     assert strategy is not None, f"{node_type.__name__} has an MPI lowering but no example strategy"
     checked = 0
 
-    @spmd(8)
-    @given(strategy, st.integers(0, 2**31))
+    @spmd_given(strategy, st.integers(0, 2**31), max_examples=8)
     def run(op, seed):
         nonlocal checked
         if _workers(op) >= SIZE:

@@ -7,8 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from helpers import collective_assert, spmd
-from hypothesis import given
+from helpers import collective_assert, spmd_given
 from mpi4py import MPI
 from strategies import movement_trees
 
@@ -57,8 +56,7 @@ def test_cross_check_passes(index):
     collective_assert(bool(cross_check(op, dtype=np.complex128)), "complex cross-check")
 
 
-@spmd(max_examples=8, long=30)
-@given(movement_trees(SIZE))
+@spmd_given(movement_trees(SIZE), max_examples=8, long=30)
 def test_random_trees_pass_both(op):
     collective_assert(bool(cross_check(op)), "cross-check")
     result = distributed_adjoint_test(op, trials=1)
