@@ -2,7 +2,8 @@
 
 The kernel is ``python3`` as this interpreter sees it; jupyter_client launches it with this
 very interpreter (``sys.executable``), which the first test checks, so the notebooks run
-against the code under test. Kernels run from the repository root; each notebook runs once per
+against the code under test. One kernel runs every notebook, from the repository root and a
+fresh start each time (no name of the notebook before: checked); each notebook runs once per
 session (tests/notebook_runs.py), and tests/test_docs.py renders the same executed copies. Every executed notebook must
 show rich outputs (LaTeX, HTML and PNG), the displays of :mod:`linop.display` and
 :mod:`linop.plot`.
@@ -22,6 +23,15 @@ def test_kernel_is_this_interpreter():
     probe = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import sys; print(sys.executable)")])
     out = execute(probe).cells[0].outputs[0]["text"].strip()
     assert os.path.realpath(out) == os.path.realpath(sys.executable)
+
+
+def test_a_notebook_does_not_see_the_names_of_the_one_before():
+    """The notebooks share one kernel (tests/notebook_runs.py), each from a fresh start."""
+    from nbclient.exceptions import CellExecutionError
+
+    execute(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("left_behind = 1")]))
+    with pytest.raises(CellExecutionError, match="left_behind"):
+        execute(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("left_behind")]))
 
 
 def test_there_are_notebooks():

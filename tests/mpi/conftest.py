@@ -2,7 +2,8 @@
 count). A plain serial ``pytest`` run does not collect them: the launcher sets
 ``LINOP_MPI_TESTS=1``.
 
-Rules for every test here: each rank builds the same operators (hypothesis is derandomized),
+Rules for every test here: each rank runs on the same operators (hypothesis draws on rank 0
+and sends each example to the others: :func:`helpers.spmd_given`),
 pass/fail is decided collectively (:func:`collective_assert`), so that a failure on one rank
 fails every rank instead of leaving the others waiting, and pytest-timeout bounds each test.
 """
