@@ -363,8 +363,10 @@ class Partition:
             raise PartitionError(f"partition of shape {shape} needs {count} workers, got {len(workers)}")
         first = workers[0]
         in_bounds = 0 <= first <= MAX_WORKER + 1 - count
-        if isinstance(workers, range) and not in_bounds:
-            workers = tuple(workers)  # the checks below name the offending id
+        if isinstance(workers, range) and not in_bounds:  # named without listing the range
+            if first < 0:
+                raise PartitionError(f"partition {shape}: worker ids must be >= 0, got {first}")
+            raise PartitionError(f"partition {shape}: worker ids must be <= {MAX_WORKER}, got {workers[-1]}")
         consecutive = in_bounds and (
             isinstance(workers, range) or workers == tuple(range(first, first + count))
         )

@@ -538,6 +538,11 @@ BAD = [
     pytest.param(
         lambda: Convolution(_x(), 2, 3, out_sizes="2"), "must be a sequence of integers", id="out-sizes-str"
     ),
+    pytest.param(  # found by the long fuzz campaign: iterating it raised a bare TypeError
+        lambda: Convolution(_x(), 2, 3, out_sizes=np.array(2)),
+        "must be a sequence of integers",
+        id="out-sizes-0d-array",
+    ),
     pytest.param(
         lambda: Convolution(_x(), 2, 3, workers=Partition((1, 2, 2, 1))),
         r"work partition P_w \(1, 2, 2, 1\) has rank 4, expected rank 5",

@@ -1,5 +1,7 @@
 """Partitions of workers, balanced and explicit decompositions, distributed tensors."""
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import Phase, find, given, settings
@@ -382,3 +384,11 @@ def test_control_listed_workers_are_enumerated():
     shuffled = tuple(reversed(range(count)))
     assert _peak_bytes(lambda: Partition((count,), workers=shuffled)) > 8 * count
     assert Partition((count,), workers=shuffled) != Partition((count,))
+
+
+@pytest.mark.parametrize(("first", "named"), [(4, "<= 2147483647, got 2147483651"), (-3, ">= 0, got -3")])
+def test_a_grid_of_ids_out_of_range_names_one_without_listing_them(first, named):
+    """Found by the long fuzz campaign: ``Partition.grid(2**31, first=4)`` listed 2**31 ids to
+    name the offending one and raised a bare MemoryError."""
+    with pytest.raises(PartitionError, match=re.escape(named)):
+        Partition.grid(2**31, first=first)

@@ -83,6 +83,16 @@ def test_trials_must_be_positive():
         verify.adjoint_test(Copy(space()["x"], space()["y"]), trials=0)
 
 
+def test_trials_beyond_the_most_are_refused():
+    """Found by the long fuzz campaign: ``trials=10**30`` ran for ever."""
+    from verify.numeric import MAX_TRIALS
+
+    op = Copy(space()["x"], space()["y"])
+    for check in (verify.adjoint_test, lambda op, trials: verify.numeric_equal(op, op, trials=trials)):
+        with pytest.raises(verify.CheckOptionError, match=f"at most {MAX_TRIALS:,}, not {10**30}"):
+            check(op, trials=10**30)
+
+
 def test_option_errors_are_typed():
     assert issubclass(verify.CheckOptionError, LinopError)
     assert issubclass(verify.CheckOptionError, TypeError) and issubclass(verify.CheckOptionError, ValueError)

@@ -41,7 +41,7 @@ from linop import LinearOperator, Space
 
 from ._text import short
 from .errors import CheckOptionError
-from .numeric import AdjointTestResult, threshold_for
+from .numeric import AdjointTestResult, check_trials, threshold_for
 from .verdict import Verdict
 
 __all__ = [
@@ -144,8 +144,7 @@ def distributed_adjoint_test(
     dtype = np.dtype(dtype)
     if dtype.kind not in "fc":
         raise CheckOptionError(f"the adjoint test needs a real or complex floating dtype, not {dtype}")
-    if trials < 1:  # no trial would pass any adjoint
-        raise CheckOptionError(f"trials must be at least 1, not {trials}")
+    trials = check_trials("the distributed adjoint test", trials)
     adjoint = op.H
     claim = f"distributed adjoint test of {short(op, 70)} on {comm.Get_size()} rank(s)"
     limit = threshold_for(dtype, max(op.domain.size, op.range.size)) if threshold is None else threshold

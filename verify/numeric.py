@@ -114,6 +114,23 @@ def _require_operator(value: object, what: str) -> None:
         raise OperandError(f"{what} must be a LinearOperator, not {type(value).__name__}")
 
 
+MAX_TRIALS = 1_000_000
+"""The most trials a numeric check takes (each applies the operator and its adjoint to fresh
+random states): a count beyond it is refused, as a slip (``10**30``) would run for ever."""
+
+
+def check_trials(test: str, trials: object) -> int:
+    """``trials`` as a count of trials of ``test``: an int from 1 to :data:`MAX_TRIALS`, else
+    :class:`CheckOptionError`."""
+    if isinstance(trials, bool) or not isinstance(trials, (int, np.integer)):
+        raise CheckOptionError(f"{test}: trials must be an int, not {trials!r}")
+    if trials < 1:  # no trial would pass any adjoint
+        raise CheckOptionError(f"{test}: trials must be at least 1, not {trials}")
+    if trials > MAX_TRIALS:
+        raise CheckOptionError(f"{test}: trials must be at most {MAX_TRIALS:,}, not {trials}")
+    return int(trials)
+
+
 def _checked_options(test: str, dtype: npt.DTypeLike, trials: object) -> np.dtype:
     """The dtype of a check's states, after validating it and the number of trials."""
     try:
@@ -122,10 +139,7 @@ def _checked_options(test: str, dtype: npt.DTypeLike, trials: object) -> np.dtyp
         raise CheckOptionError(f"{test}: {dtype!r} is not a dtype") from None
     if dtype.kind not in "fc":
         raise CheckOptionError(f"{test} needs a real or complex floating dtype, not {dtype}")
-    if isinstance(trials, bool) or not isinstance(trials, (int, np.integer)):
-        raise CheckOptionError(f"{test}: trials must be an int, not {trials!r}")
-    if trials < 1:
-        raise CheckOptionError(f"trials must be at least 1, not {trials}")
+    check_trials(test, trials)
     return dtype
 
 
