@@ -515,7 +515,7 @@ class _ExchangeBase(LinearOperator):
             raise OperandError(
                 f"{type(self).__name__}: geometry must be a HaloGeometry, not {type(self.geometry).__name__}"
             )
-        if self.variant not in ("nested", "direct"):
+        if not isinstance(self.variant, str) or self.variant not in ("nested", "direct"):
             raise HaloError(f"halo exchange variant must be 'nested' or 'direct', not {self.variant!r}")
         object.__setattr__(self, "local_name", _local_prefix(self.geometry, self.local_name))
         object.__setattr__(self, "_space", local_space(self.geometry, self.local_name))

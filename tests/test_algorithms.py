@@ -181,6 +181,7 @@ def test_a_wrong_algorithm_is_caught():
         ),
         (lambda: problem("allgather", 3, (1, 2)), "2 shares for 3 workers"),
         (lambda: problem("gossip", 3, 4), "no collective 'gossip'"),
+        (lambda: problem(["allgather"], 3, 4), r"no collective \['allgather'\]"),  # was a bare TypeError
         (lambda: problem("allreduce", 3, 4).variant("magic"), "no variant 'magic'"),
         (
             lambda: broadcast_binomial(
@@ -195,6 +196,7 @@ def test_a_wrong_algorithm_is_caught():
         "scatter-scalar",
         "share-count",
         "unknown-collective",
+        "unhashable-collective",
         "unknown-variant",
         "two-roots",
     ],

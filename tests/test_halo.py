@@ -485,6 +485,8 @@ def test_exchange_errors():
     geometry = halo_geometry(t, Kernel(3, padding=1))
     with pytest.raises(HaloError, match="variant"):
         HaloExchange(geometry, "diagonal")  # type: ignore[arg-type]
+    with pytest.raises(HaloError, match="variant"):  # found by the long fuzz campaign: a bare ValueError
+        HaloExchange(geometry, np.array(["nested", "direct"]))  # type: ignore[arg-type]
     with pytest.raises(HaloError, match="other than the tensor"):
         HaloExchange(geometry, local_name="x")
     with pytest.raises(HaloError, match="other than the local"):

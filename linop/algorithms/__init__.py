@@ -197,7 +197,7 @@ def problem(
     AlgorithmError
         For an unknown collective or a share count that differs from ``size``.
     """
-    if collective not in VARIANTS:
+    if not isinstance(collective, str) or collective not in VARIANTS:
         raise AlgorithmError(f"no collective {collective!r}; known: {list(VARIANTS)}")
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise AlgorithmError(f"{collective}: the number of workers must be a positive integer, not {size!r}")
