@@ -509,8 +509,7 @@ class Scaled(LinearOperator):
     Raises
     ------
     ScalarError
-        If ``alpha`` is not a number (int, float, complex or a numpy scalar), is not
-        finite, or is a Python int outside int64.
+        If ``alpha`` is not a number (int, float, complex or a numpy scalar).
 
     Examples
     --------
@@ -536,11 +535,6 @@ class Scaled(LinearOperator):
             )
         if isinstance(alpha, np.number) and alpha.dtype.kind not in "iufc":
             raise ScalarError(f"the scalar {alpha!r} has dtype {alpha.dtype}, which is not numeric")
-        if isinstance(alpha, int) and not -(2**63) <= alpha < 2**63:
-            # no integer dtype holds it: the exact matrix (int64 data movement) would overflow
-            raise ScalarError(
-                f"the integer scalar {_short(repr(alpha), 40)} is outside int64; scale by a float instead"
-            )
         if not isinstance(alpha, (int, np.integer)) and not np.isfinite(alpha):
             # inf * 0 is NaN in numpy but 0 in the exact matrix (structural zeros): no agreement
             raise ScalarError(f"the scalar {alpha!r} is not finite; an operator is scaled by finite numbers")

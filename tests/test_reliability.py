@@ -345,6 +345,15 @@ def test_a_scalar_beyond_int64_computes_integer_states_in_float64_like_the_spars
     assert got["b"].dtype == np.float64 and list(got["b"]) == [2.0**70] * 4
 
 
+def test_a_scalar_beyond_int64_scales_a_matrix_without_entries():
+    """Found by the long fuzz campaign: the exact matrix of ``10**30 * Deallocate(...)`` (no
+    stored entry) raised a bare OverflowError."""
+    space = Space([("v", (4, 3))])
+    freed = 10**30 * Deallocate(space, "v")
+    assert freed.to_sparse().nnz == 0 and freed.to_sparse().shape == (0, 12)
+    assert verify.exact_adjoint(freed)
+
+
 def test_integer_run_keeps_the_dtype_when_nothing_can_overflow():
     state = {"a": np.full(4, 3, dtype=np.uint8), "b": np.full(4, 4, dtype=np.uint8)}
     assert A(state)["b"].dtype == np.uint8 and list(A(state)["b"]) == [7] * 4

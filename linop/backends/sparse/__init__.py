@@ -183,7 +183,8 @@ def _sum(op: Sum) -> sp.csr_array:
 def _scaled(op: Scaled) -> sp.csr_array:
     matrix = matrix_of(op.operator)
     if _integer(matrix) and isinstance(op.alpha, numbers.Integral):
-        if abs(int(op.alpha)) * _largest(matrix) >= SAFE_INTEGER:
+        # a matrix without entries too: numpy refuses an int beyond int64 against int64 data
+        if abs(int(op.alpha)) * max(_largest(matrix), 1.0) >= SAFE_INTEGER:
             matrix = matrix.astype(np.float64)
     return (matrix * op.alpha).tocsr()
 
