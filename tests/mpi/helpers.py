@@ -23,10 +23,10 @@ LONG = os.environ.get("LINOP_LONG") == "1"
 
 
 def spmd(max_examples: int, *, long: int | None = None) -> settings:
-    """Hypothesis settings under which every rank draws the same examples and takes the same
-    path: derandomized, no database, and no timing-based health check (under load one rank
-    alone could fail it, leaving the others waiting in a collective). ``long``: the number of
-    examples with ``LINOP_LONG=1`` (default ``max_examples``)."""
+    """Hypothesis settings of rank 0's drawing in :func:`spmd_given`: derandomized (the same
+    examples on every run), no database, and no timing-based health check (under load it could
+    fail on rank 0 alone). ``long``: the number of examples with ``LINOP_LONG=1`` (default
+    ``max_examples``)."""
     if LONG and long is not None:
         max_examples = long
     return settings(
