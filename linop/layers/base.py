@@ -79,8 +79,8 @@ def shares(layer: str, what: str, total: int, parts: int, given: object = None) 
     """
     if given is None:
         return balanced_sizes(total, parts)
-    scalar_array = isinstance(given, np.ndarray) and given.ndim != 1
-    if isinstance(given, (str, bytes)) or not isinstance(given, (Sequence, np.ndarray)) or scalar_array:
+    not_one_axis = isinstance(given, np.ndarray) and given.ndim != 1
+    if isinstance(given, (str, bytes)) or not isinstance(given, (Sequence, np.ndarray)) or not_one_axis:
         raise LayerError(f"{layer}: the {what} shares must be a sequence of integers, not {given!r}")
     values: list[int] = []
     for value in given:

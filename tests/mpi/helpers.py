@@ -99,10 +99,6 @@ class _AbandonedError(Exception):
     """Rank 0's hypothesis gave up the example under way: the other ranks leave it too."""
 
 
-_DATA = "<st.data()>"
-"""What stands for an ``st.data()`` argument in the arguments rank 0 sends."""
-
-
 def spmd_given(
     *strategies: st.SearchStrategy,
     max_examples: int,
@@ -124,11 +120,6 @@ def spmd_given(
         is_data = [isinstance(s, type(st.data())) for s in strategies]
         names = [f"drawn_{i}" for i in range(len(strategies))]
 
-        def lead(examples: _Examples, **drawn: Any) -> None:
-            args = [drawn[name] for name in names]
-            examples.send((_CALL, tuple(_DATA if data else a for a, data in zip(args, is_data))))
-            test(*(_LeadingData(a, examples) if data else a for a, data in zip(args, is_data)))
-
         def follow(examples: _Examples) -> None:
             failure: BaseException | None = None
             while True:
@@ -138,7 +129,7 @@ def spmd_given(
                 if kind == _FAILED:
                     raise AssertionError(f"rank 0 found a failing example: {payload}")
                 try:
-                    test(*(_FollowingData(examples) if a == _DATA else a for a in payload))
+                    test(*(_FollowingData(examples) if data else a for a, data in zip(payload, is_data)))
                 except (_AbandonedError, UnsatisfiedAssumption):
                     pass
                 except Exception as error:  # rank 0's hypothesis decides; kept for the end
@@ -153,16 +144,20 @@ def spmd_given(
             examples = _Examples(comm)
             try:
                 if comm.rank == 0:
-                    _lead_all(examples)
+                    lead(examples)
                 else:
                     follow(examples)
             finally:
                 examples.free()
 
-        def _lead_all(examples: _Examples) -> None:
-            # @given wants named parameters: a signature of its own names them
+        def lead(examples: _Examples) -> None:
             def drawn(**values: Any) -> None:
-                lead(examples, **values)
+                args = [values[name] for name in names]
+                # an st.data() argument is sent as None: every rank knows which are draws
+                examples.send((_CALL, tuple(None if data else a for a, data in zip(args, is_data))))
+                test(*(_LeadingData(a, examples) if data else a for a, data in zip(args, is_data)))
+
+            # @given wants named parameters: a signature of its own names them
 
             parameters = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in names]
             drawn.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
