@@ -16,6 +16,11 @@ time the maximum over ranks; the table shows medians and the median of per-sampl
   ``linop apply`` (out of place) against ``hand`` (``all_to_all_single`` of the row block
   packed by a transpose into contiguous per-destination pieces) and ``DTensor.redistribute``
   (``Shard(0)`` to ``Shard(1)``);
+- all-gather of a 4096 x 4096 float32 array sharded by rows, and its adjoint, the
+  reduce-scatter: ``linop bound`` and ``linop apply`` (native: ``all_gather_into_tensor``,
+  ``reduce_scatter_tensor``) against ``hand`` (the same collective into a preallocated
+  tensor) and ``linop portable`` (the tree's point-to-point program, under the identity
+  worker map);
 - a convolution training step (forward and backward, 3 x 3 kernel, ``BENCH_LAYER`` =
   batch, channels, height, width, default 4 x 16 x 512 x 256, float32, rows sharded over the
   processes): ``linop`` (``LayerModule(Convolution(...), group=True)``: the input's halo
@@ -51,7 +56,7 @@ from linop.partition import DistributedTensor, Partition
 from linop.repartition import Repartition
 
 N = int(os.environ.get("BENCH_N", "4096"))
-# BENCH_ONLY: a comma-separated subset of halo, repartition, layer (default: all)
+# BENCH_ONLY: a comma-separated subset of halo, repartition, gather, layer (default: all)
 SAMPLES = int(os.environ.get("BENCH_SAMPLES", "15"))
 
 
@@ -191,6 +196,49 @@ def repartition_rows(rank: int, size: int) -> list[str]:
     return _row(f"repartition rows->cols f32 {N}^2", times, equal, block.numel() * 4)
 
 
+def gather_rows(rank: int, size: int) -> list[list[str]]:
+    """All-gather of an ``N x N`` float32 array sharded by rows, and its adjoint, the
+    reduce-scatter: linop (native: ``all_gather_into_tensor`` / ``reduce_scatter_tensor``)
+    against the same collective by hand into preallocated tensors, and against linop's
+    portable point-to-point program (the same tree under the identity worker map)."""
+    from linop.collectives import AllGather
+
+    op = AllGather(DistributedTensor("a", (N, N), Partition((size, 1))), 0, "g")
+    identity = td.WorkerMap(list(range(size)))
+    rows = []
+    for tree, hand_call in ((op, dist.all_gather_into_tensor), (op.H, dist.reduce_scatter_tensor)):
+        (mine,) = [b for b in tree.domain if b.worker == rank]
+        (out,) = [b for b in tree.range if b.worker == rank]
+        rng = np.random.default_rng(rank)
+        block = torch.from_numpy(rng.integers(-8, 8, mine.shape).astype(np.float32))  # exact sums
+        state = {mine.name: block}
+        expected = td.apply(tree, state, mapping=identity)[out.name]
+        received = torch.empty(out.shape, dtype=torch.float32)
+
+        def hand(
+            call: Any = hand_call, received: torch.Tensor = received, block: torch.Tensor = block
+        ) -> torch.Tensor:
+            call(received, block)
+            return received
+
+        step = td.plan_for(tree).bind(state, inplace=False)
+        equal = torch.equal(hand(), expected) and torch.equal(step()[out.name], expected)
+        equal = equal and torch.equal(td.apply(tree, state)[out.name], expected)
+        times = timed(
+            {
+                "bound": step,
+                "apply": lambda tree=tree, state=state: td.apply(tree, state),
+                "portable": lambda tree=tree, state=state: td.apply(tree, state, mapping=identity),
+                "hand": hand,
+            },
+            batch=2,
+        )
+        step.free()
+        name = "all-gather" if tree is op else "reduce-scatter"
+        rows.append(_row(f"{name} rows f32 {N}^2", times, equal, block.numel() * 4))
+    return rows
+
+
 class _HandHalo(torch.autograd.Function):
     """A hand-written halo exchange of ``h`` rows (dimension 2) between neighbouring ranks,
     zero rows at the global edges; backward: the halo rows' gradients sent back and added."""
@@ -297,7 +345,7 @@ def layer_rows(rank: int, size: int) -> list[str]:
 def _row(name: str, times: dict[str, list[float]], equal: bool, nbytes: int) -> list[str]:
     hand = times["hand"]
     cells = [f"{name:<34}", f"{nbytes / 2**20:7.1f} MB", f"{median(hand) * 1e3:9.3f} ms"]
-    for method in ("bound", "apply", "dtensor", "linop"):
+    for method in ("bound", "apply", "dtensor", "portable", "linop"):
         if method in times:
             ratio = median(t / h for t, h in zip(times[method], hand))
             cells.append(f"{method} {median(times[method]) * 1e3:9.3f} ms ({ratio:5.2f}x)")
@@ -308,7 +356,7 @@ def _row(name: str, times: dict[str, list[float]], equal: bool, nbytes: int) -> 
 def main() -> None:
     rank, size = dist.get_rank(), dist.get_world_size()
     lines = []
-    only = set(os.environ.get("BENCH_ONLY", "halo,repartition,layer").split(","))
+    only = set(os.environ.get("BENCH_ONLY", "halo,repartition,gather,layer").split(","))
     grids = [(size, 1), (2, size // 2)] if size == 4 else [(size, 1)]
     if "halo" in only:
         for grid in grids:
@@ -316,6 +364,8 @@ def main() -> None:
                 lines.append(halo_rows(grid, h, rank))
     if "repartition" in only:
         lines.append(repartition_rows(rank, size))
+    if "gather" in only:
+        lines.extend(gather_rows(rank, size))
     if "layer" in only:
         lines.append(layer_rows(rank, size))
     if rank == 0:
@@ -325,7 +375,7 @@ def main() -> None:
         )
         print(
             "case | per-rank block | hand | linop bound (ratio) | linop apply (ratio) | DTensor (ratio)"
-            " | linop LayerModule step (ratio)"
+            " | linop portable program (ratio) | linop LayerModule step (ratio)"
         )
         for cells in lines:
             print(" | ".join(cells))

@@ -15,6 +15,7 @@ call, is a :class:`~verify.strategies_malformed.FuzzFailure`.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from typing import Any
@@ -37,6 +38,10 @@ from .strategies_malformed import (
 from .strategies_malformed_layers import LAYER_ENTRY_POINTS
 
 __all__ = ["SURFACE_ENTRY_POINTS", "FRAMEWORK_ENTRY_POINTS", "GROUP_ENTRY_POINTS"]
+
+HELD_WEIGHTS = 10**6
+"""The most weight entries the campaign draws for a layer; a larger valid layer (a drawn
+channel count such as 2^31) is only built."""
 
 _M = np.array([[1, 0, 2, 0], [0, -1, 0, 3]])  # a 2 x 4 integer kernel
 _P = np.arange(16).reshape(4, 4) % 5  # square and not symmetric: a batched probe reads P^T
@@ -143,6 +148,8 @@ def _layers(draw: st.DrawFn) -> Call:
 
         def conv() -> Any:
             layer = Convolution(x, channels, kernel, bias=bias)
+            if math.prod(layer.weights.global_shape) > HELD_WEIGHTS:  # a valid, huge layer (2^31
+                return layer  # channels): building it is the call; no campaign holds its weights
             weights = draw_weights(layer.weights.global_shape)
             layer.scatter_parameters(weights, draw_bias(layer))
             return layer.input_operator(weights)

@@ -26,7 +26,7 @@ from ..space import Block, Region
 from . import numpy as numpy_backend
 from .mpi.mapping import run_local_moves
 
-__all__ = ["run_rank_schedule", "finish_phase", "store_results"]
+__all__ = ["run_rank_schedule", "finish_phase", "store_results", "shares_by_member"]
 
 StepRunner = Callable[[Any, numpy_backend.Workspace], None]
 """Runs one step of a rank's schedule on a workspace (collective with the step's peers)."""
@@ -144,3 +144,17 @@ def store_results(
     for block in created:
         if block.name not in work.arrays:
             work.set(block.name, np.zeros(block.shape, dtype=work.dtype))
+
+
+def shares_by_member(array: np.ndarray, axis: int, count: int, out: np.ndarray | None = None) -> np.ndarray:
+    """``array`` (a gathered block) as ``[member, share]``: axis ``axis`` cut into ``count``
+    equal shares and the member's index moved first (a C-ordered copy unless the shares lead).
+    With ``out`` (that arrangement), the reverse: ``out`` written back into ``array``, which is
+    returned. What the native all-gathers and reduce-scatters along one axis send and receive."""
+    shape = array.shape
+    split = (*shape[:axis], count, shape[axis] // count, *shape[axis + 1 :])
+    lined = np.moveaxis(array.reshape(split), axis, 0)
+    if out is not None:
+        lined[...] = out
+        return array
+    return np.ascontiguousarray(lined)

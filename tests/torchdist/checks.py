@@ -389,6 +389,103 @@ class Checks:
 
         self.run("control: a wrong native all-to-all is caught", control)
 
+    def native_gathers(self) -> None:
+        """All-gathers along one axis of equal shares run as ``all_gather_into_tensor`` on each
+        line's sub-group and their adjoints, the reduce-scatters, as ``reduce_scatter_tensor``
+        (shares leading or not, the line in rank order or reversed, one line or two): native, and equal entry by
+        entry, in integers, to the numpy interpreter and to the point-to-point program,
+        unbound and bound; in float32 too, and a uint16 run takes the portable program.
+        Control: a step whose members' order is rotated is caught."""
+        from linop.backends.torch_distributed.schedule import GatherStep
+        from linop.collectives import AllGather
+
+        size = self.size
+        trees = {
+            "rows": AllGather(DistributedTensor("a", (2 * size, 3), Partition((size, 1))), 0, "g"),
+            "a middle axis": AllGather(
+                DistributedTensor("a", (3, 2 * size, 2), Partition((1, size, 1))), 1, "g"
+            ),
+            "reversed workers": AllGather(
+                DistributedTensor("a", (2, 3 * size), Partition((1, size), workers=tuple(range(size))[::-1])),
+                1,
+                "g",
+            ),
+        }
+        if size == 4:  # two lines, each on its own sub-group
+            trees["the lines of a grid"] = AllGather(
+                DistributedTensor("a", (3, 4, 2), Partition((2, 2, 1))), 1, "g"
+            )
+        identity = td.WorkerMap(list(range(size)))
+
+        def compare(op: Any, seed: int, dtype: Any = np.int64) -> str | None:
+            plan = td.plan_for(op)
+            steps = [type(s) for s in plan.schedule_for(np.dtype(dtype))]
+            native = np.dtype(dtype).char in "bBhilqfdFD"
+            if size > 1 and native and (not plan.native or steps != [GatherStep]):
+                return f"not one native gather step: {[s.__name__ for s in steps]}"
+            if not native and GatherStep in steps:
+                return "a native gather step for a dtype gloo does not sum"
+            full = op.domain.random(seed, dtype=dtype)
+            mine = local(op.domain, full, self.rank)
+            before = {k: v.clone() for k, v in mine.items()}
+            result = plan.apply(mine)
+            if any(not torch.equal(before[k], mine[k]) for k in mine):
+                return "the caller's tensors were changed"
+            portable = td.apply(op, local(op.domain, full, self.rank), mapping=identity)
+            names = tuple(b.name for b in op.range if b.worker == self.rank)
+            exact = np.dtype(dtype).kind in "iu"  # float32: sums in another order
+            problem = differs(result, op(full), names, exact=exact) or differs(
+                result, portable, names, exact=exact
+            )
+            if problem is not None or np.dtype(dtype) != np.int64:
+                return problem
+            bound = plan.bind(mine, inplace=False)
+            for call in range(2):
+                again = op.domain.random(seed + 1 + call, dtype=np.int64)
+                for name, tensor in mine.items():
+                    tensor.copy_(torch.from_numpy(again[name]))
+                problem = differs(bound(), op(again), names)
+                if problem is not None:
+                    return f"bound call {call}: {problem}"
+            bound.free()
+            return None
+
+        for name, op in trees.items():
+            self.run(f"native all-gather {name}", lambda op=op: compare(op, 41))
+            self.run(f"native reduce-scatter {name} (the adjoint)", lambda op=op: compare(op.H, 42))
+            self.run(f"native reduce-scatter {name} float32", lambda op=op: compare(op.H, 43, np.float32))
+            self.run(f"reduce-scatter {name} uint16 portable", lambda op=op: compare(op.H, 44, np.uint16))
+
+        def control() -> str | None:
+            """The same steps with the members' ranks rotated by one give wrong entries on
+            every rank, which the comparison finds (so the comparisons above can fail)."""
+            from linop.backends.torch_distributed.plan import TorchDistributedPlan
+            from linop.program import RankProgram
+
+            if size == 1:
+                return None
+            caught = []
+            for op in (trees["rows"], trees["rows"].H):
+                plan = TorchDistributedPlan(op, td.plan_context())
+                native = plan._compiled.native
+                (step,) = native.schedule
+                wrong = GatherStep(
+                    step.source,
+                    step.target,
+                    step.members,
+                    step.axis,
+                    step.reduce,
+                    (*step.positions[1:], step.positions[0]),
+                )
+                plan._compiled.native = RankProgram((wrong,), native.max_worker)
+                full = op.domain.random(45, dtype=np.int64)
+                result = plan.apply(local(op.domain, full, self.rank))
+                names = tuple(b.name for b in op.range if b.worker == self.rank)
+                caught.append(differs(result, op(full), names) is not None)
+            return None if all(caught) else f"a rotated order was not caught: {caught}"
+
+        self.run("control: a native gather in the wrong order is caught", control)
+
     def mapped(self) -> None:
         workers = 2 * self.size
         tensor = DistributedTensor("m", (3 * workers,), Partition((workers,)))
@@ -806,6 +903,7 @@ def main(readme: str | None = None, *, timeout_case: bool = False) -> None:
         checks.overlap,
         checks.collectives,
         checks.native_moves,
+        checks.native_gathers,
         checks.mapped,
         checks.subgroup,
         checks.bound,

@@ -11,10 +11,11 @@ How a call runs
 1. :func:`plan_for` (cached per tree and group) compiles this rank's program from the
    distributed program of :mod:`linop.program`
    (:mod:`~linop.backends.torch_distributed.schedule`; the rank plans only its own part):
-   native collectives where the layout allows (all-reduce, broadcast, sum-reduce on cached
-   sub-groups of the world group; one ``all_to_all_single`` of packed buffers for a
-   repartition, scatter, gather or all-gather, on any group), else the portable point-to-point
-   program, exact for every tree. The ranks agree on the choice at the plan's first run.
+   native collectives where the layout allows (all-reduce, broadcast, sum-reduce, and the
+   all-gathers and reduce-scatters of equal shares along one axis, on cached sub-groups of the
+   world group; one ``all_to_all_single`` of packed buffers for a repartition, scatter, gather
+   or all-gather, on any group), else the portable point-to-point program, exact for every
+   tree. The ranks agree on the choice at the plan's first run.
 2. One small ``all_reduce`` checks, before any data moves, that every rank holds the same tree
    (a fingerprint), that the group has enough ranks and that each rank's blocks are right; any
    mistake raises the same typed error on every rank
@@ -22,7 +23,8 @@ How a call runs
    bounds it: a rank that never arrives makes the others raise
    :class:`~linop.errors.PeerTimeoutError`.
 3. The rank runs its schedule (:mod:`~linop.backends.torch_distributed.runtime`): phases of
-   ``batch_isend_irecv``, ``all_reduce``/``broadcast``/``reduce`` on cached sub-groups,
+   ``batch_isend_irecv``, ``all_reduce``/``broadcast``/``reduce`` and
+   ``all_gather_into_tensor``/``reduce_scatter_tensor`` on cached sub-groups,
    ``all_to_all_single``, local steps with the numpy interpreter's handlers on numpy views of
    the CPU tensors (no copy). A rank failing during the run raises
    :class:`~linop.errors.RankFailedError`; so does every peer blocked on it once its process

@@ -41,7 +41,7 @@ from ...primitives import Add, Allocate, Clear, Deallocate
 from ...program import LocalMoves, RankBranches, RankPhase, RankZero, Scale
 from ...space import Block, Region
 from .group import GroupContext
-from .schedule import AllReduceStep, AllToAllStep, BroadcastStep
+from .schedule import AllReduceStep, AllToAllStep, BroadcastStep, GatherStep
 
 __all__ = ["DeviceWorkspace", "FORCE_VARIABLE", "use_device_path", "check_stand_ins", "run_device_schedule"]
 
@@ -322,6 +322,8 @@ def run_device_schedule(
             _broadcast(step, work, context, dtype)
         elif kind is AllToAllStep:
             _all_to_all(step, work, context, dtype)
+        elif kind is GatherStep:
+            _gather(step, work, context, dtype)
         else:  # pragma: no cover - the schedules hold nothing else
             raise TypeError(f"the torch.distributed device path cannot run the step {step!r}")
     del torch
@@ -435,6 +437,37 @@ def _all_to_all(step: AllToAllStep, work: DeviceWorkspace, context: GroupContext
                 target[box(start, shape)] = receive[at : at + count].reshape(shape)
                 at += count
         work.set(step.target.name, target)
+
+
+def _gather(step: GatherStep, work: DeviceWorkspace, context: GroupContext, dtype: Any) -> None:
+    """One ``all_gather_into_tensor`` or ``reduce_scatter_tensor`` on the line's sub-group,
+    on device: the shares arranged ``[member, share]`` in the sub-group's rank order."""
+    import torch
+    import torch.distributed as dist
+
+    if step.source is None or step.target is None:
+        return
+    send = work.arrays[step.source].to(dtype=dtype).contiguous()
+    count, axis = len(step.members), step.axis
+    receive = torch.empty(step.target.shape, dtype=dtype, device=work.device)
+    gathered_shape = tuple(send.shape if step.reduce else receive.shape)
+    split = (*gathered_shape[:axis], count, gathered_shape[axis] // count, *gathered_shape[axis + 1 :])
+    order = torch.tensor(step.positions, device=work.device)
+    if count == 1:
+        receive.copy_(send)
+    elif receive.numel() and step.reduce:
+        lined = torch.movedim(send.reshape(split), axis, 0)
+        ordered = torch.empty_like(lined, memory_format=torch.contiguous_format)
+        ordered[order] = lined
+        dist.reduce_scatter_tensor(
+            receive.view(-1), ordered.view(-1), op=dist.ReduceOp.SUM, group=context.subgroup(step.members)
+        )
+    elif receive.numel():
+        gathered = torch.empty((count, *send.shape), dtype=dtype, device=work.device)
+        dist.all_gather_into_tensor(gathered.view(-1), send.view(-1), group=context.subgroup(step.members))
+        torch.movedim(receive.view(split), axis, 0).copy_(gathered[order])
+    work.drop(step.source)
+    work.set(step.target.name, receive)
 
 
 def _splits(step: AllToAllStep, size: int) -> list[int]:

@@ -16,13 +16,16 @@ memory (``torch.from_numpy``):
   sub-group of its ranks; :class:`~linop.backends.torch_distributed.schedule.AllToAllStep`:
   one ``all_to_all_single`` over the group (:class:`AllToAll`: the boxes packed in peer order,
   or sent from and received into the blocks' own memory where the boxes lie one after the
-  other there).
+  other there); :class:`~linop.backends.torch_distributed.schedule.GatherStep`: one
+  ``all_gather_into_tensor`` or ``reduce_scatter_tensor`` on the cached sub-group of the line
+  (straight into the gathered block when its shares lead and the line is in rank order).
 
 Every message travels in the run's dtype, agreed by every rank in the entry check.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -31,9 +34,9 @@ import numpy as np
 from ...program import RankPhase, Transfer
 from ...space import Region
 from .. import numpy as numpy_backend
-from ..host_schedule import finish_phase, root_buffer, run_rank_schedule, store_results
+from ..host_schedule import finish_phase, root_buffer, run_rank_schedule, shares_by_member, store_results
 from .group import GroupContext
-from .schedule import AllReduceStep, AllToAllStep, BroadcastStep
+from .schedule import AllReduceStep, AllToAllStep, BroadcastStep, GatherStep
 
 __all__ = ["run_schedule", "run_phase", "phase_operations", "AllToAll"]
 
@@ -59,6 +62,8 @@ def run_schedule(
             _broadcast(step, work, context, dtype)
         elif kind is AllToAllStep:
             _all_to_all(step, work, context, dtype)
+        elif kind is GatherStep:
+            _gather(step, work, context, dtype)
         else:  # pragma: no cover - the schedules hold nothing else
             raise TypeError(f"the torch.distributed runtime cannot run the step {step!r}")
 
@@ -190,6 +195,42 @@ def _broadcast(
         if is_root:
             results.append((group.root_name, total, True))
     store_results(work, step.dropped, results, step.created)
+
+
+def _gather(step: GatherStep, work: numpy_backend.Workspace, context: GroupContext, dtype: np.dtype) -> None:
+    """One ``all_gather_into_tensor`` (``step.reduce`` False) or ``reduce_scatter_tensor``
+    (True) on the line's sub-group; a line of one member copies."""
+    import torch.distributed as dist
+
+    if step.source is None or step.target is None:
+        return
+    send = work.arrays[step.source]
+    if send.dtype != dtype or not send.flags.c_contiguous or not send.flags.writeable:
+        send = np.array(send, dtype=dtype, order="C")
+    receive = np.empty(step.target.shape, dtype)
+    count = len(step.members)
+    if count == 1:
+        np.copyto(receive, send)
+    elif receive.size:
+        sub = context.subgroup(step.members)
+        if step.reduce:  # the gathered block as [member, share], in the sub-group's rank order
+            lined = shares_by_member(send, step.axis, count)
+            if not step.in_order:
+                ordered = np.empty_like(lined)
+                ordered[list(step.positions)] = lined
+                lined = ordered
+            dist.reduce_scatter_tensor(
+                _tensor(receive.reshape(-1)), _tensor(lined.reshape(-1)), op=dist.ReduceOp.SUM, group=sub
+            )
+        else:
+            direct = step.in_order and math.prod(receive.shape[: step.axis]) == 1  # shares lead
+            gathered = receive if direct else np.empty((count, *send.shape), dtype)
+            dist.all_gather_into_tensor(_tensor(gathered.reshape(-1)), _tensor(send.reshape(-1)), group=sub)
+            if not direct:
+                lined = gathered if step.in_order else gathered[list(step.positions)]
+                shares_by_member(receive, step.axis, count, out=lined)
+    work.drop(step.source)
+    work.set(step.target.name, receive)
 
 
 def _consecutive(array: np.ndarray, boxes: list[tuple[int, np.ndarray]]) -> int | None:

@@ -9,12 +9,15 @@ Both come from the distributed program of :mod:`linop.program`:
   (:class:`BroadcastStep`) on a sub-group per group of ranks, and the copying plans whose every
   worker gives at most one block and gets at most one (repartition, scatter, gather,
   all-gather: :class:`AllToAllStep`, one ``all_to_all_single`` of packed buffers over the whole
-  group, uneven splits included). Because each rank sees only its own part, the ranks agree
+  group, uneven splits included), and the all-gathers and reduce-scatters along one axis of
+  equal shares (:class:`GatherStep`: ``all_gather_into_tensor`` and ``reduce_scatter_tensor``
+  on the sub-group of each line of the partition). Because each rank sees only its own part, the ranks agree
   once, at a plan's first run after the entry check (:func:`agree_native`, one
   ``all_gather_object``), that every rank's part is native, and on the union of the groups'
   rank sets, which every rank then creates in one order (``new_group`` is collective over the
   world group);
-- **portable** otherwise (halo exchanges, reduce-scatters, any tree; any worker-to-rank map):
+- **portable** otherwise (halo exchanges, reduce-scatters of uneven shares, any tree; any
+  worker-to-rank map):
   the program lowered without fast paths (:func:`~linop.program.lower_portable`) and projected
   onto the rank by :mod:`linop.backends.mpi.mapping`: local steps, point-to-point phases (one
   ``batch_isend_irecv`` each) and local moves between two workers of one rank. It is exact for
@@ -40,6 +43,7 @@ __all__ = [
     "AllReduceStep",
     "AllToAllStep",
     "BroadcastStep",
+    "GatherStep",
     "Compiled",
     "SUMMABLE",
     "agree_native",
@@ -109,6 +113,36 @@ class AllToAllStep:
         return total == self.target.size
 
 
+@dataclass(frozen=True)
+class GatherStep:
+    """One rank's part of an all-gather (``reduce=False``) or reduce-scatter (``reduce=True``)
+    along one axis of equal shares: its group is one line of the partition, ``members`` the
+    line's ranks in coordinate order (member ``k`` owns entries ``[k n, (k + 1) n)`` of the
+    gathered block along ``axis``).
+
+    Run as one ``all_gather_into_tensor`` (the rank's block ``source`` into the gathered block
+    ``target``) or one ``reduce_scatter_tensor`` (the gathered block ``source``, summed over the
+    line, scattered into the rank's block ``target``) on the cached sub-group of the line. In
+    the maths: the all-gather copies ``g[share k] = x_k`` for every member ``k`` on every
+    member; its adjoint, the reduce-scatter, gives member ``k`` the sum over the line of
+    ``g[share k]``. ``source`` and ``target`` are None on a rank outside the layout.
+
+    ``positions[k]`` is member ``k``'s rank in the line's sub-group (whose ranks are in
+    increasing order): the collectives order shares by it, the partition by coordinate."""
+
+    source: str | None
+    target: Block | None
+    members: tuple[int, ...]
+    axis: int
+    reduce: bool
+    positions: tuple[int, ...]
+
+    @property
+    def in_order(self) -> bool:
+        """Whether the members' coordinates and their ranks in the sub-group agree."""
+        return all(k == position for k, position in enumerate(self.positions))
+
+
 def _torch_part(part: Any) -> Any:
     """The torch step of one of the MPI fast paths' rank parts (recognized by the fields of
     :mod:`linop.backends.mpi.native`' rank steps), or None when torch has no native
@@ -120,6 +154,11 @@ def _torch_part(part: Any) -> Any:
         return BroadcastStep(
             tuple(part.groups), part.rank, tuple(part.dropped), tuple(part.created), part.reduce
         )
+    if {"members", "axis", "reduce", "fallback"} <= fields.keys():
+        members = tuple(part.members)
+        rank_of = {rank: position for position, rank in enumerate(sorted(members))}
+        positions = tuple(rank_of[rank] for rank in members)
+        return GatherStep(part.source, part.target, members, part.axis, part.reduce, positions)
     if {"source", "source_shape", "target", "sends", "receives"} <= fields.keys():
         return AllToAllStep(part.source, part.target, tuple(part.sends), tuple(part.receives))
     return None
@@ -146,6 +185,8 @@ def _translate(schedule: tuple[Any, ...], found: list[tuple[int, ...]]) -> tuple
                 sets = [ranks for _, ranks in mine.entries]
             elif isinstance(mine, BroadcastStep):
                 sets = [tuple(g.ranks) for g in mine.groups]
+            elif isinstance(mine, GatherStep):
+                sets = [mine.members]
             else:
                 sets = []
             for ranks in sets:

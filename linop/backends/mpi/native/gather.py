@@ -15,6 +15,7 @@ from ....collectives import AllGather, ReduceScatter
 from ....partition import WorkerBox
 from ....program import FastPathStep, Step, lowering, lowering_rank, note_workers
 from ....space import Block
+from ...host_schedule import shares_by_member
 from ..context import subcommunicator
 from ..datatypes import byte_type, mpi, predefined_type
 from ..runtime import run_schedule
@@ -59,7 +60,7 @@ class _RankGather(RankStep):
         lib = mpi()
         sub = subcommunicator(comm, self.members)
         if self.reduce:  # the gathered block as [member, share] in C order, then summed
-            lined = _by_member(send, self.axis, count)
+            lined = shares_by_member(send, self.axis, count)
             receive = np.empty(self.target.shape, dtype=dtype)
             mpi_type = predefined_type(dtype)
             if receive.size:
@@ -72,22 +73,9 @@ class _RankGather(RankStep):
             if receive.size:
                 sub.Allgather([send, send.nbytes, byte_type()], [gathered, send.nbytes, byte_type()])
             if not direct:
-                _by_member(receive, self.axis, count, out=gathered)
+                shares_by_member(receive, self.axis, count, out=gathered)
         work.drop(self.source)
         work.set(self.target.name, receive)
-
-
-def _by_member(array: np.ndarray, axis: int, count: int, out: np.ndarray | None = None) -> np.ndarray:
-    """``array`` (a gathered block) as ``[member, share]``: axis ``axis`` cut into ``count``
-    equal shares and the member's index moved first (a copy unless the shares lead). With
-    ``out`` (that arrangement), the reverse: ``out`` written back into ``array``."""
-    shape = array.shape
-    split = (*shape[:axis], count, shape[axis] // count, *shape[axis + 1 :])
-    lined = np.moveaxis(array.reshape(split), axis, 0)
-    if out is not None:
-        lined[...] = out
-        return array
-    return np.ascontiguousarray(lined)
 
 
 def _gather_line(op: AllGather | ReduceScatter) -> int | None:
