@@ -17,10 +17,11 @@ time the maximum over ranks; the table shows medians and the median of per-sampl
   packed by a transpose into contiguous per-destination pieces) and ``DTensor.redistribute``
   (``Shard(0)`` to ``Shard(1)``);
 - all-gather of a 4096 x 4096 float32 array sharded by rows, and its adjoint, the
-  reduce-scatter: ``linop bound`` and ``linop apply`` (native: ``all_gather_into_tensor``,
-  ``reduce_scatter_tensor``) against ``hand`` (the same collective into a preallocated
-  tensor) and ``linop portable`` (the tree's point-to-point program, under the identity
-  worker map);
+  reduce-scatter: ``linop bound`` and ``linop apply`` (as the executor chooses: under gloo, on
+  lines of at most ``GLOO_POINT_TO_POINT_LINE`` ranks, the node's point-to-point program),
+  ``linop native`` (``apply`` with the collectives forced: ``all_gather_into_tensor``,
+  ``reduce_scatter_tensor``) and ``linop portable`` (the tree's point-to-point program under
+  the identity worker map) against ``hand`` (the collective into a preallocated tensor);
 - a convolution training step (forward and backward, 3 x 3 kernel, ``BENCH_LAYER`` =
   batch, channels, height, width, default 4 x 16 x 512 x 256, float32, rows sharded over the
   processes): ``linop`` (``LayerModule(Convolution(...), group=True)``: the input's halo
@@ -205,6 +206,8 @@ def gather_rows(rank: int, size: int) -> list[list[str]]:
 
     op = AllGather(DistributedTensor("a", (N, N), Partition((size, 1))), 0, "g")
     identity = td.WorkerMap(list(range(size)))
+    context = td.plan_context()
+    chosen = context.native_gathers_from
     rows = []
     for tree, hand_call in ((op, dist.all_gather_into_tensor), (op.H, dist.reduce_scatter_tensor)):
         (mine,) = [b for b in tree.domain if b.worker == rank]
@@ -224,10 +227,20 @@ def gather_rows(rank: int, size: int) -> list[list[str]]:
         step = td.plan_for(tree).bind(state, inplace=False)
         equal = torch.equal(hand(), expected) and torch.equal(step()[out.name], expected)
         equal = equal and torch.equal(td.apply(tree, state)[out.name], expected)
+
+        def native(tree: Any = tree, state: Any = state) -> Any:
+            context.native_gathers_from = 2  # every rank alike, between calls
+            try:
+                return td.apply(tree, state)
+            finally:
+                context.native_gathers_from = chosen
+
+        equal = equal and torch.equal(native()[out.name], expected)
         times = timed(
             {
                 "bound": step,
                 "apply": lambda tree=tree, state=state: td.apply(tree, state),
+                "native": native,
                 "portable": lambda tree=tree, state=state: td.apply(tree, state, mapping=identity),
                 "hand": hand,
             },
@@ -345,7 +358,7 @@ def layer_rows(rank: int, size: int) -> list[str]:
 def _row(name: str, times: dict[str, list[float]], equal: bool, nbytes: int) -> list[str]:
     hand = times["hand"]
     cells = [f"{name:<34}", f"{nbytes / 2**20:7.1f} MB", f"{median(hand) * 1e3:9.3f} ms"]
-    for method in ("bound", "apply", "dtensor", "portable", "linop"):
+    for method in ("bound", "apply", "dtensor", "native", "portable", "linop"):
         if method in times:
             ratio = median(t / h for t, h in zip(times[method], hand))
             cells.append(f"{method} {median(times[method]) * 1e3:9.3f} ms ({ratio:5.2f}x)")
@@ -375,7 +388,8 @@ def main() -> None:
         )
         print(
             "case | per-rank block | hand | linop bound (ratio) | linop apply (ratio) | DTensor (ratio)"
-            " | linop portable program (ratio) | linop LayerModule step (ratio)"
+            " | linop apply, native collective (ratio) | linop portable program (ratio)"
+            " | linop LayerModule step (ratio)"
         )
         for cells in lines:
             print(" | ".join(cells))

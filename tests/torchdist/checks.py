@@ -12,6 +12,7 @@ interpreter.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import sys
@@ -392,7 +393,8 @@ class Checks:
     def native_gathers(self) -> None:
         """All-gathers along one axis of equal shares run as ``all_gather_into_tensor`` on each
         line's sub-group and their adjoints, the reduce-scatters, as ``reduce_scatter_tensor``
-        (shares leading or not, the line in rank order or reversed, one line or two): native, and equal entry by
+        (``$LINOP_TORCH_GATHERS=native``; by default gloo's short lines run the nodes'
+        point-to-point programs instead) (shares leading or not, the line in rank order or reversed, one line or two): native, and equal entry by
         entry, in integers, to the numpy interpreter and to the point-to-point program,
         unbound and bound; in float32 too, and a uint16 run takes the portable program.
         Control: a step whose members' order is rotated is caught."""
@@ -462,21 +464,14 @@ class Checks:
             from linop.backends.torch_distributed.plan import TorchDistributedPlan
             from linop.program import RankProgram
 
-            if size == 1:
+            if size == 1 or not td.plan_context().native_gather(size):  # point-to-point gathers
                 return None
             caught = []
             for op in (trees["rows"], trees["rows"].H):
                 plan = TorchDistributedPlan(op, td.plan_context())
                 native = plan._compiled.native
                 (step,) = native.schedule
-                wrong = GatherStep(
-                    step.source,
-                    step.target,
-                    step.members,
-                    step.axis,
-                    step.reduce,
-                    (*step.positions[1:], step.positions[0]),
-                )
+                wrong = dataclasses.replace(step, positions=(*step.positions[1:], step.positions[0]))
                 plan._compiled.native = RankProgram((wrong,), native.max_worker)
                 full = op.domain.random(45, dtype=np.int64)
                 result = plan.apply(local(op.domain, full, self.rank))

@@ -29,7 +29,7 @@ agreed run dtype, and is agreed by every rank, so every rank makes it alike.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import LinopError, UnsupportedNodeError
@@ -128,7 +128,10 @@ class GatherStep:
     ``g[share k]``. ``source`` and ``target`` are None on a rank outside the layout.
 
     ``positions[k]`` is member ``k``'s rank in the line's sub-group (whose ranks are in
-    increasing order): the collectives order shares by it, the partition by coordinate."""
+    increasing order): the collectives order shares by it, the partition by coordinate.
+    ``fallback`` gives the rank's schedule of the node's point-to-point program (built on
+    first use), run instead where the collective is slower
+    (:meth:`~linop.backends.torch_distributed.group.GroupContext.native_gather`)."""
 
     source: str | None
     target: Block | None
@@ -136,6 +139,7 @@ class GatherStep:
     axis: int
     reduce: bool
     positions: tuple[int, ...]
+    fallback: Any = field(compare=False, repr=False)
 
     @property
     def in_order(self) -> bool:
@@ -158,7 +162,7 @@ def _torch_part(part: Any) -> Any:
         members = tuple(part.members)
         rank_of = {rank: position for position, rank in enumerate(sorted(members))}
         positions = tuple(rank_of[rank] for rank in members)
-        return GatherStep(part.source, part.target, members, part.axis, part.reduce, positions)
+        return GatherStep(part.source, part.target, members, part.axis, part.reduce, positions, part.fallback)
     if {"source", "source_shape", "target", "sends", "receives"} <= fields.keys():
         return AllToAllStep(part.source, part.target, tuple(part.sends), tuple(part.receives))
     return None
