@@ -44,8 +44,10 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 # -n auto: one pytest-xdist worker per core; --dist loadgroup keeps the tests that share work on
-# one worker (tests/conftest.py: GROUPS).
-test: lint typecheck
+# one worker (tests/conftest.py: GROUPS). The type check (`make typecheck`) runs inside the suite,
+# alongside the other tests: tests/test_readme.py checks linop, verify and the README tour in one
+# mypy run.
+test: lint
 	$(PY) -m pytest -n auto --dist loadgroup
 
 bench: $(STAMP)

@@ -67,6 +67,7 @@ LAUNCHES = (
     "test_jax_shard.py",
     "test_notebooks.py",
     "test_docs.py",
+    "test_readme.py",  # the type check of the packages and the tour
 )
 """Test modules that launch many processes or run long (in this order: the longest first)."""
 

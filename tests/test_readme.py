@@ -56,22 +56,25 @@ def test_readme_mpi_example_reports_success():
     assert (README.parent / "tests" / "mpi" / "test_readme_example.py").exists()
 
 
-def test_readme_tour_type_checks(tmp_path, monkeypatch):
-    """The tour is what users type: mypy accepts it against linop's annotations (blocks are
-    joined into one module, so a name reused across blocks may change its type)."""
+def test_the_package_and_the_readme_tour_type_check(tmp_path, monkeypatch):
+    """mypy accepts linop and verify (the project's configuration: ``make typecheck``) and the
+    tour, which is what users type, against linop's annotations (blocks are joined into one
+    module, so a name reused across blocks may change its type). One run checks both, in this
+    process: no interpreter start of its own, and it runs alongside the other tests of the
+    suite instead of before them."""
     pytest = __import__("pytest")
     pytest.importorskip("mypy")
     from mypy import api
 
     tour = tmp_path / "tour.py"
     tour.write_text("# mypy: allow-redefinition\n" + "\n".join(tour_blocks()))
-    # in this process (no interpreter start of its own), with the project's configuration and
-    # cache (.mypy_cache, warm after `make typecheck`), which keep it quick
     config = ["--config-file", str(README.parent / "pyproject.toml")]
     config += ["--cache-dir", str(README.parent / ".mypy_cache")]
     monkeypatch.chdir(README.parent)  # linop and verify as this checkout has them
-    stdout, stderr, status = api.run([*config, str(tour)])
+    stdout, stderr, status = api.run([*config, "linop", "verify", str(tour)])
     assert status == 0, stdout + stderr
+    checked = re.search(r"no issues found in (\d+) source files", stdout)
+    assert checked and int(checked.group(1)) > 100, stdout  # the packages, not the tour alone
 
 
 def test_readme_names_every_section_of_the_report():
