@@ -71,7 +71,8 @@ node's point-to-point program), or ``auto`` / unset (the measured rule of
 GLOO_POINT_TO_POINT_LINE = 4
 """Under gloo (``auto``), lines of at most this many members gather point-to-point: measured
 on 4 processes (gloo, CPU, 4096 x 4096 float32 by rows), gloo's ``all_gather_into_tensor``
-took 1.9x the time of the node's point-to-point program and ``reduce_scatter_tensor`` 1.1-1.2x.
+took 1.8x - 2.0x the time of the node's point-to-point program and ``reduce_scatter_tensor``
+1.15x - 1.4x (``benchmarks/bench_torch_distributed.py``).
 Longer lines, which this machine cannot measure, use the collectives: a ring is
 bandwidth-optimal, and a rank plans it in O(1) where the point-to-point program has a message
 per member."""
