@@ -18,7 +18,7 @@ time the maximum over ranks; the table shows medians and the median of per-sampl
   (``Shard(0)`` to ``Shard(1)``);
 - all-gather of a 4096 x 4096 float32 array sharded by rows, and its adjoint, the
   reduce-scatter: ``linop bound`` and ``linop apply`` (as the executor chooses: under gloo, on
-  lines of at most ``GLOO_POINT_TO_POINT_LINE`` ranks, the node's point-to-point program),
+  groups of at most ``GLOO_POINT_TO_POINT_GROUP`` ranks, the node's point-to-point program),
   ``linop native`` (``apply`` with the collectives forced: ``all_gather_into_tensor``,
   ``reduce_scatter_tensor``) and ``linop portable`` (the tree's point-to-point program under
   the identity worker map) against ``hand`` (the collective into a preallocated tensor);
@@ -207,7 +207,7 @@ def gather_rows(rank: int, size: int) -> list[list[str]]:
     op = AllGather(DistributedTensor("a", (N, N), Partition((size, 1))), 0, "g")
     identity = td.WorkerMap(list(range(size)))
     context = td.plan_context()
-    chosen = context.native_gathers_from
+    chosen = context.native_gathers
     rows = []
     for tree, hand_call in ((op, dist.all_gather_into_tensor), (op.H, dist.reduce_scatter_tensor)):
         (mine,) = [b for b in tree.domain if b.worker == rank]
@@ -229,11 +229,11 @@ def gather_rows(rank: int, size: int) -> list[list[str]]:
         equal = equal and torch.equal(td.apply(tree, state)[out.name], expected)
 
         def native(tree: Any = tree, state: Any = state) -> Any:
-            context.native_gathers_from = 2  # every rank alike, between calls
+            context.native_gathers = True  # every rank alike, between calls
             try:
                 return td.apply(tree, state)
             finally:
-                context.native_gathers_from = chosen
+                context.native_gathers = chosen
 
         equal = equal and torch.equal(native()[out.name], expected)
         times = timed(

@@ -7,7 +7,7 @@ Processes 1, 3 and 4 are made by ``torch.multiprocessing.spawn`` (``tests/torchd
 at 3 the CPU tensors take the device path, the one CUDA tensors take under NCCL; the 4 processes
 then run the DTensor checks of ``tests/test_dtensor.py`` too, one world of 4 for both; at 3 and 4
 the all-gathers and reduce-scatters of equal shares run as the collectives, at 2 as gloo's
-default for short lines, point-to-point),
+default for small groups, point-to-point),
 2 by ``python -m torch.distributed.run`` (torchrun), which also runs the README's "Run under
 torchrun" script and, last, a rank that never arrives (the others must raise
 ``PeerTimeoutError`` naming the deadline while it is still alive: only the deadline can have
@@ -75,7 +75,7 @@ def test_checks_under_spawn(processes, path, monkeypatch, tmp_path):
     they are), which CUDA tensors take under NCCL."""
     if path == "device":
         monkeypatch.setenv("LINOP_TORCH_DEVICE_PATH", "1")
-    if processes > 1:  # the collectives' gathers (gloo's short lines gather point-to-point by default)
+    if processes > 1:  # the collectives' gathers (small gloo groups gather point-to-point by default)
         monkeypatch.setenv("LINOP_TORCH_GATHERS", "native")
     finale = {1: None, 3: "bound-timeout", 4: "failure"}[processes]  # the launch's last case
     if finale:
@@ -163,22 +163,23 @@ def test_errors_before_any_process_group():
 
 
 def test_the_gathers_rule_and_its_variable(monkeypatch):
-    """gloo gathers lines of at most GLOO_POINT_TO_POINT_LINE ranks point-to-point (measured
-    faster there), NCCL always natively; $LINOP_TORCH_GATHERS overrides, and a value it does
-    not know is a typed error naming the variable."""
+    """gloo groups of at most GLOO_POINT_TO_POINT_GROUP ranks gather point-to-point (measured
+    faster there), larger ones and NCCL with the collectives; $LINOP_TORCH_GATHERS overrides,
+    and a value it does not know is a typed error naming the variable."""
     from linop.backends.torch_distributed import group
     from linop.errors import ProcessGroupArgumentError
 
+    small, large = group.GLOO_POINT_TO_POINT_GROUP, group.GLOO_POINT_TO_POINT_GROUP + 1
     monkeypatch.delenv(group.GATHERS_VARIABLE, raising=False)
-    assert group._native_gathers_from("gloo") == group.GLOO_POINT_TO_POINT_LINE + 1
-    assert group._native_gathers_from("nccl") == 2
+    assert not group._native_gathers("gloo", small) and group._native_gathers("gloo", large)
+    assert group._native_gathers("nccl", 2)
     monkeypatch.setenv(group.GATHERS_VARIABLE, "native")
-    assert group._native_gathers_from("gloo") == 2
+    assert group._native_gathers("gloo", 2)
     monkeypatch.setenv(group.GATHERS_VARIABLE, "point-to-point")
-    assert group._native_gathers_from("nccl") > 1 << 30
+    assert not group._native_gathers("nccl", 1024)
     monkeypatch.setenv(group.GATHERS_VARIABLE, "ring")
     with pytest.raises(ProcessGroupArgumentError, match="LINOP_TORCH_GATHERS='ring'"):
-        group._native_gathers_from("gloo")
+        group._native_gathers("gloo", 2)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (the NCCL path needs a GPU)")

@@ -393,7 +393,7 @@ class Checks:
     def native_gathers(self) -> None:
         """All-gathers along one axis of equal shares run as ``all_gather_into_tensor`` on each
         line's sub-group and their adjoints, the reduce-scatters, as ``reduce_scatter_tensor``
-        (``$LINOP_TORCH_GATHERS=native``; by default gloo's short lines run the nodes'
+        (``$LINOP_TORCH_GATHERS=native``; by default small gloo groups run the nodes'
         point-to-point programs instead) (shares leading or not, the line in rank order or reversed, one line or two): native, and equal entry by
         entry, in integers, to the numpy interpreter and to the point-to-point program,
         unbound and bound; in float32 too, and a uint16 run takes the portable program.
@@ -464,7 +464,7 @@ class Checks:
             from linop.backends.torch_distributed.plan import TorchDistributedPlan
             from linop.program import RankProgram
 
-            if size == 1 or not td.plan_context().native_gather(size):  # point-to-point gathers
+            if size == 1 or not td.plan_context().native_gathers:  # point-to-point gathers
                 return None
             caught = []
             for op in (trees["rows"], trees["rows"].H):

@@ -442,11 +442,11 @@ def _all_to_all(step: AllToAllStep, work: DeviceWorkspace, context: GroupContext
 def _gather(step: GatherStep, work: DeviceWorkspace, context: GroupContext, dtype: Any) -> None:
     """One ``all_gather_into_tensor`` or ``reduce_scatter_tensor`` on the line's sub-group,
     on device: the shares arranged ``[member, share]`` in the sub-group's rank order; or the
-    node's point-to-point program where that is faster (:meth:`GroupContext.native_gather`)."""
+    node's point-to-point program where that is faster (:attr:`GroupContext.native_gathers`)."""
     import torch
     import torch.distributed as dist
 
-    if 1 < len(step.members) and not context.native_gather(len(step.members)):
+    if 1 < len(step.members) and not context.native_gathers:
         run_device_schedule(step.fallback.schedule(), work, context, dtype)
         return
     if step.source is None or step.target is None:

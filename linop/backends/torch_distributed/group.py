@@ -32,7 +32,7 @@ __all__ = [
     "resolve_timeout",
     "TIMEOUT_VARIABLE",
     "GATHERS_VARIABLE",
-    "GLOO_POINT_TO_POINT_LINE",
+    "GLOO_POINT_TO_POINT_GROUP",
 ]
 
 TIMEOUT_VARIABLE = "LINOP_TIMEOUT"
@@ -65,31 +65,28 @@ def resolve_timeout(timeout: float | None) -> float | None:
 GATHERS_VARIABLE = "LINOP_TORCH_GATHERS"
 """The environment variable choosing how all-gathers and reduce-scatters of equal shares run:
 ``native`` (``all_gather_into_tensor`` / ``reduce_scatter_tensor``), ``point-to-point`` (the
-node's point-to-point program), or ``auto`` / unset (the measured rule of
-:meth:`GroupContext.native_gather`). Set it alike on every rank."""
+node's point-to-point program), or ``auto`` / unset (the measured rule:
+:data:`GLOO_POINT_TO_POINT_GROUP`). Set it alike on every rank."""
 
-GLOO_POINT_TO_POINT_LINE = 4
-"""Under gloo (``auto``), lines of at most this many members gather point-to-point: measured
+GLOO_POINT_TO_POINT_GROUP = 4
+"""Under gloo (``auto``), a group of at most this many ranks gathers point-to-point: measured
 on 4 processes (gloo, CPU, 4096 x 4096 float32 by rows), gloo's ``all_gather_into_tensor``
 took 1.8x - 2.0x the time of the node's point-to-point program and ``reduce_scatter_tensor``
-1.15x - 1.4x (``benchmarks/bench_torch_distributed.py``).
-Longer lines, which this machine cannot measure, use the collectives: a ring is
-bandwidth-optimal, and a rank plans it in O(1) where the point-to-point program has a message
-per member."""
+1.15x - 1.4x (``benchmarks/bench_torch_distributed.py``). Larger groups, which this machine
+cannot measure, and NCCL use the collectives: a ring is bandwidth-optimal, and a rank plans its
+part in O(1), where the point-to-point program is planned from the node's whole expansion."""
 
 
-def _native_gathers_from(backend: str) -> int:
-    """The fewest members of a line whose gathers run natively (see :data:`GATHERS_VARIABLE`)."""
+def _native_gathers(backend: str, size: int) -> bool:
+    """Whether the group's gathers run as the collectives (see :data:`GATHERS_VARIABLE`)."""
     text = os.environ.get(GATHERS_VARIABLE, "").strip().lower()
-    if text == "native":
-        return 2
-    if text == "point-to-point":
-        return 1 << 62
+    if text in ("native", "point-to-point"):
+        return text == "native"
     if text not in ("", "auto"):
         raise ProcessGroupArgumentError(
             f"{GATHERS_VARIABLE}={text!r}: expected 'native', 'point-to-point' or 'auto'"
         )
-    return GLOO_POINT_TO_POINT_LINE + 1 if backend == "gloo" else 2
+    return backend != "gloo" or size > GLOO_POINT_TO_POINT_GROUP
 
 
 def _dist() -> Any:
@@ -114,10 +111,12 @@ class GroupContext:
         sub-groups used.
     device : torch.device
         Where the group's collectives take their tensors (``cuda`` for NCCL, else the CPU).
-    native_gathers_from : int
-        The fewest members of a line whose all-gathers and reduce-scatters run as the
-        collectives (:meth:`native_gather`; from ``$LINOP_TORCH_GATHERS`` and the backend).
-        Changing it is collective: do it alike on every rank, between calls.
+    native_gathers : bool
+        Whether the all-gathers and reduce-scatters of equal shares run as the collectives
+        (``all_gather_into_tensor``, ``reduce_scatter_tensor``), else as the nodes'
+        point-to-point programs: from ``$LINOP_TORCH_GATHERS``, the backend and the size
+        (:data:`GLOO_POINT_TO_POINT_GROUP`). The same on every rank; changing it is collective:
+        do it alike on every rank, between calls.
     """
 
     def __init__(self, group: Any) -> None:
@@ -134,7 +133,7 @@ class GroupContext:
         else:
             self.device = torch.device("cpu")
         self._subgroups: dict[tuple[int, ...], Any] = {}
-        self.native_gathers_from = _native_gathers_from(self.backend)
+        self.native_gathers = _native_gathers(self.backend, self.size)
         from ..mpi.context import PlanCache
 
         self.plans: PlanCache[Any] = PlanCache()
@@ -157,14 +156,6 @@ class GroupContext:
                 found = _dist().new_group(ranks=list(key))
             self._subgroups[key] = found
         return found
-
-    def native_gather(self, members: int) -> bool:
-        """Whether an all-gather or reduce-scatter along a line of ``members`` ranks runs as
-        the collective (else as its point-to-point program): under NCCL always, under gloo
-        for lines longer than :data:`GLOO_POINT_TO_POINT_LINE`; ``$LINOP_TORCH_GATHERS``
-        decides otherwise. The same on every rank of a line (it depends only on the group's
-        backend, the line and the environment)."""
-        return members >= self.native_gathers_from
 
     def create_subgroups(self, rank_sets: tuple[tuple[int, ...], ...]) -> None:
         """Create the sub-groups of ``rank_sets`` not made yet, in that order, on every rank

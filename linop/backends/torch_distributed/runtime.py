@@ -19,7 +19,7 @@ memory (``torch.from_numpy``):
   other there); :class:`~linop.backends.torch_distributed.schedule.GatherStep`: one
   ``all_gather_into_tensor`` or ``reduce_scatter_tensor`` on the cached sub-group of the line
   (straight into the gathered block when its shares lead and the line is in rank order), or,
-  on short lines under gloo, where it is faster, the node's point-to-point phases.
+  on small gloo groups, where it is faster, the node's point-to-point phases.
 
 Every message travels in the run's dtype, agreed by every rank in the entry check.
 """
@@ -201,10 +201,10 @@ def _broadcast(
 def _gather(step: GatherStep, work: numpy_backend.Workspace, context: GroupContext, dtype: np.dtype) -> None:
     """One ``all_gather_into_tensor`` (``step.reduce`` False) or ``reduce_scatter_tensor``
     (True) on the line's sub-group, or the node's point-to-point program where that is faster
-    (:meth:`GroupContext.native_gather`); a line of one member copies."""
+    (:attr:`GroupContext.native_gathers`); a line of one member copies."""
     import torch.distributed as dist
 
-    if 1 < len(step.members) and not context.native_gather(len(step.members)):
+    if 1 < len(step.members) and not context.native_gathers:
         run_schedule(step.fallback.schedule(), work, context, dtype)
         return
     if step.source is None or step.target is None:

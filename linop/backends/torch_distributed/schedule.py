@@ -11,8 +11,8 @@ Both come from the distributed program of :mod:`linop.program`:
   all-gather: :class:`AllToAllStep`, one ``all_to_all_single`` of packed buffers over the whole
   group, uneven splits included), and the all-gathers and reduce-scatters along one axis of
   equal shares (:class:`GatherStep`: ``all_gather_into_tensor`` and ``reduce_scatter_tensor``
-  on the sub-group of each line of the partition). Because each rank sees only its own part, the ranks agree
-  once, at a plan's first run after the entry check (:func:`agree_native`, one
+  on the sub-group of each line of the partition). Because each rank sees only its own part,
+  the ranks agree once, at a plan's first run after the entry check (:func:`agree_native`, one
   ``all_gather_object``), that every rank's part is native, and on the union of the groups'
   rank sets, which every rank then creates in one order (``new_group`` is collective over the
   world group);
@@ -131,7 +131,7 @@ class GatherStep:
     increasing order): the collectives order shares by it, the partition by coordinate.
     ``fallback`` gives the rank's schedule of the node's point-to-point program (built on
     first use), run instead where the collective is slower
-    (:meth:`~linop.backends.torch_distributed.group.GroupContext.native_gather`)."""
+    (:attr:`~linop.backends.torch_distributed.group.GroupContext.native_gathers`)."""
 
     source: str | None
     target: Block | None
