@@ -93,6 +93,22 @@ def differs(result: dict, expected: dict, names: tuple[str, ...], *, exact: bool
     return None
 
 
+def bound_calls_differ(bound: Any, op: Any, mine: dict, seed: int, names: tuple[str, ...]) -> str | None:
+    """Two calls of a bound plan on new values written into the bound tensors ``mine``, each
+    compared with the numpy interpreter (then the plan is freed); the first difference."""
+    try:
+        for call in range(2):
+            again = op.domain.random(seed + 1 + call, dtype=np.int64)
+            for name, tensor in mine.items():
+                tensor.copy_(torch.from_numpy(again[name]))
+            problem = differs(bound(), op(again), names)
+            if problem is not None:
+                return f"bound call {call}: {problem}"
+        return None
+    finally:
+        bound.free()
+
+
 def against_numpy(
     op: Any, seed: int, *, dtype: Any = np.int64, inplace: bool = False, **kw: Any
 ) -> str | None:
@@ -348,15 +364,7 @@ class Checks:
             host = DEVICE is None and os.environ.get("LINOP_TORCH_DEVICE_PATH") != "1"
             if host and one_exchange != bound.prepared:
                 return f"one all-to-all: {one_exchange}, bound and prepared: {bound.prepared}"
-            for call in range(2):
-                again = op.domain.random(seed + 1 + call, dtype=np.int64)
-                for name, tensor in mine.items():
-                    tensor.copy_(torch.from_numpy(again[name]))
-                problem = differs(bound(), op(again), names)
-                if problem is not None:
-                    return f"bound call {call}: {problem}"
-            bound.free()
-            return None
+            return bound_calls_differ(bound, op, mine, seed, names)
 
         for name, op in trees.items():
             self.run(f"native {name}", lambda op=op: compare(op, 31))
@@ -442,15 +450,7 @@ class Checks:
             if problem is not None or np.dtype(dtype) != np.int64:
                 return problem
             bound = plan.bind(mine, inplace=False)
-            for call in range(2):
-                again = op.domain.random(seed + 1 + call, dtype=np.int64)
-                for name, tensor in mine.items():
-                    tensor.copy_(torch.from_numpy(again[name]))
-                problem = differs(bound(), op(again), names)
-                if problem is not None:
-                    return f"bound call {call}: {problem}"
-            bound.free()
-            return None
+            return bound_calls_differ(bound, op, mine, seed, names)
 
         for name, op in trees.items():
             self.run(f"native all-gather {name}", lambda op=op: compare(op, 41))
