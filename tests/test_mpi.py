@@ -202,9 +202,49 @@ def test_sigint_to_one_rank_inside_linop_ends_every_rank(ranks, mode, tmp_path):
     os.kill(pids[victim], signal.SIGINT)
     ended, output = _ends_within(process, END_WITHIN, pids)
     assert ended, f"timed out: SIGINT to rank {victim} left the job running for {END_WITHIN} s:\n{output}"
-    assert f"linop MPI interpreter: rank {victim} failed while" in output, output
     assert "KeyboardInterrupt; aborting the job" in output, output
     assert process.returncode != 0, output
+    if f"linop MPI interpreter: rank {victim} failed while" not in output:  # not linop's abort:
+        _assert_raised_at_the_call_boundary(output)  # the case's excepthook ended the job
+
+
+def test_the_call_boundary_check_refuses_an_interrupt_from_inside_linop():
+    """Control of the check above: an interrupt raised at ``apply_mpi``'s entry passes it, one
+    raised inside linop's runtime (its abort path let it through) fails it."""
+    case = f'  File "{ROOT / "tests" / "mpi" / "interrupt_case.py"}", line 45, in <module>\n'
+    boundary = (
+        case + f'  File "{ROOT / "linop" / "operator.py"}", line 163, in apply_mpi\nKeyboardInterrupt\n'
+    )
+    _assert_raised_at_the_call_boundary(boundary)
+    inside = (
+        boundary + f'  File "{ROOT / "linop" / "backends" / "mpi" / "runtime.py"}", line 99, in complete\n'
+    )
+    with pytest.raises(AssertionError, match="escaped linop's abort path"):
+        _assert_raised_at_the_call_boundary(inside)
+
+
+def _assert_raised_at_the_call_boundary(output: str) -> None:
+    """The KeyboardInterrupt that the excepthook reported was raised before any of linop's
+    guarded sections: its traceback runs from the case script only through ``apply_mpi``'s
+    entry, the import it makes and the entry of ``linop.backends.mpi.apply`` (up to its first
+    ``try``); a frame anywhere else in linop means linop's own abort path let it through."""
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', output)
+    assert frames, output
+    entry = ROOT / "linop" / "backends" / "mpi" / "__init__.py"
+    lines = entry.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("def apply("))
+    first_try = next(i for i in range(start, len(lines)) if lines[i].strip() == "try:") + 1
+    for path, line, function in frames:
+        name = Path(path).name
+        if name == "interrupt_case.py" or path.startswith("<frozen importlib"):
+            continue
+        if Path(path) == ROOT / "linop" / "operator.py" and function == "apply_mpi":
+            continue
+        if Path(path) == entry and function == "apply" and int(line) <= first_try:
+            continue
+        raise AssertionError(
+            f"the interrupt escaped linop's abort path at {path}:{line} ({function}):\n{output}"
+        )
 
 
 @pytest.mark.timeout(JOB_TIMEOUT + 60)
