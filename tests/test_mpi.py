@@ -221,30 +221,48 @@ def test_the_call_boundary_check_refuses_an_interrupt_from_inside_linop():
     )
     with pytest.raises(AssertionError, match="escaped linop's abort path"):
         _assert_raised_at_the_call_boundary(inside)
+    bound = ROOT / "linop" / "backends" / "mpi" / "bound.py"
+    late = case + f'  File "{bound}", line {_first_try(bound, "__call__") + 1}, in __call__\n'
+    with pytest.raises(AssertionError, match="escaped linop's abort path"):  # inside its try
+        _assert_raised_at_the_call_boundary(late)
 
 
 def _assert_raised_at_the_call_boundary(output: str) -> None:
     """The KeyboardInterrupt that the excepthook reported was raised before any of linop's
-    guarded sections: its traceback runs from the case script only through ``apply_mpi``'s
-    entry, the import it makes and the entry of ``linop.backends.mpi.apply`` (up to its first
-    ``try``); a frame anywhere else in linop means linop's own abort path let it through."""
+    guarded sections: its traceback runs from the case script only through the imports and the
+    entries of the calls, up to their first ``try`` (``apply_mpi``, which has none,
+    ``linop.backends.mpi.apply`` and a bound plan's ``__call__``); a frame anywhere else in
+    linop means linop's own abort path let it through."""
     frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', output)
     assert frames, output
-    entry = ROOT / "linop" / "backends" / "mpi" / "__init__.py"
-    lines = entry.read_text().splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("def apply("))
-    first_try = next(i for i in range(start, len(lines)) if lines[i].strip() == "try:") + 1
+    entries = {
+        (ROOT / "linop" / "operator.py", "apply_mpi"),
+        (ROOT / "linop" / "backends" / "mpi" / "__init__.py", "apply"),
+        (ROOT / "linop" / "backends" / "mpi" / "bound.py", "__call__"),
+    }
     for path, line, function in frames:
-        name = Path(path).name
-        if name == "interrupt_case.py" or path.startswith("<frozen importlib"):
+        if Path(path).name == "interrupt_case.py" or path.startswith("<frozen importlib"):
             continue
-        if Path(path) == ROOT / "linop" / "operator.py" and function == "apply_mpi":
-            continue
-        if Path(path) == entry and function == "apply" and int(line) <= first_try:
+        if (Path(path), function) in entries and int(line) <= _first_try(Path(path), function):
             continue
         raise AssertionError(
             f"the interrupt escaped linop's abort path at {path}:{line} ({function}):\n{output}"
         )
+
+
+def _first_try(path: Path, function: str) -> int:
+    """The line number of the first ``try:`` in ``function`` of ``path`` (past its end when it
+    has none)."""
+    lines = path.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith(f"def {function}("))
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    for i in range(start + 1, len(lines)):
+        text = lines[i]
+        if text.strip() and len(text) - len(text.lstrip()) <= indent and not text.lstrip().startswith(")"):
+            return i  # the function ended without one: every line of it is before any try
+        if text.strip() == "try:":
+            return i + 1
+    return len(lines)
 
 
 @pytest.mark.timeout(JOB_TIMEOUT + 60)
