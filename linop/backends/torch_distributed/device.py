@@ -454,9 +454,10 @@ def _gather(step: GatherStep, work: DeviceWorkspace, context: GroupContext, dtyp
     send = work.arrays[step.source].to(dtype=dtype).contiguous()
     count, axis = len(step.members), step.axis
     receive = torch.empty(step.target.shape, dtype=dtype, device=work.device)
-    gathered_shape = tuple(send.shape if step.reduce else receive.shape)
-    split = (*gathered_shape[:axis], count, gathered_shape[axis] // count, *gathered_shape[axis + 1 :])
-    order = torch.tensor(step.positions, device=work.device)
+    if count > 1 and receive.numel():
+        gathered_shape = tuple(send.shape if step.reduce else receive.shape)
+        split = (*gathered_shape[:axis], count, gathered_shape[axis] // count, *gathered_shape[axis + 1 :])
+        order = torch.tensor(step.positions, device=work.device)
     if count == 1:
         receive.copy_(send)
     elif receive.numel() and step.reduce:
