@@ -199,9 +199,10 @@ def repartition_rows(rank: int, size: int) -> list[str]:
 
 def gather_rows(rank: int, size: int) -> list[list[str]]:
     """All-gather of an ``N x N`` float32 array sharded by rows, and its adjoint, the
-    reduce-scatter: linop (native: ``all_gather_into_tensor`` / ``reduce_scatter_tensor``)
-    against the same collective by hand into preallocated tensors, and against linop's
-    portable point-to-point program (the same tree under the identity worker map)."""
+    reduce-scatter: linop as the executor chooses (bound and ``apply``), linop with the
+    collectives forced (``all_gather_into_tensor`` / ``reduce_scatter_tensor``) and linop's
+    portable point-to-point program (the same tree under the identity worker map), against the
+    collective by hand into preallocated tensors."""
     from linop.collectives import AllGather
 
     op = AllGather(DistributedTensor("a", (N, N), Partition((size, 1))), 0, "g")
