@@ -1,4 +1,4 @@
-"""The cheap checked apply (linop.backends.mpi.checked_apply and the cached entry check): repeated calls
+"""The cheap checked apply (linop.backends.mpi.inplace_phases and the cached entry check): repeated calls
 give the numpy interpreter's results, and after warm calls (check vector, outcome and compiled
 schedule cached) a mismatched tree or a wrong block on one rank still fails on every rank with
 the same typed error, before any data moves."""
@@ -12,7 +12,7 @@ from mpi4py import MPI
 
 from linop import AllReduce, BlockGrid, Partition
 from linop.backends import mpi as mpi_backend
-from linop.backends.mpi.checked_apply import compile_phases
+from linop.backends.mpi.inplace_phases import compile_phases
 from linop.errors import DistributedStateError, IntegerOverflowError, TreeMismatchError
 from linop.halo import HaloExchange
 from linop.halo_geometry import Kernel, halo_geometry

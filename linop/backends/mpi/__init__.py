@@ -23,7 +23,7 @@ How a call runs
    moves straight from and into the blocks (:mod:`linop.backends.mpi.datatypes`); collectives and
    halo exchanges take the fast paths of :mod:`linop.backends.mpi.native`. In place, a
    schedule of point-to-point phases (a halo exchange) runs as compiled once per layout of the
-   caller's arrays (:mod:`linop.backends.mpi.checked_apply`).
+   caller's arrays (:mod:`linop.backends.mpi.inplace_phases`).
 4. If a rank nevertheless fails during execution (a bug, a user kernel raising, Ctrl-C), it
    prints its error and calls ``MPI_Abort``: its peers may be waiting for its messages, and
    ending the job is the only way not to hang it (:mod:`linop.backends.mpi.guards`, whose
@@ -59,7 +59,6 @@ from .. import array_api
 from . import native as mpi_native  # noqa: F401 - registers the fast paths' lowerings
 from .bound import BoundPlan
 from .check import DTYPE_CHARS
-from .checked_apply import checked_apply
 from .context import PLAN_CACHE_SIZE, CommunicatorArgumentError, PlanCache, context_for
 from .datatypes import PACK_BELOW, mpi
 from .deadline import resolve_timeout
@@ -215,9 +214,9 @@ def apply(
         if mapping is not None:
             plan = plan_for(op, comm=comm, mapping=mapping)
             if _plain(local_state):
-                return checked_apply(plan, local_state, inplace=inplace, dtype=dtype, timeout=timeout)
+                return plan.apply(local_state, inplace=inplace, dtype=dtype, timeout=timeout)
             entry = array_api.mpi_entry(local_state)
-            result = checked_apply(plan, entry.arrays, inplace=inplace, dtype=dtype, timeout=timeout)
+            result = plan.apply(entry.arrays, inplace=inplace, dtype=dtype, timeout=timeout)
             return entry.result(result, inplace=inplace)
         if _plain(local_state):
             last = _LAST_PLAN  # a loop applying one tree: its plan without a cache lookup
@@ -226,11 +225,9 @@ def apply(
             else:
                 plan = plan_for(op, comm=comm)
                 _LAST_PLAN = (op, comm, plan)
-            return checked_apply(plan, local_state, inplace=inplace, dtype=dtype, timeout=timeout)
+            return plan.apply(local_state, inplace=inplace, dtype=dtype, timeout=timeout)
         entry = array_api.mpi_entry(local_state)  # torch, CuPy, ... arrays: numpy views, same library out
-        result = checked_apply(
-            plan_for(op, comm=comm), entry.arrays, inplace=inplace, dtype=dtype, timeout=timeout
-        )
+        result = plan_for(op, comm=comm).apply(entry.arrays, inplace=inplace, dtype=dtype, timeout=timeout)
         return entry.result(result, inplace=inplace)
     except LinopError:  # typed errors are raised on every rank alike: the job goes on
         raise

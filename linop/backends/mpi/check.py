@@ -230,9 +230,6 @@ class EntryCheck:
         self._expected = tuple((name, block.shape) for name, block in domain_blocks.items())
         self._same_space: bool | None = None  # domain == range, decided on first in-place use
         self._single = self._expected[0] if len(self._expected) == 1 else None
-        self.extension: Any = None
-        """Per-plan state of the checked apply (:mod:`linop.backends.mpi.checked_apply`: the schedules
-        compiled per layout), kept here because the check is made once per plan."""
         self._prepared: dict[str, list[Any]] = {}  # by dtype char: vector, bytes, outcomes
         self._outcomes: dict[tuple[bytes, bool], CheckOutcome] = {}  # by the reduced vector
         self._dtypes: dict[bytes, tuple[np.dtype, bool, list[str]]] = {}

@@ -46,7 +46,8 @@ from ...movement import Copy, CopyAdjoint, Move
 from ...primitives import Add, Allocate, Clear, Deallocate
 from ...program import LocalMoves, RankPhase, RankZero, Scale
 from ...space import Block, Region
-from .datatypes import mpi, raw_spec, region_spec
+from .datatypes import mpi, raw_spec
+from .phase_recipe import BUFFER, direct_spec, phase_recipe
 from .steps import RankStep
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
@@ -231,60 +232,53 @@ class _Compiler:
             self.set(block.name, array)
 
     def phase(self, phase: RankPhase) -> None:
-        """:func:`~linop.backends.mpi.runtime.run_phase` and
-        :func:`~linop.backends.host_schedule.finish_phase`, step by step, prepared."""
-        comm, dry = self.comm, self.dry
+        """The phase's recipe (:func:`~linop.backends.mpi.phase_recipe.phase_recipe`),
+        prepared: persistent requests made once, packs before each start, then the unpacks,
+        adds and clears."""
+        comm, dry, calls = self.comm, self.dry, self.calls
+        recipe = phase_recipe(phase, self.dtype, target=self.writable, source=self.arrays.__getitem__)
         requests: list[Any] = []
         finish: list[PreparedCall] = []
         created: list[tuple[str, np.ndarray]] = []
-        for peer, tag, t in phase.receives:
-            if t.mode == "new":
-                buffer = self.buffer(t.shape)
-                if buffer.size and not dry:
-                    requests.append(comm.Recv_init(raw_spec(buffer), peer, tag))
-                created.append((t.target.name, buffer))
-                continue
-            if phase.empty(t):
-                continue
-            region = cast(Region, t.target)
-            index = phase.index(region)
-            target = self.writable(region.name)
-            spec = region_spec(target, region, index) if t.mode == "store" else None
-            if spec is None:
+        for message in recipe.receives:
+            t = message.transfer
+            if message.route != BUFFER:
+                spec = direct_spec(self.arrays[message.name], message)
+            else:
                 buffer = self.buffer(t.shape)
                 spec = raw_spec(buffer)
-                view = target[index]
-                finish.append(
-                    (np.add, (view, buffer, view)) if t.mode == "add" else (np.copyto, (view, buffer))
-                )
+                if t.mode == "new":
+                    created.append((message.name, buffer))
+                    if not buffer.size:
+                        continue
+                else:
+                    view = self.arrays[message.name][message.box]
+                    finish.append(
+                        (np.add, (view, buffer, view)) if t.mode == "add" else (np.copyto, (view, buffer))
+                    )
             if not dry:
-                requests.append(comm.Recv_init(spec, peer, tag))
-        for peer, tag, t in phase.sends:
-            if phase.empty(t):
-                continue
-            array = self.arrays[t.source.name]
-            index = phase.index(t.source)
-            spec = region_spec(array, t.source, index)
-            if spec is None:  # a thin box: packed into a buffer before each start
-                buffer = self.buffer(t.shape)
-                self.calls.append((np.copyto, (buffer, array[index])))
+                requests.append(comm.Recv_init(spec, message.peer, message.tag))
+        for message in recipe.sends:
+            array = self.arrays[message.name]
+            if message.route != BUFFER:
+                spec = direct_spec(array, message)
+            else:  # a thin box (or another dtype): packed into a buffer before each start
+                buffer = self.buffer(message.transfer.shape)
+                calls.append((np.copyto, (buffer, array[message.box])))
                 spec = raw_spec(buffer)
             if not dry:
-                requests.append(comm.Send_init(spec, peer, tag))
+                requests.append(comm.Send_init(spec, message.peer, message.tag))
         if requests:
             self.run.requests.extend(requests)
-            self.calls.append((self._startall, (requests,)))
-            self.calls.append((self._waitall, (requests,)))
-        self.calls.extend(finish)
+            calls.append((self._startall, (requests,)))
+            calls.append((self._waitall, (requests,)))
+        calls.extend(finish)
         for name, buffer in created:
             self.set(name, buffer)
-        for _, _, t in phase.sends:
-            if t.after == "clear":
-                if not phase.empty(t):
-                    view = self.writable(t.source.name)[phase.index(t.source)]
-                    self.calls.append((view.fill, (0,)))
-            elif t.after == "drop":
-                self.drop(t.source.name)
+        for name, index in recipe.clears:
+            calls.append((self.writable(name)[index].fill, (0,)))
+        for name in recipe.drops:
+            self.drop(name)
 
     def local_moves(self, step: LocalMoves) -> None:
         """:func:`~linop.backends.mpi.mapping.run_local_moves` (a worker map's moves between

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -40,6 +40,7 @@ from .check import CheckOutcome, DistributedOverflowError, EntryCheck
 from .context import PlanCache
 from .deadline import resolve_timeout
 from .guards import abort_for
+from .inplace_phases import InPlaceLayouts
 from .runtime import run_schedule
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
@@ -146,6 +147,9 @@ class DistributedPlan:
                 self.domain_blocks = {b.name: b for b in op.domain.owned(context.rank)}
                 self.range_names = tuple(b.name for b in op.range.owned(context.rank))
         self.entry = EntryCheck(op, self.fingerprint, context.comm, self.domain_blocks, self.problem)
+        self.layouts = InPlaceLayouts(self.schedule, context.comm)
+        """The in-place schedules compiled per layout of the caller's arrays
+        (:mod:`linop.backends.mpi.inplace_phases`)."""
 
     def _init_mapped(
         self, op: LinearOperator, context: CommContext, mapping: WorkerMap | WorkerMapError
@@ -167,6 +171,7 @@ class DistributedPlan:
         self.entry = EntryCheck(
             op, self.fingerprint, context.comm, self.domain_blocks, self.problem, tree_fingerprint=tree
         )
+        self.layouts = InPlaceLayouts(self.schedule, context.comm)
 
     @property
     def program(self) -> Program:
@@ -232,16 +237,43 @@ class DistributedPlan:
         dtype: npt.DTypeLike | None = None,
         timeout: Any = None,
     ) -> State:
-        """Apply the plan to this rank's blocks; collective. See
-        :func:`linop.backends.mpi.apply`."""
+        """Check collectively, then apply the plan to this rank's blocks; collective. See
+        :func:`linop.backends.mpi.apply` (which calls this).
+
+        Out of place the caller's arrays are never written (results are new arrays, or
+        read-only views of blocks passed through). In place a schedule of point-to-point phases
+        runs as compiled once per layout of the caller's arrays
+        (:mod:`linop.backends.mpi.inplace_phases`); any other schedule runs the ordinary
+        runtime, and the results are written back into the caller's arrays.
+
+        Raises
+        ------
+        TreeMismatchError, CommunicatorError, DistributedStateError, UnsupportedNodeError
+            On every rank together, before any data moves.
+        """
         outcome = self.agree(local_state, inplace=inplace, dtype=dtype, timeout=timeout)
-        run_dtype = outcome.result()
-        alloc = np.dtype(dtype) if dtype is not None else run_dtype
+        if outcome.error is not None:
+            raise outcome.error
+        run_dtype = outcome.dtype
+        assert run_dtype is not None
+        if inplace and outcome.cast is None:
+            if not self.schedule:
+                return local_state  # type: ignore[return-value]  # in place: the caller's mapping
+            # the check passed: a dict holds exactly this rank's blocks (any mapping: copied)
+            given = type(local_state) is dict
+            arrays = (
+                cast(dict, local_state) if given else {name: local_state[name] for name in self.domain_blocks}
+            )
+            try:
+                if self.layouts.run(arrays, run_dtype, remember=given):
+                    return local_state  # type: ignore[return-value]
+            except BaseException as error:  # the ranks are committed: see guards
+                abort_for(self.comm, f"applying {self.op}", error)
         arrays = {name: local_state[name] for name in self.domain_blocks}
-        cast = outcome.cast
+        alloc = np.dtype(dtype) if dtype is not None else run_dtype
         if not inplace:
-            return self.run_out_of_place(_cast(arrays, cast), run_dtype, alloc)
-        failure = self.run_in_place(arrays, run_dtype, alloc, cast=cast)
+            return self.run_out_of_place(_cast(arrays, outcome.cast), run_dtype, alloc)
+        failure = self.run_in_place(arrays, run_dtype, alloc, cast=outcome.cast)
         if failure is not None:
             raise failure
         return local_state  # type: ignore[return-value]

@@ -4,8 +4,9 @@ A rank's schedule (:meth:`linop.program.Program.for_rank`) is a sequence of
 
 - local nodes, run with the numpy interpreter's handlers;
 - :class:`~linop.program.RankPhase`: post every receive, then every send, wait
-  once, then add or store what needed a buffer and clear or drop the sources. Data moves straight
-  from and into the blocks (:func:`~linop.backends.mpi.datatypes.region_spec`);
+  once, then add or store what needed a buffer and clear or drop the sources, as the phase's
+  recipe says (:mod:`linop.backends.mpi.phase_recipe`: data moves straight from and into the
+  blocks where it can);
 - the algebra steps, with the numpy interpreter's semantics (the same functions):
   :class:`~linop.program.Scale` (:func:`~linop.backends.numpy.scale_blocks`),
   :class:`~linop.program.RankBranches`
@@ -23,15 +24,15 @@ Every message travels in the run's dtype, agreed by all ranks before the run.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ...program import RankPhase, Transfer
-from ...space import Region
 from .. import numpy as numpy_backend
 from ..host_schedule import finish_phase, run_rank_schedule
-from .datatypes import mpi, raw_spec, region_spec
+from .datatypes import mpi, raw_spec
+from .phase_recipe import BUFFER, direct_spec, phase_recipe
 from .steps import RankStep
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
@@ -71,41 +72,33 @@ def run_phase(phase: RankPhase, work: numpy_backend.Workspace, comm: Intracomm, 
 def start_phase(
     phase: RankPhase, work: numpy_backend.Workspace, comm: Intracomm, dtype: np.dtype
 ) -> Callable[[], None]:
-    """Post every receive, then every send (nonblocking), and return what completes the phase:
-    wait once, then add/store what needs a buffer and clear or drop the sources. Local work
-    that touches none of the phase's regions may run in between (a
+    """Post every receive, then every send (nonblocking), as the phase's recipe says
+    (:func:`~linop.backends.mpi.phase_recipe.phase_recipe`), and return what completes the
+    phase: wait once, then add/store what needs a buffer and clear or drop the sources. Local
+    work that touches none of the phase's regions may run in between (a
     :class:`~linop.program.RankOverlap`)."""
+    recipe = phase_recipe(
+        phase, dtype, target=lambda name: work.writable(name, dtype), source=work.arrays.__getitem__
+    )
     requests = []
     finish: list[tuple[Transfer, np.ndarray]] = []
-    for peer, tag, t in phase.receives:
-        if t.mode == "new":
+    arrays = work.arrays
+    for message in recipe.receives:
+        peer, tag, t, name = message.peer, message.tag, message.transfer, message.name
+        if message.route == BUFFER:
             buffer = np.empty(t.shape, dtype)
             if buffer.size:
                 requests.append(comm.Irecv(raw_spec(buffer), peer, tag))
             finish.append((t, buffer))
-            continue
-        if phase.empty(t):
-            continue
-        target = work.writable(t.target.name, dtype)
-        if t.mode == "store" and target.dtype == dtype:
-            region = cast(Region, t.target)  # a box of an existing block (not "new")
-            spec = region_spec(target, region, phase.index(region))
-            if spec is not None:
-                requests.append(comm.Irecv(spec, peer, tag))
-                continue
-        buffer = np.empty(t.shape, dtype)
-        requests.append(comm.Irecv(raw_spec(buffer), peer, tag))
-        finish.append((t, buffer))
-    for peer, tag, t in phase.sends:
-        if phase.empty(t):
-            continue
-        array = work.arrays[t.source.name]
-        spec = None
-        if array.dtype == dtype:
-            spec = region_spec(array, t.source, phase.index(t.source))
-        if spec is None:
-            spec = raw_spec(np.ascontiguousarray(array[phase.index(t.source)], dtype=dtype))
-        requests.append(comm.Isend(spec, peer, tag))
+        else:
+            requests.append(comm.Irecv(direct_spec(arrays[name], message), peer, tag))
+    for message in recipe.sends:
+        array = arrays[message.name]
+        if message.route == BUFFER:
+            spec = raw_spec(np.ascontiguousarray(array[message.box], dtype=dtype))
+        else:
+            spec = direct_spec(array, message)
+        requests.append(comm.Isend(spec, message.peer, message.tag))
 
     def complete() -> None:
         if requests:

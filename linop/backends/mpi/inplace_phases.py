@@ -1,28 +1,21 @@
-"""The checked application of a plan, per call: :func:`checked_apply`.
+"""The checked in-place application's fast path: a schedule of phases compiled per layout.
 
-Every call of :func:`linop.backends.mpi.apply` runs the collective entry check
-(:mod:`linop.backends.mpi.check`: one persistent ``Allreduce`` of a short vector, so that a
-mismatched tree or a wrong local state fails on every rank together, before any data moves),
-then the rank's schedule. This module keeps the per-call work beyond that check small:
-
-- in place, a schedule made only of phases of point-to-point stores, adds and clears between
-  blocks that exist before and after (a halo exchange and its adjoint) is compiled once per
-  *layout* of the caller's arrays (names, shapes, strides, dtype) into the requests' datatypes
-  and the pack, unpack and clear steps, the way :meth:`~linop.backends.mpi.plan.DistributedPlan.bind`
-  compiles it once for fixed arrays. The requests are persistent, made once per array object
-  (views as bytes, subarray datatypes for strided boxes: the bulk is never copied; thin strips
-  packed into scratch buffers owned here) on the arrays' memory *by address*, so they do not
-  keep the caller's arrays alive: a finalizer frees them with the array, and each call checks
-  that its arrays are the bound objects with the bound shape, strides and dtype (the
-  collective check has validated the rest). A call then runs the binding's prepared calls
-  (packs, ``Startall``, ``Waitall``, unpacks and clears on views of the bound memory, made by
-  address too), as a bound plan does;
-- every other call runs the plan's ordinary schedule (:meth:`DistributedPlan.run_in_place`,
-  :meth:`DistributedPlan.run_out_of_place`) with the outcome of the check it already made.
-
-What each path does to the caller's arrays is what :meth:`DistributedPlan.apply` does: out of
-place they are never written (results are new arrays, or read-only views of blocks passed
-through); in place the results are written into them.
+Every call of :meth:`~linop.backends.mpi.plan.DistributedPlan.apply` (and so of
+:func:`linop.backends.mpi.apply`) runs the collective entry check, then the rank's schedule.
+In place, a schedule made only of phases of point-to-point stores, adds and clears between
+blocks that exist before and after (a halo exchange and its adjoint) is compiled here once per
+*layout* of the caller's arrays (names, shapes, strides, dtype) into the requests' datatypes and
+the pack, unpack and clear steps, as each phase's recipe says
+(:mod:`linop.backends.mpi.phase_recipe`), the way
+:meth:`~linop.backends.mpi.plan.DistributedPlan.bind` compiles it once for fixed arrays. The
+requests are persistent, made once per array object (views as bytes, subarray datatypes for
+strided boxes: the bulk is never copied; thin strips packed into scratch buffers owned here) on
+the arrays' memory *by address*, so they do not keep the caller's arrays alive: a finalizer
+frees them with the array, and each call checks that its arrays are the bound objects with the
+bound shape, strides and dtype (the collective check has validated the rest). A call then runs
+the binding's prepared calls (packs, ``Startall``, ``Waitall``, unpacks and clears on views of
+the bound memory, made by address too), as a bound plan does. Every other call runs the plan's
+ordinary schedule.
 """
 
 from __future__ import annotations
@@ -30,22 +23,18 @@ from __future__ import annotations
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import numpy.typing as npt
 
 from ...program import RankPhase
-from ...space import Region, State
-from .datatypes import PACK_BELOW, contiguous_run, mpi, raw_spec, subarray
-from .guards import abort_for
+from .datatypes import mpi, raw_spec
+from .phase_recipe import BUFFER, VIEW, phase_recipe
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
-    from mpi4py.MPI import Datatype, Intracomm
+    from mpi4py.MPI import Intracomm
 
-    from .plan import DistributedPlan
-
-__all__ = ["checked_apply", "CompiledPhases", "compile_phases"]
+__all__ = ["InPlaceLayouts", "CompiledPhases", "compile_phases"]
 
 Arrays = dict[str, np.ndarray]
 Local = tuple[str, str, tuple[Any, ...], Any]
@@ -56,12 +45,12 @@ copied or added into the box after they complete) or ``"clear"`` (the box zeroed
 _LAYOUTS_KEPT = 8  # compiled layouts per plan
 
 
-_VIEW, _BUFFER, _STRIDED = 0, 1, 2  # how a message's buffer is named on each call
 Message = tuple[int, Any, Any, Any, int, int]
-"""One request of a compiled phase: (kind, name, index, spec, peer, tag). ``_VIEW``: the
-contiguous box ``arrays[name][index]`` as bytes; ``_STRIDED``: ``[arrays[name], 1, spec]``
-with ``spec`` its subarray datatype; ``_BUFFER``: ``spec`` is the whole buffer spec of a
-scratch buffer (a packed thin box)."""
+"""One request of a compiled phase: (route, name, index, spec, peer, tag), the route as the
+phase's recipe says (:mod:`linop.backends.mpi.phase_recipe`). ``VIEW``: the contiguous box
+``arrays[name][index]`` as bytes; ``STRIDED``: ``[arrays[name], 1, spec]`` with ``spec`` its
+subarray datatype; ``BUFFER``: ``spec`` is the whole buffer spec of a scratch buffer (a packed
+thin box, or a receive added or stored after the wait)."""
 
 
 @dataclass(frozen=True)
@@ -150,11 +139,11 @@ class _Binding:
             requests = []
             for init, messages in ((comm.Recv_init, phase.receives), (comm.Send_init, phase.sends)):
                 for kind, name, index, spec, peer, tag in messages:
-                    if kind == _BUFFER:
+                    if kind == BUFFER:
                         requests.append(init(spec, peer, tag))
                         continue
                     array = arrays[name]
-                    if kind == _VIEW:
+                    if kind == VIEW:
                         view = array[index]
                         memory = lib.buffer.fromaddress(_address(view), view.nbytes)
                         requests.append(init([memory, view.nbytes, lib.BYTE], peer, tag))
@@ -253,7 +242,8 @@ def layout_of(arrays: Arrays) -> tuple[Any, ...]:
 def compile_phases(
     schedule: Sequence[Any], arrays: Arrays, dtype: np.dtype, comm: Intracomm
 ) -> CompiledPhases | None:
-    """Compile an in-place schedule for the layout of ``arrays``, or None when it has steps
+    """Compile an in-place schedule for the layout of ``arrays`` (each phase as its recipe
+    says, :func:`~linop.backends.mpi.phase_recipe.phase_recipe`), or None when it has steps
     other than phases of stores, adds and clears between existing C-ordered blocks of the
     run's dtype (those run the ordinary runtime)."""
     if not schedule or not all(a.dtype == dtype and a.flags.c_contiguous and a.ndim for a in arrays.values()):
@@ -262,68 +252,68 @@ def compile_phases(
     for step in schedule:
         if type(step) is not RankPhase:
             return None
+        if any(t.mode == "new" or t.target.name not in arrays for _, _, t in step.receives):
+            return None
+        if any(t.after == "drop" or t.source.name not in arrays for _, _, t in step.sends):
+            return None
+        recipe = phase_recipe(step, dtype, target=arrays.__getitem__, source=arrays.__getitem__)
         packs: list[Local] = []
         receives: list[Message] = []
         sends: list[Message] = []
         finish: list[Local] = []
-        for peer, tag, t in step.receives:
-            if t.mode == "new" or t.target.name not in arrays:
-                return None
-            if t.source.size == 0:
+        for m in recipe.receives:
+            if m.route != BUFFER:
+                receives.append((m.route, m.name, m.box, m.datatype, m.peer, m.tag))
                 continue
-            region = cast(Region, t.target)
-            target = arrays[region.name]
-            direct = _direct(target, region, step.index(region)) if t.mode == "store" else None
-            if direct is not None:
-                receives.append((*direct, peer, tag))
+            buffer = np.empty(m.transfer.shape, dtype)
+            receives.append((BUFFER, None, None, raw_spec(buffer), m.peer, m.tag))
+            finish.append(("add" if m.transfer.mode == "add" else "store", m.name, m.box, buffer))
+        for m in recipe.sends:
+            if m.route != BUFFER:
+                sends.append((m.route, m.name, m.box, m.datatype, m.peer, m.tag))
                 continue
-            buffer = np.empty(t.shape, dtype)
-            receives.append((_BUFFER, None, None, raw_spec(buffer), peer, tag))
-            finish.append(("add" if t.mode == "add" else "store", region.name, step.index(region), buffer))
-        for peer, tag, t in step.sends:
-            if t.after == "drop" or t.source.name not in arrays:
-                return None
-            source = arrays[t.source.name]
-            if t.source.size:
-                direct = _direct(source, t.source, step.index(t.source))
-                if direct is not None:
-                    sends.append((*direct, peer, tag))
-                else:  # a thin box: packed into a buffer before the requests start
-                    buffer = np.empty(t.shape, dtype)
-                    packs.append(("pack", t.source.name, step.index(t.source), buffer))
-                    sends.append((_BUFFER, None, None, raw_spec(buffer), peer, tag))
-            if t.after == "clear" and t.source.size:
-                finish.append(("clear", t.source.name, step.index(t.source), None))
+            buffer = np.empty(m.transfer.shape, dtype)  # a thin box: packed before the requests start
+            packs.append(("pack", m.name, m.box, buffer))
+            sends.append((BUFFER, None, None, raw_spec(buffer), m.peer, m.tag))
+        finish.extend(("clear", name, index, None) for name, index in recipe.clears)
         phases.append(_Phase(tuple(packs), tuple(receives), tuple(sends), tuple(finish)))
     return CompiledPhases(tuple(phases), comm)
 
 
-def _direct(
-    array: np.ndarray, region: Region, index: tuple[Any, ...]
-) -> tuple[int, str, tuple[Any, ...], Datatype | None] | None:
-    """How a box of a C-ordered block moves without packing, as
-    :func:`~linop.backends.mpi.datatypes.region_spec` decides: its view as bytes when it is
-    contiguous, else its subarray datatype; None for a thin box (contiguous runs shorter than
-    :data:`PACK_BELOW` bytes: packed)."""
-    if array[index].flags.c_contiguous:
-        return _VIEW, region.name, index, None
-    extents = tuple(b - a for a, b in zip(region.start, region.stop))
-    if contiguous_run(array.shape, extents, array.itemsize) < PACK_BELOW:
-        return None
-    return _STRIDED, region.name, index, subarray(array.shape, region.start, extents, array.dtype)
+class InPlaceLayouts:
+    """The in-place schedules of one plan compiled per layout of the caller's arrays (None: not
+    compilable), and the previous call's binding; owned by the plan
+    (:attr:`~linop.backends.mpi.plan.DistributedPlan.layouts`)."""
 
+    __slots__ = ("by_layout", "comm", "last", "schedule")
 
-class _PlanLayouts:
-    """The compiled in-place schedules of one plan, by layout (None: not compilable)."""
-
-    __slots__ = ("by_layout", "last")
-
-    def __init__(self) -> None:
+    def __init__(self, schedule: Sequence[Any], comm: Intracomm) -> None:
+        self.schedule = schedule
+        self.comm = comm
         self.by_layout: dict[tuple[Any, ...], CompiledPhases | None] = {}
         self.last: tuple[np.dtype, CompiledPhases, _Binding] | None = None
         """The run dtype, schedule and binding of the previous in-place call (on a dict)."""
 
-    def compiled(self, plan: DistributedPlan, arrays: Arrays, dtype: np.dtype) -> CompiledPhases | None:
+    def run(self, arrays: Arrays, dtype: np.dtype, *, remember: bool) -> bool:
+        """Run the schedule in place on ``arrays`` (this rank's blocks, checked) by its compiled
+        phases when it compiles for their layout; False when it does not (the caller runs the
+        ordinary runtime). ``remember``: keep this call's binding at hand for the next call
+        (the caller's own dict). Collective."""
+        last = self.last
+        if last is not None and last[0] is dtype and last[2].holds(arrays):  # the previous call's arrays
+            last[1].run_bound(arrays, last[2])
+            return True
+        compiled = self.compiled(arrays, dtype)
+        if compiled is None:
+            return False
+        compiled.run(arrays)
+        if compiled.last is not None and remember:
+            self.last = (dtype, compiled, compiled.last)
+        return True
+
+    def compiled(self, arrays: Arrays, dtype: np.dtype) -> CompiledPhases | None:
+        """The schedule compiled for the layout of ``arrays`` in ``dtype`` (compiled on first
+        use; at most :data:`_LAYOUTS_KEPT` layouts kept), or None."""
         if len(arrays) == 1:  # the common case: one block, the layout read cheaply
             (array,) = arrays.values()
             key: tuple[Any, ...] = (array.shape, array.strides, array.dtype.char, dtype.char)
@@ -336,80 +326,5 @@ class _PlanLayouts:
         if len(self.by_layout) >= _LAYOUTS_KEPT:
             self.by_layout.clear()
             self.last = None
-        found = self.by_layout[key] = compile_phases(plan.schedule, arrays, dtype, plan.comm)
+        found = self.by_layout[key] = compile_phases(self.schedule, arrays, dtype, self.comm)
         return found
-
-
-def checked_apply(
-    plan: DistributedPlan,
-    state: Any,
-    *,
-    inplace: bool = False,
-    dtype: npt.DTypeLike | None = None,
-    timeout: Any = None,
-) -> State:
-    """Check collectively, then apply ``plan`` to this rank's blocks: what
-    :meth:`DistributedPlan.apply` does, with the cheap in-place path described in the module
-    docstring. Collective; ``timeout`` as in :meth:`DistributedPlan.check`.
-
-    Raises
-    ------
-    TreeMismatchError, CommunicatorError, DistributedStateError, UnsupportedNodeError
-        On every rank together, before any data moves.
-    """
-    if plan.context.freed:
-        plan.agree(state, inplace=inplace, dtype=dtype)  # raises the freed communicator's error
-    seconds = plan.deadline(timeout)
-    try:
-        outcome = plan.entry.run(state, inplace=inplace, dtype=dtype, timeout=seconds)
-    except BaseException as error:  # a rank failing here would leave the others waiting
-        abort_for(plan.comm, f"checking {plan.op}", error)
-    if outcome.error is not None:
-        raise outcome.error
-    run_dtype = outcome.dtype
-    assert run_dtype is not None
-    if inplace and outcome.cast is None:  # the previous call's arrays again: run their requests
-        layouts = plan.entry.extension
-        last = layouts.last if layouts is not None else None
-        if last is not None and last[0] is run_dtype and last[2].holds(state):
-            try:
-                last[1].run_bound(state, last[2])
-            except BaseException as error:  # the ranks are committed: see mpi_guard
-                abort_for(plan.comm, f"applying {plan.op}", error)
-            return state
-    if inplace:
-        cast_to = outcome.cast
-        if cast_to is None:
-            if not plan.schedule:
-                return state
-            layouts = plan.entry.extension
-            if layouts is None:
-                layouts = plan.entry.extension = _PlanLayouts()
-            # the check passed: a dict holds exactly this rank's blocks (any mapping: copied)
-            arrays = state if type(state) is dict else {name: state[name] for name in plan.domain_blocks}
-            try:
-                compiled = layouts.compiled(plan, arrays, run_dtype)
-                if compiled is not None:
-                    compiled.run(arrays)
-                    if compiled.last is not None and arrays is state:
-                        layouts.last = (run_dtype, compiled, compiled.last)
-                    return state
-            except BaseException as error:  # the ranks are committed: see mpi_guard
-                abort_for(plan.comm, f"applying {plan.op}", error)
-        arrays = {name: state[name] for name in plan.domain_blocks}
-        alloc = np.dtype(dtype) if dtype is not None else run_dtype
-        failure = plan.run_in_place(arrays, run_dtype, alloc, cast=cast_to)
-        if failure is not None:
-            raise failure
-        return state
-    arrays = {name: state[name] for name in plan.domain_blocks}
-    alloc = np.dtype(dtype) if dtype is not None else run_dtype
-    return plan.run_out_of_place(_widened(arrays, outcome.cast), run_dtype, alloc)
-
-
-def _widened(arrays: Arrays, cast_to: np.dtype | None) -> Arrays:
-    """The arrays to run on: the caller's, or copies widened to ``cast_to`` (as the numpy
-    interpreter does, :func:`linop.dtypes.prepare_numpy`)."""
-    if cast_to is None:
-        return dict(arrays)
-    return {name: a.astype(np.result_type(a.dtype, cast_to)) for name, a in arrays.items()}
