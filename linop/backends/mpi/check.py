@@ -69,8 +69,6 @@ __all__ = [
     "CheckOutcome",
     "CheckReducer",
     "EntryCheck",
-    "register_reducer",
-    "release_reducer",
 ]
 
 DTYPE_CHARS = "bBhHiIlLqQefdgFDG"
@@ -149,23 +147,6 @@ class CheckReducer:
             self.request = None
 
 
-_REDUCERS: dict[int, CheckReducer] = {}
-
-
-def register_reducer(comm: Intracomm) -> CheckReducer:
-    """Create the check's reducer of a private communicator; collective over it (called once,
-    when its context is created)."""
-    reducer = _REDUCERS[comm.py2f()] = CheckReducer(comm)
-    return reducer
-
-
-def release_reducer(comm: Intracomm) -> None:
-    """Free the reducer of a private communicator about to be freed."""
-    reducer = _REDUCERS.pop(comm.py2f(), None)
-    if reducer is not None:
-        reducer.free()
-
-
 @dataclass(frozen=True)
 class CheckOutcome:
     """What the ranks agreed: the run's dtype and the cast of the blocks before the run
@@ -203,6 +184,12 @@ class EntryCheck:
         The blocks of ``op.domain`` that this rank owns.
     problem : LinopError, optional
         A compile-time problem (raised by the check on every rank, after the tree test).
+    tree_fingerprint : bytes, optional
+        The tree's own fingerprint, when ``fingerprint`` also covers a worker map.
+    reducer : CheckReducer, optional
+        The reduction the check runs through: its communicator context's
+        (:attr:`~linop.backends.mpi.context.CommContext.reducer`); default a blocking
+        ``Allreduce`` on ``comm``.
     """
 
     def __init__(
@@ -214,6 +201,7 @@ class EntryCheck:
         problem: LinopError | None,
         *,
         tree_fingerprint: bytes | None = None,
+        reducer: Any = None,
     ) -> None:
         self.op = op
         self.fingerprint = fingerprint
@@ -225,7 +213,6 @@ class EntryCheck:
         words = np.frombuffer(fingerprint, dtype=np.uint32).astype(np.int64)
         self._vector = np.concatenate([words, -words, np.zeros(VECTOR_LENGTH - 8, dtype=np.int64)])
         self._tree = self._vector[:8].tobytes()  # the reduced words equal these iff all ranks agree
-        reducer = _REDUCERS.get(comm.py2f())
         self._reducer = reducer if reducer is not None else CheckReducer(comm, persistent=False)
         self._expected = tuple((name, block.shape) for name, block in domain_blocks.items())
         self._same_space: bool | None = None  # domain == range, decided on first in-place use

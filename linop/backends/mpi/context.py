@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ...errors import CommunicatorArgumentError, CommunicatorError
 from ...operator import LinearOperator, Scaled, walk
-from .check import register_reducer, release_reducer
+from .check import CheckReducer
 from .datatypes import mpi
 from .deadline import arrive_within, resolve_timeout
 from .guards import abort_on_failure
@@ -108,13 +108,19 @@ class PlanCache(Generic[P]):
         self._by_id.clear()
 
 
-_OPEN: set[int] = set()
-_SUBCOMMS: dict[int, dict[tuple[int, ...], Intracomm]] = {}
+_OPEN: dict[int, CommContext] = {}
+"""The contexts not yet freed, by their private communicator's handle (how a native step,
+which holds only the private communicator, finds its context's sub-communicators)."""
 
 
 class CommContext:
     """linop's state for one user communicator (see the module docstring). Creating one is
-    collective over the user's communicator (``MPI_Comm_dup``)."""
+    collective over the user's communicator (``MPI_Comm_dup``).
+
+    It owns every cache that belongs to the communicator, all freed with it: the entry
+    check's reducer (:attr:`reducer`), the sub-communicators of the native collectives
+    (:attr:`subcomms`), and the plans (:attr:`plans`, and :attr:`mapped_plans` per worker map).
+    """
 
     def __init__(self, user: Intracomm, timeout: Any = None) -> None:
         self._user = weakref.ref(user)
@@ -123,13 +129,17 @@ class CommContext:
             if deadline is not None:  # MPI_Comm_dup has no deadline: every rank arrives first
                 arrive_within(user, deadline, "the duplication of the communicator (its first plan)")
             self.comm: Intracomm = user.Dup()
-            register_reducer(self.comm)  # the entry check's persistent Allreduce (collective)
+            self.reducer = CheckReducer(self.comm)
+            """The entry check's persistent ``Allreduce`` (created collectively, here), shared by
+            every plan on the communicator."""
         self.rank: int = self.comm.Get_rank()
         self.size: int = self.comm.Get_size()
+        self.subcomms: dict[Any, Intracomm] = {}
+        """The sub-communicators made inside :attr:`comm` (:func:`subcommunicator`), by ranks."""
         self.plans: PlanCache[Any] = PlanCache()
         self.mapped_plans: dict[Any, PlanCache[Any]] = {}  # per worker map (mpi_backend)
         self.freed = False
-        _OPEN.add(id(self))
+        _OPEN[self.comm.py2f()] = self
 
     @property
     def user(self) -> Intracomm | None:
@@ -142,12 +152,13 @@ class CommContext:
         if self.freed:
             return
         self.freed = True
-        _OPEN.discard(id(self))
+        _OPEN.pop(self.comm.py2f(), None)
         self.plans.clear()
         self.mapped_plans.clear()
-        for _, sub in sorted(_SUBCOMMS.pop(self.comm.py2f(), {}).items()):
+        subcomms, self.subcomms = self.subcomms, {}
+        for _, sub in sorted(subcomms.items()):
             sub.Free()
-        release_reducer(self.comm)
+        self.reducer.free()
         self.comm.Free()
 
 
@@ -158,7 +169,7 @@ def open_contexts() -> int:
 
 def open_subcommunicators() -> int:
     """Number of sub-communicators of private duplicates not yet freed in this process."""
-    return sum(len(table) for table in _SUBCOMMS.values())
+    return sum(len(context.subcomms) for context in _OPEN.values())
 
 
 _KEYVAL: int | None = None
@@ -249,7 +260,7 @@ def _in_order(size: int) -> tuple[int, ...]:
 
 def subcommunicator(comm: Intracomm, ranks: Sequence[int]) -> Intracomm:
     """The communicator of ``ranks`` (in that order) inside a context's private ``comm``,
-    created once and freed with the context.
+    created once and freed with the context (:attr:`CommContext.subcomms`).
 
     Collective over ``ranks`` only (``MPI_Comm_create_group``); callers create the groups of a
     step in one global order, so no two ranks wait for each other in opposite orders. Ranks
@@ -265,7 +276,10 @@ def subcommunicator(comm: Intracomm, ranks: Sequence[int]) -> Intracomm:
     elif len(ranks) == size and ranks == _in_order(size):  # the whole communicator, in order
         return comm
     key: Any = ranks if runs is None else ("runs", runs)
-    table = _SUBCOMMS.setdefault(comm.py2f(), {})
+    owner = _OPEN.get(comm.py2f())
+    if owner is None:  # pragma: no cover - native steps run on a context's private communicator
+        raise CommunicatorError("sub-communicators are made only inside a context's private communicator")
+    table = owner.subcomms
     sub = table.get(key)
     if sub is None:
         whole = comm.Get_group()

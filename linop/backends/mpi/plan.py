@@ -146,7 +146,9 @@ class DistributedPlan:
                 self.schedule = self.rank_program.schedule
                 self.domain_blocks = {b.name: b for b in op.domain.owned(context.rank)}
                 self.range_names = tuple(b.name for b in op.range.owned(context.rank))
-        self.entry = EntryCheck(op, self.fingerprint, context.comm, self.domain_blocks, self.problem)
+        self.entry = EntryCheck(
+            op, self.fingerprint, context.comm, self.domain_blocks, self.problem, reducer=context.reducer
+        )
         self.layouts = InPlaceLayouts(self.schedule, context.comm)
         """The in-place schedules compiled per layout of the caller's arrays
         (:mod:`linop.backends.mpi.inplace_phases`)."""
@@ -169,7 +171,13 @@ class DistributedPlan:
                 self.domain_blocks = compiled.domain_blocks(context.rank)
                 self.range_names = compiled.range_names(context.rank)
         self.entry = EntryCheck(
-            op, self.fingerprint, context.comm, self.domain_blocks, self.problem, tree_fingerprint=tree
+            op,
+            self.fingerprint,
+            context.comm,
+            self.domain_blocks,
+            self.problem,
+            tree_fingerprint=tree,
+            reducer=context.reducer,
         )
         self.layouts = InPlaceLayouts(self.schedule, context.comm)
 
