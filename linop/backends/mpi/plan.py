@@ -146,9 +146,7 @@ class DistributedPlan:
                 self.schedule = self.rank_program.schedule
                 self.domain_blocks = {b.name: b for b in op.domain.owned(context.rank)}
                 self.range_names = tuple(b.name for b in op.range.owned(context.rank))
-        self.entry = EntryCheck(
-            op, self.fingerprint, context.comm, self.domain_blocks, self.problem, reducer=context.reducer
-        )
+        self.entry = EntryCheck(op, self.fingerprint, context.reducer, self.domain_blocks, self.problem)
         self.layouts = InPlaceLayouts(self.schedule, context.comm)
         """The in-place schedules compiled per layout of the caller's arrays
         (:mod:`linop.backends.mpi.inplace_phases`)."""
@@ -171,13 +169,7 @@ class DistributedPlan:
                 self.domain_blocks = compiled.domain_blocks(context.rank)
                 self.range_names = compiled.range_names(context.rank)
         self.entry = EntryCheck(
-            op,
-            self.fingerprint,
-            context.comm,
-            self.domain_blocks,
-            self.problem,
-            tree_fingerprint=tree,
-            reducer=context.reducer,
+            op, self.fingerprint, context.reducer, self.domain_blocks, self.problem, tree_fingerprint=tree
         )
         self.layouts = InPlaceLayouts(self.schedule, context.comm)
 

@@ -1,6 +1,6 @@
 """The entry check on a torch.distributed process group: :class:`TorchEntryCheck`.
 
-The MPI interpreter's check (:class:`linop.backends.mpi.check.EntryCheck`) decides, from one
+The MPI interpreter's check (:class:`linop.backends.entry_check.EntryCheck`) decides, from one
 reduction (maximum over ranks) of a short int64 vector, whether a call may run and in which
 dtype: the tree's fingerprint words and their negations (maximum and minimum agree only when
 every rank holds the same tree), an error flag, one flag per dtype present on any rank and the
@@ -22,7 +22,7 @@ import numpy as np
 from ...errors import LinopError
 from ...operator import LinearOperator
 from ...space import Block
-from ..mpi.check import VECTOR_LENGTH, EntryCheck
+from ..entry_check import VECTOR_LENGTH, EntryCheck
 from .group import GroupContext
 
 __all__ = ["TorchReducer", "TorchEntryCheck"]
@@ -30,7 +30,7 @@ __all__ = ["TorchReducer", "TorchEntryCheck"]
 
 class TorchReducer:
     """The check's reduction on one group: the maximum over ranks of a :data:`VECTOR_LENGTH`
-    int64 vector (the interface :class:`~linop.backends.mpi.check.EntryCheck` reduces through).
+    int64 vector (the interface :class:`~linop.backends.entry_check.EntryCheck` reduces through).
 
     Made once per group context; every tree checked on the group shares it (calls on a group
     are collective, so they never overlap). The reduction runs in place on a tensor sharing
@@ -46,6 +46,7 @@ class TorchReducer:
         self.received = np.zeros(VECTOR_LENGTH, dtype=np.int64)
         self.signature: Any = None
         self.sent = b""
+        self.rank = context.rank
         self.single = context.size == 1
         self._tensor = torch.from_numpy(self.received)
         self.timeout: float | None = None  # set by the check before each reduction
@@ -67,6 +68,18 @@ class TorchReducer:
             self.received[:] = self.all_reduce(self.received, "max")
         return self.received
 
+    def minimum(self, value: int) -> int:
+        """The minimum over ranks of ``value``."""
+        return value if self.single else int(self.all_reduce(np.array([value]), "min")[0])
+
+    def allgather(self, value: Any) -> list[Any]:
+        """Every rank's ``value``, in rank order (``all_gather_object``)."""
+        import torch.distributed as dist
+
+        gathered: list[Any] = [None] * self.context.size
+        dist.all_gather_object(gathered, value, group=self.context.group)
+        return gathered
+
     def all_reduce(self, values: np.ndarray, how: str) -> np.ndarray:
         """The maximum (``"max"``) or minimum (``"min"``) over ranks of an int64 vector."""
         import torch
@@ -80,31 +93,6 @@ class TorchReducer:
         work = dist.all_reduce(tensor, op=op, group=context.group, async_op=True)
         context.wait(work, self.timeout, self.doing)
         return tensor.cpu().numpy()
-
-
-class _GroupComm:
-    """The few communicator methods :class:`~linop.backends.mpi.check.EntryCheck` calls, on a
-    process group."""
-
-    def __init__(self, context: GroupContext) -> None:
-        self.context = context
-
-    def Get_rank(self) -> int:  # noqa: N802 - the mpi4py name EntryCheck calls
-        return self.context.rank
-
-    def Get_size(self) -> int:  # noqa: N802 - the mpi4py name EntryCheck calls
-        return self.context.size
-
-    def py2f(self) -> tuple[str, int]:
-        """A key that is no MPI communicator's (EntryCheck looks its reducer up by it)."""
-        return ("torch.distributed", id(self.context))
-
-    def allgather(self, value: Any) -> list[Any]:
-        import torch.distributed as dist
-
-        gathered: list[Any] = [None] * self.context.size
-        dist.all_gather_object(gathered, value, group=self.context.group)
-        return gathered
 
 
 class TorchEntryCheck(EntryCheck):
@@ -136,11 +124,11 @@ class TorchEntryCheck(EntryCheck):
         *,
         tree_fingerprint: bytes | None = None,
     ) -> None:
-        comm: Any = _GroupComm(context)
-        super().__init__(op, fingerprint, comm, domain_blocks, problem, tree_fingerprint=tree_fingerprint)
         if context.reducer is None:
             context.reducer = TorchReducer(context)
-        self._reducer = context.reducer
+        super().__init__(
+            op, fingerprint, context.reducer, domain_blocks, problem, tree_fingerprint=tree_fingerprint
+        )
         self.context = context
 
     def run_within(self, state: Any, timeout: float | None, *, inplace: bool = False) -> Any:
@@ -149,19 +137,3 @@ class TorchEntryCheck(EntryCheck):
         reducer.timeout = timeout
         reducer.doing = f"the entry check of {self.op}"
         return self.run(state, inplace=inplace)
-
-    def _growth_known(self) -> bool:
-        """Whether every rank can bound the tree's integer growth (as the MPI check, agreed
-        by a minimum over the group)."""
-        if self._growth is None:
-            from ... import dtypes
-
-            try:
-                dtypes.growth(self.op)
-                known = 1
-            except Exception:  # the matrix cannot be formed on this rank
-                known = 0
-            reducer = self.context.reducer
-            agreed = reducer.all_reduce(np.array([known]), "min") if not reducer.single else [known]
-            self._growth = bool(agreed[0])
-        return self._growth

@@ -144,7 +144,7 @@ class TorchDistributedPlan:
                 self.context.size,
                 world=self.context.world,
                 reduce_max=lambda values: reducer.all_reduce(values, "max"),
-                gather=self.entry.comm.allgather,
+                gather=self.entry.agreement.allgather,
             )
             if isinstance(self._agreed, tuple):
                 self.context.create_subgroups(self._agreed)
@@ -154,7 +154,7 @@ class TorchDistributedPlan:
 
     def check(self, local_state: Any, *, inplace: bool = False, timeout: float | None = None) -> Any:
         """Collectively validate the tree and every rank's local state (numpy arrays); the
-        agreed outcome (:class:`~linop.backends.mpi.check.CheckOutcome`). ``timeout``: seconds
+        agreed outcome (:class:`~linop.backends.entry_check.CheckOutcome`). ``timeout``: seconds
         (default ``$LINOP_TIMEOUT``, else none)."""
         return self.entry.run_within(local_state, resolve_timeout(timeout), inplace=inplace)
 
@@ -259,7 +259,7 @@ class TorchDistributedPlan:
                 ):
                     problem = f"rank {self.context.rank}: block {name!r} does not fit {target.dtype} in place"
                     break
-            problems = [p for p in self.entry.comm.allgather(problem) if p is not None]
+            problems = [p for p in self.entry.agreement.allgather(problem) if p is not None]
             if problems:
                 raise DistributedOverflowError(problems[0])
         results = {name: work.arrays[name] for name in tensors}
@@ -300,7 +300,7 @@ class TorchDistributedPlan:
                 dtypes.fit_back(work.arrays, arrays)
             except IntegerOverflowError as error:
                 problem = f"rank {self.context.rank}: {error}"
-            problems = [p for p in self.entry.comm.allgather(problem) if p is not None]
+            problems = [p for p in self.entry.agreement.allgather(problem) if p is not None]
             if problems:
                 raise DistributedOverflowError(problems[0])
         numpy_backend.write_back(arrays, work)

@@ -1,0 +1,282 @@
+"""The collective entry check of the distributed executors: validate everything before data moves.
+
+One reduction (maximum over ranks) of a short integer vector (:mod:`.vector`) decides, on every
+rank alike, whether a call may run and in which dtype: the tree's 128-bit fingerprint and its
+negation (maximum and minimum agree only when every rank holds the same tree), an error flag,
+and one flag per dtype present on any rank (blocks, the requested dtype). Only when something is
+wrong, a second collective gathers the ranks' messages, so that every rank raises the same
+typed error (:class:`~linop.errors.MPIError` subclasses). Local problems are the numpy
+interpreter's (:mod:`.state`); the dtype follows :mod:`linop.dtypes` (:mod:`.policy`).
+
+The check runs on any engine through an :class:`Agreement`: the MPI executor's is a persistent
+``Allreduce`` per communicator (:class:`linop.backends.mpi.check.CheckReducer`), the
+torch.distributed executor's an ``all_reduce`` per process group
+(:class:`linop.backends.torch_distributed.check.TorchReducer`).
+
+The per-call cost is kept small without weakening any of this (``benchmarks/bench_mpi_apply.py``):
+a state that passes a few cheap tests (a dict of exactly the rank's blocks, numpy arrays of the
+right shapes and numeric dtypes) skips the detailed diagnosis, which only words the error; the
+vector is rewritten only when what it says changes; and the outcome (run dtype, cast, or the
+error of a dtype clash) is remembered per reduced vector, which holds every global fact it
+depends on. Every call still reduces the whole vector: a tree, block or dtype that differs on
+any rank is found on the call where it differs.
+
+With a deadline (``timeout=``, ``LINOP_TIMEOUT``) the reduction is polled instead of waited for,
+and ranks that do not arrive in time are named by every rank that did
+(:class:`~linop.errors.PeerTimeoutError`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from ... import dtypes
+from ...errors import DistributedDtypeError, DtypeError, LinopError, TreeMismatchError, WorkerMapMismatchError
+from ...operator import LinearOperator
+from ...space import Block
+from .outcome import CheckOutcome
+from .policy import DtypePolicy
+from .state import LocalStateCheck, Problem
+from .vector import ERROR, FLAG_OF, INT64_MAX, INTEGER_CHARS, encode, tree_vector
+
+__all__ = ["Agreement", "EntryCheck"]
+
+_OUTCOMES_KEPT = 64  # outcomes remembered per tree (integer runs add one per largest magnitude)
+
+
+class Agreement(Protocol):
+    """What the entry check needs of an engine: one reduction of the check vector, shared by
+    every tree checked on the same communicator or group (calls are collective, so they never
+    overlap), and two rarer collectives.
+
+    ``send`` and ``received`` are the vector's buffers (int64, :data:`.vector.VECTOR_LENGTH`);
+    ``signature`` and ``sent`` say what ``send`` holds (set by the check that wrote it, so an
+    unchanged vector is not rewritten); ``request`` is a persistent request the check may start
+    and wait for itself (None: it calls :meth:`reduce`)."""
+
+    send: np.ndarray
+    received: np.ndarray
+    signature: Any
+    sent: bytes
+    request: Any
+    rank: int
+
+    def reduce(self, timeout: float | None = None, doing: str = "the entry check") -> np.ndarray:
+        """The maximum over ranks of ``send``, in ``received`` (returned), within ``timeout``
+        seconds (:class:`~linop.errors.PeerTimeoutError` naming the ranks that did not come)."""
+        ...
+
+    def minimum(self, value: int) -> int:
+        """The minimum over ranks of ``value``."""
+        ...
+
+    def allgather(self, value: Any) -> list[Any]:
+        """Every rank's ``value``, in rank order."""
+        ...
+
+
+class EntryCheck:
+    """The entry check of one compiled tree on one communicator or process group.
+
+    Parameters
+    ----------
+    op : LinearOperator
+        The tree.
+    fingerprint : bytes
+        Its 16-byte fingerprint (:func:`linop.program.fingerprint`).
+    agreement : Agreement
+        The engine's reduction the check runs through (one per communicator or group, shared
+        by every tree checked there).
+    domain_blocks : dict of str to Block
+        The blocks of ``op.domain`` that this rank owns.
+    problem : LinopError, optional
+        A compile-time problem (raised by the check on every rank, after the tree test).
+    tree_fingerprint : bytes, optional
+        The tree's own fingerprint, when ``fingerprint`` also covers a worker map.
+    """
+
+    def __init__(
+        self,
+        op: LinearOperator,
+        fingerprint: bytes,
+        agreement: Agreement,
+        domain_blocks: dict[str, Block],
+        problem: LinopError | None,
+        *,
+        tree_fingerprint: bytes | None = None,
+    ) -> None:
+        self.op = op
+        self.fingerprint = fingerprint
+        self.tree_fingerprint = fingerprint if tree_fingerprint is None else tree_fingerprint
+        self.agreement = agreement
+        self.rank = agreement.rank
+        self.domain_blocks = domain_blocks
+        self.problem = problem
+        self.local = LocalStateCheck(op, domain_blocks, self.rank)
+        self.policy = DtypePolicy(op, self._growth_known)
+        self._vector = tree_vector(fingerprint)
+        self._tree = self._vector[:8].tobytes()  # the reduced words equal these iff all ranks agree
+        expected = self.local.expected
+        self._single = expected[0] if len(expected) == 1 else None
+        self._prepared: dict[str, list[Any]] = {}  # by dtype char: vector, bytes, outcomes
+        self._outcomes: dict[tuple[bytes, bool], CheckOutcome] = {}  # by the reduced vector
+        self._growth: bool | None = None
+        self._doing_text: str | None = None
+
+    def run(
+        self,
+        state: Any,
+        *,
+        inplace: bool = False,
+        dtype: npt.DTypeLike | None = None,
+        timeout: float | None = None,
+    ) -> CheckOutcome:
+        """Check collectively; every rank gets the same outcome. Raises nothing itself (the
+        caller raises the outcome's error, outside its abort-on-failure section), except
+        :class:`~linop.errors.PeerTimeoutError` when ``timeout`` (seconds, resolved) passes
+        before every rank arrives (the caller aborts the job then)."""
+        if dtype is None and self._single is not None:
+            outcome = self._run_single(state, inplace, timeout)
+            if outcome is not None:
+                return outcome
+        return self._run(state, inplace, dtype, timeout)
+
+    def _doing(self) -> str:
+        """What a deadline's error says the ranks were doing (worded once per tree)."""
+        if self._doing_text is None:
+            text = str(self.op)
+            self._doing_text = f"the entry check of {text if len(text) <= 80 else text[:77] + '...'}"
+        return self._doing_text
+
+    def _run_single(self, state: Any, inplace: bool, timeout: float | None = None) -> CheckOutcome | None:
+        """The common case, cheaply: one block of a float or complex dtype, no ``dtype=``;
+        None when the state is anything else (then :meth:`_run` checks it, before any
+        communication). Reduces the same vector :meth:`_run` would."""
+        name, shape = self._single  # type: ignore[misc]
+        if type(state) is not dict or len(state) != 1:
+            return None
+        array = state.get(name)
+        if type(array) is not np.ndarray or array.shape != shape:
+            return None
+        char = array.dtype.char
+        if char in INTEGER_CHARS or char not in FLAG_OF:
+            return None
+        if inplace and not (
+            array.flags.writeable and array.flags.contiguous and self.local.domain_is_range()
+        ):
+            return None
+        prepared = self._prepared.get(char)
+        if prepared is None:
+            vector = self._vector.copy()
+            vector[FLAG_OF[char]] = 1
+            prepared = self._prepared[char] = [(self, char), vector.tobytes(), vector, None, None]
+        signature, sent, vector, agreed, agreed_in_place = prepared
+        reducer = self.agreement
+        if reducer.signature is not signature:  # else the send buffer holds this vector already
+            np.copyto(reducer.send, vector)
+            reducer.signature, reducer.sent = signature, sent
+        request = reducer.request
+        if request is not None and timeout is None:  # the persistent Allreduce, without calls around it
+            request.Start()
+            request.Wait()
+            reduced = reducer.received
+        else:
+            reduced = reducer.reduce(timeout, self._doing())
+        got = reduced.tobytes()
+        if got != sent:  # another rank differs: the general decoding, from the reduced vector
+            return self._outcome(reduced, got, None, inplace)
+        outcome = agreed_in_place if inplace else agreed  # every rank sent this very vector
+        if outcome is None:
+            outcome = self._outcome(reduced, got, None, inplace)
+            prepared[4 if inplace else 3] = outcome
+        return outcome
+
+    def _run(
+        self, state: Any, inplace: bool, dtype: npt.DTypeLike | None, timeout: float | None = None
+    ) -> CheckOutcome:
+        problem: Problem | None = None
+        arrays = None if self.problem is not None else self.local.arrays_if_valid(state, inplace)
+        if arrays is None:
+            if self.problem is not None:
+                problem = (str(self.problem), type(self.problem))
+            else:
+                problem = self.local.problem(state, inplace)
+                if problem is None:
+                    arrays = [state[name] for name in self.domain_blocks]
+        reducer = self.agreement
+        flags: tuple[int, ...] = ()
+        largest = 0
+        if arrays:
+            flags = tuple(sorted({FLAG_OF[a.dtype.char] for a in arrays}))
+            if any(a.dtype.char in INTEGER_CHARS for a in arrays):
+                largest = min(dtypes.largest_magnitude(arrays), INT64_MAX)
+        if dtype is not None:
+            try:
+                char = dtypes.check_requested(dtype).char
+            except DtypeError as error:
+                if problem is None:
+                    problem = f"rank {self.rank}: {error}", DistributedDtypeError
+            else:
+                flags = tuple(sorted({*flags, FLAG_OF[char]}))
+        signature = (self, flags, largest, problem is not None)
+        if reducer.signature != signature:  # else the vector holds exactly this already
+            encode(reducer.send, self._vector, flags, largest, problem is not None)
+            reducer.signature, reducer.sent = signature, reducer.send.tobytes()
+        reduced = reducer.reduce(timeout, self._doing())
+        return self._outcome(reduced, reduced.tobytes(), problem, inplace)
+
+    def _outcome(
+        self, reduced: np.ndarray, got: bytes, problem: Problem | None, inplace: bool
+    ) -> CheckOutcome:
+        """The outcome from the reduced vector (``got``: as bytes), the same on every rank."""
+        if got != self.agreement.sent or problem is not None:  # some rank differs from this one
+            same_tree = got[: len(self._tree)] == self._tree
+            if not same_tree or reduced[ERROR]:
+                self.agreement.signature = None  # the error path's collectives do not touch it
+                return CheckOutcome(None, self._collective_error(same_tree, problem))
+        key = (got, inplace)  # global facts only: every rank decides alike
+        outcome = self._outcomes.get(key)
+        if outcome is None:
+            if len(self._outcomes) >= _OUTCOMES_KEPT:
+                self._outcomes.clear()
+            outcome = self._outcomes[key] = self.policy.decide(reduced, inplace)
+        return outcome
+
+    def _growth_known(self) -> bool:
+        """Whether every rank can bound the tree's integer growth (:func:`linop.dtypes.growth`,
+        from the tree's exact matrix); agreed once per tree (one more ``Allreduce``). A rank
+        may not: a tree of local operators that hold only this rank's data (a layer's
+        parameter operator) has no global matrix there. Then integer runs are widened to
+        int64 without a bound (see the module docstring)."""
+        if self._growth is None:
+            try:
+                dtypes.growth(self.op)
+                known = 1
+            except Exception:  # the matrix cannot be formed on this rank
+                known = 0
+            self._growth = bool(self.agreement.minimum(known))
+        return self._growth
+
+    def _collective_error(self, same_tree: bool, problem: Problem | None) -> LinopError:
+        reports = self.agreement.allgather((self.fingerprint, problem, self.tree_fingerprint))
+        if not same_tree:
+            reference = reports[0][0]
+            others = [r for r, (fp, _, _) in enumerate(reports) if fp != reference]
+            if all(tree == reports[0][2] for _, _, tree in reports):  # one tree, other worker maps
+                return WorkerMapMismatchError(
+                    f"the ranks hold different worker-to-rank maps for {self.op}: rank(s) {others} "
+                    "differ from rank 0 (every rank must pass the same mapping=)"
+                )
+            return TreeMismatchError(
+                f"the ranks hold different operator trees: rank(s) {others} differ from rank 0 "
+                "(every rank must build the same tree)"
+            )
+        faults = [p for _, p, _ in reports if p is not None]
+        message, kind = faults[0]
+        if self.problem is not None:
+            return kind(message)
+        more = f" (and {len(faults) - 1} more rank(s) at fault)" if len(faults) > 1 else ""
+        return kind(message + more)
