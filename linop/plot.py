@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DENSE_LIMIT",
     "SPY_LIMIT",
-    "Message",
+    "Communication",
     "PlotError",
     "decomposition",
     "messages",
@@ -350,11 +350,13 @@ def _legend(ax: Axes) -> None:
 
 # -- message diagrams ----------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
-class Message:
-    """One communication of a schedule: in ``phase``, ``source`` sends ``entries`` to ``target``
-    (point to point, ``kind == "send"``), or the workers of a native collective take part in it
-    (``kind`` the node's type, ``source == target == -1``, ``workers`` its members, ``entries``
-    the size of the node's domain). ``adds``: the receiver adds the data into its own."""
+class Communication:
+    """One communication drawn in a message diagram: in ``phase`` (counted from 0), ``source``
+    sends ``entries`` to ``target`` (point to point, ``kind == "send"``), or the workers of a
+    native collective take part in it (``kind`` the node's type, ``source == target == -1``,
+    ``workers`` its members, ``entries`` the size of the node's domain). ``adds``: the receiver
+    adds the data into its own. (A message of the cost model is
+    :class:`linop.accounting.Message`, counted in bytes and in dependent phases from 1.)"""
 
     phase: int
     source: int
@@ -365,7 +367,7 @@ class Message:
     adds: bool = False
 
 
-def schedule_messages(op: LinearOperator, *, of: str = "schedule") -> list[Message]:
+def schedule_messages(op: LinearOperator, *, of: str = "schedule") -> list[Communication]:
     """The messages of ``op``, phase by phase.
 
     ``of="schedule"``: the schedule the MPI interpreter runs (its phases; sums' branches one
@@ -383,7 +385,7 @@ def schedule_messages(op: LinearOperator, *, of: str = "schedule") -> list[Messa
         from .accounting import account
 
         return [
-            Message(m.phase - 1, m.source, m.target, m.nbytes, adds=m.adds)
+            Communication(m.phase - 1, m.source, m.target, m.nbytes, adds=m.adds)
             for m in account(op, itemsize=1).messages
             if m.nbytes
         ]
@@ -391,7 +393,7 @@ def schedule_messages(op: LinearOperator, *, of: str = "schedule") -> list[Messa
         raise PlotError(f"schedule_messages: of must be 'schedule' or 'tree', not {of!r}")
     from .program import Branches, Phase, Transfer, compile_program
 
-    found: list[Message] = []
+    found: list[Communication] = []
     phase = 0
 
     def walk(steps: Sequence[Any]) -> None:
@@ -402,7 +404,9 @@ def schedule_messages(op: LinearOperator, *, of: str = "schedule") -> list[Messa
                 sent = [t for t in transfers if t.source.size]
                 for t in sent:
                     found.append(
-                        Message(phase, t.src_worker, t.dst_worker, int(t.source.size), adds=t.mode == "add")
+                        Communication(
+                            phase, t.src_worker, t.dst_worker, int(t.source.size), adds=t.mode == "add"
+                        )
                     )
                 phase += bool(sent)
             elif isinstance(step, Branches):
@@ -412,7 +416,9 @@ def schedule_messages(op: LinearOperator, *, of: str = "schedule") -> list[Messa
                 node = getattr(step.runner, "op", None)
                 kind = type(node).__name__ if node is not None else type(step.runner).__name__
                 size = int(node.domain.size) if node is not None else 0
-                found.append(Message(phase, -1, -1, size, kind, tuple(getattr(step.runner, "workers", ()))))
+                found.append(
+                    Communication(phase, -1, -1, size, kind, tuple(getattr(step.runner, "workers", ())))
+                )
                 phase += 1
 
     walk(compile_program(op).steps)

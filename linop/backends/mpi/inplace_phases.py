@@ -45,7 +45,7 @@ copied or added into the box after they complete) or ``"clear"`` (the box zeroed
 _LAYOUTS_KEPT = 8  # compiled layouts per plan
 
 
-Message = tuple[int, Any, Any, Any, int, int]
+PreparedRequest = tuple[int, Any, Any, Any, int, int]
 """One request of a compiled phase: (route, name, index, spec, peer, tag), the route as the
 phase's recipe says (:mod:`linop.backends.mpi.phase_recipe`). ``VIEW``: the contiguous box
 ``arrays[name][index]`` as bytes; ``STRIDED``: ``[arrays[name], 1, spec]`` with ``spec`` its
@@ -56,8 +56,8 @@ thin box, or a receive added or stored after the wait)."""
 @dataclass(frozen=True)
 class _Phase:
     packs: tuple[Local, ...]
-    receives: tuple[Message, ...]
-    sends: tuple[Message, ...]
+    receives: tuple[PreparedRequest, ...]
+    sends: tuple[PreparedRequest, ...]
     finish: tuple[Local, ...]
 
 
@@ -258,8 +258,8 @@ def compile_phases(
             return None
         recipe = phase_recipe(step, dtype, target=arrays.__getitem__, source=arrays.__getitem__)
         packs: list[Local] = []
-        receives: list[Message] = []
-        sends: list[Message] = []
+        receives: list[PreparedRequest] = []
+        sends: list[PreparedRequest] = []
         finish: list[Local] = []
         for m in recipe.receives:
             if m.route != BUFFER:
