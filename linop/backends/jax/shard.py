@@ -215,10 +215,11 @@ def local_function(plan: Plan, axes: Sequence[str], batch_dims: int = 0) -> Any:
         device = DeviceView(plan, axes, batch, dtype)
         slots = Slots(device)
         for spec, slot, piece in zip(plan.domain.slots, plan.inputs, pieces):
-            array = piece.astype(dtype)
-            if spec.padded:
-                array = device.mask(array, spec.extents())
-            slots.set(slot, _fit(array, len(batch), plan.slots[slot]))
+            array = _fit(piece.astype(dtype), len(batch), plan.slots[slot])
+            if spec.padded:  # masked where read beyond a block (see Slots.set_masked)
+                slots.set_masked(slot, array, spec.extents())
+            else:
+                slots.set(slot, array)
         slots = _run(device, plan.ops, slots)
         masks = plan.output_masks or (True,) * len(plan.outputs)
         outputs = tuple(
