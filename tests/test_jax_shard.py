@@ -214,3 +214,51 @@ def test_a_reduce_scatter_is_one_psum_scatter_with_each_devices_own_add_inside()
     (op,) = compile_plan(AllGather(x, (0,), "g").H, 4).ops  # the self adds folded, clears dropped
     assert isinstance(op, CollectiveOp)
     assert [(p.kind, p.with_self) for p in op.pieces] == [("psum_scatter", True)]
+
+
+def test_uneven_halo_windows_run_each_local_step_as_one_op_on_every_device():
+    """The steps that differ only by the shapes of uneven blocks become one op of the largest
+    shape (the entries it gains are zeros), so XLA sees what it sees for even blocks; the
+    forward's output needs no mask on exit, and the adjoint's adds cut each source box to its
+    device's shape (the halo cells beyond it hold cotangents of the zero padding)."""
+    from linop import Kernel, halo_windows
+    from linop.backends.jax.plan import BoxOp
+
+    u = DistributedTensor("u", (29, 8), Partition.grid((4, 1)))  # 8 / 7 / 7 / 7 rows
+    plan = compile_plan(halo_windows(u, Kernel(3, padding=1)), 4)
+    boxes = [o for o in plan.ops if isinstance(o, BoxOp)]
+    assert [(o.kind, o.shape, bool(o.active.all()), o.extents is None) for o in boxes] == [
+        ("set", (8, 8), True, True),
+        ("set", (10, 10), True, True),
+    ]
+    assert plan.output_masks == (False,)
+    adds = [o for o in plan.adjoint().ops if isinstance(o, BoxOp) and o.kind == "add"]
+    assert len(adds) == 1 and adds[0].active.all() and adds[0].extents is not None
+    assert adds[0].extents.tolist() == [[8, 8], [7, 8], [7, 8], [7, 8]]
+
+
+def test_widening_needs_zeros_in_the_entries_a_box_gains():
+    """Control for :func:`widen_boxes`: a set whose widened target would overwrite a nonzero
+    entry stays two ops; once that entry is cleared they merge; a source entry that is not
+    zero is cut by the op's extents instead."""
+    import numpy as np
+
+    from linop.backends.jax.plan import BoxOp, widen_boxes
+
+    def on(device, kind, src, shape, start=0):
+        active = np.arange(2) == device
+        starts = np.full((2, 1), start, dtype=np.int32)
+        return BoxOp(kind, src, None if src is None else starts, "b", starts, shape, shape, active)
+
+    slots = {"a": (2,), "b": (2,)}
+    run = [on(0, "set", "a", (2,)), on(1, "set", "a", (1,))]
+    blocks = {"a": [(0, (0,), (2,)), (1, (0,), (1,))]}
+    (merged,), _ = widen_boxes(run, blocks, slots, 2)
+    assert merged.shape == (2,) and merged.active.all() and merged.extents is None
+    dirty = {**blocks, "b": [(1, (1,), (2,))]}  # b[1] on device 1 may be nonzero
+    assert widen_boxes(run, dirty, slots, 2)[0] == tuple(run)
+    cleared, _ = widen_boxes([on(1, "clear", None, (1,), 1), *run], dirty, slots, 2)
+    assert len(cleared) == 2 and cleared[1].active.all()
+    stale = {"a": [(0, (0,), (2,)), (1, (0,), (2,))]}  # a[1] on device 1 may be nonzero
+    (cut,), _ = widen_boxes(run, stale, slots, 2)
+    assert cut.extents is not None and cut.extents.tolist() == [[2], [1]]

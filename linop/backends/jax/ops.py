@@ -44,6 +44,9 @@ class BoxOp:
     shape: tuple[int, ...]  # the destination box shape
     src_shape: tuple[int, ...] | None
     active: np.ndarray  # (devices,) bool
+    extents: np.ndarray | None = None
+    """(devices, ndim): where set, device ``d``'s source box is cut to its first
+    ``extents[d]`` entries (the rest read as zeros): one op for boxes of several shapes."""
 
 
 @dataclass(frozen=True, eq=False)

@@ -5,7 +5,9 @@ device, the entries ``starts[d] .. starts[d] + shape`` of a slot. Two boxes meet
 share an entry on some device active in both. From the boxes each op reads and writes:
 
 - :func:`drop_dead_clears` drops the clears whose entries no later op reads;
-- :func:`fold_self_boxes` moves each device's local copy next to a collective into it.
+- :func:`fold_self_boxes` moves each device's local copy next to a collective into it;
+- :func:`widen_boxes` merges the box ops that differ only by the shapes of uneven blocks
+  into one op of the largest shape, where the entries it adds are known to be zero.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from .ops import BoxOp, CollectiveOp, Exchange, collective_piece
+from .ops import BoxOp, CollectiveOp, Exchange, PsumOp, ScaleOp, SumOp, ZeroOp, collective_piece
 
-__all__ = ["Box", "boxes_meet", "drop_dead_clears", "fold_self_boxes"]
+__all__ = ["Box", "Support", "boxes_meet", "drop_dead_clears", "fold_self_boxes", "widen_boxes"]
 
 Box = tuple[np.ndarray, np.ndarray, tuple[int, ...]]
 """A per-device box: (starts table (devices, ndim), active mask (devices,), shape)."""
@@ -117,6 +119,7 @@ def fold_self_boxes(ops: Sequence[Any], devices: int) -> tuple[Any, ...]:
                     and box.dst == piece.dst
                     and box.src_shape == piece.src_shape
                     and box.shape == piece.dst_shape
+                    and box.extents is None
                     and not (box.active & covered).any()
                     and not _conflict(box, op)
                     and not any(_conflict(box, other) for other in crossed)
@@ -198,3 +201,189 @@ def drop_dead_clears(
         for slot, box in used:
             later.setdefault(slot, []).append(box)
     return tuple(reversed(kept))
+
+
+Support = dict[str, list[tuple[int, tuple[int, ...], tuple[int, ...]]]]
+"""Per slot, the boxes ``(device, start, stop)`` outside which its entries are known to be
+zero on that device."""
+
+
+def widen_boxes(
+    ops: Sequence[Any], support: Support, slots: dict[str, tuple[int, ...]], devices: int
+) -> tuple[tuple[Any, ...], Support]:
+    """``ops`` with each run of consecutive box ops that differ only by their shapes (one
+    kind, source and target slot, on disjoint devices: the same step on uneven blocks) made
+    one op of their largest shape, on every device of the run, where that is exact: the
+    entries a device's box gains lie inside both slots, are zero in the source, and (for a
+    set or a clear) are zero in the target, so the op writes zeros onto zeros. One op where
+    there were several: XLA then sees static slices and whole-slot copies (aliases) as for
+    even blocks, instead of per-device boxes blended into the whole slot.
+
+    ``support`` (not modified) says where each slot may be nonzero as the ops start (for the
+    interface's slots, masked on entry: the blocks); the support after the ops is returned
+    with them. Run it before :func:`drop_dead_clears`: the clears it counts on are then read
+    by the widened ops, so they are kept.
+    """
+    support = {slot: list(boxes) for slot, boxes in support.items()}
+    out: list[Any] = []
+    i = 0
+    while i < len(ops):
+        op = ops[i]
+        if isinstance(op, SumOp):
+            terms = []
+            after: Support = {}
+            for term in op.terms:
+                widened, found = widen_boxes(term, support, slots, devices)
+                terms.append(widened)
+                for slot in op.slots:
+                    after.setdefault(slot, []).extend(found.get(slot, []))
+            out.append(SumOp(tuple(terms), op.slots))
+            support = after
+            i += 1
+            continue
+        run = [op]
+        if isinstance(op, BoxOp):
+            covered = op.active.copy()
+            while i + len(run) < len(ops):
+                other = ops[i + len(run)]
+                if not _same_step(op, other) or (other.active & covered).any():
+                    break
+                run.append(other)
+                covered |= other.active
+        merged = _widened(run, support, slots, devices) if len(run) > 1 else None
+        if merged is None:
+            run = run[:1]
+        out.append(op if merged is None else merged)
+        for done in run:  # the entries gained are zeros: the support grows by the boxes alone
+            _update_support(done, support, slots, devices)
+        i += len(run)
+    return tuple(out), support
+
+
+def _same_step(first: BoxOp, other: Any) -> bool:
+    """Whether ``other`` is the step of ``first`` (one kind, source and target slot, a box of
+    as many dimensions, source and target boxes of one shape in both)."""
+    if not isinstance(other, BoxOp) or (other.kind, other.src, other.dst) != (
+        first.kind,
+        first.src,
+        first.dst,
+    ):
+        return False
+    if len(other.shape) != len(first.shape):
+        return False
+    return first.src is None or (first.shape == first.src_shape and other.shape == other.src_shape)
+
+
+def _widened(
+    run: list[BoxOp], support: Support, slots: dict[str, tuple[int, ...]], devices: int
+) -> BoxOp | None:
+    """The ops of ``run`` (one step on disjoint devices) as one op of their largest shape, or
+    None where a device's box would leave its slot or, for a set or a clear, gain an entry of
+    the target not known to be zero. Where a source box gains an entry not known to be
+    zero, the op cuts each device's source box to its own shape (``extents``)."""
+    first = run[0]
+    shape = tuple(int(n) for n in np.max([op.shape for op in run], axis=0))
+    active = np.zeros(devices, dtype=bool)
+    dst_starts = np.zeros_like(first.dst_starts)
+    src_starts = None if first.src_starts is None else np.zeros_like(first.src_starts)
+    extents = np.zeros_like(first.dst_starts)
+    cut = False
+    for op in run:
+        for d in np.flatnonzero(op.active):
+            if np.any(op.dst_starts[d] + np.asarray(shape) > slots[op.dst]):
+                return None
+            if op.kind != "add" and not _gains_zeros(
+                support.get(op.dst, []), int(d), op.dst_starts[d], op.shape, shape
+            ):
+                return None
+            if op.src is not None:
+                assert op.src_starts is not None and src_starts is not None
+                if np.any(op.src_starts[d] + np.asarray(shape) > slots[op.src]):
+                    return None
+                if not _gains_zeros(support.get(op.src, []), int(d), op.src_starts[d], op.shape, shape):
+                    cut = True
+                src_starts[d] = op.src_starts[d]
+            dst_starts[d] = op.dst_starts[d]
+            extents[d] = op.shape
+            active[d] = True
+    src_shape = None if first.src is None else shape
+    return BoxOp(
+        first.kind,
+        first.src,
+        src_starts,
+        first.dst,
+        dst_starts,
+        shape,
+        src_shape,
+        active,
+        extents if cut else None,
+    )
+
+
+def _gains_zeros(
+    boxes: list[tuple[int, tuple[int, ...], tuple[int, ...]]],
+    device: int,
+    start: np.ndarray,
+    narrow: tuple[int, ...],
+    wide: tuple[int, ...],
+) -> bool:
+    """Whether on ``device`` the entries of the box ``start + wide`` outside ``start + narrow``
+    lie outside every box of ``boxes`` (so are zero)."""
+    start = np.asarray(start)
+    wide_stop, narrow_stop = start + np.asarray(wide), start + np.asarray(narrow)
+    for d, low, high in boxes:
+        if d != device:
+            continue
+        meet_low, meet_high = np.maximum(low, start), np.minimum(high, wide_stop)
+        if (meet_low < meet_high).all() and (meet_high > narrow_stop).any():
+            return False
+    return True
+
+
+def _update_support(op: Any, support: Support, slots: dict[str, tuple[int, ...]], devices: int) -> None:
+    """``support`` (in place) after ``op``: grown by the boxes it sets or adds, cut by the
+    boxes it clears."""
+    if isinstance(op, ZeroOp):
+        support.clear()
+        return
+    if isinstance(op, ScaleOp):
+        return
+    written = _modes(op)
+    if isinstance(op, PsumOp) or written is None:  # a psum sums a device's slot over its group
+        named = [op.slot] if isinstance(op, PsumOp) else list(slots)
+        for slot in named:
+            support[slot] = [(d, (0,) * len(slots[slot]), slots[slot]) for d in range(devices)]
+        return
+    for slot, (starts, mask, shape), mode in written:
+        if 0 in shape:
+            continue
+        for d in np.flatnonzero(mask):
+            low = tuple(int(v) for v in starts[d])
+            high = tuple(a + n for a, n in zip(low, shape))
+            boxes = support.setdefault(slot, [])
+            if mode == "clear":
+                boxes[:] = [kept for box in boxes for kept in _minus(box, int(d), low, high)]
+            else:
+                boxes.append((int(d), low, high))
+
+
+def _minus(
+    box: tuple[int, tuple[int, ...], tuple[int, ...]],
+    device: int,
+    low: tuple[int, ...],
+    high: tuple[int, ...],
+) -> list[tuple[int, tuple[int, ...], tuple[int, ...]]]:
+    """``box`` without the entries of ``low .. high`` on ``device``, as disjoint boxes."""
+    d, start, stop = box
+    if d != device or not all(a < top and bottom < b for a, b, bottom, top in zip(start, stop, low, high)):
+        return [box]
+    pieces = []
+    first, last = list(start), list(stop)  # the part not yet cut off, narrowed dimension by dimension
+    for k in range(len(first)):
+        if first[k] < low[k]:
+            pieces.append((d, tuple(first), (*last[:k], low[k], *last[k + 1 :])))
+            first[k] = low[k]
+        if last[k] > high[k]:
+            pieces.append((d, (*first[:k], high[k], *first[k + 1 :]), tuple(last)))
+            last[k] = high[k]
+    return pieces

@@ -86,7 +86,7 @@ from .ops import (
     collective_piece,
     math_size,
 )
-from .passes import boxes_meet, drop_dead_clears, fold_self_boxes
+from .passes import Support, boxes_meet, drop_dead_clears, fold_self_boxes, widen_boxes
 
 __all__ = [
     "DeviceKernelError",
@@ -108,6 +108,7 @@ __all__ = [
     "boxes_meet",
     "drop_dead_clears",
     "fold_self_boxes",
+    "widen_boxes",
     "collective_piece",
 ]
 
@@ -130,6 +131,9 @@ class Plan:
     alphas: tuple[Any, ...]
     rounds: int = 0
     mesh_shape: tuple[int, ...] = ()
+    output_masks: tuple[bool, ...] = ()
+    """Per range slot, whether its padding must be masked on exit (empty: every padded
+    one); False where the entries outside each device's block are known to be zero."""
     adjoint_cache: list = field(default_factory=list, repr=False)
 
     def adjoint(self) -> Plan:
@@ -559,8 +563,10 @@ def compile_plan(
     inputs = tuple(spec.name for spec in compiler.domain.slots)
     shapes = {name: tuple(shape) for name, shape in compiler.shapes.items()}
     live = {s for internal, _ in outputs for s in internal if s is not None}
-    ops = list(drop_dead_clears(ops, live, shapes, devices))  # a dead clear may sit between
+    widened, support = widen_boxes(ops, _entry_support(compiler.domain), shapes, devices)
+    ops = list(drop_dead_clears(widened, live, shapes, devices))  # a dead clear may sit between
     ops = list(drop_dead_clears(fold_self_boxes(ops, devices), live, shapes, devices))
+    masks = tuple(not _inside_extents(support, internal, extents, devices) for internal, extents in outputs)
     return Plan(
         op,
         devices,
@@ -574,4 +580,30 @@ def compile_plan(
         tuple(compiler.alphas),
         compiler.rounds,
         mesh_shape,
+        masks,
     )
+
+
+def _entry_support(domain: Layout) -> Support:
+    """Where the interface's slots may be nonzero on entry (masked there): each device's block."""
+    support: Support = {}
+    for spec in domain.slots:
+        for d, block in enumerate(spec.blocks):
+            if block is not None:
+                support.setdefault(spec.name, []).append((d, (0,) * len(spec.shape), tuple(block.shape)))
+    return support
+
+
+def _inside_extents(
+    support: Support, internal: tuple[str | None, ...], extents: np.ndarray, devices: int
+) -> bool:
+    """Whether on every device the entries of its internal slot outside its block's extent
+    are known to be zero (so the mask on exit changes nothing)."""
+    for d in range(devices):
+        slot = internal[d]
+        if slot is None:
+            continue
+        for device, _, stop in support.get(slot, []):
+            if device == d and any(b > n for b, n in zip(stop, extents[d])):
+                return False
+    return True

@@ -69,6 +69,7 @@ def _run(device: DeviceView, ops: Sequence[Any], slots: Slots) -> Slots:
                 and op.src_shape == op.shape == device.plan.slots[op.src]
                 and not op.src_starts.any()  # type: ignore[union-attr]
                 and not op.dst_starts.any()
+                and op.extents is None
             ):
                 slots.alias(op.dst, op.src)  # a whole slot copied: no copy
                 continue
@@ -76,6 +77,8 @@ def _run(device: DeviceView, ops: Sequence[Any], slots: Slots) -> Slots:
             if op.src is not None:
                 assert op.src_starts is not None and op.src_shape is not None
                 value = slots.read(op.src, op.src_starts, op.active, op.src_shape)
+                if op.extents is not None:  # each device's own box of the merged shapes
+                    value = device.mask(value, op.extents)
             slots.write(op.dst, op.dst_starts, op.active, op.shape, value, op.kind)
         elif isinstance(op, Exchange):
             senders = np.zeros(len(op.receivers), dtype=bool)
@@ -212,14 +215,16 @@ def local_function(plan: Plan, axes: Sequence[str], batch_dims: int = 0) -> Any:
         device = DeviceView(plan, axes, batch, dtype)
         slots = Slots(device)
         for spec, slot, piece in zip(plan.domain.slots, plan.inputs, pieces):
-            array = piece.astype(dtype)
-            if spec.padded:
-                array = device.mask(array, spec.extents())
-            slots.set(slot, _fit(array, len(batch), plan.slots[slot]))
+            array = _fit(piece.astype(dtype), len(batch), plan.slots[slot])
+            if spec.padded:  # masked where read beyond a block (see Slots.set_masked)
+                slots.set_masked(slot, array, spec.extents())
+            else:
+                slots.set(slot, array)
         slots = _run(device, plan.ops, slots)
+        masks = plan.output_masks or (True,) * len(plan.outputs)
         outputs = tuple(
-            _output(device, slots, spec, internal, extents)
-            for spec, (internal, extents) in zip(plan.range.slots, plan.outputs)
+            _output(device, slots, spec, internal, extents, masked)
+            for spec, (internal, extents), masked in zip(plan.range.slots, plan.outputs, masks)
         )
         return outputs
 
@@ -232,7 +237,10 @@ def _output(
     spec: SlotSpec,
     internal: tuple[str | None, ...],
     extents: np.ndarray,
+    masked: bool = True,
 ) -> jax.Array:
+    """The range slot ``spec`` from its internal slot on each device, its padding masked
+    unless ``masked`` is False (known to be zero already)."""
     batch = len(device.batch)
     used = sorted({s for s in internal if s is not None})
     if not used:
@@ -245,7 +253,7 @@ def _output(
     for slot in used[1:]:
         chosen = np.asarray([s == slot for s in internal])
         array = jnp.where(device.row(chosen), value(slot), array)
-    if spec.padded or len(used) > 1:
+    if masked and (spec.padded or len(used) > 1):
         array = device.mask(array, extents)
     return array
 

@@ -198,12 +198,21 @@ class Slots:
         self.device = device
         self.base: dict[str, jax.Array | _Tiles] = {}
         self.pending: dict[str, list[_Write]] = {}
+        self.masks: dict[str, np.ndarray] = {}  # base arrays whose padding is not yet masked
 
     def copy(self) -> Slots:
         other = Slots(self.device)
         other.base = dict(self.base)
         other.pending = {k: list(v) for k, v in self.pending.items()}
+        other.masks = dict(self.masks)
         return other
+
+    def set_masked(self, slot: str, array: jax.Array, extents: np.ndarray) -> None:
+        """The slot is ``array`` with its entries beyond each device's ``extents`` zeroed:
+        lazily, so that a read inside the extents is a slice of ``array`` itself, a read
+        beyond masks its box alone, and the whole slot is masked only where it is used whole."""
+        self.set(slot, array)
+        self.masks[slot] = extents
 
     def has(self, slot: str) -> bool:
         return slot in self.base or slot in self.pending
@@ -218,6 +227,7 @@ class Slots:
         """The slot is ``array`` (its every entry)."""
         self.base[slot] = array
         self.pending.pop(slot, None)
+        self.masks.pop(slot, None)
 
     def alias(self, dst: str, src: str) -> None:
         """Slot ``dst`` becomes slot ``src`` (same shape), its structure kept."""
@@ -240,6 +250,10 @@ class Slots:
 
     def _base_array(self, slot: str) -> jax.Array:
         base = self.base.get(slot)
+        if slot in self.masks:
+            assert base is not None and not isinstance(base, _Tiles)
+            base = self.device.mask(base, self.masks.pop(slot))
+            self.base[slot] = base
         if isinstance(base, _Tiles) or base is None:
             tiles = list(base.tiles) if isinstance(base, _Tiles) else []
             base = self.device.assemble(self.shape(slot), tiles)
@@ -258,9 +272,26 @@ class Slots:
         local_starts = tuple(s - o for s, o in zip(starts, origin))
         return device.write(array, local_starts, shape, w.value, w.kind, active)
 
-    def _read_base(self, slot: str, starts: tuple[Any, ...], shape: tuple[int, ...]) -> jax.Array:
+    def _read_base(
+        self, slot: str, starts: tuple[Any, ...], shape: tuple[int, ...], table: np.ndarray, mask: np.ndarray
+    ) -> jax.Array:
+        """The box at ``starts`` of the slot's base (``table``: its starts on each device,
+        ``mask``: the active devices)."""
         device = self.device
         base = self.base.get(slot)
+        rows = table[mask]
+        if isinstance(base, _Tiles) and not _static(starts):  # inside one tile on every device:
+            for a, v in base.tiles:  # a slice of that tile, the slot not assembled
+                inner = v.shape[len(device.batch) :]
+                if len(rows) and ((rows >= a) & (rows + shape <= np.add(a, inner))).all():
+                    return device.read(v, tuple(s - b for s, b in zip(starts, a)), shape)
+        if slot in self.masks:  # the box of the unmasked array, masked beyond the extents
+            assert base is not None and not isinstance(base, _Tiles)
+            extents = self.masks[slot]
+            box = device.read(base, starts, shape)
+            if (table[mask] + shape <= extents[mask]).all():  # inside every active block
+                return box
+            return device.mask(box, np.clip(extents - table, 0, None).astype(np.int32))
         if (base is None or isinstance(base, _Tiles)) and _static(starts):
             tiles = base.tiles if isinstance(base, _Tiles) else ()
             meets = [(a, v) for a, v in tiles if _overlap(starts, shape, a, v.shape[len(device.batch) :])]
@@ -286,7 +317,7 @@ class Slots:
         ):
             self.value(slot)
             meeting = []
-        array = self._read_base(slot, starts, shape)
+        array = self._read_base(slot, starts, shape, table, mask)
         everyone = np.ones(device.plan.devices, dtype=bool)
         for w in meeting:  # each inside the box: applied to the box alone
             array = self._apply(array, starts, w, everyone)
@@ -320,7 +351,13 @@ class Slots:
                 self.pending.pop(slot, None)
                 return
         base = self.base.get(slot)
-        if slot not in self.pending and (base is None or isinstance(base, _Tiles)) and _static(starts):
+        box = (table, mask, shape)
+        pending = self.pending.get(slot, [])
+        if (
+            (base is None or isinstance(base, _Tiles))
+            and _static(starts)
+            and not any(boxes_meet(box, w.box) for w in pending)  # disjoint writes commute
+        ):
             tiles = base.tiles if isinstance(base, _Tiles) else ()
             lead = len(device.batch)
             if not any(_overlap(starts, shape, a, v.shape[lead:]) for a, v in tiles):
