@@ -20,6 +20,7 @@ measures seconds and megabytes.
 
 from __future__ import annotations
 
+import importlib
 import math
 import sys
 from collections.abc import Callable
@@ -155,6 +156,54 @@ def test_a_plan_compiles_only_its_rank(case: str, monkeypatch: pytest.MonkeyPatc
         op = _tree(case, s, False)
         counts.append(_counted(lambda op=op, s=s: Compiled(op).for_rank(op, _rank(s)), monkeypatch))
     assert counts[0] == counts[1], f"{case}: {counts[0]} objects at P = 64, {counts[1]} at P = 256"
+
+
+def _geometry_work(
+    case: str, s: int, adjoint: bool, monkeypatch: pytest.MonkeyPatch, listed: bool = False
+) -> int:
+    """Geometry rows built and fill segments computed while one interior rank plans a halo
+    case (the tree, its fingerprint, its compile); ``listed`` also lists every row, as the
+    geometry did before issue 24 (the control)."""
+    geometry_module = importlib.import_module("linop.halo_geometry")  # the module, not the function
+    count = [0]
+    build, fills = geometry_module.DimGeometry.build.__func__, geometry_module._fill_segments  # type: ignore[attr-defined]
+
+    def counting_build(cls: type, *args: object) -> object:
+        count[0] += 1
+        return build(cls, *args)
+
+    def counting_fills(*args: object, **kwargs: object) -> object:
+        count[0] += 1
+        return fills(*args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(geometry_module.DimGeometry, "build", classmethod(counting_build))
+        patch.setattr(geometry_module, "_fill_segments", counting_fills)
+        op = _tree(case, s, adjoint)
+        if listed:
+            geometry = op.geometry if hasattr(op, "geometry") else None
+            for rows in geometry.rows if geometry is not None else ():
+                tuple(rows)
+        fingerprint(op)
+        compile_for_rank(op, _rank(s))
+    return count[0]
+
+
+@pytest.mark.parametrize("adjoint", [False, True], ids=["forward", "adjoint"])
+@pytest.mark.parametrize("case", HALO)
+def test_halo_rank_builds_its_neighbours_geometry_only(
+    case: str, adjoint: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The geometry's rows and fill segments are described: one interior rank's planning builds
+    as many at P = 64 as at P = 4096 (its own and its neighbours'), where listing the rows
+    builds 2 sqrt(P) of them (the control)."""
+    counts = [_geometry_work(case, s, adjoint, monkeypatch) for s in (8, 64)]
+    assert counts[0] == counts[1] > 0, (
+        f"{case}: {counts[0]} rows and fills at P = 64, {counts[1]} at P = 4096"
+    )
+    if case == "HaloExchange":
+        listed = [_geometry_work(case, s, adjoint, monkeypatch, listed=True) for s in (8, 64)]
+        assert listed[1] - listed[0] >= 2 * (64 - 8)
 
 
 def test_the_global_program_is_not_independent_of_p(monkeypatch: pytest.MonkeyPatch) -> None:
