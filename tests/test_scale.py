@@ -21,6 +21,7 @@ measures seconds and megabytes.
 from __future__ import annotations
 
 import importlib
+import itertools
 import math
 import sys
 from collections.abc import Callable
@@ -363,3 +364,46 @@ def test_described_shapes_equal_their_lists() -> None:
         )
         assert gathered.shapes == boxes and gathered.space.size == sum(math.prod(s) for s in boxes)
     assert ProductShapes((2,), ((1, 2),)) != ((1,), (3,))  # the control: a wrong list differs
+
+
+def test_repartition_pieces_of_one_block_equal_the_whole_plan() -> None:
+    """One rank's pieces of a repartition (found per dimension by bisection on the parts'
+    edges) equal the whole plan's pieces of that block, in the plan's order, on balanced and
+    unbalanced decompositions with empty parts; the 1-d overlaps equal their listing."""
+    import random
+
+    from linop import DistributedTensor, Partition, Repartition
+    from linop.plan import Piece
+    from linop.repartition import _boxes_overlap_1d, _overlap_1d
+
+    def decomposition(rng: random.Random, shape: tuple[int, ...], grid: tuple[int, ...]) -> tuple:
+        if rng.random() < 0.4:
+            return ()
+        sizes = []
+        for m, p in zip(shape, grid):
+            cuts = sorted(rng.randint(0, m) for _ in range(p - 1))
+            sizes.append(tuple(b - a for a, b in zip([0, *cuts], [*cuts, m])))
+        return tuple(sizes)
+
+    rng = random.Random(2404)
+    compared = 0
+    for _ in range(200):
+        ndim = rng.choice([1, 2, 3])
+        shape = tuple(rng.randint(0, 9) for _ in range(ndim))
+        grids = [tuple(rng.randint(1, 5) for _ in range(ndim)) for _ in range(2)]
+        x = DistributedTensor("x", shape, Partition(grids[0]), decomposition(rng, shape, grids[0]))
+        y = DistributedTensor("y", shape, Partition(grids[1]), decomposition(rng, shape, grids[1]))
+        for a, b in zip(x.sizes, y.sizes):
+            edges_a = tuple(itertools.accumulate(a, initial=0))
+            edges_b = tuple(itertools.accumulate(b, initial=0))
+            assert [_overlap_1d(edges_a, edges_b, k) for k in range(len(b))] == _boxes_overlap_1d(a, b)
+        op = Repartition(x, y)
+        whole = [Piece(p.source, p.source_start, p.target, p.target_start, p.shape) for p in op.plan.pieces]
+        for j in y.partition.indices():
+            name = y.block_name(j)
+            assert list(op.pieces_into(j)) == [p for p in whole if p.target == name]
+        for i in x.partition.indices():
+            name = x.block_name(i)
+            assert list(op.pieces_from(i)) == [p for p in whole if p.source == name]
+        compared += 1
+    assert compared == 200
