@@ -13,6 +13,7 @@ from mpi4py import MPI
 from strategies import movement_trees
 
 from linop.backends import mpi as mpi_backend
+from linop.backends.mpi.mapping import compiled_for
 from linop.collectives import AllReduce, BlockGrid, Broadcast, SumReduce
 from linop.errors import DistributedStateError, WorkerMapError, WorkerMapMismatchError
 from linop.halo import HaloExchange, halo_windows
@@ -217,6 +218,56 @@ def test_mapped_all_reduce_is_native_and_exact(map_name, axes):
         )
         collective_assert(problem is None, f"{op} ({np.dtype(dtype)}) under {map_name}: {problem}")
         collective_assert(bound.persistent or dtype == np.float16, f"{op} under {map_name}: not persistent")
+        bound.free()
+
+
+ROOTED = {
+    "broadcast-1-to-16": _broadcast_1d,
+    "broadcast-rows": _broadcast_rows,
+    "sum-reduce": _sum_reduce,
+    "sum-reduce-16-to-1": lambda: _broadcast_1d().H,
+    "broadcast-rows-adjoint": lambda: _broadcast_rows().H,
+}
+
+
+def _kinds(schedule) -> set[str]:
+    return {type(step).__name__ for step in schedule}
+
+
+@pytest.mark.parametrize("map_name", list(MAPS))
+@pytest.mark.parametrize("case", list(ROOTED))
+def test_mapped_broadcast_and_sum_reduce_are_native_and_exact(case, map_name):
+    """Under a map a broadcast fills a rank's copies from one ``Bcast`` over the group's
+    distinct ranks, and a sum-reduce adds a rank's copies locally before one ``Allreduce``
+    over them (no point-to-point messages, no local moves): equal to numpy exactly (integers,
+    checked; integer values in float64, bound as prepared calls, two calls on new values), float16 sums
+    (which MPI cannot add) through the expansion. The control: the same tree compiled
+    without the native steps under the map moves its copies point to point (messages or
+    local moves), which the check above refuses."""
+    mapping = MAPS[map_name]
+    op = ROOTED[case]()
+    plan = mpi_backend.plan_for(op, comm=COMM, mapping=mapping)
+    kinds = _kinds(plan.schedule)
+    collective_assert("RankPhase" not in kinds and "LocalMoves" not in kinds, f"{op}: {kinds}")
+    portable, _ = compiled_for(op, mapping, native=False).for_rank(RANK, SIZE)
+    moved = COMM.allreduce(len(_kinds(portable.schedule) & {"RankPhase", "LocalMoves"}))
+    collective_assert(moved > 0, f"{op}: the control moves nothing point to point")
+    check_mapped(op, mapping, 11)
+    names = mine(op.range, mapping)
+    for dtype in (np.int64, np.float64, np.float16):
+        first_state = {n: a.astype(dtype) for n, a in op.domain.random(12, dtype=np.int64).items()}
+        second_state = {n: a.astype(dtype) for n, a in op.domain.random(13, dtype=np.int64).items()}
+        local = local_part(op.domain, first_state, mapping)
+        bound = plan.bind(local)
+        first = {n: np.array(a) for n, a in bound().items()}
+        for name, array in local_part(op.domain, second_state, mapping).items():
+            local[name][...] = array
+        second = bound()
+        problem = same_blocks(first, op(first_state), names, exact=True) or same_blocks(
+            second, op(second_state), names, exact=True
+        )
+        collective_assert(problem is None, f"{op} ({np.dtype(dtype)}) under {map_name}: {problem}")
+        collective_assert(bound.persistent or dtype != np.float64, f"{op} under {map_name}: not prepared")
         bound.free()
 
 
