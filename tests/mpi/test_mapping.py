@@ -18,6 +18,7 @@ from linop.collectives import AllReduce, BlockGrid, Broadcast, SumReduce
 from linop.errors import DistributedStateError, WorkerMapError, WorkerMapMismatchError
 from linop.halo import HaloExchange, halo_windows
 from linop.halo_geometry import Kernel, halo_geometry
+from linop.movement import Copy
 from linop.partition import DistributedTensor, Partition
 from linop.program import LocalMoves, RankPhase, WorkerMap
 from linop.repartition import Repartition
@@ -269,6 +270,27 @@ def test_mapped_broadcast_and_sum_reduce_are_native_and_exact(case, map_name):
         collective_assert(problem is None, f"{op} ({np.dtype(dtype)}) under {map_name}: {problem}")
         collective_assert(bound.persistent or dtype != np.float64, f"{op} under {map_name}: not prepared")
         bound.free()
+
+
+@pytest.mark.parametrize("map_name", ["blocked", "round-robin"])
+def test_mapped_broadcast_copies_sharing_a_buffer_are_written_apart(map_name):
+    """A rank's copies of a broadcast share one read-only buffer; a later step writing one
+    copy (an in-place copy between two copies) leaves the others as numpy has them, checked
+    and bound. Under the blocked map copies 0 and 1 share a rank (the buffer), under
+    round-robin (on several ranks) they do not."""
+    mapping = MAPS[map_name]
+    broadcast = _broadcast_1d()
+    y = broadcast.range
+    op = Copy(y["y[0]"][0:3], y["y[1]"][3:6]) @ broadcast
+    check_mapped(op, mapping, 21)
+    check_mapped(op.H, mapping, 22)
+    plan = mpi_backend.plan_for(op, comm=COMM, mapping=mapping)
+    state = {n: a.astype(np.float64) for n, a in op.domain.random(23, dtype=np.int64).items()}
+    bound = plan.bind(local_part(op.domain, state, mapping))
+    for _ in range(2):
+        problem = same_blocks(bound(), op(state), mine(op.range, mapping), exact=True)
+        collective_assert(problem is None, f"{op} under {map_name}: {problem}")
+    bound.free()
 
 
 @spmd_given(movement_trees(WORKERS), max_examples=8, long=30)

@@ -302,8 +302,9 @@ class _RankMappedRooted(RankStep):
     part in (in the global order of the groups).
 
     Broadcast: the root's rank sends its block with one ``Bcast`` over the group's distinct
-    ranks (none when the group lives on one rank), and every rank copies what it received
-    into each copy it holds. Sum-reduce: a rank adds the copies it holds (zeros when it holds
+    ranks (none when the group lives on one rank); a rank's copies are the block it received
+    (several copies on one rank share one read-only buffer, copied only by a later step that
+    writes one, as the root's own copy is its source, read-only). Sum-reduce: a rank adds the copies it holds (zeros when it holds
     none), one ``Allreduce`` over the distinct ranks adds the ranks' partial sums, and the
     root's rank keeps the total as the root block. The same sums as the expansion's adds, in
     another order (exact for integers)."""
@@ -336,10 +337,8 @@ class _RankMappedRooted(RankStep):
                 buffer, owned = new_array(group.shape, dtype), True
             if sub is not None and buffer.size:
                 sub.Bcast([buffer, buffer.nbytes, byte_type()], root=0)
-            for k, name in enumerate(group.copies):
-                results.append(
-                    (name, buffer, owned) if k == 0 else (name, np.array(buffer, dtype=dtype), True)
-                )
+            shared = owned and len(group.copies) == 1  # several copies: one read-only buffer
+            results.extend((name, buffer, shared) for name in group.copies)
         store_results(work, self.dropped, results, self.created)
 
     def bind_out_of_place(
@@ -377,24 +376,17 @@ class _RankMappedRooted(RankStep):
                 else:  # the calls write into it on every call: kept alive with the binding
                     scratch.append(total)
                 continue
-            copies = list(group.copies)
-            if group.is_root:
-                buffer = arrays[group.root_name]
-                if copies:  # the root's own copy: its source, read-only
-                    view = buffer.view()
-                    view.flags.writeable = False
-                    results[copies.pop(0)] = view
-            else:
-                buffer = np.empty(group.shape, dtype=dtype)
-                if copies:
-                    results[copies.pop(0)] = buffer
-                else:
-                    scratch.append(buffer)
+            buffer = arrays[group.root_name] if group.is_root else np.empty(group.shape, dtype=dtype)
             if sub is not None and buffer.size:
                 calls.append(functools.partial(sub.Bcast, [buffer, buffer.nbytes, byte_type()], root=0))
-            for name in copies:
-                results[name] = np.empty(group.shape, dtype=dtype)
-                calls.append(functools.partial(np.copyto, results[name], buffer))
+            if group.is_root or len(group.copies) > 1:  # the root's source, or one buffer shared
+                view = buffer.view()
+                view.flags.writeable = False
+                results.update((name, view) for name in group.copies)
+                if not group.is_root:  # written by every call: kept alive with the binding
+                    scratch.append(buffer)
+            else:
+                results[group.copies[0]] = buffer
         return OutOfPlaceBinding(calls, results, self.dropped, scratch)
 
 
@@ -402,10 +394,12 @@ def _local_sum(total: np.ndarray, copies: Sequence[np.ndarray]) -> None:
     """``total`` = the sum of ``copies`` (zeros when there is none)."""
     if not copies:
         total.fill(0)
-        return
-    np.copyto(total, copies[0])
-    for other in copies[1:]:
-        np.add(total, other, out=total)
+    elif len(copies) == 1:
+        np.copyto(total, copies[0])
+    else:  # the first add writes the total: one pass over memory per copy after the first
+        np.add(copies[0], copies[1], out=total)
+        for other in copies[2:]:
+            np.add(total, other, out=total)
 
 
 @dataclass
