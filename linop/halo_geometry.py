@@ -56,7 +56,6 @@ Boundary modes
 from __future__ import annotations
 
 import bisect
-import itertools
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -64,7 +63,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .described import DescribedSequence
+from .described import DescribedSequence, Offsets
 from .errors import DecompositionError, HaloError, KernelError, OperandError
 from .partition import DistributedTensor, balanced_sizes
 
@@ -77,6 +76,7 @@ __all__ = [
     "Kernel",
     "KernelError",
     "Fills",
+    "Column",
     "GeometryRows",
     "Segment",
     "halo_geometry",
@@ -444,7 +444,18 @@ class GeometryRows(DescribedSequence[DimGeometry]):
         The output's and the input's shares over the dimension's workers (as many of each).
     """
 
-    __slots__ = ("_built", "_key", "_len", "dim", "input_offsets", "kernel", "length", "output_offsets")
+    __slots__ = (
+        "_built",
+        "_key",
+        "_len",
+        "dim",
+        "input_offsets",
+        "input_sizes",
+        "kernel",
+        "length",
+        "output_offsets",
+        "output_sizes",
+    )
     _MISSING = "geometry row {position} of a dimension of {length} workers"
 
     def __init__(
@@ -457,8 +468,9 @@ class GeometryRows(DescribedSequence[DimGeometry]):
         self.dim = dim
         self.length = length
         self.kernel = kernel
-        self.output_offsets = tuple(itertools.accumulate(output_sizes, initial=0))
-        self.input_offsets = tuple(itertools.accumulate(input_sizes, initial=0))
+        self.output_sizes, self.input_sizes = tuple(output_sizes), tuple(input_sizes)
+        self.output_offsets = Offsets(self.output_sizes, total=True)
+        self.input_offsets = Offsets(self.input_sizes, total=True)
         self._len = len(input_sizes)
         self._built: dict[int, DimGeometry] = {}
         self._key: tuple | None = None
@@ -491,7 +503,7 @@ class GeometryRows(DescribedSequence[DimGeometry]):
 
     def key(self) -> tuple:
         """What the rows are built from: dimension, length, stride, padding, extent and the
-        offsets (two rows objects with equal keys hold equal rows)."""
+        output's and input's shares (two rows objects with equal keys hold equal rows)."""
         if self._key is None:
             self._key = (
                 self.dim,
@@ -499,18 +511,18 @@ class GeometryRows(DescribedSequence[DimGeometry]):
                 self.stride,
                 self.padding,
                 self.extent,
-                self.output_offsets,
-                self.input_offsets,
+                self.output_sizes,
+                self.input_sizes,
             )
         return self._key
 
     def description(self) -> bytes:
-        """The key as bytes, for :func:`linop.program.fingerprint` (the offsets as one buffer
+        """The key as bytes, for :func:`linop.program.fingerprint` (the shares as one buffer
         each; beyond int64 as text)."""
         head = f"GeometryRows{self.key()[:5]}".encode()
         try:
-            outputs = np.asarray(self.output_offsets, dtype=np.int64).tobytes()
-            inputs = np.asarray(self.input_offsets, dtype=np.int64).tobytes()
+            outputs = np.asarray(self.output_sizes, dtype=np.int64).tobytes()
+            inputs = np.asarray(self.input_sizes, dtype=np.int64).tobytes()
             return head + outputs + b"|" + inputs
         except OverflowError:
             return head + repr(self.key()[5:]).encode()
@@ -529,25 +541,33 @@ class GeometryRows(DescribedSequence[DimGeometry]):
         return f"GeometryRows(dim={self.dim}, length={self.length}, {self._len} workers)"
 
     def __reduce__(self) -> tuple:
-        sizes = [b - a for a, b in zip(self.output_offsets, self.output_offsets[1:])]
-        inputs = [b - a for a, b in zip(self.input_offsets, self.input_offsets[1:])]
-        return (GeometryRows, (self.dim, self.length, self.kernel, tuple(sizes), tuple(inputs)))
+        return (GeometryRows, (self.dim, self.length, self.kernel, self.output_sizes, self.input_sizes))
 
-    def column(self, name: str) -> tuple[int, ...]:
-        """One width of every row (``"local_size"``, ``"window_size"`` or ``"output_size"``),
-        computed from the offsets without building the rows."""
-        s, p, e = self.stride, self.padding, self.extent
+    def width(self, position: int, name: str) -> int:
+        """One width of the row at ``position`` (``"local_size"``, ``"window_size"`` or
+        ``"output_size"``), from the offsets, without building the row."""
         out, inp = self.output_offsets, self.input_offsets
+        o0, o1, i0, i1 = out[position], out[position + 1], inp[position], inp[position + 1]
         if name == "output_size":
-            return tuple(b - a for a, b in zip(out, out[1:]))
-        values = []
-        for o0, o1, i0, i1 in zip(out, out[1:], inp, inp[1:]):
-            n0, n1 = (o0 * s - p, (o1 - 1) * s - p + e) if o1 > o0 else (i0, i0)
-            values.append(max(i1, n1) - min(i0, n0) if name == "local_size" else n1 - n0)
-        return tuple(values)
+            return o1 - o0
+        s, p, e = self.stride, self.padding, self.extent
+        n0, n1 = (o0 * s - p, (o1 - 1) * s - p + e) if o1 > o0 else (i0, i0)
+        return max(i1, n1) - min(i0, n0) if name == "local_size" else n1 - n0
 
-    def owners(self) -> tuple[list[int], list[int]]:
-        """The coordinates that own input (a non-empty bulk) and where their bulks start."""
+    def column(self, name: str) -> Sequence[int]:
+        """One width of every row (``"local_size"``, ``"window_size"`` or ``"output_size"``):
+        the output's shares, or a :class:`Column` computing each width when asked for."""
+        if name == "output_size":
+            return self.output_sizes
+        if name not in ("local_size", "window_size"):
+            raise HaloError(f"no column {name!r} of a halo geometry (local_size, window_size, output_size)")
+        return Column(self, name)
+
+    def owners(self) -> tuple[Sequence[int], Sequence[int]]:
+        """The coordinates that own input (a non-empty bulk) and where their bulks start
+        (described when every coordinate owns some: a range and the offsets)."""
+        if 0 not in self.input_sizes:
+            return range(self._len), Offsets(self.input_sizes)
         inp = self.input_offsets
         found = [h for h in range(self._len) if inp[h + 1] > inp[h]]
         return found, [inp[h] for h in found]
@@ -576,6 +596,32 @@ class GeometryRows(DescribedSequence[DimGeometry]):
         return sorted(set(found) | set(before) | set(after))
 
 
+class Column(DescribedSequence[int]):
+    """One width of every row of a dimension (:meth:`GeometryRows.column`), each computed
+    from the offsets when asked for: the extents of a halo's local and window spaces, in O(1)
+    memory. Equal to, and hashed and printed as, the tuple of its entries."""
+
+    __slots__ = ("_len", "_name", "_rows")
+    _MISSING = "width {position} of a dimension of {length} workers"
+
+    def __init__(self, rows: GeometryRows, name: str) -> None:
+        self._rows, self._name, self._len = rows, name, len(rows)
+
+    def _at(self, position: int) -> int:
+        return self._rows.width(position, self._name)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
+
+
 class _DimFills(DescribedSequence["Fills"]):
     """``geometry.fills[dim]``: the fill segments of every coordinate along ``dim``, each
     computed when first asked for and kept."""
@@ -588,7 +634,7 @@ class _DimFills(DescribedSequence["Fills"]):
         self._dim = dim
         self._len = len(geometry.rows[dim])
         self._built: dict[int, Fills] = {}
-        self._owners: tuple[list[int], list[int]] | None = None
+        self._owners: tuple[Sequence[int], Sequence[int]] | None = None
 
     def _at(self, position: int) -> Fills:
         fills = self._built.get(position)
@@ -610,7 +656,7 @@ class _DimFills(DescribedSequence["Fills"]):
         return f"fills of dimension {self._dim} ({self._len} workers)"
 
 
-def _column(rows: Sequence[DimGeometry], name: str) -> tuple[int, ...]:
+def _column(rows: Sequence[DimGeometry], name: str) -> Sequence[int]:
     """One width of every row of a dimension (see :meth:`GeometryRows.column`)."""
     if isinstance(rows, GeometryRows):
         return rows.column(name)
@@ -711,11 +757,12 @@ class HaloGeometry:
     def output_sizes(self) -> tuple[tuple[int, ...], ...]:
         """The output's shares per dimension, one per worker along it (the ``sizes`` of a
         :class:`~linop.partition.DistributedTensor` of the output on the input's partition)."""
-        return tuple(self.column(dim, "output_size") for dim in range(self.ndim))
+        return tuple(tuple(self.column(dim, "output_size")) for dim in range(self.ndim))
 
-    def column(self, dim: int, name: str) -> tuple[int, ...]:
+    def column(self, dim: int, name: str) -> Sequence[int]:
         """One width of every row along ``dim``, in grid order: ``"local_size"``,
-        ``"window_size"`` or ``"output_size"`` (computed from the offsets, no row built)."""
+        ``"window_size"`` or ``"output_size"`` (computed from the offsets, no row built; a
+        sequence equal to the tuple of the widths)."""
         return _column(self.rows[dim], name)
 
     def fill_readers(self, dim: int, owner: int) -> list[int]:
@@ -865,7 +912,10 @@ class _Runs:
     grows while the owner stays, and destinations and sources both advance by one."""
 
     def __init__(
-        self, rows: Sequence[DimGeometry], local_start: int, owners: tuple[list[int], list[int]] | None = None
+        self,
+        rows: Sequence[DimGeometry],
+        local_start: int,
+        owners: tuple[Sequence[int], Sequence[int]] | None = None,
     ) -> None:
         self.rows = rows
         self.owners, self.starts = _owners(rows) if owners is None else owners
@@ -935,7 +985,7 @@ class _Runs:
             x = end
 
 
-def _owners(rows: Sequence[DimGeometry]) -> tuple[list[int], list[int]]:
+def _owners(rows: Sequence[DimGeometry]) -> tuple[Sequence[int], Sequence[int]]:
     """The coordinates that own input along a dimension, and where their bulks start."""
     owners = [h for h, r in enumerate(rows) if r.bulk_size]
     return owners, [rows[h].bulk_start for h in owners]
@@ -946,7 +996,7 @@ def _fill_segments(
     g: int,
     boundary: str,
     data: slice,
-    owners: tuple[list[int], list[int]] | None = None,
+    owners: tuple[Sequence[int], Sequence[int]] | None = None,
 ) -> Fills:
     """Runs of the receiver's window positions outside its bulk, grouped by owner, with
     consecutive increasing sources (reflected runs become runs of one entry), in closed form:

@@ -407,3 +407,35 @@ def test_repartition_pieces_of_one_block_equal_the_whole_plan() -> None:
             assert list(op.pieces_from(i)) == [p for p in whole if p.source == name]
         compared += 1
     assert compared == 200
+
+
+def test_described_offsets_equal_their_running_sums() -> None:
+    """:class:`~linop.described.Offsets` equals the running sums of balanced sizes (held by
+    their rule) and of any other sizes (listed), with or without the total; a halo geometry's
+    widths (:class:`~linop.halo_geometry.Column`) and a tensor's block boxes read them."""
+    import random
+
+    from linop import DistributedTensor, Kernel, Partition, balanced_sizes, halo_geometry
+    from linop.described import Offsets
+
+    rng = random.Random(24)
+    described = 0
+    for _ in range(2000):
+        parts = rng.randint(1, 12)
+        if rng.random() < 0.5:
+            sizes = balanced_sizes(rng.randint(0, 40), parts)
+        else:
+            sizes = tuple(rng.randint(0, 5) for _ in range(parts))
+        for total in (False, True):
+            expected = tuple(itertools.accumulate(sizes, initial=0))[: None if total else -1]
+            offsets = Offsets(sizes, total=total)
+            assert tuple(offsets) == expected and offsets == expected and len(offsets) == len(expected)
+            assert [offsets[k] for k in range(-len(expected), 0)] == list(expected)
+            described += offsets._listed is None
+    assert described > 1000
+    assert Offsets((2, 1, 2))._listed is not None  # not balanced (a larger part last): listed
+    tensor = DistributedTensor("x", (10**6 + 3, 7), Partition((1024, 1)))
+    assert tensor.box((1023, 0)) == ((10**6 + 3 - 976, 0), (10**6 + 3, 7))
+    geometry = halo_geometry(tensor, Kernel(3, padding=1))
+    widths = geometry.column(0, "local_size")
+    assert len(widths) == 1024 and widths[0] == 977 + 1 + 1 and widths[-1] == 976 + 1 + 1
