@@ -530,7 +530,7 @@ class GeometryRows(DescribedSequence[DimGeometry]):
     def __eq__(self, other: object) -> bool:
         if isinstance(other, GeometryRows):
             return self is other or self.key() == other.key()
-        if isinstance(other, (tuple, list, Sequence)) and not isinstance(other, (str, bytes)):
+        if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
             return len(self) == len(other) and all(a == b for a, b in zip(self, other))
         return NotImplemented
 
@@ -585,7 +585,9 @@ class GeometryRows(DescribedSequence[DimGeometry]):
         """
         s, p, e, m = self.stride, self.padding, self.extent, self.length
         out, n = self.output_offsets, self._len
-        # n0(h) < stop  <=>  out[h] < ceil((stop + p) / s);  n1(h) > start  <=>  out[h+1] > floor((start + p - e) / s) + 1
+        # n0(h) < stop   <=>  out[h] < ceil((stop + p) / s)
+        # n1(h) > start  <=>  out[h + 1] > floor((start + p - e) / s) + 1
+        # (each bound widened by one coordinate: the callers' check is exact)
         low = bisect.bisect_right(out, (start + p - e) // s + 1) - 1
         high = bisect.bisect_left(out, -(-(stop + p) // s))
         found = range(max(0, low - 1), min(n, high + 1))
