@@ -162,9 +162,9 @@ def test_a_plan_compiles_only_its_rank(case: str, monkeypatch: pytest.MonkeyPatc
 def _geometry_work(
     case: str, s: int, adjoint: bool, monkeypatch: pytest.MonkeyPatch, listed: bool = False
 ) -> int:
-    """Geometry rows built and fill segments computed while one interior rank plans a halo
-    case (the tree, its fingerprint, its compile); ``listed`` also lists every row, as the
-    geometry did before issue 24 (the control)."""
+    """Geometry rows built, fill segments and widths computed while one interior rank plans a
+    halo case (the tree, its fingerprint, its compile); ``listed`` also lists every row, as
+    the geometry did before issue 24 (the control)."""
     geometry_module = importlib.import_module("linop.halo_geometry")  # the module, not the function
     count = [0]
     build, fills = geometry_module.DimGeometry.build.__func__, geometry_module._fill_segments  # type: ignore[attr-defined]
@@ -177,9 +177,15 @@ def _geometry_work(
         count[0] += 1
         return fills(*args, **kwargs)
 
+    def counting_width(self: object, *args: object) -> object:
+        count[0] += 1
+        return width(self, *args)
+
+    width = geometry_module.GeometryRows.width
     with monkeypatch.context() as patch:
         patch.setattr(geometry_module.DimGeometry, "build", classmethod(counting_build))
         patch.setattr(geometry_module, "_fill_segments", counting_fills)
+        patch.setattr(geometry_module.GeometryRows, "width", counting_width)
         op = _tree(case, s, adjoint)
         if listed:
             geometry = op.geometry if hasattr(op, "geometry") else None
@@ -195,9 +201,10 @@ def _geometry_work(
 def test_halo_rank_builds_its_neighbours_geometry_only(
     case: str, adjoint: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The geometry's rows and fill segments are described: one interior rank's planning builds
-    as many at P = 64 as at P = 4096 (its own and its neighbours'), where listing the rows
-    builds 2 sqrt(P) of them (the control)."""
+    """The geometry's rows, fill segments and widths are described: one interior rank's
+    planning builds as many at P = 64 as at P = 4096 (its own and its neighbours'), where
+    listing the rows builds 2 sqrt(P) of them (the control). Comparing two spaces of local
+    blocks compares the rows' shares, not every width."""
     counts = [_geometry_work(case, s, adjoint, monkeypatch) for s in (8, 64)]
     assert counts[0] == counts[1] > 0, (
         f"{case}: {counts[0]} rows and fills at P = 64, {counts[1]} at P = 4096"
