@@ -14,6 +14,13 @@ Each rank holds the same data in both layouts:
   blocks, four per rank (a rank's workers sum locally first, then one ``Allreduce`` over the
   ranks); one worker per rank: 4 workers of ``s x s/2`` blocks, the same entries per rank,
   reduced over the 4 ranks (no map).
+- ``broadcast`` and ``sum-reduce``: an ``s/2 x s/2`` block on worker 0 copied to (or summed
+  from) 16 workers, four per rank (``WorkerMap.blocked``: the rank receives the block with one
+  ``Bcast`` and fills its four copies, or sums its four copies before one ``Allreduce``);
+  one worker per rank: the same block to (from) 4 workers. The bytes between ranks are the
+  same; the mapped rank also makes three local copies (adds) of the block, which its layout
+  asks for. The ``p2p`` column is the mapped tree run as its point-to-point expansion (how
+  a map ran these before the native path), its ratio against the native mapped run.
 
 Both run as bound plans (``plan_for(op, mapping=...).bind(local)``), interleaved sample by
 sample; a sample's time is the maximum over ranks; the table shows medians and the ratio
@@ -30,8 +37,19 @@ import numpy as np
 from _timing import interleaved_over_ranks
 from mpi4py import MPI
 
-from linop import AllReduce, BlockGrid, DistributedTensor, HaloExchange, Kernel, Partition, halo_geometry
+from linop import (
+    AllReduce,
+    BlockGrid,
+    Broadcast,
+    DistributedTensor,
+    HaloExchange,
+    Kernel,
+    Partition,
+    SumReduce,
+    halo_geometry,
+)
 from linop.backends import mpi as mpi_backend
+from linop.backends.mpi.native import rooted
 from linop.program import WorkerMap
 
 COMM = MPI.COMM_WORLD
@@ -67,11 +85,40 @@ def cases(side: int):
     half = side // 2
     reduce_mapped = AllReduce(BlockGrid.uniform("a", Partition((4, 4)), (half, half)), (0, 1))
     reduce_plain = AllReduce(BlockGrid.uniform("a", Partition((4,)), (side, half)), (0,))
+    blocked = WorkerMap.blocked(16, SIZE)
+
+    def rooted_case(kind, workers, name="c"):
+        root = DistributedTensor("r", (half, half), Partition((1, 1)))
+        return kind(root, Partition((workers, 1)), name)
+
     return {
-        "halo exchange": (bound(halo_mapped, mapping), bound(halo_plain, None)),
-        "halo adjoint": (bound(halo_mapped.H, mapping), bound(halo_plain.H, None)),
-        "all-reduce": (bound(reduce_mapped, mapping), bound(reduce_plain, None)),
+        "halo exchange": (bound(halo_mapped, mapping), bound(halo_plain, None), None),
+        "halo adjoint": (bound(halo_mapped.H, mapping), bound(halo_plain.H, None), None),
+        "all-reduce": (bound(reduce_mapped, mapping), bound(reduce_plain, None), None),
+        "broadcast": (
+            bound(rooted_case(Broadcast, 16), blocked),
+            bound(rooted_case(Broadcast, 4), None),
+            point_to_point(lambda: bound(rooted_case(Broadcast, 16, "p"), blocked)),
+        ),
+        "sum-reduce": (
+            bound(rooted_case(SumReduce, 16), blocked),
+            bound(rooted_case(SumReduce, 4), None),
+            point_to_point(lambda: bound(rooted_case(SumReduce, 16, "p"), blocked)),
+        ),
     }
+
+
+def point_to_point(build):
+    """``build()`` with the native broadcast and sum-reduce under a map switched off (their
+    lowering then declines, and the tree runs its point-to-point expansion), for comparison;
+    the tree must differ from the native run's (another name), which the plan cache keeps."""
+    runner = rooted._MappedRootedRunner
+    native = runner.project_mapped
+    del runner.project_mapped
+    try:
+        return build()
+    finally:
+        runner.project_mapped = native
 
 
 def main() -> None:
@@ -87,18 +134,24 @@ def main() -> None:
         print(
             f"16 workers on 4 ranks (mapping=) against 4 workers, one per rank; {args.side}^2 float64 per rank"
         )
-        print(f"{'case':16s} {'mapped':>12s} {'one per rank':>14s} {'ratio':>8s}")
-    for name, (mapped, plain) in cases(args.side).items():
-        times = interleaved_over_ranks({"mapped": mapped, "plain": plain}, COMM, args.samples, 5)
+        print(
+            f"{'case':16s} {'mapped':>12s} {'one per rank':>14s} {'ratio':>8s} {'p2p':>12s} {'p2p/mapped':>11s}"
+        )
+    for name, (mapped, plain, p2p) in cases(args.side).items():
+        runs = {"mapped": mapped, "plain": plain} | ({"p2p": p2p} if p2p is not None else {})
+        times = interleaved_over_ranks(runs, COMM, args.samples, 5)
         ratio = median(times["mapped"] / times["plain"])
+        extra = ""
+        if p2p is not None:
+            extra = f" {median(times['p2p']) * 1e3:10.3f}ms {median(times['p2p'] / times['mapped']):10.2f}x"
         if RANK == 0:
             print(
                 f"{name:16s} {median(times['mapped']) * 1e3:10.3f}ms {median(times['plain']) * 1e3:12.3f}ms "
-                f"{ratio:8.2f}x",
+                f"{ratio:8.2f}x{extra}",
                 flush=True,
             )
-        mapped.free()
-        plain.free()
+        for run in runs.values():
+            run.free()
 
 
 if __name__ == "__main__":

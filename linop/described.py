@@ -11,7 +11,7 @@ from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Any, ClassVar, TypeVar
 
-__all__ = ["DescribedSequence"]
+__all__ = ["DescribedSequence", "Offsets"]
 
 T = TypeVar("T")
 
@@ -41,3 +41,65 @@ class DescribedSequence(Sequence[T]):
         if not 0 <= position < self._len:
             raise IndexError(self._MISSING.format(position=position, length=self._len))
         return self._at(position)
+
+
+class Offsets(DescribedSequence[int]):
+    """The offsets of consecutive parts of given sizes: ``0, s0, s0 + s1, ...`` (``len(sizes)``
+    entries, the start of each part; with ``total=True`` one more, the sum of all).
+
+    Balanced sizes (:func:`~linop.partition.balanced_sizes`: ``q + 1`` repeated ``r`` times,
+    then ``q``) are recognised without copying them, and their offsets computed, ``k q +
+    min(k, r)``, in O(1) memory; other sizes are summed once into a tuple. Sorted, so
+    :mod:`bisect` searches it. Equal to the tuple of its entries.
+
+    Examples
+    --------
+    >>> tuple(Offsets((3, 3, 2, 2), total=True))
+    (0, 3, 6, 8, 10)
+    >>> Offsets((1, 0, 4)) == (0, 1, 1)
+    True
+    """
+
+    __slots__ = ("_len", "_listed", "_quotient", "_remainder")
+    _MISSING = "offset {position} of {length}"
+
+    def __init__(self, sizes: Sequence[int], *, total: bool = False) -> None:
+        count = len(sizes)
+        self._len = count + 1 if total else count
+        self._listed: tuple[int, ...] | None = None
+        self._quotient = self._remainder = 0
+        first, last = (sizes[0], sizes[-1]) if count else (0, 0)
+        if count and first == last and sizes.count(first) == count:
+            self._quotient = last
+        elif count and first == last + 1 and sizes.count(first) + sizes.count(last) == count:
+            remainder = sizes.count(first)
+            if sizes.index(last) == remainder:  # every larger part first
+                self._quotient, self._remainder = last, remainder
+            else:
+                self._listed = self._sum(sizes)
+        else:
+            self._listed = self._sum(sizes)
+
+    @staticmethod
+    def _sum(sizes: Sequence[int]) -> tuple[int, ...]:
+        running, out = 0, [0]
+        for size in sizes:
+            running += size
+            out.append(running)
+        return tuple(out)
+
+    def _at(self, position: int) -> int:
+        if self._listed is not None:
+            return self._listed[position]
+        return position * self._quotient + min(position, self._remainder)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))

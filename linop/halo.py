@@ -109,7 +109,7 @@ def local_space(geometry: HaloGeometry, name: str | None = None) -> Space:
     """The space of the local (pad + halo + bulk) blocks, ``name[i,j]`` on the bulk's worker
     (default name: the tensor's name + ``"_local"``)."""
     prefix = _local_prefix(geometry, name)
-    extents = tuple(tuple(r.local_size for r in rows) for rows in geometry.rows)
+    extents = tuple(geometry.column(dim, "local_size") for dim in range(geometry.ndim))
     return GridSpace(prefix, geometry.tensor.partition, extents=extents)
 
 
@@ -117,7 +117,7 @@ def window_space(geometry: HaloGeometry, name: str | None = None) -> Space:
     """The space of the windows, one block per worker (empty for a worker without output;
     default name: the tensor's name + ``"_window"``)."""
     prefix = _window_prefix(geometry, name)
-    extents = tuple(tuple(r.window_size for r in rows) for rows in geometry.rows)
+    extents = tuple(geometry.column(dim, "window_size") for dim in range(geometry.ndim))
     return GridSpace(prefix, geometry.tensor.partition, extents=extents)
 
 
@@ -443,20 +443,35 @@ def direct_transfers(geometry: HaloGeometry, space: Space, prefix: str) -> tuple
 
 # -- one worker's share of the transfers --------------------------------------------------------
 def _readers(
-    geometry: HaloGeometry, dim: int, segments: Callable[[HaloGeometry, int, int], list[Segment]]
-) -> dict[int, list[int]]:
-    """Along ``dim``: for each owner coordinate, the receiver coordinates whose ``segments``
-    read from it (sorted), computed once per geometry and kind of segment."""
-    key = f"_readers_{dim}_{segments.__name__}"
+    geometry: HaloGeometry, dim: int, segments: Callable[[HaloGeometry, int, int], list[Segment]], owner: int
+) -> list[int]:
+    """Along ``dim``: the receiver coordinates whose ``segments`` read from coordinate
+    ``owner`` (sorted), computed once per geometry, kind of segment and owner. Only the owner's
+    neighbours are visited (:meth:`~linop.halo_geometry.HaloGeometry.fill_readers`)."""
+    table: dict[tuple[int, str, int], list[int]] = _cached(geometry, "_readers", dict)
+    key = (dim, segments.__name__, owner)
+    found = table.get(key)
+    if found is None:
+        if segments is _relayed:  # a receiver's own layout: read by itself alone
+            data = geometry.data_range(dim, owner)
+            found = [owner] if data.stop > data.start else []
+        else:
+            found = geometry.fill_readers(dim, owner)
+            if (
+                segments is _segments_covering
+                and owner not in found
+                and _segments_covering_own(geometry, dim, owner)
+            ):
+                found = sorted([*found, owner])
+        table[key] = found
+    return found
 
-    def build() -> dict[int, list[int]]:
-        table: dict[int, list[int]] = {}
-        for h in range(len(geometry.rows[dim])):
-            for owner in sorted({seg.owner for seg in segments(geometry, dim, h) if seg.size}):
-                table.setdefault(owner, []).append(h)
-        return table
 
-    return _cached(geometry, key, build)
+def _segments_covering_own(geometry: HaloGeometry, dim: int, g: int) -> bool:
+    """Whether the window's data along ``dim`` meets worker g's own bulk (the own segment of
+    :func:`_segments_covering`)."""
+    data, bulk = geometry.data_range(dim, g), geometry.rows[dim][g].bulk
+    return min(bulk.stop, data.stop) > max(bulk.start, data.start)
 
 
 def _fill_segments_of(geometry: HaloGeometry, dim: int, g: int) -> list[Segment]:
@@ -485,9 +500,9 @@ def worker_transfers(
             choices: list[list[int]] = []
             for j, g in enumerate(index):
                 if j < dim:
-                    choices.append([g] if variant == "nested" else _readers(geometry, j, earlier).get(g, []))
+                    choices.append([g] if variant == "nested" else _readers(geometry, j, earlier, g))
                 elif j == dim:
-                    choices.append(_readers(geometry, j, _fill_segments_of).get(g, []))
+                    choices.append(_readers(geometry, j, _fill_segments_of, g))
                 else:
                     choices.append([g])
             receivers.update(itertools.product(*choices))

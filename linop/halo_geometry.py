@@ -56,7 +56,6 @@ Boundary modes
 from __future__ import annotations
 
 import bisect
-import itertools
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -64,6 +63,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from .described import DescribedSequence, Offsets
 from .errors import DecompositionError, HaloError, KernelError, OperandError
 from .partition import DistributedTensor, balanced_sizes
 
@@ -76,6 +76,8 @@ __all__ = [
     "Kernel",
     "KernelError",
     "Fills",
+    "Column",
+    "GeometryRows",
     "Segment",
     "halo_geometry",
     "output_length",
@@ -421,6 +423,252 @@ class DimGeometry:
         )
 
 
+class GeometryRows(DescribedSequence[DimGeometry]):
+    """The rows of one dimension, ``rows[g]`` for every grid coordinate g along it, described
+    by the dimension's input and output offsets rather than listed.
+
+    A row is built (:meth:`DimGeometry.build`) when first asked for and kept, so that a rank
+    planning its part of a grid of a million workers builds its own and its neighbours' rows
+    only. Equal to another :class:`GeometryRows` of the same description, and to any sequence
+    holding the same rows.
+
+    Parameters
+    ----------
+    dim : int
+        The tensor dimension.
+    length : int
+        Global input length m of the dimension.
+    kernel : Kernel
+        The resolved kernel.
+    output_sizes, input_sizes : sequence of int
+        The output's and the input's shares over the dimension's workers (as many of each).
+    """
+
+    __slots__ = (
+        "_built",
+        "_key",
+        "_len",
+        "dim",
+        "input_offsets",
+        "input_sizes",
+        "kernel",
+        "length",
+        "output_offsets",
+        "output_sizes",
+    )
+    _MISSING = "geometry row {position} of a dimension of {length} workers"
+
+    def __init__(
+        self, dim: int, length: int, kernel: Kernel, output_sizes: Sequence[int], input_sizes: Sequence[int]
+    ) -> None:
+        if len(output_sizes) != len(input_sizes):
+            raise DecompositionError(
+                f"dimension {dim}: {len(output_sizes)} output shares for {len(input_sizes)} input shares"
+            )
+        self.dim = dim
+        self.length = length
+        self.kernel = kernel
+        self.output_sizes, self.input_sizes = tuple(output_sizes), tuple(input_sizes)
+        self.output_offsets = Offsets(self.output_sizes, total=True)
+        self.input_offsets = Offsets(self.input_sizes, total=True)
+        self._len = len(input_sizes)
+        self._built: dict[int, DimGeometry] = {}
+        self._key: tuple | None = None
+
+    def _at(self, position: int) -> DimGeometry:
+        row = self._built.get(position)
+        if row is None:
+            out, inp = self.output_offsets, self.input_offsets
+            row = self._built[position] = DimGeometry.build(
+                self.dim,
+                position,
+                self.length,
+                (out[position], out[position + 1]),
+                (inp[position], inp[position + 1]),
+                self.kernel,
+            )
+        return row
+
+    @property
+    def stride(self) -> int:
+        return self.kernel.stride[self.dim]  # type: ignore[index]
+
+    @property
+    def padding(self) -> int:
+        return self.kernel.padding[self.dim]  # type: ignore[index]
+
+    @property
+    def extent(self) -> int:
+        return self.kernel.extent(self.dim)
+
+    def key(self) -> tuple:
+        """What the rows are built from: dimension, length, stride, padding, extent and the
+        output's and input's shares (two rows objects with equal keys hold equal rows)."""
+        if self._key is None:
+            self._key = (
+                self.dim,
+                self.length,
+                self.stride,
+                self.padding,
+                self.extent,
+                self.output_sizes,
+                self.input_sizes,
+            )
+        return self._key
+
+    def description(self) -> bytes:
+        """The key as bytes, for :func:`linop.program.fingerprint` (the shares as one buffer
+        each; beyond int64 as text)."""
+        head = f"GeometryRows{self.key()[:5]}".encode()
+        try:
+            outputs = np.asarray(self.output_sizes, dtype=np.int64).tobytes()
+            inputs = np.asarray(self.input_sizes, dtype=np.int64).tobytes()
+            return head + outputs + b"|" + inputs
+        except OverflowError:
+            return head + repr(self.key()[5:]).encode()
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, GeometryRows):
+            return self is other or self.key() == other.key()
+        if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.key())
+
+    def __repr__(self) -> str:
+        return f"GeometryRows(dim={self.dim}, length={self.length}, {self._len} workers)"
+
+    def __reduce__(self) -> tuple:
+        return (GeometryRows, (self.dim, self.length, self.kernel, self.output_sizes, self.input_sizes))
+
+    def width(self, position: int, name: str) -> int:
+        """One width of the row at ``position`` (``"local_size"``, ``"window_size"`` or
+        ``"output_size"``), from the offsets, without building the row."""
+        out, inp = self.output_offsets, self.input_offsets
+        o0, o1, i0, i1 = out[position], out[position + 1], inp[position], inp[position + 1]
+        if name == "output_size":
+            return o1 - o0
+        s, p, e = self.stride, self.padding, self.extent
+        n0, n1 = (o0 * s - p, (o1 - 1) * s - p + e) if o1 > o0 else (i0, i0)
+        return max(i1, n1) - min(i0, n0) if name == "local_size" else n1 - n0
+
+    def column(self, name: str) -> Sequence[int]:
+        """One width of every row (``"local_size"``, ``"window_size"`` or ``"output_size"``):
+        the output's shares, or a :class:`Column` computing each width when asked for."""
+        if name == "output_size":
+            return self.output_sizes
+        if name not in ("local_size", "window_size"):
+            raise HaloError(f"no column {name!r} of a halo geometry (local_size, window_size, output_size)")
+        return Column(self, name)
+
+    def owners(self) -> tuple[Sequence[int], Sequence[int]]:
+        """The coordinates that own input (a non-empty bulk) and where their bulks start
+        (described when every coordinate owns some: a range and the offsets)."""
+        if 0 not in self.input_sizes:
+            return range(self._len), Offsets(self.input_sizes)
+        inp = self.input_offsets
+        found = [h for h in range(self._len) if inp[h + 1] > inp[h]]
+        return found, [inp[h] for h in found]
+
+    def readers(self, start: int, stop: int, boundary: str) -> range | list[int]:
+        """Coordinates whose window may read the global entries ``[start, stop)``: a superset
+        of those whose fill segments read them (callers check each candidate's fills).
+
+        A window ``[n0, n1)`` reads its in-range entries where they are, and (unless the
+        boundary is zero) its pad entries, outside ``[0, m)``, from anywhere. The windows'
+        starts and stops grow with the coordinate (``n0 = o0*s - p``, ``n1 = (o1-1)*s - p +
+        e``), so the windows that meet ``[start, stop)`` are one range of coordinates, and so
+        are those padding before 0 and those padding beyond m: found by bisection on the
+        output offsets, at any number of workers.
+        """
+        s, p, e, m = self.stride, self.padding, self.extent, self.length
+        out, n = self.output_offsets, self._len
+        # n0(h) < stop   <=>  out[h] < ceil((stop + p) / s)
+        # n1(h) > start  <=>  out[h + 1] > floor((start + p - e) / s) + 1
+        # (each bound widened by one coordinate: the callers' check is exact)
+        low = bisect.bisect_right(out, (start + p - e) // s + 1) - 1
+        high = bisect.bisect_left(out, -(-(stop + p) // s))
+        found = range(max(0, low - 1), min(n, high + 1))
+        if boundary == "zero":
+            return found
+        before = range(0, min(n, bisect.bisect_left(out, -(-p // s)) + 1))  # n0(h) < 0
+        after = range(max(0, bisect.bisect_right(out, (m + p - e) // s + 1) - 2), n)  # n1(h) > m
+        return sorted(set(found) | set(before) | set(after))
+
+
+class Column(DescribedSequence[int]):
+    """One width of every row of a dimension (:meth:`GeometryRows.column`), each computed
+    from the offsets when asked for: the extents of a halo's local and window spaces, in O(1)
+    memory. Equal to, and hashed and printed as, the tuple of its entries."""
+
+    __slots__ = ("_len", "_name", "_rows")
+    _MISSING = "width {position} of a dimension of {length} workers"
+
+    def __init__(self, rows: GeometryRows, name: str) -> None:
+        self._rows, self._name, self._len = rows, name, len(rows)
+
+    def _at(self, position: int) -> int:
+        return self._rows.width(position, self._name)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Column) and other._name == self._name and other._rows == self._rows:
+            return True  # the same widths of equal rows (compared by their shares, not listed)
+        if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
+
+
+class _DimFills(DescribedSequence["Fills"]):
+    """``geometry.fills[dim]``: the fill segments of every coordinate along ``dim``, each
+    computed when first asked for and kept."""
+
+    __slots__ = ("_built", "_dim", "_geometry", "_len", "_owners")
+    _MISSING = "fills of coordinate {position} of a dimension of {length} workers"
+
+    def __init__(self, geometry: HaloGeometry, dim: int) -> None:
+        self._geometry = geometry
+        self._dim = dim
+        self._len = len(geometry.rows[dim])
+        self._built: dict[int, Fills] = {}
+        self._owners: tuple[Sequence[int], Sequence[int]] | None = None
+
+    def _at(self, position: int) -> Fills:
+        fills = self._built.get(position)
+        if fills is None:
+            geometry, dim = self._geometry, self._dim
+            rows = geometry.rows[dim]
+            if self._owners is None:
+                self._owners = rows.owners() if isinstance(rows, GeometryRows) else _owners(rows)
+            fills = self._built[position] = _fill_segments(
+                rows,
+                position,
+                geometry.kernel.boundary[dim],
+                geometry.data_range(dim, position),
+                self._owners,
+            )
+        return fills
+
+    def __repr__(self) -> str:
+        return f"fills of dimension {self._dim} ({self._len} workers)"
+
+
+def _column(rows: Sequence[DimGeometry], name: str) -> Sequence[int]:
+    """One width of every row of a dimension (see :meth:`GeometryRows.column`)."""
+    if isinstance(rows, GeometryRows):
+        return rows.column(name)
+    if name == "output_size":
+        return tuple(r.output_stop - r.output_start for r in rows)
+    return tuple(getattr(r, name) for r in rows)
+
+
 @dataclass(frozen=True, slots=True)
 class Segment:
     """A run of local positions of a receiving worker, filled from one owner along one dimension.
@@ -468,29 +716,25 @@ class HaloGeometry:
         The kernel, resolved to one entry per dimension.
     output_shape : tuple of int
         Global output shape.
-    rows : tuple of tuple of DimGeometry
-        ``rows[dim][g]``: the row of the workers with grid coordinate g along ``dim``.
-    fills : tuple of tuple of Fills
-        ``fills[dim][g]`` (a sequence of :class:`Segment`, in closed form): the runs of the window outside the bulk that are filled from owners
-        (halo entries, and pad entries unless the boundary is zero), along ``dim``; derived
-        from the rows and the boundary modes.
+    rows : tuple of GeometryRows
+        ``rows[dim][g]``: the row of the workers with grid coordinate g along ``dim``
+        (:class:`GeometryRows`: described by the dimension's offsets, each row built when
+        asked for).
+    fills : tuple of sequences of Fills
+        ``fills[dim][g]`` (a sequence of :class:`Segment`, in closed form): the runs of the
+        window outside the bulk that are filled from owners (halo entries, and pad entries
+        unless the boundary is zero), along ``dim``; derived from the rows and the boundary
+        modes, each computed when first asked for (a rank reads only its neighbours').
     """
 
     tensor: DistributedTensor
     kernel: Kernel
     output_shape: tuple[int, ...]
-    rows: tuple[tuple[DimGeometry, ...], ...]
-    fills: tuple[tuple[Fills, ...], ...] = field(init=False, repr=False, compare=False)
+    rows: tuple[Sequence[DimGeometry], ...]
+    fills: tuple[Sequence[Fills], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        fills = tuple(
-            tuple(
-                _fill_segments(dim_rows, g, self.kernel.boundary[dim], self.data_range(dim, g), owners)
-                for g in range(len(dim_rows))
-            )
-            for dim, dim_rows in enumerate(self.rows)
-            for owners in [_owners(dim_rows)]
-        )
+        fills = tuple(_DimFills(self, dim) for dim in range(len(self.rows)))
         object.__setattr__(self, "fills", fills)
 
     @property
@@ -517,7 +761,28 @@ class HaloGeometry:
     def output_sizes(self) -> tuple[tuple[int, ...], ...]:
         """The output's shares per dimension, one per worker along it (the ``sizes`` of a
         :class:`~linop.partition.DistributedTensor` of the output on the input's partition)."""
-        return tuple(tuple(r.output_stop - r.output_start for r in dim_rows) for dim_rows in self.rows)
+        return tuple(tuple(self.column(dim, "output_size")) for dim in range(self.ndim))
+
+    def column(self, dim: int, name: str) -> Sequence[int]:
+        """One width of every row along ``dim``, in grid order: ``"local_size"``,
+        ``"window_size"`` or ``"output_size"`` (computed from the offsets, no row built; a
+        sequence equal to the tuple of the widths)."""
+        return _column(self.rows[dim], name)
+
+    def fill_readers(self, dim: int, owner: int) -> list[int]:
+        """The coordinates along ``dim`` whose fill segments read from coordinate ``owner``
+        (sorted): found among the candidates of :meth:`GeometryRows.readers`, so that the
+        cost is the owner's neighbours, not the dimension's workers."""
+        rows = self.rows[dim]
+        if not isinstance(rows, GeometryRows):
+            candidates: Sequence[int] = range(len(rows))
+        else:
+            row = rows[owner]
+            if row.bulk_size == 0:
+                return []
+            candidates = rows.readers(row.bulk_start, row.bulk_stop, self.kernel.boundary[dim])
+        fills = self.fills[dim]
+        return [h for h in candidates if owner in fills[h].owners()]
 
     def output_box(self, index: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The worker's share of the global output."""
@@ -617,6 +882,11 @@ class Fills(Sequence[Segment]):
             i -= count
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def owners(self) -> frozenset[int]:
+        """The owners the segments read from (non-empty segments only), from the parts: a
+        repeated pattern is read once."""
+        return frozenset(seg.owner for pattern, _, _ in self._parts for seg in pattern if seg.size)
+
     def __eq__(self, other: object) -> bool:
         if isinstance(other, (Fills, tuple, list)):
             return len(self) == len(other) and all(a == b for a, b in zip(self, other))
@@ -646,7 +916,10 @@ class _Runs:
     grows while the owner stays, and destinations and sources both advance by one."""
 
     def __init__(
-        self, rows: Sequence[DimGeometry], local_start: int, owners: tuple[list[int], list[int]] | None = None
+        self,
+        rows: Sequence[DimGeometry],
+        local_start: int,
+        owners: tuple[Sequence[int], Sequence[int]] | None = None,
     ) -> None:
         self.rows = rows
         self.owners, self.starts = _owners(rows) if owners is None else owners
@@ -716,7 +989,7 @@ class _Runs:
             x = end
 
 
-def _owners(rows: Sequence[DimGeometry]) -> tuple[list[int], list[int]]:
+def _owners(rows: Sequence[DimGeometry]) -> tuple[Sequence[int], Sequence[int]]:
     """The coordinates that own input along a dimension, and where their bulks start."""
     owners = [h for h, r in enumerate(rows) if r.bulk_size]
     return owners, [rows[h].bulk_start for h in owners]
@@ -727,7 +1000,7 @@ def _fill_segments(
     g: int,
     boundary: str,
     data: slice,
-    owners: tuple[list[int], list[int]] | None = None,
+    owners: tuple[Sequence[int], Sequence[int]] | None = None,
 ) -> Fills:
     """Runs of the receiver's window positions outside its bulk, grouped by owner, with
     consecutive increasing sources (reflected runs become runs of one entry), in closed form:
@@ -829,7 +1102,7 @@ def halo_geometry(
     if not isinstance(kernel, Kernel):
         kernel = Kernel(kernel)
     kernel = kernel.resolve(tensor.ndim)
-    rows: list[tuple[DimGeometry, ...]] = []
+    rows: list[GeometryRows] = []
     output_shape = []
     for dim, m in enumerate(tensor.global_shape):
         k, s, p, d = (getattr(kernel, a)[dim] for a in ("size", "stride", "padding", "dilation"))
@@ -845,15 +1118,7 @@ def halo_geometry(
         output_shape.append(output_length(m, k, s, p, d))
     shares = _output_shares(tensor, tuple(output_shape), output_sizes)
     for dim, (m, sizes) in enumerate(zip(tensor.global_shape, tensor.sizes)):
-        out_offsets = list(itertools.accumulate(shares[dim], initial=0))
-        in_offsets = list(itertools.accumulate(sizes, initial=0))
-        dim_rows = tuple(
-            DimGeometry.build(
-                dim, g, m, (out_offsets[g], out_offsets[g + 1]), (in_offsets[g], in_offsets[g + 1]), kernel
-            )
-            for g in range(len(sizes))
-        )
-        rows.append(dim_rows)
+        rows.append(GeometryRows(dim, m, kernel, shares[dim], sizes))
     return HaloGeometry(tensor, kernel, tuple(output_shape), tuple(rows))
 
 

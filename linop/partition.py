@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .described import DescribedSequence
+from .described import DescribedSequence, Offsets
 from .errors import DecompositionError, LinopError, OperandError, PartitionError, RegionError
 from .space import MAX_SIZE, MAX_WORKER, Block, GridSpace, Region, Space, State
 
@@ -591,7 +591,7 @@ class DistributedTensor:
     global_shape: tuple[int, ...]
     partition: Partition
     sizes: tuple[tuple[int, ...], ...] = ()
-    _offsets: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)  # of the blocks
+    _offsets: tuple[Offsets, ...] = field(init=False, repr=False, compare=False)  # of the blocks
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -645,8 +645,8 @@ class DistributedTensor:
                         f"not the global extent {n}"
                     )
         object.__setattr__(self, "sizes", sizes)
-        offsets = tuple(tuple(int(o) for o in np.cumsum((0, *dim))[:-1]) for dim in sizes)
-        object.__setattr__(self, "_offsets", offsets)
+        # balanced sizes: offsets by their rule (O(1) memory), others summed once
+        object.__setattr__(self, "_offsets", tuple(Offsets(dim) for dim in sizes))
 
     @property
     def ndim(self) -> int:

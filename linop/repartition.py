@@ -20,6 +20,7 @@ SendRecv per non-empty intersection, and Deallocate.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -56,6 +57,25 @@ def _boxes_overlap_1d(source: Sequence[int], target: Sequence[int]) -> list[list
             n += 1
         result.append(parts)
     return result
+
+
+def _overlap_1d(
+    source_edges: Sequence[int], target_edges: Sequence[int], k: int
+) -> list[tuple[int, int, int]]:
+    """For target part ``k`` of a 1-d decomposition given by its edges: the (source part, lo,
+    hi) global intervals it shares with source parts (non-empty only), as
+    :func:`_boxes_overlap_1d` lists them for every part, found by bisection (the part's own
+    overlaps, whatever the number of parts)."""
+    lo_t, hi_t = target_edges[k], target_edges[k + 1]
+    last = len(source_edges) - 1
+    n = bisect.bisect_right(source_edges, lo_t) - 1  # the first part ending after lo_t
+    parts = []
+    while n < last and source_edges[n] < hi_t:
+        lo, hi = max(lo_t, source_edges[n]), min(hi_t, source_edges[n + 1])
+        if lo < hi:
+            parts.append((n, lo, hi))
+        n += 1
+    return parts
 
 
 def overlaps(
@@ -168,15 +188,17 @@ class Repartition(Planned):
             )
         return nonempty_pieces(items)
 
-    def _per_dim(self) -> tuple[list, list]:
-        """Per dimension, the 1-d overlaps by destination part and by source part (once)."""
+    def _edges(self) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]:
+        """Per dimension, the edges of the source's and of the destination's parts (once)."""
         try:
-            return object.__getattribute__(self, "_overlaps_1d")
+            return object.__getattribute__(self, "_part_edges")
         except AttributeError:
-            pairs = tuple(zip(self.source.sizes, self.destination.sizes))
-            found = ([_boxes_overlap_1d(a, b) for a, b in pairs], [_boxes_overlap_1d(b, a) for a, b in pairs])
-            object.__setattr__(self, "_overlaps_1d", found)
-            return found
+            found = tuple(
+                tuple(tuple(itertools.accumulate(sizes, initial=0)) for sizes in tensor.sizes)
+                for tensor in (self.source, self.destination)
+            )
+            object.__setattr__(self, "_part_edges", found)
+            return found  # type: ignore[return-value]
 
     def _piece(
         self, i: tuple[int, ...], j: tuple[int, ...], start: tuple[int, ...], stop: tuple[int, ...]
@@ -194,19 +216,23 @@ class Repartition(Planned):
         """The pieces into destination block ``j``, in the order of :attr:`plan` (from the
         1-d overlaps of each dimension: the block's own work, not the job's)."""
         j = self.destination.partition.checked_index(j)
-        by_target, _ = self._per_dim()
+        sources, destinations = self._edges()
         return tuple(
             self._piece(tuple(c[0] for c in combo), j, tuple(c[1] for c in combo), tuple(c[2] for c in combo))
-            for combo in itertools.product(*(by_target[d][k] for d, k in enumerate(j)))
+            for combo in itertools.product(
+                *(_overlap_1d(sources[d], destinations[d], k) for d, k in enumerate(j))
+            )
         )
 
     def pieces_from(self, i: Sequence[int]) -> tuple[Piece, ...]:
         """The pieces out of source block ``i``, in the order of :attr:`plan`."""
         i = self.source.partition.checked_index(i)
-        _, by_source = self._per_dim()
+        sources, destinations = self._edges()
         return tuple(
             self._piece(i, tuple(c[0] for c in combo), tuple(c[1] for c in combo), tuple(c[2] for c in combo))
-            for combo in itertools.product(*(by_source[d][k] for d, k in enumerate(i)))
+            for combo in itertools.product(
+                *(_overlap_1d(destinations[d], sources[d], k) for d, k in enumerate(i))
+            )
         )
 
     def adjoint(self) -> LinearOperator:

@@ -544,7 +544,7 @@ class GridSpace(Space):
         The blocks' name prefix.
     partition : Partition
         The grid of workers.
-    extents : tuple of tuple of int, optional
+    extents : sequence of sequences of int, optional
         Per dimension, the extent of each grid coordinate (product rule).
     shapes : sequence of shapes, optional
         One shape per worker in C order of grid index (a tuple, or a rule such as
@@ -571,7 +571,7 @@ class GridSpace(Space):
         prefix: str,
         partition: GridPartition,
         *,
-        extents: tuple[tuple[int, ...], ...] | None = None,
+        extents: Sequence[Sequence[int]] | None = None,
         shapes: Sequence[tuple[int, ...]] | None = None,
     ) -> None:
         if (extents is None) == (shapes is None):

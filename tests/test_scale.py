@@ -20,6 +20,8 @@ measures seconds and megabytes.
 
 from __future__ import annotations
 
+import importlib
+import itertools
 import math
 import sys
 from collections.abc import Callable
@@ -155,6 +157,61 @@ def test_a_plan_compiles_only_its_rank(case: str, monkeypatch: pytest.MonkeyPatc
         op = _tree(case, s, False)
         counts.append(_counted(lambda op=op, s=s: Compiled(op).for_rank(op, _rank(s)), monkeypatch))
     assert counts[0] == counts[1], f"{case}: {counts[0]} objects at P = 64, {counts[1]} at P = 256"
+
+
+def _geometry_work(
+    case: str, s: int, adjoint: bool, monkeypatch: pytest.MonkeyPatch, listed: bool = False
+) -> int:
+    """Geometry rows built, fill segments and widths computed while one interior rank plans a
+    halo case (the tree, its fingerprint, its compile); ``listed`` also lists every row, as
+    the geometry did before issue 24 (the control)."""
+    geometry_module = importlib.import_module("linop.halo_geometry")  # the module, not the function
+    count = [0]
+    build, fills = geometry_module.DimGeometry.build.__func__, geometry_module._fill_segments  # type: ignore[attr-defined]
+
+    def counting_build(cls: type, *args: object) -> object:
+        count[0] += 1
+        return build(cls, *args)
+
+    def counting_fills(*args: object, **kwargs: object) -> object:
+        count[0] += 1
+        return fills(*args, **kwargs)
+
+    def counting_width(self: object, *args: object) -> object:
+        count[0] += 1
+        return width(self, *args)
+
+    width = geometry_module.GeometryRows.width
+    with monkeypatch.context() as patch:
+        patch.setattr(geometry_module.DimGeometry, "build", classmethod(counting_build))
+        patch.setattr(geometry_module, "_fill_segments", counting_fills)
+        patch.setattr(geometry_module.GeometryRows, "width", counting_width)
+        op = _tree(case, s, adjoint)
+        if listed:
+            geometry = op.geometry if hasattr(op, "geometry") else None
+            for rows in geometry.rows if geometry is not None else ():
+                tuple(rows)
+        fingerprint(op)
+        compile_for_rank(op, _rank(s))
+    return count[0]
+
+
+@pytest.mark.parametrize("adjoint", [False, True], ids=["forward", "adjoint"])
+@pytest.mark.parametrize("case", HALO)
+def test_halo_rank_builds_its_neighbours_geometry_only(
+    case: str, adjoint: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The geometry's rows, fill segments and widths are described: one interior rank's
+    planning builds as many at P = 64 as at P = 4096 (its own and its neighbours'), where
+    listing the rows builds 2 sqrt(P) of them (the control). Comparing two spaces of local
+    blocks compares the rows' shares, not every width."""
+    counts = [_geometry_work(case, s, adjoint, monkeypatch) for s in (8, 64)]
+    assert counts[0] == counts[1] > 0, (
+        f"{case}: {counts[0]} rows and fills at P = 64, {counts[1]} at P = 4096"
+    )
+    if case == "HaloExchange":
+        listed = [_geometry_work(case, s, adjoint, monkeypatch, listed=True) for s in (8, 64)]
+        assert listed[1] - listed[0] >= 2 * (64 - 8)
 
 
 def test_the_global_program_is_not_independent_of_p(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -314,3 +371,78 @@ def test_described_shapes_equal_their_lists() -> None:
         )
         assert gathered.shapes == boxes and gathered.space.size == sum(math.prod(s) for s in boxes)
     assert ProductShapes((2,), ((1, 2),)) != ((1,), (3,))  # the control: a wrong list differs
+
+
+def test_repartition_pieces_of_one_block_equal_the_whole_plan() -> None:
+    """One rank's pieces of a repartition (found per dimension by bisection on the parts'
+    edges) equal the whole plan's pieces of that block, in the plan's order, on balanced and
+    unbalanced decompositions with empty parts; the 1-d overlaps equal their listing."""
+    import random
+
+    from linop import DistributedTensor, Partition, Repartition
+    from linop.plan import Piece
+    from linop.repartition import _boxes_overlap_1d, _overlap_1d
+
+    def decomposition(rng: random.Random, shape: tuple[int, ...], grid: tuple[int, ...]) -> tuple:
+        if rng.random() < 0.4:
+            return ()
+        sizes = []
+        for m, p in zip(shape, grid):
+            cuts = sorted(rng.randint(0, m) for _ in range(p - 1))
+            sizes.append(tuple(b - a for a, b in zip([0, *cuts], [*cuts, m])))
+        return tuple(sizes)
+
+    rng = random.Random(2404)
+    compared = 0
+    for _ in range(200):
+        ndim = rng.choice([1, 2, 3])
+        shape = tuple(rng.randint(0, 9) for _ in range(ndim))
+        grids = [tuple(rng.randint(1, 5) for _ in range(ndim)) for _ in range(2)]
+        x = DistributedTensor("x", shape, Partition(grids[0]), decomposition(rng, shape, grids[0]))
+        y = DistributedTensor("y", shape, Partition(grids[1]), decomposition(rng, shape, grids[1]))
+        for a, b in zip(x.sizes, y.sizes):
+            edges_a = tuple(itertools.accumulate(a, initial=0))
+            edges_b = tuple(itertools.accumulate(b, initial=0))
+            assert [_overlap_1d(edges_a, edges_b, k) for k in range(len(b))] == _boxes_overlap_1d(a, b)
+        op = Repartition(x, y)
+        whole = [Piece(p.source, p.source_start, p.target, p.target_start, p.shape) for p in op.plan.pieces]
+        for j in y.partition.indices():
+            name = y.block_name(j)
+            assert list(op.pieces_into(j)) == [p for p in whole if p.target == name]
+        for i in x.partition.indices():
+            name = x.block_name(i)
+            assert list(op.pieces_from(i)) == [p for p in whole if p.source == name]
+        compared += 1
+    assert compared == 200
+
+
+def test_described_offsets_equal_their_running_sums() -> None:
+    """:class:`~linop.described.Offsets` equals the running sums of balanced sizes (held by
+    their rule) and of any other sizes (listed), with or without the total; a halo geometry's
+    widths (:class:`~linop.halo_geometry.Column`) and a tensor's block boxes read them."""
+    import random
+
+    from linop import DistributedTensor, Kernel, Partition, balanced_sizes, halo_geometry
+    from linop.described import Offsets
+
+    rng = random.Random(24)
+    described = 0
+    for _ in range(2000):
+        parts = rng.randint(1, 12)
+        if rng.random() < 0.5:
+            sizes = balanced_sizes(rng.randint(0, 40), parts)
+        else:
+            sizes = tuple(rng.randint(0, 5) for _ in range(parts))
+        for total in (False, True):
+            expected = tuple(itertools.accumulate(sizes, initial=0))[: None if total else -1]
+            offsets = Offsets(sizes, total=total)
+            assert tuple(offsets) == expected and offsets == expected and len(offsets) == len(expected)
+            assert [offsets[k] for k in range(-len(expected), 0)] == list(expected)
+            described += offsets._listed is None
+    assert described > 1000
+    assert Offsets((2, 1, 2))._listed is not None  # not balanced (a larger part last): listed
+    tensor = DistributedTensor("x", (10**6 + 3, 7), Partition((1024, 1)))
+    assert tensor.box((1023, 0)) == ((10**6 + 3 - 976, 0), (10**6 + 3, 7))
+    geometry = halo_geometry(tensor, Kernel(3, padding=1))
+    widths = geometry.column(0, "local_size")
+    assert len(widths) == 1024 and widths[0] == 977 + 1 + 1 and widths[-1] == 976 + 1 + 1

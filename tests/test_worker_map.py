@@ -129,6 +129,8 @@ def test_sixteen_workers_on_one_rank_equal_numpy(case, adjoint):
     assert not _messages(schedule, 0, [])
     if case == "all-reduce":  # native under a map: the rank sums its members locally
         assert [type(step).__name__ for step in schedule] == ["_RankMappedAllReduce"]
+    elif case == "broadcast":  # native under a map: the rank fills (or sums) its copies locally
+        assert [type(step).__name__ for step in schedule] == ["_RankMappedRooted"]
     elif case != "sum":
         assert any(type(step) is LocalMoves for step in schedule)
     state = op.domain.random(3, dtype=np.int64)

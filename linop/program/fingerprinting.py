@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ..halo_geometry import GeometryRows
 from ..operator import LinearOperator
 from ..partition import Partition
 from ..space import Block, GridSpace, Region, Space
@@ -50,7 +51,7 @@ def _block_bytes(block: Block, memo: dict[int, bytes]) -> bytes:
 
 def _feed(value: Any, digest: Any, memo: dict[int, bytes]) -> None:
     # memo: bytes by object id, for the spaces and blocks of the tree (alive while it is fed)
-    if isinstance(value, (GridSpace, Partition)):  # described by their rules, not block by block
+    if isinstance(value, (GridSpace, Partition, GeometryRows)):  # described by their rules, not one by one
         digest.update(value.description())
     elif isinstance(value, Space):
         text = memo.get(id(value))

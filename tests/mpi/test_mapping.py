@@ -13,10 +13,12 @@ from mpi4py import MPI
 from strategies import movement_trees
 
 from linop.backends import mpi as mpi_backend
+from linop.backends.mpi.mapping import compiled_for
 from linop.collectives import AllReduce, BlockGrid, Broadcast, SumReduce
 from linop.errors import DistributedStateError, WorkerMapError, WorkerMapMismatchError
 from linop.halo import HaloExchange, halo_windows
 from linop.halo_geometry import Kernel, halo_geometry
+from linop.movement import Copy
 from linop.partition import DistributedTensor, Partition
 from linop.program import LocalMoves, RankPhase, WorkerMap
 from linop.repartition import Repartition
@@ -218,6 +220,77 @@ def test_mapped_all_reduce_is_native_and_exact(map_name, axes):
         collective_assert(problem is None, f"{op} ({np.dtype(dtype)}) under {map_name}: {problem}")
         collective_assert(bound.persistent or dtype == np.float16, f"{op} under {map_name}: not persistent")
         bound.free()
+
+
+ROOTED = {
+    "broadcast-1-to-16": _broadcast_1d,
+    "broadcast-rows": _broadcast_rows,
+    "sum-reduce": _sum_reduce,
+    "sum-reduce-16-to-1": lambda: _broadcast_1d().H,
+    "broadcast-rows-adjoint": lambda: _broadcast_rows().H,
+}
+
+
+def _kinds(schedule) -> set[str]:
+    return {type(step).__name__ for step in schedule}
+
+
+@pytest.mark.parametrize("map_name", list(MAPS))
+@pytest.mark.parametrize("case", list(ROOTED))
+def test_mapped_broadcast_and_sum_reduce_are_native_and_exact(case, map_name):
+    """Under a map a broadcast fills a rank's copies from one ``Bcast`` over the group's
+    distinct ranks, and a sum-reduce adds a rank's copies locally before one ``Allreduce``
+    over them (no point-to-point messages, no local moves): equal to numpy exactly (integers,
+    checked; integer values in float64, bound as prepared calls, two calls on new values), float16 sums
+    (which MPI cannot add) through the expansion. The control: the same tree compiled
+    without the native steps under the map moves its copies point to point (messages or
+    local moves), which the check above refuses."""
+    mapping = MAPS[map_name]
+    op = ROOTED[case]()
+    plan = mpi_backend.plan_for(op, comm=COMM, mapping=mapping)
+    kinds = _kinds(plan.schedule)
+    collective_assert("RankPhase" not in kinds and "LocalMoves" not in kinds, f"{op}: {kinds}")
+    portable, _ = compiled_for(op, mapping, native=False).for_rank(RANK, SIZE)
+    moved = COMM.allreduce(len(_kinds(portable.schedule) & {"RankPhase", "LocalMoves"}))
+    collective_assert(moved > 0, f"{op}: the control moves nothing point to point")
+    check_mapped(op, mapping, 11)
+    names = mine(op.range, mapping)
+    for dtype in (np.int64, np.float64, np.float16):
+        first_state = {n: a.astype(dtype) for n, a in op.domain.random(12, dtype=np.int64).items()}
+        second_state = {n: a.astype(dtype) for n, a in op.domain.random(13, dtype=np.int64).items()}
+        local = local_part(op.domain, first_state, mapping)
+        bound = plan.bind(local)
+        first = {n: np.array(a) for n, a in bound().items()}
+        for name, array in local_part(op.domain, second_state, mapping).items():
+            local[name][...] = array
+        second = bound()
+        problem = same_blocks(first, op(first_state), names, exact=True) or same_blocks(
+            second, op(second_state), names, exact=True
+        )
+        collective_assert(problem is None, f"{op} ({np.dtype(dtype)}) under {map_name}: {problem}")
+        collective_assert(bound.persistent or dtype != np.float64, f"{op} under {map_name}: not prepared")
+        bound.free()
+
+
+@pytest.mark.parametrize("map_name", ["blocked", "round-robin"])
+def test_mapped_broadcast_copies_sharing_a_buffer_are_written_apart(map_name):
+    """A rank's copies of a broadcast share one read-only buffer; a later step writing one
+    copy (an in-place copy between two copies) leaves the others as numpy has them, checked
+    and bound. Under the blocked map copies 0 and 1 share a rank (the buffer), under
+    round-robin (on several ranks) they do not."""
+    mapping = MAPS[map_name]
+    broadcast = _broadcast_1d()
+    y = broadcast.range
+    op = Copy(y["y[0]"][0:3], y["y[1]"][3:6]) @ broadcast
+    check_mapped(op, mapping, 21)
+    check_mapped(op.H, mapping, 22)
+    plan = mpi_backend.plan_for(op, comm=COMM, mapping=mapping)
+    state = {n: a.astype(np.float64) for n, a in op.domain.random(23, dtype=np.int64).items()}
+    bound = plan.bind(local_part(op.domain, state, mapping))
+    for _ in range(2):
+        problem = same_blocks(bound(), op(state), mine(op.range, mapping), exact=True)
+        collective_assert(problem is None, f"{op} under {map_name}: {problem}")
+    bound.free()
 
 
 @spmd_given(movement_trees(WORKERS), max_examples=8, long=30)

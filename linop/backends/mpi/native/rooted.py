@@ -1,6 +1,7 @@
 """The native rooted groups: :class:`~linop.collectives.Broadcast` (``Bcast`` per source
 block) and :class:`~linop.collectives.SumReduce` (``Allreduce`` per target block), each on a
-cached sub-communicator."""
+cached sub-communicator; under a worker map the copies a rank holds are filled or summed
+locally around one collective over the group's distinct ranks."""
 
 from __future__ import annotations
 
@@ -12,7 +13,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ....collectives import Broadcast, SumReduce
-from ....program import FastPathStep, Step, lowering, lowering_rank, note_workers
+from ....program import (
+    FastPathStep,
+    Step,
+    batch,
+    lower,
+    lowering,
+    lowering_mapping,
+    lowering_rank,
+    note_workers,
+    project,
+)
 from ....program.groups import CopyPairs, RootedRanks
 from ....space import Block
 from ...host_schedule import root_buffer, store_results
@@ -270,7 +281,174 @@ def _rank_broadcast(op: Broadcast | SumReduce, rank: int, *, reduce: bool) -> li
     return [FastPathStep(Projected(step, rank, workers))]
 
 
+# -- broadcast and sum-reduce under a worker map --------------------------------------------------
+@dataclass(frozen=True)
+class _MappedGroup:
+    """One group as a rank under a worker map takes part in it: the root block's name and
+    shape, the group's distinct ranks (the root's rank first: the sub-communicator's root 0),
+    whether this rank holds the root block, and the names of the copies it holds (in the
+    group's order)."""
+
+    root_name: str
+    shape: tuple[int, ...]
+    ranks: tuple[int, ...]
+    is_root: bool
+    copies: tuple[str, ...]
+
+
+@dataclass
+class _RankMappedRooted(RankStep):
+    """One rank's part of a broadcast or sum-reduce under a worker map, per group it takes
+    part in (in the global order of the groups).
+
+    Broadcast: the root's rank sends its block with one ``Bcast`` over the group's distinct
+    ranks (none when the group lives on one rank); a rank's copies are the block it received
+    (several copies on one rank share one read-only buffer, copied only by a later step that
+    writes one, as the root's own copy is its source, read-only). Sum-reduce: a rank adds the copies it holds (zeros when it holds
+    none), one ``Allreduce`` over the distinct ranks adds the ranks' partial sums, and the
+    root's rank keeps the total as the root block. The same sums as the expansion's adds, in
+    another order (exact for integers)."""
+
+    groups: tuple[_MappedGroup, ...]
+    dropped: tuple[str, ...]
+    created: tuple[Block, ...]
+    reduce: bool
+    fallback: Any
+
+    def run(self, work: Workspace, comm: Intracomm, dtype: np.dtype) -> None:
+        if self.reduce and dtype.char not in REDUCIBLE:
+            run_schedule(self.fallback(), work, comm, dtype)
+            return
+        lib = mpi()
+        results: list[tuple[str, np.ndarray, bool]] = []
+        for group in self.groups:  # blocking, in the global order of the groups
+            sub = subcommunicator(comm, group.ranks) if len(group.ranks) > 1 else None
+            if self.reduce:
+                total = new_array(group.shape, dtype)
+                _local_sum(total, [work.arrays[name] for name in group.copies])
+                if sub is not None and total.size:
+                    sub.Allreduce(lib.IN_PLACE, [total, predefined_type(dtype)], op=lib.SUM)
+                if group.is_root:
+                    results.append((group.root_name, total, True))
+                continue
+            if group.is_root:
+                buffer, owned = root_buffer(work, group.root_name, dtype)
+            else:
+                buffer, owned = new_array(group.shape, dtype), True
+            if sub is not None and buffer.size:
+                sub.Bcast([buffer, buffer.nbytes, byte_type()], root=0)
+            shared = owned and len(group.copies) == 1  # several copies: one read-only buffer
+            results.extend((name, buffer, shared) for name in group.copies)
+        store_results(work, self.dropped, results, self.created)
+
+    def bind_out_of_place(
+        self, arrays: dict[str, np.ndarray], comm: Intracomm, dtype: np.dtype, *, dry: bool = False
+    ) -> OutOfPlaceBinding | None:
+        """Per group one blocking collective between the bound arrays and result arrays built
+        once, with the local copies or sums around it, or None when the dtype or layout does
+        not allow it (``dry``: decide only, create nothing)."""
+        if self.reduce and dtype.char not in REDUCIBLE:
+            return None
+        if any(a.dtype != dtype or not a.flags.c_contiguous for a in arrays.values()):
+            return None
+        if any(b.size == 0 for b in self.created):
+            return None
+        if dry:  # the results' names and shapes (placeholders: untouched memory)
+            names = {b.name: np.empty(b.shape, dtype=dtype) for b in self.created}
+            return OutOfPlaceBinding(results=names, dropped=self.dropped)
+        lib = mpi()
+        calls: list[Call] = []
+        results: dict[str, np.ndarray] = {}
+        scratch: list[np.ndarray] = []
+        for group in self.groups:
+            sub = subcommunicator(comm, group.ranks) if len(group.ranks) > 1 else None
+            if self.reduce:
+                total = np.empty(group.shape, dtype=dtype)
+                calls.append(functools.partial(_local_sum, total, [arrays[name] for name in group.copies]))
+                if sub is not None and total.size:
+                    calls.append(
+                        functools.partial(
+                            sub.Allreduce, lib.IN_PLACE, [total, predefined_type(dtype)], op=lib.SUM
+                        )
+                    )
+                if group.is_root:
+                    results[group.root_name] = total
+                else:  # the calls write into it on every call: kept alive with the binding
+                    scratch.append(total)
+                continue
+            buffer = arrays[group.root_name] if group.is_root else np.empty(group.shape, dtype=dtype)
+            if sub is not None and buffer.size:
+                calls.append(functools.partial(sub.Bcast, [buffer, buffer.nbytes, byte_type()], root=0))
+            if group.is_root or len(group.copies) > 1:  # the root's source, or one buffer shared
+                view = buffer.view()
+                view.flags.writeable = False
+                results.update((name, view) for name in group.copies)
+                if not group.is_root:  # written by every call: kept alive with the binding
+                    scratch.append(buffer)
+            else:
+                results[group.copies[0]] = buffer
+        return OutOfPlaceBinding(calls, results, self.dropped, scratch)
+
+
+def _local_sum(total: np.ndarray, copies: Sequence[np.ndarray]) -> None:
+    """``total`` = the sum of ``copies`` (zeros when there is none)."""
+    if not copies:
+        total.fill(0)
+    elif len(copies) == 1:
+        np.copyto(total, copies[0])
+    else:  # the first add writes the total: one pass over memory per copy after the first
+        np.add(copies[0], copies[1], out=total)
+        for other in copies[2:]:
+            np.add(total, other, out=total)
+
+
+@dataclass
+class _MappedRootedRunner:
+    """The global broadcast or sum-reduce step under a worker map
+    (:func:`~linop.program.lower_portable`): projected onto a rank through the map
+    (``project_mapped``)."""
+
+    op: Broadcast | SumReduce
+    groups: tuple[_Group, ...]
+    reduce: bool
+    workers: tuple[int, ...] = field(default=())
+
+    def project(self, rank: int) -> RankStep:  # pragma: no cover - only projected under a map
+        raise ValueError("a mapped broadcast or sum-reduce is projected under its map")
+
+    def project_mapped(self, rank: int, mapping: Any) -> _RankMappedRooted | None:
+        op, held = self.op, set(mapping.workers_on(rank))
+        groups = []
+        for group in self.groups:
+            root_rank = mapping.rank_of(group.ranks[0])  # the root block's worker
+            others = sorted({mapping.rank_of(w) for _, w in group.copies} - {root_rank})
+            ranks = (root_rank, *others)
+            if rank not in ranks:
+                continue
+            copies = tuple(name for name, w in group.copies if w in held)
+            groups.append(_MappedGroup(group.root_name, group.shape, ranks, root_rank == rank, copies))
+        plan, space = op.plan, op.domain
+        dropped = tuple(n for n in plan.dropped if space.block(n).worker in held)
+        created = tuple(b for b in plan.created if b.worker in held)
+        if not groups and not dropped and not created:
+            return None
+
+        def fallback() -> tuple[Any, ...]:
+            return project(batch(lower(op.expand())), rank, mapping)
+
+        return _RankMappedRooted(
+            tuple(groups), dropped, created, self.reduce, functools.lru_cache(maxsize=1)(fallback)
+        )
+
+
 def _lower_broadcast(op: Broadcast | SumReduce, *, reduce: bool) -> list[Step] | None:
+    if lowering_mapping() is not None:  # a worker map: a rank's copies filled or summed locally
+        groups = _whole_groups(op, reduce=reduce)
+        if groups is None:
+            return None
+        workers = {w for g in groups for w in g.ranks}
+        workers |= {b.worker for b in op.plan.created} | {op.domain.block(n).worker for n in op.plan.dropped}
+        return [FastPathStep(_MappedRootedRunner(op, groups, reduce, tuple(sorted(workers))))]
     rank = lowering_rank()
     if rank is not None:
         return _rank_broadcast(op, rank, reduce=reduce)
