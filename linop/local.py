@@ -112,12 +112,31 @@ class LocalKernel:
     *shape)`` out), which the sparse interpreter uses to probe ``PROBE_BATCH`` unit vectors per
     call.
 
+    On JAX devices (:mod:`linop.frameworks.jax_sharded`, inside ``jit``) a dense matrix runs as
+    it is; callables run only when marked traceable by JAX with ``jax=``: ``True`` (the
+    callables themselves trace: jnp code, or array-API code without numpy calls) or a pair
+    ``(forward, adjoint)`` of jnp callables doing what the numpy pair does. Device callables
+    take one array per block *of the block's shape* (no batch axis: linop maps them over batch
+    axes with ``jax.vmap``) and return new arrays likewise. That a device pair equals the numpy
+    pair and is adjoint is a claim the tests of the lowering check (the lowered program against
+    the numpy interpreter, its transpose against ``op.H``), never an assumption.
+
     Equality: same kind and same content digest (matrices), or the same callables or scipy
     operator object (identity). ``repr`` is stable across processes (digest or qualified
     names), which is what the MPI interpreter's tree fingerprint reads.
     """
 
-    __slots__ = ("_adjoint", "_dtype", "_forward", "_key", "_kind", "_matrix", "_text", "_vectorized")
+    __slots__ = (
+        "_adjoint",
+        "_device",
+        "_dtype",
+        "_forward",
+        "_key",
+        "_kind",
+        "_matrix",
+        "_text",
+        "_vectorized",
+    )
 
     def __init__(
         self,
@@ -128,8 +147,10 @@ class LocalKernel:
         adjoint: Callable | None = None,
         dtype: npt.DTypeLike | None = None,
         vectorized: bool = False,
+        device: tuple[Callable, Callable] | None = None,
     ) -> None:
         self._kind = kind
+        self._device = device
         self._matrix = matrix
         self._forward = forward
         self._adjoint = adjoint
@@ -153,6 +174,12 @@ class LocalKernel:
         else:
             self._key = (id(forward), id(adjoint), self._vectorized, self._dtype)
             self._text = f"callables {_qualname(forward)} / {_qualname(adjoint)}"
+            if device is not None and not (device[0] is forward and device[1] is adjoint):
+                self._key = (*self._key, id(device[0]), id(device[1]))
+                self._text += f" (jax {_qualname(device[0])} / {_qualname(device[1])})"
+            elif device is not None:
+                self._key = (*self._key, "jax")
+                self._text += " (jax)"
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
@@ -164,15 +191,17 @@ class LocalKernel:
         adjoint: Callable | None = None,
         dtype: npt.DTypeLike | None = None,
         vectorized: bool = False,
+        jax: bool | tuple[Callable, Callable] = False,
     ) -> LocalKernel:
         """A kernel from a matrix (dense array, scipy.sparse, scipy LinearOperator) or from
-        ``forward`` and ``adjoint`` callables (exactly one of the two ways).
+        ``forward`` and ``adjoint`` callables (exactly one of the two ways); ``jax`` marks
+        callables as traceable by JAX (``True``) or gives their JAX pair (see the class).
 
         Raises
         ------
         LocalOperatorError
-            If both or neither way is given, a callable is missing, or a matrix is not 2-D
-            numeric.
+            If both or neither way is given, a callable is missing, a matrix is not 2-D
+            numeric, or ``jax`` is given for a matrix or is not a pair of callables.
         """
         if isinstance(kernel, LocalKernel):
             return kernel
@@ -188,7 +217,19 @@ class LocalKernel:
                 )
             if not callable(forward) or not callable(adjoint):
                 raise LocalOperatorError("forward and adjoint must be callable")
-            return cls("callables", forward=forward, adjoint=adjoint, dtype=dtype, vectorized=vectorized)
+            device = _device_pair(jax, forward, adjoint)
+            return cls(
+                "callables",
+                forward=forward,
+                adjoint=adjoint,
+                dtype=dtype,
+                vectorized=vectorized,
+                device=device,
+            )
+        if jax is not False and jax is not None:
+            raise LocalOperatorError(
+                "jax= marks callables as traceable by JAX; a dense matrix runs on JAX devices as it is"
+            )
         # a scipy LinearOperator implies scipy.sparse.linalg is loaded (slow to import: not here)
         linalg = sys.modules.get("scipy.sparse.linalg")
         if linalg is not None and isinstance(kernel, linalg.LinearOperator):
@@ -241,6 +282,19 @@ class LocalKernel:
         return self._vectorized
 
     @property
+    def device_callables(self) -> tuple[Callable, Callable] | None:
+        """The ``(forward, adjoint)`` pair traceable by JAX (``jax=`` of :meth:`of`), or None."""
+        return self._device
+
+    @property
+    def runs_on_jax(self) -> bool:
+        """Whether the kernel can run inside ``jit`` on JAX devices: a dense numeric matrix,
+        or callables marked with ``jax=``."""
+        if self._kind == "dense":
+            return self._matrix.dtype.kind in "biufc"
+        return self._device is not None
+
+    @property
     def shape(self) -> tuple[int, int] | None:
         """(m, n) for matrix kernels, None for callables."""
         return None if self._matrix is None else tuple(self._matrix.shape)
@@ -286,6 +340,19 @@ class LocalKernel:
         """Call the forward (or adjoint) callable on one array per block."""
         function = self._adjoint if adjoint else self._forward
         return function(*arrays)  # type: ignore[misc]
+
+
+def _device_pair(jax: Any, forward: Callable, adjoint: Callable) -> tuple[Callable, Callable] | None:
+    """The JAX pair that ``jax=`` of :meth:`LocalKernel.of` gives (None: not traceable)."""
+    if jax is False or jax is None:
+        return None
+    if jax is True:
+        return (forward, adjoint)
+    if not (isinstance(jax, tuple) and len(jax) == 2 and all(callable(f) for f in jax)):
+        raise LocalOperatorError(
+            f"jax= must be True or a pair (forward, adjoint) of callables traceable by JAX, not {jax!r}"
+        )
+    return (jax[0], jax[1])
 
 
 def _as_blocks(items: Any, what: str) -> tuple[Any, ...]:
@@ -710,6 +777,7 @@ def local_operator(
     adjoint: Callable | None = None,
     dtype: npt.DTypeLike | None = None,
     vectorized: bool = False,
+    jax: bool | tuple[Callable, Callable] = False,
     name: str = "L",
 ) -> LocalOperator:
     """A :class:`LocalOperator` on ``space``: consume ``inputs`` (names of blocks of ``space``),
@@ -731,6 +799,9 @@ def local_operator(
         Coefficient dtype of callables (informative).
     vectorized : bool, optional
         The callables accept a leading batch axis (faster probing by the sparse interpreter).
+    jax : bool or (callable, callable), optional
+        The callables trace under JAX (``True``), or their JAX pair: the kernel then runs
+        inside ``jit`` on JAX devices (:class:`LocalKernel`).
     name : str, optional
         Label in ``str`` and errors.
 
@@ -763,7 +834,9 @@ def local_operator(
             raise BlockExistsError(
                 f"local operator {name!r}: output {block.name!r} is already a block of the space"
             )
-    made = LocalKernel.of(kernel, forward=forward, adjoint=adjoint, dtype=dtype, vectorized=vectorized)
+    made = LocalKernel.of(
+        kernel, forward=forward, adjoint=adjoint, dtype=dtype, vectorized=vectorized, jax=jax
+    )
     return LocalOperator(input_blocks, output_blocks, made, others, name)
 
 

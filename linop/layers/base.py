@@ -116,13 +116,15 @@ def require_partition(layer: str, what: str, partition: object, rank: int) -> Pa
 
 @dataclass(frozen=True)
 class LocalStep:
-    """One local kernel of a stage: consume ``inputs`` (names), produce ``outputs`` (blocks)."""
+    """One local kernel of a stage: consume ``inputs`` (names), produce ``outputs`` (blocks);
+    ``jax``: its pair for JAX devices, if any (``jax=`` of :meth:`LocalKernel.of`)."""
 
     inputs: tuple[str, ...]
     outputs: tuple[Block, ...]
     forward: Callable[..., Any]
     adjoint: Callable[..., Any]
     label: str
+    jax: tuple[Callable[..., Any], Callable[..., Any]] | None = None
 
 
 def local_stage(space: Space, steps: Sequence[LocalStep]) -> LinearOperator:
@@ -130,7 +132,9 @@ def local_stage(space: Space, steps: Sequence[LocalStep]) -> LinearOperator:
     ``space`` (each passes every other block through)."""
     factors: list[LinearOperator] = []
     for step in steps:
-        kernel = LocalKernel.of(forward=step.forward, adjoint=step.adjoint, vectorized=True)
+        kernel = LocalKernel.of(
+            forward=step.forward, adjoint=step.adjoint, vectorized=True, jax=step.jax or False
+        )
         op = LocalOperator(tuple(space.block(n) for n in step.inputs), step.outputs, kernel, name=step.label)
         op = op.within(space)
         factors.append(op)

@@ -325,9 +325,8 @@ class Convolution:
         stride, dilation = self.kernel.stride[2:], self.kernel.dilation[2:]  # type: ignore[index]
         steps = []
         for j in self.work_indices():
-            forward, adjoint = _input_kernels(
-                self._part(weights, j), self._window_shape(j)[2:], stride, dilation
-            )
+            part, window = self._part(weights, j), self._window_shape(j)[2:]
+            forward, adjoint = _input_kernels(part, window, stride, dilation)
             steps.append(
                 LocalStep(
                     (self.window_name(j),),
@@ -335,6 +334,7 @@ class Convolution:
                     forward,
                     adjoint,
                     grid_block_name("conv", j),
+                    kernels.jax_correlate_pair(part, window, stride, dilation),
                 )
             )
         local = local_stage(space, steps)
@@ -497,7 +497,8 @@ class Convolution:
                 )
             label = grid_block_name("conv_w", j)
             forward, adjoint = _parameter_kernels(window, label, size, stride, dilation, with_bias, self.dims)
-            steps.append(LocalStep(inputs, (self.partial_block(j),), forward, adjoint, label))
+            pair = kernels.jax_weight_correlate_pair(window, size, stride, dilation, with_bias, label)
+            steps.append(LocalStep(inputs, (self.partial_block(j),), forward, adjoint, label, pair))
         local = local_stage(space, steps)
         reduce = self._reduction(local.range)
         factors = [movement, local] if reduce is None else [movement, local, reduce]

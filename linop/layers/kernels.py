@@ -18,12 +18,17 @@ kernel                              maths (per spatial output position p, tap t)
 :func:`average_pool_adjoint`        x[n, c, s p + d t] += y[n, c, p] / (number of taps)
 :func:`max_selection`               the flat index of the first maximum of each window (fixed input)
 ==================================  ===================================================================
+
+:func:`jax_correlate_pair` and :func:`jax_weight_correlate_pair` are the convolutions' pairs in
+jnp (``jax.lax.conv_general_dilated`` and its transpose), on one window without probe axes, so
+that a :class:`~linop.layers.Convolution` runs inside ``jit`` on JAX devices (JAX is imported
+only when they run).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import EllipsisType
 
 import numpy as np
@@ -41,6 +46,8 @@ __all__ = [
     "max_selection",
     "select",
     "select_adjoint",
+    "jax_correlate_pair",
+    "jax_weight_correlate_pair",
 ]
 
 #: A basic numpy index (slices, ``...``, new axes), built as a named tuple before subscripting: mypy
@@ -249,3 +256,133 @@ def select_adjoint(y: np.ndarray, indices: np.ndarray, shape: Sequence[int]) -> 
     # numpy's stubs type ufunc.at's indices as one integer array, not a tuple of index parts
     np.add.at(out, (slice(None), indices.reshape(-1)), flat)  # type: ignore[arg-type]
     return out.reshape(*lead, *shape)
+
+
+# -- the same kernels in jnp, for JAX devices (linop.frameworks.jax_sharded) ----------------------
+def _jax_correlate(x, w, stride: Sequence[int], dilation: Sequence[int]):
+    """:func:`correlate` of one ``x (N, C, *window)`` by ``jax.lax.conv_general_dilated``
+    (no padding: the window is already padded by the halo exchange)."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    x, w = jnp.asarray(x), jnp.asarray(w)
+    out = output_shape(x.shape[2:], w.shape[2:], stride, dilation)
+    dtype = jnp.result_type(x, w)
+    if 0 in out or 0 in x.shape[:2] or 0 in w.shape[:2]:
+        return jnp.zeros((x.shape[0], w.shape[0], *out), dtype)
+    y = lax.conv_general_dilated(
+        x.astype(dtype), w.astype(dtype), tuple(stride), "VALID", rhs_dilation=tuple(dilation)
+    )
+    inside: Index = (Ellipsis, *(slice(0, n) for n in out))
+    return y[inside] if y.shape[2:] != out else y
+
+
+def _jax_correlate_adjoint(y, w, window: Sequence[int], stride: Sequence[int], dilation: Sequence[int]):
+    """:func:`correlate_adjoint` of one ``y (N, O, *out)``: ``y`` spread by the stride
+    (``lhs_dilation``), padded by ``d (k - 1)``, correlated at dilation ``d`` with the flipped,
+    channel-swapped, conjugated kernel (one ``conv_general_dilated``, integers included), cut or
+    zero-padded to ``window``."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    y, w = jnp.asarray(y), jnp.asarray(w)
+    dims = w.ndim - 2
+    dtype = jnp.result_type(y, w)
+    out = y.shape[2:]
+    if 0 in out or 0 in y.shape[:2] or 0 in w.shape[:2]:
+        return jnp.zeros((y.shape[0], w.shape[1], *window), dtype)
+    reach = [d * (k - 1) for k, d in zip(w.shape[2:], dilation)]
+    reverse: Index = (slice(None), slice(None), *(slice(None, None, -1),) * dims)
+    flipped = jnp.conj(jnp.swapaxes(w[reverse], 0, 1))
+    full = lax.conv_general_dilated(
+        y.astype(dtype),
+        flipped.astype(dtype),
+        (1,) * dims,
+        [(r, r) for r in reach],
+        lhs_dilation=tuple(stride),
+        rhs_dilation=tuple(dilation),
+    )
+    covered: Index = (Ellipsis, *(slice(0, min(m, e)) for m, e in zip(window, full.shape[2:])))
+    full = full[covered]
+    return jnp.pad(full, [(0, 0), (0, 0), *((0, m - e) for m, e in zip(window, full.shape[2:]))])
+
+
+def _jax_weight_correlate_adjoint(x, y, size: Sequence[int], stride: Sequence[int], dilation: Sequence[int]):
+    """:func:`weight_correlate_adjoint`: ``dw[o, c, t] = sum_{n, p} y[n, o, p] conj(x[n, c, s p +
+    d t])``, one ``conv_general_dilated`` of ``x`` (batch C, features N) by ``y`` (features N
+    in, O out) at window stride ``d`` and kernel dilation ``s``."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    x, y = jnp.asarray(x), jnp.asarray(y)
+    dims = x.ndim - 2
+    dtype = jnp.result_type(x, y)
+    if 0 in y.shape or 0 in x.shape:
+        return jnp.zeros((y.shape[1], x.shape[1], *size), dtype)
+    order = (1, 0, *range(2, dims + 2))
+    dw = lax.conv_general_dilated(
+        jnp.conj(x).astype(dtype),
+        y.astype(dtype),
+        tuple(dilation),
+        "VALID",
+        rhs_dilation=tuple(stride),
+        dimension_numbers=lax.ConvDimensionNumbers(order, order, order),
+    )
+    taps: Index = (slice(None), slice(None), *(slice(0, k) for k in size))
+    return dw[taps]
+
+
+def jax_correlate_pair(
+    weights: np.ndarray, window: Sequence[int], stride: Sequence[int], dilation: Sequence[int]
+) -> tuple[Callable, Callable]:
+    """The jnp pair of :func:`correlate` and :func:`correlate_adjoint` for fixed ``weights``
+    (O, C, *k), on one window ``(N, C, *window)`` and one output ``(N, O, *out)`` (no leading
+    probe axes: linop maps them over batch axes): ``lax.conv_general_dilated`` forward, its
+    transpose (a convolution with ``lhs_dilation``) adjoint."""
+    weights = np.asarray(weights)
+
+    def forward(x):
+        return _jax_correlate(x, weights, stride, dilation)
+
+    def adjoint(y):
+        return _jax_correlate_adjoint(y, weights, window, stride, dilation)
+
+    return forward, adjoint
+
+
+def jax_weight_correlate_pair(
+    window: np.ndarray | None,
+    size: Sequence[int],
+    stride: Sequence[int],
+    dilation: Sequence[int],
+    with_bias: bool,
+    label: str,
+) -> tuple[Callable, Callable]:
+    """The jnp pair of :func:`weight_correlate` (``y = w (*) x`` as a function of ``w (O, C,
+    *k)`` and of the bias ``b (O,)`` when ``with_bias``, added at every output position) and of
+    its adjoint, for the fixed input ``window (N, C, *window)``; a LayerError naming ``label``
+    when the window was not given."""
+
+    def fixed() -> np.ndarray:
+        if window is None:
+            from ..errors import LayerError
+
+            raise LayerError(f"{label}: the input window of this worker was not given to parameter_operator")
+        return window
+
+    def forward(w, b=None):
+        y = _jax_correlate(fixed(), w, stride, dilation)
+        if with_bias:
+            spread: Index = (None, slice(None), *(None,) * (y.ndim - 2))
+            y = y + b[spread]
+        return y
+
+    def adjoint(y):
+        import jax.numpy as jnp
+
+        dw = _jax_weight_correlate_adjoint(fixed(), y, size, stride, dilation)
+        if not with_bias:
+            return dw
+        return dw, jnp.sum(y, axis=(0, *range(2, y.ndim)))
+
+    return forward, adjoint

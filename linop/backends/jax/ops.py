@@ -24,6 +24,8 @@ __all__ = [
     "ScaleOp",
     "ZeroOp",
     "SumOp",
+    "KernelCall",
+    "KernelOp",
     "collective_piece",
     "math_size",
 ]
@@ -133,6 +135,29 @@ class ZeroOp:
 class SumOp:
     terms: tuple[tuple[Any, ...], ...]
     slots: tuple[str, ...]  # the range's internal slots, summed
+
+
+@dataclass(frozen=True, eq=False)
+class KernelCall:
+    """One device's local kernel: ``node`` (a :class:`~linop.local.LocalOperator` in this
+    direction) reads its consumed blocks from the leading corners of their slots (``(slot,
+    block shape)``) and writes each produced block into the leading corner of its slot, zeros
+    in the rest of the slot."""
+
+    device: int
+    node: Any
+    consumed: tuple[tuple[str, tuple[int, ...]], ...]
+    produced: tuple[tuple[str, tuple[int, ...]], ...]
+
+
+@dataclass(frozen=True, eq=False)
+class KernelOp:
+    """The local kernels of one round, at most one per device: each device runs its own call
+    (a ``lax.switch`` on the device index); a produced slot keeps its value on the devices
+    that do not write it."""
+
+    calls: tuple[KernelCall, ...]
+    devices: int
 
 
 def collective_piece(

@@ -17,12 +17,22 @@ from typing import Any
 
 import numpy as np
 
-from .ops import BoxOp, CollectiveOp, Exchange, PsumOp, ScaleOp, SumOp, ZeroOp, collective_piece
+from .ops import BoxOp, CollectiveOp, Exchange, KernelOp, PsumOp, ScaleOp, SumOp, ZeroOp, collective_piece
 
 __all__ = ["Box", "Support", "boxes_meet", "drop_dead_clears", "fold_self_boxes", "widen_boxes"]
 
 Box = tuple[np.ndarray, np.ndarray, tuple[int, ...]]
 """A per-device box: (starts table (devices, ndim), active mask (devices,), shape)."""
+
+_BEYOND = 1 << 30
+"""An extent past the end of every slot: a box of it from the origin is the whole slot."""
+
+
+def _device_box(devices: int, device: int, shape: tuple[int, ...]) -> Box:
+    """The box ``0 .. shape`` on ``device`` alone."""
+    active = np.zeros(devices, dtype=bool)
+    active[device] = True
+    return (np.zeros((devices, len(shape)), np.int32), active, shape)
 
 
 def boxes_meet(a: Box, b: Box) -> bool:
@@ -53,6 +63,10 @@ def _reads(op: Any) -> list[tuple[str, Box]] | None:
             used = piece.used()
             found.extend((piece.src, (piece.sends[e], used[e], piece.src_shape)) for e in range(len(used)))
         return found
+    if isinstance(op, KernelOp):  # each call's blocks (the rest of their slots is not read)
+        return [
+            (slot, _device_box(op.devices, c.device, shape)) for c in op.calls for slot, shape in c.consumed
+        ]
     return None
 
 
@@ -70,6 +84,13 @@ def _modes(op: Any) -> list[tuple[str, Box, str]] | None:
                 (piece.dst, (piece.places[s], used[s], piece.dst_shape), piece.mode) for s in range(len(used))
             )
         return found
+    if isinstance(op, KernelOp):  # each produced slot: its block set, the rest of it cleared
+        written: list[tuple[str, Box, str]] = []
+        for c in op.calls:
+            for slot, shape in c.produced:
+                written.append((slot, _device_box(op.devices, c.device, (_BEYOND,) * len(shape)), "clear"))
+                written.append((slot, _device_box(op.devices, c.device, shape), "set"))
+        return written
     return None
 
 

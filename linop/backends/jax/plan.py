@@ -30,6 +30,11 @@ Ops. Each op is the same code on every device, its per-device geometry in small 
   ``psum_scatter``; :class:`CollectivePiece`); each device's local copy of the same structure
   next to it joins it as the device's box to itself (:func:`fold_self_boxes`).
 - :class:`PsumOp`: an all-reduce whose groups are the devices along some mesh axes.
+- :class:`KernelOp`: the local kernels (:class:`~linop.local.LocalOperator`) of a round, each
+  device running its own (:class:`KernelCall`) on its blocks cut from the leading corners of
+  their slots, the produced blocks written back with zeros in the rest of their slots. A kernel
+  runs on JAX devices when it is a dense matrix or callables marked traceable (``jax=`` of
+  :meth:`~linop.local.LocalKernel.of`); the adjoint plan runs the kernel's adjoint.
 - :class:`ScaleOp`, :class:`ZeroOp`, :class:`SumOp` (branches on the same input, added slot
   by slot over the range's slots).
 
@@ -78,6 +83,8 @@ from .ops import (
     CollectiveOp,
     CollectivePiece,
     Exchange,
+    KernelCall,
+    KernelOp,
     Piece,
     PsumOp,
     ScaleOp,
@@ -101,6 +108,8 @@ __all__ = [
     "ScaleOp",
     "ZeroOp",
     "SumOp",
+    "KernelCall",
+    "KernelOp",
     "Plan",
     "space_layout",
     "compile_plan",
@@ -282,10 +291,7 @@ class _Compiler:
                 born(node.dst, written=True)
             step("set", node.src, node.dst)
         elif isinstance(node, LocalOperator):
-            raise DeviceKernelError(
-                f"{node} runs a numpy kernel on worker {node.worker}, which cannot run inside jit on "
-                "JAX devices; run the tree with linop.frameworks.jax_function instead"
-            )
+            out.extend(self.kernel(node))
         else:
             expanded = node.expand()
             if expanded is node:
@@ -294,6 +300,24 @@ class _Compiler:
                 if not isinstance(inner, Local):  # pragma: no cover - a local node expands locally
                     raise DeviceKernelError(f"{node} expands into a non-local step {inner!r}")
                 out.extend(self.micro(inner.node))
+        return out
+
+    def kernel(self, node: LocalOperator) -> list[tuple[int, Any]]:
+        """A local kernel as one call on its worker's device, then the liveness of its blocks
+        (the consumed dropped, the produced born: written whole by the call, so never cleared)."""
+        if not node.kernel.runs_on_jax:
+            raise DeviceKernelError(
+                f"{node} runs a numpy kernel ({node.kernel!r}) on worker {node.worker}, which cannot run "
+                "inside jit on JAX devices: give its kernel as a dense matrix or mark its callables "
+                "traceable with jax= (True, or a (forward, adjoint) pair of jnp callables; see "
+                "linop.local.LocalKernel), or run the tree with linop.frameworks.jax_function instead"
+            )
+        device = self._dev(node.worker, node.name)
+        consumed = tuple((self.slot(b), tuple(b.shape)) for b in node.consumed)
+        produced = tuple((self.slot(b), tuple(b.shape)) for b in node.produced)
+        out: list[tuple[int, Any]] = [(device, KernelCall(device, node, consumed, produced))]
+        out.extend((device, ("dead", b.name)) for b in node.consumed)
+        out.extend((device, ("live", b.name)) for b in node.produced)
         return out
 
     def local_run(self, items: list[tuple[int, Any]], ops: list[Any]) -> None:
@@ -309,12 +333,15 @@ class _Compiler:
             queues.setdefault(d, []).append(item)
         heads = {d: 0 for d in queues}
         while heads:
-            groups: dict[tuple, list[tuple[int, _Micro]]] = {}
+            groups: dict[tuple, list[tuple[int, Any]]] = {}
             for d in sorted(heads):
                 m = queues[d][heads[d]]
-                groups.setdefault(m.key, []).append((d, m))
-            for members in groups.values():
-                ops.append(self._box_op(members))
+                groups.setdefault(("kernel",) if isinstance(m, KernelCall) else m.key, []).append((d, m))
+            for key, members in groups.items():
+                if key == ("kernel",):
+                    ops.append(KernelOp(tuple(m for _, m in members), self.devices))
+                else:
+                    ops.append(self._box_op(members))
             heads = {d: i + 1 for d, i in heads.items() if i + 1 < len(queues[d])}
 
     def _starts(self, rows: Mapping[int, tuple[int, ...]], ndim: int) -> np.ndarray:
@@ -541,7 +568,8 @@ def compile_plan(
         If a block lives on a worker the map does not cover, or the map names a device
         outside ``0 .. devices - 1``.
     DeviceKernelError
-        If the tree holds a node that cannot run inside jit (a LocalOperator's numpy kernel).
+        If the tree holds a node that cannot run inside jit (a LocalOperator whose kernel is
+        neither a dense matrix nor callables marked traceable by JAX).
     """
     if device_of is None:
         device_of = tuple(range(devices))

@@ -5,7 +5,8 @@ interface slots it returns its pieces of the range's: box reads and writes on th
 (:mod:`linop.backends.jax.slots`: static slices, tiles assembled by ``concatenate`` and
 ``pad``, in-place updates at per-device starts read from small constant tables at the device's
 ``lax.axis_index``), one ``lax.ppermute`` per round of transfers and one native collective
-(``all_to_all``, ``all_gather``, ``psum_scatter``, ``psum``) per phase that is one. Nothing
+(``all_to_all``, ``all_gather``, ``psum_scatter``, ``psum``) per phase that is one, and the
+local kernels of a round as one ``lax.switch`` on the device index (each device runs its own). Nothing
 runs on the host and nothing is gathered onto one device. The device's leading axis (of length
 1) is kept on every slot, so that an in-place update is never followed by a reshape (which
 would make XLA copy the slot).
@@ -41,6 +42,8 @@ from .plan import (
     CollectiveOp,
     CollectivePiece,
     Exchange,
+    KernelCall,
+    KernelOp,
     Plan,
     PsumOp,
     ScaleOp,
@@ -92,6 +95,8 @@ def _run(device: DeviceView, ops: Sequence[Any], slots: Slots) -> Slots:
         elif isinstance(op, CollectiveOp):
             for part in op.pieces:
                 _collective(device, slots, part)
+        elif isinstance(op, KernelOp):
+            _kernels(device, slots, op)
         elif isinstance(op, PsumOp):
             names = device.axis if isinstance(device.axis, tuple) else (device.axis,)
             over = tuple(names[i] for i in op.over)
@@ -117,6 +122,110 @@ def _run(device: DeviceView, ops: Sequence[Any], slots: Slots) -> Slots:
         else:  # pragma: no cover - compile_plan emits nothing else
             raise TypeError(f"unknown op {op!r}")
     return slots
+
+
+def _kernels(device: DeviceView, slots: Slots, op: KernelOp) -> None:
+    """The local kernels of a round: each device runs its own call (``lax.switch`` on its
+    index; no switch when one call runs on every device), on its consumed blocks cut from
+    their slots to the blocks' real shapes, and sets each produced slot to the block padded
+    with zeros (on the devices that do not write a slot, its old value)."""
+    p = device.plan.devices
+    produced = sorted({slot for c in op.calls for slot, _ in c.produced})
+    consumed = sorted({slot for c in op.calls for slot, _ in c.consumed})
+    writers = {slot: {c.device for c in op.calls if slot in dict(c.produced)} for slot in produced}
+    kept = [slot for slot in produced if len(writers[slot]) < p]  # old values, where not written
+    names = [*consumed, *kept]
+    operands = [slots.value(slot) for slot in names]
+    lead = len(device.batch)
+
+    def branch(call: KernelCall | None) -> Any:
+        def run(*arrays: jax.Array) -> tuple[jax.Array, ...]:
+            given = dict(zip(names, arrays))
+            if call is None:
+                return tuple(given[slot] for slot in produced)
+            blocks = [
+                lax.slice(given[slot], (0,) * (lead + len(shape)), (*device.batch, *shape))
+                for slot, shape in call.consumed
+            ]
+            results = dict(zip((slot for slot, _ in call.produced), _call_kernel(device, call, blocks)))
+            return tuple(
+                device.place(results[slot], (0,) * len(device.plan.slots[slot]), device.plan.slots[slot])
+                if slot in results
+                else given[slot]
+                for slot in produced
+            )
+
+        return run
+
+    index = np.full(p, len(op.calls), dtype=np.int32)
+    for k, call in enumerate(op.calls):
+        index[call.device] = k
+    branches = [branch(call) for call in op.calls]
+    if len(op.calls) < p:
+        branches.append(branch(None))
+    if len(branches) == 1:
+        values = branches[0](*operands)
+    else:
+        values = lax.switch(device.row(index), branches, *operands)
+    for slot, value in zip(produced, values):
+        slots.set(slot, value)
+
+
+def _call_kernel(device: DeviceView, call: KernelCall, blocks: list[jax.Array]) -> list[jax.Array]:
+    """The kernel of ``call.node`` in its direction on ``blocks`` (each ``(*batch, *block)``),
+    mapped over the batch axes by ``jax.vmap``; its results checked and cast to the program's
+    dtype (which must hold them)."""
+    from ...errors import KernelOutputError
+
+    node = call.node
+    kernel = node.kernel
+    if kernel.kind == "dense":
+        matrix = np.asarray(kernel.matrix)
+        matrix = matrix.conj().T if node.adjointed else matrix
+        sizes = [int(np.prod(shape, dtype=np.int64)) for _, shape in call.produced]
+        shapes = [shape for _, shape in call.produced]
+
+        def function(*arrays: jax.Array) -> tuple[jax.Array, ...]:
+            flat = jnp.concatenate([jnp.ravel(a) for a in arrays])
+            out = jnp.asarray(matrix) @ flat
+            splits = np.cumsum(sizes)[:-1].tolist()
+            return tuple(part.reshape(shape) for part, shape in zip(jnp.split(out, splits), shapes))
+
+    else:
+        pair = kernel.device_callables
+        assert pair is not None  # compile_plan refuses the kernels that do not run on JAX
+        function = pair[1] if node.adjointed else pair[0]
+    batch = device.batch
+    count = int(np.prod(batch, dtype=np.int64))
+    flat = [b.reshape(count, *b.shape[len(batch) :]) for b in blocks]
+
+    def one(*arrays: jax.Array) -> tuple[jax.Array, ...]:
+        results = function(*arrays)
+        if not isinstance(results, (tuple, list)):
+            results = (results,)
+        return tuple(results)
+
+    results = jax.vmap(one)(*flat)
+    if len(results) != len(call.produced):
+        raise KernelOutputError(
+            f"local operator {node}: its kernel for JAX devices returned {len(results)} arrays for the "
+            f"{len(call.produced)} blocks {[b.name for b in node.produced]}"
+        )
+    out = []
+    for block, result in zip(node.produced, results):
+        if tuple(result.shape[1:]) != tuple(block.shape):
+            raise KernelOutputError(
+                f"local operator {node}: block {block.name!r} came back from its kernel for JAX devices "
+                f"with shape {tuple(result.shape[1:])}, expected {block.shape}"
+            )
+        if not jnp.can_cast(result.dtype, device.dtype, casting="safe"):
+            raise KernelOutputError(
+                f"local operator {node}: block {block.name!r} came back from its kernel for JAX devices "
+                f"with dtype {result.dtype}, which the program's dtype {device.dtype} cannot hold; "
+                f"pass the inputs as {result.dtype}"
+            )
+        out.append(result.astype(device.dtype).reshape(*batch, *block.shape))
+    return out
 
 
 def _collective(device: DeviceView, slots: Slots, piece: CollectivePiece) -> None:
