@@ -298,7 +298,7 @@ class _LayerFunction(torch.autograd.Function):
         )
         gradients = [x_grad[n] for n in module.input_names] + [theta_grad[n] for n in module.parameter_names]
         fitted = [g if g.dtype == dtype else g.to(dtype) for g, dtype in zip(gradients, ctx.dtypes)]
-        return (None, torch.zeros(0, dtype=torch.float64), *fitted)
+        return (None, None, *fitted)  # the anchor only ties the node into the graph: no gradient
 
 
 class _Stage:
@@ -462,6 +462,17 @@ class LayerModule(torch.nn.Module):
         )
         self._anchor = torch.zeros(0, dtype=torch.float64, requires_grad=True)
         self.token = torch.zeros(0, dtype=torch.float64)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Reset the gradients of the parameters, as :meth:`torch.nn.Module.zero_grad` does;
+        when the module holds its blocks alone (no parameter or submodule added by a
+        subclass), without nn.Module's walk over its submodules."""
+        if set_to_none and not self._parameters and self._modules.keys() == {"blocks"}:
+            for parameter in self.blocks._parameters.values():
+                if parameter is not None:
+                    parameter.grad = None
+            return
+        super().zero_grad(set_to_none)
 
     def parameter_state(self) -> dict[str, torch.Tensor]:
         """This process's parameter blocks by name."""
