@@ -202,13 +202,19 @@ class BoundTensors:
             name: np.zeros(blocks[name].shape, dtype=_numpy_dtype(dtype))
             for name, dtype in zip(inputs, dtypes)
         }
-        self._bound = plan.bind(self.arrays, inplace=False)  # collective
-        self.dtype = self._bound.dtype
-        self.persistent = bool(self._bound.persistent)
+        # In place where domain equals range: the buffers are this object's own, refilled on
+        # each call, so the plan may overwrite them (no copy into result arrays).
+        bound = plan.bind(self.arrays)  # collective (as is the decision to rebind below)
+        if bound.inplace and not bound.persistent:
+            bound.free()
+            bound = plan.bind(self.arrays, inplace=False)
+        self._bound = bound
+        self.dtype = bound.dtype
+        self.persistent = bool(bound.persistent)
         self.inputs = tuple(torch.from_numpy(self.arrays[name]) for name in inputs)
         self.outputs: tuple[torch.Tensor, ...] = ()
         if self.persistent:
-            results = self._bound.outputs
+            results = bound.arrays if bound.inplace else bound.outputs
             self.outputs = tuple(_as_view(results[name]) for name in outputs)
         self._call = self._bound.__call__
 

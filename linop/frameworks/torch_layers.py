@@ -114,7 +114,7 @@ def _convolution(dims: int, stride: tuple[int, ...], dilation: tuple[int, ...]) 
         if window.is_complex():  # torch convolves complex data as real ones: autograd knows how
             return _autograd_backward(forward, grad, window, weight, bias)
         # torch's own convolution backward (what autograd runs for real data), called directly
-        dx, dw, db = torch.ops.aten.convolution_backward(
+        dx, dw, db = torch.ops.aten.convolution_backward.default(
             grad,
             window,
             weight,
