@@ -21,8 +21,9 @@ training loop pays no per-call planning or checking. Across the ranks of a ``tor
 process group (``group=...``, ``group=True`` for the world group) the same holds with the
 torch.distributed executor's plans (:meth:`linop.backends.torch_distributed.TorchDistributedPlan.bind`,
 then :meth:`~linop.backends.torch_distributed.BoundTorchPlan.run_on` on each call's tensors). Where binding prebuilt persistent
-requests (broadcasts, sum-reduces, all-reduces) each call copies the incoming tensors into the
-bound buffers, runs them and copies the results out; otherwise each call runs the plan straight
+requests (broadcasts, sum-reduces, all-reduces) the plan is bound once on buffers the runner
+owns (:class:`BoundTensors`; in place where domain equals range) and each call copies the
+incoming tensors into them, runs the prepared calls and copies the results out; otherwise each call runs the plan straight
 on the tensors' memory (shapes checked locally: a wrong shape is a :class:`StateError` on that
 rank).
 
