@@ -4,6 +4,7 @@ backward, against the same moves hand-written with mpi4py in a torch autograd.Fu
 Run with 2 or 4 ranks::
 
     mpiexec -n 4 python benchmarks/bench_mpi_torch.py
+    mpiexec -n 4 python benchmarks/bench_mpi_torch.py --convolution   # the second table alone
 
 An N x N float64 tensor is cut into row strips over the ranks; each rank's window for a 3 x 3
 kernel with zero padding 1 is its strip with one halo row from each neighbour (zeros at the
@@ -256,5 +257,8 @@ def conv_main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if "--convolution" not in sys.argv[1:]:  # the convolution table alone: --convolution
+        main()
+    else:
+        torch.set_num_threads(1)
     conv_main()

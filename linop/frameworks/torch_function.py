@@ -21,8 +21,9 @@ training loop pays no per-call planning or checking. Across the ranks of a ``tor
 process group (``group=...``, ``group=True`` for the world group) the same holds with the
 torch.distributed executor's plans (:meth:`linop.backends.torch_distributed.TorchDistributedPlan.bind`,
 then :meth:`~linop.backends.torch_distributed.BoundTorchPlan.run_on` on each call's tensors). Where binding prebuilt persistent
-requests (broadcasts, sum-reduces, all-reduces) each call copies the incoming tensors into the
-bound buffers, runs them and copies the results out; otherwise each call runs the plan straight
+requests (broadcasts, sum-reduces, all-reduces) the plan is bound once on buffers the runner
+owns (:class:`BoundTensors`; in place where domain equals range) and each call copies the
+incoming tensors into them, runs the prepared calls and copies the results out; otherwise each call runs the plan straight
 on the tensors' memory (shapes checked locally: a wrong shape is a :class:`StateError` on that
 rank).
 
@@ -35,6 +36,7 @@ output (``f.token.sum()``, zero) to its loss.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -105,7 +107,6 @@ class _Runner:
             self.plan = mpi_backend.plan_for(op, comm=comm, mapping=mapping)
             self.inputs = tuple(self.plan.domain_blocks)
             self.outputs = self.plan.range_names
-        self._staging: dict[str, np.ndarray] | None = None
         self._bound: Any = None
         self._bound_dtypes: tuple[Any, ...] = ()
 
@@ -141,42 +142,122 @@ class _Runner:
             result = self._bound.run_on(state)
         return tuple(_fresh(_as_tensor(result[name]), inputs) for name in self.outputs)
 
+    def bound_tensors(self, dtypes: Sequence[torch.dtype]) -> BoundTensors:
+        """This runner's MPI plan bound on buffers it owns, for inputs of these dtypes (in the
+        order of :attr:`inputs`); collective on the first call for given dtypes, then the same
+        object until the dtypes change (the previous binding is then freed)."""
+        bound = self._bound
+        if bound is None or tuple(dtypes) != self._bound_dtypes:
+            if bound is not None:
+                bound.free()
+            assert self.plan is not None  # only under MPI
+            bound = self._bound = BoundTensors(self.plan, self.inputs, self.outputs, dtypes)
+            self._bound_dtypes = tuple(dtypes)
+        return bound
+
     def _run_bound(self, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        plan = self.plan
-        assert plan is not None  # run() comes here only with a plan
-        dtypes = tuple(t.dtype for t in state.values())
-        if self._bound is None or dtypes != self._bound_dtypes:
-            if self._bound is not None:
-                self._bound.free()
-            blocks = plan.domain_blocks
-            self._staging = {
-                name: np.empty(blocks[name].shape, dtype=_numpy_dtype(t.dtype)) for name, t in state.items()
-            }
-            self._bound = plan.bind(self._staging, inplace=False)
-            self._bound_dtypes = dtypes
-        staging = self._staging
-        assert staging is not None  # set together with the bound plan
-        views = {name: _host_view(tensor) for name, tensor in state.items()}
-        for name, view in views.items():
-            if view.shape != staging[name].shape:
-                raise StateError(
-                    f"rank {plan.context.rank}: block {name!r} has shape {view.shape}, the domain "
-                    f"expects {staging[name].shape}"
-                )
-        device = next(iter(state.values())).device if state else _HOST
-        if not self._bound.persistent:
+        tensors = tuple(state.values())
+        bound = self.bound_tensors([t.dtype for t in tensors])
+        device = tensors[0].device if tensors else _HOST
+        if not bound.persistent:
             # Nothing was prebuilt on the staging buffers (the bind decision is the same on
             # every rank): run the checked-once plan straight on the tensors' memory.
-            dtype = self._bound.dtype
-            result = plan.run_out_of_place(views, dtype, dtype)
+            views = {name: _host_view(tensor) for name, tensor in state.items()}
+            bound.check_shapes(views.values())
+            result = bound.plan.run_out_of_place(views, bound.dtype, bound.dtype)
             return tuple(
                 _on(torch.from_numpy(array if array.flags.writeable else np.array(array)), device)
                 for array in (result[name] for name in self.outputs)
             )
-        for name, view in views.items():
-            np.copyto(staging[name], view)
-        result = self._bound()  # the same output arrays on every call: copied out
-        return tuple(_on(torch.from_numpy(np.array(result[name])), device) for name in self.outputs)
+        outputs = bound.run(tensors)  # the same buffers on every call: copied out
+        return tuple(_on(tensor.clone(), device) for tensor in outputs)
+
+
+class BoundTensors:
+    """A tree's bound MPI plan (:meth:`linop.backends.mpi.plan.DistributedPlan.bind`) on
+    buffers it owns, seen from torch.
+
+    :meth:`run` copies the given tensors into the bound domain buffers (:attr:`inputs`, torch
+    tensors sharing their memory), runs the plan's prepared calls, and returns :attr:`outputs`:
+    torch tensors sharing memory with the plan's result arrays, *overwritten by the next call*
+    (a caller that keeps a result past it copies it first). Only a :attr:`persistent` binding
+    (every call runs only prepared calls) is run so; otherwise the caller runs the plan on its
+    tensors (the plan of :attr:`plan`, its dtype :attr:`dtype`).
+
+    Parameters
+    ----------
+    plan : linop.backends.mpi.plan.DistributedPlan
+    inputs, outputs : sequence of str
+        This rank's domain and range blocks, in the order tensors are passed and returned.
+    dtypes : sequence of torch.dtype
+        The inputs' dtypes (the binding is for these).
+    """
+
+    def __init__(
+        self, plan: Any, inputs: Sequence[str], outputs: Sequence[str], dtypes: Sequence[torch.dtype]
+    ) -> None:
+        self.plan = plan
+        blocks = plan.domain_blocks
+        self.names = tuple(inputs)
+        self.arrays = {
+            name: np.zeros(blocks[name].shape, dtype=_numpy_dtype(dtype))
+            for name, dtype in zip(inputs, dtypes)
+        }
+        # In place where domain equals range: the buffers are this object's own, refilled on
+        # each call, so the plan may overwrite them (no copy into result arrays).
+        bound = plan.bind(self.arrays)  # collective (as is the decision to rebind below)
+        if bound.inplace and not bound.persistent:
+            bound.free()
+            bound = plan.bind(self.arrays, inplace=False)
+        self._bound = bound
+        self.dtype = bound.dtype
+        self.persistent = bool(bound.persistent)
+        self.inputs = tuple(torch.from_numpy(self.arrays[name]) for name in inputs)
+        self.outputs: tuple[torch.Tensor, ...] = ()
+        if self.persistent:
+            results = bound.arrays if bound.inplace else bound.outputs
+            self.outputs = tuple(_as_view(results[name]) for name in outputs)
+        self._call = self._bound.__call__
+
+    def check_shapes(self, arrays: Any) -> None:
+        """Raise :class:`StateError` unless the arrays (in the order of the inputs) have the
+        domain's shapes on this rank."""
+        for name, array, buffer in zip(self.names, arrays, self.inputs):
+            if tuple(array.shape) != tuple(buffer.shape):
+                raise StateError(
+                    f"rank {self.plan.context.rank}: block {name!r} has shape {tuple(array.shape)}, the "
+                    f"domain expects {tuple(buffer.shape)}"
+                )
+
+    def run(self, tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """Copy ``tensors`` into the bound buffers (never writing them), run the plan, and
+        return :attr:`outputs` (persistent bindings only).
+
+        Raises
+        ------
+        StateError
+            If a tensor's shape is not its block's on this rank.
+        """
+        for buffer, tensor in zip(self.inputs, tensors):
+            if tensor.shape != buffer.shape:
+                self.check_shapes(tensors)
+            buffer.copy_(tensor.detach())  # conjugate and negative bits resolved, any device
+        self._call()
+        return self.outputs
+
+    def free(self) -> None:
+        """Release the bound plan's persistent requests."""
+        self._bound.free()
+
+
+def _as_view(array: np.ndarray) -> torch.Tensor:
+    """A torch tensor sharing the memory of a bound result array (read-only when the result
+    lies in another buffer: the tensor is then only read)."""
+    if array.flags.writeable:
+        return torch.from_numpy(array)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(array)
 
 
 _HOST = torch.device("cpu")
@@ -324,6 +405,21 @@ class TorchOperator:
         if missing:
             raise StateError(f"state for {runner.op}: missing block(s) {missing}")
         return dict(zip(runner.outputs, runner.run([state[name] for name in runner.inputs])))
+
+    def bound_tensors(self, dtypes: Sequence[torch.dtype], *, adjoint: bool = False) -> BoundTensors | None:
+        """Under MPI, the tree's (``adjoint=True``: its adjoint's) plan bound on buffers this
+        function owns, for inputs of these dtypes in the order of the runner's inputs
+        (:class:`BoundTensors`; collective when it binds); None in one process or on a process
+        group. The untracked and tracked calls of this function use the same binding."""
+        runner = self._runner.adjoint if adjoint else self._runner
+        if runner.plan is None:
+            return None
+        return runner.bound_tensors(dtypes)
+
+    def names(self, *, adjoint: bool = False) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The block names this process passes in and gets back, of the tree or its adjoint."""
+        runner = self._runner.adjoint if adjoint else self._runner
+        return runner.inputs, runner.outputs
 
     def tensors(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Apply to tensors given positionally in the order of :attr:`inputs`; the results in

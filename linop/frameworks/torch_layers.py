@@ -114,7 +114,7 @@ def _convolution(dims: int, stride: tuple[int, ...], dilation: tuple[int, ...]) 
         if window.is_complex():  # torch convolves complex data as real ones: autograd knows how
             return _autograd_backward(forward, grad, window, weight, bias)
         # torch's own convolution backward (what autograd runs for real data), called directly
-        dx, dw, db = torch.ops.aten.convolution_backward(
+        dx, dw, db = torch.ops.aten.convolution_backward.default(
             grad,
             window,
             weight,
@@ -215,6 +215,15 @@ def _piece_kernels(layer: Convolution, live: dict[str, Tensor]) -> Any:
     return kernels
 
 
+def _promoted(operands: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The operands in their common dtype (the same dict when they already share one)."""
+    dtypes = {t.dtype for t in operands.values()}
+    if len(dtypes) <= 1:
+        return operands
+    common = functools.reduce(torch.promote_types, dtypes)
+    return {name: tensor.to(common) for name, tensor in operands.items()}
+
+
 class _LayerFunction(torch.autograd.Function):
     """forward(module, anchor, *x blocks, *parameter blocks) -> (*y blocks, token)."""
 
@@ -222,17 +231,14 @@ class _LayerFunction(torch.autograd.Function):
     def forward(ctx: Any, module: LayerModule, anchor: torch.Tensor, *tensors: torch.Tensor) -> Any:
         count = len(module.input_names)
         parameters = dict(zip(module.parameter_names, tensors[count:]))
+        # the windows and parameter copies are kept for the backward: in memory of their own
         copies = parameters if module.copies is None else module.copies.run(parameters)
         if module.overlapped is None:
             windows = module.windows.run(dict(zip(module.input_names, tensors[:count])))
-            operands = {**windows, **copies}
-            dtypes = [t.dtype for t in operands.values()]
-            common = functools.reduce(torch.promote_types, dtypes) if dtypes else torch.float64
-            operands = {name: tensor.to(common) for name, tensor in operands.items()}
+            operands = _promoted({**windows, **copies})
+            forward = module.product.forward
             partials = {
-                partial: module.product.forward(
-                    operands[window], operands[weight], None if bias is None else operands[bias]
-                )
+                partial: forward(operands[window], operands[weight], None if bias is None else operands[bias])
                 for partial, (window, weight, bias) in module.products
             }
         else:  # the halo exchange overlapped with the interior products (the tree runs them)
@@ -260,8 +266,8 @@ class _LayerFunction(torch.autograd.Function):
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:
         module = ctx.module
         given = dict(zip(module.output_names, grads[:-1]))
-        if module.reduction is not None:
-            given = module.reduction.run_adjoint(given)
+        if module.reduction is not None:  # read before the stage's next call: not copied
+            given, _ = module.reduction.lend(given, adjoint=True)
         operands = ctx.operands
         back: dict[str, torch.Tensor] = {}
         overlapped = module.overlapped is not None
@@ -279,34 +285,52 @@ class _LayerFunction(torch.autograd.Function):
         if overlapped:  # the input gradient: the overlapped tree's adjoint (exchange in flight)
             module.live.update({n: operands[n] for n in module.live})
             dtype = operands[module.window_names[0]].dtype if module.window_names else torch.float64
-            x_grad = module.overlapped_input.run_adjoint(
-                {n: given[n].to(dtype) for n in module.partial_names}
+            x_grad = module.overlapped_input.run(
+                {n: given[n].to(dtype) for n in module.partial_names}, adjoint=True
             )
         for name, tensor in operands.items():  # an operand no product of this process uses
-            back.setdefault(name, torch.zeros_like(tensor))
+            if name not in back:
+                back[name] = torch.zeros_like(tensor)
         if not overlapped:
-            x_grad = module.windows.run_adjoint(back)
+            x_grad = module.windows.run(back, adjoint=True)
         theta_grad = (
-            module.copies.run_adjoint(back) if module.copies is not None else module.copy_sum.run(back)
+            module.copies.run(back, adjoint=True) if module.copies is not None else module.copy_sum.run(back)
         )
         gradients = [x_grad[n] for n in module.input_names] + [theta_grad[n] for n in module.parameter_names]
-        fitted = [g.to(dtype) for g, dtype in zip(gradients, ctx.dtypes)]
-        return (None, torch.zeros(0, dtype=torch.float64), *fitted)
+        fitted = [g if g.dtype == dtype else g.to(dtype) for g, dtype in zip(gradients, ctx.dtypes)]
+        return (None, None, *fitted)  # the anchor only ties the node into the graph: no gradient
 
 
 class _Stage:
     """A movement tree on this process's tensors, forward and adjoint (bound once each under
-    MPI), called without recording autograd: the layer's Function is the autograd node."""
+    MPI, on buffers the stage owns), called without recording autograd: the layer's Function
+    is the autograd node."""
 
     def __init__(self, op: Any, comm: Any, group: Any = None) -> None:
         self.function = TorchOperator(op, comm=comm, group=group)
         self.inputs, self.outputs = self.function.inputs, self.function.outputs
+        self._names = {flag: self.function.names(adjoint=flag) for flag in (False, True)}
 
-    def run(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return self.function.untracked(tensors)
+    def lend(self, tensors: Mapping[str, Tensor], *, adjoint: bool = False) -> tuple[dict[str, Tensor], bool]:
+        """The results, and whether they are the bound plan's own buffers (under MPI, a
+        persistent binding): those are overwritten by the stage's next call in the same
+        direction, so they are read before it or copied."""
+        inputs, outputs = self._names[adjoint]
+        ordered = [tensors[name] for name in inputs]
+        # collective when it binds (the first call, or new dtypes: the same on every rank)
+        bound = self.function.bound_tensors([t.dtype for t in ordered], adjoint=adjoint)
+        if bound is None or not bound.persistent:
+            return self.function.untracked(tensors, adjoint=adjoint), False
+        return dict(zip(outputs, bound.run(ordered))), True
 
-    def run_adjoint(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return self.function.untracked(tensors, adjoint=True)
+    def run(self, tensors: Mapping[str, Tensor], *, adjoint: bool = False) -> dict[str, Tensor]:
+        """The results, in memory of their own."""
+        results, lent = self.lend(tensors, adjoint=adjoint)
+        return {name: tensor.clone() for name, tensor in results.items()} if lent else results
+
+    def run_adjoint(self, tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """The adjoint's results, in memory of their own."""
+        return self.run(tensors, adjoint=True)
 
 
 class LayerModule(torch.nn.Module):
@@ -439,6 +463,17 @@ class LayerModule(torch.nn.Module):
         self._anchor = torch.zeros(0, dtype=torch.float64, requires_grad=True)
         self.token = torch.zeros(0, dtype=torch.float64)
 
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Reset the gradients of the parameters, as :meth:`torch.nn.Module.zero_grad` does;
+        when the module holds its blocks alone (no parameter or submodule added by a
+        subclass), without nn.Module's walk over its submodules."""
+        if set_to_none and not self._parameters and self._modules.keys() == {"blocks"}:
+            for parameter in self.blocks._parameters.values():
+                if parameter is not None:
+                    parameter.grad = None
+            return
+        super().zero_grad(set_to_none)
+
     def parameter_state(self) -> dict[str, torch.Tensor]:
         """This process's parameter blocks by name."""
         return dict(zip(self.parameter_names, self.blocks))
@@ -449,8 +484,10 @@ class LayerModule(torch.nn.Module):
             raise StateError(
                 f"{type(self.layer).__name__} layer takes blocks {list(self.input_names)}, not {given}"
             )
-        tensors: Sequence[torch.Tensor] = [x[n] for n in self.input_names] + list(self.blocks)
-        *result, self.token = _LayerFunction.apply(self, self._anchor, *tensors)
+        # the blocks straight from the ParameterList's dict (its iterator indexes one by one)
+        blocks = self.blocks._parameters.values()
+        *result, token = _LayerFunction.apply(self, self._anchor, *[x[n] for n in self.input_names], *blocks)
+        self.__dict__["token"] = token  # a plain attribute (what nn.Module.__setattr__ would do)
         return dict(zip(self.output_names, result))
 
     def extra_repr(self) -> str:

@@ -385,3 +385,52 @@ def test_overlapped_layer_module_equals_the_plain_one(comm):
     if LayerModule(layer, weights=w, bias=b, overlap=None).overlap:  # one process: nothing to hide
         problem = problem or "overlap chosen without a communicator"
     collective_assert(problem is None, str(problem))
+
+
+@pytest.mark.parametrize("replicate", [False, True], ids=["owners", "replicated"])
+def test_layer_module_calls_outstanding_together_keep_their_operands(comm, replicate):
+    """The module's bound plans write into buffers it owns, overwritten by each call: two
+    calls whose backward runs after both forwards (one loss over both), then a second step,
+    give the gradients of the same calls run one at a time; the gradients handed to autograd
+    are fresh (an earlier step's stay as they were), and the input tensors are never written."""
+    from linop.frameworks.torch_layers import LayerModule
+    from linop.layers import Convolution
+
+    x = DistributedTensor("x", (2, 3, 4 * comm.size, 5), Partition((1, 1, comm.size, 1)))
+    layer = Convolution(x, 2, Kernel(3, padding=1))
+    rng = np.random.default_rng(5)
+    w, b = rng.standard_normal(layer.weights.global_shape), rng.standard_normal(layer.bias.global_shape)
+    module = LayerModule(layer, weights=w, bias=b, comm=comm, replicate=replicate)
+    (name,) = module.input_names
+    inputs = [torch.from_numpy(x.scatter(rng.standard_normal(x.global_shape))[name]) for _ in range(2)]
+    kept = [t.clone() for t in inputs]
+
+    def gradients(*groups):
+        found = []
+        for group in groups:
+            module.zero_grad()
+            leaves = [t.detach().requires_grad_() for t in group]
+            loss = module.token.sum() * 0
+            for k, leaf in enumerate(leaves):
+                (y,) = module({name: leaf}).values()
+                loss = loss + (k + 1) * (y * y).sum() + module.token.sum()
+            loss.backward()
+            found.append([leaf.grad for leaf in leaves] + [p.grad for p in module.parameters()])
+        return found
+
+    (together,) = gradients(inputs)
+    first, second = gradients(inputs[:1], inputs[1:])
+    again = [g.clone() for g in together]
+    gradients(inputs)  # another step: the first step's gradients must not change
+    problems = [f"input {k} written" for k, (t, c) in enumerate(zip(inputs, kept)) if not torch.equal(t, c)]
+    problems += [
+        f"step gradient {k} changed" for k, (g, h) in enumerate(zip(together, again)) if not torch.equal(g, h)
+    ]
+    problems += [
+        f"dx {k}" for k in range(2) if not torch.allclose(together[k], [first, second][k][0] * (k + 1))
+    ]
+    params = [a + 2 * c for a, c in zip(first[1:], second[1:])]
+    problems += [
+        f"dtheta {k}" for k, (g, h) in enumerate(zip(together[2:], params)) if not torch.allclose(g, h)
+    ]
+    collective_assert(not problems, "; ".join(problems))
