@@ -203,12 +203,13 @@ class BoundTensors:
             name: np.zeros(blocks[name].shape, dtype=_numpy_dtype(dtype))
             for name, dtype in zip(inputs, dtypes)
         }
-        # In place where domain equals range: the buffers are this object's own, refilled on
-        # each call, so the plan may overwrite them (no copy into result arrays).
-        bound = plan.bind(self.arrays)  # collective (as is the decision to rebind below)
+        # The buffers are this object's own, refilled on each call, so the plan may overwrite
+        # them: in place where domain equals range (no copy into result arrays), else donated
+        # (no copy of a block before its first change).
+        bound = plan.bind(self.arrays, donate=True)  # collective (as is the decision to rebind below)
         if bound.inplace and not bound.persistent:
             bound.free()
-            bound = plan.bind(self.arrays, inplace=False)
+            bound = plan.bind(self.arrays, inplace=False, donate=True)
         self._bound = bound
         self.dtype = bound.dtype
         self.persistent = bool(bound.persistent)

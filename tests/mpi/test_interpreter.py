@@ -144,6 +144,39 @@ def test_bound_out_of_place_passes_blocks_through_read_only():
     collective_assert(problem is None, str(problem))
 
 
+def test_a_donated_binding_writes_its_arrays_instead_of_copying_them():
+    """bind(donate=True): the plan may overwrite the bound arrays (no copy of a block before its
+    first change); refilled before each call it gives the operator's result every time, with
+    fewer prepared copies than the plain binding, which leaves the arrays alone."""
+    from linop import DistributedTensor, Kernel, Partition, halo_windows
+
+    tensor = DistributedTensor("u", (4 * SIZE, 6), Partition((SIZE, 1)))
+    op = halo_windows(tensor, Kernel(3, padding=1)).H  # window gradients added back into blocks
+    plan = mpi_backend.plan_for(op, comm=COMM)
+    names = tuple(b.name for b in op.range if b.worker == COMM.rank)
+    problems = []
+    copies = {}
+    for donate in (False, True):
+        local = {b.name: np.zeros(b.shape) for b in op.domain if b.worker == COMM.rank}
+        bound = plan.bind(local, inplace=False, donate=donate)
+        copies[donate] = sum(function is np.copyto for function, _ in bound._calls or ())
+        for seed in (3, 4):
+            state = op.domain.random(seed)
+            given = local_part(op.domain, state, COMM.rank)
+            for name, array in given.items():
+                np.copyto(local[name], array)
+            problem = same_blocks(bound(), op(state), names)
+            if problem is None and not donate and any(not np.array_equal(local[n], given[n]) for n in given):
+                problem = "the plain binding wrote its arrays"
+            problems.append(problem)
+        problems.append(None if bound.persistent else f"donate={donate}: not compiled")
+        bound.free()
+    if copies[True] >= copies[False]:
+        problems.append(f"donated binding prepares {copies[True]} copies, the plain one {copies[False]}")
+    problem = next((p for p in problems if p is not None), None)
+    collective_assert(problem is None, str(problem))
+
+
 @pytest.mark.parametrize("extra", ["messages-only", "with-a-local-move", "with-a-sum"])
 def test_bound_plan(extra):
     """Phases of messages and local moves compile into prepared calls (persistent requests,

@@ -46,6 +46,7 @@ class BoundPlan:
         *,
         checked: bool = False,
         timeout: float | None = None,
+        donate: bool = False,
     ) -> None:
         self.plan = plan
         self._first_timeout = timeout  # the first call's deadline (mpi_deadline), then None
@@ -61,11 +62,18 @@ class BoundPlan:
         if not checked:  # integer blocks: every call checks (the same decision on every rank)
             names = plan.range_names
             dry = compile_schedule(
-                plan.schedule, arrays, comm, dtype, inplace=inplace, range_names=names, dry=True
+                plan.schedule,
+                arrays,
+                comm,
+                dtype,
+                inplace=inplace,
+                range_names=names,
+                dry=True,
+                donate=donate,
             )
             if comm.allreduce(dry is not None, op=mpi().LAND):  # every rank compiles, or none does
                 self._run = compile_schedule(
-                    plan.schedule, arrays, comm, dtype, inplace=inplace, range_names=names
+                    plan.schedule, arrays, comm, dtype, inplace=inplace, range_names=names, donate=donate
                 )
             if self._run is not None:
                 self._calls = self._run.calls

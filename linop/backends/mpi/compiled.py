@@ -24,7 +24,8 @@ arrays and their views:
 A call of the bound plan is then ``for function, arguments in calls: function(*arguments)``:
 no lookup by block name, no dispatch on step types, no closure, no allocation.
 
-The caller's arrays are never written out of place: a block is copied into a buffer built
+The caller's arrays are never written out of place (unless the caller donates them, see
+:meth:`~linop.backends.mpi.plan.DistributedPlan.bind`): a block is copied into a buffer built
 here before its first change (the numpy interpreter's copy-on-write, as a prepared
 ``np.copyto`` at the same point of the call). In place, each block's result is copied back into
 its caller's array when the run leaves it elsewhere (through a buffer when it lies in another
@@ -111,10 +112,19 @@ class _Compiler:
     here, or the caller's in place) rather than borrowed (the caller's, out of place)."""
 
     def __init__(
-        self, arrays: dict[str, np.ndarray], comm: Intracomm, dtype: np.dtype, *, inplace: bool, dry: bool
+        self,
+        arrays: dict[str, np.ndarray],
+        comm: Intracomm,
+        dtype: np.dtype,
+        *,
+        inplace: bool,
+        dry: bool,
+        donate: bool = False,
     ):
         self.arrays = dict(arrays)
         self.owned: set[str] = set(arrays) if inplace else set()
+        if donate:  # the plan's to write (a read-only array stays the caller's: copied first)
+            self.owned = {name for name, array in arrays.items() if array.flags.writeable}
         self.comm = comm
         self.dtype = dtype
         self.dry = dry
@@ -387,14 +397,17 @@ def compile_schedule(
     inplace: bool,
     range_names: Sequence[str],
     dry: bool = False,
+    donate: bool = False,
 ) -> CompiledRun | None:
     """Compile a rank's schedule for the fixed ``arrays`` (this rank's domain blocks, every one
     of the run's dtype), or None when it holds a step not compiled here (see the module
     docstring). ``dry``: only decide, create no MPI request (collective initializations are
-    made by every member or none: the ranks agree on the dry outcome first)."""
+    made by every member or none: the ranks agree on the dry outcome first). ``donate``: out of
+    place, the arrays are the plan's to write (no copy before a block's first change; a result
+    may be one of them), see :meth:`~linop.backends.mpi.plan.DistributedPlan.bind`."""
     if not all(array.dtype == dtype for array in arrays.values()):
         return None
-    compiler = _Compiler(arrays, comm, dtype, inplace=inplace, dry=dry)
+    compiler = _Compiler(arrays, comm, dtype, inplace=inplace, dry=dry, donate=donate)
     try:
         for step in schedule:
             compiler.step(step)

@@ -325,7 +325,12 @@ class DistributedPlan:
         return DistributedOverflowError(problems[0]) if problems else None
 
     def bind(
-        self, local_state: Mapping[str, Any], *, inplace: bool | None = None, timeout: Any = None
+        self,
+        local_state: Mapping[str, Any],
+        *,
+        inplace: bool | None = None,
+        timeout: Any = None,
+        donate: bool = False,
     ) -> BoundPlan:
         """Prepare repeated application to these very arrays; collective.
 
@@ -338,6 +343,12 @@ class DistributedPlan:
         ``Allreduce_init``) writes into result arrays prebuilt once: each call returns the same
         arrays, overwritten. Any other schedule runs the ordinary application without its
         check on each call.
+
+        ``donate=True`` (out of place) gives the bound arrays to the plan, as JAX's donated
+        arguments: a compiled plan may then write into them instead of copying a block before
+        its first change, and a result may be one of them. For a caller that refills its own
+        buffers before each call (the torch adapter's bound tensors); the caller's arrays are
+        otherwise never written out of place.
 
         ``timeout`` (seconds; default :attr:`timeout`, else ``LINOP_TIMEOUT``) bounds the wait
         of the check here and of the bound plan's first call for every rank to arrive
@@ -354,7 +365,13 @@ class DistributedPlan:
         try:
             arrays = {name: local_state[name] for name in self.domain_blocks}
             bound = BoundPlan(
-                self, arrays, dtype, inplace, checked=outcome.integers, timeout=self.deadline(timeout)
+                self,
+                arrays,
+                dtype,
+                inplace,
+                checked=outcome.integers,
+                timeout=self.deadline(timeout),
+                donate=donate,
             )
             return entry.bound(bound, inplace=inplace)
         except BaseException as error:
