@@ -55,7 +55,8 @@ class Agreement(Protocol):
     ``send`` and ``received`` are the vector's buffers (int64, :data:`.vector.VECTOR_LENGTH`);
     ``signature`` and ``sent`` say what ``send`` holds (set by the check that wrote it, so an
     unchanged vector is not rewritten); ``request`` is a persistent request the check may start
-    and wait for itself (None: it calls :meth:`reduce`)."""
+    and wait for itself (None: it calls :meth:`reduce`); ``growth`` the facts agreed per tree
+    (:meth:`EntryCheck._growth_known`)."""
 
     send: np.ndarray
     received: np.ndarray
@@ -63,6 +64,10 @@ class Agreement(Protocol):
     sent: bytes
     request: Any
     rank: int
+    growth: dict[bytes, bool]
+    """Per tree fingerprint, whether every rank can bound the tree's integer growth (agreed
+    once, kept here for every plan of the tree on this communicator or group; never evicted:
+    a few bytes per tree checked with integer blocks)."""
 
     def reduce(self, timeout: float | None = None, doing: str = "the entry check") -> np.ndarray:
         """The maximum over ranks of ``send``, in ``received`` (returned), within ``timeout``
@@ -123,7 +128,6 @@ class EntryCheck:
         self._single = expected[0] if len(expected) == 1 else None
         self._prepared: dict[str, list[Any]] = {}  # by dtype char: vector, bytes, outcomes
         self._outcomes: dict[tuple[bytes, bool], CheckOutcome] = {}  # by the reduced vector
-        self._growth: bool | None = None
         self._doing_text: str | None = None
 
     def run(
@@ -247,18 +251,25 @@ class EntryCheck:
 
     def _growth_known(self) -> bool:
         """Whether every rank can bound the tree's integer growth (:func:`linop.dtypes.growth`,
-        from the tree's exact matrix); agreed once per tree (one more ``Allreduce``). A rank
-        may not: a tree of local operators that hold only this rank's data (a layer's
-        parameter operator) has no global matrix there. Then integer runs are widened to
-        int64 without a bound (see the module docstring)."""
-        if self._growth is None:
+        from the tree's exact matrix); agreed once per tree and communicator (one more
+        collective, :meth:`Agreement.minimum`). A rank may not: a tree of local operators that
+        hold only this rank's data (a layer's parameter operator) has no global matrix there.
+        Then integer runs are widened to int64 without a bound (see :mod:`.policy`).
+
+        The agreed answer is kept by the agreement (:attr:`Agreement.growth`, one per
+        communicator), not by this check: plans are cached per rank, and a rank may have
+        evicted and rebuilt a plan that another rank still holds, so a per-plan answer would
+        make one rank enter the collective alone. Every rank asks at the same calls (integer
+        runs are agreed by the reduced vector), so the agreement's table is the same on all."""
+        known = self.agreement.growth.get(self.fingerprint)
+        if known is None:
             try:
                 dtypes.growth(self.op)
-                known = 1
+                local = 1
             except Exception:  # the matrix cannot be formed on this rank
-                known = 0
-            self._growth = bool(self.agreement.minimum(known))
-        return self._growth
+                local = 0
+            known = self.agreement.growth[self.fingerprint] = bool(self.agreement.minimum(local))
+        return known
 
     def _collective_error(self, same_tree: bool, problem: Problem | None) -> LinopError:
         reports = self.agreement.allgather((self.fingerprint, problem, self.tree_fingerprint))

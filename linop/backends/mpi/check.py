@@ -52,6 +52,7 @@ class CheckReducer:
         self.signature: Any = None  # what :attr:`send` holds (set by the check that wrote it)
         self.sent = b""  # :attr:`send` as bytes
         self.rank: int = comm.Get_rank()
+        self.growth: dict[bytes, bool] = {}  # agreed per tree: see EntryCheck._growth_known
         self.single = comm.Get_size() == 1
         if persistent and not self.single:
             try:

@@ -47,6 +47,7 @@ class TorchReducer:
         self.signature: Any = None
         self.sent = b""
         self.rank = context.rank
+        self.growth: dict[bytes, bool] = {}  # agreed per tree: see EntryCheck._growth_known
         self.single = context.size == 1
         self._tensor = torch.from_numpy(self.received)
         self.timeout: float | None = None  # set by the check before each reduction
