@@ -141,6 +141,20 @@ class WorkerMap:
         return self._by_rank.get(rank, ())
 
     @property
+    def dense(self) -> int:
+        """``n`` when the map covers exactly the workers ``0 .. n - 1`` (as a sequence does),
+        else -1."""
+        pairs = self._pairs
+        if not pairs:
+            return 0
+        return len(pairs) if pairs[0][0] == 0 and pairs[-1][0] == len(pairs) - 1 else -1
+
+    @property
+    def largest_rank(self) -> int:
+        """The largest rank a worker is mapped to (-1 for the empty map)."""
+        return max(self._by_rank, default=-1)
+
+    @property
     def pairs(self) -> tuple[tuple[int, int], ...]:
         """(worker, rank) for every mapped worker, by worker."""
         return self._pairs
