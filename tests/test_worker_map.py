@@ -24,6 +24,7 @@ from linop.program import (
     lower_for_workers,
     lowers_per_worker,
     mapped_global_program,
+    owned_blocks,
     project,
 )
 from linop.repartition import Repartition
@@ -278,3 +279,16 @@ def test_a_map_that_does_not_fit_is_reported_per_rank_as_before():
         compile_mapped(op, sparse, 0, 1)
     spare = WorkerMap([0] * 16 + [5])  # a worker the tree does not name, on a rank beyond the size
     assert compile_mapped(op, spare, 0, 1).schedule == mapped_global_program(op, 0, spare).schedule
+
+
+@pytest.mark.parametrize("case", ["nested-4x4", "periodic-windows"])
+def test_a_mapped_rank_finds_its_blocks_of_a_grid_space_in_space_order(case):
+    op = PER_WORKER_TREES[case]()
+    workers = op.domain.max_worker + 1
+    for mapping in _maps(workers).values():
+        for space in (op.domain, op.range):
+            for rank in range(mapping.largest_rank + 2):
+                held = set(mapping.workers_on(rank))
+                assert owned_blocks(space, rank, mapping) == tuple(
+                    b for b in space.blocks if b.worker in held
+                )
