@@ -13,10 +13,12 @@ from linop.collectives import AllReduce, BlockGrid, Broadcast
 from linop.errors import CommunicatorError, LinopError, WorkerMapError
 from linop.halo import HaloExchange, halo_windows
 from linop.halo_geometry import Kernel, halo_geometry
+from linop.layers import Convolution
 from linop.partition import DistributedTensor, Partition
 from linop.program import (
     LocalMoves,
     RankBranches,
+    RankOverlap,
     RankPhase,
     WorkerMap,
     batch,
@@ -218,6 +220,83 @@ def test_a_mapped_rank_compiles_its_workers_part_equal_to_the_global_projection(
             reference = mapped_global_program(op, rank, mapping)
             assert mine.schedule == reference.schedule, (name, rank)
             assert mine.max_worker == reference.max_worker, (name, rank)
+
+
+def _convolution(overlap):
+    layer = Convolution(
+        DistributedTensor("x", (1, 2, 12, 10), Partition((1, 1, 4, 4))), 2, Kernel(3, padding=1)
+    )
+    weights = np.random.default_rng(3).integers(-3, 4, size=layer.weights.global_shape)
+    return layer.input_operator(weights, overlap=overlap)
+
+
+COMPOSED_TREES = {
+    "nested-twice": lambda: PER_WORKER_TREES["nested-4x4"]() @ PER_WORKER_TREES["nested-4x4"](),
+    "direct-after-nested": lambda: PER_WORKER_TREES["direct-4x4"]() @ PER_WORKER_TREES["nested-4x4"](),
+    "periodic-twice": lambda: (
+        _halo_tree((12, 10), (3, 2), Kernel(5, padding=2, boundary="periodic"))
+        @ _halo_tree((12, 10), (3, 2), Kernel(5, padding=2, boundary="periodic"))
+    ),
+    "windows-adjoint-windows": lambda: (
+        PER_WORKER_TREES["periodic-windows"]().H @ PER_WORKER_TREES["periodic-windows"]()
+    ),
+    "convolution": lambda: _convolution(False),
+    "convolution-overlapped": lambda: _convolution(True),
+}
+
+
+def _sequences(schedule, out=None):
+    """A schedule as what two ranks must agree on and what the rank runs, phases aside: its
+    messages per (direction, peer) in order with their tags, its local moves in order, its
+    local nodes in order (those run in flight included) and its other steps in order."""
+    messages, moves, nodes, other = out if out is not None else ({}, [], [], [])
+    for step in schedule:
+        phase = step.phase if isinstance(step, RankOverlap) else step
+        if isinstance(step, RankOverlap):
+            nodes.extend(step.during)
+        if isinstance(phase, RankPhase):
+            for direction, entries in (("recv", phase.receives), ("send", phase.sends)):
+                for peer, tag, t in entries:
+                    messages.setdefault((direction, peer), []).append((tag, t))
+        elif isinstance(step, LocalMoves):
+            moves.extend(step.transfers)
+        elif isinstance(step, RankBranches):
+            other.append((step.names, tuple(_sequences(term) for term in step.terms)))
+        elif type(step).__module__.startswith("linop.program"):
+            if not isinstance(step, RankOverlap):
+                other.append(step)
+        else:
+            nodes.append(step)
+    return messages, moves, nodes, other
+
+
+@pytest.mark.parametrize("case", list(COMPOSED_TREES))
+@pytest.mark.parametrize("adjoint", [False, True], ids=["forward", "adjoint"])
+def test_a_mapped_rank_compiles_composed_trees_with_the_global_messages(case, adjoint):
+    """Trees of several exchanges (layers' included, overlapped or not): per rank the same
+    messages per peer in the same order with the same tags, the same local moves and local
+    nodes in order, as the global projection. A rank may group its messages into fewer
+    phases (as :func:`~linop.program.compile_for_rank` does without a map): a conflict
+    between two other ranks' steps splits a global phase that the rank's part keeps whole."""
+    op = COMPOSED_TREES[case]()
+    op = op.H if adjoint else op
+    assert lowers_per_worker(op)
+    workers = max(op.domain.max_worker, op.range.max_worker) + 1
+    for name, mapping in _maps(workers).items():
+        for rank in range(mapping.largest_rank + 2):
+            mine = compile_for_rank(op, rank, mapping)
+            reference = mapped_global_program(op, rank, mapping)
+            assert _sequences(mine.schedule) == _sequences(reference.schedule), (name, rank)
+            assert mine.max_worker == reference.max_worker
+
+
+def test_the_sequences_catch_a_tag_off_by_one_and_a_dropped_transfer():
+    op = COMPOSED_TREES["nested-twice"]()
+    mapping = WorkerMap.round_robin(WORKERS, 3)
+    reference = _sequences(mapped_global_program(op, 1, mapping).schedule)
+    wrong = list(_mutations(compile_for_rank(op, 1, mapping).schedule))
+    assert len(wrong) >= 3
+    assert all(_sequences(schedule) != reference for schedule in wrong)
 
 
 def test_sixteen_workers_on_four_ranks_compile_per_rank():

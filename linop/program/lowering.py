@@ -220,32 +220,43 @@ def lowering_workers() -> frozenset[int] | None:
     return _WORKERS.get()
 
 
-_PER_WORKER: set[type] = set()
+_PER_WORKER: dict[type, Callable[[Any], Iterable[LinearOperator]] | None] = {}
 
 
-def per_worker(node_type: type) -> type:
+def per_worker(node_type: type, parts: Callable[[Any], Iterable[LinearOperator]] | None = None) -> type:
     """Declare that the lowering of ``node_type`` builds only the part of the workers of
-    :func:`lowering_workers` when that is set, in global program order, so that the batched
-    part equals the global program's part phase by phase (returns the type)."""
-    _PER_WORKER.add(node_type)
+    :func:`lowering_workers` when that is set, in global program order (returns the type).
+    ``parts``: for a node whose lowering lowers other trees (:func:`lower`), those trees, which
+    must lower per worker too (:func:`lowers_per_worker`)."""
+    _PER_WORKER[node_type] = parts
     return node_type
 
 
 def lowers_per_worker(op: LinearOperator) -> bool:
     """True when every node of ``op`` below the algebra (composition, sum, scaling, identity,
     zero) lowers per worker (:func:`per_worker`): then a mapped rank's part
-    (:func:`lower_for_workers`), batched and projected, is the global portable program's
-    projection step by step. Other nodes are lowered whole there and filtered, and batching the
-    filtered steps may group a rank's steps differently (a conflict between two other workers
-    splits a global phase that the rank's part keeps whole). A function of the tree alone: the
-    same on every rank."""
+    (:func:`lower_for_workers`) holds the steps of the global portable program its workers
+    take part in, in program order, and, batched and projected, gives the messages, tags and
+    local steps of the global program's projection (the movement nodes and primitives, one
+    step each, count as lowering per worker). Other nodes would be lowered whole there
+    (O(the tree) on every rank), so such trees take the global route. A function of the tree
+    alone: the same on every rank."""
     if isinstance(op, Composition):
         return all(lowers_per_worker(f) for f in op.factors)
     if isinstance(op, Sum):
         return all(lowers_per_worker(t) for t in op.terms)
     if isinstance(op, Scaled):
         return lowers_per_worker(op.operator)
-    return type(op) in (Identity, Zero) or type(op) in _PER_WORKER
+    if type(op) in (Identity, Zero, *_PRIMITIVES):
+        return True
+    if type(op) not in _PER_WORKER:
+        return False
+    parts = _PER_WORKER[type(op)]
+    return parts is None or all(lowers_per_worker(part) for part in parts(op))
+
+
+_PRIMITIVES = (Copy, CopyAdjoint, Move, Add, Clear, Allocate, Deallocate)
+"""Nodes of one step each (below): lowered whole and filtered, in O(1)."""
 
 
 def lower_for_workers(
