@@ -7,10 +7,14 @@ worker ``w`` runs on rank ``mapping.rank_of(w)``: a rank may hold several worker
 4 ranks: 4 workers each) or none, and its local state holds the blocks of all its workers.
 
 A rank's schedule is the schedule of the *set* of workers it holds, projected from the global
-program (:func:`compile_mapped`) by :func:`~linop.program.project` under the map. A tree of halo
-exchanges and their shims is compiled by each rank from its workers' part only
-(:func:`~linop.program.compile_for_rank` with the map, O(their own work)), with the same
-schedule step by step; other trees project the global program, built once per process:
+program (:func:`compile_mapped`) by :func:`~linop.program.project` under the map. A tree whose
+nodes lower per worker (:func:`~linop.program.lowers_per_worker`: halo exchanges, their shims,
+local operators, the overlapped exchange and the one-step primitives, under the algebra) is
+compiled by each rank from its workers' part only (:func:`~linop.program.compile_for_rank`
+with the map, O(their own work)): the messages per peer, their tags and the local steps of the
+global projection (the same phases too for one exchange; with several, a rank may group its
+messages into fewer phases, as without a map). Other trees (collectives, repartitions)
+project the global program, built once per process:
 
 - the program is lowered without fast paths (:func:`~linop.program.lower_portable`):
   halo exchanges, collectives and repartitions run their point-to-point expansion, whose steps
@@ -111,9 +115,8 @@ class MappedCompiled:
     """A tree compiled under one worker map: its fingerprint (the tree's and the map's) and per
     rank the schedule (or the error compiling or validating raised).
 
-    A tree whose nodes all lower per worker (:func:`~linop.program.lowers_per_worker`: halo
-    exchanges and their shims under the algebra) is compiled per rank from its workers' part
-    only (:func:`~linop.program.compile_for_rank` with the map), and validated against the map
+    A tree whose nodes all lower per worker (:func:`~linop.program.lowers_per_worker`) is
+    compiled per rank from its workers' part only (:func:`~linop.program.compile_for_rank` with the map), and validated against the map
     from the largest worker it names when the map covers ``0 .. n - 1`` on ranks below the
     communicator's size; other trees (and other maps) use the global portable program, built
     once per process: :attr:`steps`, :attr:`workers` and :attr:`error`, on first use."""
