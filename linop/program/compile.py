@@ -6,8 +6,9 @@ and the projection of every rank); :func:`compile_for_rank` gives one rank's
 halo exchange, its shims and the collectives' fast paths (``docs/theory.md#cost-model``).
 The two run together: the messages between two ranks and their tags are the same. Under a
 worker map, :func:`compile_for_rank` lowers only the rank's workers' part
-(:func:`~linop.program.lowering.lower_for_workers`): O(their own work) for the halo exchange
-and its shims, the other nodes lowered whole and filtered.
+(:func:`~linop.program.lowering.lower_for_workers`, O(their own work)) of a tree whose nodes
+lower per worker (:func:`~linop.program.lowering.lowers_per_worker`); other trees are projected
+from the global portable program (:func:`mapped_global_program`).
 """
 
 from __future__ import annotations
@@ -61,8 +62,11 @@ def compile_for_rank(
 
     Under ``mapping`` the steps of the workers the map puts on ``rank`` are lowered portably
     (:func:`~linop.program.lowering.lower_for_workers`), batched and projected under the map:
-    the messages and tags of the global portable program's projection, since each pair of
-    ranks sees the transfers between their workers in global program order.
+    the messages per peer, their tags and the local steps of the global portable program's
+    projection (:func:`mapped_global_program`), since each pair of ranks sees the transfers
+    between their workers in global program order. The phases are the same for one exchange;
+    with several, a rank may group its messages into fewer phases (a conflict between other
+    ranks' steps splits a global phase), which the executor contract allows.
     ``mapped_fast_paths``: lower with the fast paths that project under a map (the
     ``mapping`` given to :func:`~linop.program.lowering.lower_portable`); False for none.
     A tree with a node that does not lower per worker
