@@ -19,6 +19,13 @@ runs on each rank, for one interior rank of a ``s x s`` grid of ``P = s**2`` wor
 ``--global`` measures the global program instead (:func:`~linop.program.lower`
 of every rank's steps, batched, then projected), the route plans took before issue 13.
 
+``--mapped K`` plans under a worker map of K consecutive workers per rank
+(:meth:`~linop.program.WorkerMap.blocked`, built outside the timed stages), for the rank holding
+the interior worker: ``fingerprint`` adds the map's digest, ``lower`` is the rank's workers' part
+(:func:`~linop.program.lower_for_workers`) for the trees that lower per worker and the global
+portable program for the others (``--global``: for all, the route before issue 24), and
+``project`` projects under the map.
+
 The cases (2-D grids, 8 x 8 local blocks, kernel 3, padding 1): ``HaloExchange``,
 ``halo_windows``, ``Broadcast 1 -> P``, ``Broadcast (1,s) -> (s,s)``, ``AllReduce axis 0`` (on a tensor and on a
 ``BlockGrid``),
@@ -67,7 +74,17 @@ from linop import (
     halo_windows,
 )
 from linop.backends.mpi import native as mpi_native  # noqa: F401 - registers the fast-path lowerings
-from linop.program import batch, fingerprint, lower, lower_for, project
+from linop.program import (
+    WorkerMap,
+    batch,
+    fingerprint,
+    lower,
+    lower_for,
+    lower_for_workers,
+    lower_portable,
+    lowers_per_worker,
+    project,
+)
 
 BLOCK = 8
 STAGES = ("build", "fingerprint", "lower", "batch", "project")
@@ -134,25 +151,40 @@ class Measured:
 GLOBAL = False
 """Measure the global program (``--global``) instead of the rank's own."""
 
+MAPPED = 0
+"""Workers per rank of a blocked worker map (``--mapped K``); 0 for none."""
+
 
 def _stages(build: Callable[[int], LinearOperator], s: int, adjoint: bool) -> list[tuple[str, Callable]]:
     """The stages as thunks sharing one dict of intermediate results."""
     found: dict[str, object] = {}
     rank = (s // 2) * s + s // 2
+    mapping = WorkerMap.blocked(s * s, max(1, s * s // MAPPED)) if MAPPED else None
+    if mapping is not None:
+        rank = mapping.rank_of(rank)
 
     def tree() -> None:
         op = build(s)
         found["op"] = op.H if adjoint else op
 
+    def digest() -> None:
+        found["fp"] = fingerprint(found["op"]) + (b"" if mapping is None else mapping.description())
+
     def lowered() -> None:
-        found["lowered"] = lower(found["op"]) if GLOBAL else lower_for(found["op"], rank)[0]
+        op: LinearOperator = found["op"]  # type: ignore[assignment]
+        if mapping is None:
+            found["lowered"] = lower(op) if GLOBAL else lower_for(op, rank)[0]
+        elif GLOBAL or not lowers_per_worker(op):
+            found["lowered"] = lower_portable(op, mapping)
+        else:
+            found["lowered"] = lower_for_workers(op, mapping.workers_on(rank), mapping)[0]
 
     return [
         ("build", tree),
-        ("fingerprint", lambda: found.__setitem__("fp", fingerprint(found["op"]))),
+        ("fingerprint", digest),
         ("lower", lowered),
         ("batch", lambda: found.__setitem__("batched", batch(found["lowered"]))),
-        ("project", lambda: found.__setitem__("schedule", project(found["batched"], rank))),
+        ("project", lambda: found.__setitem__("schedule", project(found["batched"], rank, mapping))),
         ("", lambda: found.__setitem__("steps", len(found["schedule"]))),
     ], found  # type: ignore[return-value]
 
@@ -235,9 +267,12 @@ def main() -> None:
     parser.add_argument("--fit", choices=("last", "all"), default="last")
     parser.add_argument("--proof", action="store_true", help="time the exact adjoint proofs instead")
     parser.add_argument("--global", dest="whole", action="store_true", help="the global program's route")
+    parser.add_argument(
+        "--mapped", type=int, default=0, metavar="K", help="K workers per rank (a blocked map)"
+    )
     args = parser.parse_args()
-    global GLOBAL
-    GLOBAL = args.whole
+    global GLOBAL, MAPPED
+    GLOBAL, MAPPED = args.whole, args.mapped
     if args.proof:
         proofs()
         return

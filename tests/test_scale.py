@@ -30,8 +30,9 @@ from pathlib import Path
 import pytest
 
 from linop import Block, Region, Space
+from linop.backends.mpi.mapping import MappedCompiled
 from linop.backends.mpi.plan import Compiled
-from linop.program import RankPhase, compile_for_rank, compile_program, fingerprint
+from linop.program import RankPhase, WorkerMap, compile_for_rank, compile_program, fingerprint
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bench_scale
@@ -446,3 +447,36 @@ def test_described_offsets_equal_their_running_sums() -> None:
     geometry = halo_geometry(tensor, Kernel(3, padding=1))
     widths = geometry.column(0, "local_size")
     assert len(widths) == 1024 and widths[0] == 977 + 1 + 1 and widths[-1] == 976 + 1 + 1
+
+
+def _mapped_plan(
+    case: str, s: int, adjoint: bool, monkeypatch: pytest.MonkeyPatch, *, whole: bool = False
+) -> int:
+    """Objects built while the rank holding the interior worker plans under a map of 4 workers
+    per rank (the map built beforehand), as the MPI plan does; ``whole``: the global route."""
+    op = _tree(case, s, adjoint)
+    mapping = WorkerMap.blocked(s * s, s * s // 4)
+    rank = mapping.rank_of(_rank(s))
+
+    def plan() -> None:
+        compiled = MappedCompiled(op, mapping)
+        compiled.per_worker = compiled.per_worker and not whole
+        program, problem = compiled.for_rank(rank, s * s // 4)
+        assert problem is None and program is not None and program.schedule
+        compiled.domain_blocks(rank), compiled.range_names(rank)
+
+    return _counted(plan, monkeypatch)
+
+
+@pytest.mark.parametrize("adjoint", [False, True], ids=["forward", "adjoint"])
+@pytest.mark.parametrize("case", HALO)
+def test_a_mapped_rank_plans_its_workers_part_only(
+    case: str, adjoint: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under a worker map (4 workers per rank) a rank's plan of a halo tree builds as many
+    objects at P = 256 as at P = 1024 (its 4 workers interior in both grids); the global route
+    it replaced grows (the control)."""
+    counts = [_mapped_plan(case, s, adjoint, monkeypatch) for s in (16, 32)]
+    assert counts[0] == counts[1], f"{case}: {counts[0]} objects at P = 256, {counts[1]} at P = 1024"
+    whole = [_mapped_plan(case, s, adjoint, monkeypatch, whole=True) for s in (8, 16)]
+    assert whole[1] > 3 * whole[0]

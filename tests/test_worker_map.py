@@ -7,14 +7,28 @@ import numpy as np
 import pytest
 
 from linop.backends import numpy as numpy_backend
-from linop.backends.mpi.mapping import compile_mapped, compiled_for
+from linop.backends.mpi.mapping import MappedCompiled, compile_mapped, compiled_for
 from linop.backends.mpi.runtime import run_schedule
 from linop.collectives import AllReduce, BlockGrid, Broadcast
 from linop.errors import CommunicatorError, LinopError, WorkerMapError
 from linop.halo import HaloExchange, halo_windows
 from linop.halo_geometry import Kernel, halo_geometry
+from linop.layers import Convolution
 from linop.partition import DistributedTensor, Partition
-from linop.program import LocalMoves, RankBranches, RankPhase, WorkerMap
+from linop.program import (
+    LocalMoves,
+    RankBranches,
+    RankOverlap,
+    RankPhase,
+    WorkerMap,
+    batch,
+    compile_for_rank,
+    lower_for_workers,
+    lowers_per_worker,
+    mapped_global_program,
+    owned_blocks,
+    project,
+)
 from linop.repartition import Repartition
 
 WORKERS = 16
@@ -156,3 +170,204 @@ def test_compilation_is_kept_per_tree_and_map():
         compiled_for(op, mapping).tree_fingerprint
         == compiled_for(op, WorkerMap.round_robin(16, 4)).tree_fingerprint
     )
+
+
+# -- a mapped rank compiles its workers' part only ----------------------------------------------
+def _halo_tree(shape, parts, kernel, variant="nested", windows=False):
+    tensor = DistributedTensor("x", shape, Partition(parts))
+    if windows:
+        return halo_windows(tensor, kernel, variant=variant)
+    return HaloExchange(halo_geometry(tensor, kernel), variant)
+
+
+PER_WORKER_TREES = {
+    "nested-4x4": lambda: _halo_tree((11, 9), (4, 4), Kernel(3, padding=1)),
+    "direct-4x4": lambda: _halo_tree((11, 9), (4, 4), Kernel(3, padding=1), "direct"),
+    "periodic-windows": lambda: _halo_tree(
+        (12, 10), (3, 2), Kernel(5, padding=2, boundary="periodic"), windows=True
+    ),
+    "multi-hop": lambda: _halo_tree((10, 10), (5, 5), Kernel((3, 5), padding=(1, 6), boundary="periodic")),
+    "strided-trims": lambda: _halo_tree((11, 6), (3, 2), Kernel(2, stride=2), windows=True),
+    "symmetric-3d": lambda: _halo_tree(
+        (8, 9, 7), (2, 3, 2), Kernel(3, padding=1, boundary="symmetric"), windows=True
+    ),
+    "sum": CASES["sum"],
+}
+
+
+def _maps(workers):
+    return {
+        "blocked-4": WorkerMap.blocked(workers, 4),
+        "round-robin-3": WorkerMap.round_robin(workers, 3),
+        "one-rank": WorkerMap([0] * workers),
+        "scattered-with-empty-ranks": WorkerMap([(7 * w) % 5 + 2 * (w % 2) for w in range(workers)]),
+    }
+
+
+@pytest.mark.parametrize("case", list(PER_WORKER_TREES))
+@pytest.mark.parametrize("adjoint", [False, True], ids=["forward", "adjoint"])
+def test_a_mapped_rank_compiles_its_workers_part_equal_to_the_global_projection(case, adjoint):
+    """Per rank (ranks holding no worker included), the schedule compiled from the rank's
+    workers' part equals the projection of the global portable program step by step: local
+    nodes, phases, local moves, message peers and tags, and the largest worker."""
+    op = PER_WORKER_TREES[case]()
+    op = op.H if adjoint else op
+    assert lowers_per_worker(op)
+    workers = max(op.domain.max_worker, op.range.max_worker) + 1
+    for name, mapping in _maps(workers).items():
+        for rank in range(mapping.largest_rank + 2):
+            mine = compile_for_rank(op, rank, mapping)
+            reference = mapped_global_program(op, rank, mapping)
+            assert mine.schedule == reference.schedule, (name, rank)
+            assert mine.max_worker == reference.max_worker, (name, rank)
+
+
+def _convolution(overlap):
+    layer = Convolution(
+        DistributedTensor("x", (1, 2, 12, 10), Partition((1, 1, 4, 4))), 2, Kernel(3, padding=1)
+    )
+    weights = np.random.default_rng(3).integers(-3, 4, size=layer.weights.global_shape)
+    return layer.input_operator(weights, overlap=overlap)
+
+
+COMPOSED_TREES = {
+    "nested-twice": lambda: PER_WORKER_TREES["nested-4x4"]() @ PER_WORKER_TREES["nested-4x4"](),
+    "direct-after-nested": lambda: PER_WORKER_TREES["direct-4x4"]() @ PER_WORKER_TREES["nested-4x4"](),
+    "periodic-twice": lambda: (
+        _halo_tree((12, 10), (3, 2), Kernel(5, padding=2, boundary="periodic"))
+        @ _halo_tree((12, 10), (3, 2), Kernel(5, padding=2, boundary="periodic"))
+    ),
+    "windows-adjoint-windows": lambda: (
+        PER_WORKER_TREES["periodic-windows"]().H @ PER_WORKER_TREES["periodic-windows"]()
+    ),
+    "convolution": lambda: _convolution(False),
+    "convolution-overlapped": lambda: _convolution(True),
+}
+
+
+def _sequences(schedule, out=None):
+    """A schedule as what two ranks must agree on and what the rank runs, phases aside: its
+    messages per (direction, peer) in order with their tags, its local moves in order, its
+    local nodes in order (those run in flight included) and its other steps in order."""
+    messages, moves, nodes, other = out if out is not None else ({}, [], [], [])
+    for step in schedule:
+        phase = step.phase if isinstance(step, RankOverlap) else step
+        if isinstance(step, RankOverlap):
+            nodes.extend(step.during)
+        if isinstance(phase, RankPhase):
+            for direction, entries in (("recv", phase.receives), ("send", phase.sends)):
+                for peer, tag, t in entries:
+                    messages.setdefault((direction, peer), []).append((tag, t))
+        elif isinstance(step, LocalMoves):
+            moves.extend(step.transfers)
+        elif isinstance(step, RankBranches):
+            other.append((step.names, tuple(_sequences(term) for term in step.terms)))
+        elif type(step).__module__.startswith("linop.program"):
+            if not isinstance(step, RankOverlap):
+                other.append(step)
+        else:
+            nodes.append(step)
+    return messages, moves, nodes, other
+
+
+@pytest.mark.parametrize("case", list(COMPOSED_TREES))
+@pytest.mark.parametrize("adjoint", [False, True], ids=["forward", "adjoint"])
+def test_a_mapped_rank_compiles_composed_trees_with_the_global_messages(case, adjoint):
+    """Trees of several exchanges (layers' included, overlapped or not): per rank the same
+    messages per peer in the same order with the same tags, the same local moves and local
+    nodes in order, as the global projection. A rank may group its messages into fewer
+    phases (as :func:`~linop.program.compile_for_rank` does without a map): a conflict
+    between two other ranks' steps splits a global phase that the rank's part keeps whole."""
+    op = COMPOSED_TREES[case]()
+    op = op.H if adjoint else op
+    assert lowers_per_worker(op)
+    workers = max(op.domain.max_worker, op.range.max_worker) + 1
+    for name, mapping in _maps(workers).items():
+        for rank in range(mapping.largest_rank + 2):
+            mine = compile_for_rank(op, rank, mapping)
+            reference = mapped_global_program(op, rank, mapping)
+            assert _sequences(mine.schedule) == _sequences(reference.schedule), (name, rank)
+            assert mine.max_worker == reference.max_worker
+
+
+def test_the_sequences_catch_a_tag_off_by_one_and_a_dropped_transfer():
+    op = COMPOSED_TREES["nested-twice"]()
+    mapping = WorkerMap.round_robin(WORKERS, 3)
+    reference = _sequences(mapped_global_program(op, 1, mapping).schedule)
+    wrong = list(_mutations(compile_for_rank(op, 1, mapping).schedule))
+    assert len(wrong) >= 3
+    assert all(_sequences(schedule) != reference for schedule in wrong)
+
+
+def test_sixteen_workers_on_four_ranks_compile_per_rank():
+    """The MPI entry point compiles a halo tree per rank (no global program built) and gives the
+    global projection's schedule; a collective keeps the global route."""
+    op = CASES["halo_windows"]()
+    mapping = WorkerMap.blocked(WORKERS, 4)
+    compiled = MappedCompiled(op, mapping)
+    assert compiled.per_worker
+    for rank in range(4):
+        program, problem = compiled.for_rank(rank, 4)
+        assert problem is None and program is not None
+        assert program.schedule == mapped_global_program(op, rank, mapping).schedule
+    assert compiled._global is None  # the whole tree was never lowered
+    assert not MappedCompiled(CASES["all-reduce"](), mapping).per_worker
+    assert not MappedCompiled(CASES["repartition"](), mapping).per_worker
+    assert not lowers_per_worker(CASES["broadcast"]().H @ CASES["broadcast"]())
+    assert lowers_per_worker(CASES["halo"]().H @ (2 * CASES["halo"]()))
+
+
+def _mutations(schedule):
+    """Wrong schedules: each phase's first message with its tag one off, each phase with its
+    last send dropped, a local move dropped."""
+    for i, step in enumerate(schedule):
+        if isinstance(step, RankPhase) and step.sends:
+            peer, tag, t = step.sends[0]
+            wrong = RankPhase(step.receives, ((peer, tag + 1, t), *step.sends[1:]))
+            yield (*schedule[:i], wrong, *schedule[i + 1 :])
+            yield (*schedule[:i], RankPhase(step.receives, step.sends[:-1]), *schedule[i + 1 :])
+        if isinstance(step, LocalMoves):
+            yield (*schedule[:i], LocalMoves(step.transfers[1:]), *schedule[i + 1 :])
+
+
+def test_the_comparison_catches_a_tag_off_by_one_and_a_dropped_transfer():
+    op = PER_WORKER_TREES["nested-4x4"]()
+    mapping = WorkerMap.round_robin(WORKERS, 3)
+    reference = mapped_global_program(op, 1, mapping).schedule
+    wrong = list(_mutations(compile_for_rank(op, 1, mapping).schedule))
+    assert len(wrong) >= 3
+    assert all(schedule != reference for schedule in wrong)
+
+
+def test_the_comparison_catches_a_lowering_that_counts_from_its_own_worker():
+    """A control: lowering each worker's part on its own and concatenating them (not merged in
+    the global order) gives other tags than the global projection."""
+    op = PER_WORKER_TREES["nested-4x4"]()
+    mapping = WorkerMap.round_robin(WORKERS, 3)
+    steps = []
+    for worker in mapping.workers_on(1):
+        steps.extend(lower_for_workers(op, [worker], mapping)[0])
+    wrong = project(batch(steps), 1, mapping)
+    assert wrong != mapped_global_program(op, 1, mapping).schedule
+
+
+def test_a_map_that_does_not_fit_is_reported_per_rank_as_before():
+    op = CASES["halo"]()
+    sparse = WorkerMap({w: 0 for w in range(16) if w != 9})
+    with pytest.raises(WorkerMapError, match="worker 9 of the tree is not in the worker map"):
+        compile_mapped(op, sparse, 0, 1)
+    spare = WorkerMap([0] * 16 + [5])  # a worker the tree does not name, on a rank beyond the size
+    assert compile_mapped(op, spare, 0, 1).schedule == mapped_global_program(op, 0, spare).schedule
+
+
+@pytest.mark.parametrize("case", ["nested-4x4", "periodic-windows"])
+def test_a_mapped_rank_finds_its_blocks_of_a_grid_space_in_space_order(case):
+    op = PER_WORKER_TREES[case]()
+    workers = op.domain.max_worker + 1
+    for mapping in _maps(workers).values():
+        for space in (op.domain, op.range):
+            for rank in range(mapping.largest_rank + 2):
+                held = set(mapping.workers_on(rank))
+                assert owned_blocks(space, rank, mapping) == tuple(
+                    b for b in space.blocks if b.worker in held
+                )

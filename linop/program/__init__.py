@@ -14,7 +14,8 @@ passes, all deterministic, so every process that holds the same tree computes th
    a worker map (the identity by default), the rank steps it takes part in.
 
 :func:`compile_program` builds the global :class:`Program`; :func:`compile_for_rank` one rank's
-:class:`RankProgram` from its own steps only (:func:`lower_for`). :func:`fingerprint` digests a
+:class:`RankProgram` from its own steps only (:func:`lower_for`; under a worker map, its
+workers' steps, :func:`lower_for_workers`). :func:`fingerprint` digests a
 tree so that the ranks can check they hold the same one.
 
 The contract an executor keeps
@@ -64,19 +65,23 @@ from __future__ import annotations
 
 from . import lowering_local, lowering_overlap, lowering_shims  # noqa: F401 - register the generic lowerings
 from .batching import batch
-from .compile import Program, RankProgram, compile_for_rank, compile_program
+from .compile import Program, RankProgram, compile_for_rank, compile_program, mapped_global_program
 from .fingerprinting import fingerprint
 from .lowering import (
     INTERPRETER,
     Lowering,
     lower,
     lower_for,
+    lower_for_workers,
     lower_portable,
     lowering,
     lowering_mapping,
     lowering_rank,
+    lowering_workers,
+    lowers_per_worker,
     movement_footprint,
     note_workers,
+    per_worker,
     workers_named,
 )
 from .projection import TAG_LIMIT, owned_blocks, project
@@ -135,8 +140,12 @@ __all__ = [
     "lower",
     "lower_for",
     "lower_portable",
+    "lower_for_workers",
     "lowering_mapping",
     "lowering_rank",
+    "lowering_workers",
+    "lowers_per_worker",
+    "per_worker",
     "note_workers",
     "movement_footprint",
     "workers_named",
@@ -149,5 +158,6 @@ __all__ = [
     "RankProgram",
     "compile_program",
     "compile_for_rank",
+    "mapped_global_program",
     "fingerprint",
 ]

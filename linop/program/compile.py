@@ -4,7 +4,11 @@
 and the projection of every rank); :func:`compile_for_rank` gives one rank's
 :class:`RankProgram` without building the global program, in O(the rank's own work) for the
 halo exchange, its shims and the collectives' fast paths (``docs/theory.md#cost-model``).
-The two run together: the messages between two ranks and their tags are the same.
+The two run together: the messages between two ranks and their tags are the same. Under a
+worker map, :func:`compile_for_rank` lowers only the rank's workers' part
+(:func:`~linop.program.lowering.lower_for_workers`, O(their own work)) of a tree whose nodes
+lower per worker (:func:`~linop.program.lowering.lowers_per_worker`); other trees are projected
+from the global portable program (:func:`mapped_global_program`).
 """
 
 from __future__ import annotations
@@ -13,12 +17,12 @@ from dataclasses import dataclass
 
 from ..operator import LinearOperator
 from .batching import batch
-from .lowering import lower, lower_for, workers_named
+from .lowering import lower, lower_for, lower_for_workers, lower_portable, lowers_per_worker, workers_named
 from .projection import project
 from .steps import FastPathStep, Phase, ScheduleStep, Step
 from .workers import WorkerMap
 
-__all__ = ["Program", "RankProgram", "compile_program", "compile_for_rank"]
+__all__ = ["Program", "RankProgram", "compile_program", "compile_for_rank", "mapped_global_program"]
 
 
 @dataclass(frozen=True)
@@ -47,16 +51,50 @@ class RankProgram:
     max_worker: int
 
 
-def compile_for_rank(op: LinearOperator, rank: int) -> RankProgram:
+def compile_for_rank(
+    op: LinearOperator, rank: int, mapping: WorkerMap | None = None, *, mapped_fast_paths: bool = True
+) -> RankProgram:
     """``rank``'s schedule of ``op``: its own steps lowered
     (:func:`~linop.program.lowering.lower_for`), batched and projected, without the global
     program. Runs with the schedules other ranks compile from the global program
     (:meth:`Program.for_rank`) and with each other: the messages between two ranks and their
-    tags are the same."""
-    steps, largest = lower_for(op, rank)
+    tags are the same.
+
+    Under ``mapping`` the steps of the workers the map puts on ``rank`` are lowered portably
+    (:func:`~linop.program.lowering.lower_for_workers`), batched and projected under the map:
+    the messages per peer, their tags and the local steps of the global portable program's
+    projection (:func:`mapped_global_program`), since each pair of ranks sees the transfers
+    between their workers in global program order. The phases are the same for one exchange;
+    with several, a rank may group its messages into fewer phases (a conflict between other
+    ranks' steps splits a global phase), which the executor contract allows.
+    ``mapped_fast_paths``: lower with the fast paths that project under a map (the
+    ``mapping`` given to :func:`~linop.program.lowering.lower_portable`); False for none.
+    A tree with a node that does not lower per worker
+    (:func:`~linop.program.lowering.lowers_per_worker`: collectives, repartitions and their
+    fast paths under a map today) takes the global route, :func:`mapped_global_program`.
+    """
+    if mapping is None:
+        steps, largest = lower_for(op, rank)
+    else:
+        lowering_map = mapping if mapped_fast_paths else None
+        if not lowers_per_worker(op):  # the global route (the same decision on every rank)
+            return mapped_global_program(op, rank, mapping, mapped_fast_paths=mapped_fast_paths)
+        steps, largest = lower_for_workers(op, mapping.workers_on(rank), lowering_map)
     batched = batch(steps)
     workers = (op.domain.max_worker, op.range.max_worker, largest)
-    return RankProgram(project(batched, rank), max(workers))
+    return RankProgram(project(batched, rank, mapping), max(workers))
+
+
+def mapped_global_program(
+    op: LinearOperator, rank: int, mapping: WorkerMap, *, mapped_fast_paths: bool = True
+) -> RankProgram:
+    """``rank``'s schedule of ``op`` under ``mapping`` projected from the whole portable
+    program (O(the tree), on every rank): the route for trees with a node that does not lower
+    per worker (:func:`~linop.program.lowering.lowers_per_worker`), and the reference the
+    per-worker route equals."""
+    lowered = lower_portable(op, mapping if mapped_fast_paths else None)
+    workers = [op.domain.max_worker, op.range.max_worker, *workers_named(lowered)]
+    return RankProgram(project(batch(lowered), rank, mapping), max(workers))
 
 
 def compile_program(op: LinearOperator) -> Program:

@@ -11,7 +11,8 @@ fast paths of an executor registered with :func:`lowering`.
 :func:`lower` builds the global program; :func:`lower_for` one rank's part of it (lowerings
 that know the rank, :func:`lowering_rank`, build only that part); :func:`lower_portable` the
 program without fast-path steps (for a worker-to-rank map, where the fast paths' worker == rank
-layout does not hold).
+layout does not hold); :func:`lower_for_workers` the portable program's part of a set of workers
+(a mapped rank's: lowerings that know the set, :func:`lowering_workers`, build only its part).
 """
 
 from __future__ import annotations
@@ -45,7 +46,11 @@ __all__ = [
     "lower",
     "lower_for",
     "lower_portable",
+    "lower_for_workers",
+    "lowers_per_worker",
+    "per_worker",
     "lowering_rank",
+    "lowering_workers",
     "lowering_mapping",
     "note_workers",
     "movement_footprint",
@@ -196,6 +201,114 @@ def lower_for(op: LinearOperator, rank: int) -> tuple[list[Step], int]:
         _OMITTED.reset(omitted_token)
     largest = max((*omitted, *workers_named(steps)), default=0)
     return _involving(steps, rank), largest
+
+
+_WORKERS: contextvars.ContextVar[frozenset[int] | None] = contextvars.ContextVar(
+    "linop_workers", default=None
+)
+
+
+def lowering_workers() -> frozenset[int] | None:
+    """The workers a mapped rank's lowering is for (inside :func:`lower_for_workers`: the
+    workers the map puts on the rank), or None.
+
+    A lowering that can tell which of its steps these workers take part in may emit only those,
+    in the order of the global program, when this is not None; it then reports the largest
+    worker of what it left out with :func:`note_workers`. Inside :func:`lower_for_workers`
+    :func:`lowering_rank` is None: a lowering that knows one rank only builds its global steps,
+    which are filtered afterwards (correct, in O(its global steps))."""
+    return _WORKERS.get()
+
+
+_PER_WORKER: dict[type, Callable[[Any], Iterable[LinearOperator]] | None] = {}
+
+
+def per_worker(node_type: type, parts: Callable[[Any], Iterable[LinearOperator]] | None = None) -> type:
+    """Declare that the lowering of ``node_type`` builds only the part of the workers of
+    :func:`lowering_workers` when that is set, in global program order (returns the type).
+    ``parts``: for a node whose lowering lowers other trees (:func:`lower`), those trees, which
+    must lower per worker too (:func:`lowers_per_worker`)."""
+    _PER_WORKER[node_type] = parts
+    return node_type
+
+
+def lowers_per_worker(op: LinearOperator) -> bool:
+    """True when every node of ``op`` below the algebra (composition, sum, scaling, identity,
+    zero) lowers per worker (:func:`per_worker`): then a mapped rank's part
+    (:func:`lower_for_workers`) holds the steps of the global portable program its workers
+    take part in, in program order, and, batched and projected, gives the messages, tags and
+    local steps of the global program's projection (the movement nodes and primitives, one
+    step each, count as lowering per worker). Other nodes would be lowered whole there
+    (O(the tree) on every rank), so such trees take the global route. A function of the tree
+    alone: the same on every rank."""
+    if isinstance(op, Composition):
+        return all(lowers_per_worker(f) for f in op.factors)
+    if isinstance(op, Sum):
+        return all(lowers_per_worker(t) for t in op.terms)
+    if isinstance(op, Scaled):
+        return lowers_per_worker(op.operator)
+    if type(op) in (Identity, Zero, *_PRIMITIVES):
+        return True
+    if type(op) not in _PER_WORKER:
+        return False
+    parts = _PER_WORKER[type(op)]
+    return parts is None or all(lowers_per_worker(part) for part in parts(op))
+
+
+_PRIMITIVES = (Copy, CopyAdjoint, Move, Add, Clear, Allocate, Deallocate)
+"""Nodes of one step each (below): lowered whole and filtered, in O(1)."""
+
+
+def lower_for_workers(
+    op: LinearOperator, workers: Iterable[int], mapping: Any = None
+) -> tuple[list[Step], int]:
+    """The steps of the portable program of ``op`` (:func:`lower_portable`, ``mapping`` as
+    there) that some worker of ``workers`` takes part in, in program order, and the largest
+    worker the whole program names: a mapped rank's part, ``workers`` being the workers the map
+    puts on it.
+
+    Lowerings that know the set (:func:`lowering_workers`: the halo exchange and its shims)
+    build only its part, in O(the workers' own work); the steps other lowerings build for other
+    workers are dropped here. The transfers between a rank's workers and another rank's keep
+    their global program order, which :func:`~linop.program.projection.project` needs to count
+    the tags of a pair of ranks under the map.
+    """
+    omitted: list[int] = []
+    tokens = (
+        _PORTABLE.set(True),
+        _MAPPING.set(mapping),
+        _RANK.set(None),
+        _WORKERS.set(frozenset(workers)),
+        _OMITTED.set(omitted),
+    )
+    try:
+        steps = lower(op)
+    finally:
+        _OMITTED.reset(tokens[4])
+        _WORKERS.reset(tokens[3])
+        _RANK.reset(tokens[2])
+        _MAPPING.reset(tokens[1])
+        _PORTABLE.reset(tokens[0])
+    largest = max((*omitted, *workers_named(steps)), default=0)
+    return _involving_workers(steps, frozenset(workers)), largest
+
+
+def _involving_workers(steps: Iterable[Step], workers: frozenset[int]) -> list[Step]:
+    """The steps some worker of ``workers`` takes part in (sums: every term's, kept whole)."""
+    out: list[Step] = []
+    for step in steps:
+        if isinstance(step, Local):
+            if step.worker in workers:
+                out.append(step)
+        elif isinstance(step, Transfer):
+            if step.src_worker in workers or step.dst_worker in workers:
+                out.append(step)
+        elif isinstance(step, Branches):
+            terms = tuple(tuple(_involving_workers(term, workers)) for term in step.terms)
+            out.append(Branches(terms, step.space))
+        else:
+            out.append(step)
+    return out
 
 
 def workers_named(steps: Iterable[Step]) -> list[int]:

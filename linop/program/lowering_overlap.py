@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..overlap import OverlappedHalo, OverlappedHaloAdjoint
-from .lowering import lower, lowering
+from .lowering import lower, lowering, per_worker
 from .steps import Local, Step
 
 __all__: list[str] = []
@@ -23,11 +23,11 @@ def _in_flight(steps: list[Step]) -> list[Step]:
     return [dataclasses.replace(s, in_flight=True) if isinstance(s, Local) else s for s in steps]
 
 
-@lowering(OverlappedHalo)
+@lowering(per_worker(OverlappedHalo, lambda op: (op.during, op.exchange)))
 def _overlapped(op: OverlappedHalo) -> list[Step]:
     return _in_flight(lower(op.during)) + lower(op.exchange)
 
 
-@lowering(OverlappedHaloAdjoint)
+@lowering(per_worker(OverlappedHaloAdjoint, lambda op: (op.exchange.H, op.during.H)))
 def _overlapped_adjoint(op: OverlappedHaloAdjoint) -> list[Step]:
     return lower(op.exchange.H) + _in_flight(lower(op.during.H))

@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..errors import UnsupportedNodeError
-from ..space import Block, Space
+from ..space import Block, GridSpace, Space
 from .steps import (
     Branches,
     FastPathStep,
@@ -56,8 +56,13 @@ def owned_blocks(space: Space, rank: int, mapping: WorkerMap | None = None) -> t
     """The blocks of ``space`` that ``rank`` holds (of all its workers under ``mapping``)."""
     if mapping is None:
         return space.owned(rank)
-    mine = set(mapping.workers_on(rank))
-    return tuple(block for block in space.blocks if block.worker in mine)
+    workers = mapping.workers_on(rank)
+    if isinstance(space, GridSpace):  # one block per worker of a partition: its own, in grid order
+        position = space.partition.position
+        mine = sorted((p, w) for w in workers if (p := position(w)) is not None)
+        return tuple(block for _, w in mine for block in space.owned(w))
+    held = set(workers)
+    return tuple(block for block in space.blocks if block.worker in held)
 
 
 def project(steps: Iterable[Step], rank: int, mapping: WorkerMap | None = None) -> tuple[ScheduleStep, ...]:

@@ -8,6 +8,7 @@ of a program onto a rank (:func:`~linop.program.projection.project`) takes the m
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -58,7 +59,7 @@ class WorkerMap:
     (1, 5, 9, 13)
     """
 
-    __slots__ = ("_by_rank", "_hash", "_pairs", "_ranks")
+    __slots__ = ("_by_rank", "_description", "_hash", "_pairs", "_ranks")
 
     def __init__(self, ranks: Sequence[int] | Mapping[int, int]) -> None:
         if isinstance(ranks, np.ndarray):  # a numpy array of ranks is a sequence of ranks too
@@ -91,6 +92,7 @@ class WorkerMap:
             by_rank.setdefault(rank, []).append(worker)
         self._by_rank = {rank: tuple(workers) for rank, workers in by_rank.items()}
         self._hash = hash(self._pairs)
+        self._description: bytes | None = None
 
     @classmethod
     def of(cls, mapping: WorkerMap | Sequence[int] | Mapping[int, int]) -> WorkerMap:
@@ -141,13 +143,30 @@ class WorkerMap:
         return self._by_rank.get(rank, ())
 
     @property
+    def dense(self) -> int:
+        """``n`` when the map covers exactly the workers ``0 .. n - 1`` (as a sequence does),
+        else -1."""
+        pairs = self._pairs
+        if not pairs:
+            return 0
+        return len(pairs) if pairs[0][0] == 0 and pairs[-1][0] == len(pairs) - 1 else -1
+
+    @property
+    def largest_rank(self) -> int:
+        """The largest rank a worker is mapped to (-1 for the empty map)."""
+        return max(self._by_rank, default=-1)
+
+    @property
     def pairs(self) -> tuple[tuple[int, int], ...]:
         """(worker, rank) for every mapped worker, by worker."""
         return self._pairs
 
     def description(self) -> bytes:
         """The map as bytes (part of the tree's fingerprint under this map)."""
-        return b"M" + np.asarray(self._pairs, dtype=np.int64).tobytes()
+        if self._description is None:  # the map's own O(workers), once per map
+            flat = np.fromiter(itertools.chain.from_iterable(self._pairs), np.int64, 2 * len(self._pairs))
+            self._description = b"M" + flat.tobytes()
+        return self._description
 
     def problem(self, workers: Iterable[int], size: int) -> WorkerMapError | None:
         """What is wrong with this map for a tree naming ``workers`` on ``size`` ranks (the

@@ -72,8 +72,29 @@ def _repartition():
     return Repartition(grid_tensor(), target)
 
 
+def _halo_periodic_twice():
+    exchange = HaloExchange(
+        halo_geometry(grid_tensor(grid=(4, 2)), Kernel(5, padding=2, boundary="periodic"))
+    )
+    return exchange @ exchange
+
+
+def _convolution_overlapped():
+    from linop.layers import Convolution
+
+    layer = Convolution(
+        DistributedTensor("x", (1, 2, 12, 10), Partition((1, 1, 4, 4))), 2, Kernel(3, padding=1)
+    )
+    weights = np.random.default_rng(5).integers(-3, 4, size=layer.weights.global_shape)
+    return layer.input_operator(weights, overlap=True)
+
+
 CASES = {
     "halo": _halo,
+    "halo-twice": lambda: _halo() @ _halo(),
+    "halo-periodic-twice": _halo_periodic_twice,
+    "windows-adjoint-windows": lambda: _windows().H @ _windows(),
+    "convolution-overlapped": _convolution_overlapped,
     "halo-direct-k5": _halo_direct_5,
     "halo_windows": _windows,
     "broadcast-1-to-16": _broadcast_1d,

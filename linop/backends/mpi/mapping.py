@@ -7,7 +7,14 @@ worker ``w`` runs on rank ``mapping.rank_of(w)``: a rank may hold several worker
 4 ranks: 4 workers each) or none, and its local state holds the blocks of all its workers.
 
 A rank's schedule is the schedule of the *set* of workers it holds, projected from the global
-program (:func:`compile_mapped`) by :func:`~linop.program.project` under the map:
+program (:func:`compile_mapped`) by :func:`~linop.program.project` under the map. A tree whose
+nodes lower per worker (:func:`~linop.program.lowers_per_worker`: halo exchanges, their shims,
+local operators, the overlapped exchange and the one-step primitives, under the algebra) is
+compiled by each rank from its workers' part only (:func:`~linop.program.compile_for_rank`
+with the map, O(their own work)): the messages per peer, their tags and the local steps of the
+global projection (the same phases too for one exchange; with several, a rank may group its
+messages into fewer phases, as without a map). Other trees (collectives, repartitions)
+project the global program, built once per process:
 
 - the program is lowered without fast paths (:func:`~linop.program.lower_portable`):
   halo exchanges, collectives and repartitions run their point-to-point expansion, whose steps
@@ -49,8 +56,10 @@ from ...program import (
     WorkerMap,
     ZeroState,
     batch,
+    compile_for_rank,
     fingerprint,
     lower_portable,
+    lowers_per_worker,
     owned_blocks,
     project,
 )
@@ -103,48 +112,88 @@ def _tree_workers(op: LinearOperator, steps: Iterable[Any], found: set[int]) -> 
 
 
 class MappedCompiled:
-    """A tree compiled under one worker map: its fingerprint (the tree's and the map's), the
-    global portable program, the workers it names, and per rank the schedule (or the error
-    compiling or validating raised)."""
+    """A tree compiled under one worker map: its fingerprint (the tree's and the map's) and per
+    rank the schedule (or the error compiling or validating raised).
+
+    A tree whose nodes all lower per worker (:func:`~linop.program.lowers_per_worker`) is
+    compiled per rank from its workers' part only (:func:`~linop.program.compile_for_rank` with the map), and validated against the map
+    from the largest worker it names when the map covers ``0 .. n - 1`` on ranks below the
+    communicator's size; other trees (and other maps) use the global portable program, built
+    once per process: :attr:`steps`, :attr:`workers` and :attr:`error`, on first use."""
 
     def __init__(self, op: LinearOperator, mapping: WorkerMap, *, native: bool = True) -> None:
         self.op = op
         self.mapping = mapping
+        self.native = native
         self.tree_fingerprint = fingerprint(op)
         digest = hashlib.blake2b(self.tree_fingerprint + mapping.description(), digest_size=16)
         self.fingerprint = digest.digest()
-        self.steps: tuple[Any, ...] = ()
-        self.workers: set[int] = set()
-        self.error: LinopError | None = None
-        try:
-            # native: the MPI fast paths that run under a map (another engine takes none)
-            lowered = lower_portable(op, mapping if native else None)
-            found: set[int] = set(_space_workers(op.domain))
-            found.update(_space_workers(op.range))
-            self.workers = _tree_workers(op, lowered, found)
-            self.steps = tuple(batch(lowered))
-        except Exception as error:  # raised collectively by the entry check
-            self.error = (
-                error
-                if isinstance(error, LinopError)
-                else UnsupportedNodeError(
-                    f"the MPI interpreter cannot compile {op}: {type(error).__name__}: {error}"
-                )
-            )
+        self.per_worker = lowers_per_worker(op)
+        """Whether each rank compiles its workers' part only (decided from the tree alone)."""
+        self._global: tuple[tuple[Any, ...], set[int], LinopError | None] | None = None
         self.ranks: dict[tuple[int, int], tuple[RankProgram | None, LinopError | None]] = {}
+
+    def _compiled_globally(self) -> tuple[tuple[Any, ...], set[int], LinopError | None]:
+        if self._global is None:
+            steps: tuple[Any, ...] = ()
+            workers: set[int] = set()
+            error: LinopError | None = None
+            try:
+                # native: the MPI fast paths that run under a map (another engine takes none)
+                lowered = lower_portable(self.op, self.mapping if self.native else None)
+                found: set[int] = set(_space_workers(self.op.domain))
+                found.update(_space_workers(self.op.range))
+                workers = _tree_workers(self.op, lowered, found)
+                steps = tuple(batch(lowered))
+            except Exception as caught:  # raised collectively by the entry check
+                error = _compile_error(self.op, caught)
+            self._global = (steps, workers, error)
+        return self._global
+
+    @property
+    def steps(self) -> tuple[Any, ...]:
+        """The global portable program, batched."""
+        return self._compiled_globally()[0]
+
+    @property
+    def workers(self) -> set[int]:
+        """Every worker the tree names (of the global portable program)."""
+        return self._compiled_globally()[1]
+
+    @property
+    def error(self) -> LinopError | None:
+        """The error compiling the global portable program raised, or None."""
+        return self._compiled_globally()[2]
 
     def for_rank(self, rank: int, size: int) -> tuple[RankProgram | None, LinopError | None]:
         """``rank``'s program on a communicator of ``size`` ranks, or the error to raise."""
         key = (rank, size)
         found = self.ranks.get(key)
         if found is None:
-            problem = self.error or self.mapping.problem(self.workers, size)
-            program = None
-            if problem is None:
-                schedule = project(self.steps, rank, self.mapping)
-                program = RankProgram(schedule, max(self.workers, default=0))
-            found = self.ranks[key] = (program, problem)
+            found = self.ranks[key] = (
+                self._rank_part(rank, size) if self.per_worker else self._projected(rank, size)
+            )
         return found
+
+    def _projected(self, rank: int, size: int) -> tuple[RankProgram | None, LinopError | None]:
+        """The rank's projection of the global portable program."""
+        problem = self.error or self.mapping.problem(self.workers, size)
+        if problem is not None:
+            return None, problem
+        schedule = project(self.steps, rank, self.mapping)
+        return RankProgram(schedule, max(self.workers, default=0)), None
+
+    def _rank_part(self, rank: int, size: int) -> tuple[RankProgram | None, LinopError | None]:
+        """The rank's program compiled from its workers' part (the same schedule)."""
+        try:
+            program = compile_for_rank(self.op, rank, self.mapping, mapped_fast_paths=self.native)
+        except Exception as caught:  # raised collectively by the entry check
+            return None, _compile_error(self.op, caught)
+        mapping = self.mapping
+        if program.max_worker < mapping.dense and mapping.largest_rank < size:
+            return program, None  # every worker the tree names is mapped, on a rank below size
+        problem = self.error or mapping.problem(self.workers, size)  # which worker: the whole tree
+        return (None, problem) if problem is not None else (program, None)
 
     def domain_blocks(self, rank: int) -> dict[str, Block]:
         """The domain blocks ``rank`` holds (of all its workers), in domain order."""
@@ -153,6 +202,14 @@ class MappedCompiled:
     def range_names(self, rank: int) -> tuple[str, ...]:
         """The names of the range blocks ``rank`` holds, in range order."""
         return tuple(b.name for b in owned_blocks(self.op.range, rank, self.mapping))
+
+
+def _compile_error(op: LinearOperator, error: Exception) -> LinopError:
+    return (
+        error
+        if isinstance(error, LinopError)
+        else UnsupportedNodeError(f"the MPI interpreter cannot compile {op}: {type(error).__name__}: {error}")
+    )
 
 
 _COMPILED: dict[tuple[WorkerMap, bool], PlanCache[MappedCompiled]] = {}
