@@ -37,7 +37,8 @@ Communicators: linop works on a private duplicate of the user's communicator, fr
 user frees theirs (:mod:`linop.backends.mpi.context`). Worker-to-rank mapping: identity by
 default; ``mapping=`` (:class:`~linop.program.WorkerMap`) places any worker on any
 rank, several workers per rank included (transfers between workers of one rank become local
-copies; the fast paths give way to the point-to-point expansion, see
+copies; all-reduces, broadcasts and sum-reduces combine a rank's copies around one collective of
+the ranks involved, other fast paths give way to the point-to-point expansion; see
 :mod:`linop.backends.mpi.mapping`).
 
 mpi4py is imported only when a function of this module runs.
