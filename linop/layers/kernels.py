@@ -336,7 +336,7 @@ def jax_correlate_pair(
     weights: np.ndarray, window: Sequence[int], stride: Sequence[int], dilation: Sequence[int]
 ) -> tuple[Callable, Callable]:
     """The jnp pair of :func:`correlate` and :func:`correlate_adjoint` for fixed ``weights``
-    (O, C, *k), on one window ``(N, C, *window)`` and one output ``(N, O, *out)`` (no leading
+    ``(O, C, *k)``, on one window ``(N, C, *window)`` and one output ``(N, O, *out)`` (no leading
     probe axes: linop maps them over batch axes): ``lax.conv_general_dilated`` forward, its
     transpose (a convolution with ``lhs_dilation``) adjoint."""
     weights = np.asarray(weights)
