@@ -55,6 +55,7 @@ GROUPS = {
     "test_registry.py::test_the_handler_module_list_is_complete": "handler-modules",
     "test_registry.py::test_a_handler_module_missing_from_the_list_is_caught": "handler-modules",
     "test_jax_shard.py": "jax devices",
+    "test_jax_kernels.py": "jax kernels",
 }
 """Test modules (``test_x.py``) or single tests (``test_x.py::test_name``) that share one costly
 result (a module fixture or a per-process cache), and the group that keeps them on one worker
@@ -65,6 +66,7 @@ LAUNCHES = (
     "test_torch_distributed.py",
     "test_dtensor.py",
     "test_jax_shard.py",
+    "test_jax_kernels.py",
     "test_notebooks.py",
     "test_docs.py",
     "test_readme.py",  # the type check of the packages and the tour
