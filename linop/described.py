@@ -11,7 +11,7 @@ from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Any, ClassVar, TypeVar
 
-__all__ = ["DescribedSequence", "Offsets"]
+__all__ = ["DescribedSequence", "TupleLike", "Offsets"]
 
 T = TypeVar("T")
 
@@ -43,7 +43,24 @@ class DescribedSequence(Sequence[T]):
         return self._at(position)
 
 
-class Offsets(DescribedSequence[int]):
+class TupleLike(DescribedSequence[T]):
+    """A described sequence equal to, and hashed and printed as, the tuple of its entries."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
+
+
+class Offsets(TupleLike[int]):
     """The offsets of consecutive parts of given sizes: ``0, s0, s0 + s1, ...`` (``len(sizes)``
     entries, the start of each part; with ``total=True`` one more, the sum of all).
 
@@ -92,14 +109,3 @@ class Offsets(DescribedSequence[int]):
         if self._listed is not None:
             return self._listed[position]
         return position * self._quotient + min(position, self._remainder)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
-            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(tuple(self))
-
-    def __repr__(self) -> str:
-        return repr(tuple(self))

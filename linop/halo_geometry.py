@@ -63,7 +63,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .described import DescribedSequence, Offsets
+from .described import DescribedSequence, Offsets, TupleLike
 from .errors import DecompositionError, HaloError, KernelError, OperandError
 from .partition import DistributedTensor, balanced_sizes
 
@@ -598,7 +598,7 @@ class GeometryRows(DescribedSequence[DimGeometry]):
         return sorted(set(found) | set(before) | set(after))
 
 
-class Column(DescribedSequence[int]):
+class Column(TupleLike[int]):
     """One width of every row of a dimension (:meth:`GeometryRows.column`), each computed
     from the offsets when asked for: the extents of a halo's local and window spaces, in O(1)
     memory. Equal to, and hashed and printed as, the tuple of its entries."""
@@ -615,15 +615,9 @@ class Column(DescribedSequence[int]):
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Column) and other._name == self._name and other._rows == self._rows:
             return True  # the same widths of equal rows (compared by their shares, not listed)
-        if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
-            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
-        return NotImplemented
+        return super().__eq__(other)
 
-    def __hash__(self) -> int:
-        return hash(tuple(self))
-
-    def __repr__(self) -> str:
-        return repr(tuple(self))
+    __hash__ = TupleLike.__hash__  # defining __eq__ resets it
 
 
 class _DimFills(DescribedSequence["Fills"]):
