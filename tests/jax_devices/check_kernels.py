@@ -29,12 +29,11 @@ COUNTS = [int(a) for a in sys.argv[2:]] or [DEVICES]
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES}"
 
 import time  # noqa: E402
-import traceback  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from check_lowering import Run, prove  # noqa: E402
+from check_lowering import Run, prove, run_counts  # noqa: E402
 
 from linop import DistributedTensor, Kernel, Partition, halo_windows, local_operator  # noqa: E402
 from linop.frameworks.jax_sharded import sharded  # noqa: E402
@@ -163,14 +162,4 @@ def check_count(count: int) -> None:
 
 
 if __name__ == "__main__":
-    failed = []
-    for count in COUNTS:
-        print(f"== {count} devices", flush=True)
-        try:
-            check_count(count)
-        except Exception:  # reported under its count; the next count still runs
-            traceback.print_exc(file=sys.stdout)
-            print(f"FAILED on {count} devices")
-            failed.append(count)
-        sys.stdout.flush()
-    sys.exit(1 if failed else 0)
+    run_counts(check_count, COUNTS)

@@ -554,15 +554,21 @@ def check_count(count: int) -> None:
     print(f"OK {len(run.checked)} trees proven on {count} devices ({seconds:.1f} s)")
 
 
-if __name__ == "__main__":
+def run_counts(check: Callable[[int], None], counts: list[int]) -> None:
+    """Run ``check`` for each device count, each reported under its count (a failure does not
+    stop the next count); exit with status 1 if any failed."""
     failed = []
-    for count in COUNTS:
+    for count in counts:
         print(f"== {count} devices", flush=True)
         try:
-            check_count(count)
+            check(count)
         except Exception:  # reported under its count; the next count still runs
             traceback.print_exc(file=sys.stdout)
             print(f"FAILED on {count} devices")
             failed.append(count)
         sys.stdout.flush()
     sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    run_counts(check_count, COUNTS)
