@@ -29,8 +29,13 @@ $(CORE_STAMP): pyproject.toml
 	$(PIP) -e .
 	touch $(CORE_STAMP)
 
+# After the install, one process imports the heavy packages the suite's processes share, writing
+# their bytecode once (--no-compile above): otherwise the suite's first processes (the MPI ranks,
+# torch.distributed and JAX launches, all started together) each compile torch, JAX and sympy from
+# source at the same time, about 5 s of CPU each.
 $(STAMP): $(CORE_STAMP)
 	$(PIP) $(TORCH_INDEX) -e '.[dev,docs,plot,torch,jax]' '$(TORCH)'
+	$(PY) -c "import torch, jax.numpy, sympy, scipy.sparse, matplotlib.pyplot, mpi4py.MPI, hypothesis, pytest, linop, verify"
 	touch $(STAMP)
 
 report: $(CORE_STAMP)

@@ -25,6 +25,7 @@ the longest tests first and finish together.
 
 from __future__ import annotations
 
+import gc
 import os
 from typing import Any
 
@@ -97,3 +98,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     rank = {name: i for i, name in enumerate(LAUNCHES)}
     # sorted is stable: the order within a module, and of every other module, is kept
     items[:] = sorted(items, key=lambda item: rank.get(item.path.name, len(LAUNCHES)))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Freeze what collection made (the imported packages: torch, sympy, scipy, linop and the test
+    modules), so that the garbage collector stops walking it: the MPI suite's ``gc.collect()``
+    calls (tests that count what a freed plan releases) took 0.13 s each over it, and every
+    automatic full collection walked it too. Objects made by the tests are collected as before."""
+    gc.freeze()
