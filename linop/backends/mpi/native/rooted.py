@@ -426,9 +426,13 @@ class _MappedRootedRunner:
         mine = set(held)
         tensor, copies = op.tensor, op.copies
         roots: set[tuple[int, ...]] = set()
+        held_copies: dict[tuple[int, ...], list[tuple[int, str]]] = {}  # per root: (position, name)
         for worker in held:
-            if copies.partition.position(worker) is not None:
-                roots.add(op.source_index(copies.partition.index(worker)))
+            if (position := copies.partition.position(worker)) is not None:
+                index = copies.partition.index(worker)
+                root = op.source_index(index)
+                roots.add(root)
+                held_copies.setdefault(root, []).append((position, copies.block_name(index)))
             if tensor.partition.position(worker) is not None:
                 roots.add(tensor.partition.index(worker))
         found = []
@@ -437,10 +441,9 @@ class _MappedRootedRunner:
             members = op.copy_box(root)  # described: a 1 -> P group is never listed
             if not block.size or not len(members):  # empty blocks move nothing: no group
                 continue
-            pairs = CopyPairs(copies, members)
             root_rank = mapping.rank_of(block.worker)
-            others = sorted({mapping.rank_of(w) for _, w in pairs} - {root_rank})
-            names = tuple(name for name, w in pairs if w in mine)
+            others = sorted({mapping.rank_of(w) for w in members} - {root_rank})  # O(the group)
+            names = tuple(name for _, name in sorted(held_copies.get(root, ())))  # in C order
             first = copies.partition.flat(members.grid_index(0))
             group = _MappedGroup(block.name, block.shape, (root_rank, *others), root_rank == rank, names)
             found.append((first, group))
