@@ -4,6 +4,7 @@ the explicit table of their assignment."""
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import numpy as np
@@ -11,7 +12,9 @@ import pytest
 
 from linop.described import Stride
 from linop.errors import WorkerMapError
+from linop.partition import Partition, WorkerBox
 from linop.program import WorkerMap
+from linop.program.groups import MappedRanks, mapped_ranks
 
 
 def _assignment(kind, workers, ranks):
@@ -129,3 +132,39 @@ def test_a_stride_is_the_tuple_of_its_entries():
     assert list(Stride(3, 3)) == [] and len(Stride(0, 10, 3)) == 4
     with pytest.raises(IndexError, match="entry 3 of a stride of 3"):
         stride[3]
+
+
+@pytest.mark.parametrize("shape", [(16,), (4, 4), (3, 5), (2, 3, 4)], ids=str)
+@pytest.mark.parametrize("kind", ["blocked", "round_robin"])
+def test_a_groups_ranks_under_a_described_map_are_its_listed_ranks(shape, kind):
+    """The ranks of a group (a box of a partition's workers, any root) under a described map,
+    found from runs of workers, equal the distinct ranks listed worker by worker, root's first;
+    a table that is no rule (a worker beyond the partition) gives the same ranks, listed."""
+    partition = Partition(shape)
+    workers = partition.max_worker + 1
+    for ranks in range(1, workers + 2):
+        mapping = getattr(WorkerMap, kind)(workers, ranks)
+        table = WorkerMap({**{w: mapping.rank_of(w) for w in range(workers)}, workers + 5: 0})
+        assert mapping.rule is not None and table.rule is None
+        for fixed in itertools.product(*([None, *range(n)] for n in shape)):
+            box = WorkerBox(partition, fixed)
+            for root in {0, workers - 1, box[0]}:
+                first = mapping.rank_of(root)
+                listed = (first, *sorted({mapping.rank_of(w) for w in box} - {first}))
+                described = mapped_ranks(root, box, mapping)
+                assert described == listed and tuple(described) == listed
+                assert described.triples()[0] == (first, first, 1) and len(described) == len(listed)
+                assert mapped_ranks(root, box, table) == described
+
+
+def test_a_group_of_a_million_workers_has_its_ranks_in_one_run():
+    partition = Partition((1024, 1024))
+    mapping = WorkerMap.blocked(1 << 20, 1 << 18)
+    ranks = mapped_ranks(5, WorkerBox(partition, (None, None)), mapping)
+    assert ranks.triples() == ((1, 1, 1), (0, 0, 1), (2, (1 << 18) - 1, 1)) and len(ranks) == 1 << 18
+
+
+def test_the_ranks_comparison_catches_a_wrong_root_and_a_missing_rank():  # control
+    ranks = mapped_ranks(5, WorkerBox(Partition((4, 4)), (None, 1)), WorkerMap.round_robin(16, 3))
+    assert tuple(ranks) == (2, 0, 1)
+    assert ranks != (0, 1, 2) and ranks != (2, 0) and ranks != MappedRanks(2, ((0, 0),))

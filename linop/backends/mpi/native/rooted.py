@@ -25,7 +25,7 @@ from ....program import (
     per_worker,
     project,
 )
-from ....program.groups import CopyPairs, RootedRanks
+from ....program.groups import CopyPairs, RootedRanks, mapped_ranks
 from ....program.lowering_planned import held_blocks
 from ....space import Block
 from ...host_schedule import root_buffer, store_results
@@ -293,7 +293,7 @@ class _MappedGroup:
 
     root_name: str
     shape: tuple[int, ...]
-    ranks: tuple[int, ...]
+    ranks: Sequence[int]
     is_root: bool
     copies: tuple[str, ...]
 
@@ -441,11 +441,10 @@ class _MappedRootedRunner:
             members = op.copy_box(root)  # described: a 1 -> P group is never listed
             if not block.size or not len(members):  # empty blocks move nothing: no group
                 continue
-            root_rank = mapping.rank_of(block.worker)
-            others = sorted({mapping.rank_of(w) for w in members} - {root_rank})  # O(the group)
+            ranks = mapped_ranks(block.worker, members, mapping)  # described runs of ranks
             names = tuple(name for _, name in sorted(held_copies.get(root, ())))  # in C order
             first = copies.partition.flat(members.grid_index(0))
-            group = _MappedGroup(block.name, block.shape, (root_rank, *others), root_rank == rank, names)
+            group = _MappedGroup(block.name, block.shape, ranks, ranks[0] == rank, names)
             found.append((first, group))
         groups = tuple(group for _, group in sorted(found, key=lambda pair: pair[0]))
         workers = frozenset(mine)
