@@ -19,12 +19,15 @@ runs on each rank, for one interior rank of a ``s x s`` grid of ``P = s**2`` wor
 ``--global`` measures the global program instead (:func:`~linop.program.lower`
 of every rank's steps, batched, then projected), the route plans took before issue 13.
 
-``--mapped K`` plans under a worker map of K consecutive workers per rank
-(:meth:`~linop.program.WorkerMap.blocked`, built outside the timed stages), for the rank holding
-the interior worker: ``fingerprint`` adds the map's digest, ``lower`` is the rank's workers' part
-(:func:`~linop.program.lower_for_workers`) for the trees that lower per worker and the global
-portable program for the others (``--global``: for all, the route before issue 24), and
-``project`` projects under the map.
+``--mapped K`` plans under a worker map of K workers per rank, P workers on P/K ranks
+(``--map-kind blocked``, the default: consecutive workers together,
+:meth:`~linop.program.WorkerMap.blocked`; ``round-robin``: worker w on rank w mod P/K,
+:meth:`~linop.program.WorkerMap.round_robin`), for the rank holding the interior worker: a
+first stage ``map`` builds the map (described: two numbers), ``fingerprint`` adds the map's
+digest, ``lower`` is the rank's workers' part (:func:`~linop.program.lower_for_workers`) for
+the trees that lower per worker (since issue 24: halo exchanges, collectives and repartitions)
+and the global portable program for the others (``--global``: for all, the route before issue
+24), and ``project`` projects under the map.
 
 The cases (2-D grids, 8 x 8 local blocks, kernel 3, padding 1): ``HaloExchange``,
 ``halo_windows``, ``Broadcast 1 -> P``, ``Broadcast (1,s) -> (s,s)``, ``AllReduce axis 0`` (on a tensor and on a
@@ -41,6 +44,7 @@ Usage::
     python benchmarks/bench_scale.py --max 16384     # the full table (minutes on a busy machine)
     python benchmarks/bench_scale.py --min 16384 --max 1048576   # P = 16,384, 65,536, 262,144, 1,048,576
     python benchmarks/bench_scale.py --case halo_windows --no-memory
+    python benchmarks/bench_scale.py --min 16384 --max 1048576 --mapped 4 --map-kind round-robin
     python benchmarks/bench_scale.py --proof         # exact adjoint proofs at 1e6 - 1.44e7 entries
 
 ``--proof`` times :func:`verify.exact_adjoint` (wall seconds and the process's peak resident
@@ -58,6 +62,7 @@ import time
 import tracemalloc
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from linop import (
     AllGather,
@@ -152,26 +157,39 @@ GLOBAL = False
 """Measure the global program (``--global``) instead of the rank's own."""
 
 MAPPED = 0
-"""Workers per rank of a blocked worker map (``--mapped K``); 0 for none."""
+"""Workers per rank of a worker map (``--mapped K``); 0 for none."""
+
+MAP_KIND = "blocked"
+"""The worker map of ``--mapped``: ``"blocked"`` or ``"round-robin"`` (``--map-kind``)."""
+
+
+def _stage_names() -> tuple[str, ...]:
+    return ("map", *STAGES) if MAPPED else STAGES
 
 
 def _stages(build: Callable[[int], LinearOperator], s: int, adjoint: bool) -> list[tuple[str, Callable]]:
     """The stages as thunks sharing one dict of intermediate results."""
-    found: dict[str, object] = {}
-    rank = (s // 2) * s + s // 2
-    mapping = WorkerMap.blocked(s * s, max(1, s * s // MAPPED)) if MAPPED else None
-    if mapping is not None:
-        rank = mapping.rank_of(rank)
+    found: dict[str, Any] = {}
+    interior = (s // 2) * s + s // 2
+    found["rank"], found["mapping"] = interior, None
+
+    def worker_map() -> None:
+        ranks = max(1, s * s // MAPPED)
+        kind = WorkerMap.blocked if MAP_KIND == "blocked" else WorkerMap.round_robin
+        found["mapping"] = mapping = kind(s * s, ranks)
+        found["rank"] = mapping.rank_of(interior)
 
     def tree() -> None:
         op = build(s)
         found["op"] = op.H if adjoint else op
 
     def digest() -> None:
+        mapping = found["mapping"]
         found["fp"] = fingerprint(found["op"]) + (b"" if mapping is None else mapping.description())
 
     def lowered() -> None:
-        op: LinearOperator = found["op"]  # type: ignore[assignment]
+        op: LinearOperator = found["op"]
+        mapping, rank = found["mapping"], found["rank"]
         if mapping is None:
             found["lowered"] = lower(op) if GLOBAL else lower_for(op, rank)[0]
         elif GLOBAL or not lowers_per_worker(op):
@@ -179,12 +197,17 @@ def _stages(build: Callable[[int], LinearOperator], s: int, adjoint: bool) -> li
         else:
             found["lowered"] = lower_for_workers(op, mapping.workers_on(rank), mapping)[0]
 
+    def projected() -> None:
+        found["schedule"] = project(found["batched"], found["rank"], found["mapping"])
+
+    stages: list[tuple[str, Callable]] = [("map", worker_map)] if MAPPED else []
     return [
+        *stages,
         ("build", tree),
         ("fingerprint", digest),
         ("lower", lowered),
         ("batch", lambda: found.__setitem__("batched", batch(found["lowered"]))),
-        ("project", lambda: found.__setitem__("schedule", project(found["batched"], rank, mapping))),
+        ("project", projected),
         ("", lambda: found.__setitem__("steps", len(found["schedule"]))),
     ], found  # type: ignore[return-value]
 
@@ -267,12 +290,13 @@ def main() -> None:
     parser.add_argument("--fit", choices=("last", "all"), default="last")
     parser.add_argument("--proof", action="store_true", help="time the exact adjoint proofs instead")
     parser.add_argument("--global", dest="whole", action="store_true", help="the global program's route")
+    parser.add_argument("--mapped", type=int, default=0, metavar="K", help="K workers per rank under a map")
     parser.add_argument(
-        "--mapped", type=int, default=0, metavar="K", help="K workers per rank (a blocked map)"
+        "--map-kind", choices=("blocked", "round-robin"), default="blocked", help="the map of --mapped"
     )
     args = parser.parse_args()
-    global GLOBAL, MAPPED
-    GLOBAL, MAPPED = args.whole, args.mapped
+    global GLOBAL, MAPPED, MAP_KIND
+    GLOBAL, MAPPED, MAP_KIND = args.whole, args.mapped, args.map_kind
     if args.proof:
         proofs()
         return
@@ -285,9 +309,10 @@ def main() -> None:
         for adjoint in (False,) if args.no_adjoint else (False, True):
             label = f"{name}{' (adjoint)' if adjoint else ''}"
             print(f"\n{label}")
-            header = "      P " + "".join(f"{stage:>13}" for stage in STAGES) + "      total   peak MB  steps"
+            names = _stage_names()
+            header = "      P " + "".join(f"{stage:>13}" for stage in names) + "      total   peak MB  steps"
             print(header)
-            sizes, totals, per_stage = [], [], {stage: [] for stage in STAGES}
+            sizes, totals, per_stage = [], [], {stage: [] for stage in names}
             for s in sides:
                 m = measure(build, s, adjoint, not args.no_memory)
                 total = sum(m.seconds.values())
@@ -296,15 +321,15 @@ def main() -> None:
                     f"{m.seconds[stage]:8.4f}s/{m.peak_mb.get(stage, float('nan')):3.0f}M"
                     if not args.no_memory
                     else f"{m.seconds[stage]:12.4f}s"
-                    for stage in STAGES
+                    for stage in names
                 )
                 print(f"{s * s:7d} {cells} {total:9.3f}s {peak:9.1f} {m.schedule_steps:6d}", flush=True)
                 sizes.append(s * s)
                 totals.append(total)
-                for stage in STAGES:
+                for stage in names:
                     per_stage[stage].append(m.seconds[stage])
                 summary.append((label, s * s, total, peak))
-            fits = "".join(f"{exponent(sizes, per_stage[stage], args.fit):13.2f}" for stage in STAGES)
+            fits = "".join(f"{exponent(sizes, per_stage[stage], args.fit):13.2f}" for stage in names)
             print(f"      k {fits} {exponent(sizes, totals, args.fit):9.2f}   (time ~ P**k)")
     largest = max(s * s for s in sides)
     print(f"\nsummary at P = {largest}: seconds / peak MB per rank (all stages)")

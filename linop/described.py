@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import operator
 from abc import abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
 
-__all__ = ["DescribedSequence", "TupleLike", "Offsets"]
+__all__ = ["DescribedSequence", "TupleLike", "Offsets", "Stride"]
 
 T = TypeVar("T")
 
@@ -109,3 +109,38 @@ class Offsets(TupleLike[int]):
         if self._listed is not None:
             return self._listed[position]
         return position * self._quotient + min(position, self._remainder)
+
+
+class Stride(TupleLike[int]):
+    """The integers ``start, start + step, ...`` below ``stop`` (``step > 0``): a ``range``
+    that is equal to, and hashed and printed as, the tuple of its entries (a worker map's
+    workers on one rank, :meth:`~linop.program.WorkerMap.workers_on`).
+
+    Examples
+    --------
+    >>> Stride(1, 16, 4) == (1, 5, 9, 13)
+    True
+    >>> 9 in Stride(1, 16, 4), 8 in Stride(1, 16, 4)
+    (True, False)
+    """
+
+    __slots__ = ("_len", "_start", "_step")
+    _MISSING = "entry {position} of a stride of {length}"
+
+    def __init__(self, start: int, stop: int, step: int = 1) -> None:
+        if step < 1:
+            raise ValueError(f"Stride: step must be positive, not {step}")
+        self._start, self._step = start, step
+        self._len = max(0, -(-(stop - start) // step))
+
+    def _at(self, position: int) -> int:
+        return self._start + position * self._step
+
+    def __contains__(self, value: object) -> bool:
+        if not isinstance(value, int):
+            return any(value == entry for entry in self)
+        offset = value - self._start
+        return 0 <= offset < self._len * self._step and offset % self._step == 0
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self._start, self._start + self._len * self._step, self._step))

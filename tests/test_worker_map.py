@@ -9,11 +9,13 @@ import pytest
 from linop.backends import numpy as numpy_backend
 from linop.backends.mpi.mapping import MappedCompiled, compile_mapped, compiled_for
 from linop.backends.mpi.runtime import run_schedule
-from linop.collectives import AllReduce, BlockGrid, Broadcast
+from linop.collectives import AllGather, AllReduce, BlockGrid, Broadcast
 from linop.errors import CommunicatorError, LinopError, WorkerMapError
 from linop.halo import HaloExchange, halo_windows
 from linop.halo_geometry import Kernel, halo_geometry
 from linop.layers import Convolution
+from linop.movement import SendRecv
+from linop.operator import LinearOperator
 from linop.partition import DistributedTensor, Partition
 from linop.program import (
     LocalMoves,
@@ -29,7 +31,8 @@ from linop.program import (
     owned_blocks,
     project,
 )
-from linop.repartition import Repartition
+from linop.repartition import Repartition, Scatter
+from linop.space import Block
 
 WORKERS = 16
 
@@ -311,10 +314,16 @@ def test_sixteen_workers_on_four_ranks_compile_per_rank():
         assert problem is None and program is not None
         assert program.schedule == mapped_global_program(op, rank, mapping).schedule
     assert compiled._global is None  # the whole tree was never lowered
-    assert not MappedCompiled(CASES["all-reduce"](), mapping).per_worker
-    assert not MappedCompiled(CASES["repartition"](), mapping).per_worker
-    assert not lowers_per_worker(CASES["broadcast"]().H @ CASES["broadcast"]())
     assert lowers_per_worker(CASES["halo"]().H @ (2 * CASES["halo"]()))
+    for case in ("all-reduce", "repartition", "broadcast"):  # collectives too (issue 24)
+        collective = MappedCompiled(CASES[case](), mapping)
+        assert collective.per_worker
+        assert collective.for_rank(1, 4)[1] is None and collective._global is None
+    tensor = _tensor()
+    node = SendRecv(
+        tensor.space[tensor.block_name((0, 0))][0:1, 0:1], tensor.space[tensor.block_name((3, 3))][0:1, 0:1]
+    )
+    assert not lowers_per_worker(node) and not MappedCompiled(node, mapping).per_worker  # the global route
 
 
 def _mutations(schedule):
@@ -371,3 +380,154 @@ def test_a_mapped_rank_finds_its_blocks_of_a_grid_space_in_space_order(case):
                 assert owned_blocks(space, rank, mapping) == tuple(
                     b for b in space.blocks if b.worker in held
                 )
+
+
+# -- a mapped rank compiles its workers' part of a collective or repartition ---------------------
+def _uneven(name="x", grid=(4, 4), shape=(12, 9)):
+    return DistributedTensor(name, shape, Partition(grid))
+
+
+COLLECTIVE_TREES = {
+    "all-reduce-both-axes": CASES["all-reduce"],
+    "all-reduce-axis-0": lambda: AllReduce(_uneven(), 0),
+    "broadcast-1-to-16": CASES["broadcast"],
+    "broadcast-row": lambda: Broadcast(_uneven("x", (1, 4), (3, 9)), Partition((4, 4)), "y"),
+    "broadcast-3d": lambda: Broadcast(_uneven("x", (2, 2), (6, 9)), Partition((4, 2, 2)), "y"),
+    "repartition": CASES["repartition"],
+    "repartition-uneven": lambda: Repartition(_tensor(), _tensor("z", (3, 5))),
+    "scatter": lambda: Scatter(Block("r", (11, 9), 5), _tensor()),
+    "all-gather-axis-0": lambda: AllGather(_uneven(), 0, "g"),
+    "all-gather-axis-1": lambda: AllGather(_tensor(), 1, "g"),
+    "sum": lambda: 2 * AllReduce(_uneven(shape=(12, 8)), 0) + AllReduce(_uneven(shape=(12, 8)), 1),
+}
+"""Collectives and repartitions (adjoints: sum-reduce, gather, reduce-scatter, by parameter)."""
+
+
+def _transfer(t):
+    """A transfer as its two boxes, mode and after (a rank's part builds its regions on a space
+    of the two blocks, the global program on the whole space)."""
+    target = t.target
+    box = (target.start, target.stop) if hasattr(target, "start") else target.shape
+    return (t.source.name, t.source.start, t.source.stop, target.name, box, t.mode, t.after)
+
+
+def _normalized(schedule):
+    """A schedule as :func:`_sequences` gives it, with transfers as their boxes, nodes as their
+    type, text and block, and a fast path's rank step as its fields but the fallback (a
+    closure)."""
+    messages, moves, nodes, other = {}, [], [], []
+    for step in schedule:
+        if isinstance(step, RankPhase):
+            for direction, entries in (("recv", step.receives), ("send", step.sends)):
+                for peer, tag, t in entries:
+                    messages.setdefault((direction, peer), []).append((tag, _transfer(t)))
+        elif isinstance(step, LocalMoves):
+            moves.extend(_transfer(t) for t in step.transfers)
+        elif isinstance(step, RankBranches):
+            other.append((step.names, tuple(_normalized(term) for term in step.terms)))
+        elif isinstance(step, LinearOperator):
+            nodes.append((type(step).__name__, str(step), repr(getattr(step, "block", None))))
+        elif hasattr(step, "fallback"):
+            other.append((type(step).__name__, {k: v for k, v in vars(step).items() if k != "fallback"}))
+        else:
+            other.append(step)
+    return messages, moves, nodes, other
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "portable"])
+@pytest.mark.parametrize("adjoint", [False, True], ids=["forward", "adjoint"])
+@pytest.mark.parametrize("case", list(COLLECTIVE_TREES))
+def test_a_mapped_rank_compiles_its_part_of_a_collective_equal_to_the_global_projection(
+    case, adjoint, native
+):
+    """Per rank (ranks holding no worker included), under the blocked, round-robin, one-rank and
+    scattered maps, the schedule compiled from the rank's workers' part has the messages per
+    peer in order with their tags, the local moves, local nodes and fast-path steps of the
+    projection of the global portable program (``native``: with the mapped fast paths of the
+    all-reduce, broadcast and sum-reduce; else their point-to-point expansions)."""
+    op = COLLECTIVE_TREES[case]()
+    op = op.H if adjoint else op
+    assert lowers_per_worker(op)
+    workers = max(op.domain.max_worker, op.range.max_worker) + 1
+    for name, mapping in _maps(workers).items():
+        for rank in range(mapping.largest_rank + 2):
+            mine = compile_for_rank(op, rank, mapping, mapped_fast_paths=native)
+            reference = mapped_global_program(op, rank, mapping, mapped_fast_paths=native)
+            assert _normalized(mine.schedule) == _normalized(reference.schedule), (name, rank)
+            assert mine.max_worker == reference.max_worker, (name, rank)
+
+
+def _listed_all_reduce(op, rank, mapping):
+    """A mapped rank's all-reduce entries listed from every group (the route before issue 24)."""
+    entries = []
+    held = set(mapping.workers_on(rank))
+    for group in op.groups:
+        blocks = [op.tensor.block(i) for i in group]
+        names = tuple(b.name for b in blocks if b.worker in held)
+        if len(blocks) > 1 and blocks[0].size and names:
+            entries.append((names, tuple(sorted({mapping.rank_of(b.worker) for b in blocks}))))
+    return tuple(entries)
+
+
+def _listed_rooted(op, rank, mapping, reduce):
+    """A mapped rank's broadcast groups listed from every piece of the plan: (root block, the
+    group's ranks root first, whether the rank holds the root, its copies)."""
+    held = set(mapping.workers_on(rank))
+    by_root = {}
+    for piece in op.plan.pieces:
+        root, copy = (piece.target, piece.source) if reduce else (piece.source, piece.target)
+        by_root.setdefault(root, []).append(copy)
+    roots_space, copies_space = (op.range, op.domain) if reduce else (op.domain, op.range)
+    groups = []
+    for root, copies in by_root.items():
+        root_rank = mapping.rank_of(roots_space.block(root).worker)
+        ranks = {mapping.rank_of(copies_space.block(c).worker) for c in copies} - {root_rank}
+        mine = tuple(c for c in copies if copies_space.block(c).worker in held)
+        if rank == root_rank or rank in ranks:
+            groups.append((root, (root_rank, *sorted(ranks)), rank == root_rank, mine))
+    return groups
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["all-reduce-both-axes", "all-reduce-axis-0", "broadcast-1-to-16", "broadcast-row", "broadcast-3d"],
+)
+@pytest.mark.parametrize("adjoint", [False, True], ids=["forward", "adjoint"])
+def test_the_mapped_fast_paths_of_a_rank_are_those_listed_from_every_group(case, adjoint):
+    """A reference independent of the rank's part: the groups of the native mapped all-reduce,
+    broadcast and sum-reduce equal those found by listing every group of the whole node."""
+    op = COLLECTIVE_TREES[case]()
+    op = op.H if adjoint and not case.startswith("all-reduce") else op
+    workers = max(op.domain.max_worker, op.range.max_worker) + 1
+    for name, mapping in _maps(workers).items():
+        for rank in range(mapping.largest_rank + 2):
+            steps = compile_for_rank(op, rank, mapping).schedule
+            if case.startswith("all-reduce"):
+                listed = _listed_all_reduce(op, rank, mapping)
+                assert (steps[0].entries if steps else ()) == listed, (name, rank)
+            else:
+                listed = _listed_rooted(op, rank, mapping, reduce=adjoint)
+                got = [
+                    (g.root_name, g.ranks, g.is_root, g.copies) for g in (steps[0].groups if steps else ())
+                ]
+                assert got == listed, (name, rank)
+
+
+def test_the_collective_comparison_catches_a_wrong_order_a_wrong_map_and_a_wrong_tag():  # control
+    """Wrong schedules of a repartition and an all-reduce differ from the global projection:
+    each worker's part lowered alone and concatenated (not in plan order), the part of another
+    map, a tag one off."""
+    op = COLLECTIVE_TREES["repartition"]()
+    mapping = WorkerMap.round_robin(WORKERS, 3)
+    reference = _normalized(mapped_global_program(op, 1, mapping).schedule)
+    steps = []
+    for worker in mapping.workers_on(1):
+        steps.extend(lower_for_workers(op, [worker], mapping)[0])
+    assert _normalized(project(batch(steps), 1, mapping)) != reference
+    assert _normalized(compile_for_rank(op, 1, WorkerMap.blocked(WORKERS, 3)).schedule) != reference
+    wrong = list(_mutations(compile_for_rank(op, 1, mapping).schedule))
+    assert wrong and all(_normalized(schedule) != reference for schedule in wrong)
+    reduce = COLLECTIVE_TREES["all-reduce-axis-0"]()
+    listed = _normalized(mapped_global_program(reduce, 1, mapping).schedule)
+    assert _normalized(compile_for_rank(reduce, 1, WorkerMap.blocked(WORKERS, 3)).schedule) != listed
+    assert _normalized(compile_for_rank(reduce, 2, mapping).schedule) != listed

@@ -69,9 +69,11 @@ def compile_for_rank(
     ranks' steps splits a global phase), which the executor contract allows.
     ``mapped_fast_paths``: lower with the fast paths that project under a map (the
     ``mapping`` given to :func:`~linop.program.lowering.lower_portable`); False for none.
-    A tree with a node that does not lower per worker
-    (:func:`~linop.program.lowering.lowers_per_worker`: collectives, repartitions and their
-    fast paths under a map today) takes the global route, :func:`mapped_global_program`.
+    Collectives and repartitions lower per worker too (their mapped fast paths project the
+    groups of the rank's workers; their expansions are built from the pieces of its workers'
+    blocks, :mod:`~linop.program.lowering_planned`). A tree with a node that does not lower
+    per worker (:func:`~linop.program.lowering.lowers_per_worker`) takes the global route,
+    :func:`mapped_global_program`.
     """
     if mapping is None:
         steps, largest = lower_for(op, rank)

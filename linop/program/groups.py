@@ -10,17 +10,23 @@ consecutive ranks that ``MPI_Group_range_incl`` takes all cost O(ndim).
     the ranks of a group, root first (the order of the sub-communicator a native collective
     runs on: the root is rank 0 there), then the members in C order without the root;
 :class:`CopyPairs`
-    the (block name, worker) of each copy of a layout in a box, in C order.
+    the (block name, worker) of each copy of a layout in a box, in C order;
+:class:`MappedRanks`
+    under a worker map, the distinct ranks of a group's workers, root's first
+    (:func:`mapped_ranks`: runs of ranks found from runs of workers under a described map).
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from ..described import TupleLike
 from ..partition import WorkerBox
 
-__all__ = ["CopyPairs", "RootedRanks"]
+__all__ = ["CopyPairs", "MappedRanks", "RootedRanks", "mapped_ranks"]
 
 
 class RootedRanks(Sequence[int]):
@@ -156,3 +162,111 @@ class CopyPairs(Sequence[tuple[str, int]]):
 
     def __repr__(self) -> str:
         return f"CopyPairs({self.layout.name!r}, {self.box!r})"
+
+
+class MappedRanks(TupleLike[int]):
+    r"""The distinct ranks that a worker map puts a group's workers on: the root's rank first
+    (rank 0 of the group's sub-communicator), then the others in increasing order, held as
+    runs of consecutive ranks (:meth:`triples`, what ``MPI_Group_range_incl`` takes).
+
+    Built by :func:`mapped_ranks`; equal to (and hashed as) the tuple of its ranks.
+
+    Examples
+    --------
+    >>> ranks = MappedRanks(2, ((0, 1), (3, 7)))
+    >>> tuple(ranks), ranks.triples()
+    ((2, 0, 1, 3, 4, 5, 6, 7), ((2, 2, 1), (0, 1, 1), (3, 7, 1)))
+    """
+
+    __slots__ = ("_len", "_offsets", "intervals", "root")
+    _MISSING = "rank {position} of a group of {length}"
+
+    def __init__(self, root: int, intervals: tuple[tuple[int, int], ...]) -> None:
+        self.root, self.intervals = root, intervals  # disjoint, increasing, the root in none
+        self._offsets = tuple(
+            itertools.accumulate((last - first + 1 for first, last in intervals), initial=1)
+        )
+        self._len = self._offsets[-1]
+
+    def _at(self, position: int) -> int:
+        if position == 0:
+            return self.root
+        k = bisect.bisect_right(self._offsets, position) - 1
+        return self.intervals[k][0] + position - self._offsets[k]
+
+    def __iter__(self) -> Iterator[int]:
+        yield self.root
+        for first, last in self.intervals:
+            yield from range(first, last + 1)
+
+    def triples(self) -> tuple[tuple[int, int, int], ...]:
+        """The ranks as ``(first, last, 1)`` runs in order, the root's first."""
+        return ((self.root, self.root, 1), *((first, last, 1) for first, last in self.intervals))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, MappedRanks):
+            return self.root == other.root and self.intervals == other.intervals
+        return super().__eq__(other)
+
+    __hash__ = TupleLike.__hash__
+
+
+def mapped_ranks(root: int, members: Sequence[int], mapping: Any) -> MappedRanks:
+    r"""The ranks of a group whose root block is on worker ``root`` and whose other workers are
+    ``members`` (the root's worker may be among them), under the worker map ``mapping``.
+
+    For a described map (:attr:`~linop.program.WorkerMap.rule`) and members described by runs
+    of consecutive workers (:meth:`~linop.partition.WorkerBox.triples`) each run's ranks are
+    one or two runs, found in O(1): under a blocked map consecutive workers
+    :math:`a .. b` are on ranks :math:`\lfloor aR/W \rfloor .. \lfloor bR/W \rfloor` (every
+    one: with :math:`R \le W` consecutive workers' ranks differ by at most one), under round
+    robin on :math:`a \bmod R .. b \bmod R` (wrapping, all of them when :math:`b - a + 1 \ge
+    R`). Other members are listed (O(the group)).
+
+    Raises
+    ------
+    WorkerMapError
+        A worker of the group is not mapped.
+    """
+    root_rank = mapping.rank_of(root)
+    spans = _described_spans(members, mapping)
+    if spans is None:  # listed
+        spans = [(r, r) for r in {mapping.rank_of(w) for w in members}]
+    merged: list[tuple[int, int]] = []
+    for first, last in sorted(spans):
+        if merged and first <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], last))
+        else:
+            merged.append((first, last))
+    intervals: list[tuple[int, int]] = []
+    for first, last in merged:  # the root's rank taken out (it comes first)
+        if first <= root_rank <= last:
+            intervals.extend(
+                span for span in ((first, root_rank - 1), (root_rank + 1, last)) if span[0] <= span[1]
+            )
+        else:
+            intervals.append((first, last))
+    return MappedRanks(root_rank, tuple(intervals))
+
+
+def _described_spans(members: Sequence[int], mapping: Any) -> list[tuple[int, int]] | None:
+    """The rank spans of members described by runs under a described map, or None."""
+    rule, triples = mapping.rule, getattr(members, "triples", None)
+    if rule is None or triples is None:
+        return None
+    kind, workers, ranks = rule
+    spans: list[tuple[int, int]] = []
+    for first, last, stride in triples():
+        if last >= workers:
+            return None  # an unmapped worker: listed, so rank_of names it
+        if first != last and stride != 1:
+            spans.extend((r, r) for r in {mapping.rank_of(w) for w in range(first, last + 1, stride)})
+        elif kind == "blocked":
+            spans.append((first * ranks // workers, last * ranks // workers))
+        elif last - first + 1 >= ranks:
+            spans.append((0, ranks - 1))
+        elif first % ranks <= last % ranks:
+            spans.append((first % ranks, last % ranks))
+        else:
+            spans.extend(((first % ranks, ranks - 1), (0, last % ranks)))
+    return spans

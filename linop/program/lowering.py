@@ -240,19 +240,24 @@ def lowers_per_worker(op: LinearOperator) -> bool:
     local steps of the global program's projection (the movement nodes and primitives, one
     step each, count as lowering per worker). Other nodes would be lowered whole there
     (O(the tree) on every rank), so such trees take the global route. A function of the tree
-    alone: the same on every rank."""
+    alone: the same on every rank (the executors' lowerings, which declare some, loaded first)."""
+    dispatch.load(INTERPRETER)
+    return _per_worker(op)
+
+
+def _per_worker(op: LinearOperator) -> bool:
     if isinstance(op, Composition):
-        return all(lowers_per_worker(f) for f in op.factors)
+        return all(_per_worker(f) for f in op.factors)
     if isinstance(op, Sum):
-        return all(lowers_per_worker(t) for t in op.terms)
+        return all(_per_worker(t) for t in op.terms)
     if isinstance(op, Scaled):
-        return lowers_per_worker(op.operator)
+        return _per_worker(op.operator)
     if type(op) in (Identity, Zero, *_PRIMITIVES):
         return True
     if type(op) not in _PER_WORKER:
         return False
     parts = _PER_WORKER[type(op)]
-    return parts is None or all(lowers_per_worker(part) for part in parts(op))
+    return parts is None or all(_per_worker(part) for part in parts(op))
 
 
 _PRIMITIVES = (Copy, CopyAdjoint, Move, Add, Clear, Allocate, Deallocate)

@@ -1,40 +1,84 @@
-"""Which rank runs each worker of a tree: :class:`WorkerMap`.
+r"""Which rank runs each worker of a tree: :class:`WorkerMap`.
 
 By default worker ``w`` of a tree runs on rank ``w``. Under a :class:`WorkerMap` worker ``w``
 runs on rank ``mapping.rank_of(w)``: a rank may hold several workers (16 workers on 4 ranks: 4
 workers each) or none, and its local state holds the blocks of all its workers. The projection
 of a program onto a rank (:func:`~linop.program.projection.project`) takes the map.
+
+A map is either *described* by a rule of two numbers, ``W`` workers on ``R`` ranks,
+
+.. math::
+
+    \text{blocked:}\quad r(w) = \lfloor w R / W \rfloor, \qquad
+    \text{round robin:}\quad r(w) = w \bmod R, \qquad 0 \le w < W,
+
+or an explicit table of every worker. A described map answers everything in O(1) (its workers
+on one rank: in O(1) memory, :class:`~linop.described.Stride`), whatever ``W``; a table equal
+to a rule (every table over ``0 .. W - 1`` that some :meth:`WorkerMap.blocked` or
+:meth:`WorkerMap.round_robin` gives) is recognised when it is built and kept as the rule, so
+that equal assignments are equal maps, with one hash and one digest (:meth:`WorkerMap.description`,
+part of a tree's fingerprint under the map) however they were given.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, Literal
 
 import numpy as np
 
+from ..described import Stride
 from ..errors import WorkerMapError
 
 __all__ = ["WorkerMap"]
 
 
 MAX_MAP_WORKERS = 1 << 24
-"""The most workers :meth:`WorkerMap.round_robin` and :meth:`WorkerMap.blocked` build a map
-for: a map is an explicit table, one entry per worker."""
+"""The most workers :meth:`WorkerMap.blocked` lists for a map of more ranks than workers (each
+worker on a rank of its own, some ranks empty: an explicit table). Every other blocked and
+round-robin map is described by its rule, of any size."""
+
+Rule = tuple[Literal["blocked", "round_robin"], int, int]
+"""A described map: (kind, workers, ranks), in the canonical form of :func:`_canonical`."""
 
 
 def _counts(how: str, workers: object, ranks: object) -> tuple[int, int]:
     if not _natural(workers):
         raise WorkerMapError(f"WorkerMap.{how}: workers must be a non-negative integer, not {workers!r}")
-    if int(workers) > MAX_MAP_WORKERS:  # type: ignore[call-overload]
-        raise WorkerMapError(
-            f"WorkerMap.{how}: {workers} workers is more than an explicit map holds "
-            f"(at most MAX_MAP_WORKERS = {MAX_MAP_WORKERS})"
-        )
     if not _natural(ranks) or int(ranks) < 1:  # type: ignore[call-overload]
         raise WorkerMapError(f"WorkerMap.{how}: ranks must be a positive integer, not {ranks!r}")
     return int(workers), int(ranks)  # type: ignore[call-overload]
+
+
+def _canonical(kind: str, workers: int, ranks: int) -> Rule | None:
+    """The one rule of a blocked or round-robin map of ``workers >= 1`` on ``ranks`` (a map
+    of one assignment has one rule: round robin on one rank is blocked on one rank, on
+    ``ranks >= workers`` it is the identity, blocked on ``workers`` ranks), or None for a
+    blocked map of more ranks than workers (listed: several such give one assignment)."""
+    if kind == "round_robin":
+        if ranks == 1 or ranks >= workers:
+            return ("blocked", workers, min(ranks, workers))
+        return ("round_robin", workers, ranks)
+    return ("blocked", workers, ranks) if ranks <= workers else None
+
+
+def _rule_of(table: dict[int, int]) -> Rule | None:
+    """The rule of a table, when it is one: over workers ``0 .. W - 1`` with largest rank
+    ``R - 1``, blocked on ``R <= W`` ranks or round robin on ``2 <= R < W`` (the canonical
+    rules, each of one assignment); else None. O(W), once per table."""
+    count = len(table)
+    if not count or max(table) != count - 1:  # not the workers 0 .. W - 1
+        return None
+    ranks = max(table.values()) + 1
+    if ranks > count:
+        return None
+    given = np.fromiter((table[w] for w in range(count)), np.int64, count)
+    workers = np.arange(count, dtype=np.int64)
+    if np.array_equal(given, workers * ranks // count):
+        return ("blocked", count, ranks)
+    if ranks >= 2 and ranks < count and np.array_equal(given, workers % ranks):
+        return ("round_robin", count, ranks)
+    return None
 
 
 class WorkerMap:
@@ -44,12 +88,19 @@ class WorkerMap:
     ----------
     ranks : sequence of int (a 1-D numpy array included), or mapping of int to int
         ``ranks[w]`` is the rank of worker ``w`` (a sequence covers workers ``0 .. len - 1``;
-        a mapping names its workers).
+        a mapping names its workers). :meth:`blocked` and :meth:`round_robin` describe the
+        regular maps without a table.
 
     Raises
     ------
     WorkerMapError
         A worker or rank that is not a non-negative integer (the message names the worker).
+
+    Notes
+    -----
+    Two maps are equal when they put the same workers on the same ranks: a described map
+    equals the table of its assignment, with the same hash and :meth:`description`. A table
+    that a rule gives is kept as that rule (found in O(its workers) when it is built).
 
     Examples
     --------
@@ -57,9 +108,13 @@ class WorkerMap:
     (4, 5, 6, 7)
     >>> WorkerMap.round_robin(16, 4).workers_on(1)
     (1, 5, 9, 13)
+    >>> WorkerMap([0, 0, 1, 1]) == WorkerMap.blocked(4, 2)
+    True
+    >>> WorkerMap.blocked(1 << 40, 1 << 38).rank_of(12345678901)
+    3086419725
     """
 
-    __slots__ = ("_by_rank", "_description", "_hash", "_pairs", "_ranks")
+    __slots__ = ("_by_rank", "_description", "_hash", "_pairs", "_ranks", "_rule")
 
     def __init__(self, ranks: Sequence[int] | Mapping[int, int]) -> None:
         if isinstance(ranks, np.ndarray):  # a numpy array of ranks is a sequence of ranks too
@@ -85,6 +140,14 @@ class WorkerMap:
             if not _natural(rank):
                 raise WorkerMapError(f"worker map: worker {worker} maps to {rank!r}, not a non-negative rank")
             table[int(worker)] = int(rank)
+        self._description: bytes | None = None
+        self._rule = _rule_of(table)
+        if self._rule is not None:  # kept as its rule: equal to (and hashed as) the described map
+            self._ranks: dict[int, int] = {}
+            self._pairs: tuple[tuple[int, int], ...] = ()
+            self._by_rank: dict[int, tuple[int, ...]] = {}
+            self._hash = hash(self._rule)
+            return
         self._ranks = table
         self._pairs = tuple(sorted(table.items()))
         by_rank: dict[int, list[int]] = {}
@@ -92,7 +155,15 @@ class WorkerMap:
             by_rank.setdefault(rank, []).append(worker)
         self._by_rank = {rank: tuple(workers) for rank, workers in by_rank.items()}
         self._hash = hash(self._pairs)
-        self._description: bytes | None = None
+
+    @classmethod
+    def _described(cls, rule: Rule) -> WorkerMap:
+        """The map of ``rule`` (canonical), in O(1)."""
+        self = cls.__new__(cls)
+        self._rule, self._description = rule, None
+        self._ranks, self._pairs, self._by_rank = {}, (), {}
+        self._hash = hash(rule)
+        return self
 
     @classmethod
     def of(cls, mapping: WorkerMap | Sequence[int] | Mapping[int, int]) -> WorkerMap:
@@ -101,29 +172,60 @@ class WorkerMap:
 
     @classmethod
     def round_robin(cls, workers: int, ranks: int) -> WorkerMap:
-        """Worker ``w`` on rank ``w % ranks``.
+        """Worker ``w`` on rank ``w % ranks``: described, O(1) whatever ``workers``.
 
         Raises
         ------
         WorkerMapError
-            ``workers`` is not a non-negative integer (at most :data:`MAX_MAP_WORKERS`) or
-            ``ranks`` not a positive one.
+            ``workers`` is not a non-negative integer or ``ranks`` not a positive one.
         """
         workers, ranks = _counts("round_robin", workers, ranks)
-        return cls([w % ranks for w in range(workers)])
+        if not workers:
+            return cls(())
+        rule = _canonical("round_robin", workers, ranks)
+        assert rule is not None
+        return cls._described(rule)
 
     @classmethod
     def blocked(cls, workers: int, ranks: int) -> WorkerMap:
-        """Consecutive workers together: worker ``w`` on rank ``w * ranks // workers``.
+        """Consecutive workers together: worker ``w`` on rank ``w * ranks // workers``:
+        described, O(1) whatever ``workers`` when ``ranks <= workers``; a map of more ranks
+        than workers is listed (each worker alone on its rank).
 
         Raises
         ------
         WorkerMapError
-            ``workers`` is not a non-negative integer (at most :data:`MAX_MAP_WORKERS`) or
-            ``ranks`` not a positive one.
+            ``workers`` is not a non-negative integer or ``ranks`` not a positive one, or a
+            map of more ranks than workers would list more than :data:`MAX_MAP_WORKERS`.
         """
         workers, ranks = _counts("blocked", workers, ranks)
+        if not workers:
+            return cls(())
+        rule = _canonical("blocked", workers, ranks)
+        if rule is not None:
+            return cls._described(rule)
+        if workers > MAX_MAP_WORKERS:
+            raise WorkerMapError(
+                f"WorkerMap.blocked: {workers} workers on {ranks} ranks (more ranks than workers) is "
+                f"an explicit table, at most MAX_MAP_WORKERS = {MAX_MAP_WORKERS} workers"
+            )
         return cls([w * ranks // workers for w in range(workers)])
+
+    @property
+    def rule(self) -> Rule | None:
+        """``(kind, workers, ranks)`` of a described map (``kind`` ``"blocked"`` or
+        ``"round_robin"``, canonical: one rule per assignment), or None for a table."""
+        return self._rule
+
+    def _get(self, worker: Any) -> int | None:
+        """The rank of ``worker``, or None when it is not mapped."""
+        rule = self._rule
+        if rule is None:
+            return self._ranks.get(worker)
+        kind, workers, ranks = rule
+        if not _natural(worker) or worker >= workers:
+            return None
+        return int(worker) * ranks // workers if kind == "blocked" else int(worker) % ranks
 
     def rank_of(self, worker: int) -> int:
         """The rank of ``worker``.
@@ -133,19 +235,41 @@ class WorkerMap:
         WorkerMapError
             ``worker`` is not mapped.
         """
-        rank = self._ranks.get(worker)
+        rank = self._get(worker)
         if rank is None:
             raise WorkerMapError(f"worker {worker} of the tree is not in the worker map")
         return rank
 
-    def workers_on(self, rank: int) -> tuple[int, ...]:
-        """The workers that ``rank`` holds, in increasing order."""
-        return self._by_rank.get(rank, ())
+    def workers_on(self, rank: int) -> Sequence[int]:
+        """The workers that ``rank`` holds, in increasing order: a tuple, or for a described
+        map a :class:`~linop.described.Stride` equal to it (O(1) memory). Blocked: the
+        workers ``ceil(r W / R) <= w < ceil((r + 1) W / R)``; round robin: ``r, r + R, ...``."""
+        rule = self._rule
+        if rule is None:
+            return self._by_rank.get(rank, ())
+        kind, workers, ranks = rule
+        if not _natural(rank) or rank >= ranks:
+            return ()
+        if kind == "blocked":
+            return Stride(-(-rank * workers // ranks), -(-(rank + 1) * workers // ranks))
+        return Stride(int(rank), workers, ranks)
+
+    def __len__(self) -> int:
+        """The number of workers mapped."""
+        return self._rule[1] if self._rule is not None else len(self._pairs)
+
+    def __iter__(self) -> Iterator[int]:
+        """The workers mapped, in increasing order."""
+        if self._rule is not None:
+            return iter(range(self._rule[1]))
+        return (worker for worker, _ in self._pairs)
 
     @property
     def dense(self) -> int:
         """``n`` when the map covers exactly the workers ``0 .. n - 1`` (as a sequence does),
         else -1."""
+        if self._rule is not None:
+            return self._rule[1]
         pairs = self._pairs
         if not pairs:
             return 0
@@ -154,25 +278,37 @@ class WorkerMap:
     @property
     def largest_rank(self) -> int:
         """The largest rank a worker is mapped to (-1 for the empty map)."""
+        if self._rule is not None:  # canonical: ranks <= workers, so rank R - 1 holds a worker
+            return self._rule[2] - 1
         return max(self._by_rank, default=-1)
 
     @property
     def pairs(self) -> tuple[tuple[int, int], ...]:
-        """(worker, rank) for every mapped worker, by worker."""
+        """(worker, rank) for every mapped worker, by worker (listed: O(workers) for a
+        described map, which the planning of a rank never asks for)."""
+        if self._rule is not None:
+            return tuple((w, self.rank_of(w)) for w in range(self._rule[1]))
         return self._pairs
 
     def description(self) -> bytes:
-        """The map as bytes (part of the tree's fingerprint under this map)."""
-        if self._description is None:  # the map's own O(workers), once per map
-            flat = np.fromiter(itertools.chain.from_iterable(self._pairs), np.int64, 2 * len(self._pairs))
-            self._description = b"M" + flat.tobytes()
+        """The map as bytes (part of the tree's fingerprint under this map): the rule's kind
+        and two numbers for a described map (O(1)), every (worker, rank) pair for a table (its
+        own O(workers), once per map). Equal maps have equal descriptions."""
+        if self._description is None:
+            if self._rule is not None:
+                kind, workers, ranks = self._rule
+                numbers = np.array([workers, ranks], np.int64).tobytes()
+                self._description = (b"B" if kind == "blocked" else b"R") + numbers
+            else:
+                flat = np.array(self._pairs, np.int64).reshape(-1)
+                self._description = b"M" + flat.tobytes()
         return self._description
 
     def problem(self, workers: Iterable[int], size: int) -> WorkerMapError | None:
         """What is wrong with this map for a tree naming ``workers`` on ``size`` ranks (the
         smallest worker at fault is named), or None."""
         for worker in sorted(set(workers)):
-            rank = self._ranks.get(worker)
+            rank = self._get(worker)
             if rank is None:
                 return WorkerMapError(f"worker {worker} of the tree is not in the worker map")
             if rank >= size:
@@ -183,12 +319,17 @@ class WorkerMap:
         return None
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, WorkerMap) and self._pairs == other._pairs
+        if not isinstance(other, WorkerMap):
+            return NotImplemented
+        return self._rule == other._rule and self._pairs == other._pairs
 
     def __hash__(self) -> int:
         return self._hash
 
     def __repr__(self) -> str:
+        if self._rule is not None:
+            kind, workers, ranks = self._rule
+            return f"WorkerMap.{kind}({workers}, {ranks})"
         return f"WorkerMap({dict(self._pairs)!r})"
 
 

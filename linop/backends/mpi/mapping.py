@@ -9,12 +9,14 @@ worker ``w`` runs on rank ``mapping.rank_of(w)``: a rank may hold several worker
 A rank's schedule is the schedule of the *set* of workers it holds, projected from the global
 program (:func:`compile_mapped`) by :func:`~linop.program.project` under the map. A tree whose
 nodes lower per worker (:func:`~linop.program.lowers_per_worker`: halo exchanges, their shims,
-local operators, the overlapped exchange and the one-step primitives, under the algebra) is
-compiled by each rank from its workers' part only (:func:`~linop.program.compile_for_rank`
-with the map, O(their own work)): the messages per peer, their tags and the local steps of the
-global projection (the same phases too for one exchange; with several, a rank may group its
-messages into fewer phases, as without a map). Other trees (collectives, repartitions)
-project the global program, built once per process:
+local operators, the overlapped exchange, the all-reduce, broadcast and sum-reduce, the
+repartition, scatter, gather, all-gather and reduce-scatter, and the one-step primitives, under
+the algebra) is compiled by each rank from its workers' part only
+(:func:`~linop.program.compile_for_rank` with the map, O(their own work; a collective's: the
+groups of its workers)): the messages per peer, their tags and the local steps of the global
+projection (the same phases too for one exchange; with several, or where the global batching
+orders a local step after a phase, a rank may group its steps otherwise, as without a map).
+Other trees project the global program, built once per process:
 
 - the program is lowered without fast paths (:func:`~linop.program.lower_portable`):
   halo exchanges, collectives and repartitions run their point-to-point expansion, whose steps
@@ -112,8 +114,9 @@ def _tree_workers(op: LinearOperator, steps: Iterable[Any], found: set[int]) -> 
 
 
 class MappedCompiled:
-    """A tree compiled under one worker map: its fingerprint (the tree's and the map's) and per
-    rank the schedule (or the error compiling or validating raised).
+    """A tree compiled under one worker map: its fingerprint (the tree's and the map's digest,
+    :meth:`~linop.program.WorkerMap.description`: O(1) for a described map) and per rank the
+    schedule (or the error compiling or validating raised).
 
     A tree whose nodes all lower per worker (:func:`~linop.program.lowers_per_worker`) is
     compiled per rank from its workers' part only (:func:`~linop.program.compile_for_rank` with the map), and validated against the map

@@ -20,7 +20,9 @@ from ....program import (
     lowering,
     lowering_mapping,
     lowering_rank,
+    lowering_workers,
     note_workers,
+    per_worker,
     project,
 )
 from ..context import subcommunicator
@@ -99,6 +101,19 @@ def _nonempty(layout: Any) -> bool:
     return any(all(n > 0 for n in shape) for shape in (distinct() if distinct is not None else shapes))
 
 
+def _group(op: AllReduce, index: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """The group of grid index ``index``: the indices that differ from it only along the axes,
+    in C order along them (as :func:`~linop.layout.reduction_groups`; its own group only)."""
+    partition = op.tensor.partition
+    members = []
+    for moving in itertools.product(*(range(partition.shape[a]) for a in op.axes)):
+        member = list(index)
+        for a, k in zip(op.axes, moving):
+            member[a] = k
+        members.append(tuple(member))
+    return members
+
+
 def _rank_all_reduce(op: AllReduce, rank: int) -> list[Step]:
     """The rank's group only: its block and the workers of the indices that differ from its
     own only along the axes (members in C order along them, as :func:`reduction_groups`)."""
@@ -111,13 +126,8 @@ def _rank_all_reduce(op: AllReduce, rank: int) -> list[Step]:
         index = partition.index(rank)
         block = op.tensor.block(index)
         if block.size:
-            members = []
-            for moving in itertools.product(*(range(partition.shape[a]) for a in op.axes)):
-                member = list(index)
-                for a, k in zip(op.axes, moving):
-                    member[a] = k
-                members.append(partition.worker(tuple(member)))
-            entries = ((block.name, tuple(members)),)
+            members = tuple(partition.worker(member) for member in _group(op, index))
+            entries = ((block.name, members),)
     step = _RankAllReduce(entries, fallback(op, rank))
     return [FastPathStep(Projected(step, rank, (partition.max_worker,)))]
 
@@ -195,10 +205,21 @@ class _MappedAllReduceRunner:
         raise ValueError("a mapped all-reduce is projected under its map")
 
     def project_mapped(self, rank: int, mapping: Any) -> _RankMappedAllReduce | None:
+        """The groups of the rank's workers only (each found from the partition, as
+        :func:`_rank_all_reduce` finds a rank's own), in the global order of the groups (C
+        order of the other coordinates): O(the rank's workers times a group's size)."""
         op, held = self.op, set(mapping.workers_on(rank))
+        partition = op.tensor.partition
+        mine: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+        for worker in held:
+            if partition.position(worker) is not None:
+                index = partition.index(worker)
+                key = tuple(i for d, i in enumerate(index) if d not in op.axes)
+                if key not in mine:
+                    mine[key] = _group(op, index)
         entries = []
-        for group in op.groups:
-            blocks = [op.tensor.block(i) for i in group]
+        for key in sorted(mine):
+            blocks = [op.tensor.block(i) for i in mine[key]]
             if len(blocks) < 2 or not blocks[0].size:
                 continue
             names = tuple(b.name for b in blocks if b.worker in held)
@@ -214,12 +235,14 @@ class _MappedAllReduceRunner:
         return _RankMappedAllReduce(tuple(entries), functools.lru_cache(maxsize=1)(fallback))
 
 
-@lowering(AllReduce)
+@lowering(per_worker(AllReduce))
 def _all_reduce(op: AllReduce) -> list[Step] | None:
     if lowering_mapping() is not None:  # a worker map: the group's workers on one rank sum locally
         if len(op.others) or math.prod(op.tensor.partition.shape[a] for a in op.axes) <= 1:
             return None
-        workers = tuple(op.tensor.partition.workers)
+        partition = op.tensor.partition  # each rank projects its workers' groups only
+        workers = (partition.max_worker,) if lowering_workers() is not None else tuple(partition.workers)
+        note_workers(partition.max_worker)
         return [FastPathStep(_MappedAllReduceRunner(op, workers))]
     rank = lowering_rank()
     if rank is not None:

@@ -13,13 +13,11 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from ....collectives import Planned
-from ....movement import Copy, CopyAdjoint, SendRecv, SendRecvAdjoint
-from ....operator import LinearOperator
 from ....plan import Piece
-from ....primitives import Allocate, Deallocate
-from ....program import FastPathStep, Step, lower, lowering, lowering_rank, note_workers
+from ....program import FastPathStep, Step, lowering, lowering_rank, note_workers, per_worker
+from ....program.lowering_planned import planned_steps, workers_part
 from ....repartition import Gather, Repartition, Scatter
-from ....space import Block, Space
+from ....space import Block
 from ..datatypes import contiguous_run, element_type, mpi, subarray
 from ..steps import Action, Call, OutOfPlaceBinding, RankStep
 from .common import Projected
@@ -341,38 +339,30 @@ def _rank_planned(op: Planned, rank: int, pieces: tuple[Piece, ...]) -> list[Ste
     block), each on a space of its two blocks."""
     if noted_layouts(op) is None:
         return None
-    domain, range_ = op.domain, op.range
-    steps: list[Step] = []
-    for block in range_.owned(rank):
-        steps.extend(lower(Allocate(Space(), block)))
-    for p in pieces:
-        space = Space([domain.block(p.source), range_.block(p.target)])
-        old_box, new_box = space[p.source][p.source_index()], space[p.target][p.target_index()]
-        remote = old_box.worker != new_box.worker
-        node: LinearOperator
-        if op.ADDS:
-            node = SendRecvAdjoint(new_box, old_box) if remote else CopyAdjoint(new_box, old_box)
-        else:
-            node = SendRecv(old_box, new_box) if remote else Copy(old_box, new_box)
-        steps.extend(lower(node))
-    for block in domain.owned(rank):
-        steps.extend(lower(Deallocate(Space([block]), block.name)))
-    return steps
+    return planned_steps(op, op.range.owned(rank), pieces, op.domain.owned(rank))
 
 
-@lowering(Repartition)
+@lowering(per_worker(Repartition))
 def _repartition(op: Repartition) -> list[Step] | None:
     """One ``Alltoallw`` (see :func:`planned`); one rank's lowering from the overlaps of its
-    own blocks (:func:`_rank_repartition`)."""
+    own blocks (:func:`_rank_repartition`); a mapped rank's, its workers' part of the
+    expansion (:func:`~linop.program.lowering_planned.workers_part`)."""
+    part = workers_part(op)
+    if part is not None:
+        return part
     rank = lowering_rank()
     return global_alltoallw(op) if rank is None else _rank_repartition(op, rank)
 
 
-@lowering(Scatter)
-@lowering(Gather)
+@lowering(per_worker(Scatter))
+@lowering(per_worker(Gather))
 def _scatter_gather(op: Scatter | Gather) -> list[Step] | None:
     """One ``Alltoallw`` (see :func:`planned`); one rank's lowering from its own pieces
-    (:func:`_rank_root`)."""
+    (:func:`_rank_root`); a mapped rank's, its workers' part of the expansion
+    (:func:`~linop.program.lowering_planned.workers_part`)."""
+    part = workers_part(op)
+    if part is not None:
+        return part
     rank = lowering_rank()
     return global_alltoallw(op) if rank is None else _rank_root(op, rank)
 

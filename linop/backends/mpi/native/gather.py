@@ -13,7 +13,8 @@ import numpy as np
 
 from ....collectives import AllGather, ReduceScatter
 from ....partition import WorkerBox
-from ....program import FastPathStep, Step, lowering, lowering_rank, note_workers
+from ....program import FastPathStep, Step, lowering, lowering_rank, note_workers, per_worker
+from ....program.lowering_planned import workers_part
 from ....space import Block
 from ...host_schedule import shares_by_member
 from ..context import subcommunicator
@@ -131,20 +132,28 @@ def _native_gather(op: AllGather | ReduceScatter) -> list[Step] | None:
     return [FastPathStep(Projected(_rank_gather(op, rank, axis), rank, (partition.max_worker,)))]
 
 
-@lowering(ReduceScatter)
+@lowering(per_worker(ReduceScatter))
 def _reduce_scatter(op: ReduceScatter) -> list[Step] | None:
     """Natively along one line of equal shares (:func:`_native_gather`); else as any plan
-    (:func:`~linop.backends.mpi.native.all_to_all.planned`)."""
+    (:func:`~linop.backends.mpi.native.all_to_all.planned`); a mapped rank's, its workers'
+    part of the expansion (:func:`~linop.program.lowering_planned.workers_part`)."""
+    part = workers_part(op)
+    if part is not None:
+        return part
     native = _native_gather(op)
     return native if native is not None else planned(op)
 
 
-@lowering(AllGather)
+@lowering(per_worker(AllGather))
 def _all_gather(op: AllGather) -> list[Step] | None:
     """Natively along one line of equal shares (:func:`_native_gather`); else one
     ``Alltoallw`` (see :func:`~linop.backends.mpi.native.all_to_all.planned`); for one rank, from the pieces of its blocks:
     each worker gives its one block and gets its one gathered block, one piece per pair of
-    workers, as the whole plan shows."""
+    workers, as the whole plan shows; a mapped rank's, its workers' part of the expansion
+    (:func:`~linop.program.lowering_planned.workers_part`)."""
+    part = workers_part(op)
+    if part is not None:
+        return part
     native = _native_gather(op)
     if native is not None:
         return native

@@ -22,9 +22,11 @@ from ....program import (
     lowering_mapping,
     lowering_rank,
     note_workers,
+    per_worker,
     project,
 )
-from ....program.groups import CopyPairs, RootedRanks
+from ....program.groups import CopyPairs, RootedRanks, mapped_ranks
+from ....program.lowering_planned import held_blocks
 from ....space import Block
 from ...host_schedule import root_buffer, store_results
 from ..context import subcommunicator
@@ -291,7 +293,7 @@ class _MappedGroup:
 
     root_name: str
     shape: tuple[int, ...]
-    ranks: tuple[int, ...]
+    ranks: Sequence[int]
     is_root: bool
     copies: tuple[str, ...]
 
@@ -406,10 +408,9 @@ def _local_sum(total: np.ndarray, copies: Sequence[np.ndarray]) -> None:
 class _MappedRootedRunner:
     """The global broadcast or sum-reduce step under a worker map
     (:func:`~linop.program.lower_portable`): projected onto a rank through the map
-    (``project_mapped``)."""
+    (``project_mapped``), from the groups of the rank's workers only."""
 
     op: Broadcast | SumReduce
-    groups: tuple[_Group, ...]
     reduce: bool
     workers: tuple[int, ...] = field(default=())
 
@@ -417,19 +418,39 @@ class _MappedRootedRunner:
         raise ValueError("a mapped broadcast or sum-reduce is projected under its map")
 
     def project_mapped(self, rank: int, mapping: Any) -> _RankMappedRooted | None:
-        op, held = self.op, set(mapping.workers_on(rank))
-        groups = []
-        for group in self.groups:
-            root_rank = mapping.rank_of(group.ranks[0])  # the root block's worker
-            others = sorted({mapping.rank_of(w) for _, w in group.copies} - {root_rank})
-            ranks = (root_rank, *others)
-            if rank not in ranks:
+        """The groups the rank's workers take part in (the block a worker holds, the block a
+        worker's copy comes from: as :func:`_rank_broadcast` finds a rank's own), in the
+        global order of the groups (that of their first copy), and the rank's dropped and
+        created blocks: O(the rank's workers and the sizes of their groups)."""
+        op, held = self.op, mapping.workers_on(rank)
+        mine = set(held)
+        tensor, copies = op.tensor, op.copies
+        roots: set[tuple[int, ...]] = set()
+        held_copies: dict[tuple[int, ...], list[tuple[int, str]]] = {}  # per root: (position, name)
+        for worker in held:
+            if (position := copies.partition.position(worker)) is not None:
+                index = copies.partition.index(worker)
+                root = op.source_index(index)
+                roots.add(root)
+                held_copies.setdefault(root, []).append((position, copies.block_name(index)))
+            if tensor.partition.position(worker) is not None:
+                roots.add(tensor.partition.index(worker))
+        found = []
+        for root in roots:
+            block = tensor.block(root)
+            members = op.copy_box(root)  # described: a 1 -> P group is never listed
+            if not block.size or not len(members):  # empty blocks move nothing: no group
                 continue
-            copies = tuple(name for name, w in group.copies if w in held)
-            groups.append(_MappedGroup(group.root_name, group.shape, ranks, root_rank == rank, copies))
-        plan, space = op.plan, op.domain
-        dropped = tuple(n for n in plan.dropped if space.block(n).worker in held)
-        created = tuple(b for b in plan.created if b.worker in held)
+            ranks = mapped_ranks(block.worker, members, mapping)  # described runs of ranks
+            names = tuple(name for _, name in sorted(held_copies.get(root, ())))  # in C order
+            first = copies.partition.flat(members.grid_index(0))
+            group = _MappedGroup(block.name, block.shape, ranks, ranks[0] == rank, names)
+            found.append((first, group))
+        groups = tuple(group for _, group in sorted(found, key=lambda pair: pair[0]))
+        workers = frozenset(mine)
+        sources, targets = (copies, tensor) if self.reduce else (tensor, copies)
+        dropped = tuple(b.name for b in held_blocks(sources, workers))
+        created = tuple(held_blocks(targets, workers))
         if not groups and not dropped and not created:
             return None
 
@@ -437,18 +458,15 @@ class _MappedRootedRunner:
             return project(batch(lower(op.expand())), rank, mapping)
 
         return _RankMappedRooted(
-            tuple(groups), dropped, created, self.reduce, functools.lru_cache(maxsize=1)(fallback)
+            groups, dropped, created, self.reduce, functools.lru_cache(maxsize=1)(fallback)
         )
 
 
 def _lower_broadcast(op: Broadcast | SumReduce, *, reduce: bool) -> list[Step] | None:
     if lowering_mapping() is not None:  # a worker map: a rank's copies filled or summed locally
-        groups = _whole_groups(op, reduce=reduce)
-        if groups is None:
-            return None
-        workers = {w for g in groups for w in g.ranks}
-        workers |= {b.worker for b in op.plan.created} | {op.domain.block(n).worker for n in op.plan.dropped}
-        return [FastPathStep(_MappedRootedRunner(op, groups, reduce, tuple(sorted(workers))))]
+        largest = max(op.tensor.partition.max_worker, op.copies.partition.max_worker)
+        note_workers(largest)  # every piece is a whole block: the fast path always applies
+        return [FastPathStep(_MappedRootedRunner(op, reduce, (largest,)))]
     rank = lowering_rank()
     if rank is not None:
         return _rank_broadcast(op, rank, reduce=reduce)
@@ -460,11 +478,11 @@ def _lower_broadcast(op: Broadcast | SumReduce, *, reduce: bool) -> list[Step] |
     return [FastPathStep(_BroadcastRunner(op, groups, reduce, tuple(sorted(workers))))]
 
 
-@lowering(Broadcast)
+@lowering(per_worker(Broadcast))
 def _broadcast(op: Broadcast) -> list[Step] | None:
     return _lower_broadcast(op, reduce=False)
 
 
-@lowering(SumReduce)
+@lowering(per_worker(SumReduce))
 def _sum_reduce(op: SumReduce) -> list[Step] | None:
     return _lower_broadcast(op, reduce=True)
