@@ -414,10 +414,13 @@ class LayerModule(torch.nn.Module):
         messages are started, each worker's interior (the outputs that need no halo) is
         computed while they are in flight, then the boundary strips; the backward likewise
         with the adjoint exchange (:meth:`linop.layers.Convolution.overlapped_products`, the
-        same operator as the plain tree). False (the default): measured on a 2-core machine
-        with 2 and 4 processes, the overlapped step was slower than the plain one (no core was
-        free to move messages while the interior ran, and the pieces cost extra memory passes),
-        so it is opt-in. None: by the rule of :func:`overlap_pays` (across processes, a cut
+        same operator as the plain tree). False (the default): on a 2-core machine with 2 and
+        4 processes (4 x 16 x 256 x 256 float32 per process, ``benchmarks/bench_overlap.py``)
+        the halo messages are about a millisecond of a step of a hundred or more, no core is
+        free to move them while the interior runs, and the overlapped tree, run by the host
+        interpreter (fresh blocks, a few more memory passes than the plain module's compiled
+        window plans), cost some 5-15% more thread CPU per step than the plain one, so it is
+        opt-in. None: by the rule of :func:`overlap_pays` (across processes, a cut
         spatial dimension, a large enough interior, a real dtype, not NCCL), for machines where
         the exchange can progress while the interior computes.
     replicate : bool
