@@ -10,27 +10,66 @@ Each rank holds an ``N x C x H x W`` float32 block (default 4 x 16 x 256 x 256) 
 time of one step (the maximum over the ranks, median over the samples; the methods interleaved
 within each sample):
 
-- ``exchange``: the halo exchange alone, forward and adjoint (linop's bound window plans; the
-  hand-written ``Isend``/``Irecv`` of the same halos, corners included);
-- ``compute``: the local products alone (torch's ``conv2d`` forward and its backward for the
-  input and the weights on a padded block, no message);
+- ``exchange``: the halo exchange's messages alone, forward and adjoint, on a padded block
+  built once: linop's ``HaloExchange`` of the layer, bound in place (persistent requests), and
+  the hand-written ``Isend``/``Irecv`` of the same halos (corners included), the received
+  halo gradients added;
+- ``windows``: what a layer's forward and backward move around the products: the padded
+  block built from the input block, the exchange, and in the backward the adjoint exchange and
+  the input gradient taken out of the padded gradient. linop's is ``LayerModule``'s window
+  stage as the plain module runs it (``plain.windows``: the input copied into the bound
+  plan's buffer, the padded block filled, the result copied out of the plan's buffers, and
+  likewise back); the hand-written one builds the padded block (``np.zeros`` and a copy) and
+  copies the bulk of the gradient out. An earlier version of this script compared linop's
+  ``windows`` with the hand-written ``exchange`` alone (on a padded block it built, the
+  gradient left in it): that set about eight 16 MiB memory passes against two, not the
+  messages of the one against those of the other;
+- ``compute``: the local products alone (torch's ``conv2d`` forward and one
+  ``convolution_backward`` for the input, weights and bias on a padded block, no message);
 - ``plain``: ``LayerModule(..., overlap=False)``: the exchange, then the products;
 - ``overlapped``: ``LayerModule(..., overlap=True)``: the exchange started, the interior's
   products run while its messages are in flight, then the boundary strips; the backward with
   the adjoint exchange in flight;
-- ``hand overlapped``: mpi4py + torch written out: ``Isend``/``Irecv`` of the halos, the interior
-  ``conv2d``, ``Waitall``, the four boundary strips; backward: the strips' input gradients, the
-  halo gradients sent back, the interior's input gradient and the weight gradient in flight,
-  ``Waitall``, the received gradients added.
+- ``hand plain``: mpi4py + torch written out: the exchange, one ``conv2d`` on the padded
+  block; backward: one ``convolution_backward`` (input, weights, bias), the adjoint exchange;
+- ``hand overlapped``: ``Isend``/``Irecv`` of the halos, the interior's ``conv2d``,
+  ``Waitall``, the four boundary strips; backward: each strip's ``convolution_backward``
+  (input, weights and bias in one call), the halo gradients sent back, the interior's
+  ``convolution_backward`` in flight, ``Waitall``, the received gradients added.
 
-and the ratios: the share of the exchange hidden, ``(plain - overlapped) / exchange``, and
-``overlapped / hand overlapped``. The three layers are checked equal first (outputs, input and
-weight gradients, to float32 rounding). Nothing is asserted about speed.
+and the ratios: the share of the exchange's messages hidden, ``(plain - overlapped) /
+exchange``, and ``overlapped / hand overlapped``. The layers are checked equal first
+(outputs, input and weight gradients, to float32 rounding). Nothing is asserted about speed.
 
-On a machine with fewer cores than ranks a rank has no spare core to progress its messages
-while it computes: MPICH moves data only inside MPI calls (no progress thread), so the
-messages of a nonblocking exchange travel mostly at the ``Waitall``, and the overlap hides
-little; the figures then measure the schedule's cost, not the hiding.
+At this size the messages are small beside the work around them: one 64 KiB row (and column)
+per neighbour per direction against 16 MiB blocks, so the ``exchange`` is about a millisecond
+of a step of a hundred or more, and most of ``windows`` is memory passes, which no overlap
+hides (the same core makes them). On a machine with fewer cores than ranks a rank has no spare
+core to progress its messages while it computes: MPICH moves data only inside MPI calls (no
+progress thread), and messages above its shared-memory cell (8 KiB by default,
+``MPIR_CVAR_CH4_SHM_POSIX_IQUEUE_CELL_SIZE``) need both ranks inside MPI calls to move (a
+handshake, then the data). Without a test of the requests during the interior they travel at
+the ``Waitall``, which then ties each rank to its peer's end of the interior; linop's schedule
+tests them after each step of the work in flight (``Testall``), and the hand-written layer not
+at all. Either way the figures measure the schedule's cost, not the hiding, and the share
+hidden, with a millisecond of messages, is noise.
+
+Memory pages weigh as much as the arithmetic here: glibc gives freed blocks this large back to
+the system, so each step's temporaries (torch's outputs and gradients, the interpreter's
+blocks) are faulted in afresh, 8 to 11 thousand minor page faults per step, a third or more of
+a step on the 2-core machine this was written on (its page faults are slow). With glibc told to
+keep freed memory (the ``MALLOC_*`` variables below) the same steps run with a few hundred
+faults, and every figure drops (2 ranks, load 1.9: compute 60 ms against 113-174 ms without;
+plain 79, overlapped 92, hand plain 68, hand overlapped 80 ms). Run both ways, on a quiet
+machine (``uptime`` load well below the number of cores)::
+
+    env -u MPIR_CVAR_CH4_PROGRESS_THROTTLE -u MPIR_CVAR_ENABLE_HEAVY_YIELD \\
+        mpiexec -n 2 python benchmarks/bench_overlap.py
+    env -u MPIR_CVAR_CH4_PROGRESS_THROTTLE -u MPIR_CVAR_ENABLE_HEAVY_YIELD \\
+        mpiexec -genv MALLOC_MMAP_THRESHOLD_ 33554432 -genv MALLOC_TRIM_THRESHOLD_ 4000000000 \\
+        -n 2 python benchmarks/bench_overlap.py
+
+and likewise with ``-n 4``.
 """
 
 from __future__ import annotations
@@ -49,7 +88,8 @@ except ImportError:  # pragma: no cover - the torch extra is not installed
 
 from _timing import interleaved_over_ranks
 
-from linop import DistributedTensor, Kernel, Partition
+from linop import DistributedTensor, HaloExchange, Kernel, Partition
+from linop.backends import mpi as mpi_backend
 from linop.frameworks.torch_layers import LayerModule
 from linop.layers import Convolution
 
@@ -115,6 +155,16 @@ class HandLayer:
         padded = np.zeros((n, c, h + 2, w + 2), np.float32)
         padded[..., 1 : h + 1, 1 : w + 1] = x
         xp = torch.from_numpy(padded)
+        g = torch.from_numpy(gy)
+        gpad = torch.zeros((n, c, h + 2, w + 2))
+        complete = self._exchange(padded, self.edge, self.halo, add=False)
+        if not overlap:
+            complete()
+            y = torch.conv2d(xp, weight, bias)
+            dx, dw, db = _backward(g, xp, weight)
+            gpad += dx
+            self._exchange(gpad.numpy(), self.halo, self.edge, add=True)()
+            return y, gpad[..., 1 : h + 1, 1 : w + 1], dw, db
         y = torch.empty((n, weight.shape[0], h, w))
         strips = [
             ((slice(0, 1), slice(0, w)), (slice(0, 3), slice(0, w + 2))),
@@ -123,41 +173,45 @@ class HandLayer:
             ((slice(1, h - 1), slice(w - 1, w)), (slice(1, h + 1), slice(w - 1, w + 2))),
         ]
         inner_out, inner_in = (slice(1, h - 1), slice(1, w - 1)), (slice(1, h + 1), slice(1, w + 1))
-        complete = self._exchange(padded, self.edge, self.halo, add=False)
-        if not overlap:
-            complete()
         y[(..., *inner_out)] = torch.conv2d(xp[(..., *inner_in)], weight, bias)
-        if overlap:
-            complete()
+        complete()
         for out, window in strips:
             y[(..., *out)] = torch.conv2d(xp[(..., *window)], weight, bias)
-        # backward
-        g = torch.from_numpy(gy)
-        gpad = np.zeros_like(padded)
-        gp = torch.from_numpy(gpad)
+        # backward: each piece's input, weight and bias gradients in one call
+        dw, db = torch.zeros_like(weight), torch.zeros_like(bias)
         for out, window in strips:
-            gp[(..., *window)] += torch.nn.grad.conv2d_input(
-                (n, c, *_shape(window)), weight, g[(..., *out)].contiguous()
-            )
-        complete = self._exchange(gpad, self.halo, self.edge, add=True)
-        if not overlap:
-            complete()
-        gp[(..., *inner_in)] += torch.nn.grad.conv2d_input(
-            (n, c, h, w), weight, g[(..., *inner_out)].contiguous()
-        )
-        _, dw, db = torch.ops.aten.convolution_backward(
-            g, xp, weight, [weight.shape[0]], [1, 1], [0, 0], [1, 1], False, [0, 0], 1, [False, True, True]
-        )
-        if overlap:
-            complete()
-        return y, gp[..., 1 : h + 1, 1 : w + 1], dw, db
+            dx, dws, dbs = _backward(g[(..., *out)], xp[(..., *window)], weight)
+            gpad[(..., *window)] += dx
+            dw += dws
+            db += dbs
+        complete = self._exchange(gpad.numpy(), self.halo, self.edge, add=True)
+        dx, dws, dbs = _backward(g[(..., *inner_out)], xp[(..., *inner_in)], weight)
+        gpad[(..., *inner_in)] += dx
+        complete()
+        return y, gpad[..., 1 : h + 1, 1 : w + 1], dw + dws, db + dbs
 
-    def exchange_only(self, x: np.ndarray, gy: np.ndarray):
+    def exchange_only(self, padded: np.ndarray) -> None:
+        """The messages alone, forward and adjoint, on a padded block built once."""
+        self._exchange(padded, self.edge, self.halo, add=False)()
+        self._exchange(padded, self.halo, self.edge, add=True)()
+
+    def windows(self, x: np.ndarray, gpad: np.ndarray) -> np.ndarray:
+        """What the plain layer moves: the padded block built from ``x`` and exchanged; back:
+        the adjoint exchange on ``gpad`` and the input gradient copied out."""
         n, c, h, w = self.shape
         padded = np.zeros((n, c, h + 2, w + 2), np.float32)
         padded[..., 1 : h + 1, 1 : w + 1] = x
         self._exchange(padded, self.edge, self.halo, add=False)()
-        self._exchange(padded, self.halo, self.edge, add=True)()
+        self._exchange(gpad, self.halo, self.edge, add=True)()
+        return np.ascontiguousarray(gpad[..., 1 : h + 1, 1 : w + 1])
+
+
+def _backward(grad, window, weight):
+    """torch's convolution backward of one piece: (input, weight, bias) gradients."""
+    c = weight.shape[0]
+    return torch.ops.aten.convolution_backward(
+        grad.contiguous(), window, weight, [c], [1, 1], [0, 0], [1, 1], False, [0, 0], 1, [True, True, True]
+    )
 
 
 def _tag(d):
@@ -198,22 +252,51 @@ def main() -> None:
         for p in module.parameters():
             p.grad = None
         results[label] = module_step(module)
-    y, dx, dw, db = hand.step(block, gy)
-    dw, db = COMM.allreduce(dw.numpy()), COMM.allreduce(db.numpy())
-    for label, (my, mdx, grads) in results.items():
-        if not np.allclose(my.numpy(), y.numpy(), atol=1e-4) or not np.allclose(
-            mdx.numpy(), dx.numpy(), atol=1e-4
-        ):
-            problems.append(f"{label}: the output or input gradient differs from the hand-written layer's")
-        if grads and RANK == 0 and not np.allclose(grads[0].numpy(), dw, rtol=1e-3, atol=1e-2):
-            problems.append(f"{label}: the weight gradient differs from the hand-written layer's")
+    for overlap in (False, True):
+        y, dx, dw, db = hand.step(block, gy, overlap=overlap)
+        dw, db = COMM.allreduce(dw.numpy()), COMM.allreduce(db.numpy())
+        hand_label = "hand overlapped" if overlap else "hand plain"
+        for label, (my, mdx, grads) in results.items():
+            if not np.allclose(my.numpy(), y.numpy(), atol=1e-4) or not np.allclose(
+                mdx.numpy(), dx.numpy(), atol=1e-4
+            ):
+                problems.append(
+                    f"{label}: the output or input gradient differs from the {hand_label} layer's"
+                )
+            if grads and RANK == 0 and not np.allclose(grads[0].numpy(), dw, rtol=1e-3, atol=1e-2):
+                problems.append(f"{label}: the weight gradient differs from the {hand_label} layer's")
     problems = [p for ps in COMM.allgather(problems) for p in ps]
     if problems:
         raise SystemExit("bench_overlap: " + "; ".join(problems))
 
-    def linop_exchange():
+    def linop_windows():
         windows = plain.windows.run({name: torch.from_numpy(block)})
         plain.windows.run_adjoint(windows)
+
+    # the exchange's messages alone: linop's HaloExchange bound in place on a padded block, and
+    # the hand-written messages on another, checked equal first (forward, then adjoint)
+    exchange = HaloExchange(layer.geometry)
+    (local,) = [b for b in exchange.domain if b.worker == RANK]
+    pads = {k: np.zeros(local.shape, np.float32) for k in ("linop", "hand")}
+    for array in pads.values():
+        array[..., 1 : h + 1, 1 : w + 1] = block
+    bound = mpi_backend.plan_for(exchange, comm=COMM).bind({local.name: pads["linop"]})
+    bound_adjoint = mpi_backend.plan_for(exchange.H, comm=COMM).bind({local.name: pads["linop"]})
+    bound()
+    hand._exchange(pads["hand"], hand.edge, hand.halo, add=False)()
+    same = np.array_equal(pads["linop"], pads["hand"])
+    bound_adjoint()
+    hand._exchange(pads["hand"], hand.halo, hand.edge, add=True)()
+    bulk = (..., slice(1, h + 1), slice(1, w + 1))  # linop's adjoint also clears the halos it sent
+    same = same and np.array_equal(pads["linop"][bulk], pads["hand"][bulk])
+    if not COMM.allreduce(same, op=MPI.LAND):
+        raise SystemExit("bench_overlap: linop's exchange differs from the hand-written one")
+    gpad = np.zeros((n, c, h + 2, w + 2), np.float32)
+    gpad[..., 1 : h + 1, 1 : w + 1] = gy
+
+    def linop_exchange():
+        bound()
+        bound_adjoint()
 
     padded = torch.zeros((n, c, h + 2, w + 2))
     weight = torch.from_numpy(weights)
@@ -227,7 +310,9 @@ def main() -> None:
 
     methods = {
         "exchange (linop)": linop_exchange,
-        "exchange (hand)": lambda: hand.exchange_only(block, gy),
+        "exchange (hand)": lambda: hand.exchange_only(pads["hand"]),
+        "windows (linop)": linop_windows,
+        "windows (hand)": lambda: hand.windows(block, gpad),
         "compute": compute,
         "plain (linop)": lambda: module_step(plain),
         "overlapped (linop)": lambda: module_step(overlapped),
@@ -245,7 +330,7 @@ def main() -> None:
         for who in ("linop", "hand"):
             exchange = med[f"exchange ({who})"]
             hidden = (med[f"plain ({who})"] - med[f"overlapped ({who})"]) / exchange
-            print(f"  {who}: exchange hidden {hidden:6.1%} of its {exchange * 1e3:.2f} ms")
+            print(f"  {who}: exchange hidden {hidden:6.1%} of its {exchange * 1e3:.2f} ms (messages alone)")
         ratios = np.asarray(times["overlapped (linop)"]) / np.asarray(times["overlapped (hand)"])
         print(
             f"  overlapped linop / overlapped hand: {float(np.median(ratios)):.3f} (median of per-sample ratios)"

@@ -184,3 +184,39 @@ def test_a_plain_program_has_no_overlap():
     layer = _layer((1, 1, 10), (1, 1, 2), Kernel(3, padding=1), None)
     plain = layer.input_operator(_weights(layer))
     assert not any(isinstance(s, Phase) and s.during for s in batch(lower(plain)))
+
+
+def test_the_work_in_flight_tests_the_messages_after_each_of_its_steps():
+    """A rank runs the interior between the phase's start and its completion, and calls the
+    completion's ``progress()`` (MPI: ``Testall``, so that MPICH moves the messages while the
+    work runs) after each step of it; a completion without one is only waited."""
+    from linop.backends import numpy as numpy_backend
+    from linop.backends.host_schedule import run_rank_schedule
+
+    layer = _layer((1, 1, 10), (1, 1, 2), Kernel(3, padding=1), None)
+    tree = layer.input_operator(_weights(layer), overlap=True)
+    (overlap,) = _overlaps(compile_for_rank(tree, 0).schedule)
+    (local,) = [b for b in HaloExchange(layer.geometry).domain if b.worker == 0]
+    events: list[str] = []
+
+    class Started:
+        def progress(self) -> None:
+            events.append("progress")
+
+        def __call__(self) -> None:
+            events.append("wait")
+
+    def never(step, work):
+        raise AssertionError(f"unexpected step {step!r}")
+
+    for started, expected in (
+        (Started(), ["progress"] * len(overlap.during) + ["wait"]),
+        (lambda: events.append("wait"), ["wait"]),
+    ):
+        events.clear()
+        work = numpy_backend.Workspace({local.name: np.ones(local.shape)}, {local.name}, np.dtype(float))
+        run_rank_schedule(
+            [overlap], work, np.dtype(float), phase=never, part=never, start=lambda p, w, s=started: s
+        )
+        assert events == expected
+        assert len(overlap.during) >= 2 and any(n.startswith("y") for n in work.arrays)  # the interior ran

@@ -33,7 +33,8 @@ StepRunner = Callable[[Any, numpy_backend.Workspace], None]
 
 PhaseStarter = Callable[[RankPhase, numpy_backend.Workspace], Callable[[], None]]
 """Starts a phase's nonblocking receives and sends and returns what completes it (wait, then
-finish: :func:`finish_phase`), for local work in flight (:class:`~linop.program.RankOverlap`)."""
+finish: :func:`finish_phase`), for local work in flight (:class:`~linop.program.RankOverlap`);
+when the completion has a ``progress()`` method, it is called after each node of that work."""
 
 
 def run_rank_schedule(
@@ -64,8 +65,11 @@ def run_rank_schedule(
                 complete = None
             else:
                 complete = start(step.phase, work)
+            progress = getattr(complete, "progress", None)  # tests the messages, if it can
             for node in step.during:
                 numpy_backend.run(node, work)
+                if progress is not None:
+                    progress()
             if complete is not None:
                 complete()
         elif isinstance(step, LinearOperator):

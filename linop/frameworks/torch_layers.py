@@ -186,33 +186,76 @@ def _as_tensor(array: np.ndarray) -> Tensor:
         return torch.from_numpy(array)
 
 
-def _piece_kernels(layer: Convolution, live: dict[str, Tensor]) -> Any:
-    """The torch product of each piece of an overlapped convolution, with the weight copies of
-    the current call (``live``, by weight block name)."""
-    dims = layer.dims
-    stride = tuple(layer.kernel.stride[2:])  # type: ignore[index]
-    dilation = tuple(layer.kernel.dilation[2:])  # type: ignore[index]
-    convolve, input_gradient = _CONVOLUTIONS[dims], _CONVOLUTION_INPUT_GRADIENTS[dims]
+class _PieceProducts:
+    r"""The torch products of an overlapped convolution's pieces (each worker's interior and
+    boundary strips, :func:`linop.layers.overlap_split.overlapped_products`), with the state of
+    the current call.
 
-    def kernels(j: Sequence[int], window: tuple[int, ...]) -> Any:
+    Called as the tree's :data:`~linop.layers.overlap_split.PieceKernels`: ``products(j,
+    window_shape)`` gives piece :math:`p`'s forward and adjoint,
+
+    .. math::
+
+        y_p = w_j \star x_p, \qquad \bar x_p = w_j \star^{*} \bar y_p
+
+    (the correlation of the piece's window :math:`x_p` with the weight copy :math:`w_j` of the
+    current call, :attr:`weights`). The forward keeps each window it sees in :attr:`saved` (a
+    reference, no copy: the tree hands each piece a window block of its own, consumed by the
+    product). The adjoint, given the forward's windows back in :attr:`saved`, computes with
+    :math:`\bar x_p` in the same torch call the piece's share of the weight gradient and adds it
+    into :attr:`gradients`: the pieces cut the outputs into disjoint boxes, so
+
+    .. math::
+
+        \bar w_j = \sum_p x_p \star' \bar y_p
+
+    is the gradient of the whole product, got with no pass of its own over the output
+    gradient and the window (one ``convolution_backward`` for both costs less than two).
+    Without a saved window (the adjoint run alone) it computes :math:`\bar x_p` only.
+    """
+
+    def __init__(self, layer: Convolution) -> None:
+        self.layer = layer
+        self.weights: dict[str, Tensor] = {}
+        self.saved: dict[int, Tensor] | None = None
+        self.gradients: dict[str, Tensor] = {}
+        self._pieces = 0
+
+    def __call__(
+        self, j: Sequence[int], window: tuple[int, ...]
+    ) -> tuple[Callable[..., Any], Callable[..., Any]]:
+        layer = self.layer
+        dims = layer.dims
+        stride = list(layer.kernel.stride[2:])  # type: ignore[index]
+        dilation = list(layer.kernel.dilation[2:])  # type: ignore[index]
+        zeros = [0] * dims
+        convolve, input_gradient = _CONVOLUTIONS[dims], _CONVOLUTION_INPUT_GRADIENTS[dims]
         weight_name = layer.local_operands(j)[1]
+        key, self._pieces = self._pieces, self._pieces + 1
 
         def forward(x: np.ndarray) -> np.ndarray:
-            weight = live[weight_name]
+            weight = self.weights[weight_name]
             tensor = _as_tensor(np.ascontiguousarray(x))
+            if self.saved is not None:
+                self.saved[key] = tensor
             return convolve(tensor, weight.to(tensor.dtype), None, stride, 0, dilation).numpy()
 
         def adjoint(y: np.ndarray) -> np.ndarray:
-            weight = live[weight_name]
+            weight = self.weights[weight_name]
             grad = _as_tensor(np.ascontiguousarray(y))
-            size = (*grad.shape[: grad.ndim - dims - 1], weight.shape[1], *window)
-            if grad.is_complex():
-                weight = weight.conj()
-            return input_gradient(size, weight.to(grad.dtype), grad, stride, 0, dilation).numpy()
+            weight = weight.to(grad.dtype)
+            seen = None if self.saved is None else self.saved.get(key)
+            if seen is None or 0 in weight.shape[:2]:
+                size = (*grad.shape[: grad.ndim - dims - 1], weight.shape[1], *window)
+                return input_gradient(size, weight, grad, stride, 0, dilation).numpy()
+            dx, dw, _ = torch.ops.aten.convolution_backward.default(
+                grad, seen, weight, None, stride, zeros, dilation, False, zeros, 1, [True, True, False]
+            )
+            total = self.gradients.get(weight_name)
+            self.gradients[weight_name] = dw if total is None else total.add_(dw)
+            return dx.numpy()
 
         return forward, adjoint
-
-    return kernels
 
 
 def _promoted(operands: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -244,16 +287,22 @@ class _LayerFunction(torch.autograd.Function):
         else:  # the halo exchange overlapped with the interior products (the tree runs them)
             dtypes = [t.dtype for t in (*tensors[:count], *copies.values())]
             common = functools.reduce(torch.promote_types, dtypes) if dtypes else torch.float64
-            copies = {name: tensor.to(common) for name, tensor in copies.items()}
-            module.live.update(copies)
+            operands = {name: tensor.to(common) for name, tensor in copies.items()}
+            pieces = module.pieces
+            assert pieces is not None  # built with the overlapped stage
+            pieces.weights.update(operands)
+            pieces.saved = {}  # the pieces' windows, kept for the backward's weight gradient
             given = {n: t.to(common) for n, t in zip(module.input_names, tensors[:count])}
-            results = module.overlapped.run(given)
-            operands = {**{n: results[n] for n in module.window_names}, **copies}
+            try:
+                results = module.overlapped.run(given)
+            finally:
+                ctx.windows, pieces.saved = pieces.saved, None
+            ctx.dtype = common
             partials = {}
             for partial, (_, _, bias) in module.products:
-                y = results[partial]
+                y = results[partial]  # a new tensor of the tree's: the bias is added in place
                 if bias is not None:
-                    y = y + operands[bias].reshape(-1, *(1,) * (y.ndim - 2))
+                    y.add_(operands[bias].reshape(-1, *(1,) * (y.ndim - 2)))
                 partials[partial] = y
         outputs = module.reduction.run(partials) if module.reduction is not None else partials
         ctx.module, ctx.operands = module, operands
@@ -270,28 +319,37 @@ class _LayerFunction(torch.autograd.Function):
             given, _ = module.reduction.lend(given, adjoint=True)
         operands = ctx.operands
         back: dict[str, torch.Tensor] = {}
-        overlapped = module.overlapped is not None
-        for partial, (window, weight, bias) in module.products:
-            local = module.product.backward(
-                given[partial],
-                operands[window],
-                operands[weight],
-                None if bias is None else operands[bias],
-                **({"input_gradient": False} if overlapped else {}),
-            )
-            for name, gradient in zip((window, weight, bias), local):
-                if name is not None and gradient is not None:
-                    back[name] = back[name] + gradient if name in back else gradient
-        if overlapped:  # the input gradient: the overlapped tree's adjoint (exchange in flight)
-            module.live.update({n: operands[n] for n in module.live})
-            dtype = operands[module.window_names[0]].dtype if module.window_names else torch.float64
-            x_grad = module.overlapped_input.run(
-                {n: given[n].to(dtype) for n in module.partial_names}, adjoint=True
-            )
+        if module.pieces is None:
+            for partial, (window, weight, bias) in module.products:
+                local = module.product.backward(
+                    given[partial],
+                    operands[window],
+                    operands[weight],
+                    None if bias is None else operands[bias],
+                )
+                for name, gradient in zip((window, weight, bias), local):
+                    if name is not None and gradient is not None:
+                        back[name] = back[name] + gradient if name in back else gradient
+        else:  # the overlapped tree's adjoint (the adjoint exchange in flight) gives the input
+            # gradient, and its pieces the weight gradient (_PieceProducts)
+            pieces = module.pieces
+            pieces.weights.update({n: operands[n] for n in pieces.weights})
+            pieces.saved, pieces.gradients = ctx.windows, {}
+            try:
+                x_grad = module.overlapped.run(
+                    {n: given[n].to(ctx.dtype) for n in module.partial_names}, adjoint=True
+                )
+            finally:
+                back, pieces.saved, pieces.gradients = pieces.gradients, None, {}
+            for partial, (_, _, bias) in module.products:
+                if bias is not None:
+                    grad = given[partial]
+                    total = grad.sum(dim=(0, *range(2, grad.ndim))).to(ctx.dtype)
+                    back[bias] = back[bias] + total if bias in back else total
         for name, tensor in operands.items():  # an operand no product of this process uses
             if name not in back:
                 back[name] = torch.zeros_like(tensor)
-        if not overlapped:
+        if module.pieces is None:
             x_grad = module.windows.run(back, adjoint=True)
         theta_grad = (
             module.copies.run(back, adjoint=True) if module.copies is not None else module.copy_sum.run(back)
@@ -356,10 +414,13 @@ class LayerModule(torch.nn.Module):
         messages are started, each worker's interior (the outputs that need no halo) is
         computed while they are in flight, then the boundary strips; the backward likewise
         with the adjoint exchange (:meth:`linop.layers.Convolution.overlapped_products`, the
-        same operator as the plain tree). False (the default): measured on a 2-core machine
-        with 2 and 4 processes, the overlapped step was slower than the plain one (no core was
-        free to move messages while the interior ran, and the pieces cost extra memory passes),
-        so it is opt-in. None: by the rule of :func:`overlap_pays` (across processes, a cut
+        same operator as the plain tree). False (the default): on a 2-core machine with 2 and
+        4 processes (4 x 16 x 256 x 256 float32 per process, ``benchmarks/bench_overlap.py``)
+        the halo messages are about a millisecond of a step of a hundred or more, no core is
+        free to move them while the interior runs, and the overlapped tree, run by the host
+        interpreter (fresh blocks, a few more memory passes than the plain module's compiled
+        window plans), cost some 5-15% more thread CPU per step than the plain one, so it is
+        opt-in. None: by the rule of :func:`overlap_pays` (across processes, a cut
         spatial dimension, a large enough interior, a real dtype, not NCCL), for machines where
         the exchange can progress while the interior computes.
     replicate : bool
@@ -417,13 +478,11 @@ class LayerModule(torch.nn.Module):
                 "LayerModule: overlap=True needs a convolution that does not broadcast its input, in a real dtype"
             )
         self.overlap = bool(overlap)
-        self.live: dict[str, Tensor] = {}  # the weight copies of the current call (overlap)
-        self.overlapped: _Stage | None = None
-        self.overlapped_input: _Stage | None = None  # its adjoint: the input gradient
+        self.pieces: _PieceProducts | None = None  # the overlapped products and their state
+        self.overlapped: _Stage | None = None  # forward, and adjoint for the input gradient
         if self.overlap:
-            kernels = _piece_kernels(layer, self.live)
-            self.overlapped = _Stage(layer.overlapped_products(kernels, windows=True), comm, group)
-            self.overlapped_input = _Stage(layer.overlapped_products(kernels), comm, group)
+            self.pieces = _PieceProducts(layer)
+            self.overlapped = _Stage(layer.overlapped_products(self.pieces), comm, group)
         self.windows = _Stage(layer.window_operator, comm, group)
         movement = layer.parameter_movement
         self.copies = None if self.replicate else _Stage(movement, comm, group)
@@ -447,8 +506,9 @@ class LayerModule(torch.nn.Module):
         ]
         self.partial_names = tuple(partial for partial, _ in self.products)
         self.window_names = tuple(operands[0] for _, operands in self.products)
-        for _, (_, weight, _) in self.products:
-            self.live.setdefault(weight, torch.zeros(0))
+        if self.pieces is not None:
+            for _, (_, weight, _) in self.products:
+                self.pieces.weights.setdefault(weight, torch.zeros(0))
         weights = np.zeros(layer.weights.global_shape) if weights is None else np.asarray(weights)
         state = (
             layer.scatter_parameters(weights, np.zeros(layer.bias.global_shape) if bias is None else bias)

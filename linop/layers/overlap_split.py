@@ -15,12 +15,19 @@ block :math:`y`:
 .. math::
 
     y = \Big(\prod_{\text{strips } s} C_{y_s \to y[s]}\, L_s\, C_{\ell[\text{in}_s] \to u_s}\Big)
-        D_\ell\ \cdot\ X' \cdot\ \big(L_I\, C_{\ell[\text{in}_I] \to u_I}\big)\ \cdot E
+        D_\ell\ \cdot\ X' \cdot\ \big(L\, C_{\ell[\text{in}_I] \to u[\text{in}_I]}\, A_u\big)\ \cdot E
 
-(interior copied out and computed while the exchange :math:`X` is in flight, then each strip's
-window copied out, computed and stored into its box of :math:`y`, the local block dropped);
-:math:`E` is the pad shim. It equals the plain tree :math:`L\,T\,X\,E` exactly, which the tests
-prove entry by entry; a split whose interior reaches into a halo does not.
+The interior runs while the exchange :math:`X` is in flight: a block :math:`u` of the whole
+window's shape is allocated (:math:`A_u`, zeros), the interior's window copied into it, and the
+product :math:`L` of the whole window computed on it, which gives the whole output block at
+once (no output to embed: the outputs outside the interior read zeros there, and are
+overwritten next). After the exchange each strip's window is copied out, computed, and stored
+over its box of :math:`y` (:math:`C_{y_s \to y[s]}` replaces those entries), and the local
+block dropped; :math:`E` is the pad shim. The adjoint reads each strip's box of :math:`\bar y`
+and zeroes it, so the interior's adjoint :math:`L^*` sees the interior's outputs only, and
+:math:`C^*` adds back the window entries it read. It equals the plain tree :math:`L\,T\,X\,E`
+exactly, which the tests prove entry by entry; a split whose interior reaches into a halo does
+not (:math:`u` then holds the halo's values from before the exchange).
 """
 
 from __future__ import annotations
@@ -114,26 +121,6 @@ def input_box(
     return tuple(slices)
 
 
-def _embedded(
-    forward: Callable[..., Any], adjoint: Callable[..., Any], where: tuple[slice, ...], full: tuple[int, ...]
-):
-    """A piece's product writing into its box of a zero output block (and the adjoint reading
-    that box back)."""
-    dims = len(where)
-    index: tuple[Any, ...] = (Ellipsis, *where)
-
-    def embed(window: Any) -> Any:
-        piece = forward(window)
-        out = np.zeros((*piece.shape[: piece.ndim - dims], *full), dtype=piece.dtype)
-        out[index] = piece
-        return out
-
-    def restrict(y: Any) -> Any:
-        return adjoint(np.ascontiguousarray(y[index]))
-
-    return embed, restrict
-
-
 def _local(
     space: Space,
     source: Block,
@@ -210,18 +197,14 @@ def overlapped_products(
             during.append(op)
             space = op.range
             continue
-        where = tuple(slice(a - o, b - o) for a, b, o in zip(*inner, output[0]))
-        window = input_box(geometry, g, dims, inner)
-        copy = Copy(
-            space[local.name][window],
-            Block(grid_block_name(f"{prefix}_interior", g), _shape(window), local.worker),
-        )
-        forward, adjoint = kernels(j, tuple(_shape(window)[d] for d in dims))
-        embed, restrict = _embedded(forward, adjoint, where, block.shape[-len(dims) :])
-        product = _local(
-            copy.range, copy.range.block(copy.dst.name), block, embed, restrict, grid_block_name("conv_in", j)
-        )
-        during += [copy, product]
+        window, whole = input_box(geometry, g, dims, inner), input_box(geometry, g, dims, output)
+        interior_block = Block(grid_block_name(f"{prefix}_interior", g), _shape(whole), local.worker)
+        allocate = Allocate(space, interior_block)
+        inside = tuple(slice(w.start - o.start, w.stop - o.start) for w, o in zip(window, whole))
+        copy = Copy(allocate.range[local.name][window], allocate.range[interior_block.name][inside])
+        forward, adjoint = kernels(j, tuple(_shape(whole)[d] for d in dims))
+        product = _local(copy.range, interior_block, block, forward, adjoint, grid_block_name("conv_in", j))
+        during += [allocate, copy, product]
         space = product.range
     work = Composition(tuple(reversed(during)))
     factors: list[LinearOperator] = [OverlappedHalo(exchange, work)]

@@ -262,3 +262,37 @@ def test_overlapped_convolution_under_mpi_equals_the_plain_one(label, shape, px,
             if not any(isinstance(s, RankOverlap) and s.phase is not None and s.during for s in schedule):
                 problem = problem or f"rank {RANK}: no phase with work in flight in {label}"
     collective_assert(problem is None, f"{label}: {problem}")
+
+
+@pytest.mark.parametrize(
+    "parts", [(1, 1, 1, 1), (1, 1, 2, 1), (1, 1, 2, 2)], ids=["one-block", "rows", "rows-and-columns"]
+)
+def test_the_bound_window_plans_fill_only_the_pads_and_copy_the_bulk_back(parts):
+    """A convolution's window movement bound (what LayerModule runs): forward, the padded block
+    is zeroed around the bulk only (the bulk is copied in next) and, adjoint, the bulk's
+    gradient copied out, with no whole-block fill, add or clearing before the block is
+    dropped; the results equal the numpy interpreter's (integers, every rank count)."""
+    if parts[2] * parts[3] > SIZE:
+        pytest.skip(f"needs {parts[2] * parts[3]} ranks")  # the same on every rank
+    rng = np.random.default_rng(17)
+    x = DistributedTensor("x", (2, 2, 6 * parts[2], 5 * parts[3]), Partition(parts))
+    layer = Convolution(x, 2, Kernel(3, padding=1), bias=False)
+    problem = None
+    for op in (layer.window_operator, layer.window_operator.H):
+        state = {b.name: rng.integers(-5, 6, b.shape).astype(float) for b in op.domain}
+        mine = {b.name: state[b.name].copy() for b in op.domain if b.worker == RANK}
+        bound = mpi_backend.plan_for(op, comm=COMM).bind(mine, inplace=False)
+        names = tuple(b.name for b in op.range if b.worker == RANK)
+        problem = problem or same_blocks(bound(), op(state), names)
+        problem = problem or same_blocks(bound(), op(state), names)  # the second call alike
+        blocks = [op.domain.block(n).shape for n in mine] + [op.range.block(n).shape for n in names]
+        for function, arguments in bound._calls or []:
+            array = getattr(function, "__self__", None)
+            if getattr(function, "__name__", "") == "fill" and array is not None and array.shape in blocks:
+                problem = problem or f"a whole-block fill {array.shape} in {op}"
+            if function is np.add and any(a.shape in blocks for a in arguments):
+                problem = problem or f"a whole-block add in {op}"
+        if RANK < x.partition.size and not bound.persistent:
+            problem = problem or f"{op} not compiled"
+        bound.free()
+    collective_assert(problem is None, str(problem))

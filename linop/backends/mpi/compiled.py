@@ -132,6 +132,10 @@ class _Compiler:
         self.calls = self.run.calls
         self._startall = mpi().Prequest.Startall
         self._waitall = mpi().Request.Waitall
+        # the whole-block fill of a block just allocated, or the clearing of a region just
+        # copied back, as (block name, position in calls): the next step may drop or narrow it
+        self._zeroed: tuple[str, int] | None = None
+        self._cleared: tuple[str, int] | None = None
 
     # -- the workspace, symbolically (numpy_backend.Workspace's rules) ------------------------
     def buffer(self, shape: tuple[int, ...]) -> np.ndarray:
@@ -183,8 +187,25 @@ class _Compiler:
         array = self.buffer(op.block.shape)
         self.calls.append((array.fill, (0,)))
         self.set(op.block.name, array)
+        self._zeroed = (op.block.name, len(self.calls) - 1)
+
+    def _fresh(self, region: Region) -> bool:
+        """Whether ``region``'s block was allocated by the last call (its zeros not yet
+        read or written): a write of the region then needs zeros only around it, which
+        replace the whole fill (:func:`_around`)."""
+        if self._zeroed != (region.name, len(self.calls) - 1):
+            return False
+        array = self.arrays[region.name]
+        self.calls[-1:] = [(array[box].fill, (0,)) for box in _around(array.shape, region.start, region.stop)]
+        self._zeroed = None
+        return True
 
     def deallocate(self, op: Deallocate) -> None:
+        array = self.arrays[op.name]
+        if self._cleared == (op.name, len(self.calls) - 1) and not any(
+            np.may_share_memory(array, other) for name, other in self.arrays.items() if name != op.name
+        ):  # zeros that nothing reads: the block is dropped, and its buffer refilled before use
+            self.calls.pop()
         self.drop(op.name)
 
     def copy(self, op: Copy) -> None:
@@ -194,17 +215,22 @@ class _Compiler:
             self.calls.append((np.copyto, (array, source)))
             self.set(op.dst.name, array)
         else:
-            target = self.overwritten(op.dst)[_index(op.dst)]
+            fresh = op.dst.name != op.src.name and self._fresh(op.dst)
+            target = (self.arrays[op.dst.name] if fresh else self.overwritten(op.dst))[_index(op.dst)]
             self.calls.append((np.copyto, (target, source)))
 
     def copy_adjoint(self, op: CopyAdjoint) -> None:
         back = self.view(op.dst)
-        target = self.writable(op.src.name)[_index(op.src)]
-        self.calls.append((np.add, (target, back, target)))
+        if op.src.name != op.dst.name and self._fresh(op.src):  # zeros plus back: back
+            self.calls.append((np.copyto, (self.arrays[op.src.name][_index(op.src)], back)))
+        else:
+            target = self.writable(op.src.name)[_index(op.src)]
+            self.calls.append((np.add, (target, back, target)))
         if isinstance(op.dst, Block):
             self.drop(op.dst.name)
         elif op.dst.size:
             self.calls.append((self.writable(op.dst.name)[_index(op.dst)].fill, (0,)))
+            self._cleared = (op.dst.name, len(self.calls) - 1)
 
     def move(self, op: Move) -> None:
         if isinstance(op.dst, Block):
@@ -371,6 +397,20 @@ class _Compiler:
                 result = copy
             pending.append((target, result))
         self.calls.extend((np.copyto, pair) for pair in pending)
+
+
+def _around(shape: tuple[int, ...], start: tuple[int, ...], stop: tuple[int, ...]) -> list[tuple[slice, ...]]:
+    """The block of ``shape`` outside the box ``[start, stop)``, as disjoint boxes (at most two
+    per dimension: dimension 0's span the block, dimension 1's the box's extent along 0, ...);
+    empty ones left out."""
+    boxes = []
+    for d, n in enumerate(shape):
+        head = tuple(slice(a, b) for a, b in zip(start[:d], stop[:d]))
+        tail = (slice(None),) * (len(shape) - d - 1)
+        for a, b in ((0, start[d]), (stop[d], n)):
+            if b > a and all(s.stop > s.start for s in head):
+                boxes.append((*head, slice(a, b), *tail))
+    return boxes
 
 
 _HANDLERS: dict[type, Callable[[_Compiler, Any], None]] = {

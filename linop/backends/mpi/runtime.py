@@ -76,7 +76,7 @@ def start_phase(
     (:func:`~linop.backends.mpi.phase_recipe.phase_recipe`), and return what completes the
     phase: wait once, then add/store what needs a buffer and clear or drop the sources. Local
     work that touches none of the phase's regions may run in between (a
-    :class:`~linop.program.RankOverlap`)."""
+    :class:`~linop.program.RankOverlap`), calling its ``progress()`` between steps."""
     recipe = phase_recipe(
         phase, dtype, target=lambda name: work.writable(name, dtype), source=work.arrays.__getitem__
     )
@@ -100,9 +100,27 @@ def start_phase(
             spec = direct_spec(array, message)
         requests.append(comm.Isend(spec, message.peer, message.tag))
 
-    def complete() -> None:
-        if requests:
-            mpi().Request.Waitall(requests)
-        finish_phase(phase, work, finish, dtype)
+    return _Started(requests, lambda: finish_phase(phase, work, finish, dtype))
 
-    return complete
+
+class _Started:
+    """A started phase: calling it waits for the messages, then finishes the phase;
+    :meth:`progress` (between the steps of the local work in flight) tests them, so that
+    MPICH, which moves data only inside MPI calls, can move messages above its eager size
+    (a handshake, then the data, each needing both peers in a call) while the work runs rather
+    than all at the wait, where a rank would wait for its peer to finish its own work."""
+
+    __slots__ = ("finish", "requests")
+
+    def __init__(self, requests: list[Any], finish: Callable[[], None]) -> None:
+        self.requests = requests
+        self.finish = finish
+
+    def progress(self) -> None:
+        if self.requests:
+            mpi().Request.Testall(self.requests)
+
+    def __call__(self) -> None:
+        if self.requests:
+            mpi().Request.Waitall(self.requests)
+        self.finish()
