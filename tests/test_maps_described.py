@@ -168,3 +168,15 @@ def test_the_ranks_comparison_catches_a_wrong_root_and_a_missing_rank():  # cont
     ranks = mapped_ranks(5, WorkerBox(Partition((4, 4)), (None, 1)), WorkerMap.round_robin(16, 3))
     assert tuple(ranks) == (2, 0, 1)
     assert ranks != (0, 1, 2) and ranks != (2, 0) and ranks != MappedRanks(2, ((0, 0),))
+
+
+def test_a_described_map_of_any_size_answers_in_constant_time_and_refuses_to_be_listed():
+    """2**40 workers: counted and asked without a listing; its pairs (a listing) and counts
+    beyond 64 bits are typed errors, not a run out of memory (the fuzz campaign's find)."""
+    huge = WorkerMap.blocked(2**40, 3)
+    assert len(huge) == 2**40 and huge.rank_of(2**40 - 1) == 2 and huge.largest_rank == 2
+    with pytest.raises(WorkerMapError, match="too many to list as pairs"):
+        _ = huge.pairs
+    for workers, ranks in [(2**64, 2), (5, 2**70)]:
+        with pytest.raises(WorkerMapError, match="more than a map counts"):
+            WorkerMap.round_robin(workers, ranks)

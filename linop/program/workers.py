@@ -42,11 +42,21 @@ Rule = tuple[Literal["blocked", "round_robin"], int, int]
 """A described map: (kind, workers, ranks), in the canonical form of :func:`_canonical`."""
 
 
+MAX_DESCRIBED = (1 << 63) - 1
+"""The most workers or ranks a described map counts (its description holds both as 64-bit
+integers)."""
+
+
 def _counts(how: str, workers: object, ranks: object) -> tuple[int, int]:
     if not _natural(workers):
         raise WorkerMapError(f"WorkerMap.{how}: workers must be a non-negative integer, not {workers!r}")
     if not _natural(ranks) or int(ranks) < 1:  # type: ignore[call-overload]
         raise WorkerMapError(f"WorkerMap.{how}: ranks must be a positive integer, not {ranks!r}")
+    if max(int(workers), int(ranks)) > MAX_DESCRIBED:  # type: ignore[call-overload]
+        raise WorkerMapError(
+            f"WorkerMap.{how}: {workers} workers on {ranks} ranks is more than a map counts "
+            f"(at most MAX_DESCRIBED = 2**63 - 1 of each)"
+        )
     return int(workers), int(ranks)  # type: ignore[call-overload]
 
 
@@ -285,9 +295,21 @@ class WorkerMap:
     @property
     def pairs(self) -> tuple[tuple[int, int], ...]:
         """(worker, rank) for every mapped worker, by worker (listed: O(workers) for a
-        described map, which the planning of a rank never asks for)."""
+        described map, which the planning of a rank never asks for).
+
+        Raises
+        ------
+        WorkerMapError
+            A described map of more than :data:`MAX_MAP_WORKERS` workers (too many to list).
+        """
         if self._rule is not None:
-            return tuple((w, self.rank_of(w)) for w in range(self._rule[1]))
+            workers = self._rule[1]
+            if workers > MAX_MAP_WORKERS:
+                raise WorkerMapError(
+                    f"{self!r} maps {workers} workers: too many to list as pairs (at most "
+                    f"MAX_MAP_WORKERS = {MAX_MAP_WORKERS}); ask rank_of or workers_on instead"
+                )
+            return tuple((w, self.rank_of(w)) for w in range(workers))
         return self._pairs
 
     def description(self) -> bytes:
