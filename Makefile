@@ -51,9 +51,10 @@ typecheck: $(STAMP)
 # -n auto: one pytest-xdist worker per core; --dist loadgroup keeps the tests that share work on
 # one worker (tests/conftest.py: GROUPS). The type check (`make typecheck`) runs inside the suite,
 # alongside the other tests: tests/test_readme.py checks linop, verify and the README tour in one
-# mypy run.
+# mypy run. --max-worker-restart=0: a worker that dies (the OOM killer, a crash) ends the run as a
+# failure; a replaced worker can wait forever for the tests of the group its predecessor held.
 test: lint
-	$(PY) -m pytest -n auto --dist loadgroup
+	$(PY) -m pytest -n auto --dist loadgroup --max-worker-restart=0
 
 bench: $(STAMP)
 	for script in benchmarks/bench_core.py benchmarks/bench_collectives.py benchmarks/bench_halo.py \
