@@ -29,13 +29,16 @@ $(CORE_STAMP): pyproject.toml
 	$(PIP) -e .
 	touch $(CORE_STAMP)
 
-# After the install, one process imports the heavy packages the suite's processes share, writing
-# their bytecode once (--no-compile above): otherwise the suite's first processes (the MPI ranks,
-# torch.distributed and JAX launches, all started together) each compile torch, JAX and sympy from
-# source at the same time, about 5 s of CPU each.
+# After the install, one process imports what the suite's processes import, writing its bytecode
+# once (pip's default, which --no-compile above leaves to first use): otherwise the suite's first
+# processes (the MPI ranks, torch.distributed and JAX launches, all started together) each compile
+# torch, JAX and sympy from source at the same time, about 5 s of CPU each.
+WARM := torch.distributed, torch.multiprocessing, jax.numpy, jax.experimental.shard_map, sympy, \
+	scipy.sparse, matplotlib.pyplot, mpi4py.MPI, hypothesis, pytest, IPython, ipykernel.kernelapp, \
+	nbclient, nbformat, sphinx.application, myst_nb, numpydoc, furo, mypy.api, linop, verify
 $(STAMP): $(CORE_STAMP)
 	$(PIP) $(TORCH_INDEX) -e '.[dev,docs,plot,torch,jax]' '$(TORCH)'
-	$(PY) -c "import torch, jax.numpy, sympy, scipy.sparse, matplotlib.pyplot, mpi4py.MPI, hypothesis, pytest, linop, verify"
+	$(PY) -c "import $(WARM)"
 	touch $(STAMP)
 
 report: $(CORE_STAMP)
