@@ -24,7 +24,6 @@ fields, declared once in a common base, and build each other by keyword.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -37,6 +36,7 @@ from .layout import (
     broadcast_map,
     check_layout,
     gathered_layout,
+    group_of,
     reduction_groups,
     require_name,
     require_tensor,
@@ -472,12 +472,7 @@ class _GatherGeometry(Planned):
         if partition.position(worker) is None:
             return ()
         own = partition.index(worker)
-        group = []
-        for moving in itertools.product(*(range(partition.shape[a]) for a in self.axes)):
-            member = list(own)
-            for a, k in zip(self.axes, moving):
-                member[a] = k
-            group.append(tuple(member))
+        group = group_of(partition, self.axes, own)
         pieces = nonempty_pieces(
             self._gather_piece(i, j) for j in group for i in (group if j == own else [own])
         )

@@ -512,6 +512,19 @@ def reduction_groups(partition: Partition, axes: Sequence[int] | int) -> list[li
     return list(groups.values())
 
 
+def group_of(partition: Partition, axes: Sequence[int], index: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """The group of grid index ``index`` along ``axes`` (sorted, valid): the indices that differ
+    from it only on ``axes``, in C order along them (its group of :func:`reduction_groups`,
+    built alone: O(group size), not the grid's)."""
+    members = []
+    for moving in itertools.product(*(range(partition.shape[a]) for a in axes)):
+        member = list(index)
+        for a, k in zip(axes, moving):
+            member[a] = k
+        members.append(tuple(member))
+    return members
+
+
 def gathered_layout(tensor: DistributedTensor, axes: Sequence[int] | int, name: str) -> BlockGrid:
     """The layout that :class:`AllGather` produces: block ``name[j]`` covers block ``j``'s box
     of ``tensor`` with every dimension in ``axes`` widened to the whole global extent.

@@ -4,7 +4,6 @@ worker map local sums first (:class:`~linop.collectives.AllReduce`)."""
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -12,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ....collectives import AllReduce
+from ....layout import group_of
 from ....program import (
     FastPathStep,
     Step,
@@ -104,14 +104,7 @@ def _nonempty(layout: Any) -> bool:
 def _group(op: AllReduce, index: tuple[int, ...]) -> list[tuple[int, ...]]:
     """The group of grid index ``index``: the indices that differ from it only along the axes,
     in C order along them (as :func:`~linop.layout.reduction_groups`; its own group only)."""
-    partition = op.tensor.partition
-    members = []
-    for moving in itertools.product(*(range(partition.shape[a]) for a in op.axes)):
-        member = list(index)
-        for a, k in zip(op.axes, moving):
-            member[a] = k
-        members.append(tuple(member))
-    return members
+    return group_of(op.tensor.partition, op.axes, index)
 
 
 def _rank_all_reduce(op: AllReduce, rank: int) -> list[Step]:
