@@ -65,15 +65,23 @@ def _random_case(rng: random.Random):
     return tensor, kernel
 
 
-def test_closed_form_fills_equal_the_per_position_rule_on_random_cases():
-    rng = random.Random(20261201)
-    compared = repeated = 0
-    for _ in range(1500):
-        tensor, kernel = _random_case(rng)
+def _random_geometries(draw_case, seed: int, cases: int = 1500):
+    """``(tensor, kernel, geometry)`` of ``cases`` random cases drawn by ``draw_case`` from a
+    generator seeded ``seed``; kernels that do not fit are refused and skipped (other tests
+    cover the errors)."""
+    rng = random.Random(seed)
+    for _ in range(cases):
+        tensor, kernel = draw_case(rng)
         try:
             geometry = halo_geometry(tensor, kernel)
-        except Exception:  # kernels that do not fit are refused; other tests cover the errors
+        except Exception:
             continue
+        yield tensor, kernel, geometry
+
+
+def test_closed_form_fills_equal_the_per_position_rule_on_random_cases():
+    compared = repeated = 0
+    for _, _, geometry in _random_geometries(_random_case, 20261201):
         for dim, rows in enumerate(geometry.rows):
             for g in range(len(rows)):
                 expected = per_position_segments(
@@ -135,14 +143,8 @@ def _wide_random_case(rng: random.Random):
 
 def test_fill_readers_equal_a_scan_of_every_receiver_on_random_cases():
     """``fill_readers`` bisects for candidates; the oracle scans every receiver's fills."""
-    rng = random.Random(20260424)
     compared = with_readers = wrapped = 0
-    for _ in range(1500):
-        tensor, kernel = _wide_random_case(rng)
-        try:
-            geometry = halo_geometry(tensor, kernel)
-        except Exception:  # kernels that do not fit are refused; other tests cover the errors
-            continue
+    for tensor, kernel, geometry in _random_geometries(_wide_random_case, 20260424):
         for dim, rows in enumerate(geometry.rows):
             for owner in range(len(rows)):
                 expected = [

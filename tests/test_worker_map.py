@@ -207,6 +207,22 @@ def _maps(workers):
     }
 
 
+def _rank_parts(op, **options):
+    """For each map of :func:`_maps` and each rank (ranks holding no worker included): the map's
+    name, the rank, the program the rank compiles from its own workers and the projection of
+    the global portable program onto it (``options``: of both compilations)."""
+    assert lowers_per_worker(op)
+    workers = max(op.domain.max_worker, op.range.max_worker) + 1
+    for name, mapping in _maps(workers).items():
+        for rank in range(mapping.largest_rank + 2):
+            yield (
+                name,
+                rank,
+                compile_for_rank(op, rank, mapping, **options),
+                mapped_global_program(op, rank, mapping, **options),
+            )
+
+
 @pytest.mark.parametrize("case", list(PER_WORKER_TREES))
 @pytest.mark.parametrize("adjoint", [False, True], ids=["forward", "adjoint"])
 def test_a_mapped_rank_compiles_its_workers_part_equal_to_the_global_projection(case, adjoint):
@@ -215,14 +231,9 @@ def test_a_mapped_rank_compiles_its_workers_part_equal_to_the_global_projection(
     nodes, phases, local moves, message peers and tags, and the largest worker."""
     op = PER_WORKER_TREES[case]()
     op = op.H if adjoint else op
-    assert lowers_per_worker(op)
-    workers = max(op.domain.max_worker, op.range.max_worker) + 1
-    for name, mapping in _maps(workers).items():
-        for rank in range(mapping.largest_rank + 2):
-            mine = compile_for_rank(op, rank, mapping)
-            reference = mapped_global_program(op, rank, mapping)
-            assert mine.schedule == reference.schedule, (name, rank)
-            assert mine.max_worker == reference.max_worker, (name, rank)
+    for name, rank, mine, reference in _rank_parts(op):
+        assert mine.schedule == reference.schedule, (name, rank)
+        assert mine.max_worker == reference.max_worker, (name, rank)
 
 
 def _convolution(overlap):
@@ -283,14 +294,9 @@ def test_a_mapped_rank_compiles_composed_trees_with_the_global_messages(case, ad
     between two other ranks' steps splits a global phase that the rank's part keeps whole."""
     op = COMPOSED_TREES[case]()
     op = op.H if adjoint else op
-    assert lowers_per_worker(op)
-    workers = max(op.domain.max_worker, op.range.max_worker) + 1
-    for name, mapping in _maps(workers).items():
-        for rank in range(mapping.largest_rank + 2):
-            mine = compile_for_rank(op, rank, mapping)
-            reference = mapped_global_program(op, rank, mapping)
-            assert _sequences(mine.schedule) == _sequences(reference.schedule), (name, rank)
-            assert mine.max_worker == reference.max_worker
+    for name, rank, mine, reference in _rank_parts(op):
+        assert _sequences(mine.schedule) == _sequences(reference.schedule), (name, rank)
+        assert mine.max_worker == reference.max_worker, (name, rank)
 
 
 def test_the_sequences_catch_a_tag_off_by_one_and_a_dropped_transfer():
@@ -447,14 +453,9 @@ def test_a_mapped_rank_compiles_its_part_of_a_collective_equal_to_the_global_pro
     all-reduce, broadcast and sum-reduce; else their point-to-point expansions)."""
     op = COLLECTIVE_TREES[case]()
     op = op.H if adjoint else op
-    assert lowers_per_worker(op)
-    workers = max(op.domain.max_worker, op.range.max_worker) + 1
-    for name, mapping in _maps(workers).items():
-        for rank in range(mapping.largest_rank + 2):
-            mine = compile_for_rank(op, rank, mapping, mapped_fast_paths=native)
-            reference = mapped_global_program(op, rank, mapping, mapped_fast_paths=native)
-            assert _normalized(mine.schedule) == _normalized(reference.schedule), (name, rank)
-            assert mine.max_worker == reference.max_worker, (name, rank)
+    for name, rank, mine, reference in _rank_parts(op, mapped_fast_paths=native):
+        assert _normalized(mine.schedule) == _normalized(reference.schedule), (name, rank)
+        assert mine.max_worker == reference.max_worker, (name, rank)
 
 
 def _listed_all_reduce(op, rank, mapping):

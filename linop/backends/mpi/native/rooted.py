@@ -87,6 +87,25 @@ def _whole_groups(op: Broadcast | SumReduce, *, reduce: bool) -> tuple[_Group, .
     return tuple(groups)
 
 
+def _refuses(
+    reduce: bool, arrays: dict[str, np.ndarray], dtype: np.dtype, created: tuple[Block, ...]
+) -> bool:
+    """True when a rooted step cannot bind ``arrays`` out of place: a sum in a dtype MPI does
+    not reduce, an array of another dtype or not C-contiguous, or an empty new block."""
+    return (
+        (reduce and dtype.char not in REDUCIBLE)
+        or any(a.dtype != dtype or not a.flags.c_contiguous for a in arrays.values())
+        or any(b.size == 0 for b in created)
+    )
+
+
+def _placeholders(created: tuple[Block, ...], dtype: np.dtype, dropped: tuple[str, ...]) -> OutOfPlaceBinding:
+    """A dry binding: the results' names and shapes (untouched memory), nothing bound."""
+    return OutOfPlaceBinding(
+        results={b.name: np.empty(b.shape, dtype=dtype) for b in created}, dropped=dropped
+    )
+
+
 @dataclass
 class _RankBroadcast(RankStep):
     groups: tuple[_Group, ...]
@@ -129,19 +148,14 @@ class _RankBroadcast(RankStep):
 
         The binding's results map each new block this rank owns to its array (the root's own
         broadcast copy is a read-only view of its source)."""
-        if self.reduce and dtype.char not in REDUCIBLE:
-            return None
-        if any(a.dtype != dtype or not a.flags.c_contiguous for a in arrays.values()):
+        if _refuses(self.reduce, arrays, dtype, self.created):
             return None
         for group in self.groups:
             root_has_copy = bool(group.copy_on(group.ranks[0]))
             if self.reduce and (not root_has_copy or len(group.ranks) == 1):
                 return None  # would need zeros or a copy made on every call
-        if any(b.size == 0 for b in self.created):
-            return None
-        if dry:  # the results' names and shapes (placeholders: untouched memory)
-            names = {b.name: np.empty(b.shape, dtype=dtype) for b in self.created}
-            return OutOfPlaceBinding(results=names, dropped=self.dropped)
+        if dry:
+            return _placeholders(self.created, dtype, self.dropped)
         lib = mpi()
         requests: list[Call] = []
         results: dict[str, np.ndarray] = {}
@@ -349,15 +363,10 @@ class _RankMappedRooted(RankStep):
         """Per group one blocking collective between the bound arrays and result arrays built
         once, with the local copies or sums around it, or None when the dtype or layout does
         not allow it (``dry``: decide only, create nothing)."""
-        if self.reduce and dtype.char not in REDUCIBLE:
+        if _refuses(self.reduce, arrays, dtype, self.created):
             return None
-        if any(a.dtype != dtype or not a.flags.c_contiguous for a in arrays.values()):
-            return None
-        if any(b.size == 0 for b in self.created):
-            return None
-        if dry:  # the results' names and shapes (placeholders: untouched memory)
-            names = {b.name: np.empty(b.shape, dtype=dtype) for b in self.created}
-            return OutOfPlaceBinding(results=names, dropped=self.dropped)
+        if dry:
+            return _placeholders(self.created, dtype, self.dropped)
         lib = mpi()
         calls: list[Call] = []
         results: dict[str, np.ndarray] = {}
