@@ -16,7 +16,7 @@ the phase's messages are in flight.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -31,10 +31,21 @@ __all__ = ["run_rank_schedule", "finish_phase", "store_results", "shares_by_memb
 StepRunner = Callable[[Any, numpy_backend.Workspace], None]
 """Runs one step of a rank's schedule on a workspace (collective with the step's peers)."""
 
-PhaseStarter = Callable[[RankPhase, numpy_backend.Workspace], Callable[[], None]]
-"""Starts a phase's nonblocking receives and sends and returns what completes it (wait, then
-finish: :func:`finish_phase`), for local work in flight (:class:`~linop.program.RankOverlap`);
-when the completion has a ``progress()`` method, it is called after each node of that work."""
+
+class StartedPhase(Protocol):
+    """A phase whose nonblocking receives and sends are posted, while local work runs
+    (:class:`~linop.program.RankOverlap`)."""
+
+    def progress(self) -> None:
+        """Let the messages move; called after each node of the work in flight (an engine
+        that moves data only inside its calls, as MPICH, tests its requests here)."""
+
+    def __call__(self) -> None:
+        """Wait for the messages, then finish the phase (:func:`finish_phase`)."""
+
+
+PhaseStarter = Callable[[RankPhase, numpy_backend.Workspace], StartedPhase]
+"""Starts a phase's nonblocking receives and sends and returns it started."""
 
 
 def run_rank_schedule(
@@ -65,11 +76,10 @@ def run_rank_schedule(
                 complete = None
             else:
                 complete = start(step.phase, work)
-            progress = getattr(complete, "progress", None)  # tests the messages, if it can
             for node in step.during:
                 numpy_backend.run(node, work)
-                if progress is not None:
-                    progress()
+                if complete is not None:
+                    complete.progress()
             if complete is not None:
                 complete()
         elif isinstance(step, LinearOperator):

@@ -71,7 +71,7 @@ def run_phase(phase: RankPhase, work: numpy_backend.Workspace, comm: Intracomm, 
 
 def start_phase(
     phase: RankPhase, work: numpy_backend.Workspace, comm: Intracomm, dtype: np.dtype
-) -> Callable[[], None]:
+) -> _Started:
     """Post every receive, then every send (nonblocking), as the phase's recipe says
     (:func:`~linop.backends.mpi.phase_recipe.phase_recipe`), and return what completes the
     phase: wait once, then add/store what needs a buffer and clear or drop the sources. Local

@@ -130,21 +130,34 @@ def run_phase(
 
 def start_phase(
     phase: RankPhase, work: numpy_backend.Workspace, context: GroupContext, dtype: np.dtype
-) -> Callable[[], None]:
-    """Start the phase's receives and sends (one ``batch_isend_irecv``) and return what
-    completes it (wait, then the finish); a :class:`~linop.program.RankOverlap`'s local work
-    runs in between."""
+) -> _Started:
+    """Start the phase's receives and sends (one ``batch_isend_irecv``) and return it started:
+    calling it waits, then finishes; a :class:`~linop.program.RankOverlap`'s local work runs
+    in between."""
     import torch.distributed as dist
 
     operations, finish = phase_operations(phase, work, context, dtype)
     requests = dist.batch_isend_irecv(operations) if operations else []
+    return _Started(requests, lambda: finish_phase(phase, work, finish, dtype))
 
-    def complete() -> None:
-        for request in requests:
+
+class _Started:
+    """A started phase (:class:`~linop.backends.host_schedule.StartedPhase`): the process
+    group's own threads move the messages, so :meth:`progress` has nothing to do."""
+
+    __slots__ = ("finish", "requests")
+
+    def __init__(self, requests: list[Any], finish: Callable[[], None]) -> None:
+        self.requests = requests
+        self.finish = finish
+
+    def progress(self) -> None:
+        pass
+
+    def __call__(self) -> None:
+        for request in self.requests:
             request.wait()
-        finish_phase(phase, work, finish, dtype)
-
-    return complete
+        self.finish()
 
 
 def _owned_contiguous(work: numpy_backend.Workspace, name: str, dtype: np.dtype) -> np.ndarray:
