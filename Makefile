@@ -29,16 +29,20 @@ $(CORE_STAMP): pyproject.toml
 	$(PIP) -e .
 	touch $(CORE_STAMP)
 
-# After the install, one process imports what the suite's processes import, writing its bytecode
-# once (pip's default, which --no-compile above leaves to first use): otherwise the suite's first
+# `make test` installs everything in one pip call (the core and the extras: one resolution, one
+# build of the editable project), then writes the bytecode of what the suite's processes import
+# (pip's default, which --no-compile above leaves to first use): otherwise the suite's first
 # processes (the MPI ranks, torch.distributed and JAX launches, all started together) each compile
-# torch, JAX and sympy from source at the same time, about 5 s of CPU each.
-WARM := torch.distributed, torch.multiprocessing, jax.numpy, jax.experimental.shard_map, sympy, \
-	scipy.sparse, matplotlib.pyplot, mpi4py.MPI, hypothesis, pytest, IPython, ipykernel.kernelapp, \
-	nbclient, nbformat, sphinx.application, myst_nb, numpydoc, furo, mypy.api, linop, verify
-$(STAMP): $(CORE_STAMP)
+# torch, JAX and sympy from source at the same time, about 5 s of CPU each. Two processes import
+# the two halves side by side (pip runs on one core); a failed import fails the install.
+WARM_FRAMEWORKS := torch.distributed, torch.multiprocessing, jax.numpy, jax.experimental.shard_map
+WARM_TOOLS := sympy, scipy.sparse, matplotlib.pyplot, mpi4py.MPI, hypothesis, pytest, IPython, \
+	ipykernel.kernelapp, nbclient, nbformat, sphinx.application, myst_nb, numpydoc, furo, mypy.api, linop, verify
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
 	$(PIP) $(TORCH_INDEX) -e '.[dev,docs,plot,torch,jax]' '$(TORCH)'
-	$(PY) -c "import $(WARM)"
+	touch $(CORE_STAMP)
+	$(PY) -c "import $(WARM_FRAMEWORKS)" & frameworks=$$!; $(PY) -c "import $(WARM_TOOLS)" && wait $$frameworks
 	touch $(STAMP)
 
 report: $(CORE_STAMP)

@@ -45,17 +45,20 @@ strategy                  draws
 ``states(space)``         a state (dict of arrays) of ``space`` with finite entries
 ========================  ==================================================================
 
+``primitives`` and ``movements`` draw some of their kinds with ``kinds=``.
+
 The strategies of the distributed features (partitions, distributed tensors, halos) live in
 their own modules (:data:`FEATURE_MODULES`) and are re-exported here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, cast
 
 import numpy as np
 import numpy.typing as npt
+from hypothesis import reject
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -93,6 +96,8 @@ __all__ = [
     "scalars",
     "primitives",
     "movements",
+    "PRIMITIVE_KINDS",
+    "MOVEMENT_KINDS",
     "endomorphisms",
     "operators",
     "states",
@@ -265,16 +270,42 @@ def _fresh_name(space: Space, stem: str = "new") -> str:
     return f"{stem}{i}"
 
 
+PRIMITIVE_KINDS = ("allocate", "deallocate", "clear", "add")
+"""The kinds :func:`primitives` draws (its ``kinds=``)."""
+
+MOVEMENT_KINDS = ("copy", "move", "sendrecv", "copy-new", "move-new", "sendrecv-new")
+"""The kinds :func:`movements` draws (its ``kinds=``): in place between two regions, or into
+a new block (``-new``)."""
+
+
+def _kinds_to_draw(
+    what: str, known: tuple[str, ...], available: list[str], kinds: Sequence[str] | None
+) -> list[str]:
+    """The kinds asked for (all when ``kinds`` is None) that ``available`` allows; the draw is
+    rejected (``hypothesis.reject``) when the space allows none of them."""
+    if kinds is not None:
+        unknown = sorted(set(kinds) - set(known))
+        if unknown:
+            raise ValueError(f"{what}(): unknown kinds {unknown}; the kinds are {list(known)}")
+        available = [kind for kind in available if kind in kinds]
+    if not available:
+        reject()
+    return available
+
+
 @st.composite
-def primitives(draw: st.DrawFn, space: Space, *, whole: bool = False) -> LinearOperator:
+def primitives(
+    draw: st.DrawFn, space: Space, *, whole: bool = False, kinds: Sequence[str] | None = None
+) -> LinearOperator:
     """One of the four primitives (Allocate, Deallocate, Clear, Add) with domain ``space``;
-    ``whole=True`` keeps every region a whole block (trees for size-free proofs)."""
-    kinds = ["allocate"]
+    ``whole=True`` keeps every region a whole block (trees for size-free proofs); ``kinds``
+    (a subset of :data:`PRIMITIVE_KINDS`) draws only those (rejecting a space that allows none)."""
+    available = ["allocate"]
     if len(space):
-        kinds += ["deallocate", "clear"]
+        available += ["deallocate", "clear"]
     if _pair_candidates(space, whole=whole):
-        kinds.append("add")
-    kind = draw(st.sampled_from(kinds))
+        available.append("add")
+    kind = draw(st.sampled_from(_kinds_to_draw("primitives", PRIMITIVE_KINDS, available, kinds)))
     if kind == "allocate":
         shape = st.sampled_from([b.shape for b in space.blocks]) if whole and len(space) else None
         return Allocate(space, draw(blocks(names=st.just(_fresh_name(space)), shape=shape)))
@@ -286,17 +317,20 @@ def primitives(draw: st.DrawFn, space: Space, *, whole: bool = False) -> LinearO
 
 
 @st.composite
-def movements(draw: st.DrawFn, space: Space, *, whole: bool = False) -> LinearOperator:
+def movements(
+    draw: st.DrawFn, space: Space, *, whole: bool = False, kinds: Sequence[str] | None = None
+) -> LinearOperator:
     """A Copy or Move, in place or out of place, or a SendRecv, with domain ``space``;
-    ``whole=True`` keeps every region a whole block."""
+    ``whole=True`` keeps every region a whole block; ``kinds`` (a subset of
+    :data:`MOVEMENT_KINDS`) draws only those (rejecting a space that allows none)."""
     if not len(space):
         raise ValueError("movements(): the space holds no block")
-    kinds = ["copy-new", "move-new", "sendrecv-new"]
+    available = ["copy-new", "move-new", "sendrecv-new"]
     if _pair_candidates(space, whole=whole):
-        kinds += ["copy", "move"]
+        available += ["copy", "move"]
     if _pair_candidates(space, whole=whole, other_worker=True):
-        kinds.append("sendrecv")
-    kind = draw(st.sampled_from(kinds))
+        available.append("sendrecv")
+    kind = draw(st.sampled_from(_kinds_to_draw("movements", MOVEMENT_KINDS, available, kinds)))
     if kind in ("copy", "move"):
         src, dst = draw(region_pairs(space, whole=whole))
         return (Copy if kind == "copy" else Move)(src, dst)
@@ -431,12 +465,8 @@ def states(
 
 
 # -- examples per node type, for the registry proof (tests/test_registry.py) ----------------
-def _of_type(
-    strategy: st.SearchStrategy[LinearOperator], node_type: type
-) -> st.SearchStrategy[LinearOperator]:
-    return strategy.filter(lambda op: type(op) is node_type or isinstance(op, node_type))
-
-
+# Each factory draws its own node type directly: a factory drawing several kinds, filtered to
+# one, would throw most of its draws away (hypothesis then runs several times as many tests).
 def _example_spaces() -> st.SearchStrategy[Space]:
     """Spaces for node examples: any shapes, or one shape (so whole blocks pair up)."""
     return st.one_of(spaces(), spaces(same_shape=True))
@@ -452,44 +482,46 @@ def _zeros() -> st.SearchStrategy[LinearOperator]:
     return st.tuples(spaces(), spaces()).map(lambda pair: Zero(*pair))
 
 
-@examples_for(Composition)
-@examples_for(Sum)
-@examples_for(Scaled)
-def _algebra() -> st.SearchStrategy[LinearOperator]:
-    return st.one_of(
-        [
-            _of_type(
-                _example_spaces().flatmap(
-                    lambda space: st.one_of(
-                        operators(space, max_leaves=4), operators(space, max_leaves=4, whole=True)
-                    )
-                ),
-                node_type,
-            )
-            for node_type in (Composition, Sum, Scaled)
-        ]
-    )
+@st.composite
+def _algebra_node(draw: st.DrawFn, node_type: type) -> LinearOperator:
+    """A tree whose root is a ``node_type`` (Composition, Sum or Scaled) and whose operands are
+    trees of :func:`operators`, on whole blocks or any regions."""
+    space, whole = draw(_example_spaces()), draw(st.booleans())
+    first = draw(operators(space, max_depth=2, max_leaves=2, whole=whole))
+    if node_type is Scaled:
+        return draw(scalars()) * first
+    if node_type is Composition:
+        return draw(operators(first.range, max_depth=2, max_leaves=2, whole=whole)) @ first
+    return first + draw(endomorphisms(first.range, whole=whole)) @ first
 
 
-@examples_for(Allocate)
-@examples_for(Deallocate)
-@examples_for(Clear)
-@examples_for(Add)
-def _primitives() -> st.SearchStrategy[LinearOperator]:
-    return _example_spaces().flatmap(
-        lambda space: st.one_of(primitives(space), primitives(space, whole=True))
-    )
+@st.composite
+def _leaf_node(
+    draw: st.DrawFn, leaves: Callable[..., st.SearchStrategy[LinearOperator]], kinds: tuple[str, ...]
+) -> LinearOperator:
+    """A leaf of ``leaves`` (:func:`primitives` or :func:`movements`) of one of ``kinds``, on
+    whole blocks or any regions."""
+    return draw(leaves(draw(_example_spaces()), whole=draw(st.booleans()), kinds=kinds))
 
 
-@examples_for(Copy)
-@examples_for(Move)
-def _movements() -> st.SearchStrategy[LinearOperator]:
-    return _example_spaces().flatmap(lambda space: st.one_of(movements(space), movements(space, whole=True)))
+def _examples(strategy: st.SearchStrategy[LinearOperator]) -> Callable[[], st.SearchStrategy[LinearOperator]]:
+    return lambda: strategy
 
 
-@examples_for(CopyAdjoint)
-def _copy_adjoints() -> st.SearchStrategy[LinearOperator]:
-    return _of_type(_movements().map(lambda op: op.H), CopyAdjoint)
+for _algebra_type in (Composition, Sum, Scaled):
+    examples_for(_algebra_type)(_examples(_algebra_node(_algebra_type)))
+_PRIMITIVES: tuple[tuple[type, str], ...] = (
+    (Allocate, "allocate"),
+    (Deallocate, "deallocate"),
+    (Clear, "clear"),
+    (Add, "add"),
+)
+for _primitive_type, _kind in _PRIMITIVES:
+    examples_for(_primitive_type)(_examples(_leaf_node(primitives, (_kind,))))
+_COPIES = ("copy", "copy-new", "sendrecv", "sendrecv-new")  # SendRecv is a Copy: drawn by its factory
+examples_for(Copy)(_examples(_leaf_node(movements, _COPIES)))
+examples_for(Move)(_examples(_leaf_node(movements, ("move", "move-new"))))
+examples_for(CopyAdjoint)(_examples(_leaf_node(movements, _COPIES).map(lambda op: op.H)))
 
 
 # -- strategies of the distributed features: partitions, distributed tensors, halos ------------

@@ -45,6 +45,7 @@ from .node_examples import examples_for
 __all__ = [
     "broadcast_setups",
     "collectives",
+    "COLLECTIVE_KINDS",
     "decompositions",
     "distributed_tensors",
     "partition_shapes",
@@ -174,11 +175,24 @@ def broadcast_setups(
 
 
 # -- examples per node type, for the registry proof (tests/test_registry.py) ----------------
+COLLECTIVE_KINDS = ("repartition", "broadcast", "allreduce", "allgather", "scatter")
+"""The kinds :func:`collectives` draws (its ``kinds=``)."""
+
+
 @st.composite
-def collectives(draw: st.DrawFn) -> LinearOperator:
-    """Any collective node (or its adjoint) on drawn tensors: repartition, broadcast,
-    all-reduce, all-gather, scatter; empty shares, unbalanced sizes and any workers included."""
-    kind = draw(st.sampled_from(["repartition", "broadcast", "allreduce", "allgather", "scatter"]))
+def collectives(
+    draw: st.DrawFn, kinds: Sequence[str] = COLLECTIVE_KINDS, adjoint: bool | None = None
+) -> LinearOperator:
+    """A collective node (or its adjoint) on drawn tensors: repartition, broadcast,
+    all-reduce, all-gather, scatter; empty shares, unbalanced sizes and any workers included.
+
+    ``kinds`` (a subset of :data:`COLLECTIVE_KINDS`) draws only those; ``adjoint`` True or
+    False draws only adjoints (sum-reduce, reduce-scatter, gather, ...) or only forward nodes,
+    None either."""
+    unknown = sorted(set(kinds) - set(COLLECTIVE_KINDS))
+    if unknown or not kinds:
+        raise ValueError(f"collectives(): kinds {list(kinds)}; the kinds are {list(COLLECTIVE_KINDS)}")
+    kind = draw(st.sampled_from(tuple(kinds)))
     op: LinearOperator
     if kind == "repartition":
         x, y = draw(tensor_pairs())
@@ -197,18 +211,31 @@ def collectives(draw: st.DrawFn) -> LinearOperator:
     else:
         x = draw(distributed_tensors("x"))
         op = Scatter(Block("r", x.global_shape, draw(st.integers(0, 20))), x)
-    return op.H if draw(st.booleans()) else op
+    return op.H if (draw(st.booleans()) if adjoint is None else adjoint) else op
 
 
-def _collectives_of(node_type: type) -> Callable[[], st.SearchStrategy[LinearOperator]]:
+def _collectives_of(
+    node_type: type, kinds: tuple[str, ...], adjoint: bool | None
+) -> Callable[[], st.SearchStrategy[LinearOperator]]:
+    """The examples of ``node_type``: the collectives of ``kinds`` that are one (drawn as such,
+    not filtered out of every kind: the filter is a check)."""
+
     def factory() -> st.SearchStrategy[LinearOperator]:
-        return collectives().filter(lambda op: isinstance(op, node_type))
+        return collectives(kinds, adjoint).filter(lambda op: isinstance(op, node_type))
 
     return factory
 
 
-for _node_type in (Planned, AllReduce, Broadcast, SumReduce, Repartition, AllGather, ReduceScatter):
-    examples_for(_node_type)(_collectives_of(_node_type))
+for _node_type, _kinds, _adjoint in (
+    (Planned, COLLECTIVE_KINDS, None),
+    (AllReduce, ("allreduce",), None),
+    (Broadcast, ("broadcast",), False),
+    (SumReduce, ("broadcast",), True),
+    (Repartition, ("repartition",), None),
+    (AllGather, ("allgather",), False),
+    (ReduceScatter, ("allgather",), True),
+):
+    examples_for(_node_type)(_collectives_of(_node_type, _kinds, _adjoint))
 
 
 @examples_for(Scatter)
@@ -223,4 +250,4 @@ def _scatters() -> st.SearchStrategy[LinearOperator]:
         op = Scatter(Block("r", x.global_shape, draw(st.integers(0, MAX_WORKER - 1))), x)
         return op.H if draw(st.booleans()) else op
 
-    return st.one_of(near(), collectives().filter(lambda op: isinstance(op, (Scatter, Gather))))
+    return st.one_of(near(), collectives(("scatter",)))
