@@ -1,4 +1,5 @@
-"""Run the checks of ``checks.py`` on K gloo processes made by ``torch.multiprocessing.spawn``:
+"""Run the checks of ``checks.py`` on K gloo processes made by ``torch.multiprocessing`` (forked
+from this one, which imports torch, linop and the checks first; spawned under NCCL):
 ``python spawn.py K [--nccl] [--dtensor]`` (``--nccl``: the NCCL backend, one CUDA device per
 process, the blocks as CUDA tensors: the executor's device path; ``--dtensor``: then the checks
 of ``tests/dtensor/checks.py`` on the same processes and group, so that the suite starts one
@@ -77,4 +78,15 @@ def process(rank: int, size: int, port: int, backend: str, dtensor: bool = False
 if __name__ == "__main__":
     size = int(sys.argv[1])
     backend = "nccl" if "--nccl" in sys.argv else "gloo"
-    mp.spawn(process, args=(size, free_port(), backend, "--dtensor" in sys.argv), nprocs=size)
+    dtensor = "--dtensor" in sys.argv
+    method = "spawn"  # a forked process cannot use CUDA
+    if backend == "gloo":
+        # forked, the processes start with what this one imported (torch, linop and the checks;
+        # DTensor's torch.distributed.tensor) instead of each importing it again: 2-4 s of CPU
+        # per process. Nothing here has started a thread or a process group yet.
+        import checks  # noqa: F401
+
+        if dtensor:
+            import torch.distributed.tensor  # noqa: F401
+        method = "fork"
+    mp.start_processes(process, args=(size, free_port(), backend, dtensor), nprocs=size, start_method=method)
