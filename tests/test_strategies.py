@@ -15,6 +15,7 @@ import verify
 from linop import (
     Add,
     Allocate,
+    Block,
     Clear,
     Copy,
     Deallocate,
@@ -152,3 +153,57 @@ def test_feature_strategies_are_reexported(module_name):
     for name in module.__all__:
         assert getattr(lst, name) is getattr(module, name)
         assert name in lst.__all__
+
+
+@pytest.mark.parametrize(
+    "leaves, kinds, node_types",
+    [
+        (lst.primitives, ("add",), (Add,)),
+        (lst.primitives, ("allocate", "clear"), (Allocate, Clear)),
+        (lst.movements, ("move", "move-new"), (Move,)),
+        (lst.movements, ("sendrecv", "sendrecv-new"), (SendRecv,)),
+    ],
+)
+def test_kinds_draw_only_those_leaves(leaves, kinds, node_types):
+    @EXAMPLES
+    @given(lst.spaces().flatmap(lambda space: leaves(space, kinds=kinds)))
+    def drawn(op):
+        assert isinstance(op, node_types), op
+
+    drawn()
+    with pytest.raises(ValueError, match="unknown kinds"):
+        find(lst.spaces().flatmap(lambda space: leaves(space, kinds=("swap",))), lambda op: True)
+
+
+def test_kinds_a_space_cannot_hold_are_rejected():
+    """A space of one 0-d block holds no pair of regions: an Add cannot be drawn on it."""
+    from hypothesis.errors import Unsatisfiable
+
+    point = Space([Block("a", ())])
+    with pytest.raises(Unsatisfiable):
+        find(lst.primitives(point, kinds=("add",)), lambda op: True)
+
+
+@pytest.mark.parametrize("adjoint", [False, True])
+def test_collectives_of_a_kind_and_direction(adjoint):
+    from linop import AllGather, Broadcast, ReduceScatter, SumReduce
+
+    expected = {False: (AllGather, Broadcast), True: (ReduceScatter, SumReduce)}[adjoint]
+
+    @EXAMPLES
+    @given(lst.collectives(("allgather", "broadcast"), adjoint))
+    def drawn(op):
+        assert isinstance(op, expected), op
+
+    drawn()
+    with pytest.raises(ValueError, match="the kinds are"):
+        find(lst.collectives(("gossip",)), lambda op: True)
+
+
+def test_strategies_are_built_once_per_arguments():
+    """A factory called inside draws returns one strategy object per arguments (hypothesis
+    validates each new object on its first draw); unhashable arguments still work."""
+    assert lst.spaces(max_blocks=3) is lst.spaces(max_blocks=3)
+    assert lst.spaces(max_blocks=3) is not lst.spaces(max_blocks=2)
+    assert lst.partitions((2, 2)) is lst.partitions((2, 2))
+    assert find(lst.partitions([2, 2]), lambda p: True).shape == (2, 2)  # a list: built anew

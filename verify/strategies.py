@@ -84,6 +84,7 @@ from linop import (
 )
 
 from .node_examples import examples_for
+from .strategy_cache import built_once
 
 __all__ = [
     "dtypes",
@@ -106,6 +107,7 @@ __all__ = [
 _FLOATING = (np.float32, np.float64, np.complex64, np.complex128)
 
 
+@built_once
 def dtypes(*, real: bool = True, complex: bool = True, single: bool = True) -> st.SearchStrategy[np.dtype]:
     """Floating dtypes that linop supports: float32/float64 (``real``) and complex64/complex128
     (``complex``); ``single=False`` leaves out the single-precision ones."""
@@ -119,6 +121,7 @@ def dtypes(*, real: bool = True, complex: bool = True, single: bool = True) -> s
     return st.sampled_from(chosen)
 
 
+@built_once
 def block_names() -> st.SearchStrategy[str]:
     """Short block names: a letter, sometimes followed by a number (``x``, ``b3``, ``h12``)."""
     return st.builds(
@@ -128,6 +131,7 @@ def block_names() -> st.SearchStrategy[str]:
     )
 
 
+@built_once
 def shapes(
     *, min_ndim: int = 1, max_ndim: int = 2, min_side: int = 0, max_side: int = 4
 ) -> st.SearchStrategy[tuple[int, ...]]:
@@ -135,6 +139,7 @@ def shapes(
     return hnp.array_shapes(min_dims=min_ndim, max_dims=max_ndim, min_side=min_side, max_side=max_side)
 
 
+@built_once
 def blocks(
     *,
     names: st.SearchStrategy[str] | None = None,
@@ -150,6 +155,7 @@ def blocks(
     )
 
 
+@built_once
 def spaces(
     *,
     min_blocks: int = 1,
@@ -165,15 +171,24 @@ def spaces(
     every block one shape (so whole blocks can be added, copied and moved into each other)."""
     shape = shapes(min_ndim=min_ndim, max_ndim=max_ndim, min_side=min_side, max_side=max_side)
 
-    def of_shape(chosen: st.SearchStrategy[tuple[int, ...]]) -> st.SearchStrategy[Space]:
-        block = blocks(shape=chosen, max_workers=max_workers)
-        return st.lists(block, min_size=min_blocks, max_size=max_blocks, unique_by=lambda b: b.name).map(
-            Space
-        )
-
     if same_shape:
-        return shape.flatmap(lambda one: of_shape(st.just(one)))
-    return of_shape(shape)
+        return shape.flatmap(lambda one: _spaces_of_one_shape(one, min_blocks, max_blocks, max_workers))
+    return _spaces_of(shape, min_blocks, max_blocks, max_workers)
+
+
+@built_once
+def _spaces_of_one_shape(
+    shape: tuple[int, ...], min_blocks: int, max_blocks: int, max_workers: int
+) -> st.SearchStrategy[Space]:
+    return _spaces_of(st.just(shape), min_blocks, max_blocks, max_workers)
+
+
+@built_once
+def _spaces_of(
+    shape: st.SearchStrategy[tuple[int, ...]], min_blocks: int, max_blocks: int, max_workers: int
+) -> st.SearchStrategy[Space]:
+    block = blocks(shape=shape, max_workers=max_workers)
+    return st.lists(block, min_size=min_blocks, max_size=max_blocks, unique_by=lambda b: b.name).map(Space)
 
 
 @st.composite
@@ -255,6 +270,7 @@ def region_pairs(
     return source, destination
 
 
+@built_once
 def scalars(*, complex: bool = True) -> st.SearchStrategy[Any]:
     """Small scalars that keep matrices exact: integers, dyadic fractions, complex integers."""
     real = st.integers(-3, 3) | st.sampled_from([0.5, -0.25, 2.0])
@@ -467,9 +483,9 @@ def states(
 # -- examples per node type, for the registry proof (tests/test_registry.py) ----------------
 # Each factory draws its own node type directly: a factory drawing several kinds, filtered to
 # one, would throw most of its draws away (hypothesis then runs several times as many tests).
-def _example_spaces() -> st.SearchStrategy[Space]:
-    """Spaces for node examples: any shapes, or one shape (so whole blocks pair up)."""
-    return st.one_of(spaces(), spaces(same_shape=True))
+_EXAMPLE_SPACES = st.one_of(spaces(), spaces(same_shape=True))
+"""Spaces for node examples: any shapes, or one shape (so whole blocks pair up). Built once:
+hypothesis validates each new strategy object on its first draw, which costs more than the draw."""
 
 
 @examples_for(Identity)
@@ -486,7 +502,7 @@ def _zeros() -> st.SearchStrategy[LinearOperator]:
 def _algebra_node(draw: st.DrawFn, node_type: type) -> LinearOperator:
     """A tree whose root is a ``node_type`` (Composition, Sum or Scaled) and whose operands are
     trees of :func:`operators`, on whole blocks or any regions."""
-    space, whole = draw(_example_spaces()), draw(st.booleans())
+    space, whole = draw(_EXAMPLE_SPACES), draw(st.booleans())
     first = draw(operators(space, max_depth=2, max_leaves=2, whole=whole))
     if node_type is Scaled:
         return draw(scalars()) * first
@@ -501,7 +517,7 @@ def _leaf_node(
 ) -> LinearOperator:
     """A leaf of ``leaves`` (:func:`primitives` or :func:`movements`) of one of ``kinds``, on
     whole blocks or any regions."""
-    return draw(leaves(draw(_example_spaces()), whole=draw(st.booleans()), kinds=kinds))
+    return draw(leaves(draw(_EXAMPLE_SPACES), whole=draw(st.booleans()), kinds=kinds))
 
 
 def _examples(strategy: st.SearchStrategy[LinearOperator]) -> Callable[[], st.SearchStrategy[LinearOperator]]:

@@ -41,6 +41,7 @@ from linop.partition import DistributedTensor, Partition, balanced_sizes
 from linop.repartition import Gather
 
 from .node_examples import examples_for
+from .strategy_cache import built_once
 
 __all__ = [
     "broadcast_setups",
@@ -57,11 +58,13 @@ MAX_WORKER = 16
 """Worker ids are drawn from ``0 .. MAX_WORKER - 1``."""
 
 
+@built_once
 def partition_shapes(*, min_dims: int = 1, max_dims: int = 3, max_extent: int = 3) -> st.SearchStrategy:
     """Grid shapes of ``min_dims .. max_dims`` dimensions, extents ``1 .. max_extent``."""
     return st.lists(st.integers(1, max_extent), min_size=min_dims, max_size=max_dims).map(tuple)
 
 
+@built_once
 @st.composite
 def partitions(
     draw: st.DrawFn,
@@ -85,6 +88,7 @@ def partitions(
     return Partition(shape, tuple(chosen))
 
 
+@built_once
 @st.composite
 def decompositions(
     draw: st.DrawFn, global_shape: Sequence[int], grid: Sequence[int], *, balanced: bool | None = None
@@ -104,6 +108,7 @@ def decompositions(
     return tuple(sizes)
 
 
+@built_once
 @st.composite
 def distributed_tensors(
     draw: st.DrawFn,
@@ -129,6 +134,7 @@ def distributed_tensors(
     return DistributedTensor(name, tuple(global_shape), partition, sizes)
 
 
+@built_once
 @st.composite
 def tensor_pairs(
     draw: st.DrawFn, *, max_dims: int = 3, max_extent: int = 6, balanced: bool | None = None
@@ -157,6 +163,7 @@ def tensor_pairs(
     return x, y
 
 
+@built_once
 @st.composite
 def broadcast_setups(
     draw: st.DrawFn, *, max_dims: int = 3, max_extent: int = 3
@@ -179,6 +186,7 @@ COLLECTIVE_KINDS = ("repartition", "broadcast", "allreduce", "allgather", "scatt
 """The kinds :func:`collectives` draws (its ``kinds=``)."""
 
 
+@built_once
 @st.composite
 def collectives(
     draw: st.DrawFn, kinds: Sequence[str] = COLLECTIVE_KINDS, adjoint: bool | None = None

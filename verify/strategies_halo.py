@@ -37,15 +37,18 @@ from linop.partition import DistributedTensor, Partition
 
 from .node_examples import examples_for
 from .strategies_distributed import decompositions
+from .strategy_cache import built_once
 
 __all__ = ["boundaries", "halo_cases", "halo_exchanges", "halo_stages", "kernels"]
 
 
+@built_once
 def boundaries(modes: tuple[str, ...] = BOUNDARY_MODES) -> st.SearchStrategy[str]:
     """A boundary mode among ``modes``."""
     return st.sampled_from(modes)
 
 
+@built_once
 @st.composite
 def _dimension_kernel(
     draw: st.DrawFn,
@@ -65,6 +68,7 @@ def _dimension_kernel(
     )
 
 
+@built_once
 @st.composite
 def kernels(
     draw: st.DrawFn,
@@ -99,6 +103,7 @@ _SMALL_RANGES = {"max_size": 3, "max_stride": 2, "max_dilation": 2, "max_padding
 """Ranges that keep a dimension's extent at most 5 (the other dimensions of rank 3 and 4)."""
 
 
+@built_once
 @st.composite
 def halo_cases(
     draw: st.DrawFn,
@@ -139,41 +144,42 @@ def halo_cases(
 
 
 @st.composite
-def halo_stages(draw: st.DrawFn, *, max_dims: int = 2) -> LinearOperator:
+def halo_stages(draw: st.DrawFn, *, max_dims: int = 2, adjoint: bool | None = None) -> LinearOperator:
     """One :class:`~linop.HaloStage` of a nested or direct halo exchange of a drawn case, or
-    its :class:`~linop.HaloStageAdjoint`."""
+    its :class:`~linop.HaloStageAdjoint` (``adjoint`` True or False: only those)."""
     tensor, kernel = draw(halo_cases(max_dims=max_dims))
     exchange = HaloExchange(halo_geometry(tensor, kernel), draw(st.sampled_from(["nested", "direct"])))
     stages = exchange.stages()
     assume(stages)  # a case with nothing to exchange has no stage
     stage: LinearOperator = draw(st.sampled_from(stages))
-    return stage.H if draw(st.booleans()) else stage
+    return stage.H if (draw(st.booleans()) if adjoint is None else adjoint) else stage
 
 
 @examples_for(HaloStage)
 def _stages() -> st.SearchStrategy[LinearOperator]:
-    return halo_stages().filter(lambda op: isinstance(op, HaloStage))
+    return halo_stages(adjoint=False).filter(lambda op: isinstance(op, HaloStage))
 
 
 @examples_for(HaloStageAdjoint)
 def _stage_adjoints() -> st.SearchStrategy[LinearOperator]:
-    return halo_stages().filter(lambda op: isinstance(op, HaloStageAdjoint))
+    return halo_stages(adjoint=True).filter(lambda op: isinstance(op, HaloStageAdjoint))
 
 
 @st.composite
-def halo_exchanges(draw: st.DrawFn, *, max_dims: int = 2) -> LinearOperator:
+def halo_exchanges(draw: st.DrawFn, *, max_dims: int = 2, adjoint: bool | None = None) -> LinearOperator:
     """A nested or direct :class:`~linop.HaloExchange` of a drawn case, or its adjoint (the MPI
-    interpreter lowers them rank by rank, from the geometry)."""
+    interpreter lowers them rank by rank, from the geometry; ``adjoint`` True or False: only
+    adjoints or only exchanges)."""
     tensor, kernel = draw(halo_cases(max_dims=max_dims))
     exchange = HaloExchange(halo_geometry(tensor, kernel), draw(st.sampled_from(["nested", "direct"])))
-    return exchange.H if draw(st.booleans()) else exchange
+    return exchange.H if (draw(st.booleans()) if adjoint is None else adjoint) else exchange
 
 
 @examples_for(HaloExchange)
 def _exchanges() -> st.SearchStrategy[LinearOperator]:
-    return halo_exchanges().filter(lambda op: isinstance(op, HaloExchange))
+    return halo_exchanges(adjoint=False).filter(lambda op: isinstance(op, HaloExchange))
 
 
 @examples_for(HaloExchangeAdjoint)
 def _exchange_adjoints() -> st.SearchStrategy[LinearOperator]:
-    return halo_exchanges().filter(lambda op: isinstance(op, HaloExchangeAdjoint))
+    return halo_exchanges(adjoint=True).filter(lambda op: isinstance(op, HaloExchangeAdjoint))
