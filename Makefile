@@ -60,8 +60,10 @@ typecheck: $(STAMP)
 # alongside the other tests: tests/test_readme.py checks linop, verify and the README tour in one
 # mypy run. --max-worker-restart=0: a worker that dies (the OOM killer, a crash) ends the run as a
 # failure; a replaced worker can wait forever for the tests of the group its predecessor held.
+# --no-loadscope-reorder: the workers take the tests in the suite's order (the longest launches
+# first: tests/conftest.py, LAUNCHES), not the groups with the most tests first.
 test: lint
-	$(PY) -m pytest -n auto --dist loadgroup --max-worker-restart=0
+	$(PY) -m pytest -n auto --dist loadgroup --no-loadscope-reorder --max-worker-restart=0
 
 bench: $(STAMP)
 	for script in benchmarks/bench_core.py benchmarks/bench_collectives.py benchmarks/bench_halo.py \

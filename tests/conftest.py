@@ -20,7 +20,9 @@ built into the docs (tests/test_docs.py); the wheel and sdist of tests/test_pack
 JAX device process of tests/test_jax_shard.py (one process for the tests of its device counts);
 the one process of tests/test_registry.py's two handler-list checks.
 Launches of many processes (:data:`LAUNCHES`) are collected first, so that the workers start
-the longest tests first and finish together.
+the longest tests first and finish together (``make test`` passes ``--no-loadscope-reorder``:
+xdist would otherwise hand out the groups with the most tests first, and the MPI suite, the
+longest test, started a minute or two into the run).
 """
 
 from __future__ import annotations
