@@ -14,8 +14,7 @@ See ``docs/theory.md#dtypes``. In short:
 * Integer runs are exact or refused, never wrapped. Every output entry of ``A x`` is bounded by
   ``G * M``, where ``G`` is the largest absolute row sum of the tree's matrix (its infinity
   norm, from the sparse interpreter, cached per tree) and ``M`` the largest magnitude of an
-  input entry. A structural bound on ``G`` (:func:`growth_bound`, from the nodes, not the
-  matrix) decides first where it already shows the result fits. Integer arithmetic is exact modulo 2**bits, so when ``G * M`` fits in the
+  input entry. Integer arithmetic is exact modulo 2**bits, so when ``G * M`` fits in the
   narrowest integer dtype of the state (and a negative entry of the matrix does not meet an
   unsigned dtype) the result is exact in the blocks' own dtypes. Otherwise every block is cast
   to the run dtype if ``G * M`` fits it, else to int64; when ``G * M`` reaches 2**62 (the
@@ -33,7 +32,7 @@ with the global set of dtypes.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -187,8 +186,6 @@ def _bound(op: LinearOperator) -> tuple[int | float, bool]:
         for rows in op.geometry.rows:
             g *= 1 + _most_halos_holding_one_entry(rows)
         return g, False
-    if op.domain.size + op.range.size <= EXACT_GROWTH_ENTRIES:
-        return _growth(op)  # a small node: its own matrix, cheaper than its expansion's bound
     expanded = op.expand()
     if expanded is not op:
         return _bound(expanded)
@@ -248,11 +245,6 @@ def growth(op: LinearOperator) -> tuple[int | float, bool]:
         return _growth_of(op)
 
 
-@functools.lru_cache(maxsize=64)
-def _cached_bound(op: LinearOperator) -> tuple[int | float, bool]:
-    return _bound(op)
-
-
 def growth_bound(op: LinearOperator) -> tuple[int | float, bool]:
     """``(G, negative)`` with ``G`` at least the largest absolute row sum of ``op``'s matrix,
     from the structure of the tree (O(the tree's nodes and the rows of its geometries), not
@@ -272,39 +264,22 @@ def growth_bound(op: LinearOperator) -> tuple[int | float, bool]:
                                                      one input entry (the forward copies e into a
                                                      product of such sets: the column sums of the
                                                      forward), multiplied over the dimensions
-    any other node                                   its own matrix (a local operator's block, or a
-                                                     node of at most EXACT_GROWTH_ENTRIES entries),
-                                                     or its expansion's bound
+    any other node                                   its own matrix (a local operator's block), or
+                                                     its expansion's bound
     ===============================================  =================================================
 
-    ``negative`` is True when a scalar or a node's own matrix has a negative entry. Cached
-    per tree.
+    ``negative`` is True when a scalar or a node's own matrix has a negative entry.
     """
-    try:
-        return _cached_bound(op)
-    except TypeError:  # an unhashable node (a user's kernel holding an array)
-        return _bound(op)
+    return _bound(op)
 
 
-def cast_dtype(
-    op: LinearOperator,
-    dtypes: Iterable[np.dtype],
-    largest: int,
-    exact: Callable[[LinearOperator], tuple[int | float, bool]] | None = None,
-) -> np.dtype | None:
+def cast_dtype(op: LinearOperator, dtypes: Iterable[np.dtype], largest: int) -> np.dtype | None:
     """The dtype to cast the state's blocks to before a run, or None to run them as they are.
 
     ``dtypes`` are the dtypes of every block of the state (all ranks' under MPI) and
     ``largest`` the largest magnitude of an integer entry (global under MPI). Inexact runs
     cast their integer blocks to the run dtype; integer runs follow the bound of the module
     docstring.
-
-    The structural bound (:func:`growth_bound`, O(the tree's nodes)) decides first: when
-    ``G * M`` from it already fits the narrowest integer dtype (and no negative entry meets an
-    unsigned dtype), so does the exact one, which is never larger, and the blocks run as they
-    are. Only otherwise is ``exact(op)`` asked (default :func:`growth`: the tree's matrix for a
-    small tree), so the decision is the one the exact growth gives, at the cost of the matrix
-    only where it matters.
 
     Raises
     ------
@@ -318,14 +293,13 @@ def cast_dtype(
     run = run_dtype(op, dtypes)
     if run.kind not in "iu":
         return run
+    g, negative = growth(op)
+    negative = negative or any(np.real(alpha) < 0 for alpha in scalars(op))  # -1 * uint8 fails in numpy
+    bound = g * largest
     unsigned = any(d.kind == "u" for d in dtypes)
     narrowest = min(np.iinfo(d).max for d in integers)
-    for bounding in (growth_bound, exact or growth):  # the exact growth never exceeds the bound
-        g, negative = bounding(op)
-        negative = negative or any(np.real(alpha) < 0 for alpha in scalars(op))  # -1 * uint8 fails in numpy
-        bound = g * largest
-        if bound <= narrowest and not (negative and unsigned):
-            return None
+    if bound <= narrowest and not (negative and unsigned):
+        return None
     if bound >= SAFE_INTEGER:
         raise IntegerOverflowError(
             f"integer result of {_short(op)} may reach {float(bound):.3g} (row sum {g} times the "

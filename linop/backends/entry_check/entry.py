@@ -65,10 +65,9 @@ class Agreement(Protocol):
     request: Any
     rank: int
     growth: dict[bytes, bool]
-    """Per tree fingerprint (and question: :meth:`EntryCheck._growth_known`), whether every
-    rank can bound the tree's integer growth (agreed once, kept here for every plan of the
-    tree on this communicator or group; never evicted: a few bytes per tree checked with
-    integer blocks)."""
+    """Per tree fingerprint, whether every rank can bound the tree's integer growth (agreed
+    once, kept here for every plan of the tree on this communicator or group; never evicted:
+    a few bytes per tree checked with integer blocks)."""
 
     def reduce(self, timeout: float | None = None, doing: str = "the entry check") -> np.ndarray:
         """The maximum over ranks of ``send``, in ``received`` (returned), within ``timeout``
@@ -250,29 +249,26 @@ class EntryCheck:
             outcome = self._outcomes[key] = self.policy.decide(reduced, inplace)
         return outcome
 
-    def _growth_known(self, exact: bool) -> bool:
-        """Whether every rank can bound the tree's integer growth: by the tree's structure
-        (``exact=False``, :func:`linop.dtypes.growth_bound`) or exactly (``exact=True``,
-        :func:`linop.dtypes.growth`, the tree's matrix for a small tree, asked only where the
-        structural bound does not decide); agreed once per tree, communicator and question (one
-        more collective, :meth:`Agreement.minimum`). A rank may not: a tree of local operators
-        that hold only this rank's data (a layer's parameter operator) has no global matrix
-        there. Then integer runs are widened to int64 without a bound (see :mod:`.policy`).
+    def _growth_known(self) -> bool:
+        """Whether every rank can bound the tree's integer growth (:func:`linop.dtypes.growth`,
+        from the tree's exact matrix); agreed once per tree and communicator (one more
+        collective, :meth:`Agreement.minimum`). A rank may not: a tree of local operators that
+        hold only this rank's data (a layer's parameter operator) has no global matrix there.
+        Then integer runs are widened to int64 without a bound (see :mod:`.policy`).
 
         The agreed answer is kept by the agreement (:attr:`Agreement.growth`, one per
         communicator), not by this check: plans are cached per rank, and a rank may have
         evicted and rebuilt a plan that another rank still holds, so a per-plan answer would
         make one rank enter the collective alone. Every rank asks at the same calls (integer
         runs are agreed by the reduced vector), so the agreement's table is the same on all."""
-        key = self.fingerprint + (b"exact" if exact else b"")
-        known = self.agreement.growth.get(key)
+        known = self.agreement.growth.get(self.fingerprint)
         if known is None:
             try:
-                (dtypes.growth if exact else dtypes.growth_bound)(self.op)
+                dtypes.growth(self.op)
                 local = 1
-            except Exception:  # the matrix (or a leaf's) cannot be formed on this rank
+            except Exception:  # the matrix cannot be formed on this rank
                 local = 0
-            known = self.agreement.growth[key] = bool(self.agreement.minimum(local))
+            known = self.agreement.growth[self.fingerprint] = bool(self.agreement.minimum(local))
         return known
 
     def _collective_error(self, same_tree: bool, problem: Problem | None) -> LinopError:

@@ -3,11 +3,9 @@
 Dtypes follow the policy of :mod:`linop.dtypes` (``docs/theory.md#dtypes``), with the global
 facts the ranks agree on: the dtypes present on any rank and the largest integer magnitude (a
 maximum over ranks), so the numpy, sparse and distributed interpreters give the same result or
-the same typed error. One exception: when some rank cannot bound the tree's growth (a tree
-of local operators holding only that rank's data has no matrix there), the integer growth is
-unknown, and integer blocks are widened to int64 without a bound instead (``growth_known``);
-when every rank can bound it by the tree's structure but some rank cannot form the exact
-matrix, the structural bound decides.
+the same typed error. One exception: when some rank cannot form the tree's exact matrix (a tree
+of local operators holding only that rank's data), the integer growth bound is unknown, and
+integer blocks are widened to int64 without a bound instead (``growth_known``).
 """
 
 from __future__ import annotations
@@ -33,13 +31,11 @@ class DtypePolicy:
     op : LinearOperator
         The tree.
     growth_known : callable
-        ``growth_known(exact)``: whether every rank can bound the tree's integer growth, by its
-        structure (``exact=False``, :func:`linop.dtypes.growth_bound`) or exactly
-        (``exact=True``, :func:`linop.dtypes.growth`); collective the first time, asked only
-        for integer runs, the exact question only where the structural bound does not decide.
+        Whether every rank can bound the tree's integer growth (collective the first time;
+        asked only for integer runs).
     """
 
-    def __init__(self, op: LinearOperator, growth_known: Callable[[bool], bool]) -> None:
+    def __init__(self, op: LinearOperator, growth_known: Callable[[], bool]) -> None:
         self.op = op
         self.growth_known = growth_known
         self._dtypes: dict[bytes, tuple[np.dtype, bool, list[str]]] = {}
@@ -70,9 +66,9 @@ class DtypePolicy:
         cast = None
         if integers:  # a widened integer run is cast back after it (dtypes.fit_back)
             found = [np.dtype(c) for c in present_chars(reduced)]
-            if self.growth_known(False):
+            if self.growth_known():
                 try:
-                    cast = dtypes.cast_dtype(self.op, found, int(reduced[LARGEST]), self._agreed_growth)
+                    cast = dtypes.cast_dtype(self.op, found, int(reduced[LARGEST]))
                 except IntegerOverflowError as error:
                     return CheckOutcome(None, DistributedOverflowError(str(error)))
             elif any(d.kind in "iu" and d != np.int64 for d in found):
@@ -80,10 +76,3 @@ class DtypePolicy:
             if cast is not None:
                 run = np.result_type(run, cast)
         return CheckOutcome(run, None, cast, integers)
-
-    def _agreed_growth(self, op: LinearOperator) -> tuple[int | float, bool]:
-        """The exact growth where every rank can form it, else the structural bound (which
-        every rank formed): the same on every rank. Asked by :func:`linop.dtypes.cast_dtype`
-        where the structural bound does not decide, which depends only on agreed facts, so
-        every rank asks (and enters the agreement's collective) at the same call."""
-        return dtypes.growth(op) if self.growth_known(True) else dtypes.growth_bound(op)
