@@ -3,6 +3,8 @@ ranks, and 16 workers on one rank run with local moves only, equal to the numpy 
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import pytest
 
@@ -17,7 +19,9 @@ from linop.layers import Convolution
 from linop.movement import SendRecv
 from linop.operator import LinearOperator
 from linop.partition import DistributedTensor, Partition
+from linop.plan import MovementPlan
 from linop.program import (
+    Local,
     LocalMoves,
     RankBranches,
     RankOverlap,
@@ -32,9 +36,10 @@ from linop.program import (
     project,
 )
 from linop.repartition import Repartition, Scatter
-from linop.space import Block
+from linop.space import Block, Space
 
 WORKERS = 16
+lowering_module = importlib.import_module("linop.program.lowering")  # the package's name is the function
 
 
 def _tensor(name="x", grid=(4, 4)):
@@ -195,7 +200,13 @@ PER_WORKER_TREES = {
         (8, 9, 7), (2, 3, 2), Kernel(3, padding=1, boundary="symmetric"), windows=True
     ),
     "sum": CASES["sum"],
+    "stage-direct": lambda: _halo_tree((11, 9), (4, 4), Kernel(3, padding=1), "direct").expand(),
+    "stage-multi-hop-periodic": lambda: _halo_tree(
+        (10, 10), (5, 5), Kernel((3, 5), padding=(1, 6), boundary="periodic"), "direct"
+    ).expand(),
 }
+"""Halo trees whose nodes lower per worker, the bare stages (:class:`~linop.halo.HaloStage`,
+the direct exchange's one stage; adjoint: :class:`~linop.halo.HaloStageAdjoint`) included."""
 
 
 def _maps(workers):
@@ -256,6 +267,11 @@ COMPOSED_TREES = {
     ),
     "convolution": lambda: _convolution(False),
     "convolution-overlapped": lambda: _convolution(True),
+    "stages-nested": lambda: PER_WORKER_TREES["nested-4x4"]().expand(),
+    "stages-multi-hop-periodic": lambda: PER_WORKER_TREES["multi-hop"]().expand(),
+    "stages-symmetric-3d": lambda: (
+        _halo_tree((8, 9, 7), (2, 3, 2), Kernel(3, padding=1, boundary="symmetric")).expand().H
+    ),
 }
 
 
@@ -306,6 +322,68 @@ def test_the_sequences_catch_a_tag_off_by_one_and_a_dropped_transfer():
     wrong = list(_mutations(compile_for_rank(op, 1, mapping).schedule))
     assert len(wrong) >= 3
     assert all(_sequences(schedule) != reference for schedule in wrong)
+
+
+def test_the_stage_comparison_catches_a_wrong_part():  # control
+    """Wrong parts of a nested exchange's stages differ from the global projection: the part
+    of another map's rank, and each message, tag or local move mutated."""
+    op = COMPOSED_TREES["stages-multi-hop-periodic"]()
+    mapping = WorkerMap.round_robin(25, 3)
+    reference = _sequences(mapped_global_program(op, 1, mapping).schedule)
+    assert _sequences(compile_for_rank(op, 1, WorkerMap.blocked(25, 3)).schedule) != reference
+    wrong = list(_mutations(compile_for_rank(op, 1, mapping).schedule))
+    assert len(wrong) >= 3
+    assert all(_sequences(schedule) != reference for schedule in wrong)
+
+
+def _unfiltered(monkeypatch):
+    """Let :func:`~linop.program.lower_for_workers` return what the lowerings built, unfiltered."""
+    monkeypatch.setattr(lowering_module, "_involving_workers", lambda steps, workers: list(steps))
+
+
+def test_a_stage_lowers_per_worker_without_building_the_others_steps(monkeypatch):
+    """A mapped rank's lowering of a bare stage builds only its workers' transfers (nothing
+    filtered afterwards), and its largest worker is the stage's."""
+    stage = PER_WORKER_TREES["stage-direct"]().factors[0]
+    assert type(stage).__name__ == "HaloStage" and lowers_per_worker(stage) and lowers_per_worker(stage.H)
+    mapping = WorkerMap.round_robin(WORKERS, 3)
+    workers = frozenset(mapping.workers_on(2))
+    held = [(s, d) for s, d in stage.transfers if s.worker in workers or d.worker in workers]
+    _unfiltered(monkeypatch)
+    for node in (stage, stage.H):
+        steps, largest = lower_for_workers(node, workers, mapping)
+        assert largest == WORKERS - 1
+        assert len(steps) == len(held) < len(stage.transfers)
+
+
+@pytest.mark.parametrize(
+    "case", ["all-reduce-both-axes", "all-reduce-with-others", "broadcast-row", "scatter"]
+)
+@pytest.mark.parametrize("adjoint", [False, True], ids=["forward", "adjoint"])
+def test_a_portable_rank_plans_a_collective_without_its_whole_expansion(case, adjoint, monkeypatch):
+    """Without the mapped fast paths (the torch.distributed executor, the MPI portable program)
+    a mapped rank lowers an all-reduce, broadcast, sum-reduce or scatter from its workers' part
+    of the expansion: the whole expansion (or plan) is never built, and the lowerings build only
+    the workers' steps (a control: the global route builds the expansion)."""
+    op = COLLECTIVE_TREES[case]()
+    op = op.H if adjoint else op
+    mapping = WorkerMap.round_robin(WORKERS, 3)
+    reference = mapped_global_program(op, 1, mapping, mapped_fast_paths=False)
+    monkeypatch.setattr(AllReduce, "expand", _refuse)
+    monkeypatch.setattr(MovementPlan, "expand", _refuse)
+    with pytest.raises(AssertionError, match="the whole expansion"):  # the control
+        mapped_global_program(op, 1, mapping, mapped_fast_paths=False)
+    mine = compile_for_rank(op, 1, mapping, mapped_fast_paths=False)
+    assert _normalized(mine.schedule) == _normalized(reference.schedule)
+    _unfiltered(monkeypatch)
+    workers = frozenset(mapping.workers_on(1))
+    for step in lower_for_workers(op, workers)[0]:
+        ends = (step.worker,) if isinstance(step, Local) else (step.src_worker, step.dst_worker)
+        assert workers.intersection(ends), step
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("the whole expansion was built")
 
 
 def test_sixteen_workers_on_four_ranks_compile_per_rank():
@@ -405,6 +483,10 @@ COLLECTIVE_TREES = {
     "all-gather-axis-0": lambda: AllGather(_uneven(), 0, "g"),
     "all-gather-axis-1": lambda: AllGather(_tensor(), 1, "g"),
     "sum": lambda: 2 * AllReduce(_uneven(shape=(12, 8)), 0) + AllReduce(_uneven(shape=(12, 8)), 1),
+    "all-reduce-with-others": lambda: AllReduce(_uneven(), 0, Space([Block("o", (3,), 6)])),
+    "broadcast-with-others": lambda: Broadcast(
+        _uneven("x", (1, 4), (3, 9)), Partition((4, 4)), "y", others=Space([Block("o", (3,), 6)])
+    ),
 }
 """Collectives and repartitions (adjoints: sum-reduce, gather, reduce-scatter, by parameter)."""
 

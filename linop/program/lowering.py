@@ -52,6 +52,7 @@ __all__ = [
     "lowering_rank",
     "lowering_workers",
     "lowering_mapping",
+    "expansion_part",
     "note_workers",
     "movement_footprint",
     "workers_named",
@@ -74,13 +75,23 @@ def lowering(node_type: type) -> Callable[[Lowering], Lowering]:
 
     def register(function: Lowering) -> Lowering:
         def lower_node(node: Any, steps: list[Step]) -> Any:
-            lowered = function(node)
+            mapped = _MAPPING.get() is not None  # the fast paths that run under a map wanted
+            lowered = None if mapped else _expansion_part(node)
             if lowered is None:
-                return dispatch.DECLINE
-            if _PORTABLE.get() and any(
-                type(step) is FastPathStep and not hasattr(step.runner, "project_mapped") for step in lowered
-            ):
-                return dispatch.DECLINE  # a worker map: the expansion's point-to-point steps
+                lowered = function(node)
+                if (
+                    lowered is not None
+                    and _PORTABLE.get()
+                    and any(
+                        type(step) is FastPathStep and not hasattr(step.runner, "project_mapped")
+                        for step in lowered
+                    )
+                ):
+                    lowered = None  # a worker map: the expansion's point-to-point steps
+                if lowered is None and mapped:  # the expansion: a mapped rank's part of it
+                    lowered = _expansion_part(node)
+                if lowered is None:
+                    return dispatch.DECLINE
             steps.extend(lowered)
             return None
 
@@ -90,6 +101,50 @@ def lowering(node_type: type) -> Callable[[Lowering], Lowering]:
         return function
 
     return register
+
+
+ExpansionPart = Callable[[Any, "frozenset[int]"], "list[Step] | None"]
+"""The part of a node's expansion that a set of workers takes part in (see :func:`expansion_part`)."""
+
+_EXPANSION_PARTS: dict[type, ExpansionPart] = {}
+
+
+def expansion_part(node_type: type) -> Callable[[ExpansionPart], ExpansionPart]:
+    """Register, for ``node_type`` and its subclasses, the steps of a node's expansion that a
+    set of workers takes part in: ``part(node, workers)`` gives them in program order (the
+    steps :func:`lower` of ``node.expand()`` gives, filtered to those ``workers`` take part in,
+    the largest worker of the rest noted with :func:`note_workers`), or None when it cannot tell.
+
+    Inside :func:`lower_for_workers` (a mapped rank's portable lowering) the node would run its
+    expansion where its own lowerings decline or give a fast-path step that cannot run under
+    a map, lowered whole on every rank (O(the node)); its part is used instead (O(the workers'
+    own work)). Without the fast paths that run under a map (no ``mapping`` given to
+    :func:`lower_for_workers`: the torch.distributed executor, the MPI portable program) the
+    part is used first, before any executor's lowering runs (which may plan the whole node
+    before it declines): registering a part declares that the node type's lowerings give, in
+    a portable program, only fast-path steps that cannot run under a map or the expansion's
+    own steps, so that both routes give the same program. With a ``mapping``, the lowerings
+    run first (a mapped fast path wins) and the part replaces the expansion where they decline.
+    """
+
+    def register(part: ExpansionPart) -> ExpansionPart:
+        _EXPANSION_PARTS[node_type] = part
+        return part
+
+    return register
+
+
+def _expansion_part(node: Any) -> list[Step] | None:
+    """The registered part of ``node``'s expansion of the workers of :func:`lowering_workers`,
+    or None (no workers set, no part registered, or the part cannot tell)."""
+    workers = _WORKERS.get()
+    if workers is None:
+        return None
+    for cls in type(node).__mro__:
+        part = _EXPANSION_PARTS.get(cls)
+        if part is not None:
+            return part(node, workers)
+    return None
 
 
 def _steps(
