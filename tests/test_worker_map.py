@@ -35,6 +35,7 @@ from linop.program import (
     owned_blocks,
     project,
 )
+from linop.program.lowering_planned import held_blocks, plan_key, planned_steps
 from linop.repartition import Repartition, Scatter
 from linop.space import Block, Space
 
@@ -614,3 +615,47 @@ def test_the_collective_comparison_catches_a_wrong_order_a_wrong_map_and_a_wrong
     listed = _normalized(mapped_global_program(reduce, 1, mapping).schedule)
     assert _normalized(compile_for_rank(reduce, 1, WorkerMap.blocked(WORKERS, 3)).schedule) != listed
     assert _normalized(compile_for_rank(reduce, 2, mapping).schedule) != listed
+
+
+# -- an all-gather's part, group by group ---------------------------------------------------------
+GATHER_TREES = {
+    "axis-0-uneven": lambda: AllGather(_uneven(), 0, "g"),
+    "axis-1": lambda: AllGather(_tensor(), 1, "g"),
+    "both-axes-uneven": lambda: AllGather(_uneven(), (0, 1), "g"),
+    "empty-blocks": lambda: AllGather(DistributedTensor("x", (3, 9), Partition((4, 4))), 0, "g"),
+    "3d-two-axes": lambda: AllGather(DistributedTensor("x", (4, 6, 5), Partition((2, 3, 2))), (0, 2), "g"),
+}
+"""All-gathers (adjoints: reduce-scatters) of uneven, empty and 3-D blocks along one or two axes."""
+
+
+def _pieces_route(op, workers):
+    """The steps of ``workers`` from the pieces of their blocks (:meth:`rank_pieces`) put in plan
+    order by their plan key, as :func:`~linop.program.lowering_planned.planned_steps` builds them."""
+    pieces = sorted({p for w in workers for p in op.rank_pieces(w)}, key=plan_key(op))
+    source, target = op.layouts()
+    return pieces, planned_steps(op, held_blocks(target, workers), pieces, held_blocks(source, workers))
+
+
+@pytest.mark.parametrize("adjoint", [False, True], ids=["forward", "adjoint"])
+@pytest.mark.parametrize("case", list(GATHER_TREES))
+def test_an_all_gathers_part_is_the_steps_of_its_pieces_in_plan_order(case, adjoint):
+    """A mapped rank's part of an all-gather or reduce-scatter, built group by group from each
+    member's geometry (read once), is exactly the steps of its workers' pieces in plan order:
+    the same transfers (regions, mode, after) and local copies, in the same order."""
+    op = GATHER_TREES[case]()
+    op = op.H if adjoint else op
+    for name, mapping in _maps(op.domain.max_worker + 1).items():
+        for rank in range(mapping.largest_rank + 2):
+            workers = frozenset(mapping.workers_on(rank))
+            mine, largest = lower_for_workers(op, workers, mapping)
+            pieces, reference = _pieces_route(op, workers)
+            assert mine == reference, (name, rank)
+            assert largest == op.tensor.partition.max_worker
+            if len(pieces) > 2:  # control: the same pieces in another order are caught
+                assert mine != _pieces_route_reordered(op, workers, pieces), (name, rank)
+
+
+def _pieces_route_reordered(op, workers, pieces):
+    source, target = op.layouts()
+    wrong = [pieces[-1], *pieces[:-1]]
+    return planned_steps(op, held_blocks(target, workers), wrong, held_blocks(source, workers))

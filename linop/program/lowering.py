@@ -18,7 +18,8 @@ layout does not hold); :func:`lower_for_workers` the portable program's part of 
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Callable, Iterable
+import itertools
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final
 
 from .. import dispatch
@@ -254,7 +255,7 @@ def lower_for(op: LinearOperator, rank: int) -> tuple[list[Step], int]:
     finally:
         _RANK.reset(rank_token)
         _OMITTED.reset(omitted_token)
-    largest = max((*omitted, *workers_named(steps)), default=0)
+    largest = max(itertools.chain(omitted, _named(steps)), default=0)
     return _involving(steps, rank), largest
 
 
@@ -349,7 +350,7 @@ def lower_for_workers(
         _RANK.reset(tokens[2])
         _MAPPING.reset(tokens[1])
         _PORTABLE.reset(tokens[0])
-    largest = max((*omitted, *workers_named(steps)), default=0)
+    largest = max(itertools.chain(omitted, _named(steps)), default=0)
     return _involving_workers(steps, frozenset(workers)), largest
 
 
@@ -373,21 +374,25 @@ def _involving_workers(steps: Iterable[Step], workers: frozenset[int]) -> list[S
 
 def workers_named(steps: Iterable[Step]) -> list[int]:
     """Every worker that a step of the program names (a space: its largest worker)."""
-    found: list[int] = []
+    return list(_named(steps))
+
+
+def _named(steps: Iterable[Step]) -> Iterator[int]:
+    """The workers of :func:`workers_named`, one by one (their largest found without a list)."""
     for step in steps:
-        if isinstance(step, Local):
-            found.append(step.worker)
-        elif isinstance(step, Transfer):
-            found.extend((step.src_worker, step.dst_worker))
+        if isinstance(step, Transfer):
+            yield step.src_worker
+            yield step.dst_worker
+        elif isinstance(step, Local):
+            yield step.worker
         elif isinstance(step, ZeroState):
-            found.append(step.space.max_worker)
+            yield step.space.max_worker
         elif isinstance(step, Branches):
-            found.append(step.space.max_worker)
+            yield step.space.max_worker
             for term in step.terms:
-                found.extend(workers_named(term))
+                yield from _named(term)
         elif isinstance(step, FastPathStep):
-            found.extend(step.runner.workers)
-    return found
+            yield from step.runner.workers
 
 
 def _involving(steps: Iterable[Step], rank: int) -> list[Step]:

@@ -15,6 +15,7 @@ A :class:`Footprint` says what a step reads and writes, which is all batching ne
 
 from __future__ import annotations
 
+import operator
 from abc import ABC
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -132,14 +133,25 @@ class Transfer:
     mode: str
     after: str
     round: int = 0
+    _ends: tuple[int, int] | None = field(default=None, init=False, repr=False, compare=False)
+    """The two workers, read from the regions' spaces on first use (lowering, batching and
+    projection each ask)."""
 
     @property
     def src_worker(self) -> int:
-        return self.source.worker
+        ends = self._ends
+        if ends is None:
+            ends = (self.source.worker, self.target.worker)
+            object.__setattr__(self, "_ends", ends)
+        return ends[0]
 
     @property
     def dst_worker(self) -> int:
-        return self.target.worker
+        ends = self._ends
+        if ends is None:
+            ends = (self.source.worker, self.target.worker)
+            object.__setattr__(self, "_ends", ends)
+        return ends[1]
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -245,11 +257,20 @@ class RankPhase:
     def __post_init__(self) -> None:
         indices: dict[int, tuple[Any, ...]] = {}
         empty: set[int] = set()
+        boxes: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[Any, ...]] = {}  # one index per box
         for _, _, t in (*self.receives, *self.sends):
             for region in (t.source, t.target):
-                if isinstance(region, Region):
-                    indices[id(region)] = (*region.index, Ellipsis)
-            if t.source.size == 0:
+                if isinstance(region, Region) and id(region) not in indices:
+                    if region.dropped:
+                        indices[id(region)] = (*region.index, Ellipsis)
+                        continue
+                    corners = (region.start, region.stop)
+                    index = boxes.get(corners)
+                    if index is None:  # the same box of many blocks (a run of pieces): one index
+                        index = boxes[corners] = (*map(slice, region.start, region.stop), Ellipsis)
+                    indices[id(region)] = index
+            source = t.source  # dropped dimensions have extent 1: the product of the extents
+            if 0 in map(operator.sub, source.stop, source.start):
                 empty.add(id(t))
         object.__setattr__(self, "_indices", indices)
         object.__setattr__(self, "_empty", frozenset(empty))
