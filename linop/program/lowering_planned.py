@@ -285,7 +285,7 @@ def _gather_part(op: AllGather | ReduceScatter, workers: frozenset[int]) -> list
             start = tuple([offsets[d][m[d]] if d in offsets else 0 for d in range(len(m))])
             blocks.append(block)
             wholes.append(region(tensor_space, block.name, zeros, block.shape, ()))
-            names.append(_block_at(gathered_space, gathered, m).name)
+            names.append(gathered.block_name(m))  # its worker: the member's (one partition)
             starts.append(start)
             stops.append(tuple([a + n for a, n in zip(start, block.shape)]))
             filled.append(0 not in block.shape)  # an empty block moves nothing
@@ -298,11 +298,11 @@ def _gather_part(op: AllGather | ReduceScatter, workers: frozenset[int]) -> list
                     continue
                 box = region(gathered_space, name, starts[i], stops[i], ())
                 block = blocks[i]
-                if block.worker != target_worker:
+                if block.worker != target_worker:  # its two workers known: not read from the spaces
                     steps.append(
-                        Transfer(box, wholes[i], mode, after)
+                        Transfer(box, wholes[i], mode, after, 0, (target_worker, block.worker))
                         if adds
-                        else Transfer(wholes[i], box, mode, after)
+                        else Transfer(wholes[i], box, mode, after, 0, (block.worker, target_worker))
                     )
                     continue
                 piece = Piece(block.name, zeros, name, starts[i], block.shape)

@@ -125,7 +125,10 @@ class Transfer:
     ``mode``: ``"add"`` (target += data), ``"store"`` (target = data) or ``"new"`` (target is a
     new block). ``after``: ``"keep"``, ``"clear"`` or ``"drop"`` the source afterwards.
     ``round``: the transfer's depth in the data dependencies of the node that emits it, the
-    same at both ends (0 by default; see :mod:`linop.program.batching`).
+    same at both ends (0 by default; see :mod:`linop.program.batching`). ``ends``: the workers
+    of ``source`` and ``target``, given by a lowering that knows them (a run of pieces), else
+    read from the regions' spaces on first use (lowering, batching and projection each ask);
+    not part of the transfer's equality.
     """
 
     source: Region
@@ -133,24 +136,22 @@ class Transfer:
     mode: str
     after: str
     round: int = 0
-    _ends: tuple[int, int] | None = field(default=None, init=False, repr=False, compare=False)
-    """The two workers, read from the regions' spaces on first use (lowering, batching and
-    projection each ask)."""
+    ends: tuple[int, int] | None = field(default=None, repr=False, compare=False)
 
     @property
     def src_worker(self) -> int:
-        ends = self._ends
+        ends = self.ends
         if ends is None:
             ends = (self.source.worker, self.target.worker)
-            object.__setattr__(self, "_ends", ends)
+            object.__setattr__(self, "ends", ends)
         return ends[0]
 
     @property
     def dst_worker(self) -> int:
-        ends = self._ends
+        ends = self.ends
         if ends is None:
             ends = (self.source.worker, self.target.worker)
-            object.__setattr__(self, "_ends", ends)
+            object.__setattr__(self, "ends", ends)
         return ends[1]
 
     @property
