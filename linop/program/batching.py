@@ -73,19 +73,29 @@ class _Pending:
 
     def _may_conflict(self, later: Footprint) -> bool:
         """False when no hull of the gathered steps meets ``later`` as a conflict would."""
-        empty = (None, None, None)
+        hulls, overlap = self.hulls, _boxes_overlap
         for box in later.reads:  # after writes or adds
-            read, written, added = self.hulls.get(box[0], empty)
-            if _meets(written, box) or _meets(added, box):
-                return True
+            found = hulls.get(box[0])
+            if found is not None:
+                _, written, added = found
+                if (written is not None and overlap(written, box)) or (
+                    added is not None and overlap(added, box)
+                ):
+                    return True
         for box in later.writes:  # after reads, writes or adds
-            read, written, added = self.hulls.get(box[0], empty)
-            if _meets(read, box) or _meets(written, box) or _meets(added, box):
-                return True
+            found = hulls.get(box[0])
+            if found is not None:
+                for hull in found:
+                    if hull is not None and overlap(hull, box):
+                        return True
         for box in later.adds:  # after reads or writes (adds commute)
-            read, written, added = self.hulls.get(box[0], empty)
-            if _meets(read, box) or _meets(written, box):
-                return True
+            found = hulls.get(box[0])
+            if found is not None:
+                read, written, _ = found
+                if (read is not None and overlap(read, box)) or (
+                    written is not None and overlap(written, box)
+                ):
+                    return True
         return False
 
     def conflicts(self, later: Footprint) -> bool:
@@ -119,10 +129,6 @@ def _hull(hull: BlockBox | None, box: BlockBox) -> BlockBox:
     if hull[1] is None or hull[2] is None or box[1] is None or box[2] is None:
         return hull if hull[1] is None else (box[0], None, None)
     return (box[0], tuple(map(min, hull[1], box[1])), tuple(map(max, hull[2], box[2])))
-
-
-def _meets(hull: BlockBox | None, box: BlockBox) -> bool:
-    return hull is not None and _boxes_overlap(hull, box)
 
 
 def _block_names(footprint: Footprint) -> set[str]:

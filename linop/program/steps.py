@@ -68,7 +68,10 @@ def boxes_overlap(a: BlockBox, b: BlockBox) -> bool:
         return False
     if a[1] is None or b[1] is None or a[2] is None or b[2] is None:
         return True
-    return all(max(a0, b0) < min(a1, b1) for a0, a1, b0, b1 in zip(a[1], a[2], b[1], b[2]))
+    for a0, a1, b0, b1 in zip(a[1], a[2], b[1], b[2]):  # a loop: batching asks once per transfer
+        if (a0 if a0 > b0 else b0) >= (a1 if a1 < b1 else b1):
+            return False
+    return True
 
 
 @dataclass(frozen=True, slots=True)
