@@ -70,6 +70,7 @@ from .fingerprinting import fingerprint
 from .lowering import (
     INTERPRETER,
     Lowering,
+    expansion_part,
     lower,
     lower_for,
     lower_for_workers,
@@ -137,6 +138,7 @@ __all__ = [
     "INTERPRETER",
     "Lowering",
     "lowering",
+    "expansion_part",
     "lower",
     "lower_for",
     "lower_portable",

@@ -12,7 +12,8 @@ fast paths of an executor registered with :func:`lowering`.
 that know the rank, :func:`lowering_rank`, build only that part); :func:`lower_portable` the
 program without fast-path steps (for a worker-to-rank map, where the fast paths' worker == rank
 layout does not hold); :func:`lower_for_workers` the portable program's part of a set of workers
-(a mapped rank's: lowerings that know the set, :func:`lowering_workers`, build only its part).
+(a mapped rank's: lowerings that know the set, :func:`lowering_workers`, build only its part;
+where a node runs its expansion, the part of it registered with :func:`expansion_part`).
 """
 
 from __future__ import annotations
@@ -126,6 +127,10 @@ def expansion_part(node_type: type) -> Callable[[ExpansionPart], ExpansionPart]:
     a portable program, only fast-path steps that cannot run under a map or the expansion's
     own steps, so that both routes give the same program. With a ``mapping``, the lowerings
     run first (a mapped fast path wins) and the part replaces the expansion where they decline.
+    The part is consulted by the node's lowering registered with :func:`lowering` (an
+    executor's; the node type must also be declared with :func:`per_worker` for a tree holding
+    it to take the per-worker route): the broadcast's, sum-reduce's, all-reduce's and other
+    plans' (:mod:`linop.program.lowering_planned`).
     """
 
     def register(part: ExpansionPart) -> ExpansionPart:
