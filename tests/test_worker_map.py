@@ -29,6 +29,8 @@ from linop.program import (
     WorkerMap,
     batch,
     compile_for_rank,
+    compile_program,
+    lower_for,
     lower_for_workers,
     lowers_per_worker,
     mapped_global_program,
@@ -659,3 +661,22 @@ def _pieces_route_reordered(op, workers, pieces):
     source, target = op.layouts()
     wrong = [pieces[-1], *pieces[:-1]]
     return planned_steps(op, held_blocks(target, workers), wrong, held_blocks(source, workers))
+
+
+@pytest.mark.parametrize("case", ["stages-nested", "stages-multi-hop-periodic"])
+@pytest.mark.parametrize("adjoint", [False, True], ids=["forward", "adjoint"])
+def test_one_rank_lowers_only_its_own_pairs_of_a_stage(case, adjoint, monkeypatch):
+    """Without a map, one rank's lowering of bare stages (:func:`~linop.program.lower_for`)
+    builds only the pairs it takes part in, and its schedule has the messages and local steps
+    of the global program's projection."""
+    op = COMPOSED_TREES[case]()
+    op = op.H if adjoint else op
+    programs = {rank: compile_for_rank(op, rank).schedule for rank in range(op.domain.max_worker + 1)}
+    reference = compile_program(op)
+    for rank, schedule in programs.items():
+        assert _sequences(schedule) == _sequences(reference.for_rank(rank)), rank
+    monkeypatch.setattr(lowering_module, "_involving", lambda steps, rank: list(steps))
+    steps, _ = lower_for(op, 3)
+    assert steps and all(
+        3 in ((s.worker,) if isinstance(s, Local) else (s.src_worker, s.dst_worker)) for s in steps
+    )
