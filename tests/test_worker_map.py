@@ -26,6 +26,7 @@ from linop.program import (
     RankBranches,
     RankOverlap,
     RankPhase,
+    Transfer,
     WorkerMap,
     batch,
     compile_for_rank,
@@ -652,6 +653,9 @@ def test_an_all_gathers_part_is_the_steps_of_its_pieces_in_plan_order(case, adjo
             mine, largest = lower_for_workers(op, workers, mapping)
             pieces, reference = _pieces_route(op, workers)
             assert mine == reference, (name, rank)
+            for step in mine:  # the workers a run gives its transfers are their regions'
+                if isinstance(step, Transfer):
+                    assert (step.src_worker, step.dst_worker) == (step.source.worker, step.target.worker)
             assert largest == op.tensor.partition.max_worker
             if len(pieces) > 2:  # control: the same pieces in another order are caught
                 assert mine != _pieces_route_reordered(op, workers, pieces), (name, rank)
