@@ -126,9 +126,14 @@ def _hull(hull: BlockBox | None, box: BlockBox) -> BlockBox:
     """The smallest box holding ``hull`` and ``box`` (whole-block bounds stay whole)."""
     if hull is None:
         return box
-    if hull[1] is None or hull[2] is None or box[1] is None or box[2] is None:
-        return hull if hull[1] is None else (box[0], None, None)
-    return (box[0], tuple(map(min, hull[1], box[1])), tuple(map(max, hull[2], box[2])))
+    low, high, start, stop = hull[1], hull[2], box[1], box[2]
+    if low is None or high is None:
+        return hull
+    if start is None or stop is None:
+        return (box[0], None, None)
+    if low == start and high == stop:  # the same box again (a block read by a run of sends)
+        return hull
+    return (box[0], tuple(map(min, low, start)), tuple(map(max, high, stop)))
 
 
 def _block_names(footprint: Footprint) -> set[str]:
