@@ -27,7 +27,13 @@ first stage ``map`` builds the map (described: two numbers), ``fingerprint`` add
 digest, ``lower`` is the rank's workers' part (:func:`~linop.program.lower_for_workers`) for
 the trees that lower per worker (since issue 24: halo exchanges, collectives and repartitions)
 and the global portable program for the others (``--global``: for all, the route before issue
-24), and ``project`` projects under the map.
+24), and ``project`` projects under the map. ``--portable`` lowers without the MPI's mapped
+fast paths (the program a torch.distributed rank runs under a map: broadcasts and all-reduces
+as their expansions' point-to-point steps, planned from the rank's workers' part).
+
+``--cpu`` times each stage by the process's CPU time (:func:`time.process_time`) instead of
+the wall clock: on a shared machine the wall clock counts the time other processes held the
+cores.
 
 The cases (2-D grids, 8 x 8 local blocks, kernel 3, padding 1): ``HaloExchange``,
 ``halo_windows``, ``Broadcast 1 -> P``, ``Broadcast (1,s) -> (s,s)``, ``AllReduce axis 0`` (on a tensor and on a
@@ -45,6 +51,7 @@ Usage::
     python benchmarks/bench_scale.py --min 16384 --max 1048576   # P = 16,384, 65,536, 262,144, 1,048,576
     python benchmarks/bench_scale.py --case halo_windows --no-memory
     python benchmarks/bench_scale.py --min 16384 --max 1048576 --mapped 4 --map-kind round-robin
+    python benchmarks/bench_scale.py --min 16384 --max 1048576 --mapped 4 --portable --cpu
     python benchmarks/bench_scale.py --proof         # exact adjoint proofs at 1e6 - 1.44e7 entries
 
 ``--proof`` times :func:`verify.exact_adjoint` (wall seconds and the process's peak resident
@@ -162,6 +169,12 @@ MAPPED = 0
 MAP_KIND = "blocked"
 """The worker map of ``--mapped``: ``"blocked"`` or ``"round-robin"`` (``--map-kind``)."""
 
+PORTABLE = False
+"""Under ``--mapped``, lower without the mapped fast paths (``--portable``)."""
+
+CLOCK: Callable[[], float] = time.perf_counter
+"""The clock of the timings: the wall clock, or the process's CPU time (``--cpu``)."""
+
 
 def _stage_names() -> tuple[str, ...]:
     return ("map", *STAGES) if MAPPED else STAGES
@@ -193,9 +206,10 @@ def _stages(build: Callable[[int], LinearOperator], s: int, adjoint: bool) -> li
         if mapping is None:
             found["lowered"] = lower(op) if GLOBAL else lower_for(op, rank)[0]
         elif GLOBAL or not lowers_per_worker(op):
-            found["lowered"] = lower_portable(op, mapping)
+            found["lowered"] = lower_portable(op, None if PORTABLE else mapping)
         else:
-            found["lowered"] = lower_for_workers(op, mapping.workers_on(rank), mapping)[0]
+            lowering_map = None if PORTABLE else mapping
+            found["lowered"] = lower_for_workers(op, mapping.workers_on(rank), lowering_map)[0]
 
     def projected() -> None:
         found["schedule"] = project(found["batched"], found["rank"], found["mapping"])
@@ -217,10 +231,10 @@ def measure(build: Callable[[int], LinearOperator], s: int, adjoint: bool, memor
     stages, found = _stages(build, s, adjoint)
     gc.collect()
     for name, run in stages:
-        start = time.perf_counter()
+        start = CLOCK()
         run()
         if name:
-            seconds[name] = time.perf_counter() - start
+            seconds[name] = CLOCK() - start
     steps = int(found["steps"])
     peaks: dict[str, float] = {}
     if memory:
@@ -294,9 +308,14 @@ def main() -> None:
     parser.add_argument(
         "--map-kind", choices=("blocked", "round-robin"), default="blocked", help="the map of --mapped"
     )
+    parser.add_argument("--portable", action="store_true", help="under --mapped: no mapped fast paths")
+    parser.add_argument(
+        "--cpu", action="store_true", help="time by the process's CPU time, not the wall clock"
+    )
     args = parser.parse_args()
-    global GLOBAL, MAPPED, MAP_KIND
-    GLOBAL, MAPPED, MAP_KIND = args.whole, args.mapped, args.map_kind
+    global GLOBAL, MAPPED, MAP_KIND, PORTABLE, CLOCK
+    GLOBAL, MAPPED, MAP_KIND, PORTABLE = args.whole, args.mapped, args.map_kind, args.portable
+    CLOCK = time.process_time if args.cpu else time.perf_counter
     if args.proof:
         proofs()
         return

@@ -186,3 +186,103 @@ def test_the_gathers_rule_and_its_variable(monkeypatch):
 def test_nccl_device_path():  # pragma: no cover - needs a GPU
     result = _run([sys.executable, "spawn.py", "1", "--nccl"])
     assert "CHECKS OK" in result.stdout
+
+
+# -- the portable program, planned per rank (no process group needed) ---------------------------
+def _portable_trees():
+    from linop import (
+        AllGather,
+        AllReduce,
+        Broadcast,
+        DistributedTensor,
+        HaloExchange,
+        Kernel,
+        Partition,
+        Repartition,
+        halo_geometry,
+        halo_windows,
+    )
+
+    def tensor(name="x", grid=(4, 4), shape=(12, 9)):
+        return DistributedTensor(name, shape, Partition(grid))
+
+    exchange = HaloExchange(halo_geometry(tensor(), Kernel(3, padding=1, boundary="periodic")))
+    return {
+        "halo-windows": halo_windows(tensor(), Kernel(3, padding=1)),
+        "stages-periodic": exchange.expand(),
+        "all-reduce": AllReduce(tensor(), 0),
+        "broadcast-row": Broadcast(tensor("x", (1, 4), (3, 9)), Partition((4, 4)), "y"),
+        "all-gather": AllGather(tensor(), 0, "g"),
+        "repartition": Repartition(tensor(), tensor("z", (2, 8))),
+        "sum": 2 * AllReduce(tensor(shape=(12, 8)), 0) + AllReduce(tensor(shape=(12, 8)), 1),
+    }
+
+
+@pytest.mark.parametrize("adjoint", [False, True], ids=["forward", "adjoint"])
+def test_a_mapped_rank_plans_its_portable_program_per_rank_equal_to_the_global_route(adjoint, monkeypatch):
+    """Under blocked and round-robin maps, each rank's portable program (what a
+    torch.distributed plan under a map runs) is planned from its own workers' part, without
+    the global program ever built, and equals the projection of the global portable program:
+    messages per peer in order with their tags, local moves, local nodes, the largest worker.
+    Controls: another map's program differs from the reference, and so does a tag one off."""
+    from test_worker_map import _mutations, _normalized
+
+    from linop import AllReduce
+    from linop.backends.mpi import mapping as mpi_mapping
+    from linop.backends.torch_distributed.schedule import portable_program
+    from linop.plan import MovementPlan
+    from linop.program import WorkerMap, mapped_global_program
+
+    for name, op in _portable_trees().items():
+        op = op.H if adjoint else op
+        for kind in ("blocked", "round_robin"):
+            mapping = getattr(WorkerMap, kind)(16, 3)
+            monkeypatch.setattr(mpi_mapping, "_COMPILED", {})  # no plan kept from elsewhere
+            with monkeypatch.context() as probes:  # neither the global program nor an expansion
+                probes.setattr(mpi_mapping, "lower_portable", _no_global_program)
+                probes.setattr(AllReduce, "expand", _no_global_program)
+                probes.setattr(MovementPlan, "expand", _no_global_program)
+                mine = [portable_program(op, mapping, rank, 3) for rank in range(3)]
+            for rank, (program, problem) in enumerate(mine):
+                assert problem is None and program is not None
+                reference = mapped_global_program(op, rank, mapping, mapped_fast_paths=False)
+                assert _normalized(program.schedule) == _normalized(reference.schedule), (name, kind, rank)
+                assert program.max_worker == reference.max_worker == 15
+        other = mapped_global_program(op, 1, WorkerMap.blocked(16, 3), mapped_fast_paths=False)
+        assert _normalized(mine[1][0].schedule) != _normalized(other.schedule), name  # control: round-robin
+        wrong = list(_mutations(mine[1][0].schedule))
+        reference = _normalized(mapped_global_program(op, 1, mapping, mapped_fast_paths=False).schedule)
+        assert all(_normalized(schedule) != reference for schedule in wrong), name  # control
+
+
+def _no_global_program(*args, **kwargs):
+    raise AssertionError("the global portable program was built (or a whole expansion)")
+
+
+def test_an_unmapped_plan_compiles_its_portable_program_per_rank(monkeypatch):
+    """Without a map a torch.distributed plan compiles its portable program (a run in a dtype
+    the collectives do not move) under the group's identity map, described (O(1)), per rank:
+    the global program is never built, and the schedule is the global projection's."""
+    from test_worker_map import _normalized
+
+    from linop.backends.mpi import mapping as mpi_mapping
+    from linop.backends.torch_distributed.schedule import Compiled, identity_map
+    from linop.program import WorkerMap, mapped_global_program
+
+    assert (
+        identity_map(16) == WorkerMap(list(range(16)))
+        and identity_map(16).description() == WorkerMap(list(range(16))).description()
+    )
+    monkeypatch.setattr(mpi_mapping, "_COMPILED", {})
+    global_route = mpi_mapping.lower_portable
+    for name, op in _portable_trees().items():
+        monkeypatch.setattr(mpi_mapping, "lower_portable", _no_global_program)
+        compiled = Compiled(op, 5, 16, world=True)
+        assert compiled.problem is None and compiled.max_worker == 15, name
+        program = compiled.portable()
+        monkeypatch.setattr(mpi_mapping, "lower_portable", global_route)
+        reference = mapped_global_program(op, 5, identity_map(16), mapped_fast_paths=False)
+        assert _normalized(program.schedule) == _normalized(reference.schedule), name
+    monkeypatch.setattr(mpi_mapping, "lower_portable", _no_global_program)  # control: the probe
+    error = mpi_mapping.compiled_for(op, WorkerMap.round_robin(16, 3), native=False).error
+    assert "the global portable program was built" in str(error)

@@ -3,6 +3,8 @@ ranks, and 16 workers on one rank run with local moves only, equal to the numpy 
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import pytest
 
@@ -17,24 +19,31 @@ from linop.layers import Convolution
 from linop.movement import SendRecv
 from linop.operator import LinearOperator
 from linop.partition import DistributedTensor, Partition
+from linop.plan import MovementPlan
 from linop.program import (
+    Local,
     LocalMoves,
     RankBranches,
     RankOverlap,
     RankPhase,
+    Transfer,
     WorkerMap,
     batch,
     compile_for_rank,
+    compile_program,
+    lower_for,
     lower_for_workers,
     lowers_per_worker,
     mapped_global_program,
     owned_blocks,
     project,
 )
+from linop.program.lowering_planned import held_blocks, plan_key, planned_steps
 from linop.repartition import Repartition, Scatter
-from linop.space import Block
+from linop.space import Block, Space
 
 WORKERS = 16
+lowering_module = importlib.import_module("linop.program.lowering")  # the package's name is the function
 
 
 def _tensor(name="x", grid=(4, 4)):
@@ -195,7 +204,13 @@ PER_WORKER_TREES = {
         (8, 9, 7), (2, 3, 2), Kernel(3, padding=1, boundary="symmetric"), windows=True
     ),
     "sum": CASES["sum"],
+    "stage-direct": lambda: _halo_tree((11, 9), (4, 4), Kernel(3, padding=1), "direct").expand(),
+    "stage-multi-hop-periodic": lambda: _halo_tree(
+        (10, 10), (5, 5), Kernel((3, 5), padding=(1, 6), boundary="periodic"), "direct"
+    ).expand(),
 }
+"""Halo trees whose nodes lower per worker, the bare stages (:class:`~linop.halo.HaloStage`,
+the direct exchange's one stage; adjoint: :class:`~linop.halo.HaloStageAdjoint`) included."""
 
 
 def _maps(workers):
@@ -256,6 +271,11 @@ COMPOSED_TREES = {
     ),
     "convolution": lambda: _convolution(False),
     "convolution-overlapped": lambda: _convolution(True),
+    "stages-nested": lambda: PER_WORKER_TREES["nested-4x4"]().expand(),
+    "stages-multi-hop-periodic": lambda: PER_WORKER_TREES["multi-hop"]().expand(),
+    "stages-symmetric-3d": lambda: (
+        _halo_tree((8, 9, 7), (2, 3, 2), Kernel(3, padding=1, boundary="symmetric")).expand().H
+    ),
 }
 
 
@@ -306,6 +326,68 @@ def test_the_sequences_catch_a_tag_off_by_one_and_a_dropped_transfer():
     wrong = list(_mutations(compile_for_rank(op, 1, mapping).schedule))
     assert len(wrong) >= 3
     assert all(_sequences(schedule) != reference for schedule in wrong)
+
+
+def test_the_stage_comparison_catches_a_wrong_part():  # control
+    """Wrong parts of a nested exchange's stages differ from the global projection: the part
+    of another map's rank, and each message, tag or local move mutated."""
+    op = COMPOSED_TREES["stages-multi-hop-periodic"]()
+    mapping = WorkerMap.round_robin(25, 3)
+    reference = _sequences(mapped_global_program(op, 1, mapping).schedule)
+    assert _sequences(compile_for_rank(op, 1, WorkerMap.blocked(25, 3)).schedule) != reference
+    wrong = list(_mutations(compile_for_rank(op, 1, mapping).schedule))
+    assert len(wrong) >= 3
+    assert all(_sequences(schedule) != reference for schedule in wrong)
+
+
+def _unfiltered(monkeypatch):
+    """Let :func:`~linop.program.lower_for_workers` return what the lowerings built, unfiltered."""
+    monkeypatch.setattr(lowering_module, "_involving_workers", lambda steps, workers: list(steps))
+
+
+def test_a_stage_lowers_per_worker_without_building_the_others_steps(monkeypatch):
+    """A mapped rank's lowering of a bare stage builds only its workers' transfers (nothing
+    filtered afterwards), and its largest worker is the stage's."""
+    stage = PER_WORKER_TREES["stage-direct"]().factors[0]
+    assert type(stage).__name__ == "HaloStage" and lowers_per_worker(stage) and lowers_per_worker(stage.H)
+    mapping = WorkerMap.round_robin(WORKERS, 3)
+    workers = frozenset(mapping.workers_on(2))
+    held = [(s, d) for s, d in stage.transfers if s.worker in workers or d.worker in workers]
+    _unfiltered(monkeypatch)
+    for node in (stage, stage.H):
+        steps, largest = lower_for_workers(node, workers, mapping)
+        assert largest == WORKERS - 1
+        assert len(steps) == len(held) < len(stage.transfers)
+
+
+@pytest.mark.parametrize(
+    "case", ["all-reduce-both-axes", "all-reduce-with-others", "broadcast-row", "scatter"]
+)
+@pytest.mark.parametrize("adjoint", [False, True], ids=["forward", "adjoint"])
+def test_a_portable_rank_plans_a_collective_without_its_whole_expansion(case, adjoint, monkeypatch):
+    """Without the mapped fast paths (the torch.distributed executor, the MPI portable program)
+    a mapped rank lowers an all-reduce, broadcast, sum-reduce or scatter from its workers' part
+    of the expansion: the whole expansion (or plan) is never built, and the lowerings build only
+    the workers' steps (a control: the global route builds the expansion)."""
+    op = COLLECTIVE_TREES[case]()
+    op = op.H if adjoint else op
+    mapping = WorkerMap.round_robin(WORKERS, 3)
+    reference = mapped_global_program(op, 1, mapping, mapped_fast_paths=False)
+    monkeypatch.setattr(AllReduce, "expand", _refuse)
+    monkeypatch.setattr(MovementPlan, "expand", _refuse)
+    with pytest.raises(AssertionError, match="the whole expansion"):  # the control
+        mapped_global_program(op, 1, mapping, mapped_fast_paths=False)
+    mine = compile_for_rank(op, 1, mapping, mapped_fast_paths=False)
+    assert _normalized(mine.schedule) == _normalized(reference.schedule)
+    _unfiltered(monkeypatch)
+    workers = frozenset(mapping.workers_on(1))
+    for step in lower_for_workers(op, workers)[0]:
+        ends = (step.worker,) if isinstance(step, Local) else (step.src_worker, step.dst_worker)
+        assert workers.intersection(ends), step
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("the whole expansion was built")
 
 
 def test_sixteen_workers_on_four_ranks_compile_per_rank():
@@ -405,6 +487,10 @@ COLLECTIVE_TREES = {
     "all-gather-axis-0": lambda: AllGather(_uneven(), 0, "g"),
     "all-gather-axis-1": lambda: AllGather(_tensor(), 1, "g"),
     "sum": lambda: 2 * AllReduce(_uneven(shape=(12, 8)), 0) + AllReduce(_uneven(shape=(12, 8)), 1),
+    "all-reduce-with-others": lambda: AllReduce(_uneven(), 0, Space([Block("o", (3,), 6)])),
+    "broadcast-with-others": lambda: Broadcast(
+        _uneven("x", (1, 4), (3, 9)), Partition((4, 4)), "y", others=Space([Block("o", (3,), 6)])
+    ),
 }
 """Collectives and repartitions (adjoints: sum-reduce, gather, reduce-scatter, by parameter)."""
 
@@ -532,3 +618,69 @@ def test_the_collective_comparison_catches_a_wrong_order_a_wrong_map_and_a_wrong
     listed = _normalized(mapped_global_program(reduce, 1, mapping).schedule)
     assert _normalized(compile_for_rank(reduce, 1, WorkerMap.blocked(WORKERS, 3)).schedule) != listed
     assert _normalized(compile_for_rank(reduce, 2, mapping).schedule) != listed
+
+
+# -- an all-gather's part, group by group ---------------------------------------------------------
+GATHER_TREES = {
+    "axis-0-uneven": lambda: AllGather(_uneven(), 0, "g"),
+    "axis-1": lambda: AllGather(_tensor(), 1, "g"),
+    "both-axes-uneven": lambda: AllGather(_uneven(), (0, 1), "g"),
+    "empty-blocks": lambda: AllGather(DistributedTensor("x", (3, 9), Partition((4, 4))), 0, "g"),
+    "3d-two-axes": lambda: AllGather(DistributedTensor("x", (4, 6, 5), Partition((2, 3, 2))), (0, 2), "g"),
+}
+"""All-gathers (adjoints: reduce-scatters) of uneven, empty and 3-D blocks along one or two axes."""
+
+
+def _pieces_route(op, workers):
+    """The steps of ``workers`` from the pieces of their blocks (:meth:`rank_pieces`) put in plan
+    order by their plan key, as :func:`~linop.program.lowering_planned.planned_steps` builds them."""
+    pieces = sorted({p for w in workers for p in op.rank_pieces(w)}, key=plan_key(op))
+    source, target = op.layouts()
+    return pieces, planned_steps(op, held_blocks(target, workers), pieces, held_blocks(source, workers))
+
+
+@pytest.mark.parametrize("adjoint", [False, True], ids=["forward", "adjoint"])
+@pytest.mark.parametrize("case", list(GATHER_TREES))
+def test_an_all_gathers_part_is_the_steps_of_its_pieces_in_plan_order(case, adjoint):
+    """A mapped rank's part of an all-gather or reduce-scatter, built group by group from each
+    member's geometry (read once), is exactly the steps of its workers' pieces in plan order:
+    the same transfers (regions, mode, after) and local copies, in the same order."""
+    op = GATHER_TREES[case]()
+    op = op.H if adjoint else op
+    for name, mapping in _maps(op.domain.max_worker + 1).items():
+        for rank in range(mapping.largest_rank + 2):
+            workers = frozenset(mapping.workers_on(rank))
+            mine, largest = lower_for_workers(op, workers, mapping)
+            pieces, reference = _pieces_route(op, workers)
+            assert mine == reference, (name, rank)
+            for step in mine:  # the workers a run gives its transfers are their regions'
+                if isinstance(step, Transfer):
+                    assert (step.src_worker, step.dst_worker) == (step.source.worker, step.target.worker)
+            assert largest == op.tensor.partition.max_worker
+            if len(pieces) > 2:  # control: the same pieces in another order are caught
+                assert mine != _pieces_route_reordered(op, workers, pieces), (name, rank)
+
+
+def _pieces_route_reordered(op, workers, pieces):
+    source, target = op.layouts()
+    wrong = [pieces[-1], *pieces[:-1]]
+    return planned_steps(op, held_blocks(target, workers), wrong, held_blocks(source, workers))
+
+
+@pytest.mark.parametrize("case", ["stages-nested", "stages-multi-hop-periodic"])
+@pytest.mark.parametrize("adjoint", [False, True], ids=["forward", "adjoint"])
+def test_one_rank_lowers_only_its_own_pairs_of_a_stage(case, adjoint, monkeypatch):
+    """Without a map, one rank's lowering of bare stages (:func:`~linop.program.lower_for`)
+    builds only the pairs it takes part in, and its schedule has the messages and local steps
+    of the global program's projection."""
+    op = COMPOSED_TREES[case]()
+    op = op.H if adjoint else op
+    programs = {rank: compile_for_rank(op, rank).schedule for rank in range(op.domain.max_worker + 1)}
+    reference = compile_program(op)
+    for rank, schedule in programs.items():
+        assert _sequences(schedule) == _sequences(reference.for_rank(rank)), rank
+    monkeypatch.setattr(lowering_module, "_involving", lambda steps, rank: list(steps))
+    steps, _ = lower_for(op, 3)
+    assert steps and all(
+        3 in ((s.worker,) if isinstance(s, Local) else (s.src_worker, s.dst_worker)) for s in steps
+    )

@@ -63,13 +63,14 @@ reason: the first unfinished group in that order has all its members inside it.
 
 from __future__ import annotations
 
-from . import lowering_local, lowering_overlap, lowering_shims  # noqa: F401 - register the generic lowerings
+from . import lowering_local, lowering_overlap, lowering_planned, lowering_shims  # noqa: F401 - register the generic lowerings
 from .batching import batch
 from .compile import Program, RankProgram, compile_for_rank, compile_program, mapped_global_program
 from .fingerprinting import fingerprint
 from .lowering import (
     INTERPRETER,
     Lowering,
+    expansion_part,
     lower,
     lower_for,
     lower_for_workers,
@@ -137,6 +138,7 @@ __all__ = [
     "INTERPRETER",
     "Lowering",
     "lowering",
+    "expansion_part",
     "lower",
     "lower_for",
     "lower_portable",

@@ -37,11 +37,12 @@ __all__ = ["batch"]
 
 
 class _Pending:
-    """Footprints of the steps gathered since the last flush, indexed by block name, so that a
-    new step is checked only against the steps that touch one of its blocks."""
+    """The steps gathered since the last flush, indexed by the names of the blocks their
+    footprints touch, so that a new step is checked only against the steps that touch one of
+    its blocks (a step's footprint is read again only then: a transfer's is not kept)."""
 
     def __init__(self) -> None:
-        self.by_block: dict[str, list[Footprint]] = {}
+        self.by_block: dict[str, list[Transfer | Local]] = {}
         # per block: the hull of the boxes read, written and added to (a necessary condition of
         # a conflict, so that a run of steps on disjoint boxes of one block is checked in O(1)
         # per step instead of against every earlier step)
@@ -49,33 +50,52 @@ class _Pending:
         self.opaque = False
         self.empty = True
 
-    def add(self, footprint: Footprint) -> None:
+    def add(self, footprint: Footprint, step: Transfer | Local) -> None:
+        """Gather ``step``, whose footprint is ``footprint``."""
         self.empty = False
         if footprint.opaque:
             self.opaque = True
             return
-        for name in _block_names(footprint):
-            self.by_block.setdefault(name, []).append(footprint)
+        by_block, all_hulls = self.by_block, self.hulls
+        seen = None
         for kind, boxes in enumerate((footprint.reads, footprint.writes, footprint.adds)):
             for box in boxes:
-                hulls = self.hulls.setdefault(box[0], [None, None, None])
+                name = box[0]
+                if name != seen:  # a step is listed once per block it touches
+                    listed = by_block.setdefault(name, [])
+                    if not listed or listed[-1] is not step:
+                        listed.append(step)
+                    seen = name
+                hulls = all_hulls.get(name)
+                if hulls is None:
+                    hulls = all_hulls[name] = [None, None, None]
                 hulls[kind] = _hull(hulls[kind], box)
 
     def _may_conflict(self, later: Footprint) -> bool:
         """False when no hull of the gathered steps meets ``later`` as a conflict would."""
-        empty = (None, None, None)
+        hulls, overlap = self.hulls, _boxes_overlap
         for box in later.reads:  # after writes or adds
-            read, written, added = self.hulls.get(box[0], empty)
-            if _meets(written, box) or _meets(added, box):
-                return True
+            found = hulls.get(box[0])
+            if found is not None:
+                _, written, added = found
+                if (written is not None and overlap(written, box)) or (
+                    added is not None and overlap(added, box)
+                ):
+                    return True
         for box in later.writes:  # after reads, writes or adds
-            read, written, added = self.hulls.get(box[0], empty)
-            if _meets(read, box) or _meets(written, box) or _meets(added, box):
-                return True
+            found = hulls.get(box[0])
+            if found is not None:
+                for hull in found:
+                    if hull is not None and overlap(hull, box):
+                        return True
         for box in later.adds:  # after reads or writes (adds commute)
-            read, written, added = self.hulls.get(box[0], empty)
-            if _meets(read, box) or _meets(written, box):
-                return True
+            found = hulls.get(box[0])
+            if found is not None:
+                read, written, _ = found
+                if (read is not None and overlap(read, box)) or (
+                    written is not None and overlap(written, box)
+                ):
+                    return True
         return False
 
     def conflicts(self, later: Footprint) -> bool:
@@ -91,7 +111,7 @@ class _Pending:
             for earlier in self.by_block.get(name, ()):
                 if id(earlier) not in seen:
                     seen.add(id(earlier))
-                    if earlier.conflicts(later):
+                    if earlier.footprint.conflicts(later):
                         return True
         return False
 
@@ -106,17 +126,14 @@ def _hull(hull: BlockBox | None, box: BlockBox) -> BlockBox:
     """The smallest box holding ``hull`` and ``box`` (whole-block bounds stay whole)."""
     if hull is None:
         return box
-    if hull[1] is None or hull[2] is None or box[1] is None or box[2] is None:
+    low, high, start, stop = hull[1], hull[2], box[1], box[2]
+    if low is None or high is None:
+        return hull
+    if start is None or stop is None:
         return (box[0], None, None)
-    return (
-        box[0],
-        tuple(min(a, b) for a, b in zip(hull[1], box[1])),
-        tuple(max(a, b) for a, b in zip(hull[2], box[2])),
-    )
-
-
-def _meets(hull: BlockBox | None, box: BlockBox) -> bool:
-    return hull is not None and _boxes_overlap(hull, box)
+    if low == start and high == stop:  # the same box again (a block read by a run of sends)
+        return hull
+    return (box[0], tuple(map(min, low, start)), tuple(map(max, high, stop)))
 
 
 def _block_names(footprint: Footprint) -> set[str]:
@@ -125,6 +142,9 @@ def _block_names(footprint: Footprint) -> set[str]:
 
 def batch(steps: Iterable[Step]) -> list[Step]:
     """Group transfers into phases (see the module docstring); recurse into sum branches."""
+    steps = list(steps)
+    # what in-flight work crosses is tracked only for a program that has some
+    in_flight = any(isinstance(step, Local) and step.in_flight for step in steps)
     out: list[Step] = []
     phase: list[Transfer] = []
     during: list[Local] = []  # in-flight local steps of the open phase
@@ -156,8 +176,9 @@ def batch(steps: Iterable[Step]) -> list[Step]:
                 during.extend(waiting)
                 waiting.clear()
             phase.append(step)
-            pending.add(fp)
-            crossed.add(fp)
+            pending.add(fp, step)
+            if in_flight:
+                crossed.add(fp, step)
         elif isinstance(step, Local) and step.in_flight:
             fp = step.footprint
             # the in-flight steps of a phase run in program order among themselves: one needs
@@ -168,11 +189,12 @@ def batch(steps: Iterable[Step]) -> list[Step]:
                 if phase or deferred:
                     flush()
                 waiting.append(step)
-            pending.add(fp)
+            pending.add(fp, step)
         elif isinstance(step, Local) and phase:
             deferred.append(step)
-            pending.add(step.footprint)
-            crossed.add(step.footprint)
+            pending.add(step.footprint, step)
+            if in_flight:
+                crossed.add(step.footprint, step)
         else:
             flush()
             if isinstance(step, Branches):

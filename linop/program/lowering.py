@@ -12,13 +12,15 @@ fast paths of an executor registered with :func:`lowering`.
 that know the rank, :func:`lowering_rank`, build only that part); :func:`lower_portable` the
 program without fast-path steps (for a worker-to-rank map, where the fast paths' worker == rank
 layout does not hold); :func:`lower_for_workers` the portable program's part of a set of workers
-(a mapped rank's: lowerings that know the set, :func:`lowering_workers`, build only its part).
+(a mapped rank's: lowerings that know the set, :func:`lowering_workers`, build only its part;
+where a node runs its expansion, the part of it registered with :func:`expansion_part`).
 """
 
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Callable, Iterable
+import itertools
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final
 
 from .. import dispatch
@@ -52,6 +54,7 @@ __all__ = [
     "lowering_rank",
     "lowering_workers",
     "lowering_mapping",
+    "expansion_part",
     "note_workers",
     "movement_footprint",
     "workers_named",
@@ -74,13 +77,23 @@ def lowering(node_type: type) -> Callable[[Lowering], Lowering]:
 
     def register(function: Lowering) -> Lowering:
         def lower_node(node: Any, steps: list[Step]) -> Any:
-            lowered = function(node)
+            mapped = _MAPPING.get() is not None  # the fast paths that run under a map wanted
+            lowered = None if mapped else _expansion_part(node)
             if lowered is None:
-                return dispatch.DECLINE
-            if _PORTABLE.get() and any(
-                type(step) is FastPathStep and not hasattr(step.runner, "project_mapped") for step in lowered
-            ):
-                return dispatch.DECLINE  # a worker map: the expansion's point-to-point steps
+                lowered = function(node)
+                if (
+                    lowered is not None
+                    and _PORTABLE.get()
+                    and any(
+                        type(step) is FastPathStep and not hasattr(step.runner, "project_mapped")
+                        for step in lowered
+                    )
+                ):
+                    lowered = None  # a worker map: the expansion's point-to-point steps
+                if lowered is None and mapped:  # the expansion: a mapped rank's part of it
+                    lowered = _expansion_part(node)
+                if lowered is None:
+                    return dispatch.DECLINE
             steps.extend(lowered)
             return None
 
@@ -90,6 +103,54 @@ def lowering(node_type: type) -> Callable[[Lowering], Lowering]:
         return function
 
     return register
+
+
+ExpansionPart = Callable[[Any, "frozenset[int]"], "list[Step] | None"]
+"""The part of a node's expansion that a set of workers takes part in (see :func:`expansion_part`)."""
+
+_EXPANSION_PARTS: dict[type, ExpansionPart] = {}
+
+
+def expansion_part(node_type: type) -> Callable[[ExpansionPart], ExpansionPart]:
+    """Register, for ``node_type`` and its subclasses, the steps of a node's expansion that a
+    set of workers takes part in: ``part(node, workers)`` gives them in program order (the
+    steps :func:`lower` of ``node.expand()`` gives, filtered to those ``workers`` take part in,
+    the largest worker of the rest noted with :func:`note_workers`), or None when it cannot tell.
+
+    Inside :func:`lower_for_workers` (a mapped rank's portable lowering) the node would run its
+    expansion where its own lowerings decline or give a fast-path step that cannot run under
+    a map, lowered whole on every rank (O(the node)); its part is used instead (O(the workers'
+    own work)). Without the fast paths that run under a map (no ``mapping`` given to
+    :func:`lower_for_workers`: the torch.distributed executor, the MPI portable program) the
+    part is used first, before any executor's lowering runs (which may plan the whole node
+    before it declines): registering a part declares that the node type's lowerings give, in
+    a portable program, only fast-path steps that cannot run under a map or the expansion's
+    own steps, so that both routes give the same program. With a ``mapping``, the lowerings
+    run first (a mapped fast path wins) and the part replaces the expansion where they decline.
+    The part is consulted by the node's lowering registered with :func:`lowering` (an
+    executor's; the node type must also be declared with :func:`per_worker` for a tree holding
+    it to take the per-worker route): the broadcast's, sum-reduce's, all-reduce's and other
+    plans' (:mod:`linop.program.lowering_planned`).
+    """
+
+    def register(part: ExpansionPart) -> ExpansionPart:
+        _EXPANSION_PARTS[node_type] = part
+        return part
+
+    return register
+
+
+def _expansion_part(node: Any) -> list[Step] | None:
+    """The registered part of ``node``'s expansion of the workers of :func:`lowering_workers`,
+    or None (no workers set, no part registered, or the part cannot tell)."""
+    workers = _WORKERS.get()
+    if workers is None:
+        return None
+    for cls in type(node).__mro__:
+        part = _EXPANSION_PARTS.get(cls)
+        if part is not None:
+            return part(node, workers)
+    return None
 
 
 def _steps(
@@ -199,7 +260,7 @@ def lower_for(op: LinearOperator, rank: int) -> tuple[list[Step], int]:
     finally:
         _RANK.reset(rank_token)
         _OMITTED.reset(omitted_token)
-    largest = max((*omitted, *workers_named(steps)), default=0)
+    largest = max(itertools.chain(omitted, _named(steps)), default=0)
     return _involving(steps, rank), largest
 
 
@@ -294,7 +355,7 @@ def lower_for_workers(
         _RANK.reset(tokens[2])
         _MAPPING.reset(tokens[1])
         _PORTABLE.reset(tokens[0])
-    largest = max((*omitted, *workers_named(steps)), default=0)
+    largest = max(itertools.chain(omitted, _named(steps)), default=0)
     return _involving_workers(steps, frozenset(workers)), largest
 
 
@@ -318,21 +379,25 @@ def _involving_workers(steps: Iterable[Step], workers: frozenset[int]) -> list[S
 
 def workers_named(steps: Iterable[Step]) -> list[int]:
     """Every worker that a step of the program names (a space: its largest worker)."""
-    found: list[int] = []
+    return list(_named(steps))
+
+
+def _named(steps: Iterable[Step]) -> Iterator[int]:
+    """The workers of :func:`workers_named`, one by one (their largest found without a list)."""
     for step in steps:
-        if isinstance(step, Local):
-            found.append(step.worker)
-        elif isinstance(step, Transfer):
-            found.extend((step.src_worker, step.dst_worker))
+        if isinstance(step, Transfer):
+            yield step.src_worker
+            yield step.dst_worker
+        elif isinstance(step, Local):
+            yield step.worker
         elif isinstance(step, ZeroState):
-            found.append(step.space.max_worker)
+            yield step.space.max_worker
         elif isinstance(step, Branches):
-            found.append(step.space.max_worker)
+            yield step.space.max_worker
             for term in step.terms:
-                found.extend(workers_named(term))
+                yield from _named(term)
         elif isinstance(step, FastPathStep):
-            found.extend(step.runner.workers)
-    return found
+            yield from step.runner.workers
 
 
 def _involving(steps: Iterable[Step], rank: int) -> list[Step]:

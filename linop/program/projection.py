@@ -92,7 +92,7 @@ def _project(
     steps: Iterable[Step], rank: int, mapping: WorkerMap | None, counts: dict[tuple[int, int], int]
 ) -> tuple[ScheduleStep, ...]:
     out: list[ScheduleStep] = []
-    rank_of = None if mapping is None else mapping.rank_of
+    rank_of = None if mapping is None else _remembered(mapping.rank_of)
     for step in steps:
         if isinstance(step, Local):
             if (step.worker if rank_of is None else rank_of(step.worker)) == rank:
@@ -146,6 +146,19 @@ def _project(
         else:  # pragma: no cover - lowering emits nothing else
             raise TypeError(f"unknown step {step!r}")
     return tuple(out)
+
+
+def _remembered(rank_of: Any) -> Any:
+    """``rank_of``, each worker's rank asked once (a run of messages names one worker often)."""
+    ranks: dict[int, int] = {}
+
+    def remembered(worker: int) -> int:
+        rank = ranks.get(worker)
+        if rank is None:
+            rank = ranks[worker] = rank_of(worker)
+        return rank
+
+    return remembered
 
 
 def _during(phase: Phase, rank: int, rank_of: Any) -> tuple[Any, ...]:

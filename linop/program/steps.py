@@ -15,6 +15,7 @@ A :class:`Footprint` says what a step reads and writes, which is all batching ne
 
 from __future__ import annotations
 
+import operator
 from abc import ABC
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -67,7 +68,10 @@ def boxes_overlap(a: BlockBox, b: BlockBox) -> bool:
         return False
     if a[1] is None or b[1] is None or a[2] is None or b[2] is None:
         return True
-    return all(max(a0, b0) < min(a1, b1) for a0, a1, b0, b1 in zip(a[1], a[2], b[1], b[2]))
+    for a0, a1, b0, b1 in zip(a[1], a[2], b[1], b[2]):  # a loop: batching asks once per transfer
+        if (a0 if a0 > b0 else b0) >= (a1 if a1 < b1 else b1):
+            return False
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +128,10 @@ class Transfer:
     ``mode``: ``"add"`` (target += data), ``"store"`` (target = data) or ``"new"`` (target is a
     new block). ``after``: ``"keep"``, ``"clear"`` or ``"drop"`` the source afterwards.
     ``round``: the transfer's depth in the data dependencies of the node that emits it, the
-    same at both ends (0 by default; see :mod:`linop.program.batching`).
+    same at both ends (0 by default; see :mod:`linop.program.batching`). ``ends``: the workers
+    of ``source`` and ``target``, given by a lowering that knows them (a run of pieces), else
+    read from the regions' spaces on first use (lowering, batching and projection each ask);
+    not part of the transfer's equality.
     """
 
     source: Region
@@ -132,14 +139,23 @@ class Transfer:
     mode: str
     after: str
     round: int = 0
+    ends: tuple[int, int] | None = field(default=None, repr=False, compare=False)
 
     @property
     def src_worker(self) -> int:
-        return self.source.worker
+        ends = self.ends
+        if ends is None:
+            ends = (self.source.worker, self.target.worker)
+            object.__setattr__(self, "ends", ends)
+        return ends[0]
 
     @property
     def dst_worker(self) -> int:
-        return self.target.worker
+        ends = self.ends
+        if ends is None:
+            ends = (self.source.worker, self.target.worker)
+            object.__setattr__(self, "ends", ends)
+        return ends[1]
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -245,11 +261,20 @@ class RankPhase:
     def __post_init__(self) -> None:
         indices: dict[int, tuple[Any, ...]] = {}
         empty: set[int] = set()
+        boxes: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[Any, ...]] = {}  # one index per box
         for _, _, t in (*self.receives, *self.sends):
             for region in (t.source, t.target):
-                if isinstance(region, Region):
-                    indices[id(region)] = (*region.index, Ellipsis)
-            if t.source.size == 0:
+                if isinstance(region, Region) and id(region) not in indices:
+                    if region.dropped:
+                        indices[id(region)] = (*region.index, Ellipsis)
+                        continue
+                    corners = (region.start, region.stop)
+                    index = boxes.get(corners)
+                    if index is None:  # the same box of many blocks (a run of pieces): one index
+                        index = boxes[corners] = (*map(slice, region.start, region.stop), Ellipsis)
+                    indices[id(region)] = index
+            source = t.source  # dropped dimensions have extent 1: the product of the extents
+            if 0 in map(operator.sub, source.stop, source.start):
                 empty.add(id(t))
         object.__setattr__(self, "_indices", indices)
         object.__setattr__(self, "_empty", frozenset(empty))

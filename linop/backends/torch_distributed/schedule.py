@@ -17,11 +17,17 @@ Both come from the distributed program of :mod:`linop.program`:
   rank sets, which every rank then creates in one order (``new_group`` is collective over the
   world group);
 - **portable** otherwise (halo exchanges, reduce-scatters of uneven shares, any tree; any
-  worker-to-rank map):
-  the program lowered without fast paths (:func:`~linop.program.lower_portable`) and projected
-  onto the rank by :mod:`linop.backends.mpi.mapping`: local steps, point-to-point phases (one
-  ``batch_isend_irecv`` each) and local moves between two workers of one rank. It is exact for
-  every tree.
+  worker-to-rank map): the program without fast paths
+  (:func:`~linop.program.lower_portable`), the rank's part of it: local steps, point-to-point
+  phases (one ``batch_isend_irecv`` each) and local moves between two workers of one rank. It
+  is exact for every tree. The rank plans it as the MPI plans do under a map
+  (:func:`~linop.backends.mpi.mapping.compiled_for`, without the MPI's mapped fast paths):
+  a tree whose nodes lower per worker (:func:`~linop.program.lowers_per_worker`: halo
+  exchanges, collectives, repartitions, local operators) from its own workers' part only
+  (:func:`~linop.program.compile_for_rank`, O(its own work); a broadcast's, sum-reduce's or
+  all-reduce's expansion included, :mod:`linop.program.lowering_planned`), equal to the
+  projection of the global portable program, which other trees are projected from. Without a
+  map the group's identity map (:func:`identity_map`, described, O(1)) is used.
 
 The choice depends only on the tree, the group and (for gloo's and NCCL's reductions) the
 agreed run dtype, and is agreed by every rank, so every rank makes it alike.
@@ -40,6 +46,7 @@ from ..mpi import native as mpi_native  # noqa: F401 - registers the fast paths'
 from ..mpi.mapping import compiled_for
 
 __all__ = [
+    "identity_map",
     "AllReduceStep",
     "AllToAllStep",
     "BroadcastStep",
@@ -203,11 +210,15 @@ def _translate(schedule: tuple[Any, ...], found: list[tuple[int, ...]]) -> tuple
     return tuple(out)
 
 
-def native_program(op: LinearOperator, rank: int) -> tuple[RankProgram, tuple[tuple[int, ...], ...]] | None:
-    """``rank``'s native program (compiled for this rank alone) and the rank sets of its own
-    collectives' groups, or None when its part has a fast path without a native torch
+def native_program(
+    op: LinearOperator, rank: int, program: RankProgram | None = None
+) -> tuple[RankProgram, tuple[tuple[int, ...], ...]] | None:
+    """``rank``'s native program (compiled for this rank alone; ``program``: already compiled,
+    :func:`~linop.program.compile_for_rank` of ``op`` and ``rank``) and the rank sets of its
+    own collectives' groups, or None when its part has a fast path without a native torch
     collective. Only every rank's agreement (:func:`agree_native`) makes it run."""
-    program = compile_for_rank(op, rank)
+    if program is None:
+        program = compile_for_rank(op, rank)
     found: list[tuple[int, ...]] = []
     schedule = _translate(program.schedule, found)
     if schedule is None:
@@ -242,11 +253,24 @@ def agree_native(
     return tuple(sorted({ranks for mine in every for ranks in mine}))
 
 
+def identity_map(size: int) -> WorkerMap:
+    """Worker ``w`` on rank ``w`` of a group of ``size`` ranks, described by its rule (O(1)
+    whatever ``size``; equal to the table ``WorkerMap(range(size))``)."""
+    return WorkerMap.blocked(size, size)
+
+
 def portable_program(
     op: LinearOperator, mapping: WorkerMap, rank: int, size: int
 ) -> tuple[RankProgram | None, LinopError | None]:
     """``rank``'s portable program under ``mapping`` on ``size`` ranks, or the error to raise
-    on every rank (a worker unmapped or beyond the group)."""
+    on every rank (a worker unmapped or beyond the group).
+
+    Planned per rank as the MPI plans are under a map
+    (:meth:`~linop.backends.mpi.mapping.MappedCompiled.for_rank`, kept once per process per
+    tree and map), without the MPI's mapped fast paths: a tree whose nodes lower per worker from
+    the rank's workers' part only (O(its own work)), other trees projected from the global
+    portable program. Either way the schedule equals the projection of the global portable
+    program (:func:`~linop.program.mapped_global_program` with ``mapped_fast_paths=False``)."""
     return compiled_for(op, mapping, native=False).for_rank(rank, size)
 
 
@@ -271,15 +295,13 @@ class Compiled:
         self._portable: RankProgram | None = None
         self.max_worker = max(op.domain.max_worker, op.range.max_worker)
         try:
-            found = native_program(op, rank)
+            program = compile_for_rank(op, rank)  # the rank's own part: O(its own work)
+            self.max_worker = max(self.max_worker, program.max_worker)
+            found = native_program(op, rank, program)
             if found is not None:
                 self.native, self.local_sets = found
-                self.max_worker = max(self.max_worker, self.native.max_worker)
-            else:
-                mapped = compiled_for(op, WorkerMap(list(range(size))), native=False)
-                if mapped.error is not None:
-                    raise mapped.error
-                self.max_worker = max([self.max_worker, *mapped.workers])
+            elif self.max_worker < size:  # else the plan reports the group too small
+                self.portable()  # planned now, so that a compile error is the check's
         except Exception as error:  # raised collectively by the entry check
             self.native = None
             self.problem = (
@@ -293,9 +315,7 @@ class Compiled:
     def portable(self) -> RankProgram:
         """The portable program (worker ``w`` on rank ``w``; the group covers the workers)."""
         if self._portable is None:
-            program, problem = portable_program(
-                self.op, WorkerMap(list(range(self.size))), self.rank, self.size
-            )
+            program, problem = portable_program(self.op, identity_map(self.size), self.rank, self.size)
             if problem is not None:
                 raise problem
             assert program is not None

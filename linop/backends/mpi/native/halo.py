@@ -21,16 +21,29 @@ from ....program import (
 from ....space import Region
 
 
-@lowering(HaloStage)
+@lowering(per_worker(HaloStage))
 def _halo_stage(op: HaloStage) -> list[Step]:
     """x_dst = x_src for every pair: remote pairs are messages, local pairs copies."""
-    return _stage_steps(op.transfers, adjoint=False)
+    return _stage_steps(_stage_part(op), adjoint=False)
 
 
-@lowering(HaloStageAdjoint)
+@lowering(per_worker(HaloStageAdjoint))
 def _halo_stage_adjoint(op: HaloStageAdjoint) -> list[Step]:
     """x_src += x_dst, x_dst = 0 for every pair (sent back where the pair spans two workers)."""
-    return _stage_steps(op.transfers, adjoint=True)
+    return _stage_steps(_stage_part(op), adjoint=True)
+
+
+def _stage_part(op: HaloStage | HaloStageAdjoint) -> tuple[tuple[Region, Region], ...]:
+    """The stage's pairs; for one rank or a mapped rank's workers, those they take part in, in
+    the stage's order (the pairs are listed: a scan of their workers, no step built for the
+    others')."""
+    rank, workers = lowering_rank(), lowering_workers()
+    if rank is not None:
+        workers = frozenset((rank,))
+    if workers is None:
+        return op.transfers
+    note_workers(op.space.max_worker)
+    return tuple(pair for pair in op.transfers if pair[0].worker in workers or pair[1].worker in workers)
 
 
 @lowering(per_worker(HaloExchange))
