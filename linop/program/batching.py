@@ -36,6 +36,12 @@ from .steps import boxes_overlap as _boxes_overlap
 __all__ = ["batch"]
 
 
+_CONFLICTING_HULLS = ((1, 2), (0, 1, 2), (0, 1))
+"""Per kind of a later step's boxes (reads, writes, adds), the hulls (0 reads, 1 writes, 2 adds)
+of the gathered steps it conflicts with: a read comes after writes and adds, a write after
+anything, an add after reads and writes (adds commute)."""
+
+
 class _Pending:
     """The steps gathered since the last flush, indexed by the names of the blocks their
     footprints touch, so that a new step is checked only against the steps that touch one of
@@ -74,28 +80,14 @@ class _Pending:
     def _may_conflict(self, later: Footprint) -> bool:
         """False when no hull of the gathered steps meets ``later`` as a conflict would."""
         hulls, overlap = self.hulls, _boxes_overlap
-        for box in later.reads:  # after writes or adds
-            found = hulls.get(box[0])
-            if found is not None:
-                _, written, added = found
-                if (written is not None and overlap(written, box)) or (
-                    added is not None and overlap(added, box)
-                ):
-                    return True
-        for box in later.writes:  # after reads, writes or adds
-            found = hulls.get(box[0])
-            if found is not None:
-                for hull in found:
-                    if hull is not None and overlap(hull, box):
-                        return True
-        for box in later.adds:  # after reads or writes (adds commute)
-            found = hulls.get(box[0])
-            if found is not None:
-                read, written, _ = found
-                if (read is not None and overlap(read, box)) or (
-                    written is not None and overlap(written, box)
-                ):
-                    return True
+        for boxes, kinds in zip((later.reads, later.writes, later.adds), _CONFLICTING_HULLS):
+            for box in boxes:
+                found = hulls.get(box[0])
+                if found is not None:
+                    for kind in kinds:
+                        hull = found[kind]
+                        if hull is not None and overlap(hull, box):
+                            return True
         return False
 
     def conflicts(self, later: Footprint) -> bool:
