@@ -217,6 +217,66 @@ def test_bound_mapped_halo_is_persistent_and_exact(map_name, adjoint):
     bound.free()
 
 
+def _bundled_halo_run(op, mapping: WorkerMap, state) -> tuple[dict[str, np.ndarray], int]:
+    """``op`` bound under ``mapping`` on this rank's part of ``state``: its first call's
+    result and how many bundles (of two messages or more) its phases move."""
+    bound = mpi_backend.plan_for(op, comm=COMM, mapping=mapping).bind(local_part(op.domain, state, mapping))
+    try:
+        collective_assert(bound.persistent, f"{op}: not persistent")
+        return {n: a.copy() for n, a in bound().items()}, len(bound._run.bundles)
+    finally:
+        bound.free()
+
+
+@pytest.mark.parametrize("map_name", ["blocked", "round-robin"])
+@pytest.mark.parametrize("adjoint", [False, True], ids=["forward", "adjoint"])
+def test_bound_mapped_halo_bundles_messages_per_peer(map_name, adjoint):
+    """Bound under a map, a rank sends its workers' strips to one peer rank in a phase as one
+    message (a bundle: a struct datatype over the strips, whichever way each is named):
+    exactly the tree's expansion (integer values in float64). The control: the same plan with
+    one rank's bundles built from its strips in reverse order (a swapped piece, agreed by the
+    tags all the same) differs from it."""
+    from linop.backends.mpi import compiled
+
+    mapping = MAPS[map_name]
+    op = _halo().H if adjoint else _halo()
+    state = {n: a.astype(np.float64) for n, a in op.domain.random(17, dtype=np.int64).items()}
+    expected = op.expand()(state)
+    names = mine(op.range, mapping)
+    result, found = _bundled_halo_run(op, mapping, state)
+    collective_assert(same_blocks(result, expected, names, exact=True) is None, f"{op}: not exact")
+    bundled = COMM.allreduce(found)
+    collective_assert(bundled > 0 or SIZE == 1, f"{op} under {map_name}: no bundle on any rank")
+    if SIZE == 1:
+        return
+    honest = compiled.bundle_type
+
+    def swapped(specs):
+        return honest(specs[::-1] if RANK == 0 else specs)
+
+    compiled.bundle_type = swapped
+    try:
+        wrong, _ = _bundled_halo_run(op, mapping, state)
+    finally:
+        compiled.bundle_type = honest
+    caught = COMM.allreduce(same_blocks(wrong, expected, names, exact=True) is not None, op=MPI.LOR)
+    collective_assert(caught, f"{op}: the swapped bundle went unnoticed")
+
+
+def test_bundles_agree_only_when_both_ends_list_them():
+    """Bundles are used only when each bundle one end sends is one the other end receives,
+    with the same tags: one rank claiming a bundle its peer does not list turns them off on
+    every rank."""
+    from linop.backends.mpi.compiled import bundles_agree
+
+    right, left = (RANK + 1) % SIZE, (RANK - 1) % SIZE
+    both = [(right, True, (0, 1)), (left, False, (0, 1))]
+    collective_assert(bundles_agree(COMM, both), "matching bundles refused")
+    collective_assert(bundles_agree(COMM, []), "no bundles refused")
+    one_sided = both if RANK != 0 else [both[0], (left, False, (0, 2))]
+    collective_assert(not bundles_agree(COMM, one_sided), "mismatched tags agreed")
+
+
 @pytest.mark.parametrize("map_name", list(MAPS))
 @pytest.mark.parametrize("axes", [(0,), (0, 1)], ids=["axis-0", "axes-0-1"])
 def test_mapped_all_reduce_is_native_and_exact(map_name, axes):

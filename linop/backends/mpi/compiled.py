@@ -9,7 +9,10 @@ arrays and their views:
 - a phase (:class:`~linop.program.RankPhase`): persistent requests (``Recv_init`` /
   ``Send_init``) made once on the blocks' memory (subarray datatypes for strided boxes, thin
   strips packed into buffers owned here), then one ``Startall`` and one ``Waitall`` per call,
-  then the unpacks, adds and clears (``np.copyto``, ``np.add(..., out=)``, ``ndarray.fill``);
+  then the unpacks, adds and clears (``np.copyto``, ``np.add(..., out=)``, ``ndarray.fill``).
+  With bundles (the ranks agreed on them, :func:`bundles_agree`), the messages of a phase to
+  (from) one peer are one request on a struct datatype over their boxes and buffers at their
+  absolute addresses (:func:`~linop.backends.mpi.phase_recipe.bundles`);
 - the movement primitives (``Allocate``, ``Deallocate``, ``Copy``, ``CopyAdjoint``, ``Move``,
   ``Add``, ``Clear``), :class:`~linop.program.Scale` and :class:`~linop.program.RankZero`:
   numpy calls on prebuilt views, with the numpy interpreter's semantics
@@ -47,14 +50,14 @@ from ...movement import Copy, CopyAdjoint, Move
 from ...primitives import Add, Allocate, Clear, Deallocate
 from ...program import LocalMoves, RankPhase, RankZero, Scale
 from ...space import Block, Region
-from .datatypes import mpi, raw_spec
-from .phase_recipe import BUFFER, direct_spec, phase_recipe
+from .datatypes import BufferSpec, bundle_type, mpi, raw_spec
+from .phase_recipe import BUFFER, Message, bundles, direct_spec, phase_recipe
 from .steps import RankStep
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
     from mpi4py.MPI import Intracomm
 
-__all__ = ["PreparedCall", "CompiledRun", "compile_schedule", "run_calls"]
+__all__ = ["PreparedCall", "CompiledRun", "compile_schedule", "bundles_agree", "run_calls"]
 
 PreparedCall = tuple[Callable[..., object], tuple[Any, ...]]
 """One prepared call of a compiled run: a function and its (fixed) arguments."""
@@ -77,18 +80,30 @@ class CompiledRun:
         The persistent requests the calls start (freed by :meth:`free`).
     scratch : list of ndarray
         Arrays a fast path's collectives write into that are no result (kept alive here).
+    bundles : list
+        The bundles of two messages or more the phases send or receive (compiled with bundles;
+        a dry run lists those it would make) as ``(peer, sending, tags)``, for
+        :func:`bundles_agree`.
+    datatypes : list
+        The bundles' struct datatypes (freed by :meth:`free`).
     """
 
     calls: list[PreparedCall] = field(default_factory=list)
     outputs: dict[str, np.ndarray] = field(default_factory=dict)
     requests: list[Any] = field(default_factory=list)
     scratch: list[np.ndarray] = field(default_factory=list)
+    bundles: list[tuple[int, bool, tuple[int, ...]]] = field(default_factory=list)
+    datatypes: list[Any] = field(default_factory=list)
 
     def free(self) -> None:
-        """Release the persistent requests; the calls and their buffers are dropped."""
+        """Release the persistent requests and the bundles' datatypes; the calls and their
+        buffers are dropped."""
         for request in self.requests:
             request.Free()
+        for datatype in self.datatypes:
+            datatype.Free()
         self.requests = []
+        self.datatypes = []
         self.calls = []
         self.scratch = []
 
@@ -120,8 +135,11 @@ class _Compiler:
         inplace: bool,
         dry: bool,
         donate: bool = False,
+        bundle: bool = False,
     ):
         self.arrays = dict(arrays)
+        self.bundle = bundle
+        """Whether a phase's messages to (from) one peer move as one bundle."""
         self.owned: set[str] = set(arrays) if inplace else set()
         if donate:  # the plan's to write (a read-only array stays the caller's: copied first)
             self.owned = {name for name, array in arrays.items() if array.flags.writeable}
@@ -269,31 +287,31 @@ class _Compiler:
 
     def phase(self, phase: RankPhase) -> None:
         """The phase's recipe (:func:`~linop.backends.mpi.phase_recipe.phase_recipe`),
-        prepared: persistent requests made once, packs before each start, then the unpacks,
-        adds and clears."""
-        comm, dry, calls = self.comm, self.dry, self.calls
+        prepared: persistent requests made once (one per bundle when the ranks agreed on them,
+        :func:`bundles_agree`), packs before each start, then the unpacks, adds and clears."""
+        calls = self.calls
         recipe = phase_recipe(phase, self.dtype, target=self.writable, source=self.arrays.__getitem__)
-        requests: list[Any] = []
+        receives: list[BufferSpec | None] = []  # per message (None: a new block of size 0)
         finish: list[PreparedCall] = []
         created: list[tuple[str, np.ndarray]] = []
         for message in recipe.receives:
             t = message.transfer
             if message.route != BUFFER:
-                spec = direct_spec(self.arrays[message.name], message)
+                spec: BufferSpec | None = direct_spec(self.arrays[message.name], message)
             else:
                 buffer = self.buffer(t.shape)
                 spec = raw_spec(buffer)
                 if t.mode == "new":
                     created.append((message.name, buffer))
                     if not buffer.size:
-                        continue
+                        spec = None
                 else:
                     view = self.arrays[message.name][message.box]
                     finish.append(
                         (np.add, (view, buffer, view)) if t.mode == "add" else (np.copyto, (view, buffer))
                     )
-            if not dry:
-                requests.append(comm.Recv_init(spec, message.peer, message.tag))
+            receives.append(spec)
+        sends: list[BufferSpec | None] = []
         for message in recipe.sends:
             array = self.arrays[message.name]
             if message.route != BUFFER:
@@ -302,8 +320,9 @@ class _Compiler:
                 buffer = self.buffer(message.transfer.shape)
                 calls.append((np.copyto, (buffer, array[message.box])))
                 spec = raw_spec(buffer)
-            if not dry:
-                requests.append(comm.Send_init(spec, message.peer, message.tag))
+            sends.append(spec)
+        requests = self._requests(recipe.receives, receives, sending=False)
+        requests += self._requests(recipe.sends, sends, sending=True)
         if requests:
             self.run.requests.extend(requests)
             calls.append((self._startall, (requests,)))
@@ -315,6 +334,33 @@ class _Compiler:
             calls.append((self.writable(name)[index].fill, (0,)))
         for name in recipe.drops:
             self.drop(name)
+
+    def _requests(
+        self, messages: tuple[Message, ...], specs: list[BufferSpec | None], *, sending: bool
+    ) -> list[Any]:
+        """The persistent requests of one direction of a phase: a message each, or, with
+        :attr:`bundle`, one per bundle (:func:`~linop.backends.mpi.phase_recipe.bundles`: its
+        messages' specs as one struct datatype at absolute addresses, under the smallest tag);
+        the bundles of two messages or more are noted in :attr:`CompiledRun.bundles`."""
+        init = self.comm.Send_init if sending else self.comm.Recv_init
+        groups = bundles(messages) if self.bundle else [[p] for p in range(len(messages))]
+        requests: list[Any] = []
+        for group in groups:
+            parts = [specs[p] for p in group if specs[p] is not None]
+            if not parts:
+                continue
+            first = messages[group[0]]
+            if len(parts) > 1:
+                self.run.bundles.append((first.peer, sending, tuple(messages[p].tag for p in group)))
+            if self.dry:
+                continue
+            if len(parts) == 1:
+                requests.append(init(parts[0], first.peer, first.tag))
+                continue
+            datatype = bundle_type(cast(list[BufferSpec], parts))
+            self.run.datatypes.append(datatype)
+            requests.append(init([mpi().BOTTOM, 1, datatype], first.peer, first.tag))
+        return requests
 
     def local_moves(self, step: LocalMoves) -> None:
         """:func:`~linop.backends.mpi.mapping.run_local_moves` (a worker map's moves between
@@ -438,16 +484,19 @@ def compile_schedule(
     range_names: Sequence[str],
     dry: bool = False,
     donate: bool = False,
+    bundle: bool = False,
 ) -> CompiledRun | None:
     """Compile a rank's schedule for the fixed ``arrays`` (this rank's domain blocks, every one
     of the run's dtype), or None when it holds a step not compiled here (see the module
     docstring). ``dry``: only decide, create no MPI request (collective initializations are
     made by every member or none: the ranks agree on the dry outcome first). ``donate``: out of
     place, the arrays are the plan's to write (no copy before a block's first change; a result
-    may be one of them), see :meth:`~linop.backends.mpi.plan.DistributedPlan.bind`."""
+    may be one of them), see :meth:`~linop.backends.mpi.plan.DistributedPlan.bind`.
+    ``bundle``: a phase's messages to (from) one peer move as one (:func:`bundles_agree` first:
+    every peer must bundle alike)."""
     if not all(array.dtype == dtype for array in arrays.values()):
         return None
-    compiler = _Compiler(arrays, comm, dtype, inplace=inplace, dry=dry, donate=donate)
+    compiler = _Compiler(arrays, comm, dtype, inplace=inplace, dry=dry, donate=donate, bundle=bundle)
     try:
         for step in schedule:
             compiler.step(step)
@@ -456,7 +505,24 @@ def compile_schedule(
         else:
             compiler.run.outputs = compiler.outputs(range_names)
     except _DeclinedError:
-        for request in compiler.run.requests:  # made before the declined step (point-to-point only)
-            request.Free()
+        compiler.run.free()  # the requests made before the declined step (point-to-point only)
         return None
     return compiler.run
+
+
+def bundles_agree(comm: Intracomm, found: Sequence[tuple[int, bool, tuple[int, ...]]]) -> bool:
+    """Whether every rank's bundles (:attr:`CompiledRun.bundles` of a dry run with bundles)
+    are its peers' too: each bundle this rank sends (receives) is one its peer receives
+    (sends), of the same tags; collective (an ``alltoall`` of the lists, then one
+    ``Allreduce``). The ends derive their bundles from their own phases, which may group
+    the transfers between them otherwise (:mod:`linop.program`: a rank's own batching may
+    merge phases); where they do not agree, no rank bundles."""
+    told: list[list[tuple[bool, tuple[int, ...]]]] = [[] for _ in range(comm.size)]
+    for peer, sending, tags in found:
+        told[peer].append((sending, tags))
+    heard = comm.alltoall(told)  # each peer's bundles with this rank
+    agreed = all(
+        sorted((not sending, tags) for sending, tags in theirs) == sorted(mine)
+        for mine, theirs in zip(told, heard)
+    )
+    return bool(comm.allreduce(agreed, op=mpi().LAND))
