@@ -228,7 +228,7 @@ def _bundled_halo_run(op, mapping: WorkerMap, state) -> tuple[dict[str, np.ndarr
         bound.free()
 
 
-@pytest.mark.parametrize("map_name", ["blocked", "round-robin"])
+@pytest.mark.parametrize("map_name", ["blocked", "round-robin", "squares"])
 @pytest.mark.parametrize("adjoint", [False, True], ids=["forward", "adjoint"])
 def test_bound_mapped_halo_bundles_messages_per_peer(map_name, adjoint):
     """Bound under a map, a rank sends its workers' strips to one peer rank in a phase as one
@@ -238,7 +238,7 @@ def test_bound_mapped_halo_bundles_messages_per_peer(map_name, adjoint):
     tags all the same) differs from it."""
     from linop.backends.mpi import compiled
 
-    mapping = MAPS[map_name]
+    mapping = _squares() if map_name == "squares" else MAPS[map_name]
     op = _halo().H if adjoint else _halo()
     state = {n: a.astype(np.float64) for n, a in op.domain.random(17, dtype=np.int64).items()}
     expected = op.expand()(state)
@@ -261,6 +261,64 @@ def test_bound_mapped_halo_bundles_messages_per_peer(map_name, adjoint):
         compiled.bundle_type = honest
     caught = COMM.allreduce(same_blocks(wrong, expected, names, exact=True) is not None, op=MPI.LOR)
     collective_assert(caught, f"{op}: the swapped bundle went unnoticed")
+
+
+def _squares() -> WorkerMap:
+    """Worker (i, j) of the 4 x 4 grid on rank ((i // 2) * 2 + j // 2) mod the size: at 4
+    ranks a 2 x 2 square each, so each stage has messages and local copies on every rank."""
+    return WorkerMap([((w // 8) * 2 + (w % 4) // 2) % SIZE for w in range(WORKERS)])
+
+
+def _phases_then_moves(schedule) -> list[tuple[RankPhase, LocalMoves]]:
+    return [
+        (step, following)
+        for step, following in zip(schedule, schedule[1:])
+        if isinstance(step, RankPhase) and isinstance(following, LocalMoves) and step.receives
+    ]
+
+
+@pytest.mark.parametrize("adjoint", [False, True], ids=["forward", "adjoint"])
+def test_local_moves_run_while_their_phase_is_in_flight(adjoint):
+    """A worker map's local copies that follow a phase and touch nothing its transfers touch
+    are prepared between its start and its wait; the bound result is exactly the expansion's.
+    Controls: the same moves made to read a box one of the phase's receives writes are refused
+    (they would read it before it arrives), and so are, at 4 ranks under the blocked map (a row
+    of workers per rank), the column stage's copies, which follow the row stage's messages and
+    read the halo rows they bring."""
+    from linop.backends.mpi import compiled
+    from linop.program import Transfer
+
+    op = _halo().H if adjoint else _halo()
+    mapping = _squares()
+    pairs = _phases_then_moves(mpi_backend.plan_for(op, comm=COMM, mapping=mapping).schedule)
+    accepted = [compiled._independent(phase, moves) for phase, moves in pairs]
+    collective_assert(COMM.allreduce(sum(accepted)) > 0 or SIZE == 1, "no moves run in flight")
+    for phase, moves in pairs:
+        landed = phase.receives[0][2].target  # a box a message writes
+        first = moves.transfers[0]
+        reading = LocalMoves((Transfer(landed, first.target, first.mode, first.after), *moves.transfers[1:]))
+        collective_assert(not compiled._independent(phase, reading), "a move reading a landing box")
+    if SIZE == 4 and not adjoint:
+        rows = _phases_then_moves(mpi_backend.plan_for(op, comm=COMM, mapping=MAPS["blocked"]).schedule)
+        refused = [not compiled._independent(phase, moves) for phase, moves in rows]
+        collective_assert(bool(rows) and all(refused), f"the column copies after the rows: {refused}")
+    state = {n: a.astype(np.float64) for n, a in op.domain.random(3, dtype=np.int64).items()}
+    bound = mpi_backend.plan_for(op, comm=COMM, mapping=mapping).bind(local_part(op.domain, state, mapping))
+    names = [getattr(function, "__name__", "") for function, _ in bound._calls]
+    inside = [name for start, end in _spans(names, "Startall", "Waitall") for name in names[start + 1 : end]]
+    collective_assert(bool(inside) or not any(accepted), f"nothing between start and wait: {names}")
+    problem = same_blocks(bound(), op.expand()(state), mine(op.range, mapping), exact=True)
+    collective_assert(problem is None, f"{op}: {problem}")
+    bound.free()
+
+
+def _spans(names: list[str], opening: str, closing: str) -> list[tuple[int, int]]:
+    """The positions of each ``opening`` and the ``closing`` that follows it."""
+    found = []
+    for position, name in enumerate(names):
+        if name == opening:
+            found.append((position, names.index(closing, position)))
+    return found
 
 
 def test_bundles_agree_only_when_both_ends_list_them():

@@ -22,7 +22,8 @@ arrays and their views:
   :meth:`~linop.backends.mpi.steps.RankStep.bind_out_of_place`), started and waited one at a
   time in the global order of their groups;
 - a worker map's moves between two workers of this rank (:class:`~linop.program.LocalMoves`):
-  copies, adds and clears between views, as the runtime runs them.
+  copies, adds and clears between views, as the runtime runs them; those that follow a phase
+  and touch nothing its transfers touch run between its start and its wait.
 
 A call of the bound plan is then ``for function, arguments in calls: function(*arguments)``:
 no lookup by block name, no dispatch on step types, no closure, no allocation.
@@ -285,10 +286,13 @@ class _Compiler:
             self.calls.append((array.fill, (0,)))
             self.set(block.name, array)
 
-    def phase(self, phase: RankPhase) -> None:
+    def phase(self, phase: RankPhase, during: LocalMoves | None = None) -> None:
         """The phase's recipe (:func:`~linop.backends.mpi.phase_recipe.phase_recipe`),
         prepared: persistent requests made once (one per bundle when the ranks agreed on them,
-        :func:`bundles_agree`), packs before each start, then the unpacks, adds and clears."""
+        :func:`bundles_agree`), packs before each start, then the unpacks, adds and clears.
+        ``during``: local moves that touch nothing the phase's transfers touch
+        (:func:`_independent`), prepared between the start and the wait (while the messages
+        are in flight)."""
         calls = self.calls
         recipe = phase_recipe(phase, self.dtype, target=self.writable, source=self.arrays.__getitem__)
         receives: list[BufferSpec | None] = []  # per message (None: a new block of size 0)
@@ -326,6 +330,9 @@ class _Compiler:
         if requests:
             self.run.requests.extend(requests)
             calls.append((self._startall, (requests,)))
+        if during is not None:
+            self.local_moves(during)
+        if requests:
             calls.append((self._waitall, (requests,)))
         calls.extend(finish)
         for name, buffer in created:
@@ -498,8 +505,16 @@ def compile_schedule(
         return None
     compiler = _Compiler(arrays, comm, dtype, inplace=inplace, dry=dry, donate=donate, bundle=bundle)
     try:
-        for step in schedule:
+        position = 0
+        while position < len(schedule):
+            step = schedule[position]
+            following = schedule[position + 1] if position + 1 < len(schedule) else None
+            if type(step) is RankPhase and type(following) is LocalMoves and _independent(step, following):
+                compiler.phase(step, during=following)  # a worker map's copies while messages fly
+                position += 2
+                continue
             compiler.step(step)
+            position += 1
         if inplace:
             compiler.write_back(arrays)
         else:
@@ -508,6 +523,18 @@ def compile_schedule(
         compiler.run.free()  # the requests made before the declined step (point-to-point only)
         return None
     return compiler.run
+
+
+def _independent(phase: RankPhase, moves: LocalMoves) -> bool:
+    """Whether the local moves that follow a phase touch nothing its transfers touch (neither
+    footprint conflicts with the other, :meth:`~linop.program.Footprint.conflicts`): they may
+    then run while its messages are in flight, with the same result as after them."""
+    messages = [t.footprint for _, _, t in (*phase.receives, *phase.sends)]
+    for t in moves.transfers:
+        local = t.footprint
+        if any(local.conflicts(other) or other.conflicts(local) for other in messages):
+            return False
+    return True
 
 
 def bundles_agree(comm: Intracomm, found: Sequence[tuple[int, bool, tuple[int, ...]]]) -> bool:
