@@ -350,7 +350,9 @@ class _Compiler:
         messages' specs as one struct datatype at absolute addresses, under the smallest tag);
         the bundles of two messages or more are noted in :attr:`CompiledRun.bundles`."""
         init = self.comm.Send_init if sending else self.comm.Recv_init
-        groups = bundles(messages) if self.bundle else [[p] for p in range(len(messages))]
+        groups = (
+            bundles(messages, self.dtype.itemsize) if self.bundle else [[p] for p in range(len(messages))]
+        )
         requests: list[Any] = []
         for group in groups:
             parts = [specs[p] for p in group if specs[p] is not None]
