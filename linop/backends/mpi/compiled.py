@@ -151,6 +151,7 @@ class _Compiler:
         self.calls = self.run.calls
         self._startall = mpi().Prequest.Startall
         self._waitall = mpi().Request.Waitall
+        self._testall = mpi().Request.Testall
         # the whole-block fill of a block just allocated, or the clearing of a region just
         # copied back, as (block name, position in calls): the next step may drop or narrow it
         self._zeroed: tuple[str, int] | None = None
@@ -331,7 +332,7 @@ class _Compiler:
             self.run.requests.extend(requests)
             calls.append((self._startall, (requests,)))
         if during is not None:
-            self.local_moves(during)
+            self.local_moves(during, progress=requests)
         if requests:
             calls.append((self._waitall, (requests,)))
         calls.extend(finish)
@@ -371,10 +372,15 @@ class _Compiler:
             requests.append(init([mpi().BOTTOM, 1, datatype], first.peer, first.tag))
         return requests
 
-    def local_moves(self, step: LocalMoves) -> None:
+    def local_moves(self, step: LocalMoves, progress: list[Any] | None = None) -> None:
         """:func:`~linop.backends.mpi.mapping.run_local_moves` (a worker map's moves between
-        two workers of this rank), prepared: copies, adds and clears between views."""
-        for t in step.transfers:
+        two workers of this rank), prepared: copies, adds and clears between views.
+        ``progress``: the requests of a phase in flight, tested after each move (MPICH moves
+        a message above its eager size only inside MPI calls, so that a peer does not wait
+        for these copies to end)."""
+        for position, t in enumerate(step.transfers):
+            if progress and position:  # between two moves (the wait follows the last)
+                self.calls.append((self._testall, (progress,)))
             data = self.view(t.source)
             if t.mode == "new":
                 array = self.buffer(data.shape)
