@@ -19,8 +19,9 @@ arrays and their views:
   (:mod:`linop.backends.numpy`), renames and drops resolved at binding;
 - a fast-path part (:class:`~linop.backends.mpi.steps.RankStep`): its persistent collectives
   (:meth:`~linop.backends.mpi.steps.RankStep.persistent`,
-  :meth:`~linop.backends.mpi.steps.RankStep.bind_out_of_place`), started and waited one at a
-  time in the global order of their groups;
+  :meth:`~linop.backends.mpi.steps.RankStep.bind_out_of_place`), started in the global order of
+  their groups; consecutive in-place ones that write disjoint blocks are all started, then
+  waited for together (their latencies overlap), others waited one at a time;
 - a worker map's moves between two workers of this rank (:class:`~linop.program.LocalMoves`):
   copies, adds and clears between views, as the runtime runs them; those that follow a phase
   and touch nothing its transfers touch run between its start and its wait.
@@ -402,17 +403,8 @@ class _Compiler:
     def fast_path(self, step: RankStep) -> None:
         """A native collective, bound: in place on the blocks it writes (made owned first), or
         out of place into result buffers its binding builds."""
-        written = step.written()
-        if written is not None:
-            arrays = {name: self.writable(name) for name in written}
-            prepared = step.persistent(arrays, self.comm, self.dtype, dry=self.dry)
-            if prepared is None:
-                raise _DeclinedError(type(step).__name__)
-            for request in prepared.requests:  # one at a time, in the global order
-                self.run.requests.append(request)
-                self.calls.append((request.Start, ()))
-                self.calls.append((request.Wait, ()))
-            self.calls.extend((action, ()) for action in prepared.finish)
+        if step.written() is not None:
+            self.in_place_paths([step])
             return
         binding = step.bind_out_of_place(dict(self.arrays), self.comm, self.dtype, dry=self.dry)
         if binding is None:
@@ -429,6 +421,36 @@ class _Compiler:
             self.drop(name)
         for name, array in binding.results.items():
             self.set(name, array, owned=bool(array.flags.writeable))
+
+    def in_place_paths(self, steps: Sequence[RankStep]) -> None:
+        """Consecutive native collectives bound in place, each writing blocks no other of them
+        touches (:func:`_in_place_runs`): their persistent requests started in the global order
+        of their groups, then waited for together, so that their latencies overlap (two small
+        all-reduces, a layer's weight and bias gradients: measured 0.5-0.65 of one after the
+        other on 4 ranks here); one after the other when one has local actions after its
+        requests."""
+        prepared = []
+        for step in steps:
+            written = step.written()
+            assert written is not None  # in-place steps only
+            arrays = {name: self.writable(name) for name in written}
+            found = step.persistent(arrays, self.comm, self.dtype, dry=self.dry)
+            if found is None:
+                raise _DeclinedError(type(step).__name__)
+            prepared.append(found)
+        if any(found.finish for found in prepared):
+            for found in prepared:  # one at a time, in the global order
+                for request in found.requests:
+                    self.run.requests.append(request)
+                    self.calls.append((request.Start, ()))
+                    self.calls.append((request.Wait, ()))
+                self.calls.extend((action, ()) for action in found.finish)
+            return
+        requests = [request for found in prepared for request in found.requests]
+        self.run.requests.extend(requests)
+        self.calls.extend((request.Start, ()) for request in requests)  # in the global order
+        if requests:
+            self.calls.append((self._waitall, (requests,)))
 
     # -- the end of a run ---------------------------------------------------------------------
     def outputs(self, names: Sequence[str]) -> dict[str, np.ndarray]:
@@ -521,6 +543,11 @@ def compile_schedule(
                 compiler.phase(step, during=following)  # a worker map's copies while messages fly
                 position += 2
                 continue
+            run = _in_place_runs(schedule, position)
+            if run:
+                compiler.in_place_paths(run)
+                position += len(run)
+                continue
             compiler.step(step)
             position += 1
         if inplace:
@@ -531,6 +558,21 @@ def compile_schedule(
         compiler.run.free()  # the requests made before the declined step (point-to-point only)
         return None
     return compiler.run
+
+
+def _in_place_runs(schedule: Sequence[Any], position: int) -> list[RankStep]:
+    """The native collectives bound in place from ``position`` on, each writing blocks none of
+    the earlier ones writes (an in-place collective reads only what it writes), or an empty
+    list when the step there is not one."""
+    run: list[RankStep] = []
+    touched: set[str] = set()
+    for step in schedule[position:]:
+        written = step.written() if isinstance(step, RankStep) else None
+        if written is None or not touched.isdisjoint(written):
+            break
+        run.append(step)
+        touched.update(written)
+    return run
 
 
 def _independent(phase: RankPhase, moves: LocalMoves) -> bool:
