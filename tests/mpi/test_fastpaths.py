@@ -436,3 +436,37 @@ def test_the_alltoall_strategy_is_recorded_and_a_wrong_displacement_is_caught(mo
     result = mpi_backend.apply(op, local_part(op.domain, state, RANK), comm=COMM)
     caught = same_blocks(result, op(state), names) is not None
     collective_assert(any(COMM.allgather(caught)), "a wrong displacement went unnoticed")
+
+
+def _call_names(bound) -> list[str]:
+    return [getattr(function, "__name__", "") for function, _ in bound._calls]
+
+
+def test_independent_all_reduces_are_started_together():
+    """A layer's replicated gradient sum (one all-reduce of the weight copies, one of the bias
+    copies: disjoint blocks) starts both persistent requests, then waits for them together, and
+    equals the tree exactly (integer values in float64, two calls). The control: an all-reduce
+    applied twice to the same block waits for the first before starting the second (the second
+    reads what the first writes), also exact."""
+    from linop.layers import Convolution
+
+    image = DistributedTensor("c", (2, 3, 4 * SIZE, 5), Partition((1, 1, SIZE, 1)))
+    layer = Convolution(image, 2, Kernel(3, padding=1))
+    layout = BlockGrid.uniform("a", Partition((SIZE,)), (3, 2))
+    twice = AllReduce(layout, (0,)) @ AllReduce(layout, (0,))
+    for op, together in ((layer.copy_gradient_sum, True), (twice, False)):
+        state = {k: v.astype(np.float64) for k, v in op.domain.random(4, dtype=np.int64).items()}
+        local = local_part(op.domain, state, RANK)
+        bound = mpi_backend.plan_for(op, comm=COMM).bind(local)
+        names = _call_names(bound)
+        starts = [i for i, name in enumerate(names) if name == "Start"]
+        if SIZE == 1:
+            shape_ok = True  # a sum over one rank: no request
+        elif together:
+            shape_ok = len(starts) == 2 and names[starts[-1] + 1] == "Waitall" and starts[1] == starts[0] + 1
+        else:
+            shape_ok = len(starts) == 2 and all(names[i + 1] in ("Wait", "Waitall") for i in starts)
+        problem = None if shape_ok else f"calls {names}"
+        problem = problem or bound_problem(bound, op, state, tuple(local), inplace=True)
+        bound.free()
+        collective_assert(problem is None, f"{op}: {problem}")

@@ -217,6 +217,153 @@ def test_bound_mapped_halo_is_persistent_and_exact(map_name, adjoint):
     bound.free()
 
 
+def _bundled_halo_run(op, mapping: WorkerMap, state) -> tuple[dict[str, np.ndarray], int]:
+    """``op`` bound under ``mapping`` on this rank's part of ``state``: its first call's
+    result and how many bundles (of two messages or more) its phases move."""
+    bound = mpi_backend.plan_for(op, comm=COMM, mapping=mapping).bind(local_part(op.domain, state, mapping))
+    try:
+        collective_assert(bound.persistent, f"{op}: not persistent")
+        return {n: a.copy() for n, a in bound().items()}, len(bound._run.bundles)
+    finally:
+        bound.free()
+
+
+@pytest.mark.parametrize("map_name", ["blocked", "round-robin", "squares"])
+@pytest.mark.parametrize("adjoint", [False, True], ids=["forward", "adjoint"])
+def test_bound_mapped_halo_bundles_messages_per_peer(map_name, adjoint):
+    """Bound under a map, a rank sends its workers' strips to one peer rank in a phase as one
+    message (a bundle: a struct datatype over the strips, whichever way each is named):
+    exactly the tree's expansion (integer values in float64). The control: the same plan with
+    one rank's bundles built from its strips in reverse order (a swapped piece, agreed by the
+    tags all the same) differs from it."""
+    from linop.backends.mpi import compiled
+
+    mapping = _squares() if map_name == "squares" else MAPS[map_name]
+    op = _halo().H if adjoint else _halo()
+    state = {n: a.astype(np.float64) for n, a in op.domain.random(17, dtype=np.int64).items()}
+    expected = op.expand()(state)
+    names = mine(op.range, mapping)
+    result, found = _bundled_halo_run(op, mapping, state)
+    collective_assert(same_blocks(result, expected, names, exact=True) is None, f"{op}: not exact")
+    bundled = COMM.allreduce(found)
+    collective_assert(bundled > 0 or SIZE == 1, f"{op} under {map_name}: no bundle on any rank")
+    if SIZE == 1:
+        return
+    honest = compiled.bundle_type
+
+    def swapped(specs):
+        return honest(specs[::-1] if RANK == 0 else specs)
+
+    compiled.bundle_type = swapped
+    try:
+        wrong, _ = _bundled_halo_run(op, mapping, state)
+    finally:
+        compiled.bundle_type = honest
+    caught = COMM.allreduce(same_blocks(wrong, expected, names, exact=True) is not None, op=MPI.LOR)
+    collective_assert(caught, f"{op}: the swapped bundle went unnoticed")
+
+
+def _squares() -> WorkerMap:
+    """Worker (i, j) of the 4 x 4 grid on rank ((i // 2) * 2 + j // 2) mod the size: at 4
+    ranks a 2 x 2 square each, so each stage has messages and local copies on every rank."""
+    return WorkerMap([((w // 8) * 2 + (w % 4) // 2) % SIZE for w in range(WORKERS)])
+
+
+def _phases_then_moves(schedule) -> list[tuple[RankPhase, LocalMoves]]:
+    return [
+        (step, following)
+        for step, following in zip(schedule, schedule[1:])
+        if isinstance(step, RankPhase) and isinstance(following, LocalMoves) and step.receives
+    ]
+
+
+@pytest.mark.parametrize("adjoint", [False, True], ids=["forward", "adjoint"])
+def test_local_moves_run_while_their_phase_is_in_flight(adjoint):
+    """A worker map's local copies that follow a phase and touch nothing its transfers touch
+    are prepared between its start and its wait; the bound result is exactly the expansion's.
+    Controls: the same moves made to read a box one of the phase's receives writes are refused
+    (they would read it before it arrives), and so are, at 4 ranks under the blocked map (a row
+    of workers per rank), the column stage's copies, which follow the row stage's messages and
+    read the halo rows they bring."""
+    from linop.backends.mpi import compiled
+    from linop.program import Transfer
+
+    op = _halo().H if adjoint else _halo()
+    mapping = _squares()
+    pairs = _phases_then_moves(mpi_backend.plan_for(op, comm=COMM, mapping=mapping).schedule)
+    accepted = [compiled._independent(phase, moves) for phase, moves in pairs]
+    collective_assert(COMM.allreduce(sum(accepted)) > 0 or SIZE == 1, "no moves run in flight")
+    admitted = []  # collective asserts below, once: ranks hold different numbers of phases
+    for phase, moves in pairs:
+        landed = phase.receives[0][2].target  # a box a message writes
+        first = moves.transfers[0]
+        reading = LocalMoves((Transfer(landed, first.target, first.mode, first.after), *moves.transfers[1:]))
+        admitted.append(compiled._independent(phase, reading))
+    collective_assert(not any(admitted), "a move reading a landing box admitted")
+    if SIZE == 4 and not adjoint:
+        rows = _phases_then_moves(mpi_backend.plan_for(op, comm=COMM, mapping=MAPS["blocked"]).schedule)
+        refused = [not compiled._independent(phase, moves) for phase, moves in rows]
+        collective_assert(bool(rows) and all(refused), f"the column copies after the rows: {refused}")
+    state = {n: a.astype(np.float64) for n, a in op.domain.random(3, dtype=np.int64).items()}
+    bound = mpi_backend.plan_for(op, comm=COMM, mapping=mapping).bind(local_part(op.domain, state, mapping))
+    names = [getattr(function, "__name__", "") for function, _ in bound._calls]
+    inside = [name for start, end in _spans(names, "Startall", "Waitall") for name in names[start + 1 : end]]
+    collective_assert(bool(inside) or not any(accepted), f"nothing between start and wait: {names}")
+    problem = same_blocks(bound(), op.expand()(state), mine(op.range, mapping), exact=True)
+    collective_assert(problem is None, f"{op}: {problem}")
+    bound.free()
+
+
+def _spans(names: list[str], opening: str, closing: str) -> list[tuple[int, int]]:
+    """The positions of each ``opening`` and the ``closing`` that follows it."""
+    found = []
+    for position, name in enumerate(names):
+        if name == opening:
+            found.append((position, names.index(closing, position)))
+    return found
+
+
+def test_bundles_hold_small_messages_only():
+    """A phase's messages to one peer form one bundle while they fit in
+    :data:`~linop.backends.mpi.phase_recipe.BUNDLE_UP_TO` bytes (the small halo's strips of
+    float64), and move alone when each is larger (the same strips of 4 KiB entries), in tag
+    order either way."""
+    from linop.backends.mpi.phase_recipe import VIEW, Message, bundles
+
+    schedule = mpi_backend.plan_for(_halo(), comm=COMM, mapping=_squares()).schedule
+    problems = []  # asserted collectively once: ranks hold different numbers of phases
+    for step in schedule:
+        if not isinstance(step, RankPhase):
+            continue
+        messages = [Message(peer, tag, t, t.source.name, (), VIEW) for peer, tag, t in step.sends]
+        small = bundles(messages, 8)
+        peers = {m.peer for m in messages}
+        if len(small) != len(peers):
+            problems.append(f"{len(small)} bundles to {len(peers)} peers")
+        for group in small:
+            tags = [messages[p].tag for p in group]
+            if tags != sorted(tags) or len({messages[p].peer for p in group}) != 1:
+                problems.append(f"a bundle of tags {tags}")
+        large = bundles(messages, 4096)
+        if sorted(map(len, large)) != [1] * len(messages):
+            problems.append(f"large ones bundled: {large}")
+    collective_assert(not problems, "; ".join(problems))
+
+
+def test_bundles_agree_only_when_both_ends_list_them():
+    """Bundles are used only when each bundle one end sends is one the other end receives,
+    with the same tags: one rank claiming a bundle its peer does not list turns them off on
+    every rank."""
+    from linop.backends.mpi.compiled import bundles_agree
+
+    right, left = (RANK + 1) % SIZE, (RANK - 1) % SIZE
+    both = [(right, True, (0, 1)), (left, False, (0, 1))]
+    collective_assert(bundles_agree(COMM, both), "matching bundles refused")
+    collective_assert(bundles_agree(COMM, []), "no bundles refused")
+    one_sided = both if RANK != 0 else [both[0], (left, False, (0, 2))]
+    collective_assert(not bundles_agree(COMM, one_sided), "mismatched tags agreed")
+
+
 @pytest.mark.parametrize("map_name", list(MAPS))
 @pytest.mark.parametrize("axes", [(0,), (0, 1)], ids=["axis-0", "axes-0-1"])
 def test_mapped_all_reduce_is_native_and_exact(map_name, axes):

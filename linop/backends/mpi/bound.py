@@ -8,7 +8,10 @@ and on result and scratch buffers built once (persistent point-to-point requests
 collectives, numpy copies, adds and clears on prebuilt views), so each call is one loop over
 that list, nothing else. A schedule that cannot be compiled so (local kernels, sums, moves
 under a worker map) runs the ordinary application (without its check) on each call. Every
-rank compiles, or none does: the ranks agree first (one ``Allreduce``). A state with integer
+rank compiles, or none does: the ranks agree first (one ``Allreduce``). Compiled, a phase's
+messages to (from) one peer move as one *bundle* when every pair of ends lists the same
+bundles (:func:`~linop.backends.mpi.compiled.bundles_agree`, at binding): a rank holding several
+workers of a map then sends one message per peer and direction, not one per pair of workers. A state with integer
 blocks is never compiled: each call runs the checked application, since whether an integer
 result fits (``docs/theory.md#dtypes``) depends on the values of that call.
 """
@@ -18,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...space import State
-from .compiled import CompiledRun, PreparedCall, compile_schedule
+from .compiled import CompiledRun, PreparedCall, bundles_agree, compile_schedule
 from .datatypes import mpi
 from .deadline import arrive_within
 from .guards import abort_for
@@ -70,10 +73,20 @@ class BoundPlan:
                 range_names=names,
                 dry=True,
                 donate=donate,
+                bundle=True,
             )
             if comm.allreduce(dry is not None, op=mpi().LAND):  # every rank compiles, or none does
+                assert dry is not None
+                bundle = bundles_agree(comm, dry.bundles)
                 self._run = compile_schedule(
-                    plan.schedule, arrays, comm, dtype, inplace=inplace, range_names=names, donate=donate
+                    plan.schedule,
+                    arrays,
+                    comm,
+                    dtype,
+                    inplace=inplace,
+                    range_names=names,
+                    donate=donate,
+                    bundle=bundle,
                 )
             if self._run is not None:
                 self._calls = self._run.calls

@@ -35,6 +35,7 @@ __all__ = [
     "contiguous_run",
     "region_spec",
     "raw_spec",
+    "bundle_type",
 ]
 
 BufferSpec = list[Any]
@@ -171,3 +172,15 @@ def region_spec(array: np.ndarray, region: Region, index: tuple[Any, ...] | None
 def raw_spec(array: np.ndarray) -> BufferSpec:
     """The buffer spec of a whole contiguous array as bytes."""
     return [array, array.nbytes, mpi().BYTE]
+
+
+def bundle_type(specs: list[BufferSpec]) -> Datatype:
+    """One committed datatype naming the data of several buffer specs ``[array, count,
+    datatype]`` in order, at their arrays' absolute addresses (a struct: used with
+    ``MPI.BOTTOM`` as the buffer, ``[MPI.BOTTOM, 1, bundle]``). The caller keeps the arrays
+    alive while the type is used, and frees it (``Free()``)."""
+    module = mpi()
+    displacements = [int(spec[0].__array_interface__["data"][0]) for spec in specs]
+    return module.Datatype.Create_struct(
+        [spec[1] for spec in specs], displacements, [spec[2] for spec in specs]
+    ).Commit()
