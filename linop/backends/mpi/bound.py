@@ -18,6 +18,8 @@ result fits (``docs/theory.md#dtypes``) depends on the values of that call.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ...space import State
@@ -63,31 +65,20 @@ class BoundPlan:
         self._run: CompiledRun | None = None
         self._calls: list[PreparedCall] | None = None
         if not checked:  # integer blocks: every call checks (the same decision on every rank)
-            names = plan.range_names
-            dry = compile_schedule(
+            compile_here = functools.partial(
+                compile_schedule,
                 plan.schedule,
                 arrays,
                 comm,
                 dtype,
                 inplace=inplace,
-                range_names=names,
-                dry=True,
+                range_names=plan.range_names,
                 donate=donate,
-                bundle=True,
             )
+            dry = compile_here(dry=True, bundle=True)
             if comm.allreduce(dry is not None, op=mpi().LAND):  # every rank compiles, or none does
                 assert dry is not None
-                bundle = bundles_agree(comm, dry.bundles)
-                self._run = compile_schedule(
-                    plan.schedule,
-                    arrays,
-                    comm,
-                    dtype,
-                    inplace=inplace,
-                    range_names=names,
-                    donate=donate,
-                    bundle=bundle,
-                )
+                self._run = compile_here(bundle=bundles_agree(comm, dry.bundles))
             if self._run is not None:
                 self._calls = self._run.calls
                 self.outputs = self._run.outputs
