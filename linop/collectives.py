@@ -24,7 +24,7 @@ fields, declared once in a common base, and build each other by keyword.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from .errors import OperandError, ShapeMismatchError
@@ -384,22 +384,35 @@ class AllReduce(LinearOperator):
 
     def expand(self) -> LinearOperator:
         """Per group: root += member, member <- 0 (reduce); then member <- root (broadcast)."""
-        space = self.domain
         reduce: list[LinearOperator] = []
         spread: list[LinearOperator] = []
         for group in self.groups:
-            root = space[self.tensor.block_name(group[0])]
-            for index in group[1:]:
-                member = space[self.tensor.block_name(index)]
-                if member.size == 0:
-                    continue
-                remote = member.worker != root.worker
-                reduce.append(SendRecvAdjoint(root, member) if remote else CopyAdjoint(root, member))
-                spread.append(SendRecv(root, member) if remote else Copy(root, member))
+            self.group_moves(group[0], group[1:], reduce, spread)
         factors = reduce + spread
         if not factors:
-            return Identity(space)
+            return Identity(self.domain)
         return Composition(tuple(reversed(factors)))
+
+    def group_moves(
+        self,
+        root_index: tuple[int, ...],
+        members: Iterable[tuple[int, ...]],
+        reduce: list[LinearOperator],
+        spread: list[LinearOperator],
+    ) -> None:
+        """The expansion's moves of one group's ``members`` (grid indices, without the root),
+        appended in order: to ``reduce`` each non-empty member's ``root += member, member <- 0``
+        (a send-receive's adjoint, or a copy's on one worker), to ``spread`` its
+        ``member <- root``."""
+        space = self.domain
+        root = space[self.tensor.block_name(root_index)]
+        for index in members:
+            member = space[self.tensor.block_name(index)]
+            if member.size == 0:
+                continue
+            remote = member.worker != root.worker
+            reduce.append(SendRecvAdjoint(root, member) if remote else CopyAdjoint(root, member))
+            spread.append(SendRecv(root, member) if remote else Copy(root, member))
 
     def adjoint(self) -> LinearOperator:
         """(B R)* = B R: self-adjoint."""

@@ -41,6 +41,8 @@ __all__ = [
     "broadcast_map",
     "check_layout",
     "gathered_layout",
+    "group_of",
+    "held_by_group",
     "reduction_groups",
     "require_name",
     "require_tensor",
@@ -523,6 +525,21 @@ def group_of(partition: Partition, axes: Sequence[int], index: tuple[int, ...]) 
             member[a] = k
         members.append(tuple(member))
     return members
+
+
+def held_by_group(
+    partition: Partition, axes: Sequence[int], workers: Iterable[int]
+) -> dict[tuple[int, ...], list[tuple[int, ...]]]:
+    """The grid indices of ``workers`` (those in ``partition``) by their group along ``axes``:
+    keyed by the coordinates off the axes (the groups' order of :func:`reduction_groups` is
+    the keys' sorted order), each group's indices in the order of ``workers``. O(the workers),
+    not the grid's."""
+    held: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+    for worker in workers:
+        if partition.position(worker) is not None:
+            index = partition.index(worker)
+            held.setdefault(tuple(k for d, k in enumerate(index) if d not in axes), []).append(index)
+    return held
 
 
 def gathered_layout(tensor: DistributedTensor, axes: Sequence[int] | int, name: str) -> BlockGrid:

@@ -43,8 +43,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..collectives import AllGather, AllReduce, Broadcast, ReduceScatter, SumReduce
-from ..layout import group_of
-from ..movement import Copy, CopyAdjoint, SendRecv, SendRecvAdjoint
+from ..layout import group_of, held_by_group
+from ..movement import Copy, CopyAdjoint
 from ..operator import LinearOperator
 from ..plan import Piece, Planned, make_piece, origin
 from ..primitives import Allocate, Deallocate
@@ -265,11 +265,7 @@ def _gather_part(op: AllGather | ReduceScatter, workers: frozenset[int]) -> list
     partition = tensor.partition
     note_workers(partition.max_worker)
     tensor_space, gathered_space = (op.range, op.domain) if adds else (op.domain, op.range)
-    held: dict[tuple[int, ...], list[tuple[int, ...]]] = {}  # per group: the members held
-    for worker in workers:
-        if partition.position(worker) is not None:
-            index = partition.index(worker)
-            held.setdefault(tuple(k for d, k in enumerate(index) if d not in axes), []).append(index)
+    held = held_by_group(partition, axes, workers)  # per group: the members held
     mode, after = ("add", "clear") if adds else ("store", "keep")
     region = Region._checked  # boxes inside their blocks (the plan's pieces)
     # per axis, each coordinate's offset: where its blocks go in a gathered block
@@ -329,34 +325,23 @@ def all_reduce_part(op: AllReduce, workers: frozenset[int]) -> list[Step]:
     over the groups of their blocks in the order of :func:`~linop.layout.reduction_groups`,
     each member's :math:`x_{\mathrm{root}} \mathrel{+}= x_m,\ x_m = 0` (a receive-send that
     adds) where the root or the member is theirs; then, in the same order, each such member's
-    :math:`x_m = x_{\mathrm{root}}` (its adjoint, read backwards). O(their groups' size)."""
+    :math:`x_m = x_{\mathrm{root}}` (:meth:`~linop.collectives.AllReduce.group_moves`, as the
+    expansion builds them). O(their groups' size)."""
     tensor = op.tensor
     partition = tensor.partition
     note_workers(partition.max_worker)
     axes = op.axes
-    held: dict[tuple[int, ...], list[tuple[int, ...]]] = {}  # per group: the members held
-    for worker in workers:
-        if partition.position(worker) is not None:
-            index = partition.index(worker)
-            held.setdefault(tuple(k for d, k in enumerate(index) if d not in axes), []).append(index)
-    space = op.domain
+    held = held_by_group(partition, axes, workers)  # per group: the members held
     reduce: list[LinearOperator] = []
     spread: list[LinearOperator] = []
     for off in sorted(held):  # the C order of the other coordinates: reduction_groups'
         first = held[off][0]
         root_index = tuple(0 if d in axes else k for d, k in enumerate(first))
-        root = space[tensor.block_name(root_index)]
-        if root.worker in workers:  # the root's: every member, in C order along the axes
+        if partition.worker(root_index) in workers:  # the root's: every member, in C order
             members = group_of(partition, axes, first)[1:]
         else:  # only the members held, in C order along the axes
             members = sorted(i for i in held[off] if i != root_index)
-        for index in members:
-            member = space[tensor.block_name(index)]
-            if member.size == 0:
-                continue
-            remote = member.worker != root.worker
-            reduce.append(SendRecvAdjoint(root, member) if remote else CopyAdjoint(root, member))
-            spread.append(SendRecv(root, member) if remote else Copy(root, member))
+        op.group_moves(root_index, members, reduce, spread)
     steps: list[Step] = []
     for node in reduce + spread:
         steps.extend(lower(node))

@@ -9,9 +9,11 @@ collectives, numpy copies, adds and clears on prebuilt views), so each call is o
 that list, nothing else. A schedule that cannot be compiled so (local kernels, sums, moves
 under a worker map) runs the ordinary application (without its check) on each call. Every
 rank compiles, or none does: the ranks agree first (one ``Allreduce``). Compiled, a phase's
-messages to (from) one peer move as one *bundle* when every pair of ends lists the same
-bundles (:func:`~linop.backends.mpi.compiled.bundles_agree`, at binding): a rank holding several
-workers of a map then sends one message per peer and direction, not one per pair of workers. A state with integer
+small messages to (from) one peer (up to
+:data:`~linop.backends.mpi.phase_recipe.BUNDLE_UP_TO` bytes together) move as one *bundle* when
+every pair of ends lists the same bundles (:func:`~linop.backends.mpi.compiled.bundles_agree`,
+at binding): a rank holding several workers of a map then sends their thin strips to a peer as
+one message, not one per pair of workers. A state with integer
 blocks is never compiled: each call runs the checked application, since whether an integer
 result fits (``docs/theory.md#dtypes``) depends on the values of that call.
 """

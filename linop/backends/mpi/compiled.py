@@ -10,8 +10,9 @@ arrays and their views:
   ``Send_init``) made once on the blocks' memory (subarray datatypes for strided boxes, thin
   strips packed into buffers owned here), then one ``Startall`` and one ``Waitall`` per call,
   then the unpacks, adds and clears (``np.copyto``, ``np.add(..., out=)``, ``ndarray.fill``).
-  With bundles (the ranks agreed on them, :func:`bundles_agree`), the messages of a phase to
-  (from) one peer are one request on a struct datatype over their boxes and buffers at their
+  With bundles (the ranks agreed on them, :func:`bundles_agree`), the small messages of a
+  phase to (from) one peer, up to :data:`~linop.backends.mpi.phase_recipe.BUNDLE_UP_TO` bytes
+  together, are one request on a struct datatype over their boxes and buffers at their
   absolute addresses (:func:`~linop.backends.mpi.phase_recipe.bundles`);
 - the movement primitives (``Allocate``, ``Deallocate``, ``Copy``, ``CopyAdjoint``, ``Move``,
   ``Add``, ``Clear``), :class:`~linop.program.Scale` and :class:`~linop.program.RankZero`:
@@ -401,11 +402,9 @@ class _Compiler:
                 self.drop(t.source.name)
 
     def fast_path(self, step: RankStep) -> None:
-        """A native collective, bound: in place on the blocks it writes (made owned first), or
-        out of place into result buffers its binding builds."""
-        if step.written() is not None:
-            self.in_place_paths([step])
-            return
+        """A native collective bound out of place, into result buffers its binding builds (in
+        place ones are bound in runs, :meth:`in_place_paths`)."""
+        assert step.written() is None, "in-place collectives are bound by in_place_paths"
         binding = step.bind_out_of_place(dict(self.arrays), self.comm, self.dtype, dry=self.dry)
         if binding is None:
             raise _DeclinedError(type(step).__name__)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ....collectives import AllReduce
-from ....layout import group_of
+from ....layout import group_of, held_by_group
 from ....program import (
     FastPathStep,
     Step,
@@ -202,17 +202,10 @@ class _MappedAllReduceRunner:
         :func:`_rank_all_reduce` finds a rank's own), in the global order of the groups (C
         order of the other coordinates): O(the rank's workers times a group's size)."""
         op, held = self.op, set(mapping.workers_on(rank))
-        partition = op.tensor.partition
-        mine: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
-        for worker in held:
-            if partition.position(worker) is not None:
-                index = partition.index(worker)
-                key = tuple(i for d, i in enumerate(index) if d not in op.axes)
-                if key not in mine:
-                    mine[key] = _group(op, index)
+        mine = held_by_group(op.tensor.partition, op.axes, held)
         entries = []
         for key in sorted(mine):
-            blocks = [op.tensor.block(i) for i in mine[key]]
+            blocks = [op.tensor.block(i) for i in _group(op, mine[key][0])]
             if len(blocks) < 2 or not blocks[0].size:
                 continue
             names = tuple(b.name for b in blocks if b.worker in held)
