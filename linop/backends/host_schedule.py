@@ -24,7 +24,7 @@ from ..operator import LinearOperator
 from ..program import LocalMoves, RankBranches, RankOverlap, RankPhase, RankZero, Scale, Transfer
 from ..space import Block, Region
 from . import numpy as numpy_backend
-from .mpi.mapping import run_local_moves
+from .host_fusion import FusedStep, HostOverlap, run_node
 
 __all__ = ["run_rank_schedule", "finish_phase", "store_results", "shares_by_member"]
 
@@ -68,7 +68,7 @@ def run_rank_schedule(
         kind = type(step)
         if kind is RankPhase:
             phase(step, work)
-        elif kind is RankOverlap:
+        elif kind is RankOverlap or kind is HostOverlap:
             if step.phase is None:
                 complete = None
             elif start is None:
@@ -77,13 +77,15 @@ def run_rank_schedule(
             else:
                 complete = start(step.phase, work)
             for node in step.during:
-                numpy_backend.run(node, work)
+                run_node(node, work)
                 if complete is not None:
                     complete.progress()
             if complete is not None:
                 complete()
         elif isinstance(step, LinearOperator):
             numpy_backend.run(step, work)
+        elif isinstance(step, FusedStep):
+            step.run(work)
         elif kind is Scale:
             numpy_backend.scale_blocks(step.alpha, work)
         elif kind is RankZero:
@@ -99,6 +101,8 @@ def run_rank_schedule(
                 results.append(branch.arrays)
             numpy_backend.sum_branches(results, step.names, work)
         elif kind is LocalMoves:
+            from .mpi.mapping import run_local_moves  # the mpi package imports this module
+
             run_local_moves(step, work, dtype)
         else:
             part(step, work)

@@ -53,6 +53,7 @@ from ...movement import Copy, CopyAdjoint, Move
 from ...primitives import Add, Allocate, Clear, Deallocate
 from ...program import LocalMoves, RankPhase, RankZero, Scale
 from ...space import Block, Region
+from ..host_fusion import around
 from .datatypes import BufferSpec, bundle_type, mpi, raw_spec
 from .phase_recipe import BUFFER, Message, bundles, direct_spec, phase_recipe
 from .steps import RankStep
@@ -214,11 +215,11 @@ class _Compiler:
     def _fresh(self, region: Region) -> bool:
         """Whether ``region``'s block was allocated by the last call (its zeros not yet
         read or written): a write of the region then needs zeros only around it, which
-        replace the whole fill (:func:`_around`)."""
+        replace the whole fill (:func:`~linop.backends.host_fusion.around`)."""
         if self._zeroed != (region.name, len(self.calls) - 1):
             return False
         array = self.arrays[region.name]
-        self.calls[-1:] = [(array[box].fill, (0,)) for box in _around(array.shape, region.start, region.stop)]
+        self.calls[-1:] = [(array[box].fill, (0,)) for box in around(array.shape, region.start, region.stop)]
         self._zeroed = None
         return True
 
@@ -479,20 +480,6 @@ class _Compiler:
                 result = copy
             pending.append((target, result))
         self.calls.extend((np.copyto, pair) for pair in pending)
-
-
-def _around(shape: tuple[int, ...], start: tuple[int, ...], stop: tuple[int, ...]) -> list[tuple[slice, ...]]:
-    """The block of ``shape`` outside the box ``[start, stop)``, as disjoint boxes (at most two
-    per dimension: dimension 0's span the block, dimension 1's the box's extent along 0, ...);
-    empty ones left out."""
-    boxes = []
-    for d, n in enumerate(shape):
-        head = tuple(slice(a, b) for a, b in zip(start[:d], stop[:d]))
-        tail = (slice(None),) * (len(shape) - d - 1)
-        for a, b in ((0, start[d]), (stop[d], n)):
-            if b > a and all(s.stop > s.start for s in head):
-                boxes.append((*head, slice(a, b), *tail))
-    return boxes
 
 
 _HANDLERS: dict[type, Callable[[_Compiler, Any], None]] = {

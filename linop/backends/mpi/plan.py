@@ -35,6 +35,7 @@ from ...program import Program, RankProgram, WorkerMap, compile_for_rank, compil
 from ...space import Block, State
 from .. import array_api
 from .. import numpy as numpy_backend
+from ..host_fusion import fused
 from . import mapping as mpi_mapping
 from .check import CheckOutcome, DistributedOverflowError, EntryCheck
 from .context import PlanCache
@@ -123,6 +124,7 @@ class DistributedPlan:
         self.context = context
         self.mapping = mapping
         self.schedule: tuple[Any, ...] = ()
+        self._host_steps: tuple[Any, ...] | None = None
         self.domain_blocks: dict[str, Block] = {}
         self.range_names: tuple[str, ...] = ()
         self._program: Program | None = None
@@ -278,12 +280,20 @@ class DistributedPlan:
             raise failure
         return local_state  # type: ignore[return-value]
 
+    @property
+    def host_steps(self) -> tuple[Any, ...]:
+        """:attr:`schedule` as the interpreter runs it: consecutive movement steps fused
+        (:func:`~linop.backends.host_fusion.fused`; built on first use)."""
+        if self._host_steps is None:
+            self._host_steps = fused(self.schedule)
+        return self._host_steps
+
     def run_out_of_place(self, arrays: dict[str, np.ndarray], dtype: np.dtype, alloc: np.dtype) -> State:
         """Run (no check) on copy-on-write arrays; blocks passed through come back as
         read-only views. Collective; aborts the job if anything fails."""
         try:
             work = numpy_backend.Workspace(dict(arrays), set(), alloc)
-            run_schedule(self.schedule, work, self.comm, dtype)
+            run_schedule(self.host_steps, work, self.comm, dtype)
             result: State = {}
             for name in self.range_names:
                 array = work.arrays[name]
@@ -305,7 +315,7 @@ class DistributedPlan:
         written and the error every rank raises is returned."""
         try:
             work = numpy_backend.Workspace(_cast(arrays, cast), set(arrays), alloc)
-            run_schedule(self.schedule, work, self.comm, dtype)
+            run_schedule(self.host_steps, work, self.comm, dtype)
             if cast is not None:
                 failure = self._fit_back(work, arrays)
                 if failure is not None:

@@ -38,6 +38,7 @@ from ...program import RankPhase, WorkerMap, fingerprint
 from ...space import Block
 from .. import array_api
 from .. import numpy as numpy_backend
+from ..host_fusion import fused
 from ..mpi import mapping as mpi_mapping
 from ..mpi.plan import read_only
 from . import device as device_path
@@ -88,6 +89,7 @@ class TorchDistributedPlan:
         self.range_names: tuple[str, ...] = ()
         self._compiled: Compiled | None = None
         self._agreed: tuple[tuple[int, ...], ...] | bool | None = False  # False: not agreed yet
+        self._host_steps: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None  # (schedule, fused)
         self._prepared: tuple[tuple[Any, ...], list[_PreparedPhase]] | None = None  # apply's, in place
         self._mapped_schedule: tuple[Any, ...] = ()
         tree = fingerprint(op)
@@ -273,12 +275,21 @@ class TorchDistributedPlan:
                 tensors[name].copy_(result)
         return state
 
+    def host_steps_for(self, dtype: np.dtype) -> tuple[Any, ...]:
+        """:meth:`schedule_for` as the host path runs it: consecutive movement steps fused
+        (:func:`~linop.backends.host_fusion.fused`, once per schedule)."""
+        schedule = self.schedule_for(dtype)
+        cached = self._host_steps
+        if cached is None or cached[0] is not schedule:
+            cached = self._host_steps = (schedule, fused(schedule))
+        return cached[1]
+
     def run_out_of_place(self, arrays: dict[str, np.ndarray], dtype: np.dtype) -> dict[str, np.ndarray]:
         """Run (no check) on copy-on-write arrays; blocks passed through come back as read-only
         views. Collective."""
         work = numpy_backend.Workspace(dict(arrays), set(), dtype)
         with self.context.guard(self.op):
-            run_schedule(self.schedule_for(dtype), work, self.context, dtype)
+            run_schedule(self.host_steps_for(dtype), work, self.context, dtype)
         result = {}
         for name in self.range_names:
             array = work.arrays[name]
@@ -293,7 +304,7 @@ class TorchDistributedPlan:
         its caller's array before any is written back. Collective."""
         work = numpy_backend.Workspace(_cast(arrays, cast), set(arrays), dtype)
         with self.context.guard(self.op):
-            run_schedule(self.schedule_for(dtype), work, self.context, dtype)
+            run_schedule(self.host_steps_for(dtype), work, self.context, dtype)
         if cast is not None:
             problem = None
             try:

@@ -1,0 +1,223 @@
+r"""Consecutive movement steps of a rank's schedule run as one on host memory: the same state
+after them, in fewer passes over the blocks.
+
+A rank's schedule (:mod:`linop.program`) spells out what the tree means; run one node at a time
+by the numpy interpreter's handlers, some neighbours do work the next one throws away. With
+:math:`A_b` an allocation, :math:`C` a copy, :math:`C^*` its adjoint (add back, then clear) and
+:math:`D_a` a drop:
+
+- :math:`C_{s \to b[r]}\, A_b`: the zeros of :math:`b` are written only around :math:`r`
+  (:func:`around`; none when :math:`r` is all of :math:`b`), then :math:`s` is copied in: one
+  write of :math:`b`, not two (:class:`AllocateAndCopy`);
+- :math:`C^*_{b \to a[r]}\, A_b` (the whole new block): :math:`0 + a[r] = a[r]`, so :math:`b`
+  is a copy of :math:`a[r]`, not zeros then a sum (:class:`AllocateAndCopyBack`), and
+- :math:`D_a\, C^*_{t \to a[r]}`: :math:`a[r]` is cleared just before :math:`a` is dropped, so
+  it is dropped without the clear (:class:`AddBackAndDrop`; also the tail of the previous
+  rule when :math:`D_a` follows it).
+
+In an overlapped convolution's tree (:mod:`linop.layers.overlap_split`) these are the padded
+block's and the interior window's fills and the adjoint's copy of the bulk out of the padded
+gradient: whole passes over the layer's blocks. Each fused step writes the same values in the
+same dtype as the steps it replaces (``tests/test_host_fusion.py`` proves it entry by entry on
+integers), except that :math:`0 + (-0.0)` is :math:`+0.0` where the copy keeps :math:`-0.0`.
+
+:func:`fused` rewrites a schedule once, when a plan is built; phases, fast-path parts and
+every other step are kept as they are, and the nodes run during a phase's messages
+(:class:`~linop.program.RankOverlap`) are fused among themselves (:class:`HostOverlap`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..movement import Copy, CopyAdjoint
+from ..primitives import Allocate, Deallocate
+from ..program import RankOverlap, RankPhase
+from ..space import Block, Region
+from . import numpy as numpy_backend
+
+__all__ = [
+    "FusedStep",
+    "AllocateAndCopy",
+    "AllocateAndCopyBack",
+    "AddBackAndDrop",
+    "HostOverlap",
+    "around",
+    "fused",
+    "run_node",
+]
+
+
+def around(shape: tuple[int, ...], start: tuple[int, ...], stop: tuple[int, ...]) -> list[tuple[slice, ...]]:
+    """The block of ``shape`` outside the box ``[start, stop)``, as disjoint boxes (at most two
+    per dimension: dimension 0's span the block, dimension 1's the box's extent along 0, ...);
+    empty ones left out."""
+    boxes = []
+    for d, n in enumerate(shape):
+        head = tuple(slice(a, b) for a, b in zip(start[:d], stop[:d]))
+        tail = (slice(None),) * (len(shape) - d - 1)
+        for a, b in ((0, start[d]), (stop[d], n)):
+            if b > a and all(s.stop > s.start for s in head):
+                boxes.append((*head, slice(a, b), *tail))
+    return boxes
+
+
+class FusedStep:
+    """Consecutive nodes of a schedule (:attr:`nodes`) run as one (:meth:`run`), with the
+    same result."""
+
+    @property
+    def nodes(self) -> tuple[Any, ...]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def run(self, work: numpy_backend.Workspace) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class AllocateAndCopy(FusedStep):
+    """``A[b]`` then ``C[s -> b[r]]``: ``b`` built empty, zeros written around ``r``, ``s``
+    copied into ``r``."""
+
+    allocate: Allocate
+    copy: Copy
+
+    @property
+    def nodes(self) -> tuple[Any, ...]:
+        return (self.allocate, self.copy)
+
+    def run(self, work: numpy_backend.Workspace) -> None:
+        region = self.copy.dst
+        assert isinstance(region, Region)
+        source = work.arrays[self.copy.src.name][self.copy.src.index]
+        block = self.allocate.block
+        array = np.empty(block.shape, dtype=np.result_type(work.dtype, source.dtype))
+        for box in around(block.shape, region.start, region.stop):
+            array[box] = 0
+        array[region.index] = source
+        work.set(block.name, array)
+
+
+@dataclass(frozen=True)
+class AllocateAndCopyBack(FusedStep):
+    """``A[b]`` then ``C*[b <- a[r]]`` (then ``D[a]`` when ``drop``): ``b`` a copy of ``a[r]``;
+    ``a[r]`` cleared, or ``a`` dropped."""
+
+    allocate: Allocate
+    copy_back: CopyAdjoint
+    drop: Deallocate | None = None
+
+    @property
+    def nodes(self) -> tuple[Any, ...]:
+        return (self.allocate, self.copy_back) + ((self.drop,) if self.drop is not None else ())
+
+    def run(self, work: numpy_backend.Workspace) -> None:
+        read = self.copy_back.dst
+        back = work.arrays[read.name]
+        if isinstance(read, Region):
+            back = back[read.index]
+        work.set(self.allocate.block.name, np.array(back, dtype=np.result_type(work.dtype, back.dtype)))
+        if isinstance(read, Block) or self.drop is not None:
+            work.drop(read.name)
+        elif read.size:
+            work.writable(read.name)[read.index] = 0
+
+
+@dataclass(frozen=True)
+class AddBackAndDrop(FusedStep):
+    """``C*[t <- a[r]]`` then ``D[a]``: ``a[r]`` added into ``t``, ``a`` dropped uncleared."""
+
+    copy_back: CopyAdjoint
+    drop: Deallocate
+
+    @property
+    def nodes(self) -> tuple[Any, ...]:
+        return (self.copy_back, self.drop)
+
+    def run(self, work: numpy_backend.Workspace) -> None:
+        op = self.copy_back
+        back = work.arrays[op.dst.name]
+        if isinstance(op.dst, Region):
+            back = back[op.dst.index]
+        work.writable(op.src.name, back.dtype)[op.src.index] += back
+        work.drop(op.dst.name)
+
+
+@dataclass(frozen=True)
+class HostOverlap:
+    """A :class:`~linop.program.RankOverlap` whose nodes in flight are fused: the same
+    ``phase``, and ``during`` as nodes or fused steps."""
+
+    phase: RankPhase | None
+    during: tuple[Any, ...]
+
+
+def _whole(region: Region | Block, name: str) -> bool:
+    return region.name == name and (isinstance(region, Block) or region.is_whole)
+
+
+def _fuse_at(steps: Sequence[Any], i: int) -> tuple[Any, int] | None:
+    """The fused step starting at ``steps[i]`` and how many steps it takes, or None."""
+    first = steps[i]
+    second = steps[i + 1] if i + 1 < len(steps) else None
+    third = steps[i + 2] if i + 2 < len(steps) else None
+    if type(first) is Allocate:
+        name = first.block.name
+        if (
+            type(second) is Copy
+            and isinstance(second.dst, Region)
+            and second.dst.name == name
+            and second.src.name != name
+        ):
+            return AllocateAndCopy(first, second), 2
+        if type(second) is CopyAdjoint and _whole(second.src, name) and second.dst.name != name:
+            read = second.dst
+            if isinstance(read, Region) and type(third) is Deallocate and third.name == read.name:
+                return AllocateAndCopyBack(first, second, third), 3
+            return AllocateAndCopyBack(first, second), 2
+    if (
+        type(first) is CopyAdjoint
+        and isinstance(first.dst, Region)
+        and type(second) is Deallocate
+        and second.name == first.dst.name
+        and first.src.name != first.dst.name
+    ):
+        return AddBackAndDrop(first, second), 2
+    return None
+
+
+def fused(schedule: Sequence[Any]) -> tuple[Any, ...]:
+    """``schedule`` with its runs of fusable movement nodes as :class:`FusedStep` s, and each
+    :class:`~linop.program.RankOverlap` as a :class:`HostOverlap` of fused nodes; the same
+    tuple when nothing fuses."""
+    out: list[Any] = []
+    changed = False
+    i = 0
+    while i < len(schedule):
+        step = schedule[i]
+        found = _fuse_at(schedule, i)
+        if found is not None:
+            out.append(found[0])
+            i += found[1]
+            changed = True
+            continue
+        if type(step) is RankOverlap:
+            during = fused(step.during)
+            if during is not step.during:
+                step = HostOverlap(step.phase, during)
+                changed = True
+        out.append(step)
+        i += 1
+    return tuple(out) if changed else tuple(schedule)
+
+
+def run_node(node: Any, work: numpy_backend.Workspace) -> None:
+    """Run a node of a schedule, or a fused step, on ``work``."""
+    if isinstance(node, FusedStep):
+        node.run(work)
+    else:
+        numpy_backend.run(node, work)
