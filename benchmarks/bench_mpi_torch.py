@@ -7,14 +7,16 @@ Run with 2 or 4 ranks::
     mpiexec -n 4 python benchmarks/bench_mpi_torch.py --convolution   # the second table alone
 
 An N x N float64 tensor is cut into row strips over the ranks; each rank's window for a 3 x 3
-kernel with zero padding 1 is its strip with one halo row from each neighbour (zeros at the
-ends, and a zero column on each side). ``linop``: ``TorchOperator(halo_windows(...), comm=comm)``: a plan bound once per
-direction; each call copies the tensors into the bound buffers, runs the plan and copies the
-results out. ``hand``: an ``autograd.Function`` that allocates the window, copies the strip in
-and exchanges halo rows with ``Isend``/``Irecv`` (backward: sends the halo rows' gradients back and
-adds them into the neighbours' edge rows). Both are checked equal first (windows and
-gradients); a sample's time is the maximum over ranks of one forward + backward; medians and
-the ratio linop / hand are printed on rank 0. Nothing is asserted about speed.
+kernel with zero padding 1 is its strip with one halo row from each neighbour (zeros at the ends,
+and a zero column on each side). ``linop``: ``TorchOperator(halo_windows(...), comm=comm)``: a plan
+checked once per direction; at these sizes (at least ``STRAIGHT_FROM`` bytes per rank) each call
+runs it on the tensors' memory, smaller blocks are copied into buffers bound with persistent
+requests and the results out (``linop.frameworks.torch_function.BoundTensors``). ``hand``: an
+``autograd.Function`` that allocates the window, copies the strip in and exchanges halo rows with
+``Isend``/``Irecv`` (backward: sends the halo rows' gradients back and adds them into the
+neighbours' edge rows). Both are checked equal first (windows and gradients); a sample's time is
+the maximum over ranks of one forward + backward; medians and the ratio linop / hand are printed on
+rank 0. Nothing is asserted about speed.
 
 Second table: a row-partitioned 3 x 3 convolution, ``LayerModule(Convolution(...), comm=)``
 against a hand-written halo exchange (``Isend``/``Irecv`` in an autograd.Function) + ``conv2d``

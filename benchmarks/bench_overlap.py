@@ -17,25 +17,30 @@ within each sample):
 - ``windows``: what a layer's forward and backward move around the products: the padded
   block built from the input block, the exchange, and in the backward the adjoint exchange and
   the input gradient taken out of the padded gradient. linop's is ``LayerModule``'s window
-  stage as the plain module runs it (``plain.windows``: the input copied into the bound
-  plan's buffer, the padded block filled, the result copied out of the plan's buffers, and
-  likewise back); the hand-written one builds the padded block (``np.zeros`` and a copy) and
-  copies the bulk of the gradient out. An earlier version of this script compared linop's
+  stage as the plain module runs it (``plain.windows``: at this size, at least
+  ``STRAIGHT_FROM`` bytes, the checked plan run on the tensors' memory: the padded block
+  filled around the bulk and the bulk copied in, and back the bulk of the gradient copied
+  out); the hand-written one builds the padded block (``np.zeros`` and a copy) and copies the
+  bulk of the gradient out. An earlier version of this script compared linop's
   ``windows`` with the hand-written ``exchange`` alone (on a padded block it built, the
   gradient left in it): that set about eight 16 MiB memory passes against two, not the
   messages of the one against those of the other;
 - ``compute``: the local products alone (torch's ``conv2d`` forward and one
   ``convolution_backward`` for the input, weights and bias on a padded block, no message);
-- ``plain``: ``LayerModule(..., overlap=False)``: the exchange, then the products;
+- ``plain``: ``LayerModule(..., replicate=True, overlap=False)``: the exchange, then the
+  products; every rank holds the parameters, and the backward all-reduces their gradients;
 - ``overlapped``: ``LayerModule(..., overlap=True)``: the exchange started, the interior's
   products run while its messages are in flight, then the boundary strips; the backward with
   the adjoint exchange in flight;
 - ``hand plain``: mpi4py + torch written out: the exchange, one ``conv2d`` on the padded
-  block; backward: one ``convolution_backward`` (input, weights, bias), the adjoint exchange;
+  block; backward: one ``convolution_backward`` (input, weights, bias), the adjoint exchange,
+  and one ``Allreduce`` of the weight and bias gradients packed together (as the module, a
+  data-parallel layer: each rank's gradients are partial sums);
 - ``hand overlapped``: ``Isend``/``Irecv`` of the halos, the interior's ``conv2d``,
   ``Waitall``, the four boundary strips; backward: each strip's ``convolution_backward``
   (input, weights and bias in one call), the halo gradients sent back, the interior's
-  ``convolution_backward`` in flight, ``Waitall``, the received gradients added.
+  ``convolution_backward`` in flight, ``Waitall``, the received gradients added, the
+  ``Allreduce``.
 
 and the ratios: the share of the exchange's messages hidden, ``(plain - overlapped) /
 exchange``, and ``overlapped / hand overlapped``. The layers are checked equal first
@@ -164,7 +169,7 @@ class HandLayer:
             dx, dw, db = _backward(g, xp, weight)
             gpad += dx
             self._exchange(gpad.numpy(), self.halo, self.edge, add=True)()
-            return y, gpad[..., 1 : h + 1, 1 : w + 1], dw, db
+            return (y, gpad[..., 1 : h + 1, 1 : w + 1], *self._summed(dw, db))
         y = torch.empty((n, weight.shape[0], h, w))
         strips = [
             ((slice(0, 1), slice(0, w)), (slice(0, 3), slice(0, w + 2))),
@@ -188,7 +193,14 @@ class HandLayer:
         dx, dws, dbs = _backward(g[(..., *inner_out)], xp[(..., *inner_in)], weight)
         gpad[(..., *inner_in)] += dx
         complete()
-        return y, gpad[..., 1 : h + 1, 1 : w + 1], dw + dws, db + dbs
+        return (y, gpad[..., 1 : h + 1, 1 : w + 1], *self._summed(dw + dws, db + dbs))
+
+    def _summed(self, dw, db):
+        """The weight and bias gradients summed over the ranks (the parameters are replicated,
+        as in a data-parallel code): one ``Allreduce`` of both, packed."""
+        packed = torch.cat((dw.reshape(-1), db.reshape(-1))).numpy()
+        self.comm.Allreduce(MPI.IN_PLACE, packed)
+        return torch.from_numpy(packed[: dw.numel()]).view_as(dw), torch.from_numpy(packed[dw.numel() :])
 
     def exchange_only(self, padded: np.ndarray) -> None:
         """The messages alone, forward and adjoint, on a padded block built once."""
@@ -231,8 +243,9 @@ def main() -> None:
     rng = np.random.default_rng(0)
     weights = (rng.standard_normal(layer.weights.global_shape) / (3 * np.sqrt(c))).astype(np.float32)
     bias = rng.standard_normal(layer.bias.global_shape).astype(np.float32)
-    plain = LayerModule(layer, weights=weights, bias=bias, comm=COMM, dtype=torch.float32, overlap=False)
-    overlapped = LayerModule(layer, weights=weights, bias=bias, comm=COMM, dtype=torch.float32, overlap=True)
+    arguments = dict(weights=weights, bias=bias, comm=COMM, dtype=torch.float32, replicate=True)
+    plain = LayerModule(layer, **arguments, overlap=False)
+    overlapped = LayerModule(layer, **arguments, overlap=True)
     (name,) = plain.input_names
     block = rng.standard_normal((n, c, h, w)).astype(np.float32)
     gy = rng.standard_normal((n, c, h, w)).astype(np.float32)
@@ -240,10 +253,14 @@ def main() -> None:
     out_name = plain.output_names[0]
 
     def module_step(module):
-        tensor = torch.from_numpy(block.copy()).requires_grad_()
+        tensor = torch.from_numpy(block).requires_grad_()  # the module never writes its input
         y = module({name: tensor})[out_name]
         y.backward(torch.from_numpy(gy))
-        return y.detach(), tensor.grad, [p.grad for n, p in module.parameter_state().items() if "_w[" in n]
+        return (
+            y.detach(),
+            tensor.grad,
+            [p.grad for n, p in module.parameter_state().items() if n.startswith("wt[")],
+        )
 
     # equal first (float32 rounding): outputs, input gradients, weight gradients (summed over ranks)
     problems = []
@@ -254,7 +271,7 @@ def main() -> None:
         results[label] = module_step(module)
     for overlap in (False, True):
         y, dx, dw, db = hand.step(block, gy, overlap=overlap)
-        dw, db = COMM.allreduce(dw.numpy()), COMM.allreduce(db.numpy())
+        dw, db = dw.numpy(), db.numpy()
         hand_label = "hand overlapped" if overlap else "hand plain"
         for label, (my, mdx, grads) in results.items():
             if not np.allclose(my.numpy(), y.numpy(), atol=1e-4) or not np.allclose(

@@ -85,17 +85,31 @@ GROWN = Allocate(SPACE, Block("c", (4, 5)))
 WITH_B = Allocate(SPACE, Block("b", (2, 3)))
 COPY_BACK = Copy(WITH_B.range["b"], WITH_B.range["a"][1:3, 2:5]).H  # C*[b <- a[1:3, 2:5]]
 ADD_BACK = Copy(SPACE["t"], SPACE["a"][1:3, 2:5]).H  # C*[t <- a[1:3, 2:5]]
+FILLED = [GROWN, Copy(GROWN.range["a"], GROWN.range["c"])]  # c: a copy of a, allocated here
+C_BACK = Copy(
+    Allocate(GROWN.range, Block("b", (2, 3))).range["b"],
+    GROWN.range.with_block(Block("b", (2, 3)))["c"][1:3, 2:5],
+).H
 RULES = {
     "allocate and copy": [GROWN, Copy(GROWN.range["a"][0:2, 0:3], GROWN.range["c"][1:3, 2:5])],
     "allocate and copy back": [WITH_B, COPY_BACK],
     "allocate, copy back, drop": [WITH_B, COPY_BACK, Deallocate(COPY_BACK.range, "a")],
     "add back and drop": [ADD_BACK, Deallocate(ADD_BACK.range, "a")],
+    "copy back from a block of the run's": [*FILLED, Allocate(GROWN.range, Block("b", (2, 3))), C_BACK],
+    "... then dropped": [
+        *FILLED,
+        Allocate(GROWN.range, Block("b", (2, 3))),
+        C_BACK,
+        Deallocate(C_BACK.range, "c"),
+    ],
 }
 KINDS = {
     "allocate and copy": [AllocateAndCopy],
     "allocate and copy back": [AllocateAndCopyBack],
     "allocate, copy back, drop": [AllocateAndCopyBack],
     "add back and drop": [AddBackAndDrop],
+    "copy back from a block of the run's": [AllocateAndCopy, AllocateAndCopyBack],
+    "... then dropped": [AllocateAndCopy, AllocateAndCopyBack],
 }
 
 
@@ -160,17 +174,33 @@ def test_a_convolution_window_fuses_its_fills_and_copies_and_gives_the_same_bloc
     forward and adjoint, and alike with the interior's steps run while a phase is in flight (a
     :class:`~linop.program.RankOverlap`, fused inside), as a rank with neighbours runs them."""
     expected_kinds = ([AllocateAndCopy, AllocateAndCopy], [AddBackAndDrop, AllocateAndCopyBack])
-    for forward, schedule in enumerate(_layer_schedules((2, 3, 7, 6))):
+    for adjoint, schedule in enumerate(_layer_schedules((2, 3, 7, 6))):
         first = next(s for s in schedule if isinstance(s, LinearOperator))
-        rng = np.random.default_rng(forward)
+        rng = np.random.default_rng(adjoint)
         state = {b.name: rng.integers(-9, 10, b.shape) for b in first.domain}
-        a, b = ((3, 6), (1, 4))[forward]  # where the rank's phase starts and ends
+        a, b = ((3, 6), (1, 4))[adjoint]  # where the rank's phase starts and ends
         in_flight = (*schedule[:a], RankOverlap(None, tuple(schedule[a:b])), *schedule[b:])
         for variant in (schedule, in_flight):
             steps = fused(variant)
-            assert _fused_kinds(steps) == expected_kinds[forward]
+            assert _fused_kinds(steps) == expected_kinds[adjoint]
             assert _same(_run(steps, state), _run(variant, state))
         assert any(isinstance(s, HostOverlap) for s in fused(in_flight))
+        if adjoint:  # the bulk's gradient: a view of the padded block, allocated in the run
+            (back,) = [s for s in fused(schedule) if isinstance(s, AllocateAndCopyBack)]
+            assert back.lend
+            result = _run(fused(schedule), state)[back.allocate.block.name]
+            assert not result.flags.c_contiguous and result.base is not None
+
+
+def test_a_copy_back_from_the_callers_block_is_a_copy() -> None:
+    """A block the schedule did not allocate (the caller's, or renamed onto its name) is never
+    lent: the result is a copy, and the caller's array is left as it was."""
+    schedule = tuple(RULES["allocate, copy back, drop"])
+    (step,) = fused(schedule)
+    assert isinstance(step, AllocateAndCopyBack) and not step.lend
+    grown = Allocate(SPACE, Block("s", (4, 5)))
+    lent = fused((grown, *(n for n in _nodes(Copy(grown.range["a"], grown.range["s"]))), *schedule))
+    assert [s.lend for s in lent if isinstance(s, AllocateAndCopyBack)] == [False]
 
 
 @st.composite

@@ -13,7 +13,8 @@ by the numpy interpreter's handlers, some neighbours do work the next one throws
   is a copy of :math:`a[r]`, not zeros then a sum (:class:`AllocateAndCopyBack`), and
 - :math:`D_a\, C^*_{t \to a[r]}`: :math:`a[r]` is cleared just before :math:`a` is dropped, so
   it is dropped without the clear (:class:`AddBackAndDrop`; also the tail of the previous
-  rule when :math:`D_a` follows it).
+  rule when :math:`D_a` follows it, and then, when :math:`a` was allocated earlier in the
+  schedule, :math:`b` is the view :math:`a[r]` of memory nothing else holds: no copy at all).
 
 In an overlapped convolution's tree (:mod:`linop.layers.overlap_split`) these are the padded
 block's and the interior window's fills and the adjoint's copy of the bulk out of the padded
@@ -35,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from ..movement import Copy, CopyAdjoint
+from ..operator import LinearOperator
 from ..primitives import Allocate, Deallocate
 from ..program import RankOverlap, RankPhase
 from ..space import Block, Region
@@ -105,11 +107,14 @@ class AllocateAndCopy(FusedStep):
 @dataclass(frozen=True)
 class AllocateAndCopyBack(FusedStep):
     """``A[b]`` then ``C*[b <- a[r]]`` (then ``D[a]`` when ``drop``): ``b`` a copy of ``a[r]``;
-    ``a[r]`` cleared, or ``a`` dropped."""
+    ``a[r]`` cleared, or ``a`` dropped. With ``lend`` (``a`` was allocated earlier in the
+    schedule, so its memory is the run's alone) and ``a`` dropped, ``b`` is ``a[r]`` itself, a
+    view, when it has the run's dtype: no copy."""
 
     allocate: Allocate
     copy_back: CopyAdjoint
     drop: Deallocate | None = None
+    lend: bool = False
 
     @property
     def nodes(self) -> tuple[Any, ...]:
@@ -120,7 +125,9 @@ class AllocateAndCopyBack(FusedStep):
         back = work.arrays[read.name]
         if isinstance(read, Region):
             back = back[read.index]
-        work.set(self.allocate.block.name, np.array(back, dtype=np.result_type(work.dtype, back.dtype)))
+        dtype = np.result_type(work.dtype, back.dtype)
+        lent = self.lend and back.dtype == dtype and read.name in work.owned
+        work.set(self.allocate.block.name, back if lent else np.array(back, dtype=dtype))
         if isinstance(read, Block) or self.drop is not None:
             work.drop(read.name)
         elif read.size:
@@ -160,8 +167,9 @@ def _whole(region: Region | Block, name: str) -> bool:
     return region.name == name and (isinstance(region, Block) or region.is_whole)
 
 
-def _fuse_at(steps: Sequence[Any], i: int) -> tuple[Any, int] | None:
-    """The fused step starting at ``steps[i]`` and how many steps it takes, or None."""
+def _fuse_at(steps: Sequence[Any], i: int, allocated: set[str]) -> tuple[Any, int] | None:
+    """The fused step starting at ``steps[i]`` and how many steps it takes, or None;
+    ``allocated``: the blocks allocated before it (their memory is the run's own)."""
     first = steps[i]
     second = steps[i + 1] if i + 1 < len(steps) else None
     third = steps[i + 2] if i + 2 < len(steps) else None
@@ -177,7 +185,7 @@ def _fuse_at(steps: Sequence[Any], i: int) -> tuple[Any, int] | None:
         if type(second) is CopyAdjoint and _whole(second.src, name) and second.dst.name != name:
             read = second.dst
             if isinstance(read, Region) and type(third) is Deallocate and third.name == read.name:
-                return AllocateAndCopyBack(first, second, third), 3
+                return AllocateAndCopyBack(first, second, third, lend=read.name in allocated), 3
             return AllocateAndCopyBack(first, second), 2
     if (
         type(first) is CopyAdjoint
@@ -190,29 +198,51 @@ def _fuse_at(steps: Sequence[Any], i: int) -> tuple[Any, int] | None:
     return None
 
 
-def fused(schedule: Sequence[Any]) -> tuple[Any, ...]:
+def fused(schedule: Sequence[Any], allocated: set[str] | None = None) -> tuple[Any, ...]:
     """``schedule`` with its runs of fusable movement nodes as :class:`FusedStep` s, and each
     :class:`~linop.program.RankOverlap` as a :class:`HostOverlap` of fused nodes; the same
-    tuple when nothing fuses."""
+    tuple when nothing fuses. ``allocated``: the blocks allocated before it (followed, and
+    updated, as :func:`_note_allocations` says)."""
     out: list[Any] = []
     changed = False
+    allocated = set() if allocated is None else allocated
     i = 0
     while i < len(schedule):
         step = schedule[i]
-        found = _fuse_at(schedule, i)
+        found = _fuse_at(schedule, i, allocated)
         if found is not None:
             out.append(found[0])
+            _note_allocations(found[0].nodes, allocated)
             i += found[1]
             changed = True
             continue
         if type(step) is RankOverlap:
-            during = fused(step.during)
+            during = fused(step.during, allocated)  # follows the allocations in flight too
             if during is not step.during:
                 step = HostOverlap(step.phase, during)
                 changed = True
+        else:
+            _note_allocations((step,), allocated)
         out.append(step)
         i += 1
     return tuple(out) if changed else tuple(schedule)
+
+
+def _note_allocations(steps: Sequence[Any], allocated: set[str]) -> None:
+    """Follow which blocks hold memory of the run's own since their allocation: a node that
+    brings in a block (a copy or move into a new one, a kernel's result) may bring in the
+    caller's memory, so that name is forgotten; a step that is no node forgets them all."""
+    for step in steps:
+        if type(step) is Allocate:
+            allocated.add(step.block.name)
+        elif isinstance(step, FusedStep):
+            _note_allocations(step.nodes, allocated)
+        elif isinstance(step, (RankOverlap, HostOverlap)):
+            _note_allocations(step.during, allocated)
+        elif isinstance(step, LinearOperator):
+            allocated.difference_update(n for n in step.range.names if n not in step.domain.names)
+        elif type(step) is not RankPhase:
+            allocated.clear()
 
 
 def run_node(node: Any, work: numpy_backend.Workspace) -> None:

@@ -23,7 +23,8 @@ torch.distributed executor's plans (:meth:`linop.backends.torch_distributed.Torc
 then :meth:`~linop.backends.torch_distributed.BoundTorchPlan.run_on` on each call's tensors). Where binding prebuilt persistent
 requests (broadcasts, sum-reduces, all-reduces) the plan is bound once on buffers the runner
 owns (:class:`BoundTensors`; in place where domain equals range) and each call copies the
-incoming tensors into them, runs the prepared calls and copies the results out; otherwise each call runs the plan straight
+incoming tensors into them, runs the prepared calls and copies the results out; for large
+blocks (:data:`STRAIGHT_FROM`), and where nothing was prebuilt, each call runs the plan straight
 on the tensors' memory (shapes checked locally: a wrong shape is a :class:`StateError` on that
 rank).
 
@@ -182,7 +183,9 @@ class BoundTensors:
     torch tensors sharing memory with the plan's result arrays, *overwritten by the next call*
     (a caller that keeps a result past it copies it first). Only a :attr:`persistent` binding
     (every call runs only prepared calls) is run so; otherwise the caller runs the plan on its
-    tensors (the plan of :attr:`plan`, its dtype :attr:`dtype`).
+    tensors (the plan of :attr:`plan`, its dtype :attr:`dtype`). Blocks of
+    :data:`STRAIGHT_FROM` bytes or more on some rank are only checked at binding, never bound
+    persistently: their copies in and out would cost more than the calls they save.
 
     Parameters
     ----------
@@ -203,13 +206,17 @@ class BoundTensors:
             name: np.zeros(blocks[name].shape, dtype=_numpy_dtype(dtype))
             for name, dtype in zip(inputs, dtypes)
         }
-        # The buffers are this object's own, refilled on each call, so the plan may overwrite
-        # them: in place where domain equals range (no copy into result arrays), else donated
-        # (no copy of a block before its first change).
-        bound = plan.bind(self.arrays, donate=True)  # collective (as is the decision to rebind below)
-        if bound.inplace and not bound.persistent:
-            bound.free()
-            bound = plan.bind(self.arrays, inplace=False, donate=True)
+        # collective, as are the binding and the decision to rebind below
+        if _runs_straight(plan, self.arrays.values()):
+            bound = plan.bind(self.arrays, inplace=False, persistent=False)  # checked once, no buffers
+        else:
+            # The buffers are this object's own, refilled on each call, so the plan may
+            # overwrite them: in place where domain equals range (no copy into result arrays),
+            # else donated (no copy of a block before its first change).
+            bound = plan.bind(self.arrays, donate=True)
+            if bound.inplace and not bound.persistent:
+                bound.free()
+                bound = plan.bind(self.arrays, inplace=False, donate=True)
         self._bound = bound
         self.dtype = bound.dtype
         self.persistent = bool(bound.persistent)
@@ -249,6 +256,26 @@ class BoundTensors:
     def free(self) -> None:
         """Release the bound plan's persistent requests."""
         self._bound.free()
+
+
+STRAIGHT_FROM = 1 << 21
+"""Bytes of one rank's domain and range blocks (2 MiB) from which a bound tree runs straight on
+each call's tensors (the plan checked once, run by the host interpreter on their memory, the
+results fresh arrays) instead of copying them into buffers bound with persistent requests and
+the results out: on any rank, then on every rank. Measured on 4 processes on 2 cores: the
+window stage of a convolution of 4 x 16 x 256 x 256 float32 per process
+(``benchmarks/bench_overlap.py``), forward and backward, 34-36 ms bound, 21-23 ms straight
+(15-16 ms hand-written); the halo windows of ``benchmarks/bench_mpi_torch.py``, 1.23-1.38x of
+the hand-written ones bound, 0.95-1.14x straight (N = 1024 and 4096). Below it the bound plan's
+smaller per-call constant wins (its small convolution layers)."""
+
+
+def _runs_straight(plan: Any, arrays: Any) -> bool:
+    """Whether any rank's blocks reach :data:`STRAIGHT_FROM` bytes (collective)."""
+    itemsize = max((a.itemsize for a in arrays), default=8)
+    entries = sum(int(np.prod(b.shape)) for b in plan.domain_blocks.values())
+    entries += sum(int(np.prod(plan.op.range.block(name).shape)) for name in plan.range_names)
+    return bool(plan.comm.allreduce(int(entries * itemsize >= STRAIGHT_FROM)))
 
 
 def _as_view(array: np.ndarray) -> torch.Tensor:

@@ -417,10 +417,9 @@ class LayerModule(torch.nn.Module):
         same operator as the plain tree). False (the default): on a 2-core machine with 2 and
         4 processes (4 x 16 x 256 x 256 float32 per process, ``benchmarks/bench_overlap.py``)
         the halo messages are about a millisecond of a step of a hundred or more, no core is
-        free to move them while the interior runs, and the overlapped tree, run by the host
-        interpreter (fresh blocks, a few more memory passes than the plain module's compiled
-        window plans), cost some 5-15% more thread CPU per step than the plain one, so it is
-        opt-in. None: by the rule of :func:`overlap_pays` (across processes, a cut
+        free to move them while the interior runs, and an overlapped step takes 15-20% longer
+        than a plain one (more, smaller torch calls), for a hand-written mpi4py + torch layer
+        alike, so it is opt-in. None: by the rule of :func:`overlap_pays` (across processes, a cut
         spatial dimension, a large enough interior, a real dtype, not NCCL), for machines where
         the exchange can progress while the interior computes.
     replicate : bool

@@ -35,6 +35,12 @@ def _integers(space, seed):
     return space.random(np.random.default_rng(seed), dtype=np.int64)
 
 
+def max_op():
+    from mpi4py import MPI
+
+    return MPI.MAX
+
+
 def _as_torch(state):
     return {name: torch.from_numpy(np.asarray(value, dtype=np.float64)) for name, value in state.items()}
 
@@ -72,10 +78,26 @@ def test_bound_in_place_halo_exchange_on_torch_tensors(comm):
     collective_assert(same_objects and problem is None, f"bound: {problem}, same tensors {same_objects}")
 
 
+STRAIGHT = ["default", "always", "largest rank"]
+
+
+@pytest.mark.parametrize("straight", STRAIGHT, ids=STRAIGHT)
 @pytest.mark.parametrize("name", NAMES, ids=NAMES)
-def test_torch_operator_forward_and_backward_across_ranks(comm, name):
+def test_torch_operator_forward_and_backward_across_ranks(comm, name, straight, monkeypatch):
+    """Forward and backward equal the numpy interpreter's, bound on the runner's buffers or,
+    from ``STRAIGHT_FROM`` bytes on any rank (here: every rank, or the rank with the most),
+    run straight on the tensors on every rank alike."""
+    from linop.frameworks import torch_function
+
     op = _trees(comm.size)[name]
     f = TorchOperator(op, comm=comm)
+    if straight != "default":
+        plan = f._runner.plan
+        mine = sum(b.size for b in op.domain if b.worker == comm.rank)
+        mine += sum(b.size for b in op.range if b.worker == comm.rank)
+        threshold = 0 if straight == "always" else comm.allreduce(mine * 8, op=max_op())
+        monkeypatch.setattr(torch_function, "STRAIGHT_FROM", threshold)
+        assert plan is not None
     full = _integers(op.domain, 2)
     cotangent = _integers(op.range, 3)
     forward = op({k: v.astype(np.float64) for k, v in full.items()})
@@ -91,6 +113,9 @@ def test_torch_operator_forward_and_backward_across_ranks(comm, name):
             {k: v.detach().numpy() for k, v in y.items()}, forward, f.outputs
         ) or same_blocks({k: v.numpy() for k, v in grads.items()}, backward, f.inputs)
         collective_assert(problem is None, f"{name}: {problem}")
+    bound = f._runner.bound_tensors([torch.float64] * len(f.inputs))  # as bound by the calls
+    expected = straight == "default"  # these blocks are small
+    collective_assert(bound.persistent == expected, f"{name}, {straight}: persistent {bound.persistent}")
 
 
 @pytest.mark.skipif(

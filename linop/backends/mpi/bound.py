@@ -54,6 +54,7 @@ class BoundPlan:
         checked: bool = False,
         timeout: float | None = None,
         donate: bool = False,
+        persistent: bool = True,
     ) -> None:
         self.plan = plan
         self._first_timeout = timeout  # the first call's deadline (mpi_deadline), then None
@@ -66,7 +67,7 @@ class BoundPlan:
         comm = plan.comm
         self._run: CompiledRun | None = None
         self._calls: list[PreparedCall] | None = None
-        if not checked:  # integer blocks: every call checks (the same decision on every rank)
+        if not checked and persistent:  # integer blocks: every call checks (the same decision on every rank)
             compile_here = functools.partial(
                 compile_schedule,
                 plan.schedule,

@@ -341,6 +341,7 @@ class DistributedPlan:
         inplace: bool | None = None,
         timeout: Any = None,
         donate: bool = False,
+        persistent: bool = True,
     ) -> BoundPlan:
         """Prepare repeated application to these very arrays; collective.
 
@@ -359,6 +360,10 @@ class DistributedPlan:
         its first change, and a result may be one of them. For a caller that refills its own
         buffers before each call (the torch adapter's bound tensors); the caller's arrays are
         otherwise never written out of place.
+
+        ``persistent=False`` (the same on every rank) only checks: each call runs the ordinary
+        application, unchecked, with no prebuilt requests or buffers (for a caller that runs
+        the checked plan on other arrays of the same blocks, see :attr:`BoundPlan.plan`).
 
         ``timeout`` (seconds; default :attr:`timeout`, else ``LINOP_TIMEOUT``) bounds the wait
         of the check here and of the bound plan's first call for every rank to arrive
@@ -382,6 +387,7 @@ class DistributedPlan:
                 checked=outcome.integers,
                 timeout=self.deadline(timeout),
                 donate=donate,
+                persistent=persistent,
             )
             return entry.bound(bound, inplace=inplace)
         except BaseException as error:
