@@ -11,9 +11,11 @@ Each rank holds the same data in both layouts:
   own workers are local copies); one worker per rank: a 2 x 2 grid. The rank boundaries, and so
   the bytes sent between ranks, are the same.
 - ``all-reduce``: every block summed over the whole grid. Mapped: 16 workers of ``s/2 x s/2``
-  blocks, four per rank (a rank's workers sum locally first, then one ``Allreduce`` over the
-  ranks); one worker per rank: 4 workers of ``s x s/2`` blocks, the same entries per rank,
-  reduced over the 4 ranks (no map).
+  blocks, four per rank (a rank's workers sum locally first, then one ``Allreduce`` of an
+  ``s/2 x s/2`` block over the ranks, and the sum is copied into the four); one worker per
+  rank: 4 workers of ``s x s`` blocks, the same entries per rank, reduced over the 4 ranks (no
+  map): one ``Allreduce`` of four times the entries. (Before 2026-12-03 this side held
+  ``s x s/2``, half the mapped rank's entries.)
 - ``broadcast`` and ``sum-reduce``: an ``s/2 x s/2`` block on worker 0 copied to (or summed
   from) 16 workers, four per rank (``WorkerMap.blocked``: the rank receives the block with one
   ``Bcast`` and fills its four copies, or sums its four copies before one ``Allreduce``);
@@ -84,7 +86,7 @@ def cases(side: int):
     )
     half = side // 2
     reduce_mapped = AllReduce(BlockGrid.uniform("a", Partition((4, 4)), (half, half)), (0, 1))
-    reduce_plain = AllReduce(BlockGrid.uniform("a", Partition((4,)), (side, half)), (0,))
+    reduce_plain = AllReduce(BlockGrid.uniform("a", Partition((4,)), (side, side)), (0,))
     blocked = WorkerMap.blocked(16, SIZE)
 
     def rooted_case(kind, workers, name="c"):
