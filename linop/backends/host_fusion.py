@@ -22,7 +22,7 @@ gradient: whole passes over the layer's blocks. Each fused step writes the same 
 same dtype as the steps it replaces (``tests/test_host_fusion.py`` proves it entry by entry on
 integers), except that :math:`0 + (-0.0)` is :math:`+0.0` where the copy keeps :math:`-0.0`.
 
-:func:`fused` rewrites a schedule once, when a plan is built; phases, fast-path parts and
+:func:`fused` rewrites a schedule once per plan, on its first run; phases, fast-path parts and
 every other step are kept as they are, and the nodes run during a phase's messages
 (:class:`~linop.program.RankOverlap`) are fused among themselves (:class:`HostOverlap`).
 """
