@@ -68,6 +68,12 @@ def around(shape: tuple[int, ...], start: tuple[int, ...], stop: tuple[int, ...]
     return boxes
 
 
+def _entries(work: numpy_backend.Workspace, place: Region | Block) -> np.ndarray:
+    """A region's entries (a view) or a whole block's array, as the workspace holds them."""
+    array = work.arrays[place.name]
+    return array[place.index] if isinstance(place, Region) else array
+
+
 class FusedStep:
     """Consecutive nodes of a schedule (:attr:`nodes`) run as one (:meth:`run`), with the
     same result."""
@@ -122,9 +128,7 @@ class AllocateAndCopyBack(FusedStep):
 
     def run(self, work: numpy_backend.Workspace) -> None:
         read = self.copy_back.dst
-        back = work.arrays[read.name]
-        if isinstance(read, Region):
-            back = back[read.index]
+        back = _entries(work, read)
         dtype = np.result_type(work.dtype, back.dtype)
         lent = self.lend and back.dtype == dtype and read.name in work.owned
         work.set(self.allocate.block.name, back if lent else np.array(back, dtype=dtype))
@@ -147,9 +151,7 @@ class AddBackAndDrop(FusedStep):
 
     def run(self, work: numpy_backend.Workspace) -> None:
         op = self.copy_back
-        back = work.arrays[op.dst.name]
-        if isinstance(op.dst, Region):
-            back = back[op.dst.index]
+        back = _entries(work, op.dst)
         work.writable(op.src.name, back.dtype)[op.src.index] += back
         work.drop(op.dst.name)
 
