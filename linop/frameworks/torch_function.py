@@ -265,9 +265,10 @@ results fresh arrays) instead of copying them into buffers bound with persistent
 the results out: on any rank, then on every rank. Measured on 4 processes on 2 cores: the
 window stage of a convolution of 4 x 16 x 256 x 256 float32 per process
 (``benchmarks/bench_overlap.py``), forward and backward, 34-36 ms bound, 21-23 ms straight
-(15-16 ms hand-written); the halo windows of ``benchmarks/bench_mpi_torch.py``, 1.23-1.38x of
-the hand-written ones bound, 0.95-1.14x straight (N = 1024 and 4096). Below it the bound plan's
-smaller per-call constant wins (its small convolution layers)."""
+(15-16 ms hand-written); the halo windows of ``benchmarks/bench_mpi_torch.py``, of the
+hand-written ones, 1.23-1.35x bound and 1.10-1.35x straight at N = 1024, 1.35-1.38x bound and
+0.93-0.98x straight at N = 4096. Below it the bound plan's smaller per-call constant wins (its
+small convolution layers)."""
 
 
 def _runs_straight(plan: Any, arrays: Any) -> bool:
