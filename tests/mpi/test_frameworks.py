@@ -412,14 +412,21 @@ def test_overlapped_layer_module_equals_the_plain_one(comm):
     collective_assert(problem is None, str(problem))
 
 
+@pytest.mark.parametrize("straight", [False, True], ids=["bound", "straight"])
 @pytest.mark.parametrize("replicate", [False, True], ids=["owners", "replicated"])
-def test_layer_module_calls_outstanding_together_keep_their_operands(comm, replicate):
+def test_layer_module_calls_outstanding_together_keep_their_operands(comm, replicate, straight, monkeypatch):
     """The module's bound plans write into buffers it owns, overwritten by each call: two
     calls whose backward runs after both forwards (one loss over both), then a second step,
     give the gradients of the same calls run one at a time; the gradients handed to autograd
-    are fresh (an earlier step's stay as they were), and the input tensors are never written."""
+    are fresh (an earlier step's stay as they were), and the input tensors are never written.
+    Alike when the stages run straight on the tensors (``STRAIGHT_FROM`` reached), where a
+    gradient may be a view of a block the run allocated."""
+    from linop.frameworks import torch_function
     from linop.frameworks.torch_layers import LayerModule
     from linop.layers import Convolution
+
+    if straight:
+        monkeypatch.setattr(torch_function, "STRAIGHT_FROM", 0)
 
     x = DistributedTensor("x", (2, 3, 4 * comm.size, 5), Partition((1, 1, comm.size, 1)))
     layer = Convolution(x, 2, Kernel(3, padding=1))
