@@ -29,8 +29,9 @@ every other step are kept as they are, and the nodes run during a phase's messag
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -74,16 +75,18 @@ def _entries(work: numpy_backend.Workspace, place: Region | Block) -> np.ndarray
     return array[place.index] if isinstance(place, Region) else array
 
 
-class FusedStep:
-    """Consecutive nodes of a schedule (:attr:`nodes`) run as one (:meth:`run`), with the
-    same result."""
+class FusedStep(ABC):
+    """Consecutive nodes of a schedule (:attr:`nodes`: the step's fields that are nodes, in
+    order) run as one (:meth:`run`), with the same result."""
 
     @property
-    def nodes(self) -> tuple[Any, ...]:  # pragma: no cover - abstract
-        raise NotImplementedError
+    def nodes(self) -> tuple[LinearOperator, ...]:
+        values = (getattr(self, f.name) for f in fields(self))  # type: ignore[arg-type]  # subclasses are dataclasses
+        return tuple(v for v in values if isinstance(v, LinearOperator))
 
-    def run(self, work: numpy_backend.Workspace) -> None:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abstractmethod
+    def run(self, work: numpy_backend.Workspace) -> None:
+        """Leave ``work`` as running :attr:`nodes` one by one would."""
 
 
 @dataclass(frozen=True)
@@ -93,10 +96,6 @@ class AllocateAndCopy(FusedStep):
 
     allocate: Allocate
     copy: Copy
-
-    @property
-    def nodes(self) -> tuple[Any, ...]:
-        return (self.allocate, self.copy)
 
     def run(self, work: numpy_backend.Workspace) -> None:
         region = self.copy.dst
@@ -122,10 +121,6 @@ class AllocateAndCopyBack(FusedStep):
     drop: Deallocate | None = None
     lend: bool = False
 
-    @property
-    def nodes(self) -> tuple[Any, ...]:
-        return (self.allocate, self.copy_back) + ((self.drop,) if self.drop is not None else ())
-
     def run(self, work: numpy_backend.Workspace) -> None:
         read = self.copy_back.dst
         back = _entries(work, read)
@@ -144,10 +139,6 @@ class AddBackAndDrop(FusedStep):
 
     copy_back: CopyAdjoint
     drop: Deallocate
-
-    @property
-    def nodes(self) -> tuple[Any, ...]:
-        return (self.copy_back, self.drop)
 
     def run(self, work: numpy_backend.Workspace) -> None:
         op = self.copy_back

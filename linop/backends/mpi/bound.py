@@ -13,7 +13,9 @@ small messages to (from) one peer (up to
 :data:`~linop.backends.mpi.phase_recipe.BUNDLE_UP_TO` bytes together) move as one *bundle* when
 every pair of ends lists the same bundles (:func:`~linop.backends.mpi.compiled.bundles_agree`,
 at binding): a rank holding several workers of a map then sends their thin strips to a peer as
-one message, not one per pair of workers. A state with integer
+one message, not one per pair of workers. Bound with ``persistent=False`` (the caller's
+choice, alike on every rank) nothing is compiled: the plan is only checked, and each call
+runs the ordinary application. A state with integer
 blocks is never compiled: each call runs the checked application, since whether an integer
 result fits (``docs/theory.md#dtypes``) depends on the values of that call.
 """
@@ -67,7 +69,9 @@ class BoundPlan:
         comm = plan.comm
         self._run: CompiledRun | None = None
         self._calls: list[PreparedCall] | None = None
-        if not checked and persistent:  # integer blocks: every call checks (the same decision on every rank)
+        # integer blocks: every call checks; persistent=False: nothing prebuilt (both the same
+        # decision on every rank)
+        if not checked and persistent:
             compile_here = functools.partial(
                 compile_schedule,
                 plan.schedule,
