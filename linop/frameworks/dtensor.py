@@ -16,9 +16,12 @@ tree is :class:`linop.redistribute.Redistribute`; this module connects them to t
 
 DTensor computes shard boxes with ``torch.chunk`` sizes only; a DTensor built with
 ``from_local`` on other uneven sizes (rows 10/30/7/30) silently gets wrong results from its own
-redistribute (public thread pytorch#144109). Pass such sizes as ``sizes=`` here: the tree
-intersects the real boxes. DTensor's own operators still assume chunk sizes, so keep such
-tensors local (:func:`redistribute_local`) or in layouts with chunk sizes.
+redistribute and ``full_tensor()`` (public thread pytorch#144109). This module therefore never
+returns such a DTensor: :func:`to_dtensor` and :func:`redistribute` raise
+:class:`UnevenShardError` for a layout whose pieces are not ``torch.chunk``'s, and such tensors
+stay local, as (local tensor, layout) or :class:`LocalShard`: :func:`redistribute_local` moves
+them exactly (the tree intersects the real boxes), :func:`from_dtensor` reads a DTensor made on
+such sizes when they are passed as ``sizes=``.
 
 Replicate <-> Partial: linop's ``Replicate -> Partial`` keeps the value on partial term 0 and
 zeros elsewhere (exact in integers) where DTensor divides by the mesh extent; both stand for the
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -39,6 +43,9 @@ from ..redistribute import Redistribute
 from .torch_function import TorchOperator, function
 
 __all__ = [
+    "LocalShard",
+    "UnevenShardError",
+    "chunk_layout",
     "from_dtensor",
     "mesh_layout",
     "redistribute",
@@ -49,6 +56,56 @@ __all__ = [
 ]
 
 SizesLike = Mapping[int, Sequence[int]] | Sequence[Sequence[int] | None] | None
+
+
+class UnevenShardError(PlacementError):
+    """A DTensor was asked for on a layout whose pieces are not ``torch.chunk``'s: DTensor
+    would misread it (its ``full_tensor()``, ``redistribute`` and operators assume chunk
+    sizes). The message says how to keep the tensor local."""
+
+
+@dataclass(frozen=True, slots=True)
+class LocalShard:
+    """This rank's local tensor and the layout it belongs to: what stays of a tensor whose
+    pieces are not ``torch.chunk``'s, where a DTensor would be misread.
+
+    Attributes
+    ----------
+    local : torch.Tensor
+        This rank's piece (its shape is the one ``layout`` gives this rank).
+    layout : MeshLayout
+        The global shape, the placements and the real piece sizes.
+    """
+
+    local: torch.Tensor
+    layout: MeshLayout
+
+    def redistribute(
+        self, destination: MeshLayout | Sequence[Any], *, group: Any = None
+    ) -> torch.Tensor | LocalShard:
+        """:func:`redistribute_local` of this piece; a :class:`LocalShard` when ``destination``
+        is a layout, else (placements, ``torch.chunk`` sizes) the local tensor."""
+        result = redistribute_local(self.local, self.layout, destination, group=group)
+        return LocalShard(result, destination) if isinstance(destination, MeshLayout) else result
+
+
+def chunk_layout(layout: MeshLayout) -> bool:
+    """Whether every piece of ``layout`` has ``torch.chunk``'s size (nested on a dimension that
+    several mesh dimensions shard), the only sizes a DTensor reads correctly."""
+    return layout.sizes == layout.with_placements(layout.placements).sizes
+
+
+def _refuse_uneven(layout: MeshLayout, doing: str) -> None:
+    if not chunk_layout(layout):
+        chunks = layout.with_placements(layout.placements).sizes
+        wrong = next(d for d, (a, b) in enumerate(zip(layout.sizes, chunks)) if a != b)
+        raise UnevenShardError(
+            f"{doing}: layout {layout.name!r} cuts tensor dimension {wrong} into pieces {layout.sizes[wrong]}, "
+            f"not torch.chunk's {chunks[wrong]}; a DTensor on it would be misread (full_tensor(), its "
+            "redistribute and operators assume torch.chunk sizes). Keep it local: redistribute_local(local, "
+            "source, destination) or LocalShard(local, layout).redistribute(destination) take and give "
+            "local tensors, or choose a destination with torch.chunk sizes (sizes=None)"
+        )
 
 
 def mesh_layout(
@@ -140,9 +197,20 @@ def from_dtensor(x: Any, sizes: SizesLike = None, *, name: str = "x") -> tuple[t
 
 def to_dtensor(local: torch.Tensor, layout: MeshLayout, mesh: Any) -> Any:
     """A DTensor from this rank's local tensor in ``layout`` on ``mesh`` (``DTensor.from_local``
-    with the global shape given, so uneven shards keep their global shape; differentiable)."""
+    with the global shape given; differentiable). Only for layouts with ``torch.chunk`` sizes
+    (:func:`chunk_layout`): the only DTensors torch reads correctly.
+
+    Raises
+    ------
+    UnevenShardError
+        When ``layout``'s pieces are not ``torch.chunk``'s (keep the tensor local: the message
+        says how).
+    PlacementError
+        When ``local`` does not have the shape ``layout`` gives this rank.
+    """
     from torch.distributed.tensor import DTensor
 
+    _refuse_uneven(layout, "to_dtensor")
     _check_local(local, layout, _rank())
     shape = layout.global_shape
     stride = tuple(int(torch.tensor(shape[d + 1 :]).prod()) for d in range(len(shape)))
@@ -184,18 +252,28 @@ def redistribute_local(
     the world group, or layouts with ``ranks=`` renumbered). Differentiable: the backward runs
     the adjoint tree. The wrapper is built (and its plans bound) once per tree and group.
 
+    Any piece sizes work here (the result is a local tensor, never a DTensor that torch could
+    misread: see :class:`UnevenShardError`).
+
     Raises
     ------
+    ProcessGroupError
+        This rank is not a member of ``group``, or ``group`` has fewer ranks than the layouts'
+        workers (on every rank, as :func:`linop.backends.torch_distributed.apply` raises it).
     PlacementError
         When ``local`` does not have the shape ``source`` gives this rank, or the layouts do not
         fit (different meshes, placements that do not match the mesh).
     """
     if not isinstance(destination, MeshLayout):
         destination = source.with_placements(destination, name=f"{source.name}_out")
-    rank = _rank()
-    _check_local(local, source, rank)
     tree = redistribute_operator(source, destination)
-    result = _function(tree, group)({source.block_of(rank).name: local})
+    wrapped = _function(tree, group)  # the group's checks first: membership, argument
+    rank = _rank()
+    try:
+        _check_local(local, source, rank)
+    except PlacementError as error:  # through the group's check, else reported: no peer waits blind
+        wrapped._runner.refuse(error, {source.block_of(rank).name: local} if rank in source.partition else {})
+    result = wrapped({source.block_of(rank).name: local})
     return result[destination.block_of(rank).name]
 
 
@@ -208,8 +286,19 @@ def redistribute(
     group: Any = None,
 ) -> Any:
     """DTensor ``x`` redistributed to ``placements`` by linop's tree (exact, differentiable):
-    a DTensor on the same mesh. ``source_sizes`` / ``sizes``: the uneven piece sizes of the
-    input and of the result (default ``torch.chunk``'s)."""
+    a DTensor on the same mesh. ``source_sizes``: the piece sizes ``x`` was built with, when
+    they are not ``torch.chunk``'s (a DTensor made by ``from_local``); ``sizes``: the result's,
+    which must be ``torch.chunk``'s for a DTensor (None, the default, gives them).
+
+    Raises
+    ------
+    UnevenShardError
+        When ``sizes`` are not ``torch.chunk``'s (checked before any data moves): for such a
+        result keep it local, ``local, layout = from_dtensor(x)`` then
+        ``redistribute_local(local, layout, destination_layout)``.
+    PlacementError
+        As :func:`from_dtensor` and :func:`mesh_layout`.
+    """
     local, source = from_dtensor(x, source_sizes, name="x")
     destination = mesh_layout(
         x.device_mesh,
@@ -218,4 +307,5 @@ def redistribute(
         sizes,
         name="y",
     )
+    _refuse_uneven(destination, "redistribute")
     return to_dtensor(redistribute_local(local, source, destination, group=group), destination, x.device_mesh)

@@ -17,7 +17,17 @@ from cases import cases
 
 import verify
 from linop import PlacementError, Redistribute
-from linop.frameworks.dtensor import from_dtensor, mesh_layout, redistribute, redistribute_local, to_dtensor
+from linop.frameworks.dtensor import (
+    LocalShard,
+    UnevenShardError,
+    chunk_layout,
+    from_dtensor,
+    mesh_layout,
+    redistribute,
+    redistribute_local,
+    to_dtensor,
+    torch_placements,
+)
 from linop.mesh_layout import MeshLayout, Partial, Replicate, Shard
 from verify.lift_group import lift_group, prove_backward_group
 
@@ -64,9 +74,9 @@ def check_redistribute(label: str, source: MeshLayout, destination: MeshLayout, 
 
 # -- the DTensor side ---------------------------------------------------------------------------
 def check_dtensor_interop(size: int, mesh: Any) -> None:
+    from torch.distributed.tensor import DTensor, distribute_tensor
     from torch.distributed.tensor import Replicate as TorchReplicate
     from torch.distributed.tensor import Shard as TorchShard
-    from torch.distributed.tensor import distribute_tensor
 
     full = torch.arange(77 * 9, dtype=torch.float64).reshape(77, 9)
     x = distribute_tensor(full, mesh, [TorchShard(0)])
@@ -89,7 +99,15 @@ def check_dtensor_interop(size: int, mesh: Any) -> None:
         rows = MeshLayout.from_placements((size,), [Shard(0)], (77, 9), {0: _rows(size)})
         mine = rows.block_of(dist.get_rank())
         start, stop = rows.box((dist.get_rank(),))
-        uneven = to_dtensor(full[start[0] : stop[0]].clone(), rows, mesh)
+        # what a user builds with DTensor's own from_local: a DTensor that DTensor misreads
+        uneven = DTensor.from_local(
+            full[start[0] : stop[0]].clone(),
+            mesh,
+            [TorchShard(0)],
+            run_check=False,
+            shape=torch.Size((77, 9)),
+            stride=(9, 1),
+        )
         try:
             from_dtensor(uneven)
             raised = ""
@@ -108,6 +126,79 @@ def check_dtensor_interop(size: int, mesh: Any) -> None:
             torch.equal(columns, full[:, expected[0][1] : expected[1][1]]),
             "redistribute_local of a from_local DTensor on rows 10/30/7/30",
         )
+
+
+def check_bridge_returns(size: int, mesh: Any) -> None:
+    """Every DTensor the bridge returns reads back right through DTensor's own ``full_tensor()``
+    (on each layout of the cases, built by ``to_dtensor`` and by ``redistribute``); a layout
+    whose pieces are not torch.chunk's is refused with :class:`UnevenShardError` and stays
+    local (:class:`LocalShard`)."""
+    rank = dist.get_rank()
+    for k, (label, source, destination) in enumerate(cases(size)):
+        if source.mesh_shape != (size,) and size != 4:
+            continue
+        layout_mesh = mesh if source.mesh_shape == (size,) else _grid(mesh)
+        rng = np.random.default_rng(100 + k)
+        data = rng.integers(-99, 100, source.global_shape)
+        state = source.scatter(data, rng=rng)
+        full = torch.from_numpy(data.astype(np.float64))
+        for layout, local_state in ((source, state), (destination, destination.scatter(data, rng=rng))):
+            local = torch.from_numpy(np.asarray(local_state[layout.block_of(rank).name], dtype=np.float64))
+            if chunk_layout(layout):
+                made = to_dtensor(local, layout, layout_mesh)
+                check(
+                    torch.equal(made.full_tensor(), full), f"{label}: to_dtensor({layout.name}).full_tensor()"
+                )
+            else:
+                try:
+                    to_dtensor(local, layout, layout_mesh)
+                    refused = ""
+                except UnevenShardError as error:
+                    refused = str(error)
+                check(
+                    "redistribute_local" in refused and "torch.chunk" in refused,
+                    f"{label}: to_dtensor({layout.name}) refused ({refused!r})",
+                )
+        if not chunk_layout(source):
+            continue
+        x = to_dtensor(
+            torch.from_numpy(np.asarray(state[source.block_of(rank).name], dtype=np.float64)),
+            source,
+            layout_mesh,
+        )
+        sizes = {d: destination.sizes[d] for d in range(len(destination.global_shape))}
+        if chunk_layout(destination):
+            y = redistribute(x, torch_placements(destination))
+            check(torch.equal(y.full_tensor(), full), f"{label}: redistribute(DTensor).full_tensor()")
+        else:
+            try:
+                redistribute(x, torch_placements(destination), sizes)
+                refused = ""
+            except UnevenShardError as error:
+                refused = str(error)
+            check(
+                "keep it local" in refused.lower(),
+                f"{label}: redistribute to uneven sizes refused ({refused!r})",
+            )
+            kept = LocalShard(*from_dtensor(x)).redistribute(destination)
+            assert isinstance(kept, LocalShard)
+            expected = Redistribute(source, destination)(state)[destination.block_of(rank).name]
+            check(
+                torch.equal(kept.local, torch.from_numpy(np.asarray(expected, dtype=np.float64))),
+                f"{label}: LocalShard.redistribute keeps the uneven result local, exactly",
+            )
+
+
+_GRIDS: dict[int, Any] = {}
+
+
+def _grid(mesh: Any) -> Any:
+    """A 2 x 2 DeviceMesh of the 4 ranks (made once: init_device_mesh is collective)."""
+    if 4 not in _GRIDS:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        _GRIDS[4] = init_device_mesh("cpu", (2, 2))
+    return _GRIDS[4]
 
 
 def _rows(size: int) -> tuple[int, ...]:
@@ -221,6 +312,10 @@ def main() -> None:
     mesh = init_device_mesh("cpu", (size,))  # one mesh (and its group) for every check
     check_dtensor_interop(size, mesh)
     timings.append(("DTensor interop", time.perf_counter() - started - sum(t for _, t in timings)))
+    check_bridge_returns(size, mesh)
+    timings.append(
+        ("full_tensor of the bridge's DTensors", time.perf_counter() - started - sum(t for _, t in timings))
+    )
     check_lifting(size, mesh)
     timings.append(("lifting", time.perf_counter() - started - sum(t for _, t in timings)))
     run_readme_blocks(size)
