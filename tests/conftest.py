@@ -59,6 +59,7 @@ GROUPS = {
     "test_registry.py::test_a_handler_module_missing_from_the_list_is_caught": "handler-modules",
     "test_jax_shard.py": "jax devices",
     "test_jax_kernels.py": "jax kernels",
+    "test_framework_edges.py": "framework edges",
 }
 """Test modules (``test_x.py``) or single tests (``test_x.py::test_name``) that share one costly
 result (a module fixture or a per-process cache), and the group that keeps them on one worker
@@ -68,6 +69,7 @@ LAUNCHES = (
     "test_mpi.py",
     "test_torch_distributed.py",
     "test_dtensor.py",
+    "test_framework_edges.py",
     "test_jax_shard.py",
     "test_jax_kernels.py",
     "test_notebooks.py",

@@ -28,6 +28,16 @@ blocks (:data:`STRAIGHT_FROM`), and where nothing was prebuilt, each call runs t
 on the tensors' memory (shapes checked locally: a wrong shape is a :class:`StateError` on that
 rank).
 
+On a process group the wrappers raise the executor's typed errors
+(:func:`linop.backends.torch_distributed.apply`'s), checked before their own: a group smaller
+than the tree is :class:`~linop.errors.ProcessGroupError` on every rank, as is a rank that is
+not a member of the group (``new_group``'s ``NON_GROUP_MEMBER``); on the first call a rank
+whose blocks are missing or extra goes through the executor's collective entry check, so that
+every rank raises the same :class:`~linop.errors.DistributedStateError` naming it. An error a
+wrapper raises on one rank alone is reported to the group's store first
+(:func:`linop.backends.torch_distributed.check.report_failure`): a peer left waiting raises
+:class:`~linop.errors.RankFailedError` naming that rank and its error, not a timeout.
+
 Under MPI every rank must take part in every forward and backward call (they are
 collective): every rank's loss must depend on the outputs of each call it makes. An empty
 *anchor* tensor that requires a gradient is passed to every call, so a rank that owns no input
@@ -39,12 +49,12 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
 
-from ..errors import ProcessGroupArgumentError, StateError
+from ..errors import LinopError, ProcessGroupArgumentError, StateError
 from ..operator import LinearOperator
 
 __all__ = ["TorchOperator", "OperatorModule", "function", "apply"]
@@ -117,6 +127,32 @@ class _Runner:
             self._adjoint = _Runner(self.op.H, self.comm, self.dtype, self.mapping, self.group)
             self._adjoint._adjoint = self
         return self._adjoint
+
+    def refuse(self, error: LinopError, state: Any) -> NoReturn:
+        """Raise ``error``, found by a wrapper's own check of this call's ``state`` on this rank.
+
+        On a process group the executor's errors come first: when the plan has a problem (a
+        group smaller than the tree, a bad map), or before the first binding (when every peer
+        is in the plan's entry check), the state goes through that collective check, which
+        raises the same typed error on every rank; otherwise ``error`` is reported to the
+        group's store (:func:`~linop.backends.torch_distributed.check.report_failure`) so that
+        a peer left waiting names this rank and its error."""
+        plan = self.torch_plan
+        if plan is not None:
+            from ..backends.torch_distributed.check import report_failure
+
+            if plan.problem is not None or self._bound is None:
+                arrays = (
+                    {
+                        name: _host_view(v.detach()) if isinstance(v, torch.Tensor) else v
+                        for name, v in state.items()
+                    }
+                    if isinstance(state, Mapping)
+                    else {}
+                )
+                plan.check(arrays).result()  # raises the agreed error on every rank
+            report_failure(error)
+        raise error
 
     def run(self, tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         state = {name: tensor.detach() for name, tensor in zip(self.inputs, tensors)}
@@ -431,8 +467,8 @@ class TorchOperator:
         """
         runner = self._runner.adjoint if adjoint else self._runner
         missing = [name for name in runner.inputs if name not in state]
-        if missing:
-            raise StateError(f"state for {runner.op}: missing block(s) {missing}")
+        if missing or (runner.torch_plan is not None and runner.torch_plan.problem is not None):
+            runner.refuse(StateError(f"state for {runner.op}: missing block(s) {missing}"), state)
         return dict(zip(runner.outputs, runner.run([state[name] for name in runner.inputs])))
 
     def bound_tensors(self, dtypes: Sequence[torch.dtype], *, adjoint: bool = False) -> BoundTensors | None:
@@ -453,13 +489,20 @@ class TorchOperator:
     def tensors(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Apply to tensors given positionally in the order of :attr:`inputs`; the results in
         the order of :attr:`outputs` (for ``gradcheck`` and other positional APIs)."""
+        runner = self._runner
         if len(tensors) != len(self.inputs):
-            raise StateError(
-                f"{self.op} takes {len(self.inputs)} tensor(s) {list(self.inputs)} here, not {len(tensors)}"
+            runner.refuse(
+                StateError(
+                    f"{self.op} takes {len(self.inputs)} tensor(s) {list(self.inputs)} here, not {len(tensors)}"
+                ),
+                dict(zip(self.inputs, tensors)),
             )
         for name, tensor in zip(self.inputs, tensors):
             if not isinstance(tensor, torch.Tensor):
-                raise StateError(f"block {name!r} must be a torch tensor, not {type(tensor).__name__}")
+                runner.refuse(
+                    StateError(f"block {name!r} must be a torch tensor, not {type(tensor).__name__}"),
+                    dict(zip(self.inputs, tensors)),
+                )
         result = _OperatorFunction.apply(self._runner, self._anchor, *tensors)
         result = result if isinstance(result, tuple) else (result,)
         if self._anchor is not None:
@@ -468,19 +511,25 @@ class TorchOperator:
 
     def __call__(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if not isinstance(state, Mapping):
-            raise StateError(
-                f"a state must be a dict of tensors keyed by block name, not {type(state).__name__}"
+            self._runner.refuse(
+                StateError(
+                    f"a state must be a dict of tensors keyed by block name, not {type(state).__name__}"
+                ),
+                state,
             )
         missing = [name for name in self.inputs if name not in state]
         extra = [name for name in state if name not in self.inputs]
         if missing or extra:
-            raise StateError(
-                f"state for {self.op}: missing block(s) {missing}, unexpected block(s) {extra}"
-                + (
-                    " (across ranks pass only this rank's blocks)"
-                    if self.comm is not None or self.group is not None
-                    else ""
-                )
+            self._runner.refuse(
+                StateError(
+                    f"state for {self.op}: missing block(s) {missing}, unexpected block(s) {extra}"
+                    + (
+                        " (across ranks pass only this rank's blocks)"
+                        if self.comm is not None or self.group is not None
+                        else ""
+                    )
+                ),
+                state,
             )
         return dict(zip(self.outputs, self.tensors(*(state[name] for name in self.inputs))))
 

@@ -391,6 +391,18 @@ class _Stage:
         return self.run(tensors, adjoint=True)
 
 
+def _group_fits(module: LayerModule) -> None:
+    """Raise, on a process group, the executor's error of a stage that cannot run on it (a
+    group smaller than the layer's workers: :class:`~linop.errors.ProcessGroupError`). It
+    follows from the layer and the group's size alone, the same on every rank that builds the
+    module, so every rank raises it here, before any call."""
+    stages = (module.overlapped, module.windows, module.copies, module.copy_sum, module.reduction)
+    for stage in stages:
+        plan = None if stage is None else stage.function._runner.torch_plan
+        if plan is not None and plan.problem is not None:
+            raise plan.problem
+
+
 class LayerModule(torch.nn.Module):
     """A distributed layer (:class:`linop.layers.Convolution` or :class:`linop.layers.Affine`)
     as an ``nn.Module``: ``module(x_state)`` returns this process's output blocks, and the
@@ -488,6 +500,8 @@ class LayerModule(torch.nn.Module):
         self.copy_sum = _Stage(layer.copy_gradient_sum, comm, group) if self.replicate else None
         reduction = layer.output_reduction
         self.reduction = None if reduction is None else _Stage(reduction, comm, group)
+        if group is not None:
+            _group_fits(self)
         rank = process_rank(comm, group)
         self.input_names = self.windows.inputs
         held = self.copy_sum if self.copy_sum is not None else self.copies

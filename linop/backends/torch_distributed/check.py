@@ -11,6 +11,12 @@ within the call's deadline: a rank that never arrives makes every rank that did 
 wrong, ``all_gather_object`` collects the ranks' messages, so that every rank raises the same
 typed error (a mismatched tree, a missing or wrongly shaped block, a bad dtype, a group too
 small for the tree) before any data moves.
+
+A peer that failed before taking part (its process ended; gloo closes its connections then) is
+not a timeout when none was given: the ranks waiting on it raise
+:class:`~linop.errors.RankFailedError`, naming the peer's rank and its error when the peer
+reported one (:func:`report_failure`, which linop's wrappers call before raising an error of
+their own on one rank: a key of the group's store).
 """
 
 from __future__ import annotations
@@ -19,13 +25,56 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import LinopError
+from ...errors import LinopError, PeerTimeoutError, RankFailedError
 from ...operator import LinearOperator
 from ...space import Block
 from ..entry_check import VECTOR_LENGTH, EntryCheck
 from .group import GroupContext
 
-__all__ = ["TorchReducer", "TorchEntryCheck"]
+__all__ = ["TorchReducer", "TorchEntryCheck", "report_failure", "reported_failures"]
+
+FAILURE_KEY = "linop/failed/{rank}"
+"""The store key under which a rank reports the error it raises alone (its world rank)."""
+
+
+def _store() -> Any:
+    import torch.distributed as dist
+
+    return dist.distributed_c10d._get_default_store()
+
+
+def report_failure(error: BaseException) -> None:
+    """Record, in the default group's store, that this process raises ``error`` on its own (a
+    wrapper's local check), so that a peer left waiting for it can name its rank and cause.
+    Best effort: a store that cannot be reached is ignored."""
+    import torch.distributed as dist
+
+    try:
+        message = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        _store().set(FAILURE_KEY.format(rank=dist.get_rank()), message)
+    except Exception:  # the store is gone: nothing to report to
+        pass
+
+
+def reported_failures(context: GroupContext) -> list[tuple[int, str]]:
+    """(rank in the group, error) of the group's peers that reported a failure
+    (:func:`report_failure`); best effort, empty when the store cannot be reached."""
+    import datetime
+
+    import torch.distributed as dist
+
+    found = []
+    try:
+        store = _store()
+        store.set_timeout(datetime.timedelta(seconds=5))  # the group is unusable: do not wait long
+        for rank in range(context.size):
+            world = rank if context.world else dist.get_global_rank(context.group, rank)
+            key = FAILURE_KEY.format(rank=world)
+            if rank != context.rank and store.check([key]):
+                found.append((rank, store.get(key).decode()))
+    except Exception:  # the store's server was on the failed rank
+        pass
+    return found
 
 
 class TorchReducer:
@@ -92,8 +141,32 @@ class TorchReducer:
         if context.device.type != "cpu":
             tensor = tensor.to(context.device)
         work = dist.all_reduce(tensor, op=op, group=context.group, async_op=True)
-        context.wait(work, self.timeout, self.doing)
+        try:
+            context.wait(work, self.timeout, self.doing)
+        except PeerTimeoutError as error:
+            transport = str(error.__cause__ or error).lower()
+            if self.timeout is not None and ("timed out" in transport or "timeout" in transport):
+                raise
+            raise self._peer_failed(error) from error
         return tensor.cpu().numpy()
+
+    def _peer_failed(self, error: PeerTimeoutError) -> RankFailedError:
+        """The error of a wait that ended because a peer's connection closed (no deadline
+        passed): the peers that reported their error named with it."""
+        context = self.context
+        failures = reported_failures(context)
+        if failures:
+            who = "; ".join(f"rank {rank} raised {cause}" for rank, cause in failures)
+        else:
+            cause = error.__cause__ or error
+            who = (
+                "a peer's connection closed (its process ended, after an error of its own?): "
+                f"{str(cause).splitlines()[0] if str(cause) else type(cause).__name__}"
+            )
+        return RankFailedError(
+            f"rank {context.rank}: a peer of the group of {context.size} failed before {self.doing} "
+            f"completed ({who}); the group cannot be used any more: end the job"
+        )
 
 
 class TorchEntryCheck(EntryCheck):

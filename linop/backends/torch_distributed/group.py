@@ -273,6 +273,13 @@ def context_for(group: Any = None) -> GroupContext:
         ``group`` is not a process group.
     """
     dist = _dist()
+    non_member = dist.GroupMember.NON_GROUP_MEMBER  # what new_group gives the ranks off the group
+    if isinstance(group, int) and not isinstance(group, bool) and group == non_member:
+        raise ProcessGroupError(
+            f"this rank (world rank {dist.get_rank()}) is not a member of the group: "
+            "torch.distributed.new_group gave it GroupMember.NON_GROUP_MEMBER; call linop only on the "
+            "ranks of the group"
+        )
     if group is not None and group is not True and not isinstance(group, dist.ProcessGroup):
         raise ProcessGroupArgumentError(
             f"group= takes a torch.distributed ProcessGroup (or True / None for the world group), "
@@ -290,8 +297,8 @@ def context_for(group: Any = None) -> GroupContext:
         return found[1]
     if dist.get_rank(group) < 0:
         raise ProcessGroupError(
-            f"this process (world rank {dist.get_rank()}) is not a member of the process group it was "
-            "given: call linop only on the ranks of the group"
+            f"this rank (world rank {dist.get_rank()}) is not a member of the group it was given: "
+            "call linop only on the ranks of the group"
         )
     context = GroupContext(group)
     _CONTEXTS[id(group)] = (group, context)
