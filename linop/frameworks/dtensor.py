@@ -35,7 +35,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
+try:
+    import torch
+except ModuleNotFoundError as error:  # the torch extra is not installed: say which
+    from .extras import missing_extra
+
+    raise missing_extra(error, "torch", __name__) from error
 
 from ..errors import PlacementError
 from ..mesh_layout import MeshLayout, Partial, Replicate, Shard, as_placement

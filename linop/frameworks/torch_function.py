@@ -52,7 +52,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 import numpy as np
-import torch
+
+try:
+    import torch
+except ModuleNotFoundError as error:  # the torch extra is not installed: say which
+    from .extras import missing_extra
+
+    raise missing_extra(error, "torch", __name__) from error
 
 from ..errors import LinopError, ProcessGroupArgumentError, StateError
 from ..operator import LinearOperator

@@ -41,7 +41,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
+
+try:
+    import torch
+except ModuleNotFoundError as error:  # the torch extra is not installed: say which
+    from .extras import missing_extra
+
+    raise missing_extra(error, "torch", __name__) from error
 
 from ..errors import LayerError, StateError
 from ..layers import Affine, Convolution, kernels

@@ -1,0 +1,43 @@
+"""Importing a torch adapter without torch names the extra that installs it (as linop.plot and
+the MPI interpreter do): each in a fresh process whose ``torch`` import fails."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BLOCKED = """
+import sys
+sys.modules["torch"] = None  # the import of torch fails as where it is not installed
+try:
+    import {module}
+except ModuleNotFoundError as error:
+    print(type(error).__name__, error.name, error, sep="|")
+"""
+
+
+@pytest.mark.parametrize("module", ["torch_function", "torch_layers", "dtensor"])
+def test_a_torch_adapter_without_torch_names_the_extra(module):
+    found = subprocess.run(
+        [sys.executable, "-c", BLOCKED.format(module=f"linop.frameworks.{module}")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert found.returncode == 0, found.stderr
+    kind, name, message = found.stdout.strip().split("|")
+    assert (kind, name) == ("ModuleNotFoundError", "torch")
+    assert f"linop.frameworks.{module} needs torch" in message
+    assert "pip install -e '.[torch]'" in message and "pip install 'linop-adjoint[torch]'" in message
+
+
+def test_another_missing_module_is_reported_as_it_is():
+    from linop.frameworks.extras import missing_extra
+
+    error = ModuleNotFoundError("No module named 'torch._C'", name="sympy")
+    assert missing_extra(error, "torch", "linop.frameworks.torch_function") is error
