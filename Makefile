@@ -12,7 +12,9 @@ PY := $(VENV)/bin/python
 # kernels, CLI runs) would compile torch, JAX, scipy and sympy from source again, about 4 s of CPU
 # per process; so the targets below run without it.
 unexport PYTHONDONTWRITEBYTECODE
-PIP := $(PY) -m pip install --quiet --disable-pip-version-check --no-compile
+# pip prints what it collects and installs (no progress bars: one line per step, so a long
+# install shows that it is moving); each phase below starts with a line of its own.
+PIP := $(PY) -m pip install --progress-bar off --disable-pip-version-check --no-compile
 CORE_STAMP := $(VENV)/.installed-core
 STAMP := $(VENV)/.installed
 # torch for `make test`. A plain `torch` from PyPI is a CUDA build of several GB on Linux; the CPU
@@ -25,7 +27,9 @@ TORCH_INDEX ?=
 .PHONY: report test lint typecheck mpi-test bench docs clean
 
 $(CORE_STAMP): pyproject.toml
+	@echo "==> creating $(VENV)"
 	$(PYTHON) -m venv $(VENV)
+	@echo "==> installing linop with its core dependencies into $(VENV) (about 290 MB)"
 	$(PIP) -e .
 	touch $(CORE_STAMP)
 
@@ -39,30 +43,42 @@ WARM_FRAMEWORKS := torch.distributed, torch.multiprocessing, jax.numpy, jax.expe
 WARM_TOOLS := sympy, scipy.sparse, matplotlib.pyplot, mpi4py.MPI, hypothesis, pytest, IPython, \
 	ipykernel.kernelapp, nbclient, nbformat, sphinx.application, myst_nb, numpydoc, furo, mypy.api, linop, verify
 $(STAMP): pyproject.toml
+	@echo "==> creating $(VENV)"
 	$(PYTHON) -m venv $(VENV)
+	@echo "==> installing linop with every extra into $(VENV) (about 1.9 GB: several minutes)"
 	$(PIP) $(TORCH_INDEX) -e '.[dev,docs,plot,torch,jax]' '$(TORCH)'
 	touch $(CORE_STAMP)
+	@echo "==> compiling what the test processes import (torch, JAX, sympy, the tools)"
 	$(PY) -c "import $(WARM_FRAMEWORKS)" & frameworks=$$!; $(PY) -c "import $(WARM_TOOLS)" && wait $$frameworks
 	touch $(STAMP)
 
 report: $(CORE_STAMP)
+	@echo "==> proving the catalogue (python -m verify)"
 	$(PY) -m verify
 
+# The type check: mypy on linop, verify and the README's API tour (what users type), in one run
+# (tests/test_readme.py, which the test run itself skips unless LINOP_TYPECHECK=1).
+TYPECHECK := LINOP_TYPECHECK=1 $(PY) -m pytest -q -o addopts= -p no:cacheprovider \
+	tests/test_readme.py::test_the_package_and_the_readme_tour_type_check
+
 lint: $(STAMP)
+	@echo "==> ruff: lint and format"
 	$(VENV)/bin/ruff check linop verify tests benchmarks notebooks
 	$(VENV)/bin/ruff format --check linop verify tests benchmarks
+	@echo "==> mypy: linop, verify and the README tour (a few minutes on a loaded machine)"
+	$(TYPECHECK)
 
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy
+	$(TYPECHECK)
 
 # -n auto: one pytest-xdist worker per core; --dist loadgroup keeps the tests that share work on
-# one worker (tests/conftest.py: GROUPS). The type check (`make typecheck`) runs inside the suite,
-# alongside the other tests: tests/test_readme.py checks linop, verify and the README tour in one
-# mypy run. --max-worker-restart=0: a worker that dies (the OOM killer, a crash) ends the run as a
+# one worker (tests/conftest.py: GROUPS). The type check runs before, in `make lint`; the MPI
+# launch prints a line as each size's pass starts and ends. --max-worker-restart=0: a worker that dies (the OOM killer, a crash) ends the run as a
 # failure; a replaced worker can wait forever for the tests of the group its predecessor held.
 # --no-loadscope-reorder: the workers take the tests in the suite's order (the longest launches
 # first: tests/conftest.py, LAUNCHES), not the groups with the most tests first.
 test: lint
+	@echo "==> the test suite (pytest, one worker per core; MPI and torch.distributed launches included)"
 	$(PY) -m pytest -n auto --dist loadgroup --no-loadscope-reorder --max-worker-restart=0
 
 bench: $(STAMP)

@@ -74,7 +74,6 @@ LAUNCHES = (
     "test_jax_kernels.py",
     "test_notebooks.py",
     "test_docs.py",
-    "test_readme.py",  # the type check of the packages and the tour
 )
 """Test modules that launch many processes or run long (in this order: the longest first)."""
 

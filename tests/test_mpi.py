@@ -10,6 +10,8 @@ it has cores) and report that the launch timed out; no test asserts how fast any
 proxy and each rank in a session of their own, so killing ``mpiexec`` or its process group
 would rely on the proxy to clean up, and a surviving rank would hold the output pipe open
 (and the run with it). Four ranks oversubscribe a two-core machine; that is intended. Every
+launch prints its progress as it goes (a line when each size's pass starts and one when it
+ends, with the minutes elapsed; on standard error, past pytest's capture). Every
 launch inherits the MPICH settings of tests/conftest.py (``MPICH_YIELDING``): a rank that polls
 for a message and finds none gives up the processor instead of spinning on it. The failure
 cases (a rank raising, interrupted, never arriving) are launches of their own.
@@ -23,7 +25,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -62,9 +66,12 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def run_bounded(command: list[str], timeout: float, env: dict[str, str]) -> tuple[int, str, str]:
+def run_bounded(
+    command: list[str], timeout: float, env: dict[str, str], progress: Callable[[str], None] | None = None
+) -> tuple[int, str, str]:
     """Run ``command``; after ``timeout`` seconds kill it and every process it started, and
-    raise :class:`subprocess.TimeoutExpired` with the output so far."""
+    raise :class:`subprocess.TimeoutExpired` with the output so far. ``progress``, if given,
+    is called with each line of its standard output as it comes."""
     process = subprocess.Popen(
         command,
         cwd=ROOT,
@@ -74,12 +81,58 @@ def run_bounded(command: list[str], timeout: float, env: dict[str, str]) -> tupl
         stderr=subprocess.PIPE,
         text=True,
     )
+    if progress is None:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            stdout, stderr = _kill_all(process)
+            raise subprocess.TimeoutExpired(command, timeout, stdout, stderr) from None
+        return process.returncode, stdout, stderr
+    lines: list[str] = []
+    errors: list[str] = []
+
+    def read_lines() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.append(line)
+            progress(line)
+
+    def read_errors() -> None:
+        assert process.stderr is not None
+        errors.append(process.stderr.read())
+
+    readers = [threading.Thread(target=read, daemon=True) for read in (read_lines, read_errors)]
+    for reader in readers:
+        reader.start()
     try:
-        stdout, stderr = process.communicate(timeout=timeout)
+        process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        stdout, stderr = _kill_all(process)
-        raise subprocess.TimeoutExpired(command, timeout, stdout, stderr) from None
-    return process.returncode, stdout, stderr
+        _kill_all(process)
+        for reader in readers:
+            reader.join(5)
+        raise subprocess.TimeoutExpired(command, timeout, "".join(lines), "".join(errors)) from None
+    for reader in readers:
+        reader.join()
+    return process.returncode, "".join(lines), "".join(errors)
+
+
+PASS_LINE = re.compile(r"^(== \d+ ranks: .*|.*\b\d+ (passed|failed)\b.*)$")
+"""The lines of the MPI suite's output that tell its progress: a size's pass starting, a pass's
+summary."""
+
+
+def _report(capsys: pytest.CaptureFixture[str]) -> Callable[[str], None]:
+    """Print the launch's progress lines as they come, past pytest's capture (under xdist they
+    reach the terminal through the worker's standard error), each with the minutes elapsed."""
+    started = time.monotonic()
+
+    def report(line: str) -> None:
+        if PASS_LINE.match(line.strip()):
+            with capsys.disabled():
+                minutes = (time.monotonic() - started) / 60
+                print(f"[MPI suite, {minutes:4.1f} min] {line.strip()}", file=sys.stderr, flush=True)
+
+    return report
 
 
 def _kill_all(process: subprocess.Popen) -> tuple[str, str]:
@@ -103,7 +156,7 @@ SIZES = (4, 3, 2, 1)
 
 
 @pytest.mark.timeout(LAUNCH_TIMEOUT + 30)
-def test_mpi_suite():
+def test_mpi_suite(capsys):
     mpiexec = _mpiexec()
     if mpiexec is None:
         pytest.skip("no mpiexec found")
@@ -127,7 +180,7 @@ def test_mpi_suite():
     ]
     env = dict(os.environ, LINOP_MPI_TESTS="1", PYTHONHASHSEED="0", PYTHONUNBUFFERED="1")
     try:
-        status, stdout, stderr = run_bounded(command, LAUNCH_TIMEOUT, env)
+        status, stdout, stderr = run_bounded(command, LAUNCH_TIMEOUT, env, _report(capsys))
     except subprocess.TimeoutExpired as expired:
         pytest.fail(
             f"the MPI suite's launch timed out after {LAUNCH_TIMEOUT} s (every process killed)\n{expired.stdout}"
