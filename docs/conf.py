@@ -135,7 +135,23 @@ def _numpydoc_with_one_template():
     numpydoc.numpydoc.get_doc_object = get_doc_object
 
 
+THEORY_REFERENCE = re.compile(r"(``)?(?<![\w/<])docs/theory\.md#([A-Za-z0-9-]+)(``)?")
+"""A docstring's reference into the theory (``docs/theory.md#halo-exchange``, quoted or not)."""
+
+
+def _theory_links(app, what, name, obj, options, lines):
+    """Docstrings cite the theory as ``docs/theory.md#anchor`` (what a reader of the source
+    opens); in the API pages each becomes a link to that section of the built theory page
+    (the API pages are in ``api/``, the theory beside it; anonymous links: the same text may
+    point at several sections)."""
+    for i, line in enumerate(lines):
+        lines[i] = THEORY_REFERENCE.sub(
+            lambda m: f"`docs/theory.md#{m.group(2)} <../theory.html#{m.group(2)}>`__", line
+        )
+
+
 def setup(app):
+    app.connect("autodoc-process-docstring", _theory_links, priority=400)
     app.connect("autodoc-process-signature", _alias_signature, priority=400)
     app.connect("autodoc-process-bases", _public_bases)
     _numpydoc_with_one_template()

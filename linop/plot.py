@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import io
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -81,6 +82,13 @@ def _pyplot() -> Any:
 
 def _short(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _fitted(text: str, width: float, fontsize: float = 9) -> str:
+    """``text`` with each line wrapped to a figure ``width`` inches wide at ``fontsize``
+    points (a character is about 0.6 em wide), so that a title is never cut at the edges."""
+    columns = max(20, int(width * 72 / (0.62 * fontsize)) - 2)
+    return "\n".join(textwrap.fill(line, columns) for line in text.split("\n"))
 
 
 def _colour(index: int) -> Any:
@@ -277,7 +285,7 @@ def decomposition(
     skipped = [d for d in range(ndim) if d not in drawn]
     if skipped:
         what += f" (dimension{'s' * (len(skipped) > 1)} {', '.join(map(str, skipped))}: extent 1, undivided)"
-    figure.suptitle(f"{what} over {tensor}", fontsize=9)
+    figure.suptitle(_fitted(f"{what} over {tensor}", figsize[0]), fontsize=9)
     if geometry is not None:
         _legend(axes[0])
     return figure
@@ -546,7 +554,7 @@ def messages(
     what = "MPI schedule" if of == "schedule" else "dependent phases"
     if title is None:
         title = str(op) if len(str(op)) <= 40 else f"a {type(op).__name__} over workers {_ranges(workers)}"
-    ax.set_title(f"{what} of {title}:\n{'; '.join(parts)}", fontsize=9)
+    ax.set_title(_fitted(f"{what} of {title}:\n{'; '.join(parts)}", figsize[0]), fontsize=9)
     if any(msg.adds for msg in found if msg.kind == "send"):
         _message_legend(ax)
     return figure

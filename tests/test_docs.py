@@ -233,6 +233,27 @@ def test_sphinx_build_is_warning_free(built_docs):
     api = (built_docs / "api" / "linop.html").read_text(encoding="utf-8")
     assert 'id="linop.space.Block"' in api and 'id="linop.halo.HaloExchange"' in api
     assert 'href="api/linop.html#linop.space.Space"' in theory, "theory links resolve into the API"
+    assert 'href="../theory.html#collectives"' in api, "docstrings' theory references are links"
+
+
+def test_docstring_references_into_the_theory_become_links():
+    """docs/conf.py turns ``docs/theory.md#anchor`` in a docstring (quoted or not) into a link to
+    that section of the built theory page; other text is left alone."""
+    spec = importlib.util.spec_from_file_location("docs_conf", DOCS / "conf.py")
+    assert spec is not None and spec.loader is not None
+    conf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conf)
+    lines = [
+        "Collectives (``docs/theory.md#collectives``).",
+        "(docs/theory.md#local-operators); the rest",
+        "no reference here, nor in x/docs/theory.md#dtypes",
+    ]
+    conf._theory_links(None, "module", "linop.collectives", None, {}, lines)
+    assert lines == [
+        "Collectives (`docs/theory.md#collectives <../theory.html#collectives>`__).",
+        "(`docs/theory.md#local-operators <../theory.html#local-operators>`__); the rest",
+        "no reference here, nor in x/docs/theory.md#dtypes",
+    ]
 
 
 def test_the_notebooks_are_in_the_docs_navigation(built_docs):
