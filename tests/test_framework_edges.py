@@ -185,4 +185,3 @@ def test_jax_function_edge(case):
     assert type(raised.value) is StateError
     for part in parts:
         assert part in str(raised.value), str(raised.value)
-

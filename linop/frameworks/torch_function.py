@@ -421,6 +421,15 @@ class TorchOperator:
     ------
     ProcessGroupArgumentError
         Both ``comm`` and ``group`` given, or ``group`` not a process group.
+    ProcessGroupError
+        This rank is not a member of ``group``; or, at the first call on every rank, ``group``
+        has fewer ranks than the tree's workers (as the executor's ``apply`` raises it).
+    DistributedStateError
+        At the first call on a process group, some rank's blocks are missing, extra or wrongly
+        shaped: on every rank, naming that rank (the executor's entry check).
+    StateError
+        A call's state is not a dict of this process's blocks (on a process group after the
+        first call: reported to the group's store first, see the module docstring).
 
     Attributes
     ----------

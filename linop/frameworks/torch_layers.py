@@ -462,6 +462,11 @@ class LayerModule(torch.nn.Module):
     ------
     LayerError
         For a layer without a torch product (see :func:`local_product`).
+    ProcessGroupError
+        On a process group: this rank is not a member of it, or it has fewer ranks than the
+        layer's workers (on every rank, when the module is built).
+    ProcessGroupArgumentError
+        Both ``comm`` and ``group`` given, or ``group`` not a process group.
     """
 
     def __init__(
