@@ -80,6 +80,7 @@ TORCH_EDGES: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
         EVERY: ("StateError", ("layer takes blocks", "not ['z']"))
     },
     "function: a bound call with a tensor too few": {EVERY: ("StateError", ("takes 1 tensor(s)", "not 0"))},
+    "a rank's reported error is withdrawn at its next check": {EVERY: ("ok", ())},
     "function: a peer failed before the entry check": {
         "0": (
             "RankFailedError",

@@ -93,6 +93,25 @@ def to_uneven_dtensor() -> Any:
     return to_dtensor(torch.zeros(layout.block_of(RANK).shape), layout, dtensor_mesh())
 
 
+def report_withdrawn() -> Any:
+    """A rank's error of its own is recorded in the store, and withdrawn once the rank
+    completes a check again (it lived on): no stale record can name it later."""
+    from linop.backends.torch_distributed.check import FAILURE_KEY
+
+    store = dist.distributed_c10d._get_default_store()
+    key = FAILURE_KEY.format(rank=RANK)
+    try:
+        bound_then(lambda f: f.tensors())()
+    except Exception:
+        pass
+    recorded = store.check([key])
+    op = tree(SIZE, 13)
+    function(op, group=True)(own(op))  # a first call: the entry check completes
+    if not recorded or store.check([key]):
+        raise AssertionError(f"recorded {recorded}, still there {store.check([key])}")
+    return "ok"
+
+
 def failed_peer() -> Any:
     """Rank 1 binds a function, then passes it a string (an error of its own, reported) and
     its process ends; rank 0 meanwhile makes the first call of another tree."""
@@ -161,6 +180,7 @@ CASES: list[tuple[str, Callable[[], Any]]] = [
         lambda: LayerModule(convolution(SIZE), group=True)({"z": torch.ones(1)}),
     ),
     ("function: a bound call with a tensor too few", bound_then(lambda f: f.tensors())),
+    ("a rank's reported error is withdrawn at its next check", report_withdrawn),
     ("function: a peer failed before the entry check", failed_peer),
 ]
 

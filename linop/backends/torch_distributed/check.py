@@ -43,16 +43,32 @@ def _store() -> Any:
     return dist.distributed_c10d._get_default_store()
 
 
+_REPORTED = [False]  # whether this process's key is set: cleared at its next completed check
+
+
 def report_failure(error: BaseException) -> None:
     """Record, in the default group's store, that this process raises ``error`` on its own (a
     wrapper's local check), so that a peer left waiting for it can name its rank and cause.
-    Best effort: a store that cannot be reached is ignored."""
+    The record is removed when this process next completes an entry check's reduction (it
+    lived on: the error was caught). Best effort: a store that cannot be reached is ignored."""
     import torch.distributed as dist
 
     try:
         message = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
         _store().set(FAILURE_KEY.format(rank=dist.get_rank()), message)
+        _REPORTED[0] = True
     except Exception:  # the store is gone: nothing to report to
+        pass
+
+
+def _withdraw_report() -> None:
+    """Remove this process's failure record (it completed a reduction since: it lives on)."""
+    import torch.distributed as dist
+
+    _REPORTED[0] = False
+    try:
+        _store().delete_key(FAILURE_KEY.format(rank=dist.get_rank()))
+    except Exception:  # pragma: no cover - the store is gone
         pass
 
 
@@ -148,6 +164,8 @@ class TorchReducer:
             if self.timeout is not None and ("timed out" in transport or "timeout" in transport):
                 raise
             raise self._peer_failed(error) from error
+        if _REPORTED[0]:
+            _withdraw_report()
         return tensor.cpu().numpy()
 
     def _peer_failed(self, error: PeerTimeoutError) -> RankFailedError:
