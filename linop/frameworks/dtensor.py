@@ -277,7 +277,7 @@ def redistribute_local(
     try:
         _check_local(local, source, rank)
     except PlacementError as error:  # through the group's check, else reported: no peer waits blind
-        wrapped._runner.refuse(error, {source.block_of(rank).name: local} if rank in source.partition else {})
+        wrapped.refuse(error, {source.block_of(rank).name: local} if rank in source.partition else {})
     result = wrapped({source.block_of(rank).name: local})
     return result[destination.block_of(rank).name]
 

@@ -467,6 +467,20 @@ class TorchOperator:
             self.op.H, comm=self.comm, dtype=self._runner.dtype, mapping=self.mapping, group=self.group
         )
 
+    @property
+    def group_problem(self) -> LinopError | None:
+        """On a process group, why the tree cannot run on it (a group smaller than the tree, a
+        bad map: what the first call raises on every rank); None where it can, or off a group."""
+        plan = self._runner.torch_plan
+        return None if plan is None else plan.problem
+
+    def refuse(self, error: LinopError, state: Any) -> NoReturn:
+        """Raise ``error``, found by a caller's own check of the state it was about to pass:
+        on a process group through the executor's collective check first when the peers are in
+        it (the first call, or a problem of the group), else reported to the group's store (see
+        the module docstring)."""
+        self._runner.refuse(error, state)
+
     def untracked(
         self, state: Mapping[str, torch.Tensor], *, adjoint: bool = False
     ) -> dict[str, torch.Tensor]:

@@ -404,9 +404,9 @@ def _group_fits(module: LayerModule) -> None:
     module, so every rank raises it here, before any call."""
     stages = (module.overlapped, module.windows, module.copies, module.copy_sum, module.reduction)
     for stage in stages:
-        plan = None if stage is None else stage.function._runner.torch_plan
-        if plan is not None and plan.problem is not None:
-            raise plan.problem
+        problem = None if stage is None else stage.function.group_problem
+        if problem is not None:
+            raise problem
 
 
 class LayerModule(torch.nn.Module):
