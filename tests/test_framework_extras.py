@@ -41,3 +41,21 @@ def test_another_missing_module_is_reported_as_it_is():
 
     error = ModuleNotFoundError("No module named 'torch._C'", name="sympy")
     assert missing_extra(error, "torch", "linop.frameworks.torch_function") is error
+
+
+def test_the_readme_extras_table_names_modules_that_exist():
+    """The torch and jax rows of README's extras table name the adapter modules as they are."""
+    import importlib.util
+    import re
+
+    rows = [
+        line
+        for line in (ROOT / "README.md").read_text().splitlines()
+        if line.startswith(("| `torch`", "| `jax`"))
+    ]
+    assert len(rows) == 2, rows
+    for row in rows:
+        names = re.findall(r"`(?:linop\.frameworks\.)?(\w+)`", row.split("|")[2])
+        assert len(names) >= 2, row
+        for name in names:
+            assert importlib.util.find_spec(f"linop.frameworks.{name}") is not None, (name, row)
