@@ -271,3 +271,33 @@ def test_module_in_float32_within_torch_tolerances():
     grad = x.gather({k: v.grad.numpy() for k, v in inputs.items()})
     torch.testing.assert_close(torch.from_numpy(grad), image.grad, atol=1e-4, rtol=1e-4)
     assert out[next(iter(out))].dtype == torch.float32
+
+
+# -- the training Jacobian as a tree -------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["2d-uneven-empty", "1d-batch-channels"])
+def test_the_jacobian_tree_is_torchs_derivative_and_its_adjoint_the_backward(name):
+    """J (local kernels around the all-reduce) applied to a tangent is torch's forward-mode
+    derivative of BatchNorm, its adjoint (derived by rules) torch's input gradient; the dot test
+    checks the kernels' adjoints, and J is symmetric (BatchNorm's Jacobian is, per channel)."""
+    rng = np.random.default_rng(12)
+    x = _tensor(name)
+    c = x.global_shape[1]
+    w, b = rng.standard_normal(c), rng.standard_normal(c)
+    layer = BatchNorm(x)
+    data, tangent, dy = (rng.standard_normal(x.global_shape) for _ in range(3))
+    _, saved, _ = layer.forward(x.scatter(data), layer.scatter_parameters(w, b))
+    jacobian = layer.jacobian(saved)
+    assert verify.adjoint_test(jacobian)
+    norm = _torch_twin(x, w, b)
+
+    def f(t):
+        return norm(t)
+
+    _, jvp = torch.autograd.functional.jvp(f, torch.from_numpy(data), torch.from_numpy(tangent))
+    _close(layer.y.gather(jacobian(x.scatter(tangent))), jvp.numpy(), "J t")
+    _, tdx, _, _ = _torch_step(_torch_twin(x, w, b), data, dy)
+    _close(x.gather(jacobian.H(layer.y.scatter(dy))), tdx, "J* dy")
+    matrix = jacobian.to_sparse().toarray()
+    _close(matrix, matrix.T, "J = J^T")
+    with pytest.raises(LayerError, match="missing"):
+        layer.jacobian({})

@@ -38,6 +38,9 @@ The running statistics follow torch: :math:`r \leftarrow (1 - \alpha) r + \alpha
 unbiased variance :math:`\sigma^2 m / (m - 1)`, :math:`\alpha` the momentum (None: the
 cumulative average, :math:`1 / \text{batches seen}`).
 
+The training Jacobian at a given input is itself a tree (:meth:`BatchNorm.jacobian`: local
+kernels around the same all-reduce); its adjoint, derived by rules, is the input gradient.
+
 The algorithm (:meth:`BatchNorm.statistics`, :meth:`BatchNorm.normalized`,
 :meth:`BatchNorm.input_gradient`) takes the blocks a process holds and a function that runs a
 tree on them, so the numpy interpreter (:meth:`BatchNorm.forward`, :meth:`BatchNorm.backward`:
@@ -59,9 +62,9 @@ import numpy as np
 from ..collectives import AllReduce, Broadcast
 from ..layout import BlockGrid
 from ..operator import LinearOperator
-from ..partition import DistributedTensor, Partition
-from ..space import Space
-from .base import LayerError, require_shape, require_tensor, share_slices
+from ..partition import DistributedTensor, Partition, grid_block_name
+from ..space import Block, Space
+from .base import LayerError, LocalStep, local_stage, require_shape, require_tensor, share_slices
 
 __all__ = ["BatchNorm", "Saved"]
 
@@ -100,6 +103,49 @@ def gradient_partials(dy: Any, xhat: Any) -> Any:
     import torch  # only reached with torch tensors
 
     return torch.stack(rows)
+
+
+def _lead_axes(array: np.ndarray, rank: int) -> tuple[int, tuple[int, ...]]:
+    """For a block of ``rank`` dimensions that may carry leading probe axes: how many lead, and
+    the axes a per-channel sum reduces (all of the block's but the channel's)."""
+    lead = array.ndim - rank
+    return lead, (lead, *range(lead + 2, array.ndim))
+
+
+def _per_channel(values: np.ndarray, rank: int) -> np.ndarray:
+    """(..., c) as (..., 1, c, 1, ...) against a block of ``rank`` dimensions."""
+    return values.reshape((*values.shape[:-1], 1, values.shape[-1], *(1,) * (rank - 2)))
+
+
+def _jacobian_kernels(saved: Saved, count: int, rank: int):
+    r"""The two local kernels of the training Jacobian on one block:
+    ``gather``: :math:`t \mapsto (t, (\sum t \hat x; \sum t))` and ``combine``:
+    :math:`(t, g) \mapsto s (t - g_1 / m - \hat x g_0 / m)`, s = w (\sigma^2 + \epsilon)^{-1/2},
+    with their adjoints (vectorized: leading probe axes pass through)."""
+    xhat = np.asarray(saved.xhat)
+    scale = np.asarray(saved.rstd if saved.weight is None else saved.rstd * saved.weight)
+
+    def sums(t: np.ndarray) -> np.ndarray:
+        _, axes = _lead_axes(t, rank)
+        return np.stack([(t * xhat).sum(axis=axes), t.sum(axis=axes)], axis=-2)
+
+    def spread(g: np.ndarray, row: int) -> np.ndarray:
+        return _per_channel(g[..., row, :], rank)
+
+    def gather(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return t, sums(t)
+
+    def gather_adjoint(t: np.ndarray, g: np.ndarray) -> np.ndarray:
+        return t + xhat * spread(g, 0) + spread(g, 1)
+
+    def combine(t: np.ndarray, g: np.ndarray) -> np.ndarray:
+        return _per_channel(scale, rank) * (t - spread(g, 1) / count - xhat * spread(g, 0) / count)
+
+    def combine_adjoint(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        u = _per_channel(scale, rank) * y
+        return u, -sums(u) / count
+
+    return (gather, gather_adjoint), (combine, combine_adjoint)
 
 
 @dataclass(frozen=True)
@@ -450,6 +496,47 @@ class BatchNorm:
             }
         y, saved = self.normalized(x, statistics, copies)
         return y, saved, running
+
+    def jacobian(self, saved: Mapping[str, Saved]) -> LinearOperator:
+        r"""The Jacobian of the training forward at the input whose :meth:`forward` kept
+        ``saved`` (batch statistics), as an operator tree x -> y: per worker a local kernel
+        :math:`t_j \mapsto (t_j, \tilde g_j)`, the all-reduce of the :math:`\tilde g` over the
+        channel groups (:attr:`gradient_reduction`), and a local kernel
+        :math:`(t_j, g_j) \mapsto w (\sigma^2 + \epsilon)^{-1/2} (t_j - g_1/m - \hat x_j g_0/m)`.
+
+        Its adjoint, derived by rules (the kernels' adjoints, the all-reduce's self-adjointness),
+        is the input gradient of :meth:`backward`; ``verify`` checks the kernels' adjoints.
+
+        Raises
+        ------
+        LayerError
+            If ``saved`` lacks a block of x.
+        """
+        missing = [n for n in self.x.space.names if n not in saved]
+        if missing:
+            raise LayerError(
+                f"{self.layer}: jacobian needs the saved forward of every block; missing {missing}"
+            )
+        tangent = f"{self.name}_tangent"
+        first, last = [], []
+        for j in self.x.partition.indices():
+            block = self.x.block(j)
+            (gather, gather_adjoint), (combine, combine_adjoint) = _jacobian_kernels(
+                saved[block.name], self.count, self.x.ndim
+            )
+            copy = self.copies.block(j)
+            t = Block(grid_block_name(tangent, j), block.shape, block.worker)
+            first.append(
+                LocalStep((block.name,), (t, copy), gather, gather_adjoint, grid_block_name("bn_sums", j))
+            )
+            y = self.y.block(j)
+            last.append(
+                LocalStep((t.name, copy.name), (y,), combine, combine_adjoint, grid_block_name("bn_jac", j))
+            )
+        spread = local_stage(self.x.space, first)
+        others = Space(b for b in spread.range if not b.name.startswith(f"{self.copies.name}["))
+        reduce = AllReduce(self.copies, self.reduce_axes, others=others)
+        return local_stage(reduce.range, last) @ reduce @ spread
 
     def backward(
         self, dy: Mapping[str, Any], saved: Mapping[str, Saved], *, training: bool = True
