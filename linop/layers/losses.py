@@ -18,21 +18,18 @@ every worker, then the local derivative: :math:`\bar x_j = s\, (B \bar L)_j\, \p
 \ell(x_j, t_j)`. With ``reduction="none"`` the loss is the elementwise terms on x's layout: no
 communication.
 
-====================  ===================================================  =========================
-kind                  :math:`\ell(x, t)`                                   torch
-====================  ===================================================  =========================
-``l1``                :math:`|x - t|`                                      ``L1Loss``
-``mse``               :math:`(x - t)^2`                                    ``MSELoss``
-``poisson_nll``       :math:`e^x - t x` (``log_input``) or                 ``PoissonNLLLoss``
-                      :math:`x - t \log(x + \epsilon)`; ``full``: +
-                      Stirling's :math:`t \log t - t + \frac12 \log 2\pi t`
-                      where :math:`t > 1`
-``bce``               :math:`-(t \log x + (1 - t) \log (1 - x))`, logs     ``BCELoss``
-                      clamped at -100
-``bce_with_logits``   :math:`\max(x, 0) - x t + \log(1 + e^{-|x|})`        ``BCEWithLogitsLoss``
-``kl_div``            :math:`t (\log t - x)` (0 where t = 0), or            ``KLDivLoss``
-                      :math:`e^t (t - x)` (``log_target``)
-====================  ===================================================  =========================
+The kinds, with torch's loss of the same semantics:
+
+* ``l1`` (``L1Loss``): :math:`|x - t|`
+* ``mse`` (``MSELoss``): :math:`(x - t)^2`
+* ``poisson_nll`` (``PoissonNLLLoss``): :math:`e^x - t x` (``log_input``) or
+  :math:`x - t \log(x + \epsilon)`; with ``full``, plus Stirling's
+  :math:`t \log t - t + \frac12 \log 2\pi t` where :math:`t > 1`
+* ``bce`` (``BCELoss``): :math:`-(t \log x + (1 - t) \log (1 - x))`, the logarithms clamped
+  at -100
+* ``bce_with_logits`` (``BCEWithLogitsLoss``): :math:`\max(x, 0) - x t + \log(1 + e^{-|x|})`
+* ``kl_div`` (``KLDivLoss``): :math:`t (\log t - x)` (0 where t = 0), or :math:`e^t (t - x)`
+  (``log_target``)
 """
 
 from __future__ import annotations
