@@ -301,3 +301,54 @@ def test_the_jacobian_tree_is_torchs_derivative_and_its_adjoint_the_backward(nam
     _close(matrix, matrix.T, "J = J^T")
     with pytest.raises(LayerError, match="missing"):
         layer.jacobian({})
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"affine": False}, {"track_running_stats": False}, {"momentum": None}],
+    ids=["no-affine", "untracked", "cumulative"],
+)
+def test_module_options_equal_torch(options):
+    rng = np.random.default_rng(13)
+    x = _tensor("3d-everything")
+    c = x.global_shape[1]
+    w, b = rng.standard_normal(c), rng.standard_normal(c)
+    layer = BatchNorm(x, **options)
+    module = BatchNormModule(layer, **({} if not layer.affine else {"weight": w, "bias": b}))
+    norm = _torch_twin(x, w, b, **options)
+    for step in range(3):
+        if step == 2:
+            module.eval()
+            norm.eval()
+        data, dy = rng.standard_normal(x.global_shape), rng.standard_normal(x.global_shape)
+        inputs = {k: torch.from_numpy(v).requires_grad_() for k, v in x.scatter(data).items()}
+        out = module(inputs)
+        dys = layer.y.scatter(dy)
+        sum((out[k] * torch.from_numpy(dys[k])).sum() for k in out).backward()
+        ty, tdx, tdw, tdb = _torch_step(norm, data, dy)
+        _close(layer.y.gather({k: v.detach().numpy() for k, v in out.items()}), ty, f"step {step} y")
+        _close(x.gather({k: v.grad.numpy() for k, v in inputs.items()}), tdx, f"step {step} dx")
+        if layer.affine:
+            dw, db = layer.gather_parameters({k: p.grad.numpy() for k, p in module.parameter_state().items()})
+            _close(dw, tdw, "dw")
+            _close(db, tdb, "db")
+            module.zero_grad()
+        else:
+            assert not list(module.parameters())
+        if layer.track_running_stats:
+            _close(module.running_var.numpy(), norm.running_var.numpy(), "running var")
+        else:
+            assert module.running_mean is None and norm.running_mean is None
+
+
+def test_module_blocks_of_a_wrong_name_or_shape_are_state_errors():
+    from linop import StateError
+
+    x = _tensor("1d-batch-channels")
+    module = BatchNormModule(BatchNorm(x))
+    good = {b.name: torch.zeros(b.shape, dtype=torch.float64) for b in x.blocks}
+    with pytest.raises(StateError, match="takes blocks"):
+        module({})
+    name = x.blocks[0].name
+    with pytest.raises(StateError, match=rf"block '{name[:1]}\[0,0,0\]' has shape \(1, 1, 1\)"):
+        module(dict(good, **{name: torch.zeros(1, 1, 1, dtype=torch.float64)}))

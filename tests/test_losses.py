@@ -194,3 +194,18 @@ def test_loss_arguments_are_checked():
     with pytest.raises(LayerError, match="Loss layer"):
         LossModule(object())
     assert set(KINDS) == set(TORCH)
+
+
+def test_module_blocks_of_a_wrong_name_or_shape_are_state_errors():
+    from linop import StateError
+
+    x = _tensor("2x2-uneven-empty")
+    module = LossModule(Loss(x, "mse"))
+    good = {b.name: torch.zeros(b.shape, dtype=torch.float64) for b in x.blocks}
+    with pytest.raises(StateError, match="takes blocks"):
+        module({}, good)
+    wrong = dict(good, **{"x[0,0,1]": torch.zeros(5, 3, 2, dtype=torch.float64)})
+    with pytest.raises(
+        StateError, match=r"target's block 'x\[0,0,1\]' has shape \(5, 3, 2\), expected \(5, 3, 3\)"
+    ):
+        module(good, wrong)

@@ -115,6 +115,13 @@ class LossModule(torch.nn.Module):
                 raise StateError(
                     f"{self.layer.kind} loss: the {what} takes blocks {list(self.input_names)}, not {given}"
                 )
+            for name in self.input_names:
+                expected = self.layer.x.space[name].shape
+                if tuple(state[name].shape) != expected:
+                    raise StateError(
+                        f"{self.layer.kind} loss: the {what}'s block {name!r} has shape "
+                        f"{tuple(state[name].shape)}, expected {expected}"
+                    )
         layer = self.layer
         if self.reduce is None:
             return {

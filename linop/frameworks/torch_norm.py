@@ -232,6 +232,12 @@ class BatchNormModule(torch.nn.Module):
         if not isinstance(x, Mapping) or set(x) != set(self.input_names):
             given = sorted(x) if isinstance(x, Mapping) else type(x).__name__
             raise StateError(f"BatchNorm layer takes blocks {list(self.input_names)}, not {given}")
+        for name in self.input_names:
+            expected = self.layer.x.space[name].shape
+            if tuple(x[name].shape) != expected:
+                raise StateError(
+                    f"BatchNorm layer: block {name!r} has shape {tuple(x[name].shape)}, expected {expected}"
+                )
         blocks = self.blocks._parameters.values()
         *result, token = _BatchNormFunction.apply(
             self, self._anchor, *[x[n] for n in self.input_names], *blocks

@@ -158,7 +158,9 @@ def test_loss_module_equals_torch(kind, reduction, options):
         expected.backward()
         if module.is_root != (RANK == root):
             problems.append("root")
-        if RANK == root and not np.isclose(float(out.detach()), float(expected.detach()), rtol=1e-12, atol=1e-12):
+        if RANK == root and not np.isclose(
+            float(out.detach()), float(expected.detach()), rtol=1e-12, atol=1e-12
+        ):
             problems.append(f"loss {float(out.detach())} against {float(expected.detach())}")
         if RANK != root and float(out.detach()) != 0.0:
             problems.append(f"a non-root rank got {float(out.detach())}")
