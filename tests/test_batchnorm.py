@@ -210,6 +210,8 @@ def test_batchnorm_arguments_are_checked():
         BatchNorm(x, eps=0)
     with pytest.raises(LayerError, match="momentum"):
         BatchNorm(x, momentum=2)
+    with pytest.raises(LayerError, match="other than x's"):
+        BatchNorm(x, name="x")
     with pytest.raises(LayerError, match="batch, channel"):
         BatchNorm(DistributedTensor("x", (4,), Partition((1,))))
     with pytest.raises(LayerError, match="affine=False"):

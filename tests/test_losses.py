@@ -185,6 +185,8 @@ def test_loss_arguments_are_checked():
     x = DistributedTensor("x", (2, 3), Partition((1, 1)))
     with pytest.raises(LayerError, match="unknown kind"):
         Loss(x, "hinge")
+    with pytest.raises(LayerError, match="other than x's"):
+        Loss(x, "mse", name="x")
     with pytest.raises(LayerError, match="unknown reduction"):
         Loss(x, "mse", reduction="max")
     with pytest.raises(LayerError, match="batchmean"):

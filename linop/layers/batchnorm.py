@@ -224,6 +224,10 @@ class BatchNorm:
             raise LayerError(f"{self.layer}: eps must be a positive number, not {eps!r}")
         if momentum is not None and not (isinstance(momentum, (int, float)) and 0 <= momentum <= 1):
             raise LayerError(f"{self.layer}: momentum must be None or in [0, 1], not {momentum!r}")
+        if not isinstance(name, str) or not name or name == x.name:
+            raise LayerError(
+                f"{self.layer}: the output's name must be a non-empty string other than x's, not {name!r}"
+            )
         self.eps, self.momentum = float(eps), None if momentum is None else float(momentum)
         self.affine, self.track_running_stats = bool(affine), bool(track_running_stats)
         self.dims = x.ndim - 2

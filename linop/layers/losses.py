@@ -175,6 +175,10 @@ class Loss:
             raise LayerError(f"{self.layer}: reduction 'batchmean' is kl_div's only, not {kind!r}'s")
         if x.ndim == 0 and reduction == "batchmean":
             raise LayerError(f"{self.layer}: 'batchmean' needs a batch dimension; x has shape ()")
+        if not isinstance(name, str) or not name or name == x.name:
+            raise LayerError(
+                f"{self.layer}: the loss's name must be a non-empty string other than x's, not {name!r}"
+            )
         self.kind, self.reduction = kind, reduction
         self.options: dict[str, Any] = {
             "log_input": bool(log_input),
