@@ -117,15 +117,21 @@ def _per_channel(values: np.ndarray, rank: int) -> np.ndarray:
     return values.reshape((*values.shape[:-1], 1, values.shape[-1], *(1,) * (rank - 2)))
 
 
-def _jacobian_kernels(saved: Saved, count: int, rank: int):
+def _jacobian_kernels(saved: Saved | None, count: int, rank: int, block: str):
     r"""The two local kernels of the training Jacobian on one block:
     ``gather``: :math:`t \mapsto (t, (\sum t \hat x; \sum t))` and ``combine``:
     :math:`(t, g) \mapsto s (t - g_1 / m - \hat x g_0 / m)`, s = w (\sigma^2 + \epsilon)^{-1/2},
-    with their adjoints (vectorized: leading probe axes pass through)."""
-    xhat = np.asarray(saved.xhat)
-    scale = np.asarray(saved.rstd if saved.weight is None else saved.rstd * saved.weight)
+    with their adjoints (vectorized: leading probe axes pass through). Without ``saved`` (a
+    block another process computes) they raise when called."""
+
+    def operands() -> tuple[np.ndarray, np.ndarray]:
+        if saved is None:
+            raise LayerError(f"BatchNorm: the saved forward of block {block!r} was not given to jacobian()")
+        scale = saved.rstd if saved.weight is None else saved.rstd * saved.weight
+        return np.asarray(saved.xhat), np.asarray(scale)
 
     def sums(t: np.ndarray) -> np.ndarray:
+        xhat, _ = operands()
         _, axes = _lead_axes(t, rank)
         return np.stack([(t * xhat).sum(axis=axes), t.sum(axis=axes)], axis=-2)
 
@@ -136,12 +142,15 @@ def _jacobian_kernels(saved: Saved, count: int, rank: int):
         return t, sums(t)
 
     def gather_adjoint(t: np.ndarray, g: np.ndarray) -> np.ndarray:
+        xhat, _ = operands()
         return t + xhat * spread(g, 0) + spread(g, 1)
 
     def combine(t: np.ndarray, g: np.ndarray) -> np.ndarray:
+        xhat, scale = operands()
         return _per_channel(scale, rank) * (t - spread(g, 1) / count - xhat * spread(g, 0) / count)
 
     def combine_adjoint(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        _, scale = operands()
         u = _per_channel(scale, rank) * y
         return u, -sums(u) / count
 
@@ -509,24 +518,16 @@ class BatchNorm:
         :math:`(t_j, g_j) \mapsto w (\sigma^2 + \epsilon)^{-1/2} (t_j - g_1/m - \hat x_j g_0/m)`.
 
         Its adjoint, derived by rules (the kernels' adjoints, the all-reduce's self-adjointness),
-        is the input gradient of :meth:`backward`; ``verify`` checks the kernels' adjoints.
-
-        Raises
-        ------
-        LayerError
-            If ``saved`` lacks a block of x.
+        is the input gradient of :meth:`backward`; ``verify`` checks the kernels' adjoints. Under
+        MPI the blocks a process holds are enough in ``saved``: a kernel whose block is missing
+        raises :class:`LayerError` when it runs.
         """
-        missing = [n for n in self.x.space.names if n not in saved]
-        if missing:
-            raise LayerError(
-                f"{self.layer}: jacobian needs the saved forward of every block; missing {missing}"
-            )
         tangent = f"{self.name}_tangent"
         first, last = [], []
         for j in self.x.partition.indices():
             block = self.x.block(j)
             (gather, gather_adjoint), (combine, combine_adjoint) = _jacobian_kernels(
-                saved[block.name], self.count, self.x.ndim
+                saved.get(block.name), self.count, self.x.ndim, block.name
             )
             copy = self.copies.block(j)
             t = Block(grid_block_name(tangent, j), block.shape, block.worker)
