@@ -7,8 +7,12 @@ statistics of each block alone (the channel groups not reduced) are caught."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import verify
 from linop import DistributedTensor, Identity, Partition
@@ -354,3 +358,60 @@ def test_module_blocks_of_a_wrong_name_or_shape_are_state_errors():
     name = x.blocks[0].name
     with pytest.raises(StateError, match=rf"block '{name[:1]}\[0,0,0\]' has shape \(1, 1, 1\)"):
         module(dict(good, **{name: torch.zeros(1, 1, 1, dtype=torch.float64)}))
+
+
+# -- random partitions ---------------------------------------------------------------------------------
+def _shares(total, parts, cuts):
+    """``total`` split over ``parts`` workers at the sorted cut points (empty shares allowed)."""
+    points = sorted(c % (total + 1) for c in cuts[: parts - 1])
+    bounds = [0, *points, total]
+    return tuple(bounds[k + 1] - bounds[k] for k in range(parts))
+
+
+@st.composite
+def _layouts(draw):
+    dims = draw(st.integers(0, 3))
+    shape = (
+        draw(st.integers(1, 4)),
+        draw(st.integers(1, 4)),
+        *(draw(st.integers(1, 5)) for _ in range(dims)),
+    )
+    if math.prod(shape[:1] + shape[2:]) < 2:
+        shape = (shape[0] + 1, *shape[1:])
+    grid = [draw(st.integers(1, 4)) for _ in shape]
+    for d in reversed(range(len(grid))):  # at most 16 workers: small and fast
+        if math.prod(grid) > 16:
+            grid[d] = 1
+    sizes = tuple(
+        _shares(n, p, draw(st.lists(st.integers(0, 9), min_size=3, max_size=3))) for n, p in zip(shape, grid)
+    )
+    return DistributedTensor("x", shape, Partition(tuple(grid)), sizes=sizes)
+
+
+@settings(max_examples=12, deadline=None)
+@given(_layouts(), st.integers(0, 2**16))
+def test_random_partitions_equal_torch_batchnorm(x, seed):
+    """Any shape (1-3 feature dimensions or none), 1-4 workers per dimension, shares cut at
+    random (empty ones included): a training step and an evaluation step equal torch's."""
+    rng = np.random.default_rng(seed)
+    c = x.global_shape[1]
+    w, b = rng.standard_normal(c), rng.standard_normal(c)
+    layer = BatchNorm(x)
+    norm = TORCH_NORMS[x.ndim](c, dtype=torch.float64)
+    with torch.no_grad():
+        norm.weight.copy_(torch.from_numpy(w))
+        norm.bias.copy_(torch.from_numpy(b))
+    running = (np.zeros(c), np.ones(c))
+    for training in (True, False):
+        norm.train(training)
+        data, dy = rng.standard_normal(x.global_shape), rng.standard_normal(x.global_shape)
+        y, saved, running = layer.forward(
+            x.scatter(data), layer.scatter_parameters(w, b), training=training, running=running
+        )
+        dx, dtheta = layer.backward(layer.y.scatter(dy), saved, training=training)
+        ty, tdx, tdw, tdb = _torch_step(norm, data, dy)
+        _close(layer.y.gather(y), ty, "y")
+        _close(x.gather(dx), tdx, "dx")
+        dw, db = layer.gather_parameters(dtheta)
+        _close(dw, tdw, "dw")
+        _close(db, tdb, "db")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import verify
 from linop import Broadcast, DistributedTensor, Partition
@@ -211,3 +213,39 @@ def test_module_blocks_of_a_wrong_name_or_shape_are_state_errors():
         StateError, match=r"target's block 'x\[0,0,1\]' has shape \(5, 3, 2\), expected \(5, 3, 3\)"
     ):
         module(good, wrong)
+
+
+@st.composite
+def _layouts(draw):
+    ndim = draw(st.integers(1, 3))
+    shape = tuple(draw(st.integers(1, 5)) for _ in range(ndim))
+    grid = tuple(draw(st.integers(1, 4 if d == 0 else 2)) for d in range(ndim))
+    sizes = []
+    for n, p in zip(shape, grid):
+        cuts = sorted(draw(st.integers(0, n)) for _ in range(p - 1))
+        bounds = [0, *cuts, n]
+        sizes.append(tuple(bounds[k + 1] - bounds[k] for k in range(p)))
+    return DistributedTensor("x", shape, Partition(grid), sizes=tuple(sizes))
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    _layouts(),
+    st.sampled_from(list(OPTIONS)),
+    st.sampled_from(["sum", "mean", "batchmean"]),
+    st.integers(0, 99),
+)
+def test_random_partitions_equal_torch_losses(x, case, reduction, seed):
+    """Any partition of 1-3 dimensions (up to 4 workers along the first, shares cut at random,
+    empty ones included), a random kind: the module's loss and gradient equal torch's."""
+    kind, options = _kind(case), OPTIONS[case]
+    if reduction == "batchmean" and kind != "kl_div":
+        reduction = "mean"
+    data, target = _data(kind, options, x.global_shape, np.random.default_rng(seed))
+    module = LossModule(Loss(x, kind, reduction=reduction, **options))
+    inputs = {k: torch.from_numpy(v).requires_grad_() for k, v in x.scatter(data).items()}
+    out = module(inputs, {k: torch.from_numpy(v) for k, v in x.scatter(target).items()})
+    out.backward()
+    expected, expected_grad = _torch_loss(kind, options, reduction, data, target)
+    _close(out.detach().numpy(), expected, reduction)
+    _close(x.gather({k: v.grad.numpy() for k, v in inputs.items()}), expected_grad, "gradient")
