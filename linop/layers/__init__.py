@@ -15,6 +15,8 @@ layer                      tree (forward)
 :class:`AveragePool`       L_mean H
 :class:`MaxPoolJacobian`   S_{x0} H (a selection: exact)
 :class:`Affine`            R_{P_w->P_y} L B_{P_x->P_w}
+:class:`BatchNorm`         local kernels around AllReduce (statistics) and B (parameters)
+:class:`Loss`              s R_{P_x->root} (local sums); backward B_{root->P_x}
 =========================  =============================================================
 
 :mod:`linop.layers.dad` holds the outer-product gradient identity of dAD.
@@ -22,7 +24,9 @@ layer                      tree (forward)
 
 from .affine import Affine
 from .base import LayerError
+from .batchnorm import BatchNorm
 from .conv import Convolution
+from .losses import Loss
 from .pooling import AveragePool, MaxPoolJacobian
 
-__all__ = ["Affine", "AveragePool", "Convolution", "LayerError", "MaxPoolJacobian"]
+__all__ = ["Affine", "AveragePool", "BatchNorm", "Convolution", "LayerError", "Loss", "MaxPoolJacobian"]

@@ -657,6 +657,18 @@ class Checks:
 
         self.run("LayerModule owners against Conv2d", check)
 
+    def norm_losses(self) -> None:
+        """BatchNormModule and LossModule against torch's (tests/torchdist/norm_loss_checks.py);
+        CPU tensors (not under NCCL)."""
+        import norm_loss_checks
+
+        if DEVICE is not None:
+            return
+        self.run(
+            "BatchNormModule against BatchNorm2d", lambda: norm_loss_checks.batchnorm(self.rank, self.size)
+        )
+        self.run("LossModule against torch losses", lambda: norm_loss_checks.losses(self.rank, self.size))
+
     # -- typed errors on every rank ----------------------------------------------------------------
     def same_error(self, kind: type, call: Callable[[], Any]) -> str | None:
         try:
@@ -904,6 +916,7 @@ def main(readme: str | None = None, *, timeout_case: bool = False) -> None:
         checks.bound,
         checks.autograd,
         checks.layer,
+        checks.norm_losses,
         checks.errors,
         checks.random_trees,
     ):

@@ -1,0 +1,253 @@
+r"""Distributed batch normalization (:class:`linop.layers.BatchNorm`) as a PyTorch module.
+
+The module runs the layer's algorithm on this process's blocks (its local kernels on torch
+tensors) and its trees through :class:`~linop.frameworks.torch_function.TorchOperator`: in
+one process on the numpy interpreter, across MPI ranks (``comm=``) or a torch.distributed
+process group (``group=``) on bound plans compiled once. In a training forward
+
+.. math::
+
+    \tilde\theta = M\theta, \quad \mu = \tfrac1m A(\textstyle\sum x), \quad
+    \sigma^2 = \tfrac1m A(\textstyle\sum (x - \mu)^2), \quad
+    y = \tilde w\, (x - \mu)(\sigma^2 + \epsilon)^{-1/2} + \tilde b
+
+(two all-reduces A over each channel's workers and the parameters' broadcast M), and its
+backward runs one all-reduce, :math:`g = A \tilde g = M M^* \tilde g` of the per-worker
+:math:`\tilde g = (\sum \bar y \hat x, \sum \bar y)`: the input gradient reads g, and each
+owner's block of g is its parameter gradient :math:`M^*\tilde g`. In evaluation the forward
+moves only the parameters and the backward sums their copies' gradients (:math:`M^*`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import LayerError, StateError
+from ..layers.base import share_slices
+from ..layers.batchnorm import BatchNorm
+from .torch_function import TorchOperator, engine_arguments, process_rank
+
+__all__ = ["BatchNormModule"]
+
+Tensor = torch.Tensor
+
+
+class _BatchNormFunction(torch.autograd.Function):
+    """forward(module, anchor, *x blocks, *parameter blocks) -> (*y blocks, token)."""
+
+    @staticmethod
+    def forward(ctx: Any, module: BatchNormModule, anchor: Tensor, *tensors: Tensor) -> Any:
+        layer = module.layer
+        count = len(module.input_names)
+        x = dict(zip(module.input_names, tensors[:count]))
+        dtype = tensors[0].dtype if count else torch.float64
+        copies = None
+        if layer.affine:
+            theta = {n: t.to(dtype) for n, t in zip(module.parameter_names, tensors[count:])}
+            copies = module.run(module.movement, theta)
+        batch = module.training or not layer.track_running_stats
+        if batch:
+            statistics = layer.statistics(x, module.run)
+            if module.training and layer.track_running_stats:
+                module.update_running(statistics)
+        else:
+            statistics = {n: module.running_of(n, dtype) for n in x}
+        outputs, saved = layer.normalized(x, statistics, copies)
+        ctx.module, ctx.saved, ctx.batch = module, saved, batch
+        ctx.dtypes = [t.dtype for t in tensors]
+        result = tuple(outputs[n] for n in module.output_names)
+        return (*result, torch.zeros(0, dtype=torch.float64))  # the last: the token
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, *grads: Tensor) -> Any:
+        module = ctx.module
+        layer = module.layer
+        dy = {x_name: g for x_name, g in zip(module.input_names, grads[:-1])}
+        dx, copies = layer.input_gradient(dy, ctx.saved, batch_statistics=ctx.batch, run=module.run)
+        theta_grads: list[Tensor] = []
+        if layer.affine:
+            if ctx.batch:  # all-reduced: the owner's copy of each group is M* of the partials
+                theta = {n: copies[layer.owner_copy(n)] for n in module.parameter_names}
+            else:
+                theta = module.run(module.gradient_sum, copies)
+            theta_grads = [theta[n] for n in module.parameter_names]
+        gradients = [dx[n] for n in module.input_names] + theta_grads
+        fitted = [g.to(dtype) for g, dtype in zip(gradients, ctx.dtypes)]
+        return (None, None, *fitted)
+
+
+class BatchNormModule(torch.nn.Module):
+    """A distributed :class:`linop.layers.BatchNorm` as an ``nn.Module``: ``module(x_blocks)``
+    returns this process's y blocks; train and eval modes as torch's ``BatchNorm{1,2,3}d``.
+
+    Parameters
+    ----------
+    layer : BatchNorm
+    weight, bias : array, optional
+        The global initial (C,) affine parameters (default ones and zeros, torch's); each
+        owner keeps its blocks.
+    comm : mpi4py communicator, optional
+        Run across its ranks (every rank builds the same layer and calls collectively).
+    group : torch.distributed ProcessGroup or True, optional
+        Run across the ranks of this process group (``True``: the world group); not with
+        ``comm``.
+    dtype : torch.dtype
+        The parameters' and running statistics' dtype (default float64).
+
+    Attributes
+    ----------
+    input_names, output_names : tuple of str
+        The blocks of x this process passes in and of y it gets back.
+    parameter_names : tuple of str
+        The parameter blocks (rows w, b; shape (2, c)) this process owns, held in
+        :attr:`blocks` (an ``nn.ParameterList``).
+    channels : tuple of int
+        The channel groups (indices along P_c) of this process's blocks; the buffers
+        ``running_mean`` and ``running_var`` hold their channels, concatenated in this order
+        (all C channels in one process: torch's buffers).
+    num_batches_tracked : torch.Tensor
+        Training batches seen (torch's buffer).
+    token : torch.Tensor
+        An empty output of the last call: a process that owns no output block adds
+        ``module.token.sum()`` (zero) to its loss so that its backward runs with the others'.
+
+    Raises
+    ------
+    LayerError
+        If ``layer`` is not a BatchNorm.
+    """
+
+    layer: BatchNorm
+    running_mean: Tensor | None
+    running_var: Tensor | None
+    num_batches_tracked: Tensor | None
+
+    def __init__(
+        self,
+        layer: BatchNorm,
+        *,
+        weight: Any = None,
+        bias: Any = None,
+        comm: Any = None,
+        group: Any = None,
+        dtype: torch.dtype = torch.float64,
+    ) -> None:
+        super().__init__()
+        engine_arguments(comm, group)
+        if not isinstance(layer, BatchNorm):
+            raise LayerError(f"BatchNormModule takes a BatchNorm layer, not {type(layer).__name__}")
+        self.layer = layer
+        self.comm, self.group = comm, group
+        rank = process_rank(comm, group)
+
+        def function(op: Any) -> TorchOperator:
+            return TorchOperator(op, comm=comm, group=group)
+
+        self._functions: dict[int, TorchOperator] = {}
+        self.statistics_reduction = layer.statistics_reduction
+        self.gradient_reduction = layer.gradient_reduction
+        self.movement = layer.parameter_movement if layer.affine else None
+        self.gradient_sum = layer.parameter_gradient_reduction if layer.affine else None
+        for tree in (self.statistics_reduction, self.gradient_reduction, self.movement, self.gradient_sum):
+            if tree is not None:
+                self._functions[id(tree)] = function(tree)
+        mine = [b for b in layer.x.blocks if rank is None or b.worker == rank]
+        self.input_names = tuple(b.name for b in mine)
+        self.output_names = tuple(layer.y.block_name(layer.index(n)) for n in self.input_names)
+        self.channels = tuple(sorted({layer.channel(n) for n in self.input_names}))
+        slices = share_slices(layer.channel_sizes)
+        self._offsets: dict[int, slice] = {}
+        start = 0
+        for c in self.channels:
+            size = slices[c].stop - slices[c].start
+            self._offsets[c] = slice(start, start + size)
+            start += size
+        if layer.parameters is not None:
+            state = layer.scatter_parameters(weight, bias)
+            self.parameter_names = tuple(
+                b.name for b in layer.parameters.blocks if rank is None or b.worker == rank
+            )
+            self.blocks = torch.nn.ParameterList(
+                torch.nn.Parameter(torch.from_numpy(np.array(state[n])).to(dtype))
+                for n in self.parameter_names
+            )
+        else:
+            if weight is not None or bias is not None:
+                raise LayerError("BatchNormModule: weight or bias given to a layer built with affine=False")
+            self.parameter_names = ()
+            self.blocks = torch.nn.ParameterList()
+        if layer.track_running_stats:
+            self.register_buffer("running_mean", torch.zeros(start, dtype=dtype))
+            self.register_buffer("running_var", torch.ones(start, dtype=dtype))
+            self.register_buffer("num_batches_tracked", torch.tensor(0, dtype=torch.long))
+        else:
+            self.register_buffer("running_mean", None)
+            self.register_buffer("running_var", None)
+            self.register_buffer("num_batches_tracked", None)
+        self._anchor = torch.zeros(0, dtype=torch.float64, requires_grad=True)
+        self.token = torch.zeros(0, dtype=torch.float64)
+
+    def run(self, op: Any, state: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """Run one of the layer's trees on this process's blocks (collective across ranks)."""
+        return self._functions[id(op)].untracked(state)
+
+    def running_of(self, block: str, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """The running (mean, var) of the channel group of x's block ``block``."""
+        assert self.running_mean is not None and self.running_var is not None
+        part = self._offsets[self.layer.channel(block)]
+        return self.running_mean[part].to(dtype), self.running_var[part].to(dtype)
+
+    def update_running(self, statistics: Mapping[str, tuple[Tensor, Tensor]]) -> None:
+        """Fold a training batch's statistics (by x's block) into the running ones (torch's
+        rule; every worker of a channel computes the same update from the same all-reduced
+        sums)."""
+        assert self.running_mean is not None and self.running_var is not None
+        assert self.num_batches_tracked is not None
+        self.num_batches_tracked.add_(1)
+        factor = self.layer.running_factor(int(self.num_batches_tracked))
+        done: set[int] = set()
+        with torch.no_grad():
+            for name, (mean, var) in statistics.items():
+                c = self.layer.channel(name)
+                if c in done:
+                    continue
+                done.add(c)
+                part = self._offsets[c]
+                new_mean, new_var = self.layer.updated_running(
+                    (self.running_mean[part], self.running_var[part]), (mean, var), factor
+                )
+                self.running_mean[part] = new_mean
+                self.running_var[part] = new_var
+
+    def parameter_state(self) -> dict[str, Tensor]:
+        """This process's parameter blocks by name ((2, c): rows w and b)."""
+        return dict(zip(self.parameter_names, self.blocks))
+
+    def forward(self, x: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        if not isinstance(x, Mapping) or set(x) != set(self.input_names):
+            given = sorted(x) if isinstance(x, Mapping) else type(x).__name__
+            raise StateError(f"BatchNorm layer takes blocks {list(self.input_names)}, not {given}")
+        for name in self.input_names:
+            expected = self.layer.x.space[name].shape
+            if tuple(x[name].shape) != expected:
+                raise StateError(
+                    f"BatchNorm layer: block {name!r} has shape {tuple(x[name].shape)}, expected {expected}"
+                )
+        blocks = self.blocks._parameters.values()
+        *result, token = _BatchNormFunction.apply(
+            self, self._anchor, *[x[n] for n in self.input_names], *blocks
+        )
+        self.__dict__["token"] = token
+        return dict(zip(self.output_names, result))
+
+    def extra_repr(self) -> str:
+        layer = self.layer
+        return (
+            f"{layer.x.space} -> {layer.y.space}, eps={layer.eps}, momentum={layer.momentum}, "
+            f"affine={layer.affine}, track_running_stats={layer.track_running_stats}"
+        )

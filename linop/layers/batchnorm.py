@@ -1,0 +1,563 @@
+r"""Distributed batch normalization: per-channel statistics reduced exactly over the workers that
+share a channel (docs/theory.md#layers).
+
+x (N, C, S_0, ...) lies on any partition P_x = P_n x P_c x P_0 x ... (batch, channels and
+features all cut, unevenly and with empty shares if wanted). The workers with one channel
+index c form the group G(c); every statistic of channel c is a sum over G(c), computed as an
+all-reduce :math:`A = \mathrm{AllReduce}(\cdot, \text{axes} \ne 1)` of per-worker partial sums
+(an operator tree that ``verify`` proves exactly). With m the global count per channel
+(:math:`N \prod_d S_d`), in training mode
+
+.. math::
+
+    \mu = \tfrac1m A\Big(\sum_{\text{local}} x\Big), \qquad
+    \sigma^2 = \tfrac1m A\Big(\sum_{\text{local}} (x - \mu)^2\Big), \qquad
+    \hat x = (x - \mu)(\sigma^2 + \epsilon)^{-1/2}, \qquad y = w\, \hat x + b
+
+(two passes: the centred sum of squares, never :math:`E[x^2] - \mu^2`). The parameters
+:math:`\theta = (w; b)` (2 x C) live on the owners, the workers :math:`P_x[0, c, 0, \dots]`,
+and reach the other workers by the broadcast :math:`M = B_{P_\theta \to P_x}`
+(:attr:`BatchNorm.parameter_movement`). The backward pass needs, per channel, the global sums
+
+.. math::
+
+    g = A \Big( \textstyle\sum_{\text{local}} \bar y\, \hat x,\; \sum_{\text{local}} \bar y \Big)
+    = M M^{*} \tilde g, \qquad
+    \bar x = w (\sigma^2 + \epsilon)^{-1/2}\Big(\bar y - \tfrac{g_1}{m} - \hat x\, \tfrac{g_0}{m}\Big)
+
+where :math:`\tilde g` are the per-worker partial sums: the gradients of the parameter copies
+:math:`\tilde\theta = M\theta`. Since the all-reduce over a channel group is :math:`M M^*` (the
+copies' sum-reduce onto the owner, then its broadcast back; proven equal in the tests), one
+all-reduce gives both what :math:`\bar x` needs and, on each owner, the parameter gradient
+:math:`\bar\theta = M^* \tilde g` (the broadcast's adjoint: the gradients of the copies summed).
+In evaluation mode (running statistics) :math:`\bar x = w\,\bar y\,(\sigma_r^2 + \epsilon)^{-1/2}`
+needs no reduction, and :math:`\bar\theta = M^* \tilde g` is the sum-reduce
+(:attr:`BatchNorm.parameter_gradient_reduction`).
+
+The running statistics follow torch: :math:`r \leftarrow (1 - \alpha) r + \alpha s` with the
+unbiased variance :math:`\sigma^2 m / (m - 1)`, :math:`\alpha` the momentum (None: the
+cumulative average, :math:`1 / \text{batches seen}`).
+
+The training Jacobian at a given input is itself a tree (:meth:`BatchNorm.jacobian`: local
+kernels around the same all-reduce); its adjoint, derived by rules, is the input gradient.
+
+The algorithm (:meth:`BatchNorm.statistics`, :meth:`BatchNorm.normalized`,
+:meth:`BatchNorm.input_gradient`) takes the blocks a process holds and a function that runs a
+tree on them, so the numpy interpreter (:meth:`BatchNorm.forward`, :meth:`BatchNorm.backward`:
+all workers in one process) and the torch module on MPI or torch.distributed
+(:class:`linop.frameworks.torch_norm.BatchNormModule`) run the same steps; its local kernels
+work on numpy arrays and torch tensors alike.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from ..collectives import AllReduce, Broadcast
+from ..layout import BlockGrid
+from ..operator import LinearOperator
+from ..partition import DistributedTensor, Partition, grid_block_name
+from ..space import Block, Space
+from .base import LayerError, LocalStep, local_stage, require_shape, require_tensor, share_slices
+
+__all__ = ["BatchNorm", "Saved"]
+
+Run = Callable[[LinearOperator, Mapping[str, Any]], Mapping[str, Any]]
+"""Runs a tree on the blocks this process holds and returns its result blocks (the numpy
+interpreter, or a torch function on MPI / torch.distributed)."""
+
+
+def _reduced_axes(ndim: int) -> tuple[int, ...]:
+    return (0, *range(2, ndim))
+
+
+def _spread(values: Any, ndim: int) -> Any:
+    """A per-channel vector (c,) as (1, c, 1, ...), to broadcast over a block."""
+    return values.reshape((1, values.shape[-1], *(1,) * (ndim - 2)))
+
+
+def local_sum(x: Any) -> Any:
+    """The block's per-channel sum as a (1, c) row (numpy or torch)."""
+    return x.sum(axis=_reduced_axes(x.ndim)).reshape((1, x.shape[1]))
+
+
+def centred_squares(x: Any, mean: Any) -> Any:
+    """The block's per-channel sum of squares about ``mean`` (c,), as a (1, c) row."""
+    centred = x - _spread(mean, x.ndim)
+    return (centred * centred).sum(axis=_reduced_axes(x.ndim)).reshape((1, x.shape[1]))
+
+
+def gradient_partials(dy: Any, xhat: Any) -> Any:
+    r"""The block's :math:`(\sum \bar y \hat x;\, \sum \bar y)` per channel, a (2, c) array: the
+    gradient of its (w; b) copy."""
+    axes = _reduced_axes(dy.ndim)
+    rows = (dy * xhat).sum(axis=axes), dy.sum(axis=axes)
+    if isinstance(dy, np.ndarray):
+        return np.stack(rows)
+    import torch  # only reached with torch tensors
+
+    return torch.stack(rows)
+
+
+def _lead_axes(array: np.ndarray, rank: int) -> tuple[int, tuple[int, ...]]:
+    """For a block of ``rank`` dimensions that may carry leading probe axes: how many lead, and
+    the axes a per-channel sum reduces (all of the block's but the channel's)."""
+    lead = array.ndim - rank
+    return lead, (lead, *range(lead + 2, array.ndim))
+
+
+def _per_channel(values: np.ndarray, rank: int) -> np.ndarray:
+    """(..., c) as (..., 1, c, 1, ...) against a block of ``rank`` dimensions."""
+    return values.reshape((*values.shape[:-1], 1, values.shape[-1], *(1,) * (rank - 2)))
+
+
+def _jacobian_kernels(saved: Saved | None, count: int, rank: int, block: str):
+    r"""The two local kernels of the training Jacobian on one block:
+    ``gather``: :math:`t \mapsto (t, (\sum t \hat x; \sum t))` and ``combine``:
+    :math:`(t, g) \mapsto s (t - g_1 / m - \hat x g_0 / m)`, s = w (\sigma^2 + \epsilon)^{-1/2},
+    with their adjoints (vectorized: leading probe axes pass through). Without ``saved`` (a
+    block another process computes) they raise when called."""
+
+    def operands() -> tuple[np.ndarray, np.ndarray]:
+        if saved is None:
+            raise LayerError(f"BatchNorm: the saved forward of block {block!r} was not given to jacobian()")
+        scale = saved.rstd if saved.weight is None else saved.rstd * saved.weight
+        return np.asarray(saved.xhat), np.asarray(scale)
+
+    def sums(t: np.ndarray) -> np.ndarray:
+        xhat, _ = operands()
+        _, axes = _lead_axes(t, rank)
+        return np.stack([(t * xhat).sum(axis=axes), t.sum(axis=axes)], axis=-2)
+
+    def spread(g: np.ndarray, row: int) -> np.ndarray:
+        return _per_channel(g[..., row, :], rank)
+
+    def gather(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return t, sums(t)
+
+    def gather_adjoint(t: np.ndarray, g: np.ndarray) -> np.ndarray:
+        xhat, _ = operands()
+        return t + xhat * spread(g, 0) + spread(g, 1)
+
+    def combine(t: np.ndarray, g: np.ndarray) -> np.ndarray:
+        xhat, scale = operands()
+        return _per_channel(scale, rank) * (t - spread(g, 1) / count - xhat * spread(g, 0) / count)
+
+    def combine_adjoint(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        _, scale = operands()
+        u = _per_channel(scale, rank) * y
+        return u, -sums(u) / count
+
+    return (gather, gather_adjoint), (combine, combine_adjoint)
+
+
+@dataclass(frozen=True)
+class Saved:
+    """What the forward of one block keeps for its backward: the normalized block, the
+    per-channel :math:`(\\sigma^2 + \\epsilon)^{-1/2}` and weights (None without affine)."""
+
+    xhat: Any
+    rstd: Any
+    weight: Any
+
+
+class BatchNorm:
+    r"""Distributed batch normalization over (N, C, S_0, ...) with any partition of batch,
+    channels and features (0 to 3 feature dimensions for torch's ``BatchNorm{1,2,3}d``; the
+    description takes any number).
+
+    Parameters
+    ----------
+    x : DistributedTensor
+        The input (N, C, ...) on P_x (any shares, empty ones included).
+    eps : float
+        Added to the variance (torch's default 1e-5).
+    momentum : float or None
+        The running statistics' factor (torch's default 0.1; None: cumulative average).
+    affine : bool
+        Whether the layer has the learnable (w; b), held by the owners P_x[0, c, 0, ...].
+    track_running_stats : bool
+        Whether it keeps running statistics (without them, batch statistics in both modes).
+    name : str
+        The output's name; the parameters are ``name + "_theta"`` (rows w, b), their copies
+        ``name + "_theta_copy"``, the statistics' partial sums ``name + "_sums"``.
+
+    Attributes
+    ----------
+    x, y : DistributedTensor
+        Input and output (y has x's partition and shares).
+    count : int
+        m, the number of entries of one channel (N times the features).
+    channel_sizes : tuple of int
+        The channels' shares over P_c.
+    owners : Partition
+        1 x P_c x 1 ...: the workers that hold the parameters (and the root of each group).
+    parameters : BlockGrid or None
+        θ = (w; b), block (2, c_share) on each owner.
+    copies : BlockGrid
+        (2, c_share) on every worker of P_x: the parameters' copies, and in the backward the
+        gradients of those copies.
+    sums : BlockGrid
+        (1, c_share) on every worker: the statistics' partial sums.
+
+    Raises
+    ------
+    LayerError
+        If x has fewer than 2 dimensions, eps is not positive or momentum not in [0, 1].
+    """
+
+    layer = "BatchNorm"
+
+    def __init__(
+        self,
+        x: DistributedTensor,
+        *,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        name: str = "y",
+    ) -> None:
+        self.x = require_tensor(self.layer, "x", x)
+        if x.ndim < 2:
+            raise LayerError(
+                f"{self.layer}: x {x.global_shape} needs (batch, channel, features...) dimensions"
+            )
+        if not (isinstance(eps, (int, float)) and eps > 0):
+            raise LayerError(f"{self.layer}: eps must be a positive number, not {eps!r}")
+        if momentum is not None and not (isinstance(momentum, (int, float)) and 0 <= momentum <= 1):
+            raise LayerError(f"{self.layer}: momentum must be None or in [0, 1], not {momentum!r}")
+        if not isinstance(name, str) or not name or name == x.name:
+            raise LayerError(
+                f"{self.layer}: the output's name must be a non-empty string other than x's, not {name!r}"
+            )
+        self.eps, self.momentum = float(eps), None if momentum is None else float(momentum)
+        self.affine, self.track_running_stats = bool(affine), bool(track_running_stats)
+        self.dims = x.ndim - 2
+        self.name = name
+        p = x.partition
+        self.count = x.global_shape[0] * math.prod(x.global_shape[2:])
+        self.channels = x.global_shape[1]
+        self.channel_sizes = x.sizes[1]
+        self.reduce_axes = tuple(a for a in range(x.ndim) if a != 1)
+        self.y = DistributedTensor(name, x.global_shape, p, sizes=x.sizes)
+        rest = (0,) * self.dims
+        self.owners = Partition(
+            (1, p.shape[1], *(1,) * self.dims), tuple(p.worker((0, c, *rest)) for c in range(p.shape[1]))
+        )
+        self.parameters = (
+            BlockGrid(f"{name}_theta", self.owners, tuple((2, s) for s in self.channel_sizes))
+            if self.affine
+            else None
+        )
+        self.copies = BlockGrid(
+            f"{name}_theta_copy", p, tuple((2, self.channel_sizes[j[1]]) for j in p.indices())
+        )
+        self.sums = BlockGrid(f"{name}_sums", p, tuple((1, self.channel_sizes[j[1]]) for j in p.indices()))
+
+    # -- the trees -------------------------------------------------------------------------------
+    @cached_property
+    def statistics_reduction(self) -> LinearOperator:
+        """The all-reduce of the (1, c) partial sums over each channel group (run twice in a
+        training forward: the sums, then the centred sums of squares)."""
+        return AllReduce(self.sums, self.reduce_axes)
+
+    @cached_property
+    def gradient_reduction(self) -> LinearOperator:
+        r"""The all-reduce of the copies' gradients :math:`\tilde g` (2, c) over each channel
+        group, :math:`M M^*` (the training backward)."""
+        return AllReduce(self.copies, self.reduce_axes)
+
+    @cached_property
+    def parameter_movement(self) -> LinearOperator:
+        r""":math:`M`: the owners' (w; b) broadcast to every worker of their channel group.
+
+        Raises
+        ------
+        LayerError
+            Without affine parameters.
+        """
+        if self.parameters is None:
+            raise LayerError(f"{self.layer}: built with affine=False, it has no parameters to move")
+        return Broadcast(self.parameters, self.x.partition, self.copies.name)
+
+    @cached_property
+    def parameter_gradient_reduction(self) -> LinearOperator:
+        r""":math:`M^*`: the copies' gradients summed onto the owners (the evaluation backward)."""
+        return self.parameter_movement.H
+
+    @property
+    def parameter_space(self) -> Space:
+        """The parameters' blocks (empty without affine)."""
+        return Space(()) if self.parameters is None else self.parameters.space
+
+    def index(self, block: str) -> tuple[int, ...]:
+        """The grid index of a block of x or y.
+
+        Raises
+        ------
+        LayerError
+            For a name that is no block of x or y.
+        """
+        try:
+            return self._indices[block]
+        except KeyError:
+            raise LayerError(
+                f"{self.layer}: {block!r} is not a block of {self.x.name!r} or {self.y.name!r}"
+            ) from None
+
+    @property
+    def _indices(self) -> dict[str, tuple[int, ...]]:
+        table = self.__dict__.get("_index_table")
+        if table is None:
+            table = {}
+            for j in self.x.partition.indices():
+                table[self.x.block_name(j)] = j
+                table[self.y.block_name(j)] = j
+            self.__dict__["_index_table"] = table
+        return table
+
+    def channel(self, block: str) -> int:
+        """The channel index (along P_c) of a block of x or y."""
+        return self.index(block)[1]
+
+    def copy_name(self, block: str) -> str:
+        """The name of the parameter copy (and of its gradient) of x's block ``block``."""
+        return self.copies.block_name(self.index(block))
+
+    def sums_name(self, block: str) -> str:
+        """The name of the statistics' partial sums of x's block ``block``."""
+        return self.sums.block_name(self.index(block))
+
+    def owner_copy(self, parameter_block: str) -> str:
+        """The copy that lies on the owner of the parameter block ``name[0,c,0,...]`` (the
+        copy of the same grid index)."""
+        assert self.parameters is not None
+        index = parameter_block[len(self.parameters.name) :]
+        return self.copies.name + index
+
+    # -- the algorithm on the blocks a process holds --------------------------------------------
+    def statistics(self, x: Mapping[str, Any], run: Run) -> dict[str, tuple[Any, Any]]:
+        """The global mean and biased variance (c,) of each given block's channel group: two
+        all-reduces of partial sums (the sums, then the centred squares).
+
+        Raises
+        ------
+        LayerError
+            When a channel has fewer than 2 entries (torch's "expected more than 1 value per
+            channel").
+        """
+        if self.count < 2:
+            raise LayerError(
+                f"{self.layer}: expected more than 1 value per channel when training, x has shape "
+                f"{self.x.global_shape}"
+            )
+        sums = run(self.statistics_reduction, {self.sums_name(n): local_sum(v) for n, v in x.items()})
+        means = {n: sums[self.sums_name(n)][0] / self.count for n in x}
+        squares = run(
+            self.statistics_reduction,
+            {self.sums_name(n): centred_squares(v, means[n]) for n, v in x.items()},
+        )
+        return {n: (means[n], squares[self.sums_name(n)][0] / self.count) for n in x}
+
+    def normalized(
+        self,
+        x: Mapping[str, Any],
+        statistics: Mapping[str, tuple[Any, Any]],
+        copies: Mapping[str, Any] | None,
+    ) -> tuple[dict[str, Any], dict[str, Saved]]:
+        """y for each given block from its channel's (mean, variance) and its parameter copy
+        (``copies`` by copy name; None without affine), and what the backward keeps."""
+        outputs, saved = {}, {}
+        for n, v in x.items():
+            mean, var = statistics[n]
+            rstd = (var + self.eps) ** -0.5
+            xhat = (v - _spread(mean, v.ndim)) * _spread(rstd, v.ndim)
+            weight = None
+            y = xhat
+            if copies is not None:
+                theta = copies[self.copy_name(n)]
+                weight = theta[0]
+                y = xhat * _spread(weight, v.ndim) + _spread(theta[1], v.ndim)
+            outputs[self.y.block_name(self.index(n))] = y
+            saved[n] = Saved(xhat, rstd, weight)
+        return outputs, saved
+
+    def input_gradient(
+        self, dy: Mapping[str, Any], saved: Mapping[str, Saved], *, batch_statistics: bool, run: Run
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        r"""The input gradient of each block (``dy`` by x's block names) and the gradients of
+        the parameter copies: reduced over the channel groups (:math:`M M^*\tilde g`, training)
+        or the local partials :math:`\tilde g` (evaluation), by copy name."""
+        partials = {self.copy_name(n): gradient_partials(g, saved[n].xhat) for n, g in dy.items()}
+        if not batch_statistics:
+            gradients = {}
+            for n, g in dy.items():
+                s = saved[n]
+                scale = s.rstd if s.weight is None else s.rstd * s.weight
+                gradients[n] = g * _spread(scale, g.ndim)
+            return gradients, partials
+        totals = run(self.gradient_reduction, partials)
+        gradients = {}
+        for n, g in dy.items():
+            s = saved[n]
+            total = totals[self.copy_name(n)]
+            scale = s.rstd if s.weight is None else s.rstd * s.weight
+            centred = (
+                g - _spread(total[1] / self.count, g.ndim) - s.xhat * _spread(total[0] / self.count, g.ndim)
+            )
+            gradients[n] = centred * _spread(scale, g.ndim)
+        return gradients, dict(totals)
+
+    def running_factor(self, batches: int) -> float:
+        """The weight of a new batch in the running statistics after ``batches`` training
+        batches (this one included): the momentum, or 1 / batches (cumulative)."""
+        return 1.0 / batches if self.momentum is None else self.momentum
+
+    def updated_running(
+        self, running: tuple[Any, Any], batch: tuple[Any, Any], factor: float
+    ) -> tuple[Any, Any]:
+        """``(mean, var)`` running statistics after a batch of biased statistics ``batch``:
+        torch's update, with the unbiased variance var * m / (m - 1)."""
+        mean, var = batch
+        unbiased = var * (self.count / (self.count - 1))
+        return (1 - factor) * running[0] + factor * mean, (1 - factor) * running[1] + factor * unbiased
+
+    # -- the whole layer in one process (the numpy interpreter) ---------------------------------
+    def scatter_parameters(self, weight: Any = None, bias: Any = None) -> dict[str, np.ndarray]:
+        """A state of the parameter blocks from global w and b (C,) (defaults: ones and
+        zeros, torch's initialization)."""
+        if self.parameters is None:
+            return {}
+        c = self.channels
+        w = np.ones(c) if weight is None else require_shape(self.layer, "weight", weight, (c,))
+        b = np.zeros(c) if bias is None else require_shape(self.layer, "bias", bias, (c,))
+        theta = np.stack([w, b])
+        return {
+            self.parameters.block_name((0, k, *(0,) * self.dims)): np.array(theta[:, part])
+            for k, part in enumerate(share_slices(self.channel_sizes))
+        }
+
+    def gather_parameters(self, state: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+        """Global (w, b) from a state of the parameter blocks."""
+        if self.parameters is None:
+            raise LayerError(f"{self.layer}: built with affine=False, it has no parameters")
+        blocks = [
+            np.asarray(state[self.parameters.block_name((0, k, *(0,) * self.dims))])
+            for k in range(len(self.channel_sizes))
+        ]
+        theta = np.concatenate(blocks, axis=1)
+        return theta[0], theta[1]
+
+    def forward(
+        self,
+        x: Mapping[str, Any],
+        parameters: Mapping[str, Any] | None = None,
+        *,
+        training: bool = True,
+        running: tuple[np.ndarray, np.ndarray] | None = None,
+        batches: int = 1,
+    ) -> tuple[dict[str, Any], dict[str, Saved], tuple[np.ndarray, np.ndarray] | None]:
+        """The layer on a whole state of x, every tree run by the numpy interpreter: y, what
+        the backward keeps, and the running statistics (global (C,) mean and var) after the
+        call (``running`` as given in evaluation; None when neither tracked nor given).
+
+        ``batches`` counts the training batches including this one (for momentum=None).
+
+        Raises
+        ------
+        LayerError
+            Evaluation with tracked statistics but no ``running`` given.
+        """
+        x = {b.name: x[b.name] for b in self.x.blocks}
+        copies = None
+        if self.parameters is not None:
+            given = self.scatter_parameters() if parameters is None else parameters
+            copies = self.parameter_movement(dict(given))
+
+        def run(op: LinearOperator, state: Mapping[str, Any]) -> Mapping[str, Any]:
+            return op(dict(state))
+
+        slices = share_slices(self.channel_sizes)
+        if training or not self.track_running_stats:
+            statistics = self.statistics(x, run)
+            if self.track_running_stats and running is not None:
+                mean, var = np.array(running[0], dtype=float), np.array(running[1], dtype=float)
+                done: set[int] = set()
+                for n, batch in statistics.items():
+                    c = self.channel(n)
+                    if c not in done:
+                        done.add(c)
+                        m, v = self.updated_running(
+                            (mean[slices[c]], var[slices[c]]), batch, self.running_factor(batches)
+                        )
+                        mean[slices[c]], var[slices[c]] = m, v
+                running = (mean, var)
+        else:
+            if running is None:
+                raise LayerError(
+                    f"{self.layer}: evaluation with running statistics needs running=(mean, var)"
+                )
+            statistics = {
+                n: (running[0][slices[self.channel(n)]], running[1][slices[self.channel(n)]]) for n in x
+            }
+        y, saved = self.normalized(x, statistics, copies)
+        return y, saved, running
+
+    def jacobian(self, saved: Mapping[str, Saved]) -> LinearOperator:
+        r"""The Jacobian of the training forward at the input whose :meth:`forward` kept
+        ``saved`` (batch statistics), as an operator tree x -> y: per worker a local kernel
+        :math:`t_j \mapsto (t_j, \tilde g_j)`, the all-reduce of the :math:`\tilde g` over the
+        channel groups (:attr:`gradient_reduction`), and a local kernel
+        :math:`(t_j, g_j) \mapsto w (\sigma^2 + \epsilon)^{-1/2} (t_j - g_1/m - \hat x_j g_0/m)`.
+
+        Its adjoint, derived by rules (the kernels' adjoints, the all-reduce's self-adjointness),
+        is the input gradient of :meth:`backward`; ``verify`` checks the kernels' adjoints. Under
+        MPI the blocks a process holds are enough in ``saved``: a kernel whose block is missing
+        raises :class:`LayerError` when it runs.
+        """
+        tangent = f"{self.name}_tangent"
+        first, last = [], []
+        for j in self.x.partition.indices():
+            block = self.x.block(j)
+            (gather, gather_adjoint), (combine, combine_adjoint) = _jacobian_kernels(
+                saved.get(block.name), self.count, self.x.ndim, block.name
+            )
+            copy = self.copies.block(j)
+            t = Block(grid_block_name(tangent, j), block.shape, block.worker)
+            first.append(
+                LocalStep((block.name,), (t, copy), gather, gather_adjoint, grid_block_name("bn_sums", j))
+            )
+            y = self.y.block(j)
+            last.append(
+                LocalStep((t.name, copy.name), (y,), combine, combine_adjoint, grid_block_name("bn_jac", j))
+            )
+        spread = local_stage(self.x.space, first)
+        others = Space(b for b in spread.range if not b.name.startswith(f"{self.copies.name}["))
+        reduce = AllReduce(self.copies, self.reduce_axes, others=others)
+        return local_stage(reduce.range, last) @ reduce @ spread
+
+    def backward(
+        self, dy: Mapping[str, Any], saved: Mapping[str, Saved], *, training: bool = True
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The input gradient (by x's block names) and the parameter gradient (by parameter
+        block, empty without affine) of a :meth:`forward` with ``training``, from ``dy`` by
+        y's block names, every tree run by the numpy interpreter."""
+        by_x = {self.x.block_name(self.index(n)): g for n, g in dy.items()}
+
+        def run(op: LinearOperator, state: Mapping[str, Any]) -> Mapping[str, Any]:
+            return op(dict(state))
+
+        batch = training or not self.track_running_stats
+        dx, copies = self.input_gradient(by_x, saved, batch_statistics=batch, run=run)
+        if self.parameters is None:
+            return dx, {}
+        if batch:  # the all-reduced sums: each owner's copy is M* of the partials
+            return dx, {n: copies[self.owner_copy(n)] for n in self.parameters.space.names}
+        return dx, dict(self.parameter_gradient_reduction(copies))

@@ -1,0 +1,193 @@
+"""Batch normalization and the distributed losses across MPI ranks: their trees equal the numpy
+interpreter exactly (integers), and the torch modules (``comm=``) equal torch's BatchNorm2d and
+losses on one process: outputs, input gradients, parameter gradients and running statistics on
+every rank, a rank holding an empty block or no block at all included."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import collective_assert, compare_with_numpy, local_part
+from mpi4py import MPI
+
+from linop import DistributedTensor, Partition
+from linop.layers import BatchNorm, Loss
+
+torch = pytest.importorskip("torch")
+
+COMM = MPI.COMM_WORLD
+SIZE = COMM.size
+RANK = COMM.rank
+
+
+def _batchnorm_cases():
+    """(label, x): 4 channels of (N, 4, 5, 4) over every rank, unevenly, empty shares and (on 4
+    ranks) a rank with no block."""
+    cases = {
+        1: [("one", ((1, 1, 1, 1), ()))],
+        2: [("batch-empty", ((2, 1, 1, 1), ((3, 0), (4,), (5,), (4,))))],
+        3: [("features", ((1, 1, 3, 1), ((3,), (4,), (2, 2, 1), (4,))))],
+        4: [
+            ("batch-channels", ((2, 2, 1, 1), ((2, 1), (3, 1), (5,), (4,)))),
+            ("three-of-four", ((1, 1, 1, 3), ((3,), (4,), (5,), (1, 1, 2)))),
+        ],
+    }[SIZE]
+    return [
+        (label, DistributedTensor("x", (3, 4, 5, 4), Partition(grid), sizes=sizes))
+        for label, (grid, sizes) in cases
+    ]
+
+
+@pytest.mark.parametrize(("label", "x"), _batchnorm_cases(), ids=[c[0] for c in _batchnorm_cases()])
+def test_batchnorm_trees_equal_numpy_exactly(label, x):
+    layer = BatchNorm(x)
+    for op in (layer.statistics_reduction, layer.gradient_reduction, layer.parameter_movement):
+        compare_with_numpy(op, op.domain.random(1, np.int64))
+        compare_with_numpy(op.H, op.range.random(2, np.int64))
+
+
+@pytest.mark.parametrize(("label", "x"), _batchnorm_cases(), ids=[c[0] for c in _batchnorm_cases()])
+def test_batchnorm_module_equals_torch_batchnorm2d(label, x):
+    from linop.frameworks.torch_norm import BatchNormModule
+
+    rng = np.random.default_rng(21)
+    layer = BatchNorm(x)
+    w, b = rng.standard_normal(4), rng.standard_normal(4)
+    module = BatchNormModule(layer, weight=w, bias=b, comm=COMM)
+    norm = torch.nn.BatchNorm2d(4, dtype=torch.float64)
+    with torch.no_grad():
+        norm.weight.copy_(torch.from_numpy(w))
+        norm.bias.copy_(torch.from_numpy(b))
+    problems = []
+    for step in range(3):
+        if step == 2:
+            module.eval()
+            norm.eval()
+        data, dy = rng.standard_normal(x.global_shape) + step, rng.standard_normal(x.global_shape)
+        inputs = {
+            k: torch.from_numpy(v).requires_grad_()
+            for k, v in local_part(x.space, x.scatter(data), RANK).items()
+        }
+        module.zero_grad()
+        out = module(inputs)
+        dys = layer.y.scatter(dy)
+        (sum((v * torch.from_numpy(dys[k])).sum() for k, v in out.items()) + module.token.sum()).backward()
+        image = torch.from_numpy(data).requires_grad_()
+        norm.zero_grad()
+        reference = norm(image)
+        reference.backward(torch.from_numpy(dy))
+        expected_y = layer.y.scatter(reference.detach().numpy())
+        expected_dx = x.scatter(image.grad.numpy())
+        expected_theta = layer.scatter_parameters(norm.weight.grad.numpy(), norm.bias.grad.numpy())
+        problems += [
+            f"{step} y {k}" for k, v in out.items() if not np.allclose(v.detach(), expected_y[k], atol=1e-10)
+        ]
+        problems += [
+            f"{step} dx {k}" for k, v in inputs.items() if not np.allclose(v.grad, expected_dx[k], atol=1e-10)
+        ]
+        problems += [
+            f"{step} dtheta {k}"
+            for k, v in module.parameter_state().items()
+            if not np.allclose(v.grad, expected_theta[k], atol=1e-10)
+        ]
+        slices = [
+            np.arange(sum(layer.channel_sizes[:c]), sum(layer.channel_sizes[: c + 1]))
+            for c in module.channels
+        ]
+        mine = np.concatenate(slices) if slices else np.zeros(0, dtype=int)
+        if not np.allclose(module.running_mean, norm.running_mean.numpy()[mine], atol=1e-12):
+            problems.append(f"{step} running mean")
+        if not np.allclose(module.running_var, norm.running_var.numpy()[mine], atol=1e-12):
+            problems.append(f"{step} running var")
+    collective_assert(not problems, f"{label}: {problems}")
+
+
+LOSSES = [
+    ("mse", "mean", {}),
+    ("kl_div", "batchmean", {}),
+    ("bce_with_logits", "sum", {}),
+    ("l1", "none", {}),
+]
+
+
+FUNCTIONS = {
+    "mse": "mse_loss",
+    "kl_div": "kl_div",
+    "l1": "l1_loss",
+    "bce_with_logits": "binary_cross_entropy_with_logits",
+}
+
+
+def _loss_tensor():
+    rows = {1: (5,), 2: (4, 1), 3: (2, 0, 3), 4: (1, 2, 0, 2)}[SIZE]
+    return DistributedTensor("x", (5, 3), Partition((SIZE, 1)), sizes=(rows, (3,)))
+
+
+@pytest.mark.parametrize(("kind", "reduction", "options"), LOSSES, ids=[f"{k}-{r}" for k, r, _ in LOSSES])
+def test_loss_module_equals_torch(kind, reduction, options):
+    from linop.frameworks.torch_losses import LossModule
+
+    rng = np.random.default_rng(22)
+    x = _loss_tensor()
+    root = SIZE - 1
+    layer = Loss(x, kind, reduction=reduction, root=root, **options)
+    if reduction != "none":
+        op = layer.reduction_operator
+        compare_with_numpy(op, op.domain.random(3, np.int64))
+        compare_with_numpy(op.H, op.range.random(4, np.int64))
+    data = rng.standard_normal(x.global_shape)
+    target = rng.uniform(0, 1, x.global_shape)
+    module = LossModule(layer, comm=COMM)
+    inputs = {
+        k: torch.from_numpy(v).requires_grad_() for k, v in local_part(x.space, x.scatter(data), RANK).items()
+    }
+    targets = {k: torch.from_numpy(v) for k, v in local_part(x.space, x.scatter(target), RANK).items()}
+    out = module(inputs, targets)
+    reference = torch.from_numpy(data).requires_grad_()
+    expected = getattr(torch.nn.functional, FUNCTIONS[kind])(
+        reference, torch.from_numpy(target), reduction=reduction
+    )
+    problems = []
+    if reduction == "none":
+        sum(v.sum() for v in out.values()).backward()
+        expected.sum().backward()
+        terms = layer.y.scatter(expected.detach().numpy())
+        problems += [k for k, v in out.items() if not np.allclose(v.detach(), terms[k], atol=1e-12)]
+    else:
+        out.backward()  # on every rank: the root's seeds the broadcast, the others' is unused
+        expected.backward()
+        if module.is_root != (RANK == root):
+            problems.append("root")
+        if RANK == root and not np.isclose(
+            float(out.detach()), float(expected.detach()), rtol=1e-12, atol=1e-12
+        ):
+            problems.append(f"loss {float(out.detach())} against {float(expected.detach())}")
+        if RANK != root and float(out.detach()) != 0.0:
+            problems.append(f"a non-root rank got {float(out.detach())}")
+    grads = x.scatter(reference.grad.numpy())
+    problems += [f"dx {k}" for k, v in inputs.items() if not np.allclose(v.grad, grads[k], atol=1e-12)]
+    collective_assert(not problems, f"{kind} {reduction}: {problems}")
+
+
+@pytest.mark.parametrize(("label", "x"), _batchnorm_cases(), ids=[c[0] for c in _batchnorm_cases()])
+def test_batchnorm_jacobian_tree_from_this_ranks_blocks_equals_numpy(label, x):
+    """The training Jacobian built from the saved forward of this rank's blocks only (as a real
+    run holds them) equals the whole tree's numpy result, forward and adjoint."""
+    from linop.backends import mpi as mpi_backend
+
+    rng = np.random.default_rng(23)
+    layer = BatchNorm(x)
+    theta = layer.scatter_parameters(rng.standard_normal(4), rng.standard_normal(4))
+    _, saved, _ = layer.forward(x.scatter(rng.standard_normal(x.global_shape)), theta)
+    whole = layer.jacobian(saved)
+    mine = layer.jacobian({b.name: saved[b.name] for b in x.blocks if b.worker == RANK})
+    tangent, dy = (
+        x.scatter(rng.standard_normal(x.global_shape)),
+        layer.y.scatter(rng.standard_normal(x.global_shape)),
+    )
+    problems = []
+    for op, full, state in ((mine, whole, tangent), (mine.H, whole.H, dy)):
+        expected = full(state)
+        result = mpi_backend.apply(op, local_part(op.domain, state, RANK))
+        problems += [k for k, v in result.items() if not np.allclose(v, expected[k], atol=1e-12)]
+    collective_assert(not problems, f"{label}: {problems}")

@@ -1,0 +1,417 @@
+"""Distributed batch normalization: its trees proven exactly (the statistics' all-reduce, the
+parameters' broadcast, the all-reduce of the copies' gradients equal to M M*), and the layer
+equal to torch's BatchNorm{1,2,3}d on one process over many partitions (uneven and empty
+shares, 1-4 workers per dimension): forward, input and parameter gradients, running
+statistics, train and eval, through the numpy interpreter and as a torch module. A control: the
+statistics of each block alone (the channel groups not reduced) are caught."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import verify
+from linop import DistributedTensor, Identity, Partition
+from linop.layers import BatchNorm, LayerError
+
+torch = pytest.importorskip("torch", reason="torch is not installed (the torch extra)")
+from linop.frameworks.torch_norm import BatchNormModule  # noqa: E402
+
+TORCH_NORMS = {
+    1: torch.nn.BatchNorm1d,
+    2: torch.nn.BatchNorm1d,
+    3: torch.nn.BatchNorm1d,
+    4: torch.nn.BatchNorm2d,
+}
+TORCH_NORMS[5] = torch.nn.BatchNorm3d
+
+CASES = {
+    # name: (global shape, partition, sizes or None)
+    "1d-features-only": ((4, 3), (2, 1), None),
+    "1d-batch-channels": ((5, 4, 7), (2, 2, 3), None),
+    "2d-uneven-empty": ((5, 4, 6, 3), (2, 3, 2, 1), ((4, 1), (2, 0, 2), (3, 3), (3,))),
+    "2d-channels-4": ((3, 5, 4, 4), (1, 4, 1, 2), ((3,), (2, 1, 0, 2), (4,), (1, 3))),
+    "2d-batch-4-empty": ((3, 2, 3, 5), (4, 1, 1, 1), ((1, 0, 2, 0), (2,), (3,), (5,))),
+    "3d-spatial": ((2, 3, 4, 3, 5), (1, 1, 2, 1, 3), None),
+    "3d-everything": ((3, 2, 3, 4, 2), (2, 2, 1, 2, 2), ((2, 1), (1, 1), (3,), (3, 1), (1, 1))),
+}
+
+
+def _tensor(name):
+    shape, grid, sizes = CASES[name]
+    return DistributedTensor("x", shape, Partition(grid), sizes=sizes or ())
+
+
+def _torch_twin(x, w, b, **options):
+    norm = TORCH_NORMS[x.ndim](x.global_shape[1], dtype=torch.float64, **options)
+    if norm.affine:
+        with torch.no_grad():
+            norm.weight.copy_(torch.from_numpy(w))
+            norm.bias.copy_(torch.from_numpy(b))
+    return norm
+
+
+def _torch_step(norm, data, dy):
+    """torch's y, dx, dw, db for one call."""
+    image = torch.from_numpy(data).requires_grad_()
+    for p in norm.parameters():
+        p.grad = None
+    y = norm(image)
+    y.backward(torch.from_numpy(dy))
+    grads = (None, None) if not norm.affine else (norm.weight.grad.numpy(), norm.bias.grad.numpy())
+    return y.detach().numpy(), image.grad.numpy(), *grads
+
+
+def _close(a, b, what, tol=1e-10):
+    assert np.allclose(a, b, rtol=tol, atol=tol), f"{what}: max difference {np.max(np.abs(a - b))}"
+
+
+# -- the trees, proven exactly -------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["2d-uneven-empty", "3d-everything", "1d-features-only"])
+def test_the_reductions_and_broadcasts_are_exact_and_the_all_reduce_is_m_m_star(name):
+    layer = BatchNorm(_tensor(name))
+    for op in (layer.statistics_reduction, layer.gradient_reduction, layer.parameter_movement):
+        assert verify.exact_adjoint(op), (op, verify.exact_adjoint(op))
+    movement = layer.parameter_movement
+    # the all-reduce over a channel group is M M*: the copies' gradients summed onto the owner
+    # (the parameters' gradient) and broadcast back
+    assert verify.equal(layer.gradient_reduction, movement @ movement.H)
+    assert layer.parameter_gradient_reduction == movement.H
+    # each owner's copy after the all-reduce is its block of M* (what the module reads)
+    state = layer.copies.space.random(3, np.int64)
+    reduced, summed = layer.gradient_reduction(state), movement.H(state)
+    for block in layer.parameters.space.names:
+        assert np.array_equal(reduced[layer.owner_copy(block)], summed[block])
+
+
+def test_the_statistics_are_reduced_over_exactly_the_workers_of_a_channel():
+    x = _tensor("3d-everything")
+    layer = BatchNorm(x)
+    groups = {tuple(sorted(g)) for g in layer.statistics_reduction.groups}
+    by_channel = {
+        tuple(sorted(j for j in x.partition.indices() if j[1] == c)) for c in range(x.partition.shape[1])
+    }
+    assert groups == by_channel
+
+
+# -- equal to torch on one process, through the numpy interpreter ---------------------------------
+@pytest.mark.parametrize("name", list(CASES))
+def test_numpy_description_equals_torch_batchnorm_train_then_eval(name):
+    rng = np.random.default_rng(7)
+    x = _tensor(name)
+    layer = BatchNorm(x, momentum=0.3)
+    c = x.global_shape[1]
+    w, b = rng.standard_normal(c), rng.standard_normal(c)
+    norm = _torch_twin(x, w, b, momentum=0.3)
+    theta = layer.scatter_parameters(w, b)
+    running = (np.zeros(c), np.ones(c))
+    for step in range(2):
+        data = rng.standard_normal(x.global_shape) * 3 + 2
+        dy = rng.standard_normal(x.global_shape)
+        y, saved, running = layer.forward(x.scatter(data), theta, running=running)
+        dx, dtheta = layer.backward(layer.y.scatter(dy), saved)
+        ty, tdx, tdw, tdb = _torch_step(norm, data, dy)
+        _close(layer.y.gather(y), ty, f"step {step} y")
+        _close(x.gather(dx), tdx, f"step {step} dx")
+        dw, db = layer.gather_parameters(dtheta)
+        _close(dw, tdw, f"step {step} dw")
+        _close(db, tdb, f"step {step} db")
+        _close(running[0], norm.running_mean.numpy(), "running mean")
+        _close(running[1], norm.running_var.numpy(), "running var")
+    norm.eval()
+    data, dy = rng.standard_normal(x.global_shape), rng.standard_normal(x.global_shape)
+    y, saved, _ = layer.forward(x.scatter(data), theta, training=False, running=running)
+    dx, dtheta = layer.backward(layer.y.scatter(dy), saved, training=False)
+    ty, tdx, tdw, tdb = _torch_step(norm, data, dy)
+    _close(layer.y.gather(y), ty, "eval y")
+    _close(x.gather(dx), tdx, "eval dx")
+    dw, db = layer.gather_parameters(dtheta)
+    _close(dw, tdw, "eval dw")
+    _close(db, tdb, "eval db")
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"affine": False}, {"track_running_stats": False}, {"momentum": None}],
+    ids=["no-affine", "untracked", "cumulative"],
+)
+def test_numpy_description_options_equal_torch(options):
+    rng = np.random.default_rng(8)
+    x = _tensor("2d-uneven-empty")
+    layer = BatchNorm(x, **options)
+    c = x.global_shape[1]
+    w, b = rng.standard_normal(c), rng.standard_normal(c)
+    norm = _torch_twin(x, w, b, **options)
+    theta = layer.scatter_parameters(w, b)
+    running = (np.zeros(c), np.ones(c)) if layer.track_running_stats else None
+    for step in range(3):
+        if step == 2:
+            norm.eval()
+        training = step < 2
+        data, dy = rng.standard_normal(x.global_shape), rng.standard_normal(x.global_shape)
+        y, saved, running = layer.forward(
+            x.scatter(data), theta, training=training, running=running, batches=step + 1
+        )
+        dx, dtheta = layer.backward(layer.y.scatter(dy), saved, training=training)
+        ty, tdx, tdw, tdb = _torch_step(norm, data, dy)
+        _close(layer.y.gather(y), ty, f"step {step} y")
+        _close(x.gather(dx), tdx, f"step {step} dx")
+        if layer.affine:
+            dw, db = layer.gather_parameters(dtheta)
+            _close(dw, tdw, "dw")
+            _close(db, tdb, "db")
+        else:
+            assert dtheta == {}
+        if running is not None:
+            _close(running[0], norm.running_mean.numpy(), "running mean")
+            _close(running[1], norm.running_var.numpy(), "running var")
+
+
+class _LocalStatistics(BatchNorm):
+    """A deliberately wrong layer: each block's statistics from its own entries (the channel
+    groups not reduced, the count still global)."""
+
+    @property
+    def statistics_reduction(self):
+        return Identity(self.sums.space)
+
+    @property
+    def gradient_reduction(self):
+        return Identity(self.copies.space)
+
+
+@pytest.mark.parametrize(
+    ("name", "caught"), [("2d-uneven-empty", True), ("1d-batch-channels", True), ("channels-only", False)]
+)
+def test_a_layer_that_reduces_over_the_local_block_only_is_caught(name, caught):
+    """The comparison with torch fails for the wrong layer wherever a channel's entries are
+    cut (and passes where each channel lives on one worker: the control has no blind spot
+    that the real cases share)."""
+    rng = np.random.default_rng(9)
+    x = DistributedTensor("x", (3, 4, 5), Partition((1, 2, 1))) if name == "channels-only" else _tensor(name)
+    c = x.global_shape[1]
+    w, b = rng.standard_normal(c), rng.standard_normal(c)
+    data, dy = rng.standard_normal(x.global_shape), rng.standard_normal(x.global_shape)
+    ty, tdx, _, _ = _torch_step(_torch_twin(x, w, b), data, dy)
+    wrong = _LocalStatistics(x)
+    y, saved, _ = wrong.forward(
+        x.scatter(data), wrong.scatter_parameters(w, b), running=(np.zeros(c), np.ones(c))
+    )
+    dx, _ = wrong.backward(wrong.y.scatter(dy), saved)
+    same = np.allclose(wrong.y.gather(y), ty, atol=1e-10) and np.allclose(x.gather(dx), tdx, atol=1e-10)
+    assert same is not caught
+
+
+def test_batchnorm_arguments_are_checked():
+    x = DistributedTensor("x", (1, 2), Partition((1, 1)))
+    with pytest.raises(LayerError, match="more than 1 value per channel"):
+        BatchNorm(x).forward(x.scatter(np.ones((1, 2))), running=(np.zeros(2), np.ones(2)))
+    with pytest.raises(LayerError, match="eps"):
+        BatchNorm(x, eps=0)
+    with pytest.raises(LayerError, match="momentum"):
+        BatchNorm(x, momentum=2)
+    with pytest.raises(LayerError, match="other than x's"):
+        BatchNorm(x, name="x")
+    with pytest.raises(LayerError, match="batch, channel"):
+        BatchNorm(DistributedTensor("x", (4,), Partition((1,))))
+    with pytest.raises(LayerError, match="affine=False"):
+        _ = BatchNorm(x, affine=False).parameter_movement
+    with pytest.raises(LayerError, match="needs running"):
+        BatchNorm(DistributedTensor("x", (2, 2), Partition((1, 1)))).forward(
+            {"x[0,0]": np.ones((2, 2))}, training=False
+        )
+    with pytest.raises(LayerError, match="BatchNorm layer"):
+        BatchNormModule(object())
+
+
+# -- the torch module on one process ------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["1d-batch-channels", "2d-uneven-empty", "2d-channels-4", "3d-everything"])
+def test_module_equals_torch_batchnorm_in_train_and_eval(name):
+    rng = np.random.default_rng(10)
+    x = _tensor(name)
+    c = x.global_shape[1]
+    w, b = rng.standard_normal(c), rng.standard_normal(c)
+    layer = BatchNorm(x)
+    module = BatchNormModule(layer, weight=w, bias=b)
+    norm = _torch_twin(x, w, b)
+    for step in range(3):
+        if step == 2:
+            module.eval()
+            norm.eval()
+        data, dy = rng.standard_normal(x.global_shape) + step, rng.standard_normal(x.global_shape)
+        inputs = {k: torch.from_numpy(v).requires_grad_() for k, v in x.scatter(data).items()}
+        module.zero_grad()
+        out = module(inputs)
+        dys = layer.y.scatter(dy)
+        sum((out[k] * torch.from_numpy(dys[k])).sum() for k in out).backward()
+        ty, tdx, tdw, tdb = _torch_step(norm, data, dy)
+        _close(layer.y.gather({k: v.detach().numpy() for k, v in out.items()}), ty, f"step {step} y")
+        _close(x.gather({k: v.grad.numpy() for k, v in inputs.items()}), tdx, f"step {step} dx")
+        dw, db = layer.gather_parameters({k: p.grad.numpy() for k, p in module.parameter_state().items()})
+        _close(dw, tdw, f"step {step} dw")
+        _close(db, tdb, f"step {step} db")
+        _close(module.running_mean.numpy(), norm.running_mean.numpy(), "running mean")
+        _close(module.running_var.numpy(), norm.running_var.numpy(), "running var")
+        assert int(module.num_batches_tracked) == int(norm.num_batches_tracked)
+
+
+def test_module_in_float32_within_torch_tolerances():
+    rng = np.random.default_rng(11)
+    x = _tensor("2d-uneven-empty")
+    layer = BatchNorm(x)
+    module = BatchNormModule(layer, dtype=torch.float32)
+    norm = torch.nn.BatchNorm2d(4)
+    data = rng.standard_normal(x.global_shape).astype(np.float32)
+    inputs = {k: torch.from_numpy(v).requires_grad_() for k, v in x.scatter(data).items()}
+    out = module(inputs)
+    sum((v * v).sum() for v in out.values()).backward()
+    image = torch.from_numpy(data).requires_grad_()
+    expected = norm(image)
+    (expected * expected).sum().backward()
+    got = layer.y.gather({k: v.detach().numpy() for k, v in out.items()})
+    torch.testing.assert_close(torch.from_numpy(got), expected.detach())
+    grad = x.gather({k: v.grad.numpy() for k, v in inputs.items()})
+    torch.testing.assert_close(torch.from_numpy(grad), image.grad, atol=1e-4, rtol=1e-4)
+    assert out[next(iter(out))].dtype == torch.float32
+
+
+# -- the training Jacobian as a tree -------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["2d-uneven-empty", "1d-batch-channels"])
+def test_the_jacobian_tree_is_torchs_derivative_and_its_adjoint_the_backward(name):
+    """J (local kernels around the all-reduce) applied to a tangent is torch's forward-mode
+    derivative of BatchNorm, its adjoint (derived by rules) torch's input gradient; the dot test
+    checks the kernels' adjoints, and J is symmetric (BatchNorm's Jacobian is, per channel)."""
+    rng = np.random.default_rng(12)
+    x = _tensor(name)
+    c = x.global_shape[1]
+    w, b = rng.standard_normal(c), rng.standard_normal(c)
+    layer = BatchNorm(x)
+    data, tangent, dy = (rng.standard_normal(x.global_shape) for _ in range(3))
+    _, saved, _ = layer.forward(x.scatter(data), layer.scatter_parameters(w, b))
+    jacobian = layer.jacobian(saved)
+    assert verify.adjoint_test(jacobian)
+    norm = _torch_twin(x, w, b)
+
+    def f(t):
+        return norm(t)
+
+    _, jvp = torch.autograd.functional.jvp(f, torch.from_numpy(data), torch.from_numpy(tangent))
+    _close(layer.y.gather(jacobian(x.scatter(tangent))), jvp.numpy(), "J t")
+    _, tdx, _, _ = _torch_step(_torch_twin(x, w, b), data, dy)
+    _close(x.gather(jacobian.H(layer.y.scatter(dy))), tdx, "J* dy")
+    matrix = jacobian.to_sparse().toarray()
+    _close(matrix, matrix.T, "J = J^T")
+    with pytest.raises(LayerError, match=r"saved forward of block 'x\[0,0,0"):
+        layer.jacobian({})(x.scatter(tangent))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"affine": False}, {"track_running_stats": False}, {"momentum": None}],
+    ids=["no-affine", "untracked", "cumulative"],
+)
+def test_module_options_equal_torch(options):
+    rng = np.random.default_rng(13)
+    x = _tensor("3d-everything")
+    c = x.global_shape[1]
+    w, b = rng.standard_normal(c), rng.standard_normal(c)
+    layer = BatchNorm(x, **options)
+    module = BatchNormModule(layer, **({} if not layer.affine else {"weight": w, "bias": b}))
+    norm = _torch_twin(x, w, b, **options)
+    for step in range(3):
+        if step == 2:
+            module.eval()
+            norm.eval()
+        data, dy = rng.standard_normal(x.global_shape), rng.standard_normal(x.global_shape)
+        inputs = {k: torch.from_numpy(v).requires_grad_() for k, v in x.scatter(data).items()}
+        out = module(inputs)
+        dys = layer.y.scatter(dy)
+        sum((out[k] * torch.from_numpy(dys[k])).sum() for k in out).backward()
+        ty, tdx, tdw, tdb = _torch_step(norm, data, dy)
+        _close(layer.y.gather({k: v.detach().numpy() for k, v in out.items()}), ty, f"step {step} y")
+        _close(x.gather({k: v.grad.numpy() for k, v in inputs.items()}), tdx, f"step {step} dx")
+        if layer.affine:
+            dw, db = layer.gather_parameters({k: p.grad.numpy() for k, p in module.parameter_state().items()})
+            _close(dw, tdw, "dw")
+            _close(db, tdb, "db")
+            module.zero_grad()
+        else:
+            assert not list(module.parameters())
+        if layer.track_running_stats:
+            _close(module.running_var.numpy(), norm.running_var.numpy(), "running var")
+        else:
+            assert module.running_mean is None and norm.running_mean is None
+
+
+def test_module_blocks_of_a_wrong_name_or_shape_are_state_errors():
+    from linop import StateError
+
+    x = _tensor("1d-batch-channels")
+    module = BatchNormModule(BatchNorm(x))
+    good = {b.name: torch.zeros(b.shape, dtype=torch.float64) for b in x.blocks}
+    with pytest.raises(StateError, match="takes blocks"):
+        module({})
+    name = x.blocks[0].name
+    with pytest.raises(StateError, match=rf"block '{name[:1]}\[0,0,0\]' has shape \(1, 1, 1\)"):
+        module(dict(good, **{name: torch.zeros(1, 1, 1, dtype=torch.float64)}))
+
+
+# -- random partitions ---------------------------------------------------------------------------------
+def _shares(total, parts, cuts):
+    """``total`` split over ``parts`` workers at the sorted cut points (empty shares allowed)."""
+    points = sorted(c % (total + 1) for c in cuts[: parts - 1])
+    bounds = [0, *points, total]
+    return tuple(bounds[k + 1] - bounds[k] for k in range(parts))
+
+
+@st.composite
+def _layouts(draw):
+    dims = draw(st.integers(0, 3))
+    shape = (
+        draw(st.integers(1, 4)),
+        draw(st.integers(1, 4)),
+        *(draw(st.integers(1, 5)) for _ in range(dims)),
+    )
+    if math.prod(shape[:1] + shape[2:]) < 2:
+        shape = (shape[0] + 1, *shape[1:])
+    grid = [draw(st.integers(1, 4)) for _ in shape]
+    for d in reversed(range(len(grid))):  # at most 16 workers: small and fast
+        if math.prod(grid) > 16:
+            grid[d] = 1
+    sizes = tuple(
+        _shares(n, p, draw(st.lists(st.integers(0, 9), min_size=3, max_size=3))) for n, p in zip(shape, grid)
+    )
+    return DistributedTensor("x", shape, Partition(tuple(grid)), sizes=sizes)
+
+
+@settings(max_examples=12, deadline=None)
+@given(_layouts(), st.integers(0, 2**16))
+def test_random_partitions_equal_torch_batchnorm(x, seed):
+    """Any shape (1-3 feature dimensions or none), 1-4 workers per dimension, shares cut at
+    random (empty ones included): a training step and an evaluation step equal torch's."""
+    rng = np.random.default_rng(seed)
+    c = x.global_shape[1]
+    w, b = rng.standard_normal(c), rng.standard_normal(c)
+    layer = BatchNorm(x)
+    norm = TORCH_NORMS[x.ndim](c, dtype=torch.float64)
+    with torch.no_grad():
+        norm.weight.copy_(torch.from_numpy(w))
+        norm.bias.copy_(torch.from_numpy(b))
+    running = (np.zeros(c), np.ones(c))
+    for training in (True, False):
+        norm.train(training)
+        data, dy = rng.standard_normal(x.global_shape), rng.standard_normal(x.global_shape)
+        y, saved, running = layer.forward(
+            x.scatter(data), layer.scatter_parameters(w, b), training=training, running=running
+        )
+        dx, dtheta = layer.backward(layer.y.scatter(dy), saved, training=training)
+        ty, tdx, tdw, tdb = _torch_step(norm, data, dy)
+        _close(layer.y.gather(y), ty, "y")
+        _close(x.gather(dx), tdx, "dx")
+        dw, db = layer.gather_parameters(dtheta)
+        _close(dw, tdw, "dw")
+        _close(db, tdb, "db")
