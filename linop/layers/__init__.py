@@ -15,6 +15,7 @@ layer                      tree (forward)
 :class:`AveragePool`       L_mean H
 :class:`MaxPoolJacobian`   S_{x0} H (a selection: exact)
 :class:`Affine`            R_{P_w->P_y} L B_{P_x->P_w}
+:class:`Interpolate`       L_W H (output-driven windows, uneven halos; exact in integers)
 =========================  =============================================================
 
 :mod:`linop.layers.dad` holds the outer-product gradient identity of dAD.
@@ -23,6 +24,7 @@ layer                      tree (forward)
 from .affine import Affine
 from .base import LayerError
 from .conv import Convolution
+from .interpolate import Interpolate
 from .pooling import AveragePool, MaxPoolJacobian
 
-__all__ = ["Affine", "AveragePool", "Convolution", "LayerError", "MaxPoolJacobian"]
+__all__ = ["Affine", "AveragePool", "Convolution", "Interpolate", "LayerError", "MaxPoolJacobian"]
