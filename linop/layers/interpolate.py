@@ -136,6 +136,9 @@ class Interpolate:
         Input and output (y on x's partition).
     maps : tuple of AxisMap
         The map of each spatial dimension.
+    scales : tuple of float or None
+        The scale factor each dimension's source coordinates use (None: from the lengths,
+        when ``size`` is given or ``recompute_scale_factor``).
     geometry : HaloGeometry
         Each worker's window (rows built from the maps' need ranges).
 
@@ -210,7 +213,7 @@ class Interpolate:
             raise LayerError(f"{layer}: dtype {dtype!r} is not a numpy dtype") from None
         if self.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
             raise LayerError(f"{layer}: dtype {self.dtype} must be float32 or float64")
-        self.mode, self.dims = mode, dims
+        self.mode, self.dims, self.scales = mode, dims, scales
         self.align_corners = bool(align_corners)
         self.maps: tuple[AxisMap, ...] = tuple(
             resample_maps.axis_map(mode, m, n, s, self.align_corners, self.dtype)
@@ -288,11 +291,10 @@ class Interpolate:
             )
         return tuple(parts)
 
-    def _tree(self, scales: Sequence[int] | None) -> LinearOperator:
-        key = None if scales is None else tuple(scales)
-        if key in self._trees:
-            return self._trees[key]
-        moving = self.window_operator
+    def local_operator(self, scales: Sequence[int] | None = None) -> LinearOperator:
+        r"""The local kernels :math:`L` alone, from the windows to y: one
+        :class:`~linop.local.LocalOperator` per worker (floats, or integers scaled by
+        ``scales``: see :meth:`integer_operator`)."""
         steps = []
         for g in self.x.partition.indices():
             out = self.y.block(g)
@@ -306,9 +308,13 @@ class Interpolate:
                     grid_block_name("interp", g),
                 )
             )
-        tree = local_stage(moving.range, steps) @ moving
-        self._trees[key] = tree
-        return tree
+        return local_stage(self.window_operator.range, steps)
+
+    def _tree(self, scales: Sequence[int] | None) -> LinearOperator:
+        key = None if scales is None else tuple(scales)
+        if key not in self._trees:
+            self._trees[key] = self.local_operator(scales) @ self.window_operator
+        return self._trees[key]
 
     @property
     def operator(self) -> LinearOperator:

@@ -18,9 +18,9 @@ The source coordinates follow ``torch.nn.functional.interpolate`` (torch 2.x, CP
     ``src = min(floor(o * scale), m - 1)``, with ``scale = 1 / scale_factor`` when a scale
     factor is given, else ``m / n``, computed as torch's CPU kernel does: in the data's dtype
     (float32 or float64), the product rounded to float32 before the floor. The rounding decides
-    the entry where ``o * scale`` is near an integer (``m = 2, n = 98, o = 49``: entry 1 for
+    the entry where ``o * scale`` is near an integer (``m = 2, n = 82, o = 41``: entry 1 for
     float64 data, as the exact rational says; entry 0 in float32), so the map depends on the
-    dtype the layer is built for (checked against torch on every ``m < 70``, ``n < 150`` and
+    dtype the layer is built for (checked against torch on every ``m < 24``, ``n < 60`` and
     fourteen scale factors, both dtypes: ``tests/test_interpolate.py``).
 ``"nearest-exact"``
     ``src = min(floor((o + 1/2) scale), m - 1)``, in the same arithmetic (the centred
