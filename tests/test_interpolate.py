@@ -197,7 +197,7 @@ def test_output_driven_windows_are_uneven_and_hold_what_is_read():
 
 def test_a_wrong_adjoint_is_caught_exactly():
     """Control: the adjoint kernel with its two weights swapped fails the exact proof."""
-    x, layer, _ = build("2d-bilinear-x2")
+    x, _, _ = build("2d-bilinear-x2")
     honest = interpolate_module._kernels
 
     def swapped(parts, out_shape, window):
