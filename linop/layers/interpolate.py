@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import LinopError
 from ..halo import HaloExchange, pad_shim, trim_shim
 from ..halo_geometry import DimGeometry, HaloGeometry, Kernel
 from ..operator import Composition, LinearOperator
@@ -237,7 +238,7 @@ class Interpolate:
         )
         try:
             self.y = DistributedTensor(name, (*x.global_shape[:2], *lengths), x.partition, sizes=sizes)
-        except Exception as error:  # the decomposition's own checks, reported as the layer's
+        except LinopError as error:  # the decomposition's own checks, reported as the layer's
             raise LayerError(f"{layer}: output_sizes {output_sizes!r}: {error}") from None
         self.geometry = HaloGeometry(x, Kernel(1).resolve(x.ndim), self.y.global_shape, self._rows())
         self._trees: dict[Any, LinearOperator] = {}
