@@ -202,6 +202,19 @@ def test_float32_max_pool_and_its_refusals():
         MaxPool(tensor((1, 1, 2, 2, 2, 2), (1, 1, 1, 1, 1, 1)), 2)
 
 
+def test_max_pool_without_its_padding_mask_is_caught():
+    """Control: on negative data, zero padding taken as data (no -inf mask) wins the border
+    windows, which the comparison with torch sees."""
+    x = tensor((1, 1, 6, 6), (1, 1, 2, 2))
+    module = MaxPool(x, 3, stride=2, padding=1)
+    data = -1 - np.random.default_rng(8).random((1, 1, 6, 6))
+    dy = np.ones(module.y.global_shape)
+    expected_y, _ = torch_run(torch.nn.MaxPool2d(3, 2, 1), data, dy)
+    assert np.array_equal(distributed_run(module, x, module.y, data, dy)[0], expected_y)
+    module._products = [(out, window, None, shape) for out, window, _, shape in module._products]
+    assert not np.array_equal(distributed_run(module, x, module.y, data, dy)[0], expected_y)
+
+
 # -- Repartition --------------------------------------------------------------------------------
 def test_repartition_module_moves_forward_and_repartitions_the_gradient_back():
     x = tensor((2, 3, 7, 5), (1, 1, 3, 2))
