@@ -54,7 +54,7 @@ class MaxPool(torch.nn.Module):
     Parameters
     ----------
     x : DistributedTensor
-        The input's layout (N, C, *spatial), 1-3 spatial dimensions, on a partition 1 x P_c x
+        The input's layout (N, C, S_0, ...), 1-3 spatial dimensions, on a partition 1 x P_c x
         P_0 x ... (any shares); y keeps x's channel shares, its spatial outputs balanced.
     kernel_size, stride, padding, dilation : int or sequence of int
         As ``torch.nn.MaxPool2d`` (``stride`` defaults to ``kernel_size``; the padding at most

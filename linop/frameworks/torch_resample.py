@@ -46,7 +46,7 @@ class Interpolate(torch.nn.Module):
     Parameters
     ----------
     x : DistributedTensor
-        The input's layout (N, C, *spatial), any partition.
+        The input's layout (N, C, S_0, ...), any partition.
     size, scale_factor, mode, align_corners, recompute_scale_factor
         As ``torch.nn.functional.interpolate`` (modes nearest, nearest-exact, linear,
         bilinear, trilinear).

@@ -104,7 +104,7 @@ class Interpolate:
     Parameters
     ----------
     x : DistributedTensor
-        Input (N, C, *spatial), 1 or more spatial dimensions (the linear modes: as many as
+        Input (N, C, S_0, ...), 1 or more spatial dimensions (the linear modes: as many as
         torch takes them for, 1, 2 or 3), any partition and shares (batch and channels
         included: they keep x's shares, no halo along them).
     size : int or sequence of int, optional
