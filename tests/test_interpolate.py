@@ -258,6 +258,7 @@ def test_a_wrong_halo_is_caught_by_the_reference():
         (dict(size=4, name="x"), "taken by x's blocks"),
         (dict(size=4, dtype=np.int64), "float32 or float64"),
         (dict(size=4, output_sizes=((3, 3),)), "output_sizes"),
+        (dict(size=4, output_sizes=(4,)), "output_sizes"),
     ],
     ids=str,
 )

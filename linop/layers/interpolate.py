@@ -19,6 +19,11 @@ and multi-hop halos included), and :math:`L` one :class:`~linop.local.LocalOpera
 applying :math:`W_d` restricted to its outputs and window, dimension by dimension
 (:func:`~linop.layers.resample_maps.apply_axis`), its adjoint the transposes.
 
+The rows are listed (one per worker and dimension), not described by a rule as a
+sliding-window kernel's are, so every rank holds all of them and finds the workers that read
+its entries by scanning its dimension's rows: planning costs O(workers along a dimension) per
+rank, where a convolution's costs O(1).
+
 :meth:`Interpolate.integer_operator` is the same tree with every dimension's weights scaled by
 their common denominator (integers), so that ``verify`` proves it exactly; :attr:`operator`
 rounds the same rational weights once to floating point.
@@ -228,17 +233,17 @@ class Interpolate:
             raise LayerError(
                 f"{layer}: output_sizes {output_sizes!r} needs one entry per spatial dimension ({dims})"
             )
-        sizes = (
-            x.sizes[0],
-            x.sizes[1],
-            *(
-                balanced_sizes(n, p) if entry is None else tuple(entry)
-                for n, p, entry in zip(lengths, x.partition.shape[2:], given)
-            ),
-        )
         try:
+            sizes = (
+                x.sizes[0],
+                x.sizes[1],
+                *(
+                    balanced_sizes(n, p) if entry is None else tuple(entry)
+                    for n, p, entry in zip(lengths, x.partition.shape[2:], given)
+                ),
+            )
             self.y = DistributedTensor(name, (*x.global_shape[:2], *lengths), x.partition, sizes=sizes)
-        except LinopError as error:  # the decomposition's own checks, reported as the layer's
+        except (LinopError, TypeError) as error:  # the decomposition's checks, as the layer's
             raise LayerError(f"{layer}: output_sizes {output_sizes!r}: {error}") from None
         self.geometry = HaloGeometry(x, Kernel(1).resolve(x.ndim), self.y.global_shape, self._rows())
         self._trees: dict[Any, LinearOperator] = {}
