@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from linop import Block, DistributedTensor, Kernel, LinearOperator, Partition, Repartition, Space
-from linop.layers import Affine, AveragePool, Convolution, MaxPoolJacobian, dad
+from linop.layers import Affine, AveragePool, Convolution, Interpolate, MaxPoolJacobian, dad
 from linop.local import local_operator
 
 from .catalogue import Entry, adjoint_entry, equal_entry
@@ -93,6 +93,21 @@ def _max_pool() -> LinearOperator:
     pool = MaxPoolJacobian(_x((1, 1, 2, 1)), Kernel(2, stride=2, padding=(1, 0)))
     x0 = _rng().permutation(60).reshape(1, 2, 6, 5).astype(float)
     return pool.at(pool.window_operator(pool.x.scatter(x0)))
+
+
+def _interpolation(x: DistributedTensor, name: str = "y") -> Interpolate:
+    return Interpolate(x, size=(11, 4), mode="bilinear", align_corners=True, name=name)
+
+
+def _interpolation_pair() -> tuple[LinearOperator, LinearOperator]:
+    """(the integer interpolation on 1 x 1 x 3 x 2 between single-worker tensors, the
+    sequential one): output-driven windows with uneven halos against no halo at all."""
+    layer = _interpolation(
+        DistributedTensor("x", (1, 2, 7, 5), Partition((1, 1, 3, 2)), sizes=((1,), (2,), (1, 4, 2), (4, 1)))
+    )
+    sequential = _interpolation(_x((1, 1, 1, 1), (1, 2, 7, 5), name="xs"), name="ys")
+    into, out = Repartition(sequential.x, layer.x), Repartition(layer.y, sequential.y)
+    return out @ layer.integer_operator()[0] @ into, sequential.integer_operator()[0]
 
 
 def _dad_pair() -> tuple[LinearOperator, LinearOperator]:
@@ -181,6 +196,21 @@ ENTRIES: list[Entry] = [
         LAYERS,
         "y = R L_x (W, b), bias on P_fo x 1: exact dW = x^T dy, db = sum dy",
         lambda: _parameters(_affine()),
+        symbolic=False,
+    ),
+    adjoint_entry(
+        "interpolate-bilinear-adjoint",
+        LAYERS,
+        "y = L_W T H E x (bilinear 7 x 5 -> 11 x 4, align_corners, on uneven shares 1, 4, 2 and 4, 1; "
+        "weights times their denominators 5 and 3): (L_W T H E)* = E* H* T* L_W^T",
+        lambda: _interpolation_pair()[0],
+        symbolic=False,
+    ),
+    equal_entry(
+        "interpolate-equals-sequential",
+        LAYERS,
+        "the output-driven distributed interpolation (uneven halos) equals the sequential one",
+        _interpolation_pair,
         symbolic=False,
     ),
     equal_entry(

@@ -4,6 +4,11 @@
   ``nn.Module``; :mod:`linop.frameworks.torch_layers`: a distributed layer as an
   ``nn.Module``; :mod:`linop.frameworks.dtensor`: DTensor layouts and an exact redistribute
   (the ``torch`` extra: ``pip install -e '.[torch]'``);
+- :mod:`linop.frameworks.torch_norm`, :mod:`linop.frameworks.torch_losses`: the
+  ``BatchNormModule`` and ``LossModule`` (torch);
+- :mod:`linop.frameworks.torch_resample`, :mod:`linop.frameworks.torch_pooling`,
+  :mod:`linop.frameworks.torch_repartition`: the ``Interpolate`` / ``Upsample``, ``MaxPool``
+  and ``Repartition`` modules between distributed layers (torch);
 - :mod:`linop.frameworks.jax_function`: a tree as a JAX primitive with its transpose
   registered; :mod:`linop.frameworks.jax_sharded`: a tree inside ``jit`` on a device mesh
   (the ``jax`` extra: ``pip install -e '.[jax]'``).

@@ -17,6 +17,7 @@ layer                      tree (forward)
 :class:`Affine`            R_{P_w->P_y} L B_{P_x->P_w}
 :class:`BatchNorm`         local kernels around AllReduce (statistics) and B (parameters)
 :class:`Loss`              s R_{P_x->root} (local sums); backward B_{root->P_x}
+:class:`Interpolate`       L_W H (output-driven windows, uneven halos; exact in integers)
 =========================  =============================================================
 
 :mod:`linop.layers.dad` holds the outer-product gradient identity of dAD.
@@ -26,7 +27,17 @@ from .affine import Affine
 from .base import LayerError
 from .batchnorm import BatchNorm
 from .conv import Convolution
+from .interpolate import Interpolate
 from .losses import Loss
 from .pooling import AveragePool, MaxPoolJacobian
 
-__all__ = ["Affine", "AveragePool", "BatchNorm", "Convolution", "LayerError", "Loss", "MaxPoolJacobian"]
+__all__ = [
+    "Affine",
+    "AveragePool",
+    "BatchNorm",
+    "Convolution",
+    "Interpolate",
+    "LayerError",
+    "Loss",
+    "MaxPoolJacobian",
+]

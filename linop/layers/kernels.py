@@ -251,6 +251,8 @@ def select_adjoint(y: np.ndarray, indices: np.ndarray, shape: Sequence[int]) -> 
     of ``shape``."""
     lead = y.shape[: y.ndim - indices.ndim]
     size = int(np.prod(shape))
+    if indices.size == 0:  # a worker without output (its reshape below would be ambiguous)
+        return np.zeros((*lead, *shape), dtype=y.dtype)
     flat = y.reshape(-1, indices.size)
     out = np.zeros((flat.shape[0], size), dtype=y.dtype)
     # numpy's stubs type ufunc.at's indices as one integer array, not a tuple of index parts

@@ -19,7 +19,7 @@ by a local kernel on each worker's window:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -153,7 +153,7 @@ class MaxPoolJacobian(_Pool):
     layer = "MaxPoolJacobian"
     label = "max"
 
-    def _real_entries(self, g) -> np.ndarray:
+    def real_entries(self, g: Sequence[int]) -> np.ndarray:
         """Which entries of worker ``g``'s window are x's own (True) rather than zero padding
         (False): padding positions lie outside ``[0, length)`` in a dimension whose boundary
         is ``"zero"`` (other boundaries fill the padding with x's entries)."""
@@ -188,7 +188,7 @@ class MaxPoolJacobian(_Pool):
                     self.layer, f"window {name!r}", windows[name], self.geometry.window_shape(g)
                 )
                 selections[name] = kernels.max_selection(
-                    np.asarray(window), size, stride, dilation, self._real_entries(g)
+                    np.asarray(window), size, stride, dilation, self.real_entries(g)
                 )
 
         def kernels_of(g, window):

@@ -1,0 +1,155 @@
+r"""Distributed max pooling as a trainable PyTorch module: :class:`MaxPool`.
+
+Max pooling is not linear; on a partition 1 x P_c x P_0 x ... it is a halo exchange followed by
+a local max pool on each worker's window (``docs/theory.md#layers``):
+
+.. math::
+
+    y_j = \max\nolimits_{k}\big(\tilde x_j\big), \quad \tilde x = W x, \qquad
+    \bar x = W^{*}\, \big(\partial \max\nolimits_k\big)^{*} \bar y
+
+The windows :math:`W x` are the tree :attr:`linop.layers.MaxPoolJacobian.window_operator`
+(pad shim, halo exchange, trim shim: exact 0/1 data movement), run as a differentiable
+:class:`~linop.frameworks.torch_function.TorchOperator`; the local pool is torch's own
+``max_pool{1,2,3}d`` on the window (no padding: the window holds it), whose autograd gives the
+local vector-Jacobian product, and the backward of the windows is the adjoint exchange, adding
+each halo entry's gradient back into its owner. Zero padding counts as minus infinity, as in
+``torch.nn.MaxPool``: the padded entries of each window are masked with ``-inf`` before the
+pool (:meth:`linop.layers.MaxPoolJacobian.real_entries`). The layer's Jacobian at an input is
+:class:`linop.layers.MaxPoolJacobian`, which ``verify`` proves; the tests check this module
+against it and against ``torch.nn.MaxPool{1,2,3}d``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import LayerError, StateError
+from ..halo_geometry import Kernel
+from ..layers import MaxPoolJacobian
+from ..partition import DistributedTensor
+from .torch_function import TorchOperator, engine_arguments, process_rank
+
+__all__ = ["MaxPool"]
+
+_POOLS = {
+    1: torch.nn.functional.max_pool1d,
+    2: torch.nn.functional.max_pool2d,
+    3: torch.nn.functional.max_pool3d,
+}
+
+
+def _entries(value: int | Sequence[int], dims: int) -> tuple[int, ...]:
+    return tuple(value) if isinstance(value, Sequence) else (int(value),) * dims
+
+
+class MaxPool(torch.nn.Module):
+    r"""``torch.nn.MaxPool{1,2,3}d`` of a distributed tensor, as a module: ``module(x)`` takes
+    this process's blocks of x (a dict of tensors) and returns its blocks of y.
+
+    Parameters
+    ----------
+    x : DistributedTensor
+        The input's layout (N, C, S_0, ...), 1-3 spatial dimensions, on a partition 1 x P_c x
+        P_0 x ... (any shares); y keeps x's channel shares, its spatial outputs balanced.
+    kernel_size, stride, padding, dilation : int or sequence of int
+        As ``torch.nn.MaxPool2d`` (``stride`` defaults to ``kernel_size``; the padding at most
+        half the dilated kernel, as torch requires). No ``ceil_mode``, no ``return_indices``.
+    name : str
+        The output tensor's name (default ``"y"``).
+    comm : mpi4py communicator, optional
+        Run across its ranks.
+    group : torch.distributed ProcessGroup or True, optional
+        Run across the ranks of this process group (``True``: the world group).
+
+    Attributes
+    ----------
+    layer : linop.layers.MaxPoolJacobian
+        The description (its ``window_operator`` is the halo run here).
+    x, y : DistributedTensor
+    input_names, output_names : tuple of str
+        The blocks this process passes in and gets back.
+    token : torch.Tensor
+        An empty output of the last call (add ``module.token.sum()`` to the loss of a process
+        whose outputs do not enter it, so that its collective backward runs).
+
+    Raises
+    ------
+    LayerError
+        More than 3 spatial dimensions, a padding wider than half the dilated kernel, or as
+        :class:`linop.layers.MaxPoolJacobian`.
+    """
+
+    def __init__(
+        self,
+        x: DistributedTensor,
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int] | None = None,
+        padding: int | Sequence[int] = 0,
+        dilation: int | Sequence[int] = 1,
+        *,
+        name: str = "y",
+        comm: Any = None,
+        group: Any = None,
+    ) -> None:
+        super().__init__()
+        engine_arguments(comm, group)
+        dims = x.ndim - 2 if isinstance(x, DistributedTensor) else 0
+        if dims not in _POOLS:
+            raise LayerError(f"MaxPool: torch pools 1 to 3 spatial dimensions, not {dims}")
+        size, pad, dilate = (_entries(v, dims) for v in (kernel_size, padding, dilation))
+        step = size if stride is None else _entries(stride, dims)
+        for k, p, d in zip(size, pad, dilate):
+            if 2 * p > d * (k - 1) + 1:
+                raise LayerError(
+                    f"MaxPool: padding {pad} must be at most half the dilated kernel (size {size}, dilation {dilate})"
+                )
+        self.layer = MaxPoolJacobian(x, Kernel(size, step, pad, dilate), name=name)
+        self.x, self.y = self.layer.x, self.layer.y
+        self.size, self.stride, self.dilation = size, step, dilate
+        self.windows = TorchOperator(self.layer.window_operator, comm=comm, group=group)
+        self.input_names = self.windows.inputs
+        rank = process_rank(comm, group)
+        self._pool = _POOLS[dims]
+        self._products: list[tuple[str, str, torch.Tensor | None, tuple[int, ...]]] = []
+        for g in x.partition.indices():
+            out = self.y.block(g)
+            if rank is not None and out.worker != rank:
+                continue
+            window = self.layer.geometry.window_shape(g)
+            real = self.layer.real_entries(g)  # over every dimension: batch and channels all real
+            padded = None
+            if 0 not in window and not real.all():
+                spatial = np.broadcast_to(real, window)[(0,) * 2]
+                padded = torch.from_numpy(~np.ascontiguousarray(spatial)).reshape(1, 1, *spatial.shape)
+            self._products.append((out.name, self.layer.window_name(g), padded, out.shape))
+        self.output_names = tuple(name for name, *_ in self._products)
+
+    @property
+    def token(self) -> torch.Tensor:
+        """The empty output of the last call (see the class)."""
+        return self.windows.token
+
+    def forward(self, x: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if not isinstance(x, Mapping):
+            raise StateError(
+                f"MaxPool takes a dict of blocks {list(self.input_names)}, not {type(x).__name__}"
+            )
+        windows = self.windows(x)
+        result = {}
+        for out, window_name, padded, shape in self._products:
+            window = windows[window_name]
+            if 0 in shape:  # no output here: an empty block, still tied to the windows' graph
+                result[out] = window.reshape(-1)[:0].reshape(shape)
+                continue
+            if padded is not None:
+                window = window.masked_fill(padded.to(window.device), float("-inf"))
+            result[out] = self._pool(window, self.size, self.stride, 0, self.dilation)
+        return result
+
+    def extra_repr(self) -> str:
+        return f"{self.layer.kernel}: {self.layer.x} -> {self.layer.y}"

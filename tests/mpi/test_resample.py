@@ -1,0 +1,114 @@
+"""Interpolation, max pooling and repartition under MPI, at every rank count: the integer
+interpolation trees (forward and adjoint) equal the numpy interpreter exactly, rank by rank, and
+the torch modules (Interpolate, MaxPool, Repartition with ``comm=``) give torch's own layers'
+outputs and input gradients, the module's second call running its bound plans."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import collective_assert, compare_with_numpy, local_part
+from mpi4py import MPI
+
+from linop import DistributedTensor, Partition
+from linop.layers import Interpolate
+
+torch = pytest.importorskip("torch")
+from linop.frameworks.torch_pooling import MaxPool  # noqa: E402
+from linop.frameworks.torch_repartition import Repartition  # noqa: E402
+from linop.frameworks.torch_resample import Interpolate as InterpolateModule  # noqa: E402
+
+COMM = MPI.COMM_WORLD
+SIZE = COMM.size
+
+
+def _grid_2d() -> tuple[int, int]:
+    return (2, SIZE // 2) if SIZE % 2 == 0 else (SIZE, 1)
+
+
+def _uneven(length: int, parts: int) -> tuple[int, ...]:
+    """An uneven split of ``length`` over ``parts``: the first share the largest, the second
+    empty when there are 3 or more, the others one entry each (9 over 4: 7, 0, 1, 1)."""
+    if parts == 1:
+        return (length,)
+    rest = [0 if k == 1 and parts >= 3 else 1 for k in range(1, parts)]
+    return (length - sum(rest), *rest)
+
+
+CASES = [
+    (
+        "linear-x2-corners-uneven",
+        lambda: DistributedTensor(
+            "x", (1, 2, 9), Partition((1, 1, SIZE)), sizes=((1,), (2,), _uneven(9, SIZE))
+        ),
+        dict(scale_factor=2, mode="linear", align_corners=True),
+    ),
+    (
+        "bilinear-to-11x5",
+        lambda: DistributedTensor("x", (2, 2, 7, 6), Partition((1, 1, *_grid_2d()))),
+        dict(size=(11, 5), mode="bilinear"),
+    ),
+    (
+        "nearest-1.5",
+        lambda: DistributedTensor("x", (1, 1, 6, 5), Partition((1, 1, *_grid_2d()))),
+        dict(scale_factor=1.5),
+    ),
+]
+
+
+@pytest.mark.parametrize(("label", "build", "kwargs"), CASES, ids=[c[0] for c in CASES])
+def test_integer_interpolation_trees_equal_numpy(label, build, kwargs):
+    x = build()
+    tree, _ = Interpolate(x, **kwargs).integer_operator()
+    rng = np.random.default_rng(3)
+    compare_with_numpy(tree, x.scatter(rng.integers(-5, 6, x.global_shape)))
+    compare_with_numpy(tree.H, tree.range.random(4, np.int64))
+
+
+def _module_against(module, x, y, reference, data, dy, *, exact=False):
+    problems = []
+    for call in range(2):  # the second call runs the bound plans
+        mine = {
+            k: torch.from_numpy(v).requires_grad_()
+            for k, v in local_part(x.space, x.scatter(data), COMM.rank).items()
+        }
+        out = module(mine)
+        cotangent = y.scatter(dy)
+        loss = sum((v * torch.from_numpy(cotangent[k])).sum() for k, v in out.items())
+        (loss + module.token.sum()).backward()
+        t = torch.from_numpy(data).requires_grad_()
+        expected = reference(t)
+        expected.backward(torch.from_numpy(dy))
+        want_y, want_dx = y.scatter(expected.detach().numpy()), x.scatter(t.grad.numpy())
+        close = np.array_equal if exact else (lambda a, b: np.allclose(a, b, rtol=0, atol=1e-10))
+        problems += [f"call {call} y {k}" for k, v in out.items() if not close(v.detach().numpy(), want_y[k])]
+        problems += [f"call {call} dx {k}" for k, v in mine.items() if not close(v.grad.numpy(), want_dx[k])]
+    collective_assert(not problems, "; ".join(problems))
+
+
+@pytest.mark.parametrize(("label", "build", "kwargs"), CASES, ids=[c[0] for c in CASES])
+def test_interpolate_module_gives_torch_interpolate(label, build, kwargs):
+    x = build()
+    module = InterpolateModule(x, **kwargs, comm=COMM)
+    rng = np.random.default_rng(5)
+    data, dy = rng.standard_normal(x.global_shape), rng.standard_normal(module.y.global_shape)
+    _module_against(module, x, module.y, lambda t: torch.nn.functional.interpolate(t, **kwargs), data, dy)
+
+
+def test_max_pool_module_gives_torch_max_pool():
+    x = DistributedTensor("x", (2, 2, 9, 7), Partition((1, 1, *_grid_2d())))
+    module = MaxPool(x, 3, stride=2, padding=1, comm=COMM)
+    rng = np.random.default_rng(6)
+    data, dy = rng.standard_normal(x.global_shape), rng.standard_normal(module.y.global_shape)
+    _module_against(module, x, module.y, torch.nn.MaxPool2d(3, 2, 1), data, dy)
+
+
+def test_repartition_module_moves_forward_and_back_exactly():
+    x = DistributedTensor("x", (2, 3, 7, 5), Partition((1, 1, SIZE, 1)))
+    z = DistributedTensor(
+        "z", (2, 3, 7, 5), Partition((SIZE, 1, 1, 1)), sizes=((2, *(0,) * (SIZE - 1)), (3,), (7,), (5,))
+    )
+    module = Repartition(x, z, comm=COMM)
+    rng = np.random.default_rng(7)
+    data, dy = rng.standard_normal(x.global_shape), rng.standard_normal(x.global_shape)
+    _module_against(module, x, z, lambda t: t * 1, data, dy, exact=True)

@@ -1,0 +1,253 @@
+"""The torch modules Interpolate / Upsample, MaxPool and Repartition in one process (the numpy
+interpreter over every partition) equal torch's own layers on the whole tensor, forward and
+input gradient: float64 to 1e-10, float32 to torch's tolerances, over uneven shares, 1-4 workers
+per dimension and workers without output; and the launch of their torch.distributed checks
+(``tests/torchdist/resample_checks.py``, 2 processes)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import verify
+from linop import DistributedTensor, Partition, StateError
+from linop.layers import LayerError
+
+torch = pytest.importorskip("torch", reason="torch is not installed (the torch extra)")
+from linop.frameworks.torch_pooling import MaxPool  # noqa: E402
+from linop.frameworks.torch_repartition import Repartition  # noqa: E402
+from linop.frameworks.torch_resample import Interpolate, Upsample  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+F64 = dict(rtol=0, atol=1e-10)
+
+
+def tensor(shape, grid, sizes=None, name="x"):
+    if sizes is None:
+        return DistributedTensor(name, shape, Partition(grid))
+    return DistributedTensor(name, shape, Partition(grid), sizes=sizes)
+
+
+def distributed_run(module, x, y, data, dy, dtype=torch.float64):
+    """The module on x's blocks of ``data``, then backward with ``dy``: (y, dx) gathered."""
+    blocks = {k: torch.from_numpy(v).to(dtype).requires_grad_() for k, v in x.scatter(data).items()}
+    out = module(blocks)
+    cotangent = y.scatter(dy)
+    loss = sum((out[k] * torch.from_numpy(cotangent[k]).to(dtype)).sum() for k in out)
+    loss.backward()
+    gathered = y.gather({k: v.detach().numpy() for k, v in out.items()})
+    return gathered, x.gather({k: v.grad.numpy() for k, v in blocks.items()})
+
+
+def torch_run(layer, data, dy, dtype=torch.float64):
+    t = torch.from_numpy(data).to(dtype).requires_grad_()
+    out = layer(t)
+    out.backward(torch.from_numpy(dy).to(dtype))
+    return out.detach().numpy(), t.grad.numpy()
+
+
+# -- Interpolate / Upsample -------------------------------------------------------------------
+INTERPOLATIONS = {
+    "1d-nearest-x2-4-workers-empty": (
+        ((1, 2, 9), (1, 1, 4), ((1,), (2,), (4, 0, 2, 3))),
+        dict(scale_factor=2),
+    ),
+    "1d-linear-to-20-corners": (((2, 1, 7), (1, 1, 3)), dict(size=20, mode="linear", align_corners=True)),
+    "1d-linear-down-x0.5": (((1, 3, 12), (1, 3, 4)), dict(scale_factor=0.5, mode="linear")),
+    "2d-bilinear-x2-3x2": (((2, 2, 7, 6), (1, 2, 3, 2)), dict(scale_factor=2, mode="bilinear")),
+    "2d-bilinear-uneven-corners": (
+        ((1, 2, 5, 6), (1, 1, 2, 3), ((1,), (2,), (4, 1), (1, 3, 2))),
+        dict(size=(9, 4), mode="bilinear", align_corners=True),
+    ),
+    "2d-nearest-1.5x0.5": (((1, 2, 6, 8), (1, 1, 4, 2)), dict(scale_factor=(1.5, 0.5))),
+    "2d-nearest-exact-recomputed": (
+        ((1, 1, 5, 7), (1, 1, 2, 2)),
+        dict(scale_factor=1.7, mode="nearest-exact", recompute_scale_factor=True),
+    ),
+    "2d-batch-channel-partitioned": (
+        ((3, 3, 5, 4), (2, 2, 1, 2), ((2, 1), (0, 3), (5,), (3, 1))),
+        dict(scale_factor=2, mode="bilinear", align_corners=True),
+    ),
+    "3d-trilinear-x2": (((1, 2, 4, 5, 3), (1, 1, 2, 2, 1)), dict(scale_factor=2, mode="trilinear")),
+    "3d-nearest-size": (((1, 1, 4, 5, 3), (1, 1, 2, 1, 2)), dict(size=(7, 3, 5))),
+}
+
+
+@pytest.mark.parametrize("name", list(INTERPOLATIONS))
+def test_interpolate_module_equals_torch_interpolate(name):
+    (shape, grid, *sizes), kwargs = INTERPOLATIONS[name]
+    x = tensor(shape, grid, *sizes)
+    module = Interpolate(x, **kwargs)
+    rng = np.random.default_rng(3)
+    data, dy = rng.standard_normal(shape), rng.standard_normal(module.y.global_shape)
+    y, dx = distributed_run(module, x, module.y, data, dy)
+    expected_y, expected_dx = torch_run(lambda t: torch.nn.functional.interpolate(t, **kwargs), data, dy)
+    assert np.allclose(y, expected_y, **F64) and np.allclose(dx, expected_dx, **F64)
+    # the backward is the tree's adjoint
+    assert np.allclose(dx, x.gather(module.layer.operator.H(module.y.scatter(dy))), **F64)
+
+
+@pytest.mark.parametrize("name", ["1d-linear-to-20-corners", "2d-bilinear-x2-3x2", "3d-nearest-size"])
+def test_float32_interpolation_equals_torch_within_its_tolerance(name):
+    (shape, grid, *sizes), kwargs = INTERPOLATIONS[name]
+    x = tensor(shape, grid, *sizes)
+    module = Upsample(x, **kwargs, dtype=torch.float32)
+    rng = np.random.default_rng(4)
+    data, dy = rng.standard_normal(shape), rng.standard_normal(module.y.global_shape)
+    y, dx = distributed_run(module, x, module.y, data, dy, torch.float32)
+    expected_y, expected_dx = torch_run(
+        lambda t: torch.nn.functional.interpolate(t, **kwargs), data, dy, torch.float32
+    )
+    assert y.dtype == np.float32 and dx.dtype == np.float32
+    torch.testing.assert_close(torch.from_numpy(y), torch.from_numpy(expected_y))
+    torch.testing.assert_close(torch.from_numpy(dx), torch.from_numpy(expected_dx))
+
+
+def test_random_partitions_of_upsampling_equal_torch():
+    """Seeded draws: shapes, 1-4 workers per spatial dimension, uneven (possibly empty)
+    shares, every mode, float64."""
+    rng = np.random.default_rng(2026)
+    for _ in range(12):
+        dims = int(rng.integers(1, 4))
+        spatial = tuple(int(n) for n in rng.integers(2, 7, dims))
+        grid = (1, int(rng.integers(1, 3)), *(int(p) for p in rng.integers(1, 5, dims)))
+        shape = (int(rng.integers(1, 3)), 2, *spatial)
+        sizes = tuple(
+            tuple(int(s) for s in np.diff(np.sort(rng.integers(0, n + 1, p - 1)), prepend=0, append=n))
+            for n, p in zip(shape, grid)
+        )
+        x = tensor(shape, grid, sizes)
+        mode = str(rng.choice(["nearest", "nearest-exact", ("linear", "bilinear", "trilinear")[dims - 1]]))
+        kwargs: dict = {"mode": mode}
+        if rng.random() < 0.5:
+            kwargs["scale_factor"] = float(rng.choice([0.5, 1.5, 2.0, 3.0]))
+        else:
+            kwargs["size"] = tuple(int(n) for n in rng.integers(1, 9, dims))
+        if mode not in ("nearest", "nearest-exact"):
+            kwargs["align_corners"] = bool(rng.random() < 0.5)
+        try:
+            module = Interpolate(x, **kwargs)
+        except LayerError:  # a scale factor that leaves no output along some dimension
+            continue
+        data, dy = rng.standard_normal(shape), rng.standard_normal(module.y.global_shape)
+        y, dx = distributed_run(module, x, module.y, data, dy)
+        expected_y, expected_dx = torch_run(
+            lambda t, options=kwargs: torch.nn.functional.interpolate(t, **options), data, dy
+        )
+        assert np.allclose(y, expected_y, **F64), (shape, grid, sizes, kwargs)
+        assert np.allclose(dx, expected_dx, **F64), (shape, grid, sizes, kwargs)
+
+
+def test_a_nearest_module_refuses_the_other_dtype():
+    module = Interpolate(tensor((1, 1, 6), (1, 1, 2)), scale_factor=1.3)
+    blocks = {k: torch.from_numpy(v).float() for k, v in module.x.scatter(np.zeros((1, 1, 6))).items()}
+    with pytest.raises(StateError, match=r"built for torch\.float64"):
+        module(blocks)
+
+
+# -- MaxPool ------------------------------------------------------------------------------------
+POOLS = {
+    "1d-k3-s2-p1-uneven": (
+        ((2, 2, 11), (1, 1, 4), ((2,), (2,), (1, 5, 0, 5))),
+        dict(kernel_size=3, stride=2, padding=1),
+    ),
+    "1d-k2-workers-without-output": (((1, 1, 5), (1, 1, 4)), dict(kernel_size=2)),
+    "2d-k2-2x2": (((2, 3, 8, 6), (1, 1, 2, 2)), dict(kernel_size=2)),
+    "2d-k3-s1-p1-4x3": (((1, 2, 7, 5), (1, 1, 4, 3)), dict(kernel_size=3, stride=1, padding=1)),
+    "2d-k3-s2-dilated-channels": (
+        ((1, 4, 9, 9), (1, 2, 2, 1), ((1,), (3, 1), (5, 4), (9,))),
+        dict(kernel_size=(3, 2), stride=2, padding=(1, 0), dilation=(2, 1)),
+    ),
+    "3d-k2-s1": (((1, 1, 4, 5, 3), (1, 1, 2, 2, 1)), dict(kernel_size=2, stride=1)),
+}
+
+
+@pytest.mark.parametrize("name", list(POOLS))
+def test_max_pool_module_equals_torch_max_pool(name):
+    (shape, grid, *sizes), kwargs = POOLS[name]
+    x = tensor(shape, grid, *sizes)
+    module = MaxPool(x, **kwargs)
+    rng = np.random.default_rng(5)
+    data, dy = rng.standard_normal(shape), rng.standard_normal(module.y.global_shape)
+    reference = {1: torch.nn.MaxPool1d, 2: torch.nn.MaxPool2d, 3: torch.nn.MaxPool3d}[len(shape) - 2](
+        **kwargs
+    )
+    y, dx = distributed_run(module, x, module.y, data, dy)
+    expected_y, expected_dx = torch_run(reference, data, dy)
+    assert np.array_equal(y, expected_y)  # a selection: the same entries
+    assert np.allclose(dx, expected_dx, **F64)
+    # the input gradient is the adjoint of the layer's Jacobian at the input (proven exactly)
+    jacobian = module.layer.at(module.layer.window_operator(x.scatter(data)))
+    assert np.allclose(dx, x.gather(jacobian.H(module.y.scatter(dy))), **F64)
+    assert verify.exact_adjoint(jacobian)
+
+
+def test_float32_max_pool_and_its_refusals():
+    x = tensor((1, 2, 9, 8), (1, 1, 3, 2))
+    module = MaxPool(x, 3, 2, 1)
+    rng = np.random.default_rng(6)
+    data, dy = rng.standard_normal((1, 2, 9, 8)), rng.standard_normal(module.y.global_shape)
+    y, dx = distributed_run(module, x, module.y, data, dy, torch.float32)
+    expected_y, expected_dx = torch_run(torch.nn.MaxPool2d(3, 2, 1), data, dy, torch.float32)
+    assert np.array_equal(y, expected_y) and np.allclose(dx, expected_dx)
+    with pytest.raises(LayerError, match="at most half"):
+        MaxPool(x, 2, padding=2)
+    with pytest.raises(LayerError, match="1 to 3 spatial"):
+        MaxPool(tensor((1, 1, 2, 2, 2, 2), (1, 1, 1, 1, 1, 1)), 2)
+
+
+def test_max_pool_without_its_padding_mask_is_caught():
+    """Control: on negative data, zero padding taken as data (no -inf mask) wins the border
+    windows, which the comparison with torch sees."""
+    x = tensor((1, 1, 6, 6), (1, 1, 2, 2))
+    module = MaxPool(x, 3, stride=2, padding=1)
+    data = -1 - np.random.default_rng(8).random((1, 1, 6, 6))
+    dy = np.ones(module.y.global_shape)
+    expected_y, _ = torch_run(torch.nn.MaxPool2d(3, 2, 1), data, dy)
+    assert np.array_equal(distributed_run(module, x, module.y, data, dy)[0], expected_y)
+    module._products = [(out, window, None, shape) for out, window, _, shape in module._products]
+    assert not np.array_equal(distributed_run(module, x, module.y, data, dy)[0], expected_y)
+
+
+# -- Repartition --------------------------------------------------------------------------------
+def test_repartition_module_moves_forward_and_repartitions_the_gradient_back():
+    x = tensor((2, 3, 7, 5), (1, 1, 3, 2))
+    z = tensor((2, 3, 7, 5), (2, 1, 1, 2), ((0, 2), (3,), (7,), (4, 1)), name="z")
+    module = Repartition(x, z)
+    rng = np.random.default_rng(7)
+    data, dy = rng.standard_normal(x.global_shape), rng.standard_normal(z.global_shape)
+    y, dx = distributed_run(module, x, z, data, dy)
+    assert np.array_equal(y, data) and np.array_equal(dx, dy)
+    back = Repartition(z, x)
+    assert back.operator == module.operator.H and set(back.output_names) == set(x.space.names)
+
+
+# -- torch.distributed ------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.timeout(660)
+def test_resample_modules_under_torch_distributed():
+    """Two gloo processes (127.0.0.1): Interpolate, MaxPool and Repartition with ``group=True``
+    equal torch's layers on the whole tensor, forward and backward."""
+    pytest.importorskip("torch.distributed")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env.setdefault("OMP_NUM_THREADS", "1")
+    command = [sys.executable, "resample_checks.py", "2", str(_free_port())]
+    try:
+        result = subprocess.run(
+            command, cwd=ROOT / "tests" / "torchdist", env=env, capture_output=True, text=True, timeout=600
+        )
+    except subprocess.TimeoutExpired as expired:
+        pytest.fail(f"the torch.distributed resample checks timed out after 600 s\n{expired.stdout}")
+    assert result.returncode == 0, f"{result.stdout[-4000:]}\n{result.stderr[-6000:]}"
+    assert sorted(result.stdout.count(f"RESAMPLE OK rank {r}") for r in range(2)) == [1, 1], result.stdout
