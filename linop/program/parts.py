@@ -9,19 +9,20 @@ peer. Every executor reads a part the same way and turns it into its own calls t
 from part type to calls (the MPI executor's: :mod:`linop.backends.mpi.native`); an executor
 without a row for a part runs the portable program (:func:`~linop.program.lower_portable`).
 
-=========================  ======================================================================
-part                       what the rank does (in the global order of the groups)
-=========================  ======================================================================
-:class:`AllReducePart`     per group it belongs to: sum its block with the group's, in place
-:class:`MappedAllReducePart`  under a worker map, per group: sum its members' blocks locally,
-                           then over the group's distinct ranks, and copy the sum back
-:class:`RootedPart`        per group: the root's block copied whole into every copy
-                           (broadcast), or the copies summed into the root's block (sum-reduce)
-:class:`MappedRootedPart`  the same under a worker map, a rank's copies filled or summed locally
-:class:`LineGatherPart`    an all-gather or reduce-scatter along one line of equal shares
-:class:`AllToAllPart`      one all-to-all: boxes of its one old block sent to each peer, boxes of
-                           its one new block received from each peer
-=========================  ======================================================================
+==============================  ====================================================================
+part                            what the rank does (in the global order of the groups)
+==============================  ====================================================================
+:class:`AllReducePart`          per group it belongs to: sum its block with the group's, in place
+:class:`MappedAllReducePart`    under a worker map, per group: sum its members' blocks locally, then
+                                over the group's distinct ranks, and copy the sum back
+:class:`RootedPart`             per group: the root's block copied whole into every copy
+                                (broadcast), or the copies summed into the root's block (sum-reduce)
+:class:`MappedRootedPart`       the same under a worker map, a rank's copies filled or summed
+                                locally
+:class:`LineGatherPart`         an all-gather or reduce-scatter along one line of equal shares
+:class:`AllToAllPart`           one all-to-all: boxes of its one old block sent to each peer, boxes
+                                of its one new block received from each peer
+==============================  ====================================================================
 
 Each part that sums carries ``fallback``: the rank's schedule of the node's expansion, built on
 first use, for dtypes an executor cannot sum natively. Parts are frozen dataclasses without
