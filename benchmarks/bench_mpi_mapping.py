@@ -51,8 +51,8 @@ from linop import (
     halo_geometry,
 )
 from linop.backends import mpi as mpi_backend
-from linop.backends.mpi.native import rooted
 from linop.program import WorkerMap
+from linop.program import lowering_rooted as rooted
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.rank, COMM.size

@@ -85,7 +85,6 @@ from linop import (
     halo_geometry,
     halo_windows,
 )
-from linop.backends.mpi import native as mpi_native  # noqa: F401 - registers the fast-path lowerings
 from linop.program import (
     WorkerMap,
     batch,

@@ -13,7 +13,8 @@ with :func:`register` when imported. The first lookup for an interpreter imports
 them, so no result depends on which module a program happened to import first, and
 ``import linop`` itself loads no interpreter. The interpreter ``"program"`` is the lowering of
 a tree into the distributed program (:mod:`linop.program`): the generic lowerings and the
-executors' fast paths. Interpreters defined outside linop (``verify``'s size-free block forms) register
+fast paths, which emit engine-neutral parts (:mod:`linop.program.parts`) that each executor
+runs through its own table of calls, so no executor fills the program's registry. Interpreters defined outside linop (``verify``'s size-free block forms) register
 their handlers when their own module is imported.
 
 Every handler of a node that expands is a *fast path*: it must give the same result as the
@@ -47,7 +48,7 @@ HANDLER_MODULES: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
     {
         "numpy": ("linop.backends.numpy",),
         "sparse": ("linop.backends.sparse",),
-        "program": ("linop.program", "linop.backends.mpi.native"),
+        "program": ("linop.program",),
         # the torch.distributed executor's local steps on a device (CUDA under NCCL)
         "torch-device": ("linop.backends.torch_distributed.device",),
     }

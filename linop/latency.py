@@ -34,13 +34,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import AccountingError
-from .program import RankBranches, RankPhase, RankZero, Scale
+from .program import RankBranches, RankPart, RankPhase
 
 __all__ = ["RankTimes", "critical_path", "rank_phases"]
 
 Schedule = tuple[Any, ...]
-
-_UNTIMED = (Scale, RankZero)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +66,7 @@ def rank_phases(rank: int, schedule: Schedule, native: Callable[[Any], bool] | N
     Raises
     ------
     AccountingError
-        For a fast-path step (a rank step with a ``run`` method) that ``native`` does not
+        For a fast-path step (a :class:`~linop.program.RankPart`) that ``native`` does not
         accept: the model does not know its messages.
     """
     steps: list[Any] = []
@@ -88,7 +86,7 @@ def rank_phases(rank: int, schedule: Schedule, native: Callable[[Any], bool] | N
             out.append(_Phase(receives, sends))
         elif native is not None and native(step):
             out.append(step)
-        elif hasattr(step, "run") and not isinstance(step, _UNTIMED):
+        elif isinstance(step, RankPart):
             raise AccountingError(
                 f"rank {rank}: the latency model does not know the messages of {type(step).__name__}"
             )
@@ -125,7 +123,7 @@ class RankTimes:
         """The rank's communicating steps (see :func:`rank_phases`)."""
         found = self._phases.get(rank)
         if found is None:
-            accepts = None if self._native is None else (lambda step: hasattr(step, "run"))
+            accepts = None if self._native is None else (lambda step: isinstance(step, RankPart))
             found = self._phases[rank] = rank_phases(rank, self._get(rank), accepts)
             self._ends[rank] = [None] * len(found)
             self._sent_in[rank] = {

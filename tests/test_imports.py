@@ -217,3 +217,115 @@ def test_compiling_a_program_loads_no_engine():
         f"print(sorted(m for m in sys.modules if m.split('.')[0] in {ENGINES!r}))\n"
     )
     assert loaded.strip() == "[]", loaded
+
+
+# -- layering at run time: what a fresh interpreter holds after compiling -------------------------
+# The import rules above read the source; the registry imports its handler modules by string
+# (linop.dispatch.HANDLER_MODULES), which no source scan sees. These checks run the compilation in
+# a fresh interpreter and read its sys.modules.
+EXECUTORS = {
+    "mpi": ("linop.backends.mpi",),
+    "torch.distributed": ("linop.backends.torch_distributed",),
+    "jax": ("linop.backends.jax",),
+}
+"""Each executor's modules (its package)."""
+
+TREES = (
+    "from linop import AllGather, AllReduce, Broadcast, DistributedTensor, HaloExchange, Kernel\n"
+    "from linop import Partition, ReduceScatter, Repartition, Scatter, halo_geometry\n"
+    "from linop.space import Block\n"
+    "t = DistributedTensor('x', (8, 8), Partition((2, 2)))\n"
+    "u = DistributedTensor('u', (8, 8), Partition((4, 1)))\n"
+    "trees = [HaloExchange(halo_geometry(t, Kernel(3, padding=1))), AllReduce(t, (0,)),\n"
+    "         Repartition(t, u), AllGather(t, 1, 'g'), AllGather(t, 1, 'g').H,\n"
+    "         Broadcast(DistributedTensor('b', (3,), Partition((1,))), Partition((4,)), 'c'),\n"
+    "         Scatter(Block('r', (8, 8), 0), t)]\n"
+    "trees += [tree.H for tree in trees]\n"
+)
+"""Trees of every fast-path family (halo, all-reduce, rooted, all-to-all, gather along a line,
+reduce-scatter), forward and adjoint, on four workers."""
+
+COMPILATIONS = {
+    "program": (
+        None,
+        "from linop.program import WorkerMap, compile_for_rank, compile_program\n"
+        "for tree in trees:\n"
+        "    compile_for_rank(tree, 1); compile_program(tree).for_rank(2)\n"
+        "    compile_for_rank(tree, 0, WorkerMap([0, 0, 1, 1]))\n",
+    ),
+    "jax": (
+        "jax",
+        "from linop.backends.jax.plan import compile_plan\nfor tree in trees:\n    compile_plan(tree, 4)\n",
+    ),
+    "torch.distributed": (
+        "torch.distributed",
+        "from linop.backends.torch_distributed.schedule import identity_map, native_program\n"
+        "from linop.backends.torch_distributed.schedule import portable_program\n"
+        "for tree in trees:\n"
+        "    native_program(tree, 1); portable_program(tree, identity_map(4), 1, 4)\n",
+    ),
+}
+"""Per case: the executor it compiles for (None: the program alone) and the code that does."""
+
+
+def foreign_modules(loaded: list[str], executor: str | None) -> list[str]:
+    """The modules of ``loaded`` that belong to an executor other than ``executor`` (None: the
+    program's own compilation, which may load no executor's module)."""
+    others = tuple(p for name, prefixes in EXECUTORS.items() if name != executor for p in prefixes)
+    return sorted(m for m in loaded if _within(m, others))
+
+
+def _loaded_after(code: str) -> list[str]:
+    """The linop modules a fresh interpreter holds after running ``code``."""
+    out = _fresh(f"{code}\nimport sys\nprint(sorted(m for m in sys.modules if m.startswith('linop')))\n")
+    return ast.literal_eval(out.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "program",
+        "jax",
+        pytest.param(
+            "torch.distributed",
+            marks=pytest.mark.xfail(
+                strict=True,
+                raises=AssertionError,
+                reason="torch.distributed still imports the MPI package (mpi.mapping's compiled_for, "
+                "mpi.context's PlanCache, mpi.plan's read_only)",
+            ),
+        ),
+    ],
+)
+def test_compiling_loads_no_module_of_another_executor(case):
+    """A fresh interpreter that compiles trees of every fast-path family for a rank (the
+    program's own compile_for_rank, with and without a worker map; JAX's compile_plan;
+    torch.distributed's native and portable programs) holds no module of another executor: the
+    program's registry is filled by linop.program alone, and no executor imports another."""
+    executor, code = COMPILATIONS[case]
+    loaded = _loaded_after(TREES + code)
+    if executor is not None:
+        assert any(_within(m, EXECUTORS[executor]) for m in loaded), "the executor never loaded"
+    assert foreign_modules(loaded, executor) == [], foreign_modules(loaded, executor)
+
+
+@pytest.mark.parametrize(("case", "extra"), [
+    ("program", "import linop.backends.mpi.steps"),
+    ("program", "import linop.backends.jax.ops"),
+    ("jax", "from linop.backends.mpi.native import CALLS"),
+])  # fmt: skip
+def test_the_run_time_check_catches_a_module_of_another_executor(case, extra):  # control
+    """The same check on the same compilation with one foreign module imported on purpose
+    names that module (and the fresh interpreter is what makes it see one: the test process
+    itself has loaded every executor)."""
+    executor, code = COMPILATIONS[case]
+    found = foreign_modules(_loaded_after(f"{TREES}{code}{extra}\n"), executor)
+    assert extra.split()[1] in found, found
+
+
+def test_the_run_time_check_allows_an_executor_its_own_modules():  # control
+    """An executor's own modules and the shared host modules are not foreign to it."""
+    loaded = ["linop.backends.mpi.native.all_reduce", "linop.backends.host_schedule", "linop.program"]
+    assert foreign_modules(loaded, "mpi") == []
+    assert foreign_modules(loaded, None) == ["linop.backends.mpi.native.all_reduce"]
+    assert foreign_modules(loaded, "jax") == ["linop.backends.mpi.native.all_reduce"]

@@ -1,13 +1,17 @@
 """The distributed program: an operator tree as data that any executor can run.
 
-This package imports no engine (no mpi4py, torch or jax, not even lazily); the executors at the
-edge (:mod:`linop.backends.mpi` today) consume what it builds. Compilation has three
+This package imports no engine (no mpi4py, torch or jax, not even lazily), and it plans all
+that does not depend on one; the executors at the edge (:mod:`linop.backends.mpi`,
+:mod:`linop.backends.torch_distributed`, :mod:`linop.backends.jax`) consume what it builds. Compilation has three
 passes, all deterministic, so every process that holds the same tree computes the same program:
 
 1. **Lowering** (:mod:`linop.program.lowering`) turns the tree into a flat list of *steps*
    (:mod:`linop.program.steps`): local steps on one worker, *transfers* between two workers,
-   and the algebra's scale, zero and sum of branches. Executors may register fast paths
-   (:func:`lowering`) that emit a :class:`FastPathStep`.
+   and the algebra's scale, zero and sum of branches. Its fast paths (:func:`lowering`: the
+   halo exchange, :mod:`~linop.program.lowering_halo`, as transfers; the collectives as a
+   :class:`FastPathStep` whose rank parts are the engine-neutral records of
+   :mod:`linop.program.parts`) live here too: the registry's ``"program"`` entry lists this
+   package alone.
 2. **Batching** (:func:`batch`, :mod:`linop.program.batching`) groups consecutive transfers
    into *phases*.
 3. **Projection** (:func:`project`, :mod:`linop.program.projection`) keeps, for one rank and
@@ -42,8 +46,9 @@ order, step after step:
 - :class:`Scale` multiplies every block the rank holds; :class:`RankZero` replaces the state by
   zeros of the listed blocks; :class:`RankBranches` runs each term's schedule on the same input
   and adds the results blockwise over the listed range blocks;
-- a fast path's :class:`RankPart`: run by the executor whose lowering made it (an executor that
-  cannot lowers with :func:`lower_portable`, whose program holds no fast-path steps).
+- a fast path's :class:`RankPart` (:mod:`linop.program.parts`): run with the executor's own
+  calls for its type (a table from part type to calls; an executor without a row for it lowers
+  with :func:`lower_portable`, whose program holds no fast-path steps).
 
 **Tags.** Each message carries a tag: the number of earlier messages between the same ordered
 pair (source rank, destination rank) in program order, modulo :data:`TAG_LIMIT`. Both ends see
@@ -63,7 +68,17 @@ reason: the first unfinished group in that order has all its members inside it.
 
 from __future__ import annotations
 
-from . import lowering_local, lowering_overlap, lowering_planned, lowering_shims  # noqa: F401 - register the generic lowerings
+from . import (  # noqa: F401 - register the lowerings
+    lowering_all_reduce,
+    lowering_all_to_all,
+    lowering_gather,
+    lowering_halo,
+    lowering_local,
+    lowering_overlap,
+    lowering_planned,
+    lowering_rooted,
+    lowering_shims,
+)
 from .batching import batch
 from .compile import Program, RankProgram, compile_for_rank, compile_program, mapped_global_program
 from .fingerprinting import fingerprint

@@ -5,8 +5,10 @@ are an add, copy or move whose source and destination live on different workers;
 lowers to the per-rank steps scale, zero and sum of branches. Nodes without a lowering are
 lowered through their :meth:`~linop.LinearOperator.expand`. The lowerings live in the dispatch
 registry (:mod:`linop.dispatch`, interpreter :data:`INTERPRETER`): the generic ones here and
-beside (:mod:`linop.program.lowering_local`, :mod:`linop.program.lowering_shims`), the
-fast paths of an executor registered with :func:`lowering`.
+beside (:mod:`linop.program.lowering_local`, :mod:`linop.program.lowering_shims`,
+:mod:`linop.program.lowering_halo`), the fast paths registered with :func:`lowering`
+(:mod:`linop.program.lowering_all_reduce`, :mod:`linop.program.lowering_rooted`,
+:mod:`linop.program.lowering_gather`, :mod:`linop.program.lowering_all_to_all`).
 
 :func:`lower` builds the global program; :func:`lower_for` one rank's part of it (lowerings
 that know the rank, :func:`lowering_rank`, build only that part); :func:`lower_portable` the
@@ -122,13 +124,13 @@ def expansion_part(node_type: type) -> Callable[[ExpansionPart], ExpansionPart]:
     a map, lowered whole on every rank (O(the node)); its part is used instead (O(the workers'
     own work)). Without the fast paths that run under a map (no ``mapping`` given to
     :func:`lower_for_workers`: the torch.distributed executor, the MPI portable program) the
-    part is used first, before any executor's lowering runs (which may plan the whole node
+    part is used first, before the node's fast-path lowering runs (which may plan the whole node
     before it declines): registering a part declares that the node type's lowerings give, in
     a portable program, only fast-path steps that cannot run under a map or the expansion's
     own steps, so that both routes give the same program. With a ``mapping``, the lowerings
     run first (a mapped fast path wins) and the part replaces the expansion where they decline.
-    The part is consulted by the node's lowering registered with :func:`lowering` (an
-    executor's; the node type must also be declared with :func:`per_worker` for a tree holding
+    The part is consulted by the node's lowering registered with :func:`lowering` (a fast
+    path's; the node type must also be declared with :func:`per_worker` for a tree holding
     it to take the per-worker route): the broadcast's, sum-reduce's, all-reduce's and other
     plans' (:mod:`linop.program.lowering_planned`).
     """

@@ -28,12 +28,14 @@ the order of :func:`~linop.layout.reduction_groups`, the members' receive-sends 
 (root or member in :math:`W`), then their sends back in the same order.
 
 So a rank under a worker map (:func:`~linop.program.lowering.lower_for_workers`) plans its
-workers' part in O(their pieces): the MPI fast paths' lowerings call :func:`workers_part`
+workers' part in O(their pieces): the collectives' fast-path lowerings
+(:mod:`linop.program.lowering_all_to_all`, :mod:`linop.program.lowering_gather`) call :func:`workers_part`
 first, and for an executor without the mapped fast paths (torch.distributed, the portable MPI
 program) a broadcast, sum-reduce or all-reduce whose fast path cannot run under the map runs
 its expansion, whose part is registered here
 (:func:`~linop.program.lowering.expansion_part`). For one rank (:func:`planned_steps`, the
-same steps for one worker) the MPI fast paths' fallback builds its own part.
+same steps for one worker) the dispatch of any plan
+(:func:`~linop.program.lowering_all_to_all.planned`) builds one rank's part of the expansion.
 """
 
 from __future__ import annotations

@@ -209,9 +209,11 @@ class Branches:
     space: Space
 
 
-class RankPart(ABC):  # noqa: B024 - a marker base: each executor's parts define their own methods
-    """One rank's part of a fast-path step, run by the executor whose lowering made it (the
-    MPI interpreter's parts are :class:`~linop.backends.mpi.steps.RankStep`)."""
+class RankPart(ABC):  # noqa: B024 - a marker base: the parts are data, each executor's calls its own
+    """One rank's part of a fast-path step: an engine-neutral record of the program
+    (:mod:`linop.program.parts`, the closed union :data:`~linop.program.parts.Part`), which each
+    executor turns into its engine's calls through its own table (the MPI executor's calls,
+    :class:`~linop.backends.mpi.steps.RankStep`, share this base)."""
 
 
 class FastPathRunner(Protocol):
@@ -234,8 +236,9 @@ class FastPathStep:
     ``runner`` (a :class:`FastPathRunner`) names the workers it involves and gives each rank
     its part (a :class:`RankPart`), or None when the rank takes no part. Batching never moves
     other steps across it. (Not a barrier: only the ranks the step involves synchronize, and
-    only as its messages require.) Its parts are specific to one executor: an executor that
-    cannot run them lowers with :func:`~linop.program.lowering.lower_portable`.
+    only as its messages require.) Its parts are engine-neutral
+    (:mod:`linop.program.parts`); an executor without calls for a part type (no row in its
+    table) lowers with :func:`~linop.program.lowering.lower_portable`.
     """
 
     runner: FastPathRunner

@@ -20,8 +20,9 @@ How a call runs
 3. The rank executes its schedule (:mod:`linop.backends.mpi.runtime`): local steps and the
    algebra (sums, scalings, the in-place write-back) with the numpy interpreter's semantics on a
    copy-on-write workspace, so caller arrays are never mutated (unless ``inplace=True``); data
-   moves straight from and into the blocks (:mod:`linop.backends.mpi.datatypes`); collectives and
-   halo exchanges take the fast paths of :mod:`linop.backends.mpi.native`. In place, a
+   moves straight from and into the blocks (:mod:`linop.backends.mpi.datatypes`); the
+   collectives' fast-path parts, planned by the program (:mod:`linop.program.parts`), run as
+   the MPI calls of :mod:`linop.backends.mpi.native` (its table, one row per part). In place, a
    schedule of point-to-point phases (a halo exchange) runs as compiled once per layout of the
    caller's arrays (:mod:`linop.backends.mpi.inplace_phases`).
 4. If a rank nevertheless fails during execution (a bug, a user kernel raising, Ctrl-C), it
@@ -57,7 +58,6 @@ from ...operator import LinearOperator
 from ...program import WorkerMap, lowering
 from ...space import State
 from .. import array_api
-from . import native as mpi_native  # noqa: F401 - registers the fast paths' lowerings
 from .bound import BoundPlan
 from .check import DTYPE_CHARS
 from .context import PLAN_CACHE_SIZE, CommunicatorArgumentError, PlanCache, context_for

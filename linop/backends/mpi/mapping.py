@@ -67,6 +67,7 @@ from ...program import (
 )
 from ...space import Block, Space
 from .context import PlanCache
+from .native import mpi_schedule
 
 __all__ = ["MappedCompiled", "compile_mapped", "compiled_for", "run_local_moves"]
 
@@ -184,12 +185,19 @@ class MappedCompiled:
         if problem is not None:
             return None, problem
         schedule = project(self.steps, rank, self.mapping)
-        return RankProgram(schedule, max(self.workers, default=0)), None
+        return RankProgram(self._calls(schedule), max(self.workers, default=0)), None
+
+    def _calls(self, schedule: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The schedule as the MPI runtime runs it: with the mapped fast paths (``native``),
+        each part replaced by its MPI step (:func:`~linop.backends.mpi.native.mpi_schedule`);
+        another engine's portable schedule (no part in it) as it is."""
+        return mpi_schedule(schedule) if self.native else schedule
 
     def _rank_part(self, rank: int, size: int) -> tuple[RankProgram | None, LinopError | None]:
         """The rank's program compiled from its workers' part (the same schedule)."""
         try:
             program = compile_for_rank(self.op, rank, self.mapping, mapped_fast_paths=self.native)
+            program = RankProgram(self._calls(program.schedule), program.max_worker)
         except Exception as caught:  # raised collectively by the entry check
             return None, _compile_error(self.op, caught)
         mapping = self.mapping

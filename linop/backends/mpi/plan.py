@@ -42,6 +42,7 @@ from .context import PlanCache
 from .deadline import resolve_timeout
 from .guards import abort_for
 from .inplace_phases import InPlaceLayouts
+from .native import mpi_schedule
 from .runtime import run_schedule
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
@@ -64,13 +65,15 @@ class Compiled:
 
     def for_rank(self, op: LinearOperator, rank: int) -> tuple[RankProgram | None, LinopError | None]:
         """``rank``'s program (:func:`~linop.program.compile_for_rank`: its own
-        steps only, O(its own work)), or the error compiling it raised."""
+        steps only, O(its own work); its fast-path parts turned into MPI steps,
+        :func:`~linop.backends.mpi.native.mpi_schedule`), or the error compiling it raised."""
         found = self.ranks.get(rank)
         if found is None:
             program: RankProgram | None = None
             problem: LinopError | None = None
             try:
                 program = compile_for_rank(op, rank)
+                program = RankProgram(mpi_schedule(program.schedule), program.max_worker)
             except Exception as error:  # raised collectively by the check, after the tree test
                 problem = (
                     error

@@ -50,7 +50,6 @@ from ...errors import (  # noqa: F401 - re-exported for callers (documented in l
 )
 from ...operator import LinearOperator
 from ...program import WorkerMap  # re-exported for callers (documented in linop.program)
-from ..mpi import native as mpi_native  # noqa: F401 - registers the fast paths' lowerings
 from ..mpi.context import PLAN_CACHE_SIZE, PlanCache
 from .group import TIMEOUT_VARIABLE, GroupContext, context_for, resolve_timeout
 from .plan import BoundTorchPlan, TorchDistributedPlan

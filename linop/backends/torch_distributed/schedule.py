@@ -42,7 +42,6 @@ from ...errors import LinopError, UnsupportedNodeError
 from ...operator import LinearOperator
 from ...program import RankBranches, RankPart, RankProgram, WorkerMap, compile_for_rank
 from ...space import Block
-from ..mpi import native as mpi_native  # noqa: F401 - registers the fast paths' lowerings
 from ..mpi.mapping import compiled_for
 
 __all__ = [

@@ -1,33 +1,28 @@
-"""The native all-to-all of copying plans (repartition, scatter, gather, all-gather):
-``Alltoallw`` with subarray datatypes or boxes packed for ``Alltoallv``, chosen per step by a
-measured rule (:func:`alltoall_strategy`); and the dispatch of any
-:class:`~linop.collectives.Planned` node (:func:`planned`)."""
+"""The MPI calls of the all-to-all part of copying plans (:mod:`linop.program.lowering_all_to_all`
+plans it: repartition, scatter, gather, all-gather): ``Alltoallw`` with subarray datatypes or
+boxes packed for ``Alltoallv``, chosen per step by a measured rule (:func:`alltoall_strategy`)."""
 
 from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from ....collectives import Planned
-from ....plan import Piece
-from ....program import FastPathStep, Step, lowering, lowering_rank, note_workers, per_worker
-from ....program.lowering_planned import planned_steps, workers_part
-from ....repartition import Gather, Repartition, Scatter
-from ....space import Block
+from ....program.parts import AllToAllPart, PeerBox
 from ..datatypes import contiguous_run, element_type, mpi, subarray
 from ..steps import Action, Call, OutOfPlaceBinding, RankStep
-from .common import Projected
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
     from mpi4py.MPI import Intracomm
 
     from ...numpy import Workspace
 
-Box = tuple[int, tuple[int, ...], tuple[int, ...]]
+__all__ = ["ALLTOALL_STRATEGY", "PACKED_RUNS_BELOW", "alltoall_strategy", "rank_all_to_all"]
+
+Box = PeerBox
 """One piece of an all-to-all on one rank: (peer, start of the box in the block, its shape)."""
 
 ALLTOALL_STRATEGY = "auto"
@@ -94,43 +89,40 @@ def alltoall_strategy(
 
 @dataclass
 class _RankAlltoall(RankStep):
-    """One rank's part of an all-to-all: boxes of its one source block sent to each peer, boxes
-    of its one new block received from each peer (at most one box per peer each way). Moved by
+    """One rank's part of an all-to-all (:class:`~linop.program.parts.AllToAllPart`: boxes of its
+    one source block sent to each peer, boxes of its one new block received from each peer). Moved by
     ``Alltoallw`` with a subarray datatype per box, or packed by hand into one buffer for
     ``Alltoallv`` (:attr:`strategy`, chosen by :func:`alltoall_strategy` from the boxes,
     overridden by :data:`ALLTOALL_STRATEGY`); both move the same entries."""
 
-    source: str | None
-    source_shape: tuple[int, ...]
-    target: Block | None
-    sends: tuple[Box, ...]
-    receives: tuple[Box, ...]
+    part: AllToAllPart
     strategy: str = ""
     """``"packed"`` or ``"subarray"``: the measured rule's choice for these boxes."""
 
     def __post_init__(self) -> None:
         if not self.strategy:
-            target_shape = self.target.shape if self.target is not None else ()
-            self.strategy = alltoall_strategy(self.source_shape, target_shape, self.sends, self.receives)
+            part = self.part
+            target_shape = part.target.shape if part.target is not None else ()
+            self.strategy = alltoall_strategy(part.source_shape, target_shape, part.sends, part.receives)
 
     def chosen(self) -> str:
         """The strategy a run uses now: :attr:`strategy` unless :data:`ALLTOALL_STRATEGY` forces one."""
         return self.strategy if ALLTOALL_STRATEGY == "auto" else ALLTOALL_STRATEGY
 
     def run(self, work: Workspace, comm: Intracomm, dtype: np.dtype) -> None:
-        if self.source is not None:
-            send = work.arrays[self.source]
+        if self.part.source is not None:
+            send = work.arrays[self.part.source]
             if send.dtype != dtype or not send.flags.c_contiguous:
                 send = np.ascontiguousarray(send, dtype=dtype)
         else:
             send = np.empty(0, dtype=dtype)
-        receive = np.zeros(self.target.shape if self.target is not None else 0, dtype=dtype)
+        receive = np.zeros(self.part.target.shape if self.part.target is not None else 0, dtype=dtype)
         for call in self._calls(send, receive, comm, dtype, self.chosen()):
             call()
-        if self.source is not None:
-            work.drop(self.source)
-        if self.target is not None:
-            work.set(self.target.name, receive)
+        if self.part.source is not None:
+            work.drop(self.part.source)
+        if self.part.target is not None:
+            work.set(self.part.target.name, receive)
 
     def bind_out_of_place(
         self, arrays: dict[str, np.ndarray], comm: Intracomm, dtype: np.dtype, *, dry: bool = False
@@ -138,14 +130,14 @@ class _RankAlltoall(RankStep):
         """The all-to-all from the bound source block into a result block built once (the
         packing buffers too): blocking collective calls on prebuilt arguments, and the packs
         and unpacks as prepared copies between prebuilt views."""
-        send = arrays[self.source] if self.source is not None else np.empty(0, dtype=dtype)
+        send = arrays[self.part.source] if self.part.source is not None else np.empty(0, dtype=dtype)
         if send.dtype != dtype or not send.flags.c_contiguous:
             return None
         results: dict[str, np.ndarray] = {}
-        receive = np.zeros(self.target.shape if self.target is not None else 0, dtype=dtype)
-        if self.target is not None:
-            results[self.target.name] = receive
-        dropped = (self.source,) if self.source is not None else ()
+        receive = np.zeros(self.part.target.shape if self.part.target is not None else 0, dtype=dtype)
+        if self.part.target is not None:
+            results[self.part.target.name] = receive
+        dropped = (self.part.source,) if self.part.source is not None else ()
         if dry:
             return OutOfPlaceBinding(results=results, dropped=dropped)
         calls: list[Call] = list(self._calls(send, receive, comm, dtype, self.chosen()))
@@ -160,8 +152,8 @@ class _RankAlltoall(RankStep):
         size = comm.Get_size()
         entry = element_type(dtype)
         calls: list[Action] = []
-        send_side = _packed_side(send, self.sends, size, dtype, pack=True)
-        receive_side = _packed_side(receive, self.receives, size, dtype, pack=False)
+        send_side = _packed_side(send, self.part.sends, size, dtype, pack=True)
+        receive_side = _packed_side(receive, self.part.receives, size, dtype, pack=False)
         calls.extend(send_side.copies)
         calls.append(
             functools.partial(
@@ -177,10 +169,10 @@ class _RankAlltoall(RankStep):
         lib = mpi()
         size = comm.Get_size()
         send_counts, send_types = [0] * size, [lib.BYTE] * size
-        for peer, start, shape in self.sends:
+        for peer, start, shape in self.part.sends:
             send_counts[peer], send_types[peer] = 1, subarray(send.shape, start, shape, dtype)
         receive_counts, receive_types = [0] * size, [lib.BYTE] * size
-        for peer, start, shape in self.receives:
+        for peer, start, shape in self.part.receives:
             receive_counts[peer], receive_types[peer] = 1, subarray(receive.shape, start, shape, dtype)
         zeros = [0] * size
         return functools.partial(
@@ -227,187 +219,6 @@ def _packed_side(
     return _PackedSide(buffer, counts, displacements, copies)
 
 
-@dataclass
-class _AlltoallwRunner:
-    op: Planned
-    by_worker: dict[int, tuple[str | None, Block | None]]
-    workers: tuple[int, ...] = field(default=())
-
-    def project(self, rank: int) -> _RankAlltoall:
-        """Every rank of the communicator takes part (``Alltoallw`` is collective)."""
-        source, target = self.by_worker.get(rank, (None, None))
-        sends, receives = [], []
-        domain, range_ = self.op.domain, self.op.range
-        for piece in self.op.plan.pieces:
-            from_worker = domain.block(piece.source).worker
-            to_worker = range_.block(piece.target).worker
-            if from_worker == rank:
-                sends.append((to_worker, piece.source_start, piece.shape))
-            if to_worker == rank:
-                receives.append((from_worker, piece.target_start, piece.shape))
-        shape = domain.block(source).shape if source is not None else ()
-        return _RankAlltoall(source, shape, target, tuple(sends), tuple(receives))
-
-
-def _rank_repartition(op: Repartition, rank: int) -> list[Step] | None:
-    """A repartition without pass-through blocks always qualifies for ``Alltoallw`` (every
-    worker holds at most one block of each tensor, and two blocks meet in at most one box):
-    the rank's sends and receives from the 1-d overlaps of its own blocks."""
-    source, destination = op.source, op.destination
-    if len(op.others) or not source.ndim:
-        return None
-    note_workers(max(source.partition.max_worker, destination.partition.max_worker))
-    name: str | None = None
-    shape: tuple[int, ...] = ()
-    target: Block | None = None
-    sends: tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...] = ()
-    receives: tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...] = ()
-    if source.partition.position(rank) is not None:
-        i = source.partition.index(rank)
-        block = source.block(i)
-        name, shape = block.name, block.shape
-        sends = tuple(
-            (destination.space.block(p.target).worker, p.source_start, p.shape) for p in op.pieces_from(i)
-        )
-    if destination.partition.position(rank) is not None:
-        j = destination.partition.index(rank)
-        target = destination.block(j)
-        receives = tuple(
-            (source.space.block(p.source).worker, p.target_start, p.shape) for p in op.pieces_into(j)
-        )
-    step = _RankAlltoall(name, shape, target, sends, receives)
-    workers = (max(source.partition.max_worker, destination.partition.max_worker),)
-    return [FastPathStep(Projected(step, rank, workers))]
-
-
-def alltoallw_step(op: Planned, rank: int, pieces: tuple[Piece, ...], largest: int) -> FastPathStep:
-    """The rank's ``Alltoallw`` from the pieces of its blocks (in plan order): its one old
-    block's boxes sent, its one new block's boxes received."""
-    domain, range_ = op.domain, op.range
-    (old,), new = domain.owned(rank) or (None,), range_.owned(rank)
-    sends = tuple(
-        (range_.block(p.target).worker, p.source_start, p.shape)
-        for p in pieces
-        if domain.block(p.source).worker == rank
-    )
-    receives = tuple(
-        (domain.block(p.source).worker, p.target_start, p.shape)
-        for p in pieces
-        if range_.block(p.target).worker == rank
-    )
-    step = _RankAlltoall(
-        old.name if old is not None else None,
-        old.shape if old is not None else (),
-        new[0] if new else None,
-        sends,
-        receives,
-    )
-    return FastPathStep(Projected(step, rank, (largest,)))
-
-
-def _rank_root(op: Scatter | Gather, rank: int) -> list[Step] | None:
-    """A scatter or gather without pass-through blocks is one ``Alltoallw`` (the root's worker
-    gives or gets its one block, every other worker one piece): the root's worker sends or
-    receives every piece, any other rank its own."""
-    if len(op.others) or not op.root.ndim:
-        return None
-    largest = max(op.tensor.partition.max_worker, op.root.worker)
-    note_workers(largest)
-    return [alltoallw_step(op, rank, op.rank_pieces(rank), largest)]
-
-
-def layout_pieces(op: Planned, rank: int) -> tuple[Piece, ...] | None:
-    """The pieces of ``rank``'s blocks (:meth:`~linop.plan.Planned.rank_pieces`) of a plan
-    between two layouts without pass-through blocks, or None for any other plan."""
-    if len(op.others) or op.layouts() is None:
-        return None
-    return op.rank_pieces(rank)
-
-
-def noted_layouts(op: Planned) -> tuple[Any, Any] | None:
-    """The two layouts of a plan, its largest worker noted; None over a 0-d partition."""
-    source, target = op.layouts()  # type: ignore[misc]
-    if not source.partition.ndim:
-        return None
-    note_workers(max(source.partition.max_worker, target.partition.max_worker))
-    return source, target
-
-
-def _rank_planned(op: Planned, rank: int, pieces: tuple[Piece, ...]) -> list[Step] | None:
-    """A plan between two layouts, for one rank, from the pieces of its blocks: the rank's
-    steps of the expansion (allocate its new block, its pieces in plan order, drop its old
-    block), each on a space of its two blocks."""
-    if noted_layouts(op) is None:
-        return None
-    return planned_steps(op, op.range.owned(rank), pieces, op.domain.owned(rank))
-
-
-@lowering(per_worker(Repartition))
-def _repartition(op: Repartition) -> list[Step] | None:
-    """One ``Alltoallw`` (see :func:`planned`); one rank's lowering from the overlaps of its
-    own blocks (:func:`_rank_repartition`); a mapped rank's, its workers' part of the
-    expansion (:func:`~linop.program.lowering_planned.workers_part`)."""
-    part = workers_part(op)
-    if part is not None:
-        return part
-    rank = lowering_rank()
-    return global_alltoallw(op) if rank is None else _rank_repartition(op, rank)
-
-
-@lowering(per_worker(Scatter))
-@lowering(per_worker(Gather))
-def _scatter_gather(op: Scatter | Gather) -> list[Step] | None:
-    """One ``Alltoallw`` (see :func:`planned`); one rank's lowering from its own pieces
-    (:func:`_rank_root`); a mapped rank's, its workers' part of the expansion
-    (:func:`~linop.program.lowering_planned.workers_part`)."""
-    part = workers_part(op)
-    if part is not None:
-        return part
-    rank = lowering_rank()
-    return global_alltoallw(op) if rank is None else _rank_root(op, rank)
-
-
-# -- the dispatch of any plan ----------------------------------------------------------------
-@lowering(Planned)
-def planned(op: Planned) -> list[Step] | None:
-    """A copying plan where every worker gives at most one block and gets at most one, and
-    each pair of workers shares at most one piece: one ``Alltoallw`` with subarray datatypes
-    (nothing packed by hand). Other plans run their expansion (for one rank: its own steps of
-    it, :func:`_rank_planned`, when the plan is between two layouts)."""
-    rank = lowering_rank()
-    if rank is not None:
-        pieces = layout_pieces(op, rank)
-        if pieces is not None:
-            return _rank_planned(op, rank, pieces)
-    return global_alltoallw(op)
-
-
-def global_alltoallw(op: Planned) -> list[Step] | None:
-    """The ``Alltoallw`` step of a plan that qualifies (see :func:`planned`), or None."""
-    plan = op.plan
-    if plan.adds:
-        return None
-    domain, range_ = op.domain, op.range
-    by_worker: dict[int, list[Any]] = {}
-    for name in plan.dropped:
-        block = domain.block(name)
-        entry = by_worker.setdefault(block.worker, [None, None])
-        if entry[0] is not None or block.ndim == 0:
-            return None
-        entry[0] = name
-    for block in plan.created:
-        entry = by_worker.setdefault(block.worker, [None, None])
-        if entry[1] is not None or block.ndim == 0:
-            return None
-        entry[1] = block
-    pairs = set()
-    dropped, created = set(plan.dropped), {b.name for b in plan.created}  # once, not per piece
-    for piece in plan.pieces:
-        if piece.source not in dropped or piece.target not in created:
-            return None
-        pair = (domain.block(piece.source).worker, range_.block(piece.target).worker)
-        if pair in pairs:
-            return None
-        pairs.add(pair)
-    workers = tuple(sorted(by_worker))
-    return [FastPathStep(_AlltoallwRunner(op, {w: tuple(e) for w, e in by_worker.items()}, workers))]
+def rank_all_to_all(part: AllToAllPart) -> RankStep:
+    """The MPI step of an all-to-all part (its strategy chosen by :func:`alltoall_strategy`)."""
+    return _RankAlltoall(part)

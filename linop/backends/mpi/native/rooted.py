@@ -1,32 +1,19 @@
-"""The native rooted groups: :class:`~linop.collectives.Broadcast` (``Bcast`` per source
-block) and :class:`~linop.collectives.SumReduce` (``Allreduce`` per target block), each on a
-cached sub-communicator; under a worker map the copies a rank holds are filled or summed
-locally around one collective over the group's distinct ranks."""
+"""The MPI calls of the rooted groups' parts (:mod:`linop.program.lowering_rooted` plans
+them): :class:`~linop.collectives.Broadcast` (``Bcast`` per source block) and
+:class:`~linop.collectives.SumReduce` (``Allreduce`` per target block), each on a cached
+sub-communicator; under a worker map the copies a rank holds are filled or summed locally
+around one collective over the group's distinct ranks."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ....collectives import Broadcast, SumReduce
-from ....program import (
-    FastPathStep,
-    Step,
-    batch,
-    lower,
-    lowering,
-    lowering_mapping,
-    lowering_rank,
-    note_workers,
-    per_worker,
-    project,
-)
-from ....program.groups import CopyPairs, RootedRanks, mapped_ranks
-from ....program.lowering_planned import held_blocks
+from ....program.parts import MappedRootedPart, RootedGroup, RootedPart
 from ....space import Block
 from ...host_schedule import root_buffer, store_results
 from ..context import subcommunicator
@@ -34,57 +21,14 @@ from ..datatypes import byte_type, mpi, predefined_type
 from ..memory import new_array
 from ..runtime import run_schedule
 from ..steps import Call, OutOfPlaceBinding, RankStep
-from .common import REDUCIBLE, Fallback, Projected, fallback
+from .common import REDUCIBLE
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
     from mpi4py.MPI import Intracomm
 
     from ...numpy import Workspace
 
-
-@dataclass(frozen=True)
-class _Group:
-    """One source block and its whole-block copies (broadcast), or one target block and the
-    copies summed into it (sum-reduce). ``ranks[0]`` is the root."""
-
-    root_name: str
-    shape: tuple[int, ...]
-    ranks: Sequence[int]
-    copies: Sequence[tuple[str, int]]
-
-    def copy_on(self, rank: int) -> list[str]:
-        """The copies ``rank`` holds (none or one): from the description of a rank's own
-        lowering (:class:`~linop.program.groups.CopyPairs`), else by a scan."""
-        name_on = getattr(self.copies, "name_on", None)
-        if name_on is not None:
-            found = name_on(rank)
-            return [] if found is None else [found]
-        return [name for name, w in self.copies if w == rank]
-
-
-def _whole_groups(op: Broadcast | SumReduce, *, reduce: bool) -> tuple[_Group, ...] | None:
-    """Group a broadcast's or sum-reduce's pieces by their tensor block; None when a piece is
-    not a whole block or two copies of one group share a worker."""
-    domain, range_ = op.domain, op.range
-    by_root: dict[str, list[tuple[str, int]]] = {}
-    for piece in op.plan.pieces:
-        root, copy = (piece.target, piece.source) if reduce else (piece.source, piece.target)
-        root_block = (range_ if reduce else domain).block(root)
-        copy_block = (domain if reduce else range_).block(copy)
-        if any(piece.source_start) or any(piece.target_start) or piece.shape != root_block.shape:
-            return None
-        if copy_block.shape != root_block.shape:
-            return None
-        by_root.setdefault(root, []).append((copy, copy_block.worker))
-    groups = []
-    for root, copies in by_root.items():
-        root_block = (range_ if reduce else domain).block(root)
-        workers = [w for _, w in copies]
-        if len(set(workers)) != len(workers):
-            return None
-        others = tuple(w for w in workers if w != root_block.worker)
-        groups.append(_Group(root, root_block.shape, (root_block.worker, *others), tuple(copies)))
-    return tuple(groups)
+__all__ = ["rank_rooted", "rank_mapped_rooted"]
 
 
 def _refuses(
@@ -108,36 +52,33 @@ def _placeholders(created: tuple[Block, ...], dtype: np.dtype, dropped: tuple[st
 
 @dataclass
 class _RankBroadcast(RankStep):
-    groups: tuple[_Group, ...]
-    rank: int
-    dropped: tuple[str, ...]
-    created: tuple[Block, ...]
-    reduce: bool
-    fallback: Fallback
+    """One rank's part of a broadcast or sum-reduce (:class:`~linop.program.parts.RootedPart`)."""
+
+    part: RootedPart
 
     def _mine(self) -> list[list[str]]:
         """Per group, the copies this rank holds: found once (a 1 -> P group lists P copies),
         not on every call."""
         found = self.__dict__.get("_mine_of_groups")
         if found is None:
-            found = [group.copy_on(self.rank) for group in self.groups]
+            found = [group.copy_on(self.part.rank) for group in self.part.groups]
             self.__dict__["_mine_of_groups"] = found
         return found
 
     def run(self, work: Workspace, comm: Intracomm, dtype: np.dtype) -> None:
-        if self.reduce and dtype.char not in REDUCIBLE:
-            run_schedule(self.fallback.schedule(), work, comm, dtype)
+        if self.part.reduce and dtype.char not in REDUCIBLE:
+            run_schedule(self.part.fallback.schedule(), work, comm, dtype)
             return
         lib = mpi()
         results: list[tuple[str, np.ndarray, bool]] = []
-        for group, mine in zip(self.groups, self._mine()):  # blocking, in the global order of the groups
+        for group, mine in zip(self.part.groups, self._mine()):  # blocking, in the global order of the groups
             sub = subcommunicator(comm, group.ranks) if len(group.ranks) > 1 else None
-            is_root = group.ranks[0] == self.rank
-            if self.reduce:
+            is_root = group.ranks[0] == self.part.rank
+            if self.part.reduce:
                 self._reduce(group, sub, mine, is_root, work, dtype, results, lib)
             else:
                 self._broadcast(group, sub, mine, is_root, work, dtype, results)
-        store_results(work, self.dropped, results, self.created)
+        store_results(work, self.part.dropped, results, self.part.created)
 
     def bind_out_of_place(
         self, arrays: dict[str, np.ndarray], comm: Intracomm, dtype: np.dtype, *, dry: bool = False
@@ -148,22 +89,22 @@ class _RankBroadcast(RankStep):
 
         The binding's results map each new block this rank owns to its array (the root's own
         broadcast copy is a read-only view of its source)."""
-        if _refuses(self.reduce, arrays, dtype, self.created):
+        if _refuses(self.part.reduce, arrays, dtype, self.part.created):
             return None
-        for group in self.groups:
+        for group in self.part.groups:
             root_has_copy = bool(group.copy_on(group.ranks[0]))
-            if self.reduce and (not root_has_copy or len(group.ranks) == 1):
+            if self.part.reduce and (not root_has_copy or len(group.ranks) == 1):
                 return None  # would need zeros or a copy made on every call
         if dry:
-            return _placeholders(self.created, dtype, self.dropped)
+            return _placeholders(self.part.created, dtype, self.part.dropped)
         lib = mpi()
         requests: list[Call] = []
         results: dict[str, np.ndarray] = {}
         scratch: list[np.ndarray] = []
-        for group, mine in zip(self.groups, self._mine()):
+        for group, mine in zip(self.part.groups, self._mine()):
             sub = subcommunicator(comm, group.ranks) if len(group.ranks) > 1 else None
-            is_root = group.ranks[0] == self.rank
-            if not self.reduce:
+            is_root = group.ranks[0] == self.part.rank
+            if not self.part.reduce:
                 if is_root:
                     buffer = arrays[group.root_name]
                     if mine:
@@ -187,11 +128,11 @@ class _RankBroadcast(RankStep):
                 results[group.root_name] = total
             else:  # the request writes into it on every call: kept alive with the binding
                 scratch.append(total)
-        return OutOfPlaceBinding(requests, results, self.dropped, scratch)
+        return OutOfPlaceBinding(requests, results, self.part.dropped, scratch)
 
     def _broadcast(
         self,
-        group: _Group,
+        group: RootedGroup,
         sub: Intracomm | None,
         mine: list[str],
         is_root: bool,
@@ -213,7 +154,7 @@ class _RankBroadcast(RankStep):
 
     def _reduce(
         self,
-        group: _Group,
+        group: RootedGroup,
         sub: Intracomm | None,
         mine: list[str],
         is_root: bool,
@@ -244,74 +185,7 @@ class _RankBroadcast(RankStep):
             results.append((group.root_name, total, True))
 
 
-@dataclass
-class _BroadcastRunner:
-    op: Broadcast | SumReduce
-    groups: tuple[_Group, ...]
-    reduce: bool
-    workers: tuple[int, ...] = field(default=())
-
-    def project(self, rank: int) -> _RankBroadcast:
-        plan = self.op.plan
-        space = self.op.domain
-        dropped = tuple(n for n in plan.dropped if space.block(n).worker == rank)
-        created = tuple(b for b in plan.created if b.worker == rank)
-        groups = tuple(g for g in self.groups if rank in g.ranks)
-        return _RankBroadcast(groups, rank, dropped, created, self.reduce, fallback(self.op, rank))
-
-
-def _rank_broadcast(op: Broadcast | SumReduce, rank: int, *, reduce: bool) -> list[Step]:
-    """The rank's groups only (the source block it holds and the source block it copies), in
-    the global order of the groups (that of their first copy), and its dropped and created
-    blocks; every piece of a broadcast is a whole block, so the fast path always applies."""
-    tensor, copies = op.tensor, op.copies
-    note_workers(max(tensor.partition.max_worker, copies.partition.max_worker))
-    roots: list[tuple[int, ...]] = []
-    if copies.partition.position(rank) is not None:
-        roots.append(op.source_index(copies.partition.index(rank)))
-    if tensor.partition.position(rank) is not None:
-        own = tensor.partition.index(rank)
-        if own not in roots:
-            roots.append(own)
-    groups = []
-    for root in roots:
-        block = tensor.block(root)
-        members = op.copy_box(root)  # described: a 1 -> P group is never listed
-        if not block.size or not len(members):  # empty blocks move nothing: no group
-            continue
-        ranks = RootedRanks(block.worker, members)
-        first = copies.partition.flat(members.grid_index(0))
-        groups.append((first, _Group(block.name, block.shape, ranks, CopyPairs(copies, members))))
-    mine_x = tensor.space.owned(rank)
-    mine_y = copies.space.owned(rank)
-    dropped, created = (mine_y, mine_x) if reduce else (mine_x, mine_y)
-    step = _RankBroadcast(
-        tuple(g for _, g in sorted(groups, key=lambda pair: pair[0])),
-        rank,
-        tuple(b.name for b in dropped),
-        created,
-        reduce,
-        fallback(op, rank),
-    )
-    workers = (max(tensor.partition.max_worker, copies.partition.max_worker),)
-    return [FastPathStep(Projected(step, rank, workers))]
-
-
 # -- broadcast and sum-reduce under a worker map --------------------------------------------------
-@dataclass(frozen=True)
-class _MappedGroup:
-    """One group as a rank under a worker map takes part in it: the root block's name and
-    shape, the group's distinct ranks (the root's rank first: the sub-communicator's root 0),
-    whether this rank holds the root block, and the names of the copies it holds (in the
-    group's order)."""
-
-    root_name: str
-    shape: tuple[int, ...]
-    ranks: Sequence[int]
-    is_root: bool
-    copies: tuple[str, ...]
-
-
 @dataclass
 class _RankMappedRooted(RankStep):
     """One rank's part of a broadcast or sum-reduce under a worker map, per group it takes
@@ -325,21 +199,17 @@ class _RankMappedRooted(RankStep):
     root's rank keeps the total as the root block. The same sums as the expansion's adds, in
     another order (exact for integers)."""
 
-    groups: tuple[_MappedGroup, ...]
-    dropped: tuple[str, ...]
-    created: tuple[Block, ...]
-    reduce: bool
-    fallback: Any
+    part: MappedRootedPart
 
     def run(self, work: Workspace, comm: Intracomm, dtype: np.dtype) -> None:
-        if self.reduce and dtype.char not in REDUCIBLE:
-            run_schedule(self.fallback(), work, comm, dtype)
+        if self.part.reduce and dtype.char not in REDUCIBLE:
+            run_schedule(self.part.fallback(), work, comm, dtype)
             return
         lib = mpi()
         results: list[tuple[str, np.ndarray, bool]] = []
-        for group in self.groups:  # blocking, in the global order of the groups
+        for group in self.part.groups:  # blocking, in the global order of the groups
             sub = subcommunicator(comm, group.ranks) if len(group.ranks) > 1 else None
-            if self.reduce:
+            if self.part.reduce:
                 total = new_array(group.shape, dtype)
                 _local_sum(total, [work.arrays[name] for name in group.copies])
                 if sub is not None and total.size:
@@ -355,7 +225,7 @@ class _RankMappedRooted(RankStep):
                 sub.Bcast([buffer, buffer.nbytes, byte_type()], root=0)
             shared = owned and len(group.copies) == 1  # several copies: one read-only buffer
             results.extend((name, buffer, shared) for name in group.copies)
-        store_results(work, self.dropped, results, self.created)
+        store_results(work, self.part.dropped, results, self.part.created)
 
     def bind_out_of_place(
         self, arrays: dict[str, np.ndarray], comm: Intracomm, dtype: np.dtype, *, dry: bool = False
@@ -363,17 +233,17 @@ class _RankMappedRooted(RankStep):
         """Per group one blocking collective between the bound arrays and result arrays built
         once, with the local copies or sums around it, or None when the dtype or layout does
         not allow it (``dry``: decide only, create nothing)."""
-        if _refuses(self.reduce, arrays, dtype, self.created):
+        if _refuses(self.part.reduce, arrays, dtype, self.part.created):
             return None
         if dry:
-            return _placeholders(self.created, dtype, self.dropped)
+            return _placeholders(self.part.created, dtype, self.part.dropped)
         lib = mpi()
         calls: list[Call] = []
         results: dict[str, np.ndarray] = {}
         scratch: list[np.ndarray] = []
-        for group in self.groups:
+        for group in self.part.groups:
             sub = subcommunicator(comm, group.ranks) if len(group.ranks) > 1 else None
-            if self.reduce:
+            if self.part.reduce:
                 total = np.empty(group.shape, dtype=dtype)
                 calls.append(functools.partial(_local_sum, total, [arrays[name] for name in group.copies]))
                 if sub is not None and total.size:
@@ -398,7 +268,7 @@ class _RankMappedRooted(RankStep):
                     scratch.append(buffer)
             else:
                 results[group.copies[0]] = buffer
-        return OutOfPlaceBinding(calls, results, self.dropped, scratch)
+        return OutOfPlaceBinding(calls, results, self.part.dropped, scratch)
 
 
 def _local_sum(total: np.ndarray, copies: Sequence[np.ndarray]) -> None:
@@ -413,85 +283,11 @@ def _local_sum(total: np.ndarray, copies: Sequence[np.ndarray]) -> None:
             np.add(total, other, out=total)
 
 
-@dataclass
-class _MappedRootedRunner:
-    """The global broadcast or sum-reduce step under a worker map
-    (:func:`~linop.program.lower_portable`): projected onto a rank through the map
-    (``project_mapped``), from the groups of the rank's workers only."""
-
-    op: Broadcast | SumReduce
-    reduce: bool
-    workers: tuple[int, ...] = field(default=())
-
-    def project(self, rank: int) -> RankStep:  # pragma: no cover - only projected under a map
-        raise ValueError("a mapped broadcast or sum-reduce is projected under its map")
-
-    def project_mapped(self, rank: int, mapping: Any) -> _RankMappedRooted | None:
-        """The groups the rank's workers take part in (the block a worker holds, the block a
-        worker's copy comes from: as :func:`_rank_broadcast` finds a rank's own), in the
-        global order of the groups (that of their first copy), and the rank's dropped and
-        created blocks: O(the rank's workers and the sizes of their groups)."""
-        op, held = self.op, mapping.workers_on(rank)
-        mine = set(held)
-        tensor, copies = op.tensor, op.copies
-        roots: set[tuple[int, ...]] = set()
-        held_copies: dict[tuple[int, ...], list[tuple[int, str]]] = {}  # per root: (position, name)
-        for worker in held:
-            if (position := copies.partition.position(worker)) is not None:
-                index = copies.partition.index(worker)
-                root = op.source_index(index)
-                roots.add(root)
-                held_copies.setdefault(root, []).append((position, copies.block_name(index)))
-            if tensor.partition.position(worker) is not None:
-                roots.add(tensor.partition.index(worker))
-        found = []
-        for root in roots:
-            block = tensor.block(root)
-            members = op.copy_box(root)  # described: a 1 -> P group is never listed
-            if not block.size or not len(members):  # empty blocks move nothing: no group
-                continue
-            ranks = mapped_ranks(block.worker, members, mapping)  # described runs of ranks
-            names = tuple(name for _, name in sorted(held_copies.get(root, ())))  # in C order
-            first = copies.partition.flat(members.grid_index(0))
-            group = _MappedGroup(block.name, block.shape, ranks, ranks[0] == rank, names)
-            found.append((first, group))
-        groups = tuple(group for _, group in sorted(found, key=lambda pair: pair[0]))
-        workers = frozenset(mine)
-        sources, targets = (copies, tensor) if self.reduce else (tensor, copies)
-        dropped = tuple(b.name for b in held_blocks(sources, workers))
-        created = tuple(held_blocks(targets, workers))
-        if not groups and not dropped and not created:
-            return None
-
-        def fallback() -> tuple[Any, ...]:
-            return project(batch(lower(op.expand())), rank, mapping)
-
-        return _RankMappedRooted(
-            groups, dropped, created, self.reduce, functools.lru_cache(maxsize=1)(fallback)
-        )
+def rank_rooted(part: RootedPart) -> RankStep:
+    """The MPI step of a broadcast's or sum-reduce's part."""
+    return _RankBroadcast(part)
 
 
-def _lower_broadcast(op: Broadcast | SumReduce, *, reduce: bool) -> list[Step] | None:
-    if lowering_mapping() is not None:  # a worker map: a rank's copies filled or summed locally
-        largest = max(op.tensor.partition.max_worker, op.copies.partition.max_worker)
-        note_workers(largest)  # every piece is a whole block: the fast path always applies
-        return [FastPathStep(_MappedRootedRunner(op, reduce, (largest,)))]
-    rank = lowering_rank()
-    if rank is not None:
-        return _rank_broadcast(op, rank, reduce=reduce)
-    groups = _whole_groups(op, reduce=reduce)
-    if groups is None:
-        return None
-    workers = {w for g in groups for w in g.ranks}
-    workers |= {b.worker for b in op.plan.created} | {op.domain.block(n).worker for n in op.plan.dropped}
-    return [FastPathStep(_BroadcastRunner(op, groups, reduce, tuple(sorted(workers))))]
-
-
-@lowering(per_worker(Broadcast))
-def _broadcast(op: Broadcast) -> list[Step] | None:
-    return _lower_broadcast(op, reduce=False)
-
-
-@lowering(per_worker(SumReduce))
-def _sum_reduce(op: SumReduce) -> list[Step] | None:
-    return _lower_broadcast(op, reduce=True)
+def rank_mapped_rooted(part: MappedRootedPart) -> RankStep:
+    """The MPI step of a mapped broadcast's or sum-reduce's part."""
+    return _RankMappedRooted(part)

@@ -1,24 +1,22 @@
-"""The native halo exchange: :class:`~linop.halo.HaloStage` and
-:class:`~linop.halo.HaloExchange` (and their adjoints) as point-to-point messages between the
-local blocks and local copies."""
+"""The lowering of the halo exchange: :class:`~linop.halo.HaloStage` and
+:class:`~linop.halo.HaloExchange` (and their adjoints) as transfers between the local blocks
+(one per remote pair, of the round of its stage) and local copies (the pairs within one
+worker), for the global program, one rank (its neighbours only) or a mapped rank's workers.
+
+Engine-neutral: it emits only :class:`~linop.program.steps.Transfer` and
+:class:`~linop.program.steps.Local` steps, which every executor runs (the MPI executor's
+phases move them with subarray datatypes straight between the blocks)."""
 
 from __future__ import annotations
 
-from ....halo import HaloExchange, HaloExchangeAdjoint, HaloStage, HaloStageAdjoint
-from ....movement import Copy, CopyAdjoint
-from ....partition import Partition
-from ....program import (
-    Local,
-    Step,
-    Transfer,
-    lowering,
-    lowering_rank,
-    lowering_workers,
-    movement_footprint,
-    note_workers,
-    per_worker,
-)
-from ....space import Region
+from ..halo import HaloExchange, HaloExchangeAdjoint, HaloStage, HaloStageAdjoint
+from ..movement import Copy, CopyAdjoint
+from ..partition import Partition
+from ..space import Region
+from .lowering import lowering, lowering_rank, lowering_workers, movement_footprint, note_workers, per_worker
+from .steps import Local, Step, Transfer
+
+__all__: list[str] = []
 
 
 @lowering(per_worker(HaloStage))
