@@ -58,12 +58,16 @@ for argument in "$@"; do
     esac
 done
 PYTHON=${PYTHON:-python}
+command -v "$PYTHON" > /dev/null 2>&1 || PYTHON=python3
 REPORT_DIR=${OUT:-$ROOT}
 REPORT=$REPORT_DIR/device_report.txt
 if [ -n "${OUT:-}" ]; then LOGS=$OUT/device_logs; else LOGS=$(mktemp -d /tmp/linop-device-XXXXXX); fi
 mkdir -p "$LOGS" || exit 1
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
+# torch and JAX share the GPU in the benchmarks' process: JAX takes memory as it needs it
+# instead of 75% of the device at its start
+export XLA_PYTHON_CLIENT_PREALLOCATE=${XLA_PYTHON_CLIENT_PREALLOCATE:-false}
 BUDGET=${LINOP_DEVICE_BUDGET:-450}
 START=$(date +%s)
 FAILED=0
@@ -100,7 +104,7 @@ step() {
         note "[FAILED] $name: exit status $status (${took} s)"
         FAILED=1
     fi
-    grep -E "^(RESULT|SKIP|CHECKS OK|OK |FAILED|=+ .*(passed|failed|skipped|error))" "$LOGS/$name.log" \
+    grep -E "^(RESULT|SKIP|CHECKS OK|OK |FAILED)|[0-9]+ (passed|failed|skipped|errors?|deselected|tests? collected)" "$LOGS/$name.log" \
         | tail -n 12 | sed 's/^/    /' | tee -a "$REPORT"
     if (( status != 0 )); then
         tail -n 15 "$LOGS/$name.log" | sed 's/^/    | /' >> "$REPORT"
@@ -159,6 +163,9 @@ for name in ("numpy", "torch", "jax", "mpi4py", "pytest"):
 PY
 sed 's/^/  /' "$LOGS/versions.log" | tee -a "$REPORT"
 CUDA=$("$PYTHON" -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)
+if (( GPU )) && (( ! CUDA )); then
+    note "note: a GPU is present but torch cannot use it (a CPU torch, or no torch): the torch steps skip or fail"
+fi
 if (( ! DRY )) && (( ! GPU )) && (( ! CUDA )); then
     note "no CUDA device: nothing to check here (run with --dry-run to try the script on the CPU)"
     note "report: $REPORT"
@@ -212,19 +219,23 @@ def synchronize(torch) -> None:
         torch.cuda.synchronize()
 
 
-def median_ms(run, repeats: int, torch=None) -> float:
-    for _ in range(3):
-        run()
-    samples = []
+def medians_ms(methods: dict, repeats: int, torch=None) -> dict:
+    """Median milliseconds of one call of each method, the methods' samples interleaved (a
+    load that comes and goes weighs on each alike); the device synchronized around each."""
+    for run in methods.values():
+        for _ in range(3):
+            run()
+    samples: dict = {name: [] for name in methods}
     for _ in range(repeats):
-        if torch is not None:
-            synchronize(torch)
-        start = time.perf_counter()
-        run()
-        if torch is not None:
-            synchronize(torch)
-        samples.append(1e3 * (time.perf_counter() - start))
-    return statistics.median(samples)
+        for name, run in methods.items():
+            if torch is not None:
+                synchronize(torch)
+            start = time.perf_counter()
+            run()
+            if torch is not None:
+                synchronize(torch)
+            samples[name].append(1e3 * (time.perf_counter() - start))
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def layer() -> None:
@@ -322,7 +333,7 @@ def bench() -> None:
     from linop.layers import Convolution
 
     n = 16 if CPU else 64
-    repeats = 5 if CPU else 50
+    repeats = 9 if CPU else 50
     x = DistributedTensor("x", (2, 8, n, n), Partition((1, 1, 1, 1)))
     conv = Convolution(x, 8, Kernel(3, padding=1))
     rng = np.random.default_rng(0)
@@ -342,8 +353,10 @@ def bench() -> None:
     def torch_step() -> None:
         (torch.nn.functional.conv2d(plain, weight, offset, padding=1) ** 2).sum().backward()
 
-    linop_ms = median_ms(linop_step, repeats, torch)
-    torch_ms = median_ms(torch_step, repeats, torch)
+    if CPU:
+        torch.set_num_threads(1)  # a shared CPU: one thread each, as the layer's processes would
+    times = medians_ms({"linop": linop_step, "torch": torch_step}, repeats, torch)
+    linop_ms, torch_ms = times["linop"], times["torch"]
     print(
         f"RESULT conv step 2x8x{n}x{n} float32 on {device.type}: LayerModule {linop_ms:.3f} ms, "
         f"torch conv2d {torch_ms:.3f} ms, ratio {linop_ms / torch_ms:.2f}x"
@@ -364,8 +377,14 @@ def bench() -> None:
     linop_call = jax.jit(w)
     padded = jax.jit(lambda a: jnp.pad(a, 1))
     field = jnp.ones((side, side), dtype=jnp.float32)
-    linop_ms = median_ms(lambda: jax.block_until_ready(linop_call(slots)), repeats)
-    pad_ms = median_ms(lambda: jax.block_until_ready(padded(field)), repeats)
+    times = medians_ms(
+        {
+            "linop": lambda: jax.block_until_ready(linop_call(slots)),
+            "pad": lambda: jax.block_until_ready(padded(field)),
+        },
+        repeats,
+    )
+    linop_ms, pad_ms = times["linop"], times["pad"]
     print(
         f"RESULT halo windows {side}^2 float32 on {jax.devices()[0].platform} (jit): sharded "
         f"{linop_ms:.3f} ms, jnp.pad {pad_ms:.3f} ms, ratio {linop_ms / pad_ms:.2f}x"
