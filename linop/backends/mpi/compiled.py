@@ -617,7 +617,7 @@ def bundle_peers(comm: Intracomm, run: CompiledRun) -> frozenset[int]:
     if not mine:
         return frozenset()
     upper = comm.Get_attr(mpi().TAG_UB)
-    tag = TAG_LIMIT if not upper or int(upper) > TAG_LIMIT else 0
+    tag = TAG_LIMIT if upper and int(upper) > TAG_LIMIT else 0  # else the notices' tag is TAG_LIMIT
     order = sorted(mine)
     for peer in order:
         mine[peer].sort()
