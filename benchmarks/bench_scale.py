@@ -14,7 +14,26 @@ runs on each rank, for one interior rank of a ``s x s`` grid of ``P = s**2`` wor
 ``batch``
     :func:`linop.program.batch` of those steps (phases of transfers);
 ``project``
-    :func:`linop.program.project` onto the rank, at grid index ``(s//2, s//2)``.
+    :func:`linop.program.project` onto the rank, at grid index ``(s//2, s//2)``;
+``plan``
+    the :class:`~linop.backends.mpi.plan.DistributedPlan` of that program on a test
+    communicator that answers as rank ``(s//2) * s + s//2`` of P would (:class:`RankOfP`; its
+    context made here, the program the stages above compiled);
+``apply``
+    the first checked call (:meth:`~linop.backends.mpi.plan.DistributedPlan.apply`, out of
+    place, on zeros);
+``bind``
+    :meth:`~linop.backends.mpi.plan.DistributedPlan.bind` on the same arrays (the check, the
+    compiled schedule, the bundles agreed with the rank's peers);
+``call``
+    one call of the bound plan.
+
+The last four need mpi4py (skipped without it, and with ``--no-bind``, ``--global`` or
+``--mapped``). The test communicator runs one rank's whole path in one process: its
+point-to-point messages go to and come from ``MPI.PROC_NULL`` (real requests, no data), its
+collectives run on ``MPI.COMM_SELF`` (this rank's share) or are skipped where their buffers
+are sized for P ranks (``Alltoallv``, ``Allgather``, ...), and its object messages are answered
+as a peer that compiled the same program would answer (see :class:`RankOfP`).
 
 ``--global`` measures the global program instead (:func:`~linop.program.lower`
 of every rank's steps, batched, then projected), the route plans took before issue 13.
@@ -63,7 +82,9 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import math
+import pickle
 import sys
 import time
 import tracemalloc
@@ -99,6 +120,7 @@ from linop.program import (
 
 BLOCK = 8
 STAGES = ("build", "fingerprint", "lower", "batch", "project")
+BIND_STAGES = ("plan", "apply", "bind", "call")
 
 
 def _grid(s: int) -> DistributedTensor:
@@ -152,6 +174,179 @@ CASES: dict[str, Callable[[int], LinearOperator]] = {
 }
 
 
+_HANDLES = itertools.count(-1000, -1)
+"""Handles of test communicators (``py2f``): negative, so never an MPI library's own."""
+
+
+class _GroupOfP:
+    """An MPI group as :class:`RankOfP` makes them: the rank's position in it and its size."""
+
+    def __init__(self, rank: int, size: int) -> None:
+        self.rank, self.size = rank, size
+
+    def Incl(self, ranks: list[int]) -> _GroupOfP:  # noqa: N802 - mpi4py's spelling
+        position = ranks.index(self.rank) if self.rank in ranks else -1
+        return _GroupOfP(position, len(ranks))
+
+    def Range_incl(self, runs: list[tuple[int, int, int]]) -> _GroupOfP:  # noqa: N802
+        position, size = -1, 0
+        for first, last, stride in runs:
+            if position < 0 and first <= self.rank <= last and (self.rank - first) % stride == 0:
+                position = size + (self.rank - first) // stride
+            size += (last - first) // stride + 1
+        return _GroupOfP(position, size)
+
+    def Free(self) -> None:  # noqa: N802
+        pass
+
+
+class RankOfP:
+    """A test communicator that answers as rank ``rank`` of a job of ``size`` ranks would, in
+    one process: one rank's whole path (plan, checked call, bind, bound call) at any P.
+
+    - point-to-point messages (``Isend``, ``Irecv``, ``Send_init``, ``Recv_init``) are real
+      requests to and from ``MPI.PROC_NULL``: they complete at once and move no data;
+    - collectives of fixed-size buffers (``Allreduce``, ``Allreduce_init``, ``Bcast_init``,
+      ``Ibarrier``) run on ``MPI.COMM_SELF`` (the rank's own share; a broadcast's root is
+      this rank); those whose buffers are sized for the group (``Alltoallv``, ``Alltoallw``,
+      ``Allgather``, ``Reduce_scatter_block``) and blocking broadcasts are skipped (their
+      arguments, built by linop, are what they cost here);
+    - object collectives answer as every rank agreeing would (``allreduce`` gives this rank's
+      value, ``allgather`` it ``size`` times) and ``alltoall`` as peers that compiled the
+      same program (what this rank tells a peer about messages it sends, the peer says about
+      messages it receives: the bundle agreement before issue 39);
+    - an object message to a peer (``isend``) is pickled (to ``PROC_NULL``), and ``recv`` from
+      that peer gives it back, unpickled: a peer that compiled the same program tells this
+      rank what this rank tells it (the bundles between them, :func:`~linop.backends.mpi.
+      compiled.bundle_peers`).
+
+    :attr:`traffic` counts the bytes of the object messages and collectives (pickled), the
+    measure of what binding exchanges; sub-communicators (``Create_group``) are test
+    communicators of the group's size.
+    """
+
+    def __init__(self, rank: int, size: int) -> None:
+        from mpi4py import MPI
+
+        self.MPI = MPI
+        self.rank, self.size = rank, size
+        self.handle = next(_HANDLES)
+        self.traffic = 0
+        self._told: dict[int, bytes] = {}
+
+    def _count(self, value: Any) -> bytes:
+        data = pickle.dumps(value)
+        self.traffic += len(data)
+        return data
+
+    def Get_rank(self) -> int:  # noqa: N802 - mpi4py's spelling
+        return self.rank
+
+    def Get_size(self) -> int:  # noqa: N802
+        return self.size
+
+    def py2f(self) -> int:
+        return self.handle
+
+    def Is_inter(self) -> bool:  # noqa: N802
+        return False
+
+    def Dup(self) -> RankOfP:  # noqa: N802
+        return RankOfP(self.rank, self.size)
+
+    def Free(self) -> None:  # noqa: N802
+        pass
+
+    def Abort(self, status: int = 1) -> None:  # noqa: N802
+        raise SystemExit(f"bench_scale: the test communicator was aborted ({status})")
+
+    def Get_attr(self, key: Any) -> Any:  # noqa: N802
+        return self.MPI.COMM_SELF.Get_attr(key)
+
+    def Get_group(self) -> _GroupOfP:  # noqa: N802
+        return _GroupOfP(self.rank, self.size)
+
+    def Create_group(self, group: _GroupOfP, tag: int = 0) -> RankOfP:  # noqa: N802
+        return RankOfP(group.rank, group.size)
+
+    # -- object collectives and messages ------------------------------------------------------
+    def allreduce(self, value: Any, op: Any = None) -> Any:
+        self._count(value)
+        return value
+
+    def allgather(self, value: Any) -> list[Any]:
+        self._count(value)
+        return [value] * self.size
+
+    def alltoall(self, told: list[list[tuple[bool, Any]]]) -> list[list[tuple[bool, Any]]]:
+        self._count(told)
+        return pickle.loads(self._count([[(not sending, rest) for sending, rest in items] for items in told]))
+
+    def isend(self, value: Any, dest: int, tag: int = 0) -> Any:
+        self._told[dest] = self._count(value)
+        return self.MPI.COMM_SELF.isend(value, self.MPI.PROC_NULL, tag)
+
+    def recv(self, buf: Any = None, source: int = 0, tag: int = 0) -> Any:
+        data = self._told.pop(source)
+        self.traffic += len(data)
+        return pickle.loads(data)
+
+    # -- point to point: to and from nobody ---------------------------------------------------
+    def Isend(self, buf: Any, dest: int, tag: int = 0) -> Any:  # noqa: N802
+        return self.MPI.COMM_SELF.Isend(buf, self.MPI.PROC_NULL, tag)
+
+    def Irecv(self, buf: Any, source: int, tag: int = 0) -> Any:  # noqa: N802
+        return self.MPI.COMM_SELF.Irecv(buf, self.MPI.PROC_NULL, tag)
+
+    def Send_init(self, buf: Any, dest: int, tag: int = 0) -> Any:  # noqa: N802
+        return self.MPI.COMM_SELF.Send_init(buf, self.MPI.PROC_NULL, tag)
+
+    def Recv_init(self, buf: Any, source: int, tag: int = 0) -> Any:  # noqa: N802
+        return self.MPI.COMM_SELF.Recv_init(buf, self.MPI.PROC_NULL, tag)
+
+    def Iprobe(self, *args: Any, **kwargs: Any) -> bool:  # noqa: N802
+        return False
+
+    # -- collectives: this rank's share -------------------------------------------------------
+    def Ibarrier(self) -> Any:  # noqa: N802
+        return self.MPI.COMM_SELF.Ibarrier()
+
+    def Allreduce(self, send: Any, receive: Any, op: Any = None) -> None:  # noqa: N802
+        self.MPI.COMM_SELF.Allreduce(send, receive, op=op or self.MPI.SUM)
+
+    def Allreduce_init(self, send: Any, receive: Any, op: Any = None) -> Any:  # noqa: N802
+        return self.MPI.COMM_SELF.Allreduce_init(send, receive, op=op or self.MPI.SUM)
+
+    def Iallreduce(self, send: Any, receive: Any, op: Any = None) -> Any:  # noqa: N802
+        return self.MPI.COMM_SELF.Iallreduce(send, receive, op=op or self.MPI.SUM)
+
+    def Bcast_init(self, buf: Any, root: int = 0) -> Any:  # noqa: N802
+        return self.MPI.COMM_SELF.Bcast_init(buf, 0)
+
+    def Bcast(self, buf: Any, root: int = 0) -> None:  # noqa: N802
+        pass
+
+    def Alltoallv(self, send: Any, receive: Any) -> None:  # noqa: N802
+        pass
+
+    def Alltoallw(self, send: Any, receive: Any) -> None:  # noqa: N802
+        pass
+
+    def Allgather(self, send: Any, receive: Any) -> None:  # noqa: N802
+        pass
+
+    def Reduce_scatter_block(self, send: Any, receive: Any, op: Any = None) -> None:  # noqa: N802
+        pass
+
+
+def _mpi_available() -> bool:
+    try:
+        import mpi4py.MPI  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 @dataclass
 class Measured:
     seconds: dict[str, float]
@@ -174,9 +369,14 @@ PORTABLE = False
 CLOCK: Callable[[], float] = time.perf_counter
 """The clock of the timings: the wall clock, or the process's CPU time (``--cpu``)."""
 
+BIND = True
+"""Also plan, call, bind and call bound on a test communicator (not with ``--no-bind``,
+``--global`` or ``--mapped``, nor without mpi4py)."""
+
 
 def _stage_names() -> tuple[str, ...]:
-    return ("map", *STAGES) if MAPPED else STAGES
+    names = ("map", *STAGES) if MAPPED else STAGES
+    return (*names, *BIND_STAGES) if BIND else names
 
 
 def _stages(build: Callable[[int], LinearOperator], s: int, adjoint: bool) -> list[tuple[str, Callable]]:
@@ -213,7 +413,24 @@ def _stages(build: Callable[[int], LinearOperator], s: int, adjoint: bool) -> li
     def projected() -> None:
         found["schedule"] = project(found["batched"], found["rank"], found["mapping"])
 
+    def planned() -> None:
+        found["plan"] = plan_on_rank_of_p(found["op"], found["fp"], found["schedule"], found["rank"], s * s)
+
+    def applied() -> None:
+        plan = found["plan"]
+        found["state"] = state = zeros_of(plan)
+        found["applied"] = plan.apply(state)
+
+    def bound() -> None:
+        found["bound"] = found["plan"].bind(found["state"])
+
+    def called() -> None:
+        found["called"] = found["bound"]()
+
     stages: list[tuple[str, Callable]] = [("map", worker_map)] if MAPPED else []
+    binding: list[tuple[str, Callable]] = (
+        [("plan", planned), ("apply", applied), ("bind", bound), ("call", called)] if BIND else []
+    )
     return [
         *stages,
         ("build", tree),
@@ -221,8 +438,41 @@ def _stages(build: Callable[[int], LinearOperator], s: int, adjoint: bool) -> li
         ("lower", lowered),
         ("batch", lambda: found.__setitem__("batched", batch(found["lowered"]))),
         ("project", projected),
+        *binding,
         ("", lambda: found.__setitem__("steps", len(found["schedule"]))),
     ], found  # type: ignore[return-value]
+
+
+def plan_on_rank_of_p(op: LinearOperator, digest: bytes, schedule: tuple, rank: int, size: int) -> Any:
+    """The :class:`~linop.backends.mpi.plan.DistributedPlan` of ``op`` on rank ``rank`` of a
+    test communicator of ``size`` ranks (:class:`RankOfP`, its context made here), from the
+    fingerprint and schedule compiled already (as :func:`~linop.backends.mpi.plan_for`
+    would compile them: kept in its program cache first)."""
+    from linop.backends.mpi import plan as mpi_plan
+    from linop.backends.mpi.context import CommContext
+    from linop.program import RankProgram
+
+    compiled = mpi_plan.Compiled.__new__(mpi_plan.Compiled)
+    compiled.fingerprint = digest
+    compiled.ranks = {rank: (RankProgram(schedule, size - 1), None)}
+    mpi_plan._PROGRAMS.put(op, compiled)
+    return mpi_plan.DistributedPlan(op, CommContext(RankOfP(rank, size)))  # type: ignore[arg-type]
+
+
+def zeros_of(plan: Any) -> dict[str, Any]:
+    """Zeros (float64) for the plan's rank's domain blocks."""
+    import numpy as np
+
+    return {name: np.zeros(block.shape) for name, block in plan.domain_blocks.items()}
+
+
+def release(found: dict[str, Any]) -> None:
+    """Free what the binding stages made (requests, the test communicator's context)."""
+    bound, plan = found.get("bound"), found.get("plan")
+    if bound is not None:
+        bound.free()
+    if plan is not None:
+        plan.context.free()
 
 
 def measure(build: Callable[[int], LinearOperator], s: int, adjoint: bool, memory: bool) -> Measured:
@@ -235,6 +485,7 @@ def measure(build: Callable[[int], LinearOperator], s: int, adjoint: bool, memor
         if name:
             seconds[name] = CLOCK() - start
     steps = int(found["steps"])
+    release(found)
     peaks: dict[str, float] = {}
     if memory:
         del found
@@ -247,6 +498,7 @@ def measure(build: Callable[[int], LinearOperator], s: int, adjoint: bool, memor
             if name:
                 peaks[name] = tracemalloc.get_traced_memory()[1] / 1e6
         tracemalloc.stop()
+        release(found)
     return Measured(seconds, peaks, steps)
 
 
@@ -311,9 +563,13 @@ def main() -> None:
     parser.add_argument(
         "--cpu", action="store_true", help="time by the process's CPU time, not the wall clock"
     )
+    parser.add_argument(
+        "--no-bind", action="store_true", help="skip the plan, apply, bind and call stages (mpi4py)"
+    )
     args = parser.parse_args()
-    global GLOBAL, MAPPED, MAP_KIND, PORTABLE, CLOCK
+    global GLOBAL, MAPPED, MAP_KIND, PORTABLE, CLOCK, BIND
     GLOBAL, MAPPED, MAP_KIND, PORTABLE = args.whole, args.mapped, args.map_kind, args.portable
+    BIND = not (args.no_bind or args.whole or args.mapped) and _mpi_available()
     CLOCK = time.process_time if args.cpu else time.perf_counter
     if args.proof:
         proofs()

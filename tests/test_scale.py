@@ -480,3 +480,63 @@ def test_a_mapped_rank_plans_its_workers_part_only(
     assert counts[0] == counts[1], f"{case}: {counts[0]} objects at P = 256, {counts[1]} at P = 1024"
     whole = [_mapped_plan(case, s, adjoint, monkeypatch, whole=True) for s in (8, 16)]
     assert whole[1] > 3 * whole[0]
+
+
+def _binding(case: str, s: int, adjoint: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[int, int]:
+    """Objects built (:func:`_counted`) and bytes exchanged (the test communicator's
+    :attr:`~bench_scale.RankOfP.traffic`) while one interior rank of P = s * s binds ``case``
+    (:meth:`~linop.backends.mpi.plan.DistributedPlan.bind`: the check, the compiled schedule,
+    the bundle agreement) and runs one bound call, on a communicator that answers as that
+    rank of P would (:class:`bench_scale.RankOfP`)."""
+    op = _tree(case, s, adjoint)
+    rank = _rank(s)
+    plan = bench_scale.plan_on_rank_of_p(
+        op, fingerprint(op), compile_for_rank(op, rank).schedule, rank, s * s
+    )
+    state = bench_scale.zeros_of(plan)
+    found: dict[str, object] = {"plan": plan}
+    try:
+        before = plan.comm.traffic
+        count = _counted(lambda: found.__setitem__("bound", plan.bind(state)), monkeypatch)
+        found["bound"]()  # type: ignore[operator]
+        return count, plan.comm.traffic - before
+    finally:
+        bench_scale.release(found)
+
+
+@pytest.mark.parametrize("adjoint", [False, True], ids=["forward", "adjoint"])
+@pytest.mark.parametrize("case", CASES)
+def test_binding_depends_on_the_ranks_neighbours_only(
+    case: str, adjoint: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Binding a plan and its first bound call build as many objects, and exchange as many
+    bytes, at P = 256 as at P = 64 (issue 39: the bundles are agreed with the rank's peers
+    only, :func:`~linop.backends.mpi.compiled.bundle_peers`), and the halo cases compile
+    persistent requests."""
+    pytest.importorskip("mpi4py")
+    small, large = (_binding(case, s, adjoint, monkeypatch) for s in (8, 16))
+    assert small == large, f"{case}: (objects, bytes) {small} at P = 64, {large} at P = 256"
+    if case in ("HaloExchange", "halo_windows"):
+        assert small[1] > 0  # the peers were told the bundles
+
+
+def test_an_agreement_with_every_rank_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The control: the bundle agreement before issue 39 (an all-to-all of a P-long list, then
+    one all-reduce) exchanges about 4x the bytes when P grows 4x."""
+    pytest.importorskip("mpi4py")
+    from linop.backends.mpi import bound
+
+    def with_every_rank(comm, run):  # type: ignore[no-untyped-def]
+        told: list[list[tuple[bool, tuple[int, ...]]]] = [[] for _ in range(comm.Get_size())]
+        for peer, sending, tags in run.bundles:
+            told[peer].append((sending, tags))
+        heard = comm.alltoall(told)
+        agreed = all(
+            sorted((not sending, tags) for sending, tags in theirs) == sorted(mine)
+            for mine, theirs in zip(told, heard)
+        )
+        return frozenset(run.peers) if comm.allreduce(agreed) else frozenset()
+
+    monkeypatch.setattr(bound, "bundle_peers", with_every_rank)
+    small, large = (_binding("HaloExchange", s, False, monkeypatch)[1] for s in (8, 16))
+    assert large > 3 * small, f"{small} bytes at P = 64, {large} at P = 256"

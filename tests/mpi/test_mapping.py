@@ -350,18 +350,58 @@ def test_bundles_hold_small_messages_only():
     collective_assert(not problems, "; ".join(problems))
 
 
-def test_bundles_agree_only_when_both_ends_list_them():
-    """Bundles are used only when each bundle one end sends is one the other end receives,
-    with the same tags: one rank claiming a bundle its peer does not list turns them off on
-    every rank."""
-    from linop.backends.mpi.compiled import bundles_agree
+def test_bundles_are_agreed_per_pair_of_ranks():
+    """Two ranks bundle their messages only when both list the same bundles between them,
+    with the same tags (:func:`~linop.backends.mpi.compiled.bundle_peers`, which talks to
+    the rank's peers only): a ring of matching bundles is agreed on every pair; one rank
+    claiming a bundle its left peer does not list turns bundling off for that pair only, on
+    both of its ends; peers with no bundles agree."""
+    from linop.backends.mpi.compiled import CompiledRun, bundle_peers
 
+    if SIZE == 1:  # no peer: nothing to agree on, nothing sent
+        collective_assert(bundle_peers(COMM, CompiledRun()) == frozenset(), "a peer on one rank")
+        return
     right, left = (RANK + 1) % SIZE, (RANK - 1) % SIZE
     both = [(right, True, (0, 1)), (left, False, (0, 1))]
-    collective_assert(bundles_agree(COMM, both), "matching bundles refused")
-    collective_assert(bundles_agree(COMM, []), "no bundles refused")
+    agreed = bundle_peers(COMM, CompiledRun(bundles=both, peers={left, right}))
+    collective_assert(agreed == {left, right}, f"matching bundles refused: {sorted(agreed)}")
+    agreed = bundle_peers(COMM, CompiledRun(peers={left, right}))
+    collective_assert(agreed == {left, right}, f"no bundles refused: {sorted(agreed)}")
     one_sided = both if RANK != 0 else [both[0], (left, False, (0, 2))]
-    collective_assert(not bundles_agree(COMM, one_sided), "mismatched tags agreed")
+    agreed = bundle_peers(COMM, CompiledRun(bundles=one_sided, peers={left, right}))
+    refused = {left} if RANK == 0 else {right} if right == 0 else set()
+    expected = {left, right} - refused
+    collective_assert(agreed == expected, f"agreed {sorted(agreed)}, expected {sorted(expected)}")
+
+
+def test_a_pair_that_lists_other_bundles_moves_each_message_alone():
+    """Rank 0 bundling nothing (its own phases grouped otherwise, as a rank's own batching
+    may), its peers bundle nothing with it but keep their bundles with each other; the bound
+    mapped halo exchange is still exactly the tree's expansion (integer values in float64)."""
+    from linop.backends.mpi import compiled
+
+    op = _halo()
+    mapping = _squares()
+    state = {n: a.astype(np.float64) for n, a in op.domain.random(23, dtype=np.int64).items()}
+    honest = compiled.bundles
+    if RANK == 0:
+        compiled.bundles = lambda messages, itemsize: [[p] for p in range(len(messages))]
+    try:
+        bound = mpi_backend.plan_for(op, comm=COMM, mapping=mapping).bind(
+            local_part(op.domain, state, mapping)
+        )
+    finally:
+        compiled.bundles = honest
+    try:
+        collective_assert(bound.persistent, f"{op}: not persistent")
+        problem = same_blocks(bound(), op.expand()(state), mine(op.range, mapping), exact=True)
+        collective_assert(problem is None, f"{op}: {problem}")
+        with_zero = [tags for peer, _, tags in bound._run.bundles if peer == 0 or RANK == 0]
+        collective_assert(not with_zero, f"bundled with rank 0: {with_zero}")
+        others = COMM.allreduce(len(bound._run.bundles))
+        collective_assert(others > 0 or SIZE < 4, "no pair bundles at 4 ranks")
+    finally:
+        bound.free()
 
 
 @pytest.mark.parametrize("map_name", list(MAPS))

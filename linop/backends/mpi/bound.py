@@ -11,9 +11,10 @@ under a worker map) runs the ordinary application (without its check) on each ca
 rank compiles, or none does: the ranks agree first (one ``Allreduce``). Compiled, a phase's
 small messages to (from) one peer (up to
 :data:`~linop.backends.mpi.phase_recipe.BUNDLE_UP_TO` bytes together) move as one *bundle* when
-every pair of ends lists the same bundles (:func:`~linop.backends.mpi.compiled.bundles_agree`,
-at binding): a rank holding several workers of a map then sends their thin strips to a peer as
-one message, not one per pair of workers. Bound with ``persistent=False`` (the caller's
+both ends of the pair list the same bundles (:func:`~linop.backends.mpi.compiled.bundle_peers`,
+at binding: one small message to and from each peer a rank exchanges with, nothing else, so
+binding does not grow with the size of the job): a rank holding several workers of a map then
+sends their thin strips to a peer as one message, not one per pair of workers. Bound with ``persistent=False`` (the caller's
 choice, alike on every rank) nothing is compiled: the plan is only checked, and each call
 runs the ordinary application. A state with integer
 blocks is never compiled: each call runs the checked application, since whether an integer
@@ -27,7 +28,7 @@ import functools
 import numpy as np
 
 from ...space import State
-from .compiled import CompiledRun, PreparedCall, bundles_agree, compile_schedule
+from .compiled import CompiledRun, PreparedCall, bundle_peers, compile_schedule
 from .datatypes import mpi
 from .deadline import arrive_within
 from .guards import abort_for
@@ -85,7 +86,7 @@ class BoundPlan:
             dry = compile_here(dry=True, bundle=True)
             if comm.allreduce(dry is not None, op=mpi().LAND):  # every rank compiles, or none does
                 assert dry is not None
-                self._run = compile_here(bundle=bundles_agree(comm, dry.bundles))
+                self._run = compile_here(bundle=bundle_peers(comm, dry))
             if self._run is not None:
                 self._calls = self._run.calls
                 self.outputs = self._run.outputs

@@ -10,10 +10,11 @@ arrays and their views:
   ``Send_init``) made once on the blocks' memory (subarray datatypes for strided boxes, thin
   strips packed into buffers owned here), then one ``Startall`` and one ``Waitall`` per call,
   then the unpacks, adds and clears (``np.copyto``, ``np.add(..., out=)``, ``ndarray.fill``).
-  With bundles (the ranks agreed on them, :func:`bundles_agree`), the small messages of a
-  phase to (from) one peer, up to :data:`~linop.backends.mpi.phase_recipe.BUNDLE_UP_TO` bytes
-  together, are one request on a struct datatype over their boxes and buffers at their
-  absolute addresses (:func:`~linop.backends.mpi.phase_recipe.bundles`);
+  With bundles (with the peers that list the same ones, :func:`bundle_peers`), the small
+  messages of a phase to (from) one peer, up to
+  :data:`~linop.backends.mpi.phase_recipe.BUNDLE_UP_TO` bytes together, are one request on a
+  struct datatype over their boxes and buffers at their absolute addresses
+  (:func:`~linop.backends.mpi.phase_recipe.bundles`);
 - the movement primitives (``Allocate``, ``Deallocate``, ``Copy``, ``CopyAdjoint``, ``Move``,
   ``Add``, ``Clear``), :class:`~linop.program.Scale` and :class:`~linop.program.RankZero`:
   numpy calls on prebuilt views, with the numpy interpreter's semantics
@@ -44,6 +45,7 @@ A schedule with other steps (local kernels, sums) is not compiled
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -51,7 +53,7 @@ import numpy as np
 
 from ...movement import Copy, CopyAdjoint, Move
 from ...primitives import Add, Allocate, Clear, Deallocate
-from ...program import LocalMoves, RankPhase, RankZero, Scale
+from ...program import TAG_LIMIT, LocalMoves, RankPhase, RankZero, Scale
 from ...space import Block, Region
 from ..host_fusion import around
 from .datatypes import BufferSpec, bundle_type, mpi, raw_spec
@@ -61,7 +63,7 @@ from .steps import RankStep
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
     from mpi4py.MPI import Intracomm
 
-__all__ = ["PreparedCall", "CompiledRun", "compile_schedule", "bundles_agree", "run_calls"]
+__all__ = ["PreparedCall", "CompiledRun", "compile_schedule", "bundle_peers", "run_calls"]
 
 PreparedCall = tuple[Callable[..., object], tuple[Any, ...]]
 """One prepared call of a compiled run: a function and its (fixed) arguments."""
@@ -87,7 +89,10 @@ class CompiledRun:
     bundles : list
         The bundles of two messages or more the phases send or receive (compiled with bundles;
         a dry run lists those it would make) as ``(peer, sending, tags)``, for
-        :func:`bundles_agree`.
+        :func:`bundle_peers`.
+    peers : set of int
+        The ranks the phases exchange messages that move entries with (both ends of such a
+        message list each other), for :func:`bundle_peers`.
     datatypes : list
         The bundles' struct datatypes (freed by :meth:`free`).
     """
@@ -97,6 +102,7 @@ class CompiledRun:
     requests: list[Any] = field(default_factory=list)
     scratch: list[np.ndarray] = field(default_factory=list)
     bundles: list[tuple[int, bool, tuple[int, ...]]] = field(default_factory=list)
+    peers: set[int] = field(default_factory=set)
     datatypes: list[Any] = field(default_factory=list)
 
     def free(self) -> None:
@@ -139,11 +145,13 @@ class _Compiler:
         inplace: bool,
         dry: bool,
         donate: bool = False,
-        bundle: bool = False,
+        bundle: bool | AbstractSet[int] = False,
     ):
         self.arrays = dict(arrays)
         self.bundle = bundle
-        """Whether a phase's messages to (from) one peer move as one bundle."""
+        """The peers a phase's messages to (from) move to (from) as bundles: True for every
+        peer (a dry run listing the bundles it would make), else a set of ranks (False or
+        empty: none)."""
         self.owned: set[str] = set(arrays) if inplace else set()
         if donate:  # the plan's to write (a read-only array stays the caller's: copied first)
             self.owned = {name for name, array in arrays.items() if array.flags.writeable}
@@ -292,8 +300,9 @@ class _Compiler:
 
     def phase(self, phase: RankPhase, during: LocalMoves | None = None) -> None:
         """The phase's recipe (:func:`~linop.backends.mpi.phase_recipe.phase_recipe`),
-        prepared: persistent requests made once (one per bundle when the ranks agreed on them,
-        :func:`bundles_agree`), packs before each start, then the unpacks, adds and clears.
+        prepared: persistent requests made once (one per bundle with the peers that list the
+        same bundles, :func:`bundle_peers`), packs before each start, then the unpacks, adds
+        and clears.
         ``during``: local moves that touch nothing the phase's transfers touch
         (:func:`_independent`), prepared between the start and the wait (while the messages
         are in flight)."""
@@ -349,20 +358,29 @@ class _Compiler:
     def _requests(
         self, messages: tuple[Message, ...], specs: list[BufferSpec | None], *, sending: bool
     ) -> list[Any]:
-        """The persistent requests of one direction of a phase: a message each, or, with
-        :attr:`bundle`, one per bundle (:func:`~linop.backends.mpi.phase_recipe.bundles`: its
-        messages' specs as one struct datatype at absolute addresses, under the smallest tag);
-        the bundles of two messages or more are noted in :attr:`CompiledRun.bundles`."""
+        """The persistent requests of one direction of a phase: a message each, or, with a
+        peer of :attr:`bundle`, one per bundle (:func:`~linop.backends.mpi.phase_recipe.bundles`:
+        its messages' specs as one struct datatype at absolute addresses, under the smallest
+        tag); the bundles of two messages or more are noted in :attr:`CompiledRun.bundles`, the
+        peers of the messages that move entries in :attr:`CompiledRun.peers`."""
         init = self.comm.Send_init if sending else self.comm.Recv_init
-        groups = (
-            bundles(messages, self.dtype.itemsize) if self.bundle else [[p] for p in range(len(messages))]
-        )
+        groups = [[p] for p in range(len(messages))]
+        if self.bundle is True:
+            groups = bundles(messages, self.dtype.itemsize)
+        elif self.bundle:
+            agreed = self.bundle
+            groups = [
+                alone
+                for group in bundles(messages, self.dtype.itemsize)
+                for alone in ([group] if messages[group[0]].peer in agreed else [[p] for p in group])
+            ]
         requests: list[Any] = []
         for group in groups:
             parts = [specs[p] for p in group if specs[p] is not None]
             if not parts:
                 continue
             first = messages[group[0]]
+            self.run.peers.add(first.peer)
             if len(parts) > 1:
                 self.run.bundles.append((first.peer, sending, tuple(messages[p].tag for p in group)))
             if self.dry:
@@ -507,7 +525,7 @@ def compile_schedule(
     range_names: Sequence[str],
     dry: bool = False,
     donate: bool = False,
-    bundle: bool = False,
+    bundle: bool | AbstractSet[int] = False,
 ) -> CompiledRun | None:
     """Compile a rank's schedule for the fixed ``arrays`` (this rank's domain blocks, every one
     of the run's dtype), or None when it holds a step not compiled here (see the module
@@ -515,8 +533,8 @@ def compile_schedule(
     made by every member or none: the ranks agree on the dry outcome first). ``donate``: out of
     place, the arrays are the plan's to write (no copy before a block's first change; a result
     may be one of them), see :meth:`~linop.backends.mpi.plan.DistributedPlan.bind`.
-    ``bundle``: a phase's messages to (from) one peer move as one (:func:`bundles_agree` first:
-    every peer must bundle alike)."""
+    ``bundle``: the peers (True: every peer, for a dry run) a phase's messages to (from) move
+    to (from) as bundles (:func:`bundle_peers` first: both ends of a pair must bundle alike)."""
     if not all(array.dtype == dtype for array in arrays.values()):
         return None
     compiler = _Compiler(arrays, comm, dtype, inplace=inplace, dry=dry, donate=donate, bundle=bundle)
@@ -573,19 +591,37 @@ def _independent(phase: RankPhase, moves: LocalMoves) -> bool:
     return True
 
 
-def bundles_agree(comm: Intracomm, found: Sequence[tuple[int, bool, tuple[int, ...]]]) -> bool:
-    """Whether every rank's bundles (:attr:`CompiledRun.bundles` of a dry run with bundles)
-    are its peers' too: each bundle this rank sends (receives) is one its peer receives
-    (sends), of the same tags; collective (an ``alltoall`` of the lists, then one
-    ``Allreduce``). The ends derive their bundles from their own phases, which may group
-    the transfers between them otherwise (:mod:`linop.program`: a rank's own batching may
-    merge phases); where they do not agree, no rank bundles."""
-    told: list[list[tuple[bool, tuple[int, ...]]]] = [[] for _ in range(comm.size)]
-    for peer, sending, tags in found:
-        told[peer].append((sending, tags))
-    heard = comm.alltoall(told)  # each peer's bundles with this rank
-    agreed = all(
-        sorted((not sending, tags) for sending, tags in theirs) == sorted(mine)
-        for mine, theirs in zip(told, heard)
-    )
-    return bool(comm.allreduce(agreed, op=mpi().LAND))
+def bundle_peers(comm: Intracomm, run: CompiledRun) -> frozenset[int]:
+    """The peers this rank bundles its messages with: those that list the same bundles
+    between them as this rank (:attr:`CompiledRun.bundles` of a dry run with bundles, whose
+    :attr:`CompiledRun.peers` are the ranks it exchanges messages with). Collective over
+    those peers only: one small message to and from each (its bundles with that peer), so
+    binding costs O(the rank's own peers and bundles), whatever the size of the job.
+
+    The ends derive their bundles from their own phases, which may group the transfers
+    between them otherwise (:mod:`linop.program`: a rank's own batching may merge phases);
+    each end compares the same two lists of bundles, written alike on both as
+    ``(sending rank, receiving rank, tags)`` and sorted, so both decide alike whether the
+    pair bundles; a pair that does not moves each message alone, other pairs are unaffected.
+    Both ends of a message list each other among their peers (its transfer moves entries on
+    both), so every message posted here is received.
+
+    The messages carry tag :data:`~linop.program.TAG_LIMIT`, which no message of a schedule
+    carries (their tags are counts modulo it), unless that is also the library's largest tag
+    (the deadline's notices, :mod:`linop.backends.mpi.deadline`): then tag 0, as nothing of a
+    schedule is in flight at binding (the check before it is collective)."""
+    rank = comm.Get_rank()
+    mine: dict[int, list[tuple[int, int, tuple[int, ...]]]] = {peer: [] for peer in run.peers}
+    for peer, sending, tags in run.bundles:
+        mine[peer].append((rank, peer, tags) if sending else (peer, rank, tags))
+    if not mine:
+        return frozenset()
+    upper = comm.Get_attr(mpi().TAG_UB)
+    tag = TAG_LIMIT if upper and int(upper) > TAG_LIMIT else 0  # else the notices' tag is TAG_LIMIT
+    order = sorted(mine)
+    for peer in order:
+        mine[peer].sort()
+    sent = [comm.isend(mine[peer], dest=peer, tag=tag) for peer in order]
+    agreed = frozenset(peer for peer in order if comm.recv(source=peer, tag=tag) == mine[peer])
+    mpi().Request.waitall(sent)
+    return agreed

@@ -22,7 +22,7 @@ persistent requests once per layout of the caller's arrays
 
 A bound plan may also send small messages of a phase between this rank and one peer, in one
 direction, as one message: a *bundle* (:func:`bundles`, up to :data:`BUNDLE_UP_TO` bytes), when
-both ends agree on it at binding (:func:`~linop.backends.mpi.compiled.bundles_agree`). A
+both ends list it at binding (:func:`~linop.backends.mpi.compiled.bundle_peers`). A
 bundle's data is its messages' data in the order of their tags, one after the other, under the
 smallest tag; a rank of a worker map sends its workers' thin strips to one peer rank so (a
 mapped halo exchange of small blocks: one message per peer and direction rather than one per
@@ -177,8 +177,8 @@ def bundles(messages: Sequence[Message], itemsize: int) -> list[list[int]]:
     message, and a transfer making a new block (its receive's buffer becomes the block), move
     alone. Both ends derive the same bundles from the transfers they share, however each
     groups its transfers into phases, provided each end holds them in one phase; a bound plan
-    uses the bundles only when every pair of ends agrees
-    (:func:`~linop.backends.mpi.compiled.bundles_agree`)."""
+    uses the bundles between two ranks only when both list the same ones
+    (:func:`~linop.backends.mpi.compiled.bundle_peers`)."""
     by_peer: dict[int, list[int]] = {}
     groups: list[list[int]] = []
     for position, message in enumerate(messages):
