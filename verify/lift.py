@@ -267,12 +267,21 @@ def _torch_batches(
             raise LiftError(f"{label} returned a {type(value).__name__}, not a torch tensor")
         return value.detach().cpu().resolve_conj().resolve_neg().numpy()
 
+    def writes(name: str, inside: Space) -> LiftError:
+        return LiftError(
+            f"{name} writes into its input (blocks {list(inside.names)}) in place: a function that "
+            "changes its argument cannot be probed, nor differentiated by autograd; return new tensors"
+        )
+
     def looped(call: Callable[..., Any], inside: Space, outside: Space, name: str) -> Batch:
         def run(vectors: np.ndarray) -> np.ndarray:
             rows = []
             for vector in vectors:
                 state = inside.unflatten(vector)
-                result = call(*(torch.from_numpy(np.array(state[n])) for n in inside.names))
+                tensors = [torch.from_numpy(np.array(state[n])) for n in inside.names]
+                result = call(*tensors)
+                if any(t._version for t in tensors):  # an in-place write bumps the version counter
+                    raise writes(name, inside)
                 arrays = _outputs(result, outside, name, to_numpy)
                 rows.append(outside.flatten(dict(zip(outside.names, arrays))))
             return np.stack(rows) if rows else np.zeros((0, outside.size))
@@ -288,6 +297,8 @@ def _torch_batches(
                 result = torch.func.vmap(call)(*batched)
             except Exception:  # not vmap-able (a custom autograd.Function, data-dependent code)
                 return loop(vectors)
+            if any(t._version for t in batched):
+                raise writes(name, inside)
             values = [result[n] for n in outside.names] if isinstance(result, Mapping) else result
             values = list(values) if isinstance(values, tuple | list) else [values]
             if len(values) != len(outside.names):
@@ -306,9 +317,23 @@ def _torch_batches(
         rows = []
         for vector in vectors:
             inputs = [torch.zeros(b.shape, dtype=torch.float64, requires_grad=True) for b in domain]
-            outputs = fn(*inputs)
+            try:
+                outputs = fn(*inputs)
+            except RuntimeError as error:
+                if "in-place" in str(error):
+                    raise writes(label, domain) from error
+                raise
             values = [outputs[n] for n in range_.names] if isinstance(outputs, Mapping) else outputs
             values = list(values) if isinstance(values, tuple | list) else [values]
+            cut = [
+                n for n, v in zip(range_.names, values) if isinstance(v, torch.Tensor) and not v.requires_grad
+            ]
+            if cut:
+                raise LiftError(
+                    f"{label}: output block(s) {cut} do not depend on the input through autograd (the "
+                    "function detaches them: .detach(), .numpy(), torch.no_grad()), so autograd claims no "
+                    "backward to prove; keep them in the graph, or pass adjoint="
+                )
             state = range_.unflatten(vector)
             if np.iscomplexobj(vector) and not any(v.is_complex() for v in values):
                 raise TypeError(f"{label} computes over the reals: no complex cotangent")
