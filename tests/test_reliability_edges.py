@@ -122,3 +122,20 @@ def test_lifting_a_torch_function_that_writes_its_input_is_a_lift_error(how, cla
             framework="torch",
             adjoint=(lambda y: y * 2) if claimed else None,
         )
+
+
+# -- deadlines: infinite and huge mean none, on both engines ------------------------------------
+@pytest.mark.parametrize("value", [float("inf"), 1e300, 1e10, "inf", "1e300"])
+def test_an_infinite_or_huge_deadline_is_none_on_both_engines(value, monkeypatch):
+    from linop.backends.mpi import deadline
+
+    assert deadline.resolve_timeout(value) is None
+    pytest.importorskip("torch")
+    from linop.backends.torch_distributed.group import resolve_timeout
+
+    if isinstance(value, str):
+        monkeypatch.setenv("LINOP_TIMEOUT", value)
+        assert resolve_timeout(None) is None
+    else:
+        assert resolve_timeout(value) is None
+    assert resolve_timeout(5) == 5.0 and deadline.resolve_timeout(5) == 5.0  # control

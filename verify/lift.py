@@ -575,6 +575,36 @@ def prove_backward(
 
 
 # -- across MPI ranks -----------------------------------------------------------------------
+def _call_on_rank(call: Callable[..., Any], arguments: Sequence[Any], comm: Any, label: str) -> Any:
+    """``call(*arguments)`` on this rank, its failure a :class:`LiftError` that names the rank
+    at fault. A rank whose function raises says so (``comm.announce``, where the communicator
+    can: a torch.distributed group's store) and raises naming itself; a peer blocked in the
+    function's own collective fails once that rank's process ends (or at the group's
+    timeout), and raises naming the rank that announced its failure, not the engine's raw
+    "connection closed". (Under MPI the peers stay blocked: run under ``mpi_backend.guard()``,
+    which ends the job.)"""
+    try:
+        return call(*arguments)
+    except Exception as error:
+        heard = getattr(comm, "announced", None)
+        others = heard() if heard is not None else {}
+        others.pop(comm.rank, None)
+        text = str(error).splitlines()[0] if str(error) else ""
+        if others:
+            failed = "; ".join(f"rank {r}: {m}" for r, m in sorted(others.items()))
+            raise LiftError(
+                f"rank {comm.rank}: {label} could not complete because rank(s) {sorted(others)} failed "
+                f"({failed}); here: {type(error).__name__}: {text}"
+            ) from error
+        announce = getattr(comm, "announce", None)
+        if announce is not None:
+            announce(f"{label} raised {type(error).__name__}: {text}")
+        raise LiftError(
+            f"rank {comm.rank}: {label} raised {type(error).__name__}: {text} (while probing; the other "
+            "ranks cannot finish the collective probing: end the job)"
+        ) from error
+
+
 def _probe_ranks(
     call: Callable[..., Any],
     inside: Space,
@@ -603,7 +633,7 @@ def _probe_ranks(
         arrays = {b.name: np.zeros(b.shape) for b in mine_in}
         if where.block in arrays:
             arrays[where.block][where.index] = 1.0
-        result = call(*(to_input(arrays[b.name]) for b in mine_in))
+        result = _call_on_rank(call, [to_input(arrays[b.name]) for b in mine_in], comm, label)
         if problem is None:
             try:
                 outputs = _outputs(result, mine_space, label, to_numpy) if mine_out else []
@@ -768,7 +798,11 @@ def _check_linear_ranks(
         results = []
         for state in states:
             blocks = inside.unflatten(state)
-            result = call(*(to_input(np.array(blocks[b.name])) for b in mine_in))
+            arguments = [to_input(np.array(blocks[b.name])) for b in mine_in]
+            # complex states: a function that refuses them is judged on the real ones (agreed)
+            result = (
+                call(*arguments) if np.iscomplexobj(state) else _call_on_rank(call, arguments, comm, label)
+            )
             try:
                 outputs = _outputs(result, Space(mine_out), label, to_numpy) if mine_out else []
             except LiftError as error:

@@ -62,10 +62,10 @@ def _require_rank(rank: object, size: object) -> None:
         raise RankError(f"compile_for_rank: size must be a positive number of ranks, not {size!r}")
     if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 0:
         raise RankError(f"compile_for_rank: rank must be a non-negative integer, not {rank!r}")
-    if size is not None and rank >= size:  # type: ignore[operator]
+    if size is not None and rank >= size:
         raise RankError(
             f"compile_for_rank: rank {rank} is not one of the {size} rank(s) 0 .. {int(size) - 1}"
-        )  # type: ignore[call-overload]
+        )
 
 
 def compile_for_rank(

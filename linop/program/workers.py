@@ -130,11 +130,14 @@ class WorkerMap:
     __slots__ = ("_by_rank", "_description", "_hash", "_pairs", "_ranks", "_rule")
 
     def __init__(self, ranks: Sequence[int] | Mapping[int, int]) -> None:
+        self._description: bytes | None = None
+        self._ranks: dict[int, int] = {}
+        self._pairs: tuple[tuple[int, int], ...] = ()
+        self._by_rank: dict[int, tuple[int, ...]] = {}
         if isinstance(ranks, range) and ranks.start == 0 and ranks.step == 1 and len(ranks):
             # worker w on rank w: the identity, described in O(1) whatever its length
-            rule = _canonical("blocked", len(ranks), len(ranks))
-            self._rule, self._description, self._hash = rule, None, hash(rule)
-            self._ranks, self._pairs, self._by_rank = {}, (), {}
+            self._rule = _canonical("blocked", len(ranks), len(ranks))
+            self._hash = hash(self._rule)
             return
         if isinstance(ranks, (Sequence, Mapping, np.ndarray)) and not isinstance(ranks, (str, bytes)):
             if len(ranks) > MAX_MAP_WORKERS:  # before a table of them is listed (a MemoryError)
@@ -166,12 +169,8 @@ class WorkerMap:
             if not _natural(rank):
                 raise WorkerMapError(f"worker map: worker {worker} maps to {rank!r}, not a non-negative rank")
             table[int(worker)] = int(rank)
-        self._description: bytes | None = None
         self._rule = _rule_of(table)
         if self._rule is not None:  # kept as its rule: equal to (and hashed as) the described map
-            self._ranks: dict[int, int] = {}
-            self._pairs: tuple[tuple[int, int], ...] = ()
-            self._by_rank: dict[int, tuple[int, ...]] = {}
             self._hash = hash(self._rule)
             return
         self._ranks = table

@@ -14,7 +14,8 @@ derives alike (:mod:`linop.backends.torch_distributed.schedule`).
 
 The check's deadline: ``timeout=`` (seconds) of the public functions, else the environment
 variable ``LINOP_TIMEOUT`` (seconds; unset, empty, ``0`` or ``off``: no deadline of linop's,
-only the process group's own timeout of ``init_process_group``).
+only the process group's own timeout of ``init_process_group``; ``inf`` or a value beyond
+:data:`~linop.backends.mpi.deadline.NO_DEADLINE_BEYOND`: no deadline either).
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ import datetime
 import os
 from typing import Any, Literal
 
+import numpy as np
+
 from ...errors import PeerTimeoutError, ProcessGroupArgumentError, ProcessGroupError, RankFailedError
+from ..mpi.deadline import deadline_seconds
 
 __all__ = [
     "GroupContext",
@@ -40,7 +44,9 @@ TIMEOUT_VARIABLE = "LINOP_TIMEOUT"
 
 
 def resolve_timeout(timeout: float | None) -> float | None:
-    """The deadline in seconds: ``timeout``, else ``$LINOP_TIMEOUT``, else None (none).
+    """The deadline in seconds: ``timeout``, else ``$LINOP_TIMEOUT``, else None (none);
+    ``inf`` and values beyond :data:`~linop.backends.mpi.deadline.NO_DEADLINE_BEYOND` mean none
+    (the rule of the MPI executor, :func:`~linop.backends.mpi.deadline.deadline_seconds`).
 
     Raises
     ------
@@ -57,9 +63,13 @@ def resolve_timeout(timeout: float | None) -> float | None:
             raise ProcessGroupArgumentError(
                 f"{TIMEOUT_VARIABLE}={text!r} is not a number of seconds (or 'off')"
             ) from None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float, np.integer, np.floating))
+        or not timeout > 0
+    ):
         raise ProcessGroupArgumentError(f"timeout must be a positive number of seconds, not {timeout!r}")
-    return float(timeout)
+    return deadline_seconds(float(timeout))
 
 
 GATHERS_VARIABLE = "LINOP_TORCH_GATHERS"
@@ -204,6 +214,19 @@ class GroupContext:
                 dist.destroy_process_group(None if self.world else self.group)
         except Exception:  # pragma: no cover - already torn down
             pass
+
+    def arrive_within(self, timeout: float, doing: str) -> None:
+        """Return once every rank of the group has called this (a barrier waited for within
+        ``timeout`` seconds): before a collective step with no deadline of its own (the first
+        call of a bound plan that is not prepared), so that no rank waits there for a missing
+        one. Nothing to wait for on one rank.
+
+        Raises
+        ------
+        PeerTimeoutError
+            Not every rank arrived in time (the group cannot be used any more)."""
+        if self.size > 1:
+            self.wait(_dist().barrier(group=self.group, async_op=True), timeout, doing)
 
     def wait(self, work: Any, timeout: float | None, doing: str) -> None:
         """Wait for an asynchronous collective ``work``, within ``timeout`` seconds if given.
