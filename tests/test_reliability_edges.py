@@ -139,3 +139,26 @@ def test_an_infinite_or_huge_deadline_is_none_on_both_engines(value, monkeypatch
     else:
         assert resolve_timeout(value) is None
     assert resolve_timeout(5) == 5.0 and deadline.resolve_timeout(5) == 5.0  # control
+
+
+def test_shutdown_destroys_the_sub_groups_linop_made_and_only_those(monkeypatch):
+    """Issue 41: the process groups linop creates are destroyed at exit (``atexit``), before
+    torch's teardown; the user's groups (the context's own group) are left alone. Checked with
+    stand-in groups: two processes make no sub-group (only 1 < ranks < size do)."""
+    pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    from linop.backends.torch_distributed import group as groups
+
+    destroyed = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "destroy_process_group", lambda sub=None: destroyed.append(sub))
+    context = groups.GroupContext.__new__(groups.GroupContext)
+    context.group = "the user's group"
+    context._subgroups = {(0, 1): "sub 01", (0, 1, 2, 3): "the user's group", (2, 3): "sub 23"}
+    monkeypatch.setattr(groups, "_CONTEXTS", {1: ("the user's group", context)})
+    assert groups.shutdown() == 2
+    assert destroyed == ["sub 01", "sub 23"] and not groups._CONTEXTS and not context._subgroups
+    assert groups.shutdown() == 0  # idempotent
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    assert groups.shutdown() == 0

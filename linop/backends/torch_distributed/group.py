@@ -20,6 +20,7 @@ only the process group's own timeout of ``init_process_group``; ``inf`` or a val
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 from typing import Any, Literal
@@ -32,6 +33,7 @@ from ..mpi.deadline import deadline_seconds
 __all__ = [
     "GroupContext",
     "RunGuard",
+    "shutdown",
     "context_for",
     "resolve_timeout",
     "TIMEOUT_VARIABLE",
@@ -283,6 +285,43 @@ class RunGuard:
 
 
 _CONTEXTS: dict[int, tuple[Any, GroupContext]] = {}
+
+
+def shutdown() -> int:
+    """Destroy the process groups linop created (the native collectives' sub-groups of every
+    context, :meth:`GroupContext.subgroup`) and forget every context; the number destroyed.
+
+    Local, no communication: a destroyed gloo or NCCL group stops its own threads. Run at
+    interpreter exit (``atexit``), before torch's own teardown, so that no thread of a group
+    linop made is left to the C++ static destructors (one 4-process run in nine under load
+    once ended with ``terminate called without an active exception`` after every check had
+    passed); callable earlier too, on every rank once it is done with linop's plans (a plan
+    made before must not be called after it; new ones make new contexts). The groups the user made,
+    the world group included, are the user's to destroy. Nothing to do when torch.distributed
+    is not initialized (never, or already destroyed: destroying the world group destroys
+    every group)."""
+    contexts = list(_CONTEXTS.values())
+    _CONTEXTS.clear()
+    try:
+        import torch.distributed as dist
+    except ImportError:  # pragma: no cover - torch is installed where contexts exist
+        return 0
+    if not dist.is_initialized():
+        return 0
+    destroyed = 0
+    for _, context in contexts:
+        made = [sub for sub in context._subgroups.values() if sub is not context.group]
+        context._subgroups.clear()
+        for sub in made:
+            try:
+                dist.destroy_process_group(sub)
+                destroyed += 1
+            except Exception:  # already gone with its parent: nothing left to stop
+                pass
+    return destroyed
+
+
+atexit.register(shutdown)
 
 
 def context_for(group: Any = None) -> GroupContext:
