@@ -32,7 +32,9 @@ from .lift import Lifted, lift_mpi
 __all__ = ["GroupComm", "lift_group", "prove_backward_group"]
 
 
-_LIFTS = 0
+_LIFTS: dict[tuple[Any, ...], int] = {}
+"""Lifts made so far in this process, per group (its world ranks): the key of a lift's
+announced failures in the store."""
 
 
 class GroupComm:
@@ -48,9 +50,10 @@ class GroupComm:
         self.group = group
         self.rank = dist.get_rank(group) if group is not None else dist.get_rank()
         self.size = dist.get_world_size(group) if group is not None else dist.get_world_size()
-        global _LIFTS
-        _LIFTS += 1
-        self.serial = _LIFTS  # every rank makes its lifts in one order: the same serial on each
+        members = tuple(dist.get_process_group_ranks(group)) if group is not None else ("world",)
+        _LIFTS[members] = _LIFTS.get(members, 0) + 1
+        # every rank of the group makes its lifts over it in one order: the same key on each
+        self.serial = f"{'-'.join(map(str, members))}/{_LIFTS[members]}"
 
     def _key(self, rank: int) -> str:
         return f"linop/lift/{self.serial}/failed/{rank}"
