@@ -32,6 +32,7 @@ __all__ = [
     "IntegerOverflowError",
     "ScalarError",
     "WorkerError",
+    "RankError",
     "UnsupportedNodeError",
     "PartitionError",
     "DecompositionError",
@@ -127,6 +128,11 @@ class ScalarError(LinopError, TypeError):
 
 class WorkerError(LinopError, ValueError):
     """An operator's blocks live on the wrong workers (ranks) for what it does."""
+
+
+class RankError(LinopError, TypeError, ValueError):
+    """A rank asked of a program that is not a non-negative integer, or not below the number of
+    ranks given (``compile_for_rank(op, -1)``)."""
 
 
 class PartitionError(LinopError, ValueError):

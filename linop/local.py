@@ -651,9 +651,10 @@ class LocalOperator(LinearOperator):
         return list(results)
 
     def _require_linear(self, matrix: sp.csr_array, n: int) -> None:
-        """Check that the callables act as their probed ``matrix`` on the states of
-        :func:`linop.linearity.probe_states`, called one state at a time as the numpy
-        interpreter calls them (so a false ``vectorized=True`` shows too).
+        """Check that the callables act as their probed ``matrix``
+        (:func:`linop.linearity.linearity_problem`, the rule every checker shares), called one
+        state at a time as the numpy interpreter calls them (so a false ``vectorized=True``
+        shows too).
 
         Raises
         ------

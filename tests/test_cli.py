@@ -95,6 +95,36 @@ def test_python_m_verify_is_the_command_and_its_status_reaches_the_shell():
     assert not refused.stdout
 
 
+def test_a_reader_that_leaves_early_gets_no_traceback():
+    """Issue 41: ``python -m verify --list | head -1``: the reader closes the pipe; the command
+    ends quietly with the status of a process killed by SIGPIPE (141), not a BrokenPipeError
+    traceback. Deterministic: stdout is a pipe whose reading end is closed before the start."""
+    import os
+
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "verify", "--list"],
+            cwd=ROOT,
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=CLI_TIMEOUT,
+        )
+    finally:
+        os.close(write)
+    assert done.returncode == 141, done.stderr
+    assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr, done.stderr
+
+
+def test_mpi_with_a_pattern_that_selects_nothing_exits_2_naming_it(capsys):
+    """Issue 41: ``python -m verify --mpi --only <typo>`` exited 0 having checked nothing."""
+    done = run_main(capsys, "--mpi", "--only", "no-such-identity")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "no identity matches 'no-such-identity'" in done.stderr
+
+
 def test_whole_catalogue_passes(capsys):
     done = run_main(capsys, "--no-progress")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -10,8 +10,9 @@ Usage::
     mpiexec -n 4 python -m verify --mpi   # the distributed checks (takes --only too)
 
 Exit status: 0 when every check passes, 1 when any check fails or errors, 2 on a usage error
-(including a pattern that selects nothing, or levels that apply to none of the selection), 130
-when interrupted (Ctrl-C: one line saying how far it got, no traceback).
+(including a pattern that selects nothing, with ``--mpi`` too, or levels that apply to none of
+the selection), 130 when interrupted (Ctrl-C: one line saying how far it got, no traceback),
+141 when the reader of stdout left early (``| head -1``: no traceback either).
 """
 
 from __future__ import annotations
@@ -104,8 +105,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(
                 f"--mpi runs its own checks and takes only --only (and --no-progress), not {', '.join(ignored)}"
             )
-        from . import distributed
+        from . import distributed, identities
 
+        if args.only and not identities.select(args.only):  # a typo must not pass having checked nothing
+            print(f"python -m verify --mpi: no identity matches {args.only!r}", file=sys.stderr)
+            return 2
         return distributed.main([args.only] if args.only else [])
     from . import identities
 
@@ -155,5 +159,29 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if report.passed else 1
 
 
+def _exit(status: int) -> None:
+    """``sys.exit(status)`` after flushing stdout; a reader that left early (``python -m verify
+    --list | head -1``) ends the output quietly, with the status a process killed by SIGPIPE
+    has (141), not a ``BrokenPipeError`` traceback."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        status = 141
+    if status == 141:
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+    sys.exit(status)
+
+
+def command_line() -> None:
+    """The command line: :func:`main` on ``sys.argv``, its status the process's."""
+    try:
+        status = main()
+    except BrokenPipeError:
+        status = 141
+    _exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    command_line()

@@ -258,7 +258,8 @@ def _catalogue_operators(entry: Any) -> list[LinearOperator]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the distributed checks over the catalogue (``mpiexec -n K python -m verify.distributed
-    [PATTERN]``); rank 0 prints one line per identity. Exit status 0 when all pass."""
+    [PATTERN]``); rank 0 prints one line per identity. Exit status 0 when all pass, 1 when one
+    fails, 2 when ``PATTERN`` selects no identity."""
     from mpi4py import MPI
 
     from linop.errors import CommunicatorError
@@ -268,6 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     comm = MPI.COMM_WORLD
     argv = sys.argv[1:] if argv is None else argv
     entries = identities.select(argv[0] if argv else None)
+    if argv and argv[0] and not entries:  # every rank alike: a typo must not pass having checked nothing
+        if comm.Get_rank() == 0:
+            print(f"python -m verify --mpi: no identity matches {argv[0]!r}", file=sys.stderr)
+        return 2
     failures = skipped = checked = 0
     for entry in entries:
         for op in _catalogue_operators(entry):

@@ -18,10 +18,12 @@ which composes with linop trees like any node. ``verify.exact_adjoint(lifted)`` 
 is an entry of the function's input, a column an entry of its output
 (``docs/theory.md#adjoint-test``). :func:`prove_backward` does both steps.
 
-Probing assumes :math:`f` is linear; the lift checks that claim (:math:`f(x) = F x`) on
-several states, :func:`linop.linearity.probe_states`: zero, random integer states, their sum
-and a multiple (exactly when the entries are integers) and a random non-integer state (up to
-rounding), and raises :class:`LiftError` when it fails, naming the state and the entry.
+Probing assumes :math:`f` is linear; the lift checks that claim (:math:`f(x) = F x`) by the
+rule every checker shares, :func:`linop.linearity.linearity_problem`: zero, random integer
+states, their sum and a multiple (exactly when the entries are integers), a random
+non-integer state, its copies scaled by :math:`2^{-40} .. 2^{40}` and a complex state when the
+map accepts one (up to rounding in the dtype the map computed in), and raises
+:class:`LiftError` when it fails, naming the state and the entry.
 Domains and ranges above :data:`MAX_ENTRIES` entries are refused before any call (probing
 costs one call per entry).
 
@@ -265,12 +267,21 @@ def _torch_batches(
             raise LiftError(f"{label} returned a {type(value).__name__}, not a torch tensor")
         return value.detach().cpu().resolve_conj().resolve_neg().numpy()
 
+    def writes(name: str, inside: Space) -> LiftError:
+        return LiftError(
+            f"{name} writes into its input (blocks {list(inside.names)}) in place: a function that "
+            "changes its argument cannot be probed, nor differentiated by autograd; return new tensors"
+        )
+
     def looped(call: Callable[..., Any], inside: Space, outside: Space, name: str) -> Batch:
         def run(vectors: np.ndarray) -> np.ndarray:
             rows = []
             for vector in vectors:
                 state = inside.unflatten(vector)
-                result = call(*(torch.from_numpy(np.array(state[n])) for n in inside.names))
+                tensors = [torch.from_numpy(np.array(state[n])) for n in inside.names]
+                result = call(*tensors)
+                if any(t._version for t in tensors):  # an in-place write bumps the version counter
+                    raise writes(name, inside)
                 arrays = _outputs(result, outside, name, to_numpy)
                 rows.append(outside.flatten(dict(zip(outside.names, arrays))))
             return np.stack(rows) if rows else np.zeros((0, outside.size))
@@ -286,6 +297,8 @@ def _torch_batches(
                 result = torch.func.vmap(call)(*batched)
             except Exception:  # not vmap-able (a custom autograd.Function, data-dependent code)
                 return loop(vectors)
+            if any(t._version for t in batched):
+                raise writes(name, inside)
             values = [result[n] for n in outside.names] if isinstance(result, Mapping) else result
             values = list(values) if isinstance(values, tuple | list) else [values]
             if len(values) != len(outside.names):
@@ -304,10 +317,26 @@ def _torch_batches(
         rows = []
         for vector in vectors:
             inputs = [torch.zeros(b.shape, dtype=torch.float64, requires_grad=True) for b in domain]
-            outputs = fn(*inputs)
+            try:
+                outputs = fn(*inputs)
+            except RuntimeError as error:
+                if "in-place" in str(error):
+                    raise writes(label, domain) from error
+                raise
             values = [outputs[n] for n in range_.names] if isinstance(outputs, Mapping) else outputs
             values = list(values) if isinstance(values, tuple | list) else [values]
+            cut = [
+                n for n, v in zip(range_.names, values) if isinstance(v, torch.Tensor) and not v.requires_grad
+            ]
+            if cut:
+                raise LiftError(
+                    f"{label}: output block(s) {cut} do not depend on the input through autograd (the "
+                    "function detaches them: .detach(), .numpy(), torch.no_grad()), so autograd claims no "
+                    "backward to prove; keep them in the graph, or pass adjoint="
+                )
             state = range_.unflatten(vector)
+            if np.iscomplexobj(vector) and not any(v.is_complex() for v in values):
+                raise TypeError(f"{label} computes over the reals: no complex cotangent")
             cotangents = [
                 torch.from_numpy(np.array(state[n])).to(v.dtype) for n, v in zip(range_.names, values)
             ]
@@ -419,9 +448,8 @@ def probe(
 def _check_linear(
     apply_batch: Batch, matrix: sp.csr_array, inside: Space, outside: Space, label: str
 ) -> None:
-    """``f(x) == F x`` on the states of :func:`linop.linearity.probe_states` (zero, random
-    integer states, their sum and a multiple, exactly for integer ``F``; a random non-integer
-    state up to rounding)."""
+    """``f(x) == F x`` by :func:`linop.linearity.linearity_problem` (the rule every checker
+    shares: integer, non-integer, scaled and complex states)."""
     problem = linearity_problem(apply_batch, matrix, inside.size)
     if problem is not None:
         raise LiftError(f"{label} is not linear: {problem.describe(str(locate(outside, problem.index)))}")
@@ -474,9 +502,10 @@ def lift(
     label : str, optional
         The name shown in trees and proofs (default the callable's name).
     check_linear : bool
-        Check ``f(x) == F x`` on the states of :func:`linop.linearity.probe_states` (zero,
-        random integer states, their sum and a multiple, exactly for an integer ``F``, and a
-        random non-integer state), for both callables (default True).
+        Check ``f(x) == F x`` for both callables (default True), by
+        :func:`linop.linearity.linearity_problem`: zero, random integer states, their sum and
+        a multiple (exactly for an integer ``F``), a random non-integer state and its copies
+        scaled across magnitudes, and a complex state when the callable accepts one.
     max_entries : int
         The largest domain or range size probed (default :data:`MAX_ENTRIES`): probing costs
         one call per entry on dense vectors, so larger maps are refused before any call.
@@ -546,6 +575,36 @@ def prove_backward(
 
 
 # -- across MPI ranks -----------------------------------------------------------------------
+def _call_on_rank(call: Callable[..., Any], arguments: Sequence[Any], comm: Any, label: str) -> Any:
+    """``call(*arguments)`` on this rank, its failure a :class:`LiftError` that names the rank
+    at fault. A rank whose function raises says so (``comm.announce``, where the communicator
+    can: a torch.distributed group's store) and raises naming itself; a peer blocked in the
+    function's own collective fails once that rank's process ends (or at the group's
+    timeout), and raises naming the rank that announced its failure, not the engine's raw
+    "connection closed". (Under MPI the peers stay blocked: run under ``mpi_backend.guard()``,
+    which ends the job.)"""
+    try:
+        return call(*arguments)
+    except Exception as error:
+        heard = getattr(comm, "announced", None)
+        others = heard() if heard is not None else {}
+        others.pop(comm.rank, None)
+        text = str(error).splitlines()[0] if str(error) else ""
+        if others:
+            failed = "; ".join(f"rank {r}: {m}" for r, m in sorted(others.items()))
+            raise LiftError(
+                f"rank {comm.rank}: {label} could not complete because rank(s) {sorted(others)} failed "
+                f"({failed}); here: {type(error).__name__}: {text}"
+            ) from error
+        announce = getattr(comm, "announce", None)
+        if announce is not None:
+            announce(f"{label} raised {type(error).__name__}: {text}")
+        raise LiftError(
+            f"rank {comm.rank}: {label} raised {type(error).__name__}: {text} (while probing; the other "
+            "ranks cannot finish the collective probing: end the job)"
+        ) from error
+
+
 def _probe_ranks(
     call: Callable[..., Any],
     inside: Space,
@@ -574,7 +633,7 @@ def _probe_ranks(
         arrays = {b.name: np.zeros(b.shape) for b in mine_in}
         if where.block in arrays:
             arrays[where.block][where.index] = 1.0
-        result = call(*(to_input(arrays[b.name]) for b in mine_in))
+        result = _call_on_rank(call, [to_input(arrays[b.name]) for b in mine_in], comm, label)
         if problem is None:
             try:
                 outputs = _outputs(result, mine_space, label, to_numpy) if mine_out else []
@@ -686,7 +745,9 @@ def lift_mpi(
             return torch.from_numpy(np.array(array))
 
         def to_numpy(value: Any) -> np.ndarray:
-            return value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+            if isinstance(value, torch.Tensor):
+                return value.detach().cpu().resolve_conj().resolve_neg().numpy()
+            return np.asarray(value)
 
         if adjoint is None:
             adjoint = _torch_backward_of(forward, domain, range, comm)
@@ -719,8 +780,9 @@ def _check_linear_ranks(
     to_numpy: Callable[[Any], np.ndarray],
 ) -> None:
     """The linearity check of :func:`lift` for a per-rank function: every rank calls it
-    together on its blocks of each state of :func:`linop.linearity.probe_states` and compares
-    its own output blocks with the gathered matrix; the ranks agree on the verdict."""
+    together on its blocks of each state of :func:`linop.linearity.linearity_problem` and
+    compares its own output blocks with the gathered matrix; the ranks agree on the verdict
+    (and on whether every rank's function accepted the complex state)."""
     rank = comm.rank
     mine_in = [b for b in inside if b.worker == rank]
     mine_out = [b for b in outside if b.worker == rank]
@@ -728,30 +790,39 @@ def _check_linear_ranks(
         [np.arange(outside.offset(b.name), outside.offset(b.name) + b.size) for b in mine_out]
         or [np.zeros(0, int)]
     )
-    problem = None
+    failures: list[str] = []
 
     def apply_states(states: np.ndarray) -> np.ndarray:
-        images = np.zeros((len(states), outside.size))
-        for k, state in enumerate(states):
+        """This rank's rows of the images (the other rows zero); every state is passed to
+        ``call`` even after one came back wrong, so that the ranks' collectives stay in step."""
+        results = []
+        for state in states:
             blocks = inside.unflatten(state)
-            result = call(*(to_input(np.array(blocks[b.name])) for b in mine_in))
-            outputs = _outputs(result, Space(mine_out), label, to_numpy) if mine_out else []
-            images[k, rows] = np.concatenate([np.ravel(a) for a in outputs]) if outputs else []
+            arguments = [to_input(np.array(blocks[b.name])) for b in mine_in]
+            # complex states: a function that refuses them is judged on the real ones (agreed)
+            result = (
+                call(*arguments) if np.iscomplexobj(state) else _call_on_rank(call, arguments, comm, label)
+            )
+            try:
+                outputs = _outputs(result, Space(mine_out), label, to_numpy) if mine_out else []
+            except LiftError as error:
+                failures.append(str(error))
+                outputs = [np.zeros(b.shape) for b in mine_out]
+            results.append(np.concatenate([np.ravel(a) for a in outputs]) if outputs else np.zeros(0))
+        kind = np.result_type(np.float64, *(r.dtype for r in results))
+        images = np.zeros((len(states), outside.size), dtype=kind)
+        for k, values in enumerate(results):
+            images[k, rows] = values
         return images
 
-    def on_rank_rows(states: np.ndarray) -> np.ndarray:
-        images = apply_states(states)
-        wants = np.asarray(matrix @ states.T).T
-        others = np.ones(outside.size, bool)
-        others[rows] = False
-        images[:, others] = wants[:, others]  # only this rank's rows are its to check
-        return images
+    def agree(accepted: bool) -> bool:
+        return all(comm.allgather(accepted))
 
-    try:
-        found = linearity_problem(on_rank_rows, matrix, inside.size)
-    except LiftError as error:
-        found, problem = None, f"rank {rank}: {error}"
-    if found is not None:
+    found = linearity_problem(apply_states, matrix, inside.size, rows=rows, agree=agree)
+    problem = None
+    if failures:
+        problem = f"rank {rank}: {failures[0]}"
+    elif found is not None:
         problem = f"rank {rank}: {label} is not linear: {found.describe(str(locate(outside, found.index)))}"
     problems = [p for p in comm.allgather(problem) if p is not None]
     if problems:
@@ -772,6 +843,8 @@ def _torch_backward_of(
         inputs = [torch.zeros(b.shape, dtype=torch.float64, requires_grad=True) for b in mine_in]
         outputs = forward(*inputs)
         values = list(outputs) if isinstance(outputs, tuple | list) else [outputs]
+        if any(c.is_complex() for c in cotangents) and not any(v.is_complex() for v in values):
+            raise TypeError("the forward computes over the reals: no complex cotangent")
         pairs = [(v, c.to(v.dtype)) for v, c in zip(values[: len(mine_out)], cotangents) if v.requires_grad]
         if pairs:
             torch.autograd.backward([v for v, _ in pairs], [c for _, c in pairs])

@@ -32,9 +32,16 @@ from .lift import Lifted, lift_mpi
 __all__ = ["GroupComm", "lift_group", "prove_backward_group"]
 
 
+_LIFTS: dict[tuple[Any, ...], int] = {}
+"""Lifts made so far in this process, per group (its world ranks): the key of a lift's
+announced failures in the store."""
+
+
 class GroupComm:
-    """The two things probing needs of a communicator (``rank`` and a pickled ``allgather``),
-    over a torch.distributed process group (default the world group)."""
+    """What probing needs of a communicator (``rank`` and a pickled ``allgather``), over a
+    torch.distributed process group (default the world group), and a way to say which rank
+    failed (``announce`` and ``announced``, through the group's store) so that a peer blocked
+    on a failed rank names it in its :class:`~verify.lift.LiftError`."""
 
     def __init__(self, group: Any = None) -> None:
         import torch.distributed as dist
@@ -43,6 +50,38 @@ class GroupComm:
         self.group = group
         self.rank = dist.get_rank(group) if group is not None else dist.get_rank()
         self.size = dist.get_world_size(group) if group is not None else dist.get_world_size()
+        members = tuple(dist.get_process_group_ranks(group)) if group is not None else ("world",)
+        _LIFTS[members] = _LIFTS.get(members, 0) + 1
+        # every rank of the group makes its lifts over it in one order: the same key on each
+        self.serial = f"{'-'.join(map(str, members))}/{_LIFTS[members]}"
+
+    def _key(self, rank: int) -> str:
+        return f"linop/lift/{self.serial}/failed/{rank}"
+
+    def announce(self, message: str) -> None:
+        """Tell the group, through its store (which outlives this rank's collectives), that this
+        rank failed and why: its peers, blocked on it, name it in their error."""
+        try:
+            self._store().set(self._key(self.rank), message)
+        except Exception:  # pragma: no cover - no store (the peers then name no rank)
+            pass
+
+    def announced(self) -> dict[int, str]:
+        """The failures the group's ranks announced in this lift (empty when the store is gone:
+        it lives in the process of rank 0 of the world)."""
+        found: dict[int, str] = {}
+        try:
+            store = self._store()
+            for rank in range(self.size):
+                key = self._key(rank)
+                if store.check([key]):
+                    found[rank] = store.get(key).decode(errors="replace")
+        except Exception:  # the store's host is gone
+            pass
+        return found
+
+    def _store(self) -> Any:
+        return self._dist.distributed_c10d._get_default_store()
 
     def allgather(self, value: Any) -> list[Any]:
         """Every rank's ``value``, in rank order, on every rank."""
@@ -78,7 +117,11 @@ def lift_group(
     Raises
     ------
     LiftError
-        On every rank together, when a rank's function returns the wrong blocks or shapes.
+        On every rank together, when a rank's function returns the wrong blocks or shapes. When
+        a rank's function raises, that rank raises naming itself (chained from its error) and
+        announces it in the group's store; a peer blocked in the function's collective raises
+        naming that rank once its process ends (or at the group's timeout). The group is
+        unusable afterwards.
     """
     return lift_mpi(
         forward,

@@ -64,9 +64,20 @@ _NOT_LINEAR: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
     "floor": (lambda x: np.floor(_M @ x / 2), lambda y: np.floor(_M.T @ y / 2)),
     "false vectorized": (lambda x: _P @ x, lambda y: _P.T @ y),  # unbatched code claimed batched
     "writes its input": (lambda x: _M @ x.__imul__(1), lambda y: _M.T @ y),
+    "saturating": (lambda x: np.clip(_M @ x / 100, -30, 30), lambda y: _M.T @ y / 100),
+    "vanishing beyond 1e6": (lambda x: np.where(np.abs(_M @ x) > 1e6, 0, _M @ x), lambda y: _M.T @ y),
+    "antilinear": (lambda x: _M @ np.conj(x), lambda y: _M.T @ y),
 }
 """Kernels a proof must refuse (the false vectorized claim is made with ``vectorized=True``;
-its batched probe reads another matrix than its single calls)."""
+its batched probe reads another matrix than its single calls; the saturating, vanishing and
+antilinear ones agree with their matrix on every real state of magnitude below 3000)."""
+
+_M32 = _M.astype(np.float32) / 3
+_FLOAT32 = (
+    lambda x: (_M32 @ np.asarray(x).astype(np.float32)).astype(np.float64),
+    lambda y: (_M32.T @ np.asarray(y).astype(np.float32)).astype(np.float64),
+)
+"""A linear map computed in float32 (returned in float64): a proof must accept it."""
 
 
 def _refused(call: Callable[[], Any], what: str) -> Callable[[], Any]:
@@ -205,9 +216,30 @@ def _lifts(draw: st.DrawFn) -> Call:
     honest = draw(st.booleans())
     domain = _arg(draw, st.sampled_from([{"x": (4,)}, {"x": (2, 2)}, {}]), honest)
     batch = _arg(draw, st.sampled_from([1, 3, 256]), honest)
-    kind = draw(st.sampled_from(["linear", "linear", "not linear", "wrong adjoint"]))
+    kind = draw(st.sampled_from(["linear", "linear", "not linear", "wrong adjoint", "float32"]))
+    if kind == "float32":
+
+        def computed_in_float32() -> Any:
+            proof = prove_backward(*_FLOAT32[:1], {"x": (4,)}, {"y": (2,)}, adjoint=_FLOAT32[1])
+            if not proof:
+                raise FuzzFailure(f"a linear map computed in float32 was refuted: {proof!r}")
+            return proof
+
+        return Call("prove_backward (float32)", computed_in_float32, kind)
     if kind == "not linear":
-        what = draw(st.sampled_from(["affine", "square", "floor", "writes its input"]))
+        what = draw(
+            st.sampled_from(
+                [
+                    "affine",
+                    "square",
+                    "floor",
+                    "writes its input",
+                    "saturating",
+                    "vanishing beyond 1e6",
+                    "antilinear",
+                ]
+            )
+        )
         forward, adjoint = _NOT_LINEAR[what]
         call = _refused(lambda: prove_backward(forward, {"x": (4,)}, {"y": (2,)}, adjoint=adjoint), what)
         return Call("prove_backward (not linear)", call, what)
@@ -232,7 +264,17 @@ def _lifts(draw: st.DrawFn) -> Call:
 def _worker_maps(draw: st.DrawFn) -> Call:
     from linop.program import WorkerMap
 
-    kind = draw(st.sampled_from(["WorkerMap", "round_robin", "blocked", "array"]))
+    kind = draw(st.sampled_from(["WorkerMap", "round_robin", "blocked", "array", "range"]))
+    if kind == "range":  # the identity of any length: described, never listed
+        count = draw(st.sampled_from([0, 3, 1 << 24, 1 << 30]))
+
+        def identity() -> Any:
+            made = WorkerMap(range(count))
+            if len(made) != count or (count and made.rank_of(count - 1) != count - 1):
+                raise FuzzFailure(f"WorkerMap(range({count})) is {made!r}")
+            return made
+
+        return Call("WorkerMap(range)", identity, show_arguments(count))
     if kind == "WorkerMap":
         ranks = draw(maybe(st.lists(SMALL_INT, max_size=4)))
         return Call("WorkerMap", lambda: WorkerMap(ranks), show_arguments(ranks))

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
+from ..errors import RankError
 from ..operator import LinearOperator
 from .batching import batch
 from .lowering import lower, lower_for, lower_for_workers, lower_portable, lowers_per_worker, workers_named
@@ -51,8 +54,27 @@ class RankProgram:
     max_worker: int
 
 
+def _require_rank(rank: object, size: object) -> None:
+    """``rank`` a non-negative integer (below ``size`` when given)."""
+    if size is not None and (
+        isinstance(size, bool) or not isinstance(size, (int, np.integer)) or int(size) < 1
+    ):
+        raise RankError(f"compile_for_rank: size must be a positive number of ranks, not {size!r}")
+    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 0:
+        raise RankError(f"compile_for_rank: rank must be a non-negative integer, not {rank!r}")
+    if size is not None and rank >= size:
+        raise RankError(
+            f"compile_for_rank: rank {rank} is not one of the {size} rank(s) 0 .. {int(size) - 1}"
+        )
+
+
 def compile_for_rank(
-    op: LinearOperator, rank: int, mapping: WorkerMap | None = None, *, mapped_fast_paths: bool = True
+    op: LinearOperator,
+    rank: int,
+    mapping: WorkerMap | None = None,
+    *,
+    mapped_fast_paths: bool = True,
+    size: int | None = None,
 ) -> RankProgram:
     """``rank``'s schedule of ``op``: its own steps lowered
     (:func:`~linop.program.lowering.lower_for`), batched and projected, without the global
@@ -74,7 +96,17 @@ def compile_for_rank(
     blocks, :mod:`~linop.program.lowering_planned`). A tree with a node that does not lower
     per worker (:func:`~linop.program.lowering.lowers_per_worker`) takes the global route,
     :func:`mapped_global_program`.
+
+    ``size`` (optional): the number of ranks, when the caller knows it; ``rank`` must then be
+    below it. A rank beyond every worker is otherwise valid (it holds none: an empty schedule).
+
+    Raises
+    ------
+    RankError
+        ``rank`` is not a non-negative integer (or not below ``size``).
     """
+    _require_rank(rank, size)
+    rank = int(rank)
     if mapping is None:
         steps, largest = lower_for(op, rank)
     else:

@@ -34,9 +34,10 @@ __all__ = ["WorkerMap"]
 
 
 MAX_MAP_WORKERS = 1 << 24
-"""The most workers :meth:`WorkerMap.blocked` lists for a map of more ranks than workers (each
-worker on a rank of its own, some ranks empty: an explicit table). Every other blocked and
-round-robin map is described by its rule, of any size."""
+"""The most workers a map listed as a table holds (a sequence or dict given to
+:class:`WorkerMap`, or what :meth:`WorkerMap.blocked` lists for a map of more ranks than
+workers, each worker on a rank of its own, some ranks empty). Every other blocked and
+round-robin map, and ``range(W)``, is described by its rule, of any size."""
 
 Rule = tuple[Literal["blocked", "round_robin"], int, int]
 """A described map: (kind, workers, ranks), in the canonical form of :func:`_canonical`."""
@@ -104,7 +105,9 @@ class WorkerMap:
     Raises
     ------
     WorkerMapError
-        A worker or rank that is not a non-negative integer (the message names the worker).
+        A worker or rank that is not a non-negative integer (the message names the worker), or
+        a table of more than :data:`MAX_MAP_WORKERS` workers (refused before it is listed;
+        ``range(W)``, the identity, is described by its rule whatever ``W``).
 
     Notes
     -----
@@ -127,6 +130,22 @@ class WorkerMap:
     __slots__ = ("_by_rank", "_description", "_hash", "_pairs", "_ranks", "_rule")
 
     def __init__(self, ranks: Sequence[int] | Mapping[int, int]) -> None:
+        self._description: bytes | None = None
+        self._ranks: dict[int, int] = {}
+        self._pairs: tuple[tuple[int, int], ...] = ()
+        self._by_rank: dict[int, tuple[int, ...]] = {}
+        if isinstance(ranks, range) and ranks.start == 0 and ranks.step == 1 and len(ranks):
+            # worker w on rank w: the identity, described in O(1) whatever its length
+            self._rule = _canonical("blocked", len(ranks), len(ranks))
+            self._hash = hash(self._rule)
+            return
+        if isinstance(ranks, (Sequence, Mapping, np.ndarray)) and not isinstance(ranks, (str, bytes)):
+            if len(ranks) > MAX_MAP_WORKERS:  # before a table of them is listed (a MemoryError)
+                raise WorkerMapError(
+                    f"a worker map listed as a table holds at most MAX_MAP_WORKERS = {MAX_MAP_WORKERS} "
+                    f"workers, not {len(ranks)}: describe a regular map by its rule "
+                    f"(WorkerMap.blocked(workers, ranks) or WorkerMap.round_robin(workers, ranks), any size)"
+                )
         if isinstance(ranks, np.ndarray):  # a numpy array of ranks is a sequence of ranks too
             if ranks.ndim != 1:
                 raise WorkerMapError(
@@ -150,12 +169,8 @@ class WorkerMap:
             if not _natural(rank):
                 raise WorkerMapError(f"worker map: worker {worker} maps to {rank!r}, not a non-negative rank")
             table[int(worker)] = int(rank)
-        self._description: bytes | None = None
         self._rule = _rule_of(table)
         if self._rule is not None:  # kept as its rule: equal to (and hashed as) the described map
-            self._ranks: dict[int, int] = {}
-            self._pairs: tuple[tuple[int, int], ...] = ()
-            self._by_rank: dict[int, tuple[int, ...]] = {}
             self._hash = hash(self._rule)
             return
         self._ranks = table

@@ -145,3 +145,46 @@ def test_a_per_rank_map_that_is_not_linear_is_refused_on_every_rank():
     collective_assert(f"rank {comm.size - 1}:" in message and "is not linear" in message, message)
     lifted = lift_mpi(exchange, space, space, adjoint=halo_adjoint(comm), comm=comm)  # control
     collective_assert(bool(verify.exact_adjoint(lifted)), "the true backward is no longer proven")
+
+
+def _field_exchange(comm, last_rank_map):
+    """The halo exchange over any field (complex buffers pass through), with ``last_rank_map``
+    applied to the last rank's output."""
+
+    def forward(x):
+        left, right = _neighbours(comm)
+        y = np.array(x)
+        from_left, from_right = np.empty(1, y.dtype), np.empty(1, y.dtype)
+        comm.Sendrecv(y[BULK : BULK + 1].copy(), dest=right, recvbuf=from_left, source=left)
+        comm.Sendrecv(y[1:2].copy(), dest=left, recvbuf=from_right, source=right)
+        y[0], y[BULK + 1] = from_left[0], from_right[0]
+        return last_rank_map(y) if comm.rank == comm.size - 1 else y
+
+    return forward
+
+
+@pytest.mark.parametrize(
+    ("what", "last_rank_map"),
+    [("antilinear", np.conj), ("saturating", lambda y: np.clip(y, -30, 30))],
+)
+def test_a_per_rank_map_antilinear_or_saturating_on_one_rank_is_refused_on_every_rank(what, last_rank_map):
+    """Issue 41: the rule of linop.linearity across ranks: complex and scaled states, each rank
+    comparing its own rows, every rank raising the same error naming the last rank."""
+    comm = MPI.COMM_WORLD
+    space = _space(comm)
+
+    def adjoint(g):
+        return halo_adjoint(comm)(np.real(g))
+
+    try:
+        lift_mpi(_field_exchange(comm, last_rank_map), space, space, adjoint=adjoint, comm=comm)
+        message = "NO ERROR"
+    except LiftError as error:
+        message = str(error)
+    messages = comm.allgather(message)
+    collective_assert(all(m == messages[0] for m in messages), f"ranks disagree: {messages}")
+    collective_assert(
+        f"rank {comm.size - 1}:" in message and "is not linear" in message, f"{what}: {message}"
+    )
+    honest = lift_mpi(_field_exchange(comm, lambda y: y), space, space, adjoint=adjoint, comm=comm)  # control
+    collective_assert(bool(verify.exact_adjoint(honest)), "the honest exchange is no longer proven")

@@ -19,10 +19,21 @@ from ...space import Block, closest_name
 from ..numpy import first_shared_memory, overlaps_itself
 from .vector import FLAG_OF
 
-__all__ = ["Problem", "LocalStateCheck"]
+__all__ = ["Problem", "LocalStateCheck", "Refused"]
 
 Problem = tuple[str, type[LinopError]]
 """What is wrong on a rank: the message and the error class every rank raises for it."""
+
+
+class Refused:
+    """A block an engine's entry will not run on, in place of its array, and why (``reason``
+    completes "block 'x' ..."): the check reports it as this rank's problem, so every rank
+    raises the same :class:`~linop.errors.DistributedStateError` before any data moves."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
 
 
 class LocalStateCheck:
@@ -101,6 +112,8 @@ class LocalStateCheck:
                 return message, DistributedStateError
         for name, block in self.domain_blocks.items():
             array = state[name]
+            if isinstance(array, Refused):
+                return f"rank {rank}: block {name!r} {array.reason}", DistributedStateError
             if not isinstance(array, np.ndarray):
                 return (
                     f"rank {rank}: block {name!r} is a {type(array).__name__}, not a numpy array",

@@ -16,7 +16,8 @@ does), since the missing rank may never return.
 
 The deadline is ``timeout=`` (seconds) of ``apply`` / ``apply_mpi`` / ``plan_for``, else the
 environment variable :data:`ENVIRONMENT` (read once per process, at the first use); by default
-there is none (``None``: wait as long as it takes, with no polling cost). A collective with no
+there is none (``None``: wait as long as it takes, with no polling cost), and ``inf`` or any
+value beyond :data:`NO_DEADLINE_BEYOND` means none too. A collective with no
 deadline of its own (``MPI_Comm_dup``, the first call of a bound plan that runs the ordinary
 application) is preceded by :func:`arrive_within`, a polled barrier with the same deadline.
 The duplication's barrier and its notices run on the user's communicator (linop's private one
@@ -38,7 +39,16 @@ from .datatypes import mpi
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
     from mpi4py.MPI import Intracomm
 
-__all__ = ["ENVIRONMENT", "GRACE", "PeerTimeoutError", "arrive_within", "resolve_timeout", "wait_all"]
+__all__ = [
+    "ENVIRONMENT",
+    "GRACE",
+    "NO_DEADLINE_BEYOND",
+    "PeerTimeoutError",
+    "arrive_within",
+    "deadline_seconds",
+    "resolve_timeout",
+    "wait_all",
+]
 
 ENVIRONMENT = "LINOP_TIMEOUT"
 """The environment variable giving the default deadline in seconds (unset, empty, ``0``,
@@ -47,6 +57,19 @@ ENVIRONMENT = "LINOP_TIMEOUT"
 GRACE = 2.0
 """Seconds a rank whose deadline passed waits for the other ranks' notices before naming the
 ranks that did not arrive (generous: on an oversubscribed machine a rank may sleep that long)."""
+
+NO_DEADLINE_BEYOND = 1e9
+"""Seconds (about 32 years) beyond which a deadline means none: ``inf``, ``1e300`` and any
+such value wait as long as it takes, on MPI and torch.distributed alike (no engine can hold a
+wait that long: ``datetime.timedelta`` overflows near ``8.6e13`` seconds)."""
+
+
+def deadline_seconds(seconds: float) -> float | None:
+    """A positive number of seconds as the deadline the engines wait for: itself, or None (no
+    deadline) when it is infinite or beyond :data:`NO_DEADLINE_BEYOND`. The one rule of both
+    engines' ``resolve_timeout``."""
+    return None if math.isinf(seconds) or seconds > NO_DEADLINE_BEYOND else seconds
+
 
 _UNSET = object()
 _default: Any = _UNSET
@@ -74,7 +97,7 @@ def _parse(value: Any, what: str) -> float | None:
         raise TimeoutArgumentError(
             f"{what} must be positive seconds (or None for no deadline), not {value!r}"
         )
-    return None if math.isinf(seconds) else seconds
+    return deadline_seconds(seconds)
 
 
 def resolve_timeout(timeout: Any) -> float | None:

@@ -30,6 +30,9 @@ How a call runs
    :class:`~linop.errors.RankFailedError`; so does every peer blocked on it once its process
    ends (an uncaught error ends it), instead of hanging until the group's timeout.
 
+The sub-groups linop creates are destroyed at interpreter exit (:func:`shutdown`, also
+callable by hand); the groups you create are yours to destroy.
+
 Devices: CPU tensors with gloo run as above. CUDA tensors with NCCL are not staged through
 host memory: :mod:`~linop.backends.torch_distributed.device` runs the same schedule with the
 tensors on their device (torch ops for the local steps, NCCL for the messages); it is written
@@ -51,7 +54,7 @@ from ...errors import (  # noqa: F401 - re-exported for callers (documented in l
 from ...operator import LinearOperator
 from ...program import WorkerMap  # re-exported for callers (documented in linop.program)
 from ..mpi.context import PLAN_CACHE_SIZE, PlanCache
-from .group import TIMEOUT_VARIABLE, GroupContext, context_for, resolve_timeout
+from .group import TIMEOUT_VARIABLE, GroupContext, context_for, resolve_timeout, shutdown
 from .plan import BoundTorchPlan, TorchDistributedPlan
 
 MappingLike = WorkerMap | Sequence[int] | Mapping[int, int]
@@ -65,6 +68,7 @@ __all__ = [
     "BoundTorchPlan",
     "GroupContext",
     "TIMEOUT_VARIABLE",
+    "shutdown",
 ]
 # also importable from here (documented where they live): WorkerMap (linop.backends.mpi.mapping),
 # ProcessGroupError, ProcessGroupArgumentError, PeerTimeoutError (linop.errors)

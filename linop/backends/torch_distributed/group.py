@@ -14,20 +14,26 @@ derives alike (:mod:`linop.backends.torch_distributed.schedule`).
 
 The check's deadline: ``timeout=`` (seconds) of the public functions, else the environment
 variable ``LINOP_TIMEOUT`` (seconds; unset, empty, ``0`` or ``off``: no deadline of linop's,
-only the process group's own timeout of ``init_process_group``).
+only the process group's own timeout of ``init_process_group``; ``inf`` or a value beyond
+:data:`~linop.backends.mpi.deadline.NO_DEADLINE_BEYOND`: no deadline either).
 """
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 from typing import Any, Literal
 
+import numpy as np
+
 from ...errors import PeerTimeoutError, ProcessGroupArgumentError, ProcessGroupError, RankFailedError
+from ..mpi.deadline import deadline_seconds
 
 __all__ = [
     "GroupContext",
     "RunGuard",
+    "shutdown",
     "context_for",
     "resolve_timeout",
     "TIMEOUT_VARIABLE",
@@ -40,7 +46,9 @@ TIMEOUT_VARIABLE = "LINOP_TIMEOUT"
 
 
 def resolve_timeout(timeout: float | None) -> float | None:
-    """The deadline in seconds: ``timeout``, else ``$LINOP_TIMEOUT``, else None (none).
+    """The deadline in seconds: ``timeout``, else ``$LINOP_TIMEOUT``, else None (none);
+    ``inf`` and values beyond :data:`~linop.backends.mpi.deadline.NO_DEADLINE_BEYOND` mean none
+    (the rule of the MPI executor, :func:`~linop.backends.mpi.deadline.deadline_seconds`).
 
     Raises
     ------
@@ -57,9 +65,13 @@ def resolve_timeout(timeout: float | None) -> float | None:
             raise ProcessGroupArgumentError(
                 f"{TIMEOUT_VARIABLE}={text!r} is not a number of seconds (or 'off')"
             ) from None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float, np.integer, np.floating))
+        or not timeout > 0
+    ):
         raise ProcessGroupArgumentError(f"timeout must be a positive number of seconds, not {timeout!r}")
-    return float(timeout)
+    return deadline_seconds(float(timeout))
 
 
 GATHERS_VARIABLE = "LINOP_TORCH_GATHERS"
@@ -205,6 +217,19 @@ class GroupContext:
         except Exception:  # pragma: no cover - already torn down
             pass
 
+    def arrive_within(self, timeout: float, doing: str) -> None:
+        """Return once every rank of the group has called this (a barrier waited for within
+        ``timeout`` seconds): before a collective step with no deadline of its own (the first
+        call of a bound plan that is not prepared), so that no rank waits there for a missing
+        one. Nothing to wait for on one rank.
+
+        Raises
+        ------
+        PeerTimeoutError
+            Not every rank arrived in time (the group cannot be used any more)."""
+        if self.size > 1:
+            self.wait(_dist().barrier(group=self.group, async_op=True), timeout, doing)
+
     def wait(self, work: Any, timeout: float | None, doing: str) -> None:
         """Wait for an asynchronous collective ``work``, within ``timeout`` seconds if given.
 
@@ -260,6 +285,43 @@ class RunGuard:
 
 
 _CONTEXTS: dict[int, tuple[Any, GroupContext]] = {}
+
+
+def shutdown() -> int:
+    """Destroy the process groups linop created (the native collectives' sub-groups of every
+    context, :meth:`GroupContext.subgroup`) and forget every context; the number destroyed.
+
+    Local, no communication: a destroyed gloo or NCCL group stops its own threads. Run at
+    interpreter exit (``atexit``), before torch's own teardown, so that no thread of a group
+    linop made is left to the C++ static destructors (one 4-process run in nine under load
+    once ended with ``terminate called without an active exception`` after every check had
+    passed); callable earlier too, on every rank once it is done with linop's plans (a plan
+    made before must not be called after it; new ones make new contexts). The groups the user made,
+    the world group included, are the user's to destroy. Nothing to do when torch.distributed
+    is not initialized (never, or already destroyed: destroying the world group destroys
+    every group)."""
+    contexts = list(_CONTEXTS.values())
+    _CONTEXTS.clear()
+    try:
+        import torch.distributed as dist
+    except ImportError:  # pragma: no cover - torch is installed where contexts exist
+        return 0
+    if not dist.is_initialized():
+        return 0
+    destroyed = 0
+    for _, context in contexts:
+        made = [sub for sub in context._subgroups.values() if sub is not context.group]
+        context._subgroups.clear()
+        for sub in made:
+            try:
+                dist.destroy_process_group(sub)
+                destroyed += 1
+            except Exception:  # already gone with its parent: nothing left to stop
+                pass
+    return destroyed
+
+
+atexit.register(shutdown)
 
 
 def context_for(group: Any = None) -> GroupContext:

@@ -38,6 +38,7 @@ from ...program import RankPhase, WorkerMap, fingerprint
 from ...space import Block
 from .. import array_api
 from .. import numpy as numpy_backend
+from ..entry_check.state import Refused
 from ..host_fusion import fused
 from ..mpi import mapping as mpi_mapping
 from ..mpi.plan import read_only
@@ -48,6 +49,37 @@ from .runtime import AllToAll, new_target, phase_operations, run_schedule
 from .schedule import SUMMABLE, AllToAllStep, Compiled, agree_native
 
 __all__ = ["TorchDistributedPlan", "BoundTorchPlan"]
+
+
+def screened(local_state: Any, arrays: Any, *, inplace: bool) -> Any:
+    """``arrays`` (what the check tests: numpy views or stand-ins of ``local_state``'s
+    tensors) with a :class:`~linop.backends.entry_check.state.Refused` in place of each tensor
+    the executor will not run on, as ``op.apply`` refuses it: a meta tensor (a shape and a dtype
+    but no values), and in place, under grad mode, a tensor that requires a gradient (the write
+    would change it behind autograd's back). The check then raises the same
+    :class:`~linop.errors.DistributedStateError` on every rank. ``arrays`` itself when nothing
+    is refused (the common case: no copy)."""
+    if not isinstance(local_state, Mapping) or not isinstance(arrays, Mapping):
+        return arrays
+    import torch
+
+    refused: dict[str, Refused] = {}
+    grad = inplace and torch.is_grad_enabled()
+    for name, value in local_state.items():
+        if not isinstance(value, torch.Tensor):
+            continue
+        if value.is_meta:
+            refused[name] = Refused(
+                "is a meta tensor: it has a shape and a dtype but no values (materialize it, e.g. with "
+                "torch.empty_like(t, device='cpu'), before applying the operator)"
+            )
+        elif grad and value.requires_grad:
+            refused[name] = Refused(
+                f"is a tensor that requires a gradient ({'a leaf' if value.is_leaf else 'not a leaf'}): "
+                "writing it in place would change it behind autograd's back (op.apply refuses it too); "
+                "apply out of place, detach it, or write under torch.no_grad()"
+            )
+    return {**arrays, **refused} if refused else arrays
 
 
 def _cast(arrays: dict[str, np.ndarray], cast: np.dtype | None) -> dict[str, np.ndarray]:
@@ -169,7 +201,9 @@ class TorchDistributedPlan:
         if device_path.use_device_path(local_state, self.context):
             return self._apply_on_device(local_state, inplace=inplace, timeout=timeout)
         entry = array_api.mpi_entry(local_state)  # CPU tensors: numpy views of their memory
-        outcome = self.check(entry.arrays, inplace=inplace, timeout=timeout)
+        outcome = self.check(
+            screened(local_state, entry.arrays, inplace=inplace), inplace=inplace, timeout=timeout
+        )
         run_dtype = outcome.result()
         arrays = {name: entry.arrays[name] for name in self.domain_blocks}
         if not inplace:
@@ -214,7 +248,9 @@ class TorchDistributedPlan:
         stand_ins = (
             device_path.check_stand_ins(local_state) if isinstance(local_state, Mapping) else local_state
         )
-        outcome = self.check(stand_ins, inplace=inplace, timeout=timeout)
+        outcome = self.check(
+            screened(local_state, stand_ins, inplace=inplace), inplace=inplace, timeout=timeout
+        )
         dtype = outcome.result()
         tensors = {name: local_state[name] for name in self.domain_blocks}
         return self.run_on_device(tensors, dtype, outcome.cast, inplace=inplace, state=local_state)
@@ -327,8 +363,9 @@ class TorchDistributedPlan:
         only starts the batches and finishes them; out of place, one ``all_to_all_single`` (a
         repartition, scatter, gather, all-gather) is prepared alike, into result tensors that
         every call overwrites. Any other schedule runs on each call without its check.
-        ``timeout`` bounds the check and, for a prepared step, its first call's wait
-        (:class:`~linop.errors.PeerTimeoutError` when a peer never makes that call).
+        ``timeout`` bounds the check and the first call (:class:`~linop.errors.PeerTimeoutError`
+        when a peer never makes that call, as on MPI): a prepared step's own wait, else a
+        barrier before the first run (one more collective, on the first call only).
         """
         if inplace is None:
             inplace = self.op.domain == self.op.range
@@ -336,12 +373,22 @@ class TorchDistributedPlan:
             stand_ins = (
                 device_path.check_stand_ins(local_state) if isinstance(local_state, Mapping) else local_state
             )
-            outcome = self.check(stand_ins, inplace=inplace, timeout=timeout)
+            outcome = self.check(
+                screened(local_state, stand_ins, inplace=inplace), inplace=inplace, timeout=timeout
+            )
             return BoundTorchPlan(
-                self, None, outcome.result(), inplace, outcome.cast, device_state=local_state
+                self,
+                None,
+                outcome.result(),
+                inplace,
+                outcome.cast,
+                device_state=local_state,
+                timeout=resolve_timeout(timeout),
             )
         entry = array_api.mpi_entry(local_state)
-        outcome = self.check(entry.arrays, inplace=inplace, timeout=timeout)
+        outcome = self.check(
+            screened(local_state, entry.arrays, inplace=inplace), inplace=inplace, timeout=timeout
+        )
         dtype = outcome.result()
         return BoundTorchPlan(self, entry, dtype, inplace, outcome.cast, timeout=resolve_timeout(timeout))
 
@@ -493,12 +540,15 @@ class BoundTorchPlan:
     def __call__(self) -> Any:
         if self.freed:
             raise StateError(f"this bound plan of {self.plan.op} has been freed; bind the plan again")
+        timeout, self._first_timeout = self._first_timeout, None
+        if timeout is not None and not self.prepared:  # no wait of its own to bound: a barrier first
+            with self.plan.context.guard(self.plan.op):
+                self.plan.context.arrive_within(timeout, "the first call of a bound plan")
         if self.device_state is not None:
             return self.plan.run_on_device(
                 self.arrays, self.dtype, self.cast, inplace=self.inplace, state=self.device_state
             )
         self.entry.stage_in()
-        timeout, self._first_timeout = self._first_timeout, None
         if self._phases is not None:
             with self.plan.context.guard(self.plan.op):
                 for phase in self._phases:

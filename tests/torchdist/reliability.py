@@ -1,0 +1,191 @@
+"""The torch.distributed executor's edge (issue 41), on 2 gloo processes forked by
+``torch.multiprocessing``: ``python reliability.py MODE`` (run by
+``tests/test_reliability_torchdist.py``, which bounds the launch).
+
+``MODE`` ``entry``: the entry check refuses a meta tensor and an in-place write into a tensor
+that requires a gradient (on one rank; every rank raises the same
+:class:`~linop.errors.DistributedStateError`, the group still usable), accepts ``timeout=inf``,
+``1e300`` and ``LINOP_TIMEOUT=inf`` as no deadline (no ``OverflowError``), then, last,
+``lift_group`` with a function that raises on rank 1: rank 1 raises a ``LiftError`` naming
+itself and ends its process; rank 0, blocked in the function's collective, raises a
+``LiftError`` naming rank 1 once that process has ended (not gloo's raw "Connection closed by
+peer"). Each rank prints ``ENTRY OK rank r`` and ``LIFT OK rank r``.
+
+``MODE`` ``bound``: both ranks bind an out-of-place all-reduce (a bound plan that is not
+prepared) with ``timeout=3``; rank 1 never makes the first call and stays alive until rank 0
+has raised (``$LINOP_CHECKS_MARKERS``): rank 0 must raise ``PeerTimeoutError`` naming the
+deadline. Prints ``BOUND OK rank 0`` and ``BOUND ABSENT rank 1``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from linop import Block, Partition, Space
+from linop.backends import torch_distributed as td
+from linop.collectives import AllReduce, BlockGrid
+from linop.errors import PeerTimeoutError
+
+HANG_BOUND = 120.0
+"""Seconds a rank waits for its peer's marker before it reports that the peer never raised."""
+
+
+def _outcome(call: Any) -> str:
+    try:
+        call()
+        return "no error"
+    except Exception as error:
+        return f"{type(error).__name__}: {error}"
+
+
+def _agreed(message: str, rank: int) -> list[str]:
+    gathered: list[Any] = [None, None]
+    dist.all_gather_object(gathered, message)
+    return gathered
+
+
+def _require(ok: bool, what: str) -> None:
+    if not ok:
+        raise AssertionError(f"rank {dist.get_rank()}: {what}")
+
+
+def _all_reduce() -> AllReduce:
+    return AllReduce(BlockGrid.uniform("r", Partition((2,)), (3,)), (0,))
+
+
+def _mine(op: Any, rank: int, **options: Any) -> dict[str, torch.Tensor]:
+    return {
+        b.name: torch.arange(b.size, dtype=torch.float64).reshape(b.shape) + rank
+        for b in op.domain.owned(rank)
+    }
+
+
+def entry(rank: int) -> None:
+    op = _all_reduce()
+    name = next(iter(_mine(op, rank)))
+    # a meta tensor on rank 1: every rank raises the same typed error naming rank 1
+    mine = _mine(op, rank)
+    if rank == 1:
+        mine[name] = torch.empty(mine[name].shape, dtype=torch.float64, device="meta")
+    for inplace in (False, True):
+        message = _outcome(lambda inplace=inplace: td.apply(op, mine, inplace=inplace))
+        gathered = _agreed(message, rank)
+        _require(len(set(gathered)) == 1, f"the ranks disagree on the meta tensor: {gathered}")
+        _require(
+            message.startswith("DistributedStateError: rank 1: block") and "meta tensor" in message,
+            f"the meta tensor was not refused: {message}",
+        )
+    # in place into a leaf that requires a gradient, on rank 0: refused on every rank
+    leaf = _mine(op, rank)
+    if rank == 0:
+        leaf[name].requires_grad_(True)
+    message = _outcome(lambda: td.apply(op, leaf, inplace=True))
+    gathered = _agreed(message, rank)
+    _require(len(set(gathered)) == 1, f"the ranks disagree on the leaf: {gathered}")
+    _require("rank 0: block" in message and "requires a gradient" in message, f"leaf not refused: {message}")
+    bind = _outcome(lambda: td.plan_for(op).bind(leaf, inplace=True))
+    _require("requires a gradient" in bind, f"bind of the leaf not refused: {bind}")
+    # controls: out of place it is read detached; in place under no_grad it is written
+    expected = (np.arange(3.0) * 2 + 1).reshape(3)
+    result = td.apply(op, leaf)
+    _require(np.array_equal(result[name].detach().numpy(), expected), f"out of place: {result}")
+    with torch.no_grad():
+        td.apply(op, leaf, inplace=True)
+    _require(np.array_equal(leaf[name].detach().numpy(), expected), f"in place under no_grad: {leaf}")
+    # no deadline: inf, 1e300 and LINOP_TIMEOUT=inf
+    for timeout in (float("inf"), 1e300):
+        result = td.apply(op, _mine(op, rank), timeout=timeout)
+        _require(np.array_equal(result[name].numpy(), expected), f"timeout={timeout}: {result}")
+        bound = td.plan_for(op).bind(_mine(op, rank), inplace=False, timeout=timeout)
+        _require(np.array_equal(bound()[name].numpy(), expected), f"bound, timeout={timeout}")
+    os.environ["LINOP_TIMEOUT"] = "inf"
+    result = td.apply(op, _mine(op, rank))
+    del os.environ["LINOP_TIMEOUT"]
+    _require(np.array_equal(result[name].numpy(), expected), f"LINOP_TIMEOUT=inf: {result}")
+    print(f"ENTRY OK rank {rank}", flush=True)
+    lift_failure(rank)
+
+
+def lift_failure(rank: int) -> None:
+    """The last case of ``entry``: the group is unusable afterwards."""
+    from verify.errors import LiftError
+    from verify.lift_group import lift_group
+
+    space = Space([Block("x0", (2,), worker=0), Block("x1", (2,), worker=1)])
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        if rank == 1 and x.abs().sum() > 0 and x[1] != 0:
+            raise ValueError("rank 1 fails on purpose")
+        y = x.clone()
+        dist.all_reduce(y)
+        return y
+
+    try:
+        lift_group(forward, space, space, adjoint=forward, label="summed")
+    except LiftError as error:
+        message = str(error)
+        _require("rank 1" in message and ("raised ValueError" in message or "failed" in message), message)
+        if rank == 1:
+            _require("rank 1 fails on purpose" in message, message)
+        _require("Connection closed" not in message.split(":")[0], message)
+        print(f"LIFT OK rank {rank}: {message}", flush=True)
+        return
+    raise AssertionError(f"rank {rank}: no LiftError")
+
+
+def bound(rank: int) -> None:
+    op = _all_reduce()
+    step = td.plan_for(op).bind(_mine(op, rank), inplace=False, timeout=3)
+    _require(not step.prepared, "the bound all-reduce is prepared: the case needs one that is not")
+    markers = Path(os.environ["LINOP_CHECKS_MARKERS"])
+    if rank == 1:
+        give_up = time.monotonic() + HANG_BOUND
+        while not (markers / "rank0").exists():
+            if time.monotonic() > give_up:
+                print("BOUND NEVER RAISED", flush=True)
+                return
+            time.sleep(0.05)
+        print("BOUND ABSENT rank 1", flush=True)
+        return
+    try:
+        step()
+    except PeerTimeoutError as error:
+        _require("within 3 s" in str(error) and "rank 0" in str(error), str(error))
+        (markers / "rank0").write_text("raised")
+        print(f"BOUND OK rank 0: {error}", flush=True)
+        return
+    raise AssertionError("no PeerTimeoutError without rank 1")
+
+
+def process(rank: int, port: int, mode: str) -> None:
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=2,
+        timeout=datetime.timedelta(seconds=60),
+    )
+    {"entry": entry, "bound": bound}[mode](rank)
+    sys.stdout.flush()
+    os._exit(0)  # both modes leave the group unusable: no teardown
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+if __name__ == "__main__":
+    mp.start_processes(process, args=(_free_port(), sys.argv[1]), nprocs=2, start_method="fork")
