@@ -49,8 +49,8 @@ report: $(CORE_STAMP)
 	$(PY) -m verify
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check linop verify tests benchmarks notebooks
-	$(VENV)/bin/ruff format --check linop verify tests benchmarks
+	$(VENV)/bin/ruff check linop verify tests benchmarks notebooks examples
+	$(VENV)/bin/ruff format --check linop verify tests benchmarks examples
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy

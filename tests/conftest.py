@@ -70,6 +70,7 @@ LAUNCHES = (
     "test_dtensor.py",
     "test_jax_shard.py",
     "test_jax_kernels.py",
+    "test_example_training.py",  # 4 processes, and torch.compile
     "test_notebooks.py",
     "test_docs.py",
     "test_readme.py",  # the type check of the packages and the tour
