@@ -212,7 +212,14 @@ class ConvStage(Stage):
     torch conv2d per block, gradient sums)."""
 
     def __init__(
-        self, x: DistributedTensor, layer: Conv, name: str, reference: Any, group: Any, dtype
+        self,
+        x: DistributedTensor,
+        layer: Conv,
+        name: str,
+        reference: Any,
+        group: Any,
+        dtype: torch.dtype,
+        replicate: bool = False,
     ) -> None:
         super().__init__()
         conv = Convolution(x, layer.out, Kernel(layer.size, padding=layer.size // 2), name=name)
@@ -223,6 +230,7 @@ class ConvStage(Stage):
             bias=reference.bias.detach().numpy(),
             group=group,
             dtype=dtype,
+            replicate=replicate,
         )
 
     def forward(self, blocks: Blocks) -> Blocks:
@@ -232,6 +240,8 @@ class ConvStage(Stage):
         return [self.module.token]
 
     def global_parameters(self, state: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        if self.module.replicate:
+            raise ValueError("the global parameters are gathered from their owners' blocks: replicate=False")
         return [gather(self.layer.weights, state), gather(self.layer.bias, state)]
 
 
@@ -395,6 +405,13 @@ class SpatialModel(torch.nn.Module):
         The workers along the image's rows and columns (worker ``w`` on rank ``w``).
     group : torch.distributed process group, True or None
         None: one process holds every worker's blocks (linop's numpy interpreter).
+    dtype : torch.dtype
+        The parameters' and activations' dtype.
+    replicate : bool
+        The convolutions' parameters replicated on every process, their gradients all-reduced
+        (``LayerModule(..., replicate=True)``) instead of held by their owners, broadcast in the
+        forward and summed back in the backward (the default; :meth:`global_parameters` needs
+        it).
     """
 
     def __init__(
@@ -407,9 +424,11 @@ class SpatialModel(torch.nn.Module):
         grid: tuple[int, int],
         group: Any = None,
         dtype: torch.dtype = torch.float64,
+        replicate: bool = False,
     ) -> None:
         super().__init__()
         self.group = group
+        self.replicate = replicate
         self.rank = None if group is None else torch.distributed.get_rank()
         self.dtype = dtype
         workers = grid[0] * grid[1]
@@ -427,7 +446,7 @@ class SpatialModel(torch.nn.Module):
     def stage(self, layer: Layer, x: DistributedTensor, name: str, twin: Any, order: Any) -> Stage:
         """The distributed module of one spec entry (the place a new layer kind gets its line)."""
         if isinstance(layer, Conv):
-            return ConvStage(x, layer, name, twin, self.group, self.dtype)
+            return ConvStage(x, layer, name, twin, self.group, self.dtype, self.replicate)
         if isinstance(layer, Tanh):
             return TanhStage(x)
         if isinstance(layer, Pool):
@@ -594,7 +613,7 @@ def arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--size", type=int, default=32, help="image side (pixels)")
     parser.add_argument("--samples", type=int, default=512, help="data set size")
@@ -603,7 +622,11 @@ def arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", choices=("float64", "float32"), default="float64")
     parser.add_argument(
-        "--compile", action="store_true", help="run the distributed model's loss under torch.compile"
+        "--compile",
+        nargs="?",
+        const="inductor",
+        metavar="BACKEND",
+        help="run the distributed model's loss under torch.compile (backend: default inductor)",
     )
     parser.add_argument("--plot", help="write both loss curves to this PNG (needs matplotlib)")
     parser.add_argument(
@@ -633,7 +656,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     model = SpatialModel(
         LENET, reference, batch=args.batch, size=args.size, grid=grid, group=group, dtype=dtype
     )
-    step_loss = compiled_loss(model) if args.compile else None
+    step_loss = compiled_loss(model, backend=args.compile) if args.compile else None
     record = args.record is not None
     mine = train_distributed(
         model,
