@@ -119,6 +119,7 @@ def _swap(pairs: list[tuple[int, Tensor, Tensor]]) -> list[Tensor]:
         requests.append(dist.irecv(buffer, peer))
         requests.append(dist.isend(out.contiguous(), peer))
     for request in requests:
+        assert request is not None  # isend and irecv return their work
         request.wait()
     return received
 
@@ -184,7 +185,8 @@ class HandNetwork(torch.nn.Module):
 
     def __init__(self, reference: torch.nn.Sequential, size: int, grid: tuple[int, int]) -> None:
         super().__init__()
-        conv1, _, _, conv2, _, _, _, dense1, _, dense2 = reference
+        layers: list[Any] = list(reference)
+        conv1, _, _, conv2, _, _, _, dense1, _, dense2 = layers
         rank = dist.get_rank()
         self.grid, self.rank = grid, rank
         self.rows = slice(rank // grid[1] * size // grid[0], (rank // grid[1] + 1) * size // grid[0])
@@ -202,7 +204,8 @@ class HandNetwork(torch.nn.Module):
         mine = index[:, i * rows : (i + 1) * rows, j * cols : (j + 1) * cols].ravel()
         self.w3 = copy(dense1.weight[:, torch.from_numpy(mine)])
         self.b3 = copy(dense1.bias) if rank == 0 else None
-        self.w4, self.b4 = (copy(dense2.weight), copy(dense2.bias)) if rank == 0 else (None, None)
+        self.w4: torch.nn.Parameter | None = copy(dense2.weight) if rank == 0 else None
+        self.b4: torch.nn.Parameter | None = copy(dense2.bias) if rank == 0 else None
         self.convolutions = [self.w1, self.b1, self.w2, self.b2]
 
     def loss(self, images: np.ndarray, labels: np.ndarray) -> tuple[Tensor | None, Tensor]:
@@ -214,6 +217,7 @@ class HandNetwork(torch.nn.Module):
         hidden = ReduceToRoot.apply(x.reshape(x.shape[0], -1) @ self.w3.T)
         if self.rank != 0:
             return None, hidden.sum() * 0  # the reduce's backward (a broadcast) runs here too
+        assert self.w4 is not None  # rank 0 holds the second affine layer
         logits = F.linear(torch.tanh(hidden + self.b3), self.w4, self.b4)
         loss = F.cross_entropy(logits, torch.from_numpy(labels))
         return loss, loss
@@ -258,7 +262,7 @@ def case_row(batch: int, size: int) -> list[str]:
         hand = HandNetwork(reference, size, grid)
         for label, model in (("linop", ours), ("linop replicated", twin), ("hand", hand)):
             models[f"{name} {label}"] = (model, torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM))
-    losses = {}
+    losses: dict[str, list[Any]] = {}
     for label in ("linop", "linop replicated", "hand"):
         model, optimizer = models[f"check {label}"]
         losses[label] = [training_step(model, optimizer, images, labels, label == "hand") for _ in range(2)]

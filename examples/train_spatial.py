@@ -46,7 +46,6 @@ import datetime
 import json
 import math
 import os
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -191,8 +190,9 @@ def grid_for(processes: int) -> tuple[int, int]:
     return processes // rows, rows
 
 
-def gather(tensor: DistributedTensor, state: Mapping[str, np.ndarray]) -> np.ndarray:
+def gather(tensor: DistributedTensor | None, state: Mapping[str, np.ndarray]) -> np.ndarray:
     """The global array of ``tensor`` from a state holding (at least) its blocks."""
+    assert tensor is not None  # the layers are built with a bias
     return tensor.gather({name: state[name] for name in tensor.space.names})
 
 
@@ -479,7 +479,8 @@ class SpatialModel(torch.nn.Module):
         logits = self(self.mine(self.x, images))
         result = self.loss_stage(logits, torch.from_numpy(labels))
         loss = result.get("loss[0]")
-        tokens = [t for stage in self.stages for t in stage.tokens()] + self.loss_stage.tokens()
+        stages: list[Stage] = list(self.stages)  # type: ignore[arg-type]  # a ModuleList of stages
+        tokens = [t for stage in stages for t in stage.tokens()] + self.loss_stage.tokens()
         anchor = sum((t.sum() for t in tokens), torch.zeros((), dtype=torch.float64))
         return (None if loss is None else loss[0]), anchor + (0 if loss is None else loss[0])
 
@@ -692,13 +693,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     print(f"largest loss difference: {gap:.2e}")
     if record:
-        np.savez(
-            args.record,
-            losses=np.array(mine.losses),
-            reference_losses=np.array(alone.losses),
-            **{f"w{s}_{k}": w for s, arrays in enumerate(mine.weights) for k, w in enumerate(arrays)},
-            **{f"r{s}_{k}": w for s, arrays in enumerate(alone.weights) for k, w in enumerate(arrays)},
-        )
+        arrays: dict[str, Any] = {"losses": np.array(mine.losses), "reference_losses": np.array(alone.losses)}
+        for prefix, history in (("w", mine), ("r", alone)):  # w: linop's, r: the reference's
+            arrays.update(
+                {f"{prefix}{s}_{k}": w for s, step in enumerate(history.weights) for k, w in enumerate(step)}
+            )
+        np.savez(args.record, **arrays)
         print(json.dumps({"recorded": args.record, "steps": len(mine.losses)}))
     if args.plot:
         plot(args.plot, mine.losses, alone.losses, processes if group else 1)
@@ -706,4 +706,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
