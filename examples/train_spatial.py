@@ -475,7 +475,10 @@ class SpatialModel(torch.nn.Module):
         """The mean loss (on worker 0's process; None elsewhere) and the scalar this process
         calls ``backward()`` on: the loss, or zero, plus every linop call's empty *token*, so
         that every process runs the backward of every call (they are collective), including
-        the calls whose outputs it holds none of."""
+        the calls whose outputs it holds none of. The backward meets the collectives in the
+        same order on every process: the reverse of the forward's, since autograd's ready
+        queue runs the node created last first and every process creates the calls' nodes in
+        the same order."""
         logits = self(self.mine(self.x, images))
         result = self.loss_stage(logits, torch.from_numpy(labels))
         loss = result.get("loss[0]")

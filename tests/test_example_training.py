@@ -111,6 +111,30 @@ def test_the_distributed_model_in_one_process_trains_as_the_reference(grid, size
     assert_same_training(mine.losses, mine.weights, reference_history(size, **SMALL, spec=spec))
 
 
+def test_float32_trains_as_the_reference_to_float32_tolerances():
+    size, batch, steps = 16, 8, 3
+    images, labels = example.shapes(SMALL["samples"], size, seed=0)
+    runs = []
+    for distributed in (True, False):
+        reference = example.reference_model(
+            example.LENET, (batch, 1, size, size), seed=0, dtype=torch.float32
+        )
+        data = example.batches(images, labels, batch, steps)
+        options = {"lr": SMALL["lr"], "momentum": SMALL["momentum"], "record": True}
+        if distributed:
+            model = example.SpatialModel(
+                example.LENET, reference, batch=batch, size=size, grid=(2, 2), dtype=torch.float32
+            )
+            runs.append(example.train_distributed(model, data, **options))
+        else:
+            runs.append(example.train_reference(reference, data, dtype=torch.float32, **options))
+    mine, theirs = runs
+    np.testing.assert_allclose(mine.losses, theirs.losses, rtol=1e-5)
+    for a, b in zip(mine.weights[-1], theirs.weights[-1]):
+        assert a.dtype == b.dtype == np.float32
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
 def test_the_flatten_order_maps_the_reference_weights():
     """The affine layer after the flatten holds the reference's columns in block order: its
     gathered weights, mapped back, are the reference's (and the map is a permutation)."""
