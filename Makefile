@@ -63,8 +63,8 @@ TYPECHECK := LINOP_TYPECHECK=1 $(PY) -m pytest -q -o addopts= -p no:cacheprovide
 
 lint: $(STAMP)
 	@echo "==> ruff: lint and format"
-	$(VENV)/bin/ruff check linop verify tests benchmarks notebooks
-	$(VENV)/bin/ruff format --check linop verify tests benchmarks
+	$(VENV)/bin/ruff check linop verify tests benchmarks notebooks examples
+	$(VENV)/bin/ruff format --check linop verify tests benchmarks examples
 	@echo "==> mypy: linop, verify and the README tour (a few minutes on a loaded machine)"
 	$(TYPECHECK)
 

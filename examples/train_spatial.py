@@ -1,0 +1,712 @@
+r"""A spatially parallel LeNet-5 style classifier trained with linop, and the same network in
+plain ``torch.nn`` on one process: the two learn the same weights, step by step.
+
+Run it on 4 processes (the images cut 2 x 2 over them)::
+
+    python -m torch.distributed.run --nproc-per-node 4 --master-addr 127.0.0.1 \
+        --master-port 29513 examples/train_spatial.py --plot docs/images/train_loss.png
+
+or on one process (``python examples/train_spatial.py``): the sequential reference, and the
+distributed model on a 2 x 2 grid held whole by the process (linop's numpy interpreter).
+
+The network (:data:`LENET`, one line per layer; both models are built from it)::
+
+    x (N, 1, S, S) on 1 x 1 x P_0 x P_1           the image cut over the processes
+    conv 5x5, 6 channels -> tanh -> avg-pool 2    halo exchange + torch conv2d per block
+    conv 3x3, 12 channels -> tanh -> avg-pool 2
+    flatten                                       each block's features, no data moves
+    affine -> 32 -> tanh                          partial products, sum-reduced onto worker 0
+    affine -> 4 classes                           on worker 0
+    loss: cross entropy, mean over the batch      logits repartitioned to sample shares over
+                                                  every worker; local sums, sum-reduced onto
+                                                  worker 0, divided by N
+
+What runs where: every data movement is a linop tree (the convolutions' halo windows, weight
+broadcasts and gradient sums inside :class:`~linop.frameworks.torch_layers.LayerModule`; the
+pooling windows of :class:`~linop.layers.AveragePool`; the affine layers' sum-reductions; the
+loss's :class:`~linop.Repartition` and :class:`~linop.SumReduce`), run through torch autograd
+by :class:`~linop.frameworks.torch_function.TorchOperator`, its backward the tree's adjoint.
+The arithmetic is torch's own (conv2d, linear, avg_pool2d, tanh, log_softmax) on each block.
+
+Where the layers of issue 37 slot in (one line each in :data:`LENET`, one builder each in
+:func:`reference_layer` and :meth:`SpatialModel.stage`): ``BatchNorm`` after each convolution,
+``MaxPool`` for :class:`Pool` (``Pool("max", 2)`` already runs here as halo windows + torch's
+``max_pool2d``, its padding 0), ``Upsample`` as a new spec entry, the library's distributed
+loss in place of :class:`Loss` (cross entropy is the KL divergence to the one-hot labels,
+``batchmean``, of the log-softmax).
+
+Every process draws the same data set (:func:`shapes`, deterministic: no download) and keeps
+the blocks of its own workers; a real loader would read only its boxes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F  # noqa: N812 - torch's conventional name
+
+from linop import DistributedTensor, Kernel, Partition, Repartition, SumReduce
+from linop.frameworks.torch_function import TorchOperator
+from linop.frameworks.torch_layers import LayerModule
+from linop.layers import Affine, AveragePool, Convolution
+
+Tensor = torch.Tensor
+Blocks = dict[str, Tensor]
+
+CLASSES = 4
+"""Square outline, plus sign, disk, diagonal cross (:func:`shapes`)."""
+
+
+# -- data -------------------------------------------------------------------------------------------
+def shapes(count: int, size: int, *, seed: int = 0, noise: float = 0.3) -> tuple[np.ndarray, np.ndarray]:
+    """``count`` images (count, 1, size, size) of the :data:`CLASSES` shapes at random places and
+    sizes, with Gaussian noise, and their labels: deterministic for a seed (numpy's PCG64)."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, CLASSES, count)
+    rows, cols = np.mgrid[0:size, 0:size].astype(np.float64)
+    images = np.empty((count, 1, size, size))
+    for i, label in enumerate(labels):
+        radius = rng.uniform(0.2, 0.35) * size
+        ci, cj = rng.uniform(radius, size - radius, 2)
+        di, dj = rows - ci, cols - cj
+        width = max(1.0, size / 12)
+        if label == 0:  # square outline
+            edge = np.maximum(abs(di), abs(dj))
+            picture = abs(edge - radius) < width
+        elif label == 1:  # plus sign
+            picture = ((abs(di) < width) & (abs(dj) < radius)) | ((abs(dj) < width) & (abs(di) < radius))
+        elif label == 2:  # disk
+            picture = di**2 + dj**2 < radius**2
+        else:  # diagonal cross
+            picture = ((abs(di - dj) < width) | (abs(di + dj) < width)) & (
+                np.maximum(abs(di), abs(dj)) < radius
+            )
+        images[i, 0] = picture + noise * rng.standard_normal((size, size))
+    return images, labels
+
+
+# -- the network, as a small spec -------------------------------------------------------------------
+@dataclass(frozen=True)
+class Conv:
+    """A convolution: ``out`` channels, a ``size`` x ``size`` kernel, padding keeping the size."""
+
+    out: int
+    size: int
+
+
+@dataclass(frozen=True)
+class Tanh:
+    """tanh on every entry."""
+
+
+@dataclass(frozen=True)
+class Pool:
+    """Pooling over ``size`` x ``size`` windows with stride ``size``: ``"avg"`` or ``"max"``."""
+
+    kind: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Flatten:
+    """(N, C, H, W) -> (N, C H W)."""
+
+
+@dataclass(frozen=True)
+class Dense:
+    """An affine layer with ``out`` output features."""
+
+    out: int
+
+
+Layer = Conv | Tanh | Pool | Flatten | Dense
+
+LENET: tuple[Layer, ...] = (
+    Conv(6, 5),
+    Tanh(),
+    Pool("avg", 2),
+    Conv(12, 3),
+    Tanh(),
+    Pool("avg", 2),
+    Flatten(),
+    Dense(32),
+    Tanh(),
+    Dense(CLASSES),
+)
+"""The example's network (LeNet-5's shape, smaller). A layer of issue 37 is one more line here
+(``BatchNorm()`` after a ``Conv``, ``Upsample(2)``) and one builder in each model."""
+
+
+def reference_layer(layer: Layer, shape: tuple[int, ...], dtype: torch.dtype) -> torch.nn.Module:
+    """The plain torch module of ``layer`` for inputs of ``shape`` (one process)."""
+    if isinstance(layer, Conv):
+        return torch.nn.Conv2d(shape[1], layer.out, layer.size, padding=layer.size // 2, dtype=dtype)
+    if isinstance(layer, Tanh):
+        return torch.nn.Tanh()
+    if isinstance(layer, Pool):
+        pool = torch.nn.AvgPool2d if layer.kind == "avg" else torch.nn.MaxPool2d
+        return pool(layer.size, stride=layer.size)
+    if isinstance(layer, Flatten):
+        return torch.nn.Flatten()
+    if isinstance(layer, Dense):
+        return torch.nn.Linear(shape[1], layer.out, dtype=dtype)
+    raise TypeError(f"no reference builder for {layer!r}")
+
+
+def reference_model(
+    spec: Sequence[Layer], input_shape: tuple[int, ...], *, seed: int, dtype: torch.dtype
+) -> torch.nn.Sequential:
+    """The network in plain torch.nn, initialized by torch's default rules after
+    ``torch.manual_seed(seed)``: its weights are also the distributed model's initial ones."""
+    torch.manual_seed(seed)
+    layers = []
+    shape = input_shape
+    for layer in spec:
+        module = reference_layer(layer, shape, dtype)
+        layers.append(module)
+        with torch.no_grad():
+            shape = tuple(module(torch.zeros(shape, dtype=dtype)).shape)
+    return torch.nn.Sequential(*layers)
+
+
+def reference_loss(logits: Tensor, labels: Tensor) -> Tensor:
+    return F.cross_entropy(logits, labels)
+
+
+# -- the distributed model ------------------------------------------------------------------------
+def grid_for(processes: int) -> tuple[int, int]:
+    """The 2-d grid of workers an image is cut over: as square as the count allows."""
+    rows = max(r for r in range(1, math.isqrt(processes) + 1) if processes % r == 0)
+    return processes // rows, rows
+
+
+def gather(tensor: DistributedTensor | None, state: Mapping[str, np.ndarray]) -> np.ndarray:
+    """The global array of ``tensor`` from a state holding (at least) its blocks."""
+    assert tensor is not None  # the layers are built with a bias
+    return tensor.gather({name: state[name] for name in tensor.space.names})
+
+
+class Stage(torch.nn.Module):
+    """One layer of the distributed model: this process's blocks of ``x`` in, of ``y`` out."""
+
+    x: DistributedTensor
+    y: DistributedTensor
+
+    def tokens(self) -> list[Tensor]:
+        """The empty outputs of this stage's last linop calls (see :meth:`SpatialModel.loss`)."""
+        return []
+
+
+class ConvStage(Stage):
+    """A :class:`~linop.layers.Convolution` as a :class:`LayerModule` (halo, weight broadcast,
+    torch conv2d per block, gradient sums)."""
+
+    def __init__(
+        self,
+        x: DistributedTensor,
+        layer: Conv,
+        name: str,
+        reference: Any,
+        group: Any,
+        dtype: torch.dtype,
+        replicate: bool = False,
+    ) -> None:
+        super().__init__()
+        conv = Convolution(x, layer.out, Kernel(layer.size, padding=layer.size // 2), name=name)
+        self.x, self.y, self.layer = x, conv.y, conv
+        self.module = LayerModule(
+            conv,
+            weights=reference.weight.detach().numpy(),
+            bias=reference.bias.detach().numpy(),
+            group=group,
+            dtype=dtype,
+            replicate=replicate,
+        )
+
+    def forward(self, blocks: Blocks) -> Blocks:
+        return self.module(blocks)
+
+    def tokens(self) -> list[Tensor]:
+        return [self.module.token]
+
+    def global_parameters(self, state: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        if self.module.replicate:
+            raise ValueError("the global parameters are gathered from their owners' blocks: replicate=False")
+        return [gather(self.layer.weights, state), gather(self.layer.bias, state)]
+
+
+class PoolStage(Stage):
+    """Pooling as halo windows (the window tree of :class:`~linop.layers.AveragePool`, moved by
+    linop) and torch's ``avg_pool2d`` / ``max_pool2d`` on each window (padding 0, so a max-pool's
+    windows hold no padding)."""
+
+    def __init__(self, x: DistributedTensor, layer: Pool, name: str, rank: int | None, group: Any) -> None:
+        super().__init__()
+        pool = AveragePool(x, Kernel(layer.size, stride=layer.size), name=name)
+        self.x, self.y = x, pool.y
+        self.windows = TorchOperator(pool.window_operator, group=group)
+        self.local = F.avg_pool2d if layer.kind == "avg" else F.max_pool2d
+        self.size = layer.size
+        self.names = [
+            (pool.window_name(g), pool.y.block(g).name)
+            for g in x.partition.indices()
+            if rank is None or pool.y.block(g).worker == rank
+        ]
+
+    def forward(self, blocks: Blocks) -> Blocks:
+        windows = self.windows(blocks)
+        return {out: self.local(windows[window], self.size, stride=self.size) for window, out in self.names}
+
+    def tokens(self) -> list[Tensor]:
+        return [self.windows.token]
+
+
+class TanhStage(Stage):
+    def __init__(self, x: DistributedTensor) -> None:
+        super().__init__()
+        self.x = self.y = x
+
+    def forward(self, blocks: Blocks) -> Blocks:
+        return {name: torch.tanh(block) for name, block in blocks.items()}
+
+
+class FlattenStage(Stage):
+    r"""(N, C, H, W) on 1 x 1 x P_0 x P_1 -> (N, F) on 1 x (P_0 P_1): each worker's block
+    flattened where it lies (no data moves). The features come in block order, not in torch's
+    flatten order: :attr:`order` lists, for each feature here, its index in torch's flatten, so
+    a weight matrix ``W`` of the reference is ``W[:, order]`` here."""
+
+    def __init__(self, x: DistributedTensor, name: str) -> None:
+        super().__init__()
+        if x.partition.shape[:2] != (1, 1):
+            raise ValueError(f"flatten needs the channels whole: partition {x.partition.shape}")
+        self.x = x
+        index = np.arange(math.prod(x.global_shape[1:])).reshape(x.global_shape[1:])
+        boxes = [x.box(g) for g in x.partition.indices()]
+        pieces = [
+            index[tuple(slice(lo, hi) for lo, hi in zip(start[1:], stop[1:]))].ravel()
+            for start, stop in boxes
+        ]
+        self.order = np.concatenate(pieces)
+        workers = tuple(x.partition.worker(g) for g in x.partition.indices())
+        sizes = ((x.global_shape[0],), tuple(p.size for p in pieces))
+        self.y = DistributedTensor(
+            name, (x.global_shape[0], self.order.size), Partition((1, len(workers)), workers), sizes
+        )
+        self.names = {x.block(g).name: self.y.block((0, k)).name for k, g in enumerate(x.partition.indices())}
+
+    def forward(self, blocks: Blocks) -> Blocks:
+        return {self.names[name]: block.reshape(block.shape[0], -1) for name, block in blocks.items()}
+
+
+class DenseStage(Stage):
+    """An :class:`~linop.layers.Affine` layer as a :class:`LayerModule`: each worker multiplies
+    its features, the partial outputs sum-reduced onto worker 0."""
+
+    def __init__(
+        self,
+        x: DistributedTensor,
+        layer: Dense,
+        name: str,
+        reference: Any,
+        order: np.ndarray | None,
+        group,
+        dtype,
+    ) -> None:
+        super().__init__()
+        affine = Affine(x, layer.out, name=name)
+        self.x, self.y, self.layer, self.order = x, affine.y, affine, order
+        weights = reference.weight.detach().numpy()
+        self.module = LayerModule(
+            affine,
+            weights=weights if order is None else weights[:, order],
+            bias=reference.bias.detach().numpy(),
+            group=group,
+            dtype=dtype,
+        )
+
+    def forward(self, blocks: Blocks) -> Blocks:
+        return self.module(blocks)
+
+    def tokens(self) -> list[Tensor]:
+        return [self.module.token]
+
+    def global_parameters(self, state: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        weights = gather(self.layer.weights, state)
+        if self.order is not None:  # back to torch's flatten order
+            weights = weights[:, np.argsort(self.order)]
+        return [weights, gather(self.layer.bias, state)]
+
+
+class Loss(torch.nn.Module):
+    r"""The mean cross entropy of logits held by one worker, computed on every worker:
+    :math:`\ell = \frac1N \sum_j s_j`, with
+
+    .. math::
+
+        z' = T z \quad (\text{Repartition: sample shares on every worker}), \qquad
+        s_j = -\sum_{n \in j} \log\operatorname{softmax}(z'_n)_{c_n}, \qquad
+        \ell = \tfrac1N\, R\, s \quad (\text{SumReduce onto worker 0})
+
+    backward :math:`\bar s = R^{*}\bar\ell / N` (a broadcast), the local log-softmax's
+    gradient, then :math:`T^{*} = T^{-1}`. The distributed losses of issue 37 replace this
+    module (``KLDivLoss(reduction="batchmean")`` of the log-softmax and the one-hot labels
+    is this loss)."""
+
+    def __init__(self, logits: DistributedTensor, workers: int, rank: int | None, group: Any) -> None:
+        super().__init__()
+        samples, classes = logits.global_shape
+        shares = DistributedTensor("scores", (samples, classes), Partition((workers, 1)))
+        total = DistributedTensor("loss", (1,), Partition((1,), (0,)))
+        self.spread = TorchOperator(Repartition(logits, shares), group=group)
+        self.reduce = TorchOperator(SumReduce(total, Partition((workers,)), "partial"), group=group)
+        self.samples = samples
+        self.rows = {
+            shares.block(g).name: (f"partial[{g[0]}]", slice(shares.box(g)[0][0], shares.box(g)[1][0]))
+            for g in shares.partition.indices()
+            if rank is None or shares.block(g).worker == rank
+        }
+
+    def forward(self, logits: Blocks, labels: Tensor) -> Blocks:
+        """``{"loss[0]": the mean loss, shape (1,)}`` on worker 0's process, else ``{}``."""
+        scores = self.spread(logits)
+        partial = {}
+        for name, (sum_name, rows) in self.rows.items():
+            logp = torch.log_softmax(scores[name], dim=1)
+            partial[sum_name] = -logp.gather(1, labels[rows, None]).sum().reshape(1)
+        return {name: total / self.samples for name, total in self.reduce(partial).items()}
+
+    def tokens(self) -> list[Tensor]:
+        return [self.spread.token, self.reduce.token]
+
+
+class SpatialModel(torch.nn.Module):
+    """:data:`LENET` (or any spec of its layer kinds) on images cut over a grid of workers.
+
+    Parameters
+    ----------
+    spec : sequence of layers
+    reference : torch.nn.Sequential
+        The same network in one piece (:func:`reference_model`): its weights are the initial
+        ones, each process keeping its blocks.
+    batch, size : int
+        The global batch (N, 1, size, size): the distributed tensors have fixed shapes.
+    grid : (int, int)
+        The workers along the image's rows and columns (worker ``w`` on rank ``w``).
+    group : torch.distributed process group, True or None
+        None: one process holds every worker's blocks (linop's numpy interpreter).
+    dtype : torch.dtype
+        The parameters' and activations' dtype.
+    replicate : bool
+        The convolutions' parameters replicated on every process, their gradients all-reduced
+        (``LayerModule(..., replicate=True)``) instead of held by their owners, broadcast in the
+        forward and summed back in the backward (the default; :meth:`global_parameters` needs
+        it).
+    """
+
+    def __init__(
+        self,
+        spec: Sequence[Layer],
+        reference: torch.nn.Sequential,
+        *,
+        batch: int,
+        size: int,
+        grid: tuple[int, int],
+        group: Any = None,
+        dtype: torch.dtype = torch.float64,
+        replicate: bool = False,
+    ) -> None:
+        super().__init__()
+        self.group = group
+        self.replicate = replicate
+        self.rank = None if group is None else torch.distributed.get_rank()
+        self.dtype = dtype
+        workers = grid[0] * grid[1]
+        self.x = DistributedTensor("x", (batch, 1, size, size), Partition((1, 1, *grid)))
+        stages: list[Stage] = []
+        x, order = self.x, None
+        for i, (layer, twin) in enumerate(zip(spec, reference)):
+            stage = self.stage(layer, x, f"y{i}", twin, order)
+            order = stage.order if isinstance(stage, FlattenStage) else None
+            stages.append(stage)
+            x = stage.y
+        self.stages = torch.nn.ModuleList(stages)
+        self.loss_stage = Loss(x, workers, self.rank, group)
+
+    def stage(self, layer: Layer, x: DistributedTensor, name: str, twin: Any, order: Any) -> Stage:
+        """The distributed module of one spec entry (the place a new layer kind gets its line)."""
+        if isinstance(layer, Conv):
+            return ConvStage(x, layer, name, twin, self.group, self.dtype, self.replicate)
+        if isinstance(layer, Tanh):
+            return TanhStage(x)
+        if isinstance(layer, Pool):
+            return PoolStage(x, layer, name, self.rank, self.group)
+        if isinstance(layer, Flatten):
+            return FlattenStage(x, name)
+        if isinstance(layer, Dense):
+            return DenseStage(x, layer, name, twin, order, self.group, self.dtype)
+        raise TypeError(f"no distributed builder for {layer!r}")
+
+    def mine(self, tensor: DistributedTensor, array: np.ndarray) -> Blocks:
+        """This process's blocks of a global array (every block in one process)."""
+        blocks = tensor.scatter(array)
+        return {
+            b.name: torch.from_numpy(blocks[b.name]).to(self.dtype)
+            for b in tensor.space
+            if self.rank is None or b.worker == self.rank
+        }
+
+    def forward(self, blocks: Blocks) -> Blocks:
+        for stage in self.stages:
+            blocks = stage(blocks)
+        return blocks
+
+    def loss(self, images: np.ndarray, labels: np.ndarray) -> tuple[Tensor | None, Tensor]:
+        """The mean loss (on worker 0's process; None elsewhere) and the scalar this process
+        calls ``backward()`` on: the loss, or zero, plus every linop call's empty *token*, so
+        that every process runs the backward of every call (they are collective), including
+        the calls whose outputs it holds none of. The backward meets the collectives in the
+        same order on every process: the reverse of the forward's, since autograd's ready
+        queue runs the node created last first and every process creates the calls' nodes in
+        the same order."""
+        logits = self(self.mine(self.x, images))
+        result = self.loss_stage(logits, torch.from_numpy(labels))
+        loss = result.get("loss[0]")
+        stages: list[Stage] = list(self.stages)  # type: ignore[arg-type]  # a ModuleList of stages
+        tokens = [t for stage in stages for t in stage.tokens()] + self.loss_stage.tokens()
+        anchor = sum((t.sum() for t in tokens), torch.zeros((), dtype=torch.float64))
+        return (None if loss is None else loss[0]), anchor + (0 if loss is None else loss[0])
+
+    def global_parameters(self) -> list[np.ndarray]:
+        """Every layer's global weights and bias in the reference's order (torch's flatten order
+        for the affine layer after the flatten): collective under a process group."""
+        state = {}
+        for stage in self.stages:
+            if isinstance(stage, ConvStage | DenseStage):
+                state.update({n: p.detach().numpy() for n, p in stage.module.parameter_state().items()})
+        if self.group is not None:
+            everyone: list[Any] = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(everyone, state)
+            state = {name: array for part in everyone for name, array in part.items()}
+        return [
+            array
+            for stage in self.stages
+            if isinstance(stage, ConvStage | DenseStage)
+            for array in stage.global_parameters(state)
+        ]
+
+
+def compiled_loss(model: SpatialModel, **options: Any) -> Callable[..., Any]:
+    """``model.loss`` under ``torch.compile(**options)``, linop's calls left out of the graphs.
+
+    Every linop call (a :class:`LayerModule`, a :class:`TorchOperator`) is run eagerly
+    (``torch.compiler.disable``): a graph break at each of them, so torch compiles the
+    arithmetic between them (activations, pooling, flatten, log-softmax) and autograd runs
+    linop's backward as in eager mode. Without it dynamo traces into linop's Python (the
+    interpreters, numpy views, locks) and breaks the graph there anyway, many times, after
+    a long trace: the same results, about 1.5x the CPU time of the compilation.
+    """
+    for module in model.modules():
+        if isinstance(module, LayerModule):
+            module.forward = torch.compiler.disable(module.forward)  # type: ignore[method-assign]
+        for value in vars(module).values():
+            if isinstance(value, TorchOperator):
+                value.tensors = torch.compiler.disable(value.tensors)  # type: ignore[method-assign]
+    return torch.compile(model.loss, **options)
+
+
+# -- training ---------------------------------------------------------------------------------------
+@dataclass
+class History:
+    """Per step: the loss before the update and (when recorded) the weights after it."""
+
+    losses: list[float]
+    weights: list[list[np.ndarray]]
+    times: list[float] = field(default_factory=list)  # when each step started (perf_counter)
+
+
+def batches(images: np.ndarray, labels: np.ndarray, batch: int, steps: int):
+    """``steps`` batches cycling over the data set in order."""
+    count = len(labels) // batch
+    for step in range(steps):
+        k = step % count
+        yield images[k * batch : (k + 1) * batch], labels[k * batch : (k + 1) * batch]
+
+
+def train_reference(
+    model: torch.nn.Sequential, data, *, lr: float, momentum: float, record: bool, dtype: torch.dtype
+) -> History:
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    history = History([], [])
+    for images, labels in data:
+        optimizer.zero_grad()
+        loss = reference_loss(model(torch.from_numpy(images).to(dtype)), torch.from_numpy(labels))
+        loss.backward()
+        optimizer.step()
+        history.losses.append(loss.item())
+        if record:
+            history.weights.append([p.detach().numpy().copy() for p in model.parameters()])
+    return history
+
+
+def train_distributed(
+    model: SpatialModel,
+    data,
+    *,
+    lr: float,
+    momentum: float,
+    record: bool,
+    step_loss: Callable[..., Any] | None = None,
+) -> History:
+    """SGD on each process's parameter blocks (each block on one process: plain SGD, momentum
+    included, is the reference's update entry by entry)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    compute = step_loss or model.loss
+    history = History([], [])
+    for images, labels in data:
+        history.times.append(time.perf_counter())
+        optimizer.zero_grad()
+        loss, anchor = compute(images, labels)
+        anchor.backward()
+        optimizer.step()
+        if loss is not None:
+            history.losses.append(loss.item())
+        if record:
+            history.weights.append(model.global_parameters())
+    return history
+
+
+def plot(path: str, distributed: Sequence[float], reference: Sequence[float], processes: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6, 3.5), dpi=120)
+    steps = np.arange(1, len(reference) + 1)
+    axes.plot(steps, reference, color="black", linewidth=2.5, label="torch.nn, 1 process")
+    axes.plot(
+        steps,
+        distributed,
+        "o",
+        color="tab:orange",
+        markersize=3,
+        label=f"linop, {processes} processes (images cut {' x '.join(map(str, grid_for(processes)))})",
+    )
+    axes.set_xlabel("SGD step")
+    axes.set_ylabel("cross-entropy loss")
+    axes.set_yscale("log")
+    axes.legend()
+    gap = max(abs(a - b) for a, b in zip(distributed, reference))
+    axes.set_title(f"LeNet-style classifier, float64: largest loss difference {gap:.1e}", fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path)
+
+
+def arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--size", type=int, default=32, help="image side (pixels)")
+    parser.add_argument("--samples", type=int, default=512, help="data set size")
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--momentum", type=float, default=0.9)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", choices=("float64", "float32"), default="float64")
+    parser.add_argument(
+        "--compile",
+        nargs="?",
+        const="inductor",
+        metavar="BACKEND",
+        help="run the distributed model's loss under torch.compile (backend: default inductor)",
+    )
+    parser.add_argument("--plot", help="write both loss curves to this PNG (needs matplotlib)")
+    parser.add_argument(
+        "--record", help="write every step's losses and gathered weights to this .npz (rank 0)"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=120, help="seconds for the process group's rendezvous"
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = arguments(argv)
+    dtype = getattr(torch, args.dtype)
+    group = None
+    if "WORLD_SIZE" in os.environ:  # under torchrun
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
+        group = True
+    processes = torch.distributed.get_world_size() if group else 1
+    rank = torch.distributed.get_rank() if group else 0
+    grid = grid_for(processes if group else 4)  # one process: a 2 x 2 grid held whole
+    images, labels = shapes(args.samples, args.size, seed=args.seed)
+    shape = (args.batch, 1, args.size, args.size)
+    reference = reference_model(LENET, shape, seed=args.seed, dtype=dtype)
+    model = SpatialModel(
+        LENET, reference, batch=args.batch, size=args.size, grid=grid, group=group, dtype=dtype
+    )
+    step_loss = compiled_loss(model, backend=args.compile) if args.compile else None
+    record = args.record is not None
+    mine = train_distributed(
+        model,
+        batches(images, labels, args.batch, args.steps),
+        lr=args.lr,
+        momentum=args.momentum,
+        record=record,
+        step_loss=step_loss,
+    )
+    seconds = time.perf_counter() - mine.times[0]  # from the first step (the optimizer built)
+    later = (time.perf_counter() - mine.times[1]) / (args.steps - 1) if args.steps > 1 else seconds
+    if group:
+        torch.distributed.destroy_process_group()
+    if rank != 0:
+        return
+    alone = train_reference(
+        reference,
+        batches(images, labels, args.batch, args.steps),
+        lr=args.lr,
+        momentum=args.momentum,
+        record=record,
+        dtype=dtype,
+    )
+    gap = max(abs(a - b) for a, b in zip(mine.losses, alone.losses))
+    where = f"{processes} processes" if group else "1 process, 4 workers"
+    print(
+        f"linop ({where}, grid {grid[0]} x {grid[1]}): {args.steps} steps in {seconds:.2f} s"
+        f" (the first binds the plans; {1000 * later:.1f} ms a step after it)"
+    )
+    for step in sorted({0, args.steps // 2, args.steps - 1}):
+        print(
+            f"step {step:4d}: loss {mine.losses[step]:.12f} (torch.nn, 1 process: {alone.losses[step]:.12f})"
+        )
+    print(f"largest loss difference: {gap:.2e}")
+    if record:
+        arrays: dict[str, Any] = {"losses": np.array(mine.losses), "reference_losses": np.array(alone.losses)}
+        for prefix, history in (("w", mine), ("r", alone)):  # w: linop's, r: the reference's
+            arrays.update(
+                {f"{prefix}{s}_{k}": w for s, step in enumerate(history.weights) for k, w in enumerate(step)}
+            )
+        np.savez(args.record, **arrays)
+        print(json.dumps({"recorded": args.record, "steps": len(mine.losses)}))
+    if args.plot:
+        plot(args.plot, mine.losses, alone.losses, processes if group else 1)
+        print(f"plot: {args.plot}")
+
+
+if __name__ == "__main__":
+    main()
