@@ -447,14 +447,16 @@ def plan_on_rank_of_p(op: LinearOperator, digest: bytes, schedule: tuple, rank: 
     """The :class:`~linop.backends.mpi.plan.DistributedPlan` of ``op`` on rank ``rank`` of a
     test communicator of ``size`` ranks (:class:`RankOfP`, its context made here), from the
     fingerprint and schedule compiled already (as :func:`~linop.backends.mpi.plan_for`
-    would compile them: kept in its program cache first)."""
+    would compile them, its fast-path parts turned into MPI steps: kept in its program cache
+    first)."""
     from linop.backends.mpi import plan as mpi_plan
     from linop.backends.mpi.context import CommContext
+    from linop.backends.mpi.native import mpi_schedule
     from linop.program import RankProgram
 
     compiled = mpi_plan.Compiled.__new__(mpi_plan.Compiled)
     compiled.fingerprint = digest
-    compiled.ranks = {rank: (RankProgram(schedule, size - 1), None)}
+    compiled.ranks = {rank: (RankProgram(mpi_schedule(schedule), size - 1), None)}
     mpi_plan._PROGRAMS.put(op, compiled)
     return mpi_plan.DistributedPlan(op, CommContext(RankOfP(rank, size)))  # type: ignore[arg-type]
 

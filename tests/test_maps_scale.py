@@ -73,6 +73,8 @@ def test_a_mapped_rank_plans_in_the_same_memory_at_sixteen_times_the_workers(cas
 @pytest.mark.parametrize("native", [True, False], ids=["native", "portable"])
 @pytest.mark.parametrize("case", ["AllReduce axis 0", "Repartition (s,s) -> (2s,s/2)", "Broadcast 1 -> P"])
 def test_the_global_route_grows(case, native):  # control: the measure sees growth when there is some
+    # P = 64 against 1,024: 16 times the workers. At 4 times (P = 256) the global all-reduce's
+    # growth (2.7x) sat too close to the one-time caches of the first call to tell apart.
     small, _ = _planned(case, 8, "blocked", False, whole=True, native=native)
-    large, _ = _planned(case, 16, "blocked", False, whole=True, native=native)
-    assert large > 3 * small
+    large, _ = _planned(case, 32, "blocked", False, whole=True, native=native)
+    assert large > 4 * small

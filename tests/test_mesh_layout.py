@@ -246,12 +246,15 @@ def test_torch_mesh_layout_and_placements_round_trip():
     assert mesh_layout((2, 2), torch_placements(layout), (5, 3), {0: (4, 1)}) == layout
 
 
-def test_redistribute_local_names_the_wrong_dimension():
+def test_redistribute_local_checks_the_group_first():
+    """The process group is checked before the local tensor (issue 40: a wrapper's group
+    mistakes first): without an initialized group the error says so, even for a local tensor
+    of the wrong shape. The wrong shape itself is named on a real group by
+    tests/test_framework_edges.py ("a wrong local shape on rank 1")."""
     torch = pytest.importorskip("torch")
+    from linop.errors import ProcessGroupError
     from linop.frameworks.dtensor import redistribute_local
 
     rows = MeshLayout.from_placements((4,), [Shard(0)], (77, 9), {0: (10, 30, 7, 30)})
-    with pytest.raises(
-        PlacementError, match=r"rank 0 holds a local tensor of shape \(20, 9\).*tensor dimension 0"
-    ):
+    with pytest.raises(ProcessGroupError, match="init_process_group"):
         redistribute_local(torch.zeros(20, 9), rows, [Shard(1)])  # torch.chunk's rows, not the layout's
