@@ -797,10 +797,7 @@ def plot(path: str, distributed: Sequence[float], reference: Sequence[float], pr
     axes.set_yscale("log")
     axes.legend()
     gap = max(abs(a - b) for a, b in zip(distributed, reference))
-    axes.set_title(
-        f"up-sample, conv, batch norm, max-pool, affine; float64: largest loss difference {gap:.1e}",
-        fontsize=9,
-    )
+    axes.set_title(f"Up-sample/conv/BN/max-pool net, float64: max loss gap {gap:.1e}", fontsize=9)
     figure.tight_layout()
     figure.savefig(path)
 
@@ -815,7 +812,7 @@ def arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--size", type=int, default=16, help="image side (pixels; the network up-samples it x2)"
     )
     parser.add_argument("--samples", type=int, default=512, help="data set size")
-    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--lr", type=float, default=0.02)
     parser.add_argument("--momentum", type=float, default=0.9)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", choices=("float64", "float32"), default="float64")
