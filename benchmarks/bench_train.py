@@ -6,24 +6,31 @@ under ``torchrun --nproc-per-node 4 --master-addr 127.0.0.1 --master-port P``.
 
 - ``linop``: the example's :class:`SpatialModel` (images cut 2 x 2): one SGD step, forward
   and backward of every layer and the loss, every data movement a linop tree (the
-  convolutions' ``LayerModule`` with their parameters on their owners, broadcast in the
-  forward and summed back in the backward; the pooling windows; the affine layers'
-  sum-reductions; the loss's repartition to sample shares and sum-reduction);
+  up-sampling's and max-pooling's halo windows; the convolutions' ``LayerModule`` with their
+  parameters on their owners, broadcast in the forward and summed back in the backward; batch
+  norm's all-reduces and parameter broadcast; the repartition to channel shares; the affine
+  layers' sum-reductions; the loss's repartition to sample shares and sum-reduction);
   ``linop replicated``: the same with the convolutions' parameters replicated
   (``LayerModule(..., replicate=True)``: no broadcast, an all-reduce of their gradients, as
   the hand-written network does).
 - ``hand``: the same network by hand: an ``autograd.Function`` exchanging the 2-d halo with
   ``isend``/``irecv`` (rows, then columns with the corners; the backward adds the halo
-  gradients back in the reverse order), ``conv2d`` on the padded block, ``avg_pool2d`` on the
-  block, the first affine layer's partial products ``dist.reduce``-d onto rank 0 (its backward
-  a ``broadcast``), the second affine layer and the cross entropy on rank 0, and an
-  ``all_reduce`` of the replicated convolution parameters' gradients; ``torch.optim.SGD``.
+  gradients back in the reverse order); the up-sampling as a halo of 1 (the image's edges
+  replicated) and ``F.interpolate`` on the padded block, cropped; ``conv2d`` on the padded
+  block; batch norm with its per-channel sums ``all_reduce``-d (an autograd function whose
+  backward all-reduces the gradient: 2 all-reduces forward, 2 backward) and its running
+  statistics updated; ``max_pool2d`` on the block (even blocks: no halo); the first affine
+  layer's partial products on each block's features (no repartition) ``dist.reduce``-d onto
+  rank 0 (its backward a ``broadcast``), the second affine layer and the cross entropy on
+  rank 0, and an ``all_reduce`` of the replicated convolution and batch norm parameters'
+  gradients; ``torch.optim.SGD``.
 
 Both start from the same weights, and their first steps' losses are checked equal (float64, to
 1e-10) before timing. Timed in the same processes, interleaved sample by sample (each sample a
 batch of steps, its time the maximum over ranks); the table shows medians and the median of
 per-sample ratios. ``BENCH_TRAIN`` = ``batch,size`` pairs separated by ``;`` (default
-``32,64;16,128``), ``BENCH_SAMPLES`` (default 15), ``BENCH_DTYPE`` (default float32).
+``32,32;16,64``: images of 32 x 32 and 64 x 64, up-sampled to 64 x 64 and 128 x 128; the size
+a multiple of 4), ``BENCH_SAMPLES`` (default 15), ``BENCH_DTYPE`` (default float32).
 Nothing is asserted about speed. The machine may be shared: report its load with the figures.
 """
 
@@ -50,8 +57,7 @@ import train_spatial as example
 
 SAMPLES = int(os.environ.get("BENCH_SAMPLES", "15"))
 CASES = [
-    tuple(int(n) for n in case.split(","))
-    for case in os.environ.get("BENCH_TRAIN", "32,64;16,128").split(";")
+    tuple(int(n) for n in case.split(",")) for case in os.environ.get("BENCH_TRAIN", "32,32;16,64").split(";")
 ]
 DTYPE = getattr(torch, os.environ.get("BENCH_DTYPE", "float32"))
 LR, MOMENTUM = 0.01, 0.9
@@ -179,25 +185,62 @@ class ReduceToRoot(torch.autograd.Function):
         return grad
 
 
+class AllReduceSum(torch.autograd.Function):
+    """The sum over ranks on every rank (``dist.all_reduce``); backward: the same."""
+
+    @staticmethod
+    def forward(ctx: Any, partial: Tensor) -> Tensor:
+        total = partial.clone()
+        dist.all_reduce(total)
+        return total
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
+        grad = grad.clone()
+        dist.all_reduce(grad)
+        return grad
+
+
+def _replicate_edges(padded: Tensor, grid: tuple[int, int]) -> Tensor:
+    """The halo of width 1 at the image's edges (where the exchange left zeros) replaced by
+    the edge rows and columns: rows first, so the corners are the edge's corner entries."""
+    up, down, left, right = _neighbours(grid)
+    if up < 0:
+        padded = torch.cat([padded[..., 1:2, :], padded[..., 1:, :]], dim=-2)
+    if down < 0:
+        padded = torch.cat([padded[..., :-1, :], padded[..., -2:-1, :]], dim=-2)
+    if left < 0:
+        padded = torch.cat([padded[..., 1:2], padded[..., 1:]], dim=-1)
+    if right < 0:
+        padded = torch.cat([padded[..., :-1], padded[..., -2:-1]], dim=-1)
+    return padded
+
+
 class HandNetwork(torch.nn.Module):
-    """:data:`example.LENET` on a 2 x 2 grid of ranks, written by hand (image side divisible
-    by 4 on each rank: even blocks, pooling windows on their own block)."""
+    """:data:`example.NETWORK` on a 2 x 2 grid of ranks, written by hand (image side a multiple
+    of 4: even blocks at every layer, pooling windows on their own block)."""
 
     def __init__(self, reference: torch.nn.Sequential, size: int, grid: tuple[int, int]) -> None:
         super().__init__()
         layers: list[Any] = list(reference)
-        conv1, _, _, conv2, _, _, _, dense1, _, dense2 = layers
+        _, conv1, norm1, _, _, conv2, norm2, _, _, _, _, dense1, _, dense2 = layers
         rank = dist.get_rank()
         self.grid, self.rank = grid, rank
         self.rows = slice(rank // grid[1] * size // grid[0], (rank // grid[1] + 1) * size // grid[0])
         self.cols = slice(rank % grid[1] * size // grid[1], (rank % grid[1] + 1) * size // grid[1])
+        self.entries = [(2 * size) ** 2, size**2]  # per channel and sample at each batch norm
         copy = lambda t: torch.nn.Parameter(t.detach().clone())  # noqa: E731
         self.w1, self.b1, self.w2, self.b2 = (
             copy(t) for t in (conv1.weight, conv1.bias, conv2.weight, conv2.bias)
         )
+        self.g1, self.h1, self.g2, self.h2 = (
+            copy(t) for t in (norm1.weight, norm1.bias, norm2.weight, norm2.bias)
+        )
+        self.norms = [(self.g1, self.h1, norm1), (self.g2, self.h2, norm2)]
+        self.running = [(norm.running_mean.clone(), norm.running_var.clone()) for norm in (norm1, norm2)]
         # the first affine layer's columns of this rank's features (torch's flatten order of its block)
         channels = conv2.out_channels
-        side = size // 4
+        side = size // 2  # up-sampled x2, pooled twice
         index = np.arange(channels * side * side).reshape(channels, side, side)
         i, j = divmod(rank, grid[1])
         rows, cols = side // grid[0], side // grid[1]
@@ -206,14 +249,30 @@ class HandNetwork(torch.nn.Module):
         self.b3 = copy(dense1.bias) if rank == 0 else None
         self.w4: torch.nn.Parameter | None = copy(dense2.weight) if rank == 0 else None
         self.b4: torch.nn.Parameter | None = copy(dense2.bias) if rank == 0 else None
-        self.convolutions = [self.w1, self.b1, self.w2, self.b2]
+        self.replicated = [self.w1, self.b1, self.w2, self.b2, self.g1, self.h1, self.g2, self.h2]
+
+    def batch_norm(self, x: Tensor, k: int) -> Tensor:
+        """Training-mode batch norm of the global batch: the per-channel sums all-reduced."""
+        weight, bias, norm = self.norms[k]
+        m = x.shape[0] * self.entries[k]
+        mean = AllReduceSum.apply(x.sum((0, 2, 3))) / m
+        centred = x - mean[None, :, None, None]
+        var = AllReduceSum.apply((centred * centred).sum((0, 2, 3))) / m
+        with torch.no_grad():
+            running_mean, running_var = self.running[k]
+            running_mean.mul_(1 - norm.momentum).add_(norm.momentum * mean)
+            running_var.mul_(1 - norm.momentum).add_(norm.momentum * var * m / (m - 1))
+        scale = (weight * torch.rsqrt(var + norm.eps))[None, :, None, None]
+        return centred * scale + bias[None, :, None, None]
 
     def loss(self, images: np.ndarray, labels: np.ndarray) -> tuple[Tensor | None, Tensor]:
         x = torch.from_numpy(images[:, :, self.rows, self.cols]).to(self.w1.dtype)
-        x = torch.tanh(F.conv2d(HaloExchange2d.apply(x, 2, self.grid), self.w1, self.b1))
-        x = F.avg_pool2d(x, 2)
-        x = torch.tanh(F.conv2d(HaloExchange2d.apply(x, 1, self.grid), self.w2, self.b2))
-        x = F.avg_pool2d(x, 2)
+        padded = _replicate_edges(HaloExchange2d.apply(x, 1, self.grid), self.grid)
+        x = F.interpolate(padded, scale_factor=2, mode="bilinear", align_corners=False)[..., 2:-2, 2:-2]
+        x = F.conv2d(HaloExchange2d.apply(x, 2, self.grid), self.w1, self.b1)
+        x = F.max_pool2d(torch.relu(self.batch_norm(x, 0)), 2)
+        x = F.conv2d(HaloExchange2d.apply(x, 1, self.grid), self.w2, self.b2)
+        x = F.max_pool2d(torch.relu(self.batch_norm(x, 1)), 2)
         hidden = ReduceToRoot.apply(x.reshape(x.shape[0], -1) @ self.w3.T)
         if self.rank != 0:
             return None, hidden.sum() * 0  # the reduce's backward (a broadcast) runs here too
@@ -223,7 +282,7 @@ class HandNetwork(torch.nn.Module):
         return loss, loss
 
     def sum_gradients(self) -> None:
-        for parameter in self.convolutions:  # replicated: the data-parallel sum
+        for parameter in self.replicated:  # replicated: the data-parallel sum
             dist.all_reduce(parameter.grad)
 
 
@@ -245,12 +304,12 @@ def case_row(batch: int, size: int) -> list[str]:
     images, labels = example.shapes(batch, size, seed=1)
     models: dict[str, tuple[Any, Any]] = {}
     for name, dtype in (("check", torch.float64), ("run", DTYPE)):
-        reference = example.reference_model(example.LENET, (batch, 1, size, size), seed=0, dtype=dtype)
+        reference = example.reference_model(example.NETWORK, (batch, 1, size, size), seed=0, dtype=dtype)
         ours = example.SpatialModel(
-            example.LENET, reference, batch=batch, size=size, grid=grid, group=True, dtype=dtype
+            example.NETWORK, reference, batch=batch, size=size, grid=grid, group=True, dtype=dtype
         )
         twin = example.SpatialModel(
-            example.LENET,
+            example.NETWORK,
             reference,
             batch=batch,
             size=size,
@@ -279,7 +338,7 @@ def case_row(batch: int, size: int) -> list[str]:
     times = timed({label: step(label) for label in ("linop", "linop replicated", "hand")}, batch=3)
     hand_times = times["hand"]
     cells = [
-        f"batch {batch}, {size} x {size} images, {str(DTYPE).removeprefix('torch.')}",
+        f"batch {batch}, {size} x {size} images (up-sampled: {2 * size}), {str(DTYPE).removeprefix('torch.')}",
         f"{median(hand_times) * 1e3:8.2f} ms",
     ]
     for label in ("linop", "linop replicated"):

@@ -1,5 +1,6 @@
-r"""A spatially parallel LeNet-5 style classifier trained with linop, and the same network in
-plain ``torch.nn`` on one process: the two learn the same weights, step by step.
+r"""A spatially parallel convolutional classifier trained with linop, and the same network in
+plain ``torch.nn`` on one process: the two learn the same weights and running statistics,
+step by step.
 
 Run it on 4 processes (the images cut 2 x 2 over them)::
 
@@ -9,31 +10,40 @@ Run it on 4 processes (the images cut 2 x 2 over them)::
 or on one process (``python examples/train_spatial.py``): the sequential reference, and the
 distributed model on a 2 x 2 grid held whole by the process (linop's numpy interpreter).
 
-The network (:data:`LENET`, one line per layer; both models are built from it)::
+The network (:data:`NETWORK`, one line per layer; both models are built from it)::
 
-    x (N, 1, S, S) on 1 x 1 x P_0 x P_1           the image cut over the processes
-    conv 5x5, 6 channels -> tanh -> avg-pool 2    halo exchange + torch conv2d per block
-    conv 3x3, 12 channels -> tanh -> avg-pool 2
-    flatten                                       each block's features, no data moves
-    affine -> 32 -> tanh                          partial products, sum-reduced onto worker 0
-    affine -> 4 classes                           on worker 0
-    loss: cross entropy, mean over the batch      logits repartitioned to sample shares over
-                                                  every worker; local sums, sum-reduced onto
-                                                  worker 0, divided by N
+    x (N, 1, S, S) on 1 x 1 x P_0 x P_1      the image cut over the processes
+    up-sample x2, bilinear                   Upsample: output-driven shares, uneven halos
+    conv 5x5, 6 channels                     LayerModule(Convolution): halo + torch conv2d
+    batch norm -> relu                       BatchNormModule: statistics all-reduced over
+                                             the workers of each channel (here all of them)
+    max-pool 2                               MaxPool: halo windows + torch max_pool2d
+    conv 3x3, 12 channels -> batch norm -> relu -> max-pool 2
+    repartition: channels over the workers   Repartition module, to 1 x P x 1 x 1
+    flatten                                  each worker's channels: torch's flatten order
+    affine -> 32 -> tanh                     LayerModule(Affine): partial products,
+                                             sum-reduced onto worker 0
+    affine -> 4 classes                      on worker 0
+    loss: cross entropy, mean over batch     the logits repartitioned to sample shares on
+                                             every worker (the classes whole on each),
+                                             log_softmax there, LossModule(Loss("kl_div",
+                                             "batchmean")) against the one-hot labels: the
+                                             local sums sum-reduced onto worker 0
 
-What runs where: every data movement is a linop tree (the convolutions' halo windows, weight
-broadcasts and gradient sums inside :class:`~linop.frameworks.torch_layers.LayerModule`; the
-pooling windows of :class:`~linop.layers.AveragePool`; the affine layers' sum-reductions; the
-loss's :class:`~linop.Repartition` and :class:`~linop.SumReduce`), run through torch autograd
-by :class:`~linop.frameworks.torch_function.TorchOperator`, its backward the tree's adjoint.
-The arithmetic is torch's own (conv2d, linear, avg_pool2d, tanh, log_softmax) on each block.
+What runs where: every data movement is a linop tree, run through torch autograd (its backward
+the tree's adjoint): the up-sampling's and max-pooling's halo windows
+(:mod:`linop.frameworks.torch_resample`, :mod:`linop.frameworks.torch_pooling`); the
+convolutions' halo windows, weight broadcasts and gradient sums
+(:class:`~linop.frameworks.torch_layers.LayerModule`); batch norm's all-reduces of the
+statistics and of the gradient sums, and its parameters' broadcast
+(:class:`~linop.frameworks.torch_norm.BatchNormModule`); the repartitions
+(:mod:`linop.frameworks.torch_repartition`); the affine layers' and the loss's
+sum-reductions (:class:`~linop.frameworks.torch_losses.LossModule`). The arithmetic is
+torch's own on each block (the bilinear weights, conv2d, the normalization, relu,
+max_pool2d, linear, tanh, log_softmax, kl_div).
 
-Where the layers of issue 37 slot in (one line each in :data:`LENET`, one builder each in
-:func:`reference_layer` and :meth:`SpatialModel.stage`): ``BatchNorm`` after each convolution,
-``MaxPool`` for :class:`Pool` (``Pool("max", 2)`` already runs here as halo windows + torch's
-``max_pool2d``, its padding 0), ``Upsample`` as a new spec entry, the library's distributed
-loss in place of :class:`Loss` (cross entropy is the KL divergence to the one-hot labels,
-``batchmean``, of the log-softmax).
+Cross entropy is the KL divergence from the one-hot labels (``batchmean``) of the
+log-softmax: the reference uses ``F.cross_entropy``; the two agree to rounding.
 
 Every process draws the same data set (:func:`shapes`, deterministic: no download) and keeps
 the blocks of its own workers; a real loader would read only its boxes.
@@ -55,10 +65,17 @@ import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812 - torch's conventional name
 
-from linop import DistributedTensor, Kernel, Partition, Repartition, SumReduce
+from linop import DistributedTensor, Kernel, Partition
 from linop.frameworks.torch_function import TorchOperator
 from linop.frameworks.torch_layers import LayerModule
+from linop.frameworks.torch_losses import LossModule
+from linop.frameworks.torch_norm import BatchNormModule
+from linop.frameworks.torch_pooling import MaxPool
+from linop.frameworks.torch_repartition import Repartition
+from linop.frameworks.torch_resample import Upsample as UpsampleModule
 from linop.layers import Affine, AveragePool, Convolution
+from linop.layers import BatchNorm as BatchNormLayer
+from linop.layers import Loss as LossLayer
 
 Tensor = torch.Tensor
 Blocks = dict[str, Tensor]
@@ -97,11 +114,34 @@ def shapes(count: int, size: int, *, seed: int = 0, noise: float = 0.3) -> tuple
 
 # -- the network, as a small spec -------------------------------------------------------------------
 @dataclass(frozen=True)
+class Upsample:
+    """Up-sampling by an integer ``factor`` (torch's ``Upsample``; ``align_corners=False`` for
+    the linear modes)."""
+
+    factor: int
+    mode: str = "bilinear"
+
+
+@dataclass(frozen=True)
 class Conv:
     """A convolution: ``out`` channels, a ``size`` x ``size`` kernel, padding keeping the size."""
 
     out: int
     size: int
+
+
+@dataclass(frozen=True)
+class BatchNorm:
+    """Batch normalization over the channels (torch's ``BatchNorm2d``: affine, running
+    statistics)."""
+
+    eps: float = 1e-5
+    momentum: float = 0.1
+
+
+@dataclass(frozen=True)
+class ReLU:
+    """max(x, 0) on every entry."""
 
 
 @dataclass(frozen=True)
@@ -111,10 +151,18 @@ class Tanh:
 
 @dataclass(frozen=True)
 class Pool:
-    """Pooling over ``size`` x ``size`` windows with stride ``size``: ``"avg"`` or ``"max"``."""
+    """Pooling over ``size`` x ``size`` windows with stride ``size``: ``"max"`` (linop's
+    :class:`~linop.frameworks.torch_pooling.MaxPool`) or ``"avg"`` (the windows of
+    :class:`~linop.layers.AveragePool` and torch's ``avg_pool2d``)."""
 
     kind: str
     size: int
+
+
+@dataclass(frozen=True)
+class Regroup:
+    """A repartition (the identity on one process): the channels cut over every worker, each
+    image whole on its worker, so a flatten there gives torch's flatten order."""
 
 
 @dataclass(frozen=True)
@@ -129,33 +177,45 @@ class Dense:
     out: int
 
 
-Layer = Conv | Tanh | Pool | Flatten | Dense
+Layer = Upsample | Conv | BatchNorm | ReLU | Tanh | Pool | Regroup | Flatten | Dense
 
-LENET: tuple[Layer, ...] = (
+NETWORK: tuple[Layer, ...] = (
+    Upsample(2, "bilinear"),
     Conv(6, 5),
-    Tanh(),
-    Pool("avg", 2),
+    BatchNorm(),
+    ReLU(),
+    Pool("max", 2),
     Conv(12, 3),
-    Tanh(),
-    Pool("avg", 2),
+    BatchNorm(),
+    ReLU(),
+    Pool("max", 2),
+    Regroup(),
     Flatten(),
     Dense(32),
     Tanh(),
     Dense(CLASSES),
 )
-"""The example's network (LeNet-5's shape, smaller). A layer of issue 37 is one more line here
-(``BatchNorm()`` after a ``Conv``, ``Upsample(2)``) and one builder in each model."""
+"""The example's network (LeNet-5's shape, with up-sampling and batch norm)."""
 
 
 def reference_layer(layer: Layer, shape: tuple[int, ...], dtype: torch.dtype) -> torch.nn.Module:
     """The plain torch module of ``layer`` for inputs of ``shape`` (one process)."""
+    if isinstance(layer, Upsample):
+        corners = None if layer.mode.startswith("nearest") else False
+        return torch.nn.Upsample(scale_factor=layer.factor, mode=layer.mode, align_corners=corners)
     if isinstance(layer, Conv):
         return torch.nn.Conv2d(shape[1], layer.out, layer.size, padding=layer.size // 2, dtype=dtype)
+    if isinstance(layer, BatchNorm):
+        return torch.nn.BatchNorm2d(shape[1], eps=layer.eps, momentum=layer.momentum, dtype=dtype)
+    if isinstance(layer, ReLU):
+        return torch.nn.ReLU()
     if isinstance(layer, Tanh):
         return torch.nn.Tanh()
     if isinstance(layer, Pool):
         pool = torch.nn.AvgPool2d if layer.kind == "avg" else torch.nn.MaxPool2d
         return pool(layer.size, stride=layer.size)
+    if isinstance(layer, Regroup):
+        return torch.nn.Identity()
     if isinstance(layer, Flatten):
         return torch.nn.Flatten()
     if isinstance(layer, Dense):
@@ -175,8 +235,21 @@ def reference_model(
         module = reference_layer(layer, shape, dtype)
         layers.append(module)
         with torch.no_grad():
-            shape = tuple(module(torch.zeros(shape, dtype=dtype)).shape)
+            shape = tuple(module.eval()(torch.zeros(shape, dtype=dtype)).shape)
+        module.train()
     return torch.nn.Sequential(*layers)
+
+
+def reference_state(model: torch.nn.Sequential) -> list[np.ndarray]:
+    """Copies of every layer's parameters (weight, bias) and, after a batch norm's, its running
+    mean and variance, in the layers' order: what :meth:`SpatialModel.global_state` gathers."""
+    arrays: list[np.ndarray] = []
+    for module in model:
+        arrays += [p.detach().numpy().copy() for p in module.parameters()]
+        if isinstance(module, torch.nn.BatchNorm2d):
+            assert module.running_mean is not None and module.running_var is not None
+            arrays += [module.running_mean.numpy().copy(), module.running_var.numpy().copy()]
+    return arrays
 
 
 def reference_loss(logits: Tensor, labels: Tensor) -> Tensor:
@@ -205,6 +278,32 @@ class Stage(torch.nn.Module):
     def tokens(self) -> list[Tensor]:
         """The empty outputs of this stage's last linop calls (see :meth:`SpatialModel.loss`)."""
         return []
+
+    def local_state(self) -> dict[str, np.ndarray]:
+        """This process's blocks of the stage's parameters and statistics, by name."""
+        return {}
+
+    def global_state(self, state: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """The stage's global arrays in :func:`reference_state`'s order, from the union of
+        every process's :meth:`local_state`."""
+        return []
+
+
+class ModuleStage(Stage):
+    """A linop module that maps this process's blocks of x to its blocks of y (up-sampling,
+    max-pooling, a repartition); its ``token`` is the stage's."""
+
+    def __init__(self, module: Any) -> None:
+        super().__init__()
+        self.module = module
+        self.x = module.source if isinstance(module, Repartition) else module.x
+        self.y = module.destination if isinstance(module, Repartition) else module.y
+
+    def forward(self, blocks: Blocks) -> Blocks:
+        return self.module(blocks)
+
+    def tokens(self) -> list[Tensor]:
+        return [self.module.token]
 
 
 class ConvStage(Stage):
@@ -239,23 +338,80 @@ class ConvStage(Stage):
     def tokens(self) -> list[Tensor]:
         return [self.module.token]
 
-    def global_parameters(self, state: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    def local_state(self) -> dict[str, np.ndarray]:
+        return {n: p.detach().numpy().copy() for n, p in self.module.parameter_state().items()}
+
+    def global_state(self, state: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         if self.module.replicate:
             raise ValueError("the global parameters are gathered from their owners' blocks: replicate=False")
         return [gather(self.layer.weights, state), gather(self.layer.bias, state)]
 
 
+class BatchNormStage(Stage):
+    """A :class:`~linop.layers.BatchNorm` as a :class:`BatchNormModule`: (w; b) on the workers
+    of the first batch-and-feature block of each channel share, broadcast to the others; the
+    running statistics on every process that holds a block of the channel."""
+
+    def __init__(
+        self,
+        x: DistributedTensor,
+        layer: BatchNorm,
+        name: str,
+        reference: Any,
+        group: Any,
+        dtype: torch.dtype,
+    ) -> None:
+        super().__init__()
+        norm = BatchNormLayer(x, eps=layer.eps, momentum=layer.momentum, name=name)
+        self.x, self.y, self.layer, self.name = x, norm.y, norm, name
+        self.module = BatchNormModule(
+            norm,
+            weight=reference.weight.detach().numpy(),
+            bias=reference.bias.detach().numpy(),
+            group=group,
+            dtype=dtype,
+        )
+        edges = np.cumsum([0, *norm.channel_sizes])
+        self.channel_slices = [slice(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:])]
+
+    def forward(self, blocks: Blocks) -> Blocks:
+        return self.module(blocks)
+
+    def tokens(self) -> list[Tensor]:
+        return [self.module.token]
+
+    def local_state(self) -> dict[str, np.ndarray]:
+        state = {n: p.detach().numpy().copy() for n, p in self.module.parameter_state().items()}
+        module = self.module
+        assert module.running_mean is not None and module.running_var is not None
+        start = 0
+        for c in module.channels:  # the buffers hold this process's channel groups, in this order
+            size = self.channel_slices[c].stop - self.channel_slices[c].start
+            for key, buffer in (("mean", module.running_mean), ("var", module.running_var)):
+                state[f"{self.name}.running_{key}[{c}]"] = buffer[start : start + size].numpy().copy()
+            start += size
+        return state
+
+    def global_state(self, state: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        w, b = self.layer.gather_parameters(state)
+        running = [
+            np.concatenate(
+                [state[f"{self.name}.running_{key}[{c}]"] for c in range(len(self.channel_slices))]
+            )
+            for key in ("mean", "var")
+        ]
+        return [w, b, *running]
+
+
 class PoolStage(Stage):
-    """Pooling as halo windows (the window tree of :class:`~linop.layers.AveragePool`, moved by
-    linop) and torch's ``avg_pool2d`` / ``max_pool2d`` on each window (padding 0, so a max-pool's
-    windows hold no padding)."""
+    """Average pooling as halo windows (the window tree of :class:`~linop.layers.AveragePool`,
+    moved by linop) and torch's ``avg_pool2d`` on each window."""
 
     def __init__(self, x: DistributedTensor, layer: Pool, name: str, rank: int | None, group: Any) -> None:
         super().__init__()
         pool = AveragePool(x, Kernel(layer.size, stride=layer.size), name=name)
         self.x, self.y = x, pool.y
         self.windows = TorchOperator(pool.window_operator, group=group)
-        self.local = F.avg_pool2d if layer.kind == "avg" else F.max_pool2d
         self.size = layer.size
         self.names = [
             (pool.window_name(g), pool.y.block(g).name)
@@ -265,31 +421,35 @@ class PoolStage(Stage):
 
     def forward(self, blocks: Blocks) -> Blocks:
         windows = self.windows(blocks)
-        return {out: self.local(windows[window], self.size, stride=self.size) for window, out in self.names}
+        return {out: F.avg_pool2d(windows[window], self.size, stride=self.size) for window, out in self.names}
 
     def tokens(self) -> list[Tensor]:
         return [self.windows.token]
 
 
-class TanhStage(Stage):
-    def __init__(self, x: DistributedTensor) -> None:
+class PointwiseStage(Stage):
+    """An activation on every block where it lies."""
+
+    def __init__(self, x: DistributedTensor, function: Callable[[Tensor], Tensor]) -> None:
         super().__init__()
         self.x = self.y = x
+        self.function = function
 
     def forward(self, blocks: Blocks) -> Blocks:
-        return {name: torch.tanh(block) for name, block in blocks.items()}
+        return {name: self.function(block) for name, block in blocks.items()}
 
 
 class FlattenStage(Stage):
-    r"""(N, C, H, W) on 1 x 1 x P_0 x P_1 -> (N, F) on 1 x (P_0 P_1): each worker's block
-    flattened where it lies (no data moves). The features come in block order, not in torch's
-    flatten order: :attr:`order` lists, for each feature here, its index in torch's flatten, so
-    a weight matrix ``W`` of the reference is ``W[:, order]`` here."""
+    r"""(N, C, H, W) on 1 x P_c x P_0 x P_1 -> (N, F) on 1 x (P_c P_0 P_1): each worker's block
+    flattened where it lies (no data moves). The features come in block order: :attr:`order`
+    lists, for each feature here, its index in torch's flatten, so a weight matrix ``W`` of the
+    reference is ``W[:, order]`` here. After a :class:`Regroup` (the channels cut, the images
+    whole) the order is torch's: ``order`` is the identity."""
 
     def __init__(self, x: DistributedTensor, name: str) -> None:
         super().__init__()
-        if x.partition.shape[:2] != (1, 1):
-            raise ValueError(f"flatten needs the channels whole: partition {x.partition.shape}")
+        if x.partition.shape[0] != 1:
+            raise ValueError(f"flatten needs the batch whole: partition {x.partition.shape}")
         self.x = x
         index = np.arange(math.prod(x.global_shape[1:])).reshape(x.global_shape[1:])
         boxes = [x.box(g) for g in x.partition.indices()]
@@ -320,16 +480,18 @@ class DenseStage(Stage):
         name: str,
         reference: Any,
         order: np.ndarray | None,
-        group,
-        dtype,
+        group: Any,
+        dtype: torch.dtype,
     ) -> None:
         super().__init__()
         affine = Affine(x, layer.out, name=name)
-        self.x, self.y, self.layer, self.order = x, affine.y, affine, order
+        self.x, self.y, self.layer = x, affine.y, affine
+        identity = order is None or np.array_equal(order, np.arange(order.size))
+        self.order = None if identity else order
         weights = reference.weight.detach().numpy()
         self.module = LayerModule(
             affine,
-            weights=weights if order is None else weights[:, order],
+            weights=weights if self.order is None else weights[:, self.order],
             bias=reference.bias.detach().numpy(),
             group=group,
             dtype=dtype,
@@ -341,57 +503,59 @@ class DenseStage(Stage):
     def tokens(self) -> list[Tensor]:
         return [self.module.token]
 
-    def global_parameters(self, state: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    def local_state(self) -> dict[str, np.ndarray]:
+        return {n: p.detach().numpy().copy() for n, p in self.module.parameter_state().items()}
+
+    def global_state(self, state: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         weights = gather(self.layer.weights, state)
         if self.order is not None:  # back to torch's flatten order
             weights = weights[:, np.argsort(self.order)]
         return [weights, gather(self.layer.bias, state)]
 
 
-class Loss(torch.nn.Module):
-    r"""The mean cross entropy of logits held by one worker, computed on every worker:
-    :math:`\ell = \frac1N \sum_j s_j`, with
+class LossStage(torch.nn.Module):
+    r"""The mean cross entropy of logits held by one worker:
 
     .. math::
 
-        z' = T z \quad (\text{Repartition: sample shares on every worker}), \qquad
-        s_j = -\sum_{n \in j} \log\operatorname{softmax}(z'_n)_{c_n}, \qquad
-        \ell = \tfrac1N\, R\, s \quad (\text{SumReduce onto worker 0})
+        z' = T z \quad (\text{Repartition: sample shares on every worker, the classes whole}),
+        \qquad \ell = \tfrac1N\, R \Big(\sum_{n \in j} \mathrm{KL}\big(e_{c_n} \,\|\,
+        \log\operatorname{softmax}(z'_n)\big)\Big)_j
 
-    backward :math:`\bar s = R^{*}\bar\ell / N` (a broadcast), the local log-softmax's
-    gradient, then :math:`T^{*} = T^{-1}`. The distributed losses of issue 37 replace this
-    module (``KLDivLoss(reduction="batchmean")`` of the log-softmax and the one-hot labels
-    is this loss)."""
+    the log-softmax on each worker's samples (each row holds every class), the KL divergence
+    from the one-hot labels :math:`e_{c_n}` (that is :math:`-\log\operatorname{softmax}(z'_n)_{c_n}`)
+    summed locally and sum-reduced onto worker 0 by :class:`LossModule` (``batchmean``: divided
+    by N). Backward: the broadcast :math:`R^*` of the loss's gradient, the local derivatives,
+    then :math:`T^{*} = T^{-1}`."""
 
-    def __init__(self, logits: DistributedTensor, workers: int, rank: int | None, group: Any) -> None:
+    def __init__(self, logits: DistributedTensor, workers: int, group: Any, dtype: torch.dtype) -> None:
         super().__init__()
         samples, classes = logits.global_shape
-        shares = DistributedTensor("scores", (samples, classes), Partition((workers, 1)))
-        total = DistributedTensor("loss", (1,), Partition((1,), (0,)))
-        self.spread = TorchOperator(Repartition(logits, shares), group=group)
-        self.reduce = TorchOperator(SumReduce(total, Partition((workers,)), "partial"), group=group)
-        self.samples = samples
-        self.rows = {
-            shares.block(g).name: (f"partial[{g[0]}]", slice(shares.box(g)[0][0], shares.box(g)[1][0]))
-            for g in shares.partition.indices()
-            if rank is None or shares.block(g).worker == rank
-        }
+        self.shares = DistributedTensor("scores", (samples, classes), Partition((workers, 1)))
+        self.spread = Repartition(logits, self.shares, group=group)
+        self.module = LossModule(LossLayer(self.shares, "kl_div", reduction="batchmean"), group=group)
+        self.dtype = dtype
 
-    def forward(self, logits: Blocks, labels: Tensor) -> Blocks:
-        """``{"loss[0]": the mean loss, shape (1,)}`` on worker 0's process, else ``{}``."""
+    def forward(self, logits: Blocks, labels: Tensor) -> tuple[Tensor | None, Tensor]:
+        """The loss (on worker 0's process; None elsewhere) and the scalar to call ``backward()``
+        on (the loss, or a zero tied to the collective backward)."""
         scores = self.spread(logits)
-        partial = {}
-        for name, (sum_name, rows) in self.rows.items():
-            logp = torch.log_softmax(scores[name], dim=1)
-            partial[sum_name] = -logp.gather(1, labels[rows, None]).sum().reshape(1)
-        return {name: total / self.samples for name, total in self.reduce(partial).items()}
+        logp = {name: torch.log_softmax(block, dim=1) for name, block in scores.items()}
+        one_hot = F.one_hot(labels, self.shares.global_shape[1]).numpy()
+        targets = {
+            name: torch.from_numpy(block).to(self.dtype)
+            for name, block in self.shares.scatter(one_hot).items()
+            if name in logp
+        }
+        value = self.module(logp, targets)
+        return (value if self.module.is_root else None), value
 
     def tokens(self) -> list[Tensor]:
-        return [self.spread.token, self.reduce.token]
+        return [self.spread.token]
 
 
 class SpatialModel(torch.nn.Module):
-    """:data:`LENET` (or any spec of its layer kinds) on images cut over a grid of workers.
+    """:data:`NETWORK` (or any spec of its layer kinds) on images cut over a grid of workers.
 
     Parameters
     ----------
@@ -410,8 +574,7 @@ class SpatialModel(torch.nn.Module):
     replicate : bool
         The convolutions' parameters replicated on every process, their gradients all-reduced
         (``LayerModule(..., replicate=True)``) instead of held by their owners, broadcast in the
-        forward and summed back in the backward (the default; :meth:`global_parameters` needs
-        it).
+        forward and summed back in the backward (the default; :meth:`global_state` needs it).
     """
 
     def __init__(
@@ -431,7 +594,7 @@ class SpatialModel(torch.nn.Module):
         self.replicate = replicate
         self.rank = None if group is None else torch.distributed.get_rank()
         self.dtype = dtype
-        workers = grid[0] * grid[1]
+        self.workers = grid[0] * grid[1]
         self.x = DistributedTensor("x", (batch, 1, size, size), Partition((1, 1, *grid)))
         stages: list[Stage] = []
         x, order = self.x, None
@@ -441,20 +604,43 @@ class SpatialModel(torch.nn.Module):
             stages.append(stage)
             x = stage.y
         self.stages = torch.nn.ModuleList(stages)
-        self.loss_stage = Loss(x, workers, self.rank, group)
+        self.loss_stage = LossStage(x, self.workers, group, dtype)
 
     def stage(self, layer: Layer, x: DistributedTensor, name: str, twin: Any, order: Any) -> Stage:
         """The distributed module of one spec entry (the place a new layer kind gets its line)."""
+        group, dtype = self.group, self.dtype
+        if isinstance(layer, Upsample):
+            corners = None if layer.mode.startswith("nearest") else False
+            return ModuleStage(
+                UpsampleModule(
+                    x,
+                    scale_factor=layer.factor,
+                    mode=layer.mode,
+                    align_corners=corners,
+                    name=name,
+                    dtype=dtype,
+                    group=group,
+                )
+            )
         if isinstance(layer, Conv):
-            return ConvStage(x, layer, name, twin, self.group, self.dtype, self.replicate)
+            return ConvStage(x, layer, name, twin, group, dtype, self.replicate)
+        if isinstance(layer, BatchNorm):
+            return BatchNormStage(x, layer, name, twin, group, dtype)
+        if isinstance(layer, ReLU):
+            return PointwiseStage(x, torch.relu)
         if isinstance(layer, Tanh):
-            return TanhStage(x)
+            return PointwiseStage(x, torch.tanh)
+        if isinstance(layer, Pool) and layer.kind == "max":
+            return ModuleStage(MaxPool(x, layer.size, name=name, group=group))
         if isinstance(layer, Pool):
-            return PoolStage(x, layer, name, self.rank, self.group)
+            return PoolStage(x, layer, name, self.rank, group)
+        if isinstance(layer, Regroup):
+            channels = DistributedTensor(name, x.global_shape, Partition((1, self.workers, 1, 1)))
+            return ModuleStage(Repartition(x, channels, group=group))
         if isinstance(layer, Flatten):
             return FlattenStage(x, name)
         if isinstance(layer, Dense):
-            return DenseStage(x, layer, name, twin, order, self.group, self.dtype)
+            return DenseStage(x, layer, name, twin, order, group, dtype)
         raise TypeError(f"no distributed builder for {layer!r}")
 
     def mine(self, tensor: DistributedTensor, array: np.ndarray) -> Blocks:
@@ -472,52 +658,54 @@ class SpatialModel(torch.nn.Module):
         return blocks
 
     def loss(self, images: np.ndarray, labels: np.ndarray) -> tuple[Tensor | None, Tensor]:
-        """The mean loss (on worker 0's process; None elsewhere) and the scalar this process
-        calls ``backward()`` on: the loss, or zero, plus every linop call's empty *token*, so
-        that every process runs the backward of every call (they are collective), including
-        the calls whose outputs it holds none of. The backward meets the collectives in the
-        same order on every process: the reverse of the forward's, since autograd's ready
-        queue runs the node created last first and every process creates the calls' nodes in
-        the same order."""
-        logits = self(self.mine(self.x, images))
-        result = self.loss_stage(logits, torch.from_numpy(labels))
-        loss = result.get("loss[0]")
+        """The mean loss of a batch (see :meth:`loss_of`) from its global images."""
+        return self.loss_of(self.mine(self.x, images), labels)
+
+    def loss_of(self, blocks: Blocks, labels: np.ndarray) -> tuple[Tensor | None, Tensor]:
+        """The mean loss (on worker 0's process; None elsewhere) of this process's blocks of
+        the images, and the scalar this process calls ``backward()`` on: the loss, or zero,
+        plus every linop call's empty *token*, so that every process runs the backward of every
+        call (they are collective), including the calls whose outputs it holds none of. The
+        backward meets the collectives in the same order on every process: the reverse of the
+        forward's, since autograd's ready queue runs the node created last first and every
+        process creates the calls' nodes in the same order."""
+        logits = self(blocks)
+        loss, value = self.loss_stage(logits, torch.from_numpy(labels))
         stages: list[Stage] = list(self.stages)  # type: ignore[arg-type]  # a ModuleList of stages
         tokens = [t for stage in stages for t in stage.tokens()] + self.loss_stage.tokens()
         anchor = sum((t.sum() for t in tokens), torch.zeros((), dtype=torch.float64))
-        return (None if loss is None else loss[0]), anchor + (0 if loss is None else loss[0])
+        return loss, anchor + value
 
-    def global_parameters(self) -> list[np.ndarray]:
-        """Every layer's global weights and bias in the reference's order (torch's flatten order
-        for the affine layer after the flatten): collective under a process group."""
-        state = {}
-        for stage in self.stages:
-            if isinstance(stage, ConvStage | DenseStage):
-                state.update({n: p.detach().numpy() for n, p in stage.module.parameter_state().items()})
+    def global_state(self) -> list[np.ndarray]:
+        """Every layer's global weights and bias, and every batch norm's running mean and
+        variance, in :func:`reference_state`'s order (torch's flatten order for an affine
+        layer after a flatten): collective under a process group."""
+        stages: list[Stage] = list(self.stages)  # type: ignore[arg-type]  # a ModuleList of stages
+        state: dict[str, np.ndarray] = {}
+        for stage in stages:
+            state.update(stage.local_state())
         if self.group is not None:
             everyone: list[Any] = [None] * torch.distributed.get_world_size()
             torch.distributed.all_gather_object(everyone, state)
-            state = {name: array for part in everyone for name, array in part.items()}
-        return [
-            array
-            for stage in self.stages
-            if isinstance(stage, ConvStage | DenseStage)
-            for array in stage.global_parameters(state)
-        ]
+            state = {}
+            for part in everyone:  # a channel's running statistics: the first holder's (all equal)
+                state.update({name: array for name, array in part.items() if name not in state})
+        return [array for stage in stages for array in stage.global_state(state)]
 
 
 def compiled_loss(model: SpatialModel, **options: Any) -> Callable[..., Any]:
     """``model.loss`` under ``torch.compile(**options)``, linop's calls left out of the graphs.
 
-    Every linop call (a :class:`LayerModule`, a :class:`TorchOperator`) is run eagerly
-    (``torch.compiler.disable``): a graph break at each of them, so torch compiles the
-    arithmetic between them (activations, pooling, flatten, log-softmax) and autograd runs
-    linop's backward as in eager mode. Without it dynamo traces into linop's Python (the
-    interpreters, numpy views, locks) and breaks the graph there anyway, many times, after
-    a long trace: the same results, about 1.5x the CPU time of the compilation.
+    Every linop call (a :class:`LayerModule`, a :class:`BatchNormModule`, a
+    :class:`TorchOperator`: the halo windows, repartitions and the loss's sum-reduction) is
+    run eagerly (``torch.compiler.disable``): a graph break at each of them, so torch compiles
+    the arithmetic between them (the bilinear weights, relu, max_pool2d, flatten, tanh,
+    log_softmax, kl_div) and autograd runs linop's backward as in eager mode. Without it
+    dynamo traces into linop's Python (the interpreters, numpy views, locks) and breaks the
+    graph there anyway, many times, after a long trace.
     """
     for module in model.modules():
-        if isinstance(module, LayerModule):
+        if isinstance(module, LayerModule | BatchNormModule):
             module.forward = torch.compiler.disable(module.forward)  # type: ignore[method-assign]
         for value in vars(module).values():
             if isinstance(value, TorchOperator):
@@ -528,7 +716,8 @@ def compiled_loss(model: SpatialModel, **options: Any) -> Callable[..., Any]:
 # -- training ---------------------------------------------------------------------------------------
 @dataclass
 class History:
-    """Per step: the loss before the update and (when recorded) the weights after it."""
+    """Per step: the loss before the update and (when recorded) the state after it: the
+    weights, biases and batch norms' running statistics (:func:`reference_state`'s order)."""
 
     losses: list[float]
     weights: list[list[np.ndarray]]
@@ -555,7 +744,7 @@ def train_reference(
         optimizer.step()
         history.losses.append(loss.item())
         if record:
-            history.weights.append([p.detach().numpy().copy() for p in model.parameters()])
+            history.weights.append(reference_state(model))
     return history
 
 
@@ -582,7 +771,7 @@ def train_distributed(
         if loss is not None:
             history.losses.append(loss.item())
         if record:
-            history.weights.append(model.global_parameters())
+            history.weights.append(model.global_state())
     return history
 
 
@@ -608,7 +797,7 @@ def plot(path: str, distributed: Sequence[float], reference: Sequence[float], pr
     axes.set_yscale("log")
     axes.legend()
     gap = max(abs(a - b) for a, b in zip(distributed, reference))
-    axes.set_title(f"LeNet-style classifier, float64: largest loss difference {gap:.1e}", fontsize=9)
+    axes.set_title(f"Up-sample/conv/BN/max-pool net, float64: max loss gap {gap:.1e}", fontsize=9)
     figure.tight_layout()
     figure.savefig(path)
 
@@ -619,9 +808,11 @@ def arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--size", type=int, default=32, help="image side (pixels)")
+    parser.add_argument(
+        "--size", type=int, default=16, help="image side (pixels; the network up-samples it x2)"
+    )
     parser.add_argument("--samples", type=int, default=512, help="data set size")
-    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--lr", type=float, default=0.02)
     parser.add_argument("--momentum", type=float, default=0.9)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", choices=("float64", "float32"), default="float64")
@@ -656,9 +847,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     grid = grid_for(processes if group else 4)  # one process: a 2 x 2 grid held whole
     images, labels = shapes(args.samples, args.size, seed=args.seed)
     shape = (args.batch, 1, args.size, args.size)
-    reference = reference_model(LENET, shape, seed=args.seed, dtype=dtype)
+    reference = reference_model(NETWORK, shape, seed=args.seed, dtype=dtype)
     model = SpatialModel(
-        LENET, reference, batch=args.batch, size=args.size, grid=grid, group=group, dtype=dtype
+        NETWORK, reference, batch=args.batch, size=args.size, grid=grid, group=group, dtype=dtype
     )
     step_loss = compiled_loss(model, backend=args.compile) if args.compile else None
     record = args.record is not None
