@@ -274,6 +274,24 @@ def test_the_fused_chain_sends_fewer_messages(tensor, stages):
     assert scheduled_fused.total_messages < account_schedule(chain.layered_operator()).total_messages
 
 
+@pytest.mark.parametrize(
+    ("length", "workers", "fused", "layered"), [(12, 4, 6, 18), (8, 4, 10, 18), (6, 6, 24, 30)]
+)
+def test_a_fused_halo_wider_than_a_neighbours_bulk_still_sends_fewer_messages(
+    length, workers, fused, layered
+):
+    """Three 3-tap convolutions: the fused halo is 3 entries a side. Over bulks of 3 it comes
+    from one neighbour (6 messages for 3 x 6); over bulks of 2 or 1 it is fetched from two or
+    three workers a side (multi-hop), still fewer messages than three exchanges of one entry,
+    and one dependent phase instead of three."""
+    rng = np.random.default_rng(RNG_SEED)
+    x = DistributedTensor("x", (1, 1, length), Partition((1, 1, workers)))
+    chain = WindowChain(x, [conv(rng, 1, 1, 3, padding=1) for _ in range(3)])
+    a, b = account(chain.operator), account(chain.layered_operator())
+    assert (a.total_messages, b.total_messages, a.phases, b.phases) == (fused, layered, 1, 3)
+    assert verify.equal(chain.operator, chain.layered_operator())
+
+
 def test_redundancy_counts_the_overlap_of_the_enlarged_windows():
     rng = np.random.default_rng(RNG_SEED)
     x = DistributedTensor("x", (1, 1, 12), Partition((1, 1, 2)))
