@@ -314,6 +314,8 @@ def test_arguments_that_do_not_fit_are_layer_errors():
         WindowChain(y, [ChainStage.avg(2), ChainStage.avg(Kernel(3, padding=1, boundary="periodic"))])
     with pytest.raises(LayerError, match="leaves no output"):
         WindowChain(y, [ChainStage.avg(Kernel(4, stride=4)), ChainStage.avg(3)])
+    with pytest.raises(LayerError, match=r"build it with ChainStage\.conv"):
+        WindowChain(y, [ChainStage("conv", Kernel(5), np.ones((1, 2, 3, 3)))])
     with pytest.raises(LayerError, match="non-empty sequence"):
         WindowChain(y, [])
     chain = WindowChain(y, [ChainStage.max(2)])

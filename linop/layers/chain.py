@@ -218,7 +218,12 @@ class WindowChain:
                     "with zeros (a later one pads an intermediate field at its global boundary)"
                 )
             if stage.kind == "conv":
-                assert stage.weights is not None  # ChainStage.conv gives them
+                if stage.weights is None or stage.weights.shape[2:] != tuple(k.size):  # type: ignore[arg-type]
+                    shape = None if stage.weights is None else stage.weights.shape
+                    raise LayerError(
+                        f"{_LAYER}: stage {i} is a convolution with weights {shape} for a kernel of size "
+                        f"{k.size}; build it with ChainStage.conv"
+                    )
                 if stage.weights.shape[1] != channels[-1]:
                     raise LayerError(
                         f"{_LAYER}: stage {i}'s weights {stage.weights.shape} take {stage.weights.shape[1]} "
