@@ -53,6 +53,7 @@ DOCTESTED = (
     "linop.version",
     "linop.local",
     "linop.display",
+    "linop.layers.chain",
     "verify.identities",
     "verify.exact",
     "verify.numeric",

@@ -9,6 +9,8 @@
 - :mod:`linop.frameworks.torch_resample`, :mod:`linop.frameworks.torch_pooling`,
   :mod:`linop.frameworks.torch_repartition`: the ``Interpolate`` / ``Upsample``, ``MaxPool``
   and ``Repartition`` modules between distributed layers (torch);
+  :mod:`linop.frameworks.torch_chain`: ``ChainModule``, a chain of sliding-window layers with
+  one fused halo exchange (torch);
 - :mod:`linop.frameworks.jax_function`: a tree as a JAX primitive with its transpose
   registered; :mod:`linop.frameworks.jax_sharded`: a tree inside ``jit`` on a device mesh
   (the ``jax`` extra: ``pip install -e '.[jax]'``).

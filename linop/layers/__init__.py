@@ -18,6 +18,7 @@ layer                      tree (forward)
 :class:`BatchNorm`         local kernels around AllReduce (statistics) and B (parameters)
 :class:`Loss`              s R_{P_x->root} (local sums); backward B_{root->P_x}
 :class:`Interpolate`       L_W H (output-driven windows, uneven halos; exact in integers)
+:class:`WindowChain`       L_L M_L ... L_1 W (conv/pool chain, one fused halo exchange)
 =========================  =============================================================
 
 :mod:`linop.layers.dad` holds the outer-product gradient identity of dAD.
@@ -26,6 +27,7 @@ layer                      tree (forward)
 from .affine import Affine
 from .base import LayerError
 from .batchnorm import BatchNorm
+from .chain import ChainStage, WindowChain
 from .conv import Convolution
 from .interpolate import Interpolate
 from .losses import Loss
@@ -35,9 +37,11 @@ __all__ = [
     "Affine",
     "AveragePool",
     "BatchNorm",
+    "ChainStage",
     "Convolution",
     "Interpolate",
     "LayerError",
     "Loss",
     "MaxPoolJacobian",
+    "WindowChain",
 ]

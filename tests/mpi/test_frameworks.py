@@ -466,3 +466,44 @@ def test_layer_module_calls_outstanding_together_keep_their_operands(comm, repli
         f"dtheta {k}" for k, (g, h) in enumerate(zip(together[2:], params)) if not torch.allclose(g, h)
     ]
     collective_assert(not problems, "; ".join(problems))
+
+
+def test_fused_chain_module_gives_torchs_gradients_across_ranks(comm):
+    """ChainModule (one fused halo exchange for conv -> conv -> max pool) across the ranks:
+    outputs, input gradient and, after sum_gradients, weight gradients equal torch's layers on
+    the whole input."""
+    from linop.frameworks.torch_chain import ChainModule
+    from linop.layers import ChainStage, WindowChain
+
+    rng = np.random.default_rng(41)
+    grid = (2, 2) if comm.size == 4 else (comm.size, 1)
+    x = DistributedTensor("x", (1, 2, 10, 9), Partition((1, 1, *grid)))
+    stages = [
+        ChainStage.conv(rng.standard_normal((2, 2, 3, 3)), padding=1),
+        ChainStage.conv(rng.standard_normal((2, 2, 3, 3)), padding=1),
+        ChainStage.max(Kernel(2, stride=2)),
+    ]
+    chain = WindowChain(x, stages)
+    module = ChainModule(chain, comm=comm)
+    data, dy = rng.standard_normal(x.global_shape), rng.standard_normal(chain.y.global_shape)
+    local = {
+        k: torch.from_numpy(np.array(v)).requires_grad_()
+        for k, v in local_part(x.space, x.scatter(data), comm.rank).items()
+    }
+    y = module(local)
+    dys = chain.y.scatter(dy)
+    (sum((v * torch.from_numpy(dys[k])).sum() for k, v in y.items()) + module.token.sum()).backward()
+    module.sum_gradients()
+    reference = torch.from_numpy(data).requires_grad_()
+    weights = [torch.from_numpy(np.array(s.weights)).requires_grad_() for s in stages[:2]]
+    functional = torch.nn.functional
+    convolved = functional.conv2d(functional.conv2d(reference, weights[0], padding=1), weights[1], padding=1)
+    out = functional.max_pool2d(convolved, 2)
+    out.backward(torch.from_numpy(dy))
+    expected_y, expected_dx = chain.y.scatter(out.detach().numpy()), x.scatter(reference.grad.numpy())
+    problems = [f"y {k}" for k, v in y.items() if not np.allclose(v.detach().numpy(), expected_y[k])]
+    problems += [f"dx {k}" for k, v in local.items() if not np.allclose(v.grad.numpy(), expected_dx[k])]
+    problems += [
+        f"dw{i}" for i, (w, r) in enumerate(zip(module.weights, weights)) if not np.allclose(w.grad, r.grad)
+    ]
+    collective_assert(not problems, "; ".join(problems))

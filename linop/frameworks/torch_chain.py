@@ -1,0 +1,176 @@
+r"""A chain of sliding-window layers with one fused halo exchange, as a trainable PyTorch module:
+:class:`ChainModule`.
+
+The chain (:class:`linop.layers.WindowChain`: convolutions, average and max pools) runs as one
+halo exchange of the fused window and the stages on each enlarged window
+(``docs/theory.md#layers``):
+
+.. math::
+
+    \tilde x = W x, \qquad y_j = L_L M_L \cdots M_2 L_1\, \tilde x_j, \qquad
+    \bar x = W^{*} \big(\partial (L_L M_L \cdots L_1)_j\big)^{*} \bar y_j
+
+:math:`W` is the chain's ``window_operator`` (exact 0/1 data movement), run as a differentiable
+:class:`~linop.frameworks.torch_function.TorchOperator`; the stages are torch's own
+``conv{1,2,3}d``, ``avg_pool{1,2,3}d`` and ``max_pool{1,2,3}d`` on the window, unpadded, and
+:math:`M_i` sets the entries of an intermediate field that lie outside its global domain to zero
+(``-inf`` before a max pool, as torch pads it); torch's autograd gives the local
+vector-Jacobian product, the adjoint exchange adds each halo entry's gradient into its owner.
+
+The convolution weights are replicated: every process holds all of them as ``nn.Parameter``\ s
+and its backward gives the gradient of its own outputs; :meth:`ChainModule.sum_gradients`
+all-reduces them over the processes (a data-parallel step: every process then applies the same
+update). In one process (no ``comm``, no ``group``) every worker runs here and the gradients are
+already the sums.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import LayerError, StateError
+from ..layers.chain import WindowChain
+from ..partition import grid_block_name
+from .torch_function import TorchOperator, engine_arguments, process_rank
+
+__all__ = ["ChainModule"]
+
+_F = torch.nn.functional
+_CONV = {1: _F.conv1d, 2: _F.conv2d, 3: _F.conv3d}
+_AVG = {1: _F.avg_pool1d, 2: _F.avg_pool2d, 3: _F.avg_pool3d}
+_MAX = {1: _F.max_pool1d, 2: _F.max_pool2d, 3: _F.max_pool3d}
+
+
+class ChainModule(torch.nn.Module):
+    """A :class:`linop.layers.WindowChain` as a module: ``module(x)`` takes this process's
+    blocks of x (a dict of tensors) and returns its blocks of y, one halo exchange per call.
+
+    Parameters
+    ----------
+    chain : WindowChain
+        The chain (its convolution weights are the initial parameters).
+    comm : mpi4py communicator, optional
+        Run across its ranks.
+    group : torch.distributed ProcessGroup or True, optional
+        Run across the ranks of this process group (``True``: the world group).
+    dtype : torch.dtype
+        The parameters' dtype (default float64).
+
+    Attributes
+    ----------
+    weights : torch.nn.ParameterList
+        The convolution stages' weights, in order.
+    input_names, output_names : tuple of str
+        The blocks this process passes in and gets back.
+    token : torch.Tensor
+        An empty output of the last call (add ``module.token.sum()`` to the loss of a process
+        whose outputs do not enter it, so that its collective backward runs).
+
+    Raises
+    ------
+    LayerError
+        More than 3 spatial dimensions, or an average pool with a dilation (torch has none).
+    """
+
+    def __init__(
+        self, chain: WindowChain, *, comm: Any = None, group: Any = None, dtype: torch.dtype = torch.float64
+    ) -> None:
+        super().__init__()
+        engine_arguments(comm, group)
+        if not isinstance(chain, WindowChain):
+            raise LayerError(f"ChainModule: chain must be a WindowChain, not {type(chain).__name__}")
+        dims = chain.dims
+        if dims not in _CONV:
+            raise LayerError(f"ChainModule: torch has layers of 1 to 3 spatial dimensions, not {dims}")
+        for i, stage in enumerate(chain.stages):
+            if stage.kind == "avg" and any(d != 1 for d in stage.kernel.resolve(dims).dilation):  # type: ignore[union-attr]
+                raise LayerError(
+                    f"ChainModule: stage {i} is an average pool with a dilation; torch's has none"
+                )
+        self.chain, self.comm, self.group, self.dims = chain, comm, group, dims
+        self.weights = torch.nn.ParameterList(
+            torch.nn.Parameter(torch.from_numpy(np.array(s.weights)).to(dtype))
+            for s in chain.stages
+            if s.kind == "conv"
+        )
+        self.windows = TorchOperator(chain.window_operator, comm=comm, group=group)
+        self.input_names = self.windows.inputs
+        rank = process_rank(comm, group)
+        self._blocks: list[tuple[str, str, tuple[int, ...], list[torch.Tensor | None]]] = []
+        for g in chain.x.partition.indices():
+            out = chain.y.block(g)
+            if rank is not None and out.worker != rank:
+                continue
+            # per stage, the entries of its input window outside the global field (None: none)
+            outside: list[torch.Tensor | None] = []
+            for i, field in enumerate(chain.fields(g)):
+                first_zero = i > 0 or chain.stages[0].kind == "max"
+                if 0 in field.shape or field.real.all() or not first_zero:
+                    outside.append(None)
+                else:
+                    outside.append(torch.from_numpy(~field.real).reshape(1, 1, *field.shape))
+            self._blocks.append((out.name, grid_block_name(f"{chain.x.name}_window", g), out.shape, outside))
+        self.output_names = tuple(name for name, *_ in self._blocks)
+        self._parts = [s.kernel.resolve(dims) for s in chain.stages]
+
+    @property
+    def token(self) -> torch.Tensor:
+        """The empty output of the last call (see the class)."""
+        return self.windows.token
+
+    def _local(self, window: torch.Tensor, outside: list[torch.Tensor | None]) -> torch.Tensor:
+        v, weights = window, iter(self.weights)
+        for stage, k, mask in zip(self.chain.stages, self._parts, outside):
+            if mask is not None:
+                fill = float("-inf") if stage.kind == "max" else 0.0
+                v = v.masked_fill(mask.to(v.device), fill)
+            size, stride = tuple(k.size), tuple(k.stride)  # type: ignore[arg-type]
+            dilation = tuple(k.dilation)  # type: ignore[arg-type]
+            if stage.kind == "conv":
+                v = _CONV[self.dims](v, next(weights).to(v.dtype), None, stride, 0, dilation)
+            elif stage.kind == "avg":
+                v = _AVG[self.dims](v, size, stride, 0)
+            else:
+                v = _MAX[self.dims](v, size, stride, 0, dilation)
+        return v
+
+    def forward(self, x: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if not isinstance(x, Mapping):
+            raise StateError(
+                f"ChainModule takes a dict of blocks {list(self.input_names)}, not {type(x).__name__}"
+            )
+        windows = self.windows(x)
+        result = {}
+        for out, window_name, shape, outside in self._blocks:
+            window = windows[window_name]
+            if 0 in shape:  # no output here: an empty block, still tied to the windows' graph
+                result[out] = window.reshape(-1)[:0].reshape(shape)
+                continue
+            result[out] = self._local(window, outside)
+        return result
+
+    def sum_gradients(self) -> None:
+        """All-reduce the weights' gradients over the processes (a missing gradient counts as
+        zero), so that each holds the gradient of the whole chain's output; nothing to do in
+        one process."""
+        if self.comm is None and self.group is None:
+            return
+        for weight in self.weights:
+            if weight.grad is None:
+                weight.grad = torch.zeros_like(weight)
+            if self.comm is not None:
+                from mpi4py import MPI
+
+                buffer = weight.grad.detach().cpu().contiguous().numpy()
+                self.comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
+                weight.grad.copy_(torch.from_numpy(buffer))
+            else:
+                torch.distributed.all_reduce(weight.grad, group=None if self.group is True else self.group)
+
+    def extra_repr(self) -> str:
+        stages = ", ".join(f"{s.kind} {s.kernel}" for s in self.chain.stages)
+        return f"{stages}: {self.chain.x} -> {self.chain.y}, fused window {self.chain.kernel}"
