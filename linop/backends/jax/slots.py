@@ -48,6 +48,25 @@ class DeviceView:
         self.batch = batch
         self.dtype = dtype
 
+    def ppermute_pairs(self, perm: tuple[tuple[int, int], ...]) -> list[tuple[int, int]]:
+        """The (source, target) pairs of ``perm`` (devices counted row-major over the plan's
+        axes, as ``lax.axis_index``, ``all_gather``, ``all_to_all`` and ``psum_scatter`` count
+        them) as ``lax.ppermute`` counts devices over several axes: row-major in the order
+        the axes have in the mesh. The same pairs when the axes come in the mesh's order."""
+        if not isinstance(self.axis, tuple):
+            return list(perm)
+        mesh = jax.sharding.get_abstract_mesh()
+        names = tuple(getattr(mesh, "axis_names", ()))
+        if not all(a in names for a in self.axis):
+            return list(perm)
+        order = sorted(range(len(self.axis)), key=lambda k: names.index(self.axis[k]))
+        if order == sorted(order):
+            return list(perm)
+        sizes = [mesh.shape[a] for a in self.axis]
+        coordinates = np.unravel_index(np.arange(int(np.prod(sizes))), sizes)
+        linear = np.ravel_multi_index([coordinates[k] for k in order], [sizes[k] for k in order])
+        return [(int(linear[s]), int(linear[r])) for s, r in perm]
+
     def row(self, table: np.ndarray) -> Any:
         return jnp.asarray(table)[self.index]
 
@@ -76,7 +95,7 @@ class DeviceView:
             if tuple(starts) == (0,) * len(starts) and tuple(shape) == array.shape[len(self.batch) :]:
                 return array
             return lax.slice(array, (*lead, *starts), (*self.batch, *(s + n for s, n in zip(starts, shape))))
-        return lax.dynamic_slice(array, (*lead, *starts), (*self.batch, *shape))
+        return lax.dynamic_slice(array, _indices(*lead, *starts), (*self.batch, *shape))
 
     def write(
         self,
@@ -98,7 +117,7 @@ class DeviceView:
         if not everyone:
             new = jnp.where(self.row(active), new, old)
         lead = (0,) * len(self.batch)
-        return lax.dynamic_update_slice(array, new, (*lead, *starts))
+        return lax.dynamic_update_slice(array, new, _indices(*lead, *starts))
 
     def blend(
         self,
@@ -237,6 +256,7 @@ class Slots:
         else:
             self.base[dst] = base if base is not None else _Tiles()
             self.pending.pop(dst, None)
+            self.masks.pop(dst, None)
 
     def value(self, slot: str) -> jax.Array:
         """The slot with every pending write applied (zeros if never written)."""
@@ -349,6 +369,7 @@ class Slots:
             if kind == "clear":
                 self.base[slot] = _Tiles()
                 self.pending.pop(slot, None)
+                self.masks.pop(slot, None)  # zeros everywhere: nothing left to mask
                 return
         base = self.base.get(slot)
         box = (table, mask, shape)
@@ -372,6 +393,13 @@ class Slots:
                 self.base[slot] = _Tiles((*tiles, (tuple(starts), value)))
                 return
         self.pending.setdefault(slot, []).append(_Write((table, mask, shape), value, kind, zeros_elsewhere))
+
+
+def _indices(*starts: Any) -> tuple[Any, ...]:
+    """Start indices for ``dynamic_slice``/``dynamic_update_slice``, all int32: JAX wants one
+    integer type, and a Python int is int64 under ``jax_enable_x64`` while the per-device
+    starts read from the plan's int32 tables stay int32 (so int32 in both modes)."""
+    return tuple(jnp.asarray(s, dtype=jnp.int32) for s in starts)
 
 
 def _static(starts: tuple[Any, ...]) -> bool:
