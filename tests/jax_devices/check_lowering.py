@@ -602,8 +602,9 @@ def check_integer_sums(run: Run) -> None:
 def check_reordered_mesh_axes(run: Run) -> None:
     """A plan over the axes of a 2 x 2 mesh named out of the mesh's order (``("c", "r")`` on a
     mesh ``("r", "c")``) counts devices in that order in every collective, ``ppermute``
-    included: repartitions (uneven: ppermute rounds; even: all_to_all) and halo windows,
-    forward and transposes exact."""
+    included: repartitions (uneven: ppermute rounds; even: all_to_all), halo windows and an
+    all-reduce along one partition axis (one psum over the mesh axis it runs along), forward
+    and transposes exact."""
     if run.count != 4:
         return
     square = Mesh(run.mesh.devices.reshape(2, 2), ("r", "c"))
@@ -613,9 +614,19 @@ def check_reordered_mesh_axes(run: Run) -> None:
     b = DistributedTensor("b", (5, 4), Partition.grid((4, 1)))
     c = DistributedTensor("c", (4, 4), Partition.grid((2, 2)))
     d = DistributedTensor("d", (4, 4), Partition.grid((1, 4)))
-    for op in (Repartition(a, b), Repartition(c, d), halo_windows(a, Kernel((3, 3), padding=1))):
+    t = DistributedTensor("t", (4, 6), Partition.grid((2, 2)))
+    trees = (
+        Repartition(a, b),
+        Repartition(c, d),
+        halo_windows(a, Kernel((3, 3), padding=1)),
+        AllReduce(t, (0,)),
+    )
+    for op in trees:
         for axes in (("c", "r"), ("r", "c")):
             prove(run, sharded(op, square, axes=axes), f"axes {axes} of a mesh ('r', 'c'): {op}", every=True)
+    cube = Mesh(run.mesh.devices.reshape(2, 1, 2), ("x", "y", "z"))  # three axes, one of size 1
+    for axes in (("z", "y", "x"), ("z", "x")):
+        prove(run, sharded(trees[0], cube, axes=axes), f"axes {axes} of a mesh ('x', 'y', 'z')", every=True)
 
 
 def check_uneven_normal_operator(run: Run) -> None:
