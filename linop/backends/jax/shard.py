@@ -83,13 +83,13 @@ def _run(device: DeviceView, ops: Sequence[Any], slots: Slots) -> Slots:
             ):
                 slots.alias(op.dst, op.src)  # a whole slot copied: no copy
                 continue
-            value = None
+            value, raw = None, None
             if op.src is not None:
                 assert op.src_starts is not None and op.src_shape is not None
-                value = slots.read(op.src, op.src_starts, op.active, op.src_shape)
+                value, raw = slots.read_masked(op.src, op.src_starts, op.active, op.src_shape)
                 if op.extents is not None:  # each device's own box of the merged shapes
-                    value = device.mask(value, op.extents)
-            slots.write(op.dst, op.dst_starts, op.active, op.shape, value, op.kind)
+                    value, raw = device.mask(value, op.extents), None
+            slots.write(op.dst, op.dst_starts, op.active, op.shape, value, op.kind, raw=raw)
         elif isinstance(op, Exchange):
             senders = np.zeros(len(op.receivers), dtype=bool)
             senders[[s for s, _ in op.perm]] = True
