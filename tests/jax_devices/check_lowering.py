@@ -622,11 +622,10 @@ def check_reordered_mesh_axes(run: Run) -> None:
         AllReduce(t, (0,)),
     )
     for op in trees:
-        for axes in (("c", "r"), ("r", "c")):
-            prove(run, sharded(op, square, axes=axes), f"axes {axes} of a mesh ('r', 'c'): {op}", every=True)
+        prove(run, sharded(op, square, axes=("c", "r")), f"axes ('c', 'r') of a mesh ('r', 'c'): {op}")
     cube = Mesh(run.mesh.devices.reshape(2, 1, 2), ("x", "y", "z"))  # three axes, one of size 1
     for axes in (("z", "y", "x"), ("z", "x")):
-        prove(run, sharded(trees[0], cube, axes=axes), f"axes {axes} of a mesh ('x', 'y', 'z')", every=True)
+        prove(run, sharded(trees[0], cube, axes=axes), f"axes {axes} of a mesh ('x', 'y', 'z')")
 
 
 def check_uneven_normal_operator(run: Run) -> None:
@@ -642,10 +641,11 @@ def check_uneven_normal_operator(run: Run) -> None:
 
 
 def check_dtypes(run: Run) -> None:
-    """Every dtype JAX holds in this mode: an uneven repartition, the in-place halo exchange on
-    an even 2 x 2 split and an all-reduce, in float32/64, complex64/128 and integers; the
-    forward equals the numpy interpreter in the dtype JAX holds (float64 as float32 without
-    x64; an integer sum widened), the transpose equals ``op.H`` in the cotangent's dtype."""
+    """Every dtype JAX holds in this mode: an uneven repartition and the in-place halo
+    exchange on an even 2 x 2 split (the two that failed with x64), in float32/64,
+    complex64/128 and integers; the forward equals the numpy interpreter in the dtype JAX holds
+    (float64 as float32 without x64), the transpose equals ``op.H`` in the cotangent's dtype.
+    Integer sums: :func:`check_integer_sums`."""
     if run.count != 4:
         return
     from linop import Kernel
@@ -654,12 +654,7 @@ def check_dtypes(run: Run) -> None:
     x = DistributedTensor("x", (9, 5), Partition.grid((4, 1)))
     y = DistributedTensor("y", (9, 5), Partition.grid((2, 2)))
     u = DistributedTensor("u", (6, 6), Partition.grid((2, 2)))
-    t = DistributedTensor("t", (8, 3), Partition.grid((4, 1)))
-    trees = [
-        (Repartition(x, y), run.mesh),
-        (HaloExchange(halo_geometry(u, Kernel(3, padding=1))), square),
-        (AllReduce(t, (0,)), run.mesh),
-    ]
+    trees = [(Repartition(x, y), run.mesh), (HaloExchange(halo_geometry(u, Kernel(3, padding=1))), square)]
     dtypes = [np.float32, np.float64, np.complex64, np.complex128, np.int8, np.uint16, np.int32]
     rng = np.random.default_rng(5)
     for op, mesh in trees:
