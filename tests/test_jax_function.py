@@ -122,3 +122,62 @@ def _pad(ct, op):
 def test_repr_and_adjoint_wrapper():
     f = function(Copy(SPACE["a"], SPACE["b"]))
     assert isinstance(f.H, JaxOperator) and "C[a -> b]" in repr(f)
+
+
+REDUCE = __import__("linop").AllReduce(DistributedTensor("t", (8,), Partition.grid((4,))), (0,))
+"""An all-reduce over 4 workers (each output entry the sum of 4 input entries)."""
+
+
+@pytest.mark.parametrize(
+    ("dtype", "value", "x64"),
+    [
+        (np.uint8, 200, True),
+        (np.uint8, 200, False),
+        (np.int16, 30000, True),
+        (np.int16, 30000, False),
+        (np.int32, 2**30 + 5, True),
+        (np.int32, 2**30 + 5, False),
+        (np.int64, 3, True),  # no int64 arrays in JAX without x64
+    ],
+    ids=["uint8-x64", "uint8-x32", "int16-x64", "int16-x32", "int32-x64", "int32-x32", "int64-x64"],
+)
+def test_integer_sums_are_exact_or_refused_never_wrapped(dtype, value, x64):
+    """The host callback's output dtype is the interpreters' for every value of the input
+    dtype (fixed before the values are known): uint8 and int16 sums widen (int64 with x64,
+    int32 without); an int32 sum widens to int64 with x64 and is refused without (JAX holds
+    no wider integer); an int64 sum may pass 2**62 and is refused. Before, the dtype came from
+    a run on zeros and the exact result was cast back: 200 x 4 in uint8 gave 32."""
+    from linop.errors import IntegerOverflowError
+
+    with jax.enable_x64(x64):
+        state = {b.name: jnp.full(b.shape, value, dtype) for b in REDUCE.domain}
+        widened = np.dtype(np.int64 if x64 else np.int32)
+        for f in (function(REDUCE), jax.jit(function(REDUCE))):
+            if dtype == np.int64:
+                with pytest.raises(IntegerOverflowError, match="beyond int64"):
+                    f(state)
+            elif dtype == np.int32 and not x64:
+                with pytest.raises(IntegerOverflowError, match="enable x64"):
+                    f(state)
+            else:
+                got = f(state)
+                for name in REDUCE.range.names:
+                    assert got[name].dtype == widened, (name, got[name].dtype)
+                    assert np.asarray(got[name]).tolist() == [4 * value] * 2, (name, got[name])
+
+
+def test_a_copy_keeps_the_integer_dtype_even_at_its_extremes():
+    """A tree that only copies keeps int32 without x64, the most negative int32 included."""
+    op = Copy(SPACE["a"], SPACE["b"])
+    with jax.enable_x64(False):
+        extreme = np.iinfo(np.int32).min
+        got = function(op)({"a": jnp.full(4, extreme, jnp.int32), "b": jnp.zeros(4, jnp.int32)})
+    assert got["b"].dtype == np.int32 and np.asarray(got["b"]).tolist() == [extreme] * 4
+
+
+def test_string_blocks_get_linops_dtype_error():
+    from linop.errors import DtypeError
+
+    op = Copy(SPACE["a"], SPACE["b"])
+    with pytest.raises(DtypeError, match=r"block 'a' has dtype <U1 \(string\)"):
+        function(op)({"a": np.full(4, "a"), "b": np.zeros(4)})

@@ -22,15 +22,20 @@ HERE = Path(__file__).resolve().parent
 COUNTS = (1, 2, 4)
 
 
-@pytest.fixture(scope="module")
-def device_run() -> subprocess.CompletedProcess[str]:
+LONG = os.environ.get("LINOP_LONG") == "1"
+
+
+def run_kernels(counts: tuple[int, ...], x64: bool = False) -> subprocess.CompletedProcess[str]:
+    """``check_kernels.py`` in one process of 4 host devices for ``counts`` (``jax_enable_x64``
+    on if ``x64``)."""
     pytest.importorskip("jax", reason="jax is not installed (the jax extra: pip install -e '.[jax]')")
     environment = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    environment["JAX_ENABLE_X64"] = "1" if x64 else "0"
     environment["PYTHONPATH"] = os.pathsep.join(
         [str(HERE.parent), str(HERE), str(HERE / "jax_devices"), environment.get("PYTHONPATH", "")]
     )
     return subprocess.run(
-        [sys.executable, str(HERE / "jax_devices" / "check_kernels.py"), "4", *map(str, COUNTS)],
+        [sys.executable, str(HERE / "jax_devices" / "check_kernels.py"), "4", *map(str, counts)],
         capture_output=True,
         text=True,
         timeout=1200,
@@ -39,14 +44,31 @@ def device_run() -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.fixture(scope="module")
+def device_run() -> subprocess.CompletedProcess[str]:
+    return run_kernels(COUNTS)
+
+
+def _kernels_proven(done: subprocess.CompletedProcess[str], count: int) -> None:
+    printed = done.stdout.split(f"== {count} devices", 1)[-1].split("== ", 1)[0]
+    assert f"trees proven on {count} devices" in printed, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "control caught: adjoint twice" in printed and "control caught: forward twice" in printed, printed
+
+
 @pytest.mark.timeout(1500)  # one subprocess: minutes on the loaded 2-core machine
 @pytest.mark.parametrize("count", COUNTS)
 def test_kernels_lower_exactly_and_wrong_jax_kernels_are_caught(device_run, count):
-    printed = device_run.stdout.split(f"== {count} devices", 1)[-1].split("== ", 1)[0]
-    assert f"trees proven on {count} devices" in printed, (
-        device_run.stdout[-4000:] + device_run.stderr[-4000:]
-    )
-    assert "control caught: adjoint twice" in printed and "control caught: forward twice" in printed, printed
+    _kernels_proven(device_run, count)
+
+
+@pytest.mark.timeout(1500)
+@pytest.mark.skipif(
+    not LONG,
+    reason="LINOP_LONG=1: the kernels again with jax_enable_x64 (CI proves the x64 lowering in test_jax_shard)",
+)
+def test_kernels_lower_exactly_with_x64():
+    """The same on 4 devices with ``jax_enable_x64`` on (float64 transposes, int64 sums)."""
+    _kernels_proven(run_kernels((4,), x64=True), 4)
 
 
 def _space() -> Space:

@@ -4,8 +4,11 @@ subprocess: JAX's host device count must be set before JAX is imported, so
 devices under a timeout and proves every check for each device count K on a mesh over the
 first K of them. In CI one process of 4 devices proves the counts 1, 2 and 4 (Python, the JAX
 import and XLA's warm-up paid once, not once per count); with ``LINOP_LONG=1`` a second process
-of 8 devices proves the count 8, and every count draws more examples. The process runs once
-per module (:func:`device_run`) and one test per count reads its section of the output.
+of 8 devices proves the count 8, and every count draws more examples. A second process proves
+the count 4 again with ``jax_enable_x64`` on (``JAX_ENABLE_X64=1``: index arithmetic, float64
+transposes, integer sums widened to int64), the count whose checks cover every family (the 2 x
+2 mesh, the API, the lifting, uneven and native collectives). Each process runs once per
+module (:func:`device_run`) and one test per count and mode reads its section of the output.
 
 The host-side plan (slots, rounds, edge colouring) is tested here directly, without JAX devices.
 """
@@ -34,15 +37,18 @@ PROCESSES = {4: (1, 2, 4), 8: (8,)} if LONG else {4: (1, 2, 4)}
 """Host devices of each device process, and the device counts it proves (meshes over its
 first K devices)."""
 COUNTS = [count for counts in PROCESSES.values() for count in counts]
+X64_COUNTS = (4,)
+"""The counts proven a second time with ``jax_enable_x64`` on (in a process of 4 devices)."""
 
 
 def run_device_script(
-    script: str, devices: int, *args: str, timeout: float = 600
+    script: str, devices: int, *args: str, timeout: float = 600, x64: bool = False
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``tests/jax_devices/<script> devices *args`` with ``devices`` host devices, bounded by
-    ``timeout`` seconds."""
+    """Run ``tests/jax_devices/<script> devices *args`` with ``devices`` host devices (and
+    ``jax_enable_x64`` on if ``x64``), bounded by ``timeout`` seconds."""
     pytest.importorskip("jax", reason="jax is not installed (the jax extra: pip install -e '.[jax]')")
     environment = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    environment["JAX_ENABLE_X64"] = "1" if x64 else "0"
     environment["PYTHONPATH"] = os.pathsep.join([str(HERE.parent), environment.get("PYTHONPATH", "")])
     return subprocess.run(
         [sys.executable, str(HERE / "jax_devices" / script), str(devices), *args],
@@ -82,12 +88,13 @@ class DeviceRun:
 
 
 @functools.cache
-def device_run(devices: int) -> DeviceRun:
-    """The ``check_lowering.py`` process of ``devices`` host devices (:data:`PROCESSES`), run
-    once (also when it fails or times out) for the tests of all its counts."""
-    counts = PROCESSES[devices]
+def device_run(devices: int, x64: bool = False) -> DeviceRun:
+    """The ``check_lowering.py`` process of ``devices`` host devices (:data:`PROCESSES`; with
+    ``x64``, of 4 devices proving :data:`X64_COUNTS`), run once (also when it fails or times
+    out) for the tests of all its counts."""
+    counts = X64_COUNTS if x64 else PROCESSES[devices]
     try:
-        done = run_device_script("check_lowering.py", devices, *map(str, counts))
+        done = run_device_script("check_lowering.py", devices, *map(str, counts), x64=x64)
     except subprocess.TimeoutExpired as expired:  # the counts finished before it still pass
 
         def text(out: str | bytes | None) -> str:
@@ -98,9 +105,14 @@ def device_run(devices: int) -> DeviceRun:
 
 
 @pytest.mark.timeout(900)  # one subprocess: seconds on an idle machine, minutes on a loaded one
-@pytest.mark.parametrize("count", COUNTS)
-def test_lowering_equals_numpy_and_its_transpose_equals_the_adjoint(count):
-    run = device_run(next(d for d, counts in PROCESSES.items() if count in counts))
+@pytest.mark.parametrize(
+    ("count", "x64"),
+    [(count, False) for count in COUNTS] + [(count, True) for count in X64_COUNTS],
+    ids=[f"{count}" for count in COUNTS] + [f"{count}-x64" for count in X64_COUNTS],
+)
+def test_lowering_equals_numpy_and_its_transpose_equals_the_adjoint(count, x64):
+    devices = 4 if x64 else next(d for d, counts in PROCESSES.items() if count in counts)
+    run = device_run(devices, x64)
     assert run.passed(count), run.failure(count)
     printed = run.sections[count]
     if count >= 2:
@@ -108,6 +120,28 @@ def test_lowering_equals_numpy_and_its_transpose_equals_the_adjoint(count):
     # a failed process is the failure of one of its counts, reported by that count's test; if
     # every count passed (a crash after them), by the test of each
     assert run.returncode == 0 or not all(map(run.passed, run.counts)), run.failure(count)
+
+
+@pytest.mark.timeout(900)
+def test_the_readme_jax_devices_example_runs_with_x64():
+    """README's "Run on JAX devices" block (uneven shares, the 2 x 2 layout, tensor_function)
+    with ``jax_enable_x64`` on, where its lowering used to fail on the index dtypes."""
+    pytest.importorskip("jax", reason="jax is not installed (the jax extra: pip install -e '.[jax]')")
+    from test_readme import NEEDS_MARK, python_blocks
+
+    (block,) = [b for b in python_blocks() if NEEDS_MARK.match(b) and "jax_sharded" in b]
+    environment = dict(os.environ, JAX_ENABLE_X64="1")
+    environment["PYTHONPATH"] = os.pathsep.join([str(HERE.parent), environment.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-c", block + "\nassert jax.config.jax_enable_x64\n"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=environment,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "[('x', (20, 55))]" in done.stdout
 
 
 @settings(max_examples=60, derandomize=True, deadline=None)

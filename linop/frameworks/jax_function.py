@@ -28,6 +28,8 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
+from ..backends.jax.integers import integer_cast
+from ..dtypes import check_block_dtype
 from ..errors import StateError
 from ..operator import LinearOperator
 
@@ -46,16 +48,29 @@ def _host_apply(op: LinearOperator, dtype: Any, arrays: Sequence[Any]) -> list[n
 
 
 @lru_cache(maxsize=256)
-def _output_dtypes(op: LinearOperator, dtype: Any, inputs: tuple[np.dtype, ...]) -> tuple[np.dtype, ...]:
-    """The dtype of each range block, as the numpy interpreter gives it (found by one run on
-    zeros, once per tree and input dtypes), then as JAX holds it (64-bit only with x64)."""
+def _output_dtypes(
+    op: LinearOperator, dtype: Any, inputs: tuple[np.dtype, ...], x64: bool
+) -> tuple[np.dtype, ...]:
+    """The dtype of each range block, as the interpreters give it for every value of the input
+    dtypes (JAX fixes it before the values are known), then as JAX holds it (64-bit only with
+    x64, ``x64`` the mode; a key of the cache): a run on zeros gives the dtypes of a run in the blocks' own dtypes, and an integer
+    run that a sum may overflow is widened, or refused, as the interpreters decide for the
+    largest entries the input dtypes hold (:func:`~linop.backends.jax.integers.integer_cast`)."""
+    cast = integer_cast(op, inputs)
     zeros = [np.zeros(block.shape, dtype=d) for block, d in zip(op.domain, inputs)]
-    found = _host_apply(op, dtype, zeros)
-    return tuple(jax.dtypes.canonicalize_dtype(array.dtype) for array in found)
+    found = [array.dtype for array in _host_apply(op, dtype, zeros)]
+    if cast is not None:  # the interpreter casts every block to it first
+        found = [np.result_type(d, cast) for d in found]
+    return tuple(jax.dtypes.canonicalize_dtype(d) for d in found)
+
+
+def _x64() -> bool:
+    """Whether JAX holds 64-bit types now (``jax_enable_x64``, also inside ``jax.enable_x64``)."""
+    return bool(jax.config.read("jax_enable_x64"))
 
 
 def _avals(op: LinearOperator, dtype: Any, arrays: Sequence[Any]) -> list[jax.ShapeDtypeStruct]:
-    dtypes = _output_dtypes(op, dtype, tuple(np.dtype(a.dtype) for a in arrays))
+    dtypes = _output_dtypes(op, dtype, tuple(np.dtype(a.dtype) for a in arrays), _x64())
     return [jax.ShapeDtypeStruct(block.shape, d) for block, d in zip(op.range, dtypes)]
 
 
@@ -146,6 +161,9 @@ class JaxOperator:
             raise StateError(
                 f"{self.op} takes {len(self.inputs)} array(s) {list(self.inputs)}, not {len(arrays)}"
             )
+        for name, array in zip(self.inputs, arrays):
+            dtype = getattr(array, "dtype", None)
+            check_block_dtype(name, np.dtype(dtype) if dtype is not None else np.asarray(array).dtype)
         values = [jnp.asarray(a) for a in arrays]
         for name, block, value in zip(self.inputs, self.op.domain, values):
             if value.shape != block.shape:

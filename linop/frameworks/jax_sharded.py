@@ -19,6 +19,18 @@ the slot's shape when blocks are uneven). Blocks are grouped into slots by name 
 
 Padding never leaks into a result or a gradient: entries outside each device's block are
 masked on entry and exit.
+
+Dtypes: float32/64, complex64/128 and integers, with ``jax_enable_x64`` on or off (index
+arithmetic is int32 in both modes). Integer sums are exact or refused, never wrapped: JAX fixes
+the dtypes before it sees the values, so a tree that sums entries (an all-reduce, an adjoint
+halo exchange) computes in a dtype wide enough for every value of the input dtype, as
+:mod:`linop.dtypes` decides for the largest such value (``uint8`` or ``int16`` summed over 4
+devices: int64 with x64, int32 without), and refuses with
+:class:`~linop.errors.IntegerOverflowError` what no dtype JAX holds can take (an ``int32`` sum
+without x64, an ``int64`` sum); see :mod:`linop.backends.jax.integers`.
+
+Mesh axes may be named in any order (``axes=("c", "r")`` on a mesh ``("r", "c")``): devices
+are counted row-major over ``axes`` as given, by every collective.
 """
 
 from __future__ import annotations
@@ -34,6 +46,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ..backends.jax.plan import Layout, Plan, compile_plan
 from ..backends.jax.shard import local_function, sharded_call
+from ..dtypes import NUMERIC_KINDS, check_block_dtype
 from ..errors import DtypeError, MeshError, OperandError, StateError, WorkerError
 from ..operator import LinearOperator
 from ..partition import DistributedTensor
@@ -124,8 +137,8 @@ class ShardedOperator:
                 raise StateError(
                     f"slot {spec.name!r} has shape {shape}, expected {want} (devices x the slot's padded shape)"
                 )
-            dtype = np.dtype(value.dtype) if hasattr(value, "dtype") else np.asarray(value).dtype
-            if dtype.kind not in "iufc":
+            dtype = _dtype_of(value)
+            if dtype.kind not in NUMERIC_KINDS:
                 raise DtypeError(f"slot {spec.name!r} has dtype {dtype}; linop computes in numeric dtypes")
             arrays.append(value)
         if arrays:
@@ -147,6 +160,15 @@ class ShardedOperator:
         layout = self.domain if layout is None else layout
         names = tuple(b.name for s in layout.slots for b in s.blocks if b is not None)
         shapes = {b.name: b.shape for s in layout.slots for b in s.blocks if b is not None}
+        if not isinstance(state, Mapping):
+            shape = getattr(state, "shape", None)
+            raise StateError(
+                f"a state must be a dict of per-worker arrays keyed by block name ({list(names)[:4]}"
+                f"{' ...' if len(names) > 4 else ''}), not {type(state).__name__}"
+                + (f" of shape {tuple(shape)}" if shape is not None else "")
+                + "; for a global array use linop.frameworks.jax_sharded.tensor_function, or split it "
+                "with DistributedTensor.scatter"
+            )
         missing = [n for n in names if n not in state]
         extra = [n for n in state if n not in shapes]
         if missing or extra:
@@ -156,11 +178,14 @@ class ShardedOperator:
             shape = tuple(np.shape(value))
             if shape != shapes[name]:
                 raise StateError(f"block {name!r} has shape {shape}, the space expects {shapes[name]}")
+            check_block_dtype(name, _dtype_of(value))
         return dict(zip(layout.names, _packer(layout, names, self.sharding)(*values)))
 
     def unpack(self, slots: Mapping[str, Any], layout: Layout | None = None) -> dict[str, jax.Array]:
         """Stacked slots back to per-worker arrays by block name (padding cut off; jitted)."""
         layout = self.range if layout is None else layout
+        if not isinstance(slots, Mapping):
+            raise StateError(f"slots must be a dict of arrays keyed by slot name, not {type(slots).__name__}")
         names = tuple(b.name for s in layout.slots for b in s.blocks if b is not None)
         return dict(zip(names, _unpacker(layout)(*(slots[n] for n in layout.names))))
 
@@ -170,6 +195,12 @@ class ShardedOperator:
 
     def __repr__(self) -> str:
         return f"ShardedOperator({self.op}, {self.devices} devices, {self.plan.rounds} ppermute rounds)"
+
+
+def _dtype_of(value: Any) -> np.dtype:
+    """The dtype of an array (numpy, JAX, a tracer) or of what numpy makes of a list."""
+    dtype = getattr(value, "dtype", None)
+    return np.dtype(dtype) if dtype is not None else np.asarray(value).dtype
 
 
 @lru_cache(maxsize=256)

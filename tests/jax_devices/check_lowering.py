@@ -66,7 +66,9 @@ from linop import (  # noqa: E402
     halo_geometry,
     halo_windows,
 )
+from linop.backends.jax.integers import integer_cast  # noqa: E402
 from linop.backends.jax.plan import Exchange, Plan  # noqa: E402
+from linop.errors import IntegerOverflowError  # noqa: E402
 from linop.frameworks.jax_sharded import ShardedOperator, sharded  # noqa: E402
 from linop.layout import BlockGrid  # noqa: E402
 from verify.strategies_distributed import decompositions  # noqa: E402
@@ -92,9 +94,26 @@ class Run:
         return cls(count, Mesh(np.array(jax.devices()[:count]), ("d",)))
 
 
-def state_of(space, seed: int) -> dict[str, np.ndarray]:
+X64 = bool(jax.config.jax_enable_x64)
+"""Whether this process runs with ``jax_enable_x64`` (``JAX_ENABLE_X64=1``): then the
+transposes run in float64, else in float32."""
+FLOAT = np.float64 if X64 else np.float32
+
+
+def integers_for(op: LinearOperator) -> type:
+    """The integer dtype of the exact checks of ``op``: int32 where JAX computes its sums
+    exactly for every int32 value (it only copies, or x64 widens them to int64), else int16
+    (widened to int32: with x64 off an int32 sum is refused, see linop.backends.jax.integers)."""
+    try:
+        integer_cast(op, (np.int32,))
+    except IntegerOverflowError:
+        return np.int16
+    return np.int32
+
+
+def state_of(space, seed: int, dtype: type = np.int32) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    return {b.name: rng.integers(-9, 10, b.shape).astype(np.int32) for b in space}
+    return {b.name: rng.integers(-9, 10, b.shape).astype(dtype) for b in space}
 
 
 def mismatch(got, want) -> str | None:
@@ -110,7 +129,8 @@ def host_pack(layout, state) -> list[np.ndarray]:
     """Stacked, zero-padded slots of a numpy state (on the host: no compilation)."""
     out = []
     for spec in layout.slots:
-        array = np.zeros((layout.devices, *spec.shape), np.int32)
+        dtype = np.result_type(*state.values()) if state else np.int32
+        array = np.zeros((layout.devices, *spec.shape), dtype)
         for d, block in enumerate(spec.blocks):
             if block is not None:
                 array[(d, *(slice(0, n) for n in block.shape))] = state[block.name]
@@ -133,15 +153,16 @@ def prove(run: Run, f: ShardedOperator, label: str, every: bool = False) -> None
     ``f`` against the numpy interpreter, all in one jitted function (one compilation per case);
     ``label`` is added to ``run.checked``."""
     op = f.op
-    x, y, x2 = state_of(op.domain, 1), state_of(op.range, 2), state_of(op.domain, 3)
+    dtype = integers_for(op)
+    x, y, x2 = state_of(op.domain, 1, dtype), state_of(op.range, 2, dtype), state_of(op.domain, 3, dtype)
     want, want_h = op(x), op.H(y)
-    args, cotangent = host_pack(f.domain, x), tuple(a.astype(np.float32) for a in host_pack(f.range, y))
+    args, cotangent = host_pack(f.domain, x), tuple(a.astype(FLOAT) for a in host_pack(f.range, y))
     second = host_pack(f.domain, x2)
     own = _own(f)
     extra = every or LONG or len(run.checked) % 4 == 0
 
     def everything(args, cotangent, second):
-        floats = [a.astype(jnp.float32) for a in args]
+        floats = [a.astype(FLOAT) for a in args]
         out = {
             "forward": f.arrays(*args),
             "transpose by op.H": jax.linear_transpose(f.arrays, *floats)(cotangent),
@@ -164,6 +185,8 @@ def prove(run: Run, f: ShardedOperator, label: str, every: bool = False) -> None
             found = mismatch(host_unpack(f.domain, values), want_h)
             against = "op.H"
         assert found is None, f"{label}: {what} differs from {against}, {found}"
+        if what not in ("forward", "vmap"):
+            assert all(v.dtype == FLOAT for v in values), f"{label}: {what} in {[v.dtype for v in values]}"
         leak = padding_leak(f.range if against == "the numpy interpreter" else f.domain, values)
         assert leak is None, f"{label}: {what} leaks into the padding of {leak}"
     run.checked.append(label)
@@ -521,12 +544,148 @@ def check_api(run: Run) -> None:
         f({"x": np.zeros((count, *f.domain.slots[0].shape), bool)})
     except DtypeError as error:
         errors.append(str(error))
-    assert len(errors) == 3, errors
+    try:
+        f.blocks(data)  # the global array, not the per-worker blocks
+    except StateError as error:
+        errors.append(str(error))
+    try:
+        f.blocks({n: np.full(v.shape, "a") for n, v in x.scatter(data).items()})
+    except DtypeError as error:
+        errors.append(str(error))
+    assert len(errors) == 5, errors
+    assert "dict of per-worker arrays keyed by block name" in errors[3] and "tensor_function" in errors[3]
+    assert "block 'x[0,0]' has dtype <U1 (string)" in errors[4], errors[4]
     assert "tensor 'y' has 2 dimensions but the mesh mapping (None, None, 'd') names 3" in errors[0], errors[
         0
     ]
     assert "slot 'x' has shape" in errors[1] and "slot 'x' has dtype bool" in errors[2], errors
     print("api and errors:", errors[0][:60], "|", errors[1][:40])
+
+
+def check_integer_sums(run: Run) -> None:
+    """An all-reduce of integers over every device never wraps: uint8 200 x K and int16
+    30000 x K are exact (int64 with x64, else int32); int32 2**30 + 5 x K is exact in int64
+    with x64 and an IntegerOverflowError without (JAX holds no wider integer); int64 with x64
+    is refused (its sum may pass 2**62). The same through the host callback (jax_function)
+    and inside jit."""
+    if run.count < 2:
+        return
+    from linop.frameworks.jax_function import function
+
+    count = run.count
+    t = DistributedTensor("t", (2 * count,), Partition.grid((count,)))
+    op = AllReduce(t, (0,))
+    f, host = sharded(op, run.mesh), function(op)
+    wide = np.int64 if X64 else np.int32
+    cases = [(np.uint8, 200, wide), (np.int16, 30000, wide), (np.int32, 2**30 + 5, np.int64 if X64 else None)]
+    if X64:
+        cases.append((np.int64, 3, None))
+    for dtype, value, expected in cases:
+        state = {b.name: np.full(b.shape, value, dtype) for b in op.domain}
+        runs = {"sharded": f.blocks, "sharded in jit": jax.jit(f.blocks), "jax_function": host}
+        runs["jax_function in jit"] = jax.jit(host)
+        for how, call in runs.items():
+            label = f"{how} {np.dtype(dtype).name} {value} x {count}"
+            try:
+                got = call(state)
+            except IntegerOverflowError as error:
+                assert expected is None, f"{label}: refused, expected {expected}: {error}"
+                assert "jax_enable_x64" in str(error) or "2**62" in str(error) or "int64" in str(error), error
+                continue
+            assert expected is not None, f"{label}: not refused: {got}"
+            for name, block in got.items():
+                assert block.dtype == expected, f"{label}: {name} in {block.dtype}, expected {expected}"
+                assert np.asarray(block).tolist() == [value * count] * 2, f"{label}: {name} = {block}"
+    run.checked.append(f"integer all-reduces on {count} devices")
+
+
+def check_reordered_mesh_axes(run: Run) -> None:
+    """A plan over the axes of a 2 x 2 mesh named out of the mesh's order (``("c", "r")`` on a
+    mesh ``("r", "c")``) counts devices in that order in every collective, ``ppermute``
+    included: repartitions (uneven: ppermute rounds; even: all_to_all), halo windows and an
+    all-reduce along one partition axis (one psum over the mesh axis it runs along), forward
+    and transposes exact."""
+    if run.count != 4:
+        return
+    square = Mesh(run.mesh.devices.reshape(2, 2), ("r", "c"))
+    from linop import Kernel
+
+    a = DistributedTensor("a", (5, 4), Partition.grid((2, 2)))
+    b = DistributedTensor("b", (5, 4), Partition.grid((4, 1)))
+    c = DistributedTensor("c", (4, 4), Partition.grid((2, 2)))
+    d = DistributedTensor("d", (4, 4), Partition.grid((1, 4)))
+    t = DistributedTensor("t", (4, 6), Partition.grid((2, 2)))
+    trees = (
+        Repartition(a, b),
+        Repartition(c, d),
+        halo_windows(a, Kernel((3, 3), padding=1)),
+        AllReduce(t, (0,)),
+    )
+    for op in trees:
+        prove(run, sharded(op, square, axes=("c", "r")), f"axes ('c', 'r') of a mesh ('r', 'c'): {op}")
+    cube = Mesh(run.mesh.devices.reshape(2, 1, 2), ("x", "y", "z"))  # three axes, one of size 1
+    for axes in (("z", "y", "x"), ("z", "x")):
+        prove(run, sharded(trees[0], cube, axes=axes), f"axes {axes} of a mesh ('x', 'y', 'z')")
+
+
+def check_uneven_normal_operator(run: Run) -> None:
+    """``w.H @ w`` of halo windows on uneven rows (the windows cleared whole, then read
+    back): exactly, with its transposes."""
+    from linop import Kernel
+
+    count = run.count
+    w = halo_windows(
+        DistributedTensor("w", (7 * count + 1, 8), Partition.grid((count, 1))), Kernel(3, padding=1)
+    )
+    prove(run, sharded(w.H @ w, run.mesh), f"uneven w.H @ w: {w}", every=True)
+
+
+def check_dtypes(run: Run) -> None:
+    """Every dtype JAX holds in this mode: an uneven repartition and the in-place halo
+    exchange on an even 2 x 2 split (the two that failed with x64), in float32/64,
+    complex64/128 and integers; the forward equals the numpy interpreter in the dtype JAX holds
+    (float64 as float32 without x64), the transpose equals ``op.H`` in the cotangent's dtype.
+    Integer sums: :func:`check_integer_sums`."""
+    if run.count != 4:
+        return
+    from linop import Kernel
+
+    square = Mesh(run.mesh.devices.reshape(2, 2), ("r", "c"))
+    x = DistributedTensor("x", (9, 5), Partition.grid((4, 1)))
+    y = DistributedTensor("y", (9, 5), Partition.grid((2, 2)))
+    u = DistributedTensor("u", (6, 6), Partition.grid((2, 2)))
+    trees = [(Repartition(x, y), run.mesh), (HaloExchange(halo_geometry(u, Kernel(3, padding=1))), square)]
+    dtypes = [np.float32, np.float64, np.complex64, np.complex128, np.int8, np.uint16, np.int32]
+    rng = np.random.default_rng(5)
+    for op, mesh in trees:
+        f = sharded(op, mesh)
+        for dtype in dtypes:
+            label = f"{np.dtype(dtype).name} {op}"
+            held = jax.dtypes.canonicalize_dtype(dtype)
+            try:
+                cast = integer_cast(op, (held,))
+            except IntegerOverflowError:
+                assert np.dtype(dtype) == np.int32 and not X64, label
+                continue
+            expected = held if cast is None else cast
+            x_state = {b.name: rng.integers(0, 100, b.shape).astype(dtype) for b in op.domain}
+            got = f.blocks(x_state)
+            want = op(x_state)
+            for name in want:
+                assert got[name].dtype == expected, (
+                    f"{label}: {name} in {got[name].dtype}, expected {expected}"
+                )
+            assert mismatch(got, want) is None, f"{label}: {mismatch(got, want)}"
+            if np.dtype(dtype).kind in "fc":
+                y_state = {b.name: rng.integers(0, 100, b.shape).astype(held) for b in op.range}
+                x_jax = {k: jnp.asarray(v, held) for k, v in x_state.items()}
+                (back,) = jax.linear_transpose(f.blocks, x_jax)(y_state)
+                for name, value in back.items():
+                    assert value.dtype == held, f"{label}: transpose {name} in {value.dtype}"
+                assert mismatch(back, op.H(y_state)) is None, (
+                    f"{label}: transpose {mismatch(back, op.H(y_state))}"
+                )
+        run.checked.append(f"{op} in {len(dtypes)} dtypes")
 
 
 def check_count(count: int) -> None:
@@ -546,6 +705,10 @@ def check_count(count: int) -> None:
     if count >= 2:  # one device: nothing moves between devices
         check_drawn_native_collectives(run)
     check_uneven_77_rows(run)
+    check_integer_sums(run)
+    check_dtypes(run)
+    check_reordered_mesh_axes(run)
+    check_uneven_normal_operator(run)
     check_collectives(run)
     check_halos(run)
     check_movement(run)

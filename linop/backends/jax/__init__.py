@@ -5,6 +5,7 @@
 :mod:`~linop.backends.jax.colouring` (rounds of messages), :mod:`~linop.backends.jax.passes`
 (passes over the ops). :mod:`~linop.backends.jax.shard` runs a plan on the devices of a mesh
 (a linear primitive whose transpose runs the plan of the adjoint), on the per-device slots of
-:mod:`~linop.backends.jax.slots`. The user-facing functions are in
+:mod:`~linop.backends.jax.slots`; :mod:`~linop.backends.jax.integers` decides the dtype of an
+integer run (exact or refused, never wrapped). The user-facing functions are in
 :mod:`linop.frameworks.jax_sharded`.
 """

@@ -37,6 +37,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 from jax.sharding import Mesh, PartitionSpec
 
+from .integers import integer_cast
 from .plan import (
     BoxOp,
     CollectiveOp,
@@ -57,8 +58,14 @@ __all__ = ["local_function", "sharded_p", "sharded_call", "result_dtype"]
 
 
 def result_dtype(plan: Plan, dtype: Any) -> Any:
-    """The dtype the plan computes in for inputs of ``dtype`` (promoted by its scalars)."""
-    return jnp.result_type(dtype, *plan.alphas) if plan.alphas else jnp.dtype(dtype)
+    """The dtype the plan computes in for inputs of ``dtype``: promoted by its scalars, and an
+    integer run widened where a sum may not fit (or refused: :func:`~.integers.integer_cast`)."""
+    found = jnp.result_type(dtype, *plan.alphas) if plan.alphas else jnp.dtype(dtype)
+    if found.kind in "iu":
+        cast = integer_cast(plan.op, (dtype,))
+        if cast is not None:
+            return jnp.dtype(cast)
+    return found
 
 
 def _run(device: DeviceView, ops: Sequence[Any], slots: Slots) -> Slots:
@@ -76,18 +83,18 @@ def _run(device: DeviceView, ops: Sequence[Any], slots: Slots) -> Slots:
             ):
                 slots.alias(op.dst, op.src)  # a whole slot copied: no copy
                 continue
-            value = None
+            value, raw = None, None
             if op.src is not None:
                 assert op.src_starts is not None and op.src_shape is not None
-                value = slots.read(op.src, op.src_starts, op.active, op.src_shape)
+                value, raw = slots.read_masked(op.src, op.src_starts, op.active, op.src_shape)
                 if op.extents is not None:  # each device's own box of the merged shapes
-                    value = device.mask(value, op.extents)
-            slots.write(op.dst, op.dst_starts, op.active, op.shape, value, op.kind)
+                    value, raw = device.mask(value, op.extents), None
+            slots.write(op.dst, op.dst_starts, op.active, op.shape, value, op.kind, raw=raw)
         elif isinstance(op, Exchange):
             senders = np.zeros(len(op.receivers), dtype=bool)
             senders[[s for s, _ in op.perm]] = True
             values = tuple(slots.read(p.src, p.src_starts, senders, p.src_shape) for p in op.pieces)
-            received = lax.ppermute(values, device.axis, perm=list(op.perm))
+            received = lax.ppermute(values, device.axis, perm=device.ppermute_pairs(op.perm))
             for piece, value in zip(op.pieces, received):
                 slots.write(
                     piece.dst, piece.dst_starts, op.receivers, piece.dst_shape, value, piece.mode, True
@@ -317,7 +324,7 @@ def local_function(plan: Plan, axes: Sequence[str], batch_dims: int = 0) -> Any:
     axes = tuple(axes)
 
     def run(*pieces: jax.Array) -> tuple[jax.Array, ...]:
-        dtype = result_dtype(plan, pieces[0].dtype) if pieces else jnp.dtype(jnp.float32)
+        dtype = result_dtype(plan, jnp.result_type(*pieces)) if pieces else jnp.dtype(jnp.float32)
         # the device's leading axis (of length 1) is kept as a batch axis: an in-place update
         # of a slot is then the last op of its fusion, never followed by a reshape (a copy)
         batch = (1, *pieces[0].shape[1 : 1 + batch_dims]) if pieces else (1,)
@@ -376,7 +383,7 @@ sharded_p.multiple_results = True
 
 
 def _abstract(*pieces: Any, plan: Plan, axes: tuple[str, ...], batch_dims: int) -> list[Any]:
-    dtype = result_dtype(plan, pieces[0].dtype) if pieces else jnp.dtype(jnp.float32)
+    dtype = result_dtype(plan, jnp.result_type(*pieces)) if pieces else jnp.dtype(jnp.float32)
     batch = tuple(pieces[0].shape[1 : 1 + batch_dims]) if pieces else ()
     return [jax.core.ShapedArray((1, *batch, *s.shape), dtype) for s in plan.range.slots]
 

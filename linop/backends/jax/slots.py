@@ -48,6 +48,25 @@ class DeviceView:
         self.batch = batch
         self.dtype = dtype
 
+    def ppermute_pairs(self, perm: tuple[tuple[int, int], ...]) -> list[tuple[int, int]]:
+        """The (source, target) pairs of ``perm`` (devices counted row-major over the plan's
+        axes, as ``lax.axis_index``, ``all_gather``, ``all_to_all`` and ``psum_scatter`` count
+        them) as ``lax.ppermute`` counts devices over several axes: row-major in the order
+        the axes have in the mesh. The same pairs when the axes come in the mesh's order."""
+        if not isinstance(self.axis, tuple):
+            return list(perm)
+        mesh = jax.sharding.get_abstract_mesh()
+        names = tuple(getattr(mesh, "axis_names", ()))
+        if not all(a in names for a in self.axis):
+            return list(perm)
+        order = sorted(range(len(self.axis)), key=lambda k: names.index(self.axis[k]))
+        if order == sorted(order):
+            return list(perm)
+        sizes = [mesh.shape[a] for a in self.axis]
+        coordinates = np.unravel_index(np.arange(int(np.prod(sizes))), sizes)
+        linear = np.ravel_multi_index([coordinates[k] for k in order], [sizes[k] for k in order])
+        return [(int(linear[s]), int(linear[r])) for s, r in perm]
+
     def row(self, table: np.ndarray) -> Any:
         return jnp.asarray(table)[self.index]
 
@@ -55,20 +74,41 @@ class DeviceView:
         return jnp.zeros((*self.batch, *shape), self.dtype)
 
     def starts(self, table: np.ndarray, mask: np.ndarray) -> tuple[Any, ...]:
-        """Python ints when every masked device starts at the same place, else traced."""
+        """Per dimension, a Python int where every masked device starts at the same place,
+        else the device's start, traced."""
         rows = table[mask]
         if len(rows) and (rows == rows[0]).all():
             return tuple(int(v) for v in rows[0])
-        return tuple(self.row(table)[k] for k in range(table.shape[1]))
+        row = self.row(table)
+        return tuple(
+            int(rows[0, k]) if len(rows) and (rows[:, k] == rows[0, k]).all() else row[k]
+            for k in range(table.shape[1])
+        )
 
-    def mask(self, array: jax.Array, extents: np.ndarray) -> jax.Array:
-        """Zero the entries outside this device's block (extents: (devices, ndim))."""
-        shape = array.shape[len(self.batch) :]
+    def mask(self, array: jax.Array, extents: np.ndarray, *, split: bool = False) -> jax.Array:
+        """Zero the entries outside this device's block (extents: (devices, ndim)): a select
+        on the whole array, which XLA fuses into its consumers; with ``split``, along each
+        dimension only the part beyond the smallest extent of any device is selected and the
+        rest concatenated to it as it is (a copy, where blocks are uneven by a few rows: for
+        a box assembled into a slot by ``concatenate`` and ``pad``)."""
+        lead = len(self.batch)
+        shape = array.shape[lead:]
         extent = self.row(extents)
-        valid = jnp.ones(shape, dtype=bool)
-        for k in range(len(shape)):
-            valid = valid & (lax.broadcasted_iota(jnp.int32, shape, k) < extent[k])
-        return jnp.where(valid, array, jnp.zeros((), array.dtype))
+        zero = jnp.zeros((), array.dtype)
+        if not split:
+            valid = jnp.ones(shape, dtype=bool)
+            for k in range(len(shape)):
+                valid = valid & (lax.broadcasted_iota(jnp.int32, shape, k) < extent[k])
+            return jnp.where(valid, array, zero)
+        for k, n in enumerate(shape):
+            low = int(np.clip(extents[:, k], 0, n).min()) if len(extents) else 0
+            if low >= n:
+                continue
+            tail = lax.slice_in_dim(array, low, n, axis=lead + k)
+            position = lax.broadcasted_iota(jnp.int32, tail.shape[lead:], k) + low
+            tail = jnp.where(position < extent[k], tail, zero)
+            array = jnp.concatenate([lax.slice_in_dim(array, 0, low, axis=lead + k), tail], axis=lead + k)
+        return array
 
     def read(self, array: jax.Array, starts: tuple[Any, ...], shape: tuple[int, ...]) -> jax.Array:
         lead = (0,) * len(self.batch)
@@ -76,7 +116,7 @@ class DeviceView:
             if tuple(starts) == (0,) * len(starts) and tuple(shape) == array.shape[len(self.batch) :]:
                 return array
             return lax.slice(array, (*lead, *starts), (*self.batch, *(s + n for s, n in zip(starts, shape))))
-        return lax.dynamic_slice(array, (*lead, *starts), (*self.batch, *shape))
+        return lax.dynamic_slice(array, _indices(*lead, *starts), (*self.batch, *shape))
 
     def write(
         self,
@@ -98,7 +138,7 @@ class DeviceView:
         if not everyone:
             new = jnp.where(self.row(active), new, old)
         lead = (0,) * len(self.batch)
-        return lax.dynamic_update_slice(array, new, (*lead, *starts))
+        return lax.dynamic_update_slice(array, new, _indices(*lead, *starts))
 
     def blend(
         self,
@@ -185,10 +225,21 @@ class _Write:
 
 
 class _Tiles:
-    """A slot built from scratch: disjoint static boxes with values, zeros elsewhere."""
+    """A slot built from scratch: disjoint static boxes with values, zeros elsewhere.
 
-    def __init__(self, tiles: tuple[tuple[tuple[int, ...], jax.Array], ...] = ()) -> None:
+    ``raw[start]``, where present, is the tile at ``start`` before its mask: ``(array,
+    extents)``, the tile's value being ``array`` with the entries beyond each device's
+    ``extents`` (from the tile's origin) zeroed. A read inside the extents slices ``array``,
+    so that the masked value has one consumer, the assembly, into which XLA fuses the mask
+    (a box of uneven blocks masked once, not a whole slot written and read again)."""
+
+    def __init__(
+        self,
+        tiles: tuple[tuple[tuple[int, ...], jax.Array], ...] = (),
+        raw: dict[tuple[int, ...], tuple[jax.Array, np.ndarray]] | None = None,
+    ) -> None:
         self.tiles = tiles
+        self.raw = {} if raw is None else raw
 
 
 class Slots:
@@ -237,6 +288,7 @@ class Slots:
         else:
             self.base[dst] = base if base is not None else _Tiles()
             self.pending.pop(dst, None)
+            self.masks.pop(dst, None)
 
     def value(self, slot: str) -> jax.Array:
         """The slot with every pending write applied (zeros if never written)."""
@@ -284,14 +336,14 @@ class Slots:
             for a, v in base.tiles:  # a slice of that tile, the slot not assembled
                 inner = v.shape[len(device.batch) :]
                 if len(rows) and ((rows >= a) & (rows + shape <= np.add(a, inner))).all():
-                    return device.read(v, tuple(s - b for s, b in zip(starts, a)), shape)
+                    return self._tile_box(base, a, v, starts, shape, table, mask)
         if slot in self.masks:  # the box of the unmasked array, masked beyond the extents
             assert base is not None and not isinstance(base, _Tiles)
             extents = self.masks[slot]
             box = device.read(base, starts, shape)
             if (table[mask] + shape <= extents[mask]).all():  # inside every active block
                 return box
-            return device.mask(box, np.clip(extents - table, 0, None).astype(np.int32))
+            return device.mask(box, np.clip(extents - table, 0, None).astype(np.int32), split=True)
         if (base is None or isinstance(base, _Tiles)) and _static(starts):
             tiles = base.tiles if isinstance(base, _Tiles) else ()
             meets = [(a, v) for a, v in tiles if _overlap(starts, shape, a, v.shape[len(device.batch) :])]
@@ -301,8 +353,46 @@ class Slots:
                 a, v = meets[0]
                 inner = v.shape[len(device.batch) :]
                 if all(s >= b and s + n <= b + m for s, n, b, m in zip(starts, shape, a, inner)):
-                    return device.read(v, tuple(s - b for s, b in zip(starts, a)), shape)
+                    assert isinstance(base, _Tiles)
+                    return self._tile_box(base, a, v, starts, shape, table, mask)
         return device.read(self._base_array(slot), starts, shape)
+
+    def _tile_box(
+        self,
+        tiles: _Tiles,
+        start: tuple[int, ...],
+        value: jax.Array,
+        starts: tuple[Any, ...],
+        shape: tuple[int, ...],
+        table: np.ndarray,
+        mask: np.ndarray,
+    ) -> jax.Array:
+        """The box at ``starts`` (per device: ``table``) inside the tile at ``start``: a slice
+        of the tile's value, or of its unmasked array where the box lies inside its extents
+        on every active device."""
+        inner = tuple(s - b for s, b in zip(starts, start))
+        raw = tiles.raw.get(start)
+        if raw is not None and ((table[mask] - np.asarray(start) + shape) <= raw[1][mask]).all():
+            return self.device.read(raw[0], inner, shape)
+        return self.device.read(value, inner, shape)
+
+    def read_masked(
+        self, slot: str, table: np.ndarray, mask: np.ndarray, shape: tuple[int, ...]
+    ) -> tuple[jax.Array, tuple[jax.Array, np.ndarray] | None]:
+        """:meth:`read`, and where the box was masked beyond the blocks of a padded
+        interface slot, the box unmasked with each device's extents from the box's origin
+        (for :meth:`write` to keep beside its tile), else None."""
+        lazy = slot in self.masks and not self.pending.get(slot)
+        value = self.read(slot, table, mask, shape)
+        if not lazy or slot not in self.masks:
+            return value, None
+        extents = self.masks[slot]
+        if (table[mask] + shape <= extents[mask]).all():
+            return value, None
+        base = self.base[slot]
+        assert not isinstance(base, _Tiles)
+        unmasked = self.device.read(base, self.device.starts(table, mask), shape)
+        return value, (unmasked, np.clip(extents - table, 0, None).astype(np.int32))
 
     def read(self, slot: str, table: np.ndarray, mask: np.ndarray, shape: tuple[int, ...]) -> jax.Array:
         """The box of ``slot`` on each active device (other devices: any value)."""
@@ -332,9 +422,11 @@ class Slots:
         value: jax.Array | None,
         kind: str,
         zeros_elsewhere: bool = False,
+        raw: tuple[jax.Array, np.ndarray] | None = None,
     ) -> None:
         """``box <- value`` (set), ``+= value`` (add) or ``<- 0`` (clear) on the active
-        devices; ``zeros_elsewhere``: the value is zero on the inactive ones (a ppermute)."""
+        devices; ``zeros_elsewhere``: the value is zero on the inactive ones (a ppermute);
+        ``raw``: the value before a mask, with its extents (see :class:`_Tiles`)."""
         device = self.device
         if value is not None:
             value = value.reshape(*device.batch, *shape).astype(device.dtype)
@@ -349,6 +441,7 @@ class Slots:
             if kind == "clear":
                 self.base[slot] = _Tiles()
                 self.pending.pop(slot, None)
+                self.masks.pop(slot, None)  # zeros everywhere: nothing left to mask
                 return
         base = self.base.get(slot)
         box = (table, mask, shape)
@@ -362,16 +455,26 @@ class Slots:
             lead = len(device.batch)
             if not any(_overlap(starts, shape, a, v.shape[lead:]) for a, v in tiles):
                 if kind == "clear":  # already zero
-                    self.base[slot] = _Tiles(tiles)
+                    self.base[slot] = _Tiles(tiles, dict(base.raw) if isinstance(base, _Tiles) else None)
                     return
                 if 0 in shape:
                     return
                 assert value is not None
                 if not (everyone or zeros_elsewhere):
                     value = jnp.where(device.row(mask), value, jnp.zeros((), value.dtype))
-                self.base[slot] = _Tiles((*tiles, (tuple(starts), value)))
+                kept = dict(base.raw) if isinstance(base, _Tiles) else {}
+                if raw is not None and everyone and tuple(raw[0].shape) == tuple(value.shape):
+                    kept[tuple(starts)] = (raw[0].astype(device.dtype), raw[1])
+                self.base[slot] = _Tiles((*tiles, (tuple(starts), value)), kept)
                 return
         self.pending.setdefault(slot, []).append(_Write((table, mask, shape), value, kind, zeros_elsewhere))
+
+
+def _indices(*starts: Any) -> tuple[Any, ...]:
+    """Start indices for ``dynamic_slice``/``dynamic_update_slice``, all int32: JAX wants one
+    integer type, and a Python int is int64 under ``jax_enable_x64`` while the per-device
+    starts read from the plan's int32 tables stay int32 (so int32 in both modes)."""
+    return tuple(jnp.asarray(s, dtype=jnp.int32) for s in starts)
 
 
 def _static(starts: tuple[Any, ...]) -> bool:
