@@ -1,0 +1,179 @@
+r"""Distributed layers (:mod:`linop.layers`) as JAX functions of global arrays, for ``jit``,
+``grad`` and ``vmap``.
+
+Each builder takes a layer description and a device :class:`~jax.sharding.Mesh` (worker w of
+the layer on device w of the mesh, its axes linearized in order) and returns a pure function
+of global arrays. Inside, the layer moves data with its own linop trees, lowered by
+:func:`~linop.frameworks.jax_sharded.sharded` into ``shard_map`` collectives, and computes with
+``jax.lax`` on each device (:mod:`linop.frameworks.jax_stages`). For a convolution or an affine
+map (``docs/theory.md#layers``):
+
+.. math::
+
+    \tilde x = W x, \quad \tilde\theta = M \theta, \quad
+    \tilde y_d = L(\tilde x_d, \tilde\theta_d) \text{ on device } d, \quad y = R\, \tilde y
+
+with :math:`W` the layer's ``window_operator`` (the halo exchange, and the broadcast of the
+input over output-channel workers), :math:`M` its ``parameter_movement``, :math:`R` its
+``output_reduction`` and :math:`L` ``lax.conv_general_dilated`` or a matrix product. The
+backward is
+
+.. math::
+
+    \bar{\tilde y} = R^{*} \bar y, \quad (\bar{\tilde x}_d, \bar{\tilde\theta}_d) =
+    \partial L^{*} \bar{\tilde y}_d, \quad \bar x = W^{*} \bar{\tilde x}, \quad
+    \bar\theta = M^{*} \bar{\tilde\theta}
+
+where the adjoints :math:`W^{*}, M^{*}, R^{*}` are the lowerings of linop's adjoint trees
+(the transpose rule of the lowered primitive) and :math:`\partial L^{*}` is JAX's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import Mesh
+
+from ..errors import LayerError, MeshError
+from ..layers import Affine, Convolution
+from .jax_stages import Tree, fit, join, layout_of, local_map, require_global, split
+
+__all__ = ["affine", "convolution"]
+
+
+def _axes(mesh: Any) -> tuple[str, ...]:
+    if not isinstance(mesh, Mesh):
+        raise MeshError(f"mesh must be a jax.sharding.Mesh, not {type(mesh).__name__} {mesh!r:.60}")
+    return tuple(mesh.axis_names)
+
+
+def _devices(mesh: Mesh) -> int:
+    return int(mesh.devices.size)
+
+
+class _Bilinear:
+    """A convolution or affine layer on a mesh: its three movement trees lowered once, and the
+    per-device product ``product(window, weight, bias) -> partial`` (batch-free: one device's
+    row, leading axis dropped)."""
+
+    def __init__(
+        self, layer: Convolution | Affine, mesh: Mesh, product: Callable[[jax.Array, jax.Array], jax.Array]
+    ) -> None:
+        what = type(layer).__name__
+        axes = _axes(mesh)
+        devices = _devices(mesh)
+        self.layer, self.name = layer, what
+        self.windows = Tree(layer.window_operator, mesh, axes)
+        self.movement = Tree(layer.parameter_movement, mesh, axes)
+        reduction = layer.output_reduction
+        self.reduction = None if reduction is None else Tree(reduction, mesh, axes)
+        partials = [layer.partial_block(j) for j in layer.work_indices()]
+        self.partials = self.reduction.domain if self.reduction is not None else layout_of(partials, devices)
+        if len(self.partials.slots) != 1 or len(self.windows.range.slots) != 1:
+            raise LayerError(
+                f"{what}: each device must hold at most one work block (the work partition {layer.work.shape} "
+                f"places several on one device)"
+            )
+        windows, parameters = self.windows.range.slot_of(), self.movement.range.slot_of()
+        operands = {
+            (windows[w][0], parameters[t][0], None if b is None else parameters[b][0])
+            for w, t, b in (layer.local_operands(j) for j in layer.work_indices())
+        }
+        names = {(w, t) for w, t, _ in operands}
+        biases = {b for _, _, b in operands if b is not None}
+        if len(names) != 1 or len(biases) > 1:
+            raise LayerError(
+                f"{what}: the work blocks do not fall into one slot per operand: {sorted(operands)}"
+            )
+        ((self.window_slot, self.weight_slot),) = names
+        self.bias_slot = next(iter(biases), None)
+        shape = self.partials.slots[0].shape
+
+        def local(window: jax.Array, weight: jax.Array, *bias: jax.Array) -> jax.Array:
+            y = product(window[0], weight[0])
+            if bias:
+                b = bias[0][0]
+                y = y + b.reshape((1, -1) + (1,) * (y.ndim - 2))
+            return fit(y, shape, lead=0)[None]
+
+        self.local = local_map(local, mesh, axes, 3 if self.bias_slot is not None else 2)
+
+    def __call__(self, x: Any, weights: Any, bias: Any = None) -> jax.Array:
+        layer, what = self.layer, self.name
+        x = require_global(what, "x", x, layer.x.global_shape)
+        weights = require_global(what, "weights", weights, layer.weights.global_shape)
+        state = split(layer.weights, weights)
+        if layer.bias is not None:
+            if bias is None:
+                bias = jnp.zeros(layer.bias.global_shape, weights.dtype)
+            state.update(split(layer.bias, require_global(what, "bias", bias, layer.bias.global_shape)))
+        elif bias is not None:
+            raise LayerError(f"{what}: a bias was given, but the layer was built with bias=False")
+        dtype = jnp.result_type(x, *state.values())
+        windows = self.windows.slots({k: v.astype(dtype) for k, v in split(layer.x, x).items()})
+        copies = self.movement.slots({k: v.astype(dtype) for k, v in state.items()})
+        operands = [windows[self.window_slot], copies[self.weight_slot]]
+        if self.bias_slot is not None:
+            operands.append(copies[self.bias_slot])
+        partial = {self.partials.names[0]: self.local(*operands)}
+        if self.reduction is not None:
+            blocks = self.reduction.blocks(self.reduction(partial))
+        else:
+            blocks = self.windows.blocks(partial, self.partials)
+        return join(layer.y, blocks)
+
+
+def convolution(layer: Convolution, mesh: Mesh) -> Callable[..., jax.Array]:
+    r"""The convolution (cross-correlation) ``layer`` on ``mesh`` as a JAX function
+    ``f(x, weights, bias=None) -> y`` of global arrays: x ``(N, C_in, *S)``, weights
+    ``(C_out, C_in, *k)``, bias ``(C_out,)`` (zeros when None and the layer has one), y
+    ``(N, C_out, *n)``. It equals
+
+    ``lax.conv_general_dilated(x, weights, stride, [(p, p), ...], rhs_dilation=dilation) + bias``
+
+    (zero boundary; other boundaries fill the padding as the layer's halo tree does), and its
+    derivative is linop's: the halo exchange's adjoint for the input gradient, the weights'
+    broadcast's adjoint (a sum-reduction) for the weight gradient. Any partition of the layer:
+    spatial, input- and output-channel.
+
+    Raises
+    ------
+    MeshError
+        If ``mesh`` is not a Mesh, or has fewer devices than the layer's workers.
+    LayerError
+        If an array has the wrong shape (when called), or a device holds two work blocks.
+    """
+    if not isinstance(layer, Convolution):
+        raise LayerError(f"convolution() takes a linop.layers.Convolution, not {type(layer).__name__}")
+    stride = tuple(layer.kernel.stride[2:])  # type: ignore[index]
+    dilation = tuple(layer.kernel.dilation[2:])  # type: ignore[index]
+
+    def product(window: jax.Array, weight: jax.Array) -> jax.Array:
+        return lax.conv_general_dilated(window, weight, stride, "VALID", rhs_dilation=dilation)
+
+    return _Bilinear(layer, mesh, product)
+
+
+def affine(layer: Affine, mesh: Mesh) -> Callable[..., jax.Array]:
+    r"""The affine ``layer`` on ``mesh`` as a JAX function ``f(x, weights, bias=None) -> y`` of
+    global arrays: x ``(N, F_in)``, weights ``(F_out, F_in)``, bias ``(F_out,)``, y ``(N,
+    F_out)`` :math:`= x W^{T} + b`. The input's broadcast over output-feature workers and the
+    partial outputs' sum over input-feature workers are linop trees; their adjoints give the
+    gradients' sums.
+
+    Raises
+    ------
+    MeshError, LayerError
+        As :func:`convolution`.
+    """
+    if not isinstance(layer, Affine):
+        raise LayerError(f"affine() takes a linop.layers.Affine, not {type(layer).__name__}")
+
+    def product(x: jax.Array, weight: jax.Array) -> jax.Array:
+        return x @ weight.T
+
+    return _Bilinear(layer, mesh, product)

@@ -1,0 +1,154 @@
+"""The JAX layers (:mod:`linop.frameworks.jax_layers`) against ``jax.lax`` / ``jax.nn`` on one
+device, in ONE process of 4 host devices (launched by ``tests/test_jax_layers.py``: ``python
+layer_checks.py``; not collected by pytest). Each check prints ``OK <label>`` when the layer's
+function, under ``jit``, equals the sequential reference in value and in ``grad`` (every
+argument), and where it applies under ``vmap``, within float32 tolerance.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh
+
+from linop import DistributedTensor, Kernel, Partition
+from linop.frameworks import jax_layers
+from linop.layers import Affine, Convolution
+
+assert len(jax.devices()) == 4, jax.devices()
+MESH_1D = Mesh(np.array(jax.devices()), ("d",))
+MESH_2D = Mesh(np.array(jax.devices()).reshape(2, 2), ("a", "b"))
+RNG = np.random.default_rng(2026)
+TOLERANCE = 2e-5
+
+
+def normal(shape) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def close(label: str, got, want) -> None:
+    """Equal within float32 tolerance, compared on the host (no eager JAX ops to compile)."""
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.shape == w.shape, f"{label}: shape {g.shape} versus {w.shape}"
+        error = float(np.max(np.abs(g - w))) if g.size else 0.0
+        scale = float(np.max(np.abs(w))) if w.size else 0.0
+        assert error <= TOLERANCE * max(1.0, scale), f"{label}: differs by {error} (scale {scale})"
+
+
+def equivalent(label: str, function, reference, *arguments, argnums=None) -> None:
+    """``function`` under jit equals ``reference`` in value and in the gradient of a nonlinear
+    scalar of the output with respect to ``argnums`` (default all): one compilation of each
+    (``value_and_grad``, the output as its auxiliary value)."""
+    argnums = tuple(range(len(arguments))) if argnums is None else argnums
+
+    def scalar(f):
+        def value(*a):
+            y = f(*a)
+            return jnp.sum(jnp.sin(y) * jnp.arange(y.size).reshape(y.shape) / 7.0), y
+
+        return jax.jit(jax.value_and_grad(value, argnums=argnums, has_aux=True))
+
+    (_, got), got_grad = scalar(function)(*arguments)
+    (_, want), want_grad = scalar(reference)(*arguments)
+    close(f"{label} forward", got, want)
+    close(f"{label} grad", got_grad, want_grad)
+
+
+def lax_convolution(layer: Convolution):
+    stride = layer.kernel.stride[2:]
+    dilation = layer.kernel.dilation[2:]
+    padding = [(p, p) for p in layer.kernel.padding[2:]]
+
+    def reference(x, w, b):
+        y = lax.conv_general_dilated(x, w, stride, padding, rhs_dilation=dilation)
+        return y + b.reshape((1, -1) + (1,) * layer.dims)
+
+    return reference
+
+
+def check_convolution() -> None:
+    cases = [
+        (
+            "2x2 spatial, uneven, k3p1",
+            MESH_2D,
+            DistributedTensor("x", (2, 3, 11, 9), Partition((1, 1, 2, 2))),
+            {},
+            {},
+        ),
+        (
+            "4 rows, stride 2, dilation (1, 2)",
+            MESH_1D,
+            DistributedTensor("x", (1, 2, 13, 10), Partition((1, 1, 4, 1))),
+            dict(stride=2, dilation=(1, 2)),
+            {},
+        ),
+        (
+            "channels: 2 input x 2 output channel workers",
+            MESH_1D,
+            DistributedTensor("x", (1, 3, 7, 6), Partition((1, 2, 1, 1))),
+            {},
+            dict(workers=Partition((1, 2, 2, 1, 1), (0, 1, 2, 3))),
+        ),
+    ]
+    for label, mesh, x, kernel, options in cases:
+        layer = Convolution(x, 3, Kernel(3, padding=1, **kernel), **options)
+        f = jax_layers.convolution(layer, mesh)
+        arguments = (normal(x.global_shape), normal(layer.weights.global_shape), normal((3,)))
+        equivalent(f"convolution {label}", f, lax_convolution(layer), *arguments)
+    # vmap over a leading axis of weights, and the gradient under vmap
+    x, w, b = arguments
+    ws = np.stack([w, -2 * w, w + 1])
+    reference = lax_convolution(layer)
+    close(
+        "convolution vmap",
+        jax.jit(jax.vmap(lambda v: f(x, v, b)))(ws),
+        jax.jit(jax.vmap(lambda v: reference(x, v, b)))(ws),
+    )
+    print("OK convolution")
+
+
+def check_affine() -> None:
+    for label, x, workers in (
+        (
+            "2 input x 2 output feature workers",
+            DistributedTensor("x", (5, 7), Partition((1, 2))),
+            Partition((2, 2)),
+        ),
+        ("4 input feature workers", DistributedTensor("x", (3, 9), Partition((1, 4))), None),
+    ):
+        layer = Affine(x, 6, workers=workers)
+        f = jax_layers.affine(layer, MESH_1D)
+        arguments = (normal(x.global_shape), normal((6, x.global_shape[1])), normal((6,)))
+        equivalent(f"affine {label}", f, lambda x, w, b: x @ w.T + b, *arguments)
+    xs = np.stack([arguments[0], 2 * arguments[0]])
+    loss = lambda g: lambda x, w, b: jnp.sum(g(x, w, b) ** 2)  # noqa: E731
+    got = jax.jit(jax.vmap(jax.grad(loss(f), argnums=1), in_axes=(0, None, None)))(xs, *arguments[1:])
+    want = jax.jit(jax.vmap(jax.grad(loss(lambda x, w, b: x @ w.T + b), argnums=1), in_axes=(0, None, None)))(
+        xs, *arguments[1:]
+    )
+    close("affine grad under vmap", got, want)
+    print("OK affine")
+
+
+CHECKS = {"convolution": check_convolution, "affine": check_affine}
+
+if __name__ == "__main__":
+    failed = []
+    for name, check in CHECKS.items():
+        try:
+            check()
+        except Exception:
+            traceback.print_exc(file=sys.stdout)
+            print(f"FAILED {name}")
+            failed.append(name)
+        sys.stdout.flush()
+    sys.exit(1 if failed else 0)
