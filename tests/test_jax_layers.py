@@ -19,7 +19,7 @@ from linop.errors import LayerError, MeshError
 from linop.layers import Affine, Convolution
 
 HERE = Path(__file__).resolve().parent
-LAYERS = ("convolution", "affine")
+LAYERS = ("convolution", "affine", "pooling")
 
 
 @pytest.fixture(scope="module")

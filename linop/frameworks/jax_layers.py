@@ -30,19 +30,21 @@ where the adjoints :math:`W^{*}, M^{*}, R^{*}` are the lowerings of linop's adjo
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.sharding import Mesh
 
 from ..errors import LayerError, MeshError
-from ..layers import Affine, Convolution
+from ..layers import Affine, AveragePool, Convolution, MaxPoolJacobian
 from .jax_stages import Tree, fit, join, layout_of, local_map, require_global, split
 
-__all__ = ["affine", "convolution"]
+__all__ = ["affine", "average_pool", "convolution", "max_pool"]
 
 
 def _axes(mesh: Any) -> tuple[str, ...]:
@@ -177,3 +179,135 @@ def affine(layer: Affine, mesh: Mesh) -> Callable[..., jax.Array]:
         return x @ weight.T
 
     return _Bilinear(layer, mesh, product)
+
+
+class _Pooling:
+    """A pooling layer on a mesh: the halo tree lowered once, then ``lax.reduce_window`` on
+    each device's window (padding entries that are not the tensor's own masked to -inf for
+    max pooling)."""
+
+    def __init__(self, layer: AveragePool | MaxPoolJacobian, mesh: Mesh, kind: str) -> None:
+        axes = _axes(mesh)
+        devices = _devices(mesh)
+        self.layer, self.kind = layer, kind
+        self.windows = Tree(layer.window_operator, mesh, axes)
+        self.outputs = layout_of(list(layer.y.blocks), devices)
+        (slot,) = self.windows.range.slots
+        (out,) = self.outputs.slots
+        self.window_slot = slot.name
+        kernel = layer.kernel
+        size = tuple(kernel.size[2:])  # type: ignore[index]
+        stride = tuple(kernel.stride[2:])  # type: ignore[index]
+        dilation = tuple(kernel.dilation[2:])  # type: ignore[index]
+        shape = out.shape
+        self.mask: np.ndarray | None = None
+        if kind == "max":  # which entries of each device's window are x's own (the rest: -inf)
+            grid = {layer.window_name(g): g for g in layer.x.partition.indices()}
+            selection = (
+                layer if isinstance(layer, MaxPoolJacobian) else MaxPoolJacobian(layer.x, layer.kernel)
+            )
+            mask = np.zeros((devices, 1, 1, *slot.shape[2:]), dtype=bool)
+            for d, block in enumerate(slot.blocks):
+                if block is not None and 0 not in block.shape:
+                    real = np.broadcast_to(selection.real_entries(grid[block.name]), block.shape)
+                    index: tuple[Any, ...] = (d, 0, 0, *(slice(0, n) for n in block.shape[2:]))
+                    mask[index] = real[0, 0]
+            self.mask = mask
+        window_dims = (1, 1, *size)
+        strides = (1, 1, *stride)
+        dilations = (1, 1, *dilation)
+        taps = int(np.prod(size))
+
+        def local(window: jax.Array, *mask: jax.Array) -> jax.Array:
+            x = window[0]
+            if mask:
+                x = jnp.where(mask[0][0], x, -jnp.inf)
+                if any(d != 1 for d in dilation):  # JAX has no vjp of a dilated max window
+                    y = _tap_max(x, size, stride, dilation)
+                else:  # a Python scalar init: lax recognises the max monoid and differentiates it
+                    y = lax.reduce_window(x, -np.inf, lax.max, window_dims, strides, "VALID")
+            else:
+                y = lax.reduce_window(
+                    x, 0.0, lax.add, window_dims, strides, "VALID", window_dilation=dilations
+                )
+                y = y / taps
+            return fit(y, shape, lead=0)[None]
+
+        self.local = local_map(local, mesh, axes, 2 if self.mask is not None else 1)
+
+    def __call__(self, x: Any) -> jax.Array:
+        layer = self.layer
+        name = "max_pool" if self.kind == "max" else "average_pool"
+        x = require_global(name, "x", x, layer.x.global_shape)
+        if self.kind == "max" and not jnp.issubdtype(x.dtype, jnp.floating):
+            raise LayerError(f"max_pool: x has dtype {x.dtype}; max pooling pads with -inf, a float dtype")
+        windows = self.windows.slots(split(layer.x, x))
+        operands = [windows[self.window_slot]]
+        if self.mask is not None:
+            operands.append(jnp.asarray(self.mask))
+        partial = {self.outputs.names[0]: self.local(*operands)}
+        return join(layer.y, self.windows.blocks(partial, self.outputs))
+
+
+def _tap_max(
+    x: jax.Array, size: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...]
+) -> jax.Array:
+    """The largest entry of each (dilated, strided) window over the trailing axes of ``x``, as
+    the running maximum of one strided slice per tap (differentiable: each output's gradient
+    goes to its largest entry, split on exact ties)."""
+    dims = len(size)
+    out = [(n - d * (k - 1) - 1) // s + 1 for n, k, s, d in zip(x.shape[-dims:], size, stride, dilation)]
+    best = None
+    for tap in itertools.product(*(range(k) for k in size)):
+        index = tuple(
+            slice(t * d, t * d + (o - 1) * s + 1, s) for t, d, o, s in zip(tap, dilation, out, stride)
+        )
+        key = (Ellipsis, *index)
+        value = x[key]
+        best = value if best is None else jnp.maximum(best, value)
+    assert best is not None
+    return best
+
+
+def _pool(layer: Any, function: str) -> None:
+    if not isinstance(layer, AveragePool | MaxPoolJacobian):
+        raise LayerError(
+            f"{function}() takes a linop.layers.AveragePool or MaxPoolJacobian (its geometry), not "
+            f"{type(layer).__name__}"
+        )
+
+
+def average_pool(layer: AveragePool | MaxPoolJacobian, mesh: Mesh) -> Callable[[Any], jax.Array]:
+    r"""Average pooling over ``layer``'s windows on ``mesh``: a JAX function ``f(x) -> y`` of
+    global arrays, x ``(N, C, *S)``, y ``(N, C, *n)``, the mean of each window with its zero
+    padding counted (``count_include_pad``):
+
+    ``lax.reduce_window(x, 0, lax.add, (1, 1, *k), (1, 1, *stride), [(0, 0), (0, 0), (p, p),
+    ...], window_dilation=(1, 1, *dilation)) / prod(k)``.
+
+    Linear: its vjp is the window tree's adjoint after ``reduce_window``'s.
+
+    Raises
+    ------
+    MeshError, LayerError
+        As :func:`convolution`.
+    """
+    _pool(layer, "average_pool")
+    return _Pooling(layer, mesh, "average")
+
+
+def max_pool(layer: AveragePool | MaxPoolJacobian, mesh: Mesh) -> Callable[[Any], jax.Array]:
+    r"""Max pooling over ``layer``'s windows on ``mesh``: ``f(x) -> y``, the largest entry of
+    each window, zero padding counting as :math:`-\infty` (as in ``lax.reduce_window(x, -inf,
+    lax.max, ...)`` with that padding, and torch); a periodic or reflecting boundary fills the
+    padding with x's own entries. Its vjp is JAX's (the selection of each window's largest
+    entry, :class:`~linop.layers.MaxPoolJacobian`'s adjoint on the windows) followed by the
+    window tree's adjoint.
+
+    Raises
+    ------
+    MeshError, LayerError
+        As :func:`convolution`; a LayerError for an x of a non-float dtype (when called).
+    """
+    _pool(layer, "max_pool")
+    return _Pooling(layer, mesh, "max")

@@ -21,7 +21,7 @@ from jax.sharding import Mesh
 
 from linop import DistributedTensor, Kernel, Partition
 from linop.frameworks import jax_layers
-from linop.layers import Affine, Convolution
+from linop.layers import Affine, AveragePool, Convolution, MaxPoolJacobian
 
 assert len(jax.devices()) == 4, jax.devices()
 MESH_1D = Mesh(np.array(jax.devices()), ("d",))
@@ -139,7 +139,49 @@ def check_affine() -> None:
     print("OK affine")
 
 
-CHECKS = {"convolution": check_convolution, "affine": check_affine}
+def lax_pool(layer, kind: str):
+    k = layer.kernel
+    window, strides, dilation = ((1, 1, *v[2:]) for v in (k.size, k.stride, k.dilation))
+    padding = [(0, 0), (0, 0), *((p, p) for p in k.padding[2:])]
+    taps = int(np.prod(k.size[2:]))
+
+    def reference(x):
+        if kind == "max" and any(d != 1 for d in dilation):  # JAX has no vjp of a dilated max window
+            padded = jnp.pad(x, padding, constant_values=-jnp.inf)
+            shifted = [
+                padded[..., i * dilation[2] :: 1, j * dilation[3] :: 1][
+                    ...,
+                    : padded.shape[2] - (window[2] - 1) * dilation[2] : strides[2],
+                    : padded.shape[3] - (window[3] - 1) * dilation[3] : strides[3],
+                ]
+                for i in range(window[2])
+                for j in range(window[3])
+            ]
+            return jnp.max(jnp.stack(shifted), axis=0)
+        if kind == "max":
+            return lax.reduce_window(x, -jnp.inf, lax.max, window, strides, padding, window_dilation=dilation)
+        total = lax.reduce_window(x, 0.0, lax.add, window, strides, padding, window_dilation=dilation)
+        return total / taps
+
+    return reference
+
+
+def check_pooling() -> None:
+    x = DistributedTensor("x", (2, 3, 11, 9), Partition((1, 1, 2, 2)))
+    for kind, function in (("average", jax_layers.average_pool), ("max", jax_layers.max_pool)):
+        for label, kernel in (
+            ("k3 stride 2 padding 1", Kernel(3, stride=2, padding=1)),
+            ("k2 stride 1 dilation 2", Kernel(2, dilation=2)),
+        ):
+            layer = AveragePool(x, kernel) if kind == "average" else MaxPoolJacobian(x, kernel)
+            f = function(layer, MESH_2D)
+            equivalent(f"{kind} pool {label}", f, lax_pool(layer, kind), normal(x.global_shape))
+    xs = normal((3, *x.global_shape))
+    close("max pool vmap", jax.jit(jax.vmap(f))(xs), jax.jit(jax.vmap(lax_pool(layer, "max")))(xs))
+    print("OK pooling")
+
+
+CHECKS = {"convolution": check_convolution, "affine": check_affine, "pooling": check_pooling}
 
 if __name__ == "__main__":
     failed = []
