@@ -30,6 +30,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.sharding import Mesh, PartitionSpec
 
 from ..backends.jax.layout import Layout, space_layout
@@ -39,7 +40,7 @@ from ..partition import DistributedTensor
 from ..space import Block, Space
 from .jax_sharded import ShardedOperator, sharded
 
-__all__ = ["Tree", "fit", "join", "local_map", "require_global", "split"]
+__all__ = ["Tree", "block_mask", "fit", "join", "layout_of", "local_map", "require_global", "split"]
 
 
 def require_global(layer: str, what: str, array: Any, shape: Sequence[int]) -> jax.Array:
@@ -81,6 +82,17 @@ def fit(array: jax.Array, shape: Sequence[int], lead: int = 1) -> jax.Array:
     array = array[cut]
     pads = [(0, 0)] * lead + [(0, n - m) for n, m in zip(shape, array.shape[lead:])]
     return jnp.pad(array, pads) if any(p for _, p in pads) else array
+
+
+def block_mask(extents: jax.Array, shape: Sequence[int]) -> jax.Array:
+    """Inside :func:`local_map`: the entries of a device's slot row of ``shape`` that are its
+    block's (``extents``: the block's shape, a row of :meth:`SlotSpec.extents`), the rest
+    padding."""
+    shape = tuple(shape)
+    mask = jnp.ones(shape, dtype=bool)
+    for axis in range(len(shape)):
+        mask = mask & (lax.broadcasted_iota(jnp.int32, shape, axis) < extents[axis])
+    return mask
 
 
 class Tree:

@@ -20,8 +20,8 @@ from jax import lax
 from jax.sharding import Mesh
 
 from linop import DistributedTensor, Kernel, Partition
-from linop.frameworks import jax_layers
-from linop.layers import Affine, AveragePool, Convolution, MaxPoolJacobian
+from linop.frameworks import jax_layers, jax_losses, jax_norm
+from linop.layers import Affine, AveragePool, BatchNorm, Convolution, Loss, MaxPoolJacobian
 
 assert len(jax.devices()) == 4, jax.devices()
 MESH_1D = Mesh(np.array(jax.devices()), ("d",))
@@ -181,7 +181,57 @@ def check_pooling() -> None:
     print("OK pooling")
 
 
-CHECKS = {"convolution": check_convolution, "affine": check_affine, "pooling": check_pooling}
+def check_losses() -> None:
+    from jax.nn import log_sigmoid
+
+    references = {
+        "mse": lambda x, t: jnp.mean((x - t) ** 2),
+        "l1": lambda x, t: jnp.mean(jnp.abs(x - t)),
+        "bce_with_logits": lambda x, t: -jnp.mean(t * log_sigmoid(x) + (1 - t) * log_sigmoid(-x)),
+    }
+    x = DistributedTensor("x", (3, 5, 7), Partition((1, 2, 2)), sizes=((3,), (4, 1), (2, 5)))  # uneven shares
+    prediction, target = normal(x.global_shape), RNG.uniform(0, 1, x.global_shape).astype(np.float32)
+    for kind, reference in references.items():
+        f = jax_losses.loss(Loss(x, kind), MESH_2D)
+        equivalent(f"loss {kind} (mean)", f, reference, prediction, target)
+    f = jax_losses.loss(Loss(x, "mse", reduction="sum"), MESH_2D)
+    equivalent("loss mse (sum)", f, lambda x, t: jnp.sum((x - t) ** 2), prediction, target)
+    # the gradient under vmap over a batch of targets
+    targets = np.stack([target, 1 - target])
+    got = jax.jit(jax.vmap(jax.grad(f), in_axes=(None, 0)))(prediction, targets)
+    want = jax.jit(jax.vmap(jax.grad(lambda x, t: jnp.sum((x - t) ** 2)), in_axes=(None, 0)))(
+        prediction, targets
+    )
+    close("loss grad under vmap", got, want)
+    print("OK losses")
+
+
+def check_batch_norm() -> None:
+    for label, x in (
+        ("batch 2 x channels 2 (3 as 2, 1)", DistributedTensor("x", (4, 3, 5, 6), Partition((2, 2, 1, 1)))),
+        ("features 2 x 2, uneven", DistributedTensor("x", (3, 2, 5, 7), Partition((1, 1, 2, 2)))),
+    ):
+        layer = BatchNorm(x, eps=1e-3)
+        f = jax_norm.batch_norm(layer, MESH_1D)
+        channels = x.global_shape[1]
+
+        def reference(x, w, b):
+            axis = (0, *range(2, x.ndim))
+            return jax.nn.standardize(x, axis=axis, epsilon=1e-3) * w.reshape(1, -1, 1, 1) + b.reshape(
+                1, -1, 1, 1
+            )
+
+        arguments = (3 + 2 * normal(x.global_shape), normal((channels,)), normal((channels,)))
+        equivalent(f"batch norm {label}", f, reference, *arguments)
+    print("OK batch_norm")
+
+
+CHECKS = {
+    "convolution": check_convolution,
+    "affine": check_affine,
+    "pooling": check_pooling,
+    "losses": check_losses,
+}
 
 if __name__ == "__main__":
     failed = []
