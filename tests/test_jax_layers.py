@@ -19,7 +19,7 @@ from linop.errors import LayerError, MeshError
 from linop.layers import Affine, Convolution
 
 HERE = Path(__file__).resolve().parent
-LAYERS = ("convolution", "affine", "pooling", "losses", "batch_norm")
+LAYERS = ("convolution", "affine", "pooling", "losses", "batch_norm", "interpolate")
 
 
 @pytest.fixture(scope="module")

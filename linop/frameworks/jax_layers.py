@@ -41,10 +41,10 @@ from jax import lax
 from jax.sharding import Mesh
 
 from ..errors import LayerError, MeshError
-from ..layers import Affine, AveragePool, Convolution, MaxPoolJacobian
+from ..layers import Affine, AveragePool, Convolution, Interpolate, MaxPoolJacobian
 from .jax_stages import Tree, fit, join, layout_of, local_map, require_global, split
 
-__all__ = ["affine", "average_pool", "convolution", "max_pool"]
+__all__ = ["affine", "average_pool", "convolution", "interpolate", "max_pool"]
 
 
 def _axes(mesh: Any) -> tuple[str, ...]:
@@ -311,3 +311,75 @@ def max_pool(layer: AveragePool | MaxPoolJacobian, mesh: Mesh) -> Callable[[Any]
     """
     _pool(layer, "max_pool")
     return _Pooling(layer, mesh, "max")
+
+
+class _Interpolation:
+    """An interpolation on a mesh: the window tree lowered once, then per device and spatial
+    axis two gathers weighted by that device's tables (stacked constants: its outputs' two
+    source entries in its window and their weights, zero-padded to the slot)."""
+
+    def __init__(self, layer: Interpolate, mesh: Mesh) -> None:
+        axes = _axes(mesh)
+        devices = _devices(mesh)
+        self.layer = layer
+        self.windows = Tree(layer.window_operator, mesh, axes)
+        self.outputs = layout_of(list(layer.y.blocks), devices)
+        (slot,) = self.windows.range.slots
+        (out,) = self.outputs.slots
+        self.window_slot = slot.name
+        grid = {layer.window_name(g): g for g in layer.x.partition.indices()}
+        dims = layer.dims
+        tables: list[np.ndarray] = []
+        for d in range(dims):
+            length = out.shape[2 + d]
+            first = np.zeros((devices, length), np.int32)
+            second = np.zeros((devices, length), np.int32)
+            weights = np.zeros((devices, 2, length), np.float64)
+            for device, block in enumerate(slot.blocks):
+                if block is None:
+                    continue
+                part = layer.parts(grid[block.name])[d]
+                n = part.first.size
+                first[device, :n], second[device, :n] = part.first, part.second
+                weights[device, 0, :n], weights[device, 1, :n] = part.weight_first, part.weight_second
+            tables += [first, second, weights]
+        self.tables = tables
+        shape = out.shape
+
+        def local(window: jax.Array, *tables: jax.Array) -> jax.Array:
+            x = window[0]
+            for d in range(dims):
+                first, second, weights = (t[0] for t in tables[3 * d : 3 * d + 3])
+                axis = 2 + d
+                spread = (1,) * axis + (-1,) + (1,) * (dims - d - 1)
+                low, high = (weights[k].astype(x.dtype).reshape(spread) for k in (0, 1))
+                x = jnp.take(x, first, axis=axis) * low + jnp.take(x, second, axis=axis) * high
+            return fit(x, shape, lead=0)[None]
+
+        self.local = local_map(local, mesh, axes, 1 + len(tables))
+
+    def __call__(self, x: Any) -> jax.Array:
+        layer = self.layer
+        x = require_global("interpolate", "x", x, layer.x.global_shape)
+        windows = self.windows.slots(split(layer.x, x))
+        y = self.local(windows[self.window_slot], *(jnp.asarray(t) for t in self.tables))
+        return join(layer.y, self.windows.blocks({self.outputs.names[0]: y}, self.outputs))
+
+
+def interpolate(layer: Interpolate, mesh: Mesh) -> Callable[[Any], jax.Array]:
+    r"""The interpolation ``layer`` (torch's ``interpolate``: nearest, nearest-exact, linear,
+    bilinear, trilinear, ``align_corners``) on ``mesh``: a JAX function ``f(x) -> y`` of
+    global arrays, x ``(N, C, *S)``, y ``(N, C, *n)``. Per spatial axis each output is
+    :math:`y_i = \lambda_i x_{a_i} + \mu_i x_{b_i}` (the layer's maps); upsampling in the
+    ``"bilinear"`` and ``"nearest-exact"`` modes equals ``jax.image.resize`` with ``"linear"``
+    and ``"nearest"``. Linear: its vjp is the gathers' (scatter-adds) followed by the window
+    tree's adjoint.
+
+    Raises
+    ------
+    MeshError, LayerError
+        As :func:`convolution`.
+    """
+    if not isinstance(layer, Interpolate):
+        raise LayerError(f"interpolate() takes a linop.layers.Interpolate, not {type(layer).__name__}")
+    return _Interpolation(layer, mesh)

@@ -21,7 +21,7 @@ from jax.sharding import Mesh
 
 from linop import DistributedTensor, Kernel, Partition
 from linop.frameworks import jax_layers, jax_losses, jax_norm
-from linop.layers import Affine, AveragePool, BatchNorm, Convolution, Loss, MaxPoolJacobian
+from linop.layers import Affine, AveragePool, BatchNorm, Convolution, Interpolate, Loss, MaxPoolJacobian
 
 assert len(jax.devices()) == 4, jax.devices()
 MESH_1D = Mesh(np.array(jax.devices()), ("d",))
@@ -226,11 +226,32 @@ def check_batch_norm() -> None:
     print("OK batch_norm")
 
 
+def check_interpolation() -> None:
+    x = DistributedTensor("x", (2, 3, 7, 5), Partition((1, 1, 2, 2)))
+    for mode, method, options in (
+        ("bilinear", "linear", dict(scale_factor=2)),
+        ("bilinear", "linear", dict(size=(11, 13))),
+        ("nearest-exact", "nearest", dict(size=(16, 9))),
+    ):
+        layer = Interpolate(x, mode=mode, dtype=np.float32, **options)
+        f = jax_layers.interpolate(layer, MESH_2D)
+        shape = layer.y.global_shape
+        equivalent(
+            f"interpolate {mode} {options}",
+            f,
+            lambda v, shape=shape, method=method: jax.image.resize(v, shape, method),
+            normal(x.global_shape),
+        )
+    print("OK interpolate")
+
+
 CHECKS = {
     "convolution": check_convolution,
     "affine": check_affine,
     "pooling": check_pooling,
     "losses": check_losses,
+    "batch_norm": check_batch_norm,
+    "interpolate": check_interpolation,
 }
 
 if __name__ == "__main__":
