@@ -19,7 +19,7 @@ from linop.errors import LayerError, MeshError
 from linop.layers import Affine, Convolution
 
 HERE = Path(__file__).resolve().parent
-LAYERS = ("convolution", "affine", "pooling", "losses", "batch_norm", "interpolate")
+LAYERS = ("adjoint trees", "convolution", "affine", "pooling", "losses", "batch_norm", "interpolate")
 
 
 @pytest.fixture(scope="module")
@@ -73,3 +73,35 @@ def test_a_wrong_shape_or_an_unwanted_bias_is_a_layer_error_naming_it(mesh):
         f(np.zeros((1, 1, 5), np.float32), np.zeros((2, 1, 3), np.float32), np.zeros(2, np.float32))
     y = f(np.ones((1, 1, 5), np.float32), np.ones((2, 1, 3), np.float32))
     assert np.asarray(y).tolist() == [[[2, 3, 3, 3, 2]] * 2]
+
+
+def test_each_builder_names_the_layer_it_takes(mesh):
+    from linop.frameworks import jax_layers, jax_losses, jax_norm
+
+    x = DistributedTensor("x", (2, 3), Partition((1, 1)))
+    wrong = Affine(x, 2)
+    for builder, wants in (
+        (jax_layers.average_pool, "AveragePool or MaxPoolJacobian"),
+        (jax_layers.max_pool, "AveragePool or MaxPoolJacobian"),
+        (jax_layers.interpolate, "Interpolate"),
+        (jax_losses.loss, "Loss"),
+        (jax_norm.batch_norm, "BatchNorm"),
+    ):
+        with pytest.raises(LayerError, match=rf"takes a linop\.layers\.{wants}.*not Affine"):
+            builder(wrong, mesh)
+
+
+def test_batch_norm_and_max_pool_refuse_what_they_cannot_compute(mesh):
+    from linop.frameworks import jax_layers, jax_norm
+    from linop.layers import BatchNorm, MaxPoolJacobian
+
+    x = DistributedTensor("x", (2, 3, 4), Partition((1, 1, 1)))
+    plain = jax_norm.batch_norm(BatchNorm(x, affine=False), mesh)
+    with pytest.raises(LayerError, match="built with affine=False"):
+        plain(np.ones((2, 3, 4), np.float32), np.ones(3, np.float32))
+    single = DistributedTensor("x", (1, 2, 1), Partition((1, 1, 1)))
+    with pytest.raises(LayerError, match="expected more than 1 value per channel"):
+        jax_norm.batch_norm(BatchNorm(single), mesh)(np.ones((1, 2, 1), np.float32))
+    pool = jax_layers.max_pool(MaxPoolJacobian(x, Kernel(2)), mesh)
+    with pytest.raises(LayerError, match="max_pool: x has dtype int32"):
+        pool(np.ones((2, 3, 4), np.int32))

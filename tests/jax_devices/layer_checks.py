@@ -21,6 +21,7 @@ from jax.sharding import Mesh
 
 from linop import DistributedTensor, Kernel, Partition
 from linop.frameworks import jax_layers, jax_losses, jax_norm
+from linop.frameworks.jax_stages import Tree
 from linop.layers import Affine, AveragePool, BatchNorm, Convolution, Interpolate, Loss, MaxPoolJacobian
 
 assert len(jax.devices()) == 4, jax.devices()
@@ -245,7 +246,30 @@ def check_interpolation() -> None:
     print("OK interpolate")
 
 
+def check_adjoint_trees() -> None:
+    """The movement trees' vjp (custom_vjp: the lowering of op.H) equals linop's op.H run by
+    the numpy interpreter, exactly, on integer data: the halo windows of a convolution on
+    uneven 2 x 2 blocks, a loss's sum-reduction and a batch norm's all-reduce."""
+    x = DistributedTensor("x", (1, 2, 11, 9), Partition((1, 1, 2, 2)))
+    trees = (
+        Convolution(x, 3, Kernel(3, padding=1)).window_operator,
+        Loss(x, "mse").reduction_operator,
+        BatchNorm(DistributedTensor("x", (4, 3, 5, 6), Partition((2, 2, 1, 1)))).statistics_reduction,
+    )
+    for op in trees:
+        tree = Tree(op, MESH_1D, ("d",))
+        state = {b.name: RNG.integers(-9, 10, b.shape).astype(np.float32) for b in op.domain}
+        seed = {b.name: RNG.integers(-9, 10, b.shape).astype(np.float32) for b in op.range}
+        out, vjp = jax.vjp(jax.jit(lambda s, tree=tree: tree.blocks(tree.slots(s))), state)
+        (back,) = vjp(seed)
+        want, want_back = op(state), op.H(seed)
+        assert all(np.array_equal(np.asarray(out[n]), want[n]) for n in want), f"{op}: forward"
+        assert all(np.array_equal(np.asarray(back[n]), want_back[n]) for n in want_back), f"{op}: vjp"
+    print("OK adjoint trees")
+
+
 CHECKS = {
+    "adjoint trees": check_adjoint_trees,
     "convolution": check_convolution,
     "affine": check_affine,
     "pooling": check_pooling,
