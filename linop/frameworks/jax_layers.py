@@ -40,21 +40,11 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh
 
-from ..errors import LayerError, MeshError
+from ..errors import LayerError
 from ..layers import Affine, AveragePool, Convolution, Interpolate, MaxPoolJacobian
-from .jax_stages import Tree, fit, join, layout_of, local_map, require_global, split
+from .jax_stages import Tree, fit, join, layout_of, local_map, mesh_axes, mesh_devices, require_global, split
 
 __all__ = ["affine", "average_pool", "convolution", "interpolate", "max_pool"]
-
-
-def _axes(mesh: Any) -> tuple[str, ...]:
-    if not isinstance(mesh, Mesh):
-        raise MeshError(f"mesh must be a jax.sharding.Mesh, not {type(mesh).__name__} {mesh!r:.60}")
-    return tuple(mesh.axis_names)
-
-
-def _devices(mesh: Mesh) -> int:
-    return int(mesh.devices.size)
 
 
 class _Bilinear:
@@ -66,8 +56,8 @@ class _Bilinear:
         self, layer: Convolution | Affine, mesh: Mesh, product: Callable[[jax.Array, jax.Array], jax.Array]
     ) -> None:
         what = type(layer).__name__
-        axes = _axes(mesh)
-        devices = _devices(mesh)
+        axes = mesh_axes(mesh)
+        devices = mesh_devices(mesh)
         self.layer, self.name = layer, what
         self.windows = Tree(layer.window_operator, mesh, axes)
         self.movement = Tree(layer.parameter_movement, mesh, axes)
@@ -187,8 +177,8 @@ class _Pooling:
     max pooling)."""
 
     def __init__(self, layer: AveragePool | MaxPoolJacobian, mesh: Mesh, kind: str) -> None:
-        axes = _axes(mesh)
-        devices = _devices(mesh)
+        axes = mesh_axes(mesh)
+        devices = mesh_devices(mesh)
         self.layer, self.kind = layer, kind
         self.windows = Tree(layer.window_operator, mesh, axes)
         self.outputs = layout_of(list(layer.y.blocks), devices)
@@ -319,8 +309,8 @@ class _Interpolation:
     source entries in its window and their weights, zero-padded to the slot)."""
 
     def __init__(self, layer: Interpolate, mesh: Mesh) -> None:
-        axes = _axes(mesh)
-        devices = _devices(mesh)
+        axes = mesh_axes(mesh)
+        devices = mesh_devices(mesh)
         self.layer = layer
         self.windows = Tree(layer.window_operator, mesh, axes)
         self.outputs = layout_of(list(layer.y.blocks), devices)

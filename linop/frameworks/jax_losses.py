@@ -28,8 +28,7 @@ from jax.sharding import Mesh
 
 from ..errors import LayerError
 from ..layers import Loss
-from .jax_layers import _axes, _devices
-from .jax_stages import Tree, block_mask, layout_of, local_map, require_global, split
+from .jax_stages import Tree, block_mask, layout_of, local_map, mesh_axes, mesh_devices, require_global, split
 
 __all__ = ["loss", "terms"]
 
@@ -66,8 +65,8 @@ def terms(kind: str, x: jax.Array, t: jax.Array, options: Mapping[str, Any]) -> 
 
 class _Loss:
     def __init__(self, layer: Loss, mesh: Mesh) -> None:
-        axes = _axes(mesh)
-        devices = _devices(mesh)
+        axes = mesh_axes(mesh)
+        devices = mesh_devices(mesh)
         self.layer = layer
         self.reduction = Tree(layer.reduction_operator, mesh, axes)
         (total,) = self.reduction.range.slots

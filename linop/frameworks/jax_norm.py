@@ -32,8 +32,17 @@ from jax.sharding import Mesh
 from ..errors import LayerError
 from ..layers import BatchNorm
 from ..layers.base import share_slices
-from .jax_layers import _axes, _devices
-from .jax_stages import Tree, block_mask, join, layout_of, local_map, require_global, split
+from .jax_stages import (
+    Tree,
+    block_mask,
+    join,
+    layout_of,
+    local_map,
+    mesh_axes,
+    mesh_devices,
+    require_global,
+    split,
+)
 
 __all__ = ["batch_norm"]
 
@@ -45,8 +54,8 @@ def _per_channel(values: jax.Array, ndim: int) -> jax.Array:
 
 class _BatchNorm:
     def __init__(self, layer: BatchNorm, mesh: Mesh) -> None:
-        axes = _axes(mesh)
-        devices = _devices(mesh)
+        axes = mesh_axes(mesh)
+        devices = mesh_devices(mesh)
         self.layer = layer
         self.reduction = Tree(layer.statistics_reduction, mesh, axes)
         self.movement = Tree(layer.parameter_movement, mesh, axes) if layer.affine else None

@@ -34,13 +34,36 @@ from jax import lax
 from jax.sharding import Mesh, PartitionSpec
 
 from ..backends.jax.layout import Layout, space_layout
-from ..errors import LayerError
+from ..errors import LayerError, MeshError
 from ..operator import LinearOperator
 from ..partition import DistributedTensor
 from ..space import Block, Space
 from .jax_sharded import ShardedOperator, sharded
 
-__all__ = ["Tree", "block_mask", "fit", "join", "layout_of", "local_map", "require_global", "split"]
+__all__ = [
+    "Tree",
+    "block_mask",
+    "fit",
+    "join",
+    "layout_of",
+    "local_map",
+    "mesh_axes",
+    "mesh_devices",
+    "require_global",
+    "split",
+]
+
+
+def mesh_axes(mesh: Any) -> tuple[str, ...]:
+    """The axis names of ``mesh`` (the devices linearized in their order), else a MeshError."""
+    if not isinstance(mesh, Mesh):
+        raise MeshError(f"mesh must be a jax.sharding.Mesh, not {type(mesh).__name__} {mesh!r:.60}")
+    return tuple(mesh.axis_names)
+
+
+def mesh_devices(mesh: Mesh) -> int:
+    """The number of devices of ``mesh``."""
+    return int(mesh.devices.size)
 
 
 def require_global(layer: str, what: str, array: Any, shape: Sequence[int]) -> jax.Array:
