@@ -19,7 +19,7 @@ from linop.errors import LayerError, MeshError
 from linop.layers import Affine, Convolution
 
 HERE = Path(__file__).resolve().parent
-LAYERS = ("adjoint trees", "convolution", "affine", "pooling", "losses", "batch_norm", "interpolate")
+LAYERS = ("adjoint trees", "convolution", "affine", "pooling", "losses", "batch_norm", "interpolate", "edges")
 
 
 @pytest.fixture(scope="module")

@@ -268,6 +268,38 @@ def check_adjoint_trees() -> None:
     print("OK adjoint trees")
 
 
+def check_edges() -> None:
+    """Forward only (one compilation each): fewer workers than devices with a periodic
+    boundary, empty channel shares, and the loss kinds without a jax.nn twin against the numpy
+    layer (value and gradient)."""
+    x = DistributedTensor("x", (1, 2, 8, 6), Partition((1, 1, 2, 1)))
+    layer = Convolution(x, 2, Kernel(3, stride=3, padding=1, boundary="periodic"))
+    data, w, b = normal(x.global_shape), normal(layer.weights.global_shape), normal((2,))
+    wrapped = np.pad(data, [(0, 0), (0, 0), (1, 1), (1, 1)], mode="wrap")
+    want = lax.conv_general_dilated(wrapped, w, (3, 3), "VALID") + b.reshape(1, -1, 1, 1)
+    close(
+        "convolution, 2 workers on 4 devices, periodic",
+        jax.jit(jax_layers.convolution(layer, MESH_1D))(data, w, b),
+        want,
+    )
+    x = DistributedTensor("x", (3, 4, 5), Partition((1, 3, 1)), sizes=((3,), (2, 0, 2), (5,)))
+    data = normal(x.global_shape)
+    got = jax.jit(jax_norm.batch_norm(BatchNorm(x, affine=False), MESH_1D))(data)
+    close("batch norm, an empty channel share", got, jax.nn.standardize(data, axis=(0, 2), epsilon=1e-5))
+    x = DistributedTensor("x", (5, 7), Partition((1, 3)))
+    prediction = RNG.uniform(0.1, 0.9, x.global_shape).astype(np.float32)
+    target = RNG.uniform(0.1, 0.9, x.global_shape).astype(np.float32)
+    for kind in ("bce", "poisson_nll", "kl_div"):
+        layer = Loss(x, kind)
+        value, gradient = jax.jit(jax.value_and_grad(jax_losses.loss(layer, MESH_1D)))(prediction, target)
+        want = layer.value(x.scatter(prediction), x.scatter(target))[layer.total_name]
+        close(f"loss {kind}", value.reshape(1), want)
+        close(
+            f"loss {kind} grad", gradient, x.gather(layer.gradient(x.scatter(prediction), x.scatter(target)))
+        )
+    print("OK edges")
+
+
 CHECKS = {
     "adjoint trees": check_adjoint_trees,
     "convolution": check_convolution,
@@ -276,6 +308,7 @@ CHECKS = {
     "losses": check_losses,
     "batch_norm": check_batch_norm,
     "interpolate": check_interpolation,
+    "edges": check_edges,
 }
 
 if __name__ == "__main__":
