@@ -96,7 +96,7 @@ class _BatchNorm:
         self.local_squares = local_map(local_squares, mesh, axes, 3)
         self.local_normalize = local_map(local_normalize, mesh, axes, 4 if layer.affine else 3)
 
-    def __call__(self, x: Any, weight: Any = None, bias: Any = None) -> jax.Array:
+    def __call__(self, x: Any, weight: Any = None, bias: Any = None, *, with_statistics: bool = False) -> Any:
         layer = self.layer
         x = require_global("batch_norm", "x", x, layer.x.global_shape)
         if layer.count < 2:
@@ -127,7 +127,21 @@ class _BatchNorm:
                 "batch_norm: a weight or bias was given, but the layer was built with affine=False"
             )
         y = self.local_normalize(*operands)
-        return join(layer.y, self.reduction.blocks({self.outputs.names[0]: y}, self.outputs))
+        y = join(layer.y, self.reduction.blocks({self.outputs.names[0]: y}, self.outputs))
+        if not with_statistics:
+            return y
+        return y, self._per_channel(totals), self._per_channel(squares)
+
+    def _per_channel(self, sums: jax.Array) -> jax.Array:
+        """The global (C,) row of all-reduced per-channel sums over m (each channel share read
+        from its owner's block, every device of the group holding the same)."""
+        layer = self.layer
+        blocks = self.reduction.blocks({self.sums_slot: sums})
+        rows = [
+            blocks[layer.sums.block_name((0, k, *(0,) * layer.dims))][0]
+            for k in range(len(layer.channel_sizes))
+        ]
+        return jnp.concatenate(rows) / layer.count
 
 
 def _fit_channels(values: jax.Array, channels: int) -> jax.Array:
@@ -144,7 +158,10 @@ def batch_norm(layer: BatchNorm, mesh: Mesh) -> Callable[..., jax.Array]:
 
     ``y = (x - mean) / sqrt(var + eps) * weight + bias``, mean and the biased var over every
     axis but 1 (``jax.nn.standardize(x, axis=(0, 2, ...), epsilon=eps)``), as torch's
-    ``BatchNorm`` in training. The running statistics are not kept (a pure function).
+    ``BatchNorm`` in training. The running statistics are not kept (a pure function):
+    ``f(x, weight, bias, with_statistics=True)`` returns ``(y, mean, var)`` (global (C,) rows,
+    the biased variance) for the caller's update (``layer.updated_running`` is torch's, and
+    works on jnp arrays); evaluation with running statistics is elementwise, no communication.
 
     Raises
     ------

@@ -210,8 +210,8 @@ def check_losses() -> None:
 
 def check_batch_norm() -> None:
     for label, x in (
-        ("batch 2 x channels 2 (3 as 2, 1)", DistributedTensor("x", (4, 3, 5, 6), Partition((2, 2, 1, 1)))),
         ("features 2 x 2, uneven", DistributedTensor("x", (3, 2, 5, 7), Partition((1, 1, 2, 2)))),
+        ("batch 2 x channels 2 (3 as 2, 1)", DistributedTensor("x", (4, 3, 5, 6), Partition((2, 2, 1, 1)))),
     ):
         layer = BatchNorm(x, eps=1e-3)
         f = jax_norm.batch_norm(layer, MESH_1D)
@@ -225,6 +225,10 @@ def check_batch_norm() -> None:
 
         arguments = (3 + 2 * normal(x.global_shape), normal((channels,)), normal((channels,)))
         equivalent(f"batch norm {label}", f, reference, *arguments)
+    # the statistics of the last case (channels cut): each share read from its owner
+    _, mean, var = jax.jit(lambda *a: f(*a, with_statistics=True))(*arguments)
+    axis = (0, *range(2, x.ndim))
+    close("batch norm statistics", (mean, var), (arguments[0].mean(axis=axis), arguments[0].var(axis=axis)))
     print("OK batch_norm")
 
 
