@@ -1,0 +1,124 @@
+r"""Distributed losses (:class:`linop.layers.Loss`) as JAX functions of global arrays.
+
+Each device sums the elementwise terms of its block into a partial :math:`p_d` (``shard_map``,
+the padding of its slot masked out), the layer's reduction tree :math:`R` (a
+:class:`~linop.SumReduce` onto the root, lowered by
+:func:`~linop.frameworks.jax_sharded.sharded`) adds the partials, and the scale s (1, one over
+the global count, or one over the global batch) gives the loss:
+
+.. math::
+
+    L = s\, R\, p, \qquad \bar x_d = s\, (R^{*} \bar L)_d\, \partial_x \ell(x_d, t_d)
+
+:math:`R^{*}` (the broadcast of the loss's gradient to every device) is the lowering of linop's
+adjoint tree, :math:`\partial_x \ell` JAX's derivative of the terms.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.scipy.special import xlogy
+from jax.sharding import Mesh
+
+from ..errors import LayerError
+from ..layers import Loss
+from .jax_stages import Tree, block_mask, layout_of, local_map, mesh_axes, mesh_devices, require_global, split
+
+__all__ = ["loss", "terms"]
+
+_BCE_LOG_FLOOR = -100.0  # torch's floor on BCE's logarithms
+
+
+def terms(kind: str, x: jax.Array, t: jax.Array, options: Mapping[str, Any]) -> jax.Array:
+    r"""The elementwise terms :math:`\ell(x, t)` of a loss kind (:data:`linop.layers.losses.KINDS`),
+    in jnp: the same as :func:`linop.layers.losses.elementwise`."""
+    if kind == "l1":
+        return jnp.abs(x - t)
+    if kind == "mse":
+        return (x - t) ** 2
+    if kind == "poisson_nll":
+        out = jnp.exp(x) - t * x if options["log_input"] else x - t * jnp.log(x + options["eps"])
+        if options["full"]:
+            big = t > 1
+            safe = jnp.where(big, t, 2.0)
+            stirling = safe * jnp.log(safe) - safe + 0.5 * jnp.log(2 * np.pi * safe)
+            out = out + jnp.where(big, stirling, 0.0)
+        return out
+    if kind == "bce":
+        log_x = jnp.maximum(jnp.log(x), _BCE_LOG_FLOOR)
+        log_1x = jnp.maximum(jnp.log1p(-x), _BCE_LOG_FLOOR)
+        return -(t * log_x + (1 - t) * log_1x)
+    if kind == "bce_with_logits":
+        return jnp.maximum(x, 0) - x * t + jnp.log1p(jnp.exp(-jnp.abs(x)))
+    if kind == "kl_div":
+        if options["log_target"]:
+            return jnp.exp(t) * (t - x)
+        return xlogy(t, t) - t * x
+    raise LayerError(f"Loss: unknown kind {kind!r}")
+
+
+class _Loss:
+    def __init__(self, layer: Loss, mesh: Mesh) -> None:
+        axes = mesh_axes(mesh)
+        devices = mesh_devices(mesh)
+        self.layer = layer
+        self.reduction = Tree(layer.reduction_operator, mesh, axes)
+        (total,) = self.reduction.range.slots
+        self.total_slot = total.name
+        self.inputs = layout_of(list(layer.x.blocks), devices)
+        (slot,) = self.inputs.slots
+        (partials,) = self.reduction.domain.slots
+        self.partial_slot = partials.name
+        self.extents = slot.extents()
+        kind, options, shape = layer.kind, dict(layer.options), slot.shape
+
+        def local(x: jax.Array, t: jax.Array, extents: jax.Array) -> jax.Array:
+            values = terms(kind, x[0], t[0], options)
+            # padding out of the sum (where, not a product: a term of padding may be inf or nan)
+            return jnp.sum(jnp.where(block_mask(extents[0], shape), values, 0.0)).reshape(1, 1)
+
+        self.local = local_map(local, mesh, axes, 3)
+
+    def __call__(self, x: Any, target: Any) -> jax.Array:
+        layer = self.layer
+        x = require_global("loss", "x", x, layer.x.global_shape)
+        target = require_global("loss", "target", target, layer.x.global_shape)
+        dtype = jnp.result_type(x, target, jnp.float32)
+        x, target = x.astype(dtype), target.astype(dtype)
+        if layer.reduction == "none":  # the terms on x's layout: no communication
+            return terms(layer.kind, x, target, layer.options)
+        pack = self.reduction.function.pack
+        (xs,) = pack(split(layer.x, x), self.inputs).values()
+        (ts,) = pack(split(layer.x, target), self.inputs).values()
+        partial = self.local(xs, ts, jnp.asarray(self.extents))
+        total = self.reduction({self.partial_slot: partial})[self.total_slot]
+        root = next(d for d, b in enumerate(self.reduction.range.slots[0].blocks) if b is not None)
+        scale = layer.scale if not math.isnan(layer.scale) else jnp.nan
+        return total[root, 0] * scale
+
+
+def loss(layer: Loss, mesh: Mesh) -> Callable[[Any, Any], jax.Array]:
+    r"""The loss ``layer`` on ``mesh`` as a JAX function ``f(x, target)`` of global arrays of
+    x's global shape: a scalar (``"sum"``, ``"mean"`` over the global count of entries,
+    ``"batchmean"`` over the global batch), or the elementwise terms (``"none"``, computed where
+    x lies: no communication). The kinds and options are :class:`~linop.layers.Loss`'s (torch's
+    semantics); e.g. ``mse`` with ``"mean"`` is ``jnp.mean((x - target) ** 2)`` and
+    ``bce_with_logits`` is ``-jnp.mean(t * jax.nn.log_sigmoid(x) + (1 - t) *
+    jax.nn.log_sigmoid(-x))``. Differentiable in both arguments.
+
+    Raises
+    ------
+    MeshError
+        If ``mesh`` is not a Mesh or has fewer devices than x's workers.
+    LayerError
+        If ``layer`` is not a Loss; an array of the wrong shape (when called).
+    """
+    if not isinstance(layer, Loss):
+        raise LayerError(f"loss() takes a linop.layers.Loss, not {type(layer).__name__}")
+    return _Loss(layer, mesh)
