@@ -56,6 +56,7 @@ from ...primitives import Add, Allocate, Clear, Deallocate
 from ...program import TAG_LIMIT, LocalMoves, RankPhase, RankZero, Scale
 from ...space import Block, Region
 from ..host_fusion import around
+from ..host_schedule import read_only
 from .datatypes import BufferSpec, bundle_type, mpi, raw_spec
 from .phase_recipe import BUFFER, Message, bundles, direct_spec, phase_recipe
 from .steps import RankStep
@@ -394,7 +395,7 @@ class _Compiler:
         return requests
 
     def local_moves(self, step: LocalMoves, progress: list[Any] | None = None) -> None:
-        """:func:`~linop.backends.mpi.mapping.run_local_moves` (a worker map's moves between
+        """:func:`~linop.backends.host_schedule.run_local_moves` (a worker map's moves between
         two workers of this rank), prepared: copies, adds and clears between views.
         ``progress``: the requests of a phase in flight, tested after each move (MPICH moves
         a message above its eager size only inside MPI calls, so that a peer does not wait
@@ -472,8 +473,6 @@ class _Compiler:
 
     # -- the end of a run ---------------------------------------------------------------------
     def outputs(self, names: Sequence[str]) -> dict[str, np.ndarray]:
-        from .plan import read_only
-
         result = {}
         for name in names:
             if name not in self.arrays:

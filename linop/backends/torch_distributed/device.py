@@ -40,6 +40,7 @@ from ...operator import LinearOperator
 from ...primitives import Add, Allocate, Clear, Deallocate
 from ...program import LocalMoves, RankBranches, RankPhase, RankZero, Scale
 from ...space import Block, Region
+from ..host_schedule import finish_phase, run_local_moves
 from .group import GroupContext
 from .schedule import AllReduceStep, AllToAllStep, BroadcastStep, GatherStep
 
@@ -190,6 +191,11 @@ class DeviceWorkspace:
         return DeviceWorkspace(dict(self.arrays), set(), self.dtype, self.device)
 
 
+def _new_block(data: Any, dtype: Any) -> Any:
+    """A new block: ``data`` copied in the run's dtype (where it is)."""
+    return data.to(dtype=dtype, copy=True)
+
+
 def _index(region: Region) -> tuple[Any, ...]:
     return (*region.index, Ellipsis)
 
@@ -297,20 +303,7 @@ def run_device_schedule(
                     total = total + other[name]
                 work.set(name, total)
         elif kind is LocalMoves:
-            for t in step.transfers:
-                data = work.arrays[t.source.name][_index(t.source)]
-                if t.mode == "new":
-                    work.set(t.target.name, data.to(dtype=dtype, copy=True))
-                else:
-                    target = work.writable(t.target.name, dtype)
-                    if t.mode == "add":
-                        target[_index(t.target)] += data
-                    else:
-                        target[_index(t.target)] = data
-                if t.after == "clear" and t.source.size:
-                    work.writable(t.source.name)[_index(t.source)] = 0
-                elif t.after == "drop":
-                    work.drop(t.source.name)
+            run_local_moves(step, work, dtype, new=_new_block)
         elif kind is AllReduceStep:
             import torch.distributed as dist
 
@@ -351,19 +344,7 @@ def _phase(phase: RankPhase, work: DeviceWorkspace, context: GroupContext, dtype
     if operations:
         for request in dist.batch_isend_irecv(operations):
             request.wait()
-    for t, buffer in finish:
-        if t.mode == "new":
-            work.set(t.target.name, buffer)
-        elif t.mode == "add":
-            work.writable(t.target.name, dtype)[phase.index(t.target)] += buffer  # type: ignore[arg-type]
-        else:
-            work.writable(t.target.name, dtype)[phase.index(t.target)] = buffer  # type: ignore[arg-type]
-    for _, _, t in phase.sends:
-        if t.after == "clear":
-            if not phase.empty(t):
-                work.writable(t.source.name)[phase.index(t.source)] = 0
-        elif t.after == "drop":
-            work.drop(t.source.name)
+    finish_phase(phase, work, finish, dtype)
 
 
 def _broadcast(step: BroadcastStep, work: DeviceWorkspace, context: GroupContext, dtype: Any) -> None:
