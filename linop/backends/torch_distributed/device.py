@@ -29,8 +29,9 @@ is skipped where no GPU is present.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any, Final
 
 import numpy as np
 
@@ -44,7 +45,14 @@ from ..host_schedule import finish_phase, run_local_moves
 from .group import GroupContext
 from .schedule import AllReduceStep, AllToAllStep, BroadcastStep, GatherStep
 
-__all__ = ["DeviceWorkspace", "FORCE_VARIABLE", "use_device_path", "check_stand_ins", "run_device_schedule"]
+__all__ = [
+    "DeviceWorkspace",
+    "DEVICE_RUNS",
+    "FORCE_VARIABLE",
+    "use_device_path",
+    "check_stand_ins",
+    "run_device_schedule",
+]
 
 FORCE_VARIABLE = "LINOP_TORCH_DEVICE_PATH"
 """Set to ``1`` to run CPU tensors through the device path too (for testing it without a GPU)."""
@@ -304,22 +312,21 @@ def run_device_schedule(
                 work.set(name, total)
         elif kind is LocalMoves:
             run_local_moves(step, work, dtype, new=_new_block)
-        elif kind is AllReduceStep:
-            import torch.distributed as dist
-
-            for name, ranks in step.entries:
-                tensor = work.writable(name, dtype).contiguous()
-                work.set(name, tensor)
-                dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=context.subgroup(ranks))
-        elif kind is BroadcastStep:
-            _broadcast(step, work, context, dtype)
-        elif kind is AllToAllStep:
-            _all_to_all(step, work, context, dtype)
-        elif kind is GatherStep:
-            _gather(step, work, context, dtype)
-        else:  # pragma: no cover - the schedules hold nothing else
-            raise TypeError(f"the torch.distributed device path cannot run the step {step!r}")
+        else:
+            run = DEVICE_RUNS.get(kind)
+            if run is None:  # pragma: no cover - the schedules hold nothing else
+                raise TypeError(f"the torch.distributed device path cannot run the step {step!r}")
+            run(step, work, context, dtype)
     del torch
+
+
+def _all_reduce(step: AllReduceStep, work: DeviceWorkspace, context: GroupContext, dtype: Any) -> None:
+    import torch.distributed as dist
+
+    for name, ranks in step.entries:  # blocking, in the global order of the groups
+        tensor = work.writable(name, dtype).contiguous()
+        work.set(name, tensor)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=context.subgroup(ranks))
 
 
 def _phase(phase: RankPhase, work: DeviceWorkspace, context: GroupContext, dtype: Any) -> None:
@@ -465,3 +472,17 @@ def _splits(step: AllToAllStep, size: int) -> list[int]:
             count *= n
         splits[peer] = count
     return splits
+
+
+DEVICE_RUNS: Final[Mapping[type, Callable[[Any, DeviceWorkspace, GroupContext, Any], None]]] = (
+    MappingProxyType(
+        {
+            AllReduceStep: _all_reduce,
+            BroadcastStep: _broadcast,
+            AllToAllStep: _all_to_all,
+            GatherStep: _gather,
+        }
+    )
+)
+"""Torch step (a row of :data:`~linop.backends.torch_distributed.schedule.CALLS`) -> how the
+device path runs it on the tensors where they are."""

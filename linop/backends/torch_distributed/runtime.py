@@ -27,8 +27,9 @@ Every message travels in the run's dtype, agreed by every rank in the entry chec
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from typing import Any, cast
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any, Final, cast
 
 import numpy as np
 
@@ -39,7 +40,7 @@ from ..host_schedule import finish_phase, root_buffer, run_rank_schedule, shares
 from .group import GroupContext
 from .schedule import AllReduceStep, AllToAllStep, BroadcastStep, GatherStep
 
-__all__ = ["run_schedule", "run_phase", "phase_operations", "AllToAll"]
+__all__ = ["RUNS", "run_schedule", "run_phase", "phase_operations", "AllToAll"]
 
 
 def _tensor(array: np.ndarray) -> Any:
@@ -56,17 +57,10 @@ def run_schedule(
     schedules."""
 
     def part(step: Any, work: numpy_backend.Workspace) -> None:
-        kind = type(step)
-        if kind is AllReduceStep:
-            _all_reduce(step, work, context, dtype)
-        elif kind is BroadcastStep:
-            _broadcast(step, work, context, dtype)
-        elif kind is AllToAllStep:
-            _all_to_all(step, work, context, dtype)
-        elif kind is GatherStep:
-            _gather(step, work, context, dtype)
-        else:  # pragma: no cover - the schedules hold nothing else
+        run = RUNS.get(type(step))
+        if run is None:  # pragma: no cover - the schedules hold nothing else
             raise TypeError(f"the torch.distributed runtime cannot run the step {step!r}")
+        run(step, work, context, dtype)
 
     run_rank_schedule(
         schedule,
@@ -389,3 +383,17 @@ def _all_to_all(
     if step.target is not None:
         assert target is not None
         work.set(step.target.name, target)
+
+
+RUNS: Final[Mapping[type, Callable[[Any, numpy_backend.Workspace, GroupContext, np.dtype], None]]] = (
+    MappingProxyType(
+        {
+            AllReduceStep: _all_reduce,
+            BroadcastStep: _broadcast,
+            AllToAllStep: _all_to_all,
+            GatherStep: _gather,
+        }
+    )
+)
+"""Torch step (a row of :data:`~linop.backends.torch_distributed.schedule.CALLS`) -> how the host
+path runs it on numpy views of the blocks."""
