@@ -56,9 +56,10 @@ from ...primitives import Add, Allocate, Clear, Deallocate
 from ...program import TAG_LIMIT, LocalMoves, RankPhase, RankZero, Scale
 from ...space import Block, Region
 from ..host_fusion import around
+from ..host_phase import BUFFER, Message
 from ..host_schedule import read_only
 from .datatypes import BufferSpec, bundle_type, mpi, raw_spec
-from .phase_recipe import BUFFER, Message, bundles, direct_spec, phase_recipe
+from .phase_recipe import bundles, direct_spec, phase_recipe
 from .steps import RankStep
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
