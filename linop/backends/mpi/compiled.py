@@ -58,6 +58,7 @@ from ...space import Block, Region
 from ..host_fusion import around
 from ..host_phase import BUFFER, Message
 from ..host_schedule import read_only
+from ..host_workspace import OwnedBlocks
 from .datatypes import BufferSpec, bundle_type, mpi, raw_spec
 from .phase_recipe import bundles, direct_spec, phase_recipe
 from .steps import RankStep
@@ -134,7 +135,7 @@ def _index(region: Region) -> tuple[Any, ...]:
     return (*region.index, Ellipsis)  # a view even for integer indices
 
 
-class _Compiler:
+class _Compiler(OwnedBlocks[np.ndarray]):
     """The symbolic run: which array holds each block now, and which of them are owned (built
     here, or the caller's in place) rather than borrowed (the caller's, out of place)."""
 
@@ -149,12 +150,11 @@ class _Compiler:
         donate: bool = False,
         bundle: bool | AbstractSet[int] = False,
     ):
-        self.arrays = dict(arrays)
+        super().__init__(dict(arrays), set(arrays) if inplace else set())
         self.bundle = bundle
         """The peers a phase's messages to (from) move to (from) as bundles: True for every
         peer (a dry run listing the bundles it would make), else a set of ranks (False or
         empty: none)."""
-        self.owned: set[str] = set(arrays) if inplace else set()
         if donate:  # the plan's to write (a read-only array stays the caller's: copied first)
             self.owned = {name for name, array in arrays.items() if array.flags.writeable}
         self.comm = comm
@@ -189,17 +189,6 @@ class _Compiler:
             self.owned.add(region.name)
             return array
         return self.writable(region.name)
-
-    def set(self, name: str, array: np.ndarray, *, owned: bool = True) -> None:
-        self.arrays[name] = array
-        if owned:
-            self.owned.add(name)
-        else:
-            self.owned.discard(name)
-
-    def drop(self, name: str) -> np.ndarray:
-        self.owned.discard(name)
-        return self.arrays.pop(name)
 
     def view(self, region: Region | Block) -> np.ndarray:
         array = self.arrays[region.name]

@@ -42,6 +42,7 @@ from ...primitives import Add, Allocate, Clear, Deallocate
 from ...program import LocalMoves, RankBranches, RankPhase, RankZero, Scale
 from ...space import Block, Region
 from ..host_schedule import finish_phase, run_local_moves
+from ..host_workspace import OwnedBlocks
 from .group import GroupContext
 from .schedule import AllReduceStep, AllToAllStep, BroadcastStep, GatherStep
 
@@ -154,17 +155,16 @@ def _overlaps_itself(tensor: Any) -> bool:
     return bool(tensor.numel() > 1 and overlaps_itself(layout))
 
 
-class DeviceWorkspace:
+class DeviceWorkspace(OwnedBlocks[Any]):
     """The interpreter's working state on a device: tensors by block name, and which of them it
     owns (a tensor it does not own belongs to the caller and is copied before its first change).
 
     ``dtype`` is the torch dtype of new blocks; ``device`` where they are made."""
 
-    __slots__ = ("arrays", "device", "dtype", "owned")
+    __slots__ = ("device", "dtype")
 
     def __init__(self, arrays: dict[str, Any], owned: set[str], dtype: Any, device: Any) -> None:
-        self.arrays = arrays
-        self.owned = owned
+        super().__init__(arrays, owned)
         self.dtype = dtype
         self.device = device
 
@@ -178,17 +178,6 @@ class DeviceWorkspace:
             self.arrays[name] = tensor
             self.owned.add(name)
         return tensor
-
-    def set(self, name: str, tensor: Any, *, owned: bool = True) -> None:
-        self.arrays[name] = tensor
-        if owned:
-            self.owned.add(name)
-        else:
-            self.owned.discard(name)
-
-    def drop(self, name: str) -> Any:
-        self.owned.discard(name)
-        return self.arrays.pop(name)
 
     def zeros(self, shape: tuple[int, ...]) -> Any:
         import torch
