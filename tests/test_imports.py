@@ -73,6 +73,9 @@ def test_no_module_imports_private_names_of_another(package):
 
 # -- layering: which package may import which ------------------------------------------------
 ENGINES = ("mpi4py", "torch", "jax", "jaxlib")
+EXECUTOR_PACKAGES = ("linop.backends.mpi", "linop.backends.torch_distributed", "linop.backends.jax")
+"""The executors' packages: none imports another (what they share lives in linop.program and the
+host kit, linop/backends/host_*.py)."""
 
 
 def _module_name(path: Path) -> str:
@@ -148,6 +151,10 @@ def layering_violations(source: str, module: str, *, is_package: bool = False) -
             out.append(f"{where}: linop.program imports no engine, backend or framework, not even lazily")
         if module in ("linop.accounting", "linop.plot") and _within(name, ("linop.backends",)):
             out.append(f"{where}: accounting and plots read linop.program, never a backend")
+        for package in EXECUTOR_PACKAGES:
+            others = tuple(p for p in EXECUTOR_PACKAGES if p != package)
+            if _within(module, (package,)) and _within(name, others):
+                out.append(f"{where}: no executor imports another executor, not even lazily")
     return out
 
 
@@ -186,6 +193,17 @@ def test_the_layering_holds():
         ),
         ("linop.accounting", "def f():\n    from .backends.mpi.plan import Compiled\n", "never a backend"),
         ("linop.plot", "def f():\n    from .backends import sparse\n", "never a backend"),
+        (
+            "linop.backends.torch_distributed.plan",
+            "def f():\n    from ..mpi.plan import read_only\n",
+            "no executor imports another",
+        ),
+        (
+            "linop.backends.jax.plan",
+            "from ..torch_distributed import schedule\n",
+            "no executor imports another",
+        ),
+        ("linop.backends.mpi.context", "import linop.backends.jax.ops\n", "no executor imports another"),
     ],
 )
 def test_the_layering_check_catches_a_violation(module, source, rule):
@@ -202,6 +220,8 @@ def test_the_layering_check_allows_what_the_rules_allow():
     )
     assert not layering_violations("from ..backends import mpi\n", "linop.frameworks.torch_function")
     assert not layering_violations("from . import steps\n", "linop.program", is_package=True)
+    assert not layering_violations("from ..host_schedule import outputs\n", "linop.backends.mpi.plan")
+    assert not layering_violations("from ...program.mapped import compiled_for\n", "linop.backends.jax.plan")
 
 
 def test_compiling_a_program_loads_no_engine():
@@ -281,22 +301,7 @@ def _loaded_after(code: str) -> list[str]:
     return ast.literal_eval(out.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        "program",
-        "jax",
-        pytest.param(
-            "torch.distributed",
-            marks=pytest.mark.xfail(
-                strict=True,
-                raises=AssertionError,
-                reason="torch.distributed still imports the MPI package (mpi.mapping's compiled_for, "
-                "mpi.context's PlanCache, mpi.plan's read_only)",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("case", ["program", "jax", "torch.distributed"])
 def test_compiling_loads_no_module_of_another_executor(case):
     """A fresh interpreter that compiles trees of every fast-path family for a rank (the
     program's own compile_for_rank, with and without a worker map; JAX's compile_plan;

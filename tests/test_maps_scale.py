@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from linop.backends.mpi.mapping import MappedCompiled
+from linop.backends.mpi.native import mpi_schedule
 from linop.program import WorkerMap
+from linop.program.mapped import MappedCompiled
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bench_scale
@@ -47,7 +48,7 @@ def _planned(
     try:
         mapping = KINDS[kind](s * s, s * s // 4)
         rank = mapping.rank_of(interior)
-        compiled = MappedCompiled(op, mapping, native=native)
+        compiled = MappedCompiled(op, mapping, calls=mpi_schedule if native else None)
         compiled.per_worker = compiled.per_worker and not whole
         program, problem = compiled.for_rank(rank, s * s // 4)
         compiled.domain_blocks(rank), compiled.range_names(rank)

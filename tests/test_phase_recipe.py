@@ -1,6 +1,7 @@
-"""The one recipe of an MPI phase (linop.backends.mpi.phase_recipe): how each message moves,
-decided once for the runtime, the checked in-place path and the bound plan. Single process: the
-recipe is read from the rank schedules, no message is sent."""
+"""The one recipe of a phase (linop.backends.host_phase; MPI's rule in linop.backends.mpi.phase_recipe,
+torch.distributed's contiguous rule): how each message moves, decided once for MPI's runtime, its
+checked in-place path and its bound plan, and for torch.distributed's host path. Single process:
+the recipe is read from the rank schedules, no message is sent."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 pytest.importorskip("mpi4py")
 
 from linop import Block, SendRecv, Space
-from linop.backends.mpi.phase_recipe import BUFFER, STRIDED, VIEW, phase_recipe
+from linop.backends.host_phase import BUFFER, STRIDED, VIEW
+from linop.backends.mpi.phase_recipe import phase_recipe
 from linop.program import RankPhase, compile_for_rank
 
 SHAPE = (4, 200)  # a row of float64 is 1600 bytes: a 100-column strip runs 800 bytes, a column 8
@@ -79,3 +81,39 @@ def test_an_empty_box_moves_nothing():
     phases = [step for step in schedule if type(step) is RankPhase]
     assert sum(len(p.sends) for p in phases) == 2  # both transfers are in the schedule
     assert routes(op, 0) == ([], [VIEW])  # only the non-empty one moves
+
+
+@pytest.mark.parametrize(
+    "source, target, route",
+    [
+        (A[0:1, :], B[3:4, :], VIEW),  # a whole row: contiguous
+        (A[:, 0:100], B[:, 100:200], BUFFER),  # strided: torch names no subarray, it packs
+        (A[:, 0:1], B[:, 199:200], BUFFER),
+    ],
+    ids=["row", "wide-strip", "column"],
+)
+def test_the_torch_rule_moves_contiguous_writeable_boxes_only(source, target, route):
+    """The host kit's recipe under torch.distributed's rule (linop.backends.host_phase): the same
+    recipe as MPI's but for its rule, which names contiguous writeable boxes only (a read-only
+    source is packed: torch shares no read-only memory)."""
+    from linop.backends.host_phase import contiguous_route
+    from linop.backends.host_phase import phase_recipe as host_recipe
+
+    op = SendRecv(source, target)
+    for rank, name in ((0, "a"), (1, "b")):
+        arrays = {name: np.zeros(SHAPE)}
+        (recipe,) = [
+            host_recipe(step, np.dtype(np.float64), arrays.__getitem__, arrays.__getitem__, contiguous_route)
+            for step in compile_for_rank(op, rank).schedule
+            if type(step) is RankPhase
+        ]
+        assert [m.route for m in (*recipe.receives, *recipe.sends)] == [route]
+    frozen = np.zeros(SHAPE)
+    frozen.flags.writeable = False
+    (step,) = [
+        s for s in compile_for_rank(SendRecv(A[0:1, :], B[3:4, :]), 0).schedule if type(s) is RankPhase
+    ]
+    recipe = host_recipe(
+        step, np.dtype(np.float64), {"a": frozen}.__getitem__, {"a": frozen}.__getitem__, contiguous_route
+    )
+    assert [m.route for m in recipe.sends] == [BUFFER]

@@ -30,9 +30,10 @@ from pathlib import Path
 import pytest
 
 from linop import Block, Region, Space
-from linop.backends.mpi.mapping import MappedCompiled
+from linop.backends.mpi.native import mpi_schedule
 from linop.backends.mpi.plan import Compiled
 from linop.program import RankPhase, WorkerMap, compile_for_rank, compile_program, fingerprint
+from linop.program.mapped import MappedCompiled
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bench_scale
@@ -459,7 +460,7 @@ def _mapped_plan(
     rank = mapping.rank_of(_rank(s))
 
     def plan() -> None:
-        compiled = MappedCompiled(op, mapping)
+        compiled = MappedCompiled(op, mapping, calls=mpi_schedule)
         compiled.per_worker = compiled.per_worker and not whole
         program, problem = compiled.for_rank(rank, s * s // 4)
         assert problem is None and program is not None and program.schedule

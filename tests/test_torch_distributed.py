@@ -228,18 +228,18 @@ def test_a_mapped_rank_plans_its_portable_program_per_rank_equal_to_the_global_r
     from test_worker_map import _mutations, _normalized
 
     from linop import AllReduce
-    from linop.backends.mpi import mapping as mpi_mapping
     from linop.backends.torch_distributed.schedule import portable_program
     from linop.plan import MovementPlan
     from linop.program import WorkerMap, mapped_global_program
+    from linop.program import mapped as program_mapped
 
     for name, op in _portable_trees().items():
         op = op.H if adjoint else op
         for kind in ("blocked", "round_robin"):
             mapping = getattr(WorkerMap, kind)(16, 3)
-            monkeypatch.setattr(mpi_mapping, "_COMPILED", {})  # no plan kept from elsewhere
+            monkeypatch.setattr(program_mapped, "_COMPILED", {})  # no plan kept from elsewhere
             with monkeypatch.context() as probes:  # neither the global program nor an expansion
-                probes.setattr(mpi_mapping, "lower_portable", _no_global_program)
+                probes.setattr(program_mapped, "lower_portable", _no_global_program)
                 probes.setattr(AllReduce, "expand", _no_global_program)
                 probes.setattr(MovementPlan, "expand", _no_global_program)
                 mine = [portable_program(op, mapping, rank, 3) for rank in range(3)]
@@ -265,24 +265,24 @@ def test_an_unmapped_plan_compiles_its_portable_program_per_rank(monkeypatch):
     the global program is never built, and the schedule is the global projection's."""
     from test_worker_map import _normalized
 
-    from linop.backends.mpi import mapping as mpi_mapping
     from linop.backends.torch_distributed.schedule import Compiled, identity_map
     from linop.program import WorkerMap, mapped_global_program
+    from linop.program import mapped as program_mapped
 
     assert (
         identity_map(16) == WorkerMap(list(range(16)))
         and identity_map(16).description() == WorkerMap(list(range(16))).description()
     )
-    monkeypatch.setattr(mpi_mapping, "_COMPILED", {})
-    global_route = mpi_mapping.lower_portable
+    monkeypatch.setattr(program_mapped, "_COMPILED", {})
+    global_route = program_mapped.lower_portable
     for name, op in _portable_trees().items():
-        monkeypatch.setattr(mpi_mapping, "lower_portable", _no_global_program)
+        monkeypatch.setattr(program_mapped, "lower_portable", _no_global_program)
         compiled = Compiled(op, 5, 16, world=True)
         assert compiled.problem is None and compiled.max_worker == 15, name
         program = compiled.portable()
-        monkeypatch.setattr(mpi_mapping, "lower_portable", global_route)
+        monkeypatch.setattr(program_mapped, "lower_portable", global_route)
         reference = mapped_global_program(op, 5, identity_map(16), mapped_fast_paths=False)
         assert _normalized(program.schedule) == _normalized(reference.schedule), name
-    monkeypatch.setattr(mpi_mapping, "lower_portable", _no_global_program)  # control: the probe
-    error = mpi_mapping.compiled_for(op, WorkerMap.round_robin(16, 3), native=False).error
+    monkeypatch.setattr(program_mapped, "lower_portable", _no_global_program)  # control: the probe
+    error = program_mapped.compiled_for(op, WorkerMap.round_robin(16, 3)).error
     assert "the global portable program was built" in str(error)

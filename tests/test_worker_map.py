@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from linop.backends import numpy as numpy_backend
-from linop.backends.mpi.mapping import MappedCompiled, compile_mapped, compiled_for
+from linop.backends.mpi.mapping import compile_mapped, compiled_for
+from linop.backends.mpi.native import mpi_schedule
 from linop.backends.mpi.runtime import run_schedule
 from linop.collectives import AllGather, AllReduce, BlockGrid, Broadcast
 from linop.errors import CommunicatorError, LinopError, WorkerMapError
@@ -39,6 +40,7 @@ from linop.program import (
     project,
 )
 from linop.program.lowering_planned import held_blocks, plan_key, planned_steps
+from linop.program.mapped import MappedCompiled
 from linop.repartition import Repartition, Scatter
 from linop.space import Block, Space
 
@@ -395,7 +397,7 @@ def test_sixteen_workers_on_four_ranks_compile_per_rank():
     global projection's schedule; a collective keeps the global route."""
     op = CASES["halo_windows"]()
     mapping = WorkerMap.blocked(WORKERS, 4)
-    compiled = MappedCompiled(op, mapping)
+    compiled = MappedCompiled(op, mapping, calls=mpi_schedule)
     assert compiled.per_worker
     for rank in range(4):
         program, problem = compiled.for_rank(rank, 4)
@@ -404,14 +406,16 @@ def test_sixteen_workers_on_four_ranks_compile_per_rank():
     assert compiled._global is None  # the whole tree was never lowered
     assert lowers_per_worker(CASES["halo"]().H @ (2 * CASES["halo"]()))
     for case in ("all-reduce", "repartition", "broadcast"):  # collectives too (issue 24)
-        collective = MappedCompiled(CASES[case](), mapping)
+        collective = MappedCompiled(CASES[case](), mapping, calls=mpi_schedule)
         assert collective.per_worker
         assert collective.for_rank(1, 4)[1] is None and collective._global is None
     tensor = _tensor()
     node = SendRecv(
         tensor.space[tensor.block_name((0, 0))][0:1, 0:1], tensor.space[tensor.block_name((3, 3))][0:1, 0:1]
     )
-    assert not lowers_per_worker(node) and not MappedCompiled(node, mapping).per_worker  # the global route
+    assert (
+        not lowers_per_worker(node) and not MappedCompiled(node, mapping, calls=mpi_schedule).per_worker
+    )  # the global route
 
 
 def _mutations(schedule):

@@ -15,7 +15,7 @@ the phase's messages are in flight.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, cast
 
 import numpy as np
@@ -26,7 +26,39 @@ from ..space import Block, Region
 from . import numpy as numpy_backend
 from .host_fusion import FusedStep, HostOverlap, run_node
 
-__all__ = ["run_rank_schedule", "finish_phase", "store_results", "shares_by_member"]
+__all__ = [
+    "run_rank_schedule",
+    "run_local_moves",
+    "finish_phase",
+    "store_results",
+    "shares_by_member",
+    "read_only",
+    "cast_copies",
+    "outputs",
+]
+
+
+class BlockWorkspace(Protocol):
+    """The copy-on-write workspace a schedule's steps write through: blocks by name, a block
+    copied before its first change unless the workspace owns it. The numpy interpreter's
+    :class:`~linop.backends.numpy.Workspace` (numpy arrays: the MPI executor and the
+    torch.distributed host path) and the torch.distributed device path's
+    :class:`~linop.backends.torch_distributed.device.DeviceWorkspace` (tensors) implement it;
+    :func:`run_local_moves` and :func:`finish_phase` run on either."""
+
+    @property
+    def arrays(self) -> Mapping[str, Any]:
+        """The blocks by name (read them; change them through the methods below)."""
+
+    def writable(self, name: str, dtype: Any = None, /) -> Any:
+        """Block ``name``, owned (copied first when it is not, or when ``dtype`` widens it)."""
+
+    def set(self, name: str, array: Any, /, *, owned: bool = True) -> None:
+        """Make ``array`` block ``name`` (``owned``: the workspace may change it in place)."""
+
+    def drop(self, name: str, /) -> Any:
+        """Remove block ``name``; return it."""
+
 
 StepRunner = Callable[[Any, numpy_backend.Workspace], None]
 """Runs one step of a rank's schedule on a workspace (collective with the step's peers)."""
@@ -101,21 +133,46 @@ def run_rank_schedule(
                 results.append(branch.arrays)
             numpy_backend.sum_branches(results, step.names, work)
         elif kind is LocalMoves:
-            from .mpi.mapping import run_local_moves  # the mpi package imports this module
-
             run_local_moves(step, work, dtype)
         else:
             part(step, work)
 
 
-def finish_phase(
-    phase: RankPhase,
-    work: numpy_backend.Workspace,
-    finish: list[tuple[Transfer, np.ndarray]],
-    dtype: np.dtype,
+def _numpy_copy(data: Any, dtype: Any) -> Any:
+    return np.array(data, dtype=dtype)
+
+
+def run_local_moves(
+    step: LocalMoves, work: BlockWorkspace, dtype: Any, new: Callable[[Any, Any], Any] = _numpy_copy
 ) -> None:
-    """After a phase's messages have arrived (whatever engine moved them): add or store the
-    buffered receives (``(transfer, buffer)``), then clear or drop the sources."""
+    """Run ``step`` (a worker map's transfers between two workers of this rank) on ``work``:
+    each a copy, add or store between the two blocks (a new block is ``new(data, dtype)``, a
+    copy in the run's dtype: numpy's by default), then the source cleared or dropped."""
+    for t in step.transfers:
+        source_index = (*t.source.index, Ellipsis)
+        data = work.arrays[t.source.name][source_index]
+        if t.mode == "new":
+            work.set(t.target.name, new(data, dtype))
+        else:
+            target_index = (*t.target.index, Ellipsis)  # type: ignore[union-attr]
+            target = work.writable(t.target.name, dtype)
+            if t.mode == "add":
+                target[target_index] += data
+            else:
+                target[target_index] = data
+        if t.after == "clear":
+            if t.source.size:
+                work.writable(t.source.name)[source_index] = 0
+        elif t.after == "drop":
+            work.drop(t.source.name)
+
+
+def finish_phase(
+    phase: RankPhase, work: BlockWorkspace, finish: Sequence[tuple[Transfer, Any]], dtype: Any
+) -> None:
+    """After a phase's messages have arrived (whatever engine moved them, into numpy arrays or
+    tensors): add or store the buffered receives (``(transfer, buffer)``), then clear or drop
+    the sources."""
     for t, buffer in finish:
         if t.mode == "new":
             work.set(t.target.name, buffer)
@@ -156,9 +213,7 @@ def store_results(
         if owned:
             work.set(name, array)
         else:
-            view = array.view()
-            view.flags.writeable = False
-            work.set(name, view, owned=False)
+            work.set(name, read_only(array), owned=False)
     for block in created:
         if block.name not in work.arrays:
             work.set(block.name, np.zeros(block.shape, dtype=work.dtype))
@@ -176,3 +231,25 @@ def shares_by_member(array: np.ndarray, axis: int, count: int, out: np.ndarray |
         lined[...] = out
         return array
     return np.ascontiguousarray(lined)
+
+
+def read_only(array: np.ndarray) -> np.ndarray:
+    """A read-only view: how a caller's array passed through comes back."""
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
+def cast_copies(arrays: Mapping[str, np.ndarray], cast: np.dtype | None) -> dict[str, np.ndarray]:
+    """The arrays to run on: the caller's (a new dict, the arrays themselves), or copies widened
+    to ``cast`` (an integer run the entry check widened, :func:`linop.dtypes.cast_dtype`)."""
+    if cast is None:
+        return dict(arrays)
+    return {name: a.astype(np.result_type(a.dtype, cast)) for name, a in arrays.items()}
+
+
+def outputs(work: numpy_backend.Workspace, names: Sequence[str]) -> dict[str, np.ndarray]:
+    """The blocks ``names`` at the end of an out-of-place run: those the workspace owns as they
+    are, the caller's arrays passed through as read-only views (never written by the caller's
+    next run)."""
+    return {name: work.arrays[name] if name in work.owned else read_only(work.arrays[name]) for name in names}

@@ -328,7 +328,8 @@ def test_bundles_hold_small_messages_only():
     :data:`~linop.backends.mpi.phase_recipe.BUNDLE_UP_TO` bytes (the small halo's strips of
     float64), and move alone when each is larger (the same strips of 4 KiB entries), in tag
     order either way."""
-    from linop.backends.mpi.phase_recipe import VIEW, Message, bundles
+    from linop.backends.host_phase import VIEW, Message
+    from linop.backends.mpi.phase_recipe import bundles
 
     schedule = mpi_backend.plan_for(_halo(), comm=COMM, mapping=_squares()).schedule
     problems = []  # asserted collectively once: ranks hold different numbers of phases

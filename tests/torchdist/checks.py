@@ -39,7 +39,7 @@ from linop import (  # noqa: E402
     halo_windows,
 )
 from linop.backends import torch_distributed as td  # noqa: E402
-from linop.collectives import AllReduce, BlockGrid, Broadcast, SumReduce  # noqa: E402
+from linop.collectives import AllGather, AllReduce, BlockGrid, Broadcast, SumReduce  # noqa: E402
 from linop.errors import (  # noqa: E402
     DistributedStateError,
     ProcessGroupArgumentError,
@@ -481,6 +481,56 @@ class Checks:
 
         self.run("control: a native gather in the wrong order is caught", control)
 
+    def table(self) -> None:
+        """A part type without a row in torch.distributed's table of calls (the row removed on
+        every rank alike, while the plan compiles): the plan runs the portable program and is
+        exact, forward and adjoint; the same tree with the whole table (the control) is native
+        on more than one rank, and exact too (one rank runs no collective: both are exact)."""
+        from types import MappingProxyType
+
+        from linop.backends.torch_distributed import schedule
+        from linop.backends.torch_distributed.plan import TorchDistributedPlan
+        from linop.program.parts import AllReducePart, LineGatherPart, RootedPart
+
+        size = self.size
+        layout = BlockGrid.uniform("tbl", Partition(grid_2d(size)), (6, 5))
+        w = DistributedTensor("tbw", (3, 4), Partition.grid((1, 1)))
+        line = DistributedTensor("tbg", (4, 2 * size), Partition((1, size)))
+        trees = {
+            "all-reduce": (AllReduce(layout, (0,)), AllReducePart),
+            "broadcast": (Broadcast(w, Partition.grid((size, 1)), "tbw_copy"), RootedPart),
+            "all-gather": (AllGather(line, 1, "tbg_all"), LineGatherPart),
+        }
+
+        def run(op: Any, plan: Any, seed: int) -> str | None:
+            full = op.domain.random(seed, dtype=np.int64)
+            result = plan.apply(local(op.domain, full, self.rank))
+            return differs(result, op(full), tuple(b.name for b in op.range if b.worker == self.rank))
+
+        for name, (tree, kind) in trees.items():
+            for op in (tree, tree.H):
+
+                def check(op: Any = op, kind: type = kind) -> str | None:
+                    whole = schedule.CALLS
+                    schedule.CALLS = MappingProxyType({k: v for k, v in whole.items() if k is not kind})
+                    try:
+                        without = TorchDistributedPlan(op, td.plan_context())
+                    finally:
+                        schedule.CALLS = whole
+                    control = TorchDistributedPlan(op, td.plan_context())
+                    problem = run(op, without, 31) or run(op, control, 32)
+                    if size == 1:  # one rank: its groups are itself, no part to look up
+                        return problem
+                    if problem is None and without.native:
+                        problem = f"native without the row of {kind.__name__}"
+                    if problem is None and not control.native:
+                        problem = "the control (the whole table) is not native"
+                    return problem
+
+                self.run(
+                    f"table without {kind.__name__}: {name}{' adjoint' if op is not tree else ''}", check
+                )
+
     def mapped(self) -> None:
         workers = 2 * self.size
         tensor = DistributedTensor("m", (3 * workers,), Partition((workers,)))
@@ -852,7 +902,11 @@ def failing_rank() -> None:
         def fails(*args: Any) -> None:
             raise ValueError(f"rank {rank} fails on purpose")
 
-        runtime._all_to_all = fails  # type: ignore[assignment]
+        from types import MappingProxyType
+
+        from linop.backends.torch_distributed.schedule import AllToAllStep
+
+        runtime.RUNS = MappingProxyType({**runtime.RUNS, AllToAllStep: fails})  # type: ignore[misc]
     try:
         td.apply(op, mine)
     except RankFailedError as error:
@@ -911,6 +965,7 @@ def main(readme: str | None = None, *, timeout_case: bool = False) -> None:
         checks.collectives,
         checks.native_moves,
         checks.native_gathers,
+        checks.table,
         checks.mapped,
         checks.subgroup,
         checks.bound,

@@ -8,7 +8,7 @@ interpreter's blocks for that worker.
 How a call runs
 ---------------
 1. :func:`plan_for` (cached per tree and communicator, at most
-   :data:`~linop.backends.mpi.context.PLAN_CACHE_SIZE` plans each) lowers the tree into a global
+   :data:`~linop.program.cache.PLAN_CACHE_SIZE` plans each) lowers the tree into a global
    program and projects it onto this rank (:mod:`linop.program`). Point-to-point
    moves are batched into phases of nonblocking receives (posted first) and sends and one wait,
    so no schedule can deadlock.
@@ -47,27 +47,25 @@ mpi4py is imported only when a function of this module runs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, NoReturn
 
 import numpy as np
 import numpy.typing as npt
 
-from ...errors import LinopError, WorkerMapError
+from ...errors import LinopError
 from ...operator import LinearOperator
 from ...program import WorkerMap, lowering
+from ...program.cache import PLAN_CACHE_SIZE, MappingLike, cached_plan
 from ...space import State
 from .. import array_api
 from .bound import BoundPlan
 from .check import DTYPE_CHARS
-from .context import PLAN_CACHE_SIZE, CommunicatorArgumentError, PlanCache, context_for
+from .context import CommunicatorArgumentError, context_for
 from .datatypes import PACK_BELOW, mpi
 from .deadline import resolve_timeout
 from .guards import Guard, abort_for, guard, install_excepthook
 from .plan import DistributedPlan
-
-MappingLike = WorkerMap | Sequence[int] | Mapping[int, int]
-"""What ``mapping=`` accepts: a :class:`WorkerMap`, ``ranks[w]`` per worker, or worker -> rank."""
 
 __all__ = [
     "apply",
@@ -125,11 +123,9 @@ def plan_for(
         resolve_timeout(timeout)  # a bad value raises here, before any communication
     try:
         context = context_for(comm, timeout)
-        if mapping is not None:
-            plan = _mapped_plan(op, context, mapping)
-        else:
-            cached = context.plans.get(op)
-            plan = cached if cached is not None else context.plans.put(op, DistributedPlan(op, context))
+        plan = cached_plan(
+            context.plans, context.mapped_plans, op, mapping, lambda m: DistributedPlan(op, context, m)
+        )
         if timeout is not None:
             plan.timeout = timeout
         return plan
@@ -137,22 +133,6 @@ def plan_for(
         raise
     except BaseException as error:  # anything else here may leave the other ranks waiting
         _abort(comm, f"compiling {op}", error)
-
-
-def _mapped_plan(op: LinearOperator, context: Any, mapping: MappingLike) -> DistributedPlan:
-    try:
-        worker_map = WorkerMap.of(mapping)
-    except WorkerMapError as error:  # reported by the check on every rank (maps may differ)
-        return DistributedPlan(op, context, error)
-    cache = context.mapped_plans.get(worker_map)
-    if cache is None:
-        if len(context.mapped_plans) >= PLAN_CACHE_SIZE:  # the oldest map's plans out
-            context.mapped_plans.pop(next(iter(context.mapped_plans)))
-        cache = context.mapped_plans[worker_map] = PlanCache()
-    plan = cache.get(op)
-    if plan is None:
-        plan = cache.put(op, DistributedPlan(op, context, worker_map))
-    return plan
 
 
 _LAST_PLAN: tuple[LinearOperator, Any, DistributedPlan] | None = None

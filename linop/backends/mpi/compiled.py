@@ -56,8 +56,11 @@ from ...primitives import Add, Allocate, Clear, Deallocate
 from ...program import TAG_LIMIT, LocalMoves, RankPhase, RankZero, Scale
 from ...space import Block, Region
 from ..host_fusion import around
+from ..host_phase import BUFFER, Message
+from ..host_schedule import read_only
+from ..host_workspace import OwnedBlocks
 from .datatypes import BufferSpec, bundle_type, mpi, raw_spec
-from .phase_recipe import BUFFER, Message, bundles, direct_spec, phase_recipe
+from .phase_recipe import bundles, direct_spec, phase_recipe
 from .steps import RankStep
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
@@ -132,7 +135,7 @@ def _index(region: Region) -> tuple[Any, ...]:
     return (*region.index, Ellipsis)  # a view even for integer indices
 
 
-class _Compiler:
+class _Compiler(OwnedBlocks[np.ndarray]):
     """The symbolic run: which array holds each block now, and which of them are owned (built
     here, or the caller's in place) rather than borrowed (the caller's, out of place)."""
 
@@ -147,12 +150,11 @@ class _Compiler:
         donate: bool = False,
         bundle: bool | AbstractSet[int] = False,
     ):
-        self.arrays = dict(arrays)
+        super().__init__(dict(arrays), set(arrays) if inplace else set())
         self.bundle = bundle
         """The peers a phase's messages to (from) move to (from) as bundles: True for every
         peer (a dry run listing the bundles it would make), else a set of ranks (False or
         empty: none)."""
-        self.owned: set[str] = set(arrays) if inplace else set()
         if donate:  # the plan's to write (a read-only array stays the caller's: copied first)
             self.owned = {name for name, array in arrays.items() if array.flags.writeable}
         self.comm = comm
@@ -187,17 +189,6 @@ class _Compiler:
             self.owned.add(region.name)
             return array
         return self.writable(region.name)
-
-    def set(self, name: str, array: np.ndarray, *, owned: bool = True) -> None:
-        self.arrays[name] = array
-        if owned:
-            self.owned.add(name)
-        else:
-            self.owned.discard(name)
-
-    def drop(self, name: str) -> np.ndarray:
-        self.owned.discard(name)
-        return self.arrays.pop(name)
 
     def view(self, region: Region | Block) -> np.ndarray:
         array = self.arrays[region.name]
@@ -394,7 +385,7 @@ class _Compiler:
         return requests
 
     def local_moves(self, step: LocalMoves, progress: list[Any] | None = None) -> None:
-        """:func:`~linop.backends.mpi.mapping.run_local_moves` (a worker map's moves between
+        """:func:`~linop.backends.host_schedule.run_local_moves` (a worker map's moves between
         two workers of this rank), prepared: copies, adds and clears between views.
         ``progress``: the requests of a phase in flight, tested after each move (MPICH moves
         a message above its eager size only inside MPI calls, so that a peer does not wait
@@ -472,8 +463,6 @@ class _Compiler:
 
     # -- the end of a run ---------------------------------------------------------------------
     def outputs(self, names: Sequence[str]) -> dict[str, np.ndarray]:
-        from .plan import read_only
-
         result = {}
         for name in names:
             if name not in self.arrays:

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections import OrderedDict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from ...errors import CommunicatorArgumentError, CommunicatorError
-from ...operator import LinearOperator, Scaled, walk
+from ...program.cache import PLAN_CACHE_SIZE, PlanCache
 from .check import CheckReducer
 from .datatypes import mpi
 from .deadline import arrive_within, resolve_timeout
@@ -40,73 +39,6 @@ __all__ = [
     "open_contexts",
     "open_subcommunicators",
 ]
-
-PLAN_CACHE_SIZE = 128
-"""Plans kept per communicator (least recently used evicted first): at most this many trees
-by structure, plus the plans of this many most recently used tree objects (looked up by
-identity, the fast way)."""
-
-
-P = TypeVar("P")
-
-
-def tree_key(op: LinearOperator) -> tuple[LinearOperator, tuple[type, ...]]:
-    """The cache key of a tree: the tree itself (by ``==``) and the types of its scalars
-    (``2 * A == 2.0 * A``, but the results of the two have different dtypes)."""
-    return (op, tuple(type(node.alpha) for node in walk(op) if isinstance(node, Scaled)))
-
-
-class PlanCache(Generic[P]):
-    """Plans by tree, least recently used evicted beyond ``size``.
-
-    Found first by the tree object's identity (held weakly: no walk of the tree), then by
-    :func:`tree_key` (structurally equal trees share a plan)."""
-
-    def __init__(self, size: int = PLAN_CACHE_SIZE) -> None:
-        self.size = size
-        self._by_tree: OrderedDict[tuple[LinearOperator, tuple[type, ...]], P] = OrderedDict()
-        self._by_id: OrderedDict[int, tuple[weakref.ref[LinearOperator], P]] = OrderedDict()
-
-    def __len__(self) -> int:
-        """Number of distinct plans held."""
-        return len({id(plan) for plan in (*self._by_tree.values(), *(p for _, p in self._by_id.values()))})
-
-    def get(self, op: LinearOperator) -> P | None:
-        """The cached plan of ``op``, or None."""
-        key = id(op)
-        entry = self._by_id.get(key)
-        if entry is not None and entry[0]() is op:
-            self._by_id.move_to_end(key)
-            return entry[1]
-        by_tree = tree_key(op)
-        plan = self._by_tree.get(by_tree)
-        if plan is not None:
-            self._by_tree.move_to_end(by_tree)
-            self._remember(op, plan)
-        return plan
-
-    def put(self, op: LinearOperator, plan: P) -> P:
-        """Cache ``plan`` for ``op``; return it."""
-        self._by_tree[tree_key(op)] = plan
-        while len(self._by_tree) > self.size:
-            self._by_tree.popitem(last=False)
-        self._remember(op, plan)
-        return plan
-
-    def _remember(self, op: LinearOperator, plan: P) -> None:
-        key, ids = id(op), self._by_id
-
-        def forget(_ref: weakref.ref[LinearOperator]) -> None:
-            ids.pop(key, None)
-
-        ids[key] = (weakref.ref(op, forget), plan)
-        while len(ids) > self.size:
-            ids.popitem(last=False)
-
-    def clear(self) -> None:
-        self._by_tree.clear()
-        self._by_id.clear()
-
 
 _OPEN: dict[int, CommContext] = {}
 """The contexts not yet freed, by their private communicator's handle (how a native step,

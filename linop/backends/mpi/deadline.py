@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...errors import PeerTimeoutError, TimeoutArgumentError
+from ..host_deadline import ENVIRONMENT, NO_DEADLINE_BEYOND, deadline_seconds, text_seconds
 from .datatypes import mpi
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
@@ -50,26 +51,9 @@ __all__ = [
     "wait_all",
 ]
 
-ENVIRONMENT = "LINOP_TIMEOUT"
-"""The environment variable giving the default deadline in seconds (unset, empty, ``0``,
-``off`` or ``none``: no deadline)."""
-
 GRACE = 2.0
 """Seconds a rank whose deadline passed waits for the other ranks' notices before naming the
 ranks that did not arrive (generous: on an oversubscribed machine a rank may sleep that long)."""
-
-NO_DEADLINE_BEYOND = 1e9
-"""Seconds (about 32 years) beyond which a deadline means none: ``inf``, ``1e300`` and any
-such value wait as long as it takes, on MPI and torch.distributed alike (no engine can hold a
-wait that long: ``datetime.timedelta`` overflows near ``8.6e13`` seconds)."""
-
-
-def deadline_seconds(seconds: float) -> float | None:
-    """A positive number of seconds as the deadline the engines wait for: itself, or None (no
-    deadline) when it is infinite or beyond :data:`NO_DEADLINE_BEYOND`. The one rule of both
-    engines' ``resolve_timeout``."""
-    return None if math.isinf(seconds) or seconds > NO_DEADLINE_BEYOND else seconds
-
 
 _UNSET = object()
 _default: Any = _UNSET
@@ -79,15 +63,14 @@ def _parse(value: Any, what: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, str):
-        text = value.strip().lower()
-        if text in ("", "0", "off", "none"):
-            return None
         try:
-            value = float(text)
+            value = text_seconds(value)
         except ValueError:
             raise TimeoutArgumentError(
                 f"{what} must be a number of seconds (or off), not {value!r}"
             ) from None
+        if value is None:
+            return None
     if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
         raise TimeoutArgumentError(
             f"{what} must be a number of seconds or None, not {type(value).__name__} {value!r}"

@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...program import RankPhase
+from ..host_phase import BUFFER, VIEW
 from .datatypes import mpi, raw_spec
-from .phase_recipe import BUFFER, VIEW, phase_recipe
+from .phase_recipe import phase_recipe
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
     from mpi4py.MPI import Intracomm

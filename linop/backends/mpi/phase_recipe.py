@@ -1,24 +1,13 @@
-"""How a communication phase moves on MPI: the one recipe its three executors follow.
+"""How a communication phase moves on MPI: the host kit's recipe
+(:func:`linop.backends.host_phase.phase_recipe`) with MPI's route rule (:func:`route_of`), which
+its three executors follow.
 
-A rank's phase (:class:`~linop.program.RankPhase`) lists the transfers it receives and sends.
 The MPI interpreter runs phases three ways: the ordinary runtime posts nonblocking requests on
 each call (:mod:`linop.backends.mpi.runtime`), the checked apply's in-place path makes
 persistent requests once per layout of the caller's arrays
 (:mod:`linop.backends.mpi.inplace_phases`), and a bound plan makes them once on fixed arrays
-(:mod:`linop.backends.mpi.compiled`). *What* moves *where* is decided here, once, for all three
-(:func:`phase_recipe`); the executors only differ in *when* they make their requests:
-
-- a receive of a new block (``mode="new"``) lands in a fresh buffer that becomes the block (a
-  block of size 0 is still created, with no message);
-- a receive that stores into a box of a block of the run's dtype lands straight in the block
-  when the box can be named without packing (:func:`route_of`), else in a buffer copied into
-  the box after the wait; a receive that adds into a box always lands in a buffer, added after
-  the wait;
-- a send leaves straight from its block when the block is of the run's dtype and the box can be
-  named without packing, else from a buffer it is packed (and cast) into before it starts;
-- other empty transfers move nothing;
-- after the wait, the sources marked ``after="clear"`` are zeroed (non-empty boxes) and those
-  marked ``"drop"`` dropped.
+(:mod:`linop.backends.mpi.compiled`). *What* moves *where* is decided once, for all three
+(:func:`phase_recipe`); the executors only differ in *when* they make their requests.
 
 A bound plan may also send small messages of a phase between this rank and one peer, in one
 direction, as one message: a *bundle* (:func:`bundles`, up to :data:`BUNDLE_UP_TO` bytes), when
@@ -38,62 +27,26 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...program import RankPhase, Transfer
+from ...program import RankPhase
 from ...space import Region
+from .. import host_phase
+from ..host_phase import BUFFER, STRIDED, VIEW, Message, PhaseRecipe
 from .datatypes import PACK_BELOW, BufferSpec, contiguous_run, mpi, subarray
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
     from mpi4py.MPI import Datatype
 
 __all__ = [
-    "VIEW",
-    "STRIDED",
-    "BUFFER",
-    "Message",
-    "PhaseRecipe",
     "phase_recipe",
     "route_of",
     "direct_spec",
     "bundles",
     "BUNDLE_UP_TO",
 ]
-
-VIEW, STRIDED, BUFFER = 0, 1, 2
-"""How a message's data is named: the box's own memory as bytes (:data:`VIEW`), the whole block
-with the box's subarray datatype (:data:`STRIDED`), or a scratch buffer of the transfer's shape
-(:data:`BUFFER`: packed before a send starts; stored, added or made the new block after a
-receive completes)."""
-
-
-class Message(NamedTuple):
-    """One message of a phase on this rank, as it moves.
-
-    ``name`` and ``box`` (a numpy index) are the block and box the data leaves (a send) or
-    lands in (a receive; ``()`` for a new block); ``route`` is :data:`VIEW`, :data:`STRIDED` (with the
-    box's subarray ``datatype``) or :data:`BUFFER`."""
-
-    peer: int
-    tag: int
-    transfer: Transfer
-    name: str
-    box: tuple[Any, ...]
-    route: int
-    datatype: Any = None
-
-
-class PhaseRecipe(NamedTuple):
-    """A phase's messages on this rank in posting order (every receive before every send), and
-    what follows the wait besides the buffered receives: the boxes cleared and the blocks
-    dropped (the sources of ``after="clear"`` / ``"drop"`` transfers)."""
-
-    receives: tuple[Message, ...]
-    sends: tuple[Message, ...]
-    clears: tuple[tuple[str, tuple[Any, ...]], ...]
-    drops: tuple[str, ...]
 
 
 def route_of(array: np.ndarray, region: Region, index: tuple[Any, ...]) -> tuple[int, Datatype | None]:
@@ -123,43 +76,9 @@ def phase_recipe(
     target: Callable[[str], np.ndarray],
     source: Callable[[str], np.ndarray],
 ) -> PhaseRecipe:
-    """The recipe of ``phase`` in the run's ``dtype`` (see the module docstring).
-
-    ``target(name)`` gives the array a receive stores or adds into, made writable as the
-    executor does (copy-on-write); it is called once per non-empty receive into an existing
-    block, in posting order, before any ``source(name)``, which gives the array a send reads.
-    """
-    receives = []
-    for peer, tag, t in phase.receives:
-        if t.mode == "new":
-            receives.append(Message(peer, tag, t, t.target.name, (), BUFFER))
-            continue
-        if phase.empty(t):
-            continue
-        region = cast(Region, t.target)  # a box of an existing block (not "new")
-        index = phase.index(region)
-        array = target(region.name)
-        route, datatype = BUFFER, None
-        if t.mode == "store" and array.dtype == dtype:
-            route, datatype = route_of(array, region, index)
-        receives.append(Message(peer, tag, t, region.name, index, route, datatype))
-    sends = []
-    clears = []
-    drops = []
-    for peer, tag, t in phase.sends:
-        if t.after == "drop":
-            drops.append(t.source.name)
-        if phase.empty(t):
-            continue
-        index = phase.index(t.source)
-        if t.after == "clear":
-            clears.append((t.source.name, index))
-        array = source(t.source.name)
-        route, datatype = BUFFER, None
-        if array.dtype == dtype:
-            route, datatype = route_of(array, t.source, index)
-        sends.append(Message(peer, tag, t, t.source.name, index, route, datatype))
-    return PhaseRecipe(tuple(receives), tuple(sends), tuple(clears), tuple(drops))
+    """The host kit's recipe of ``phase`` with MPI's rule (:func:`route_of`): ``target`` and
+    ``source`` as in :func:`linop.backends.host_phase.phase_recipe`."""
+    return host_phase.phase_recipe(phase, dtype, target, source, route_of)
 
 
 BUNDLE_UP_TO = 4096

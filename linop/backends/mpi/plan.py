@@ -32,13 +32,14 @@ from ...errors import (
 )
 from ...operator import LinearOperator
 from ...program import Program, RankProgram, WorkerMap, compile_for_rank, compile_program, fingerprint
+from ...program.cache import PlanCache
 from ...space import Block, State
 from .. import array_api
 from .. import numpy as numpy_backend
 from ..host_fusion import fused
+from ..host_schedule import cast_copies, outputs
 from . import mapping as mpi_mapping
 from .check import CheckOutcome, DistributedOverflowError, EntryCheck
-from .context import PlanCache
 from .deadline import resolve_timeout
 from .guards import abort_for
 from .inplace_phases import InPlaceLayouts
@@ -51,7 +52,7 @@ if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
     from .bound import BoundPlan
     from .context import CommContext
 
-__all__ = ["DistributedPlan", "read_only"]
+__all__ = ["DistributedPlan"]
 
 
 class Compiled:
@@ -91,25 +92,7 @@ _PROGRAMS: PlanCache[Compiled] = PlanCache()
 
 def _compiled(op: LinearOperator) -> Compiled:
     """The fingerprint and rank programs of ``op``, kept once per process."""
-    found = _PROGRAMS.get(op)
-    if found is not None:
-        return found
-    return _PROGRAMS.put(op, Compiled(op))
-
-
-def _cast(arrays: dict[str, np.ndarray], cast: np.dtype | None) -> dict[str, np.ndarray]:
-    """The arrays to run on: the caller's, or copies widened to ``cast`` (as the numpy
-    interpreter does, :func:`linop.dtypes.prepare_numpy`)."""
-    if cast is None:
-        return dict(arrays)
-    return {name: a.astype(np.result_type(a.dtype, cast)) for name, a in arrays.items()}
-
-
-def read_only(array: np.ndarray) -> np.ndarray:
-    """A read-only view: how a caller's array passed through comes back."""
-    view = array.view()
-    view.flags.writeable = False
-    return view
+    return _PROGRAMS.kept(op, lambda: Compiled(op))
 
 
 class DistributedPlan:
@@ -277,7 +260,7 @@ class DistributedPlan:
         arrays = {name: local_state[name] for name in self.domain_blocks}
         alloc = np.dtype(dtype) if dtype is not None else run_dtype
         if not inplace:
-            return self.run_out_of_place(_cast(arrays, outcome.cast), run_dtype, alloc)
+            return self.run_out_of_place(cast_copies(arrays, outcome.cast), run_dtype, alloc)
         failure = self.run_in_place(arrays, run_dtype, alloc, cast=outcome.cast)
         if failure is not None:
             raise failure
@@ -297,11 +280,7 @@ class DistributedPlan:
         try:
             work = numpy_backend.Workspace(dict(arrays), set(), alloc)
             run_schedule(self.host_steps, work, self.comm, dtype)
-            result: State = {}
-            for name in self.range_names:
-                array = work.arrays[name]
-                result[name] = array if name in work.owned else read_only(array)
-            return result
+            return outputs(work, self.range_names)
         except BaseException as error:
             abort_for(self.comm, f"applying {self.op}", error)
 
@@ -317,7 +296,7 @@ class DistributedPlan:
         (:func:`linop.dtypes.fit_back`) before any writes back: if one does not, nothing is
         written and the error every rank raises is returned."""
         try:
-            work = numpy_backend.Workspace(_cast(arrays, cast), set(arrays), alloc)
+            work = numpy_backend.Workspace(cast_copies(arrays, cast), set(arrays), alloc)
             run_schedule(self.host_steps, work, self.comm, dtype)
             if cast is not None:
                 failure = self._fit_back(work, arrays)

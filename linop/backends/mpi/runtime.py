@@ -30,9 +30,10 @@ import numpy as np
 
 from ...program import RankPhase, Transfer
 from .. import numpy as numpy_backend
+from ..host_phase import BUFFER
 from ..host_schedule import finish_phase, run_rank_schedule
 from .datatypes import mpi, raw_spec
-from .phase_recipe import BUFFER, direct_spec, phase_recipe
+from .phase_recipe import direct_spec, phase_recipe
 from .steps import RankStep
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time

@@ -27,6 +27,7 @@ from ...operator import Composition, Identity, LinearOperator, Scaled, Sum, Zero
 from ...primitives import Add, Allocate, Clear, Deallocate
 from ...space import Block, Region, State, natural_key
 from .. import array_api
+from ..host_workspace import OwnedBlocks
 
 __all__ = [
     "apply",
@@ -40,17 +41,17 @@ __all__ = [
 ]
 
 
-class Workspace:
-    """The interpreter's working state: arrays by block name, and which of them it owns.
+class Workspace(OwnedBlocks[np.ndarray]):
+    """The interpreter's working state: arrays by block name, and which of them it owns
+    (``set`` and ``drop``: :class:`~linop.backends.host_workspace.OwnedBlocks`).
 
     An array that is not owned belongs to the caller and is copied before its first change.
     """
 
-    __slots__ = ("arrays", "dtype", "owned")
+    __slots__ = ("dtype",)
 
     def __init__(self, arrays: dict[str, np.ndarray], owned: set[str], dtype: np.dtype) -> None:
-        self.arrays = arrays
-        self.owned = owned
+        super().__init__(arrays, owned)
         self.dtype = dtype
 
     def writable(self, name: str, dtype: np.dtype | None = None) -> np.ndarray:
@@ -72,19 +73,6 @@ class Workspace:
             self.set(region.name, array)
             return array
         return self.writable(region.name, dtype)
-
-    def set(self, name: str, array: np.ndarray, *, owned: bool = True) -> None:
-        """Bind block ``name`` to ``array``."""
-        self.arrays[name] = array
-        if owned:
-            self.owned.add(name)
-        else:
-            self.owned.discard(name)
-
-    def drop(self, name: str) -> np.ndarray:
-        """Remove block ``name`` and return its array."""
-        self.owned.discard(name)
-        return self.arrays.pop(name)
 
     def borrowed(self) -> Workspace:
         """A workspace over the same arrays that owns none of them (for branches of a sum)."""

@@ -41,7 +41,7 @@ and tested on the CPU, and its NCCL test is skipped without a GPU.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from ...errors import (  # noqa: F401 - re-exported for callers (documented in linop.errors)
@@ -52,13 +52,10 @@ from ...errors import (  # noqa: F401 - re-exported for callers (documented in l
     WorkerMapError,
 )
 from ...operator import LinearOperator
-from ...program import WorkerMap  # re-exported for callers (documented in linop.program)
-from ..mpi.context import PLAN_CACHE_SIZE, PlanCache
+from ...program import WorkerMap as WorkerMap  # re-exported for callers (documented in linop.program)
+from ...program.cache import MappingLike, cached_plan
 from .group import TIMEOUT_VARIABLE, GroupContext, context_for, resolve_timeout, shutdown
 from .plan import BoundTorchPlan, TorchDistributedPlan
-
-MappingLike = WorkerMap | Sequence[int] | Mapping[int, int]
-"""What ``mapping=`` accepts: a :class:`WorkerMap`, ``ranks[w]`` per worker, or worker -> rank."""
 
 __all__ = [
     "apply",
@@ -70,7 +67,7 @@ __all__ = [
     "TIMEOUT_VARIABLE",
     "shutdown",
 ]
-# also importable from here (documented where they live): WorkerMap (linop.backends.mpi.mapping),
+# also importable from here (documented where they live): WorkerMap (linop.program),
 # ProcessGroupError, ProcessGroupArgumentError, PeerTimeoutError (linop.errors)
 
 
@@ -93,7 +90,7 @@ def plan_for(
 
     Compiling is local (no communication); the first application checks collectively that
     every rank compiled the same tree. ``mapping`` places the tree's workers on the group's
-    ranks (:class:`~linop.backends.mpi.mapping.WorkerMap`, a sequence ``ranks[w]`` or a dict),
+    ranks (:class:`~linop.program.WorkerMap`, a sequence ``ranks[w]`` or a dict),
     several per rank if need be; mapped trees run the portable program.
 
     Raises
@@ -104,24 +101,9 @@ def plan_for(
         ``group`` is not a process group.
     """
     context = context_for(group)
-    if mapping is None:
-        plan = context.plans.get(op)
-        if plan is None:
-            plan = context.plans.put(op, TorchDistributedPlan(op, context))
-        return plan
-    try:
-        worker_map = WorkerMap.of(mapping)
-    except WorkerMapError as error:  # reported by the check on every rank (maps may differ)
-        return TorchDistributedPlan(op, context, error)
-    cache = context.mapped_plans.get(worker_map)
-    if cache is None:
-        if len(context.mapped_plans) >= PLAN_CACHE_SIZE:
-            context.mapped_plans.pop(next(iter(context.mapped_plans)))
-        cache = context.mapped_plans[worker_map] = PlanCache()
-    plan = cache.get(op)
-    if plan is None:
-        plan = cache.put(op, TorchDistributedPlan(op, context, worker_map))
-    return plan
+    return cached_plan(
+        context.plans, context.mapped_plans, op, mapping, lambda m: TorchDistributedPlan(op, context, m)
+    )
 
 
 def apply(

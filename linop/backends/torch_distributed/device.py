@@ -29,8 +29,9 @@ is skipped where no GPU is present.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any, Final
 
 import numpy as np
 
@@ -40,10 +41,19 @@ from ...operator import LinearOperator
 from ...primitives import Add, Allocate, Clear, Deallocate
 from ...program import LocalMoves, RankBranches, RankPhase, RankZero, Scale
 from ...space import Block, Region
+from ..host_schedule import finish_phase, run_local_moves
+from ..host_workspace import OwnedBlocks
 from .group import GroupContext
 from .schedule import AllReduceStep, AllToAllStep, BroadcastStep, GatherStep
 
-__all__ = ["DeviceWorkspace", "FORCE_VARIABLE", "use_device_path", "check_stand_ins", "run_device_schedule"]
+__all__ = [
+    "DeviceWorkspace",
+    "DEVICE_RUNS",
+    "FORCE_VARIABLE",
+    "use_device_path",
+    "check_stand_ins",
+    "run_device_schedule",
+]
 
 FORCE_VARIABLE = "LINOP_TORCH_DEVICE_PATH"
 """Set to ``1`` to run CPU tensors through the device path too (for testing it without a GPU)."""
@@ -145,17 +155,16 @@ def _overlaps_itself(tensor: Any) -> bool:
     return bool(tensor.numel() > 1 and overlaps_itself(layout))
 
 
-class DeviceWorkspace:
+class DeviceWorkspace(OwnedBlocks[Any]):
     """The interpreter's working state on a device: tensors by block name, and which of them it
     owns (a tensor it does not own belongs to the caller and is copied before its first change).
 
     ``dtype`` is the torch dtype of new blocks; ``device`` where they are made."""
 
-    __slots__ = ("arrays", "device", "dtype", "owned")
+    __slots__ = ("device", "dtype")
 
     def __init__(self, arrays: dict[str, Any], owned: set[str], dtype: Any, device: Any) -> None:
-        self.arrays = arrays
-        self.owned = owned
+        super().__init__(arrays, owned)
         self.dtype = dtype
         self.device = device
 
@@ -170,17 +179,6 @@ class DeviceWorkspace:
             self.owned.add(name)
         return tensor
 
-    def set(self, name: str, tensor: Any, *, owned: bool = True) -> None:
-        self.arrays[name] = tensor
-        if owned:
-            self.owned.add(name)
-        else:
-            self.owned.discard(name)
-
-    def drop(self, name: str) -> Any:
-        self.owned.discard(name)
-        return self.arrays.pop(name)
-
     def zeros(self, shape: tuple[int, ...]) -> Any:
         import torch
 
@@ -188,6 +186,11 @@ class DeviceWorkspace:
 
     def borrowed(self) -> DeviceWorkspace:
         return DeviceWorkspace(dict(self.arrays), set(), self.dtype, self.device)
+
+
+def _new_block(data: Any, dtype: Any) -> Any:
+    """A new block: ``data`` copied in the run's dtype (where it is)."""
+    return data.to(dtype=dtype, copy=True)
 
 
 def _index(region: Region) -> tuple[Any, ...]:
@@ -297,36 +300,22 @@ def run_device_schedule(
                     total = total + other[name]
                 work.set(name, total)
         elif kind is LocalMoves:
-            for t in step.transfers:
-                data = work.arrays[t.source.name][_index(t.source)]
-                if t.mode == "new":
-                    work.set(t.target.name, data.to(dtype=dtype, copy=True))
-                else:
-                    target = work.writable(t.target.name, dtype)
-                    if t.mode == "add":
-                        target[_index(t.target)] += data
-                    else:
-                        target[_index(t.target)] = data
-                if t.after == "clear" and t.source.size:
-                    work.writable(t.source.name)[_index(t.source)] = 0
-                elif t.after == "drop":
-                    work.drop(t.source.name)
-        elif kind is AllReduceStep:
-            import torch.distributed as dist
-
-            for name, ranks in step.entries:
-                tensor = work.writable(name, dtype).contiguous()
-                work.set(name, tensor)
-                dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=context.subgroup(ranks))
-        elif kind is BroadcastStep:
-            _broadcast(step, work, context, dtype)
-        elif kind is AllToAllStep:
-            _all_to_all(step, work, context, dtype)
-        elif kind is GatherStep:
-            _gather(step, work, context, dtype)
-        else:  # pragma: no cover - the schedules hold nothing else
-            raise TypeError(f"the torch.distributed device path cannot run the step {step!r}")
+            run_local_moves(step, work, dtype, new=_new_block)
+        else:
+            run = DEVICE_RUNS.get(kind)
+            if run is None:  # pragma: no cover - the schedules hold nothing else
+                raise TypeError(f"the torch.distributed device path cannot run the step {step!r}")
+            run(step, work, context, dtype)
     del torch
+
+
+def _all_reduce(step: AllReduceStep, work: DeviceWorkspace, context: GroupContext, dtype: Any) -> None:
+    import torch.distributed as dist
+
+    for name, ranks in step.entries:  # blocking, in the global order of the groups
+        tensor = work.writable(name, dtype).contiguous()
+        work.set(name, tensor)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=context.subgroup(ranks))
 
 
 def _phase(phase: RankPhase, work: DeviceWorkspace, context: GroupContext, dtype: Any) -> None:
@@ -351,19 +340,7 @@ def _phase(phase: RankPhase, work: DeviceWorkspace, context: GroupContext, dtype
     if operations:
         for request in dist.batch_isend_irecv(operations):
             request.wait()
-    for t, buffer in finish:
-        if t.mode == "new":
-            work.set(t.target.name, buffer)
-        elif t.mode == "add":
-            work.writable(t.target.name, dtype)[phase.index(t.target)] += buffer  # type: ignore[arg-type]
-        else:
-            work.writable(t.target.name, dtype)[phase.index(t.target)] = buffer  # type: ignore[arg-type]
-    for _, _, t in phase.sends:
-        if t.after == "clear":
-            if not phase.empty(t):
-                work.writable(t.source.name)[phase.index(t.source)] = 0
-        elif t.after == "drop":
-            work.drop(t.source.name)
+    finish_phase(phase, work, finish, dtype)
 
 
 def _broadcast(step: BroadcastStep, work: DeviceWorkspace, context: GroupContext, dtype: Any) -> None:
@@ -484,3 +461,17 @@ def _splits(step: AllToAllStep, size: int) -> list[int]:
             count *= n
         splits[peer] = count
     return splits
+
+
+DEVICE_RUNS: Final[Mapping[type, Callable[[Any, DeviceWorkspace, GroupContext, Any], None]]] = (
+    MappingProxyType(
+        {
+            AllReduceStep: _all_reduce,
+            BroadcastStep: _broadcast,
+            AllToAllStep: _all_to_all,
+            GatherStep: _gather,
+        }
+    )
+)
+"""Torch step (a row of :data:`~linop.backends.torch_distributed.schedule.CALLS`) -> how the
+device path runs it on the tensors where they are."""

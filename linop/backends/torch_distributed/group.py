@@ -15,7 +15,7 @@ derives alike (:mod:`linop.backends.torch_distributed.schedule`).
 The check's deadline: ``timeout=`` (seconds) of the public functions, else the environment
 variable ``LINOP_TIMEOUT`` (seconds; unset, empty, ``0`` or ``off``: no deadline of linop's,
 only the process group's own timeout of ``init_process_group``; ``inf`` or a value beyond
-:data:`~linop.backends.mpi.deadline.NO_DEADLINE_BEYOND`: no deadline either).
+:data:`~linop.backends.host_deadline.NO_DEADLINE_BEYOND`: no deadline either).
 """
 
 from __future__ import annotations
@@ -23,12 +23,14 @@ from __future__ import annotations
 import atexit
 import datetime
 import os
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
 
 from ...errors import PeerTimeoutError, ProcessGroupArgumentError, ProcessGroupError, RankFailedError
-from ..mpi.deadline import deadline_seconds
+from ...program.cache import PlanCache
+from ..host_deadline import ENVIRONMENT, deadline_seconds, text_seconds
 
 __all__ = [
     "GroupContext",
@@ -41,14 +43,14 @@ __all__ = [
     "GLOO_POINT_TO_POINT_GROUP",
 ]
 
-TIMEOUT_VARIABLE = "LINOP_TIMEOUT"
+TIMEOUT_VARIABLE = ENVIRONMENT
 """The environment variable giving the default deadline (seconds) of the entry check."""
 
 
 def resolve_timeout(timeout: float | None) -> float | None:
     """The deadline in seconds: ``timeout``, else ``$LINOP_TIMEOUT``, else None (none);
-    ``inf`` and values beyond :data:`~linop.backends.mpi.deadline.NO_DEADLINE_BEYOND` mean none
-    (the rule of the MPI executor, :func:`~linop.backends.mpi.deadline.deadline_seconds`).
+    ``inf`` and values beyond :data:`~linop.backends.host_deadline.NO_DEADLINE_BEYOND` mean none
+    (the rule of both host executors, :func:`~linop.backends.host_deadline.deadline_seconds`).
 
     Raises
     ------
@@ -56,15 +58,15 @@ def resolve_timeout(timeout: float | None) -> float | None:
         A timeout that is not a positive number (the variable's value named).
     """
     if timeout is None:
-        text = os.environ.get(TIMEOUT_VARIABLE, "").strip().lower()
-        if text in ("", "0", "off", "none"):
-            return None
+        text = os.environ.get(TIMEOUT_VARIABLE, "")
         try:
-            timeout = float(text)
+            timeout = text_seconds(text)
         except ValueError:
             raise ProcessGroupArgumentError(
-                f"{TIMEOUT_VARIABLE}={text!r} is not a number of seconds (or 'off')"
+                f"{TIMEOUT_VARIABLE}={text.strip().lower()!r} is not a number of seconds (or 'off')"
             ) from None
+        if timeout is None:
+            return None
     if (
         isinstance(timeout, bool)
         or not isinstance(timeout, (int, float, np.integer, np.floating))
@@ -146,15 +148,13 @@ class GroupContext:
             self.device = torch.device("cpu")
         self._subgroups: dict[tuple[int, ...], Any] = {}
         self.native_gathers = _native_gathers(self.backend, self.size)
-        from ..mpi.context import PlanCache
-
         self.plans: PlanCache[Any] = PlanCache()
         self.mapped_plans: dict[Any, PlanCache[Any]] = {}
         self.reducer: Any = None  # the entry check's (check.TorchReducer), made on first use
         self._scratch: dict[tuple[str, int, str], Any] = {}
         self.failed = False  # shut down after a failure mid-call (RunGuard)
 
-    def subgroup(self, ranks: tuple[int, ...]) -> Any:
+    def subgroup(self, ranks: Sequence[int]) -> Any:
         """The process group of ``ranks`` (world ranks), created on first use and cached.
 
         Collective over the world group when it creates one: call only in an order every rank

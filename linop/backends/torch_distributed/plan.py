@@ -35,13 +35,13 @@ from ...errors import (
 )
 from ...operator import LinearOperator
 from ...program import RankPhase, WorkerMap, fingerprint
+from ...program.mapped import compiled_for
 from ...space import Block
 from .. import array_api
 from .. import numpy as numpy_backend
 from ..entry_check.state import Refused
 from ..host_fusion import fused
-from ..mpi import mapping as mpi_mapping
-from ..mpi.plan import read_only
+from ..host_schedule import cast_copies, outputs
 from . import device as device_path
 from .check import TorchEntryCheck
 from .group import GroupContext, resolve_timeout
@@ -80,14 +80,6 @@ def screened(local_state: Any, arrays: Any, *, inplace: bool) -> Any:
                 "apply out of place, detach it, or write under torch.no_grad()"
             )
     return {**arrays, **refused} if refused else arrays
-
-
-def _cast(arrays: dict[str, np.ndarray], cast: np.dtype | None) -> dict[str, np.ndarray]:
-    """The arrays to run on: the caller's, or copies widened to ``cast`` (an integer run the
-    check widened, :func:`linop.dtypes.cast_dtype`; the MPI plan widens alike)."""
-    if cast is None:
-        return dict(arrays)
-    return {name: a.astype(np.result_type(a.dtype, cast)) for name, a in arrays.items()}
 
 
 class TorchDistributedPlan:
@@ -143,7 +135,7 @@ class TorchDistributedPlan:
             self.fingerprint = hashlib.blake2b(tree + b"invalid map", digest_size=16).digest()
             problem = mapping
         else:
-            compiled = mpi_mapping.compiled_for(op, mapping, native=False)
+            compiled = compiled_for(op, mapping)  # the portable program: no table of calls
             self.fingerprint = compiled.fingerprint
             program, problem = compiled.for_rank(rank, size)
             if program is not None:
@@ -207,7 +199,9 @@ class TorchDistributedPlan:
         run_dtype = outcome.result()
         arrays = {name: entry.arrays[name] for name in self.domain_blocks}
         if not inplace:
-            return entry.result(self.run_out_of_place(_cast(arrays, outcome.cast), run_dtype), inplace=False)
+            return entry.result(
+                self.run_out_of_place(cast_copies(arrays, outcome.cast), run_dtype), inplace=False
+            )
         if outcome.cast is None and self._run_prepared(arrays, run_dtype):
             return entry.result(local_state, inplace=True)
         self.run_in_place(arrays, run_dtype, cast=outcome.cast)
@@ -326,11 +320,7 @@ class TorchDistributedPlan:
         work = numpy_backend.Workspace(dict(arrays), set(), dtype)
         with self.context.guard(self.op):
             run_schedule(self.host_steps_for(dtype), work, self.context, dtype)
-        result = {}
-        for name in self.range_names:
-            array = work.arrays[name]
-            result[name] = array if name in work.owned else read_only(array)
-        return result
+        return outputs(work, self.range_names)
 
     def run_in_place(
         self, arrays: dict[str, np.ndarray], dtype: np.dtype, *, cast: np.dtype | None = None
@@ -338,7 +328,7 @@ class TorchDistributedPlan:
         """Run (no check) on the caller's arrays and write back the blocks that ended in other
         arrays. With ``cast`` (an integer run widened), the ranks agree that every result fits
         its caller's array before any is written back. Collective."""
-        work = numpy_backend.Workspace(_cast(arrays, cast), set(arrays), dtype)
+        work = numpy_backend.Workspace(cast_copies(arrays, cast), set(arrays), dtype)
         with self.context.guard(self.op):
             run_schedule(self.host_steps_for(dtype), work, self.context, dtype)
         if cast is not None:
@@ -562,7 +552,7 @@ class BoundTorchPlan:
         if self.inplace:
             self.plan.run_in_place(self.arrays, self.dtype, cast=self.cast)
             return self.entry.result(self.entry.state, inplace=True)
-        result = self.plan.run_out_of_place(_cast(self.arrays, self.cast), self.dtype)
+        result = self.plan.run_out_of_place(cast_copies(self.arrays, self.cast), self.dtype)
         return self.entry.result(result, inplace=False)
 
     def run_on(self, local_state: Mapping[str, Any]) -> Any:
@@ -601,7 +591,7 @@ class BoundTorchPlan:
                     f"{self.plan.op} takes {bound.shape} {bound.dtype}"
                 )
             arrays[name] = array
-        result = self.plan.run_out_of_place(_cast(arrays, self.cast), self.dtype)
+        result = self.plan.run_out_of_place(cast_copies(arrays, self.cast), self.dtype)
         return entry.result(result, inplace=False)
 
     def free(self) -> None:

@@ -27,19 +27,20 @@ Every message travels in the run's dtype, agreed by every rank in the entry chec
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from typing import Any, cast
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any, Final
 
 import numpy as np
 
 from ...program import RankPhase, Transfer
-from ...space import Region
 from .. import numpy as numpy_backend
+from ..host_phase import BUFFER, contiguous_route, phase_recipe
 from ..host_schedule import finish_phase, root_buffer, run_rank_schedule, shares_by_member, store_results
 from .group import GroupContext
 from .schedule import AllReduceStep, AllToAllStep, BroadcastStep, GatherStep
 
-__all__ = ["run_schedule", "run_phase", "phase_operations", "AllToAll"]
+__all__ = ["RUNS", "run_schedule", "run_phase", "phase_operations", "AllToAll"]
 
 
 def _tensor(array: np.ndarray) -> Any:
@@ -56,17 +57,10 @@ def run_schedule(
     schedules."""
 
     def part(step: Any, work: numpy_backend.Workspace) -> None:
-        kind = type(step)
-        if kind is AllReduceStep:
-            _all_reduce(step, work, context, dtype)
-        elif kind is BroadcastStep:
-            _broadcast(step, work, context, dtype)
-        elif kind is AllToAllStep:
-            _all_to_all(step, work, context, dtype)
-        elif kind is GatherStep:
-            _gather(step, work, context, dtype)
-        else:  # pragma: no cover - the schedules hold nothing else
+        run = RUNS.get(type(step))
+        if run is None:  # pragma: no cover - the schedules hold nothing else
             raise TypeError(f"the torch.distributed runtime cannot run the step {step!r}")
+        run(step, work, context, dtype)
 
     run_rank_schedule(
         schedule,
@@ -83,41 +77,34 @@ def phase_operations(
 ) -> tuple[list[Any], list[tuple[Transfer, np.ndarray]]]:
     """The point-to-point operations of a phase (receives first) and the receive buffers to
     finish afterwards (``(transfer, buffer)``: new blocks, adds, stores into boxes that are not
-    contiguous or not in the run's dtype)."""
+    contiguous or not in the run's dtype): the host kit's recipe
+    (:func:`~linop.backends.host_phase.phase_recipe`) under torch's rule, a box moves straight
+    when it is one contiguous, writeable run (:func:`~linop.backends.host_phase.contiguous_route`)."""
     import torch.distributed as dist
 
     group = context.group
+    recipe = phase_recipe(
+        phase, dtype, lambda name: work.writable(name, dtype), work.arrays.__getitem__, contiguous_route
+    )
     operations: list[Any] = []
     finish: list[tuple[Transfer, np.ndarray]] = []
-    for peer, tag, t in phase.receives:
-        if t.mode == "new":
-            buffer = np.empty(t.shape, dtype)
-            if buffer.size:
-                operations.append(
-                    dist.P2POp(dist.irecv, _tensor(buffer), group=group, tag=tag, group_peer=peer)
-                )
-            finish.append((t, buffer))
-            continue
-        if phase.empty(t):
-            continue
-        target = work.writable(t.target.name, dtype)
-        if t.mode == "store" and target.dtype == dtype:
-            view = target[phase.index(cast(Region, t.target))]
-            if view.flags.c_contiguous:
-                operations.append(
-                    dist.P2POp(dist.irecv, _tensor(view), group=group, tag=tag, group_peer=peer)
-                )
-                continue
-        buffer = np.empty(t.shape, dtype)
-        operations.append(dist.P2POp(dist.irecv, _tensor(buffer), group=group, tag=tag, group_peer=peer))
-        finish.append((t, buffer))
-    for peer, tag, t in phase.sends:
-        if phase.empty(t):
-            continue
-        data = work.arrays[t.source.name][phase.index(t.source)]
-        if data.dtype != dtype or not data.flags.c_contiguous or not data.flags.writeable:
+    for message in recipe.receives:
+        if message.route == BUFFER:
+            buffer = np.empty(message.transfer.shape, dtype)
+            finish.append((message.transfer, buffer))
+        else:
+            buffer = work.arrays[message.name][message.box]
+        if buffer.size:  # a new block of size 0: no message
+            operations.append(
+                dist.P2POp(dist.irecv, _tensor(buffer), group=group, tag=message.tag, group_peer=message.peer)
+            )
+    for message in recipe.sends:
+        data = work.arrays[message.name][message.box]
+        if message.route == BUFFER:
             data = np.array(data, dtype=dtype, order="C")
-        operations.append(dist.P2POp(dist.isend, _tensor(data), group=group, tag=tag, group_peer=peer))
+        operations.append(
+            dist.P2POp(dist.isend, _tensor(data), group=group, tag=message.tag, group_peer=message.peer)
+        )
     return operations, finish
 
 
@@ -389,3 +376,17 @@ def _all_to_all(
     if step.target is not None:
         assert target is not None
         work.set(step.target.name, target)
+
+
+RUNS: Final[Mapping[type, Callable[[Any, numpy_backend.Workspace, GroupContext, np.dtype], None]]] = (
+    MappingProxyType(
+        {
+            AllReduceStep: _all_reduce,
+            BroadcastStep: _broadcast,
+            AllToAllStep: _all_to_all,
+            GatherStep: _gather,
+        }
+    )
+)
+"""Torch step (a row of :data:`~linop.backends.torch_distributed.schedule.CALLS`) -> how the host
+path runs it on numpy views of the blocks."""

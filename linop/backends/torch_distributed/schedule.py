@@ -4,8 +4,10 @@ Both come from the distributed program of :mod:`linop.program`:
 
 - **native**: this rank's own program with its fast paths
   (:func:`~linop.program.compile_for_rank`: the rank plans only its own part, in O(its own
-  work), never the global program), used when every fast path in it has a ``torch.distributed``
-  collective: all-reduce (:class:`AllReduceStep`), broadcast and sum-reduce
+  work), never the global program), used when every fast-path part in it has a row in
+  :data:`CALLS` (part type -> the torch step that runs it with ``torch.distributed``
+  collectives, looked up by the part's type; a part whose type has no row makes the rank's
+  part portable): all-reduce (:class:`AllReduceStep`), broadcast and sum-reduce
   (:class:`BroadcastStep`) on a sub-group per group of ranks, and the copying plans whose every
   worker gives at most one block and gets at most one (repartition, scatter, gather,
   all-gather: :class:`AllToAllStep`, one ``all_to_all_single`` of packed buffers over the whole
@@ -20,8 +22,8 @@ Both come from the distributed program of :mod:`linop.program`:
   worker-to-rank map): the program without fast paths
   (:func:`~linop.program.lower_portable`), the rank's part of it: local steps, point-to-point
   phases (one ``batch_isend_irecv`` each) and local moves between two workers of one rank. It
-  is exact for every tree. The rank plans it as the MPI plans do under a map
-  (:func:`~linop.backends.mpi.mapping.compiled_for`, without the MPI's mapped fast paths):
+  is exact for every tree. The rank plans it as every executor does under a map
+  (:func:`linop.program.mapped.compiled_for`, without a table of calls):
   a tree whose nodes lower per worker (:func:`~linop.program.lowers_per_worker`: halo
   exchanges, collectives, repartitions, local operators) from its own workers' part only
   (:func:`~linop.program.compile_for_rank`, O(its own work); a broadcast's, sum-reduce's or
@@ -35,14 +37,17 @@ agreed run dtype, and is agreed by every rank, so every rank makes it alike.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Final
 
 from ...errors import LinopError, UnsupportedNodeError
 from ...operator import LinearOperator
 from ...program import RankBranches, RankPart, RankProgram, WorkerMap, compile_for_rank
+from ...program.mapped import compiled_for
+from ...program.parts import AllReducePart, AllToAllPart, LineGatherPart, RootedGroup, RootedPart
 from ...space import Block
-from ..mpi.mapping import compiled_for
 
 __all__ = [
     "identity_map",
@@ -50,6 +55,7 @@ __all__ = [
     "AllToAllStep",
     "BroadcastStep",
     "GatherStep",
+    "CALLS",
     "Compiled",
     "SUMMABLE",
     "agree_native",
@@ -72,6 +78,15 @@ class AllReduceStep:
 
     entries: tuple[tuple[str, tuple[int, ...]], ...]
 
+    @classmethod
+    def of(cls, part: AllReducePart) -> AllReduceStep:
+        return cls(tuple(part.entries))
+
+    @property
+    def rank_sets(self) -> list[tuple[int, ...]]:
+        """The ranks of each group the step's collectives run on."""
+        return [ranks for _, ranks in self.entries]
+
 
 @dataclass(frozen=True)
 class BroadcastStep:
@@ -80,11 +95,20 @@ class BroadcastStep:
     blocks of the copies, or a ``reduce`` of the copies into a new root block; then the blocks
     the node drops are dropped and those it creates but no group fills are zeros."""
 
-    groups: tuple[Any, ...]  # the MPI lowering's groups: root_name, shape, ranks, copies
+    groups: tuple[RootedGroup, ...]
     rank: int
     dropped: tuple[str, ...]
     created: tuple[Block, ...]
     reduce: bool
+
+    @classmethod
+    def of(cls, part: RootedPart) -> BroadcastStep:
+        return cls(tuple(part.groups), part.rank, tuple(part.dropped), tuple(part.created), part.reduce)
+
+    @property
+    def rank_sets(self) -> list[tuple[int, ...]]:
+        """The ranks of each group the step's collectives run on."""
+        return [tuple(group.ranks) for group in self.groups]
 
 
 @dataclass(frozen=True)
@@ -104,6 +128,15 @@ class AllToAllStep:
     target: Block | None
     sends: tuple[Box, ...]
     receives: tuple[Box, ...]
+
+    @classmethod
+    def of(cls, part: AllToAllPart) -> AllToAllStep:
+        return cls(part.source, part.target, tuple(part.sends), tuple(part.receives))
+
+    @property
+    def rank_sets(self) -> list[tuple[int, ...]]:
+        """No sub-group: the one ``all_to_all_single`` runs over the whole group."""
+        return []
 
     @property
     def covered(self) -> bool:
@@ -147,59 +180,63 @@ class GatherStep:
     positions: tuple[int, ...]
     fallback: Any = field(compare=False, repr=False)
 
+    @classmethod
+    def of(cls, part: LineGatherPart) -> GatherStep:
+        members = tuple(part.members)
+        rank_of = {rank: position for position, rank in enumerate(sorted(members))}
+        positions = tuple(rank_of[rank] for rank in members)
+        return cls(part.source, part.target, members, part.axis, part.reduce, positions, part.fallback)
+
+    @property
+    def rank_sets(self) -> list[tuple[int, ...]]:
+        """The line's ranks (its sub-group)."""
+        return [self.members]
+
     @property
     def in_order(self) -> bool:
         """Whether the members' coordinates and their ranks in the sub-group agree."""
         return all(k == position for k, position in enumerate(self.positions))
 
 
-def _torch_part(part: Any) -> Any:
-    """The torch step of one of the MPI fast paths' rank parts (recognized by the fields of
-    :mod:`linop.backends.mpi.native`' rank steps), or None when torch has no native
-    collective for it (a halo stage: the portable program's phases do it)."""
-    fields = vars(part) if hasattr(part, "__dict__") else {}
-    if "entries" in fields and "fallback" in fields:
-        return AllReduceStep(tuple(part.entries))
-    if {"groups", "rank", "dropped", "created", "reduce"} <= fields.keys():
-        return BroadcastStep(
-            tuple(part.groups), part.rank, tuple(part.dropped), tuple(part.created), part.reduce
-        )
-    if {"members", "axis", "reduce", "fallback"} <= fields.keys():
-        members = tuple(part.members)
-        rank_of = {rank: position for position, rank in enumerate(sorted(members))}
-        positions = tuple(rank_of[rank] for rank in members)
-        return GatherStep(part.source, part.target, members, part.axis, part.reduce, positions, part.fallback)
-    if {"source", "source_shape", "target", "sends", "receives"} <= fields.keys():
-        return AllToAllStep(part.source, part.target, tuple(part.sends), tuple(part.receives))
-    return None
+TorchStep = AllReduceStep | BroadcastStep | AllToAllStep | GatherStep
+"""The torch.distributed executor's steps: each runs one fast-path part with its collectives."""
+
+CALLS: Final[Mapping[type, Callable[[Any], TorchStep]]] = MappingProxyType(
+    {
+        AllReducePart: AllReduceStep.of,
+        RootedPart: BroadcastStep.of,
+        LineGatherPart: GatherStep.of,
+        AllToAllPart: AllToAllStep.of,
+    }
+)
+"""Part type (:data:`linop.program.parts.Part`) -> the torch step that runs it. The mapped parts
+(:class:`~linop.program.parts.MappedAllReducePart`, :class:`~linop.program.parts.MappedRootedPart`)
+have no row: a plan under a worker map runs the portable program, and so does a rank whose part
+holds any part type without a row."""
 
 
-def _translate(schedule: tuple[Any, ...], found: list[tuple[int, ...]]) -> tuple[Any, ...] | None:
-    """A rank schedule with every fast-path part replaced by its torch step (collecting the
-    rank sets of its groups), or None when some part has no native collective."""
+def _translate(
+    schedule: tuple[Any, ...], found: list[tuple[int, ...]], calls: Mapping[type, Callable[[Any], TorchStep]]
+) -> tuple[Any, ...] | None:
+    """A rank schedule with every fast-path part replaced by its torch step (its row of
+    ``calls``; collecting the rank sets of its groups), or None when some part's type has no
+    row (the rank's part is then portable)."""
     out: list[Any] = []
     for step in schedule:
         if isinstance(step, RankBranches):
             terms = []
             for term in step.terms:
-                translated = _translate(term, found)
+                translated = _translate(term, found, calls)
                 if translated is None:
                     return None
                 terms.append(translated)
             out.append(RankBranches(tuple(terms), step.names))
         elif isinstance(step, RankPart):
-            mine = _torch_part(step)
-            if mine is None:
+            call = calls.get(type(step))
+            if call is None:
                 return None
-            if isinstance(mine, AllReduceStep):
-                sets = [ranks for _, ranks in mine.entries]
-            elif isinstance(mine, BroadcastStep):
-                sets = [tuple(g.ranks) for g in mine.groups]
-            elif isinstance(mine, GatherStep):
-                sets = [mine.members]
-            else:
-                sets = []
-            for ranks in sets:
+            mine = call(step)
+            for ranks in mine.rank_sets:
                 key = tuple(sorted(ranks))
                 if len(key) > 1 and key not in found:
                     found.append(key)
@@ -210,16 +247,20 @@ def _translate(schedule: tuple[Any, ...], found: list[tuple[int, ...]]) -> tuple
 
 
 def native_program(
-    op: LinearOperator, rank: int, program: RankProgram | None = None
+    op: LinearOperator,
+    rank: int,
+    program: RankProgram | None = None,
+    calls: Mapping[type, Callable[[Any], TorchStep]] | None = None,
 ) -> tuple[RankProgram, tuple[tuple[int, ...], ...]] | None:
     """``rank``'s native program (compiled for this rank alone; ``program``: already compiled,
     :func:`~linop.program.compile_for_rank` of ``op`` and ``rank``) and the rank sets of its
-    own collectives' groups, or None when its part has a fast path without a native torch
-    collective. Only every rank's agreement (:func:`agree_native`) makes it run."""
+    own collectives' groups, or None when its part holds a fast-path part whose type has no row
+    in ``calls`` (default :data:`CALLS`, read at the call). Only every rank's agreement
+    (:func:`agree_native`) makes it run."""
     if program is None:
         program = compile_for_rank(op, rank)
     found: list[tuple[int, ...]] = []
-    schedule = _translate(program.schedule, found)
+    schedule = _translate(program.schedule, found, CALLS if calls is None else calls)
     if schedule is None:
         return None
     return RankProgram(schedule, program.max_worker), tuple(found)
@@ -264,13 +305,13 @@ def portable_program(
     """``rank``'s portable program under ``mapping`` on ``size`` ranks, or the error to raise
     on every rank (a worker unmapped or beyond the group).
 
-    Planned per rank as the MPI plans are under a map
-    (:meth:`~linop.backends.mpi.mapping.MappedCompiled.for_rank`, kept once per process per
-    tree and map), without the MPI's mapped fast paths: a tree whose nodes lower per worker from
+    Planned per rank as every executor plans under a map
+    (:meth:`linop.program.mapped.MappedCompiled.for_rank`, kept once per process per tree and
+    map), without a table of calls: a tree whose nodes lower per worker from
     the rank's workers' part only (O(its own work)), other trees projected from the global
     portable program. Either way the schedule equals the projection of the global portable
     program (:func:`~linop.program.mapped_global_program` with ``mapped_fast_paths=False``)."""
-    return compiled_for(op, mapping, native=False).for_rank(rank, size)
+    return compiled_for(op, mapping).for_rank(rank, size)
 
 
 class Compiled:
@@ -284,9 +325,20 @@ class Compiled:
         The largest worker the tree names (the group must have more ranks).
     local_sets : tuple of tuple of int
         The ranks of this rank's own native collectives' groups.
+
+    ``calls``: the table of calls (default :data:`CALLS`); a rank whose part holds a part type
+    without a row has no native candidate.
     """
 
-    def __init__(self, op: LinearOperator, rank: int, size: int, *, world: bool) -> None:
+    def __init__(
+        self,
+        op: LinearOperator,
+        rank: int,
+        size: int,
+        *,
+        world: bool,
+        calls: Mapping[type, Callable[[Any], TorchStep]] | None = None,
+    ) -> None:
         self.op, self.rank, self.size, self.world = op, rank, size, world
         self.native: RankProgram | None = None
         self.local_sets: tuple[tuple[int, ...], ...] = ()
@@ -296,7 +348,7 @@ class Compiled:
         try:
             program = compile_for_rank(op, rank)  # the rank's own part: O(its own work)
             self.max_worker = max(self.max_worker, program.max_worker)
-            found = native_program(op, rank, program)
+            found = native_program(op, rank, program, calls)
             if found is not None:
                 self.native, self.local_sets = found
             elif self.max_worker < size:  # else the plan reports the group too small
