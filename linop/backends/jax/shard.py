@@ -408,7 +408,10 @@ def _transpose(
     back = sharded_p.bind(*cotangents, plan=plan.adjoint(), axes=axes, batch_dims=batch_dims)
     result = []
     for value, primal in zip(back, primals):
-        aval = primal.aval if ad.is_undefined_primal(primal) else jax.core.get_aval(primal)  # type: ignore[attr-defined]
+        if not ad.is_undefined_primal(primal):  # an input not differentiated: no cotangent
+            result.append(None)
+            continue
+        aval = primal.aval
         if complex_:
             value = jnp.conj(value)
         if jnp.iscomplexobj(value) and not jnp.issubdtype(aval.dtype, jnp.complexfloating):
