@@ -49,13 +49,17 @@ most_messages`, a bound from the plan's geometry alike on every rank) runs as po
 messages with each rank's own peers; one with more (or no known bound: a scatter's root talks
 to every rank) as the collective ``Alltoallv`` / ``Alltoallw``, whose count and datatype
 arrays have one entry per rank. A repartition between two grids sends and receives a few
-boxes per rank whatever P, so its cost per rank then stays flat in P (``benchmarks/
-bench_scale.py``). Measured with ``benchmarks/bench_mpi_repartition.py`` on 4 ranks (see
-the issue-39 note in ``docs/design.md``): the point-to-point path against the collective at
-bounds of 4 (rows to a 2 x 2 grid and back) and 8 (rows to columns: every rank talks to every
-other). Above 8 boxes it is not measured here (4 ranks): 16 keeps the bound plan's per-call
-Python work (one ``Startall``, one ``Waitall``) small while MPICH's own ``Alltoallv`` posts
-the same nonblocking messages for a handful of peers."""
+boxes per rank whatever P, so its cost per rank stays flat in P (``benchmarks/bench_scale.py``).
+
+Measured with ``benchmarks/bench_mpi_repartition.py`` on 4 ranks (this MPICH, shared memory,
+float32, N = 1024 and 4096, on the shared 2-core machine at load averages 18-29: noisy), the
+point-to-point path against the best of the forced collectives, interleaved sample by sample in
+the same run (three runs): bound 4 (rows to a 2 x 2 grid and back) 0.70-1.04x by the median
+sample (0.68-1.36x by the best), bound 8 (rows to columns: every rank talks to every other)
+0.94-1.16x (0.89-1.29x): a draw within the noise, with few peers or all. Above 8
+boxes nothing is measured here (4 ranks); 16 is a choice: with a bound plan's messages one
+``Startall`` and one ``Waitall`` whatever their number, the point-to-point path does what
+MPICH's ``Alltoallv`` does for a few peers, without the P-long arrays."""
 
 PACKED_RUNS_BELOW = 2048
 """The measured rule of :func:`alltoall_strategy`, in entries of one contiguous run of a box:

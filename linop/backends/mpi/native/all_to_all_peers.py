@@ -6,7 +6,9 @@ grids is sparse: a block meets O(1) blocks of the other decomposition, but ``All
 ``Alltoallw`` take count, displacement and datatype arrays with one entry per rank of the
 communicator, O(P) memory and time on every rank at every call and binding. Here a rank posts
 one receive per peer it gets a box from, then one send per peer it gives a box to, copies its
-own box locally while they are in flight, and waits once: O(its peers).
+own box locally while they are in flight, and waits once: O(its peers). It cannot deadlock for
+the reason a phase cannot (:mod:`linop.program`): every message of the step is posted before
+the wait, and every rank reaches its steps in program order.
 
 Each box moves straight from or into its block when it is contiguous there (a slice of the
 flattened block) or when its contiguous runs are at least :data:`~linop.backends.mpi.datatypes.
