@@ -78,6 +78,18 @@ def _overlap_1d(
     return parts
 
 
+def _most_met(edges: Sequence[int], other: Sequence[int]) -> int:
+    """The most parts of the 1-d decomposition with edges ``other`` that one part of the
+    decomposition with edges ``edges`` meets (parts of size zero counted where they lie inside
+    the part: an upper bound), at least 1 when there are parts."""
+    if len(edges) < 2 or len(other) < 2:
+        return 0
+    lows, highs = np.asarray(edges[:-1]), np.asarray(edges[1:])
+    starts, stops = np.asarray(other[:-1]), np.asarray(other[1:])
+    met = np.searchsorted(starts, highs, side="left") - np.searchsorted(stops, lows, side="right")
+    return max(int(met.max()), 1)
+
+
 def overlaps(
     source: DistributedTensor, destination: DistributedTensor
 ) -> Iterator[tuple[tuple[int, ...], tuple[int, ...], tuple[tuple[int, ...], tuple[int, ...]]]]:
@@ -234,6 +246,25 @@ class Repartition(Planned):
                 *(_overlap_1d(destinations[d], sources[d], k) for d, k in enumerate(i))
             )
         )
+
+    def most_overlaps(self) -> tuple[int, int]:
+        """Upper bounds on the blocks one block meets: ``(most destination blocks one source
+        block meets, most source blocks one destination block meets)``. Per dimension, the most
+        parts of one decomposition that one part of the other meets (from the parts' edges); the
+        products of these over the dimensions bound the products for any one block. The same on
+        every worker (from the two decompositions alone), at a cost of the parts per dimension
+        (:math:`O(\\sqrt{P})` on a square 2-d grid), computed once."""
+        try:
+            return object.__getattribute__(self, "_most_overlaps")
+        except AttributeError:
+            pass
+        sources, destinations = self._edges()
+        out, into = 1, 1
+        for source, destination in zip(sources, destinations):
+            out *= _most_met(source, destination)
+            into *= _most_met(destination, source)
+        object.__setattr__(self, "_most_overlaps", (out, into))
+        return out, into
 
     def adjoint(self) -> LinearOperator:
         """T* = the reverse repartition (a permutation's transpose is its inverse)."""

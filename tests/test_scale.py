@@ -541,3 +541,82 @@ def test_an_agreement_with_every_rank_is_caught(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(bound, "bundle_peers", with_every_rank)
     small, large = (_binding("HaloExchange", s, False, monkeypatch)[1] for s in (8, 16))
     assert large > 3 * small, f"{small} bytes at P = 64, {large} at P = 256"
+
+
+class _Arguments:
+    """What the test communicators of one binding were given: the longest sequence in the
+    arguments of any point-to-point or all-to-all call (the count, displacement and datatype
+    arrays of ``Alltoallv`` / ``Alltoallw`` have one entry per rank) and the point-to-point
+    requests made."""
+
+    longest = 0
+    requests = 0
+
+
+def _longest(value: object) -> int:
+    if isinstance(value, (list, tuple)):
+        return max([len(value), *(_longest(item) for item in value)])
+    return 0
+
+
+def _recording(base: type) -> type:
+    """A subclass of the test communicator that records its calls' arguments in :class:`_Arguments`."""
+
+    def recorded(name: str, request: bool) -> Callable[..., object]:
+        method = getattr(base, name)
+
+        def call(self: object, *args: object, **kwargs: object) -> object:
+            _Arguments.longest = max(_Arguments.longest, _longest(list(args)))
+            _Arguments.requests += request
+            return method(self, *args, **kwargs)
+
+        return call
+
+    names = {"Alltoallv": False, "Alltoallw": False, "Isend": True, "Irecv": True}
+    names |= {"Send_init": True, "Recv_init": True}
+    return type("Recording", (base,), {name: recorded(name, request) for name, request in names.items()})
+
+
+_RECORDING = _recording(bench_scale.RankOfP)
+
+
+def _repartition_calls(s: int, adjoint: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[int, int, int]:
+    """Objects built while one interior rank of P = s * s binds the repartition of
+    ``bench_scale`` (:func:`_binding`'s count), and what its first checked call, the binding and
+    its first bound call give the communicator (:class:`_Arguments`)."""
+    monkeypatch.setattr(bench_scale, "RankOfP", _RECORDING)
+    _Arguments.longest = _Arguments.requests = 0
+    op = _tree("Repartition (s,s) -> (2s,s/2)", s, adjoint)
+    rank = _rank(s)
+    plan = bench_scale.plan_on_rank_of_p(
+        op, fingerprint(op), compile_for_rank(op, rank).schedule, rank, s * s
+    )
+    state = bench_scale.zeros_of(plan)
+    found: dict[str, object] = {"plan": plan}
+    try:
+        plan.apply(state)
+        count = _counted(lambda: found.__setitem__("bound", plan.bind(state)), monkeypatch)
+        found["bound"]()  # type: ignore[operator]
+        return count, _Arguments.longest, _Arguments.requests
+    finally:
+        bench_scale.release(found)
+
+
+@pytest.mark.parametrize("adjoint", [False, True], ids=["forward", "adjoint"])
+def test_a_repartition_between_grids_talks_to_the_ranks_peers_only(
+    adjoint: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A repartition between two grids (a rank meets O(1) blocks of the other) runs as
+    point-to-point messages with the rank's own peers (issue 39): its checked call, binding and
+    first bound call build as many objects, give MPI arguments no longer and make as many
+    requests at P = 256 as at P = 64. The control: the collective (``Alltoallv``, forced) gets
+    count and displacement arrays of P entries."""
+    pytest.importorskip("mpi4py")
+    from linop.backends.mpi.native import all_to_all
+
+    small, large = (_repartition_calls(s, adjoint, monkeypatch) for s in (8, 16))
+    assert small == large, f"(objects, longest argument, requests) {small} at P = 64, {large} at P = 256"
+    assert 0 < small[1] < 8 and small[2] > 0, small  # buffer specs; messages were posted
+    monkeypatch.setattr(all_to_all, "ALLTOALL_STRATEGY", "packed")
+    collective = [_repartition_calls(s, adjoint, monkeypatch)[1] for s in (8, 16)]
+    assert collective == [64, 256], collective

@@ -28,6 +28,9 @@ class _AlltoallwRunner:
     op: Planned
     by_worker: dict[int, tuple[str | None, Block | None]]
     workers: tuple[int, ...] = field(default=())
+    most_messages: int | None = None
+    """The bound of :attr:`~linop.program.parts.AllToAllPart.most_messages` (a repartition's, as
+    a rank's own lowering gives it; None for other plans)."""
 
     def project(self, rank: int) -> AllToAllPart:
         """Every rank takes part (the all-to-all is collective over all of them)."""
@@ -42,13 +45,15 @@ class _AlltoallwRunner:
             if to_worker == rank:
                 receives.append((from_worker, piece.target_start, piece.shape))
         shape = domain.block(source).shape if source is not None else ()
-        return AllToAllPart(source, shape, target, tuple(sends), tuple(receives))
+        return AllToAllPart(source, shape, target, tuple(sends), tuple(receives), self.most_messages)
 
 
 def _rank_repartition(op: Repartition, rank: int) -> list[Step] | None:
     """A repartition without pass-through blocks always qualifies for the all-to-all (every
     worker holds at most one block of each tensor, and two blocks meet in at most one box):
-    the rank's sends and receives from the 1-d overlaps of its own blocks."""
+    the rank's sends and receives from the 1-d overlaps of its own blocks, and the bound on any
+    rank's boxes from the two decompositions (:meth:`~linop.repartition.Repartition.most_overlaps`:
+    a rank sends from one block and receives into one)."""
     source, destination = op.source, op.destination
     if len(op.others) or not source.ndim:
         return None
@@ -71,7 +76,7 @@ def _rank_repartition(op: Repartition, rank: int) -> list[Step] | None:
         receives = tuple(
             (source.space.block(p.source).worker, p.target_start, p.shape) for p in op.pieces_into(j)
         )
-    step = AllToAllPart(name, shape, target, sends, receives)
+    step = AllToAllPart(name, shape, target, sends, receives, sum(op.most_overlaps()))
     workers = (max(source.partition.max_worker, destination.partition.max_worker),)
     return [FastPathStep(Projected(step, rank, workers))]
 
@@ -206,4 +211,6 @@ def global_alltoallw(op: Planned) -> list[Step] | None:
             return None
         pairs.add(pair)
     workers = tuple(sorted(by_worker))
-    return [FastPathStep(_AlltoallwRunner(op, {w: tuple(e) for w, e in by_worker.items()}, workers))]
+    # the bound a rank's own lowering gives (the same, whichever route a rank takes)
+    most = sum(op.most_overlaps()) if isinstance(op, Repartition) and not len(op.others) else None
+    return [FastPathStep(_AlltoallwRunner(op, {w: tuple(e) for w, e in by_worker.items()}, workers, most))]

@@ -21,7 +21,8 @@ part                            what the rank does (in the global order of the g
                                 locally
 :class:`LineGatherPart`         an all-gather or reduce-scatter along one line of equal shares
 :class:`AllToAllPart`           one all-to-all: boxes of its one old block sent to each peer, boxes
-                                of its one new block received from each peer
+                                of its one new block received from each peer (with a bound on
+                                any rank's boxes, alike on every rank)
 ==============================  ====================================================================
 
 Each part that sums carries ``fallback``: the rank's schedule of the node's expansion, built on
@@ -203,13 +204,20 @@ class AllToAllPart(RankPart):
     block and gets at most one): boxes of its one old block ``source`` (of shape
     ``source_shape``) sent to each peer, boxes of its one new block ``target`` received from
     each peer (at most one box per peer each way); the rank drops ``source`` and creates
-    ``target``."""
+    ``target``.
+
+    ``most_messages`` bounds the boxes (sent plus received, its own included) of *any* rank of
+    the all-to-all, computed alike on every rank from the plan's geometry (for a repartition,
+    :meth:`~linop.repartition.Repartition.most_overlaps`), so that every rank takes the same
+    path where an executor chooses between a collective call and point-to-point messages with
+    each rank's own peers; None where no such bound is known (a root talking to every rank)."""
 
     source: str | None
     source_shape: tuple[int, ...]
     target: Block | None
     sends: tuple[PeerBox, ...]
     receives: tuple[PeerBox, ...]
+    most_messages: int | None = None
 
 
 Part = AllReducePart | MappedAllReducePart | RootedPart | MappedRootedPart | LineGatherPart | AllToAllPart

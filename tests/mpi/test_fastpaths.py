@@ -371,11 +371,12 @@ def test_a_wrong_prepared_call_is_caught():
     collective_assert(problem is not None, "a shifted copy went unnoticed")
 
 
-@pytest.mark.parametrize("strategy", ["packed", "subarray"])
+@pytest.mark.parametrize("strategy", ["packed", "subarray", "peers"])
 def test_repartition_strategies_equal_the_tree(strategy, monkeypatch):
-    """Forced packed ``Alltoallv`` and forced subarray ``Alltoallw`` move exactly the tree's
-    entries (int64 through the checked apply, float64 through a bound plan) for layouts whose
-    boxes are strided on one side and contiguous on the other, or on both."""
+    """Forced packed ``Alltoallv``, forced subarray ``Alltoallw`` and forced point-to-point
+    messages with each rank's peers move exactly the tree's entries (int64 through the checked
+    apply, float64 through a bound plan) for layouts whose boxes are strided on one side and
+    contiguous on the other, or on both."""
     from linop.backends.mpi.native import all_to_all
 
     monkeypatch.setattr(all_to_all, "ALLTOALL_STRATEGY", strategy)
@@ -396,8 +397,9 @@ def test_repartition_strategies_equal_the_tree(strategy, monkeypatch):
 
 
 def test_the_alltoall_strategy_is_recorded_and_a_wrong_displacement_is_caught(monkeypatch):
-    """The plan records each all-to-all's strategy (the measured rule); control: a packed
-    all-to-all whose send displacements are off by one entry is caught by the same check."""
+    """The plan records each all-to-all's strategy (a repartition between two grids: messages
+    with each rank's peers; the measured rule of the collective); control: a packed all-to-all
+    whose send displacements are off by one entry is caught by the same check."""
     from linop.backends.mpi.native import all_to_all
 
     tensor = tensor_2d(grids()[-1], (9, 7))
@@ -405,9 +407,7 @@ def test_the_alltoall_strategy_is_recorded_and_a_wrong_displacement_is_caught(mo
     op = Repartition(tensor, other)
     plan = mpi_backend.plan_for(op, comm=COMM)
     steps = [s for s in plan.schedule if hasattr(s, "strategy")]
-    collective_assert(
-        len(steps) == 1 and steps[0].strategy in ("packed", "subarray"), f"no recorded strategy: {steps}"
-    )
+    collective_assert(len(steps) == 1 and steps[0].strategy == "peers", f"no recorded strategy: {steps}")
     rule = all_to_all.alltoall_strategy
     long_runs = all_to_all.PACKED_RUNS_BELOW
     choices = (
@@ -470,3 +470,52 @@ def test_independent_all_reduces_are_started_together():
         problem = problem or bound_problem(bound, op, state, tuple(local), inplace=True)
         bound.free()
         collective_assert(problem is None, f"{op}: {problem}")
+
+
+def test_peer_messages_of_a_repartition_and_a_packed_box_astray_caught(monkeypatch):
+    """A repartition between two grids runs as point-to-point messages with each rank's own
+    peers (its bound on any rank's boxes is small), exactly equal to the tree through the
+    checked apply and through a bound plan, for boxes contiguous in their block, strided with
+    long runs (subarray datatypes) or with short ones (packed), as the layouts give them; a
+    scatter keeps the collective (its root talks to every rank). Control: a packed box whose
+    message leaves from another buffer than the one packed is caught."""
+    from linop.backends.mpi.native import all_to_all, all_to_all_peers
+
+    tensor = tensor_2d(grids()[-1], (9, 200))  # runs of 50-200 float64: packed or subarray
+    for other_grid in ((1, SIZE), (SIZE, 1), tuple(reversed(tensor.partition.shape))):
+        other = DistributedTensor("z", (9, 200), Partition(other_grid))
+        for op in (Repartition(tensor, other), Repartition(tensor, other).H):
+            plan = mpi_backend.plan_for(op, comm=COMM)
+            chosen = [s.strategy for s in plan.schedule if hasattr(s, "strategy")]
+            collective_assert(chosen == ["peers"], f"{op}: chose {chosen}")
+            state = op.domain.random(4, dtype=np.int64)
+            names = tuple(b.name for b in op.range if b.worker == RANK)
+            problem = same_blocks(plan.apply(local_part(op.domain, state, RANK)), op(state), names)
+            floats = {k: v.astype(np.float64) for k, v in state.items()}
+            bound = plan.bind(local_part(op.domain, floats, RANK))
+            problem = problem or bound_problem(bound, op, floats, names, inplace=False)
+            bound.free()
+            collective_assert(problem is None, f"{op}: {problem}")
+    from linop import Block
+
+    root = Block("r", (9, 7), worker=0)
+    scatter = Scatter(root, tensor_2d(grids()[-1], (9, 7)))
+    chosen = [s.strategy for s in mpi_backend.plan_for(scatter, comm=COMM).schedule if hasattr(s, "strategy")]
+    collective_assert(chosen and chosen[0] in ("packed", "subarray"), f"the scatter chose {chosen}")
+    if SIZE == 1:
+        return  # no message: the rank's own box is a local copy
+    real = all_to_all_peers._box_spec
+
+    def astray(block, start, shape, dtype):  # a packed box's message from another buffer
+        spec, buffer = real(block, start, shape, dtype)
+        return ([np.zeros_like(buffer), spec[1], spec[2]] if buffer is not None else spec), buffer
+
+    monkeypatch.setattr(all_to_all, "ALLTOALL_STRATEGY", "peers")
+    monkeypatch.setattr(all_to_all_peers, "_box_spec", astray)
+    rows = DistributedTensor("x", (9, 7), Partition((SIZE, 1)))
+    op = Repartition(rows, DistributedTensor("z", (9, 7), Partition((1, SIZE))))  # thin sends: packed
+    state = op.domain.random(6, dtype=np.int64)
+    names = tuple(b.name for b in op.range if b.worker == RANK)
+    result = mpi_backend.apply(op, local_part(op.domain, state, RANK), comm=COMM)
+    caught = same_blocks(result, op(state), names) is not None
+    collective_assert(any(COMM.allgather(caught)), "a packed box sent from the wrong buffer went unnoticed")

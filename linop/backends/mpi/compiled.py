@@ -426,6 +426,7 @@ class _Compiler(OwnedBlocks[np.ndarray]):
                 self.calls.append((call.Start, ()))
                 self.calls.append((call.Wait, ()))
         self.run.scratch.extend(binding.scratch)
+        self.run.requests.extend(binding.requests)
         for name in binding.dropped:
             self.drop(name)
         for name, array in binding.results.items():

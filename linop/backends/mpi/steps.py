@@ -55,6 +55,9 @@ class OutOfPlaceBinding:
     scratch: list[np.ndarray] = field(default_factory=list)
     """Arrays the calls write into that are no result (a non-root's sum): kept alive with
     the binding, released by its ``free()``."""
+    requests: list[Prequest] = field(default_factory=list)
+    """Persistent requests the calls start themselves (``Startall`` of many at once): freed
+    with the binding."""
 
 
 class RankStep(RankPart, ABC):

@@ -20,10 +20,13 @@ RootedPart (sum-reduce)           ``Allreduce`` per target block on a cached sub
 MappedRootedPart                  the same around local copies or sums under a worker map
 LineGatherPart                    ``Allgather`` / ``Reduce_scatter_block`` on a line's
                                   sub-communicator
-AllToAllPart                      ``Alltoallw`` with subarray datatypes, or the boxes packed into
+AllToAllPart                      point-to-point messages with the rank's own peers (persistent
+                                  requests, one ``Startall``, when bound) where every rank has few
+                                  boxes (a repartition between grids: O(peers), not O(P)); else
+                                  ``Alltoallw`` with subarray datatypes, or the boxes packed into
                                   one buffer for ``Alltoallv`` (contiguous boxes sent or received
-                                  in place), chosen per step by a measured rule
-                                  (``alltoall_strategy``, recorded as the step's ``strategy``)
+                                  in place); chosen per step by a rule alike on every rank
+                                  (``all_to_all_strategy``, recorded as the step's ``strategy``)
 ================================  ================================================================
 
 The halo exchange has no row: its lowering (:mod:`linop.program.lowering_halo`) emits transfers,
@@ -34,7 +37,8 @@ collectives of one step are blocking calls made in one global order of the group
 deadlock: the first unfinished group in that order has all its members inside it.
 
 One module per family: :mod:`.all_reduce`, :mod:`.rooted` (broadcast and sum-reduce),
-:mod:`.all_to_all`, :mod:`.gather` (all-gather and reduce-scatter along one line);
+:mod:`.all_to_all` (its point-to-point path in :mod:`.all_to_all_peers`), :mod:`.gather`
+(all-gather and reduce-scatter along one line);
 :mod:`.common` holds what several share (``REDUCIBLE`` among it).
 """
 

@@ -1,6 +1,8 @@
 """The MPI calls of the all-to-all part of copying plans (:mod:`linop.program.lowering_all_to_all`
-plans it: repartition, scatter, gather, all-gather): ``Alltoallw`` with subarray datatypes or
-boxes packed for ``Alltoallv``, chosen per step by a measured rule (:func:`alltoall_strategy`)."""
+plans it: repartition, scatter, gather, all-gather): point-to-point messages with each rank's
+own peers where every rank has few (:mod:`.all_to_all_peers`, the rule of
+:func:`rank_all_to_all`), else ``Alltoallw`` with subarray datatypes or boxes packed for
+``Alltoallv``, chosen per step by a measured rule (:func:`alltoall_strategy`)."""
 
 from __future__ import annotations
 
@@ -14,22 +16,50 @@ import numpy as np
 from ....program.parts import AllToAllPart, PeerBox
 from ..datatypes import contiguous_run, element_type, mpi, subarray
 from ..steps import Action, Call, OutOfPlaceBinding, RankStep
+from .all_to_all_peers import PeerMessages
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
     from mpi4py.MPI import Intracomm
 
     from ...numpy import Workspace
 
-__all__ = ["ALLTOALL_STRATEGY", "PACKED_RUNS_BELOW", "alltoall_strategy", "rank_all_to_all"]
+__all__ = [
+    "ALLTOALL_STRATEGY",
+    "PACKED_RUNS_BELOW",
+    "PEER_MESSAGES_AT_MOST",
+    "all_to_all_strategy",
+    "alltoall_strategy",
+    "rank_all_to_all",
+]
 
 Box = PeerBox
 """One piece of an all-to-all on one rank: (peer, start of the box in the block, its shape)."""
 
 ALLTOALL_STRATEGY = "auto"
 """How an all-to-all of a copying plan moves its boxes: ``"auto"`` (each step's own choice,
-:attr:`_RankAlltoall.strategy`, made by :func:`alltoall_strategy` when it is planned),
-``"packed"`` or ``"subarray"`` (forced for every step run or bound after it is set: for
-measurements and tests)."""
+:attr:`_RankAlltoall.strategy`, made by :func:`all_to_all_strategy` when it is planned),
+``"peers"`` (point-to-point messages with each rank's peers), ``"packed"`` or ``"subarray"``
+(the collective, so moved): forced for every step run or bound after it is set, on every rank
+alike (for measurements and tests)."""
+
+PEER_MESSAGES_AT_MOST = 16
+"""The rule of :func:`all_to_all_strategy`: an all-to-all whose ranks each send plus receive at
+most this many boxes (own box included; :attr:`~linop.program.parts.AllToAllPart.
+most_messages`, a bound from the plan's geometry alike on every rank) runs as point-to-point
+messages with each rank's own peers; one with more (or no known bound: a scatter's root talks
+to every rank) as the collective ``Alltoallv`` / ``Alltoallw``, whose count and datatype
+arrays have one entry per rank. A repartition between two grids sends and receives a few
+boxes per rank whatever P, so its cost per rank stays flat in P (``benchmarks/bench_scale.py``).
+
+Measured with ``benchmarks/bench_mpi_repartition.py`` on 4 ranks (this MPICH, shared memory,
+float32, N = 1024 and 4096, on the shared 2-core machine at load averages 18-29: noisy), the
+point-to-point path against the best of the forced collectives, interleaved sample by sample in
+the same run (three runs): bound 4 (rows to a 2 x 2 grid and back) 0.70-1.04x by the median
+sample (0.68-1.36x by the best), bound 8 (rows to columns: every rank talks to every other)
+0.94-1.16x (0.89-1.29x): a draw within the noise, with few peers or all. Above 8
+boxes nothing is measured here (4 ranks); 16 is a choice: with a bound plan's messages one
+``Startall`` and one ``Waitall`` whatever their number, the point-to-point path does what
+MPICH's ``Alltoallv`` does for a few peers, without the P-long arrays."""
 
 PACKED_RUNS_BELOW = 2048
 """The measured rule of :func:`alltoall_strategy`, in entries of one contiguous run of a box:
@@ -66,6 +96,21 @@ def _shortest_strided_run(block: tuple[int, ...], boxes: tuple[Box, ...]) -> int
     return min(runs) if runs else None
 
 
+def all_to_all_strategy(part: AllToAllPart) -> str:
+    """``"peers"``: point-to-point messages with the rank's own peers
+    (:mod:`.all_to_all_peers`) when the part's bound on any rank's boxes
+    (:attr:`~linop.program.parts.AllToAllPart.most_messages`, the same on every rank) is at
+    most :data:`PEER_MESSAGES_AT_MOST`; else the collective, ``"packed"`` or ``"subarray"``
+    by :func:`alltoall_strategy`. Every rank of the communicator takes the same path (the
+    collective needs all of them): the bound comes from the plan's geometry, which every rank
+    knows, not from the rank's own peers."""
+    most = part.most_messages
+    if most is not None and most <= PEER_MESSAGES_AT_MOST:
+        return "peers"
+    target_shape = part.target.shape if part.target is not None else ()
+    return alltoall_strategy(part.source_shape, target_shape, part.sends, part.receives)
+
+
 def alltoall_strategy(
     source_shape: tuple[int, ...],
     target_shape: tuple[int, ...],
@@ -91,25 +136,29 @@ def alltoall_strategy(
 class _RankAlltoall(RankStep):
     """One rank's part of an all-to-all (:class:`~linop.program.parts.AllToAllPart`: boxes of its
     one source block sent to each peer, boxes of its one new block received from each peer). Moved by
-    ``Alltoallw`` with a subarray datatype per box, or packed by hand into one buffer for
-    ``Alltoallv`` (:attr:`strategy`, chosen by :func:`alltoall_strategy` from the boxes,
-    overridden by :data:`ALLTOALL_STRATEGY`); both move the same entries."""
+    point-to-point messages with its own peers (:mod:`.all_to_all_peers`), ``Alltoallw`` with a
+    subarray datatype per box, or packed by hand into one buffer for ``Alltoallv``
+    (:attr:`strategy`, chosen by :func:`all_to_all_strategy`, overridden by
+    :data:`ALLTOALL_STRATEGY`); all move the same entries."""
 
     part: AllToAllPart
     strategy: str = ""
-    """``"packed"`` or ``"subarray"``: the measured rule's choice for these boxes."""
+    """``"peers"``, ``"packed"`` or ``"subarray"``: the rules' choice for these boxes
+    (:func:`all_to_all_strategy`)."""
 
     def __post_init__(self) -> None:
         if not self.strategy:
-            part = self.part
-            target_shape = part.target.shape if part.target is not None else ()
-            self.strategy = alltoall_strategy(part.source_shape, target_shape, part.sends, part.receives)
+            self.strategy = all_to_all_strategy(self.part)
+        self._peers = PeerMessages(self.part)
 
     def chosen(self) -> str:
         """The strategy a run uses now: :attr:`strategy` unless :data:`ALLTOALL_STRATEGY` forces one."""
         return self.strategy if ALLTOALL_STRATEGY == "auto" else ALLTOALL_STRATEGY
 
     def run(self, work: Workspace, comm: Intracomm, dtype: np.dtype) -> None:
+        if self.chosen() == "peers":
+            self._peers.run(work, comm, dtype)
+            return
         if self.part.source is not None:
             send = work.arrays[self.part.source]
             if send.dtype != dtype or not send.flags.c_contiguous:
@@ -129,7 +178,10 @@ class _RankAlltoall(RankStep):
     ) -> OutOfPlaceBinding | None:
         """The all-to-all from the bound source block into a result block built once (the
         packing buffers too): blocking collective calls on prebuilt arguments, and the packs
-        and unpacks as prepared copies between prebuilt views."""
+        and unpacks as prepared copies between prebuilt views (point-to-point: persistent
+        requests, :meth:`.all_to_all_peers.PeerMessages.bind_out_of_place`)."""
+        if self.chosen() == "peers":
+            return self._peers.bind_out_of_place(arrays, comm, dtype, dry=dry)
         send = arrays[self.part.source] if self.part.source is not None else np.empty(0, dtype=dtype)
         if send.dtype != dtype or not send.flags.c_contiguous:
             return None
@@ -220,5 +272,5 @@ def _packed_side(
 
 
 def rank_all_to_all(part: AllToAllPart) -> RankStep:
-    """The MPI step of an all-to-all part (its strategy chosen by :func:`alltoall_strategy`)."""
+    """The MPI step of an all-to-all part (its strategy chosen by :func:`all_to_all_strategy`)."""
     return _RankAlltoall(part)
