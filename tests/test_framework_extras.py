@@ -1,5 +1,5 @@
-"""Importing a torch adapter without torch names the extra that installs it (as linop.plot and
-the MPI interpreter do): each in a fresh process whose ``torch`` import fails."""
+"""Importing a torch or JAX adapter without its library names the extra that installs it (as
+linop.plot and the MPI interpreter do): each in a fresh process whose library import fails."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 BLOCKED = """
 import sys
-sys.modules["torch"] = None  # the import of torch fails as where it is not installed
+sys.modules["{library}"] = None  # the import fails as where it is not installed
 try:
     import {module}
 except ModuleNotFoundError as error:
@@ -20,10 +20,15 @@ except ModuleNotFoundError as error:
 """
 
 
-@pytest.mark.parametrize("module", ["torch_function", "torch_layers", "dtensor"])
-def test_a_torch_adapter_without_torch_names_the_extra(module):
+ADAPTERS = [("torch", m) for m in ("torch_function", "torch_layers", "dtensor")] + [
+    ("jax", m) for m in ("jax_function", "jax_sharded", "jax_layers", "jax_losses", "jax_norm")
+]
+
+
+@pytest.mark.parametrize("library, module", ADAPTERS, ids=[m for _, m in ADAPTERS])
+def test_an_adapter_without_its_library_names_the_extra(library, module):
     found = subprocess.run(
-        [sys.executable, "-c", BLOCKED.format(module=f"linop.frameworks.{module}")],
+        [sys.executable, "-c", BLOCKED.format(library=library, module=f"linop.frameworks.{module}")],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -31,9 +36,11 @@ def test_a_torch_adapter_without_torch_names_the_extra(module):
     )
     assert found.returncode == 0, found.stderr
     kind, name, message = found.stdout.strip().split("|")
-    assert (kind, name) == ("ModuleNotFoundError", "torch")
-    assert f"linop.frameworks.{module} needs torch" in message
-    assert "pip install -e '.[torch]'" in message and "pip install 'linop-adjoint[torch]'" in message
+    assert (kind, name) == ("ModuleNotFoundError", library)
+    assert f"linop.frameworks.{module} needs {library}" in message
+    assert (
+        f"pip install -e '.[{library}]'" in message and f"pip install 'linop-adjoint[{library}]'" in message
+    )
 
 
 def test_another_missing_module_is_reported_as_it_is():

@@ -39,7 +39,13 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
-import jax
+try:
+    import jax
+except ModuleNotFoundError as error:  # the jax extra is not installed: say which
+    from .extras import missing_extra
+
+    raise missing_extra(error, "jax", __name__) from error
+
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec

@@ -28,7 +28,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import jax
+try:
+    import jax
+except ModuleNotFoundError as error:  # the jax extra is not installed: say which
+    from .extras import missing_extra
+
+    raise missing_extra(error, "jax", __name__) from error
+
 import jax.numpy as jnp
 from jax import lax
 from jax.sharding import Mesh, PartitionSpec
