@@ -267,3 +267,16 @@ def test_a_probe_failing_on_another_rank_is_every_ranks_typed_error():
     with pytest.raises(DistributedDtypeError, match="rank 1: local operator"):
         outcome.result()
     assert isinstance(outcome.error, DtypeError)  # as the numpy interpreter's dtype errors
+
+
+def test_in_place_integers_a_kernel_makes_floats_are_refused_before_the_run_as_numpy_refuses_them():
+    from linop import local_operator
+    from linop.errors import DistributedStateError, StateError
+
+    op = local_operator(KERNEL_SPACE, "a", ("a", (2, 3)), forward=_average, adjoint=_average)
+    state = {name: np.ones((2, 3), dtype=np.int64) for name in ("a", "z")}
+    with pytest.raises(StateError, match="'a'"):
+        op.apply({n: v.copy() for n, v in state.items()}, inplace=True)
+    check = EntryCheck(op, fingerprint(op), PeerAgreement(), {b.name: b for b in op.domain}, None)
+    with pytest.raises(DistributedStateError, match="computes in float64"):
+        check.run(state, inplace=True).result()
