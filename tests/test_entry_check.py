@@ -280,3 +280,15 @@ def test_in_place_integers_a_kernel_makes_floats_are_refused_before_the_run_as_n
     check = EntryCheck(op, fingerprint(op), PeerAgreement(), {b.name: b for b in op.domain}, None)
     with pytest.raises(DistributedStateError, match="computes in float64"):
         check.run(state, inplace=True).result()
+
+
+def test_integers_beyond_the_float_precision_are_refused_when_a_kernel_makes_the_run_float():
+    """Blocks a kernel does not touch stay exact int64 in the numpy interpreter, but would
+    travel as float64 here: beyond 2**53 they are refused, not rounded."""
+    op = _kernel_tree("int to float")
+    state = {"a": np.ones((2, 3), dtype=np.int64), "z": np.full((2, 3), 2**53 + 1, dtype=np.int64)}
+    assert int(op(state)["z"][0, 0]) == 2**53 + 1
+    with pytest.raises(IntegerOverflowError, match=r"exactly below 2\*\*53"):
+        _decide(op, PeerAgreement(), state).result()
+    state["z"][:] = 2**52
+    assert _decide(op, PeerAgreement(), state).result() == np.float64

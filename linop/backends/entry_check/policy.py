@@ -93,6 +93,8 @@ class DtypePolicy:
                 return CheckOutcome(None, widened, candidate=candidate)
             if widened != run:  # a kernel's results: not fit back
                 held = widened
+                if integers and run.kind in "iu" and widened.kind in "fc":
+                    overflow = self._rounded(widened, int(reduced[LARGEST]))
             run = widened
         if inplace:
             narrow = [c for c in chars if not np.can_cast(held, c, "same_kind")]
@@ -106,5 +108,27 @@ class DtypePolicy:
                     candidate=candidate,
                 )
         if overflow is not None:
-            return CheckOutcome(None, overflow)
+            return CheckOutcome(None, overflow, candidate=candidate)
         return CheckOutcome(run, None, cast, integers, candidate)
+
+    def _rounded(self, run: np.dtype, largest: int) -> DistributedOverflowError | None:
+        """The error of an integer run that local kernels widened to the inexact ``run``, when
+        its integers may not be exact in ``run``'s messages: the largest input magnitude
+        times the tree's growth bound (where every rank can form it; at least 1) reaches
+        ``2**digits`` of ``run``. The numpy interpreter keeps such integers in their own
+        dtype; here they travel as floats, so they are refused rather than rounded."""
+        growth: int | float = 1
+        if self.growth_known():
+            try:
+                growth = max(1, dtypes.growth(self.op)[0])
+            except Exception:  # pragma: no cover - agreed known: every rank formed it
+                growth = 1
+        exact = 2 ** (np.finfo(run).nmant + 1)
+        if largest * growth < exact:
+            return None
+        return DistributedOverflowError(
+            f"the local kernels of {self.op} make its integer run {run}, whose messages hold "
+            f"integers exactly below 2**{np.finfo(run).nmant + 1}, but its integers may reach "
+            f"{float(largest * growth):.3g} (largest entry {largest}, row sum {growth}); cast the "
+            f"state to {run} to accept rounding"
+        )
