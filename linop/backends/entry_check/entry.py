@@ -3,7 +3,9 @@
 One reduction (maximum over ranks) of a short integer vector (:mod:`.vector`) decides, on every
 rank alike, whether a call may run and in which dtype: the tree's 128-bit fingerprint and its
 negation (maximum and minimum agree only when every rank holds the same tree), an error flag,
-and one flag per dtype present on any rank (blocks, the requested dtype). Only when something is
+one flag per dtype present on any rank (blocks, the requested dtype), and one per candidate
+run dtype whose local kernels' dtypes some rank has not agreed yet (:mod:`.kernels`: then the
+ranks probe and gather in step). Only when something is
 wrong, a second collective gathers the ranks' messages, so that every rank raises the same
 typed error (:class:`~linop.errors.MPIError` subclasses). Local problems are the numpy
 interpreter's (:mod:`.state`); the dtype follows :mod:`linop.dtypes` (:mod:`.policy`).
