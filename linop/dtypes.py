@@ -26,7 +26,9 @@ See ``docs/theory.md#dtypes``. In short:
 The numpy interpreter calls :func:`prepare_numpy`; the MPI interpreter calls
 :func:`check_block_dtype` for each local block, :func:`check_requested` for its ``dtype=``
 argument, reduces :func:`largest_magnitude` to a global maximum, and calls :func:`cast_dtype`
-with the global set of dtypes.
+with the global set of dtypes. Its run dtype (the dtype of every message) is then widened to
+hold what the tree's local kernels produce (:mod:`linop.backends.entry_check.kernels`); the
+numpy interpreter needs no such step, as each of its arrays keeps its own dtype.
 """
 
 from __future__ import annotations

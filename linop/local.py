@@ -573,6 +573,47 @@ class LocalOperator(LinearOperator):
                 )
         return results
 
+    @property
+    def coefficients_known(self) -> bool:
+        """Whether :meth:`produced_dtype` follows from the kernel's coefficient dtype alone (a
+        dense or sparse numeric matrix: the same on every rank that holds the tree), rather
+        than from running the kernel."""
+        dtype = self.kernel.dtype
+        return self.kernel.kind in ("dense", "sparse") and dtype is not None and dtype.kind in "biufc"
+
+    def produced_dtype(self, dtype: npt.DTypeLike) -> np.dtype:
+        """The dtype of the blocks this node produces from consumed blocks of ``dtype``
+        (docs/theory.md#dtypes): a kernel may widen it (an average of integers is a float, a
+        complex kernel makes floats complex), and a distributed run must move its results in
+        a dtype that holds them.
+
+        For a dense or sparse numeric matrix (:attr:`coefficients_known`) it is
+        ``numpy.result_type(dtype, coefficients)``, as ``K @ u`` computes. Otherwise (callables,
+        a scipy operator) the kernel is run once on zeros of ``dtype`` (checked as
+        :meth:`evaluate` checks every result) and the common dtype of its results is
+        remembered per node and dtype. Only a process that may run the kernel should ask: a
+        kernel may hold one rank's data only.
+
+        Raises
+        ------
+        KernelOutputError, NoMatrixError, KernelWriteError
+            As :meth:`evaluate`; and whatever the kernel raises on zeros of ``dtype``.
+        """
+        dtype = np.dtype(dtype)
+        if self.coefficients_known:
+            return np.result_type(dtype, self.kernel.dtype)
+        known = self._produced_dtypes.get(dtype)
+        if known is None:
+            zeros = [np.zeros(block.shape, dtype) for block in self.consumed]
+            with np.errstate(all="ignore"):
+                results = self.evaluate(zeros)
+            known = self._produced_dtypes[dtype] = np.result_type(dtype, *(r.dtype for r in results))
+        return known
+
+    @cached_property
+    def _produced_dtypes(self) -> dict[np.dtype, np.dtype]:
+        return {}
+
     def kernel_matrix(self) -> sp.csr_array:
         """The kernel's matrix for this node's direction (``K`` forward, ``K^*`` adjoint), shape
         (produced size, consumed size): the matrix itself, or probed with unit vectors (int64,

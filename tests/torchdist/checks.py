@@ -707,6 +707,31 @@ class Checks:
 
         self.run("LayerModule owners against Conv2d", check)
 
+    def kernel_dtypes(self) -> None:
+        """Integers averaged by a local kernel travel as floats (the run dtype holds what the
+        kernels produce, docs/theory.md#dtypes): the average pooling's adjoint of int64 blocks
+        equals the numpy interpreter exactly, in float64 (it was off by 0.5 where halos are
+        summed back across ranks). The host path only: the device path has no handler for
+        local operators."""
+        from linop.backends.torch_distributed.device import FORCE_VARIABLE
+        from linop.layers import AveragePool
+
+        if DEVICE is not None or os.environ.get(FORCE_VARIABLE) == "1":
+            return
+
+        def check() -> str | None:
+            x = DistributedTensor("x", (1, 1, 4 * self.size, 4), Partition((1, 1, self.size, 1)))
+            op = AveragePool(x, Kernel(2, padding=1)).operator.H
+            rng = np.random.default_rng(7)
+            full = {b.name: rng.integers(0, 100, b.shape) for b in op.domain}
+            expected = op(full)
+            result = td.apply(op, local(op.domain, full, self.rank))
+            names = tuple(b.name for b in op.range if b.worker == self.rank)
+            wrong = [(n, result[n].dtype) for n in names if result[n].dtype != torch.float64]
+            return f"dtypes {wrong}" if wrong else differs(result, expected, names)
+
+        self.run("average pooling's adjoint of integers, exactly", check)
+
     def norm_losses(self) -> None:
         """BatchNormModule and LossModule against torch's (tests/torchdist/norm_loss_checks.py);
         CPU tensors (not under NCCL)."""
@@ -971,6 +996,7 @@ def main(readme: str | None = None, *, timeout_case: bool = False) -> None:
         checks.bound,
         checks.autograd,
         checks.layer,
+        checks.kernel_dtypes,
         checks.norm_losses,
         checks.errors,
         checks.random_trees,

@@ -3,6 +3,8 @@
 - :mod:`.vector`: what each rank tells the others, as one int64 vector;
 - :mod:`.state`: this rank's local state tested against the tree's domain blocks;
 - :mod:`.policy`: the run's dtype decided from the reduced vector;
+- :mod:`.kernels`: that dtype widened by what the tree's local kernels produce (probed on the
+  ranks that run them, agreed in step);
 - :mod:`.entry`: :class:`EntryCheck`, which runs the three through an engine's
   :class:`Agreement` and remembers what it can between calls.
 """

@@ -3,7 +3,9 @@
 One reduction (maximum over ranks) of a short integer vector (:mod:`.vector`) decides, on every
 rank alike, whether a call may run and in which dtype: the tree's 128-bit fingerprint and its
 negation (maximum and minimum agree only when every rank holds the same tree), an error flag,
-and one flag per dtype present on any rank (blocks, the requested dtype). Only when something is
+one flag per dtype present on any rank (blocks, the requested dtype), and one per candidate
+run dtype whose local kernels' dtypes some rank has not agreed yet (:mod:`.kernels`: then the
+ranks probe and gather in step). Only when something is
 wrong, a second collective gathers the ranks' messages, so that every rank raises the same
 typed error (:class:`~linop.errors.MPIError` subclasses). Local problems are the numpy
 interpreter's (:mod:`.state`); the dtype follows :mod:`linop.dtypes` (:mod:`.policy`).
@@ -28,6 +30,7 @@ and ranks that do not arrive in time are named by every rank that did
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -37,10 +40,11 @@ from ... import dtypes
 from ...errors import DistributedDtypeError, DtypeError, LinopError, TreeMismatchError, WorkerMapMismatchError
 from ...operator import LinearOperator
 from ...space import Block
+from .kernels import KernelDtypes
 from .outcome import CheckOutcome
 from .policy import DtypePolicy
 from .state import LocalStateCheck, Problem
-from .vector import ERROR, FLAG_OF, INT64_MAX, INTEGER_CHARS, encode, tree_vector
+from .vector import ERROR, FLAG_OF, INT64_MAX, INTEGER_CHARS, UNSETTLED, encode, tree_vector
 
 __all__ = ["Agreement", "EntryCheck"]
 
@@ -101,6 +105,9 @@ class EntryCheck:
         A compile-time problem (raised by the check on every rank, after the tree test).
     tree_fingerprint : bytes, optional
         The tree's own fingerprint, when ``fingerprint`` also covers a worker map.
+    rank_of : callable, optional
+        The rank that runs a worker (default: worker ``w`` on rank ``w``); this rank probes
+        the callable kernels of its workers (:mod:`.kernels`).
     """
 
     def __init__(
@@ -112,6 +119,7 @@ class EntryCheck:
         problem: LinopError | None,
         *,
         tree_fingerprint: bytes | None = None,
+        rank_of: Callable[[int], int] | None = None,
     ) -> None:
         self.op = op
         self.fingerprint = fingerprint
@@ -121,12 +129,15 @@ class EntryCheck:
         self.domain_blocks = domain_blocks
         self.problem = problem
         self.local = LocalStateCheck(op, domain_blocks, self.rank)
-        self.policy = DtypePolicy(op, self._growth_known)
+        self.kernels = KernelDtypes(op, agreement, rank_of or (lambda worker: worker))
+        self.policy = DtypePolicy(op, self._growth_known, self.kernels.widened)
+        self._prepared: dict[str, list[Any]] = {}  # by dtype char: vector, bytes, outcomes
         self._vector = tree_vector(fingerprint)
+        self._settled_version = -1  # the kernels' version the vector's unsettled flags say
+        self._mark_unsettled()
         self._tree = self._vector[:8].tobytes()  # the reduced words equal these iff all ranks agree
         expected = self.local.expected
         self._single = expected[0] if len(expected) == 1 else None
-        self._prepared: dict[str, list[Any]] = {}  # by dtype char: vector, bytes, outcomes
         self._outcomes: dict[tuple[bytes, bool], CheckOutcome] = {}  # by the reduced vector
         self._doing_text: str | None = None
 
@@ -142,6 +153,7 @@ class EntryCheck:
         caller raises the outcome's error, outside its abort-on-failure section), except
         :class:`~linop.errors.PeerTimeoutError` when ``timeout`` (seconds, resolved) passes
         before every rank arrives (the caller aborts the job then)."""
+        self._mark_unsettled()
         if dtype is None and self._single is not None:
             outcome = self._run_single(state, inplace, timeout)
             if outcome is not None:
@@ -193,7 +205,7 @@ class EntryCheck:
         if got != sent:  # another rank differs: the general decoding, from the reduced vector
             return self._outcome(reduced, got, None, inplace)
         outcome = agreed_in_place if inplace else agreed  # every rank sent this very vector
-        if outcome is None:
+        if outcome is None or not self.kernels.settled(outcome, reduced):
             outcome = self._outcome(reduced, got, None, inplace)
             prepared[4 if inplace else 3] = outcome
         return outcome
@@ -225,7 +237,7 @@ class EntryCheck:
                     problem = f"rank {self.rank}: {error}", DistributedDtypeError
             else:
                 flags = tuple(sorted({*flags, FLAG_OF[char]}))
-        signature = (self, flags, largest, problem is not None)
+        signature = (self, flags, largest, problem is not None, self._settled_version)
         if reducer.signature != signature:  # else the vector holds exactly this already
             encode(reducer.send, self._vector, flags, largest, problem is not None)
             reducer.signature, reducer.sent = signature, reducer.send.tobytes()
@@ -243,7 +255,7 @@ class EntryCheck:
                 return CheckOutcome(None, self._collective_error(same_tree, problem))
         key = (got, inplace)  # global facts only: every rank decides alike
         outcome = self._outcomes.get(key)
-        if outcome is None:
+        if outcome is None or not self.kernels.settled(outcome, reduced):  # else no rank gathers
             if len(self._outcomes) >= _OUTCOMES_KEPT:
                 self._outcomes.clear()
             outcome = self._outcomes[key] = self.policy.decide(reduced, inplace)
@@ -270,6 +282,16 @@ class EntryCheck:
                 local = 0
             known = self.agreement.growth[self.fingerprint] = bool(self.agreement.minimum(local))
         return known
+
+    def _mark_unsettled(self) -> None:
+        """Set the vector's unsettled flags (:data:`.vector.UNSETTLED`) to the candidate dtypes
+        whose kernel dtypes this plan has not agreed; the prepared vectors are rebuilt."""
+        if self._settled_version == self.kernels.version:
+            return
+        self._settled_version = self.kernels.version
+        self._vector[UNSETTLED:] = 0
+        self._vector[self.kernels.unsettled()] = 1
+        self._prepared.clear()
 
     def _collective_error(self, same_tree: bool, problem: Problem | None) -> LinopError:
         reports = self.agreement.allgather((self.fingerprint, problem, self.tree_fingerprint))

@@ -15,12 +15,15 @@ __all__ = ["CheckOutcome"]
 class CheckOutcome:
     """What the ranks agreed: the run's dtype and the cast of the blocks before the run
     (:func:`linop.dtypes.cast_dtype`; None: run them as they are), whether an integer dtype is
-    present, or the error every rank raises."""
+    present, or the error every rank raises. ``candidate``: the run dtype before the local
+    kernels widened it, when kernels were probed for it (:mod:`.kernels`): the outcome may be
+    reused only while every rank has settled that candidate."""
 
     dtype: np.dtype | None
     error: LinopError | None
     cast: np.dtype | None = None
     integers: bool = False
+    candidate: np.dtype | None = None
 
     def result(self) -> np.dtype:
         """The run's dtype; raises the agreed error instead when there is one."""

@@ -11,6 +11,9 @@ entries                 meaning
 :data:`ERROR`           1 when this rank found something wrong (its state, a compile problem)
 :data:`LARGEST`         the largest integer magnitude of this rank's blocks (integer runs only)
 :data:`FLAGS` ``+ i``   1 when the dtype ``DTYPE_CHARS[i]`` is present (a block, ``dtype=``)
+:data:`UNSETTLED`       1 when this rank's plan has not yet agreed what the tree's probed local
+``+ i``                 kernels make of a run in ``DTYPE_CHARS[i]`` (:mod:`.kernels`: then every
+                        rank probes and gathers, in step, when that is the run's candidate dtype)
 ======================  ==========================================================================
 """
 
@@ -27,6 +30,8 @@ __all__ = [
     "LARGEST",
     "FLAGS",
     "FLAG_OF",
+    "UNSETTLED",
+    "UNSETTLED_OF",
     "INTEGER_CHARS",
     "INT64_MAX",
     "tree_vector",
@@ -44,10 +49,16 @@ ERROR, LARGEST, FLAGS = 8, 9, 10
 FLAG_OF = {c: FLAGS + i for i, c in enumerate(DTYPE_CHARS)}
 """The position of each dtype's flag."""
 
+UNSETTLED = FLAGS + len(DTYPE_CHARS)
+"""Position of the first flag of a candidate run dtype whose kernel dtypes this rank has not agreed."""
+
+UNSETTLED_OF = {c: UNSETTLED + i for i, c in enumerate(DTYPE_CHARS)}
+"""The position of each candidate dtype's unsettled flag."""
+
 INTEGER_CHARS = frozenset(c for c in DTYPE_CHARS if np.dtype(c).kind in "iu")
 INT64_MAX = 2**63 - 1
 
-VECTOR_LENGTH = FLAGS + len(DTYPE_CHARS)
+VECTOR_LENGTH = UNSETTLED + len(DTYPE_CHARS)
 """Length of the check vector (int64 entries): the same on every rank and for every tree."""
 
 
@@ -58,8 +69,9 @@ def tree_vector(fingerprint: bytes) -> np.ndarray:
 
 
 def encode(out: np.ndarray, tree: np.ndarray, flags: Iterable[int], largest: int, error: bool) -> None:
-    """Write into ``out`` the vector of ``tree`` (:func:`tree_vector`) with the dtype ``flags``
-    (positions, :data:`FLAG_OF`), the ``largest`` integer magnitude and the error flag."""
+    """Write into ``out`` the vector of ``tree`` (:func:`tree_vector`, with its unsettled flags
+    set) with the dtype ``flags`` (positions, :data:`FLAG_OF`), the ``largest`` integer
+    magnitude and the error flag."""
     np.copyto(out, tree)
     out[list(flags)] = 1
     out[LARGEST] = largest
@@ -68,4 +80,4 @@ def encode(out: np.ndarray, tree: np.ndarray, flags: Iterable[int], largest: int
 
 def present_chars(reduced: np.ndarray) -> list[str]:
     """The dtype characters some rank flagged in a reduced vector."""
-    return [c for c, flag in zip(DTYPE_CHARS, reduced[FLAGS:VECTOR_LENGTH]) if flag]
+    return [c for c, flag in zip(DTYPE_CHARS, reduced[FLAGS:UNSETTLED]) if flag]

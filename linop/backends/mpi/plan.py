@@ -157,7 +157,13 @@ class DistributedPlan:
                 self.domain_blocks = compiled.domain_blocks(context.rank)
                 self.range_names = compiled.range_names(context.rank)
         self.entry = EntryCheck(
-            op, self.fingerprint, context.reducer, self.domain_blocks, self.problem, tree_fingerprint=tree
+            op,
+            self.fingerprint,
+            context.reducer,
+            self.domain_blocks,
+            self.problem,
+            tree_fingerprint=tree,
+            rank_of=None if isinstance(mapping, WorkerMapError) else mapping.rank_of,
         )
         self.layouts = InPlaceLayouts(self.schedule, context.comm)
 

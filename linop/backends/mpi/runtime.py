@@ -18,7 +18,8 @@ A rank's schedule (:meth:`linop.program.Program.for_rank`) is a sequence of
 - under a worker-to-rank map, :class:`~linop.program.LocalMoves`: transfers
   between two workers of this rank, run as local copies.
 
-Every message travels in the run's dtype, agreed by all ranks before the run.
+Every message travels in the run's dtype, agreed by all ranks before the run (it holds what the
+tree's local kernels produce: :mod:`linop.backends.entry_check.kernels`).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ their own on one rank: a key of the group's store).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -204,6 +205,8 @@ class TorchEntryCheck(EntryCheck):
         A compile-time problem (a group too small, a bad map), raised on every rank.
     tree_fingerprint : bytes, optional
         The tree's own fingerprint, when ``fingerprint`` also covers a worker map.
+    rank_of : callable, optional
+        The rank that runs a worker (under a worker map; default worker ``w`` on rank ``w``).
     """
 
     def __init__(
@@ -215,11 +218,18 @@ class TorchEntryCheck(EntryCheck):
         problem: LinopError | None,
         *,
         tree_fingerprint: bytes | None = None,
+        rank_of: Callable[[int], int] | None = None,
     ) -> None:
         if context.reducer is None:
             context.reducer = TorchReducer(context)
         super().__init__(
-            op, fingerprint, context.reducer, domain_blocks, problem, tree_fingerprint=tree_fingerprint
+            op,
+            fingerprint,
+            context.reducer,
+            domain_blocks,
+            problem,
+            tree_fingerprint=tree_fingerprint,
+            rank_of=rank_of,
         )
         self.context = context
 

@@ -144,7 +144,13 @@ class TorchDistributedPlan:
                 self.range_names = compiled.range_names(rank)
         self.problem = problem
         self.entry = TorchEntryCheck(
-            op, self.fingerprint, context, self.domain_blocks, problem, tree_fingerprint=tree
+            op,
+            self.fingerprint,
+            context,
+            self.domain_blocks,
+            problem,
+            tree_fingerprint=tree,
+            rank_of=mapping.rank_of if isinstance(mapping, WorkerMap) else None,
         )
 
     @property
