@@ -37,7 +37,8 @@ processes, each sample a batch of steps after a barrier, its wall time and CPU t
 of the per-sample ratios (linop / hand). Each process runs torch with one thread (4 processes on
 a small machine). Nothing is asserted about speed; the machine may be shared: report its load
 with the figures. ``BENCH_PROFILE=case`` (a case's name, e.g. ``bn``) profiles linop's step of
-that case on rank 0 with cProfile after timing and prints the top entries.
+that case on every rank with cProfile after timing (``BENCH_PROFILE_CALLS`` steps, default 20)
+and prints rank 0's top entries.
 """
 
 from __future__ import annotations
@@ -560,7 +561,7 @@ def main() -> None:
             if rank == 0:
                 print(_row(case, block, times), flush=True)
             if profile == case:
-                _profile(linop_step, rank)
+                _profile(linop_step, rank, int(os.environ.get("BENCH_PROFILE_CALLS", "20")))
     dist.barrier()  # every rank done before the group goes
     if rank == 0:
         load = os.getloadavg()
@@ -580,7 +581,9 @@ def _profile(step: Step, rank: int, calls: int = 20) -> None:
         stats = pstats.Stats(profiler, stream=out).sort_stats("cumulative")
         stats.print_stats(35)
         out2 = io.StringIO()
-        pstats.Stats(profiler, stream=out2).sort_stats("tottime").print_stats(25)
+        tops = pstats.Stats(profiler, stream=out2).sort_stats("tottime")
+        tops.print_stats(25)
+        tops.print_callers(8)  # who calls the costliest functions
         print(f"cProfile of {calls} linop steps on rank 0:\n{out.getvalue()}\n{out2.getvalue()}", flush=True)
 
 
