@@ -1,12 +1,15 @@
-"""torch.distributed benchmark (gloo, CPU): the new distributed layers against hand-written ones.
+"""torch.distributed (gloo) and MPI benchmark, CPU: the new distributed layers against hand-written ones.
 
 Run with ``python benchmarks/bench_new_layers.py`` (spawns 4 processes, rendezvous on
-127.0.0.1), or under ``torchrun --nproc-per-node 4 --master-addr 127.0.0.1 --master-port P``.
+127.0.0.1), or under ``torchrun --nproc-per-node 4 --master-addr 127.0.0.1 --master-port P``;
+``mpiexec -n 4 python benchmarks/bench_new_layers.py --mpi`` runs the same cases on MPI: linop's
+modules with ``comm=``, the hand-written layers with mpi4py's ``Isend``/``Irecv``,
+``Allreduce``, ``Reduce``, ``Bcast`` and ``Alltoall`` on the tensors' memory.
 Every case is one training step (forward and backward, the loss ``sum(y * G)`` of a fixed random
 upstream gradient ``G``) of a float32 tensor (N, C, 2H, 2W) on a 2 x 2 spatial grid, so that
 each process holds an N x C x H x W block (``BENCH_SIZES``: ``;``-separated ``N,C,H,W``,
-default the small ``4,16,32,32`` and the medium ``8,16,128,128``). linop's module (``group=True``)
-runs against the same layer written by hand with plain torch.distributed calls:
+default the small ``4,16,32,32`` and the medium ``8,16,128,128``). linop's module (``group=True``,
+or ``comm=`` under MPI) runs against the same layer written by hand with plain torch.distributed calls:
 
 - ``BatchNormModule(BatchNorm(x))`` (training mode, affine, running statistics) against an
   ``autograd.Function`` with one ``all_reduce`` of the per-channel (sum, sum of squares) in the
@@ -49,6 +52,7 @@ import io
 import os
 import pstats
 import socket
+import sys
 import time
 from collections.abc import Callable
 from statistics import median
@@ -68,6 +72,100 @@ SIZES = [
 ]
 CASES = ("bn", "loss", "maxpool", "upsample", "repartition", "chain")
 Step = Callable[[], Any]
+
+
+# --- the engine the hand-written layers call: torch.distributed or mpi4py ------------------------
+
+
+class Engine:
+    """The few collective and point-to-point calls the hand-written layers make, on torch
+    tensors (contiguous, CPU): torch.distributed (gloo) by default; mpi4py after :meth:`use_mpi`
+    (the buffers are the tensors' memory, ``tensor.numpy()``). ``linop`` holds the keyword that
+    runs linop's modules on the same processes (``group=True`` or ``comm=``)."""
+
+    def __init__(self) -> None:
+        self.comm: Any = None
+        self.linop: dict[str, Any] = {"group": True}
+
+    def use_mpi(self, comm: Any) -> None:
+        self.comm, self.linop = comm, {"comm": comm}
+
+    @property
+    def name(self) -> str:
+        return "MPI (mpi4py)" if self.comm is not None else "gloo"
+
+    def rank(self) -> int:
+        return int(self.comm.Get_rank()) if self.comm is not None else dist.get_rank()
+
+    def size(self) -> int:
+        return int(self.comm.Get_size()) if self.comm is not None else dist.get_world_size()
+
+    def isend(self, t: torch.Tensor, peer: int) -> Any:
+        if self.comm is None:
+            return dist.isend(t, peer)
+        return _Kept(self.comm.Isend(_memory(t), peer), t)
+
+    def irecv(self, t: torch.Tensor, peer: int) -> Any:
+        if self.comm is None:
+            return dist.irecv(t, peer)
+        return _Kept(self.comm.Irecv(_memory(t), peer), t)
+
+    def all_reduce(self, t: torch.Tensor, maximum: bool = False) -> None:
+        if self.comm is None:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX if maximum else dist.ReduceOp.SUM)
+            return
+        from mpi4py import MPI
+
+        self.comm.Allreduce(MPI.IN_PLACE, _memory(t), op=MPI.MAX if maximum else MPI.SUM)
+
+    def reduce(self, t: torch.Tensor, root: int) -> None:
+        if self.comm is None:
+            dist.reduce(t, root)
+            return
+        from mpi4py import MPI
+
+        if self.rank() == root:
+            self.comm.Reduce(MPI.IN_PLACE, _memory(t), op=MPI.SUM, root=root)
+        else:
+            self.comm.Reduce(_memory(t), None, op=MPI.SUM, root=root)
+
+    def broadcast(self, t: torch.Tensor, root: int) -> None:
+        if self.comm is None:
+            dist.broadcast(t, root)
+        else:
+            self.comm.Bcast(_memory(t), root=root)
+
+    def all_to_all(self, out: torch.Tensor, inp: torch.Tensor) -> None:
+        """Equal splits along the first axis."""
+        if self.comm is None:
+            dist.all_to_all_single(out, inp)
+        else:
+            self.comm.Alltoall(_memory(inp), _memory(out))
+
+    def barrier(self) -> None:
+        if self.comm is None:
+            dist.barrier()
+        else:
+            self.comm.Barrier()
+
+
+def _memory(t: torch.Tensor) -> Any:
+    """The tensor's memory as a numpy array (for mpi4py's buffers)."""
+    assert t.is_contiguous()
+    return t.detach().numpy()
+
+
+class _Kept:
+    """An MPI request and the tensor whose memory it uses (alive until the wait)."""
+
+    def __init__(self, request: Any, tensor: torch.Tensor) -> None:
+        self.request, self.tensor = request, tensor
+
+    def wait(self) -> None:
+        self.request.Wait()
+
+
+E = Engine()
 
 
 # --- a hand-written halo along one dimension, differentiable ------------------------------------
@@ -90,14 +188,14 @@ class HandHalo(torch.autograd.Function):
         below, above = None, None
         if lower is not None and low:
             below = x.new_empty(_width(x.shape, dim, low))
-            requests.append(dist.irecv(below, lower))
+            requests.append(E.irecv(below, lower))
         if lower is not None and high:
-            requests.append(dist.isend(x.narrow(dim, 0, high).contiguous(), lower))
+            requests.append(E.isend(x.narrow(dim, 0, high).contiguous(), lower))
         if upper is not None and high:
             above = x.new_empty(_width(x.shape, dim, high))
-            requests.append(dist.irecv(above, upper))
+            requests.append(E.irecv(above, upper))
         if upper is not None and low:
-            requests.append(dist.isend(x.narrow(dim, n - low, low).contiguous(), upper))
+            requests.append(E.isend(x.narrow(dim, n - low, low).contiguous(), upper))
         for request in requests:
             request.wait()
         if below is None and fill is not None and low:
@@ -118,16 +216,16 @@ class HandHalo(torch.autograd.Function):
         requests: list[Any] = []
         added = []
         if lower is not None and low:
-            requests.append(dist.isend(grad.narrow(dim, 0, low).contiguous(), lower))
+            requests.append(E.isend(grad.narrow(dim, 0, low).contiguous(), lower))
         if lower is not None and high:
             into = grad.new_empty(_width(grad.shape, dim, high))
-            requests.append(dist.irecv(into, lower))
+            requests.append(E.irecv(into, lower))
             added.append((0, high, into))
         if upper is not None and high:
-            requests.append(dist.isend(grad.narrow(dim, before + n, high).contiguous(), upper))
+            requests.append(E.isend(grad.narrow(dim, before + n, high).contiguous(), upper))
         if upper is not None and low:
             into = grad.new_empty(_width(grad.shape, dim, low))
-            requests.append(dist.irecv(into, upper))
+            requests.append(E.irecv(into, upper))
             added.append((n - low, low, into))
         for request in requests:
             request.wait()
@@ -184,7 +282,7 @@ def _close(
     if a.shape != b.shape or not torch.allclose(a, b, rtol=rtol, atol=atol):
         error = float((a - b).abs().max()) if a.shape == b.shape else float("nan")
         raise AssertionError(
-            f"rank {dist.get_rank()}: {what} differ (shapes {tuple(a.shape)} {tuple(b.shape)}, max error {error})"
+            f"rank {E.rank()}: {what} differ (shapes {tuple(a.shape)} {tuple(b.shape)}, max error {error})"
         )
 
 
@@ -197,7 +295,7 @@ class _HandBatchNorm(torch.autograd.Function):
         ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, count: int, eps: float
     ) -> Any:
         sums = torch.cat([x.sum((0, 2, 3)), (x * x).sum((0, 2, 3))])
-        dist.all_reduce(sums)
+        E.all_reduce(sums)
         c = x.shape[1]
         mean = sums[:c] / count
         var = (sums[c:] / count - mean * mean).clamp_min(0)
@@ -212,7 +310,7 @@ class _HandBatchNorm(torch.autograd.Function):
         xhat, rstd, weight = ctx.saved_tensors
         c = xhat.shape[1]
         sums = torch.cat([(dy * xhat).sum((0, 2, 3)), dy.sum((0, 2, 3))])
-        dist.all_reduce(sums)
+        E.all_reduce(sums)
         dw, db = sums[:c], sums[c:]
         m = ctx.count
         scale = (weight * rstd)[:, None, None]
@@ -230,7 +328,7 @@ def case_bn(size: tuple[int, int, int, int], rank: int) -> tuple[Step, Step, Cal
     weight0 = (1 + 0.1 * rng.standard_normal(c)).astype(np.float32)
     bias0 = (0.1 * rng.standard_normal(c)).astype(np.float32)
     module = BatchNormModule(
-        BatchNorm(x, name="z"), weight=weight0, bias=bias0, group=True, dtype=torch.float32
+        BatchNorm(x, name="z"), weight=weight0, bias=bias0, dtype=torch.float32, **E.linop
     )
     (name,) = module.input_names
     (out_name,) = module.output_names
@@ -281,13 +379,13 @@ class _HandReduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, partial: torch.Tensor) -> torch.Tensor:
         total = partial.detach().clone()
-        dist.reduce(total, 0)
-        return total if dist.get_rank() == 0 else torch.zeros_like(total)
+        E.reduce(total, 0)
+        return total if E.rank() == 0 else torch.zeros_like(total)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
         grad = grad.contiguous().clone()
-        dist.broadcast(grad, 0)
+        E.broadcast(grad, 0)
         return grad
 
 
@@ -296,7 +394,7 @@ def case_loss(size: tuple[int, int, int, int], rank: int) -> tuple[Step, Step, C
     from linop.layers import Loss
 
     x = _layout(size)
-    module = LossModule(Loss(x, "mse"), group=True)
+    module = LossModule(Loss(x, "mse"), **E.linop)
     (name,) = module.input_names
     data, target = _data(x.space[name].shape, rank + 1), _data(x.space[name].shape, rank + 21)
     ours, theirs = _leaf(data), _leaf(data)
@@ -362,7 +460,7 @@ def case_maxpool(size: tuple[int, int, int, int], rank: int) -> tuple[Step, Step
     from linop.frameworks.torch_pooling import MaxPool
 
     x = _layout(size)
-    module = MaxPool(x, 3, stride=2, padding=1, name="p", group=True)
+    module = MaxPool(x, 3, stride=2, padding=1, name="p", **E.linop)
     grid = Grid(x, rank)
     # kernel 3, stride 2, padding 1 on even shares: the outputs of a block read one entry
     # before it (the lower neighbour's last, or the padding) and none after it
@@ -375,7 +473,7 @@ def case_upsample(size: tuple[int, int, int, int], rank: int) -> tuple[Step, Ste
     from linop.frameworks.torch_resample import Upsample
 
     x = _layout(size)
-    module = Upsample(x, scale_factor=2, mode="bilinear", name="u", dtype=torch.float32, group=True)
+    module = Upsample(x, scale_factor=2, mode="bilinear", name="u", dtype=torch.float32, **E.linop)
     grid = Grid(x, rank)
     _, _, h, w = size
     top = 2 if grid.rows[0] is not None else 0
@@ -400,7 +498,7 @@ class _HandRepartition(torch.autograd.Function):
         n, c, h, w = x.shape
         ctx.places, ctx.size = places, size
         received = x.new_empty(size, n // size, c, h, w)
-        dist.all_to_all_single(received, x.contiguous())
+        E.all_to_all(received, x.contiguous())
         out = x.new_empty(n // size, c, 2 * h, 2 * w)
         for source, (i, j) in enumerate(places):
             out[:, :, i * h : (i + 1) * h, j * w : (j + 1) * w] = received[source]
@@ -414,7 +512,7 @@ class _HandRepartition(torch.autograd.Function):
         for source, (i, j) in enumerate(ctx.places):
             send[source] = grad[:, :, i * h : (i + 1) * h, j * w : (j + 1) * w]
         received = grad.new_empty(ctx.size * share, c, h, w)
-        dist.all_to_all_single(received, send)
+        E.all_to_all(received, send)
         return received, None, None
 
 
@@ -422,9 +520,9 @@ def case_repartition(size: tuple[int, int, int, int], rank: int) -> tuple[Step, 
     from linop.frameworks.torch_repartition import Repartition
 
     x = _layout(size)
-    world = dist.get_world_size()
+    world = E.size()
     b = DistributedTensor("b", x.global_shape, Partition((world, 1, 1, 1)))
-    module = Repartition(x, b, group=True)
+    module = Repartition(x, b, **E.linop)
     # the hand-written one assumes batch share d on rank d; each source rank's spatial place
     assert all(b.block((d, 0, 0, 0)).worker == d for d in range(world))
     grid = Grid(x, rank)
@@ -450,7 +548,7 @@ def case_chain(size: tuple[int, int, int, int], rank: int) -> tuple[Step, Step, 
         ],
         name="pooled",
     )
-    module = ChainModule(chain, group=True, dtype=torch.float32)
+    module = ChainModule(chain, dtype=torch.float32, **E.linop)
     grid = Grid(x, rank)
     weights = [_leaf(torch.from_numpy(k)) for k in kernels]
     # the intermediate field after the first convolution covers one entry past the block on
@@ -485,7 +583,7 @@ def case_chain(size: tuple[int, int, int, int], rank: int) -> tuple[Step, Step, 
         y = hand_step()
         for t in weights:
             assert t.grad is not None
-            dist.all_reduce(t.grad)
+            E.all_reduce(t.grad)
         return y
 
     def check_all() -> None:
@@ -508,7 +606,7 @@ def timed(methods: dict[str, Step], batch: int) -> dict[str, tuple[list[float], 
         function()
     for _ in range(SAMPLES):
         for name, function in methods.items():
-            dist.barrier()
+            E.barrier()
             wall, cpu = time.perf_counter(), time.process_time()
             for _ in range(batch):
                 function()
@@ -516,7 +614,7 @@ def timed(methods: dict[str, Step], batch: int) -> dict[str, tuple[list[float], 
                 [(time.perf_counter() - wall) / batch, (time.process_time() - cpu) / batch],
                 dtype=torch.float64,
             )
-            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+            E.all_reduce(elapsed, maximum=True)
             times[name][0].append(float(elapsed[0]))
             times[name][1].append(float(elapsed[1]))
     return times
@@ -536,7 +634,7 @@ def _row(case: str, size: tuple[int, ...], times: dict[str, tuple[list[float], l
 
 def main() -> None:
     torch.set_num_threads(1)
-    rank, size = dist.get_rank(), dist.get_world_size()
+    rank, size = E.rank(), E.size()
     if size != 4:
         raise SystemExit("bench_new_layers.py runs on 4 processes (a 2 x 2 grid)")
     only = os.environ.get("BENCH_ONLY", ",".join(CASES)).split(",")
@@ -545,7 +643,7 @@ def main() -> None:
     if rank == 0:
         load = os.getloadavg()
         print(
-            f"{size} processes, gloo, torch {torch.__version__}, 1 thread each, float32, 2 x 2 spatial grid; "
+            f"{size} processes, {E.name}, torch {torch.__version__}, 1 thread each, float32, 2 x 2 spatial grid; "
             f"{SAMPLES} samples; load {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}",
             flush=True,
         )
@@ -562,7 +660,7 @@ def main() -> None:
                 print(_row(case, block, times), flush=True)
             if profile == case:
                 _profile(linop_step, rank, int(os.environ.get("BENCH_PROFILE_CALLS", "20")))
-    dist.barrier()  # every rank done before the group goes
+    E.barrier()  # every rank done before the group goes
     if rank == 0:
         load = os.getloadavg()
         print(f"load at the end {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
@@ -571,7 +669,7 @@ def main() -> None:
 def _profile(step: Step, rank: int, calls: int = 20) -> None:
     """cProfile of ``calls`` steps on every rank (collective), printed by rank 0."""
     profiler = cProfile.Profile()
-    dist.barrier()
+    E.barrier()
     profiler.enable()
     for _ in range(calls):
         step()
@@ -602,7 +700,12 @@ def _process(rank: int, size: int, port: int) -> None:
 
 
 if __name__ == "__main__":
-    if "RANK" in os.environ:  # under torchrun
+    if "--mpi" in sys.argv:  # under mpiexec -n 4: linop's modules with comm=, the hand-written with mpi4py
+        from mpi4py import MPI
+
+        E.use_mpi(MPI.COMM_WORLD)
+        main()
+    elif "RANK" in os.environ:  # under torchrun
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
         main()
         dist.destroy_process_group()
