@@ -603,21 +603,36 @@ class LayerModule(torch.nn.Module):
         self._anchor = torch.zeros(0, dtype=torch.float64, requires_grad=True)
         self.token = torch.zeros(0, dtype=torch.float64)
         self._agreement: Agreement | None = None  # the last call's (input_gradient_agreement)
+        self._input_gradient_always = False  # an agreement said yes: no more asking
 
     def input_gradient_agreement(self, local: bool) -> Agreement:
         """Whether some process's input blocks need a gradient (``local``: this one's), as
         the backward reads it: the OR over the processes, started here without waiting
         (:func:`~linop.frameworks.torch_agreement.start_agreement`; collective, in the forward
-        every process calls). The previous call's, if no backward waited for it, is finished
-        first (every process started it), so at most one is in flight. Overlapped (the input
-        gradient and the weight gradient come from one adjoint tree): always True, nothing
-        started."""
-        previous = self._agreement
-        if previous is not None and previous.pending:
-            previous.result()
+        every process calls).
+
+        Once an agreement said yes, every later call computes the input gradient without
+        asking (a gradient computed where none is needed is correct, only wasted; the
+        decision is the same on every process, which all read the same answers): a layer
+        inside a network pays one agreement, on its first call, and the first layer (whose
+        input, the image, never needs a gradient) one small non-blocking all-reduce per call,
+        against the adjoint window movement and the local input gradients it skips. The
+        previous call's agreement is read first (waited for if no backward has: every
+        process started it), so at most one is in flight. Overlapped (the input gradient and
+        the weight gradient come from one adjoint tree): always yes, nothing started. With
+        identity windows (an affine layer that does not broadcast its input) :math:`W^{*}`
+        moves nothing between processes and each process's input gradient comes from its own
+        products alone: ``local`` decides, nothing started (so in one process too)."""
         if self.overlapped is not None:
             return Agreement(True)
         group = None if self.group is False else self.group
+        if self.windows.identity or (self.comm is None and group is None):  # in one process: local
+            return Agreement(local)
+        previous, self._agreement = self._agreement, None
+        if previous is not None and previous.result():
+            self._input_gradient_always = True
+        if self._input_gradient_always:
+            return Agreement(True)
         self._agreement = start_agreement(local, comm=self.comm, group=group)
         return self._agreement
 

@@ -91,13 +91,13 @@ def run_schedule(
 
 
 def _broadcast_runs(schedule: Sequence[Any]) -> list[tuple[int, int]]:
-    """The ``(first, end)`` positions of the runs of two or more consecutive broadcast or
-    sum-reduce steps (a layer's weight and bias movements)."""
+    """The ``(first, end)`` positions of the runs of two or more consecutive broadcast,
+    sum-reduce or all-reduce steps (a layer's weight and bias movements or gradient sums)."""
     runs = []
     position = 0
     while position < len(schedule):
         end = position
-        while end < len(schedule) and type(schedule[end]) is BroadcastStep:
+        while end < len(schedule) and type(schedule[end]) in _TOGETHER:
             end += 1
         if end - position >= 2:
             runs.append((position, end))
@@ -106,9 +106,12 @@ def _broadcast_runs(schedule: Sequence[Any]) -> list[tuple[int, int]]:
 
 
 def _broadcasts_together(
-    steps: Sequence[BroadcastStep], work: numpy_backend.Workspace, context: GroupContext, dtype: np.dtype
+    steps: Sequence[BroadcastStep | AllReduceStep],
+    work: numpy_backend.Workspace,
+    context: GroupContext,
+    dtype: np.dtype,
 ) -> None:
-    """Consecutive broadcast / sum-reduce steps with their collectives in flight together:
+    """Consecutive broadcast / sum-reduce / all-reduce steps with their collectives in flight together:
     each started (``async_op``) in the global order, the waits at the end (their latencies
     overlap), or before a step that reads a block an earlier one is still filling. A rank may
     wait for a collective later than another rank does: the same collectives in the same
@@ -121,14 +124,20 @@ def _broadcasts_together(
                 request.wait()
             in_flight.clear()
             landing.clear()
-        landing.update(_broadcast(step, work, context, dtype, in_flight))
+        if isinstance(step, AllReduceStep):
+            landing.update(_all_reduce(step, work, context, dtype, in_flight))
+        else:
+            landing.update(_broadcast(step, work, context, dtype, in_flight))
     for request in in_flight:
         request.wait()
 
 
-def _reads(step: BroadcastStep) -> set[str]:
-    """The blocks this rank's part of a broadcast (the roots it holds) or sum-reduce (its
-    copies) reads."""
+def _reads(step: BroadcastStep | AllReduceStep) -> set[str]:
+    """The blocks this rank's part of a broadcast (the roots it holds), sum-reduce (its
+    copies) or all-reduce (its blocks, summed in place) reads."""
+    if type(step) is AllReduceStep:
+        return {name for name, _ in step.entries}
+    assert isinstance(step, BroadcastStep)
     if step.reduce:
         return {name for group in step.groups for name, w in group.copies if w == step.rank}
     return {group.root_name for group in step.groups if group.ranks[0] == step.rank}
@@ -225,13 +234,30 @@ def _owned_contiguous(work: numpy_backend.Workspace, name: str, dtype: np.dtype)
 
 
 def _all_reduce(
-    step: AllReduceStep, work: numpy_backend.Workspace, context: GroupContext, dtype: np.dtype
-) -> None:
+    step: AllReduceStep,
+    work: numpy_backend.Workspace,
+    context: GroupContext,
+    dtype: np.dtype,
+    in_flight: list[Any] | None = None,
+) -> list[str]:
+    """Sum each block in place (in the global order of the groups), blocking, or with
+    ``in_flight`` started only (as :func:`_broadcast`); the names of the blocks it sums."""
     import torch.distributed as dist
 
-    for name, ranks in step.entries:  # blocking, in the global order of the groups
+    for name, ranks in step.entries:
         array = _owned_contiguous(work, name, dtype)
-        dist.all_reduce(_tensor(array), op=dist.ReduceOp.SUM, group=context.subgroup(ranks))
+        request = dist.all_reduce(
+            _tensor(array),
+            op=dist.ReduceOp.SUM,
+            group=context.subgroup(ranks),
+            async_op=in_flight is not None,
+        )
+        if in_flight is not None:
+            in_flight.append(request)
+    return [name for name, _ in step.entries]
+
+
+_TOGETHER = (BroadcastStep, AllReduceStep)
 
 
 def _broadcast(
