@@ -204,19 +204,20 @@ def rows(engine: Engine, comm: Any, group: Any) -> list[str]:
     b = rng.standard_normal(layer.bias.global_shape).astype(np.float32)
     data = rng.standard_normal(SHAPE).astype(np.float32)
     kinds = {"after": LayerModule} if before is None else {"before": before, "after": LayerModule}
-    steps: dict[str, Callable[..., Any]] = {
-        "hand": hand_layer(engine, torch.from_numpy(w), torch.from_numpy(b))
-    }
-    for label, kind in kinds.items():
-        for replicate in (False, True):
-            module = kind(
-                layer, weights=w, bias=b, comm=comm, group=group, dtype=torch.float32, replicate=replicate
-            )
-            steps[f"{'replicated' if replicate else 'owners'} {label}"] = module_step(module)
     (mine,) = [blk for blk in x.space if blk.worker == engine.rank]
     strip = torch.from_numpy(x.scatter(data)[mine.name])
     lines = []
     for grad in (True, False):
+        # new modules for each case: a module that once computed an input gradient keeps doing so
+        steps: dict[str, Callable[..., Any]] = {
+            "hand": hand_layer(engine, torch.from_numpy(w), torch.from_numpy(b))
+        }
+        for label, kind in kinds.items():
+            for replicate in (False, True):
+                module = kind(
+                    layer, weights=w, bias=b, comm=comm, group=group, dtype=torch.float32, replicate=replicate
+                )
+                steps[f"{'replicated' if replicate else 'owners'} {label}"] = module_step(module)
 
         def given(grad: bool = grad) -> torch.Tensor:
             return strip.detach().requires_grad_(grad)
