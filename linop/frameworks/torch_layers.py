@@ -28,6 +28,11 @@ adjoint, so a training loop pays no per-call planning. The layer's ``input_opera
 ``parameter_operator`` are the same algorithm with numpy kernels, as whole trees: those are what
 ``verify`` proves, and the tests check the module against them and against torch's own layers.
 
+When no process's input needs a gradient (a network's first layer: the image) the backward
+skips :math:`\bar{\tilde x}` and :math:`W^{*}` on every process alike, as an agreement started
+in the forward decides (:meth:`LayerModule.input_gradient_agreement`); an identity movement
+(an affine layer's windows and parameter copies) passes its blocks through without an executor.
+
 The module holds this process's (this rank's) blocks of the parameters as ``nn.Parameter``\ s,
 so any torch optimizer trains them.
 """
@@ -277,7 +282,8 @@ def _promoted(operands: dict[str, Tensor]) -> dict[str, Tensor]:
 
 
 class _LayerFunction(torch.autograd.Function):
-    """forward(module, anchor, *x blocks, *parameter blocks) -> (*y blocks, token).
+    """forward(module, recording, anchor, *x blocks, *parameter blocks) -> (*y blocks, token);
+    ``recording``: grad mode was on at the call (a backward may follow).
 
     The backward computes the input gradient (the local products' :math:`\bar{\tilde x}` and
     :math:`W^{*}`) only when some process's input blocks need one: the forward starts the
