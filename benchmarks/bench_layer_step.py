@@ -289,6 +289,8 @@ def _process(rank: int, size: int, port: int) -> None:
         report(engine, "torch.distributed (gloo)", rows(engine, None, True))
     finally:
         dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)  # past torch's own teardown, which may abort after the table (tests/torchdist/spawn.py)
 
 
 if __name__ == "__main__":
