@@ -62,10 +62,12 @@ from ...space import Block, Region
 from ..host_fusion import around
 from .datatypes import BufferSpec, bundle_type, mpi, raw_spec
 from .phase_recipe import BUFFER, Message, bundles, direct_spec, phase_recipe
-from .steps import OutOfPlaceBinding, RankStep
+from .steps import RankStep
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
     from mpi4py.MPI import Intracomm
+
+    from .steps import OutOfPlaceBinding
 
 __all__ = ["PreparedCall", "CompiledRun", "compile_schedule", "bundle_peers", "run_calls"]
 
@@ -513,7 +515,6 @@ class _Compiler:
     def outputs(self, names: Sequence[str]) -> dict[str, np.ndarray]:
         from .plan import read_only
 
-        self.settle()
         result = {}
         for name in names:
             if name not in self.arrays:
@@ -599,6 +600,7 @@ def compile_schedule(
             compiler.settle()
             compiler.write_back(arrays)
         else:
+            compiler.settle()
             compiler.run.outputs = compiler.outputs(range_names)
     except _DeclinedError:
         compiler.run.free()  # the requests made before the declined step (point-to-point only)
