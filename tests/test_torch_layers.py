@@ -296,3 +296,49 @@ def test_unbalanced_feature_shares_give_torch_linear_gradients(features, grid, s
     assert np.allclose(x.gather({k: v.grad.numpy() for k, v in inputs.items()}), reference.grad)
     assert np.allclose(_gather(layer.weights, parameters), linear.weight.grad)
     assert np.allclose(_gather(layer.bias, parameters), linear.bias.grad)
+
+
+@pytest.mark.parametrize("kind", ["convolution", "affine"])
+def test_an_input_without_gradient_skips_the_input_path_with_equal_parameter_gradients(kind):
+    """In one process: an input that needs no gradient runs no adjoint window movement and no
+    local input gradient; the parameters' gradients equal, exactly, the full path's."""
+    rng = np.random.default_rng(4)
+    if kind == "convolution":
+        x = DistributedTensor("x", (2, 3, 7, 6), Partition((1, 1, 2, 2)))
+        layer = Convolution(x, 2, Kernel(3, padding=1))
+    else:
+        x = DistributedTensor("x", (3, 6), Partition((1, 2)))
+        layer = Affine(x, 4, workers=Partition((2, 2)))
+    w, b = rng.standard_normal(layer.weights.global_shape), rng.standard_normal(layer.bias.global_shape)
+    module = LayerModule(layer, weights=w, bias=b)
+    blocks = x.scatter(rng.standard_normal(x.global_shape))
+    adjoints = []
+    run = module.windows.run
+    module.windows.run = lambda tensors, *, adjoint=False: (
+        adjoints.append(adjoint) or run(tensors, adjoint=adjoint)
+    )
+    found = []
+    for wanted in (True, False):
+        module.zero_grad()
+        adjoints.clear()
+        given = {k: torch.from_numpy(v).requires_grad_(wanted) for k, v in blocks.items()}
+        (sum((v * v).sum() for v in module(given).values())).backward()
+        found.append(([p.grad for p in module.parameters()], adjoints.count(True)))
+        assert all((t.grad is not None) == wanted for t in given.values())
+    (full, full_adjoints), (skipped, skipped_adjoints) = found
+    assert (full_adjoints, skipped_adjoints) == (1, 0)
+    assert all(torch.equal(a, b) for a, b in zip(full, skipped))
+
+
+def test_an_input_passed_through_and_changed_in_place_before_the_backward_is_refused():
+    """An affine layer's windows are its input blocks themselves (an identity moves nothing):
+    changed in place between forward and backward, the backward raises instead of giving the
+    gradient of other values."""
+    x = DistributedTensor("x", (3, 4), Partition((1, 2)))
+    module = LayerModule(Affine(x, 2, workers=Partition((1, 2))), weights=np.ones((2, 4)))
+    given = {k: torch.from_numpy(v).requires_grad_() for k, v in x.scatter(np.ones((3, 4))).items()}
+    leaves = {k: v * 1 for k, v in given.items()}
+    out = module(leaves)
+    next(iter(leaves.values())).mul_(2)
+    with pytest.raises(StateError, match="changed in place"):
+        sum(v.sum() for v in out.values()).backward()

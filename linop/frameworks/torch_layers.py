@@ -28,6 +28,11 @@ adjoint, so a training loop pays no per-call planning. The layer's ``input_opera
 ``parameter_operator`` are the same algorithm with numpy kernels, as whole trees: those are what
 ``verify`` proves, and the tests check the module against them and against torch's own layers.
 
+When no process's input needs a gradient (a network's first layer: the image) the backward
+skips :math:`\bar{\tilde x}` and :math:`W^{*}` on every process alike, as an agreement started
+in the forward decides (:meth:`LayerModule.input_gradient_agreement`); an identity movement
+(an affine layer's windows and parameter copies) passes its blocks through without an executor.
+
 The module holds this process's (this rank's) blocks of the parameters as ``nn.Parameter``\ s,
 so any torch optimizer trains them.
 """
@@ -51,6 +56,8 @@ except ModuleNotFoundError as error:  # the torch extra is not installed: say wh
 
 from ..errors import LayerError, StateError
 from ..layers import Affine, Convolution, kernels
+from ..operator import Identity
+from .torch_agreement import Agreement, start_agreement
 from .torch_function import TorchOperator, engine_arguments, process_rank
 
 __all__ = ["LayerModule"]
@@ -66,8 +73,8 @@ class LocalProduct:
     bilinear in (window, parameters), and its vector-Jacobian product.
 
     ``forward(window, weight, bias)`` gives the partial output (``bias`` may be None);
-    ``backward(grad, window, weight, bias)`` gives the gradients of the three operands (a
-    convolution's also takes ``input_gradient=False``: the window's is then None)
+    ``backward(grad, window, weight, bias, input_gradient=True)`` gives the gradients of the
+    three operands (with ``input_gradient=False`` the window's is not computed: None)
     (PyTorch's convention, complex included: :math:`L(\cdot, \theta)^* \bar y` and
     :math:`L(x, \cdot)^* \bar y`), None for an absent bias.
     """
@@ -77,10 +84,11 @@ class LocalProduct:
 
 
 def _linear_backward(
-    grad: Tensor, x: Tensor, weight: Tensor, bias: Tensor | None
-) -> tuple[Tensor, Tensor, Tensor | None]:
+    grad: Tensor, x: Tensor, weight: Tensor, bias: Tensor | None, input_gradient: bool = True
+) -> tuple[Tensor | None, Tensor, Tensor | None]:
     # y = x W^T + b: dx = g conj(W), dW = g^T conj(x), db = sum of g over the samples
-    return grad @ weight.conj(), grad.mT @ x.conj(), None if bias is None else grad.sum(0)
+    dx = grad @ weight.conj() if input_gradient else None
+    return dx, grad.mT @ x.conj(), None if bias is None else grad.sum(0)
 
 
 def _autograd_backward(
@@ -274,11 +282,23 @@ def _promoted(operands: dict[str, Tensor]) -> dict[str, Tensor]:
 
 
 class _LayerFunction(torch.autograd.Function):
-    """forward(module, anchor, *x blocks, *parameter blocks) -> (*y blocks, token)."""
+    """forward(module, recording, anchor, *x blocks, *parameter blocks) -> (*y blocks, token);
+    ``recording``: grad mode was on at the call (a backward may follow).
+
+    The backward computes the input gradient (the local products' :math:`\bar{\tilde x}` and
+    :math:`W^{*}`) only when some process's input blocks need one: the forward starts the
+    agreement (:mod:`linop.frameworks.torch_agreement`, no blocking call), the backward reads
+    it, so that every process takes the same path."""
 
     @staticmethod
-    def forward(ctx: Any, module: LayerModule, anchor: torch.Tensor, *tensors: torch.Tensor) -> Any:
+    def forward(
+        ctx: Any, module: LayerModule, recording: bool, anchor: torch.Tensor, *tensors: torch.Tensor
+    ) -> Any:
         count = len(module.input_names)
+        if recording:  # a backward may follow (grad mode on when the module was called)
+            ctx.agreement = module.input_gradient_agreement(any(ctx.needs_input_grad[3 : 3 + count]))
+        else:
+            ctx.agreement = Agreement(True)
         parameters = dict(zip(module.parameter_names, tensors[count:]))
         # the windows and parameter copies are kept for the backward: in memory of their own
         copies = parameters if module.copies is None else module.copies.run(parameters)
@@ -312,6 +332,15 @@ class _LayerFunction(torch.autograd.Function):
                 partials[partial] = y
         outputs = module.reduction.run(partials) if module.reduction is not None else partials
         ctx.module, ctx.operands = module, operands
+        # the operands an identity movement passed through are the caller's tensors, not copies:
+        # their versions now, checked by the backward (torch's rule for saved tensors)
+        ctx.versions = [
+            (name, operands[name], operands[name]._version)
+            for stage in (module.windows, module.copies)
+            if stage is not None and stage.identity
+            for name in stage.outputs
+            if name in operands
+        ]
         ctx.dtypes = [t.dtype for t in tensors]
         result = tuple(outputs[n] for n in module.output_names)
         return (*result, torch.zeros(0, dtype=torch.float64))  # the last: the token
@@ -323,7 +352,15 @@ class _LayerFunction(torch.autograd.Function):
         given = dict(zip(module.output_names, grads[:-1]))
         if module.reduction is not None:  # read before the stage's next call: not copied
             given, _ = module.reduction.lend(given, adjoint=True)
+        # the same answer on every process (an OR over them): skip on all or on none
+        input_gradient = ctx.agreement.result()
         operands = ctx.operands
+        for name, tensor, version in ctx.versions:
+            if tensor._version != version:
+                raise StateError(
+                    f"{type(module.layer).__name__} layer: block {name!r} was changed in place after the "
+                    "forward; its backward needs the forward's values (clone it before changing it)"
+                )
         back: dict[str, torch.Tensor] = {}
         if module.pieces is None:
             for partial, (window, weight, bias) in module.products:
@@ -332,6 +369,7 @@ class _LayerFunction(torch.autograd.Function):
                     operands[window],
                     operands[weight],
                     None if bias is None else operands[bias],
+                    input_gradient=input_gradient,
                 )
                 for name, gradient in zip((window, weight, bias), local):
                     if name is not None and gradient is not None:
@@ -353,32 +391,56 @@ class _LayerFunction(torch.autograd.Function):
                     total = grad.sum(dim=(0, *range(2, grad.ndim))).to(ctx.dtype)
                     back[bias] = back[bias] + total if bias in back else total
         for name, tensor in operands.items():  # an operand no product of this process uses
-            if name not in back:
+            if name not in back and (input_gradient or name not in module.windows.outputs):
                 back[name] = torch.zeros_like(tensor)
-        if module.pieces is None:
+        if module.pieces is None and input_gradient:
             x_grad = module.windows.run(back, adjoint=True)
         theta_grad = (
             module.copies.run(back, adjoint=True) if module.copies is not None else module.copy_sum.run(back)
         )
-        gradients = [x_grad[n] for n in module.input_names] + [theta_grad[n] for n in module.parameter_names]
-        fitted = [g if g.dtype == dtype else g.to(dtype) for g, dtype in zip(gradients, ctx.dtypes)]
-        return (None, None, *fitted)  # the anchor only ties the node into the graph: no gradient
+        gradients = [x_grad[n] if input_gradient else None for n in module.input_names]
+        gradients += [theta_grad[n] for n in module.parameter_names]
+        fitted = [
+            g if g is None or g.dtype == dtype else g.to(dtype) for g, dtype in zip(gradients, ctx.dtypes)
+        ]
+        return (None, None, None, *fitted)  # the anchor only ties the node into the graph: no gradient
 
 
 class _Stage:
     """A movement tree on this process's tensors, forward and adjoint (bound once each under
     MPI, on buffers the stage owns), called without recording autograd: the layer's Function
-    is the autograd node."""
+    is the autograd node.
+
+    An :class:`~linop.Identity` (an affine layer's input windows and parameter copies: each
+    block already lives where it is used) moves nothing: its blocks pass through, the
+    tensors themselves (shapes checked on this process), with no call into an executor and no
+    communication, the same on every process."""
 
     def __init__(self, op: Any, comm: Any, group: Any = None) -> None:
         self.function = TorchOperator(op, comm=comm, group=group)
         self.inputs, self.outputs = self.function.inputs, self.function.outputs
         self._names = {flag: self.function.names(adjoint=flag) for flag in (False, True)}
+        self.identity = isinstance(op, Identity)
+        self._shapes = {name: torch.Size(op.domain.block(name).shape) for name in self.inputs}
+
+    def _passed(self, tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """The identity's results: the given tensors (detached), their shapes checked."""
+        for name in self.inputs:
+            tensor = tensors.get(name)
+            if tensor is None or tensor.shape != self._shapes[name]:
+                got = "missing" if tensor is None else f"of shape {tuple(tensor.shape)}"
+                self.function.refuse(
+                    StateError(f"block {name!r} is {got}; the layer takes {tuple(self._shapes[name])}"),
+                    tensors,
+                )
+        return {name: tensors[name].detach() for name in self.inputs}
 
     def lend(self, tensors: Mapping[str, Tensor], *, adjoint: bool = False) -> tuple[dict[str, Tensor], bool]:
         """The results, and whether they are the bound plan's own buffers (under MPI, a
         persistent binding): those are overwritten by the stage's next call in the same
         direction, so they are read before it or copied."""
+        if self.identity:
+            return self._passed(tensors), False
         inputs, outputs = self._names[adjoint]
         ordered = [tensors[name] for name in inputs]
         # collective when it binds (the first call, or new dtypes: the same on every rank)
@@ -546,6 +608,39 @@ class LayerModule(torch.nn.Module):
         )
         self._anchor = torch.zeros(0, dtype=torch.float64, requires_grad=True)
         self.token = torch.zeros(0, dtype=torch.float64)
+        self._agreement: Agreement | None = None  # the last call's (input_gradient_agreement)
+        self._input_gradient_always = False  # an agreement said yes: no more asking
+
+    def input_gradient_agreement(self, local: bool) -> Agreement:
+        """Whether some process's input blocks need a gradient (``local``: this one's), as
+        the backward reads it: the OR over the processes, started here without waiting
+        (:func:`~linop.frameworks.torch_agreement.start_agreement`; collective, in the forward
+        every process calls).
+
+        Once an agreement said yes, every later call computes the input gradient without
+        asking (a gradient computed where none is needed is correct, only wasted; the
+        decision is the same on every process, which all read the same answers): a layer
+        inside a network pays one agreement, on its first call, and the first layer (whose
+        input, the image, never needs a gradient) one small non-blocking all-reduce per call,
+        against the adjoint window movement and the local input gradients it skips. The
+        previous call's agreement is read first (waited for if no backward has: every
+        process started it), so at most one is in flight. Overlapped (the input gradient and
+        the weight gradient come from one adjoint tree): always yes, nothing started. With
+        identity windows (an affine layer that does not broadcast its input) :math:`W^{*}`
+        moves nothing between processes and each process's input gradient comes from its own
+        products alone: ``local`` decides, nothing started (so in one process too)."""
+        if self.overlapped is not None:
+            return Agreement(True)
+        group = None if self.group is False else self.group
+        if self.windows.identity or (self.comm is None and group is None):  # in one process: local
+            return Agreement(local)
+        previous, self._agreement = self._agreement, None
+        if previous is not None and previous.result():
+            self._input_gradient_always = True
+        if self._input_gradient_always:
+            return Agreement(True)
+        self._agreement = start_agreement(local, comm=self.comm, group=group)
+        return self._agreement
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset the gradients of the parameters, as :meth:`torch.nn.Module.zero_grad` does;
@@ -570,7 +665,9 @@ class LayerModule(torch.nn.Module):
             )
         # the blocks straight from the ParameterList's dict (its iterator indexes one by one)
         blocks = self.blocks._parameters.values()
-        *result, token = _LayerFunction.apply(self, self._anchor, *[x[n] for n in self.input_names], *blocks)
+        *result, token = _LayerFunction.apply(
+            self, torch.is_grad_enabled(), self._anchor, *[x[n] for n in self.input_names], *blocks
+        )
         self.__dict__["token"] = token  # a plain attribute (what nn.Module.__setattr__ would do)
         return dict(zip(self.output_names, result))
 

@@ -519,3 +519,34 @@ def test_peer_messages_of_a_repartition_and_a_packed_box_astray_caught(monkeypat
     result = mpi_backend.apply(op, local_part(op.domain, state, RANK), comm=COMM)
     caught = same_blocks(result, op(state), names) is not None
     collective_assert(any(COMM.allgather(caught)), "a packed box sent from the wrong buffer went unnoticed")
+
+
+def test_independent_sum_reduces_out_of_place_are_in_flight_together():
+    """A layer's parameter gradients summed onto their owners (the adjoint of its parameter
+    movement: a sum-reduce of the weight copies, one of the bias copies) bound out of place
+    starts both persistent requests, then waits for them together, and equals the tree
+    exactly (integer values in float64, two calls, inputs unchanged). The control: a
+    broadcast of a sum-reduce's result (reading what the sum fills) after the sum is waited
+    for, also exact."""
+    from linop.layers import Convolution
+
+    image = DistributedTensor("c", (2, 3, 4 * SIZE, 5), Partition((1, 1, SIZE, 1)))
+    layer = Convolution(image, 2, Kernel(3, padding=1))
+    total = DistributedTensor("t", (3, 2), Partition((1, 1)))
+    spread = Broadcast(total, Partition((SIZE, 1)), "s")
+    chained = spread @ spread.H
+    for op, together in ((layer.parameter_movement.H, True), (chained, False)):
+        state = {k: v.astype(np.float64) for k, v in op.domain.random(5, dtype=np.int64).items()}
+        local = local_part(op.domain, state, RANK)
+        bound = mpi_backend.plan_for(op, comm=COMM).bind(local, inplace=False)
+        names = _call_names(bound) if bound.persistent else []  # one rank: nothing to compile
+        starts = [i for i, name in enumerate(names) if name == "Start"]
+        if SIZE == 1 or not together:
+            shape_ok = all(names[i + 1] in ("Wait", "Waitall") for i in starts)
+        else:
+            shape_ok = len(starts) == 2 and starts[1] == starts[0] + 1 and names[starts[1] + 1] == "Waitall"
+        problem = None if shape_ok else f"calls {names}"
+        names_out = tuple(name for name in op.range.names if op.range.block(name).worker == RANK)
+        problem = problem or bound_problem(bound, op, state, names_out, inplace=False)
+        bound.free()
+        collective_assert(problem is None, f"{op}: {problem}")

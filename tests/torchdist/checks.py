@@ -706,6 +706,60 @@ class Checks:
             return None
 
         self.run("LayerModule owners against Conv2d", check)
+        for replicate in (False, True):
+            self.run(
+                f"LayerModule input gradient skipped alike (replicate={replicate})",
+                lambda replicate=replicate: self._input_gradient_skip(replicate),
+            )
+
+    def _input_gradient_skip(self, replicate: bool) -> str | None:
+        """No rank's input needs a gradient: no rank runs the adjoint window movement; rank 0's
+        alone does: every rank runs it (the last rank holds no input block), rank 0 gets the
+        full path's input gradient, and every later call computes it without asking; the
+        parameters' gradients equal the full path's exactly."""
+        from linop.frameworks.torch_layers import LayerModule
+        from linop.layers import Convolution
+
+        x = DistributedTensor("x", (2, 2, 3 * self.size + 1, 4), Partition((1, 1, max(self.size - 1, 1), 1)))
+        conv = Convolution(x, 3, Kernel(3, padding=1))
+        rng = np.random.default_rng(9)
+        weights, bias = rng.standard_normal(conv.weights.global_shape), rng.standard_normal(3)
+        layer = LayerModule(conv, weights=weights, bias=bias, group=True, replicate=replicate)
+        blocks = x.scatter(rng.standard_normal(x.global_shape))
+        adjoints: list[bool] = []
+        run = layer.windows.run
+
+        def counted(tensors: Any, *, adjoint: bool = False) -> Any:
+            adjoints.append(adjoint)
+            return run(tensors, adjoint=adjoint)
+
+        layer.windows.run = counted  # type: ignore[method-assign]
+        found = {}
+        for pattern in ("none", "first", "all", "none after"):
+            layer.zero_grad()
+            adjoints.clear()
+            wanted = pattern == "all" or (pattern == "first" and self.rank == 0)
+            mine = {
+                b.name: torch.from_numpy(blocks[b.name]).requires_grad_(wanted)
+                for b in x.space
+                if b.worker == self.rank
+            }
+            out = layer(mine)
+            (sum((v * v).sum() for v in out.values()) + layer.token.sum()).backward()
+            grads = [p.grad.clone() for p in layer.parameters()]
+            found[pattern] = (grads, {n: t.grad for n, t in mine.items()}, adjoints.count(True))
+        full, full_x, _ = found["all"]
+        counts = [found[p][2] for p in ("none", "first", "all", "none after")]
+        if counts != [0, 1, 1, 1]:  # once needed, computed on every later call
+            return f"adjoint window movements {counts}, not [0, 1, 1, 1]"
+        for pattern in ("none", "first", "none after"):
+            if not all(torch.equal(a, b) for a, b in zip(found[pattern][0], full)):
+                return f"{pattern}: parameter gradients differ from the full path's"
+        if any(g is not None for g in found["none"][1].values()):
+            return "none: an input gradient was given"
+        if self.rank == 0 and not all(torch.equal(found["first"][1][n], g) for n, g in full_x.items()):
+            return "first: rank 0's input gradient differs from the full path's"
+        return None
 
     def kernel_dtypes(self) -> None:
         """Integers averaged by a local kernel travel as floats (the run dtype holds what the

@@ -23,7 +23,11 @@ arrays and their views:
   (:meth:`~linop.backends.mpi.steps.RankStep.persistent`,
   :meth:`~linop.backends.mpi.steps.RankStep.bind_out_of_place`), started in the global order of
   their groups; consecutive in-place ones that write disjoint blocks are all started, then
-  waited for together (their latencies overlap), others waited one at a time;
+  waited for together (their latencies overlap); out-of-place ones made of persistent
+  requests alone that say what they read (:meth:`~linop.backends.mpi.steps.RankStep.reads`:
+  the sum-reduces of a layer's weight and bias gradients onto their owners) stay in flight
+  until a step reads what they fill or is anything else (one ``Waitall`` then); others are
+  waited for one at a time;
 - a worker map's moves between two workers of this rank (:class:`~linop.program.LocalMoves`):
   copies, adds and clears between views, as the runtime runs them; those that follow a phase
   and touch nothing its transfers touch run between its start and its wait.
@@ -65,6 +69,8 @@ from .steps import RankStep
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
     from mpi4py.MPI import Intracomm
+
+    from .steps import OutOfPlaceBinding
 
 __all__ = ["PreparedCall", "CompiledRun", "compile_schedule", "bundle_peers", "run_calls"]
 
@@ -169,6 +175,18 @@ class _Compiler(OwnedBlocks[np.ndarray]):
         # copied back, as (block name, position in calls): the next step may drop or narrow it
         self._zeroed: tuple[str, int] | None = None
         self._cleared: tuple[str, int] | None = None
+        # out-of-place persistent collectives started and not yet waited for, and the blocks
+        # they fill (:meth:`fast_path`); any other step waits for them first (:meth:`settle`)
+        self._in_flight: list[Any] = []
+        self._landing: set[str] = set()
+
+    def settle(self) -> None:
+        """Wait for the collectives still in flight (one ``Waitall``), before a step that
+        may touch their memory."""
+        if self._in_flight:
+            self.calls.append((self._waitall, (list(self._in_flight),)))
+            self._in_flight.clear()
+            self._landing.clear()
 
     # -- the workspace, symbolically (numpy_backend.Workspace's rules) ------------------------
     def buffer(self, shape: tuple[int, ...]) -> np.ndarray:
@@ -199,6 +217,7 @@ class _Compiler(OwnedBlocks[np.ndarray]):
         kind = type(step)
         handler = _HANDLERS.get(kind)
         if handler is not None:
+            self.settle()
             handler(self, step)
         elif isinstance(step, RankStep):
             self.fast_path(step)
@@ -418,6 +437,22 @@ class _Compiler(OwnedBlocks[np.ndarray]):
         binding = step.bind_out_of_place(dict(self.arrays), self.comm, self.dtype, dry=self.dry)
         if binding is None:
             raise _DeclinedError(type(step).__name__)
+        reads = step.reads()
+        requests = [call for call in binding.calls if not callable(call)]
+        if reads is not None and requests and len(requests) == len(binding.calls):
+            # persistent requests alone, reading no block a collective in flight fills: started
+            # now, waited for with the next ones (their latencies overlap; when to wait is this
+            # rank's own business: every rank starts the same requests in the same order)
+            if not self._landing.isdisjoint(reads):
+                self.settle()
+            for request in requests:
+                self.run.requests.append(request)
+                self.calls.append((request.Start, ()))
+                self._in_flight.append(request)
+            self._landing.update(binding.results)
+            self._adopt(binding)
+            return
+        self.settle()
         for call in binding.calls:
             if callable(call):  # a blocking collective call
                 self.calls.append((call, ()))
@@ -425,6 +460,11 @@ class _Compiler(OwnedBlocks[np.ndarray]):
                 self.run.requests.append(call)
                 self.calls.append((call.Start, ()))
                 self.calls.append((call.Wait, ()))
+        self._adopt(binding)
+
+    def _adopt(self, binding: OutOfPlaceBinding) -> None:
+        """The state after an out-of-place binding: its scratch kept, its inputs dropped, its
+        results set."""
         self.run.scratch.extend(binding.scratch)
         self.run.requests.extend(binding.requests)
         for name in binding.dropped:
@@ -439,6 +479,7 @@ class _Compiler(OwnedBlocks[np.ndarray]):
         all-reduces, a layer's weight and bias gradients: measured 0.5-0.65 of one after the
         other on 4 ranks here); one after the other when one has local actions after its
         requests."""
+        self.settle()
         prepared = []
         for step in steps:
             written = step.written()
@@ -534,6 +575,7 @@ def compile_schedule(
             step = schedule[position]
             following = schedule[position + 1] if position + 1 < len(schedule) else None
             if type(step) is RankPhase and type(following) is LocalMoves and _independent(step, following):
+                compiler.settle()
                 compiler.phase(step, during=following)  # a worker map's copies while messages fly
                 position += 2
                 continue
@@ -545,8 +587,10 @@ def compile_schedule(
             compiler.step(step)
             position += 1
         if inplace:
+            compiler.settle()
             compiler.write_back(arrays)
         else:
+            compiler.settle()
             compiler.run.outputs = compiler.outputs(range_names)
     except _DeclinedError:
         compiler.run.free()  # the requests made before the declined step (point-to-point only)

@@ -86,3 +86,9 @@ class RankStep(RankPart, ABC):
         """Collective calls doing the step from ``arrays`` into result arrays built once, or
         None when the step cannot be bound so (the default). ``dry`` as in :meth:`persistent`."""
         return None
+
+    def reads(self) -> tuple[str, ...] | None:
+        """The blocks this rank's out-of-place binding reads, or None when unknown (the
+        default). Known, a bound plan may start its persistent requests while an earlier
+        step's are still in flight, unless it reads what they fill."""
+        return None

@@ -13,7 +13,9 @@ memory (``torch.from_numpy``):
 - :class:`~linop.backends.torch_distributed.schedule.AllReduceStep`: ``all_reduce`` in place
   on the block; :class:`~linop.backends.torch_distributed.schedule.BroadcastStep`:
   ``broadcast`` from the root's block, or ``reduce`` into a new root block, on the cached
-  sub-group of its ranks; :class:`~linop.backends.torch_distributed.schedule.AllToAllStep`:
+  sub-group of its ranks (consecutive ones, a layer's weight and bias movements, started
+  together with ``async_op`` and waited for at the end of the run, or before a step that
+  reads a block one of them fills); :class:`~linop.backends.torch_distributed.schedule.AllToAllStep`:
   one ``all_to_all_single`` over the group (:class:`AllToAll`: the boxes packed in peer order,
   or sent from and received into the blocks' own memory where the boxes lie one after the
   other there); :class:`~linop.backends.torch_distributed.schedule.GatherStep`: one
@@ -62,14 +64,77 @@ def run_schedule(
             raise TypeError(f"the torch.distributed runtime cannot run the step {step!r}")
         run(step, work, context, dtype)
 
-    run_rank_schedule(
-        schedule,
-        work,
-        dtype,
-        phase=lambda step, work: run_phase(step, work, context, dtype),
-        part=part,
-        start=lambda step, work: start_phase(step, work, context, dtype),
-    )
+    def walk(steps: Sequence[Any]) -> None:
+        run_rank_schedule(
+            steps,
+            work,
+            dtype,
+            phase=lambda step, work: run_phase(step, work, context, dtype),
+            part=part,
+            start=lambda step, work: start_phase(step, work, context, dtype),
+        )
+
+    done = 0
+    for first, end in _broadcast_runs(schedule):
+        if first > done:
+            walk(schedule[done:first])
+        _broadcasts_together(schedule[first:end], work, context, dtype)
+        done = end
+    if done < len(schedule):
+        walk(schedule[done:] if done else schedule)
+
+
+def _broadcast_runs(schedule: Sequence[Any]) -> list[tuple[int, int]]:
+    """The ``(first, end)`` positions of the runs of two or more consecutive broadcast,
+    sum-reduce or all-reduce steps (a layer's weight and bias movements or gradient sums)."""
+    runs = []
+    position = 0
+    while position < len(schedule):
+        end = position
+        while end < len(schedule) and type(schedule[end]) in _TOGETHER:
+            end += 1
+        if end - position >= 2:
+            runs.append((position, end))
+        position = max(end, position + 1)
+    return runs
+
+
+def _broadcasts_together(
+    steps: Sequence[BroadcastStep | AllReduceStep],
+    work: numpy_backend.Workspace,
+    context: GroupContext,
+    dtype: np.dtype,
+) -> None:
+    """Consecutive broadcast / sum-reduce / all-reduce steps with their collectives in flight together:
+    each started (``async_op``) in the global order, the waits at the end (their latencies
+    overlap), or before a step that reads a block an earlier one is still filling. A rank may
+    wait for a collective later than another rank does: the same collectives in the same
+    order on every rank, so they match alike."""
+    in_flight: list[Any] = []
+    landing: set[str] = set()
+    for step in steps:
+        if in_flight and not landing.isdisjoint(_reads(step)):
+            for request in in_flight:
+                request.wait()
+            in_flight.clear()
+            landing.clear()
+        if isinstance(step, AllReduceStep):
+            landing.update(_all_reduce(step, work, context, dtype, in_flight))
+        else:
+            landing.update(_broadcast(step, work, context, dtype, in_flight))
+    for request in in_flight:
+        request.wait()
+
+
+def _reads(step: BroadcastStep | AllReduceStep) -> set[str]:
+    """The blocks this rank's part of a broadcast (the roots it holds), sum-reduce (its
+    copies) or all-reduce (its blocks, summed in place) reads."""
+    if type(step) is AllReduceStep:
+        return {name for name, _ in step.entries}
+    assert isinstance(step, BroadcastStep)
+    if step.reduce:
+        return {name for group in step.groups for name, w in group.copies if w == step.rank}
+    return {group.root_name for group in step.groups if group.ranks[0] == step.rank}
 
 
 def phase_operations(
@@ -156,22 +221,47 @@ def _owned_contiguous(work: numpy_backend.Workspace, name: str, dtype: np.dtype)
 
 
 def _all_reduce(
-    step: AllReduceStep, work: numpy_backend.Workspace, context: GroupContext, dtype: np.dtype
-) -> None:
+    step: AllReduceStep,
+    work: numpy_backend.Workspace,
+    context: GroupContext,
+    dtype: np.dtype,
+    in_flight: list[Any] | None = None,
+) -> list[str]:
+    """Sum each block in place (in the global order of the groups), blocking, or with
+    ``in_flight`` started only (as :func:`_broadcast`); the names of the blocks it sums."""
     import torch.distributed as dist
 
-    for name, ranks in step.entries:  # blocking, in the global order of the groups
+    for name, ranks in step.entries:
         array = _owned_contiguous(work, name, dtype)
-        dist.all_reduce(_tensor(array), op=dist.ReduceOp.SUM, group=context.subgroup(ranks))
+        request = dist.all_reduce(
+            _tensor(array),
+            op=dist.ReduceOp.SUM,
+            group=context.subgroup(ranks),
+            async_op=in_flight is not None,
+        )
+        if in_flight is not None:
+            in_flight.append(request)
+    return [name for name, _ in step.entries]
+
+
+_TOGETHER = (BroadcastStep, AllReduceStep)
 
 
 def _broadcast(
-    step: BroadcastStep, work: numpy_backend.Workspace, context: GroupContext, dtype: np.dtype
-) -> None:
+    step: BroadcastStep,
+    work: numpy_backend.Workspace,
+    context: GroupContext,
+    dtype: np.dtype,
+    in_flight: list[Any] | None = None,
+) -> list[str]:
+    """Run the step (its collectives in the global order of its groups), blocking, or with
+    ``in_flight`` started only (their works appended: the results are filled once waited for);
+    the names of the blocks it stores."""
     import torch.distributed as dist
 
+    started = in_flight is not None
     results: list[tuple[str, np.ndarray, bool]] = []
-    for group in step.groups:  # blocking, in the global order of the groups
+    for group in step.groups:
         root = group.ranks[0]
         sub = context.subgroup(group.ranks) if len(group.ranks) > 1 else None
         mine = [name for name, w in group.copies if w == step.rank]
@@ -185,17 +275,30 @@ def _broadcast(
                 buffer = np.empty(group.shape, dtype)
                 results.append((mine[0], buffer, True))
             if sub is not None and buffer.size:
-                dist.broadcast(_tensor(buffer), group=sub, group_src=context.rank_in(sub, root))
+                request = dist.broadcast(
+                    _tensor(buffer), group=sub, group_src=context.rank_in(sub, root), async_op=started
+                )
+                if in_flight is not None:
+                    in_flight.append(request)
             continue
         if mine:  # reduce works in place: never on the caller's array
             total = np.array(work.arrays[mine[0]], dtype=dtype, order="C")
         else:  # the root holds no copy: it contributes zeros
             total = np.zeros(group.shape, dtype)
         if sub is not None and total.size:
-            dist.reduce(_tensor(total), op=dist.ReduceOp.SUM, group=sub, group_dst=context.rank_in(sub, root))
+            request = dist.reduce(
+                _tensor(total),
+                op=dist.ReduceOp.SUM,
+                group=sub,
+                group_dst=context.rank_in(sub, root),
+                async_op=started,
+            )
+            if in_flight is not None:
+                in_flight.append(request)
         if is_root:
             results.append((group.root_name, total, True))
     store_results(work, step.dropped, results, step.created)
+    return [name for name, _, _ in results]
 
 
 def _gather(step: GatherStep, work: numpy_backend.Workspace, context: GroupContext, dtype: np.dtype) -> None:

@@ -80,6 +80,12 @@ class _RankBroadcast(RankStep):
                 self._broadcast(group, sub, mine, is_root, work, dtype, results)
         store_results(work, self.part.dropped, results, self.part.created)
 
+    def reads(self) -> tuple[str, ...]:
+        """A sum-reduce reads the copies this rank holds; a broadcast the roots it holds."""
+        if self.part.reduce:
+            return tuple(name for mine in self._mine() for name in mine)
+        return tuple(group.root_name for group in self.part.groups if group.ranks[0] == self.part.rank)
+
     def bind_out_of_place(
         self, arrays: dict[str, np.ndarray], comm: Intracomm, dtype: np.dtype, *, dry: bool = False
     ) -> OutOfPlaceBinding | None:
