@@ -13,13 +13,17 @@ transpose), all under ``jit``, float32:
 - all-reduce (hand and linop: ``psum``);
 - against the host callback at the README's size (16 rows per device) and larger;
 - the fixed cost of one call (the smallest halo; and an identity ``shard_map``: dispatch);
-- the padding overhead: halo windows with 4n - 3 rows (uneven, padded slots) against 4n rows;
+- the padding overhead: halo windows with 4n - 3 rows (uneven, padded slots) against 4n rows,
+  forward, grad and the transpose alone (in the grad of ``0.5 |f|^2`` of the even layout XLA
+  cancels the transpose's slices against the forward's, all static; with per-device starts it
+  cannot, so the grad row measures that simplification more than the padding);
 - a 3 x 3 convolution's input tree (``Convolution(x, 16, Kernel(3, padding=1)).input_operator``
   on a 4 x 16 x 256 x 256 field in 4 row blocks; 4 x 16 x 64 x 64 with ``--quick``) against a
   hand-written ``shard_map`` convolution (two one-row ``ppermute``, ``concatenate``, one
   ``conv_general_dilated``), against plain ``conv_general_dilated`` on one device, and against
   the same plan with its kernels run the old way (a ``lax.switch`` over per-device kernels),
-  forward and grad; on 4n - 3 rows too (uneven). ``--conv`` runs this case alone.
+  forward and grad; on 4n - 3 rows too (uneven). ``--conv`` runs this case alone, ``--padding``
+  the padding overhead alone.
 
 Every pair is first checked to give the same result. Prints medians and ratios (linop /
 other). Run: ``python benchmarks/bench_jax_shard.py [--quick | --large]``.
@@ -48,6 +52,7 @@ from linop.layout import BlockGrid
 
 QUICK = "--quick" in sys.argv
 REPEATS = 5 if QUICK else 11
+PADDING_REPEATS = 41  # the padding cases take about a millisecond: more samples on a shared machine
 MESH = Mesh(np.array(jax.devices()), ("d",))
 ROWS = NamedSharding(MESH, PartitionSpec("d"))
 P = 4
@@ -201,6 +206,44 @@ def timed(ours, a, theirs, b) -> tuple[float, float, float]:
     return compare(lambda: jax.block_until_ready(ours(a)), lambda: jax.block_until_ready(theirs(b)), REPEATS)
 
 
+def padding_rows() -> None:
+    """Halo windows of 4n - 3 rows (padded slots) against 4n rows, forward and grad."""
+    n = 512
+    even = DistributedTensor("u", (P * n, n), Partition.grid((P, 1)))
+    uneven = DistributedTensor("u", (P * n - 3, n), Partition.grid((P, 1)))
+    f_even, f_uneven = (sharded(halo_windows(t, Kernel(3, padding=1)), MESH) for t in (even, uneven))
+    xe = jax.device_put(jnp.ones((P, n, n), jnp.float32), ROWS)
+    shape = f_uneven.domain.slots[0].shape
+    xu = jax.device_put(jnp.ones((P, *shape), jnp.float32), ROWS)
+    padded = 1 - (P * n - 3) * n / (P * shape[0] * shape[1])
+    ours_u, ours_e = single(f_uneven), single(f_even)
+    ours_u(xu)
+    timing = compare(
+        lambda: jax.block_until_ready(ours_u(xu)), lambda: jax.block_until_ready(ours_e(xe)), PADDING_REPEATS
+    )
+    row(
+        f"padding: halo windows of {P * n - 3} rows ({padded:.2%} of the slot padded) vs {P * n} rows, forward",
+        timing,
+    )
+    grads = loss_grad(ours_u), loss_grad(ours_e)
+    grads[0](xu)
+    timing = compare(
+        lambda: jax.block_until_ready(grads[0](xu)),
+        lambda: jax.block_until_ready(grads[1](xe)),
+        PADDING_REPEATS,
+    )
+    row("padding: same, grad", timing)
+    ct_u = jax.device_put(jnp.ones((P, *f_uneven.range.slots[0].shape), jnp.float32), ROWS)
+    ct_e = jax.device_put(jnp.ones((P, *f_even.range.slots[0].shape), jnp.float32), ROWS)
+    vjps = vjp_of(ours_u, ct_u), vjp_of(ours_e, ct_e)
+    timing = compare(
+        lambda: jax.block_until_ready(vjps[0](xu)),
+        lambda: jax.block_until_ready(vjps[1](xe)),
+        PADDING_REPEATS,
+    )
+    row("padding: same, transpose alone (vjp of a fixed cotangent)", timing)
+
+
 def main() -> None:
     load = os.getloadavg()
     print(
@@ -208,6 +251,9 @@ def main() -> None:
     )
     print("| case | linop | other | ratio |")
     print("|---|---|---|---|")
+    if "--padding" in sys.argv:
+        padding_rows()
+        return
     convolution_rows()
     if "--conv" in sys.argv:
         return
@@ -266,29 +312,7 @@ def main() -> None:
         lambda: jax.block_until_ready(tiny(x)), lambda: jax.block_until_ready(nothing(x)), REPEATS
     )
     row("per-call cost, same, vs an identity shard_map (dispatch alone)", timing)
-    n = 512
-    even = DistributedTensor("u", (P * n, n), Partition.grid((P, 1)))
-    uneven = DistributedTensor("u", (P * n - 3, n), Partition.grid((P, 1)))
-    f_even, f_uneven = (sharded(halo_windows(t, Kernel(3, padding=1)), MESH) for t in (even, uneven))
-    xe = jax.device_put(jnp.ones((P, n, n), jnp.float32), ROWS)
-    shape = f_uneven.domain.slots[0].shape
-    xu = jax.device_put(jnp.ones((P, *shape), jnp.float32), ROWS)
-    padded = 1 - (P * n - 3) * n / (P * shape[0] * shape[1])
-    ours_u, ours_e = single(f_uneven), single(f_even)
-    ours_u(xu)
-    timing = compare(
-        lambda: jax.block_until_ready(ours_u(xu)), lambda: jax.block_until_ready(ours_e(xe)), REPEATS
-    )
-    row(
-        f"padding: halo windows of {P * n - 3} rows ({padded:.2%} of the slot padded) vs {P * n} rows, forward",
-        timing,
-    )
-    grads = loss_grad(ours_u), loss_grad(ours_e)
-    grads[0](xu)
-    timing = compare(
-        lambda: jax.block_until_ready(grads[0](xu)), lambda: jax.block_until_ready(grads[1](xe)), REPEATS
-    )
-    row("padding: same, grad", timing)
+    padding_rows()
     load = os.getloadavg()
     print(f"load average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}")
 
