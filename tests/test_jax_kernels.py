@@ -199,3 +199,24 @@ def test_a_template_is_part_of_the_kernels_identity():
     assert kernel.runs_on_jax and kernel.device_template is one and kernel.device_callables is None
     assert kernel == again and hash(kernel) == hash(again) and kernel != other
     assert "(jax template " in repr(kernel) and "'k'" in repr(kernel)
+
+
+def test_one_program_masks_a_consumed_slot_unless_its_padding_is_known_zero():
+    """``widen_boxes`` marks a consumed slot unmasked only where every device's entries
+    beyond its block are known zero; a slot that may hold a stale nonzero entry there (a
+    control) stays masked, and its whole slot then counts as read (its clears kept)."""
+    from linop.backends.jax.passes import _reads, widen_boxes
+    from linop.backends.jax.plan import KernelOp, compile_plan
+
+    same = [KernelTemplate(_taps, _taps, (np.ones(2),), "k") for _ in range(4)]
+    plan = compile_plan(_template_tree(same), 4)
+    (op,) = [o for o in plan.ops if isinstance(o, KernelOp)]
+    (slot, _), *_ = op.calls[0].consumed
+    blocks = {slot: [(c.device, (0,), c.consumed[0][1]) for c in op.calls]}
+    ((clean,), _) = widen_boxes([op], blocks, plan.slots, 4)
+    assert clean.unmasked == (True,)
+    stale = {slot: [*blocks[slot], (0, (0,), plan.slots[slot])]}  # device 0's slot whole (6 > 3)
+    ((dirty,), _) = widen_boxes([op], stale, plan.slots, 4)
+    assert dirty.unmasked == (False,)
+    assert [box[2] for _, box in _reads(dirty)] == [c.consumed[0][1] for c in op.calls]
+    assert all(box[2][0] > 10**6 for _, box in _reads(clean))  # read whole: beyond every block

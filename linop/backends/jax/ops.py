@@ -168,6 +168,10 @@ class KernelOp:
     calls: tuple[KernelCall, ...]
     devices: int
     mode: str = "switch"
+    unmasked: tuple[bool, ...] = ()
+    """``"spmd"``: per consumed slot (in the order of the first call's), True where the slot is
+    known to be zero beyond every device's block as the round starts (``widen_boxes`` tracks
+    it), so the program reads it whole without masking it; empty: mask every padded one."""
 
     def __repr__(self) -> str:
         kernels = len({c.node.kernel for c in self.calls})

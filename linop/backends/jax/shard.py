@@ -193,7 +193,8 @@ def _kernels(device: DeviceView, slots: Slots, op: KernelOp) -> None:
 def _one_kernel(device: DeviceView, slots: Slots, op: KernelOp) -> None:
     """The calls of a round as ONE program on every device (``op.mode == "spmd"``: one
     :class:`~linop.kernel_template.KernelTemplate` up to parameters and shapes): each consumed
-    slot whole (zeroed outside the device's block where blocks are uneven), the device's
+    slot whole (zeroed outside the device's block where blocks are uneven, unless the plan
+    knows it zero there: ``op.unmasked``), the device's
     parameters picked from their table stacked over the devices (zero-padded to the largest;
     a constant where every device has the same), the outputs asked at the slots' shapes and
     zeroed outside each device's block; the devices without a call keep their slots."""
@@ -214,7 +215,8 @@ def _one_kernel(device: DeviceView, slots: Slots, op: KernelOp) -> None:
     for i, (slot, _) in enumerate(first.consumed):
         value = slots.value(slot)
         table, uneven = extents(i, "consumed")
-        blocks.append(device.mask(value, table) if uneven else value)
+        known_zero = bool(op.unmasked) and op.unmasked[i]  # beyond each block (plan's support)
+        blocks.append(device.mask(value, table) if uneven and not known_zero else value)
     params = []
     for k, param in enumerate(template.params):
         values = [c.node.kernel.device_template.params[k] for c in op.calls]
