@@ -13,7 +13,17 @@ transpose), all under ``jit``, float32:
 - all-reduce (hand and linop: ``psum``);
 - against the host callback at the README's size (16 rows per device) and larger;
 - the fixed cost of one call (the smallest halo; and an identity ``shard_map``: dispatch);
-- the padding overhead: halo windows with 4n - 3 rows (uneven, padded slots) against 4n rows.
+- the padding overhead: halo windows with 4n - 3 rows (uneven, padded slots) against 4n rows,
+  forward, grad and the transpose alone (in the grad of ``0.5 |f|^2`` of the even layout XLA
+  cancels the transpose's slices against the forward's, all static; with per-device starts it
+  cannot, so the grad row measures that simplification more than the padding);
+- a 3 x 3 convolution's input tree (``Convolution(x, 16, Kernel(3, padding=1)).input_operator``
+  on a 4 x 16 x 256 x 256 field in 4 row blocks; 4 x 16 x 64 x 64 with ``--quick``) against a
+  hand-written ``shard_map`` convolution (two one-row ``ppermute``, ``concatenate``, one
+  ``conv_general_dilated``), against plain ``conv_general_dilated`` on one device, and against
+  the same plan with its kernels run the old way (a ``lax.switch`` over per-device kernels),
+  forward and grad; on 4n - 3 rows too (uneven). ``--conv`` runs this case alone, ``--padding``
+  the padding overhead alone.
 
 Every pair is first checked to give the same result. Prints medians and ratios (linop /
 other). Run: ``python benchmarks/bench_jax_shard.py [--quick | --large]``.
@@ -34,12 +44,15 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from linop import AllGather, AllReduce, DistributedTensor, Kernel, Partition, Repartition, halo_windows
+from linop.backends.jax.plan import KernelOp
 from linop.frameworks.jax_function import function as callback_function
 from linop.frameworks.jax_sharded import sharded
+from linop.layers import Convolution
 from linop.layout import BlockGrid
 
 QUICK = "--quick" in sys.argv
 REPEATS = 5 if QUICK else 11
+PADDING_REPEATS = 41  # the padding cases take about a millisecond: more samples on a shared machine
 MESH = Mesh(np.array(jax.devices()), ("d",))
 ROWS = NamedSharding(MESH, PartitionSpec("d"))
 P = 4
@@ -110,6 +123,127 @@ def via_callback_of(op):
     return jax.jit(via_callback)
 
 
+def close(ours, theirs, argument, tolerance=1e-3) -> tuple[float, float, float]:
+    """:func:`run` for float kernels: the two sides agree within ``tolerance`` (relative to the
+    largest entry)."""
+    a, b = np.asarray(ours(argument)), np.asarray(theirs(argument))
+    scale = max(float(np.abs(b).max()), 1.0)
+    assert a.shape == b.shape and np.abs(a - b).max() <= tolerance * scale, "the two sides differ"
+    return compare(
+        lambda: jax.block_until_ready(ours(argument)),
+        lambda: jax.block_until_ready(theirs(argument)),
+        REPEATS,
+    )
+
+
+def switched(f):
+    """``f`` with its plans' kernels run the old way (``lax.switch`` over per-device kernels),
+    for the comparison: the same plan, every KernelOp's mode set to "switch"."""
+    from dataclasses import replace
+
+    def retag(plan):
+        ops = tuple(replace(o, mode="switch") if isinstance(o, KernelOp) else o for o in plan.ops)
+        return replace(plan, ops=ops, adjoint_cache=[])
+
+    plan = retag(f.plan)
+    plan.adjoint_cache.append(retag(f.plan.adjoint()))
+    return type(f)(f.op, f.mesh, axes=f.axes, plan=plan)
+
+
+def convolution_rows() -> None:
+    """The convolution input tree against hand shard_map, one device and the switch path."""
+    batch, channels, side = (4, 16, 64) if QUICK else (4, 16, 256)
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((channels, channels, 3, 3)).astype(np.float32) / 12
+    weights = jnp.asarray(w)
+    numbers = lax.conv_dimension_numbers((1, 1, 1, 1), w.shape, ("NCHW", "OIHW", "NCHW"))
+
+    def hand_conv(a):  # a: (1, N, C, rows, side), this device's rows
+        block = a[0]
+        above = lax.ppermute(block[:, :, -1:], "d", [(i, i + 1) for i in range(P - 1)])
+        below = lax.ppermute(block[:, :, :1], "d", [(i + 1, i) for i in range(P - 1)])
+        window = jnp.concatenate([above, block, below], axis=2)
+        y = lax.conv_general_dilated(window, weights, (1, 1), ((0, 0), (1, 1)), dimension_numbers=numbers)
+        return y[None]
+
+    def one_device(a):  # a: (N, C, rows, side), the whole field
+        return lax.conv_general_dilated(a, weights, (1, 1), ((1, 1), (1, 1)), dimension_numbers=numbers)
+
+    even = None
+    for rows in (P * side // 4, P * side // 4 - 3):
+        x = DistributedTensor("x", (batch, channels, rows, side), Partition((1, 1, P, 1)))
+        f = sharded(Convolution(x, channels, Kernel(3, padding=1)).input_operator(w), MESH)
+        modes = sorted({o.mode for o in (*f.plan.ops, *f.plan.adjoint().ops) if isinstance(o, KernelOp)})
+        field = rng.standard_normal((batch, channels, rows, side)).astype(np.float32)
+        stacked = jax.device_put(jnp.asarray(next(iter(f.pack(x.scatter(field)).values()))), ROWS)
+        ours, old = single(f), single(switched(f))
+        label = f"convolution 3x3 {batch}x{channels}x{rows}x{side} ({'/'.join(modes)})"
+        if even is None:
+            hand = hand_map(hand_conv)
+            row(f"{label}, forward, vs hand shard_map", close(ours, hand, stacked))
+            row(f"{label}, grad, vs hand shard_map", close(loss_grad(ours), loss_grad(hand), stacked))
+            whole = jax.device_put(jnp.asarray(field), jax.devices()[0])
+            row(f"{label}, forward, vs one device", timed(ours, stacked, jax.jit(one_device), whole))
+            row(
+                f"{label}, grad, vs one device", timed(loss_grad(ours), stacked, loss_grad(one_device), whole)
+            )
+            even = (ours, stacked)
+        else:
+            e_ours, e_stacked = even
+            row(
+                f"{label}, forward, vs the even {P * side // 4} rows", timed(ours, stacked, e_ours, e_stacked)
+            )
+            row(
+                f"{label}, grad, vs the even {P * side // 4} rows",
+                timed(loss_grad(ours), stacked, loss_grad(e_ours), e_stacked),
+            )
+        row(f"{label}, forward, vs lax.switch kernels", close(ours, old, stacked))
+        row(f"{label}, grad, vs lax.switch kernels", close(loss_grad(ours), loss_grad(old), stacked))
+
+
+def timed(ours, a, theirs, b) -> tuple[float, float, float]:
+    """:func:`compare` of ``ours(a)`` against ``theirs(b)``."""
+    return compare(lambda: jax.block_until_ready(ours(a)), lambda: jax.block_until_ready(theirs(b)), REPEATS)
+
+
+def padding_rows() -> None:
+    """Halo windows of 4n - 3 rows (padded slots) against 4n rows, forward and grad."""
+    n = 512
+    even = DistributedTensor("u", (P * n, n), Partition.grid((P, 1)))
+    uneven = DistributedTensor("u", (P * n - 3, n), Partition.grid((P, 1)))
+    f_even, f_uneven = (sharded(halo_windows(t, Kernel(3, padding=1)), MESH) for t in (even, uneven))
+    xe = jax.device_put(jnp.ones((P, n, n), jnp.float32), ROWS)
+    shape = f_uneven.domain.slots[0].shape
+    xu = jax.device_put(jnp.ones((P, *shape), jnp.float32), ROWS)
+    padded = 1 - (P * n - 3) * n / (P * shape[0] * shape[1])
+    ours_u, ours_e = single(f_uneven), single(f_even)
+    ours_u(xu)
+    timing = compare(
+        lambda: jax.block_until_ready(ours_u(xu)), lambda: jax.block_until_ready(ours_e(xe)), PADDING_REPEATS
+    )
+    row(
+        f"padding: halo windows of {P * n - 3} rows ({padded:.2%} of the slot padded) vs {P * n} rows, forward",
+        timing,
+    )
+    grads = loss_grad(ours_u), loss_grad(ours_e)
+    grads[0](xu)
+    timing = compare(
+        lambda: jax.block_until_ready(grads[0](xu)),
+        lambda: jax.block_until_ready(grads[1](xe)),
+        PADDING_REPEATS,
+    )
+    row("padding: same, grad", timing)
+    ct_u = jax.device_put(jnp.ones((P, *f_uneven.range.slots[0].shape), jnp.float32), ROWS)
+    ct_e = jax.device_put(jnp.ones((P, *f_even.range.slots[0].shape), jnp.float32), ROWS)
+    vjps = vjp_of(ours_u, ct_u), vjp_of(ours_e, ct_e)
+    timing = compare(
+        lambda: jax.block_until_ready(vjps[0](xu)),
+        lambda: jax.block_until_ready(vjps[1](xe)),
+        PADDING_REPEATS,
+    )
+    row("padding: same, transpose alone (vjp of a fixed cotangent)", timing)
+
+
 def main() -> None:
     load = os.getloadavg()
     print(
@@ -117,6 +251,12 @@ def main() -> None:
     )
     print("| case | linop | other | ratio |")
     print("|---|---|---|---|")
+    if "--padding" in sys.argv:
+        padding_rows()
+        return
+    convolution_rows()
+    if "--conv" in sys.argv:
+        return
     sizes = (64, 128) if QUICK else (64, 128, 512, 1024) if "--large" in sys.argv else (64, 128, 512)
     for n in sizes:
         u = DistributedTensor("u", (P * n, n), Partition.grid((P, 1)))
@@ -172,29 +312,7 @@ def main() -> None:
         lambda: jax.block_until_ready(tiny(x)), lambda: jax.block_until_ready(nothing(x)), REPEATS
     )
     row("per-call cost, same, vs an identity shard_map (dispatch alone)", timing)
-    n = 512
-    even = DistributedTensor("u", (P * n, n), Partition.grid((P, 1)))
-    uneven = DistributedTensor("u", (P * n - 3, n), Partition.grid((P, 1)))
-    f_even, f_uneven = (sharded(halo_windows(t, Kernel(3, padding=1)), MESH) for t in (even, uneven))
-    xe = jax.device_put(jnp.ones((P, n, n), jnp.float32), ROWS)
-    shape = f_uneven.domain.slots[0].shape
-    xu = jax.device_put(jnp.ones((P, *shape), jnp.float32), ROWS)
-    padded = 1 - (P * n - 3) * n / (P * shape[0] * shape[1])
-    ours_u, ours_e = single(f_uneven), single(f_even)
-    ours_u(xu)
-    timing = compare(
-        lambda: jax.block_until_ready(ours_u(xu)), lambda: jax.block_until_ready(ours_e(xe)), REPEATS
-    )
-    row(
-        f"padding: halo windows of {P * n - 3} rows ({padded:.2%} of the slot padded) vs {P * n} rows, forward",
-        timing,
-    )
-    grads = loss_grad(ours_u), loss_grad(ours_e)
-    grads[0](xu)
-    timing = compare(
-        lambda: jax.block_until_ready(grads[0](xu)), lambda: jax.block_until_ready(grads[1](xe)), REPEATS
-    )
-    row("padding: same, grad", timing)
+    padding_rows()
     load = os.getloadavg()
     print(f"load average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}")
 

@@ -54,6 +54,7 @@ from .errors import (
     UnknownBlockError,
     WorkerError,
 )
+from .kernel_template import KernelTemplate
 from .linearity import linearity_problem
 from .operator import LinearOperator
 from .space import Block, Space
@@ -134,6 +135,7 @@ class LocalKernel:
         "_key",
         "_kind",
         "_matrix",
+        "_template",
         "_text",
         "_vectorized",
     )
@@ -147,9 +149,11 @@ class LocalKernel:
         adjoint: Callable | None = None,
         dtype: npt.DTypeLike | None = None,
         vectorized: bool = False,
-        device: tuple[Callable, Callable] | None = None,
+        device: tuple[Callable, Callable] | KernelTemplate | None = None,
     ) -> None:
         self._kind = kind
+        self._template = device if isinstance(device, KernelTemplate) else None
+        device = None if isinstance(device, KernelTemplate) else device
         self._device = device
         self._matrix = matrix
         self._forward = forward
@@ -180,6 +184,14 @@ class LocalKernel:
             elif device is not None:
                 self._key = (*self._key, "jax")
                 self._text += " (jax)"
+            template = self._template
+            if template is not None:
+                digest = _digest(*(_array_digest(np.asarray(p)).encode() for p in template.params))
+                self._key = (*self._key, *template.family(), digest)
+                self._text += (
+                    f" (jax template {_qualname(template.forward)} / {_qualname(template.adjoint)}"
+                    f" {template.key!r} #{digest[:12]})"
+                )
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
@@ -191,11 +203,13 @@ class LocalKernel:
         adjoint: Callable | None = None,
         dtype: npt.DTypeLike | None = None,
         vectorized: bool = False,
-        jax: bool | tuple[Callable, Callable] = False,
+        jax: bool | tuple[Callable, Callable] | KernelTemplate = False,
     ) -> LocalKernel:
         """A kernel from a matrix (dense array, scipy.sparse, scipy LinearOperator) or from
         ``forward`` and ``adjoint`` callables (exactly one of the two ways); ``jax`` marks
-        callables as traceable by JAX (``True``) or gives their JAX pair (see the class).
+        callables as traceable by JAX (``True``) or gives their JAX pair (see the class), or a
+        :class:`~linop.kernel_template.KernelTemplate` (one JAX kernel shared by workers, each
+        with its own parameters: run as one program on every device).
 
         Raises
         ------
@@ -287,12 +301,17 @@ class LocalKernel:
         return self._device
 
     @property
+    def device_template(self) -> KernelTemplate | None:
+        """The :class:`~linop.kernel_template.KernelTemplate` given as ``jax=``, or None."""
+        return self._template
+
+    @property
     def runs_on_jax(self) -> bool:
         """Whether the kernel can run inside ``jit`` on JAX devices: a dense numeric matrix,
-        or callables marked with ``jax=``."""
+        or callables marked with ``jax=`` (True, a pair or a template)."""
         if self._kind == "dense":
             return self._matrix.dtype.kind in "biufc"
-        return self._device is not None
+        return self._device is not None or self._template is not None
 
     @property
     def shape(self) -> tuple[int, int] | None:
@@ -342,8 +361,13 @@ class LocalKernel:
         return function(*arrays)  # type: ignore[misc]
 
 
-def _device_pair(jax: Any, forward: Callable, adjoint: Callable) -> tuple[Callable, Callable] | None:
-    """The JAX pair that ``jax=`` of :meth:`LocalKernel.of` gives (None: not traceable)."""
+def _device_pair(
+    jax: Any, forward: Callable, adjoint: Callable
+) -> tuple[Callable, Callable] | KernelTemplate | None:
+    """The JAX pair (or template) that ``jax=`` of :meth:`LocalKernel.of` gives (None: not
+    traceable)."""
+    if isinstance(jax, KernelTemplate):
+        return jax
     if jax is False or jax is None:
         return None
     if jax is True:
@@ -819,7 +843,7 @@ def local_operator(
     adjoint: Callable | None = None,
     dtype: npt.DTypeLike | None = None,
     vectorized: bool = False,
-    jax: bool | tuple[Callable, Callable] = False,
+    jax: bool | tuple[Callable, Callable] | KernelTemplate = False,
     name: str = "L",
 ) -> LocalOperator:
     """A :class:`LocalOperator` on ``space``: consume ``inputs`` (names of blocks of ``space``),

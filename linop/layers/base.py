@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import LayerError
+from ..kernel_template import KernelTemplate
 from ..local import LocalKernel, LocalOperator
 from ..operator import Composition, Identity, LinearOperator
 from ..partition import DistributedTensor, Partition, balanced_sizes
@@ -117,14 +118,16 @@ def require_partition(layer: str, what: str, partition: object, rank: int) -> Pa
 @dataclass(frozen=True)
 class LocalStep:
     """One local kernel of a stage: consume ``inputs`` (names), produce ``outputs`` (blocks);
-    ``jax``: its pair for JAX devices, if any (``jax=`` of :meth:`LocalKernel.of`)."""
+    ``jax``: its pair for JAX devices, or a :class:`~linop.kernel_template.KernelTemplate`
+    (one kernel for every worker, each with its parameters), if any (``jax=`` of
+    :meth:`LocalKernel.of`)."""
 
     inputs: tuple[str, ...]
     outputs: tuple[Block, ...]
     forward: Callable[..., Any]
     adjoint: Callable[..., Any]
     label: str
-    jax: tuple[Callable[..., Any], Callable[..., Any]] | None = None
+    jax: tuple[Callable[..., Any], Callable[..., Any]] | KernelTemplate | None = None
 
 
 def local_stage(space: Space, steps: Sequence[LocalStep]) -> LinearOperator:

@@ -334,7 +334,7 @@ class Convolution:
                     forward,
                     adjoint,
                     grid_block_name("conv", j),
-                    kernels.jax_correlate_pair(part, window, stride, dilation),
+                    kernels.jax_correlate_template(part, stride, dilation),
                 )
             )
         local = local_stage(space, steps)
@@ -497,8 +497,12 @@ class Convolution:
                 )
             label = grid_block_name("conv_w", j)
             forward, adjoint = _parameter_kernels(window, label, size, stride, dilation, with_bias, self.dims)
-            pair = kernels.jax_weight_correlate_pair(window, size, stride, dilation, with_bias, label)
-            steps.append(LocalStep(inputs, (self.partial_block(j),), forward, adjoint, label, pair))
+            device = (
+                kernels.jax_weight_correlate_pair(window, size, stride, dilation, with_bias, label)
+                if window is None  # its typed error when called
+                else kernels.jax_weight_correlate_template(window, size, stride, dilation, with_bias)
+            )
+            steps.append(LocalStep(inputs, (self.partial_block(j),), forward, adjoint, label, device))
         local = local_stage(space, steps)
         reduce = self._reduction(local.range)
         factors = [movement, local] if reduce is None else [movement, local, reduce]

@@ -27,12 +27,15 @@ only when they run).
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Sequence
 from types import EllipsisType
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
+
+from ..kernel_template import KernelTemplate
 
 __all__ = [
     "output_shape",
@@ -47,6 +50,8 @@ __all__ = [
     "select",
     "select_adjoint",
     "jax_correlate_pair",
+    "jax_correlate_template",
+    "jax_weight_correlate_template",
     "jax_weight_correlate_pair",
 ]
 
@@ -350,6 +355,86 @@ def jax_correlate_pair(
         return _jax_correlate_adjoint(y, weights, window, stride, dilation)
 
     return forward, adjoint
+
+
+@functools.cache
+def _correlate_template_functions(
+    stride: tuple[int, ...], dilation: tuple[int, ...]
+) -> tuple[Callable, Callable]:
+    """The template callables of :func:`jax_correlate_template` (one pair per stride and
+    dilation, so that workers' templates share them)."""
+
+    def forward(params, x, *, shapes):
+        y = _jax_correlate(x, params[0], stride, dilation)
+        return _fit(y, shapes[0])
+
+    def adjoint(params, y, *, shapes):
+        return _fit(_jax_correlate_adjoint(y, params[0], shapes[0][2:], stride, dilation), shapes[0])
+
+    return forward, adjoint
+
+
+def _fit(y, shape: Sequence[int]):
+    """``y`` cut or zero-padded to ``shape`` (its leading corner kept)."""
+    import jax.numpy as jnp
+
+    if tuple(y.shape) == tuple(shape):
+        return y
+    y = y[tuple(slice(0, min(a, b)) for a, b in zip(y.shape, shape))]
+    return jnp.pad(y, [(0, b - a) for a, b in zip(y.shape, shape)])
+
+
+def jax_correlate_template(
+    weights: np.ndarray, stride: Sequence[int], dilation: Sequence[int]
+) -> KernelTemplate:
+    """:func:`jax_correlate_pair` as a :class:`~linop.kernel_template.KernelTemplate`: the
+    worker's ``weights`` its parameters, one forward and adjoint for every worker of a layer
+    (a correlation is padding-consistent: on a window zero-padded at its far end and weights
+    zero-padded in their channels, the leading corner of the output is the worker's own; the
+    adjoint likewise), so that JAX devices run the layer's kernels as one program."""
+    forward, adjoint = _correlate_template_functions(tuple(stride), tuple(dilation))
+    return KernelTemplate(
+        forward, adjoint, (np.asarray(weights),), ("correlate", tuple(stride), tuple(dilation))
+    )
+
+
+@functools.cache
+def _weight_template_functions(
+    size: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...], with_bias: bool
+) -> tuple[Callable, Callable]:
+    """The template callables of :func:`jax_weight_correlate_template`."""
+
+    def forward(params, w, b=None, *, shapes):
+        y = _fit(_jax_correlate(params[0], w, stride, dilation), shapes[0])
+        if with_bias:
+            spread: Index = (None, slice(None), *(None,) * (y.ndim - 2))
+            y = y + b[spread]
+        return y
+
+    def adjoint(params, y, *, shapes):
+        import jax.numpy as jnp
+
+        dw = _fit(_jax_weight_correlate_adjoint(params[0], y, size, stride, dilation), shapes[0])
+        if not with_bias:
+            return dw
+        return dw, _fit(jnp.sum(y, axis=(0, *range(2, y.ndim))), shapes[1])
+
+    return forward, adjoint
+
+
+def jax_weight_correlate_template(
+    window: np.ndarray, size: Sequence[int], stride: Sequence[int], dilation: Sequence[int], with_bias: bool
+) -> KernelTemplate:
+    """:func:`jax_weight_correlate_pair` of a given ``window`` as a
+    :class:`~linop.kernel_template.KernelTemplate` (the window its parameter: padding-consistent,
+    a window zero-padded at its far end or in its channels leaves the leading corner of the
+    output and of the weight gradient unchanged), so that JAX devices run the layer's
+    parameter kernels as one program."""
+    forward, adjoint = _weight_template_functions(
+        tuple(size), tuple(stride), tuple(dilation), bool(with_bias)
+    )
+    key = ("weight_correlate", tuple(size), tuple(stride), tuple(dilation), bool(with_bias))
+    return KernelTemplate(forward, adjoint, (np.asarray(window),), key)
 
 
 def jax_weight_correlate_pair(

@@ -27,6 +27,7 @@ __all__ = [
     "KernelCall",
     "KernelOp",
     "collective_piece",
+    "kernel_mode",
     "math_size",
 ]
 
@@ -152,12 +153,52 @@ class KernelCall:
 
 @dataclass(frozen=True, eq=False)
 class KernelOp:
-    """The local kernels of one round, at most one per device: each device runs its own call
-    (a ``lax.switch`` on the device index); a produced slot keeps its value on the devices
-    that do not write it."""
+    """The local kernels of one round, at most one per device; a produced slot keeps its
+    value on the devices that do not write it. ``mode`` says how they run:
+
+    - ``"single"``: one call, on the only device;
+    - ``"spmd"``: the calls are one :class:`~linop.kernel_template.KernelTemplate` (the same
+      callables and key, parameters of one rank and dtype, the same slots): ONE program on
+      every device, on the slots' common shapes (blocks zero-padded, each device's
+      parameters picked from a table stacked over the devices, the results masked to each
+      device's blocks);
+    - ``"switch"``: each device runs its own call (a ``lax.switch`` on the device index).
+    """
 
     calls: tuple[KernelCall, ...]
     devices: int
+    mode: str = "switch"
+    unmasked: tuple[bool, ...] = ()
+    """``"spmd"``: per consumed slot (in the order of the first call's), True where the slot is
+    known to be zero beyond every device's block as the round starts (``widen_boxes`` tracks
+    it), so the program reads it whole without masking it; empty: mask every padded one."""
+
+    def __repr__(self) -> str:
+        kernels = len({c.node.kernel for c in self.calls})
+        return f"KernelOp({self.mode}: {len(self.calls)} calls on {self.devices} devices, {kernels} kernels)"
+
+
+def kernel_mode(calls: Sequence[KernelCall], devices: int) -> str:
+    """How the calls of a round run (see :class:`KernelOp`): ``"spmd"`` where they are one
+    template up to parameters and shapes, ``"single"`` for one call on one device, else
+    ``"switch"``."""
+    if len(calls) == 1 and devices == 1:
+        return "single"
+    templates = [c.node.kernel.device_template for c in calls]
+    first = calls[0]
+    if templates[0] is None or any(t is None for t in templates):
+        return "switch"
+    family = templates[0].family()
+    same = all(
+        t.family() == family
+        and c.node.adjointed == first.node.adjointed
+        and [s for s, _ in c.consumed] == [s for s, _ in first.consumed]
+        and [s for s, _ in c.produced] == [s for s, _ in first.produced]
+        and len(t.params) == len(templates[0].params)
+        and all(p.ndim == q.ndim and p.dtype == q.dtype for p, q in zip(t.params, templates[0].params))
+        for t, c in zip(templates, calls)
+    )
+    return "spmd" if same else "switch"
 
 
 def collective_piece(

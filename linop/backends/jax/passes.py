@@ -12,6 +12,7 @@ share an entry on some device active in both. From the boxes each op reads and w
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -63,9 +64,13 @@ def _reads(op: Any) -> list[tuple[str, Box]] | None:
             used = piece.used()
             found.extend((piece.src, (piece.sends[e], used[e], piece.src_shape)) for e in range(len(used)))
         return found
-    if isinstance(op, KernelOp):  # each call's blocks (the rest of their slots is not read)
+    if isinstance(op, KernelOp):  # each call's blocks (the rest of their slots is not read,
+        # except a slot read whole, unmasked, by one program: its zeros there are read)
+        whole = op.unmasked or (False,) * len(op.calls[0].consumed)
         return [
-            (slot, _device_box(op.devices, c.device, shape)) for c in op.calls for slot, shape in c.consumed
+            (slot, _device_box(op.devices, c.device, (_BEYOND,) * len(shape) if whole[i] else shape))
+            for c in op.calls
+            for i, (slot, shape) in enumerate(c.consumed)
         ]
     return None
 
@@ -262,6 +267,8 @@ def widen_boxes(
             support = after
             i += 1
             continue
+        if isinstance(op, KernelOp) and op.mode == "spmd":
+            op = _unmasked(op, support)
         run = [op]
         if isinstance(op, BoxOp):
             covered = op.active.copy()
@@ -279,6 +286,21 @@ def widen_boxes(
             _update_support(done, support, slots, devices)
         i += len(run)
     return tuple(out), support
+
+
+def _unmasked(op: KernelOp, support: Support) -> KernelOp:
+    """``op`` (one program for every device) told which consumed slots are zero beyond each
+    device's block (``support``: where they may be nonzero), so as not to mask them."""
+    flags = []
+    for i, (slot, _) in enumerate(op.calls[0].consumed):
+        shapes = {c.device: c.consumed[i][1] for c in op.calls}
+        flags.append(
+            all(
+                d in shapes and all(b <= n for b, n in zip(stop, shapes[d]))
+                for d, _, stop in support.get(slot, [])
+            )
+        )
+    return dataclasses.replace(op, unmasked=tuple(flags))
 
 
 def _same_step(first: BoxOp, other: Any) -> bool:

@@ -91,6 +91,7 @@ from .ops import (
     SumOp,
     ZeroOp,
     collective_piece,
+    kernel_mode,
     math_size,
 )
 from .passes import Support, boxes_meet, drop_dead_clears, fold_self_boxes, widen_boxes
@@ -339,7 +340,8 @@ class _Compiler:
                 groups.setdefault(("kernel",) if isinstance(m, KernelCall) else m.key, []).append((d, m))
             for key, members in groups.items():
                 if key == ("kernel",):
-                    ops.append(KernelOp(tuple(m for _, m in members), self.devices))
+                    calls = tuple(m for _, m in members)
+                    ops.append(KernelOp(calls, self.devices, kernel_mode(calls, self.devices)))
                 else:
                     ops.append(self._box_op(members))
             heads = {d: i + 1 for d, i in heads.items() if i + 1 < len(queues[d])}

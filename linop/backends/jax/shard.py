@@ -6,7 +6,9 @@ interface slots it returns its pieces of the range's: box reads and writes on th
 ``pad``, in-place updates at per-device starts read from small constant tables at the device's
 ``lax.axis_index``), one ``lax.ppermute`` per round of transfers and one native collective
 (``all_to_all``, ``all_gather``, ``psum_scatter``, ``psum``) per phase that is one, and the
-local kernels of a round as one ``lax.switch`` on the device index (each device runs its own). Nothing
+local kernels of a round as one program on every device where they are one template up to
+parameters and shapes (:class:`~linop.kernel_template.KernelTemplate`; the plan's
+``KernelOp.mode`` says ``"spmd"``), else one ``lax.switch`` on the device index. Nothing
 runs on the host and nothing is gathered onto one device. The device's leading axis (of length
 1) is kept on every slot, so that an in-place update is never followed by a reshape (which
 would make XLA copy the slot).
@@ -135,7 +137,11 @@ def _kernels(device: DeviceView, slots: Slots, op: KernelOp) -> None:
     """The local kernels of a round: each device runs its own call (``lax.switch`` on its
     index; no switch when one call runs on every device), on its consumed blocks cut from
     their slots to the blocks' real shapes, and sets each produced slot to the block padded
-    with zeros (on the devices that do not write a slot, its old value)."""
+    with zeros (on the devices that do not write a slot, its old value). One program for
+    every device where the plan found the calls to be one template (:func:`_one_kernel`)."""
+    if op.mode == "spmd":
+        _one_kernel(device, slots, op)
+        return
     p = device.plan.devices
     produced = sorted({slot for c in op.calls for slot, _ in c.produced})
     consumed = sorted({slot for c in op.calls for slot, _ in c.consumed})
@@ -154,7 +160,13 @@ def _kernels(device: DeviceView, slots: Slots, op: KernelOp) -> None:
                 lax.slice(given[slot], (0,) * (lead + len(shape)), (*device.batch, *shape))
                 for slot, shape in call.consumed
             ]
-            results = dict(zip((slot for slot, _ in call.produced), _call_kernel(device, call, blocks)))
+            shapes = [shape for _, shape in call.produced]
+            results = dict(
+                zip(
+                    (slot for slot, _ in call.produced),
+                    _call_kernel(device, call.node, _device_function(call), blocks, shapes),
+                )
+            )
             return tuple(
                 device.place(results[slot], (0,) * len(device.plan.slots[slot]), device.plan.slots[slot])
                 if slot in results
@@ -178,12 +190,61 @@ def _kernels(device: DeviceView, slots: Slots, op: KernelOp) -> None:
         slots.set(slot, value)
 
 
-def _call_kernel(device: DeviceView, call: KernelCall, blocks: list[jax.Array]) -> list[jax.Array]:
-    """The kernel of ``call.node`` in its direction on ``blocks`` (each ``(*batch, *block)``),
-    mapped over the batch axes by ``jax.vmap``; its results checked and cast to the program's
-    dtype (which must hold them)."""
-    from ...errors import KernelOutputError
+def _one_kernel(device: DeviceView, slots: Slots, op: KernelOp) -> None:
+    """The calls of a round as ONE program on every device (``op.mode == "spmd"``: one
+    :class:`~linop.kernel_template.KernelTemplate` up to parameters and shapes): each consumed
+    slot whole (zeroed outside the device's block where blocks are uneven, unless the plan
+    knows it zero there: ``op.unmasked``), the device's
+    parameters picked from their table stacked over the devices (zero-padded to the largest;
+    a constant where every device has the same), the outputs asked at the slots' shapes and
+    zeroed outside each device's block; the devices without a call keep their slots."""
+    p = device.plan.devices
+    first = op.calls[0]
+    template = first.node.kernel.device_template
+    active = np.zeros(p, dtype=bool)
+    active[[c.device for c in op.calls]] = True
 
+    def extents(i: int, which: str) -> tuple[np.ndarray, bool]:
+        full = device.plan.slots[getattr(first, which)[i][0]]
+        table = np.zeros((p, len(full)), dtype=np.int32)
+        for c in op.calls:
+            table[c.device] = getattr(c, which)[i][1]
+        return table, any(tuple(table[c.device]) != tuple(full) for c in op.calls)
+
+    blocks = []
+    for i, (slot, _) in enumerate(first.consumed):
+        value = slots.value(slot)
+        table, uneven = extents(i, "consumed")
+        known_zero = bool(op.unmasked) and op.unmasked[i]  # beyond each block (plan's support)
+        blocks.append(device.mask(value, table) if uneven and not known_zero else value)
+    params = []
+    for k, param in enumerate(template.params):
+        values = [c.node.kernel.device_template.params[k] for c in op.calls]
+        if all(v.shape == param.shape and np.array_equal(v, param) for v in values):
+            params.append(jnp.asarray(param))
+            continue
+        shape = tuple(max(v.shape[a] for v in values) for a in range(param.ndim))
+        stacked = np.zeros((p, *shape), dtype=param.dtype)
+        for c, v in zip(op.calls, values):
+            corner: tuple[Any, ...] = (c.device, *(slice(0, n) for n in v.shape))
+            stacked[corner] = v
+        params.append(device.row(stacked))
+    shapes = [device.plan.slots[slot] for slot, _ in first.produced]
+    function = template.adjoint if first.node.adjointed else template.forward
+    frozen = tuple(params)
+    out = tuple(tuple(s) for s in shapes)
+    results = _call_kernel(device, first.node, lambda *b: function(frozen, *b, shapes=out), blocks, shapes)
+    for i, ((slot, _), value) in enumerate(zip(first.produced, results)):
+        table, uneven = extents(i, "produced")
+        if uneven:
+            value = device.mask(value, table)
+        if not active.all():
+            value = jnp.where(device.row(active), value, slots.value(slot))
+        slots.set(slot, value)
+
+
+def _device_function(call: KernelCall) -> Any:
+    """The traceable function of ``call``'s kernel in its direction, on the call's blocks."""
     node = call.node
     kernel = node.kernel
     if kernel.kind == "dense":
@@ -198,10 +259,26 @@ def _call_kernel(device: DeviceView, call: KernelCall, blocks: list[jax.Array]) 
             splits = np.cumsum(sizes)[:-1].tolist()
             return tuple(part.reshape(shape) for part, shape in zip(jnp.split(out, splits), shapes))
 
-    else:
-        pair = kernel.device_callables
-        assert pair is not None  # compile_plan refuses the kernels that do not run on JAX
-        function = pair[1] if node.adjointed else pair[0]
+        return function
+    if kernel.device_template is not None:
+        return kernel.device_template.bound(node.adjointed, [shape for _, shape in call.produced])
+    pair = kernel.device_callables
+    assert pair is not None  # compile_plan refuses the kernels that do not run on JAX
+    return pair[1] if node.adjointed else pair[0]
+
+
+def _call_kernel(
+    device: DeviceView,
+    node: Any,
+    function: Any,
+    blocks: list[jax.Array],
+    shapes: Sequence[tuple[int, ...]],
+) -> list[jax.Array]:
+    """``function`` (a kernel of ``node`` in its direction) on ``blocks`` (each ``(*batch,
+    *block)``), mapped over the batch axes by ``jax.vmap``; its results checked to have
+    ``shapes`` and cast to the program's dtype (which must hold them)."""
+    from ...errors import KernelOutputError
+
     batch = device.batch
     count = int(np.prod(batch, dtype=np.int64))
     flat = [b.reshape(count, *b.shape[len(batch) :]) for b in blocks]
@@ -213,17 +290,17 @@ def _call_kernel(device: DeviceView, call: KernelCall, blocks: list[jax.Array]) 
         return tuple(results)
 
     results = jax.vmap(one)(*flat)
-    if len(results) != len(call.produced):
+    if len(results) != len(shapes):
         raise KernelOutputError(
             f"local operator {node}: its kernel for JAX devices returned {len(results)} arrays for the "
-            f"{len(call.produced)} blocks {[b.name for b in node.produced]}"
+            f"{len(shapes)} blocks {[b.name for b in node.produced]}"
         )
     out = []
-    for block, result in zip(node.produced, results):
-        if tuple(result.shape[1:]) != tuple(block.shape):
+    for block, shape, result in zip(node.produced, shapes, results):
+        if tuple(result.shape[1:]) != tuple(shape):
             raise KernelOutputError(
                 f"local operator {node}: block {block.name!r} came back from its kernel for JAX devices "
-                f"with shape {tuple(result.shape[1:])}, expected {block.shape}"
+                f"with shape {tuple(result.shape[1:])}, expected {tuple(shape)}"
             )
         if not jnp.can_cast(result.dtype, device.dtype, casting="safe"):
             raise KernelOutputError(
@@ -231,7 +308,7 @@ def _call_kernel(device: DeviceView, call: KernelCall, blocks: list[jax.Array]) 
                 f"with dtype {result.dtype}, which the program's dtype {device.dtype} cannot hold; "
                 f"pass the inputs as {result.dtype}"
             )
-        out.append(result.astype(device.dtype).reshape(*batch, *block.shape))
+        out.append(result.astype(device.dtype).reshape(*batch, *shape))
     return out
 
 

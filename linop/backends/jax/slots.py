@@ -281,9 +281,18 @@ class Slots:
         self.masks.pop(slot, None)
 
     def alias(self, dst: str, src: str) -> None:
-        """Slot ``dst`` becomes slot ``src`` (same shape), its structure kept."""
+        """Slot ``dst`` becomes slot ``src`` (same shape), its structure kept (a padding not
+        yet masked stays lazy: masking it here would copy the whole slot where its boxes
+        alone are read)."""
         base = self.base.get(src)
-        if src in self.pending or (base is not None and not isinstance(base, _Tiles)):
+        if (
+            src in self.masks
+            and src not in self.pending
+            and base is not None
+            and not isinstance(base, _Tiles)
+        ):
+            self.set_masked(dst, base, self.masks[src])
+        elif src in self.pending or (base is not None and not isinstance(base, _Tiles)):
             self.set(dst, self.value(src))
         else:
             self.base[dst] = base if base is not None else _Tiles()
@@ -401,10 +410,7 @@ class Slots:
         box = (table, mask, shape)
         writes = self.pending.get(slot, [])
         meeting = [w for w in writes if boxes_meet(box, w.box)]
-        if meeting and not (
-            _static(starts)
-            and all(_contains(starts, shape, device.starts(w.box[0], w.box[1]), w) for w in meeting)
-        ):
+        if meeting and not (_static(starts) and all(_contains_on(starts, shape, mask, w) for w in meeting)):
             self.value(slot)
             meeting = []
         array = self._read_base(slot, starts, shape, table, mask)
@@ -487,8 +493,13 @@ def _overlap(a: tuple[int, ...], n: tuple[int, ...], b: tuple[int, ...], m: tupl
     return all(x < y + q and y < x + p for x, p, y, q in zip(a, n, b, m))
 
 
-def _contains(starts: tuple[int, ...], shape: tuple[int, ...], inner: tuple[Any, ...], w: _Write) -> bool:
-    """Whether the write ``w`` (at ``inner``) lies inside the box at ``starts`` on every device."""
-    if not _static(inner):
-        return False
-    return all(s <= i and i + m <= s + n for s, n, i, m in zip(starts, shape, inner, w.box[2]))
+def _contains_on(starts: tuple[int, ...], shape: tuple[int, ...], mask: np.ndarray, w: _Write) -> bool:
+    """Whether the write ``w`` lies inside the box at the static ``starts`` on every device
+    that reads the box (``mask``; the others read any value) and that ``w`` writes: then
+    ``w`` applies to the box alone, also at per-device starts (a halo row added at each
+    device's own end of an uneven block), and the slot is not assembled whole."""
+    table, active, size = w.box
+    both = mask & active
+    rows = table[both]
+    low, high = np.asarray(starts), np.asarray(starts) + np.asarray(shape)
+    return bool(((rows >= low) & (rows + np.asarray(size) <= high)).all())
