@@ -483,7 +483,7 @@ def _transpose(
         common = jnp.result_type(*cotangents)
         cotangents = [ct.astype(common) for ct in cotangents]
     back = sharded_p.bind(*cotangents, plan=plan.adjoint(), axes=axes, batch_dims=batch_dims)
-    result = []
+    result: list[Any] = []
     for value, primal in zip(back, primals):
         if not ad.is_undefined_primal(primal):  # an input not differentiated: no cotangent
             result.append(None)

@@ -481,7 +481,7 @@ def _all_to_all(
         work.set(step.target.name, target)
 
 
-RUNS: Final[Mapping[type, Callable[[Any, numpy_backend.Workspace, GroupContext, np.dtype], None]]] = (
+RUNS: Final[Mapping[type, Callable[..., object]]] = (  # (step, work, context, dtype); some return names
     MappingProxyType(
         {
             AllReduceStep: _all_reduce,
