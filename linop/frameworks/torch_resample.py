@@ -22,14 +22,17 @@ arithmetic as torch's interpolation of the global field, the local step is
 That holds, per spatial axis, when the mode is a nearest mode or a linear mode without
 ``align_corners``, and the scale torch uses is :math:`2^{-k}` exactly (a scale factor
 :math:`2^k`, or an output length :math:`2^k` times the input's): then the source coordinates
-(``o * 2^-k``, ``(o + 1/2) 2^-k`` and ``2^-k (o + 1/2) - 1/2``) are exact in every float dtype,
-so output :math:`o = o' + c` of the global field, :math:`o' = 2^k a` with :math:`a` the window's
+(``o * 2^-k``, ``(o + 1/2) 2^-k`` and ``2^-k (o + 1/2) - 1/2``) are exact in float32 and
+float64 (for fewer than :math:`2^{22}` outputs per axis, which the construction requires), so
+output :math:`o = o' + c` of the global field, :math:`o' = 2^k a` with :math:`a` the window's
 start, reads input :math:`a + i` with the weights with which the window's output :math:`c`
 reads its entry :math:`i`. The construction checks this against the layer's own maps (the
 window's map, shifted, equals the global map on the worker's outputs) and that the crop lies
 within the window's outputs; a worker that fails either, or data of another dtype, takes the
 general path. (With ``align_corners`` the coordinate is a product by
-:math:`(m - 1)/(n - 1)`, rounded differently on the window: no fast path.) In one process the numpy interpreter moves the windows; across MPI ranks (``comm=``) or a
+:math:`(m - 1)/(n - 1)`, rounded differently on the window: no fast path.)
+
+In one process the numpy interpreter moves the windows; across MPI ranks (``comm=``) or a
 torch.distributed process group (``group=``) each process passes its own blocks of x and gets
 its own blocks of y. The tests check the module against the whole tree's adjoint and against
 ``torch.nn.functional.interpolate``.
@@ -266,7 +269,7 @@ def _window_fast_path(layer: InterpolateLayer, g: Sequence[int]) -> _FastPath | 
         m, n = axis.input_length, axis.output_length
         ratio = Fraction(given) if given is not None else Fraction(n, m)
         k = _power_of_two(ratio)
-        if k is None or n != m << k:
+        if k is None or n != m << k or n >= 1 << 22:
             return None
         start, stop, a, w = row.output_start, row.output_stop, row.need_start, row.window_size
         offset, count = start - (a << k), stop - start
