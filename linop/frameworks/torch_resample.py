@@ -43,6 +43,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from types import EllipsisType
 from typing import Any
 
 import torch
@@ -187,7 +188,9 @@ class Interpolate(torch.nn.Module):
             align_corners=False if linear else None,
             recompute_scale_factor=False,
         )
-        return full[(Ellipsis, *(slice(c, c + n) for c, n in zip(fast.offsets, fast.lengths)))]
+        slices = tuple(slice(c, c + n) for c, n in zip(fast.offsets, fast.lengths))
+        crop: tuple[EllipsisType | slice, ...] = (Ellipsis, *slices)
+        return full[crop]
 
     def extra_repr(self) -> str:
         layer = self.layer
