@@ -14,7 +14,25 @@ The windows :math:`W x` are the layer's ``window_operator`` as a differentiable
 adding each window entry's gradient back into its owner); :math:`L_j` is the layer's per-axis
 weights (:meth:`linop.layers.Interpolate.parts`) applied with ``index_select`` and products,
 whose autograd is the transpose. The local step thus runs on the tensors' device and in their
-dtype. In one process the numpy interpreter moves the windows; across MPI ranks (``comm=``) or a
+dtype.
+
+Fast path. Where torch's own interpolation of the worker's window is provably the same
+arithmetic as torch's interpolation of the global field, the local step is
+``torch.nn.functional.interpolate`` of the window followed by a crop (``_window_fast_path``).
+That holds, per spatial axis, when the mode is a nearest mode or a linear mode without
+``align_corners``, and the scale torch uses is :math:`2^{-k}` exactly (a scale factor
+:math:`2^k`, or an output length :math:`2^k` times the input's): then the source coordinates
+(``o * 2^-k``, ``(o + 1/2) 2^-k`` and ``2^-k (o + 1/2) - 1/2``) are exact in float32 and
+float64 (for fewer than :math:`2^{22}` outputs per axis, which the construction requires), so
+output :math:`o = o' + c` of the global field, :math:`o' = 2^k a` with :math:`a` the window's
+start, reads input :math:`a + i` with the weights with which the window's output :math:`c`
+reads its entry :math:`i`. The construction checks this against the layer's own maps (the
+window's map, shifted, equals the global map on the worker's outputs) and that the crop lies
+within the window's outputs; a worker that fails either, or data of another dtype, takes the
+general path. (With ``align_corners`` the coordinate is a product by
+:math:`(m - 1)/(n - 1)`, rounded differently on the window: no fast path.)
+
+In one process the numpy interpreter moves the windows; across MPI ranks (``comm=``) or a
 torch.distributed process group (``group=``) each process passes its own blocks of x and gets
 its own blocks of y. The tests check the module against the whole tree's adjoint and against
 ``torch.nn.functional.interpolate``.
@@ -24,12 +42,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
+from types import EllipsisType
 from typing import Any
 
 import torch
 
 from ..errors import StateError
 from ..layers import Interpolate as InterpolateLayer
+from ..layers import resample_maps
 from ..layers.resample_maps import AxisWeights
 from ..partition import DistributedTensor
 from .torch_function import TorchOperator, engine_arguments, process_rank
@@ -114,12 +135,13 @@ class Interpolate(torch.nn.Module):
         self.windows = TorchOperator(self.layer.window_operator, comm=comm, group=group)
         self.input_names = self.windows.inputs
         rank = process_rank(comm, group)
-        self._products: list[tuple[str, str, tuple[_Axis, ...], tuple[int, ...]]] = [
+        self._products: list[tuple[str, str, tuple[_Axis, ...], tuple[int, ...], _FastPath | None]] = [
             (
                 self.y.block_name(g),
                 self.layer.window_name(g),
                 tuple(_Axis.of(part) for part in self.layer.parts(g)),
                 self.y.block(g).shape,
+                _window_fast_path(self.layer, g),
             )
             for g in self.x.partition.indices()
             if rank is None or self.y.block(g).worker == rank
@@ -145,13 +167,30 @@ class Interpolate(torch.nn.Module):
                     )
         windows = self.windows(x)
         result = {}
-        for out, window_name, parts, shape in self._products:
+        for out, window_name, parts, shape, fast in self._products:
             window = windows[window_name]
             if 0 in shape:  # no output here: an empty block, still tied to the windows' graph
                 result[out] = window.reshape(-1)[:0].reshape(shape)
                 continue
-            result[out] = _interpolate(window, parts)
+            if fast is not None and window.dtype == self.dtype:
+                result[out] = self._interpolate_window(window, fast)
+            else:
+                result[out] = _interpolate(window, parts)
         return result
+
+    def _interpolate_window(self, window: torch.Tensor, fast: _FastPath) -> torch.Tensor:
+        """torch's interpolation of the whole window, cropped to the worker's outputs."""
+        linear = self.layer.mode not in ("nearest", "nearest-exact")
+        full = torch.nn.functional.interpolate(
+            window,
+            scale_factor=fast.scale_factors,
+            mode=self.layer.mode,
+            align_corners=False if linear else None,
+            recompute_scale_factor=False,
+        )
+        slices = tuple(slice(c, c + n) for c, n in zip(fast.offsets, fast.lengths))
+        crop: tuple[EllipsisType | slice, ...] = (Ellipsis, *slices)
+        return full[crop]
 
     def extra_repr(self) -> str:
         layer = self.layer
@@ -201,6 +240,56 @@ def _interpolate(window: torch.Tensor, axes: Sequence[_Axis]) -> torch.Tensor:
         high = axis.high.to(device=y.device, dtype=real).reshape(shape)
         y = gathered * low + y.index_select(dim, axis.second.to(y.device)) * high
     return y
+
+
+@dataclass(frozen=True)
+class _FastPath:
+    """A worker's local step as torch's interpolation of its window with ``scale_factors``
+    (powers of two), cropped to ``lengths`` outputs from ``offsets`` per spatial axis."""
+
+    scale_factors: tuple[float, ...]
+    offsets: tuple[int, ...]
+    lengths: tuple[int, ...]
+
+
+def _power_of_two(ratio: Fraction) -> int | None:
+    """k where ``ratio`` is exactly 2**k with k >= 0, else None."""
+    if ratio.denominator != 1 or ratio.numerator < 1:
+        return None
+    k = ratio.numerator.bit_length() - 1
+    return k if ratio.numerator == 1 << k else None
+
+
+def _window_fast_path(layer: InterpolateLayer, g: Sequence[int]) -> _FastPath | None:
+    """The fast path of worker ``g`` (see the module), or None where it is not provably torch's
+    arithmetic on the global field: ``align_corners``, a scale that is not 2**-k, a crop outside
+    the window's outputs, or a window map that differs from the global one."""
+    if layer.align_corners and layer.mode not in ("nearest", "nearest-exact"):
+        return None
+    factors, offsets, lengths = [], [], []
+    for d, (axis, given) in enumerate(zip(layer.maps, layer.scales)):
+        row = layer.geometry.row(g, d + 2)
+        m, n = axis.input_length, axis.output_length
+        ratio = Fraction(given) if given is not None else Fraction(n, m)
+        k = _power_of_two(ratio)
+        if k is None or n != m << k or n >= 1 << 22:
+            return None
+        start, stop, a, w = row.output_start, row.output_stop, row.need_start, row.window_size
+        offset, count = start - (a << k), stop - start
+        if offset < 0 or offset + count > w << k or w < 1:
+            return None
+        local = resample_maps.axis_map(layer.mode, w, w << k, float(1 << k), False, layer.dtype)
+        window_outputs = slice(offset, offset + count)
+        if (
+            tuple(i + a for i in local.first[window_outputs]) != axis.first[start:stop]
+            or tuple(i + a for i in local.second[window_outputs]) != axis.second[start:stop]
+            or local.weights[window_outputs] != axis.weights[start:stop]
+        ):
+            return None
+        factors.append(float(1 << k))
+        offsets.append(offset)
+        lengths.append(count)
+    return _FastPath(tuple(factors), tuple(offsets), tuple(lengths))
 
 
 class Upsample(Interpolate):

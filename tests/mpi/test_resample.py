@@ -48,6 +48,13 @@ CASES = [
         lambda: DistributedTensor("x", (2, 2, 7, 6), Partition((1, 1, *_grid_2d()))),
         dict(size=(11, 5), mode="bilinear"),
     ),
+    (  # scale 2 without align_corners: the modules' fast path (torch's interpolate of each window)
+        "bilinear-x2-uneven",
+        lambda: DistributedTensor(
+            "x", (1, 2, 9, 6), Partition((1, 1, SIZE, 1)), sizes=((1,), (2,), _uneven(9, SIZE), (6,))
+        ),
+        dict(scale_factor=2, mode="bilinear"),
+    ),
     (
         "nearest-1.5",
         lambda: DistributedTensor("x", (1, 1, 6, 5), Partition((1, 1, *_grid_2d()))),
