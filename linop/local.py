@@ -135,6 +135,7 @@ class LocalKernel:
         "_key",
         "_kind",
         "_matrix",
+        "_structure",
         "_template",
         "_text",
         "_vectorized",
@@ -160,6 +161,7 @@ class LocalKernel:
         self._adjoint = adjoint
         self._dtype = None if dtype is None else np.dtype(dtype)
         self._vectorized = bool(vectorized)
+        self._structure = ""
         if kind == "dense":
             self._key: Any = _array_digest(matrix)
             self._text = f"dense {matrix.shape[0]}x{matrix.shape[1]} {matrix.dtype} #{self._key[:12]}"
@@ -178,6 +180,7 @@ class LocalKernel:
         else:
             self._key = (id(forward), id(adjoint), self._vectorized, self._dtype)
             self._text = f"callables {_qualname(forward)} / {_qualname(adjoint)}"
+            self._structure = self._text  # before the JAX forms: see the property
             if device is not None and not (device[0] is forward and device[1] is adjoint):
                 self._key = (*self._key, id(device[0]), id(device[1]))
                 self._text += f" (jax {_qualname(device[0])} / {_qualname(device[1])})"
@@ -299,6 +302,15 @@ class LocalKernel:
     def device_callables(self) -> tuple[Callable, Callable] | None:
         """The ``(forward, adjoint)`` pair traceable by JAX (``jax=`` of :meth:`of`), or None."""
         return self._device
+
+    @property
+    def structure(self) -> str:
+        """What the kernel computes on the host, as a tree's fingerprint reads it: its ``repr``
+        without the JAX forms given as ``jax=``. Those choose how JAX devices run it, not what it
+        computes, and may depend on data only one rank holds (a convolution's parameter tree
+        built from a rank's own windows has a one-program template where it holds the window
+        and the worker's pair where it does not), so every rank must fingerprint it alike."""
+        return self._structure or self._text
 
     @property
     def device_template(self) -> KernelTemplate | None:

@@ -597,3 +597,23 @@ def test_bad_layer_arguments_raise_layer_errors_naming_them(build, message):
     with pytest.raises(LayerError, match=message) as caught:
         build()
     assert isinstance(caught.value, ValueError)
+
+
+def test_a_parameter_tree_fingerprints_alike_from_any_ranks_windows():
+    """Every rank builds a convolution's parameter tree from its own windows only (the others'
+    absent), and the ranks must fingerprint it alike: the kernels' JAX forms (a one-program
+    template where the window is held, the worker's pair where it is not) are not part of
+    it. Control: a different kernel size is a different fingerprint."""
+    from linop.program.fingerprinting import fingerprint
+
+    x = DistributedTensor("x", (2, 2, 7, 6), Partition((1, 1, 2, 1)))
+    layer = Convolution(x, 2, Kernel(3, padding=1))
+    data = np.random.default_rng(0).integers(-3, 4, x.global_shape)
+    windows = layer.window_operator(x.scatter(data))
+    prints = {
+        fingerprint(layer.parameter_operator({k: v for k, v in windows.items() if k == name}))
+        for name in windows
+    }
+    assert prints == {fingerprint(layer.parameter_operator(windows))}
+    other = Convolution(x, 2, Kernel(5, padding=2))
+    assert fingerprint(other.parameter_operator(other.window_operator(x.scatter(data)))) not in prints

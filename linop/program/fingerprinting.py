@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..halo_geometry import GeometryRows
+from ..local import LocalKernel
 from ..operator import LinearOperator
 from ..partition import Partition
 from ..space import Block, GridSpace, Region, Space
@@ -103,6 +104,8 @@ def _feed(value: Any, digest: Any, memo: dict[int, bytes]) -> None:
         for item in value:
             _feed(item, digest, memo)
         digest.update(b")")
+    elif isinstance(value, LocalKernel):  # what it computes, not how JAX runs it
+        digest.update(f"K{value.structure}".encode())
     elif isinstance(value, np.ndarray):
         digest.update(f"A{value.dtype.str}{value.shape}".encode())
         digest.update(np.ascontiguousarray(value).tobytes())
