@@ -47,11 +47,9 @@ and prints rank 0's top entries.
 from __future__ import annotations
 
 import cProfile
-import datetime
 import io
 import os
 import pstats
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -62,6 +60,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as functional
+from _gloo import launch
 
 from linop.partition import DistributedTensor, Partition
 
@@ -685,34 +684,11 @@ def _profile(step: Step, rank: int, calls: int = 20) -> None:
         print(f"cProfile of {calls} linop steps on rank 0:\n{out.getvalue()}\n{out2.getvalue()}", flush=True)
 
 
-def _process(rank: int, size: int, port: int) -> None:
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=size,
-        timeout=datetime.timedelta(seconds=300),
-    )
-    try:
-        main()
-    finally:
-        dist.destroy_process_group()
-
-
 if __name__ == "__main__":
     if "--mpi" in sys.argv:  # under mpiexec -n 4: linop's modules with comm=, the hand-written with mpi4py
         from mpi4py import MPI
 
         E.use_mpi(MPI.COMM_WORLD)
         main()
-    elif "RANK" in os.environ:  # under torchrun
-        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
-        main()
-        dist.destroy_process_group()
     else:
-        import torch.multiprocessing as mp
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        mp.spawn(_process, args=(4, port), nprocs=4)
+        launch(main, 4)

@@ -37,9 +37,7 @@ speed. The machine may be shared: report its load with the figures.
 
 from __future__ import annotations
 
-import datetime
 import os
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -49,6 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from _gloo import launch
 
 from linop.backends import torch_distributed as td
 from linop.halo import HaloExchange
@@ -396,30 +395,5 @@ def main() -> None:
             print(" | ".join(cells))
 
 
-def _process(rank: int, size: int, port: int) -> None:
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=size,
-        timeout=datetime.timedelta(seconds=300),
-    )
-    try:
-        main()
-    finally:
-        dist.destroy_process_group()
-
-
 if __name__ == "__main__":
-    if "RANK" in os.environ:  # under torchrun
-        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
-        main()
-        dist.destroy_process_group()
-    else:
-        import torch.multiprocessing as mp
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        processes = int(sys.argv[1]) if len(sys.argv) > 1 else 4
-        mp.spawn(_process, args=(processes, port), nprocs=processes)
+    launch(main, int(sys.argv[1]) if len(sys.argv) > 1 else 4)

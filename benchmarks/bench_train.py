@@ -36,9 +36,7 @@ Nothing is asserted about speed. The machine may be shared: report its load with
 
 from __future__ import annotations
 
-import datetime
 import os
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -50,6 +48,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F  # noqa: N812 - torch's conventional name
+from _gloo import launch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
@@ -363,32 +362,6 @@ def main() -> None:
             print(" | ".join(cells))
 
 
-def _process(rank: int, size: int, port: int) -> None:
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=size,
-        timeout=datetime.timedelta(seconds=300),
-    )
-    try:
-        main()
-    finally:
-        dist.destroy_process_group()
-
-
 if __name__ == "__main__":
-    if "RANK" in os.environ:  # under torchrun
-        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
-        main()
-        dist.destroy_process_group()
-    else:
-        import torch.multiprocessing as mp
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        torch.optim.SGD(
-            [torch.zeros(1, requires_grad=True)], lr=0.1
-        )  # torch._dynamo imported before the fork
-        mp.start_processes(_process, args=(4, port), nprocs=4, start_method="fork")
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)  # torch._dynamo imported before the fork
+    launch(main, 4, start_method="fork")
