@@ -259,11 +259,12 @@ TREES = (
     "trees = [HaloExchange(halo_geometry(t, Kernel(3, padding=1))), AllReduce(t, (0,)),\n"
     "         Repartition(t, u), AllGather(t, 1, 'g'), AllGather(t, 1, 'g').H,\n"
     "         Broadcast(DistributedTensor('b', (3,), Partition((1,))), Partition((4,)), 'c'),\n"
-    "         Scatter(Block('r', (8, 8), 0), t)]\n"
+    "         Scatter(Block('r', (8, 8), 0), t),\n"
+    "         ReduceScatter(DistributedTensor('v', (7, 3), Partition((4, 1))), 0, 'g')]\n"
     "trees += [tree.H for tree in trees]\n"
 )
 """Trees of every fast-path family (halo, all-reduce, rooted, all-to-all, gather along a line,
-reduce-scatter), forward and adjoint, on four workers."""
+reduce-scatter of equal or uneven shares), forward and adjoint, on four workers."""
 
 COMPILATIONS = {
     "program": (

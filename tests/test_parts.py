@@ -18,7 +18,7 @@ import typing
 
 import pytest
 
-from linop import AllGather, AllReduce, Broadcast, DistributedTensor, Partition, Repartition
+from linop import AllGather, AllReduce, Broadcast, DistributedTensor, Partition, ReduceScatter, Repartition
 from linop.backends.mpi.native import CALLS, mpi_schedule
 from linop.backends.mpi.steps import RankStep
 from linop.program import RankBranches, RankPart, RankProgram, WorkerMap, compile_for_rank
@@ -32,6 +32,7 @@ TREES = {
     "sum-reduce": lambda: Broadcast(DistributedTensor("b", (3,), Partition((1,))), Partition((4,)), "c").H,
     "gather-line": lambda: AllGather(TENSOR, 1, "g"),
     "reduce-scatter-line": lambda: AllGather(TENSOR, 1, "g").H,
+    "reduce-scatter-uneven": lambda: ReduceScatter(DistributedTensor("x", (7, 3), Partition((4, 1))), 0, "g"),
     "all-to-all": lambda: Repartition(TENSOR, DistributedTensor("u", (8, 8), Partition((4, 1)))),
 }
 MAPPED = ("all-reduce", "all-reduce-sum", "broadcast", "sum-reduce")
@@ -100,6 +101,7 @@ TORCH_ROWS = {
     "sum-reduce": "RootedPart",
     "gather-line": "LineGatherPart",
     "reduce-scatter-line": "LineGatherPart",
+    "reduce-scatter-uneven": "LineReduceScatterPart",
     "all-to-all": "AllToAllPart",
 }
 """The part type each family's unmapped fast path lowers to (each a row of torch's table)."""

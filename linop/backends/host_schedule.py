@@ -32,6 +32,7 @@ __all__ = [
     "finish_phase",
     "store_results",
     "shares_by_member",
+    "uneven_shares_by_member",
     "read_only",
     "cast_copies",
     "outputs",
@@ -231,6 +232,22 @@ def shares_by_member(array: np.ndarray, axis: int, count: int, out: np.ndarray |
         lined[...] = out
         return array
     return np.ascontiguousarray(lined)
+
+
+def uneven_shares_by_member(array: np.ndarray, axis: int, shares: Sequence[int]) -> np.ndarray:
+    """``array`` (a gathered block) flat, member by member: axis ``axis`` cut into consecutive
+    shares of ``shares[k]`` entries (some may be empty) and member ``k``'s box, in C order,
+    after member ``k - 1``'s (a view of ``array`` when the shares lead and it is C-ordered,
+    else one copy). What the native reduce-scatters of uneven shares send."""
+    if int(np.prod(array.shape[:axis])) == 1 and array.flags.c_contiguous:
+        return array.reshape(-1)
+    out = np.empty(array.size, dtype=array.dtype)
+    at, start = 0, 0
+    for share in shares:
+        box = array[(slice(None),) * axis + (slice(start, start + share),)]
+        out[at : at + box.size].reshape(box.shape)[...] = box
+        at, start = at + box.size, start + share
+    return out
 
 
 def read_only(array: np.ndarray) -> np.ndarray:

@@ -1,7 +1,9 @@
 """The fast-path lowering of :class:`~linop.collectives.AllGather` and
 :class:`~linop.collectives.ReduceScatter` along one axis of equal shares: one collective per
 line of the partition (:class:`~linop.program.parts.LineGatherPart`, a rank's line described);
-other all-gathers as one all-to-all (:mod:`linop.program.lowering_all_to_all`), other
+a reduce-scatter along one axis of uneven shares likewise
+(:class:`~linop.program.parts.LineReduceScatterPart`, the shares listed: O(the line)); other
+all-gathers as one all-to-all (:mod:`linop.program.lowering_all_to_all`), other
 reduce-scatters as their expansion; a mapped rank's, its workers' part of the expansion
 (:func:`~linop.program.lowering_planned.workers_part`)."""
 
@@ -15,23 +17,77 @@ from ..space import Block
 from .lowering import lowering, lowering_rank, note_workers, per_worker
 from .lowering_all_to_all import alltoallw_step, global_alltoallw, layout_pieces, noted_layouts, planned
 from .lowering_planned import workers_part
-from .parts import Fallback, LineGatherPart, Projected
+from .parts import Fallback, LineGatherPart, LineReduceScatterPart, Projected
 from .steps import FastPathStep, Step
 
 __all__: list[str] = []
 
 
-def _gather_line(op: AllGather | ReduceScatter) -> int | None:
-    """The one axis of an all-gather or reduce-scatter whose native path applies (no
-    pass-through blocks, one axis, equal shares along it, more than one member), or None."""
+def _one_line(op: AllGather | ReduceScatter) -> int | None:
+    """The one axis of an all-gather or reduce-scatter along a line (no pass-through blocks,
+    one axis, more than one member), or None."""
     tensor = op.tensor
     if len(op.others) or len(op.axes) != 1 or not tensor.ndim:
         return None
     (axis,) = op.axes
-    sizes = tensor.sizes[axis]
-    if len(sizes) < 2 or len(set(sizes)) != 1:
+    return axis if len(tensor.sizes[axis]) > 1 else None
+
+
+def _gather_line(op: AllGather | ReduceScatter) -> int | None:
+    """The one axis of an all-gather or reduce-scatter whose native path applies (a line,
+    :func:`_one_line`, of equal shares), or None."""
+    axis = _one_line(op)
+    if axis is None or len(set(op.tensor.sizes[axis])) != 1:
         return None
     return axis
+
+
+def _uneven_line(op: ReduceScatter) -> int | None:
+    """The one axis of a reduce-scatter along a line (:func:`_one_line`) of uneven shares, or
+    None."""
+    axis = _one_line(op)
+    if axis is None or len(set(op.tensor.sizes[axis])) == 1:
+        return None
+    return axis
+
+
+def _rank_uneven(op: ReduceScatter, rank: int, axis: int) -> LineReduceScatterPart:
+    """The rank's part of a reduce-scatter of uneven shares: its gathered block, its own
+    block, its line described and the line's shares."""
+    tensor = op.tensor
+    source: str | None = None
+    target: Block | None = None
+    members: WorkerBox | tuple[int, ...] = ()
+    if tensor.partition.position(rank) is not None:
+        index = tensor.partition.index(rank)
+        source, target = op.gathered.block_name(index), tensor.block(index)
+        members = WorkerBox(tensor.partition, tuple(None if d == axis else i for d, i in enumerate(index)))
+    shares = tuple(tensor.sizes[axis])
+    return LineReduceScatterPart(source, target, members, axis, shares, Fallback(op, rank))
+
+
+@dataclass
+class _UnevenRunner:
+    op: ReduceScatter
+    axis: int
+    workers: tuple[int, ...] = field(default=())
+
+    def project(self, rank: int) -> LineReduceScatterPart:
+        return _rank_uneven(self.op, rank, self.axis)
+
+
+def _native_uneven(op: ReduceScatter) -> list[Step] | None:
+    """The step of a reduce-scatter along one line of uneven shares (one collective per line;
+    a rank plans its own line only), or None for any other."""
+    axis = _uneven_line(op)
+    if axis is None:
+        return None
+    partition = op.tensor.partition
+    rank = lowering_rank()
+    if rank is None:
+        return [FastPathStep(_UnevenRunner(op, axis, tuple(partition.workers)))]
+    note_workers(partition.max_worker)
+    return [FastPathStep(Projected(_rank_uneven(op, rank, axis), rank, (partition.max_worker,)))]
 
 
 def _rank_gather(op: AllGather | ReduceScatter, rank: int, axis: int) -> LineGatherPart:
@@ -75,13 +131,16 @@ def _native_gather(op: AllGather | ReduceScatter) -> list[Step] | None:
 
 @lowering(per_worker(ReduceScatter))
 def _reduce_scatter(op: ReduceScatter) -> list[Step] | None:
-    """Along one line of equal shares (:func:`_native_gather`); else as any plan
+    """Along one line of equal shares (:func:`_native_gather`) or uneven ones
+    (:func:`_native_uneven`); else as any plan
     (:func:`~linop.program.lowering_all_to_all.planned`); a mapped rank's, its workers'
     part of the expansion (:func:`~linop.program.lowering_planned.workers_part`)."""
     part = workers_part(op)
     if part is not None:
         return part
     native = _native_gather(op)
+    if native is None:
+        native = _native_uneven(op)
     return native if native is not None else planned(op)
 
 

@@ -20,6 +20,7 @@ part                            what the rank does (in the global order of the g
 :class:`MappedRootedPart`       the same under a worker map, a rank's copies filled or summed
                                 locally
 :class:`LineGatherPart`         an all-gather or reduce-scatter along one line of equal shares
+:class:`LineReduceScatterPart`  a reduce-scatter along one line of uneven shares (some empty)
 :class:`AllToAllPart`           one all-to-all: boxes of its one old block sent to each peer, boxes
                                 of its one new block received from each peer (with a bound on
                                 any rank's boxes, alike on every rank)
@@ -54,6 +55,7 @@ __all__ = [
     "MappedRootedGroup",
     "MappedRootedPart",
     "LineGatherPart",
+    "LineReduceScatterPart",
     "AllToAllPart",
     "Part",
 ]
@@ -199,6 +201,28 @@ class LineGatherPart(RankPart):
 
 
 @dataclass(frozen=True)
+class LineReduceScatterPart(RankPart):
+    r"""One rank's part of a reduce-scatter along one axis whose shares are uneven (some may be
+    empty): its group is a line of the partition, ``members`` (described,
+    :class:`~linop.partition.WorkerBox`), in coordinate order, and member ``k`` owns the entries
+    :math:`[o_k, o_k + n_k)` of the gathered block along ``axis``, where
+    :math:`n_k` = ``shares[k]`` and :math:`o_k = n_0 + \dots + n_{k-1}`.
+
+    Forward: member ``k`` receives :math:`x_k = \sum_{j \in \text{line}} g_j[o_k : o_k + n_k]`
+    (along ``axis``; every other axis whole); ``source`` is the rank's gathered block
+    :math:`g_j` (dropped) and ``target`` its block :math:`x_k` (created); both None on a rank
+    outside the layout. The adjoint is the all-gather of the same shares, another node (which
+    runs as one all-to-all, :class:`AllToAllPart`)."""
+
+    source: str | None
+    target: Block | None
+    members: Sequence[int]
+    axis: int
+    shares: tuple[int, ...]
+    fallback: Fallback = field(compare=False, repr=False)
+
+
+@dataclass(frozen=True)
 class AllToAllPart(RankPart):
     """One rank's part of an all-to-all (a copying plan whose every worker gives at most one
     block and gets at most one): boxes of its one old block ``source`` (of shape
@@ -220,5 +244,13 @@ class AllToAllPart(RankPart):
     most_messages: int | None = None
 
 
-Part = AllReducePart | MappedAllReducePart | RootedPart | MappedRootedPart | LineGatherPart | AllToAllPart
+Part = (
+    AllReducePart
+    | MappedAllReducePart
+    | RootedPart
+    | MappedRootedPart
+    | LineGatherPart
+    | LineReduceScatterPart
+    | AllToAllPart
+)
 """The closed union of the collectives' rank parts: an executor's table has a row per type."""

@@ -179,6 +179,41 @@ def test_native_all_gather_and_reduce_scatter_on_equal_shares(grid, dtype):
                 check_fast_path_equals_expansion(node, state, exact=True)
 
 
+UNEVEN = {  # (global shape, grid, axis): uneven shares along the axis, some empty at 3-4 ranks
+    "rows": ((2 * SIZE + 1, 3), (SIZE, 1), 0),
+    "a middle axis": ((2, SIZE + 1, 3), (1, SIZE, 1), 1),
+    "empty shares": ((2, max(SIZE - 1, 1)), (1, SIZE), 1),
+    "two lines": ((3, 2 * SIZE + 1), (2, SIZE // 2), 1) if SIZE % 2 == 0 else ((5, 3), (SIZE, 1), 0),
+}
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.float16], ids=["int64", "float16"])
+@pytest.mark.parametrize("case", list(UNEVEN))
+def test_native_reduce_scatter_on_uneven_shares(case, dtype):
+    """Along one axis of uneven shares (some empty) a reduce-scatter is one ``Reduce_scatter``
+    per line of the partition (the line's counts; float16, which MPI cannot sum, runs the
+    expansion): the part in every rank's schedule, and the result equal entry by entry to the
+    portable program (the expansion's primitives) and to the numpy interpreter, in integers;
+    its adjoint (an all-gather of the same shares, one all-to-all) likewise."""
+    from linop.backends.mpi.steps import RankStep
+    from linop.program.parts import LineReduceScatterPart
+
+    shape, grid, axis = UNEVEN[case]
+    tensor = DistributedTensor("x", shape, Partition(grid))
+    op = ReduceScatter(tensor, (axis,), "g")
+    sizes = tensor.sizes[axis]
+    uneven = len(set(sizes)) > 1
+    plan = mpi_backend.plan_for(op, comm=COMM)
+    parts = [s.part for s in plan.schedule if isinstance(s, RankStep)]
+    collective_assert(
+        not uneven or [type(p) for p in parts] == [LineReduceScatterPart],
+        f"{op} over shares {sizes}: not one native reduce-scatter ({plan.schedule})",
+    )
+    for node in (op, op.H):
+        state = {k: v.astype(dtype) for k, v in node.domain.random(13, dtype=np.int64).items()}
+        check_fast_path_equals_expansion(node, state, exact=True)
+
+
 def test_scatter_and_gather():
     from linop import Block
 

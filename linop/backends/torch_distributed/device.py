@@ -44,7 +44,7 @@ from ...space import Block, Region
 from ..host_schedule import finish_phase, run_local_moves
 from ..host_workspace import OwnedBlocks
 from .group import GroupContext
-from .schedule import AllReduceStep, AllToAllStep, BroadcastStep, GatherStep
+from .schedule import AllReduceStep, AllToAllStep, BroadcastStep, GatherStep, ReduceScatterStep
 
 __all__ = [
     "DeviceWorkspace",
@@ -452,6 +452,31 @@ def _gather(step: GatherStep, work: DeviceWorkspace, context: GroupContext, dtyp
     work.set(step.target.name, receive)
 
 
+def _reduce_scatter(step: ReduceScatterStep, work: DeviceWorkspace, context: GroupContext, dtype: Any) -> None:
+    """One ``reduce_scatter`` on the line's sub-group, on device: the gathered block cut into
+    its uneven shares along the axis (each made contiguous), listed in the sub-group's rank
+    order; or the node's point-to-point program where that is faster
+    (:attr:`GroupContext.native_gathers`)."""
+    import torch
+    import torch.distributed as dist
+
+    if not context.native_gathers:
+        run_device_schedule(step.fallback.schedule(), work, context, dtype)
+        return
+    if step.source is None or step.target is None:
+        return
+    send = work.arrays[step.source].to(dtype=dtype)
+    receive = torch.empty(step.target.shape, dtype=dtype, device=work.device)
+    if send.numel():  # the gathered block's shape is the same on every member of the line
+        pieces = torch.split(send, list(step.shares), dim=step.axis)
+        listed: list[Any] = [None] * len(pieces)
+        for k, piece in enumerate(pieces):
+            listed[step.positions[k]] = piece.contiguous()
+        dist.reduce_scatter(receive, listed, op=dist.ReduceOp.SUM, group=context.subgroup(step.members))
+    work.drop(step.source)
+    work.set(step.target.name, receive)
+
+
 def _splits(step: AllToAllStep, size: int) -> list[int]:
     """The number of entries received from each peer."""
     splits = [0] * size
@@ -470,6 +495,7 @@ DEVICE_RUNS: Final[Mapping[type, Callable[[Any, DeviceWorkspace, GroupContext, A
             BroadcastStep: _broadcast,
             AllToAllStep: _all_to_all,
             GatherStep: _gather,
+            ReduceScatterStep: _reduce_scatter,
         }
     )
 )

@@ -21,7 +21,10 @@ memory (``torch.from_numpy``):
   other there); :class:`~linop.backends.torch_distributed.schedule.GatherStep`: one
   ``all_gather_into_tensor`` or ``reduce_scatter_tensor`` on the cached sub-group of the line
   (straight into the gathered block when its shares lead and the line is in rank order), or,
-  on small gloo groups, where it is faster, the node's point-to-point phases.
+  on small gloo groups, where it is faster, the node's point-to-point phases;
+  :class:`~linop.backends.torch_distributed.schedule.ReduceScatterStep`: one ``reduce_scatter``
+  of the gathered block's uneven shares on the line's sub-group (the same rule for small gloo
+  groups).
 
 Every message travels in the run's dtype, agreed by every rank in the entry check.
 """
@@ -38,9 +41,16 @@ import numpy as np
 from ...program import RankPhase, Transfer
 from .. import numpy as numpy_backend
 from ..host_phase import BUFFER, contiguous_route, phase_recipe
-from ..host_schedule import finish_phase, root_buffer, run_rank_schedule, shares_by_member, store_results
+from ..host_schedule import (
+    finish_phase,
+    root_buffer,
+    run_rank_schedule,
+    shares_by_member,
+    store_results,
+    uneven_shares_by_member,
+)
 from .group import GroupContext
-from .schedule import AllReduceStep, AllToAllStep, BroadcastStep, GatherStep
+from .schedule import AllReduceStep, AllToAllStep, BroadcastStep, GatherStep, ReduceScatterStep
 
 __all__ = ["RUNS", "run_schedule", "run_phase", "phase_operations", "AllToAll"]
 
@@ -341,6 +351,36 @@ def _gather(step: GatherStep, work: numpy_backend.Workspace, context: GroupConte
     work.set(step.target.name, receive)
 
 
+def _reduce_scatter(
+    step: ReduceScatterStep, work: numpy_backend.Workspace, context: GroupContext, dtype: np.dtype
+) -> None:
+    """One ``reduce_scatter`` of the gathered block's uneven shares (views of it, listed in the
+    sub-group's rank order) into the rank's block, on the line's sub-group; or the node's
+    point-to-point program where that is faster (:attr:`GroupContext.native_gathers`)."""
+    import torch.distributed as dist
+
+    if not context.native_gathers:
+        run_schedule(step.fallback.schedule(), work, context, dtype)
+        return
+    if step.source is None or step.target is None:
+        return
+    send = work.arrays[step.source]
+    if send.dtype != dtype or not send.flags.writeable:
+        send = np.array(send, dtype=dtype)
+    receive = np.empty(step.target.shape, dtype)
+    if send.size:  # the gathered block's shape is the same on every member of the line
+        lined = uneven_shares_by_member(send, step.axis, step.shares)
+        rest = send.size // send.shape[step.axis]
+        cuts = np.cumsum([share * rest for share in step.shares])[:-1]
+        pieces = np.split(lined, cuts)
+        listed: list[Any] = [None] * len(pieces)
+        for k, piece in enumerate(pieces):
+            listed[step.positions[k]] = _tensor(piece)
+        dist.reduce_scatter(_tensor(receive.reshape(-1)), listed, op=dist.ReduceOp.SUM, group=context.subgroup(step.members))
+    work.drop(step.source)
+    work.set(step.target.name, receive)
+
+
 def _consecutive(array: np.ndarray, boxes: list[tuple[int, np.ndarray]]) -> int | None:
     """The offset (in entries) in ``array``'s memory where the ``boxes`` (non-empty views of
     it, in peer order) begin, when they lie there one after the other; else None."""
@@ -488,6 +528,7 @@ RUNS: Final[Mapping[type, Callable[..., object]]] = (  # (step, work, context, d
             BroadcastStep: _broadcast,
             AllToAllStep: _all_to_all,
             GatherStep: _gather,
+            ReduceScatterStep: _reduce_scatter,
         }
     )
 )

@@ -18,7 +18,7 @@ Both come from the distributed program of :mod:`linop.program`:
   ``all_gather_object``), that every rank's part is native, and on the union of the groups'
   rank sets, which every rank then creates in one order (``new_group`` is collective over the
   world group);
-- **portable** otherwise (halo exchanges, reduce-scatters of uneven shares, any tree; any
+- **portable** otherwise (halo exchanges, any tree; any
   worker-to-rank map): the program without fast paths
   (:func:`~linop.program.lower_portable`), the rank's part of it: local steps, point-to-point
   phases (one ``batch_isend_irecv`` each) and local moves between two workers of one rank. It
@@ -46,7 +46,14 @@ from ...errors import LinopError, UnsupportedNodeError
 from ...operator import LinearOperator
 from ...program import RankBranches, RankPart, RankProgram, WorkerMap, compile_for_rank
 from ...program.mapped import compiled_for
-from ...program.parts import AllReducePart, AllToAllPart, LineGatherPart, RootedGroup, RootedPart
+from ...program.parts import (
+    AllReducePart,
+    AllToAllPart,
+    LineGatherPart,
+    LineReduceScatterPart,
+    RootedGroup,
+    RootedPart,
+)
 from ...space import Block
 
 __all__ = [
@@ -55,6 +62,7 @@ __all__ = [
     "AllToAllStep",
     "BroadcastStep",
     "GatherStep",
+    "ReduceScatterStep",
     "CALLS",
     "Compiled",
     "SUMMABLE",
@@ -198,7 +206,44 @@ class GatherStep:
         return all(k == position for k, position in enumerate(self.positions))
 
 
-TorchStep = AllReduceStep | BroadcastStep | AllToAllStep | GatherStep
+@dataclass(frozen=True)
+class ReduceScatterStep:
+    r"""One rank's part of a reduce-scatter along one axis of uneven shares (some may be empty):
+    its group is one line of the partition, ``members`` the line's ranks in coordinate order,
+    member ``k`` owning ``shares[k]`` entries along ``axis`` of the gathered block, after
+    those of members ``0 .. k - 1``.
+
+    Run as one ``reduce_scatter`` on the cached sub-group of the line: the gathered block
+    ``source`` cut into its shares, listed in the sub-group's rank order (``positions[k]`` is
+    member ``k``'s), summed over the line, member ``k`` receiving its own share into its block
+    ``target``. In the maths: :math:`x_k = \sum_{j \in \text{line}} g_j[o_k : o_k + n_k]`
+    along ``axis``; its adjoint, the all-gather of the same shares, is another node (one
+    all-to-all). ``source`` and ``target`` are None on a rank outside the layout. As for
+    :class:`GatherStep`, ``fallback`` gives the node's point-to-point program, run where the
+    collectives are slower (:attr:`~linop.backends.torch_distributed.group.GroupContext.native_gathers`)."""
+
+    source: str | None
+    target: Block | None
+    members: tuple[int, ...]
+    axis: int
+    shares: tuple[int, ...]
+    positions: tuple[int, ...]
+    fallback: Any = field(compare=False, repr=False)
+
+    @classmethod
+    def of(cls, part: LineReduceScatterPart) -> ReduceScatterStep:
+        members = tuple(part.members)
+        rank_of = {rank: position for position, rank in enumerate(sorted(members))}
+        positions = tuple(rank_of[rank] for rank in members)
+        return cls(part.source, part.target, members, part.axis, part.shares, positions, part.fallback)
+
+    @property
+    def rank_sets(self) -> list[tuple[int, ...]]:
+        """The line's ranks (its sub-group)."""
+        return [self.members]
+
+
+TorchStep = AllReduceStep | BroadcastStep | AllToAllStep | GatherStep | ReduceScatterStep
 """The torch.distributed executor's steps: each runs one fast-path part with its collectives."""
 
 CALLS: Final[Mapping[type, Callable[[Any], TorchStep]]] = MappingProxyType(
@@ -206,6 +251,7 @@ CALLS: Final[Mapping[type, Callable[[Any], TorchStep]]] = MappingProxyType(
         AllReducePart: AllReduceStep.of,
         RootedPart: BroadcastStep.of,
         LineGatherPart: GatherStep.of,
+        LineReduceScatterPart: ReduceScatterStep.of,
         AllToAllPart: AllToAllStep.of,
     }
 )

@@ -20,6 +20,8 @@ RootedPart (sum-reduce)           ``Allreduce`` per target block on a cached sub
 MappedRootedPart                  the same around local copies or sums under a worker map
 LineGatherPart                    ``Allgather`` / ``Reduce_scatter_block`` on a line's
                                   sub-communicator
+LineReduceScatterPart             ``Reduce_scatter`` (counts per member) on a line's
+                                  sub-communicator
 AllToAllPart                      point-to-point messages with the rank's own peers (persistent
                                   requests, one ``Startall``, when bound) where every rank has few
                                   boxes (a repartition between grids: O(peers), not O(P)); else
@@ -38,7 +40,7 @@ deadlock: the first unfinished group in that order has all its members inside it
 
 One module per family: :mod:`.all_reduce`, :mod:`.rooted` (broadcast and sum-reduce),
 :mod:`.all_to_all` (its point-to-point path in :mod:`.all_to_all_peers`), :mod:`.gather`
-(all-gather and reduce-scatter along one line);
+(all-gather and reduce-scatter along one line, of equal or uneven shares);
 :mod:`.common` holds what several share (``REDUCIBLE`` among it).
 """
 
@@ -53,6 +55,7 @@ from ....program.parts import (
     AllReducePart,
     AllToAllPart,
     LineGatherPart,
+    LineReduceScatterPart,
     MappedAllReducePart,
     MappedRootedPart,
     RootedPart,
@@ -60,7 +63,7 @@ from ....program.parts import (
 from ..steps import RankStep
 from .all_reduce import rank_all_reduce, rank_mapped_all_reduce
 from .all_to_all import rank_all_to_all
-from .gather import rank_gather
+from .gather import rank_gather, rank_reduce_scatter
 from .rooted import rank_mapped_rooted, rank_rooted
 
 __all__ = ["CALLS", "mpi_schedule"]
@@ -72,6 +75,7 @@ CALLS: Final[Mapping[type, Callable[[Any], RankStep]]] = MappingProxyType(
         RootedPart: rank_rooted,
         MappedRootedPart: rank_mapped_rooted,
         LineGatherPart: rank_gather,
+        LineReduceScatterPart: rank_reduce_scatter,
         AllToAllPart: rank_all_to_all,
     }
 )

@@ -1,6 +1,7 @@
 """The MPI calls of the all-gather's and reduce-scatter's part along one line of equal shares
 (:mod:`linop.program.lowering_gather` plans it): ``Allgather`` and ``Reduce_scatter_block``
-on the line's sub-communicator."""
+on the line's sub-communicator; and of the reduce-scatter's part along one line of uneven
+shares: ``Reduce_scatter`` (its counts per member) on the line's sub-communicator."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ....program.parts import LineGatherPart
-from ...host_schedule import shares_by_member
+from ....program.parts import LineGatherPart, LineReduceScatterPart
+from ...host_schedule import shares_by_member, uneven_shares_by_member
 from ..context import subcommunicator
 from ..datatypes import byte_type, mpi, predefined_type
 from ..runtime import run_schedule
@@ -23,7 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
 
     from ...numpy import Workspace
 
-__all__ = ["rank_gather"]
+__all__ = ["rank_gather", "rank_reduce_scatter"]
 
 
 @dataclass
@@ -69,3 +70,42 @@ class _RankGather(RankStep):
 def rank_gather(part: LineGatherPart) -> RankStep:
     """The MPI step of a line gather's part."""
     return _RankGather(part)
+
+
+@dataclass
+class _RankReduceScatter(RankStep):
+    r"""One rank's part of a reduce-scatter along one line of uneven shares
+    (:class:`~linop.program.parts.LineReduceScatterPart`): one ``Reduce_scatter`` on the line's
+    sub-communicator (whose ranks are the members in coordinate order), the gathered block sent
+    member by member (:func:`~linop.backends.host_schedule.uneven_shares_by_member`: a view
+    when the shares lead), member :math:`k` receiving :math:`\sum_j g_j[o_k : o_k + n_k]`
+    (``shares[k]`` entries along the axis times the other axes, none for an empty share). A
+    dtype MPI cannot sum runs the node's expansion; a rank outside the layout does nothing."""
+
+    part: LineReduceScatterPart
+
+    def run(self, work: Workspace, comm: Intracomm, dtype: np.dtype) -> None:
+        part = self.part
+        if dtype.char not in REDUCIBLE:
+            run_schedule(part.fallback.schedule(), work, comm, dtype)
+            return
+        if part.source is None or part.target is None:
+            return
+        send = work.arrays[part.source]
+        if send.dtype != dtype:
+            send = send.astype(dtype)
+        receive = np.empty(part.target.shape, dtype=dtype)
+        if send.size:  # the gathered block's shape is the same on every member of the line
+            rest = send.size // send.shape[part.axis]  # entries per unit of share
+            mpi_type = predefined_type(dtype)
+            sub = subcommunicator(comm, part.members)
+            lined = uneven_shares_by_member(send, part.axis, part.shares)
+            counts = [share * rest for share in part.shares]
+            sub.Reduce_scatter([lined, mpi_type], [receive, mpi_type], recvcounts=counts, op=mpi().SUM)
+        work.drop(part.source)
+        work.set(part.target.name, receive)
+
+
+def rank_reduce_scatter(part: LineReduceScatterPart) -> RankStep:
+    """The MPI step of an uneven reduce-scatter's part."""
+    return _RankReduceScatter(part)
