@@ -9,7 +9,14 @@ Run: ``mpiexec -n 2 python benchmarks/bench_mpi_collectives.py`` (or ``-n 4``).
 - sum-reduce of every rank's copy onto rank 0 (``SumReduce``, the broadcast's adjoint): against
   ``Reduce`` and ``Allreduce`` (on this MPICH ``Reduce`` can be the slower way to the same sum);
 - all-reduce in place (``AllReduce``): against ``Allreduce(IN_PLACE)`` and a persistent
-  ``Allreduce_init``.
+  ``Allreduce_init``;
+- reduce-scatter of uneven shares (``ReduceScatter`` along one axis of ``COUNT + 1`` entries,
+  its one fast path, ``Reduce_scatter`` with the line's counts): against ``Reduce_scatter``
+  into a preallocated buffer, and linop's portable program (the node's expansion: point-to-point
+  messages, ``P - 1`` sends and receives per rank where the native call is one).
+
+``python benchmarks/bench_mpi_collectives.py [entries] [samples]`` runs other sizes (default
+1M entries, 31 samples): small ones show that every row runs, not how fast.
 
 linop runs ``apply`` (the collective check and the schedule on every call, new result blocks as
 an out-of-place operator must return) and a bound plan (``Plan.bind``: checked once, then
@@ -28,14 +35,15 @@ import numpy as np
 from _timing import interleaved_over_ranks
 from mpi4py import MPI
 
+from linop import expand_all
 from linop.backends import mpi as mpi_backend
-from linop.collectives import AllReduce, BlockGrid, Broadcast
+from linop.collectives import AllReduce, BlockGrid, Broadcast, ReduceScatter
 from linop.partition import DistributedTensor, Partition
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.rank, COMM.size
-COUNT = 1 << 20  # 8 MB of float64
-SAMPLES = 31
+COUNT = int(sys.argv[1]) if len(sys.argv) > 1 else 1 << 20  # 8 MB of float64
+SAMPLES = int(sys.argv[2]) if len(sys.argv) > 2 else 31
 BATCH = 5
 
 
@@ -147,6 +155,29 @@ def main() -> int:
                 "linop apply": lambda: mpi_backend.apply(all_reduce, mine, comm=COMM, inplace=True),
                 "Allreduce(IN_PLACE)": lambda: COMM.Allreduce(MPI.IN_PLACE, native),
                 "Allreduce_init (persistent)": run_persistent,
+            }
+        ),
+    )
+    # reduce-scatter of uneven shares: every rank's gathered block of COUNT + 1 entries
+    tensor = DistributedTensor("r", (COUNT + 1,), Partition((SIZE,)))
+    scatter = ReduceScatter(tensor, (0,), "g")
+    shares = tensor.sizes[0]
+    gathered = {f"g[{RANK}]": rng.standard_normal(COUNT + 1)}
+    own = np.empty(shares[RANK])
+    COMM.Reduce_scatter(gathered[f"g[{RANK}]"], own, recvcounts=list(shares))
+    expansion = expand_all(scatter)
+    for tree in (scatter, expansion):
+        result = mpi_backend.apply(tree, gathered, comm=COMM)
+        ok &= np.allclose(result[f"r[{RANK}]"], own, rtol=1e-13, atol=1e-13)
+    report(
+        f"reduce-scatter of uneven shares {tuple(shares)[:4]}",
+        bench(
+            {
+                "linop apply (Reduce_scatter)": lambda: mpi_backend.apply(scatter, gathered, comm=COMM),
+                "linop portable (point to point)": lambda: mpi_backend.apply(expansion, gathered, comm=COMM),
+                "Reduce_scatter, preallocated": lambda: COMM.Reduce_scatter(
+                    gathered[f"g[{RANK}]"], own, recvcounts=list(shares)
+                ),
             }
         ),
     )

@@ -240,6 +240,34 @@ def test_an_all_reduce_along_a_mesh_axis_is_one_psum_over_that_axis_only_on_a_fi
     assert [o.over for o in compile_plan(AllReduce(t, (0, 1)), 4).ops if isinstance(o, PsumOp)] == [(0,)]
 
 
+def test_the_psum_is_read_from_the_programs_part_by_its_type(monkeypatch):
+    """JAX's table of calls has one row, the all-reduce's part: the psum is found from the
+    program's ``AllReducePart`` of every device (a factor of a composition too; a scaled
+    all-reduce runs its portable program), a part without a row (a reduce-scatter of uneven
+    shares) runs the portable program; control: with the row removed, no psum."""
+    from types import MappingProxyType
+
+    from linop import AllReduce, ReduceScatter
+    from linop.backends.jax import plan as jax_plan
+    from linop.program.parts import AllReducePart
+
+    assert set(jax_plan.PART_CALLS) == {AllReducePart}
+    t = DistributedTensor("t", (4, 6), Partition.grid((2, 2)))
+    op = AllReduce(t, (0,))
+
+    def psums(tree):
+        return [
+            o.over for o in compile_plan(tree, 4, mesh_shape=(2, 2)).ops if isinstance(o, jax_plan.PsumOp)
+        ]
+
+    assert psums(op) == [(0,)] and psums((2 * op) @ op) == [(0,)]  # the scaled factor: portable
+    assert psums(Repartition(t, t.__class__("u", (4, 6), Partition.grid((2, 2)))) @ op) == [(0,)]
+    uneven = ReduceScatter(DistributedTensor("v", (7, 2), Partition.grid((4, 1))), (0,), "g")
+    assert psums(uneven) == []
+    monkeypatch.setattr(jax_plan, "PART_CALLS", MappingProxyType({}))  # control: no row
+    assert psums(op) == []
+
+
 def test_a_reduce_scatter_is_one_psum_scatter_with_each_devices_own_add_inside():
     from linop import AllGather
     from linop.backends.jax.plan import CollectiveOp

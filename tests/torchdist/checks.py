@@ -538,7 +538,9 @@ class Checks:
         for name, op in trees.items():
             self.run(f"native uneven reduce-scatter {name}", lambda op=op: compare(op, 51))
             self.run(f"uneven reduce-scatter {name}: the adjoint", lambda op=op: compare(op.H, 52))
-            self.run(f"uneven reduce-scatter {name} uint16 portable", lambda op=op: compare(op, 53, np.uint16))
+            self.run(
+                f"uneven reduce-scatter {name} uint16 portable", lambda op=op: compare(op, 53, np.uint16)
+            )
 
         def control() -> str | None:
             """The same step with the places of the members of equal shares rotated (so that

@@ -46,17 +46,17 @@ is the plan of ``op.H`` (derived by linop's rules), whose interface is this plan
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
-from ...collectives import AllReduce
 from ...errors import DeviceKernelError, WorkerError
 from ...local import LocalOperator
 from ...movement import Copy, CopyAdjoint, Move
-from ...operator import Composition, LinearOperator
+from ...operator import Composition, LinearOperator, Scaled, Sum
 from ...primitives import Add, Allocate, Clear, Deallocate
 from ...program import (
     Branches,
@@ -67,8 +67,10 @@ from ...program import (
     Transfer,
     ZeroState,
     batch,
+    lower,
     lower_portable,
 )
+from ...program.parts import AllReducePart
 from ...space import Block, Region, natural_key
 from .colouring import edge_colouring
 from .layout import (
@@ -467,36 +469,54 @@ class _Compiler:
 
     # -- the program ----------------------------------------------------------------------
     def tree(self, op: LinearOperator) -> list[Any]:
-        """The ops of ``op``: native collectives where the layout allows (an all-reduce whose
-        groups are the devices along some mesh axes), the portable program of the rest."""
-        if isinstance(op, Composition) and any(self._native(f) is not None for f in op.factors):
-            ops: list[Any] = []
-            for factor in reversed(op.factors):
-                ops.extend(self.tree(factor))
-            return ops
+        """The ops of ``op``: native collectives where the program's fast-path part has a row in
+        :data:`PART_CALLS` and the layout allows (an all-reduce whose groups are the devices
+        along some mesh axes), the portable program of the rest."""
+        if isinstance(op, Composition):
+            natives = [self._native(f) for f in op.factors]
+            if any(native is not None for native in natives):
+                ops: list[Any] = []
+                for factor, native in zip(reversed(op.factors), reversed(natives)):
+                    ops.extend([native] if native is not None else self.tree(factor))
+                return ops
         native = self._native(op)
         if native is not None:
-            return [PsumOp(*native)]
+            return [native]
         return self.steps(batch(lower_portable(op)))
 
-    def _native(self, op: LinearOperator) -> tuple[str, tuple[int, ...]] | None:
-        """(slot, mesh axes) of an AllReduce that ``psum`` over those axes computes exactly:
-        one block of one slot on every device, each group the devices that differ only along
-        those axes (all of them for one group), else None."""
-        if not isinstance(op, AllReduce) or len(op.others):
+    def _native(self, op: LinearOperator) -> Any:
+        """The op of a node whose program is one fast-path step whose parts (one per worker it
+        involves) have a row in :data:`PART_CALLS` that accepts them, else None. Algebra nodes
+        (compositions, sums, scalings) are not lowered here: :meth:`tree` takes compositions
+        apart, and the rest run their portable program."""
+        if isinstance(op, (Composition, Sum, Scaled)):
             return None
-        blocks = [op.tensor.block(index) for group in op.groups for index in group]
+        steps = lower(op)  # the program with its fast paths: the node's own lowering
+        if len(steps) != 1 or not isinstance(steps[0], FastPathStep):
+            return None
+        runner = steps[0].runner
+        parts = {worker: runner.project(worker) for worker in runner.workers}
+        kinds = {type(part) for part in parts.values()}
+        call = PART_CALLS.get(kinds.pop()) if len(kinds) == 1 else None
+        return None if call is None else call(self, op, parts)
+
+    def psum(self, op: LinearOperator, parts: Mapping[int, AllReducePart]) -> PsumOp | None:
+        """The all-reduce's parts as one ``psum`` over some mesh axes: one entry (block, its
+        group's workers) per worker, one block of one slot on every device, each group the
+        devices that differ only along those axes (all of them for one group), else None."""
+        entries = [entry for part in parts.values() for entry in part.entries]
+        if len(entries) != len(parts):  # a worker in two groups (several blocks on one worker)
+            return None
+        blocks = [op.domain.block(name) for name, _ in entries]
         devices = [self._dev(b.worker, b.name) for b in blocks]
         slots = {self.slot(b) for b in blocks}
         if len(blocks) != self.devices or len(set(devices)) != self.devices or len(slots) != 1:
             return None
-        groups = sorted(
-            sorted(self._dev(op.tensor.block(i).worker, op.tensor.block(i).name) for i in group)
-            for group in op.groups
-        )
+        device_of = {b.worker: d for b, d in zip(blocks, devices)}
+        groups = sorted({tuple(sorted(device_of[w] for w in ranks)) for _, ranks in entries})
         for over in self._axis_sets():
-            if _classes(self.mesh_shape, over) == groups:
-                return slots.pop(), over
+            if _classes(self.mesh_shape, over) == [list(g) for g in groups]:
+                return PsumOp(slots.pop(), over)
         return None
 
     def _axis_sets(self) -> list[tuple[int, ...]]:
@@ -541,6 +561,20 @@ class _Compiler:
                 raise TypeError(f"unknown step {step!r}")
         self.local_run(pending, ops)
         return ops
+
+
+PART_CALLS: Mapping[type, Callable[[_Compiler, LinearOperator, Any], Any]] = MappingProxyType(
+    {AllReducePart: _Compiler.psum}
+)
+"""JAX's table of calls: part type (:data:`linop.program.parts.Part`) -> the op that runs the
+parts of one fast-path step on every device (or None where the layout does not allow it), read
+by the part's type. One row: the all-reduce, a ``psum`` over the mesh axes its groups span. The
+other parts have no row and run the portable program, whose phases become native collectives
+where every device sends one message of one structure to every other (:class:`CollectiveOp`:
+``all_to_all``, ``all_gather``, ``psum_scatter``), else ``ppermute`` rounds: a rooted part's
+groups (a root block and its copies) are not the devices along mesh axes in general, and the
+uneven shares of a :class:`~linop.program.parts.LineReduceScatterPart` have no
+``psum_scatter`` (whose tiles are equal)."""
 
 
 def _classes(mesh_shape: tuple[int, ...], over: tuple[int, ...]) -> list[list[int]]:

@@ -452,7 +452,9 @@ def _gather(step: GatherStep, work: DeviceWorkspace, context: GroupContext, dtyp
     work.set(step.target.name, receive)
 
 
-def _reduce_scatter(step: ReduceScatterStep, work: DeviceWorkspace, context: GroupContext, dtype: Any) -> None:
+def _reduce_scatter(
+    step: ReduceScatterStep, work: DeviceWorkspace, context: GroupContext, dtype: Any
+) -> None:
     """One ``reduce_scatter`` on the line's sub-group, on device: the gathered block cut into
     its uneven shares along the axis (each made contiguous), listed in the sub-group's rank
     order; or the node's point-to-point program where that is faster

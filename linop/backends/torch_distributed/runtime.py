@@ -376,7 +376,9 @@ def _reduce_scatter(
         listed: list[Any] = [None] * len(pieces)
         for k, piece in enumerate(pieces):
             listed[step.positions[k]] = _tensor(piece)
-        dist.reduce_scatter(_tensor(receive.reshape(-1)), listed, op=dist.ReduceOp.SUM, group=context.subgroup(step.members))
+        dist.reduce_scatter(
+            _tensor(receive.reshape(-1)), listed, op=dist.ReduceOp.SUM, group=context.subgroup(step.members)
+        )
     work.drop(step.source)
     work.set(step.target.name, receive)
 
