@@ -126,6 +126,13 @@ def _reduce_scatter() -> ReduceScatter:
     return ReduceScatter(_gathered(), (0,), "g")
 
 
+def _reduce_scatter_empty_share() -> ReduceScatter:
+    """Shares 1, 1, 1, 0 along the axis (3 rows over 4 workers): the uneven line of the
+    reduce-scatter's fast path (:class:`~linop.program.parts.LineReduceScatterPart`), one
+    member with nothing to receive."""
+    return ReduceScatter(DistributedTensor("x", (3, 2), Partition((4, 1), (0, 1, 2, 3))), (0,), "g")
+
+
 def _reduce_scatter_after_all_gather() -> tuple[LinearOperator, LinearOperator]:
     gather = _all_gather()
     return gather.H @ gather, 3 * Identity(_gathered().space)
@@ -210,6 +217,12 @@ ENTRIES: list[Entry] = [
     ),
     adjoint_entry("node-all-gather-adjoint", SECTION, "AG* = RS (reduce-scatter)", _all_gather),
     adjoint_entry("node-reduce-scatter-adjoint", SECTION, "RS* = AG (all-gather)", _reduce_scatter),
+    adjoint_entry(
+        "node-reduce-scatter-empty-share-adjoint",
+        SECTION,
+        "RS* = AG over uneven shares, one of them empty",
+        _reduce_scatter_empty_share,
+    ),
     equal_entry(
         "node-reduce-scatter-after-all-gather",
         SECTION,
