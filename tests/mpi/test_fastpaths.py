@@ -194,7 +194,7 @@ def test_native_reduce_scatter_on_uneven_shares(case, dtype):
     per line of the partition (the line's counts; float16, which MPI cannot sum, runs the
     expansion): the part in every rank's schedule, and the result equal entry by entry to the
     portable program (the expansion's primitives) and to the numpy interpreter, in integers;
-    its adjoint (an all-gather of the same shares, one all-to-all) likewise."""
+    its adjoint (an all-gather of the same shares, one all-to-all) likewise; a bound plan too."""
     from linop.backends.mpi.steps import RankStep
     from linop.program.parts import LineReduceScatterPart
 
@@ -212,6 +212,13 @@ def test_native_reduce_scatter_on_uneven_shares(case, dtype):
     for node in (op, op.H):
         state = {k: v.astype(dtype) for k, v in node.domain.random(13, dtype=np.int64).items()}
         check_fast_path_equals_expansion(node, state, exact=True)
+    if dtype is np.int64:  # a bound plan (checked once) runs the step on every call too
+        state = op.domain.random(14, dtype=np.int64)
+        bound = plan.bind(local_part(op.domain, state, RANK), inplace=False)
+        names = tuple(b.name for b in op.range if b.worker == RANK)
+        problem = bound_problem(bound, op, state, names, inplace=False)
+        bound.free()
+        collective_assert(problem is None, f"bound {op}: {problem}")
 
 
 def test_scatter_and_gather():
