@@ -12,10 +12,10 @@ How a call runs
    distributed program of :mod:`linop.program`
    (:mod:`~linop.backends.torch_distributed.schedule`; the rank plans only its own part):
    native collectives where the layout allows (all-reduce, broadcast, sum-reduce, and the
-   all-gathers and reduce-scatters of equal shares along one axis, on cached sub-groups of the
-   world group; one ``all_to_all_single`` of packed buffers for a repartition, scatter, gather
-   or all-gather, on any group), else the portable point-to-point program, exact for every
-   tree. The ranks agree on the choice at the plan's first run.
+   all-gathers and reduce-scatters along one axis, of equal shares or, for the reduce-scatter,
+   uneven ones, on cached sub-groups of the world group; one ``all_to_all_single`` of packed
+   buffers for a repartition, scatter, gather or all-gather, on any group), else the portable
+   point-to-point program, exact for every tree. The ranks agree on the choice at the plan's first run.
 2. One small ``all_reduce`` checks, before any data moves, that every rank holds the same tree
    (a fingerprint), that the group has enough ranks and that each rank's blocks are right; any
    mistake raises the same typed error on every rank

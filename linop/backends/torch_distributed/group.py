@@ -77,7 +77,8 @@ def resolve_timeout(timeout: float | None) -> float | None:
 
 
 GATHERS_VARIABLE = "LINOP_TORCH_GATHERS"
-"""The environment variable choosing how all-gathers and reduce-scatters of equal shares run:
+"""The environment variable choosing how all-gathers and reduce-scatters along one axis run
+(of equal shares; the reduce-scatters of uneven shares follow the same rule, unmeasured):
 ``native`` (``all_gather_into_tensor`` / ``reduce_scatter_tensor``), ``point-to-point`` (the
 node's point-to-point program), or ``auto`` / unset (the measured rule:
 :data:`GLOO_POINT_TO_POINT_GROUP`). Set it alike on every rank."""
@@ -126,9 +127,9 @@ class GroupContext:
     device : torch.device
         Where the group's collectives take their tensors (``cuda`` for NCCL, else the CPU).
     native_gathers : bool
-        Whether the all-gathers and reduce-scatters of equal shares run as the collectives
-        (``all_gather_into_tensor``, ``reduce_scatter_tensor``), else as the nodes'
-        point-to-point programs: from ``$LINOP_TORCH_GATHERS``, the backend and the size
+        Whether the all-gathers and reduce-scatters along one axis run as the collectives
+        (``all_gather_into_tensor``, ``reduce_scatter_tensor``; ``reduce_scatter`` for uneven
+        shares), else as the nodes' point-to-point programs: from ``$LINOP_TORCH_GATHERS``, the backend and the size
         (:data:`GLOO_POINT_TO_POINT_GROUP`). The same on every rank; changing it is collective:
         do it alike on every rank, between calls.
     """

@@ -97,7 +97,7 @@ class TorchDistributedPlan:
         The names of the range blocks this rank gets back.
     native : bool
         Whether the plan runs native collectives (all-reduce, broadcast, sum-reduce,
-        all-gather and reduce-scatter of equal shares on sub-groups, ``all_to_all_single`` over
+        all-gather and reduce-scatter along one axis on sub-groups, ``all_to_all_single`` over
         the group) for dtypes they move; else the
         portable program. Before the first run: whether this rank's own part is native (the
         ranks agree at the first run).
