@@ -234,20 +234,25 @@ def shares_by_member(array: np.ndarray, axis: int, count: int, out: np.ndarray |
     return np.ascontiguousarray(lined)
 
 
-def uneven_shares_by_member(array: np.ndarray, axis: int, shares: Sequence[int]) -> np.ndarray:
-    """``array`` (a gathered block) flat, member by member: axis ``axis`` cut into consecutive
-    shares of ``shares[k]`` entries (some may be empty) and member ``k``'s box, in C order,
-    after member ``k - 1``'s (a view of ``array`` when the shares lead and it is C-ordered,
-    else one copy). What the native reduce-scatters of uneven shares send."""
+def uneven_shares_by_member(
+    array: np.ndarray, axis: int, shares: Sequence[int]
+) -> tuple[np.ndarray, list[int]]:
+    """``array`` (a gathered block) flat, member by member, and the number of entries of each
+    member: axis ``axis`` cut into consecutive shares of ``shares[k]`` entries (some may be
+    empty) and member ``k``'s box, in C order, after member ``k - 1``'s (a view of ``array``
+    when the shares lead and it is C-ordered, else one copy). What the native reduce-scatters
+    of uneven shares send."""
+    rest = array.size // array.shape[axis] if array.shape[axis] else 0  # entries per unit of share
+    counts = [share * rest for share in shares]
     if int(np.prod(array.shape[:axis])) == 1 and array.flags.c_contiguous:
-        return array.reshape(-1)
+        return array.reshape(-1), counts
     out = np.empty(array.size, dtype=array.dtype)
     at, start = 0, 0
     for share in shares:
         box = array[(slice(None),) * axis + (slice(start, start + share),)]
         out[at : at + box.size].reshape(box.shape)[...] = box
         at, start = at + box.size, start + share
-    return out
+    return out, counts
 
 
 def read_only(array: np.ndarray) -> np.ndarray:

@@ -9,11 +9,12 @@ reduce-scatters as their expansion; a mapped rank's, its workers' part of the ex
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..collectives import AllGather, ReduceScatter
 from ..partition import WorkerBox
-from ..space import Block
 from .lowering import lowering, lowering_rank, note_workers, per_worker
 from .lowering_all_to_all import alltoallw_step, global_alltoallw, layout_pieces, noted_layouts, planned
 from .lowering_planned import workers_part
@@ -51,82 +52,78 @@ def _uneven_line(op: ReduceScatter) -> int | None:
     return axis
 
 
-def _rank_uneven(op: ReduceScatter, rank: int, axis: int) -> LineReduceScatterPart:
-    """The rank's part of a reduce-scatter of uneven shares: its gathered block, its own
-    block, its line described and the line's shares."""
-    tensor = op.tensor
-    source: str | None = None
-    target: Block | None = None
-    members: WorkerBox | tuple[int, ...] = ()
-    if tensor.partition.position(rank) is not None:
-        index = tensor.partition.index(rank)
-        source, target = op.gathered.block_name(index), tensor.block(index)
-        members = WorkerBox(tensor.partition, tuple(None if d == axis else i for d, i in enumerate(index)))
-    shares = tuple(tensor.sizes[axis])
-    return LineReduceScatterPart(source, target, members, axis, shares, Fallback(op, rank))
-
-
-@dataclass
-class _UnevenRunner:
-    op: ReduceScatter
-    axis: int
-    workers: tuple[int, ...] = field(default=())
-
-    def project(self, rank: int) -> LineReduceScatterPart:
-        return _rank_uneven(self.op, rank, self.axis)
-
-
-def _native_uneven(op: ReduceScatter) -> list[Step] | None:
-    """The step of a reduce-scatter along one line of uneven shares (one collective per line;
-    a rank plans its own line only), or None for any other."""
-    axis = _uneven_line(op)
-    if axis is None:
-        return None
+def _line_of(op: AllGather | ReduceScatter, rank: int, axis: int) -> tuple[tuple[int, ...], WorkerBox] | None:
+    """The rank's grid index and its line along ``axis`` (described), or None on a rank outside
+    the layout."""
     partition = op.tensor.partition
-    rank = lowering_rank()
-    if rank is None:
-        return [FastPathStep(_UnevenRunner(op, axis, tuple(partition.workers)))]
-    note_workers(partition.max_worker)
-    return [FastPathStep(Projected(_rank_uneven(op, rank, axis), rank, (partition.max_worker,)))]
+    if partition.position(rank) is None:
+        return None
+    index = partition.index(rank)
+    return index, WorkerBox(partition, tuple(None if d == axis else i for d, i in enumerate(index)))
 
 
 def _rank_gather(op: AllGather | ReduceScatter, rank: int, axis: int) -> LineGatherPart:
     """The rank's part: its own block, its gathered block, its line described."""
-    tensor, gathered = op.tensor, op.gathered
     reduce = isinstance(op, ReduceScatter)
-    source: str | None = None
-    target: Block | None = None
-    members: WorkerBox | tuple[int, ...] = ()
-    if tensor.partition.position(rank) is not None:
-        index = tensor.partition.index(rank)
-        mine, whole = tensor.block(index), gathered.block(index)
-        source, target = (whole.name, mine) if reduce else (mine.name, whole)
-        members = WorkerBox(tensor.partition, tuple(None if d == axis else i for d, i in enumerate(index)))
+    line = _line_of(op, rank, axis)
+    if line is None:
+        return LineGatherPart(None, None, (), axis, reduce, Fallback(op, rank))
+    index, members = line
+    mine, whole = op.tensor.block(index), op.gathered.block(index)
+    source, target = (whole.name, mine) if reduce else (mine.name, whole)
     return LineGatherPart(source, target, members, axis, reduce, Fallback(op, rank))
+
+
+def _rank_uneven(op: ReduceScatter, rank: int, axis: int) -> LineReduceScatterPart:
+    """The rank's part of a reduce-scatter of uneven shares: its gathered block, its own
+    block, its line described and the line's shares (listed: O(the line))."""
+    shares = tuple(op.tensor.sizes[axis])
+    line = _line_of(op, rank, axis)
+    if line is None:
+        return LineReduceScatterPart(None, None, (), axis, shares, Fallback(op, rank))
+    index, members = line
+    gathered = op.gathered.block_name(index)
+    return LineReduceScatterPart(gathered, op.tensor.block(index), members, axis, shares, Fallback(op, rank))
+
+
+PartOf = Callable[[Any, int, int], "LineGatherPart | LineReduceScatterPart"]
+"""A rank's part of a node along one line: ``part_of(op, rank, axis)``."""
 
 
 @dataclass
 class _GatherRunner:
     op: AllGather | ReduceScatter
     axis: int
+    part_of: PartOf
     workers: tuple[int, ...] = field(default=())
 
-    def project(self, rank: int) -> LineGatherPart:
-        return _rank_gather(self.op, rank, self.axis)
+    def project(self, rank: int) -> LineGatherPart | LineReduceScatterPart:
+        return self.part_of(self.op, rank, self.axis)
 
 
-def _native_gather(op: AllGather | ReduceScatter) -> list[Step] | None:
-    """The step of an all-gather or reduce-scatter along one line of equal shares (one
-    collective per line; a rank plans its own line only), or None for any other."""
-    axis = _gather_line(op)
+def _line_step(op: AllGather | ReduceScatter, axis: int | None, part_of: PartOf) -> list[Step] | None:
+    """The step of a collective along one line (one collective per line; a rank plans its own
+    line only), or None when ``axis`` is None (the node is not one)."""
     if axis is None:
         return None
     partition = op.tensor.partition
     rank = lowering_rank()
     if rank is None:
-        return [FastPathStep(_GatherRunner(op, axis, tuple(partition.workers)))]
+        return [FastPathStep(_GatherRunner(op, axis, part_of, tuple(partition.workers)))]
     note_workers(partition.max_worker)
-    return [FastPathStep(Projected(_rank_gather(op, rank, axis), rank, (partition.max_worker,)))]
+    return [FastPathStep(Projected(part_of(op, rank, axis), rank, (partition.max_worker,)))]
+
+
+def _native_gather(op: AllGather | ReduceScatter) -> list[Step] | None:
+    """An all-gather or reduce-scatter along one line of equal shares
+    (:class:`~linop.program.parts.LineGatherPart`), or None for any other."""
+    return _line_step(op, _gather_line(op), _rank_gather)
+
+
+def _native_uneven(op: ReduceScatter) -> list[Step] | None:
+    """A reduce-scatter along one line of uneven shares
+    (:class:`~linop.program.parts.LineReduceScatterPart`), or None for any other."""
+    return _line_step(op, _uneven_line(op), _rank_uneven)
 
 
 @lowering(per_worker(ReduceScatter))

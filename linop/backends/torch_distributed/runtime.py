@@ -359,28 +359,26 @@ def _reduce_scatter(
     point-to-point program where that is faster (:attr:`GroupContext.native_gathers`)."""
     import torch.distributed as dist
 
+    if step.source is None or step.target is None:  # outside the layout: no step of the node
+        return
     if not context.native_gathers:
         run_schedule(step.fallback.schedule(), work, context, dtype)
         return
-    if step.source is None or step.target is None:
-        return
-    send = work.arrays[step.source]
-    if send.dtype != dtype or not send.flags.writeable:
-        send = np.array(send, dtype=dtype)
-    receive = np.empty(step.target.shape, dtype)
-    if send.size:  # the gathered block's shape is the same on every member of the line
-        lined = uneven_shares_by_member(send, step.axis, step.shares)
-        rest = send.size // send.shape[step.axis]
-        cuts = np.cumsum([share * rest for share in step.shares])[:-1]
-        pieces = np.split(lined, cuts)
-        listed: list[Any] = [None] * len(pieces)
-        for k, piece in enumerate(pieces):
-            listed[step.positions[k]] = _tensor(piece)
+    gathered = work.arrays[step.source]
+    writeable = gathered.dtype == dtype and gathered.flags.writeable  # torch.from_numpy wants it so
+    lined, counts = uneven_shares_by_member(
+        gathered if writeable else gathered.astype(dtype), step.axis, step.shares
+    )
+    listed: list[Any] = [None] * len(counts)
+    for k, share in enumerate(np.split(lined, np.cumsum(counts)[:-1])):
+        listed[step.positions[k]] = _tensor(share)  # the sub-group's rank order
+    total = np.empty(step.target.shape, dtype)
+    if lined.size:  # the gathered block's shape is the same on every member of the line
         dist.reduce_scatter(
-            _tensor(receive.reshape(-1)), listed, op=dist.ReduceOp.SUM, group=context.subgroup(step.members)
+            _tensor(total.reshape(-1)), listed, op=dist.ReduceOp.SUM, group=context.subgroup(step.members)
         )
     work.drop(step.source)
-    work.set(step.target.name, receive)
+    work.set(step.target.name, total)
 
 
 def _consecutive(array: np.ndarray, boxes: list[tuple[int, np.ndarray]]) -> int | None:

@@ -37,7 +37,7 @@ agreed run dtype, and is agreed by every rank, so every rank makes it alike.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final
@@ -160,6 +160,14 @@ class AllToAllStep:
         return total == self.target.size
 
 
+def _line(members: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A line's ranks listed in coordinate order, and each one's rank in the line's sub-group
+    (whose ranks are in increasing order)."""
+    listed = tuple(members)
+    rank_of = {rank: position for position, rank in enumerate(sorted(listed))}
+    return listed, tuple(rank_of[rank] for rank in listed)
+
+
 @dataclass(frozen=True)
 class GatherStep:
     """One rank's part of an all-gather (``reduce=False``) or reduce-scatter (``reduce=True``)
@@ -190,9 +198,7 @@ class GatherStep:
 
     @classmethod
     def of(cls, part: LineGatherPart) -> GatherStep:
-        members = tuple(part.members)
-        rank_of = {rank: position for position, rank in enumerate(sorted(members))}
-        positions = tuple(rank_of[rank] for rank in members)
+        members, positions = _line(part.members)
         return cls(part.source, part.target, members, part.axis, part.reduce, positions, part.fallback)
 
     @property
@@ -232,9 +238,7 @@ class ReduceScatterStep:
 
     @classmethod
     def of(cls, part: LineReduceScatterPart) -> ReduceScatterStep:
-        members = tuple(part.members)
-        rank_of = {rank: position for position, rank in enumerate(sorted(members))}
-        positions = tuple(rank_of[rank] for rank in members)
+        members, positions = _line(part.members)
         return cls(part.source, part.target, members, part.axis, part.shares, positions, part.fallback)
 
     @property

@@ -88,22 +88,16 @@ class _RankReduceScatter(RankStep):
         part = self.part
         if dtype.char not in REDUCIBLE:
             run_schedule(part.fallback.schedule(), work, comm, dtype)
-            return
-        if part.source is None or part.target is None:
-            return
-        send = work.arrays[part.source]
-        if send.dtype != dtype:
-            send = send.astype(dtype)
-        receive = np.empty(part.target.shape, dtype=dtype)
-        if send.size:  # the gathered block's shape is the same on every member of the line
-            rest = send.size // send.shape[part.axis]  # entries per unit of share
-            mpi_type = predefined_type(dtype)
-            sub = subcommunicator(comm, part.members)
-            lined = uneven_shares_by_member(send, part.axis, part.shares)
-            counts = [share * rest for share in part.shares]
-            sub.Reduce_scatter([lined, mpi_type], [receive, mpi_type], recvcounts=counts, op=mpi().SUM)
-        work.drop(part.source)
-        work.set(part.target.name, receive)
+        elif part.source is not None and part.target is not None:
+            gathered = work.arrays[part.source].astype(dtype, copy=False)
+            lined, counts = uneven_shares_by_member(gathered, part.axis, part.shares)
+            mine = np.empty(part.target.shape, dtype=dtype)
+            if lined.size:  # the gathered block's shape is the same on every member of the line
+                kind = predefined_type(dtype)
+                line = subcommunicator(comm, part.members)
+                line.Reduce_scatter([lined, kind], [mine, kind], recvcounts=counts, op=mpi().SUM)
+            work.drop(part.source)
+            work.set(part.target.name, mine)
 
 
 def rank_reduce_scatter(part: LineReduceScatterPart) -> RankStep:
