@@ -192,8 +192,8 @@ class HoistedCopyBack(FusedStep):
             kept = np.empty(array.shape, dtype=dtype)
             for box in around(array.shape, read.start, read.stop):
                 kept[box] = array[box]
-            for box in self.zeros:
-                kept[_slices(box)] = 0
+            for zero in self.zeros:
+                kept[_slices(zero)] = 0
             work.set(read.name, kept)
 
 
@@ -343,7 +343,8 @@ def hoisted(schedule: Sequence[Any]) -> Sequence[Any]:
         ):
             i += 1
             continue
-        start, moved, run = i, [], _Run(back.dst, allocate.block, [])
+        start, run = i, _Run(back.dst, allocate.block, [])
+        moved: list[Any] = []
         while start > 0 and type(steps[start - 1]) is RankPhase:
             found = _moved_phase(steps[start - 1], run)
             if found is None:
