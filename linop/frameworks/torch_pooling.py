@@ -168,9 +168,11 @@ class _Strips:
     after: tuple[int, ...]
 
     def fill(self, window: torch.Tensor) -> torch.Tensor:
-        """A copy of ``window`` (N, C, spatial...) with its strips set to ``-inf``; the gradient
-        flows to the real entries alone."""
-        out = window.clone()
+        """``window`` (N, C, spatial...) with its strips set to ``-inf``; the gradient flows to
+        the real entries alone. In place when the window is an output of the windows' tree
+        function (not a leaf: a fresh block of this call, never the caller's memory; autograd
+        records the fills), else on a copy."""
+        out = window.clone() if window.is_leaf else window
         spatial = len(self.before)
         for d, (low, high) in enumerate(zip(self.before, self.after)):
             axis = out.ndim - spatial + d
