@@ -98,7 +98,7 @@ def test_the_fast_path_is_torchs_interpolation_of_the_whole_field(name, dtype):
     (shape, grid, *sizes), kwargs = FAST[name]
     x = tensor(shape, grid, *sizes)
     module = Interpolate(x, **kwargs, dtype=dtype)
-    for out, _, _, block_shape, fast in module._products:
+    for out, _, block_shape, _, fast in module._products:
         assert fast is not None or 0 in block_shape, out  # every worker with outputs takes it
     rng = np.random.default_rng(11)
     data, dy = rng.standard_normal(shape), rng.standard_normal(module.y.global_shape)

@@ -59,14 +59,15 @@ from ..layers import Interpolate as InterpolateLayer
 from ..layers import resample_maps
 from ..layers.resample_maps import AxisWeights
 from ..partition import DistributedTensor
-from .torch_function import TorchOperator, engine_arguments, process_rank
+from .torch_function import process_rank
+from .torch_windows import WindowModule
 
 __all__ = ["Interpolate", "Upsample"]
 
 _NUMPY_DTYPES = {torch.float32: "float32", torch.float64: "float64"}
 
 
-class Interpolate(torch.nn.Module):
+class Interpolate(WindowModule):
     r"""``torch.nn.functional.interpolate`` of a distributed tensor, as a module: ``module(x)``
     takes this process's blocks of x (a dict of tensors) and returns its blocks of y.
 
@@ -84,21 +85,15 @@ class Interpolate(torch.nn.Module):
     dtype : torch.dtype
         float64 (default) or float32: the data's dtype, whose rounding torch's nearest modes
         follow; a module of a nearest mode refuses data of the other floating dtype.
-    comm : mpi4py communicator, optional
-        Run across its ranks.
-    group : torch.distributed ProcessGroup or True, optional
-        Run across the ranks of this process group (``True``: the world group).
+    comm, group
+        As :class:`~linop.frameworks.torch_windows.BlockModule` (so are ``input_names``,
+        ``output_names`` and ``token``).
 
     Attributes
     ----------
     layer : linop.layers.Interpolate
         The description (its ``operator`` is the tree run here).
     x, y : DistributedTensor
-    input_names, output_names : tuple of str
-        The blocks this process passes in and gets back.
-    token : torch.Tensor
-        An empty output of the last call, for a process that owns no block of y (it adds
-        ``module.token.sum()`` to its loss so that its collective backward runs).
 
     Raises
     ------
@@ -123,9 +118,7 @@ class Interpolate(torch.nn.Module):
         comm: Any = None,
         group: Any = None,
     ) -> None:
-        super().__init__()
-        engine_arguments(comm, group)
-        self.layer = InterpolateLayer(
+        layer = InterpolateLayer(
             x,
             size=size,
             scale_factor=scale_factor,
@@ -136,17 +129,17 @@ class Interpolate(torch.nn.Module):
             output_sizes=output_sizes,
             dtype=_NUMPY_DTYPES.get(dtype, dtype),
         )
+        super().__init__(layer.window_operator, comm=comm, group=group)
+        self.layer = layer
         self.dtype = dtype
         self.x, self.y = self.layer.x, self.layer.y
-        self.windows = TorchOperator(self.layer.window_operator, comm=comm, group=group)
-        self.input_names = self.windows.inputs
         rank = process_rank(comm, group)
-        self._products: list[tuple[str, str, tuple[_Axis, ...], tuple[int, ...], _FastPath | None]] = [
+        self._products = [
             (
                 self.y.block_name(g),
                 self.layer.window_name(g),
-                tuple(_Axis.of(part) for part in self.layer.parts(g)),
                 self.y.block(g).shape,
+                tuple(_Axis.of(part) for part in self.layer.parts(g)),
                 _window_fast_path(self.layer, g),
             )
             for g in self.x.partition.indices()
@@ -154,13 +147,17 @@ class Interpolate(torch.nn.Module):
         ]
         self.output_names = tuple(name for name, *_ in self._products)
 
-    @property
-    def token(self) -> torch.Tensor:
-        """The empty output of the last call (see the class)."""
-        return self.windows.token
+    def check(self, x: Mapping[str, torch.Tensor]) -> None:
+        """Refuse what is no dict of blocks, and in a nearest mode data of the other floating
+        dtype than the module's (torch's nearest entries depend on its rounding).
 
-    def forward(self, x: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        if self.layer.mode.startswith("nearest") and isinstance(x, Mapping):
+        Raises
+        ------
+        StateError
+            Either.
+        """
+        super().check(x)
+        if self.layer.mode.startswith("nearest"):
             for name, tensor in x.items():
                 if (
                     tensor.is_floating_point()
@@ -171,18 +168,13 @@ class Interpolate(torch.nn.Module):
                         f"Interpolate ({self.layer.mode}): block {name!r} is {tensor.dtype}, the module was built "
                         f"for {self.dtype} (torch's nearest entries depend on the dtype's rounding)"
                     )
-        windows = self.windows(x)
-        result = {}
-        for out, window_name, parts, shape, fast in self._products:
-            window = windows[window_name]
-            if 0 in shape:  # no output here: an empty block, still tied to the windows' graph
-                result[out] = window.reshape(-1)[:0].reshape(shape)
-                continue
-            if fast is not None and window.dtype == self.dtype:
-                result[out] = self._interpolate_window(window, fast)
-            else:
-                result[out] = _interpolate(window, parts)
-        return result
+
+    def local(self, window: torch.Tensor, parts: tuple[_Axis, ...], fast: _FastPath | None) -> torch.Tensor:
+        """torch's interpolation of the window and a crop (the fast path), else the per-axis
+        gathers and weights."""
+        if fast is not None and window.dtype == self.dtype:
+            return self._interpolate_window(window, fast)
+        return _interpolate(window, parts)
 
     def _interpolate_window(self, window: torch.Tensor, fast: _FastPath) -> torch.Tensor:
         """torch's interpolation of the whole window, cropped to the worker's outputs."""
