@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +28,7 @@ __all__ = [
     "LayerError",
     "LocalStep",
     "local_stage",
+    "partial_sums_reduction",
     "window_stage",
     "require_int",
     "require_shape",
@@ -166,3 +167,15 @@ def window_stage(
         block = Block(out.name, out.shape, out.worker)
         steps.append(LocalStep((window_name(g),), (block,), forward, adjoint, grid_block_name(label, g)))
     return local_stage(space, steps)
+
+
+def partial_sums_reduction(
+    y: DistributedTensor, shape: tuple[int, ...], workers: Iterable[int], space: Space, partials: str = "yt"
+) -> LinearOperator:
+    """The sum-reduce onto y of a layer's partial outputs ``partials[...]``, one per worker of
+    the partition ``shape`` (``workers`` in its order), passing the other blocks of ``space``
+    through: :math:`R` of an affine or convolution layer whose input features are cut."""
+    from ..collectives import SumReduce
+
+    others = Space(b for b in space if not b.name.startswith(f"{partials}["))
+    return SumReduce(y, Partition(shape, tuple(workers)), partials, others=others)
