@@ -259,6 +259,21 @@ def test_batchnorm_arguments_are_checked():
         BatchNormModule(object())
 
 
+def _module_step(module, norm, data, dy, step):
+    """One call of the module on x's blocks of ``data`` and its backward with ``dy``, against
+    torch's layer ``norm`` on the whole field: y and dx compared; torch's (dw, db) returned."""
+    layer = module.layer
+    x = layer.x
+    inputs = {k: torch.from_numpy(v).requires_grad_() for k, v in x.scatter(data).items()}
+    out = module(inputs)
+    dys = layer.y.scatter(dy)
+    sum((out[k] * torch.from_numpy(dys[k])).sum() for k in out).backward()
+    ty, tdx, tdw, tdb = _torch_step(norm, data, dy)
+    _close(layer.y.gather({k: v.detach().numpy() for k, v in out.items()}), ty, f"step {step} y")
+    _close(x.gather({k: v.grad.numpy() for k, v in inputs.items()}), tdx, f"step {step} dx")
+    return tdw, tdb
+
+
 # -- the torch module on one process ------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["1d-batch-channels", "2d-uneven-empty", "2d-channels-4", "3d-everything"])
 def test_module_equals_torch_batchnorm_in_train_and_eval(name):
@@ -274,14 +289,8 @@ def test_module_equals_torch_batchnorm_in_train_and_eval(name):
             module.eval()
             norm.eval()
         data, dy = rng.standard_normal(x.global_shape) + step, rng.standard_normal(x.global_shape)
-        inputs = {k: torch.from_numpy(v).requires_grad_() for k, v in x.scatter(data).items()}
         module.zero_grad()
-        out = module(inputs)
-        dys = layer.y.scatter(dy)
-        sum((out[k] * torch.from_numpy(dys[k])).sum() for k in out).backward()
-        ty, tdx, tdw, tdb = _torch_step(norm, data, dy)
-        _close(layer.y.gather({k: v.detach().numpy() for k, v in out.items()}), ty, f"step {step} y")
-        _close(x.gather({k: v.grad.numpy() for k, v in inputs.items()}), tdx, f"step {step} dx")
+        tdw, tdb = _module_step(module, norm, data, dy, step)
         dw, db = layer.gather_parameters({k: p.grad.numpy() for k, p in module.parameter_state().items()})
         _close(dw, tdw, f"step {step} dw")
         _close(db, tdb, f"step {step} db")
@@ -362,14 +371,8 @@ def test_module_with_replicated_parameters_equals_torch_and_keeps_copies_equal(n
             module.eval()
             norm.eval()
         data, dy = rng.standard_normal(x.global_shape) + step, rng.standard_normal(x.global_shape)
-        inputs = {k: torch.from_numpy(v).requires_grad_() for k, v in x.scatter(data).items()}
         ours.zero_grad()
-        out = module(inputs)
-        dys = layer.y.scatter(dy)
-        sum((out[k] * torch.from_numpy(dys[k])).sum() for k in out).backward()
-        ty, tdx, tdw, tdb = _torch_step(norm, data, dy)
-        _close(layer.y.gather({k: v.detach().numpy() for k, v in out.items()}), ty, f"step {step} y")
-        _close(x.gather({k: v.grad.numpy() for k, v in inputs.items()}), tdx, f"step {step} dx")
+        tdw, tdb = _module_step(module, norm, data, dy, step)
         grads = {k: p.grad.numpy() for k, p in module.parameter_state().items()}
         expected = layer.parameter_movement(layer.scatter_parameters(tdw, tdb))
         for k, g in grads.items():
