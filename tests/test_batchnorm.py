@@ -259,11 +259,17 @@ def test_batchnorm_arguments_are_checked():
         BatchNormModule(object())
 
 
-def _module_step(module, norm, data, dy, step):
-    """One call of the module on x's blocks of ``data`` and its backward with ``dy``, against
+def _module_step(module, norm, rng, step, shift=0.0):
+    """Step ``step`` of a module test (from step 2 on, both in evaluation): one call of the
+    module on random data (mean ``shift``) and its backward, gradients cleared first, against
     torch's layer ``norm`` on the whole field: y and dx compared; torch's (dw, db) returned."""
     layer = module.layer
     x = layer.x
+    if step == 2:
+        module.eval()
+        norm.eval()
+    data, dy = rng.standard_normal(x.global_shape) + shift, rng.standard_normal(x.global_shape)
+    module.zero_grad()
     inputs = {k: torch.from_numpy(v).requires_grad_() for k, v in x.scatter(data).items()}
     out = module(inputs)
     dys = layer.y.scatter(dy)
@@ -285,12 +291,7 @@ def test_module_equals_torch_batchnorm_in_train_and_eval(name):
     module = BatchNormModule(layer, weight=w, bias=b)
     norm = _torch_twin(x, w, b)
     for step in range(3):
-        if step == 2:
-            module.eval()
-            norm.eval()
-        data, dy = rng.standard_normal(x.global_shape) + step, rng.standard_normal(x.global_shape)
-        module.zero_grad()
-        tdw, tdb = _module_step(module, norm, data, dy, step)
+        tdw, tdb = _module_step(module, norm, rng, step, shift=step)
         dw, db = layer.gather_parameters({k: p.grad.numpy() for k, p in module.parameter_state().items()})
         _close(dw, tdw, f"step {step} dw")
         _close(db, tdb, f"step {step} db")
@@ -367,12 +368,7 @@ def test_module_with_replicated_parameters_equals_torch_and_keeps_copies_equal(n
     ours = torch.optim.SGD(module.parameters(), lr=0.1)
     theirs = torch.optim.SGD(norm.parameters(), lr=0.1)
     for step in range(3):
-        if step == 2:
-            module.eval()
-            norm.eval()
-        data, dy = rng.standard_normal(x.global_shape) + step, rng.standard_normal(x.global_shape)
-        ours.zero_grad()
-        tdw, tdb = _module_step(module, norm, data, dy, step)
+        tdw, tdb = _module_step(module, norm, rng, step, shift=step)
         grads = {k: p.grad.numpy() for k, p in module.parameter_state().items()}
         expected = layer.parameter_movement(layer.scatter_parameters(tdw, tdb))
         for k, g in grads.items():
@@ -435,17 +431,7 @@ def test_module_options_equal_torch(options):
     module = BatchNormModule(layer, **({} if not layer.affine else {"weight": w, "bias": b}))
     norm = _torch_twin(x, w, b, **options)
     for step in range(3):
-        if step == 2:
-            module.eval()
-            norm.eval()
-        data, dy = rng.standard_normal(x.global_shape), rng.standard_normal(x.global_shape)
-        inputs = {k: torch.from_numpy(v).requires_grad_() for k, v in x.scatter(data).items()}
-        out = module(inputs)
-        dys = layer.y.scatter(dy)
-        sum((out[k] * torch.from_numpy(dys[k])).sum() for k in out).backward()
-        ty, tdx, tdw, tdb = _torch_step(norm, data, dy)
-        _close(layer.y.gather({k: v.detach().numpy() for k, v in out.items()}), ty, f"step {step} y")
-        _close(x.gather({k: v.grad.numpy() for k, v in inputs.items()}), tdx, f"step {step} dx")
+        tdw, tdb = _module_step(module, norm, rng, step)
         if layer.affine:
             dw, db = layer.gather_parameters({k: p.grad.numpy() for k, p in module.parameter_state().items()})
             _close(dw, tdw, "dw")
