@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 import verify
 from linop import DistributedTensor, Identity, Partition
 from linop.layers import BatchNorm, LayerError
+from linop.layers.base import share_slices
 
 torch = pytest.importorskip("torch", reason="torch is not installed (the torch extra)")
 from linop.frameworks.torch_norm import BatchNormModule  # noqa: E402
@@ -74,7 +75,12 @@ def _close(a, b, what, tol=1e-10):
 @pytest.mark.parametrize("name", ["2d-uneven-empty", "3d-everything", "1d-features-only"])
 def test_the_reductions_and_broadcasts_are_exact_and_the_all_reduce_is_m_m_star(name):
     layer = BatchNorm(_tensor(name))
-    for op in (layer.statistics_reduction, layer.gradient_reduction, layer.parameter_movement):
+    for op in (
+        layer.statistics_reduction,
+        layer.moments_reduction,
+        layer.gradient_reduction,
+        layer.parameter_movement,
+    ):
         assert verify.exact_adjoint(op), (op, verify.exact_adjoint(op))
     movement = layer.parameter_movement
     # the all-reduce over a channel group is M M*: the copies' gradients summed onto the owner
@@ -88,14 +94,39 @@ def test_the_reductions_and_broadcasts_are_exact_and_the_all_reduce_is_m_m_star(
         assert np.array_equal(reduced[layer.owner_copy(block)], summed[block])
 
 
+@pytest.mark.parametrize("name", ["2d-uneven-empty", "3d-everything", "2d-channels-4"])
+def test_the_moments_all_reduce_of_the_owners_rows_is_the_parameters_broadcast(name):
+    """The training forward's one all-reduce moves θ too: the owners write it into the moments
+    blocks' last rows (zeros elsewhere), and those rows after the all-reduce are M θ. Checked
+    on every basis vector of the parameters in integers: the two linear maps' matrices are
+    equal, exactly."""
+    layer = BatchNorm(_tensor(name))
+    zeros = {b.name: np.zeros(b.shape, dtype=np.int64) for b in layer.x.blocks}
+    rows = 2 * layer.group_size
+    names = layer.parameters.space.names
+    for block in names:
+        shape = layer.parameters.space[block].shape
+        for entry in np.ndindex(*shape):
+            theta = {n: np.zeros(layer.parameters.space[n].shape, dtype=np.int64) for n in names}
+            theta[block][entry] = 1
+            reduced = layer.moments_reduction(layer.local_moments(zeros, theta))
+            moved = layer.parameter_movement(theta)
+            for x_block in layer.x.blocks:
+                got = reduced[layer.moments_name(x_block.name)]
+                assert got.dtype == np.int64
+                assert np.array_equal(got[rows:], moved[layer.copy_name(x_block.name)])
+                assert not got[:rows].any()
+
+
 def test_the_statistics_are_reduced_over_exactly_the_workers_of_a_channel():
     x = _tensor("3d-everything")
     layer = BatchNorm(x)
-    groups = {tuple(sorted(g)) for g in layer.statistics_reduction.groups}
-    by_channel = {
-        tuple(sorted(j for j in x.partition.indices() if j[1] == c)) for c in range(x.partition.shape[1])
-    }
-    assert groups == by_channel
+    for reduction in (layer.statistics_reduction, layer.moments_reduction):
+        groups = {tuple(sorted(g)) for g in reduction.groups}
+        by_channel = {
+            tuple(sorted(j for j in x.partition.indices() if j[1] == c)) for c in range(x.partition.shape[1])
+        }
+        assert groups == by_channel
 
 
 # -- equal to torch on one process, through the numpy interpreter ---------------------------------
@@ -176,8 +207,8 @@ class _LocalStatistics(BatchNorm):
     groups not reduced, the count still global)."""
 
     @property
-    def statistics_reduction(self):
-        return Identity(self.sums.space)
+    def moments_reduction(self):
+        return Identity(self.moments.space)
 
     @property
     def gradient_reduction(self):
@@ -228,6 +259,27 @@ def test_batchnorm_arguments_are_checked():
         BatchNormModule(object())
 
 
+def _module_step(module, norm, rng, step, shift=0.0):
+    """Step ``step`` of a module test (from step 2 on, both in evaluation): one call of the
+    module on random data (mean ``shift``) and its backward, gradients cleared first, against
+    torch's layer ``norm`` on the whole field: y and dx compared; torch's (dw, db) returned."""
+    layer = module.layer
+    x = layer.x
+    if step == 2:
+        module.eval()
+        norm.eval()
+    data, dy = rng.standard_normal(x.global_shape) + shift, rng.standard_normal(x.global_shape)
+    module.zero_grad()
+    inputs = {k: torch.from_numpy(v).requires_grad_() for k, v in x.scatter(data).items()}
+    out = module(inputs)
+    dys = layer.y.scatter(dy)
+    sum((out[k] * torch.from_numpy(dys[k])).sum() for k in out).backward()
+    ty, tdx, tdw, tdb = _torch_step(norm, data, dy)
+    _close(layer.y.gather({k: v.detach().numpy() for k, v in out.items()}), ty, f"step {step} y")
+    _close(x.gather({k: v.grad.numpy() for k, v in inputs.items()}), tdx, f"step {step} dx")
+    return tdw, tdb
+
+
 # -- the torch module on one process ------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["1d-batch-channels", "2d-uneven-empty", "2d-channels-4", "3d-everything"])
 def test_module_equals_torch_batchnorm_in_train_and_eval(name):
@@ -239,18 +291,7 @@ def test_module_equals_torch_batchnorm_in_train_and_eval(name):
     module = BatchNormModule(layer, weight=w, bias=b)
     norm = _torch_twin(x, w, b)
     for step in range(3):
-        if step == 2:
-            module.eval()
-            norm.eval()
-        data, dy = rng.standard_normal(x.global_shape) + step, rng.standard_normal(x.global_shape)
-        inputs = {k: torch.from_numpy(v).requires_grad_() for k, v in x.scatter(data).items()}
-        module.zero_grad()
-        out = module(inputs)
-        dys = layer.y.scatter(dy)
-        sum((out[k] * torch.from_numpy(dys[k])).sum() for k in out).backward()
-        ty, tdx, tdw, tdb = _torch_step(norm, data, dy)
-        _close(layer.y.gather({k: v.detach().numpy() for k, v in out.items()}), ty, f"step {step} y")
-        _close(x.gather({k: v.grad.numpy() for k, v in inputs.items()}), tdx, f"step {step} dx")
+        tdw, tdb = _module_step(module, norm, rng, step, shift=step)
         dw, db = layer.gather_parameters({k: p.grad.numpy() for k, p in module.parameter_state().items()})
         _close(dw, tdw, f"step {step} dw")
         _close(db, tdb, f"step {step} db")
@@ -277,6 +318,73 @@ def test_module_in_float32_within_torch_tolerances():
     grad = x.gather({k: v.grad.numpy() for k, v in inputs.items()})
     torch.testing.assert_close(torch.from_numpy(grad), image.grad, atol=1e-4, rtol=1e-4)
     assert out[next(iter(out))].dtype == torch.float32
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_statistics_of_data_far_from_zero_keep_the_two_pass_accuracy(dtype):
+    """Data of mean 1e5 (float64; 100 in float32) and unit spread: the moments combined across
+    the workers give torch's output to 1e-10 (float64; torch's tolerances in float32). A
+    control: the one-pass formula E[x^2] - mu^2 in the same dtype is off by far more
+    (catastrophic cancellation), so the data does test the combine."""
+    rng = np.random.default_rng(17)
+    offset = 1e5 if dtype == np.float64 else 100.0
+    x = _tensor("2d-uneven-empty")
+    layer = BatchNorm(x)
+    data = (rng.standard_normal(x.global_shape) + offset).astype(dtype)
+    module = BatchNormModule(layer, dtype=torch.float32 if dtype == np.float32 else torch.float64)
+    out = module({k: torch.from_numpy(v) for k, v in x.scatter(data).items()})
+    got = layer.y.gather({k: v.detach().numpy() for k, v in out.items()})
+    expected = torch.nn.BatchNorm2d(4, dtype=torch.from_numpy(data).dtype)(torch.from_numpy(data))
+    if dtype == np.float64:
+        _close(got, expected.detach().numpy(), "y")
+    else:
+        torch.testing.assert_close(torch.from_numpy(got), expected.detach())
+    state = x.scatter(data)
+    statistics, _ = layer.statistics(state, lambda op, blocks: op(dict(blocks)))
+    ours = np.zeros(4)
+    for block, (_, variance) in statistics.items():
+        ours[share_slices(layer.channel_sizes)[layer.channel(block)]] = variance
+    axes = (0, 2, 3)
+    naive = (data * data).mean(axis=axes) - data.mean(axis=axes) ** 2  # in the data's dtype
+    true = data.astype(np.float64).var(axis=axes)
+    ours_error, naive_error = np.max(np.abs(ours - true)), np.max(np.abs(naive - true))
+    assert ours_error < (1e-10 if dtype == np.float64 else 1e-3)
+    assert naive_error > 100 * ours_error
+
+
+@pytest.mark.parametrize("name", ["2d-uneven-empty", "3d-everything"])
+def test_module_with_replicated_parameters_equals_torch_and_keeps_copies_equal(name):
+    """replicate=True: every copy holds (w; b) of its channels and gets the whole gradient (the
+    sum over its channel group), in training and evaluation; the copies, updated alike by SGD,
+    stay equal to torch's parameters."""
+    rng = np.random.default_rng(19)
+    x = _tensor(name)
+    c = x.global_shape[1]
+    w, b = rng.standard_normal(c), rng.standard_normal(c)
+    layer = BatchNorm(x)
+    module = BatchNormModule(layer, weight=w, bias=b, replicate=True)
+    assert set(module.parameter_names) == set(layer.copies.space.names)
+    norm = _torch_twin(x, w, b)
+    ours = torch.optim.SGD(module.parameters(), lr=0.1)
+    theirs = torch.optim.SGD(norm.parameters(), lr=0.1)
+    for step in range(3):
+        tdw, tdb = _module_step(module, norm, rng, step, shift=step)
+        grads = {k: p.grad.numpy() for k, p in module.parameter_state().items()}
+        expected = layer.parameter_movement(layer.scatter_parameters(tdw, tdb))
+        for k, g in grads.items():
+            _close(g, expected[k], f"step {step} gradient of copy {k}")
+        ours.step()
+        theirs.step()
+        values = {k: p.detach().numpy() for k, p in module.parameter_state().items()}
+        moved = layer.parameter_movement(
+            layer.scatter_parameters(norm.weight.detach().numpy(), norm.bias.detach().numpy())
+        )
+        for k, v in values.items():
+            _close(v, moved[k], f"step {step} copy {k}")
+        dw, db = layer.gather_parameters(module.owned_state(values))
+        _close(dw, norm.weight.detach().numpy(), "w")
+        _close(db, norm.bias.detach().numpy(), "b")
+        _close(module.running_var.numpy(), norm.running_var.numpy(), "running var")
 
 
 # -- the training Jacobian as a tree -------------------------------------------------------------------
@@ -323,17 +431,7 @@ def test_module_options_equal_torch(options):
     module = BatchNormModule(layer, **({} if not layer.affine else {"weight": w, "bias": b}))
     norm = _torch_twin(x, w, b, **options)
     for step in range(3):
-        if step == 2:
-            module.eval()
-            norm.eval()
-        data, dy = rng.standard_normal(x.global_shape), rng.standard_normal(x.global_shape)
-        inputs = {k: torch.from_numpy(v).requires_grad_() for k, v in x.scatter(data).items()}
-        out = module(inputs)
-        dys = layer.y.scatter(dy)
-        sum((out[k] * torch.from_numpy(dys[k])).sum() for k in out).backward()
-        ty, tdx, tdw, tdb = _torch_step(norm, data, dy)
-        _close(layer.y.gather({k: v.detach().numpy() for k, v in out.items()}), ty, f"step {step} y")
-        _close(x.gather({k: v.grad.numpy() for k, v in inputs.items()}), tdx, f"step {step} dx")
+        tdw, tdb = _module_step(module, norm, rng, step)
         if layer.affine:
             dw, db = layer.gather_parameters({k: p.grad.numpy() for k, p in module.parameter_state().items()})
             _close(dw, tdw, "dw")

@@ -6,6 +6,8 @@ fused step is right by the luck of fresh zero pages."""
 from __future__ import annotations
 
 import itertools
+import queue
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,14 +24,15 @@ from linop.backends.host_fusion import (
     AllocateAndCopy,
     AllocateAndCopyBack,
     FusedStep,
+    HoistedCopyBack,
     HostOverlap,
     fused,
 )
-from linop.backends.host_schedule import run_rank_schedule
+from linop.backends.host_schedule import finish_phase, run_rank_schedule
 from linop.layers import Convolution
 from linop.operator import Composition, LinearOperator
 from linop.primitives import Allocate, Deallocate
-from linop.program import RankOverlap, compile_for_rank
+from linop.program import RankOverlap, RankPhase, compile_for_rank
 from verify import strategies as lst
 
 _real_empty = np.empty
@@ -270,3 +273,112 @@ def test_random_trees_expanded_into_primitives_run_fused_as_node_by_node(op: Lin
     schedule = tuple(_nodes(expand_all(op)))
     state = op.domain.random(1, np.int64)
     assert _same(_run(fused(schedule), state), _run(schedule, state))
+
+
+def _run_ranks(
+    schedules: list[tuple[Any, ...]], states: list[dict[str, np.ndarray]], dtype: Any = np.int64
+) -> list[dict[str, np.ndarray]]:
+    """Every rank's schedule on its own thread, the phases' messages through queues (sends
+    never wait): the blocks each rank ends with."""
+    boxes: dict[tuple[int, int, int], queue.Queue[np.ndarray]] = {}
+    results: list[Any] = [None] * len(schedules)
+
+    def box(key: tuple[int, int, int]) -> queue.Queue[np.ndarray]:
+        return boxes.setdefault(key, queue.Queue())
+
+    def rank_run(rank: int) -> None:
+        work = numpy_backend.Workspace(dict(states[rank]), set(), np.dtype(dtype))
+
+        def phase(step: RankPhase, work: Any) -> None:
+            for peer, tag, t in step.sends:
+                box((rank, peer, tag)).put(np.array(work.arrays[t.source.name][step.index(t.source)]))
+            finish = [(t, box((peer, rank, tag)).get(timeout=30)) for peer, tag, t in step.receives]
+            finish_phase(step, work, finish, np.dtype(dtype))
+
+        try:
+            run_rank_schedule(schedules[rank], work, np.dtype(dtype), phase=phase, part=_never)
+            results[rank] = work.arrays
+        except BaseException as error:  # reported by the caller
+            results[rank] = error
+
+    threads = [threading.Thread(target=rank_run, args=(r,)) for r in range(len(schedules))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return results
+
+
+@pytest.mark.parametrize(
+    ("shape", "grid", "kernel"),
+    [
+        ((2, 3, 8, 8), (1, 1, 2, 2), Kernel(3, 2, 1)),
+        ((1, 2, 11, 7), (1, 1, 3, 3), Kernel(3, 1, 1)),
+        ((2, 2, 13), (1, 2, 3), Kernel(5, 2, 2)),
+    ],
+    ids=["2x2", "3x3-uneven", "1d"],
+)
+def test_a_window_adjoint_copies_its_core_out_before_the_phases(shape, grid, kernel) -> None:
+    """The adjoint of a max pool's halo windows on every rank: the core's copy out of the
+    incoming window gradient moved before the phases (:class:`HoistedCopyBack`), which then add
+    into the result and send the strips straight from the caller's array, uncleared. Run on
+    all ranks (threads, messages through queues) on read-only caller arrays: the same blocks
+    as the schedules run node by node, and the window gradient never made writable (copied
+    whole), which the node-by-node run does (the control). On 2 x 2 one rank forwards a
+    corner (a receive straddles its core: the window made the run's own from its strips alone),
+    on 3 x 3 most do; in 1-d none does (the caller's window only read)."""
+    from linop.layers import MaxPoolJacobian
+
+    x = DistributedTensor("x", shape, Partition(grid))
+    op = MaxPoolJacobian(x, kernel).window_operator.H
+    ranks = max(b.worker for b in op.domain) + 1
+    schedules = [compile_for_rank(op, r).schedule for r in range(ranks)]
+    rng = np.random.default_rng(5)
+    states = []
+    for r in range(ranks):
+        state = {b.name: rng.integers(-9, 10, b.shape) for b in op.domain if b.worker == r}
+        for array in state.values():
+            array.flags.writeable = False
+        states.append(state)
+    callers = {id(a) for state in states for a in state.values()}
+    copied: list[str] = []  # blocks made writable while they held a caller's array
+    writable = numpy_backend.Workspace.writable
+
+    def spy(self: Any, name: str, dtype: Any = None) -> np.ndarray:
+        if id(self.arrays[name]) in callers:
+            copied.append(name)
+        return writable(self, name, dtype)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(numpy_backend.Workspace, "writable", spy)
+        expected = _run_ranks(schedules, states)
+        copied_before = set(copied)
+        copied.clear()
+        fused_schedules = [fused(s) for s in schedules]
+        got = _run_ranks(fused_schedules, states)
+        copied_after = set(copied)
+    assert all(_same(g, e) for g, e in zip(got, expected))
+    assert all(any(isinstance(s, HoistedCopyBack) for s in steps) for steps in fused_schedules)
+    assert copied_before and not copied_after
+
+
+def test_a_hoisted_copy_back_that_forgets_a_straddling_receive_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The control: the 3 x 3 grid's windows (halos on both sides, corners forwarded through
+    a neighbour's strip, so receives straddle the core) run with :class:`AddIntoCopy` doing
+    nothing differ from the node-by-node run."""
+    from linop.layers import MaxPoolJacobian
+
+    x = DistributedTensor("x", (1, 2, 11, 7), Partition((1, 1, 3, 3)))
+    op = MaxPoolJacobian(x, Kernel(3, 1, 1)).window_operator.H
+    schedules = [compile_for_rank(op, r).schedule for r in range(9)]
+    rng = np.random.default_rng(6)
+    states = [{b.name: rng.integers(-9, 10, b.shape) for b in op.domain if b.worker == r} for r in range(9)]
+    expected = _run_ranks(schedules, states)
+    monkeypatch.setattr(host_fusion.AddIntoCopy, "run", lambda self, work: None)
+    got = _run_ranks([fused(s) for s in schedules], states)
+    assert not all(_same(g, e) for g, e in zip(got, expected))

@@ -1,12 +1,14 @@
 """The local fast paths of the torch modules Interpolate / Upsample and MaxPool.
 
-Interpolate: where a worker's scale is 2**k without ``align_corners`` (nearest, nearest-exact,
-linear modes; a scale factor or a size), its local step is torch's interpolation of its window
-and a crop. Its outputs are bit for bit torch's interpolation of the whole field (uneven
-shares, empty shares, windows at the global boundary, float64 and float32), and equal the
-general path (per-axis gathers and weights) to the tolerances that path has against torch.
-Where the arithmetic would differ (``align_corners``, scales 3, 1.5, 0.5, a size that is no
-power-of-two multiple) no worker takes it.
+Interpolate: where torch's interpolation of a worker's window is its arithmetic on the global
+field (the nearest modes at any scale whose window maps shift onto the global ones; the linear
+modes where the scale is dyadic: 2**k, 0.5, and ``align_corners`` with (n - 1) = 2**k (m - 1)),
+its local step is torch's interpolation of its window and a crop. Its outputs are bit for bit
+torch's interpolation of the whole field (uneven shares, empty shares, windows at the global
+boundary, float64 and float32), and equal the general path (per-axis gathers and weights) to
+the tolerances that path has against torch. Where the arithmetic would differ
+(``align_corners`` at scale 2, linear scales 3 and 1.5, a size that is no dyadic multiple) no
+worker takes it, and a layer where only some workers can takes it on those alone.
 
 MaxPool: the -inf padding set as strips (the window's real box, padded back) equals masking the
 whole window with the layer's real entries."""
@@ -71,6 +73,18 @@ FAST = {
         ((1, 1, 6, 5), (1, 1, 2, 2)),
         dict(scale_factor=2.0, recompute_scale_factor=True),
     ),
+    "1d-linear-align-corners-9-to-17": (
+        ((1, 1, 9), (1, 1, 3), ((1,), (1,), (4, 2, 3))),
+        dict(size=17, mode="linear", align_corners=True),
+    ),
+    "2d-bilinear-align-corners-dyadic": (
+        ((1, 2, 9, 5), (1, 1, 2, 2)),
+        dict(size=(17, 9), mode="bilinear", align_corners=True),
+    ),
+    "2d-bilinear-x0.5": (((1, 2, 12, 8), (1, 1, 3, 2)), dict(scale_factor=0.5, mode="bilinear")),
+    "2d-nearest-x3": (((1, 1, 6, 4), (1, 1, 2, 2)), dict(scale_factor=3)),
+    "2d-nearest-x2-x3": (((1, 1, 6, 4), (1, 1, 2, 2)), dict(scale_factor=(2, 3))),
+    "1d-nearest-exact-x1.5": (((1, 1, 8), (1, 1, 2)), dict(scale_factor=1.5, mode="nearest-exact")),
     "3d-trilinear-x2-uneven": (
         ((1, 2, 4, 5, 3), (1, 1, 2, 2, 1), ((1,), (2,), (1, 3), (4, 1), (3,))),
         dict(scale_factor=2, mode="trilinear"),
@@ -84,7 +98,7 @@ def test_the_fast_path_is_torchs_interpolation_of_the_whole_field(name, dtype):
     (shape, grid, *sizes), kwargs = FAST[name]
     x = tensor(shape, grid, *sizes)
     module = Interpolate(x, **kwargs, dtype=dtype)
-    for out, _, _, block_shape, fast in module._products:
+    for out, _, block_shape, _, fast in module._products:
         assert fast is not None or 0 in block_shape, out  # every worker with outputs takes it
     rng = np.random.default_rng(11)
     data, dy = rng.standard_normal(shape), rng.standard_normal(module.y.global_shape)
@@ -104,13 +118,12 @@ def test_the_fast_path_is_torchs_interpolation_of_the_whole_field(name, dtype):
 @pytest.mark.parametrize(
     "kwargs",
     [
-        dict(scale_factor=2, mode="bilinear", align_corners=True),
+        dict(scale_factor=2, mode="bilinear", align_corners=True),  # (m - 1)/(n - 1) = 5/11
         dict(scale_factor=3, mode="bilinear"),
-        dict(scale_factor=3),
-        dict(scale_factor=1.5, mode="nearest-exact"),
-        dict(scale_factor=0.5, mode="bilinear"),
+        dict(scale_factor=1.5, mode="bilinear"),
         dict(size=(13, 7), mode="bilinear"),
-        dict(scale_factor=(2, 3)),  # one axis without the fast path: the worker takes none
+        dict(size=(13, 7)),  # nearest: no window length with the same scale
+        dict(scale_factor=(2, 3), mode="bilinear"),  # one axis without it: the worker takes none
     ],
     ids=lambda kwargs: "-".join(f"{k}={v}" for k, v in kwargs.items()),
 )
@@ -123,6 +136,39 @@ def test_no_fast_path_where_the_window_arithmetic_would_differ(kwargs):
     y, _ = run(module, x, data, dy, torch.float64)
     expected = torch.nn.functional.interpolate(torch.from_numpy(data), **kwargs)
     assert np.allclose(y, expected.numpy(), **F64)
+
+
+def test_workers_that_cannot_take_the_fast_path_take_the_general_one_and_all_agree_bit_for_bit():
+    """nearest-exact x1.5 on 6 x 4 over 2 x 2: the first row of workers' windows map onto the
+    global field, the second's do not (their window would start at an input whose shift is no
+    integer); both kinds together give torch's interpolation of the whole field exactly."""
+    x = tensor((1, 1, 6, 4), (1, 1, 2, 2))
+    kwargs = dict(scale_factor=1.5, mode="nearest-exact")
+    module = Interpolate(x, **kwargs)
+    taken = [fast is not None for *_, fast in module._products]
+    assert any(taken) and not all(taken)
+    data = np.random.default_rng(13).standard_normal((1, 1, 6, 4))
+    y, _ = run(module, x, data, np.ones(module.y.global_shape), torch.float64)
+    expected = torch.nn.functional.interpolate(torch.from_numpy(data), **kwargs)
+    assert np.array_equal(y, expected.numpy())
+
+
+def test_without_the_dyadic_condition_a_linear_fast_path_is_caught(monkeypatch):
+    """The control: with the exactness condition on a linear scale switched off, linear x3 on
+    4 workers takes the fast path everywhere (the shift 3a is an integer and the exact maps
+    agree) and its outputs differ from torch's on the whole field in the last bits, which the
+    bit-for-bit comparison catches."""
+    from linop.frameworks import torch_resample
+
+    monkeypatch.setattr(torch_resample, "_exact_scale", lambda *args: True)
+    x = tensor((1, 1, 16), (1, 1, 4))
+    kwargs = dict(scale_factor=3, mode="linear")
+    module = Interpolate(x, **kwargs)
+    assert all(fast is not None for *_, fast in module._products)
+    data = np.random.default_rng(14).standard_normal((1, 1, 16))
+    y, _ = run(module, x, data, np.ones(module.y.global_shape), torch.float64)
+    expected = torch.nn.functional.interpolate(torch.from_numpy(data), **kwargs).numpy()
+    assert not np.array_equal(y, expected) and np.allclose(y, expected, **F64)
 
 
 POOLED = {

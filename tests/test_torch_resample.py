@@ -211,7 +211,7 @@ def test_max_pool_without_its_padding_mask_is_caught():
     dy = np.ones(module.y.global_shape)
     expected_y, _ = torch_run(torch.nn.MaxPool2d(3, 2, 1), data, dy)
     assert np.array_equal(distributed_run(module, x, module.y, data, dy)[0], expected_y)
-    module._products = [(out, window, None, shape) for out, window, _, shape in module._products]
+    module._products = [(out, window, shape, None) for out, window, shape, _ in module._products]
     assert not np.array_equal(distributed_run(module, x, module.y, data, dy)[0], expected_y)
 
 

@@ -16,6 +16,16 @@ by the numpy interpreter's handlers, some neighbours do work the next one throws
   rule when :math:`D_a` follows it, and then, when :math:`a` was allocated earlier in the
   schedule, :math:`b` is the view :math:`a[r]` of memory nothing else holds: no copy at all).
 
+One rewrite moves a step earlier: :math:`D_a\, C^*_{b \to a[r]}\, A_b` after a run of phases
+that read and write :math:`a` only inside :math:`r` or only outside it, ``a`` not made by them
+(:class:`HoistedCopyBack`, :func:`hoisted`). The copy of :math:`a[r]` into :math:`b` is done
+before the phases, which then add into and send from :math:`b` where they named :math:`a[r]`,
+and keep the strips outside :math:`r` on :math:`a`, uncleared, since :math:`a` is dropped
+after them and no transfer reads a strip twice. When ``a`` is the caller's memory (the
+incoming gradient of a halo window, whose adjoint adds the halo strips back to their owners),
+the phases no longer make it the run's own by copying it whole to add into its core or to clear
+its strips: the one copy left is the core's, which the result needs anyway.
+
 In an overlapped convolution's tree (:mod:`linop.layers.overlap_split`) these are the padded
 block's and the interior window's fills and the adjoint's copy of the bulk out of the padded
 gradient: whole passes over the layer's blocks. Each fused step writes the same values in the
@@ -31,7 +41,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -39,18 +49,21 @@ import numpy as np
 from ..movement import Copy, CopyAdjoint
 from ..operator import LinearOperator
 from ..primitives import Allocate, Deallocate
-from ..program import RankOverlap, RankPhase
-from ..space import Block, Region
+from ..program import RankOverlap, RankPhase, Transfer
+from ..space import Block, Region, Space
 from . import numpy as numpy_backend
 
 __all__ = [
+    "AddIntoCopy",
     "FusedStep",
     "AllocateAndCopy",
     "AllocateAndCopyBack",
     "AddBackAndDrop",
+    "HoistedCopyBack",
     "HostOverlap",
     "around",
     "fused",
+    "hoisted",
     "run_node",
 ]
 
@@ -147,6 +160,211 @@ class AddBackAndDrop(FusedStep):
         work.drop(op.dst.name)
 
 
+Box = tuple[tuple[int, ...], ...]
+"""A box's corners (start, stop)."""
+
+
+def _slices(box: Box) -> tuple[slice, ...]:
+    return tuple(slice(a, b) for a, b in zip(box[0], box[1]))
+
+
+@dataclass(frozen=True)
+class HoistedCopyBack(FusedStep):
+    """``A[b]`` then ``C*[b <- a[r]]`` moved before the phases that :func:`hoisted` rewrote:
+    ``b`` a copy of ``a[r]``. Nothing reads ``a[r]`` after it (the phases name ``b`` there, and
+    ``a`` is dropped after them), so ``a[r]`` is not cleared. With ``own`` (the phases write
+    into ``a`` outside ``r``) ``a`` becomes an array of the run's own holding only what is read
+    again: its entries outside ``r`` copied, the boxes ``zeros`` inside ``r`` (where receives
+    that straddle ``r`` land, :class:`AddIntoCopy`) zero, the rest of ``r`` left unwritten."""
+
+    allocate: Allocate
+    copy_back: CopyAdjoint
+    own: bool = False
+    zeros: tuple[Box, ...] = ()
+
+    def run(self, work: numpy_backend.Workspace) -> None:
+        read = self.copy_back.dst
+        assert isinstance(read, Region)
+        array = work.arrays[read.name]
+        dtype = np.result_type(work.dtype, array.dtype)
+        work.set(self.allocate.block.name, np.array(array[read.index], dtype=dtype))
+        if self.own:
+            kept = np.empty(array.shape, dtype=dtype)
+            for box in around(array.shape, read.start, read.stop):
+                kept[box] = array[box]
+            for zero in self.zeros:
+                kept[_slices(zero)] = 0
+            work.set(read.name, kept)
+
+
+@dataclass(frozen=True)
+class AddIntoCopy(FusedStep):
+    """After a phase whose receive straddled ``r``: the part that landed inside ``r`` of ``a``
+    (``source``, zero before the phase) added into ``b`` (``target``, the same entries) and
+    cleared, as :math:`C^*_{b \to a[r]}` would have carried it."""
+
+    source: Region
+    target: Region
+
+    def run(self, work: numpy_backend.Workspace) -> None:
+        array = work.writable(self.source.name)
+        part = array[self.source.index]
+        work.writable(self.target.name, part.dtype)[self.target.index] += part
+        part[...] = 0
+
+
+def _box(region: Region | Block) -> Box | None:
+    """A region's corners; None for a whole block or one with dropped dimensions."""
+    if isinstance(region, Block) or region.dropped:
+        return None
+    return region.start, region.stop
+
+
+def _inside(box: Box, outer: Box) -> bool:
+    return all(a0 <= a and b <= b0 for a, b, a0, b0 in zip(box[0], box[1], outer[0], outer[1]))
+
+
+def _apart(box: Box, other: Box) -> bool:
+    return any(b <= a0 or b0 <= a for a, b, a0, b0 in zip(box[0], box[1], other[0], other[1]))
+
+
+def _meet(box: Box, other: Box) -> Box:
+    return tuple(map(max, box[0], other[0])), tuple(map(min, box[1], other[1]))
+
+
+@dataclass
+class _Run:
+    """What :func:`hoisted` learns of the phases before a copy back of ``read`` into ``block``
+    (walked backwards): the strips outside ``read`` they send, whether they write outside it,
+    and the straddling receives' boxes inside it."""
+
+    read: Region
+    block: Block
+    sent: list[Box]
+    writes: bool = False
+    zeros: list[Box] | None = None
+
+    def moved(self, box: Box) -> Region:
+        """``box`` of ``read``'s block as the same entries of ``block``."""
+        start = tuple(a - a0 for a, a0 in zip(box[0], self.read.start))
+        stop = tuple(b - a0 for b, a0 in zip(box[1], self.read.start))
+        return Region(Space([self.block]), self.block.name, start, stop)
+
+
+def _moved_phase(phase: RankPhase, run: _Run) -> tuple[RankPhase, list[Any], _Run] | None:
+    """``phase`` with its transfers' boxes of ``run.read``'s block inside ``read`` named in
+    ``block`` (``read``'s copy), the steps that follow it (:class:`AddIntoCopy` for each
+    receive that straddles ``read``), and what ``run`` knows with this phase added; None when
+    a transfer names ``block``, makes or drops ``read``'s block, or sends a box straddling it."""
+    read, name = run.read, run.read.name
+    core = (read.start, read.stop)
+    learned = _Run(read, run.block, list(run.sent), run.writes, list(run.zeros or []))
+    after: list[Any] = []
+
+    def rewritten(t: Transfer, receive: bool) -> Transfer | None:
+        region = t.target if receive else t.source
+        if run.block.name in (t.source.name, t.target.name):
+            return None
+        if region.name != name:
+            return t
+        box = _box(region)
+        if box is None or (receive and t.mode == "new") or (not receive and t.after == "drop"):
+            return None
+        if _inside(box, core):
+            assert isinstance(region, Region)
+            return replace(t, target=learned.moved(box)) if receive else replace(t, source=learned.moved(box))
+        if not receive:
+            if not _apart(box, core):
+                return None
+            learned.sent.append(box)
+            return t
+        learned.writes = True
+        if not _apart(box, core):  # straddles: the part inside is added into the copy after the phase
+            part = _meet(box, core)
+            assert learned.zeros is not None
+            learned.zeros.append(part)
+            after.append(AddIntoCopy(Region(read.space, name, *part), learned.moved(part)))
+        return t
+
+    receives, sends = [], []
+    for peer, tag, t in phase.receives:
+        new = rewritten(t, True)
+        if new is None:
+            return None
+        receives.append((peer, tag, new))
+    for peer, tag, t in phase.sends:
+        new = rewritten(t, False)
+        if new is None:
+            return None
+        sends.append((peer, tag, new))
+    return RankPhase(tuple(receives), tuple(sends)), after, learned
+
+
+def _uncleared(phases: list[Any], run: _Run) -> list[Any] | None:
+    """Where ``a`` stays the caller's (the phases only read it outside ``r``): the phases with
+    the clears of those strips dropped, ``a`` being dropped after them; None when two strips
+    overlap (a later read would have seen the clear)."""
+    boxes = run.sent
+    if any(not _apart(p, q) for k, p in enumerate(boxes) for q in boxes[k + 1 :]):
+        return None
+    name = run.read.name
+
+    def kept(t: Transfer) -> Transfer:
+        return replace(t, after="keep") if t.source.name == name and t.after == "clear" else t
+
+    return [
+        RankPhase(p.receives, tuple((peer, tag, kept(t)) for peer, tag, t in p.sends))
+        if type(p) is RankPhase
+        else p
+        for p in phases
+    ]
+
+
+def hoisted(schedule: Sequence[Any]) -> Sequence[Any]:
+    """``schedule`` with each ``A[b], C*[b <- a[r]], D[a]`` that follows a run of phases moved
+    before them as a :class:`HoistedCopyBack`, the phases rewritten (:func:`_moved_phase`: the
+    boxes of ``a`` inside ``r`` named in ``b``) and ``D[a]`` after them. Where the phases only
+    read ``a`` outside ``r``, ``a`` stays the caller's and their clears there are dropped
+    (:func:`_uncleared`); where they write into it, ``a`` is made the run's own from its strips
+    alone. ``schedule`` itself when there is nothing to move."""
+    steps = list(schedule)
+    changed = False
+    i = 0
+    while i + 2 < len(steps):
+        allocate, back, drop = steps[i], steps[i + 1], steps[i + 2]
+        if not (
+            type(allocate) is Allocate
+            and type(back) is CopyAdjoint
+            and _whole(back.src, allocate.block.name)
+            and isinstance(back.dst, Region)
+            and _box(back.dst) is not None
+            and type(drop) is Deallocate
+            and drop.name == back.dst.name != allocate.block.name
+        ):
+            i += 1
+            continue
+        start, run = i, _Run(back.dst, allocate.block, [])
+        moved: list[Any] = []
+        while start > 0 and type(steps[start - 1]) is RankPhase:
+            found = _moved_phase(steps[start - 1], run)
+            if found is None:
+                break
+            moved[:0] = [found[0], *found[1]]
+            run = found[2]
+            start -= 1
+        if moved and not run.writes:
+            uncleared = _uncleared(moved, run)
+            moved = [] if uncleared is None else uncleared
+        if moved:
+            first = HoistedCopyBack(allocate, back, own=run.writes, zeros=tuple(run.zeros or ()))
+            steps[start : i + 3] = [first, *moved, drop]
+            changed = True
+            i = start + len(moved) + 2
+        else:
+            i += 3
+    return tuple(steps) if changed else schedule
+
+
 @dataclass(frozen=True)
 class HostOverlap:
     """A :class:`~linop.program.RankOverlap` whose nodes in flight are fused: the same
@@ -197,7 +415,9 @@ def fused(schedule: Sequence[Any], allocated: set[str] | None = None) -> tuple[A
     tuple when nothing fuses. ``allocated``: the blocks allocated before it (followed, and
     updated, as :func:`_note_allocations` says)."""
     out: list[Any] = []
-    changed = False
+    moved = hoisted(schedule)
+    changed = moved is not schedule
+    schedule = moved
     allocated = set() if allocated is None else allocated
     i = 0
     while i < len(schedule):

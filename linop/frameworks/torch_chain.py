@@ -26,16 +26,16 @@ already the sums.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..errors import LayerError, StateError
+from ..errors import LayerError
 from ..layers.chain import WindowChain
 from ..partition import grid_block_name
-from .torch_function import TorchOperator, engine_arguments, process_rank
+from .torch_function import process_rank
+from .torch_windows import WindowModule
 
 __all__ = ["ChainModule"]
 
@@ -45,7 +45,7 @@ _AVG = {1: _F.avg_pool1d, 2: _F.avg_pool2d, 3: _F.avg_pool3d}
 _MAX = {1: _F.max_pool1d, 2: _F.max_pool2d, 3: _F.max_pool3d}
 
 
-class ChainModule(torch.nn.Module):
+class ChainModule(WindowModule):
     """A :class:`linop.layers.WindowChain` as a module: ``module(x)`` takes this process's
     blocks of x (a dict of tensors) and returns its blocks of y, one halo exchange per call.
 
@@ -53,10 +53,9 @@ class ChainModule(torch.nn.Module):
     ----------
     chain : WindowChain
         The chain (its convolution weights are the initial parameters).
-    comm : mpi4py communicator, optional
-        Run across its ranks.
-    group : torch.distributed ProcessGroup or True, optional
-        Run across the ranks of this process group (``True``: the world group).
+    comm, group
+        As :class:`~linop.frameworks.torch_windows.BlockModule` (so are ``input_names``,
+        ``output_names`` and ``token``).
     dtype : torch.dtype
         The parameters' dtype (default float64).
 
@@ -64,11 +63,6 @@ class ChainModule(torch.nn.Module):
     ----------
     weights : torch.nn.ParameterList
         The convolution stages' weights, in order.
-    input_names, output_names : tuple of str
-        The blocks this process passes in and gets back.
-    token : torch.Tensor
-        An empty output of the last call (add ``module.token.sum()`` to the loss of a process
-        whose outputs do not enter it, so that its collective backward runs).
 
     Raises
     ------
@@ -79,8 +73,6 @@ class ChainModule(torch.nn.Module):
     def __init__(
         self, chain: WindowChain, *, comm: Any = None, group: Any = None, dtype: torch.dtype = torch.float64
     ) -> None:
-        super().__init__()
-        engine_arguments(comm, group)
         if not isinstance(chain, WindowChain):
             raise LayerError(f"ChainModule: chain must be a WindowChain, not {type(chain).__name__}")
         dims = chain.dims
@@ -91,16 +83,15 @@ class ChainModule(torch.nn.Module):
                 raise LayerError(
                     f"ChainModule: stage {i} is an average pool with a dilation; torch's has none"
                 )
-        self.chain, self.comm, self.group, self.dims = chain, comm, group, dims
+        super().__init__(chain.window_operator, comm=comm, group=group)
+        self.chain, self.dims = chain, dims
         self.weights = torch.nn.ParameterList(
             torch.nn.Parameter(torch.from_numpy(np.array(s.weights)).to(dtype))
             for s in chain.stages
             if s.kind == "conv"
         )
-        self.windows = TorchOperator(chain.window_operator, comm=comm, group=group)
-        self.input_names = self.windows.inputs
         rank = process_rank(comm, group)
-        self._blocks: list[tuple[str, str, tuple[int, ...], list[torch.Tensor | None]]] = []
+        self._products = []
         for g in chain.x.partition.indices():
             out = chain.y.block(g)
             if rank is not None and out.worker != rank:
@@ -113,16 +104,15 @@ class ChainModule(torch.nn.Module):
                     outside.append(None)
                 else:
                     outside.append(torch.from_numpy(~field.real).reshape(1, 1, *field.shape))
-            self._blocks.append((out.name, grid_block_name(f"{chain.x.name}_window", g), out.shape, outside))
-        self.output_names = tuple(name for name, *_ in self._blocks)
+            self._products.append(
+                (out.name, grid_block_name(f"{chain.x.name}_window", g), out.shape, outside)
+            )
+        self.output_names = tuple(name for name, *_ in self._products)
         self._parts = [s.kernel.resolve(dims) for s in chain.stages]
 
-    @property
-    def token(self) -> torch.Tensor:
-        """The empty output of the last call (see the class)."""
-        return self.windows.token
-
-    def _local(self, window: torch.Tensor, outside: list[torch.Tensor | None]) -> torch.Tensor:
+    def local(self, window: torch.Tensor, outside: list[torch.Tensor | None]) -> torch.Tensor:
+        """The chain's stages on the window, the entries outside the global field of each
+        stage's input masked (0, or -inf before a max pool)."""
         v, weights = window, iter(self.weights)
         for stage, k, mask in zip(self.chain.stages, self._parts, outside):
             if mask is not None:
@@ -137,21 +127,6 @@ class ChainModule(torch.nn.Module):
             else:
                 v = _MAX[self.dims](v, size, stride, 0, dilation)
         return v
-
-    def forward(self, x: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        if not isinstance(x, Mapping):
-            raise StateError(
-                f"ChainModule takes a dict of blocks {list(self.input_names)}, not {type(x).__name__}"
-            )
-        windows = self.windows(x)
-        result = {}
-        for out, window_name, shape, outside in self._blocks:
-            window = windows[window_name]
-            if 0 in shape:  # no output here: an empty block, still tied to the windows' graph
-                result[out] = window.reshape(-1)[:0].reshape(shape)
-                continue
-            result[out] = self._local(window, outside)
-        return result
 
     def sum_gradients(self) -> None:
         """All-reduce the weights' gradients over the processes (a missing gradient counts as

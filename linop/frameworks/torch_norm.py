@@ -3,19 +3,27 @@ r"""Distributed batch normalization (:class:`linop.layers.BatchNorm`) as a PyTor
 The module runs the layer's algorithm on this process's blocks (its local kernels on torch
 tensors) and its trees through :class:`~linop.frameworks.torch_function.TorchOperator`: in
 one process on the numpy interpreter, across MPI ranks (``comm=``) or a torch.distributed
-process group (``group=``) on bound plans compiled once. In a training forward
+process group (``group=``) on bound plans compiled once. A training step makes two
+collectives, as a hand-written layer does. The forward is one all-reduce A over each channel's
+workers of the moments blocks (:attr:`linop.layers.BatchNorm.moments_reduction`): every
+worker's local mean and variance in its slot, combined without cancellation (Chan et al.),
+and the owners' θ, so that A also does the parameters' broadcast M:
 
 .. math::
 
-    \tilde\theta = M\theta, \quad \mu = \tfrac1m A(\textstyle\sum x), \quad
-    \sigma^2 = \tfrac1m A(\textstyle\sum (x - \mu)^2), \quad
-    y = \tilde w\, (x - \mu)(\sigma^2 + \epsilon)^{-1/2} + \tilde b
+    (\mu_j, v_j)_{j \in G},\ \tilde\theta = A(\ldots), \quad
+    \mu = \tfrac1m \textstyle\sum_j m_j \mu_j, \quad
+    \sigma^2 = \tfrac1m \sum_j m_j (v_j + (\mu_j - \mu)^2), \quad
+    y = \tilde w\, (x - \mu)(\sigma^2 + \epsilon)^{-1/2} + \tilde b.
 
-(two all-reduces A over each channel's workers and the parameters' broadcast M), and its
-backward runs one all-reduce, :math:`g = A \tilde g = M M^* \tilde g` of the per-worker
+The backward is one all-reduce, :math:`g = A \tilde g = M M^* \tilde g` of the per-worker
 :math:`\tilde g = (\sum \bar y \hat x, \sum \bar y)`: the input gradient reads g, and each
-owner's block of g is its parameter gradient :math:`M^*\tilde g`. In evaluation the forward
-moves only the parameters and the backward sums their copies' gradients (:math:`M^*`).
+owner's block of g is its parameter gradient :math:`M^*\tilde g`. With ``replicate=True``
+every process holds the copies :math:`\tilde\theta` of its blocks as parameters (the forward
+moves none) and each gets :math:`M M^* \tilde g`, the gradient of the shared parameter, so
+replicas updated alike stay equal. In evaluation the forward moves only the parameters
+(owners: M) and the backward sums their copies' gradients (owners: :math:`M^*`; replicated:
+:math:`M M^*`).
 """
 
 from __future__ import annotations
@@ -45,18 +53,20 @@ class _BatchNormFunction(torch.autograd.Function):
         count = len(module.input_names)
         x = dict(zip(module.input_names, tensors[:count]))
         dtype = tensors[0].dtype if count else torch.float64
-        copies = None
-        if layer.affine:
-            theta = {n: t.to(dtype) for n, t in zip(module.parameter_names, tensors[count:])}
-            copies = module.run(module.movement, theta)
+        held = {n: t.to(dtype) for n, t in zip(module.parameter_names, tensors[count:])}
         batch = module.training or not layer.track_running_stats
+        copies = held if module.replicate else None
         if batch:
-            statistics = layer.statistics(x, module.run)
+            owned = held if layer.affine and not module.replicate else None
+            statistics, moved = layer.statistics(x, module.run, owned)
+            copies = copies if moved is None else moved
             if module.training and layer.track_running_stats:
                 module.update_running(statistics)
         else:
             statistics = {n: module.running_of(n, dtype) for n in x}
-        outputs, saved = layer.normalized(x, statistics, copies)
+            if layer.affine and not module.replicate:
+                copies = module.run(module.movement, held)
+        outputs, saved = layer.normalized(x, statistics, copies if layer.affine else None)
         ctx.module, ctx.saved, ctx.batch = module, saved, batch
         ctx.dtypes = [t.dtype for t in tensors]
         result = tuple(outputs[n] for n in module.output_names)
@@ -71,7 +81,9 @@ class _BatchNormFunction(torch.autograd.Function):
         dx, copies = layer.input_gradient(dy, ctx.saved, batch_statistics=ctx.batch, run=module.run)
         theta_grads: list[Tensor] = []
         if layer.affine:
-            if ctx.batch:  # all-reduced: the owner's copy of each group is M* of the partials
+            if module.replicate:  # every copy gets M M* of the partials (all-reduced already in training)
+                theta = copies if ctx.batch else module.run(module.gradient_reduction, copies)
+            elif ctx.batch:  # all-reduced: the owner's copy of each group is M* of the partials
                 theta = {n: copies[layer.owner_copy(n)] for n in module.parameter_names}
             else:
                 theta = module.run(module.gradient_sum, copies)
@@ -98,14 +110,22 @@ class BatchNormModule(torch.nn.Module):
         ``comm``.
     dtype : torch.dtype
         The parameters' and running statistics' dtype (default float64).
+    replicate : bool
+        Hold the parameter *copies* of this process's blocks (the range of the layer's
+        ``parameter_movement`` M, blocks ``name_theta_copy[...]``) instead of the blocks it
+        owns: the forward moves no parameters, and the backward gives every copy the summed
+        gradient of its channels, :math:`M M^* \tilde g`, as a data-parallel code does. Copies
+        stay equal while every process applies the same update. Default False: the owners
+        hold the blocks, the training forward moves them in its one all-reduce and the
+        backward's all-reduce leaves their gradient on the owners.
 
     Attributes
     ----------
     input_names, output_names : tuple of str
         The blocks of x this process passes in and of y it gets back.
     parameter_names : tuple of str
-        The parameter blocks (rows w, b; shape (2, c)) this process owns, held in
-        :attr:`blocks` (an ``nn.ParameterList``).
+        The parameter blocks (rows w, b; shape (2, c)) this process holds (owned blocks, or
+        with ``replicate`` its copies), in :attr:`blocks` (an ``nn.ParameterList``).
     channels : tuple of int
         The channel groups (indices along P_c) of this process's blocks; the buffers
         ``running_mean`` and ``running_var`` hold their channels, concatenated in this order
@@ -136,6 +156,7 @@ class BatchNormModule(torch.nn.Module):
         comm: Any = None,
         group: Any = None,
         dtype: torch.dtype = torch.float64,
+        replicate: bool = False,
     ) -> None:
         super().__init__()
         engine_arguments(comm, group)
@@ -149,11 +170,13 @@ class BatchNormModule(torch.nn.Module):
             return TorchOperator(op, comm=comm, group=group)
 
         self._functions: dict[int, TorchOperator] = {}
-        self.statistics_reduction = layer.statistics_reduction
+        self.replicate = bool(replicate) and layer.affine
+        self.moments_reduction = layer.moments_reduction
         self.gradient_reduction = layer.gradient_reduction
-        self.movement = layer.parameter_movement if layer.affine else None
-        self.gradient_sum = layer.parameter_gradient_reduction if layer.affine else None
-        for tree in (self.statistics_reduction, self.gradient_reduction, self.movement, self.gradient_sum):
+        owners = layer.affine and not self.replicate
+        self.movement = layer.parameter_movement if owners else None
+        self.gradient_sum = layer.parameter_gradient_reduction if owners else None
+        for tree in (self.moments_reduction, self.gradient_reduction, self.movement, self.gradient_sum):
             if tree is not None:
                 self._functions[id(tree)] = function(tree)
         mine = [b for b in layer.x.blocks if rank is None or b.worker == rank]
@@ -169,9 +192,10 @@ class BatchNormModule(torch.nn.Module):
             start += size
         if layer.parameters is not None:
             state = layer.scatter_parameters(weight, bias)
-            self.parameter_names = tuple(
-                b.name for b in layer.parameters.blocks if rank is None or b.worker == rank
-            )
+            held = layer.copies if self.replicate else layer.parameters
+            if self.replicate:
+                state = layer.parameter_movement(state)
+            self.parameter_names = tuple(b.name for b in held.blocks if rank is None or b.worker == rank)
             self.blocks = torch.nn.ParameterList(
                 torch.nn.Parameter(torch.from_numpy(np.array(state[n])).to(dtype))
                 for n in self.parameter_names
@@ -228,6 +252,17 @@ class BatchNormModule(torch.nn.Module):
         """This process's parameter blocks by name ((2, c): rows w and b)."""
         return dict(zip(self.parameter_names, self.blocks))
 
+    def owned_state(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        """Of a state by :attr:`parameter_names` (the parameters, or their gradients), the
+        blocks of the owners by parameter block name: itself, or with ``replicate`` the owners'
+        copies renamed (for :meth:`linop.layers.BatchNorm.gather_parameters`)."""
+        if not self.replicate:
+            return dict(state)
+        parameters = self.layer.parameters
+        assert parameters is not None  # replicate needs affine
+        copies = {self.layer.owner_copy(n): n for n in parameters.space.names}
+        return {copies[n]: v for n, v in state.items() if n in copies}
+
     def forward(self, x: Mapping[str, Tensor]) -> dict[str, Tensor]:
         if not isinstance(x, Mapping) or set(x) != set(self.input_names):
             given = sorted(x) if isinstance(x, Mapping) else type(x).__name__
@@ -249,5 +284,6 @@ class BatchNormModule(torch.nn.Module):
         layer = self.layer
         return (
             f"{layer.x.space} -> {layer.y.space}, eps={layer.eps}, momentum={layer.momentum}, "
-            f"affine={layer.affine}, track_running_stats={layer.track_running_stats}"
+            f"affine={layer.affine}, track_running_stats={layer.track_running_stats}, "
+            f"replicate={self.replicate}"
         )

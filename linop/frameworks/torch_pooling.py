@@ -26,18 +26,19 @@ against it and against ``torch.nn.MaxPool{1,2,3}d``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..errors import LayerError, StateError
+from ..errors import LayerError
 from ..halo_geometry import Kernel
 from ..layers import MaxPoolJacobian
 from ..partition import DistributedTensor
-from .torch_function import TorchOperator, engine_arguments, process_rank
+from .torch_function import process_rank
+from .torch_windows import WindowModule
 
 __all__ = ["MaxPool"]
 
@@ -52,7 +53,7 @@ def _entries(value: int | Sequence[int], dims: int) -> tuple[int, ...]:
     return tuple(value) if isinstance(value, Sequence) else (int(value),) * dims
 
 
-class MaxPool(torch.nn.Module):
+class MaxPool(WindowModule):
     r"""``torch.nn.MaxPool{1,2,3}d`` of a distributed tensor, as a module: ``module(x)`` takes
     this process's blocks of x (a dict of tensors) and returns its blocks of y.
 
@@ -66,21 +67,15 @@ class MaxPool(torch.nn.Module):
         half the dilated kernel, as torch requires). No ``ceil_mode``, no ``return_indices``.
     name : str
         The output tensor's name (default ``"y"``).
-    comm : mpi4py communicator, optional
-        Run across its ranks.
-    group : torch.distributed ProcessGroup or True, optional
-        Run across the ranks of this process group (``True``: the world group).
+    comm, group
+        As :class:`~linop.frameworks.torch_windows.BlockModule` (so are ``input_names``,
+        ``output_names`` and ``token``).
 
     Attributes
     ----------
     layer : linop.layers.MaxPoolJacobian
         The description (its ``window_operator`` is the halo run here).
     x, y : DistributedTensor
-    input_names, output_names : tuple of str
-        The blocks this process passes in and gets back.
-    token : torch.Tensor
-        An empty output of the last call (add ``module.token.sum()`` to the loss of a process
-        whose outputs do not enter it, so that its collective backward runs).
 
     Raises
     ------
@@ -101,8 +96,6 @@ class MaxPool(torch.nn.Module):
         comm: Any = None,
         group: Any = None,
     ) -> None:
-        super().__init__()
-        engine_arguments(comm, group)
         dims = x.ndim - 2 if isinstance(x, DistributedTensor) else 0
         if dims not in _POOLS:
             raise LayerError(f"MaxPool: torch pools 1 to 3 spatial dimensions, not {dims}")
@@ -113,14 +106,14 @@ class MaxPool(torch.nn.Module):
                 raise LayerError(
                     f"MaxPool: padding {pad} must be at most half the dilated kernel (size {size}, dilation {dilate})"
                 )
-        self.layer = MaxPoolJacobian(x, Kernel(size, step, pad, dilate), name=name)
+        layer = MaxPoolJacobian(x, Kernel(size, step, pad, dilate), name=name)
+        super().__init__(layer.window_operator, comm=comm, group=group)
+        self.layer = layer
         self.x, self.y = self.layer.x, self.layer.y
         self.size, self.stride, self.dilation = size, step, dilate
-        self.windows = TorchOperator(self.layer.window_operator, comm=comm, group=group)
-        self.input_names = self.windows.inputs
         rank = process_rank(comm, group)
         self._pool = _POOLS[dims]
-        self._products: list[tuple[str, str, _Strips | None, tuple[int, ...]]] = []
+        self._products = []
         for g in x.partition.indices():
             out = self.y.block(g)
             if rank is not None and out.worker != rank:
@@ -130,30 +123,14 @@ class MaxPool(torch.nn.Module):
             padded = None
             if 0 not in window and not real.all():
                 padded = _strips(np.broadcast_to(real, window)[(0,) * 2], g)
-            self._products.append((out.name, self.layer.window_name(g), padded, out.shape))
+            self._products.append((out.name, self.layer.window_name(g), out.shape, padded))
         self.output_names = tuple(name for name, *_ in self._products)
 
-    @property
-    def token(self) -> torch.Tensor:
-        """The empty output of the last call (see the class)."""
-        return self.windows.token
-
-    def forward(self, x: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        if not isinstance(x, Mapping):
-            raise StateError(
-                f"MaxPool takes a dict of blocks {list(self.input_names)}, not {type(x).__name__}"
-            )
-        windows = self.windows(x)
-        result = {}
-        for out, window_name, padded, shape in self._products:
-            window = windows[window_name]
-            if 0 in shape:  # no output here: an empty block, still tied to the windows' graph
-                result[out] = window.reshape(-1)[:0].reshape(shape)
-                continue
-            if padded is not None:
-                window = padded.fill(window)
-            result[out] = self._pool(window, self.size, self.stride, 0, self.dilation)
-        return result
+    def local(self, window: torch.Tensor, padded: _Strips | None) -> torch.Tensor:
+        """torch's max pool of the window, its padding strips set to -inf first."""
+        if padded is not None:
+            window = padded.fill(window)
+        return self._pool(window, self.size, self.stride, 0, self.dilation)
 
     def extra_repr(self) -> str:
         return f"{self.layer.kernel}: {self.layer.x} -> {self.layer.y}"
@@ -168,9 +145,11 @@ class _Strips:
     after: tuple[int, ...]
 
     def fill(self, window: torch.Tensor) -> torch.Tensor:
-        """A copy of ``window`` (N, C, spatial...) with its strips set to ``-inf``; the gradient
-        flows to the real entries alone."""
-        out = window.clone()
+        """``window`` (N, C, spatial...) with its strips set to ``-inf``; the gradient flows to
+        the real entries alone. In place when the window is an output of the windows' tree
+        function (not a leaf: a fresh block of this call, never the caller's memory; autograd
+        records the fills), else on a copy."""
+        out = window.clone() if window.is_leaf else window
         spatial = len(self.before)
         for d, (low, high) in enumerate(zip(self.before, self.after)):
             axis = out.ndim - spatial + d

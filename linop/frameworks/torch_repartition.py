@@ -16,12 +16,12 @@ import torch
 
 from ..partition import DistributedTensor
 from ..repartition import Repartition as RepartitionOperator
-from .torch_function import TorchOperator, engine_arguments
+from .torch_windows import BlockModule
 
 __all__ = ["Repartition"]
 
 
-class Repartition(torch.nn.Module):
+class Repartition(BlockModule):
     r"""Re-decompose a distributed tensor from ``source``'s layout to ``destination``'s:
     ``module(x)`` takes this process's blocks of ``source`` (a dict of tensors) and returns its
     blocks of ``destination``; gradients flow back through the reverse repartition.
@@ -31,20 +31,14 @@ class Repartition(torch.nn.Module):
     source, destination : DistributedTensor
         Two layouts of the same global shape (any partitions and shares, empty ones
         included), with different names.
-    comm : mpi4py communicator, optional
-        Run across its ranks.
-    group : torch.distributed ProcessGroup or True, optional
-        Run across the ranks of this process group (``True``: the world group).
+    comm, group
+        As :class:`~linop.frameworks.torch_windows.BlockModule` (so are ``input_names``,
+        ``output_names``, ``token`` and ``function``).
 
     Attributes
     ----------
     operator : linop.Repartition
         The tree run here (``operator.H``: the reverse repartition).
-    input_names, output_names : tuple of str
-        The blocks this process passes in and gets back.
-    token : torch.Tensor
-        An empty output of the last call (add ``module.token.sum()`` to the loss of a process
-        that owns no block of ``destination``, so that its collective backward runs).
 
     Raises
     ------
@@ -60,17 +54,10 @@ class Repartition(torch.nn.Module):
         comm: Any = None,
         group: Any = None,
     ) -> None:
-        super().__init__()
-        engine_arguments(comm, group)
+        operator = RepartitionOperator(source, destination)
+        super().__init__(operator, comm=comm, group=group)
         self.source, self.destination = source, destination
-        self.operator = RepartitionOperator(source, destination)
-        self.function = TorchOperator(self.operator, comm=comm, group=group)
-        self.input_names, self.output_names = self.function.inputs, self.function.outputs
-
-    @property
-    def token(self) -> torch.Tensor:
-        """The empty output of the last call (see the class)."""
-        return self.function.token
+        self.operator = operator
 
     def forward(self, x: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return self.function(x)

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import Broadcast, SumReduce
+from .. import Broadcast
 from ..operator import Composition, Identity, LinearOperator
 from ..partition import DistributedTensor, Partition, grid_block_name
 from ..space import Block, Space
@@ -30,6 +30,7 @@ from .base import (
     LayerError,
     LocalStep,
     local_stage,
+    partial_sums_reduction,
     require_int,
     require_partition,
     require_shape,
@@ -188,13 +189,8 @@ class Affine:
     def _reduction(self, space: Space) -> LinearOperator | None:
         if not self.reduces_output:
             return None
-        partials = Partition(
-            (self.p_fi, self.p_fo),
-            tuple(self.work.worker((fo, fi)) for fi in range(self.p_fi) for fo in range(self.p_fo)),
-        )
-        return SumReduce(
-            self.y, partials, "yt", others=Space(b for b in space if not b.name.startswith("yt["))
-        )
+        workers = (self.work.worker((fo, fi)) for fi in range(self.p_fi) for fo in range(self.p_fo))
+        return partial_sums_reduction(self.y, (self.p_fi, self.p_fo), workers, space)
 
     def input_operator(self, weights: Any) -> LinearOperator:
         """The layer as a linear operator of x for fixed ``weights`` (F_out, F_in), no bias.

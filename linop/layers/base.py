@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,13 +21,15 @@ from ..errors import LayerError
 from ..kernel_template import KernelTemplate
 from ..local import LocalKernel, LocalOperator
 from ..operator import Composition, Identity, LinearOperator
-from ..partition import DistributedTensor, Partition, balanced_sizes
+from ..partition import DistributedTensor, Partition, balanced_sizes, grid_block_name
 from ..space import Block, Space
 
 __all__ = [
     "LayerError",
     "LocalStep",
     "local_stage",
+    "partial_sums_reduction",
+    "window_stage",
     "require_int",
     "require_shape",
     "require_tensor",
@@ -145,3 +147,35 @@ def local_stage(space: Space, steps: Sequence[LocalStep]) -> LinearOperator:
     if not factors:
         return Identity(space)
     return Composition(tuple(reversed(factors)))
+
+
+def window_stage(
+    space: Space,
+    partition: Partition,
+    output: DistributedTensor,
+    window_name: Callable[[tuple[int, ...]], str],
+    kernels: Callable[[tuple[int, ...], Block], tuple[Callable[..., Any], Callable[..., Any]]],
+    label: str,
+) -> LinearOperator:
+    """The local stage of a window layer on ``space`` (the windows' tree's range): for each
+    worker g of ``partition``, one kernel from its window ``window_name(g)`` to its block of
+    ``output``; ``kernels(g, block)`` gives the (forward, adjoint) pair, labelled ``label[g]``."""
+    steps = []
+    for g in partition.indices():
+        out = output.block(g)
+        forward, adjoint = kernels(g, out)
+        block = Block(out.name, out.shape, out.worker)
+        steps.append(LocalStep((window_name(g),), (block,), forward, adjoint, grid_block_name(label, g)))
+    return local_stage(space, steps)
+
+
+def partial_sums_reduction(
+    y: DistributedTensor, shape: tuple[int, ...], workers: Iterable[int], space: Space, partials: str = "yt"
+) -> LinearOperator:
+    """The sum-reduce onto y of a layer's partial outputs ``partials[...]``, one per worker of
+    the partition ``shape`` (``workers`` in its order), passing the other blocks of ``space``
+    through: :math:`R` of an affine or convolution layer whose input features are cut."""
+    from ..collectives import SumReduce
+
+    others = Space(b for b in space if not b.name.startswith(f"{partials}["))
+    return SumReduce(y, Partition(shape, tuple(workers)), partials, others=others)

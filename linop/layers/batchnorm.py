@@ -3,21 +3,36 @@ share a channel (docs/theory.md#layers).
 
 x (N, C, S_0, ...) lies on any partition P_x = P_n x P_c x P_0 x ... (batch, channels and
 features all cut, unevenly and with empty shares if wanted). The workers with one channel
-index c form the group G(c); every statistic of channel c is a sum over G(c), computed as an
-all-reduce :math:`A = \mathrm{AllReduce}(\cdot, \text{axes} \ne 1)` of per-worker partial sums
-(an operator tree that ``verify`` proves exactly). With m the global count per channel
-(:math:`N \prod_d S_d`), in training mode
+index c form the group G(c) of |G| workers; each worker j in it has a slot g(j) (its position
+along the axes other than the channel's) and holds :math:`m_j` entries of each of its
+channels (:math:`m = \sum_j m_j = N \prod_d S_d`, the global count). In training mode one
+all-reduce :math:`A = \mathrm{AllReduce}(\cdot, \text{axes} \ne 1)` (an operator tree that
+``verify`` proves exactly) of the *moments* blocks (2|G| (+2) x c) gives every worker of the
+group the local mean and biased variance of every worker's block, each in its own slot (the
+others write zeros there, so the sum is a gather), and combines them as Chan et al.'s
+parallel variance does:
 
 .. math::
 
-    \mu = \tfrac1m A\Big(\sum_{\text{local}} x\Big), \qquad
-    \sigma^2 = \tfrac1m A\Big(\sum_{\text{local}} (x - \mu)^2\Big), \qquad
+    \mu_j = \tfrac{1}{m_j} \sum_{\text{block } j} x, \quad
+    v_j = \tfrac{1}{m_j} \sum_{\text{block } j} (x - \mu_j)^2, \qquad
+    \mu = \tfrac1m \sum_j m_j \mu_j, \quad
+    \sigma^2 = \tfrac1m \sum_j m_j \big(v_j + (\mu_j - \mu)^2\big),
+
     \hat x = (x - \mu)(\sigma^2 + \epsilon)^{-1/2}, \qquad y = w\, \hat x + b
 
-(two passes: the centred sum of squares, never :math:`E[x^2] - \mu^2`). The parameters
-:math:`\theta = (w; b)` (2 x C) live on the owners, the workers :math:`P_x[0, c, 0, \dots]`,
-and reach the other workers by the broadcast :math:`M = B_{P_\theta \to P_x}`
-(:attr:`BatchNorm.parameter_movement`). The backward pass needs, per channel, the global sums
+(empty blocks, :math:`m_j = 0`, add nothing). No large sums of squares are subtracted (never
+:math:`E[x^2] - \mu^2`): each :math:`v_j` is a centred second moment computed in two passes
+over the worker's own block, and the between-block part squares differences of means, so the
+variance keeps the accuracy of the two-pass formula (a relative error of order
+:math:`\varepsilon\,|\mu| / \sigma`, not :math:`\varepsilon\,\mu^2 / \sigma^2`), in the input's own
+dtype, with one collective instead of two. The parameters :math:`\theta = (w; b)` (2 x C) live
+on the owners, the workers :math:`P_x[0, c, 0, \dots]`, and reach the other workers by the
+broadcast :math:`M = B_{P_\theta \to P_x}` (:attr:`BatchNorm.parameter_movement`). In a
+training forward the broadcast rides in the same all-reduce: the owner writes θ into the
+moments block's last two rows and the other workers zeros, and :math:`A` of that embedding is
+:math:`M` (proven in the tests), so the whole forward is one collective. The backward pass
+needs, per channel, the global sums
 
 .. math::
 
@@ -29,7 +44,9 @@ where :math:`\tilde g` are the per-worker partial sums: the gradients of the par
 :math:`\tilde\theta = M\theta`. Since the all-reduce over a channel group is :math:`M M^*` (the
 copies' sum-reduce onto the owner, then its broadcast back; proven equal in the tests), one
 all-reduce gives both what :math:`\bar x` needs and, on each owner, the parameter gradient
-:math:`\bar\theta = M^* \tilde g` (the broadcast's adjoint: the gradients of the copies summed).
+:math:`\bar\theta = M^* \tilde g` (the broadcast's adjoint: the gradients of the copies summed),
+or on every worker the gradient :math:`M M^* \tilde g` of its copy when the parameters are
+replicated (``BatchNormModule(..., replicate=True)``).
 In evaluation mode (running statistics) :math:`\bar x = w\,\bar y\,(\sigma_r^2 + \epsilon)^{-1/2}`
 needs no reduction, and :math:`\bar\theta = M^* \tilde g` is the sum-reduce
 (:attr:`BatchNorm.parameter_gradient_reduction`).
@@ -82,15 +99,33 @@ def _spread(values: Any, ndim: int) -> Any:
     return values.reshape((1, values.shape[-1], *(1,) * (ndim - 2)))
 
 
-def local_sum(x: Any) -> Any:
-    """The block's per-channel sum as a (1, c) row (numpy or torch)."""
-    return x.sum(axis=_reduced_axes(x.ndim)).reshape((1, x.shape[1]))
+def local_moments(x: Any) -> tuple[Any, Any]:
+    """The per-channel mean and biased variance (c,) of a non-empty block (numpy: two passes,
+    the mean then the centred squares; torch: ``torch.var_mean``, one stable pass)."""
+    axes = _reduced_axes(x.ndim)
+    if isinstance(x, np.ndarray):
+        mean = x.mean(axis=axes)
+        centred = x - _spread(mean, x.ndim)
+        return mean, (centred * centred).mean(axis=axes)
+    import torch  # only reached with torch tensors
+
+    variance, mean = torch.var_mean(x, dim=axes, correction=0)
+    return mean, variance
 
 
-def centred_squares(x: Any, mean: Any) -> Any:
-    """The block's per-channel sum of squares about ``mean`` (c,), as a (1, c) row."""
-    centred = x - _spread(mean, x.ndim)
-    return (centred * centred).sum(axis=_reduced_axes(x.ndim)).reshape((1, x.shape[1]))
+def _zeros(like: Any, shape: tuple[int, ...]) -> Any:
+    """Zeros of ``shape`` in ``like``'s library, dtype (and device)."""
+    if isinstance(like, np.ndarray):
+        return np.zeros(shape, dtype=like.dtype)
+    return like.new_zeros(shape)
+
+
+def _column(like: Any, values: np.ndarray) -> Any:
+    """``values`` (k,) as a (k, 1) column in ``like``'s library and dtype."""
+    column = values.reshape(-1, 1)
+    if isinstance(like, np.ndarray):
+        return column.astype(like.dtype)
+    return like.new_tensor(column)
 
 
 def gradient_partials(dy: Any, xhat: Any) -> Any:
@@ -204,7 +239,16 @@ class BatchNorm:
         (2, c_share) on every worker of P_x: the parameters' copies, and in the backward the
         gradients of those copies.
     sums : BlockGrid
-        (1, c_share) on every worker: the statistics' partial sums.
+        (1, c_share) on every worker: the statistics' partial sums (the two-pass reduction
+        :attr:`statistics_reduction`, which the JAX function runs).
+    group_size : int
+        |G|, the workers of one channel group (the product of P_x's axes but the channel's).
+    slot_counts : tuple of int
+        :math:`m_j` of the worker in each slot of a group (the same for every group).
+    moments : BlockGrid
+        (2 |G| + 2, c_share) on every worker (2 |G| without affine): rows ``g`` and
+        ``|G| + g`` the mean and variance of the block in slot g, the last two θ (the
+        owner's; zeros elsewhere). Reduced by :attr:`moments_reduction`.
 
     Raises
     ------
@@ -260,13 +304,35 @@ class BatchNorm:
             f"{name}_theta_copy", p, tuple((2, self.channel_sizes[j[1]]) for j in p.indices())
         )
         self.sums = BlockGrid(f"{name}_sums", p, tuple((1, self.channel_sizes[j[1]]) for j in p.indices()))
+        others = tuple(s for a, s in enumerate(p.shape) if a != 1)
+        self.group_size = math.prod(others)
+        self._slots = {
+            j: int(np.ravel_multi_index(tuple(k for a, k in enumerate(j) if a != 1), others)) if others else 0
+            for j in p.indices()
+        }
+        counts = [0] * self.group_size
+        for j, slot in self._slots.items():
+            counts[slot] = x.sizes[0][j[0]] * math.prod(x.sizes[a][j[a]] for a in range(2, x.ndim))
+        self.slot_counts = tuple(counts)
+        rows = 2 * self.group_size + (2 if self.affine else 0)
+        self.moments = BlockGrid(
+            f"{name}_moments", p, tuple((rows, self.channel_sizes[j[1]]) for j in p.indices())
+        )
 
     # -- the trees -------------------------------------------------------------------------------
     @cached_property
     def statistics_reduction(self) -> LinearOperator:
-        """The all-reduce of the (1, c) partial sums over each channel group (run twice in a
-        training forward: the sums, then the centred sums of squares)."""
+        """The all-reduce of the (1, c) partial sums over each channel group: the two-pass
+        statistics (the sums, then the centred sums of squares) of the JAX function
+        (:func:`linop.frameworks.jax_norm.batch_norm`); the torch module and :meth:`forward`
+        run :attr:`moments_reduction` once instead."""
         return AllReduce(self.sums, self.reduce_axes)
+
+    @cached_property
+    def moments_reduction(self) -> LinearOperator:
+        r"""The all-reduce of the moments blocks over each channel group: the one collective of
+        a training forward (every slot's local mean and variance, and θ from its owner)."""
+        return AllReduce(self.moments, self.reduce_axes)
 
     @cached_property
     def gradient_reduction(self) -> LinearOperator:
@@ -331,6 +397,10 @@ class BatchNorm:
         """The name of the parameter copy (and of its gradient) of x's block ``block``."""
         return self.copies.block_name(self.index(block))
 
+    def moments_name(self, block: str) -> str:
+        """The name of the moments block of x's block ``block``."""
+        return self.moments.block_name(self.index(block))
+
     def sums_name(self, block: str) -> str:
         """The name of the statistics' partial sums of x's block ``block``."""
         return self.sums.block_name(self.index(block))
@@ -343,9 +413,49 @@ class BatchNorm:
         return self.copies.name + index
 
     # -- the algorithm on the blocks a process holds --------------------------------------------
-    def statistics(self, x: Mapping[str, Any], run: Run) -> dict[str, tuple[Any, Any]]:
-        """The global mean and biased variance (c,) of each given block's channel group: two
-        all-reduces of partial sums (the sums, then the centred squares).
+    def local_moments(
+        self, x: Mapping[str, Any], parameters: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """The moments block of each given block of x (by moments name): its per-channel mean
+        and biased variance in its slot's rows (nothing for an empty block), zeros in the
+        other slots, and in the last two rows the parameter block (w; b) of the same worker
+        when ``parameters`` (by parameter block name) holds it: an owner's, else zeros."""
+        groups = self.group_size
+        state = {}
+        for n, v in x.items():
+            j = self.index(n)
+            name = self.moments.block_name(j)
+            block = _zeros(v, self.moments.space[name].shape)
+            slot = self._slots[j]
+            if self.slot_counts[slot] and v.shape[1]:
+                mean, variance = local_moments(v)
+                block[slot] = mean
+                block[groups + slot] = variance
+            if parameters is not None and self.parameters is not None:
+                theta = parameters.get(grid_block_name(self.parameters.name, j))
+                if theta is not None:
+                    block[2 * groups :] = theta
+            state[name] = block
+        return state
+
+    def combined(self, moments: Any) -> tuple[Any, Any]:
+        r"""A channel group's mean and biased variance (c,) from its all-reduced moments block:
+        :math:`\mu = \sum_j m_j \mu_j / m`, :math:`\sigma^2 = \sum_j m_j (v_j + (\mu_j - \mu)^2) / m`."""
+        groups = self.group_size
+        counts = _column(moments, np.array(self.slot_counts, dtype=float))
+        means, variances = moments[:groups], moments[groups : 2 * groups]
+        mean = (counts * means).sum(axis=0) / self.count
+        apart = means - mean
+        variance = (counts * (variances + apart * apart)).sum(axis=0) / self.count
+        return mean, variance
+
+    def statistics(
+        self, x: Mapping[str, Any], run: Run, parameters: Mapping[str, Any] | None = None
+    ) -> tuple[dict[str, tuple[Any, Any]], dict[str, Any] | None]:
+        """The global mean and biased variance (c,) of each given block's channel group, from
+        one all-reduce of the moments blocks (:attr:`moments_reduction`); with ``parameters``
+        (this process's parameter blocks by name) also the parameter copies of the given
+        blocks (by copy name), moved in the same all-reduce; else None.
 
         Raises
         ------
@@ -358,13 +468,13 @@ class BatchNorm:
                 f"{self.layer}: expected more than 1 value per channel when training, x has shape "
                 f"{self.x.global_shape}"
             )
-        sums = run(self.statistics_reduction, {self.sums_name(n): local_sum(v) for n, v in x.items()})
-        means = {n: sums[self.sums_name(n)][0] / self.count for n in x}
-        squares = run(
-            self.statistics_reduction,
-            {self.sums_name(n): centred_squares(v, means[n]) for n, v in x.items()},
-        )
-        return {n: (means[n], squares[self.sums_name(n)][0] / self.count) for n in x}
+        reduced = run(self.moments_reduction, self.local_moments(x, parameters))
+        statistics = {n: self.combined(reduced[self.moments_name(n)]) for n in x}
+        copies = None
+        if parameters is not None and self.parameters is not None:
+            rows = 2 * self.group_size
+            copies = {self.copy_name(n): reduced[self.moments_name(n)][rows:] for n in x}
+        return statistics, copies
 
     def normalized(
         self,
@@ -476,17 +586,16 @@ class BatchNorm:
             Evaluation with tracked statistics but no ``running`` given.
         """
         x = {b.name: x[b.name] for b in self.x.blocks}
-        copies = None
+        given = None
         if self.parameters is not None:
-            given = self.scatter_parameters() if parameters is None else parameters
-            copies = self.parameter_movement(dict(given))
+            given = dict(self.scatter_parameters() if parameters is None else parameters)
 
         def run(op: LinearOperator, state: Mapping[str, Any]) -> Mapping[str, Any]:
             return op(dict(state))
 
         slices = share_slices(self.channel_sizes)
         if training or not self.track_running_stats:
-            statistics = self.statistics(x, run)
+            statistics, copies = self.statistics(x, run, given)
             if self.track_running_stats and running is not None:
                 mean, var = np.array(running[0], dtype=float), np.array(running[1], dtype=float)
                 done: set[int] = set()
@@ -507,6 +616,7 @@ class BatchNorm:
             statistics = {
                 n: (running[0][slices[self.channel(n)]], running[1][slices[self.channel(n)]]) for n in x
             }
+            copies = None if given is None else self.parameter_movement(given)
         y, saved = self.normalized(x, statistics, copies)
         return y, saved, running
 

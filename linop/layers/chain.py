@@ -43,7 +43,7 @@ chain (:meth:`WindowChain.layered_operator`: :class:`Convolution`, :class:`Avera
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -486,22 +486,36 @@ def _chain_kernels(
             raise LayerError(f"{_LAYER}: the window {name!r} of x0 was not given to at()")
         return picked
 
+    def stage(i: int) -> tuple[Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray], np.ndarray]]:
+        """Stage i's map on its input field and that map's adjoint."""
+        kind, weights, f = chain.stages[i].kind, chain.stages[i].weights, fields[i]
+        size, stride, dilation = _parts(chain._spatial[i])
+        if kind == "conv":
+            assert weights is not None
+            return (
+                lambda v: kernels.correlate(v, weights, stride, dilation),
+                lambda u: kernels.correlate_adjoint(u, weights, f.shape, stride, dilation),
+            )
+        if kind == "avg":
+            return (
+                lambda v: kernels.average_pool(v, size, stride, dilation),
+                lambda u: kernels.average_pool_adjoint(u, f.shape, size, stride, dilation),
+            )
+        shape = (batch, f.channels, *f.shape)
+        return (
+            lambda v: kernels.select(v, chosen(i), shape),
+            lambda u: kernels.select_adjoint(u, chosen(i), shape),
+        )
+
     def forward(x: np.ndarray) -> np.ndarray:
         lead = x.shape[: x.ndim - len(window_shape)]
         if empty:
             return np.zeros((*lead, *out_shape), dtype=x.dtype)
         v = x
-        for i, (stage, k, f) in enumerate(zip(chain.stages, chain._spatial, fields)):
+        for i, f in enumerate(fields[: len(chain.stages)]):
             if i > 0:
                 v = _masked(v, f.real)
-            size, stride, dilation = _parts(k)
-            if stage.kind == "conv":
-                assert stage.weights is not None
-                v = kernels.correlate(v, stage.weights, stride, dilation)
-            elif stage.kind == "avg":
-                v = kernels.average_pool(v, size, stride, dilation)
-            else:
-                v = kernels.select(v, chosen(i), (batch, f.channels, *f.shape))
+            v = stage(i)[0](v)
         return v
 
     def adjoint(y: np.ndarray) -> np.ndarray:
@@ -510,17 +524,9 @@ def _chain_kernels(
             return np.zeros((*lead, *window_shape), dtype=y.dtype)
         u = y
         for i in reversed(range(len(chain.stages))):
-            stage, k, f = chain.stages[i], chain._spatial[i], fields[i]
-            size, stride, dilation = _parts(k)
-            if stage.kind == "conv":
-                assert stage.weights is not None
-                u = kernels.correlate_adjoint(u, stage.weights, f.shape, stride, dilation)
-            elif stage.kind == "avg":
-                u = kernels.average_pool_adjoint(u, f.shape, size, stride, dilation)
-            else:
-                u = kernels.select_adjoint(u, chosen(i), (batch, f.channels, *f.shape))
+            u = stage(i)[1](u)
             if i > 0:
-                u = _masked(u, f.real)
+                u = _masked(u, fields[i].real)
         return u
 
     return forward, adjoint

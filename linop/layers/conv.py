@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import AllReduce, BlockGrid, Broadcast, SumReduce
+from .. import AllReduce, BlockGrid, Broadcast
 from ..halo import halo_windows
 from ..halo_geometry import Kernel, halo_geometry
 from ..operator import Composition, LinearOperator
@@ -48,6 +48,7 @@ from .base import (
     LayerError,
     LocalStep,
     local_stage,
+    partial_sums_reduction,
     require_int,
     require_partition,
     require_shape,
@@ -291,15 +292,9 @@ class Convolution:
     def _reduction(self, space: Space) -> LinearOperator | None:
         if not self.reduces_output:
             return None
-        partials = Partition(
-            (self.p_ci, 1, self.p_co, *self.spatial),
-            tuple(
-                self.work.worker((0, co, ci, *s))
-                for ci, _, co, *s in _grid((self.p_ci, 1, self.p_co, *self.spatial))
-            ),
-        )
-        others = Space(b for b in space if not b.name.startswith("yt["))
-        return SumReduce(self.y, partials, "yt", others=others)
+        shape = (self.p_ci, 1, self.p_co, *self.spatial)
+        workers = (self.work.worker((0, co, ci, *s)) for ci, _, co, *s in _grid(shape))
+        return partial_sums_reduction(self.y, shape, workers, space)
 
     def input_operator(self, weights: Any, *, overlap: bool = False) -> LinearOperator:
         r"""The layer as a linear operator of its input for fixed ``weights`` ``(C_out, C_in, *k)``:

@@ -43,9 +43,8 @@ from ..halo import HaloExchange, pad_shim, trim_shim
 from ..halo_geometry import DimGeometry, HaloGeometry, Kernel
 from ..operator import Composition, LinearOperator
 from ..partition import DistributedTensor, balanced_sizes, grid_block_name
-from ..space import Block
 from . import resample_maps
-from .base import LayerError, LocalStep, local_stage, require_tensor
+from .base import LayerError, require_tensor, window_stage
 from .resample_maps import AxisMap, AxisWeights
 
 __all__ = ["Interpolate", "need_row"]
@@ -301,20 +300,14 @@ class Interpolate:
         r"""The local kernels :math:`L` alone, from the windows to y: one
         :class:`~linop.local.LocalOperator` per worker (floats, or integers scaled by
         ``scales``: see :meth:`integer_operator`)."""
-        steps = []
-        for g in self.x.partition.indices():
-            out = self.y.block(g)
-            forward, adjoint = _kernels(self.parts(g, scales), out.shape, self.geometry.window_shape(g))
-            steps.append(
-                LocalStep(
-                    (self.window_name(g),),
-                    (Block(out.name, out.shape, out.worker),),
-                    forward,
-                    adjoint,
-                    grid_block_name("interp", g),
-                )
-            )
-        return local_stage(self.window_operator.range, steps)
+        return window_stage(
+            self.window_operator.range,
+            self.x.partition,
+            self.y,
+            self.window_name,
+            lambda g, out: _kernels(self.parts(g, scales), out.shape, self.geometry.window_shape(g)),
+            "interp",
+        )
 
     def _tree(self, scales: Sequence[int] | None) -> LinearOperator:
         key = None if scales is None else tuple(scales)

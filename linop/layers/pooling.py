@@ -28,9 +28,8 @@ from ..halo import halo_windows
 from ..halo_geometry import Kernel, halo_geometry
 from ..operator import LinearOperator
 from ..partition import DistributedTensor, grid_block_name
-from ..space import Block
 from . import kernels
-from .base import LayerError, LocalStep, local_stage, require_shape, require_tensor
+from .base import LayerError, require_shape, require_tensor, window_stage
 
 __all__ = ["AveragePool", "MaxPoolJacobian"]
 
@@ -85,20 +84,15 @@ class _Pool:
 
     def _stage(self, kernels_of) -> LinearOperator:
         moving = self.window_operator
-        steps = []
-        for g in self.x.partition.indices():
-            out = self.y.block(g)
-            forward, adjoint = kernels_of(g, self.geometry.window_shape(g))
-            steps.append(
-                LocalStep(
-                    (self.window_name(g),),
-                    (Block(out.name, out.shape, out.worker),),
-                    forward,
-                    adjoint,
-                    grid_block_name(self.label, g),
-                )
-            )
-        return local_stage(moving.range, steps) @ moving
+        stage = window_stage(
+            moving.range,
+            self.x.partition,
+            self.y,
+            self.window_name,
+            lambda g, _: kernels_of(g, self.geometry.window_shape(g)),
+            self.label,
+        )
+        return stage @ moving
 
 
 class AveragePool(_Pool):

@@ -41,7 +41,13 @@ def _batchnorm_cases():
 @pytest.mark.parametrize(("label", "x"), _batchnorm_cases(), ids=[c[0] for c in _batchnorm_cases()])
 def test_batchnorm_trees_equal_numpy_exactly(label, x):
     layer = BatchNorm(x)
-    for op in (layer.statistics_reduction, layer.gradient_reduction, layer.parameter_movement):
+    trees = (
+        layer.statistics_reduction,
+        layer.moments_reduction,
+        layer.gradient_reduction,
+        layer.parameter_movement,
+    )
+    for op in trees:
         compare_with_numpy(op, op.domain.random(1, np.int64))
         compare_with_numpy(op.H, op.range.random(2, np.int64))
 

@@ -27,7 +27,13 @@ def _local(
 
 def batchnorm(rank: int, size: int) -> str | None:
     """Two training steps and one evaluation step of a BatchNorm2d over batch and channels
-    (uneven shares; an empty batch share at 3 processes)."""
+    (uneven shares; an empty batch share at 3 processes), with the parameters on their owners
+    and replicated (every copy's gradient the whole sum)."""
+    problems = [_batchnorm(rank, size, replicate) for replicate in (False, True)]
+    return "; ".join(p for p in problems if p) or None
+
+
+def _batchnorm(rank: int, size: int, replicate: bool) -> str | None:
     from linop.frameworks.torch_norm import BatchNormModule
 
     grid = {1: (1, 1, 1, 1), 2: (2, 1, 1, 1), 3: (3, 1, 1, 1), 4: (2, 2, 1, 1)}[size]
@@ -37,7 +43,7 @@ def batchnorm(rank: int, size: int) -> str | None:
     rng = np.random.default_rng(31)
     w, b = rng.standard_normal(4), rng.standard_normal(4)
     layer = BatchNorm(x)
-    module = BatchNormModule(layer, weight=w, bias=b, group=True)
+    module = BatchNormModule(layer, weight=w, bias=b, group=True, replicate=replicate)
     norm = torch.nn.BatchNorm2d(4, dtype=torch.float64)
     with torch.no_grad():
         norm.weight.copy_(torch.from_numpy(w))
@@ -61,6 +67,9 @@ def batchnorm(rank: int, size: int) -> str | None:
             **layer.y.scatter(reference.detach().numpy()),
             **x.scatter(image.grad.numpy()),
             **layer.scatter_parameters(norm.weight.grad.numpy(), norm.bias.grad.numpy()),
+            **layer.parameter_movement(
+                layer.scatter_parameters(norm.weight.grad.numpy(), norm.bias.grad.numpy())
+            ),
         }
         got = {
             **{k: v.detach() for k, v in out.items()},
@@ -68,7 +77,9 @@ def batchnorm(rank: int, size: int) -> str | None:
             **{k: p.grad for k, p in module.parameter_state().items()},
         }
         problems += [
-            f"step {step} {k}" for k, v in got.items() if not np.allclose(v, expected[k], atol=1e-10)
+            f"{'replicated' if replicate else 'owners'} step {step} {k}"
+            for k, v in got.items()
+            if not np.allclose(v, expected[k], atol=1e-10)
         ]
         offsets = np.cumsum((0, *layer.channel_sizes))
         mine = np.concatenate(
