@@ -24,9 +24,12 @@ rank):
   (``clip(K x, -30, 30)``), vanishes beyond a bound or below one, fails; powers of two, so a
   linear map computed in floating point scales exactly (no rounding is added);
 * one state whose entries span those magnitudes together (:math:`u_j 2^{k_j}`);
-* when the map accepts complex input (it returns without raising on it), the complex state
-  :math:`b + i a`: an antilinear map (:math:`f(x) = \bar x`, :math:`f(i x) = -i f(x)`) or one
-  fails here (probing with real unit vectors cannot see it). A map that raises on complex
+* when the map accepts complex input (it returns without raising on it), the complex states
+  :math:`b + i a` and :math:`w + i u` (:math:`w` another random non-integer state): an
+  antilinear map (:math:`f(x) = \bar x`, :math:`f(i x) = -i f(x)`) fails here (probing with
+  real unit vectors cannot see it). The second state is there because the integer :math:`a`
+  can lie in the kernel of :math:`F` (a one-row :math:`F` with small entries meets it: then
+  :math:`F \bar x = F x` on the first), which a non-integer :math:`u` does not, almost surely. A map that raises on complex
   input, or returns real values for it (it computes over the reals, casting its input, as it
   would at run time, with numpy's ``ComplexWarning``), is judged on the real states only.
 
@@ -60,6 +63,7 @@ __all__ = [
     "SCALE_EXPONENTS",
     "LinearityProblem",
     "complex_state",
+    "complex_states",
     "computed_precision",
     "linearity_problem",
     "probe_states",
@@ -150,6 +154,20 @@ def complex_state(size: int) -> tuple[str, np.ndarray]:
     a = rng.integers(-9, 10, size=size).astype(np.float64)
     b = rng.integers(-9, 10, size=size).astype(np.float64)
     return "complex state b + i a (linearity over C)", (b + 1j * a)[None, :]
+
+
+def complex_states(size: int) -> tuple[list[str], np.ndarray]:
+    """The complex states of the check: ``b + i a`` (:func:`complex_state`, compared exactly
+    for an integral matrix) and ``w + i u`` (``u`` the non-integer state of
+    :func:`probe_states`, ``w`` another), as rows of a complex128 array, and their names."""
+    rng = np.random.default_rng(_SEED)
+    a = rng.integers(-9, 10, size=size).astype(np.float64)
+    b = rng.integers(-9, 10, size=size).astype(np.float64)
+    fraction = rng.uniform(-1.0, 1.0, size=size)
+    rng.integers(min(SCALE_EXPONENTS), max(SCALE_EXPONENTS) + 1, size=size)  # the spread's draw
+    other = rng.uniform(-1.0, 1.0, size=size)
+    names = ["complex state b + i a (linearity over C)", "complex state w + i u (linearity over C)"]
+    return names, np.stack([b + 1j * a, other + 1j * fraction])
 
 
 def _integral(matrix: Any) -> bool:
@@ -258,7 +276,7 @@ def linearity_problem(
     exact = [k == 0 or (integral and k < _EXACT_STATES) for k in range(len(names))]
     problem = _first_problem(names, images, wants, scales, exact, precision, picked)
     accepted = True
-    name, state = complex_state(size)
+    complex_names, state = complex_states(size)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", np.exceptions.ComplexWarning)
@@ -278,4 +296,4 @@ def linearity_problem(
     scale = np.asarray(abs(matrix) @ np.abs(state.T)).T
     checked = complex_images if picked is None else complex_images[:, picked]
     precision = computed_precision(checked)
-    return _first_problem([name], complex_images, want, scale, [integral], precision, picked)
+    return _first_problem(complex_names, complex_images, want, scale, [integral, False], precision, picked)
