@@ -289,7 +289,9 @@ def _bridge_cases(draw: st.DrawFn, dtensors: bool) -> Call:
         state = source.scatter(data, rng=rng)
         mine = state[source.block_of(rank).name]
         local: Any = torch.from_numpy(mine.astype(np.float64))
-        if rank == victim:
+        if form in ("int64", "bool", "float32"):  # on every rank: a dtype differing between the ranks
+            local = torch.from_numpy(mine).to(getattr(torch, form))  # hangs torch_function (reported)
+        elif rank == victim:
             if form == "misshapen":
                 local = torch.zeros(mine.shape[0] + 1, columns, dtype=torch.float64)
             elif form == "transposed":
@@ -298,8 +300,6 @@ def _bridge_cases(draw: st.DrawFn, dtensors: bool) -> Call:
                 local = torch.empty(mine.shape, dtype=torch.float64, device="meta")
             elif form == "junk":
                 local = junk_value
-            elif form in ("int64", "bool", "float32"):
-                local = torch.from_numpy(mine).to(getattr(torch, form))
         kept = (
             _numpy(local).copy() if isinstance(local, torch.Tensor) and local.device.type != "meta" else None
         )
