@@ -81,7 +81,7 @@ state's): :math:`2^{40} \\approx 1.1 \\cdot 10^{12}`, within float32's range wit
 map's own sums."""
 
 _HEADROOM = 2.0**-4
-"""States whose images (bounded by :math:`|F|\,|x|`, as every partial sum of :math:`F x` is) or
+r"""States whose images (bounded by :math:`|F|\,|x|`, as every partial sum of :math:`F x` is) or
 entries exceed this fraction of the computed dtype's largest value are not compared: float16
 compares images up to 4094 (a saturation at 10 is seen), not only up to 64."""
 
