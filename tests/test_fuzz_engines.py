@@ -219,3 +219,14 @@ def test_a_mesh_layout_of_junk_is_a_placement_error(arguments):
             given.get("sizes"),
             ranks=given.get("ranks", ()),
         )
+
+
+@pytest.mark.parametrize("name", [None, -(2**63) - 1, np.array(["a", "b"]), ""], ids=repr)
+def test_a_local_operator_named_by_junk_is_refused(name):
+    """Found by the campaign: ``local_operator(..., name=junk)`` was accepted and printed the
+    junk in every message (``local operator None[x -> y]``)."""
+    from linop import Block, Space, local_operator
+    from linop.errors import LocalOperatorError
+
+    with pytest.raises(LocalOperatorError, match="name must be a non-empty string"):
+        local_operator(Space([Block("x", (2,))]), "x", ("y", (2,)), np.eye(2, dtype=int), name=name)
