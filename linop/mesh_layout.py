@@ -132,6 +132,8 @@ def _as_tuple(values: Any) -> Any:
 
 def _ints(values: Any, what: str) -> tuple[int, ...]:
     try:
+        if isinstance(values, str | bytes | bytearray):
+            raise TypeError  # b"\x04" is a sequence of integers, not a shape
         items = tuple(values)
         if any(isinstance(v, (bool, np.bool_)) for v in items):
             raise TypeError

@@ -201,12 +201,16 @@ def test_an_antilinear_map_whose_integer_probe_lies_in_the_kernel_is_refused():
         {"ranks": None},
         {"sizes": 0.0},
         {"sizes": False},
+        {"mesh_shape": b"\x02"},
+        {"global_shape": b"\x04\x02"},
+        {"mesh_shape": b""},
     ],
     ids=str,
 )
 def test_a_mesh_layout_of_junk_is_a_placement_error(arguments):
     """Found by the campaign: ``MeshLayout.from_placements`` raised a bare TypeError on a
-    number where a sequence belongs, and took ``sizes=False`` or ``0.0`` for no sizes."""
+    number where a sequence belongs, took ``sizes=False`` or ``0.0`` for no sizes, and bytes
+    for a shape (``b"\x02"``: a mesh of 2)."""
     from linop.errors import PlacementError
     from linop.mesh_layout import MeshLayout, Shard
 

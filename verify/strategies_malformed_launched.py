@@ -280,9 +280,14 @@ def _bridge_cases(draw: st.DrawFn, dtensors: bool) -> Call:
 
     def run() -> Any:
         rank = dist.get_rank()
-        source = MeshLayout.from_placements((2,), [source_placement], (rows, columns), source_sizes, name="a")
+        # a tree of its own per call (the same on both ranks, which draw the same calls): a
+        # later call of a cached wrapper skips the entry check, so a local refusal there leaves
+        # the peer waiting in the data movement (reported; bound plans have no per-call check)
+        _CALLS.append(None)
+        a, b = f"a{len(_CALLS)}", f"b{len(_CALLS)}"
+        source = MeshLayout.from_placements((2,), [source_placement], (rows, columns), source_sizes, name=a)
         destination = MeshLayout.from_placements(
-            (2,), [destination_placement], (rows, columns), destination_sizes, name="b"
+            (2,), [destination_placement], (rows, columns), destination_sizes, name=b
         )
         rng = np.random.default_rng(seed)
         data = rng.integers(-9, 10, (rows, columns))
@@ -329,6 +334,7 @@ def _bridge_cases(draw: st.DrawFn, dtensors: bool) -> Call:
 
 
 _MESHES: list[Any] = []
+_CALLS: list[None] = []  # the bridge's calls so far in this process
 
 
 def _device_mesh() -> Any:
