@@ -234,3 +234,18 @@ def test_a_local_operator_named_by_junk_is_refused(name):
 
     with pytest.raises(LocalOperatorError, match="name must be a non-empty string"):
         local_operator(Space([Block("x", (2,))]), "x", ("y", (2,)), np.eye(2, dtype=int), name=name)
+
+
+def test_a_local_tensor_of_junk_is_a_placement_error():
+    """Found by the campaign: ``redistribute_local(None, ...)`` raised a bare AttributeError on
+    that rank alone (its peer waited); now a PlacementError, which goes through the group's
+    check (on a group, every rank raises; the 2-process launch above draws such calls)."""
+    pytest.importorskip("torch", reason="torch is not installed (the torch extra)")
+    from linop.errors import PlacementError
+    from linop.frameworks.dtensor import _check_local
+    from linop.mesh_layout import MeshLayout, Shard
+
+    layout = MeshLayout.from_placements((2,), [Shard(0)], (4, 2), name="a")
+    for junk_value in (None, [1.0, 2.0], "x"):
+        with pytest.raises(PlacementError, match="rank 0 holds"):
+            _check_local(junk_value, layout, 0)
