@@ -18,15 +18,20 @@ rank):
   :math:`-3a` (homogeneity): exactly when :math:`F` is integral, as data movement is (every
   product is then an exact integer in floating point);
 * a random non-integer state :math:`u` (entries in (-1, 1)): what is linear on integers only
-  (``floor``, a cast to an integer dtype) fails here;
+  (``floor``, a cast to an integer dtype) fails here; and :math:`-u`: a map that depends on
+  the sign of its image (``relu``, ``abs``) fails on :math:`u` or :math:`-u` (the integer
+  :math:`a` and :math:`-3a` may lie in the kernel of :math:`F`);
 * scaled copies :math:`2^k u` for :math:`k` in :data:`SCALE_EXPONENTS` (about :math:`10^{-12}`
   to :math:`10^{12}`): homogeneity across magnitudes, which a map that saturates
   (``clip(K x, -30, 30)``), vanishes beyond a bound or below one, fails; powers of two, so a
   linear map computed in floating point scales exactly (no rounding is added);
 * one state whose entries span those magnitudes together (:math:`u_j 2^{k_j}`);
-* when the map accepts complex input (it returns without raising on it), the complex state
-  :math:`b + i a`: an antilinear map (:math:`f(x) = \bar x`, :math:`f(i x) = -i f(x)`) or one
-  fails here (probing with real unit vectors cannot see it). A map that raises on complex
+* when the map accepts complex input (it returns without raising on it), the complex states
+  :math:`b + i a` and :math:`w + i u` (:math:`w` another random non-integer state): an
+  antilinear map (:math:`f(x) = \bar x`, :math:`f(i x) = -i f(x)`) fails here (probing with
+  real unit vectors cannot see it). The second state is there because the integer :math:`a`
+  can lie in the kernel of :math:`F` (a one-row :math:`F` with small entries meets it: then
+  :math:`F \bar x = F x` on the first), which a non-integer :math:`u` does not, almost surely. A map that raises on complex
   input, or returns real values for it (it computes over the reals, casting its input, as it
   would at run time, with numpy's ``ComplexWarning``), is judged on the real states only.
 
@@ -36,8 +41,8 @@ dtype (float16, bfloat16, float32, float64) that holds every value the map retur
 to the state's largest entry of :math:`|F|\,|x|`, plus as many of that dtype's smallest
 normal numbers (underflow). A linear map computed in float32 is thus judged by float32's
 rounding even when it returns float64, and a map computed in float64 by float64's. States
-whose images the computed dtype cannot hold (beyond its largest value, for float16) are not
-compared. NaN never compares equal.
+whose images or entries the computed dtype cannot hold (beyond its largest value, for
+float16) are not compared. NaN never compares equal.
 
 A map that passes agrees with a linear map over the field of its input on every state above;
 one that fails is not the linear map its matrix claims (which also catches a callable that
@@ -60,6 +65,7 @@ __all__ = [
     "SCALE_EXPONENTS",
     "LinearityProblem",
     "complex_state",
+    "complex_states",
     "computed_precision",
     "linearity_problem",
     "probe_states",
@@ -73,6 +79,11 @@ SCALE_EXPONENTS = (-40, -20, -10, 10, 20, 40)
 """The exponents :math:`k` of the scaled states :math:`2^k u` (and the range of the spanning
 state's): :math:`2^{40} \\approx 1.1 \\cdot 10^{12}`, within float32's range with room for the
 map's own sums."""
+
+_HEADROOM = 2.0**-4
+r"""States whose images (bounded by :math:`|F|\,|x|`, as every partial sum of :math:`F x` is) or
+entries exceed this fraction of the computed dtype's largest value are not compared: float16
+compares images up to 4094 (a saturation at 10 is seen), not only up to 64."""
 
 _SEED = 20261201
 _EXACT_STATES = 5  # zero, a, b, a + b, -3 a: exact for an integral matrix
@@ -133,8 +144,9 @@ def probe_states(size: int) -> tuple[list[str], np.ndarray]:
         "state a + b (additivity)",
         "state -3 a (homogeneity)",
         "random non-integer state u",
+        "state -u (homogeneity, a negative factor)",
     ]
-    rows = [np.zeros(size), a, b, a + b, -3.0 * a, fraction]
+    rows = [np.zeros(size), a, b, a + b, -3.0 * a, fraction, -fraction]
     for k in SCALE_EXPONENTS:
         names.append(f"state 2**{k} u (homogeneity across magnitudes)")
         rows.append(fraction * 2.0**k)
@@ -150,6 +162,20 @@ def complex_state(size: int) -> tuple[str, np.ndarray]:
     a = rng.integers(-9, 10, size=size).astype(np.float64)
     b = rng.integers(-9, 10, size=size).astype(np.float64)
     return "complex state b + i a (linearity over C)", (b + 1j * a)[None, :]
+
+
+def complex_states(size: int) -> tuple[list[str], np.ndarray]:
+    """The complex states of the check: ``b + i a`` (:func:`complex_state`, compared exactly
+    for an integral matrix) and ``w + i u`` (``u`` the non-integer state of
+    :func:`probe_states`, ``w`` another), as rows of a complex128 array, and their names."""
+    rng = np.random.default_rng(_SEED)
+    a = rng.integers(-9, 10, size=size).astype(np.float64)
+    b = rng.integers(-9, 10, size=size).astype(np.float64)
+    fraction = rng.uniform(-1.0, 1.0, size=size)
+    rng.integers(min(SCALE_EXPONENTS), max(SCALE_EXPONENTS) + 1, size=size)  # the spread's draw
+    other = rng.uniform(-1.0, 1.0, size=size)
+    names = ["complex state b + i a (linearity over C)", "complex state w + i u (linearity over C)"]
+    return names, np.stack([b + 1j * a, other + 1j * fraction])
 
 
 def _integral(matrix: Any) -> bool:
@@ -177,16 +203,23 @@ def _holds(name: str, values: np.ndarray) -> bool:
 def computed_precision(images: np.ndarray) -> tuple[str, float, float, float]:
     """The narrowest floating dtype that holds every finite value of ``images`` (real and
     imaginary parts): ``(name, eps, smallest normal, largest finite)``, never finer than the
-    images' own dtype. What the map was computed in, as far as its results show."""
+    images' own dtype. What the map was computed in, as far as its results show. When several
+    dtypes hold every value (a few short results fit both bfloat16 and float16), any of them
+    could have computed them: the widest eps, the largest smallest normal and the smallest
+    largest finite of those (a float16 map's results that happen to fit bfloat16 are still
+    allowed float16's underflow, and its states beyond 65504 are not compared)."""
     images = np.asarray(images)
     own_eps = float(np.finfo(images.dtype).eps) if images.dtype.kind in "fc" else 2.0**-52
     parts = (images.real, images.imag) if images.dtype.kind == "c" else (images,)
     values = np.concatenate([np.asarray(p, dtype=np.float64).ravel() for p in parts])
     values = values[np.isfinite(values)]
-    for precision in _PRECISIONS:  # widest eps first
-        if precision[1] >= own_eps and _holds(precision[0], values):
-            return precision
-    return _PRECISIONS[-1]
+    holding = [p for p in _PRECISIONS if p[1] >= own_eps and _holds(p[0], values)]  # widest eps first
+    if not holding:
+        return _PRECISIONS[-1]
+    # values that several dtypes hold could come from any of them (bfloat16 and float16 both
+    # hold a few short results): the widest eps, the largest underflow, the smallest range
+    name, eps = holding[0][0], holding[0][1]
+    return name, eps, max(p[2] for p in holding), min(p[3] for p in holding)
 
 
 def _first_problem(
@@ -197,14 +230,15 @@ def _first_problem(
     exact: Sequence[bool],
     precision: tuple[str, float, float, float],
     rows: np.ndarray | None,
+    states: np.ndarray,
 ) -> LinearityProblem | None:
     _, eps, tiny, largest = precision
-    for name, got, want, scale, is_exact in zip(names, images, wants, scales, exact):
+    for name, got, want, scale, is_exact, state in zip(names, images, wants, scales, exact, states):
         if rows is not None:
             got, want, scale = got[rows], want[rows], scale[rows]
         top = float(np.max(scale, initial=0.0))
-        if not is_exact and top > largest * 2.0**-10:
-            continue  # the computed dtype cannot hold this state's images
+        if not is_exact and max(top, float(np.max(np.abs(state), initial=0.0))) > largest * _HEADROOM:
+            continue  # the computed dtype cannot hold this state (0 * inf is NaN) or its images
         allowed = 0.0 if is_exact else ROUNDING_ULPS * (eps * top + tiny)
         with np.errstate(invalid="ignore", over="ignore"):
             wrong = np.flatnonzero(~(np.abs(got - want) <= allowed))  # NaN counts as wrong
@@ -256,9 +290,9 @@ def linearity_problem(
     checked = images if picked is None else images[:, picked]
     precision = computed_precision(checked[inexact])
     exact = [k == 0 or (integral and k < _EXACT_STATES) for k in range(len(names))]
-    problem = _first_problem(names, images, wants, scales, exact, precision, picked)
+    problem = _first_problem(names, images, wants, scales, exact, precision, picked, states)
     accepted = True
-    name, state = complex_state(size)
+    complex_names, state = complex_states(size)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", np.exceptions.ComplexWarning)
@@ -278,4 +312,6 @@ def linearity_problem(
     scale = np.asarray(abs(matrix) @ np.abs(state.T)).T
     checked = complex_images if picked is None else complex_images[:, picked]
     precision = computed_precision(checked)
-    return _first_problem([name], complex_images, want, scale, [integral], precision, picked)
+    return _first_problem(
+        complex_names, complex_images, want, scale, [integral, False], precision, picked, state
+    )

@@ -461,6 +461,10 @@ class LocalOperator(LinearOperator):
     adjointed: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise LocalOperatorError(
+                f"a local operator's name must be a non-empty string, not {self.name!r:.60}"
+            )
         inputs, outputs = tuple(self.inputs), tuple(self.outputs)
         object.__setattr__(self, "inputs", inputs)
         object.__setattr__(self, "outputs", outputs)
@@ -888,7 +892,8 @@ def local_operator(
     UnknownBlockError
         If an input is not a block of ``space``.
     LocalOperatorError, WorkerError, BlockExistsError
-        As for :class:`LocalOperator` and :meth:`LocalKernel.of`.
+        As for :class:`LocalOperator` and :meth:`LocalKernel.of`; also a ``name`` that is not a
+        non-empty string.
 
     Examples
     --------
@@ -898,6 +903,8 @@ def local_operator(
     >>> state["y"].tolist(), sorted(state)
     ([3, 3], ['y', 'z'])
     """
+    if not isinstance(name, str) or not name:
+        raise LocalOperatorError(f"a local operator's name must be a non-empty string, not {name!r:.60}")
     names = _as_blocks(inputs, "input")
     for item in names:
         if not isinstance(item, str):

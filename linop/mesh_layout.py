@@ -124,8 +124,16 @@ def chunk_sizes(length: int, parts: int) -> tuple[int, ...]:
     return tuple(max(0, min(length, full * (k + 1)) - full * k) for k in range(parts))
 
 
+def _as_tuple(values: Any) -> Any:
+    """``values`` as a tuple when it is a list or tuple, else unchanged (for the layout's own
+    checks to name: a number or None where a sequence belongs is a PlacementError)."""
+    return tuple(values) if isinstance(values, list | tuple) else values
+
+
 def _ints(values: Any, what: str) -> tuple[int, ...]:
     try:
+        if isinstance(values, str | bytes | bytearray):
+            raise TypeError  # b"\x04" is a sequence of integers, not a shape
         items = tuple(values)
         if any(isinstance(v, (bool, np.bool_)) for v in items):
             raise TypeError
@@ -202,6 +210,13 @@ class MeshLayout:
             raise PlacementError(
                 f"layout {self.name!r}: placements must be a sequence, one per mesh dimension, not {self.placements!r}"
             )
+        if not isinstance(self.sizes, Mapping) and (
+            isinstance(self.sizes, (str, bytes)) or not isinstance(self.sizes, Sequence)
+        ):
+            raise PlacementError(
+                f"layout {self.name!r}: sizes must be a mapping or a sequence (one entry per tensor "
+                f"dimension), not {type(self.sizes).__name__} {self.sizes!r:.60}"
+            )
         if len(self.placements) != len(mesh):
             raise PlacementError(
                 f"layout {self.name!r}: {len(self.placements)} placements for the {len(mesh)} dimensions "
@@ -232,7 +247,8 @@ class MeshLayout:
         object.__setattr__(self, "sizes", pieces)
         object.__setattr__(self, "_cuts", cuts)
         object.__setattr__(self, "_offsets", tuple(tuple(int(o) for o in np.cumsum((0, *p))) for p in pieces))
-        partition = Partition(mesh, _ints(self.ranks, f"layout {self.name!r}: ranks") if self.ranks else ())
+        given = () if isinstance(self.ranks, tuple) and not self.ranks else self.ranks  # () is the default
+        partition = Partition(mesh, _ints(given, f"layout {self.name!r}: ranks") if given != () else ())
         object.__setattr__(self, "ranks", partition.workers)
         object.__setattr__(self, "_partition", partition)
 
@@ -294,7 +310,14 @@ class MeshLayout:
         name: str = "x",
     ) -> MeshLayout:
         """The layout of a mesh shape, placements and a global shape, as plain data."""
-        return cls(name, tuple(mesh_shape), tuple(placements), tuple(global_shape), sizes or (), tuple(ranks))
+        return cls(
+            name,
+            _as_tuple(mesh_shape),
+            _as_tuple(placements),
+            _as_tuple(global_shape),
+            () if sizes is None else sizes,
+            _as_tuple(ranks),
+        )
 
     @classmethod
     def from_distributed_tensor(cls, tensor: DistributedTensor, name: str | None = None) -> MeshLayout:

@@ -72,6 +72,7 @@ LAUNCHES = (
     "test_framework_edges.py",
     "test_jax_shard.py",
     "test_jax_kernels.py",
+    "test_fuzz_engines.py",  # a 2-process gloo launch and two JAX processes
     "test_example_training.py",  # 4 processes, and torch.compile
     "test_notebooks.py",
     "test_docs.py",

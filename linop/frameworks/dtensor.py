@@ -174,6 +174,11 @@ def _rank() -> int:
 def _check_local(local: torch.Tensor, layout: MeshLayout, rank: int) -> None:
     if rank not in layout.partition:
         raise PlacementError(f"layout {layout.name!r}: rank {rank} is not in the mesh {list(layout.ranks)}")
+    if not hasattr(local, "shape"):  # junk: refused as a wrong shape is, through the group's check
+        raise PlacementError(
+            f"layout {layout.name!r}: rank {rank} holds {type(local).__name__} {local!r:.40} as its local "
+            "tensor, not a torch.Tensor"
+        )
     expected = layout.block_of(rank).shape
     if tuple(local.shape) != expected:
         wrong = [d for d, (a, b) in enumerate(zip(local.shape, expected)) if a != b]
