@@ -92,7 +92,7 @@ class Repeat:
         outcome: CheckOutcome,
     ) -> None:
         self.name = name
-        self.ref = weakref.ref(array)
+        self.ref: Any = weakref.ref(array)
         self.shape = array.shape
         self.strides = array.strides
         self.dtype = array.dtype
@@ -113,8 +113,8 @@ class Repeat:
         alike. Reads nothing else and communicates nothing."""
         if type(state) is not dict or len(state) != 1 or inplace is not self.inplace:
             return False
-        array = state.get(self.name)
-        if array is None or self.ref() is not array:
+        array, kept = state.get(self.name), self.ref()  # kept: None once the array is collected
+        if array is None or kept is not array:
             return False
         if array.shape != self.shape or array.strides != self.strides or array.dtype is not self.dtype:
             return False
