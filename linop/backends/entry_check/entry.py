@@ -20,8 +20,12 @@ a state that passes a few cheap tests (a dict of exactly the rank's blocks, nump
 right shapes and numeric dtypes) skips the detailed diagnosis, which only words the error; the
 vector is rewritten only when what it says changes; and the outcome (run dtype, cast, or the
 error of a dtype clash) is remembered per reduced vector, which holds every global fact it
-depends on. Every call still reduces the whole vector: a tree, block or dtype that differs on
-any rank is found on the call where it differs.
+depends on. A call passing the same arrays again (the same objects, unchanged:
+:mod:`.repeat`) skips even the cheap tests: :meth:`EntryCheck.repeat` finds the kept call,
+:meth:`EntryCheck.again` reduces its vector, and the engine runs what it kept for those arrays
+(the MPI executor's in-place binding, the torch.distributed executor's prepared phases). Every
+call still reduces the whole vector: a tree, block or dtype that differs on any rank is found
+on the call where it differs.
 
 With a deadline (``timeout=``, ``LINOP_TIMEOUT``) the reduction is polled instead of waited for,
 and ranks that do not arrive in time are named by every rank that did

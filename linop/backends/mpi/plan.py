@@ -231,7 +231,7 @@ class DistributedPlan:
                 f"the communicator of this plan of {self.op} has been freed; build the plan again "
                 "on a live communicator"
             )
-        seconds = self.deadline(timeout)
+        seconds = resolve_timeout(self.timeout if timeout is None else timeout)  # as deadline()
         try:
             return self.entry.again(repeat, seconds)
         except BaseException as error:  # PeerTimeoutError included: the missing ranks may never come
