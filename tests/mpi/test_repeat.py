@@ -176,3 +176,20 @@ def test_another_rank_changing_its_dtype_is_found_by_a_rank_that_repeats():
     expected = op.apply(mixed, inplace=True)
     problem = same_blocks(result, expected, (name,), exact=True)
     collective_assert(problem is None, str(problem))
+
+
+def test_numpy_refuses_to_resize_a_kept_array():
+    """What the repeat relies on for the memory under an unchanged object: ``a.resize`` (which
+    may move it) is refused while the repeat's weak reference exists (``refcheck=False``
+    excepted, which numpy documents as unsafe)."""
+    op = _halo()
+    local = local_part(op.domain, op.domain.random(26), RANK)
+    _warm(op, local)
+    (name,) = local
+    try:
+        local[name].resize((local[name].size + 8,))
+    except ValueError:
+        refused = True
+    else:
+        refused = False
+    collective_assert(refused, "numpy resized an array the repeat holds a weak reference to")
