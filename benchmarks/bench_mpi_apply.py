@@ -24,6 +24,9 @@ interleaved sample by sample:
 - 8 MB sum-reduce onto rank 0: ``apply`` (a new result block) against ``Allreduce`` into a
   preallocated array (and the bound plan).
 
+``BENCH_N`` sets the halo exchange's array size (default 4096: messages of 32 KB at h=1 and 96 KB
+at h=3 on 2 ranks; 256 gives 2-6 KB, where the check's collective is most of a call).
+
 For the halo exchange a third line times a bare persistent ``Allreduce`` of the check's vector
 followed by the bound plan: the floor of any application that checks every call collectively
 before moving data (a halo exchange is itself a latency of a few microseconds, about one
@@ -52,7 +55,7 @@ from linop.partition import DistributedTensor, Partition
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.rank, COMM.size
-N = 4096
+N = int(os.environ.get("BENCH_N", "4096"))  # the halo exchange's array: N x N float64
 COUNT = 1 << 20  # 8 MB of float64
 GRIDS = {1: [(1, 1)], 2: [(2, 1)], 3: [(3, 1)], 4: [(2, 2), (4, 1)]}
 SAMPLES = int(os.environ.get("BENCH_SAMPLES", "41"))

@@ -11,7 +11,10 @@ time the maximum over ranks; the table shows medians and the median of per-sampl
   tensors' memory), ``linop apply`` (``apply(op, local, inplace=True)``: the entry check on
   every call) against ``hand`` (hand-written ``isend``/``irecv`` of packed strips into
   preallocated buffers; the 2-d exchange in two stages, rows then columns, which fills the
-  corners);
+  corners); the row also gives ``linop apply`` against ``linop bound`` (what the entry check
+  costs per call; ``apply`` passes the same tensor again each call, the case
+  :mod:`linop.backends.entry_check.repeat` serves with the check's ``all_reduce`` and the kept
+  phases only);
 - repartition of a 4096 x 4096 float32 array from row to column shards: ``linop bound`` and
   ``linop apply`` (out of place) against ``hand`` (``all_to_all_single`` of the row block
   packed by a transpose into contiguous per-destination pieces) and ``DTensor.redistribute``
@@ -362,6 +365,9 @@ def _row(name: str, times: dict[str, list[float]], equal: bool, nbytes: int) -> 
         if method in times:
             ratio = median(t / h for t, h in zip(times[method], hand))
             cells.append(f"{method} {median(times[method]) * 1e3:9.3f} ms ({ratio:5.2f}x)")
+    if "apply" in times and "bound" in times:  # the entry check's cost per call: checked / bound
+        ratio = median(a / b for a, b in zip(times["apply"], times["bound"]))
+        cells.append(f"apply/bound {ratio:5.2f}x")
     cells.append("equal" if equal else "DIFFERENT")
     return cells
 
@@ -389,7 +395,7 @@ def main() -> None:
         print(
             "case | per-rank block | hand | linop bound (ratio) | linop apply (ratio) | DTensor (ratio)"
             " | linop apply, native collective (ratio) | linop portable program (ratio)"
-            " | linop LayerModule step (ratio)"
+            " | linop LayerModule step (ratio) | linop apply / linop bound (median per-sample ratio)"
         )
         for cells in lines:
             print(" | ".join(cells))

@@ -215,6 +215,100 @@ class Checks:
         self.run("halo windows", lambda: against_numpy(windows, 5))
         self.run("halo windows adjoint", lambda: against_numpy(windows.H, 6))
 
+    # -- the same tensors again (linop.backends.entry_check.repeat) -----------------------------
+    def repeats(self) -> None:
+        """In-place calls passing the same tensor again run the check's collective on the kept
+        vector and the kept phases: exact, and served by the repeat. A change to the same
+        tensor object (new storage, a reshape, ``requires_grad`` under grad mode) is a miss:
+        exact, or the typed error on every rank. Each has a control: a stale repeat (the
+        object compared only) gives a wrong answer or misses the error."""
+        if DEVICE is not None or os.environ.get("LINOP_TORCH_DEVICE_PATH") == "1":  # the host path's
+            return
+        self.run("repeat: the same tensor again", self._repeated)
+        for change in ("set_", "resize_", "requires_grad_"):
+            for stale in (False, True):
+                name = f"repeat: {change} on the same tensor" + (" (control: stale)" if stale else "")
+                self.run(name, lambda change=change, stale=stale: self._changed(change, stale))
+        self.run("repeat: a collected tensor", self._collected)
+
+    def _repeat_halo(self) -> HaloExchange:
+        tensor = DistributedTensor("x", (4 * self.size, 6), Partition((self.size, 1)))
+        return HaloExchange(halo_geometry(tensor, Kernel(3, padding=1)))
+
+    def _repeated(self) -> str | None:
+        op = self._repeat_halo().H  # the adjoint adds: a stale run would show
+        state = op.domain.random(31, dtype=np.int64).copy()
+        state = {n: a.astype(np.float64) for n, a in state.items()}
+        mine = local(op.domain, state, self.rank)
+        names = tuple(mine)
+        for call in range(4):
+            state = op(state)
+            problem = differs(td.apply(op, mine, inplace=True), state, names)
+            if problem is not None:
+                return f"call {call}: {problem}"
+        plan = td.plan_for(op)
+        hits = plan.entry.last.hits if plan.entry.last is not None else -1
+        if plan._again is None or hits < 2:
+            return f"the repeat served {hits} of 3 repeated calls"
+        return None
+
+    def _changed(self, change: str, stale: bool) -> str | None:
+        from linop.backends.torch_distributed import plan as td_plan
+
+        op = self._repeat_halo()
+        state = {n: a.astype(np.float64) for n, a in op.domain.random(32, dtype=np.int64).items()}
+        mine = local(op.domain, state, self.rank)
+        for _ in range(2):
+            td.apply(op, mine, inplace=True)
+        fresh = {n: a.astype(np.float64) for n, a in op.domain.random(33, dtype=np.int64).items()}
+        (name,) = mine
+        tensor = mine[name]
+        tensor.copy_(torch.from_numpy(fresh[name]))
+        last = self.rank == self.size - 1
+        if change == "set_":  # every rank: new storage under the same object
+            tensor.set_(torch.from_numpy(fresh[name].copy()))
+        elif change == "resize_" and last:  # same memory, another shape
+            tensor.resize_(tensor.shape[1], tensor.shape[0])
+        elif change == "requires_grad_" and last:
+            tensor.requires_grad_()
+        same = td_plan._SameTensors.same
+        if stale:
+            td_plan._SameTensors.same = lambda self, state: state.get(self.name) is self.ref()  # type: ignore
+        try:
+            result = td.apply(op, mine, inplace=True)
+        except DistributedStateError as error:
+            raised = str(error)
+        else:
+            raised = None
+        finally:
+            td_plan._SameTensors.same = same  # type: ignore[method-assign]
+        if change == "set_":
+            problem = differs(result, op(fresh), (name,))
+            if stale:  # the stale phases wrote the old storage: wrong on a rank that receives
+                gathered: list[Any] = [None] * self.size
+                dist.all_gather_object(gathered, problem)
+                return None if self.size == 1 or any(gathered) else "the stale repeat gave numpy's answer"
+            return problem
+        if stale:
+            return None if raised is None else f"the stale repeat raised: {raised}"
+        if raised is None:
+            return "no DistributedStateError"
+        return None if ("shape" in raised or "gradient" in raised) else raised
+
+    def _collected(self) -> str | None:
+        import gc
+
+        op = self._repeat_halo().H
+        state = {n: a.astype(np.float64) for n, a in op.domain.random(34, dtype=np.int64).items()}
+        mine = local(op.domain, state, self.rank)
+        for _ in range(2):
+            td.apply(op, mine, inplace=True)
+        (name,) = mine
+        del mine[name]
+        gc.collect()
+        mine[name] = torch.from_numpy(np.array(state[name]))
+        return differs(td.apply(op, mine, inplace=True), op(state), (name,))
+
     # -- the overlapped halo exchange -----------------------------------------------------------
     def overlap(self) -> None:
         """The overlapped convolution (interior run while the exchange's messages are in
@@ -1125,6 +1219,7 @@ def main(readme: str | None = None, *, timeout_case: bool = False) -> None:
     checks = Checks()
     for part in (
         checks.halos,
+        checks.repeats,
         checks.overlap,
         checks.collectives,
         checks.native_moves,

@@ -6,7 +6,9 @@
 - :mod:`.kernels`: that dtype widened by what the tree's local kernels produce (probed on the
   ranks that run them, agreed in step);
 - :mod:`.entry`: :class:`EntryCheck`, which runs the three through an engine's
-  :class:`Agreement` and remembers what it can between calls.
+  :class:`Agreement` and remembers what it can between calls;
+- :mod:`.repeat`: what a passed call kept (:class:`~.repeat.Repeat`), so that a call passing
+  the same arrays again runs the check's collective and nothing else of the check.
 """
 
 from __future__ import annotations

@@ -20,8 +20,12 @@ a state that passes a few cheap tests (a dict of exactly the rank's blocks, nump
 right shapes and numeric dtypes) skips the detailed diagnosis, which only words the error; the
 vector is rewritten only when what it says changes; and the outcome (run dtype, cast, or the
 error of a dtype clash) is remembered per reduced vector, which holds every global fact it
-depends on. Every call still reduces the whole vector: a tree, block or dtype that differs on
-any rank is found on the call where it differs.
+depends on. A call passing the same arrays again (the same objects, unchanged:
+:mod:`.repeat`) skips even the cheap tests: :meth:`EntryCheck.repeat` finds the kept call,
+:meth:`EntryCheck.again` reduces its vector, and the engine runs what it kept for those arrays
+(the MPI executor's in-place binding, the torch.distributed executor's prepared phases). Every
+call still reduces the whole vector: a tree, block or dtype that differs on any rank is found
+on the call where it differs.
 
 With a deadline (``timeout=``, ``LINOP_TIMEOUT``) the reduction is polled instead of waited for,
 and ranks that do not arrive in time are named by every rank that did
@@ -43,6 +47,7 @@ from ...space import Block
 from .kernels import KernelDtypes
 from .outcome import CheckOutcome
 from .policy import DtypePolicy
+from .repeat import Repeat
 from .state import LocalStateCheck, Problem
 from .vector import ERROR, FLAG_OF, INT64_MAX, INTEGER_CHARS, UNSETTLED, encode, tree_vector
 
@@ -140,6 +145,10 @@ class EntryCheck:
         self._single = expected[0] if len(expected) == 1 else None
         self._outcomes: dict[tuple[bytes, bool], CheckOutcome] = {}  # by the reduced vector
         self._doing_text: str | None = None
+        self.last: Repeat | None = None
+        """The last call that passed on the single-block path with every rank sending the same
+        vector (:mod:`.repeat`): the same arrays again skip the local work (:meth:`repeat`,
+        :meth:`again`)."""
 
     def run(
         self,
@@ -159,6 +168,40 @@ class EntryCheck:
             if outcome is not None:
                 return outcome
         return self._run(state, inplace, dtype, timeout)
+
+    def repeat(self, state: Any, inplace: bool) -> Repeat | None:
+        """The kept :class:`~.repeat.Repeat` when ``state`` passes exactly what it kept (the
+        same array object, unchanged: :meth:`Repeat.same <.repeat.Repeat.same>`) and the vector
+        it kept is still the one to send; None otherwise (then :meth:`run` checks the call).
+        Communicates nothing."""
+        last = self.last
+        if last is not None and last.version == self.kernels.version and last.same(state, inplace):
+            return last
+        return None
+
+    def again(self, repeat: Repeat, timeout: float | None = None) -> tuple[CheckOutcome, bool]:
+        """The check of a call that passes what ``repeat`` kept (:meth:`repeat`): its vector
+        reduced, with nothing else done locally. ``(outcome, True)`` when every rank sent that
+        very vector (the kept outcome, and the engine may run its kept :attr:`Repeat.run
+        <.repeat.Repeat.run>`); else ``(outcome, False)``, the outcome decoded afresh from the
+        reduced vector (another rank's input differs: an error, or another run dtype), the same
+        on every rank. Collective, like :meth:`run`."""
+        reducer = self.agreement
+        if reducer.signature is not repeat.signature:  # else the send buffer holds this vector already
+            np.copyto(reducer.send, repeat.vector)
+            reducer.signature, reducer.sent = repeat.signature, repeat.sent
+        request = reducer.request
+        if request is not None and timeout is None:
+            request.Start()
+            request.Wait()
+            reduced = reducer.received
+        else:
+            reduced = reducer.reduce(timeout, self._doing())
+        got = reduced.tobytes()
+        if got != repeat.sent:
+            return self._outcome(reduced, got, None, repeat.inplace), False
+        repeat.hits += 1
+        return repeat.outcome, True
 
     def _doing(self) -> str:
         """What a deadline's error says the ranks were doing (worded once per tree)."""
@@ -208,6 +251,12 @@ class EntryCheck:
         if outcome is None or not self.kernels.settled(outcome, reduced):
             outcome = self._outcome(reduced, got, None, inplace)
             prepared[4 if inplace else 3] = outcome
+        if outcome.error is None and self._settled_version == self.kernels.version:  # kept for a repeat
+            last = self.last
+            if last is None or not (last.outcome is outcome and last.same(state, inplace)):
+                self.last = Repeat(
+                    name, array, inplace, signature, sent, vector, self._settled_version, outcome
+                )
         return outcome
 
     def _run(

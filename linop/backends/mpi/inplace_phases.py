@@ -179,6 +179,17 @@ class _Binding:
                 return False
         return True
 
+    def run(self) -> bool:
+        """Run the prepared calls (as :meth:`CompiledPhases.run_bound`) when the binding is
+        live; False when its requests have been freed (its array collected, or the binding
+        evicted), and then nothing ran. The caller has made sure the arrays are the bound
+        ones (an entry check's repeat: :mod:`linop.backends.entry_check.repeat`)."""
+        if not self.requests:
+            return False
+        for function, arguments in self.calls:
+            function(*arguments)
+        return True
+
     def free(self) -> None:
         """Release the persistent requests (inactive: every call waits for them)."""
         for requests in self.requests:

@@ -20,6 +20,7 @@ rank before any data moves and leaves the group usable.
 from __future__ import annotations
 
 import hashlib
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -116,6 +117,8 @@ class TorchDistributedPlan:
         self._host_steps: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None  # (schedule, fused)
         self._prepared: tuple[tuple[Any, ...], list[_PreparedPhase]] | None = None  # apply's, in place
         self._mapped_schedule: tuple[Any, ...] = ()
+        self._again: _SameTensors | None = None  # the previous in-place call's tensors, kept
+        self._doing_text: str | None = None
         tree = fingerprint(op)
         rank, size = context.rank, context.size
         problem = None
@@ -198,10 +201,19 @@ class TorchDistributedPlan:
         :func:`linop.backends.torch_distributed.apply`."""
         if device_path.use_device_path(local_state, self.context):
             return self._apply_on_device(local_state, inplace=inplace, timeout=timeout)
+        outcome = None
+        again = self._again
+        if inplace and again is not None and again.same(local_state):  # the same tensors again
+            found = self._apply_again(again, timeout)
+            if found is None:
+                return local_state
+            if found is not _CHECK:  # another rank's input differs: its outcome, decoded
+                outcome = found
         entry = array_api.mpi_entry(local_state)  # CPU tensors: numpy views of their memory
-        outcome = self.check(
-            screened(local_state, entry.arrays, inplace=inplace), inplace=inplace, timeout=timeout
-        )
+        if outcome is None:
+            outcome = self.check(
+                screened(local_state, entry.arrays, inplace=inplace), inplace=inplace, timeout=timeout
+            )
         run_dtype = outcome.result()
         arrays = {name: entry.arrays[name] for name in self.domain_blocks}
         if not inplace:
@@ -209,9 +221,53 @@ class TorchDistributedPlan:
                 self.run_out_of_place(cast_copies(arrays, outcome.cast), run_dtype), inplace=False
             )
         if outcome.cast is None and self._run_prepared(arrays, run_dtype):
+            self._keep_again(local_state, entry, run_dtype)
             return entry.result(local_state, inplace=True)
         self.run_in_place(arrays, run_dtype, cast=outcome.cast)
         return entry.result(local_state, inplace=True)
+
+    def _apply_again(self, again: _SameTensors, timeout: float | None) -> Any:
+        """An in-place call passing the tensors of the previous one again (:class:`_SameTensors`):
+        the check's collective on the kept check vector, then the kept prepared phases.
+
+        Returns None when it ran; :data:`_CHECK`, before any communication, when the entry
+        check's kept vector is stale (the caller checks in full); else the check's outcome,
+        decoded afresh because another rank's input differs (the caller goes on with it, an
+        error raised on every rank alike)."""
+        repeat = self.entry.repeat(again.arrays, True)
+        if repeat is None:  # the kernels settled a dtype since: the vector changes
+            return _CHECK
+        reducer = self.context.reducer
+        seconds = resolve_timeout(timeout)
+        reducer.timeout = seconds  # as TorchEntryCheck.run_within sets them
+        reducer.doing = self._doing()
+        outcome, agreed = self.entry.again(repeat, seconds)
+        if not agreed or outcome.dtype is not again.dtype:
+            return outcome
+        with self.context.guard(self.op):
+            for phase in again.phases:
+                phase.run()
+        return None
+
+    def _doing(self) -> str:
+        """What a deadline's error says the ranks were doing at the check (worded once)."""
+        if self._doing_text is None:
+            self._doing_text = f"the entry check of {self.op}"
+        return self._doing_text
+
+    def _keep_again(self, local_state: Any, entry: Any, dtype: np.dtype) -> None:
+        """After an in-place call that ran prepared phases: keep what the next call passing the
+        same tensors needs (:class:`_SameTensors`), when it is one CPU tensor read in place
+        (no staged copy) and the entry check kept its repeat of the tensor's view."""
+        library = entry.library
+        if library is None or library.kind != "torch" or entry.staged or self._prepared is None:
+            return
+        if type(local_state) is not dict or len(local_state) != 1:
+            return
+        ((name, tensor),) = local_state.items()
+        if self.entry.repeat(entry.arrays, True) is None:
+            return
+        self._again = _SameTensors(name, tensor, entry.arrays, self._prepared[1], dtype)
 
     def _run_prepared(self, arrays: dict[str, np.ndarray], dtype: np.dtype) -> bool:
         """Run an in-place halo-like schedule (:func:`_preparable`) on phases prepared for
@@ -387,6 +443,71 @@ class TorchDistributedPlan:
         )
         dtype = outcome.result()
         return BoundTorchPlan(self, entry, dtype, inplace, outcome.cast, timeout=resolve_timeout(timeout))
+
+
+_CHECK = object()
+"""What :meth:`TorchDistributedPlan._apply_again` returns when the call must be checked in full."""
+
+
+class _SameTensors:
+    """The tensor of an in-place call that ran prepared phases, kept so that the next call
+    passing it again runs the entry check's collective and those phases only (the torch side
+    of :mod:`linop.backends.entry_check.repeat`).
+
+    :meth:`same` compares what the kept numpy view, the check's local verdict and the prepared
+    phases depend on: the same tensor object (held weakly: a new tensor at a collected one's
+    ``id`` is never taken for it) under the same name in a one-key dict, at the same data
+    pointer (``set_``, ``resize_`` or ``.data =`` move it), with the same shape, strides,
+    dtype and device, no conjugate or negative bit (the view would be a copy), and not a
+    tensor requiring a gradient under grad mode (refused in place, :func:`screened`). The
+    kept view shares the tensor's memory and is never handed out, so its own flags cannot
+    change; the phases hold views of that memory (so it is never reused while kept)."""
+
+    __slots__ = (
+        "arrays",
+        "device",
+        "dtype",
+        "name",
+        "phases",
+        "pointer",
+        "ref",
+        "shape",
+        "stride",
+        "tensor_dtype",
+        "torch",
+    )
+
+    def __init__(
+        self, name: str, tensor: Any, arrays: dict[str, np.ndarray], phases: list[Any], dtype: np.dtype
+    ) -> None:
+        import torch
+
+        self.torch = torch
+        self.name = name
+        self.ref: Any = weakref.ref(tensor)
+        self.pointer = tensor.data_ptr()
+        self.shape = tensor.shape
+        self.stride = tensor.stride()
+        self.tensor_dtype = tensor.dtype
+        self.device = tensor.device
+        self.arrays = arrays
+        self.phases = phases
+        self.dtype = dtype
+
+    def same(self, state: Any) -> bool:
+        """Whether ``state`` passes the kept tensor again, unchanged (see the class)."""
+        if type(state) is not dict or len(state) != 1:
+            return False
+        tensor, kept = state.get(self.name), self.ref()  # kept: None once the tensor is collected
+        if tensor is None or kept is not tensor:
+            return False
+        if tensor.data_ptr() != self.pointer or tensor.shape != self.shape or tensor.stride() != self.stride:
+            return False
+        if tensor.dtype is not self.tensor_dtype or tensor.device != self.device:
+            return False
+        if tensor.is_conj() or tensor.is_neg():
+            return False
+        return not (tensor.requires_grad and self.torch.is_grad_enabled())
 
 
 class _PreparedPhase:
