@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LinearOperator",
+    "SameSpace",
+    "OperandSpaces",
     "Identity",
     "Zero",
     "Composition",
@@ -223,6 +225,44 @@ class LinearOperator(ABC):
         return operator_html(self)
 
 
+class SameSpace(LinearOperator):
+    """Base of the nodes that map one space to itself: domain and range are ``space``.
+
+    A subclass gives ``space`` (a dataclass field, or a property computed from its fields).
+    """
+
+    if TYPE_CHECKING:  # read-only to type checkers; a subclass gives a field or a property
+
+        @property
+        def space(self) -> Space:
+            """The domain and range."""
+
+    @property
+    def domain(self) -> Space:
+        return self.space
+
+    @property
+    def range(self) -> Space:
+        return self.space
+
+
+class OperandSpaces(LinearOperator):
+    """Base of the nodes whose domain and range are those of one operand, :meth:`_spaces_from`
+    (a scaled operator, a sum of terms that share their spaces)."""
+
+    @abstractmethod
+    def _spaces_from(self) -> LinearOperator:
+        """The operand whose domain and range the node has."""
+
+    @property
+    def domain(self) -> Space:
+        return self._spaces_from().domain
+
+    @property
+    def range(self) -> Space:
+        return self._spaces_from().range
+
+
 def _operand(other: object, symbol: str) -> LinearOperator:
     """``other`` if it is an operator, else an :class:`OperandError` naming it."""
     if not isinstance(other, LinearOperator):
@@ -274,7 +314,7 @@ def expand_all(op: LinearOperator) -> LinearOperator:
 
 
 @dataclass(frozen=True, eq=True, repr=False)
-class Identity(LinearOperator):
+class Identity(SameSpace):
     """The identity I on a space: I x = x. Self-adjoint.
 
     Parameters
@@ -299,14 +339,6 @@ class Identity(LinearOperator):
 
     def __post_init__(self) -> None:
         _require_space(self.space, "Identity: the space")
-
-    @property
-    def domain(self) -> Space:
-        return self.space
-
-    @property
-    def range(self) -> Space:
-        return self.space
 
     def adjoint(self) -> LinearOperator:
         """I* = I."""
@@ -424,7 +456,7 @@ class Composition(LinearOperator):
 
 
 @dataclass(frozen=True, eq=True, repr=False)
-class Sum(LinearOperator):
+class Sum(OperandSpaces):
     """Sum of operators with the same domain and range: ``(A + B)(x) == A(x) + B(x)``.
 
     Adjoint: (A + B)* = A* + B*. ``A + B`` and ``A - B`` build one; nested sums are flattened.
@@ -470,13 +502,8 @@ class Sum(LinearOperator):
                 )
         object.__setattr__(self, "terms", tuple(flat))
 
-    @property
-    def domain(self) -> Space:
-        return self.terms[0].domain
-
-    @property
-    def range(self) -> Space:
-        return self.terms[0].range
+    def _spaces_from(self) -> LinearOperator:
+        return self.terms[0]
 
     def children(self) -> tuple[LinearOperator, ...]:
         return self.terms
@@ -494,7 +521,7 @@ class Sum(LinearOperator):
 
 
 @dataclass(frozen=True, eq=True, repr=False)
-class Scaled(LinearOperator):
+class Scaled(OperandSpaces):
     """A scalar multiple: ``Scaled(alpha, A)(x) == alpha * A(x)``; adjoint conj(alpha) A*.
 
     ``alpha * A`` and ``-A`` build one.
@@ -542,13 +569,8 @@ class Scaled(LinearOperator):
         if not isinstance(self.operator, LinearOperator):
             raise OperandError(f"Scaled needs an operator, not {type(self.operator).__name__}")
 
-    @property
-    def domain(self) -> Space:
-        return self.operator.domain
-
-    @property
-    def range(self) -> Space:
-        return self.operator.range
+    def _spaces_from(self) -> LinearOperator:
+        return self.operator
 
     def children(self) -> tuple[LinearOperator, ...]:
         return (self.operator,)

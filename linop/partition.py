@@ -22,7 +22,7 @@ import numpy as np
 
 from .described import DescribedSequence, Offsets
 from .errors import DecompositionError, LinopError, OperandError, PartitionError, RegionError
-from .space import MAX_SIZE, MAX_WORKER, Block, GridSpace, Region, Space, State
+from .space import MAX_WORKER, Block, GridSpace, Region, Space, State, check_extents, strict_ints
 
 __all__ = [
     "Partition",
@@ -49,10 +49,7 @@ def _integers(values: Any, what: str, error: type[LinopError]) -> tuple[int, ...
     if isinstance(values, (int, np.integer)):
         return (operator.index(values),)
     try:
-        items = tuple(values)
-        if any(isinstance(v, (bool, np.bool_)) for v in items):
-            raise TypeError
-        return tuple(operator.index(v) for v in items)
+        return strict_ints(values)
     except TypeError:
         raise error(f"{what} {values!r} must be integers (not bools)") from None
 
@@ -599,12 +596,7 @@ class DistributedTensor:
                 f"a distributed tensor's name must be a non-empty string, not {self.name!r}"
             )
         shape = _integers(self.global_shape, f"tensor {self.name!r}: global shape", DecompositionError)
-        if any(n < 0 for n in shape):
-            raise DecompositionError(f"tensor {self.name!r}: negative extent in global shape {shape}")
-        if math.prod(shape) > MAX_SIZE:
-            raise DecompositionError(
-                f"tensor {self.name!r}: global shape {shape} has more entries than int64 counts"
-            )
+        check_extents(shape, f"tensor {self.name!r}", "global shape", DecompositionError)
         object.__setattr__(self, "global_shape", shape)
         if not isinstance(self.partition, Partition):
             raise OperandError(

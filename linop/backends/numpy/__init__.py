@@ -27,6 +27,7 @@ from ...operator import Composition, Identity, LinearOperator, Scaled, Sum, Zero
 from ...primitives import Add, Allocate, Clear, Deallocate
 from ...space import Block, Region, State, natural_key
 from .. import array_api
+from ..host_moves import add_back
 from ..host_workspace import OwnedBlocks
 
 __all__ = [
@@ -368,14 +369,11 @@ def _copy(op: Copy, work: Workspace) -> None:
 
 @handler(CopyAdjoint)
 def _copy_adjoint(op: CopyAdjoint, work: Workspace) -> None:
-    back = work.arrays[op.dst.name]
-    if isinstance(op.dst, Region):
-        back = back[op.dst.index]
-    work.writable(op.src.name, back.dtype)[op.src.index] += back
-    if isinstance(op.dst, Block):
-        work.drop(op.dst.name)
-    elif op.dst.size:
-        work.writable(op.dst.name)[op.dst.index] = 0
+    add_back(op, work, _region_index)
+
+
+def _region_index(region: Region) -> tuple[int | slice, ...]:
+    return region.index
 
 
 @handler(Move)

@@ -41,6 +41,7 @@ from ...operator import LinearOperator
 from ...primitives import Add, Allocate, Clear, Deallocate
 from ...program import LocalMoves, RankBranches, RankPhase, RankZero, Scale
 from ...space import Block, Region
+from ..host_moves import add_back
 from ..host_schedule import finish_phase, run_local_moves
 from ..host_workspace import OwnedBlocks
 from .group import GroupContext
@@ -233,14 +234,7 @@ def _copy(op: Copy, work: DeviceWorkspace) -> None:
 
 @dispatch.register(INTERPRETER, CopyAdjoint)
 def _copy_adjoint(op: CopyAdjoint, work: DeviceWorkspace) -> None:
-    back = work.arrays[op.dst.name]
-    if isinstance(op.dst, Region):
-        back = back[_index(op.dst)]
-    work.writable(op.src.name, back.dtype)[_index(op.src)] += back
-    if isinstance(op.dst, Block):
-        work.drop(op.dst.name)
-    elif op.dst.size:
-        work.writable(op.dst.name)[_index(op.dst)] = 0
+    add_back(op, work, _index)
 
 
 @dispatch.register(INTERPRETER, Move)
