@@ -320,16 +320,8 @@ class SendRecv(Copy):
 
     Raises
     ------
-    TypeError
-        If ``src`` is not a :class:`~linop.Region`, or ``dst`` is not a region, block or name.
-    SpaceMismatchError
-        In place, if the regions come from different spaces.
-    ShapeMismatchError
-        If the destination's shape differs from the source's.
-    OverlapError
-        In place, if the regions share entries.
-    BlockExistsError
-        Out of place, if the new block's name is taken in the source's space.
+    TypeError, SpaceMismatchError, ShapeMismatchError, OverlapError, BlockExistsError
+        As for :class:`Copy`.
     WorkerError
         If both regions live on the same worker.
 

@@ -33,6 +33,7 @@ __all__ = [
     "LinearOperator",
     "SameSpace",
     "OperandSpaces",
+    "StoredSpaces",
     "Identity",
     "Zero",
     "Composition",
@@ -241,9 +242,23 @@ class SameSpace(LinearOperator):
     def domain(self) -> Space:
         return self.space
 
+    range = domain
+
+
+class StoredSpaces(LinearOperator):
+    """Base of the nodes whose domain and range are computed once, when the node is built, and
+    kept: ``_domain`` and ``_range``, set by the subclass's ``__post_init__``."""
+
+    _domain: Space
+    _range: Space
+
+    @property
+    def domain(self) -> Space:
+        return self._domain
+
     @property
     def range(self) -> Space:
-        return self.space
+        return self._range
 
 
 class OperandSpaces(LinearOperator):

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 from .errors import OperandError
 from .layout import union_space
 from .movement import Copy, CopyAdjoint, SendRecv, SendRecvAdjoint
-from .operator import Composition, Identity, LinearOperator
+from .operator import Composition, Identity, LinearOperator, StoredSpaces
 from .primitives import Allocate, Deallocate
 from .space import Block, GridSpace, Space
 
@@ -140,7 +140,7 @@ def nonempty_pieces(items: Iterable[Piece | None]) -> tuple[Piece, ...]:
     return tuple(p for p in items if p is not None)
 
 
-class PieceMover(LinearOperator):
+class PieceMover(StoredSpaces):
     """Base of the out-of-place collectives: a node defined by a :class:`PieceMovement`.
 
     Subclasses provide ``_setup`` (validation, called after construction) and the forward
@@ -155,8 +155,6 @@ class PieceMover(LinearOperator):
     others: Space
     ADDS: ClassVar[bool] = False
     BACKWARD: ClassVar[bool] = False
-    _domain: Space  # set by _validate
-    _range: Space
 
     def __post_init__(self) -> None:
         self._setup()
@@ -219,14 +217,6 @@ class PieceMover(LinearOperator):
         union_space(kind, self._sources(), self._targets(), self.others)
         object.__setattr__(self, "_domain", union_space(kind, self.others, self._sources()))
         object.__setattr__(self, "_range", union_space(kind, self.others, self._targets()))
-
-    @property
-    def domain(self) -> Space:
-        return self._domain
-
-    @property
-    def range(self) -> Space:
-        return self._range
 
     @functools.cached_property
     def movement(self) -> PieceMovement:

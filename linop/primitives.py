@@ -19,7 +19,7 @@ from abc import abstractmethod
 from dataclasses import dataclass, field
 
 from .errors import OperandError, OverlapError, ShapeMismatchError, SpaceMismatchError
-from .operator import LinearOperator, SameSpace
+from .operator import LinearOperator, SameSpace, StoredSpaces
 from .space import Block, Region, Space
 
 __all__ = ["Allocate", "Deallocate", "Clear", "Add", "check_pair"]
@@ -42,32 +42,24 @@ def check_pair(kind: str, src: Region, dst: Region) -> None:
         raise OverlapError(f"{kind} {src!r} -> {dst!r}: the regions overlap in block {src.name!r}")
 
 
-class _ScopeChange(LinearOperator):
+class _ScopeChange(StoredSpaces):
     """Fields and spaces shared by :class:`Allocate` and :class:`Deallocate`: the domain is
     ``space``, the range (computed once, by :meth:`_new_range`) that space with one block more
     or one less."""
 
     space: Space
-    _range: Space
 
     def __post_init__(self) -> None:
         if not isinstance(self.space, Space):
             raise OperandError(
                 f"{type(self).__name__}: the space must be a Space, not {type(self.space).__name__}"
             )
+        object.__setattr__(self, "_domain", self.space)
         object.__setattr__(self, "_range", self._new_range())
 
     @abstractmethod
     def _new_range(self) -> Space:
         """The range, from the checked fields."""
-
-    @property
-    def domain(self) -> Space:
-        return self.space
-
-    @property
-    def range(self) -> Space:
-        return self._range
 
 
 @dataclass(frozen=True, eq=True, repr=False)

@@ -373,7 +373,7 @@ class Gather(_RootGeometry):
     Raises
     ------
     GlobalShapeError
-        If the root's shape is not the tensor's global shape.
+        As for :class:`Scatter`.
 
     Examples
     --------
