@@ -17,7 +17,7 @@ import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -263,7 +263,10 @@ class StoredSpaces(LinearOperator):
 
 class OperandSpaces(LinearOperator):
     """Base of the nodes whose domain and range are those of one operand, :meth:`_spaces_from`
-    (a scaled operator, a sum of terms that share their spaces)."""
+    (a scaled operator, a sum of terms that share their spaces), or, with ``SWAPPED``, its
+    range and domain (a node that runs the operand's adjoint)."""
+
+    SWAPPED: ClassVar[bool] = False
 
     @abstractmethod
     def _spaces_from(self) -> LinearOperator:
@@ -271,11 +274,13 @@ class OperandSpaces(LinearOperator):
 
     @property
     def domain(self) -> Space:
-        return self._spaces_from().domain
+        operand = self._spaces_from()
+        return operand.range if self.SWAPPED else operand.domain
 
     @property
     def range(self) -> Space:
-        return self._spaces_from().range
+        operand = self._spaces_from()
+        return operand.domain if self.SWAPPED else operand.range
 
 
 def _operand(other: object, symbol: str) -> LinearOperator:

@@ -135,7 +135,7 @@ class OverlappedHalo(_OverlapBase, OperandSpaces):
 
 
 @dataclass(frozen=True, eq=True, repr=False)
-class OverlappedHaloAdjoint(_OverlapBase):
+class OverlappedHaloAdjoint(_OverlapBase, OperandSpaces):
     r"""Adjoint of :class:`OverlappedHalo`: :math:`D^* X'^*`, the adjoint exchange posted first
     and :math:`D^*` run while its messages are in flight.
 
@@ -148,13 +148,10 @@ class OverlappedHaloAdjoint(_OverlapBase):
     exchange: HaloExchange
     during: LinearOperator
 
-    @property
-    def domain(self) -> Space:
-        return self.during.range
+    SWAPPED = True  # the spaces of the work in flight's adjoint
 
-    @property
-    def range(self) -> Space:
-        return self.during.domain
+    def _spaces_from(self) -> LinearOperator:
+        return self.during
 
     def children(self) -> tuple[LinearOperator, ...]:
         return (self.exchange.H, self.during.H)
