@@ -12,8 +12,9 @@ from ..space import Block, Region
 
 if TYPE_CHECKING:  # pragma: no cover - annotations only
     from .host_schedule import BlockWorkspace
+    from .host_workspace import OwnedBlocks
 
-__all__ = ["add_back"]
+__all__ = ["add_back", "relabel"]
 
 
 def add_back(op: CopyAdjoint, work: BlockWorkspace, index: Callable[[Region], Any]) -> None:
@@ -27,3 +28,20 @@ def add_back(op: CopyAdjoint, work: BlockWorkspace, index: Callable[[Region], An
         work.drop(op.dst.name)
     elif op.dst.size:
         work.writable(op.dst.name)[index(op.dst)] = 0
+
+
+def relabel(
+    work: OwnedBlocks[Any],
+    source: str,
+    target: str,
+    widened: Callable[[Any], Any | None],
+) -> None:
+    """An out-of-place move of a whole block: block ``source`` becomes block ``target``, not
+    copied; ``widened(block)`` gives it converted to the run's dtype when that is wider (then
+    owned), None when it holds it already."""
+    owned = source in work.owned
+    block = work.drop(source)
+    wider = widened(block)
+    if wider is not None:
+        block, owned = wider, True
+    work.set(target, block, owned=owned)
