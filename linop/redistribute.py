@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 from .errors import GlobalShapeError, OperandError, PlacementError
 from .mesh_layout import MeshLayout, Partial, Replicate, Shard
-from .operator import Composition, LinearOperator
+from .operator import Composition, LinearOperator, StoredSpaces
 from .pieces import NO_OTHERS, Piece, PieceMover, make_piece
 from .space import Space
 
@@ -270,7 +270,7 @@ class RedistributeSums(_RedistributeGeometry):
 
 
 @dataclass(frozen=True, eq=True, repr=False)
-class Redistribute(LinearOperator):
+class Redistribute(StoredSpaces):
     r"""Move a global array from layout ``source`` to layout ``destination`` on one mesh.
 
     .. math:: \mathrm{Redistribute}(A, B)^* = \mathrm{Redistribute}(B^\dagger, A^\dagger)
@@ -315,14 +315,8 @@ class Redistribute(LinearOperator):
             object.__setattr__(self, "middle", intermediate_layout(self.source, self.destination))
         elif self.middle is not None and not (fan_in and fan_out):
             object.__setattr__(self, "middle", None)  # one stage: no layout in between
-
-    @property
-    def domain(self) -> Space:
-        return self.source.space
-
-    @property
-    def range(self) -> Space:
-        return self.destination.space
+        object.__setattr__(self, "_domain", self.source.space)
+        object.__setattr__(self, "_range", self.destination.space)
 
     def stages(self) -> tuple[LinearOperator, ...]:
         """The one or two piece movers it expands into, in order of application."""
