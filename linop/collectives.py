@@ -17,7 +17,7 @@ ReduceScatter(x, axes, "g")  every x block <- sum of its box in the g's    AllGa
 All but :class:`AllReduce` are out of place: the source blocks are dropped and the
 destination blocks are new (their names must differ). Blocks listed in ``others`` pass through
 unchanged, so a collective can act inside a larger program space. Each out-of-place node is
-defined by a :class:`~linop.plan.MovementPlan` (:mod:`linop.plan`), which expands into the
+defined by a :class:`~linop.pieces.PieceMovement` (:mod:`linop.pieces`), which expands into the
 primitives and which the interpreters' fast paths read. A node and its adjoint share their
 fields, declared once in a common base, and build each other by keyword.
 """
@@ -44,10 +44,10 @@ from .layout import (
     union_space,
 )
 from .movement import Copy, CopyAdjoint, SendRecv, SendRecvAdjoint
-from .operator import Composition, Identity, LinearOperator
+from .operator import Composition, Identity, LinearOperator, SameSpace
 from .partition import DistributedTensor, Partition, WorkerBox
-from .plan import NO_OTHERS, Piece, Planned, fields_of, make_piece, nonempty_pieces, origin
-from .space import Block, Space
+from .pieces import NO_OTHERS, Piece, PieceMover, fields_of, make_piece, nonempty_pieces, origin
+from .space import Space
 
 __all__ = [
     "AllGather",
@@ -55,7 +55,7 @@ __all__ = [
     "BlockGrid",
     "Broadcast",
     "Layout",
-    "Planned",
+    "PieceMover",
     "ReduceScatter",
     "SumReduce",
     "broadcast_map",
@@ -66,7 +66,7 @@ __all__ = [
 
 # -- broadcast and sum-reduce ----------------------------------------------------------------------
 @dataclass(frozen=True, eq=True, repr=False)
-class _BroadcastGeometry(Planned):
+class _BroadcastGeometry(PieceMover):
     """The fields and geometry shared by :class:`Broadcast` and its adjoint :class:`SumReduce`
     (declared once here; each builds the other from them by keyword)."""
 
@@ -109,7 +109,11 @@ class _BroadcastGeometry(Planned):
         index), described by their box of the copies' partition, not listed."""
         return WorkerBox(self.partition, self._rule.copy_box(self.tensor.partition.checked_index(index)))
 
-    def _copy_pieces(self) -> tuple[Piece, ...]:
+    def _forward_layouts(self) -> tuple[Layout, Layout]:
+        return self.tensor, self.copies
+
+    def _forward_pieces(self) -> tuple[Piece, ...]:
+        """Each copy's whole block from its source block."""
         items = []
         for j in self.partition.indices():
             block = self.tensor.block(self.source_index(j))
@@ -219,18 +223,6 @@ class Broadcast(_BroadcastGeometry):
     True
     """
 
-    def _sources(self) -> tuple[Block, ...]:
-        return self.tensor.blocks
-
-    def _targets(self) -> tuple[Block, ...]:
-        return self.copies.blocks
-
-    def layouts(self) -> tuple[Layout, Layout]:
-        return self.tensor, self.copies
-
-    def _pieces(self) -> tuple[Piece, ...]:
-        return self._copy_pieces()
-
     def adjoint(self) -> LinearOperator:
         """B* = R: the sum-reduce of the copies back onto the tensor."""
         return SumReduce(**fields_of(self))
@@ -274,19 +266,7 @@ class SumReduce(_BroadcastGeometry):
     {'x[0]': array([ 3, 30])}
     """
 
-    ADDS = True  # the pieces are added back: the adjoint of copies
-
-    def _sources(self) -> tuple[Block, ...]:
-        return self.copies.blocks
-
-    def _targets(self) -> tuple[Block, ...]:
-        return self.tensor.blocks
-
-    def layouts(self) -> tuple[Layout, Layout]:
-        return self.copies, self.tensor
-
-    def _pieces(self) -> tuple[Piece, ...]:
-        return tuple(p.reversed() for p in self._copy_pieces())
+    ADDS = BACKWARD = True  # the copies' pieces added back: the adjoint of copies
 
     def adjoint(self) -> LinearOperator:
         """R* = B."""
@@ -298,7 +278,7 @@ class SumReduce(_BroadcastGeometry):
 
 # -- all-reduce -------------------------------------------------------------------------------------
 @dataclass(frozen=True, eq=True, repr=False)
-class AllReduce(LinearOperator):
+class AllReduce(SameSpace):
     r"""Sum the blocks of every group along ``axes``, and give every member the sum (in place).
 
     .. math::
@@ -375,11 +355,8 @@ class AllReduce(LinearOperator):
             return groups
 
     @property
-    def domain(self) -> Space:
-        return self._space
-
-    @property
-    def range(self) -> Space:
+    def space(self) -> Space:
+        """The tensor's blocks and the pass-through ones: domain and range."""
         return self._space
 
     def expand(self) -> LinearOperator:
@@ -437,7 +414,7 @@ def _equal_along(layout: Layout, axes: tuple[int, ...]) -> bool:
 
 # -- all-gather and reduce-scatter --------------------------------------------------------------------
 @dataclass(frozen=True, eq=True, repr=False)
-class _GatherGeometry(Planned):
+class _GatherGeometry(PieceMover):
     """The fields and geometry shared by :class:`AllGather` and its adjoint
     :class:`ReduceScatter` (declared once here; each builds the other from them by keyword)."""
 
@@ -468,7 +445,10 @@ class _GatherGeometry(Planned):
         offset = tuple(start[d] if d in self.axes else 0 for d in range(self.tensor.ndim))
         return make_piece(block, origin(block), self.gathered.block_name(j), offset, block.shape)
 
-    def _gather_pieces(self) -> tuple[Piece, ...]:
+    def _forward_layouts(self) -> tuple[Layout, Layout]:
+        return self.tensor, self.gathered
+
+    def _forward_pieces(self) -> tuple[Piece, ...]:
         """x_i (whole) -> g_j at x_i's offset along ``axes``, for every j and i of one group."""
         return nonempty_pieces(
             self._gather_piece(i, j)
@@ -478,7 +458,7 @@ class _GatherGeometry(Planned):
         )
 
     def rank_pieces(self, worker: int) -> tuple[Piece, ...]:
-        """The pieces of ``worker``'s group that start or end at its blocks, in plan order: into
+        """The pieces of ``worker``'s group that start or end at its blocks, in movement order: into
         its gathered block from every member, and from its block to every other member's (the
         group only: O(group size), not the job's)."""
         partition = self.tensor.partition
@@ -489,7 +469,7 @@ class _GatherGeometry(Planned):
         pieces = nonempty_pieces(
             self._gather_piece(i, j) for j in group for i in (group if j == own else [own])
         )
-        return tuple(p.reversed() for p in pieces) if self.ADDS else pieces
+        return self._oriented(pieces)
 
 
 @dataclass(frozen=True, eq=True, repr=False)
@@ -535,18 +515,6 @@ class AllGather(_GatherGeometry):
     RS[g -> t; axes [0]] True
     """
 
-    def _sources(self) -> tuple[Block, ...]:
-        return self.tensor.blocks
-
-    def _targets(self) -> tuple[Block, ...]:
-        return self.gathered.blocks
-
-    def layouts(self) -> tuple[Layout, Layout]:
-        return self.tensor, self.gathered
-
-    def _pieces(self) -> tuple[Piece, ...]:
-        return self._gather_pieces()
-
     def adjoint(self) -> LinearOperator:
         """AG* = RS."""
         return ReduceScatter(**fields_of(self))
@@ -585,19 +553,7 @@ class ReduceScatter(_GatherGeometry):
     {'t[0]': array([11, 22]), 't[1]': array([33, 44])}
     """
 
-    ADDS = True  # the pieces are added back: the adjoint of copies
-
-    def _sources(self) -> tuple[Block, ...]:
-        return self.gathered.blocks
-
-    def _targets(self) -> tuple[Block, ...]:
-        return self.tensor.blocks
-
-    def layouts(self) -> tuple[Layout, Layout]:
-        return self.gathered, self.tensor
-
-    def _pieces(self) -> tuple[Piece, ...]:
-        return tuple(p.reversed() for p in self._gather_pieces())
+    ADDS = BACKWARD = True  # the gathered pieces added back: the adjoint of copies
 
     def adjoint(self) -> LinearOperator:
         """RS* = AG."""

@@ -9,9 +9,9 @@ from __future__ import annotations
 import operator
 from abc import abstractmethod
 from collections.abc import Iterator, Sequence
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, cast
 
-__all__ = ["DescribedSequence", "TupleLike", "Offsets", "Stride"]
+__all__ = ["DescribedSequence", "KeyedSequence", "TupleLike", "Offsets", "Stride"]
 
 T = TypeVar("T")
 
@@ -41,6 +41,31 @@ class DescribedSequence(Sequence[T]):
         if not 0 <= position < self._len:
             raise IndexError(self._MISSING.format(position=position, length=self._len))
         return self._at(position)
+
+
+class KeyedSequence(DescribedSequence[T]):
+    """A described sequence with a hashable description, :meth:`key`: equal to one of its own
+    class with the same key (or the same entries) and to a listed sequence (``_LISTED``) with
+    the same entries; hashed by its key (two equal ones of its class hash alike; a listed
+    sequence does not)."""
+
+    __slots__ = ()
+    _LISTED: ClassVar[tuple[type, ...]] = (tuple, list)
+
+    @abstractmethod
+    def key(self) -> tuple[Any, ...]:
+        """A hashable description (equal descriptions, equal sequences)."""
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, type(self)):
+            return self.key() == other.key() or tuple(self) == tuple(other)
+        if isinstance(other, self._LISTED):
+            listed = cast("Sequence[Any]", other)
+            return len(listed) == self._len and all(a == b for a, b in zip(self, listed))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.key())
 
 
 class TupleLike(DescribedSequence[T]):

@@ -516,14 +516,7 @@ def geometry_html(geometry: HaloGeometry, *, limit: int = MAX_ROWS) -> str:
                     worker,
                     ",".join(map(str, index)),
                     r.dim,
-                    f"[{r.output_start},{r.output_stop})",
-                    f"[{r.bulk_start},{r.bulk_stop})",
-                    f"[{r.need_start},{r.need_stop})" if r.has_output else "-",
-                    f"{r.left_halo},{r.right_halo}",
-                    f"{r.left_pad},{r.right_pad}",
-                    f"{r.left_trim},{r.right_trim}",
-                    r.local_size,
-                    r.window_size,
+                    *r.cells(),
                 )
             )
     caption = (

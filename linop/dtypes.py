@@ -258,7 +258,7 @@ def growth_bound(op: LinearOperator) -> tuple[int | float, bool]:
     A @ B, A + B, alpha * A                          G(A) G(B), G(A) + G(B), abs(alpha) G(A)
     identity, copies, moves, clears, allocations     1 (every output entry one input entry, or 0)
     adds (Add, CopyAdjoint, SendRecvAdjoint)         2
-    Broadcast, AllGather, a copying plan             1
+    Broadcast, AllGather, a copying piece movement   1
     SumReduce                                        the number of copies of one source block
     AllReduce, ReduceScatter                         the size of a group (the blocks summed)
     HaloExchange (zero boundary), its stages         1

@@ -49,9 +49,9 @@ import numpy as np
 from .errors import OperandError
 from .halo_geometry import HaloError, HaloGeometry, Kernel, Segment, halo_geometry
 from .movement import Copy, Move, SendRecv
-from .operator import Composition, Identity, LinearOperator
+from .operator import Composition, Identity, LinearOperator, SameSpace
 from .partition import DistributedTensor
-from .plan import fields_of
+from .pieces import fields_of
 from .primitives import Allocate, Clear, Deallocate
 from .space import Block, GridSpace, Region, Space
 
@@ -237,7 +237,7 @@ def _stage_expansion(space: Space, transfers: tuple[RegionCopy, ...], label: str
     return Composition(tuple(factors))
 
 
-class _StageBase(LinearOperator):
+class _StageBase(SameSpace):
     """Fields and spaces shared by :class:`HaloStage` and :class:`HaloStageAdjoint`."""
 
     space: Space
@@ -255,14 +255,6 @@ class _StageBase(LinearOperator):
         return _cached(
             self, "_moves", lambda: tuple((s.name, s.index, d.name, d.index) for s, d in self.transfers)
         )
-
-    @property
-    def domain(self) -> Space:
-        return self.space
-
-    @property
-    def range(self) -> Space:
-        return self.space
 
 
 @dataclass(frozen=True, eq=True, repr=False)
@@ -362,7 +354,7 @@ class HaloStageAdjoint(_StageBase):
         return f"{self.label}*[{len(self.transfers)} copies]"
 
 
-# -- transfer plans ---------------------------------------------------------------------------
+# -- transfer segments -------------------------------------------------------------------------
 def _whole_segment(start: int, stop: int, g: int) -> list[Segment]:
     """Positions ``[start, stop)`` of worker g's own local layout, as one segment it owns."""
     return [Segment(start, stop - start, g, start)]
@@ -517,7 +509,7 @@ def worker_transfers(
 
 
 # -- the exchange -----------------------------------------------------------------------------
-class _ExchangeBase(LinearOperator):
+class _ExchangeBase(SameSpace):
     """Fields and spaces shared by :class:`HaloExchange` and :class:`HaloExchangeAdjoint`."""
 
     geometry: HaloGeometry
@@ -536,11 +528,8 @@ class _ExchangeBase(LinearOperator):
         object.__setattr__(self, "_space", local_space(self.geometry, self.local_name))
 
     @property
-    def domain(self) -> Space:
-        return self._space
-
-    @property
-    def range(self) -> Space:
+    def space(self) -> Space:
+        """The local blocks (:func:`local_space`): domain and range."""
         return self._space
 
     def stages(self) -> tuple[HaloStage, ...]:

@@ -378,6 +378,21 @@ class DimGeometry:
         """Length of the window: local size minus both trims."""
         return self.need_stop - self.need_start
 
+    def cells(self) -> tuple[str | int, ...]:
+        """The row as the geometry's table shows it after the worker and the dimension: the
+        output, bulk and need ranges, the halos, pads and trims (left, right), the local and
+        window sizes."""
+        return (
+            f"[{self.output_start},{self.output_stop})",
+            f"[{self.bulk_start},{self.bulk_stop})",
+            f"[{self.need_start},{self.need_stop})" if self.has_output else "-",
+            f"{self.left_halo},{self.right_halo}",
+            f"{self.left_pad},{self.right_pad}",
+            f"{self.left_trim},{self.right_trim}",
+            self.local_size,
+            self.window_size,
+        )
+
     def local(self, start: int, stop: int) -> slice:
         """Local positions of the global (padded) range [start, stop)."""
         return slice(start - self.local_start, stop - self.local_start)
@@ -803,18 +818,7 @@ class HaloGeometry:
         for index in self.tensor.partition.indices():
             worker = self.tensor.partition.worker(index)
             for r in self.worker_rows(index):
-                cells = (
-                    worker,
-                    r.dim,
-                    f"[{r.output_start},{r.output_stop})",
-                    f"[{r.bulk_start},{r.bulk_stop})",
-                    f"[{r.need_start},{r.need_stop})" if r.has_output else "-",
-                    f"{r.left_halo},{r.right_halo}",
-                    f"{r.left_pad},{r.right_pad}",
-                    f"{r.left_trim},{r.right_trim}",
-                    r.local_size,
-                    r.window_size,
-                )
+                cells = (worker, r.dim, *r.cells())
                 lines.append("  ".join(str(c).rjust(w) for c, (_, w) in zip(cells, _COLUMNS)))
         return "\n".join(lines)
 

@@ -43,7 +43,7 @@ import numpy as np
 from .errors import PlacementError, StateError
 from .layout import BlockGrid
 from .partition import DistributedTensor, Partition
-from .space import Block, Space, State
+from .space import Block, Space, State, strict_ints
 
 __all__ = [
     "MeshLayout",
@@ -134,10 +134,7 @@ def _ints(values: Any, what: str) -> tuple[int, ...]:
     try:
         if isinstance(values, str | bytes | bytearray):
             raise TypeError  # b"\x04" is a sequence of integers, not a shape
-        items = tuple(values)
-        if any(isinstance(v, (bool, np.bool_)) for v in items):
-            raise TypeError
-        return tuple(operator.index(v) for v in items)
+        return strict_ints(values)
     except TypeError:
         raise PlacementError(f"{what} {values!r} must be a sequence of integers") from None
 

@@ -52,11 +52,16 @@ def _normalize_destination(kind: str, src: Region, dst: Destination) -> Region |
     raise OperandError(f"{kind} destination must be a Region, a Block or a name, not {type(dst).__name__}")
 
 
+@dataclass(frozen=True, eq=True, repr=False)
 class _Movement(LinearOperator):
-    """Shared structure of a (src, dst) movement node; dst is a Region or a new Block."""
+    """Shared structure of a (src, dst) movement node: ``src`` a region, ``dst`` a region of
+    the same space or a new block (a name given for it is made a block like ``src``)."""
 
     src: Region
     dst: Region | Block
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dst", _normalize_destination(type(self).__name__, self.src, self.dst))
 
     @property
     def out_of_place(self) -> bool:
@@ -125,15 +130,9 @@ class Copy(_Movement):
     (('a', 'b', 'c'), (2,))
     """
 
-    src: Region
-    dst: Region | Block
-
     if TYPE_CHECKING:  # the constructor also takes a name for a new block (see Parameters)
 
         def __init__(self, src: Region, dst: Region | Block | str) -> None: ...
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "dst", _normalize_destination(type(self).__name__, self.src, self.dst))
 
     @property
     def domain(self) -> Space:
@@ -182,12 +181,6 @@ class CopyAdjoint(_Movement):
     (True, ('a', 'b'), ('a',))
     """
 
-    src: Region
-    dst: Region | Block
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "dst", _normalize_destination(type(self).__name__, self.src, self.dst))
-
     @cached_property
     def domain(self) -> Space:
         return self.src.space.with_block(self.dst) if isinstance(self.dst, Block) else self.src.space
@@ -235,16 +228,8 @@ class Move(_Movement):
 
     Raises
     ------
-    TypeError
-        If ``src`` is not a :class:`~linop.Region`, or ``dst`` is not a region, block or name.
-    SpaceMismatchError
-        In place, if the regions come from different spaces.
-    ShapeMismatchError
-        If the destination's shape differs from the source's.
-    OverlapError
-        In place, if the regions share entries.
-    BlockExistsError
-        Out of place, if the new block's name is taken in the source's space.
+    TypeError, SpaceMismatchError, ShapeMismatchError, OverlapError, BlockExistsError
+        As for :class:`Copy`.
     RegionError
         Out of place, if ``src`` is not a whole block (only whole blocks can be dropped).
 
@@ -262,21 +247,17 @@ class Move(_Movement):
     ('a', 'd')
     """
 
-    src: Region
-    dst: Region | Block
-
     if TYPE_CHECKING:  # the constructor also takes a name for a new block (see Parameters)
 
         def __init__(self, src: Region, dst: Region | Block | str) -> None: ...
 
     def __post_init__(self) -> None:
-        dst = _normalize_destination("Move", self.src, self.dst)
-        if isinstance(dst, Block) and not self.src.is_whole:
+        super().__post_init__()
+        if isinstance(self.dst, Block) and not self.src.is_whole:
             raise RegionError(
-                f"Move {self.src!r} -> new block {dst.name!r}: an out-of-place move drops its "
+                f"Move {self.src!r} -> new block {self.dst.name!r}: an out-of-place move drops its "
                 f"source, so it must be the whole block {self.src.name!r}"
             )
-        object.__setattr__(self, "dst", dst)
 
     @property
     def domain(self) -> Space:
@@ -339,16 +320,8 @@ class SendRecv(Copy):
 
     Raises
     ------
-    TypeError
-        If ``src`` is not a :class:`~linop.Region`, or ``dst`` is not a region, block or name.
-    SpaceMismatchError
-        In place, if the regions come from different spaces.
-    ShapeMismatchError
-        If the destination's shape differs from the source's.
-    OverlapError
-        In place, if the regions share entries.
-    BlockExistsError
-        Out of place, if the new block's name is taken in the source's space.
+    TypeError, SpaceMismatchError, ShapeMismatchError, OverlapError, BlockExistsError
+        As for :class:`Copy`.
     WorkerError
         If both regions live on the same worker.
 

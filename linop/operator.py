@@ -17,7 +17,7 @@ import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LinearOperator",
+    "SameSpace",
+    "OperandSpaces",
+    "StoredSpaces",
     "Identity",
     "Zero",
     "Composition",
@@ -223,6 +226,63 @@ class LinearOperator(ABC):
         return operator_html(self)
 
 
+class SameSpace(LinearOperator):
+    """Base of the nodes that map one space to itself: domain and range are ``space``.
+
+    A subclass gives ``space`` (a dataclass field, or a property computed from its fields).
+    """
+
+    if TYPE_CHECKING:  # read-only to type checkers; a subclass gives a field or a property
+
+        @property
+        def space(self) -> Space:
+            """The domain and range."""
+
+    @property
+    def domain(self) -> Space:
+        return self.space
+
+    range = domain
+
+
+class StoredSpaces(LinearOperator):
+    """Base of the nodes whose domain and range are computed once, when the node is built, and
+    kept: ``_domain`` and ``_range``, set by the subclass's ``__post_init__``."""
+
+    _domain: Space
+    _range: Space
+
+    @property
+    def domain(self) -> Space:
+        return self._domain
+
+    @property
+    def range(self) -> Space:
+        return self._range
+
+
+class OperandSpaces(LinearOperator):
+    """Base of the nodes whose domain and range are those of one operand, :meth:`_spaces_from`
+    (a scaled operator, a sum of terms that share their spaces), or, with ``SWAPPED``, its
+    range and domain (a node that runs the operand's adjoint)."""
+
+    SWAPPED: ClassVar[bool] = False
+
+    @abstractmethod
+    def _spaces_from(self) -> LinearOperator:
+        """The operand whose domain and range the node has."""
+
+    @property
+    def domain(self) -> Space:
+        operand = self._spaces_from()
+        return operand.range if self.SWAPPED else operand.domain
+
+    @property
+    def range(self) -> Space:
+        operand = self._spaces_from()
+        return operand.domain if self.SWAPPED else operand.range
+
+
 def _operand(other: object, symbol: str) -> LinearOperator:
     """``other`` if it is an operator, else an :class:`OperandError` naming it."""
     if not isinstance(other, LinearOperator):
@@ -274,7 +334,7 @@ def expand_all(op: LinearOperator) -> LinearOperator:
 
 
 @dataclass(frozen=True, eq=True, repr=False)
-class Identity(LinearOperator):
+class Identity(SameSpace):
     """The identity I on a space: I x = x. Self-adjoint.
 
     Parameters
@@ -299,14 +359,6 @@ class Identity(LinearOperator):
 
     def __post_init__(self) -> None:
         _require_space(self.space, "Identity: the space")
-
-    @property
-    def domain(self) -> Space:
-        return self.space
-
-    @property
-    def range(self) -> Space:
-        return self.space
 
     def adjoint(self) -> LinearOperator:
         """I* = I."""
@@ -424,7 +476,7 @@ class Composition(LinearOperator):
 
 
 @dataclass(frozen=True, eq=True, repr=False)
-class Sum(LinearOperator):
+class Sum(OperandSpaces):
     """Sum of operators with the same domain and range: ``(A + B)(x) == A(x) + B(x)``.
 
     Adjoint: (A + B)* = A* + B*. ``A + B`` and ``A - B`` build one; nested sums are flattened.
@@ -470,13 +522,8 @@ class Sum(LinearOperator):
                 )
         object.__setattr__(self, "terms", tuple(flat))
 
-    @property
-    def domain(self) -> Space:
-        return self.terms[0].domain
-
-    @property
-    def range(self) -> Space:
-        return self.terms[0].range
+    def _spaces_from(self) -> LinearOperator:
+        return self.terms[0]
 
     def children(self) -> tuple[LinearOperator, ...]:
         return self.terms
@@ -494,7 +541,7 @@ class Sum(LinearOperator):
 
 
 @dataclass(frozen=True, eq=True, repr=False)
-class Scaled(LinearOperator):
+class Scaled(OperandSpaces):
     """A scalar multiple: ``Scaled(alpha, A)(x) == alpha * A(x)``; adjoint conj(alpha) A*.
 
     ``alpha * A`` and ``-A`` build one.
@@ -542,13 +589,8 @@ class Scaled(LinearOperator):
         if not isinstance(self.operator, LinearOperator):
             raise OperandError(f"Scaled needs an operator, not {type(self.operator).__name__}")
 
-    @property
-    def domain(self) -> Space:
-        return self.operator.domain
-
-    @property
-    def range(self) -> Space:
-        return self.operator.range
+    def _spaces_from(self) -> LinearOperator:
+        return self.operator
 
     def children(self) -> tuple[LinearOperator, ...]:
         return (self.operator,)

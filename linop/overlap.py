@@ -28,8 +28,8 @@ from functools import cached_property
 
 from .errors import OperandError, SpaceMismatchError
 from .halo import HaloExchange, HaloStage
-from .operator import Composition, Identity, LinearOperator
-from .plan import fields_of
+from .operator import Composition, Identity, LinearOperator, OperandSpaces
+from .pieces import fields_of
 from .space import Space
 
 __all__ = ["OverlappedHalo", "OverlappedHaloAdjoint", "lifted_exchange"]
@@ -72,7 +72,7 @@ class _OverlapBase(LinearOperator):
 
 
 @dataclass(frozen=True, eq=True, repr=False)
-class OverlappedHalo(_OverlapBase):
+class OverlappedHalo(_OverlapBase, OperandSpaces):
     r"""The halo exchange ``exchange`` with the local work ``during`` run while its messages
     are in flight: :math:`O = X' D` (``during`` first, on the unexchanged halos).
 
@@ -112,13 +112,8 @@ class OverlappedHalo(_OverlapBase):
     exchange: HaloExchange
     during: LinearOperator
 
-    @property
-    def domain(self) -> Space:
-        return self.during.domain
-
-    @property
-    def range(self) -> Space:
-        return self.during.range
+    def _spaces_from(self) -> LinearOperator:
+        return self.during
 
     def children(self) -> tuple[LinearOperator, ...]:
         return (self.exchange, self.during)
@@ -140,7 +135,7 @@ class OverlappedHalo(_OverlapBase):
 
 
 @dataclass(frozen=True, eq=True, repr=False)
-class OverlappedHaloAdjoint(_OverlapBase):
+class OverlappedHaloAdjoint(_OverlapBase, OperandSpaces):
     r"""Adjoint of :class:`OverlappedHalo`: :math:`D^* X'^*`, the adjoint exchange posted first
     and :math:`D^*` run while its messages are in flight.
 
@@ -153,13 +148,10 @@ class OverlappedHaloAdjoint(_OverlapBase):
     exchange: HaloExchange
     during: LinearOperator
 
-    @property
-    def domain(self) -> Space:
-        return self.during.range
+    SWAPPED = True  # the spaces of the work in flight's adjoint
 
-    @property
-    def range(self) -> Space:
-        return self.during.domain
+    def _spaces_from(self) -> LinearOperator:
+        return self.during
 
     def children(self) -> tuple[LinearOperator, ...]:
         return (self.exchange.H, self.during.H)

@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from .described import DescribedSequence, Offsets
+from .described import KeyedSequence, Offsets
 from .errors import DecompositionError, LinopError, OperandError, PartitionError, RegionError
-from .space import MAX_SIZE, MAX_WORKER, Block, GridSpace, Region, Space, State
+from .space import MAX_WORKER, Block, GridSpace, Region, Space, State, check_extents, strict_ints
 
 __all__ = [
     "Partition",
@@ -49,10 +49,7 @@ def _integers(values: Any, what: str, error: type[LinopError]) -> tuple[int, ...
     if isinstance(values, (int, np.integer)):
         return (operator.index(values),)
     try:
-        items = tuple(values)
-        if any(isinstance(v, (bool, np.bool_)) for v in items):
-            raise TypeError
-        return tuple(operator.index(v) for v in items)
+        return strict_ints(values)
     except TypeError:
         raise error(f"{what} {values!r} must be integers (not bools)") from None
 
@@ -189,7 +186,7 @@ class WorkerRange(Sequence[int]):
         return f"WorkerRange({self._range.start}, {self._range.stop})"
 
 
-class WorkerBox(DescribedSequence[int]):
+class WorkerBox(KeyedSequence[int]):
     """The workers of a box of a partition's grid indices, described rather than enumerated:
     per grid dimension a fixed coordinate, or None for every coordinate. In C order of the
     grid index; O(ndim) memory, length, membership and position at any count.
@@ -206,6 +203,7 @@ class WorkerBox(DescribedSequence[int]):
 
     __slots__ = ("_counts", "_fixed", "_free", "_len", "_partition")
     _MISSING = "member {position} of a box of {length} workers"
+    _LISTED = (tuple, list, range, WorkerRange)
 
     def __init__(self, partition: Partition, fixed: Sequence[int | None]) -> None:
         fixed = tuple(fixed)
@@ -296,16 +294,6 @@ class WorkerBox(DescribedSequence[int]):
     def key(self) -> tuple[Any, ...]:
         """A hashable description (equal boxes of equal partitions, equal keys)."""
         return (self._partition.description(), self._fixed)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, WorkerBox):
-            return self.key() == other.key() or tuple(self) == tuple(other)
-        if isinstance(other, (tuple, list, range, WorkerRange)):
-            return len(other) == self._len and all(a == b for a, b in zip(self, other))
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(self.key())
 
     def __repr__(self) -> str:
         return f"WorkerBox({self._partition.shape}, {self._fixed})"
@@ -599,12 +587,7 @@ class DistributedTensor:
                 f"a distributed tensor's name must be a non-empty string, not {self.name!r}"
             )
         shape = _integers(self.global_shape, f"tensor {self.name!r}: global shape", DecompositionError)
-        if any(n < 0 for n in shape):
-            raise DecompositionError(f"tensor {self.name!r}: negative extent in global shape {shape}")
-        if math.prod(shape) > MAX_SIZE:
-            raise DecompositionError(
-                f"tensor {self.name!r}: global shape {shape} has more entries than int64 counts"
-            )
+        check_extents(shape, f"tensor {self.name!r}", "global shape", DecompositionError)
         object.__setattr__(self, "global_shape", shape)
         if not isinstance(self.partition, Partition):
             raise OperandError(

@@ -15,10 +15,11 @@ Add S_{a->b}        x_b <- x_b + x_a            [[I, O], [I, I]]      S_{b->a}
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from dataclasses import dataclass, field
 
 from .errors import OperandError, OverlapError, ShapeMismatchError, SpaceMismatchError
-from .operator import LinearOperator
+from .operator import LinearOperator, SameSpace, StoredSpaces
 from .space import Block, Region, Space
 
 __all__ = ["Allocate", "Deallocate", "Clear", "Add", "check_pair"]
@@ -41,8 +42,28 @@ def check_pair(kind: str, src: Region, dst: Region) -> None:
         raise OverlapError(f"{kind} {src!r} -> {dst!r}: the regions overlap in block {src.name!r}")
 
 
+class _ScopeChange(StoredSpaces):
+    """Fields and spaces shared by :class:`Allocate` and :class:`Deallocate`: the domain is
+    ``space``, the range (computed once, by :meth:`_new_range`) that space with one block more
+    or one less."""
+
+    space: Space
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.space, Space):
+            raise OperandError(
+                f"{type(self).__name__}: the space must be a Space, not {type(self.space).__name__}"
+            )
+        object.__setattr__(self, "_domain", self.space)
+        object.__setattr__(self, "_range", self._new_range())
+
+    @abstractmethod
+    def _new_range(self) -> Space:
+        """The range, from the checked fields."""
+
+
 @dataclass(frozen=True, eq=True, repr=False)
-class Allocate(LinearOperator):
+class Allocate(_ScopeChange):
     r"""Bring a new block of zeros into scope.
 
     .. math:: A_b : x \mapsto (x, x_b = 0), \qquad A_b^* = D_b
@@ -81,20 +102,10 @@ class Allocate(LinearOperator):
     block: Block
     _range: Space = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.space, Space):
-            raise OperandError(f"Allocate: the space must be a Space, not {type(self.space).__name__}")
+    def _new_range(self) -> Space:
         if not isinstance(self.block, Block):
             raise OperandError(f"Allocate: the new block must be a Block, not {type(self.block).__name__}")
-        object.__setattr__(self, "_range", self.space.with_block(self.block))
-
-    @property
-    def domain(self) -> Space:
-        return self.space
-
-    @property
-    def range(self) -> Space:
-        return self._range
+        return self.space.with_block(self.block)
 
     def adjoint(self) -> LinearOperator:
         """A_b* = D_b."""
@@ -105,7 +116,7 @@ class Allocate(LinearOperator):
 
 
 @dataclass(frozen=True, eq=True, repr=False)
-class Deallocate(LinearOperator):
+class Deallocate(_ScopeChange):
     r"""Drop a block from scope.
 
     .. math:: D_b : (x, x_b) \mapsto x, \qquad D_b^* = A_b
@@ -137,18 +148,8 @@ class Deallocate(LinearOperator):
     name: str
     _range: Space = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.space, Space):
-            raise OperandError(f"Deallocate: the space must be a Space, not {type(self.space).__name__}")
-        object.__setattr__(self, "_range", self.space.without(self.name))
-
-    @property
-    def domain(self) -> Space:
-        return self.space
-
-    @property
-    def range(self) -> Space:
-        return self._range
+    def _new_range(self) -> Space:
+        return self.space.without(self.name)
 
     def adjoint(self) -> LinearOperator:
         """D_b* = A_b."""
@@ -159,7 +160,7 @@ class Deallocate(LinearOperator):
 
 
 @dataclass(frozen=True, eq=True, repr=False)
-class Clear(LinearOperator):
+class Clear(SameSpace):
     r"""Set a region to zero.
 
     .. math:: K_b : x_b \mapsto 0 \text{ (all else unchanged)}, \qquad K_b^* = K_b
@@ -193,11 +194,8 @@ class Clear(LinearOperator):
             raise OperandError(f"Clear needs a region, not {type(self.region).__name__}")
 
     @property
-    def domain(self) -> Space:
-        return self.region.space
-
-    @property
-    def range(self) -> Space:
+    def space(self) -> Space:
+        """The region's space: domain and range."""
         return self.region.space
 
     def adjoint(self) -> LinearOperator:
@@ -209,7 +207,7 @@ class Clear(LinearOperator):
 
 
 @dataclass(frozen=True, eq=True, repr=False)
-class Add(LinearOperator):
+class Add(SameSpace):
     r"""Add one region into another of the same shape.
 
     .. math:: S_{a \to b} : x_b \mapsto x_b + x_a, \qquad S_{a \to b}^* = S_{b \to a}
@@ -256,11 +254,8 @@ class Add(LinearOperator):
         check_pair("Add", self.src, self.dst)
 
     @property
-    def domain(self) -> Space:
-        return self.src.space
-
-    @property
-    def range(self) -> Space:
+    def space(self) -> Space:
+        """The regions' space: domain and range."""
         return self.src.space
 
     def adjoint(self) -> LinearOperator:

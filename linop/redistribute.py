@@ -26,9 +26,9 @@ with :math:`X^\dagger` the dual layout (the gradient of copies is a partial sum,
 partial sum copies): the adjoint is a redistribute too, derived by this rule.
 
 A redistribute without partial terms to sum (no mesh dimension with :math:`A_i = P \ne B_i`)
-is one copy plan (:class:`RedistributeCopies`: each destination entry receives one piece, a
+is one copying movement (:class:`RedistributeCopies`: each destination entry receives one piece, a
 source entry may feed several, e.g. an all-gather); one without new copies (no :math:`B_i = R
-\ne A_i`) is one plan that adds (:class:`RedistributeSums`: e.g. a reduce-scatter). One that
+\ne A_i`) is one movement that adds (:class:`RedistributeSums`: e.g. a reduce-scatter). One that
 needs both (``Partial -> Replicate``: an all-reduce) goes through the layout :math:`M` in which
 those mesh dimensions shard instead (reduce-scatter, then all-gather), and expands into the two.
 
@@ -49,9 +49,9 @@ from dataclasses import dataclass
 
 from .errors import GlobalShapeError, OperandError, PlacementError
 from .mesh_layout import MeshLayout, Partial, Replicate, Shard
-from .operator import Composition, LinearOperator
-from .plan import NO_OTHERS, Piece, Planned, make_piece
-from .space import Block, Space
+from .operator import Composition, LinearOperator, StoredSpaces
+from .pieces import NO_OTHERS, Piece, PieceMover, make_piece
+from .space import Space
 
 __all__ = [
     "Redistribute",
@@ -172,7 +172,7 @@ def _fans(source: MeshLayout, destination: MeshLayout) -> tuple[bool, bool]:
 
 
 @dataclass(frozen=True, eq=True, repr=False)
-class _RedistributeGeometry(Planned):
+class _RedistributeGeometry(PieceMover):
     """The fields and pieces shared by :class:`RedistributeCopies` and
     :class:`RedistributeSums` (each builds the other's dual from them)."""
 
@@ -195,16 +195,10 @@ class _RedistributeGeometry(Planned):
             )
         self._validate()
 
-    def _sources(self) -> tuple[Block, ...]:
-        return self.source.blocks
-
-    def _targets(self) -> tuple[Block, ...]:
-        return self.destination.blocks
-
-    def layouts(self) -> tuple[MeshLayout, MeshLayout]:
+    def _forward_layouts(self) -> tuple[MeshLayout, MeshLayout]:
         return self.source, self.destination
 
-    def _pieces(self) -> tuple[Piece, ...]:
+    def _forward_pieces(self) -> tuple[Piece, ...]:
         pieces = []
         for t in self.destination.partition.indices():
             lo_t, hi_t = self.destination.box(t)
@@ -276,7 +270,7 @@ class RedistributeSums(_RedistributeGeometry):
 
 
 @dataclass(frozen=True, eq=True, repr=False)
-class Redistribute(LinearOperator):
+class Redistribute(StoredSpaces):
     r"""Move a global array from layout ``source`` to layout ``destination`` on one mesh.
 
     .. math:: \mathrm{Redistribute}(A, B)^* = \mathrm{Redistribute}(B^\dagger, A^\dagger)
@@ -321,17 +315,11 @@ class Redistribute(LinearOperator):
             object.__setattr__(self, "middle", intermediate_layout(self.source, self.destination))
         elif self.middle is not None and not (fan_in and fan_out):
             object.__setattr__(self, "middle", None)  # one stage: no layout in between
-
-    @property
-    def domain(self) -> Space:
-        return self.source.space
-
-    @property
-    def range(self) -> Space:
-        return self.destination.space
+        object.__setattr__(self, "_domain", self.source.space)
+        object.__setattr__(self, "_range", self.destination.space)
 
     def stages(self) -> tuple[LinearOperator, ...]:
-        """The one or two planned nodes it expands into, in order of application."""
+        """The one or two piece movers it expands into, in order of application."""
         fan_in, fan_out = _fans(self.source, self.destination)
         if not fan_in:
             return (RedistributeCopies(self.source, self.destination),)

@@ -14,7 +14,7 @@ Scatter(root, x)                x_i = root[box of x_i]                      Gath
 Gather(root, x)                 root[box of x_i] = x_i                      Scatter(root, x)
 ==============================  ==========================================  ======================
 
-Each expands (through :class:`~linop.plan.MovementPlan`) into Allocate, one in-place Copy or
+Each expands (through :class:`~linop.pieces.PieceMovement`) into Allocate, one in-place Copy or
 SendRecv per non-empty intersection, and Deallocate.
 """
 
@@ -31,7 +31,7 @@ from .errors import GlobalShapeError, OperandError
 from .layout import require_tensor
 from .operator import LinearOperator
 from .partition import DistributedTensor
-from .plan import NO_OTHERS, Piece, Planned, fields_of, make_piece, nonempty_pieces, origin
+from .pieces import NO_OTHERS, Piece, PieceMover, fields_of, make_piece, nonempty_pieces, origin
 from .space import Block, Space
 
 __all__ = ["Gather", "Repartition", "Scatter", "overlaps"]
@@ -117,7 +117,7 @@ def overlaps(
 
 
 @dataclass(frozen=True, eq=True, repr=False)
-class Repartition(Planned):
+class Repartition(PieceMover):
     r"""Re-decompose a distributed tensor onto another partition and decomposition.
 
     .. math::
@@ -175,16 +175,10 @@ class Repartition(Planned):
             )
         self._validate()
 
-    def _sources(self) -> tuple[Block, ...]:
-        return self.source.blocks
-
-    def _targets(self) -> tuple[Block, ...]:
-        return self.destination.blocks
-
-    def layouts(self) -> tuple[DistributedTensor, DistributedTensor]:
+    def _forward_layouts(self) -> tuple[DistributedTensor, DistributedTensor]:
         return self.source, self.destination
 
-    def _pieces(self) -> tuple[Piece, ...]:
+    def _forward_pieces(self) -> tuple[Piece, ...]:
         items = []
         for i, j, (start, stop) in overlaps(self.source, self.destination):
             origin_i = self.source.box(i)[0]
@@ -225,7 +219,7 @@ class Repartition(Planned):
         )
 
     def pieces_into(self, j: Sequence[int]) -> tuple[Piece, ...]:
-        """The pieces into destination block ``j``, in the order of :attr:`plan` (from the
+        """The pieces into destination block ``j``, in the order of :attr:`movement` (from the
         1-d overlaps of each dimension: the block's own work, not the job's)."""
         j = self.destination.partition.checked_index(j)
         sources, destinations = self._edges()
@@ -237,7 +231,7 @@ class Repartition(Planned):
         )
 
     def pieces_from(self, i: Sequence[int]) -> tuple[Piece, ...]:
-        """The pieces out of source block ``i``, in the order of :attr:`plan`."""
+        """The pieces out of source block ``i``, in the order of :attr:`movement`."""
         i = self.source.partition.checked_index(i)
         sources, destinations = self._edges()
         return tuple(
@@ -275,7 +269,7 @@ class Repartition(Planned):
 
 
 @dataclass(frozen=True, eq=True, repr=False)
-class _RootGeometry(Planned):
+class _RootGeometry(PieceMover):
     """The fields and geometry shared by :class:`Scatter` and its adjoint :class:`Gather`
     (declared once here; each builds the other from them by keyword)."""
 
@@ -299,19 +293,22 @@ class _RootGeometry(Planned):
         block = self.tensor.block(index)
         return make_piece(self.root, self.tensor.box(index)[0], block, origin(block), block.shape)
 
-    def _scatter_pieces(self) -> tuple[Piece, ...]:
+    def _forward_layouts(self) -> tuple[Block, DistributedTensor]:
+        return self.root, self.tensor
+
+    def _forward_pieces(self) -> tuple[Piece, ...]:
         return nonempty_pieces(self._scatter_piece(index) for index in self.tensor.partition.indices())
 
     def rank_pieces(self, worker: int) -> tuple[Piece, ...]:
-        """The pieces of ``worker``'s blocks in plan order: every piece on the root's worker, the
+        """The pieces of ``worker``'s blocks in movement order: every piece on the root's worker, the
         piece of its own block on any other (O(1) off the root)."""
         if worker == self.root.worker:
-            pieces = self._scatter_pieces()
+            pieces = self._forward_pieces()
         elif self.tensor.partition.position(worker) is not None:
             pieces = nonempty_pieces([self._scatter_piece(self.tensor.partition.index(worker))])
         else:
             pieces = ()
-        return tuple(p.reversed() for p in pieces) if isinstance(self, Gather) else pieces
+        return self._oriented(pieces)
 
 
 @dataclass(frozen=True, eq=True, repr=False)
@@ -348,18 +345,6 @@ class Scatter(_RootGeometry):
     True
     """
 
-    def _sources(self) -> tuple[Block, ...]:
-        return (self.root,)
-
-    def _targets(self) -> tuple[Block, ...]:
-        return self.tensor.blocks
-
-    def layouts(self) -> tuple[Block, DistributedTensor]:
-        return self.root, self.tensor
-
-    def _pieces(self) -> tuple[Piece, ...]:
-        return self._scatter_pieces()
-
     def adjoint(self) -> LinearOperator:
         """Scatter* = Gather (its inverse)."""
         return Gather(**fields_of(self))
@@ -388,7 +373,7 @@ class Gather(_RootGeometry):
     Raises
     ------
     GlobalShapeError
-        If the root's shape is not the tensor's global shape.
+        As for :class:`Scatter`.
 
     Examples
     --------
@@ -400,17 +385,7 @@ class Gather(_RootGeometry):
     {'whole': array([0, 1, 2, 3, 4, 5])}
     """
 
-    def _sources(self) -> tuple[Block, ...]:
-        return self.tensor.blocks
-
-    def _targets(self) -> tuple[Block, ...]:
-        return (self.root,)
-
-    def layouts(self) -> tuple[DistributedTensor, Block]:
-        return self.tensor, self.root
-
-    def _pieces(self) -> tuple[Piece, ...]:
-        return tuple(p.reversed() for p in self._scatter_pieces())
+    BACKWARD = True  # the scatter's pieces, from the blocks into the root
 
     def adjoint(self) -> LinearOperator:
         """Gather* = Scatter (its inverse)."""

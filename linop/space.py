@@ -34,6 +34,7 @@ from .errors import (
     BlockError,
     BlockExistsError,
     DtypeError,
+    LinopError,
     RegionError,
     SpaceMismatchError,
     StateError,
@@ -50,6 +51,8 @@ __all__ = [
     "closest_name",
     "did_you_mean",
     "MAX_SIZE",
+    "check_extents",
+    "strict_ints",
     "MAX_WORKER",
 ]
 
@@ -63,6 +66,15 @@ MAX_SIZE = 2**63 - 1
 
 MAX_WORKER = 2**31 - 1
 """The largest worker id: workers are MPI ranks, which are C ints."""
+
+
+def check_extents(shape: tuple[int, ...], owner: str, noun: str, error: type[LinopError]) -> None:
+    """Raise ``error`` (naming ``owner``'s ``noun``) when ``shape`` has a negative extent or more
+    entries than int64 counts."""
+    if any(n < 0 for n in shape):
+        raise error(f"{owner}: negative extent in {noun} {shape}")
+    if math.prod(shape) > MAX_SIZE:
+        raise error(f"{owner}: {noun} {shape} has {math.prod(shape)} entries, more than int64 counts")
 
 
 def closest_name(name: str, candidates: Iterable[str]) -> str | None:
@@ -104,6 +116,12 @@ def _strict_index(value: Any) -> int:
     if isinstance(value, (bool, np.bool_)):
         raise TypeError("a bool is not an integer here")
     return operator.index(value)
+
+
+def strict_ints(values: Any) -> tuple[int, ...]:
+    """``values`` as a tuple of ints: TypeError when they are not a sequence of integers (a
+    bool is not one)."""
+    return tuple(_strict_index(v) for v in values)
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -158,17 +176,12 @@ class Block:
             raise BlockError(f"a block name must be a non-empty string, not {self.name!r}")
         shape = (self.shape,) if _is_integer(self.shape) or isinstance(self.shape, bool) else self.shape
         try:
-            shape = tuple(_strict_index(n) for n in shape)
+            shape = strict_ints(shape)
         except TypeError:
             raise BlockError(
                 f"block {self.name!r}: shape must be a tuple of ints, not {self.shape!r}"
             ) from None
-        if any(n < 0 for n in shape):
-            raise BlockError(f"block {self.name!r}: negative extent in shape {shape}")
-        if math.prod(shape) > MAX_SIZE:
-            raise BlockError(
-                f"block {self.name!r}: shape {shape} has {math.prod(shape)} entries, more than int64 counts"
-            )
+        check_extents(shape, f"block {self.name!r}", "shape", BlockError)
         object.__setattr__(self, "shape", shape)
         try:
             worker = _strict_index(self.worker)

@@ -173,7 +173,7 @@ def test_replicate_to_shard_moves_nothing_between_workers():
     source = MeshLayout.from_placements((2, 2), [Replicate(), Shard(1)], (5, 6), name="a")
     tree = check_redistribute(source, source.with_placements([Shard(0), Shard(1)], name="b"))
     blocks = {b.name: b.worker for b in (*tree.domain.blocks, *tree.range.blocks)}
-    assert all(blocks[p.source] == blocks[p.target] for p in tree.expand().plan.pieces)
+    assert all(blocks[p.source] == blocks[p.target] for p in tree.expand().movement.pieces)
 
 
 def test_the_oracle_catches_a_wrong_layout():

@@ -382,7 +382,7 @@ def test_repartition_pieces_of_one_block_equal_the_whole_plan() -> None:
     import random
 
     from linop import DistributedTensor, Partition, Repartition
-    from linop.plan import Piece
+    from linop.pieces import Piece
     from linop.repartition import _boxes_overlap_1d, _overlap_1d
 
     def decomposition(rng: random.Random, shape: tuple[int, ...], grid: tuple[int, ...]) -> tuple:
@@ -407,7 +407,9 @@ def test_repartition_pieces_of_one_block_equal_the_whole_plan() -> None:
             edges_b = tuple(itertools.accumulate(b, initial=0))
             assert [_overlap_1d(edges_a, edges_b, k) for k in range(len(b))] == _boxes_overlap_1d(a, b)
         op = Repartition(x, y)
-        whole = [Piece(p.source, p.source_start, p.target, p.target_start, p.shape) for p in op.plan.pieces]
+        whole = [
+            Piece(p.source, p.source_start, p.target, p.target_start, p.shape) for p in op.movement.pieces
+        ]
         for j in y.partition.indices():
             name = y.block_name(j)
             assert list(op.pieces_into(j)) == [p for p in whole if p.target == name]

@@ -229,7 +229,7 @@ def test_a_mapped_rank_plans_its_portable_program_per_rank_equal_to_the_global_r
 
     from linop import AllReduce
     from linop.backends.torch_distributed.schedule import portable_program
-    from linop.plan import MovementPlan
+    from linop.pieces import PieceMovement
     from linop.program import WorkerMap, mapped_global_program
     from linop.program import mapped as program_mapped
 
@@ -241,7 +241,7 @@ def test_a_mapped_rank_plans_its_portable_program_per_rank_equal_to_the_global_r
             with monkeypatch.context() as probes:  # neither the global program nor an expansion
                 probes.setattr(program_mapped, "lower_portable", _no_global_program)
                 probes.setattr(AllReduce, "expand", _no_global_program)
-                probes.setattr(MovementPlan, "expand", _no_global_program)
+                probes.setattr(PieceMovement, "expand", _no_global_program)
                 mine = [portable_program(op, mapping, rank, 3) for rank in range(3)]
             for rank, (program, problem) in enumerate(mine):
                 assert problem is None and program is not None

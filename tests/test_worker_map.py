@@ -20,7 +20,7 @@ from linop.layers import Convolution
 from linop.movement import SendRecv
 from linop.operator import LinearOperator
 from linop.partition import DistributedTensor, Partition
-from linop.plan import MovementPlan
+from linop.pieces import PieceMovement
 from linop.program import (
     Local,
     LocalMoves,
@@ -39,7 +39,7 @@ from linop.program import (
     owned_blocks,
     project,
 )
-from linop.program.lowering_planned import held_blocks, plan_key, planned_steps
+from linop.program.lowering_pieces import held_blocks, piece_order, piece_steps
 from linop.program.mapped import MappedCompiled
 from linop.repartition import Repartition, Scatter
 from linop.space import Block, Space
@@ -369,14 +369,14 @@ def test_a_stage_lowers_per_worker_without_building_the_others_steps(monkeypatch
 def test_a_portable_rank_plans_a_collective_without_its_whole_expansion(case, adjoint, monkeypatch):
     """Without the mapped fast paths (the torch.distributed executor, the MPI portable program)
     a mapped rank lowers an all-reduce, broadcast, sum-reduce or scatter from its workers' part
-    of the expansion: the whole expansion (or plan) is never built, and the lowerings build only
+    of the expansion: the whole expansion (or movement) is never built, and the lowerings build only
     the workers' steps (a control: the global route builds the expansion)."""
     op = COLLECTIVE_TREES[case]()
     op = op.H if adjoint else op
     mapping = WorkerMap.round_robin(WORKERS, 3)
     reference = mapped_global_program(op, 1, mapping, mapped_fast_paths=False)
     monkeypatch.setattr(AllReduce, "expand", _refuse)
-    monkeypatch.setattr(MovementPlan, "expand", _refuse)
+    monkeypatch.setattr(PieceMovement, "expand", _refuse)
     with pytest.raises(AssertionError, match="the whole expansion"):  # the control
         mapped_global_program(op, 1, mapping, mapped_fast_paths=False)
     mine = compile_for_rank(op, 1, mapping, mapped_fast_paths=False)
@@ -561,11 +561,11 @@ def _listed_all_reduce(op, rank, mapping):
 
 
 def _listed_rooted(op, rank, mapping, reduce):
-    """A mapped rank's broadcast groups listed from every piece of the plan: (root block, the
+    """A mapped rank's broadcast groups listed from every piece of the movement: (root block, the
     group's ranks root first, whether the rank holds the root, its copies)."""
     held = set(mapping.workers_on(rank))
     by_root = {}
-    for piece in op.plan.pieces:
+    for piece in op.movement.pieces:
         root, copy = (piece.target, piece.source) if reduce else (piece.source, piece.target)
         by_root.setdefault(root, []).append(copy)
     roots_space, copies_space = (op.range, op.domain) if reduce else (op.domain, op.range)
@@ -606,7 +606,7 @@ def test_the_mapped_fast_paths_of_a_rank_are_those_listed_from_every_group(case,
 
 def test_the_collective_comparison_catches_a_wrong_order_a_wrong_map_and_a_wrong_tag():  # control
     """Wrong schedules of a repartition and an all-reduce differ from the global projection:
-    each worker's part lowered alone and concatenated (not in plan order), the part of another
+    each worker's part lowered alone and concatenated (not in movement order), the part of another
     map, a tag one off."""
     op = COLLECTIVE_TREES["repartition"]()
     mapping = WorkerMap.round_robin(WORKERS, 3)
@@ -636,18 +636,18 @@ GATHER_TREES = {
 
 
 def _pieces_route(op, workers):
-    """The steps of ``workers`` from the pieces of their blocks (:meth:`rank_pieces`) put in plan
-    order by their plan key, as :func:`~linop.program.lowering_planned.planned_steps` builds them."""
-    pieces = sorted({p for w in workers for p in op.rank_pieces(w)}, key=plan_key(op))
+    """The steps of ``workers`` from the pieces of their blocks (:meth:`rank_pieces`) put in movement
+    order by their order key, as :func:`~linop.program.lowering_pieces.piece_steps` builds them."""
+    pieces = sorted({p for w in workers for p in op.rank_pieces(w)}, key=piece_order(op))
     source, target = op.layouts()
-    return pieces, planned_steps(op, held_blocks(target, workers), pieces, held_blocks(source, workers))
+    return pieces, piece_steps(op, held_blocks(target, workers), pieces, held_blocks(source, workers))
 
 
 @pytest.mark.parametrize("adjoint", [False, True], ids=["forward", "adjoint"])
 @pytest.mark.parametrize("case", list(GATHER_TREES))
 def test_an_all_gathers_part_is_the_steps_of_its_pieces_in_plan_order(case, adjoint):
     """A mapped rank's part of an all-gather or reduce-scatter, built group by group from each
-    member's geometry (read once), is exactly the steps of its workers' pieces in plan order:
+    member's geometry (read once), is exactly the steps of its workers' pieces in movement order:
     the same transfers (regions, mode, after) and local copies, in the same order."""
     op = GATHER_TREES[case]()
     op = op.H if adjoint else op
@@ -668,7 +668,7 @@ def test_an_all_gathers_part_is_the_steps_of_its_pieces_in_plan_order(case, adjo
 def _pieces_route_reordered(op, workers, pieces):
     source, target = op.layouts()
     wrong = [pieces[-1], *pieces[:-1]]
-    return planned_steps(op, held_blocks(target, workers), wrong, held_blocks(source, workers))
+    return piece_steps(op, held_blocks(target, workers), wrong, held_blocks(source, workers))
 
 
 @pytest.mark.parametrize("case", ["stages-nested", "stages-multi-hop-periodic"])

@@ -36,7 +36,7 @@ from linop import (
     Scatter,
     SumReduce,
 )
-from linop.collectives import Planned, ReduceScatter
+from linop.collectives import PieceMover, ReduceScatter
 from linop.partition import DistributedTensor, Partition, balanced_sizes
 from linop.repartition import Gather
 
@@ -235,7 +235,7 @@ def _collectives_of(
 
 
 for _node_type, _kinds, _adjoint in (
-    (Planned, COLLECTIVE_KINDS, None),
+    (PieceMover, COLLECTIVE_KINDS, None),
     (AllReduce, ("allreduce",), None),
     (Broadcast, ("broadcast",), False),
     (SumReduce, ("broadcast",), True),

@@ -113,13 +113,13 @@ def allreduce_reduce_broadcast_binomial(tensor: Layout) -> LinearOperator:
     return steps.operator()
 
 
-def _fold_in(steps: Steps, names: list[str], plan: Fold) -> None:
-    for low, high in plan.folded:
+def _fold_in(steps: Steps, names: list[str], folding: Fold) -> None:
+    for low, high in folding.folded:
         steps.add(steps.region(names[low]), steps.region(names[high]))
 
 
-def _fold_out(steps: Steps, names: list[str], plan: Fold) -> None:
-    for low, high in plan.folded:
+def _fold_out(steps: Steps, names: list[str], folding: Fold) -> None:
+    for low, high in folding.folded:
         steps.copy(steps.region(names[high]), steps.region(names[low]))
 
 
@@ -133,16 +133,16 @@ def allreduce_recursive_doubling(tensor: Layout) -> LinearOperator:
     """
     blocks = _members("allreduce_recursive_doubling", tensor)
     names = [b.name for b in blocks]
-    plan = fold(len(names))
+    folding = fold(len(names))
     steps = Steps(tensor.space)
-    _fold_in(steps, names, plan)
+    _fold_in(steps, names, folding)
     mask = 1
-    while mask < plan.p2:
+    while mask < folding.p2:
         exchanges = []
-        for k in range(plan.p2):
-            receiver = blocks[plan.participants[k ^ mask]]
+        for k in range(folding.p2):
+            receiver = blocks[folding.participants[k ^ mask]]
             temp = steps.temporary(f"{receiver.name}+rd{mask}")
-            sending = names[plan.participants[k]]
+            sending = names[folding.participants[k]]
             steps.copy(steps.region(sending), Block(temp, receiver.shape, receiver.worker))
             exchanges.append((temp, receiver.name))
         for temp, target in exchanges:
@@ -150,7 +150,7 @@ def allreduce_recursive_doubling(tensor: Layout) -> LinearOperator:
         for temp, _ in exchanges:
             steps.drop(temp)
         mask *= 2
-    _fold_out(steps, names, plan)
+    _fold_out(steps, names, folding)
     return steps.operator()
 
 
@@ -204,20 +204,20 @@ def allreduce_rabenseifner(tensor: Layout) -> LinearOperator:
     """
     blocks = _members("allreduce_rabenseifner", tensor)
     names = [b.name for b in blocks]
-    plan = fold(len(names))
-    bounds = balanced_bounds(_first_extent("allreduce_rabenseifner", blocks[0]), plan.p2)
+    folding = fold(len(names))
+    bounds = balanced_bounds(_first_extent("allreduce_rabenseifner", blocks[0]), folding.p2)
     steps = Steps(tensor.space)
-    _fold_in(steps, names, plan)
+    _fold_in(steps, names, folding)
 
     def span(first: int, count: int) -> tuple[int, int]:
         return bounds[first][0], bounds[first + count - 1][1]
 
     def region(q: int, first: int, count: int):
-        return steps.region(names[plan.participants[q]], span(first, count))
+        return steps.region(names[folding.participants[q]], span(first, count))
 
-    distance = plan.p2 // 2
+    distance = folding.p2 // 2
     while distance >= 1:
-        for q in range(plan.p2):
+        for q in range(folding.p2):
             partner = q ^ distance
             base = q & ~(2 * distance - 1)
             # q gives up the half of the segment [base, base + 2d) that holds the partner
@@ -226,12 +226,12 @@ def allreduce_rabenseifner(tensor: Layout) -> LinearOperator:
                 steps.add(region(q, give, distance), region(partner, give, distance))
         distance //= 2
     distance = 1
-    while distance < plan.p2:
-        for q in range(plan.p2):
+    while distance < folding.p2:
+        for q in range(folding.p2):
             partner = q ^ distance
             mine = q & ~(distance - 1)
             if span(mine, distance)[1] > span(mine, distance)[0]:
                 steps.copy(region(q, mine, distance), region(partner, mine, distance))
         distance *= 2
-    _fold_out(steps, names, plan)
+    _fold_out(steps, names, folding)
     return steps.operator()

@@ -16,7 +16,7 @@ the phase's messages are in flight.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import numpy as np
 
@@ -28,6 +28,8 @@ from .host_fusion import FusedStep, HostOverlap, run_node
 
 __all__ = [
     "run_rank_schedule",
+    "run_on_engine",
+    "Started",
     "run_local_moves",
     "finish_phase",
     "store_results",
@@ -37,6 +39,10 @@ __all__ = [
     "cast_copies",
     "outputs",
 ]
+
+
+E = TypeVar("E")
+"""An executor's engine handle (an MPI communicator, a torch.distributed group context)."""
 
 
 class BlockWorkspace(Protocol):
@@ -79,6 +85,58 @@ class StartedPhase(Protocol):
 
 PhaseStarter = Callable[[RankPhase, numpy_backend.Workspace], StartedPhase]
 """Starts a phase's nonblocking receives and sends and returns it started."""
+
+
+class Started:
+    """A started phase (:class:`StartedPhase`) of an executor's requests: calling it waits
+    for them (``wait``), then finishes the phase (``finish``: :func:`finish_phase`);
+    :meth:`progress` lets them move (``test``, for an engine that moves data only inside its
+    calls; None where the engine's own threads move it)."""
+
+    __slots__ = ("_test", "_wait", "finish", "requests")
+
+    def __init__(
+        self,
+        requests: list[Any],
+        finish: Callable[[], None],
+        wait: Callable[[list[Any]], object],
+        test: Callable[[list[Any]], object] | None = None,
+    ) -> None:
+        self.requests = requests
+        self.finish = finish
+        self._wait = wait
+        self._test = test
+
+    def progress(self) -> None:
+        if self.requests and self._test is not None:
+            self._test(self.requests)
+
+    def __call__(self) -> None:
+        if self.requests:
+            self._wait(self.requests)
+        self.finish()
+
+
+def run_on_engine(
+    schedule: Sequence[Any],
+    work: numpy_backend.Workspace,
+    dtype: np.dtype,
+    engine: E,
+    *,
+    start: Callable[[RankPhase, numpy_backend.Workspace, E, np.dtype], StartedPhase],
+    part: Callable[[Any, numpy_backend.Workspace, E, np.dtype], None],
+) -> None:
+    """:func:`run_rank_schedule` for an executor whose calls take its engine (a communicator, a
+    process-group context) and the dtype: ``start`` starts a phase (run whole: started, then
+    completed), ``part`` runs any other step that is the executor's."""
+    run_rank_schedule(
+        schedule,
+        work,
+        dtype,
+        phase=lambda step, work: start(step, work, engine, dtype)(),
+        part=lambda step, work: part(step, work, engine, dtype),
+        start=lambda step, work: start(step, work, engine, dtype),
+    )
 
 
 def run_rank_schedule(

@@ -75,9 +75,10 @@ from . import (  # noqa: F401 - register the lowerings
     lowering_halo,
     lowering_local,
     lowering_overlap,
-    lowering_planned,
+    lowering_pieces,
     lowering_rooted,
     lowering_shims,
+    steps,
 )
 from .batching import batch
 from .compile import Program, RankProgram, compile_for_rank, compile_program, mapped_global_program
@@ -101,55 +102,10 @@ from .lowering import (
     workers_named,
 )
 from .projection import TAG_LIMIT, owned_blocks, project
-from .steps import (
-    OPAQUE,
-    BlockBox,
-    Branches,
-    FastPathRunner,
-    FastPathStep,
-    Footprint,
-    Local,
-    LocalMoves,
-    Phase,
-    RankBranches,
-    RankOverlap,
-    RankPart,
-    RankPhase,
-    RankZero,
-    Scale,
-    ScheduleStep,
-    Step,
-    Transfer,
-    ZeroState,
-    box_of,
-    boxes_overlap,
-    whole_block,
-)
+from .steps import *  # noqa: F403 - the steps are the program's vocabulary, all re-exported
 from .workers import WorkerMap
 
 __all__ = [
-    "Footprint",
-    "OPAQUE",
-    "BlockBox",
-    "box_of",
-    "whole_block",
-    "boxes_overlap",
-    "Local",
-    "Transfer",
-    "Phase",
-    "Scale",
-    "ZeroState",
-    "Branches",
-    "FastPathStep",
-    "FastPathRunner",
-    "RankPart",
-    "Step",
-    "RankPhase",
-    "RankBranches",
-    "RankZero",
-    "LocalMoves",
-    "RankOverlap",
-    "ScheduleStep",
     "INTERPRETER",
     "Lowering",
     "lowering",
@@ -178,3 +134,4 @@ __all__ = [
     "mapped_global_program",
     "fingerprint",
 ]
+__all__ += steps.__all__

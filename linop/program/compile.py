@@ -93,7 +93,7 @@ def compile_for_rank(
     ``mapping`` given to :func:`~linop.program.lowering.lower_portable`); False for none.
     Collectives and repartitions lower per worker too (their mapped fast paths project the
     groups of the rank's workers; their expansions are built from the pieces of its workers'
-    blocks, :mod:`~linop.program.lowering_planned`). A tree with a node that does not lower
+    blocks, :mod:`~linop.program.lowering_pieces`). A tree with a node that does not lower
     per worker (:func:`~linop.program.lowering.lowers_per_worker`) takes the global route,
     :func:`mapped_global_program`.
 

@@ -23,13 +23,13 @@ import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ..described import TupleLike
+from ..described import KeyedSequence, TupleLike
 from ..partition import WorkerBox
 
 __all__ = ["CopyPairs", "MappedRanks", "RootedRanks", "mapped_ranks"]
 
 
-class RootedRanks(Sequence[int]):
+class RootedRanks(KeyedSequence[int]):
     """``(root, *(w for w in members if w != root))``, described.
 
     Parameters
@@ -48,27 +48,19 @@ class RootedRanks(Sequence[int]):
     ((5, 1, 9), ((5, 5, 1), (1, 1, 4), (9, 9, 4)))
     """
 
-    __slots__ = ("_at", "_len", "members", "root")
+    __slots__ = ("_len", "_root_at", "members", "root")
+    _MISSING = "rank {position} of a group of {length}"
 
     def __init__(self, root: int, members: WorkerBox) -> None:
         self.root, self.members = int(root), members
         at = members.position_of(self.root)
-        self._at = len(members) if at is None else at  # the root's place among the members
+        self._root_at = len(members) if at is None else at  # the root's place among the members
         self._len = len(members) + (at is None)
 
-    def __len__(self) -> int:
-        return self._len
-
-    def __getitem__(self, position: Any) -> Any:
-        if isinstance(position, slice):
-            return tuple(self[k] for k in range(*position.indices(self._len)))
-        if position < 0:
-            position += self._len
-        if not 0 <= position < self._len:
-            raise IndexError(f"rank {position} of a group of {self._len}")
+    def _at(self, position: int) -> int:
         if position == 0:
             return self.root
-        return self.members[position - 1 if position <= self._at else position]
+        return self.members[position - 1 if position <= self._root_at else position]
 
     def __iter__(self) -> Iterator[int]:
         yield self.root
@@ -97,16 +89,6 @@ class RootedRanks(Sequence[int]):
     def key(self) -> tuple[Any, ...]:
         """A hashable description (a sub-communicator cache key)."""
         return ("rooted", self.root, self.members.key())
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, RootedRanks):
-            return self.key() == other.key() or tuple(self) == tuple(other)
-        if isinstance(other, (tuple, list)):
-            return len(other) == self._len and all(a == b for a, b in zip(self, other))
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(self.key())
 
     def __repr__(self) -> str:
         return f"RootedRanks({self.root}, {self.members!r})"

@@ -132,7 +132,7 @@ def expansion_part(node_type: type) -> Callable[[ExpansionPart], ExpansionPart]:
     The part is consulted by the node's lowering registered with :func:`lowering` (a fast
     path's; the node type must also be declared with :func:`per_worker` for a tree holding
     it to take the per-worker route): the broadcast's, sum-reduce's, all-reduce's and other
-    plans' (:mod:`linop.program.lowering_planned`).
+    piece movers' (:mod:`linop.program.lowering_pieces`).
     """
 
     def register(part: ExpansionPart) -> ExpansionPart:

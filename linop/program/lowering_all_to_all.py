@@ -1,43 +1,43 @@
-"""The fast-path lowering of the copying plans (repartition, scatter, gather, all-gather)
+"""The fast-path lowering of the copying movements (repartition, scatter, gather, all-gather)
 whose every worker gives at most one block and gets at most one, each pair of workers sharing
 at most one piece: one all-to-all, per rank its one old block's boxes sent to each peer and its
 one new block's boxes received from each peer (:class:`~linop.program.parts.AllToAllPart`);
-and the dispatch of any :class:`~linop.collectives.Planned` node (:func:`planned`): other plans
+and the dispatch of any :class:`~linop.collectives.PieceMover` node (:func:`lower_pieces`): other movements
 run their expansion (for one rank, its own steps of it; for a mapped rank's workers, their part,
-:func:`~linop.program.lowering_planned.workers_part`)."""
+:func:`~linop.program.lowering_pieces.workers_part`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..collectives import Planned
-from ..plan import Piece
+from ..collectives import PieceMover
+from ..pieces import Piece
 from ..repartition import Gather, Repartition, Scatter
 from ..space import Block
 from .lowering import lowering, lowering_rank, note_workers, per_worker
-from .lowering_planned import planned_steps, workers_part
+from .lowering_pieces import piece_steps, workers_part
 from .parts import AllToAllPart, Projected
 from .steps import FastPathStep, Step
 
-__all__ = ["planned", "global_alltoallw", "alltoallw_step", "layout_pieces", "noted_layouts"]
+__all__ = ["lower_pieces", "global_alltoallw", "alltoallw_step", "layout_pieces", "noted_layouts"]
 
 
 @dataclass
 class _AlltoallwRunner:
-    op: Planned
+    op: PieceMover
     by_worker: dict[int, tuple[str | None, Block | None]]
     workers: tuple[int, ...] = field(default=())
     most_messages: int | None = None
     """The bound of :attr:`~linop.program.parts.AllToAllPart.most_messages` (a repartition's, as
-    a rank's own lowering gives it; None for other plans)."""
+    a rank's own lowering gives it; None for other movements)."""
 
     def project(self, rank: int) -> AllToAllPart:
         """Every rank takes part (the all-to-all is collective over all of them)."""
         source, target = self.by_worker.get(rank, (None, None))
         sends, receives = [], []
         domain, range_ = self.op.domain, self.op.range
-        for piece in self.op.plan.pieces:
+        for piece in self.op.movement.pieces:
             from_worker = domain.block(piece.source).worker
             to_worker = range_.block(piece.target).worker
             if from_worker == rank:
@@ -81,8 +81,8 @@ def _rank_repartition(op: Repartition, rank: int) -> list[Step] | None:
     return [FastPathStep(Projected(step, rank, workers))]
 
 
-def alltoallw_step(op: Planned, rank: int, pieces: tuple[Piece, ...], largest: int) -> FastPathStep:
-    """The rank's all-to-all from the pieces of its blocks (in plan order): its one old
+def alltoallw_step(op: PieceMover, rank: int, pieces: tuple[Piece, ...], largest: int) -> FastPathStep:
+    """The rank's all-to-all from the pieces of its blocks (in movement order): its one old
     block's boxes sent, its one new block's boxes received."""
     domain, range_ = op.domain, op.range
     (old,), new = domain.owned(rank) or (None,), range_.owned(rank)
@@ -117,37 +117,37 @@ def _rank_root(op: Scatter | Gather, rank: int) -> list[Step] | None:
     return [alltoallw_step(op, rank, op.rank_pieces(rank), largest)]
 
 
-def layout_pieces(op: Planned, rank: int) -> tuple[Piece, ...] | None:
-    """The pieces of ``rank``'s blocks (:meth:`~linop.plan.Planned.rank_pieces`) of a plan
-    between two layouts without pass-through blocks, or None for any other plan."""
-    if len(op.others) or op.layouts() is None:
+def layout_pieces(op: PieceMover, rank: int) -> tuple[Piece, ...] | None:
+    """The pieces of ``rank``'s blocks (:meth:`~linop.pieces.PieceMover.rank_pieces`) of a movement
+    between two layouts without pass-through blocks, or None for any other movement."""
+    if len(op.others):
         return None
     return op.rank_pieces(rank)
 
 
-def noted_layouts(op: Planned) -> tuple[Any, Any] | None:
-    """The two layouts of a plan, its largest worker noted; None over a 0-d partition."""
-    source, target = op.layouts()  # type: ignore[misc]
+def noted_layouts(op: PieceMover) -> tuple[Any, Any] | None:
+    """The two layouts of a movement, its largest worker noted; None over a 0-d partition."""
+    source, target = op.layouts()
     if not source.partition.ndim:
         return None
     note_workers(max(source.partition.max_worker, target.partition.max_worker))
     return source, target
 
 
-def _rank_planned(op: Planned, rank: int, pieces: tuple[Piece, ...]) -> list[Step] | None:
-    """A plan between two layouts, for one rank, from the pieces of its blocks: the rank's
-    steps of the expansion (allocate its new block, its pieces in plan order, drop its old
+def _rank_pieces(op: PieceMover, rank: int, pieces: tuple[Piece, ...]) -> list[Step] | None:
+    """A movement between two layouts, for one rank, from the pieces of its blocks: the rank's
+    steps of the expansion (allocate its new block, its pieces in movement order, drop its old
     block), each on a space of its two blocks."""
     if noted_layouts(op) is None:
         return None
-    return planned_steps(op, op.range.owned(rank), pieces, op.domain.owned(rank))
+    return piece_steps(op, op.range.owned(rank), pieces, op.domain.owned(rank))
 
 
 @lowering(per_worker(Repartition))
 def _repartition(op: Repartition) -> list[Step] | None:
-    """One all-to-all (see :func:`planned`); one rank's lowering from the overlaps of its
+    """One all-to-all (see :func:`lower_pieces`); one rank's lowering from the overlaps of its
     own blocks (:func:`_rank_repartition`); a mapped rank's, its workers' part of the
-    expansion (:func:`~linop.program.lowering_planned.workers_part`)."""
+    expansion (:func:`~linop.program.lowering_pieces.workers_part`)."""
     part = workers_part(op)
     if part is not None:
         return part
@@ -158,9 +158,9 @@ def _repartition(op: Repartition) -> list[Step] | None:
 @lowering(per_worker(Scatter))
 @lowering(per_worker(Gather))
 def _scatter_gather(op: Scatter | Gather) -> list[Step] | None:
-    """One all-to-all (see :func:`planned`); one rank's lowering from its own pieces
+    """One all-to-all (see :func:`lower_pieces`); one rank's lowering from its own pieces
     (:func:`_rank_root`); a mapped rank's, its workers' part of the expansion
-    (:func:`~linop.program.lowering_planned.workers_part`)."""
+    (:func:`~linop.program.lowering_pieces.workers_part`)."""
     part = workers_part(op)
     if part is not None:
         return part
@@ -168,42 +168,42 @@ def _scatter_gather(op: Scatter | Gather) -> list[Step] | None:
     return global_alltoallw(op) if rank is None else _rank_root(op, rank)
 
 
-# -- the dispatch of any plan ----------------------------------------------------------------
-@lowering(Planned)
-def planned(op: Planned) -> list[Step] | None:
-    """A copying plan where every worker gives at most one block and gets at most one, and
+# -- the dispatch of any movement ----------------------------------------------------------------
+@lowering(PieceMover)
+def lower_pieces(op: PieceMover) -> list[Step] | None:
+    """A copying movement where every worker gives at most one block and gets at most one, and
     each pair of workers shares at most one piece: one all-to-all
-    (:class:`~linop.program.parts.AllToAllPart`). Other plans run their expansion (for one rank: its own steps of
-    it, :func:`_rank_planned`, when the plan is between two layouts)."""
+    (:class:`~linop.program.parts.AllToAllPart`). Other movements run their expansion (for one rank: its own steps of
+    it, :func:`_rank_pieces`, when the movement is between two layouts)."""
     rank = lowering_rank()
     if rank is not None:
         pieces = layout_pieces(op, rank)
         if pieces is not None:
-            return _rank_planned(op, rank, pieces)
+            return _rank_pieces(op, rank, pieces)
     return global_alltoallw(op)
 
 
-def global_alltoallw(op: Planned) -> list[Step] | None:
-    """The all-to-all step of a plan that qualifies (see :func:`planned`), or None."""
-    plan = op.plan
-    if plan.adds:
+def global_alltoallw(op: PieceMover) -> list[Step] | None:
+    """The all-to-all step of a movement that qualifies (see :func:`lower_pieces`), or None."""
+    movement = op.movement
+    if movement.adds:
         return None
     domain, range_ = op.domain, op.range
     by_worker: dict[int, list[Any]] = {}
-    for name in plan.dropped:
+    for name in movement.dropped:
         block = domain.block(name)
         entry = by_worker.setdefault(block.worker, [None, None])
         if entry[0] is not None or block.ndim == 0:
             return None
         entry[0] = name
-    for block in plan.created:
+    for block in movement.created:
         entry = by_worker.setdefault(block.worker, [None, None])
         if entry[1] is not None or block.ndim == 0:
             return None
         entry[1] = block
     pairs = set()
-    dropped, created = set(plan.dropped), {b.name for b in plan.created}  # once, not per piece
-    for piece in plan.pieces:
+    dropped, created = set(movement.dropped), {b.name for b in movement.created}  # once, not per piece
+    for piece in movement.pieces:
         if piece.source not in dropped or piece.target not in created:
             return None
         pair = (domain.block(piece.source).worker, range_.block(piece.target).worker)

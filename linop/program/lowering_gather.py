@@ -5,7 +5,7 @@ a reduce-scatter along one axis of uneven shares likewise
 (:class:`~linop.program.parts.LineReduceScatterPart`, the shares listed: O(the line)); other
 all-gathers as one all-to-all (:mod:`linop.program.lowering_all_to_all`), other
 reduce-scatters as their expansion; a mapped rank's, its workers' part of the expansion
-(:func:`~linop.program.lowering_planned.workers_part`)."""
+(:func:`~linop.program.lowering_pieces.workers_part`)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from typing import Any
 from ..collectives import AllGather, ReduceScatter
 from ..partition import WorkerBox
 from .lowering import lowering, lowering_rank, note_workers, per_worker
-from .lowering_all_to_all import alltoallw_step, global_alltoallw, layout_pieces, noted_layouts, planned
-from .lowering_planned import workers_part
+from .lowering_all_to_all import alltoallw_step, global_alltoallw, layout_pieces, lower_pieces, noted_layouts
+from .lowering_pieces import workers_part
 from .parts import Fallback, LineGatherPart, LineReduceScatterPart, Projected
 from .steps import FastPathStep, Step
 
@@ -129,25 +129,25 @@ def _native_uneven(op: ReduceScatter) -> list[Step] | None:
 @lowering(per_worker(ReduceScatter))
 def _reduce_scatter(op: ReduceScatter) -> list[Step] | None:
     """Along one line of equal shares (:func:`_native_gather`) or uneven ones
-    (:func:`_native_uneven`); else as any plan
-    (:func:`~linop.program.lowering_all_to_all.planned`); a mapped rank's, its workers'
-    part of the expansion (:func:`~linop.program.lowering_planned.workers_part`)."""
+    (:func:`_native_uneven`); else as any movement
+    (:func:`~linop.program.lowering_all_to_all.lower_pieces`); a mapped rank's, its workers'
+    part of the expansion (:func:`~linop.program.lowering_pieces.workers_part`)."""
     part = workers_part(op)
     if part is not None:
         return part
     native = _native_gather(op)
     if native is None:
         native = _native_uneven(op)
-    return native if native is not None else planned(op)
+    return native if native is not None else lower_pieces(op)
 
 
 @lowering(per_worker(AllGather))
 def _all_gather(op: AllGather) -> list[Step] | None:
     """Along one line of equal shares (:func:`_native_gather`); else one all-to-all (see
-    :func:`~linop.program.lowering_all_to_all.planned`); for one rank, from the pieces of its
+    :func:`~linop.program.lowering_all_to_all.lower_pieces`); for one rank, from the pieces of its
     blocks: each worker gives its one block and gets its one gathered block, one piece per pair
-    of workers, as the whole plan shows; a mapped rank's, its workers' part of the expansion
-    (:func:`~linop.program.lowering_planned.workers_part`)."""
+    of workers, as the whole movement shows; a mapped rank's, its workers' part of the expansion
+    (:func:`~linop.program.lowering_pieces.workers_part`)."""
     part = workers_part(op)
     if part is not None:
         return part

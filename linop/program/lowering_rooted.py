@@ -22,7 +22,7 @@ from ..space import Block
 from .batching import batch
 from .groups import CopyPairs, RootedRanks, mapped_ranks
 from .lowering import lower, lowering, lowering_mapping, lowering_rank, note_workers, per_worker
-from .lowering_planned import held_blocks
+from .lowering_pieces import held_blocks
 from .parts import Fallback, MappedRootedGroup, MappedRootedPart, Projected, RootedGroup, RootedPart
 from .projection import project
 from .steps import FastPathStep, Step
@@ -35,7 +35,7 @@ def _whole_groups(op: Broadcast | SumReduce, *, reduce: bool) -> tuple[RootedGro
     not a whole block or two copies of one group share a worker."""
     domain, range_ = op.domain, op.range
     by_root: dict[str, list[tuple[str, int]]] = {}
-    for piece in op.plan.pieces:
+    for piece in op.movement.pieces:
         root, copy = (piece.target, piece.source) if reduce else (piece.source, piece.target)
         root_block = (range_ if reduce else domain).block(root)
         copy_block = (domain if reduce else range_).block(copy)
@@ -63,10 +63,10 @@ class _BroadcastRunner:
     workers: tuple[int, ...] = field(default=())
 
     def project(self, rank: int) -> RootedPart:
-        plan = self.op.plan
+        movement = self.op.movement
         space = self.op.domain
-        dropped = tuple(n for n in plan.dropped if space.block(n).worker == rank)
-        created = tuple(b for b in plan.created if b.worker == rank)
+        dropped = tuple(n for n in movement.dropped if space.block(n).worker == rank)
+        created = tuple(b for b in movement.created if b.worker == rank)
         groups = tuple(g for g in self.groups if rank in g.ranks)
         return RootedPart(groups, rank, dropped, created, self.reduce, Fallback(self.op, rank))
 
@@ -187,7 +187,9 @@ def _lower_broadcast(op: Broadcast | SumReduce, *, reduce: bool) -> list[Step] |
     if groups is None:
         return None
     workers = {w for g in groups for w in g.ranks}
-    workers |= {b.worker for b in op.plan.created} | {op.domain.block(n).worker for n in op.plan.dropped}
+    workers |= {b.worker for b in op.movement.created} | {
+        op.domain.block(n).worker for n in op.movement.dropped
+    }
     return [FastPathStep(_BroadcastRunner(op, groups, reduce, tuple(sorted(workers))))]
 
 

@@ -141,21 +141,21 @@ class Transfer:
     round: int = 0
     ends: tuple[int, int] | None = field(default=None, repr=False, compare=False)
 
-    @property
-    def src_worker(self) -> int:
+    def workers(self) -> tuple[int, int]:
+        """The source's and the target's worker (read once, then kept in ``ends``)."""
         ends = self.ends
         if ends is None:
             ends = (self.source.worker, self.target.worker)
             object.__setattr__(self, "ends", ends)
-        return ends[0]
+        return ends
+
+    @property
+    def src_worker(self) -> int:
+        return self.workers()[0]
 
     @property
     def dst_worker(self) -> int:
-        ends = self.ends
-        if ends is None:
-            ends = (self.source.worker, self.target.worker)
-            object.__setattr__(self, "ends", ends)
-        return ends[1]
+        return self.workers()[1]
 
     @property
     def shape(self) -> tuple[int, ...]:

@@ -8,7 +8,7 @@ communicator context, waited for within the call's deadline (:mod:`linop.backend
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -16,9 +16,7 @@ from ...errors import DistributedDtypeError, DistributedOverflowError
 from ..entry_check import DTYPE_CHARS, VECTOR_LENGTH, CheckOutcome, EntryCheck
 from .datatypes import mpi
 from .deadline import wait_all
-
-if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
-    from mpi4py.MPI import Intracomm
+from .mpi_types import Intracomm
 
 __all__ = [
     "DTYPE_CHARS",

@@ -64,12 +64,11 @@ from ..host_phase import BUFFER, Message
 from ..host_schedule import read_only
 from ..host_workspace import OwnedBlocks
 from .datatypes import BufferSpec, bundle_type, mpi, raw_spec
+from .mpi_types import Intracomm
 from .phase_recipe import bundles, direct_spec, phase_recipe
 from .steps import RankStep
 
-if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
-    from mpi4py.MPI import Intracomm
-
+if TYPE_CHECKING:  # pragma: no cover - annotations only
     from .steps import OutOfPlaceBinding
 
 __all__ = ["PreparedCall", "CompiledRun", "compile_schedule", "bundle_peers", "run_calls"]

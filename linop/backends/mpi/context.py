@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import weakref
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...errors import CommunicatorArgumentError, CommunicatorError
 from ...program.cache import PLAN_CACHE_SIZE, PlanCache
@@ -25,9 +25,7 @@ from .check import CheckReducer
 from .datatypes import mpi
 from .deadline import arrive_within, resolve_timeout
 from .guards import abort_on_failure
-
-if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
-    from mpi4py.MPI import Comm, Intracomm
+from .mpi_types import Comm, Intracomm
 
 __all__ = [
     "PLAN_CACHE_SIZE",

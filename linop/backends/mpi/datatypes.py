@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import sys
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ...space import Region
-
-if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
-    from mpi4py.MPI import Datatype
+from .mpi_types import Datatype
 
 __all__ = [
     "PACK_BELOW",

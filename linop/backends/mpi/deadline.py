@@ -29,16 +29,14 @@ from __future__ import annotations
 import math
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ...errors import PeerTimeoutError, TimeoutArgumentError
 from ..host_deadline import ENVIRONMENT, NO_DEADLINE_BEYOND, deadline_seconds, text_seconds
 from .datatypes import mpi
-
-if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
-    from mpi4py.MPI import Intracomm
+from .mpi_types import Intracomm
 
 __all__ = [
     "ENVIRONMENT",

@@ -24,13 +24,11 @@ import traceback
 from collections.abc import Callable, Iterator
 from contextlib import ContextDecorator, contextmanager
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, NoReturn
+from typing import Any, Literal, NoReturn
 
 from ...errors import PeerTimeoutError
 from .datatypes import mpi
-
-if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
-    from mpi4py.MPI import Comm
+from .mpi_types import Comm
 
 __all__ = [
     "guard",

@@ -23,17 +23,15 @@ from __future__ import annotations
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ...program import RankPhase
 from ..host_phase import BUFFER, VIEW
 from .datatypes import mpi, raw_spec
+from .mpi_types import Intracomm
 from .phase_recipe import phase_recipe
-
-if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
-    from mpi4py.MPI import Intracomm
 
 __all__ = ["InPlaceLayouts", "CompiledPhases", "compile_phases"]
 

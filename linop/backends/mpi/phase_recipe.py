@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -36,9 +36,7 @@ from ...space import Region
 from .. import host_phase
 from ..host_phase import BUFFER, STRIDED, VIEW, Message, PhaseRecipe
 from .datatypes import PACK_BELOW, BufferSpec, contiguous_run, mpi, subarray
-
-if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
-    from mpi4py.MPI import Datatype
+from .mpi_types import Datatype
 
 __all__ = [
     "phase_recipe",

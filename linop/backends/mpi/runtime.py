@@ -24,21 +24,19 @@ tree's local kernels produce: :mod:`linop.backends.entry_check.kernels`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from ...program import RankPhase, Transfer
 from .. import numpy as numpy_backend
 from ..host_phase import BUFFER
-from ..host_schedule import finish_phase, run_rank_schedule
+from ..host_schedule import Started, finish_phase, run_on_engine
 from .datatypes import mpi, raw_spec
+from .mpi_types import Intracomm
 from .phase_recipe import direct_spec, phase_recipe
 from .steps import RankStep
-
-if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
-    from mpi4py.MPI import Intracomm
 
 __all__ = ["run_schedule", "run_phase"]
 
@@ -50,19 +48,13 @@ def run_schedule(
     phases by :func:`run_phase`, fast-path steps by themselves); collective with the other ranks'
     schedules."""
 
-    def part(step: Any, work: numpy_backend.Workspace) -> None:
-        if not isinstance(step, RankStep):  # pragma: no cover - projection emits nothing else
-            raise TypeError(f"the MPI runtime cannot run the step {step!r}")
-        step.run(work, comm, dtype)
+    run_on_engine(schedule, work, dtype, comm, start=start_phase, part=_run_part)
 
-    run_rank_schedule(
-        schedule,
-        work,
-        dtype,
-        phase=lambda step, work: run_phase(step, work, comm, dtype),
-        part=part,
-        start=lambda step, work: start_phase(step, work, comm, dtype),
-    )
+
+def _run_part(step: Any, work: numpy_backend.Workspace, comm: Intracomm, dtype: np.dtype) -> None:
+    if not isinstance(step, RankStep):  # pragma: no cover - projection emits nothing else
+        raise TypeError(f"the MPI runtime cannot run the step {step!r}")
+    step.run(work, comm, dtype)
 
 
 def run_phase(phase: RankPhase, work: numpy_backend.Workspace, comm: Intracomm, dtype: np.dtype) -> None:
@@ -71,9 +63,7 @@ def run_phase(phase: RankPhase, work: numpy_backend.Workspace, comm: Intracomm, 
     start_phase(phase, work, comm, dtype)()
 
 
-def start_phase(
-    phase: RankPhase, work: numpy_backend.Workspace, comm: Intracomm, dtype: np.dtype
-) -> _Started:
+def start_phase(phase: RankPhase, work: numpy_backend.Workspace, comm: Intracomm, dtype: np.dtype) -> Started:
     """Post every receive, then every send (nonblocking), as the phase's recipe says
     (:func:`~linop.backends.mpi.phase_recipe.phase_recipe`), and return what completes the
     phase: wait once, then add/store what needs a buffer and clear or drop the sources. Local
@@ -102,27 +92,14 @@ def start_phase(
             spec = direct_spec(array, message)
         requests.append(comm.Isend(spec, message.peer, message.tag))
 
-    return _Started(requests, lambda: finish_phase(phase, work, finish, dtype))
-
-
-class _Started:
-    """A started phase: calling it waits for the messages, then finishes the phase;
-    :meth:`progress` (between the steps of the local work in flight) tests them, so that
-    MPICH, which moves data only inside MPI calls, can move messages above its eager size
-    (a handshake, then the data, each needing both peers in a call) while the work runs rather
-    than all at the wait, where a rank would wait for its peer to finish its own work."""
-
-    __slots__ = ("finish", "requests")
-
-    def __init__(self, requests: list[Any], finish: Callable[[], None]) -> None:
-        self.requests = requests
-        self.finish = finish
-
-    def progress(self) -> None:
-        if self.requests:
-            mpi().Request.Testall(self.requests)
-
-    def __call__(self) -> None:
-        if self.requests:
-            mpi().Request.Waitall(self.requests)
-        self.finish()
+    # progress() (between the steps of the local work in flight) tests the requests, so that
+    # MPICH, which moves data only inside MPI calls, can move messages above its eager size (a
+    # handshake, then the data, each needing both peers in a call) while the work runs rather
+    # than all at the wait, where a rank would wait for its peer to finish its own work
+    module = mpi()
+    return Started(
+        requests,
+        lambda: finish_phase(phase, work, finish, dtype),
+        wait=module.Request.Waitall,
+        test=module.Request.Testall,
+    )

@@ -19,10 +19,9 @@ from typing import TYPE_CHECKING, Union
 import numpy as np
 
 from ...program import RankPart
+from .mpi_types import Intracomm, Prequest
 
-if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
-    from mpi4py.MPI import Intracomm, Prequest
-
+if TYPE_CHECKING:  # pragma: no cover - annotations only
     from ..numpy import Workspace
 
 __all__ = ["RankStep", "Persistent", "OutOfPlaceBinding", "Action", "Call"]

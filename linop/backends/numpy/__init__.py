@@ -27,6 +27,7 @@ from ...operator import Composition, Identity, LinearOperator, Scaled, Sum, Zero
 from ...primitives import Add, Allocate, Clear, Deallocate
 from ...space import Block, Region, State, natural_key
 from .. import array_api
+from ..host_moves import add_back, relabel
 from ..host_workspace import OwnedBlocks
 
 __all__ = [
@@ -368,25 +369,22 @@ def _copy(op: Copy, work: Workspace) -> None:
 
 @handler(CopyAdjoint)
 def _copy_adjoint(op: CopyAdjoint, work: Workspace) -> None:
-    back = work.arrays[op.dst.name]
-    if isinstance(op.dst, Region):
-        back = back[op.dst.index]
-    work.writable(op.src.name, back.dtype)[op.src.index] += back
-    if isinstance(op.dst, Block):
-        work.drop(op.dst.name)
-    elif op.dst.size:
-        work.writable(op.dst.name)[op.dst.index] = 0
+    add_back(op, work, _region_index)
+
+
+def _region_index(region: Region) -> tuple[int | slice, ...]:
+    return region.index
+
+
+def _widened(array: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
+    target = np.result_type(dtype, array.dtype)
+    return array.astype(target) if target != array.dtype else None
 
 
 @handler(Move)
 def _move(op: Move, work: Workspace) -> None:
     if isinstance(op.dst, Block):
-        owned = op.src.name in work.owned
-        array = work.drop(op.src.name)
-        target = np.result_type(work.dtype, array.dtype)
-        if target != array.dtype:
-            array, owned = array.astype(target), True
-        work.set(op.dst.name, array, owned=owned)
+        relabel(work, op.src.name, op.dst.name, lambda block: _widened(block, work.dtype))
         return
     source = work.arrays[op.src.name][op.src.index]
     work.overwritten(op.dst, source.dtype)[op.dst.index] = source

@@ -2,8 +2,8 @@
 entry by entry, by the registry proof in tests/test_registry.py; their dtypes and aliasing are
 pinned by tests/test_collectives_fastpaths.py).
 
-One handler serves every :class:`~linop.collectives.Planned` node (broadcast, sum-reduce,
-all-gather, reduce-scatter, repartition, scatter, gather): it reads the node's plan and does one
+One handler serves every :class:`~linop.collectives.PieceMover` node (broadcast, sum-reduce,
+all-gather, reduce-scatter, repartition, scatter, gather): it reads the node's movement and does one
 numpy copy (or add) per piece, instead of running Allocate / Copy / Deallocate nodes one by one.
 A new block that is exactly one whole old block, used nowhere else, dropped and already of the
 right dtype, is relabelled without a copy (as an out-of-place Move is); every other new block is
@@ -19,22 +19,22 @@ from collections import Counter
 
 import numpy as np
 
-from ...collectives import AllReduce, Planned
+from ...collectives import AllReduce, PieceMover
 from . import Workspace, handler
 
 __all__: list[str] = []
 
 
-@handler(Planned)
-def _planned(op: Planned, work: Workspace) -> None:
-    plan = op.plan
-    by_target: dict[str, list] = {block.name: [] for block in plan.created}
-    for piece in plan.pieces:
+@handler(PieceMover)
+def _pieces(op: PieceMover, work: Workspace) -> None:
+    movement = op.movement
+    by_target: dict[str, list] = {block.name: [] for block in movement.created}
+    for piece in movement.pieces:
         by_target[piece.target].append(piece)
-    uses = Counter(piece.source for piece in plan.pieces)
-    dropped = set(plan.dropped)
+    uses = Counter(piece.source for piece in movement.pieces)
+    dropped = set(movement.dropped)
     results: dict[str, tuple[np.ndarray, bool]] = {}
-    for block in plan.created:
+    for block in movement.created:
         pieces = by_target[block.name]
         dtype = np.result_type(work.dtype, *(work.arrays[p.source].dtype for p in pieces))
         if len(pieces) == 1:
@@ -48,25 +48,25 @@ def _planned(op: Planned, work: Workspace) -> None:
             ):
                 results[block.name] = (source, piece.source in work.owned)
                 continue
-        if plan.adds and pieces and all(p.shape == block.shape for p in pieces):
+        if movement.adds and pieces and all(p.shape == block.shape for p in pieces):
             first = pieces[0]
             # np.array, not astype: indexing a 0-d block gives a scalar, and a block must stay an array
             out = np.array(work.arrays[first.source][first.source_index()], dtype=dtype)
             for piece in pieces[1:]:
                 out += work.arrays[piece.source][piece.source_index()]
         else:
-            covered = not plan.adds and sum(int(np.prod(p.shape)) for p in pieces) == int(
+            covered = not movement.adds and sum(int(np.prod(p.shape)) for p in pieces) == int(
                 np.prod(block.shape)
             )
             out = np.empty(block.shape, dtype=dtype) if covered else np.zeros(block.shape, dtype=dtype)
             for piece in pieces:
                 source = work.arrays[piece.source][piece.source_index()]
-                if plan.adds:
+                if movement.adds:
                     out[piece.target_index()] += source
                 else:
                     out[piece.target_index()] = source
         results[block.name] = (out, True)
-    for name in plan.dropped:
+    for name in movement.dropped:
         work.drop(name)
     for name, (array, owned) in results.items():
         work.set(name, array, owned=owned)

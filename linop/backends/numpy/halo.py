@@ -9,6 +9,8 @@ expansion into primitives in ``tests/test_halo.py``.
 
 from __future__ import annotations
 
+from typing import Any
+
 from ...halo import HaloStage, HaloStageAdjoint
 from . import Workspace, handler
 
@@ -17,13 +19,10 @@ __all__: list[str] = []
 
 @handler(HaloStage)
 def _stage(op: HaloStage, work: Workspace) -> None:
-    arrays, owned = work.arrays, work.owned
+    arrays = work.arrays
     for src, src_index, dst, dst_index in op.moves:
         source = arrays[src][src_index]
-        target = arrays[dst]
-        if dst not in owned or target.dtype != source.dtype:  # else work.writable is a no-op
-            target = work.writable(dst, source.dtype)
-        target[dst_index] = source
+        _writable(work, dst, source)[dst_index] = source
 
 
 @handler(HaloStageAdjoint)
@@ -31,8 +30,13 @@ def _stage_adjoint(op: HaloStageAdjoint, work: Workspace) -> None:
     arrays, owned = work.arrays, work.owned
     for src, src_index, dst, dst_index in op.moves:
         back = arrays[dst][dst_index]
-        target = arrays[src]
-        if src not in owned or target.dtype != back.dtype:  # else work.writable is a no-op
-            target = work.writable(src, back.dtype)
-        target[src_index] += back
+        _writable(work, src, back)[src_index] += back
         (arrays[dst] if dst in owned else work.writable(dst))[dst_index] = 0
+
+
+def _writable(work: Workspace, name: str, incoming: Any) -> Any:
+    """Block ``name``, ready to take ``incoming`` (owned, and of a dtype that holds it)."""
+    target = work.arrays[name]
+    if name not in work.owned or target.dtype != incoming.dtype:  # else work.writable is a no-op
+        target = work.writable(name, incoming.dtype)
+    return target

@@ -230,24 +230,26 @@ def _movement(
 
 @handler(Copy)
 def _copy(op: Copy) -> sp.csr_array:
-    keep = np.ones(op.domain.size, dtype=bool)
-    if isinstance(op.dst, Block):
-        target = op.range[op.dst.name].flat_indices()
-    else:
-        target = op.dst.flat_indices()
-        keep[target] = False
+    keep, target = _destination(op, op.range)
     return _movement(op.domain, op.range, keep, (target, op.src.flat_indices()))
 
 
 @handler(CopyAdjoint)
 def _copy_adjoint(op: CopyAdjoint) -> sp.csr_array:
+    keep, back = _destination(op, op.domain)
+    return _movement(op.domain, op.range, keep, (op.src.flat_indices(), back))
+
+
+def _destination(op: Copy | CopyAdjoint, holder: Space) -> tuple[np.ndarray, np.ndarray]:
+    """The domain entries the identity keeps (all but an in-place destination's) and the
+    destination's flat positions: in place, in the regions' space; a new block, in ``holder``
+    (the side that has it: the copy's range, its adjoint's domain)."""
     keep = np.ones(op.domain.size, dtype=bool)
     if isinstance(op.dst, Block):
-        back = op.domain[op.dst.name].flat_indices()
-    else:
-        back = op.dst.flat_indices()
-        keep[back] = False
-    return _movement(op.domain, op.range, keep, (op.src.flat_indices(), back))
+        return keep, holder[op.dst.name].flat_indices()
+    where = op.dst.flat_indices()
+    keep[where] = False
+    return keep, where
 
 
 @handler(Move)

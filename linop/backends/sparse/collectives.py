@@ -3,8 +3,8 @@ entry by entry, by the registry proof in tests/test_registry.py; their dtypes an
 pinned by tests/test_collectives_fastpaths.py).
 
 A collective's matrix is a 0/1 selection: the identity on pass-through blocks, plus a one at
-(target entry, source entry) for every entry of every piece of its plan (copies and adds alike;
-:class:`~linop.plan.MovementPlan`). The all-reduce's matrix has, for each group, an identity
+(target entry, source entry) for every entry of every piece of its movement (copies and adds alike;
+:class:`~linop.pieces.PieceMovement`). The all-reduce's matrix has, for each group, an identity
 block between every two members. Both are built from index arrays in one step, instead of
 multiplying one matrix per primitive of the expansion.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from ...collectives import AllReduce, Planned
+from ...collectives import AllReduce, PieceMover
 from ...space import Space
 from . import INDEX, handler, selection
 
@@ -27,13 +27,13 @@ def _whole_positions(space: Space, names: list[str]) -> np.ndarray:
     return np.concatenate([space[name].flat_indices() for name in names]).astype(INDEX)
 
 
-@handler(Planned)
-def _planned(op: Planned) -> sp.csr_array:
+@handler(PieceMover)
+def _pieces(op: PieceMover) -> sp.csr_array:
     domain, range_ = op.domain, op.range
     kept = [name for name in domain.names if name in range_]
     rows = [_whole_positions(range_, kept)]
     cols = [_whole_positions(domain, kept)]
-    for piece in op.plan.pieces:
+    for piece in op.movement.pieces:
         rows.append(range_[piece.target][piece.target_index()].flat_indices().astype(INDEX))
         cols.append(domain[piece.source][piece.source_index()].flat_indices().astype(INDEX))
     return selection(np.concatenate(rows), np.concatenate(cols), (range_.size, domain.size))

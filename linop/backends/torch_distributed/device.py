@@ -41,6 +41,7 @@ from ...operator import LinearOperator
 from ...primitives import Add, Allocate, Clear, Deallocate
 from ...program import LocalMoves, RankBranches, RankPhase, RankZero, Scale
 from ...space import Block, Region
+from ..host_moves import add_back, relabel
 from ..host_schedule import finish_phase, run_local_moves
 from ..host_workspace import OwnedBlocks
 from .group import GroupContext
@@ -197,6 +198,13 @@ def _index(region: Region) -> tuple[Any, ...]:
     return (*region.index, Ellipsis)
 
 
+def _widened(tensor: Any, dtype: Any) -> Any:
+    import torch
+
+    target = torch.promote_types(dtype, tensor.dtype)
+    return tensor.to(target) if target != tensor.dtype else None
+
+
 # -- local steps on the device (registered for the dispatch interpreter "torch-device") -----
 @dispatch.register(INTERPRETER, Allocate)
 def _allocate(op: Allocate, work: DeviceWorkspace) -> None:
@@ -233,27 +241,13 @@ def _copy(op: Copy, work: DeviceWorkspace) -> None:
 
 @dispatch.register(INTERPRETER, CopyAdjoint)
 def _copy_adjoint(op: CopyAdjoint, work: DeviceWorkspace) -> None:
-    back = work.arrays[op.dst.name]
-    if isinstance(op.dst, Region):
-        back = back[_index(op.dst)]
-    work.writable(op.src.name, back.dtype)[_index(op.src)] += back
-    if isinstance(op.dst, Block):
-        work.drop(op.dst.name)
-    elif op.dst.size:
-        work.writable(op.dst.name)[_index(op.dst)] = 0
+    add_back(op, work, _index)
 
 
 @dispatch.register(INTERPRETER, Move)
 def _move(op: Move, work: DeviceWorkspace) -> None:
-    import torch
-
     if isinstance(op.dst, Block):
-        owned = op.src.name in work.owned
-        tensor = work.drop(op.src.name)
-        target = torch.promote_types(work.dtype, tensor.dtype)
-        if target != tensor.dtype:
-            tensor, owned = tensor.to(target), True
-        work.set(op.dst.name, tensor, owned=owned)
+        relabel(work, op.src.name, op.dst.name, lambda block: _widened(block, work.dtype))
         return
     source = work.arrays[op.src.name][_index(op.src)].clone()
     work.writable(op.dst.name, source.dtype)[_index(op.dst)] = source

@@ -42,9 +42,10 @@ from ...program import RankPhase, Transfer
 from .. import numpy as numpy_backend
 from ..host_phase import BUFFER, contiguous_route, phase_recipe
 from ..host_schedule import (
+    Started,
     finish_phase,
     root_buffer,
-    run_rank_schedule,
+    run_on_engine,
     shares_by_member,
     store_results,
     uneven_shares_by_member,
@@ -68,21 +69,8 @@ def run_schedule(
     phases by :func:`run_phase`, the native collectives here); collective with the other ranks'
     schedules."""
 
-    def part(step: Any, work: numpy_backend.Workspace) -> None:
-        run = RUNS.get(type(step))
-        if run is None:  # pragma: no cover - the schedules hold nothing else
-            raise TypeError(f"the torch.distributed runtime cannot run the step {step!r}")
-        run(step, work, context, dtype)
-
     def walk(steps: Sequence[Any]) -> None:
-        run_rank_schedule(
-            steps,
-            work,
-            dtype,
-            phase=lambda step, work: run_phase(step, work, context, dtype),
-            part=part,
-            start=lambda step, work: start_phase(step, work, context, dtype),
-        )
+        run_on_engine(steps, work, dtype, context, start=start_phase, part=_run_part)
 
     done = 0
     for first, end in _broadcast_runs(schedule):
@@ -192,7 +180,7 @@ def run_phase(
 
 def start_phase(
     phase: RankPhase, work: numpy_backend.Workspace, context: GroupContext, dtype: np.dtype
-) -> _Started:
+) -> Started:
     """Start the phase's receives and sends (one ``batch_isend_irecv``) and return it started:
     calling it waits, then finishes; a :class:`~linop.program.RankOverlap`'s local work runs
     in between."""
@@ -200,26 +188,20 @@ def start_phase(
 
     operations, finish = phase_operations(phase, work, context, dtype)
     requests = dist.batch_isend_irecv(operations) if operations else []
-    return _Started(requests, lambda: finish_phase(phase, work, finish, dtype))
+    # the process group's own threads move the messages: progress() has nothing to do
+    return Started(requests, lambda: finish_phase(phase, work, finish, dtype), wait=_wait_each)
 
 
-class _Started:
-    """A started phase (:class:`~linop.backends.host_schedule.StartedPhase`): the process
-    group's own threads move the messages, so :meth:`progress` has nothing to do."""
+def _wait_each(requests: list[Any]) -> None:
+    for request in requests:
+        request.wait()
 
-    __slots__ = ("finish", "requests")
 
-    def __init__(self, requests: list[Any], finish: Callable[[], None]) -> None:
-        self.requests = requests
-        self.finish = finish
-
-    def progress(self) -> None:
-        pass
-
-    def __call__(self) -> None:
-        for request in self.requests:
-            request.wait()
-        self.finish()
+def _run_part(step: Any, work: numpy_backend.Workspace, context: GroupContext, dtype: np.dtype) -> None:
+    run = RUNS.get(type(step))
+    if run is None:  # pragma: no cover - the schedules hold nothing else
+        raise TypeError(f"the torch.distributed runtime cannot run the step {step!r}")
+    run(step, work, context, dtype)
 
 
 def _owned_contiguous(work: numpy_backend.Workspace, name: str, dtype: np.dtype) -> np.ndarray:

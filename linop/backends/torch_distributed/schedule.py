@@ -27,7 +27,7 @@ Both come from the distributed program of :mod:`linop.program`:
   a tree whose nodes lower per worker (:func:`~linop.program.lowers_per_worker`: halo
   exchanges, collectives, repartitions, local operators) from its own workers' part only
   (:func:`~linop.program.compile_for_rank`, O(its own work); a broadcast's, sum-reduce's or
-  all-reduce's expansion included, :mod:`linop.program.lowering_planned`), equal to the
+  all-reduce's expansion included, :mod:`linop.program.lowering_pieces`), equal to the
   projection of the global portable program, which other trees are projected from. Without a
   map the group's identity map (:func:`identity_map`, described, O(1)) is used.
 

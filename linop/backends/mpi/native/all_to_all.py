@@ -15,12 +15,11 @@ import numpy as np
 
 from ....program.parts import AllToAllPart, PeerBox
 from ..datatypes import contiguous_run, element_type, mpi, subarray
+from ..mpi_types import Intracomm
 from ..steps import Action, Call, OutOfPlaceBinding, RankStep
 from .all_to_all_peers import PeerMessages
 
-if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
-    from mpi4py.MPI import Intracomm
-
+if TYPE_CHECKING:  # pragma: no cover - annotations only
     from ...numpy import Workspace
 
 __all__ = [

@@ -1,11 +1,11 @@
-"""Movement plans: the one definition shared by every out-of-place collective.
+"""Piece movements: the one definition shared by every out-of-place collective.
 
-A :class:`MovementPlan` says what an out-of-place collective does: allocate the new blocks,
+A :class:`PieceMovement` says what an out-of-place collective does: allocate the new blocks,
 move *pieces* (:class:`Piece`: a box of an old block copied, or added, into a box of a new
-block) and drop the old blocks. :class:`Planned` is the base of the nodes defined this way
-(broadcast, sum-reduce, all-gather, reduce-scatter, repartition, scatter, gather): the plan
+block) and drop the old blocks. :class:`PieceMover` is the base of the nodes defined this way
+(broadcast, sum-reduce, all-gather, reduce-scatter, repartition, scatter, gather): the movement
 expands into the primitives (Allocate; Copy or SendRecv in place, or their adjoints that add;
-Deallocate), and the interpreters' fast paths read the same plan, so one handler per
+Deallocate), and the interpreters' fast paths read the same movement, so one handler per
 interpreter serves every such collective.
 """
 
@@ -21,15 +21,15 @@ from typing import Any, ClassVar
 from .errors import OperandError
 from .layout import union_space
 from .movement import Copy, CopyAdjoint, SendRecv, SendRecvAdjoint
-from .operator import Composition, Identity, LinearOperator
+from .operator import Composition, Identity, LinearOperator, StoredSpaces
 from .primitives import Allocate, Deallocate
 from .space import Block, GridSpace, Space
 
 __all__ = [
     "NO_OTHERS",
-    "MovementPlan",
+    "PieceMovement",
     "Piece",
-    "Planned",
+    "PieceMover",
     "fields_of",
     "make_piece",
     "nonempty_pieces",
@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 
-# -- plans -------------------------------------
+# -- pieces and their movements -------------------------------------
 @dataclass(frozen=True, slots=True)
 class Piece:
     """A box of an old block (``source``) that goes to a box of a new block (``target``)."""
@@ -62,7 +62,7 @@ class Piece:
 
 
 @dataclass(frozen=True)
-class MovementPlan:
+class PieceMovement:
     """An out-of-place data movement: allocate ``created``, move ``pieces``, drop ``dropped``.
 
     With ``adds=False`` each piece is *copied* into its target (targets are disjoint; a source
@@ -78,7 +78,7 @@ class MovementPlan:
     adds: bool = False
 
     def expand(self, domain: Space) -> LinearOperator:
-        """The plan as primitives on ``domain``: Allocate, in-place Copy / SendRecv (or their
+        """The movement as primitives on ``domain``: Allocate, in-place Copy / SendRecv (or their
         adjoints, which add), Deallocate; SendRecv wherever the two blocks' workers differ."""
         factors: list[LinearOperator] = []
         space = domain
@@ -140,19 +140,21 @@ def nonempty_pieces(items: Iterable[Piece | None]) -> tuple[Piece, ...]:
     return tuple(p for p in items if p is not None)
 
 
-class Planned(LinearOperator):
-    """Base of the out-of-place collectives: a node defined by a :class:`MovementPlan`.
+class PieceMover(StoredSpaces):
+    """Base of the out-of-place collectives: a node defined by a :class:`PieceMovement`.
 
-    Subclasses provide ``_setup`` (validation, called after construction), ``_sources`` and
-    ``_targets`` (the blocks they consume and produce) and ``_pieces``; ``ADDS`` says whether the
-    pieces are added (the adjoint of a copy) or copied. ``others`` are pass-through blocks.
-    Interpreters may register one fast path for this base class and serve every subclass.
+    Subclasses provide ``_setup`` (validation, called after construction) and the forward
+    direction of their geometry: :meth:`_forward_layouts` (the layout whose blocks are consumed,
+    the one whose blocks are produced) and :meth:`_forward_pieces`. The twin that runs the
+    geometry backwards (``BACKWARD``: a sum-reduce, a reduce-scatter, a gather) swaps the two
+    layouts and reverses every piece; ``ADDS`` says whether the pieces are added (the adjoint of
+    a copy) or copied. ``others`` are pass-through blocks. Interpreters may register one fast
+    path for this base class and serve every subclass.
     """
 
     others: Space
     ADDS: ClassVar[bool] = False
-    _domain: Space  # set by _validate
-    _range: Space
+    BACKWARD: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         self._setup()
@@ -162,27 +164,41 @@ class Planned(LinearOperator):
         """Check the fields, then :meth:`_validate` the spaces."""
 
     @abstractmethod
-    def _sources(self) -> tuple[Block, ...]:
-        """The blocks the operator consumes."""
+    def _forward_layouts(self) -> tuple[Any, Any]:
+        """The (source, target) layouts of the geometry's forward direction (each a
+        :class:`~linop.layout.Layout`, or one :class:`~linop.Block`: a scatter's root)."""
 
     @abstractmethod
-    def _targets(self) -> tuple[Block, ...]:
-        """The blocks the operator produces."""
+    def _forward_pieces(self) -> tuple[Piece, ...]:
+        """The boxes that travel from the forward source's blocks to the forward target's."""
 
-    @abstractmethod
+    def layouts(self) -> tuple[Any, Any]:
+        """The (source, target) layouts: the node consumes the first one's blocks and produces
+        the second one's (each a :class:`~linop.layout.Layout`, or one :class:`~linop.Block`:
+        a scatter's root or a gather's)."""
+        source, target = self._forward_layouts()
+        return (target, source) if self.BACKWARD else (source, target)
+
+    def _oriented(self, forward: tuple[Piece, ...]) -> tuple[Piece, ...]:
+        """Pieces of the forward direction as this node moves them (reversed when ``BACKWARD``)."""
+        return tuple(p.reversed() for p in forward) if self.BACKWARD else forward
+
     def _pieces(self) -> tuple[Piece, ...]:
         """The boxes that travel from consumed to produced blocks."""
+        return self._oriented(self._forward_pieces())
 
-    def layouts(self) -> tuple[Any, Any] | None:
-        """The (source, target) layouts when the node consumes one layout's blocks and produces
-        another's (each a :class:`~linop.layout.Layout`, or one :class:`~linop.Block`: a
-        scatter's root), else None."""
-        return None
+    def _sources(self) -> tuple[Block, ...]:
+        """The blocks the operator consumes."""
+        return _blocks(self.layouts()[0])
+
+    def _targets(self) -> tuple[Block, ...]:
+        """The blocks the operator produces."""
+        return _blocks(self.layouts()[1])
 
     def rank_pieces(self, worker: int) -> tuple[Piece, ...] | None:
         """The pieces that move data of ``worker``'s blocks (from or into them), in the order of
-        :attr:`plan`, found without the whole plan; None when the node cannot tell (then only
-        the whole plan says)."""
+        :attr:`movement`, found without the whole movement; None when the node cannot tell (then
+        only the whole movement says)."""
         return None
 
     def _validate(self) -> None:
@@ -191,9 +207,8 @@ class Planned(LinearOperator):
                 f"{type(self).__name__}: others must be a Space, not {type(self.others).__name__}"
             )
         kind = type(self).__name__
-        layouts = self.layouts()
-        if layouts is not None and not len(self.others):
-            source, target = (Space([x]) if isinstance(x, Block) else x.space for x in layouts)
+        if not len(self.others):
+            source, target = (Space([x]) if isinstance(x, Block) else x.space for x in self.layouts())
             if _disjoint(source, target):
                 # the spaces are the layouts' own, described by their rules (no P-block union)
                 object.__setattr__(self, "_domain", source)
@@ -203,25 +218,22 @@ class Planned(LinearOperator):
         object.__setattr__(self, "_domain", union_space(kind, self.others, self._sources()))
         object.__setattr__(self, "_range", union_space(kind, self.others, self._targets()))
 
-    @property
-    def domain(self) -> Space:
-        return self._domain
-
-    @property
-    def range(self) -> Space:
-        return self._range
-
     @functools.cached_property
-    def plan(self) -> MovementPlan:
-        """The node's plan (computed once): create the targets, move the pieces, drop the
+    def movement(self) -> PieceMovement:
+        """The node's movement (computed once): create the targets, move the pieces, drop the
         sources."""
-        return MovementPlan(
+        return PieceMovement(
             self._targets(), self._pieces(), tuple(b.name for b in self._sources()), adds=self.ADDS
         )
 
     def expand(self) -> LinearOperator:
-        """The plan in primitives (see :meth:`MovementPlan.expand`)."""
-        return self.plan.expand(self.domain)
+        """The movement in primitives (see :meth:`PieceMovement.expand`)."""
+        return self.movement.expand(self.domain)
+
+
+def _blocks(side: Any) -> tuple[Block, ...]:
+    """The blocks of one side of a movement: a layout's, or the one block."""
+    return (side,) if isinstance(side, Block) else tuple(side.blocks)
 
 
 def _disjoint(a: Space, b: Space) -> bool:

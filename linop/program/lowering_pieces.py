@@ -1,23 +1,23 @@
-r"""A worker set's part of a movement plan's expansion (:class:`~linop.plan.Planned`: repartition,
+r"""A worker set's part of a piece movement's expansion (:class:`~linop.pieces.PieceMover`: repartition,
 scatter, gather, all-gather, reduce-scatter, broadcast, sum-reduce), built from the pieces of its
 own blocks, and of the all-reduce's expansion, built from its own groups.
 
-The expansion of a plan (:meth:`~linop.plan.MovementPlan.expand`) allocates the new blocks,
-moves the pieces in plan order, and drops the old blocks. The steps that a set of workers
+The expansion of a movement (:meth:`~linop.pieces.PieceMovement.expand`) allocates the new blocks,
+moves the pieces in movement order, and drops the old blocks. The steps that a set of workers
 :math:`W` takes part in are
 
 .. math::
 
     \mathrm{Allocate}(b) \text{ for the new blocks } b \text{ of } W, \qquad
     \text{the pieces } p \in \bigcup_{w \in W} \mathrm{pieces}(w)
-    \text{ in plan order}, \qquad
+    \text{ in movement order}, \qquad
     \mathrm{Deallocate}(a) \text{ for the old blocks } a \text{ of } W,
 
 where :math:`\mathrm{pieces}(w)` are the pieces from or into ``w``'s blocks, found without the
-whole plan (:meth:`~linop.plan.Planned.rank_pieces`, the overlaps of a repartition's own
-blocks, a broadcast's copies of its own blocks). Each worker's pieces come with their *plan
-key* (:func:`plan_key`), a total order equal to the position in
-:attr:`~linop.plan.Planned.plan`, and their union is put in that order. A piece between two
+whole movement (:meth:`~linop.pieces.PieceMover.rank_pieces`, the overlaps of a repartition's own
+blocks, a broadcast's copies of its own blocks). Each worker's pieces come with their *order
+key* (:func:`piece_order`), a total order equal to the position in
+:attr:`~linop.pieces.PieceMover.movement`, and their union is put in that order. A piece between two
 workers is a :class:`~linop.program.steps.Transfer` built straight from the piece's boxes
 (what lowering its :class:`~linop.SendRecv` or :class:`~linop.SendRecvAdjoint` gives, with no
 node built per piece); a piece within one worker is its copy node, run there.
@@ -33,9 +33,9 @@ workers' part in O(their pieces): the collectives' fast-path lowerings
 first, and for an executor without the mapped fast paths (torch.distributed, the portable MPI
 program) a broadcast, sum-reduce or all-reduce whose fast path cannot run under the map runs
 its expansion, whose part is registered here
-(:func:`~linop.program.lowering.expansion_part`). For one rank (:func:`planned_steps`, the
-same steps for one worker) the dispatch of any plan
-(:func:`~linop.program.lowering_all_to_all.planned`) builds one rank's part of the expansion.
+(:func:`~linop.program.lowering.expansion_part`). For one rank (:func:`piece_steps`, the
+same steps for one worker) the dispatch of any movement
+(:func:`~linop.program.lowering_all_to_all.lower_pieces`) builds one rank's part of the expansion.
 """
 
 from __future__ import annotations
@@ -48,35 +48,35 @@ from ..collectives import AllGather, AllReduce, Broadcast, ReduceScatter, SumRed
 from ..layout import group_of, held_by_group
 from ..movement import Copy, CopyAdjoint
 from ..operator import LinearOperator
-from ..plan import Piece, Planned, make_piece, origin
+from ..pieces import Piece, PieceMover, make_piece, origin
 from ..primitives import Allocate, Deallocate
 from ..repartition import Gather, Repartition, Scatter
 from ..space import Block, GridSpace, Region, Space
 from .lowering import expansion_part, lower, lowering_workers, note_workers
 from .steps import Step, Transfer
 
-__all__ = ["planned_steps", "workers_part", "plan_key", "held_blocks", "all_reduce_part"]
+__all__ = ["piece_steps", "workers_part", "piece_order", "held_blocks", "all_reduce_part"]
 
 PieceKey = Callable[[Piece], tuple[Any, ...]]
 KeyedPiece = tuple[tuple[Any, ...], Piece]
-"""A piece and its plan key (:func:`plan_key`)."""
+"""A piece and its order key (:func:`piece_order`)."""
 
 
-def planned_steps(
-    op: Planned, created: Iterable[Block], pieces: Iterable[Piece], dropped: Iterable[Block]
+def piece_steps(
+    op: PieceMover, created: Iterable[Block], pieces: Iterable[Piece], dropped: Iterable[Block]
 ) -> list[Step]:
     """The expansion's steps of some workers: allocate their new blocks ``created``, move
-    ``pieces`` (in plan order), drop their old blocks ``dropped``.
+    ``pieces`` (in movement order), drop their old blocks ``dropped``.
 
     A piece between two workers is the transfer its :class:`~linop.SendRecv` lowers to
-    (``x_new[box] = x_old[box]``, kept) or, for a plan that adds, its
+    (``x_new[box] = x_old[box]``, kept) or, for a movement that adds, its
     :class:`~linop.SendRecvAdjoint`'s (``x_new[box] += x_old[box]``, then ``x_old[box] = 0``),
     its two regions boxes of the node's domain and range; a piece within one worker is its
     :class:`~linop.Copy` (or :class:`~linop.CopyAdjoint`) on a space of its two blocks."""
     domain, range_ = op.domain, op.range
     mode, after = ("add", "clear") if op.ADDS else ("store", "keep")
     steps = _allocated(created)
-    region = Region._checked  # the boxes of a plan's pieces lie inside their blocks
+    region = Region._checked  # the boxes of a movement's pieces lie inside their blocks
     for p in pieces:
         source, target = domain.block(p.source), range_.block(p.target)
         if source.worker != target.worker:
@@ -105,8 +105,8 @@ def _dropped(dropped: Iterable[Block]) -> list[Step]:
     return steps
 
 
-def _local_piece(op: Planned, p: Piece, source: Block, target: Block) -> list[Step]:
-    """A piece within one worker: its copy (or, for a plan that adds, its adjoint copy) on a
+def _local_piece(op: PieceMover, p: Piece, source: Block, target: Block) -> list[Step]:
+    """A piece within one worker: its copy (or, for a movement that adds, its adjoint copy) on a
     space of its two blocks, run on that worker."""
     space = Space([source, target])
     old_box, new_box = space[p.source][p.source_index()], space[p.target][p.target_index()]
@@ -119,8 +119,8 @@ def _index_of(layout: Any, space: Space, name: str) -> tuple[int, ...]:
     return layout.partition.index(space.block(name).worker)
 
 
-def plan_key(op: Planned) -> PieceKey | None:
-    """The order of ``op``'s plan as a key of its pieces, or None for a node whose plan order
+def piece_order(op: PieceMover) -> PieceKey | None:
+    """The order of ``op``'s movement as a key of its pieces, or None for a node whose movement order
     is not known here (then no worker set plans its part alone).
 
     - repartition: destination blocks in C order, then source blocks in C order
@@ -160,7 +160,7 @@ def plan_key(op: Planned) -> PieceKey | None:
 
 
 def held_blocks(side: Any, workers: frozenset[int]) -> list[Block]:
-    """The blocks of one side of a plan (a layout, or a single block) on ``workers``, in the
+    """The blocks of one side of a movement (a layout, or a single block) on ``workers``, in the
     layout's order (its partition's: one block per worker)."""
     if isinstance(side, Block):
         return [side] if side.worker in workers else []
@@ -169,8 +169,8 @@ def held_blocks(side: Any, workers: frozenset[int]) -> list[Block]:
     return [side.block(partition.index(w)) for _, w in found]
 
 
-def _worker_pieces(op: Planned, worker: int) -> tuple[Piece, ...] | None:
-    """The pieces from or into ``worker``'s blocks, in plan order (without the whole plan)."""
+def _worker_pieces(op: PieceMover, worker: int) -> tuple[Piece, ...] | None:
+    """The pieces from or into ``worker``'s blocks, in movement order (without the whole movement)."""
     if isinstance(op, Repartition):
         source, destination = op.source.partition, op.destination.partition
         pieces: tuple[Piece, ...] = ()
@@ -183,7 +183,7 @@ def _worker_pieces(op: Planned, worker: int) -> tuple[Piece, ...] | None:
 
 
 def _broadcast_keyed(op: Broadcast | SumReduce, worker: int) -> list[KeyedPiece]:
-    """A broadcast's or sum-reduce's pieces of ``worker``'s blocks with their plan keys: the
+    """A broadcast's or sum-reduce's pieces of ``worker``'s blocks with their order keys: the
     piece into (or out of) its copy, and those of the copies of its tensor block (a root's:
     as many as its copies)."""
     copies, tensor = op.copies, op.tensor
@@ -203,40 +203,37 @@ def _broadcast_keyed(op: Broadcast | SumReduce, worker: int) -> list[KeyedPiece]
     return keyed
 
 
-def _keyed_pieces(op: Planned, worker: int) -> list[KeyedPiece] | None:
-    """The pieces from or into ``worker``'s blocks with their plan keys, or None when the node
+def _keyed_pieces(op: PieceMover, worker: int) -> list[KeyedPiece] | None:
+    """The pieces from or into ``worker``'s blocks with their order keys, or None when the node
     cannot tell them alone."""
     if isinstance(op, (Broadcast, SumReduce)):
         return _broadcast_keyed(op, worker)
-    key = plan_key(op)
+    key = piece_order(op)
     pieces = _worker_pieces(op, worker)
     if key is None or pieces is None:
         return None
     return [(key(p), p) for p in pieces]
 
 
-def workers_part(op: Planned) -> list[Step] | None:
+def workers_part(op: PieceMover) -> list[Step] | None:
     """Inside :func:`~linop.program.lowering.lower_for_workers`, the portable steps of ``op``
     that the workers of :func:`~linop.program.lowering.lowering_workers` take part in, in
-    program order (their largest worker noted); None elsewhere, and for a plan with
+    program order (their largest worker noted); None elsewhere, and for a movement with
     pass-through blocks, not between two layouts or of unknown order (then the node lowers
     whole and its steps are filtered)."""
     workers = lowering_workers()
-    return None if workers is None else _planned_part(op, workers)
+    return None if workers is None else _pieces_part(op, workers)
 
 
-@expansion_part(Planned)
-def _planned_part(op: Planned, workers: frozenset[int]) -> list[Step] | None:
-    """``workers``' steps of a plan's expansion (see :func:`workers_part`)."""
+@expansion_part(PieceMover)
+def _pieces_part(op: PieceMover, workers: frozenset[int]) -> list[Step] | None:
+    """``workers``' steps of a movement's expansion (see :func:`workers_part`)."""
     if len(op.others):
         return None
-    layouts = op.layouts()
-    if layouts is None:
-        return None
-    source, target = layouts
+    source, target = layouts = op.layouts()
     if isinstance(op, (AllGather, ReduceScatter)):
         return _gather_part(op, workers)
-    mine: dict[tuple[Any, ...], Piece] = {}  # by plan key: a piece between two of them once
+    mine: dict[tuple[Any, ...], Piece] = {}  # by order key: a piece between two of them once
     for worker in workers:
         keyed = _keyed_pieces(op, worker)
         if keyed is None:
@@ -246,7 +243,7 @@ def _planned_part(op: Planned, workers: frozenset[int]) -> list[Step] | None:
         max(side.worker if isinstance(side, Block) else side.partition.max_worker for side in layouts)
     )
     pieces = [mine[key] for key in sorted(mine)]
-    return planned_steps(op, held_blocks(target, workers), pieces, held_blocks(source, workers))
+    return piece_steps(op, held_blocks(target, workers), pieces, held_blocks(source, workers))
 
 
 def _gather_part(op: AllGather | ReduceScatter, workers: frozenset[int]) -> list[Step]:
@@ -255,21 +252,21 @@ def _gather_part(op: AllGather | ReduceScatter, workers: frozenset[int]) -> list
     In a group (the members :math:`m_0, m_1, \ldots` of :func:`~linop.layout.group_of`, in C
     order along the axes) the all-gather copies every member's block :math:`x_i` whole into
     every member's gathered block at :math:`x_i`'s offset along the axes,
-    :math:`g_j[\mathrm{off}_i] = x_i`, in plan order: ``j`` then ``i`` in member order (the
+    :math:`g_j[\mathrm{off}_i] = x_i`, in movement order: ``j`` then ``i`` in member order (the
     reduce-scatter: :math:`x_i \mathrel{+}= g_j[\mathrm{off}_i],\ g_j[\mathrm{off}_i] = 0`, in
     the same order). ``workers`` take part in the pieces into their gathered blocks (a run over
     every member) and out of their blocks (one into each other member's). Each member's
     geometry (names, shape, offset, whole region) is read once, not once per piece, and a
     piece between two workers is its transfer, built straight from those boxes: the steps
-    :func:`planned_steps` gives for the pieces of :meth:`~linop.plan.Planned.rank_pieces` in
-    plan order (:func:`plan_key`), at a fraction of the cost per piece."""
+    :func:`piece_steps` gives for the pieces of :meth:`~linop.pieces.PieceMover.rank_pieces` in
+    movement order (:func:`piece_order`), at a fraction of the cost per piece."""
     tensor, gathered, axes, adds = op.tensor, op.gathered, op.axes, op.ADDS
     partition = tensor.partition
     note_workers(partition.max_worker)
     tensor_space, gathered_space = (op.range, op.domain) if adds else (op.domain, op.range)
     held = held_by_group(partition, axes, workers)  # per group: the members held
     mode, after = ("add", "clear") if adds else ("store", "keep")
-    region = Region._checked  # boxes inside their blocks (the plan's pieces)
+    region = Region._checked  # boxes inside their blocks (the movement's pieces)
     # per axis, each coordinate's offset: where its blocks go in a gathered block
     offsets = {d: (0, *itertools.accumulate(tensor.sizes[d])) for d in axes}
     zeros = (0,) * tensor.ndim
