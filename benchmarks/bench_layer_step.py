@@ -15,7 +15,9 @@ weight and bias gradients (one call for both, packed), the replicated data-paral
 ``owners``: ``LayerModule(...)`` with the parameters on their owner (broadcast in the forward,
 summed back in the backward); ``replicated``: ``LayerModule(..., replicate=True)``. Each in two
 cases: the input requires a gradient (a layer inside a network) and it does not (the first
-layer: the image).
+layer: the image); in the second, also built with ``input_gradient=False`` (``declared``: the
+input said to be data once, so no call runs the agreement that decides whether any process
+needs the input gradient).
 
 ``BENCH_BEFORE`` = the path of another ``torch_layers.py`` (say ``git show
 main:linop/frameworks/torch_layers.py > /tmp/before.py``): its ``LayerModule`` is run too,
@@ -218,6 +220,18 @@ def rows(engine: Engine, comm: Any, group: Any) -> list[str]:
                     layer, weights=w, bias=b, comm=comm, group=group, dtype=torch.float32, replicate=replicate
                 )
                 steps[f"{'replicated' if replicate else 'owners'} {label}"] = module_step(module)
+                if not grad and kind is LayerModule:  # the image: said once, no call asks
+                    module = kind(
+                        layer,
+                        weights=w,
+                        bias=b,
+                        comm=comm,
+                        group=group,
+                        dtype=torch.float32,
+                        replicate=replicate,
+                        input_gradient=False,
+                    )
+                    steps[f"{'replicated' if replicate else 'owners'} {label} declared"] = module_step(module)
 
         def given(grad: bool = grad) -> torch.Tensor:
             return strip.detach().requires_grad_(grad)
