@@ -201,6 +201,7 @@ def rows(engine: Engine, comm: Any, group: Any) -> list[str]:
     before = _before()
     x = DistributedTensor("x", SHAPE, Partition((1, 1, engine.size, 1)))
     layer = Convolution(x, SHAPE[1], Kernel(3, padding=1))
+    assert layer.bias is not None  # built with a bias
     rng = np.random.default_rng(0)
     w = rng.standard_normal(layer.weights.global_shape).astype(np.float32)
     b = rng.standard_normal(layer.bias.global_shape).astype(np.float32)
