@@ -187,12 +187,13 @@ def hand_layer(engine: Engine, weight: torch.Tensor, bias: torch.Tensor) -> Call
 
 def module_step(module: Any) -> Callable[..., Any]:
     (x_name,), (y_name,) = module.input_names, module.output_names
+    parameters = list(module.parameters())  # once: the hand-written step walks no module tree
 
     def step(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor]]:
         module.zero_grad()
         y = module({x_name: x})[y_name]
         ((y * y).sum() + module.token.sum()).backward()
-        return y.detach(), x.grad, [p.grad for p in module.parameters()]
+        return y.detach(), x.grad, [p.grad for p in parameters]
 
     return step
 

@@ -423,6 +423,8 @@ class _Stage:
         self._names = {flag: self.function.names(adjoint=flag) for flag in (False, True)}
         self.identity = isinstance(op, Identity)
         self._shapes = {name: torch.Size(op.domain.block(name).shape) for name in self.inputs}
+        # per direction: the last binding and its dtypes (a call with the same dtypes reuses it)
+        self._bound: dict[bool, tuple[list[torch.dtype], Any]] = {}
 
     def _passed(self, tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
         """The identity's results: the given tensors (detached), their shapes checked."""
@@ -444,8 +446,13 @@ class _Stage:
             return self._passed(tensors), False
         inputs, outputs = self._names[adjoint]
         ordered = [tensors[name] for name in inputs]
-        # collective when it binds (the first call, or new dtypes: the same on every rank)
-        bound = self.function.bound_tensors([t.dtype for t in ordered], adjoint=adjoint)
+        dtypes = [t.dtype for t in ordered]
+        last = self._bound.get(adjoint)
+        if last is not None and last[0] == dtypes:
+            bound = last[1]
+        else:  # collective when it binds (the first call, or new dtypes: the same on every rank)
+            bound = self.function.bound_tensors(dtypes, adjoint=adjoint)
+            self._bound[adjoint] = (dtypes, bound)
         if bound is None or not bound.persistent:
             return self.function.untracked(tensors, adjoint=adjoint), False
         return dict(zip(outputs, bound.run(ordered))), True
