@@ -527,6 +527,11 @@ class LayerModule(torch.nn.Module):
         (a network's first layer: the image), declared alike on every process, so no call
         asks; a call whose input blocks require a gradient while autograd records is refused
         (:class:`~linop.errors.LayerError`) rather than given none. True: always, no call asks.
+        Across processes, the outputs of a linop call recorded by autograd (an up-sampling of
+        the images, say) require a gradient on every process whatever its inputs do (its
+        anchor, which keeps the backward collective): a layer fed by them computes its input
+        gradient unless such data-only calls run under ``torch.no_grad()``, alike on every
+        process (``examples/train_spatial.py``, ``SpatialModel.loss``).
 
     Attributes
     ----------
