@@ -15,7 +15,9 @@ weight and bias gradients (one call for both, packed), the replicated data-paral
 ``owners``: ``LayerModule(...)`` with the parameters on their owner (broadcast in the forward,
 summed back in the backward); ``replicated``: ``LayerModule(..., replicate=True)``. Each in two
 cases: the input requires a gradient (a layer inside a network) and it does not (the first
-layer: the image).
+layer: the image); in the second, also built with ``input_gradient=False`` (``declared``: the
+input said to be data once, so no call runs the agreement that decides whether any process
+needs the input gradient).
 
 ``BENCH_BEFORE`` = the path of another ``torch_layers.py`` (say ``git show
 main:linop/frameworks/torch_layers.py > /tmp/before.py``): its ``LayerModule`` is run too,
@@ -185,12 +187,13 @@ def hand_layer(engine: Engine, weight: torch.Tensor, bias: torch.Tensor) -> Call
 
 def module_step(module: Any) -> Callable[..., Any]:
     (x_name,), (y_name,) = module.input_names, module.output_names
+    parameters = list(module.parameters())  # once: the hand-written step walks no module tree
 
     def step(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor]]:
         module.zero_grad()
         y = module({x_name: x})[y_name]
         ((y * y).sum() + module.token.sum()).backward()
-        return y.detach(), x.grad, [p.grad for p in module.parameters()]
+        return y.detach(), x.grad, [p.grad for p in parameters]
 
     return step
 
@@ -199,6 +202,7 @@ def rows(engine: Engine, comm: Any, group: Any) -> list[str]:
     before = _before()
     x = DistributedTensor("x", SHAPE, Partition((1, 1, engine.size, 1)))
     layer = Convolution(x, SHAPE[1], Kernel(3, padding=1))
+    assert layer.bias is not None  # built with a bias
     rng = np.random.default_rng(0)
     w = rng.standard_normal(layer.weights.global_shape).astype(np.float32)
     b = rng.standard_normal(layer.bias.global_shape).astype(np.float32)
@@ -218,6 +222,18 @@ def rows(engine: Engine, comm: Any, group: Any) -> list[str]:
                     layer, weights=w, bias=b, comm=comm, group=group, dtype=torch.float32, replicate=replicate
                 )
                 steps[f"{'replicated' if replicate else 'owners'} {label}"] = module_step(module)
+                if not grad and kind is LayerModule:  # the image: said once, no call asks
+                    module = kind(
+                        layer,
+                        weights=w,
+                        bias=b,
+                        comm=comm,
+                        group=group,
+                        dtype=torch.float32,
+                        replicate=replicate,
+                        input_gradient=False,
+                    )
+                    steps[f"{'replicated' if replicate else 'owners'} {label} declared"] = module_step(module)
 
         def given(grad: bool = grad) -> torch.Tensor:
             return strip.detach().requires_grad_(grad)

@@ -28,7 +28,10 @@ under ``torchrun --nproc-per-node 4 --master-addr 127.0.0.1 --master-port P``.
 Both start from the same weights, and their first steps' losses are checked equal (float64, to
 1e-10) before timing. Timed in the same processes, interleaved sample by sample (each sample a
 batch of steps, its time the maximum over ranks); the table shows medians and the median of
-per-sample ratios. ``BENCH_TRAIN`` = ``batch,size`` pairs separated by ``;`` (default
+per-sample ratios, of wall and of CPU time. ``BENCH_RECORDED=1`` adds ``linop, images recorded``:
+the example's model with autograd recording its up-sampling of the images
+(``loss_of(..., input_gradient=True)``, as it did before ``loss`` said that the images need
+no gradient: the first convolution then computes its input gradient). ``BENCH_TRAIN`` = ``batch,size`` pairs separated by ``;`` (default
 ``32,32;16,64``: images of 32 x 32 and 64 x 64, up-sampled to 64 x 64 and 128 x 128; the size
 a multiple of 4), ``BENCH_SAMPLES`` (default 15), ``BENCH_DTYPE`` (default float32).
 Nothing is asserted about speed. The machine may be shared: report its load with the figures.
@@ -55,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import train_spatial as example
 
 SAMPLES = int(os.environ.get("BENCH_SAMPLES", "15"))
+RECORDED = os.environ.get("BENCH_RECORDED") == "1"
 CASES = [
     tuple(int(n) for n in case.split(",")) for case in os.environ.get("BENCH_TRAIN", "32,32;16,64").split(";")
 ]
@@ -63,21 +67,30 @@ LR, MOMENTUM = 0.01, 0.9
 Tensor = torch.Tensor
 
 
-def timed(methods: dict[str, Callable[[], object]], batch: int) -> dict[str, list[float]]:
-    """Per method, per sample: the maximum over ranks of a batch's mean time per call."""
+def timed(
+    methods: dict[str, Callable[[], object]], batch: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Per method, per sample: the maximum over ranks of a batch's mean wall time per call,
+    and of its mean CPU time per call (``time.process_time``: this process's, its threads'
+    included)."""
     times: dict[str, list[float]] = {name: [] for name in methods}
+    cpu: dict[str, list[float]] = {name: [] for name in methods}
     for function in methods.values():
         function()
     for _ in range(SAMPLES):
         for name, function in methods.items():
             dist.barrier()
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             for _ in range(batch):
                 function()
-            elapsed = torch.tensor([(time.perf_counter() - start) / batch], dtype=torch.float64)
+            elapsed = torch.tensor(
+                [(time.perf_counter() - start) / batch, (time.process_time() - start_cpu) / batch],
+                dtype=torch.float64,
+            )
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-            times[name].append(float(elapsed))
-    return times
+            times[name].append(float(elapsed[0]))
+            cpu[name].append(float(elapsed[1]))
+    return times, cpu
 
 
 # -- the hand-written network ---------------------------------------------------------------------
@@ -285,6 +298,17 @@ class HandNetwork(torch.nn.Module):
             dist.all_reduce(parameter.grad)
 
 
+class Recorded(torch.nn.Module):
+    """The example's model, its images' up-sampling recorded by autograd (``BENCH_RECORDED``)."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model = model
+
+    def loss(self, images: np.ndarray, labels: np.ndarray) -> tuple[Tensor | None, Tensor]:
+        return self.model.loss_of(self.model.mine(self.model.x, images), labels, input_gradient=True)
+
+
 def training_step(
     model: Any, optimizer: Any, images: np.ndarray, labels: np.ndarray, hand: bool
 ) -> float | None:
@@ -318,31 +342,50 @@ def case_row(batch: int, size: int) -> list[str]:
             replicate=True,
         )
         hand = HandNetwork(reference, size, grid)
-        for label, model in (("linop", ours), ("linop replicated", twin), ("hand", hand)):
+        variants: list[tuple[str, Any]] = [("linop", ours), ("linop replicated", twin), ("hand", hand)]
+        if RECORDED:
+            variants.append(
+                (
+                    "linop, images recorded",
+                    Recorded(
+                        example.SpatialModel(
+                            example.NETWORK,
+                            reference,
+                            batch=batch,
+                            size=size,
+                            grid=grid,
+                            group=True,
+                            dtype=dtype,
+                        )
+                    ),
+                )
+            )
+        for label, model in variants:
             models[f"{name} {label}"] = (model, torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM))
+    labels_run = ["linop", "linop replicated", *(["linop, images recorded"] if RECORDED else []), "hand"]
+    mine = labels_run[:-1]
     losses: dict[str, list[Any]] = {}
-    for label in ("linop", "linop replicated", "hand"):
+    for label in labels_run:
         model, optimizer = models[f"check {label}"]
         losses[label] = [training_step(model, optimizer, images, labels, label == "hand") for _ in range(2)]
     equal = rank != 0 or all(
-        abs(a - b) <= 1e-10
-        for label in ("linop", "linop replicated")
-        for a, b in zip(losses[label], losses["hand"])
+        abs(a - b) <= 1e-10 for label in mine for a, b in zip(losses[label], losses["hand"])
     )
 
     def step(label: str) -> Callable[[], object]:
         model, optimizer = models[f"run {label}"]
         return lambda: training_step(model, optimizer, images, labels, label == "hand")
 
-    times = timed({label: step(label) for label in ("linop", "linop replicated", "hand")}, batch=3)
-    hand_times = times["hand"]
+    times, cpu = timed({label: step(label) for label in labels_run}, batch=3)
+    hand_times, hand_cpu = times["hand"], cpu["hand"]
     cells = [
         f"batch {batch}, {size} x {size} images (up-sampled: {2 * size}), {str(DTYPE).removeprefix('torch.')}",
-        f"{median(hand_times) * 1e3:8.2f} ms",
+        f"{median(hand_times) * 1e3:8.2f} ms / cpu {median(hand_cpu) * 1e3:8.2f} ms",
     ]
-    for label in ("linop", "linop replicated"):
+    for label in mine:
         ratio = median(t / h for t, h in zip(times[label], hand_times))
-        cells.append(f"{median(times[label]) * 1e3:8.2f} ms ({ratio:4.2f}x)")
+        ratio_cpu = median(t / h for t, h in zip(cpu[label], hand_cpu))
+        cells.append(f"{median(times[label]) * 1e3:8.2f} ms ({ratio:4.2f}x) / cpu {ratio_cpu:4.2f}x")
     cells.append("equal" if equal else "DIFFERENT")
     return cells
 
@@ -356,7 +399,10 @@ def main() -> None:
             f" load {load[0]:.1f} {load[1]:.1f}"
         )
         print(
-            "case | hand step | linop step (ratio) | linop, replicated convolutions (ratio) | first steps' losses"
+            "case | hand step (wall / CPU) | linop step (wall ratio / CPU ratio)"
+            " | linop, replicated convolutions (wall ratio / CPU ratio)"
+            + (" | linop, images recorded (wall ratio / CPU ratio)" if RECORDED else "")
+            + " | first steps' losses"
         )
         for cells in rows:
             print(" | ".join(cells))

@@ -604,6 +604,11 @@ class SpatialModel(torch.nn.Module):
             stages.append(stage)
             x = stage.y
         self.stages = torch.nn.ModuleList(stages)
+        # the stages before the first layer kind with parameters (from the spec, the same on
+        # every process: a process may hold none of a layer's parameter blocks)
+        self.leading = next(
+            (k for k, layer in enumerate(spec) if isinstance(layer, Conv | BatchNorm | Dense)), len(spec)
+        )
         self.loss_stage = LossStage(x, self.workers, group, dtype)
 
     def stage(self, layer: Layer, x: DistributedTensor, name: str, twin: Any, order: Any) -> Stage:
@@ -652,24 +657,44 @@ class SpatialModel(torch.nn.Module):
             if self.rank is None or b.worker == self.rank
         }
 
-    def forward(self, blocks: Blocks) -> Blocks:
-        for stage in self.stages:
+    def forward(self, blocks: Blocks, *, input_gradient: bool = True) -> Blocks:
+        """This process's blocks of the logits. ``input_gradient=False`` (the images are data:
+        say so alike on every process) runs the stages before the first one with parameters
+        (the up-sampling) without recording autograd: see :meth:`loss_of`."""
+        stages: list[Stage] = list(self.stages)  # type: ignore[arg-type]  # a ModuleList of stages
+        lead = 0 if input_gradient else self.leading
+        with torch.no_grad():
+            for stage in stages[:lead]:
+                blocks = stage(blocks)
+        for stage in stages[lead:]:
             blocks = stage(blocks)
         return blocks
 
     def loss(self, images: np.ndarray, labels: np.ndarray) -> tuple[Tensor | None, Tensor]:
-        """The mean loss of a batch (see :meth:`loss_of`) from its global images."""
-        return self.loss_of(self.mine(self.x, images), labels)
+        """The mean loss of a batch (see :meth:`loss_of`) from its global images (data: no
+        gradient with respect to them)."""
+        return self.loss_of(self.mine(self.x, images), labels, input_gradient=False)
 
-    def loss_of(self, blocks: Blocks, labels: np.ndarray) -> tuple[Tensor | None, Tensor]:
+    def loss_of(
+        self, blocks: Blocks, labels: np.ndarray, *, input_gradient: bool = True
+    ) -> tuple[Tensor | None, Tensor]:
         """The mean loss (on worker 0's process; None elsewhere) of this process's blocks of
         the images, and the scalar this process calls ``backward()`` on: the loss, or zero,
         plus every linop call's empty *token*, so that every process runs the backward of every
         call (they are collective), including the calls whose outputs it holds none of. The
         backward meets the collectives in the same order on every process: the reverse of the
         forward's, since autograd's ready queue runs the node created last first and every
-        process creates the calls' nodes in the same order."""
-        logits = self(blocks)
+        process creates the calls' nodes in the same order.
+
+        ``input_gradient=False``: no process needs the gradient with respect to the images
+        (a training step), which every process must say alike. The leading stages without
+        parameters (the up-sampling) then run without recording autograd. Recorded, their
+        outputs would require a gradient on every process whatever the images do (a linop
+        call's anchor, which keeps its backward collective, requires one), so the first
+        convolution would compute its input gradient, the costliest product of the step
+        (one input channel), and the up-sampling's adjoint halo would move it, for nothing.
+        The hand-written network never records them: its images need no gradient."""
+        logits = self(blocks, input_gradient=input_gradient)
         loss, value = self.loss_stage(logits, torch.from_numpy(labels))
         stages: list[Stage] = list(self.stages)  # type: ignore[arg-type]  # a ModuleList of stages
         tokens = [t for stage in stages for t in stage.tokens()] + self.loss_stage.tokens()

@@ -330,6 +330,38 @@ def test_an_input_without_gradient_skips_the_input_path_with_equal_parameter_gra
     assert all(torch.equal(a, b) for a, b in zip(full, skipped))
 
 
+def test_an_input_declared_data_runs_no_input_path_and_one_that_needs_a_gradient_is_refused():
+    """``input_gradient=False``: no adjoint window movement, the parameters' gradients exactly
+    the full path's; an input block that requires a gradient is refused, not given none.
+    ``input_gradient=True``: the adjoint runs even for an input that needs no gradient."""
+    rng = np.random.default_rng(5)
+    x = DistributedTensor("x", (2, 3, 7, 6), Partition((1, 1, 2, 2)))
+    layer = Convolution(x, 2, Kernel(3, padding=1))
+    w, b = rng.standard_normal(layer.weights.global_shape), rng.standard_normal(layer.bias.global_shape)
+    blocks = x.scatter(rng.standard_normal(x.global_shape))
+    found = []
+    for declared, wanted in ((None, True), (False, False), (True, False)):
+        module = LayerModule(layer, weights=w, bias=b, input_gradient=declared)
+        adjoints = []
+        run = module.windows.run
+        module.windows.run = lambda tensors, *, adjoint=False, run=run, adjoints=adjoints: (
+            adjoints.append(adjoint) or run(tensors, adjoint=adjoint)
+        )
+        given = {k: torch.from_numpy(v).requires_grad_(wanted) for k, v in blocks.items()}
+        (sum((v * v).sum() for v in module(given).values())).backward()
+        found.append(([p.grad for p in module.parameters()], adjoints.count(True)))
+    assert [count for _, count in found] == [1, 0, 1]
+    assert all(torch.equal(a, b) for grads, _ in found[1:] for a, b in zip(found[0][0], grads))
+    module = LayerModule(layer, weights=w, bias=b, input_gradient=False)
+    needing = {k: torch.from_numpy(v).requires_grad_() for k, v in blocks.items()}
+    with pytest.raises(LayerError, match="input_gradient=False"):
+        module(needing)
+    with torch.no_grad():  # nothing recorded: nothing to refuse
+        module(needing)
+    with pytest.raises(LayerError, match="True, False or None"):
+        LayerModule(layer, weights=w, bias=b, input_gradient=0)
+
+
 def test_an_input_passed_through_and_changed_in_place_before_the_backward_is_refused():
     """An affine layer's windows are its input blocks themselves (an identity moves nothing):
     changed in place between forward and backward, the backward raises instead of giving the

@@ -30,7 +30,8 @@ adjoint, so a training loop pays no per-call planning. The layer's ``input_opera
 
 When no process's input needs a gradient (a network's first layer: the image) the backward
 skips :math:`\bar{\tilde x}` and :math:`W^{*}` on every process alike, as an agreement started
-in the forward decides (:meth:`LayerModule.input_gradient_agreement`); an identity movement
+in the forward decides (:meth:`LayerModule.input_gradient_agreement`), or as the module was
+told once for all calls (``input_gradient=False``: no agreement); an identity movement
 (an affine layer's windows and parameter copies) passes its blocks through without an executor.
 
 The module holds this process's (this rank's) blocks of the parameters as ``nn.Parameter``\ s,
@@ -422,6 +423,8 @@ class _Stage:
         self._names = {flag: self.function.names(adjoint=flag) for flag in (False, True)}
         self.identity = isinstance(op, Identity)
         self._shapes = {name: torch.Size(op.domain.block(name).shape) for name in self.inputs}
+        # per direction: the last binding and its dtypes (a call with the same dtypes reuses it)
+        self._bound: dict[bool, tuple[list[torch.dtype], Any]] = {}
 
     def _passed(self, tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
         """The identity's results: the given tensors (detached), their shapes checked."""
@@ -443,8 +446,13 @@ class _Stage:
             return self._passed(tensors), False
         inputs, outputs = self._names[adjoint]
         ordered = [tensors[name] for name in inputs]
-        # collective when it binds (the first call, or new dtypes: the same on every rank)
-        bound = self.function.bound_tensors([t.dtype for t in ordered], adjoint=adjoint)
+        dtypes = [t.dtype for t in ordered]
+        last = self._bound.get(adjoint)
+        if last is not None and last[0] == dtypes:
+            bound = last[1]
+        else:  # collective when it binds (the first call, or new dtypes: the same on every rank)
+            bound = self.function.bound_tensors(dtypes, adjoint=adjoint)
+            self._bound[adjoint] = (dtypes, bound)
         if bound is None or not bound.persistent:
             return self.function.untracked(tensors, adjoint=adjoint), False
         return dict(zip(outputs, bound.run(ordered))), True
@@ -510,6 +518,20 @@ class LayerModule(torch.nn.Module):
         code does: copies stay equal as long as every process applies the same update to them.
         Default False: the owners hold the blocks, the forward broadcasts them and the
         backward sums the gradients onto the owners (:math:`M^*`).
+    input_gradient : bool or None
+        Whether the backward computes the input's gradient (the local :math:`\bar{\tilde x}`
+        and the adjoint window movement :math:`W^{*}`). None (the default): decided on each
+        call, alike on every process, from whether any process's input blocks need one (an
+        agreement started in the forward: one small non-blocking all-reduce per call until
+        one says yes, see :meth:`input_gradient_agreement`). False: never, the input is data
+        (a network's first layer: the image), declared alike on every process, so no call
+        asks; a call whose input blocks require a gradient while autograd records is refused
+        (:class:`~linop.errors.LayerError`) rather than given none. True: always, no call asks.
+        Across processes, the outputs of a linop call recorded by autograd (an up-sampling of
+        the images, say) require a gradient on every process whatever its inputs do (its
+        anchor, which keeps the backward collective): a layer fed by them computes its input
+        gradient unless such data-only calls run under ``torch.no_grad()``, alike on every
+        process (``examples/train_spatial.py``, ``SpatialModel.loss``).
 
     Attributes
     ----------
@@ -542,9 +564,13 @@ class LayerModule(torch.nn.Module):
         replicate: bool = False,
         group: Any = None,
         overlap: bool | None = False,
+        input_gradient: bool | None = None,
     ) -> None:
         super().__init__()
         engine_arguments(comm, group)
+        if input_gradient is not None and not isinstance(input_gradient, bool):
+            raise LayerError(f"LayerModule: input_gradient is True, False or None, not {input_gradient!r}")
+        self.input_gradient = input_gradient
         self.layer = layer
         self.comm = comm
         self.group = group
@@ -628,9 +654,12 @@ class LayerModule(torch.nn.Module):
         the weight gradient come from one adjoint tree): always yes, nothing started. With
         identity windows (an affine layer that does not broadcast its input) :math:`W^{*}`
         moves nothing between processes and each process's input gradient comes from its own
-        products alone: ``local`` decides, nothing started (so in one process too)."""
+        products alone: ``local`` decides, nothing started (so in one process too). Built
+        with ``input_gradient=True`` or ``False``: that, nothing started."""
         if self.overlapped is not None:
             return Agreement(True)
+        if self.input_gradient is not None:  # declared alike on every process: nothing to ask
+            return Agreement(self.input_gradient)
         group = None if self.group is False else self.group
         if self.windows.identity or (self.comm is None and group is None):  # in one process: local
             return Agreement(local)
@@ -663,6 +692,16 @@ class LayerModule(torch.nn.Module):
             raise StateError(
                 f"{type(self.layer).__name__} layer takes blocks {list(self.input_names)}, not {given}"
             )
+        if self.input_gradient is False and torch.is_grad_enabled():
+            needing = [n for n in self.input_names if x[n].requires_grad]
+            if needing:
+                self.windows.function.refuse(
+                    LayerError(
+                        f"{type(self.layer).__name__} layer built with input_gradient=False: input block(s) "
+                        f"{needing} require a gradient (detach them, or build it with input_gradient=None)"
+                    ),
+                    x,
+                )
         # the blocks straight from the ParameterList's dict (its iterator indexes one by one)
         blocks = self.blocks._parameters.values()
         *result, token = _LayerFunction.apply(

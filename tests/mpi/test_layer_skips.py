@@ -97,3 +97,47 @@ def test_the_input_gradient_is_skipped_only_when_no_rank_needs_it(comm, case, re
         else []
     )
     collective_assert(not problems, f"rank {comm.rank}: " + "; ".join(problems))
+
+
+@pytest.mark.parametrize("replicate", [False, True], ids=["owners", "replicated"])
+def test_an_input_declared_data_starts_no_agreement_and_skips_the_input_path(comm, replicate, monkeypatch):
+    """``input_gradient=False`` on every rank: no call starts an agreement, none runs the
+    adjoint window movement, and the parameters' gradients equal, exactly, those of a module
+    that decides by agreement (here: no rank's input needs a gradient)."""
+    import linop.frameworks.torch_layers as torch_layers
+
+    layer = _skip_cases(comm.size)["conv-rows"]
+    rng = np.random.default_rng(22)
+    w, b = rng.standard_normal(layer.weights.global_shape), rng.standard_normal(layer.bias.global_shape)
+    data = local_part(layer.x.space, layer.x.scatter(rng.standard_normal(layer.x.global_shape)), comm.rank)
+    started = []
+    start = torch_layers.start_agreement
+    monkeypatch.setattr(torch_layers, "start_agreement", lambda *a, **k: started.append(1) or start(*a, **k))
+    results = []
+    for declared in (None, False):
+        module = torch_layers.LayerModule(
+            layer, weights=w, bias=b, comm=comm, replicate=replicate, input_gradient=declared
+        )
+        adjoints = []
+        run = module.windows.run
+        module.windows.run = lambda tensors, *, adjoint=False, run=run, adjoints=adjoints: (  # type: ignore[method-assign]
+            adjoints.append(adjoint) or run(tensors, adjoint=adjoint)
+        )
+        started.clear()
+        grads = []
+        for _ in range(2):
+            module.zero_grad()
+            x = {k: torch.from_numpy(v) for k, v in data.items()}
+            y = module(x)
+            (sum((v * v).sum() for v in y.values()) + module.token.sum()).backward()
+            grads.append({n: p.grad.clone() for n, p in module.parameter_state().items()})
+        results.append((grads, len(started), adjoints.count(True)))
+    (agreed, agreements, agreed_adjoints), (declared, none, declared_adjoints) = results
+    problems = [f"agreements {agreements}, {none}"] if (agreements, none) != (2, 0) else []
+    problems += (
+        [f"adjoints {agreed_adjoints}, {declared_adjoints}"]
+        if (agreed_adjoints, declared_adjoints) != (0, 0)
+        else []
+    )
+    problems += [f"d{n} differs" for a, d in zip(agreed, declared) for n in a if not torch.equal(a[n], d[n])]
+    collective_assert(not problems, f"rank {comm.rank}: " + "; ".join(problems))
