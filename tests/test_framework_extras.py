@@ -20,9 +20,11 @@ except ModuleNotFoundError as error:
 """
 
 
-ADAPTERS = [("torch", m) for m in ("torch_function", "torch_layers", "dtensor")] + [
-    ("jax", m) for m in ("jax_function", "jax_sharded", "jax_layers", "jax_losses", "jax_norm")
-]
+ADAPTERS = (
+    [("torch", m) for m in ("torch_function", "torch_layers", "dtensor")]
+    + [("jax", m) for m in ("jax_function", "jax_sharded", "jax_layers", "jax_losses", "jax_norm")]
+    + [("equinox", "jax_modules")]
+)
 
 
 @pytest.mark.parametrize("library, module", ADAPTERS, ids=[m for _, m in ADAPTERS])
