@@ -28,45 +28,20 @@ except ModuleNotFoundError as error:  # the jax extra is not installed: say whic
     raise missing_extra(error, "jax", __name__) from error
 
 import jax.numpy as jnp
-import numpy as np
-from jax.scipy.special import xlogy
 from jax.sharding import Mesh
 
 from ..errors import LayerError
 from ..layers import Loss
+from ..layers.losses import elementwise
 from .jax_stages import Tree, block_mask, layout_of, local_map, mesh_axes, mesh_devices, require_global, split
 
 __all__ = ["loss", "terms"]
 
-_BCE_LOG_FLOOR = -100.0  # torch's floor on BCE's logarithms
-
 
 def terms(kind: str, x: jax.Array, t: jax.Array, options: Mapping[str, Any]) -> jax.Array:
     r"""The elementwise terms :math:`\ell(x, t)` of a loss kind (:data:`linop.layers.losses.KINDS`),
-    in jnp: the same as :func:`linop.layers.losses.elementwise`."""
-    if kind == "l1":
-        return jnp.abs(x - t)
-    if kind == "mse":
-        return (x - t) ** 2
-    if kind == "poisson_nll":
-        out = jnp.exp(x) - t * x if options["log_input"] else x - t * jnp.log(x + options["eps"])
-        if options["full"]:
-            big = t > 1
-            safe = jnp.where(big, t, 2.0)
-            stirling = safe * jnp.log(safe) - safe + 0.5 * jnp.log(2 * np.pi * safe)
-            out = out + jnp.where(big, stirling, 0.0)
-        return out
-    if kind == "bce":
-        log_x = jnp.maximum(jnp.log(x), _BCE_LOG_FLOOR)
-        log_1x = jnp.maximum(jnp.log1p(-x), _BCE_LOG_FLOOR)
-        return -(t * log_x + (1 - t) * log_1x)
-    if kind == "bce_with_logits":
-        return jnp.maximum(x, 0) - x * t + jnp.log1p(jnp.exp(-jnp.abs(x)))
-    if kind == "kl_div":
-        if options["log_target"]:
-            return jnp.exp(t) * (t - x)
-        return xlogy(t, t) - t * x
-    raise LayerError(f"Loss: unknown kind {kind!r}")
+    in jnp: :func:`linop.layers.losses.elementwise`'s table read with ``jax.numpy``."""
+    return elementwise(kind, x, t, options, jnp)
 
 
 class _Loss:

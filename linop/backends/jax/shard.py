@@ -55,6 +55,7 @@ from .plan import (
     ZeroOp,
 )
 from .slots import DeviceView, Slots
+from .transpose import transpose_by_adjoint
 
 __all__ = ["local_function", "sharded_p", "sharded_call", "result_dtype"]
 
@@ -472,29 +473,10 @@ def _lowering(*pieces: Any, plan: Plan, axes: tuple[str, ...], batch_dims: int) 
 def _transpose(
     cotangents: Any, *primals: Any, plan: Plan, axes: tuple[str, ...], batch_dims: int
 ) -> list[Any]:
-    cotangents = [
-        jnp.zeros(ct.aval.shape, ct.aval.dtype) if type(ct) is ad.Zero else ct  # type: ignore[attr-defined]
-        for ct in cotangents
-    ]
-    complex_ = any(jnp.iscomplexobj(ct) for ct in cotangents)
-    if complex_:
-        cotangents = [jnp.conj(ct) for ct in cotangents]
-    if cotangents:
-        common = jnp.result_type(*cotangents)
-        cotangents = [ct.astype(common) for ct in cotangents]
-    back = sharded_p.bind(*cotangents, plan=plan.adjoint(), axes=axes, batch_dims=batch_dims)
-    result: list[Any] = []
-    for value, primal in zip(back, primals):
-        if not ad.is_undefined_primal(primal):  # an input not differentiated: no cotangent
-            result.append(None)
-            continue
-        aval = primal.aval
-        if complex_:
-            value = jnp.conj(value)
-        if jnp.iscomplexobj(value) and not jnp.issubdtype(aval.dtype, jnp.complexfloating):
-            value = jnp.real(value)
-        result.append(value.astype(aval.dtype))
-    return result
+    def adjoint(cotangents: list[Any]) -> Any:
+        return sharded_p.bind(*cotangents, plan=plan.adjoint(), axes=axes, batch_dims=batch_dims)
+
+    return transpose_by_adjoint(cotangents, primals, adjoint)
 
 
 def _batched(
