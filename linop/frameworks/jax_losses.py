@@ -20,20 +20,26 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-try:
-    import jax
-except ModuleNotFoundError as error:  # the jax extra is not installed: say which
-    from .extras import missing_extra
+from .extras import importing
 
-    raise missing_extra(error, "jax", __name__) from error
+with importing("jax", __name__):  # the jax extra: say so where it is missing
+    import jax
 
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from ..errors import LayerError
 from ..layers import Loss
 from ..layers.losses import elementwise
-from .jax_stages import Tree, block_mask, layout_of, local_map, mesh_axes, mesh_devices, require_global, split
+from .jax_stages import (
+    Tree,
+    block_mask,
+    layout_of,
+    local_map,
+    placement,
+    require_global,
+    require_layer,
+    split,
+)
 
 __all__ = ["loss", "terms"]
 
@@ -46,8 +52,7 @@ def terms(kind: str, x: jax.Array, t: jax.Array, options: Mapping[str, Any]) -> 
 
 class _Loss:
     def __init__(self, layer: Loss, mesh: Mesh) -> None:
-        axes = mesh_axes(mesh)
-        devices = mesh_devices(mesh)
+        axes, devices = placement(mesh)
         self.layer = layer
         self.reduction = Tree(layer.reduction_operator, mesh, axes)
         (total,) = self.reduction.range.slots
@@ -100,6 +105,5 @@ def loss(layer: Loss, mesh: Mesh) -> Callable[[Any, Any], jax.Array]:
     LayerError
         If ``layer`` is not a Loss; an array of the wrong shape (when called).
     """
-    if not isinstance(layer, Loss):
-        raise LayerError(f"loss() takes a linop.layers.Loss, not {type(layer).__name__}")
+    require_layer("loss", layer, Loss)
     return _Loss(layer, mesh)

@@ -27,14 +27,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
-try:
+from .extras import importing
+
+with importing("equinox", __name__):  # the equinox extra: say so where it is missing
     import equinox as eqx
-except ModuleNotFoundError as error:  # the equinox extra is not installed: say which
-    from .extras import missing_extra
-
-    raise missing_extra(error, "equinox", __name__) from error
 
 import jax
 import jax.numpy as jnp
@@ -68,23 +66,40 @@ def _parameter(value: Any, shape: tuple[int, ...], dtype: Any, what: str) -> jax
 
 
 class _Bilinear(eqx.Module):
-    """A convolution or affine layer's module: ``weight`` ``(out, in, *k)``, ``bias`` ``(out,)``
-    or None, and the layer's function."""
+    r"""A convolution or affine layer's module: ``weight``, ``bias`` (None without one) and the
+    layer's function built by the subclass's ``builder`` for a mesh.
+
+    Parameters
+    ----------
+    layer : linop.layers.Convolution or linop.layers.Affine
+    mesh : jax.sharding.Mesh
+        Worker w of the layer on device w.
+    key : jax.Array, optional
+        Draws ``weight`` and ``bias`` uniform on :math:`\pm 1/\sqrt{\text{fan in}}` (torch's
+        default) when they are not given.
+    weight, bias : array, optional
+        The parameters, global.
+    dtype : dtype
+        Of the parameters (default float32).
+    """
 
     weight: jax.Array
     bias: jax.Array | None
     function: Callable[..., jax.Array] = eqx.field(static=True)
+    builder: ClassVar[Callable[..., Callable[..., jax.Array]]]  # the subclass's layer function
 
     def __init__(
         self,
-        function: Callable[..., jax.Array],
         layer: ConvolutionLayer | AffineLayer,
-        key: jax.Array | None,
-        weight: Any,
-        bias: Any,
-        dtype: Any,
+        mesh: Mesh,
+        *,
+        key: jax.Array | None = None,
+        weight: Any = None,
+        bias: Any = None,
+        dtype: Any = jnp.float32,
     ) -> None:
         what = type(self).__name__
+        self.function = type(self).builder(layer, mesh)
         shape = tuple(layer.weights.global_shape)
         bound = 1.0 / math.sqrt(max(1, math.prod(shape[1:])))  # 1 / sqrt(fan_in), torch's
         keys = (None, None) if key is None else tuple(jax.random.split(key))
@@ -104,59 +119,26 @@ class _Bilinear(eqx.Module):
                 if bias is None
                 else _parameter(bias, rows, dtype, f"{what}: bias")
             )
-        self.function = function
 
     def __call__(self, x: Any) -> jax.Array:
         return self.function(x, self.weight, self.bias)
 
 
 class Convolution(_Bilinear):
-    r"""A :class:`~linop.layers.Convolution` on ``mesh`` with its parameters: ``y = conv(x, w)
-    + b`` (:func:`~linop.frameworks.jax_layers.convolution`).
+    """A :class:`~linop.layers.Convolution` on ``mesh`` with its parameters, weight ``(C_out,
+    C_in, *k)`` and bias ``(C_out,)``: ``y = conv(x, w) + b``
+    (:func:`~linop.frameworks.jax_layers.convolution`). Parameters as :class:`_Bilinear`'s:
+    ``Convolution(layer, mesh, *, key=None, weight=None, bias=None, dtype=float32)``."""
 
-    Parameters
-    ----------
-    layer : linop.layers.Convolution
-    mesh : jax.sharding.Mesh
-        Worker w of the layer on device w.
-    key : jax.Array, optional
-        Draws ``weight`` and ``bias`` uniform on :math:`\pm 1/\sqrt{\text{fan in}}` (torch's
-        default) when they are not given.
-    weight, bias : array, optional
-        The parameters (global: ``(C_out, C_in, *k)`` and ``(C_out,)``).
-    dtype : dtype
-        Of the parameters (default float32).
-    """
-
-    def __init__(
-        self,
-        layer: ConvolutionLayer,
-        mesh: Mesh,
-        *,
-        key: jax.Array | None = None,
-        weight: Any = None,
-        bias: Any = None,
-        dtype: Any = jnp.float32,
-    ) -> None:
-        super().__init__(jax_layers.convolution(layer, mesh), layer, key, weight, bias, dtype)
+    builder = staticmethod(jax_layers.convolution)
 
 
 class Affine(_Bilinear):
-    r"""An :class:`~linop.layers.Affine` layer on ``mesh`` with its parameters: ``y = x w^T + b``
-    (:func:`~linop.frameworks.jax_layers.affine`). Parameters as :class:`Convolution`'s (weight
-    ``(F_out, F_in)``, bias ``(F_out,)``)."""
+    """An :class:`~linop.layers.Affine` layer on ``mesh`` with its parameters, weight ``(F_out,
+    F_in)`` and bias ``(F_out,)``: ``y = x w^T + b`` (:func:`~linop.frameworks.jax_layers.affine`).
+    Parameters as :class:`Convolution`'s."""
 
-    def __init__(
-        self,
-        layer: AffineLayer,
-        mesh: Mesh,
-        *,
-        key: jax.Array | None = None,
-        weight: Any = None,
-        bias: Any = None,
-        dtype: Any = jnp.float32,
-    ) -> None:
-        super().__init__(jax_layers.affine(layer, mesh), layer, key, weight, bias, dtype)
+    builder = staticmethod(jax_layers.affine)
 
 
 class _Stateless(eqx.Module):
