@@ -25,6 +25,12 @@ afterwards (the same numpy kernels, the same tree; only the JAX form added), rea
 worker's parameters from the layer's public description (the selection by running the
 worker's numpy kernel on the positions of its window). JAX is imported only when a template
 runs.
+
+Not here: a :class:`~linop.layers.Loss`'s trees hold no local kernel (its reduction is data
+movement; the JAX function computes the terms itself), and a
+:class:`~linop.layers.BatchNorm`'s Jacobian keeps per-worker numpy kernels of saved
+statistics, which do not run on JAX devices (the JAX function
+:func:`linop.frameworks.jax_norm.batch_norm` needs no such tree).
 """
 
 from __future__ import annotations
