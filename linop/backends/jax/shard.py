@@ -226,7 +226,7 @@ def _one_kernel(device: DeviceView, slots: Slots, op: ops.KernelOp) -> None:
     for i, ((slot, _), value) in enumerate(zip(first.produced, results)):
         table, uneven = extents(i, "produced")
         if uneven:
-            value = device.mask(value, table)
+            value = device.mask(value, table, split=True)  # the tail rows only, in place
         if not active.all():
             value = jnp.where(device.row(active), value, slots.value(slot))
         slots.set(slot, value)
