@@ -317,6 +317,28 @@ class LocalKernel:
         """The :class:`~linop.kernel_template.KernelTemplate` given as ``jax=``, or None."""
         return self._template
 
+    def with_template(self, template: KernelTemplate) -> LocalKernel:
+        """The same callables (the same numpy forward and adjoint, dtype and ``vectorized``)
+        with ``template`` as their JAX form (``jax=`` of :meth:`of`), replacing any other.
+
+        Raises
+        ------
+        LocalOperatorError
+            If the kernel is a matrix (its JAX form is the matrix itself).
+        """
+        if self._kind != "callables":
+            raise LocalOperatorError(
+                f"a {self._kind} kernel runs on JAX devices as it is; it takes no template"
+            )
+        return LocalKernel(
+            "callables",
+            forward=self._forward,
+            adjoint=self._adjoint,
+            dtype=self._dtype,
+            vectorized=self._vectorized,
+            device=template,
+        )
+
     @property
     def runs_on_jax(self) -> bool:
         """Whether the kernel can run inside ``jit`` on JAX devices: a dense numeric matrix,

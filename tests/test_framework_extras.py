@@ -20,9 +20,11 @@ except ModuleNotFoundError as error:
 """
 
 
-ADAPTERS = [("torch", m) for m in ("torch_function", "torch_layers", "dtensor")] + [
-    ("jax", m) for m in ("jax_function", "jax_sharded", "jax_layers", "jax_losses", "jax_norm")
-]
+ADAPTERS = (
+    [("torch", m) for m in ("torch_function", "torch_layers", "dtensor")]
+    + [("jax", m) for m in ("jax_function", "jax_sharded", "jax_layers", "jax_losses", "jax_norm")]
+    + [("equinox", "jax_modules")]
+)
 
 
 @pytest.mark.parametrize("library, module", ADAPTERS, ids=[m for _, m in ADAPTERS])
@@ -66,3 +68,15 @@ def test_the_readme_extras_table_names_modules_that_exist():
         assert len(names) >= 2, row
         for name in names:
             assert importlib.util.find_spec(f"linop.frameworks.{name}") is not None, (name, row)
+
+
+def test_importing_names_the_extra_and_lets_another_failure_through():
+    from linop.frameworks.extras import importing
+
+    with pytest.raises(ModuleNotFoundError, match=r"linop\.frameworks\.x needs jax") as caught:
+        with importing("jax", "linop.frameworks.x"):
+            raise ModuleNotFoundError("No module named 'jax'", name="jax")
+    assert caught.value.name == "jax"
+    with pytest.raises(ModuleNotFoundError, match="No module named 'sympy'"):
+        with importing("jax", "linop.frameworks.x"):
+            raise ModuleNotFoundError("No module named 'sympy'", name="sympy")

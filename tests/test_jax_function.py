@@ -94,6 +94,21 @@ def test_grad_through_op_call_and_under_jit():
         )
 
 
+def test_grad_with_respect_to_one_input_block_only():
+    """The gradient of one domain block, the other held fixed (a defined primal: it gets no
+    cotangent; jax.core.get_aval, which the rule once called for it, is gone from JAX)."""
+    op = TREES["copy-sendrecv-clear"]
+    weights = _state(op.range, np.float64, seed=3)
+    x = _state(op.domain, np.float64)
+
+    def loss(a):
+        y = function(op)({**x, "a": a})
+        return sum(jnp.vdot(weights[n], y[n]) for n in op.range.names)
+
+    expected = op.H({n: np.asarray(v) for n, v in weights.items()})["a"]
+    assert np.allclose(np.asarray(jax.jit(jax.grad(loss))(x["a"])), expected, rtol=0, atol=1e-12)
+
+
 def test_vmap_maps_over_a_batch():
     op = TREES["copy-sendrecv-clear"]
     batch = {

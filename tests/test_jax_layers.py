@@ -105,3 +105,33 @@ def test_batch_norm_and_max_pool_refuse_what_they_cannot_compute(mesh):
     pool = jax_layers.max_pool(MaxPoolJacobian(x, Kernel(2)), mesh)
     with pytest.raises(LayerError, match="max_pool: x has dtype int32"):
         pool(np.ones((2, 3, 4), np.int32))
+
+
+@pytest.mark.parametrize(
+    "kind, options",
+    [
+        ("l1", {}),
+        ("mse", {}),
+        ("poisson_nll", dict(log_input=True, full=True, eps=1e-8)),
+        ("poisson_nll", dict(log_input=False, full=False, eps=1e-8)),
+        ("bce", {}),
+        ("bce_with_logits", {}),
+        ("kl_div", dict(log_target=False)),
+        ("kl_div", dict(log_target=True)),
+    ],
+    ids=["l1", "mse", "poisson-log-full", "poisson-raw", "bce", "bce-logits", "kl", "kl-log-target"],
+)
+def test_jax_loss_terms_read_the_numpy_table(kind, options):
+    """One formula table (linop.layers.losses.elementwise) read by numpy and jax.numpy gives the
+    same terms, targets at 0 and above 1 included (kl_div's t log t, Poisson's Stirling term)."""
+    pytest.importorskip("jax")
+    from linop.frameworks.jax_losses import terms
+    from linop.layers.losses import elementwise
+
+    x = np.array([0.1, 0.4, 0.7, 0.9, 0.25, 0.5])
+    t = np.array([0.0, 0.3, 1.0, 2.5, 0.0, 4.0])
+    if kind == "bce":
+        t = np.clip(t, 0, 1)
+    want = elementwise(kind, x, t, options)
+    got = np.asarray(terms(kind, x.astype(np.float32), t.astype(np.float32), options))
+    assert np.all(np.isfinite(want)) and np.allclose(got, want, rtol=1e-5, atol=1e-6), (got, want)

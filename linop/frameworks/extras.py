@@ -7,13 +7,17 @@ Each adapter imports its library first, as::
     except ModuleNotFoundError as error:
         raise missing_extra(error, "torch", __name__) from error
 
+or, the same in two lines, ``with importing("jax", __name__): import jax``,
 so that ``import linop.frameworks.torch_function`` without torch says which extra installs it,
 as :mod:`linop.plot` and the MPI interpreter do, instead of a bare ``ModuleNotFoundError``.
 """
 
 from __future__ import annotations
 
-__all__ = ["missing_extra"]
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+__all__ = ["importing", "missing_extra"]
 
 
 def missing_extra(error: ModuleNotFoundError, extra: str, module: str) -> ModuleNotFoundError:
@@ -39,3 +43,16 @@ def missing_extra(error: ModuleNotFoundError, extra: str, module: str) -> Module
         f"pip install 'linop-adjoint[{extra}]')",
         name=error.name,
     )
+
+
+@contextmanager
+def importing(extra: str, module: str) -> Iterator[None]:
+    """The imports of ``module`` inside this block that fail because the library of ``extra``
+    is missing raise :func:`missing_extra`'s error (any other failure as it is)."""
+    try:
+        yield
+    except ModuleNotFoundError as error:
+        hint = missing_extra(error, extra, module)
+        if hint is error:
+            raise
+        raise hint from error

@@ -22,12 +22,10 @@ from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
-try:
-    import jax
-except ModuleNotFoundError as error:  # the jax extra is not installed: say which
-    from .extras import missing_extra
+from .extras import importing
 
-    raise missing_extra(error, "jax", __name__) from error
+with importing("jax", __name__):  # the jax extra: say so where it is missing
+    import jax
 
 import jax.numpy as jnp
 import numpy as np
@@ -35,6 +33,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from ..backends.jax.integers import integer_cast
+from ..backends.jax.transpose import transpose_by_adjoint
 from ..dtypes import check_block_dtype
 from ..errors import StateError
 from ..operator import LinearOperator
@@ -99,25 +98,10 @@ def _lowered(*arrays: Any, op: LinearOperator, dtype: Any) -> list[Any]:
 
 
 def _transpose(cotangents: Any, *primals: Any, op: LinearOperator, dtype: Any) -> list[Any]:
-    # jax types a Zero's aval as AbstractValue; a Zero of an array primal holds a ShapedArray
-    cotangents = [
-        jnp.zeros(ct.aval.shape, ct.aval.dtype) if type(ct) is ad.Zero else ct  # type: ignore[attr-defined]
-        for ct in cotangents
-    ]
-    complex_ = any(jnp.iscomplexobj(ct) for ct in cotangents)
-    if complex_:
-        cotangents = [jnp.conj(ct) for ct in cotangents]
-    back = operator_p.bind(*cotangents, op=op.H, dtype=dtype)
-    result = []
-    for value, primal in zip(back, primals):
-        # jax.core.get_aval exists at run time but jax's stubs do not export it
-        aval = primal.aval if ad.is_undefined_primal(primal) else jax.core.get_aval(primal)  # type: ignore[attr-defined]
-        if complex_:
-            value = jnp.conj(value)
-        if jnp.iscomplexobj(value) and not jnp.issubdtype(aval.dtype, jnp.complexfloating):
-            value = jnp.real(value)  # a real input's cotangent is the real part
-        result.append(value.astype(aval.dtype))
-    return result
+    def adjoint(cotangents: list[Any]) -> Any:
+        return operator_p.bind(*cotangents, op=op.H, dtype=dtype)
+
+    return transpose_by_adjoint(cotangents, primals, adjoint)
 
 
 def _batched(arguments: Sequence[Any], axes: Sequence[Any], *, op: LinearOperator, dtype: Any) -> Any:

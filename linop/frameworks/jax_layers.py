@@ -34,12 +34,10 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-try:
-    import jax
-except ModuleNotFoundError as error:  # the jax extra is not installed: say which
-    from .extras import missing_extra
+from .extras import importing
 
-    raise missing_extra(error, "jax", __name__) from error
+with importing("jax", __name__):  # the jax extra: say so where it is missing
+    import jax
 
 import jax.numpy as jnp
 import numpy as np
@@ -48,7 +46,7 @@ from jax.sharding import Mesh
 
 from ..errors import LayerError
 from ..layers import Affine, AveragePool, Convolution, Interpolate, MaxPoolJacobian
-from .jax_stages import Tree, fit, join, layout_of, local_map, mesh_axes, mesh_devices, require_global, split
+from .jax_stages import Tree, fit, join, layout_of, local_map, placement, require_global, require_layer, split
 
 __all__ = ["affine", "average_pool", "convolution", "interpolate", "max_pool"]
 
@@ -62,8 +60,7 @@ class _Bilinear:
         self, layer: Convolution | Affine, mesh: Mesh, product: Callable[[jax.Array, jax.Array], jax.Array]
     ) -> None:
         what = type(layer).__name__
-        axes = mesh_axes(mesh)
-        devices = mesh_devices(mesh)
+        axes, devices = placement(mesh)
         self.layer, self.name = layer, what
         self.windows = Tree(layer.window_operator, mesh, axes)
         self.movement = Tree(layer.parameter_movement, mesh, axes)
@@ -145,8 +142,7 @@ def convolution(layer: Convolution, mesh: Mesh) -> Callable[..., jax.Array]:
     LayerError
         If an array has the wrong shape (when called), or a device holds two work blocks.
     """
-    if not isinstance(layer, Convolution):
-        raise LayerError(f"convolution() takes a linop.layers.Convolution, not {type(layer).__name__}")
+    require_layer("convolution", layer, Convolution)
     stride = tuple(layer.kernel.stride[2:])  # type: ignore[index]
     dilation = tuple(layer.kernel.dilation[2:])  # type: ignore[index]
 
@@ -168,8 +164,7 @@ def affine(layer: Affine, mesh: Mesh) -> Callable[..., jax.Array]:
     MeshError, LayerError
         As :func:`convolution`.
     """
-    if not isinstance(layer, Affine):
-        raise LayerError(f"affine() takes a linop.layers.Affine, not {type(layer).__name__}")
+    require_layer("affine", layer, Affine)
 
     def product(x: jax.Array, weight: jax.Array) -> jax.Array:
         return x @ weight.T
@@ -183,8 +178,7 @@ class _Pooling:
     max pooling)."""
 
     def __init__(self, layer: AveragePool | MaxPoolJacobian, mesh: Mesh, kind: str) -> None:
-        axes = mesh_axes(mesh)
-        devices = mesh_devices(mesh)
+        axes, devices = placement(mesh)
         self.layer, self.kind = layer, kind
         self.windows = Tree(layer.window_operator, mesh, axes)
         self.outputs = layout_of(list(layer.y.blocks), devices)
@@ -265,14 +259,6 @@ def _tap_max(
     return best
 
 
-def _pool(layer: Any, function: str) -> None:
-    if not isinstance(layer, AveragePool | MaxPoolJacobian):
-        raise LayerError(
-            f"{function}() takes a linop.layers.AveragePool or MaxPoolJacobian (its geometry), not "
-            f"{type(layer).__name__}"
-        )
-
-
 def average_pool(layer: AveragePool | MaxPoolJacobian, mesh: Mesh) -> Callable[[Any], jax.Array]:
     r"""Average pooling over ``layer``'s windows on ``mesh``: a JAX function ``f(x) -> y`` of
     global arrays, x ``(N, C, *S)``, y ``(N, C, *n)``, the mean of each window with its zero
@@ -288,7 +274,7 @@ def average_pool(layer: AveragePool | MaxPoolJacobian, mesh: Mesh) -> Callable[[
     MeshError, LayerError
         As :func:`convolution`.
     """
-    _pool(layer, "average_pool")
+    require_layer("average_pool", layer, AveragePool, MaxPoolJacobian)
     return _Pooling(layer, mesh, "average")
 
 
@@ -305,7 +291,7 @@ def max_pool(layer: AveragePool | MaxPoolJacobian, mesh: Mesh) -> Callable[[Any]
     MeshError, LayerError
         As :func:`convolution`; a LayerError for an x of a non-float dtype (when called).
     """
-    _pool(layer, "max_pool")
+    require_layer("max_pool", layer, AveragePool, MaxPoolJacobian)
     return _Pooling(layer, mesh, "max")
 
 
@@ -315,8 +301,7 @@ class _Interpolation:
     source entries in its window and their weights, zero-padded to the slot)."""
 
     def __init__(self, layer: Interpolate, mesh: Mesh) -> None:
-        axes = mesh_axes(mesh)
-        devices = mesh_devices(mesh)
+        axes, devices = placement(mesh)
         self.layer = layer
         self.windows = Tree(layer.window_operator, mesh, axes)
         self.outputs = layout_of(list(layer.y.blocks), devices)
@@ -376,6 +361,5 @@ def interpolate(layer: Interpolate, mesh: Mesh) -> Callable[[Any], jax.Array]:
     MeshError, LayerError
         As :func:`convolution`.
     """
-    if not isinstance(layer, Interpolate):
-        raise LayerError(f"interpolate() takes a linop.layers.Interpolate, not {type(layer).__name__}")
+    require_layer("interpolate", layer, Interpolate)
     return _Interpolation(layer, mesh)

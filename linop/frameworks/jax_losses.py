@@ -20,59 +20,39 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-try:
-    import jax
-except ModuleNotFoundError as error:  # the jax extra is not installed: say which
-    from .extras import missing_extra
+from .extras import importing
 
-    raise missing_extra(error, "jax", __name__) from error
+with importing("jax", __name__):  # the jax extra: say so where it is missing
+    import jax
 
 import jax.numpy as jnp
-import numpy as np
-from jax.scipy.special import xlogy
 from jax.sharding import Mesh
 
-from ..errors import LayerError
 from ..layers import Loss
-from .jax_stages import Tree, block_mask, layout_of, local_map, mesh_axes, mesh_devices, require_global, split
+from ..layers.losses import elementwise
+from .jax_stages import (
+    Tree,
+    block_mask,
+    layout_of,
+    local_map,
+    placement,
+    require_global,
+    require_layer,
+    split,
+)
 
 __all__ = ["loss", "terms"]
-
-_BCE_LOG_FLOOR = -100.0  # torch's floor on BCE's logarithms
 
 
 def terms(kind: str, x: jax.Array, t: jax.Array, options: Mapping[str, Any]) -> jax.Array:
     r"""The elementwise terms :math:`\ell(x, t)` of a loss kind (:data:`linop.layers.losses.KINDS`),
-    in jnp: the same as :func:`linop.layers.losses.elementwise`."""
-    if kind == "l1":
-        return jnp.abs(x - t)
-    if kind == "mse":
-        return (x - t) ** 2
-    if kind == "poisson_nll":
-        out = jnp.exp(x) - t * x if options["log_input"] else x - t * jnp.log(x + options["eps"])
-        if options["full"]:
-            big = t > 1
-            safe = jnp.where(big, t, 2.0)
-            stirling = safe * jnp.log(safe) - safe + 0.5 * jnp.log(2 * np.pi * safe)
-            out = out + jnp.where(big, stirling, 0.0)
-        return out
-    if kind == "bce":
-        log_x = jnp.maximum(jnp.log(x), _BCE_LOG_FLOOR)
-        log_1x = jnp.maximum(jnp.log1p(-x), _BCE_LOG_FLOOR)
-        return -(t * log_x + (1 - t) * log_1x)
-    if kind == "bce_with_logits":
-        return jnp.maximum(x, 0) - x * t + jnp.log1p(jnp.exp(-jnp.abs(x)))
-    if kind == "kl_div":
-        if options["log_target"]:
-            return jnp.exp(t) * (t - x)
-        return xlogy(t, t) - t * x
-    raise LayerError(f"Loss: unknown kind {kind!r}")
+    in jnp: :func:`linop.layers.losses.elementwise`'s table read with ``jax.numpy``."""
+    return elementwise(kind, x, t, options, jnp)
 
 
 class _Loss:
     def __init__(self, layer: Loss, mesh: Mesh) -> None:
-        axes = mesh_axes(mesh)
-        devices = mesh_devices(mesh)
+        axes, devices = placement(mesh)
         self.layer = layer
         self.reduction = Tree(layer.reduction_operator, mesh, axes)
         (total,) = self.reduction.range.slots
@@ -125,6 +105,5 @@ def loss(layer: Loss, mesh: Mesh) -> Callable[[Any, Any], jax.Array]:
     LayerError
         If ``layer`` is not a Loss; an array of the wrong shape (when called).
     """
-    if not isinstance(layer, Loss):
-        raise LayerError(f"loss() takes a linop.layers.Loss, not {type(layer).__name__}")
+    require_layer("loss", layer, Loss)
     return _Loss(layer, mesh)

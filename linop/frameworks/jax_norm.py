@@ -25,12 +25,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-try:
-    import jax
-except ModuleNotFoundError as error:  # the jax extra is not installed: say which
-    from .extras import missing_extra
+from .extras import importing
 
-    raise missing_extra(error, "jax", __name__) from error
+with importing("jax", __name__):  # the jax extra: say so where it is missing
+    import jax
 
 import jax.numpy as jnp
 from jax.sharding import Mesh
@@ -44,9 +42,9 @@ from .jax_stages import (
     join,
     layout_of,
     local_map,
-    mesh_axes,
-    mesh_devices,
+    placement,
     require_global,
+    require_layer,
     split,
 )
 
@@ -60,8 +58,7 @@ def _per_channel(values: jax.Array, ndim: int) -> jax.Array:
 
 class _BatchNorm:
     def __init__(self, layer: BatchNorm, mesh: Mesh) -> None:
-        axes = mesh_axes(mesh)
-        devices = mesh_devices(mesh)
+        axes, devices = placement(mesh)
         self.layer = layer
         self.reduction = Tree(layer.statistics_reduction, mesh, axes)
         self.movement = Tree(layer.parameter_movement, mesh, axes) if layer.affine else None
@@ -177,6 +174,5 @@ def batch_norm(layer: BatchNorm, mesh: Mesh) -> Callable[..., jax.Array]:
         If ``layer`` is not a BatchNorm; when called, an array of the wrong shape, parameters
         given to a layer without them, or a channel of fewer than 2 entries.
     """
-    if not isinstance(layer, BatchNorm):
-        raise LayerError(f"batch_norm() takes a linop.layers.BatchNorm, not {type(layer).__name__}")
+    require_layer("batch_norm", layer, BatchNorm)
     return _BatchNorm(layer, mesh)

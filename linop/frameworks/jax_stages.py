@@ -28,12 +28,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-try:
-    import jax
-except ModuleNotFoundError as error:  # the jax extra is not installed: say which
-    from .extras import missing_extra
+from .extras import importing
 
-    raise missing_extra(error, "jax", __name__) from error
+with importing("jax", __name__):  # the jax extra: say so where it is missing
+    import jax
 
 import jax.numpy as jnp
 from jax import lax
@@ -55,7 +53,9 @@ __all__ = [
     "local_map",
     "mesh_axes",
     "mesh_devices",
+    "placement",
     "require_global",
+    "require_layer",
     "split",
 ]
 
@@ -70,6 +70,20 @@ def mesh_axes(mesh: Any) -> tuple[str, ...]:
 def mesh_devices(mesh: Mesh) -> int:
     """The number of devices of ``mesh``."""
     return int(mesh.devices.size)
+
+
+def placement(mesh: Any) -> tuple[tuple[str, ...], int]:
+    """``(mesh_axes(mesh), mesh_devices(mesh))``: where a layer's workers run (worker w on
+    device w, the devices counted over all axes in order)."""
+    return mesh_axes(mesh), mesh_devices(mesh)
+
+
+def require_layer(builder: str, layer: object, *kinds: type) -> None:
+    """A LayerError unless ``layer`` is one of ``kinds`` (the layer descriptions the JAX
+    ``builder`` takes), naming them and what was given."""
+    if not isinstance(layer, kinds):
+        wanted = " or ".join(k.__name__ for k in kinds)
+        raise LayerError(f"{builder}() takes a linop.layers.{wanted}, not {type(layer).__name__}")
 
 
 def require_global(layer: str, what: str, array: Any, shape: Sequence[int]) -> jax.Array:

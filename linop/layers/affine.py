@@ -26,6 +26,7 @@ from .. import Broadcast
 from ..operator import Composition, Identity, LinearOperator
 from ..partition import DistributedTensor, Partition, grid_block_name
 from ..space import Block, Space
+from . import templates
 from .base import (
     LayerError,
     LocalStep,
@@ -216,6 +217,7 @@ class Affine:
                     forward,
                     adjoint,
                     grid_block_name("affine", j),
+                    templates.affine_input_template(part),
                 )
             )
         local = local_stage(moving.range, steps)
@@ -276,7 +278,8 @@ class Affine:
                 )
             label = grid_block_name("affine_w", j)
             forward, adjoint = _parameter_kernels(x, label, with_bias)
-            steps.append(LocalStep(names, (self.partial_block(j),), forward, adjoint, label))
+            device = None if x is None else templates.affine_parameter_template(x, with_bias)
+            steps.append(LocalStep(names, (self.partial_block(j),), forward, adjoint, label, device))
         local = local_stage(self.parameter_space, steps)
         reduce = self._reduction(local.range)
         return local if reduce is None else Composition((reduce, local))

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -57,39 +58,35 @@ _BCE_LOG_FLOOR = -100.0  # torch clamps BCE's logarithms here
 _BCE_EPSILON = 1e-12  # torch's floor on x (1 - x) in BCE's derivative
 
 
-def _xlogy(t: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """t log u, 0 where t = 0."""
-    out = np.zeros(np.broadcast(t, u).shape)
-    mask = t != 0
-    out[mask] = t[mask] * np.log(u[mask])
-    return out
-
-
-def elementwise(kind: str, x: np.ndarray, t: np.ndarray, options: Mapping[str, Any]) -> np.ndarray:
-    r"""The terms :math:`\ell(x, t)` of a loss kind (numpy, float)."""
+def elementwise(kind: str, x: Any, t: Any, options: Mapping[str, Any], xp: ModuleType | None = None) -> Any:
+    r"""The terms :math:`\ell(x, t)` of a loss kind, float: ONE table for every engine, written
+    against the array namespace ``xp`` (numpy, the default; ``jax.numpy`` for the JAX
+    functions, :func:`linop.frameworks.jax_losses.terms`), with ``where`` instead of masked
+    assignment so that JAX traces and differentiates it."""
+    xp = np if xp is None else xp
     if kind == "l1":
-        return np.abs(x - t)
+        return xp.abs(x - t)
     if kind == "mse":
         return (x - t) ** 2
     if kind == "poisson_nll":
-        terms = np.exp(x) - t * x if options["log_input"] else x - t * np.log(x + options["eps"])
+        terms = xp.exp(x) - t * x if options["log_input"] else x - t * xp.log(x + options["eps"])
         if options["full"]:
             big = t > 1
-            stirling = np.zeros_like(terms)
-            tb = t[big]
-            stirling[big] = tb * np.log(tb) - tb + 0.5 * np.log(2 * np.pi * tb)
-            terms = terms + stirling
+            safe = xp.where(big, t, 2.0)  # Stirling's term only where t > 1 (no log of t <= 0)
+            stirling = safe * xp.log(safe) - safe + 0.5 * xp.log(2 * np.pi * safe)
+            terms = terms + xp.where(big, stirling, 0.0)
         return terms
     if kind == "bce":
-        log_x = np.maximum(np.log(x), _BCE_LOG_FLOOR)
-        log_1x = np.maximum(np.log1p(-x), _BCE_LOG_FLOOR)
+        log_x = xp.maximum(xp.log(x), _BCE_LOG_FLOOR)
+        log_1x = xp.maximum(xp.log1p(-x), _BCE_LOG_FLOOR)
         return -(t * log_x + (1 - t) * log_1x)
     if kind == "bce_with_logits":
-        return np.maximum(x, 0) - x * t + np.log1p(np.exp(-np.abs(x)))
+        return xp.maximum(x, 0) - x * t + xp.log1p(xp.exp(-xp.abs(x)))
     if kind == "kl_div":
         if options["log_target"]:
-            return np.exp(t) * (t - x)
-        return _xlogy(t, t) - t * x
+            return xp.exp(t) * (t - x)
+        nonzero = t != 0  # t log t, 0 where t = 0
+        return xp.where(nonzero, t * xp.log(xp.where(nonzero, t, 1.0)), 0.0) - t * x
     raise LayerError(f"Loss: unknown kind {kind!r}; one of {KINDS}")
 
 

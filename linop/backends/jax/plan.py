@@ -266,6 +266,15 @@ class _Compiler:
         def dead(block: Block) -> None:
             out.append((self._dev(block.worker, block.name), ("dead", block.name)))
 
+        def drain(kind: str, src: Region | Block, dst: Region | Block, whole: Block | None) -> None:
+            """src's values into dst (``kind``), then src emptied: the ``whole`` block dead
+            where one is given, else the region cleared."""
+            step(kind, src, dst)
+            if whole is not None:
+                dead(whole)
+            else:
+                step("clear", None, src)
+
         if isinstance(node, Add):
             step("add", node.src, node.dst)
         elif isinstance(node, Clear):
@@ -274,21 +283,17 @@ class _Compiler:
             born(node.block, written=False)
         elif isinstance(node, Deallocate):
             dead(node.space.block(node.name))
-        elif isinstance(node, CopyAdjoint):
+        elif isinstance(node, CopyAdjoint):  # dst's values added into src, dst emptied
             if isinstance(node.dst, Block):
-                step("add", node.domain[node.dst.name], node.src)
-                dead(node.dst)
+                drain("add", node.domain[node.dst.name], node.src, node.dst)
             else:
-                step("add", node.dst, node.src)
-                step("clear", None, node.dst)
-        elif isinstance(node, Move):
+                drain("add", node.dst, node.src, None)
+        elif isinstance(node, Move):  # src's values set into dst, src emptied
             if isinstance(node.dst, Block):
                 born(node.dst, written=True)
-                step("set", node.src, node.dst)
-                dead(node.src.block)
+                drain("set", node.src, node.dst, node.src.block)
             else:
-                step("set", node.src, node.dst)
-                step("clear", None, node.src)
+                drain("set", node.src, node.dst, None)
         elif isinstance(node, Copy):
             if isinstance(node.dst, Block):
                 born(node.dst, written=True)

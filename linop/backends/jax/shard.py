@@ -39,22 +39,11 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 from jax.sharding import Mesh, PartitionSpec
 
+from . import ops
 from .integers import integer_cast
-from .plan import (
-    BoxOp,
-    CollectiveOp,
-    CollectivePiece,
-    Exchange,
-    KernelCall,
-    KernelOp,
-    Plan,
-    PsumOp,
-    ScaleOp,
-    SlotSpec,
-    SumOp,
-    ZeroOp,
-)
+from .plan import Plan, SlotSpec
 from .slots import DeviceView, Slots
+from .transpose import transpose_by_adjoint
 
 __all__ = ["local_function", "sharded_p", "sharded_call", "result_dtype"]
 
@@ -70,9 +59,9 @@ def result_dtype(plan: Plan, dtype: Any) -> Any:
     return found
 
 
-def _run(device: DeviceView, ops: Sequence[Any], slots: Slots) -> Slots:
-    for op in ops:
-        if isinstance(op, BoxOp):
+def _run(device: DeviceView, steps: Sequence[Any], slots: Slots) -> Slots:
+    for op in steps:
+        if isinstance(op, ops.BoxOp):
             if (
                 op.src is not None
                 and op.kind == "set"
@@ -92,7 +81,7 @@ def _run(device: DeviceView, ops: Sequence[Any], slots: Slots) -> Slots:
                 if op.extents is not None:  # each device's own box of the merged shapes
                     value, raw = device.mask(value, op.extents), None
             slots.write(op.dst, op.dst_starts, op.active, op.shape, value, op.kind, raw=raw)
-        elif isinstance(op, Exchange):
+        elif isinstance(op, ops.Exchange):
             senders = np.zeros(len(op.receivers), dtype=bool)
             senders[[s for s, _ in op.perm]] = True
             values = tuple(slots.read(p.src, p.src_starts, senders, p.src_shape) for p in op.pieces)
@@ -101,23 +90,23 @@ def _run(device: DeviceView, ops: Sequence[Any], slots: Slots) -> Slots:
                 slots.write(
                     piece.dst, piece.dst_starts, op.receivers, piece.dst_shape, value, piece.mode, True
                 )
-        elif isinstance(op, CollectiveOp):
+        elif isinstance(op, ops.CollectiveOp):
             for part in op.pieces:
                 _collective(device, slots, part)
-        elif isinstance(op, KernelOp):
+        elif isinstance(op, ops.KernelOp):
             _kernels(device, slots, op)
-        elif isinstance(op, PsumOp):
+        elif isinstance(op, ops.PsumOp):
             names = device.axis if isinstance(device.axis, tuple) else (device.axis,)
             over = tuple(names[i] for i in op.over)
             slots.set(op.slot, lax.psum(slots.value(op.slot), over[0] if len(over) == 1 else over))
-        elif isinstance(op, ScaleOp):
+        elif isinstance(op, ops.ScaleOp):
             scaled = Slots(device)
             for name in slots.names():
                 scaled.set(name, (slots.value(name) * op.alpha).astype(device.dtype))
             slots = scaled
-        elif isinstance(op, ZeroOp):
+        elif isinstance(op, ops.ZeroOp):
             slots = Slots(device)
-        elif isinstance(op, SumOp):
+        elif isinstance(op, ops.SumOp):
             results = [_run(device, term, slots.copy()) for term in op.terms]
             summed = Slots(device)
             for slot in op.slots:
@@ -133,7 +122,7 @@ def _run(device: DeviceView, ops: Sequence[Any], slots: Slots) -> Slots:
     return slots
 
 
-def _kernels(device: DeviceView, slots: Slots, op: KernelOp) -> None:
+def _kernels(device: DeviceView, slots: Slots, op: ops.KernelOp) -> None:
     """The local kernels of a round: each device runs its own call (``lax.switch`` on its
     index; no switch when one call runs on every device), on its consumed blocks cut from
     their slots to the blocks' real shapes, and sets each produced slot to the block padded
@@ -151,7 +140,7 @@ def _kernels(device: DeviceView, slots: Slots, op: KernelOp) -> None:
     operands = [slots.value(slot) for slot in names]
     lead = len(device.batch)
 
-    def branch(call: KernelCall | None) -> Any:
+    def branch(call: ops.KernelCall | None) -> Any:
         def run(*arrays: jax.Array) -> tuple[jax.Array, ...]:
             given = dict(zip(names, arrays))
             if call is None:
@@ -190,7 +179,7 @@ def _kernels(device: DeviceView, slots: Slots, op: KernelOp) -> None:
         slots.set(slot, value)
 
 
-def _one_kernel(device: DeviceView, slots: Slots, op: KernelOp) -> None:
+def _one_kernel(device: DeviceView, slots: Slots, op: ops.KernelOp) -> None:
     """The calls of a round as ONE program on every device (``op.mode == "spmd"``: one
     :class:`~linop.kernel_template.KernelTemplate` up to parameters and shapes): each consumed
     slot whole (zeroed outside the device's block where blocks are uneven, unless the plan
@@ -237,13 +226,13 @@ def _one_kernel(device: DeviceView, slots: Slots, op: KernelOp) -> None:
     for i, ((slot, _), value) in enumerate(zip(first.produced, results)):
         table, uneven = extents(i, "produced")
         if uneven:
-            value = device.mask(value, table)
+            value = device.mask(value, table, split=True)  # the tail rows only, in place
         if not active.all():
             value = jnp.where(device.row(active), value, slots.value(slot))
         slots.set(slot, value)
 
 
-def _device_function(call: KernelCall) -> Any:
+def _device_function(call: ops.KernelCall) -> Any:
     """The traceable function of ``call``'s kernel in its direction, on the call's blocks."""
     node = call.node
     kernel = node.kernel
@@ -312,7 +301,7 @@ def _call_kernel(
     return out
 
 
-def _collective(device: DeviceView, slots: Slots, piece: CollectivePiece) -> None:
+def _collective(device: DeviceView, slots: Slots, piece: ops.CollectivePiece) -> None:
     """One piece of a phase in which every device sends to every other (see
     :class:`~linop.backends.jax.plan.CollectivePiece`), by one native collective."""
     p = device.plan.devices
@@ -358,7 +347,7 @@ def _collective(device: DeviceView, slots: Slots, piece: CollectivePiece) -> Non
 
 
 def _side_by_side(
-    piece: CollectivePiece, table: np.ndarray | None = None, shape: tuple[int, ...] | None = None
+    piece: ops.CollectivePiece, table: np.ndarray | None = None, shape: tuple[int, ...] | None = None
 ) -> int | None:
     """The dimension along which the boxes of ``table`` (default the places: ``[sender,
     receiver]``; or the sends: ``[destination, sender]``) lie one after the other in the order
@@ -472,29 +461,10 @@ def _lowering(*pieces: Any, plan: Plan, axes: tuple[str, ...], batch_dims: int) 
 def _transpose(
     cotangents: Any, *primals: Any, plan: Plan, axes: tuple[str, ...], batch_dims: int
 ) -> list[Any]:
-    cotangents = [
-        jnp.zeros(ct.aval.shape, ct.aval.dtype) if type(ct) is ad.Zero else ct  # type: ignore[attr-defined]
-        for ct in cotangents
-    ]
-    complex_ = any(jnp.iscomplexobj(ct) for ct in cotangents)
-    if complex_:
-        cotangents = [jnp.conj(ct) for ct in cotangents]
-    if cotangents:
-        common = jnp.result_type(*cotangents)
-        cotangents = [ct.astype(common) for ct in cotangents]
-    back = sharded_p.bind(*cotangents, plan=plan.adjoint(), axes=axes, batch_dims=batch_dims)
-    result: list[Any] = []
-    for value, primal in zip(back, primals):
-        if not ad.is_undefined_primal(primal):  # an input not differentiated: no cotangent
-            result.append(None)
-            continue
-        aval = primal.aval
-        if complex_:
-            value = jnp.conj(value)
-        if jnp.iscomplexobj(value) and not jnp.issubdtype(aval.dtype, jnp.complexfloating):
-            value = jnp.real(value)
-        result.append(value.astype(aval.dtype))
-    return result
+    def adjoint(cotangents: list[Any]) -> Any:
+        return sharded_p.bind(*cotangents, plan=plan.adjoint(), axes=axes, batch_dims=batch_dims)
+
+    return transpose_by_adjoint(cotangents, primals, adjoint)
 
 
 def _batched(

@@ -88,9 +88,11 @@ class DeviceView:
     def mask(self, array: jax.Array, extents: np.ndarray, *, split: bool = False) -> jax.Array:
         """Zero the entries outside this device's block (extents: (devices, ndim)): a select
         on the whole array, which XLA fuses into its consumers; with ``split``, along each
-        dimension only the part beyond the smallest extent of any device is selected and the
-        rest concatenated to it as it is (a copy, where blocks are uneven by a few rows: for
-        a box assembled into a slot by ``concatenate`` and ``pad``)."""
+        dimension only the part beyond the smallest extent of any device is selected and
+        written back in place (``dynamic_update_slice`` at a static start: the rest is not
+        copied), where blocks are uneven by a few rows: for a box assembled into a slot by
+        ``concatenate`` and ``pad``, and a kernel's output that XLA cannot fuse a select into
+        (a convolution's)."""
         lead = len(self.batch)
         shape = array.shape[lead:]
         extent = self.row(extents)
@@ -107,7 +109,9 @@ class DeviceView:
             tail = lax.slice_in_dim(array, low, n, axis=lead + k)
             position = lax.broadcasted_iota(jnp.int32, tail.shape[lead:], k) + low
             tail = jnp.where(position < extent[k], tail, zero)
-            array = jnp.concatenate([lax.slice_in_dim(array, 0, low, axis=lead + k), tail], axis=lead + k)
+            starts = [0] * array.ndim
+            starts[lead + k] = low
+            array = lax.dynamic_update_slice(array, tail, starts)  # static start: in place
         return array
 
     def read(self, array: jax.Array, starts: tuple[Any, ...], shape: tuple[int, ...]) -> jax.Array:

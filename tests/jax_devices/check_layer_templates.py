@@ -1,0 +1,151 @@
+"""The layers' local kernels as ONE program on every JAX device (their
+:class:`~linop.kernel_template.KernelTemplate`, :mod:`linop.layers.templates`), in one process
+of D host devices (launched by ``tests/test_jax_templates.py``: ``python
+check_layer_templates.py D K1 K2 ...``; the protocol of ``check_lowering.py``: ``== K
+devices`` ... ``OK n trees proven on K devices``).
+
+On each count K (K > 1), on uneven blocks, each tree's plans say ``"spmd"`` (no ``lax.switch``)
+and its lowered program
+
+- equals the numpy interpreter and its transposes ``op.H`` exactly (``prove``: forward, the
+  transpose by ``op.H`` and by JAX's own rules, vjp, no padding leak; jvp and vmap on every
+  fourth tree), on integers where the tree is integer-exact: an
+  :class:`~linop.layers.Affine` layer's input and parameter trees (on 4 devices also a 2 x 2
+  worker grid, broadcast and sum-reduce; with a bias, which only the first input-feature
+  workers consume, the kernels differ and the plan switches, proven alike), a
+  :class:`~linop.layers.MaxPoolJacobian` (a selection) and an
+  :class:`~linop.layers.Interpolate`'s integer tree;
+- average pooling (not integer-valued: a mean) exactly on float data whose means are exact;
+- equals the same plans run with a ``lax.switch`` (forward and transpose, exactly).
+
+``templated()`` leaves the tree's value unchanged (the numpy interpreter on it equals the
+original); without it a pooling tree's numpy kernels cannot run on JAX devices at all (a
+DeviceKernelError), and an affine parameter tree with a bias switches (the control for
+``"spmd"``: its workers' kernels differ).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+from check_kernels import modes, same_as_switch
+from check_lowering import FLOAT, Run, prove, run_counts
+
+from linop import DistributedTensor, Kernel, Partition
+from linop.errors import DeviceKernelError
+from linop.frameworks.jax_sharded import sharded
+from linop.layers import Affine, AveragePool, Interpolate, MaxPoolJacobian
+from linop.layers.templates import templated
+
+COUNTS = [int(a) for a in sys.argv[2:]] or [4]
+
+
+def spmd(run: Run, op, label: str):
+    f = sharded(op, run.mesh)
+    assert modes(f) == {"spmd"}, f"{label}: {modes(f)}"
+    return f
+
+
+def integers(space, seed: int, dtype=np.int16) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {b.name: rng.integers(-5, 6, b.shape).astype(dtype) for b in space}
+
+
+def check_affine(run: Run) -> None:
+    rng = np.random.default_rng(3)
+    k = run.count
+    cases = [("input features", DistributedTensor("x", (3, 4 * k + 1), Partition((1, k))), None)]
+    if k == 4:
+        cases.append(("2 x 2 workers", DistributedTensor("x", (3, 9), Partition((1, 2))), Partition((2, 2))))
+    for label, x, workers in cases:
+        layer = Affine(x, 5, workers=workers)
+        w = rng.integers(-3, 4, layer.weights.global_shape)
+        f = spmd(run, layer.input_operator(w), f"affine {label}")
+        prove(run, f, f"affine input tree ({label})")
+        same_as_switch(
+            run, f, f"affine input tree ({label})", integers(f.op.domain, 1), integers(f.op.range, 2)
+        )
+        inputs = layer.window_operator(x.scatter(rng.integers(-3, 4, x.global_shape)))
+        plain = Affine(x, 5, workers=workers, bias=False)
+        g = spmd(run, plain.parameter_operator(inputs), f"affine parameters {label}")
+        prove(run, g, f"affine parameter tree ({label})")
+        same_as_switch(
+            run, g, f"affine parameter tree ({label})", integers(g.op.domain, 3), integers(g.op.range, 4)
+        )
+        # with a bias only the fi = 0 workers consume one: their kernels differ, so a switch
+        # (of the templates bound to each worker's parameters)
+        g = sharded(layer.parameter_operator(inputs), run.mesh)
+        assert modes(g) == {"switch"}, modes(g)
+        prove(run, g, f"affine parameter tree, bias ({label})")
+
+
+def check_pooling(run: Run) -> None:
+    rng = np.random.default_rng(5)
+    k = run.count
+    x = DistributedTensor("x", (2, 3, 3 * k + 2, 7), Partition((1, 1, k, 1)))  # uneven rows
+    data = x.scatter(rng.integers(-3, 4, x.global_shape))
+    for label, kernel in (
+        ("k3 stride 2 padding 1", Kernel(3, stride=2, padding=1)),
+        ("k2 dilation 2", Kernel(2, dilation=2)),
+    ):
+        layer = MaxPoolJacobian(x, kernel)
+        windows = layer.window_operator({n: v + rng.random(v.shape) for n, v in data.items()})  # no ties
+        plain = layer.at(windows)
+        op = templated(layer, plain)
+        try:  # without templates the numpy kernels cannot run inside jit at all
+            sharded(plain, run.mesh)
+        except DeviceKernelError:
+            pass
+        else:
+            raise AssertionError("a max pool tree without templates was lowered")
+        sample = integers(op.domain, 6)
+        assert all(np.array_equal(op(sample)[n], plain(sample)[n]) for n in op.range.names), (
+            "templated() value"
+        )
+        f = spmd(run, op, f"max pool {label}")
+        prove(run, f, f"max pool Jacobian ({label})")
+        same_as_switch(run, f, f"max pool Jacobian ({label})", sample, integers(op.range, 7))
+    # average pooling: 4 taps, so the means of integers are exact in binary floating point
+    layer = AveragePool(x, Kernel(2, stride=2, padding=1))
+    op = templated(layer, layer.operator)
+    f = spmd(run, op, "average pool")
+    floats = {n: v.astype(FLOAT) for n, v in integers(op.domain, 8).items()}
+    back = {n: v.astype(FLOAT) for n, v in integers(op.range, 9).items()}
+    got, got_h = f.blocks(floats), f.H.blocks(back)
+    want, want_h = op(floats), op.H(back)
+    assert all(np.array_equal(np.asarray(got[n]), want[n]) for n in want), "average pool forward"
+    assert all(np.array_equal(np.asarray(got_h[n]), want_h[n]) for n in want_h), "average pool transpose"
+    same_as_switch(run, f, "average pool", floats, back)
+    run.checked.append("average pool (exact floats)")
+
+
+def check_interpolation(run: Run) -> None:
+    k = run.count
+    x = DistributedTensor("x", (1, 2, 2 * k + 1, 5), Partition((1, 1, k, 1)))
+    for mode, options in (("bilinear", dict(scale_factor=2)), ("nearest", dict(size=(3 * k, 4)))):
+        layer = Interpolate(x, mode=mode, **options)
+        exact, _ = layer.integer_operator()
+        op = templated(layer, exact, scales=layer.denominators)
+        f = spmd(run, op, f"interpolate {mode}")
+        prove(run, f, f"interpolate {mode} (integer weights)")
+        # floats holding integers: exact (integer weights, small sums), and JAX's int16 program
+        # could not hold the int32 products of the weights
+        data = {n: v.astype(FLOAT) for n, v in integers(op.domain, 10).items()}
+        cotangent = {n: v.astype(FLOAT) for n, v in integers(op.range, 11).items()}
+        same_as_switch(run, f, f"interpolate {mode}", data, cotangent)
+
+
+def check_count(count: int) -> None:
+    start = time.perf_counter()
+    run = Run.on_first(count)
+    check_affine(run)
+    check_pooling(run)
+    check_interpolation(run)
+    seconds = time.perf_counter() - start
+    print(f"OK {len(run.checked)} trees proven on {count} devices ({seconds:.1f} s)")
+
+
+if __name__ == "__main__":
+    run_counts(check_count, COUNTS)

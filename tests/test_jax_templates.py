@@ -1,0 +1,130 @@
+"""The layers' local kernels as one program on every JAX device (:mod:`linop.layers.templates`):
+``tests/jax_devices/check_layer_templates.py D K1 K2 ...`` (not collected by pytest) proves, in
+one process of 4 host devices, the affine, max-pool, average-pool and interpolation trees run
+``"spmd"``, equal to the numpy interpreter and ``op.H`` exactly and to the same plans under
+``lax.switch``; with ``jax_enable_x64`` off (4 devices) and on (2 devices; both counts each
+way with ``LINOP_LONG=1``). The host-side
+contract of :func:`~linop.layers.templates.templated` is tested here without devices."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from linop import DistributedTensor, Kernel, Partition
+from linop.errors import LayerError
+from linop.layers import Affine, AveragePool, MaxPoolJacobian
+from linop.layers.templates import templated
+from linop.local import LocalOperator
+
+HERE = Path(__file__).resolve().parent
+
+
+def run_templates(counts: tuple[int, ...], x64: bool) -> subprocess.CompletedProcess[str]:
+    pytest.importorskip("jax", reason="jax is not installed (the jax extra: pip install -e '.[jax]')")
+    environment = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    environment["JAX_ENABLE_X64"] = "1" if x64 else "0"
+    environment["PYTHONPATH"] = os.pathsep.join(
+        [str(HERE.parent), str(HERE), str(HERE / "jax_devices"), environment.get("PYTHONPATH", "")]
+    )
+    return subprocess.run(
+        [sys.executable, str(HERE / "jax_devices" / "check_layer_templates.py"), "4", *map(str, counts)],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        env=environment,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def _proven(done: subprocess.CompletedProcess[str], count: int) -> None:
+    printed = done.stdout.split(f"== {count} devices", 1)[-1].split("== ", 1)[0]
+    assert f"trees proven on {count} devices" in printed, done.stdout[-4000:] + done.stderr[-4000:]
+
+
+LONG = os.environ.get("LINOP_LONG") == "1"
+COUNTS = (2, 4) if LONG else (4,)  # x64 off
+X64_COUNTS = (2, 4) if LONG else (2,)  # x64 on: the CI suite's time, the lowering the same
+
+
+@pytest.mark.timeout(1500)  # one subprocess of about 20 CPU seconds; minutes on the loaded machine
+def test_layer_kernels_run_as_one_program_exactly():
+    done = run_templates(COUNTS, x64=False)
+    for count in COUNTS:
+        _proven(done, count)
+
+
+@pytest.mark.timeout(1500)
+def test_layer_kernels_run_as_one_program_exactly_with_x64():
+    done = run_templates(X64_COUNTS, x64=True)
+    for count in X64_COUNTS:
+        _proven(done, count)
+
+
+def _kernels(op) -> list[LocalOperator]:
+    """The local operators of a tree of compositions (at least one, or the check is empty)."""
+    if isinstance(op, LocalOperator):
+        return [op]
+    found = [k for f in getattr(op, "factors", ()) for k in _kernels(f)]
+    return found
+
+
+def _every(op, has_template: bool) -> bool:
+    nodes = _kernels(op)
+    return bool(nodes) and all((k.kernel.device_template is not None) == has_template for k in nodes)
+
+
+def test_templated_adds_the_jax_form_and_keeps_the_value():
+    x = DistributedTensor("x", (1, 2, 7, 5), Partition((1, 1, 2, 1)))
+    layer = AveragePool(x, Kernel(2, stride=2))
+    plain, op = layer.operator, templated(layer, layer.operator)
+    assert _every(plain, False) and _every(op, True)
+    data = x.scatter(np.arange(70.0).reshape(1, 2, 7, 5))
+    assert all(np.array_equal(op(data)[n], plain(data)[n]) for n in plain.range.names)
+    assert op.H.domain == plain.H.domain
+    # the selection read from the worker's own numpy kernel
+    selection = MaxPoolJacobian(x, Kernel(2, stride=2))
+    windows = selection.window_operator(x.scatter(np.random.default_rng(0).random((1, 2, 7, 5))))
+    jacobian = templated(selection, selection.at(windows))
+    assert _every(jacobian, True)
+    for node in _kernels(jacobian):
+        window = node.consumed[0].shape
+        (positions,) = node.kernel.device_template.params
+        flat = np.ravel_multi_index(tuple(positions), window)
+        assert np.array_equal(
+            flat, node.kernel.call([np.arange(np.prod(window)).reshape(window)], adjoint=False)
+        )
+
+
+def test_affine_gives_its_kernels_templates_and_templated_refuses_other_layers():
+    x = DistributedTensor("x", (3, 5), Partition((1, 2)))
+    layer = Affine(x, 4)
+    assert _every(layer.input_operator(np.ones((4, 5))), True)
+    with pytest.raises(
+        LayerError, match="templated\\(\\) takes an AveragePool, MaxPoolJacobian or Interpolate, not Affine"
+    ):
+        templated(layer, layer.input_operator(np.ones((4, 5))))
+
+
+def test_with_template_keeps_the_callables_and_refuses_a_matrix():
+    from linop import LocalKernel
+    from linop.errors import LocalOperatorError
+    from linop.kernel_template import KernelTemplate
+
+    def forward(a):
+        return 2 * a
+
+    def adjoint(b):
+        return 2 * b
+
+    template = KernelTemplate(forward, adjoint, (np.ones(2),), "twice")
+    kernel = LocalKernel.of(forward=forward, adjoint=adjoint, vectorized=True).with_template(template)
+    assert kernel.device_template is template and kernel.vectorized
+    assert kernel.call([np.arange(3)], adjoint=True).tolist() == [0, 2, 4]
+    with pytest.raises(LocalOperatorError, match="a dense kernel runs on JAX devices as it is"):
+        LocalKernel.of(np.eye(2)).with_template(template)
