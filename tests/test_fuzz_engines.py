@@ -47,19 +47,7 @@ EXAMPLES = {
     "JAX": 250 if LONG else 8,
 }
 
-KNOWN: list[tuple[str, str, str]] = [
-    (
-        "JAX x32",
-        "'int64 near 2**40'",
-        "integer result",
-    ),  # sharded() casts int64 blocks beyond int32 to int32 with x64 off (reported: jax_sharded._packer)
-    (
-        "JAX x32",
-        "'junk'",
-        "raised ValueError: setting an array element with a sequence",
-    ),  # a ragged list as a block: np.shape in ShardedOperator.pack raises (reported)
-    ("JAX x64", "'junk'", "raised ValueError: setting an array element with a sequence"),
-]
+KNOWN: list[tuple[str, str, str]] = []
 """Wrong answers found by the campaign in files this change does not own, reported for their
 owners (launch, a piece of the description, a piece of the evidence): counted and printed, not
 failed; any other failure fails."""

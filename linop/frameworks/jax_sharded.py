@@ -51,7 +51,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ..backends.jax.plan import Layout, Plan, compile_plan
 from ..backends.jax.shard import local_function, sharded_call
 from ..dtypes import NUMERIC_KINDS, check_block_dtype
-from ..errors import DtypeError, MeshError, OperandError, StateError, WorkerError
+from ..errors import DtypeError, IntegerOverflowError, MeshError, OperandError, StateError, WorkerError
 from ..operator import LinearOperator
 from ..partition import DistributedTensor
 
@@ -179,10 +179,11 @@ class ShardedOperator:
             raise StateError(f"state for {self.op}: missing block(s) {missing}, unexpected block(s) {extra}")
         values = [state[n] for n in names]
         for name, value in zip(names, values):
-            shape = tuple(np.shape(value))
+            shape = _shape_of(name, value)
             if shape != shapes[name]:
                 raise StateError(f"block {name!r} has shape {shape}, the space expects {shapes[name]}")
             check_block_dtype(name, _dtype_of(value))
+            _refuse_narrowing(name, value)
         return dict(zip(layout.names, _packer(layout, names, self.sharding)(*values)))
 
     def unpack(self, slots: Mapping[str, Any], layout: Layout | None = None) -> dict[str, jax.Array]:
@@ -199,6 +200,40 @@ class ShardedOperator:
 
     def __repr__(self) -> str:
         return f"ShardedOperator({self.op}, {self.devices} devices, {self.plan.rounds} ppermute rounds)"
+
+
+def _shape_of(name: str, value: Any) -> tuple[int, ...]:
+    """The shape of a block's value; a ragged nest of lists is a :class:`StateError` naming the
+    block (numpy's own ``ValueError`` says neither which block nor why)."""
+    try:
+        return tuple(np.shape(value))
+    except ValueError:
+        raise StateError(
+            f"block {name!r} is a ragged nest of sequences, not an array: its rows differ in length"
+        ) from None
+
+
+def _refuse_narrowing(name: str, value: Any) -> None:
+    """Refuse a host integer block that JAX would narrow with wrap-around: with
+    ``jax_enable_x64`` off JAX holds int64/uint64 entries as 32-bit ones, so an entry beyond
+    int32's (uint32's) range would arrive wrapped. Values that fit pass (they are exact);
+    values on a device or traced already have JAX's dtype."""
+    if not isinstance(value, np.ndarray | np.generic | list | tuple | int):
+        return
+    array = np.asarray(value)
+    if array.dtype.kind not in "iu" or array.size == 0:
+        return
+    held = np.dtype(jax.dtypes.canonicalize_dtype(array.dtype))
+    if held == array.dtype:
+        return
+    info = np.iinfo(held)
+    low, high = int(array.min()), int(array.max())
+    if low < info.min or high > info.max:
+        raise IntegerOverflowError(
+            f"block {name!r} holds {array.dtype} entries in [{low}, {high}], beyond {held}, which is "
+            f"what JAX keeps of {array.dtype} with jax_enable_x64 off: they would wrap. Enable x64 "
+            "(jax.config.update('jax_enable_x64', True)) or pass floats"
+        )
 
 
 def _dtype_of(value: Any) -> np.dtype:
