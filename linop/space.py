@@ -52,6 +52,7 @@ __all__ = [
     "did_you_mean",
     "MAX_SIZE",
     "check_extents",
+    "as_array",
     "strict_ints",
     "MAX_WORKER",
 ]
@@ -133,6 +134,15 @@ def natural_key(name: str) -> tuple[Any, ...]:
     block along an expansion, with the same names each time."""
     parts = _DIGITS.split(name)
     return (tuple(int(p) if i % 2 else p for i, p in enumerate(parts)), name)
+
+
+def as_array(value: Any, fail: Callable[[str], LinopError]) -> np.ndarray:
+    """``np.asarray(value)``; when numpy cannot make one array of it (ragged nested lists,
+    unconvertible objects), the error ``fail(reason)`` (numpy's reason) is raised instead."""
+    try:
+        return np.asarray(value)
+    except (TypeError, ValueError) as error:
+        raise fail(str(error)) from None
 
 
 def _unchecked(cls: type[_Frozen], **fields: Any) -> _Frozen:
@@ -504,10 +514,9 @@ class Space:
 
     def unflatten(self, vector: npt.ArrayLike) -> State:
         """Inverse of :meth:`flatten` (the blocks are views into ``vector``)."""
-        try:
-            vector = np.asarray(vector)
-        except (TypeError, ValueError) as error:
-            raise StateError(f"expected a vector of length {self.size} ({error})") from None
+        vector = as_array(
+            vector, lambda reason: StateError(f"expected a vector of length {self.size} ({reason})")
+        )
         if vector.ndim != 1 or vector.shape[0] != self.size:
             raise StateError(f"expected a vector of length {self.size}, got shape {vector.shape}")
         offsets = self._offset_table()
