@@ -34,7 +34,7 @@ import functools
 import html
 import inspect
 import numbers
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -202,53 +202,67 @@ class BlockCell:
     scalar: Any = None
     entries: np.ndarray | None = None
 
-    def latex(self) -> str:
-        """The piece in LaTeX: ``O``, ``I_{3}``, ``2\\,I_{3}``, the entries, or ``\\ast``."""
+    def _render(
+        self,
+        zero: str,
+        identity: Callable[[int], str],
+        scaled: Callable[[str, int], str],
+        entries: Callable[[np.ndarray], str] | None,
+        general: Callable[[int, int], str],
+    ) -> str:
+        """The piece in one notation, by kind: ``zero``; ``identity(rows)``; ``scaled(c, rows)``
+        with c as :func:`_number_tex` writes it; ``entries(matrix)`` for a small general block
+        (when the notation shows entries); ``general(rows, cols)`` otherwise."""
         rows, cols = self.shape
         if self.kind == "zero":
-            return "O"
+            return zero
         if self.kind == "identity":
-            return f"I_{{{rows}}}"
+            return identity(rows)
         if self.kind == "scaled":
-            scalar = self.scalar
-            text = _number_tex(scalar)
-            if text == "-1":
-                return f"-I_{{{rows}}}"
-            return f"{text}\\,I_{{{rows}}}"
-        if self.entries is not None:
-            body = r" \\ ".join(" & ".join(_number_tex(v) for v in row) for row in self.entries)
-            return r"\left[\begin{smallmatrix}" + body + r"\end{smallmatrix}\right]"
-        return rf"\ast_{{{rows}\times {cols}}}"
+            return scaled(_number_tex(self.scalar), rows)
+        if entries is not None and self.entries is not None:
+            return entries(self.entries)
+        return general(rows, cols)
+
+    def latex(self) -> str:
+        """The piece in LaTeX: ``O``, ``I_{3}``, ``2\\,I_{3}``, the entries, or ``\\ast``."""
+        return self._render(
+            "O",
+            lambda rows: f"I_{{{rows}}}",
+            lambda text, rows: f"-I_{{{rows}}}" if text == "-1" else f"{text}\\,I_{{{rows}}}",
+            _latex_entries,
+            lambda rows, cols: rf"\ast_{{{rows}\times {cols}}}",
+        )
 
     def html(self) -> str:
         """The piece in HTML (no math typesetting needed): O, I with its size, c I, the entries
         of a small general block as a small table, or * with its shape."""
-        rows, cols = self.shape
-        if self.kind == "zero":
-            return '<span style="color:#999">O</span>'
-        if self.kind == "identity":
-            return f"I<sub>{rows}</sub>"
-        if self.kind == "scaled":
-            return f"{_esc(_number_tex(self.scalar))}&#8239;I<sub>{rows}</sub>"
-        if self.entries is not None:
-            body = "".join(
-                "<tr>"
-                + "".join(f'<td style="padding:0 3px">{_esc(_number_tex(v))}</td>' for v in row)
-                + "</tr>"
-                for row in self.entries
-            )
-            return f'<table style="font-size:75%;border:1px solid #bbb">{body}</table>'
-        return f"&#8727;<sub>{rows}&#215;{cols}</sub>"
+        return self._render(
+            '<span style="color:#999">O</span>',
+            lambda rows: f"I<sub>{rows}</sub>",
+            lambda text, rows: f"{_esc(text)}&#8239;I<sub>{rows}</sub>",
+            _html_entries,
+            lambda rows, cols: f"&#8727;<sub>{rows}&#215;{cols}</sub>",
+        )
 
     def text(self) -> str:
         """The piece as plain text: ``O``, ``I``, ``2I`` or ``*``."""
-        if self.kind == "zero":
-            return "O"
-        if self.kind == "identity":
-            return "I"
-        if self.kind == "scaled":
-            return f"{_number_tex(self.scalar)}I"
-        return "*"
+        return self._render(
+            "O", lambda rows: "I", lambda text, rows: f"{text}I", None, lambda rows, cols: "*"
+        )
+
+
+def _latex_entries(entries: np.ndarray) -> str:
+    body = r" \\ ".join(" & ".join(_number_tex(v) for v in row) for row in entries)
+    return r"\left[\begin{smallmatrix}" + body + r"\end{smallmatrix}\right]"
+
+
+def _html_entries(entries: np.ndarray) -> str:
+    body = "".join(
+        "<tr>" + "".join(f'<td style="padding:0 3px">{_esc(_number_tex(v))}</td>' for v in row) + "</tr>"
+        for row in entries
+    )
+    return f'<table style="font-size:75%;border:1px solid #bbb">{body}</table>'
 
 
 def _number_tex(value: Any) -> str:

@@ -412,12 +412,28 @@ class DimGeometry:
         cls, dim: int, index: int, length: int, output: tuple[int, int], bulk: tuple[int, int], kernel: Kernel
     ) -> DimGeometry:
         """The row of ``docs/theory.md#halo-geometry`` for one worker and dimension of a resolved kernel."""
-        (o0, o1), (i0, i1) = output, bulk
+        (o0, o1), i0 = output, bulk[0]
         s, p = kernel.stride[dim], kernel.padding[dim]  # type: ignore[index]
         if o1 > o0:
             n0, n1 = o0 * s - p, (o1 - 1) * s - p + kernel.extent(dim)
         else:
             n0 = n1 = i0
+        return cls.of_need(dim, index, length, output, bulk, (n0, n1))
+
+    @classmethod
+    def of_need(
+        cls,
+        dim: int,
+        index: int,
+        length: int,
+        output: tuple[int, int],
+        bulk: tuple[int, int],
+        need: tuple[int, int],
+    ) -> DimGeometry:
+        """The row of a worker owning the inputs ``bulk`` and the outputs ``output`` that needs
+        the global (padded) range ``need`` (``[i0, i0)`` when the output is empty): its halos,
+        pads and trims, the widths of ``docs/theory.md#halo-geometry``."""
+        (o0, o1), (i0, i1), (n0, n1) = output, bulk, need
         m = length
         return cls(
             dim=dim,

@@ -22,7 +22,7 @@ import numpy as np
 
 from .described import KeyedSequence, Offsets
 from .errors import DecompositionError, LinopError, OperandError, PartitionError, RegionError
-from .space import MAX_WORKER, Block, GridSpace, Region, Space, State, check_extents, strict_ints
+from .space import MAX_WORKER, Block, GridSpace, Region, Space, State, as_array, check_extents, strict_ints
 
 __all__ = [
     "Partition",
@@ -696,12 +696,13 @@ class DistributedTensor:
 
     def scatter(self, array: Any) -> State:
         """Cut a global array into a state of the tensor's space (copies)."""
-        try:
-            array = np.asarray(array)
-        except (TypeError, ValueError) as error:  # ragged
-            raise DecompositionError(
-                f"tensor {self.name!r}: cannot scatter {array!r}, not an array ({error})"
-            ) from None
+        given = array
+        array = as_array(
+            given,
+            lambda reason: DecompositionError(
+                f"tensor {self.name!r}: cannot scatter {given!r}, not an array ({reason})"
+            ),
+        )
         if array.shape != self.global_shape:
             raise DecompositionError(
                 f"tensor {self.name!r}: array of shape {array.shape} does not match global shape {self.global_shape}"

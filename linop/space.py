@@ -25,7 +25,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -52,11 +52,14 @@ __all__ = [
     "did_you_mean",
     "MAX_SIZE",
     "check_extents",
+    "as_array",
     "strict_ints",
     "MAX_WORKER",
 ]
 
 State = dict[str, np.ndarray]
+
+_Frozen = TypeVar("_Frozen")
 """A state of a space: one array per block name."""
 
 _DIGITS = re.compile(r"(\d+)")
@@ -133,6 +136,24 @@ def natural_key(name: str) -> tuple[Any, ...]:
     return (tuple(int(p) if i % 2 else p for i, p in enumerate(parts)), name)
 
 
+def as_array(value: Any, fail: Callable[[str], LinopError]) -> np.ndarray:
+    """``np.asarray(value)``; when numpy cannot make one array of it (ragged nested lists,
+    unconvertible objects), the error ``fail(reason)`` (numpy's reason) is raised instead."""
+    try:
+        return np.asarray(value)
+    except (TypeError, ValueError) as error:
+        raise fail(str(error)) from None
+
+
+def _unchecked(cls: type[_Frozen], **fields: Any) -> _Frozen:
+    """An instance of the frozen dataclass ``cls`` with ``fields`` set as given, without its
+    ``__init__`` and checks (for fields the caller has validated)."""
+    item = object.__new__(cls)
+    for field_name, value in fields.items():
+        object.__setattr__(item, field_name, value)
+    return item
+
+
 def _block_key(block: Block) -> tuple[Any, ...]:
     return natural_key(block.name)
 
@@ -195,11 +216,7 @@ class Block:
     def trusted(cls, name: str, shape: tuple[int, ...], worker: int) -> Block:
         """A block from fields the caller has validated (a layout's rule: a non-empty name,
         a tuple of non-negative ints, a partition's worker), without a second check."""
-        block = object.__new__(cls)
-        object.__setattr__(block, "name", name)
-        object.__setattr__(block, "shape", shape)
-        object.__setattr__(block, "worker", worker)
-        return block
+        return _unchecked(cls, name=name, shape=shape, worker=worker)
 
     @property
     def size(self) -> int:
@@ -497,10 +514,9 @@ class Space:
 
     def unflatten(self, vector: npt.ArrayLike) -> State:
         """Inverse of :meth:`flatten` (the blocks are views into ``vector``)."""
-        try:
-            vector = np.asarray(vector)
-        except (TypeError, ValueError) as error:
-            raise StateError(f"expected a vector of length {self.size} ({error})") from None
+        vector = as_array(
+            vector, lambda reason: StateError(f"expected a vector of length {self.size} ({reason})")
+        )
         if vector.ndim != 1 or vector.shape[0] != self.size:
             raise StateError(f"expected a vector of length {self.size}, got shape {vector.shape}")
         offsets = self._offset_table()
@@ -901,13 +917,7 @@ class Region:
         cls, space: Space, name: str, start: tuple[int, ...], stop: tuple[int, ...], dropped: tuple[int, ...]
     ) -> Region:
         """A region whose fields the caller has already validated (no second check)."""
-        region = object.__new__(cls)
-        object.__setattr__(region, "space", space)
-        object.__setattr__(region, "name", name)
-        object.__setattr__(region, "start", start)
-        object.__setattr__(region, "stop", stop)
-        object.__setattr__(region, "dropped", dropped)
-        return region
+        return _unchecked(cls, space=space, name=name, start=start, stop=stop, dropped=dropped)
 
     @property
     def block(self) -> Block:

@@ -68,58 +68,65 @@ def _bruck_reverse(x: DistributedTensor, y: DistributedTensor) -> LinearOperator
     return alltoall.alltoall_bruck(x, y).H
 
 
+def _duals(forward: str, backward: str, rows: Sequence[tuple[Any, ...]]) -> list[Variant]:
+    """The variants of two collectives each other's adjoints, one row per pair of reverses:
+    ``(name, build, reverse's name, reverse's build)``, then what both need if limited; the
+    forward collective's variants first, in the rows' order. A self-adjoint collective
+    (``forward == backward``) gives rows ``(name, build)``, each variant its own reverse."""
+    if forward == backward:
+        return [Variant(forward, name, build, (forward, name)) for name, build in rows]
+    return [Variant(forward, row[0], row[1], (backward, row[2]), *row[4:]) for row in rows] + [
+        Variant(backward, row[2], row[3], (forward, row[0]), *row[4:]) for row in rows
+    ]
+
+
 _LIST = [
-    Variant("broadcast", "linear", broadcast.broadcast_linear, ("reduce", "linear")),
-    Variant("broadcast", "binomial", broadcast.broadcast_binomial, ("reduce", "binomial")),
-    Variant(
+    *_duals(
         "broadcast",
-        "scatter_allgather",
-        broadcast.broadcast_scatter_allgather,
-        ("reduce", "reduce_scatter_gather"),
+        "reduce",
+        [
+            ("linear", broadcast.broadcast_linear, "linear", broadcast.reduce_linear),
+            ("binomial", broadcast.broadcast_binomial, "binomial", broadcast.reduce_binomial),
+            (
+                "scatter_allgather",
+                broadcast.broadcast_scatter_allgather,
+                "reduce_scatter_gather",
+                _reduce_scatter_gather,
+            ),
+        ],
     ),
-    Variant("reduce", "linear", broadcast.reduce_linear, ("broadcast", "linear")),
-    Variant("reduce", "binomial", broadcast.reduce_binomial, ("broadcast", "binomial")),
-    Variant("reduce", "reduce_scatter_gather", _reduce_scatter_gather, ("broadcast", "scatter_allgather")),
-    Variant(
+    *_duals(
         "allreduce",
-        "reduce_broadcast_linear",
-        allreduce.allreduce_reduce_broadcast_linear,
-        ("allreduce", "reduce_broadcast_linear"),
-    ),
-    Variant(
         "allreduce",
-        "reduce_broadcast_binomial",
-        allreduce.allreduce_reduce_broadcast_binomial,
-        ("allreduce", "reduce_broadcast_binomial"),
+        [
+            ("reduce_broadcast_linear", allreduce.allreduce_reduce_broadcast_linear),
+            ("reduce_broadcast_binomial", allreduce.allreduce_reduce_broadcast_binomial),
+            ("recursive_doubling", allreduce.allreduce_recursive_doubling),
+            ("ring", allreduce.allreduce_ring),
+            ("rabenseifner", allreduce.allreduce_rabenseifner),
+        ],
     ),
-    Variant(
-        "allreduce",
-        "recursive_doubling",
-        allreduce.allreduce_recursive_doubling,
-        ("allreduce", "recursive_doubling"),
-    ),
-    Variant("allreduce", "ring", allreduce.allreduce_ring, ("allreduce", "ring")),
-    Variant("allreduce", "rabenseifner", allreduce.allreduce_rabenseifner, ("allreduce", "rabenseifner")),
-    Variant("allgather", "ring", gather.allgather_ring, ("reduce_scatter", "ring")),
-    Variant(
+    *_duals(
         "allgather",
-        "recursive_doubling",
-        gather.allgather_recursive_doubling,
-        ("reduce_scatter", "recursive_halving"),
-    ),
-    Variant("reduce_scatter", "ring", gather.reduce_scatter_ring, ("allgather", "ring")),
-    Variant(
         "reduce_scatter",
-        "recursive_halving",
-        gather.reduce_scatter_recursive_halving,
-        ("allgather", "recursive_doubling"),
+        [
+            ("ring", gather.allgather_ring, "ring", gather.reduce_scatter_ring),
+            (
+                "recursive_doubling",
+                gather.allgather_recursive_doubling,
+                "recursive_halving",
+                gather.reduce_scatter_recursive_halving,
+            ),
+        ],
     ),
-    Variant("alltoall", "pairwise", alltoall.alltoall_pairwise, ("alltoall_reverse", "pairwise")),
-    Variant(
-        "alltoall", "bruck", alltoall.alltoall_bruck, ("alltoall_reverse", "bruck"), needs="equal row shares"
+    *_duals(
+        "alltoall",
+        "alltoall_reverse",
+        [
+            ("pairwise", alltoall.alltoall_pairwise, "pairwise", _pairwise_reverse),
+            ("bruck", alltoall.alltoall_bruck, "bruck", _bruck_reverse, "equal row shares"),
+        ],
     ),
-    Variant("alltoall_reverse", "pairwise", _pairwise_reverse, ("alltoall", "pairwise")),
-    Variant("alltoall_reverse", "bruck", _bruck_reverse, ("alltoall", "bruck"), needs="equal row shares"),
 ]
 
 VARIANTS: dict[str, dict[str, Variant]] = {}

@@ -72,6 +72,12 @@ def _first_extent(kind: str, block: Block) -> int:
     return block.shape[0]
 
 
+def _chunked(kind: str, tensor: Layout) -> tuple[list[str], int]:
+    """The members' block names and the extent of their first dimension (the one cut in chunks)."""
+    blocks = _members(kind, tensor)
+    return [b.name for b in blocks], _first_extent(kind, blocks[0])
+
+
 def allreduce_reduce_broadcast_linear(tensor: Layout) -> LinearOperator:
     r"""Every rank adds its block into rank 0's, which sends the sum back to every rank.
 
@@ -168,21 +174,16 @@ def allreduce_ring(tensor: Layout) -> LinearOperator:
     AlgorithmError
         If the blocks are scalars.
     """
-    blocks = _members("allreduce_ring", tensor)
-    names = [b.name for b in blocks]
+    names, extent = _chunked("allreduce_ring", tensor)
     size = len(names)
-    bounds = balanced_bounds(_first_extent("allreduce_ring", blocks[0]), size)
+    bounds = balanced_bounds(extent, size)
     steps = Steps(tensor.space)
-    for s in range(size - 1):
-        for r in range(size):
-            chunk = bounds[(r - 1 - s) % size]
-            if chunk[1] > chunk[0]:
-                steps.add(steps.region(names[r], chunk), steps.region(names[(r + 1) % size], chunk))
-    for s in range(size - 1):
-        for r in range(size):
-            chunk = bounds[(r - s) % size]
-            if chunk[1] > chunk[0]:
-                steps.copy(steps.region(names[r], chunk), steps.region(names[(r + 1) % size], chunk))
+    for shift, move in ((1, steps.add), (0, steps.copy)):  # the reduce-scatter, then the all-gather
+        for s in range(size - 1):
+            for r in range(size):
+                chunk = bounds[(r - shift - s) % size]
+                if chunk[1] > chunk[0]:
+                    move(steps.region(names[r], chunk), steps.region(names[(r + 1) % size], chunk))
     return steps.operator()
 
 
@@ -202,10 +203,9 @@ def allreduce_rabenseifner(tensor: Layout) -> LinearOperator:
     AlgorithmError
         If the blocks are scalars.
     """
-    blocks = _members("allreduce_rabenseifner", tensor)
-    names = [b.name for b in blocks]
+    names, extent = _chunked("allreduce_rabenseifner", tensor)
     folding = fold(len(names))
-    bounds = balanced_bounds(_first_extent("allreduce_rabenseifner", blocks[0]), folding.p2)
+    bounds = balanced_bounds(extent, folding.p2)
     steps = Steps(tensor.space)
     _fold_in(steps, names, folding)
 

@@ -22,7 +22,7 @@ from ..kernel_template import KernelTemplate
 from ..local import LocalKernel, LocalOperator
 from ..operator import Composition, Identity, LinearOperator
 from ..partition import DistributedTensor, Partition, balanced_sizes, grid_block_name
-from ..space import Block, Space
+from ..space import Block, Space, as_array
 
 __all__ = [
     "LayerError",
@@ -57,10 +57,7 @@ def require_int(layer: str, what: str, value: object, low: int = 1) -> int:
 def require_shape(layer: str, what: str, array: Any, expected: Sequence[int]) -> np.ndarray:
     """``array`` as an ndarray of shape ``expected`` and of a numeric dtype (numbers, or
     objects such as symbols), else a LayerError naming it."""
-    try:
-        array = np.asarray(array)
-    except (TypeError, ValueError) as error:  # ragged nested lists, unconvertible objects
-        raise LayerError(f"{layer}: {what} is not an array ({error})") from None
+    array = as_array(array, lambda reason: LayerError(f"{layer}: {what} is not an array ({reason})"))
     if array.shape != tuple(expected):
         raise LayerError(f"{layer}: {what} has shape {array.shape}, expected {tuple(expected)}")
     if array.dtype.kind not in "biufcO":

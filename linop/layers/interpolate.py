@@ -60,27 +60,11 @@ def need_row(
     """A halo geometry row for an explicit needed range ``need`` inside ``[0, length)`` (no
     padding): the widths of ``docs/theory.md#halo-geometry`` for a worker owning the inputs
     ``bulk`` and the outputs ``output`` (an empty output needs nothing: ``need = [i0, i0)``)."""
-    (o0, o1), (i0, i1) = output, bulk
+    (o0, o1), i0 = output, bulk[0]
     n0, n1 = need if o1 > o0 else (i0, i0)
     if o1 > o0 and not 0 <= n0 < n1 <= length:
         raise LayerError(f"dimension {dim}: worker {index} needs [{n0}, {n1}), outside [0, {length})")
-    return DimGeometry(
-        dim=dim,
-        index=index,
-        length=length,
-        output_start=o0,
-        output_stop=o1,
-        bulk_start=i0,
-        bulk_stop=i1,
-        need_start=n0,
-        need_stop=n1,
-        left_halo=max(0, i0 - n0) if o1 > o0 else 0,
-        right_halo=max(0, n1 - i1) if o1 > o0 else 0,
-        left_pad=0,
-        right_pad=0,
-        left_trim=max(0, n0 - i0),
-        right_trim=max(0, i1 - n1),
-    )
+    return DimGeometry.of_need(dim, index, length, output, bulk, (n0, n1))
 
 
 def _per_dimension(value: Any, dims: int, what: str) -> tuple[Any, ...]:

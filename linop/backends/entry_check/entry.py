@@ -186,22 +186,29 @@ class EntryCheck:
         <.repeat.Repeat.run>`); else ``(outcome, False)``, the outcome decoded afresh from the
         reduced vector (another rank's input differs: an error, or another run dtype), the same
         on every rank. Collective, like :meth:`run`."""
+        reduced, got = self._reduce(repeat.signature, repeat.sent, repeat.vector, timeout)
+        if got != repeat.sent:
+            return self._outcome(reduced, got, None, repeat.inplace), False
+        repeat.hits += 1
+        return repeat.outcome, True
+
+    def _reduce(
+        self, signature: Any, sent: bytes, vector: np.ndarray, timeout: float | None
+    ) -> tuple[np.ndarray, bytes]:
+        """``vector`` (kept as ``sent``, its bytes, under ``signature``) reduced over the ranks:
+        the reduced vector and its bytes. Collective."""
         reducer = self.agreement
-        if reducer.signature is not repeat.signature:  # else the send buffer holds this vector already
-            np.copyto(reducer.send, repeat.vector)
-            reducer.signature, reducer.sent = repeat.signature, repeat.sent
+        if reducer.signature is not signature:  # else the send buffer holds this vector already
+            np.copyto(reducer.send, vector)
+            reducer.signature, reducer.sent = signature, sent
         request = reducer.request
-        if request is not None and timeout is None:
+        if request is not None and timeout is None:  # the persistent Allreduce, without calls around it
             request.Start()
             request.Wait()
             reduced = reducer.received
         else:
             reduced = reducer.reduce(timeout, self._doing())
-        got = reduced.tobytes()
-        if got != repeat.sent:
-            return self._outcome(reduced, got, None, repeat.inplace), False
-        repeat.hits += 1
-        return repeat.outcome, True
+        return reduced, reduced.tobytes()
 
     def _doing(self) -> str:
         """What a deadline's error says the ranks were doing (worded once per tree)."""
@@ -233,18 +240,7 @@ class EntryCheck:
             vector[FLAG_OF[char]] = 1
             prepared = self._prepared[char] = [(self, char), vector.tobytes(), vector, None, None]
         signature, sent, vector, agreed, agreed_in_place = prepared
-        reducer = self.agreement
-        if reducer.signature is not signature:  # else the send buffer holds this vector already
-            np.copyto(reducer.send, vector)
-            reducer.signature, reducer.sent = signature, sent
-        request = reducer.request
-        if request is not None and timeout is None:  # the persistent Allreduce, without calls around it
-            request.Start()
-            request.Wait()
-            reduced = reducer.received
-        else:
-            reduced = reducer.reduce(timeout, self._doing())
-        got = reduced.tobytes()
+        reduced, got = self._reduce(signature, sent, vector, timeout)
         if got != sent:  # another rank differs: the general decoding, from the reduced vector
             return self._outcome(reduced, got, None, inplace)
         outcome = agreed_in_place if inplace else agreed  # every rank sent this very vector

@@ -33,6 +33,7 @@ as long as the repeat is, since it depends on nothing else the repeat does not c
 from __future__ import annotations
 
 import weakref
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -42,7 +43,15 @@ from .outcome import CheckOutcome
 __all__ = ["Repeat"]
 
 
-class Repeat:
+class _WeaklyReferenced:
+    """A base whose slot lets a slotted dataclass be weakly referenced (``weakref_slot=True``
+    needs Python 3.11)."""
+
+    __slots__ = ("__weakref__",)
+
+
+@dataclass(eq=False, repr=False, slots=True)
+class Repeat(_WeaklyReferenced):
     """One passed call of a single-block state (the common case), kept for the next.
 
     Parameters
@@ -63,49 +72,28 @@ class Repeat:
         What the ranks agreed when every rank sent this very vector.
     """
 
-    __slots__ = (
-        "__weakref__",
-        "dtype",
-        "hits",
-        "inplace",
-        "name",
-        "outcome",
-        "ref",
-        "run",
-        "sent",
-        "shape",
-        "signature",
-        "strides",
-        "vector",
-        "version",
-    )
+    name: str
+    array: InitVar[np.ndarray]
+    inplace: bool
+    signature: Any
+    sent: bytes
+    vector: np.ndarray
+    version: int
+    outcome: CheckOutcome
+    ref: Any = field(init=False)
+    shape: tuple[int, ...] = field(init=False)
+    strides: tuple[int, ...] = field(init=False)
+    dtype: np.dtype = field(init=False)
+    run: Any = field(default=None, init=False)
+    """The engine's prepared run of these arrays (set by the engine after its first run)."""
+    hits: int = field(default=0, init=False)
+    """How many calls this repeat has served (for tests and benchmarks)."""
 
-    def __init__(
-        self,
-        name: str,
-        array: np.ndarray,
-        inplace: bool,
-        signature: Any,
-        sent: bytes,
-        vector: np.ndarray,
-        version: int,
-        outcome: CheckOutcome,
-    ) -> None:
-        self.name = name
-        self.ref: Any = weakref.ref(array)
+    def __post_init__(self, array: np.ndarray) -> None:
+        self.ref = weakref.ref(array)
         self.shape = array.shape
         self.strides = array.strides
         self.dtype = array.dtype
-        self.inplace = inplace
-        self.signature = signature
-        self.sent = sent
-        self.vector = vector
-        self.version = version
-        self.outcome = outcome
-        self.run: Any = None
-        """The engine's prepared run of these arrays (set by the engine after its first run)."""
-        self.hits = 0
-        """How many calls this repeat has served (for tests and benchmarks)."""
 
     def same(self, state: Any, inplace: bool) -> bool:
         """Whether ``state`` holds exactly the kept array, unchanged in every property the

@@ -9,7 +9,7 @@ import scipy.sparse.linalg as spla
 from ... import dtypes
 from ...errors import OperandError, StateError
 from ...operator import LinearOperator
-from ...space import Space
+from ...space import Space, as_array
 
 __all__ = ["aslinearoperator"]
 
@@ -41,12 +41,12 @@ class _Wrapped(spla.LinearOperator):
 
     @staticmethod
     def _length(vector: object, space: Space, what: str) -> np.ndarray:
-        try:
-            array = np.asarray(vector)
-        except (TypeError, ValueError) as error:  # ragged
-            raise StateError(
-                f"{what} needs a vector of length {space.size}, not {vector!r} ({error})"
-            ) from None
+        array = as_array(
+            vector,
+            lambda reason: StateError(
+                f"{what} needs a vector of length {space.size}, not {vector!r} ({reason})"
+            ),
+        )
         if array.dtype.kind not in "iufc":
             raise StateError(
                 f"{what} needs a numeric vector, not {type(vector).__name__} of dtype {array.dtype}"

@@ -169,7 +169,36 @@ def _line(members: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 
 @dataclass(frozen=True)
-class GatherStep:
+class _LineStep:
+    """The fields of a step whose group is one line of the partition (:class:`GatherStep`,
+    :class:`ReduceScatterStep`): the rank's blocks ``source`` and ``target`` (None on a rank
+    outside the layout), the line's ranks ``members`` in coordinate order along ``axis``, each
+    one's rank in the line's sub-group ``positions[k]``, and the node's point-to-point program
+    ``fallback``."""
+
+    source: str | None
+    target: Block | None
+    members: tuple[int, ...]
+    axis: int
+    positions: tuple[int, ...]
+    fallback: Any = field(compare=False, repr=False)
+
+    @staticmethod
+    def fields_of(
+        part: LineGatherPart | LineReduceScatterPart,
+    ) -> tuple[str | None, Block | None, tuple[int, ...], int, tuple[int, ...], Any]:
+        """These fields of a line's part, in order (a subclass's own field follows)."""
+        members, positions = _line(part.members)
+        return part.source, part.target, members, part.axis, positions, part.fallback
+
+    @property
+    def rank_sets(self) -> list[tuple[int, ...]]:
+        """The line's ranks (its sub-group)."""
+        return [self.members]
+
+
+@dataclass(frozen=True)
+class GatherStep(_LineStep):
     """One rank's part of an all-gather (``reduce=False``) or reduce-scatter (``reduce=True``)
     along one axis of equal shares: its group is one line of the partition, ``members`` the
     line's ranks in coordinate order (member ``k`` owns entries ``[k n, (k + 1) n)`` of the
@@ -188,23 +217,11 @@ class GatherStep:
     first use), run instead where the collective is slower
     (:attr:`~linop.backends.torch_distributed.group.GroupContext.native_gathers`)."""
 
-    source: str | None
-    target: Block | None
-    members: tuple[int, ...]
-    axis: int
     reduce: bool
-    positions: tuple[int, ...]
-    fallback: Any = field(compare=False, repr=False)
 
     @classmethod
     def of(cls, part: LineGatherPart) -> GatherStep:
-        members, positions = _line(part.members)
-        return cls(part.source, part.target, members, part.axis, part.reduce, positions, part.fallback)
-
-    @property
-    def rank_sets(self) -> list[tuple[int, ...]]:
-        """The line's ranks (its sub-group)."""
-        return [self.members]
+        return cls(*_LineStep.fields_of(part), part.reduce)
 
     @property
     def in_order(self) -> bool:
@@ -213,7 +230,7 @@ class GatherStep:
 
 
 @dataclass(frozen=True)
-class ReduceScatterStep:
+class ReduceScatterStep(_LineStep):
     r"""One rank's part of a reduce-scatter along one axis of uneven shares (some may be empty):
     its group is one line of the partition, ``members`` the line's ranks in coordinate order,
     member ``k`` owning ``shares[k]`` entries along ``axis`` of the gathered block, after
@@ -228,23 +245,11 @@ class ReduceScatterStep:
     :class:`GatherStep`, ``fallback`` gives the node's point-to-point program, run where the
     collectives are slower (:attr:`~linop.backends.torch_distributed.group.GroupContext.native_gathers`)."""
 
-    source: str | None
-    target: Block | None
-    members: tuple[int, ...]
-    axis: int
     shares: tuple[int, ...]
-    positions: tuple[int, ...]
-    fallback: Any = field(compare=False, repr=False)
 
     @classmethod
     def of(cls, part: LineReduceScatterPart) -> ReduceScatterStep:
-        members, positions = _line(part.members)
-        return cls(part.source, part.target, members, part.axis, part.shares, positions, part.fallback)
-
-    @property
-    def rank_sets(self) -> list[tuple[int, ...]]:
-        """The line's ranks (its sub-group)."""
-        return [self.members]
+        return cls(*_LineStep.fields_of(part), part.shares)
 
 
 TorchStep = AllReduceStep | BroadcastStep | AllToAllStep | GatherStep | ReduceScatterStep

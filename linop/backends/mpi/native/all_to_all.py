@@ -17,7 +17,7 @@ from ....program.parts import AllToAllPart, PeerBox
 from ..datatypes import contiguous_run, element_type, mpi, subarray
 from ..mpi_types import Intracomm
 from ..steps import Action, Call, OutOfPlaceBinding, RankStep
-from .all_to_all_peers import PeerMessages
+from .all_to_all_peers import PeerMessages, run_blocks, store_result
 
 if TYPE_CHECKING:  # pragma: no cover - annotations only
     from ...numpy import Workspace
@@ -158,19 +158,10 @@ class _RankAlltoall(RankStep):
         if self.chosen() == "peers":
             self._peers.run(work, comm, dtype)
             return
-        if self.part.source is not None:
-            send = work.arrays[self.part.source]
-            if send.dtype != dtype or not send.flags.c_contiguous:
-                send = np.ascontiguousarray(send, dtype=dtype)
-        else:
-            send = np.empty(0, dtype=dtype)
-        receive = np.zeros(self.part.target.shape if self.part.target is not None else 0, dtype=dtype)
+        send, receive = run_blocks(self.part, work, dtype)
         for call in self._calls(send, receive, comm, dtype, self.chosen()):
             call()
-        if self.part.source is not None:
-            work.drop(self.part.source)
-        if self.part.target is not None:
-            work.set(self.part.target.name, receive)
+        store_result(self.part, work, receive)
 
     def bind_out_of_place(
         self, arrays: dict[str, np.ndarray], comm: Intracomm, dtype: np.dtype, *, dry: bool = False

@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
 
     from ...numpy import Workspace
 
-__all__ = ["TAG", "PeerMessages"]
+__all__ = ["TAG", "PeerMessages", "blocks", "run_blocks", "store_result"]
 
 TAG = 0
 """The tag of the point-to-point all-to-all's messages (see the module's note on ordering)."""
@@ -114,6 +114,33 @@ def _messages(
     return found
 
 
+def blocks(part: AllToAllPart, source: np.ndarray | None, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """The send block (``source``, or an empty one on a rank without a source block) and a
+    zeroed result block (empty on a rank without a target block)."""
+    send = source if source is not None else np.empty(0, dtype=dtype)
+    receive = np.zeros(part.target.shape if part.target is not None else 0, dtype=dtype)
+    return send, receive
+
+
+def run_blocks(part: AllToAllPart, work: Workspace, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`blocks` of a run: the source block taken from ``work``, as a C-contiguous array
+    of the run's ``dtype`` (converted only when it is not one)."""
+    source = None
+    if part.source is not None:
+        source = work.arrays[part.source]
+        if source.dtype != dtype or not source.flags.c_contiguous:
+            source = np.ascontiguousarray(source, dtype=dtype)
+    return blocks(part, source, dtype)
+
+
+def store_result(part: AllToAllPart, work: Workspace, receive: np.ndarray) -> None:
+    """End a run: the source block dropped from ``work``, the result block set as the target."""
+    if part.source is not None:
+        work.drop(part.source)
+    if part.target is not None:
+        work.set(part.target.name, receive)
+
+
 @dataclass
 class PeerMessages:
     """One rank's part of an all-to-all (:class:`~linop.program.parts.AllToAllPart`) as
@@ -123,18 +150,8 @@ class PeerMessages:
 
     part: AllToAllPart
 
-    def _blocks(self, source: np.ndarray | None, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-        send = source if source is not None else np.empty(0, dtype=dtype)
-        receive = np.zeros(self.part.target.shape if self.part.target is not None else 0, dtype=dtype)
-        return send, receive
-
     def run(self, work: Workspace, comm: Intracomm, dtype: np.dtype) -> None:
-        source = None
-        if self.part.source is not None:
-            source = work.arrays[self.part.source]
-            if source.dtype != dtype or not source.flags.c_contiguous:
-                source = np.ascontiguousarray(source, dtype=dtype)
-        send, receive = self._blocks(source, dtype)
+        send, receive = run_blocks(self.part, work, dtype)
         found = _messages(self.part, send, receive, comm.Get_rank(), dtype)
         requests = [comm.Irecv(spec, peer, TAG) for peer, spec in found.receives]
         for action in found.packs:
@@ -146,10 +163,7 @@ class PeerMessages:
             mpi().Request.Waitall(requests)
         for action in found.unpacks:
             action()
-        if self.part.source is not None:
-            work.drop(self.part.source)
-        if self.part.target is not None:
-            work.set(self.part.target.name, receive)
+        store_result(self.part, work, receive)
 
     def bind_out_of_place(
         self, arrays: dict[str, np.ndarray], comm: Intracomm, dtype: np.dtype, *, dry: bool = False
@@ -160,7 +174,7 @@ class PeerMessages:
         source = arrays[self.part.source] if self.part.source is not None else None
         if source is not None and (source.dtype != dtype or not source.flags.c_contiguous):
             return None
-        send, receive = self._blocks(source, dtype)
+        send, receive = blocks(self.part, source, dtype)
         results = {self.part.target.name: receive} if self.part.target is not None else {}
         dropped = (self.part.source,) if self.part.source is not None else ()
         if dry:

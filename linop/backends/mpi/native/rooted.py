@@ -7,9 +7,9 @@ around one collective over the group's distinct ranks."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -20,7 +20,7 @@ from ..context import subcommunicator
 from ..datatypes import byte_type, mpi, predefined_type
 from ..memory import new_array
 from ..runtime import run_schedule
-from ..steps import Call, OutOfPlaceBinding, RankStep
+from ..steps import OutOfPlaceBinding, RankStep
 from .common import REDUCIBLE
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
@@ -50,6 +50,16 @@ def _placeholders(created: tuple[Block, ...], dtype: np.dtype, dropped: tuple[st
     )
 
 
+class _Member(NamedTuple):
+    """This rank in one rooted group: the group, its sub-communicator (None for a group on one
+    rank), the copies this rank holds, and whether this rank is the root's."""
+
+    group: RootedGroup
+    sub: Intracomm | None
+    mine: list[str]
+    is_root: bool
+
+
 @dataclass
 class _RankBroadcast(RankStep):
     """One rank's part of a broadcast or sum-reduce (:class:`~linop.program.parts.RootedPart`)."""
@@ -71,13 +81,11 @@ class _RankBroadcast(RankStep):
             return
         lib = mpi()
         results: list[tuple[str, np.ndarray, bool]] = []
-        for group, mine in zip(self.part.groups, self._mine()):  # blocking, in the global order of the groups
-            sub = subcommunicator(comm, group.ranks) if len(group.ranks) > 1 else None
-            is_root = group.ranks[0] == self.part.rank
+        for member in self._members(comm):  # blocking, in the global order of the groups
             if self.part.reduce:
-                self._reduce(group, sub, mine, is_root, work, dtype, results, lib)
+                self._reduce(member, work, dtype, results, lib)
             else:
-                self._broadcast(group, sub, mine, is_root, work, dtype, results)
+                self._broadcast(member, work, dtype, results)
         store_results(work, self.part.dropped, results, self.part.created)
 
     def reads(self) -> tuple[str, ...]:
@@ -104,12 +112,9 @@ class _RankBroadcast(RankStep):
         if dry:
             return _placeholders(self.part.created, dtype, self.part.dropped)
         lib = mpi()
-        requests: list[Call] = []
-        results: dict[str, np.ndarray] = {}
-        scratch: list[np.ndarray] = []
-        for group, mine in zip(self.part.groups, self._mine()):
-            sub = subcommunicator(comm, group.ranks) if len(group.ranks) > 1 else None
-            is_root = group.ranks[0] == self.part.rank
+        binding = OutOfPlaceBinding(dropped=self.part.dropped)  # filled as the groups are bound
+        requests, results, scratch = binding.calls, binding.results, binding.scratch
+        for group, sub, mine, is_root in self._members(comm):
             if not self.part.reduce:
                 if is_root:
                     buffer = arrays[group.root_name]
@@ -134,20 +139,20 @@ class _RankBroadcast(RankStep):
                 results[group.root_name] = total
             else:  # the request writes into it on every call: kept alive with the binding
                 scratch.append(total)
-        return OutOfPlaceBinding(requests, results, self.part.dropped, scratch)
+        return binding
+
+    def _members(self, comm: Intracomm) -> Iterator[_Member]:
+        """This rank in each of the part's groups, in the global order of the groups."""
+        for group, mine in zip(self.part.groups, self._mine()):
+            sub = subcommunicator(comm, group.ranks) if len(group.ranks) > 1 else None
+            yield _Member(group, sub, mine, group.ranks[0] == self.part.rank)
 
     def _broadcast(
-        self,
-        group: RootedGroup,
-        sub: Intracomm | None,
-        mine: list[str],
-        is_root: bool,
-        work: Workspace,
-        dtype: np.dtype,
-        results: list[tuple[str, np.ndarray, bool]],
+        self, member: _Member, work: Workspace, dtype: np.dtype, results: list[tuple[str, np.ndarray, bool]]
     ) -> None:
         """Root: send its block as it is (it also becomes the root's own copy, uncopied);
         others: receive into a new block."""
+        group, sub, mine, is_root = member
         if is_root:
             buffer, owned = root_buffer(work, group.root_name, dtype)
             if mine:
@@ -160,10 +165,7 @@ class _RankBroadcast(RankStep):
 
     def _reduce(
         self,
-        group: RootedGroup,
-        sub: Intracomm | None,
-        mine: list[str],
-        is_root: bool,
+        member: _Member,
         work: Workspace,
         dtype: np.dtype,
         results: list[tuple[str, np.ndarray, bool]],
@@ -171,6 +173,7 @@ class _RankBroadcast(RankStep):
     ) -> None:
         """Every member adds its copy with ``Allreduce``: on this MPICH it reaches the sum
         faster than ``Reduce`` (see benchmarks/bench_mpi_collectives.py); non-roots discard it."""
+        group, sub, mine, is_root = member
         mpi_type = predefined_type(dtype)
         total = new_array(group.shape, dtype)  # recycled memory: no page faults per call
         if mine:
@@ -244,9 +247,8 @@ class _RankMappedRooted(RankStep):
         if dry:
             return _placeholders(self.part.created, dtype, self.part.dropped)
         lib = mpi()
-        calls: list[Call] = []
-        results: dict[str, np.ndarray] = {}
-        scratch: list[np.ndarray] = []
+        binding = OutOfPlaceBinding(dropped=self.part.dropped)  # filled as the groups are bound
+        calls, results, scratch = binding.calls, binding.results, binding.scratch
         for group in self.part.groups:
             sub = subcommunicator(comm, group.ranks) if len(group.ranks) > 1 else None
             if self.part.reduce:
@@ -274,7 +276,7 @@ class _RankMappedRooted(RankStep):
                     scratch.append(buffer)
             else:
                 results[group.copies[0]] = buffer
-        return OutOfPlaceBinding(calls, results, self.part.dropped, scratch)
+        return binding
 
 
 def _local_sum(total: np.ndarray, copies: Sequence[np.ndarray]) -> None:
