@@ -67,6 +67,12 @@ TORCH_EDGES: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
     "function: not a dict on rank 1 (first call)": {
         EVERY: ("DistributedStateError", ("rank 1: local state is missing block 'a[1]'",))
     },
+    "function: a numpy array for a tensor on rank 1 (first call)": {
+        EVERY: ("DistributedStateError", ("rank 1: block 'a[1]' is refused", "must be a torch tensor"))
+    },
+    "function: positional tensors, one too few on rank 1 (first call)": {
+        EVERY: ("DistributedStateError", ("rank 1: local state is missing block 'a[1]'",))
+    },
     "redistribute_local: a wrong local shape on rank 1": {
         EVERY: ("DistributedStateError", ("rank 1: block 'a[1]' has shape (1, 4)",))
     },

@@ -148,17 +148,30 @@ class _Runner:
             from ..backends.torch_distributed.check import report_failure
 
             if plan.problem is not None or self._bound is None:
-                arrays = (
-                    {
-                        name: _host_view(v.detach()) if isinstance(v, torch.Tensor) else v
-                        for name, v in state.items()
-                    }
-                    if isinstance(state, Mapping)
-                    else {}
-                )
-                plan.check(arrays).result()  # raises the agreed error on every rank
+                # raises the agreed error on every rank: this rank's refusal is in it
+                plan.check(self._refused_state(plan, error, state)).result()
             report_failure(error)
         raise error
+
+    def _refused_state(self, plan: Any, error: LinopError, state: Any) -> dict[str, Any]:
+        """``state`` as the entry check reads it, with this rank's refusal in it: each value
+        that is not a tensor, or else the first input, is a
+        :class:`~linop.backends.entry_check.state.Refused` carrying ``error`` (unless the
+        check finds a problem with ``state`` itself: it words it), so that the check fails on
+        every rank, naming this one (a numpy array passes the check, and a
+        peer would go on to wait for this rank in the data movement)."""
+        from ..backends.entry_check.state import Refused
+
+        given = state if isinstance(state, Mapping) else {}
+        arrays: dict[str, Any] = {
+            name: _host_view(v.detach()) if isinstance(v, torch.Tensor) else Refused(f"is refused: {error}")
+            for name, v in given.items()
+        }
+        if any(isinstance(v, Refused) for v in arrays.values()) or not self.inputs:
+            return arrays
+        if plan.entry.local.problem(arrays, False) is None:  # else the check words it itself
+            arrays[self.inputs[0]] = Refused(f"is refused: {error}")
+        return arrays
 
     def run(self, tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         state = {name: tensor.detach() for name, tensor in zip(self.inputs, tensors)}

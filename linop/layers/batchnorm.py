@@ -3,11 +3,11 @@ share a channel (docs/theory.md#layers).
 
 x (N, C, S_0, ...) lies on any partition P_x = P_n x P_c x P_0 x ... (batch, channels and
 features all cut, unevenly and with empty shares if wanted). The workers with one channel
-index c form the group G(c) of |G| workers; each worker j in it has a slot g(j) (its position
+index c form the group G(c) of :math:`|G|` workers; each worker j in it has a slot g(j) (its position
 along the axes other than the channel's) and holds :math:`m_j` entries of each of its
 channels (:math:`m = \sum_j m_j = N \prod_d S_d`, the global count). In training mode one
 all-reduce :math:`A = \mathrm{AllReduce}(\cdot, \text{axes} \ne 1)` (an operator tree that
-``verify`` proves exactly) of the *moments* blocks (2|G| (+2) x c) gives every worker of the
+``verify`` proves exactly) of the *moments* blocks (:math:`2|G|` (+2) x c) gives every worker of the
 group the local mean and biased variance of every worker's block, each in its own slot (the
 others write zeros there, so the sum is a gather), and combines them as Chan et al.'s
 parallel variance does:
@@ -242,12 +242,12 @@ class BatchNorm:
         (1, c_share) on every worker: the statistics' partial sums (the two-pass reduction
         :attr:`statistics_reduction`, which the JAX function runs).
     group_size : int
-        |G|, the workers of one channel group (the product of P_x's axes but the channel's).
+        :math:`|G|`, the workers of one channel group (the product of P_x's axes but the channel's).
     slot_counts : tuple of int
         :math:`m_j` of the worker in each slot of a group (the same for every group).
     moments : BlockGrid
-        (2 |G| + 2, c_share) on every worker (2 |G| without affine): rows ``g`` and
-        ``|G| + g`` the mean and variance of the block in slot g, the last two θ (the
+        (:math:`2|G| + 2`, c_share) on every worker (:math:`2|G|` without affine): rows ``g`` and
+        ``n + g`` (n = :math:`|G|`) the mean and variance of the block in slot g, the last two θ (the
         owner's; zeros elsewhere). Reduced by :attr:`moments_reduction`.
 
     Raises

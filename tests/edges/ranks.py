@@ -166,6 +166,18 @@ CASES: list[tuple[str, Callable[[], Any]]] = [
         lambda: function(tree(SIZE, 8), group=True)(own(tree(SIZE, 8)) if RANK == 0 else [torch.ones(4, 4)]),
     ),
     (
+        "function: a numpy array for a tensor on rank 1 (first call)",
+        lambda: function(tree(SIZE, 14), group=True)(
+            {n: t if RANK == 0 else t.numpy() for n, t in own(tree(SIZE, 14)).items()}
+        ),
+    ),
+    (
+        "function: positional tensors, one too few on rank 1 (first call)",
+        lambda: function(tree(SIZE, 15), group=True).tensors(
+            *own(tree(SIZE, 15)).values() if RANK == 0 else ()
+        ),
+    ),
+    (
         "redistribute_local: a wrong local shape on rank 1",
         lambda: redistribute_local(
             torch.ones(rows(SIZE, 11).block_of(RANK).shape if RANK == 0 else (1, 4)),
