@@ -30,16 +30,18 @@ def _state(op: Repartition, value: int, dtype: type) -> dict[str, np.ndarray]:
     return {b.name: np.full(b.shape, value, dtype=dtype) + np.arange(b.size, dtype=dtype) for b in op.domain}
 
 
-@pytest.mark.skipif(jax.config.jax_enable_x64, reason="the narrowing happens with x64 off")
-def test_int64_entries_beyond_int32_are_refused_not_wrapped():
+def test_int64_entries_beyond_int32_are_refused_with_x64_off_and_exact_with_it_on():
     op = _tree()
     run = sharded(op, MESH, workers={0: 0, 1: 0, 2: 0})
-    with pytest.raises(IntegerOverflowError, match=r"block '.*' holds int64 entries .* beyond int32"):
-        run.blocks(_state(op, 2**40, np.int64))
-    small = run.blocks(_state(op, 5, np.int64))  # within int32: exact
-    expected = op.apply(_state(op, 5, np.int64))
-    for name, value in expected.items():
-        np.testing.assert_array_equal(np.asarray(small[name]), value)
+    with jax.enable_x64(False):
+        with pytest.raises(IntegerOverflowError, match=r"block '.*' holds int64 entries .* beyond int32"):
+            run.blocks(_state(op, 2**40, np.int64))
+        small = run.blocks(_state(op, 5, np.int64))  # within int32: exact
+    with jax.enable_x64(True):
+        large = run.blocks(_state(op, 2**40, np.int64))
+    for got, value in ((small, 5), (large, 2**40)):
+        for name, expected in op.apply(_state(op, value, np.int64)).items():
+            np.testing.assert_array_equal(np.asarray(got[name]), expected)
 
 
 def test_a_ragged_block_is_a_state_error_naming_it():
