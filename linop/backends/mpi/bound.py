@@ -19,6 +19,15 @@ choice, alike on every rank) nothing is compiled: the plan is only checked, and 
 runs the ordinary application. A state with integer
 blocks is never compiled: each call runs the checked application, since whether an integer
 result fits (``docs/theory.md#dtypes``) depends on the values of that call.
+
+The deadline (``bind(..., timeout=)``, else ``LINOP_TIMEOUT``, else 600 s:
+:mod:`linop.backends.mpi.deadline`) bounds the first call: every rank meets first in a polled
+nonblocking barrier (:func:`~linop.backends.mpi.deadline.arrive_within`), so that no rank
+waits in a blocking call for one that never comes; the ranks that arrived name those that did
+not (:class:`~linop.errors.PeerTimeoutError`) and the job is aborted. With
+``bind(..., every_call=True)`` every call meets so: one more collective per call (an
+``Ibarrier``, completed at once or after a short spin when the ranks arrive together),
+measured in ``benchmarks/bench_deadline.py``.
 """
 
 from __future__ import annotations
@@ -58,9 +67,12 @@ class BoundPlan:
         timeout: float | None = None,
         donate: bool = False,
         persistent: bool = True,
+        every_call: bool = False,
     ) -> None:
         self.plan = plan
-        self._first_timeout = timeout  # the first call's deadline (mpi_deadline), then None
+        self._deadline = timeout  # the next call's deadline: the first call's, or every call's
+        self.every_call = every_call and timeout is not None
+        """Whether every call (not only the first) meets the other ranks within the deadline."""
         self.arrays = arrays
         self.dtype = dtype
         self.inplace = inplace
@@ -100,8 +112,8 @@ class BoundPlan:
         return self._calls is not None
 
     def __call__(self) -> State:
-        if self._first_timeout is not None:
-            self._arrive_first()
+        if self._deadline is not None:
+            self._arrive()
         calls = self._calls
         if calls is None:
             if self.checked:
@@ -117,14 +129,17 @@ class BoundPlan:
             abort_for(self.plan.comm, f"applying the bound plan of {self.plan.op}", error)
         return self.outputs if not self.inplace else self.arrays
 
-    def _arrive_first(self) -> None:
-        """Every rank's first call, compiled or not, within the deadline: a polled barrier
-        first (:func:`~linop.backends.mpi.deadline.arrive_within`), so no rank waits in a
-        blocking call for one that never comes; a timeout ends the job."""
-        timeout, self._first_timeout = self._first_timeout, None
-        assert timeout is not None  # called only while the first call's deadline is set
+    def _arrive(self) -> None:
+        """The call within the deadline (the first, or every one with :attr:`every_call`): a
+        polled barrier first (:func:`~linop.backends.mpi.deadline.arrive_within`), so no rank
+        waits in a blocking call for one that never comes; a timeout ends the job."""
+        timeout = self._deadline
+        assert timeout is not None  # called only while a deadline is set
+        doing = "a call" if self.every_call else "the first call"
+        if not self.every_call:
+            self._deadline = None
         try:
-            arrive_within(self.plan.comm, timeout, f"the first call of the bound plan of {self.plan.op}")
+            arrive_within(self.plan.comm, timeout, f"{doing} of the bound plan of {self.plan.op}")
         except BaseException as error:
             abort_for(self.plan.comm, f"applying the bound plan of {self.plan.op}", error)
 

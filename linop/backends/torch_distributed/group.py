@@ -13,9 +13,11 @@ rank holds the same tree), in the order of the tree's global program, which ever
 derives alike (:mod:`linop.backends.torch_distributed.schedule`).
 
 The check's deadline: ``timeout=`` (seconds) of the public functions, else the environment
-variable ``LINOP_TIMEOUT`` (seconds; unset, empty, ``0`` or ``off``: no deadline of linop's,
-only the process group's own timeout of ``init_process_group``; ``inf`` or a value beyond
-:data:`~linop.backends.host_deadline.NO_DEADLINE_BEYOND`: no deadline either).
+variable ``LINOP_TIMEOUT`` (seconds), else
+:data:`~linop.backends.host_deadline.DEFAULT_SECONDS` (600 s, as on MPI; why, in
+:mod:`linop.backends.host_deadline`); ``LINOP_TIMEOUT=off`` (``0``, ``none``), ``inf`` or a value
+beyond :data:`~linop.backends.host_deadline.NO_DEADLINE_BEYOND`: no deadline of linop's, only
+the process group's own timeout of ``init_process_group``.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ import numpy as np
 
 from ...errors import PeerTimeoutError, ProcessGroupArgumentError, ProcessGroupError, RankFailedError
 from ...program.cache import PlanCache
-from ..host_deadline import ENVIRONMENT, deadline_seconds, text_seconds
+from ..host_deadline import ENVIRONMENT, deadline_seconds, environment_text, text_seconds
+from .deadline import roll_call
 
 __all__ = [
     "GroupContext",
@@ -48,8 +51,8 @@ TIMEOUT_VARIABLE = ENVIRONMENT
 
 
 def resolve_timeout(timeout: float | None) -> float | None:
-    """The deadline in seconds: ``timeout``, else ``$LINOP_TIMEOUT``, else None (none);
-    ``inf`` and values beyond :data:`~linop.backends.host_deadline.NO_DEADLINE_BEYOND` mean none
+    """The deadline in seconds: ``timeout``, else ``$LINOP_TIMEOUT``, else
+    :data:`~linop.backends.host_deadline.DEFAULT_SECONDS`; None (none) for ``off``, ``inf`` and values beyond :data:`~linop.backends.host_deadline.NO_DEADLINE_BEYOND` mean none
     (the rule of both host executors, :func:`~linop.backends.host_deadline.deadline_seconds`).
 
     Raises
@@ -58,12 +61,12 @@ def resolve_timeout(timeout: float | None) -> float | None:
         A timeout that is not a positive number (the variable's value named).
     """
     if timeout is None:
-        text = os.environ.get(TIMEOUT_VARIABLE, "")
+        text = environment_text(os.environ)
         try:
             timeout = text_seconds(text)
         except ValueError:
             raise ProcessGroupArgumentError(
-                f"{TIMEOUT_VARIABLE}={text.strip().lower()!r} is not a number of seconds (or 'off')"
+                f"{TIMEOUT_VARIABLE}={text!r} is not a number of seconds (or 'off')"
             ) from None
         if timeout is None:
             return None
@@ -236,20 +239,17 @@ class GroupContext:
         Raises
         ------
         PeerTimeoutError
-            The collective did not complete in time, or a peer's connection was lost.
+            The collective did not complete in time (the ranks that did not arrive named:
+            :func:`~linop.backends.torch_distributed.deadline.roll_call`), or a peer's
+            connection was lost.
         """
         try:
             if timeout is None:
                 work.wait()
             else:
                 work.wait(datetime.timedelta(seconds=timeout))
-        except RuntimeError as error:
-            within = "" if timeout is None else f" within {timeout:g} s"
-            raise PeerTimeoutError(
-                f"rank {self.rank}: not every rank of the group of {self.size} reached {doing}{within} "
-                f"(a rank failed, hung or called something else; the group cannot be used any more): "
-                f"{str(error).splitlines()[0] if str(error) else type(error).__name__}"
-            ) from error
+        except RuntimeError as error:  # the ranks that did not arrive, or ended, named (a roll call)
+            raise roll_call(self, timeout, doing, error) from error
 
 
 class RunGuard:

@@ -349,7 +349,12 @@ class TorchDistributedPlan:
         numpy_backend.write_back(arrays, work)
 
     def bind(
-        self, local_state: Mapping[str, Any], *, inplace: bool | None = None, timeout: float | None = None
+        self,
+        local_state: Mapping[str, Any],
+        *,
+        inplace: bool | None = None,
+        timeout: float | None = None,
+        every_call: bool = False,
     ) -> BoundTorchPlan:
         """Prepare repeated application to these very tensors (or arrays); collective.
 
@@ -359,9 +364,13 @@ class TorchDistributedPlan:
         only starts the batches and finishes them; out of place, one ``all_to_all_single`` (a
         repartition, scatter, gather, all-gather) is prepared alike, into result tensors that
         every call overwrites. Any other schedule runs on each call without its check.
-        ``timeout`` bounds the check and the first call (:class:`~linop.errors.PeerTimeoutError`
-        when a peer never makes that call, as on MPI): a prepared step's own wait, else a
-        barrier before the first run (one more collective, on the first call only).
+        ``timeout`` (default ``$LINOP_TIMEOUT``, else 600 s) bounds the check and the first call
+        (:class:`~linop.errors.PeerTimeoutError` naming the ranks that never make that call, as
+        on MPI): a prepared step's own waits, else a barrier before the first run (one more
+        collective, on the first call only). ``every_call=True`` (alike on every rank) bounds
+        every call so: a prepared step's waits take the deadline (``work.wait(timeout)``, no
+        more messages), any other step meets the others in that barrier on every call (one more
+        collective per call).
         """
         if inplace is None:
             inplace = self.op.domain == self.op.range
@@ -380,13 +389,16 @@ class TorchDistributedPlan:
                 outcome.cast,
                 device_state=local_state,
                 timeout=resolve_timeout(timeout),
+                every_call=every_call,
             )
         entry = array_api.mpi_entry(local_state)
         outcome = self.check(
             screened(local_state, entry.arrays, inplace=inplace), inplace=inplace, timeout=timeout
         )
         dtype = outcome.result()
-        return BoundTorchPlan(self, entry, dtype, inplace, outcome.cast, timeout=resolve_timeout(timeout))
+        return BoundTorchPlan(
+            self, entry, dtype, inplace, outcome.cast, timeout=resolve_timeout(timeout), every_call=every_call
+        )
 
 
 class _PreparedPhase:
@@ -418,8 +430,9 @@ class _PreparedPhase:
             if t.after == "clear" and not phase.empty(t)
         ]
 
-    def run(self, timeout: float | None = None) -> None:
-        """One exchange; ``timeout`` (seconds, a bound plan's first call) bounds the wait.
+    def run(self, timeout: float | None = None, doing: str = "the first call of a bound plan") -> None:
+        """One exchange; ``timeout`` (seconds, a bound plan's first call or every one) bounds
+        the wait.
 
         Raises
         ------
@@ -434,7 +447,7 @@ class _PreparedPhase:
                 if timeout is None:
                     request.wait()
                 else:
-                    self.context.wait(request, timeout, "the first call of a bound plan")
+                    self.context.wait(request, timeout, doing)
         for target, buffer, add in self.unpacks:
             if add:
                 target += buffer
@@ -495,6 +508,9 @@ class BoundTorchPlan:
         copy a result to keep it past the next call; :meth:`run_on` returns new tensors).
     dtype : numpy dtype
         The run's dtype, agreed when binding.
+    every_call : bool
+        Whether every call, not only the first, is bounded by the deadline
+        (:meth:`TorchDistributedPlan.bind`).
     """
 
     def __init__(
@@ -507,6 +523,7 @@ class BoundTorchPlan:
         *,
         device_state: Mapping[str, Any] | None = None,
         timeout: float | None = None,
+        every_call: bool = False,
     ) -> None:
         self.plan = plan
         self.entry = entry
@@ -514,7 +531,8 @@ class BoundTorchPlan:
         self.inplace = inplace
         self.cast = cast
         self.freed = False
-        self._first_timeout = timeout  # the first call's deadline (prepared calls), then None
+        self._deadline = timeout  # the next call's deadline: the first call's, or every call's
+        self.every_call = every_call and timeout is not None
         self._phases: list[_PreparedPhase] | None = None
         self._exchange: tuple[AllToAll, dict[str, np.ndarray]] | None = None
         self.device_state = device_state
@@ -536,10 +554,13 @@ class BoundTorchPlan:
     def __call__(self) -> Any:
         if self.freed:
             raise StateError(f"this bound plan of {self.plan.op} has been freed; bind the plan again")
-        timeout, self._first_timeout = self._first_timeout, None
+        timeout = self._deadline
+        doing = "a call of a bound plan" if self.every_call else "the first call of a bound plan"
+        if not self.every_call:
+            self._deadline = None
         if timeout is not None and not self.prepared:  # no wait of its own to bound: a barrier first
             with self.plan.context.guard(self.plan.op):
-                self.plan.context.arrive_within(timeout, "the first call of a bound plan")
+                self.plan.context.arrive_within(timeout, doing)
         if self.device_state is not None:
             return self.plan.run_on_device(
                 self.arrays, self.dtype, self.cast, inplace=self.inplace, state=self.device_state
@@ -548,12 +569,12 @@ class BoundTorchPlan:
         if self._phases is not None:
             with self.plan.context.guard(self.plan.op):
                 for phase in self._phases:
-                    phase.run(timeout)
+                    phase.run(timeout, doing)
             return self.entry.result(self.entry.state, inplace=True)
         if self._exchange is not None:
             exchange, results = self._exchange
             with self.plan.context.guard(self.plan.op):
-                exchange.run(timeout)
+                exchange.run(timeout, doing)
             return self.entry.result(dict(results), inplace=False)
         if self.inplace:
             self.plan.run_in_place(self.arrays, self.dtype, cast=self.cast)
