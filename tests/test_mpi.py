@@ -390,6 +390,7 @@ def _alive(pid: int) -> bool:
         pytest.param(2, "dup", id="2-ranks-dup"),
         pytest.param(4, "unbound", id="4-ranks-unbound"),
         pytest.param(2, "every", id="2-ranks-every-call"),
+        pytest.param(2, "every-barrier", id="2-ranks-every-call-barrier"),
     ],
 )
 def test_a_rank_that_never_arrives_ends_the_job_with_a_typed_error(ranks, mode):
@@ -418,6 +419,7 @@ def test_a_rank_that_never_arrives_ends_the_job_with_a_typed_error(ranks, mode):
         "dup": "the duplication of the communicator",
         "unbound": "the first call of the bound plan",
         "every": "a call of the bound plan",
+        "every-barrier": "a call of the bound plan",
     }
     for rank in (r for r in range(ranks) if r != 1):
         assert f"PeerTimeoutError: rank {rank}: rank(s) [1] did not arrive" in output, output

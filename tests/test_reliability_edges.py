@@ -154,9 +154,14 @@ def test_shutdown_destroys_the_sub_groups_linop_made_and_only_those(monkeypatch)
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "destroy_process_group", lambda sub=None: destroyed.append(sub))
     context = groups.GroupContext.__new__(groups.GroupContext)
-    context.group = "the user's group"
-    context._subgroups = {(0, 1): "sub 01", (0, 1, 2, 3): "the user's group", (2, 3): "sub 23"}
-    monkeypatch.setattr(groups, "_CONTEXTS", {1: ("the user's group", context)})
+    held = {name: groups._Strong(name) for name in ("the user's group", "sub 01", "sub 23")}
+    context._group = held["the user's group"]
+    context._subgroups = {
+        (0, 1): held["sub 01"],
+        (0, 1, 2, 3): held["the user's group"],
+        (2, 3): held["sub 23"],
+    }
+    monkeypatch.setattr(groups, "_CONTEXTS", {1: (held["the user's group"], context)})
     assert groups.shutdown() == 2
     assert destroyed == ["sub 01", "sub 23"] and not groups._CONTEXTS and not context._subgroups
     assert groups.shutdown() == 0  # idempotent

@@ -6,7 +6,9 @@ tests/test_mpi.py as ``timeout_case.py apply`` (``apply_mpi(..., timeout=)`` und
 runs the ordinary application), ``timeout_case.py dup`` (``apply_mpi(..., timeout=)`` as the
 first use of the communicator, whose duplication ``MPI_Comm_dup`` is collective) or
 ``timeout_case.py every`` (a persistent bound plan bound with ``timeout=`` and
-``every_call=True``: rank 1 makes the first call and skips the second).
+``every_call=True``, its waits polled: rank 1 makes the first call and skips the second) or
+``timeout_case.py every-barrier`` (the same on integer blocks: a bound plan that is not
+compiled, whose every call meets in a polled barrier first).
 
 Except in ``dup``, every rank first applies once together (so the communicator's duplicate
 exists); then rank 1 skips the next call and sleeps. The other ranks must end by the deadline
@@ -49,9 +51,11 @@ def main(mode: str) -> None:
             time.sleep(120)
         print(f"rank {RANK} calls at {time.time()}", flush=True)
         op.apply_mpi(local, comm=COMM, inplace=True, timeout=TIMEOUT)
-    elif mode == "every":  # every call of a bound plan within the deadline: rank 1 skips the second
-        bound = plan_for(op, comm=COMM).bind(local, inplace=True, timeout=TIMEOUT, every_call=True)
-        assert bound.persistent and bound.every_call
+    elif mode.startswith("every"):  # every call of a bound plan within the deadline: rank 1 skips the second
+        polled = mode == "every"
+        arrays = local if polled else {name: array.astype(np.int64) for name, array in local.items()}
+        bound = plan_for(op, comm=COMM).bind(arrays, inplace=True, timeout=TIMEOUT, every_call=True)
+        assert bound.every_call and bound.persistent == polled and bound.polled == polled
         bound()  # every rank: fine
         if RANK == MISSING:
             time.sleep(120)
@@ -72,7 +76,7 @@ def main(mode: str) -> None:
     print(f"rank {RANK} finished (it should not have)", flush=True)
 
 
-if sys.argv[1] in ("apply", "dup", "every"):
+if sys.argv[1] in ("apply", "dup", "every", "every-barrier"):
     with guard():
         main(sys.argv[1])
 else:

@@ -27,7 +27,15 @@ deadline. Prints ``BOUND OK rank 0`` and ``BOUND ABSENT rank 1``.
   itself (``SIGKILL``): rank 0's second call must raise ``PeerTimeoutError`` naming rank 1 as
   ended, from the closed connection, not from the deadline. Prints ``KILLED OK rank 0``.
 
-These ranks are forked processes joined here (``torch.multiprocessing`` would end rank 0 as
+``MODE`` ``teardown``: both ranks use linop on the world group (an apply, a prepared bound
+plan, a gradient agreement, an autograd function's forward and backward), drop what they hold,
+then ``destroy_process_group``: no thread of torch.distributed may run after it (gloo's worker
+and transport threads, the store's server on rank 0), as without linop (before: linop's
+contexts held the group, whose threads ran on to the interpreter's exit, where some 4-process
+runs aborted with ``terminate called without an active exception``). Then each rank leaves
+through the interpreter's whole teardown (no ``os._exit``) and prints ``TEARDOWN OK rank r``.
+
+The ``every`` ranks are forked processes joined here (``torch.multiprocessing`` would end rank 0 as
 soon as rank 1 dies); the launch prints ``EXIT CODES [0, -9]``.
 """
 
@@ -238,6 +246,53 @@ def killed(rank: int) -> None:
     raise AssertionError("no PeerTimeoutError without rank 1")
 
 
+TORCH_THREADS = ("gloo", "pt_gloo", "pt_tcpstore")
+"""Name prefixes of torch.distributed's threads (``/proc/self/task/*/comm``)."""
+
+
+def _torch_threads() -> list[str]:
+    found = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            name = Path(f"/proc/self/task/{task}/comm").read_text().strip()
+        except OSError:  # ended meanwhile
+            continue
+        if name.startswith(TORCH_THREADS):
+            found.append(name)
+    return sorted(found)
+
+
+def _use_linop(rank: int) -> None:
+    from linop.frameworks.torch_agreement import start_agreement
+    from linop.frameworks.torch_function import function
+
+    op = _all_reduce()
+    td.apply(op, _mine(op, rank))
+    tensor = DistributedTensor("t", (8,), Partition((2,)))
+    halo = HaloExchange(halo_geometry(tensor, Kernel(3, padding=1, boundary="periodic")))
+    mine = {b.name: np.arange(float(b.size)).reshape(b.shape) for b in halo.domain.owned(rank)}
+    step = td.plan_for(halo).bind(mine)
+    _require(step.prepared, "the bound halo exchange is not prepared")
+    step()
+    _require(start_agreement(rank == 0, group=True).result(), "the agreement")
+    x = {b.name: torch.ones(b.shape, dtype=torch.float64, requires_grad=True) for b in op.domain.owned(rank)}
+    y = function(op, group=True)(x)
+    sum(t.sum() for t in y.values()).backward()
+
+
+def teardown(rank: int) -> None:
+    if not _torch_threads():
+        raise AssertionError(f"rank {rank}: no torch.distributed thread to watch: {_torch_threads()}")
+    _use_linop(rank)
+    dist.destroy_process_group()
+    left = _torch_threads()
+    if left:
+        raise AssertionError(
+            f"rank {rank}: threads of torch.distributed run after destroy_process_group: {left}"
+        )
+    print(f"TEARDOWN OK rank {rank}", flush=True)
+
+
 def process(rank: int, port: int, mode: str) -> None:
     dist.init_process_group(
         "gloo",
@@ -246,6 +301,9 @@ def process(rank: int, port: int, mode: str) -> None:
         world_size=2,
         timeout=datetime.timedelta(seconds=60),
     )
+    if mode == "teardown":  # leaves through the interpreter's teardown
+        teardown(rank)
+        return
     {"entry": entry, "bound": bound, "every": every}[mode](rank)
     sys.stdout.flush()
     os._exit(0)  # both modes leave the group unusable: no teardown

@@ -25,21 +25,26 @@ The deadline (``bind(..., timeout=)``, else ``LINOP_TIMEOUT``, else 600 s:
 nonblocking barrier (:func:`~linop.backends.mpi.deadline.arrive_within`), so that no rank
 waits in a blocking call for one that never comes; the ranks that arrived name those that did
 not (:class:`~linop.errors.PeerTimeoutError`) and the job is aborted. With
-``bind(..., every_call=True)`` every call meets so: one more collective per call (an
-``Ibarrier``, completed at once or after a short spin when the ranks arrive together),
-measured in ``benchmarks/bench_deadline.py``.
+``bind(..., every_call=True)`` every call is bounded: a compiled schedule whose only blocking
+calls are waits for its persistent requests (a halo exchange, in-place all-reduces) has those
+waits polled within the deadline (:func:`~linop.backends.mpi.deadline.wait_all`: no more
+messages; the ranks still waiting name the ones that never started theirs); any other meets in
+the polled barrier on every call (one more collective per call). Both measured in
+``benchmarks/bench_deadline.py``.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from ...space import State
 from .compiled import CompiledRun, PreparedCall, bundle_peers, compile_schedule
 from .datatypes import mpi
-from .deadline import arrive_within
+from .deadline import arrive_within, wait_all
 from .guards import abort_for
 from .plan import DistributedPlan
 
@@ -103,6 +108,11 @@ class BoundPlan:
                 self._calls = self._run.calls
                 self.outputs = self._run.outputs
                 self._scratch = self._run.scratch
+        if self.every_call and self._calls is not None and timeout is not None:
+            doing = f"a call of the bound plan of {plan.op}"
+            bounded = polled_calls(self._calls, lambda requests: wait_all(requests, comm, timeout, doing))
+            if bounded is not None:  # the waits carry the deadline: no barrier
+                self._calls, self._deadline = bounded, None
 
     @property
     def persistent(self) -> bool:
@@ -143,6 +153,12 @@ class BoundPlan:
         except BaseException as error:
             abort_for(self.plan.comm, f"applying the bound plan of {self.plan.op}", error)
 
+    @property
+    def polled(self) -> bool:
+        """Whether every call's waits are polled within the deadline (:attr:`every_call` on a
+        compiled schedule that waits only for its requests), rather than preceded by a barrier."""
+        return self.every_call and self._calls is not None and self._deadline is None
+
     def free(self) -> None:
         """Release the persistent requests and the arrays they write into."""
         if self._run is not None:
@@ -150,3 +166,36 @@ class BoundPlan:
         self._run = None
         self._calls = None
         self._scratch = []
+
+
+_LOCAL_CALLS = (np.copyto, np.add, np.multiply)
+
+
+def polled_calls(calls: list[PreparedCall], wait: Callable[[list[Any]], None]) -> list[PreparedCall] | None:
+    """``calls`` (a compiled schedule) with each wait for persistent requests (``Waitall``, a
+    request's ``Wait``) replaced by ``wait(requests)`` (a wait polled within a deadline); None
+    when a call may block otherwise (a blocking collective, anything not known to be local or
+    nonblocking): then only a barrier bounds the call."""
+    module = mpi()
+    request_class = module.Request
+    bounded: list[PreparedCall] = []
+    for call, given in calls:
+        function: Callable[..., object] = call
+        arguments = given
+        if isinstance(call, functools.partial) and not call.keywords:
+            function, arguments = call.func, (*call.args, *given)
+        owner = getattr(function, "__self__", None)
+        name = getattr(function, "__name__", "")
+        is_class = isinstance(owner, type) and issubclass(owner, request_class)
+        if (is_class and name == "Waitall") or (isinstance(owner, request_class) and name == "Wait"):
+            requests = list(arguments[0]) if is_class else [owner]
+            bounded.append((wait, (requests,)))
+        elif (is_class and name in ("Startall", "Testall")) or (
+            isinstance(owner, request_class) and name == "Start"
+        ):
+            bounded.append((function, arguments))
+        elif function in _LOCAL_CALLS or isinstance(owner, np.ndarray):
+            bounded.append((function, arguments))
+        else:
+            return None
+    return bounded

@@ -71,10 +71,11 @@ GRACE = 2.0
 """Seconds a rank whose deadline passed waits for the other ranks' notices before naming the
 ranks that did not arrive (generous: on an oversubscribed machine a rank may sleep that long)."""
 
-SPIN = 2e-4
+SPIN = 1e-3
 """Seconds :func:`wait_all` calls ``Test`` in a loop before its first sleep: a collective whose
-peers arrive together completes within it (a 2-4 rank ``Allreduce`` took 2-20 us here), as
-fast as under a blocking ``Wait`` (which spins too)."""
+peers arrive together completes within it (a 2-4 rank ``Allreduce`` took 2-20 us here; ranks
+that reach a call a little apart, within a millisecond, too), as fast as under a blocking
+``Wait``, which spins as long (MPICH's blocking waits poll the progress engine)."""
 
 FIRST_PAUSE = 5e-5
 """Seconds of :func:`wait_all`'s first sleep after :data:`SPIN` (each next one twice as long)."""

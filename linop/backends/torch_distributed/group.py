@@ -25,7 +25,8 @@ from __future__ import annotations
 import atexit
 import datetime
 import os
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -117,10 +118,19 @@ def _dist() -> Any:
 class GroupContext:
     """What the executor keeps per process group.
 
+    The context holds its group, and the sub-groups it made, only weakly (as
+    :data:`_CONTEXTS` does): they live as long as torch.distributed's own registry (or the
+    caller) holds them, so that ``destroy_process_group`` ends their threads (gloo's worker and
+    transport threads, the store's server on its host) at once, as it does without linop. Held
+    strongly past it, they ran on to the interpreter's exit and were torn down there (the exit
+    SIGABRT, ``terminate called without an active exception``, seen in some 4-process runs
+    after every figure had printed; issue 41).
+
     Attributes
     ----------
     group : ProcessGroup
-        The group every call of a plan runs on.
+        The group every call of a plan runs on (:class:`~linop.errors.ProcessGroupError` once
+        it has been destroyed and released).
     rank, size : int
         This process's rank in ``group`` and the group's size.
     world : bool
@@ -140,7 +150,7 @@ class GroupContext:
         import torch
 
         dist = _dist()
-        self.group = group
+        self._group = _weak(group)
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
         self.world = group is dist.distributed_c10d._get_default_group()
@@ -149,7 +159,7 @@ class GroupContext:
             self.device = torch.device("cuda", torch.cuda.current_device())
         else:
             self.device = torch.device("cpu")
-        self._subgroups: dict[tuple[int, ...], Any] = {}
+        self._subgroups: dict[tuple[int, ...], Callable[[], Any]] = {}  # weak references
         self.native_gathers = _native_gathers(self.backend, self.size)
         self.plans: PlanCache[Any] = PlanCache()
         self.mapped_plans: dict[Any, PlanCache[Any]] = {}
@@ -157,19 +167,35 @@ class GroupContext:
         self._scratch: dict[tuple[str, int, str], Any] = {}
         self.failed = False  # shut down after a failure mid-call (RunGuard)
 
+    @property
+    def group(self) -> Any:
+        found = self._group()
+        if found is None:
+            raise ProcessGroupError(
+                f"the process group of this plan (rank {self.rank} of {self.size}) has been destroyed "
+                "(torch.distributed.destroy_process_group): make the plan again on a live group"
+            )
+        return found
+
     def subgroup(self, ranks: Sequence[int]) -> Any:
         """The process group of ``ranks`` (world ranks), created on first use and cached.
 
         Collective over the world group when it creates one: call only in an order every rank
         follows (:meth:`create_subgroups`)."""
         key = tuple(sorted(ranks))
-        found = self._subgroups.get(key)
+        made = self._subgroups.get(key)
+        found = None if made is None else made()
         if found is None:
+            if made is not None:
+                raise ProcessGroupError(
+                    f"the sub-group of ranks {list(key)} that linop made on this group has been destroyed "
+                    "(torch.distributed.destroy_process_group): make the plan again on a live group"
+                )
             if len(key) == self.size:
                 found = self.group
             else:
                 found = _dist().new_group(ranks=list(key))
-            self._subgroups[key] = found
+            self._subgroups[key] = _weak(found)
         return found
 
     def create_subgroups(self, rank_sets: tuple[tuple[int, ...], ...]) -> None:
@@ -212,11 +238,14 @@ class GroupContext:
         ProcessGroupError. Its peers, blocked on this rank, fail when this process ends (gloo
         closes the connections only then)."""
         self.failed = True
-        _CONTEXTS.pop(id(self.group), None)
+        group = self._group()
+        if group is None:  # destroyed already
+            return
+        _CONTEXTS.pop(id(group), None)
         try:
             dist = _dist()
             if dist.is_initialized():
-                dist.destroy_process_group(None if self.world else self.group)
+                dist.destroy_process_group(None if self.world else group)
         except Exception:  # pragma: no cover - already torn down
             pass
 
@@ -284,7 +313,45 @@ class RunGuard:
         ) from error
 
 
-_CONTEXTS: dict[int, tuple[Any, GroupContext]] = {}
+_CONTEXTS: dict[int, tuple[Callable[[], Any], GroupContext]] = {}
+"""The context of each group, by the group's ``id``, with a weak reference to the group (the
+entry goes when the group does)."""
+
+
+class _Strong:
+    """A strong reference with a weak reference's call (``ref()``), for what takes no weak
+    reference (``GroupMember.NON_GROUP_MEMBER``)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __call__(self) -> Any:
+        return self.value
+
+
+def _weak(group: Any) -> Callable[[], Any]:
+    try:
+        return weakref.ref(group)
+    except TypeError:
+        return _Strong(group)
+
+
+def _remember(group: Any, context: GroupContext) -> None:
+    """Keep ``context`` for ``group`` while the group lives."""
+    key = id(group)
+
+    def forget(ref: Any) -> None:
+        entry = _CONTEXTS.get(key)
+        if entry is not None and entry[0] is ref:
+            del _CONTEXTS[key]
+
+    try:
+        ref: Callable[[], Any] = weakref.ref(group, forget)
+    except TypeError:
+        ref = _Strong(group)
+    _CONTEXTS[key] = (ref, context)
 
 
 def shutdown() -> int:
@@ -310,7 +377,12 @@ def shutdown() -> int:
         return 0
     destroyed = 0
     for _, context in contexts:
-        made = [sub for sub in context._subgroups.values() if sub is not context.group]
+        group = context._group()
+        made = [
+            sub
+            for sub in (ref() for ref in context._subgroups.values())
+            if sub is not None and sub is not group
+        ]
         context._subgroups.clear()
         for sub in made:
             try:
@@ -355,7 +427,7 @@ def context_for(group: Any = None) -> GroupContext:
     if group is None or group is True:
         group = dist.distributed_c10d._get_default_group()
     found = _CONTEXTS.get(id(group))
-    if found is not None and found[0] is group:
+    if found is not None and found[0]() is group:
         return found[1]
     if dist.get_rank(group) < 0:
         raise ProcessGroupError(
@@ -363,5 +435,5 @@ def context_for(group: Any = None) -> GroupContext:
             "call linop only on the ranks of the group"
         )
     context = GroupContext(group)
-    _CONTEXTS[id(group)] = (group, context)
+    _remember(group, context)
     return context
