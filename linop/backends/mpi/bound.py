@@ -108,11 +108,16 @@ class BoundPlan:
                 self._calls = self._run.calls
                 self.outputs = self._run.outputs
                 self._scratch = self._run.scratch
-        if self.every_call and self._calls is not None and timeout is not None:
+        if self.every_call and timeout is not None:
             doing = f"a call of the bound plan of {plan.op}"
-            bounded = polled_calls(self._calls, lambda requests: wait_all(requests, comm, timeout, doing))
-            if bounded is not None:  # the waits carry the deadline: no barrier
-                self._calls, self._deadline = bounded, None
+            bounded = None
+            if self._calls is not None:
+                bounded = polled_calls(self._calls, lambda requests: wait_all(requests, comm, timeout, doing))
+            # every rank polls, or every rank meets in the barrier (a root's blocking call may
+            # be another rank's request): the ranks agree (one Allreduce)
+            if comm.allreduce(bounded is not None, op=mpi().LAND):
+                assert bounded is not None
+                self._calls, self._deadline = bounded, None  # the waits carry the deadline
 
     @property
     def persistent(self) -> bool:

@@ -360,9 +360,10 @@ def shutdown() -> int:
 
     Local, no communication: a destroyed gloo or NCCL group stops its own threads. Run at
     interpreter exit (``atexit``), before torch's own teardown, so that no thread of a group
-    linop made is left to the C++ static destructors (one 4-process run in nine under load
-    once ended with ``terminate called without an active exception`` after every check had
-    passed); callable earlier too, on every rank once it is done with linop's plans (a plan
+    linop made is left to the interpreter's teardown (the contexts hold groups only weakly:
+    the user's ``destroy_process_group`` ends their threads at once; held strongly, they ran
+    to the exit, where some 4-process runs ended with ``terminate called without an active
+    exception``); callable earlier too, on every rank once it is done with linop's plans (a plan
     made before must not be called after it; new ones make new contexts). The groups the user made,
     the world group included, are the user's to destroy. Nothing to do when torch.distributed
     is not initialized (never, or already destroyed: destroying the world group destroys
