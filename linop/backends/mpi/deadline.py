@@ -8,8 +8,8 @@ A rank that never makes the call (it crashed elsewhere, took another branch, wai
 would leave every other rank blocked there. With a deadline the collective is completed by
 polling (``Test``) instead of waiting (:func:`wait_all`: one ``Test`` at once, then
 :data:`SPIN` seconds of ``Test`` calls, then sleeps growing from :data:`FIRST_PAUSE` to
-:data:`LONGEST_PAUSE` between tests, so that a call whose peers arrive together costs about
-what a blocking wait does, and a long wait holds no core); when the deadline passes, the rank
+:data:`LONGEST_PAUSE` between tests, so that a call whose peers arrive within a tenth of a
+second costs about what a blocking wait does, and a longer wait holds no core); when the deadline passes, the rank
 sends a short *notice* to every other rank on the private communicator (a reserved tag), and a
 rank still polling that receives one gives up too and sends its own. After a short grace period
 (:data:`GRACE` seconds) for the notices of the others, each rank that arrived knows which
@@ -71,11 +71,14 @@ GRACE = 2.0
 """Seconds a rank whose deadline passed waits for the other ranks' notices before naming the
 ranks that did not arrive (generous: on an oversubscribed machine a rank may sleep that long)."""
 
-SPIN = 1e-3
-"""Seconds :func:`wait_all` calls ``Test`` in a loop before its first sleep: a collective whose
-peers arrive together completes within it (a 2-4 rank ``Allreduce`` took 2-20 us here; ranks
-that reach a call a little apart, within a millisecond, too), as fast as under a blocking
-``Wait``, which spins as long (MPICH's blocking waits poll the progress engine)."""
+SPIN = 0.1
+"""Seconds :func:`wait_all` calls ``Test`` in a loop before its first sleep: as a blocking
+``Wait`` does (MPICH's blocking waits poll the progress engine), so that a call whose peers
+arrive within it (a 2-4 rank ``Allreduce`` took 2-20 us here; ranks a little apart, or
+descheduled on a loaded machine, milliseconds) completes as soon as under a blocking wait.
+Measured on the loaded machine (``benchmarks/bench_deadline.py``): spinning 1 ms, then sleeping,
+made a checked call 3x slower than the blocking wait, a sleeping rank waking only
+milliseconds later there; a wait longer than this holds no core."""
 
 FIRST_PAUSE = 5e-5
 """Seconds of :func:`wait_all`'s first sleep after :data:`SPIN` (each next one twice as long)."""
@@ -143,7 +146,8 @@ def wait_all(requests: list[Any], comm: Intracomm, timeout: float, doing: str) -
     did not arrive (on every rank that did, within :data:`GRACE` of each other).
 
     Polled (see the module docstring): one ``Test`` per request at once (complete: nothing
-    more), then ``Test`` calls for :data:`SPIN` seconds, then sleeps growing from
+    more), then ``Test`` calls for :data:`SPIN` seconds, each after ``sched_yield`` (as MPICH's
+    blocking waits do on an oversubscribed machine), then sleeps growing from
     :data:`FIRST_PAUSE` to :data:`LONGEST_PAUSE` between tests, the peers' notices probed
     before each sleep."""
     # one request at a time: MPICH 5.0's Testall fails on persistent collectives
@@ -154,12 +158,14 @@ def wait_all(requests: list[Any], comm: Intracomm, timeout: float, doing: str) -
     now = clock()
     end = now + timeout
     spin_end = now + SPIN
+    yield_core = os.sched_yield
     while True:
         pending = [request for request in pending if not request.Test()]
         if not pending:
             return
         if clock() >= spin_end:
             break
+        yield_core()  # to a peer descheduled on this core (no cost on an idle one)
     module = mpi()
     tag = _notice_tag(comm)
     pause = FIRST_PAUSE

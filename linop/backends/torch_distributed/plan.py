@@ -20,6 +20,7 @@ rank before any data moves and leaves the group usable.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,7 +45,7 @@ from ..host_fusion import fused
 from ..host_schedule import cast_copies, outputs
 from . import device as device_path
 from .check import TorchEntryCheck
-from .group import GroupContext, resolve_timeout
+from .group import TIMEOUT_VARIABLE, GroupContext, resolve_timeout
 from .runtime import AllToAll, new_target, phase_operations, run_schedule
 from .schedule import SUMMABLE, AllToAllStep, Compiled, agree_native
 
@@ -366,11 +367,12 @@ class TorchDistributedPlan:
         every call overwrites. Any other schedule runs on each call without its check.
         ``timeout`` (default ``$LINOP_TIMEOUT``, else 600 s) bounds the check and the first call
         (:class:`~linop.errors.PeerTimeoutError` naming the ranks that never make that call, as
-        on MPI): a prepared step's own waits, else a barrier before the first run (one more
-        collective, on the first call only). ``every_call=True`` (alike on every rank) bounds
-        every call so: a prepared step's waits take the deadline (``work.wait(timeout)``, no
-        more messages), any other step meets the others in that barrier on every call (one more
-        collective per call).
+        on MPI): a prepared step's own waits, and, when a deadline was asked for (``timeout=``
+        or ``$LINOP_TIMEOUT``, not the default), a barrier before the first run on every rank
+        alike (one more collective, on the first call only). ``every_call=True`` (alike on every rank) bounds every call so: a
+        step prepared on every rank has its waits take the deadline (``work.wait(timeout)``, no
+        more messages), any other meets the others in that barrier on every call (one more
+        collective per call); the ranks agree which at binding (one all-reduce).
         """
         if inplace is None:
             inplace = self.op.domain == self.op.range
@@ -390,6 +392,7 @@ class TorchDistributedPlan:
                 device_state=local_state,
                 timeout=resolve_timeout(timeout),
                 every_call=every_call,
+                meet_first=_explicit(timeout),
             )
         entry = array_api.mpi_entry(local_state)
         outcome = self.check(
@@ -397,8 +400,32 @@ class TorchDistributedPlan:
         )
         dtype = outcome.result()
         return BoundTorchPlan(
-            self, entry, dtype, inplace, outcome.cast, timeout=resolve_timeout(timeout), every_call=every_call
+            self,
+            entry,
+            dtype,
+            inplace,
+            outcome.cast,
+            timeout=resolve_timeout(timeout),
+            every_call=every_call,
+            meet_first=_explicit(timeout),
         )
+
+
+def _explicit(timeout: float | None) -> bool:
+    """Whether a deadline was asked for (``timeout=`` or ``$LINOP_TIMEOUT``), not the default:
+    only then does a bound plan's first call meet in a barrier (one more collective); under
+    the default, only the waits the call makes anyway take it."""
+    return timeout is not None or bool(os.environ.get(TIMEOUT_VARIABLE, "").strip())
+
+
+def _every_rank(context: GroupContext, flag: bool) -> bool:
+    """Whether ``flag`` holds on every rank of the group (one all-reduce)."""
+    reducer = context.reducer
+    if reducer is None:  # pragma: no cover - the check made it
+        from .check import TorchReducer
+
+        reducer = context.reducer = TorchReducer(context)
+    return bool(reducer.minimum(int(flag)))
 
 
 class _PreparedPhase:
@@ -524,6 +551,7 @@ class BoundTorchPlan:
         device_state: Mapping[str, Any] | None = None,
         timeout: float | None = None,
         every_call: bool = False,
+        meet_first: bool = True,
     ) -> None:
         self.plan = plan
         self.entry = entry
@@ -536,16 +564,22 @@ class BoundTorchPlan:
         self._phases: list[_PreparedPhase] | None = None
         self._exchange: tuple[AllToAll, dict[str, np.ndarray]] | None = None
         self.device_state = device_state
+        self._first = meet_first  # whether the first call meets in a barrier (a deadline given)
         if device_state is not None:  # the device path: each call runs on the bound tensors
             self.arrays: dict[str, Any] = {name: device_state[name] for name in plan.domain_blocks}
-            return
-        self.arrays = {name: entry.arrays[name] for name in plan.domain_blocks}
-        schedule = plan.schedule_for(dtype)
-        if inplace and cast is None and _preparable(schedule, self.arrays, dtype):
-            work = numpy_backend.Workspace(dict(self.arrays), set(self.arrays), dtype)
-            self._phases = [_PreparedPhase(phase, work, plan.context, dtype) for phase in schedule]
-        elif not inplace and cast is None:
-            self._exchange = _prepared_exchange(schedule, self.arrays, plan, dtype)
+        else:
+            self.arrays = {name: entry.arrays[name] for name in plan.domain_blocks}
+            schedule = plan.schedule_for(dtype)
+            if inplace and cast is None and _preparable(schedule, self.arrays, dtype):
+                work = numpy_backend.Workspace(dict(self.arrays), set(self.arrays), dtype)
+                self._phases = [_PreparedPhase(phase, work, plan.context, dtype) for phase in schedule]
+            elif not inplace and cast is None:
+                self._exchange = _prepared_exchange(schedule, self.arrays, plan, dtype)
+        # whether every call meets in a barrier: decided alike on every rank (a rank may be
+        # prepared where another is not: a scatter's root and the others), one all-reduce here
+        self._meet_every = self.every_call and (
+            plan.context.size > 1 and not _every_rank(plan.context, self.prepared)
+        )
 
     @property
     def prepared(self) -> bool:
@@ -558,7 +592,10 @@ class BoundTorchPlan:
         doing = "a call of a bound plan" if self.every_call else "the first call of a bound plan"
         if not self.every_call:
             self._deadline = None
-        if timeout is not None and not self.prepared:  # no wait of its own to bound: a barrier first
+        first, self._first = self._first, False
+        # the first call, and every one that is not prepared on every rank, meets in a barrier
+        # first (every rank alike: a step prepared on one rank only is no wait of its own to bound)
+        if timeout is not None and (first or self._meet_every):
             with self.plan.context.guard(self.plan.op):
                 self.plan.context.arrive_within(timeout, doing)
         if self.device_state is not None:
