@@ -55,6 +55,7 @@ if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
 __all__ = [
     "DEFAULT_SECONDS",
     "ENVIRONMENT",
+    "BUSY",
     "FIRST_PAUSE",
     "GRACE",
     "LONGEST_PAUSE",
@@ -79,6 +80,10 @@ descheduled on a loaded machine, milliseconds) completes as soon as under a bloc
 Measured on the loaded machine (``benchmarks/bench_deadline.py``): spinning 1 ms, then sleeping,
 made a checked call 3x slower than the blocking wait, a sleeping rank waking only
 milliseconds later there; a wait longer than this holds no core."""
+
+BUSY = 5e-5
+"""Seconds of the spin without yielding the core (the latency of a reduction whose peers are
+running: a few microseconds); then each test follows a ``sched_yield``."""
 
 FIRST_PAUSE = 5e-5
 """Seconds of :func:`wait_all`'s first sleep after :data:`SPIN` (each next one twice as long)."""
@@ -146,8 +151,8 @@ def wait_all(requests: list[Any], comm: Intracomm, timeout: float, doing: str) -
     did not arrive (on every rank that did, within :data:`GRACE` of each other).
 
     Polled (see the module docstring): one ``Test`` per request at once (complete: nothing
-    more), then ``Test`` calls for :data:`SPIN` seconds, each after ``sched_yield`` (as MPICH's
-    blocking waits do on an oversubscribed machine), then sleeps growing from
+    more), then ``Test`` calls for :data:`SPIN` seconds, after the first :data:`BUSY` seconds
+    each after ``sched_yield`` (as MPICH's blocking waits do on an oversubscribed machine), then sleeps growing from
     :data:`FIRST_PAUSE` to :data:`LONGEST_PAUSE` between tests, the peers' notices probed
     before each sleep."""
     # one request at a time: MPICH 5.0's Testall fails on persistent collectives
@@ -158,14 +163,27 @@ def wait_all(requests: list[Any], comm: Intracomm, timeout: float, doing: str) -
     now = clock()
     end = now + timeout
     spin_end = now + SPIN
-    yield_core = os.sched_yield
-    while True:
-        pending = [request for request in pending if not request.Test()]
-        if not pending:
+    busy_end = now + BUSY
+    if len(pending) == 1:  # the common case (the check's reduction, a barrier): no list
+        test = pending[0].Test
+        while not test():
+            now = clock()
+            if now >= spin_end:
+                break
+            if now >= busy_end:
+                os.sched_yield()  # to a peer descheduled on this core (no cost on an idle one)
+        else:
             return
-        if clock() >= spin_end:
-            break
-        yield_core()  # to a peer descheduled on this core (no cost on an idle one)
+    else:
+        while True:
+            pending = [request for request in pending if not request.Test()]
+            if not pending:
+                return
+            now = clock()
+            if now >= spin_end:
+                break
+            if now >= busy_end:
+                os.sched_yield()
     module = mpi()
     tag = _notice_tag(comm)
     pause = FIRST_PAUSE
