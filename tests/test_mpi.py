@@ -389,6 +389,8 @@ def _alive(pid: int) -> bool:
         pytest.param(2, "unbound", id="2-ranks-unbound"),
         pytest.param(2, "dup", id="2-ranks-dup"),
         pytest.param(4, "unbound", id="4-ranks-unbound"),
+        pytest.param(2, "every", id="2-ranks-every-call"),
+        pytest.param(2, "every-barrier", id="2-ranks-every-call-barrier"),
     ],
 )
 def test_a_rank_that_never_arrives_ends_the_job_with_a_typed_error(ranks, mode):
@@ -413,7 +415,12 @@ def test_a_rank_that_never_arrives_ends_the_job_with_a_typed_error(ranks, mode):
     output = stdout + stderr
     assert status != 0, output
     assert "finished (it should not have)" not in output, output
-    doing = {"dup": "the duplication of the communicator", "unbound": "the first call of the bound plan"}
+    doing = {
+        "dup": "the duplication of the communicator",
+        "unbound": "the first call of the bound plan",
+        "every": "a call of the bound plan",
+        "every-barrier": "a call of the bound plan",
+    }
     for rank in (r for r in range(ranks) if r != 1):
         assert f"PeerTimeoutError: rank {rank}: rank(s) [1] did not arrive" in output, output
         if mode in doing:

@@ -154,11 +154,42 @@ def test_shutdown_destroys_the_sub_groups_linop_made_and_only_those(monkeypatch)
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "destroy_process_group", lambda sub=None: destroyed.append(sub))
     context = groups.GroupContext.__new__(groups.GroupContext)
-    context.group = "the user's group"
-    context._subgroups = {(0, 1): "sub 01", (0, 1, 2, 3): "the user's group", (2, 3): "sub 23"}
-    monkeypatch.setattr(groups, "_CONTEXTS", {1: ("the user's group", context)})
+    held = {name: groups._Strong(name) for name in ("the user's group", "sub 01", "sub 23")}
+    context._group = held["the user's group"]
+    context._subgroups = {
+        (0, 1): held["sub 01"],
+        (0, 1, 2, 3): held["the user's group"],
+        (2, 3): held["sub 23"],
+    }
+    monkeypatch.setattr(groups, "_CONTEXTS", {1: (held["the user's group"], context)})
     assert groups.shutdown() == 2
     assert destroyed == ["sub 01", "sub 23"] and not groups._CONTEXTS and not context._subgroups
     assert groups.shutdown() == 0  # idempotent
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
     assert groups.shutdown() == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [(None, 600.0), ("", 600.0), (" OFF ", None), ("0", None), ("none", None), ("inf", None), ("30", 30.0)],
+    ids=["unset", "empty", "off", "zero", "none", "inf", "30"],
+)
+def test_the_default_deadline_is_600_s_on_both_engines_and_off_switches_it_off(text, expected, monkeypatch):
+    """Issue 41: no job waits forever by default (before: unset meant no deadline, and on MPI a
+    rank that never arrived held every other rank until the job was killed)."""
+    from linop.backends import host_deadline
+    from linop.backends.mpi import deadline
+
+    assert host_deadline.DEFAULT_SECONDS == 600.0
+    if text is None:
+        monkeypatch.delenv("LINOP_TIMEOUT", raising=False)
+    else:
+        monkeypatch.setenv("LINOP_TIMEOUT", text)
+    monkeypatch.setattr(deadline, "_default", deadline._UNSET)  # read once per process: read again
+    assert deadline.resolve_timeout(None) == expected
+    assert deadline.resolve_timeout(7) == 7.0  # an explicit timeout= wins
+    pytest.importorskip("torch")
+    from linop.backends.torch_distributed.group import resolve_timeout
+
+    assert resolve_timeout(None) == expected
+    assert resolve_timeout(7) == 7.0

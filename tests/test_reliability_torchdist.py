@@ -9,6 +9,16 @@
   (before: gloo's raw "Connection closed by peer" on the peer).
 - ``bound``: a bound plan that is not prepared honours ``bind(..., timeout=3)`` on its first
   call when the peer never calls (before: it waited for the group's own timeout).
+- ``every``: ``bind(..., timeout=3, every_call=True)`` bounds every call of a prepared halo
+  exchange: a peer that skips the second call is named (before: no ``every_call``, and the
+  second call waited for the group's own timeout); then a peer killed (``SIGKILL``) between
+  two calls of a bound plan that is not prepared is named as ended by the survivor, from its
+  closed connection (before: "a peer's connection closed", no rank named).
+- ``teardown``: after linop has run on the world group, ``destroy_process_group`` ends every
+  thread of torch.distributed, as without linop, and the processes leave through the
+  interpreter's teardown (before: linop's contexts held the group, its threads ran to the
+  exit, and some 4-process runs ended in SIGABRT, "terminate called without an active
+  exception").
 """
 
 from __future__ import annotations
@@ -55,6 +65,19 @@ def test_the_entry_refuses_meta_and_graded_in_place_and_lift_group_names_the_fai
     out = _launch("entry", tmp_path)
     assert "ENTRY OK rank 0" in out and "ENTRY OK rank 1" in out, out
     assert "LIFT OK rank 0" in out and "LIFT OK rank 1" in out, out
+
+
+@pytest.mark.timeout(LAUNCH_TIMEOUT + 30)
+def test_every_call_of_a_bound_plan_within_the_deadline_names_the_absent_and_the_killed_rank(tmp_path):
+    out = _launch("every", tmp_path)
+    assert "EVERY OK rank 0" in out and "EVERY ABSENT rank 1" in out, out
+    assert "KILLED OK rank 0" in out and "EXIT CODES [0, -9]" in out, out
+
+
+@pytest.mark.timeout(LAUNCH_TIMEOUT + 30)
+def test_destroy_process_group_ends_every_thread_after_linop_ran(tmp_path):
+    out = _launch("teardown", tmp_path)
+    assert "TEARDOWN OK rank 0" in out and "TEARDOWN OK rank 1" in out, out
 
 
 @pytest.mark.timeout(LAUNCH_TIMEOUT + 30)

@@ -3,8 +3,12 @@ tests/test_mpi.py as ``timeout_case.py apply`` (``apply_mpi(..., timeout=)`` und
 :func:`~linop.backends.mpi.guard`), ``timeout_case.py bound`` (the deadline from
 ``LINOP_TIMEOUT``, a persistent bound plan's first call, under ``python -m mpi4py``),
 ``timeout_case.py unbound`` (the same for a bound plan that is not persistent: its first call
-runs the ordinary application) or ``timeout_case.py dup`` (``apply_mpi(..., timeout=)`` as the
-first use of the communicator, whose duplication ``MPI_Comm_dup`` is collective).
+runs the ordinary application), ``timeout_case.py dup`` (``apply_mpi(..., timeout=)`` as the
+first use of the communicator, whose duplication ``MPI_Comm_dup`` is collective) or
+``timeout_case.py every`` (a persistent bound plan bound with ``timeout=`` and
+``every_call=True``, its waits polled: rank 1 makes the first call and skips the second) or
+``timeout_case.py every-barrier`` (the same on integer blocks: a bound plan that is not
+compiled, whose every call meets in a polled barrier first).
 
 Except in ``dup``, every rank first applies once together (so the communicator's duplicate
 exists); then rank 1 skips the next call and sleeps. The other ranks must end by the deadline
@@ -47,6 +51,17 @@ def main(mode: str) -> None:
             time.sleep(120)
         print(f"rank {RANK} calls at {time.time()}", flush=True)
         op.apply_mpi(local, comm=COMM, inplace=True, timeout=TIMEOUT)
+    elif mode.startswith("every"):  # every call of a bound plan within the deadline: rank 1 skips the second
+        polled = mode == "every"
+        arrays = local if polled else {name: array.astype(np.int64) for name, array in local.items()}
+        bound = plan_for(op, comm=COMM).bind(arrays, inplace=True, timeout=TIMEOUT, every_call=True)
+        assert bound.every_call and bound.persistent == polled and bound.polled == polled
+        bound()  # every rank: fine
+        if RANK == MISSING:
+            time.sleep(120)
+        print(f"rank {RANK} calls at {time.time()}", flush=True)
+        bound()
+        COMM.Barrier()
     else:  # the deadline from LINOP_TIMEOUT (set by the launcher), a bound plan's first call
         persistent = mode == "bound"
         # integer blocks are never compiled: each call of that bound plan runs the checked apply
@@ -61,7 +76,7 @@ def main(mode: str) -> None:
     print(f"rank {RANK} finished (it should not have)", flush=True)
 
 
-if sys.argv[1] in ("apply", "dup"):
+if sys.argv[1] in ("apply", "dup", "every", "every-barrier"):
     with guard():
         main(sys.argv[1])
 else:

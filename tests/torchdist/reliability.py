@@ -15,6 +15,28 @@ peer"). Each rank prints ``ENTRY OK rank r`` and ``LIFT OK rank r``.
 prepared) with ``timeout=3``; rank 1 never makes the first call and stays alive until rank 0
 has raised (``$LINOP_CHECKS_MARKERS``): rank 0 must raise ``PeerTimeoutError`` naming the
 deadline. Prints ``BOUND OK rank 0`` and ``BOUND ABSENT rank 1``.
+
+``MODE`` ``every``, two cases on two groups (a group is unusable after either):
+
+- on a sub-group of both ranks, a prepared in-place periodic halo exchange bound with
+  ``timeout=3, every_call=True``, called once by both; rank 1 never makes the second call (it
+  stays alive until rank 0 has raised): rank 0 must raise ``PeerTimeoutError`` naming rank 1
+  and the deadline. Prints ``EVERY OK rank 0`` and ``EVERY ABSENT rank 1``;
+- then, on the world group, an out-of-place all-reduce (not prepared: each call meets in a
+  barrier) bound with ``timeout=60, every_call=True``, called once by both; rank 1 then kills
+  itself (``SIGKILL``): rank 0's second call must raise ``PeerTimeoutError`` naming rank 1 as
+  ended, from the closed connection, not from the deadline. Prints ``KILLED OK rank 0``.
+
+``MODE`` ``teardown``: both ranks use linop on the world group (an apply, a prepared bound
+plan, a gradient agreement, an autograd function's forward and backward), drop what they hold,
+then ``destroy_process_group``: no thread of torch.distributed may run after it (gloo's worker
+and transport threads, the store's server on rank 0), as without linop (before: linop's
+contexts held the group, whose threads ran on to the interpreter's exit, where some 4-process
+runs aborted with ``terminate called without an active exception``). Then each rank leaves
+through the interpreter's whole teardown (no ``os._exit``) and prints ``TEARDOWN OK rank r``.
+
+The ``every`` ranks are forked processes joined here (``torch.multiprocessing`` would end rank 0 as
+soon as rank 1 dies); the launch prints ``EXIT CODES [0, -9]``.
 """
 
 from __future__ import annotations
@@ -32,7 +54,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from linop import Block, Partition, Space
+from linop import Block, DistributedTensor, HaloExchange, Kernel, Partition, Space, halo_geometry
 from linop.backends import torch_distributed as td
 from linop.collectives import AllReduce, BlockGrid
 from linop.errors import PeerTimeoutError
@@ -168,6 +190,109 @@ def bound(rank: int) -> None:
     raise AssertionError("no PeerTimeoutError without rank 1")
 
 
+def _stay_until_marked(markers: Path, label: str) -> None:
+    give_up = time.monotonic() + HANG_BOUND
+    while not (markers / "rank0").exists():
+        if time.monotonic() > give_up:
+            print(f"{label} NEVER RAISED", flush=True)
+            return
+        time.sleep(0.05)
+    print(f"{label} ABSENT rank 1", flush=True)
+
+
+def every(rank: int) -> None:
+    sub = dist.new_group([0, 1])
+    tensor = DistributedTensor("t", (8,), Partition((2,)))
+    op = HaloExchange(halo_geometry(tensor, Kernel(3, padding=1, boundary="periodic")))
+    mine = {b.name: np.arange(float(b.size)).reshape(b.shape) + rank for b in op.domain.owned(rank)}
+    step = td.plan_for(op, group=sub).bind(mine, timeout=3, every_call=True)
+    _require(step.prepared and step.every_call, "the bound halo exchange is not prepared for every call")
+    step()  # both ranks: fine
+    markers = Path(os.environ["LINOP_CHECKS_MARKERS"])
+    if rank == 1:
+        _stay_until_marked(markers, "EVERY")
+    else:
+        try:
+            step()
+            raise AssertionError("no PeerTimeoutError without rank 1")
+        except PeerTimeoutError as error:
+            message = str(error)
+            _require(
+                "rank(s) [1] of the group of 2 did not arrive at a call of a bound plan" in message, message
+            )
+            _require("within 3 s" in message, message)
+            (markers / "rank0").write_text("raised")
+            print(f"EVERY OK rank 0: {error}", flush=True)
+    killed(rank)
+
+
+def killed(rank: int) -> None:
+    import signal
+
+    op = _all_reduce()
+    step = td.plan_for(op).bind(_mine(op, rank), inplace=False, timeout=60, every_call=True)
+    _require(not step.prepared and step.every_call, "the case needs a bound plan that is not prepared")
+    step()  # both ranks: fine
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        step()
+    except PeerTimeoutError as error:
+        message = str(error)
+        _require("rank(s) [1] of the group of 2 ended" in message, message)
+        _require("within" not in message, f"the deadline, not the closed connection: {message}")
+        print(f"KILLED OK rank 0: {error}", flush=True)
+        return
+    raise AssertionError("no PeerTimeoutError without rank 1")
+
+
+TORCH_THREADS = ("gloo", "pt_gloo", "pt_tcpstore")
+"""Name prefixes of torch.distributed's threads (``/proc/self/task/*/comm``)."""
+
+
+def _torch_threads() -> list[str]:
+    found = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            name = Path(f"/proc/self/task/{task}/comm").read_text().strip()
+        except OSError:  # ended meanwhile
+            continue
+        if name.startswith(TORCH_THREADS):
+            found.append(name)
+    return sorted(found)
+
+
+def _use_linop(rank: int) -> None:
+    from linop.frameworks.torch_agreement import start_agreement
+    from linop.frameworks.torch_function import function
+
+    op = _all_reduce()
+    td.apply(op, _mine(op, rank))
+    tensor = DistributedTensor("t", (8,), Partition((2,)))
+    halo = HaloExchange(halo_geometry(tensor, Kernel(3, padding=1, boundary="periodic")))
+    mine = {b.name: np.arange(float(b.size)).reshape(b.shape) for b in halo.domain.owned(rank)}
+    step = td.plan_for(halo).bind(mine)
+    _require(step.prepared, "the bound halo exchange is not prepared")
+    step()
+    _require(start_agreement(rank == 0, group=True).result(), "the agreement")
+    x = {b.name: torch.ones(b.shape, dtype=torch.float64, requires_grad=True) for b in op.domain.owned(rank)}
+    y = function(op, group=True)(x)
+    sum(t.sum() for t in y.values()).backward()
+
+
+def teardown(rank: int) -> None:
+    if not _torch_threads():
+        raise AssertionError(f"rank {rank}: no torch.distributed thread to watch: {_torch_threads()}")
+    _use_linop(rank)
+    dist.destroy_process_group()
+    left = _torch_threads()
+    if left:
+        raise AssertionError(
+            f"rank {rank}: threads of torch.distributed run after destroy_process_group: {left}"
+        )
+    print(f"TEARDOWN OK rank {rank}", flush=True)
+
+
 def process(rank: int, port: int, mode: str) -> None:
     dist.init_process_group(
         "gloo",
@@ -176,7 +301,10 @@ def process(rank: int, port: int, mode: str) -> None:
         world_size=2,
         timeout=datetime.timedelta(seconds=60),
     )
-    {"entry": entry, "bound": bound}[mode](rank)
+    if mode == "teardown":  # leaves through the interpreter's teardown
+        teardown(rank)
+        return
+    {"entry": entry, "bound": bound, "every": every}[mode](rank)
     sys.stdout.flush()
     os._exit(0)  # both modes leave the group unusable: no teardown
 
@@ -187,5 +315,25 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _forked(mode: str) -> None:
+    """Both ranks as forked processes joined here: a rank killed leaves the other running."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    port = _free_port()
+    ranks = [context.Process(target=process, args=(rank, port, mode)) for rank in range(2)]
+    for one in ranks:
+        one.start()
+    for one in ranks:
+        one.join(HANG_BOUND)
+    for one in ranks:
+        if one.is_alive():
+            one.kill()
+    print(f"EXIT CODES {[one.exitcode for one in ranks]}", flush=True)
+
+
 if __name__ == "__main__":
-    mp.start_processes(process, args=(_free_port(), sys.argv[1]), nprocs=2, start_method="fork")
+    if sys.argv[1] == "every":
+        _forked(sys.argv[1])
+    else:
+        mp.start_processes(process, args=(_free_port(), sys.argv[1]), nprocs=2, start_method="fork")

@@ -19,18 +19,32 @@ choice, alike on every rank) nothing is compiled: the plan is only checked, and 
 runs the ordinary application. A state with integer
 blocks is never compiled: each call runs the checked application, since whether an integer
 result fits (``docs/theory.md#dtypes``) depends on the values of that call.
+
+The deadline (``bind(..., timeout=)``, else ``LINOP_TIMEOUT``, else 600 s:
+:mod:`linop.backends.mpi.deadline`) bounds the first call: every rank meets first in a polled
+nonblocking barrier (:func:`~linop.backends.mpi.deadline.arrive_within`), so that no rank
+waits in a blocking call for one that never comes; the ranks that arrived name those that did
+not (:class:`~linop.errors.PeerTimeoutError`) and the job is aborted. With
+``bind(..., every_call=True)`` every call is bounded: a compiled schedule whose only blocking
+calls are waits for its persistent requests (a halo exchange, in-place all-reduces) has those
+waits polled within the deadline (:func:`~linop.backends.mpi.deadline.wait_all`: no more
+messages; the ranks still waiting name the ones that never started theirs); any other meets in
+the polled barrier on every call (one more collective per call). Both measured in
+``benchmarks/bench_deadline.py``.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from ...space import State
 from .compiled import CompiledRun, PreparedCall, bundle_peers, compile_schedule
 from .datatypes import mpi
-from .deadline import arrive_within
+from .deadline import arrive_within, wait_all
 from .guards import abort_for
 from .plan import DistributedPlan
 
@@ -58,9 +72,12 @@ class BoundPlan:
         timeout: float | None = None,
         donate: bool = False,
         persistent: bool = True,
+        every_call: bool = False,
     ) -> None:
         self.plan = plan
-        self._first_timeout = timeout  # the first call's deadline (mpi_deadline), then None
+        self._deadline = timeout  # the next call's deadline: the first call's, or every call's
+        self.every_call = every_call and timeout is not None
+        """Whether every call (not only the first) meets the other ranks within the deadline."""
         self.arrays = arrays
         self.dtype = dtype
         self.inplace = inplace
@@ -91,6 +108,16 @@ class BoundPlan:
                 self._calls = self._run.calls
                 self.outputs = self._run.outputs
                 self._scratch = self._run.scratch
+        if self.every_call and timeout is not None:
+            doing = f"a call of the bound plan of {plan.op}"
+            bounded = None
+            if self._calls is not None:
+                bounded = polled_calls(self._calls, lambda requests: wait_all(requests, comm, timeout, doing))
+            # every rank polls, or every rank meets in the barrier (a root's blocking call may
+            # be another rank's request): the ranks agree (one Allreduce)
+            if comm.allreduce(bounded is not None, op=mpi().LAND):
+                assert bounded is not None
+                self._calls, self._deadline = bounded, None  # the waits carry the deadline
 
     @property
     def persistent(self) -> bool:
@@ -100,8 +127,8 @@ class BoundPlan:
         return self._calls is not None
 
     def __call__(self) -> State:
-        if self._first_timeout is not None:
-            self._arrive_first()
+        if self._deadline is not None:
+            self._arrive()
         calls = self._calls
         if calls is None:
             if self.checked:
@@ -117,16 +144,25 @@ class BoundPlan:
             abort_for(self.plan.comm, f"applying the bound plan of {self.plan.op}", error)
         return self.outputs if not self.inplace else self.arrays
 
-    def _arrive_first(self) -> None:
-        """Every rank's first call, compiled or not, within the deadline: a polled barrier
-        first (:func:`~linop.backends.mpi.deadline.arrive_within`), so no rank waits in a
-        blocking call for one that never comes; a timeout ends the job."""
-        timeout, self._first_timeout = self._first_timeout, None
-        assert timeout is not None  # called only while the first call's deadline is set
+    def _arrive(self) -> None:
+        """The call within the deadline (the first, or every one with :attr:`every_call`): a
+        polled barrier first (:func:`~linop.backends.mpi.deadline.arrive_within`), so no rank
+        waits in a blocking call for one that never comes; a timeout ends the job."""
+        timeout = self._deadline
+        assert timeout is not None  # called only while a deadline is set
+        doing = "a call" if self.every_call else "the first call"
+        if not self.every_call:
+            self._deadline = None
         try:
-            arrive_within(self.plan.comm, timeout, f"the first call of the bound plan of {self.plan.op}")
+            arrive_within(self.plan.comm, timeout, f"{doing} of the bound plan of {self.plan.op}")
         except BaseException as error:
             abort_for(self.plan.comm, f"applying the bound plan of {self.plan.op}", error)
+
+    @property
+    def polled(self) -> bool:
+        """Whether every call's waits are polled within the deadline (:attr:`every_call` on a
+        compiled schedule that waits only for its requests), rather than preceded by a barrier."""
+        return self.every_call and self._calls is not None and self._deadline is None
 
     def free(self) -> None:
         """Release the persistent requests and the arrays they write into."""
@@ -135,3 +171,36 @@ class BoundPlan:
         self._run = None
         self._calls = None
         self._scratch = []
+
+
+_LOCAL_CALLS = (np.copyto, np.add, np.multiply)
+
+
+def polled_calls(calls: list[PreparedCall], wait: Callable[[list[Any]], None]) -> list[PreparedCall] | None:
+    """``calls`` (a compiled schedule) with each wait for persistent requests (``Waitall``, a
+    request's ``Wait``) replaced by ``wait(requests)`` (a wait polled within a deadline); None
+    when a call may block otherwise (a blocking collective, anything not known to be local or
+    nonblocking): then only a barrier bounds the call."""
+    module = mpi()
+    request_class = module.Request
+    bounded: list[PreparedCall] = []
+    for call, given in calls:
+        function: Callable[..., object] = call
+        arguments = given
+        if isinstance(call, functools.partial) and not call.keywords:
+            function, arguments = call.func, (*call.args, *given)
+        owner = getattr(function, "__self__", None)
+        name = getattr(function, "__name__", "")
+        is_class = isinstance(owner, type) and issubclass(owner, request_class)
+        if (is_class and name == "Waitall") or (isinstance(owner, request_class) and name == "Wait"):
+            requests = list(arguments[0]) if is_class else [owner]
+            bounded.append((wait, (requests,)))
+        elif (is_class and name in ("Startall", "Testall")) or (
+            isinstance(owner, request_class) and name == "Start"
+        ):
+            bounded.append((function, arguments))
+        elif function in _LOCAL_CALLS or isinstance(owner, np.ndarray):
+            bounded.append((function, arguments))
+        else:
+            return None
+    return bounded

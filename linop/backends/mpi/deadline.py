@@ -6,22 +6,27 @@ Every application starts with a collective (the entry check's ``Allreduce``,
 the first plan on a communicator duplicates it, :mod:`linop.backends.mpi.context`).
 A rank that never makes the call (it crashed elsewhere, took another branch, waits for input)
 would leave every other rank blocked there. With a deadline the collective is completed by
-polling (``Test``) instead of waiting; when the deadline passes, the rank sends a short
-*notice* to every other rank on the private communicator (a reserved tag), and a rank still
-polling that receives one gives up too and sends its own. After a short grace period
+polling (``Test``) instead of waiting (:func:`wait_all`: one ``Test`` at once, then
+:data:`SPIN` seconds of ``Test`` calls, then sleeps growing from :data:`FIRST_PAUSE` to
+:data:`LONGEST_PAUSE` between tests, so that a call whose peers arrive within a tenth of a
+second costs about what a blocking wait does, and a longer wait holds no core); when the deadline passes, the rank
+sends a short *notice* to every other rank on the private communicator (a reserved tag), and a
+rank still polling that receives one gives up too and sends its own. After a short grace period
 (:data:`GRACE` seconds) for the notices of the others, each rank that arrived knows which
 ranks arrived, and raises :class:`~linop.errors.PeerTimeoutError` naming the others; the
 interpreter then aborts the job (``MPI_Abort``, as :func:`~linop.backends.mpi.guards.guard`
 does), since the missing rank may never return.
 
 The deadline is ``timeout=`` (seconds) of ``apply`` / ``apply_mpi`` / ``plan_for``, else the
-environment variable :data:`ENVIRONMENT` (read once per process, at the first use); by default
-there is none (``None``: wait as long as it takes, with no polling cost), and ``inf`` or any
-value beyond :data:`NO_DEADLINE_BEYOND` means none too. A collective with no
-deadline of its own (``MPI_Comm_dup``, the first call of a bound plan that runs the ordinary
-application) is preceded by :func:`arrive_within`, a polled barrier with the same deadline.
-The duplication's barrier and its notices run on the user's communicator (linop's private one
-does not exist yet; the notices use the reserved tag, and a timeout ends the job anyway).
+environment variable :data:`ENVIRONMENT` (read once per process, at the first use), else
+:data:`~linop.backends.host_deadline.DEFAULT_SECONDS` (600 s: why, in
+:mod:`linop.backends.host_deadline`); ``LINOP_TIMEOUT=off`` (``0``, ``none``), ``inf`` or any
+value beyond :data:`NO_DEADLINE_BEYOND` means none (a blocking wait, no polling). A collective
+with no deadline of its own (``MPI_Comm_dup``, the first call of a bound plan that runs the
+ordinary application) is preceded by :func:`arrive_within`, a polled barrier with the same
+deadline. The duplication's barrier and its notices run on the user's communicator (linop's
+private one does not exist yet; the notices use the reserved tag, and a timeout ends the job
+anyway).
 """
 
 from __future__ import annotations
@@ -34,13 +39,25 @@ from typing import Any
 import numpy as np
 
 from ...errors import PeerTimeoutError, TimeoutArgumentError
-from ..host_deadline import ENVIRONMENT, NO_DEADLINE_BEYOND, deadline_seconds, text_seconds
+from ..host_deadline import (
+    DEFAULT_SECONDS,
+    ENVIRONMENT,
+    NO_DEADLINE_BEYOND,
+    deadline_seconds,
+    environment_text,
+    text_seconds,
+)
 from .datatypes import mpi
 from .mpi_types import Intracomm
 
 __all__ = [
+    "DEFAULT_SECONDS",
     "ENVIRONMENT",
+    "BUSY",
+    "FIRST_PAUSE",
     "GRACE",
+    "LONGEST_PAUSE",
+    "SPIN",
     "NO_DEADLINE_BEYOND",
     "PeerTimeoutError",
     "arrive_within",
@@ -52,6 +69,26 @@ __all__ = [
 GRACE = 2.0
 """Seconds a rank whose deadline passed waits for the other ranks' notices before naming the
 ranks that did not arrive (generous: on an oversubscribed machine a rank may sleep that long)."""
+
+SPIN = 0.1
+"""Seconds :func:`wait_all` calls ``Test`` in a loop before its first sleep: as a blocking
+``Wait`` does (MPICH's blocking waits poll the progress engine), so that a call whose peers
+arrive within it (a 2-4 rank ``Allreduce`` took 2-20 us here; ranks a little apart, or
+descheduled on a loaded machine, milliseconds) completes as soon as under a blocking wait.
+Measured on the loaded machine (``benchmarks/bench_deadline.py``): spinning 1 ms, then sleeping,
+made a checked call 3x slower than the blocking wait, a sleeping rank waking only
+milliseconds later there; a wait longer than this holds no core."""
+
+BUSY = 5e-5
+"""Seconds of the spin without yielding the core (the latency of a reduction whose peers are
+running: a few microseconds); then each test follows a ``sched_yield``."""
+
+FIRST_PAUSE = 5e-5
+"""Seconds of :func:`wait_all`'s first sleep after :data:`SPIN` (each next one twice as long)."""
+
+LONGEST_PAUSE = 1e-3
+"""The longest sleep of :func:`wait_all` between two tests: a call waiting for a late peer
+completes at most this long after the peer arrives, and costs little CPU meanwhile."""
 
 _UNSET = object()
 _default: Any = _UNSET
@@ -83,7 +120,8 @@ def _parse(value: Any, what: str) -> float | None:
 
 def resolve_timeout(timeout: Any) -> float | None:
     """The deadline in seconds for a call given ``timeout`` (None: the default of
-    :data:`ENVIRONMENT`, read once per process), or None for no deadline.
+    :data:`ENVIRONMENT`, read once per process, else :data:`DEFAULT_SECONDS`), or None for no
+    deadline.
 
     Raises
     ------
@@ -94,7 +132,7 @@ def resolve_timeout(timeout: Any) -> float | None:
     if timeout is not None:
         return _parse(timeout, "timeout=")
     if _default is _UNSET:
-        _default = _parse(os.environ.get(ENVIRONMENT), f"the environment variable {ENVIRONMENT}")
+        _default = _parse(environment_text(os.environ), f"the environment variable {ENVIRONMENT}")
     return _default
 
 
@@ -108,21 +146,53 @@ def _notice_tag(comm: Intracomm) -> int:
 def wait_all(requests: list[Any], comm: Intracomm, timeout: float, doing: str) -> None:
     """Complete ``requests`` (started collectives or transfers on ``comm``) within
     ``timeout`` seconds, or raise :class:`PeerTimeoutError` naming the ranks of ``comm`` that
-    did not arrive (on every rank that did, within :data:`GRACE` of each other)."""
+    did not arrive (on every rank that did, within :data:`GRACE` of each other).
+
+    Polled (see the module docstring): one ``Test`` per request at once (complete: nothing
+    more), then ``Test`` calls for :data:`SPIN` seconds, after the first :data:`BUSY` seconds
+    each after ``sched_yield`` (as MPICH's blocking waits do on an oversubscribed machine), then sleeps growing from
+    :data:`FIRST_PAUSE` to :data:`LONGEST_PAUSE` between tests, the peers' notices probed
+    before each sleep."""
+    # one request at a time: MPICH 5.0's Testall fails on persistent collectives
+    pending = [request for request in requests if not request.Test()]
+    if not pending:
+        return
+    clock = time.monotonic
+    now = clock()
+    end = now + timeout
+    spin_end = now + SPIN
+    busy_end = now + BUSY
+    if len(pending) == 1:  # the common case (the check's reduction, a barrier): no list
+        test = pending[0].Test
+        while not test():
+            now = clock()
+            if now >= spin_end:
+                break
+            if now >= busy_end:
+                os.sched_yield()  # to a peer descheduled on this core (no cost on an idle one)
+        else:
+            return
+    else:
+        while True:
+            pending = [request for request in pending if not request.Test()]
+            if not pending:
+                return
+            now = clock()
+            if now >= spin_end:
+                break
+            if now >= busy_end:
+                os.sched_yield()
     module = mpi()
-    end = time.monotonic() + timeout
     tag = _notice_tag(comm)
-    pause = 1e-5
-    pending = list(requests)
+    pause = FIRST_PAUSE
     while True:
-        # one request at a time: MPICH 5.0's Testall fails on persistent collectives
+        if comm.Iprobe(module.ANY_SOURCE, tag) or clock() >= end:
+            _give_up(comm, tag, timeout, doing)
+        time.sleep(pause)
+        pause = min(2 * pause, LONGEST_PAUSE)
         pending = [request for request in pending if not request.Test()]
         if not pending:
             return
-        if comm.Iprobe(module.ANY_SOURCE, tag) or time.monotonic() >= end:
-            _give_up(comm, tag, timeout, doing)
-        time.sleep(pause)
-        pause = min(2 * pause, 1e-3)
 
 
 def arrive_within(comm: Intracomm, timeout: float, doing: str) -> None:

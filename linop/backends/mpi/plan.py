@@ -373,6 +373,7 @@ class DistributedPlan:
         timeout: Any = None,
         donate: bool = False,
         persistent: bool = True,
+        every_call: bool = False,
     ) -> BoundPlan:
         """Prepare repeated application to these very arrays; collective.
 
@@ -398,7 +399,8 @@ class DistributedPlan:
 
         ``timeout`` (seconds; default :attr:`timeout`, else ``LINOP_TIMEOUT``) bounds the wait
         of the check here and of the bound plan's first call for every rank to arrive
-        (:mod:`linop.backends.mpi.deadline`).
+        (:mod:`linop.backends.mpi.deadline`); with ``every_call=True`` (alike on every rank),
+        of every call (one more nonblocking barrier per call: :mod:`linop.backends.mpi.bound`).
         """
         from .bound import BoundPlan
 
@@ -419,6 +421,7 @@ class DistributedPlan:
                 timeout=self.deadline(timeout),
                 donate=donate,
                 persistent=persistent,
+                every_call=every_call,
             )
             return entry.bound(bound, inplace=inplace)
         except BaseException as error:

@@ -176,12 +176,8 @@ class TorchReducer:
         failures = reported_failures(context)
         if failures:
             who = "; ".join(f"rank {rank} raised {cause}" for rank, cause in failures)
-        else:
-            cause = error.__cause__ or error
-            who = (
-                "a peer's connection closed (its process ended, after an error of its own?): "
-                f"{str(cause).splitlines()[0] if str(cause) else type(cause).__name__}"
-            )
+        else:  # the roll call's finding (group.GroupContext.wait), the peers that ended named
+            who = str(error).removeprefix(f"rank {context.rank}: ")
         return RankFailedError(
             f"rank {context.rank}: a peer of the group of {context.size} failed before {self.doing} "
             f"completed ({who}); the group cannot be used any more: end the job"

@@ -13,9 +13,11 @@ rank holds the same tree), in the order of the tree's global program, which ever
 derives alike (:mod:`linop.backends.torch_distributed.schedule`).
 
 The check's deadline: ``timeout=`` (seconds) of the public functions, else the environment
-variable ``LINOP_TIMEOUT`` (seconds; unset, empty, ``0`` or ``off``: no deadline of linop's,
-only the process group's own timeout of ``init_process_group``; ``inf`` or a value beyond
-:data:`~linop.backends.host_deadline.NO_DEADLINE_BEYOND`: no deadline either).
+variable ``LINOP_TIMEOUT`` (seconds), else
+:data:`~linop.backends.host_deadline.DEFAULT_SECONDS` (600 s, as on MPI; why, in
+:mod:`linop.backends.host_deadline`); ``LINOP_TIMEOUT=off`` (``0``, ``none``), ``inf`` or a value
+beyond :data:`~linop.backends.host_deadline.NO_DEADLINE_BEYOND`: no deadline of linop's, only
+the process group's own timeout of ``init_process_group``.
 """
 
 from __future__ import annotations
@@ -23,14 +25,16 @@ from __future__ import annotations
 import atexit
 import datetime
 import os
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import numpy as np
 
 from ...errors import PeerTimeoutError, ProcessGroupArgumentError, ProcessGroupError, RankFailedError
 from ...program.cache import PlanCache
-from ..host_deadline import ENVIRONMENT, deadline_seconds, text_seconds
+from ..host_deadline import ENVIRONMENT, deadline_seconds, environment_text, text_seconds
+from .deadline import roll_call
 
 __all__ = [
     "GroupContext",
@@ -48,8 +52,8 @@ TIMEOUT_VARIABLE = ENVIRONMENT
 
 
 def resolve_timeout(timeout: float | None) -> float | None:
-    """The deadline in seconds: ``timeout``, else ``$LINOP_TIMEOUT``, else None (none);
-    ``inf`` and values beyond :data:`~linop.backends.host_deadline.NO_DEADLINE_BEYOND` mean none
+    """The deadline in seconds: ``timeout``, else ``$LINOP_TIMEOUT``, else
+    :data:`~linop.backends.host_deadline.DEFAULT_SECONDS`; None (none) for ``off``, ``inf`` and values beyond :data:`~linop.backends.host_deadline.NO_DEADLINE_BEYOND` mean none
     (the rule of both host executors, :func:`~linop.backends.host_deadline.deadline_seconds`).
 
     Raises
@@ -58,12 +62,12 @@ def resolve_timeout(timeout: float | None) -> float | None:
         A timeout that is not a positive number (the variable's value named).
     """
     if timeout is None:
-        text = os.environ.get(TIMEOUT_VARIABLE, "")
+        text = environment_text(os.environ)
         try:
             timeout = text_seconds(text)
         except ValueError:
             raise ProcessGroupArgumentError(
-                f"{TIMEOUT_VARIABLE}={text.strip().lower()!r} is not a number of seconds (or 'off')"
+                f"{TIMEOUT_VARIABLE}={text!r} is not a number of seconds (or 'off')"
             ) from None
         if timeout is None:
             return None
@@ -115,10 +119,19 @@ def _dist() -> Any:
 class GroupContext:
     """What the executor keeps per process group.
 
+    The context holds its group, and the sub-groups it made, only weakly (as
+    :data:`_CONTEXTS` does): they live as long as torch.distributed's own registry (or the
+    caller) holds them, so that ``destroy_process_group`` ends their threads (gloo's worker and
+    transport threads, the store's server on its host) at once, as it does without linop. Held
+    strongly past it, they ran on to the interpreter's exit and were torn down there (the exit
+    SIGABRT, ``terminate called without an active exception``, seen in some 4-process runs
+    after every figure had printed; issue 41).
+
     Attributes
     ----------
     group : ProcessGroup
-        The group every call of a plan runs on.
+        The group every call of a plan runs on (:class:`~linop.errors.ProcessGroupError` once
+        it has been destroyed and released).
     rank, size : int
         This process's rank in ``group`` and the group's size.
     world : bool
@@ -138,7 +151,7 @@ class GroupContext:
         import torch
 
         dist = _dist()
-        self.group = group
+        self._group = _weak(group)
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
         self.world = group is dist.distributed_c10d._get_default_group()
@@ -147,7 +160,7 @@ class GroupContext:
             self.device = torch.device("cuda", torch.cuda.current_device())
         else:
             self.device = torch.device("cpu")
-        self._subgroups: dict[tuple[int, ...], Any] = {}
+        self._subgroups: dict[tuple[int, ...], Callable[[], Any]] = {}  # weak references
         self.native_gathers = _native_gathers(self.backend, self.size)
         self.plans: PlanCache[Any] = PlanCache()
         self.mapped_plans: dict[Any, PlanCache[Any]] = {}
@@ -155,19 +168,35 @@ class GroupContext:
         self._scratch: dict[tuple[str, int, str], Any] = {}
         self.failed = False  # shut down after a failure mid-call (RunGuard)
 
+    @property
+    def group(self) -> Any:
+        found = self._group()
+        if found is None:
+            raise ProcessGroupError(
+                f"the process group of this plan (rank {self.rank} of {self.size}) has been destroyed "
+                "(torch.distributed.destroy_process_group): make the plan again on a live group"
+            )
+        return found
+
     def subgroup(self, ranks: Sequence[int]) -> Any:
         """The process group of ``ranks`` (world ranks), created on first use and cached.
 
         Collective over the world group when it creates one: call only in an order every rank
         follows (:meth:`create_subgroups`)."""
         key = tuple(sorted(ranks))
-        found = self._subgroups.get(key)
+        made = self._subgroups.get(key)
+        found = None if made is None else made()
         if found is None:
+            if made is not None:
+                raise ProcessGroupError(
+                    f"the sub-group of ranks {list(key)} that linop made on this group has been destroyed "
+                    "(torch.distributed.destroy_process_group): make the plan again on a live group"
+                )
             if len(key) == self.size:
                 found = self.group
             else:
                 found = _dist().new_group(ranks=list(key))
-            self._subgroups[key] = found
+            self._subgroups[key] = _weak(found)
         return found
 
     def create_subgroups(self, rank_sets: tuple[tuple[int, ...], ...]) -> None:
@@ -210,11 +239,14 @@ class GroupContext:
         ProcessGroupError. Its peers, blocked on this rank, fail when this process ends (gloo
         closes the connections only then)."""
         self.failed = True
-        _CONTEXTS.pop(id(self.group), None)
+        group = self._group()
+        if group is None:  # destroyed already
+            return
+        _CONTEXTS.pop(id(group), None)
         try:
             dist = _dist()
             if dist.is_initialized():
-                dist.destroy_process_group(None if self.world else self.group)
+                dist.destroy_process_group(None if self.world else group)
         except Exception:  # pragma: no cover - already torn down
             pass
 
@@ -237,20 +269,17 @@ class GroupContext:
         Raises
         ------
         PeerTimeoutError
-            The collective did not complete in time, or a peer's connection was lost.
+            The collective did not complete in time (the ranks that did not arrive named:
+            :func:`~linop.backends.torch_distributed.deadline.roll_call`), or a peer's
+            connection was lost.
         """
         try:
             if timeout is None:
                 work.wait()
             else:
                 work.wait(datetime.timedelta(seconds=timeout))
-        except RuntimeError as error:
-            within = "" if timeout is None else f" within {timeout:g} s"
-            raise PeerTimeoutError(
-                f"rank {self.rank}: not every rank of the group of {self.size} reached {doing}{within} "
-                f"(a rank failed, hung or called something else; the group cannot be used any more): "
-                f"{str(error).splitlines()[0] if str(error) else type(error).__name__}"
-            ) from error
+        except RuntimeError as error:  # the ranks that did not arrive, or ended, named (a roll call)
+            raise roll_call(self, timeout, doing, error) from error
 
 
 class RunGuard:
@@ -285,7 +314,45 @@ class RunGuard:
         ) from error
 
 
-_CONTEXTS: dict[int, tuple[Any, GroupContext]] = {}
+_CONTEXTS: dict[int, tuple[Callable[[], Any], GroupContext]] = {}
+"""The context of each group, by the group's ``id``, with a weak reference to the group (the
+entry goes when the group does)."""
+
+
+class _Strong:
+    """A strong reference with a weak reference's call (``ref()``), for what takes no weak
+    reference (``GroupMember.NON_GROUP_MEMBER``)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __call__(self) -> Any:
+        return self.value
+
+
+def _weak(group: Any) -> Callable[[], Any]:
+    try:
+        return weakref.ref(group)
+    except TypeError:
+        return _Strong(group)
+
+
+def _remember(group: Any, context: GroupContext) -> None:
+    """Keep ``context`` for ``group`` while the group lives."""
+    key = id(group)
+
+    def forget(ref: Any) -> None:
+        entry = _CONTEXTS.get(key)
+        if entry is not None and entry[0] is ref:
+            del _CONTEXTS[key]
+
+    try:
+        ref: Callable[[], Any] = weakref.ref(group, forget)
+    except TypeError:
+        ref = _Strong(group)
+    _CONTEXTS[key] = (ref, context)
 
 
 def shutdown() -> int:
@@ -294,9 +361,10 @@ def shutdown() -> int:
 
     Local, no communication: a destroyed gloo or NCCL group stops its own threads. Run at
     interpreter exit (``atexit``), before torch's own teardown, so that no thread of a group
-    linop made is left to the C++ static destructors (one 4-process run in nine under load
-    once ended with ``terminate called without an active exception`` after every check had
-    passed); callable earlier too, on every rank once it is done with linop's plans (a plan
+    linop made is left to the interpreter's teardown (the contexts hold groups only weakly:
+    the user's ``destroy_process_group`` ends their threads at once; held strongly, they ran
+    to the exit, where some 4-process runs ended with ``terminate called without an active
+    exception``); callable earlier too, on every rank once it is done with linop's plans (a plan
     made before must not be called after it; new ones make new contexts). The groups the user made,
     the world group included, are the user's to destroy. Nothing to do when torch.distributed
     is not initialized (never, or already destroyed: destroying the world group destroys
@@ -311,7 +379,12 @@ def shutdown() -> int:
         return 0
     destroyed = 0
     for _, context in contexts:
-        made = [sub for sub in context._subgroups.values() if sub is not context.group]
+        group = context._group()
+        made = [
+            sub
+            for sub in (ref() for ref in context._subgroups.values())
+            if sub is not None and sub is not group
+        ]
         context._subgroups.clear()
         for sub in made:
             try:
@@ -356,7 +429,7 @@ def context_for(group: Any = None) -> GroupContext:
     if group is None or group is True:
         group = dist.distributed_c10d._get_default_group()
     found = _CONTEXTS.get(id(group))
-    if found is not None and found[0] is group:
+    if found is not None and found[0]() is group:
         return found[1]
     if dist.get_rank(group) < 0:
         raise ProcessGroupError(
@@ -364,5 +437,5 @@ def context_for(group: Any = None) -> GroupContext:
             "call linop only on the ranks of the group"
         )
     context = GroupContext(group)
-    _CONTEXTS[id(group)] = (group, context)
+    _remember(group, context)
     return context

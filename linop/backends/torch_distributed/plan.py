@@ -20,6 +20,7 @@ rank before any data moves and leaves the group usable.
 from __future__ import annotations
 
 import hashlib
+import os
 import weakref
 from collections.abc import Mapping
 from typing import Any
@@ -45,7 +46,7 @@ from ..host_fusion import fused
 from ..host_schedule import cast_copies, outputs
 from . import device as device_path
 from .check import TorchEntryCheck
-from .group import GroupContext, resolve_timeout
+from .group import TIMEOUT_VARIABLE, GroupContext, resolve_timeout
 from .runtime import AllToAll, new_target, phase_operations, run_schedule
 from .schedule import SUMMABLE, AllToAllStep, Compiled, agree_native
 
@@ -405,7 +406,12 @@ class TorchDistributedPlan:
         numpy_backend.write_back(arrays, work)
 
     def bind(
-        self, local_state: Mapping[str, Any], *, inplace: bool | None = None, timeout: float | None = None
+        self,
+        local_state: Mapping[str, Any],
+        *,
+        inplace: bool | None = None,
+        timeout: float | None = None,
+        every_call: bool = False,
     ) -> BoundTorchPlan:
         """Prepare repeated application to these very tensors (or arrays); collective.
 
@@ -415,9 +421,14 @@ class TorchDistributedPlan:
         only starts the batches and finishes them; out of place, one ``all_to_all_single`` (a
         repartition, scatter, gather, all-gather) is prepared alike, into result tensors that
         every call overwrites. Any other schedule runs on each call without its check.
-        ``timeout`` bounds the check and the first call (:class:`~linop.errors.PeerTimeoutError`
-        when a peer never makes that call, as on MPI): a prepared step's own wait, else a
-        barrier before the first run (one more collective, on the first call only).
+        ``timeout`` (default ``$LINOP_TIMEOUT``, else 600 s) bounds the check and the first call
+        (:class:`~linop.errors.PeerTimeoutError` naming the ranks that never make that call, as
+        on MPI): a prepared step's own waits, and, when a deadline was asked for (``timeout=``
+        or ``$LINOP_TIMEOUT``, not the default), a barrier before the first run on every rank
+        alike (one more collective, on the first call only). ``every_call=True`` (alike on every rank) bounds every call so: a
+        step prepared on every rank has its waits take the deadline (``work.wait(timeout)``, no
+        more messages), any other meets the others in that barrier on every call (one more
+        collective per call); the ranks agree which at binding (one all-reduce).
         """
         if inplace is None:
             inplace = self.op.domain == self.op.range
@@ -436,13 +447,41 @@ class TorchDistributedPlan:
                 outcome.cast,
                 device_state=local_state,
                 timeout=resolve_timeout(timeout),
+                every_call=every_call,
+                meet_first=_explicit(timeout),
             )
         entry = array_api.mpi_entry(local_state)
         outcome = self.check(
             screened(local_state, entry.arrays, inplace=inplace), inplace=inplace, timeout=timeout
         )
         dtype = outcome.result()
-        return BoundTorchPlan(self, entry, dtype, inplace, outcome.cast, timeout=resolve_timeout(timeout))
+        return BoundTorchPlan(
+            self,
+            entry,
+            dtype,
+            inplace,
+            outcome.cast,
+            timeout=resolve_timeout(timeout),
+            every_call=every_call,
+            meet_first=_explicit(timeout),
+        )
+
+
+def _explicit(timeout: float | None) -> bool:
+    """Whether a deadline was asked for (``timeout=`` or ``$LINOP_TIMEOUT``), not the default:
+    only then does a bound plan's first call meet in a barrier (one more collective); under
+    the default, only the waits the call makes anyway take it."""
+    return timeout is not None or bool(os.environ.get(TIMEOUT_VARIABLE, "").strip())
+
+
+def _every_rank(context: GroupContext, flag: bool) -> bool:
+    """Whether ``flag`` holds on every rank of the group (one all-reduce)."""
+    reducer = context.reducer
+    if reducer is None:  # pragma: no cover - the check made it
+        from .check import TorchReducer
+
+        reducer = context.reducer = TorchReducer(context)
+    return bool(reducer.minimum(int(flag)))
 
 
 _CHECK = object()
@@ -539,8 +578,9 @@ class _PreparedPhase:
             if t.after == "clear" and not phase.empty(t)
         ]
 
-    def run(self, timeout: float | None = None) -> None:
-        """One exchange; ``timeout`` (seconds, a bound plan's first call) bounds the wait.
+    def run(self, timeout: float | None = None, doing: str = "the first call of a bound plan") -> None:
+        """One exchange; ``timeout`` (seconds, a bound plan's first call or every one) bounds
+        the wait.
 
         Raises
         ------
@@ -555,7 +595,7 @@ class _PreparedPhase:
                 if timeout is None:
                     request.wait()
                 else:
-                    self.context.wait(request, timeout, "the first call of a bound plan")
+                    self.context.wait(request, timeout, doing)
         for target, buffer, add in self.unpacks:
             if add:
                 target += buffer
@@ -616,6 +656,9 @@ class BoundTorchPlan:
         copy a result to keep it past the next call; :meth:`run_on` returns new tensors).
     dtype : numpy dtype
         The run's dtype, agreed when binding.
+    every_call : bool
+        Whether every call, not only the first, is bounded by the deadline
+        (:meth:`TorchDistributedPlan.bind`).
     """
 
     def __init__(
@@ -628,6 +671,8 @@ class BoundTorchPlan:
         *,
         device_state: Mapping[str, Any] | None = None,
         timeout: float | None = None,
+        every_call: bool = False,
+        meet_first: bool = True,
     ) -> None:
         self.plan = plan
         self.entry = entry
@@ -635,20 +680,27 @@ class BoundTorchPlan:
         self.inplace = inplace
         self.cast = cast
         self.freed = False
-        self._first_timeout = timeout  # the first call's deadline (prepared calls), then None
+        self._deadline = timeout  # the next call's deadline: the first call's, or every call's
+        self.every_call = every_call and timeout is not None
         self._phases: list[_PreparedPhase] | None = None
         self._exchange: tuple[AllToAll, dict[str, np.ndarray]] | None = None
         self.device_state = device_state
+        self._first = meet_first  # whether the first call meets in a barrier (a deadline given)
         if device_state is not None:  # the device path: each call runs on the bound tensors
             self.arrays: dict[str, Any] = {name: device_state[name] for name in plan.domain_blocks}
-            return
-        self.arrays = {name: entry.arrays[name] for name in plan.domain_blocks}
-        schedule = plan.schedule_for(dtype)
-        if inplace and cast is None and _preparable(schedule, self.arrays, dtype):
-            work = numpy_backend.Workspace(dict(self.arrays), set(self.arrays), dtype)
-            self._phases = [_PreparedPhase(phase, work, plan.context, dtype) for phase in schedule]
-        elif not inplace and cast is None:
-            self._exchange = _prepared_exchange(schedule, self.arrays, plan, dtype)
+        else:
+            self.arrays = {name: entry.arrays[name] for name in plan.domain_blocks}
+            schedule = plan.schedule_for(dtype)
+            if inplace and cast is None and _preparable(schedule, self.arrays, dtype):
+                work = numpy_backend.Workspace(dict(self.arrays), set(self.arrays), dtype)
+                self._phases = [_PreparedPhase(phase, work, plan.context, dtype) for phase in schedule]
+            elif not inplace and cast is None:
+                self._exchange = _prepared_exchange(schedule, self.arrays, plan, dtype)
+        # whether every call meets in a barrier: decided alike on every rank (a rank may be
+        # prepared where another is not: a scatter's root and the others), one all-reduce here
+        self._meet_every = self.every_call and (
+            plan.context.size > 1 and not _every_rank(plan.context, self.prepared)
+        )
 
     @property
     def prepared(self) -> bool:
@@ -657,10 +709,16 @@ class BoundTorchPlan:
     def __call__(self) -> Any:
         if self.freed:
             raise StateError(f"this bound plan of {self.plan.op} has been freed; bind the plan again")
-        timeout, self._first_timeout = self._first_timeout, None
-        if timeout is not None and not self.prepared:  # no wait of its own to bound: a barrier first
+        timeout = self._deadline
+        doing = "a call of a bound plan" if self.every_call else "the first call of a bound plan"
+        if not self.every_call:
+            self._deadline = None
+        first, self._first = self._first, False
+        # the first call, and every one that is not prepared on every rank, meets in a barrier
+        # first (every rank alike: a step prepared on one rank only is no wait of its own to bound)
+        if timeout is not None and (first or self._meet_every):
             with self.plan.context.guard(self.plan.op):
-                self.plan.context.arrive_within(timeout, "the first call of a bound plan")
+                self.plan.context.arrive_within(timeout, doing)
         if self.device_state is not None:
             return self.plan.run_on_device(
                 self.arrays, self.dtype, self.cast, inplace=self.inplace, state=self.device_state
@@ -669,12 +727,12 @@ class BoundTorchPlan:
         if self._phases is not None:
             with self.plan.context.guard(self.plan.op):
                 for phase in self._phases:
-                    phase.run(timeout)
+                    phase.run(timeout, doing)
             return self.entry.result(self.entry.state, inplace=True)
         if self._exchange is not None:
             exchange, results = self._exchange
             with self.plan.context.guard(self.plan.op):
-                exchange.run(timeout)
+                exchange.run(timeout, doing)
             return self.entry.result(dict(results), inplace=False)
         if self.inplace:
             self.plan.run_in_place(self.arrays, self.dtype, cast=self.cast)

@@ -453,9 +453,10 @@ class AllToAll:
             at += view.size
         return _tensor(flat)
 
-    def run(self, timeout: float | None = None) -> None:
+    def run(self, timeout: float | None = None, doing: str = "the first call of a bound plan") -> None:
         """Pack, exchange, unpack; collective over the group. ``timeout`` (seconds, a bound
-        plan's first call) bounds the wait (:class:`~linop.errors.PeerTimeoutError`)."""
+        plan's first call or every one, ``doing``) bounds the wait
+        (:class:`~linop.errors.PeerTimeoutError`)."""
         import torch.distributed as dist
 
         for into, source in self.packs:
@@ -473,7 +474,7 @@ class AllToAll:
                 group=self.group,
                 async_op=True,
             )
-            self.wait_on.wait(work, timeout, "the first call of a bound plan")
+            self.wait_on.wait(work, timeout, doing)
         for into, source in self.unpacks:
             np.copyto(into, source)
 
