@@ -299,7 +299,10 @@ def process(rank: int, port: int, mode: str) -> None:
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
         world_size=2,
-        timeout=datetime.timedelta(seconds=60),
+        # far beyond the launch's bound: a rank that waits for the group's own timeout rather
+        # than linop's deadline (a shut-down group whose release joins gloo's threads inside
+        # the unfinished barrier) leaves its peer unmarked, and the case fails
+        timeout=datetime.timedelta(seconds=3600),
     )
     if mode == "teardown":  # leaves through the interpreter's teardown
         teardown(rank)

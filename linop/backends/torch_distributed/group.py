@@ -242,6 +242,7 @@ class GroupContext:
         group = self._group()
         if group is None:  # destroyed already
             return
+        _ABANDONED.append(group)  # kept: its last reference would wait for the unfinished collective
         _CONTEXTS.pop(id(group), None)
         try:
             dist = _dist()
@@ -313,6 +314,14 @@ class RunGuard:
             f"fail once this process ends: end the job"
         ) from error
 
+
+_ABANDONED: list[Any] = []
+"""The groups shut down after a failure mid-call (:meth:`GroupContext.shut_down`), held on
+purpose. Released, the group's last reference would join gloo's threads, which wait inside the
+unfinished collective until the group's own timeout (``init_process_group``'s: 30 minutes by
+default), so the rank would raise its deadline's error only then. Such a job is ending (the
+error says so); groups released normally are still ended at ``destroy_process_group``.
+"""
 
 _CONTEXTS: dict[int, tuple[Callable[[], Any], GroupContext]] = {}
 """The context of each group, by the group's ``id``, with a weak reference to the group (the
