@@ -33,7 +33,8 @@ from ...errors import (
 from ...operator import LinearOperator
 from ...program import Program, RankProgram, WorkerMap, compile_for_rank, compile_program, fingerprint
 from ...program.cache import PlanCache
-from ...space import Block, State
+from ...program.executor_plan import ExecutorPlan
+from ...space import State
 from .. import array_api
 from .. import numpy as numpy_backend
 from ..entry_check.repeat import Repeat
@@ -96,7 +97,7 @@ def _compiled(op: LinearOperator) -> Compiled:
     return _PROGRAMS.kept(op, lambda: Compiled(op))
 
 
-class DistributedPlan:
+class DistributedPlan(ExecutorPlan["CommContext"]):
     """A tree compiled for one communicator: the global program and this rank's schedule.
 
     Built by :func:`linop.backends.mpi.plan_for` (cached per communicator). Compiling
@@ -107,13 +108,9 @@ class DistributedPlan:
     def __init__(
         self, op: LinearOperator, context: CommContext, mapping: WorkerMap | WorkerMapError | None = None
     ) -> None:
-        self.op = op
-        self.context = context
-        self.mapping = mapping
+        super().__init__(op, context, mapping)
         self.schedule: tuple[Any, ...] = ()
         self._host_steps: tuple[Any, ...] | None = None
-        self.domain_blocks: dict[str, Block] = {}
-        self.range_names: tuple[str, ...] = ()
         self._program: Program | None = None
         self.timeout: Any = None
         """The default deadline of this plan's checks and bound plans' first starts, in seconds

@@ -37,8 +37,8 @@ from ...errors import (
 )
 from ...operator import LinearOperator
 from ...program import RankPhase, WorkerMap, fingerprint
+from ...program.executor_plan import ExecutorPlan
 from ...program.mapped import compiled_for
-from ...space import Block
 from .. import array_api
 from .. import numpy as numpy_backend
 from ..entry_check.state import Refused
@@ -84,7 +84,7 @@ def screened(local_state: Any, arrays: Any, *, inplace: bool) -> Any:
     return {**arrays, **refused} if refused else arrays
 
 
-class TorchDistributedPlan:
+class TorchDistributedPlan(ExecutorPlan[GroupContext]):
     """A tree compiled for one process group: this rank's schedules and the entry check.
 
     Built by :func:`linop.backends.torch_distributed.plan_for` (cached per group). Compiling is
@@ -108,11 +108,7 @@ class TorchDistributedPlan:
     def __init__(
         self, op: LinearOperator, context: GroupContext, mapping: WorkerMap | WorkerMapError | None = None
     ) -> None:
-        self.op = op
-        self.context = context
-        self.mapping = mapping
-        self.domain_blocks: dict[str, Block] = {}
-        self.range_names: tuple[str, ...] = ()
+        super().__init__(op, context, mapping)
         self._compiled: Compiled | None = None
         self._agreed: tuple[tuple[int, ...], ...] | bool | None = False  # False: not agreed yet
         self._host_steps: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None  # (schedule, fused)
