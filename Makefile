@@ -46,7 +46,7 @@ $(STAMP): pyproject.toml
 	@echo "==> creating $(VENV)"
 	$(PYTHON) -m venv $(VENV)
 	@echo "==> installing linop with every extra into $(VENV) (about 1.9 GB: several minutes)"
-	$(PIP) $(TORCH_INDEX) -e '.[dev,docs,plot,torch,jax]' '$(TORCH)'
+	$(PIP) $(TORCH_INDEX) -e '.[dev,docs,plot,torch,jax,equinox]' '$(TORCH)'
 	touch $(CORE_STAMP)
 	@echo "==> compiling what the test processes import (torch, JAX, sympy, the tools)"
 	$(PY) -c "import $(WARM_FRAMEWORKS)" & frameworks=$$!; $(PY) -c "import $(WARM_TOOLS)" && wait $$frameworks
