@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from jax_device_runs import run_device_check
 
 from linop import Block, LocalKernel, Space, local_operator
 from linop.errors import DeviceKernelError, LocalOperatorError
 from linop.kernel_template import KernelTemplate
 
-HERE = Path(__file__).resolve().parent
 COUNTS = (1, 2, 4)
 
 
@@ -30,20 +28,7 @@ LONG = os.environ.get("LINOP_LONG") == "1"
 def run_kernels(counts: tuple[int, ...], x64: bool = False) -> subprocess.CompletedProcess[str]:
     """``check_kernels.py`` in one process of 4 host devices for ``counts`` (``jax_enable_x64``
     on if ``x64``)."""
-    pytest.importorskip("jax", reason="jax is not installed (the jax extra: pip install -e '.[jax]')")
-    environment = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
-    environment["JAX_ENABLE_X64"] = "1" if x64 else "0"
-    environment["PYTHONPATH"] = os.pathsep.join(
-        [str(HERE.parent), str(HERE), str(HERE / "jax_devices"), environment.get("PYTHONPATH", "")]
-    )
-    return subprocess.run(
-        [sys.executable, str(HERE / "jax_devices" / "check_kernels.py"), "4", *map(str, counts)],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        env=environment,
-        stdin=subprocess.DEVNULL,
-    )
+    return run_device_check("check_kernels.py", counts, x64)
 
 
 @pytest.fixture(scope="module")

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from jax_device_runs import run_device_check
 
 from linop import DistributedTensor, Kernel, Partition
 from linop.errors import LayerError
@@ -22,24 +21,9 @@ from linop.layers import Affine, AveragePool, MaxPoolJacobian
 from linop.layers.templates import templated
 from linop.local import LocalOperator
 
-HERE = Path(__file__).resolve().parent
-
 
 def run_templates(counts: tuple[int, ...], x64: bool) -> subprocess.CompletedProcess[str]:
-    pytest.importorskip("jax", reason="jax is not installed (the jax extra: pip install -e '.[jax]')")
-    environment = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
-    environment["JAX_ENABLE_X64"] = "1" if x64 else "0"
-    environment["PYTHONPATH"] = os.pathsep.join(
-        [str(HERE.parent), str(HERE), str(HERE / "jax_devices"), environment.get("PYTHONPATH", "")]
-    )
-    return subprocess.run(
-        [sys.executable, str(HERE / "jax_devices" / "check_layer_templates.py"), "4", *map(str, counts)],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        env=environment,
-        stdin=subprocess.DEVNULL,
-    )
+    return run_device_check("check_layer_templates.py", counts, x64)
 
 
 def _proven(done: subprocess.CompletedProcess[str], count: int) -> None:
