@@ -289,7 +289,24 @@ class Stage(torch.nn.Module):
         return []
 
 
-class ModuleStage(Stage):
+class WrappedStage(Stage):
+    """A stage that is one linop module (``module``): its forward and its token are the
+    module's."""
+
+    module: Any
+
+    def forward(self, blocks: Blocks) -> Blocks:
+        return self.module(blocks)
+
+    def tokens(self) -> list[Tensor]:
+        return [self.module.token]
+
+    def parameter_blocks(self) -> dict[str, np.ndarray]:
+        """Copies of this process's blocks of the module's parameters, by name."""
+        return {n: p.detach().numpy().copy() for n, p in self.module.parameter_state().items()}
+
+
+class ModuleStage(WrappedStage):
     """A linop module that maps this process's blocks of x to its blocks of y (up-sampling,
     max-pooling, a repartition); its ``token`` is the stage's."""
 
@@ -299,14 +316,8 @@ class ModuleStage(Stage):
         self.x = module.source if isinstance(module, Repartition) else module.x
         self.y = module.destination if isinstance(module, Repartition) else module.y
 
-    def forward(self, blocks: Blocks) -> Blocks:
-        return self.module(blocks)
 
-    def tokens(self) -> list[Tensor]:
-        return [self.module.token]
-
-
-class ConvStage(Stage):
+class ConvStage(WrappedStage):
     """A :class:`~linop.layers.Convolution` as a :class:`LayerModule` (halo, weight broadcast,
     torch conv2d per block, gradient sums)."""
 
@@ -332,14 +343,8 @@ class ConvStage(Stage):
             replicate=replicate,
         )
 
-    def forward(self, blocks: Blocks) -> Blocks:
-        return self.module(blocks)
-
-    def tokens(self) -> list[Tensor]:
-        return [self.module.token]
-
     def local_state(self) -> dict[str, np.ndarray]:
-        return {n: p.detach().numpy().copy() for n, p in self.module.parameter_state().items()}
+        return self.parameter_blocks()
 
     def global_state(self, state: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         if self.module.replicate:
@@ -347,7 +352,7 @@ class ConvStage(Stage):
         return [gather(self.layer.weights, state), gather(self.layer.bias, state)]
 
 
-class BatchNormStage(Stage):
+class BatchNormStage(WrappedStage):
     """A :class:`~linop.layers.BatchNorm` as a :class:`BatchNormModule`: (w; b) on the workers
     of the first batch-and-feature block of each channel share, broadcast to the others; the
     running statistics on every process that holds a block of the channel."""
@@ -374,14 +379,8 @@ class BatchNormStage(Stage):
         edges = np.cumsum([0, *norm.channel_sizes])
         self.channel_slices = [slice(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:])]
 
-    def forward(self, blocks: Blocks) -> Blocks:
-        return self.module(blocks)
-
-    def tokens(self) -> list[Tensor]:
-        return [self.module.token]
-
     def local_state(self) -> dict[str, np.ndarray]:
-        state = {n: p.detach().numpy().copy() for n, p in self.module.parameter_state().items()}
+        state = self.parameter_blocks()
         module = self.module
         assert module.running_mean is not None and module.running_var is not None
         start = 0
@@ -469,7 +468,7 @@ class FlattenStage(Stage):
         return {self.names[name]: block.reshape(block.shape[0], -1) for name, block in blocks.items()}
 
 
-class DenseStage(Stage):
+class DenseStage(WrappedStage):
     """An :class:`~linop.layers.Affine` layer as a :class:`LayerModule`: each worker multiplies
     its features, the partial outputs sum-reduced onto worker 0."""
 
@@ -497,14 +496,8 @@ class DenseStage(Stage):
             dtype=dtype,
         )
 
-    def forward(self, blocks: Blocks) -> Blocks:
-        return self.module(blocks)
-
-    def tokens(self) -> list[Tensor]:
-        return [self.module.token]
-
     def local_state(self) -> dict[str, np.ndarray]:
-        return {n: p.detach().numpy().copy() for n, p in self.module.parameter_state().items()}
+        return self.parameter_blocks()
 
     def global_state(self, state: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         weights = gather(self.layer.weights, state)

@@ -18,6 +18,7 @@ window whose autograd gives the local vector-Jacobian product.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Mapping
 from typing import Any
 
@@ -73,7 +74,7 @@ class BlockModule(torch.nn.Module):
         return self.function.token
 
 
-class WindowModule(BlockModule):
+class WindowModule(BlockModule, metaclass=abc.ABCMeta):
     """A :class:`BlockModule` whose tree is a layer's halo windows, followed on each output
     block by a local step (the subclass's :meth:`local`).
 
@@ -90,9 +91,9 @@ class WindowModule(BlockModule):
         """The windows' tree as a differentiable function."""
         return self.function
 
+    @abc.abstractmethod
     def local(self, window: torch.Tensor, *arguments: Any) -> torch.Tensor:
-        """The local step on one output block's window."""
-        raise NotImplementedError
+        """The local step on one output block's window (each subclass's own)."""
 
     def check(self, x: Mapping[str, torch.Tensor]) -> None:
         """Refuse what is no dict of blocks (before any communication); subclasses add their
