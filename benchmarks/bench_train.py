@@ -39,6 +39,7 @@ Nothing is asserted about speed. The machine may be shared: report its load with
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -328,10 +329,8 @@ def case_row(batch: int, size: int) -> list[str]:
     models: dict[str, tuple[Any, Any]] = {}
     for name, dtype in (("check", torch.float64), ("run", DTYPE)):
         reference = example.reference_model(example.NETWORK, (batch, 1, size, size), seed=0, dtype=dtype)
-        ours = example.SpatialModel(
-            example.NETWORK, reference, batch=batch, size=size, grid=grid, group=True, dtype=dtype
-        )
-        twin = example.SpatialModel(
+        spatial = functools.partial(
+            example.SpatialModel,
             example.NETWORK,
             reference,
             batch=batch,
@@ -339,27 +338,12 @@ def case_row(batch: int, size: int) -> list[str]:
             grid=grid,
             group=True,
             dtype=dtype,
-            replicate=True,
         )
+        ours, twin = spatial(), spatial(replicate=True)
         hand = HandNetwork(reference, size, grid)
         variants: list[tuple[str, Any]] = [("linop", ours), ("linop replicated", twin), ("hand", hand)]
         if RECORDED:
-            variants.append(
-                (
-                    "linop, images recorded",
-                    Recorded(
-                        example.SpatialModel(
-                            example.NETWORK,
-                            reference,
-                            batch=batch,
-                            size=size,
-                            grid=grid,
-                            group=True,
-                            dtype=dtype,
-                        )
-                    ),
-                )
-            )
+            variants.append(("linop, images recorded", Recorded(spatial())))
         for label, model in variants:
             models[f"{name} {label}"] = (model, torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM))
     labels_run = ["linop", "linop replicated", *(["linop, images recorded"] if RECORDED else []), "hand"]
