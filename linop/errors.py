@@ -46,6 +46,7 @@ __all__ = [
     "CommunicatorError",
     "WorkerMapError",
     "WorkerMapMismatchError",
+    "PeerMismatchError",
     "PeerTimeoutError",
     "RankFailedError",
     "TimeoutArgumentError",
@@ -195,6 +196,15 @@ class PeerTimeoutError(MPIError, TimeoutError):
     (``timeout=`` or ``LINOP_TIMEOUT``); raised on every rank that did, naming those that did
     not. Under MPI the job is then aborted; a process group is unusable afterwards (a collective
     is left unfinished): end the job."""
+
+
+class PeerMismatchError(PeerTimeoutError):
+    """A peer waits at the same call of the same tree on the group as this rank, but on the
+    other path: its bound plan (no entry check: its inputs unchanged) where this rank's
+    inputs changed and go through the entry check, or the reverse. Neither would ever
+    complete; the stall diagnosis (:mod:`linop.backends.torch_distributed.stall`) finds it
+    seconds after the call started, instead of the deadline, and the message names the peer
+    and both sides' dtypes and shapes. The group is unusable afterwards: end the job."""
 
 
 class TimeoutArgumentError(LinopError, TypeError, ValueError):

@@ -60,7 +60,7 @@ except ModuleNotFoundError as error:  # the torch extra is not installed: say wh
 
     raise missing_extra(error, "torch", __name__) from error
 
-from ..errors import LinopError, ProcessGroupArgumentError, StateError
+from ..errors import LinopError, PeerMismatchError, ProcessGroupArgumentError, StateError
 from ..operator import LinearOperator
 
 __all__ = ["TorchOperator", "OperatorModule", "function", "apply"]
@@ -186,16 +186,30 @@ class _Runner:
     def _run_group(self, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """On a process group: bind (the check, once per dtypes) on the first call's tensors,
         then run on each call's tensors without the check (shapes and dtypes tested locally)."""
+        from ..backends.torch_distributed import stall
+
         dtypes = tuple(t.dtype for t in state.values())
         inputs = {t.data_ptr() for t in state.values() if t.numel()}
-        if self._bound is None or dtypes != self._bound_dtypes:
-            if self._bound is not None:
-                self._bound.free()
-            self._bound = self.torch_plan.bind(state, inplace=False)
-            self._bound_dtypes = dtypes
-            result = self._bound()
-        else:
-            result = self._bound.run_on(state)
+        bind = self._bound is None or dtypes != self._bound_dtypes
+        call = stall.enter(self.torch_plan, "checked" if bind else "bound", state)
+        try:
+            if bind:
+                if self._bound is not None:
+                    self._bound.free()
+                    self._bound = None  # a failed binding leaves none
+                self._bound = self.torch_plan.bind(state, inplace=False)
+                self._bound_dtypes = dtypes
+                result = self._bound()
+            else:
+                result = self._bound.run_on(state)
+        except LinopError as error:
+            found = stall.finding(call)
+            if found is None or isinstance(error, PeerMismatchError):
+                raise
+            # the wait ended when the peer's process did (an unguarded bound call): say why
+            raise PeerMismatchError(found) from error
+        finally:
+            stall.leave(call)
         return tuple(_fresh(_as_tensor(result[name]), inputs) for name in self.outputs)
 
     def bound_tensors(self, dtypes: Sequence[torch.dtype]) -> BoundTensors:

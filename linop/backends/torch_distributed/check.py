@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import LinopError, PeerTimeoutError, RankFailedError
+from ...errors import LinopError, PeerMismatchError, PeerTimeoutError, RankFailedError
 from ...operator import LinearOperator
 from ...space import Block
 from ..entry_check import VECTOR_LENGTH, EntryCheck
@@ -160,6 +160,8 @@ class TorchReducer:
         work = dist.all_reduce(tensor, op=op, group=context.group, async_op=True)
         try:
             context.wait(work, self.timeout, self.doing)
+        except PeerMismatchError:  # a peer at the same call on its bound plan (stall.py): named
+            raise
         except PeerTimeoutError as error:
             transport = str(error.__cause__ or error).lower()
             if self.timeout is not None and ("timed out" in transport or "timeout" in transport):

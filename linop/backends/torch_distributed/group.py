@@ -23,7 +23,6 @@ the process group's own timeout of ``init_process_group``.
 from __future__ import annotations
 
 import atexit
-import datetime
 import os
 import weakref
 from collections.abc import Callable, Sequence
@@ -34,6 +33,7 @@ import numpy as np
 from ...errors import PeerTimeoutError, ProcessGroupArgumentError, ProcessGroupError, RankFailedError
 from ...program.cache import PlanCache
 from ..host_deadline import ENVIRONMENT, deadline_seconds, environment_text, text_seconds
+from . import stall
 from .deadline import roll_call
 
 __all__ = [
@@ -272,13 +272,11 @@ class GroupContext:
         PeerTimeoutError
             The collective did not complete in time (the ranks that did not arrive named:
             :func:`~linop.backends.torch_distributed.deadline.roll_call`), or a peer's
-            connection was lost.
+            connection was lost; :class:`~linop.errors.PeerMismatchError` when a peer is at
+            the same call of a wrapper on the other path (:mod:`.stall`).
         """
-        try:
-            if timeout is None:
-                work.wait()
-            else:
-                work.wait(datetime.timedelta(seconds=timeout))
+        try:  # in slices during a wrapper's call, so that a stall is named (stall.py)
+            stall.wait(self, work, timeout)
         except RuntimeError as error:  # the ranks that did not arrive, or ended, named (a roll call)
             raise roll_call(self, timeout, doing, error) from error
 

@@ -1,0 +1,118 @@
+"""One rank alone changes its input dtype after a wrapper has bound its plan (issue 41, item 4):
+``python stall.py MODE`` on 2 gloo processes forked here (run by ``tests/test_stall_torchdist.py``,
+which bounds the launch; no ``LINOP_TIMEOUT``: the default 600 s deadline holds).
+
+Both ranks call the wrapper twice with float64 (the first call binds its plan through the
+collective entry check, the second runs the bound plan unchecked), then rank 0 alone calls with
+float32 (its wrapper rebinds: the checked path) while rank 1 calls with float64 again (the
+bound path). Before the stall diagnosis both ranks waited until the deadline. Each rank must
+raise a typed error naming the other rank and the dtypes (:class:`~linop.errors.StallError`)
+in seconds; prints ``STALL OK rank r: <message>``.
+
+``MODE``: ``function`` (``linop.frameworks.torch_function.function(tree, group=True)`` of a
+redistribute, out of place), ``dtensor`` (``linop.frameworks.dtensor.redistribute_local``),
+``guarded`` (a plan bound with ``every_call=True`` on rank 1's side: both ranks wait in guarded
+calls).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import sys
+import time
+import traceback
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from linop.backends.torch_distributed import stall
+from linop.errors import LinopError
+from linop.frameworks import dtensor
+from linop.frameworks.torch_function import function
+from linop.mesh_layout import Shard
+
+
+def _layouts() -> tuple[Any, Any]:
+    source = dtensor.mesh_layout((2,), [Shard(0)], (6, 3), name="a")
+    return source, dtensor.mesh_layout((2,), [Shard(1)], (6, 3), name="b")
+
+
+def _local(source: Any, rank: int, dtype: torch.dtype) -> torch.Tensor:
+    shape = source.block_of(rank).shape
+    return (torch.arange(shape[0] * shape[1], dtype=torch.float64).reshape(shape) + 10 * rank).to(dtype)
+
+
+def run(rank: int, mode: str) -> None:
+    source, destination = _layouts()
+    tree = dtensor.redistribute_operator(source, destination)
+    wrapped = function(tree, group=True)
+    mine, theirs = source.block_of(rank).name, destination.block_of(rank).name
+
+    def call(dtype: torch.dtype, *, check: bool = True) -> Any:
+        local = _local(source, rank, dtype)
+        if mode.startswith("dtensor"):
+            result = dtensor.redistribute_local(local, source, destination)
+        else:
+            result = wrapped({mine: local})[theirs]
+        if check:  # against the numpy interpreter on both ranks' blocks
+            every = {source.block_of(r).name: _local(source, r, dtype).numpy() for r in (0, 1)}
+            expected = tree.apply(every)[theirs]
+            if not np.array_equal(result.detach().numpy(), expected):
+                raise AssertionError(f"rank {rank}: {result} != {expected}")
+        return result
+
+    changing = 1 if mode.endswith("1") else 0
+    call(torch.float64)  # binds (the entry check)
+    call(torch.float64)  # the bound plan
+    for slow, dtype in ((1, torch.float64), (0, torch.float32)):
+        # a slow peer is no stall: at a bound call (float64 again), then at a call that rebinds
+        # on every rank (float32): the waiting rank publishes its record and reads the peer's
+        published = stall.PUBLISHED[0]
+        if rank == slow:
+            time.sleep(2 * stall.GRACE + 0.5)
+        call(dtype)
+        if rank != slow and stall.PUBLISHED[0] == published:
+            raise AssertionError(f"rank {rank}: no record published while the peer was slow")
+    try:
+        call(torch.float64 if rank == changing else torch.float32, check=False)
+    except LinopError as error:
+        print(f"STALL OK rank {rank}: {type(error).__name__}: {error}", flush=True)
+        return
+    print(f"STALL NO ERROR rank {rank}", flush=True)
+
+
+def process(rank: int, port: int, mode: str) -> None:
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=2,
+        timeout=datetime.timedelta(seconds=120),
+    )
+    status = 0
+    try:
+        run(rank, mode)
+    except BaseException:
+        traceback.print_exc()
+        status = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)  # the group is unusable after the error: end the process (the peer's cue)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+if __name__ == "__main__":
+    import torch.multiprocessing as mp
+
+    mode = sys.argv[1]
+    mp.start_processes(process, args=(free_port(), mode), nprocs=2, start_method="fork")
