@@ -226,6 +226,17 @@ class _Runner:
         return bound
 
     def _run_bound(self, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        from ..backends.mpi import stall
+
+        dtypes = tuple(t.dtype for t in state.values())
+        rebind = self._bound is None or dtypes != self._bound_dtypes
+        call = stall.enter(self.plan, "checked" if rebind else "bound", state)
+        try:
+            return self._run_bound_call(state)
+        finally:
+            stall.leave(call)
+
+    def _run_bound_call(self, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
         tensors = tuple(state.values())
         bound = self.bound_tensors([t.dtype for t in tensors])
         device = tensors[0].device if tensors else _HOST
@@ -341,11 +352,23 @@ small convolution layers)."""
 
 
 def _runs_straight(plan: Any, arrays: Any) -> bool:
-    """Whether any rank's blocks reach :data:`STRAIGHT_FROM` bytes (collective)."""
+    """Whether any rank's blocks reach :data:`STRAIGHT_FROM` bytes (collective: the first of
+    a binding, within the plan's deadline; a rank alone whose dtypes changed meets its peers
+    here while they run their bound plan: at the deadline it names them and aborts the job,
+    as the entry check does, instead of waiting forever)."""
+    from ..backends.mpi.deadline import largest_within
+    from ..backends.mpi.guards import abort_for
+
     itemsize = max((a.itemsize for a in arrays), default=8)
     entries = sum(int(np.prod(b.shape)) for b in plan.domain_blocks.values())
     entries += sum(int(np.prod(plan.op.range.block(name).shape)) for name in plan.range_names)
-    return bool(plan.comm.allreduce(int(entries * itemsize >= STRAIGHT_FROM)))
+    doing = f"binding {plan.op} for new dtypes (every rank rebinds when its dtypes change)"
+    try:
+        return bool(
+            largest_within(plan.comm, int(entries * itemsize >= STRAIGHT_FROM), plan.deadline(), doing)
+        )
+    except BaseException as error:  # PeerTimeoutError included: the missing ranks may never come
+        abort_for(plan.comm, doing, error)
 
 
 def _as_view(array: np.ndarray) -> torch.Tensor:

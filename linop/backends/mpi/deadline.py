@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import PeerTimeoutError, TimeoutArgumentError
+from .. import stall_record as stall
 from ..host_deadline import (
     DEFAULT_SECONDS,
     ENVIRONMENT,
@@ -47,6 +48,8 @@ from ..host_deadline import (
     environment_text,
     text_seconds,
 )
+from ..stall_record import TICK
+from . import stall as mpi_stall
 from .datatypes import mpi
 from .mpi_types import Intracomm
 
@@ -61,6 +64,7 @@ __all__ = [
     "NO_DEADLINE_BEYOND",
     "PeerTimeoutError",
     "arrive_within",
+    "largest_within",
     "deadline_seconds",
     "resolve_timeout",
     "wait_all",
@@ -185,9 +189,14 @@ def wait_all(requests: list[Any], comm: Intracomm, timeout: float, doing: str) -
     module = mpi()
     tag = _notice_tag(comm)
     pause = FIRST_PAUSE
+    watched = stall.active() is not None  # a wrapper's call: a peer's record may name a stall
+    read_at = now
     while True:
         if comm.Iprobe(module.ANY_SOURCE, tag) or clock() >= end:
             _give_up(comm, tag, timeout, doing)
+        if watched and clock() >= read_at:
+            mpi_stall.check(comm)  # PeerMismatchError: a peer at this call on its bound plan
+            read_at = clock() + TICK
         time.sleep(pause)
         pause = min(2 * pause, LONGEST_PAUSE)
         pending = [request for request in pending if not request.Test()]
@@ -203,6 +212,29 @@ def arrive_within(comm: Intracomm, timeout: float, doing: str) -> None:
     a missing one. Nothing to wait for on one rank."""
     if comm.Get_size() > 1:
         wait_all([comm.Ibarrier()], comm, timeout, doing)
+
+
+def largest_within(comm: Intracomm, value: int, timeout: float | None, doing: str) -> int:
+    """The largest ``value`` over the ranks of ``comm`` (an ``Iallreduce``), waited for within
+    ``timeout`` seconds by :func:`wait_all` (None: a blocking ``Allreduce``): for a small
+    agreement that is the first collective of a call (the torch wrapper's decision how to bind
+    new dtypes, :class:`linop.frameworks.torch_function.BoundTensors`), so that a rank whose
+    peers never join it (they run a bound plan: one rank alone changed its dtypes) raises
+    :class:`PeerTimeoutError` at the deadline instead of waiting forever, and
+    :class:`~linop.errors.PeerMismatchError` within seconds when a peer's record says so
+    (:mod:`linop.backends.mpi.stall`; polled then even with no deadline)."""
+    sent = np.array([value], dtype=np.int64)
+    received = np.zeros(1, dtype=np.int64)
+    if comm.Get_size() == 1 or (timeout is None and stall.active() is None):
+        comm.Allreduce(sent, received, op=mpi().MAX)
+    else:  # polled: within the deadline, and reading the peers' records of a wrapper's call
+        wait_all(
+            [comm.Iallreduce(sent, received, op=mpi().MAX)],
+            comm,
+            math.inf if timeout is None else timeout,
+            doing,
+        )
+    return int(received[0])
 
 
 def _give_up(comm: Intracomm, tag: int, timeout: float, doing: str) -> None:

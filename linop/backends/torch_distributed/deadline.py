@@ -14,7 +14,12 @@ are missing are the ones named in the :class:`~linop.errors.PeerTimeoutError`: t
 never arrived (or arrived after the others gave up), or ended. Nothing of this runs before a
 wait fails: it costs nothing on a call that completes.
 
-Best effort: a store that cannot be reached (its host ended) gives the error without names.
+Best effort: a store that cannot be reached (its host ended) gives the error without names;
+it says who hosts the store (:func:`store_host`: world rank 0 under ``init_process_group``'s
+``tcp://`` and ``env://`` rendezvous, which has then most likely ended; torchrun's agent,
+which outlives the ranks, when they use it). No other channel names ranks on a broken group
+(gloo's errors name a peer's address only, and a second store would have a host too):
+``docs/reliability.md`` records the decision.
 The group is unusable after a timeout (a collective is left unfinished), so one roll call per
 group suffices.
 """
@@ -22,12 +27,13 @@ group suffices.
 from __future__ import annotations
 
 import datetime
+import os
 import time
 from typing import Any
 
 from ...errors import PeerTimeoutError
 
-__all__ = ["GRACE", "ARRIVED_KEY", "answered", "roll_call", "is_timeout"]
+__all__ = ["GRACE", "ARRIVED_KEY", "answered", "roll_call", "is_timeout", "store_host"]
 
 GRACE = 2.0
 """Seconds a rank whose deadline passed waits for the other ranks' keys (as
@@ -73,6 +79,16 @@ def answered(context: Any, doing: str) -> set[int] | None:
         return None
 
 
+def store_host() -> str:
+    """Who hosts the default group's store, in words, for an error that could not reach it:
+    torchrun's agent when the ranks use it (``TORCHELASTIC_USE_AGENT_STORE``), else world rank
+    0 (``init_process_group``'s ``tcp://`` and ``env://`` rendezvous), which has then most
+    likely ended."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").strip().lower() in ("1", "true"):
+        return "its host, torchrun's agent, ended"
+    return "its host is world rank 0 (init_process_group's tcp:// and env:// rendezvous), which most likely ended"
+
+
 def roll_call(context: Any, timeout: float | None, doing: str, cause: BaseException) -> PeerTimeoutError:
     """The error of a wait on ``context``'s group that ended while ``doing``: at its deadline
     (``timeout`` seconds passed: :func:`is_timeout`), or at a peer's closed connection. The
@@ -89,7 +105,7 @@ def roll_call(context: Any, timeout: float | None, doing: str, cause: BaseExcept
         return PeerTimeoutError(
             f"rank {rank}: not every rank of the group of {size} reached {doing}"
             + (f" within {timeout:g} s" if expired else " (a peer's connection closed)")
-            + f"; the group's store is unreachable (its host ended?), so the missing ranks are not known "
+            + f"; the group's store is unreachable, so the missing ranks cannot be named: {store_host()} "
             f"{where}: {first}"
         )
     missing = [member for member in range(size) if member not in arrived]
