@@ -83,9 +83,23 @@ def test_one_rank_changing_its_dtype_after_binding_is_named_on_both_ranks(mode, 
     )
 
 
+@pytest.mark.timeout(LAUNCH_TIMEOUT + 30)
+def test_a_rank_refusing_its_input_alone_in_a_bound_call_is_named_by_its_peer():
+    # rank 1 passes a misshapen tensor after binding: StateError on rank 1 alone, which then
+    # ends; rank 0, in its bound call, read rank 1's record (before: a bare RankFailedError,
+    # "Connection closed by peer", no rank named)
+    out = _launch("failed1")
+    refused = [line for line in out.splitlines() if line.startswith("FAILED OK rank 1: StateError: rank 1: ")]
+    named = [line for line in out.splitlines() if line.startswith("FAILED OK rank 0: RankFailedError: ")]
+    assert refused and named, out
+    assert "rank 0: rank 1 is at the same call" in named[0] and "raised StateError: rank 1: block" in named[0]
+    assert "(4, 3) float32" in named[0] and "on its own, before any data moved" in named[0], named[0]
+
+
 def test_a_call_record_reads_back_what_it_wrote():
     record = CallRecord("ab12", 7, "bound", "a[0] float64 (3, 3), c float32 (2,)", seen=True)
     assert CallRecord.parse(record.text()) == record
     assert CallRecord.parse("ab12|x|bound|0|k") is None and CallRecord.parse("junk") is None
+    assert CallRecord.parse("ab12|3|failed|0|StateError: a|b").key == "StateError: a|b"
     assert "bound plan" in record.describe() and "float64 (3, 3)" in record.describe()
     assert issubclass(PeerMismatchError, PeerTimeoutError)  # caught where a deadline's error is

@@ -33,6 +33,7 @@ from typing import Any
 
 __all__ = [
     "GRACE",
+    "KINDS",
     "READ_AT_ONCE",
     "TICK",
     "CallRecord",
@@ -62,8 +63,9 @@ class CallRecord:
     """What a rank is in, as published: ``identity`` (the tree's fingerprint, hex), ``call``
     (its number among this rank's calls of that tree on the group, from 1), ``kind``
     (``checked``: through a collective check, its inputs changed or first; ``bound``: the
-    bound plan, no check), ``key`` (the inputs' dtypes and shapes), ``seen`` (this rank found
-    a mismatch at this call)."""
+    bound plan, no check; ``failed``: this rank raised an error of its own at the call, before
+    any data moved), ``key`` (the inputs' dtypes and shapes; for ``failed``, the error),
+    ``seen`` (this rank found a mismatch at this call)."""
 
     identity: str
     call: int
@@ -78,7 +80,7 @@ class CallRecord:
     def parse(cls, text: str) -> CallRecord | None:
         """The record of ``text`` (None when it is not one)."""
         parts = text.split("|", 4)
-        if len(parts) != 5 or not parts[1].isdigit() or parts[2] not in ("checked", "bound"):
+        if len(parts) != 5 or not parts[1].isdigit() or parts[2] not in KINDS:
             return None
         return cls(parts[0], int(parts[1]), parts[2], parts[4], parts[3] == "1")
 
@@ -86,12 +88,18 @@ class CallRecord:
         """The path and the inputs, in words."""
         if self.kind == "checked":
             return f"goes through the entry check (its inputs changed, or the first call) with {self.key}"
+        if self.kind == "failed":
+            return f"raised {self.key} there on its own, before any data moved"
         return f"runs its bound plan (no entry check: its inputs unchanged) with {self.key}"
 
     def stalls_with(self, other: CallRecord) -> bool:
         """Whether ``other`` (a peer's record) proves a stall with this one: the same call of
         the same tree, on the other path."""
         return other.identity == self.identity and other.call == self.call and other.kind != self.kind
+
+
+KINDS = ("checked", "bound", "failed")
+"""The kinds of a :class:`CallRecord`."""
 
 
 class WatchedCall:
@@ -102,6 +110,7 @@ class WatchedCall:
         "context",
         "found",
         "found_at",
+        "found_failed",
         "kind",
         "number",
         "plan",
@@ -113,6 +122,7 @@ class WatchedCall:
         "started",
         "state",
         "step",
+        "transport",
         "turn",
     )
 
@@ -131,8 +141,10 @@ class WatchedCall:
         self.published: CallRecord | None = None
         self.found: str | None = None
         self.found_at = 0.0
+        self.found_failed = False  # the finding is a peer's own error (not a mismatch)
         self.settled = False  # the peers that differ have seen the finding too
         self.turn = 0  # where the next tick's window of peers starts
+        self.transport: Any = None  # the engine's, held for the call (the torch store)
 
     def record(self) -> CallRecord:
         """This call's record (the published one once published)."""
@@ -158,6 +170,7 @@ class WatchedCall:
         if self.found is None:
             self.found = words(self, self.record(), member, theirs)
             self.found_at = time.monotonic()
+            self.found_failed = theirs.kind == "failed"
 
 
 _ACTIVE: list[WatchedCall | None] = [None]
@@ -197,10 +210,15 @@ def end(call: WatchedCall) -> None:
 
 
 def words(call: WatchedCall, mine: CallRecord, member: int, theirs: CallRecord) -> str:
-    """The finding that rank ``member`` is at ``call`` on the other path, in words."""
-    return (
+    """The finding that rank ``member`` is at ``call`` on the other path (or failed there), in
+    words."""
+    where = (
         f"rank {call.rank}: rank {member} is at the same call of {call.plan.op} on the {call.size} ranks "
         f"(call {mine.call} of this tree) but {theirs.describe()}, where this rank {mine.describe()}: "
+    )
+    if theirs.kind == "failed":
+        return where + "this rank's call cannot complete (the ranks cannot be used any more: end the job)"
+    return where + (
         "one rank alone changed its inputs' dtypes after the wrapper bound its plan, and neither path "
         "can complete; pass the same dtypes on every rank (the ranks cannot be used any more: end the job)"
     )

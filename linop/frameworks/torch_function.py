@@ -60,7 +60,14 @@ except ModuleNotFoundError as error:  # the torch extra is not installed: say wh
 
     raise missing_extra(error, "torch", __name__) from error
 
-from ..errors import LinopError, PeerMismatchError, ProcessGroupArgumentError, StateError
+from ..errors import (
+    LinopError,
+    MPIError,
+    PeerMismatchError,
+    ProcessGroupArgumentError,
+    RankFailedError,
+    StateError,
+)
 from ..operator import LinearOperator
 
 __all__ = ["TorchOperator", "OperatorModule", "function", "apply"]
@@ -150,7 +157,10 @@ class _Runner:
             if plan.problem is not None or self._bound is None:
                 # raises the agreed error on every rank: this rank's refusal is in it
                 plan.check(self._refused_state(plan, error, state)).result()
+            from ..backends.torch_distributed import stall
+
             report_failure(error)
+            stall.failed(plan, error)  # the peers, in their bound call, name this rank and error
         raise error
 
     def _refused_state(self, plan: Any, error: LinopError, state: Any) -> dict[str, Any]:
@@ -203,11 +213,15 @@ class _Runner:
             else:
                 result = self._bound.run_on(state)
         except LinopError as error:
-            found = stall.finding(call)
-            if found is None or isinstance(error, PeerMismatchError):
+            if not bind and isinstance(error, StateError) and not isinstance(error, MPIError):
+                stall.failed(self.torch_plan, error, call)  # refused here alone (run_on): peers told
+            found = stall.finding(call, look=isinstance(error, RankFailedError))
+            if found is None or (
+                isinstance(error, (PeerMismatchError, RankFailedError)) and str(error) == found
+            ):
                 raise
             # the wait ended when the peer's process did (an unguarded bound call): say why
-            raise PeerMismatchError(found) from error
+            raise (RankFailedError if call.found_failed else PeerMismatchError)(found) from error
         finally:
             stall.leave(call)
         return tuple(_fresh(_as_tensor(result[name]), inputs) for name in self.outputs)

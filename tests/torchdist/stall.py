@@ -3,16 +3,19 @@
 which bounds the launch; no ``LINOP_TIMEOUT``: the default 600 s deadline holds).
 
 Both ranks call the wrapper twice with float64 (the first call binds its plan through the
-collective entry check, the second runs the bound plan unchecked), then rank 0 alone calls with
-float32 (its wrapper rebinds: the checked path) while rank 1 calls with float64 again (the
-bound path). Before the stall diagnosis both ranks waited until the deadline. Each rank must
-raise a typed error naming the other rank and the dtypes (:class:`~linop.errors.StallError`)
+collective entry check, the second runs the bound plan unchecked); then, as controls, a slow
+peer at a bound call and at a call that rebinds on every rank (float32), each exact; then the
+changing rank alone calls with float64 (its wrapper rebinds: the checked path) while its peer
+calls with float32 again (the bound path). Before the stall diagnosis both ranks waited until the deadline. Each rank must
+raise a typed error naming the other rank and the dtypes (:class:`~linop.errors.PeerMismatchError`)
 in seconds; prints ``STALL OK rank r: <message>``.
 
 ``MODE``: ``function`` (``linop.frameworks.torch_function.function(tree, group=True)`` of a
-redistribute, out of place), ``dtensor`` (``linop.frameworks.dtensor.redistribute_local``),
-``guarded`` (a plan bound with ``every_call=True`` on rank 1's side: both ranks wait in guarded
-calls).
+redistribute, out of place) or ``dtensor`` (``linop.frameworks.dtensor.redistribute_local``),
+rank 0 changing; a trailing ``1``: rank 1 changing. ``failed`` / ``failed1``: instead, rank 0
+(1) passes a misshapen tensor after binding (``StateError`` on it alone, ``FAILED OK rank r``);
+its peer, in the bound call, must raise ``RankFailedError`` naming it once it ends, when the
+store's host lives (rank 1 failing).
 """
 
 from __future__ import annotations
@@ -77,6 +80,19 @@ def run(rank: int, mode: str) -> None:
         call(dtype)
         if rank != slow and stall.PUBLISHED[0] == published:
             raise AssertionError(f"rank {rank}: no record published while the peer was slow")
+    if mode.startswith("failed"):  # after binding, the changing rank passes a misshapen tensor
+        shape = source.block_of(rank).shape
+        wrong = torch.zeros((shape[0] + 1, shape[1]), dtype=torch.float32)
+        try:
+            if rank == changing:
+                wrapped({mine: wrong})
+            else:
+                call(torch.float32, check=False)
+        except LinopError as error:
+            print(f"FAILED OK rank {rank}: {type(error).__name__}: {error}", flush=True)
+            return
+        print(f"FAILED NO ERROR rank {rank}", flush=True)
+        return
     try:
         call(torch.float64 if rank == changing else torch.float32, check=False)
     except LinopError as error:

@@ -49,13 +49,14 @@ from __future__ import annotations
 
 import datetime
 import time
+import weakref
 from dataclasses import replace
 from typing import Any
 
-from ...errors import PeerMismatchError
+from ...errors import PeerMismatchError, RankFailedError
 from ..stall_record import GRACE, TICK, CallRecord, WatchedCall, active, begin, end
 
-__all__ = ["ACKNOWLEDGE", "PUBLISHED", "RECORD_KEY", "enter", "finding", "leave", "wait"]
+__all__ = ["ACKNOWLEDGE", "PUBLISHED", "RECORD_KEY", "enter", "failed", "finding", "leave", "wait"]
 
 ACKNOWLEDGE = 2.0
 """Seconds a rank that found a mismatch waits, at most, for the peer's record to say it has
@@ -73,7 +74,9 @@ def enter(plan: Any, kind: str, state: Any) -> WatchedCall:
     """Mark this process as in a call of ``plan`` (a
     :class:`~linop.backends.torch_distributed.TorchDistributedPlan`) of ``kind`` (``checked``
     or ``bound``) on ``state`` (its input tensors by name); pass the result to :func:`leave`."""
-    return begin(plan, kind, state, _diagnose)
+    call = begin(plan, kind, state, _diagnose)
+    call.transport = _held(call.context)
+    return call
 
 
 def leave(call: WatchedCall) -> None:
@@ -81,13 +84,65 @@ def leave(call: WatchedCall) -> None:
     end(call)
     if call.published is not None:
         try:
-            _store().delete_key(_key(call.context, call.rank))
+            call.transport.delete_key(_key(call.context, call.rank))
         except Exception:  # the store's host ended
             pass
+    call.transport = None
 
 
-def finding(call: WatchedCall) -> str | None:
-    """The mismatch the watcher found for ``call`` (worded), or None."""
+_STORES: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+"""Per group context, a weak reference to the default store and the record keys of its ranks:
+a call holds the store (so that a wait ended by a peer's closed connection can still read the
+peer's record after the group was shut down), and only the call: the store's server on its
+host ends with ``destroy_process_group`` as without linop."""
+
+
+def _held(context: Any) -> Any:
+    """The default store for a call on ``context`` (None where there is none)."""
+    found = _STORES.get(context)
+    store = None if found is None else found[0]()
+    if store is None:
+        try:
+            store = _store()
+            _STORES[context] = (weakref.ref(store), [_key(context, member) for member in range(context.size)])
+        except Exception:  # not initialized, or no weak reference to it
+            return None
+    return store
+
+
+def failed(plan: Any, error: BaseException, call: WatchedCall | None = None) -> None:
+    """Publish at once that this rank raises ``error`` on its own at ``call`` of ``plan`` (by
+    default its next call: a wrapper's local check before the call; after binding its peers
+    are in the bound call, and cannot be told otherwise), so that a peer's watcher names this
+    rank and its error. The record stays (the peer may read it late; it names this call
+    only). Best effort."""
+    if call is None:
+        call = begin(plan, "failed", {}, _nothing)
+        end(call)
+    text = str(error).splitlines()[0] if str(error) else ""
+    record = CallRecord(plan.fingerprint.hex(), call.number, "failed", f"{type(error).__name__}: {text}")
+    try:
+        store = _held(call.context)
+        if store is not None:
+            store.set(_key(call.context, call.rank), record.text())
+    except Exception:  # the store's host ended
+        pass
+
+
+def _nothing(call: WatchedCall) -> None:
+    return None
+
+
+def finding(call: WatchedCall, *, look: bool = False) -> str | None:
+    """The mismatch the watcher found for ``call`` (worded), or None; ``look``: read the
+    peers' records now if it found none (after a wait that ended early, at a peer's closed
+    connection: a peer that failed on its own left its record, readable while the store's
+    host lives)."""
+    if call.found is None and look:
+        try:
+            _diagnose(call)
+        except Exception:  # the store's host ended
+            pass
     return call.found
 
 
@@ -121,6 +176,9 @@ def wait(context: Any, work: Any, timeout: float | None) -> None:
             if end_at is not None and clock() >= end_at:
                 raise
         found = call.found
+        if found is not None and call.found_failed:  # a peer's own error: it waits for nothing
+            context.shut_down()
+            raise RankFailedError(found)
         if found is not None and (call.settled or clock() >= call.found_at + ACKNOWLEDGE):
             context.shut_down()  # a collective is left unfinished: the group is unusable
             raise PeerMismatchError(found)
@@ -139,6 +197,9 @@ def _world_rank(context: Any, member: int) -> int:
 
 
 def _key(context: Any, member: int) -> str:
+    found = _STORES.get(context)
+    if found is not None:
+        return str(found[1][member])
     group = getattr(context.group, "group_name", "") or "default"
     return RECORD_KEY.format(group=group, rank=_world_rank(context, member))
 
@@ -147,7 +208,7 @@ def _diagnose(call: WatchedCall) -> None:
     """The watcher's tick for a call past GRACE: publish its record (once, and again with
     ``seen`` after a finding), read the next window of peers' records."""
     context = call.context
-    store = _store()
+    store = call.transport if call.transport is not None else _store()
     mine = call.record()
     if call.published is None:
         store.set(_key(context, call.rank), mine.text())
@@ -165,5 +226,5 @@ def _diagnose(call: WatchedCall) -> None:
         call.find(*differing[0])
         call.published = replace(mine, seen=True)
         store.set(_key(context, call.rank), call.published.text())
-    if differing and all(theirs.seen for _, theirs in differing):
+    if differing and all(theirs.seen or theirs.kind == "failed" for _, theirs in differing):
         call.settled = True
