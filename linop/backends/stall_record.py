@@ -9,7 +9,8 @@ local: when one rank alone changes its input's dtype, it enters the collective w
 peers run the bound data movement, and neither completes. The diagnosis names it:
 
 - :func:`begin` and :func:`end` around each call of a wrapper mark, in this process, what it
-  is in (a :class:`WatchedCall`; a few attribute writes, nothing more in the common path);
+  is in (a :class:`WatchedCall`: a small object and a counter, about 1 us of CPU per call
+  with the store lookup of :mod:`linop.backends.torch_distributed.stall`; nothing is sent);
 - a watcher thread (one per process, started by the first call, woken every :data:`TICK`
   seconds) runs the engine's own step for a call that has run longer than :data:`GRACE`
   seconds: it publishes the call's :class:`CallRecord` (the tree's fingerprint, the same on

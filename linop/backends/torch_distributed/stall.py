@@ -9,13 +9,15 @@ rank alone changes its input's dtype, it enters the check's reduction while its 
 bound data movement, and neither completes. Before, both waited for the deadline (600 s by
 default; forever with none).
 
-The diagnosis costs nothing in the common path (a call that completes within :data:`~linop.backends.stall_record.GRACE`, 1 s):
+The diagnosis sends nothing in the common path (a call that completes within
+:data:`~linop.backends.stall_record.GRACE`, 1 s):
 
 - :func:`enter` and :func:`leave` around each call of a wrapper mark, in this process, what it
   is in: a :class:`~linop.backends.stall_record.CallRecord` (the tree's fingerprint, the same on every rank; the call's
   number among the calls of that tree on that group, the same on every rank that keeps in
   step; its kind, ``checked`` or ``bound``; the inputs' dtypes and shapes), built only when
-  published. A few attribute writes per call.
+  published: about 1 us of CPU per call (0.95 us measured for :func:`enter` and
+  :func:`leave`, beside about 150 us for a small wrapper call on one process).
 - A watcher thread (one per process, started by the first call, woken every 0.25 s,
   :data:`~linop.backends.stall_record.TICK`) publishes the record of a call that has run
   longer than the grace period in the default group's store
