@@ -18,7 +18,9 @@ peers run the bound data movement, and neither completes. The diagnosis names it
   communicator, the same on every rank that keeps in step; its kind, ``checked`` or
   ``bound``; the inputs' dtypes and shapes) and reads the peers';
 - a peer at the *same* call of the same tree in the other kind is proof of a stall (a slow
-  peer, or one at another call, is not: nothing is raised for it), worded by :func:`words`.
+  peer, or one at another call, is not: nothing is raised for it), worded by :func:`words`;
+  so is a ``failed`` record of that call (a rank that refused its input on its own there,
+  published at once by :func:`linop.backends.torch_distributed.stall.failed`).
 """
 
 from __future__ import annotations

@@ -42,6 +42,13 @@ The diagnosis sends nothing in the common path (a call that completes within
   that catches its error and lives on holds this rank until it ends (as after any failure
   mid-call: end the job).
 
+A rank that refuses its input on its own in a wrapper's call after binding (its local checks,
+a bound call's shape check) publishes a ``failed`` record of that call at once (:func:`failed`),
+which its peer, blocked in the bound call, reads when its wait ends at the closed connection
+(:func:`finding` with ``look=True``; the call holds the store for that): the peer's
+:class:`~linop.errors.RankFailedError` names the rank and its error, where the store's host
+outlives the refusing rank.
+
 Only gloo waits are sliced (NCCL's ``wait(timeout)`` may abort the communicator): on NCCL the
 deadline alone bounds such a stall. The store is the default group's: when its host (rank 0)
 has ended, nothing is published or read (best effort), and the deadline applies.
