@@ -14,6 +14,7 @@ hold under a map, so that a map the module ignored fails the test.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -61,15 +62,16 @@ def _window_run(module: Any, x: DistributedTensor, y: DistributedTensor, seed: i
     return _collect(out, inputs)
 
 
-def conv(size: int, **engine: Any) -> tuple[Any, Results]:
-    """A convolution over rows (uneven shares), its bias and weights on their owners."""
+def conv(size: int, *, overlap: bool = False, replicate: bool = False, **engine: Any) -> tuple[Any, Results]:
+    """A convolution over rows (uneven shares), its bias and weights on their owners (or
+    replicated; the halo exchange overlapped with the interior products, or not)."""
     from linop.frameworks.torch_layers import LayerModule
 
     rng = np.random.default_rng(5)
     x = DistributedTensor("x", (2, 3, 3 * size + 1, 5), Partition((1, 1, size, 1)))
     layer = Convolution(x, 2, Kernel(3, padding=1))
     w, b = rng.standard_normal(layer.weights.global_shape), rng.standard_normal(2)
-    module = LayerModule(layer, weights=w, bias=b, **engine)
+    module = LayerModule(layer, weights=w, bias=b, overlap=overlap, replicate=replicate, **engine)
     results = _window_run(module, x, layer.y, 6)
     results.update({f"dp:{k}": p.grad.numpy().copy() for k, p in module.parameter_state().items()})
     return module, results
@@ -92,16 +94,18 @@ def affine(size: int, **engine: Any) -> tuple[Any, Results]:
     return module, results
 
 
-def batchnorm(size: int, **engine: Any) -> tuple[Any, Results]:
+def batchnorm(size: int, *, replicate: bool = False, **engine: Any) -> tuple[Any, Results]:
     """Two training steps and an evaluation step of a BatchNorm2d over batch (and channels on
-    4 workers), the parameters on their owners; outputs, gradients and running statistics."""
+    4 workers), the parameters on their owners (or replicated); outputs, gradients and running
+    statistics."""
     from linop.frameworks.torch_norm import BatchNormModule
 
     grid = {1: (1, 1, 1, 1), 2: (2, 1, 1, 1), 3: (3, 1, 1, 1), 4: (2, 2, 1, 1)}[size]
     x = DistributedTensor("x", (4, 3, 3, 4), Partition(grid))
     layer = BatchNorm(x)
     rng = np.random.default_rng(9)
-    module = BatchNormModule(layer, weight=rng.standard_normal(3), bias=rng.standard_normal(3), **engine)
+    weight, bias = rng.standard_normal(3), rng.standard_normal(3)
+    module = BatchNormModule(layer, weight=weight, bias=bias, replicate=replicate, **engine)
     results: Results = {}
     for step in range(3):
         if step == 2:
@@ -202,8 +206,10 @@ def chain(size: int, **engine: Any) -> tuple[Any, Results]:
 
 CASES: dict[str, tuple[Callable[..., tuple[Any, Results]], bool]] = {
     "conv": (conv, False),
+    "conv-overlap-replicate": (functools.partial(conv, overlap=True, replicate=True), False),
     "affine": (affine, False),
     "batchnorm": (batchnorm, False),
+    "batchnorm-replicate": (functools.partial(batchnorm, replicate=True), False),
     "loss": (loss, False),
     "interpolate": (interpolate, False),
     "nearest": (nearest, True),
@@ -248,7 +254,7 @@ def serial_run(name: str, size: int) -> Results:
     """The case in one process; a BatchNorm's running statistics whole (``run:meanall``)."""
     build, _ = CASES[name]
     module, results = build(size)
-    if name == "batchnorm":
+    if name.startswith("batchnorm"):
         results = {k: v for k, v in results.items() if not k.startswith("run:")}
         results["run:meanall"] = module.running_mean.numpy().copy()
         results["run:varall"] = module.running_var.numpy().copy()
