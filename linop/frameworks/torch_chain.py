@@ -34,7 +34,6 @@ import torch
 from ..errors import LayerError
 from ..layers.chain import WindowChain
 from ..partition import grid_block_name
-from .torch_function import process_rank
 from .torch_windows import WindowModule
 
 __all__ = ["ChainModule"]
@@ -53,9 +52,11 @@ class ChainModule(WindowModule):
     ----------
     chain : WindowChain
         The chain (its convolution weights are the initial parameters).
-    comm, group
+    comm, group, mapping
         As :class:`~linop.frameworks.torch_windows.BlockModule` (so are ``input_names``,
-        ``output_names`` and ``token``).
+        ``output_names`` and ``token``): ``mapping`` places the workers of x's partition on
+        the ranks, this process running the chain for the output blocks of the workers on its
+        rank (:meth:`sum_gradients` sums over the processes, whichever workers they hold).
     dtype : torch.dtype
         The parameters' dtype (default float64).
 
@@ -68,10 +69,18 @@ class ChainModule(WindowModule):
     ------
     LayerError
         More than 3 spatial dimensions, or an average pool with a dilation (torch has none).
+    WorkerMapError, WorkerMapMismatchError
+        A bad ``mapping``, as :class:`~linop.frameworks.torch_windows.BlockModule`.
     """
 
     def __init__(
-        self, chain: WindowChain, *, comm: Any = None, group: Any = None, dtype: torch.dtype = torch.float64
+        self,
+        chain: WindowChain,
+        *,
+        comm: Any = None,
+        group: Any = None,
+        dtype: torch.dtype = torch.float64,
+        mapping: Any = None,
     ) -> None:
         if not isinstance(chain, WindowChain):
             raise LayerError(f"ChainModule: chain must be a WindowChain, not {type(chain).__name__}")
@@ -83,18 +92,17 @@ class ChainModule(WindowModule):
                 raise LayerError(
                     f"ChainModule: stage {i} is an average pool with a dilation; torch's has none"
                 )
-        super().__init__(chain.window_operator, comm=comm, group=group)
+        super().__init__(chain.window_operator, comm=comm, group=group, mapping=mapping)
         self.chain, self.dims = chain, dims
         self.weights = torch.nn.ParameterList(
             torch.nn.Parameter(torch.from_numpy(np.array(s.weights)).to(dtype))
             for s in chain.stages
             if s.kind == "conv"
         )
-        rank = process_rank(comm, group)
         self._products = []
         for g in chain.x.partition.indices():
             out = chain.y.block(g)
-            if rank is not None and out.worker != rank:
+            if not self.placement.holds(out.worker):
                 continue
             # per stage, the entries of its input window outside the global field (None: none)
             outside: list[torch.Tensor | None] = []

@@ -59,7 +59,8 @@ from ..errors import LayerError, StateError
 from ..layers import Affine, Convolution, kernels
 from ..operator import Identity
 from .torch_agreement import Agreement, start_agreement
-from .torch_function import TorchOperator, engine_arguments, process_rank
+from .torch_function import TorchOperator, engine_arguments
+from .torch_placement import Placement, workers_of
 
 __all__ = ["LayerModule"]
 
@@ -417,8 +418,8 @@ class _Stage:
     tensors themselves (shapes checked on this process), with no call into an executor and no
     communication, the same on every process."""
 
-    def __init__(self, op: Any, comm: Any, group: Any = None) -> None:
-        self.function = TorchOperator(op, comm=comm, group=group)
+    def __init__(self, op: Any, comm: Any, group: Any = None, mapping: Any = None) -> None:
+        self.function = TorchOperator(op, comm=comm, group=group, mapping=mapping)
         self.inputs, self.outputs = self.function.inputs, self.function.outputs
         self._names = {flag: self.function.names(adjoint=flag) for flag in (False, True)}
         self.identity = isinstance(op, Identity)
@@ -532,6 +533,13 @@ class LayerModule(torch.nn.Module):
         anchor, which keeps the backward collective): a layer fed by them computes its input
         gradient unless such data-only calls run under ``torch.no_grad()``, alike on every
         process (``examples/train_spatial.py``, ``SpatialModel.loss``).
+    mapping : WorkerMap, sequence of int or dict of int to int, optional
+        Across processes, the rank of each worker of the layer (default worker ``w`` on rank
+        ``w``; a rank may hold several workers or none), as the executors' ``mapping=``
+        (:func:`linop.backends.mpi.plan_for`), passed to every movement the module runs:
+        this process passes the input blocks, holds the parameter blocks, computes the local
+        products and gets back the output blocks of the workers on its rank
+        (:class:`~linop.frameworks.torch_placement.Placement`). Not used in one process.
 
     Attributes
     ----------
@@ -551,6 +559,13 @@ class LayerModule(torch.nn.Module):
         layer's workers (on every rank, when the module is built).
     ProcessGroupArgumentError
         Both ``comm`` and ``group`` given, or ``group`` not a process group.
+    WorkerMapError
+        Across processes, a malformed ``mapping``, or one that leaves a worker of the layer
+        out or names a rank the communicator or group lacks (on every rank given it, when the
+        module is built).
+    WorkerMapMismatchError
+        The ranks were given different maps (at the first call, on every rank: the
+        executor's entry check).
     """
 
     def __init__(
@@ -565,6 +580,7 @@ class LayerModule(torch.nn.Module):
         group: Any = None,
         overlap: bool | None = False,
         input_gradient: bool | None = None,
+        mapping: Any = None,
     ) -> None:
         super().__init__()
         engine_arguments(comm, group)
@@ -588,20 +604,22 @@ class LayerModule(torch.nn.Module):
                 "LayerModule: overlap=True needs a convolution that does not broadcast its input, in a real dtype"
             )
         self.overlap = bool(overlap)
+        reduction = layer.output_reduction
+        workers = workers_of(layer.window_operator, layer.parameter_movement, reduction)
+        placement = Placement(mapping, comm, group, {*workers, *layer.y.space.workers})
+        mapping = placement.map
         self.pieces: _PieceProducts | None = None  # the overlapped products and their state
         self.overlapped: _Stage | None = None  # forward, and adjoint for the input gradient
         if self.overlap:
             self.pieces = _PieceProducts(layer)
-            self.overlapped = _Stage(layer.overlapped_products(self.pieces), comm, group)
-        self.windows = _Stage(layer.window_operator, comm, group)
+            self.overlapped = _Stage(layer.overlapped_products(self.pieces), comm, group, mapping)
+        self.windows = _Stage(layer.window_operator, comm, group, mapping)
         movement = layer.parameter_movement
-        self.copies = None if self.replicate else _Stage(movement, comm, group)
-        self.copy_sum = _Stage(layer.copy_gradient_sum, comm, group) if self.replicate else None
-        reduction = layer.output_reduction
-        self.reduction = None if reduction is None else _Stage(reduction, comm, group)
+        self.copies = None if self.replicate else _Stage(movement, comm, group, mapping)
+        self.copy_sum = _Stage(layer.copy_gradient_sum, comm, group, mapping) if self.replicate else None
+        self.reduction = None if reduction is None else _Stage(reduction, comm, group, mapping)
         if group is not None:
             _group_fits(self)
-        rank = process_rank(comm, group)
         self.input_names = self.windows.inputs
         held = self.copy_sum if self.copy_sum is not None else self.copies
         assert held is not None  # one of the two, by replicate
@@ -609,12 +627,12 @@ class LayerModule(torch.nn.Module):
         self.output_names = (
             self.reduction.outputs
             if self.reduction is not None
-            else tuple(b.name for b in layer.y.space if rank is None or b.worker == rank)
+            else tuple(b.name for b in layer.y.space if placement.holds(b.worker))
         )
         self.products: list[tuple[str, tuple[str, str, str | None]]] = [
             (layer.partial_block(j).name, layer.local_operands(j))
             for j in layer.work_indices()
-            if rank is None or layer.work.worker(j) == rank
+            if placement.holds(layer.work.worker(j))
         ]
         self.partial_names = tuple(partial for partial, _ in self.products)
         self.window_names = tuple(operands[0] for _, operands in self.products)

@@ -24,7 +24,8 @@ import torch
 
 from ..errors import LayerError, StateError
 from ..layers.losses import Loss
-from .torch_function import TorchOperator, engine_arguments, process_rank
+from .torch_function import TorchOperator, engine_arguments
+from .torch_placement import Placement, workers_of
 
 __all__ = ["LossModule", "local_loss"]
 
@@ -76,13 +77,18 @@ class LossModule(torch.nn.Module):
     group : torch.distributed ProcessGroup or True, optional
         Run across the ranks of this process group (``True``: the world group); not with
         ``comm``.
+    mapping : WorkerMap, sequence of int or dict of int to int, optional
+        Across processes, the rank of each worker of x's partition and of the root (default
+        worker ``w`` on rank ``w``), as the executors' ``mapping=``
+        (:func:`linop.backends.mpi.plan_for`): this process passes the blocks of the workers
+        on its rank, and the rank of the root worker gets the loss. Not used in one process.
 
     Attributes
     ----------
     input_names : tuple of str
         The blocks of x (and of the target) this process passes in.
     root : int
-        The rank (the worker) that gets the loss.
+        The rank that gets the loss: the root worker's (``layer.root`` without a map).
     is_root : bool
         Whether this process gets the loss (always in one process).
 
@@ -90,22 +96,24 @@ class LossModule(torch.nn.Module):
     ------
     LayerError
         If ``layer`` is not a Loss.
+    WorkerMapError, WorkerMapMismatchError
+        A bad ``mapping``, as :class:`~linop.frameworks.torch_windows.BlockModule`.
     """
 
-    def __init__(self, layer: Loss, *, comm: Any = None, group: Any = None) -> None:
+    def __init__(self, layer: Loss, *, comm: Any = None, group: Any = None, mapping: Any = None) -> None:
         super().__init__()
         engine_arguments(comm, group)
         if not isinstance(layer, Loss):
             raise LayerError(f"LossModule takes a Loss layer, not {type(layer).__name__}")
         self.layer = layer
-        rank = process_rank(comm, group)
-        self.input_names = tuple(b.name for b in layer.x.blocks if rank is None or b.worker == rank)
-        self.root = layer.root
-        self.is_root = rank is None or rank == layer.root
+        tree = None if layer.reduction == "none" else layer.reduction_operator
+        placement = Placement(mapping, comm, group, {*layer.x.space.workers, layer.root, *workers_of(tree)})
+        self.placement = placement
+        self.input_names = tuple(b.name for b in layer.x.blocks if placement.holds(b.worker))
+        self.root = placement.rank_of(layer.root)
+        self.is_root = placement.rank is None or placement.rank == self.root
         self.reduce = (
-            None
-            if layer.reduction == "none"
-            else TorchOperator(layer.reduction_operator, comm=comm, group=group)
+            None if tree is None else TorchOperator(tree, comm=comm, group=group, mapping=placement.map)
         )
 
     def forward(self, x: Mapping[str, Tensor], target: Mapping[str, Tensor]) -> Any:

@@ -37,7 +37,8 @@ import torch
 from ..errors import LayerError, StateError
 from ..layers.base import share_slices
 from ..layers.batchnorm import BatchNorm
-from .torch_function import TorchOperator, engine_arguments, process_rank
+from .torch_function import TorchOperator, engine_arguments
+from .torch_placement import Placement, workers_of
 
 __all__ = ["BatchNormModule"]
 
@@ -118,6 +119,12 @@ class BatchNormModule(torch.nn.Module):
         stay equal while every process applies the same update. Default False: the owners
         hold the blocks, the training forward moves them in its one all-reduce and the
         backward's all-reduce leaves their gradient on the owners.
+    mapping : WorkerMap, sequence of int or dict of int to int, optional
+        Across processes, the rank of each worker of the layer (x's partition and the
+        parameters' owners; default worker ``w`` on rank ``w``), as the executors'
+        ``mapping=`` (:func:`linop.backends.mpi.plan_for`), passed to every tree the module
+        runs: this process passes the x blocks, and holds the parameter blocks, of the
+        workers on its rank. Not used in one process.
 
     Attributes
     ----------
@@ -140,6 +147,8 @@ class BatchNormModule(torch.nn.Module):
     ------
     LayerError
         If ``layer`` is not a BatchNorm.
+    WorkerMapError, WorkerMapMismatchError
+        A bad ``mapping``, as :class:`~linop.frameworks.torch_windows.BlockModule`.
     """
 
     layer: BatchNorm
@@ -157,6 +166,7 @@ class BatchNormModule(torch.nn.Module):
         group: Any = None,
         dtype: torch.dtype = torch.float64,
         replicate: bool = False,
+        mapping: Any = None,
     ) -> None:
         super().__init__()
         engine_arguments(comm, group)
@@ -164,10 +174,12 @@ class BatchNormModule(torch.nn.Module):
             raise LayerError(f"BatchNormModule takes a BatchNorm layer, not {type(layer).__name__}")
         self.layer = layer
         self.comm, self.group = comm, group
-        rank = process_rank(comm, group)
+        movement = layer.parameter_movement if layer.affine else None
+        trees = workers_of(layer.moments_reduction, layer.gradient_reduction, movement)
+        placement = Placement(mapping, comm, group, {*layer.x.space.workers, *trees})
 
         def function(op: Any) -> TorchOperator:
-            return TorchOperator(op, comm=comm, group=group)
+            return TorchOperator(op, comm=comm, group=group, mapping=placement.map)
 
         self._functions: dict[int, TorchOperator] = {}
         self.replicate = bool(replicate) and layer.affine
@@ -179,7 +191,7 @@ class BatchNormModule(torch.nn.Module):
         for tree in (self.moments_reduction, self.gradient_reduction, self.movement, self.gradient_sum):
             if tree is not None:
                 self._functions[id(tree)] = function(tree)
-        mine = [b for b in layer.x.blocks if rank is None or b.worker == rank]
+        mine = [b for b in layer.x.blocks if placement.holds(b.worker)]
         self.input_names = tuple(b.name for b in mine)
         self.output_names = tuple(layer.y.block_name(layer.index(n)) for n in self.input_names)
         self.channels = tuple(sorted({layer.channel(n) for n in self.input_names}))
@@ -195,7 +207,7 @@ class BatchNormModule(torch.nn.Module):
             held = layer.copies if self.replicate else layer.parameters
             if self.replicate:
                 state = layer.parameter_movement(state)
-            self.parameter_names = tuple(b.name for b in held.blocks if rank is None or b.worker == rank)
+            self.parameter_names = tuple(b.name for b in held.blocks if placement.holds(b.worker))
             self.blocks = torch.nn.ParameterList(
                 torch.nn.Parameter(torch.from_numpy(np.array(state[n])).to(dtype))
                 for n in self.parameter_names

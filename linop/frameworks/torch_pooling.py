@@ -37,7 +37,6 @@ from ..errors import LayerError
 from ..halo_geometry import Kernel
 from ..layers import MaxPoolJacobian
 from ..partition import DistributedTensor
-from .torch_function import process_rank
 from .torch_windows import WindowModule
 
 __all__ = ["MaxPool"]
@@ -67,9 +66,10 @@ class MaxPool(WindowModule):
         half the dilated kernel, as torch requires). No ``ceil_mode``, no ``return_indices``.
     name : str
         The output tensor's name (default ``"y"``).
-    comm, group
+    comm, group, mapping
         As :class:`~linop.frameworks.torch_windows.BlockModule` (so are ``input_names``,
-        ``output_names`` and ``token``).
+        ``output_names`` and ``token``): ``mapping`` places the workers of x's partition on
+        the ranks, this process pooling the output blocks of the workers on its rank.
 
     Attributes
     ----------
@@ -82,6 +82,8 @@ class MaxPool(WindowModule):
     LayerError
         More than 3 spatial dimensions, a padding wider than half the dilated kernel, or as
         :class:`linop.layers.MaxPoolJacobian`.
+    WorkerMapError, WorkerMapMismatchError
+        A bad ``mapping``, as :class:`~linop.frameworks.torch_windows.BlockModule`.
     """
 
     def __init__(
@@ -95,6 +97,7 @@ class MaxPool(WindowModule):
         name: str = "y",
         comm: Any = None,
         group: Any = None,
+        mapping: Any = None,
     ) -> None:
         dims = x.ndim - 2 if isinstance(x, DistributedTensor) else 0
         if dims not in _POOLS:
@@ -107,16 +110,15 @@ class MaxPool(WindowModule):
                     f"MaxPool: padding {pad} must be at most half the dilated kernel (size {size}, dilation {dilate})"
                 )
         layer = MaxPoolJacobian(x, Kernel(size, step, pad, dilate), name=name)
-        super().__init__(layer.window_operator, comm=comm, group=group)
+        super().__init__(layer.window_operator, comm=comm, group=group, mapping=mapping)
         self.layer = layer
         self.x, self.y = self.layer.x, self.layer.y
         self.size, self.stride, self.dilation = size, step, dilate
-        rank = process_rank(comm, group)
         self._pool = _POOLS[dims]
         self._products = []
         for g in x.partition.indices():
             out = self.y.block(g)
-            if rank is not None and out.worker != rank:
+            if not self.placement.holds(out.worker):
                 continue
             window = self.layer.geometry.window_shape(g)
             real = self.layer.real_entries(g)  # over every dimension: batch and channels all real

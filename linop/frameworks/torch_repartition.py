@@ -31,9 +31,11 @@ class Repartition(BlockModule):
     source, destination : DistributedTensor
         Two layouts of the same global shape (any partitions and shares, empty ones
         included), with different names.
-    comm, group
+    comm, group, mapping
         As :class:`~linop.frameworks.torch_windows.BlockModule` (so are ``input_names``,
-        ``output_names``, ``token`` and ``function``).
+        ``output_names``, ``token`` and ``function``): ``mapping`` places the workers of both
+        partitions on the ranks (one map for both: this process passes the source blocks and
+        gets back the destination blocks of the workers on its rank).
 
     Attributes
     ----------
@@ -44,6 +46,8 @@ class Repartition(BlockModule):
     ------
     GlobalShapeError, BlockExistsError
         As :class:`linop.Repartition`.
+    WorkerMapError, WorkerMapMismatchError
+        A bad ``mapping``, as :class:`~linop.frameworks.torch_windows.BlockModule`.
     """
 
     def __init__(
@@ -53,9 +57,10 @@ class Repartition(BlockModule):
         *,
         comm: Any = None,
         group: Any = None,
+        mapping: Any = None,
     ) -> None:
         operator = RepartitionOperator(source, destination)
-        super().__init__(operator, comm=comm, group=group)
+        super().__init__(operator, comm=comm, group=group, mapping=mapping)
         self.source, self.destination = source, destination
         self.operator = operator
 

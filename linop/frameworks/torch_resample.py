@@ -59,7 +59,6 @@ from ..layers import Interpolate as InterpolateLayer
 from ..layers import resample_maps
 from ..layers.resample_maps import AxisWeights
 from ..partition import DistributedTensor
-from .torch_function import process_rank
 from .torch_windows import WindowModule
 
 __all__ = ["Interpolate", "Upsample"]
@@ -85,9 +84,10 @@ class Interpolate(WindowModule):
     dtype : torch.dtype
         float64 (default) or float32: the data's dtype, whose rounding torch's nearest modes
         follow; a module of a nearest mode refuses data of the other floating dtype.
-    comm, group
+    comm, group, mapping
         As :class:`~linop.frameworks.torch_windows.BlockModule` (so are ``input_names``,
-        ``output_names`` and ``token``).
+        ``output_names`` and ``token``): ``mapping`` places the workers of x's partition on
+        the ranks, this process interpolating the output blocks of the workers on its rank.
 
     Attributes
     ----------
@@ -101,6 +101,8 @@ class Interpolate(WindowModule):
         As :class:`linop.layers.Interpolate`.
     ProcessGroupArgumentError
         ``comm`` and ``group`` both given.
+    WorkerMapError, WorkerMapMismatchError
+        A bad ``mapping``, as :class:`~linop.frameworks.torch_windows.BlockModule`.
     """
 
     def __init__(
@@ -117,6 +119,7 @@ class Interpolate(WindowModule):
         dtype: torch.dtype = torch.float64,
         comm: Any = None,
         group: Any = None,
+        mapping: Any = None,
     ) -> None:
         layer = InterpolateLayer(
             x,
@@ -129,11 +132,10 @@ class Interpolate(WindowModule):
             output_sizes=output_sizes,
             dtype=_NUMPY_DTYPES.get(dtype, dtype),
         )
-        super().__init__(layer.window_operator, comm=comm, group=group)
+        super().__init__(layer.window_operator, comm=comm, group=group, mapping=mapping)
         self.layer = layer
         self.dtype = dtype
         self.x, self.y = self.layer.x, self.layer.y
-        rank = process_rank(comm, group)
         self._products = [
             (
                 self.y.block_name(g),
@@ -143,7 +145,7 @@ class Interpolate(WindowModule):
                 _window_fast_path(self.layer, g),
             )
             for g in self.x.partition.indices()
-            if rank is None or self.y.block(g).worker == rank
+            if self.placement.holds(self.y.block(g).worker)
         ]
         self.output_names = tuple(name for name, *_ in self._products)
 

@@ -27,6 +27,7 @@ import torch
 from ..errors import StateError
 from ..operator import LinearOperator
 from .torch_function import TorchOperator, engine_arguments
+from .torch_placement import Placement, workers_of
 
 __all__ = ["BlockModule", "WindowModule"]
 
@@ -43,6 +44,12 @@ class BlockModule(torch.nn.Module):
         Run across its ranks.
     group : torch.distributed ProcessGroup or True, optional
         Run across the ranks of this process group (``True``: the world group).
+    mapping : WorkerMap, sequence of int or dict of int to int, optional
+        Across processes, the rank of each worker of the tree (default worker ``w`` on rank
+        ``w``; a rank may hold several workers or none), as the executors' ``mapping=``
+        (:func:`linop.backends.mpi.plan_for`): this process passes and gets back the blocks
+        of the workers on its rank (:class:`~linop.frameworks.torch_placement.Placement`).
+        Not used in one process.
 
     Attributes
     ----------
@@ -58,13 +65,23 @@ class BlockModule(torch.nn.Module):
     ------
     ProcessGroupArgumentError
         ``comm`` and ``group`` both given.
+    WorkerMapError
+        Across processes, a malformed ``mapping``, or one that leaves a worker of the tree out
+        or names a rank the communicator or group lacks (on every rank given it, when the
+        module is built).
+    WorkerMapMismatchError
+        The ranks were given different maps (at the first call, on every rank: the executor's
+        entry check).
     """
 
-    def __init__(self, tree: LinearOperator, *, comm: Any = None, group: Any = None) -> None:
+    def __init__(
+        self, tree: LinearOperator, *, comm: Any = None, group: Any = None, mapping: Any = None
+    ) -> None:
         super().__init__()
         engine_arguments(comm, group)
         self.comm, self.group = comm, group
-        self.function = TorchOperator(tree, comm=comm, group=group)
+        self.placement = Placement(mapping, comm, group, workers_of(tree))
+        self.function = TorchOperator(tree, comm=comm, group=group, mapping=self.placement.map)
         self.input_names: tuple[str, ...] = self.function.inputs
         self.output_names: tuple[str, ...] = self.function.outputs
 
