@@ -56,7 +56,10 @@ unbiased variance :math:`\sigma^2 m / (m - 1)`, :math:`\alpha` the momentum (Non
 cumulative average, :math:`1 / \text{batches seen}`).
 
 The training Jacobian at a given input is itself a tree (:meth:`BatchNorm.jacobian`: local
-kernels around the same all-reduce); its adjoint, derived by rules, is the input gradient.
+kernels around the same all-reduce); its adjoint, derived by rules, is the input gradient. Its
+kernels carry :func:`~linop.layers.templates.batch_norm_templates` (the saved :math:`\hat x`
+and scale as each worker's parameters), so that on JAX devices
+(:func:`~linop.frameworks.jax_sharded.sharded`) they run as one program on every device.
 
 The algorithm (:meth:`BatchNorm.statistics`, :meth:`BatchNorm.normalized`,
 :meth:`BatchNorm.input_gradient`) takes the blocks a process holds and a function that runs a
