@@ -202,7 +202,7 @@ def _one_kernel(device: DeviceView, slots: Slots, op: ops.KernelOp) -> None:
 
     blocks = []
     for i, (slot, _) in enumerate(first.consumed):
-        value = slots.value(slot, whole=True)
+        value = slots.value(slot)
         table, uneven = extents(i, "consumed")
         known_zero = bool(op.unmasked) and op.unmasked[i]  # beyond each block (plan's support)
         blocks.append(device.mask(value, table) if uneven and not known_zero else value)
@@ -431,7 +431,7 @@ def _output(
         return jnp.zeros((*device.batch, *spec.shape), device.dtype)
 
     def value(slot: str) -> jax.Array:
-        return _fit(slots.value(slot), batch, spec.shape)
+        return _fit(slots.value(slot, tail=True), batch, spec.shape)
 
     array = value(used[0])
     for slot in used[1:]:

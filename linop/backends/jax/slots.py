@@ -325,26 +325,24 @@ class Slots:
         else:
             self.masks.pop(dst, None)
 
-    def value(self, slot: str, *, whole: bool = False) -> jax.Array:
-        """The slot with every pending write applied (zeros if never written). ``whole``: for
-        a consumer that reads the slot whole into a new array (a kernel: a convolution's
-        operand is copied into its own layout), so that a write at per-device starts of a
-        few values is applied as selects at static starts (:func:`_groups`), which XLA fuses
-        into that copy, instead of an in-place ``dynamic_update_slice`` on an assembled slot
-        (one more pass over it)."""
+    def value(self, slot: str, *, tail: bool = False) -> jax.Array:
+        """The slot with every pending write applied (zeros if never written). ``tail``: a
+        padding not yet masked is zeroed beyond the smallest block alone, in place
+        (:meth:`DeviceView.mask` with ``split``), for a slot that leaves the program (a
+        kernel's output: a select over the whole of it costs XLA one more pass there)."""
         device = self.device
-        array = self._base_array(slot)
+        array = self._base_array(slot, tail)
         everyone = np.ones(device.plan.devices, dtype=bool)
         for w in self.pending.pop(slot, []):
-            array = self._apply(array, (0,) * len(w.box[2]), w, everyone, whole)
+            array = self._apply(array, (0,) * len(w.box[2]), w, everyone)
         self.base[slot] = array
         return array
 
-    def _base_array(self, slot: str) -> jax.Array:
+    def _base_array(self, slot: str, tail: bool = False) -> jax.Array:
         base = self.base.get(slot)
         if slot in self.masks:
             assert base is not None and not isinstance(base, _Tiles)
-            base = self.device.mask(base, self.masks.pop(slot))
+            base = self.device.mask(base, self.masks.pop(slot), split=tail)
             self.base[slot] = base
         if isinstance(base, _Tiles) or base is None:
             tiles = list(base.tiles) if isinstance(base, _Tiles) else []
@@ -352,11 +350,8 @@ class Slots:
             self.base[slot] = base
         return base
 
-    def _apply(
-        self, array: jax.Array, origin: tuple[int, ...], w: _Write, everyone: np.ndarray, whole: bool = False
-    ) -> jax.Array:
-        """``w`` applied to ``array``, which holds the slot's box starting at ``origin``
-        (``whole``: see :meth:`value`)."""
+    def _apply(self, array: jax.Array, origin: tuple[int, ...], w: _Write, everyone: np.ndarray) -> jax.Array:
+        """``w`` applied to ``array``, which holds the slot's box starting at ``origin``."""
         device = self.device
         table, mask, shape = w.box
         starts = device.starts(table, mask)
@@ -364,12 +359,6 @@ class Slots:
         if _static(starts):
             local = tuple(s - o for s, o in zip(starts, origin))
             return device.blend(array, local, shape, w.value, w.kind, active)
-        groups = _groups(table, mask) if whole else None
-        if groups is not None:  # each group on its own devices (a ppermute's value is not
-            for group in groups:  # zero on the other groups)
-                local = tuple(s - o for s, o in zip(device.starts(table, group), origin))
-                array = device.blend(array, local, shape, w.value, w.kind, group)
-            return array
         local_starts = tuple(s - o for s, o in zip(starts, origin))
         return device.write(array, local_starts, shape, w.value, w.kind, active)
 
@@ -533,10 +522,10 @@ def _groups(table: np.ndarray, mask: np.ndarray) -> list[np.ndarray] | None:
     of the devices that start there; else None. A box read at such starts is then that many
     slices at static starts, each device picking its own by a select, instead of a
     ``dynamic_slice`` at a traced start: XLA fuses them with their neighbours (a halo row
-    sent from each device's own last row). Writes stay one in-place ``dynamic_update_slice``
-    (as selects at static starts they made XLA fuse a whole slot's assembly into one slower
-    pass: uneven halo windows, forward 1.6x of the in-place write, A/B in one process),
-    except into a slot a kernel reads whole (:meth:`Slots.value`)."""
+    sent from each device's own last row). Writes stay one in-place ``dynamic_update_slice``:
+    as selects at static starts they made XLA fuse a whole slot's assembly into one slower
+    pass (uneven halo windows: forward 1.6x of the in-place write; a convolution's window:
+    1.25x against 1.15x, A/B in one process)."""
     rows = table[mask]
     if not len(rows):
         return None
