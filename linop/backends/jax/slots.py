@@ -14,7 +14,10 @@ starts as a pad and a select, which XLA fuses), mask the padding of uneven block
   disjoint static *tiles* and zeros elsewhere: a set or add into its zero region adds a tile,
   a clear there is nothing, a read inside one tile is a slice of that tile's value, and the
   slot is assembled by ``concatenate`` and ``pad`` (a guillotine cut of the tiles), which XLA
-  sees through: a later slice of the assembly is the tile itself, as in hand-written code.
+  sees through: a later slice of the assembly is the tile itself, as in hand-written code;
+- a box at per-device starts of a few values (uneven blocks) is read as that many static
+  slices, each device picking its own; a kernel's output on uneven blocks is masked lazily
+  (where a read goes beyond a block), so that XLA fuses the mask into its reader.
 
 Every decision is taken on the host from the plan's static tables (boxes meet on some device
 or not), so the traced program holds no test. Values on devices that take no part in a step
