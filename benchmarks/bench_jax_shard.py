@@ -14,15 +14,19 @@ transpose), all under ``jit``, float32:
 - against the host callback at the README's size (16 rows per device) and larger;
 - the fixed cost of one call (the smallest halo; and an identity ``shard_map``: dispatch);
 - the padding overhead: halo windows with 4n - 3 rows (uneven, padded slots) against 4n rows,
-  forward, grad and the transpose alone (in the grad of ``0.5 |f|^2`` of the even layout XLA
-  cancels the transpose's slices against the forward's, all static; with per-device starts it
-  cannot, so the grad row measures that simplification more than the padding);
+  forward, grad of ``0.5 |f - t|^2`` (the target an argument of the jitted function), the
+  transpose alone, and grad of ``0.5 |f|^2``, which is not the same work on both sides: for the
+  even layout XLA cancels the transpose's slices against the forward's (its grad compiles to
+  the forward's fusions and costs about a forward), which the masks of uneven blocks prevent,
+  so that row measures XLA's simplification, not the padding (the row prints both programs'
+  fusion counts);
 - a 3 x 3 convolution's input tree (``Convolution(x, 16, Kernel(3, padding=1)).input_operator``
   on a 4 x 16 x 256 x 256 field in 4 row blocks; 4 x 16 x 64 x 64 with ``--quick``) against a
   hand-written ``shard_map`` convolution (two one-row ``ppermute``, ``concatenate``, one
   ``conv_general_dilated``), against plain ``conv_general_dilated`` on one device, and against
   the same plan with its kernels run the old way (a ``lax.switch`` over per-device kernels),
-  forward and grad; on 4n - 3 rows too (uneven). ``--conv`` runs this case alone, ``--padding``
+  forward and grad; on 4n - 3 rows too (uneven; against the even rows also the grad of
+  ``0.5 |f - t|^2`` and the transpose alone). ``--conv`` runs this case alone, ``--padding``
   the padding overhead alone.
 
 Every pair is first checked to give the same result. Prints medians and ratios (linop /
@@ -85,6 +89,21 @@ def hand_allreduce(x):
 
 def loss_grad(f):
     return jax.jit(jax.grad(lambda a: 0.5 * jnp.sum(f(a) ** 2)))
+
+
+def target_grad(f, target):
+    """The grad of ``0.5 |f(x) - t|^2``, the target ``t`` a jitted argument: the transpose
+    then runs on a cotangent that is not ``f``'s own output, so XLA cannot cancel it against
+    the forward (as it does for ``0.5 |f|^2`` where every slice is static: the even layout's
+    grad then costs a forward, and comparing an uneven layout with it compares different
+    work). Both sides of a comparison do the whole forward and transpose."""
+    g = jax.jit(jax.grad(lambda a, t: 0.5 * jnp.sum((f(a) - t) ** 2)))
+    return lambda a: g(a, target)
+
+
+def fusions(f, argument) -> int:
+    """How many fusions XLA compiled ``f`` into (a program that does less has fewer)."""
+    return f.lower(argument).compile().as_text().count(" fusion(")
 
 
 def run(ours, theirs, argument) -> tuple[float, float, float]:
@@ -193,6 +212,7 @@ def convolution_rows() -> None:
             )
             even = (ours, stacked)
             even_transpose = (vjp_of(ours, random_cotangent(f)), stacked)
+            even_target = (target_grad(ours, random_cotangent(f)), stacked)
         else:
             e_ours, e_stacked = even
             row(
@@ -201,6 +221,10 @@ def convolution_rows() -> None:
             row(
                 f"{label}, grad, vs the even {P * side // 4} rows",
                 timed(loss_grad(ours), stacked, loss_grad(e_ours), e_stacked),
+            )
+            row(
+                f"{label}, grad of 0.5 |f - t|^2 (t an argument), vs the even {P * side // 4} rows",
+                timed(target_grad(ours, random_cotangent(f)), stacked, *even_target),
             )
             row(
                 f"{label}, transpose alone (vjp of a random cotangent), vs the even {P * side // 4} rows",
@@ -240,6 +264,16 @@ def padding_rows() -> None:
         f"padding: halo windows of {P * n - 3} rows ({padded:.2%} of the slot padded) vs {P * n} rows, forward",
         timing,
     )
+    ct_u = jax.device_put(jnp.ones((P, *f_uneven.range.slots[0].shape), jnp.float32), ROWS)
+    ct_e = jax.device_put(jnp.ones((P, *f_even.range.slots[0].shape), jnp.float32), ROWS)
+    grads = target_grad(ours_u, ct_u / 2), target_grad(ours_e, ct_e / 2)
+    grads[0](xu)
+    timing = compare(
+        lambda: jax.block_until_ready(grads[0](xu)),
+        lambda: jax.block_until_ready(grads[1](xe)),
+        PADDING_REPEATS,
+    )
+    row("padding: same, grad of 0.5 |f - t|^2 (t an argument: both sides the whole work)", timing)
     grads = loss_grad(ours_u), loss_grad(ours_e)
     grads[0](xu)
     timing = compare(
@@ -247,9 +281,12 @@ def padding_rows() -> None:
         lambda: jax.block_until_ready(grads[1](xe)),
         PADDING_REPEATS,
     )
-    row("padding: same, grad", timing)
-    ct_u = jax.device_put(jnp.ones((P, *f_uneven.range.slots[0].shape), jnp.float32), ROWS)
-    ct_e = jax.device_put(jnp.ones((P, *f_even.range.slots[0].shape), jnp.float32), ROWS)
+    counts = fusions(grads[0], xu), fusions(grads[1], xe)
+    row(
+        f"padding: same, grad of 0.5 |f|^2 (not the same work: XLA cancels the even layout's transpose "
+        f"against its forward; fusions compiled: uneven {counts[0]}, even {counts[1]})",
+        timing,
+    )
     vjps = vjp_of(ours_u, ct_u), vjp_of(ours_e, ct_e)
     timing = compare(
         lambda: jax.block_until_ready(vjps[0](xu)),

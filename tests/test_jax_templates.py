@@ -1,7 +1,7 @@
 """The layers' local kernels as one program on every JAX device (:mod:`linop.layers.templates`):
 ``tests/jax_devices/check_layer_templates.py D K1 K2 ...`` (not collected by pytest) proves, in
-one process of 4 host devices, the affine, max-pool, average-pool and interpolation trees run
-``"spmd"``, equal to the numpy interpreter and ``op.H`` exactly and to the same plans under
+one process of 4 host devices, the affine, max-pool, average-pool, interpolation and batch-norm
+Jacobian trees run ``"spmd"``, equal to the numpy interpreter and ``op.H`` exactly and to the same plans under
 ``lax.switch``; with ``jax_enable_x64`` off (4 devices) and on (2 devices; both counts each
 way with ``LINOP_LONG=1``). The host-side
 contract of :func:`~linop.layers.templates.templated` is tested here without devices."""
@@ -112,3 +112,22 @@ def test_with_template_keeps_the_callables_and_refuses_a_matrix():
     assert kernel.call([np.arange(3)], adjoint=True).tolist() == [0, 2, 4]
     with pytest.raises(LocalOperatorError, match="a dense kernel runs on JAX devices as it is"):
         LocalKernel.of(np.eye(2)).with_template(template)
+
+
+def test_batch_norm_jacobian_kernels_get_templates_from_the_saved_forward():
+    from linop.layers import BatchNorm
+
+    x = DistributedTensor("x", (2, 3, 5, 2), Partition((1, 2, 2, 1)))
+    layer = BatchNorm(x)
+    data = np.random.default_rng(0).standard_normal(x.global_shape)
+    _, saved, _ = layer.forward(x.scatter(data), training=True)
+    jacobian = layer.jacobian(saved)
+    assert _every(jacobian, True) and len(_kernels(jacobian)) == 2 * 4
+    gathers = [k for k in _kernels(jacobian) if k.consumed[0].name in saved]
+    assert len(gathers) == 4
+    for node in gathers:  # each worker's own saved xhat is its parameter
+        assert np.array_equal(node.kernel.device_template.params[0], saved[node.consumed[0].name].xhat)
+    # a block whose saved forward another process holds: no template, its kernel raises when run
+    missing = dict(saved)
+    missing.pop(next(iter(missing)))
+    assert not _every(layer.jacobian(missing), True)

@@ -56,7 +56,10 @@ unbiased variance :math:`\sigma^2 m / (m - 1)`, :math:`\alpha` the momentum (Non
 cumulative average, :math:`1 / \text{batches seen}`).
 
 The training Jacobian at a given input is itself a tree (:meth:`BatchNorm.jacobian`: local
-kernels around the same all-reduce); its adjoint, derived by rules, is the input gradient.
+kernels around the same all-reduce); its adjoint, derived by rules, is the input gradient. Its
+kernels carry :func:`~linop.layers.templates.batch_norm_templates` (the saved :math:`\hat x`
+and scale as each worker's parameters), so that on JAX devices
+(:func:`~linop.frameworks.jax_sharded.sharded`) they run as one program on every device.
 
 The algorithm (:meth:`BatchNorm.statistics`, :meth:`BatchNorm.normalized`,
 :meth:`BatchNorm.input_gradient`) takes the blocks a process holds and a function that runs a
@@ -81,6 +84,7 @@ from ..layout import BlockGrid
 from ..operator import LinearOperator
 from ..partition import DistributedTensor, Partition, grid_block_name
 from ..space import Block, Space
+from . import templates
 from .base import LayerError, LocalStep, local_stage, require_shape, require_tensor, share_slices
 
 __all__ = ["BatchNorm", "Saved"]
@@ -190,6 +194,20 @@ def _jacobian_kernels(saved: Saved | None, count: int, rank: int, block: str):
         return u, -sums(u) / count
 
     return (gather, gather_adjoint), (combine, combine_adjoint)
+
+
+def _device_templates(saved: Saved | None, count: int) -> tuple[Any, Any]:
+    """The JAX forms of a block's two Jacobian kernels (:func:`~.templates.batch_norm_templates`:
+    one program on every JAX device, each worker's saved values its parameters), where its
+    saved forward is on the host (numpy; a torch module's tensors are not), else (None, None)."""
+    if saved is None or not all(
+        isinstance(v, np.ndarray | np.generic) for v in (saved.xhat, saved.rstd) if v is not None
+    ):
+        return None, None
+    if saved.weight is not None and not isinstance(saved.weight, np.ndarray | np.generic):
+        return None, None
+    scale = saved.rstd if saved.weight is None else saved.rstd * saved.weight
+    return templates.batch_norm_templates(saved.xhat, np.asarray(scale), count)
 
 
 @dataclass(frozen=True)
@@ -641,12 +659,22 @@ class BatchNorm:
             )
             copy = self.copies.block(j)
             t = Block(grid_block_name(tangent, j), block.shape, block.worker)
+            device = _device_templates(saved.get(block.name), self.count)
             first.append(
-                LocalStep((block.name,), (t, copy), gather, gather_adjoint, grid_block_name("bn_sums", j))
+                LocalStep(
+                    (block.name,), (t, copy), gather, gather_adjoint, grid_block_name("bn_sums", j), device[0]
+                )
             )
             y = self.y.block(j)
             last.append(
-                LocalStep((t.name, copy.name), (y,), combine, combine_adjoint, grid_block_name("bn_jac", j))
+                LocalStep(
+                    (t.name, copy.name),
+                    (y,),
+                    combine,
+                    combine_adjoint,
+                    grid_block_name("bn_jac", j),
+                    device[1],
+                )
             )
         spread = local_stage(self.x.space, first)
         others = Space(b for b in spread.range if not b.name.startswith(f"{self.copies.name}["))

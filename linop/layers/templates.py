@@ -26,11 +26,13 @@ worker's parameters from the layer's public description (the selection by runnin
 worker's numpy kernel on the positions of its window). JAX is imported only when a template
 runs.
 
+- batch norm's training Jacobian, parameters the saved :math:`\hat x` and scale s:
+  :math:`t \mapsto (t, (\sum t \hat x; \sum t))` and :math:`(t, g) \mapsto s (t - g_1/m -
+  \hat x g_0/m)` (:func:`batch_norm_templates`; :meth:`~linop.layers.BatchNorm.jacobian` gives
+  its kernels these, the per-channel sums between them one all-reduce).
+
 Not here: a :class:`~linop.layers.Loss`'s trees hold no local kernel (its reduction is data
-movement; the JAX function computes the terms itself), and a
-:class:`~linop.layers.BatchNorm`'s Jacobian keeps per-worker numpy kernels of saved
-statistics, which do not run on JAX devices (the JAX function
-:func:`linop.frameworks.jax_norm.batch_norm` needs no such tree).
+movement; the JAX function computes the terms itself).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from .base import LayerError
 
 __all__ = [
     "affine_input_template",
+    "batch_norm_templates",
     "affine_parameter_template",
     "average_pool_template",
     "interpolation_template",
@@ -221,6 +224,76 @@ def interpolation_template(parts: Sequence[Any]) -> KernelTemplate:
         ]
     forward, adjoint = _interpolation_functions(len(parts))
     return KernelTemplate(forward, adjoint, tuple(params), ("interpolate", len(parts)))
+
+
+# -- batch norm ------------------------------------------------------------------------------------
+def _channel_sums(t: Any, xhat: Any) -> Any:
+    r""":math:`(\sum t \hat x;\, \sum t)` per channel of a block (N, c, ...): a (2, c) array."""
+    import jax.numpy as jnp
+
+    axes = (0, *range(2, t.ndim))
+    return jnp.stack([(t * xhat).sum(axis=axes), t.sum(axis=axes)])
+
+
+def _along_channels(values: Any, ndim: int) -> Any:
+    """A per-channel vector (c,) as (1, c, 1, ...) against a block of ``ndim`` dimensions."""
+    return values.reshape((1, values.shape[-1], *(1,) * (ndim - 2)))
+
+
+@functools.cache
+def _batch_norm_functions(
+    count: int,
+) -> tuple[tuple[Callable[..., Any], ...], tuple[Callable[..., Any], ...]]:
+    def gather(params: tuple[Any, ...], t: Any, *, shapes: tuple[tuple[int, ...], ...]) -> Any:
+        xhat = _fit(params[0], t.shape)
+        return _fit(t, shapes[0]), _fit(_channel_sums(t, xhat), shapes[1])
+
+    def gather_adjoint(
+        params: tuple[Any, ...], t: Any, g: Any, *, shapes: tuple[tuple[int, ...], ...]
+    ) -> Any:
+        xhat = _fit(params[0], t.shape)
+        g = _fit(g, (2, t.shape[1]))
+        return _fit(t + xhat * _along_channels(g[0], t.ndim) + _along_channels(g[1], t.ndim), shapes[0])
+
+    def combine(params: tuple[Any, ...], t: Any, g: Any, *, shapes: tuple[tuple[int, ...], ...]) -> Any:
+        xhat, scale = _fit(params[0], t.shape), _fit(params[1], (t.shape[1],))
+        g = _fit(g, (2, t.shape[1]))
+        mean = _along_channels(g[1], t.ndim) / count
+        slope = _along_channels(g[0], t.ndim) / count
+        return _fit(_along_channels(scale, t.ndim) * (t - mean - xhat * slope), shapes[0])
+
+    def combine_adjoint(params: tuple[Any, ...], y: Any, *, shapes: tuple[tuple[int, ...], ...]) -> Any:
+        xhat, scale = _fit(params[0], y.shape), _fit(params[1], (y.shape[1],))
+        u = _along_channels(scale, y.ndim) * y
+        return _fit(u, shapes[0]), _fit(-_channel_sums(u, xhat) / count, shapes[1])
+
+    return (gather, gather_adjoint), (combine, combine_adjoint)
+
+
+def batch_norm_templates(
+    xhat: np.ndarray, scale: np.ndarray, count: int
+) -> tuple[KernelTemplate, KernelTemplate]:
+    r"""A worker's two kernels of the batch-norm training Jacobian
+    (:meth:`~linop.layers.BatchNorm.jacobian`), on its saved normalized block ``xhat``
+    (N, c, ...) and per-channel ``scale`` :math:`s = w (\sigma^2 + \epsilon)^{-1/2}` (c,),
+    ``count`` m the entries of one channel:
+
+    - ``gather`` :math:`t \mapsto (t, (\sum t \hat x; \sum t))`, adjoint
+      :math:`(t, g) \mapsto t + \hat x g_0 + g_1`;
+    - ``combine`` :math:`(t, g) \mapsto s (t - g_1 / m - \hat x g_0 / m)`, adjoint
+      :math:`y \mapsto (s y, -(\sum s y \hat x; \sum s y) / m)`.
+
+    Padding-consistent: a block zero-padded beyond its entries adds nothing to a per-channel
+    sum (its padded channels meet zero :math:`\hat x` and zero s), and every output entry
+    inside the block reads only the block's own entries and channels."""
+    (gather, gather_adjoint), (combine, combine_adjoint) = _batch_norm_functions(int(count))
+    xhat = np.asarray(xhat)
+    return (
+        KernelTemplate(gather, gather_adjoint, (xhat,), ("batch_norm_gather", int(count))),
+        KernelTemplate(
+            combine, combine_adjoint, (xhat, np.asarray(scale)), ("batch_norm_combine", int(count))
+        ),
+    )
 
 
 # -- a layer's tree with its templates --------------------------------------------------------------

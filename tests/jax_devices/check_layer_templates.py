@@ -16,6 +16,9 @@ and its lowered program
   :class:`~linop.layers.MaxPoolJacobian` (a selection) and an
   :class:`~linop.layers.Interpolate`'s integer tree;
 - average pooling (not integer-valued: a mean) exactly on float data whose means are exact;
+- a :class:`~linop.layers.BatchNorm`'s training Jacobian (uneven rows and channels, its
+  per-channel sums all-reduced between its two kernels) exactly on float data holding small
+  integers, 32 entries per channel (so its divisions by m are exact), with no padding leak;
 - equals the same plans run with a ``lax.switch`` (forward and transpose, exactly).
 
 ``templated()`` leaves the tree's value unchanged (the numpy interpreter on it equals the
@@ -29,6 +32,7 @@ from __future__ import annotations
 import sys
 import time
 
+import jax
 import numpy as np
 from check_kernels import modes, same_as_switch
 from check_lowering import FLOAT, Run, prove, run_counts
@@ -137,12 +141,59 @@ def check_interpolation(run: Run) -> None:
         same_as_switch(run, f, f"interpolate {mode}", data, cotangent)
 
 
+def check_batch_norm(run: Run) -> None:
+    """The training Jacobian of a :class:`~linop.layers.BatchNorm` (its two kernels per worker
+    around the all-reduce of the per-channel sums) on uneven rows and channels: "spmd", equal
+    to the numpy interpreter and ``op.H`` exactly, no padding leak, and to the switch. Exact:
+    m = 32 entries per channel (a power of two, so g / m is exact) and saved values that are
+    small integers (the Jacobian is linear in the tangent for any saved xhat and scale)."""
+    from check_lowering import padding_leak
+
+    from linop.layers import BatchNorm
+    from linop.layers.batchnorm import Saved
+
+    k = run.count
+    grid, sizes = (
+        ((1, 2, 2, 1), ((2,), (2, 1), (5, 3), (2,))) if k == 4 else ((1, 1, 2, 1), ((2,), (3,), (5, 3), (2,)))
+    )
+    x = DistributedTensor("x", (2, 3, 8, 2), Partition(grid), sizes=sizes)
+    layer = BatchNorm(x)
+    assert layer.count == 32
+    rng = np.random.default_rng(12)
+    saved = {
+        b.name: Saved(
+            rng.integers(-3, 4, b.shape).astype(FLOAT),
+            np.ones(b.shape[1], FLOAT),
+            rng.integers(-3, 4, b.shape[1]).astype(FLOAT),
+        )
+        for b in x.space
+    }
+    op = layer.jacobian(saved)
+    f = spmd(run, op, "batch norm Jacobian")
+    data = {n: v.astype(FLOAT) for n, v in integers(op.domain, 13).items()}
+    back = {n: v.astype(FLOAT) for n, v in integers(op.range, 14).items()}
+    args, cot = f.pack(data), f.pack(back, f.range)
+    got, got_h = jax.jit(lambda a, c: (f(a), f.H(c)))(args, cot)
+    for side, values, want, layout in (
+        ("forward", got, op(data), f.range),
+        ("transpose", got_h, op.H(back), f.domain),
+    ):
+        unpacked = f.unpack(values, layout)
+        for name in want:
+            assert np.array_equal(np.asarray(unpacked[name]), want[name]), f"batch norm {side} {name}"
+        leak = padding_leak(layout, [values[s.name] for s in layout.slots])
+        assert leak is None, f"batch norm {side} leaks into the padding of {leak}"
+    same_as_switch(run, f, "batch norm Jacobian", data, back)
+    run.checked.append("batch norm Jacobian (exact floats)")
+
+
 def check_count(count: int) -> None:
     start = time.perf_counter()
     run = Run.on_first(count)
     check_affine(run)
     check_pooling(run)
     check_interpolation(run)
+    check_batch_norm(run)
     seconds = time.perf_counter() - start
     print(f"OK {len(run.checked)} trees proven on {count} devices ({seconds:.1f} s)")
 

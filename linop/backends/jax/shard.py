@@ -225,11 +225,13 @@ def _one_kernel(device: DeviceView, slots: Slots, op: ops.KernelOp) -> None:
     results = _call_kernel(device, first.node, lambda *b: function(frozen, *b, shapes=out), blocks, shapes)
     for i, ((slot, _), value) in enumerate(zip(first.produced, results)):
         table, uneven = extents(i, "produced")
-        if uneven:
-            value = device.mask(value, table, split=True)  # the tail rows only, in place
         if not active.all():
             value = jnp.where(device.row(active), value, slots.value(slot))
-        slots.set(slot, value)
+        if uneven:  # masked lazily (Slots.set_masked): where read beyond a block, or whole
+            table[~active] = device.plan.slots[slot]  # the devices without a call: nothing
+            slots.set_masked(slot, value, table)
+        else:
+            slots.set(slot, value)
 
 
 def _device_function(call: ops.KernelCall) -> Any:
@@ -429,7 +431,7 @@ def _output(
         return jnp.zeros((*device.batch, *spec.shape), device.dtype)
 
     def value(slot: str) -> jax.Array:
-        return _fit(slots.value(slot), batch, spec.shape)
+        return _fit(slots.value(slot, tail=True), batch, spec.shape)
 
     array = value(used[0])
     for slot in used[1:]:
