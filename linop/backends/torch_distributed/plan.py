@@ -428,6 +428,12 @@ class TorchDistributedPlan(ExecutorPlan[GroupContext]):
         step prepared on every rank has its waits take the deadline (``work.wait(timeout)``, no
         more messages), any other meets the others in that barrier on every call (one more
         collective per call); the ranks agree which at binding (one all-reduce).
+
+        Out of place, a native plan's consecutive collectives over the whole group of one kind
+        and root (a layer's weight and bias broadcasts, sum-reduces or all-reduces) run packed
+        into one collective per call when every rank packs alike (one more all-reduce here,
+        :func:`_agreed_packing`); :meth:`BoundTorchPlan.run_on` takes CPU tensors of the bound
+        shapes and dtypes without the entry's per-call conversions.
         """
         if inplace is None:
             inplace = self.op.domain == self.op.range

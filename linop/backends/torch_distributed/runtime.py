@@ -27,6 +27,17 @@ memory (``torch.from_numpy``):
   groups).
 
 Every message travels in the run's dtype, agreed by every rank in the entry check.
+
+A call repeated on the same plan (a bound plan, a training loop) does the collectives and the
+copies and little else: what a step needs that depends on the step alone (a broadcast's groups,
+this rank's copy and the root's rank in the sub-group; an all-reduce's sub-group ranks; the runs
+of consecutive collectives; a phase's recipe per layout of its blocks) is prepared on its first
+run and kept on the group's context (:func:`prepared_step`; the sub-groups themselves are
+looked up per call, the context holding them weakly). On gloo a phase's messages are started
+straight on the process group (:func:`_post`). A bound plan may run its collectives over the
+whole group packed (:class:`PackedStep`, :func:`packed_schedule`: a layer's weight and bias
+movements, sum-reduces or gradient all-reduces as one collective), when its ranks agreed at
+binding that they pack alike.
 """
 
 from __future__ import annotations
@@ -97,11 +108,19 @@ def prepared_step(step: Any, context: GroupContext, prepare: Callable[..., Any])
     the step alone (block names, shapes, the ranks of its sub-groups, a root's rank in its
     sub-group), so that a call does the collectives and the copies and nothing else. The
     sub-groups themselves are looked up per call (the context holds them weakly)."""
-    found = context.prepared_steps.get(id(step))
+    kept = context.prepared_steps
+    found = kept.get(id(step))
     if found is None or found[0] is not step:
         made = prepare(step) if prepare is _broadcast_runs else prepare(step, context)
-        found = context.prepared_steps[id(step)] = (step, made)
+        if len(kept) >= PREPARED_KEPT:  # the oldest goes (plans the cache evicted, say)
+            kept.pop(next(iter(kept)))
+        found = kept[id(step)] = (step, made)
     return found[1]
+
+
+PREPARED_KEPT = 4096
+"""Steps a context keeps prepared (:func:`prepared_step`), the first prepared going first beyond
+it: a step evicted is prepared again on its next run (the plans' own cache is bounded too)."""
 
 
 class _Rooted(NamedTuple):
@@ -293,37 +312,20 @@ def _run_packed(
     all-reduce packs and sums the blocks, which become views of the buffer."""
     import torch.distributed as dist
 
-    rank = context.rank
-    pieces: list[tuple[str | None, str | None, tuple[int, ...]]] = []  # (read, write, shape)
-    if packed.kind == "all-reduce":
-        for step in packed.steps:
-            name = step.entries[0][0]  # type: ignore[union-attr]
-            pieces.append((name, name, work.arrays[name].shape))
-    else:
-        for step in packed.steps:
-            group = step.groups[0]  # type: ignore[union-attr]
-            mine = prepared_step(step, context, _prepare_rooted).groups[0].mine
-            shape = tuple(group.shape)
-            if packed.kind == "broadcast":
-                pieces.append((group.root_name if rank == packed.root else None, mine, shape))
-            else:
-                pieces.append((mine, group.root_name if rank == packed.root else None, shape))
-    sizes = [math.prod(shape) for _, _, shape in pieces]
-    buffer = np.empty(sum(sizes), dtype)
+    run = prepared_step(packed, context, lambda step, _: _prepare_packed_run(step, context, work))
+    buffer = np.empty(run.total, dtype)
+    arrays = work.arrays
     views = []
-    at = 0
-    for (read, _, shape), count in zip(pieces, sizes):
-        view = buffer[at : at + count].reshape(shape)
-        at += count
+    for read, _, shape, begin, end in run.pieces:
+        view = buffer[begin:end].reshape(shape)
         views.append(view)
-        sends = packed.kind != "broadcast" or rank == packed.root
-        if read is not None and sends:
-            view[...] = work.arrays[read]
-        elif packed.kind == "reduce":
+        if read is not None:
+            view[...] = arrays[read]
+        elif run.zeros:
             view[...] = 0
-    started = in_flight is not None
-    if buffer.size:
+    if run.total:
         tensor = _tensor(buffer)
+        started = in_flight is not None
         if packed.kind == "all-reduce":
             request = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=context.group, async_op=started)
         elif packed.kind == "broadcast":
@@ -334,18 +336,57 @@ def _run_packed(
             )
         if in_flight is not None:
             in_flight.append(request)
-    filled = []
-    for step, (_, write, _), view in zip(packed.steps, pieces, views):
-        if type(step) is AllReduceStep:
-            assert write is not None
+    if packed.kind == "all-reduce":
+        for (_, write, _, _, _), view in zip(run.pieces, views):
             work.set(write, view)
-            filled.append(write)
-            continue
+        return run.filled
+    for step, (_, write, _, _, _), view in zip(packed.steps, run.pieces, views):
         assert isinstance(step, BroadcastStep)
-        results = [] if write is None else [(write, view, True)]
-        store_results(work, step.dropped, results, step.created)
-        filled += [name for name, _, _ in results]
-    return filled
+        store_results(work, step.dropped, [] if write is None else [(write, view, True)], step.created)
+    return run.filled
+
+
+class _PackedRun(NamedTuple):
+    """A :class:`PackedStep` as this rank runs it (:func:`_prepare_packed_run`): per step, the
+    block read into the buffer (None: none), the block its piece becomes (None: none), the
+    piece's shape and its entries ``[begin, end)`` in the buffer; the buffer's size, whether
+    pieces read from no block are zeros (a sum-reduce), and the blocks the collective fills."""
+
+    pieces: tuple[tuple[str | None, str | None, tuple[int, ...], int, int], ...]
+    total: int
+    zeros: bool
+    filled: list[str]
+
+
+def _prepare_packed_run(
+    packed: PackedStep, context: GroupContext, work: numpy_backend.Workspace
+) -> _PackedRun:
+    """The pieces of ``packed`` on this rank (an all-reduce's shapes read from its blocks on the
+    first run: the tree fixes them)."""
+    rank = context.rank
+    pieces: list[tuple[str | None, str | None, tuple[int, ...]]] = []  # (read, write, shape)
+    if packed.kind == "all-reduce":
+        for step in packed.steps:
+            name = step.entries[0][0]  # type: ignore[union-attr]
+            pieces.append((name, name, tuple(work.arrays[name].shape)))
+    else:
+        for step in packed.steps:
+            group = step.groups[0]  # type: ignore[union-attr]
+            mine = prepared_step(step, context, _prepare_rooted).groups[0].mine
+            shape = tuple(group.shape)
+            root = group.root_name if rank == packed.root else None
+            if packed.kind == "broadcast":  # the root sends its blocks, every rank gets its copy
+                pieces.append((root, mine, shape))
+            else:  # every rank sends its copy (zeros where none), the root gets its blocks
+                pieces.append((mine, root, shape))
+    placed = []
+    at = 0
+    for read, write, shape in pieces:
+        count = math.prod(shape)
+        placed.append((read, write, shape, at, at + count))
+        at += count
+    filled = [write for _, write, _ in pieces if write is not None]
+    return _PackedRun(tuple(placed), at, packed.kind == "reduce", filled)
 
 
 def _reads(step: BroadcastStep | AllReduceStep) -> set[str]:
