@@ -584,6 +584,7 @@ class _PreparedPhase:
     def __init__(
         self, phase: RankPhase, work: numpy_backend.Workspace, context: GroupContext, dtype: np.dtype
     ):
+        import torch
         import torch.distributed as dist
 
         self.context = context
@@ -605,6 +606,18 @@ class _PreparedPhase:
             for _, _, t in phase.sends
             if t.after == "clear" and not phase.empty(t)
         ]
+        # on gloo the operations start straight on the process group, as batch_isend_irecv
+        # starts them there (runtime._post), the complex ones as real views made once
+        self.posts = [
+            (
+                operation.op is dist.isend,
+                torch.view_as_real(operation.tensor) if operation.tensor.is_complex() else operation.tensor,
+                operation.group_peer,
+                operation.tag,
+            )
+            for operation in self.operations
+        ]
+        self.gloo = context.backend == "gloo"
 
     def run(self, timeout: float | None = None, doing: str = "the first call of a bound plan") -> None:
         """One exchange; ``timeout`` (seconds, a bound plan's first call or every one) bounds
@@ -619,7 +632,13 @@ class _PreparedPhase:
         for packed, source in self.packs:
             np.copyto(packed, source)
         if self.operations:
-            for request in dist.batch_isend_irecv(self.operations):
+            if self.gloo:
+                group = self.context.group
+                send, receive = group.send, group.recv
+                requests = [(send if out else receive)([t], peer, tag) for out, t, peer, tag in self.posts]
+            else:
+                requests = dist.batch_isend_irecv(self.operations)
+            for request in requests:
                 if timeout is None:
                     request.wait()
                 else:
