@@ -807,6 +807,70 @@ class Checks:
         self.run("bound in place", in_place)
         self.run("bound out of place", out_of_place)
 
+    def prepared_once(self) -> None:
+        """A bound plan's calls (``run_on``, as the layer modules make them) do the collectives
+        and the copies only: the steps' groups, sub-group ranks and phase recipes are prepared by
+        the first call (the control: it prepares) and never again; a layer's weight and bias
+        movements over the whole group run packed into one collective (agreed at binding); every
+        call exact against the numpy interpreter, in integers."""
+        from linop.backends.torch_distributed import runtime
+        from linop.layers import Convolution
+
+        x = DistributedTensor("prep", (2, 3, 3 * self.size + 1, 5), Partition((1, 1, self.size, 1)))
+        conv = Convolution(x, 2, Kernel(3, padding=1))
+        host = os.environ.get("LINOP_TORCH_DEVICE_PATH") != "1" and self.size > 1
+        trees = {
+            "halo windows": (conv.window_operator, "recipe"),
+            "weight and bias broadcasts": (conv.parameter_movement, "prepare"),
+            "their sum-reduces": (conv.parameter_movement.H, "prepare"),
+            "their all-reduces": (conv.copy_gradient_sum, None),  # packed: nothing to prepare per step
+        }
+        for name, (op, counter) in trees.items():
+
+            def check(
+                op: Any = op, counter: str | None = counter, packs: bool = counter != "recipe"
+            ) -> str | None:
+                counts = {"prepare": 0, "recipe": 0}
+                originals = {
+                    "_prepare_rooted": runtime._prepare_rooted,
+                    "_prepare_all_reduce": runtime._prepare_all_reduce,
+                    "phase_recipe": runtime.phase_recipe,
+                }
+
+                def counted(kind: str, function: Any) -> Any:
+                    def call(*args: Any, **kwargs: Any) -> Any:
+                        counts[kind] += 1
+                        return function(*args, **kwargs)
+
+                    return call
+
+                names = tuple(b.name for b in op.range if b.worker == self.rank)
+                values = [op.domain.random(seed, dtype=np.int64) for seed in (23, 24, 25)]
+                try:
+                    for attribute, function in originals.items():
+                        kind = "recipe" if attribute == "phase_recipe" else "prepare"
+                        setattr(runtime, attribute, counted(kind, function))
+                    step = td.plan_for(op).bind(local(op.domain, values[0], self.rank), inplace=False)
+                    seen = []
+                    for full in values:
+                        problem = differs(step.run_on(local(op.domain, full, self.rank)), op(full), names)
+                        if problem:
+                            return problem
+                        seen.append(dict(counts))
+                finally:
+                    for attribute, function in originals.items():
+                        setattr(runtime, attribute, function)
+                step.free()
+                if host and counter is not None and seen[0][counter] == 0:
+                    return f"the control failed: the first call prepared nothing ({seen[0]})"
+                if seen[1:] != [seen[0], seen[0]]:
+                    return f"a later call prepared again: {seen}"
+                if host and packs and not any(type(s) is runtime.PackedStep for s in step._steps or ()):
+                    return "the weight and bias collectives are not packed into one"
+                return None
+
+            self.run(f"bound {name} prepared once", check)
+
     # -- autograd -------------------------------------------------------------------------------
     def autograd(self) -> None:
         from linop.frameworks.torch_function import OperatorModule, function
@@ -1229,6 +1293,7 @@ def main(readme: str | None = None, *, timeout_case: bool = False) -> None:
         checks.mapped,
         checks.subgroup,
         checks.bound,
+        checks.prepared_once,
         checks.autograd,
         checks.layer,
         checks.kernel_dtypes,

@@ -166,6 +166,9 @@ class GroupContext:
         self.mapped_plans: dict[Any, PlanCache[Any]] = {}
         self.reducer: Any = None  # the entry check's (check.TorchReducer), made on first use
         self._scratch: dict[tuple[str, int, str], Any] = {}
+        # per step of a schedule run here (by id, the step kept): what its collectives need,
+        # computed on its first run (runtime.prepared_step)
+        self.prepared_steps: dict[int, tuple[Any, Any]] = {}
         self.failed = False  # shut down after a failure mid-call (RunGuard)
 
     @property
@@ -183,7 +186,11 @@ class GroupContext:
 
         Collective over the world group when it creates one: call only in an order every rank
         follows (:meth:`create_subgroups`)."""
-        key = tuple(sorted(ranks))
+        return self.subgroup_of(tuple(sorted(ranks)))
+
+    def subgroup_of(self, key: tuple[int, ...]) -> Any:
+        """:meth:`subgroup` of ``key``, the ranks already sorted (what a prepared step keeps:
+        the group itself is held weakly, so it is looked up on each call)."""
         made = self._subgroups.get(key)
         found = None if made is None else made()
         if found is None:

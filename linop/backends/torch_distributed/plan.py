@@ -43,11 +43,11 @@ from .. import array_api
 from .. import numpy as numpy_backend
 from ..entry_check.state import Refused
 from ..host_fusion import fused
-from ..host_schedule import cast_copies, outputs
+from ..host_schedule import cast_copies, outputs, read_only
 from . import device as device_path
 from .check import TorchEntryCheck
 from .group import TIMEOUT_VARIABLE, GroupContext, resolve_timeout
-from .runtime import AllToAll, new_target, phase_operations, run_schedule
+from .runtime import AllToAll, PackedStep, new_target, packed_schedule, phase_operations, run_schedule
 from .schedule import SUMMABLE, AllToAllStep, Compiled, agree_native
 
 __all__ = ["TorchDistributedPlan", "BoundTorchPlan"]
@@ -373,12 +373,15 @@ class TorchDistributedPlan(ExecutorPlan[GroupContext]):
             cached = self._host_steps = (schedule, fused(schedule))
         return cached[1]
 
-    def run_out_of_place(self, arrays: dict[str, np.ndarray], dtype: np.dtype) -> dict[str, np.ndarray]:
+    def run_out_of_place(
+        self, arrays: dict[str, np.ndarray], dtype: np.dtype, *, steps: tuple[Any, ...] | None = None
+    ) -> dict[str, np.ndarray]:
         """Run (no check) on copy-on-write arrays; blocks passed through come back as read-only
-        views. Collective."""
+        views. Collective. ``steps``: the host steps to run (a bound plan's, its collectives
+        packed), default :meth:`host_steps_for`."""
         work = numpy_backend.Workspace(dict(arrays), set(), dtype)
         with self.context.guard(self.op):
-            run_schedule(self.host_steps_for(dtype), work, self.context, dtype)
+            run_schedule(self.host_steps_for(dtype) if steps is None else steps, work, self.context, dtype)
         return outputs(work, self.range_names)
 
     def run_in_place(
@@ -425,6 +428,12 @@ class TorchDistributedPlan(ExecutorPlan[GroupContext]):
         step prepared on every rank has its waits take the deadline (``work.wait(timeout)``, no
         more messages), any other meets the others in that barrier on every call (one more
         collective per call); the ranks agree which at binding (one all-reduce).
+
+        Out of place, a native plan's consecutive collectives over the whole group of one kind
+        and root (a layer's weight and bias broadcasts, sum-reduces or all-reduces) run packed
+        into one collective per call when every rank packs alike (one more all-reduce here,
+        :func:`_agreed_packing`); :meth:`BoundTorchPlan.run_on` takes CPU tensors of the bound
+        shapes and dtypes without the entry's per-call conversions.
         """
         if inplace is None:
             inplace = self.op.domain == self.op.range
@@ -468,6 +477,29 @@ def _explicit(timeout: float | None) -> bool:
     only then does a bound plan's first call meet in a barrier (one more collective); under
     the default, only the waits the call makes anyway take it."""
     return timeout is not None or bool(os.environ.get(TIMEOUT_VARIABLE, "").strip())
+
+
+def _agreed_packing(plan: TorchDistributedPlan, dtype: np.dtype, *, host: bool) -> tuple[Any, ...] | None:
+    """The plan's host steps with each run of collectives over the whole group of one kind and
+    root packed into one (:func:`~linop.backends.torch_distributed.runtime.packed_schedule`: a
+    layer's weight and bias broadcasts, sum-reduces or all-reduces), when every rank packs
+    alike (one all-reduce of a digest of what each packs: collective, at binding, on every rank
+    of a native plan bound out of place); else None (the steps as they are). ``host``: whether
+    this rank runs the host path (the device path packs nothing: a rank on it disagrees)."""
+    if host:
+        packed, signature = packed_schedule(plan.host_steps_for(dtype), plan.context.size)
+    else:
+        packed, signature = (), ("the device path",)
+    digest = int.from_bytes(hashlib.blake2b(repr(signature).encode(), digest_size=7).digest(), "big")
+    reducer = plan.context.reducer
+    if reducer is None:  # pragma: no cover - the check made it
+        from .check import TorchReducer
+
+        reducer = plan.context.reducer = TorchReducer(plan.context)
+    highest = reducer.all_reduce(np.array([digest, -digest], dtype=np.int64), "max")
+    if int(highest[0]) != -int(highest[1]) or not any(type(step) is PackedStep for step in packed):
+        return None
+    return packed
 
 
 def _every_rank(context: GroupContext, flag: bool) -> bool:
@@ -552,6 +584,7 @@ class _PreparedPhase:
     def __init__(
         self, phase: RankPhase, work: numpy_backend.Workspace, context: GroupContext, dtype: np.dtype
     ):
+        import torch
         import torch.distributed as dist
 
         self.context = context
@@ -573,6 +606,18 @@ class _PreparedPhase:
             for _, _, t in phase.sends
             if t.after == "clear" and not phase.empty(t)
         ]
+        # on gloo the operations start straight on the process group, as batch_isend_irecv
+        # starts them there (runtime._post), the complex ones as real views made once
+        self.posts = [
+            (
+                operation.op is dist.isend,
+                torch.view_as_real(operation.tensor) if operation.tensor.is_complex() else operation.tensor,
+                operation.group_peer,
+                operation.tag,
+            )
+            for operation in self.operations
+        ]
+        self.gloo = context.backend == "gloo"
 
     def run(self, timeout: float | None = None, doing: str = "the first call of a bound plan") -> None:
         """One exchange; ``timeout`` (seconds, a bound plan's first call or every one) bounds
@@ -587,7 +632,13 @@ class _PreparedPhase:
         for packed, source in self.packs:
             np.copyto(packed, source)
         if self.operations:
-            for request in dist.batch_isend_irecv(self.operations):
+            if self.gloo:
+                group = self.context.group
+                send, receive = group.send, group.recv
+                requests = [(send if out else receive)([t], peer, tag) for out, t, peer, tag in self.posts]
+            else:
+                requests = dist.batch_isend_irecv(self.operations)
+            for request in requests:
                 if timeout is None:
                     request.wait()
                 else:
@@ -599,6 +650,68 @@ class _PreparedPhase:
                 target[...] = buffer
         for source in self.clears:
             source[...] = 0
+
+
+class _BoundTensorViews:
+    """:meth:`BoundTorchPlan.run_on`'s fast path for CPU tensors: what the entry
+    (:func:`~linop.backends.array_api.mpi_entry`) does per call, reduced to what a dict of
+    plain CPU tensors of the bound shapes and dtypes needs, decided at binding (their torch
+    shapes and dtypes kept): a numpy view of each (detached; no copy), and the results back as
+    tensors sharing the arrays the run made. Anything else (another container, a missing
+    block, a conjugate or negative bit, another device, shape or dtype) takes the general path,
+    which words the error."""
+
+    __slots__ = ("entry", "expected", "torch")
+
+    def __init__(self, arrays: dict[str, np.ndarray], entry: Any) -> None:
+        import torch
+
+        self.torch = torch
+        self.entry = entry
+        self.expected = {
+            name: (torch.Size(array.shape), torch.from_numpy(np.empty(0, array.dtype)).dtype)
+            for name, array in arrays.items()
+        }
+
+    def views(self, state: Any) -> dict[str, np.ndarray] | None:
+        """Numpy views of ``state``'s tensors, or None when the general path must take it."""
+        if type(state) is not dict or len(state) != len(self.expected):
+            return None
+        tensor_type = self.torch.Tensor
+        arrays = {}
+        for name, (shape, dtype) in self.expected.items():
+            tensor = state.get(name)
+            if not isinstance(tensor, tensor_type) or tensor.shape != shape or tensor.dtype != dtype:
+                return None
+            if tensor.device.type != "cpu" or tensor.is_conj() or tensor.is_neg():
+                return None
+            arrays[name] = tensor.detach().numpy()
+        return arrays
+
+    def results(
+        self,
+        work: numpy_backend.Workspace,
+        names: tuple[str, ...],
+        state: Mapping[str, Any],
+        arrays: dict[str, np.ndarray],
+    ) -> dict[str, Any]:
+        """The range blocks as tensors: an array the run made, shared (``torch.from_numpy``);
+        a caller's block passed through, as the general path gives it
+        (:meth:`~linop.backends.array_api.MPIEntry.result`: the caller's tensor itself)."""
+        from_numpy = self.torch.from_numpy
+        results: dict[str, Any] = {}
+        passed: dict[str, np.ndarray] = {}
+        for name in names:
+            array = work.arrays[name]
+            if name in work.owned and array.flags.writeable and min(array.strides, default=0) >= 0:
+                results[name] = from_numpy(array)
+            else:
+                passed[name] = array if name in work.owned else read_only(array)
+        if passed:
+            entry = array_api.MPIEntry(state, arrays, self.entry.library)
+            results.update(entry.result(passed, inplace=False))
+            return {name: results[name] for name in names}
+        return results
 
 
 def _preparable(schedule: tuple[Any, ...], arrays: dict[str, np.ndarray], dtype: np.dtype) -> bool:
@@ -682,6 +795,8 @@ class BoundTorchPlan:
         self._exchange: tuple[AllToAll, dict[str, np.ndarray]] | None = None
         self.device_state = device_state
         self._first = meet_first  # whether the first call meets in a barrier (a deadline given)
+        self._tensors: _BoundTensorViews | None = None  # run_on's fast path (CPU tensors)
+        self._steps: tuple[Any, ...] | None = None  # the host steps with collectives packed, agreed
         if device_state is not None:  # the device path: each call runs on the bound tensors
             self.arrays: dict[str, Any] = {name: device_state[name] for name in plan.domain_blocks}
         else:
@@ -692,6 +807,21 @@ class BoundTorchPlan:
                 self._phases = [_PreparedPhase(phase, work, plan.context, dtype) for phase in schedule]
             elif not inplace and cast is None:
                 self._exchange = _prepared_exchange(schedule, self.arrays, plan, dtype)
+            library = entry.library
+            if (
+                cast is None
+                and library is not None
+                and library.kind == "torch"
+                and library.device.type == "cpu"
+            ):
+                self._tensors = _BoundTensorViews(self.arrays, entry)
+        if not inplace and cast is None and dtype.char in SUMMABLE and plan.context.size > 1:
+            # alike on every rank, whichever path it takes (a rank passing no tensor takes the
+            # host path where the others take the device path): the agreed schedule, then one
+            # all-reduce on whether every rank packs alike (never on the device path)
+            plan.schedule_for(dtype)
+            if plan.native:
+                self._steps = _agreed_packing(plan, dtype, host=device_state is None)
         # whether every call meets in a barrier: decided alike on every rank (a rank may be
         # prepared where another is not: a scatter's root and the others), one all-reduce here
         self._meet_every = self.every_call and (
@@ -733,7 +863,9 @@ class BoundTorchPlan:
         if self.inplace:
             self.plan.run_in_place(self.arrays, self.dtype, cast=self.cast)
             return self.entry.result(self.entry.state, inplace=True)
-        result = self.plan.run_out_of_place(cast_copies(self.arrays, self.cast), self.dtype)
+        result = self.plan.run_out_of_place(
+            cast_copies(self.arrays, self.cast), self.dtype, steps=self._steps
+        )
         return self.entry.result(result, inplace=False)
 
     def run_on(self, local_state: Mapping[str, Any]) -> Any:
@@ -757,6 +889,14 @@ class BoundTorchPlan:
                     )
                 tensors[name] = tensor
             return self.plan.run_on_device(tensors, self.dtype, self.cast, inplace=False)
+        if self._tensors is not None:
+            arrays = self._tensors.views(local_state)
+            if arrays is not None:  # CPU tensors of the bound shapes and dtypes: no entry's work
+                work = numpy_backend.Workspace(dict(arrays), set(), self.dtype)
+                with self.plan.context.guard(self.plan.op):
+                    steps = self._steps if self._steps is not None else self.plan.host_steps_for(self.dtype)
+                    run_schedule(steps, work, self.plan.context, self.dtype)
+                return self._tensors.results(work, self.plan.range_names, local_state, arrays)
         entry = array_api.mpi_entry(local_state)
         arrays = {}
         for name, bound in self.arrays.items():
@@ -772,7 +912,7 @@ class BoundTorchPlan:
                     f"{self.plan.op} takes {bound.shape} {bound.dtype}"
                 )
             arrays[name] = array
-        result = self.plan.run_out_of_place(cast_copies(arrays, self.cast), self.dtype)
+        result = self.plan.run_out_of_place(cast_copies(arrays, self.cast), self.dtype, steps=self._steps)
         return entry.result(result, inplace=False)
 
     def free(self) -> None:

@@ -27,14 +27,26 @@ memory (``torch.from_numpy``):
   groups).
 
 Every message travels in the run's dtype, agreed by every rank in the entry check.
+
+A call repeated on the same plan (a bound plan, a training loop) does the collectives and the
+copies and little else: what a step needs that depends on the step alone (a broadcast's groups,
+this rank's copy and the root's rank in the sub-group; an all-reduce's sub-group ranks; the runs
+of consecutive collectives; a phase's recipe per layout of its blocks) is prepared on its first
+run and kept on the group's context (:func:`prepared_step`; the sub-groups themselves are
+looked up per call, the context holding them weakly). On gloo a phase's messages are started
+straight on the process group (:func:`_post`). A bound plan may run its collectives over the
+whole group packed (:class:`PackedStep`, :func:`packed_schedule`: a layer's weight and bias
+movements, sum-reduces or gradient all-reduces as one collective), when its ranks agreed at
+binding that they pack alike.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import numpy as np
 
@@ -73,13 +85,93 @@ def run_schedule(
         run_on_engine(steps, work, dtype, context, start=start_phase, part=_run_part)
 
     done = 0
-    for first, end in _broadcast_runs(schedule):
+    for first, end in _runs_of(schedule, context):
         if first > done:
             walk(schedule[done:first])
         _broadcasts_together(schedule[first:end], work, context, dtype)
         done = end
     if done < len(schedule):
         walk(schedule[done:] if done else schedule)
+
+
+def _runs_of(schedule: Sequence[Any], context: GroupContext) -> list[tuple[int, int]]:
+    """:func:`_broadcast_runs` of a schedule (a tuple a plan keeps), found once per schedule."""
+    if type(schedule) is not tuple:
+        return _broadcast_runs(schedule)
+    return prepared_step(schedule, context, _broadcast_runs)
+
+
+def prepared_step(step: Any, context: GroupContext, prepare: Callable[..., Any]) -> Any:
+    """What ``prepare(step)`` (or ``prepare(step, context)`` for the collective steps) gives,
+    computed on the step's first run on ``context`` and kept there (by the step's id, the step
+    kept with it so that the id is never another's): everything a run needs that depends on
+    the step alone (block names, shapes, the ranks of its sub-groups, a root's rank in its
+    sub-group), so that a call does the collectives and the copies and nothing else. The
+    sub-groups themselves are looked up per call (the context holds them weakly)."""
+    kept = context.prepared_steps
+    found = kept.get(id(step))
+    if found is None or found[0] is not step:
+        made = prepare(step) if prepare is _broadcast_runs else prepare(step, context)
+        if len(kept) >= PREPARED_KEPT:  # the oldest goes (plans the cache evicted, say)
+            kept.pop(next(iter(kept)))
+        found = kept[id(step)] = (step, made)
+    return found[1]
+
+
+PREPARED_KEPT = 4096
+"""Steps a context keeps prepared (:func:`prepared_step`), the first prepared going first beyond
+it: a step evicted is prepared again on its next run (the plans' own cache is bounded too)."""
+
+
+class _Rooted(NamedTuple):
+    """One group of a :class:`BroadcastStep` as this rank runs it: the root's block and its
+    shape, the sorted ranks of the sub-group (None for a group of one rank), the root's rank in
+    the sub-group, the copy this rank holds (None if none) and whether it is the root."""
+
+    root_name: str
+    shape: tuple[int, ...]
+    key: tuple[int, ...] | None
+    source: int
+    mine: str | None
+    is_root: bool
+
+
+class _RootedStep(NamedTuple):
+    """A :class:`BroadcastStep` prepared (:func:`prepared_step`): its groups and the blocks
+    this rank's part reads (:func:`_reads`)."""
+
+    groups: tuple[_Rooted, ...]
+    reads: frozenset[str]
+
+
+def _prepare_rooted(step: BroadcastStep, context: GroupContext) -> _RootedStep:
+    """The groups of ``step`` as this rank runs them (collective where it first makes a
+    sub-group: at the step's first run, in the order every rank follows)."""
+    groups = []
+    for group in step.groups:
+        root = group.ranks[0]
+        ranks = tuple(group.ranks)
+        key = tuple(sorted(ranks)) if len(ranks) > 1 else None
+        source = root if key is None else context.rank_in(context.subgroup_of(key), root)
+        mine = [name for name, w in group.copies if w == step.rank]
+        groups.append(
+            _Rooted(
+                group.root_name, tuple(group.shape), key, source, mine[0] if mine else None, root == step.rank
+            )
+        )
+    return _RootedStep(tuple(groups), frozenset(_reads(step)))
+
+
+def _prepare_packed(step: PackedStep, context: GroupContext) -> frozenset[str]:
+    """The blocks a packed step reads on this rank."""
+    return frozenset(name for inner in step.steps for name in _reads(inner))
+
+
+def _prepare_all_reduce(
+    step: AllReduceStep, context: GroupContext
+) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """The blocks of ``step`` and the sorted ranks of each one's sub-group."""
+    return tuple((name, tuple(sorted(ranks))) for name, ranks in step.entries)
 
 
 def _broadcast_runs(schedule: Sequence[Any]) -> list[tuple[int, int]]:
@@ -98,7 +190,7 @@ def _broadcast_runs(schedule: Sequence[Any]) -> list[tuple[int, int]]:
 
 
 def _broadcasts_together(
-    steps: Sequence[BroadcastStep | AllReduceStep],
+    steps: Sequence[BroadcastStep | AllReduceStep | PackedStep],
     work: numpy_backend.Workspace,
     context: GroupContext,
     dtype: np.dtype,
@@ -111,17 +203,190 @@ def _broadcasts_together(
     in_flight: list[Any] = []
     landing: set[str] = set()
     for step in steps:
-        if in_flight and not landing.isdisjoint(_reads(step)):
+        if isinstance(step, AllReduceStep):
+            reads: Any = (name for name, _ in step.entries)
+        elif isinstance(step, PackedStep):
+            reads = prepared_step(step, context, _prepare_packed)
+        else:
+            reads = prepared_step(step, context, _prepare_rooted).reads
+        if in_flight and not landing.isdisjoint(reads):
             for request in in_flight:
                 request.wait()
             in_flight.clear()
             landing.clear()
-        if isinstance(step, AllReduceStep):
+        if isinstance(step, PackedStep):
+            landing.update(_run_packed(step, work, context, dtype, in_flight))
+        elif isinstance(step, AllReduceStep):
             landing.update(_all_reduce(step, work, context, dtype, in_flight))
         else:
             landing.update(_broadcast(step, work, context, dtype, in_flight))
     for request in in_flight:
         request.wait()
+
+
+@dataclass(frozen=True)
+class PackedStep:
+    """Consecutive broadcast, sum-reduce or all-reduce steps of one group each, over the whole
+    group, of one kind and root (a layer's weight and bias movements or gradient sums), run as
+    one collective of their blocks packed one after the other: ``kind`` is ``"broadcast"``,
+    ``"reduce"`` or ``"all-reduce"``, ``root`` the root's rank (0 for an all-reduce). In the
+    maths the same maps as the steps, side by side (each block's entries move and add as in its
+    own collective). Made by :func:`packed_schedule` for a bound plan, whose ranks agreed on
+    it at binding (:meth:`~linop.backends.torch_distributed.plan.BoundTorchPlan`)."""
+
+    steps: tuple[BroadcastStep | AllReduceStep, ...]
+    kind: str
+    root: int
+
+
+def _packable(step: Any, size: int) -> tuple[str, int] | None:
+    """``(kind, root)`` of a step of one group over the whole group of ``size`` ranks, else None."""
+    if type(step) is AllReduceStep:
+        if len(step.entries) == 1 and len(step.entries[0][1]) == size:
+            return "all-reduce", 0
+        return None
+    if type(step) is BroadcastStep and len(step.groups) == 1:
+        group = step.groups[0]
+        ranks = tuple(group.ranks)
+        if len(ranks) == size and len(set(ranks)) == size:
+            return ("reduce" if step.reduce else "broadcast"), ranks[0]
+    return None
+
+
+def packed_schedule(schedule: tuple[Any, ...], size: int) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """``schedule`` with each run of two or more consecutive steps :func:`_packable` alike (one
+    kind, one root), none reading a block an earlier one of the run makes, replaced by one
+    :class:`PackedStep`; and what the ranks must agree on before running it: the sequence of
+    this rank's collectives over the whole group of one group each (kind, root, how many are
+    packed together), equal on every rank exactly when they pack alike (every rank takes part
+    in each of them, in the global order, so the i-th is the same node everywhere)."""
+    out: list[Any] = []
+    signature: list[Any] = []
+    position = 0
+    while position < len(schedule):
+        step = schedule[position]
+        found = _packable(step, size)
+        end = position + 1
+        if found is not None:
+            made: set[str] = set(_landing(step))
+            while end < len(schedule) and _packable(schedule[end], size) == found:
+                following = schedule[end]
+                if not made.isdisjoint(_reads(following)):
+                    break
+                made.update(_landing(following))
+                end += 1
+        if end - position >= 2:
+            assert found is not None
+            out.append(PackedStep(tuple(schedule[position:end]), *found))
+        else:
+            out.append(step)
+        if found is not None:  # the i-th collective over the whole group is the same node everywhere
+            signature.append((*found, end - position))
+        position = end
+    return tuple(out), tuple(signature)
+
+
+def _landing(step: BroadcastStep | AllReduceStep) -> set[str]:
+    """The blocks a step's collective fills on this rank."""
+    if type(step) is AllReduceStep:
+        return {name for name, _ in step.entries}
+    assert isinstance(step, BroadcastStep)
+    group = step.groups[0]
+    if step.reduce:
+        return {group.root_name}
+    return {name for name, w in group.copies if w == step.rank}
+
+
+def _run_packed(
+    packed: PackedStep,
+    work: numpy_backend.Workspace,
+    context: GroupContext,
+    dtype: np.dtype,
+    in_flight: list[Any] | None = None,
+) -> list[str]:
+    """One collective for the packed steps (see :class:`PackedStep`), blocking or started
+    (``in_flight``, as :func:`_broadcast`); the names of the blocks it fills. Every block goes
+    into a buffer of the run (the caller's arrays are only read): a broadcast's root packs its
+    blocks, the copies are views of the received buffer; a sum-reduce packs each rank's copies
+    (zeros where it holds none), the root's blocks are views of the summed buffer; an
+    all-reduce packs and sums the blocks, which become views of the buffer."""
+    import torch.distributed as dist
+
+    run = prepared_step(packed, context, lambda step, _: _prepare_packed_run(step, context, work))
+    buffer = np.empty(run.total, dtype)
+    arrays = work.arrays
+    views = []
+    for read, _, shape, begin, end in run.pieces:
+        view = buffer[begin:end].reshape(shape)
+        views.append(view)
+        if read is not None:
+            view[...] = arrays[read]
+        elif run.zeros:
+            view[...] = 0
+    if run.total:
+        tensor = _tensor(buffer)
+        started = in_flight is not None
+        if packed.kind == "all-reduce":
+            request = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=context.group, async_op=started)
+        elif packed.kind == "broadcast":
+            request = dist.broadcast(tensor, group=context.group, group_src=packed.root, async_op=started)
+        else:
+            request = dist.reduce(
+                tensor, op=dist.ReduceOp.SUM, group=context.group, group_dst=packed.root, async_op=started
+            )
+        if in_flight is not None:
+            in_flight.append(request)
+    if packed.kind == "all-reduce":
+        for (_, write, _, _, _), view in zip(run.pieces, views):
+            work.set(write, view)
+        return run.filled
+    for step, (_, write, _, _, _), view in zip(packed.steps, run.pieces, views):
+        assert isinstance(step, BroadcastStep)
+        store_results(work, step.dropped, [] if write is None else [(write, view, True)], step.created)
+    return run.filled
+
+
+class _PackedRun(NamedTuple):
+    """A :class:`PackedStep` as this rank runs it (:func:`_prepare_packed_run`): per step, the
+    block read into the buffer (None: none), the block its piece becomes (None: none), the
+    piece's shape and its entries ``[begin, end)`` in the buffer; the buffer's size, whether
+    pieces read from no block are zeros (a sum-reduce), and the blocks the collective fills."""
+
+    pieces: tuple[tuple[str | None, str | None, tuple[int, ...], int, int], ...]
+    total: int
+    zeros: bool
+    filled: list[str]
+
+
+def _prepare_packed_run(
+    packed: PackedStep, context: GroupContext, work: numpy_backend.Workspace
+) -> _PackedRun:
+    """The pieces of ``packed`` on this rank (an all-reduce's shapes read from its blocks on the
+    first run: the tree fixes them)."""
+    rank = context.rank
+    pieces: list[tuple[str | None, str | None, tuple[int, ...]]] = []  # (read, write, shape)
+    if packed.kind == "all-reduce":
+        for step in packed.steps:
+            name = step.entries[0][0]  # type: ignore[union-attr]
+            pieces.append((name, name, tuple(work.arrays[name].shape)))
+    else:
+        for step in packed.steps:
+            group = step.groups[0]  # type: ignore[union-attr]
+            mine = prepared_step(step, context, _prepare_rooted).groups[0].mine
+            shape = tuple(group.shape)
+            root = group.root_name if rank == packed.root else None
+            if packed.kind == "broadcast":  # the root sends its blocks, every rank gets its copy
+                pieces.append((root, mine, shape))
+            else:  # every rank sends its copy (zeros where none), the root gets its blocks
+                pieces.append((mine, root, shape))
+    placed = []
+    at = 0
+    for read, write, shape in pieces:
+        count = math.prod(shape)
+        placed.append((read, write, shape, at, at + count))
+        at += count
+    filled = [write for _, write, _ in pieces if write is not None]
+    return _PackedRun(tuple(placed), at, packed.kind == "reduce", filled)
 
 
 def _reads(step: BroadcastStep | AllReduceStep) -> set[str]:
@@ -146,29 +411,74 @@ def phase_operations(
     import torch.distributed as dist
 
     group = context.group
-    recipe = phase_recipe(
-        phase, dtype, lambda name: work.writable(name, dtype), work.arrays.__getitem__, contiguous_route
-    )
-    operations: list[Any] = []
+    messages, finish = _phase_messages(phase, work, context, dtype)
+    operations = [
+        dist.P2POp(dist.isend if sending else dist.irecv, tensor, group=group, tag=tag, group_peer=peer)
+        for sending, tensor, peer, tag in messages
+    ]
+    return operations, finish
+
+
+def _phase_messages(
+    phase: RankPhase, work: numpy_backend.Workspace, context: GroupContext, dtype: np.dtype
+) -> tuple[list[tuple[bool, Any, int, int]], list[tuple[Transfer, np.ndarray]]]:
+    """:func:`phase_operations` as ``(is a send, tensor, group peer, tag)`` tuples."""
+    recipe = _recipe(phase, work, context, dtype)
+    messages: list[tuple[bool, Any, int, int]] = []
     finish: list[tuple[Transfer, np.ndarray]] = []
+    arrays = work.arrays
     for message in recipe.receives:
         if message.route == BUFFER:
             buffer = np.empty(message.transfer.shape, dtype)
             finish.append((message.transfer, buffer))
         else:
-            buffer = work.arrays[message.name][message.box]
+            buffer = arrays[message.name][message.box]
         if buffer.size:  # a new block of size 0: no message
-            operations.append(
-                dist.P2POp(dist.irecv, _tensor(buffer), group=group, tag=message.tag, group_peer=message.peer)
-            )
+            messages.append((False, _tensor(buffer), message.peer, message.tag))
     for message in recipe.sends:
-        data = work.arrays[message.name][message.box]
+        data = arrays[message.name][message.box]
         if message.route == BUFFER:
             data = np.array(data, dtype=dtype, order="C")
-        operations.append(
-            dist.P2POp(dist.isend, _tensor(data), group=group, tag=message.tag, group_peer=message.peer)
+        messages.append((True, _tensor(data), message.peer, message.tag))
+    return messages, finish
+
+
+def _phase_blocks(
+    phase: RankPhase, context: GroupContext
+) -> tuple[tuple[str, ...], tuple[str, ...], dict[Any, Any]]:
+    """What :func:`_recipe` keeps per phase: the blocks its receives store or add into (in
+    posting order), every block its messages name, and the recipes made so far by layout."""
+    targets = tuple(t.target.name for _, _, t in phase.receives if t.mode != "new" and not phase.empty(t))
+    names = dict.fromkeys((*targets, *(t.source.name for _, _, t in phase.sends if not phase.empty(t))))
+    return targets, tuple(names), {}
+
+
+def _recipe(phase: RankPhase, work: numpy_backend.Workspace, context: GroupContext, dtype: np.dtype) -> Any:
+    """The phase's recipe (:func:`~linop.backends.host_phase.phase_recipe`) on ``work``, made once
+    per layout of the blocks it names (shape, strides, dtype and whether writeable: all the
+    recipe's routes depend on) and kept on the context: a repeated call (a bound plan, a
+    training loop) only makes the receive targets writable, as the recipe would, and looks it
+    up."""
+    targets, names, recipes = prepared_step(phase, context, _phase_blocks)
+    for name in targets:  # copy-on-write, as phase_recipe's target() does, in its order
+        work.writable(name, dtype)
+    arrays = work.arrays
+    key = (
+        dtype.str,
+        *[(a.shape, a.strides, a.dtype.str, a.flags.writeable) for a in map(arrays.__getitem__, names)],
+    )
+    recipe = recipes.get(key)
+    if recipe is None:
+        recipe = phase_recipe(
+            phase, dtype, lambda name: work.writable(name, dtype), arrays.__getitem__, contiguous_route
         )
-    return operations, finish
+        if len(recipes) < _RECIPES_KEPT:
+            recipes[key] = recipe
+    return recipe
+
+
+_RECIPES_KEPT = 4
+"""Recipes kept per phase (one per layout of its blocks; a bound plan has one)."""
 
 
 def run_phase(
@@ -184,12 +494,40 @@ def start_phase(
     """Start the phase's receives and sends (one ``batch_isend_irecv``) and return it started:
     calling it waits, then finishes; a :class:`~linop.program.RankOverlap`'s local work runs
     in between."""
-    import torch.distributed as dist
 
-    operations, finish = phase_operations(phase, work, context, dtype)
-    requests = dist.batch_isend_irecv(operations) if operations else []
+    messages, finish = _phase_messages(phase, work, context, dtype)
+    requests = _post(messages, context) if messages else []
     # the process group's own threads move the messages: progress() has nothing to do
     return Started(requests, lambda: finish_phase(phase, work, finish, dtype), wait=_wait_each)
+
+
+def _post(messages: list[tuple[bool, Any, int, int]], context: GroupContext) -> list[Any]:
+    """Start a phase's messages (:func:`_phase_messages`, receives first): on gloo straight on
+    the process group, as ``batch_isend_irecv`` does there (gloo does not coalesce: it starts
+    each ``isend`` / ``irecv`` in turn), without its per-operation checks, which the recipe's
+    tensors pass (CPU tensors, peers ranks of the group); else ``batch_isend_irecv``."""
+    import torch
+    import torch.distributed as dist
+
+    group = context.group
+    if context.backend != "gloo":
+        return list(
+            dist.batch_isend_irecv(
+                [
+                    dist.P2POp(
+                        dist.isend if sending else dist.irecv, tensor, group=group, tag=tag, group_peer=peer
+                    )
+                    for sending, tensor, peer, tag in messages
+                ]
+            )
+        )
+    send, receive = group.send, group.recv
+    requests = []
+    for sending, tensor, peer, tag in messages:
+        if tensor.is_complex():  # as isend and irecv send complex data
+            tensor = torch.view_as_real(tensor)
+        requests.append((send if sending else receive)([tensor], peer, tag))
+    return requests
 
 
 def _wait_each(requests: list[Any]) -> None:
@@ -223,20 +561,21 @@ def _all_reduce(
     ``in_flight`` started only (as :func:`_broadcast`); the names of the blocks it sums."""
     import torch.distributed as dist
 
-    for name, ranks in step.entries:
+    entries = prepared_step(step, context, _prepare_all_reduce)
+    for name, key in entries:
         array = _owned_contiguous(work, name, dtype)
         request = dist.all_reduce(
             _tensor(array),
             op=dist.ReduceOp.SUM,
-            group=context.subgroup(ranks),
+            group=context.subgroup_of(key),
             async_op=in_flight is not None,
         )
         if in_flight is not None:
             in_flight.append(request)
-    return [name for name, _ in step.entries]
+    return [name for name, _ in entries]
 
 
-_TOGETHER = (BroadcastStep, AllReduceStep)
+_TOGETHER = (BroadcastStep, AllReduceStep, PackedStep)
 
 
 def _broadcast(
@@ -253,42 +592,39 @@ def _broadcast(
 
     started = in_flight is not None
     results: list[tuple[str, np.ndarray, bool]] = []
-    for group in step.groups:
-        root = group.ranks[0]
-        sub = context.subgroup(group.ranks) if len(group.ranks) > 1 else None
-        mine = [name for name, w in group.copies if w == step.rank]
-        is_root = root == step.rank
+    for root_name, shape, key, source, mine, is_root in prepared_step(step, context, _prepare_rooted).groups:
         if not step.reduce:
             if is_root:
-                buffer, owned = root_buffer(work, group.root_name, dtype)
-                if mine:
-                    results.append((mine[0], buffer, owned))
+                buffer, owned = root_buffer(work, root_name, dtype)
+                if mine is not None:
+                    results.append((mine, buffer, owned))
             else:
-                buffer = np.empty(group.shape, dtype)
-                results.append((mine[0], buffer, True))
-            if sub is not None and buffer.size:
+                assert mine is not None  # a rank of the group that is not its root holds a copy
+                buffer = np.empty(shape, dtype)
+                results.append((mine, buffer, True))
+            if key is not None and buffer.size:
                 request = dist.broadcast(
-                    _tensor(buffer), group=sub, group_src=context.rank_in(sub, root), async_op=started
+                    _tensor(buffer), group=context.subgroup_of(key), group_src=source, async_op=started
                 )
                 if in_flight is not None:
                     in_flight.append(request)
             continue
-        if mine:  # reduce works in place: never on the caller's array
-            total = np.array(work.arrays[mine[0]], dtype=dtype, order="C")
+        if mine is not None:  # reduce works in place: never on the caller's array
+            total = np.array(work.arrays[mine], dtype=dtype, order="C")
         else:  # the root holds no copy: it contributes zeros
-            total = np.zeros(group.shape, dtype)
-        if sub is not None and total.size:
+            total = np.zeros(shape, dtype)
+        if key is not None and total.size:
             request = dist.reduce(
                 _tensor(total),
                 op=dist.ReduceOp.SUM,
-                group=sub,
-                group_dst=context.rank_in(sub, root),
+                group=context.subgroup_of(key),
+                group_dst=source,
                 async_op=started,
             )
             if in_flight is not None:
                 in_flight.append(request)
         if is_root:
-            results.append((group.root_name, total, True))
+            results.append((root_name, total, True))
     store_results(work, step.dropped, results, step.created)
     return [name for name, _, _ in results]
 
@@ -508,6 +844,7 @@ RUNS: Final[Mapping[type, Callable[..., object]]] = (  # (step, work, context, d
     MappingProxyType(
         {
             AllReduceStep: _all_reduce,
+            PackedStep: _run_packed,
             BroadcastStep: _broadcast,
             AllToAllStep: _all_to_all,
             GatherStep: _gather,
