@@ -1,6 +1,7 @@
 """The MPI calls of the rooted groups' parts (:mod:`linop.program.lowering_rooted` plans
 them): :class:`~linop.collectives.Broadcast` (``Bcast`` per source block) and
-:class:`~linop.collectives.SumReduce` (``Allreduce`` per target block), each on a cached
+:class:`~linop.collectives.SumReduce` (``Allreduce`` per target block; bound, a large block over
+a few ranks as messages, :mod:`~linop.backends.mpi.native.reduce_messages`), each on a cached
 sub-communicator; under a worker map the copies a rank holds are filled or summed locally
 around one collective over the group's distinct ranks."""
 
@@ -22,6 +23,7 @@ from ..memory import new_array
 from ..runtime import run_schedule
 from ..steps import OutOfPlaceBinding, RankStep
 from .common import REDUCIBLE
+from .reduce_messages import bind_reduce, by_messages
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
     from mpi4py.MPI import Intracomm
@@ -99,7 +101,9 @@ class _RankBroadcast(RankStep):
     ) -> OutOfPlaceBinding | None:
         """Blocking ``Bcast`` calls / persistent ``Allreduce_init`` requests between the bound input
         arrays and result arrays built once, or None when the dtype or layout does not allow
-        it (``dry``: decide only, create nothing).
+        it (``dry``: decide only, create nothing). A sum of a large block over a few ranks is
+        messages instead, a reduce-scatter and a gather onto the root that copy nothing
+        (:mod:`~linop.backends.mpi.native.reduce_messages`).
 
         The binding's results map each new block this rank owns to its array (the root's own
         broadcast copy is a read-only view of its source)."""
@@ -131,10 +135,20 @@ class _RankBroadcast(RankStep):
                         functools.partial(sub.Bcast, [buffer, buffer.nbytes, byte_type()], root=0)
                     )
                 continue
+            assert sub is not None  # a group of one was declined above
+            copy = arrays[mine[0]]
+            if by_messages(len(group.ranks), copy.nbytes):  # large, few ranks: no copy of the block
+                total = np.empty(group.shape, dtype=dtype) if is_root else None
+                calls, made, buffers = bind_reduce(sub, copy, total, dtype)
+                requests.extend(calls)
+                binding.requests.extend(made)
+                scratch.extend(buffers)
+                if total is not None:
+                    results[group.root_name] = total
+                continue
             total = np.empty(group.shape, dtype=dtype)
             mpi_type = predefined_type(dtype)
-            assert sub is not None  # a group of one was declined above
-            requests.append(sub.Allreduce_init([arrays[mine[0]], mpi_type], [total, mpi_type], op=lib.SUM))
+            requests.append(sub.Allreduce_init([copy, mpi_type], [total, mpi_type], op=lib.SUM))
             if is_root:
                 results[group.root_name] = total
             else:  # the request writes into it on every call: kept alive with the binding
