@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..datatypes import mpi, predefined_type
+from ..memory import lasting_array
 from ..steps import Call
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
@@ -88,9 +89,9 @@ def bind_reduce(
     if total is not None:
         mine = total.reshape(-1)[bounds[rank] : bounds[rank + 1]]
     else:
-        mine = np.empty(share, dtype=dtype)
+        mine = lasting_array((share,), dtype)
         scratch.append(mine)
-    contributions = [np.empty(share, dtype=dtype) for _ in peers]
+    contributions = [lasting_array((share,), dtype) for _ in peers]
     scratch.extend(contributions)
     exchange = [
         sub.Send_init([flat[bounds[k] : bounds[k + 1]], bounds[k + 1] - bounds[k], entry], k, TAGS[0])

@@ -19,7 +19,7 @@ from ....space import Block
 from ...host_schedule import root_buffer, store_results
 from ..context import subcommunicator
 from ..datatypes import element_type, mpi, predefined_type
-from ..memory import new_array
+from ..memory import lasting_array, new_array
 from ..runtime import run_schedule
 from ..steps import OutOfPlaceBinding, RankStep
 from .common import REDUCIBLE
@@ -127,7 +127,7 @@ class _RankBroadcast(RankStep):
                         view.flags.writeable = False
                         results[mine[0]] = view
                 else:
-                    buffer = np.empty(group.shape, dtype=dtype)
+                    buffer = lasting_array(group.shape, dtype)
                     results[mine[0]] = buffer
                 if sub is not None:
                     # persistent, typed by entry: 0.55-0.85x of a blocking Bcast of the same
@@ -137,7 +137,7 @@ class _RankBroadcast(RankStep):
             assert sub is not None  # a group of one was declined above
             copy = arrays[mine[0]]
             if by_messages(len(group.ranks), copy.nbytes):  # large, few ranks: no copy of the block
-                total = np.empty(group.shape, dtype=dtype) if is_root else None
+                total = lasting_array(group.shape, dtype) if is_root else None
                 calls, made, buffers = bind_reduce(sub, copy, total, dtype)
                 requests.extend(calls)
                 binding.requests.extend(made)
@@ -145,7 +145,7 @@ class _RankBroadcast(RankStep):
                 if total is not None:
                     results[group.root_name] = total
                 continue
-            total = np.empty(group.shape, dtype=dtype)
+            total = lasting_array(group.shape, dtype)
             mpi_type = predefined_type(dtype)
             requests.append(sub.Allreduce_init([copy, mpi_type], [total, mpi_type], op=lib.SUM))
             if is_root:
