@@ -5,9 +5,13 @@ Run: ``mpiexec -n 2 python benchmarks/bench_mpi_collectives.py`` (or ``-n 4``).
 
 - broadcast of rank 0's 1M float64 block to every rank (``Broadcast`` from a one-worker
   partition): against ``Bcast`` into a preallocated buffer, typed as doubles or as raw bytes
-  (linop moves bytes; MPICH may pick another algorithm for each);
+  (linop moves bytes; MPICH may pick another algorithm for each), and a persistent
+  ``Bcast_init``;
 - sum-reduce of every rank's copy onto rank 0 (``SumReduce``, the broadcast's adjoint): against
-  ``Reduce`` and ``Allreduce`` (on this MPICH ``Reduce`` can be the slower way to the same sum);
+  ``Reduce`` and ``Allreduce`` out of place (on this MPICH ``Reduce`` can be the slower way to
+  the same sum) and in place (``Reduce(IN_PLACE)`` at the root, ``Allreduce(IN_PLACE)``: no
+  copy of the block to make, the fastest here, though they overwrite a copy the operator must
+  leave alone);
 - all-reduce in place (``AllReduce``): against ``Allreduce(IN_PLACE)`` and a persistent
   ``Allreduce_init``;
 - reduce-scatter of uneven shares (``ReduceScatter`` along one axis of ``COUNT + 1`` entries,
@@ -54,6 +58,12 @@ def bench(methods: dict) -> dict[str, tuple[float, float]]:
     return result
 
 
+def start_and_wait(request: MPI.Prequest) -> None:
+    """One call of a persistent collective."""
+    request.Start()
+    request.Wait()
+
+
 def report(title: str, times: dict[str, tuple[float, float]]) -> None:
     if RANK:
         return
@@ -88,6 +98,7 @@ def main() -> int:
     # the time of an 8 MB broadcast by up to a third here)
     outputs = bound_broadcast()  # collective: every rank calls it
     same_memory = root_state["s[0]"] if RANK == 0 else outputs[f"c[{RANK}]"]
+    persistent_broadcast = COMM.Bcast_init([buffer, buffer.nbytes, MPI.BYTE], root=0)
     report(
         "broadcast",
         bench(
@@ -102,12 +113,14 @@ def main() -> int:
                 "Bcast into a new array": lambda: COMM.Bcast(
                     buffer if RANK == 0 else np.empty(COUNT), root=0
                 ),
+                "Bcast_init (persistent)": lambda: start_and_wait(persistent_broadcast),
             }
         ),
     )
     reduce = broadcast.H
     copies = {f"c[{RANK}]": rng.standard_normal(COUNT)}
     total = np.empty(COUNT)
+    overwritten = copies[f"c[{RANK}]"].copy()  # the in-place calls' buffer
     COMM.Allreduce(copies[f"c[{RANK}]"], total)
     result = mpi_backend.apply(reduce, copies, comm=COMM)
     if RANK == 0:
@@ -125,6 +138,12 @@ def main() -> int:
                 "linop apply (new block)": lambda: mpi_backend.apply(reduce, copies, comm=COMM),
                 "Reduce, preallocated": lambda: COMM.Reduce(copies[f"c[{RANK}]"], total, root=0),
                 "Allreduce, preallocated": lambda: COMM.Allreduce(copies[f"c[{RANK}]"], total),
+                # in place: no copy of the block to make, but the caller's copy is overwritten
+                # (what an out-of-place operator may not do; its values grow, call after call)
+                "Reduce(IN_PLACE) at the root": lambda: COMM.Reduce(
+                    MPI.IN_PLACE if RANK == 0 else overwritten, overwritten if RANK == 0 else None, root=0
+                ),
+                "Allreduce(IN_PLACE)": lambda: COMM.Allreduce(MPI.IN_PLACE, overwritten),
             }
         ),
     )
@@ -143,10 +162,6 @@ def main() -> int:
     bound = mpi_backend.plan_for(all_reduce, comm=COMM).bind(bound_state)
     persistent = COMM.Allreduce_init(MPI.IN_PLACE, persistent_buffer)
 
-    def run_persistent() -> None:
-        persistent.Start()
-        persistent.Wait()
-
     report(
         "all-reduce (in place)",
         bench(
@@ -154,7 +169,7 @@ def main() -> int:
                 "linop bound (persistent)": bound,
                 "linop apply": lambda: mpi_backend.apply(all_reduce, mine, comm=COMM, inplace=True),
                 "Allreduce(IN_PLACE)": lambda: COMM.Allreduce(MPI.IN_PLACE, native),
-                "Allreduce_init (persistent)": run_persistent,
+                "Allreduce_init (persistent)": lambda: start_and_wait(persistent),
             }
         ),
     )
@@ -184,6 +199,7 @@ def main() -> int:
     for plan in (bound, bound_broadcast, bound_reduce):
         plan.free()
     persistent.Free()
+    persistent_broadcast.Free()
     ok = COMM.allreduce(ok, op=MPI.LAND)
     if RANK == 0 and not ok:
         print("  RESULTS DIFFER from the native calls")

@@ -481,7 +481,8 @@ def test_the_alltoall_strategy_is_recorded_and_a_wrong_displacement_is_caught(mo
 
 
 def _call_names(bound) -> list[str]:
-    return [getattr(function, "__name__", "") for function, _ in bound._calls]
+    """The names of a bound plan's prepared calls (a partial's function's)."""
+    return [getattr(getattr(function, "func", function), "__name__", "") for function, _ in bound._calls]
 
 
 def test_independent_all_reduces_are_started_together():
@@ -508,8 +509,8 @@ def test_independent_all_reduces_are_started_together():
             shape_ok = len(starts) == 2 and names[starts[-1] + 1] == "Waitall" and starts[1] == starts[0] + 1
         else:
             shape_ok = len(starts) == 2 and all(names[i + 1] in ("Wait", "Waitall") for i in starts)
-        problem = None if shape_ok else f"calls {names}"
-        problem = problem or bound_problem(bound, op, state, tuple(local), inplace=True)
+        wrong = bound_problem(bound, op, state, tuple(local), inplace=True)  # collective: every rank
+        problem = wrong if shape_ok else f"calls {names}"
         bound.free()
         collective_assert(problem is None, f"{op}: {problem}")
 
@@ -568,8 +569,8 @@ def test_independent_sum_reduces_out_of_place_are_in_flight_together():
     movement: a sum-reduce of the weight copies, one of the bias copies) bound out of place
     starts both persistent requests, then waits for them together, and equals the tree
     exactly (integer values in float64, two calls, inputs unchanged). The control: a
-    broadcast of a sum-reduce's result (reading what the sum fills) after the sum is waited
-    for, also exact."""
+    broadcast of a sum-reduce's result (reading what the sum fills) started on the root after
+    the sum is waited for, also exact."""
     from linop.layers import Convolution
 
     image = DistributedTensor("c", (2, 3, 4 * SIZE, 5), Partition((1, 1, SIZE, 1)))
@@ -584,11 +585,71 @@ def test_independent_sum_reduces_out_of_place_are_in_flight_together():
         names = _call_names(bound) if bound.persistent else []  # one rank: nothing to compile
         starts = [i for i, name in enumerate(names) if name == "Start"]
         if SIZE == 1 or not together:
-            shape_ok = all(names[i + 1] in ("Wait", "Waitall") for i in starts)
+            # the sum's root waits for it before broadcasting it; the other ranks read nothing
+            # it fills, and may start the broadcast while the sum is in flight
+            shape_ok = RANK != 0 or all(names[i + 1] in ("Wait", "Waitall") for i in starts)
         else:
             shape_ok = len(starts) == 2 and starts[1] == starts[0] + 1 and names[starts[1] + 1] == "Waitall"
-        problem = None if shape_ok else f"calls {names}"
         names_out = tuple(name for name in op.range.names if op.range.block(name).worker == RANK)
-        problem = problem or bound_problem(bound, op, state, names_out, inplace=False)
+        wrong = bound_problem(bound, op, state, names_out, inplace=False)  # collective: every rank
+        problem = wrong if shape_ok else f"calls {names}"
         bound.free()
         collective_assert(problem is None, f"{op}: {problem}")
+
+
+@pytest.mark.parametrize("case", range(len(partitions_for_broadcast())))
+def test_bound_sum_reduce_by_messages_equals_the_tree(case, monkeypatch):
+    """A bound sum-reduce of a large block over a few ranks runs as messages (a reduce-scatter
+    and a gather onto the root, native.reduce_messages; here every size is made large): its
+    calls are ``Startall``/``Waitall`` and adds; two calls give the
+    tree's results exactly (integer values in float64 and float32, uneven shares included:
+    blocks of 5 and 7 x 3 entries), the inputs unchanged; ``free()`` releases its buffers. So
+    do a layer's two parameter-gradient sums one after the other, and a broadcast of a sum
+    (which reads what the messages fill). The control: below the size, the persistent
+    ``Allreduce_init``."""
+    import gc
+    import weakref
+
+    from linop.backends.mpi.native import reduce_messages
+    from linop.layers import Convolution
+
+    source, destination = partitions_for_broadcast()[case]
+    image = DistributedTensor("c", (2, 3, 4 * SIZE, 5), Partition((1, 1, SIZE, 1)))
+    layer = Convolution(image, 2, Kernel(3, padding=1))
+    total = DistributedTensor("t", (7, 3), Partition((1, 1)))
+    spread = Broadcast(total, Partition((SIZE, 1)), "s")
+    trees = [Broadcast(DistributedTensor("x", (5,) * destination.ndim, source), destination, "y").H]
+    if case == 0:
+        trees += [spread.H, layer.parameter_movement.H, spread @ spread.H]
+    for threshold, messages in ((0, True), (1 << 40, False)):
+        monkeypatch.setattr(reduce_messages, "FROM_BYTES", threshold)
+        for op in trees if messages else trees[:1]:
+            for dtype in (np.float64, np.float32):
+                state = {k: v.astype(dtype) for k, v in op.domain.random(7, dtype=np.int64).items()}
+                local = local_part(op.domain, state, RANK)
+                bound = mpi_backend.plan_for(op, comm=COMM).bind(local, inplace=False)
+                names = _call_names(bound) if bound.persistent else []
+                sums = any(len(group.ranks) > 1 for step in bound.plan.schedule for group in _groups(step))
+                if not sums or not bound.persistent:  # one rank; a root without a copy: declined
+                    shape_ok = True
+                elif messages:
+                    shape_ok = "Startall" in names and "add" in names
+                else:  # a persistent collective's Start, no messages
+                    shape_ok = "Start" in names and "Startall" not in names and "add" not in names
+                out = tuple(name for name in op.range.names if op.range.block(name).worker == RANK)
+                wrong = bound_problem(bound, op, state, out, inplace=False)  # collective: every rank
+                problem = wrong if shape_ok else f"calls {names}"
+                scratch = [weakref.ref(a) for a in bound._scratch]
+                bound.free()
+                gc.collect()
+                alive = sum(ref() is not None for ref in scratch)
+                problem = problem or (f"{alive} scratch arrays alive after free()" if alive else None)
+                collective_assert(
+                    problem is None, f"{op} ({np.dtype(dtype).name}, messages {messages}): {problem}"
+                )
+
+
+def _groups(step) -> list:
+    """The rooted groups of a schedule step (none for other steps)."""
+    part = getattr(step, "part", None)
+    return list(getattr(part, "groups", ()))

@@ -183,7 +183,7 @@ class _Compiler(OwnedBlocks[np.ndarray]):
         """Wait for the collectives still in flight (one ``Waitall``), before a step that
         may touch their memory."""
         if self._in_flight:
-            self.calls.append((self._waitall, (list(self._in_flight),)))
+            self.calls.append(self._wait_for(list(self._in_flight)))
             self._in_flight.clear()
             self._landing.clear()
 
@@ -500,7 +500,16 @@ class _Compiler(OwnedBlocks[np.ndarray]):
         self.run.requests.extend(requests)
         self.calls.extend((request.Start, ()) for request in requests)  # in the global order
         if requests:
-            self.calls.append((self._waitall, (requests,)))
+            self.calls.append(self._wait_for(requests))
+
+    def _wait_for(self, requests: list[Any]) -> PreparedCall:
+        """The wait for persistent collectives started together: the request's own ``Wait``
+        when there is one (a persistent ``Bcast_init`` waited for by ``Waitall`` of one took
+        1.3x of the same with ``Wait``, CPU time too, 8 MB on 2 and 4 ranks here), else one
+        ``Waitall``."""
+        if len(requests) == 1:
+            return (requests[0].Wait, ())
+        return (self._waitall, (requests,))
 
     # -- the end of a run ---------------------------------------------------------------------
     def outputs(self, names: Sequence[str]) -> dict[str, np.ndarray]:

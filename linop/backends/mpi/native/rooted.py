@@ -1,6 +1,7 @@
 """The MPI calls of the rooted groups' parts (:mod:`linop.program.lowering_rooted` plans
 them): :class:`~linop.collectives.Broadcast` (``Bcast`` per source block) and
-:class:`~linop.collectives.SumReduce` (``Allreduce`` per target block), each on a cached
+:class:`~linop.collectives.SumReduce` (``Allreduce`` per target block; bound, a large block over
+a few ranks as messages, :mod:`~linop.backends.mpi.native.reduce_messages`), each on a cached
 sub-communicator; under a worker map the copies a rank holds are filled or summed locally
 around one collective over the group's distinct ranks."""
 
@@ -17,11 +18,12 @@ from ....program.parts import MappedRootedPart, RootedGroup, RootedPart
 from ....space import Block
 from ...host_schedule import root_buffer, store_results
 from ..context import subcommunicator
-from ..datatypes import byte_type, mpi, predefined_type
-from ..memory import new_array
+from ..datatypes import element_type, mpi, predefined_type
+from ..memory import lasting_array, new_array
 from ..runtime import run_schedule
 from ..steps import OutOfPlaceBinding, RankStep
 from .common import REDUCIBLE
+from .reduce_messages import bind_reduce, by_messages
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
     from mpi4py.MPI import Intracomm
@@ -97,9 +99,11 @@ class _RankBroadcast(RankStep):
     def bind_out_of_place(
         self, arrays: dict[str, np.ndarray], comm: Intracomm, dtype: np.dtype, *, dry: bool = False
     ) -> OutOfPlaceBinding | None:
-        """Blocking ``Bcast`` calls / persistent ``Allreduce_init`` requests between the bound input
+        """Persistent ``Bcast_init`` / ``Allreduce_init`` requests between the bound input
         arrays and result arrays built once, or None when the dtype or layout does not allow
-        it (``dry``: decide only, create nothing).
+        it (``dry``: decide only, create nothing). A sum of a large block over a few ranks is
+        messages instead, a reduce-scatter and a gather onto the root that copy nothing
+        (:mod:`~linop.backends.mpi.native.reduce_messages`).
 
         The binding's results map each new block this rank owns to its array (the root's own
         broadcast copy is a read-only view of its source)."""
@@ -123,18 +127,27 @@ class _RankBroadcast(RankStep):
                         view.flags.writeable = False
                         results[mine[0]] = view
                 else:
-                    buffer = np.empty(group.shape, dtype=dtype)
+                    buffer = lasting_array(group.shape, dtype)
                     results[mine[0]] = buffer
                 if sub is not None:
-                    # a blocking Bcast: measured faster than a persistent Bcast_init here
-                    requests.append(
-                        functools.partial(sub.Bcast, [buffer, buffer.nbytes, byte_type()], root=0)
-                    )
+                    # persistent, typed by entry: 0.55-0.85x of a blocking Bcast of the same
+                    # bytes on 2 and 4 ranks here (benchmarks/bench_mpi_collectives.py)
+                    requests.append(sub.Bcast_init([buffer, buffer.size, element_type(dtype)], root=0))
                 continue
-            total = np.empty(group.shape, dtype=dtype)
-            mpi_type = predefined_type(dtype)
             assert sub is not None  # a group of one was declined above
-            requests.append(sub.Allreduce_init([arrays[mine[0]], mpi_type], [total, mpi_type], op=lib.SUM))
+            copy = arrays[mine[0]]
+            if by_messages(len(group.ranks), copy.nbytes):  # large, few ranks: no copy of the block
+                total = lasting_array(group.shape, dtype) if is_root else None
+                calls, made, buffers = bind_reduce(sub, copy, total, dtype)
+                requests.extend(calls)
+                binding.requests.extend(made)
+                scratch.extend(buffers)
+                if total is not None:
+                    results[group.root_name] = total
+                continue
+            total = lasting_array(group.shape, dtype)
+            mpi_type = predefined_type(dtype)
+            requests.append(sub.Allreduce_init([copy, mpi_type], [total, mpi_type], op=lib.SUM))
             if is_root:
                 results[group.root_name] = total
             else:  # the request writes into it on every call: kept alive with the binding
@@ -161,7 +174,7 @@ class _RankBroadcast(RankStep):
             buffer = new_array(group.shape, dtype)  # recycled memory: no page faults per call
             results.append((mine[0], buffer, True))
         if sub is not None and buffer.size:
-            sub.Bcast([buffer, buffer.nbytes, byte_type()], root=0)
+            sub.Bcast([buffer, buffer.size, element_type(dtype)], root=0)
 
     def _reduce(
         self,
@@ -231,7 +244,7 @@ class _RankMappedRooted(RankStep):
             else:
                 buffer, owned = new_array(group.shape, dtype), True
             if sub is not None and buffer.size:
-                sub.Bcast([buffer, buffer.nbytes, byte_type()], root=0)
+                sub.Bcast([buffer, buffer.size, element_type(dtype)], root=0)
             shared = owned and len(group.copies) == 1  # several copies: one read-only buffer
             results.extend((name, buffer, shared) for name in group.copies)
         store_results(work, self.part.dropped, results, self.part.created)
@@ -239,8 +252,9 @@ class _RankMappedRooted(RankStep):
     def bind_out_of_place(
         self, arrays: dict[str, np.ndarray], comm: Intracomm, dtype: np.dtype, *, dry: bool = False
     ) -> OutOfPlaceBinding | None:
-        """Per group one blocking collective between the bound arrays and result arrays built
-        once, with the local copies or sums around it, or None when the dtype or layout does
+        """Per group one collective (a blocking in-place ``Allreduce`` of the local sum, a
+        persistent ``Bcast_init``) between the bound arrays and result arrays built once,
+        with the local copies or sums around it, or None when the dtype or layout does
         not allow it (``dry``: decide only, create nothing)."""
         if _refuses(self.part.reduce, arrays, dtype, self.part.created):
             return None
@@ -267,7 +281,7 @@ class _RankMappedRooted(RankStep):
                 continue
             buffer = arrays[group.root_name] if group.is_root else np.empty(group.shape, dtype=dtype)
             if sub is not None and buffer.size:
-                calls.append(functools.partial(sub.Bcast, [buffer, buffer.nbytes, byte_type()], root=0))
+                calls.append(sub.Bcast_init([buffer, buffer.size, element_type(dtype)], root=0))
             if group.is_root or len(group.copies) > 1:  # the root's source, or one buffer shared
                 view = buffer.view()
                 view.flags.writeable = False
