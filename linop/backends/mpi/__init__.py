@@ -200,17 +200,17 @@ def apply(
             result = plan.apply(entry.arrays, inplace=inplace, dtype=dtype, timeout=timeout)
             return entry.result(result, inplace=inplace)
         last = _LAST_PLAN  # a loop applying one tree: its plan without a cache lookup
-        kept = None
         if last is not None and last[0] is op and last[1] is comm and not last[2].context.freed:
             kept = last[2]
             if dtype is None:  # the same arrays again (numpy arrays then): the collective, the run
                 done = kept.repeated(local_state, inplace, timeout)
                 if done is not None:
                     return done
-        if _plain(local_state):
-            if kept is None:
-                kept = plan_for(op, comm=comm)
-                _LAST_PLAN = (op, comm, kept)
+            if _plain(local_state):
+                return kept.apply_checked(local_state, inplace=inplace, dtype=dtype, timeout=timeout)
+        elif _plain(local_state):
+            kept = plan_for(op, comm=comm)
+            _LAST_PLAN = (op, comm, kept)
             return kept.apply(local_state, inplace=inplace, dtype=dtype, timeout=timeout)
         entry = array_api.mpi_entry(local_state)  # torch, CuPy, ... arrays: numpy views, same library out
         result = plan_for(op, comm=comm).apply(entry.arrays, inplace=inplace, dtype=dtype, timeout=timeout)

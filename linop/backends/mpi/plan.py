@@ -294,6 +294,18 @@ class DistributedPlan(ExecutorPlan["CommContext"]):
             done = self.repeated(local_state, inplace, timeout)
             if done is not None:
                 return done
+        return self.apply_checked(local_state, inplace=inplace, dtype=dtype, timeout=timeout)
+
+    def apply_checked(
+        self,
+        local_state: Mapping[str, Any],
+        *,
+        inplace: bool = False,
+        dtype: npt.DTypeLike | None = None,
+        timeout: Any = None,
+    ) -> State:
+        """:meth:`apply` for a call that :meth:`repeated` has found not to pass the kept arrays
+        (or with ``dtype=``): the whole check, then the run."""
         outcome = self.agree(local_state, inplace=inplace, dtype=dtype, timeout=timeout)
         return self._applied(local_state, outcome, inplace, dtype)
 
