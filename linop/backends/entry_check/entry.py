@@ -192,6 +192,10 @@ class EntryCheck:
             np.copyto(reducer.send, repeat.vector)
             reducer.signature, reducer.sent = repeat.signature, repeat.sent
         reduced, got = self._exchange(timeout)
+        return self._again_decided(repeat, reduced, got)
+
+    def _again_decided(self, repeat: Repeat, reduced: np.ndarray, got: bytes) -> tuple[CheckOutcome, bool]:
+        """:meth:`again`'s answer from the reduced vector (``got``: its bytes)."""
         if got != repeat.sent:
             return self._outcome(reduced, got, None, repeat.inplace), False
         repeat.hits += 1
