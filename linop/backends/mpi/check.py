@@ -75,6 +75,7 @@ __all__ = [
     "DTYPE_CHARS",
     "VECTOR_LENGTH",
     "DIGEST_LENGTH",
+    "DIGESTS_KEPT",
     "DistributedDtypeError",
     "DistributedOverflowError",
     "CheckOutcome",
@@ -88,6 +89,9 @@ __all__ = [
 DIGEST_LENGTH = 4
 """Int64 words of the common case's collective: a 128-bit digest of the check vector (two
 words) and their complements."""
+
+DIGESTS_KEPT = 64
+"""Digests the reducer keeps, by vector (a vector per tree, dtype and flags in use)."""
 
 SPINS = 64
 """Tests of the check's reduction before :func:`~linop.backends.mpi.deadline.wait_all` takes
@@ -143,6 +147,8 @@ class CheckReducer:
         self.digest_received = np.zeros(DIGEST_LENGTH, dtype=np.int64)
         self._digest_of: bytes | None = None  # the vector bytes :attr:`digest` is of
         self._digest_bytes = b""
+        self._digest_memory = self.digest.data.cast("B")
+        self._digests: dict[bytes, bytes] = {}  # by vector bytes: the digest's
         self.request: Any = None  # the digest's persistent reduction
         self.vector_request: Any = None  # the whole vector's
         self.signature: Any = None  # what :attr:`send` holds (set by the check that wrote it)
@@ -197,11 +203,17 @@ class CheckReducer:
         return False
 
     def _set_digest(self) -> None:
+        """Write the digest of :attr:`sent` into :attr:`digest` (kept per vector: plans that
+        take turns on the communicator, a forward and its adjoint in a loop, hash once each)."""
         sent = self.sent
-        words = np.frombuffer(hashlib.blake2b(sent, digest_size=16).digest(), dtype=np.int64)
-        self.digest[:2] = words
-        self.digest[2:] = ~words
-        self._digest_of, self._digest_bytes = sent, self.digest.tobytes()
+        found = self._digests.get(sent)
+        if found is None:
+            if len(self._digests) >= DIGESTS_KEPT:
+                self._digests.clear()
+            words = np.frombuffer(hashlib.blake2b(sent, digest_size=16).digest(), dtype=np.int64)
+            found = self._digests[sent] = np.concatenate([words, ~words]).tobytes()
+        self._digest_memory[:] = found
+        self._digest_of, self._digest_bytes = sent, found
 
     def _complete(self, request: Any, timeout: float | None, doing: str) -> None:
         """Complete a started reduction: a blocking ``Wait`` without a deadline; with one, a
