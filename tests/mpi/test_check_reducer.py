@@ -165,3 +165,25 @@ def test_a_late_peer_is_waited_for_by_the_yielding_poll():
     finally:
         _free(reducer)
     collective_assert(bool(np.all(reduced == SIZE - 1)), f"reduced {reduced[:3]}...")
+
+
+def test_a_tree_and_its_adjoint_in_turn_are_each_served_by_their_kept_run_and_stay_exact():
+    """A loop applying an operator and its adjoint in turn on the same arrays: both plans'
+    repeats serve the calls after the first, apply remembers both trees (each plan found
+    without the cache's lookup), and every result equals the numpy interpreter's."""
+    tensor = DistributedTensor("x", (12, 40), Partition((SIZE, 1)))
+    op = HaloExchange(halo_geometry(tensor, Kernel(3, padding=1)))
+    adjoint = op.H
+    state = op.domain.random(8)
+    local = local_part(op.domain, state, RANK)
+    problem = None
+    for _ in range(4):
+        for tree in (op, adjoint):
+            state = tree(state)
+            mpi_backend.apply(tree, local, comm=COMM, inplace=True)
+            problem = problem or same_blocks(local, state, tuple(local), exact=True)
+    remembered = [mpi_backend._LAST_PLAN[0] is adjoint, mpi_backend._PREVIOUS_PLAN[0] is op]
+    collective_assert(all(remembered), f"apply's last two trees: {remembered}")
+    hits = [mpi_backend.plan_for(tree, comm=COMM).entry.last.hits for tree in (op, adjoint)]
+    collective_assert(problem is None, str(problem))
+    collective_assert(SIZE == 1 or min(hits) >= 3, f"hits {hits} of 4 calls each")
