@@ -27,7 +27,7 @@ interleaved sample by sample:
 ``BENCH_N`` sets the halo exchange's array size (default 4096: messages of 32 KB at h=1 and 96 KB
 at h=3 on 2 ranks; 256 gives 2-6 KB, where the check's collective is most of a call).
 
-For the halo exchange a third line times a bare persistent ``Allreduce`` of the check's vector
+For the halo exchange a third line times a bare persistent ``Allreduce`` of the check's digest
 followed by the bound plan: the floor of any application that checks every call collectively
 before moving data (a halo exchange is itself a latency of a few microseconds, about one
 small collective's). Each sample times a batch of calls; a sample's time is the maximum over
@@ -47,7 +47,7 @@ from _timing import interleaved_over_ranks
 from mpi4py import MPI
 
 from linop.backends import mpi as mpi_backend
-from linop.backends.mpi.check import VECTOR_LENGTH
+from linop.backends.mpi.check import DIGEST_LENGTH
 from linop.collectives import AllReduce, BlockGrid, Broadcast
 from linop.halo import HaloExchange
 from linop.halo_geometry import Kernel, halo_geometry
@@ -83,14 +83,15 @@ def load() -> str:
 
 
 class CheckFloor:
-    """A bare persistent ``Allreduce`` (maximum) of a vector the size of the entry check's,
-    then the bound plan: what any application that checks collectively before moving data
-    costs at least (no Python around either)."""
+    """A bare persistent ``Allreduce`` (maximum) of a vector the size of the entry check's common
+    case (its digest, :data:`~linop.backends.mpi.check.DIGEST_LENGTH` words), then the bound
+    plan: what any application that checks collectively before moving data costs at least (no
+    Python around either)."""
 
     def __init__(self, bound: Callable[[], object]) -> None:
         self.bound = bound
         self.comm = COMM.Dup()
-        self.send = np.zeros(VECTOR_LENGTH, dtype=np.int64)
+        self.send = np.zeros(DIGEST_LENGTH, dtype=np.int64)
         self.received = np.empty_like(self.send)
         self.request = self.comm.Allreduce_init(self.send, self.received, op=MPI.MAX)
 

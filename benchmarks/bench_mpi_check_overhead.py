@@ -1,40 +1,63 @@
-"""The local (Python) work of a checked in-place call against a bound plan's, in CPU time.
+"""The checked call (``apply(op, state, comm=..., inplace=True)`` on the same arrays again)
+against the bound plan: its local work, and its wall time at 64 KB, 1 MB and 8 MB messages.
 
-Run with 2 ranks::
+Run with 2 or 4 ranks::
 
-    mpiexec -n 2 python benchmarks/bench_mpi_check_overhead.py
+    mpiexec -n 2 python benchmarks/bench_mpi_check_overhead.py            # both parts
+    mpiexec -n 4 python benchmarks/bench_mpi_check_overhead.py sizes      # wall times only
 
-A checked call (``apply(op, state, comm=..., inplace=True)`` on the same arrays again) costs
-the bound plan's work, the check's collective (one persistent ``Allreduce`` of a short
-vector), and the local work around them: what :mod:`linop.backends.entry_check.repeat`
-reduces. On a shared machine wall times of microsecond calls are mostly the scheduler's; this
-script measures the local work alone, robustly: after warm calls on both ranks (the halo
-exchange of a 256 x 256 float64 array, width 1, grid 2 x 1), rank 0 replaces the check's
-persistent request by one whose ``Start`` and ``Wait`` do nothing (the reduced vector already
-holds what every rank sent) and empties the prepared calls of the in-place binding and of the
-bound plan, then times each call's CPU time (``time.process_time``: time this process ran,
-not time it waited for the processor), minimum over repeats. Rank 1 only waits. Both lines
-are the local work per call; their difference is what the checked call adds besides its
-collective.
+A checked call costs the bound plan's data movement, the check's collective (one persistent
+``Allreduce`` of a 4-word digest of the check vector: :mod:`linop.backends.mpi.check`) and
+the local work around them.
+
+``local`` (2 ranks): the local work alone, robustly on a shared machine. After warm calls on
+both ranks (the halo exchange of a 256 x 256 float64 array, width 1, grid 2 x 1), rank 0
+replaces the check's persistent request by one whose ``Start`` and ``Test`` do nothing (the
+reduced digest already holds what every rank sent) and empties the prepared calls of the
+in-place binding and of the bound plan, then times each call's CPU time
+(``time.process_time``: time this process ran, not time it waited for the processor), minimum
+over repeats, and counts the Python function calls of one checked call under ``cProfile`` (a
+figure that does not depend on the machine). Rank 1 only waits.
+
+``sizes``: the halo exchange of a float64 array of 4096 columns cut in P x 1 blocks, halo width
+h = 2, 32 and 256 (each message 64 KB, 1 MB and 8 MB), forward and adjoint, on the same array.
+Timed interleaved sample by sample (a sample: a batch of calls, the maximum over ranks; medians
+over samples): the bound plan, the checked ``apply``, and the *floor*: the check's own
+collective alone (a bare persistent ``Allreduce`` of the same 4 words on another duplicate of
+the communicator, completed as the check completes it, within the default deadline) followed
+by the bound plan. The floor is what any call that agrees collectively before moving data
+costs at least; checked / bound above floor / bound is the check's local work. The load
+average is printed with the figures.
 """
 
 from __future__ import annotations
 
+import cProfile
+import functools
+import os
+import pstats
 import sys
 import time
 import timeit
+from statistics import median
 
 import numpy as np
+from _timing import interleaved_over_ranks
 from mpi4py import MPI
 
 from linop.backends import mpi as mpi_backend
+from linop.backends.mpi.check import CheckReducer
+from linop.backends.mpi.deadline import resolve_timeout, wait_all
 from linop.halo import HaloExchange
 from linop.halo_geometry import Kernel, halo_geometry
 from linop.partition import DistributedTensor, Partition
 
 COMM = MPI.COMM_WORLD
-RANK = COMM.rank
+RANK, SIZE = COMM.rank, COMM.size
 NUMBER, REPEATS = 20000, 15
+COLUMNS = 4096
+WIDTHS = {2: 100, 32: 20, 256: 4}  # halo width: calls per sample batch
+SAMPLES = int(os.environ.get("BENCH_SAMPLES", "61"))
 
 
 class _Idle:
@@ -46,12 +69,15 @@ class _Idle:
     def Wait(self) -> None:  # noqa: N802 - mpi4py's name
         pass
 
+    def Test(self) -> bool:  # noqa: N802 - mpi4py's name (a call under a deadline polls)
+        return True
 
-def main() -> int:
-    if COMM.size != 2:
-        if RANK == 0:
-            print("run with 2 ranks")
-        return 1
+
+def load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def local_work() -> None:
     tensor = DistributedTensor("x", (256, 256), Partition((2, 1)))
     op = HaloExchange(halo_geometry(tensor, Kernel(3, padding=1)))
     (block,) = [b for b in op.domain if b.worker == RANK]
@@ -64,29 +90,128 @@ def main() -> int:
     COMM.Barrier()
     if RANK == 0:
         plan = mpi_backend.plan_for(op, comm=COMM)
-        request = plan.context.reducer.request
+        reducer = plan.context.reducer
+        request = reducer.request
         binding = plan.layouts.last[2] if plan.layouts.last is not None else None
         calls, bound_calls = (binding.calls if binding else None), bound._calls
-        plan.context.reducer.request = _Idle()
+        reducer.request = _Idle()
         if binding is not None:
             binding.calls = []
         bound._calls = []
 
-        def checked() -> None:
-            mpi_backend.apply(op, state, comm=COMM, inplace=True)
+        checked = functools.partial(mpi_backend.apply, op, state, comm=COMM, inplace=True)
 
-        print(f"local work per call, CPU time, min of {REPEATS} x {NUMBER} (MPI calls emptied):")
+        print(
+            f"local work per call, CPU time, min of {REPEATS} x {NUMBER} (MPI calls emptied; load {load()}):"
+        )
         for name, function in (("checked apply", checked), ("bound plan", bound)) * 2:
             best = min(timeit.repeat(function, number=NUMBER, repeat=REPEATS, timer=time.process_time))
             print(f"  {name:14s} {best / NUMBER * 1e6:7.3f} us")
+        for name, function in (("checked apply", checked), ("bound plan", bound)):
+            profile = cProfile.Profile()
+            profile.enable()
+            for _ in range(1000):
+                function()
+            profile.disable()
+            counted = sum(entry[1] for entry in pstats.Stats(profile).stats.values())  # type: ignore[attr-defined]
+            print(f"  {name:14s} {(counted - 1) / 1000:5.1f} function calls per call (cProfile)")
         last = getattr(plan.entry, "last", None)  # None before the repeat existed
         print(f"  calls served by the repeat: {last.hits if last is not None else 0}")
-        plan.context.reducer.request = request
+        reducer.request = request
         if binding is not None:
             binding.calls = calls
         bound._calls = bound_calls
     COMM.Barrier()
     bound.free()
+
+
+class Floor:
+    """The check's collective alone (a bare persistent ``Allreduce`` of
+    :data:`~linop.backends.mpi.check.DIGEST_LENGTH` words on a duplicate communicator, completed as the check completes it), then ``then``."""
+
+    def __init__(self, then: object) -> None:
+        self.then = then
+        self.reducer = CheckReducer(COMM.Dup())
+        self.request = self.reducer.request
+        self.seconds = resolve_timeout(None)
+
+    def __call__(self) -> None:
+        self.request.Start()
+        if hasattr(self.reducer, "_complete"):
+            self.reducer._complete(self.request, self.seconds, "the floor")
+        else:  # before the digest (its check vector's reduction), for comparisons
+            wait_all([self.request], self.reducer.comm, self.seconds, "the floor")
+        if self.then is not None:
+            self.then()  # type: ignore[operator]
+
+    def free(self) -> None:
+        self.reducer.free()
+        self.reducer.comm.Free()
+
+
+def sizes() -> None:
+    if RANK == 0:
+        print(
+            f"halo exchange, {COLUMNS} columns, grid {SIZE}x1, on {SIZE} rank(s): median of {SAMPLES} samples, "
+            f"max over ranks; deadline {resolve_timeout(None)} s; load {load()}"
+        )
+    rows = 1024 * SIZE
+    for h, batch in WIDTHS.items():
+        tensor = DistributedTensor("x", (rows, COLUMNS), Partition((SIZE, 1)))
+        op = HaloExchange(halo_geometry(tensor, Kernel(2 * h + 1, padding=h)))
+        (block,) = [b for b in op.domain if b.worker == RANK]
+        state = {block.name: np.random.default_rng(RANK).standard_normal(block.shape)}
+        reference = {block.name: state[block.name].copy()}
+        for tree in (op, op.H):  # correctness first: the checked call equals the bound plan
+            mpi_backend.apply(tree, state, comm=COMM, inplace=True)
+            once = mpi_backend.plan_for(tree, comm=COMM).bind(reference)
+            once()
+            once.free()
+        if not COMM.allreduce(bool(np.array_equal(state[block.name], reference[block.name])), op=MPI.LAND):
+            if RANK == 0:
+                print(f"  h={h}: the checked call DIFFERS from the bound plan")
+            return
+        for direction, tree in (("forward", op), ("adjoint", op.H)):
+            bound = mpi_backend.plan_for(tree, comm=COMM).bind(state)
+            floor, alone = Floor(bound), Floor(None)
+            before = load()
+            times = interleaved_over_ranks(
+                {
+                    "bound plan": bound,
+                    "checked apply": functools.partial(
+                        mpi_backend.apply, tree, state, comm=COMM, inplace=True
+                    ),
+                    "floor: collective + bound": floor,
+                    "the collective alone": alone,
+                },
+                COMM,
+                SAMPLES,
+                batch,
+                warmups=3,
+            )
+            bound.free()
+            floor.free()
+            alone.free()
+            if RANK == 0:
+                reference_time = median(times["bound plan"])
+                kb = h * COLUMNS * 8 // 1024
+                print(f"  {kb} KB messages, {direction} (load {before} -> {load()}):")
+                for name, values in times.items():
+                    ratio = median(values) / reference_time
+                    print(f"    {name:27s} {median(values) * 1e6:10.1f} us   {ratio:5.2f}x bound")
+                per_sample = np.asarray(times["checked apply"]) / np.asarray(times["bound plan"])
+                print(f"    checked / bound, median of per-sample ratios: {median(per_sample):.2f}x")
+
+
+def main() -> int:
+    which = sys.argv[1:] or ["local", "sizes"]
+    if "local" in which:
+        if SIZE == 2:
+            local_work()
+        elif RANK == 0:
+            print("local: run with 2 ranks")
+    if "sizes" in which:
+        sizes()
     return 0
 
 

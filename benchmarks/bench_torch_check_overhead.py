@@ -52,7 +52,7 @@ def main() -> None:
         phases = [*(plan._prepared[1] if plan._prepared else []), *(bound._phases or [])]
         reducer.reduce = lambda timeout=None, doing=None: reducer.received  # as last reduced
         for phase in phases:
-            phase.run = lambda timeout=None: None
+            phase.run = lambda timeout=None, doing=None: None
         print(f"local work per call, CPU time, min of {REPEATS} x {NUMBER} (collectives emptied):")
         for name, function in (("checked apply", checked), ("bound plan", bound)) * 2:
             best = min(timeit.repeat(function, number=NUMBER, repeat=REPEATS, timer=time.process_time))

@@ -11,7 +11,8 @@ typed error (:class:`~linop.errors.MPIError` subclasses). Local problems are the
 interpreter's (:mod:`.state`); the dtype follows :mod:`linop.dtypes` (:mod:`.policy`).
 
 The check runs on any engine through an :class:`Agreement`: the MPI executor's is a persistent
-``Allreduce`` per communicator (:class:`linop.backends.mpi.check.CheckReducer`), the
+``Allreduce`` per communicator (:class:`linop.backends.mpi.check.CheckReducer`: a 128-bit
+digest of the vector first, the whole vector only when the ranks' digests differ), the
 torch.distributed executor's an ``all_reduce`` per process group
 (:class:`linop.backends.torch_distributed.check.TorchReducer`).
 
@@ -24,8 +25,9 @@ depends on. A call passing the same arrays again (the same objects, unchanged:
 :mod:`.repeat`) skips even the cheap tests: :meth:`EntryCheck.repeat` finds the kept call,
 :meth:`EntryCheck.again` reduces its vector, and the engine runs what it kept for those arrays
 (the MPI executor's in-place binding, the torch.distributed executor's prepared phases). Every
-call still reduces the whole vector: a tree, block or dtype that differs on any rank is found
-on the call where it differs.
+call still reduces the whole vector (or, on MPI, its digest, which agrees exactly when every
+rank's vector does): a tree, block or dtype that differs on any rank is found on the call where
+it differs.
 
 With a deadline (``timeout=``, ``LINOP_TIMEOUT``) the reduction is polled instead of waited for,
 and ranks that do not arrive in time are named by every rank that did
@@ -63,15 +65,14 @@ class Agreement(Protocol):
 
     ``send`` and ``received`` are the vector's buffers (int64, :data:`.vector.VECTOR_LENGTH`);
     ``signature`` and ``sent`` say what ``send`` holds (set by the check that wrote it, so an
-    unchanged vector is not rewritten); ``request`` is a persistent request the check may start
-    and wait for itself (None: it calls :meth:`reduce`); ``growth`` the facts agreed per tree
+    unchanged vector is not rewritten, and an engine may keep what it derives from it, such as
+    the MPI reducer's digest); ``growth`` the facts agreed per tree
     (:meth:`EntryCheck._growth_known`)."""
 
     send: np.ndarray
     received: np.ndarray
     signature: Any
     sent: bytes
-    request: Any
     rank: int
     growth: dict[bytes, bool]
     """Per tree fingerprint, whether every rank can bound the tree's integer growth (agreed
@@ -186,7 +187,15 @@ class EntryCheck:
         <.repeat.Repeat.run>`); else ``(outcome, False)``, the outcome decoded afresh from the
         reduced vector (another rank's input differs: an error, or another run dtype), the same
         on every rank. Collective, like :meth:`run`."""
-        reduced, got = self._reduce(repeat.signature, repeat.sent, repeat.vector, timeout)
+        reducer = self.agreement
+        if reducer.signature is not repeat.signature:  # as _reduce (inline: the common case's path)
+            np.copyto(reducer.send, repeat.vector)
+            reducer.signature, reducer.sent = repeat.signature, repeat.sent
+        reduced, got = self._exchange(timeout)
+        return self._again_decided(repeat, reduced, got)
+
+    def _again_decided(self, repeat: Repeat, reduced: np.ndarray, got: bytes) -> tuple[CheckOutcome, bool]:
+        """:meth:`again`'s answer from the reduced vector (``got``: its bytes)."""
         if got != repeat.sent:
             return self._outcome(reduced, got, None, repeat.inplace), False
         repeat.hits += 1
@@ -201,13 +210,14 @@ class EntryCheck:
         if reducer.signature is not signature:  # else the send buffer holds this vector already
             np.copyto(reducer.send, vector)
             reducer.signature, reducer.sent = signature, sent
-        request = reducer.request
-        if request is not None and timeout is None:  # the persistent Allreduce, without calls around it
-            request.Start()
-            request.Wait()
-            reduced = reducer.received
-        else:
-            reduced = reducer.reduce(timeout, self._doing())
+        return self._exchange(timeout)
+
+    def _exchange(self, timeout: float | None) -> tuple[np.ndarray, bytes]:
+        """The agreement's ``send`` vector (its bytes: ``sent``) reduced over the ranks, and the
+        reduced vector's bytes (the engine's reduction; an engine may answer with ``send`` and
+        ``sent`` themselves when it knows every rank sent them, :class:`~linop.backends.mpi.check.MPIEntryCheck`).
+        Collective."""
+        reduced = self.agreement.reduce(timeout, self._doing_text or self._doing())
         return reduced, reduced.tobytes()
 
     def _doing(self) -> str:
@@ -286,8 +296,8 @@ class EntryCheck:
         if reducer.signature != signature:  # else the vector holds exactly this already
             encode(reducer.send, self._vector, flags, largest, problem is not None)
             reducer.signature, reducer.sent = signature, reducer.send.tobytes()
-        reduced = reducer.reduce(timeout, self._doing())
-        return self._outcome(reduced, reduced.tobytes(), problem, inplace)
+        reduced, got = self._exchange(timeout)
+        return self._outcome(reduced, got, problem, inplace)
 
     def _outcome(
         self, reduced: np.ndarray, got: bytes, problem: Problem | None, inplace: bool

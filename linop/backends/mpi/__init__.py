@@ -136,6 +136,10 @@ def plan_for(
 
 
 _LAST_PLAN: tuple[LinearOperator, Any, DistributedPlan] | None = None
+_PREVIOUS_PLAN: tuple[LinearOperator, Any, DistributedPlan] | None = None
+"""The trees (with their communicator object and plan) of the last two calls of :func:`apply`:
+a loop applying one tree, or two in turn (an operator and its adjoint), finds its plan without
+the cache's lookup."""
 
 
 def apply(
@@ -188,7 +192,7 @@ def apply(
     CommunicatorArgumentError
         ``comm`` is not an mpi4py communicator (raised before any communication).
     """
-    global _LAST_PLAN
+    global _LAST_PLAN, _PREVIOUS_PLAN
     try:
         if timeout is not None:  # the communicator's first plan duplicates it within this deadline
             context_for(comm, timeout)
@@ -199,14 +203,24 @@ def apply(
             entry = array_api.mpi_entry(local_state)
             result = plan.apply(entry.arrays, inplace=inplace, dtype=dtype, timeout=timeout)
             return entry.result(result, inplace=inplace)
-        if _plain(local_state):
-            last = _LAST_PLAN  # a loop applying one tree: its plan without a cache lookup
-            if last is not None and last[0] is op and last[1] is comm and not last[2].context.freed:
-                plan = last[2]
-            else:
-                plan = plan_for(op, comm=comm)
-                _LAST_PLAN = (op, comm, plan)
-            return plan.apply(local_state, inplace=inplace, dtype=dtype, timeout=timeout)
+        last = _LAST_PLAN  # a loop applying one tree, or two in turn: its plan without a cache lookup
+        if last is None or last[0] is not op or last[1] is not comm:
+            previous = _PREVIOUS_PLAN
+            if previous is not None and previous[0] is op and previous[1] is comm:
+                _LAST_PLAN, _PREVIOUS_PLAN = previous, last
+                last = previous
+        if last is not None and last[0] is op and last[1] is comm and not last[2].context.freed:
+            kept = last[2]
+            if dtype is None:  # the same arrays again (numpy arrays then): the collective, the run
+                done = kept.repeated(local_state, inplace, timeout)
+                if done is not None:
+                    return done
+            if _plain(local_state):
+                return kept.apply_checked(local_state, inplace=inplace, dtype=dtype, timeout=timeout)
+        elif _plain(local_state):
+            kept = plan_for(op, comm=comm)
+            _LAST_PLAN, _PREVIOUS_PLAN = (op, comm, kept), _LAST_PLAN
+            return kept.apply(local_state, inplace=inplace, dtype=dtype, timeout=timeout)
         entry = array_api.mpi_entry(local_state)  # torch, CuPy, ... arrays: numpy views, same library out
         result = plan_for(op, comm=comm).apply(entry.arrays, inplace=inplace, dtype=dtype, timeout=timeout)
         return entry.result(result, inplace=inplace)

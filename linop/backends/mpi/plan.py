@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -37,11 +37,10 @@ from ...program.executor_plan import ExecutorPlan
 from ...space import State
 from .. import array_api
 from .. import numpy as numpy_backend
-from ..entry_check.repeat import Repeat
 from ..host_fusion import fused
 from ..host_schedule import cast_copies, outputs
 from . import mapping as mpi_mapping
-from .check import CheckOutcome, DistributedOverflowError, EntryCheck
+from .check import CheckOutcome, DistributedOverflowError, MPIEntryCheck
 from .deadline import resolve_timeout
 from .guards import abort_for
 from .inplace_phases import InPlaceLayouts
@@ -132,7 +131,7 @@ class DistributedPlan(ExecutorPlan["CommContext"]):
                 self.schedule = self.rank_program.schedule
                 self.domain_blocks = {b.name: b for b in op.domain.owned(context.rank)}
                 self.range_names = tuple(b.name for b in op.range.owned(context.rank))
-        self.entry = EntryCheck(op, self.fingerprint, context.reducer, self.domain_blocks, self.problem)
+        self.entry = MPIEntryCheck(op, self.fingerprint, context.reducer, self.domain_blocks, self.problem)
         self.layouts = InPlaceLayouts(self.schedule, context.comm)
         """The in-place schedules compiled per layout of the caller's arrays
         (:mod:`linop.backends.mpi.inplace_phases`)."""
@@ -154,7 +153,7 @@ class DistributedPlan(ExecutorPlan["CommContext"]):
                 self.schedule = self.rank_program.schedule
                 self.domain_blocks = compiled.domain_blocks(context.rank)
                 self.range_names = compiled.range_names(context.rank)
-        self.entry = EntryCheck(
+        self.entry = MPIEntryCheck(
             op,
             self.fingerprint,
             context.reducer,
@@ -210,29 +209,46 @@ class DistributedPlan(ExecutorPlan["CommContext"]):
     ) -> CheckOutcome:
         """The collective check's outcome (its error raised by :meth:`CheckOutcome.result`)."""
         if self.context.freed:
-            raise CommunicatorError(
-                f"the communicator of this plan of {self.op} has been freed; build the plan again "
-                "on a live communicator"
-            )
+            self._freed()
         seconds = self.deadline(timeout)
         try:
             return self.entry.run(state, inplace=inplace, dtype=dtype, timeout=seconds)
         except BaseException as error:  # PeerTimeoutError included: the missing ranks may never come
             abort_for(self.comm, f"checking {self.op}", error)
 
-    def again(self, repeat: Repeat, timeout: Any = None) -> tuple[CheckOutcome, bool]:
-        """The check of a call that passes the same arrays again (:meth:`EntryCheck.again
-        <linop.backends.entry_check.EntryCheck.again>`): the collective only."""
+    def repeated(self, local_state: Any, inplace: bool, timeout: Any = None) -> State | None:
+        """The call (``dtype=None``) when it passes exactly the arrays of the entry check's kept
+        repeat (:meth:`EntryCheck.repeat <linop.backends.entry_check.EntryCheck.repeat>`,
+        inline): the check's collective (:meth:`EntryCheck.again
+        <linop.backends.entry_check.EntryCheck.again>`), then the run kept with the repeat (the
+        in-place binding), or the ordinary run of the agreed outcome. None when the arrays are
+        not the kept ones: nothing was communicated, and :meth:`apply` checks the call. The
+        common case of a loop, so it makes no call that it can do without."""
+        entry = self.entry
+        repeat = entry.last
+        if repeat is None or repeat.version != entry.kernels.version or not repeat.same(local_state, inplace):
+            return None
         if self.context.freed:
-            raise CommunicatorError(
-                f"the communicator of this plan of {self.op} has been freed; build the plan again "
-                "on a live communicator"
-            )
+            self._freed()
         seconds = resolve_timeout(self.timeout if timeout is None else timeout)  # as deadline()
         try:
-            return self.entry.again(repeat, seconds)
+            outcome, agreed = entry.again(repeat, seconds)
         except BaseException as error:  # PeerTimeoutError included: the missing ranks may never come
             abort_for(self.comm, f"checking {self.op}", error)
+        run = repeat.run
+        if agreed and run is not None:
+            try:
+                if run.run():
+                    return local_state  # in place: the caller's dict
+            except BaseException as error:  # the ranks are committed: see guards
+                abort_for(self.comm, f"applying {self.op}", error)
+        return self._applied(local_state, outcome, inplace, None)
+
+    def _freed(self) -> NoReturn:
+        raise CommunicatorError(
+            f"the communicator of this plan of {self.op} has been freed; build the plan again "
+            "on a live communicator"
+        )
 
     def _keep_binding(self, arrays: dict[str, np.ndarray], dtype: np.dtype) -> None:
         """Keep the in-place binding this call ran on with the entry check's repeat of these
@@ -274,17 +290,34 @@ class DistributedPlan(ExecutorPlan["CommContext"]):
         TreeMismatchError, CommunicatorError, DistributedStateError, UnsupportedNodeError
             On every rank together, before any data moves.
         """
-        repeat = self.entry.repeat(local_state, inplace) if dtype is None else None
-        if repeat is not None:  # the same arrays again: the check's collective, and the kept run
-            outcome, agreed = self.again(repeat, timeout)
-            if agreed and repeat.run is not None:
-                try:
-                    if repeat.run.run():
-                        return local_state  # type: ignore[return-value]  # in place: the caller's dict
-                except BaseException as error:  # the ranks are committed: see guards
-                    abort_for(self.comm, f"applying {self.op}", error)
-        else:
-            outcome = self.agree(local_state, inplace=inplace, dtype=dtype, timeout=timeout)
+        if dtype is None:
+            done = self.repeated(local_state, inplace, timeout)
+            if done is not None:
+                return done
+        return self.apply_checked(local_state, inplace=inplace, dtype=dtype, timeout=timeout)
+
+    def apply_checked(
+        self,
+        local_state: Mapping[str, Any],
+        *,
+        inplace: bool = False,
+        dtype: npt.DTypeLike | None = None,
+        timeout: Any = None,
+    ) -> State:
+        """:meth:`apply` for a call that :meth:`repeated` has found not to pass the kept arrays
+        (or with ``dtype=``): the whole check, then the run."""
+        outcome = self.agree(local_state, inplace=inplace, dtype=dtype, timeout=timeout)
+        return self._applied(local_state, outcome, inplace, dtype)
+
+    def _applied(
+        self,
+        local_state: Mapping[str, Any],
+        outcome: CheckOutcome,
+        inplace: bool,
+        dtype: npt.DTypeLike | None,
+    ) -> State:
+        """The call after its check: the agreed error raised on every rank, or the run in the
+        agreed dtype (in place: by the compiled phases, :meth:`apply`)."""
         if outcome.error is not None:
             raise outcome.error
         run_dtype = outcome.dtype

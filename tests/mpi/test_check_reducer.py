@@ -1,0 +1,189 @@
+"""The MPI entry check's collectives (linop.backends.mpi.check): the digest first, the whole vector
+only when the ranks' vectors differ, on every rank alike; the common case of a loop makes the
+digest's collective only; the poll that yields on an oversubscribed node waits for a late peer.
+
+Each verdict is compared with an independent reduction (mpi4py's ``allreduce`` of the vectors),
+and the digest's test has a control: a digest of the fingerprint words only misses ranks that
+differ in a dtype flag, which the test then finds."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+import numpy as np
+import pytest
+from helpers import collective_assert, local_part, same_blocks
+from mpi4py import MPI
+
+from linop.backends import mpi as mpi_backend
+from linop.backends.entry_check.vector import FLAG_OF, LARGEST, UNSETTLED
+from linop.backends.mpi import check
+from linop.backends.mpi.check import VECTOR_LENGTH, CheckReducer
+from linop.halo import HaloExchange
+from linop.halo_geometry import Kernel, halo_geometry
+from linop.partition import DistributedTensor, Partition
+
+COMM = MPI.COMM_WORLD
+RANK, SIZE = COMM.rank, COMM.size
+TIMEOUT = 30.0  # a deadline (the checks poll under one by default); no test waits for it
+
+
+def _reducer() -> CheckReducer:
+    return CheckReducer(COMM.Dup())
+
+
+def _free(reducer: CheckReducer) -> None:
+    reducer.free()
+    reducer.comm.Free()
+
+
+def _load(reducer: CheckReducer, vector: np.ndarray) -> None:
+    """Write ``vector`` into the send buffer as the entry check does (with its bytes)."""
+    np.copyto(reducer.send, vector)
+    reducer.signature, reducer.sent = object(), reducer.send.tobytes()
+
+
+def _fingerprint_only(self: CheckReducer) -> None:
+    """The control: a digest of the fingerprint words alone (blind to flags and magnitudes)."""
+    sent = self.sent
+    words = np.frombuffer(hashlib.blake2b(sent[:64], digest_size=16).digest(), dtype=np.int64)
+    self.digest[:2], self.digest[2:] = words, ~words
+    self._digest_of, self._digest_bytes = sent, self.digest.tobytes()
+
+
+@pytest.mark.parametrize("control", [False, True], ids=["digest", "control-fingerprint-only"])
+def test_the_reduction_is_the_maximum_over_ranks_whichever_rank_differs(control, monkeypatch):
+    """For no rank, and for each rank in turn, differing in a fingerprint word, a dtype flag, an
+    unsettled flag or the largest magnitude: every rank's reduced vector equals the maximum over
+    ranks (an independent allreduce), and the digest's verdict is every rank's."""
+    if control:
+        monkeypatch.setattr(CheckReducer, "_set_digest", _fingerprint_only)
+    reducer = _reducer()
+    base = np.arange(VECTOR_LENGTH, dtype=np.int64) * 7 - 20
+    wrong = []
+    try:
+        for position in (1, FLAG_OF["d"], UNSETTLED + 3, LARGEST):
+            for odd in [None, *range(SIZE)]:
+                vector = base.copy()
+                if RANK == odd:
+                    vector[position] += 1 + RANK
+                _load(reducer, vector)
+                unanimous = reducer.unanimous(TIMEOUT)
+                reduced = (reducer.send if unanimous else reducer.received).copy()
+                expected = np.empty_like(vector)
+                COMM.Allreduce(vector, expected, op=MPI.MAX)
+                verdicts = COMM.allgather(unanimous)
+                if not np.array_equal(reduced, expected) or verdicts != [odd is None or SIZE == 1] * SIZE:
+                    wrong.append((position, odd))
+                _load(reducer, vector)
+                if not np.array_equal(reducer.reduce(TIMEOUT), expected):  # the same through reduce()
+                    wrong.append((position, odd, "reduce"))
+    finally:
+        _free(reducer)
+    if control:  # a differing flag goes unseen by a fingerprint-only digest
+        collective_assert(
+            SIZE == 1 or bool(COMM.allreduce(bool(wrong), op=MPI.LOR)), "the control found nothing"
+        )
+    else:
+        collective_assert(not wrong, f"wrong reductions (position, odd rank): {wrong}")
+
+
+class _Counted:
+    """A persistent request that counts its starts."""
+
+    def __init__(self, request) -> None:
+        self.request, self.starts = request, 0
+
+    def Start(self) -> None:  # noqa: N802 - mpi4py's name
+        self.starts += 1
+        self.request.Start()
+
+    def Test(self) -> bool:  # noqa: N802 - mpi4py's name
+        return bool(self.request.Test())
+
+    def Wait(self) -> None:  # noqa: N802 - mpi4py's name
+        self.request.Wait()
+
+
+def test_a_loop_makes_the_digests_collective_only_and_a_differing_rank_makes_every_rank_reduce_all():
+    """The same arrays again: one start of the digest's reduction per call, none of the whole
+    vector's. Then the last rank passes float32 (out of place: the run is float64): every rank
+    reduces the whole vector on every such call, and the results stay exact."""
+    tensor = DistributedTensor("x", (12, 40), Partition((SIZE, 1)))
+    op = HaloExchange(halo_geometry(tensor, Kernel(3, padding=1)))
+    state = op.domain.random(5)
+    local = local_part(op.domain, state, RANK)
+    for _ in range(2):
+        mpi_backend.apply(op, local, comm=COMM, inplace=True)
+    reducer = mpi_backend.plan_for(op, comm=COMM).context.reducer
+    if SIZE == 1:
+        collective_assert(reducer.request is None, "one rank: nothing to reduce")
+        return
+    digest, whole = _Counted(reducer.request), _Counted(reducer.vector_request)
+    reducer.request, reducer.vector_request = digest, whole
+    try:
+        for _ in range(3):
+            mpi_backend.apply(op, local, comm=COMM, inplace=True)
+        loop = (digest.starts, whole.starts)
+        last = {b.name for b in op.domain if b.worker == SIZE - 1}
+        rounded = {n: a.astype(np.float32) if n in last else a for n, a in state.items()}
+        mixed = local_part(op.domain, rounded, RANK)
+        expected = op({n: a.astype(np.float64) for n, a in rounded.items()})
+        results = [mpi_backend.apply(op, mixed, comm=COMM) for _ in range(2)]
+        mixed_counts = (digest.starts - loop[0], whole.starts - loop[1])
+    finally:
+        reducer.request, reducer.vector_request = digest.request, whole.request
+    collective_assert(loop == (3, 0), f"a loop of 3 calls started (digest, whole vector) {loop}")
+    collective_assert(mixed_counts == (2, 2), f"2 calls with a float32 rank started {mixed_counts}")
+    problems = [same_blocks(result, expected, tuple(result), exact=True) for result in results]
+    dtypes = {str(a.dtype) for result in results for a in result.values()}
+    collective_assert(dtypes == {"float64"} and problems == [None, None], f"{dtypes} {problems}")
+
+
+@pytest.mark.parametrize(("cores", "expected"), [({0}, True), (set(range(4096)), False)], ids=["one", "many"])
+def test_oversubscription_is_ranks_on_the_node_against_the_union_of_their_cores(cores, expected, monkeypatch):
+    monkeypatch.setattr(check.os, "sched_getaffinity", lambda pid: cores, raising=False)
+    local = COMM.Split_type(MPI.COMM_TYPE_SHARED)
+    on_node = local.Get_size()
+    local.Free()
+    found = check.oversubscribed(COMM)
+    collective_assert(found == (expected and on_node > 1), f"{found} with {on_node} rank(s) on the node")
+
+
+def test_a_late_peer_is_waited_for_by_the_yielding_poll():
+    """Forced oversubscribed (no busy tests): the last rank comes 50 ms late, past the yielding
+    poll's millisecond, so the others go on to the deadline's wait; every rank gets the maximum."""
+    reducer = _reducer()
+    reducer.oversubscribed, reducer.spins = True, 0
+    try:
+        vector = np.full(VECTOR_LENGTH, RANK, dtype=np.int64)
+        _load(reducer, vector)
+        if RANK == SIZE - 1:
+            time.sleep(0.05)
+        reduced = reducer.reduce(TIMEOUT).copy()
+    finally:
+        _free(reducer)
+    collective_assert(bool(np.all(reduced == SIZE - 1)), f"reduced {reduced[:3]}...")
+
+
+def test_a_tree_and_its_adjoint_in_turn_are_each_served_by_their_kept_run_and_stay_exact():
+    """A loop applying an operator and its adjoint in turn on the same arrays: both plans'
+    repeats serve the calls after the first, apply remembers both trees (each plan found
+    without the cache's lookup), and every result equals the numpy interpreter's."""
+    tensor = DistributedTensor("x", (12, 40), Partition((SIZE, 1)))
+    op = HaloExchange(halo_geometry(tensor, Kernel(3, padding=1)))
+    adjoint = op.H
+    state = op.domain.random(8)
+    local = local_part(op.domain, state, RANK)
+    problem = None
+    for _ in range(4):
+        for tree in (op, adjoint):
+            state = tree(state)
+            mpi_backend.apply(tree, local, comm=COMM, inplace=True)
+            problem = problem or same_blocks(local, state, tuple(local), exact=True)
+    remembered = [mpi_backend._LAST_PLAN[0] is adjoint, mpi_backend._PREVIOUS_PLAN[0] is op]
+    collective_assert(all(remembered), f"apply's last two trees: {remembered}")
+    hits = [mpi_backend.plan_for(tree, comm=COMM).entry.last.hits for tree in (op, adjoint)]
+    collective_assert(problem is None, str(problem))
+    collective_assert(SIZE == 1 or min(hits) >= 3, f"hits {hits} of 4 calls each")
