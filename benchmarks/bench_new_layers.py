@@ -339,8 +339,10 @@ def case_bn(size: tuple[int, int, int, int], rank: int) -> tuple[Step, Step, Cal
     momentum, eps = module.layer.momentum, module.layer.eps
     assert momentum is not None  # torch's default 0.1: a running average, not a cumulative one
 
+    leaves = (ours, *module.parameters())  # as the hand-written step's fixed tuple
+
     def linop_step() -> torch.Tensor:
-        for t in (ours, *module.parameters()):
+        for t in leaves:
             t.grad = None
         y = module({name: ours})[out_name]
         ((y * upstream).sum() + module.token.sum()).backward()
