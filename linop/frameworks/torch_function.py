@@ -251,19 +251,20 @@ class _Runner:
         return bound
 
     def _run_bound(self, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        from ..backends.mpi import stall
-
-        dtypes = tuple(t.dtype for t in state.values())
+        stall = _mpi_stall()
+        dtypes = tuple([t.dtype for t in state.values()])
         rebind = self._bound is None or dtypes != self._bound_dtypes
         call = stall.enter(self.plan, "checked" if rebind else "bound", state)
         try:
-            return self._run_bound_call(state)
+            return self._run_bound_call(state, dtypes)
         finally:
             stall.leave(call)
 
-    def _run_bound_call(self, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    def _run_bound_call(
+        self, state: dict[str, torch.Tensor], dtypes: tuple[torch.dtype, ...]
+    ) -> tuple[torch.Tensor, ...]:
         tensors = tuple(state.values())
-        bound = self.bound_tensors([t.dtype for t in tensors])
+        bound = self.bound_tensors(dtypes)
         device = tensors[0].device if tensors else _HOST
         if not bound.persistent:
             # Nothing was prebuilt on the staging buffers (the bind decision is the same on
@@ -276,7 +277,9 @@ class _Runner:
                 for array in (result[name] for name in self.outputs)
             )
         outputs = bound.run(tensors)  # the same buffers on every call: copied out
-        return tuple(_on(tensor.clone(), device) for tensor in outputs)
+        if device.type == "cpu":
+            return tuple([tensor.clone() for tensor in outputs])
+        return tuple([tensor.clone().to(device) for tensor in outputs])
 
 
 class BoundTensors:
@@ -398,15 +401,27 @@ def _runs_straight(plan: Any, arrays: Any) -> bool:
 
 def _torch_stall() -> Any:
     """The torch.distributed executor's stall module (imported on the first call only)."""
-    global _STALL
-    if _STALL is None:
+    found = _STALLS.get("torch")
+    if found is None:
         from ..backends.torch_distributed import stall
 
-        _STALL = stall
-    return _STALL
+        found = _STALLS["torch"] = stall
+    return found
 
 
-_STALL: Any = None
+def _mpi_stall() -> Any:
+    """The MPI executor's stall module (imported on the first call only)."""
+    found = _STALLS.get("mpi")
+    if found is None:
+        from ..backends.mpi import stall
+
+        found = _STALLS["mpi"] = stall
+    return found
+
+
+_STALLS: dict[str, Any] = {}
+"""The executors' stall modules, once imported: a call's marks without an import statement's
+work on every call."""
 
 
 def _as_view(array: np.ndarray) -> torch.Tensor:
