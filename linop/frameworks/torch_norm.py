@@ -70,7 +70,7 @@ class _BatchNormFunction(torch.autograd.Function):
         outputs, saved = layer.normalized(x, statistics, copies if layer.affine else None)
         ctx.module, ctx.saved, ctx.batch = module, saved, batch
         ctx.dtypes = [t.dtype for t in tensors]
-        result = tuple(outputs[n] for n in module.output_names)
+        result = tuple([outputs[n] for n in module.output_names])
         return (*result, torch.zeros(0, dtype=torch.float64))  # the last: the token
 
     @staticmethod
@@ -269,13 +269,19 @@ class BatchNormModule(torch.nn.Module):
                 if c not in done:
                     done.add(c)
                     parts.append((name, self._offsets[c]))
-        with torch.no_grad():
+        grad = torch.is_grad_enabled()  # off already inside the module's forward
+        if grad:
+            torch.set_grad_enabled(False)
+        try:
             for name, part in parts:
                 new_mean, new_var = self.layer.updated_running(
                     (running_mean[part], running_var[part]), statistics[name], factor
                 )
                 running_mean[part] = new_mean
                 running_var[part] = new_var
+        finally:
+            if grad:
+                torch.set_grad_enabled(True)
 
     def parameter_state(self) -> dict[str, Tensor]:
         """This process's parameter blocks by name ((2, c): rows w and b)."""
