@@ -41,7 +41,8 @@ of the per-sample ratios (linop / hand). Each process runs torch with one thread
 a small machine). Nothing is asserted about speed; the machine may be shared: report its load
 with the figures. ``BENCH_PROFILE=case`` (a case's name, e.g. ``bn``) profiles linop's step of
 that case on every rank with cProfile after timing (``BENCH_PROFILE_CALLS`` steps, default 20)
-and prints rank 0's top entries.
+and prints rank 0's top entries, after the Python calls per step of linop's step and of the
+hand-written one (cProfile's count: the figure that does not depend on the machine's load).
 """
 
 from __future__ import annotations
@@ -339,8 +340,10 @@ def case_bn(size: tuple[int, int, int, int], rank: int) -> tuple[Step, Step, Cal
     momentum, eps = module.layer.momentum, module.layer.eps
     assert momentum is not None  # torch's default 0.1: a running average, not a cumulative one
 
+    leaves = (ours, *module.parameters())  # as the hand-written step's fixed tuple
+
     def linop_step() -> torch.Tensor:
-        for t in (ours, *module.parameters()):
+        for t in leaves:
             t.grad = None
         y = module({name: ours})[out_name]
         ((y * upstream).sum() + module.token.sum()).backward()
@@ -658,22 +661,31 @@ def main() -> None:
             if rank == 0:
                 print(_row(case, block, times), flush=True)
             if profile == case:
-                _profile(linop_step, rank, int(os.environ.get("BENCH_PROFILE_CALLS", "20")))
+                _profile(linop_step, rank, int(os.environ.get("BENCH_PROFILE_CALLS", "20")), hand_step)
     E.barrier()  # every rank done before the group goes
     if rank == 0:
         load = os.getloadavg()
         print(f"load at the end {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
 
 
-def _profile(step: Step, rank: int, calls: int = 20) -> None:
-    """cProfile of ``calls`` steps on every rank (collective), printed by rank 0."""
-    profiler = cProfile.Profile()
-    E.barrier()
-    profiler.enable()
-    for _ in range(calls):
-        step()
-    profiler.disable()
+def _profile(step: Step, rank: int, calls: int = 20, hand: Step | None = None) -> None:
+    """cProfile of ``calls`` steps on every rank (collective), printed by rank 0, with the
+    Python calls per step of linop's and (``hand``) the hand-written step: a figure that does
+    not depend on the machine or its load."""
+    counts = []
+    for timed_step in (hand, step):
+        if timed_step is None:
+            continue
+        profiler = cProfile.Profile()
+        E.barrier()
+        profiler.enable()
+        for _ in range(calls):
+            timed_step()
+        profiler.disable()
+        counts.append(pstats.Stats(profiler).total_calls / calls)  # type: ignore[attr-defined]
     if rank == 0:
+        hand_count = f", hand-written {counts[0]:.0f}" if hand is not None else ""
+        print(f"Python calls per step on rank 0: linop {counts[-1]:.0f}{hand_count}", flush=True)
         out = io.StringIO()
         stats = pstats.Stats(profiler, stream=out).sort_stats("cumulative")
         stats.print_stats(35)

@@ -339,17 +339,18 @@ def test_statistics_of_data_far_from_zero_keep_the_two_pass_accuracy(dtype):
         _close(got, expected.detach().numpy(), "y")
     else:
         torch.testing.assert_close(torch.from_numpy(got), expected.detach())
-    state = x.scatter(data)
-    statistics, _ = layer.statistics(state, lambda op, blocks: op(dict(blocks)))
-    ours = np.zeros(4)
-    for block, (_, variance) in statistics.items():
-        ours[share_slices(layer.channel_sizes)[layer.channel(block)]] = variance
     axes = (0, 2, 3)
     naive = (data * data).mean(axis=axes) - data.mean(axis=axes) ** 2  # in the data's dtype
     true = data.astype(np.float64).var(axis=axes)
-    ours_error, naive_error = np.max(np.abs(ours - true)), np.max(np.abs(naive - true))
-    assert ours_error < (1e-10 if dtype == np.float64 else 1e-3)
-    assert naive_error > 100 * ours_error
+    for library in (np.asarray, torch.from_numpy):  # the numpy interpreter's and the module's moments
+        state = {k: library(v) for k, v in x.scatter(data).items()}
+        statistics, _ = layer.statistics(state, lambda op, blocks: op(dict(blocks)))
+        ours = np.zeros(4)
+        for block, (_, variance) in statistics.items():
+            ours[share_slices(layer.channel_sizes)[layer.channel(block)]] = np.asarray(variance)
+        ours_error, naive_error = np.max(np.abs(ours - true)), np.max(np.abs(naive - true))
+        assert ours_error < (1e-10 if dtype == np.float64 else 1e-3), library
+        assert naive_error > 100 * ours_error, library
 
 
 @pytest.mark.parametrize("name", ["2d-uneven-empty", "3d-everything"])
@@ -453,6 +454,14 @@ def test_module_blocks_of_a_wrong_name_or_shape_are_state_errors():
     good = {b.name: torch.zeros(b.shape, dtype=torch.float64) for b in x.blocks}
     with pytest.raises(StateError, match="takes blocks"):
         module({})
+    with pytest.raises(StateError, match="takes blocks"):
+        module(list(good.values()))
+    with pytest.raises(StateError, match="takes blocks"):
+        module(dict(good, extra=torch.zeros(1)))
+    renamed = dict(good)
+    renamed["other"] = renamed.pop(x.blocks[0].name)
+    with pytest.raises(StateError, match="takes blocks"):
+        module(renamed)
     name = x.blocks[0].name
     with pytest.raises(StateError, match=rf"block '{name[:1]}\[0,0,0\]' has shape \(1, 1, 1\)"):
         module(dict(good, **{name: torch.zeros(1, 1, 1, dtype=torch.float64)}))

@@ -184,23 +184,28 @@ class _Runner:
         return arrays
 
     def run(self, tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        state = {name: tensor.detach() for name, tensor in zip(self.inputs, tensors)}
         if self.torch_plan is not None:
-            return self._run_group(state)
+            return self._run_group(tensors)
+        state = {name: tensor.detach() for name, tensor in zip(self.inputs, tensors)}
         if self.plan is None:
             result: Mapping[str, Any] = self.op.apply(state, dtype=self.dtype)  # torch in, torch out
             inputs = {t.data_ptr() for t in state.values() if t.numel()}
             return tuple(_fresh(result[name], inputs) for name in self.outputs)
         return self._run_bound(state)
 
-    def _run_group(self, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    def _run_group(self, tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """On a process group: bind (the check, once per dtypes) on the first call's tensors,
         then run on each call's tensors without the check (shapes and dtypes tested locally)."""
-        from ..backends.torch_distributed import stall
-
-        dtypes = tuple(t.dtype for t in state.values())
-        inputs = {t.data_ptr() for t in state.values() if t.numel()}
-        bind = self._bound is None or dtypes != self._bound_dtypes
+        stall = _torch_stall()
+        state: dict[str, torch.Tensor] = {}
+        dtypes = []
+        inputs = set()
+        for name, tensor in zip(self.inputs, tensors):
+            tensor = state[name] = tensor.detach()
+            dtypes.append(tensor.dtype)
+            if tensor.numel():
+                inputs.add(tensor.data_ptr())
+        bind = self._bound is None or tuple(dtypes) != self._bound_dtypes
         call = stall.enter(self.torch_plan, "checked" if bind else "bound", state)
         try:
             if bind:
@@ -208,7 +213,7 @@ class _Runner:
                     self._bound.free()
                     self._bound = None  # a failed binding leaves none
                 self._bound = self.torch_plan.bind(state, inplace=False)
-                self._bound_dtypes = dtypes
+                self._bound_dtypes = tuple(dtypes)
                 result = self._bound()
             else:
                 result = self._bound.run_on(state)
@@ -224,7 +229,13 @@ class _Runner:
             raise (RankFailedError if call.found_failed else PeerMismatchError)(found) from error
         finally:
             stall.leave(call)
-        return tuple(_fresh(_as_tensor(result[name]), inputs) for name in self.outputs)
+        outputs = []
+        for name in self.outputs:
+            value = result[name]
+            if not isinstance(value, torch.Tensor):
+                value = _as_tensor(value)
+            outputs.append(_fresh(value, inputs) if inputs else value)
+        return tuple(outputs)
 
     def bound_tensors(self, dtypes: Sequence[torch.dtype]) -> BoundTensors:
         """This runner's MPI plan bound on buffers it owns, for inputs of these dtypes (in the
@@ -240,19 +251,20 @@ class _Runner:
         return bound
 
     def _run_bound(self, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        from ..backends.mpi import stall
-
-        dtypes = tuple(t.dtype for t in state.values())
+        stall = _mpi_stall()
+        dtypes = tuple([t.dtype for t in state.values()])
         rebind = self._bound is None or dtypes != self._bound_dtypes
         call = stall.enter(self.plan, "checked" if rebind else "bound", state)
         try:
-            return self._run_bound_call(state)
+            return self._run_bound_call(state, dtypes)
         finally:
             stall.leave(call)
 
-    def _run_bound_call(self, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    def _run_bound_call(
+        self, state: dict[str, torch.Tensor], dtypes: tuple[torch.dtype, ...]
+    ) -> tuple[torch.Tensor, ...]:
         tensors = tuple(state.values())
-        bound = self.bound_tensors([t.dtype for t in tensors])
+        bound = self.bound_tensors(dtypes)
         device = tensors[0].device if tensors else _HOST
         if not bound.persistent:
             # Nothing was prebuilt on the staging buffers (the bind decision is the same on
@@ -265,7 +277,9 @@ class _Runner:
                 for array in (result[name] for name in self.outputs)
             )
         outputs = bound.run(tensors)  # the same buffers on every call: copied out
-        return tuple(_on(tensor.clone(), device) for tensor in outputs)
+        if device.type == "cpu":
+            return tuple([tensor.clone() for tensor in outputs])
+        return tuple([tensor.clone().to(device) for tensor in outputs])
 
 
 class BoundTensors:
@@ -383,6 +397,31 @@ def _runs_straight(plan: Any, arrays: Any) -> bool:
         )
     except BaseException as error:  # PeerTimeoutError included: the missing ranks may never come
         abort_for(plan.comm, doing, error)
+
+
+def _torch_stall() -> Any:
+    """The torch.distributed executor's stall module (imported on the first call only)."""
+    found = _STALLS.get("torch")
+    if found is None:
+        from ..backends.torch_distributed import stall
+
+        found = _STALLS["torch"] = stall
+    return found
+
+
+def _mpi_stall() -> Any:
+    """The MPI executor's stall module (imported on the first call only)."""
+    found = _STALLS.get("mpi")
+    if found is None:
+        from ..backends.mpi import stall
+
+        found = _STALLS["mpi"] = stall
+    return found
+
+
+_STALLS: dict[str, Any] = {}
+"""The executors' stall modules, once imported: a call's marks without an import statement's
+work on every call."""
 
 
 def _as_view(array: np.ndarray) -> torch.Tensor:
@@ -559,10 +598,15 @@ class TorchOperator:
             If a block of this process's domain is missing from ``state``.
         """
         runner = self._runner.adjoint if adjoint else self._runner
-        missing = [name for name in runner.inputs if name not in state]
-        if missing or (runner.torch_plan is not None and runner.torch_plan.problem is not None):
+        plan = runner.torch_plan
+        try:
+            tensors = [state[name] for name in runner.inputs]
+        except (KeyError, TypeError):
+            tensors = None
+        if tensors is None or (plan is not None and plan.problem is not None):
+            missing = [name for name in runner.inputs if name not in state]
             runner.refuse(StateError(f"state for {runner.op}: missing block(s) {missing}"), state)
-        return dict(zip(runner.outputs, runner.run([state[name] for name in runner.inputs])))
+        return dict(zip(runner.outputs, runner.run(tensors)))
 
     def bound_tensors(self, dtypes: Sequence[torch.dtype], *, adjoint: bool = False) -> BoundTensors | None:
         """Under MPI, the tree's (``adjoint=True``: its adjoint's) plan bound on buffers this

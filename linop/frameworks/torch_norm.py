@@ -29,7 +29,7 @@ replicas updated alike stay equal. In evaluation the forward moves only the para
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -70,7 +70,7 @@ class _BatchNormFunction(torch.autograd.Function):
         outputs, saved = layer.normalized(x, statistics, copies if layer.affine else None)
         ctx.module, ctx.saved, ctx.batch = module, saved, batch
         ctx.dtypes = [t.dtype for t in tensors]
-        result = tuple(outputs[n] for n in module.output_names)
+        result = tuple([outputs[n] for n in module.output_names])
         return (*result, torch.zeros(0, dtype=torch.float64))  # the last: the token
 
     @staticmethod
@@ -85,7 +85,7 @@ class _BatchNormFunction(torch.autograd.Function):
             if module.replicate:  # every copy gets M M* of the partials (all-reduced already in training)
                 theta = copies if ctx.batch else module.run(module.gradient_reduction, copies)
             elif ctx.batch:  # all-reduced: the owner's copy of each group is M* of the partials
-                theta = {n: copies[layer.owner_copy(n)] for n in module.parameter_names}
+                theta = {n: copies[c] for n, c in zip(module.parameter_names, module.owner_copies)}
             else:
                 theta = module.run(module.gradient_sum, copies)
             theta_grads = [theta[n] for n in module.parameter_names]
@@ -202,12 +202,20 @@ class BatchNormModule(torch.nn.Module):
             size = slices[c].stop - slices[c].start
             self._offsets[c] = slice(start, start + size)
             start += size
+        # worked out once, so that a call derives no names, shapes or offsets
+        self._input_shapes = tuple((n, layer.x.space[n].shape) for n in self.input_names)
+        self._parts = {n: self._offsets[layer.channel(n)] for n in self.input_names}
+        firsts = {layer.channel(n): n for n in reversed(self.input_names)}  # each channel's first block
+        self._running_parts = tuple((n, self._offsets[c]) for c, n in sorted(firsts.items()))
         if layer.parameters is not None:
             state = layer.scatter_parameters(weight, bias)
             held = layer.copies if self.replicate else layer.parameters
             if self.replicate:
                 state = layer.parameter_movement(state)
             self.parameter_names = tuple(b.name for b in held.blocks if placement.holds(b.worker))
+            self.owner_copies = (
+                () if self.replicate else tuple(layer.owner_copy(n) for n in self.parameter_names)
+            )
             self.blocks = torch.nn.ParameterList(
                 torch.nn.Parameter(torch.from_numpy(np.array(state[n])).to(dtype))
                 for n in self.parameter_names
@@ -216,6 +224,7 @@ class BatchNormModule(torch.nn.Module):
             if weight is not None or bias is not None:
                 raise LayerError("BatchNormModule: weight or bias given to a layer built with affine=False")
             self.parameter_names = ()
+            self.owner_copies = ()
             self.blocks = torch.nn.ParameterList()
         if layer.track_running_stats:
             self.register_buffer("running_mean", torch.zeros(start, dtype=dtype))
@@ -234,31 +243,45 @@ class BatchNormModule(torch.nn.Module):
 
     def running_of(self, block: str, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """The running (mean, var) of the channel group of x's block ``block``."""
-        assert self.running_mean is not None and self.running_var is not None
-        part = self._offsets[self.layer.channel(block)]
-        return self.running_mean[part].to(dtype), self.running_var[part].to(dtype)
+        mean, var = self._buffers["running_mean"], self._buffers["running_var"]
+        assert mean is not None and var is not None
+        part = self._parts[block] if block in self._parts else self._offsets[self.layer.channel(block)]
+        return mean[part].to(dtype), var[part].to(dtype)
 
     def update_running(self, statistics: Mapping[str, tuple[Tensor, Tensor]]) -> None:
         """Fold a training batch's statistics (by x's block) into the running ones (torch's
         rule; every worker of a channel computes the same update from the same all-reduced
         sums)."""
-        assert self.running_mean is not None and self.running_var is not None
-        assert self.num_batches_tracked is not None
-        self.num_batches_tracked.add_(1)
-        factor = self.layer.running_factor(int(self.num_batches_tracked))
-        done: set[int] = set()
-        with torch.no_grad():
-            for name, (mean, var) in statistics.items():
+        buffers = self._buffers
+        running_mean, running_var = buffers["running_mean"], buffers["running_var"]
+        batches = buffers["num_batches_tracked"]
+        assert running_mean is not None and running_var is not None and batches is not None
+        batches.add_(1)
+        momentum = self.layer.momentum
+        factor = self.layer.running_factor(int(batches)) if momentum is None else momentum
+        if set(statistics) == set(self._parts):  # this process's blocks: one update per channel
+            parts: Any = self._running_parts
+        else:
+            done: set[int] = set()
+            parts = []
+            for name in statistics:
                 c = self.layer.channel(name)
-                if c in done:
-                    continue
-                done.add(c)
-                part = self._offsets[c]
+                if c not in done:
+                    done.add(c)
+                    parts.append((name, self._offsets[c]))
+        grad = torch.is_grad_enabled()  # off already inside the module's forward
+        if grad:
+            torch.set_grad_enabled(False)
+        try:
+            for name, part in parts:
                 new_mean, new_var = self.layer.updated_running(
-                    (self.running_mean[part], self.running_var[part]), (mean, var), factor
+                    (running_mean[part], running_var[part]), statistics[name], factor
                 )
-                self.running_mean[part] = new_mean
-                self.running_var[part] = new_var
+                running_mean[part] = new_mean
+                running_var[part] = new_var
+        finally:
+            if grad:
+                torch.set_grad_enabled(True)
 
     def parameter_state(self) -> dict[str, Tensor]:
         """This process's parameter blocks by name ((2, c): rows w and b)."""
@@ -276,21 +299,27 @@ class BatchNormModule(torch.nn.Module):
         return {copies[n]: v for n, v in state.items() if n in copies}
 
     def forward(self, x: Mapping[str, Tensor]) -> dict[str, Tensor]:
-        if not isinstance(x, Mapping) or set(x) != set(self.input_names):
-            given = sorted(x) if isinstance(x, Mapping) else type(x).__name__
-            raise StateError(f"BatchNorm layer takes blocks {list(self.input_names)}, not {given}")
-        for name in self.input_names:
-            expected = self.layer.x.space[name].shape
-            if tuple(x[name].shape) != expected:
+        if not (type(x) is dict or isinstance(x, Mapping)) or len(x) != len(self.input_names):
+            self._refuse(x)
+        tensors = []
+        for name, expected in self._input_shapes:
+            tensor = x.get(name)
+            if tensor is None:
+                self._refuse(x)
+            if tensor.shape != expected:
                 raise StateError(
-                    f"BatchNorm layer: block {name!r} has shape {tuple(x[name].shape)}, expected {expected}"
+                    f"BatchNorm layer: block {name!r} has shape {tuple(tensor.shape)}, expected {expected}"
                 )
-        blocks = self.blocks._parameters.values()
-        *result, token = _BatchNormFunction.apply(
-            self, self._anchor, *[x[n] for n in self.input_names], *blocks
-        )
+            tensors.append(tensor)
+        held: Any = self._modules["blocks"]  # the ParameterList, without nn.Module's __getattr__
+        blocks = held._parameters.values()
+        *result, token = _BatchNormFunction.apply(self, self._anchor, *tensors, *blocks)
         self.__dict__["token"] = token
         return dict(zip(self.output_names, result))
+
+    def _refuse(self, x: Any) -> NoReturn:
+        given = sorted(x) if isinstance(x, Mapping) else type(x).__name__
+        raise StateError(f"BatchNorm layer takes blocks {list(self.input_names)}, not {given}")
 
     def extra_repr(self) -> str:
         layer = self.layer
