@@ -39,6 +39,9 @@ LAUNCH_TIMEOUT = 1800
 """Seconds the launch of the MPI suite may take (about 110 s on the idle machine)."""
 TEST_TIMEOUT = 300
 """Seconds one test of the MPI suite may take inside its launch."""
+LONG_ONLY = pytest.mark.skipif(
+    os.environ.get("LINOP_LONG") != "1", reason="LINOP_LONG=1 (the CI suite's time: a case another covers)"
+)
 JOB_TIMEOUT = 300
 """Seconds a launch of one failure case (a rank raising, interrupted, or under the guard) may take
 to start, fail and end every rank; a job still running then is killed and reported."""
@@ -387,8 +390,8 @@ def _alive(pid: int) -> bool:
         pytest.param(4, "apply", id="4-ranks-apply"),  # oversubscribed here: the check's yielding poll
         pytest.param(4, "bound", id="4-ranks-bound"),
         pytest.param(4, "dup", id="4-ranks-dup"),
-        pytest.param(2, "unbound", id="2-ranks-unbound"),
-        pytest.param(2, "dup", id="2-ranks-dup"),
+        pytest.param(2, "unbound", id="2-ranks-unbound", marks=LONG_ONLY),  # the 4-rank case covers it
+        pytest.param(2, "dup", id="2-ranks-dup", marks=LONG_ONLY),  # the 4-rank case covers it
         pytest.param(4, "unbound", id="4-ranks-unbound"),
         pytest.param(2, "every", id="2-ranks-every-call"),
         pytest.param(2, "every-barrier", id="2-ranks-every-call-barrier"),

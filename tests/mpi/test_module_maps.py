@@ -8,6 +8,7 @@ module is built; maps that differ between ranks a WorkerMapMismatchError at the 
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -26,6 +27,10 @@ COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.rank, COMM.size
 
 
+@pytest.mark.skipif(
+    SIZE > 3 and os.environ.get("LINOP_LONG") != "1",
+    reason="4 ranks with LINOP_LONG=1 (the CI suite's time: 2 and 3 ranks reverse every module's placement)",
+)
 @pytest.mark.parametrize("name", list(cases.CASES))
 def test_module_under_reversed_map_equals_one_process(name):
     build, exact = cases.CASES[name]
