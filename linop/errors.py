@@ -199,12 +199,13 @@ class PeerTimeoutError(MPIError, TimeoutError):
 
 
 class PeerMismatchError(PeerTimeoutError):
-    """A peer waits at the same call of the same tree on the group as this rank, but on the
-    other path: its bound plan (no entry check: its inputs unchanged) where this rank's
-    inputs changed and go through the entry check, or the reverse. Neither would ever
-    complete; the stall diagnosis (:mod:`linop.backends.torch_distributed.stall`) finds it
-    seconds after the call started, instead of the deadline, and the message names the peer
-    and both sides' dtypes and shapes. The group is unusable afterwards: end the job."""
+    """A peer waits at the same call of the same tree on the group or communicator as this
+    rank, but on the other path: its bound plan (no entry check: its inputs unchanged) where
+    this rank's inputs changed and go through the entry check, or the reverse. Neither would
+    ever complete; the stall diagnosis (:mod:`linop.backends.torch_distributed.stall`,
+    :mod:`linop.backends.mpi.stall`) finds it seconds after the call started, instead of the
+    deadline, and the message names the peer and both sides' dtypes and shapes. The group is
+    unusable afterwards (under MPI the job is aborted): end the job."""
 
 
 class TimeoutArgumentError(LinopError, TypeError, ValueError):

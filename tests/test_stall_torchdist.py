@@ -108,3 +108,19 @@ def test_a_call_record_reads_back_what_it_wrote():
     assert CallRecord.parse("ab12|3|failed|0|StateError: a|b").key == "StateError: a|b"
     assert "bound plan" in record.describe() and "float64 (3, 3)" in record.describe()
     assert issubclass(PeerMismatchError, PeerTimeoutError)  # caught where a deadline's error is
+
+
+def test_the_windows_of_peers_reach_every_peer_without_a_list_of_every_rank():
+    # the watcher sends to / reads from READ_AT_ONCE peers a tick: in turn, every peer once
+    # reached (an MPI bound call sends its record window after window until then)
+    from linop.backends.stall_record import READ_AT_ONCE, WatchedCall
+
+    call = WatchedCall.__new__(WatchedCall)
+    for size, rank in ((1, 0), (2, 1), (5, 2), (READ_AT_ONCE + 1, READ_AT_ONCE), (3 * READ_AT_ONCE + 7, 7)):
+        call.size, call.rank, call.turn = size, rank, 0
+        seen: list[int] = []
+        while call.turn < size - 1:
+            window = call.window()
+            assert rank not in window and len(window) <= READ_AT_ONCE
+            seen += window
+        assert set(seen) == set(range(size)) - {rank}, (size, rank)

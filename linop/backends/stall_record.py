@@ -160,13 +160,15 @@ class WatchedCall:
         return CallRecord(self.plan.fingerprint.hex(), self.number, self.kind, key or "no input blocks")
 
     def window(self) -> list[int]:
-        """The next :data:`READ_AT_ONCE` peers, in turn."""
-        peers = [member for member in range(self.size) if member != self.rank]
-        if not peers:
+        """The next :data:`READ_AT_ONCE` peers, in turn (the ranks other than this one, from
+        where the last window ended; no list of every rank)."""
+        count = self.size - 1
+        if count <= 0:
             return []
-        start = self.turn % len(peers)
+        start = self.turn % count
         self.turn += READ_AT_ONCE
-        return (peers[start:] + peers[:start])[:READ_AT_ONCE]
+        picks = ((start + i) % count for i in range(min(READ_AT_ONCE, count)))
+        return [peer if peer < self.rank else peer + 1 for peer in picks]
 
     def find(self, member: int, theirs: CallRecord) -> None:
         """Keep the finding that peer ``member`` is at this call on the other path."""

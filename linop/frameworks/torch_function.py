@@ -47,6 +47,7 @@ output (``f.token.sum()``, zero) to its loss.
 
 from __future__ import annotations
 
+import importlib
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
@@ -196,7 +197,7 @@ class _Runner:
     def _run_group(self, tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """On a process group: bind (the check, once per dtypes) on the first call's tensors,
         then run on each call's tensors without the check (shapes and dtypes tested locally)."""
-        stall = _torch_stall()
+        stall = _stall("torch_distributed")
         state: dict[str, torch.Tensor] = {}
         dtypes = []
         inputs = set()
@@ -251,7 +252,7 @@ class _Runner:
         return bound
 
     def _run_bound(self, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        stall = _mpi_stall()
+        stall = _stall("mpi")
         dtypes = tuple([t.dtype for t in state.values()])
         rebind = self._bound is None or dtypes != self._bound_dtypes
         call = stall.enter(self.plan, "checked" if rebind else "bound", state)
@@ -399,29 +400,17 @@ def _runs_straight(plan: Any, arrays: Any) -> bool:
         abort_for(plan.comm, doing, error)
 
 
-def _torch_stall() -> Any:
-    """The torch.distributed executor's stall module (imported on the first call only)."""
-    found = _STALLS.get("torch")
+def _stall(engine: str) -> Any:
+    """The stall module of an executor (``"torch_distributed"`` or ``"mpi"``), imported on
+    its first call only: a call's marks without an import statement's work on every call."""
+    found = _STALLS.get(engine)
     if found is None:
-        from ..backends.torch_distributed import stall
-
-        found = _STALLS["torch"] = stall
-    return found
-
-
-def _mpi_stall() -> Any:
-    """The MPI executor's stall module (imported on the first call only)."""
-    found = _STALLS.get("mpi")
-    if found is None:
-        from ..backends.mpi import stall
-
-        found = _STALLS["mpi"] = stall
+        found = _STALLS[engine] = importlib.import_module(f"..backends.{engine}.stall", __package__)
     return found
 
 
 _STALLS: dict[str, Any] = {}
-"""The executors' stall modules, once imported: a call's marks without an import statement's
-work on every call."""
+"""The executors' stall modules, once imported (:func:`_stall`)."""
 
 
 def _as_view(array: np.ndarray) -> torch.Tensor:

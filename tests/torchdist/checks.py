@@ -824,6 +824,8 @@ class Checks:
             "weight and bias broadcasts": (conv.parameter_movement, "prepare"),
             "their sum-reduces": (conv.parameter_movement.H, "prepare"),
             "their all-reduces": (conv.copy_gradient_sum, None),  # packed: nothing to prepare per step
+            # two packed steps side by side (the broadcasts', then the sum-reduces'): run together
+            "broadcasts then sum-reduces": (conv.parameter_movement.H @ conv.parameter_movement, "prepare"),
         }
         for name, (op, counter) in trees.items():
 

@@ -39,6 +39,7 @@ import weakref
 from typing import Any
 
 from ...errors import PeerMismatchError
+from ...program import TAG_LIMIT
 from ..stall_record import GRACE, CallRecord, WatchedCall, active, begin, end
 from .datatypes import mpi
 
@@ -48,11 +49,15 @@ SENT = [0]
 """How many records this process has sent (for tests)."""
 
 
-def record_tag(comm: Any) -> int:
+def record_tag(comm: Any) -> int | None:
     """The reserved tag of the records: one below the deadline's notices' (the largest tag the
-    MPI library allows), above every tag of the schedules."""
-    upper = comm.Get_attr(mpi().TAG_UB)
-    return (int(upper) if upper else 32767) - 1
+    MPI library allows); None where that is not above every tag of the schedules and of the
+    bound plans' exchanges (:data:`linop.program.TAG_LIMIT` and below): no records are sent or
+    read there, and a stall ends at the deadline."""
+    from .deadline import _notice_tag  # (deadline imports this module)
+
+    tag = _notice_tag(comm) - 1
+    return tag if tag > TAG_LIMIT else None
 
 
 def enter(plan: Any, kind: str, state: Any) -> WatchedCall:
@@ -114,6 +119,8 @@ def _collect(context: Any) -> dict[int, CallRecord]:
     comm = context.comm
     module = mpi()
     tag = record_tag(comm)
+    if tag is None:
+        return latest
     status = module.Status()
     while True:
         message = comm.improbe(source=module.ANY_SOURCE, tag=tag, status=status)
@@ -127,14 +134,15 @@ def _collect(context: Any) -> dict[int, CallRecord]:
 
 
 def _send(call: WatchedCall) -> None:
-    """The watcher's tick for a bound call past GRACE: send its record once to the next
-    window of peers."""
-    if call.published is not None:
-        return
+    """The watcher's tick for a bound call past GRACE: send its record to the next window of
+    peers, until every peer has it."""
     comm = call.plan.comm
-    call.published = call.record()
-    text = call.published.text()
     tag = record_tag(comm)
+    if tag is None or call.turn >= call.size - 1:
+        return
+    if call.published is None:
+        call.published = call.record()
+    text = call.published.text()
     requests = [comm.isend(text, dest=member, tag=tag) for member in call.window()]
     SENT[0] += len(requests)
     for request in requests:

@@ -102,8 +102,6 @@ class TorchReducer:
     are collective, so they never overlap). The reduction runs in place on a tensor sharing
     :attr:`received`'s memory (on the CPU; copied to and from the device for NCCL)."""
 
-    request = None  # no persistent request: EntryCheck calls reduce()
-
     def __init__(self, context: GroupContext) -> None:
         import torch
 

@@ -16,7 +16,7 @@ wait fails: it costs nothing on a call that completes.
 
 Best effort: a store that cannot be reached (its host ended) gives the error without names;
 it says who hosts the store (:func:`store_host`: world rank 0 under ``init_process_group``'s
-``tcp://`` and ``env://`` rendezvous, which has then most likely ended; torchrun's agent,
+TCP and environment-variable rendezvous, which has then most likely ended; torchrun's agent,
 which outlives the ranks, when they use it). No other channel names ranks on a broken group
 (gloo's errors name a peer's address only, and a second store would have a host too):
 ``docs/reliability.md`` records the decision.
@@ -82,11 +82,14 @@ def answered(context: Any, doing: str) -> set[int] | None:
 def store_host() -> str:
     """Who hosts the default group's store, in words, for an error that could not reach it:
     torchrun's agent when the ranks use it (``TORCHELASTIC_USE_AGENT_STORE``), else world rank
-    0 (``init_process_group``'s ``tcp://`` and ``env://`` rendezvous), which has then most
+    0 (``init_process_group``'s TCP and environment-variable rendezvous), which has then most
     likely ended."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").strip().lower() in ("1", "true"):
         return "its host, torchrun's agent, ended"
-    return "its host is world rank 0 (init_process_group's tcp:// and env:// rendezvous), which most likely ended"
+    return (
+        "its host is world rank 0 (init_process_group's TCP and environment-variable rendezvous), "
+        "which most likely ended"
+    )
 
 
 def roll_call(context: Any, timeout: float | None, doing: str, cause: BaseException) -> PeerTimeoutError:

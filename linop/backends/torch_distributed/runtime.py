@@ -162,11 +162,6 @@ def _prepare_rooted(step: BroadcastStep, context: GroupContext) -> _RootedStep:
     return _RootedStep(tuple(groups), frozenset(_reads(step)))
 
 
-def _prepare_packed(step: PackedStep, context: GroupContext) -> frozenset[str]:
-    """The blocks a packed step reads on this rank."""
-    return frozenset(name for inner in step.steps for name in _reads(inner))
-
-
 def _prepare_all_reduce(
     step: AllReduceStep, context: GroupContext
 ) -> tuple[tuple[str, tuple[int, ...]], ...]:
@@ -206,7 +201,7 @@ def _broadcasts_together(
         if isinstance(step, AllReduceStep):
             reads: Any = (name for name, _ in step.entries)
         elif isinstance(step, PackedStep):
-            reads = prepared_step(step, context, _prepare_packed)
+            reads = _packed_run(step, context, work).reads
         else:
             reads = prepared_step(step, context, _prepare_rooted).reads
         if in_flight and not landing.isdisjoint(reads):
@@ -312,7 +307,7 @@ def _run_packed(
     all-reduce packs and sums the blocks, which become views of the buffer."""
     import torch.distributed as dist
 
-    run = prepared_step(packed, context, lambda step, _: _prepare_packed_run(step, context, work))
+    run = _packed_run(packed, context, work)
     buffer = np.empty(run.total, dtype)
     arrays = work.arrays
     views = []
@@ -338,6 +333,7 @@ def _run_packed(
             in_flight.append(request)
     if packed.kind == "all-reduce":
         for (_, write, _, _, _), view in zip(run.pieces, views):
+            assert write is not None  # an all-reduce's every piece is a block of this rank
             work.set(write, view)
         return run.filled
     for step, (_, write, _, _, _), view in zip(packed.steps, run.pieces, views):
@@ -350,12 +346,20 @@ class _PackedRun(NamedTuple):
     """A :class:`PackedStep` as this rank runs it (:func:`_prepare_packed_run`): per step, the
     block read into the buffer (None: none), the block its piece becomes (None: none), the
     piece's shape and its entries ``[begin, end)`` in the buffer; the buffer's size, whether
-    pieces read from no block are zeros (a sum-reduce), and the blocks the collective fills."""
+    pieces read from no block are zeros (a sum-reduce), the blocks the collective fills and the
+    blocks its steps read on this rank."""
 
     pieces: tuple[tuple[str | None, str | None, tuple[int, ...], int, int], ...]
     total: int
     zeros: bool
     filled: list[str]
+    reads: frozenset[str]
+
+
+def _packed_run(packed: PackedStep, context: GroupContext, work: numpy_backend.Workspace) -> _PackedRun:
+    """``packed`` as this rank runs it, prepared on its first run (:func:`prepared_step`): the
+    one preparation of a packed step, whether its reads or its pieces are asked first."""
+    return prepared_step(packed, context, lambda step, _: _prepare_packed_run(step, context, work))
 
 
 def _prepare_packed_run(
@@ -386,7 +390,8 @@ def _prepare_packed_run(
         placed.append((read, write, shape, at, at + count))
         at += count
     filled = [write for _, write, _ in pieces if write is not None]
-    return _PackedRun(tuple(placed), at, packed.kind == "reduce", filled)
+    reads = frozenset(name for inner in packed.steps for name in _reads(inner))
+    return _PackedRun(tuple(placed), at, packed.kind == "reduce", filled, reads)
 
 
 def _reads(step: BroadcastStep | AllReduceStep) -> set[str]:

@@ -15,8 +15,8 @@ with persistent requests:
    ``Waitall``);
 2. it adds them: the first add reads its own copy's share and writes the sum of its share (in
    the root's result array on the root, in a buffer built at binding elsewhere), the others add
-   into it, in the order of the ranks (the same sums as the tree's, in another order: exact for
-   integer values);
+   into it, its own share first and then the other ranks' in rank order (the same sums as the
+   tree's, in another order: exact for integer values);
 3. the root receives every other rank's summed share straight into its place in the result
    (receives started with step 1, so they are posted early); the others send theirs.
 
@@ -118,8 +118,6 @@ def bind_reduce(
     calls.append(functools.partial(request.Waitall, exchange))
     for position, buffer in enumerate(contributions):
         calls.append(functools.partial(np.add, own if position == 0 else mine, buffer, mine))
-    if not contributions:  # pragma: no cover - groups of one are never bound so
-        calls.append(functools.partial(np.copyto, mine, own))
     if total is None:
         calls.append(functools.partial(prequest.Startall, gather))
     calls.append(functools.partial(request.Waitall, gather))
