@@ -65,6 +65,7 @@ __all__ = [
     "PeerTimeoutError",
     "arrive_within",
     "largest_within",
+    "notice_tag",
     "deadline_seconds",
     "resolve_timeout",
     "wait_all",
@@ -140,7 +141,7 @@ def resolve_timeout(timeout: Any) -> float | None:
     return _default
 
 
-def _notice_tag(comm: Intracomm) -> int:
+def notice_tag(comm: Intracomm) -> int:
     """The reserved tag of the notices: the largest tag the MPI library allows (above every
     tag of the schedules, :data:`linop.program.TAG_LIMIT`)."""
     upper = comm.Get_attr(mpi().TAG_UB)
@@ -187,7 +188,7 @@ def wait_all(requests: list[Any], comm: Intracomm, timeout: float, doing: str) -
             if now >= busy_end:
                 os.sched_yield()
     module = mpi()
-    tag = _notice_tag(comm)
+    tag = notice_tag(comm)
     pause = FIRST_PAUSE
     watched = stall.active() is not None  # a wrapper's call: a peer's record may name a stall
     read_at = now

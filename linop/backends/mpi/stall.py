@@ -54,9 +54,9 @@ def record_tag(comm: Any) -> int | None:
     MPI library allows); None where that is not above every tag of the schedules and of the
     bound plans' exchanges (:data:`linop.program.TAG_LIMIT` and below): no records are sent or
     read there, and a stall ends at the deadline."""
-    from .deadline import _notice_tag  # (deadline imports this module)
+    from .deadline import notice_tag  # (deadline imports this module)
 
-    tag = _notice_tag(comm) - 1
+    tag = notice_tag(comm) - 1
     return tag if tag > TAG_LIMIT else None
 
 
