@@ -38,10 +38,18 @@ $(CORE_STAMP): pyproject.toml
 # (pip's default, which --no-compile above leaves to first use): otherwise the suite's first
 # processes (the MPI ranks, torch.distributed and JAX launches, all started together) each compile
 # torch, JAX and sympy from source at the same time, about 5 s of CPU each. Two processes import
-# the two halves side by side (pip runs on one core); a failed import fails the install.
-WARM_FRAMEWORKS := torch.distributed, torch.multiprocessing, jax.numpy, jax.experimental.shard_map
+# the two halves side by side (pip runs on one core); a failed import fails the install. The lists
+# name what the suite's processes import beyond the packages' tops (torch's compiler, which an
+# optimizer's construction imports; the notebook kernels' debugger; the docs' cache): a clean CI run
+# left about 2,500 files compiled by the suite itself without them.
+WARM_FRAMEWORKS := torch.distributed, torch.multiprocessing, jax.numpy, jax.experimental.shard_map, \
+	torch._dynamo, torch._inductor.compile_fx, torch.distributed.run, torch.distributed.tensor, \
+	torch.distributed.fsdp, torch.optim, equinox, jaxtyping
 WARM_TOOLS := sympy, scipy.sparse, matplotlib.pyplot, mpi4py.MPI, hypothesis, pytest, IPython, \
-	ipykernel.kernelapp, nbclient, nbformat, sphinx.application, myst_nb, numpydoc, furo, mypy.api, linop, verify
+	ipykernel.kernelapp, nbclient, nbformat, sphinx.application, myst_nb, numpydoc, furo, mypy.api, linop, verify, \
+	scipy.stats, scipy.optimize, scipy.signal, scipy.interpolate, scipy.integrate, scipy.ndimage, networkx, \
+	array_api_strict, debugpy, sqlalchemy.orm, jupyter_cache, setuptools, xdist, execnet, requests, yaml, \
+	sphinx.ext.autodoc
 $(STAMP): pyproject.toml
 	@echo "==> creating $(VENV)"
 	$(PYTHON) -m venv $(VENV)

@@ -59,6 +59,8 @@ GROUPS = {
     "test_registry.py::test_a_handler_module_missing_from_the_list_is_caught": "handler-modules",
     "test_jax_shard.py": "jax devices",
     "test_jax_kernels.py": "jax kernels",
+    "test_jax_layers.py": "jax layers",
+    "test_jax_modules.py": "jax modules",
     "test_framework_edges.py": "framework edges",
 }
 """Test modules (``test_x.py``) or single tests (``test_x.py::test_name``) that share one costly
