@@ -158,8 +158,10 @@ def main() -> int:
     reduce = broadcast.H
     copies = {f"c[{RANK}]": rng.standard_normal(COUNT)}
     total = np.empty(COUNT)
-    overwritten = copies[f"c[{RANK}]"].copy()  # the in-place calls' buffer
-    overwritten_too = overwritten.copy()  # its own: the sums grow call after call
+    # the in-place calls' buffers, of zeros: a sum in place of values grows P-fold per call and
+    # would pass the largest float64 within a few hundred calls (zeros add as fast as any)
+    overwritten = np.zeros(COUNT)
+    overwritten_too = np.zeros(COUNT)
     persistent_sum = COMM.Allreduce_init(MPI.IN_PLACE, overwritten_too)
     COMM.Allreduce(copies[f"c[{RANK}]"], total)
     result = mpi_backend.apply(reduce, copies, comm=COMM)
@@ -179,7 +181,7 @@ def main() -> int:
                 "Reduce, preallocated": lambda: COMM.Reduce(copies[f"c[{RANK}]"], total, root=0),
                 "Allreduce, preallocated": lambda: COMM.Allreduce(copies[f"c[{RANK}]"], total),
                 # in place: no copy of the block to make, but the caller's copy is overwritten
-                # (what an out-of-place operator may not do; its values grow, call after call)
+                # (what an out-of-place operator may not do)
                 "Reduce(IN_PLACE) at the root": lambda: COMM.Reduce(
                     MPI.IN_PLACE if RANK == 0 else overwritten, overwritten if RANK == 0 else None, root=0
                 ),
