@@ -5,13 +5,13 @@ Run: ``mpiexec -n 2 python benchmarks/bench_mpi_collectives.py`` (or ``-n 4``).
 
 - broadcast of rank 0's 1M float64 block to every rank (``Broadcast`` from a one-worker
   partition): against ``Bcast`` into a preallocated buffer, typed as doubles or as raw bytes
-  (linop moves bytes; MPICH may pick another algorithm for each), and a persistent
-  ``Bcast_init``;
+  (MPICH may pick another algorithm for each), and a persistent ``Bcast_init`` typed and as
+  bytes (linop's bound broadcast is a persistent ``Bcast_init`` typed by entry);
 - sum-reduce of every rank's copy onto rank 0 (``SumReduce``, the broadcast's adjoint): against
   ``Reduce`` and ``Allreduce`` out of place (on this MPICH ``Reduce`` can be the slower way to
   the same sum) and in place (``Reduce(IN_PLACE)`` at the root, ``Allreduce(IN_PLACE)``: no
   copy of the block to make, the fastest here, though they overwrite a copy the operator must
-  leave alone);
+  leave alone; blocking and a persistent ``Allreduce_init``);
 - all-reduce in place (``AllReduce``): against ``Allreduce(IN_PLACE)`` and a persistent
   ``Allreduce_init``;
 - reduce-scatter of uneven shares (``ReduceScatter`` along one axis of ``COUNT + 1`` entries,
@@ -26,17 +26,32 @@ linop runs ``apply`` (the collective check and the schedule on every call, new r
 an out-of-place operator must return) and a bound plan (``Plan.bind``: checked once, then
 persistent collectives; out of place, into result arrays prebuilt once and overwritten by each
 call, as hand-written code reuses its buffers). Each sample times a batch of calls; a sample's time is the
-maximum over ranks; medians (and the best sample) are printed with ratios over the fastest
-native way. Results are checked equal to the native ones before timing.
+maximum over ranks; medians (and the best sample) are printed, and for linop's rows the median
+over samples of the ratio to the fastest native row (by median). Results are checked equal
+to the native ones before timing.
+
+The rows are fair to one another only when every timed batch starts on buffers its own calls have
+just used. On this machine the first two or three 8 MB calls on buffers that other calls used
+last run slower, for linop and the native calls alike: five calls timed right after five on
+other buffers took 1.3-1.6x (2 ranks) and 1.2-1.6x (4 ranks) of the same five right after
+themselves, and rewriting the buffers with numpy first took most of that away
+(``benchmarks/bench_mpi_buffer_switch.py``: the buffers' memory gone cold). With the rows in one
+fixed order, a row that follows rows on other buffers paid it and one that follows a row on its
+own buffers did not: the bound broadcast at 1.10-1.25x and the sum-reduce at 1.09-1.21x of the
+earlier figures, "Bcast" slower than "Bcast as bytes" and the bytes slower on linop's arrays
+than on the benchmark's were that order (linop's bound rows come first, after the previous
+sample's last row; ``benchmarks/results/mpi_collectives_order_2026-12-06.txt``). So each
+sample runs the rows in an order drawn afresh (alike on every rank), each timed batch after
+:data:`WARMUPS` untimed calls of its own.
 """
 
 from __future__ import annotations
 
 import sys
-from statistics import median
+import time
+from collections.abc import Callable
 
 import numpy as np
-from _timing import interleaved_over_ranks
 from mpi4py import MPI
 
 from linop import expand_all
@@ -49,13 +64,30 @@ RANK, SIZE = COMM.rank, COMM.size
 COUNT = int(sys.argv[1]) if len(sys.argv) > 1 else 1 << 20  # 8 MB of float64
 SAMPLES = int(sys.argv[2]) if len(sys.argv) > 2 else 31
 BATCH = 5
+WARMUPS = 3
+"""Untimed calls of a row right before each of its timed batches (see the module docstring)."""
 
 
-def bench(methods: dict) -> dict[str, tuple[float, float]]:
-    """(median, best) over samples of the maximum over ranks of one call's time; interleaved."""
-    samples = interleaved_over_ranks(methods, COMM, SAMPLES, BATCH)
-    result = {name: (median(t), float(t.min())) for name, t in samples.items()}
-    return result
+def bench(methods: dict[str, Callable[[], object]]) -> dict[str, np.ndarray]:
+    """Per row, the time of one call in each sample: the maximum over ranks of a batch's mean.
+    Each sample runs every row once, in an order drawn per sample (the same seed on every
+    rank), each batch after :data:`WARMUPS` untimed calls of its own and a barrier."""
+    names = list(methods)
+    order = np.random.default_rng(SAMPLES)
+    times = {name: np.empty(SAMPLES) for name in names}
+    for sample in range(SAMPLES):
+        for index in order.permutation(len(names)):
+            function = methods[names[index]]
+            for _ in range(WARMUPS):
+                function()
+            COMM.Barrier()
+            start = time.perf_counter()
+            for _ in range(BATCH):
+                function()
+            times[names[index]][sample] = (time.perf_counter() - start) / BATCH
+    for values in times.values():
+        COMM.Allreduce(MPI.IN_PLACE, values, op=MPI.MAX)
+    return times
 
 
 def start_and_wait(request: MPI.Prequest) -> None:
@@ -64,15 +96,19 @@ def start_and_wait(request: MPI.Prequest) -> None:
     request.Wait()
 
 
-def report(title: str, times: dict[str, tuple[float, float]]) -> None:
+def report(title: str, times: dict[str, np.ndarray]) -> None:
+    """The rows' medians and best samples; for linop's rows, the median of the per-sample
+    ratios to the native row of the smallest median."""
     if RANK:
         return
-    native = {k: v for k, v in times.items() if not k.startswith("linop")}
-    fastest = min(native, key=lambda k: native[k][0])
+    native = [name for name in times if not name.startswith("linop")]
+    fastest = min(native, key=lambda name: float(np.median(times[name])))
     print(f"  {title}:")
-    for name, (med, best) in times.items():
-        note = f"ratio {med / native[fastest][0]:5.2f}x vs {fastest}" if name.startswith("linop") else ""
-        print(f"    {name:31s} {med * 1e3:8.3f} ms  (best {best * 1e3:7.3f})   {note}")
+    for name, values in times.items():
+        note = ""
+        if name.startswith("linop"):
+            note = f"ratio {float(np.median(values / times[fastest])):5.2f}x vs {fastest}"
+        print(f"    {name:33s} {np.median(values) * 1e3:8.3f} ms  (best {values.min() * 1e3:7.3f})   {note}")
 
 
 def main() -> int:
@@ -99,6 +135,7 @@ def main() -> int:
     outputs = bound_broadcast()  # collective: every rank calls it
     same_memory = root_state["s[0]"] if RANK == 0 else outputs[f"c[{RANK}]"]
     persistent_broadcast = COMM.Bcast_init([buffer, buffer.nbytes, MPI.BYTE], root=0)
+    persistent_typed = COMM.Bcast_init(buffer, root=0)
     report(
         "broadcast",
         bench(
@@ -113,14 +150,19 @@ def main() -> int:
                 "Bcast into a new array": lambda: COMM.Bcast(
                     buffer if RANK == 0 else np.empty(COUNT), root=0
                 ),
-                "Bcast_init (persistent)": lambda: start_and_wait(persistent_broadcast),
+                "Bcast_init (persistent)": lambda: start_and_wait(persistent_typed),
+                "Bcast_init as bytes (persistent)": lambda: start_and_wait(persistent_broadcast),
             }
         ),
     )
     reduce = broadcast.H
     copies = {f"c[{RANK}]": rng.standard_normal(COUNT)}
     total = np.empty(COUNT)
-    overwritten = copies[f"c[{RANK}]"].copy()  # the in-place calls' buffer
+    # the in-place calls' buffers, of zeros: a sum in place of values grows P-fold per call and
+    # would pass the largest float64 within a few hundred calls (zeros add as fast as any)
+    overwritten = np.zeros(COUNT)
+    overwritten_too = np.zeros(COUNT)
+    persistent_sum = COMM.Allreduce_init(MPI.IN_PLACE, overwritten_too)
     COMM.Allreduce(copies[f"c[{RANK}]"], total)
     result = mpi_backend.apply(reduce, copies, comm=COMM)
     if RANK == 0:
@@ -139,11 +181,12 @@ def main() -> int:
                 "Reduce, preallocated": lambda: COMM.Reduce(copies[f"c[{RANK}]"], total, root=0),
                 "Allreduce, preallocated": lambda: COMM.Allreduce(copies[f"c[{RANK}]"], total),
                 # in place: no copy of the block to make, but the caller's copy is overwritten
-                # (what an out-of-place operator may not do; its values grow, call after call)
+                # (what an out-of-place operator may not do)
                 "Reduce(IN_PLACE) at the root": lambda: COMM.Reduce(
                     MPI.IN_PLACE if RANK == 0 else overwritten, overwritten if RANK == 0 else None, root=0
                 ),
                 "Allreduce(IN_PLACE)": lambda: COMM.Allreduce(MPI.IN_PLACE, overwritten),
+                "Allreduce_init(IN_PLACE)": lambda: start_and_wait(persistent_sum),
             }
         ),
     )
@@ -199,7 +242,8 @@ def main() -> int:
     for plan in (bound, bound_broadcast, bound_reduce):
         plan.free()
     persistent.Free()
-    persistent_broadcast.Free()
+    for request in (persistent_broadcast, persistent_typed, persistent_sum):
+        request.Free()
     ok = COMM.allreduce(ok, op=MPI.LAND)
     if RANK == 0 and not ok:
         print("  RESULTS DIFFER from the native calls")

@@ -411,11 +411,11 @@ class DistributedPlan(ExecutorPlan["CommContext"]):
         further checks. In place (the default when domain equals range), a schedule of phases
         of stores, adds and clears between blocks that exist before and after (a halo
         exchange, an in-place copy) and native all-reduces becomes persistent requests straight
-        on the caller's arrays. Out of place, a native broadcast (a blocking ``Bcast`` per
-        call: measured faster than ``Bcast_init`` here) or sum-reduce (persistent
-        ``Allreduce_init``) writes into result arrays prebuilt once: each call returns the same
-        arrays, overwritten. Any other schedule runs the ordinary application without its
-        check on each call.
+        on the caller's arrays. Out of place, a native broadcast (a persistent ``Bcast_init``)
+        or sum-reduce (a large block over a few ranks as persistent messages, a reduce-scatter
+        and a gather onto the root; else a persistent ``Allreduce_init``) writes into result
+        arrays prebuilt once: each call returns the same arrays, overwritten. Any other
+        schedule runs the ordinary application without its check on each call.
 
         ``donate=True`` (out of place) gives the bound arrays to the plan, as JAX's donated
         arguments: a compiled plan may then write into them instead of copying a block before

@@ -130,8 +130,10 @@ class _RankBroadcast(RankStep):
                     buffer = lasting_array(group.shape, dtype)
                     results[mine[0]] = buffer
                 if sub is not None:
-                    # persistent, typed by entry: 0.55-0.85x of a blocking Bcast of the same
-                    # bytes on 2 and 4 ranks here (benchmarks/bench_mpi_collectives.py)
+                    # persistent, typed by entry, 8 MB, each batch after calls of its own (see
+                    # benchmarks/bench_mpi_collectives.py): 0.98-1.01x of a blocking Bcast on the
+                    # same arrays on 2 ranks, 0.8-1.0x on 4 (oversubscribed); as bytes instead of
+                    # typed made no difference beyond the noise (0.96-1.04x)
                     requests.append(sub.Bcast_init([buffer, buffer.size, element_type(dtype)], root=0))
                 continue
             assert sub is not None  # a group of one was declined above
