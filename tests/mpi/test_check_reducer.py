@@ -1,6 +1,7 @@
 """The MPI entry check's collectives (linop.backends.mpi.check): the digest first, the whole vector
 only when the ranks' vectors differ, on every rank alike; the common case of a loop makes the
-digest's collective only; the poll that yields on an oversubscribed node waits for a late peer.
+digest's collective only; on an oversubscribed node the wait for a late peer yields the core from
+its first failed test (linop.backends.mpi.deadline.wait_all's ``busy=0``).
 
 Each verdict is compared with an independent reduction (mpi4py's ``allreduce`` of the vectors),
 and the digest's test has a control: a digest of the fingerprint words only misses ranks that
@@ -18,7 +19,7 @@ from mpi4py import MPI
 
 from linop.backends import mpi as mpi_backend
 from linop.backends.entry_check.vector import FLAG_OF, LARGEST, UNSETTLED
-from linop.backends.mpi import check
+from linop.backends.mpi import check, deadline
 from linop.backends.mpi.check import VECTOR_LENGTH, CheckReducer
 from linop.halo import HaloExchange
 from linop.halo_geometry import Kernel, halo_geometry
@@ -44,12 +45,10 @@ def _load(reducer: CheckReducer, vector: np.ndarray) -> None:
     reducer.signature, reducer.sent = object(), reducer.send.tobytes()
 
 
-def _fingerprint_only(self: CheckReducer) -> None:
+def _fingerprint_only(self: CheckReducer, sent: bytes) -> bytes:
     """The control: a digest of the fingerprint words alone (blind to flags and magnitudes)."""
-    sent = self.sent
     words = np.frombuffer(hashlib.blake2b(sent[:64], digest_size=16).digest(), dtype=np.int64)
-    self.digest[:2], self.digest[2:] = words, ~words
-    self._digest_of, self._digest_bytes = sent, self.digest.tobytes()
+    return np.concatenate([words, ~words]).tobytes()
 
 
 @pytest.mark.parametrize("control", [False, True], ids=["digest", "control-fingerprint-only"])
@@ -58,7 +57,7 @@ def test_the_reduction_is_the_maximum_over_ranks_whichever_rank_differs(control,
     unsettled flag or the largest magnitude: every rank's reduced vector equals the maximum over
     ranks (an independent allreduce), and the digest's verdict is every rank's."""
     if control:
-        monkeypatch.setattr(CheckReducer, "_set_digest", _fingerprint_only)
+        monkeypatch.setattr(CheckReducer, "digest_for", _fingerprint_only)
     reducer = _reducer()
     base = np.arange(VECTOR_LENGTH, dtype=np.int64) * 7 - 20
     wrong = []
@@ -151,11 +150,32 @@ def test_oversubscription_is_ranks_on_the_node_against_the_union_of_their_cores(
     collective_assert(found == (expected and on_node > 1), f"{found} with {on_node} rank(s) on the node")
 
 
-def test_a_late_peer_is_waited_for_by_the_yielding_poll():
-    """Forced oversubscribed (no busy tests): the last rank comes 50 ms late, past the yielding
-    poll's millisecond, so the others go on to the deadline's wait; every rank gets the maximum."""
+class _Logged:
+    """A persistent request that logs its tests (and, through the patched ``sched_yield``,
+    the yields between them) in one list."""
+
+    def __init__(self, request, log: list[str]) -> None:
+        self.request, self.log = request, log
+
+    def Start(self) -> None:  # noqa: N802 - mpi4py's name
+        self.request.Start()
+
+    def Test(self) -> bool:  # noqa: N802 - mpi4py's name
+        self.log.append("test")
+        return bool(self.request.Test())
+
+
+@pytest.mark.parametrize("control", [False, True], ids=["yielding", "control-busy"])
+def test_a_late_peer_is_waited_for_by_the_yielding_poll(control, monkeypatch):
+    """Forced oversubscribed (no busy tests, ``busy=0``): the last rank comes 50 ms late, and
+    the others wait for it in wait_all, which yields the core from its first failed test on;
+    every rank gets the maximum. Control: the busy start of a node with a core per rank
+    (``busy`` a second here) tests without yielding until the peer comes."""
     reducer = _reducer()
-    reducer.oversubscribed, reducer.spins = True, 0
+    reducer.oversubscribed, reducer.spins, reducer.busy = True, range(0), 1.0 if control else 0.0
+    log: list[str] = []
+    monkeypatch.setattr(deadline.os, "sched_yield", lambda: log.append("yield"))
+    reducer.request = _Logged(reducer.request, log)
     try:
         vector = np.full(VECTOR_LENGTH, RANK, dtype=np.int64)
         _load(reducer, vector)
@@ -163,8 +183,15 @@ def test_a_late_peer_is_waited_for_by_the_yielding_poll():
             time.sleep(0.05)
         reduced = reducer.reduce(TIMEOUT).copy()
     finally:
+        reducer.request = reducer.request.request
         _free(reducer)
     collective_assert(bool(np.all(reduced == SIZE - 1)), f"reduced {reduced[:3]}...")
+    early = RANK < SIZE - 1  # these waited 50 ms for the last rank
+    first = log.index("yield") if "yield" in log else len(log)
+    if control:
+        collective_assert(not early or (first == len(log) and len(log) > 2), f"{first} of {len(log)}")
+    else:
+        collective_assert(not early or first <= 2, f"first yield after {first} test(s)")
 
 
 def test_a_tree_and_its_adjoint_in_turn_are_each_served_by_their_kept_run_and_stay_exact():
