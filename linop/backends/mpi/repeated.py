@@ -20,9 +20,11 @@ Soundness: the same as the path it shortens (:meth:`DistributedPlan.repeated
   only for a C-contiguous array, and a call finds the array C-contiguous with the kept shape
   instead of comparing its strides, which then place every element where the kept strides
   did; the strides of a dimension of length one, which numpy lets differ, address nothing),
-  and the plan with what the record was built on (the entry check still keeps this repeat,
-  the kernels' version, the plan's deadline, the communicator not freed); else the call goes
-  the general way, nothing communicated;
+  and the plan with what the record was built on (the kernels' version, which the kept vector
+  says; the plan's deadline; the communicator not freed); else the call goes the general way,
+  nothing communicated. Nothing else the record holds can go stale: the repeat's vector and
+  outcome depend on the array's properties, the kernels' version and global facts only, and
+  its binding is read at each call (empty once freed: then the ordinary run);
 - the digest is reduced on every call, so a rank whose input differs (or which holds another
   tree, or calls the ordinary check) makes the reduced digest differ on every rank; then every
   rank reduces the whole vector (the second collective every rank makes) and decodes it
@@ -31,8 +33,8 @@ Soundness: the same as the path it shortens (:meth:`DistributedPlan.repeated
 - no data moves before the reduced digest is known, and the binding runs only when it equals
   this rank's own (every rank sent this very vector).
 
-The digest's ``Start`` comes straight after the local comparison. A record serves one repeat:
-the plan builds another when the entry check keeps another repeat.
+The digest's ``Start`` comes straight after the local comparison. The plan keeps one record, of
+the last repeat that passed the general way (:meth:`DistributedPlan.repeated`).
 """
 
 from __future__ import annotations
@@ -126,13 +128,9 @@ class RepeatedCall:
         flags = array.flags
         if not flags.c_contiguous or (inplace and not flags.writeable):
             return None
-        repeat = self.repeat
-        if (
-            self.entry.last is not repeat
-            or self.kernels.version != self.version
-            or self.plan.timeout is not self.given
-        ):
+        if self.kernels.version != self.version or self.plan.timeout is not self.given:
             return None
+        repeat = self.repeat
         reducer = self.reducer
         request = reducer.request  # None once the communicator is freed (and on one rank)
         plan = self.plan
@@ -142,6 +140,7 @@ class RepeatedCall:
             seconds = self.seconds
             try:
                 request.Start()
+                binding = repeat.run  # (read while the reduction is in flight)
                 if seconds is None:
                     request.Wait()
                 else:
@@ -161,9 +160,10 @@ class RepeatedCall:
                 return plan.after_again(state, repeat, outcome, agreed, inplace)
         elif not reducer.single or self.context.freed:  # freed, or no persistent collectives
             return None
+        else:
+            binding = repeat.run
         repeat.hits += 1
-        binding = repeat.run  # the in-place binding kept with the repeat, if any
-        calls = binding.calls if binding is not None else None
+        calls = binding.calls if binding is not None else None  # the in-place binding kept, if any
         if calls:  # the binding is live: its prepared calls
             try:
                 for function, arguments in calls:
