@@ -195,23 +195,49 @@ def test_a_late_peer_is_waited_for_by_the_yielding_poll(control, monkeypatch):
         collective_assert(not early or first <= 2, f"first yield after {first} test(s)")
 
 
-def test_a_tree_and_its_adjoint_in_turn_are_each_served_by_their_kept_run_and_stay_exact():
+def _stale_digest(self: CheckReducer, sent: bytes, digest: bytes) -> None:
+    """The control: a digest write that leaves the buffer as it was (the other tree's digest)."""
+    self.digest_of = sent
+
+
+@pytest.mark.parametrize("control", [False, True], ids=["digest-written", "control-stale-digest"])
+def test_a_tree_and_its_adjoint_in_turn_are_each_served_by_their_kept_run_and_stay_exact(
+    control, monkeypatch
+):
     """A loop applying an operator and its adjoint in turn on the same arrays: both plans'
-    repeats serve the calls after the first, apply remembers both trees (each plan found
-    without the cache's lookup), and every result equals the numpy interpreter's."""
+    repeats serve the calls after the first, through their one-step records, apply remembers
+    both trees (each plan found without the cache's lookup), and every result equals the numpy
+    interpreter's. Each record writes its own digest before the reduction, so the loop reduces
+    no whole vector; control: a record that leaves the other tree's digest in place makes
+    every call's digests differ (still exact, through the whole vector)."""
     tensor = DistributedTensor("x", (12, 40), Partition((SIZE, 1)))
     op = HaloExchange(halo_geometry(tensor, Kernel(3, padding=1)))
     adjoint = op.H
     state = op.domain.random(8)
     local = local_part(op.domain, state, RANK)
     problem = None
-    for _ in range(4):
+    plans = [mpi_backend.plan_for(tree, comm=COMM) for tree in (op, adjoint)]
+    reducer = plans[0].context.reducer
+    whole = _Counted(reducer.vector_request) if SIZE > 1 else None
+    for call in range(4):
+        if call == 2 and whole is not None:  # both records built: count from here
+            reducer.vector_request = whole
+            if control:
+                monkeypatch.setattr(CheckReducer, "write_digest", _stale_digest)
         for tree in (op, adjoint):
             state = tree(state)
             mpi_backend.apply(tree, local, comm=COMM, inplace=True)
             problem = problem or same_blocks(local, state, tuple(local), exact=True)
+    if whole is not None:
+        reducer.vector_request = whole.request
     remembered = [mpi_backend._LAST_PLAN[0] is adjoint, mpi_backend._PREVIOUS_PLAN[0] is op]
     collective_assert(all(remembered), f"apply's last two trees: {remembered}")
-    hits = [mpi_backend.plan_for(tree, comm=COMM).entry.last.hits for tree in (op, adjoint)]
+    hits = [plan.entry.last.hits for plan in plans]
+    records = [plan.fast is not None for plan in plans]
     collective_assert(problem is None, str(problem))
-    collective_assert(SIZE == 1 or min(hits) >= 3, f"hits {hits} of 4 calls each")
+    collective_assert(SIZE == 1 or (min(hits) >= 3 and all(records)), f"hits {hits} of 4 calls, {records}")
+    starts = whole.starts if whole is not None else 0
+    if control:
+        collective_assert(SIZE == 1 or starts > 0, "the stale digest: no whole-vector reduction")
+    else:
+        collective_assert(starts == 0, f"{starts} whole-vector reductions in the loop")
