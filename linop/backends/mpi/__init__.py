@@ -30,6 +30,10 @@ How a call runs
    ending the job is the only way not to hang it (:mod:`linop.backends.mpi.guards`, whose
    :func:`guard` does the same for the user's own code).
 
+A loop that passes the same arrays again (in place: a halo exchange in a time loop) runs each
+call in one step after the first two: the arrays compared with the kept ones, the check's
+collective, the kept in-place binding (:mod:`linop.backends.mpi.repeated`); the two trees of the
+last calls (an operator and its adjoint in turn) find their plans without the cache's lookup.
 :meth:`DistributedPlan.bind` goes one step further for repeated application (a halo exchange in
 a time loop): it checks once, then builds persistent requests on the caller's arrays
 (:mod:`linop.backends.mpi.bound`).
