@@ -1,6 +1,7 @@
 """The MPI entry check's collectives (linop.backends.mpi.check): the digest first, the whole vector
 only when the ranks' vectors differ, on every rank alike; the common case of a loop makes the
-digest's collective only; the poll that yields on an oversubscribed node waits for a late peer.
+digest's collective only; on an oversubscribed node the wait for a late peer yields the core from
+its first failed test (linop.backends.mpi.deadline.wait_all's ``busy=0``).
 
 Each verdict is compared with an independent reduction (mpi4py's ``allreduce`` of the vectors),
 and the digest's test has a control: a digest of the fingerprint words only misses ranks that
@@ -18,7 +19,7 @@ from mpi4py import MPI
 
 from linop.backends import mpi as mpi_backend
 from linop.backends.entry_check.vector import FLAG_OF, LARGEST, UNSETTLED
-from linop.backends.mpi import check
+from linop.backends.mpi import check, deadline
 from linop.backends.mpi.check import VECTOR_LENGTH, CheckReducer
 from linop.halo import HaloExchange
 from linop.halo_geometry import Kernel, halo_geometry
@@ -44,26 +45,25 @@ def _load(reducer: CheckReducer, vector: np.ndarray) -> None:
     reducer.signature, reducer.sent = object(), reducer.send.tobytes()
 
 
-def _fingerprint_only(self: CheckReducer) -> None:
+def _fingerprint_only(self: CheckReducer, sent: bytes) -> bytes:
     """The control: a digest of the fingerprint words alone (blind to flags and magnitudes)."""
-    sent = self.sent
     words = np.frombuffer(hashlib.blake2b(sent[:64], digest_size=16).digest(), dtype=np.int64)
-    self.digest[:2], self.digest[2:] = words, ~words
-    self._digest_of, self._digest_bytes = sent, self.digest.tobytes()
+    return np.concatenate([words, ~words]).tobytes()
 
 
 @pytest.mark.parametrize("control", [False, True], ids=["digest", "control-fingerprint-only"])
 def test_the_reduction_is_the_maximum_over_ranks_whichever_rank_differs(control, monkeypatch):
     """For no rank, and for each rank in turn, differing in a fingerprint word, a dtype flag, an
     unsettled flag or the largest magnitude: every rank's reduced vector equals the maximum over
-    ranks (an independent allreduce), and the digest's verdict is every rank's."""
+    ranks (an independent allreduce), and the digest's verdict is every rank's. The control
+    (a digest of the fingerprint words only) runs the dtype flag's case, which it misses."""
     if control:
-        monkeypatch.setattr(CheckReducer, "_set_digest", _fingerprint_only)
+        monkeypatch.setattr(CheckReducer, "digest_for", _fingerprint_only)
     reducer = _reducer()
     base = np.arange(VECTOR_LENGTH, dtype=np.int64) * 7 - 20
     wrong = []
     try:
-        for position in (1, FLAG_OF["d"], UNSETTLED + 3, LARGEST):
+        for position in (FLAG_OF["d"],) if control else (1, FLAG_OF["d"], UNSETTLED + 3, LARGEST):
             for odd in [None, *range(SIZE)]:
                 vector = base.copy()
                 if RANK == odd:
@@ -151,39 +151,93 @@ def test_oversubscription_is_ranks_on_the_node_against_the_union_of_their_cores(
     collective_assert(found == (expected and on_node > 1), f"{found} with {on_node} rank(s) on the node")
 
 
-def test_a_late_peer_is_waited_for_by_the_yielding_poll():
-    """Forced oversubscribed (no busy tests): the last rank comes 50 ms late, past the yielding
-    poll's millisecond, so the others go on to the deadline's wait; every rank gets the maximum."""
+class _Logged:
+    """A persistent request that logs its tests (and, through the patched ``sched_yield``,
+    the yields between them) in one list."""
+
+    def __init__(self, request, log: list[str]) -> None:
+        self.request, self.log = request, log
+
+    def Start(self) -> None:  # noqa: N802 - mpi4py's name
+        self.request.Start()
+
+    def Test(self) -> bool:  # noqa: N802 - mpi4py's name
+        self.log.append("test")
+        return bool(self.request.Test())
+
+
+@pytest.mark.parametrize("control", [False, True], ids=["yielding", "control-busy"])
+def test_a_late_peer_is_waited_for_by_the_yielding_poll(control, monkeypatch):
+    """Forced oversubscribed (no busy tests, ``busy=0``): the last rank comes 20 ms late, and
+    the others wait for it in wait_all, which yields the core from its first failed test on;
+    every rank gets the maximum. Control: the busy start of a node with a core per rank
+    (``busy`` a second here) tests without yielding until the peer comes."""
     reducer = _reducer()
-    reducer.oversubscribed, reducer.spins = True, 0
+    reducer.oversubscribed, reducer.spins, reducer.busy = True, range(0), 1.0 if control else 0.0
+    log: list[str] = []
+    monkeypatch.setattr(deadline.os, "sched_yield", lambda: log.append("yield"))
+    reducer.request = _Logged(reducer.request, log)
     try:
         vector = np.full(VECTOR_LENGTH, RANK, dtype=np.int64)
         _load(reducer, vector)
         if RANK == SIZE - 1:
-            time.sleep(0.05)
+            time.sleep(0.02)
         reduced = reducer.reduce(TIMEOUT).copy()
     finally:
+        reducer.request = reducer.request.request
         _free(reducer)
     collective_assert(bool(np.all(reduced == SIZE - 1)), f"reduced {reduced[:3]}...")
+    early = RANK < SIZE - 1  # these waited 20 ms for the last rank
+    first = log.index("yield") if "yield" in log else len(log)
+    if control:
+        collective_assert(not early or first == len(log), f"a yield after {first} of {len(log)} tests")
+    else:
+        collective_assert(not early or first <= 2, f"first yield after {first} test(s)")
 
 
-def test_a_tree_and_its_adjoint_in_turn_are_each_served_by_their_kept_run_and_stay_exact():
+def _stale_digest(self: CheckReducer, sent: bytes, digest: bytes) -> None:
+    """The control: a digest write that leaves the buffer as it was (the other tree's digest)."""
+    self.digest_of = sent
+
+
+@pytest.mark.parametrize("control", [False, True], ids=["digest-written", "control-stale-digest"])
+def test_a_tree_and_its_adjoint_in_turn_are_each_served_by_their_kept_run_and_stay_exact(
+    control, monkeypatch
+):
     """A loop applying an operator and its adjoint in turn on the same arrays: both plans'
-    repeats serve the calls after the first, apply remembers both trees (each plan found
-    without the cache's lookup), and every result equals the numpy interpreter's."""
+    repeats serve the calls after the first, through their one-step records, apply remembers
+    both trees (each plan found without the cache's lookup), and every result equals the numpy
+    interpreter's. Each record writes its own digest before the reduction, so the loop reduces
+    no whole vector; control: a record that leaves the other tree's digest in place makes
+    every call's digests differ (still exact, through the whole vector)."""
     tensor = DistributedTensor("x", (12, 40), Partition((SIZE, 1)))
     op = HaloExchange(halo_geometry(tensor, Kernel(3, padding=1)))
     adjoint = op.H
     state = op.domain.random(8)
     local = local_part(op.domain, state, RANK)
     problem = None
-    for _ in range(4):
+    plans = [mpi_backend.plan_for(tree, comm=COMM) for tree in (op, adjoint)]
+    reducer = plans[0].context.reducer
+    whole = _Counted(reducer.vector_request) if SIZE > 1 else None
+    for call in range(4):
+        if call == 2 and whole is not None:  # both records built: count from here
+            reducer.vector_request = whole
+            if control:
+                monkeypatch.setattr(CheckReducer, "write_digest", _stale_digest)
         for tree in (op, adjoint):
             state = tree(state)
             mpi_backend.apply(tree, local, comm=COMM, inplace=True)
             problem = problem or same_blocks(local, state, tuple(local), exact=True)
+    if whole is not None:
+        reducer.vector_request = whole.request
     remembered = [mpi_backend._LAST_PLAN[0] is adjoint, mpi_backend._PREVIOUS_PLAN[0] is op]
     collective_assert(all(remembered), f"apply's last two trees: {remembered}")
-    hits = [mpi_backend.plan_for(tree, comm=COMM).entry.last.hits for tree in (op, adjoint)]
+    hits = [plan.entry.last.hits for plan in plans]
+    records = [plan.fast is not None for plan in plans]
     collective_assert(problem is None, str(problem))
-    collective_assert(SIZE == 1 or min(hits) >= 3, f"hits {hits} of 4 calls each")
+    collective_assert(SIZE == 1 or (min(hits) >= 3 and all(records)), f"hits {hits} of 4 calls, {records}")
+    starts = whole.starts if whole is not None else 0
+    if control:
+        collective_assert(SIZE == 1 or starts > 0, "the stale digest: no whole-vector reduction")
+    else:
+        collective_assert(starts == 0, f"{starts} whole-vector reductions in the loop")

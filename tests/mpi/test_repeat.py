@@ -1,13 +1,16 @@
-"""The same arrays again (linop.backends.entry_check.repeat): a checked call passing exactly what the
-previous passed call did runs the check's collective and the kept run only; any change to the
-arrays (another object, a shape, dtype or writeability set on the same object, a collected
-array whose id is reused) is a miss, and the call is then exact or fails with the typed error
-on every rank. Each change has a control: with a stale repeat (one that compares the object
-only) the same call gives a wrong answer or misses the error, so the test can fail."""
+"""The same arrays again (linop.backends.entry_check.repeat, and its one-step record
+linop.backends.mpi.repeated): a checked call passing exactly what the previous passed call did
+runs the check's collective and the kept run only; any change to the arrays (another object, a
+shape, strides, dtype or writeability set on the same object, a collected array whose id is
+reused) is a miss, and the call is then exact or fails with the typed error on every rank.
+Each change has two controls: with a stale repeat (one that compares the object only), and with
+a record blind to the change (the kept value shown to its comparison only), the same call gives
+a wrong answer or misses the error, so the test can fail on either path."""
 
 from __future__ import annotations
 
 import gc
+import warnings
 
 import numpy as np
 import pytest
@@ -16,6 +19,7 @@ from mpi4py import MPI
 
 from linop.backends import mpi as mpi_backend
 from linop.backends.entry_check.repeat import Repeat
+from linop.backends.mpi.repeated import RepeatedCall
 from linop.errors import DistributedStateError
 from linop.halo import HaloExchange
 from linop.halo_geometry import Kernel, halo_geometry
@@ -36,6 +40,45 @@ def _halo() -> HaloExchange:
 def _stale_same(self: Repeat, state, inplace) -> bool:
     """A stale repeat: the same object under the same name, its properties not compared."""
     return type(state) is dict and len(state) == 1 and state.get(self.name) is self.ref()
+
+
+def _set(array: np.ndarray, change: str, value) -> None:
+    """Set the property ``change`` of ``array`` (the same object) to ``value``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # setting strides: deprecated in numpy 2.4
+        if change == "read-only":
+            array.flags.writeable = value
+        else:
+            setattr(array, change, value)
+
+
+def _get(array: np.ndarray, change: str):
+    return array.flags.writeable if change == "read-only" else getattr(array, change)
+
+
+def _blind_record(monkeypatch, change: str, kept) -> None:
+    """The control of the record's own comparison: the record sees the kept value of
+    ``change`` (set back on the array for the call, then changed again), so it runs the kept
+    binding as if nothing had changed."""
+    original = RepeatedCall.__call__
+
+    def blind(self, state, inplace):
+        array = state.get(self.name)
+        now = _get(array, change)
+        _set(array, change, kept)
+        try:
+            return original(self, state, inplace)
+        finally:
+            _set(array, change, now)
+
+    monkeypatch.setattr(RepeatedCall, "__call__", blind)
+
+
+def _record_ready(op, comm=COMM) -> bool:
+    """The plan's one-step record is in place for the entry check's kept repeat (so the next
+    call on the same arrays goes through it)."""
+    plan = mpi_backend.plan_for(op, comm=comm)
+    return plan.fast is not None and plan.fast.repeat is plan.entry.last
 
 
 def _hits(op) -> int:
@@ -79,26 +122,31 @@ def _warm(op, local) -> None:
         mpi_backend.apply(op, local, comm=COMM, inplace=True)
 
 
-@pytest.mark.parametrize("stale", [False, True], ids=["repeat", "control-stale"])
+CONTROLS = [None, "stale-repeat", "blind-record"]
+
+
+@pytest.mark.parametrize("control", CONTROLS, ids=["repeat", "control-stale", "control-blind-record"])
 @pytest.mark.parametrize("change", ["read-only", "shape"])
-def test_a_changed_array_object_fails_on_every_rank(change, stale, monkeypatch):
+def test_a_changed_array_object_fails_on_every_rank(change, control, monkeypatch):
     """The last rank's array, the same object, made read-only or reshaped: every rank raises
-    DistributedStateError and nothing is written. Control: a stale repeat runs the kept
-    binding (no error, the array written)."""
+    DistributedStateError and nothing is written. Controls: a stale repeat, or a record blind
+    to the change, runs the kept binding (no error, the array written)."""
     op = _halo()
     local = local_part(op.domain, op.domain.random(22), RANK)
     _warm(op, local)
+    collective_assert(SIZE == 1 or _record_ready(op), "no record for the repeated call")
     (name,) = local
     array = local[name]
     array[...] = np.random.default_rng(RANK).standard_normal(array.shape)  # new halos to receive
+    kept = _get(array, change)
     if RANK == LAST:
-        if change == "read-only":
-            array.flags.writeable = False
-        else:
-            array.shape = (array.shape[1], array.shape[0])
+        _set(array, change, False if change == "read-only" else (array.shape[1], array.shape[0]))
     before = array.copy()
-    if stale:
-        monkeypatch.setattr(Repeat, "same", _stale_same)
+    if control is not None:
+        if control == "stale-repeat":
+            monkeypatch.setattr(Repeat, "same", _stale_same)
+        else:
+            _blind_record(monkeypatch, change, kept)
         mpi_backend.apply(op, local, comm=COMM, inplace=True)  # no error: the control
         written = not np.array_equal(array, before)
         collective_assert(SIZE == 1 or COMM.allreduce(written, op=MPI.LOR), "the stale run wrote nothing")
@@ -110,32 +158,71 @@ def test_a_changed_array_object_fails_on_every_rank(change, stale, monkeypatch):
     collective_assert(np.array_equal(array, before), "a refused call wrote into the caller's array")
 
 
-@pytest.mark.parametrize("stale", [False, True], ids=["repeat", "control-stale"])
-def test_a_dtype_set_on_the_same_object_is_a_miss(stale, monkeypatch):
+@pytest.mark.parametrize("control", CONTROLS, ids=["repeat", "control-stale", "control-blind-record"])
+def test_a_dtype_set_on_the_same_object_is_a_miss(control, monkeypatch):
     """Every rank's float64 array reinterpreted as int64 (``a.dtype = ...``: same object, shape
     and strides), refilled with integers of both signs: the adjoint (which adds) equals numpy's
-    in int64. Control: a stale repeat adds the integers' bits as float64 (a NaN for a negative
-    one), which differs."""
+    in int64. Controls: a stale repeat, or a record blind to the dtype, adds the integers' bits
+    as float64 (a NaN for a negative one), which differs."""
     op = _halo().H
     local = local_part(op.domain, op.domain.random(23), RANK)
     _warm(op, local)
+    collective_assert(SIZE == 1 or _record_ready(op), "no record for the repeated call")
     (name,) = local
     array = local[name]
+    kept = array.dtype
     array.dtype = np.int64
     integers = {
         b.name: np.random.default_rng(b.worker).integers(-5, 6, b.shape).astype(np.int64) for b in op.domain
     }
     array[...] = integers[name]
     expected = op(integers)
-    if stale:
+    if control == "stale-repeat":
         monkeypatch.setattr(Repeat, "same", _stale_same)
+    elif control == "blind-record":
+        _blind_record(monkeypatch, "dtype", kept)
     result = mpi_backend.apply(op, local, comm=COMM, inplace=True)
     exact = bool(np.array_equal(result[name].view(np.int64), expected[name]))
     everywhere = bool(COMM.allreduce(exact, op=MPI.LAND))
-    if stale:
+    if control is not None:
         collective_assert(SIZE == 1 or not everywhere, "the stale repeat gave numpy's answer")
     else:
         collective_assert(everywhere and array.dtype == np.int64, "not numpy's int64 result")
+
+
+@pytest.mark.parametrize("control", [None, "blind-record"], ids=["repeat", "control-blind-record"])
+def test_strides_set_on_the_same_object_are_a_miss(control, monkeypatch):
+    """The last rank's array, the same object and shape, given the strides of Fortran order
+    (the same memory read in another order: no longer C-contiguous, which the record tests in
+    place of the strides): every rank's result equals numpy's on the values as the array now
+    reads them. Control: a record blind to the strides moves the kept C-ordered rows, which
+    differ (the stale repeat compares strides exactly: the test above covers its path)."""
+    op = _halo()
+    state = op.domain.random(27)
+    local = local_part(op.domain, state, RANK)
+    _warm(op, local)
+    for _ in range(3):
+        state = op(state)
+    collective_assert(SIZE == 1 or _record_ready(op), "no record for the repeated call")
+    (name,) = local
+    array = local[name]
+    kept = array.strides
+    if RANK == LAST:
+        _set(array, "strides", (array.itemsize, array.itemsize * array.shape[0]))
+    now = {b.name: np.array(state[b.name]) for b in op.domain}
+    for block in op.domain:  # every rank's block as its rank's array now reads it
+        if block.worker == LAST:
+            memory = np.ascontiguousarray(state[block.name]).ravel()
+            now[block.name] = memory.reshape(block.shape, order="F")
+    if control is not None:
+        _blind_record(monkeypatch, "strides", kept)
+    result = mpi_backend.apply(op, local, comm=COMM, inplace=True)
+    problem = same_blocks(result, op(now), (name,), exact=True)
+    everywhere = not COMM.allreduce(problem is not None, op=MPI.LOR)
+    if control is not None:
+        collective_assert(SIZE == 1 or not everywhere, "the blind record gave numpy's answer")
+    else:
+        collective_assert(everywhere, str(problem))
 
 
 def test_a_collected_array_is_never_taken_for_a_new_one():
@@ -193,3 +280,47 @@ def test_numpy_refuses_to_resize_a_kept_array():
     else:
         refused = False
     collective_assert(refused, "numpy resized an array the repeat holds a weak reference to")
+
+
+def test_the_record_follows_the_plans_deadline_and_waits_without_one():
+    """The record takes the plan's deadline as it is when built: set to none (``"off"``), the
+    repeated calls wait for the check (``Wait``) and stay exact; set to 30 s, the next call
+    goes the general way and the record is built again with it."""
+    op = _halo().H
+    state = op.domain.random(28)
+    local = local_part(op.domain, state, RANK)
+    plan = mpi_backend.plan_for(op, comm=COMM)
+    problem = None
+    try:
+        for timeout, seconds in (("off", None), (30.0, 30.0)):
+            plan.timeout = timeout
+            for _ in range(4):
+                state = op(state)
+                mpi_backend.apply(op, local, comm=COMM, inplace=True)
+                problem = problem or same_blocks(local, state, tuple(local), exact=True)
+            collective_assert(SIZE == 1 or (_record_ready(op) and plan.fast.seconds == seconds), f"{timeout}")
+    finally:
+        plan.timeout = None
+    collective_assert(problem is None, str(problem))
+
+
+def test_a_freed_communicator_after_repeated_calls_is_a_typed_error():
+    """Repeated calls on a duplicate of the communicator, which the caller then frees: the next
+    call (the record at hand) raises CommunicatorError on every rank, through apply and through
+    the plan, instead of starting the freed check's reduction."""
+    from linop.errors import CommunicatorError
+
+    op = _halo()
+    local = local_part(op.domain, op.domain.random(29), RANK)
+    comm = COMM.Dup()
+    plan = mpi_backend.plan_for(op, comm=comm)
+    for _ in range(3):
+        mpi_backend.apply(op, local, comm=comm, inplace=True)
+    ready = _record_ready(op, comm)
+    comm.Free()
+    message = expect_collective_error(
+        CommunicatorError, lambda: mpi_backend.apply(op, local, comm=comm, inplace=True)
+    )
+    again = expect_collective_error(CommunicatorError, lambda: plan.apply(local, inplace=True))
+    collective_assert(SIZE == 1 or ready, "no record for the repeated call")
+    collective_assert("COMM_NULL" in message and "freed" in again, f"{message} / {again}")

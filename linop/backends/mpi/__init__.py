@@ -30,6 +30,10 @@ How a call runs
    ending the job is the only way not to hang it (:mod:`linop.backends.mpi.guards`, whose
    :func:`guard` does the same for the user's own code).
 
+A loop that passes the same arrays again (in place: a halo exchange in a time loop) runs each
+call in one step after the first two: the arrays compared with the kept ones, the check's
+collective, the kept in-place binding (:mod:`linop.backends.mpi.repeated`); the two trees of the
+last calls (an operator and its adjoint in turn) find their plans without the cache's lookup.
 :meth:`DistributedPlan.bind` goes one step further for repeated application (a halo exchange in
 a time loop): it checks once, then builds persistent requests on the caller's arrays
 (:mod:`linop.backends.mpi.bound`).
@@ -194,33 +198,43 @@ def apply(
     """
     global _LAST_PLAN, _PREVIOUS_PLAN
     try:
-        if timeout is not None:  # the communicator's first plan duplicates it within this deadline
-            context_for(comm, timeout)
-        if mapping is not None:
-            plan = plan_for(op, comm=comm, mapping=mapping)
-            if _plain(local_state):
-                return plan.apply(local_state, inplace=inplace, dtype=dtype, timeout=timeout)
-            entry = array_api.mpi_entry(local_state)
-            result = plan.apply(entry.arrays, inplace=inplace, dtype=dtype, timeout=timeout)
-            return entry.result(result, inplace=inplace)
-        last = _LAST_PLAN  # a loop applying one tree, or two in turn: its plan without a cache lookup
-        if last is None or last[0] is not op or last[1] is not comm:
-            previous = _PREVIOUS_PLAN
-            if previous is not None and previous[0] is op and previous[1] is comm:
-                _LAST_PLAN, _PREVIOUS_PLAN = previous, last
-                last = previous
-        if last is not None and last[0] is op and last[1] is comm and not last[2].context.freed:
-            kept = last[2]
+        kept = None  # the plan of one of the last two calls' trees: found without the cache's lookup
+        if mapping is None:
+            last = _LAST_PLAN
+            if last is not None and last[0] is op and last[1] is comm:
+                kept = last[2]
+            else:
+                previous = _PREVIOUS_PLAN
+                if previous is not None and previous[0] is op and previous[1] is comm:
+                    _LAST_PLAN, _PREVIOUS_PLAN = previous, last
+                    kept = previous[2]
+        if kept is not None and dtype is None and timeout is None:
+            fast = kept.fast  # the same arrays again, in one step (when it answers)
+            if fast is not None:
+                done = fast(local_state, inplace)
+                if done is not None:
+                    return done
+        if kept is not None and not kept.context.freed:
             if dtype is None:  # the same arrays again (numpy arrays then): the collective, the run
                 done = kept.repeated(local_state, inplace, timeout)
                 if done is not None:
                     return done
             if _plain(local_state):
                 return kept.apply_checked(local_state, inplace=inplace, dtype=dtype, timeout=timeout)
-        elif _plain(local_state):
-            kept = plan_for(op, comm=comm)
-            _LAST_PLAN, _PREVIOUS_PLAN = (op, comm, kept), _LAST_PLAN
-            return kept.apply(local_state, inplace=inplace, dtype=dtype, timeout=timeout)
+        else:
+            if timeout is not None:  # the communicator's first plan duplicates it within this deadline
+                context_for(comm, timeout)
+            if mapping is not None:
+                plan = plan_for(op, comm=comm, mapping=mapping)
+                if _plain(local_state):
+                    return plan.apply(local_state, inplace=inplace, dtype=dtype, timeout=timeout)
+                entry = array_api.mpi_entry(local_state)
+                result = plan.apply(entry.arrays, inplace=inplace, dtype=dtype, timeout=timeout)
+                return entry.result(result, inplace=inplace)
+            if _plain(local_state):
+                kept = plan_for(op, comm=comm)
+                _LAST_PLAN, _PREVIOUS_PLAN = (op, comm, kept), _LAST_PLAN
+                return kept.apply(local_state, inplace=inplace, dtype=dtype, timeout=timeout)
         entry = array_api.mpi_entry(local_state)  # torch, CuPy, ... arrays: numpy views, same library out
         result = plan_for(op, comm=comm).apply(entry.arrays, inplace=inplace, dtype=dtype, timeout=timeout)
         return entry.result(result, inplace=inplace)

@@ -112,7 +112,12 @@ class BoundPlan:
             doing = f"a call of the bound plan of {plan.op}"
             bounded = None
             if self._calls is not None:
-                bounded = polled_calls(self._calls, lambda requests: wait_all(requests, comm, timeout, doing))
+                busy = plan.context.reducer.busy  # none on an oversubscribed node
+
+                def wait(requests: list[Any]) -> None:
+                    wait_all(requests, comm, timeout, doing, busy=busy)
+
+                bounded = polled_calls(self._calls, wait)
             # every rank polls, or every rank meets in the barrier (a root's blocking call may
             # be another rank's request): the ranks agree (one Allreduce)
             if comm.allreduce(bounded is not None, op=mpi().LAND):
@@ -154,7 +159,12 @@ class BoundPlan:
         if not self.every_call:
             self._deadline = None
         try:
-            arrive_within(self.plan.comm, timeout, f"{doing} of the bound plan of {self.plan.op}")
+            arrive_within(
+                self.plan.comm,
+                timeout,
+                f"{doing} of the bound plan of {self.plan.op}",
+                busy=self.plan.context.reducer.busy,
+            )
         except BaseException as error:
             abort_for(self.plan.comm, f"applying the bound plan of {self.plan.op}", error)
 

@@ -47,19 +47,20 @@ Waiting within the deadline
 ---------------------------
 
 With a deadline the reduction is polled (``Test``), not waited for (a blocking ``Wait`` would
-never return if a peer never came). When this node holds more ranks than cores (oversubscribed:
-the peers share this rank's cores), a busy poll keeps the peer that must arrive off the core:
-measured on 4 ranks over 2 cores, :func:`~linop.backends.mpi.deadline.wait_all`'s busy start
-made the check's reduction 60 us instead of 10 us (MPICH's ``Wait``). The reducer then yields
-the core between tests from the first one (:data:`YIELDING` seconds of that, then
-:func:`~linop.backends.mpi.deadline.wait_all` with the rest of its policy and the deadline).
+never return if a peer never came): :data:`SPINS` tests, then
+:func:`~linop.backends.mpi.deadline.wait_all` with the rest of its policy and the deadline.
+When this node holds more ranks than cores (oversubscribed: the peers share this rank's cores),
+a busy poll keeps the peer that must arrive off the core: measured on 4 ranks over 2 cores,
+:func:`~linop.backends.mpi.deadline.wait_all`'s busy start made the check's reduction 60 us
+instead of 10 us (MPICH's ``Wait``). There the reducer makes no busy tests and has
+:func:`~linop.backends.mpi.deadline.wait_all` yield the core from its first test
+(:attr:`CheckReducer.busy`). Without a deadline the reduction is waited for (``Wait``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import time
 from typing import Any
 
 import numpy as np
@@ -68,7 +69,7 @@ from ...errors import DistributedDtypeError, DistributedOverflowError
 from ..entry_check import DTYPE_CHARS, VECTOR_LENGTH, CheckOutcome, EntryCheck
 from ..entry_check.repeat import Repeat
 from .datatypes import mpi
-from .deadline import wait_all
+from .deadline import BUSY, wait_all
 from .mpi_types import Intracomm
 
 __all__ = [
@@ -83,7 +84,6 @@ __all__ = [
     "EntryCheck",
     "MPIEntryCheck",
     "SPINS",
-    "YIELDING",
 ]
 
 DIGEST_LENGTH = 4
@@ -97,13 +97,6 @@ SPINS = 64
 """Tests of the check's reduction before :func:`~linop.backends.mpi.deadline.wait_all` takes
 over (on a node with a core per rank): a 2-rank reduction completes within about ten here, so
 the common case makes no other call; a later peer meets wait_all's own policy."""
-
-YIELDING = 1e-3
-"""Seconds of tests, each after a ``sched_yield``, before
-:func:`~linop.backends.mpi.deadline.wait_all` takes over on an oversubscribed node (it then
-spins its :data:`~linop.backends.mpi.deadline.BUSY` seconds once, sleeps between tests after
-:data:`~linop.backends.mpi.deadline.SPIN`, and raises at the deadline; this millisecond is not
-counted in the deadline)."""
 
 
 def oversubscribed(comm: Intracomm) -> bool:
@@ -143,10 +136,14 @@ class CheckReducer:
         self.send = np.zeros(VECTOR_LENGTH, dtype=np.int64)
         self.received = np.zeros(VECTOR_LENGTH, dtype=np.int64)
         self.digest = np.zeros(DIGEST_LENGTH, dtype=np.int64)
-        """The digest of :attr:`sent` and its complement (what the common case reduces)."""
+        """A digest of a check vector and its complement (what the common case reduces)."""
         self.digest_received = np.zeros(DIGEST_LENGTH, dtype=np.int64)
-        self._digest_of: bytes | None = None  # the vector bytes :attr:`digest` is of
-        self._digest_bytes = b""
+        self.digest_of: bytes | None = None
+        """The vector bytes that :attr:`digest` holds the digest of (by identity: the bytes
+        object a check keeps), which a caller that writes the digest alone
+        (:meth:`write_digest`) may leave other than :attr:`sent`."""
+        self.digest_bytes = b""
+        """:attr:`digest` as bytes."""
         self._digest_memory = self.digest.data.cast("B")
         self._digests: dict[bytes, bytes] = {}  # by vector bytes: the digest's
         self.request: Any = None  # the digest's persistent reduction
@@ -158,8 +155,12 @@ class CheckReducer:
         self.single = comm.Get_size() == 1
         self.oversubscribed = False if self.single else oversubscribed(comm)
         """More ranks than cores on this node: polls yield the core from the first test."""
-        self.spins = 0 if self.oversubscribed else SPINS
-        """Tests of a reduction before the slower wait (:meth:`_complete`)."""
+        self.spins = range(0 if self.oversubscribed else SPINS)
+        """The tests of a reduction before the slower wait (:meth:`complete`): :data:`SPINS`,
+        none when oversubscribed (a range, iterated as it is)."""
+        self.busy = 0.0 if self.oversubscribed else BUSY
+        """Seconds :func:`~linop.backends.mpi.deadline.wait_all` tests without yielding the
+        core, here and for the plans on this communicator (none when oversubscribed)."""
         if persistent and not self.single:
             try:
                 op = mpi().MAX
@@ -172,76 +173,67 @@ class CheckReducer:
         """Whether every rank's :attr:`send` holds what this rank's does (its bytes are
         :attr:`sent`): one reduction of :data:`DIGEST_LENGTH` words, the same verdict on every
         rank. When not, the whole vector is reduced into :attr:`received` (a second collective,
-        which every rank makes, as every rank sees the disagreement). ``timeout`` (seconds, or
-        None for none) and ``doing``: see :meth:`_complete`. Collective."""
+        :meth:`reduce_whole`, which every rank makes, as every rank sees the disagreement).
+        ``timeout`` (seconds, or None for none) and ``doing``: see :meth:`complete`. Collective."""
         if self.single:
             return True
-        if self._digest_of is not self.sent:
-            self._set_digest()
+        if self.digest_of is not self.sent:
+            self.write_digest(self.sent, self.digest_for(self.sent))
         request = self.request
         if request is None:  # pragma: no cover - MPI libraries without persistent collectives
             request = self.comm.Iallreduce(self.digest, self.digest_received, op=mpi().MAX)
         else:
             request.Start()
-        if timeout is None:
-            request.Wait()
-        else:  # _complete, its common case inline
-            test = request.Test
-            for _ in range(self.spins):
-                if test():
-                    break
-            else:
-                self._complete(request, timeout, doing)
-        if self.digest_received.tobytes() == self._digest_bytes:
+        self.complete(request, timeout, doing)
+        if self.digest_received.tobytes() == self.digest_bytes:
             return True
+        self.reduce_whole(timeout, doing)
+        return False
+
+    def reduce_whole(self, timeout: float | None = None, doing: str = "the entry check") -> None:
+        """The second collective, once the digests' reduction has found that the ranks' vectors
+        differ (on every rank alike): :attr:`send` reduced whole into :attr:`received`."""
         request = self.vector_request
         if request is None:  # pragma: no cover - MPI libraries without persistent collectives
             request = self.comm.Iallreduce(self.send, self.received, op=mpi().MAX)
         else:
             request.Start()
-        self._complete(request, timeout, doing)
-        return False
+        self.complete(request, timeout, doing)
 
-    def _set_digest(self) -> None:
-        """Write the digest of :attr:`sent` into :attr:`digest` (kept per vector: plans that
-        take turns on the communicator, a forward and its adjoint in a loop, hash once each)."""
-        sent = self.sent
+    def digest_for(self, sent: bytes) -> bytes:
+        """The digest of the vector whose bytes are ``sent`` and its complement, as the bytes
+        of :attr:`digest` (kept per vector: plans that take turns on the communicator, a
+        forward and its adjoint in a loop, hash once each)."""
         found = self._digests.get(sent)
         if found is None:
             if len(self._digests) >= DIGESTS_KEPT:
                 self._digests.clear()
             words = np.frombuffer(hashlib.blake2b(sent, digest_size=16).digest(), dtype=np.int64)
             found = self._digests[sent] = np.concatenate([words, ~words]).tobytes()
-        self._digest_memory[:] = found
-        self._digest_of, self._digest_bytes = sent, found
+        return found
 
-    def _complete(self, request: Any, timeout: float | None, doing: str) -> None:
-        """Complete a started reduction: a blocking ``Wait`` without a deadline; with one, a
-        few tests (yielding the core between them on an oversubscribed node), then
-        :func:`~linop.backends.mpi.deadline.wait_all` (which raises
-        :class:`~linop.errors.PeerTimeoutError` naming the ranks that did not arrive within
-        ``timeout`` seconds at ``doing``)."""
+    def write_digest(self, sent: bytes, digest: bytes) -> None:
+        """Put ``digest`` (:meth:`digest_for` ``sent``) in the digest's send buffer."""
+        self._digest_memory[:] = digest
+        self.digest_of, self.digest_bytes = sent, digest
+
+    def complete(self, request: Any, timeout: float | None, doing: str) -> None:
+        """Complete a started reduction: a blocking ``Wait`` without a deadline; with one,
+        :attr:`spins` tests, then :func:`~linop.backends.mpi.deadline.wait_all` (yielding the
+        core after :attr:`busy` seconds; it raises :class:`~linop.errors.PeerTimeoutError`
+        naming the ranks that did not arrive within ``timeout`` seconds at ``doing``)."""
         if timeout is None:
             request.Wait()
             return
         test = request.Test
-        for _ in range(self.spins):
+        for _ in self.spins:
             if test():
                 return
-        if self.oversubscribed:
-            pause, clock = os.sched_yield, time.monotonic
-            end = clock() + YIELDING
-            while not test():
-                if clock() >= end:
-                    break
-                pause()
-            else:
-                return
-        wait_all([request], self.comm, timeout, doing)
+        wait_all([request], self.comm, timeout, doing, busy=self.busy)
 
     def reduce(self, timeout: float | None = None, doing: str = "the entry check") -> np.ndarray:
         """Reduce :attr:`send` (maximum over ranks) into :attr:`received` and return it: the
-        digest first (:meth:`unanimous`; ``timeout`` and ``doing``: see :meth:`_complete`)."""
+        digest first (:meth:`unanimous`; ``timeout`` and ``doing``: see :meth:`complete`)."""
         if self.unanimous(timeout, doing):
             np.copyto(self.received, self.send)  # every rank sent this very vector
         return self.received
@@ -269,22 +261,23 @@ class MPIEntryCheck(EntryCheck):
 
     agreement: CheckReducer
 
-    def again(self, repeat: Repeat, timeout: float | None = None) -> tuple[CheckOutcome, bool]:
-        """:meth:`EntryCheck.again <linop.backends.entry_check.EntryCheck.again>`, the digest's
-        verdict read directly: when every rank sent the kept vector (one collective of
-        :data:`DIGEST_LENGTH` words), the kept outcome with nothing else done."""
-        reducer = self.agreement
-        if reducer.signature is not repeat.signature:  # another vector in the send buffer: load it
-            return super().again(repeat, timeout)
-        if reducer.unanimous(timeout, self._doing_text or self._doing()):
-            repeat.hits += 1
-            return repeat.outcome, True
-        reduced = reducer.received  # the whole vector, reduced after the digests differed
-        return self._again_decided(repeat, reduced, reduced.tobytes())
-
     def _exchange(self, timeout: float | None) -> tuple[np.ndarray, bytes]:
         reducer = self.agreement
         if reducer.unanimous(timeout, self._doing_text or self._doing()):
             return reducer.send, reducer.sent  # the maximum of equal vectors: this one
         reduced = reducer.received
         return reduced, reduced.tobytes()
+
+    def again_differing(self, repeat: Repeat, timeout: float | None = None) -> tuple[CheckOutcome, bool]:
+        """The rest of :meth:`again <linop.backends.entry_check.EntryCheck.again>` after a
+        digest's reduction that a caller started itself (the plan's repeated call,
+        :mod:`linop.backends.mpi.repeated`) has found that the ranks' vectors differ: the
+        repeat's whole vector reduced (the second collective, which every rank makes) and
+        decoded, the same on every rank."""
+        reducer = self.agreement
+        if reducer.signature is not repeat.signature:  # the caller wrote the digest alone
+            np.copyto(reducer.send, repeat.vector)
+            reducer.signature, reducer.sent = repeat.signature, repeat.sent
+        reducer.reduce_whole(timeout, self._doing_text or self._doing())
+        reduced = reducer.received
+        return self._again_decided(repeat, reduced, reduced.tobytes())

@@ -45,11 +45,13 @@ from .deadline import resolve_timeout
 from .guards import abort_for
 from .inplace_phases import InPlaceLayouts
 from .native import mpi_schedule
+from .repeated import RepeatedCall
 from .runtime import run_schedule
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
     from mpi4py.MPI import Intracomm
 
+    from ..entry_check.repeat import Repeat
     from .bound import BoundPlan
     from .context import CommContext
 
@@ -115,6 +117,10 @@ class DistributedPlan(ExecutorPlan["CommContext"]):
         """The default deadline of this plan's checks and bound plans' first starts, in seconds
         (set by ``plan_for(..., timeout=)``; None: ``LINOP_TIMEOUT``, see
         :mod:`linop.backends.mpi.deadline`)."""
+        self.fast: RepeatedCall | None = None
+        """The repeated call prepared for the entry check's kept repeat
+        (:mod:`linop.backends.mpi.repeated`), built by :meth:`repeated`; it answers a call
+        passing the same arrays again when it is current, else None."""
         if mapping is not None:
             self._init_mapped(op, context, mapping)
             return
@@ -222,19 +228,31 @@ class DistributedPlan(ExecutorPlan["CommContext"]):
         inline): the check's collective (:meth:`EntryCheck.again
         <linop.backends.entry_check.EntryCheck.again>`), then the run kept with the repeat (the
         in-place binding), or the ordinary run of the agreed outcome. None when the arrays are
-        not the kept ones: nothing was communicated, and :meth:`apply` checks the call. The
-        common case of a loop, so it makes no call that it can do without."""
+        not the kept ones: nothing was communicated, and :meth:`apply` checks the call.
+
+        The general way of a repeated call (any ``timeout``); a passed call with the plan's
+        own deadline prepares :attr:`fast`, which answers the next calls on these arrays in
+        one step (:mod:`linop.backends.mpi.repeated`)."""
         entry = self.entry
         repeat = entry.last
         if repeat is None or repeat.version != entry.kernels.version or not repeat.same(local_state, inplace):
             return None
         if self.context.freed:
             self._freed()
-        seconds = resolve_timeout(self.timeout if timeout is None else timeout)  # as deadline()
+        seconds = self.deadline(timeout)
         try:
             outcome, agreed = entry.again(repeat, seconds)
         except BaseException as error:  # PeerTimeoutError included: the missing ranks may never come
             abort_for(self.comm, f"checking {self.op}", error)
+        if agreed and timeout is None:  # the next call on these arrays: in one step
+            self.fast = RepeatedCall.of(self, repeat, seconds)
+        return self.after_again(local_state, repeat, outcome, agreed, inplace)
+
+    def after_again(
+        self, local_state: Any, repeat: Repeat, outcome: CheckOutcome, agreed: bool, inplace: bool
+    ) -> State:
+        """A repeated call after its check: the run kept with ``repeat`` when every rank sent
+        its vector (``agreed``) and the run is live, else the ordinary run of ``outcome``."""
         run = repeat.run
         if agreed and run is not None:
             try:
@@ -291,6 +309,11 @@ class DistributedPlan(ExecutorPlan["CommContext"]):
             On every rank together, before any data moves.
         """
         if dtype is None:
+            fast = self.fast
+            if fast is not None and timeout is None:
+                done = fast(local_state, inplace)
+                if done is not None:
+                    return done
             done = self.repeated(local_state, inplace, timeout)
             if done is not None:
                 return done
