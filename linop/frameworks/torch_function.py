@@ -635,7 +635,17 @@ class TorchOperator:
             *result, self.token = result
         return tuple(result)
 
-    def __call__(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def state_tensors(self, state: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """The tensors of ``state`` in the order of :attr:`inputs`, after the checks a call makes
+        before any communication (for a module that is its own autograd node and runs this
+        function :meth:`untracked` inside it).
+
+        Raises
+        ------
+        StateError
+            ``state`` is not a dict of tensors keyed by this process's block names (on a process
+            group reported first, see :meth:`refuse`).
+        """
         if not isinstance(state, Mapping):
             self._runner.refuse(
                 StateError(
@@ -657,7 +667,26 @@ class TorchOperator:
                 ),
                 state,
             )
-        return dict(zip(self.outputs, self.tensors(*(state[name] for name in self.inputs))))
+        tensors = tuple(state[name] for name in self.inputs)
+        for name, tensor in zip(self.inputs, tensors):
+            if not isinstance(tensor, torch.Tensor):
+                self._runner.refuse(
+                    StateError(f"block {name!r} must be a torch tensor, not {type(tensor).__name__}"),
+                    dict(state),
+                )
+        return tensors
+
+    def adjoint_tensors(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``op.H`` of tensors given in the order of the adjoint's inputs (:meth:`names` with
+        ``adjoint=True``), on this function's own adjoint runner (its bound plans), recorded by
+        autograd when grad mode is on: the differentiable backward of a module that is its own
+        autograd node, under ``create_graph``."""
+        result = _OperatorFunction.apply(self._runner.adjoint, self._anchor, *tensors)
+        result = result if isinstance(result, tuple) else (result,)
+        return tuple(result[:-1]) if self._anchor is not None else tuple(result)
+
+    def __call__(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return dict(zip(self.outputs, self.tensors(*self.state_tensors(state))))
 
     def __repr__(self) -> str:
         if self.group is not None:

@@ -22,11 +22,23 @@ axis), so the module copies the window and fills only the strips outside the box
 The layer's Jacobian at an input is
 :class:`linop.layers.MaxPoolJacobian`, which ``verify`` proves; the tests check this module
 against it and against ``torch.nn.MaxPool{1,2,3}d``.
+
+A call is one autograd node (:class:`_MaxPoolFunction`): the windows' tree run untracked,
+the strips filled in place on the windows the run made (never the caller's memory), torch's
+pool with its indices; its backward adds each output gradient into the window entry the
+indices name (:math:`(\partial \max_k)^{*}`, a scatter-add) and runs the windows' adjoint
+tree, on the same bound plans as :class:`~linop.frameworks.torch_function.TorchOperator`'s
+calls. What depends on the shapes and the plan alone (the blocks' names and order, the
+windows' and outputs' shapes, the strips) is worked out once, when the module is built. Under
+``create_graph`` the backward is itself recorded (the scatter and the adjoint tree, through
+:meth:`~linop.frameworks.torch_function.TorchOperator.adjoint_tensors`): double backward, as
+``torch.nn.MaxPool``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +57,11 @@ _POOLS = {
     1: torch.nn.functional.max_pool1d,
     2: torch.nn.functional.max_pool2d,
     3: torch.nn.functional.max_pool3d,
+}
+_POOLS_WITH_INDICES = {
+    1: torch.nn.functional.max_pool1d_with_indices,
+    2: torch.nn.functional.max_pool2d_with_indices,
+    3: torch.nn.functional.max_pool3d_with_indices,
 }
 
 
@@ -115,7 +132,9 @@ class MaxPool(WindowModule):
         self.x, self.y = self.layer.x, self.layer.y
         self.size, self.stride, self.dilation = size, step, dilate
         self._pool = _POOLS[dims]
+        self._pool_with_indices = _POOLS_WITH_INDICES[dims]
         self._products = []
+        windows = {}
         for g in x.partition.indices():
             out = self.y.block(g)
             if not self.placement.holds(out.worker):
@@ -126,13 +145,56 @@ class MaxPool(WindowModule):
             if 0 not in window and not real.all():
                 padded = _strips(np.broadcast_to(real, window)[(0,) * 2], g)
             self._products.append((out.name, self.layer.window_name(g), out.shape, padded))
+            windows[self.layer.window_name(g)] = tuple(window)
         self.output_names = tuple(name for name, *_ in self._products)
+        adjoint_inputs = self.function.names(adjoint=True)[0]
+        if set(adjoint_inputs) != set(windows):  # pragma: no cover - the geometry and the tree agree
+            raise LayerError(
+                f"MaxPool: this process's windows {sorted(adjoint_inputs)} are not those of its outputs {sorted(windows)}"
+            )
+        # the backward's windows, in the order of the adjoint tree's inputs: each one's product
+        # (its output's place in _products) and shape
+        slot = {window_name: k for k, (_, window_name, *_) in enumerate(self._products)}
+        self._adjoint_inputs = tuple(adjoint_inputs)
+        self._window_order = tuple((slot[name], windows[name]) for name in adjoint_inputs)
+        self._input_count = len(self.input_names)
+        distributed = comm is not None or (group is not None and group is not False)
+        # under MPI or a process group every call is collective: an anchor that requires a
+        # gradient ties every process's outputs (and token) to the graph, blocks or none
+        self._anchor = torch.zeros(0, dtype=torch.float64, requires_grad=True) if distributed else None
+        self._token = torch.zeros(0, dtype=torch.float64)
+
+    @property
+    def token(self) -> torch.Tensor:
+        """The empty output of the last call (see :class:`~linop.frameworks.torch_windows.BlockModule`)."""
+        return self._token
+
+    def forward(self, x: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        tensors: Sequence[Any] | None = None
+        if type(x) is dict and len(x) == self._input_count:
+            tensors = [x.get(name) for name in self.input_names]
+            if not all(isinstance(t, torch.Tensor) for t in tensors):
+                tensors = None
+        if tensors is None:  # the checks and errors of any call of the windows' function
+            self.check(x)
+            tensors = self.function.state_tensors(x)
+        *outputs, token = _MaxPoolFunction.apply(self, self._anchor, *tensors)
+        self.__dict__["_token"] = token  # not through nn.Module.__setattr__ (a tensor, no parameter)
+        return dict(zip(self.output_names, outputs))
 
     def local(self, window: torch.Tensor, padded: _Strips | None) -> torch.Tensor:
-        """torch's max pool of the window, its padding strips set to -inf first."""
+        """torch's max pool of the window, its padding strips set to -inf first (recorded by
+        autograd: the module's own node does the same untracked, with the indices)."""
         if padded is not None:
             window = padded.fill(window)
         return self._pool(window, self.size, self.stride, 0, self.dilation)
+
+    def pooled(self, window: torch.Tensor, padded: _Strips | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """torch's max pool of a window the windows' tree made (untracked), its padding strips
+        set to -inf in place first, and the flat spatial index of each output's entry."""
+        if padded is not None:
+            padded.fill_(window)
+        return self._pool_with_indices(window, self.size, self.stride, (0,) * len(self.size), self.dilation)
 
     def extra_repr(self) -> str:
         return f"{self.layer.kernel}: {self.layer.x} -> {self.layer.y}"
@@ -151,15 +213,68 @@ class _Strips:
         the real entries alone. In place when the window is an output of the windows' tree
         function (not a leaf: a fresh block of this call, never the caller's memory; autograd
         records the fills), else on a copy."""
-        out = window.clone() if window.is_leaf else window
+        return self.fill_(window.clone() if window.is_leaf else window)
+
+    def fill_(self, window: torch.Tensor) -> torch.Tensor:
+        """Set ``window``'s strips to ``-inf`` in place and return it."""
         spatial = len(self.before)
         for d, (low, high) in enumerate(zip(self.before, self.after)):
-            axis = out.ndim - spatial + d
+            axis = window.ndim - spatial + d
             if low:
-                out.narrow(axis, 0, low).fill_(float("-inf"))
+                window.narrow(axis, 0, low).fill_(float("-inf"))
             if high:
-                out.narrow(axis, out.shape[axis] - high, high).fill_(float("-inf"))
-        return out
+                window.narrow(axis, window.shape[axis] - high, high).fill_(float("-inf"))
+        return window
+
+
+class _MaxPoolFunction(torch.autograd.Function):
+    r"""forward(module, anchor, \*x blocks) -> (\*y blocks, token): :math:`y_j = \max_k (W x)_j`
+    with the windows :math:`W x` run untracked; backward :math:`\bar x = W^{*} S^{*} \bar y`,
+    :math:`S^{*}` adding each output's gradient into the window entry its index names."""
+
+    @staticmethod
+    def forward(ctx: Any, module: MaxPool, anchor: torch.Tensor | None, *tensors: torch.Tensor) -> Any:
+        function = module.function
+        windows = function.untracked(dict(zip(function.inputs, tensors)))
+        outputs = []
+        chosen: list[torch.Tensor | None] = []
+        for _, window_name, shape, padded in module._products:
+            window = windows[window_name]
+            if 0 in shape:  # no output here: an empty block (the window's gradient is zero)
+                outputs.append(window.new_empty(shape))
+                chosen.append(None)
+                continue
+            y, indices = module.pooled(window, padded)
+            outputs.append(y)
+            chosen.append(indices)
+        ctx.module, ctx.chosen = module, chosen
+        ctx.fit = [(t.dtype, t.device) for t in tensors]
+        return (*outputs, torch.zeros(0, dtype=torch.float64))  # the last: the token
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
+        module, chosen = ctx.module, ctx.chosen
+        window_grads = []
+        for k, shape in module._window_order:
+            indices, grad = chosen[k], grads[k]
+            if indices is None:
+                window_grads.append(grad.new_zeros(shape))
+                continue
+            # S^*: each output's gradient added into the entry it chose (flat over the spatial axes)
+            flat = grad.new_zeros((*shape[:2], math.prod(shape[2:])))
+            window_grads.append(flat.scatter_add_(2, indices.flatten(2), grad.flatten(2)).view(shape))
+        function = module.function
+        if torch.is_grad_enabled():  # create_graph: the adjoint tree recorded too
+            back = function.adjoint_tensors(*window_grads)
+        else:
+            adjoint = function.untracked(dict(zip(module._adjoint_inputs, window_grads)), adjoint=True)
+            back = tuple(adjoint[name] for name in function.inputs)
+        fitted = []
+        for gradient, (dtype, device) in zip(back, ctx.fit):
+            if gradient.dtype != dtype or gradient.device != device:
+                gradient = gradient.to(dtype=dtype, device=device)
+            fitted.append(gradient)
+        return (None, None, *fitted)
 
 
 def _strips(real: np.ndarray, g: Sequence[int]) -> _Strips:
