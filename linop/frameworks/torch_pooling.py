@@ -25,7 +25,10 @@ against it and against ``torch.nn.MaxPool{1,2,3}d``.
 
 A call is one autograd node (:class:`_MaxPoolFunction`): the windows' tree run untracked,
 the strips filled in place on the windows the run made (never the caller's memory), torch's
-pool with its indices; its backward adds each output gradient into the window entry the
+pool with its indices (on a gloo process group the tree runs on local blocks the module owns,
+:class:`~linop.frameworks.torch_windows.WindowWorkspace`: the input copied into their bulk,
+the exchange bound in place on them, their padding :math:`-\infty` from the start, so no
+strip is filled per call and no block allocated); its backward adds each output gradient into the window entry the
 indices name (:math:`(\partial \max_k)^{*}`, a scatter-add) and runs the windows' adjoint
 tree, on the same bound plans as :class:`~linop.frameworks.torch_function.TorchOperator`'s
 calls. What depends on the shapes and the plan alone (the blocks' names and order, the
@@ -37,7 +40,6 @@ windows' and outputs' shapes, the strips) is worked out once, when the module is
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,11 +47,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import LayerError
+from ..errors import LayerError, StateError
 from ..halo_geometry import Kernel
 from ..layers import MaxPoolJacobian
 from ..partition import DistributedTensor
-from .torch_windows import WindowModule
+from .torch_windows import WindowModule, WindowWorkspace
 
 __all__ = ["MaxPool"]
 
@@ -163,6 +165,16 @@ class MaxPool(WindowModule):
         # gradient ties every process's outputs (and token) to the graph, blocks or none
         self._anchor = torch.zeros(0, dtype=torch.float64, requires_grad=True) if distributed else None
         self._token = torch.zeros(0, dtype=torch.float64)
+        # on a gloo group: the windows on local blocks this module owns, their padding -inf
+        # once (no strips to fill per call), the exchange bound in place on them
+        self._workspace = WindowWorkspace.of(
+            self.function.op, self.input_names, group=group, mapping=self.placement.map, fill=float("-inf")
+        )
+        self._input_shapes: tuple[torch.Size, ...] = ()
+        if self._workspace is not None:
+            self._input_shapes = self._workspace.input_shapes()
+            if set(self._workspace.window_names) != set(windows):  # pragma: no cover - one geometry
+                raise LayerError(f"MaxPool: the workspace's windows are not those of {sorted(windows)}")
 
     @property
     def token(self) -> torch.Tensor:
@@ -234,8 +246,20 @@ class _MaxPoolFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, module: MaxPool, anchor: torch.Tensor | None, *tensors: torch.Tensor) -> Any:
-        function = module.function
-        windows = function.untracked(dict(zip(function.inputs, tensors)))
+        function, workspace = module.function, module._workspace
+        dtype = tensors[0].dtype if tensors else torch.float64
+        if workspace is None:
+            windows = function.untracked(dict(zip(function.inputs, tensors)))
+        else:
+            for name, tensor, shape in zip(module.input_names, tensors, module._input_shapes):
+                dtype = torch.promote_types(dtype, tensor.dtype)
+                if tensor.shape != shape:
+                    workspace.refuse(
+                        StateError(
+                            f"MaxPool: block {name!r} has shape {tuple(tensor.shape)}, the layer takes {tuple(shape)}"
+                        )
+                    )
+            windows = workspace.windows(tensors, dtype)  # their padding -inf already
         outputs = []
         chosen: list[torch.Tensor | None] = []
         for _, window_name, shape, padded in module._products:
@@ -244,37 +268,64 @@ class _MaxPoolFunction(torch.autograd.Function):
                 outputs.append(window.new_empty(shape))
                 chosen.append(None)
                 continue
-            y, indices = module.pooled(window, padded)
+            y, indices = module.pooled(window, None if workspace is not None else padded)
             outputs.append(y)
             chosen.append(indices)
-        ctx.module, ctx.chosen = module, chosen
+        if workspace is not None and tensors and tensors[0].device.type != "cpu":
+            outputs = [y.to(tensors[0].device) for y in outputs]
+        ctx.module, ctx.chosen, ctx.dtype = module, chosen, dtype
         ctx.fit = [(t.dtype, t.device) for t in tensors]
         return (*outputs, torch.zeros(0, dtype=torch.float64))  # the last: the token
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:
         module, chosen = ctx.module, ctx.chosen
-        window_grads = []
-        for k, shape in module._window_order:
-            indices, grad = chosen[k], grads[k]
-            if indices is None:
-                window_grads.append(grad.new_zeros(shape))
-                continue
-            # S^*: each output's gradient added into the entry it chose (flat over the spatial axes)
-            flat = grad.new_zeros((*shape[:2], math.prod(shape[2:])))
-            window_grads.append(flat.scatter_add_(2, indices.flatten(2), grad.flatten(2)).view(shape))
-        function = module.function
-        if torch.is_grad_enabled():  # create_graph: the adjoint tree recorded too
-            back = function.adjoint_tensors(*window_grads)
+        workspace = module._workspace
+        back: tuple[torch.Tensor, ...]
+        if workspace is not None and not torch.is_grad_enabled():
+            targets = workspace.gradient_windows(ctx.dtype)  # T*: zeroed, each window's view
+            for (_, window_name, _, _), indices, grad in zip(module._products, chosen, grads):
+                if indices is not None:
+                    _add_chosen(targets[window_name], indices, grad)
+            back = workspace.input_gradients()  # H* in place, then E*: copies
         else:
-            adjoint = function.untracked(dict(zip(module._adjoint_inputs, window_grads)), adjoint=True)
-            back = tuple(adjoint[name] for name in function.inputs)
+            window_grads = []
+            for k, shape in module._window_order:
+                window = torch.zeros(shape, dtype=grads[k].dtype, device=grads[k].device)
+                if chosen[k] is not None:
+                    # S^*: recorded under create_graph (differentiable in the output gradient)
+                    window = _add_chosen(window, chosen[k], grads[k], inplace=not torch.is_grad_enabled())
+                window_grads.append(window)
+            function = module.function
+            if torch.is_grad_enabled():  # create_graph: the adjoint tree recorded too
+                back = function.adjoint_tensors(*window_grads)
+            else:
+                adjoint = function.untracked(dict(zip(module._adjoint_inputs, window_grads)), adjoint=True)
+                back = tuple(adjoint[name] for name in function.inputs)
         fitted = []
         for gradient, (dtype, device) in zip(back, ctx.fit):
             if gradient.dtype != dtype or gradient.device != device:
                 gradient = gradient.to(dtype=dtype, device=device)
             fitted.append(gradient)
         return (None, None, *fitted)
+
+
+def _add_chosen(
+    window: torch.Tensor, indices: torch.Tensor, grad: torch.Tensor, *, inplace: bool = True
+) -> torch.Tensor:
+    """:math:`S^{*}`: each output's gradient added into the window entry it chose (``indices``:
+    flat over the spatial axes, as torch's pools give them); in place into ``window`` (a view
+    of a zeroed block, say), or out of place (recorded by autograd)."""
+    n, c = window.shape[:2]
+    grad = grad.to(dtype=window.dtype, device=window.device).flatten(2)
+    if not inplace:
+        return window.reshape(n, c, -1).scatter_add(2, indices.flatten(2), grad).view(window.shape)
+    if window.is_contiguous():
+        window.view(n, c, -1).scatter_add_(2, indices.flatten(2), grad)
+    else:  # a window box inside a larger block: through a contiguous block
+        added = torch.zeros(window.shape, dtype=window.dtype, device=window.device)
+        window.add_(added.view(n, c, -1).scatter_add_(2, indices.flatten(2), grad).view(window.shape))
+    return window
 
 
 def _strips(real: np.ndarray, g: Sequence[int]) -> _Strips:
