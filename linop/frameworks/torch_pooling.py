@@ -257,7 +257,8 @@ class _MaxPoolFunction(torch.autograd.Function):
                     workspace.refuse(
                         StateError(
                             f"MaxPool: block {name!r} has shape {tuple(tensor.shape)}, the layer takes {tuple(shape)}"
-                        )
+                        ),
+                        dtype,
                     )
             windows = workspace.windows(tensors, dtype)  # their padding -inf already
         outputs = []

@@ -255,13 +255,13 @@ class WindowWorkspace:
         """This process's windows (the views :meth:`windows` gives)."""
         return tuple(self._trims)
 
-    def refuse(self, error: StateError) -> NoReturn:
-        """Raise ``error``, found by the caller's check of a call's blocks before any
-        communication: through the exchange's collective check when the peers are in it (the
-        first call), else reported to the group's store, as a refused call of the windows'
-        function (:meth:`~linop.frameworks.torch_function.TorchOperator.refuse`)."""
-        blocks = self._forward[1] if self._forward is not None else {}
-        self.exchange.refuse(error, blocks)
+    def refuse(self, error: StateError, dtype: torch.dtype) -> NoReturn:
+        """Raise ``error``, found by the caller's check of a call's blocks (in ``dtype``) before
+        any communication: through the exchange's collective check when the peers are in it
+        (the first call: every rank raises the agreed error naming this one), else reported to
+        the group's store, as a refused call of the windows' function
+        (:meth:`~linop.frameworks.torch_function.TorchOperator.refuse`)."""
+        self.exchange.refuse(error, self._blocks(dtype, adjoint=False))
 
     def input_shapes(self) -> tuple[torch.Size, ...]:
         """The shapes of the input blocks, in the order :meth:`windows` takes them."""

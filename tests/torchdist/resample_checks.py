@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from linop import DistributedTensor, Partition
+from linop import DistributedTensor, LinopError, Partition
 from linop.frameworks.torch_pooling import MaxPool
 from linop.frameworks.torch_repartition import Repartition
 from linop.frameworks.torch_resample import Interpolate, Upsample
@@ -93,6 +93,21 @@ def checks(rank: int, size: int) -> list[tuple[str, str | None]]:
                 return f"{dtype}: {problem}"
         return None
 
+    def pool_refusal():
+        """The last rank's block of a wrong shape in the first call: every rank raises the
+        agreed error naming it (the exchange's entry check), and the group stays usable."""
+        x = _layout((1, 1, 6, 4), (1, 1, size, 1), None)
+        module = MaxPool(x, 2, group=True)
+        mine = {b.name: torch.zeros(b.shape) for b in x.space if b.worker == rank}
+        if rank == size - 1:
+            mine[next(iter(mine))] = torch.zeros((1, 1, 1, 1))
+        try:
+            module(mine)
+        except LinopError as error:
+            named = f"rank {size - 1}" in str(error) and "(1, 1, 1, 1)" in str(error)
+            return None if named else f"{type(error).__name__} names another fault: {error}"
+        return "no error"
+
     def repartition():
         x = DistributedTensor("x", (2, 3, 7, 5), Partition((1, 1, size, 1)))
         z = DistributedTensor("z", (2, 3, 7, 5), Partition((1, 1, 1, size)), sizes=((2,), (3,), (7,), (4, 1)))
@@ -127,6 +142,7 @@ def checks(rank: int, size: int) -> list[tuple[str, str | None]]:
         "max pool 2, workers without output": lambda: pool(
             (1, 1, 3), (1, 1, size), None, dict(kernel_size=2)
         ),
+        "max pool refuses a wrong block on every rank": pool_refusal,
         "repartition": repartition,
     }
     for name, case in cases.items():
