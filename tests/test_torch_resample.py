@@ -215,6 +215,43 @@ def test_max_pool_without_its_padding_mask_is_caught():
     assert not np.array_equal(distributed_run(module, x, module.y, data, dy)[0], expected_y)
 
 
+def test_max_pool_module_double_backward_and_repeated_calls():
+    """The module's one autograd node: double backward (its backward recorded under
+    create_graph) passes gradgradcheck, and a second call on other data and a third in another
+    dtype give torch's results (nothing of an earlier call is reused wrongly)."""
+    x = tensor((1, 1, 5, 4), (1, 1, 2, 2), ((1,), (1,), (3, 2), (1, 3)))
+    module = MaxPool(x, 3, stride=2, padding=1)
+    rng = np.random.default_rng(9)
+    names = module.input_names
+    blocks = {
+        k: torch.from_numpy(v).requires_grad_()
+        for k, v in x.scatter(rng.standard_normal(x.global_shape)).items()
+    }
+
+    def pooled(*tensors):
+        out = module(dict(zip(names, tensors)))
+        return tuple(out[k] for k in module.output_names)
+
+    assert torch.autograd.gradgradcheck(pooled, tuple(blocks[k] for k in names), fast_mode=True)
+    for dtype in (torch.float64, torch.float64, torch.float32):
+        data, dy = rng.standard_normal(x.global_shape), rng.standard_normal(module.y.global_shape)
+        y, dx = distributed_run(module, x, module.y, data, dy, dtype)
+        expected_y, expected_dx = torch_run(torch.nn.MaxPool2d(3, 2, 1), data, dy, dtype)
+        assert np.array_equal(y, expected_y) and np.allclose(dx, expected_dx, **F64)
+
+
+def test_max_pool_module_refuses_what_is_no_dict_of_its_blocks():
+    x = tensor((1, 1, 4, 4), (1, 1, 2, 1))
+    module = MaxPool(x, 2)
+    blocks = {k: torch.from_numpy(v) for k, v in x.scatter(np.ones(x.global_shape)).items()}
+    with pytest.raises(StateError, match="takes a dict of blocks"):
+        module([blocks[k] for k in module.input_names])
+    with pytest.raises(StateError, match="missing block"):
+        module({k: blocks[k] for k in list(blocks)[:1]})
+    with pytest.raises(StateError, match="must be a torch tensor"):
+        module({k: v.numpy() for k, v in blocks.items()})
+
+
 # -- Repartition --------------------------------------------------------------------------------
 def test_repartition_module_moves_forward_and_repartitions_the_gradient_back():
     x = tensor((2, 3, 7, 5), (1, 1, 3, 2))

@@ -134,6 +134,7 @@ class _Runner:
             self.outputs = self.plan.range_names
         self._bound: Any = None
         self._bound_dtypes: tuple[Any, ...] = ()
+        self._in_place: tuple[dict[str, Any], Any] | None = None  # run_in_place's buffers, binding
 
     @property
     def adjoint(self) -> _Runner:
@@ -155,7 +156,7 @@ class _Runner:
         if plan is not None:
             from ..backends.torch_distributed.check import report_failure
 
-            if plan.problem is not None or self._bound is None:
+            if plan.problem is not None or (self._bound is None and self._in_place is None):
                 # raises the agreed error on every rank: this rank's refusal is in it
                 plan.check(self._refused_state(plan, error, state)).result()
             from ..backends.torch_distributed import stall
@@ -219,15 +220,7 @@ class _Runner:
             else:
                 result = self._bound.run_on(state)
         except LinopError as error:
-            if not bind and isinstance(error, StateError) and not isinstance(error, MPIError):
-                stall.failed(self.torch_plan, error, call)  # refused here alone (run_on): peers told
-            found = stall.finding(call, look=isinstance(error, RankFailedError))
-            if found is None or (
-                isinstance(error, (PeerMismatchError, RankFailedError)) and str(error) == found
-            ):
-                raise
-            # the wait ended when the peer's process did (an unguarded bound call): say why
-            raise (RankFailedError if call.found_failed else PeerMismatchError)(found) from error
+            self._explain(error, bind, call, stall)
         finally:
             stall.leave(call)
         outputs = []
@@ -237,6 +230,38 @@ class _Runner:
                 value = _as_tensor(value)
             outputs.append(_fresh(value, inputs) if inputs else value)
         return tuple(outputs)
+
+    def _explain(self, error: LinopError, bind: bool, call: Any, stall: Any) -> NoReturn:
+        """Raise ``error`` of a call on a process group, or, when the wait ended because a
+        peer's process did (an unguarded bound call), the error that says why."""
+        if not bind and isinstance(error, StateError) and not isinstance(error, MPIError):
+            stall.failed(self.torch_plan, error, call)  # refused here alone (run_on): peers told
+        found = stall.finding(call, look=isinstance(error, RankFailedError))
+        if found is None or (isinstance(error, (PeerMismatchError, RankFailedError)) and str(error) == found):
+            raise error
+        raise (RankFailedError if call.found_failed else PeerMismatchError)(found) from error
+
+    def run_in_place(self, buffers: dict[str, torch.Tensor]) -> None:
+        """On a process group, apply the tree (domain equal to range) in place to ``buffers``
+        (this process's blocks, CPU tensors): bound on them on the first call and whenever
+        another dict is given (collective then: the entry check), then each call runs the bound
+        plan on their memory (a halo exchange's prepared phases)."""
+        assert self.torch_plan is not None  # only on a process group
+        stall = _stall("torch_distributed")
+        in_place = self._in_place
+        bind = in_place is None or in_place[0] is not buffers
+        call = stall.enter(self.torch_plan, "checked" if bind else "bound", buffers)
+        try:
+            if in_place is None or in_place[0] is not buffers:
+                if in_place is not None:
+                    in_place[1].free()
+                    self._in_place = None  # a failed binding leaves none
+                in_place = self._in_place = (buffers, self.torch_plan.bind(buffers, inplace=True))
+            in_place[1]()
+        except LinopError as error:
+            self._explain(error, bind, call, stall)
+        finally:
+            stall.leave(call)
 
     def bound_tensors(self, dtypes: Sequence[torch.dtype]) -> BoundTensors:
         """This runner's MPI plan bound on buffers it owns, for inputs of these dtypes (in the
@@ -635,7 +660,17 @@ class TorchOperator:
             *result, self.token = result
         return tuple(result)
 
-    def __call__(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def state_tensors(self, state: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """The tensors of ``state`` in the order of :attr:`inputs`, after the checks a call makes
+        before any communication (for a module that is its own autograd node and runs this
+        function :meth:`untracked` inside it).
+
+        Raises
+        ------
+        StateError
+            ``state`` is not a dict of tensors keyed by this process's block names (on a process
+            group reported first, see :meth:`refuse`).
+        """
         if not isinstance(state, Mapping):
             self._runner.refuse(
                 StateError(
@@ -657,7 +692,45 @@ class TorchOperator:
                 ),
                 state,
             )
-        return dict(zip(self.outputs, self.tensors(*(state[name] for name in self.inputs))))
+        tensors = tuple(state[name] for name in self.inputs)
+        for name, tensor in zip(self.inputs, tensors):
+            if not isinstance(tensor, torch.Tensor):
+                self._runner.refuse(
+                    StateError(f"block {name!r} must be a torch tensor, not {type(tensor).__name__}"),
+                    dict(state),
+                )
+        return tensors
+
+    def run_in_place(self, buffers: dict[str, torch.Tensor], *, adjoint: bool = False) -> None:
+        """On a process group, apply the tree (``adjoint=True``: its adjoint), whose domain is
+        its range (a halo exchange), in place to ``buffers``: this process's blocks, CPU
+        tensors a module owns and passes again on every call. The plan is bound on them on the
+        first call and whenever another dict is passed (collective then, with the entry
+        check's errors on every rank), then each call runs the bound plan on their memory
+        without recording autograd (prepared once: a halo exchange's phases start straight on
+        the group). Errors as the other calls on a process group.
+
+        Raises
+        ------
+        StateError
+            Off a process group (MPI and one process have no such binding here).
+        """
+        runner = self._runner.adjoint if adjoint else self._runner
+        if runner.torch_plan is None:
+            raise StateError(f"run_in_place runs {self.op} on a process group only")
+        runner.run_in_place(buffers)
+
+    def adjoint_tensors(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``op.H`` of tensors given in the order of the adjoint's inputs (:meth:`names` with
+        ``adjoint=True``), on this function's own adjoint runner (its bound plans), recorded by
+        autograd when grad mode is on: the differentiable backward of a module that is its own
+        autograd node, under ``create_graph``."""
+        result = _OperatorFunction.apply(self._runner.adjoint, self._anchor, *tensors)
+        result = result if isinstance(result, tuple) else (result,)
+        return tuple(result[:-1]) if self._anchor is not None else tuple(result)
+
+    def __call__(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return dict(zip(self.outputs, self.tensors(*self.state_tensors(state))))
 
     def __repr__(self) -> str:
         if self.group is not None:

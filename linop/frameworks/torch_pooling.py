@@ -22,22 +22,36 @@ axis), so the module copies the window and fills only the strips outside the box
 The layer's Jacobian at an input is
 :class:`linop.layers.MaxPoolJacobian`, which ``verify`` proves; the tests check this module
 against it and against ``torch.nn.MaxPool{1,2,3}d``.
+
+A call is one autograd node (:class:`_MaxPoolFunction`): the windows' tree run untracked,
+the strips filled in place on the windows the run made (never the caller's memory), torch's
+pool with its indices (on a gloo process group the tree runs on local blocks the module owns,
+:class:`~linop.frameworks.torch_windows.WindowWorkspace`: the input copied into their bulk,
+the exchange bound in place on them, their padding :math:`-\infty` from the start, so no
+strip is filled per call and no block allocated); its backward adds each output gradient into the window entry the
+indices name (:math:`(\partial \max_k)^{*}`, a scatter-add) and runs the windows' adjoint
+tree, on the same bound plans as :class:`~linop.frameworks.torch_function.TorchOperator`'s
+calls. What depends on the shapes and the plan alone (the blocks' names and order, the
+windows' and outputs' shapes, the strips) is worked out once, when the module is built. Under
+``create_graph`` the backward is itself recorded (the scatter and the adjoint tree, through
+:meth:`~linop.frameworks.torch_function.TorchOperator.adjoint_tensors`): double backward, as
+``torch.nn.MaxPool``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..errors import LayerError
+from ..errors import LayerError, StateError
 from ..halo_geometry import Kernel
 from ..layers import MaxPoolJacobian
 from ..partition import DistributedTensor
-from .torch_windows import WindowModule
+from .torch_windows import WindowModule, WindowWorkspace
 
 __all__ = ["MaxPool"]
 
@@ -45,6 +59,11 @@ _POOLS = {
     1: torch.nn.functional.max_pool1d,
     2: torch.nn.functional.max_pool2d,
     3: torch.nn.functional.max_pool3d,
+}
+_POOLS_WITH_INDICES = {
+    1: torch.nn.functional.max_pool1d_with_indices,
+    2: torch.nn.functional.max_pool2d_with_indices,
+    3: torch.nn.functional.max_pool3d_with_indices,
 }
 
 
@@ -115,7 +134,9 @@ class MaxPool(WindowModule):
         self.x, self.y = self.layer.x, self.layer.y
         self.size, self.stride, self.dilation = size, step, dilate
         self._pool = _POOLS[dims]
+        self._pool_with_indices = _POOLS_WITH_INDICES[dims]
         self._products = []
+        windows = {}
         for g in x.partition.indices():
             out = self.y.block(g)
             if not self.placement.holds(out.worker):
@@ -126,13 +147,66 @@ class MaxPool(WindowModule):
             if 0 not in window and not real.all():
                 padded = _strips(np.broadcast_to(real, window)[(0,) * 2], g)
             self._products.append((out.name, self.layer.window_name(g), out.shape, padded))
+            windows[self.layer.window_name(g)] = tuple(window)
         self.output_names = tuple(name for name, *_ in self._products)
+        adjoint_inputs = self.function.names(adjoint=True)[0]
+        if set(adjoint_inputs) != set(windows):  # pragma: no cover - the geometry and the tree agree
+            raise LayerError(
+                f"MaxPool: this process's windows {sorted(adjoint_inputs)} are not those of its outputs {sorted(windows)}"
+            )
+        # the backward's windows, in the order of the adjoint tree's inputs: each one's product
+        # (its output's place in _products) and shape
+        slot = {window_name: k for k, (_, window_name, *_) in enumerate(self._products)}
+        self._adjoint_inputs = tuple(adjoint_inputs)
+        self._window_order = tuple((slot[name], windows[name]) for name in adjoint_inputs)
+        self._input_count = len(self.input_names)
+        distributed = comm is not None or (group is not None and group is not False)
+        # under MPI or a process group every call is collective: an anchor that requires a
+        # gradient ties every process's outputs (and token) to the graph, blocks or none
+        self._anchor = torch.zeros(0, dtype=torch.float64, requires_grad=True) if distributed else None
+        self._token = torch.zeros(0, dtype=torch.float64)
+        # on a gloo group: the windows on local blocks this module owns, their padding -inf
+        # once (no strips to fill per call), the exchange bound in place on them
+        self._workspace = WindowWorkspace.of(
+            self.function.op, self.input_names, group=group, mapping=self.placement.map, fill=float("-inf")
+        )
+        self._input_shapes: tuple[torch.Size, ...] = ()
+        if self._workspace is not None:
+            self._input_shapes = self._workspace.input_shapes()
+            if set(self._workspace.window_names) != set(windows):  # pragma: no cover - one geometry
+                raise LayerError(f"MaxPool: the workspace's windows are not those of {sorted(windows)}")
+
+    @property
+    def token(self) -> torch.Tensor:
+        """The empty output of the last call (see :class:`~linop.frameworks.torch_windows.BlockModule`)."""
+        return self._token
+
+    def forward(self, x: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        tensors: Sequence[Any] | None = None
+        if type(x) is dict and len(x) == self._input_count:
+            tensors = [x.get(name) for name in self.input_names]
+            if not all(isinstance(t, torch.Tensor) for t in tensors):
+                tensors = None
+        if tensors is None:  # the checks and errors of any call of the windows' function
+            self.check(x)
+            tensors = self.function.state_tensors(x)
+        *outputs, token = _MaxPoolFunction.apply(self, self._anchor, *tensors)
+        self.__dict__["_token"] = token  # not through nn.Module.__setattr__ (a tensor, no parameter)
+        return dict(zip(self.output_names, outputs))
 
     def local(self, window: torch.Tensor, padded: _Strips | None) -> torch.Tensor:
-        """torch's max pool of the window, its padding strips set to -inf first."""
+        """torch's max pool of the window, its padding strips set to -inf first (recorded by
+        autograd: the module's own node does the same untracked, with the indices)."""
         if padded is not None:
             window = padded.fill(window)
         return self._pool(window, self.size, self.stride, 0, self.dilation)
+
+    def pooled(self, window: torch.Tensor, padded: _Strips | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """torch's max pool of a window the windows' tree made (untracked), its padding strips
+        set to -inf in place first, and the flat spatial index of each output's entry."""
+        if padded is not None:
+            padded.fill_(window)
+        return self._pool_with_indices(window, self.size, self.stride, (0,) * len(self.size), self.dilation)
 
     def extra_repr(self) -> str:
         return f"{self.layer.kernel}: {self.layer.x} -> {self.layer.y}"
@@ -151,15 +225,108 @@ class _Strips:
         the real entries alone. In place when the window is an output of the windows' tree
         function (not a leaf: a fresh block of this call, never the caller's memory; autograd
         records the fills), else on a copy."""
-        out = window.clone() if window.is_leaf else window
+        return self.fill_(window.clone() if window.is_leaf else window)
+
+    def fill_(self, window: torch.Tensor) -> torch.Tensor:
+        """Set ``window``'s strips to ``-inf`` in place and return it."""
         spatial = len(self.before)
         for d, (low, high) in enumerate(zip(self.before, self.after)):
-            axis = out.ndim - spatial + d
+            axis = window.ndim - spatial + d
             if low:
-                out.narrow(axis, 0, low).fill_(float("-inf"))
+                window.narrow(axis, 0, low).fill_(float("-inf"))
             if high:
-                out.narrow(axis, out.shape[axis] - high, high).fill_(float("-inf"))
-        return out
+                window.narrow(axis, window.shape[axis] - high, high).fill_(float("-inf"))
+        return window
+
+
+class _MaxPoolFunction(torch.autograd.Function):
+    r"""forward(module, anchor, \*x blocks) -> (\*y blocks, token): :math:`y_j = \max_k (W x)_j`
+    with the windows :math:`W x` run untracked; backward :math:`\bar x = W^{*} S^{*} \bar y`,
+    :math:`S^{*}` adding each output's gradient into the window entry its index names."""
+
+    @staticmethod
+    def forward(ctx: Any, module: MaxPool, anchor: torch.Tensor | None, *tensors: torch.Tensor) -> Any:
+        function, workspace = module.function, module._workspace
+        dtype = tensors[0].dtype if tensors else torch.float64
+        if workspace is None:
+            windows = function.untracked(dict(zip(function.inputs, tensors)))
+        else:
+            for name, tensor, shape in zip(module.input_names, tensors, module._input_shapes):
+                dtype = torch.promote_types(dtype, tensor.dtype)
+                if tensor.shape != shape:
+                    workspace.refuse(
+                        StateError(
+                            f"MaxPool: block {name!r} has shape {tuple(tensor.shape)}, the layer takes {tuple(shape)}"
+                        ),
+                        dtype,
+                    )
+            windows = workspace.windows(tensors, dtype)  # their padding -inf already
+        outputs = []
+        chosen: list[torch.Tensor | None] = []
+        for _, window_name, shape, padded in module._products:
+            window = windows[window_name]
+            if 0 in shape:  # no output here: an empty block (the window's gradient is zero)
+                outputs.append(window.new_empty(shape))
+                chosen.append(None)
+                continue
+            y, indices = module.pooled(window, None if workspace is not None else padded)
+            outputs.append(y)
+            chosen.append(indices)
+        if workspace is not None and tensors and tensors[0].device.type != "cpu":
+            outputs = [y.to(tensors[0].device) for y in outputs]
+        ctx.module, ctx.chosen, ctx.dtype = module, chosen, dtype
+        ctx.fit = [(t.dtype, t.device) for t in tensors]
+        return (*outputs, torch.zeros(0, dtype=torch.float64))  # the last: the token
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
+        module, chosen = ctx.module, ctx.chosen
+        workspace = module._workspace
+        back: tuple[torch.Tensor, ...]
+        if workspace is not None and not torch.is_grad_enabled():
+            targets = workspace.gradient_windows(ctx.dtype)  # T*: zeroed, each window's view
+            for (_, window_name, _, _), indices, grad in zip(module._products, chosen, grads):
+                if indices is not None:
+                    _add_chosen(targets[window_name], indices, grad)
+            back = workspace.input_gradients()  # H* in place, then E*: copies
+        else:
+            window_grads = []
+            for k, shape in module._window_order:
+                window = torch.zeros(shape, dtype=grads[k].dtype, device=grads[k].device)
+                if chosen[k] is not None:
+                    # S^*: recorded under create_graph (differentiable in the output gradient)
+                    window = _add_chosen(window, chosen[k], grads[k], inplace=not torch.is_grad_enabled())
+                window_grads.append(window)
+            function = module.function
+            if torch.is_grad_enabled():  # create_graph: the adjoint tree recorded too
+                back = function.adjoint_tensors(*window_grads)
+            else:
+                adjoint = function.untracked(dict(zip(module._adjoint_inputs, window_grads)), adjoint=True)
+                back = tuple(adjoint[name] for name in function.inputs)
+        fitted = []
+        for gradient, (dtype, device) in zip(back, ctx.fit):
+            if gradient.dtype != dtype or gradient.device != device:
+                gradient = gradient.to(dtype=dtype, device=device)
+            fitted.append(gradient)
+        return (None, None, *fitted)
+
+
+def _add_chosen(
+    window: torch.Tensor, indices: torch.Tensor, grad: torch.Tensor, *, inplace: bool = True
+) -> torch.Tensor:
+    """:math:`S^{*}`: each output's gradient added into the window entry it chose (``indices``:
+    flat over the spatial axes, as torch's pools give them); in place into ``window`` (a view
+    of a zeroed block, say), or out of place (recorded by autograd)."""
+    n, c = window.shape[:2]
+    grad = grad.to(dtype=window.dtype, device=window.device).flatten(2)
+    if not inplace:
+        return window.reshape(n, c, -1).scatter_add(2, indices.flatten(2), grad).view(window.shape)
+    if window.is_contiguous():
+        window.view(n, c, -1).scatter_add_(2, indices.flatten(2), grad)
+    else:  # a window box inside a larger block: through a contiguous block
+        added = torch.zeros(window.shape, dtype=window.dtype, device=window.device)
+        window.add_(added.view(n, c, -1).scatter_add_(2, indices.flatten(2), grad).view(window.shape))
+    return window
 
 
 def _strips(real: np.ndarray, g: Sequence[int]) -> _Strips:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -137,3 +137,153 @@ class WindowModule(BlockModule, metaclass=abc.ABCMeta):
                 continue
             result[out] = self.local(window, *arguments)
         return result
+
+
+class WindowWorkspace:
+    r"""A halo window tree :math:`W = T H E` (:func:`linop.halo.halo_windows`: the pad shim,
+    the in-place exchange, the trim shim) run on local blocks this process owns and reuses
+    from call to call, on a gloo process group (:meth:`of`).
+
+    .. math::
+
+        W x = T\,H\,E\,x, \qquad W^{*} \bar w = E^{*} H^{*} T^{*} \bar w
+
+    - :math:`E`: each input block copied into the bulk box of its local block (the shim's link);
+      the local block's other entries are not written: the halo's are :math:`H`'s, and the
+      padding's (zero boundary) keep ``fill``, written once when the blocks are allocated:
+      :math:`H` moves a padding entry only into another padding entry (an entry keeps its global
+      position), so a padding entry holds ``fill`` after every call, as :math:`E`'s zeros would
+      hold zero (with ``fill = 0`` the windows are exactly :math:`W x`; max pooling passes
+      :math:`-\infty`, its padding's value);
+    - :math:`H`: the exchange's tree bound in place on the local blocks
+      (:meth:`~linop.frameworks.torch_function.TorchOperator.run_in_place`: prepared once, the
+      phases' messages start straight on the group);
+    - :math:`T`: each window a view of its box of the local block (:meth:`windows`), valid
+      until the next call: a caller computes from it and keeps nothing of it.
+
+    The adjoint's local blocks are another set: :meth:`gradient_windows` zeroes them and gives
+    the views at the window boxes (:math:`T^{*}`: the caller writes the windows' gradients
+    there), :meth:`input_gradients` runs :math:`H^{*}` in place and returns each input block's
+    gradient as a copy of its bulk box (:math:`E^{*}`: tensors of their own, never a view of
+    the blocks the next call overwrites). The blocks are allocated again (and the plans bound
+    again, collectively) when the dtype changes.
+
+    Parameters
+    ----------
+    trim, exchange, pad : LinearOperator
+        The tree's factors (:class:`~linop.halo.TrimShim`, :class:`~linop.halo.HaloExchange`,
+        :class:`~linop.halo.PadShim`).
+    inputs : tuple of str
+        This process's input blocks, in the order :meth:`windows` takes them.
+    group, mapping
+        As :class:`BlockModule`.
+    fill : float
+        The value of the forward local blocks' padding entries.
+    """
+
+    def __init__(
+        self,
+        trim: Any,
+        exchange: LinearOperator,
+        pad: Any,
+        inputs: tuple[str, ...],
+        *,
+        group: Any,
+        mapping: Any,
+        fill: float = 0.0,
+    ) -> None:
+        self.exchange = TorchOperator(exchange, group=group, mapping=mapping)
+        self.fill = fill
+        self.locals = self.exchange.inputs  # this process's local blocks, in the plan's order
+        held = set(self.locals)
+        shapes = exchange.domain
+        self._shapes = {name: tuple(shapes.block(name).shape) for name in self.locals}
+        bulk = {source: (local, box) for source, _, local, box in pad.links() if local in held}
+        # E, in the order of the inputs: (local block, bulk box, the input's shape)
+        self._pads = tuple(
+            (bulk[name][0], bulk[name][1], torch.Size(pad.domain.block(name).shape)) for name in inputs
+        )
+        # T: each window's local block and box
+        self._trims = {window: (local, box) for local, box, window, _ in trim.links() if local in held}
+        self._forward: tuple[torch.dtype, dict[str, torch.Tensor]] | None = None
+        self._backward: tuple[torch.dtype, dict[str, torch.Tensor]] | None = None
+
+    @staticmethod
+    def of(
+        tree: LinearOperator, inputs: tuple[str, ...], *, group: Any, mapping: Any, fill: float = 0.0
+    ) -> WindowWorkspace | None:
+        """The workspace of ``tree`` when it is a halo window tree ``T H E`` run on a gloo
+        process group (alike on every rank: the tree and the group's backend), else None."""
+        import torch.distributed as dist
+
+        from ..halo import HaloExchange, PadShim, TrimShim
+        from ..operator import Composition
+
+        if group is None or group is False or not isinstance(tree, Composition) or len(tree.factors) != 3:
+            return None
+        trim, exchange, pad = tree.factors
+        if not (type(trim) is TrimShim and type(exchange) is HaloExchange and type(pad) is PadShim):
+            return None
+        try:
+            backend = dist.get_backend(None if group is True else group)
+        except (ValueError, RuntimeError):  # not a member: the windows' function says so at its call
+            return None
+        if backend != "gloo":
+            return None
+        return WindowWorkspace(trim, exchange, pad, inputs, group=group, mapping=mapping, fill=fill)
+
+    def _blocks(self, dtype: torch.dtype, adjoint: bool) -> dict[str, torch.Tensor]:
+        kept = self._backward if adjoint else self._forward
+        if kept is not None and kept[0] == dtype:
+            return kept[1]
+        value = 0.0 if adjoint else self.fill
+        blocks = {name: torch.full(self._shapes[name], value, dtype=dtype) for name in self.locals}
+        if adjoint:
+            self._backward = (dtype, blocks)
+        else:
+            self._forward = (dtype, blocks)
+        return blocks
+
+    def windows(self, tensors: Any, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """:math:`T H E x` of this process's input blocks ``tensors`` (in the order of the
+        inputs, of the shapes checked by the caller) in ``dtype``: views of the local blocks,
+        overwritten by the next call (collective)."""
+        blocks = self._blocks(dtype, adjoint=False)
+        for (local, box, _), tensor in zip(self._pads, tensors):
+            blocks[local][box].copy_(tensor)
+        self.exchange.run_in_place(blocks)
+        return {window: blocks[local][box] for window, (local, box) in self._trims.items()}
+
+    @property
+    def window_names(self) -> tuple[str, ...]:
+        """This process's windows (the views :meth:`windows` gives)."""
+        return tuple(self._trims)
+
+    def refuse(self, error: StateError, dtype: torch.dtype) -> NoReturn:
+        """Raise ``error``, found by the caller's check of a call's blocks (in ``dtype``) before
+        any communication: through the exchange's collective check when the peers are in it
+        (the first call: every rank raises the agreed error naming this one), else reported to
+        the group's store, as a refused call of the windows' function
+        (:meth:`~linop.frameworks.torch_function.TorchOperator.refuse`)."""
+        self.exchange.refuse(error, self._blocks(dtype, adjoint=False))
+
+    def input_shapes(self) -> tuple[torch.Size, ...]:
+        """The shapes of the input blocks, in the order :meth:`windows` takes them."""
+        return tuple(shape for *_, shape in self._pads)
+
+    def gradient_windows(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """:math:`T^{*}`: the adjoint's local blocks zeroed, as views at each window's box
+        (write each window's gradient into its view, then call :meth:`input_gradients`)."""
+        blocks = self._blocks(dtype, adjoint=True)
+        for block in blocks.values():
+            block.zero_()
+        return {window: blocks[local][box] for window, (local, box) in self._trims.items()}
+
+    def input_gradients(self) -> tuple[torch.Tensor, ...]:
+        """:math:`E^{*} H^{*}` of the gradients written into :meth:`gradient_windows`' views:
+        each input block's gradient (in the order of the inputs), a tensor of its own
+        (collective)."""
+        assert self._backward is not None, "gradient_windows first"
+        blocks = self._backward[1]
+        self.exchange.run_in_place(blocks, adjoint=True)
+        return tuple(blocks[local][box].clone() for local, box, _ in self._pads)

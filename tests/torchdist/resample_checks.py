@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from linop import DistributedTensor, Partition
+from linop import DistributedTensor, LinopError, Partition
 from linop.frameworks.torch_pooling import MaxPool
 from linop.frameworks.torch_repartition import Repartition
 from linop.frameworks.torch_resample import Interpolate, Upsample
@@ -78,13 +78,35 @@ def checks(rank: int, size: int) -> list[tuple[str, str | None]]:
         tolerance = tight if dtype == torch.float64 else dict(rtol=1.3e-6, atol=1e-5)
         return _differs(y, grads, x, module.y, *expected, **tolerance)
 
-    def pool(shape, grid, sizes, kwargs):
+    def pool(shape, grid, sizes, kwargs, dtypes=(torch.float64,)):
         x = _layout(shape, grid, sizes)
         module = MaxPool(x, **kwargs, group=True)
-        data, dy = rng.standard_normal(shape), rng.standard_normal(module.y.global_shape)
-        y, grads = _run(module, x, module.y, data, dy, rank)
         reference = {1: torch.nn.MaxPool1d, 2: torch.nn.MaxPool2d}[len(shape) - 2](**kwargs)
-        return _differs(y, grads, x, module.y, *_reference(reference, data, dy), **tight)
+        # the same module on new data each time (a new dtype: new local blocks, bound again):
+        # what a call keeps for the next (its local blocks, the padding's -inf) must not leak
+        for dtype in dtypes:
+            data, dy = rng.standard_normal(shape), rng.standard_normal(module.y.global_shape)
+            y, grads = _run(module, x, module.y, data, dy, rank, dtype)
+            tolerance = tight if dtype == torch.float64 else dict(rtol=1e-6, atol=1e-6)
+            problem = _differs(y, grads, x, module.y, *_reference(reference, data, dy, dtype), **tolerance)
+            if problem:
+                return f"{dtype}: {problem}"
+        return None
+
+    def pool_refusal():
+        """The last rank's block of a wrong shape in the first call: every rank raises the
+        agreed error naming it (the exchange's entry check), and the group stays usable."""
+        x = _layout((1, 1, 6, 4), (1, 1, size, 1), None)
+        module = MaxPool(x, 2, group=True)
+        mine = {b.name: torch.zeros(b.shape) for b in x.space if b.worker == rank}
+        if rank == size - 1:
+            mine[next(iter(mine))] = torch.zeros((1, 1, 1, 1))
+        try:
+            module(mine)
+        except LinopError as error:
+            named = f"rank {size - 1}" in str(error) and "(1, 1, 1, 1)" in str(error)
+            return None if named else f"{type(error).__name__} names another fault: {error}"
+        return "no error"
 
     def repartition():
         x = DistributedTensor("x", (2, 3, 7, 5), Partition((1, 1, size, 1)))
@@ -107,12 +129,20 @@ def checks(rank: int, size: int) -> list[tuple[str, str | None]]:
         "trilinear x2, float32": lambda: interpolation(
             (1, 1, 4, 3, 3), (1, 1, 1, size, 1), None, dict(scale_factor=2, mode="trilinear"), torch.float32
         ),
-        "max pool 3/2/1": lambda: pool(
-            (2, 2, 9, 6), (1, 1, size, 1), None, dict(kernel_size=3, stride=2, padding=1)
+        "max pool 3/2/1, new data, float32": lambda: pool(
+            (2, 2, 9, 6),
+            (1, 1, size, 1),
+            None,
+            dict(kernel_size=3, stride=2, padding=1),
+            (torch.float64, torch.float64, torch.float32),
+        ),
+        "max pool 3/3, trimmed windows": lambda: pool(
+            (2, 2, 10, 4), (1, 1, size, 1), None, dict(kernel_size=3, stride=3, padding=(0, 1))
         ),
         "max pool 2, workers without output": lambda: pool(
             (1, 1, 3), (1, 1, size), None, dict(kernel_size=2)
         ),
+        "max pool refuses a wrong block on every rank": pool_refusal,
         "repartition": repartition,
     }
     for name, case in cases.items():
