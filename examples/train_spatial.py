@@ -714,16 +714,16 @@ class SpatialModel(torch.nn.Module):
 def compiled_loss(model: SpatialModel, **options: Any) -> Callable[..., Any]:
     """``model.loss`` under ``torch.compile(**options)``, linop's calls left out of the graphs.
 
-    Every linop call (a :class:`LayerModule`, a :class:`BatchNormModule`, a
-    :class:`TorchOperator`: the halo windows, repartitions and the loss's sum-reduction) is
-    run eagerly (``torch.compiler.disable``): a graph break at each of them, so torch compiles
+    Every linop call (a module of linop's: :class:`LayerModule`, :class:`BatchNormModule`,
+    :class:`MaxPool`; a :class:`TorchOperator`: the halo windows, repartitions and the loss's
+    sum-reduction) is run eagerly (``torch.compiler.disable``): a graph break at each of them, so torch compiles
     the arithmetic between them (the bilinear weights, relu, max_pool2d, flatten, tanh,
     log_softmax, kl_div) and autograd runs linop's backward as in eager mode. Without it
     dynamo traces into linop's Python (the interpreters, numpy views, locks) and breaks the
     graph there anyway, many times, after a long trace.
     """
     for module in model.modules():
-        if isinstance(module, LayerModule | BatchNormModule):
+        if type(module).__module__.startswith("linop."):
             module.forward = torch.compiler.disable(module.forward)  # type: ignore[method-assign]
         for value in vars(module).values():
             if isinstance(value, TorchOperator):

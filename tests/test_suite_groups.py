@@ -5,13 +5,24 @@ process (about 30 s of CPU) ran twice in every CI run before its module was grou
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
-from conftest import GROUPS
-
 HERE = Path(__file__).resolve().parent
 SHARED = re.compile(r'@pytest\.fixture\(scope="module"\)|@functools\.cache\b')
+
+
+def suite_groups() -> dict[str, str]:
+    """``GROUPS`` of tests/conftest.py, read from its source (an import by the name ``conftest``
+    may find tests/mpi's instead, in a run of the whole suite)."""
+    tree = ast.parse((HERE / "conftest.py").read_text())
+    (value,) = [
+        node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["GROUPS"]
+    ]
+    return ast.literal_eval(value)
 
 
 def shared_result_modules() -> list[str]:
@@ -19,7 +30,7 @@ def shared_result_modules() -> list[str]:
 
 
 def test_every_module_sharing_a_costly_result_runs_on_one_worker():
-    grouped = {key.partition("::")[0] for key in GROUPS}
+    grouped = {key.partition("::")[0] for key in suite_groups()}
     assert shared_result_modules(), "the pattern finds nothing: it no longer matches the suite"
     missing = [
         name for name in shared_result_modules() if name not in grouped and name != Path(__file__).name
