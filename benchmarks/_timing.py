@@ -41,19 +41,34 @@ def compare(
 
 
 def interleaved_over_ranks(
-    methods: dict[str, Callable[[], object]], comm: Any, samples: int, batch: int, warmups: int = 1
+    methods: dict[str, Callable[[], object]],
+    comm: Any,
+    samples: int,
+    batch: int,
+    warmups: int = 1,
+    settle: int = 2,
 ) -> dict[str, np.ndarray]:
     """Per method, the time of one call in each sample: the maximum over the ranks of ``comm``
     of a batch's mean. Methods are interleaved within each sample (after ``warmups`` calls
-    each), each batch starts after a barrier, so that load hits every method alike."""
+    each), in an order drawn afresh for each sample (the same on every rank), and each timed
+    batch follows ``settle`` untimed calls of its own and a barrier, so that load hits every
+    method alike and no method is timed on its first calls after another's: the first calls
+    on buffers that other calls used last can take 1.2-1.6x (8 MB MPI collectives,
+    ``bench_mpi_buffer_switch.py``), which a fixed order charges to the same method each time."""
     from mpi4py import MPI
 
     times: dict[str, list[float]] = {name: [] for name in methods}
     for function in methods.values():
         for _ in range(warmups):
             function()
+    names = list(methods)
+    order = np.random.default_rng(len(names))  # seeded alike on every rank
     for _ in range(samples):
-        for name, function in methods.items():
+        for index in order.permutation(len(names)):
+            name = names[index]
+            function = methods[name]
+            for _ in range(settle):
+                function()
             comm.Barrier()
             start = time.perf_counter()
             for _ in range(batch):
