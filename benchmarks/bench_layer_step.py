@@ -255,8 +255,12 @@ def rows(engine: Engine, comm: Any, group: Any) -> list[str]:
         cpu: dict[str, list[float]] = {name: [] for name in steps}
         for step in steps.values():
             step(given())
+        names, order = list(steps), np.random.default_rng(len(steps))  # alike on every rank
         for _ in range(SAMPLES):
-            for name, step in steps.items():
+            for index in order.permutation(len(names)):  # each batch after a step of its own
+                name = names[index]
+                step = steps[name]
+                step(given())
                 engine.barrier()
                 start, start_cpu = time.perf_counter(), time.process_time()
                 for _ in range(BATCH):

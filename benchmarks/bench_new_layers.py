@@ -602,12 +602,18 @@ def case_chain(size: tuple[int, int, int, int], rank: int) -> tuple[Step, Step, 
 
 def timed(methods: dict[str, Step], batch: int) -> dict[str, tuple[list[float], list[float]]]:
     """Per method, per sample: (wall, cpu) of a batch's mean per call, each the maximum over
-    the ranks; the methods interleaved within each sample, each batch after a barrier."""
+    the ranks; the methods interleaved within each sample in an order drawn afresh (alike on
+    every rank), each batch after one untimed call of its own and a barrier (no method timed
+    on its first call after another's, which touches other buffers)."""
     times: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in methods}
     for function in methods.values():
         function()
+    names, order = list(methods), np.random.default_rng(len(methods))
     for _ in range(SAMPLES):
-        for name, function in methods.items():
+        for index in order.permutation(len(names)):
+            name = names[index]
+            function = methods[name]
+            function()
             E.barrier()
             wall, cpu = time.perf_counter(), time.process_time()
             for _ in range(batch):
