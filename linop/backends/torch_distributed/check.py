@@ -12,6 +12,17 @@ wrong, ``all_gather_object`` collects the ranks' messages, so that every rank ra
 typed error (a mismatched tree, a missing or wrongly shaped block, a bad dtype, a group too
 small for the tree) before any data moves.
 
+What a checked call costs beyond the bound plan's is this reduction: the local work of a
+call passing the same tensor again is about 8 us, and the rest is gloo's ``all_reduce`` (its
+worker thread, a ring of ``2 (P - 1)`` steps), 0.3 ms on 2 processes and 4-6 ms on 4
+processes oversubscribing 2 loaded cores, as much as a bound halo exchange of 64-192 KB rows
+(``benchmarks/bench_torch_check_overhead.py ratios``, which also times a pairwise exchange of
+the vector by recursive doubling of ``send``/``recv``: about half the ``all_reduce``'s time
+on 4 processes). The check does not use that exchange: a gloo point-to-point wait given a
+timeout closes the group's connections when it expires, so neither the deadline (``timeout=``)
+nor the stall diagnosis's sliced waits (:mod:`.stall`) could be kept, and a choice by deadline
+would let ranks with different deadlines wait in different collectives.
+
 A peer that failed before taking part (its process ended; gloo closes its connections then) is
 not a timeout when none was given: the ranks waiting on it raise
 :class:`~linop.errors.RankFailedError`, naming the peer's rank and its error when the peer
