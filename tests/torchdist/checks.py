@@ -225,6 +225,7 @@ class Checks:
         if DEVICE is not None or os.environ.get("LINOP_TORCH_DEVICE_PATH") == "1":  # the host path's
             return
         self.run("repeat: the same tensor again", self._repeated)
+        self.run("repeat: the check's reduction started on the group", self._reduced_on_the_group)
         for change in ("set_", "resize_", "requires_grad_"):
             for stale in (False, True):
                 name = f"repeat: {change} on the same tensor" + (" (control: stale)" if stale else "")
@@ -251,6 +252,42 @@ class Checks:
         if plan._again is None or hits < 2:
             return f"the repeat served {hits} of 3 repeated calls"
         return None
+
+    def _reduced_on_the_group(self) -> str | None:
+        """A repeated call's check starts its reduction on the group, with none of
+        ``torch.distributed.all_reduce``'s per-call work (counted); control: the reducer's
+        general path (its options dropped) goes through ``all_reduce`` once per call."""
+        if self.size == 1:
+            return None
+        op = self._repeat_halo()
+        state = {n: a.astype(np.float64) for n, a in op.domain.random(35, dtype=np.int64).items()}
+        mine = local(op.domain, state, self.rank)
+        td.apply(op, mine, inplace=True)
+        reducer = td.plan_for(op).context.reducer
+        counted = [0]
+        all_reduce = dist.all_reduce
+
+        def counting(*args: Any, **kwargs: Any) -> Any:
+            counted[0] += 1
+            return all_reduce(*args, **kwargs)
+
+        maximum = reducer._maximum
+        dist.all_reduce = counting
+        try:
+            for _ in range(2):
+                state = op(state)
+                problem = differs(td.apply(op, mine, inplace=True), state, tuple(mine))
+                if problem is not None:
+                    return problem
+            direct = counted[0]
+            reducer._maximum = None  # control: the general path, every rank alike
+            td.apply(op, mine, inplace=True)
+        finally:
+            dist.all_reduce = all_reduce
+            reducer._maximum = maximum
+        if direct != 0:
+            return f"{direct} torch.distributed.all_reduce call(s) in 2 repeated calls"
+        return None if counted[0] == 1 else f"control: {counted[0]} all_reduce call(s) on the general path"
 
     def _changed(self, change: str, stale: bool) -> str | None:
         from linop.backends.torch_distributed import plan as td_plan

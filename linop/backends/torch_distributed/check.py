@@ -12,6 +12,17 @@ wrong, ``all_gather_object`` collects the ranks' messages, so that every rank ra
 typed error (a mismatched tree, a missing or wrongly shaped block, a bad dtype, a group too
 small for the tree) before any data moves.
 
+What a checked call costs beyond the bound plan's is this reduction: the local work of a
+call passing the same tensor again is about 8 us, and the rest is gloo's ``all_reduce`` (its
+worker thread, a ring of ``2 (P - 1)`` steps), 0.3 ms on 2 processes and 4-6 ms on 4
+processes oversubscribing 2 loaded cores, as much as a bound halo exchange of 64-192 KB rows
+(``benchmarks/bench_torch_check_overhead.py ratios``, which also times a pairwise exchange of
+the vector by recursive doubling of ``send``/``recv``: about half the ``all_reduce``'s time
+on 4 processes). The check does not use that exchange: a gloo point-to-point wait given a
+timeout closes the group's connections when it expires, so neither the deadline (``timeout=``)
+nor the stall diagnosis's sliced waits (:mod:`.stall`) could be kept, and a choice by deadline
+would let ranks with different deadlines wait in different collectives.
+
 A peer that failed before taking part (its process ended; gloo closes its connections then) is
 not a timeout when none was given: the ranks waiting on it raise
 :class:`~linop.errors.RankFailedError`, naming the peer's rank and its error when the peer
@@ -99,8 +110,10 @@ class TorchReducer:
     int64 vector (the interface :class:`~linop.backends.entry_check.EntryCheck` reduces through).
 
     Made once per group context; every tree checked on the group shares it (calls on a group
-    are collective, so they never overlap). The reduction runs in place on a tensor sharing
-    :attr:`received`'s memory (on the CPU; copied to and from the device for NCCL)."""
+    are collective, so they never overlap). The check's reduction (:meth:`reduce`) runs in place
+    on a tensor sharing :attr:`received`'s memory, started on the group itself with options
+    made once (on the CPU: no copy, and none of ``torch.distributed.all_reduce``'s per-call
+    Python; copied to and from the device for NCCL)."""
 
     def __init__(self, context: GroupContext) -> None:
         import torch
@@ -116,6 +129,12 @@ class TorchReducer:
         self._tensor = torch.from_numpy(self.received)
         self.timeout: float | None = None  # set by the check before each reduction
         self.doing = "the entry check"
+        self._maximum: Any = None  # the all_reduce options of :meth:`reduce` on the CPU (made once)
+        if not self.single and context.device.type == "cpu":
+            import torch.distributed as dist
+
+            self._maximum = dist.AllreduceOptions()
+            self._maximum.reduceOp = dist.ReduceOp.MAX
 
     def reduce(self, timeout: float | None = None, doing: str | None = None) -> np.ndarray:
         """Reduce :attr:`send` (maximum over ranks) into :attr:`received` and return it (the
@@ -129,7 +148,9 @@ class TorchReducer:
         if timeout is not None:
             self.timeout = timeout
         np.copyto(self.received, self.send)
-        if not self.single:
+        if self._maximum is not None and not self.context.failed:  # in place, on received's memory
+            self._finish(self.context.group.allreduce([self._tensor], self._maximum))
+        elif not self.single:
             self.received[:] = self.all_reduce(self.received, "max")
         return self.received
 
@@ -155,9 +176,15 @@ class TorchReducer:
         tensor = torch.from_numpy(np.array(values, dtype=np.int64))
         if context.device.type != "cpu":
             tensor = tensor.to(context.device)
-        work = dist.all_reduce(tensor, op=op, group=context.group, async_op=True)
+        self._finish(dist.all_reduce(tensor, op=op, group=context.group, async_op=True))
+        return tensor.cpu().numpy()
+
+    def _finish(self, work: Any) -> None:
+        """Wait for a reduction ``work`` on the group within :attr:`timeout` (its errors named:
+        :class:`~linop.errors.PeerTimeoutError`, or :class:`~linop.errors.RankFailedError`
+        when a peer's connection closed with no deadline passed)."""
         try:
-            context.wait(work, self.timeout, self.doing)
+            self.context.wait(work, self.timeout, self.doing)
         except PeerMismatchError:  # a peer at the same call on its bound plan (stall.py): named
             raise
         except PeerTimeoutError as error:
@@ -167,7 +194,6 @@ class TorchReducer:
             raise self._peer_failed(error) from error
         if _REPORTED[0]:
             _withdraw_report()
-        return tensor.cpu().numpy()
 
     def _peer_failed(self, error: PeerTimeoutError) -> RankFailedError:
         """The error of a wait that ended because a peer's connection closed (no deadline
