@@ -244,6 +244,24 @@ def test_a_collected_array_is_never_taken_for_a_new_one():
     collective_assert(_hits(op) <= before or _hits(op) == 0, "a new array was taken for the collected one")
 
 
+def test_none_for_a_collected_array_is_the_typed_error_on_every_rank():
+    """The kept array is collected and the call passes None for it: the record's identity test
+    (a dead reference gives None too) must not take None for the array; the call is checked the
+    general way and every rank gets the typed error naming the block."""
+    op = _halo().H
+    state = op.domain.random(25)
+    local = local_part(op.domain, state, RANK)
+    _warm(op, local)
+    (name,) = local
+    del local[name]
+    gc.collect()
+    local[name] = None if RANK == LAST else np.array(state[name])
+    message = expect_collective_error(
+        DistributedStateError, lambda: mpi_backend.apply(op, local, comm=COMM, inplace=True)
+    )
+    collective_assert("NoneType" in message and name.split("[")[0] in message, message)
+
+
 def test_another_rank_changing_its_dtype_is_found_by_a_rank_that_repeats():
     """Rank 0 passes the same arrays again, the last rank a float32 array in the same dict:
     rank 0's repeat matches locally, the reduced vector does not, and every rank runs the

@@ -123,8 +123,10 @@ class RepeatedCall:
         if type(state) is not dict or len(state) != 1 or inplace is not self.inplace:
             return None
         array = state.get(self.name, _MISSING)
-        if self.array() is not array or array.shape != self.shape or array.dtype is not self.dtype:
-            return None  # (the first test also when the kept array is gone: None)
+        if array is None or self.array() is not array:  # (None: also what a gone array's ref gives)
+            return None
+        if array.shape != self.shape or array.dtype is not self.dtype:
+            return None
         flags = array.flags
         if not flags.c_contiguous or (inplace and not flags.writeable):
             return None
