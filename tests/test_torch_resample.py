@@ -17,6 +17,7 @@ import pytest
 
 import verify
 from linop import DistributedTensor, Partition, StateError
+from linop.errors import DtypeError
 from linop.layers import LayerError
 
 torch = pytest.importorskip("torch", reason="torch is not installed (the torch extra)")
@@ -250,6 +251,9 @@ def test_max_pool_module_refuses_what_is_no_dict_of_its_blocks():
         module({k: blocks[k] for k in list(blocks)[:1]})
     with pytest.raises(StateError, match="must be a torch tensor"):
         module({k: v.numpy() for k, v in blocks.items()})
+    for dtype in (torch.int64, torch.complex128):  # the pool pads with -inf: no integer or complex
+        with pytest.raises(DtypeError, match=f"is {dtype}.*floating-point"):
+            module({k: v.to(dtype) for k, v in blocks.items()})
 
 
 # -- Repartition --------------------------------------------------------------------------------

@@ -42,12 +42,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
 
-from ..errors import LayerError, StateError
+from ..errors import DtypeError, LayerError, StateError
 from ..halo_geometry import Kernel
 from ..layers import MaxPoolJacobian
 from ..partition import DistributedTensor
@@ -190,9 +190,25 @@ class MaxPool(WindowModule):
         if tensors is None:  # the checks and errors of any call of the windows' function
             self.check(x)
             tensors = self.function.state_tensors(x)
+        for name, tensor in zip(self.input_names, tensors):
+            if not tensor.is_floating_point():  # the pool pads with -inf
+                self._refuse(
+                    DtypeError(
+                        f"MaxPool: block {name!r} is {tensor.dtype}: the pool takes floating-point blocks"
+                    ),
+                    tensors,
+                )
         *outputs, token = _MaxPoolFunction.apply(self, self._anchor, *tensors)
         self.__dict__["_token"] = token  # not through nn.Module.__setattr__ (a tensor, no parameter)
         return dict(zip(self.output_names, outputs))
+
+    def _refuse(self, error: StateError, tensors: Sequence[torch.Tensor]) -> NoReturn:
+        """Raise ``error``, found by this module's own check of a call's blocks, as the windows'
+        function refuses a call (on a gloo group through the workspace's exchange, whose
+        binding its peers are in; float64 blocks stand for the refused ones)."""
+        if self._workspace is not None:
+            self._workspace.refuse(error, torch.float64)
+        self.function.refuse(error, dict(zip(self.input_names, tensors)))
 
     def local(self, window: torch.Tensor, padded: _Strips | None) -> torch.Tensor:
         """torch's max pool of the window, its padding strips set to -inf first (recorded by
