@@ -55,11 +55,6 @@ from .torch_windows import WindowModule, WindowWorkspace
 
 __all__ = ["MaxPool"]
 
-_POOLS = {
-    1: torch.nn.functional.max_pool1d,
-    2: torch.nn.functional.max_pool2d,
-    3: torch.nn.functional.max_pool3d,
-}
 _POOLS_WITH_INDICES = {
     1: torch.nn.functional.max_pool1d_with_indices,
     2: torch.nn.functional.max_pool2d_with_indices,
@@ -119,7 +114,7 @@ class MaxPool(WindowModule):
         mapping: Any = None,
     ) -> None:
         dims = x.ndim - 2 if isinstance(x, DistributedTensor) else 0
-        if dims not in _POOLS:
+        if dims not in _POOLS_WITH_INDICES:
             raise LayerError(f"MaxPool: torch pools 1 to 3 spatial dimensions, not {dims}")
         size, pad, dilate = (_entries(v, dims) for v in (kernel_size, padding, dilation))
         step = size if stride is None else _entries(stride, dims)
@@ -133,7 +128,6 @@ class MaxPool(WindowModule):
         self.layer = layer
         self.x, self.y = self.layer.x, self.layer.y
         self.size, self.stride, self.dilation = size, step, dilate
-        self._pool = _POOLS[dims]
         self._pool_with_indices = _POOLS_WITH_INDICES[dims]
         self._products = []
         windows = {}
@@ -211,11 +205,14 @@ class MaxPool(WindowModule):
         self.function.refuse(error, dict(zip(self.input_names, tensors)))
 
     def local(self, window: torch.Tensor, padded: _Strips | None) -> torch.Tensor:
-        """torch's max pool of the window, its padding strips set to -inf first (recorded by
-        autograd: the module's own node does the same untracked, with the indices)."""
+        """torch's max pool of one window, its padding strips set to -inf on a copy, recorded by
+        autograd: the generic window-module step (:class:`WindowModule`), which this module's
+        own forward replaces by one node computing the same."""
         if padded is not None:
-            window = padded.fill(window)
-        return self._pool(window, self.size, self.stride, 0, self.dilation)
+            window = padded.fill_(window.clone())
+        return self._pool_with_indices(window, self.size, self.stride, (0,) * len(self.size), self.dilation)[
+            0
+        ]
 
     def pooled(self, window: torch.Tensor, padded: _Strips | None) -> tuple[torch.Tensor, torch.Tensor]:
         """torch's max pool of a window the windows' tree made (untracked), its padding strips
@@ -235,13 +232,6 @@ class _Strips:
 
     before: tuple[int, ...]
     after: tuple[int, ...]
-
-    def fill(self, window: torch.Tensor) -> torch.Tensor:
-        """``window`` (N, C, spatial...) with its strips set to ``-inf``; the gradient flows to
-        the real entries alone. In place when the window is an output of the windows' tree
-        function (not a leaf: a fresh block of this call, never the caller's memory; autograd
-        records the fills), else on a copy."""
-        return self.fill_(window.clone() if window.is_leaf else window)
 
     def fill_(self, window: torch.Tensor) -> torch.Tensor:
         """Set ``window``'s strips to ``-inf`` in place and return it."""
