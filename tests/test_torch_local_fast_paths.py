@@ -205,10 +205,10 @@ def test_max_pool_padding_strips_equal_the_whole_window_mask(name):
         padding = torch_pooling._strips(spatial, g)
         data = torch.from_numpy(rng.standard_normal(window))
         masked = data.masked_fill(torch.from_numpy(~np.ascontiguousarray(spatial)), float("-inf"))
-        assert torch.equal(padding.fill(data), masked), g
+        assert torch.equal(padding.fill_(data.clone()), masked), g
         # the gradient reaches the real entries alone, as the mask's does
         leaf = data.clone().requires_grad_()
-        padding.fill(leaf).sum().backward()
+        padding.fill_(leaf.clone()).sum().backward()
         assert torch.equal(leaf.grad, torch.from_numpy(np.array(spatial)).to(leaf.grad).expand_as(leaf.grad))
     assert strips > 0  # the case has windows with padding
 
