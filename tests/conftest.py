@@ -17,8 +17,10 @@ own runs are left alone. A variable already set in the environment is kept.
 Parallel runs (pytest-xdist): tests that share work run on one worker, in one group
 (:data:`GROUPS`): the notebooks, executed once and both checked (tests/test_notebooks.py) and
 built into the docs (tests/test_docs.py); the wheel and sdist of tests/test_packaging.py; the
-JAX device process of tests/test_jax_shard.py (one process for the tests of its device counts);
-the one process of tests/test_registry.py's two handler-list checks.
+JAX device processes of tests/test_jax_shard.py (one process for the tests of its device counts),
+test_jax_kernels.py, test_jax_layers.py and test_jax_modules.py (one each, a module fixture); the
+framework edges' launch; the one process of tests/test_registry.py's two handler-list checks
+(tests/test_suite_groups.py: every module that shares such a result is in a group).
 Launches of many processes (:data:`LAUNCHES`) are collected first, so that the workers start
 the longest tests first and finish together (``make test`` passes ``--no-loadscope-reorder``:
 xdist would otherwise hand out the groups with the most tests first, and the MPI suite, the

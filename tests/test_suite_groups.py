@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SHARED = re.compile(r'@pytest\.fixture\(scope="module"\)|@functools\.cache\b')
+SHARED = re.compile(r"""@pytest\.fixture\(scope=["'](module|session)["']\)|@(functools\.)?(lru_)?cache\b""")
 
 
 def suite_groups() -> dict[str, str]:
