@@ -44,12 +44,14 @@ $(CORE_STAMP): pyproject.toml
 # left about 2,500 files compiled by the suite itself without them.
 WARM_FRAMEWORKS := torch.distributed, torch.multiprocessing, jax.numpy, jax.experimental.shard_map, \
 	torch._dynamo, torch._inductor.compile_fx, torch.distributed.run, torch.distributed.tensor, \
-	torch.distributed.fsdp, torch.optim, equinox, jaxtyping
+	torch.distributed.fsdp, torch.optim, equinox
 WARM_TOOLS := sympy, scipy.sparse, matplotlib.pyplot, mpi4py.MPI, hypothesis, pytest, IPython, \
 	ipykernel.kernelapp, nbclient, nbformat, sphinx.application, myst_nb, numpydoc, furo, mypy.api, linop, verify, \
-	scipy.stats, scipy.optimize, scipy.signal, scipy.interpolate, scipy.integrate, scipy.ndimage, networkx, \
-	array_api_strict, debugpy, sqlalchemy.orm, jupyter_cache, setuptools, xdist, execnet, requests, yaml, \
-	sphinx.ext.autodoc
+	scipy.stats, scipy.optimize, scipy.signal, scipy.interpolate, scipy.integrate, scipy.ndimage, \
+	array_api_strict, setuptools, xdist, sphinx.ext.autodoc
+# What the packages above import in turn (their own dependencies, which may change): warmed where
+# found, never failing the install.
+WARM_DEPENDENCIES := networkx jaxtyping debugpy sqlalchemy.orm jupyter_cache execnet requests yaml
 $(STAMP): pyproject.toml
 	@echo "==> creating $(VENV)"
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +60,7 @@ $(STAMP): pyproject.toml
 	touch $(CORE_STAMP)
 	@echo "==> compiling what the test processes import (torch, JAX, sympy, the tools)"
 	$(PY) -c "import $(WARM_FRAMEWORKS)" & frameworks=$$!; $(PY) -c "import $(WARM_TOOLS)" && wait $$frameworks
+	$(PY) -c "import importlib, importlib.util as u; [importlib.import_module(m) for m in '$(WARM_DEPENDENCIES)'.split() if u.find_spec(m.split('.')[0])]"
 	touch $(STAMP)
 
 report: $(CORE_STAMP)
