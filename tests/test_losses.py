@@ -5,6 +5,8 @@ interpreter and as a torch module. A control: a mean over the local count is cau
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -213,6 +215,42 @@ def test_module_blocks_of_a_wrong_name_or_shape_are_state_errors():
         StateError, match=r"target's block 'x\[0,0,1\]' has shape \(5, 3, 2\), expected \(5, 3, 3\)"
     ):
         module(good, wrong)
+    with pytest.raises(StateError, match=r"input's block 'x\[0,0,1\]' has shape \(5, 3, 2\)"):
+        module(wrong, good)  # the input's shape too, not only the target's
+    with pytest.raises(StateError, match="input takes blocks"):
+        module(dict(good, extra=torch.zeros(1)), good)
+    assert float(module(types.MappingProxyType(good), good)) == 0.0  # any mapping, the checked way
+
+
+def test_module_mixed_dtypes_and_double_backward():
+    """A float32 block next to float64 ones (the tree runs in the promoted dtype, each block's
+    gradient in its own), and the backward recorded under ``create_graph`` (the broadcast
+    differentiable again): the Hessian-vector product of the MSE mean is 2 v / count, and the
+    input gradient's derivative in the loss's seed is that gradient at seed 1."""
+    x = _tensor("2x2-uneven-empty")
+    rng = np.random.default_rng(8)
+    data, target = rng.standard_normal(x.global_shape), rng.standard_normal(x.global_shape)
+    first = x.blocks[0].name
+    inputs = {
+        k: torch.from_numpy(v.astype(np.float32) if k == first else v).requires_grad_()
+        for k, v in x.scatter(data).items()
+    }
+    module = LossModule(Loss(x, "mse"))
+    out = module(inputs, {k: torch.from_numpy(v) for k, v in x.scatter(target).items()})
+    assert out.dtype == torch.float64
+    names = list(inputs)
+    seed = torch.tensor(1.0, dtype=torch.float64, requires_grad=True)
+    grads = torch.autograd.grad(out, [inputs[k] for k in names], seed, create_graph=True)
+    assert grads[0].dtype == torch.float32 and all(g.dtype == inputs[k].dtype for k, g in zip(names, grads))
+    vs = [torch.ones_like(g) * (1 + j) for j, g in enumerate(grads)]
+    *hvp, by_seed = torch.autograd.grad(
+        sum((g * v).sum() for g, v in zip(grads, vs)), [*(inputs[k] for k in names), seed]
+    )
+    count = float(np.prod(x.global_shape))
+    for h, v in zip(hvp, vs):
+        torch.testing.assert_close(h, 2 * v / count)
+    # the gradient is linear in the seed: its derivative is the gradient at seed 1
+    torch.testing.assert_close(by_seed, sum((g.detach().double() * v).sum() for g, v in zip(grads, vs)))
 
 
 @st.composite

@@ -2,8 +2,9 @@ r"""Distributed losses (:class:`linop.layers.Loss`) as a PyTorch module.
 
 Each process computes the sums of its blocks' elementwise terms with torch's own functional
 loss (``reduction="sum"``; its autograd gives the local derivative), and the partial sums go
-through the layer's sum-reduce tree as a :class:`~linop.frameworks.torch_function.TorchOperator`,
-whose backward is the tree's adjoint, the broadcast of the loss's gradient:
+through the layer's sum-reduce tree in one autograd node of this module's (the tree's bound
+plans of a :class:`~linop.frameworks.torch_function.TorchOperator` run untracked inside it),
+whose backward is the tree's adjoint, the broadcast of the scaled gradient of the loss:
 
 .. math::
 
@@ -16,7 +17,6 @@ gradient a non-root process seeds is not used (the loss does not depend on it).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -115,40 +115,107 @@ class LossModule(torch.nn.Module):
         self.reduce = (
             None if tree is None else TorchOperator(tree, comm=comm, group=group, mapping=placement.map)
         )
+        self._shapes = tuple(tuple(layer.x.space[n].shape) for n in self.input_names)
+        self._partial_names = tuple(layer.partial_name(n) for n in self.input_names)
+        self._total_name = "" if tree is None else layer.total_name
+        # under MPI or a process group every call is collective: an anchor that requires a
+        # gradient ties every process's output to the graph, blocks or none
+        distributed = comm is not None or (group is not None and group is not False)
+        self._anchor = torch.zeros(0, dtype=torch.float64, requires_grad=True) if distributed else None
 
     def forward(self, x: Mapping[str, Tensor], target: Mapping[str, Tensor]) -> Any:
+        names, shapes = self.input_names, self._shapes
+        if not (
+            type(x) is dict
+            and type(target) is dict
+            and len(x) == len(names)
+            and len(target) == len(names)
+            and all(
+                type(x.get(n)) is Tensor
+                and type(target.get(n)) is Tensor
+                and x[n].shape == shape == target[n].shape
+                for n, shape in zip(names, shapes)
+            )
+        ):
+            self._check(x, target)
+        layer = self.layer
+        if self.reduce is None:
+            return {
+                layer.output_name(n): local_loss(layer, x[n], target[n], "none") for n in self.input_names
+            }
+        partials = [local_loss(layer, x[n], target[n], "sum") for n in self.input_names]
+        return _ReduceFunction.apply(self, self._anchor, *partials)
+
+    def _check(self, x: Any, target: Any) -> None:
+        """The checks of a call's blocks (names and shapes) with their errors.
+
+        Raises
+        ------
+        StateError
+            The input or the target is not a dict of this process's blocks, or a block has
+            another shape than the layer's.
+        """
         for what, state in (("input", x), ("target", target)):
             if not isinstance(state, Mapping) or set(state) != set(self.input_names):
                 given = sorted(state) if isinstance(state, Mapping) else type(state).__name__
                 raise StateError(
                     f"{self.layer.kind} loss: the {what} takes blocks {list(self.input_names)}, not {given}"
                 )
-            for name in self.input_names:
-                expected = self.layer.x.space[name].shape
+            for name, expected in zip(self.input_names, self._shapes):
                 if tuple(state[name].shape) != expected:
                     raise StateError(
                         f"{self.layer.kind} loss: the {what}'s block {name!r} has shape "
                         f"{tuple(state[name].shape)}, expected {expected}"
                     )
-        layer = self.layer
-        if self.reduce is None:
-            return {
-                layer.output_name(n): local_loss(layer, x[n], target[n], "none") for n in self.input_names
-            }
-        partials = {
-            layer.partial_name(n): local_loss(layer, x[n], target[n], "sum").reshape(1)
-            for n in self.input_names
-        }
-        if partials:  # one dtype for the tree (a float32 block next to a float64 one)
-            dtype = functools.reduce(torch.promote_types, [t.dtype for t in partials.values()])
-            partials = {n: t.to(dtype) for n, t in partials.items()}
-        result = self.reduce(partials)
-        token = self.reduce.token.sum()
-        total = result.get(layer.total_name)
-        if total is None:
-            return token
-        return total.reshape(()) * layer.scale + token.to(total.dtype)
 
     def extra_repr(self) -> str:
         layer = self.layer
         return f"{layer.kind}, reduction={layer.reduction!r}, root={layer.root}, {layer.x.space}"
+
+
+class _ReduceFunction(torch.autograd.Function):
+    r"""forward(module, anchor, \*partials) -> :math:`L = s\,R\,p` on the root (the local
+    sums :math:`p`, 0-d, reduced by the layer's tree run untracked), a zero scalar elsewhere
+    (float64: the token every process's backward needs); backward
+    :math:`\bar p = R^{*}(s \bar L)`, the broadcast of the root's scaled gradient (a non-root
+    process's seed is not used)."""
+
+    @staticmethod
+    def forward(ctx: Any, module: LossModule, anchor: torch.Tensor | None, *partials: Tensor) -> Tensor:
+        function = module.reduce
+        assert function is not None  # a reduction: the tree exists
+        dtype = partials[0].dtype if partials else None
+        for partial in partials[1:]:  # one dtype for the tree (a float32 block next to a float64 one)
+            dtype = torch.promote_types(dtype, partial.dtype)  # type: ignore[arg-type]
+        state = {
+            name: partial.detach().to(dtype).reshape(1)
+            for name, partial in zip(module._partial_names, partials)
+        }
+        total = function.untracked(state).get(module._total_name)
+        ctx.module = module
+        ctx.fit = [(p.dtype, p.device) for p in partials]
+        ctx.total = None if total is None else (total.dtype, total.device)
+        if total is None:
+            return torch.zeros((), dtype=torch.float64)
+        return total.reshape(()) * module.layer.scale
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Any:
+        module = ctx.module
+        function = module.reduce
+        seed: tuple[Tensor, ...] = ()
+        if ctx.total is not None:  # the root: s times the loss's gradient, the broadcast's block
+            dtype, device = ctx.total
+            seed = ((grad * module.layer.scale).to(dtype=dtype, device=device).reshape(1),)
+        inputs, outputs = function.names(adjoint=True)
+        if torch.is_grad_enabled():  # create_graph: the broadcast recorded too
+            adjoint = dict(zip(outputs, function.adjoint_tensors(*seed)))
+        else:
+            adjoint = function.untracked(dict(zip(inputs, seed)), adjoint=True)
+        back = [adjoint[name] for name in module._partial_names]
+        fitted = [
+            gradient.reshape(()).to(dtype=dtype, device=device)
+            for gradient, (dtype, device) in zip(back, ctx.fit)
+        ]
+        anchor = None if module._anchor is None else torch.zeros_like(module._anchor)
+        return (None, anchor, *fitted)
