@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -267,6 +268,22 @@ def test_repartition_module_moves_forward_and_repartitions_the_gradient_back():
     assert np.array_equal(y, data) and np.array_equal(dx, dy)
     back = Repartition(z, x)
     assert back.operator == module.operator.H and set(back.output_names) == set(x.space.names)
+    # the module's own node under create_graph: dx is linear in dy, its derivative the
+    # repartition back (recorded); any mapping takes the checked way, a non-tensor is refused
+    blocks = {k: torch.from_numpy(v) for k, v in x.scatter(data).items()}
+    seeds = {k: torch.from_numpy(v).requires_grad_() for k, v in z.scatter(dy).items()}
+    inputs = {k: v.clone().requires_grad_() for k, v in blocks.items()}
+    out = module(types.MappingProxyType(inputs))
+    dx = torch.autograd.grad(
+        [out[k] for k in seeds], list(inputs.values()), [seeds[k] for k in seeds], create_graph=True
+    )
+    weights = x.scatter(rng.standard_normal(x.global_shape))
+    again = torch.autograd.grad(
+        sum((g * torch.from_numpy(weights[k])).sum() for g, k in zip(dx, inputs)), list(seeds.values())
+    )
+    assert np.array_equal(z.gather({k: g.numpy() for k, g in zip(seeds, again)}), x.gather(weights))
+    with pytest.raises(StateError, match="must be a torch tensor"):
+        module(dict(blocks, **{next(iter(blocks)): np.zeros(1)}))
 
 
 # -- torch.distributed ------------------------------------------------------------------------

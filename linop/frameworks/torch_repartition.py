@@ -3,13 +3,15 @@ r"""A repartition between two layouts of one tensor, as a PyTorch module: :class
 Between two layers whose partitions differ (a convolution on spatial workers, an affine map on
 feature workers), the tensor is re-decomposed: :class:`linop.Repartition` :math:`T`, a
 permutation of the entries, so :math:`T^{*} = T^{-1}` is the reverse repartition. The module is
-that tree as a differentiable function: forward :math:`y = T x`, backward
-:math:`\bar x = T^{*} \bar y` (the reverse repartition of the gradient).
+that tree as one autograd node per call: forward :math:`y = T x`, backward
+:math:`\bar x = T^{*} \bar y` (the reverse repartition of the gradient), each the tree's (or
+its adjoint's) bound plan run untracked inside the node (recorded by autograd under
+``create_graph``, so the backward is differentiable again).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -63,9 +65,64 @@ class Repartition(BlockModule):
         super().__init__(operator, comm=comm, group=group, mapping=mapping)
         self.source, self.destination = source, destination
         self.operator = operator
+        self._input_count = len(self.input_names)
+        distributed = comm is not None or (group is not None and group is not False)
+        # under MPI or a process group every call is collective: an anchor that requires a
+        # gradient ties every process's outputs (and token) to the graph, blocks or none
+        self._anchor = torch.zeros(0, dtype=torch.float64, requires_grad=True) if distributed else None
+        self._token = torch.zeros(0, dtype=torch.float64)
+
+    @property
+    def token(self) -> torch.Tensor:
+        """The empty output of the last call (see :class:`~linop.frameworks.torch_windows.BlockModule`)."""
+        return self._token
 
     def forward(self, x: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return self.function(x)
+        tensors: Sequence[Any] | None = None
+        if type(x) is dict and len(x) == self._input_count:
+            tensors = [x.get(name) for name in self.input_names]
+            if not all(isinstance(t, torch.Tensor) for t in tensors):
+                tensors = None
+        if tensors is None:  # the checks and errors of any call of the tree's function
+            tensors = self.function.state_tensors(x)
+        *outputs, token = _RepartitionFunction.apply(self, self._anchor, *tensors)
+        self.__dict__["_token"] = token  # not through nn.Module.__setattr__ (a tensor, no parameter)
+        return dict(zip(self.output_names, outputs))
 
     def extra_repr(self) -> str:
         return f"{self.source} -> {self.destination}"
+
+
+class _RepartitionFunction(torch.autograd.Function):
+    r"""forward(module, anchor, \*x blocks) -> (\*y blocks, token): :math:`y = T x`, the tree's
+    bound plan run untracked; backward :math:`\bar x = T^{*} \bar y`, its adjoint's (recorded
+    under ``create_graph``)."""
+
+    @staticmethod
+    def forward(ctx: Any, module: Repartition, anchor: torch.Tensor | None, *tensors: torch.Tensor) -> Any:
+        outputs = module.function.untracked(dict(zip(module.input_names, tensors)))
+        ctx.module = module
+        ctx.fit = [(t.dtype, t.device) for t in tensors]
+        return (*(outputs[name] for name in module.output_names), torch.zeros(0, dtype=torch.float64))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
+        module = ctx.module
+        function = module.function
+        grads = grads[:-1]  # the token's is not used
+        inputs, outputs = function.names(adjoint=True)
+        given = dict(zip(module.output_names, grads))
+        if torch.is_grad_enabled():  # create_graph: the reverse repartition recorded too
+            adjoint = dict(zip(outputs, function.adjoint_tensors(*(given[name] for name in inputs))))
+        else:
+            adjoint = function.untracked(given, adjoint=True)
+        fitted = []
+        for name, (dtype, device) in zip(module.input_names, ctx.fit):
+            gradient = adjoint[name]
+            if gradient.is_complex() and not dtype.is_complex:
+                gradient = gradient.real  # a real input's gradient is the real part
+            if gradient.dtype != dtype or gradient.device != device:
+                gradient = gradient.to(dtype=dtype, device=device)
+            fitted.append(gradient)
+        anchor = None if module._anchor is None else torch.zeros_like(module._anchor)
+        return (None, anchor, *fitted)
