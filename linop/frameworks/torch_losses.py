@@ -188,7 +188,7 @@ class _ReduceFunction(torch.autograd.Function):
         for partial in partials[1:]:  # one dtype for the tree (a float32 block next to a float64 one)
             dtype = torch.promote_types(dtype, partial.dtype)  # type: ignore[arg-type]
         state = {
-            name: partial.detach().to(dtype).reshape(1)
+            name: (partial.detach() if partial.dtype == dtype else partial.detach().to(dtype)).reshape(1)
             for name, partial in zip(module._partial_names, partials)
         }
         total = function.untracked(state).get(module._total_name)
@@ -217,5 +217,4 @@ class _ReduceFunction(torch.autograd.Function):
             gradient.reshape(()).to(dtype=dtype, device=device)
             for gradient, (dtype, device) in zip(back, ctx.fit)
         ]
-        anchor = None if module._anchor is None else torch.zeros_like(module._anchor)
-        return (None, anchor, *fitted)
+        return (None, None, *fitted)  # the anchor's gradient: none (it only ties the graph)

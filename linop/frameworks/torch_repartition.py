@@ -124,5 +124,4 @@ class _RepartitionFunction(torch.autograd.Function):
             if gradient.dtype != dtype or gradient.device != device:
                 gradient = gradient.to(dtype=dtype, device=device)
             fitted.append(gradient)
-        anchor = None if module._anchor is None else torch.zeros_like(module._anchor)
-        return (None, anchor, *fitted)
+        return (None, None, *fitted)  # the anchor's gradient: none (it only ties the graph)
