@@ -71,7 +71,16 @@ from ..errors import (
 )
 from ..operator import LinearOperator
 
-__all__ = ["TorchOperator", "OperatorModule", "function", "apply"]
+__all__ = ["TorchOperator", "OperatorModule", "function", "apply", "collective_anchor"]
+
+
+def collective_anchor(comm: Any, group: Any) -> torch.Tensor | None:
+    """For a module that is its own autograd node: under MPI (``comm``) or a process group
+    (``group``), where every call is collective, an empty tensor that requires a gradient,
+    passed to each call's node so that every process's outputs (and token) are tied to the
+    graph, blocks or none, and its backward runs; None in one process."""
+    distributed = comm is not None or (group is not None and group is not False)
+    return torch.zeros(0, dtype=torch.float64, requires_grad=True) if distributed else None
 
 
 def engine_arguments(comm: Any, group: Any) -> None:
@@ -573,8 +582,7 @@ class TorchOperator:
         self.group = self._runner.group
         self.inputs = self._runner.inputs
         self.outputs = self._runner.outputs
-        distributed = comm is not None or self.group is not None
-        self._anchor = torch.zeros(0, dtype=torch.float64, requires_grad=True) if distributed else None
+        self._anchor = collective_anchor(comm, self.group)
         self.token = torch.zeros(0, dtype=torch.float64)
 
     @property

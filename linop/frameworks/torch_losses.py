@@ -24,7 +24,7 @@ import torch
 
 from ..errors import LayerError, StateError
 from ..layers.losses import Loss
-from .torch_function import TorchOperator, engine_arguments
+from .torch_function import TorchOperator, collective_anchor, engine_arguments
 from .torch_placement import Placement, workers_of
 
 __all__ = ["LossModule", "local_loss"]
@@ -118,10 +118,7 @@ class LossModule(torch.nn.Module):
         self._shapes = tuple(tuple(layer.x.space[n].shape) for n in self.input_names)
         self._partial_names = tuple(layer.partial_name(n) for n in self.input_names)
         self._total_name = "" if tree is None else layer.total_name
-        # under MPI or a process group every call is collective: an anchor that requires a
-        # gradient ties every process's output to the graph, blocks or none
-        distributed = comm is not None or (group is not None and group is not False)
-        self._anchor = torch.zeros(0, dtype=torch.float64, requires_grad=True) if distributed else None
+        self._anchor = collective_anchor(comm, group)  # ties every process's output to the graph
 
     def forward(self, x: Mapping[str, Tensor], target: Mapping[str, Tensor]) -> Any:
         names, shapes = self.input_names, self._shapes

@@ -153,12 +153,6 @@ class MaxPool(WindowModule):
         slot = {window_name: k for k, (_, window_name, *_) in enumerate(self._products)}
         self._adjoint_inputs = tuple(adjoint_inputs)
         self._window_order = tuple((slot[name], windows[name]) for name in adjoint_inputs)
-        self._input_count = len(self.input_names)
-        distributed = comm is not None or (group is not None and group is not False)
-        # under MPI or a process group every call is collective: an anchor that requires a
-        # gradient ties every process's outputs (and token) to the graph, blocks or none
-        self._anchor = torch.zeros(0, dtype=torch.float64, requires_grad=True) if distributed else None
-        self._token = torch.zeros(0, dtype=torch.float64)
         # on a gloo group: the windows on local blocks this module owns, their padding -inf
         # once (no strips to fill per call), the exchange bound in place on them
         self._workspace = WindowWorkspace.of(
@@ -170,20 +164,8 @@ class MaxPool(WindowModule):
             if set(self._workspace.window_names) != set(windows):  # pragma: no cover - one geometry
                 raise LayerError(f"MaxPool: the workspace's windows are not those of {sorted(windows)}")
 
-    @property
-    def token(self) -> torch.Tensor:
-        """The empty output of the last call (see :class:`~linop.frameworks.torch_windows.BlockModule`)."""
-        return self._token
-
     def forward(self, x: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        tensors: Sequence[Any] | None = None
-        if type(x) is dict and len(x) == self._input_count:
-            tensors = [x.get(name) for name in self.input_names]
-            if not all(isinstance(t, torch.Tensor) for t in tensors):
-                tensors = None
-        if tensors is None:  # the checks and errors of any call of the windows' function
-            self.check(x)
-            tensors = self.function.state_tensors(x)
+        tensors = self.tensors_of(x)
         for name, tensor in zip(self.input_names, tensors):
             if not tensor.is_floating_point():  # the pool pads with -inf
                 self._refuse(
@@ -192,9 +174,7 @@ class MaxPool(WindowModule):
                     ),
                     tensors,
                 )
-        *outputs, token = _MaxPoolFunction.apply(self, self._anchor, *tensors)
-        self.__dict__["_token"] = token  # not through nn.Module.__setattr__ (a tensor, no parameter)
-        return dict(zip(self.output_names, outputs))
+        return self._outputs(_MaxPoolFunction.apply(self, self._anchor, *tensors))
 
     def _refuse(self, error: StateError, tensors: Sequence[torch.Tensor]) -> NoReturn:
         """Raise ``error``, found by this module's own check of a call's blocks, as the windows'

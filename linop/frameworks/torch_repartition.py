@@ -11,7 +11,7 @@ its adjoint's) bound plan run untracked inside the node (recorded by autograd un
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -65,29 +65,9 @@ class Repartition(BlockModule):
         super().__init__(operator, comm=comm, group=group, mapping=mapping)
         self.source, self.destination = source, destination
         self.operator = operator
-        self._input_count = len(self.input_names)
-        distributed = comm is not None or (group is not None and group is not False)
-        # under MPI or a process group every call is collective: an anchor that requires a
-        # gradient ties every process's outputs (and token) to the graph, blocks or none
-        self._anchor = torch.zeros(0, dtype=torch.float64, requires_grad=True) if distributed else None
-        self._token = torch.zeros(0, dtype=torch.float64)
-
-    @property
-    def token(self) -> torch.Tensor:
-        """The empty output of the last call (see :class:`~linop.frameworks.torch_windows.BlockModule`)."""
-        return self._token
 
     def forward(self, x: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        tensors: Sequence[Any] | None = None
-        if type(x) is dict and len(x) == self._input_count:
-            tensors = [x.get(name) for name in self.input_names]
-            if not all(isinstance(t, torch.Tensor) for t in tensors):
-                tensors = None
-        if tensors is None:  # the checks and errors of any call of the tree's function
-            tensors = self.function.state_tensors(x)
-        *outputs, token = _RepartitionFunction.apply(self, self._anchor, *tensors)
-        self.__dict__["_token"] = token  # not through nn.Module.__setattr__ (a tensor, no parameter)
-        return dict(zip(self.output_names, outputs))
+        return self._outputs(_RepartitionFunction.apply(self, self._anchor, *self.tensors_of(x)))
 
     def extra_repr(self) -> str:
         return f"{self.source} -> {self.destination}"

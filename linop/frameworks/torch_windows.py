@@ -26,7 +26,7 @@ import torch
 
 from ..errors import StateError
 from ..operator import LinearOperator
-from .torch_function import TorchOperator, engine_arguments
+from .torch_function import TorchOperator, collective_anchor, engine_arguments
 from .torch_placement import Placement, workers_of
 
 __all__ = ["BlockModule", "WindowModule"]
@@ -84,11 +84,35 @@ class BlockModule(torch.nn.Module):
         self.function = TorchOperator(tree, comm=comm, group=group, mapping=self.placement.map)
         self.input_names: tuple[str, ...] = self.function.inputs
         self.output_names: tuple[str, ...] = self.function.outputs
+        self._anchor = collective_anchor(comm, group)  # for a subclass that is its own node
+        self._token: torch.Tensor | None = None  # such a subclass's last token (see _outputs)
 
     @property
     def token(self) -> torch.Tensor:
         """The empty output of the last call (see the class)."""
-        return self.function.token
+        return self.function.token if self._token is None else self._token
+
+    def check(self, x: Mapping[str, torch.Tensor]) -> None:
+        """A subclass's own refusals of a call's ``x``, before the function's (none here)."""
+
+    def tensors_of(self, x: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+        """This process's blocks in ``x``, in the order of :attr:`input_names`, for a subclass
+        that is its own autograd node: a dict of tensors by exactly those names as it is, else
+        through :meth:`check` and the function's checks and errors
+        (:meth:`~linop.frameworks.torch_function.TorchOperator.state_tensors`)."""
+        if type(x) is dict and len(x) == len(self.input_names):
+            tensors = [x.get(name) for name in self.input_names]
+            if all(isinstance(t, torch.Tensor) for t in tensors):
+                return tensors  # type: ignore[return-value]
+        self.check(x)
+        return list(self.function.state_tensors(x))
+
+    def _outputs(self, result: tuple[torch.Tensor, ...]) -> dict[str, torch.Tensor]:
+        """The blocks of a subclass's node's ``result`` (its outputs, then its token, kept as
+        :attr:`token`), by :attr:`output_names`."""
+        *outputs, token = result
+        self.__dict__["_token"] = token  # not through nn.Module.__setattr__ (a tensor, no parameter)
+        return dict(zip(self.output_names, outputs))
 
 
 class WindowModule(BlockModule, metaclass=abc.ABCMeta):

@@ -179,12 +179,7 @@ class CheckReducer:
             return True
         if self.digest_of is not self.sent:
             self.write_digest(self.sent, self.digest_for(self.sent))
-        request = self.request
-        if request is None:  # pragma: no cover - MPI libraries without persistent collectives
-            request = self.comm.Iallreduce(self.digest, self.digest_received, op=mpi().MAX)
-        else:
-            request.Start()
-        self.complete(request, timeout, doing)
+        self._reduce_max(self.request, self.digest, self.digest_received, timeout, doing)
         if self.digest_received.tobytes() == self.digest_bytes:
             return True
         self.reduce_whole(timeout, doing)
@@ -193,9 +188,15 @@ class CheckReducer:
     def reduce_whole(self, timeout: float | None = None, doing: str = "the entry check") -> None:
         """The second collective, once the digests' reduction has found that the ranks' vectors
         differ (on every rank alike): :attr:`send` reduced whole into :attr:`received`."""
-        request = self.vector_request
+        self._reduce_max(self.vector_request, self.send, self.received, timeout, doing)
+
+    def _reduce_max(
+        self, request: Any, send: np.ndarray, received: np.ndarray, timeout: float | None, doing: str
+    ) -> None:
+        """``send``'s maximum over the ranks into ``received``: the persistent ``request``
+        started (or, without one, an ``Iallreduce``), then :meth:`complete`."""
         if request is None:  # pragma: no cover - MPI libraries without persistent collectives
-            request = self.comm.Iallreduce(self.send, self.received, op=mpi().MAX)
+            request = self.comm.Iallreduce(send, received, op=mpi().MAX)
         else:
             request.Start()
         self.complete(request, timeout, doing)

@@ -8,7 +8,8 @@ over the ranks (:mod:`linop.backends.mpi.check`: one persistent ``Allreduce`` of
 when every rank sent that digest, run the binding's prepared calls. :class:`RepeatedCall`
 holds everything that depends only on what was kept, taken once, so that the repeated call is
 those steps and nothing else: one Python frame below ``apply`` besides the MPI calls, the
-array's weak reference and the prepared calls (``benchmarks/bench_mpi_check_overhead.py``
+array's weak reference, the reducer's wait (:meth:`CheckReducer.complete
+<linop.backends.mpi.check.CheckReducer.complete>`) and the prepared calls (``benchmarks/bench_mpi_check_overhead.py``
 measures its local work).
 
 Soundness: the same as the path it shortens (:meth:`DistributedPlan.repeated
@@ -42,7 +43,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ...space import State
-from .deadline import wait_all
 from .guards import abort_for
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -143,15 +143,7 @@ class RepeatedCall:
             try:
                 request.Start()
                 binding = repeat.run  # (read while the reduction is in flight)
-                if seconds is None:
-                    request.Wait()
-                else:
-                    test = request.Test
-                    for _ in reducer.spins:
-                        if test():
-                            break
-                    else:
-                        wait_all([request], reducer.comm, seconds, self.doing, busy=reducer.busy)
+                reducer.complete(request, seconds, self.doing)
             except BaseException as error:  # PeerTimeoutError included: the missing ranks may never come
                 abort_for(plan.comm, f"checking {plan.op}", error)
             if reducer.digest_received.tobytes() != self.digest:  # some rank sent another vector
