@@ -242,6 +242,46 @@ def test_max_pool_module_double_backward_and_repeated_calls():
         assert np.array_equal(y, expected_y) and np.allclose(dx, expected_dx, **F64)
 
 
+def test_a_recorded_backward_hands_its_token_on():
+    """Across processes (here MPI's COMM_SELF, both workers on rank 0) the backward recorded
+    under create_graph is a collective call: its token becomes the module's (and the
+    function's) token, and it is tied to the second-order graph, which reaches the output
+    gradients through the windows' exchange (a process whose second-order loss adds it runs
+    that exchange with its peers); the second-order gradient is torch's."""
+    mpi = pytest.importorskip("mpi4py.MPI")
+    from linop.frameworks.torch_function import function
+
+    x = tensor((1, 1, 5, 4), (1, 1, 2, 1))
+    module = MaxPool(x, 3, stride=2, padding=1, comm=mpi.COMM_SELF, mapping=[0, 0])
+    rng = np.random.default_rng(12)
+    data, dy, w = (rng.standard_normal(s) for s in (x.global_shape, module.y.global_shape, x.global_shape))
+    blocks = {k: torch.from_numpy(v).requires_grad_() for k, v in x.scatter(data).items()}
+    seeds = {k: torch.from_numpy(v).requires_grad_() for k, v in module.y.scatter(dy).items()}
+    out = module(blocks)
+    first = module.token
+    loss = sum((out[k] * seeds[k]).sum() for k in out) + first.sum()
+    dx = torch.autograd.grad(loss, list(blocks.values()), create_graph=True)
+    assert module.token is not first
+    # the token alone reaches the output gradients (zero): the recorded adjoint's backward runs
+    alone = torch.autograd.grad(module.token.sum(), list(seeds.values()), retain_graph=True)
+    assert all(not g.any() for g in alone)
+    weights = x.scatter(w)
+    second = sum((g * torch.from_numpy(weights[k])).sum() for g, k in zip(dx, blocks)) + module.token.sum()
+    mine = module.y.gather(
+        dict(zip(seeds, (g.numpy() for g in torch.autograd.grad(second, list(seeds.values())))))
+    )
+    t, seed = torch.from_numpy(data).requires_grad_(), torch.from_numpy(dy).requires_grad_()
+    (grad,) = torch.autograd.grad(torch.nn.functional.max_pool2d(t, 3, 2, 1), t, seed, create_graph=True)
+    (expected,) = torch.autograd.grad((grad * torch.from_numpy(w)).sum(), seed)
+    assert np.abs(expected.numpy()).max() > 0 and np.allclose(mine, expected.numpy(), **F64)
+    # a TorchOperator's own double backward alike: its token after the recorded backward
+    f = function(module.function.op, comm=mpi.COMM_SELF, mapping=[0, 0])
+    windows = f.tensors(*(blocks[k] for k in f.inputs))
+    cotangents = [torch.ones_like(v).requires_grad_() for v in windows]
+    torch.autograd.grad(windows, [blocks[k] for k in f.inputs], cotangents, create_graph=True)
+    assert all(not g.any() for g in torch.autograd.grad(f.token.sum(), cotangents))
+
+
 def test_max_pool_module_refuses_what_is_no_dict_of_its_blocks():
     x = tensor((1, 1, 4, 4), (1, 1, 2, 1))
     module = MaxPool(x, 2)

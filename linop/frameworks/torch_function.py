@@ -42,13 +42,16 @@ Under MPI every rank must take part in every forward and backward call (they are
 collective): every rank's loss must depend on the outputs of each call it makes. An empty
 *anchor* tensor that requires a gradient is passed to every call, so a rank that owns no input
 block still runs the backward; a rank that owns no output block adds the call's empty *token*
-output (``f.token.sum()``, zero) to its loss.
+output (``f.token.sum()``, zero) to its loss. A backward recorded under ``create_graph`` is
+such a call too (the adjoint tree's), whose backward is collective again: after it ``f.token``
+is its token, which a rank adds to its second-order loss alike.
 """
 
 from __future__ import annotations
 
 import importlib
 import warnings
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
@@ -491,13 +494,25 @@ def _fresh(tensor: torch.Tensor, inputs: set[int]) -> torch.Tensor:
 
 
 class _OperatorFunction(torch.autograd.Function):
-    """forward(runner, anchor, *inputs) = A x; backward = A^* applied through the adjoint
-    runner, by this same Function, so that the backward is differentiable."""
+    """forward(runner, anchor, owner, *inputs) = A x; backward = A^* applied through the adjoint
+    runner, by this same Function, so that the backward is differentiable. Under MPI or a
+    process group (``anchor`` given) the last output is the call's token; a backward recorded
+    under ``create_graph`` is itself such a call, and its token becomes ``owner.token`` (the
+    :class:`TorchOperator` whose call this is): a process whose second-order loss does not
+    depend on the recorded adjoint adds it, so that the adjoint's own backward, collective,
+    runs on every process."""
 
     @staticmethod
-    def forward(ctx: Any, runner: _Runner, anchor: torch.Tensor | None, *tensors: torch.Tensor) -> Any:
+    def forward(
+        ctx: Any,
+        runner: _Runner,
+        anchor: torch.Tensor | None,
+        owner: TorchOperator | None,
+        *tensors: torch.Tensor,
+    ) -> Any:
         ctx.runner = runner
         ctx.anchor = anchor
+        ctx.owner = None if owner is None else weakref.ref(owner)  # its token may hold this node: no cycle
         ctx.inputs = [(t.dtype, t.device, t.shape) for t in tensors]
         outputs = runner.run(tensors)
         if anchor is not None:  # under MPI: the token, an empty output every rank can use
@@ -509,18 +524,21 @@ class _OperatorFunction(torch.autograd.Function):
         adjoint = ctx.runner.adjoint
         if ctx.anchor is not None:
             grads = grads[:-1]  # the token's
-        back = _OperatorFunction.apply(adjoint, ctx.anchor, *grads)
+        owner = None if ctx.owner is None else ctx.owner()
+        back = _OperatorFunction.apply(adjoint, ctx.anchor, owner, *grads)
         if not isinstance(back, tuple):
             back = (back,)
         if ctx.anchor is not None:
-            back = back[:-1]
+            *back, token = back
+            if owner is not None and torch.is_grad_enabled():  # create_graph: the recorded adjoint's
+                owner.token = token
         fitted = []
         for gradient, (dtype, device, _shape) in zip(back, ctx.inputs):
             if gradient.is_complex() and not dtype.is_complex:
                 gradient = gradient.real  # a real input's gradient is the real part
             fitted.append(gradient.to(dtype=dtype, device=device))
         anchor_grad = None if ctx.anchor is None else torch.zeros_like(ctx.anchor)
-        return (None, anchor_grad, *fitted)
+        return (None, anchor_grad, None, *fitted)
 
 
 class TorchOperator:
@@ -662,7 +680,7 @@ class TorchOperator:
                     StateError(f"block {name!r} must be a torch tensor, not {type(tensor).__name__}"),
                     dict(zip(self.inputs, tensors)),
                 )
-        result = _OperatorFunction.apply(self._runner, self._anchor, *tensors)
+        result = _OperatorFunction.apply(self._runner, self._anchor, self, *tensors)
         result = result if isinstance(result, tuple) else (result,)
         if self._anchor is not None:
             *result, self.token = result
@@ -732,10 +750,19 @@ class TorchOperator:
         """``op.H`` of tensors given in the order of the adjoint's inputs (:meth:`names` with
         ``adjoint=True``), on this function's own adjoint runner (its bound plans), recorded by
         autograd when grad mode is on: the differentiable backward of a module that is its own
-        autograd node, under ``create_graph``."""
-        result = _OperatorFunction.apply(self._runner.adjoint, self._anchor, *tensors)
+        autograd node, under ``create_graph``.
+
+        Under MPI or a process group the call is collective, and so is its backward (``op``
+        again, in a second-order backward): its empty token becomes :attr:`token`, as a
+        forward call's does, for the module to pass on (a process whose second-order loss does
+        not depend on this call's outputs adds ``token.sum()`` to it, so that it runs that
+        backward with its peers instead of leaving them waiting)."""
+        result = _OperatorFunction.apply(self._runner.adjoint, self._anchor, self, *tensors)
         result = result if isinstance(result, tuple) else (result,)
-        return tuple(result[:-1]) if self._anchor is not None else tuple(result)
+        if self._anchor is None:
+            return tuple(result)
+        *outputs, self.token = result
+        return tuple(outputs)
 
     def __call__(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return dict(zip(self.outputs, self.tensors(*self.state_tensors(state))))

@@ -35,7 +35,11 @@ calls. What depends on the shapes and the plan alone (the blocks' names and orde
 windows' and outputs' shapes, the strips) is worked out once, when the module is built. Under
 ``create_graph`` the backward is itself recorded (the scatter and the adjoint tree, through
 :meth:`~linop.frameworks.torch_function.TorchOperator.adjoint_tensors`): double backward, as
-``torch.nn.MaxPool``.
+``torch.nn.MaxPool``. Across processes that recorded backward is a collective call too, and
+its backward (the windows again) is collective: after it, :attr:`MaxPool.token` is *its*
+token, which a process whose second-order loss does not depend on this module's input
+gradients adds to that loss (as the forward's token to the first), so that every process
+runs the windows' exchange of the second-order backward.
 """
 
 from __future__ import annotations
@@ -82,8 +86,10 @@ class MaxPool(WindowModule):
         The output tensor's name (default ``"y"``).
     comm, group, mapping
         As :class:`~linop.frameworks.torch_windows.BlockModule` (so are ``input_names``,
-        ``output_names`` and ``token``): ``mapping`` places the workers of x's partition on
-        the ranks, this process pooling the output blocks of the workers on its rank.
+        ``output_names`` and ``token``, which after a backward under ``create_graph`` is that
+        backward's token: see the module docstring): ``mapping`` places the workers of x's
+        partition on the ranks, this process pooling the output blocks of the workers on its
+        rank.
 
     Attributes
     ----------
@@ -286,6 +292,8 @@ class _MaxPoolFunction(torch.autograd.Function):
             function = module.function
             if torch.is_grad_enabled():  # create_graph: the adjoint tree recorded too
                 back = function.adjoint_tensors(*window_grads)
+                if module._anchor is not None:  # its token, the module's now (for the next loss)
+                    module.__dict__["_token"] = function.token
             else:
                 adjoint = function.untracked(dict(zip(module._adjoint_inputs, window_grads)), adjoint=True)
                 back = tuple(adjoint[name] for name in function.inputs)

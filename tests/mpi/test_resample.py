@@ -110,6 +110,50 @@ def test_max_pool_module_gives_torch_max_pool():
     _module_against(module, x, module.y, torch.nn.MaxPool2d(3, 2, 1), data, dy)
 
 
+def test_max_pool_double_backward_runs_on_a_rank_whose_loss_ignores_its_gradient():
+    """Under create_graph the module's backward is recorded, and its backward (the windows'
+    exchange again) is collective. Only rank 0's second-order loss depends on its input
+    gradient (the others' weights are zero: they do not use theirs); every other rank adds
+    the module's token (the recorded backward's, after it), runs the exchange with rank 0, and
+    every rank's gradient with respect to its output gradient is torch's."""
+    x = DistributedTensor("x", (2, 1, 9, 5), Partition((1, 1, SIZE, 1)))
+    module = MaxPool(x, 3, stride=2, padding=1, comm=COMM)
+    rng = np.random.default_rng(13)
+    data, dy = rng.standard_normal(x.global_shape), rng.standard_normal(module.y.global_shape)
+    first = x.block((0, 0, 0, 0)).name  # rank 0's block: the only one weighted
+    w_blocks = {
+        k: (v if k == first else np.zeros_like(v))
+        for k, v in x.scatter(rng.standard_normal(x.global_shape)).items()
+    }
+    w = x.gather(w_blocks)
+    blocks = {
+        k: torch.from_numpy(v).requires_grad_()
+        for k, v in local_part(x.space, x.scatter(data), COMM.rank).items()
+    }
+    seeds = {
+        k: torch.from_numpy(v).requires_grad_()
+        for k, v in local_part(module.y.space, module.y.scatter(dy), COMM.rank).items()
+    }
+    out = module(blocks)
+    loss = sum((out[k] * seeds[k]).sum() for k in out) + module.token.sum()
+    dx = torch.autograd.grad(loss, list(blocks.values()), create_graph=True)
+    second = module.token.sum()
+    if COMM.rank == 0:
+        second = second + sum((g * torch.from_numpy(w_blocks[k])).sum() for g, k in zip(dx, blocks))
+    grads = torch.autograd.grad(second, list(seeds.values()), allow_unused=True)
+    t, seed = torch.from_numpy(data).requires_grad_(), torch.from_numpy(dy).requires_grad_()
+    (grad,) = torch.autograd.grad(torch.nn.functional.max_pool2d(t, 3, 2, 1), t, seed, create_graph=True)
+    (expected,) = torch.autograd.grad((grad * torch.from_numpy(w)).sum(), seed)
+    want = module.y.scatter(expected.numpy())
+    wrong = [
+        k
+        for k, g in zip(seeds, grads)
+        if not np.allclose(0 if g is None else g.numpy(), want[k], rtol=0, atol=1e-10)
+    ]
+    collective_assert(not wrong, f"rank {COMM.rank}: second-order gradients differ from torch's: {wrong}")
+    collective_assert(SIZE == 1 or np.abs(expected.numpy()).max() > 0, "torch's gradient is zero")
+
+
 def test_repartition_module_moves_forward_and_back_exactly():
     x = DistributedTensor("x", (2, 3, 7, 5), Partition((1, 1, SIZE, 1)))
     z = DistributedTensor(
