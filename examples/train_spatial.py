@@ -263,6 +263,26 @@ def grid_for(processes: int) -> tuple[int, int]:
     return processes // rows, rows
 
 
+MAPPINGS = ("identity", "reversed", "transposed")
+"""The worker maps of the command line's ``--mapping`` (:func:`mapping_for`)."""
+
+
+def mapping_for(name: str, grid: tuple[int, int]) -> tuple[int, ...] | None:
+    """The rank of each worker of ``grid`` (row-major: worker ``w`` at ``divmod(w, grid[1])``)
+    for ``--mapping name``: ``identity``, worker ``w`` on rank ``w`` (None: the modules'
+    default); ``reversed``, on rank ``P - 1 - w`` (worker 0, the root of the affine layers'
+    and the loss's sums, on the last rank); ``transposed``, the grid's workers numbered
+    column by column (worker ``(i, j)`` on rank ``j P_0 + i``)."""
+    rows, cols = grid
+    if name == "identity":
+        return None
+    if name == "reversed":
+        return tuple(range(rows * cols - 1, -1, -1))
+    if name == "transposed":
+        return tuple(j * rows + i for i in range(rows) for j in range(cols))
+    raise ValueError(f"no worker map {name!r}: one of {MAPPINGS}")
+
+
 def gather(tensor: DistributedTensor | None, state: Mapping[str, np.ndarray]) -> np.ndarray:
     """The global array of ``tensor`` from a state holding (at least) its blocks."""
     assert tensor is not None  # the layers are built with a bias
@@ -330,6 +350,7 @@ class ConvStage(WrappedStage):
         group: Any,
         dtype: torch.dtype,
         replicate: bool = False,
+        mapping: Any = None,
     ) -> None:
         super().__init__()
         conv = Convolution(x, layer.out, Kernel(layer.size, padding=layer.size // 2), name=name)
@@ -339,6 +360,7 @@ class ConvStage(WrappedStage):
             weights=reference.weight.detach().numpy(),
             bias=reference.bias.detach().numpy(),
             group=group,
+            mapping=mapping,
             dtype=dtype,
             replicate=replicate,
         )
@@ -365,6 +387,7 @@ class BatchNormStage(WrappedStage):
         reference: Any,
         group: Any,
         dtype: torch.dtype,
+        mapping: Any = None,
     ) -> None:
         super().__init__()
         norm = BatchNormLayer(x, eps=layer.eps, momentum=layer.momentum, name=name)
@@ -374,6 +397,7 @@ class BatchNormStage(WrappedStage):
             weight=reference.weight.detach().numpy(),
             bias=reference.bias.detach().numpy(),
             group=group,
+            mapping=mapping,
             dtype=dtype,
         )
         edges = np.cumsum([0, *norm.channel_sizes])
@@ -406,16 +430,24 @@ class PoolStage(Stage):
     """Average pooling as halo windows (the window tree of :class:`~linop.layers.AveragePool`,
     moved by linop) and torch's ``avg_pool2d`` on each window."""
 
-    def __init__(self, x: DistributedTensor, layer: Pool, name: str, rank: int | None, group: Any) -> None:
+    def __init__(
+        self,
+        x: DistributedTensor,
+        layer: Pool,
+        name: str,
+        holds: Callable[[int], bool],
+        group: Any,
+        mapping: Any,
+    ) -> None:
         super().__init__()
         pool = AveragePool(x, Kernel(layer.size, stride=layer.size), name=name)
         self.x, self.y = x, pool.y
-        self.windows = TorchOperator(pool.window_operator, group=group)
+        self.windows = TorchOperator(pool.window_operator, group=group, mapping=mapping)
         self.size = layer.size
         self.names = [
             (pool.window_name(g), pool.y.block(g).name)
             for g in x.partition.indices()
-            if rank is None or pool.y.block(g).worker == rank
+            if holds(pool.y.block(g).worker)
         ]
 
     def forward(self, blocks: Blocks) -> Blocks:
@@ -481,6 +513,7 @@ class DenseStage(WrappedStage):
         order: np.ndarray | None,
         group: Any,
         dtype: torch.dtype,
+        mapping: Any = None,
     ) -> None:
         super().__init__()
         affine = Affine(x, layer.out, name=name)
@@ -493,6 +526,7 @@ class DenseStage(WrappedStage):
             weights=weights if self.order is None else weights[:, self.order],
             bias=reference.bias.detach().numpy(),
             group=group,
+            mapping=mapping,
             dtype=dtype,
         )
 
@@ -521,12 +555,15 @@ class LossStage(torch.nn.Module):
     by N). Backward: the broadcast :math:`R^*` of the loss's gradient, the local derivatives,
     then :math:`T^{*} = T^{-1}`."""
 
-    def __init__(self, logits: DistributedTensor, workers: int, group: Any, dtype: torch.dtype) -> None:
+    def __init__(
+        self, logits: DistributedTensor, workers: int, group: Any, dtype: torch.dtype, mapping: Any = None
+    ) -> None:
         super().__init__()
         samples, classes = logits.global_shape
         self.shares = DistributedTensor("scores", (samples, classes), Partition((workers, 1)))
-        self.spread = Repartition(logits, self.shares, group=group)
-        self.module = LossModule(LossLayer(self.shares, "kl_div", reduction="batchmean"), group=group)
+        self.spread = Repartition(logits, self.shares, group=group, mapping=mapping)
+        loss = LossLayer(self.shares, "kl_div", reduction="batchmean")
+        self.module = LossModule(loss, group=group, mapping=mapping)
         self.dtype = dtype
 
     def forward(self, logits: Blocks, labels: Tensor) -> tuple[Tensor | None, Tensor]:
@@ -559,9 +596,15 @@ class SpatialModel(torch.nn.Module):
     batch, size : int
         The global batch (N, 1, size, size): the distributed tensors have fixed shapes.
     grid : (int, int)
-        The workers along the image's rows and columns (worker ``w`` on rank ``w``).
+        The workers along the image's rows and columns (row-major: worker ``w`` is the image's
+        block ``divmod(w, grid[1])``, and the ``w``-th share of every later partition).
     group : torch.distributed process group, True or None
         None: one process holds every worker's blocks (linop's numpy interpreter).
+    mapping : sequence of int, optional
+        Under a process group, the rank of each worker (``mapping[w]``; default worker ``w`` on
+        rank ``w``): passed as ``mapping=`` to every linop module and tree, and this process
+        keeps the blocks of the workers on its rank (:func:`mapping_for` gives the
+        command line's). Not used in one process.
     dtype : torch.dtype
         The parameters' and activations' dtype.
     replicate : bool
@@ -581,11 +624,13 @@ class SpatialModel(torch.nn.Module):
         group: Any = None,
         dtype: torch.dtype = torch.float64,
         replicate: bool = False,
+        mapping: Sequence[int] | None = None,
     ) -> None:
         super().__init__()
         self.group = group
         self.replicate = replicate
         self.rank = None if group is None else torch.distributed.get_rank()
+        self.mapping = None if group is None or mapping is None else tuple(mapping)
         self.dtype = dtype
         self.workers = grid[0] * grid[1]
         self.x = DistributedTensor("x", (batch, 1, size, size), Partition((1, 1, *grid)))
@@ -602,11 +647,19 @@ class SpatialModel(torch.nn.Module):
         self.leading = next(
             (k for k, layer in enumerate(spec) if isinstance(layer, Conv | BatchNorm | Dense)), len(spec)
         )
-        self.loss_stage = LossStage(x, self.workers, group, dtype)
+        self.loss_stage = LossStage(x, self.workers, group, dtype, self.mapping)
+
+    def holds(self, worker: int) -> bool:
+        """Whether this process holds ``worker``'s blocks (every worker's in one process)."""
+        return self.rank is None or self.rank_of(worker) == self.rank
+
+    def rank_of(self, worker: int) -> int:
+        """The rank of ``worker`` (under a process group)."""
+        return worker if self.mapping is None else self.mapping[worker]
 
     def stage(self, layer: Layer, x: DistributedTensor, name: str, twin: Any, order: Any) -> Stage:
         """The distributed module of one spec entry (the place a new layer kind gets its line)."""
-        group, dtype = self.group, self.dtype
+        group, dtype, mapping = self.group, self.dtype, self.mapping
         if isinstance(layer, Upsample):
             corners = None if layer.mode.startswith("nearest") else False
             return ModuleStage(
@@ -618,27 +671,28 @@ class SpatialModel(torch.nn.Module):
                     name=name,
                     dtype=dtype,
                     group=group,
+                    mapping=mapping,
                 )
             )
         if isinstance(layer, Conv):
-            return ConvStage(x, layer, name, twin, group, dtype, self.replicate)
+            return ConvStage(x, layer, name, twin, group, dtype, self.replicate, mapping)
         if isinstance(layer, BatchNorm):
-            return BatchNormStage(x, layer, name, twin, group, dtype)
+            return BatchNormStage(x, layer, name, twin, group, dtype, mapping)
         if isinstance(layer, ReLU):
             return PointwiseStage(x, torch.relu)
         if isinstance(layer, Tanh):
             return PointwiseStage(x, torch.tanh)
         if isinstance(layer, Pool) and layer.kind == "max":
-            return ModuleStage(MaxPool(x, layer.size, name=name, group=group))
+            return ModuleStage(MaxPool(x, layer.size, name=name, group=group, mapping=mapping))
         if isinstance(layer, Pool):
-            return PoolStage(x, layer, name, self.rank, group)
+            return PoolStage(x, layer, name, self.holds, group, mapping)
         if isinstance(layer, Regroup):
             channels = DistributedTensor(name, x.global_shape, Partition((1, self.workers, 1, 1)))
-            return ModuleStage(Repartition(x, channels, group=group))
+            return ModuleStage(Repartition(x, channels, group=group, mapping=mapping))
         if isinstance(layer, Flatten):
             return FlattenStage(x, name)
         if isinstance(layer, Dense):
-            return DenseStage(x, layer, name, twin, order, group, dtype)
+            return DenseStage(x, layer, name, twin, order, group, dtype, mapping)
         raise TypeError(f"no distributed builder for {layer!r}")
 
     def mine(self, tensor: DistributedTensor, array: np.ndarray) -> Blocks:
@@ -647,7 +701,7 @@ class SpatialModel(torch.nn.Module):
         return {
             b.name: torch.from_numpy(blocks[b.name]).to(self.dtype)
             for b in tensor.space
-            if self.rank is None or b.worker == self.rank
+            if self.holds(b.worker)
         }
 
     def forward(self, blocks: Blocks, *, input_gradient: bool = True) -> Blocks:
@@ -835,6 +889,13 @@ def arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", choices=("float64", "float32"), default="float64")
     parser.add_argument(
+        "--mapping",
+        choices=MAPPINGS,
+        default="identity",
+        help="which rank holds each worker's blocks (the modules' mapping=): worker w on rank w, "
+        "on rank P - 1 - w, or the grid numbered column by column",
+    )
+    parser.add_argument(
         "--compile",
         nargs="?",
         const="inductor",
@@ -866,8 +927,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     images, labels = shapes(args.samples, args.size, seed=args.seed)
     shape = (args.batch, 1, args.size, args.size)
     reference = reference_model(NETWORK, shape, seed=args.seed, dtype=dtype)
+    mapping = mapping_for(args.mapping, grid) if group else None
     model = SpatialModel(
-        NETWORK, reference, batch=args.batch, size=args.size, grid=grid, group=group, dtype=dtype
+        NETWORK,
+        reference,
+        batch=args.batch,
+        size=args.size,
+        grid=grid,
+        group=group,
+        dtype=dtype,
+        mapping=mapping,
     )
     step_loss = compiled_loss(model, backend=args.compile) if args.compile else None
     record = args.record is not None
@@ -882,6 +951,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     seconds = time.perf_counter() - mine.times[0]  # from the first step (the optimizer built)
     later = (time.perf_counter() - mine.times[1]) / (args.steps - 1) if args.steps > 1 else seconds
     if group:
+        losses = [mine.losses]  # known on worker 0's process (the loss's root): to rank 0
+        torch.distributed.broadcast_object_list(losses, src=model.rank_of(0))
+        mine.losses = losses[0]
         torch.distributed.destroy_process_group()
     if rank != 0:
         return
@@ -895,8 +967,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     gap = max(abs(a - b) for a, b in zip(mine.losses, alone.losses))
     where = f"{processes} processes" if group else "1 process, 4 workers"
+    where += f", grid {grid[0]} x {grid[1]}" + (
+        "" if mapping is None else f", workers on ranks {list(mapping)}"
+    )
     print(
-        f"linop ({where}, grid {grid[0]} x {grid[1]}): {args.steps} steps in {seconds:.2f} s"
+        f"linop ({where}): {args.steps} steps in {seconds:.2f} s"
         f" (the first binds the plans; {1000 * later:.1f} ms a step after it)"
     )
     for step in sorted({0, args.steps // 2, args.steps - 1}):

@@ -7,7 +7,11 @@ norm's running mean and variance.
 - On 4 gloo processes (9 x 9 images up-sampled to 18 x 18, cut 2 x 2: uneven shares after each
   pooling, so halos that cross processes), launched by ``tests/torchdist/train_example.py``
   (forked after the imports, as the example's ``main`` under torchrun), bounded by a timeout;
-  the reference is trained here, in this process.
+  the reference is trained here, in this process. The workers are placed in reverse
+  (``--mapping reversed``: worker ``w`` on rank ``3 - w``, every module's ``mapping=``), so
+  worker 0, the root of the affine layers' and the loss's sums, is on the last rank; the
+  default placement (worker ``w`` on rank ``w``) is each module's own torch.distributed
+  checks'.
 - In this process, the distributed model with every worker's blocks (linop's numpy
   interpreter) on several grids and sizes, with average pooling (linop's windows and torch's
   ``avg_pool2d``) and with nearest up-sampling in place of the network's; then its loss in
@@ -83,7 +87,7 @@ def test_four_processes_train_as_one_process(tmp_path):
     size = 9  # up-sampled to 18 x 18: odd shares after each pooling, halos that cross processes
     options = [f"--{name}={value}" for name, value in SMALL.items()]
     command = [sys.executable, str(ROOT / "tests" / "torchdist" / "train_example.py"), "4", *options]
-    command += [f"--size={size}", f"--record={record}", "--timeout=120"]
+    command += [f"--size={size}", f"--record={record}", "--timeout=120", "--mapping=reversed"]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     env.setdefault("OMP_NUM_THREADS", "1")
     try:
@@ -91,13 +95,21 @@ def test_four_processes_train_as_one_process(tmp_path):
     except subprocess.TimeoutExpired as expired:
         pytest.fail(f"the 4-process training timed out after {LAUNCH_TIMEOUT} s\n{expired.stdout}")
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-8000:]
-    assert "linop (4 processes, grid 2 x 2)" in done.stdout, done.stdout
+    assert "linop (4 processes, grid 2 x 2, workers on ranks [3, 2, 1, 0])" in done.stdout, done.stdout
     data = np.load(record)
     reference = reference_history(size, **SMALL)
     steps, count = SMALL["steps"], len(reference.weights[0])
     assert count == 2 * 4 + 2 * 4  # 2 convolutions, 2 affine layers; 2 batch norms with their statistics
     weights = [[data[f"w{s}_{k}"] for k in range(count)] for s in range(steps)]
     assert_same_training(data["losses"], weights, reference)
+
+
+def test_the_command_line_worker_maps_are_permutations():
+    assert example.mapping_for("identity", (2, 2)) is None
+    assert example.mapping_for("reversed", (2, 2)) == (3, 2, 1, 0)
+    assert example.mapping_for("transposed", (2, 3)) == (0, 2, 4, 1, 3, 5)  # worker (i, j): rank 2 j + i
+    with pytest.raises(ValueError, match="no worker map"):
+        example.mapping_for("shuffled", (2, 2))
 
 
 @pytest.mark.parametrize(
