@@ -297,6 +297,63 @@ def test_max_pool_module_refuses_what_is_no_dict_of_its_blocks():
             module({k: v.to(dtype) for k, v in blocks.items()})
 
 
+@pytest.fixture
+def one_process_group():
+    """torch.distributed with a world of one process (gloo, 127.0.0.1, a free port), destroyed
+    afterwards."""
+    dist = pytest.importorskip("torch.distributed")
+    import datetime
+
+    if dist.is_initialized():
+        pytest.skip("a process group already exists in this process")
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{_free_port()}",
+        rank=0,
+        world_size=1,
+        timeout=datetime.timedelta(seconds=60),
+    )
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_max_pool_refused_alone_after_binding_stays_refused(one_process_group):
+    """On a gloo group (one process holding both workers), after the exchange is bound: a dict
+    missing a block is refused through the workspace's exchange (the tree the peers wait in:
+    its ``failed`` record, not the windows' function's collective check), and every later call
+    raises that StateError again without a new record (the peers' waiting call keeps naming
+    this rank). A refusal at the first call is the agreed one, and the module goes on."""
+    from linop.backends.stall_record import CallRecord
+    from linop.backends.torch_distributed import stall
+    from linop.errors import DistributedStateError
+
+    x = tensor((1, 1, 6, 4), (1, 1, 2, 1))
+    blocks = {k: torch.from_numpy(v) for k, v in x.scatter(np.ones(x.global_shape)).items()}
+    module = MaxPool(x, 3, stride=2, padding=1, group=True, mapping=[0, 0])
+    module(blocks)  # binds
+    plan = module._workspace.exchange._runner.torch_plan
+    with pytest.raises(StateError, match="missing block") as refused:
+        module({})
+    assert type(refused.value) is StateError
+
+    def record():
+        return CallRecord.parse(stall._store().get(stall._key(plan.context, 0)).decode())
+
+    failed = record()
+    assert (failed.identity, failed.kind) == (plan.fingerprint.hex(), "failed")
+    for again in (blocks, {}):
+        with pytest.raises(StateError, match=r"missing block.*an earlier call"):
+            module(again)
+    assert record() == failed
+    fresh = MaxPool(x, 3, stride=2, padding=1, group=True, mapping=[0, 0])
+    with pytest.raises(DistributedStateError):
+        fresh({k: torch.zeros(1, 1, 1, 1) for k in blocks})
+    y = fresh(blocks)
+    assert all(torch.equal(v, torch.ones_like(v)) for v in y.values())
+
+
 # -- Repartition --------------------------------------------------------------------------------
 def test_repartition_module_moves_forward_and_repartitions_the_gradient_back():
     x = tensor((2, 3, 7, 5), (1, 1, 3, 2))

@@ -40,6 +40,14 @@ its backward (the windows again) is collective: after it, :attr:`MaxPool.token` 
 token, which a process whose second-order loss does not depend on this module's input
 gradients adds to that loss (as the forward's token to the first), so that every process
 runs the windows' exchange of the second-order backward.
+
+A call this module refuses on one process (a block of another shape or dtype, a missing
+block) goes through the tree its peers are in: at the first call the collective entry check
+(every process raises the agreed error, and the module goes on), later through the bound
+exchange's failure record in the group's store (the peers, waiting in the exchange, name this
+process and its error). Such a later refusal is kept: every later call of the module on that
+process raises it again without communicating (its peers still wait in the refused call, which
+a retry would complete out of step, or, refused anew, replace the record they read).
 """
 
 from __future__ import annotations
@@ -51,7 +59,7 @@ from typing import Any, NoReturn
 import numpy as np
 import torch
 
-from ..errors import DtypeError, LayerError, StateError
+from ..errors import DtypeError, LayerError, LinopError, StateError
 from ..halo_geometry import Kernel
 from ..layers import MaxPoolJacobian
 from ..partition import DistributedTensor
@@ -165,12 +173,15 @@ class MaxPool(WindowModule):
             self.function.op, self.input_names, group=group, mapping=self.placement.map, fill=float("-inf")
         )
         self._input_shapes: tuple[torch.Size, ...] = ()
+        self._failed: StateError | None = None  # a refusal of this rank alone, after binding
         if self._workspace is not None:
             self._input_shapes = self._workspace.input_shapes()
             if set(self._workspace.window_names) != set(windows):  # pragma: no cover - one geometry
                 raise LayerError(f"MaxPool: the workspace's windows are not those of {sorted(windows)}")
 
     def forward(self, x: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if self._failed is not None:
+            self._refused_before()
         tensors = self.tensors_of(x)
         for name, tensor in zip(self.input_names, tensors):
             if not tensor.is_floating_point():  # the pool pads with -inf
@@ -182,13 +193,72 @@ class MaxPool(WindowModule):
                 )
         return self._outputs(_MaxPoolFunction.apply(self, self._anchor, *tensors))
 
-    def _refuse(self, error: StateError, tensors: Sequence[torch.Tensor]) -> NoReturn:
+    def tensors_of(self, x: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+        """This process's blocks in ``x`` (:meth:`BlockModule.tensors_of
+        <linop.frameworks.torch_windows.BlockModule.tensors_of>`); on a process group, what
+        is no dict of them is refused through :meth:`_refuse` (on a gloo group the tree its
+        peers wait in is the workspace's exchange, not the windows' function)."""
+        if self.function.group is None:
+            return super().tensors_of(x)
+        if type(x) is dict and len(x) == len(self.input_names):
+            tensors = [x.get(name) for name in self.input_names]
+            if all(isinstance(t, torch.Tensor) for t in tensors):
+                return tensors  # type: ignore[return-value]
+        if not isinstance(x, Mapping):
+            self._refuse(
+                StateError(
+                    f"MaxPool takes a dict of blocks {list(self.input_names)}, not {type(x).__name__}"
+                ),
+                [],
+            )
+        missing = [name for name in self.input_names if name not in x]
+        extra = [name for name in x if name not in self.input_names]
+        if missing or extra:
+            self._refuse(
+                StateError(
+                    f"state for {self.function.op}: missing block(s) {missing}, unexpected block(s) {extra} "
+                    "(across ranks pass only this rank's blocks)"
+                ),
+                [],
+            )
+        for name in self.input_names:
+            if not isinstance(x[name], torch.Tensor):
+                self._refuse(
+                    StateError(f"block {name!r} must be a torch tensor, not {type(x[name]).__name__}"), []
+                )
+        return [x[name] for name in self.input_names]
+
+    def _refuse(
+        self, error: StateError, tensors: Sequence[torch.Tensor], dtype: torch.dtype = torch.float64
+    ) -> NoReturn:
         """Raise ``error``, found by this module's own check of a call's blocks, as the windows'
         function refuses a call (on a gloo group through the workspace's exchange, whose
-        binding its peers are in; float64 blocks stand for the refused ones)."""
-        if self._workspace is not None:
-            self._workspace.refuse(error, torch.float64)
-        self.function.refuse(error, dict(zip(self.input_names, tensors)))
+        binding its peers are in; blocks of ``dtype`` stand for the refused ones).
+
+        On a process group a refusal after binding is this rank's alone (reported to the
+        group's store: the peers, waiting in the bound exchange, name this rank and
+        ``error``); it is kept, and every later call of this module on this rank raises it
+        again (:meth:`_refused_before`) without communicating: a retry would otherwise
+        complete the peers' waiting call out of step (or, refused again, replace the record
+        they read, so that they could no longer name this rank)."""
+        try:
+            if self._workspace is not None:
+                self._workspace.refuse(error, dtype)
+            self.function.refuse(error, dict(zip(self.input_names, tensors)))
+        except LinopError as raised:
+            if raised is error and self.function.group is not None:  # alone: not the agreed error
+                self._failed = error
+            raise
+
+    def _refused_before(self) -> NoReturn:
+        """Raise the refusal this rank made alone after binding, again (see :meth:`_refuse`)."""
+        failed = self._failed
+        assert failed is not None
+        raise type(failed)(
+            f"{failed} (an earlier call of this module on this rank, refused on this rank alone "
+            "after its peers had bound its exchange: they wait in that call, so this module "
+            "refuses every later call; end the job)"
+        ) from failed
 
     def local(self, window: torch.Tensor, padded: _Strips | None) -> torch.Tensor:
         """torch's max pool of one window, its padding strips set to -inf on a copy, recorded by
@@ -246,10 +316,11 @@ class _MaxPoolFunction(torch.autograd.Function):
             for name, tensor, shape in zip(module.input_names, tensors, module._input_shapes):
                 dtype = torch.promote_types(dtype, tensor.dtype)
                 if tensor.shape != shape:
-                    workspace.refuse(
+                    module._refuse(
                         StateError(
                             f"MaxPool: block {name!r} has shape {tuple(tensor.shape)}, the layer takes {tuple(shape)}"
                         ),
+                        tensors,
                         dtype,
                     )
             windows = workspace.windows(tensors, dtype)  # their padding -inf already
