@@ -20,6 +20,11 @@ runs the ordinary application. A state with integer
 blocks is never compiled: each call runs the checked application, since whether an integer
 result fits (``docs/theory.md#dtypes``) depends on the values of that call.
 
+Out of place the caller may give the result arrays (``bind(..., out=)``,
+:mod:`linop.backends.mpi.out_arrays`): a native collective writing a block whole writes it
+there, any other block is copied there at the end of each call. Whether every rank compiles
+and whether every rank's out arrays have the run's dtype are agreed in one ``Allreduce``.
+
 The deadline (``bind(..., timeout=)``, else ``LINOP_TIMEOUT``, else 600 s:
 :mod:`linop.backends.mpi.deadline`) bounds the first call: every rank meets first in a polled
 nonblocking barrier (:func:`~linop.backends.mpi.deadline.arrive_within`), so that no rank
@@ -58,7 +63,8 @@ class BoundPlan:
 
     Call it with no arguments: it applies the operator to the bound arrays and returns this
     rank's blocks of the range (in place: the bound arrays; out of place: result arrays built
-    at binding when :attr:`persistent`, overwritten by each call). ``free()`` releases the
+    at binding when :attr:`persistent`, or the caller's given as :attr:`out`, overwritten by
+    each call). ``free()`` releases the
     persistent requests. Anything raised during a call (``KeyboardInterrupt`` included) ends
     the job, as in :meth:`DistributedPlan.apply`.
     """
