@@ -27,8 +27,24 @@ an out-of-place operator must return) and a bound plan (``Plan.bind``: checked o
 persistent collectives; out of place, into result arrays prebuilt once and overwritten by each
 call, as hand-written code reuses its buffers). Each sample times a batch of calls; a sample's time is the
 maximum over ranks; medians (and the best sample) are printed, and for linop's rows the median
-over samples of the ratio to the fastest native row (by median). Results are checked equal
-to the native ones before timing.
+over samples of the ratio to the fastest native row (by median), and to the native row on the
+same memory where there is one. Results are checked equal to the native ones before timing.
+
+The memory matters for the broadcast: an 8 MB ``Bcast`` from a root buffer not backed by huge
+pages took 1.10-1.33x of one from a buffer partly backed (3 huge pages, what an 8 MB
+``np.empty`` gets), and one from a buffer wholly backed 0.91-1.03x, while the receivers'
+backing and alignment changed nothing beyond the noise (0.80-1.06x, no trend; no page faults
+per call on either side; 2 ranks, the loaded machine, interleaved:
+``benchmarks/bench_mpi_buffer_placement.py``, figures in
+:func:`linop.backends.mpi.memory.lasting_array`'s notes). Which of the root's 2 MB pages are
+huge is up to the kernel for each allocation, so two ``np.empty`` buffers of the same size
+need not be alike. So the broadcast has two bound rows: on linop's own arrays (the root's
+input and the result array linop builds on the others), and "into the benchmark's buffer":
+bound on the very buffer of the native rows on every rank (the root's input, and
+``bind(..., out=)`` elsewhere, written by the ``Bcast`` itself), which compares the calls
+alone. On the loaded machine (load average 7-10, 2 ranks, three runs) the first took
+1.03-1.15x of the fastest native row and 0.94-1.05x of the native call on its arrays, the
+second 0.83-1.03x of the fastest and 0.88-0.95x of ``Bcast_init`` on the same buffer.
 
 The rows are fair to one another only when every timed batch starts on buffers its own calls have
 just used. On this machine the first two or three 8 MB calls on buffers that other calls used
@@ -96,9 +112,10 @@ def start_and_wait(request: MPI.Prequest) -> None:
     request.Wait()
 
 
-def report(title: str, times: dict[str, np.ndarray]) -> None:
+def report(title: str, times: dict[str, np.ndarray], same_memory: dict[str, str] | None = None) -> None:
     """The rows' medians and best samples; for linop's rows, the median of the per-sample
-    ratios to the native row of the smallest median."""
+    ratios to the native row of the smallest median, and to the native row on the same memory
+    (``same_memory``: linop's row to the native one) where given."""
     if RANK:
         return
     native = [name for name in times if not name.startswith("linop")]
@@ -108,7 +125,10 @@ def report(title: str, times: dict[str, np.ndarray]) -> None:
         note = ""
         if name.startswith("linop"):
             note = f"ratio {float(np.median(values / times[fastest])):5.2f}x vs {fastest}"
-        print(f"    {name:33s} {np.median(values) * 1e3:8.3f} ms  (best {values.min() * 1e3:7.3f})   {note}")
+            twin = (same_memory or {}).get(name)
+            if twin is not None and twin != fastest:
+                note += f"; {float(np.median(values / times[twin])):5.2f}x vs {twin}"
+        print(f"    {name:38s} {np.median(values) * 1e3:8.3f} ms  (best {values.min() * 1e3:7.3f})   {note}")
 
 
 def main() -> int:
@@ -134,6 +154,12 @@ def main() -> int:
     # the time of an 8 MB broadcast by up to a third here)
     outputs = bound_broadcast()  # collective: every rank calls it
     same_memory = root_state["s[0]"] if RANK == 0 else outputs[f"c[{RANK}]"]
+    # bound on the benchmark's own buffer on every rank: the root's input, the others' out
+    into_buffer = mpi_backend.plan_for(broadcast, comm=COMM).bind(
+        {"s[0]": buffer} if RANK == 0 else {}, out={} if RANK == 0 else {f"c[{RANK}]": buffer}
+    )
+    ok &= np.shares_memory(into_buffer()[f"c[{RANK}]"], buffer)
+    ok &= RANK == 0 or f"c[{RANK}]" in into_buffer.straight  # written by the Bcast, no copy after it
     persistent_broadcast = COMM.Bcast_init([buffer, buffer.nbytes, MPI.BYTE], root=0)
     persistent_typed = COMM.Bcast_init(buffer, root=0)
     report(
@@ -141,6 +167,7 @@ def main() -> int:
         bench(
             {
                 "linop bound (prebuilt)": bound_broadcast,
+                "linop bound into the benchmark's buffer": into_buffer,
                 "linop apply (new blocks)": lambda: mpi_backend.apply(broadcast, root_state, comm=COMM),
                 "Bcast, preallocated": lambda: COMM.Bcast(buffer, root=0),
                 "Bcast as bytes, preallocated": lambda: COMM.Bcast([buffer, buffer.nbytes, MPI.BYTE], root=0),
@@ -154,6 +181,10 @@ def main() -> int:
                 "Bcast_init as bytes (persistent)": lambda: start_and_wait(persistent_broadcast),
             }
         ),
+        {
+            "linop bound (prebuilt)": "Bcast as bytes, linop's arrays",
+            "linop bound into the benchmark's buffer": "Bcast_init (persistent)",
+        },
     )
     reduce = broadcast.H
     copies = {f"c[{RANK}]": rng.standard_normal(COUNT)}
@@ -239,7 +270,7 @@ def main() -> int:
             }
         ),
     )
-    for plan in (bound, bound_broadcast, bound_reduce):
+    for plan in (bound, bound_broadcast, into_buffer, bound_reduce):
         plan.free()
     persistent.Free()
     for request in (persistent_broadcast, persistent_typed, persistent_sum):

@@ -20,6 +20,11 @@ runs the ordinary application. A state with integer
 blocks is never compiled: each call runs the checked application, since whether an integer
 result fits (``docs/theory.md#dtypes``) depends on the values of that call.
 
+Out of place the caller may give the result arrays (``bind(..., out=)``,
+:mod:`linop.backends.mpi.out_arrays`): a native collective writing a block whole writes it
+there, any other block is copied there at the end of each call. Whether every rank compiles
+and whether every rank's out arrays have the run's dtype are agreed in one ``Allreduce``.
+
 The deadline (``bind(..., timeout=)``, else ``LINOP_TIMEOUT``, else 600 s:
 :mod:`linop.backends.mpi.deadline`) bounds the first call: every rank meets first in a polled
 nonblocking barrier (:func:`~linop.backends.mpi.deadline.arrive_within`), so that no rank
@@ -36,16 +41,18 @@ the polled barrier on every call (one more collective per call). Both measured i
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
+from ...errors import DistributedDtypeError
 from ...space import State
 from .compiled import CompiledRun, PreparedCall, bundle_peers, compile_schedule
 from .datatypes import mpi
 from .deadline import arrive_within, wait_all
 from .guards import abort_for
+from .out_arrays import Pool, copy_into, deliver, dtype_problem, placing, straight
 from .plan import DistributedPlan
 
 __all__ = ["BoundPlan"]
@@ -56,7 +63,8 @@ class BoundPlan:
 
     Call it with no arguments: it applies the operator to the bound arrays and returns this
     rank's blocks of the range (in place: the bound arrays; out of place: result arrays built
-    at binding when :attr:`persistent`, overwritten by each call). ``free()`` releases the
+    at binding when :attr:`persistent`, or the caller's given as :attr:`out`, overwritten by
+    each call). ``free()`` releases the
     persistent requests. Anything raised during a call (``KeyboardInterrupt`` included) ends
     the job, as in :meth:`DistributedPlan.apply`.
     """
@@ -73,6 +81,7 @@ class BoundPlan:
         donate: bool = False,
         persistent: bool = True,
         every_call: bool = False,
+        out: Mapping[str, np.ndarray] | None = None,
     ) -> None:
         self.plan = plan
         self._deadline = timeout  # the next call's deadline: the first call's, or every call's
@@ -83,31 +92,45 @@ class BoundPlan:
         self.inplace = inplace
         self.checked = checked
         self.outputs: dict[str, np.ndarray] = {}
+        self.out: dict[str, np.ndarray] = dict(out or {})
+        """The caller's result arrays (``bind(..., out=)``, :mod:`linop.backends.mpi.out_arrays`)."""
+        self.straight: frozenset[str] = frozenset()
+        """The blocks of :attr:`out` written there by a collective, with no copy after it."""
         self._scratch: list[np.ndarray] = []  # arrays the requests write into, freed with them
         comm = plan.comm
         self._run: CompiledRun | None = None
         self._calls: list[PreparedCall] | None = None
+        problem = dtype_problem(self.out, dtype, comm.Get_rank())
         # integer blocks: every call checks; persistent=False: nothing prebuilt (both the same
         # decision on every rank)
-        if not checked and persistent:
-            compile_here = functools.partial(
-                compile_schedule,
-                plan.schedule,
+        compiling = not checked and persistent
+
+        def compile_here(pool: Pool, **options: Any) -> CompiledRun | None:
+            return compile_schedule(
+                placing(plan.schedule, pool),
                 arrays,
                 comm,
                 dtype,
                 inplace=inplace,
                 range_names=plan.range_names,
                 donate=donate,
+                **options,
             )
-            dry = compile_here(dry=True, bundle=True)
-            if comm.allreduce(dry is not None, op=mpi().LAND):  # every rank compiles, or none does
-                assert dry is not None
-                self._run = compile_here(bundle=bundle_peers(comm, dry))
+
+        dry_pool = Pool(self.out if problem is None else {})
+        dry = compile_here(dry_pool, dry=True, bundle=True) if compiling else None
+        # every rank compiles, or none does; the out arrays' dtypes, on every rank
+        if _agree(comm, declined=compiling and dry is None, problem=problem) and compiling:
+            assert dry is not None
+            straight_in = straight(dry, dry_pool.taken)
+            self._run = compile_here(Pool(straight_in), bundle=bundle_peers(comm, dry))
             if self._run is not None:
-                self._calls = self._run.calls
-                self.outputs = self._run.outputs
-                self._scratch = self._run.scratch
+                deliver(self._run, self.out, straight_in)
+                self.straight = frozenset(straight_in)
+        if self._run is not None:
+            self._calls = self._run.calls
+            self.outputs = self._run.outputs
+            self._scratch = self._run.scratch
         if self.every_call and timeout is not None:
             doing = f"a call of the bound plan of {plan.op}"
             bounded = None
@@ -137,9 +160,11 @@ class BoundPlan:
         calls = self._calls
         if calls is None:
             if self.checked:
-                return self.plan.apply(self.arrays, inplace=self.inplace)
+                results = self.plan.apply(self.arrays, inplace=self.inplace)
+                return copy_into(results, self.out) if self.out else results
             if not self.inplace:
-                return self.plan.run_out_of_place(self.arrays, self.dtype, self.dtype)
+                results = self.plan.run_out_of_place(self.arrays, self.dtype, self.dtype)
+                return copy_into(results, self.out) if self.out else results
             self.plan.run_in_place(self.arrays, self.dtype, self.dtype)
             return self.arrays
         try:
@@ -181,6 +206,22 @@ class BoundPlan:
         self._run = None
         self._calls = None
         self._scratch = []
+
+
+def _agree(comm: Any, *, declined: bool, problem: str | None) -> bool:
+    """Whether no rank ``declined`` to compile, agreed with one small ``Allreduce`` (the
+    largest of ``2 (P - r) + declined`` over the ranks, ``r`` the first rank with a
+    ``problem`` in its out arrays, the term 0 when none); with a problem on some rank,
+    :class:`~linop.errors.DistributedDtypeError` on every rank, that rank's message on it."""
+    size, rank = comm.Get_size(), comm.Get_rank()
+    agreed = int(comm.allreduce(2 * (size - rank if problem else 0) + int(declined), op=mpi().MAX))
+    if agreed >= 2:
+        first = size - agreed // 2
+        raise DistributedDtypeError(
+            problem
+            or f"rank {first}: bind(out=): the out arrays do not have the run's dtype (see that rank's error)"
+        )
+    return not agreed
 
 
 _LOCAL_CALLS = (np.copyto, np.add, np.multiply)

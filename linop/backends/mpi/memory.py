@@ -83,11 +83,22 @@ def lasting_array(shape: tuple[int, ...], dtype: npt.DTypeLike) -> np.ndarray:
     least one huge page (:data:`HUGE_PAGE`).
 
     numpy asks for huge pages on its large allocations (``madvise``), but a huge page backs
-    only a whole aligned 2 MB of memory: an 8 MB ``np.empty`` starting anywhere has 3 or 4 of
-    them, by chance. Measured here, an 8 MB ``Bcast`` into (from) a buffer wholly in huge
-    pages took about 0.9x of one into a buffer with a page's worth less (2 ranks). The array
-    is a view into an allocation one huge page longer; the slack is never touched (no memory
-    behind it)."""
+    only a whole aligned 2 MB of memory: an 8 MB ``np.empty`` starting anywhere has 3 of them
+    (4 by chance). What the backing changes is the side that *reads* the buffer. Measured here
+    (``benchmarks/bench_mpi_buffer_placement.py``: 2 ranks, 8 MB ``Bcast`` as bytes, rows
+    interleaved in a random order per sample, each batch after calls of its own, median of
+    per-sample ratios to ``np.empty`` buffers on both sides; five launches of 41-61 samples on
+    the loaded 2-core machine, mpich wheel, THP ``madvise``): from a root buffer with no huge
+    page (``MADV_NOHUGEPAGE``) 1.10-1.33x (CPU time 1.14-1.37x), from one wholly in huge pages
+    0.91-1.03x (CPU 0.90-0.98x), leaving out one launch whose reference row was itself slow
+    (there 1.02-1.08x and 0.82-0.83x, its other rows 0.80-0.88x); into a receiver's buffer
+    aligned or not, with huge pages or none, 0.80-1.06x with no trend (the noise). No page
+    faults per call on either side once touched (``getrusage`` minor faults). So a bound
+    broadcast's result array gains nothing on the call that writes it, but a result or buffer
+    that a later collective sends (a sum's share, a broadcast copy passed on) does; the
+    alignment costs nothing (the array is a view into an allocation one huge page longer, and
+    the slack is never touched: no memory behind it). The root of a broadcast sends the
+    caller's array as it is."""
     dtype = np.dtype(dtype)
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < HUGE_PAGE or dtype.hasobject or dtype.fields is not None:

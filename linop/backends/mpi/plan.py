@@ -25,6 +25,7 @@ import numpy.typing as npt
 from ... import dtypes
 from ...errors import (
     CommunicatorError,
+    DistributedDtypeError,
     IntegerOverflowError,
     LinopError,
     UnsupportedNodeError,
@@ -427,6 +428,7 @@ class DistributedPlan(ExecutorPlan["CommContext"]):
         donate: bool = False,
         persistent: bool = True,
         every_call: bool = False,
+        out: Mapping[str, np.ndarray] | None = None,
     ) -> BoundPlan:
         """Prepare repeated application to these very arrays; collective.
 
@@ -454,13 +456,28 @@ class DistributedPlan(ExecutorPlan["CommContext"]):
         of the check here and of the bound plan's first call for every rank to arrive
         (:mod:`linop.backends.mpi.deadline`); with ``every_call=True`` (alike on every rank),
         of every call (one more nonblocking barrier per call: :mod:`linop.backends.mpi.bound`).
+
+        ``out`` (out of place; numpy arrays, by range block of this rank): the caller's arrays
+        for those blocks' results. Each call leaves them there and returns them as the blocks
+        (:mod:`linop.backends.mpi.out_arrays`: a native broadcast's or sum-reduce's result is
+        written there straight, any other block copied there at the end of the call). Each
+        must have its block's shape and the run's dtype, be C-contiguous and writeable, and
+        share no memory with a bound array or another of them: a wrong name, shape or layout
+        raises here on this rank before the check (:class:`~linop.errors.UnknownBlockError`,
+        :class:`~linop.errors.ShapeMismatchError`, :class:`~linop.errors.StateError`,
+        :class:`~linop.errors.OverlapError`), a wrong dtype on every rank after it
+        (:class:`~linop.errors.DistributedDtypeError`).
         """
         from .bound import BoundPlan
+        from .out_arrays import check_out
 
         if inplace is None:
             inplace = self.op.domain == self.op.range
         entry = array_api.mpi_entry(local_state)  # torch, CuPy, ... arrays: bound on numpy views
         local_state = entry.arrays
+        if out is not None:
+            given = {name: a for name, a in local_state.items() if isinstance(a, np.ndarray)}
+            out = check_out(self, out, given, inplace=inplace)
         outcome = self.agree(local_state, inplace=inplace, timeout=timeout)
         dtype = outcome.result()
         try:
@@ -475,7 +492,10 @@ class DistributedPlan(ExecutorPlan["CommContext"]):
                 donate=donate,
                 persistent=persistent,
                 every_call=every_call,
+                out=out,
             )
             return entry.bound(bound, inplace=inplace)
+        except DistributedDtypeError:  # the out arrays' dtype: raised on every rank together
+            raise
         except BaseException as error:
             abort_for(self.comm, f"binding {self.op}", error)

@@ -12,7 +12,7 @@ step that cannot be bound so declines by returning None (the default).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Union
 
@@ -80,10 +80,23 @@ class RankStep(RankPart, ABC):
         return None
 
     def bind_out_of_place(
-        self, arrays: dict[str, np.ndarray], comm: Intracomm, dtype: np.dtype, *, dry: bool = False
+        self,
+        arrays: dict[str, np.ndarray],
+        comm: Intracomm,
+        dtype: np.dtype,
+        *,
+        dry: bool = False,
+        out: Mapping[str, np.ndarray] | None = None,
     ) -> OutOfPlaceBinding | None:
         """Collective calls doing the step from ``arrays`` into result arrays built once, or
-        None when the step cannot be bound so (the default). ``dry`` as in :meth:`persistent`."""
+        None when the step cannot be bound so (the default). ``dry`` as in :meth:`persistent`.
+
+        ``out``: arrays the caller gave for some blocks of the range (``bind(..., out=)``,
+        checked there: each of its block's shape and the run's dtype, C-contiguous, writeable,
+        sharing memory with nothing else of the run). A step may take the one of a block it
+        creates as that block's result array (then ``results[name] is out[name]``), when its
+        calls write the whole block on every call (they may not count on what the array held
+        before); one it does not take, the bound plan fills with a copy after each call."""
         return None
 
     def reads(self) -> tuple[str, ...] | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -164,12 +165,20 @@ class _RankAlltoall(RankStep):
         store_result(self.part, work, receive)
 
     def bind_out_of_place(
-        self, arrays: dict[str, np.ndarray], comm: Intracomm, dtype: np.dtype, *, dry: bool = False
+        self,
+        arrays: dict[str, np.ndarray],
+        comm: Intracomm,
+        dtype: np.dtype,
+        *,
+        dry: bool = False,
+        out: Mapping[str, np.ndarray] | None = None,
     ) -> OutOfPlaceBinding | None:
         """The all-to-all from the bound source block into a result block built once (the
         packing buffers too): blocking collective calls on prebuilt arguments, and the packs
         and unpacks as prepared copies between prebuilt views (point-to-point: persistent
-        requests, :meth:`.all_to_all_peers.PeerMessages.bind_out_of_place`)."""
+        requests, :meth:`.all_to_all_peers.PeerMessages.bind_out_of_place`). ``out`` is not
+        taken (the result block is built zeroed here, and nothing shows that every call
+        writes all of it): the bound plan copies into it."""
         if self.chosen() == "peers":
             return self._peers.bind_out_of_place(arrays, comm, dtype, dry=dry)
         send = arrays[self.part.source] if self.part.source is not None else np.empty(0, dtype=dtype)

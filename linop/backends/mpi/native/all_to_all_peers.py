@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -166,11 +167,19 @@ class PeerMessages:
         store_result(self.part, work, receive)
 
     def bind_out_of_place(
-        self, arrays: dict[str, np.ndarray], comm: Intracomm, dtype: np.dtype, *, dry: bool = False
+        self,
+        arrays: dict[str, np.ndarray],
+        comm: Intracomm,
+        dtype: np.dtype,
+        *,
+        dry: bool = False,
+        out: Mapping[str, np.ndarray] | None = None,
     ) -> OutOfPlaceBinding | None:
         """Persistent receives and sends between the bound source block and a result block
         built once (packing buffers too): the packs, one ``Startall``, the local copy, one
-        ``Waitall``, the unpacks, as prepared calls."""
+        ``Waitall``, the unpacks, as prepared calls. ``out`` is not taken (the result
+        block is built zeroed here, and nothing shows that every call writes all of it): the
+        bound plan copies into it."""
         source = arrays[self.part.source] if self.part.source is not None else None
         if source is not None and (source.dtype != dtype or not source.flags.c_contiguous):
             return None

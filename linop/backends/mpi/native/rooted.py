@@ -8,7 +8,7 @@ around one collective over the group's distinct ranks."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -45,11 +45,42 @@ def _refuses(
     )
 
 
-def _placeholders(created: tuple[Block, ...], dtype: np.dtype, dropped: tuple[str, ...]) -> OutOfPlaceBinding:
-    """A dry binding: the results' names and shapes (untouched memory), nothing bound."""
+def _placeholders(
+    created: tuple[Block, ...], dtype: np.dtype, dropped: tuple[str, ...], taken: Mapping[str, np.ndarray]
+) -> OutOfPlaceBinding:
+    """A dry binding: the results' names and shapes (untouched memory; the caller's arrays
+    the binding would take, :func:`_take`), nothing bound."""
     return OutOfPlaceBinding(
-        results={b.name: np.empty(b.shape, dtype=dtype) for b in created}, dropped=dropped
+        results={b.name: _result_array(taken, b.name, b.shape, dtype, np.empty) for b in created},
+        dropped=dropped,
     )
+
+
+def _take(
+    out: Mapping[str, np.ndarray] | None, names: Iterator[tuple[str, tuple[int, ...]]], dtype: np.dtype
+) -> dict[str, np.ndarray]:
+    """The caller's result arrays (``bind(..., out=)``) a rooted binding takes: those given for
+    the ``(name, shape)`` blocks it would otherwise build and whose every entry each call
+    writes (a non-root's received copy, a root's sum), when of that shape and ``dtype``."""
+    if not out:
+        return {}
+    taken = {}
+    for name, shape in names:
+        array = out.get(name)
+        if array is not None and array.shape == shape and array.dtype == dtype:
+            taken[name] = array
+    return taken
+
+
+def _result_array(
+    taken: Mapping[str, np.ndarray],
+    name: str,
+    shape: tuple[int, ...],
+    dtype: np.dtype,
+    build: Callable[..., np.ndarray] = lasting_array,
+) -> np.ndarray:
+    """Block ``name``'s result array: the caller's one taken for it, else one built."""
+    return taken[name] if name in taken else build(shape, dtype)
 
 
 class _Member(NamedTuple):
@@ -97,7 +128,13 @@ class _RankBroadcast(RankStep):
         return tuple(group.root_name for group in self.part.groups if group.ranks[0] == self.part.rank)
 
     def bind_out_of_place(
-        self, arrays: dict[str, np.ndarray], comm: Intracomm, dtype: np.dtype, *, dry: bool = False
+        self,
+        arrays: dict[str, np.ndarray],
+        comm: Intracomm,
+        dtype: np.dtype,
+        *,
+        dry: bool = False,
+        out: Mapping[str, np.ndarray] | None = None,
     ) -> OutOfPlaceBinding | None:
         """Persistent ``Bcast_init`` / ``Allreduce_init`` requests between the bound input
         arrays and result arrays built once, or None when the dtype or layout does not allow
@@ -106,15 +143,18 @@ class _RankBroadcast(RankStep):
         (:mod:`~linop.backends.mpi.native.reduce_messages`).
 
         The binding's results map each new block this rank owns to its array (the root's own
-        broadcast copy is a read-only view of its source)."""
+        broadcast copy is a read-only view of its source). ``out``: a non-root's copy and a
+        root's sum are written straight into the caller's array given for them (each call
+        writes all of it), the root's own copy is not (it is its source)."""
         if _refuses(self.part.reduce, arrays, dtype, self.part.created):
             return None
         for group in self.part.groups:
             root_has_copy = bool(group.copy_on(group.ranks[0]))
             if self.part.reduce and (not root_has_copy or len(group.ranks) == 1):
                 return None  # would need zeros or a copy made on every call
+        taken = _take(out, self._built(), dtype)
         if dry:
-            return _placeholders(self.part.created, dtype, self.part.dropped)
+            return _placeholders(self.part.created, dtype, self.part.dropped, taken)
         lib = mpi()
         binding = OutOfPlaceBinding(dropped=self.part.dropped)  # filled as the groups are bound
         requests, results, scratch = binding.calls, binding.results, binding.scratch
@@ -127,7 +167,7 @@ class _RankBroadcast(RankStep):
                         view.flags.writeable = False
                         results[mine[0]] = view
                 else:
-                    buffer = lasting_array(group.shape, dtype)
+                    buffer = _result_array(taken, mine[0], group.shape, dtype)
                     results[mine[0]] = buffer
                 if sub is not None:
                     # persistent, typed by entry, 8 MB, each batch after calls of its own (see
@@ -139,7 +179,7 @@ class _RankBroadcast(RankStep):
             assert sub is not None  # a group of one was declined above
             copy = arrays[mine[0]]
             if by_messages(len(group.ranks), copy.nbytes):  # large, few ranks: no copy of the block
-                total = lasting_array(group.shape, dtype) if is_root else None
+                total = _result_array(taken, group.root_name, group.shape, dtype) if is_root else None
                 calls, made, buffers = bind_reduce(sub, copy, total, dtype)
                 requests.extend(calls)
                 binding.requests.extend(made)
@@ -147,7 +187,11 @@ class _RankBroadcast(RankStep):
                 if total is not None:
                     results[group.root_name] = total
                 continue
-            total = lasting_array(group.shape, dtype)
+            total = (
+                _result_array(taken, group.root_name, group.shape, dtype)
+                if is_root
+                else lasting_array(group.shape, dtype)
+            )
             mpi_type = predefined_type(dtype)
             requests.append(sub.Allreduce_init([copy, mpi_type], [total, mpi_type], op=lib.SUM))
             if is_root:
@@ -155,6 +199,16 @@ class _RankBroadcast(RankStep):
             else:  # the request writes into it on every call: kept alive with the binding
                 scratch.append(total)
         return binding
+
+    def _built(self) -> Iterator[tuple[str, tuple[int, ...]]]:
+        """The blocks this rank's binding builds and every call writes whole, with their shapes:
+        per group, a non-root's copy of a broadcast, the root's sum of a sum-reduce."""
+        for group, mine in zip(self.part.groups, self._mine()):
+            is_root = group.ranks[0] == self.part.rank
+            if self.part.reduce and is_root:
+                yield group.root_name, group.shape
+            elif not self.part.reduce and not is_root and mine:
+                yield mine[0], group.shape
 
     def _members(self, comm: Intracomm) -> Iterator[_Member]:
         """This rank in each of the part's groups, in the global order of the groups."""
@@ -252,23 +306,32 @@ class _RankMappedRooted(RankStep):
         store_results(work, self.part.dropped, results, self.part.created)
 
     def bind_out_of_place(
-        self, arrays: dict[str, np.ndarray], comm: Intracomm, dtype: np.dtype, *, dry: bool = False
+        self,
+        arrays: dict[str, np.ndarray],
+        comm: Intracomm,
+        dtype: np.dtype,
+        *,
+        dry: bool = False,
+        out: Mapping[str, np.ndarray] | None = None,
     ) -> OutOfPlaceBinding | None:
         """Per group one collective (a blocking in-place ``Allreduce`` of the local sum, a
         persistent ``Bcast_init``) between the bound arrays and result arrays built once,
         with the local copies or sums around it, or None when the dtype or layout does
-        not allow it (``dry``: decide only, create nothing)."""
+        not allow it (``dry``: decide only, create nothing). ``out``: a root's sum and a
+        non-root's only copy of a group are written straight into the caller's array given
+        for them (each call writes all of it); copies sharing one buffer are not."""
         if _refuses(self.part.reduce, arrays, dtype, self.part.created):
             return None
+        taken = _take(out, self._built(), dtype)
         if dry:
-            return _placeholders(self.part.created, dtype, self.part.dropped)
+            return _placeholders(self.part.created, dtype, self.part.dropped, taken)
         lib = mpi()
         binding = OutOfPlaceBinding(dropped=self.part.dropped)  # filled as the groups are bound
         calls, results, scratch = binding.calls, binding.results, binding.scratch
         for group in self.part.groups:
             sub = subcommunicator(comm, group.ranks) if len(group.ranks) > 1 else None
             if self.part.reduce:
-                total = np.empty(group.shape, dtype=dtype)
+                total = _result_array(taken, group.root_name, group.shape, dtype, np.empty)
                 calls.append(functools.partial(_local_sum, total, [arrays[name] for name in group.copies]))
                 if sub is not None and total.size:
                     calls.append(
@@ -281,7 +344,10 @@ class _RankMappedRooted(RankStep):
                 else:  # the calls write into it on every call: kept alive with the binding
                     scratch.append(total)
                 continue
-            buffer = arrays[group.root_name] if group.is_root else np.empty(group.shape, dtype=dtype)
+            if group.is_root:
+                buffer = arrays[group.root_name]
+            else:  # the caller's array only for a group's one copy here (not a shared buffer)
+                buffer = _result_array(taken, group.copies[0], group.shape, dtype, np.empty)
             if sub is not None and buffer.size:
                 calls.append(sub.Bcast_init([buffer, buffer.size, element_type(dtype)], root=0))
             if group.is_root or len(group.copies) > 1:  # the root's source, or one buffer shared
@@ -293,6 +359,15 @@ class _RankMappedRooted(RankStep):
             else:
                 results[group.copies[0]] = buffer
         return binding
+
+    def _built(self) -> Iterator[tuple[str, tuple[int, ...]]]:
+        """As :meth:`_RankBroadcast._built`: per group, the root's sum of a sum-reduce, or a
+        non-root's copy of a broadcast when it is the group's only copy here."""
+        for group in self.part.groups:
+            if self.part.reduce and group.is_root:
+                yield group.root_name, group.shape
+            elif not self.part.reduce and not group.is_root and len(group.copies) == 1:
+                yield group.copies[0], group.shape
 
 
 def _local_sum(total: np.ndarray, copies: Sequence[np.ndarray]) -> None:
