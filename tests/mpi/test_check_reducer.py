@@ -272,3 +272,39 @@ def test_a_tree_and_its_adjoint_in_turn_are_each_served_by_their_kept_run_and_st
         collective_assert(SIZE == 1 or starts > 0, "the stale digest: no whole-vector reduction")
     else:
         collective_assert(starts == 0, f"{starts} whole-vector reductions in the loop")
+
+
+@pytest.mark.parametrize("control", [False, True], ids=["yielding", "control-busy"])
+def test_the_small_agreement_and_the_duplication_yield_on_an_oversubscribed_node(control, monkeypatch):
+    """Forced oversubscribed (the context's reducer and the node as first found): the torch
+    wrapper's small agreement (deadline.largest_within) and the duplication's barrier (a new
+    communicator's first plan within a deadline) wait with no busy spin (``busy=0``), as the
+    check's reduction does; every rank gets the maximum. Control: the constant busy start (as
+    before) is seen."""
+    from linop.backends.mpi import context
+
+    seen: list[float] = []
+    real = deadline.wait_all
+
+    def recording(requests, comm, timeout, doing, *, busy=deadline.BUSY):
+        seen.append(busy)
+        real(requests, comm, timeout, doing, busy=busy)
+
+    monkeypatch.setattr(deadline, "wait_all", recording)
+    monkeypatch.setattr(check, "_FOUND", [True])
+    if control:
+        monkeypatch.setattr(context, "busy_for", lambda comm: deadline.BUSY)
+        monkeypatch.setattr(context, "node_oversubscribed", lambda: False)
+    private = context.context_for(COMM)
+    monkeypatch.setattr(private.reducer, "busy", 0.0)
+    largest = deadline.largest_within(private.comm, RANK, TIMEOUT, "the test's agreement")
+    sub = COMM.Dup()
+    try:
+        context.context_for(sub, TIMEOUT)  # duplicated within the deadline: its barrier first
+    finally:
+        sub.Free()
+    collective_assert(largest == SIZE - 1, f"the largest rank: {largest}")
+    if control:
+        collective_assert(SIZE == 1 or deadline.BUSY in seen, f"busy {seen}")
+    else:
+        collective_assert(SIZE == 1 or (len(seen) == 2 and set(seen) == {0.0}), f"busy {seen}")

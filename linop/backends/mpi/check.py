@@ -97,6 +97,8 @@ __all__ = [
     "MPIEntryCheck",
     "SPINS",
     "digest_tag",
+    "node_oversubscribed",
+    "oversubscribed",
 ]
 
 DIGEST_LENGTH = 4
@@ -121,6 +123,21 @@ def digest_tag(comm: Intracomm) -> int | None:
     return tag if tag > TAG_LIMIT else None
 
 
+_FOUND: list[bool] = []
+"""What :func:`oversubscribed` found first in this process (for :func:`node_oversubscribed`)."""
+
+LAUNCHER_LOCAL_RANKS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
+"""The environment variables in which MPICH's and Open MPI's launchers give the number of the
+job's processes on this node (:func:`node_oversubscribed`)."""
+
+
+def _cores() -> set[int]:
+    """The cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return set(os.sched_getaffinity(0))
+    return set(range(os.cpu_count() or 1))  # pragma: no cover - Linux here
+
+
 def oversubscribed(comm: Intracomm) -> bool:
     """Whether the ranks of ``comm`` on this node outnumber the cores they may run on (the union
     of their CPU affinities); collective over ``comm``. False where the MPI library cannot say."""
@@ -130,13 +147,33 @@ def oversubscribed(comm: Intracomm) -> bool:
     except (NotImplementedError, AttributeError):  # pragma: no cover - MPI-3 here
         return False
     try:
-        cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
         union: set[int] = set()
-        for found in local.allgather(sorted(cores)):
+        for found in local.allgather(sorted(_cores())):
             union.update(found)
-        return local.Get_size() > len(union)
+        more = local.Get_size() > len(union)
     finally:
         local.Free()
+    if not _FOUND:
+        _FOUND.append(more)
+    return more
+
+
+def node_oversubscribed() -> bool:
+    """Whether this node holds more of the job's ranks than cores, as far as this process
+    knows without communicating (for a wait that comes before any reducer of its
+    communicator: the duplication's barrier, :mod:`linop.backends.mpi.context`): what
+    :func:`oversubscribed` found first in this process (the first communicator's reducer), else
+    the launcher's count of the job's processes on this node (:data:`LAUNCHER_LOCAL_RANKS`)
+    against the cores this process may run on (ranks pinned to a core each read as
+    oversubscribed: such a wait then yields from its first test, which costs nothing where the
+    core is idle), else False."""
+    if _FOUND:
+        return _FOUND[0]
+    for name in LAUNCHER_LOCAL_RANKS:
+        text = os.environ.get(name, "")
+        if text.isdigit():
+            return int(text) > len(_cores())
+    return False
 
 
 class CheckReducer:
