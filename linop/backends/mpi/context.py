@@ -64,8 +64,8 @@ class CommContext:
                 )
             self.comm: Intracomm = user.Dup()
             self.reducer = CheckReducer(self.comm)
-            """The entry check's persistent ``Allreduce`` (created collectively, here), shared by
-            every plan on the communicator."""
+            """The entry check's persistent collectives (created collectively, here; on two ranks
+            the digest's is an exchange with the peer), shared by every plan on the communicator."""
         self.rank: int = self.comm.Get_rank()
         self.size: int = self.comm.Get_size()
         self.subcomms: dict[Any, Intracomm] = {}
