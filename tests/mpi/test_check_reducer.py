@@ -51,15 +51,41 @@ def _fingerprint_only(self: CheckReducer, sent: bytes) -> bytes:
     return np.concatenate([words, ~words]).tobytes()
 
 
-@pytest.mark.parametrize("control", [False, True], ids=["digest", "control-fingerprint-only"])
+class _Blind:
+    """The digest's request of a reducer, blind to the other ranks: once complete, the received
+    words are this rank's own (as if every rank had sent them)."""
+
+    def __init__(self, reducer: CheckReducer) -> None:
+        self.reducer, self.request = reducer, reducer.request
+
+    def Start(self) -> None:  # noqa: N802 - mpi4py's name
+        self.request.Start()
+
+    def Test(self) -> bool:  # noqa: N802 - mpi4py's name
+        done = bool(self.request.Test())
+        if done:
+            np.copyto(self.reducer.digest_received, self.reducer.digest)
+        return done
+
+
+@pytest.mark.parametrize(
+    "control",
+    [None, "fingerprint-only", "blind"],
+    ids=["digest", "control-fingerprint-only", "control-blind"],
+)
 def test_the_reduction_is_the_maximum_over_ranks_whichever_rank_differs(control, monkeypatch):
     """For no rank, and for each rank in turn, differing in a fingerprint word, a dtype flag, an
     unsettled flag or the largest magnitude: every rank's reduced vector equals the maximum over
-    ranks (an independent allreduce), and the digest's verdict is every rank's. The control
-    (a digest of the fingerprint words only) runs the dtype flag's case, which it misses."""
-    if control:
+    ranks (an independent allreduce), and the digest's verdict is every rank's (on two ranks
+    through the exchange with the peer, else the ``Allreduce``). The controls run the dtype
+    flag's case, which each misses: a digest of the fingerprint words only, and a digest's
+    reduction blind to the other ranks (the received words replaced by this rank's own)."""
+    if control == "fingerprint-only":
         monkeypatch.setattr(CheckReducer, "digest_for", _fingerprint_only)
     reducer = _reducer()
+    paired = reducer.digest_send is not None  # two ranks: a send to the peer and a receive from it
+    if control == "blind" and SIZE > 1:
+        reducer.request = _Blind(reducer)
     base = np.arange(VECTOR_LENGTH, dtype=np.int64) * 7 - 20
     wrong = []
     try:
@@ -80,13 +106,18 @@ def test_the_reduction_is_the_maximum_over_ranks_whichever_rank_differs(control,
                 if not np.array_equal(reducer.reduce(TIMEOUT), expected):  # the same through reduce()
                     wrong.append((position, odd, "reduce"))
     finally:
+        if isinstance(reducer.request, _Blind):
+            reducer.request = reducer.request.request
         _free(reducer)
-    if control:  # a differing flag goes unseen by a fingerprint-only digest
+    if control:  # a differing flag goes unseen by a fingerprint-only or a blind digest
         collective_assert(
             SIZE == 1 or bool(COMM.allreduce(bool(wrong), op=MPI.LOR)), "the control found nothing"
         )
     else:
         collective_assert(not wrong, f"wrong reductions (position, odd rank): {wrong}")
+        collective_assert(
+            paired == (SIZE == 2), f"the digest exchanged with a peer: {paired} on {SIZE} ranks"
+        )
 
 
 class _Counted:
@@ -241,3 +272,39 @@ def test_a_tree_and_its_adjoint_in_turn_are_each_served_by_their_kept_run_and_st
         collective_assert(SIZE == 1 or starts > 0, "the stale digest: no whole-vector reduction")
     else:
         collective_assert(starts == 0, f"{starts} whole-vector reductions in the loop")
+
+
+@pytest.mark.parametrize("control", [False, True], ids=["yielding", "control-busy"])
+def test_the_small_agreement_and_the_duplication_yield_on_an_oversubscribed_node(control, monkeypatch):
+    """Forced oversubscribed (the context's reducer and the node as first found): the torch
+    wrapper's small agreement (deadline.largest_within) and the duplication's barrier (a new
+    communicator's first plan within a deadline) wait with no busy spin (``busy=0``), as the
+    check's reduction does; every rank gets the maximum. Control: the constant busy start (as
+    before) is seen."""
+    from linop.backends.mpi import context
+
+    seen: list[float] = []
+    real = deadline.wait_all
+
+    def recording(requests, comm, timeout, doing, *, busy=deadline.BUSY):
+        seen.append(busy)
+        real(requests, comm, timeout, doing, busy=busy)
+
+    monkeypatch.setattr(deadline, "wait_all", recording)
+    monkeypatch.setattr(check, "_FOUND", [True])
+    if control:
+        monkeypatch.setattr(context, "busy_for", lambda comm: deadline.BUSY)
+        monkeypatch.setattr(context, "node_oversubscribed", lambda: False)
+    private = context.context_for(COMM)
+    monkeypatch.setattr(private.reducer, "busy", 0.0)
+    largest = deadline.largest_within(private.comm, RANK, TIMEOUT, "the test's agreement")
+    sub = COMM.Dup()
+    try:
+        context.context_for(sub, TIMEOUT)  # duplicated within the deadline: its barrier first
+    finally:
+        sub.Free()
+    collective_assert(largest == SIZE - 1, f"the largest rank: {largest}")
+    if control:
+        collective_assert(SIZE == 1 or deadline.BUSY in seen, f"busy {seen}")
+    else:
+        collective_assert(SIZE == 1 or (len(seen) == 2 and set(seen) == {0.0}), f"busy {seen}")

@@ -21,9 +21,9 @@ from typing import Any
 
 from ...errors import CommunicatorArgumentError, CommunicatorError
 from ...program.cache import PLAN_CACHE_SIZE, PlanCache
-from .check import CheckReducer
+from .check import CheckReducer, node_oversubscribed
 from .datatypes import mpi
-from .deadline import arrive_within, resolve_timeout
+from .deadline import BUSY, arrive_within, resolve_timeout
 from .guards import abort_on_failure
 from .mpi_types import Comm, Intracomm
 
@@ -32,6 +32,7 @@ __all__ = [
     "CommunicatorArgumentError",
     "CommContext",
     "PlanCache",
+    "busy_for",
     "context_for",
     "subcommunicator",
     "open_contexts",
@@ -57,11 +58,14 @@ class CommContext:
         deadline = resolve_timeout(timeout)  # a bad value raises here, before any communication
         with abort_on_failure(user, lambda: "duplicating the communicator"):
             if deadline is not None:  # MPI_Comm_dup has no deadline: every rank arrives first
-                arrive_within(user, deadline, "the duplication of the communicator (its first plan)")
+                busy = 0.0 if node_oversubscribed() else BUSY  # (no reducer yet: the node's)
+                arrive_within(
+                    user, deadline, "the duplication of the communicator (its first plan)", busy=busy
+                )
             self.comm: Intracomm = user.Dup()
             self.reducer = CheckReducer(self.comm)
-            """The entry check's persistent ``Allreduce`` (created collectively, here), shared by
-            every plan on the communicator."""
+            """The entry check's persistent collectives (created collectively, here; on two ranks
+            the digest's is an exchange with the peer), shared by every plan on the communicator."""
         self.rank: int = self.comm.Get_rank()
         self.size: int = self.comm.Get_size()
         self.subcomms: dict[Any, Intracomm] = {}
@@ -90,6 +94,19 @@ class CommContext:
             sub.Free()
         self.reducer.free()
         self.comm.Free()
+
+
+def busy_for(comm: Intracomm) -> float:
+    """Seconds a wait on ``comm`` tests without yielding the core
+    (:func:`~linop.backends.mpi.deadline.wait_all`'s ``busy``): the reducer's
+    (:attr:`CheckReducer.busy <linop.backends.mpi.check.CheckReducer.busy>`, none on an
+    oversubscribed node) when ``comm`` is a context's private communicator, else none where
+    this node is known to be oversubscribed (:func:`~linop.backends.mpi.check.node_oversubscribed`),
+    else :data:`~linop.backends.mpi.deadline.BUSY`."""
+    owner = _OPEN.get(comm.py2f())
+    if owner is not None:
+        return owner.reducer.busy
+    return 0.0 if node_oversubscribed() else BUSY
 
 
 def open_contexts() -> int:

@@ -221,7 +221,9 @@ def arrive_within(comm: Intracomm, timeout: float, doing: str, *, busy: float = 
         wait_all([comm.Ibarrier()], comm, timeout, doing, busy=busy)
 
 
-def largest_within(comm: Intracomm, value: int, timeout: float | None, doing: str) -> int:
+def largest_within(
+    comm: Intracomm, value: int, timeout: float | None, doing: str, *, busy: float | None = None
+) -> int:
     """The largest ``value`` over the ranks of ``comm`` (an ``Iallreduce``), waited for within
     ``timeout`` seconds by :func:`wait_all` (None: a blocking ``Allreduce``): for a small
     agreement that is the first collective of a call (the torch wrapper's decision how to bind
@@ -229,17 +231,24 @@ def largest_within(comm: Intracomm, value: int, timeout: float | None, doing: st
     peers never join it (they run a bound plan: one rank alone changed its dtypes) raises
     :class:`PeerTimeoutError` at the deadline instead of waiting forever, and
     :class:`~linop.errors.PeerMismatchError` within seconds when a peer's record says so
-    (:mod:`linop.backends.mpi.stall`; polled then even with no deadline)."""
+    (:mod:`linop.backends.mpi.stall`; polled then even with no deadline). ``busy``: as
+    :func:`wait_all`'s; None: the communicator's (:func:`~linop.backends.mpi.context.busy_for`:
+    none on an oversubscribed node, where the peer that must arrive may share this core)."""
     sent = np.array([value], dtype=np.int64)
     received = np.zeros(1, dtype=np.int64)
     if comm.Get_size() == 1 or (timeout is None and stall.active() is None):
         comm.Allreduce(sent, received, op=mpi().MAX)
     else:  # polled: within the deadline, and reading the peers' records of a wrapper's call
+        if busy is None:
+            from .context import busy_for  # (the context module imports this one)
+
+            busy = busy_for(comm)
         wait_all(
             [comm.Iallreduce(sent, received, op=mpi().MAX)],
             comm,
             math.inf if timeout is None else timeout,
             doing,
+            busy=busy,
         )
     return int(received[0])
 

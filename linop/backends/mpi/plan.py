@@ -46,7 +46,7 @@ from .deadline import resolve_timeout
 from .guards import abort_for
 from .inplace_phases import InPlaceLayouts
 from .native import mpi_schedule
-from .repeated import RepeatedCall
+from .repeated import OneStep, RepeatedCall
 from .runtime import run_schedule
 
 if TYPE_CHECKING:  # pragma: no cover - mpi4py is optional at run time
@@ -114,14 +114,14 @@ class DistributedPlan(ExecutorPlan["CommContext"]):
         self.schedule: tuple[Any, ...] = ()
         self._host_steps: tuple[Any, ...] | None = None
         self._program: Program | None = None
-        self.timeout: Any = None
-        """The default deadline of this plan's checks and bound plans' first starts, in seconds
-        (set by ``plan_for(..., timeout=)``; None: ``LINOP_TIMEOUT``, see
-        :mod:`linop.backends.mpi.deadline`)."""
-        self.fast: RepeatedCall | None = None
-        """The repeated call prepared for the entry check's kept repeat
-        (:mod:`linop.backends.mpi.repeated`), built by :meth:`repeated`; it answers a call
-        passing the same arrays again when it is current, else None."""
+        self._timeout: Any = None
+        self.fast: OneStep | None = None
+        """The repeated call prepared for the entry check's kept repeat (:attr:`fast_record`'s
+        :attr:`~linop.backends.mpi.repeated.RepeatedCall.call`, :mod:`linop.backends.mpi.repeated`),
+        built by :meth:`repeated`; it answers a call passing the same arrays again when it is
+        current, else None."""
+        self.fast_record: RepeatedCall | None = None
+        """The record :attr:`fast` belongs to (its repeat and deadline), or None."""
         if mapping is not None:
             self._init_mapped(op, context, mapping)
             return
@@ -178,6 +178,25 @@ class DistributedPlan(ExecutorPlan["CommContext"]):
         if self._program is None:
             self._program = compile_program(self.op)
         return self._program
+
+    @property
+    def timeout(self) -> Any:
+        """The default deadline of this plan's checks and bound plans' first starts, in seconds
+        (set by ``plan_for(..., timeout=)``; None: ``LINOP_TIMEOUT``, see
+        :mod:`linop.backends.mpi.deadline`). Setting it to another object drops the repeated
+        call's record (:attr:`fast`, built with the deadline as it was)."""
+        return self._timeout
+
+    @timeout.setter
+    def timeout(self, value: Any) -> None:
+        if value is not self._timeout:
+            self._keep_fast(None)
+        self._timeout = value
+
+    def _keep_fast(self, record: RepeatedCall | None) -> None:
+        """Keep ``record`` as the repeated call (:attr:`fast`, :attr:`fast_record`)."""
+        self.fast_record = record
+        self.fast = record.call if record is not None else None
 
     @property
     def comm(self) -> Intracomm:
@@ -246,7 +265,7 @@ class DistributedPlan(ExecutorPlan["CommContext"]):
         except BaseException as error:  # PeerTimeoutError included: the missing ranks may never come
             abort_for(self.comm, f"checking {self.op}", error)
         if agreed and timeout is None:  # the next call on these arrays: in one step
-            self.fast = RepeatedCall.of(self, repeat, seconds)
+            self._keep_fast(RepeatedCall.of(self, repeat, seconds))
         return self.after_again(local_state, repeat, outcome, agreed, inplace)
 
     def after_again(

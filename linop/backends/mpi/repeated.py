@@ -6,11 +6,10 @@ call. What such a call must do is fixed by the previous passed call (the entry c
 that ``state`` holds exactly the kept array, unchanged; reduce the kept check vector's digest
 over the ranks (:mod:`linop.backends.mpi.check`: one persistent ``Allreduce`` of four words);
 when every rank sent that digest, run the binding's prepared calls. :class:`RepeatedCall`
-holds everything that depends only on what was kept, taken once, so that the repeated call is
-those steps and nothing else: one Python frame below ``apply`` besides the MPI calls, the
-array's weak reference, the reducer's wait (:meth:`CheckReducer.complete
-<linop.backends.mpi.check.CheckReducer.complete>`) and the prepared calls (``benchmarks/bench_mpi_check_overhead.py``
-measures its local work).
+takes everything that depends only on what was kept once, and its :attr:`~RepeatedCall.call`
+is one function with all of it bound as local names (no attribute chains, no other Python
+frame): the comparisons, the digest's ``Start``, its completion, the prepared calls
+(``benchmarks/bench_mpi_check_overhead.py`` measures its local work).
 
 Soundness: the same as the path it shortens (:meth:`DistributedPlan.repeated
 <linop.backends.mpi.plan.DistributedPlan.repeated>`, which builds it):
@@ -22,10 +21,13 @@ Soundness: the same as the path it shortens (:meth:`DistributedPlan.repeated
   instead of comparing its strides, which then place every element where the kept strides
   did; the strides of a dimension of length one, which numpy lets differ, address nothing),
   and the plan with what the record was built on (the kernels' version, which the kept vector
-  says; the plan's deadline; the communicator not freed); else the call goes the general way,
-  nothing communicated. Nothing else the record holds can go stale: the repeat's vector and
-  outcome depend on the array's properties, the kernels' version and global facts only, and
-  its binding is read at each call (empty once freed: then the ordinary run);
+  says, when some kernel is probed: else it never changes; the communicator not freed; the
+  plan's deadline: setting :attr:`DistributedPlan.timeout
+  <linop.backends.mpi.plan.DistributedPlan.timeout>` drops the record); else the call goes
+  the general way, nothing communicated. Nothing else the record holds can go stale: the
+  repeat's vector and outcome depend on the array's properties, the kernels' version and
+  global facts only, and its binding is read at each call (empty once freed: then the ordinary
+  run);
 - the digest is reduced on every call, so a rank whose input differs (or which holds another
   tree, or calls the ordinary check) makes the reduced digest differ on every rank; then every
   rank reduces the whole vector (the second collective every rank makes) and decodes it
@@ -34,24 +36,41 @@ Soundness: the same as the path it shortens (:meth:`DistributedPlan.repeated
 - no data moves before the reduced digest is known, and the binding runs only when it equals
   this rank's own (every rank sent this very vector).
 
-The digest's ``Start`` comes straight after the local comparison. The plan keeps one record, of
-the last repeat that passed the general way (:meth:`DistributedPlan.repeated`).
+Two things here repeat code of other modules, on purpose: the comparisons of
+:meth:`Repeat.same <linop.backends.entry_check.repeat.Repeat.same>` (with the difference
+above) and the completion of :meth:`CheckReducer.complete
+<linop.backends.mpi.check.CheckReducer.complete>` (its tests, then
+:func:`~linop.backends.mpi.deadline.wait_all` with the reducer's policy). Calling them instead
+was measured (CPU time, the MPI calls emptied as in ``bench_mpi_check_overhead.py local``, on
+the loaded development machine): 0.56 us of local work a call inline, 0.60 us through
+``complete``, 0.67 us through ``Repeat.same`` (a frame, and the strides' tuple compared), at
+64 KB messages about 2% of the bound plan's time each, the margin of the checked call's target
+(1.3x); ``tests/mpi/test_repeat.py`` runs each change the comparisons catch through both paths,
+with a control blind to it on each.
+
+The digest's ``Start`` comes straight after the local comparison; the binding is read while the
+reduction is in flight (its prepared calls can change only when the binding is freed, by its
+arrays' collection, which the state's reference prevents, or by the plan's next ordinary run). The plan keeps one record, of the last repeat that passed the general
+way (:meth:`DistributedPlan.repeated`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ...space import State
+from .deadline import wait_all
 from .guards import abort_for
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from ..entry_check.repeat import Repeat
     from .plan import DistributedPlan
 
-__all__ = ["RepeatedCall"]
+__all__ = ["OneStep", "RepeatedCall"]
 
-_MISSING: Any = object()  # the state lacks the kept name: no array is it
+OneStep = Callable[[Any, bool], "State | None"]
+"""The repeated call: ``call(state, inplace)``, the result, or None with nothing communicated."""
 
 
 class RepeatedCall:
@@ -65,104 +84,140 @@ class RepeatedCall:
         The kept call: its array, its check vector (as the entry check prepared it) and outcome.
     seconds : float or None
         The deadline of the check's reduction, resolved from the plan's :attr:`timeout
-        <linop.backends.mpi.plan.DistributedPlan.timeout>` as it is now (a call finds it
-        unchanged, by identity, else goes the general way).
+        <linop.backends.mpi.plan.DistributedPlan.timeout>` as it is now (setting it drops the
+        record).
+
+    Attributes
+    ----------
+    call : callable
+        ``call(state, inplace)``: the call, when ``state`` (and ``inplace``) pass exactly what
+        the repeat kept and the record is current; None otherwise, with nothing communicated
+        (the caller checks the call the general way). Collective when it answers.
     """
 
-    __slots__ = (
-        "array",
-        "context",
-        "digest",
-        "doing",
-        "dtype",
-        "entry",
-        "given",
-        "inplace",
-        "kernels",
-        "name",
-        "plan",
-        "reducer",
-        "repeat",
-        "seconds",
-        "sent",
-        "shape",
-        "version",
-    )
+    __slots__ = ("call", "plan", "repeat", "seconds")
 
     def __init__(self, plan: DistributedPlan, repeat: Repeat, seconds: float | None) -> None:
-        entry = plan.entry
         self.plan = plan
-        self.entry = entry
-        self.kernels = entry.kernels
-        self.context = plan.context
-        self.reducer = plan.context.reducer
         self.repeat = repeat
-        self.version = repeat.version
-        self.name, self.array = repeat.name, repeat.ref
-        self.shape, self.dtype = repeat.shape, repeat.dtype
-        self.inplace = repeat.inplace
-        self.sent = repeat.sent
-        self.digest = self.reducer.digest_for(repeat.sent)
-        self.given = plan.timeout
         self.seconds = seconds
-        self.doing = entry._doing()
+        self.call: OneStep = _one_step(plan, repeat, seconds)
 
     @classmethod
     def of(cls, plan: DistributedPlan, repeat: Repeat, seconds: float | None) -> RepeatedCall | None:
         """The record of ``repeat`` (a passed call of ``plan``), or None when its array is gone
-        or not C-contiguous (such calls go the general way)."""
+        or not C-contiguous, or the communicator has no persistent reduction (freed, or an MPI
+        library without persistent collectives): such calls go the general way."""
         array = repeat.ref()
         if array is None or not array.flags.c_contiguous:
+            return None
+        reducer = plan.context.reducer
+        if reducer.request is None and not reducer.single:
             return None
         return cls(plan, repeat, seconds)
 
     def __call__(self, state: Any, inplace: bool) -> State | None:
-        """The call, when ``state`` (and ``inplace``) pass exactly what the repeat kept and
-        the record is current; None otherwise, with nothing communicated (the caller checks
-        the call the general way). Collective when it answers."""
-        if type(state) is not dict or len(state) != 1 or inplace is not self.inplace:
+        """:attr:`call` (for a caller holding the record)."""
+        return self.call(state, inplace)
+
+
+def _one_step(plan: DistributedPlan, repeat: Repeat, seconds: float | None) -> OneStep:
+    """The function of :attr:`RepeatedCall.call`: every name it reads bound here, once."""
+    entry = plan.entry
+    context = plan.context
+    reducer = context.reducer
+    comm = plan.comm
+    kernels, version, probing = entry.kernels, repeat.version, entry.kernels.probing
+    name, ref, shape, dtype = repeat.name, repeat.ref, repeat.shape, repeat.dtype
+    kept_inplace = repeat.inplace
+    after_again = plan.after_again
+    request = reducer.request  # None on one rank
+    if request is None:
+
+        def alone(state: Any, inplace: bool) -> State | None:
+            """One rank: nothing to agree on; the comparisons, then the binding."""
+            if type(state) is not dict or len(state) != 1 or inplace is not kept_inplace:
+                return None
+            array = state.get(name)
+            if array is None or ref() is not array:
+                return None
+            if array.shape != shape or array.dtype is not dtype:
+                return None
+            flags = array.flags
+            if not flags.c_contiguous or (inplace and not flags.writeable):
+                return None
+            if (probing and kernels.version != version) or context.freed:
+                return None
+            repeat.hits += 1
+            return after_again(state, repeat, repeat.outcome, True, inplace)
+
+        return alone
+
+    sent = repeat.sent
+    digest = reducer.digest_for(sent)
+    received = reducer.digest_received
+    start, test, wait = request.Start, request.Test, request.Wait
+    send = reducer.digest_send  # two ranks: the digest is sent to the peer, received from it
+    send_start: Any = send.Start if send is not None else None
+    send_test: Any = send.Test if send is not None else None
+    send_wait: Any = send.Wait if send is not None else None
+    spins, busy = reducer.spins, reducer.busy
+    doing = entry._doing()
+
+    def call(state: Any, inplace: bool) -> State | None:
+        if type(state) is not dict or len(state) != 1 or inplace is not kept_inplace:
             return None
-        array = state.get(self.name, _MISSING)
-        if array is None or self.array() is not array:  # (None: also what a gone array's ref gives)
+        array = state.get(name)
+        if array is None or ref() is not array:  # (None: also what a gone array's ref gives)
             return None
-        if array.shape != self.shape or array.dtype is not self.dtype:
+        if array.shape != shape or array.dtype is not dtype:
             return None
         flags = array.flags
         if not flags.c_contiguous or (inplace and not flags.writeable):
             return None
-        if self.kernels.version != self.version or self.plan.timeout is not self.given:
+        if probing and kernels.version != version:
             return None
-        repeat = self.repeat
-        reducer = self.reducer
-        request = reducer.request  # None once the communicator is freed (and on one rank)
-        plan = self.plan
-        if request is not None:
-            if reducer.digest_of is not self.sent:  # another plan's check since: this digest
-                reducer.write_digest(self.sent, self.digest)
-            seconds = self.seconds
-            try:
-                request.Start()
-                binding = repeat.run  # (read while the reduction is in flight)
-                reducer.complete(request, seconds, self.doing)
-            except BaseException as error:  # PeerTimeoutError included: the missing ranks may never come
-                abort_for(plan.comm, f"checking {plan.op}", error)
-            if reducer.digest_received.tobytes() != self.digest:  # some rank sent another vector
-                try:
-                    outcome, agreed = self.entry.again_differing(repeat, seconds)
-                except BaseException as error:
-                    abort_for(plan.comm, f"checking {plan.op}", error)
-                return plan.after_again(state, repeat, outcome, agreed, inplace)
-        elif not reducer.single or self.context.freed:  # freed, or no persistent collectives
+        if reducer.request is not request:  # freed with the communicator
             return None
-        else:
+        if reducer.digest_of is not sent:  # another plan's check since: this digest
+            reducer.write_digest(sent, digest)
+        try:
+            if send is not None:  # (sent first: the peer's wait ends sooner)
+                send_start()
+            start()
+            # while the digest is in flight: the local work that needs no verdict
+            repeat.hits += 1  # (undone below when the ranks disagree)
             binding = repeat.run
-        repeat.hits += 1
-        calls = binding.calls if binding is not None else None  # the in-place binding kept, if any
+            calls = binding.calls if binding is not None else None  # the in-place binding's, if any
+            sent_now = send is None or send_test()  # four words: sent at once, as a rule
+            if seconds is None:
+                wait()
+                if not sent_now:
+                    send_wait()
+            else:  # CheckReducer.complete, inline (see the module docstring)
+                for _ in spins:
+                    if test():
+                        break
+                else:
+                    wait_all([request], comm, seconds, doing, busy=busy)
+                if not sent_now and not send_test():
+                    wait_all([send], comm, seconds, doing, busy=busy)
+        except BaseException as error:  # PeerTimeoutError included: the missing ranks may never come
+            abort_for(comm, f"checking {plan.op}", error)
+        if received.tobytes() != digest:  # some rank sent another vector
+            repeat.hits -= 1
+            try:
+                outcome, agreed = entry.again_differing(repeat, seconds)
+            except BaseException as error:
+                abort_for(comm, f"checking {plan.op}", error)
+            return after_again(state, repeat, outcome, agreed, inplace)
         if calls:  # the binding is live: its prepared calls
             try:
                 for function, arguments in calls:
                     function(*arguments)
             except BaseException as error:  # the ranks are committed: see guards
-                abort_for(plan.comm, f"applying {plan.op}", error)
+                abort_for(comm, f"applying {plan.op}", error)
             return state
-        return plan.after_again(state, repeat, repeat.outcome, True, inplace)
+        return after_again(state, repeat, repeat.outcome, True, inplace)
+
+    return call
