@@ -139,20 +139,45 @@ class ChainModule(WindowModule):
     def sum_gradients(self) -> None:
         """All-reduce the weights' gradients over the processes (a missing gradient counts as
         zero), so that each holds the gradient of the whole chain's output; nothing to do in
-        one process."""
+        one process. The gradients of one dtype and device (all of them, as built) go in one
+        all-reduce of a buffer holding them one after the other: one collective a step, not one
+        per weight (on oversubscribed cores each collective waits for every process to be
+        scheduled)."""
         if self.comm is None and self.group is None:
             return
+        grads = []
         for weight in self.weights:
             if weight.grad is None:
                 weight.grad = torch.zeros_like(weight)
-            if self.comm is not None:
-                from mpi4py import MPI
+            grads.append(weight.grad)
+        groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+        for grad in grads:
+            groups.setdefault((grad.dtype, grad.device), []).append(grad)
+        for together in groups.values():
+            self._all_reduce(together)
 
-                buffer = weight.grad.detach().cpu().contiguous().numpy()
-                self.comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
-                weight.grad.copy_(torch.from_numpy(buffer))
-            else:
-                torch.distributed.all_reduce(weight.grad, group=None if self.group is True else self.group)
+    def _all_reduce(self, grads: list[torch.Tensor]) -> None:
+        """Sum ``grads`` (one dtype and device) over the processes, in place: one all-reduce of
+        their entries one after the other (a lone contiguous gradient reduced in place), the
+        sums copied back."""
+        alone = len(grads) == 1 and grads[0].is_contiguous()
+        buffer = grads[0].detach() if alone else torch.cat([g.detach().reshape(-1) for g in grads])
+        if self.comm is not None:
+            from mpi4py import MPI
+
+            host = buffer if buffer.device.type == "cpu" else buffer.cpu()
+            self.comm.Allreduce(MPI.IN_PLACE, host.numpy(), op=MPI.SUM)
+            if host is not buffer:
+                buffer.copy_(host)
+        else:
+            torch.distributed.all_reduce(buffer, group=None if self.group is True else self.group)
+        if alone:
+            return
+        offset = 0
+        for grad in grads:
+            count = grad.numel()
+            grad.copy_(buffer[offset : offset + count].view(grad.shape))
+            offset += count
 
     def extra_repr(self) -> str:
         stages = ", ".join(f"{s.kind} {s.kernel}" for s in self.chain.stages)
