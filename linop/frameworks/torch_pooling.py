@@ -235,7 +235,11 @@ class _MaxPoolFunction(torch.autograd.Function):
         function, workspace = module.function, module._workspace
         dtype = tensors[0].dtype if tensors else torch.float64
         if workspace is None:
-            windows = function.untracked(dict(zip(function.inputs, tensors)))
+            views = function.bound_views(tensors) if module.comm is not None else None
+            if views is None:
+                windows = function.untracked(dict(zip(function.inputs, tensors)))
+            else:  # the binding's result buffers: pooled below (the -inf strips, the pool) and let go
+                windows = dict(zip(function.outputs, views))
         else:
             for name, tensor, shape in zip(module.input_names, tensors, module._input_shapes):
                 dtype = torch.promote_types(dtype, tensor.dtype)
@@ -287,7 +291,13 @@ class _MaxPoolFunction(torch.autograd.Function):
             if torch.is_grad_enabled():  # create_graph: the adjoint tree recorded too
                 back = function.adjoint_tensors(*window_grads)
             else:
-                adjoint = function.untracked(dict(zip(module._adjoint_inputs, window_grads)), adjoint=True)
+                views = function.bound_views(window_grads, adjoint=True) if module.comm is not None else None
+                if views is not None:  # the binding's result buffers, copied
+                    adjoint = {n: v.clone() for n, v in zip(function.names(adjoint=True)[1], views)}
+                else:
+                    adjoint = function.untracked(
+                        dict(zip(module._adjoint_inputs, window_grads)), adjoint=True
+                    )
                 back = tuple(adjoint[name] for name in function.inputs)
         fitted = []
         for gradient, (dtype, device) in zip(back, ctx.fit):
