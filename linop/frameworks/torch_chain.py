@@ -34,6 +34,7 @@ import torch
 from ..errors import LayerError
 from ..layers.chain import WindowChain
 from ..partition import grid_block_name
+from .torch_pooling import _Strips, _strips
 from .torch_windows import WindowModule
 
 __all__ = ["ChainModule"]
@@ -104,28 +105,30 @@ class ChainModule(WindowModule):
             out = chain.y.block(g)
             if not self.placement.holds(out.worker):
                 continue
-            # per stage, the entries of its input window outside the global field (None: none)
-            outside: list[torch.Tensor | None] = []
+            # per stage, the entries of its input window outside the global field, as strips
+            # along its spatial axes (the global field is a box: so is each window's part of it)
+            outside: list[_Strips | None] = []
             for i, field in enumerate(chain.fields(g)):
                 first_zero = i > 0 or chain.stages[0].kind == "max"
                 if 0 in field.shape or field.real.all() or not first_zero:
                     outside.append(None)
                 else:
-                    outside.append(torch.from_numpy(~field.real).reshape(1, 1, *field.shape))
+                    outside.append(_strips(field.real, g))
             self._products.append(
                 (out.name, grid_block_name(f"{chain.x.name}_window", g), out.shape, outside)
             )
         self.output_names = tuple(name for name, *_ in self._products)
         self._parts = [s.kernel.resolve(dims) for s in chain.stages]
 
-    def local(self, window: torch.Tensor, outside: list[torch.Tensor | None]) -> torch.Tensor:
+    def local(self, window: torch.Tensor, outside: list[_Strips | None]) -> torch.Tensor:
         """The chain's stages on the window, the entries outside the global field of each
-        stage's input masked (0, or -inf before a max pool)."""
+        stage's input set (0, or -inf before a max pool): on a copy of the window, in place on
+        a stage's output (no stage keeps its output for its backward; autograd records the
+        fills, whose backward zeroes those entries' gradients)."""
         v, weights = window, iter(self.weights)
-        for stage, k, mask in zip(self.chain.stages, self._parts, outside):
-            if mask is not None:
-                fill = float("-inf") if stage.kind == "max" else 0.0
-                v = v.masked_fill(mask.to(v.device), fill)
+        for i, (stage, k, strips) in enumerate(zip(self.chain.stages, self._parts, outside)):
+            if strips is not None:
+                v = strips.fill_(v.clone() if i == 0 else v, float("-inf") if stage.kind == "max" else 0.0)
             size, stride = tuple(k.size), tuple(k.stride)  # type: ignore[arg-type]
             dilation = tuple(k.dilation)  # type: ignore[arg-type]
             if stage.kind == "conv":

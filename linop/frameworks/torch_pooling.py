@@ -213,15 +213,15 @@ class _Strips:
     before: tuple[int, ...]
     after: tuple[int, ...]
 
-    def fill_(self, window: torch.Tensor) -> torch.Tensor:
-        """Set ``window``'s strips to ``-inf`` in place and return it."""
+    def fill_(self, window: torch.Tensor, value: float = float("-inf")) -> torch.Tensor:
+        """Set ``window``'s strips to ``value`` (default ``-inf``) in place and return it."""
         spatial = len(self.before)
         for d, (low, high) in enumerate(zip(self.before, self.after)):
             axis = window.ndim - spatial + d
             if low:
-                window.narrow(axis, 0, low).fill_(float("-inf"))
+                window.narrow(axis, 0, low).fill_(value)
             if high:
-                window.narrow(axis, window.shape[axis] - high, high).fill_(float("-inf"))
+                window.narrow(axis, window.shape[axis] - high, high).fill_(value)
         return window
 
 
