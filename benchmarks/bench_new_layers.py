@@ -42,7 +42,10 @@ a small machine). Nothing is asserted about speed; the machine may be shared: re
 with the figures. ``BENCH_PROFILE=case`` (a case's name, e.g. ``bn``) profiles linop's step of
 that case on every rank with cProfile after timing (``BENCH_PROFILE_CALLS`` steps, default 20)
 and prints rank 0's top entries, after the Python calls per step of linop's step and of the
-hand-written one (cProfile's count: the figure that does not depend on the machine's load).
+hand-written one (cProfile's count: the figure that does not depend on the machine's load);
+``BENCH_PROFILE_CPU=1`` times that profile in CPU time (``time.process_time``): on
+oversubscribed cores a wall-clock profile charges the turns of other processes to whatever
+function this one was in when it was descheduled.
 """
 
 from __future__ import annotations
@@ -682,7 +685,9 @@ def _profile(step: Step, rank: int, calls: int = 20, hand: Step | None = None) -
     for timed_step in (hand, step):
         if timed_step is None:
             continue
-        profiler = cProfile.Profile()
+        profiler = (
+            cProfile.Profile(time.process_time) if os.environ.get("BENCH_PROFILE_CPU") else cProfile.Profile()
+        )
         E.barrier()
         profiler.enable()
         for _ in range(calls):

@@ -34,6 +34,7 @@ import torch
 from ..errors import LayerError
 from ..layers.chain import WindowChain
 from ..partition import grid_block_name
+from .torch_pooling import _Strips, _strips
 from .torch_windows import WindowModule
 
 __all__ = ["ChainModule"]
@@ -104,28 +105,30 @@ class ChainModule(WindowModule):
             out = chain.y.block(g)
             if not self.placement.holds(out.worker):
                 continue
-            # per stage, the entries of its input window outside the global field (None: none)
-            outside: list[torch.Tensor | None] = []
+            # per stage, the entries of its input window outside the global field, as strips
+            # along its spatial axes (the global field is a box: so is each window's part of it)
+            outside: list[_Strips | None] = []
             for i, field in enumerate(chain.fields(g)):
                 first_zero = i > 0 or chain.stages[0].kind == "max"
                 if 0 in field.shape or field.real.all() or not first_zero:
                     outside.append(None)
                 else:
-                    outside.append(torch.from_numpy(~field.real).reshape(1, 1, *field.shape))
+                    outside.append(_strips(field.real, g))
             self._products.append(
                 (out.name, grid_block_name(f"{chain.x.name}_window", g), out.shape, outside)
             )
         self.output_names = tuple(name for name, *_ in self._products)
         self._parts = [s.kernel.resolve(dims) for s in chain.stages]
 
-    def local(self, window: torch.Tensor, outside: list[torch.Tensor | None]) -> torch.Tensor:
+    def local(self, window: torch.Tensor, outside: list[_Strips | None]) -> torch.Tensor:
         """The chain's stages on the window, the entries outside the global field of each
-        stage's input masked (0, or -inf before a max pool)."""
+        stage's input set (0, or -inf before a max pool): on a copy of the window, in place on
+        a stage's output (no stage keeps its output for its backward; autograd records the
+        fills, whose backward zeroes those entries' gradients)."""
         v, weights = window, iter(self.weights)
-        for stage, k, mask in zip(self.chain.stages, self._parts, outside):
-            if mask is not None:
-                fill = float("-inf") if stage.kind == "max" else 0.0
-                v = v.masked_fill(mask.to(v.device), fill)
+        for i, (stage, k, strips) in enumerate(zip(self.chain.stages, self._parts, outside)):
+            if strips is not None:
+                v = strips.fill_(v.clone() if i == 0 else v, float("-inf") if stage.kind == "max" else 0.0)
             size, stride = tuple(k.size), tuple(k.stride)  # type: ignore[arg-type]
             dilation = tuple(k.dilation)  # type: ignore[arg-type]
             if stage.kind == "conv":
@@ -139,20 +142,45 @@ class ChainModule(WindowModule):
     def sum_gradients(self) -> None:
         """All-reduce the weights' gradients over the processes (a missing gradient counts as
         zero), so that each holds the gradient of the whole chain's output; nothing to do in
-        one process."""
+        one process. The gradients of one dtype and device (all of them, as built) go in one
+        all-reduce of a buffer holding them one after the other: one collective a step, not one
+        per weight (on oversubscribed cores each collective waits for every process to be
+        scheduled)."""
         if self.comm is None and self.group is None:
             return
+        grads = []
         for weight in self.weights:
             if weight.grad is None:
                 weight.grad = torch.zeros_like(weight)
-            if self.comm is not None:
-                from mpi4py import MPI
+            grads.append(weight.grad)
+        groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+        for grad in grads:
+            groups.setdefault((grad.dtype, grad.device), []).append(grad)
+        for together in groups.values():
+            self._all_reduce(together)
 
-                buffer = weight.grad.detach().cpu().contiguous().numpy()
-                self.comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
-                weight.grad.copy_(torch.from_numpy(buffer))
-            else:
-                torch.distributed.all_reduce(weight.grad, group=None if self.group is True else self.group)
+    def _all_reduce(self, grads: list[torch.Tensor]) -> None:
+        """Sum ``grads`` (one dtype and device) over the processes, in place: one all-reduce of
+        their entries one after the other (a lone contiguous gradient reduced in place), the
+        sums copied back."""
+        alone = len(grads) == 1 and grads[0].is_contiguous()
+        buffer = grads[0].detach() if alone else torch.cat([g.detach().reshape(-1) for g in grads])
+        if self.comm is not None:
+            from mpi4py import MPI
+
+            host = buffer if buffer.device.type == "cpu" else buffer.cpu()
+            self.comm.Allreduce(MPI.IN_PLACE, host.numpy(), op=MPI.SUM)
+            if host is not buffer:
+                buffer.copy_(host)
+        else:
+            torch.distributed.all_reduce(buffer, group=None if self.group is True else self.group)
+        if alone:
+            return
+        offset = 0
+        for grad in grads:
+            count = grad.numel()
+            grad.copy_(buffer[offset : offset + count].view(grad.shape))
+            offset += count
 
     def extra_repr(self) -> str:
         stages = ", ".join(f"{s.kind} {s.kernel}" for s in self.chain.stages)

@@ -658,6 +658,31 @@ class TorchOperator:
             return None
         return runner.bound_tensors(dtypes)
 
+    def bound_views(
+        self, tensors: Sequence[torch.Tensor], *, adjoint: bool = False
+    ) -> tuple[torch.Tensor, ...] | None:
+        """Under MPI, the tree (``adjoint=True``: its adjoint) on ``tensors`` (in the order of
+        its inputs, :meth:`names`) through the persistent binding an earlier call made for
+        their dtypes, when there is one and every tensor is a CPU tensor of its block's shape:
+        the results are the binding's result buffers (:attr:`BoundTensors.outputs`),
+        *overwritten by the next call* (a caller consumes or copies them first). Otherwise
+        None, and nothing is run (the caller takes :meth:`untracked`). The call is the bound
+        call :meth:`untracked` makes (marked for the stall diagnosis alike), less its
+        per-call bookkeeping and the copies of the results."""
+        runner = self._runner.adjoint if adjoint else self._runner
+        bound = runner._bound
+        if runner.plan is None or bound is None or not bound.persistent or len(tensors) != len(bound.inputs):
+            return None
+        for tensor, buffer, dtype in zip(tensors, bound.inputs, runner._bound_dtypes):
+            if tensor.dtype != dtype or tensor.shape != buffer.shape or tensor.device.type != "cpu":
+                return None
+        stall = _stall("mpi")
+        call = stall.enter(runner.plan, "bound", dict(zip(runner.inputs, tensors)))
+        try:
+            return bound.run(tensors)
+        finally:
+            stall.leave(call)
+
     def names(self, *, adjoint: bool = False) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The block names this process passes in and gets back, of the tree or its adjoint."""
         runner = self._runner.adjoint if adjoint else self._runner

@@ -188,7 +188,12 @@ class _ReduceFunction(torch.autograd.Function):
             name: (partial.detach() if partial.dtype == dtype else partial.detach().to(dtype)).reshape(1)
             for name, partial in zip(module._partial_names, partials)
         }
-        total = function.untracked(state).get(module._total_name)
+        inputs, outputs = function.names()
+        views = function.bound_views([state[name] for name in inputs])  # the bound call, lean
+        if views is None:
+            total = function.untracked(state).get(module._total_name)
+        else:  # the result buffer: consumed below (the scaled loss is a tensor of its own)
+            total = dict(zip(outputs, views)).get(module._total_name)
         ctx.module = module
         ctx.fit = [(p.dtype, p.device) for p in partials]
         ctx.total = None if total is None else (total.dtype, total.device)
@@ -205,13 +210,20 @@ class _ReduceFunction(torch.autograd.Function):
             dtype, device = ctx.total
             seed = ((grad * module.layer.scale).to(dtype=dtype, device=device).reshape(1),)
         inputs, outputs = function.names(adjoint=True)
+        views = None
         if torch.is_grad_enabled():  # create_graph: the broadcast recorded too
             adjoint = dict(zip(outputs, function.adjoint_tensors(*seed)))
         else:
-            adjoint = function.untracked(dict(zip(inputs, seed)), adjoint=True)
+            views = function.bound_views(seed, adjoint=True)  # the bound call, lean
+            if views is None:
+                adjoint = function.untracked(dict(zip(inputs, seed)), adjoint=True)
+            else:
+                adjoint = dict(zip(outputs, views))
         back = [adjoint[name] for name in module._partial_names]
         fitted = [
             gradient.reshape(()).to(dtype=dtype, device=device)
             for gradient, (dtype, device) in zip(back, ctx.fit)
         ]
+        if views is not None:  # views of the result buffers: the gradients must own their memory
+            fitted = [gradient.clone() for gradient in fitted]
         return (None, None, *fitted)  # the anchor's gradient: none (it only ties the graph)

@@ -289,15 +289,15 @@ class _Strips:
     before: tuple[int, ...]
     after: tuple[int, ...]
 
-    def fill_(self, window: torch.Tensor) -> torch.Tensor:
-        """Set ``window``'s strips to ``-inf`` in place and return it."""
+    def fill_(self, window: torch.Tensor, value: float = float("-inf")) -> torch.Tensor:
+        """Set ``window``'s strips to ``value`` (default ``-inf``) in place and return it."""
         spatial = len(self.before)
         for d, (low, high) in enumerate(zip(self.before, self.after)):
             axis = window.ndim - spatial + d
             if low:
-                window.narrow(axis, 0, low).fill_(float("-inf"))
+                window.narrow(axis, 0, low).fill_(value)
             if high:
-                window.narrow(axis, window.shape[axis] - high, high).fill_(float("-inf"))
+                window.narrow(axis, window.shape[axis] - high, high).fill_(value)
         return window
 
 
@@ -311,7 +311,11 @@ class _MaxPoolFunction(torch.autograd.Function):
         function, workspace = module.function, module._workspace
         dtype = tensors[0].dtype if tensors else torch.float64
         if workspace is None:
-            windows = function.untracked(dict(zip(function.inputs, tensors)))
+            views = function.bound_views(tensors) if module.comm is not None else None
+            if views is None:
+                windows = function.untracked(dict(zip(function.inputs, tensors)))
+            else:  # the binding's result buffers: pooled below (the -inf strips, the pool) and let go
+                windows = dict(zip(function.outputs, views))
         else:
             for name, tensor, shape in zip(module.input_names, tensors, module._input_shapes):
                 dtype = torch.promote_types(dtype, tensor.dtype)
@@ -366,7 +370,13 @@ class _MaxPoolFunction(torch.autograd.Function):
                 if module._anchor is not None:  # its token, the module's now (for the next loss)
                     module.__dict__["_token"] = function.token
             else:
-                adjoint = function.untracked(dict(zip(module._adjoint_inputs, window_grads)), adjoint=True)
+                views = function.bound_views(window_grads, adjoint=True) if module.comm is not None else None
+                if views is not None:  # the binding's result buffers, copied
+                    adjoint = {n: v.clone() for n, v in zip(function.names(adjoint=True)[1], views)}
+                else:
+                    adjoint = function.untracked(
+                        dict(zip(module._adjoint_inputs, window_grads)), adjoint=True
+                    )
                 back = tuple(adjoint[name] for name in function.inputs)
         fitted = []
         for gradient, (dtype, device) in zip(back, ctx.fit):

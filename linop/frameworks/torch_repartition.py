@@ -11,7 +11,7 @@ its adjoint's) bound plan run untracked inside the node (recorded by autograd un
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -80,10 +80,9 @@ class _RepartitionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, module: Repartition, anchor: torch.Tensor | None, *tensors: torch.Tensor) -> Any:
-        outputs = module.function.untracked(dict(zip(module.input_names, tensors)))
         ctx.module = module
         ctx.fit = [(t.dtype, t.device) for t in tensors]
-        return (*(outputs[name] for name in module.output_names), torch.zeros(0, dtype=torch.float64))
+        return (*_moved(module, tensors), torch.zeros(0, dtype=torch.float64))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:
@@ -92,10 +91,11 @@ class _RepartitionFunction(torch.autograd.Function):
         grads = grads[:-1]  # the token's is not used
         inputs, outputs = function.names(adjoint=True)
         given = dict(zip(module.output_names, grads))
+        ordered = [given[name] for name in inputs]
         if torch.is_grad_enabled():  # create_graph: the reverse repartition recorded too
-            adjoint = dict(zip(outputs, function.adjoint_tensors(*(given[name] for name in inputs))))
+            adjoint = dict(zip(outputs, function.adjoint_tensors(*ordered)))
         else:
-            adjoint = function.untracked(given, adjoint=True)
+            adjoint = dict(zip(outputs, _moved(module, ordered, adjoint=True)))
         fitted = []
         for name, (dtype, device) in zip(module.input_names, ctx.fit):
             gradient = adjoint[name]
@@ -105,3 +105,20 @@ class _RepartitionFunction(torch.autograd.Function):
                 gradient = gradient.to(dtype=dtype, device=device)
             fitted.append(gradient)
         return (None, None, *fitted)  # the anchor's gradient: none (it only ties the graph)
+
+
+def _moved(
+    module: Repartition, tensors: Sequence[torch.Tensor], *, adjoint: bool = False
+) -> tuple[torch.Tensor, ...]:
+    """The tree (``adjoint=True``: the reverse repartition) on this process's blocks, in the
+    order of the direction's inputs: its output blocks in their order, tensors of their own,
+    untracked. Under MPI through the binding's result buffers, copied
+    (:meth:`~linop.frameworks.torch_function.TorchOperator.bound_views`: the bound call without
+    the untracked call's bookkeeping), where the binding allows; else untracked."""
+    function = module.function
+    views = function.bound_views(tensors, adjoint=adjoint) if module.comm is not None else None
+    if views is not None:
+        return tuple([view.clone() for view in views])
+    inputs, outputs = function.names(adjoint=adjoint)
+    result = function.untracked(dict(zip(inputs, tensors)), adjoint=adjoint)
+    return tuple([result[name] for name in outputs])
