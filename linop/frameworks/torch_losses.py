@@ -91,6 +91,11 @@ class LossModule(torch.nn.Module):
         The rank that gets the loss: the root worker's (``layer.root`` without a map).
     is_root : bool
         Whether this process gets the loss (always in one process).
+    token : torch.Tensor or None
+        Across processes, after a backward under ``create_graph``: an empty output of that
+        recorded backward (the broadcast), whose own backward (a sum-reduce) is collective. A
+        process whose second-order loss does not depend on its input gradients adds
+        ``module.token.sum()`` to that loss, so that it runs its part. None before.
 
     Raises
     ------
@@ -119,6 +124,7 @@ class LossModule(torch.nn.Module):
         self._partial_names = tuple(layer.partial_name(n) for n in self.input_names)
         self._total_name = "" if tree is None else layer.total_name
         self._anchor = collective_anchor(comm, group)  # ties every process's output to the graph
+        self.token: Tensor | None = None
 
     def forward(self, x: Mapping[str, Tensor], target: Mapping[str, Tensor]) -> Any:
         names, shapes = self.input_names, self._shapes
@@ -213,6 +219,8 @@ class _ReduceFunction(torch.autograd.Function):
         views = None
         if torch.is_grad_enabled():  # create_graph: the broadcast recorded too
             adjoint = dict(zip(outputs, function.adjoint_tensors(*seed)))
+            if module._anchor is not None:  # its token, the module's now (for the next loss)
+                module.__dict__["token"] = function.token
         else:
             views = function.bound_views(seed, adjoint=True)  # the bound call, lean
             if views is None:

@@ -94,6 +94,8 @@ class _RepartitionFunction(torch.autograd.Function):
         ordered = [given[name] for name in inputs]
         if torch.is_grad_enabled():  # create_graph: the reverse repartition recorded too
             adjoint = dict(zip(outputs, function.adjoint_tensors(*ordered)))
+            if module._anchor is not None:  # its token, the module's now (for the next loss)
+                module.__dict__["_token"] = function.token
         else:
             adjoint = dict(zip(outputs, _moved(module, ordered, adjoint=True)))
         fitted = []

@@ -59,7 +59,9 @@ class BlockModule(torch.nn.Module):
         The blocks this process passes in and gets back.
     token : torch.Tensor
         An empty output of the last call (add ``module.token.sum()`` to the loss of a process
-        whose outputs do not enter it, so that its collective backward runs).
+        whose outputs do not enter it, so that its collective backward runs); after a
+        backward under ``create_graph`` (MaxPool, Repartition), that recorded backward's,
+        for a second-order loss alike.
 
     Raises
     ------

@@ -206,3 +206,36 @@ def test_batchnorm_jacobian_tree_from_this_ranks_blocks_equals_numpy(label, x):
         result = mpi_backend.apply(op, local_part(op.domain, state, RANK))
         problems += [k for k, v in result.items() if not np.allclose(v, expected[k], atol=1e-12)]
     collective_assert(not problems, f"{label}: {problems}")
+
+
+def test_loss_double_backward_runs_on_a_rank_whose_loss_ignores_its_gradient():
+    """Under create_graph the broadcast of the loss's gradient is recorded, and its backward (a
+    sum-reduce onto the root) is collective: only the root's second-order loss uses its input
+    gradients, every other rank adds the module's token (its backward, not a gradient of a
+    tensor the token does not reach, runs the token's node), and the root's derivative in the
+    loss's seed is that loss at seed 1 (the gradient is linear in the seed)."""
+    import torch
+
+    from linop.frameworks.torch_losses import LossModule
+
+    x = _loss_tensor()
+    rng = np.random.default_rng(19)
+    data, target = rng.standard_normal(x.global_shape), rng.standard_normal(x.global_shape)
+    module = LossModule(Loss(x, "mse"), comm=COMM)
+    mine = local_part(x.space, x.scatter(data), COMM.rank)
+    inputs = {k: torch.from_numpy(v).requires_grad_() for k, v in mine.items()}
+    targets = {k: torch.from_numpy(v) for k, v in local_part(x.space, x.scatter(target), COMM.rank).items()}
+    out = module(inputs, targets)
+    seed = torch.tensor(1.0, dtype=torch.float64, requires_grad=True)
+    grads = torch.autograd.grad(out, list(inputs.values()), seed, create_graph=True)
+    collective_assert(module.token is not None, f"rank {COMM.rank}: no token after create_graph")
+    second = module.token.sum()
+    if module.is_root:
+        second = second + sum((g * g.detach()).sum() for g in grads)
+    second.backward()  # every node the loss reaches (the token's only, off the root)
+    expected = float(sum((g.detach() * g.detach()).sum() for g in grads)) if module.is_root else 0.0
+    got = None if seed.grad is None else float(seed.grad)
+    collective_assert(
+        not module.is_root or (got is not None and abs(got - expected) <= 1e-12 * max(1.0, expected)),
+        f"rank {COMM.rank}: d/dseed {got} against {expected}",
+    )

@@ -164,3 +164,37 @@ def test_repartition_module_moves_forward_and_back_exactly():
     rng = np.random.default_rng(7)
     data, dy = rng.standard_normal(x.global_shape), rng.standard_normal(x.global_shape)
     _module_against(module, x, z, lambda t: t * 1, data, dy, exact=True)
+
+
+def test_repartition_double_backward_runs_on_a_rank_whose_loss_ignores_its_gradient():
+    """Under create_graph the reverse repartition is recorded, and its backward (the
+    repartition again) is collective: only rank 0's second-order loss uses its input gradient,
+    every other rank adds the module's token (the recorded backward's), and every rank's
+    gradient with respect to its output gradient is the repartition of rank 0's weights."""
+    x = DistributedTensor("x", (2, 3, 7, 5), Partition((1, 1, SIZE, 1)))
+    z = DistributedTensor("z", (2, 3, 7, 5), Partition((SIZE, 1, 1, 1)))
+    module = Repartition(x, z, comm=COMM)
+    rng = np.random.default_rng(17)
+    first = x.block((0, 0, 0, 0)).name  # rank 0's block: the only one weighted
+    w_blocks = {
+        k: (v if k == first else np.zeros_like(v))
+        for k, v in x.scatter(rng.standard_normal(x.global_shape)).items()
+    }
+    blocks = {
+        k: torch.from_numpy(v).requires_grad_()
+        for k, v in local_part(x.space, x.scatter(rng.standard_normal(x.global_shape)), COMM.rank).items()
+    }
+    seeds = {
+        k: torch.from_numpy(v).requires_grad_()
+        for k, v in local_part(z.space, z.scatter(rng.standard_normal(z.global_shape)), COMM.rank).items()
+    }
+    out = module(blocks)
+    loss = sum((out[k] * seeds[k]).sum() for k in out) + module.token.sum()
+    dx = torch.autograd.grad(loss, list(blocks.values()), create_graph=True)
+    second = module.token.sum()
+    if COMM.rank == 0:
+        second = second + sum((g * torch.from_numpy(w_blocks[k])).sum() for g, k in zip(dx, blocks))
+    grads = torch.autograd.grad(second, list(seeds.values()), allow_unused=True)
+    want = z.scatter(x.gather(w_blocks))
+    wrong = [k for k, g in zip(seeds, grads) if not np.array_equal(0 if g is None else g.numpy(), want[k])]
+    collective_assert(not wrong, f"rank {COMM.rank}: second-order gradients differ: {wrong}")
