@@ -9,9 +9,9 @@ launch's ranks into consecutive groups of the sizes that fit side by side (on 4 
 and 1 together; then 2), and each group runs the suite as a launch of that many ranks would. For
 the pass, ``MPI.COMM_WORLD`` *is* the group's communicator: mpi4py's module attribute is set to
 it, so the tests' communicator and every default of linop (``comm=None``) are the group's, and a
-group never waits for another. A rank in no group of a pass waits for the next. The
-interpreter's start, its imports (torch among them) and mpiexec's start are paid once instead of
-once per size.
+group never waits for another. A rank in no group of a pass waits for the next, asleep
+(:func:`wait_for_every_rank`). The interpreter's start, its imports (torch among them) and
+mpiexec's start are paid once instead of once per size.
 
 Between passes the test modules and their helpers are imported afresh (they read
 ``MPI.COMM_WORLD`` when imported). The groups' communicators are never freed: linop keeps a
