@@ -4,14 +4,45 @@ lowering on devices."""
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 HERE = Path(__file__).resolve().parent
+
+
+@functools.cache
+def _cache_folder() -> str:
+    folder = tempfile.mkdtemp(prefix="linop-jax-compilation-cache-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
+def compilation_cache() -> dict[str, str]:
+    """The environment of a JAX process that shares XLA's compilations with the other JAX
+    processes this test process starts: JAX's persistent compilation cache in a folder of this
+    test process (made on first use, removed when it exits), every compilation written to it.
+
+    JAX keys an entry by the program's text (the StableHLO module), the compile options, the
+    devices and the versions of jax, jaxlib and XLA, so a process reads back only the executable
+    of a program identical to one compiled before, which XLA would compile again to the same
+    executable: every lowering is still traced and emitted by linop afresh, and a wrong one (a
+    control) is a different program. Used by processes that run one after another (the device
+    processes of ``tests/test_jax_shard.py``: its ``jax_enable_x64`` process repeats many of the
+    first process's programs, about 8 s of CPU); the test processes themselves (which count
+    XLA's compilations in ``tests/test_jax_recompile.py``) do not use it."""
+    return {
+        "JAX_COMPILATION_CACHE_DIR": _cache_folder(),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+    }
 
 
 def run_device_check(

@@ -7,8 +7,10 @@ import and XLA's warm-up paid once, not once per count); with ``LINOP_LONG=1`` t
 a second process of 8 devices proves the count 8, and every count draws more examples. A second process proves
 the count 4 again with ``jax_enable_x64`` on (``JAX_ENABLE_X64=1``: index arithmetic, float64
 transposes, integer sums widened to int64), the count whose checks cover every family (the 2 x
-2 mesh, the API, the lifting, uneven and native collectives). Each process runs once per
-module (:func:`device_run`) and one test per count and mode reads its section of the output.
+2 mesh, the API, the lifting, uneven and native collectives), reading back from JAX's
+compilation cache the programs the first process compiled that x64 leaves unchanged
+(:func:`jax_device_runs.compilation_cache`). Each process runs once per module
+(:func:`device_run`) and one test per count and mode reads its section of the output.
 
 The host-side plan (slots, rounds, edge colouring) is tested here directly, without JAX devices.
 """
@@ -26,6 +28,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from jax_device_runs import compilation_cache
 
 from linop import DistributedTensor, Partition, Repartition
 from linop.backends.jax.plan import Exchange, compile_plan, edge_colouring, space_layout
@@ -50,6 +53,7 @@ def run_device_script(
     environment = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
     environment["JAX_ENABLE_X64"] = "1" if x64 else "0"
     environment["PYTHONPATH"] = os.pathsep.join([str(HERE.parent), environment.get("PYTHONPATH", "")])
+    environment.update(compilation_cache())  # the x64 process reads back the first one's programs
     return subprocess.run(
         [sys.executable, str(HERE / "jax_devices" / script), str(devices), *args],
         capture_output=True,

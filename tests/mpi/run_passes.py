@@ -9,9 +9,9 @@ launch's ranks into consecutive groups of the sizes that fit side by side (on 4 
 and 1 together; then 2), and each group runs the suite as a launch of that many ranks would. For
 the pass, ``MPI.COMM_WORLD`` *is* the group's communicator: mpi4py's module attribute is set to
 it, so the tests' communicator and every default of linop (``comm=None``) are the group's, and a
-group never waits for another. A rank in no group of a pass waits for the next. The
-interpreter's start, its imports (torch among them) and mpiexec's start are paid once instead of
-once per size.
+group never waits for another. A rank in no group of a pass waits for the next, asleep
+(:func:`wait_for_every_rank`). The interpreter's start, its imports (torch among them) and
+mpiexec's start are paid once instead of once per size.
 
 Between passes the test modules and their helpers are imported afresh (they read
 ``MPI.COMM_WORLD`` when imported). The groups' communicators are never freed: linop keeps a
@@ -24,6 +24,7 @@ A test stuck past pytest-timeout's bound ends its process, and ``mpiexec`` the j
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,17 @@ def _forget_test_modules() -> None:
             del sys.modules[name]
 
 
+def wait_for_every_rank(world: MPI.Comm, pause: float = 0.01) -> None:
+    """Return when every rank of ``world`` has called this, checking every ``pause`` seconds
+    and sleeping in between. A rank waiting inside an MPI call polls for progress (under
+    tests/conftest.py's ``MPICH_YIELDING``, about a quarter of a core), and a rank whose group
+    finished first waits for the others' pass: the 1-rank group beside the 3-rank one, about
+    20 s on the idle machine."""
+    request = world.Ibarrier()
+    while not request.Test():
+        time.sleep(pause)
+
+
 def main(argv: list[str]) -> int:
     sizes, _, pytest_args = (" ".join(argv)).partition("--")
     world = MPI.COMM_WORLD
@@ -72,6 +84,7 @@ def main(argv: list[str]) -> int:
         starts = [sum(group_sizes[:i]) for i in range(len(group_sizes))]
         mine = [i for i, start in enumerate(starts) if start <= world.rank < start + group_sizes[i]]
         color = mine[0] if mine else MPI.UNDEFINED
+        wait_for_every_rank(world)
         sub = world.Split(color, world.rank)  # collective over the launch: the passes stay in step
         if sub == MPI.COMM_NULL:
             continue
