@@ -34,7 +34,7 @@ import torch
 from ..errors import LayerError
 from ..layers.chain import WindowChain
 from ..partition import grid_block_name
-from .torch_pooling import _Strips, _strips
+from .torch_strips import PaddingStrips, padding_strips
 from .torch_windows import WindowModule
 
 __all__ = ["ChainModule"]
@@ -107,20 +107,20 @@ class ChainModule(WindowModule):
                 continue
             # per stage, the entries of its input window outside the global field, as strips
             # along its spatial axes (the global field is a box: so is each window's part of it)
-            outside: list[_Strips | None] = []
+            outside: list[PaddingStrips | None] = []
             for i, field in enumerate(chain.fields(g)):
                 first_zero = i > 0 or chain.stages[0].kind == "max"
                 if 0 in field.shape or field.real.all() or not first_zero:
                     outside.append(None)
                 else:
-                    outside.append(_strips(field.real, g))
+                    outside.append(padding_strips(field.real, g))
             self._products.append(
                 (out.name, grid_block_name(f"{chain.x.name}_window", g), out.shape, outside)
             )
         self.output_names = tuple(name for name, *_ in self._products)
         self._parts = [s.kernel.resolve(dims) for s in chain.stages]
 
-    def local(self, window: torch.Tensor, outside: list[_Strips | None]) -> torch.Tensor:
+    def local(self, window: torch.Tensor, outside: list[PaddingStrips | None]) -> torch.Tensor:
         """The chain's stages on the window, the entries outside the global field of each
         stage's input set (0, or -inf before a max pool): on a copy of the window, in place on
         a stage's output (no stage keeps its output for its backward; autograd records the

@@ -53,7 +53,6 @@ a retry would complete out of step, or, refused anew, replace the record they re
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import numpy as np
@@ -63,6 +62,7 @@ from ..errors import DtypeError, LayerError, LinopError, StateError
 from ..halo_geometry import Kernel
 from ..layers import MaxPoolJacobian
 from ..partition import DistributedTensor
+from .torch_strips import PaddingStrips, padding_strips
 from .torch_windows import WindowModule, WindowWorkspace
 
 __all__ = ["MaxPool"]
@@ -153,7 +153,7 @@ class MaxPool(WindowModule):
             real = self.layer.real_entries(g)  # over every dimension: batch and channels all real
             padded = None
             if 0 not in window and not real.all():
-                padded = _strips(np.broadcast_to(real, window)[(0,) * 2], g)
+                padded = padding_strips(np.broadcast_to(real, window)[(0,) * 2], g)
             self._products.append((out.name, self.layer.window_name(g), out.shape, padded))
             windows[self.layer.window_name(g)] = tuple(window)
         self.output_names = tuple(name for name, *_ in self._products)
@@ -260,7 +260,7 @@ class MaxPool(WindowModule):
             "refuses every later call; end the job)"
         ) from failed
 
-    def local(self, window: torch.Tensor, padded: _Strips | None) -> torch.Tensor:
+    def local(self, window: torch.Tensor, padded: PaddingStrips | None) -> torch.Tensor:
         """torch's max pool of one window, its padding strips set to -inf on a copy, recorded by
         autograd: the generic window-module step (:class:`WindowModule`), which this module's
         own forward replaces by one node computing the same."""
@@ -270,7 +270,7 @@ class MaxPool(WindowModule):
             0
         ]
 
-    def pooled(self, window: torch.Tensor, padded: _Strips | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def pooled(self, window: torch.Tensor, padded: PaddingStrips | None) -> tuple[torch.Tensor, torch.Tensor]:
         """torch's max pool of a window the windows' tree made (untracked), its padding strips
         set to -inf in place first, and the flat spatial index of each output's entry."""
         if padded is not None:
@@ -279,26 +279,6 @@ class MaxPool(WindowModule):
 
     def extra_repr(self) -> str:
         return f"{self.layer.kernel}: {self.layer.x} -> {self.layer.y}"
-
-
-@dataclass(frozen=True)
-class _Strips:
-    """A window's padding as strips: per spatial axis, the number of padded entries before and
-    after its real entries."""
-
-    before: tuple[int, ...]
-    after: tuple[int, ...]
-
-    def fill_(self, window: torch.Tensor, value: float = float("-inf")) -> torch.Tensor:
-        """Set ``window``'s strips to ``value`` (default ``-inf``) in place and return it."""
-        spatial = len(self.before)
-        for d, (low, high) in enumerate(zip(self.before, self.after)):
-            axis = window.ndim - spatial + d
-            if low:
-                window.narrow(axis, 0, low).fill_(value)
-            if high:
-                window.narrow(axis, window.shape[axis] - high, high).fill_(value)
-        return window
 
 
 class _MaxPoolFunction(torch.autograd.Function):
@@ -402,28 +382,3 @@ def _add_chosen(
         added = torch.zeros(window.shape, dtype=window.dtype, device=window.device)
         window.add_(added.view(n, c, -1).scatter_add_(2, indices.flatten(2), grad).view(window.shape))
     return window
-
-
-def _strips(real: np.ndarray, g: Sequence[int]) -> _Strips:
-    """The strips of a window whose real spatial entries are ``real`` (a box: one range of
-    entries per axis, the padding before and after it).
-
-    Raises
-    ------
-    LayerError
-        If the real entries are not a box (worker ``g``'s geometry would be inconsistent).
-    """
-    before, after = [], []
-    for d in range(real.ndim):
-        along = real.any(axis=tuple(k for k in range(real.ndim) if k != d))
-        entries = np.flatnonzero(along)
-        if entries.size == 0:
-            raise LayerError(f"MaxPool: worker {tuple(g)}'s window has no real entry along spatial axis {d}")
-        before.append(int(entries[0]))
-        after.append(real.shape[d] - int(entries[-1]) - 1)
-    box = tuple(slice(low, n - high) for low, high, n in zip(before, after, real.shape))
-    expected = np.zeros(real.shape, dtype=bool)
-    expected[box] = True
-    if not np.array_equal(real, expected):
-        raise LayerError(f"MaxPool: worker {tuple(g)}'s real window entries are not a box")
-    return _Strips(tuple(before), tuple(after))
