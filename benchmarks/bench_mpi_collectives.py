@@ -45,6 +45,10 @@ bound on the very buffer of the native rows on every rank (the root's input, and
 alone. On the loaded machine (load average 7-10, 2 ranks, three runs) the first took
 1.03-1.15x of the fastest native row and 0.94-1.05x of the native call on its arrays, the
 second 0.83-1.03x of the fastest and 0.88-0.95x of ``Bcast_init`` on the same buffer.
+The sum-reduce has the same two rows (into the benchmark's buffer: the root's sum lands in the
+native rows' result buffer); the native calls on the same memory are out of place there
+(``Reduce`` and ``Allreduce`` into that buffer), and the fastest native row, ``Allreduce`` in
+place, works on a buffer of its own.
 
 The rows are fair to one another only when every timed batch starts on buffers its own calls have
 just used. On this machine the first two or three 8 MB calls on buffers that other calls used
@@ -203,11 +207,22 @@ def main() -> int:
         ok &= np.allclose(bound_reduce()["s[0]"], total, rtol=1e-13, atol=1e-13)
     else:
         bound_reduce()
+    # bound into the native rows' own result buffer at the root (bind(..., out=)): the sum lands
+    # in ``total``, as "Reduce, preallocated" and "Allreduce, preallocated" put it there
+    reduce_into = mpi_backend.plan_for(reduce, comm=COMM).bind(
+        copies, out={"s[0]": total} if RANK == 0 else None
+    )
+    if RANK == 0:
+        ok &= reduce_into()["s[0]"] is total and "s[0]" in reduce_into.straight
+        ok &= np.allclose(total, result["s[0]"], rtol=1e-13, atol=1e-13)
+    else:
+        reduce_into()
     report(
         "sum-reduce",
         bench(
             {
                 "linop bound (prebuilt)": bound_reduce,
+                "linop bound into the benchmark's buffer": reduce_into,
                 "linop apply (new block)": lambda: mpi_backend.apply(reduce, copies, comm=COMM),
                 "Reduce, preallocated": lambda: COMM.Reduce(copies[f"c[{RANK}]"], total, root=0),
                 "Allreduce, preallocated": lambda: COMM.Allreduce(copies[f"c[{RANK}]"], total),
@@ -220,6 +235,7 @@ def main() -> int:
                 "Allreduce_init(IN_PLACE)": lambda: start_and_wait(persistent_sum),
             }
         ),
+        {"linop bound into the benchmark's buffer": "Allreduce, preallocated"},
     )
 
     # all-reduce in place
