@@ -111,6 +111,37 @@ def test_max_pool_module_gives_torch_max_pool():
     _module_against(module, x, module.y, torch.nn.MaxPool2d(3, 2, 1), data, dy)
 
 
+def _second_order(module, x, y, data, dy, w_blocks):
+    """A module's backward recorded under create_graph, then differentiated again: the first
+    loss ``sum(out * seeds) + token``, the second ``token + sum(dx * w)`` with only rank 0's
+    gradient weighted (``w_blocks``, zero elsewhere: the other ranks use the token alone).
+    This rank's seeds by name, and the second loss's gradients with respect to them."""
+    blocks = {
+        k: torch.from_numpy(v).requires_grad_()
+        for k, v in local_part(x.space, x.scatter(data), COMM.rank).items()
+    }
+    seeds = {
+        k: torch.from_numpy(v).requires_grad_()
+        for k, v in local_part(y.space, y.scatter(dy), COMM.rank).items()
+    }
+    out = module(blocks)
+    loss = sum((out[k] * seeds[k]).sum() for k in out) + module.token.sum()
+    dx = torch.autograd.grad(loss, list(blocks.values()), create_graph=True)
+    second = module.token.sum()  # the recorded backward's token now
+    if COMM.rank == 0:
+        second = second + sum((g * torch.from_numpy(w_blocks[k])).sum() for g, k in zip(dx, blocks))
+    return seeds, torch.autograd.grad(second, list(seeds.values()), allow_unused=True)
+
+
+def _weights_on_rank_0(x, rng):
+    """Random weights on rank 0's block of x, zeros on every other block."""
+    first = x.block((0,) * len(x.global_shape)).name
+    return {
+        k: (v if k == first else np.zeros_like(v))
+        for k, v in x.scatter(rng.standard_normal(x.global_shape)).items()
+    }
+
+
 def test_max_pool_double_backward_runs_on_a_rank_whose_loss_ignores_its_gradient():
     """Under create_graph the module's backward is recorded, and its backward (the windows'
     exchange again) is collective. Only rank 0's second-order loss depends on its input
@@ -121,27 +152,9 @@ def test_max_pool_double_backward_runs_on_a_rank_whose_loss_ignores_its_gradient
     module = MaxPool(x, 3, stride=2, padding=1, comm=COMM)
     rng = np.random.default_rng(13)
     data, dy = rng.standard_normal(x.global_shape), rng.standard_normal(module.y.global_shape)
-    first = x.block((0, 0, 0, 0)).name  # rank 0's block: the only one weighted
-    w_blocks = {
-        k: (v if k == first else np.zeros_like(v))
-        for k, v in x.scatter(rng.standard_normal(x.global_shape)).items()
-    }
+    w_blocks = _weights_on_rank_0(x, rng)
     w = x.gather(w_blocks)
-    blocks = {
-        k: torch.from_numpy(v).requires_grad_()
-        for k, v in local_part(x.space, x.scatter(data), COMM.rank).items()
-    }
-    seeds = {
-        k: torch.from_numpy(v).requires_grad_()
-        for k, v in local_part(module.y.space, module.y.scatter(dy), COMM.rank).items()
-    }
-    out = module(blocks)
-    loss = sum((out[k] * seeds[k]).sum() for k in out) + module.token.sum()
-    dx = torch.autograd.grad(loss, list(blocks.values()), create_graph=True)
-    second = module.token.sum()
-    if COMM.rank == 0:
-        second = second + sum((g * torch.from_numpy(w_blocks[k])).sum() for g, k in zip(dx, blocks))
-    grads = torch.autograd.grad(second, list(seeds.values()), allow_unused=True)
+    seeds, grads = _second_order(module, x, module.y, data, dy, w_blocks)
     t, seed = torch.from_numpy(data).requires_grad_(), torch.from_numpy(dy).requires_grad_()
     (grad,) = torch.autograd.grad(torch.nn.functional.max_pool2d(t, 3, 2, 1), t, seed, create_graph=True)
     (expected,) = torch.autograd.grad((grad * torch.from_numpy(w)).sum(), seed)
@@ -175,26 +188,9 @@ def test_repartition_double_backward_runs_on_a_rank_whose_loss_ignores_its_gradi
     z = DistributedTensor("z", (2, 3, 7, 5), Partition((SIZE, 1, 1, 1)))
     module = Repartition(x, z, comm=COMM)
     rng = np.random.default_rng(17)
-    first = x.block((0, 0, 0, 0)).name  # rank 0's block: the only one weighted
-    w_blocks = {
-        k: (v if k == first else np.zeros_like(v))
-        for k, v in x.scatter(rng.standard_normal(x.global_shape)).items()
-    }
-    blocks = {
-        k: torch.from_numpy(v).requires_grad_()
-        for k, v in local_part(x.space, x.scatter(rng.standard_normal(x.global_shape)), COMM.rank).items()
-    }
-    seeds = {
-        k: torch.from_numpy(v).requires_grad_()
-        for k, v in local_part(z.space, z.scatter(rng.standard_normal(z.global_shape)), COMM.rank).items()
-    }
-    out = module(blocks)
-    loss = sum((out[k] * seeds[k]).sum() for k in out) + module.token.sum()
-    dx = torch.autograd.grad(loss, list(blocks.values()), create_graph=True)
-    second = module.token.sum()
-    if COMM.rank == 0:
-        second = second + sum((g * torch.from_numpy(w_blocks[k])).sum() for g, k in zip(dx, blocks))
-    grads = torch.autograd.grad(second, list(seeds.values()), allow_unused=True)
+    w_blocks = _weights_on_rank_0(x, rng)
+    data, dy = rng.standard_normal(x.global_shape), rng.standard_normal(z.global_shape)
+    seeds, grads = _second_order(module, x, z, data, dy, w_blocks)
     want = z.scatter(x.gather(w_blocks))
     wrong = [k for k, g in zip(seeds, grads) if not np.array_equal(0 if g is None else g.numpy(), want[k])]
     collective_assert(not wrong, f"rank {COMM.rank}: second-order gradients differ: {wrong}")
