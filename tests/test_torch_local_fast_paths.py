@@ -22,9 +22,9 @@ from linop import DistributedTensor, Partition
 from linop.layers import LayerError
 
 torch = pytest.importorskip("torch", reason="torch is not installed (the torch extra)")
-from linop.frameworks import torch_pooling  # noqa: E402
 from linop.frameworks.torch_pooling import MaxPool  # noqa: E402
 from linop.frameworks.torch_resample import Interpolate  # noqa: E402
+from linop.frameworks.torch_strips import padding_strips  # noqa: E402
 
 F64 = dict(rtol=0, atol=1e-10)
 
@@ -202,7 +202,7 @@ def test_max_pool_padding_strips_equal_the_whole_window_mask(name):
             continue
         strips += 1
         spatial = np.broadcast_to(real, window)[(0,) * 2]
-        padding = torch_pooling._strips(spatial, g)
+        padding = padding_strips(spatial, g)
         data = torch.from_numpy(rng.standard_normal(window))
         masked = data.masked_fill(torch.from_numpy(~np.ascontiguousarray(spatial)), float("-inf"))
         assert torch.equal(padding.fill_(data.clone()), masked), g
@@ -217,4 +217,4 @@ def test_strips_refuse_real_entries_that_are_not_a_box():
     real = np.ones((4, 4), dtype=bool)
     real[0, 0] = False
     with pytest.raises(LayerError, match="not a box"):
-        torch_pooling._strips(real, (0, 0, 0, 0))
+        padding_strips(real, (0, 0, 0, 0))
