@@ -12,6 +12,7 @@ from linop.backends import mpi as mpi_backend
 from linop.collectives import Broadcast
 from linop.errors import (
     DistributedDtypeError,
+    DistributedStateError,
     OverlapError,
     ShapeMismatchError,
     StateError,
@@ -90,10 +91,11 @@ def test_results_land_in_the_callers_arrays(case, how):
 
 
 def test_wrong_out_arrays_raise_typed_errors():
-    """On every rank alike (a wrong argument raises on its rank before the check): a block not
-    in this rank's range, another shape, a strided or read-only array, memory shared with a
-    bound array or another out array, and any out in place; a wrong dtype on one rank raises
-    on every rank after the check."""
+    """A wrong argument is found on its rank before the check and raised on every rank with
+    the binding's agreement: a block not in this rank's range, another shape, a strided or
+    read-only array, memory shared with a bound array, and any out in place (its own error on
+    the rank, DistributedStateError naming it on the others); a wrong dtype on one rank
+    raises on every rank after the check."""
     op = broadcast(6)
     local = {"s[0]": np.arange(6.0)} if RANK == 0 else {}
     plan = mpi_backend.plan_for(op, comm=COMM)
@@ -108,14 +110,30 @@ def test_wrong_out_arrays_raise_typed_errors():
         ({mine: read_only}, StateError),
         ({mine: [0.0] * 6}, StateError),
     ]
-    if RANK == 0:
-        cases.append(({mine: local["s[0]"]}, OverlapError))
+    # one rank alone refuses (rank 0's out shares its source's memory; the last rank's has
+    # another shape): its own error there, the others' names it
+    good = {mine: np.zeros(6)}
+    cases.append(
+        ({mine: local["s[0]"]} if RANK == 0 else good, OverlapError if RANK == 0 else DistributedStateError)
+    )
+    last = SIZE - 1
+    cases.append(
+        (
+            {mine: np.zeros(5)} if RANK == last else good,
+            ShapeMismatchError if RANK == last else DistributedStateError,
+        )
+    )
     problems = []
     for out, error in cases:
         with pytest.raises(error) as raised:
             plan.bind(local, inplace=False, out=out)
         if str(RANK) not in str(raised.value):
             problems.append(f"{error.__name__} names no rank: {raised.value}")
+    problems += (
+        []
+        if SIZE == 1 or RANK == last or f"rank {last} refused" in str(raised.value)
+        else [f"rank {RANK}: the peers' error names not rank {last}: {raised.value}"]
+    )
     exchange = HaloExchange(
         halo_geometry(DistributedTensor("x", (8, 4), Partition((SIZE, 1))), Kernel(3, padding=1))
     )

@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import DistributedDtypeError
+from ...errors import DistributedDtypeError, DistributedStateError, LinopError
 from ...space import State
 from .compiled import CompiledRun, PreparedCall, bundle_peers, compile_schedule
 from .datatypes import mpi
@@ -82,6 +82,7 @@ class BoundPlan:
         persistent: bool = True,
         every_call: bool = False,
         out: Mapping[str, np.ndarray] | None = None,
+        refused: LinopError | None = None,
     ) -> None:
         self.plan = plan
         self._deadline = timeout  # the next call's deadline: the first call's, or every call's
@@ -120,7 +121,7 @@ class BoundPlan:
         dry_pool = Pool(self.out if problem is None else {})
         dry = compile_here(dry_pool, dry=True, bundle=True) if compiling else None
         # every rank compiles, or none does; the out arrays' dtypes, on every rank
-        if _agree(comm, declined=compiling and dry is None, problem=problem) and compiling:
+        if _agree(comm, declined=compiling and dry is None, problem=problem, refused=refused) and compiling:
             assert dry is not None
             straight_in = straight(dry, dry_pool.taken)
             self._run = compile_here(Pool(straight_in), bundle=bundle_peers(comm, dry))
@@ -208,20 +209,44 @@ class BoundPlan:
         self._scratch = []
 
 
-def _agree(comm: Any, *, declined: bool, problem: str | None) -> bool:
-    """Whether no rank ``declined`` to compile, agreed with one small ``Allreduce`` (the
-    largest of ``2 (P - r) + declined`` over the ranks, ``r`` the first rank with a
-    ``problem`` in its out arrays, the term 0 when none); with a problem on some rank,
-    :class:`~linop.errors.DistributedDtypeError` on every rank, that rank's message on it."""
+class AgreedRefusalError(Exception):
+    """What :func:`_agree` raises: :attr:`error`, which every rank raises together (the caller
+    re-raises it; any other exception at binding ends the job)."""
+
+    def __init__(self, error: LinopError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _agree(comm: Any, *, declined: bool, problem: str | None, refused: LinopError | None = None) -> bool:
+    """Whether no rank ``declined`` to compile, agreed with one small ``Allreduce``: the largest
+    over the ranks of ``4 (P - r) + k`` for a rank ``r`` with a problem (``k = 2``: its
+    ``bind(out=)`` was ``refused`` before the check, with that error; ``k = 1``: its out
+    arrays' dtype is not the run's, ``problem`` says why), else of ``declined``. With a problem
+    on some rank, :class:`AgreedRefusalError` on every rank: the refusing rank's own error on it,
+    :class:`~linop.errors.DistributedDtypeError` with the ``problem`` on a rank that has one,
+    and on the others the error of that kind naming the first such rank."""
     size, rank = comm.Get_size(), comm.Get_rank()
-    agreed = int(comm.allreduce(2 * (size - rank if problem else 0) + int(declined), op=mpi().MAX))
-    if agreed >= 2:
-        first = size - agreed // 2
-        raise DistributedDtypeError(
-            problem
-            or f"rank {first}: bind(out=): the out arrays do not have the run's dtype (see that rank's error)"
+    kind = 2 if refused is not None else 1 if problem else 0
+    mine = 4 * (size - rank) + kind if kind else int(declined)
+    agreed = int(comm.allreduce(mine, op=mpi().MAX))
+    if agreed < 4:
+        return not agreed
+    first, first_kind = size - agreed // 4, agreed % 4
+    error: LinopError
+    if refused is not None:
+        error = refused
+    elif problem:
+        error = DistributedDtypeError(problem)
+    elif first_kind == 2:
+        error = DistributedStateError(
+            f"rank {rank}: rank {first} refused its bind(out=) arrays (see that rank's error); nothing was bound"
         )
-    return not agreed
+    else:
+        error = DistributedDtypeError(
+            f"rank {first}: bind(out=): the out arrays do not have the run's dtype (see that rank's error)"
+        )
+    raise AgreedRefusalError(error)
 
 
 _LOCAL_CALLS = (np.copyto, np.add, np.multiply)

@@ -23,12 +23,14 @@ Uncompiled (integer blocks, ``persistent=False``, a schedule the compiler declin
 runs the ordinary application and copies into the caller's arrays. In place there is nothing
 to give: the results are the bound arrays.
 
-Checked at binding, on this rank before the collective check (a wrong argument raises there,
-as a wrong ``timeout`` does; :func:`check_out`): each name is a range block of this rank, each
-array a numpy array of the block's shape, C-contiguous and writeable, sharing no memory with a
-bound array nor with another of ``out``. The dtype (the run's, known after the check) is
-checked with the binding's agreement: every rank raises
-:class:`~linop.errors.DistributedDtypeError` together (:func:`dtype_problem`).
+Checked at binding, on this rank before the collective check (:func:`check_out`): each name
+is a range block of this rank, each array a numpy array of the block's shape, C-contiguous and
+writeable, sharing no memory with a bound array nor with another of ``out``. A rank's refusal
+is raised after the check, on every rank together, with the binding's agreement (one small
+``Allreduce``, :func:`linop.backends.mpi.bound._agree`): its own typed error on that rank,
+:class:`~linop.errors.DistributedStateError` naming it on the others; so is the dtype (the
+run's, known after the check: :class:`~linop.errors.DistributedDtypeError`,
+:func:`dtype_problem`). A rank's mistake thus never leaves the others waiting.
 """
 
 from __future__ import annotations

@@ -25,7 +25,6 @@ import numpy.typing as npt
 from ... import dtypes
 from ...errors import (
     CommunicatorError,
-    DistributedDtypeError,
     IntegerOverflowError,
     LinopError,
     UnsupportedNodeError,
@@ -481,22 +480,28 @@ class DistributedPlan(ExecutorPlan["CommContext"]):
         (:mod:`linop.backends.mpi.out_arrays`: a native broadcast's or sum-reduce's result is
         written there straight, any other block copied there at the end of the call). Each
         must have its block's shape and the run's dtype, be C-contiguous and writeable, and
-        share no memory with a bound array or another of them: a wrong name, shape or layout
-        raises here on this rank before the check (:class:`~linop.errors.UnknownBlockError`,
-        :class:`~linop.errors.ShapeMismatchError`, :class:`~linop.errors.StateError`,
-        :class:`~linop.errors.OverlapError`), a wrong dtype on every rank after it
+        share no memory with a bound array or another of them. A wrong name, shape or layout
+        is found on its rank before the check and raised on every rank after it, with the
+        binding's agreement (the rank's own :class:`~linop.errors.UnknownBlockError`,
+        :class:`~linop.errors.ShapeMismatchError`, :class:`~linop.errors.StateError` or
+        :class:`~linop.errors.OverlapError` there, :class:`~linop.errors.DistributedStateError`
+        naming it on the others); a wrong dtype likewise
         (:class:`~linop.errors.DistributedDtypeError`).
         """
-        from .bound import BoundPlan
+        from .bound import AgreedRefusalError, BoundPlan
         from .out_arrays import check_out
 
         if inplace is None:
             inplace = self.op.domain == self.op.range
         entry = array_api.mpi_entry(local_state)  # torch, CuPy, ... arrays: bound on numpy views
         local_state = entry.arrays
+        refused: LinopError | None = None  # this rank's out=, refused: raised with every rank's agreement
         if out is not None:
             given = {name: a for name, a in local_state.items() if isinstance(a, np.ndarray)}
-            out = check_out(self, out, given, inplace=inplace)
+            try:
+                out = check_out(self, out, given, inplace=inplace)
+            except LinopError as error:
+                refused, out = error, None
         outcome = self.agree(local_state, inplace=inplace, timeout=timeout)
         dtype = outcome.result()
         try:
@@ -512,9 +517,10 @@ class DistributedPlan(ExecutorPlan["CommContext"]):
                 persistent=persistent,
                 every_call=every_call,
                 out=out,
+                refused=refused,
             )
             return entry.bound(bound, inplace=inplace)
-        except DistributedDtypeError:  # the out arrays' dtype: raised on every rank together
-            raise
+        except AgreedRefusalError as agreed:  # the out arrays refused: raised on every rank together
+            raise agreed.error from None
         except BaseException as error:
             abort_for(self.comm, f"binding {self.op}", error)
