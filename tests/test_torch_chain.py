@@ -54,6 +54,11 @@ CASES = [
         ],
         id="1d-max-first-unbalanced",
     ),
+    pytest.param(  # the second stage's wide padding: the last worker's window of it is all padding
+        lambda: DistributedTensor("x", (1, 1, 6), Partition((1, 1, 4))),
+        lambda rng: [conv(rng, 1, 1, (3,), padding=1), conv(rng, 1, 1, (3,), padding=5)],
+        id="1d-a-window-of-padding-alone",
+    ),
 ]
 
 

@@ -202,7 +202,7 @@ def test_max_pool_padding_strips_equal_the_whole_window_mask(name):
             continue
         strips += 1
         spatial = np.broadcast_to(real, window)[(0,) * 2]
-        padding = padding_strips(spatial, g)
+        padding = padding_strips(spatial, g, "MaxPool")
         data = torch.from_numpy(rng.standard_normal(window))
         masked = data.masked_fill(torch.from_numpy(~np.ascontiguousarray(spatial)), float("-inf"))
         assert torch.equal(padding.fill_(data.clone()), masked), g
@@ -217,4 +217,4 @@ def test_strips_refuse_real_entries_that_are_not_a_box():
     real = np.ones((4, 4), dtype=bool)
     real[0, 0] = False
     with pytest.raises(LayerError, match="not a box"):
-        padding_strips(real, (0, 0, 0, 0))
+        padding_strips(real, (0, 0, 0, 0), "MaxPool")

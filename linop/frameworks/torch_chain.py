@@ -113,7 +113,7 @@ class ChainModule(WindowModule):
                 if 0 in field.shape or field.real.all() or not first_zero:
                     outside.append(None)
                 else:
-                    outside.append(padding_strips(field.real, g))
+                    outside.append(padding_strips(field.real, g, "ChainModule", empty=True))
             self._products.append(
                 (out.name, grid_block_name(f"{chain.x.name}_window", g), out.shape, outside)
             )

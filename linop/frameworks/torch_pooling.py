@@ -153,7 +153,7 @@ class MaxPool(WindowModule):
             real = self.layer.real_entries(g)  # over every dimension: batch and channels all real
             padded = None
             if 0 not in window and not real.all():
-                padded = padding_strips(np.broadcast_to(real, window)[(0,) * 2], g)
+                padded = padding_strips(np.broadcast_to(real, window)[(0,) * 2], g, "MaxPool")
             self._products.append((out.name, self.layer.window_name(g), out.shape, padded))
             windows[self.layer.window_name(g)] = tuple(window)
         self.output_names = tuple(name for name, *_ in self._products)

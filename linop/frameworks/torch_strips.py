@@ -35,26 +35,31 @@ class PaddingStrips:
         return window
 
 
-def padding_strips(real: np.ndarray, g: Sequence[int]) -> PaddingStrips:
+def padding_strips(real: np.ndarray, g: Sequence[int], what: str, *, empty: bool = False) -> PaddingStrips:
     """The strips of a window whose real spatial entries are ``real`` (a box: one range of
-    entries per axis, the padding before and after it).
+    entries per axis, the padding before and after it). ``empty``: a window with no real entry
+    is all padding (a strip over all of it), as a chain's later stage with a wide padding can
+    give an edge worker; else such a window is refused (a max over padding alone).
 
     Raises
     ------
     LayerError
-        If the real entries are not a box (worker ``g``'s geometry would be inconsistent).
+        If the real entries are not a box (worker ``g``'s geometry would be inconsistent), or
+        there are none and not ``empty``; the message starts with ``what`` (the module's name).
     """
+    if empty and not real.any():
+        return PaddingStrips((real.shape[0], *(0,) * (real.ndim - 1)), (0,) * real.ndim)
     before, after = [], []
     for d in range(real.ndim):
         along = real.any(axis=tuple(k for k in range(real.ndim) if k != d))
         entries = np.flatnonzero(along)
         if entries.size == 0:
-            raise LayerError(f"worker {tuple(g)}'s window has no real entry along spatial axis {d}")
+            raise LayerError(f"{what}: worker {tuple(g)}'s window has no real entry along spatial axis {d}")
         before.append(int(entries[0]))
         after.append(real.shape[d] - int(entries[-1]) - 1)
     box = tuple(slice(low, n - high) for low, high, n in zip(before, after, real.shape))
     expected = np.zeros(real.shape, dtype=bool)
     expected[box] = True
     if not np.array_equal(real, expected):
-        raise LayerError(f"worker {tuple(g)}'s real window entries are not a box")
+        raise LayerError(f"{what}: worker {tuple(g)}'s real window entries are not a box")
     return PaddingStrips(tuple(before), tuple(after))
