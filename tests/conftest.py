@@ -115,3 +115,29 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     calls (tests that count what a freed plan releases) took 0.13 s each over it, and every
     automatic full collection walked it too. Objects made by the tests are collected as before."""
     gc.freeze()
+
+
+@pytest.fixture
+def one_process_group() -> Any:
+    """torch.distributed with a world of one process (gloo, rendezvous on 127.0.0.1 at a free
+    port), destroyed afterwards, so that the rest of this process sees none."""
+    dist = pytest.importorskip("torch.distributed")
+    import datetime
+    import socket
+
+    if dist.is_initialized():
+        pytest.skip("a process group already exists in this process")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=0,
+        world_size=1,
+        timeout=datetime.timedelta(seconds=60),
+    )
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

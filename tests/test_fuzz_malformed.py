@@ -151,32 +151,6 @@ def test_the_campaign_catches_a_false_proof():
         outcome(Call("false proof", accepted, "a linear kernel posing as an affine one"))
 
 
-@pytest.fixture
-def one_process_group():
-    """torch.distributed with a world of one process (gloo, rendezvous on 127.0.0.1 at a free
-    port), destroyed afterwards, so that the rest of this process sees none."""
-    dist = pytest.importorskip("torch.distributed")
-    import datetime
-    import socket
-
-    if dist.is_initialized():
-        pytest.skip("a process group already exists in this process")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=0,
-        world_size=1,
-        timeout=datetime.timedelta(seconds=60),
-    )
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.mark.skipif(LONG, reason="LINOP_LONG=1 runs it with more examples below")
 def test_the_torch_distributed_executor_succeeds_exactly_or_raises_a_linop_error(one_process_group, capsys):
     """``torch_distributed.apply`` on a one-process group, both workers mapped onto rank 0,

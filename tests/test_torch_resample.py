@@ -297,28 +297,6 @@ def test_max_pool_module_refuses_what_is_no_dict_of_its_blocks():
             module({k: v.to(dtype) for k, v in blocks.items()})
 
 
-@pytest.fixture
-def one_process_group():
-    """torch.distributed with a world of one process (gloo, 127.0.0.1, a free port), destroyed
-    afterwards."""
-    dist = pytest.importorskip("torch.distributed")
-    import datetime
-
-    if dist.is_initialized():
-        pytest.skip("a process group already exists in this process")
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{_free_port()}",
-        rank=0,
-        world_size=1,
-        timeout=datetime.timedelta(seconds=60),
-    )
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 def test_max_pool_refused_alone_after_binding_stays_refused(one_process_group):
     """On a gloo group (one process holding both workers), after the exchange is bound: a dict
     missing a block is refused through the workspace's exchange (the tree the peers wait in:
