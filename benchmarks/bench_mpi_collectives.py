@@ -68,10 +68,10 @@ sample runs the rows in an order drawn afresh (alike on every rank), each timed 
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Callable
 
 import numpy as np
+from _timing import interleaved_over_ranks
 from mpi4py import MPI
 
 from linop import expand_all
@@ -91,23 +91,9 @@ WARMUPS = 3
 def bench(methods: dict[str, Callable[[], object]]) -> dict[str, np.ndarray]:
     """Per row, the time of one call in each sample: the maximum over ranks of a batch's mean.
     Each sample runs every row once, in an order drawn per sample (the same seed on every
-    rank), each batch after :data:`WARMUPS` untimed calls of its own and a barrier."""
-    names = list(methods)
-    order = np.random.default_rng(SAMPLES)
-    times = {name: np.empty(SAMPLES) for name in names}
-    for sample in range(SAMPLES):
-        for index in order.permutation(len(names)):
-            function = methods[names[index]]
-            for _ in range(WARMUPS):
-                function()
-            COMM.Barrier()
-            start = time.perf_counter()
-            for _ in range(BATCH):
-                function()
-            times[names[index]][sample] = (time.perf_counter() - start) / BATCH
-    for values in times.values():
-        COMM.Allreduce(MPI.IN_PLACE, values, op=MPI.MAX)
-    return times
+    rank), each batch after :data:`WARMUPS` untimed calls of its own and a barrier
+    (:func:`_timing.interleaved_over_ranks`)."""
+    return interleaved_over_ranks(methods, COMM, SAMPLES, BATCH, warmups=0, settle=WARMUPS)
 
 
 def start_and_wait(request: MPI.Prequest) -> None:

@@ -384,3 +384,20 @@ def test_resample_modules_under_torch_distributed():
         pytest.fail(f"the torch.distributed resample checks timed out after 600 s\n{expired.stdout}")
     assert result.returncode == 0, f"{result.stdout[-4000:]}\n{result.stderr[-6000:]}"
     assert sorted(result.stdout.count(f"RESAMPLE OK rank {r}") for r in range(2)) == [1, 1], result.stdout
+
+
+def test_the_anchor_of_a_collective_call_gets_no_gradient(one_process_group):
+    """The empty anchor that ties every process's outputs to the graph only ties it: a
+    backward gives it no gradient (none allocated or accumulated per call)."""
+    from linop.frameworks.torch_function import TorchOperator
+    from linop.halo import HaloExchange
+    from linop.halo_geometry import Kernel, halo_geometry
+
+    x = DistributedTensor("x", (4, 4), Partition((1, 1)))
+    f = TorchOperator(HaloExchange(halo_geometry(x, Kernel(3, padding=1))), group=True)
+    (name,) = f.inputs
+    t = torch.randn(f.op.domain.block(name).shape, dtype=torch.float64, requires_grad=True)
+    for _ in range(2):
+        sum(v.sum() for v in f({name: t}).values()).backward()
+    assert f._anchor is not None and f._anchor.grad is None
+    assert t.grad is not None

@@ -264,11 +264,12 @@ class _Runner:
         bind = in_place is None or in_place[0] is not buffers
         call = stall.enter(self.torch_plan, "checked" if bind else "bound", buffers)
         try:
-            if in_place is None or in_place[0] is not buffers:
+            if bind:
                 if in_place is not None:
                     in_place[1].free()
                     self._in_place = None  # a failed binding leaves none
                 in_place = self._in_place = (buffers, self.torch_plan.bind(buffers, inplace=True))
+            assert in_place is not None  # (kept, or bound just now)
             in_place[1]()
         except LinopError as error:
             self._explain(error, bind, call, stall)
@@ -537,8 +538,7 @@ class _OperatorFunction(torch.autograd.Function):
             if gradient.is_complex() and not dtype.is_complex:
                 gradient = gradient.real  # a real input's gradient is the real part
             fitted.append(gradient.to(dtype=dtype, device=device))
-        anchor_grad = None if ctx.anchor is None else torch.zeros_like(ctx.anchor)
-        return (None, anchor_grad, None, *fitted)
+        return (None, None, None, *fitted)  # the anchor's gradient: none (it only ties the graph)
 
 
 class TorchOperator:

@@ -95,7 +95,10 @@ class BlockModule(torch.nn.Module):
         return self.function.token if self._token is None else self._token
 
     def check(self, x: Mapping[str, torch.Tensor]) -> None:
-        """A subclass's own refusals of a call's ``x``, before the function's (none here)."""
+        """A subclass's own refusals of a call's ``x``, before the function's (none here). A
+        call that goes through :meth:`tensors_of` meets it only when ``x`` is not a dict of
+        tensors by exactly the input names: what it refuses of such a dict (a dtype, a shape)
+        the subclass checks in its own node."""
 
     def tensors_of(self, x: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
         """This process's blocks in ``x``, in the order of :attr:`input_names`, for a subclass
