@@ -74,7 +74,7 @@ from ..errors import (
 )
 from ..operator import LinearOperator
 
-__all__ = ["TorchOperator", "OperatorModule", "function", "apply", "collective_anchor"]
+__all__ = ["TorchOperator", "OperatorModule", "function", "apply", "collective_anchor", "fitted_gradient"]
 
 
 def collective_anchor(comm: Any, group: Any) -> torch.Tensor | None:
@@ -84,6 +84,17 @@ def collective_anchor(comm: Any, group: Any) -> torch.Tensor | None:
     graph, blocks or none, and its backward runs; None in one process."""
     distributed = comm is not None or (group is not None and group is not False)
     return torch.zeros(0, dtype=torch.float64, requires_grad=True) if distributed else None
+
+
+def fitted_gradient(gradient: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``gradient`` as the gradient of an input of ``dtype`` on ``device``: the real part for
+    a real input (the gradient of a real input is the real part of a complex one), converted
+    only where its dtype or device differ."""
+    if gradient.is_complex() and not dtype.is_complex:
+        gradient = gradient.real
+    if gradient.dtype != dtype or gradient.device != device:
+        gradient = gradient.to(dtype=dtype, device=device)
+    return gradient
 
 
 def engine_arguments(comm: Any, group: Any) -> None:
@@ -533,11 +544,7 @@ class _OperatorFunction(torch.autograd.Function):
             *back, token = back
             if owner is not None and torch.is_grad_enabled():  # create_graph: the recorded adjoint's
                 owner.token = token
-        fitted = []
-        for gradient, (dtype, device, _shape) in zip(back, ctx.inputs):
-            if gradient.is_complex() and not dtype.is_complex:
-                gradient = gradient.real  # a real input's gradient is the real part
-            fitted.append(gradient.to(dtype=dtype, device=device))
+        fitted = [fitted_gradient(g, dtype, device) for g, (dtype, device, _shape) in zip(back, ctx.inputs)]
         return (None, None, None, *fitted)  # the anchor's gradient: none (it only ties the graph)
 
 

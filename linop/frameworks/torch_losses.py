@@ -24,7 +24,7 @@ import torch
 
 from ..errors import LayerError, StateError
 from ..layers.losses import Loss
-from .torch_function import TorchOperator, collective_anchor, engine_arguments
+from .torch_function import TorchOperator, collective_anchor, engine_arguments, fitted_gradient
 from .torch_placement import Placement, workers_of
 
 __all__ = ["LossModule", "local_loss"]
@@ -228,10 +228,7 @@ class _ReduceFunction(torch.autograd.Function):
             else:
                 adjoint = dict(zip(outputs, views))
         back = [adjoint[name] for name in module._partial_names]
-        fitted = [
-            gradient.reshape(()).to(dtype=dtype, device=device)
-            for gradient, (dtype, device) in zip(back, ctx.fit)
-        ]
+        fitted = [fitted_gradient(gradient.reshape(()), *fit) for gradient, fit in zip(back, ctx.fit)]
         if views is not None:  # views of the result buffers: the gradients must own their memory
             fitted = [gradient.clone() for gradient in fitted]
         return (None, None, *fitted)  # the anchor's gradient: none (it only ties the graph)

@@ -62,6 +62,7 @@ from ..errors import DtypeError, LayerError, LinopError, StateError
 from ..halo_geometry import Kernel
 from ..layers import MaxPoolJacobian
 from ..partition import DistributedTensor
+from .torch_function import fitted_gradient
 from .torch_strips import PaddingStrips, padding_strips
 from .torch_windows import WindowModule, WindowWorkspace
 
@@ -358,11 +359,7 @@ class _MaxPoolFunction(torch.autograd.Function):
                         dict(zip(module._adjoint_inputs, window_grads)), adjoint=True
                     )
                 back = tuple(adjoint[name] for name in function.inputs)
-        fitted = []
-        for gradient, (dtype, device) in zip(back, ctx.fit):
-            if gradient.dtype != dtype or gradient.device != device:
-                gradient = gradient.to(dtype=dtype, device=device)
-            fitted.append(gradient)
+        fitted = [fitted_gradient(gradient, *fit) for gradient, fit in zip(back, ctx.fit)]
         return (None, None, *fitted)
 
 

@@ -18,6 +18,7 @@ import torch
 
 from ..partition import DistributedTensor
 from ..repartition import Repartition as RepartitionOperator
+from .torch_function import fitted_gradient
 from .torch_windows import BlockModule
 
 __all__ = ["Repartition"]
@@ -98,14 +99,7 @@ class _RepartitionFunction(torch.autograd.Function):
                 module.__dict__["_token"] = function.token
         else:
             adjoint = dict(zip(outputs, _moved(module, ordered, adjoint=True)))
-        fitted = []
-        for name, (dtype, device) in zip(module.input_names, ctx.fit):
-            gradient = adjoint[name]
-            if gradient.is_complex() and not dtype.is_complex:
-                gradient = gradient.real  # a real input's gradient is the real part
-            if gradient.dtype != dtype or gradient.device != device:
-                gradient = gradient.to(dtype=dtype, device=device)
-            fitted.append(gradient)
+        fitted = [fitted_gradient(adjoint[name], *fit) for name, fit in zip(module.input_names, ctx.fit)]
         return (None, None, *fitted)  # the anchor's gradient: none (it only ties the graph)
 
 
