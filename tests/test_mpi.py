@@ -220,14 +220,32 @@ the idle machine; generous, so that a loaded one passes): a job still running th
 def _ends_within(process: subprocess.Popen, seconds: float, pids: list[int]) -> tuple[bool, str]:
     """Wait up to ``seconds`` for the launch and every rank in ``pids`` to end; (ended, output).
     A launch still running then is killed with every process it started."""
+    seen = ""
     try:
         stdout, stderr = process.communicate(timeout=seconds)
         ended = True
     except subprocess.TimeoutExpired:
+        seen = _processes_seen([process.pid, *_descendants(process.pid), *pids])
         stdout, stderr = _kill_all(process)
         ended = False
     survivors = [pid for pid in pids if _alive(pid)]
-    return ended and not survivors, f"{stdout}\n{stderr}\nsurvivors: {survivors}"
+    return ended and not survivors, f"{stdout}\n{stderr}\n{seen}survivors: {survivors}"
+
+
+def _processes_seen(pids: list[int]) -> str:
+    """For a failure's message: each of ``pids`` as /proc shows it (parent, state, where it
+    sleeps in the kernel, command line), or that it is gone."""
+    lines = ["processes at the timeout (pid, parent, state, kernel wait, command):"]
+    for pid in dict.fromkeys(pids):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            wchan = Path(f"/proc/{pid}/wchan").read_text()
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160]
+        except OSError:
+            lines.append(f"  {pid}: gone")
+            continue
+        lines.append(f"  {pid}: parent {fields[1]}, {fields[0]}, {wchan or '-'}, {command}")
+    return "\n".join(lines) + "\n"
 
 
 def _launch(ranks: int, script: str, *args: str) -> subprocess.Popen:

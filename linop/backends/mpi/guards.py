@@ -18,6 +18,7 @@ mpi4py is imported only when an abort happens or a guard is entered without a co
 
 from __future__ import annotations
 
+import faulthandler
 import sys
 import time
 import traceback
@@ -69,6 +70,16 @@ aborts the job: the other ranks that arrived reach the same error at about the s
 each prints its own before the abort ends them."""
 
 
+ABORT_WATCHDOG = 30.0
+"""Seconds a rank may spend inside ``MPI_Abort`` before it ends itself (:func:`abort_job`):
+``MPI_Abort`` hands the job to the launcher, which kills every rank within a second or so;
+a rank still alive long after has hung in the abort (seen once under load: the aborting
+rank's message printed, the job still running two minutes later). The watchdog is
+:func:`faulthandler.dump_traceback_later` with ``exit=True``, a C thread that needs neither
+the interpreter's lock nor MPI: it prints every thread's stack and calls ``_exit(1)``, and
+the launcher, seeing a rank end with a non-zero status, ends the others."""
+
+
 def abort_job(
     comm: Comm,
     message: str,
@@ -79,7 +90,8 @@ def abort_job(
 ) -> NoReturn:
     """Print ``message`` (and ``error``'s traceback) to stderr in one write, wait ``settle``
     seconds (default :data:`OUTPUT_DRAIN`), then ``comm.Abort(status)``, which ends every
-    process of the job."""
+    process of the job. A rank still inside ``comm.Abort`` after :data:`ABORT_WATCHDOG`
+    seconds prints its stacks and exits with status 1 (a watchdog armed before the call)."""
     text = message + "\n"
     if error is not None:
         text += "".join(traceback.format_exception(type(error), error, error.__traceback__))
@@ -89,8 +101,25 @@ def abort_job(
         if settle:
             time.sleep(settle)
     finally:
-        comm.Abort(status)
-    raise SystemExit(status)  # pragma: no cover - Abort does not return
+        _arm_abort_watchdog()
+        try:
+            comm.Abort(status)
+        finally:  # only an Abort that returns (a stand-in communicator) gets here
+            faulthandler.cancel_dump_traceback_later()
+    raise SystemExit(status)
+
+
+def _arm_abort_watchdog() -> None:
+    """Arm :data:`ABORT_WATCHDOG` (the process's one faulthandler timer, replaced), writing to
+    stderr's descriptor, or to descriptor 2 where ``sys.stderr`` has none (a notebook); a
+    failure to arm never keeps the rank from aborting."""
+    try:
+        faulthandler.dump_traceback_later(ABORT_WATCHDOG, exit=True, file=sys.stderr)
+    except (AttributeError, OSError, ValueError, RuntimeError):  # no descriptor behind stderr
+        try:
+            faulthandler.dump_traceback_later(ABORT_WATCHDOG, exit=True, file=2)
+        except (OSError, ValueError, RuntimeError):
+            pass
 
 
 @contextmanager
