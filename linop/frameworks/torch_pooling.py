@@ -360,7 +360,7 @@ class _MaxPoolFunction(torch.autograd.Function):
                     )
                 back = tuple(adjoint[name] for name in function.inputs)
         fitted = [fitted_gradient(gradient, *fit) for gradient, fit in zip(back, ctx.fit)]
-        return (None, None, *fitted)
+        return (None, None, *fitted)  # the module; the anchor: no gradient (see anchor())
 
 
 def _add_chosen(
