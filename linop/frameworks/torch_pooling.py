@@ -234,7 +234,11 @@ class MaxPool(WindowModule):
     ) -> NoReturn:
         """Raise ``error``, found by this module's own check of a call's blocks, as the windows'
         function refuses a call (on a gloo group through the workspace's exchange, whose
-        binding its peers are in; blocks of ``dtype`` stand for the refused ones).
+        binding its peers are in; stand-ins of ``dtype`` that allocate nothing take the refused
+        blocks' place, :meth:`WindowWorkspace.refuse
+        <linop.frameworks.torch_windows.WindowWorkspace.refuse>`: the call's floating dtype
+        where there is one, else float64, a dtype the peers' check takes, so that it names
+        this rank's ``error`` and not the stand-ins).
 
         On a process group a refusal after binding is this rank's alone (reported to the
         group's store: the peers, waiting in the bound exchange, name this rank and
