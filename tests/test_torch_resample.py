@@ -419,3 +419,18 @@ def test_a_max_pool_refusal_on_a_gloo_group_allocates_no_blocks(one_process_grou
     with pytest.raises(StateError, match="missing block"):
         module({})
     assert module._workspace._forward is kept and kept[0] == torch.float32
+
+
+def test_max_pool_sub_box_windows_on_a_gloo_group_reuse_no_stale_gradient(one_process_group):
+    """On a gloo group the backward scatters into windows that are boxes inside larger local
+    blocks (2 of the 4 here) through one buffer the module keeps: calls on new data, and in
+    another dtype, give torch's gradients (nothing of an earlier call's scatter is left)."""
+    x = tensor((1, 2, 9, 8), (1, 1, 2, 2))
+    module = MaxPool(x, 3, stride=2, group=True, mapping=[0, 0, 0, 0])
+    rng = np.random.default_rng(14)
+    for dtype in (torch.float64, torch.float64, torch.float32):
+        data, dy = rng.standard_normal(x.global_shape), rng.standard_normal(module.y.global_shape)
+        y, dx = distributed_run(module, x, module.y, data, dy, dtype)
+        expected_y, expected_dx = torch_run(torch.nn.MaxPool2d(3, 2), data, dy, dtype)
+        assert np.array_equal(y, expected_y) and np.allclose(dx, expected_dx, **F64)
+    assert module._scratch is not None and sum(v is not None for v in module._scratch[1]) == 2
