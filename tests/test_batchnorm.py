@@ -298,6 +298,7 @@ def test_module_equals_torch_batchnorm_in_train_and_eval(name):
         _close(module.running_mean.numpy(), norm.running_mean.numpy(), "running mean")
         _close(module.running_var.numpy(), norm.running_var.numpy(), "running var")
         assert int(module.num_batches_tracked) == int(norm.num_batches_tracked)
+    assert module._anchor.requires_grad and module._anchor.grad is None  # it only ties the graph
 
 
 def test_module_in_float32_within_torch_tolerances():

@@ -100,6 +100,7 @@ def test_layer_module_trains_with_a_torch_optimizer_and_refuses_wrong_blocks():
     sum(v.sum() for v in module(inputs).values()).backward()
     optimizer.step()
     assert all(not torch.equal(a, b) for a, b in zip(before, module.parameters()))
+    assert module._anchor.requires_grad and module._anchor.grad is None  # it only ties the graph
     with pytest.raises(StateError, match="takes blocks"):
         module({"x[0,0]": inputs["x[0,0]"]})
 

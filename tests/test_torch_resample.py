@@ -18,7 +18,7 @@ import pytest
 
 import verify
 from linop import DistributedTensor, Partition, StateError
-from linop.errors import DtypeError
+from linop.errors import DtypeError, LinopError
 from linop.layers import LayerError
 
 torch = pytest.importorskip("torch", reason="torch is not installed (the torch extra)")
@@ -401,3 +401,36 @@ def test_the_anchor_of_a_collective_call_gets_no_gradient(one_process_group):
         sum(v.sum() for v in f({name: t}).values()).backward()
     assert f._anchor is not None and f._anchor.grad is None
     assert t.grad is not None
+
+
+def test_a_max_pool_refusal_on_a_gloo_group_allocates_no_blocks(one_process_group):
+    """A refusal goes through the workspace's exchange on stand-ins that allocate nothing: at
+    the first call (the agreed error) no local blocks are made, and after binding in float32 a
+    refusal (no tensors to take a dtype from) leaves the bound float32 blocks in place, where
+    float64 blocks used to be allocated in their stead."""
+    x = tensor((1, 1, 6, 4), (1, 1, 2, 1))
+    blocks = {k: torch.from_numpy(v) for k, v in x.scatter(np.ones(x.global_shape)).items()}
+    module = MaxPool(x, 3, stride=2, padding=1, group=True, mapping=[0, 0])
+    with pytest.raises(LinopError, match="floating-point"):
+        module({k: v.to(torch.int64) for k, v in blocks.items()})
+    assert module._workspace._forward is None
+    module({k: v.float() for k, v in blocks.items()})  # binds in float32
+    kept = module._workspace._forward
+    with pytest.raises(StateError, match="missing block"):
+        module({})
+    assert module._workspace._forward is kept and kept[0] == torch.float32
+
+
+def test_max_pool_sub_box_windows_on_a_gloo_group_reuse_no_stale_gradient(one_process_group):
+    """On a gloo group the backward scatters into windows that are boxes inside larger local
+    blocks (2 of the 4 here) through one buffer the module keeps: calls on new data, and in
+    another dtype, give torch's gradients (nothing of an earlier call's scatter is left)."""
+    x = tensor((1, 2, 9, 8), (1, 1, 2, 2))
+    module = MaxPool(x, 3, stride=2, group=True, mapping=[0, 0, 0, 0])
+    rng = np.random.default_rng(14)
+    for dtype in (torch.float64, torch.float64, torch.float32):
+        data, dy = rng.standard_normal(x.global_shape), rng.standard_normal(module.y.global_shape)
+        y, dx = distributed_run(module, x, module.y, data, dy, dtype)
+        expected_y, expected_dx = torch_run(torch.nn.MaxPool2d(3, 2), data, dy, dtype)
+        assert np.array_equal(y, expected_y) and np.allclose(dx, expected_dx, **F64)
+    assert module._scratch is not None and sum(v is not None for v in module._scratch[1]) == 2

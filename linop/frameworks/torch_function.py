@@ -74,16 +74,35 @@ from ..errors import (
 )
 from ..operator import LinearOperator
 
-__all__ = ["TorchOperator", "OperatorModule", "function", "apply", "collective_anchor", "fitted_gradient"]
+__all__ = [
+    "TorchOperator",
+    "OperatorModule",
+    "function",
+    "apply",
+    "anchor",
+    "collective_anchor",
+    "fitted_gradient",
+]
+
+
+def anchor() -> torch.Tensor:
+    """An autograd anchor: an empty tensor that requires a gradient, passed to a module's own
+    autograd node (its ``Function``) so that the node, and its outputs' (and token's) place in
+    the graph, exist even when no other input needs a gradient, and its backward runs.
+
+    It only ties the node into the graph: the node's backward returns None in its place (no
+    gradient), so nothing is allocated or accumulated for it and ``anchor.grad`` stays None
+    (the tests of TorchOperator, LayerModule and BatchNormModule check it)."""
+    return torch.zeros(0, dtype=torch.float64, requires_grad=True)
 
 
 def collective_anchor(comm: Any, group: Any) -> torch.Tensor | None:
     """For a module that is its own autograd node: under MPI (``comm``) or a process group
-    (``group``), where every call is collective, an empty tensor that requires a gradient,
-    passed to each call's node so that every process's outputs (and token) are tied to the
-    graph, blocks or none, and its backward runs; None in one process."""
+    (``group``), where every call is collective, an :func:`anchor`, so that every process's
+    outputs (and token) are tied to the graph, blocks or none, and its backward runs; None in
+    one process."""
     distributed = comm is not None or (group is not None and group is not False)
-    return torch.zeros(0, dtype=torch.float64, requires_grad=True) if distributed else None
+    return anchor() if distributed else None
 
 
 def fitted_gradient(gradient: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -59,7 +59,7 @@ from ..errors import LayerError, StateError
 from ..layers import Affine, Convolution, kernels
 from ..operator import Identity
 from .torch_agreement import Agreement, start_agreement
-from .torch_function import TorchOperator, engine_arguments
+from .torch_function import TorchOperator, anchor, engine_arguments
 from .torch_placement import Placement, workers_of
 
 __all__ = ["LayerModule"]
@@ -405,7 +405,7 @@ class _LayerFunction(torch.autograd.Function):
         fitted = [
             g if g is None or g.dtype == dtype else g.to(dtype) for g, dtype in zip(gradients, ctx.dtypes)
         ]
-        return (None, None, None, *fitted)  # the anchor only ties the node into the graph: no gradient
+        return (None, None, None, *fitted)  # module, recording; the anchor: no gradient (see anchor())
 
 
 class _Stage:
@@ -650,7 +650,7 @@ class LayerModule(torch.nn.Module):
         self.blocks = torch.nn.ParameterList(
             torch.nn.Parameter(torch.from_numpy(np.array(state[n])).to(dtype)) for n in self.parameter_names
         )
-        self._anchor = torch.zeros(0, dtype=torch.float64, requires_grad=True)
+        self._anchor = anchor()
         self.token = torch.zeros(0, dtype=torch.float64)
         self._agreement: Agreement | None = None  # the last call's (input_gradient_agreement)
         self._input_gradient_always = False  # an agreement said yes: no more asking

@@ -37,7 +37,7 @@ import torch
 from ..errors import LayerError, StateError
 from ..layers.base import share_slices
 from ..layers.batchnorm import BatchNorm
-from .torch_function import TorchOperator, engine_arguments
+from .torch_function import TorchOperator, anchor, engine_arguments
 from .torch_placement import Placement, workers_of
 
 __all__ = ["BatchNormModule"]
@@ -91,7 +91,7 @@ class _BatchNormFunction(torch.autograd.Function):
             theta_grads = [theta[n] for n in module.parameter_names]
         gradients = [dx[n] for n in module.input_names] + theta_grads
         fitted = [g.to(dtype) for g, dtype in zip(gradients, ctx.dtypes)]
-        return (None, None, *fitted)
+        return (None, None, *fitted)  # the module; the anchor: no gradient (see anchor())
 
 
 class BatchNormModule(torch.nn.Module):
@@ -234,7 +234,7 @@ class BatchNormModule(torch.nn.Module):
             self.register_buffer("running_mean", None)
             self.register_buffer("running_var", None)
             self.register_buffer("num_batches_tracked", None)
-        self._anchor = torch.zeros(0, dtype=torch.float64, requires_grad=True)
+        self._anchor = anchor()
         self.token = torch.zeros(0, dtype=torch.float64)
 
     def run(self, op: Any, state: Mapping[str, Tensor]) -> dict[str, Tensor]:

@@ -175,6 +175,7 @@ class MaxPool(WindowModule):
         )
         self._input_shapes: tuple[torch.Size, ...] = ()
         self._failed: StateError | None = None  # a refusal of this rank alone, after binding
+        self._scratch: tuple[torch.dtype, tuple[torch.Tensor | None, ...]] | None = None  # _scratch_for
         if self._workspace is not None:
             self._input_shapes = self._workspace.input_shapes()
             if set(self._workspace.window_names) != set(windows):  # pragma: no cover - one geometry
@@ -234,7 +235,11 @@ class MaxPool(WindowModule):
     ) -> NoReturn:
         """Raise ``error``, found by this module's own check of a call's blocks, as the windows'
         function refuses a call (on a gloo group through the workspace's exchange, whose
-        binding its peers are in; blocks of ``dtype`` stand for the refused ones).
+        binding its peers are in; stand-ins of ``dtype`` that allocate nothing take the refused
+        blocks' place, :meth:`WindowWorkspace.refuse
+        <linop.frameworks.torch_windows.WindowWorkspace.refuse>`: the call's floating dtype
+        where there is one, else float64, a dtype the peers' check takes, so that it names
+        this rank's ``error`` and not the stand-ins).
 
         On a process group a refusal after binding is this rank's alone (reported to the
         group's store: the peers, waiting in the bound exchange, name this rank and
@@ -277,6 +282,26 @@ class MaxPool(WindowModule):
         if padded is not None:
             padded.fill_(window)
         return self._pool_with_indices(window, self.size, self.stride, (0,) * len(self.size), self.dilation)
+
+    def _scratch_for(
+        self, dtype: torch.dtype, windows: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor | None, ...]:
+        """Per output of :attr:`_products`, in their order: when its window in the backward's
+        ``windows`` (:meth:`WindowWorkspace.gradient_windows
+        <linop.frameworks.torch_windows.WindowWorkspace.gradient_windows>`, in ``dtype``) is a
+        box inside a larger block, not contiguous, a contiguous tensor of its shape and dtype
+        to scatter into first (:func:`_add_chosen`), else None. They are views of one buffer,
+        as large as the largest such window (the windows take turns, each used up before the
+        next), kept from call to call for the dtype last used, instead of a block allocated
+        per window and call (for a large window, fresh pages faulted in on every call)."""
+        kept = self._scratch
+        if kept is not None and kept[0] == dtype:
+            return kept[1]
+        boxes = [None if w.is_contiguous() else w for w in (windows[name] for _, name, *_ in self._products)]
+        buffer = torch.empty(max((w.numel() for w in boxes if w is not None), default=0), dtype=dtype)
+        views = tuple(None if w is None else buffer[: w.numel()].view(w.shape) for w in boxes)
+        self._scratch = (dtype, views)
+        return views
 
     def extra_repr(self) -> str:
         return f"{self.layer.kernel}: {self.layer.x} -> {self.layer.y}"
@@ -333,9 +358,10 @@ class _MaxPoolFunction(torch.autograd.Function):
         back: tuple[torch.Tensor, ...]
         if workspace is not None and not torch.is_grad_enabled():
             targets = workspace.gradient_windows(ctx.dtype)  # T*: zeroed, each window's view
-            for (_, window_name, _, _), indices, grad in zip(module._products, chosen, grads):
+            scratch = module._scratch_for(ctx.dtype, targets)
+            for (_, window_name, _, _), indices, grad, added in zip(module._products, chosen, grads, scratch):
                 if indices is not None:
-                    _add_chosen(targets[window_name], indices, grad)
+                    _add_chosen(targets[window_name], indices, grad, scratch=added)
             back = workspace.input_gradients()  # H* in place, then E*: copies
         else:
             window_grads = []
@@ -360,15 +386,23 @@ class _MaxPoolFunction(torch.autograd.Function):
                     )
                 back = tuple(adjoint[name] for name in function.inputs)
         fitted = [fitted_gradient(gradient, *fit) for gradient, fit in zip(back, ctx.fit)]
-        return (None, None, *fitted)
+        return (None, None, *fitted)  # the module; the anchor: no gradient (see anchor())
 
 
 def _add_chosen(
-    window: torch.Tensor, indices: torch.Tensor, grad: torch.Tensor, *, inplace: bool = True
+    window: torch.Tensor,
+    indices: torch.Tensor,
+    grad: torch.Tensor,
+    *,
+    inplace: bool = True,
+    scratch: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """:math:`S^{*}`: each output's gradient added into the window entry it chose (``indices``:
     flat over the spatial axes, as torch's pools give them); in place into ``window`` (a view
-    of a zeroed block, say), or out of place (recorded by autograd)."""
+    of a zeroed block, say), or out of place (recorded by autograd). A window that is not
+    contiguous (a box inside a larger block) is scattered into a zeroed contiguous tensor
+    first, ``scratch`` (of the window's shape and dtype, kept by the caller) when given, else
+    a new one, and added into the window from there."""
     n, c = window.shape[:2]
     grad = grad.to(dtype=window.dtype, device=window.device).flatten(2)
     if not inplace:
@@ -376,6 +410,9 @@ def _add_chosen(
     if window.is_contiguous():
         window.view(n, c, -1).scatter_add_(2, indices.flatten(2), grad)
     else:  # a window box inside a larger block: through a contiguous block
-        added = torch.zeros(window.shape, dtype=window.dtype, device=window.device)
+        if scratch is None:
+            added = torch.zeros(window.shape, dtype=window.dtype, device=window.device)
+        else:
+            added = scratch.zero_()
         window.add_(added.view(n, c, -1).scatter_add_(2, indices.flatten(2), grad).view(window.shape))
     return window

@@ -293,8 +293,14 @@ class WindowWorkspace:
         any communication: through the exchange's collective check when the peers are in it
         (the first call: every rank raises the agreed error naming this one), else reported to
         the group's store, as a refused call of the windows' function
-        (:meth:`~linop.frameworks.torch_function.TorchOperator.refuse`)."""
-        self.exchange.refuse(error, self._blocks(dtype, adjoint=False))
+        (:meth:`~linop.frameworks.torch_function.TorchOperator.refuse`).
+
+        The local blocks are stood in for by one zero of ``dtype`` broadcast to each block's
+        shape: the collective check reads only their shapes and dtypes (and this rank's error
+        flag decides it), a later refusal nothing of them; no block is allocated, and the kept
+        ones (another dtype's, bound) stay."""
+        zero = torch.zeros((), dtype=dtype)
+        self.exchange.refuse(error, {name: zero.expand(self._shapes[name]) for name in self.locals})
 
     def input_shapes(self) -> tuple[torch.Size, ...]:
         """The shapes of the input blocks, in the order :meth:`windows` takes them."""

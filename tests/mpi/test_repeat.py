@@ -346,3 +346,37 @@ def test_a_freed_communicator_after_repeated_calls_is_a_typed_error():
     again = expect_collective_error(CommunicatorError, lambda: plan.apply(local, inplace=True))
     collective_assert(SIZE == 1 or ready, "no record for the repeated call")
     collective_assert("COMM_NULL" in message and "freed" in again, f"{message} / {again}")
+    # what can never answer again is let go: the record, and apply's hold on the plan
+    held = [entry for entry in (mpi_backend._LAST_PLAN, mpi_backend._PREVIOUS_PLAN) if entry is not None]
+    collective_assert(plan.fast is None and plan.fast_record is None, "the freed plan kept its record")
+    collective_assert(all(entry[2] is not plan for entry in held), "apply still holds the freed plan")
+
+
+def test_a_record_outliving_the_kept_repeat_serves_its_array_and_goes_with_it():
+    """Two arrays in turn after the first twice (the adjoint adds: a run on stale data would
+    show): every call is exact, including those the record of one array answers while the
+    entry check keeps the other's repeat; once the record's array is collected the plan lets
+    the record go."""
+    op = _halo().H
+    start = op.domain.random(31)
+    a = local_part(op.domain, start, RANK)
+    b = {n: v.copy() for n, v in a.items()}
+    (name,) = a
+    plan = mpi_backend.plan_for(op, comm=COMM)
+    expected = {id(a): start, id(b): start}
+    problem, served = None, False
+    for local in (a, a, b, a, b, a, b):
+        record = plan.fast_record
+        outliving = record is not None and record.repeat is not plan.entry.last
+        hits = record.repeat.hits if record is not None else 0
+        mpi_backend.apply(op, local, comm=COMM, inplace=True)
+        served = served or (outliving and record.repeat.hits > hits)
+        expected[id(local)] = op(expected[id(local)])
+        problem = problem or same_blocks(local, expected[id(local)], (name,), exact=True)
+    collective_assert(problem is None, str(problem))
+    collective_assert(served, "no call was answered by a record outliving the kept repeat")
+    mpi_backend.apply(op, a, comm=COMM, inplace=True)  # the record: a's again
+    kept = plan.fast_record is not None and plan.fast_record.repeat.ref() is a[name]
+    del a[name]
+    gc.collect()
+    collective_assert(kept and plan.fast is None and plan.fast_record is None, f"record kept: {kept}")

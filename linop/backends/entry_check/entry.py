@@ -187,10 +187,7 @@ class EntryCheck:
         <.repeat.Repeat.run>`); else ``(outcome, False)``, the outcome decoded afresh from the
         reduced vector (another rank's input differs: an error, or another run dtype), the same
         on every rank. Collective, like :meth:`run`."""
-        reducer = self.agreement
-        if reducer.signature is not repeat.signature:  # as _reduce (inline: the common case's path)
-            np.copyto(reducer.send, repeat.vector)
-            reducer.signature, reducer.sent = repeat.signature, repeat.sent
+        self.load(repeat.signature, repeat.sent, repeat.vector)
         reduced, got = self._exchange(timeout)
         return self._again_decided(repeat, reduced, got)
 
@@ -201,16 +198,15 @@ class EntryCheck:
         repeat.hits += 1
         return repeat.outcome, True
 
-    def _reduce(
-        self, signature: Any, sent: bytes, vector: np.ndarray, timeout: float | None
-    ) -> tuple[np.ndarray, bytes]:
-        """``vector`` (kept as ``sent``, its bytes, under ``signature``) reduced over the ranks:
-        the reduced vector and its bytes. Collective."""
+    def load(self, signature: Any, sent: bytes, vector: np.ndarray) -> None:
+        """Put ``vector`` (its bytes ``sent``, prepared under ``signature``: a kept vector, as
+        :meth:`_run_single` prepares it and a :class:`~.repeat.Repeat` keeps it) in the
+        agreement's send buffer, unless the buffer holds it already (the agreement's
+        ``signature`` is this one). Communicates nothing."""
         reducer = self.agreement
-        if reducer.signature is not signature:  # else the send buffer holds this vector already
+        if reducer.signature is not signature:
             np.copyto(reducer.send, vector)
             reducer.signature, reducer.sent = signature, sent
-        return self._exchange(timeout)
 
     def _exchange(self, timeout: float | None) -> tuple[np.ndarray, bytes]:
         """The agreement's ``send`` vector (its bytes: ``sent``) reduced over the ranks, and the
@@ -250,7 +246,8 @@ class EntryCheck:
             vector[FLAG_OF[char]] = 1
             prepared = self._prepared[char] = [(self, char), vector.tobytes(), vector, None, None]
         signature, sent, vector, agreed, agreed_in_place = prepared
-        reduced, got = self._reduce(signature, sent, vector, timeout)
+        self.load(signature, sent, vector)
+        reduced, got = self._exchange(timeout)
         if got != sent:  # another rank differs: the general decoding, from the reduced vector
             return self._outcome(reduced, got, None, inplace)
         outcome = agreed_in_place if inplace else agreed  # every rank sent this very vector

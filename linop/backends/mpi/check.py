@@ -365,10 +365,8 @@ class MPIEntryCheck(EntryCheck):
         :mod:`linop.backends.mpi.repeated`) has found that the ranks' vectors differ: the
         repeat's whole vector reduced (the second collective, which every rank makes) and
         decoded, the same on every rank."""
+        self.load(repeat.signature, repeat.sent, repeat.vector)  # the caller wrote the digest alone
         reducer = self.agreement
-        if reducer.signature is not repeat.signature:  # the caller wrote the digest alone
-            np.copyto(reducer.send, repeat.vector)
-            reducer.signature, reducer.sent = repeat.signature, repeat.sent
         reducer.reduce_whole(timeout, self._doing_text or self._doing())
         reduced = reducer.received
         return self._again_decided(repeat, reduced, reduced.tobytes())

@@ -120,7 +120,12 @@ class DistributedPlan(ExecutorPlan["CommContext"]):
         built by :meth:`repeated`; it answers a call passing the same arrays again when it is
         current, else None."""
         self.fast_record: RepeatedCall | None = None
-        """The record :attr:`fast` belongs to (its repeat and deadline), or None."""
+        """The record :attr:`fast` belongs to (its repeat and deadline), or None. It may
+        outlive the entry check's kept repeat (another array's call since: it still answers
+        calls on its own array) and a failed call
+        (nothing it compares changes); it is dropped when it can never answer again (its array
+        collected, the communicator freed) and when the deadline it was built with changes
+        (:mod:`linop.backends.mpi.repeated`)."""
         if mapping is not None:
             self._init_mapped(op, context, mapping)
             return
@@ -189,13 +194,19 @@ class DistributedPlan(ExecutorPlan["CommContext"]):
     @timeout.setter
     def timeout(self, value: Any) -> None:
         if value is not self._timeout:
-            self._keep_fast(None)
+            self.drop_fast()
         self._timeout = value
 
     def _keep_fast(self, record: RepeatedCall | None) -> None:
         """Keep ``record`` as the repeated call (:attr:`fast`, :attr:`fast_record`)."""
         self.fast_record = record
         self.fast = record.call if record is not None else None
+
+    def drop_fast(self) -> None:
+        """Let the repeated call's record go (:attr:`fast`, :attr:`fast_record`): the next call
+        on the same arrays goes the general way and builds it again."""
+        self.fast_record = None
+        self.fast = None
 
     @property
     def comm(self) -> Intracomm:
@@ -282,6 +293,7 @@ class DistributedPlan(ExecutorPlan["CommContext"]):
         return self._applied(local_state, outcome, inplace, None)
 
     def _freed(self) -> NoReturn:
+        self.drop_fast()  # it can never answer again
         raise CommunicatorError(
             f"the communicator of this plan of {self.op} has been freed; build the plan again "
             "on a live communicator"

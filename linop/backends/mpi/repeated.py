@@ -52,10 +52,30 @@ The digest's ``Start`` comes straight after the local comparison; the binding is
 reduction is in flight (its prepared calls can change only when the binding is freed, by its
 arrays' collection, which the state's reference prevents, or by the plan's next ordinary run). The plan keeps one record, of the last repeat that passed the general
 way (:meth:`DistributedPlan.repeated`).
+
+What the record can outlive, and why none of it gives a wrong answer:
+
+- another repeat (a call on other arrays since, which the entry check now keeps): the record
+  still answers only calls on its own array, compared in full at each call, and its outcome
+  and vector depend on nothing that call changed; it stays, and answers the next call on its
+  array in one step; its binding, if evicted or freed since, is empty, and the call runs the
+  ordinary way;
+- a failed call (another rank's input refused, or another run dtype agreed, through
+  :meth:`MPIEntryCheck.again_differing <linop.backends.mpi.check.MPIEntryCheck.again_differing>`):
+  nothing the record holds or compares changes, and every later call reduces the digest again;
+- a changed deadline: :attr:`DistributedPlan.timeout
+  <linop.backends.mpi.plan.DistributedPlan.timeout>`'s setter drops it (``LINOP_TIMEOUT`` is
+  read once per process; a call's own ``timeout=`` never goes through the record);
+- the communicator freed: the call finds the reduction's request gone and answers None; the
+  general way raises :class:`~linop.errors.CommunicatorError` and drops the record;
+- its array collected: the identity test can never pass again; :attr:`RepeatedCall.watch`'s
+  callback drops the record, which would otherwise hold the repeat and its freed binding
+  until another repeated call replaced it.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -95,13 +115,16 @@ class RepeatedCall:
         (the caller checks the call the general way). Collective when it answers.
     """
 
-    __slots__ = ("call", "plan", "repeat", "seconds")
+    __slots__ = ("__weakref__", "call", "plan", "repeat", "seconds", "watch")
 
     def __init__(self, plan: DistributedPlan, repeat: Repeat, seconds: float | None) -> None:
         self.plan = plan
         self.repeat = repeat
         self.seconds = seconds
         self.call: OneStep = _one_step(plan, repeat, seconds)
+        self.watch: Any = None
+        """A weak reference to the repeat's array whose callback drops this record from the plan
+        when the array is collected (:meth:`of`)."""
 
     @classmethod
     def of(cls, plan: DistributedPlan, repeat: Repeat, seconds: float | None) -> RepeatedCall | None:
@@ -114,11 +137,27 @@ class RepeatedCall:
         reducer = plan.context.reducer
         if reducer.request is None and not reducer.single:
             return None
-        return cls(plan, repeat, seconds)
+        record = cls(plan, repeat, seconds)
+        record.watch = weakref.ref(array, _dropper(plan, record))
+        return record
 
     def __call__(self, state: Any, inplace: bool) -> State | None:
         """:attr:`call` (for a caller holding the record)."""
         return self.call(state, inplace)
+
+
+def _dropper(plan: DistributedPlan, record: RepeatedCall) -> Callable[[Any], None]:
+    """The callback of :attr:`RepeatedCall.watch`: the array is gone, so the record can never
+    answer again; the plan lets it go if it still holds it (both held weakly here: the
+    callback keeps neither alive)."""
+    plan_ref, record_ref = weakref.ref(plan), weakref.ref(record)
+
+    def gone(_: Any) -> None:
+        holder, kept = plan_ref(), record_ref()
+        if holder is not None and kept is not None and holder.fast_record is kept:
+            holder.drop_fast()
+
+    return gone
 
 
 def _one_step(plan: DistributedPlan, repeat: Repeat, seconds: float | None) -> OneStep:
