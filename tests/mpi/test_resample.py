@@ -169,14 +169,57 @@ def test_max_pool_double_backward_runs_on_a_rank_whose_loss_ignores_its_gradient
 
 
 def test_repartition_module_moves_forward_and_back_exactly():
+    """Forward and back exactly, call after call: the second call through the bound calls the
+    module keeps, new data each call; then float32 (the kept calls' dtypes no longer fit: bound
+    again), float32 again after the function was bound for float64 and again for float32 behind
+    the module's back (a kept call of the right dtypes, no longer current: not used), and a block
+    of a wrong shape (refused, never copied into a kept buffer); outputs and gradients of the
+    input's dtype."""
+    from linop.errors import StateError
+
     x = DistributedTensor("x", (2, 3, 7, 5), Partition((1, 1, SIZE, 1)))
     z = DistributedTensor(
         "z", (2, 3, 7, 5), Partition((SIZE, 1, 1, 1)), sizes=((2, *(0,) * (SIZE - 1)), (3,), (7,), (5,))
     )
     module = Repartition(x, z, comm=COMM)
     rng = np.random.default_rng(7)
-    data, dy = rng.standard_normal(x.global_shape), rng.standard_normal(x.global_shape)
-    _module_against(module, x, z, lambda t: t * 1, data, dy, exact=True)
+    problems = []
+    for call, dtype in enumerate((np.float64, np.float64, np.float32, np.float32)):
+        for other in (torch.float64, torch.float32) if call == 3 else ():  # bound again elsewhere
+            for adjoint, names, space in (
+                (False, module.input_names, x.space),
+                (True, module.output_names, z.space),
+            ):
+                module.function.untracked(
+                    {n: torch.zeros(space[n].shape, dtype=other) for n in names}, adjoint=adjoint
+                )
+        data, dy = (rng.standard_normal(x.global_shape).astype(dtype) for _ in range(2))
+        mine = {
+            k: torch.from_numpy(v).requires_grad_()
+            for k, v in local_part(x.space, x.scatter(data), COMM.rank).items()
+        }
+        out = module(mine)
+        cotangent = z.scatter(dy)
+        loss = sum((v * torch.from_numpy(cotangent[k])).sum() for k, v in out.items())
+        (loss + module.token.sum()).backward()
+        want_y, want_dx = z.scatter(data), x.scatter(dy)
+        problems += [
+            f"call {call} y {k}" for k, v in out.items() if not np.array_equal(v.detach(), want_y[k])
+        ]
+        problems += [f"call {call} dx {k}" for k, v in mine.items() if not np.array_equal(v.grad, want_dx[k])]
+        problems += [
+            f"call {call} dtype {k}"
+            for k, v in [*out.items(), *((k, v.grad) for k, v in mine.items())]
+            if v.dtype != torch.from_numpy(data).dtype
+        ]
+    collective_assert(not problems, "; ".join(problems))
+    wrong = {k: torch.zeros(v.shape[0] + 1, *v.shape[1:], dtype=torch.float32) for k, v in mine.items()}
+    refused = None
+    try:
+        module(wrong)
+    except StateError as error:
+        refused = error
+    collective_assert(refused is not None or not wrong, "a block of a wrong shape went through")
 
 
 def test_repartition_double_backward_runs_on_a_rank_whose_loss_ignores_its_gradient():
