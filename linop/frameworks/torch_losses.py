@@ -299,6 +299,7 @@ def _broadcast(module: LossModule, ctx: Any, grad: Tensor) -> list[Tensor]:
     (recorded under ``create_graph``; else through the bound call where there is one, or
     untracked, binding, and then kept for the next calls)."""
     function = module.reduce
+    assert function is not None  # a reduction: the tree exists
     seed: tuple[Tensor, ...] = ()
     if ctx.total is not None:  # the root: s times the loss's gradient, the broadcast's block
         dtype, device = ctx.total
