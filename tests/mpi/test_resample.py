@@ -76,10 +76,8 @@ def _module_against(module, x, y, reference, data, dy, *, exact=False):
     problems = []
     for call in range(2):  # the second call runs the bound plans (their buffers refilled: new data)
         data, dy = data * (call + 1) - call, dy * (1 - 2 * call)
-        mine = {
-            k: torch.from_numpy(v).requires_grad_()
-            for k, v in local_part(x.space, x.scatter(data), COMM.rank).items()
-        }
+        blocks = x.scatter(data)
+        mine = {k: torch.from_numpy(blocks[k]).requires_grad_() for k in module.input_names}
         out = module(mine)
         cotangent = y.scatter(dy)
         loss = sum((v * torch.from_numpy(cotangent[k])).sum() for k, v in out.items())
@@ -169,19 +167,21 @@ def test_max_pool_double_backward_runs_on_a_rank_whose_loss_ignores_its_gradient
 
 
 def test_repartition_module_moves_forward_and_back_exactly():
-    """Forward and back exactly, call after call: the second call through the bound calls the
+    """Forward and back exactly, call after call, two blocks of x on each rank (a worker map):
+    the second call through the bound calls the
     module keeps, new data each call; then float32 (the kept calls' dtypes no longer fit: bound
     again), float32 again after the function was bound for float64 and again for float32 behind
     the module's back (a kept call of the right dtypes, no longer current: not used), and a block
     of a wrong shape (refused, never copied into a kept buffer); outputs and gradients of the
     input's dtype."""
     from linop.errors import StateError
+    from linop.program import WorkerMap
 
-    x = DistributedTensor("x", (2, 3, 7, 5), Partition((1, 1, SIZE, 1)))
+    x = DistributedTensor("x", (2, 3, 8, 5), Partition((1, 1, 2 * SIZE, 1)))  # two blocks per rank
     z = DistributedTensor(
-        "z", (2, 3, 7, 5), Partition((SIZE, 1, 1, 1)), sizes=((2, *(0,) * (SIZE - 1)), (3,), (7,), (5,))
+        "z", (2, 3, 8, 5), Partition((SIZE, 1, 1, 1)), sizes=((2, *(0,) * (SIZE - 1)), (3,), (8,), (5,))
     )
-    module = Repartition(x, z, comm=COMM)
+    module = Repartition(x, z, comm=COMM, mapping=WorkerMap.round_robin(2 * SIZE, SIZE))
     rng = np.random.default_rng(7)
     problems = []
     for call, dtype in enumerate((np.float64, np.float64, np.float32, np.float32)):
@@ -194,10 +194,8 @@ def test_repartition_module_moves_forward_and_back_exactly():
                     {n: torch.zeros(space[n].shape, dtype=other) for n in names}, adjoint=adjoint
                 )
         data, dy = (rng.standard_normal(x.global_shape).astype(dtype) for _ in range(2))
-        mine = {
-            k: torch.from_numpy(v).requires_grad_()
-            for k, v in local_part(x.space, x.scatter(data), COMM.rank).items()
-        }
+        blocks = x.scatter(data)
+        mine = {k: torch.from_numpy(blocks[k]).requires_grad_() for k in module.input_names}
         out = module(mine)
         cotangent = z.scatter(dy)
         loss = sum((v * torch.from_numpy(cotangent[k])).sum() for k, v in out.items())
