@@ -262,8 +262,8 @@ class _ReduceFunction(torch.autograd.Function):
                 kept.call()
                 fitted = []
                 for view, fit in zip(kept.outputs, ctx.fit):
-                    gradient = fitted_gradient(view, *fit)
-                    fitted.append(view.clone() if gradient is view else gradient)  # of its own
+                    gradient = fitted_gradient(view, *fit)  # its memory its own, not the buffer's:
+                    fitted.append(gradient.clone() if gradient.data_ptr() == view.data_ptr() else gradient)
                 return (None, None, *fitted)
         return (None, None, *_broadcast(module, ctx, grad))
 

@@ -101,8 +101,8 @@ class _RepartitionFunction(torch.autograd.Function):
                     back = tuple([back[i] for i in kept.back])
                 fitted = []
                 for view, fit in zip(back, ctx.fit):
-                    gradient = fitted_gradient(view, *fit)
-                    fitted.append(view.clone() if gradient is view else gradient)  # of its own
+                    gradient = fitted_gradient(view, *fit)  # its memory its own, not the buffer's:
+                    fitted.append(gradient.clone() if gradient.data_ptr() == view.data_ptr() else gradient)
                 return (None, None, *fitted)
         function = module.function
         inputs, outputs = function.names(adjoint=True)
