@@ -435,6 +435,54 @@ class BoundTensors:
         self._bound.free()
 
 
+class BoundCall:
+    """A runner's persistent MPI binding (:class:`BoundTensors`) as a call a module that is its
+    own autograd node keeps from one call to the next (:meth:`TorchOperator.bound_call`): it
+    fills :attr:`inputs` itself (straight, with ``copy_`` or ``out=``), calls this object (the
+    bound call :meth:`TorchOperator.bound_views` makes, marked for the stall diagnosis alike),
+    and reads :attr:`outputs` (*overwritten by the next call*) before the next.
+
+    It stays valid while :attr:`current` (the runner has not bound again: new dtypes free the
+    binding it holds); a caller tests that, and that its tensors have :attr:`dtypes` and the
+    buffers' shapes, before each use.
+
+    Attributes
+    ----------
+    inputs, outputs : tuple of torch.Tensor
+        The binding's domain buffers and result buffers (in the order of the runner's inputs
+        and outputs, :meth:`TorchOperator.names`).
+    dtypes : tuple of torch.dtype
+        The inputs' dtypes the binding is for.
+    """
+
+    __slots__ = ("_call", "_plan", "_runner", "_state", "bound", "dtypes", "inputs", "outputs")
+
+    def __init__(self, runner: _Runner, bound: BoundTensors) -> None:
+        self._runner = runner
+        self.bound = bound
+        self.inputs = bound.inputs
+        self.outputs = bound.outputs
+        self.dtypes = runner._bound_dtypes
+        self._plan = runner.plan
+        # what the stall record reads of a call's state: names, dtypes and shapes, which the
+        # buffers share with every tensor a caller may copy into them
+        self._state = dict(zip(runner.inputs, bound.inputs))
+        self._call = bound._call
+
+    @property
+    def current(self) -> bool:
+        """Whether this is still the runner's binding (no rebinding since)."""
+        return self._runner._bound is self.bound
+
+    def __call__(self) -> None:
+        stall = _stall("mpi")
+        call = stall.enter(self._plan, "bound", self._state)
+        try:
+            self._call()
+        finally:
+            stall.leave(call)
+
+
 STRAIGHT_FROM = 1 << 21
 """Bytes of one rank's domain and range blocks (2 MiB) from which a bound tree runs straight on
 each call's tensors (the plan checked once, run by the host interpreter on their memory, the
@@ -708,6 +756,17 @@ class TorchOperator:
             return bound.run(tensors)
         finally:
             stall.leave(call)
+
+    def bound_call(self, *, adjoint: bool = False) -> BoundCall | None:
+        """Under MPI, the persistent binding an earlier call of the tree (``adjoint=True``: of
+        its adjoint) made, as a :class:`BoundCall` a module keeps and runs on its own buffers
+        while it is :attr:`~BoundCall.current`; None where there is none (one process, a process
+        group, no call yet, a binding that runs straight on each call's tensors)."""
+        runner = self._runner.adjoint if adjoint else self._runner
+        bound = runner._bound
+        if runner.plan is None or bound is None or not bound.persistent:
+            return None
+        return BoundCall(runner, bound)
 
     def names(self, *, adjoint: bool = False) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The block names this process passes in and gets back, of the tree or its adjoint."""

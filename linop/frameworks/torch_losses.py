@@ -24,7 +24,7 @@ import torch
 
 from ..errors import LayerError, StateError
 from ..layers.losses import Loss
-from .torch_function import TorchOperator, collective_anchor, engine_arguments, fitted_gradient
+from .torch_function import BoundCall, TorchOperator, collective_anchor, engine_arguments, fitted_gradient
 from .torch_placement import Placement, workers_of
 
 __all__ = ["LossModule", "local_loss"]
@@ -124,6 +124,10 @@ class LossModule(torch.nn.Module):
         self._partial_names = tuple(layer.partial_name(n) for n in self.input_names)
         self._total_name = "" if tree is None else layer.total_name
         self._anchor = collective_anchor(comm, group)  # ties every process's output to the graph
+        self._scale = layer.scale
+        # under MPI, the bound calls kept from one call to the next (_ReduceFunction)
+        self._kept_reduce: _Kept | None = None
+        self._kept_broadcast: _Kept | None = None
         self.token: Tensor | None = None
 
     def forward(self, x: Mapping[str, Tensor], target: Mapping[str, Tensor]) -> Any:
@@ -176,59 +180,145 @@ class LossModule(torch.nn.Module):
         return f"{layer.kind}, reduction={layer.reduction!r}, root={layer.root}, {layer.x.space}"
 
 
+class _Kept:
+    """A bound call of the loss's tree or of its adjoint
+    (:class:`~linop.frameworks.torch_function.BoundCall`) kept between calls, its buffers seen as
+    0-d tensors in the module's order of the partial sums: the sum-reduce's inputs (the partial
+    sums) and output (the total, on the root); the broadcast's input (the root's seed) and
+    outputs (the partial sums' gradients). A call uses it while the binding is current and the
+    call's tensors have its dtypes on the CPU (what the bound call was made for); else it takes
+    the general path, which binds again where the dtypes changed."""
+
+    __slots__ = ("call", "dtypes", "inputs", "outputs")
+
+    def __init__(self, call: BoundCall, inputs: list[int], outputs: list[int]) -> None:
+        self.call = call
+        self.inputs = tuple(call.inputs[i].view(()) for i in inputs)
+        self.outputs = tuple(call.outputs[i].view(()) for i in outputs)
+        self.dtypes = tuple(call.dtypes[i] for i in inputs)
+
+    @classmethod
+    def of(
+        cls, function: TorchOperator, inputs: tuple[str, ...], outputs: tuple[str, ...], *, adjoint: bool
+    ) -> _Kept | None:
+        """The current binding of ``function`` (``adjoint``: of its adjoint) with its buffers in
+        the order of the names ``inputs`` and ``outputs`` (a subset of its outputs); None
+        where there is none to keep."""
+        call = function.bound_call(adjoint=adjoint)
+        if call is None:
+            return None
+        given, got = function.names(adjoint=adjoint)
+        return cls(call, [given.index(n) for n in inputs], [got.index(n) for n in outputs])
+
+    def takes(self, tensors: tuple[Tensor, ...]) -> bool:
+        """Whether ``tensors`` (0-d, in this order) go through the kept binding."""
+        if not self.call.current or len(tensors) != len(self.dtypes):
+            return False
+        for tensor, dtype in zip(tensors, self.dtypes):
+            if tensor.dtype != dtype or not tensor.is_cpu:
+                return False
+        return True
+
+
 class _ReduceFunction(torch.autograd.Function):
     r"""forward(module, anchor, \*partials) -> :math:`L = s\,R\,p` on the root (the local
     sums :math:`p`, 0-d, reduced by the layer's tree run untracked), a zero scalar elsewhere
     (float64: the token every process's backward needs); backward
     :math:`\bar p = R^{*}(s \bar L)`, the broadcast of the root's scaled gradient (a non-root
-    process's seed is not used)."""
+    process's seed is not used).
+
+    Under MPI, after the first call in each direction, the bound call is kept (:class:`_Kept`):
+    the partial sums are copied into its buffers, the seed is scaled into its buffer (``out=``),
+    and the loss and the gradients are read from its result buffers, with no per-call
+    bookkeeping."""
 
     @staticmethod
     def forward(ctx: Any, module: LossModule, anchor: torch.Tensor | None, *partials: Tensor) -> Tensor:
-        function = module.reduce
-        assert function is not None  # a reduction: the tree exists
-        dtype = partials[0].dtype if partials else None
-        for partial in partials[1:]:  # one dtype for the tree (a float32 block next to a float64 one)
-            dtype = torch.promote_types(dtype, partial.dtype)  # type: ignore[arg-type]
-        state = {
-            name: (partial.detach() if partial.dtype == dtype else partial.detach().to(dtype)).reshape(1)
-            for name, partial in zip(module._partial_names, partials)
-        }
-        inputs, outputs = function.names()
-        views = function.bound_views([state[name] for name in inputs])  # the bound call, lean
-        if views is None:
-            total = function.untracked(state).get(module._total_name)
-        else:  # the result buffer: consumed below (the scaled loss is a tensor of its own)
-            total = dict(zip(outputs, views)).get(module._total_name)
         ctx.module = module
         ctx.fit = [(p.dtype, p.device) for p in partials]
-        ctx.total = None if total is None else (total.dtype, total.device)
+        kept = module._kept_reduce
+        if kept is not None and kept.takes(partials):
+            for buffer, partial in zip(kept.inputs, partials):
+                buffer.copy_(partial)
+            kept.call()
+            total = kept.outputs[0] if kept.outputs else None
+        else:
+            total = _reduced(module, partials)
         if total is None:
+            ctx.total = None
             return torch.zeros((), dtype=torch.float64)
-        return total.reshape(()) * module.layer.scale
+        ctx.total = (total.dtype, total.device)
+        return total * module._scale  # a tensor of its own (the result buffer is refilled)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> Any:
         module = ctx.module
-        function = module.reduce
-        seed: tuple[Tensor, ...] = ()
-        if ctx.total is not None:  # the root: s times the loss's gradient, the broadcast's block
-            dtype, device = ctx.total
-            seed = ((grad * module.layer.scale).to(dtype=dtype, device=device).reshape(1),)
-        inputs, outputs = function.names(adjoint=True)
-        views = None
-        if torch.is_grad_enabled():  # create_graph: the broadcast recorded too
-            adjoint = dict(zip(outputs, function.adjoint_tensors(*seed)))
-            if module._anchor is not None:  # its token, the module's now (for the next loss)
-                module.__dict__["token"] = function.token
+        kept = module._kept_broadcast
+        if not torch.is_grad_enabled() and kept is not None and kept.call.current:
+            root = ctx.total is not None
+            if kept.dtypes == ((ctx.total[0],) if root else ()) and (not root or grad.is_cpu):
+                if root:  # s times the loss's gradient, straight into the broadcast's buffer
+                    torch.mul(grad, module._scale, out=kept.inputs[0])
+                kept.call()
+                fitted = []
+                for view, fit in zip(kept.outputs, ctx.fit):
+                    gradient = fitted_gradient(view, *fit)  # its memory its own, not the buffer's:
+                    fitted.append(gradient.clone() if gradient.data_ptr() == view.data_ptr() else gradient)
+                return (None, None, *fitted)
+        return (None, None, *_broadcast(module, ctx, grad))
+
+
+def _reduced(module: LossModule, partials: tuple[Tensor, ...]) -> Tensor | None:
+    """The sum-reduce of the partial sums (one dtype for the tree: a float32 block next to a
+    float64 one promotes), through the bound call where there is one, else untracked (binding);
+    the total's 0-d tensor on the root (a result buffer of the binding: consumed before the
+    next call), None elsewhere. Keeps the binding for the next calls (:class:`_Kept`)."""
+    function = module.reduce
+    assert function is not None  # a reduction: the tree exists
+    dtype = partials[0].dtype if partials else None
+    for partial in partials[1:]:
+        dtype = torch.promote_types(dtype, partial.dtype)  # type: ignore[arg-type]
+    state = {
+        name: (partial.detach() if partial.dtype == dtype else partial.detach().to(dtype)).reshape(1)
+        for name, partial in zip(module._partial_names, partials)
+    }
+    inputs, outputs = function.names()
+    views = function.bound_views([state[name] for name in inputs])  # the bound call, lean
+    if views is None:
+        total = function.untracked(state).get(module._total_name)
+    else:
+        total = dict(zip(outputs, views)).get(module._total_name)
+    module._kept_reduce = _Kept.of(
+        function, module._partial_names, tuple(n for n in outputs if n == module._total_name), adjoint=False
+    )
+    return None if total is None else total.reshape(())
+
+
+def _broadcast(module: LossModule, ctx: Any, grad: Tensor) -> list[Tensor]:
+    """The broadcast of the root's scaled seed: the partial sums' gradients, fitted to them
+    (recorded under ``create_graph``; else through the bound call where there is one, or
+    untracked, binding, and then kept for the next calls)."""
+    function = module.reduce
+    assert function is not None  # a reduction: the tree exists
+    seed: tuple[Tensor, ...] = ()
+    if ctx.total is not None:  # the root: s times the loss's gradient, the broadcast's block
+        dtype, device = ctx.total
+        seed = ((grad * module._scale).to(dtype=dtype, device=device).reshape(1),)
+    inputs, outputs = function.names(adjoint=True)
+    views = None
+    if torch.is_grad_enabled():  # create_graph: the broadcast recorded too
+        adjoint = dict(zip(outputs, function.adjoint_tensors(*seed)))
+        if module._anchor is not None:  # its token, the module's now (for the next loss)
+            module.__dict__["token"] = function.token
+    else:
+        views = function.bound_views(seed, adjoint=True)  # the bound call, lean
+        if views is None:
+            adjoint = function.untracked(dict(zip(inputs, seed)), adjoint=True)
         else:
-            views = function.bound_views(seed, adjoint=True)  # the bound call, lean
-            if views is None:
-                adjoint = function.untracked(dict(zip(inputs, seed)), adjoint=True)
-            else:
-                adjoint = dict(zip(outputs, views))
-        back = [adjoint[name] for name in module._partial_names]
-        fitted = [fitted_gradient(gradient.reshape(()), *fit) for gradient, fit in zip(back, ctx.fit)]
-        if views is not None:  # views of the result buffers: the gradients must own their memory
-            fitted = [gradient.clone() for gradient in fitted]
-        return (None, None, *fitted)  # the anchor's gradient: none (it only ties the graph)
+            adjoint = dict(zip(outputs, views))
+        module._kept_broadcast = _Kept.of(function, inputs, module._partial_names, adjoint=True)
+    back = [adjoint[name] for name in module._partial_names]
+    fitted = [fitted_gradient(gradient.reshape(()), *fit) for gradient, fit in zip(back, ctx.fit)]
+    if views is not None:  # views of the result buffers: the gradients must own their memory
+        fitted = [gradient.clone() for gradient in fitted]
+    return fitted

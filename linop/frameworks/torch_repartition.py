@@ -18,7 +18,7 @@ import torch
 
 from ..partition import DistributedTensor
 from ..repartition import Repartition as RepartitionOperator
-from .torch_function import fitted_gradient
+from .torch_function import BoundCall, fitted_gradient
 from .torch_windows import BlockModule
 
 __all__ = ["Repartition"]
@@ -66,6 +66,8 @@ class Repartition(BlockModule):
         super().__init__(operator, comm=comm, group=group, mapping=mapping)
         self.source, self.destination = source, destination
         self.operator = operator
+        # under MPI, the bound calls kept from one call to the next, forward and reverse (_Kept)
+        self._kept: list[_Kept | None] = [None, None]
 
     def forward(self, x: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return self._outputs(_RepartitionFunction.apply(self, self._anchor, *self.tensors_of(x)))
@@ -88,8 +90,21 @@ class _RepartitionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:
         module = ctx.module
-        function = module.function
+        kept = module._kept[1]
         grads = grads[:-1]  # the token's is not used
+        if kept is not None and not torch.is_grad_enabled():
+            ordered = [grads[i] for i in kept.order] if kept.order is not None else grads
+            if kept.takes(ordered):  # the reverse repartition through the kept binding
+                kept.fill(ordered)
+                back = kept.outputs
+                if kept.back is not None:
+                    back = tuple([back[i] for i in kept.back])
+                fitted = []
+                for view, fit in zip(back, ctx.fit):
+                    gradient = fitted_gradient(view, *fit)  # its memory its own, not the buffer's:
+                    fitted.append(gradient.clone() if gradient.data_ptr() == view.data_ptr() else gradient)
+                return (None, None, *fitted)
+        function = module.function
         inputs, outputs = function.names(adjoint=True)
         given = dict(zip(module.output_names, grads))
         ordered = [given[name] for name in inputs]
@@ -103,18 +118,82 @@ class _RepartitionFunction(torch.autograd.Function):
         return (None, None, *fitted)  # the anchor's gradient: none (it only ties the graph)
 
 
+class _Kept:
+    """Under MPI, a direction's bound call (:class:`~linop.frameworks.torch_function.BoundCall`)
+    kept from one call to the next: a call whose tensors have its dtypes and its buffers'
+    shapes, on the CPU, while the binding is current, is copied into its buffers and run with
+    no per-call bookkeeping (else the general path, which binds again where dtypes changed).
+    ``order``: the positions, among the tensors the module has (its output blocks' gradients,
+    in :attr:`~Repartition.output_names` order), of the direction's inputs (None: the same);
+    ``back``: the positions, among the direction's outputs, of the module's input blocks'
+    gradients (None: the same)."""
+
+    __slots__ = ("back", "call", "order", "outputs", "shapes")
+
+    def __init__(self, call: BoundCall, order: list[int] | None, back: list[int] | None) -> None:
+        self.call = call
+        self.outputs = call.outputs
+        self.shapes = tuple(buffer.shape for buffer in call.inputs)
+        self.order = order
+        self.back = back
+
+    @classmethod
+    def of(cls, module: Repartition, adjoint: bool) -> _Kept | None:
+        """The function's current binding in that direction, or None where there is none."""
+        function = module.function
+        call = function.bound_call(adjoint=adjoint)
+        if call is None:
+            return None
+        if not adjoint:
+            return cls(call, None, None)
+        inputs, outputs = function.names(adjoint=True)
+        order = [module.output_names.index(name) for name in inputs]
+        back = [outputs.index(name) for name in module.input_names]
+        return cls(
+            call,
+            None if order == list(range(len(module.output_names))) else order,
+            None if back == list(range(len(outputs))) else back,
+        )
+
+    def takes(self, tensors: Sequence[torch.Tensor]) -> bool:
+        """Whether ``tensors`` (the direction's inputs, in order) go through the kept binding."""
+        call = self.call
+        if not call.current or len(tensors) != len(self.shapes):
+            return False
+        for tensor, dtype, shape in zip(tensors, call.dtypes, self.shapes):
+            if tensor.dtype != dtype or tensor.shape != shape or not tensor.is_cpu:
+                return False
+        return True
+
+    def fill(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Copy ``tensors`` into the binding's buffers and run it (:attr:`outputs` then hold the
+        results, until the next call)."""
+        for buffer, tensor in zip(self.call.inputs, tensors):
+            buffer.copy_(tensor)
+        self.call()
+
+
 def _moved(
     module: Repartition, tensors: Sequence[torch.Tensor], *, adjoint: bool = False
 ) -> tuple[torch.Tensor, ...]:
     """The tree (``adjoint=True``: the reverse repartition) on this process's blocks, in the
     order of the direction's inputs: its output blocks in their order, tensors of their own,
-    untracked. Under MPI through the binding's result buffers, copied
+    untracked. Under MPI through the binding's result buffers, copied: the kept bound call
+    (:class:`_Kept`) where it takes the tensors, else
     (:meth:`~linop.frameworks.torch_function.TorchOperator.bound_views`: the bound call without
-    the untracked call's bookkeeping), where the binding allows; else untracked."""
+    the untracked call's bookkeeping) where the binding allows, then kept; else untracked."""
+    kept = module._kept[adjoint]
+    if kept is not None and kept.takes(tensors):
+        kept.fill(tensors)
+        return tuple([view.clone() for view in kept.outputs])
     function = module.function
     views = function.bound_views(tensors, adjoint=adjoint) if module.comm is not None else None
     if views is not None:
-        return tuple([view.clone() for view in views])
-    inputs, outputs = function.names(adjoint=adjoint)
-    result = function.untracked(dict(zip(inputs, tensors)), adjoint=adjoint)
-    return tuple([result[name] for name in outputs])
+        result = tuple([view.clone() for view in views])
+    else:
+        inputs, outputs = function.names(adjoint=adjoint)
+        moved = function.untracked(dict(zip(inputs, tensors)), adjoint=adjoint)
+        result = tuple([moved[name] for name in outputs])
+    if module.comm is not None:
+        module._kept[adjoint] = _Kept.of(module, adjoint)
+    return result

@@ -184,6 +184,60 @@ def test_loss_module_equals_torch(kind, reduction, options):
     collective_assert(not problems, f"{kind} {reduction}: {problems}")
 
 
+def test_loss_module_keeps_its_bound_calls_only_while_they_fit():
+    """Two blocks on each rank (a worker map). From its second call a LossModule runs the bound
+    sum-reduce and broadcast it keeps (new
+    data each call, forward and backward); then forward only: float32 (the kept sum-reduce's
+    dtype no longer fits: bound again), and float32 again after its tree was bound for float64
+    and again for float32 behind its back (a kept call of the right dtype, no longer current: not
+    used). The root's loss equals torch's, of the input's dtype, and so do every rank's
+    gradients. (The backward cannot change dtypes between calls: the ranks other than the root
+    have no input to the broadcast, so they do not bind it again; the peer mismatch is diagnosed
+    and the job ends, with or without the kept calls.)"""
+    from linop.frameworks.torch_losses import LossModule
+    from linop.program import WorkerMap
+
+    # 5 rows over two workers per rank (a worker map; empty shares from 3 ranks)
+    rows = (
+        tuple(max(0, min(1, 5 - k)) for k in range(2 * SIZE))
+        if SIZE >= 3
+        else (3, 2)
+        if SIZE == 1
+        else (2, 1, 1, 1)
+    )
+    x = DistributedTensor("x", (5, 3), Partition((2 * SIZE, 1)), sizes=(rows, (3,)))
+    module = LossModule(
+        Loss(x, "mse", root=2 * SIZE - 1), comm=COMM, mapping=WorkerMap.round_robin(2 * SIZE, SIZE)
+    )
+    rng = np.random.default_rng(29)
+    problems = []
+    for call, dtype in enumerate((np.float64, np.float64, np.float32, np.float32)):
+        for other in (torch.float64, torch.float32) if call == 3 else ():  # bound again elsewhere
+            module.reduce.untracked({n: torch.zeros(1, dtype=other) for n in module.reduce.names()[0]})
+        data, target = (rng.standard_normal(x.global_shape).astype(dtype) for _ in range(2))
+        blocks, target_blocks = x.scatter(data), x.scatter(target)
+        inputs = {k: torch.from_numpy(blocks[k]).requires_grad_() for k in module.input_names}
+        targets = {k: torch.from_numpy(target_blocks[k]) for k in module.input_names}
+        reference = torch.from_numpy(data).requires_grad_()
+        expected = torch.nn.functional.mse_loss(reference, torch.from_numpy(target))
+        rtol = 1e-12 if dtype == np.float64 else 1e-5
+        with torch.set_grad_enabled(dtype == np.float64):
+            out = module(inputs, targets)
+        if dtype == np.float64:
+            out.backward()
+            expected.backward()
+            grads = x.scatter(reference.grad.numpy())
+            problems += [
+                f"call {call}: dx {k}" for k, v in inputs.items() if not np.allclose(v.grad, grads[k])
+            ]
+        out, expected = out.detach(), expected.detach()
+        if module.is_root and (
+            out.dtype != expected.dtype or not np.isclose(float(out), float(expected), rtol=rtol)
+        ):
+            problems.append(f"call {call}: loss {out} against {expected}")
+    collective_assert(not problems, "; ".join(problems))
+
+
 @pytest.mark.parametrize(("label", "x"), _batchnorm_cases(), ids=[c[0] for c in _batchnorm_cases()])
 def test_batchnorm_jacobian_tree_from_this_ranks_blocks_equals_numpy(label, x):
     """The training Jacobian built from the saved forward of this rank's blocks only (as a real

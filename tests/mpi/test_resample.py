@@ -76,10 +76,8 @@ def _module_against(module, x, y, reference, data, dy, *, exact=False):
     problems = []
     for call in range(2):  # the second call runs the bound plans (their buffers refilled: new data)
         data, dy = data * (call + 1) - call, dy * (1 - 2 * call)
-        mine = {
-            k: torch.from_numpy(v).requires_grad_()
-            for k, v in local_part(x.space, x.scatter(data), COMM.rank).items()
-        }
+        blocks = x.scatter(data)
+        mine = {k: torch.from_numpy(blocks[k]).requires_grad_() for k in module.input_names}
         out = module(mine)
         cotangent = y.scatter(dy)
         loss = sum((v * torch.from_numpy(cotangent[k])).sum() for k, v in out.items())
@@ -169,14 +167,63 @@ def test_max_pool_double_backward_runs_on_a_rank_whose_loss_ignores_its_gradient
 
 
 def test_repartition_module_moves_forward_and_back_exactly():
-    x = DistributedTensor("x", (2, 3, 7, 5), Partition((1, 1, SIZE, 1)))
+    """Forward and back exactly, call after call, two blocks of x on each rank (a worker map):
+    the second and third calls through the bound calls the module keeps, new data each call;
+    then float32 (the kept calls' dtypes no longer fit: bound again), float32 again after the
+    function was bound for float64 and again for float32 behind the module's back (a kept call
+    of the right dtypes, no longer current: not used), and a block of a wrong shape (refused,
+    never copied into a kept buffer). Outputs and gradients have the input's dtype and memory of
+    their own (each call's still right after the next)."""
+    from linop.errors import StateError
+    from linop.program import WorkerMap
+
+    x = DistributedTensor("x", (2, 3, 8, 5), Partition((1, 1, 2 * SIZE, 1)))  # two blocks per rank
     z = DistributedTensor(
-        "z", (2, 3, 7, 5), Partition((SIZE, 1, 1, 1)), sizes=((2, *(0,) * (SIZE - 1)), (3,), (7,), (5,))
+        "z", (2, 3, 8, 5), Partition((SIZE, 1, 1, 1)), sizes=((2, *(0,) * (SIZE - 1)), (3,), (8,), (5,))
     )
-    module = Repartition(x, z, comm=COMM)
+    module = Repartition(x, z, comm=COMM, mapping=WorkerMap.round_robin(2 * SIZE, SIZE))
     rng = np.random.default_rng(7)
-    data, dy = rng.standard_normal(x.global_shape), rng.standard_normal(x.global_shape)
-    _module_against(module, x, z, lambda t: t * 1, data, dy, exact=True)
+    problems, kept = [], []
+    for call, dtype in enumerate((np.float64, np.float64, np.float64, np.float32, np.float32)):
+        for other in (torch.float64, torch.float32) if call == 4 else ():  # bound again elsewhere
+            for adjoint, names, space in (
+                (False, module.input_names, x.space),
+                (True, module.output_names, z.space),
+            ):
+                module.function.untracked(
+                    {n: torch.zeros(space[n].shape, dtype=other) for n in names}, adjoint=adjoint
+                )
+        data, dy = (rng.standard_normal(x.global_shape).astype(dtype) for _ in range(2))
+        blocks = x.scatter(data)
+        mine = {k: torch.from_numpy(blocks[k]).requires_grad_() for k in module.input_names}
+        seen: dict[str, torch.Tensor] = {}  # the gradients as they reach the inputs (a hook keeps them)
+        for k, v in mine.items():
+            v.register_hook(lambda g, k=k, seen=seen: seen.__setitem__(k, g))
+        out = module(mine)
+        cotangent = z.scatter(dy)
+        loss = sum((v * torch.from_numpy(cotangent[k])).sum() for k, v in out.items())
+        (loss + module.token.sum()).backward()
+        want_y, want_dx = z.scatter(data), x.scatter(dy)
+        kept.append((call, out, seen, want_y, want_dx))  # each call's results, checked after the next too
+        for at, y, dx, y_want, dx_want in kept[-2:]:
+            problems += [
+                f"call {at} y {k}" for k, v in y.items() if not np.array_equal(v.detach(), y_want[k])
+            ]
+            problems += [f"call {at} dx {k}" for k, v in dx.items() if not np.array_equal(v, dx_want[k])]
+        problems += [f"call {call} dx {k}" for k, v in mine.items() if not np.array_equal(v.grad, want_dx[k])]
+        problems += [
+            f"call {call} dtype {k}"
+            for k, v in [*out.items(), *((k, v.grad) for k, v in mine.items())]
+            if v.dtype != torch.from_numpy(data).dtype
+        ]
+    collective_assert(not problems, "; ".join(problems))
+    wrong = {k: torch.zeros(v.shape[0] + 1, *v.shape[1:], dtype=torch.float32) for k, v in mine.items()}
+    refused = None
+    try:
+        module(wrong)
+    except StateError as error:
+        refused = error
+    collective_assert(refused is not None or not wrong, "a block of a wrong shape went through")
 
 
 def test_repartition_double_backward_runs_on_a_rank_whose_loss_ignores_its_gradient():
