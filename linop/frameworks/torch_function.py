@@ -768,6 +768,21 @@ class TorchOperator:
             return None
         return BoundCall(runner, bound)
 
+    def unbind_unless(self, dtype: torch.dtype, *, adjoint: bool = False) -> None:
+        """Under MPI, free the tree's (``adjoint=True``: its adjoint's) persistent binding
+        unless it was made for blocks of ``dtype``, so that its next call binds again
+        (collective then). For a module whose ranks all know a call's dtype while some have
+        no input to the tree (a broadcast's ranks other than its root): they cannot see the
+        dtypes change in inputs they do not have, so every rank calls this alike, and the
+        ranks bind again together. Nothing happens in one process or on a process group."""
+        runner = self._runner.adjoint if adjoint else self._runner
+        bound = runner._bound
+        if runner.plan is None or bound is None or bound.dtype == _numpy_dtype(dtype):
+            return
+        bound.free()
+        runner._bound = None
+        runner._bound_dtypes = ()
+
     def names(self, *, adjoint: bool = False) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The block names this process passes in and gets back, of the tree or its adjoint."""
         runner = self._runner.adjoint if adjoint else self._runner

@@ -242,8 +242,10 @@ class _ReduceFunction(torch.autograd.Function):
                 buffer.copy_(partial)
             kept.call()
             total = kept.outputs[0] if kept.outputs else None
+            ctx.tree = partials[0].dtype if partials else None  # (all of the kept dtype)
         else:
             total = _reduced(module, partials)
+            ctx.tree = _tree_dtype(partials)
         if total is None:
             ctx.total = None
             return torch.zeros((), dtype=torch.float64)
@@ -253,6 +255,10 @@ class _ReduceFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> Any:
         module = ctx.module
+        if ctx.tree is not None and module.reduce is not None:
+            # the ranks other than the root have no input to the broadcast, so they cannot see
+            # its dtype change: every rank drops a binding of another dtype, and all bind again
+            module.reduce.unbind_unless(ctx.tree, adjoint=True)
         kept = module._kept_broadcast
         if not torch.is_grad_enabled() and kept is not None and kept.call.current:
             root = ctx.total is not None
@@ -275,9 +281,7 @@ def _reduced(module: LossModule, partials: tuple[Tensor, ...]) -> Tensor | None:
     next call), None elsewhere. Keeps the binding for the next calls (:class:`_Kept`)."""
     function = module.reduce
     assert function is not None  # a reduction: the tree exists
-    dtype = partials[0].dtype if partials else None
-    for partial in partials[1:]:
-        dtype = torch.promote_types(dtype, partial.dtype)  # type: ignore[arg-type]
+    dtype = _tree_dtype(partials)
     state = {
         name: (partial.detach() if partial.dtype == dtype else partial.detach().to(dtype)).reshape(1)
         for name, partial in zip(module._partial_names, partials)
@@ -292,6 +296,14 @@ def _reduced(module: LossModule, partials: tuple[Tensor, ...]) -> Tensor | None:
         function, module._partial_names, tuple(n for n in outputs if n == module._total_name), adjoint=False
     )
     return None if total is None else total.reshape(())
+
+
+def _tree_dtype(partials: tuple[Tensor, ...]) -> torch.dtype | None:
+    """The dtype the sum-reduce runs in: the partial sums' dtypes promoted (None for none)."""
+    dtype = partials[0].dtype if partials else None
+    for partial in partials[1:]:
+        dtype = torch.promote_types(dtype, partial.dtype)  # type: ignore[arg-type]
+    return dtype
 
 
 def _broadcast(module: LossModule, ctx: Any, grad: Tensor) -> list[Tensor]:
