@@ -101,6 +101,9 @@ class CallRecord:
         return other.identity == self.identity and other.call == self.call and other.kind != self.kind
 
 
+NO_INPUTS = "no input blocks"
+"""A :class:`CallRecord`'s key for a rank with no input blocks of the tree."""
+
 KINDS = ("checked", "bound", "failed")
 """The kinds of a :class:`CallRecord`."""
 
@@ -157,7 +160,7 @@ class WatchedCall:
             f"{name} {str(getattr(t, 'dtype', '?')).removeprefix('torch.')} {tuple(getattr(t, 'shape', ()))}"
             for name, t in self.state.items()
         )
-        return CallRecord(self.plan.fingerprint.hex(), self.number, self.kind, key or "no input blocks")
+        return CallRecord(self.plan.fingerprint.hex(), self.number, self.kind, key or NO_INPUTS)
 
     def window(self) -> list[int]:
         """The next :data:`READ_AT_ONCE` peers, in turn (the ranks other than this one, from
@@ -223,6 +226,14 @@ def words(call: WatchedCall, mine: CallRecord, member: int, theirs: CallRecord) 
     )
     if theirs.kind == "failed":
         return where + "this rank's call cannot complete (the ranks cannot be used any more: end the job)"
+    blind = member if theirs.key == NO_INPUTS else call.rank if mine.key == NO_INPUTS else None
+    if blind is not None and theirs.kind != mine.kind:
+        return where + (
+            f"rank {blind} has no input blocks of this tree, so it cannot see its peers' inputs change "
+            "dtype after the wrapper bound its plan, and neither path can complete; keep one dtype for "
+            "a wrapper (or module) whose tree leaves a rank without inputs, or build it again for the "
+            "new dtype on every rank (the ranks cannot be used any more: end the job)"
+        )
     return where + (
         "one rank alone changed its inputs' dtypes after the wrapper bound its plan, and neither path "
         "can complete; pass the same dtypes on every rank (the ranks cannot be used any more: end the job)"
