@@ -298,6 +298,43 @@ def test_the_bound_window_plans_fill_only_the_pads_and_copy_the_bulk_back(parts)
     collective_assert(problem is None, str(problem))
 
 
+def test_results_written_by_the_caller_do_not_reach_the_next_bound_call():
+    """A caller may write into a bound plan's result arrays between calls (MaxPool sets the
+    windows' padding to -inf in them): the next call's results are the tree's again, padding
+    and halo included, so the window plan (a chain's fused windows, 2 x 2 or rows) rewrites its
+    pads on every call. Control: the same binding with its zero fills dropped (pads zeroed
+    once, at binding) hands the scribbled values on, and this test reports them."""
+    from linop.layers import ChainStage, WindowChain
+
+    parts = (1, 1, 2, 2) if SIZE >= 4 else (1, 1, SIZE, 1)
+    rng = np.random.default_rng(23)
+    x = DistributedTensor("x", (1, 2, 5 * parts[2], 4 * parts[3]), Partition(parts))
+    stages = [ChainStage.conv(np.ones((2, 2, 3, 3)), padding=1) for _ in range(2)]
+    op = WindowChain(x, stages).window_operator
+    names = tuple(b.name for b in op.range if b.worker == RANK)
+    problems = []
+    for hoisted in (False, True):
+        mine = {b.name: np.zeros(b.shape) for b in op.domain if b.worker == RANK}
+        bound = mpi_backend.plan_for(op, comm=COMM).bind(mine, inplace=False)
+        if hoisted and bound._calls is not None:  # the pads zeroed at binding only
+            bound._calls[:] = [c for c in bound._calls if getattr(c[0], "__name__", "") != "fill"]
+        problem = None
+        for _ in range(2):
+            state = {b.name: rng.integers(-5, 6, b.shape).astype(float) for b in op.domain}
+            for name in mine:
+                np.copyto(mine[name], state[name])
+            results = bound()
+            problem = problem or same_blocks(results, op(state), names)
+            for array in results.values():  # the caller's scribbles
+                if array.flags.writeable:
+                    array.fill(np.nan)
+        problems.append(problem)
+        bound.free()
+    reported = COMM.allreduce(problems[1] is not None, op=MPI.LOR)
+    collective_assert(problems[0] is None, str(problems[0]))
+    collective_assert(reported, "a pad zeroed once at binding went unnoticed")
+
+
 def test_fused_window_chain_equals_numpy():
     """A conv -> conv -> pool chain with one fused halo exchange (linop.layers.WindowChain):
     forward and adjoint under MPI equal the numpy interpreter, rank by rank."""
