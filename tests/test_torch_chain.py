@@ -97,3 +97,38 @@ def test_the_module_refuses_what_torch_cannot_run():
         ChainModule(WindowChain(x, [ChainStage.avg(Kernel(2, dilation=2))]))
     with pytest.raises(LayerError, match="must be a WindowChain"):
         ChainModule(object())  # type: ignore[arg-type]
+
+
+def test_a_recorded_backward_across_processes_is_torchs_and_hands_its_token_on():
+    """Under MPI (here COMM_SELF, the four workers on rank 0) the windows are the module's own
+    node: a backward under create_graph runs the adjoint recorded, its token becomes the
+    module's, and the second-order gradient (in the upstream gradient) is torch's; a second
+    call, through the bound plans' buffers, gives torch's first-order results again."""
+    mpi = pytest.importorskip("mpi4py.MPI")
+    rng = np.random.default_rng(5)
+    x = DistributedTensor("x", (1, 2, 7, 6), Partition((1, 1, 2, 2)))
+    built = [conv(rng, 2, 2, (3, 3), padding=1), ChainStage.avg(Kernel(2, stride=2))]
+    chain = WindowChain(x, built)
+    module = ChainModule(chain, comm=mpi.COMM_SELF, mapping=[0, 0, 0, 0])
+    weights = [w.detach().clone() for w in module.weights]
+    for call in range(2):
+        data, dy, w = (rng.standard_normal(s) for s in (x.global_shape, chain.y.global_shape, x.global_shape))
+        blocks = {k: torch.from_numpy(np.array(v)).requires_grad_() for k, v in x.scatter(data).items()}
+        seeds = {k: torch.from_numpy(np.array(v)).requires_grad_() for k, v in chain.y.scatter(dy).items()}
+        out = module(blocks)
+        first = module.token
+        loss = sum((out[k] * seeds[k]).sum() for k in out) + first.sum()
+        dx = torch.autograd.grad(loss, list(blocks.values()), create_graph=call == 0)
+        t, seed = torch.from_numpy(data).requires_grad_(), torch.from_numpy(dy).requires_grad_()
+        (grad,) = torch.autograd.grad(sequential(t, built, weights), t, seed, create_graph=True)
+        mine = x.gather({k: g.detach().numpy() for k, g in zip(blocks, dx)})
+        torch.testing.assert_close(torch.from_numpy(mine), grad.detach(), rtol=1e-10, atol=1e-10)
+        if call == 0:
+            assert module.token is not first
+            scattered = x.scatter(w)
+            second = sum((g * torch.from_numpy(scattered[k])).sum() for g, k in zip(dx, blocks))
+            got = torch.autograd.grad(second + module.token.sum(), list(seeds.values()))
+            (expected,) = torch.autograd.grad((grad * torch.from_numpy(w)).sum(), seed)
+            mine = chain.y.gather(dict(zip(seeds, (g.numpy() for g in got))))
+            assert np.abs(expected.numpy()).max() > 0
+            torch.testing.assert_close(torch.from_numpy(mine), expected, rtol=1e-10, atol=1e-10)

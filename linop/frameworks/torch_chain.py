@@ -11,7 +11,9 @@ halo exchange of the fused window and the stages on each enlarged window
     \bar x = W^{*} \big(\partial (L_L M_L \cdots L_1)_j\big)^{*} \bar y_j
 
 :math:`W` is the chain's ``window_operator`` (exact 0/1 data movement), run as a differentiable
-:class:`~linop.frameworks.torch_function.TorchOperator`; the stages are torch's own
+:class:`~linop.frameworks.torch_function.TorchOperator` (under MPI through this module's own
+node, ``_ChainWindows``, on the same function's bound plans: the bound calls without the
+generic node's bookkeeping); the stages are torch's own
 ``conv{1,2,3}d``, ``avg_pool{1,2,3}d`` and ``max_pool{1,2,3}d`` on the window, unpadded, and
 :math:`M_i` sets the entries of an intermediate field that lie outside its global domain to zero
 (``-inf`` before a max pool, as torch pads it); torch's autograd gives the local
@@ -26,6 +28,7 @@ already the sums.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -34,6 +37,7 @@ import torch
 from ..errors import LayerError
 from ..layers.chain import WindowChain
 from ..partition import grid_block_name
+from .torch_function import fitted_gradient
 from .torch_strips import PaddingStrips, padding_strips
 from .torch_windows import WindowModule
 
@@ -120,12 +124,31 @@ class ChainModule(WindowModule):
         self.output_names = tuple(name for name, *_ in self._products)
         self._parts = [s.kernel.resolve(dims) for s in chain.stages]
 
+    def forward(self, x: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The windows' tree, then the stages on each output block's window
+        (:class:`~linop.frameworks.torch_windows.WindowModule`); under MPI the tree is this
+        module's own node (:class:`_ChainWindows`: the bound plan's calls, lean)."""
+        if self.comm is None:
+            return super().forward(x)
+        tensors = self.tensors_of(x)
+        *windows, token = _ChainWindows.apply(self, self._anchor, *tensors)
+        self.__dict__["_token"] = token  # not through nn.Module.__setattr__ (a tensor, no parameter)
+        found = dict(zip(self.function.outputs, windows))
+        result = {}
+        for out, window_name, shape, outside in self._products:
+            window = found[window_name]
+            if 0 in shape:  # no output here: an empty block, still tied to the windows' graph
+                result[out] = window.reshape(-1)[:0].reshape(shape)
+                continue
+            result[out] = self.local(window, outside)
+        return result
+
     def local(self, window: torch.Tensor, outside: list[PaddingStrips | None]) -> torch.Tensor:
         """The chain's stages on the window, the entries outside the global field of each
         stage's input set (0, or -inf before a max pool): on a copy of the window, in place on
         a stage's output (no stage keeps its output for its backward; autograd records the
         fills, whose backward zeroes those entries' gradients)."""
-        v, weights = window, iter(self.weights)
+        v, weights = window, iter(self._weights())
         for i, (stage, k, strips) in enumerate(zip(self.chain.stages, self._parts, outside)):
             if strips is not None:
                 v = strips.fill_(v.clone() if i == 0 else v, float("-inf") if stage.kind == "max" else 0.0)
@@ -139,6 +162,11 @@ class ChainModule(WindowModule):
                 v = _MAX[self.dims](v, size, stride, 0, dilation)
         return v
 
+    def _weights(self) -> tuple[torch.nn.Parameter, ...]:
+        """:attr:`weights`' parameters in order, as they are now (its own table of them, read in
+        one step: iterating a ``ParameterList`` makes several Python calls per entry)."""
+        return tuple(self._modules["weights"]._parameters.values())  # type: ignore[union-attr,arg-type]
+
     def sum_gradients(self) -> None:
         """All-reduce the weights' gradients over the processes (a missing gradient counts as
         zero), so that each holds the gradient of the whole chain's output; nothing to do in
@@ -149,7 +177,7 @@ class ChainModule(WindowModule):
         if self.comm is None and self.group is None:
             return
         grads = []
-        for weight in self.weights:
+        for weight in self._weights():
             if weight.grad is None:
                 weight.grad = torch.zeros_like(weight)
             grads.append(weight.grad)
@@ -185,3 +213,48 @@ class ChainModule(WindowModule):
     def extra_repr(self) -> str:
         stages = ", ".join(f"{s.kind} {s.kernel}" for s in self.chain.stages)
         return f"{stages}: {self.chain.x} -> {self.chain.y}, fused window {self.chain.kernel}"
+
+
+class _ChainWindows(torch.autograd.Function):
+    r"""Under MPI, forward(module, anchor, \*x blocks) -> (\*windows, token): :math:`\tilde x = W x`
+    (the module's windows' tree); backward :math:`\bar x = W^{*} \bar{\tilde x}`. Each through
+    the tree's (its adjoint's) persistent binding when an earlier call made one for these
+    dtypes and shapes (:meth:`~linop.frameworks.torch_function.TorchOperator.bound_views`: the
+    bound call without the generic node's bookkeeping), its result buffers copied (the stages
+    keep the windows for their backward; autograd keeps the input gradients), else through the
+    function's untracked call (which binds). A backward under ``create_graph`` runs the adjoint
+    recorded (:meth:`~linop.frameworks.torch_function.TorchOperator.adjoint_tensors`), its token
+    the module's, as :class:`~linop.frameworks.torch_function.TorchOperator`'s own node does."""
+
+    @staticmethod
+    def forward(ctx: Any, module: ChainModule, anchor: torch.Tensor | None, *tensors: torch.Tensor) -> Any:
+        function = module.function
+        views = function.bound_views(tensors)
+        if views is None:
+            found = function.untracked(dict(zip(function.inputs, tensors)))
+            windows = [found[name] for name in function.outputs]
+        else:
+            windows = [view.clone() for view in views]
+        ctx.module = module
+        ctx.fit = [(t.dtype, t.device) for t in tensors]
+        return (*windows, torch.zeros(0, dtype=torch.float64))  # the last: the token
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
+        module = ctx.module
+        function = module.function
+        grads = grads[:-1]  # the token's: none
+        inputs, outputs = function.names(adjoint=True)
+        order = dict(zip(function.outputs, grads))
+        seeds = [order[name] for name in inputs]
+        if torch.is_grad_enabled():  # create_graph: the adjoint recorded
+            back = dict(zip(outputs, function.adjoint_tensors(*seeds)))
+            module.__dict__["_token"] = function.token
+        else:
+            views = function.bound_views(seeds, adjoint=True)
+            if views is None:
+                back = function.untracked(dict(zip(inputs, seeds)), adjoint=True)
+            else:
+                back = {name: view.clone() for name, view in zip(outputs, views)}
+        fitted = [fitted_gradient(back[name], *fit) for name, fit in zip(function.inputs, ctx.fit)]
+        return (None, None, *fitted)

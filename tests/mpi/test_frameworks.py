@@ -474,8 +474,13 @@ def test_layer_module_calls_outstanding_together_keep_their_operands(comm, repli
 
 def test_fused_chain_module_gives_torchs_gradients_across_ranks(comm):
     """ChainModule (one fused halo exchange for conv -> conv -> max pool) across the ranks:
-    outputs, input gradient and, after sum_gradients, weight gradients equal torch's layers on
-    the whole input."""
+    outputs, input gradients and, after sum_gradients, weight gradients equal torch's layers on
+    the whole input, for five calls on inputs 0, 1, 2, 1, 3 before one backward of all (input
+    1's gradient the sum of two). The first call binds the windows' plans (the backward's first,
+    the last call's, the adjoint's), the others run through their buffers (``bound_views``): a
+    window the stages keep (call 1's, then call 2's), or a gradient autograd holds until the
+    other of its input arrives (call 3's, then call 2's adjoint), left in those buffers
+    uncopied is overwritten by the next call (fails)."""
     from linop.frameworks.torch_chain import ChainModule
     from linop.layers import ChainStage, WindowChain
 
@@ -489,24 +494,40 @@ def test_fused_chain_module_gives_torchs_gradients_across_ranks(comm):
     ]
     chain = WindowChain(x, stages)
     module = ChainModule(chain, comm=comm)
-    data, dy = rng.standard_normal(x.global_shape), rng.standard_normal(chain.y.global_shape)
-    local = {
-        k: torch.from_numpy(np.array(v)).requires_grad_()
-        for k, v in local_part(x.space, x.scatter(data), comm.rank).items()
-    }
-    y = module(local)
-    dys = chain.y.scatter(dy)
-    (sum((v * torch.from_numpy(dys[k])).sum() for k, v in y.items()) + module.token.sum()).backward()
-    module.sum_gradients()
-    reference = torch.from_numpy(data).requires_grad_()
-    weights = [torch.from_numpy(np.array(s.weights)).requires_grad_() for s in stages[:2]]
     functional = torch.nn.functional
-    convolved = functional.conv2d(functional.conv2d(reference, weights[0], padding=1), weights[1], padding=1)
-    out = functional.max_pool2d(convolved, 2)
-    out.backward(torch.from_numpy(dy))
-    expected_y, expected_dx = chain.y.scatter(out.detach().numpy()), x.scatter(reference.grad.numpy())
-    problems = [f"y {k}" for k, v in y.items() if not np.allclose(v.detach().numpy(), expected_y[k])]
-    problems += [f"dx {k}" for k, v in local.items() if not np.allclose(v.grad.numpy(), expected_dx[k])]
+    weights = [torch.from_numpy(np.array(s.weights)).requires_grad_() for s in stages[:2]]
+    inputs = []
+    for _ in range(4):
+        data = rng.standard_normal(x.global_shape)
+        local = {
+            k: torch.from_numpy(np.array(v)).requires_grad_()
+            for k, v in local_part(x.space, x.scatter(data), comm.rank).items()
+        }
+        inputs.append((local, torch.from_numpy(data).requires_grad_()))
+    outputs, loss = [], torch.zeros(())
+    for local, reference in (inputs[i] for i in (0, 1, 2, 1, 3)):
+        dy = rng.standard_normal(chain.y.global_shape)
+        y = module(local)
+        dys = chain.y.scatter(dy)
+        loss = loss + sum((v * torch.from_numpy(dys[k])).sum() for k, v in y.items()) + module.token.sum()
+        convolved = functional.conv2d(
+            functional.conv2d(reference, weights[0], padding=1), weights[1], padding=1
+        )
+        out = functional.max_pool2d(convolved, 2)
+        out.backward(torch.from_numpy(dy))  # the gradients: the sums over the calls
+        outputs.append((y, chain.y.scatter(out.detach().numpy())))
+    loss.backward()
+    module.sum_gradients()
+    problems = []
+    for call, (y, expected_y) in enumerate(outputs):
+        problems += [
+            f"call {call}: y {k}" for k, v in y.items() if not np.allclose(v.detach().numpy(), expected_y[k])
+        ]
+    for i, (local, reference) in enumerate(inputs):
+        expected_dx = x.scatter(reference.grad.numpy())
+        problems += [
+            f"input {i}: dx {k}" for k, v in local.items() if not np.allclose(v.grad.numpy(), expected_dx[k])
+        ]
     problems += [
         f"dw{i}" for i, (w, r) in enumerate(zip(module.weights, weights)) if not np.allclose(w.grad, r.grad)
     ]

@@ -270,8 +270,9 @@ def test_overlapped_convolution_under_mpi_equals_the_plain_one(label, shape, px,
 def test_the_bound_window_plans_fill_only_the_pads_and_copy_the_bulk_back(parts):
     """A convolution's window movement bound (what LayerModule runs): forward, the padded block
     is zeroed around the bulk only (the bulk is copied in next) and, adjoint, the bulk's
-    gradient copied out, with no whole-block fill, add or clearing before the block is
-    dropped; the results equal the numpy interpreter's (integers, every rank count)."""
+    gradient copied out (or, where the window's block is the run's own, handed out as its
+    view), with no whole-block fill, add or clearing before the block is dropped; the results
+    equal the numpy interpreter's (integers, every rank count), at each of two calls."""
     if parts[2] * parts[3] > SIZE:
         pytest.skip(f"needs {parts[2] * parts[3]} ranks")  # the same on every rank
     rng = np.random.default_rng(17)
@@ -296,6 +297,44 @@ def test_the_bound_window_plans_fill_only_the_pads_and_copy_the_bulk_back(parts)
             problem = problem or f"{op} not compiled"
         bound.free()
     collective_assert(problem is None, str(problem))
+
+
+def test_results_written_by_the_caller_do_not_reach_the_next_bound_call():
+    """A caller may write into a bound plan's result arrays between calls (MaxPool sets the
+    windows' padding to -inf in them): the next call's results are the tree's again, padding
+    and halo included, so the window plan (a chain's fused windows, 2 x 2 or rows) rewrites its
+    pads on every call; its adjoint's, whose result may be a view of the window gradient's
+    block, alike. Control: the window plan with its zero fills dropped (pads zeroed once, at
+    binding) hands the scribbled values on, and this test reports them."""
+    from linop.layers import ChainStage, WindowChain
+
+    parts = (1, 1, 2, 2) if SIZE >= 4 else (1, 1, SIZE, 1)
+    rng = np.random.default_rng(23)
+    x = DistributedTensor("x", (1, 2, 5 * parts[2], 4 * parts[3]), Partition(parts))
+    stages = [ChainStage.conv(np.ones((2, 2, 3, 3)), padding=1) for _ in range(2)]
+    windows = WindowChain(x, stages).window_operator
+    problems = {}
+    for op, hoisted in ((windows, False), (windows.H, False), (windows, True)):
+        names = tuple(b.name for b in op.range if b.worker == RANK)
+        mine = {b.name: np.zeros(b.shape) for b in op.domain if b.worker == RANK}
+        bound = mpi_backend.plan_for(op, comm=COMM).bind(mine, inplace=False)
+        if hoisted and bound._calls is not None:  # the pads zeroed at binding only
+            bound._calls[:] = [c for c in bound._calls if getattr(c[0], "__name__", "") != "fill"]
+        problem = None
+        for _ in range(2):
+            state = {b.name: rng.integers(-5, 6, b.shape).astype(float) for b in op.domain}
+            for name in mine:
+                np.copyto(mine[name], state[name])
+            results = bound()
+            problem = problem or same_blocks(results, op(state), names)
+            for array in results.values():  # the caller's scribbles
+                if array.flags.writeable:
+                    array.fill(np.nan)
+        problems[(op is windows, hoisted)] = problem
+        bound.free()
+    reported = COMM.allreduce(problems.pop((True, True)) is not None, op=MPI.LOR)
+    collective_assert(not any(problems.values()), str(problems))
+    collective_assert(reported, "a pad zeroed once at binding went unnoticed")
 
 
 def test_fused_window_chain_equals_numpy():

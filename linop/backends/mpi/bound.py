@@ -48,6 +48,7 @@ import numpy as np
 
 from ...errors import DistributedDtypeError, DistributedStateError, LinopError
 from ...space import State
+from ..host_thin import add_rows
 from .compiled import CompiledRun, PreparedCall, bundle_peers, compile_schedule
 from .datatypes import mpi
 from .deadline import arrive_within, wait_all
@@ -249,7 +250,7 @@ def _agree(comm: Any, *, declined: bool, problem: str | None, refused: LinopErro
     raise AgreedRefusalError(error)
 
 
-_LOCAL_CALLS = (np.copyto, np.add, np.multiply)
+_LOCAL_CALLS = (np.copyto, np.add, np.multiply, add_rows)
 
 
 def polled_calls(calls: list[PreparedCall], wait: Callable[[list[Any]], None]) -> list[PreparedCall] | None:

@@ -9,7 +9,9 @@ arrays and their views:
 - a phase (:class:`~linop.program.RankPhase`): persistent requests (``Recv_init`` /
   ``Send_init``) made once on the blocks' memory (subarray datatypes for strided boxes, thin
   strips packed into buffers owned here), then one ``Startall`` and one ``Waitall`` per call,
-  then the unpacks, adds and clears (``np.copyto``, ``np.add(..., out=)``, ``ndarray.fill``).
+  then the unpacks, adds and clears (``np.copyto``, ``np.add(..., out=)``, ``ndarray.fill``;
+  on a box with a thin last axis, a halo's column strip, their exact faster forms:
+  :mod:`linop.backends.host_thin`).
   With bundles (with the peers that list the same ones, :func:`bundle_peers`), the small
   messages of a phase to (from) one peer, up to
   :data:`~linop.backends.mpi.phase_recipe.BUNDLE_UP_TO` bytes together, are one request on a
@@ -62,6 +64,7 @@ from ...space import Block, Region
 from ..host_fusion import around
 from ..host_phase import BUFFER, Message
 from ..host_schedule import read_only
+from ..host_thin import add_call, copy_call, fill_call
 from ..host_workspace import OwnedBlocks
 from .datatypes import BufferSpec, bundle_type, mpi, raw_spec
 from .mpi_types import Intracomm
@@ -178,6 +181,8 @@ class _Compiler(OwnedBlocks[np.ndarray]):
         # they fill (:meth:`fast_path`); any other step waits for them first (:meth:`settle`)
         self._in_flight: list[Any] = []
         self._landing: set[str] = set()
+        self.following: Any = None
+        """The step after the one being compiled (None at the end)."""
 
     def settle(self) -> None:
         """Wait for the collectives still in flight (one ``Waitall``), before a step that
@@ -195,7 +200,7 @@ class _Compiler(OwnedBlocks[np.ndarray]):
         array = self.arrays[name]
         if name not in self.owned:  # the caller's: copied before its first change
             copy = self.buffer(array.shape)
-            self.calls.append((np.copyto, (copy, array)))
+            self.calls.append(copy_call(copy, array))
             self.arrays[name] = array = copy
             self.owned.add(name)
         return array
@@ -225,7 +230,7 @@ class _Compiler(OwnedBlocks[np.ndarray]):
 
     def allocate(self, op: Allocate) -> None:
         array = self.buffer(op.block.shape)
-        self.calls.append((array.fill, (0,)))
+        self.calls.append(fill_call(array))
         self.set(op.block.name, array)
         self._zeroed = (op.block.name, len(self.calls) - 1)
 
@@ -236,7 +241,7 @@ class _Compiler(OwnedBlocks[np.ndarray]):
         if self._zeroed != (region.name, len(self.calls) - 1):
             return False
         array = self.arrays[region.name]
-        self.calls[-1:] = [(array[box].fill, (0,)) for box in around(array.shape, region.start, region.stop)]
+        self.calls[-1:] = [fill_call(array[box]) for box in around(array.shape, region.start, region.stop)]
         self._zeroed = None
         return True
 
@@ -252,25 +257,51 @@ class _Compiler(OwnedBlocks[np.ndarray]):
         source = self.view(op.src)
         if isinstance(op.dst, Block):
             array = self.buffer(source.shape)
-            self.calls.append((np.copyto, (array, source)))
+            self.calls.append(copy_call(array, source))
             self.set(op.dst.name, array)
         else:
             fresh = op.dst.name != op.src.name and self._fresh(op.dst)
             target = (self.arrays[op.dst.name] if fresh else self.overwritten(op.dst))[_index(op.dst)]
-            self.calls.append((np.copyto, (target, source)))
+            self.calls.append(copy_call(target, source))
 
     def copy_adjoint(self, op: CopyAdjoint) -> None:
         back = self.view(op.dst)
         if op.src.name != op.dst.name and self._fresh(op.src):  # zeros plus back: back
-            self.calls.append((np.copyto, (self.arrays[op.src.name][_index(op.src)], back)))
+            if self._handed_over(op, back):
+                return
+            self.calls.append(copy_call(self.arrays[op.src.name][_index(op.src)], back))
         else:
             target = self.writable(op.src.name)[_index(op.src)]
-            self.calls.append((np.add, (target, back, target)))
+            self.calls.append(add_call(target, back))
         if isinstance(op.dst, Block):
             self.drop(op.dst.name)
         elif op.dst.size:
-            self.calls.append((self.writable(op.dst.name)[_index(op.dst)].fill, (0,)))
+            self.calls.append(fill_call(self.writable(op.dst.name)[_index(op.dst)]))
             self._cleared = (op.dst.name, len(self.calls) - 1)
+
+    def _handed_over(self, op: CopyAdjoint, back: np.ndarray) -> bool:
+        """Whether ``op`` (a fresh block's whole ``src``, zeros, plus the box ``dst``: the box)
+        makes ``src`` the box's view, with no copy: when the box's block is this run's own,
+        dropped by the next step (:attr:`following`) and shares memory with no other block (an
+        adjoint window's bulk handed out as the input's gradient). Nothing reads or writes the
+        box's block after, in this call; the next call writes it before it reads it."""
+        following, region = self.following, op.dst
+        if not (
+            isinstance(op.src, Region)
+            and op.src.is_whole
+            and isinstance(region, Region)
+            and isinstance(following, Deallocate)
+            and following.name == region.name
+            and region.name in self.owned
+        ):
+            return False
+        array = self.arrays[region.name]
+        if any(
+            np.may_share_memory(array, other) for name, other in self.arrays.items() if name != region.name
+        ):
+            return False
+        self.set(op.src.name, back)
+        return True
 
     def move(self, op: Move) -> None:
         if isinstance(op.dst, Block):
@@ -278,18 +309,18 @@ class _Compiler(OwnedBlocks[np.ndarray]):
             self.set(op.dst.name, self.drop(op.src.name), owned=owned)
             return
         source = self.view(op.src)
-        self.calls.append((np.copyto, (self.overwritten(op.dst)[_index(op.dst)], source)))
+        self.calls.append(copy_call(self.overwritten(op.dst)[_index(op.dst)], source))
         if op.src.size:
-            self.calls.append((self.writable(op.src.name)[_index(op.src)].fill, (0,)))
+            self.calls.append(fill_call(self.writable(op.src.name)[_index(op.src)]))
 
     def add(self, op: Add) -> None:
         source = self.view(op.src)
         target = self.writable(op.dst.name)[_index(op.dst)]
-        self.calls.append((np.add, (target, source, target)))
+        self.calls.append(add_call(target, source))
 
     def clear(self, op: Clear) -> None:
         if op.region.size:
-            self.calls.append((self.writable(op.region.name)[_index(op.region)].fill, (0,)))
+            self.calls.append(fill_call(self.writable(op.region.name)[_index(op.region)]))
 
     def scale(self, step: Scale) -> None:
         for name in list(self.arrays):
@@ -304,7 +335,7 @@ class _Compiler(OwnedBlocks[np.ndarray]):
         self.owned.clear()
         for block in step.blocks:
             array = self.buffer(block.shape)
-            self.calls.append((array.fill, (0,)))
+            self.calls.append(fill_call(array))
             self.set(block.name, array)
 
     def phase(self, phase: RankPhase, during: LocalMoves | None = None) -> None:
@@ -333,9 +364,7 @@ class _Compiler(OwnedBlocks[np.ndarray]):
                         spec = None
                 else:
                     view = self.arrays[message.name][message.box]
-                    finish.append(
-                        (np.add, (view, buffer, view)) if t.mode == "add" else (np.copyto, (view, buffer))
-                    )
+                    finish.append(add_call(view, buffer) if t.mode == "add" else copy_call(view, buffer))
             receives.append(spec)
         sends: list[BufferSpec | None] = []
         for message in recipe.sends:
@@ -344,7 +373,7 @@ class _Compiler(OwnedBlocks[np.ndarray]):
                 spec = direct_spec(array, message)
             else:  # a thin box (or another dtype): packed into a buffer before each start
                 buffer = self.buffer(message.transfer.shape)
-                calls.append((np.copyto, (buffer, array[message.box])))
+                calls.append(copy_call(buffer, array[message.box]))
                 spec = raw_spec(buffer)
             sends.append(spec)
         requests = self._requests(recipe.receives, receives, sending=False)
@@ -360,7 +389,7 @@ class _Compiler(OwnedBlocks[np.ndarray]):
         for name, buffer in created:
             self.set(name, buffer)
         for name, index in recipe.clears:
-            calls.append((self.writable(name)[index].fill, (0,)))
+            calls.append(fill_call(self.writable(name)[index]))
         for name in recipe.drops:
             self.drop(name)
 
@@ -414,18 +443,18 @@ class _Compiler(OwnedBlocks[np.ndarray]):
             data = self.view(t.source)
             if t.mode == "new":
                 array = self.buffer(data.shape)
-                self.calls.append((np.copyto, (array, data)))
+                self.calls.append(copy_call(array, data))
                 self.set(t.target.name, array)
             else:
                 region = cast(Region, t.target)
                 target = self.writable(region.name)[_index(region)]
                 if t.mode == "add":
-                    self.calls.append((np.add, (target, data, target)))
+                    self.calls.append(add_call(target, data))
                 else:
-                    self.calls.append((np.copyto, (target, data)))
+                    self.calls.append(copy_call(target, data))
             if t.after == "clear":
                 if t.source.size:
-                    self.calls.append((self.writable(t.source.name)[_index(t.source)].fill, (0,)))
+                    self.calls.append(fill_call(self.writable(t.source.name)[_index(t.source)]))
             elif t.after == "drop":
                 self.drop(t.source.name)
 
@@ -533,10 +562,10 @@ class _Compiler(OwnedBlocks[np.ndarray]):
                 continue
             if any(np.may_share_memory(result, other) for other in callers.values()):
                 copy = self.buffer(result.shape)
-                self.calls.append((np.copyto, (copy, result)))
+                self.calls.append(copy_call(copy, result))
                 result = copy
             pending.append((target, result))
-        self.calls.extend((np.copyto, pair) for pair in pending)
+        self.calls.extend(copy_call(target, result) for target, result in pending)
 
 
 _HANDLERS: dict[type, Callable[[_Compiler, Any], None]] = {
@@ -592,6 +621,7 @@ def compile_schedule(
                 compiler.in_place_paths(run)
                 position += len(run)
                 continue
+            compiler.following = following
             compiler.step(step)
             position += 1
         if inplace:

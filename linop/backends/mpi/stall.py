@@ -64,7 +64,10 @@ def enter(plan: Any, kind: str, state: Any) -> WatchedCall:
     """Mark this process as in a call of ``plan`` (a
     :class:`~linop.backends.mpi.plan.DistributedPlan`) of ``kind`` (``checked`` or ``bound``)
     on ``state`` (its input tensors by name); pass the result to :func:`leave`."""
-    call = begin(plan, kind, state, _send if kind == "bound" and _threads_allowed() else _nothing)
+    threads = _THREADS[0]
+    if threads is None:
+        threads = _THREADS[0] = _threads_allowed()
+    call = begin(plan, kind, state, _send if threads and kind == "bound" else _nothing)
     if call.started >= _COLLECTED[0] + COLLECT_EVERY:
         _COLLECTED[0] = call.started
         _collect(plan.context)
@@ -99,6 +102,11 @@ COLLECT_EVERY = 1.0
 """Seconds between two readings of the records at the start of a call (see the module docstring)."""
 
 _COLLECTED = [0.0]
+
+
+_THREADS: list[bool | None] = [None]
+"""Whether the watcher may send (:func:`_threads_allowed`), asked once: MPI's thread level is
+fixed when it is initialized."""
 
 
 def _threads_allowed() -> bool:
