@@ -18,6 +18,12 @@ import pytest
 HERE = Path(__file__).resolve().parent
 
 
+def host_devices(devices: int) -> str:
+    """``XLA_FLAGS`` for a JAX process of ``devices`` host devices: this process's own flags
+    (tests/conftest.py's ``XLA_TEST_FLAGS``) and the device count."""
+    return f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}".strip()
+
+
 @functools.cache
 def _cache_folder() -> str:
     folder = tempfile.mkdtemp(prefix="linop-jax-compilation-cache-")
@@ -51,7 +57,7 @@ def run_device_check(
     """``tests/jax_devices/<script>`` for the device ``counts`` (each a mesh of that many of the
     process's 4 host devices), its output captured; skipped without jax."""
     pytest.importorskip("jax", reason="jax is not installed (the jax extra: pip install -e '.[jax]')")
-    environment = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    environment = dict(os.environ, XLA_FLAGS=host_devices(4))
     environment["JAX_ENABLE_X64"] = "1" if x64 else "0"
     environment["PYTHONPATH"] = os.pathsep.join(
         [str(HERE.parent), str(HERE), str(HERE / "jax_devices"), environment.get("PYTHONPATH", "")]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from jax_device_runs import host_devices
 
 from linop import DistributedTensor, Kernel, Partition
 from linop.errors import LayerError, MeshError
@@ -25,7 +26,7 @@ LAYERS = ("adjoint trees", "convolution", "affine", "pooling", "losses", "batch_
 @pytest.fixture(scope="module")
 def device_run() -> subprocess.CompletedProcess[str]:
     pytest.importorskip("jax", reason="jax is not installed (the jax extra: pip install -e '.[jax]')")
-    environment = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    environment = dict(os.environ, XLA_FLAGS=host_devices(4))
     environment["PYTHONPATH"] = os.pathsep.join([str(HERE.parent), environment.get("PYTHONPATH", "")])
     return subprocess.run(
         [sys.executable, str(HERE / "jax_devices" / "layer_checks.py")],

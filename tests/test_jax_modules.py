@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from jax_device_runs import host_devices
 
 from linop import DistributedTensor, Kernel, Partition
 from linop.errors import LayerError
@@ -28,7 +29,7 @@ def device_run() -> subprocess.CompletedProcess[str]:
     pytest.importorskip(
         "equinox", reason="equinox is not installed (the equinox extra: pip install -e '.[equinox]')"
     )
-    environment = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_ENABLE_X64="0")
+    environment = dict(os.environ, XLA_FLAGS=host_devices(4), JAX_ENABLE_X64="0")
     environment["PYTHONPATH"] = os.pathsep.join([str(HERE.parent), environment.get("PYTHONPATH", "")])
     return subprocess.run(
         [sys.executable, str(HERE / "jax_devices" / "check_modules.py")],

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from jax_device_runs import compilation_cache
+from jax_device_runs import compilation_cache, host_devices
 
 from linop import DistributedTensor, Partition, Repartition
 from linop.backends.jax.plan import Exchange, compile_plan, edge_colouring, space_layout
@@ -50,7 +50,7 @@ def run_device_script(
     """Run ``tests/jax_devices/<script> devices *args`` with ``devices`` host devices (and
     ``jax_enable_x64`` on if ``x64``), bounded by ``timeout`` seconds."""
     pytest.importorskip("jax", reason="jax is not installed (the jax extra: pip install -e '.[jax]')")
-    environment = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    environment = dict(os.environ, XLA_FLAGS=host_devices(devices))
     environment["JAX_ENABLE_X64"] = "1" if x64 else "0"
     environment["PYTHONPATH"] = os.pathsep.join([str(HERE.parent), environment.get("PYTHONPATH", "")])
     environment.update(compilation_cache())  # the x64 process reads back the first one's programs

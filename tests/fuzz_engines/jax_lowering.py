@@ -11,7 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+# the flags this process was given (the suite's: tests/conftest.py), then its host devices
+os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=4"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import jax

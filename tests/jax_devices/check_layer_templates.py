@@ -19,7 +19,10 @@ and its lowered program
 - a :class:`~linop.layers.BatchNorm`'s training Jacobian (uneven rows and channels, its
   per-channel sums all-reduced between its two kernels) exactly on float data holding small
   integers, 32 entries per channel (so its divisions by m are exact), with no padding leak;
-- equals the same plans run with a ``lax.switch`` (forward and transpose, exactly).
+- equals the same plans run with a ``lax.switch`` (forward and transpose, exactly);
+- with ``jax_enable_x64`` off, on 4 devices: the max pool, interpolation and batch-norm
+  templates again under ``jax.enable_x64`` (:func:`check_under_x64`: exact in float64 on
+  values float32 cannot hold; it prints ``x64: 3 templates proven under jax.enable_x64``).
 
 ``templated()`` leaves the tree's value unchanged (the numpy interpreter on it equals the
 original); without it a pooling tree's numpy kernels cannot run on JAX devices at all (a
@@ -141,18 +144,12 @@ def check_interpolation(run: Run) -> None:
         same_as_switch(run, f, f"interpolate {mode}", data, cotangent)
 
 
-def check_batch_norm(run: Run) -> None:
-    """The training Jacobian of a :class:`~linop.layers.BatchNorm` (its two kernels per worker
-    around the all-reduce of the per-channel sums) on uneven rows and channels: "spmd", equal
-    to the numpy interpreter and ``op.H`` exactly, no padding leak, and to the switch. Exact:
-    m = 32 entries per channel (a power of two, so g / m is exact) and saved values that are
-    small integers (the Jacobian is linear in the tangent for any saved xhat and scale)."""
-    from check_lowering import padding_leak
-
+def batch_norm_jacobian(k: int):
+    """The training Jacobian of a :class:`~linop.layers.BatchNorm` on ``k`` uneven workers (rows
+    and channels on 4), m = 32 entries per channel, saved values that are small integers."""
     from linop.layers import BatchNorm
     from linop.layers.batchnorm import Saved
 
-    k = run.count
     grid, sizes = (
         ((1, 2, 2, 1), ((2,), (2, 1), (5, 3), (2,))) if k == 4 else ((1, 1, 2, 1), ((2,), (3,), (5, 3), (2,)))
     )
@@ -168,7 +165,18 @@ def check_batch_norm(run: Run) -> None:
         )
         for b in x.space
     }
-    op = layer.jacobian(saved)
+    return layer.jacobian(saved)
+
+
+def check_batch_norm(run: Run) -> None:
+    """The training Jacobian of a :class:`~linop.layers.BatchNorm` (its two kernels per worker
+    around the all-reduce of the per-channel sums) on uneven rows and channels: "spmd", equal
+    to the numpy interpreter and ``op.H`` exactly, no padding leak, and to the switch. Exact:
+    m = 32 entries per channel (a power of two, so g / m is exact) and saved values that are
+    small integers (the Jacobian is linear in the tangent for any saved xhat and scale)."""
+    from check_lowering import padding_leak
+
+    op = batch_norm_jacobian(run.count)
     f = spmd(run, op, "batch norm Jacobian")
     data = {n: v.astype(FLOAT) for n, v in integers(op.domain, 13).items()}
     back = {n: v.astype(FLOAT) for n, v in integers(op.range, 14).items()}
@@ -187,6 +195,51 @@ def check_batch_norm(run: Run) -> None:
     run.checked.append("batch norm Jacobian (exact floats)")
 
 
+def check_under_x64(run: Run) -> None:
+    """With ``jax_enable_x64`` off in this process: the templates whose dtypes x64 changes (the
+    max pool's integer selection, the interpolation's ``result_type`` of data and weights, the
+    batch norm's sums) again under ``jax.enable_x64`` (the CI suite's x64 check of the
+    templates; the whole check with x64 on is ``LINOP_LONG=1``'s process). Forward and
+    transpose equal the numpy interpreter and ``op.H`` exactly: float64 on values that float32
+    cannot hold (steps of 2**30 + 1; a template computing in float32 fails), and int32 entries
+    up to 5 * 2**28, whose sums in the selection's transpose x64 widens to int64."""
+    k = run.count
+    rng = np.random.default_rng(15)
+    x = DistributedTensor("x", (2, 3, 3 * k + 2, 7), Partition((1, 1, k, 1)))
+    selection = MaxPoolJacobian(x, Kernel(3, stride=2, padding=1))
+    windows = selection.window_operator(x.scatter(rng.random(x.global_shape)))  # no ties
+    pool = templated(selection, selection.at(windows))
+    y = DistributedTensor("u", (1, 2, 2 * k + 1, 5), Partition((1, 1, k, 1)))
+    layer = Interpolate(y, mode="bilinear", scale_factor=2)
+    exact, _ = layer.integer_operator()
+    interpolate = templated(layer, exact, scales=layer.denominators)
+    cases = (
+        ("max pool Jacobian", pool, np.int32, 2**28),
+        ("interpolate bilinear", interpolate, np.float64, 2**30 + 1),
+        ("batch norm Jacobian", batch_norm_jacobian(k), np.float64, 2**30 + 1),
+    )
+    with jax.enable_x64(True):
+        for label, op, dtype, step in cases:
+            f = spmd(run, op, f"{label} (x64)")
+            data = {n: v.astype(dtype) * dtype(step) for n, v in integers(op.domain, 16).items()}
+            back = {n: v.astype(dtype) * dtype(step) for n, v in integers(op.range, 17).items()}
+            wide = np.int64 if dtype == np.int32 else dtype
+            got, got_h = jax.jit(lambda a, c, f=f: (f(a), f.H(c)))(f.pack(data), f.pack(back, f.range))
+            for side, values, want, layout in (
+                ("forward", got, op({n: v.astype(wide) for n, v in data.items()}), f.range),
+                ("transpose", got_h, op.H({n: v.astype(wide) for n, v in back.items()}), f.domain),
+            ):
+                unpacked = f.unpack(values, layout)
+                for name in want:
+                    value = np.asarray(unpacked[name])
+                    assert value.dtype == wide or dtype == np.int32, (
+                        f"{label} (x64) {side} {name}: {value.dtype}"
+                    )
+                    assert np.array_equal(value, want[name]), f"{label} (x64) {side} {name}"
+            run.checked.append(f"{label} (x64)")
+    print(f"x64: {len(cases)} templates proven under jax.enable_x64", flush=True)
+
+
 def check_count(count: int) -> None:
     start = time.perf_counter()
     run = Run.on_first(count)
@@ -194,6 +247,8 @@ def check_count(count: int) -> None:
     check_pooling(run)
     check_interpolation(run)
     check_batch_norm(run)
+    if count == 4 and not jax.config.jax_enable_x64:
+        check_under_x64(run)
     seconds = time.perf_counter() - start
     print(f"OK {len(run.checked)} trees proven on {count} devices ({seconds:.1f} s)")
 

@@ -35,7 +35,10 @@ import sys
 
 DEVICES = int(sys.argv[1]) if len(sys.argv) > 1 else 4
 COUNTS = [int(a) for a in sys.argv[2:]] or [DEVICES]
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES}"
+# the flags this process was given (the suite's: tests/conftest.py), then its host devices
+os.environ["XLA_FLAGS"] = (
+    f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={DEVICES}"
+)
 
 import dataclasses  # noqa: E402
 import pathlib  # noqa: E402

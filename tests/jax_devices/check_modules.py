@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import os
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+# the flags this process was given (the suite's: tests/conftest.py), then its host devices
+os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=4"
 
 import equinox as eqx
 import jax

@@ -11,6 +11,7 @@ and the launching test bounds the whole run."""
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import sys
@@ -47,4 +48,5 @@ def process(rank: int, size: int, port: int, argv: list[str]) -> None:
 if __name__ == "__main__":
     size = int(sys.argv[1])
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)  # torch._dynamo imported once, here
+    gc.freeze()  # the forked processes' collections skip what this one imported (tests/torchdist/spawn.py)
     mp.start_processes(process, args=(size, free_port(), sys.argv[2:]), nprocs=size, start_method="fork")
