@@ -1,13 +1,12 @@
 """Run ``checks.main()`` (or, with ``--bench``, another module's ``main()``) on K gloo processes
 made by ``torch.multiprocessing.spawn``: ``python spawn.py K [module]``. The rendezvous is on
-127.0.0.1 at a free port picked here; ``init_process_group`` has a 60 s timeout, and the
-launcher bounds the whole run."""
+127.0.0.1 at a port this launcher holds (tests/torchdist/rendezvous.py); ``init_process_group``
+has a 60 s timeout, and the launcher bounds the whole run."""
 
 from __future__ import annotations
 
 import datetime
 import importlib
-import socket
 import sys
 from pathlib import Path
 
@@ -15,12 +14,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 HERE = Path(__file__).resolve().parent
+sys.path.append(str(HERE.parent / "torchdist"))  # rendezvous, last: no shadowing
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from rendezvous import held_port  # noqa: E402
 
 
 def process(rank: int, size: int, port: int, module: str) -> None:
@@ -39,7 +35,7 @@ def process(rank: int, size: int, port: int, module: str) -> None:
 
 
 def launch(size: int, module: str = "checks") -> None:
-    mp.spawn(process, args=(size, free_port(), module), nprocs=size)
+    mp.spawn(process, args=(size, held_port(), module), nprocs=size)
 
 
 if __name__ == "__main__":

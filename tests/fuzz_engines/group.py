@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -22,7 +21,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.append(str(Path(__file__).resolve().parents[1] / "torchdist"))  # rendezvous, last: no shadowing
 
+from rendezvous import held_port
 from report import emit
 
 from verify.strategies_malformed import Call
@@ -89,13 +90,7 @@ def process(rank: int, port: int, examples: int, seed: int | None) -> None:
     os._exit(0)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 if __name__ == "__main__":
     count = int(sys.argv[1])
     chosen = int(sys.argv[2]) if len(sys.argv) > 2 else None
-    mp.start_processes(process, args=(_free_port(), count, chosen), nprocs=2, start_method="fork")
+    mp.start_processes(process, args=(held_port(), count, chosen), nprocs=2, start_method="fork")

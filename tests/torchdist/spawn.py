@@ -4,7 +4,7 @@ from this one, which imports torch, linop and the checks first; spawned under NC
 process, the blocks as CUDA tensors: the executor's device path; ``--dtensor``: then the checks
 of ``tests/dtensor/checks.py`` on the same processes and group, so that the suite starts one
 world of K processes for both).
-The rendezvous is on 127.0.0.1 at a free port picked here; ``init_process_group`` has a 60 s
+The rendezvous is on 127.0.0.1 at a port this launcher holds (``rendezvous.py``); ``init_process_group`` has a 60 s
 timeout, and the launcher test bounds the whole run."""
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import datetime
 import gc
 import importlib.util
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -22,11 +21,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from rendezvous import held_port
 
 
 def dtensor_checks() -> None:
@@ -94,4 +89,4 @@ if __name__ == "__main__":
         # collections neither walk it nor write to its pages (each write copies a page of this
         # one): about 10 % of the 4-process launch's CPU (21 s -> 19 s)
         gc.freeze()
-    mp.start_processes(process, args=(size, free_port(), backend, dtensor), nprocs=size, start_method=method)
+    mp.start_processes(process, args=(size, held_port(), backend, dtensor), nprocs=size, start_method=method)

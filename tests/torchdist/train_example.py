@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import gc
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -23,12 +22,7 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 
 import train_spatial
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from rendezvous import held_port
 
 
 def process(rank: int, size: int, port: int, argv: list[str]) -> None:
@@ -49,4 +43,4 @@ if __name__ == "__main__":
     size = int(sys.argv[1])
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)  # torch._dynamo imported once, here
     gc.freeze()  # the forked processes' collections skip what this one imported (tests/torchdist/spawn.py)
-    mp.start_processes(process, args=(size, free_port(), sys.argv[2:]), nprocs=size, start_method="fork")
+    mp.start_processes(process, args=(size, held_port(), sys.argv[2:]), nprocs=size, start_method="fork")
