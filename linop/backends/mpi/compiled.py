@@ -181,8 +181,6 @@ class _Compiler(OwnedBlocks[np.ndarray]):
         # they fill (:meth:`fast_path`); any other step waits for them first (:meth:`settle`)
         self._in_flight: list[Any] = []
         self._landing: set[str] = set()
-        self.following: Any = None
-        """The step after the one being compiled (None at the end)."""
 
     def settle(self) -> None:
         """Wait for the collectives still in flight (one ``Waitall``), before a step that
@@ -267,8 +265,6 @@ class _Compiler(OwnedBlocks[np.ndarray]):
     def copy_adjoint(self, op: CopyAdjoint) -> None:
         back = self.view(op.dst)
         if op.src.name != op.dst.name and self._fresh(op.src):  # zeros plus back: back
-            if self._handed_over(op, back):
-                return
             self.calls.append(copy_call(self.arrays[op.src.name][_index(op.src)], back))
         else:
             target = self.writable(op.src.name)[_index(op.src)]
@@ -278,30 +274,6 @@ class _Compiler(OwnedBlocks[np.ndarray]):
         elif op.dst.size:
             self.calls.append(fill_call(self.writable(op.dst.name)[_index(op.dst)]))
             self._cleared = (op.dst.name, len(self.calls) - 1)
-
-    def _handed_over(self, op: CopyAdjoint, back: np.ndarray) -> bool:
-        """Whether ``op`` (a fresh block's whole ``src``, zeros, plus the box ``dst``: the box)
-        makes ``src`` the box's view, with no copy: when the box's block is this run's own,
-        dropped by the next step (:attr:`following`) and shares memory with no other block (an
-        adjoint window's bulk handed out as the input's gradient). Nothing reads or writes the
-        box's block after, in this call; the next call writes it before it reads it."""
-        following, region = self.following, op.dst
-        if not (
-            isinstance(op.src, Region)
-            and op.src.is_whole
-            and isinstance(region, Region)
-            and isinstance(following, Deallocate)
-            and following.name == region.name
-            and region.name in self.owned
-        ):
-            return False
-        array = self.arrays[region.name]
-        if any(
-            np.may_share_memory(array, other) for name, other in self.arrays.items() if name != region.name
-        ):
-            return False
-        self.set(op.src.name, back)
-        return True
 
     def move(self, op: Move) -> None:
         if isinstance(op.dst, Block):
@@ -621,7 +593,6 @@ def compile_schedule(
                 compiler.in_place_paths(run)
                 position += len(run)
                 continue
-            compiler.following = following
             compiler.step(step)
             position += 1
         if inplace:
