@@ -434,3 +434,15 @@ def test_max_pool_sub_box_windows_on_a_gloo_group_reuse_no_stale_gradient(one_pr
         expected_y, expected_dx = torch_run(torch.nn.MaxPool2d(3, 2), data, dy, dtype)
         assert np.array_equal(y, expected_y) and np.allclose(dx, expected_dx, **F64)
     assert module._scratch is not None and sum(v is not None for v in module._scratch[1]) == 2
+
+
+def test_a_dtype_numpy_lacks_is_a_typed_error_under_mpi():
+    """bfloat16 has no numpy dtype: under MPI (COMM_SELF) a Repartition's call says so, a
+    DtypeError naming it, not torch's bare TypeError."""
+    mpi = pytest.importorskip("mpi4py.MPI")
+    a = DistributedTensor("a", (4, 3), Partition((2, 1)))
+    b = DistributedTensor("b", (4, 3), Partition((1, 2)))
+    module = Repartition(a, b, comm=mpi.COMM_SELF, mapping=[0, 0])
+    blocks = {k: torch.from_numpy(v).to(torch.bfloat16) for k, v in a.scatter(np.zeros((4, 3))).items()}
+    with pytest.raises(DtypeError, match="bfloat16 has no numpy dtype"):
+        module(blocks)

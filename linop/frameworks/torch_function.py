@@ -65,6 +65,7 @@ except ModuleNotFoundError as error:  # the torch extra is not installed: say wh
     raise missing_extra(error, "torch", __name__) from error
 
 from ..errors import (
+    DtypeError,
     LinopError,
     MPIError,
     PeerMismatchError,
@@ -562,7 +563,15 @@ def _on(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
-    return torch.empty(0, dtype=dtype).numpy().dtype
+    """numpy's dtype for ``dtype``; a :class:`~linop.errors.DtypeError` naming it where numpy
+    has none (``torch.bfloat16``, the float8 types): the MPI executor runs on numpy arrays."""
+    try:
+        return torch.empty(0, dtype=dtype).numpy().dtype
+    except TypeError as error:
+        raise DtypeError(
+            f"{dtype} has no numpy dtype, and the MPI executor moves numpy arrays: convert the "
+            "tensors (for example to float32) before the call"
+        ) from error
 
 
 def _fresh(tensor: torch.Tensor, inputs: set[int]) -> torch.Tensor:
@@ -768,16 +777,24 @@ class TorchOperator:
             return None
         return BoundCall(runner, bound)
 
-    def unbind_unless(self, dtype: torch.dtype, *, adjoint: bool = False) -> None:
-        """Under MPI, free the tree's (``adjoint=True``: its adjoint's) persistent binding
-        unless it was made for blocks of ``dtype``, so that its next call binds again
-        (collective then). For a module whose ranks all know a call's dtype while some have
-        no input to the tree (a broadcast's ranks other than its root): they cannot see the
-        dtypes change in inputs they do not have, so every rank calls this alike, and the
-        ranks bind again together. Nothing happens in one process or on a process group."""
+    def bound_dtype(self, *, adjoint: bool = False) -> np.dtype | None:
+        """Under MPI, the dtype the tree's (``adjoint=True``: its adjoint's) current binding
+        runs in, agreed by every rank when it bound (None where there is none)."""
         runner = self._runner.adjoint if adjoint else self._runner
         bound = runner._bound
-        if runner.plan is None or bound is None or bound.dtype == _numpy_dtype(dtype):
+        return None if runner.plan is None or bound is None else np.dtype(bound.dtype)
+
+    def unbind_unless(self, dtype: np.dtype, *, adjoint: bool = False) -> None:
+        """Under MPI, free the tree's (``adjoint=True``: its adjoint's) persistent binding
+        unless it runs in ``dtype``, so that its next call binds again (collective then).
+        For a module whose ranks all know a call's dtype while some have no input to the
+        tree (a broadcast's ranks other than its root): they cannot see the dtypes change in
+        inputs they do not have, so every rank calls this alike with a dtype every rank
+        agrees on (another binding's :meth:`bound_dtype`), and the ranks bind again together.
+        Nothing happens in one process or on a process group."""
+        runner = self._runner.adjoint if adjoint else self._runner
+        bound = runner._bound
+        if runner.plan is None or bound is None or np.dtype(bound.dtype) == dtype:
             return
         bound.free()
         runner._bound = None

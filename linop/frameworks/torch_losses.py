@@ -242,10 +242,11 @@ class _ReduceFunction(torch.autograd.Function):
                 buffer.copy_(partial)
             kept.call()
             total = kept.outputs[0] if kept.outputs else None
-            ctx.tree = partials[0].dtype if partials else None  # (all of the kept dtype)
         else:
             total = _reduced(module, partials)
-            ctx.tree = _tree_dtype(partials)
+        # the sum's dtype as every rank agreed it when the sum-reduce bound (a rank's own
+        # partial sums may be of another dtype: the ranks' dtypes promote)
+        ctx.tree = module.reduce.bound_dtype() if module.reduce is not None else None
         if total is None:
             ctx.total = None
             return torch.zeros((), dtype=torch.float64)
@@ -257,7 +258,8 @@ class _ReduceFunction(torch.autograd.Function):
         module = ctx.module
         if ctx.tree is not None and module.reduce is not None:
             # the ranks other than the root have no input to the broadcast, so they cannot see
-            # its dtype change: every rank drops a binding of another dtype, and all bind again
+            # its dtype change: every rank drops a binding of another dtype than the forward's
+            # agreed one, and all bind again together
             module.reduce.unbind_unless(ctx.tree, adjoint=True)
         kept = module._kept_broadcast
         if not torch.is_grad_enabled() and kept is not None and kept.call.current:

@@ -235,6 +235,26 @@ def test_loss_module_keeps_its_bound_calls_only_while_they_fit():
             out.dtype != expected.dtype or not np.isclose(float(out), float(expected), rtol=rtol)
         ):
             problems.append(f"call {call}: loss {out} against {expected}")
+    # a new module on ranks of different dtypes (rank 0 float32, the others float64, from its
+    # first call: the sum runs in float64 on every rank), kept from call to call: no rank drops
+    # its broadcast (a rank keying it on its own partial sums' dtype ended the job here)
+    module = LossModule(
+        Loss(x, "mse", root=2 * SIZE - 1), comm=COMM, mapping=WorkerMap.round_robin(2 * SIZE, SIZE)
+    )
+    mixed = torch.float32 if RANK == 0 else torch.float64
+    for call in range(3):
+        data, target = (rng.standard_normal(x.global_shape) for _ in range(2))
+        blocks, target_blocks = x.scatter(data), x.scatter(target)
+        inputs = {k: torch.from_numpy(blocks[k]).to(mixed).requires_grad_() for k in module.input_names}
+        module(
+            inputs, {k: torch.from_numpy(target_blocks[k]).to(mixed) for k in module.input_names}
+        ).backward()
+        grads = x.scatter(2 * (data - target) / data.size)
+        problems += [
+            f"mixed call {call}: dx {k}"
+            for k, v in inputs.items()
+            if v.grad.dtype != mixed or not np.allclose(v.grad, grads[k], rtol=1e-5, atol=1e-6)
+        ]
     collective_assert(not problems, "; ".join(problems))
 
 

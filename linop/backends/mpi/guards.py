@@ -110,7 +110,8 @@ def abort_job(
 
 
 def _arm_abort_watchdog() -> None:
-    """Arm :data:`ABORT_WATCHDOG` (the process's one faulthandler timer, replaced), writing to
+    """Arm :data:`ABORT_WATCHDOG` (the process's one faulthandler timer: one the program set,
+    such as pytest's ``faulthandler_timeout``, is replaced, the rank being about to end), writing to
     stderr's descriptor, or to descriptor 2 where ``sys.stderr`` has none (a notebook); a
     failure to arm never keeps the rank from aborting."""
     try:
