@@ -7,7 +7,6 @@ per dimension and workers without output; and the launch of their torch.distribu
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import types
@@ -362,12 +361,6 @@ def test_repartition_module_moves_forward_and_repartitions_the_gradient_back():
 
 
 # -- torch.distributed ------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.timeout(660)
 def test_resample_modules_under_torch_distributed():
     """Two gloo processes (127.0.0.1): Interpolate, MaxPool and Repartition with ``group=True``
@@ -375,7 +368,7 @@ def test_resample_modules_under_torch_distributed():
     pytest.importorskip("torch.distributed")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     env.setdefault("OMP_NUM_THREADS", "1")
-    command = [sys.executable, "resample_checks.py", "2", str(_free_port())]
+    command = [sys.executable, "resample_checks.py", "2"]
     try:
         result = subprocess.run(
             command, cwd=ROOT / "tests" / "torchdist", env=env, capture_output=True, text=True, timeout=600

@@ -1,5 +1,6 @@
-"""The torch modules under a worker map on a torch.distributed group: ``python map_checks.py K
-PORT`` forks K gloo processes (rendezvous on 127.0.0.1:PORT, 120 s timeout). Every process
+"""The torch modules under a worker map on a torch.distributed group: ``python map_checks.py
+K`` forks K gloo processes (rendezvous on 127.0.0.1 at a port this launcher holds,
+``rendezvous.py``; 120 s timeout). Every process
 builds a few cases of ``tests/module_map_cases.py`` (:data:`GROUP_CASES`) with ``group=True`` and every worker on
 another rank (worker w on rank K - 1 - w), checks that it takes the blocks the map puts on its
 rank and that its forward and backward equal the same module in one process; then that a map
@@ -88,6 +89,8 @@ def process(rank: int, size: int, port: int) -> None:
 
 
 if __name__ == "__main__":
+    from rendezvous import held_port
+
     mp.start_processes(
-        process, args=(int(sys.argv[1]), int(sys.argv[2])), nprocs=int(sys.argv[1]), start_method="fork"
+        process, args=(int(sys.argv[1]), held_port()), nprocs=int(sys.argv[1]), start_method="fork"
     )

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -53,6 +52,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from rendezvous import held_port
 
 from linop import Block, DistributedTensor, HaloExchange, Kernel, Partition, Space, halo_geometry
 from linop.backends import torch_distributed as td
@@ -312,18 +312,12 @@ def process(rank: int, port: int, mode: str) -> None:
     os._exit(0)  # both modes leave the group unusable: no teardown
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _forked(mode: str) -> None:
     """Both ranks as forked processes joined here: a rank killed leaves the other running."""
     import multiprocessing
 
     context = multiprocessing.get_context("fork")
-    port = _free_port()
+    port = held_port()
     ranks = [context.Process(target=process, args=(rank, port, mode)) for rank in range(2)]
     for one in ranks:
         one.start()
@@ -339,4 +333,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "every":
         _forked(sys.argv[1])
     else:
-        mp.start_processes(process, args=(_free_port(), sys.argv[1]), nprocs=2, start_method="fork")
+        mp.start_processes(process, args=(held_port(), sys.argv[1]), nprocs=2, start_method="fork")

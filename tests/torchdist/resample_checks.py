@@ -1,6 +1,6 @@
 """Checks of the resampling modules (Interpolate / Upsample, MaxPool, Repartition) on a
-torch.distributed group: ``python resample_checks.py K PORT`` forks K gloo processes
-(rendezvous on 127.0.0.1:PORT, 120 s timeout). Every process builds the same modules with
+torch.distributed group: ``python resample_checks.py K`` forks K gloo processes
+(rendezvous on 127.0.0.1 at a port this launcher holds, ``rendezvous.py``; 120 s timeout). Every process builds the same modules with
 ``group=True``, passes its own blocks, and compares its outputs and input gradients with
 torch's layers run on the whole tensor in that process; the verdicts are agreed over the group
 and each process prints ``RESAMPLE OK rank <r>`` when every check passed everywhere.
@@ -176,6 +176,8 @@ def process(rank: int, size: int, port: int) -> None:
 
 
 if __name__ == "__main__":
+    from rendezvous import held_port
+
     mp.start_processes(
-        process, args=(int(sys.argv[1]), int(sys.argv[2])), nprocs=int(sys.argv[1]), start_method="fork"
+        process, args=(int(sys.argv[1]), held_port()), nprocs=int(sys.argv[1]), start_method="fork"
     )

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 import sys
 import time
 import traceback
@@ -31,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from rendezvous import held_port
 
 from linop.backends.torch_distributed import stall
 from linop.errors import LinopError
@@ -123,14 +123,8 @@ def process(rank: int, port: int, mode: str) -> None:
         os._exit(status)  # the group is unusable after the error: end the process (the peer's cue)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 if __name__ == "__main__":
     import torch.multiprocessing as mp
 
     mode = sys.argv[1]
-    mp.start_processes(process, args=(free_port(), mode), nprocs=2, start_method="fork")
+    mp.start_processes(process, args=(held_port(), mode), nprocs=2, start_method="fork")
