@@ -11,8 +11,9 @@ default for small groups, point-to-point),
 2 by ``python -m torch.distributed.run`` (torchrun), which also runs the README's "Run under
 torchrun" script and, last, a rank that never arrives (the others must raise
 ``PeerTimeoutError`` naming the deadline while it is still alive: only the deadline can have
-ended their wait). Rendezvous on 127.0.0.1 at a free port picked at
-run time; every launch is bounded by a timeout and ``init_process_group(timeout=60 s)``.
+ended their wait). Rendezvous on 127.0.0.1: the spawn launcher hosts its store
+(``tests/torchdist/rendezvous.py``), torchrun's agent binds a free port picked at run time;
+every launch is bounded by a timeout and ``init_process_group(timeout=60 s)``.
 ``LINOP_LONG=1`` draws more random trees.
 
 Also here, in this process: the errors raised before any process group exists.

@@ -6,8 +6,8 @@ would (its ``main`` reads ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER
 The processes are forked after this one has imported torch, linop, the example and
 ``torch._dynamo`` (which ``torch.optim`` imports on an optimizer's construction: seconds per
 process on a loaded machine without bytecode caches), so each process does not import them
-again. The rendezvous is on 127.0.0.1 at a free port; the example's ``--timeout`` bounds it,
-and the launching test bounds the whole run."""
+again. The rendezvous is on 127.0.0.1 at a port this launcher holds (``rendezvous.py``); the
+example's ``--timeout`` bounds it, and the launching test bounds the whole run."""
 
 from __future__ import annotations
 
