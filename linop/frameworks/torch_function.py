@@ -436,6 +436,24 @@ class BoundTensors:
         self._bound.free()
 
 
+def tensors_fit(
+    tensors: Sequence[torch.Tensor], dtypes: Sequence[torch.dtype], shapes: Sequence[Any] | None = None
+) -> bool:
+    """Whether ``tensors`` go into a binding's buffers as they are: as many as ``dtypes``, each
+    a CPU tensor of its dtype (and of its shape in ``shapes``, where given)."""
+    if len(tensors) != len(dtypes):
+        return False
+    if shapes is None:
+        for tensor, dtype in zip(tensors, dtypes):
+            if tensor.dtype != dtype or not tensor.is_cpu:
+                return False
+        return True
+    for tensor, dtype, shape in zip(tensors, dtypes, shapes):
+        if tensor.dtype != dtype or tensor.shape != shape or not tensor.is_cpu:
+            return False
+    return True
+
+
 class BoundCall:
     """A runner's persistent MPI binding (:class:`BoundTensors`) as a call a module that is its
     own autograd node keeps from one call to the next (:meth:`TorchOperator.bound_call`): it
@@ -444,8 +462,8 @@ class BoundCall:
     and reads :attr:`outputs` (*overwritten by the next call*) before the next.
 
     It stays valid while :attr:`current` (the runner has not bound again: new dtypes free the
-    binding it holds); a caller tests that, and that its tensors have :attr:`dtypes` and the
-    buffers' shapes, before each use.
+    binding it holds); a caller tests that, and that its tensors fit (:func:`tensors_fit`:
+    :attr:`dtypes` and the buffers' shapes), before each use.
 
     Attributes
     ----------
@@ -754,11 +772,10 @@ class TorchOperator:
         per-call bookkeeping and the copies of the results."""
         runner = self._runner.adjoint if adjoint else self._runner
         bound = runner._bound
-        if runner.plan is None or bound is None or not bound.persistent or len(tensors) != len(bound.inputs):
+        if runner.plan is None or bound is None or not bound.persistent:
             return None
-        for tensor, buffer, dtype in zip(tensors, bound.inputs, runner._bound_dtypes):
-            if tensor.dtype != dtype or tensor.shape != buffer.shape or tensor.device.type != "cpu":
-                return None
+        if not tensors_fit(tensors, runner._bound_dtypes, [buffer.shape for buffer in bound.inputs]):
+            return None
         stall = _stall("mpi")
         call = stall.enter(runner.plan, "bound", dict(zip(runner.inputs, tensors)))
         try:

@@ -24,7 +24,14 @@ import torch
 
 from ..errors import LayerError, StateError
 from ..layers.losses import Loss
-from .torch_function import BoundCall, TorchOperator, collective_anchor, engine_arguments, fitted_gradient
+from .torch_function import (
+    BoundCall,
+    TorchOperator,
+    collective_anchor,
+    engine_arguments,
+    fitted_gradient,
+    tensors_fit,
+)
 from .torch_placement import Placement, workers_of
 
 __all__ = ["LossModule", "local_loss"]
@@ -212,12 +219,7 @@ class _Kept:
 
     def takes(self, tensors: tuple[Tensor, ...]) -> bool:
         """Whether ``tensors`` (0-d, in this order) go through the kept binding."""
-        if not self.call.current or len(tensors) != len(self.dtypes):
-            return False
-        for tensor, dtype in zip(tensors, self.dtypes):
-            if tensor.dtype != dtype or not tensor.is_cpu:
-                return False
-        return True
+        return self.call.current and tensors_fit(tensors, self.dtypes)  # 0-d: the shape is fixed
 
 
 class _ReduceFunction(torch.autograd.Function):
@@ -283,7 +285,9 @@ def _reduced(module: LossModule, partials: tuple[Tensor, ...]) -> Tensor | None:
     next call), None elsewhere. Keeps the binding for the next calls (:class:`_Kept`)."""
     function = module.reduce
     assert function is not None  # a reduction: the tree exists
-    dtype = _tree_dtype(partials)
+    dtype = partials[0].dtype if partials else None
+    for partial in partials[1:]:
+        dtype = torch.promote_types(dtype, partial.dtype)  # type: ignore[arg-type]
     state = {
         name: (partial.detach() if partial.dtype == dtype else partial.detach().to(dtype)).reshape(1)
         for name, partial in zip(module._partial_names, partials)
@@ -298,14 +302,6 @@ def _reduced(module: LossModule, partials: tuple[Tensor, ...]) -> Tensor | None:
         function, module._partial_names, tuple(n for n in outputs if n == module._total_name), adjoint=False
     )
     return None if total is None else total.reshape(())
-
-
-def _tree_dtype(partials: tuple[Tensor, ...]) -> torch.dtype | None:
-    """The dtype the sum-reduce runs in: the partial sums' dtypes promoted (None for none)."""
-    dtype = partials[0].dtype if partials else None
-    for partial in partials[1:]:
-        dtype = torch.promote_types(dtype, partial.dtype)  # type: ignore[arg-type]
-    return dtype
 
 
 def _broadcast(module: LossModule, ctx: Any, grad: Tensor) -> list[Tensor]:

@@ -18,7 +18,7 @@ import torch
 
 from ..partition import DistributedTensor
 from ..repartition import Repartition as RepartitionOperator
-from .torch_function import BoundCall, fitted_gradient
+from .torch_function import BoundCall, fitted_gradient, tensors_fit
 from .torch_windows import BlockModule
 
 __all__ = ["Repartition"]
@@ -157,13 +157,7 @@ class _Kept:
 
     def takes(self, tensors: Sequence[torch.Tensor]) -> bool:
         """Whether ``tensors`` (the direction's inputs, in order) go through the kept binding."""
-        call = self.call
-        if not call.current or len(tensors) != len(self.shapes):
-            return False
-        for tensor, dtype, shape in zip(tensors, call.dtypes, self.shapes):
-            if tensor.dtype != dtype or tensor.shape != shape or not tensor.is_cpu:
-                return False
-        return True
+        return self.call.current and tensors_fit(tensors, self.call.dtypes, self.shapes)
 
     def fill(self, tensors: Sequence[torch.Tensor]) -> None:
         """Copy ``tensors`` into the binding's buffers and run it (:attr:`outputs` then hold the
