@@ -367,7 +367,11 @@ class _Runner:
             assert self.plan is not None  # only under MPI
             bound = self._bound = BoundTensors(self.plan, self.inputs, self.outputs, dtypes)
             self._bound_dtypes = tuple(dtypes)
-            self._blind = bound.blind
+            if self._blind is None:  # the first binding: does some rank have no inputs?
+                size = self.plan.comm.Get_size()
+                self._blind = size > 1 and bool(
+                    _comm_max(self.plan, int(not self.inputs), f"binding {self.op}")
+                )
         return bound
 
     def _run_bound(self, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -427,13 +431,6 @@ class BoundTensors:
         This rank's domain and range blocks, in the order tensors are passed and returned.
     dtypes : sequence of torch.dtype
         The inputs' dtypes (the binding is for these).
-
-    Attributes
-    ----------
-    blind : bool
-        Whether some rank has no input blocks of the tree (agreed by every rank here, in the
-        binding's first reduction): its calls then start with an agreement on dtypes
-        (:meth:`_Runner.agree`).
     """
 
     def __init__(
@@ -447,8 +444,7 @@ class BoundTensors:
             for name, dtype in zip(inputs, dtypes)
         }
         # collective, as are the binding and the decision to rebind below
-        straight, self.blind = _binding_agreement(plan, self.arrays.values())
-        if straight:
+        if _runs_straight(plan, self.arrays.values()):
             bound = plan.bind(self.arrays, inplace=False, persistent=False)  # checked once, no buffers
         else:
             # The buffers are this object's own, refilled on each call, so the plan may
@@ -594,19 +590,16 @@ hand-written ones, 1.23-1.35x bound and 1.10-1.35x straight at N = 1024, 1.35-1.
 small convolution layers)."""
 
 
-def _binding_agreement(plan: Any, arrays: Any) -> tuple[bool, bool]:
-    """Whether any rank's blocks reach :data:`STRAIGHT_FROM` bytes, and whether any rank has
-    no input blocks of the tree, in one reduction (collective: the first of a binding, within
-    the plan's deadline; a rank alone whose dtypes changed meets its peers here while they run
-    their bound plan: at the deadline it names them and aborts the job, as the entry check
-    does, instead of waiting forever)."""
+def _runs_straight(plan: Any, arrays: Any) -> bool:
+    """Whether any rank's blocks reach :data:`STRAIGHT_FROM` bytes (collective: the first of
+    a binding, within the plan's deadline; a rank alone whose dtypes changed meets its peers
+    here while they run their bound plan: at the deadline it names them and aborts the job,
+    as the entry check does, instead of waiting forever)."""
     itemsize = max((a.itemsize for a in arrays), default=8)
     entries = sum(int(np.prod(b.shape)) for b in plan.domain_blocks.values())
     entries += sum(int(np.prod(plan.op.range.block(name).shape)) for name in plan.range_names)
-    flags = int(entries * itemsize >= STRAIGHT_FROM) | (0 if plan.domain_blocks else 2)
     doing = f"binding {plan.op} for new dtypes (every rank rebinds when its dtypes change)"
-    agreed = _comm_max(plan, flags, doing)
-    return bool(agreed & 1), bool(agreed & 2) and plan.comm.Get_size() > 1
+    return bool(_comm_max(plan, int(entries * itemsize >= STRAIGHT_FROM), doing))
 
 
 def _comm_max(plan: Any, value: int, doing: str) -> int:
