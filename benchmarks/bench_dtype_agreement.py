@@ -11,8 +11,8 @@ starts from) starts each call with one all-reduce (``MAX``) of one flag, so that
 inputs follows its peers' dtype change. Timed here, in the same processes and interleaved
 sample by sample (a sample: a batch of ``BATCH`` calls after ``SETTLE`` untimed ones and a
 barrier; its time the maximum over ranks of the batch's mean; medians over ``BENCH_SAMPLES``
-samples, in an order drawn afresh per sample, the same on every rank), one forward and
-backward step (float64, the same dtype every call: the bound plans) of:
+samples, in an order drawn afresh per sample, the same on every rank; wall time and CPU time,
+``time.process_time``, which counts gloo's threads), one forward and backward step (float64, the same dtype every call: the bound plans) of:
 
 - ``broadcast``: a TorchOperator of a broadcast of a (2, 3) block from worker 0 to one copy per
   rank (the backward, a sum-reduce, gives every rank inputs: no agreement there);
@@ -86,32 +86,63 @@ def _steps(size: int, rank: int, **engine: Any) -> dict[str, Callable[[], object
     return steps
 
 
-def _table(times: dict[str, np.ndarray], where: str) -> None:
+def _interleaved(
+    steps: dict[str, Callable[[], object]], barrier: Callable[[], object], largest: Callable[[float], float]
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per step, each sample's wall and CPU time (``time.process_time``) per call: the maximum
+    over the ranks of a batch's mean (see the module docstring)."""
+    names = list(steps)
+    order = np.random.default_rng(len(names))  # seeded alike on every rank
+    times: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in names}
+    for _ in range(SAMPLES):
+        for index in order.permutation(len(names)):
+            step = steps[names[index]]
+            for _ in range(SETTLE):
+                step()
+            barrier()
+            start, cpu = time.perf_counter(), time.process_time()
+            for _ in range(BATCH):
+                step()
+            wall, cpu = (time.perf_counter() - start) / BATCH, (time.process_time() - cpu) / BATCH
+            times[names[index]][0].append(largest(wall))
+            times[names[index]][1].append(largest(cpu))
+    return {name: (np.array(wall), np.array(cpu)) for name, (wall, cpu) in times.items()}
+
+
+def _table(times: dict[str, tuple[np.ndarray, np.ndarray]], where: str) -> None:
     load = os.getloadavg()
     print(
         f"{where}; load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; {SAMPLES} samples of {BATCH} steps"
     )
-    print(f"{'step':<26} {'median us':>10} {'p25 us':>8} {'p75 us':>8}")
-    for name, values in times.items():
-        us = values * 1e6
-        print(f"{name:<26} {median(us):>10.1f} {np.percentile(us, 25):>8.1f} {np.percentile(us, 75):>8.1f}")
+    print(f"{'step (us per step)':<24} {'wall':>8} {'p25':>8} {'p75':>8} {'cpu':>8} {'p25':>8} {'p75':>8}")
+    for name, (wall, cpu) in times.items():
+        row = [f(v * 1e6) for v in (wall, cpu) for f in (median, _p25, _p75)]
+        print(f"{name:<24} " + " ".join(f"{value:>8.1f}" for value in row))
     for tree in ("broadcast", "repartition", "windows"):
-        a, u = times[f"{tree}, agreed"], times[f"{tree}, unagreed"]
-        diff = (a - u) * 1e6
+        (aw, ac), (uw, uc) = times[f"{tree}, agreed"], times[f"{tree}, unagreed"]
         print(
-            f"{tree}: agreed - unagreed per step, median {median(diff):.1f} us "
-            f"(p25 {np.percentile(diff, 25):.1f}, p75 {np.percentile(diff, 75):.1f}); "
-            f"ratio {median(a / u):.3f}"
+            f"{tree}: agreed - unagreed, wall median {median((aw - uw) * 1e6):.1f} us "
+            f"(p25 {_p25((aw - uw) * 1e6):.1f}, p75 {_p75((aw - uw) * 1e6):.1f}), "
+            f"cpu median {median((ac - uc) * 1e6):.1f} us "
+            f"(p25 {_p25((ac - uc) * 1e6):.1f}, p75 {_p75((ac - uc) * 1e6):.1f}); "
+            f"wall ratio {median(aw / uw):.3f}, cpu ratio {median(ac / uc):.3f}"
         )
 
 
+def _p25(values: np.ndarray) -> float:
+    return float(np.percentile(values, 25))
+
+
+def _p75(values: np.ndarray) -> float:
+    return float(np.percentile(values, 75))
+
+
 def mpi_main() -> None:
-    from _timing import interleaved_over_ranks
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
     steps = _steps(comm.size, comm.rank, comm=comm)
-    times = interleaved_over_ranks(steps, comm, SAMPLES, BATCH, settle=SETTLE)
+    times = _interleaved(steps, comm.Barrier, lambda value: comm.allreduce(value, op=MPI.MAX))
     if comm.rank == 0:
         _table(times, f"MPI, {comm.size} ranks")
 
@@ -121,23 +152,15 @@ def gloo_main() -> None:
 
     rank, size = dist.get_rank(), dist.get_world_size()
     steps = _steps(size, rank, group=True)
-    names = list(steps)
-    order = np.random.default_rng(len(names))
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for _ in range(SAMPLES):
-        for index in order.permutation(len(names)):
-            step = steps[names[index]]
-            for _ in range(SETTLE):
-                step()
-            dist.barrier()
-            start = time.perf_counter()
-            for _ in range(BATCH):
-                step()
-            elapsed = torch.tensor([(time.perf_counter() - start) / BATCH], dtype=torch.float64)
-            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-            times[names[index]].append(float(elapsed))
+
+    def largest(value: float) -> float:
+        tensor = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return float(tensor)
+
+    times = _interleaved(steps, dist.barrier, largest)
     if rank == 0:
-        _table({name: np.array(values) for name, values in times.items()}, f"gloo, {size} processes")
+        _table(times, f"gloo, {size} processes")
         sys.stdout.flush()
 
 

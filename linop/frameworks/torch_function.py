@@ -200,7 +200,7 @@ class _Runner:
         the ranks agree on then.
 
         Once per call on every rank, whichever path the call takes: the first of a kept call's
-        test (:meth:`BoundCall.takes`), :meth:`TorchOperator.bound_views` and the general path
+        test (:meth:`BoundCall.agree`), :meth:`TorchOperator.bound_views` and the general path
         makes it, the others find it made (until the call runs);
         :meth:`TorchOperator.unbind_unless` stands for it where every rank knows the dtype.
         Nothing, and nothing sent, for a tree whose every rank has inputs (each rank sees its
