@@ -130,3 +130,45 @@ def test_float32_stays_float32_and_the_adjoint_wrapper():
     assert y["b"].dtype == torch.float32
     back = f.H(y)
     assert back["a"].tolist() == [0.0, 2.0, 4.0, 6.0] and back["b"].tolist() == [0.0] * 4
+
+
+def test_the_dtype_agreement_is_one_reduction_per_call_and_only_where_a_rank_has_no_inputs(monkeypatch):
+    """``_Runner.agree`` with a stand-in for the MPI reduction (``_comm_max``), the peers' flag
+    given: nothing is sent for a tree whose every rank has inputs, nor before the first binding;
+    for a tree that leaves a rank without inputs, one reduction per call however many steps of
+    the call ask for it (a kept call's test, ``bound_views``, the general path), the next call
+    its own; a peer's change frees this rank's binding although its own dtypes did not change."""
+    from linop.frameworks import torch_function
+
+    sent, peers = [], [0]
+
+    def reduction(plan, value, doing):
+        sent.append(value)
+        return max(value, peers[0])
+
+    monkeypatch.setattr(torch_function, "_comm_max", reduction)
+    freed = []
+
+    class Bound:
+        def free(self):
+            freed.append(self)
+
+    runner = torch_function._Runner(TREES["broadcast-2x2"])
+    for blind in (None, False):  # before the first binding; every rank has inputs
+        runner._blind, runner._bound = blind, Bound()
+        for _ in range(3):
+            runner.agree(True)
+    assert sent == [] and not runner._agreed
+    runner._blind = True
+    runner._bound = None  # no binding: every rank binds anyway
+    runner.agree(False)
+    assert sent == []
+    bound = runner._bound = Bound()
+    for call in range(2):
+        for _ in range(3):  # the steps of one call
+            runner.agree(False)
+        assert sent == [0] * (call + 1) and runner._bound is bound
+        runner._agreed = False  # the call ran
+    peers[0] = 1  # a peer's inputs changed dtype
+    runner.agree(False)
+    assert sent == [0, 0, 0] and runner._bound is None and freed == [bound]

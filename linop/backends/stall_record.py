@@ -102,7 +102,9 @@ class CallRecord:
 
 
 NO_INPUTS = "no input blocks"
-"""A :class:`CallRecord`'s key for a rank with no input blocks of the tree."""
+"""A :class:`CallRecord`'s key for a rank with no input blocks of the tree (the torch wrappers'
+calls of such a tree agree on dtypes first, :meth:`linop.frameworks.torch_function._Runner.agree`,
+so such a rank is not left on its bound plan by a dtype change there)."""
 
 KINDS = ("checked", "bound", "failed")
 """The kinds of a :class:`CallRecord`."""
@@ -230,9 +232,10 @@ def words(call: WatchedCall, mine: CallRecord, member: int, theirs: CallRecord) 
     if blind is not None and theirs.kind != mine.kind:
         return where + (
             f"rank {blind} has no input blocks of this tree, so it cannot see its peers' inputs change "
-            "dtype after the wrapper bound its plan, and neither path can complete; keep one dtype for "
-            "a wrapper (or module) whose tree leaves a rank without inputs, or build it again for the "
-            "new dtype on every rank (the ranks cannot be used any more: end the job)"
+            "dtype after its binding, and this call ran without the ranks' agreement on dtypes that the "
+            "torch wrappers make at each call of such a tree, so neither path can complete; keep one "
+            "dtype for this tree where it is bound outside those calls (the ranks cannot be used any "
+            "more: end the job)"
         )
     return where + (
         "one rank alone changed its inputs' dtypes after the wrapper bound its plan, and neither path "

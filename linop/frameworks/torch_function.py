@@ -178,6 +178,10 @@ class _Runner:
         self._bound: Any = None
         self._bound_dtypes: tuple[Any, ...] = ()
         self._in_place: tuple[dict[str, Any], Any] | None = None  # run_in_place's buffers, binding
+        # whether some rank has no input blocks of the tree (agreed at the first binding; None
+        # before): then each call starts with the ranks' agreement on dtypes (agree)
+        self._blind: bool | None = None
+        self._agreed = False  # this call's agreement is made (by an earlier step of the call)
 
     @property
     def adjoint(self) -> _Runner:
@@ -185,6 +189,40 @@ class _Runner:
             self._adjoint = _Runner(self.op.H, self.comm, self.dtype, self.mapping, self.group)
             self._adjoint._adjoint = self
         return self._adjoint
+
+    def agree(self, changed: bool) -> None:
+        """The call's agreement on dtypes, for a tree that leaves some rank without input blocks
+        (a broadcast's ranks other than its root, a repartition onto more workers): such a
+        rank cannot see its peers' inputs change dtype, so every rank says whether its inputs'
+        dtypes differ from its binding's (``changed``; a rank without inputs: never), in one
+        all-reduce (``MAX``) of that flag on the tree's communicator or group, and where any
+        does, every rank frees its binding: the call binds again on every rank, for the dtype
+        the ranks agree on then.
+
+        Once per call on every rank, whichever path the call takes: the first of a kept call's
+        test (:meth:`BoundCall.agree`), :meth:`TorchOperator.bound_views` and the general path
+        makes it, the others find it made (until the call runs);
+        :meth:`TorchOperator.unbind_unless` stands for it where every rank knows the dtype.
+        Nothing, and nothing sent, for a tree whose every rank has inputs (each rank sees its
+        own change: today's rebinding), before the first binding (every rank binds), or
+        in one process."""
+        if not self._blind or self._agreed or self._bound is None:
+            return
+        self._agreed = True
+        doing = f"agreeing whether the inputs of {self.op} changed dtype (a rank has no input blocks of it)"
+        if self.torch_plan is not None:
+            changed = bool(_group_max(self.torch_plan, int(changed), doing))
+        else:
+            changed = bool(_comm_max(self.plan, int(changed), doing))
+        if changed:
+            self._unbind()
+
+    def _unbind(self) -> None:
+        """Free the binding: the next call binds again (collective)."""
+        bound, self._bound = self._bound, None
+        self._bound_dtypes = ()
+        if bound is not None:
+            bound.free()
 
     def refuse(self, error: LinopError, state: Any) -> NoReturn:
         """Raise ``error``, found by a wrapper's own check of this call's ``state`` on this rank.
@@ -195,6 +233,7 @@ class _Runner:
         raises the same typed error on every rank; otherwise ``error`` is reported to the
         group's store (:func:`~linop.backends.torch_distributed.check.report_failure`) so that
         a peer left waiting names this rank and its error."""
+        self._agreed = False  # the call ends here
         plan = self.torch_plan
         if plan is not None:
             from ..backends.torch_distributed.check import report_failure
@@ -253,12 +292,22 @@ class _Runner:
         bind = self._bound is None or tuple(dtypes) != self._bound_dtypes
         call = stall.enter(self.torch_plan, "checked" if bind else "bound", state)
         try:
+            if self._blind:  # a rank has no inputs: the ranks agree whether to bind again
+                self.agree(bind)
+                self._agreed = False
+                if self._bound is None and not bind:
+                    bind = True
+                    call.kind = "checked"
             if bind:
                 if self._bound is not None:
                     self._bound.free()
                     self._bound = None  # a failed binding leaves none
                 self._bound = self.torch_plan.bind(state, inplace=False)
                 self._bound_dtypes = tuple(dtypes)
+                if self._blind is None:  # the first binding: does some rank have no inputs?
+                    self._blind = bool(
+                        _group_max(self.torch_plan, int(not self.inputs), f"binding {self.op}")
+                    )
                 result = self._bound()
             else:
                 result = self._bound.run_on(state)
@@ -318,6 +367,11 @@ class _Runner:
             assert self.plan is not None  # only under MPI
             bound = self._bound = BoundTensors(self.plan, self.inputs, self.outputs, dtypes)
             self._bound_dtypes = tuple(dtypes)
+            if self._blind is None:  # the first binding: does some rank have no inputs?
+                size = self.plan.comm.Get_size()
+                self._blind = size > 1 and bool(
+                    _comm_max(self.plan, int(not self.inputs), f"binding {self.op}")
+                )
         return bound
 
     def _run_bound(self, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -326,6 +380,11 @@ class _Runner:
         rebind = self._bound is None or dtypes != self._bound_dtypes
         call = stall.enter(self.plan, "checked" if rebind else "bound", state)
         try:
+            if self._blind:  # a rank has no inputs: the ranks agree whether to bind again
+                self.agree(rebind)
+                self._agreed = False
+                if self._bound is None:
+                    call.kind = "checked"
             return self._run_bound_call(state, dtypes)
         finally:
             stall.leave(call)
@@ -463,7 +522,9 @@ class BoundCall:
 
     It stays valid while :attr:`current` (the runner has not bound again: new dtypes free the
     binding it holds); a caller tests that, and that its tensors fit (:func:`tensors_fit`:
-    :attr:`dtypes` and the buffers' shapes), before each use.
+    :attr:`dtypes` and the buffers' shapes), before each use, after :meth:`agree` when
+    :attr:`blind` (a rank without inputs: the ranks agree on each call's dtypes before any
+    uses the binding).
 
     Attributes
     ----------
@@ -493,7 +554,21 @@ class BoundCall:
         """Whether this is still the runner's binding (no rebinding since)."""
         return self._runner._bound is self.bound
 
+    @property
+    def blind(self) -> bool:
+        """Whether some rank has no input blocks of the tree (each call then starts with the
+        ranks' agreement on dtypes: :meth:`agree`)."""
+        return bool(self._runner._blind)
+
+    def agree(self, dtypes: Sequence[torch.dtype]) -> None:
+        """The call's agreement on dtypes (:meth:`_Runner.agree`), ``dtypes`` being those of
+        the inputs the tree gets this call, in the order of the runner's inputs: for a
+        :attr:`blind` tree, before :attr:`current` is read. Collective."""
+        runner = self._runner
+        runner.agree(tuple(dtypes) != runner._bound_dtypes)
+
     def __call__(self) -> None:
+        self._runner._agreed = False  # the call runs
         stall = _stall("mpi")
         call = stall.enter(self._plan, "bound", self._state)
         try:
@@ -520,19 +595,42 @@ def _runs_straight(plan: Any, arrays: Any) -> bool:
     a binding, within the plan's deadline; a rank alone whose dtypes changed meets its peers
     here while they run their bound plan: at the deadline it names them and aborts the job,
     as the entry check does, instead of waiting forever)."""
-    from ..backends.mpi.deadline import largest_within
-    from ..backends.mpi.guards import abort_for
-
     itemsize = max((a.itemsize for a in arrays), default=8)
     entries = sum(int(np.prod(b.shape)) for b in plan.domain_blocks.values())
     entries += sum(int(np.prod(plan.op.range.block(name).shape)) for name in plan.range_names)
     doing = f"binding {plan.op} for new dtypes (every rank rebinds when its dtypes change)"
+    return bool(_comm_max(plan, int(entries * itemsize >= STRAIGHT_FROM), doing))
+
+
+def _comm_max(plan: Any, value: int, doing: str) -> int:
+    """The largest ``value`` over the ranks of an MPI plan's communicator, within the plan's
+    deadline (else the job is aborted: the missing ranks may never come)."""
+    from ..backends.mpi.deadline import largest_within
+    from ..backends.mpi.guards import abort_for
+
     try:
-        return bool(
-            largest_within(plan.comm, int(entries * itemsize >= STRAIGHT_FROM), plan.deadline(), doing)
-        )
+        return largest_within(plan.comm, value, plan.deadline(), doing)
     except BaseException as error:  # PeerTimeoutError included: the missing ranks may never come
         abort_for(plan.comm, doing, error)
+
+
+def _group_max(plan: Any, value: int, doing: str) -> int:
+    """The largest ``value`` over the ranks of a torch.distributed plan's group (one
+    all-reduce through the entry check's reducer, within the default deadline; its typed
+    errors: :class:`~linop.errors.PeerTimeoutError`, :class:`~linop.errors.RankFailedError`)."""
+    context = plan.context
+    if context.size == 1:
+        return value
+    from ..backends.torch_distributed.group import resolve_timeout
+
+    reducer = context.reducer
+    if reducer is None:  # pragma: no cover - the entry check made it
+        from ..backends.torch_distributed.check import TorchReducer
+
+        reducer = context.reducer = TorchReducer(context)
+    reducer.timeout = resolve_timeout(None)
+    reducer.doing = doing
+    return int(reducer.all_reduce(np.array([value], dtype=np.int64), "max")[0])
 
 
 def _stall(engine: str) -> Any:
@@ -767,15 +865,22 @@ class TorchOperator:
         their dtypes, when there is one and every tensor is a CPU tensor of its block's shape:
         the results are the binding's result buffers (:attr:`BoundTensors.outputs`),
         *overwritten by the next call* (a caller consumes or copies them first). Otherwise
-        None, and nothing is run (the caller takes :meth:`untracked`). The call is the bound
-        call :meth:`untracked` makes (marked for the stall diagnosis alike), less its
-        per-call bookkeeping and the copies of the results."""
+        None, and nothing is run: the caller takes :meth:`untracked` (for a tree that leaves a
+        rank without inputs, after the call's agreement on dtypes made here, which that call
+        finds made: :meth:`_Runner.agree`). The call is the bound call :meth:`untracked` makes
+        (marked for the stall diagnosis alike), less its per-call bookkeeping and the copies
+        of the results."""
         runner = self._runner.adjoint if adjoint else self._runner
+        if runner.plan is None:
+            return None
+        if runner._blind:
+            runner.agree(tuple([t.dtype for t in tensors]) != runner._bound_dtypes)
         bound = runner._bound
-        if runner.plan is None or bound is None or not bound.persistent:
+        if bound is None or not bound.persistent:
             return None
         if not tensors_fit(tensors, runner._bound_dtypes, [buffer.shape for buffer in bound.inputs]):
             return None
+        runner._agreed = False  # the call runs
         stall = _stall("mpi")
         call = stall.enter(runner.plan, "bound", dict(zip(runner.inputs, tensors)))
         try:
@@ -795,27 +900,29 @@ class TorchOperator:
         return BoundCall(runner, bound)
 
     def bound_dtype(self, *, adjoint: bool = False) -> np.dtype | None:
-        """Under MPI, the dtype the tree's (``adjoint=True``: its adjoint's) current binding
-        runs in, agreed by every rank when it bound (None where there is none)."""
+        """Under MPI or on a process group, the dtype the tree's (``adjoint=True``: its
+        adjoint's) current binding runs in, agreed by every rank when it bound (None where
+        there is none, and in one process)."""
         runner = self._runner.adjoint if adjoint else self._runner
         bound = runner._bound
-        return None if runner.plan is None or bound is None else np.dtype(bound.dtype)
+        return None if bound is None else np.dtype(bound.dtype)
 
     def unbind_unless(self, dtype: np.dtype, *, adjoint: bool = False) -> None:
-        """Under MPI, free the tree's (``adjoint=True``: its adjoint's) persistent binding
-        unless it runs in ``dtype``, so that its next call binds again (collective then).
+        """Under MPI or on a process group, free the tree's (``adjoint=True``: its adjoint's)
+        binding unless it runs in ``dtype``, so that its next call binds again (collective
+        then); that call makes no agreement on dtypes of its own (:meth:`_Runner.agree`).
         For a module whose ranks all know a call's dtype while some have no input to the
-        tree (a broadcast's ranks other than its root): they cannot see the dtypes change in
-        inputs they do not have, so every rank calls this alike with a dtype every rank
-        agrees on (another binding's :meth:`bound_dtype`), and the ranks bind again together.
-        Nothing happens in one process or on a process group."""
+        tree (a broadcast's ranks other than its root): every rank calls this alike, before
+        the call, with a dtype every rank agrees on (another binding's :meth:`bound_dtype`),
+        and the ranks bind again together, with nothing sent. Nothing happens in one
+        process."""
         runner = self._runner.adjoint if adjoint else self._runner
         bound = runner._bound
-        if runner.plan is None or bound is None or np.dtype(bound.dtype) == dtype:
+        if bound is None:
             return
-        bound.free()
-        runner._bound = None
-        runner._bound_dtypes = ()
+        if np.dtype(bound.dtype) != dtype:
+            runner._unbind()
+        runner._agreed = bool(runner._blind)  # every rank decided alike: the call's agreement
 
     def names(self, *, adjoint: bool = False) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The block names this process passes in and gets back, of the tree or its adjoint."""

@@ -218,8 +218,14 @@ class _Kept:
         return cls(call, [given.index(n) for n in inputs], [got.index(n) for n in outputs])
 
     def takes(self, tensors: tuple[Tensor, ...]) -> bool:
-        """Whether ``tensors`` (0-d, in this order) go through the kept binding."""
-        return self.call.current and tensors_fit(tensors, self.dtypes)  # 0-d: the shape is fixed
+        """Whether the partial sums ``tensors`` (0-d, in this order) go through the kept
+        binding (after the call's agreement on dtypes where a rank has no inputs: on the one
+        dtype the tree gets them in, :func:`_promoted`)."""
+        call = self.call
+        if call.blind:
+            dtype = _promoted(tensors)
+            call.agree(() if dtype is None else (dtype,) * len(tensors))
+        return call.current and tensors_fit(tensors, self.dtypes)  # 0-d: the shape is fixed
 
 
 class _ReduceFunction(torch.autograd.Function):
@@ -261,7 +267,8 @@ class _ReduceFunction(torch.autograd.Function):
         if ctx.tree is not None and module.reduce is not None:
             # the ranks other than the root have no input to the broadcast, so they cannot see
             # its dtype change: every rank drops a binding of another dtype than the forward's
-            # agreed one, and all bind again together
+            # agreed one, and all bind again together (the call's agreement on dtypes, with
+            # nothing sent)
             module.reduce.unbind_unless(ctx.tree, adjoint=True)
         kept = module._kept_broadcast
         if not torch.is_grad_enabled() and kept is not None and kept.call.current:
@@ -278,6 +285,15 @@ class _ReduceFunction(torch.autograd.Function):
         return (None, None, *_broadcast(module, ctx, grad))
 
 
+def _promoted(partials: tuple[Tensor, ...]) -> torch.dtype | None:
+    """The one dtype of the sum-reduce's inputs on this process: its partial sums' promoted
+    (a float32 block next to a float64 one: float64); None without any."""
+    dtype = partials[0].dtype if partials else None
+    for partial in partials[1:]:
+        dtype = torch.promote_types(dtype, partial.dtype)  # type: ignore[arg-type]
+    return dtype
+
+
 def _reduced(module: LossModule, partials: tuple[Tensor, ...]) -> Tensor | None:
     """The sum-reduce of the partial sums (one dtype for the tree: a float32 block next to a
     float64 one promotes), through the bound call where there is one, else untracked (binding);
@@ -285,9 +301,7 @@ def _reduced(module: LossModule, partials: tuple[Tensor, ...]) -> Tensor | None:
     next call), None elsewhere. Keeps the binding for the next calls (:class:`_Kept`)."""
     function = module.reduce
     assert function is not None  # a reduction: the tree exists
-    dtype = partials[0].dtype if partials else None
-    for partial in partials[1:]:
-        dtype = torch.promote_types(dtype, partial.dtype)  # type: ignore[arg-type]
+    dtype = _promoted(partials)
     state = {
         name: (partial.detach() if partial.dtype == dtype else partial.detach().to(dtype)).reshape(1)
         for name, partial in zip(module._partial_names, partials)

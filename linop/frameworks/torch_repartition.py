@@ -156,8 +156,13 @@ class _Kept:
         )
 
     def takes(self, tensors: Sequence[torch.Tensor]) -> bool:
-        """Whether ``tensors`` (the direction's inputs, in order) go through the kept binding."""
-        return self.call.current and tensors_fit(tensors, self.call.dtypes, self.shapes)
+        """Whether ``tensors`` (the direction's inputs, in order) go through the kept binding
+        (after the call's agreement on dtypes where a rank has no inputs:
+        :meth:`~linop.frameworks.torch_function.BoundCall.agree`)."""
+        call = self.call
+        if call.blind:
+            call.agree([t.dtype for t in tensors])
+        return call.current and tensors_fit(tensors, call.dtypes, self.shapes)
 
     def fill(self, tensors: Sequence[torch.Tensor]) -> None:
         """Copy ``tensors`` into the binding's buffers and run it (:attr:`outputs` then hold the

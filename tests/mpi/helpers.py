@@ -275,3 +275,21 @@ class Opaque(LinearOperator):
 
     def __str__(self) -> str:
         return type(self).__name__
+
+
+def count_agreements(monkeypatch: Any) -> list[str]:
+    """The torch wrappers' per-call agreements on dtypes under MPI
+    (:meth:`linop.frameworks.torch_function._Runner.agree`) this rank makes from now on (until
+    ``monkeypatch`` is undone), each by its tree's name (a binding's own reduction not counted)."""
+    from linop.frameworks import torch_function
+
+    sent: list[str] = []
+    original = torch_function._comm_max
+
+    def counted(plan: Any, value: int, doing: str) -> int:
+        if doing.startswith("agreeing"):
+            sent.append(str(plan.op))
+        return original(plan, value, doing)
+
+    monkeypatch.setattr(torch_function, "_comm_max", counted)
+    return sent

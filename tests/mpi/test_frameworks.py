@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import collective_assert, local_part, same_blocks
+from helpers import collective_assert, count_agreements, local_part, same_blocks
 
 from linop import Broadcast, DistributedTensor, HaloExchange, Kernel, Partition, halo_geometry, halo_windows
 
@@ -532,3 +532,72 @@ def test_fused_chain_module_gives_torchs_gradients_across_ranks(comm):
         f"dw{i}" for i, (w, r) in enumerate(zip(module.weights, weights)) if not np.allclose(w.grad, r.grad)
     ]
     collective_assert(not problems, "; ".join(problems))
+
+
+DTYPE_CHANGES = (torch.float64, torch.float64, torch.float32, torch.float32, torch.float64)
+"""The dtypes of consecutive calls: a change after a kept binding, twice."""
+
+
+def unfit_here(monkeypatch) -> None:
+    """This rank's tensors never fit a kept binding (as a CUDA tensor's would not): its calls
+    take the general path while its peers' take the kept calls."""
+    from linop.frameworks import torch_function, torch_losses, torch_repartition
+
+    for module in (torch_function, torch_losses, torch_repartition):
+        monkeypatch.setattr(module, "tensors_fit", lambda *args, **kwargs: False)
+
+
+@pytest.mark.parametrize("unfit", [False, True], ids=["kept", "one-rank-unfit"])
+def test_trees_leaving_a_rank_without_inputs_follow_dtype_changes(comm, unfit, monkeypatch):
+    """A TorchOperator of a broadcast (only its root has an input block) and a Repartition from
+    one worker onto one per rank, called forward and backward at float64, float64, float32,
+    float32, float64: on every rank exactly the one-process results (integers), of the call's
+    dtype. A rank without inputs cannot see the change: the ranks agree on it at the start of
+    each call of such a tree, one all-reduce counted here (from the second call, forward only:
+    the adjoints give every rank inputs), once per call on every rank also where one rank's
+    tensors take the general path while its peers' take the kept calls (``unfit``: rank
+    ``call % size``, with inputs or without). A halo exchange's windows (every rank has
+    inputs) agree on nothing. Before the agreement the first float32 call ended the job
+    (PeerMismatchError: a rank without inputs ran its float64 binding)."""
+    from linop.frameworks.torch_repartition import Repartition
+
+    size, rank = comm.size, comm.rank
+    sent = count_agreements(monkeypatch)
+    source = DistributedTensor("a", (5, 3), Partition((1, 1)))
+    destination = DistributedTensor("b", (5, 3), Partition((size, 1)))
+    repartition = Repartition(source, destination, comm=comm)
+    trees = {name: _trees(size)[name] for name in ("broadcast", *(() if unfit else ("halo-windows",)))}
+    trees["repartition"] = repartition.operator
+    functions = {name: TorchOperator(op, comm=comm) for name, op in trees.items() if name != "repartition"}
+    functions["repartition"] = repartition
+    problems = []
+    for call, dtype in enumerate(DTYPE_CHANGES):
+        with monkeypatch.context() as patch:
+            if unfit and call % size == rank:
+                unfit_here(patch)
+            for name, f in functions.items():
+                op = trees[name]
+                full, cotangent = _integers(op.domain, 10 + call), _integers(op.range, 20 + call)
+                forward = op({k: v.astype(np.float64) for k, v in full.items()})
+                backward = op.H({k: v.astype(np.float64) for k, v in cotangent.items()})
+                x = {
+                    k: v.to(dtype).requires_grad_()
+                    for k, v in _as_torch(local_part(op.domain, full, rank)).items()
+                }
+                y = f(x)
+                weights = {
+                    k: v.to(dtype) for k, v in _as_torch(local_part(op.range, cotangent, rank)).items()
+                }
+                (sum((y[k] * weights[k]).sum() for k in y) + f.token.sum()).backward()
+                grads = {k: (torch.zeros_like(v) if v.grad is None else v.grad) for k, v in x.items()}
+                wrong = [k for k, v in (*y.items(), *grads.items()) if v.dtype != dtype]
+                problem = same_blocks(
+                    {k: v.detach().numpy() for k, v in y.items()}, forward, tuple(y)
+                ) or same_blocks({k: v.numpy() for k, v in grads.items()}, backward, tuple(x))
+                if problem or wrong:
+                    problems.append(f"call {call} {name}: {problem or ''} dtypes of {wrong}")
+    expected = {"repartition": 4, "broadcast": 4} if size > 1 else {}
+    counts = {name: sent.count(str(op)) for name, op in trees.items() if sent.count(str(op))}
+    collective_assert(
+        not problems and counts == expected, f"{problems}; agreements {counts}, expected {expected}"
+    )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import collective_assert, compare_with_numpy, local_part
+from helpers import collective_assert, compare_with_numpy, count_agreements, local_part
 from mpi4py import MPI
 
 from linop import DistributedTensor, Partition
@@ -184,7 +184,7 @@ def test_loss_module_equals_torch(kind, reduction, options):
     collective_assert(not problems, f"{kind} {reduction}: {problems}")
 
 
-def test_loss_module_keeps_its_bound_calls_only_while_they_fit():
+def test_loss_module_keeps_its_bound_calls_only_while_they_fit(monkeypatch):
     """Two blocks on each rank (a worker map). From its second call a LossModule runs the bound
     sum-reduce and broadcast it keeps (new
     data each call, forward and backward); then float32 (the kept calls' dtype no longer fits:
@@ -197,6 +197,7 @@ def test_loss_module_keeps_its_bound_calls_only_while_they_fit():
     from linop.frameworks.torch_losses import LossModule
     from linop.program import WorkerMap
 
+    sent = count_agreements(monkeypatch)  # every rank holds input blocks: no agreement on dtypes
     # 5 rows over two workers per rank (a worker map; empty shares from 3 ranks)
     rows = (
         tuple(max(0, min(1, 5 - k)) for k in range(2 * SIZE))
@@ -255,6 +256,49 @@ def test_loss_module_keeps_its_bound_calls_only_while_they_fit():
             for k, v in inputs.items()
             if v.grad.dtype != mixed or not np.allclose(v.grad, grads[k], rtol=1e-5, atol=1e-6)
         ]
+    problems += [f"agreed on dtypes: {sent}"] if sent else []
+    collective_assert(not problems, "; ".join(problems))
+
+
+def test_loss_module_follows_dtype_changes_where_a_rank_holds_no_input_block(monkeypatch):
+    """x's two workers on rank 0 and the root worker on the last rank (a worker map): the other
+    ranks, the root's included, hold none of x's blocks, so they cannot see the input's dtype
+    change. Forward and backward at float64, float64, float32, float32, float64: the root's loss
+    equals torch's of the input's dtype, and so do rank 0's gradients. The forward's sum-reduce
+    agrees on dtypes at each call from the second (one all-reduce); its backward's broadcast
+    needs none (every rank knows the forward's dtype). Before the agreement the first float32
+    call ended the job (PeerMismatchError)."""
+    from linop.frameworks.torch_losses import LossModule
+
+    sent = count_agreements(monkeypatch)
+    x = DistributedTensor("x", (5, 3), Partition((2, 1)), sizes=((3, 2), (3,)))
+    module = LossModule(Loss(x, "mse", root=2), comm=COMM, mapping={0: 0, 1: 0, 2: SIZE - 1})
+    rng = np.random.default_rng(33)
+    problems = []
+    for call, dtype in enumerate((torch.float64, torch.float64, torch.float32, torch.float32, torch.float64)):
+        data, target = rng.standard_normal(x.global_shape), rng.standard_normal(x.global_shape)
+        blocks, target_blocks = x.scatter(data), x.scatter(target)
+        inputs = {k: torch.from_numpy(blocks[k]).to(dtype).requires_grad_() for k in module.input_names}
+        targets = {k: torch.from_numpy(target_blocks[k]).to(dtype) for k in module.input_names}
+        reference = torch.from_numpy(data).to(dtype).requires_grad_()
+        expected = torch.nn.functional.mse_loss(reference, torch.from_numpy(target).to(dtype))
+        expected.backward()
+        out = module(inputs, targets)
+        out.backward()
+        rtol = 1e-12 if dtype == torch.float64 else 1e-5
+        grads = x.scatter(reference.grad.numpy())
+        problems += [
+            f"call {call}: dx {k}"
+            for k, v in inputs.items()
+            if v.grad.dtype != dtype or not np.allclose(v.grad, grads[k], rtol=rtol)
+        ]
+        out, expected = out.detach(), expected.detach()
+        if module.is_root and (out.dtype != dtype or not np.isclose(float(out), float(expected), rtol=rtol)):
+            problems.append(f"call {call}: loss {out} against {expected}")
+    if (RANK == 0) != bool(module.input_names) or module.is_root != (RANK == SIZE - 1):
+        problems.append(f"blocks {module.input_names}, root {module.is_root}")
+    expected_sent = [str(module.reduce.op)] * 4 if SIZE > 1 else []
+    problems += [f"agreed {sent}, expected {expected_sent}"] if sent != expected_sent else []
     collective_assert(not problems, "; ".join(problems))
 
 

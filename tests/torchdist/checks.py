@@ -52,6 +52,38 @@ LONG = os.environ.get("LINOP_LONG") == "1"
 TIMEOUT = datetime.timedelta(seconds=300)  # generous: a loaded machine skews the ranks
 
 
+DTYPE_CHANGES = (torch.float64, torch.float64, torch.float32, torch.float32, torch.float64)
+"""The dtypes of consecutive calls: a change after a kept binding, twice."""
+
+
+class _AgreementCount:
+    """``count_agreements()``: the list of the torch wrappers' per-call agreements on dtypes
+    (:meth:`linop.frameworks.torch_function._Runner.agree`) this process makes from now on,
+    each by its tree's name (a binding's own reduction not counted), until ``.stop()``."""
+
+    def __call__(self) -> list[str]:
+        from linop.frameworks import torch_function
+
+        sent: list[str] = []
+        self.original = original = torch_function._group_max
+
+        def counted(plan: Any, value: int, doing: str) -> int:
+            if doing.startswith("agreeing"):
+                sent.append(str(plan.op))
+            return original(plan, value, doing)
+
+        torch_function._group_max = counted
+        return sent
+
+    def stop(self) -> None:
+        from linop.frameworks import torch_function
+
+        torch_function._group_max = self.original
+
+
+count_agreements = _AgreementCount()
+
+
 def agree(ok: bool, message: str) -> list[str]:
     """Every rank's failure messages (empty when the check passed everywhere)."""
     gathered: list[Any] = [None] * dist.get_world_size()
@@ -912,35 +944,60 @@ class Checks:
 
     # -- autograd -------------------------------------------------------------------------------
     def autograd(self) -> None:
+        """Trees as autograd functions, called at float64, float64, float32, float32, float64
+        (:data:`DTYPE_CHANGES`): a broadcast's ranks other than its root, and those a
+        Repartition from one worker reaches, have no input blocks and cannot see the change;
+        the ranks agree on it at each call of such a tree from the second (counted: one
+        all-reduce, the forward's only; none for the windows, where every rank has inputs)."""
         from linop.frameworks.torch_function import OperatorModule, function
+        from linop.frameworks.torch_repartition import Repartition as RepartitionModule
 
         u = DistributedTensor("u", (7, 5), Partition(grid_2d(self.size)))
+        source = DistributedTensor("a", (5, 3), Partition((1, 1)))
+        destination = DistributedTensor("b", (5, 3), Partition((self.size, 1)))
         trees = {
             "windows": halo_windows(u, Kernel(3, padding=1)),
             "broadcast": Broadcast(
                 DistributedTensor("w", (2, 3), Partition.grid((1, 1))), Partition.grid((self.size, 1)), "c"
             ),
+            "repartition onto more workers": Repartition(source, destination),
         }
         for name, op in trees.items():
 
-            def check(op: Any = op) -> str | None:
-                f = function(op, group=True)
-                full = op.domain.random(20, dtype=np.int64)
-                cotangent = op.range.random(21, dtype=np.int64)
-                forward = op({k: v.astype(np.float64) for k, v in full.items()})
-                backward = op.H({k: v.astype(np.float64) for k, v in cotangent.items()})
-                for _ in range(2):  # the second call runs the bound plans without checks
-                    x = {k: v.double().requires_grad_() for k, v in local(op.domain, full, self.rank).items()}
-                    y = f(x)
-                    weights = {k: v.double() for k, v in local(op.range, cotangent, self.rank).items()}
-                    loss = sum((y[k] * weights[k]).sum() for k in y) + f.token.sum()
-                    loss.backward()
-                    grads = {k: (torch.zeros_like(v) if v.grad is None else v.grad) for k, v in x.items()}
-                    problem = differs({k: v.detach() for k, v in y.items()}, forward, f.outputs) or differs(
-                        grads, backward, f.inputs
-                    )
-                    if problem:
-                        return problem
+            def check(name: str = name, op: Any = op) -> str | None:
+                if name.startswith("repartition"):
+                    f: Any = RepartitionModule(source, destination, group=True)
+                else:
+                    f = function(op, group=True)
+                sent = count_agreements()
+                try:
+                    for call, dtype in enumerate(DTYPE_CHANGES):  # then the bound plans, no checks
+                        full = op.domain.random(20 + call, dtype=np.int64)
+                        cotangent = op.range.random(30 + call, dtype=np.int64)
+                        forward = op({k: v.astype(np.float64) for k, v in full.items()})
+                        backward = op.H({k: v.astype(np.float64) for k, v in cotangent.items()})
+                        x = {
+                            k: v.to(dtype).requires_grad_()
+                            for k, v in local(op.domain, full, self.rank).items()
+                        }
+                        y = f(x)
+                        weights = {k: v.to(dtype) for k, v in local(op.range, cotangent, self.rank).items()}
+                        loss = sum((y[k] * weights[k]).sum() for k in y) + f.token.sum()
+                        loss.backward()
+                        grads = {k: (torch.zeros_like(v) if v.grad is None else v.grad) for k, v in x.items()}
+                        problem = differs(
+                            {k: v.detach() for k, v in y.items()}, forward, tuple(y)
+                        ) or differs(grads, backward, tuple(x))
+                        wrong = [k for k, v in (*y.items(), *grads.items()) if v.dtype != dtype]
+                        if problem or wrong:
+                            return f"call {call}: {problem or ''} dtypes of {wrong}"
+                finally:
+                    count_agreements.stop()
+                agreed = 4 if self.size > 1 and name != "windows" else 0
+                if sent != [str(op)] * agreed:
+                    return f"agreements on dtypes {sent}, expected {agreed}"
+                if name.startswith("repartition"):
+                    return None
                 module = OperatorModule(op, group=True)
                 return None if module(x).keys() == y.keys() else "OperatorModule outputs differ"
 
@@ -1079,6 +1136,10 @@ class Checks:
             "BatchNormModule against BatchNorm2d", lambda: norm_loss_checks.batchnorm(self.rank, self.size)
         )
         self.run("LossModule against torch losses", lambda: norm_loss_checks.losses(self.rank, self.size))
+        self.run(
+            "LossModule across dtype changes",
+            lambda: norm_loss_checks.dtype_changes(self.rank, self.size, DTYPE_CHANGES, count_agreements),
+        )
 
     # -- typed errors on every rank ----------------------------------------------------------------
     def same_error(self, kind: type, call: Callable[[], Any]) -> str | None:

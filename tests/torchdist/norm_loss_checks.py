@@ -120,3 +120,60 @@ def losses(rank: int, size: int) -> str | None:
             f"{kind} d{k}" for k, v in inputs.items() if not np.allclose(v.grad, grads[k], atol=1e-12)
         ]
     return "; ".join(problems) or None
+
+
+def dtype_changes(rank: int, size: int, dtypes: tuple[torch.dtype, ...], count: Any) -> str | None:
+    """MSE at each of ``dtypes`` in turn, forward and backward: where every rank holds blocks of
+    x (the backward's broadcast, whose ranks other than the root have no input, drops a binding
+    of another dtype than the forward's on every rank alike: no agreement sent), and under a
+    worker map with x's two workers on rank 0 and the root on the last rank (the others hold
+    none of x's blocks: the forward's sum-reduce agrees on dtypes at each call from the second,
+    one all-reduce; ``count()`` counts them). The root's loss equals torch's of the input's
+    dtype, and so does every gradient."""
+    from linop.frameworks.torch_losses import LossModule
+
+    rows = {1: (5,), 2: (4, 1), 3: (2, 0, 3), 4: (1, 2, 0, 2)}[size]
+    cases = {
+        "every rank": (
+            DistributedTensor("x", (5, 3), Partition((size, 1)), sizes=(rows, (3,))),
+            size - 1,
+            None,
+        ),
+        "a map": (DistributedTensor("x", (5, 3), Partition((2, 1))), 2, {0: 0, 1: 0, 2: size - 1}),
+    }
+    rng = np.random.default_rng(34)
+    problems: list[str] = []
+    for label, (x, root, mapping) in cases.items():
+        module = LossModule(Loss(x, "mse", root=root), group=True, mapping=mapping)
+        sent = count()
+        try:
+            for call, dtype in enumerate(dtypes):
+                data, target = rng.standard_normal(x.global_shape), rng.standard_normal(x.global_shape)
+                blocks, target_blocks = x.scatter(data), x.scatter(target)
+                inputs = {
+                    k: torch.from_numpy(blocks[k]).to(dtype).requires_grad_() for k in module.input_names
+                }
+                targets = {k: torch.from_numpy(target_blocks[k]).to(dtype) for k in module.input_names}
+                reference = torch.from_numpy(data).to(dtype).requires_grad_()
+                expected = torch.nn.functional.mse_loss(reference, torch.from_numpy(target).to(dtype))
+                expected.backward()
+                out = module(inputs, targets)
+                out.backward()
+                rtol = 1e-12 if dtype == torch.float64 else 1e-5
+                grads = x.scatter(reference.grad.numpy())
+                problems += [
+                    f"{label} call {call}: d{k}"
+                    for k, v in inputs.items()
+                    if v.grad.dtype != dtype or not np.allclose(v.grad, grads[k], rtol=rtol)
+                ]
+                value, want = out.detach(), expected.detach()
+                if module.is_root and (
+                    value.dtype != dtype or not np.isclose(float(value), float(want), rtol=rtol)
+                ):
+                    problems.append(f"{label} call {call}: loss {value} against {want}")
+        finally:
+            count.stop()
+        agreed = 4 if mapping is not None and size > 1 else 0
+        if sent != [str(module.reduce.op)] * agreed:
+            problems.append(f"{label}: agreements on dtypes {sent}, expected {agreed}")
+    return "; ".join(problems) or None
