@@ -14,11 +14,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..partition import DistributedTensor
 from ..repartition import Repartition as RepartitionOperator
-from .torch_function import BoundCall, fitted_gradient, tensors_fit
+from .torch_function import BoundCall, _stall, fitted_gradient, tensors_fit
 from .torch_windows import BlockModule
 
 __all__ = ["Repartition"]
@@ -95,15 +96,10 @@ class _RepartitionFunction(torch.autograd.Function):
         if kept is not None and not torch.is_grad_enabled():
             ordered = [grads[i] for i in kept.order] if kept.order is not None else grads
             if kept.takes(ordered):  # the reverse repartition through the kept binding
-                kept.fill(ordered)
-                back = kept.outputs
+                back = kept.results(ordered)
                 if kept.back is not None:
                     back = tuple([back[i] for i in kept.back])
-                fitted = []
-                for view, fit in zip(back, ctx.fit):
-                    gradient = fitted_gradient(view, *fit)  # its memory its own, not the buffer's:
-                    fitted.append(gradient.clone() if gradient.data_ptr() == view.data_ptr() else gradient)
-                return (None, None, *fitted)
+                return (None, None, *[fitted_gradient(view, *fit) for view, fit in zip(back, ctx.fit)])
         function = module.function
         inputs, outputs = function.names(adjoint=True)
         given = dict(zip(module.output_names, grads))
@@ -128,7 +124,7 @@ class _Kept:
     ``back``: the positions, among the direction's outputs, of the module's input blocks'
     gradients (None: the same)."""
 
-    __slots__ = ("back", "call", "order", "outputs", "shapes")
+    __slots__ = ("back", "call", "direct", "order", "outputs", "shapes")
 
     def __init__(self, call: BoundCall, order: list[int] | None, back: list[int] | None) -> None:
         self.call = call
@@ -136,6 +132,7 @@ class _Kept:
         self.shapes = tuple(buffer.shape for buffer in call.inputs)
         self.order = order
         self.back = back
+        self.direct: _Direct | None = _Direct.of(call)
 
     @classmethod
     def of(cls, module: Repartition, adjoint: bool) -> _Kept | None:
@@ -171,6 +168,63 @@ class _Kept:
             buffer.copy_(tensor)
         self.call()
 
+    def results(self, tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """The direction on ``tensors`` (which :meth:`takes`), as tensors of their own: moved
+        straight from the caller's tensor into a fresh one where :attr:`direct` allows it
+        (a contiguous tensor), else through the binding's buffers, the results copied."""
+        direct = self.direct
+        if direct is not None:
+            (tensor,) = tensors
+            if tensor.is_contiguous() and not tensor.is_conj() and not tensor.is_neg():
+                return (direct(tensor),)
+        self.fill(tensors)
+        return tuple([view.clone() for view in self.outputs])
+
+
+class _Direct:
+    """A kept binding's tree run straight on each call's tensors where its plan allows
+    (:class:`~linop.backends.mpi.peer_direct.DirectPeers`: one all-to-all by peer messages
+    whose received boxes tile the result): the caller's tensor is read in place and the
+    result is a fresh tensor, so neither is copied (the bound plan's messages, posted on
+    their memory). Marked for the stall diagnosis as the bound call is."""
+
+    __slots__ = ("dtype", "move", "name", "plan", "shape")
+
+    def __init__(self, call: BoundCall, move: Any, name: str) -> None:
+        self.plan = call.bound.plan
+        self.move = move
+        self.name = name
+        self.dtype = call.dtypes[0]
+        self.shape = move.target_shape
+
+    @classmethod
+    def of(cls, call: BoundCall) -> _Direct | None:
+        """The direct form of ``call``'s tree, or None where its plan has none (one input
+        and one output block, one all-to-all by peer messages here)."""
+        from ..backends.mpi.peer_direct import DirectPeers
+
+        bound = call.bound
+        if len(bound.names) != 1 or len(call.outputs) != 1 or len(call.dtypes) != 1:
+            return None
+        dtype = np.dtype(bound.dtype)
+        if torch.empty(0, dtype=call.dtypes[0]).numpy().dtype != dtype:
+            return None
+        plan = bound.plan
+        if len(plan.range_names) != 1:
+            return None
+        move = DirectPeers.of(plan, dtype, bound.names[0], plan.range_names[0])
+        return None if move is None else cls(call, move, bound.names[0])
+
+    def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
+        result = torch.empty(self.shape, dtype=self.dtype)
+        stall = _stall("mpi")
+        call = stall.enter(self.plan, "bound", {self.name: tensor})
+        try:
+            self.move(tensor.detach().numpy(), result.numpy())
+        finally:
+            stall.leave(call)
+        return result
+
 
 def _moved(
     module: Repartition, tensors: Sequence[torch.Tensor], *, adjoint: bool = False
@@ -183,8 +237,7 @@ def _moved(
     the untracked call's bookkeeping) where the binding allows, then kept; else untracked."""
     kept = module._kept[adjoint]
     if kept is not None and kept.takes(tensors):
-        kept.fill(tensors)
-        return tuple([view.clone() for view in kept.outputs])
+        return kept.results(tensors)
     function = module.function
     views = function.bound_views(tensors, adjoint=adjoint) if module.comm is not None else None
     if views is not None:

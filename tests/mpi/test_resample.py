@@ -241,3 +241,43 @@ def test_repartition_double_backward_runs_on_a_rank_whose_loss_ignores_its_gradi
     want = z.scatter(x.gather(w_blocks))
     wrong = [k for k, g in zip(seeds, grads) if not np.array_equal(0 if g is None else g.numpy(), want[k])]
     collective_assert(not wrong, f"rank {COMM.rank}: second-order gradients differ: {wrong}")
+
+
+def test_repartition_moves_straight_between_the_calls_tensors_exactly():
+    """One block each way on every rank (a spatial grid to batch shares, uneven, an empty share
+    at 3 ranks and more): from the second call on, each direction runs its all-to-all straight
+    on the call's tensors (the kept binding's direct form), the results fresh tensors. Exact, call after call, each
+    call's outputs and gradients unchanged by the next; a non-contiguous input, a float32 call
+    and a float64 one after it take the other paths, exactly too; the input never written."""
+    x = DistributedTensor("x", (SIZE + 2, 3, 6, 8), Partition((1, 1, *_grid_2d())))
+    z = DistributedTensor(
+        "z", x.global_shape, Partition((SIZE, 1, 1, 1)), sizes=(_uneven(SIZE + 2, SIZE), (3,), (6,), (8,))
+    )
+    module = Repartition(x, z, comm=COMM)
+    (name,) = module.input_names
+    (out_name,) = module.output_names
+    rng = np.random.default_rng(23)
+    problems, kept = [], []
+    layouts = ("plain", "plain", "plain", "strided", "plain", "float32", "float64")
+    for call, layout in enumerate(layouts):
+        dtype = np.float32 if layout == "float32" else np.float64
+        data, dy = (rng.standard_normal(x.global_shape).astype(dtype) for _ in range(2))
+        block = torch.from_numpy(x.scatter(data)[name])
+        if layout == "strided":  # the same entries, not contiguous
+            block = torch.from_numpy(np.asfortranarray(block.numpy()))
+            assert not block.is_contiguous() or block.numel() <= 1
+        given = block.clone()
+        leaf = block.requires_grad_()
+        y = module({name: leaf})[out_name]
+        (((y * torch.from_numpy(z.scatter(dy)[out_name])).sum()) + module.token.sum()).backward()
+        kept.append((call, y, leaf.grad, z.scatter(data)[out_name], x.scatter(dy)[name]))
+        for at, out, grad, y_want, dx_want in kept:
+            if not np.array_equal(out.detach().numpy(), y_want):
+                problems.append(f"call {at} y (after call {call})")
+            if grad is None or not np.array_equal(grad.numpy(), dx_want):
+                problems.append(f"call {at} dx (after call {call})")
+        if not torch.equal(block.detach(), given):
+            problems.append(f"call {call}: the input was written")
+        if call == 1:  # both directions kept with their direct forms (empty blocks too)
+            problems += [f"direction {a}: no direct form" for a in (0, 1) if module._kept[a].direct is None]
+    collective_assert(not problems, f"rank {COMM.rank}: " + "; ".join(problems))
