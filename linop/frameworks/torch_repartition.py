@@ -206,13 +206,12 @@ class _Direct:
         bound = call.bound
         if len(bound.names) != 1 or len(call.outputs) != 1 or len(call.dtypes) != 1:
             return None
-        dtype = np.dtype(bound.dtype)
-        if torch.empty(0, dtype=call.dtypes[0]).numpy().dtype != dtype:
+        if torch.empty(0, dtype=call.dtypes[0]).numpy().dtype != np.dtype(bound.dtype):
             return None
         plan = bound.plan
         if len(plan.range_names) != 1:
             return None
-        move = DirectPeers.of(plan, dtype, bound.names[0], plan.range_names[0])
+        move = DirectPeers.of(bound._bound, bound.names[0], plan.range_names[0])
         return None if move is None else cls(call, move, bound.names[0])
 
     def __call__(self, tensor: torch.Tensor) -> torch.Tensor:

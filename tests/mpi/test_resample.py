@@ -281,3 +281,37 @@ def test_repartition_moves_straight_between_the_calls_tensors_exactly():
         if call == 1:  # both directions kept with their direct forms (empty blocks too)
             problems += [f"direction {a}: no direct form" for a in (0, 1) if module._kept[a].direct is None]
     collective_assert(not problems, f"rank {COMM.rank}: " + "; ".join(problems))
+
+
+def test_repartition_bound_as_a_collective_keeps_no_direct_form():
+    """An all-to-all bound while a collective strategy was forced
+    (``all_to_all.ALLTOALL_STRATEGY``) is not run as peer messages later, when the strategy
+    is back to its default: the kept calls made after a later call have no direct form (the
+    other ranks' bound collective would never meet its messages), and stay exact."""
+    from linop.backends.mpi.native import all_to_all
+
+    x = DistributedTensor("x", (SIZE, 2, 4, 6), Partition((1, 1, *_grid_2d())))
+    z = DistributedTensor("z", x.global_shape, Partition((SIZE, 1, 1, 1)))
+    module = Repartition(x, z, comm=COMM)
+    (name,) = module.input_names
+    (out_name,) = module.output_names
+    rng = np.random.default_rng(29)
+    problems = []
+    for call in range(3):
+        data = rng.standard_normal(x.global_shape)
+        block = torch.from_numpy(x.scatter(data)[name])
+        if call == 0:
+            all_to_all.ALLTOALL_STRATEGY = "packed"
+        try:
+            if call == 1:  # the general path: the kept call made again, the binding unchanged
+                block = torch.from_numpy(np.asfortranarray(block.numpy()))
+            y = module({name: block})[out_name]
+        finally:
+            all_to_all.ALLTOALL_STRATEGY = "auto"
+        if not np.array_equal(y.detach().numpy(), z.scatter(data)[out_name]):
+            problems.append(f"call {call} y")
+        kept = module._kept[0]
+        if kept is not None and kept.direct is not None:
+            problems.append(f"call {call}: a direct form of a collective binding")
+            break
+    collective_assert(not problems, f"rank {COMM.rank}: " + "; ".join(problems))

@@ -68,6 +68,29 @@ def _overlap(a: tuple[tuple[int, ...], tuple[int, ...]], b: tuple[tuple[int, ...
     return all(s < t + m and t < s + n for s, n, t, m in zip(a[0], a[1], b[0], b[1]))
 
 
+def peer_bound(calls: Sequence[Any]) -> bool:
+    """Whether a compiled all-to-all's prepared ``calls`` are its peer messages' (one
+    ``Startall`` and one ``Waitall`` of point-to-point requests, copies around them) rather
+    than a collective's (a strategy forced by
+    :data:`~linop.backends.mpi.native.all_to_all.ALLTOALL_STRATEGY` when it was bound): the
+    direct form posts peer messages, which only peer messages on the other ranks match."""
+    request = mpi().Request
+    for function, arguments in calls:
+        found = getattr(function, "func", function)
+        if arguments:
+            return False
+        if found is np.copyto:
+            continue
+        owner = getattr(found, "__self__", None)
+        if not (
+            isinstance(owner, type)
+            and issubclass(owner, request)
+            and found.__name__ in ("Startall", "Waitall")
+        ):
+            return False
+    return True
+
+
 class DirectPeers:
     """One rank's part of a point-to-point all-to-all on the arrays of each call (see the module
     docstring): ``direct(send, receive)`` moves the boxes of the C-contiguous source array
@@ -96,6 +119,7 @@ class DirectPeers:
         self.target_shape = tuple(part.target.shape)
         rank = comm.Get_rank()
         self.entry = element_type(self.dtype)
+        self.waitall = mpi().Request.Waitall
         own: tuple[int, ...] | None = None
         self.receives: list[tuple[int, int, Any, Any]] = []
         for peer, start, shape in part.receives:
@@ -129,20 +153,24 @@ class DirectPeers:
         return not any(_overlap(a, b) for i, a in enumerate(boxes) for b in boxes[:i])
 
     @classmethod
-    def of(cls, plan: Any, dtype: np.dtype, source: str, target: str) -> DirectPeers | None:
-        """The direct form of ``plan`` (a :class:`~linop.backends.mpi.plan.DistributedPlan`)
-        on this rank, when its schedule here is one all-to-all moved by peer messages from
-        block ``source`` into block ``target`` whose received boxes tile the target
+    def of(cls, bound: Any, source: str, target: str) -> DirectPeers | None:
+        """The direct form of the bound plan ``bound`` (a
+        :class:`~linop.backends.mpi.bound.BoundPlan`, compiled) on this rank, when its schedule
+        here is one all-to-all from block ``source`` into block ``target`` that it binds as
+        peer messages (:func:`peer_bound`), whose received boxes tile the target
         (:meth:`tiles`); else None."""
+        plan = bound.plan
         schedule: Sequence[Any] = plan.schedule
-        if len(schedule) != 1 or type(schedule[0]) is not _RankAlltoall or schedule[0].chosen() != "peers":
+        if len(schedule) != 1 or type(schedule[0]) is not _RankAlltoall or bound.every_call:
+            return None
+        if not bound.persistent or not peer_bound(bound.calls):
             return None
         part = schedule[0].part
         if part.source != source or part.target is None or part.target.name != target:
             return None
         if not cls.tiles(part, plan.comm.Get_rank()):
             return None
-        return cls(part, plan.comm, dtype, f"applying {plan.op} on the call's arrays")
+        return cls(part, plan.comm, bound.dtype, f"applying {plan.op} on the call's arrays")
 
     def __call__(self, send: np.ndarray, receive: np.ndarray) -> None:
         try:
@@ -174,7 +202,7 @@ class DirectPeers:
             into, out_of = self.local
             np.copyto(receive[into], send[out_of])
         if requests:
-            mpi().Request.Waitall(requests)
+            self.waitall(requests)
         for _, how, a, b in self.receives:
             if how == _PACKED:
                 np.copyto(receive[b], a)
