@@ -121,9 +121,10 @@ def local_moments(x: Any) -> tuple[Any, Any]:
 
 def _own(result: Any, *operands: Any) -> bool:
     """Whether ``result``, a tensor just computed here, may be changed in place by operations
-    with ``operands`` that keep its dtype: untracked by autograd, of their dtype (numpy arrays:
-    never, to keep numpy's promotions as they are)."""
-    if isinstance(result, np.ndarray) or result.requires_grad:
+    with ``operands``: of their dtype, so that in place gives what out of place gives (numpy
+    arrays: never, to keep numpy's promotions as they are). Autograd tracks in-place operations
+    (and refuses one on a tensor it saved)."""
+    if isinstance(result, np.ndarray):
         return False
     return all(operand.dtype == result.dtype for operand in operands)
 
