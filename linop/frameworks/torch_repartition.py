@@ -6,7 +6,10 @@ permutation of the entries, so :math:`T^{*} = T^{-1}` is the reverse repartition
 that tree as one autograd node per call: forward :math:`y = T x`, backward
 :math:`\bar x = T^{*} \bar y` (the reverse repartition of the gradient), each the tree's (or
 its adjoint's) bound plan run untracked inside the node (recorded by autograd under
-``create_graph``, so the backward is differentiable again).
+``create_graph``, so the backward is differentiable again). Under MPI, where a direction is one
+all-to-all by peer messages (the usual repartition between two grids, one block each way on a
+rank), its later calls post those messages straight on the call's tensor and a fresh result
+(:mod:`linop.backends.mpi.peer_direct`): nothing is copied into or out of the bound buffers.
 """
 
 from __future__ import annotations
@@ -117,8 +120,10 @@ class _RepartitionFunction(torch.autograd.Function):
 class _Kept:
     """Under MPI, a direction's bound call (:class:`~linop.frameworks.torch_function.BoundCall`)
     kept from one call to the next: a call whose tensors have its dtypes and its buffers'
-    shapes, on the CPU, while the binding is current, is copied into its buffers and run with
-    no per-call bookkeeping (else the general path, which binds again where dtypes changed).
+    shapes, on the CPU, while the binding is current, is run with no per-call bookkeeping:
+    straight on the call's tensor where the binding has a direct form (:attr:`direct`,
+    :class:`_Direct`) and the tensor is contiguous, else copied into its buffers (else the
+    general path, which binds again where dtypes changed).
     ``order``: the positions, among the tensors the module has (its output blocks' gradients,
     in :attr:`~Repartition.output_names` order), of the direction's inputs (None: the same);
     ``back``: the positions, among the direction's outputs, of the module's input blocks'
@@ -230,8 +235,9 @@ def _moved(
 ) -> tuple[torch.Tensor, ...]:
     """The tree (``adjoint=True``: the reverse repartition) on this process's blocks, in the
     order of the direction's inputs: its output blocks in their order, tensors of their own,
-    untracked. Under MPI through the binding's result buffers, copied: the kept bound call
-    (:class:`_Kept`) where it takes the tensors, else
+    untracked. Under MPI the kept bound call (:class:`_Kept`: straight on the tensors where it
+    has a direct form, else through the binding's buffers, the results copied) where it takes
+    the tensors, else
     (:meth:`~linop.frameworks.torch_function.TorchOperator.bound_views`: the bound call without
     the untracked call's bookkeeping) where the binding allows, then kept; else untracked."""
     kept = module._kept[adjoint]
