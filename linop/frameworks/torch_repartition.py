@@ -193,9 +193,10 @@ class _Direct:
     result is a fresh tensor, so neither is copied (the bound plan's messages, posted on
     their memory). Marked for the stall diagnosis as the bound call is."""
 
-    __slots__ = ("dtype", "move", "name", "plan", "shape")
+    __slots__ = ("call", "dtype", "move", "name", "plan", "shape")
 
     def __init__(self, call: BoundCall, move: Any, name: str) -> None:
+        self.call = call
         self.plan = call.bound.plan
         self.move = move
         self.name = name
@@ -220,6 +221,7 @@ class _Direct:
         return None if move is None else cls(call, move, bound.names[0])
 
     def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
+        self.call.ran()  # as the bound call: the call's agreement on dtypes is spent
         result = torch.empty(self.shape, dtype=self.dtype)
         stall = _stall("mpi")
         call = stall.enter(self.plan, "bound", {self.name: tensor})
