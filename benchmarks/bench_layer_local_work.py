@@ -1,23 +1,18 @@
 """The local work of a training step of the new layers on MPI, messages stubbed out: linop's
-module against the hand-written layer of ``bench_new_layers.py``, and against linop's module
-with a path switched off (A/B), in CPU time.
+module against the hand-written layer of ``bench_new_layers.py``, in CPU time.
 
 Run with ``mpiexec -n 4 python benchmarks/bench_layer_local_work.py`` (the 2 x 2 grid of
 ``bench_new_layers.py``; ``BENCH_SIZES`` as there, one size; ``BENCH_ONLY``: ``repartition``,
 ``bn``). Every case is first run with its messages and checked equal to the hand-written one
 (``bench_new_layers``' check). Then each rank's MPI calls become no-ops (linop's: the bound
-plans' ``Startall``/``Waitall`` calls dropped from their prepared calls, the direct
-repartition's ``Irecv``/``Isend``/``Waitall`` stubbed; the hand-written: its collectives and
-messages), so a step is the process's own work alone (packs, copies, kernels, Python), which a
-loaded machine does not blur with the other ranks' turns at busy-polled waits. Rank 0 alone
-times it (the other ranks wait in a sleeping poll), samples of a batch of steps, the methods
-interleaved in a fresh random order each sample; the table shows the median CPU time of each
-and the median and quartiles of the per-sample ratios. The stubbed steps compute wrong values
-(nothing moves): only their time means anything. Nothing is asserted about speed.
-
-Methods: ``linop`` (as shipped), ``hand``, and the A/B variants: ``linop kept-copies`` (the
-repartition's kept calls without their direct form: the input copied into the bound buffers,
-the results cloned out).
+plans' requests' starts and waits dropped from their prepared calls; the hand-written: its
+collectives and messages), so a step is the process's own work alone (packs, copies,
+kernels, Python), which a loaded machine does not blur with the other ranks' turns at
+busy-polled waits. Rank 0 alone times it (the other ranks wait in a sleeping poll), samples of
+a batch of steps, the methods interleaved in a fresh random order each sample; the table shows
+the median CPU time of each and the median and quartiles of the per-sample ratios. The stubbed
+steps compute wrong values (nothing moves): only their time means anything. ``BENCH_PROFILE=1``
+adds a cProfile of each method's stubbed steps. Nothing is asserted about speed.
 """
 
 from __future__ import annotations
@@ -86,11 +81,6 @@ def _stub_module(module: Any) -> None:
             plan = getattr(bound, "_bound", None)
             if plan is not None and plan._calls is not None:
                 plan._calls = [(f, a) for f, a in plan._calls if not _is_mpi(f)]
-    for kept in getattr(module, "_kept", ()):
-        direct = getattr(kept, "direct", None)
-        if direct is not None:
-            direct.move.comm = _NoComm(COMM)
-            direct.move.waitall = lambda requests: None
 
 
 def _modules() -> list[Any]:
@@ -114,15 +104,6 @@ def main() -> None:
         check()
         ours = [m for m in _modules() if id(m) not in before]
         methods = {"linop": linop_step, "hand": hand_step}
-        if case == "repartition":
-            before = {id(m) for m in _modules()}
-            old_step, _, old_check = layers.case_repartition(size, rank)
-            old_check()
-            (old,) = [m for m in _modules() if id(m) not in before]
-            for kept in old._kept:
-                kept.direct = None
-            methods["linop kept-copies"] = old_step
-            ours.append(old)
         COMM.Barrier()
         for module in ours:
             _stub_module(module)

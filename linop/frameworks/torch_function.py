@@ -567,11 +567,6 @@ class BoundCall:
         runner = self._runner
         runner.agree(tuple(dtypes) != runner._bound_dtypes)
 
-    def ran(self) -> None:
-        """Mark the call as run without this object (a module that moves the binding's
-        messages on its own memory): the next call agrees on dtypes again (:meth:`agree`)."""
-        self._runner._agreed = False
-
     def __call__(self) -> None:
         self._runner._agreed = False  # the call runs
         stall = _stall("mpi")

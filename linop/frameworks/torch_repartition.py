@@ -6,10 +6,7 @@ permutation of the entries, so :math:`T^{*} = T^{-1}` is the reverse repartition
 that tree as one autograd node per call: forward :math:`y = T x`, backward
 :math:`\bar x = T^{*} \bar y` (the reverse repartition of the gradient), each the tree's (or
 its adjoint's) bound plan run untracked inside the node (recorded by autograd under
-``create_graph``, so the backward is differentiable again). Under MPI, where a direction is one
-all-to-all by peer messages (the usual repartition between two grids, one block each way on a
-rank), its later calls post those messages straight on the call's tensor and a fresh result
-(:mod:`linop.backends.mpi.peer_direct`): nothing is copied into or out of the bound buffers.
+``create_graph``, so the backward is differentiable again).
 """
 
 from __future__ import annotations
@@ -17,12 +14,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from ..partition import DistributedTensor
 from ..repartition import Repartition as RepartitionOperator
-from .torch_function import BoundCall, _stall, fitted_gradient, tensors_fit
+from .torch_function import BoundCall, fitted_gradient, tensors_fit
 from .torch_windows import BlockModule
 
 __all__ = ["Repartition"]
@@ -99,10 +95,15 @@ class _RepartitionFunction(torch.autograd.Function):
         if kept is not None and not torch.is_grad_enabled():
             ordered = [grads[i] for i in kept.order] if kept.order is not None else grads
             if kept.takes(ordered):  # the reverse repartition through the kept binding
-                back = kept.results(ordered)
+                kept.fill(ordered)
+                back = kept.outputs
                 if kept.back is not None:
                     back = tuple([back[i] for i in kept.back])
-                return (None, None, *[fitted_gradient(view, *fit) for view, fit in zip(back, ctx.fit)])
+                fitted = []
+                for view, fit in zip(back, ctx.fit):
+                    gradient = fitted_gradient(view, *fit)  # its memory its own, not the buffer's:
+                    fitted.append(gradient.clone() if gradient.data_ptr() == view.data_ptr() else gradient)
+                return (None, None, *fitted)
         function = module.function
         inputs, outputs = function.names(adjoint=True)
         given = dict(zip(module.output_names, grads))
@@ -120,16 +121,14 @@ class _RepartitionFunction(torch.autograd.Function):
 class _Kept:
     """Under MPI, a direction's bound call (:class:`~linop.frameworks.torch_function.BoundCall`)
     kept from one call to the next: a call whose tensors have its dtypes and its buffers'
-    shapes, on the CPU, while the binding is current, is run with no per-call bookkeeping:
-    straight on the call's tensor where the binding has a direct form (:attr:`direct`,
-    :class:`_Direct`) and the tensor is contiguous, else copied into its buffers (else the
-    general path, which binds again where dtypes changed).
+    shapes, on the CPU, while the binding is current, is copied into its buffers and run with
+    no per-call bookkeeping (else the general path, which binds again where dtypes changed).
     ``order``: the positions, among the tensors the module has (its output blocks' gradients,
     in :attr:`~Repartition.output_names` order), of the direction's inputs (None: the same);
     ``back``: the positions, among the direction's outputs, of the module's input blocks'
     gradients (None: the same)."""
 
-    __slots__ = ("back", "call", "direct", "order", "outputs", "shapes")
+    __slots__ = ("back", "call", "order", "outputs", "shapes")
 
     def __init__(self, call: BoundCall, order: list[int] | None, back: list[int] | None) -> None:
         self.call = call
@@ -137,7 +136,6 @@ class _Kept:
         self.shapes = tuple(buffer.shape for buffer in call.inputs)
         self.order = order
         self.back = back
-        self.direct: _Direct | None = _Direct.of(call)
 
     @classmethod
     def of(cls, module: Repartition, adjoint: bool) -> _Kept | None:
@@ -173,78 +171,20 @@ class _Kept:
             buffer.copy_(tensor)
         self.call()
 
-    def results(self, tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        """The direction on ``tensors`` (which :meth:`takes`), as tensors of their own: moved
-        straight from the caller's tensor into a fresh one where :attr:`direct` allows it
-        (a contiguous tensor), else through the binding's buffers, the results copied."""
-        direct = self.direct
-        if direct is not None:
-            (tensor,) = tensors
-            if tensor.is_contiguous() and not tensor.is_conj() and not tensor.is_neg():
-                return (direct(tensor),)
-        self.fill(tensors)
-        return tuple([view.clone() for view in self.outputs])
-
-
-class _Direct:
-    """A kept binding's tree run straight on each call's tensors where its plan allows
-    (:class:`~linop.backends.mpi.peer_direct.DirectPeers`: one all-to-all by peer messages
-    whose received boxes tile the result): the caller's tensor is read in place and the
-    result is a fresh tensor, so neither is copied (the bound plan's messages, posted on
-    their memory). Marked for the stall diagnosis as the bound call is."""
-
-    __slots__ = ("call", "dtype", "move", "name", "plan", "shape")
-
-    def __init__(self, call: BoundCall, move: Any, name: str) -> None:
-        self.call = call
-        self.plan = call.bound.plan
-        self.move = move
-        self.name = name
-        self.dtype = call.dtypes[0]
-        self.shape = move.target_shape
-
-    @classmethod
-    def of(cls, call: BoundCall) -> _Direct | None:
-        """The direct form of ``call``'s tree, or None where its plan has none (one input
-        and one output block, one all-to-all by peer messages here)."""
-        from ..backends.mpi.peer_direct import DirectPeers
-
-        bound = call.bound
-        if len(bound.names) != 1 or len(call.outputs) != 1 or len(call.dtypes) != 1:
-            return None
-        if torch.empty(0, dtype=call.dtypes[0]).numpy().dtype != np.dtype(bound.dtype):
-            return None
-        plan = bound.plan
-        if len(plan.range_names) != 1:
-            return None
-        move = DirectPeers.of(bound._bound, bound.names[0], plan.range_names[0])
-        return None if move is None else cls(call, move, bound.names[0])
-
-    def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
-        self.call.ran()  # as the bound call: the call's agreement on dtypes is spent
-        result = torch.empty(self.shape, dtype=self.dtype)
-        stall = _stall("mpi")
-        call = stall.enter(self.plan, "bound", {self.name: tensor})
-        try:
-            self.move(tensor.detach().numpy(), result.numpy())
-        finally:
-            stall.leave(call)
-        return result
-
 
 def _moved(
     module: Repartition, tensors: Sequence[torch.Tensor], *, adjoint: bool = False
 ) -> tuple[torch.Tensor, ...]:
     """The tree (``adjoint=True``: the reverse repartition) on this process's blocks, in the
     order of the direction's inputs: its output blocks in their order, tensors of their own,
-    untracked. Under MPI the kept bound call (:class:`_Kept`: straight on the tensors where it
-    has a direct form, else through the binding's buffers, the results copied) where it takes
-    the tensors, else
+    untracked. Under MPI through the binding's result buffers, copied: the kept bound call
+    (:class:`_Kept`) where it takes the tensors, else
     (:meth:`~linop.frameworks.torch_function.TorchOperator.bound_views`: the bound call without
     the untracked call's bookkeeping) where the binding allows, then kept; else untracked."""
     kept = module._kept[adjoint]
     if kept is not None and kept.takes(tensors):
-        return kept.results(tensors)
+        kept.fill(tensors)
+        return tuple([view.clone() for view in kept.outputs])
     function = module.function
     views = function.bound_views(tensors, adjoint=adjoint) if module.comm is not None else None
     if views is not None:

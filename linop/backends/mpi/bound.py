@@ -150,11 +150,6 @@ class BoundPlan:
                 self._calls, self._deadline = bounded, None  # the waits carry the deadline
 
     @property
-    def calls(self) -> tuple[PreparedCall, ...]:
-        """The prepared calls each call runs (empty when not :attr:`persistent`)."""
-        return tuple(self._calls or ())
-
-    @property
     def persistent(self) -> bool:
         """True when every call runs only the calls prepared at binding
         (:mod:`linop.backends.mpi.compiled`): persistent requests, collectives between prebuilt
