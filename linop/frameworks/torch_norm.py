@@ -274,9 +274,12 @@ class BatchNormModule(torch.nn.Module):
             torch.set_grad_enabled(False)
         try:
             for name, part in parts:
-                new_mean, new_var = self.layer.updated_running(
-                    (running_mean[part], running_var[part]), statistics[name], factor
-                )
+                running = (running_mean[part], running_var[part])
+                batch = statistics[name]
+                if running_mean.dtype == running_var.dtype == batch[0].dtype == batch[1].dtype:
+                    self.layer.update_running_in_place(running, batch, factor)  # no copies back
+                    continue
+                new_mean, new_var = self.layer.updated_running(running, batch, factor)
                 running_mean[part] = new_mean
                 running_var[part] = new_var
         finally:

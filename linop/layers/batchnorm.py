@@ -109,10 +109,24 @@ def local_moments(x: Any) -> tuple[Any, Any]:
     ``var_mean`` over the batch and feature axes, a one-pass Welford reduction, is 10x slower
     on CPU for a block of 4 x 16 x 32 x 32 and no more accurate)."""
     axes = _reduced_axes(x.ndim)
-    mean = x.mean(axis=axes) if isinstance(x, np.ndarray) else x.mean(axes)
+    if isinstance(x, np.ndarray):
+        mean = x.mean(axis=axes)
+        centred = x - _spread(mean, x.ndim)
+        return mean, (centred * centred).mean(axis=axes)
+    mean = x.mean(axes)
     centred = x - _spread(mean, x.ndim)
-    squares = centred * centred
-    return mean, squares.mean(axis=axes) if isinstance(x, np.ndarray) else squares.mean(axes)
+    squares = centred.square_() if _own(centred) else centred * centred
+    return mean, squares.mean(axes)
+
+
+def _own(result: Any, *operands: Any) -> bool:
+    """Whether ``result``, a tensor just computed here, may be changed in place by operations
+    with ``operands``: of their dtype, so that in place gives what out of place gives (numpy
+    arrays: never, to keep numpy's promotions as they are). Autograd tracks in-place operations
+    (and refuses one on a tensor it saved)."""
+    if isinstance(result, np.ndarray):
+        return False
+    return all(operand.dtype == result.dtype for operand in operands)
 
 
 def _zeros(like: Any, shape: tuple[int, ...]) -> Any:
@@ -572,13 +586,21 @@ class BatchNorm:
             spread = names.spread if v.shape[1] == names.spread[1] else (1, v.shape[1], *names.spread[2:])
             mean, var = statistics[n]
             rstd = (var + self.eps) ** -0.5
-            xhat = (v - mean.reshape(spread)) * rstd.reshape(spread)
+            xhat = v - mean.reshape(spread)
             weight = None
+            if _own(xhat, rstd):  # the same operations, in place on a tensor of its own
+                xhat.mul_(rstd.reshape(spread))
+            else:
+                xhat = xhat * rstd.reshape(spread)
             y = xhat
             if copies is not None:
                 theta = copies[names.copy]
                 weight = theta[0]
-                y = xhat * weight.reshape(spread) + theta[1].reshape(spread)
+                y = xhat * weight.reshape(spread)
+                if _own(y, theta):
+                    y.add_(theta[1].reshape(spread))
+                else:
+                    y = y + theta[1].reshape(spread)
             outputs[names.y] = y
             saved[n] = Saved(xhat, rstd, weight)
         return outputs, saved
@@ -605,10 +627,12 @@ class BatchNorm:
             spread = names.spread if g.shape[1] == names.spread[1] else (1, g.shape[1], *names.spread[2:])
             total = totals[names.copy]
             scale = s.rstd if s.weight is None else s.rstd * s.weight
-            centred = (
-                g - (total[1] / self.count).reshape(spread) - s.xhat * (total[0] / self.count).reshape(spread)
-            )
-            gradients[n] = centred * scale.reshape(spread)
+            shift, slope = (total[1] / self.count).reshape(spread), (total[0] / self.count).reshape(spread)
+            centred = g - shift
+            if _own(centred, s.xhat, slope, scale):  # the same operations, in place
+                gradients[n] = centred.sub_(s.xhat * slope).mul_(scale.reshape(spread))
+            else:
+                gradients[n] = (centred - s.xhat * slope) * scale.reshape(spread)
         return gradients, dict(totals)
 
     def running_factor(self, batches: int) -> float:
@@ -624,6 +648,16 @@ class BatchNorm:
         mean, var = batch
         unbiased = var * (self.count / (self.count - 1))
         return (1 - factor) * running[0] + factor * mean, (1 - factor) * running[1] + factor * unbiased
+
+    def update_running_in_place(
+        self, running: tuple[Any, Any], batch: tuple[Any, Any], factor: float
+    ) -> None:
+        """:meth:`updated_running` written into the ``running`` (mean, var) tensors, the same
+        operations in the same order (for tensors of one dtype, untracked by autograd)."""
+        mean, var = batch
+        unbiased = var * (self.count / (self.count - 1))
+        for value, new in zip(running, (mean, unbiased)):
+            value.mul_(1 - factor).add_(factor * new)
 
     # -- the whole layer in one process (the numpy interpreter) ---------------------------------
     def scatter_parameters(self, weight: Any = None, bias: Any = None) -> dict[str, np.ndarray]:
