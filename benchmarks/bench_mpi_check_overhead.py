@@ -25,7 +25,7 @@ figure that does not depend on the machine). Rank 1 only waits.
 exchange with the peer at its least Python then the bound plan, and the same with the next
 call's receive kept armed (started while this call's digest is in flight: the peer's digest
 then always finds its receive posted, and only the send is started before the wait), timed
-interleaved (:class:`Exchange`).
+interleaved (:class:`Exchange`), with the checked call.
 
 ``sizes``: the halo exchange of a float64 array of 4096 columns cut in P x 1 blocks, halo width
 h = 2, 32 and 256 (each message 64 KB, 1 MB and 8 MB), forward and adjoint, on the same array.
@@ -297,8 +297,9 @@ class Exchange:
 
 def floors() -> None:
     """On two ranks, 64 KB forward (``BENCH_WIDTHS``: other widths): the bound plan, the
-    exchange of a digest then the bound plan (:class:`Exchange`), and the same with the next
-    receive kept armed; interleaved, medians of per-sample ratios to the bound plan."""
+    exchange of a digest then the bound plan (:class:`Exchange`), the same with the next
+    receive kept armed, and the checked call; interleaved, medians of per-sample ratios to
+    the bound plan."""
     if SIZE != 2:
         if RANK == 0:
             print("floors: run with 2 ranks")
@@ -313,7 +314,12 @@ def floors() -> None:
         bound = mpi_backend.plan_for(op, comm=COMM).bind(state)
         posted, armed = Exchange(bound, armed=False), Exchange(bound, armed=True)
         times = interleaved_over_ranks(
-            {"bound plan": bound, "exchange + bound": posted, "armed exchange + bound": armed},
+            {
+                "bound plan": bound,
+                "exchange + bound": posted,
+                "armed exchange + bound": armed,
+                "checked apply": _checked(op, state),
+            },
             COMM,
             SAMPLES,
             batch,
