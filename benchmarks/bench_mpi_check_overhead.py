@@ -5,6 +5,7 @@ Run with 2 or 4 ranks::
 
     mpiexec -n 2 python benchmarks/bench_mpi_check_overhead.py            # both parts
     mpiexec -n 4 python benchmarks/bench_mpi_check_overhead.py sizes      # wall times only
+    mpiexec -n 2 python benchmarks/bench_mpi_check_overhead.py floors     # can the floor drop?
 
 A checked call costs the bound plan's data movement, the check's collective (a 4-word digest of
 the check vector: on two ranks one persistent exchange with the peer, else a persistent
@@ -19,6 +20,12 @@ CPU time
 (``time.process_time``: time this process ran, not time it waited for the processor), minimum
 over repeats, and counts the Python function calls of one checked call under ``cProfile`` (a
 figure that does not depend on the machine). Rank 1 only waits.
+
+``floors`` (2 ranks): whether the floor itself can drop: the bound plan alone, a digest's
+exchange with the peer at its least Python then the bound plan, and the same with the next
+call's receive kept armed (started while this call's digest is in flight: the peer's digest
+then always finds its receive posted, and only the send is started before the wait), timed
+interleaved (:class:`Exchange`), with the checked call.
 
 ``sizes``: the halo exchange of a float64 array of 4096 columns cut in P x 1 blocks, halo width
 h = 2, 32 and 256 (each message 64 KB, 1 MB and 8 MB), forward and adjoint, on the same array.
@@ -243,8 +250,102 @@ def sizes() -> None:
                 )
 
 
+class Exchange:
+    """The digest's exchange with the peer on two ranks at its least Python: a persistent send
+    and receive of four words on a duplicate communicator, started and tested inline (no
+    deadline's bookkeeping), then ``then``. ``armed=True``: two receives on two buffers, taking
+    turns, the next one started while this one's digest is in flight, so that the peer's digest
+    always finds its receive posted and no receive is started before the send (what a reducer
+    that keeps its next receive armed between calls would cost)."""
+
+    def __init__(self, then: Callable[[], object], armed: bool) -> None:
+        self.then, self.armed = then, armed
+        self.comm = COMM.Dup()
+        peer, tag = 1 - RANK, 7
+        self.digest = np.arange(4, dtype=np.int64)
+        self.buffers = [np.zeros(4, dtype=np.int64) for _ in range(2 if armed else 1)]
+        self.send = self.comm.Send_init(self.digest, peer, tag)
+        self.receives = [self.comm.Recv_init(buffer, peer, tag) for buffer in self.buffers]
+        self.turn = 0
+        if armed:
+            self.receives[0].Start()
+
+    def __call__(self) -> None:
+        send, turn = self.send, self.turn
+        send.Start()
+        if self.armed:
+            self.receives[1 - turn].Start()  # the next call's, while this one's is in flight
+            self.turn = 1 - turn
+        else:
+            self.receives[0].Start()
+        receive = self.receives[turn]
+        while not receive.Test():
+            pass
+        if not send.Test():
+            send.Wait()
+        self.then()
+
+    def free(self) -> None:
+        if self.armed:  # the armed receive: cancelled (the peer sends nothing more)
+            pending = self.receives[self.turn]
+            pending.Cancel()
+            pending.Wait()
+        for request in (self.send, *self.receives):
+            request.Free()
+        self.comm.Free()
+
+
+def floors() -> None:
+    """On two ranks, 64 KB forward (``BENCH_WIDTHS``: other widths): the bound plan, the
+    exchange of a digest then the bound plan (:class:`Exchange`), the same with the next
+    receive kept armed, and the checked call; interleaved, medians of per-sample ratios to
+    the bound plan."""
+    if SIZE != 2:
+        if RANK == 0:
+            print("floors: run with 2 ranks")
+        return
+    if RANK == 0:
+        print(f"floors: halo exchange, {COLUMNS} columns, 2 ranks, {SAMPLES} samples; load {load()}")
+    for h, batch in (WIDTHS if os.environ.get("BENCH_WIDTHS") else {2: WIDTHS.get(2, 100)}).items():
+        tensor = DistributedTensor("x", (2048, COLUMNS), Partition((2, 1)))
+        op = HaloExchange(halo_geometry(tensor, Kernel(2 * h + 1, padding=h)))
+        (block,) = [b for b in op.domain if b.worker == RANK]
+        state = {block.name: np.random.default_rng(RANK).standard_normal(block.shape)}
+        bound = mpi_backend.plan_for(op, comm=COMM).bind(state)
+        posted, armed = Exchange(bound, armed=False), Exchange(bound, armed=True)
+        times = interleaved_over_ranks(
+            {
+                "bound plan": bound,
+                "exchange + bound": posted,
+                "armed exchange + bound": armed,
+                "checked apply": _checked(op, state),
+            },
+            COMM,
+            SAMPLES,
+            batch,
+            warmups=3,
+        )
+        for exchange in (posted, armed):
+            exchange.free()
+        bound.free()
+        if RANK == 0:
+            reference = np.asarray(times["bound plan"])
+            print(f"  {h * COLUMNS * 8 // 1024} KB messages, forward (load {load()}):")
+            for name, values in times.items():
+                ratio = median(np.asarray(values) / reference)
+                print(
+                    f"    {name:24s} {median(values) * 1e6:10.1f} us   {ratio:5.3f}x bound (median per sample)"
+                )
+            armed_to_posted = np.asarray(times["armed exchange + bound"]) / np.asarray(
+                times["exchange + bound"]
+            )
+            print(f"    armed / not armed, median per sample: {median(armed_to_posted):.3f}")
+
+
 def main() -> int:
     which = sys.argv[1:] or ["local", "sizes"]
+    if "floors" in which:
+        floors()
     if "local" in which:
         if SIZE == 2:
             local_work()

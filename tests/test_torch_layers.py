@@ -375,3 +375,23 @@ def test_an_input_passed_through_and_changed_in_place_before_the_backward_is_ref
     next(iter(leaves.values())).mul_(2)
     with pytest.raises(StateError, match="changed in place"):
         sum(v.sum() for v in out.values()).backward()
+
+
+def test_a_backward_under_create_graph_gives_the_gradients_and_refuses_a_second_differentiation():
+    """The module's node is differentiable once: under ``create_graph=True`` (gradients on in
+    the backward) it gives the same gradients as a plain backward, and differentiating them
+    again raises (``once_differentiable``'s error), as a plain backward skips that wrapper."""
+    rng, x, layer, w, b = _convolution_case("feature-2x2", 3)
+    module = LayerModule(layer, weights=w, bias=b)
+    data = x.scatter(rng.standard_normal(x.global_shape))
+    names = sorted(data)
+    grads = []
+    for create_graph in (False, True):
+        inputs = [torch.from_numpy(data[k]).requires_grad_() for k in names]
+        out = module(dict(zip(names, inputs)))
+        loss = sum((y * y).sum() for y in out.values())
+        grads.append(torch.autograd.grad(loss, inputs, create_graph=create_graph))
+    assert all(torch.equal(g, h) for g, h in zip(*grads))
+    assert all(g.requires_grad for g in grads[1])
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        sum(g.sum() for g in grads[1]).backward()

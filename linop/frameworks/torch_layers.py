@@ -274,6 +274,12 @@ class _PieceProducts:
         return forward, adjoint
 
 
+_ANSWERED = {flag: Agreement(flag) for flag in (False, True)}
+"""The agreements answered without asking (declared, decided locally, or yes once and for all),
+shared by every call: an answered :class:`~linop.frameworks.torch_agreement.Agreement` never
+changes."""
+
+
 def _promoted(operands: dict[str, Tensor]) -> dict[str, Tensor]:
     """The operands in their common dtype (the same dict when they already share one)."""
     dtypes = {t.dtype for t in operands.values()}
@@ -300,7 +306,7 @@ class _LayerFunction(torch.autograd.Function):
         if recording:  # a backward may follow (grad mode on when the module was called)
             ctx.agreement = module.input_gradient_agreement(any(ctx.needs_input_grad[3 : 3 + count]))
         else:
-            ctx.agreement = Agreement(True)
+            ctx.agreement = _ANSWERED[True]
         parameters = dict(zip(module.parameter_names, tensors[count:]))
         # the windows and parameter copies are kept for the backward: in memory of their own
         copies = parameters if module.copies is None else module.copies.run(parameters)
@@ -338,9 +344,7 @@ class _LayerFunction(torch.autograd.Function):
         # their versions now, checked by the backward (torch's rule for saved tensors)
         ctx.versions = [
             (name, operands[name], operands[name]._version)
-            for stage in (module.windows, module.copies)
-            if stage is not None and stage.identity
-            for name in stage.outputs
+            for name in module._passed_through
             if name in operands
         ]
         ctx.dtypes = [t.dtype for t in tensors]
@@ -348,64 +352,77 @@ class _LayerFunction(torch.autograd.Function):
         return (*result, torch.zeros(0, dtype=torch.float64))  # the last: the token
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:
-        module = ctx.module
-        given = dict(zip(module.output_names, grads[:-1]))
-        if module.reduction is not None:  # read before the stage's next call: not copied
-            given, _ = module.reduction.lend(given, adjoint=True)
-        # the same answer on every process (an OR over them): skip on all or on none
-        input_gradient = ctx.agreement.result()
-        operands = ctx.operands
-        for name, tensor, version in ctx.versions:
-            if tensor._version != version:
-                raise StateError(
-                    f"{type(module.layer).__name__} layer: block {name!r} was changed in place after the "
-                    "forward; its backward needs the forward's values (clone it before changing it)"
-                )
-        back: dict[str, torch.Tensor] = {}
-        if module.pieces is None:
-            for partial, (window, weight, bias) in module.products:
-                local = module.product.backward(
-                    given[partial],
-                    operands[window],
-                    operands[weight],
-                    None if bias is None else operands[bias],
-                    input_gradient=input_gradient,
-                )
-                for name, gradient in zip((window, weight, bias), local):
-                    if name is not None and gradient is not None:
-                        back[name] = back[name] + gradient if name in back else gradient
-        else:  # the overlapped tree's adjoint (the adjoint exchange in flight) gives the input
-            # gradient, and its pieces the weight gradient (_PieceProducts)
-            pieces = module.pieces
-            pieces.weights.update({n: operands[n] for n in pieces.weights})
-            pieces.saved, pieces.gradients = ctx.windows, {}
-            try:
-                x_grad = module.overlapped.run(
-                    {n: given[n].to(ctx.dtype) for n in module.partial_names}, adjoint=True
-                )
-            finally:
-                back, pieces.saved, pieces.gradients = pieces.gradients, None, {}
-            for partial, (_, _, bias) in module.products:
-                if bias is not None:
-                    grad = given[partial]
-                    total = grad.sum(dim=(0, *range(2, grad.ndim))).to(ctx.dtype)
-                    back[bias] = back[bias] + total if bias in back else total
-        for name, tensor in operands.items():  # an operand no product of this process uses
-            if name not in back and (input_gradient or name not in module.windows.outputs):
-                back[name] = torch.zeros_like(tensor)
-        if module.pieces is None and input_gradient:
-            x_grad = module.windows.run(back, adjoint=True)
-        theta_grad = (
-            module.copies.run(back, adjoint=True) if module.copies is not None else module.copy_sum.run(back)
-        )
-        gradients = [x_grad[n] if input_gradient else None for n in module.input_names]
-        gradients += [theta_grad[n] for n in module.parameter_names]
-        fitted = [
-            g if g is None or g.dtype == dtype else g.to(dtype) for g, dtype in zip(gradients, ctx.dtypes)
-        ]
-        return (None, None, None, *fitted)  # module, recording; the anchor: no gradient (see anchor())
+        """The backward, once differentiable: as ``torch.autograd.function.once_differentiable``
+        makes it (under ``create_graph=True``, a second differentiation raises), without that
+        wrapper's ``no_grad`` block where autograd already runs it with gradients off (every
+        backward without ``create_graph``)."""
+        if torch.is_grad_enabled():
+            return _once_differentiable_backward(ctx, *grads)
+        return _layer_backward(ctx, *grads)
+
+
+def _layer_backward(ctx: Any, *grads: torch.Tensor) -> Any:
+    """The body of :meth:`_LayerFunction.backward` (run with gradients off)."""
+    module = ctx.module
+    given = dict(zip(module.output_names, grads[:-1]))
+    if module.reduction is not None:  # read before the stage's next call: not copied
+        given, _ = module.reduction.lend(given, adjoint=True)
+    # the same answer on every process (an OR over them): skip on all or on none
+    input_gradient = ctx.agreement.result()
+    operands = ctx.operands
+    for name, tensor, version in ctx.versions:
+        if tensor._version != version:
+            raise StateError(
+                f"{type(module.layer).__name__} layer: block {name!r} was changed in place after the "
+                "forward; its backward needs the forward's values (clone it before changing it)"
+            )
+    back: dict[str, torch.Tensor] = {}
+    if module.pieces is None:
+        for partial, (window, weight, bias) in module.products:
+            local = module.product.backward(
+                given[partial],
+                operands[window],
+                operands[weight],
+                None if bias is None else operands[bias],
+                input_gradient=input_gradient,
+            )
+            for name, gradient in zip((window, weight, bias), local):
+                if name is not None and gradient is not None:
+                    back[name] = back[name] + gradient if name in back else gradient
+    else:  # the overlapped tree's adjoint (the adjoint exchange in flight) gives the input
+        # gradient, and its pieces the weight gradient (_PieceProducts)
+        pieces = module.pieces
+        pieces.weights.update({n: operands[n] for n in pieces.weights})
+        pieces.saved, pieces.gradients = ctx.windows, {}
+        try:
+            x_grad = module.overlapped.run(
+                {n: given[n].to(ctx.dtype) for n in module.partial_names}, adjoint=True
+            )
+        finally:
+            back, pieces.saved, pieces.gradients = pieces.gradients, None, {}
+        for partial, (_, _, bias) in module.products:
+            if bias is not None:
+                grad = given[partial]
+                total = grad.sum(dim=(0, *range(2, grad.ndim))).to(ctx.dtype)
+                back[bias] = back[bias] + total if bias in back else total
+    for name, tensor in operands.items():  # an operand no product of this process uses
+        if name not in back and (input_gradient or name not in module.windows.outputs):
+            back[name] = torch.zeros_like(tensor)
+    if module.pieces is None and input_gradient:
+        x_grad = module.windows.run(back, adjoint=True)
+    theta_grad = (
+        module.copies.run(back, adjoint=True) if module.copies is not None else module.copy_sum.run(back)
+    )
+    gradients = [x_grad[n] if input_gradient else None for n in module.input_names]
+    gradients += [theta_grad[n] for n in module.parameter_names]
+    fitted = [g if g is None or g.dtype == dtype else g.to(dtype) for g, dtype in zip(gradients, ctx.dtypes)]
+    return (None, None, None, *fitted)  # module, recording; the anchor: no gradient (see anchor())
+
+
+_once_differentiable_backward = torch.autograd.function.once_differentiable(_layer_backward)
+"""The backward under ``create_graph=True`` (gradients on), marked so that a second
+differentiation raises."""
 
 
 class _Stage:
@@ -650,6 +667,15 @@ class LayerModule(torch.nn.Module):
         self.blocks = torch.nn.ParameterList(
             torch.nn.Parameter(torch.from_numpy(np.array(state[n])).to(dtype)) for n in self.parameter_names
         )
+        self._passed_through = tuple(
+            name
+            for stage in (self.windows, self.copies)
+            if stage is not None and stage.identity
+            for name in stage.outputs
+        )
+        """The operands an identity movement passes through (the caller's own tensors, whose
+        versions a forward records for its backward to check)."""
+        self._inputs = frozenset(self.input_names)
         self._anchor = anchor()
         self.token = torch.zeros(0, dtype=torch.float64)
         self._agreement: Agreement | None = None  # the last call's (input_gradient_agreement)
@@ -674,20 +700,20 @@ class LayerModule(torch.nn.Module):
         moves nothing between processes and each process's input gradient comes from its own
         products alone: ``local`` decides, nothing started (so in one process too). Built
         with ``input_gradient=True`` or ``False``: that, nothing started."""
-        if self.overlapped is not None:
-            return Agreement(True)
+        if self._input_gradient_always or self.overlapped is not None:
+            return _ANSWERED[True]
         if self.input_gradient is not None:  # declared alike on every process: nothing to ask
-            return Agreement(self.input_gradient)
+            return _ANSWERED[self.input_gradient]
         group = None if self.group is False else self.group
         if self.windows.identity or (self.comm is None and group is None):  # in one process: local
-            return Agreement(local)
-        previous, self._agreement = self._agreement, None
+            return _ANSWERED[bool(local)]
+        # (the module's own attributes written straight, past nn.Module.__setattr__'s tests)
+        previous = self._agreement
         if previous is not None and previous.result():
-            self._input_gradient_always = True
-        if self._input_gradient_always:
-            return Agreement(True)
-        self._agreement = start_agreement(local, comm=self.comm, group=group)
-        return self._agreement
+            self.__dict__["_agreement"], self.__dict__["_input_gradient_always"] = None, True
+            return _ANSWERED[True]
+        agreement = self.__dict__["_agreement"] = start_agreement(local, comm=self.comm, group=group)
+        return agreement
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset the gradients of the parameters, as :meth:`torch.nn.Module.zero_grad` does;
@@ -705,7 +731,9 @@ class LayerModule(torch.nn.Module):
         return dict(zip(self.parameter_names, self.blocks))
 
     def forward(self, x: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        if not isinstance(x, Mapping) or set(x) != set(self.input_names):
+        if (type(x) is not dict or x.keys() != self._inputs) and (
+            not isinstance(x, Mapping) or set(x) != self._inputs
+        ):
             given = sorted(x) if isinstance(x, Mapping) else type(x).__name__
             raise StateError(
                 f"{type(self.layer).__name__} layer takes blocks {list(self.input_names)}, not {given}"

@@ -203,7 +203,11 @@ class CheckReducer:
         self.received = np.zeros(VECTOR_LENGTH, dtype=np.int64)
         self.digest = np.zeros(DIGEST_LENGTH, dtype=np.int64)
         """A digest of a check vector and its complement (what the common case reduces)."""
-        self.digest_received = np.zeros(DIGEST_LENGTH, dtype=np.int64)
+        self.digest_arrived = bytearray(DIGEST_LENGTH * 8)
+        """The received (reduced) digest's memory: compared with a digest's bytes as it is (a
+        ``bytearray`` equals ``bytes`` in one ``memcmp``, no copy made)."""
+        self.digest_received = np.frombuffer(self.digest_arrived, dtype=np.int64)
+        """:attr:`digest_arrived` as int64 words, the buffer the collective writes."""
         self.digest_of: bytes | None = None
         """The vector bytes that :attr:`digest` holds the digest of (by identity: the bytes
         object a check keeps), which a caller that writes the digest alone
@@ -257,7 +261,7 @@ class CheckReducer:
         if self.digest_of is not self.sent:
             self.write_digest(self.sent, self.digest_for(self.sent))
         self.exchange_digest(timeout, doing)
-        if self.digest_received.tobytes() == self.digest_bytes:
+        if self.digest_arrived == self.digest_bytes:
             return True
         self.reduce_whole(timeout, doing)
         return False

@@ -194,7 +194,7 @@ def _one_step(plan: DistributedPlan, repeat: Repeat, seconds: float | None) -> O
 
     sent = repeat.sent
     digest = reducer.digest_for(sent)
-    received = reducer.digest_received
+    received = reducer.digest_arrived  # (a bytearray: compared with bytes, no copy)
     start, test, wait = request.Start, request.Test, request.Wait
     send = reducer.digest_send  # two ranks: the digest is sent to the peer, received from it
     send_start: Any = send.Start if send is not None else None
@@ -243,7 +243,7 @@ def _one_step(plan: DistributedPlan, repeat: Repeat, seconds: float | None) -> O
                     wait_all([send], comm, seconds, doing, busy=busy)
         except BaseException as error:  # PeerTimeoutError included: the missing ranks may never come
             abort_for(comm, f"checking {plan.op}", error)
-        if received.tobytes() != digest:  # some rank sent another vector
+        if received != digest:  # some rank sent another vector
             repeat.hits -= 1
             try:
                 outcome, agreed = entry.again_differing(repeat, seconds)
