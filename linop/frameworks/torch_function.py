@@ -851,11 +851,25 @@ class TorchOperator:
         """Under MPI, the tree's (``adjoint=True``: its adjoint's) plan bound on buffers this
         function owns, for inputs of these dtypes in the order of the runner's inputs
         (:class:`BoundTensors`; collective when it binds); None in one process or on a process
-        group. The untracked and tracked calls of this function use the same binding."""
+        group. The untracked and tracked calls of this function use the same binding.
+
+        For a tree that leaves some rank without input blocks (:meth:`blind`) this is also the
+        call's agreement on dtypes (:meth:`_Runner.agree`: collective), so a caller asks for
+        the binding once per call, on every rank, and runs it at once."""
         runner = self._runner.adjoint if adjoint else self._runner
         if runner.plan is None:
             return None
+        if runner._blind:
+            runner.agree(tuple(dtypes) != runner._bound_dtypes)
+            runner._agreed = False  # the caller runs the call now
         return runner.bound_tensors(dtypes)
+
+    def blind(self, *, adjoint: bool = False) -> bool:
+        """Under MPI or on a process group, whether the tree (``adjoint=True``: its adjoint)
+        leaves some rank without input blocks, as the ranks agreed at its first binding (False
+        before it): each of its calls then starts with the ranks' agreement on dtypes."""
+        runner = self._runner.adjoint if adjoint else self._runner
+        return bool(runner._blind)
 
     def bound_views(
         self, tensors: Sequence[torch.Tensor], *, adjoint: bool = False

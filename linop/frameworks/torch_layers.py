@@ -466,9 +466,11 @@ class _Stage:
         ordered = [tensors[name] for name in inputs]
         dtypes = [t.dtype for t in ordered]
         last = self._bound.get(adjoint)
-        if last is not None and last[0] == dtypes:
+        if last is not None and last[0] == dtypes and not self.function.blind(adjoint=adjoint):
             bound = last[1]
-        else:  # collective when it binds (the first call, or new dtypes: the same on every rank)
+        else:  # collective when it binds (the first call, or new dtypes: the same on every rank);
+            # a tree leaving a rank without inputs (a parameter's copies off its owner) asks on
+            # every call: the ranks agree on its dtypes then, which that rank cannot see
             bound = self.function.bound_tensors(dtypes, adjoint=adjoint)
             self._bound[adjoint] = (dtypes, bound)
         if bound is None or not bound.persistent:

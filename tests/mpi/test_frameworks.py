@@ -601,3 +601,49 @@ def test_trees_leaving_a_rank_without_inputs_follow_dtype_changes(comm, unfit, m
     collective_assert(
         not problems and counts == expected, f"{problems}; agreements {counts}, expected {expected}"
     )
+
+
+def test_layer_module_follows_dtype_changes_of_parameters_held_by_their_owner(comm, monkeypatch):
+    """A convolution whose weights and bias live on their owner (rank 0: the other ranks hold
+    no input blocks of the parameters' copies), its module cast to float64, float64, float32,
+    float32, float64 between calls: forward and backward equal the one-process module's in
+    each dtype, and the copies' stage agrees on dtypes once a call from the second on each
+    rank (at more than one rank). Before, the owner alone bound again for float32 while its
+    peers ran their float64 binding, and the job ended at the deadline."""
+    from linop.frameworks.torch_layers import LayerModule
+    from linop.layers import Convolution
+
+    size, rank = comm.size, comm.rank
+    sent = count_agreements(monkeypatch)
+    x = DistributedTensor("x", (2, 3, 3 * size, 4), Partition((1, 1, size, 1)))
+    layer = Convolution(x, 2, Kernel(3, padding=1))
+    rng = np.random.default_rng(3)
+    w, b = rng.standard_normal(layer.weights.global_shape), rng.standard_normal(layer.bias.global_shape)
+    module = LayerModule(layer, weights=w, bias=b, comm=comm)
+    alone = LayerModule(layer, weights=w, bias=b)
+    data = x.scatter(rng.standard_normal(x.global_shape))
+    problems = []
+    for call, dtype in enumerate(DTYPE_CHANGES):
+        module.to(dtype)
+        alone.to(dtype)
+        module.zero_grad()
+        alone.zero_grad()
+        mine = {
+            k: torch.from_numpy(v).to(dtype).requires_grad_()
+            for k, v in local_part(x.space, data, rank).items()
+        }
+        every = {k: torch.from_numpy(v).to(dtype).requires_grad_() for k, v in data.items()}
+        y, reference = module(mine), alone(every)
+        sum((v * v).sum() for v in y.values()).backward()
+        sum((v * v).sum() for v in reference.values()).backward()
+        tolerance = {"rtol": 1e-10, "atol": 1e-10} if dtype == torch.float64 else {"rtol": 1e-4, "atol": 1e-4}
+        pairs = [(f"y {k}", v, reference[k]) for k, v in y.items()]
+        pairs += [(f"dx {k}", v.grad, every[k].grad) for k, v in mine.items()]
+        held = dict(module.named_parameters())
+        pairs += [(f"d{k}", p.grad, dict(alone.named_parameters())[k].grad) for k, p in held.items()]
+        for what, got, want in pairs:
+            if got.dtype != dtype or not torch.allclose(got, want, **tolerance):
+                problems.append(f"call {call} {what}: {got.dtype}, largest error {(got - want).abs().max()}")
+    expected = 4 if size > 1 else 0  # the parameters' copies (B: broadcasts off the owner)
+    agreed = len(sent) == expected and all(name.startswith("B[") for name in sent)
+    collective_assert(not problems and agreed, f"{problems}; agreements {sent}, expected {expected}")
