@@ -149,13 +149,14 @@ class ChainModule(WindowModule):
 
     def local(self, window: torch.Tensor, outside: list[PaddingStrips | None]) -> torch.Tensor:
         """The chain's stages on the window, the entries outside the global field of each
-        stage's input set (0, or -inf before a max pool): on a copy of the window, in place on
-        a stage's output (no stage keeps its output for its backward; autograd records the
-        fills, whose backward zeroes those entries' gradients)."""
+        stage's input set (0, or -inf before a max pool; :class:`_Outside`): on a copy of the
+        window, in place on a stage's output (no stage keeps its output for its backward)."""
         v, weights = window, iter(self._weights())
         for i, (stage, k, strips) in enumerate(zip(self.chain.stages, self._parts, outside)):
             if strips is not None:
-                v = strips.fill_(v.clone() if i == 0 else v, float("-inf") if stage.kind == "max" else 0.0)
+                v = _Outside.apply(
+                    v.clone() if i == 0 else v, strips, float("-inf") if stage.kind == "max" else 0.0
+                )
             size, stride = tuple(k.size), tuple(k.stride)  # type: ignore[arg-type]
             dilation = tuple(k.dilation)  # type: ignore[arg-type]
             if stage.kind == "conv":
@@ -217,6 +218,28 @@ class ChainModule(WindowModule):
     def extra_repr(self) -> str:
         stages = ", ".join(f"{s.kind} {s.kernel}" for s in self.chain.stages)
         return f"{stages}: {self.chain.x} -> {self.chain.y}, fused window {self.chain.kernel}"
+
+
+class _Outside(torch.autograd.Function):
+    r"""forward(v, strips, value) -> v: a stage's input field :math:`v` with its entries outside
+    the global field (``strips``, :class:`~linop.frameworks.torch_strips.PaddingStrips`) set to
+    ``value``, in place (:math:`M v`; ``-inf`` before a max pool); backward :math:`M \bar v`:
+    those entries' gradients zero, in place on the incoming gradient (the next stage's
+    backward's own fresh result, which nothing else holds), on a copy of it under
+    ``create_graph``. One node a stage, where autograd's record of the strips' fills makes a
+    view and a copy of the whole gradient per strip."""
+
+    @staticmethod
+    def forward(ctx: Any, v: torch.Tensor, strips: PaddingStrips, value: float) -> torch.Tensor:
+        ctx.strips = strips
+        ctx.mark_dirty(v)
+        return strips.fill_(v, value)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        if torch.is_grad_enabled():  # create_graph: the gradient may be recorded elsewhere
+            grad = grad.clone()
+        return ctx.strips.fill_(grad, 0.0), None, None
 
 
 class _ChainWindows(torch.autograd.Function):
