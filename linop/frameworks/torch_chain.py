@@ -122,7 +122,21 @@ class ChainModule(WindowModule):
                 (out.name, grid_block_name(f"{chain.x.name}_window", g), out.shape, outside)
             )
         self.output_names = tuple(name for name, *_ in self._products)
-        self._parts = [s.kernel.resolve(dims) for s in chain.stages]
+        # per stage: convolution or not, torch's function, its arguments after the input (and
+        # a convolution's weight), the value of its input's entries outside the global field
+        self._stages: list[tuple[bool, Any, tuple[Any, ...], float]] = []
+        for stage in chain.stages:
+            k = stage.kernel.resolve(dims)
+            size, stride = tuple(k.size), tuple(k.stride)  # type: ignore[arg-type]
+            dilation = tuple(k.dilation)  # type: ignore[arg-type]
+            entry: tuple[bool, Any, tuple[Any, ...], float]
+            if stage.kind == "conv":
+                entry = (True, _CONV[dims], (None, stride, 0, dilation), 0.0)
+            elif stage.kind == "avg":
+                entry = (False, _AVG[dims], (size, stride, 0), 0.0)
+            else:
+                entry = (False, _MAX[dims], (size, stride, 0, dilation), float("-inf"))
+            self._stages.append(entry)
         # under MPI: the exchange alone, bound in place (_KeptWindows), per direction
         self._exchange: TorchOperator | None = None
         self._kept: list[_KeptWindows | None] = [None, None]
@@ -151,20 +165,16 @@ class ChainModule(WindowModule):
         """The chain's stages on the window, the entries outside the global field of each
         stage's input set (0, or -inf before a max pool; :class:`_Outside`): on a copy of the
         window, in place on a stage's output (no stage keeps its output for its backward)."""
-        v, weights = window, iter(self._weights())
-        for i, (stage, k, strips) in enumerate(zip(self.chain.stages, self._parts, outside)):
+        v, weights, first = window, iter(self._weights()), True
+        for (conv, function, arguments, value), strips in zip(self._stages, outside):
             if strips is not None:
-                v = _Outside.apply(
-                    v.clone() if i == 0 else v, strips, float("-inf") if stage.kind == "max" else 0.0
-                )
-            size, stride = tuple(k.size), tuple(k.stride)  # type: ignore[arg-type]
-            dilation = tuple(k.dilation)  # type: ignore[arg-type]
-            if stage.kind == "conv":
-                v = _CONV[self.dims](v, next(weights).to(v.dtype), None, stride, 0, dilation)
-            elif stage.kind == "avg":
-                v = _AVG[self.dims](v, size, stride, 0)
+                v = _Outside.apply(v.clone() if first else v, strips, value)
+            if conv:
+                w = next(weights)
+                v = function(v, w if w.dtype == v.dtype else w.to(v.dtype), *arguments)
             else:
-                v = _MAX[self.dims](v, size, stride, 0, dilation)
+                v = function(v, *arguments)
+            first = False
         return v
 
     def _weights(self) -> tuple[torch.nn.Parameter, ...]:
