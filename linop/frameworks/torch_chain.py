@@ -12,11 +12,11 @@ halo exchange of the fused window and the stages on each enlarged window
 
 :math:`W` is the chain's ``window_operator`` (exact 0/1 data movement), run as a differentiable
 :class:`~linop.frameworks.torch_function.TorchOperator` (under MPI through this module's own
-node, ``_ChainWindows``, on the same function's bound plans: the bound calls without the
-generic node's bookkeeping); the stages are torch's own
+node, ``_ChainWindows``: after the first call its halo exchange alone, bound in place on local
+blocks the module keeps, ``_KeptWindows``); the stages are torch's own
 ``conv{1,2,3}d``, ``avg_pool{1,2,3}d`` and ``max_pool{1,2,3}d`` on the window, unpadded, and
 :math:`M_i` sets the entries of an intermediate field that lie outside its global domain to zero
-(``-inf`` before a max pool, as torch pads it); torch's autograd gives the local
+(``-inf`` before a max pool, as torch pads it; one node ``_Outside``); torch's autograd gives the local
 vector-Jacobian product, the adjoint exchange adds each halo entry's gradient into its owner.
 
 The convolution weights are replicated: every process holds all of them as ``nn.Parameter``\ s
