@@ -647,3 +647,68 @@ def test_layer_module_follows_dtype_changes_of_parameters_held_by_their_owner(co
     expected = 4 if size > 1 else 0  # the parameters' copies (B: broadcasts off the owner)
     agreed = len(sent) == expected and all(name.startswith("B[") for name in sent)
     collective_assert(not problems and agreed, f"{problems}; agreements {sent}, expected {expected}")
+
+
+@pytest.mark.parametrize("case", ["2d", "1d-wide-locals"])
+def test_chain_windows_kept_exchange_are_the_tree_on_every_call(comm, case):
+    """ChainModule's windows under MPI after their first call run as the exchange alone, bound
+    in place on its own local blocks (``torch_chain._KeptWindows``: the padding zeroed once, the
+    bulk and halo rewritten, each window and gradient a copy; kept again when the dtypes
+    change). Five calls on new integer data (float64, float64, float32, float32, float64): the
+    windows and their adjoint equal the tree's exactly on each, the previous call's results
+    are still right after the next call, and what the caller writes into them (NaN, as MaxPool
+    writes -inf into its windows) reaches no later call. In ``1d-wide-locals`` the local blocks
+    are wider than their windows (two workers; ranks 2 and 3 hold none, so one dtype there), so
+    the backward zeroes them on each call."""
+    from linop.frameworks.torch_chain import ChainModule, _ChainWindows
+    from linop.layers import ChainStage, WindowChain
+
+    rng = np.random.default_rng(43)
+    if case == "2d":
+        grid = (2, 2) if comm.size == 4 else (comm.size, 1)
+        x = DistributedTensor("x", (1, 2, 5 * grid[0], 4 * grid[1]), Partition((1, 1, *grid)))
+        stages = [ChainStage.conv(np.ones((2, 2, 3, 3)), padding=1), ChainStage.avg(Kernel(2, stride=2))]
+        mapping = None
+    else:
+        x = DistributedTensor("x", (1, 1, 7), Partition((1, 1, 2)))
+        stages = [ChainStage.avg(Kernel(2)), ChainStage.avg(Kernel(2, stride=3))]
+        mapping = [0, min(1, comm.size - 1)]
+    chain = WindowChain(x, stages)
+    op = chain.window_operator
+    module = ChainModule(chain, comm=comm, mapping=mapping)
+    names, windows_of = module.input_names, module.function.outputs
+    problems, before = [], None
+    # the dtypes change where every rank holds a block (a rank with none cannot see them change)
+    dtypes = (np.float64, np.float64, np.float32, np.float32, np.float64)
+    for call, dtype in enumerate(dtypes if case == "2d" or comm.size <= 2 else (np.float64,) * 5):
+        state = x.scatter(rng.integers(-9, 10, x.global_shape).astype(np.float64))
+        seeds = {b.name: rng.integers(-9, 10, b.shape).astype(np.float64) for b in op.range}
+        blocks = [torch.from_numpy(np.array(state[k], dtype=dtype)).requires_grad_() for k in names]
+        *windows, token = _ChainWindows.apply(module, module._anchor, *blocks)
+        loss = sum((w * torch.from_numpy(seeds[k])).sum() for k, w in zip(windows_of, windows))
+        (loss + token.sum()).backward()  # the token: a rank holding no block runs it too
+        grads = [b.grad for b in blocks]
+        now = (
+            dict(zip(windows_of, windows)),
+            op(state),
+            dict(zip(names, grads)),
+            op.H(seeds),
+        )
+        checked = [(call, now)] if before is None else [(call, now), (call - 1, before)]
+        for done, (got, expected, got_back, expected_back) in checked:
+            problems += [
+                f"call {done}: window {k}"
+                for k, w in got.items()
+                if not np.array_equal(w.detach(), expected[k])
+            ]
+            problems += [
+                f"call {done}: dx {k}" for k, g in got_back.items() if not np.array_equal(g, expected_back[k])
+            ]
+        mine = (torch.from_numpy(np.zeros(0, dtype)).dtype,) * len(names)
+        if any(k is None or k.dtypes != mine for k in module._kept):  # kept for this call's dtype
+            problems.append(f"call {call}: no exchange kept for {dtype.__name__}")
+        if before is not None:  # the caller's scribbles, into the results it has
+            for t in (*before[0].values(), *before[2].values()):
+                t.detach().fill_(float("nan"))
+        before = now
+    collective_assert(not problems, str(problems))
