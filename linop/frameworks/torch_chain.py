@@ -140,7 +140,7 @@ class ChainModule(WindowModule):
         # under MPI: the exchange alone, bound in place (_KeptWindows), per direction
         self._exchange: TorchOperator | None = None
         self._kept: list[_KeptWindows | None] = [None, None]
-        self._declined: list[tuple[torch.dtype, ...] | None] = [None, None]
+        self._declined: list[Any] = [None, None]  # the tree's binding the exchange was declined for
 
     def forward(self, x: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The windows' tree, then the stages on each output block's window
@@ -340,10 +340,11 @@ class _KeptWindows:
     autograd) and rewrites the windows' padding on every call.
     """
 
-    __slots__ = ("call", "dtypes", "into", "out", "shapes", "zeroed")
+    __slots__ = ("call", "dtypes", "into", "out", "shapes", "tree", "zeroed")
 
     def __init__(
         self,
+        tree: BoundCall,
         call: BoundCall,
         dtypes: tuple[torch.dtype, ...],
         shapes: tuple[torch.Size, ...],
@@ -351,18 +352,27 @@ class _KeptWindows:
         out: list[torch.Tensor],
         zeroed: list[torch.Tensor],
     ) -> None:
-        self.call = call
+        self.tree, self.call = tree, call
         self.dtypes, self.shapes = dtypes, shapes
         self.into, self.out, self.zeroed = into, out, zeroed
 
     def takes(self, tensors: Any) -> bool:
         """Whether ``tensors`` (the direction's inputs, in order) go through: the dtypes and
-        shapes of the tree's binding it was kept for (any device: copied), its binding current."""
-        if len(tensors) != len(self.dtypes) or not self.call.current:
+        shapes of the tree's binding it was kept for (any device: copied), that binding and the
+        exchange's current. Where the tree leaves a rank without inputs, first the call's
+        agreement on dtypes (collective: a change on any rank frees the tree's binding on every
+        rank, and every rank takes the general path)."""
+        tree = self.tree
+        same = len(tensors) == len(self.dtypes) and all(t.dtype == d for t, d in zip(tensors, self.dtypes))
+        if tree.blind:
+            tree.agree_on(not same)
+        if not same or not tree.current or not self.call.current:
             return False
-        for tensor, dtype, shape in zip(tensors, self.dtypes, self.shapes):
-            if tensor.dtype != dtype or tensor.shape != shape:
+        for tensor, shape in zip(tensors, self.shapes):
+            if tensor.shape != shape:
                 return False
+        if tree.blind:
+            tree.ran()  # this call runs the exchange's binding, not the tree's
         return True
 
     def run(self, tensors: Any) -> list[torch.Tensor]:
@@ -392,11 +402,13 @@ class _KeptWindows:
         if tree is None:
             return None
         kept = module._kept[adjoint]
-        if kept is not None and kept.dtypes == tree.dtypes and kept.call.current:
+        # keyed on the tree's binding, not its dtypes: a rank without inputs binds again with
+        # its peers (the dtype agreement) though its own dtypes, none, stay
+        if kept is not None and kept.tree.bound is tree.bound and kept.call.current:
             return kept
-        if module._declined[adjoint] == tree.dtypes:
+        if module._declined[adjoint] is tree.bound:
             return None
-        module._declined[adjoint] = tree.dtypes
+        module._declined[adjoint] = tree.bound
         factors = _shims(function.op)
         if factors is None:  # the same tree on every rank
             return None
@@ -422,7 +434,7 @@ class _KeptWindows:
             seeds = function.names(adjoint=True)[0]
             order = [seeds.index(name) for name in function.outputs]
             dtypes, shapes = tuple(dtypes[i] for i in order), tuple(shapes[i] for i in order)
-        return _KeptWindows(call, dtypes, shapes, into, out, zeroed)
+        return _KeptWindows(tree, call, dtypes, shapes, into, out, zeroed)
 
     @staticmethod
     def _build(

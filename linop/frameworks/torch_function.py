@@ -567,6 +567,16 @@ class BoundCall:
         runner = self._runner
         runner.agree(tuple(dtypes) != runner._bound_dtypes)
 
+    def agree_on(self, changed: bool) -> None:
+        """:meth:`agree` where the caller compared the dtypes itself: ``changed``, whether this
+        rank's inputs differ from the binding's :attr:`dtypes`. Collective for a blind tree."""
+        self._runner.agree(changed)
+
+    def ran(self) -> None:
+        """Mark this call run where the caller runs other calls in its place (a kept path on
+        another binding): the tree's next call agrees again."""
+        self._runner._agreed = False
+
     def __call__(self) -> None:
         self._runner._agreed = False  # the call runs
         stall = _stall("mpi")

@@ -658,8 +658,8 @@ def test_chain_windows_kept_exchange_are_the_tree_on_every_call(comm, case):
     windows and their adjoint equal the tree's exactly on each, the previous call's results
     are still right after the next call, and what the caller writes into them (NaN, as MaxPool
     writes -inf into its windows) reaches no later call. In ``1d-wide-locals`` the local blocks
-    are wider than their windows (two workers; ranks 2 and 3 hold none, so one dtype there), so
-    the backward zeroes them on each call."""
+    are wider than their windows (two workers; ranks 2 and 3 hold none: they follow the dtypes
+    through the ranks' agreement on each call), so the backward zeroes them on each call."""
     from linop.frameworks.torch_chain import ChainModule, _ChainWindows
     from linop.layers import ChainStage, WindowChain
 
@@ -678,9 +678,8 @@ def test_chain_windows_kept_exchange_are_the_tree_on_every_call(comm, case):
     module = ChainModule(chain, comm=comm, mapping=mapping)
     names, windows_of = module.input_names, module.function.outputs
     problems, before = [], None
-    # the dtypes change where every rank holds a block (a rank with none cannot see them change)
     dtypes = (np.float64, np.float64, np.float32, np.float32, np.float64)
-    for call, dtype in enumerate(dtypes if case == "2d" or comm.size <= 2 else (np.float64,) * 5):
+    for call, dtype in enumerate(dtypes):
         state = x.scatter(rng.integers(-9, 10, x.global_shape).astype(np.float64))
         seeds = {b.name: rng.integers(-9, 10, b.shape).astype(np.float64) for b in op.range}
         blocks = [torch.from_numpy(np.array(state[k], dtype=dtype)).requires_grad_() for k in names]
