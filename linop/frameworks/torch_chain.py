@@ -364,8 +364,8 @@ class _KeptWindows:
         rank, and every rank takes the general path)."""
         tree = self.tree
         same = len(tensors) == len(self.dtypes) and all(t.dtype == d for t, d in zip(tensors, self.dtypes))
-        if tree.blind:
-            tree.agree_on(not same)
+        if tree.blind:  # a binding made since (a create_graph backward's) counts as a change
+            tree.agree_on(not same or not tree.current)
         if not same or not tree.current or not self.call.current:
             return False
         for tensor, shape in zip(tensors, self.shapes):

@@ -874,6 +874,13 @@ class TorchOperator:
             runner._agreed = False  # the caller runs the call now
         return runner.bound_tensors(dtypes)
 
+    def mark_agreed(self, *, adjoint: bool = False) -> None:
+        """Under MPI, count this call's agreement on dtypes as made, for a caller that made it
+        through :meth:`bound_tensors` and runs the call through :meth:`untracked` (a binding
+        that is not persistent), so that the call makes one, not two."""
+        runner = self._runner.adjoint if adjoint else self._runner
+        runner._agreed = bool(runner._blind)
+
     def blind(self, *, adjoint: bool = False) -> bool:
         """Under MPI or on a process group, whether the tree (``adjoint=True``: its adjoint)
         leaves some rank without input blocks, as the ranks agreed at its first binding (False

@@ -474,6 +474,8 @@ class _Stage:
             bound = self.function.bound_tensors(dtypes, adjoint=adjoint)
             self._bound[adjoint] = (dtypes, bound)
         if bound is None or not bound.persistent:
+            if bound is not None:  # this call's agreement (a blind tree) made above
+                self.function.mark_agreed(adjoint=adjoint)
             return self.function.untracked(tensors, adjoint=adjoint), False
         return dict(zip(outputs, bound.run(ordered))), True
 

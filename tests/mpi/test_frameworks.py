@@ -603,15 +603,21 @@ def test_trees_leaving_a_rank_without_inputs_follow_dtype_changes(comm, unfit, m
     )
 
 
-def test_layer_module_follows_dtype_changes_of_parameters_held_by_their_owner(comm, monkeypatch):
+@pytest.mark.parametrize("straight", [False, True], ids=["bound", "straight"])
+def test_layer_module_follows_dtype_changes_of_parameters_held_by_their_owner(comm, monkeypatch, straight):
     """A convolution whose weights and bias live on their owner (rank 0: the other ranks hold
     no input blocks of the parameters' copies), its module cast to float64, float64, float32,
     float32, float64 between calls: forward and backward equal the one-process module's in
     each dtype, and the copies' stage agrees on dtypes once a call from the second on each
     rank (at more than one rank). Before, the owner alone bound again for float32 while its
-    peers ran their float64 binding, and the job ended at the deadline."""
+    peers ran their float64 binding, and the job ended at the deadline. Alike where the stages
+    run straight on the tensors (``STRAIGHT_FROM`` reached), one agreement a call there too."""
+    from linop.frameworks import torch_function
     from linop.frameworks.torch_layers import LayerModule
     from linop.layers import Convolution
+
+    if straight:
+        monkeypatch.setattr(torch_function, "STRAIGHT_FROM", 0)
 
     size, rank = comm.size, comm.rank
     sent = count_agreements(monkeypatch)
@@ -710,4 +716,40 @@ def test_chain_windows_kept_exchange_are_the_tree_on_every_call(comm, case):
             for t in (*before[0].values(), *before[2].values()):
                 t.detach().fill_(float("nan"))
         before = now
+    collective_assert(not problems, str(problems))
+
+
+@pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph=True")
+def test_chain_kept_exchange_after_a_create_graph_backward_in_another_dtype(comm):
+    """A ChainModule whose windows' tree leaves ranks without inputs (two workers: at 3-4 ranks
+    ranks 2 and 3 hold none): a float64 backward (the adjoint's exchange kept), a float32
+    backward under ``create_graph`` (the adjoint recorded: it binds again, the kept exchange
+    not renewed), then a float64 backward: its gradients exact on every rank. Before, that last
+    call's agreement compared the dtypes with the stale kept exchange's (float64: no change),
+    the ranks with inputs bound again for float64 and those without ran their float32 binding:
+    the job ended at the deadline."""
+    from linop.frameworks.torch_chain import ChainModule, _ChainWindows
+    from linop.layers import ChainStage, WindowChain
+
+    x = DistributedTensor("x", (1, 1, 7), Partition((1, 1, 2)))
+    chain = WindowChain(x, [ChainStage.avg(Kernel(2)), ChainStage.avg(Kernel(2, stride=3))])
+    op = chain.window_operator
+    module = ChainModule(chain, comm=comm, mapping=[0, min(1, comm.size - 1)])
+    rng = np.random.default_rng(1)
+    problems = []
+    for call, (dtype, graph) in enumerate([(np.float64, False), (np.float32, True), (np.float64, False)]):
+        state = x.scatter(rng.integers(-9, 10, x.global_shape).astype(np.float64))
+        seeds = {b.name: rng.integers(-9, 10, b.shape).astype(np.float64) for b in op.range}
+        blocks = [
+            torch.from_numpy(np.array(state[k], dtype=dtype)).requires_grad_() for k in module.input_names
+        ]
+        *windows, token = _ChainWindows.apply(module, module._anchor, *blocks)
+        loss = sum((w * torch.from_numpy(seeds[k])).sum() for k, w in zip(module.function.outputs, windows))
+        (loss + token.sum()).backward(create_graph=graph)  # the token: a rank holding no block too
+        expected = op.H(seeds)
+        problems += [
+            f"call {call}: dx {k}"
+            for k, b in zip(module.input_names, blocks)
+            if not np.array_equal(b.grad.detach().numpy(), expected[k])
+        ]
     collective_assert(not problems, str(problems))
