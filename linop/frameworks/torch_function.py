@@ -938,7 +938,7 @@ class TorchOperator:
         bound = runner._bound
         return None if bound is None else np.dtype(bound.dtype)
 
-    def unbind_unless(self, dtype: np.dtype, *, adjoint: bool = False) -> None:
+    def unbind_unless(self, dtype: np.dtype | torch.dtype, *, adjoint: bool = False) -> None:
         """Under MPI or on a process group, free the tree's (``adjoint=True``: its adjoint's)
         binding unless it runs in ``dtype``, so that its next call binds again (collective
         then); that call makes no agreement on dtypes of its own (:meth:`_Runner.agree`).
@@ -951,6 +951,8 @@ class TorchOperator:
         bound = runner._bound
         if bound is None:
             return
+        if isinstance(dtype, torch.dtype):
+            dtype = _numpy_dtype(dtype)
         if np.dtype(bound.dtype) != dtype:
             runner._unbind()
         runner._agreed = bool(runner._blind)  # every rank decided alike: the call's agreement

@@ -309,7 +309,11 @@ class _LayerFunction(torch.autograd.Function):
             ctx.agreement = _ANSWERED[True]
         parameters = dict(zip(module.parameter_names, tensors[count:]))
         # the windows and parameter copies are kept for the backward: in memory of their own
-        copies = parameters if module.copies is None else module.copies.run(parameters)
+        copies = (
+            parameters
+            if module.copies is None
+            else module.copies.run(parameters, known=module.parameters_dtype)
+        )
         if module.overlapped is None:
             windows = module.windows.run(dict(zip(module.input_names, tensors[:count])))
             operands = _promoted({**windows, **copies})
@@ -456,12 +460,19 @@ class _Stage:
                 )
         return {name: tensors[name].detach() for name in self.inputs}
 
-    def lend(self, tensors: Mapping[str, Tensor], *, adjoint: bool = False) -> tuple[dict[str, Tensor], bool]:
+    def lend(
+        self, tensors: Mapping[str, Tensor], *, adjoint: bool = False, known: torch.dtype | None = None
+    ) -> tuple[dict[str, Tensor], bool]:
         """The results, and whether they are the bound plan's own buffers (under MPI, a
         persistent binding): those are overwritten by the stage's next call in the same
-        direction, so they are read before it or copied."""
+        direction, so they are read before it or copied. ``known``: the dtype the tree runs in,
+        as every rank knows it (the module's parameters'): a tree that leaves a rank without
+        inputs then drops a binding of another dtype on every rank alike, with nothing sent,
+        instead of the ranks' agreement on each call."""
         if self.identity:
             return self._passed(tensors), False
+        if known is not None and self.function.blind(adjoint=adjoint):
+            self.function.unbind_unless(known, adjoint=adjoint)  # this call's agreement
         inputs, outputs = self._names[adjoint]
         ordered = [tensors[name] for name in inputs]
         dtypes = [t.dtype for t in ordered]
@@ -479,9 +490,11 @@ class _Stage:
             return self.function.untracked(tensors, adjoint=adjoint), False
         return dict(zip(outputs, bound.run(ordered))), True
 
-    def run(self, tensors: Mapping[str, Tensor], *, adjoint: bool = False) -> dict[str, Tensor]:
-        """The results, in memory of their own."""
-        results, lent = self.lend(tensors, adjoint=adjoint)
+    def run(
+        self, tensors: Mapping[str, Tensor], *, adjoint: bool = False, known: torch.dtype | None = None
+    ) -> dict[str, Tensor]:
+        """The results, in memory of their own (``known``: as :meth:`lend`)."""
+        results, lent = self.lend(tensors, adjoint=adjoint, known=known)
         return {name: tensor.clone() for name, tensor in results.items()} if lent else results
 
     def run_adjoint(self, tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -671,6 +684,10 @@ class LayerModule(torch.nn.Module):
         self.blocks = torch.nn.ParameterList(
             torch.nn.Parameter(torch.from_numpy(np.array(state[n])).to(dtype)) for n in self.parameter_names
         )
+        # the parameters' dtype on every process, those holding none included: module.to(),
+        # .float(), .double() cast it with them, so the copies off the parameters' owners
+        # follow a cast with nothing sent (_Stage.lend's ``known``)
+        self.register_buffer("_parameters_dtype", torch.zeros(0, dtype=dtype), persistent=False)
         self._passed_through = tuple(
             name
             for stage in (self.windows, self.copies)
@@ -684,6 +701,14 @@ class LayerModule(torch.nn.Module):
         self.token = torch.zeros(0, dtype=torch.float64)
         self._agreement: Agreement | None = None  # the last call's (input_gradient_agreement)
         self._input_gradient_always = False  # an agreement said yes: no more asking
+
+    @property
+    def parameters_dtype(self) -> torch.dtype:
+        """The parameters' dtype, known on every process (those holding no parameter block
+        included): it follows ``module.to()``, ``.float()`` and ``.double()``."""
+        mark = self._buffers["_parameters_dtype"]
+        assert mark is not None  # registered at construction
+        return mark.dtype
 
     def input_gradient_agreement(self, local: bool) -> Agreement:
         """Whether some process's input blocks need a gradient (``local``: this one's), as
