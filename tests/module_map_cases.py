@@ -278,3 +278,32 @@ def _input_layout(module: Any) -> Any:
             return tensor.space
     layer = getattr(module, "layer", None) or getattr(module, "chain", None)
     return layer.x.space
+
+
+def mse_step_problems(module: Any, x: DistributedTensor, dtype: Any, rng: Any, label: str) -> list[str]:
+    """One forward and backward of a LossModule (MSE) at ``dtype`` on global data drawn from
+    ``rng`` alike on every process: what differs from torch's ``mse_loss`` of that dtype (the
+    root's loss, this process's input gradients, and their dtype). Shared by the dtype-change
+    tests of both engines."""
+    import torch
+
+    data, target = rng.standard_normal(x.global_shape), rng.standard_normal(x.global_shape)
+    blocks, target_blocks = x.scatter(data), x.scatter(target)
+    inputs = {k: torch.from_numpy(blocks[k]).to(dtype).requires_grad_() for k in module.input_names}
+    targets = {k: torch.from_numpy(target_blocks[k]).to(dtype) for k in module.input_names}
+    reference = torch.from_numpy(data).to(dtype).requires_grad_()
+    expected = torch.nn.functional.mse_loss(reference, torch.from_numpy(target).to(dtype))
+    expected.backward()
+    out = module(inputs, targets)
+    out.backward()
+    rtol = 1e-12 if dtype == torch.float64 else 1e-5
+    grads = x.scatter(reference.grad.numpy())
+    problems = [
+        f"{label}: dx {k}"
+        for k, v in inputs.items()
+        if v.grad.dtype != dtype or not np.allclose(v.grad, grads[k], rtol=rtol)
+    ]
+    value, want = out.detach(), expected.detach()
+    if module.is_root and (value.dtype != dtype or not np.isclose(float(value), float(want), rtol=rtol)):
+        problems.append(f"{label}: loss {value} against {want}")
+    return problems

@@ -5,6 +5,9 @@ every rank, a rank holding an empty block or no block at all included."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from helpers import collective_assert, compare_with_numpy, count_agreements, local_part
@@ -14,6 +17,8 @@ from linop import DistributedTensor, Partition
 from linop.layers import BatchNorm, Loss
 
 torch = pytest.importorskip("torch")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: the shared cases
+import module_map_cases as cases  # noqa: E402
 
 COMM = MPI.COMM_WORLD
 SIZE = COMM.size
@@ -276,25 +281,7 @@ def test_loss_module_follows_dtype_changes_where_a_rank_holds_no_input_block(mon
     rng = np.random.default_rng(33)
     problems = []
     for call, dtype in enumerate((torch.float64, torch.float64, torch.float32, torch.float32, torch.float64)):
-        data, target = rng.standard_normal(x.global_shape), rng.standard_normal(x.global_shape)
-        blocks, target_blocks = x.scatter(data), x.scatter(target)
-        inputs = {k: torch.from_numpy(blocks[k]).to(dtype).requires_grad_() for k in module.input_names}
-        targets = {k: torch.from_numpy(target_blocks[k]).to(dtype) for k in module.input_names}
-        reference = torch.from_numpy(data).to(dtype).requires_grad_()
-        expected = torch.nn.functional.mse_loss(reference, torch.from_numpy(target).to(dtype))
-        expected.backward()
-        out = module(inputs, targets)
-        out.backward()
-        rtol = 1e-12 if dtype == torch.float64 else 1e-5
-        grads = x.scatter(reference.grad.numpy())
-        problems += [
-            f"call {call}: dx {k}"
-            for k, v in inputs.items()
-            if v.grad.dtype != dtype or not np.allclose(v.grad, grads[k], rtol=rtol)
-        ]
-        out, expected = out.detach(), expected.detach()
-        if module.is_root and (out.dtype != dtype or not np.isclose(float(out), float(expected), rtol=rtol)):
-            problems.append(f"call {call}: loss {out} against {expected}")
+        problems += cases.mse_step_problems(module, x, dtype, rng, f"call {call}")
     if (RANK == 0) != bool(module.input_names) or module.is_root != (RANK == SIZE - 1):
         problems.append(f"blocks {module.input_names}, root {module.is_root}")
     expected_sent = [str(module.reduce.op)] * 4 if SIZE > 1 else []

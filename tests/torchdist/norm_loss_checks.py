@@ -5,10 +5,15 @@ bias gradients, running statistics; the loss on the root and every rank's gradie
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: the shared cases
+import module_map_cases as shared
 
 from linop import DistributedTensor, Partition
 from linop.layers import BatchNorm, Loss
@@ -148,29 +153,7 @@ def dtype_changes(rank: int, size: int, dtypes: tuple[torch.dtype, ...], count: 
         sent = count()
         try:
             for call, dtype in enumerate(dtypes):
-                data, target = rng.standard_normal(x.global_shape), rng.standard_normal(x.global_shape)
-                blocks, target_blocks = x.scatter(data), x.scatter(target)
-                inputs = {
-                    k: torch.from_numpy(blocks[k]).to(dtype).requires_grad_() for k in module.input_names
-                }
-                targets = {k: torch.from_numpy(target_blocks[k]).to(dtype) for k in module.input_names}
-                reference = torch.from_numpy(data).to(dtype).requires_grad_()
-                expected = torch.nn.functional.mse_loss(reference, torch.from_numpy(target).to(dtype))
-                expected.backward()
-                out = module(inputs, targets)
-                out.backward()
-                rtol = 1e-12 if dtype == torch.float64 else 1e-5
-                grads = x.scatter(reference.grad.numpy())
-                problems += [
-                    f"{label} call {call}: d{k}"
-                    for k, v in inputs.items()
-                    if v.grad.dtype != dtype or not np.allclose(v.grad, grads[k], rtol=rtol)
-                ]
-                value, want = out.detach(), expected.detach()
-                if module.is_root and (
-                    value.dtype != dtype or not np.isclose(float(value), float(want), rtol=rtol)
-                ):
-                    problems.append(f"{label} call {call}: loss {value} against {want}")
+                problems += shared.mse_step_problems(module, x, dtype, rng, f"{label} call {call}")
         finally:
             count.stop()
         agreed = 4 if mapping is not None and size > 1 else 0
