@@ -1,8 +1,12 @@
 """Which buffer makes an 8 MB ``Bcast`` slower: the root's or the receivers', aligned or not,
-in huge pages or not.
+in huge pages or not; and the same buffers under an in-place ``Allreduce`` and linop's bound
+sum-reduce.
 
-Run: ``mpiexec -n 2 python benchmarks/bench_mpi_buffer_placement.py [samples] [kinds]``
-(default 41 samples; kinds a comma-separated list of those below, the first the reference).
+Run: ``mpiexec -n 2 python benchmarks/bench_mpi_buffer_placement.py [samples] [kinds] [op]``
+(default 41 samples; kinds a comma-separated list of those below, the first the reference;
+op ``bcast``, the default, ``allreduce``: ``Allreduce(IN_PLACE)`` on the buffer, of zeros, or
+``sumreduce``: linop's bound ``SumReduce`` onto rank 0 with the buffer as every rank's copy,
+into linop's own result array; for these two each row is one kind on every rank).
 
 Every rank builds one 8 MB buffer of each kind, written once (no page faults left to take):
 
@@ -24,7 +28,8 @@ sample runs the rows in an order drawn afresh, each batch of 5 calls after 3 of 
 over ranks), the median over samples of the ratio to the reference row, the same for the CPU
 time of the process, and the minor page faults per call on the root and on rank 1. The first
 lines give each buffer's offset from a 2 MB boundary and the huge pages (kB) of the mappings
-it lies in (``/proc/self/smaps``), per rank.
+it lies in (``/proc/self/smaps``), per rank, and the share of its 4 KB pages that lie in a huge
+page (``/proc/kpageflags``, where readable: as root).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import sys
 import time
 
 import numpy as np
+from _pages import huge_share
 from mpi4py import MPI
 
 COMM = MPI.COMM_WORLD
@@ -44,7 +50,12 @@ COUNT = 1 << 20
 NBYTES = COUNT * 8
 HUGE = 1 << 21
 SAMPLES = int(sys.argv[1]) if len(sys.argv) > 1 else 41
-KINDS = sys.argv[2].split(",") if len(sys.argv) > 2 else ["np16", "al0", "al0nh", "np16nh", "pg4k"]
+KINDS = (
+    sys.argv[2].split(",")
+    if len(sys.argv) > 2 and sys.argv[2]
+    else ["np16", "al0", "al0nh", "np16nh", "pg4k"]
+)
+OP = sys.argv[3] if len(sys.argv) > 3 else "bcast"
 BATCH, WARMUPS = 5, 3
 MADV_NOHUGEPAGE = 15
 _KEPT: list[np.ndarray] = []  # the allocations the offset buffers are views into
@@ -101,17 +112,44 @@ def huge_kb(array: np.ndarray) -> int:
 
 
 def main() -> int:
+    if OP not in ("bcast", "allreduce", "sumreduce"):
+        raise SystemExit(f"unknown op {OP!r}")
     buffers = {kind: make(kind) for kind in KINDS}
     reference = KINDS[0]
-    rows = [(reference, kind) for kind in KINDS] + [(kind, reference) for kind in KINDS[1:]]
+    if OP == "bcast":
+        rows = [(reference, kind) for kind in KINDS] + [(kind, reference) for kind in KINDS[1:]]
+    else:
+        rows = [(kind, kind) for kind in KINDS]
+    bound = {}
+    if OP == "allreduce":
+        for buffer in buffers.values():
+            buffer[...] = 0.0  # a sum in place of zeros stays finite
+    elif OP == "sumreduce":
+        from linop.backends import mpi as mpi_backend
+        from linop.collectives import Broadcast
+        from linop.partition import DistributedTensor, Partition
+
+        source = DistributedTensor("s", (COUNT,), Partition((1,)))
+        reduce = Broadcast(source, Partition((COMM.size,)), "c").H
+        bound = {
+            kind: mpi_backend.plan_for(reduce, comm=COMM).bind({f"c[{RANK}]": buffers[kind]})
+            for kind in KINDS
+        }
 
     def call(root_kind: str, receiver_kind: str) -> None:
         buffer = buffers[root_kind if RANK == 0 else receiver_kind]
-        COMM.Bcast([buffer, NBYTES, MPI.BYTE], root=0)
+        if OP == "bcast":
+            COMM.Bcast([buffer, NBYTES, MPI.BYTE], root=0)
+        elif OP == "allreduce":
+            COMM.Allreduce(MPI.IN_PLACE, buffer)
+        else:
+            bound[root_kind]()
 
     for row in rows:
         call(*row)
-    placement = COMM.gather({k: (b.ctypes.data % HUGE, huge_kb(b)) for k, b in buffers.items()})
+    placement = COMM.gather(
+        {k: (b.ctypes.data % HUGE, huge_kb(b), huge_share([b])) for k, b in buffers.items()}
+    )
     wall = {row: np.empty(SAMPLES) for row in rows}
     cpu = {row: np.empty(SAMPLES) for row in rows}
     faults = dict.fromkeys(rows, 0)
@@ -134,9 +172,14 @@ def main() -> int:
     all_faults = COMM.gather(faults)
     if RANK == 0:
         assert placement is not None and all_faults is not None
-        print(f"8 MB Bcast as bytes on {COMM.size} ranks; {SAMPLES} samples x {BATCH} calls")
+        what = {
+            "bcast": "Bcast as bytes",
+            "allreduce": "Allreduce(IN_PLACE)",
+            "sumreduce": "linop bound sum-reduce",
+        }
+        print(f"8 MB {what[OP]} on {COMM.size} ranks; {SAMPLES} samples x {BATCH} calls")
         for kind in KINDS:
-            print(f"  {kind:7s} offset, huge kB per rank: {[p[kind] for p in placement]}")
+            print(f"  {kind:7s} offset, huge kB, huge share per rank: {[p[kind] for p in placement]}")
         print(f"  {'root':>7s} {'recv':>7s}  wall ms  ratio   cpu ms  ratio  faults/call (root, rank 1)")
         for row in rows:
             w, c = wall[row], cpu[row]
@@ -147,6 +190,8 @@ def main() -> int:
                 f"  {row[0]:>7s} {row[1]:>7s}  {np.median(w) * 1e3:7.3f}  {ratio_w:5.3f}  "
                 f"{np.median(c) * 1e3:7.3f}  {ratio_c:5.3f}   {per_call}"
             )
+    for plan in bound.values():
+        plan.free()
     return 0
 
 

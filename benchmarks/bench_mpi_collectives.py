@@ -63,6 +63,22 @@ than on the benchmark's were that order (linop's bound rows come first, after th
 sample's last row; ``benchmarks/results/mpi_collectives_order_2026-12-06.txt``). So each
 sample runs the rows in an order drawn afresh (alike on every rank), each timed batch after
 :data:`WARMUPS` untimed calls of its own.
+
+The huge pages matter for every row. Most of an 8 MB call's time here is system time (the
+kernel copying between the processes, it seems), and it grows with the 4 KB pages of the
+memory: measured on the idle 2-core machine (2 ranks, 8 MB, interleaved, huge pages read from
+``/proc/self/pagemap`` and ``/proc/kpageflags``), ``Allreduce(IN_PLACE)`` took 0.69-0.83 ms on
+a buffer wholly in huge pages and 1.32-1.64 ms on one with none (``MADV_NOHUGEPAGE``); linop's
+bound sum-reduce 0.59-0.71 ms from copies wholly in huge pages, 0.89-1.03 ms from copies with
+three of four (an ``np.empty`` of 8 MB starts anywhere: its first and last 2 MB are partial)
+and 1.11-1.34 ms from copies with none (``benchmarks/bench_mpi_buffer_placement.py``). Which
+pages of an allocation are huge is the kernel's choice at the time, and an 8 MB array from the
+heap (glibc reuses freed blocks once it has given one back) had none in one run: so by default
+the rows compare arrays alike, every array of the benchmark (linop's inputs and the native
+calls' buffers) starting on a 2 MB boundary (``placement`` ``aligned``, the third argument;
+``plain`` for arrays as ``np.empty`` gives them). Each section's title gives the share of its
+arrays' pages that are huge, the smallest over the arrays and ranks, where the page flags are
+readable (as root).
 """
 
 from __future__ import annotations
@@ -71,11 +87,13 @@ import sys
 from collections.abc import Callable
 
 import numpy as np
+from _pages import huge_share
 from _timing import interleaved_over_ranks
 from mpi4py import MPI
 
 from linop import expand_all
 from linop.backends import mpi as mpi_backend
+from linop.backends.mpi.memory import lasting_array
 from linop.collectives import AllReduce, BlockGrid, Broadcast, ReduceScatter
 from linop.partition import DistributedTensor, Partition
 
@@ -83,9 +101,37 @@ COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.rank, COMM.size
 COUNT = int(sys.argv[1]) if len(sys.argv) > 1 else 1 << 20  # 8 MB of float64
 SAMPLES = int(sys.argv[2]) if len(sys.argv) > 2 else 31
+PLACEMENT = sys.argv[3] if len(sys.argv) > 3 else "aligned"
+"""``aligned``: every array of the benchmark on a 2 MB boundary; ``plain``: as ``np.empty``."""
+if PLACEMENT not in ("aligned", "plain"):
+    sys.exit(f"placement must be aligned or plain, not {PLACEMENT!r}")
 BATCH = 5
 WARMUPS = 3
 """Untimed calls of a row right before each of its timed batches (see the module docstring)."""
+
+
+PLACED: list[np.ndarray] = []
+"""The arrays of the benchmark, for :func:`huge_share`."""
+
+
+def placed(values: np.ndarray) -> np.ndarray:
+    """A new array equal to ``values``, placed as :data:`PLACEMENT` says."""
+    if PLACEMENT == "plain":
+        array = np.empty_like(values)
+    else:
+        array = lasting_array(values.shape, values.dtype)
+    array[...] = values
+    PLACED.append(array)
+    return array
+
+
+def placement_note(arrays: list[np.ndarray]) -> str:
+    """Collective: the placement of ``arrays`` and their smallest huge-page share over ranks."""
+    share = huge_share(arrays)
+    least = COMM.allreduce(-1.0 if share is None else share, op=MPI.MIN)
+    return f"{PLACEMENT} arrays, " + (
+        "huge pages unknown" if least < 0 else f"at least {least:.0%} in huge pages"
+    )
 
 
 def bench(methods: dict[str, Callable[[], object]]) -> dict[str, np.ndarray]:
@@ -102,7 +148,9 @@ def start_and_wait(request: MPI.Prequest) -> None:
     request.Wait()
 
 
-def report(title: str, times: dict[str, np.ndarray], same_memory: dict[str, str] | None = None) -> None:
+def report(
+    title: str, times: dict[str, np.ndarray], same_memory: dict[str, str] | None = None, note: str = ""
+) -> None:
     """The rows' medians and best samples; for linop's rows, the median of the per-sample
     ratios to the native row of the smallest median, and to the native row on the same memory
     (``same_memory``: linop's row to the native one) where given."""
@@ -110,7 +158,7 @@ def report(title: str, times: dict[str, np.ndarray], same_memory: dict[str, str]
         return
     native = [name for name in times if not name.startswith("linop")]
     fastest = min(native, key=lambda name: float(np.median(times[name])))
-    print(f"  {title}:")
+    print(f"  {title}:" + (f" ({note})" if note else ""))
     for name, values in times.items():
         note = ""
         if name.startswith("linop"):
@@ -133,8 +181,8 @@ def main() -> int:
     # broadcast and its adjoint, sum-reduce
     source = DistributedTensor("s", (COUNT,), Partition((1,)))
     broadcast = Broadcast(source, Partition((SIZE,)), "c")
-    root_state = {"s[0]": rng.standard_normal(COUNT)} if RANK == 0 else {}
-    buffer = root_state["s[0]"].copy() if RANK == 0 else np.empty(COUNT)
+    root_state = {"s[0]": placed(rng.standard_normal(COUNT))} if RANK == 0 else {}
+    buffer = placed(root_state["s[0]"] if RANK == 0 else np.zeros(COUNT))
     COMM.Bcast(buffer, root=0)
     result = mpi_backend.apply(broadcast, root_state, comm=COMM)
     ok &= np.array_equal(result[f"c[{RANK}]"], buffer)
@@ -152,6 +200,7 @@ def main() -> int:
     ok &= RANK == 0 or f"c[{RANK}]" in into_buffer.straight  # written by the Bcast, no copy after it
     persistent_broadcast = COMM.Bcast_init([buffer, buffer.nbytes, MPI.BYTE], root=0)
     persistent_typed = COMM.Bcast_init(buffer, root=0)
+    note = placement_note([*PLACED, same_memory])
     report(
         "broadcast",
         bench(
@@ -175,14 +224,16 @@ def main() -> int:
             "linop bound (prebuilt)": "Bcast as bytes, linop's arrays",
             "linop bound into the benchmark's buffer": "Bcast_init (persistent)",
         },
+        note,
     )
     reduce = broadcast.H
-    copies = {f"c[{RANK}]": rng.standard_normal(COUNT)}
-    total = np.empty(COUNT)
+    mark = len(PLACED)
+    copies = {f"c[{RANK}]": placed(rng.standard_normal(COUNT))}
+    total = placed(np.zeros(COUNT))
     # the in-place calls' buffers, of zeros: a sum in place of values grows P-fold per call and
     # would pass the largest float64 within a few hundred calls (zeros add as fast as any)
-    overwritten = np.zeros(COUNT)
-    overwritten_too = np.zeros(COUNT)
+    overwritten = placed(np.zeros(COUNT))
+    overwritten_too = placed(np.zeros(COUNT))
     persistent_sum = COMM.Allreduce_init(MPI.IN_PLACE, overwritten_too)
     COMM.Allreduce(copies[f"c[{RANK}]"], total)
     result = mpi_backend.apply(reduce, copies, comm=COMM)
@@ -199,10 +250,12 @@ def main() -> int:
         copies, out={"s[0]": total} if RANK == 0 else None
     )
     if RANK == 0:
-        ok &= reduce_into()["s[0]"] is total and "s[0]" in reduce_into.straight
+        # written by the sum itself (on one rank the sum is a copy, made into ``total`` after it)
+        ok &= reduce_into()["s[0]"] is total and (SIZE == 1 or "s[0]" in reduce_into.straight)
         ok &= np.allclose(total, result["s[0]"], rtol=1e-13, atol=1e-13)
     else:
         reduce_into()
+    note = placement_note(PLACED[mark:])
     report(
         "sum-reduce",
         bench(
@@ -222,22 +275,25 @@ def main() -> int:
             }
         ),
         {"linop bound into the benchmark's buffer": "Allreduce, preallocated"},
+        note,
     )
 
     # all-reduce in place
+    mark = len(PLACED)
     layout = BlockGrid.uniform("a", Partition((SIZE,)), (COUNT,))
     all_reduce = AllReduce(layout, (0,))
     start = rng.standard_normal(COUNT)
-    mine = {f"a[{RANK}]": start.copy()}
-    bound_state = {f"a[{RANK}]": start.copy()}
-    native = start.copy()
-    persistent_buffer = start.copy()
+    mine = {f"a[{RANK}]": placed(start)}
+    bound_state = {f"a[{RANK}]": placed(start)}
+    native = placed(start)
+    persistent_buffer = placed(start)
     mpi_backend.apply(all_reduce, mine, comm=COMM, inplace=True)
     COMM.Allreduce(MPI.IN_PLACE, native)
     ok &= np.allclose(mine[f"a[{RANK}]"], native, rtol=1e-13, atol=1e-13)
     bound = mpi_backend.plan_for(all_reduce, comm=COMM).bind(bound_state)
     persistent = COMM.Allreduce_init(MPI.IN_PLACE, persistent_buffer)
 
+    note = placement_note(PLACED[mark:])
     report(
         "all-reduce (in place)",
         bench(
@@ -248,6 +304,8 @@ def main() -> int:
                 "Allreduce_init (persistent)": lambda: start_and_wait(persistent),
             }
         ),
+        None,
+        note,
     )
     # reduce-scatter of uneven shares: every rank's gathered block of COUNT + 1 entries
     tensor = DistributedTensor("r", (COUNT + 1,), Partition((SIZE,)))
