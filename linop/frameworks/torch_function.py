@@ -1045,6 +1045,19 @@ class TorchOperator:
             raise StateError(f"run_in_place runs {self.op} on a process group only")
         runner.run_in_place(buffers)
 
+    def agree_changed(self, changed: bool, *, adjoint: bool = False) -> bool:
+        """On a process group, whether any rank says ``changed`` (one all-reduce, ``MAX``, on
+        the tree's group: collective). For a caller that keeps blocks per dtype for a tree run
+        in place (:meth:`run_in_place`) which leaves some rank without blocks: that rank cannot
+        see its peers' calls change dtype, so every rank says whether its own did, on every
+        call, and all bind again together. ``changed`` itself elsewhere (nothing sent)."""
+        runner = self._runner.adjoint if adjoint else self._runner
+        plan = runner.torch_plan
+        if plan is None or plan.context.size == 1:
+            return changed
+        doing = f"agreeing whether the blocks of {self.op} change dtype (a rank has none of them)"
+        return bool(_group_max(plan, int(changed), doing))
+
     def adjoint_tensors(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """``op.H`` of tensors given in the order of the adjoint's inputs (:meth:`names` with
         ``adjoint=True``), on this function's own adjoint runner (its bound plans), recorded by

@@ -236,6 +236,14 @@ class WindowWorkspace:
         self._trims = {window: (local, box) for local, box, window, _ in trim.links() if local in held}
         self._forward: tuple[torch.dtype, dict[str, torch.Tensor]] | None = None
         self._backward: tuple[torch.dtype, dict[str, torch.Tensor]] | None = None
+        # whether some rank of the group holds none of the blocks (a worker map leaving it
+        # none): it cannot see a dtype change, so every call agrees on one (the same on every
+        # rank: from the tree's workers and the map)
+        from ..backends import torch_distributed
+
+        size = torch_distributed.plan_context(group).size
+        ranks = {worker if mapping is None else mapping.rank_of(worker) for worker in exchange.domain.workers}
+        self.blind = len(ranks) < size
 
     @staticmethod
     def of(
@@ -262,9 +270,15 @@ class WindowWorkspace:
         return WindowWorkspace(trim, exchange, pad, inputs, group=group, mapping=mapping, fill=fill)
 
     def _blocks(self, dtype: torch.dtype, adjoint: bool) -> dict[str, torch.Tensor]:
+        """The local blocks of this call, kept for ``dtype``, else allocated (so bound again,
+        collectively); where a rank holds none, on every rank as they agree (collective)."""
         kept = self._backward if adjoint else self._forward
-        if kept is not None and kept[0] == dtype:
-            return kept[1]
+        if kept is not None:  # (the first call binds on every rank)
+            changed = kept[0] != dtype
+            if self.blind:
+                changed = self.exchange.agree_changed(changed, adjoint=adjoint)
+            if not changed:
+                return kept[1]
         value = 0.0 if adjoint else self.fill
         blocks = {name: torch.full(self._shapes[name], value, dtype=dtype) for name in self.locals}
         if adjoint:

@@ -26,14 +26,15 @@ from linop.frameworks.torch_resample import Interpolate, Upsample
 TIMEOUT = datetime.timedelta(seconds=120)
 
 
-def _run(module, x, y, data, dy, rank, dtype=torch.float64):
-    """This rank's blocks through the module and back twice (the second call on the bound
-    plans); the gathered-by-reference comparison data: (my y blocks, my x gradients)."""
+def _run(module, x, y, data, dy, rank, dtype=torch.float64, mapping=None):
+    """This rank's blocks (``mapping``: worker -> rank, else worker w on rank w) through the
+    module and back twice (the second call on the bound plans); the gathered-by-reference
+    comparison data: (my y blocks, my x gradients)."""
     for _ in range(2):
         mine = {
             b.name: torch.from_numpy(x.scatter(data)[b.name]).to(dtype).requires_grad_()
             for b in x.space
-            if b.worker == rank
+            if (b.worker if mapping is None else mapping[b.worker]) == rank
         }
         out = module(mine)
         cotangent = y.scatter(dy)
@@ -78,15 +79,15 @@ def checks(rank: int, size: int) -> list[tuple[str, str | None]]:
         tolerance = tight if dtype == torch.float64 else dict(rtol=1.3e-6, atol=1e-5)
         return _differs(y, grads, x, module.y, *expected, **tolerance)
 
-    def pool(shape, grid, sizes, kwargs, dtypes=(torch.float64,)):
+    def pool(shape, grid, sizes, kwargs, dtypes=(torch.float64,), mapping=None):
         x = _layout(shape, grid, sizes)
-        module = MaxPool(x, **kwargs, group=True)
+        module = MaxPool(x, **kwargs, group=True, mapping=mapping)
         reference = {1: torch.nn.MaxPool1d, 2: torch.nn.MaxPool2d}[len(shape) - 2](**kwargs)
         # the same module on new data each time (a new dtype: new local blocks, bound again):
         # what a call keeps for the next (its local blocks, the padding's -inf) must not leak
         for dtype in dtypes:
             data, dy = rng.standard_normal(shape), rng.standard_normal(module.y.global_shape)
-            y, grads = _run(module, x, module.y, data, dy, rank, dtype)
+            y, grads = _run(module, x, module.y, data, dy, rank, dtype, mapping)
             tolerance = tight if dtype == torch.float64 else dict(rtol=1e-6, atol=1e-6)
             problem = _differs(y, grads, x, module.y, *_reference(reference, data, dy, dtype), **tolerance)
             if problem:
@@ -141,6 +142,16 @@ def checks(rank: int, size: int) -> list[tuple[str, str | None]]:
         ),
         "max pool 2, workers without output": lambda: pool(
             (1, 1, 3), (1, 1, size), None, dict(kernel_size=2)
+        ),
+        # both workers on rank 0: the others hold no block and cannot see the dtype change,
+        # so every call agrees on it (before, rank 0 bound again alone and the group failed)
+        "max pool 3/2/1, dtypes change, ranks without blocks": lambda: pool(
+            (1, 2, 8, 4),
+            (1, 1, 2, 1),
+            None,
+            dict(kernel_size=3, stride=2, padding=1),
+            (torch.float64, torch.float64, torch.float32, torch.float32, torch.float64),
+            [0, 0],
         ),
         "max pool refuses a wrong block on every rank": pool_refusal,
         "repartition": repartition,
