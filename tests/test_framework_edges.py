@@ -2,7 +2,7 @@
 and JAX, each with the typed error it must raise (and, across processes, on which rank).
 
 torch.distributed: one launch of 2 gloo processes (``tests/edges/ranks.py``, rendezvous on
-127.0.0.1 at a free port, ``init_process_group(timeout=60 s)``, the launch bounded by
+127.0.0.1 at a store this process hosts, ``init_process_group(timeout=60 s)``, the launch bounded by
 :data:`LAUNCH_TIMEOUT`) makes every mistake of :data:`TORCH_EDGES` in order through the
 differentiable wrappers (torch ``function``, ``OperatorModule``, ``LayerModule``, the DTensor
 bridge) and the executor: the executor's own errors come first (a group smaller than the tree,
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -105,11 +104,15 @@ TORCH_EDGES: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
 def torch_edges(tmp_path_factory) -> dict[int, dict[str, str]]:
     """What each rank raised, by case: one launch of 2 gloo processes."""
     pytest.importorskip("torch", reason="torch is not installed (the torch extra)")
+    from torch.distributed import TCPStore
+
     out = tmp_path_factory.mktemp("edges")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+    # the store hosted here, on a port bound before it is named (tests/torchdist/rendezvous.py:
+    # a port picked free and bound later by rank 0 races with every process binding one)
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    port = int(store.port)
     env = dict(os.environ)
+    env["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # every rank a client of it, rank 0 included
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     env.setdefault("OMP_NUM_THREADS", "1")
     ranks = [

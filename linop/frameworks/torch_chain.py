@@ -34,12 +34,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..backends.torch_distributed.device import torch_dtype
 from ..errors import LayerError
 from ..layers.chain import WindowChain
 from ..partition import grid_block_name
-from .torch_function import BoundCall, TorchOperator, fitted_gradient
+from .torch_function import BoundCall, TorchOperator, _comm_max, fitted_gradient
 from .torch_strips import PaddingStrips, padding_strips
-from .torch_windows import WindowModule
+from .torch_windows import WindowModule, halo_factors
 
 __all__ = ["ChainModule"]
 
@@ -283,11 +284,10 @@ class _ChainWindows(torch.autograd.Function):
         if kept is not None and not torch.is_grad_enabled() and kept.takes(grads):
             back = kept.run(grads)
         else:
-            inputs, _ = function.names(adjoint=True)
+            inputs, outputs = function.names(adjoint=True)
             order = dict(zip(function.outputs, grads))
             seeds = [order[name] for name in inputs]
             if torch.is_grad_enabled():  # create_graph: the adjoint recorded
-                _, outputs = function.names(adjoint=True)
                 found = dict(zip(outputs, function.adjoint_tensors(*seeds)))
                 module.__dict__["_token"] = function.token
                 back = [found[name] for name in function.inputs]
@@ -398,18 +398,19 @@ class _KeptWindows:
         decides (every rank alike, after the same call): then kept; declined for these dtypes,
         not tried again."""
         function = module.function
+        # keyed on the tree's binding, not its dtypes: a rank without inputs binds again with
+        # its peers (the dtype agreement) though its own dtypes, none, stay
+        binding = (function._runner.adjoint if adjoint else function._runner)._bound
+        kept = module._kept[adjoint]
+        if kept is not None and kept.tree.bound is binding and kept.call.current:
+            return kept
+        if binding is None or module._declined[adjoint] is binding:
+            return None
         tree = function.bound_call(adjoint=adjoint)
         if tree is None:
             return None
-        kept = module._kept[adjoint]
-        # keyed on the tree's binding, not its dtypes: a rank without inputs binds again with
-        # its peers (the dtype agreement) though its own dtypes, none, stay
-        if kept is not None and kept.tree.bound is tree.bound and kept.call.current:
-            return kept
-        if module._declined[adjoint] is tree.bound:
-            return None
-        module._declined[adjoint] = tree.bound
-        factors = _shims(function.op)
+        module._declined[adjoint] = binding
+        factors = halo_factors(function.op)
         if factors is None:  # the same tree on every rank
             return None
         trim, exchange, pad = factors
@@ -418,15 +419,15 @@ class _KeptWindows:
         runner = module._exchange
         run_dtype = function.bound_dtype(adjoint=adjoint)
         assert run_dtype is not None  # the tree is bound
-        dtype = torch.from_numpy(np.zeros(0, dtype=run_dtype)).dtype
+        dtype = torch_dtype(run_dtype)
         locals_, results = runner.names(adjoint=adjoint)
         runner.bound_tensors([dtype] * len(locals_), adjoint=adjoint)  # collective where it binds
         call = runner.bound_call(adjoint=adjoint)  # None on every rank, or on none
         if call is None:
             return None
         built = _KeptWindows._build(function, call, locals_, results, trim, pad, adjoint)
-        if not module.comm.allreduce(built is not None, op=_mpi().LAND):
-            return None
+        if _comm_max(runner._runner.plan, int(built is None), f"keeping the halo exchange of {function.op}"):
+            return None  # declined on some rank: on every rank
         assert built is not None
         into, out, zeroed = built
         dtypes, shapes = tree.dtypes, tuple(b.shape for b in tree.inputs)
@@ -487,23 +488,4 @@ def _spans(box: Any, shape: tuple[int, ...]) -> bool:
     )
 
 
-def _mpi() -> Any:
-    from mpi4py import MPI
-
-    return MPI
-
-
 _HOST = torch.device("cpu")
-
-
-def _shims(tree: Any) -> tuple[Any, Any, Any] | None:
-    """The factors ``(T, H, E)`` of a halo window tree, or None for any other tree."""
-    from ..halo import HaloExchange, PadShim, TrimShim
-    from ..operator import Composition
-
-    if not isinstance(tree, Composition) or len(tree.factors) != 3:
-        return None
-    trim, exchange, pad = tree.factors
-    if type(trim) is TrimShim and type(exchange) is HaloExchange and type(pad) is PadShim:
-        return trim, exchange, pad
-    return None

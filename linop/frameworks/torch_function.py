@@ -117,6 +117,13 @@ def fitted_gradient(gradient: torch.Tensor, dtype: torch.dtype, device: torch.de
     return gradient
 
 
+def owned_gradient(view: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """:func:`fitted_gradient` of ``view``, a binding's result buffer that the next call
+    overwrites, in memory of its own: copied only where fitting it made no new tensor."""
+    gradient = fitted_gradient(view, dtype, device)
+    return gradient.clone() if gradient.data_ptr() == view.data_ptr() else gradient
+
+
 def engine_arguments(comm: Any, group: Any) -> None:
     """Reject ``comm=`` (MPI) and ``group=`` (torch.distributed) given together.
 
@@ -1053,7 +1060,7 @@ class TorchOperator:
         call, and all bind again together. ``changed`` itself elsewhere (nothing sent)."""
         runner = self._runner.adjoint if adjoint else self._runner
         plan = runner.torch_plan
-        if plan is None or plan.context.size == 1:
+        if plan is None:
             return changed
         doing = f"agreeing whether the blocks of {self.op} change dtype (a rank has none of them)"
         return bool(_group_max(plan, int(changed), doing))

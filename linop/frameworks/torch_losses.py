@@ -30,6 +30,7 @@ from .torch_function import (
     collective_anchor,
     engine_arguments,
     fitted_gradient,
+    owned_gradient,
     tensors_fit,
 )
 from .torch_placement import Placement, workers_of
@@ -277,11 +278,7 @@ class _ReduceFunction(torch.autograd.Function):
                 if root:  # s times the loss's gradient, straight into the broadcast's buffer
                     torch.mul(grad, module._scale, out=kept.inputs[0])
                 kept.call()
-                fitted = []
-                for view, fit in zip(kept.outputs, ctx.fit):
-                    gradient = fitted_gradient(view, *fit)  # its memory its own, not the buffer's:
-                    fitted.append(gradient.clone() if gradient.data_ptr() == view.data_ptr() else gradient)
-                return (None, None, *fitted)
+                return (None, None, *[owned_gradient(view, *fit) for view, fit in zip(kept.outputs, ctx.fit)])
         return (None, None, *_broadcast(module, ctx, grad))
 
 

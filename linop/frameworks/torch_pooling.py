@@ -237,8 +237,8 @@ class MaxPool(WindowModule):
         function refuses a call (on a gloo group through the workspace's exchange, whose
         binding its peers are in; stand-ins of ``dtype`` that allocate nothing take the refused
         blocks' place, :meth:`WindowWorkspace.refuse
-        <linop.frameworks.torch_windows.WindowWorkspace.refuse>`: the call's floating dtype
-        where there is one, else float64, a dtype the peers' check takes, so that it names
+        <linop.frameworks.torch_windows.WindowWorkspace.refuse>`: the forward's promoted dtype
+        for a shape refusal, float64 otherwise, a dtype the peers' check takes, so that it names
         this rank's ``error`` and not the stand-ins).
 
         On a process group a refusal after binding is this rank's alone (reported to the

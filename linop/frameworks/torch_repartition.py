@@ -18,7 +18,7 @@ import torch
 
 from ..partition import DistributedTensor
 from ..repartition import Repartition as RepartitionOperator
-from .torch_function import BoundCall, fitted_gradient, tensors_fit
+from .torch_function import BoundCall, fitted_gradient, owned_gradient, tensors_fit
 from .torch_windows import BlockModule
 
 __all__ = ["Repartition"]
@@ -99,11 +99,7 @@ class _RepartitionFunction(torch.autograd.Function):
                 back = kept.outputs
                 if kept.back is not None:
                     back = tuple([back[i] for i in kept.back])
-                fitted = []
-                for view, fit in zip(back, ctx.fit):
-                    gradient = fitted_gradient(view, *fit)  # its memory its own, not the buffer's:
-                    fitted.append(gradient.clone() if gradient.data_ptr() == view.data_ptr() else gradient)
-                return (None, None, *fitted)
+                return (None, None, *[owned_gradient(view, *fit) for view, fit in zip(back, ctx.fit)])
         function = module.function
         inputs, outputs = function.names(adjoint=True)
         given = dict(zip(module.output_names, grads))
@@ -181,7 +177,7 @@ def _moved(
     (:class:`_Kept`) where it takes the tensors, else
     (:meth:`~linop.frameworks.torch_function.TorchOperator.bound_views`: the bound call without
     the untracked call's bookkeeping) where the binding allows, then kept; else untracked."""
-    kept = module._kept[adjoint]
+    kept = None if adjoint else module._kept[0]  # the backward tries its kept call itself
     if kept is not None and kept.takes(tensors):
         kept.fill(tensors)
         return tuple([view.clone() for view in kept.outputs])
@@ -193,6 +189,7 @@ def _moved(
         inputs, outputs = function.names(adjoint=adjoint)
         moved = function.untracked(dict(zip(inputs, tensors)), adjoint=adjoint)
         result = tuple([moved[name] for name in outputs])
-    if module.comm is not None:
+    held = module._kept[adjoint]
+    if module.comm is not None and (held is None or not held.call.current):  # (else still kept)
         module._kept[adjoint] = _Kept.of(module, adjoint)
     return result

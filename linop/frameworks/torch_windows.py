@@ -253,14 +253,10 @@ class WindowWorkspace:
         process group (alike on every rank: the tree and the group's backend), else None."""
         import torch.distributed as dist
 
-        from ..halo import HaloExchange, PadShim, TrimShim
-        from ..operator import Composition
-
-        if group is None or group is False or not isinstance(tree, Composition) or len(tree.factors) != 3:
+        factors = halo_factors(tree)
+        if group is None or group is False or factors is None:
             return None
-        trim, exchange, pad = tree.factors
-        if not (type(trim) is TrimShim and type(exchange) is HaloExchange and type(pad) is PadShim):
-            return None
+        trim, exchange, pad = factors
         try:
             backend = dist.get_backend(None if group is True else group)
         except (ValueError, RuntimeError):  # not a member: the windows' function says so at its call
@@ -336,3 +332,17 @@ class WindowWorkspace:
         blocks = self._backward[1]
         self.exchange.run_in_place(blocks, adjoint=True)
         return tuple(blocks[local][box].clone() for local, box, _ in self._pads)
+
+
+def halo_factors(tree: LinearOperator) -> tuple[Any, LinearOperator, Any] | None:
+    """The factors ``(T, H, E)`` of a halo window tree (:func:`linop.halo.halo_windows`: the
+    trim shim, the exchange, the pad shim), or None for any other tree."""
+    from ..halo import HaloExchange, PadShim, TrimShim
+    from ..operator import Composition
+
+    if not isinstance(tree, Composition) or len(tree.factors) != 3:
+        return None
+    trim, exchange, pad = tree.factors
+    if type(trim) is TrimShim and type(exchange) is HaloExchange and type(pad) is PadShim:
+        return trim, exchange, pad
+    return None

@@ -115,7 +115,7 @@ def local_moments(x: Any) -> tuple[Any, Any]:
         return mean, (centred * centred).mean(axis=axes)
     mean = x.mean(axes)
     centred = x - _spread(mean, x.ndim)
-    squares = centred.square_() if _own(centred) else centred * centred
+    squares = centred.square_()  # a tensor of its own, of x's dtype
     return mean, squares.mean(axes)
 
 
@@ -646,8 +646,12 @@ class BatchNorm:
         """``(mean, var)`` running statistics after a batch of biased statistics ``batch``:
         torch's update, with the unbiased variance var * m / (m - 1)."""
         mean, var = batch
-        unbiased = var * (self.count / (self.count - 1))
+        unbiased = self._unbiased(var)
         return (1 - factor) * running[0] + factor * mean, (1 - factor) * running[1] + factor * unbiased
+
+    def _unbiased(self, var: Any) -> Any:
+        """The unbiased variance of biased batch statistics ``var``: var * m / (m - 1)."""
+        return var * (self.count / (self.count - 1))
 
     def update_running_in_place(
         self, running: tuple[Any, Any], batch: tuple[Any, Any], factor: float
@@ -655,7 +659,7 @@ class BatchNorm:
         """:meth:`updated_running` written into the ``running`` (mean, var) tensors, the same
         operations in the same order (for tensors of one dtype, untracked by autograd)."""
         mean, var = batch
-        unbiased = var * (self.count / (self.count - 1))
+        unbiased = self._unbiased(var)
         for value, new in zip(running, (mean, unbiased)):
             value.mul_(1 - factor).add_(factor * new)
 

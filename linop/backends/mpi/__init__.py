@@ -223,10 +223,7 @@ def apply(
                 return kept.apply_checked(local_state, inplace=inplace, dtype=dtype, timeout=timeout)
         else:
             if kept is not None:  # its communicator is freed: let the plan go (raised below)
-                _LAST_PLAN = None if _LAST_PLAN is not None and _LAST_PLAN[2] is kept else _LAST_PLAN
-                _PREVIOUS_PLAN = (
-                    None if _PREVIOUS_PLAN is not None and _PREVIOUS_PLAN[2] is kept else _PREVIOUS_PLAN
-                )
+                _LAST_PLAN = None  # kept is its plan (a previous one was swapped in above)
                 kept.drop_fast()
             if timeout is not None:  # the communicator's first plan duplicates it within this deadline
                 context_for(comm, timeout)

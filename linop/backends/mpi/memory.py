@@ -99,12 +99,9 @@ def lasting_array(shape: tuple[int, ...], dtype: npt.DTypeLike) -> np.ndarray:
     alignment costs nothing (the array is a view into an allocation one huge page longer, and
     the slack is never touched: no memory behind it). The root of a broadcast sends the
     caller's array as it is, and a sum-reduce the caller's copies: their backing is the
-    caller's. It matters as much there (idle machine, 2 ranks, 8 MB, interleaved): the bound
-    sum-reduce from copies wholly in huge pages took 0.59-0.71 ms, from copies with
-    ``np.empty``'s 3 huge pages in 4 0.89-1.03 ms, from copies with none 1.11-1.34 ms; the
-    native in-place ``Allreduce`` 0.69-0.83 ms on a buffer wholly in huge pages and
-    1.32-1.64 ms on one with none (``benchmarks/bench_mpi_buffer_placement.py``, ops
-    ``sumreduce`` and ``allreduce``)."""
+    caller's, and it matters as much there (``benchmarks/bench_mpi_buffer_placement.py``, ops
+    ``sumreduce`` and ``allreduce``, prints each buffer's share of huge pages beside its
+    times)."""
     dtype = np.dtype(dtype)
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < HUGE_PAGE or dtype.hasobject or dtype.fields is not None:
