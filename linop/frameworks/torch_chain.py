@@ -38,7 +38,7 @@ from ..backends.torch_distributed.device import torch_dtype
 from ..errors import LayerError
 from ..layers.chain import WindowChain
 from ..partition import grid_block_name
-from .torch_function import BoundCall, TorchOperator, _comm_max, fitted_gradient
+from .torch_function import BoundCall, TorchOperator, fitted_gradient
 from .torch_strips import PaddingStrips, padding_strips
 from .torch_windows import WindowModule, halo_factors
 
@@ -400,7 +400,7 @@ class _KeptWindows:
         function = module.function
         # keyed on the tree's binding, not its dtypes: a rank without inputs binds again with
         # its peers (the dtype agreement) though its own dtypes, none, stay
-        binding = (function._runner.adjoint if adjoint else function._runner)._bound
+        binding = function.binding(adjoint=adjoint)
         kept = module._kept[adjoint]
         if kept is not None and kept.tree.bound is binding and kept.call.current:
             return kept
@@ -426,7 +426,7 @@ class _KeptWindows:
         if call is None:
             return None
         built = _KeptWindows._build(function, call, locals_, results, trim, pad, adjoint)
-        if _comm_max(runner._runner.plan, int(built is None), f"keeping the halo exchange of {function.op}"):
+        if runner.largest(int(built is None), f"keeping the halo exchange of {function.op}"):
             return None  # declined on some rank: on every rank
         assert built is not None
         into, out, zeroed = built

@@ -1052,6 +1052,19 @@ class TorchOperator:
             raise StateError(f"run_in_place runs {self.op} on a process group only")
         runner.run_in_place(buffers)
 
+    def binding(self, *, adjoint: bool = False) -> Any:
+        """The tree's (``adjoint=True``: its adjoint's) current binding, an opaque object that
+        a new binding replaces (None before the first, in one process, and once freed): a
+        caller keeps what it built on it while this stays the same object."""
+        return (self._runner.adjoint if adjoint else self._runner)._bound
+
+    def largest(self, value: int, doing: str) -> int:
+        """Under MPI, the largest ``value`` over the ranks of the tree's communicator, within
+        its plan's deadline (else the job is aborted, naming ``doing``: collective); ``value``
+        in one process or on a process group."""
+        plan = self._runner.plan
+        return value if plan is None else _comm_max(plan, value, doing)
+
     def agree_changed(self, changed: bool, *, adjoint: bool = False) -> bool:
         """On a process group, whether any rank says ``changed`` (one all-reduce, ``MAX``, on
         the tree's group: collective). For a caller that keeps blocks per dtype for a tree run
