@@ -92,7 +92,7 @@ from ..space import Block, Space
 from . import templates
 from .base import LayerError, LocalStep, local_stage, require_shape, require_tensor, share_slices
 
-__all__ = ["BatchNorm", "Saved"]
+__all__ = ["GATHER_LIMIT", "BatchNorm", "Saved", "statistics_path"]
 
 Run = Callable[[LinearOperator, Mapping[str, Any]], Mapping[str, Any]]
 """Runs a tree on the blocks this process holds and returns its result blocks (the numpy
@@ -179,12 +179,13 @@ all-reduce of :math:`(2|G| + 2) \times c` per worker, :attr:`BatchNorm.moments_r
 larger groups take the two-pass path (two all-reduces, :math:`3 \times c` and :math:`1 \times c`:
 :attr:`BatchNorm.totals_reduction`, :attr:`BatchNorm.statistics_reduction`), whose bytes do not
 grow with :math:`|G|`. Measured (a training step of ``BatchNormModule``, forward and backward,
-float32, on 4 MPI ranks of a shared 2-core machine, x (4, c, 64, 64) on a (1, 1, a, b) grid
-dealt blocked over the ranks; two-pass time over gather time, median of 7-9 interleaved
-samples): c = 16: 1.21x at :math:`|G| = 4`, 1.13x at 16, 1.14x at 32, 0.98-1.09x at 64,
-0.86x at 256; c = 128: 1.08x at 4, 1.06x at 16, 0.95x at 64. The gather path wins up to 16
-at both widths; its extra collective is what the two-pass path pays for bytes that stay
-:math:`O(c)` (see :func:`statistics_path`)."""
+float32, on 4 MPI ranks of a shared 2-core machine, x (4, c, 64, 64) on a (1, 1, a, b) grid of
+:math:`|G| = ab` workers dealt blocked over the ranks; two-pass time over gather time, median
+of 7-9 interleaved samples, two to three runs): c = 16: 1.06-1.23x at :math:`|G| = 4`,
+1.10-1.16x at 16, 1.14x at 32, 0.98-1.09x at 64, 0.86-0.90x at 256; c = 128: 1.08x at 4,
+1.06x at 16, 1.01x at 32, 0.95x at 64. The gather path wins up to 16 at both widths (its one
+collective against two); beyond, the two-pass path's bytes, :math:`4c` entries per worker
+whatever :math:`|G|`, win (see :func:`statistics_path`)."""
 
 STATISTICS_PATHS = ("gather", "two_pass")
 
