@@ -149,7 +149,12 @@ class BatchNormModule(torch.nn.Module):
     Attributes
     ----------
     input_names, output_names : tuple of str
-        The blocks of x this process passes in and of y it gets back.
+        The blocks of x this process passes in and of y it gets back (found from this
+        rank's workers, not by a pass over x's blocks).
+    statistics_trees : tuple of LinearOperator
+        The trees of a training forward's statistics, by the layer's
+        :attr:`~linop.layers.BatchNorm.statistics_path` (only these are compiled: one
+        all-reduce on the gather path, two on the two-pass path).
     parameter_names : tuple of str
         The parameter blocks (rows w, b; shape (2, c)) this process holds (owned blocks, or
         with ``replicate`` its copies), in :attr:`blocks` (an ``nn.ParameterList``).
@@ -196,8 +201,11 @@ class BatchNormModule(torch.nn.Module):
         self.comm, self.group = comm, group
         movement = layer.parameter_movement if layer.affine else None
         self.statistics_trees = layer.statistics_trees
-        trees = workers_of(*self.statistics_trees, layer.gradient_reduction, movement)
-        placement = Placement(mapping, comm, group, {*layer.x.space.workers, *trees})
+        workers: set[int] = set()
+        if mapping is not None:  # the workers the map must place (without a map: none listed)
+            trees = workers_of(*self.statistics_trees, layer.gradient_reduction, movement)
+            workers = {*layer.x.space.workers, *trees}
+        placement = Placement(mapping, comm, group, workers)
 
         def function(op: Any) -> TorchOperator:
             return TorchOperator(op, comm=comm, group=group, mapping=placement.map)
