@@ -547,7 +547,7 @@ class BatchNorm:
         for tensor in (self.x.name, self.y.name):
             if not (block.startswith(tensor + "[") and block.endswith("]")):
                 continue
-            digits = block[len(tensor) + 1 : -1].split(",") if shape else []
+            digits = block[len(tensor) + 1 : -1].split(",")  # x has 2 or more dimensions
             if len(digits) != len(shape) or not all(d.isascii() and d.isdigit() for d in digits):
                 continue
             index = tuple(int(d) for d in digits)
