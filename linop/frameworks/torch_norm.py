@@ -4,10 +4,13 @@ The module runs the layer's algorithm on this process's blocks (its local kernel
 tensors) and its trees through :class:`~linop.frameworks.torch_function.TorchOperator`: in
 one process on the numpy interpreter, across MPI ranks (``comm=``) or a torch.distributed
 process group (``group=``) on bound plans compiled once. A training step makes two
-collectives, as a hand-written layer does. The forward is one all-reduce A over each channel's
-workers of the moments blocks (:attr:`linop.layers.BatchNorm.moments_reduction`): every
-worker's local mean and variance in its slot, combined without cancellation (Chan et al.),
-and the owners' θ, so that A also does the parameters' broadcast M:
+collectives (three on the two-pass path), as a hand-written layer does. On the gather path
+(:attr:`linop.layers.BatchNorm.statistics_path`, the default for channel groups of up to
+:data:`~linop.layers.batchnorm.GATHER_LIMIT` workers) the forward is one all-reduce A over
+each channel's workers of the moments blocks
+(:attr:`linop.layers.BatchNorm.moments_reduction`): every worker's local mean and variance in
+its slot, combined without cancellation (Chan et al.), and the owners' θ, so that A also does
+the parameters' broadcast M:
 
 .. math::
 
@@ -15,6 +18,12 @@ and the owners' θ, so that A also does the parameters' broadcast M:
     \mu = \tfrac1m \textstyle\sum_j m_j \mu_j, \quad
     \sigma^2 = \tfrac1m \sum_j m_j (v_j + (\mu_j - \mu)^2), \quad
     y = \tilde w\, (x - \mu)(\sigma^2 + \epsilon)^{-1/2} + \tilde b.
+
+Its bytes grow with the group, :math:`(2|G| + 2) \times c` per worker; on the two-pass path
+(larger groups) the forward is two all-reduces of O(c) whatever :math:`|G|`: the per-channel sums with θ
+riding along (:attr:`~linop.layers.BatchNorm.totals_reduction`, 3 x c), giving μ and
+:math:`\tilde\theta`, then the centred sums of squares :math:`\sum (x - \mu)^2`
+(:attr:`~linop.layers.BatchNorm.statistics_reduction`, 1 x c), giving :math:`\sigma^2`.
 
 The backward is one all-reduce, :math:`g = A \tilde g = M M^* \tilde g` of the per-worker
 :math:`\tilde g = (\sum \bar y \hat x, \sum \bar y)`: the input gradient reads g, and each
@@ -37,12 +46,23 @@ import torch
 from ..errors import LayerError, StateError
 from ..layers.base import share_slices
 from ..layers.batchnorm import BatchNorm
+from ..partition import Partition
 from .torch_function import TorchOperator, anchor, engine_arguments
 from .torch_placement import Placement, workers_of
 
 __all__ = ["BatchNormModule"]
 
 Tensor = torch.Tensor
+
+
+def _held_indices(partition: Partition, placement: Placement) -> list[tuple[int, ...]]:
+    """The grid indices, in C order, of the workers of ``partition`` this process holds: every
+    one in one process; else those of its rank's workers (the map's, or the worker numbered as
+    the rank), found from the workers, not by a pass over the P blocks."""
+    if placement.rank is None:
+        return list(partition.indices())
+    workers = (placement.rank,) if placement.map is None else placement.map.workers_on(placement.rank)
+    return sorted(partition.index(w) for w in workers if partition.position(w) is not None)
 
 
 class _BatchNormFunction(torch.autograd.Function):
@@ -129,7 +149,12 @@ class BatchNormModule(torch.nn.Module):
     Attributes
     ----------
     input_names, output_names : tuple of str
-        The blocks of x this process passes in and of y it gets back.
+        The blocks of x this process passes in and of y it gets back (found from this
+        rank's workers, not by a pass over x's blocks).
+    statistics_trees : tuple of LinearOperator
+        The trees of a training forward's statistics, by the layer's
+        :attr:`~linop.layers.BatchNorm.statistics_path` (only these are compiled: one
+        all-reduce on the gather path, two on the two-pass path).
     parameter_names : tuple of str
         The parameter blocks (rows w, b; shape (2, c)) this process holds (owned blocks, or
         with ``replicate`` its copies), in :attr:`blocks` (an ``nn.ParameterList``).
@@ -175,24 +200,26 @@ class BatchNormModule(torch.nn.Module):
         self.layer = layer
         self.comm, self.group = comm, group
         movement = layer.parameter_movement if layer.affine else None
-        trees = workers_of(layer.moments_reduction, layer.gradient_reduction, movement)
-        placement = Placement(mapping, comm, group, {*layer.x.space.workers, *trees})
+        self.statistics_trees = layer.statistics_trees
+        workers: set[int] = set()
+        if mapping is not None:  # the workers the map must place (without a map: none listed)
+            trees = workers_of(*self.statistics_trees, layer.gradient_reduction, movement)
+            workers = {*layer.x.space.workers, *trees}
+        placement = Placement(mapping, comm, group, workers)
 
         def function(op: Any) -> TorchOperator:
             return TorchOperator(op, comm=comm, group=group, mapping=placement.map)
 
         self._functions: dict[int, TorchOperator] = {}
         self.replicate = bool(replicate) and layer.affine
-        self.moments_reduction = layer.moments_reduction
         self.gradient_reduction = layer.gradient_reduction
         owners = layer.affine and not self.replicate
         self.movement = layer.parameter_movement if owners else None
         self.gradient_sum = layer.parameter_gradient_reduction if owners else None
-        for tree in (self.moments_reduction, self.gradient_reduction, self.movement, self.gradient_sum):
+        for tree in (*self.statistics_trees, self.gradient_reduction, self.movement, self.gradient_sum):
             if tree is not None:
                 self._functions[id(tree)] = function(tree)
-        mine = [b for b in layer.x.blocks if placement.holds(b.worker)]
-        self.input_names = tuple(b.name for b in mine)
+        self.input_names = tuple(layer.x.block_name(j) for j in _held_indices(layer.x.partition, placement))
         self.output_names = tuple(layer.y.block_name(layer.index(n)) for n in self.input_names)
         self.channels = tuple(sorted({layer.channel(n) for n in self.input_names}))
         slices = share_slices(layer.channel_sizes)
@@ -212,7 +239,7 @@ class BatchNormModule(torch.nn.Module):
             held = layer.copies if self.replicate else layer.parameters
             if self.replicate:
                 state = layer.parameter_movement(state)
-            self.parameter_names = tuple(b.name for b in held.blocks if placement.holds(b.worker))
+            self.parameter_names = tuple(held.block_name(j) for j in _held_indices(held.partition, placement))
             self.owner_copies = (
                 () if self.replicate else tuple(layer.owner_copy(n) for n in self.parameter_names)
             )

@@ -26,7 +26,12 @@ parallel variance does:
 over the worker's own block, and the between-block part squares differences of means, so the
 variance keeps the accuracy of the two-pass formula (a relative error of order
 :math:`\varepsilon\,|\mu| / \sigma`, not :math:`\varepsilon\,\mu^2 / \sigma^2`), in the input's own
-dtype, with one collective instead of two. The parameters :math:`\theta = (w; b)` (2 x C) live
+dtype, with one collective instead of two. Its bytes grow with the group,
+:math:`(2|G| + 2) \times c` per worker, so beyond :data:`GATHER_LIMIT` workers per group (or
+with ``statistics="two_pass"``) the layer takes two all-reduces of O(c) instead, as accurate:
+:math:`\mu = A(\sum_{\text{local}} x) / m` (:attr:`BatchNorm.totals_reduction`, θ riding along),
+then :math:`\sigma^2 = A(\sum_{\text{local}} (x - \mu)^2) / m` (:attr:`BatchNorm.statistics_reduction`):
+squares centred on the global mean (:attr:`BatchNorm.statistics_path`). The parameters :math:`\theta = (w; b)` (2 x C) live
 on the owners, the workers :math:`P_x[0, c, 0, \dots]`, and reach the other workers by the
 broadcast :math:`M = B_{P_\theta \to P_x}` (:attr:`BatchNorm.parameter_movement`). In a
 training forward the broadcast rides in the same all-reduce: the owner writes θ into the
@@ -80,14 +85,14 @@ from typing import Any
 import numpy as np
 
 from ..collectives import AllReduce, Broadcast
-from ..layout import BlockGrid
+from ..layout import BlockGrid, ProductShapes
 from ..operator import LinearOperator
 from ..partition import DistributedTensor, Partition, grid_block_name
 from ..space import Block, Space
 from . import templates
 from .base import LayerError, LocalStep, local_stage, require_shape, require_tensor, share_slices
 
-__all__ = ["BatchNorm", "Saved"]
+__all__ = ["GATHER_LIMIT", "BatchNorm", "Saved", "statistics_path"]
 
 Run = Callable[[LinearOperator, Mapping[str, Any]], Mapping[str, Any]]
 """Runs a tree on the blocks this process holds and returns its result blocks (the numpy
@@ -119,6 +124,22 @@ def local_moments(x: Any) -> tuple[Any, Any]:
     return mean, squares.mean(axes)
 
 
+def _channel_sums(x: Any) -> Any:
+    """The per-channel sum (c,) of a block, numpy arrays and torch tensors alike."""
+    axes = _reduced_axes(x.ndim)
+    return x.sum(axis=axes) if isinstance(x, np.ndarray) else x.sum(axes)
+
+
+def centred_squares(x: Any, mean: Any) -> Any:
+    """The per-channel sum of squares about ``mean`` (c,) of a block, as a (1, c) row, numpy
+    arrays and torch tensors alike (zeros for an empty block)."""
+    axes = _reduced_axes(x.ndim)
+    centred = x - _spread(mean, x.ndim)
+    if isinstance(x, np.ndarray):
+        return (centred * centred).sum(axis=axes).reshape(1, -1)
+    return centred.square_().sum(axes).reshape(1, -1)  # a tensor of its own, of x's dtype
+
+
 def _own(result: Any, *operands: Any) -> bool:
     """Whether ``result``, a tensor just computed here, may be changed in place by operations
     with ``operands``: of their dtype, so that in place gives what out of place gives (numpy
@@ -142,6 +163,49 @@ def _column(like: Any, values: np.ndarray) -> Any:
     if isinstance(like, np.ndarray):
         return column.astype(like.dtype)
     return like.new_tensor(column)
+
+
+def _shapes(partition: Partition, rows: int, channel_extents: tuple[Any, ...]) -> ProductShapes:
+    """The shapes (rows, c_share) of a grid with one block per worker of ``partition``,
+    described by their rule (no table of P shapes): ``rows`` as the extent of every coordinate
+    of axis 0, the channel shares along axis 1."""
+    extents = ((rows,) * partition.shape[0], *channel_extents[1:])
+    return ProductShapes(partition.shape, extents)
+
+
+GATHER_LIMIT = 16
+r"""The largest channel group :math:`|G|` whose training statistics take the gather path (one
+all-reduce of :math:`(2|G| + 2) \times c` per worker, :attr:`BatchNorm.moments_reduction`);
+larger groups take the two-pass path (two all-reduces, :math:`3 \times c` and :math:`1 \times c`:
+:attr:`BatchNorm.totals_reduction`, :attr:`BatchNorm.statistics_reduction`), whose bytes do not
+grow with :math:`|G|`. Measured (a training step of ``BatchNormModule``, forward and backward,
+float32, on 4 MPI ranks of a shared 2-core machine, x (4, c, 64, 64) on a (1, 1, a, b) grid of
+:math:`|G| = ab` workers dealt blocked over the ranks; two-pass time over gather time, median
+of 7-9 interleaved samples, two to three runs): c = 16: 1.06-1.23x at :math:`|G| = 4`,
+1.10-1.16x at 16, 1.14x at 32, 0.98-1.09x at 64, 0.86-0.90x at 256; c = 128: 1.08x at 4,
+1.06x at 16, 1.01x at 32, 0.95x at 64. The gather path wins up to 16 at both widths (its one
+collective against two); beyond, the two-pass path's bytes, :math:`4c` entries per worker
+whatever :math:`|G|`, win (see :func:`statistics_path`)."""
+
+STATISTICS_PATHS = ("gather", "two_pass")
+
+
+def statistics_path(group_size: int, statistics: str | None = None) -> str:
+    r"""The training statistics' path of a layer whose channel groups have ``group_size``
+    workers: ``statistics`` when given ("gather" or "two_pass"), else "gather" up to
+    :data:`GATHER_LIMIT` workers and "two_pass" beyond. The same on every rank, from the
+    layer's description alone (no communication).
+
+    Raises
+    ------
+    LayerError
+        ``statistics`` is neither None nor one of the two paths.
+    """
+    if statistics is None:
+        return "gather" if group_size <= GATHER_LIMIT else "two_pass"
+    if not isinstance(statistics, str) or statistics not in STATISTICS_PATHS:
+        raise LayerError(f"BatchNorm: statistics must be None, 'gather' or 'two_pass', not {statistics!r}")
+    return statistics
 
 
 def gradient_partials(dy: Any, xhat: Any) -> Any:
@@ -225,14 +289,17 @@ def _device_templates(saved: Saved | None, count: int) -> tuple[Any, Any]:
 @dataclass(frozen=True)
 class _BlockNames:
     """What goes with one block of x (and the y block of the same index): its grid index,
-    the names of its y, moments, parameter copy and parameter (the owner's; None without
-    affine) blocks, the moments block's shape, its slot in the channel group and the shape
-    (1, c, 1, ...) that spreads a per-channel vector over it."""
+    the names of its y, moments, totals, partial sums, parameter copy and parameter (the
+    owner's; None without affine) blocks, the moments and totals blocks' shapes, its slot in
+    the channel group and the shape (1, c, 1, ...) that spreads a per-channel vector over it."""
 
     index: tuple[int, ...]
     y: str
     moments: str
     moments_shape: tuple[int, ...]
+    totals: str
+    totals_shape: tuple[int, ...]
+    sums: str
     copy: str
     theta: str | None
     slot: int
@@ -268,7 +335,13 @@ class BatchNorm:
         Whether it keeps running statistics (without them, batch statistics in both modes).
     name : str
         The output's name; the parameters are ``name + "_theta"`` (rows w, b), their copies
-        ``name + "_theta_copy"``, the statistics' partial sums ``name + "_sums"``.
+        ``name + "_theta_copy"``, the statistics' blocks ``name + "_moments"`` (gather path),
+        ``name + "_totals"`` and ``name + "_sums"`` (two-pass path).
+    statistics : {None, "gather", "two_pass"}
+        How a training forward reduces the statistics: "gather" (one all-reduce of the
+        moments blocks, :math:`(2|G| + 2) \times c` per worker), "two_pass" (an all-reduce of the totals
+        blocks, 3 x c, then one of the centred sums of squares, 1 x c); None (default): the
+        rule :func:`statistics_path` (gather up to :data:`GATHER_LIMIT` workers per group).
 
     Attributes
     ----------
@@ -286,21 +359,32 @@ class BatchNorm:
         (2, c_share) on every worker of P_x: the parameters' copies, and in the backward the
         gradients of those copies.
     sums : BlockGrid
-        (1, c_share) on every worker: the statistics' partial sums (the two-pass reduction
-        :attr:`statistics_reduction`, which the JAX function runs).
+        (1, c_share) on every worker: the statistics' partial sums of squares about the mean
+        (the two-pass path's second reduction :attr:`statistics_reduction`; the JAX function
+        runs it for both of its passes).
+    totals : BlockGrid
+        (3, c_share) on every worker (1 without affine): the two-pass path's first blocks, row
+        0 the block's per-channel sum, rows 1-2 θ (the owner's; zeros elsewhere). Reduced by
+        :attr:`totals_reduction`.
     group_size : int
         :math:`|G|`, the workers of one channel group (the product of P_x's axes but the channel's).
+    statistics_path : str
+        "gather" or "two_pass": the path the training statistics take (the ``statistics``
+        argument, or the rule :func:`statistics_path`).
     slot_counts : tuple of int
-        :math:`m_j` of the worker in each slot of a group (the same for every group).
+        :math:`m_j` of the worker in each slot of a group (the same for every group; built
+        when first asked for).
     moments : BlockGrid
         (:math:`2|G| + 2`, c_share) on every worker (:math:`2|G|` without affine): rows ``g`` and
         ``n + g`` (n = :math:`|G|`) the mean and variance of the block in slot g, the last two θ (the
-        owner's; zeros elsewhere). Reduced by :attr:`moments_reduction`.
+        owner's; zeros elsewhere). Reduced by :attr:`moments_reduction` (built when first
+        asked for).
 
     Raises
     ------
     LayerError
-        If x has fewer than 2 dimensions, eps is not positive or momentum not in [0, 1].
+        If x has fewer than 2 dimensions, eps is not positive, momentum not in [0, 1] or
+        ``statistics`` not None, "gather" or "two_pass".
     """
 
     layer = "BatchNorm"
@@ -314,6 +398,7 @@ class BatchNorm:
         affine: bool = True,
         track_running_stats: bool = True,
         name: str = "y",
+        statistics: str | None = None,
     ) -> None:
         self.x = require_tensor(self.layer, "x", x)
         if x.ndim < 2:
@@ -347,39 +432,70 @@ class BatchNorm:
             if self.affine
             else None
         )
-        self.copies = BlockGrid(
-            f"{name}_theta_copy", p, tuple((2, self.channel_sizes[j[1]]) for j in p.indices())
-        )
-        self.sums = BlockGrid(f"{name}_sums", p, tuple((1, self.channel_sizes[j[1]]) for j in p.indices()))
+        channel_extents = (None, self.channel_sizes, *(None,) * self.dims)
+        self.copies = BlockGrid(f"{name}_theta_copy", p, _shapes(p, 2, channel_extents))
+        self.sums = BlockGrid(f"{name}_sums", p, _shapes(p, 1, channel_extents))
         others = tuple(s for a, s in enumerate(p.shape) if a != 1)
         self.group_size = math.prod(others)
-        self._slots = {
-            j: int(np.ravel_multi_index(tuple(k for a, k in enumerate(j) if a != 1), others)) if others else 0
-            for j in p.indices()
-        }
-        counts = [0] * self.group_size
-        for j, slot in self._slots.items():
-            counts[slot] = x.sizes[0][j[0]] * math.prod(x.sizes[a][j[a]] for a in range(2, x.ndim))
-        self.slot_counts = tuple(counts)
-        rows = 2 * self.group_size + (2 if self.affine else 0)
-        self.moments = BlockGrid(
-            f"{name}_moments", p, tuple((rows, self.channel_sizes[j[1]]) for j in p.indices())
-        )
+        self._slot_strides = tuple(math.prod(others[k + 1 :]) for k in range(len(others)))
+        self._moment_rows = 2 * self.group_size + (2 if self.affine else 0)
+        self._total_rows = 1 + (2 if self.affine else 0)
+        self._channel_extents = channel_extents
+        self.statistics_path = statistics_path(self.group_size, statistics)
+
+    @cached_property
+    def slot_counts(self) -> tuple[int, ...]:
+        """:math:`m_j` of the worker in each slot of a group (the same for every group): the
+        products of x's shares along the axes other than the channel's, in C order
+        (:math:`O(|G|)`, built when first asked for: by the gather path only)."""
+        counts = np.ones(1, dtype=np.int64)
+        for a in (0, *range(2, self.x.ndim)):
+            counts = np.multiply.outer(counts, np.asarray(self.x.sizes[a], dtype=np.int64)).ravel()
+        return tuple(int(n) for n in counts)
+
+    @cached_property
+    def moments(self) -> BlockGrid:
+        """(:math:`2|G| + 2`, c_share) on every worker (:math:`2|G|` without affine): the gather
+        path's blocks (built when first asked for)."""
+        p = self.x.partition
+        return BlockGrid(f"{self.name}_moments", p, _shapes(p, self._moment_rows, self._channel_extents))
+
+    @cached_property
+    def totals(self) -> BlockGrid:
+        """(3, c_share) on every worker (1 without affine): the two-pass path's first blocks,
+        row 0 the block's per-channel sum, rows 1-2 θ from its owner (zeros elsewhere)."""
+        p = self.x.partition
+        return BlockGrid(f"{self.name}_totals", p, _shapes(p, self._total_rows, self._channel_extents))
 
     # -- the trees -------------------------------------------------------------------------------
     @cached_property
     def statistics_reduction(self) -> LinearOperator:
         """The all-reduce of the (1, c) partial sums over each channel group: the two-pass
-        statistics (the sums, then the centred sums of squares) of the JAX function
-        (:func:`linop.frameworks.jax_norm.batch_norm`); the torch module and :meth:`forward`
-        run :attr:`moments_reduction` once instead."""
+        path's second collective (the centred sums of squares about the global mean), and
+        both passes of the JAX function (:func:`linop.frameworks.jax_norm.batch_norm`)."""
         return AllReduce(self.sums, self.reduce_axes)
 
     @cached_property
+    def totals_reduction(self) -> LinearOperator:
+        r"""The all-reduce of the totals blocks over each channel group: the two-pass path's
+        first collective (the per-channel sums, and θ from its owner: rows 1-2 are then
+        :math:`M \theta`)."""
+        return AllReduce(self.totals, self.reduce_axes)
+
+    @cached_property
     def moments_reduction(self) -> LinearOperator:
-        r"""The all-reduce of the moments blocks over each channel group: the one collective of
-        a training forward (every slot's local mean and variance, and θ from its owner)."""
+        r"""The all-reduce of the moments blocks over each channel group: the gather path's
+        one collective of a training forward (every slot's local mean and variance, and θ from
+        its owner)."""
         return AllReduce(self.moments, self.reduce_axes)
+
+    @property
+    def statistics_trees(self) -> tuple[LinearOperator, ...]:
+        """The trees a training forward runs for its statistics, in order: the moments'
+        all-reduce (gather path), or the totals' and the partial sums' (two-pass path)."""
+        if self.statistics_path == "gather":
+            return (self.moments_reduction,)
+        return (self.totals_reduction, self.statistics_reduction)
 
     @cached_property
     def gradient_reduction(self) -> LinearOperator:
@@ -411,66 +527,74 @@ class BatchNorm:
         return Space(()) if self.parameters is None else self.parameters.space
 
     def index(self, block: str) -> tuple[int, ...]:
-        """The grid index of a block of x or y.
+        """The grid index of a block of x or y, read from its name (``x[0,1,...]``: no table
+        of the P blocks).
 
         Raises
         ------
         LayerError
             For a name that is no block of x or y.
         """
-        try:
-            return self._indices[block]
-        except KeyError:
-            raise LayerError(
-                f"{self.layer}: {block!r} is not a block of {self.x.name!r} or {self.y.name!r}"
-            ) from None
+        found = self._index_of(block) if isinstance(block, str) else None
+        if found is None:
+            raise LayerError(f"{self.layer}: {block!r} is not a block of {self.x.name!r} or {self.y.name!r}")
+        return found
 
-    @property
-    def _indices(self) -> dict[str, tuple[int, ...]]:
-        table = self.__dict__.get("_index_table")
-        if table is None:
-            table = {}
-            for j in self.x.partition.indices():
-                table[self.x.block_name(j)] = j
-                table[self.y.block_name(j)] = j
-            self.__dict__["_index_table"] = table
-        return table
+    def _index_of(self, block: str) -> tuple[int, ...] | None:
+        """The grid index named by ``block`` (x's or y's name, then the index in brackets,
+        written as :func:`~linop.partition.grid_block_name` writes it), or None."""
+        shape = self.x.partition.shape
+        for tensor in (self.x.name, self.y.name):
+            if not (block.startswith(tensor + "[") and block.endswith("]")):
+                continue
+            digits = block[len(tensor) + 1 : -1].split(",")  # x has 2 or more dimensions
+            if len(digits) != len(shape) or not all(d.isascii() and d.isdigit() for d in digits):
+                continue
+            index = tuple(int(d) for d in digits)
+            if all(k < n for k, n in zip(index, shape)) and grid_block_name(tensor, index) == block:
+                return index
+        return None
+
+    def slot(self, index: tuple[int, ...]) -> int:
+        """The slot in its channel group of the block at grid ``index``: the C-order position
+        of its index along the axes other than the channel's (closed form)."""
+        rest = (index[0], *index[2:])
+        return sum(k * stride for k, stride in zip(rest, self._slot_strides))
 
     def _names(self, block: str) -> _BlockNames:
-        """The names and shapes that go with a block of x or y (worked out once per layer, so
-        that a training step derives none of them).
+        """The names and shapes that go with a block of x or y (worked out once per block, when
+        first asked for: a training step derives none of them, and a process works out only
+        those of the blocks it holds).
 
         Raises
         ------
         LayerError
             For a name that is no block of x or y.
         """
-        table: dict[str, _BlockNames] | None = self.__dict__.get("_names_table")
-        if table is None:
-            table = {}
-            for j in self.x.partition.indices():
-                shape = self.x.block(j).shape
-                theta = None if self.parameters is None else grid_block_name(self.parameters.name, j)
-                names = _BlockNames(
-                    index=j,
-                    y=self.y.block_name(j),
-                    moments=self.moments.block_name(j),
-                    moments_shape=self.moments.block(j).shape,
-                    copy=self.copies.block_name(j),
-                    theta=theta,
-                    slot=self._slots[j],
-                    spread=(1, shape[1], *(1,) * (len(shape) - 2)),
-                )
-                table[self.x.block_name(j)] = table[names.y] = names
-            self.__dict__["_names_table"] = table
+        table: dict[str, _BlockNames] = self.__dict__.setdefault("_names_table", {})
         found = table.get(block)
         if found is None:
-            self.index(block)  # raises the LayerError naming it
-        assert found is not None
+            j = self.index(block)
+            c = self.channel_sizes[j[1]]
+            shape = tuple(self.x.sizes[a][k] for a, k in enumerate(j))
+            found = _BlockNames(
+                index=j,
+                y=self.y.block_name(j),
+                moments=grid_block_name(f"{self.name}_moments", j),
+                moments_shape=(self._moment_rows, c),
+                totals=grid_block_name(f"{self.name}_totals", j),
+                totals_shape=(self._total_rows, c),
+                sums=self.sums.block_name(j),
+                copy=self.copies.block_name(j),
+                theta=None if self.parameters is None else grid_block_name(self.parameters.name, j),
+                slot=self.slot(j),
+                spread=(1, shape[1], *(1,) * (len(shape) - 2)),
+            )
+            table[self.x.block_name(j)] = table[found.y] = found
         return found
 
     def _count_column(self, like: Any) -> Any:
-        """The slots' counts :math:`m_j` as a (|G|, 1) column in ``like``'s library, dtype and
+        """The slots' counts :math:`m_j` as a (:math:`|G|`, 1) column in ``like``'s library, dtype and
         device (made once for each)."""
         cache: dict[Any, Any] = self.__dict__.setdefault("_count_columns", {})
         numpy = isinstance(like, np.ndarray)
@@ -494,7 +618,11 @@ class BatchNorm:
 
     def sums_name(self, block: str) -> str:
         """The name of the statistics' partial sums of x's block ``block``."""
-        return self.sums.block_name(self.index(block))
+        return self._names(block).sums
+
+    def totals_name(self, block: str) -> str:
+        """The name of the two-pass path's totals block of x's block ``block``."""
+        return self._names(block).totals
 
     def owner_copy(self, parameter_block: str) -> str:
         """The copy that lies on the owner of the parameter block ``name[0,c,0,...]`` (the
@@ -539,13 +667,34 @@ class BatchNorm:
         variance = (counts * (variances + apart * apart)).sum(axis=0) / self.count
         return mean, variance
 
+    def local_totals(
+        self, x: Mapping[str, Any], parameters: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """The totals block of each given block of x (by totals name): its per-channel sum in
+        row 0 (zeros for an empty block), and in rows 1-2 the parameter block (w; b) of the
+        same worker when ``parameters`` (by parameter block name) holds it: an owner's, else
+        zeros."""
+        state = {}
+        for n, v in x.items():
+            names = self._names(n)
+            block = _zeros(v, names.totals_shape)
+            block[0] = _channel_sums(v)
+            if parameters is not None and names.theta is not None:
+                theta = parameters.get(names.theta)
+                if theta is not None:
+                    block[1:] = theta
+            state[names.totals] = block
+        return state
+
     def statistics(
         self, x: Mapping[str, Any], run: Run, parameters: Mapping[str, Any] | None = None
     ) -> tuple[dict[str, tuple[Any, Any]], dict[str, Any] | None]:
-        """The global mean and biased variance (c,) of each given block's channel group, from
-        one all-reduce of the moments blocks (:attr:`moments_reduction`); with ``parameters``
-        (this process's parameter blocks by name) also the parameter copies of the given
-        blocks (by copy name), moved in the same all-reduce; else None.
+        """The global mean and biased variance (c,) of each given block's channel group, by
+        the layer's :attr:`statistics_path`: one all-reduce of the moments blocks
+        (:attr:`moments_reduction`), or two (:attr:`totals_reduction`, then
+        :attr:`statistics_reduction`); with ``parameters`` (this process's parameter blocks by
+        name) also the parameter copies of the given blocks (by copy name), moved in the
+        (first) all-reduce; else None.
 
         Raises
         ------
@@ -558,6 +707,8 @@ class BatchNorm:
                 f"{self.layer}: expected more than 1 value per channel when training, x has shape "
                 f"{self.x.global_shape}"
             )
+        if self.statistics_path == "two_pass":
+            return self._two_pass_statistics(x, run, parameters)
         reduced = run(self.moments_reduction, self.local_moments(x, parameters))
         statistics = {}
         copies: dict[str, Any] | None = None
@@ -570,6 +721,30 @@ class BatchNorm:
             statistics[n] = self.combined(moments)
             if copies is not None:
                 copies[names.copy] = moments[rows:]
+        return statistics, copies
+
+    def _two_pass_statistics(
+        self, x: Mapping[str, Any], run: Run, parameters: Mapping[str, Any] | None
+    ) -> tuple[dict[str, tuple[Any, Any]], dict[str, Any] | None]:
+        r""":meth:`statistics` in two all-reduces of O(c) each, whatever :math:`|G|`:
+        :math:`\mu = A(\sum_{\text{local}} x) / m` (θ riding in the same all-reduce), then
+        :math:`\sigma^2 = A(\sum_{\text{local}} (x - \mu)^2) / m`: the centred squares about the
+        global mean, never :math:`E[x^2] - \mu^2`."""
+        first = run(self.totals_reduction, self.local_totals(x, parameters))
+        copies: dict[str, Any] | None = None
+        if parameters is not None and self.parameters is not None:
+            copies = {}
+        means, squares = {}, {}
+        for n, v in x.items():
+            names = self._names(n)
+            totals = first[names.totals]
+            mean = totals[0] / self.count
+            means[n] = mean
+            squares[names.sums] = centred_squares(v, mean)
+            if copies is not None:
+                copies[names.copy] = totals[1:]
+        second = run(self.statistics_reduction, squares)
+        statistics = {n: (mean, second[self._names(n).sums][0] / self.count) for n, mean in means.items()}
         return statistics, copies
 
     def normalized(
@@ -755,6 +930,10 @@ class BatchNorm:
         is the input gradient of :meth:`backward`; ``verify`` checks the kernels' adjoints. Under
         MPI the blocks a process holds are enough in ``saved``: a kernel whose block is missing
         raises :class:`LayerError` when it runs.
+
+        The same tree on either statistics path: it reads the saved forward, not how its
+        statistics were reduced, and its one all-reduce is the :math:`2 \times c` one of the
+        backward. It is a tree over all P workers (for proofs: built in O(P)).
         """
         tangent = f"{self.name}_tangent"
         first, last = [], []

@@ -48,6 +48,7 @@ def test_batchnorm_trees_equal_numpy_exactly(label, x):
     layer = BatchNorm(x)
     trees = (
         layer.statistics_reduction,
+        layer.totals_reduction,
         layer.moments_reduction,
         layer.gradient_reduction,
         layer.parameter_movement,
@@ -57,14 +58,12 @@ def test_batchnorm_trees_equal_numpy_exactly(label, x):
         compare_with_numpy(op.H, op.range.random(2, np.int64))
 
 
-@pytest.mark.parametrize(("label", "x"), _batchnorm_cases(), ids=[c[0] for c in _batchnorm_cases()])
-def test_batchnorm_module_equals_torch_batchnorm2d(label, x):
-    from linop.frameworks.torch_norm import BatchNormModule
-
-    rng = np.random.default_rng(21)
-    layer = BatchNorm(x)
-    w, b = rng.standard_normal(4), rng.standard_normal(4)
-    module = BatchNormModule(layer, weight=w, bias=b, comm=COMM)
+def _batchnorm_module_problems(layer, module, rng):
+    """Three steps of ``module`` (the third in evaluation) against torch's BatchNorm2d of the
+    same parameters: what differs on this rank (y, dx and the parameter gradients of its
+    blocks, its channels' running statistics)."""
+    x = layer.x
+    w, b = layer.gather_parameters(layer.scatter_parameters(*_parameters(rng)))
     norm = torch.nn.BatchNorm2d(4, dtype=torch.float64)
     with torch.no_grad():
         norm.weight.copy_(torch.from_numpy(w))
@@ -75,10 +74,8 @@ def test_batchnorm_module_equals_torch_batchnorm2d(label, x):
             module.eval()
             norm.eval()
         data, dy = rng.standard_normal(x.global_shape) + step, rng.standard_normal(x.global_shape)
-        inputs = {
-            k: torch.from_numpy(v).requires_grad_()
-            for k, v in local_part(x.space, x.scatter(data), RANK).items()
-        }
+        blocks = x.scatter(data)
+        inputs = {k: torch.from_numpy(blocks[k]).requires_grad_() for k in module.input_names}
         module.zero_grad()
         out = module(inputs)
         dys = layer.y.scatter(dy)
@@ -110,7 +107,51 @@ def test_batchnorm_module_equals_torch_batchnorm2d(label, x):
             problems.append(f"{step} running mean")
         if not np.allclose(module.running_var, norm.running_var.numpy()[mine], atol=1e-12):
             problems.append(f"{step} running var")
-    collective_assert(not problems, f"{label}: {problems}")
+    return problems
+
+
+def _parameters(rng):
+    return rng.standard_normal(4), rng.standard_normal(4)
+
+
+@pytest.mark.parametrize("path", ["gather", "two_pass"])
+@pytest.mark.parametrize(("label", "x"), _batchnorm_cases(), ids=[c[0] for c in _batchnorm_cases()])
+def test_batchnorm_module_equals_torch_batchnorm2d(label, x, path):
+    """Both statistics paths (one all-reduce of the moments, or two of O(c)) over every rank:
+    three steps (two in training) against torch's BatchNorm2d."""
+    from linop.frameworks.torch_norm import BatchNormModule
+
+    layer = BatchNorm(x, statistics=path)
+    w, b = _parameters(np.random.default_rng(21))
+    module = BatchNormModule(layer, weight=w, bias=b, comm=COMM)
+    problems = _batchnorm_module_problems(layer, module, np.random.default_rng(21))
+    collective_assert(not problems, f"{label} {path}: {problems}")
+
+
+@pytest.mark.parametrize("path", [None, "two_pass"])
+def test_batchnorm_module_with_more_workers_than_ranks_equals_torch(path):
+    """4 x SIZE + 1 spatial workers (|G| = 5, 9, 13, 17: by the rule the gather path up to 3
+    ranks and the two-pass path at 4; the two-pass path forced), dealt round robin over the ranks (uneven shares, some empty): each
+    rank passes the blocks of its workers, and the module equals torch's BatchNorm2d."""
+    from linop.frameworks.torch_norm import BatchNormModule
+    from linop.program import WorkerMap
+
+    workers = 4 * SIZE + 1
+    x = DistributedTensor(
+        "x", (3, 4, 5, 4), Partition((1, 1, workers, 1)), sizes=((3,), (4,), _cut(5, workers), (4,))
+    )
+    layer = BatchNorm(x, statistics=path)
+    w, b = _parameters(np.random.default_rng(24))
+    module = BatchNormModule(layer, weight=w, bias=b, comm=COMM, mapping=WorkerMap.round_robin(workers, SIZE))
+    problems = _batchnorm_module_problems(layer, module, np.random.default_rng(24))
+    if path is None and layer.statistics_path != ("two_pass" if workers > 16 else "gather"):
+        problems.append(f"path {layer.statistics_path}")
+    collective_assert(not problems, f"{path}: {problems}")
+
+
+def _cut(total, parts):
+    """``total`` over ``parts`` shares, the first ones 1 and the rest 0 (empty shares)."""
+    return tuple(1 if k < total else 0 for k in range(parts))
 
 
 LOSSES = [

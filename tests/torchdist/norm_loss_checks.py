@@ -33,12 +33,17 @@ def _local(
 def batchnorm(rank: int, size: int) -> str | None:
     """Two training steps and one evaluation step of a BatchNorm2d over batch and channels
     (uneven shares; an empty batch share at 3 processes), with the parameters on their owners
-    and replicated (every copy's gradient the whole sum)."""
-    problems = [_batchnorm(rank, size, replicate) for replicate in (False, True)]
+    and replicated (every copy's gradient the whole sum), on both statistics paths (one
+    all-reduce of the moments, or two of O(c))."""
+    problems = [
+        _batchnorm(rank, size, replicate, path)
+        for path in ("gather", "two_pass")
+        for replicate in (False, True)
+    ]
     return "; ".join(p for p in problems if p) or None
 
 
-def _batchnorm(rank: int, size: int, replicate: bool) -> str | None:
+def _batchnorm(rank: int, size: int, replicate: bool, path: str) -> str | None:
     from linop.frameworks.torch_norm import BatchNormModule
 
     grid = {1: (1, 1, 1, 1), 2: (2, 1, 1, 1), 3: (3, 1, 1, 1), 4: (2, 2, 1, 1)}[size]
@@ -47,7 +52,7 @@ def _batchnorm(rank: int, size: int, replicate: bool) -> str | None:
     x = DistributedTensor("x", (3, 4, 3, 5), Partition(grid), sizes=(sizes, channels, (3,), (5,)))
     rng = np.random.default_rng(31)
     w, b = rng.standard_normal(4), rng.standard_normal(4)
-    layer = BatchNorm(x)
+    layer = BatchNorm(x, statistics=path)
     module = BatchNormModule(layer, weight=w, bias=b, group=True, replicate=replicate)
     norm = torch.nn.BatchNorm2d(4, dtype=torch.float64)
     with torch.no_grad():
@@ -82,7 +87,7 @@ def _batchnorm(rank: int, size: int, replicate: bool) -> str | None:
             **{k: p.grad for k, p in module.parameter_state().items()},
         }
         problems += [
-            f"{'replicated' if replicate else 'owners'} step {step} {k}"
+            f"{path} {'replicated' if replicate else 'owners'} step {step} {k}"
             for k, v in got.items()
             if not np.allclose(v, expected[k], atol=1e-10)
         ]
@@ -91,7 +96,7 @@ def _batchnorm(rank: int, size: int, replicate: bool) -> str | None:
             [np.arange(offsets[c], offsets[c + 1]) for c in module.channels] or [np.zeros(0, int)]
         )
         if not np.allclose(module.running_var, norm.running_var.numpy()[mine], atol=1e-12):
-            problems.append(f"step {step} running var")
+            problems.append(f"{path} step {step} running var")
     return "; ".join(problems) or None
 
 
