@@ -26,8 +26,9 @@ workers: the input broadcast over the output channels), ``Affine`` (4 output fea
 input features cut over P: a sum-reduce of the partial outputs), ``Interpolate``
 (``scale_factor=2``, nearest), ``AveragePool`` (kernel 3, padding 1), ``MaxPool``
 (:class:`~linop.layers.MaxPoolJacobian`, kernel 2 stride 2, at the interior rank's window
-only, as a rank builds it under MPI), ``Loss`` (``mse``, mean) and ``WindowChain`` (a
-convolution, kernel 3 padding 1, then an average pool of 2). For every stage it prints the
+only, as a rank builds it under MPI), ``Loss`` (``mse``, mean), ``WindowChain`` (a
+convolution, kernel 3 padding 1, then an average pool of 2) and ``Repartition`` (x to
+``1 x 1 x 2s x s/2``; its tree is the layer itself, :mod:`bench_scale` has its stages alone). For every stage it prints the
 seconds and the peak of traced memory (``tracemalloc``, a second pass) and the growth
 exponent ``k`` of ``time ~ P**k`` over the two largest P (least squares over all with
 ``--fit all``), as :mod:`bench_scale` does (its :func:`~bench_scale.exponent`).
@@ -36,7 +37,8 @@ exponent ``k`` of ``time ~ P**k`` over the two largest P (least squares over all
 (:class:`~linop.frameworks.torch_layers.LayerModule` for Convolution and Affine,
 :class:`~linop.frameworks.torch_pooling.MaxPool`, :class:`~linop.frameworks.
 torch_resample.Upsample`, :class:`~linop.frameworks.torch_losses.LossModule`,
-:class:`~linop.frameworks.torch_chain.ChainModule`) built on :class:`bench_scale.RankOfP`,
+:class:`~linop.frameworks.torch_chain.ChainModule`,
+:class:`~linop.frameworks.torch_repartition.Repartition`) built on :class:`bench_scale.RankOfP`,
 a test communicator answering as the interior rank of P would (needs torch and mpi4py).
 
 Usage::
@@ -61,7 +63,7 @@ from typing import Any
 import numpy as np
 from bench_scale import BLOCK, exponent
 
-from linop import DistributedTensor, Kernel, LinearOperator, Partition
+from linop import DistributedTensor, Kernel, LinearOperator, Partition, Repartition
 from linop.layers import (
     Affine,
     AveragePool,
@@ -127,6 +129,19 @@ def _chain(s: int) -> WindowChain:
     return WindowChain(_x(s), [ChainStage.conv(weights, padding=1), ChainStage.avg(2)])
 
 
+def _repartition(s: int) -> Repartition:
+    y = DistributedTensor(
+        "y", (BATCH, CHANNELS, BLOCK * s, BLOCK * s), Partition((1, 1, 2 * s, max(s // 2, 1)))
+    )
+    return Repartition(_x(s), y)
+
+
+def _repartition_module(layer: Repartition, comm: Any) -> Any:
+    from linop.frameworks.torch_repartition import Repartition as RepartitionModule
+
+    return RepartitionModule(layer.source, layer.destination, comm=comm)
+
+
 def _layer_module(layer: Any, comm: Any) -> Any:
     from linop.frameworks.torch_layers import LayerModule
 
@@ -168,6 +183,7 @@ CASES: dict[str, Case] = {
     "MaxPool": Case(lambda s: MaxPoolJacobian(_x(s), Kernel(2, stride=2)), _max_tree, _pool_module),
     "Loss": Case(lambda s: Loss(_x(s), "mse"), lambda loss, s: loss.reduction_operator, _loss_module),
     "WindowChain": Case(_chain, lambda c, s: c.operator, _chain_module),
+    "Repartition": Case(_repartition, lambda r, s: r, _repartition_module),
 }
 
 MODULE = False

@@ -240,3 +240,18 @@ def test_a_placement_lists_the_workers_to_check_only_for_a_map():
     with pytest.raises(WorkerMapError, match="worker 5"):
         Placement([0, 1, 0, 1, 0], comm, None, workers)
     assert asked == [True]
+
+
+@pytest.mark.parametrize("shape", [(), (3,), (2, 3)])
+def test_a_loss_describes_its_partial_sums_as_the_listed_grid(shape):
+    from linop import BlockGrid
+    from linop.layers import Loss
+    from linop.layout import ProductShapes
+
+    workers = tuple(range(7, 7 + Partition(shape).size))  # consecutive from 7
+    x = DistributedTensor("x", tuple(4 * n for n in shape), Partition(shape, workers))
+    loss = Loss(x, "mse")
+    listed = BlockGrid("loss_part", x.partition, ((1,),) * x.partition.size)
+    assert isinstance(loss.partials.shapes, ProductShapes)  # no tuple of P shapes
+    assert loss.partials == listed and hash(loss.partials) == hash(listed)
+    assert loss.partials.blocks == listed.blocks

@@ -196,7 +196,7 @@ class Loss:
             self.scale = 1.0 / x.global_shape[0] if x.global_shape[0] else math.nan
         self.name = name
         self.y = DistributedTensor(name, x.global_shape, p, sizes=x.sizes)
-        self.partials = BlockGrid(f"{name}_part", p, ((1,),) * p.size)
+        self.partials = BlockGrid.uniform(f"{name}_part", p, (1,))  # described: no P shapes
         self.total = BlockGrid(name, Partition((1,) * p.ndim, (self.root,)), ((1,),))
 
     @property
