@@ -106,10 +106,8 @@ class ChainModule(WindowModule):
             if s.kind == "conv"
         )
         self._products = []
-        for g in chain.x.partition.indices():
+        for g in self.placement.held(chain.y.partition):  # this process's blocks alone
             out = chain.y.block(g)
-            if not self.placement.holds(out.worker):
-                continue
             # per stage, the entries of its input window outside the global field, as strips
             # along its spatial axes (the global field is a box: so is each window's part of it)
             outside: list[PaddingStrips | None] = []

@@ -639,8 +639,15 @@ class LayerModule(torch.nn.Module):
             )
         self.overlap = bool(overlap)
         reduction = layer.output_reduction
-        workers = workers_of(layer.window_operator, layer.parameter_movement, reduction)
-        placement = Placement(mapping, comm, group, {*workers, *layer.y.space.workers})
+        placement = Placement(
+            mapping,
+            comm,
+            group,
+            lambda: {
+                *workers_of(layer.window_operator, layer.parameter_movement, reduction),
+                *layer.y.space.workers,
+            },
+        )
         mapping = placement.map
         self.pieces: _PieceProducts | None = None  # the overlapped products and their state
         self.overlapped: _Stage | None = None  # forward, and adjoint for the input gradient
@@ -661,12 +668,10 @@ class LayerModule(torch.nn.Module):
         self.output_names = (
             self.reduction.outputs
             if self.reduction is not None
-            else tuple(b.name for b in layer.y.space if placement.holds(b.worker))
+            else tuple(layer.y.block_name(g) for g in placement.held(layer.y.partition))
         )
         self.products: list[tuple[str, tuple[str, str, str | None]]] = [
-            (layer.partial_block(j).name, layer.local_operands(j))
-            for j in layer.work_indices()
-            if placement.holds(layer.work.worker(j))
+            (layer.partial_block(j).name, layer.local_operands(j)) for j in placement.held(layer.work)
         ]
         self.partial_names = tuple(partial for partial, _ in self.products)
         self.window_names = tuple(operands[0] for _, operands in self.products)

@@ -120,9 +120,11 @@ class LossModule(torch.nn.Module):
             raise LayerError(f"LossModule takes a Loss layer, not {type(layer).__name__}")
         self.layer = layer
         tree = None if layer.reduction == "none" else layer.reduction_operator
-        placement = Placement(mapping, comm, group, {*layer.x.space.workers, layer.root, *workers_of(tree)})
+        placement = Placement(
+            mapping, comm, group, lambda: {*layer.x.space.workers, layer.root, *workers_of(tree)}
+        )
         self.placement = placement
-        self.input_names = tuple(b.name for b in layer.x.blocks if placement.holds(b.worker))
+        self.input_names = tuple(layer.x.block_name(g) for g in placement.held(layer.x.partition))
         self.root = placement.rank_of(layer.root)
         self.is_root = placement.rank is None or placement.rank == self.root
         self.reduce = (

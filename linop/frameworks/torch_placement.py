@@ -26,10 +26,11 @@ raises :class:`~linop.errors.WorkerMapMismatchError` on every rank, as the execu
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..operator import LinearOperator
+from ..partition import Partition
 from ..program import WorkerMap
 from .torch_function import process_rank
 
@@ -45,9 +46,10 @@ class Placement:
         The rank of each worker (None: worker ``w`` on rank ``w``).
     comm, group
         The module's engine arguments (neither: one process).
-    workers : iterable of int
+    workers : iterable of int, or a function of no arguments giving them
         The workers the map must place: those of the module's trees
-        (:func:`workers_of`).
+        (:func:`workers_of`). A function is called only when there is a map to check
+        (the set is O(P) to build, and without a map nothing needs it).
 
     Attributes
     ----------
@@ -66,13 +68,15 @@ class Placement:
 
     __slots__ = ("map", "rank")
 
-    def __init__(self, mapping: Any, comm: Any, group: Any, workers: Iterable[int] = ()) -> None:
+    def __init__(
+        self, mapping: Any, comm: Any, group: Any, workers: Iterable[int] | Callable[[], Iterable[int]] = ()
+    ) -> None:
         self.rank = process_rank(comm, group)
         self.map: WorkerMap | None = None
         if self.rank is None or mapping is None:
             return
         self.map = WorkerMap.of(mapping)
-        problem = self.map.problem(workers, _size(comm, group))
+        problem = self.map.problem(workers() if callable(workers) else workers, _size(comm, group))
         if problem is not None:
             raise problem
 
@@ -87,6 +91,26 @@ class Placement:
         if self.rank is None:
             return True
         return self.rank_of(worker) == self.rank
+
+    def held(self, partition: Partition) -> list[tuple[int, ...]]:
+        """The grid indices of ``partition`` whose workers this process runs, in C order:
+        ``[g for g in partition.indices() if self.holds(partition.worker(g))]``, found from
+        this rank's own workers (its rank without a map, ``map.workers_on(rank)`` with one)
+        rather than by testing every block, except in one process (every index).
+
+        Raises
+        ------
+        WorkerMapError
+            A worker of ``partition`` is not in the map (tested for every block then, so the
+            error names the same worker as :meth:`holds` would).
+        """
+        if self.rank is None:
+            return list(partition.indices())
+        mine = (self.rank,) if self.map is None else self.map.workers_on(self.rank)
+        if len(mine) > partition.size:  # more workers here than blocks: test the blocks
+            return [g for g in partition.indices() if self.holds(partition.worker(g))]
+        positions = sorted(p for p in (partition.position(w) for w in mine) if p is not None)
+        return [partition.index(partition.workers[p]) for p in positions]
 
     def rank_of(self, worker: int) -> int:
         """The rank that runs ``worker`` (``worker`` itself without a map).

@@ -146,10 +146,8 @@ class MaxPool(WindowModule):
         self._pool_with_indices = _POOLS_WITH_INDICES[dims]
         self._products = []
         windows = {}
-        for g in x.partition.indices():
+        for g in self.placement.held(self.y.partition):  # this process's blocks alone
             out = self.y.block(g)
-            if not self.placement.holds(out.worker):
-                continue
             window = self.layer.geometry.window_shape(g)
             real = self.layer.real_entries(g)  # over every dimension: batch and channels all real
             padded = None

@@ -144,8 +144,7 @@ class Interpolate(WindowModule):
                 tuple(_Axis.of(part) for part in self.layer.parts(g)),
                 _window_fast_path(self.layer, g),
             )
-            for g in self.x.partition.indices()
-            if self.placement.holds(self.y.block(g).worker)
+            for g in self.placement.held(self.y.partition)  # this process's blocks alone
         ]
         self.output_names = tuple(name for name, *_ in self._products)
 

@@ -82,7 +82,7 @@ class BlockModule(torch.nn.Module):
         super().__init__()
         engine_arguments(comm, group)
         self.comm, self.group = comm, group
-        self.placement = Placement(mapping, comm, group, workers_of(tree))
+        self.placement = Placement(mapping, comm, group, lambda: workers_of(tree))
         self.function = TorchOperator(tree, comm=comm, group=group, mapping=self.placement.map)
         self.input_names: tuple[str, ...] = self.function.inputs
         self.output_names: tuple[str, ...] = self.function.outputs

@@ -135,8 +135,9 @@ class Affine:
         self.out_features = require_int(layer, "out_features", out_features)
         self.fi_sizes = x.sizes[1]
         self.fo_sizes = shares(layer, "output feature", self.out_features, p_fo, out_sizes)
-        if output is None:
-            output = Partition((1, p_fo), tuple(pw.worker((fo, 0)) for fo in range(p_fo)))
+        if output is None:  # P_w[fo, 0]; with P_fi = 1 all of P_w's workers in its order
+            column = pw.workers if p_fi == 1 else tuple(pw.worker((fo, 0)) for fo in range(p_fo))
+            output = Partition((1, p_fo), column)
         py = require_partition(layer, "output partition P_y", output, 2)
         if py.shape != (1, p_fo):
             raise LayerError(f"{layer}: output partition P_y {py.shape} must be {(1, p_fo)}")
@@ -157,12 +158,10 @@ class Affine:
             if bias
             else None
         )
-        self.broadcasts_input = not (
-            p_fo == 1 and all(pw.worker((0, fi)) == x.partition.worker((0, fi)) for fi in range(p_fi))
-        )
-        self.reduces_output = not (
-            p_fi == 1 and all(pw.worker((fo, 0)) == py.worker((0, fo)) for fo in range(p_fo))
-        )
+        # P_w[0, fi] and x's (0, fi), P_w[fo, 0] and P_y[0, fo] have one flat C-order position
+        # when P_fo = 1 (P_fi = 1): the worker tables compared in order (O(1) when described)
+        self.broadcasts_input = not (p_fo == 1 and pw.workers == x.partition.workers)
+        self.reduces_output = not (p_fi == 1 and pw.workers == py.workers)
 
     def input_name(self, j) -> str:
         """The name of the input block worker ``P_w[j]`` multiplies."""

@@ -194,9 +194,7 @@ class Convolution:
         self.geometry = halo_geometry(x, self.kernel, output_sizes=self._window_shares)
         out_global = (x.global_shape[0], self.out_channels, *self.geometry.output_shape[2:])
         if output is None:
-            output = Partition(
-                (1, p_co, *spatial), tuple(pw.worker((0, co, 0, *s)) for co, *s in _grid((p_co, *spatial)))
-            )
+            output = _default_output(pw)
         py = require_partition(layer, "output partition P_y", output, dims + 2)
         if py.shape != (1, p_co, *spatial):
             raise LayerError(f"{layer}: output partition P_y {py.shape} must be {(1, p_co, *spatial)}")
@@ -226,12 +224,8 @@ class Convolution:
             else None
         )
         self._window_name = f"{x.name}_window"
-        self.broadcasts_input = not (
-            p_co == 1 and all(pw.worker((0, 0, *g[1:])) == px.worker(g) for g in px.indices())
-        )
-        self.reduces_output = not (
-            p_ci == 1 and all(pw.worker((0, g[1], 0, *g[2:])) == py.worker(g) for g in py.indices())
-        )
+        self.broadcasts_input = broadcasts_input(px, pw)
+        self.reduces_output = reduces_output(pw, py)
         for name_ in (f"{name}_w", f"{name}_b"):
             if name_ in (x.name, name):
                 raise LayerError(f"{layer}: names must differ, {name_!r} is taken")
@@ -522,3 +516,41 @@ class Convolution:
 
 def _grid(shape: Sequence[int]):
     return itertools.product(*(range(n) for n in shape))
+
+
+def _default_output(pw: Partition) -> Partition:
+    r"""The default output partition :math:`P_y = 1 \times P_{co} \times P_0 \cdots`: the
+    workers :math:`P_w[0, co, 0, s]` in C order of ``(co, s)``.
+
+    With :math:`P_{ci} = 1` those are all of P_w's workers in P_w's own C order (the flat
+    position of ``(0, co, 0, s)`` in P_w is that of ``(co, s)``), so P_w's worker table is
+    taken as it is: O(1) for consecutive workers instead of one look-up per block."""
+    p_co, p_ci, spatial = pw.shape[1], pw.shape[2], pw.shape[3:]
+    if p_ci == 1:
+        return Partition((1, p_co, *spatial), pw.workers)
+    return Partition(
+        (1, p_co, *spatial), tuple(pw.worker((0, co, 0, *s)) for co, *s in _grid((p_co, *spatial)))
+    )
+
+
+def broadcasts_input(px: Partition, pw: Partition) -> bool:
+    r"""Whether a convolution broadcasts its input from P_x = 1 x P_ci x P_0 ... to its work
+    partition P_w = 1 x P_co x P_ci x P_0 ...: unless :math:`P_{co} = 1` and every
+    :math:`P_w[0, 0, g_1, g_2, \ldots]` is the worker of :math:`P_x[g]`.
+
+    With :math:`P_{co} = 1` the flat C-order position of ``(0, 0, *g[1:])`` in P_w is that of
+    ``g`` in P_x (the shapes differ by a leading 1), so the test is the equality of the two
+    worker tables in order: O(1) for consecutive workers (both described), one comparison
+    of the tables otherwise (no per-block look-up)."""
+    return not (pw.shape[1] == 1 and pw.workers == px.workers)
+
+
+def reduces_output(pw: Partition, py: Partition) -> bool:
+    r"""Whether a convolution sum-reduces its partial outputs from P_w = 1 x P_co x P_ci x P_0
+    ... onto P_y = 1 x P_co x P_0 ...: unless :math:`P_{ci} = 1` and every
+    :math:`P_w[0, g_1, 0, g_2, \ldots]` is the worker of :math:`P_y[g]`.
+
+    With :math:`P_{ci} = 1` the flat C-order position of ``(0, g_1, 0, *g[2:])`` in P_w is that
+    of ``g`` in P_y, so the test is the equality of the two worker tables in order (as
+    :func:`broadcasts_input`)."""
+    return not (pw.shape[2] == 1 and pw.workers == py.workers)

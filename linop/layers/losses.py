@@ -196,7 +196,7 @@ class Loss:
             self.scale = 1.0 / x.global_shape[0] if x.global_shape[0] else math.nan
         self.name = name
         self.y = DistributedTensor(name, x.global_shape, p, sizes=x.sizes)
-        self.partials = BlockGrid(f"{name}_part", p, ((1,),) * p.size)
+        self.partials = BlockGrid.uniform(f"{name}_part", p, (1,))  # described: no P shapes
         self.total = BlockGrid(name, Partition((1,) * p.ndim, (self.root,)), ((1,),))
 
     @property
@@ -219,13 +219,12 @@ class Loss:
         return self.y.block_name(self._index(block))
 
     def _index(self, block: str) -> tuple[int, ...]:
-        table = self.__dict__.get("_index_table")
-        if table is None:
-            table = {self.x.block_name(j): j for j in self.x.partition.indices()}
-            self.__dict__["_index_table"] = table
-        if block not in table:
+        """The grid index of x's block named ``block``, read from the name (``x[1,2]``) and
+        checked to name it back: no table of x's P names (a rank asks for its own blocks)."""
+        index = _grid_index(block, self.x.name, self.x.partition.shape)
+        if index is None or self.x.block_name(index) != block:
             raise LayerError(f"{self.layer}: {block!r} is not a block of {self.x.name!r}")
-        return table[block]
+        return index
 
     # -- in one process (the numpy interpreter) -------------------------------------------------
     def _pairs(self, x: Mapping[str, Any], target: Mapping[str, Any]):
@@ -274,3 +273,17 @@ class Loss:
             n: self.scale * seeds[n] * elementwise_gradient(self.kind, xv, tv, self.options)
             for n, xv, tv in pairs
         }
+
+
+def _grid_index(block: object, name: str, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The grid index ``g`` of ``shape`` that the block name ``name[g0,g1,...]`` spells, or None
+    when ``block`` is no such name (the caller checks that ``g`` names ``block`` back, which
+    refuses spellings such as ``x[01]`` or ``x[ 1]``)."""
+    if not isinstance(block, str) or not block.startswith(f"{name}[") or not block.endswith("]"):
+        return None
+    inner = block[len(name) + 1 : -1]
+    parts = inner.split(",") if inner else []
+    if len(parts) != len(shape) or not all(p.isascii() and p.isdigit() for p in parts):
+        return None
+    index = tuple(int(p) for p in parts)
+    return index if all(i < n for i, n in zip(index, shape)) else None
