@@ -46,23 +46,12 @@ import torch
 from ..errors import LayerError, StateError
 from ..layers.base import share_slices
 from ..layers.batchnorm import BatchNorm
-from ..partition import Partition
 from .torch_function import TorchOperator, anchor, engine_arguments
 from .torch_placement import Placement, workers_of
 
 __all__ = ["BatchNormModule"]
 
 Tensor = torch.Tensor
-
-
-def _held_indices(partition: Partition, placement: Placement) -> list[tuple[int, ...]]:
-    """The grid indices, in C order, of the workers of ``partition`` this process holds: every
-    one in one process; else those of its rank's workers (the map's, or the worker numbered as
-    the rank), found from the workers, not by a pass over the P blocks."""
-    if placement.rank is None:
-        return list(partition.indices())
-    workers = (placement.rank,) if placement.map is None else placement.map.workers_on(placement.rank)
-    return sorted(partition.index(w) for w in workers if partition.position(w) is not None)
 
 
 class _BatchNormFunction(torch.autograd.Function):
@@ -201,11 +190,15 @@ class BatchNormModule(torch.nn.Module):
         self.comm, self.group = comm, group
         movement = layer.parameter_movement if layer.affine else None
         self.statistics_trees = layer.statistics_trees
-        workers: set[int] = set()
-        if mapping is not None:  # the workers the map must place (without a map: none listed)
-            trees = workers_of(*self.statistics_trees, layer.gradient_reduction, movement)
-            workers = {*layer.x.space.workers, *trees}
-        placement = Placement(mapping, comm, group, workers)
+        placement = Placement(  # the workers the map must place: listed only for a map
+            mapping,
+            comm,
+            group,
+            lambda: {
+                *layer.x.space.workers,
+                *workers_of(*self.statistics_trees, layer.gradient_reduction, movement),
+            },
+        )
 
         def function(op: Any) -> TorchOperator:
             return TorchOperator(op, comm=comm, group=group, mapping=placement.map)
@@ -219,7 +212,7 @@ class BatchNormModule(torch.nn.Module):
         for tree in (*self.statistics_trees, self.gradient_reduction, self.movement, self.gradient_sum):
             if tree is not None:
                 self._functions[id(tree)] = function(tree)
-        self.input_names = tuple(layer.x.block_name(j) for j in _held_indices(layer.x.partition, placement))
+        self.input_names = tuple(layer.x.block_name(j) for j in placement.held(layer.x.partition))
         self.output_names = tuple(layer.y.block_name(layer.index(n)) for n in self.input_names)
         self.channels = tuple(sorted({layer.channel(n) for n in self.input_names}))
         slices = share_slices(layer.channel_sizes)
@@ -239,7 +232,7 @@ class BatchNormModule(torch.nn.Module):
             held = layer.copies if self.replicate else layer.parameters
             if self.replicate:
                 state = layer.parameter_movement(state)
-            self.parameter_names = tuple(held.block_name(j) for j in _held_indices(held.partition, placement))
+            self.parameter_names = tuple(held.block_name(j) for j in placement.held(held.partition))
             self.owner_copies = (
                 () if self.replicate else tuple(layer.owner_copy(n) for n in self.parameter_names)
             )
