@@ -56,7 +56,10 @@ cores.
 
 The cases (2-D grids, 8 x 8 local blocks, kernel 3, padding 1): ``HaloExchange``,
 ``halo_windows``, ``Broadcast 1 -> P``, ``Broadcast (1,s) -> (s,s)``, ``AllReduce axis 0`` (on a tensor and on a
-``BlockGrid``),
+``BlockGrid``: groups of s members), ``AllReduce axes (0,1)`` (one group of all P workers),
+``AllReduce batch norm (1,1,s,s)`` ((3, c) blocks on a (1, 1, s, s) grid reduced over every axis
+but the channel axis: the statistics of a batch norm on a spatial-only partition, one group of
+P),
 ``Repartition (s,s) -> (2s,s/2)``, and ``AllGather axis 0`` (its adjoint a reduce-scatter), each
 forward and adjoint. For every stage the script prints
 seconds and the peak of traced memory (``tracemalloc``, a second pass: tracing slows Python,
@@ -106,6 +109,7 @@ from linop import (
     halo_geometry,
     halo_windows,
 )
+from linop.layout import ProductShapes
 from linop.program import (
     WorkerMap,
     batch,
@@ -153,6 +157,24 @@ def allreduce_block_grid(s: int) -> LinearOperator:
     return AllReduce(BlockGrid.uniform("x", Partition((s, s)), (BLOCK, BLOCK)), 0)
 
 
+def allreduce_whole(s: int) -> LinearOperator:
+    """One group of all P workers: the s x s grid reduced over both axes."""
+    return AllReduce(_grid(s), (0, 1))
+
+
+CHANNELS = 16
+"""The channels of the batch-norm case (not cut: one share of all of them per worker)."""
+
+
+def allreduce_batch_norm(s: int) -> LinearOperator:
+    """The batch-norm statistics' shape: (3, c) blocks on a (1, 1, s, s) grid (channels not
+    cut), all-reduced over every axis but the channel axis: one group of all P workers (as
+    :attr:`linop.layers.BatchNorm.totals_reduction` on a spatial-only partition)."""
+    grid = Partition((1, 1, s, s))
+    shapes = ProductShapes(grid.shape, ((3,), (CHANNELS,), None, None))
+    return AllReduce(BlockGrid("t", grid, shapes), (0, 2, 3))
+
+
 def allgather(s: int) -> LinearOperator:
     return AllGather(_grid(s), 0, "g")
 
@@ -169,6 +191,8 @@ CASES: dict[str, Callable[[int], LinearOperator]] = {
     "Broadcast (1,s) -> (s,s)": broadcast_row,
     "AllReduce axis 0": allreduce,
     "AllReduce axis 0 (BlockGrid)": allreduce_block_grid,
+    "AllReduce axes (0,1)": allreduce_whole,
+    "AllReduce batch norm (1,1,s,s)": allreduce_batch_norm,
     "Repartition (s,s) -> (2s,s/2)": repartition,
     "AllGather axis 0": allgather,
 }

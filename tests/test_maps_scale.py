@@ -25,6 +25,8 @@ CASES = {
     "Broadcast 1 -> P": 1,
     "Broadcast (1,s) -> (s,s)": 1,
     "AllReduce axis 0": 1,
+    "AllReduce axes (0,1)": 1,
+    "AllReduce batch norm (1,1,s,s)": 1,
     "Repartition (s,s) -> (2s,s/2)": 1,
     "AllGather axis 0": 4,
 }

@@ -47,6 +47,8 @@ CASES = [
     pytest.param("Broadcast 1 -> P", id="broadcast-one"),
     pytest.param("Broadcast (1,s) -> (s,s)", id="broadcast-row"),
     pytest.param("AllReduce axis 0", id="allreduce"),
+    pytest.param("AllReduce axes (0,1)", id="allreduce-whole"),
+    pytest.param("AllReduce batch norm (1,1,s,s)", id="allreduce-batch-norm"),
     pytest.param("Repartition (s,s) -> (2s,s/2)", id="repartition"),
     pytest.param("AllGather axis 0", id="allgather"),
 ]

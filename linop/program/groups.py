@@ -26,7 +26,7 @@ from typing import Any
 from ..described import KeyedSequence, TupleLike
 from ..partition import WorkerBox
 
-__all__ = ["CopyPairs", "MappedRanks", "RootedRanks", "mapped_ranks"]
+__all__ = ["CopyPairs", "MappedRanks", "RootedRanks", "mapped_ranks", "sorted_mapped_ranks"]
 
 
 class RootedRanks(KeyedSequence[int]):
@@ -211,6 +211,48 @@ def mapped_ranks(root: int, members: Sequence[int], mapping: Any) -> MappedRanks
         A worker of the group is not mapped.
     """
     root_rank = mapping.rank_of(root)
+    intervals: list[tuple[int, int]] = []
+    for first, last in _merged_spans(members, mapping):  # the root's rank taken out (it comes first)
+        if first <= root_rank <= last:
+            intervals.extend(
+                span for span in ((first, root_rank - 1), (root_rank + 1, last)) if span[0] <= span[1]
+            )
+        else:
+            intervals.append((first, last))
+    return MappedRanks(root_rank, tuple(intervals))
+
+
+def sorted_mapped_ranks(members: Sequence[int], mapping: Any) -> MappedRanks:
+    r"""The distinct ranks that ``mapping`` puts the workers ``members`` on, in increasing
+    order (a group without a root: an all-reduce's), as runs: O(the runs of ``members``) for
+    members described by runs (:meth:`~linop.partition.WorkerBox.triples`) under a described
+    map (as :func:`mapped_ranks`), else O(the members). Equal to ``tuple(sorted({rank_of(w)
+    for w in members}))``.
+
+    Raises
+    ------
+    WorkerMapError
+        A worker of the group is not mapped.
+
+    Examples
+    --------
+    >>> from linop import Partition
+    >>> from linop.partition import WorkerBox
+    >>> from linop.program import WorkerMap
+    >>> ranks = sorted_mapped_ranks(WorkerBox(Partition((4, 4)), (None, None)), WorkerMap.blocked(16, 4))
+    >>> tuple(ranks), ranks.triples()
+    ((0, 1, 2, 3), ((0, 0, 1), (1, 3, 1)))
+    """
+    merged = _merged_spans(members, mapping)
+    if not merged:
+        raise ValueError("an empty group has no ranks")
+    (first, last), rest = merged[0], merged[1:]
+    return MappedRanks(first, ((first + 1, last), *rest) if last > first else tuple(rest))
+
+
+def _merged_spans(members: Sequence[int], mapping: Any) -> list[tuple[int, int]]:
+    """The ranks of ``members`` under ``mapping`` as disjoint increasing spans ``(first, last)``
+    (merged where they touch): from runs where described, else by listing the members."""
     spans = _described_spans(members, mapping)
     if spans is None:  # listed
         spans = [(r, r) for r in {mapping.rank_of(w) for w in members}]
@@ -220,15 +262,7 @@ def mapped_ranks(root: int, members: Sequence[int], mapping: Any) -> MappedRanks
             merged[-1] = (merged[-1][0], max(merged[-1][1], last))
         else:
             merged.append((first, last))
-    intervals: list[tuple[int, int]] = []
-    for first, last in merged:  # the root's rank taken out (it comes first)
-        if first <= root_rank <= last:
-            intervals.extend(
-                span for span in ((first, root_rank - 1), (root_rank + 1, last)) if span[0] <= span[1]
-            )
-        else:
-            intervals.append((first, last))
-    return MappedRanks(root_rank, tuple(intervals))
+    return merged
 
 
 def _described_spans(members: Sequence[int], mapping: Any) -> list[tuple[int, int]] | None:

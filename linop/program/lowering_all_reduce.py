@@ -4,19 +4,25 @@ with their distinct ranks (:class:`~linop.program.parts.MappedAllReducePart`).
 
 The global step lists every group of more than one member as ``(block, worker)`` pairs, in the
 order of :func:`~linop.layout.reduction_groups`; it declines (the node runs its expansion) when
-two members of a group share a worker. One rank's lowering finds its own group from the
-partition (O(a group's size)); a mapped rank's, the groups of its workers only."""
+two members of a group share a worker. One rank's lowering names its own group by its box of
+the partition (a :class:`~linop.partition.WorkerBox`: length, membership, a worker's position
+and the runs of ranks ``MPI_Group_range_incl`` takes in O(ndim), never a list of the group's
+members); a mapped rank's, the groups of its workers only, each group's distinct ranks as runs
+(:func:`~linop.program.groups.sorted_mapped_ranks`)."""
 
 from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..collectives import AllReduce
-from ..layout import group_of, held_by_group
+from ..layout import held_by_group
+from ..partition import Partition, WorkerBox
 from .batching import batch
+from .groups import sorted_mapped_ranks
 from .lowering import (
     lower,
     lowering,
@@ -57,26 +63,27 @@ def _nonempty(layout: Any) -> bool:
     return any(all(n > 0 for n in shape) for shape in (distinct() if distinct is not None else shapes))
 
 
-def _group(op: AllReduce, index: tuple[int, ...]) -> list[tuple[int, ...]]:
-    """The group of grid index ``index``: the indices that differ from it only along the axes,
-    in C order along them (as :func:`~linop.layout.reduction_groups`; its own group only)."""
-    return group_of(op.tensor.partition, op.axes, index)
+def _group_box(partition: Partition, axes: tuple[int, ...], index: tuple[int, ...]) -> WorkerBox:
+    """The workers of the group of grid index ``index``: the box of the indices that differ
+    from it only along ``axes``, in C order along them (its group of
+    :func:`~linop.layout.reduction_groups`, described: O(ndim) at any group size)."""
+    return WorkerBox(partition, tuple(None if d in axes else k for d, k in enumerate(index)))
 
 
 def _rank_all_reduce(op: AllReduce, rank: int) -> list[Step]:
     """The rank's group only: its block and the workers of the indices that differ from its
-    own only along the axes (members in C order along them, as :func:`reduction_groups`)."""
+    own only along the axes (members in C order along them, as :func:`reduction_groups`),
+    described by their box (:func:`_group_box`): O(ndim), not O(the group)."""
     partition = op.tensor.partition
     note_workers(partition.max_worker)
     if math.prod(partition.shape[a] for a in op.axes) <= 1 or not _nonempty(op.tensor):
         return []  # no group to reduce, on any rank
-    entries: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    entries: tuple[tuple[str, Sequence[int]], ...] = ()
     if partition.position(rank) is not None:
         index = partition.index(rank)
         block = op.tensor.block(index)
         if block.size:
-            members = tuple(partition.worker(member) for member in _group(op, index))
-            entries = ((block.name, members),)
+            entries = ((block.name, _group_box(partition, op.axes, index)),)
     step = AllReducePart(entries, Fallback(op, rank))
     return [FastPathStep(Projected(step, rank, (partition.max_worker,)))]
 
@@ -93,20 +100,22 @@ class _MappedAllReduceRunner:
         raise ValueError("a mapped all-reduce is projected under its map")
 
     def project_mapped(self, rank: int, mapping: Any) -> MappedAllReducePart | None:
-        """The groups of the rank's workers only (each found from the partition, as
-        :func:`_rank_all_reduce` finds a rank's own), in the global order of the groups (C
-        order of the other coordinates): O(the rank's workers times a group's size)."""
-        op, held = self.op, set(mapping.workers_on(rank))
-        mine = held_by_group(op.tensor.partition, op.axes, held)
+        """The groups of the rank's workers only (each named by its box, as
+        :func:`_rank_all_reduce` names a rank's own), in the global order of the groups (C
+        order of the other coordinates), each with the rank's members in C order and the
+        group's distinct ranks as runs (:func:`~linop.program.groups.sorted_mapped_ranks`):
+        O(the rank's workers) and O(a group's runs), not O(a group's size), for a described
+        map and partition."""
+        op, partition = self.op, self.op.tensor.partition
+        mine = held_by_group(partition, op.axes, mapping.workers_on(rank))
         entries = []
         for key in sorted(mine):
-            blocks = [op.tensor.block(i) for i in _group(op, mine[key][0])]
-            if len(blocks) < 2 or not blocks[0].size:
+            box = _group_box(partition, op.axes, mine[key][0])
+            if len(box) < 2 or not op.tensor.block(box.grid_index(0)).size:
                 continue
-            names = tuple(b.name for b in blocks if b.worker in held)
-            if names:
-                ranks = tuple(sorted({mapping.rank_of(b.worker) for b in blocks}))
-                entries.append((names, ranks))
+            held = sorted(mine[key], key=lambda index: [index[a] for a in op.axes])  # the box's order
+            names = tuple(op.tensor.block_name(index) for index in held)
+            entries.append((names, sorted_mapped_ranks(box, mapping)))
         if not entries:
             return None
 

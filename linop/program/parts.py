@@ -99,9 +99,11 @@ class Projected:
 class AllReducePart(RankPart):
     r"""One rank's part of an all-reduce (:class:`~linop.collectives.AllReduce`): per group it
     belongs to, in the global order of the groups, ``(its block, the group's ranks)``; the rank
-    replaces its block :math:`x_m` by :math:`\sum_{k \in \text{group}} x_k`."""
+    replaces its block :math:`x_m` by :math:`\sum_{k \in \text{group}} x_k`. A rank's own
+    lowering describes the ranks (a :class:`~linop.partition.WorkerBox` of the partition:
+    length, membership and runs in O(ndim)); the global program lists them."""
 
-    entries: tuple[tuple[str, tuple[int, ...]], ...]
+    entries: tuple[tuple[str, Sequence[int]], ...]
     fallback: Fallback = field(compare=False, repr=False)
 
 
@@ -111,9 +113,10 @@ class MappedAllReducePart(RankPart):
     the global order of the groups), ``(its members' blocks, the group's distinct ranks)``. The
     rank sums its own members locally, then over the distinct ranks (no call when the group
     lives on this rank alone), and copies the sum back into every member it holds.
-    ``fallback()`` gives the rank's schedule of the expansion under the map (cached)."""
+    ``fallback()`` gives the rank's schedule of the expansion under the map (cached). The
+    distinct ranks are described (:class:`~linop.program.groups.MappedRanks`, increasing)."""
 
-    entries: tuple[tuple[tuple[str, ...], tuple[int, ...]], ...]
+    entries: tuple[tuple[tuple[str, ...], Sequence[int]], ...]
     fallback: Callable[[], tuple[Any, ...]] = field(compare=False, repr=False)
 
 

@@ -88,7 +88,9 @@ class AllReduceStep:
 
     @classmethod
     def of(cls, part: AllReducePart) -> AllReduceStep:
-        return cls(tuple(part.entries))
+        """The step of a part, each group's ranks listed (a rank's own lowering describes them:
+        ``new_group`` takes a list, O(the group) here)."""
+        return cls(tuple((name, tuple(ranks)) for name, ranks in part.entries))
 
     @property
     def rank_sets(self) -> list[tuple[int, ...]]:

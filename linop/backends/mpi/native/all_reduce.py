@@ -5,6 +5,7 @@ persistent requests in a bound plan), and under a worker map local sums around o
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -105,7 +106,7 @@ class _RankMappedAllReduce(RankStep):
 
 
 def _reduce_members(
-    arrays: list[np.ndarray], ranks: tuple[int, ...], comm: Intracomm, dtype: np.dtype
+    arrays: list[np.ndarray], ranks: Sequence[int], comm: Intracomm, dtype: np.dtype
 ) -> Action:
     """The action summing ``arrays`` (one rank's members of a group) into the first, then over
     ``ranks`` (its sub-communicator, when more than this rank), then copying the sum back."""
