@@ -115,6 +115,22 @@ def test_sorted_mapped_ranks_equal_the_sorted_distinct_ranks(kind: Any) -> None:
                 assert [r for a, b, _ in found.triples() for r in range(a, b + 1)] == list(expected)
 
 
+def test_listed_ranks_equal_the_iterated_ranks() -> None:
+    """What a torch.distributed group is given (:func:`~linop.program.groups.listed_ranks`,
+    from runs) equals the ranks iterated, for boxes of consecutive and listed workers, rooted
+    ranks and mapped ranks."""
+    from linop.program.groups import MappedRanks, RootedRanks, listed_ranks
+
+    for partition in _partitions():
+        for fixed in itertools.product(*((None, *range(n)) for n in partition.shape)):
+            box = WorkerBox(partition, fixed)
+            assert listed_ranks(box) == tuple(box)
+            root = partition.worker((1, 2, 1))
+            assert listed_ranks(RootedRanks(root, box)) == tuple(RootedRanks(root, box))
+    assert listed_ranks(MappedRanks(2, ((0, 1), (3, 7)))) == (2, 0, 1, 3, 4, 5, 6, 7)
+    assert listed_ranks([3, 1, 2]) == (3, 1, 2)
+
+
 class _Groups:
     """What the test communicator's groups were asked to include: the lengths of the rank
     lists (``Incl``) and of the runs (``Range_incl``), and the sub-communicators made."""

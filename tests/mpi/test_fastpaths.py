@@ -137,6 +137,25 @@ def test_all_reduce(grid, dtype):
             )
 
 
+@pytest.mark.parametrize("channels", [1, 2], ids=["channels-whole", "channels-cut"])
+@pytest.mark.parametrize("dtype", [np.int64, np.float16], ids=lambda d: np.dtype(d).name)
+def test_all_reduce_over_every_axis_but_the_channels(channels, dtype):
+    """A batch norm's statistics: (3, 2) blocks on a (1, c, a, b) grid reduced over every axis
+    but the channel axis, one group of every rank (channels whole: the communicator itself) or
+    one per channel (cut in two: sub-communicators of runs of ranks), native and exact
+    (float16 through the expansion)."""
+    if SIZE % channels:
+        pytest.skip(f"{SIZE} ranks do not split into {channels} channel groups")
+    rest = SIZE // channels
+    grid = (1, channels, 2, rest // 2) if rest % 2 == 0 else (1, channels, 1, rest)
+    op = AllReduce(BlockGrid.uniform("t", Partition(grid), (3, 2)), (0, 2, 3))
+    check_fast_path_equals_expansion(op, op.domain.random(5, dtype=dtype), exact=True)
+    check_fast_path_equals_expansion(op.H, op.domain.random(6, dtype=dtype), exact=True)
+    if rest > 1:
+        plan = mpi_backend.plan_for(op, comm=COMM)
+        collective_assert(any(isinstance(s, FastPathStep) for s in plan.program.steps), f"{op}: not native")
+
+
 @pytest.mark.parametrize("grid", grids(), ids=str)
 def test_all_gather_reduce_scatter_and_repartition(grid):
     tensor = tensor_2d(grid, (7, 6))

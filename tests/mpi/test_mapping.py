@@ -419,15 +419,28 @@ def test_a_pair_that_lists_other_bundles_moves_each_message_alone():
         bound.free()
 
 
+def _batch_norm_statistics():
+    """(3, 2) blocks on a (1, 2, 4, 2) grid of the 16 workers reduced over every axis but the
+    channel axis (a batch norm's statistics, channels cut in two): two groups of 8 workers."""
+    return AllReduce(BlockGrid.uniform("t", Partition((1, 2, 4, 2)), (3, 2)), (0, 2, 3))
+
+
+ALL_REDUCES = {
+    "axis-0": _all_reduce((0,)),
+    "axes-0-1": _all_reduce((0, 1)),
+    "batch-norm": _batch_norm_statistics,
+}
+
+
 @pytest.mark.parametrize("map_name", list(MAPS))
-@pytest.mark.parametrize("axes", [(0,), (0, 1)], ids=["axis-0", "axes-0-1"])
-def test_mapped_all_reduce_is_native_and_exact(map_name, axes):
+@pytest.mark.parametrize("case", list(ALL_REDUCES))
+def test_mapped_all_reduce_is_native_and_exact(map_name, case):
     """Under a map an all-reduce sums a rank's own members locally, then runs one native
     ``Allreduce`` per group on the sub-communicator of its distinct ranks (no point-to-point
     messages): equal to numpy exactly (integers, checked; integer values in float64, bound
     persistently, two calls), float16 (which MPI cannot sum) through the expansion."""
     mapping = MAPS[map_name]
-    op = _all_reduce(axes)()
+    op = ALL_REDUCES[case]()
     plan = mpi_backend.plan_for(op, comm=COMM, mapping=mapping)
     kinds = {type(step).__name__ for step in plan.schedule}
     collective_assert("RankPhase" not in kinds and "LocalMoves" not in kinds, f"{op}: {kinds}")

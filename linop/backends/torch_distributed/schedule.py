@@ -45,6 +45,7 @@ from typing import Any, Final
 from ...errors import LinopError, UnsupportedNodeError
 from ...operator import LinearOperator
 from ...program import RankBranches, RankPart, RankProgram, WorkerMap, compile_for_rank
+from ...program.groups import listed_ranks
 from ...program.mapped import compiled_for
 from ...program.parts import (
     AllReducePart,
@@ -89,8 +90,8 @@ class AllReduceStep:
     @classmethod
     def of(cls, part: AllReducePart) -> AllReduceStep:
         """The step of a part, each group's ranks listed (a rank's own lowering describes them:
-        ``new_group`` takes a list, O(the group) here)."""
-        return cls(tuple((name, tuple(ranks)) for name, ranks in part.entries))
+        ``new_group`` takes a list, O(the group) here, from the group's runs)."""
+        return cls(tuple((name, listed_ranks(ranks)) for name, ranks in part.entries))
 
     @property
     def rank_sets(self) -> list[tuple[int, ...]]:
