@@ -1,7 +1,17 @@
 """The MPI calls of the all-reduce's parts (:mod:`linop.program.lowering_all_reduce` plans
 them): ``Allreduce`` in place per group on a cached sub-communicator (``Allreduce_init``
 persistent requests in a bound plan), and under a worker map local sums around one
-``Allreduce`` over the group's distinct ranks."""
+``Allreduce`` over the group's distinct ranks.
+
+The group's ranks are used for one thing only: the sub-communicator
+(:func:`~linop.backends.mpi.context.subcommunicator`); no peer, tag or message is derived from
+them here (MPI's ``Allreduce`` picks its own algorithm and partners inside the library). A
+rank's own part describes its group (a :class:`~linop.partition.WorkerBox`, or under a map
+:class:`~linop.program.groups.MappedRanks`): a group of every rank in order is the
+communicator itself (no sub-communicator), another is included run by run
+(``MPI_Group_range_incl``, O(runs) arguments), never listed rank by rank in Python.
+``MPI_Comm_create_group`` is then O(|G|) inside the MPI library, once per group and
+communicator (cached with the context)."""
 
 from __future__ import annotations
 
