@@ -48,6 +48,8 @@ def _integers(values: Any, what: str, error: type[LinopError]) -> tuple[int, ...
         raise error(f"{what} {values!r} must be integers")
     if isinstance(values, (int, np.integer)):
         return (operator.index(values),)
+    if isinstance(values, np.ndarray) and values.ndim == 1 and values.dtype.kind in "iu":
+        return tuple(values.tolist())  # integers already: converted at C speed, not one by one
     try:
         return strict_ints(values)
     except TypeError:

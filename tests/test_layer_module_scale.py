@@ -232,3 +232,19 @@ def test_a_layer_module_of_many_workers_lists_no_block_space(case, listings):
         assert module.parameter_names == (f"y_w[0,{rank}]",) and module.output_names == ()
         assert isinstance(layer.parameter_space, JoinedSpace)
         assert isinstance(layer.weights.space, GridSpace)
+
+
+def test_a_partition_of_an_integer_array_is_the_partition_of_its_ints():
+    """The bias copies' workers with P_co > 1 come as an integer array (checked at C speed):
+    the partition, and the errors, are those of the tuple of the same ints."""
+    from linop import PartitionError
+
+    for workers in ([5, 4, 3, 2, 1, 0], [0, 1, 2, 3, 4, 5], [9, 2, 7, 4, 5, 6]):
+        given = Partition((2, 3), np.array(workers, dtype=np.int32))
+        assert given == Partition((2, 3), tuple(workers)) and all(type(w) is int for w in given.workers)
+    for bad, match in (([0, 0, 1, 2, 3, 4], "listed twice"), ([-1, 0, 1, 2, 3, 4], ">= 0")):
+        with pytest.raises(PartitionError, match=match):
+            Partition((2, 3), np.array(bad))
+    for bad in (np.ones(6, dtype=bool), np.zeros(6), np.zeros((2, 3), dtype=int)):
+        with pytest.raises(PartitionError, match="must be integers"):
+            Partition((2, 3), bad)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -452,7 +452,8 @@ class Convolution:
             return Partition.grid(shape, first=workers.start)
         area = int(np.prod(self.spatial))  # P_w is 1 x P_co x P_ci x spatial, C order
         ids = workers.start + np.arange(area)[:, None] + self.p_ci * area * np.arange(self.p_co)[None, :]
-        return Partition(shape, tuple(ids.ravel().tolist()))
+        # an integer array (a sequence of ints to Partition, which checks it at C speed)
+        return Partition(shape, cast(Sequence[int], ids.ravel()))
 
     def local_operands(self, j: Sequence[int]) -> tuple[str, str, str | None]:
         """The blocks worker ``P_w[j]`` computes its partial output from: its input window
