@@ -6,6 +6,7 @@ module at P = 65,536 lists no block space of P blocks."""
 
 from __future__ import annotations
 
+import pickle
 import sys
 from pathlib import Path
 
@@ -70,6 +71,7 @@ def test_a_joined_space_is_the_space_of_its_parts_blocks(parts):
     assert joined_space.offset(listed.names[-1]) == listed.offset(listed.names[-1])
     assert JoinedSpace(tuple(reversed(spaces))) == joined_space  # the same parts, any order
     assert joined_space != Space(listed.blocks[1:])
+    assert pickle.loads(pickle.dumps(JoinedSpace(spaces))) == listed  # its slots filled as it pickles
 
 
 def test_joined_gives_a_part_alone_a_plain_union_or_a_joined_space():
