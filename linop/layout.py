@@ -320,8 +320,15 @@ class BlockGrid:
     @property
     def space(self) -> Space:
         """The space of the grid's blocks (described by the partition and the shapes:
-        :class:`~linop.space.GridSpace`)."""
-        return GridSpace(self.name, self.partition, shapes=self.shapes)
+        :class:`~linop.space.GridSpace`). Shapes that are a product with one extent per grid
+        dimension and nothing appended give the grid space of those extents, the rule a
+        distributed tensor's or a halo window's space has: equal to it by rule, no shape listed."""
+        shapes = self.shapes
+        if isinstance(shapes, ProductShapes) and not shapes.tail:
+            extents = tuple(e for e in shapes.extents if e is not None)
+            if len(extents) == len(shapes.extents):
+                return GridSpace(self.name, self.partition, extents=extents)
+        return GridSpace(self.name, self.partition, shapes=shapes)
 
     def __str__(self) -> str:
         return f"{self.name} on {self.partition}"

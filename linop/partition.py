@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 import operator
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -48,6 +48,8 @@ def _integers(values: Any, what: str, error: type[LinopError]) -> tuple[int, ...
         raise error(f"{what} {values!r} must be integers")
     if isinstance(values, (int, np.integer)):
         return (operator.index(values),)
+    if isinstance(values, np.ndarray) and values.ndim == 1 and values.dtype.kind in "iu":
+        return tuple(values.tolist())  # integers already: converted at C speed, not one by one
     try:
         return strict_ints(values)
     except TypeError:
@@ -454,7 +456,7 @@ class Partition:
         try:
             table = object.__getattribute__(self, "_positions")
         except AttributeError:
-            table = {w: k for k, w in enumerate(self.workers)}
+            table = dict(zip(self.workers, range(len(self.workers))))  # (built at C speed)
             object.__setattr__(self, "_positions", table)
         return table.get(worker)
 
@@ -694,8 +696,9 @@ class DistributedTensor:
         whole = space[self.block_name(index)]
         return whole[tuple(slice(a - s, b - s) for a, b, s in zip(box[0], box[1], start))]
 
-    def scatter(self, array: Any) -> State:
-        """Cut a global array into a state of the tensor's space (copies)."""
+    def scatter(self, array: Any, indices: Iterable[Sequence[int]] | None = None) -> State:
+        """Cut a global array into a state of the tensor's space (copies); with ``indices``,
+        only the blocks at those grid indices (a process's own: no loop over all P)."""
         given = array
         array = as_array(
             given,
@@ -708,7 +711,7 @@ class DistributedTensor:
                 f"tensor {self.name!r}: array of shape {array.shape} does not match global shape {self.global_shape}"
             )
         state: State = {}
-        for index in self.partition.indices():
+        for index in self.partition.indices() if indices is None else indices:
             start, stop = self.box(index)
             # np.array, not .copy(): indexing a 0-d array gives a scalar, and a block must stay an array
             state[self.block_name(index)] = np.array(array[tuple(slice(a, b) for a, b in zip(start, stop))])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from abc import abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -22,11 +23,13 @@ from .errors import OperandError
 from .layout import union_space
 from .movement import Copy, CopyAdjoint, SendRecv, SendRecvAdjoint
 from .operator import Composition, Identity, LinearOperator, StoredSpaces
+from .partition import WorkerRange
 from .primitives import Allocate, Deallocate
-from .space import Block, GridSpace, Space
+from .space import Block, GridSpace, Space, natural_key
 
 __all__ = [
     "NO_OTHERS",
+    "JoinedSpace",
     "PieceMovement",
     "Piece",
     "PieceMover",
@@ -207,13 +210,16 @@ class PieceMover(StoredSpaces):
                 f"{type(self).__name__}: others must be a Space, not {type(self.others).__name__}"
             )
         kind = type(self).__name__
-        if not len(self.others):
-            source, target = (Space([x]) if isinstance(x, Block) else x.space for x in self.layouts())
-            if _disjoint(source, target):
-                # the spaces are the layouts' own, described by their rules (no P-block union)
-                object.__setattr__(self, "_domain", source)
-                object.__setattr__(self, "_range", target)
-                return
+        source, target = (Space([x]) if isinstance(x, Block) else x.space for x in self.layouts())
+        others = self.others
+        if _disjoint(source, target) and (
+            not len(others) or (_disjoint(others, source) and _disjoint(others, target))
+        ):
+            # the spaces are the layouts' own (and the pass-through blocks), described by their
+            # rules: no union of P blocks built to find a repeated name that cannot be there
+            object.__setattr__(self, "_domain", joined(kind, others, source))
+            object.__setattr__(self, "_range", joined(kind, others, target))
+            return
         union_space(kind, self._sources(), self._targets(), self.others)
         object.__setattr__(self, "_domain", union_space(kind, self.others, self._sources()))
         object.__setattr__(self, "_range", union_space(kind, self.others, self._targets()))
@@ -236,16 +242,169 @@ def _blocks(side: Any) -> tuple[Block, ...]:
     return (side,) if isinstance(side, Block) else tuple(side.blocks)
 
 
+SMALL = 8
+"""The most blocks a plain space may hold for :func:`_disjoint` to look its names up in a grid
+one by one (a pass-through space of a few parameter blocks, a scatter's root)."""
+
+
 def _disjoint(a: Space, b: Space) -> bool:
-    """True when two spaces, at least one a grid, share no block name (found without listing
-    a grid's blocks: two grids with different prefixes share none); False when not sure."""
+    """True when two spaces, at least one a grid (or a :class:`JoinedSpace` of grids and small
+    spaces), share no block name, found without listing a grid's blocks: two grids with
+    different prefixes share none, and a small space's names are looked up in the grid; False
+    when not sure."""
+    if isinstance(a, JoinedSpace):
+        return all(_disjoint(part, b) for part in a.parts)
+    if isinstance(b, JoinedSpace):
+        return all(_disjoint(a, part) for part in b.parts)
     if isinstance(a, GridSpace) and isinstance(b, GridSpace):
         return a.prefix != b.prefix
-    if isinstance(b, GridSpace) and len(a) <= 8:
+    if isinstance(b, GridSpace) and len(a) <= SMALL:
         return not any(name in b for name in a.names)
-    if isinstance(a, GridSpace) and len(b) <= 8:
+    if isinstance(a, GridSpace) and len(b) <= SMALL:
         return not any(name in a for name in b.names)
     return False
+
+
+def joined(kind: str, *spaces: Space) -> Space:
+    """The union of spaces known to share no block name: one of them when the others are
+    empty, a plain space when none is a grid (small: checked again by
+    :func:`~linop.layout.union_space`), else a :class:`JoinedSpace` described by its parts."""
+    parts: list[Space] = []
+    for space in spaces:
+        parts.extend(space.parts if isinstance(space, JoinedSpace) else (space,) if len(space) else ())
+    if len(parts) <= 1:
+        return parts[0] if parts else Space()
+    if not any(isinstance(part, GridSpace) for part in parts):
+        return union_space(kind, *parts)
+    return JoinedSpace(tuple(parts))
+
+
+class JoinedSpace(Space):
+    r"""The union of spaces that share no block name (a movement's pass-through blocks next to
+    the grid of its copies), described by its parts instead of a list of blocks.
+
+    It is the :class:`~linop.Space` of all the parts' blocks: it compares, hashes, iterates
+    and flattens as that space does, its blocks merged into natural order on first use (as a
+    :class:`~linop.space.GridSpace` lists its blocks). Looking up a block, membership, the
+    length, the size, the blocks a worker owns and the largest worker ask the parts
+    (:math:`O(\text{parts})` each, no grid listed); two joined spaces of the same parts are
+    equal without either being listed.
+
+    The caller has checked that no two parts share a name (:func:`_disjoint`).
+    """
+
+    __slots__ = ("_parts",)
+
+    def __init__(self, parts: tuple[Space, ...]) -> None:
+        self._parts = parts
+
+    def __getattr__(self, name: str) -> Any:
+        # the slots of a plain space (every block, and the hash of them) are filled on first use
+        if name in ("_blocks", "_by_name", "_offsets", "_hash"):
+            ordered = self._ordered_parts()  # part after part when they do not interleave
+            if ordered is not None:
+                merged = tuple(itertools.chain.from_iterable(part.blocks for part in ordered))
+            else:
+                merged = tuple(sorted(itertools.chain.from_iterable(self._parts), key=_name_key))
+            self._adopt(merged)
+            return object.__getattribute__(self, name)
+        raise AttributeError(name)
+
+    @property
+    def parts(self) -> tuple[Space, ...]:
+        """The spaces joined, as given."""
+        return self._parts
+
+    def _part_of(self, name: object) -> Space | None:
+        return next((part for part in self._parts if name in part), None)
+
+    def block(self, name: str) -> Block:
+        """The block called ``name``."""
+        part = self._part_of(name)
+        return super().block(name) if part is None else part.block(name)  # raises when none
+
+    def __contains__(self, name: object) -> bool:
+        return self._part_of(name) is not None
+
+    def __len__(self) -> int:
+        return sum(len(part) for part in self._parts)
+
+    @property
+    def size(self) -> int:
+        """Total number of entries."""
+        return sum(part.size for part in self._parts)
+
+    @property
+    def max_worker(self) -> int:
+        """The largest worker that owns a block."""
+        return max(part.max_worker for part in self._parts)
+
+    @property
+    def workers(self) -> Sequence[int]:
+        """The workers that own a block, sorted: a part's described range when it holds the
+        others' workers, else listed."""
+        large = [part for part in self._parts if len(part) > SMALL]
+        if len(large) == 1 and isinstance(large[0].workers, WorkerRange):
+            found = large[0].workers
+            if all(w in found for part in self._parts if part is not large[0] for w in part.workers):
+                return found
+        return tuple(sorted(set(itertools.chain.from_iterable(part.workers for part in self._parts))))
+
+    def owned(self, worker: int) -> tuple[Block, ...]:
+        """The blocks ``worker`` owns, in canonical order."""
+        found = itertools.chain.from_iterable(part.owned(worker) for part in self._parts)
+        return tuple(sorted(found, key=_name_key))
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if isinstance(other, JoinedSpace) and len(self._parts) == len(other._parts):
+            if all(any(mine == theirs for theirs in other._parts) for mine in self._parts):
+                return True  # the same parts (each equal to one of the other's; all disjoint)
+        return super().__eq__(other)
+
+    def __hash__(self) -> int:
+        ordered = self._ordered_parts()
+        if ordered is None:
+            return self._hash  # the parts interleave: hashed as the listed space is
+        # a space's hash (linop.space): its length and its first, middle and last blocks
+        length = len(self)
+        picks = (_nth(ordered, 0), _nth(ordered, length // 2), _nth(ordered, length - 1))
+        return hash((length, *picks))
+
+    def _ordered_parts(self) -> list[Space] | None:
+        """The parts in natural order of their names when each part's names all sort before the
+        next part's (a grid's blocks are in C order of the grid index, so its first and last
+        blocks bound it); None when they interleave."""
+        ends = sorted(
+            ((_nth([part], 0), _nth([part], len(part) - 1), part) for part in self._parts),
+            key=lambda e: natural_key(e[0].name),
+        )
+        for (_, last, _), (first, _, _) in itertools.pairwise(ends):
+            if natural_key(last.name) >= natural_key(first.name):
+                return None
+        return [part for _, _, part in ends]
+
+
+def _name_key(block: Block) -> tuple[Any, ...]:
+    """The canonical order of blocks in a space: natural order of their names."""
+    return natural_key(block.name)
+
+
+def _nth(parts: list[Space], position: int) -> Block:
+    """The block at ``position`` of the parts' blocks, part after part (a grid's block found
+    from its C-order position, none other built)."""
+    for part in parts:
+        if position < len(part):
+            if not isinstance(part, GridSpace):
+                return part.blocks[position]
+            index = []
+            for n in reversed(part.partition.shape):
+                position, i = divmod(position, n)
+                index.append(i)
+            return part.block_of(tuple(reversed(index)))
+        position -= len(part)
+    raise IndexError(position)
 
 
 NO_OTHERS = Space()

@@ -679,10 +679,14 @@ class LayerModule(torch.nn.Module):
             for _, (_, weight, _) in self.products:
                 self.pieces.weights.setdefault(weight, torch.zeros(0))
         weights = np.zeros(layer.weights.global_shape) if weights is None else np.asarray(weights)
+        # the blocks this process holds, cut alone (every block where the copies are computed)
+        own = None if self.replicate else placement.held
         state = (
-            layer.scatter_parameters(weights, np.zeros(layer.bias.global_shape) if bias is None else bias)
+            layer.scatter_parameters(
+                weights, np.zeros(layer.bias.global_shape) if bias is None else bias, held=own
+            )
             if layer.bias is not None
-            else layer.scatter_parameters(weights)
+            else layer.scatter_parameters(weights, held=own)
         )
         if self.replicate:  # every process computes the copies it holds (numpy, no communication)
             state = movement(state)

@@ -17,14 +17,15 @@ db). The partial outputs are named ``yt[fi,fo]`` (the grid index reversed) so th
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from .. import Broadcast
 from ..operator import Composition, Identity, LinearOperator
-from ..partition import DistributedTensor, Partition, grid_block_name
+from ..partition import DistributedTensor, Partition, WorkerRange, grid_block_name
+from ..pieces import joined
 from ..space import Block, Space
 from . import templates
 from .base import (
@@ -189,7 +190,11 @@ class Affine:
     def _reduction(self, space: Space) -> LinearOperator | None:
         if not self.reduces_output:
             return None
-        workers = (self.work.worker((fo, fi)) for fi in range(self.p_fi) for fo in range(self.p_fo))
+        workers: Iterable[int]
+        if self.p_fo == 1 and isinstance(self.work.workers, WorkerRange):  # P_w's own order
+            workers = range(self.work.workers.start, self.work.workers.stop)
+        else:
+            workers = (self.work.worker((fo, fi)) for fi in range(self.p_fi) for fo in range(self.p_fo))
         return partial_sums_reduction(self.y, (self.p_fi, self.p_fo), workers, space)
 
     def input_operator(self, weights: Any) -> LinearOperator:
@@ -227,7 +232,10 @@ class Affine:
     @property
     def parameter_space(self) -> Space:
         """The domain of :meth:`parameter_operator`: the weights (and the bias)."""
-        return Space((*self.weights.blocks, *(self.bias.blocks if self.bias is not None else ())))
+        if self.bias is None:
+            return self.weights.space
+        # the two grids described (names y_w[...] and y_b[...] differ): no list of the P blocks
+        return joined("Affine", self.weights.space, self.bias.space)
 
     @property
     def parameter_movement(self) -> LinearOperator:
@@ -257,7 +265,8 @@ class Affine:
         partial output already is a block of y."""
         if not self.reduces_output:
             return None
-        return self._reduction(Space(self.partial_block(j) for j in self.work_indices()))
+        # the partial outputs are the reduction's own domain (its yt grid): nothing passes through
+        return self._reduction(Space())
 
     def parameter_operator(self, inputs: Mapping[str, Any]) -> LinearOperator:
         """The layer as a linear operator of (W, b) for a fixed x, given by its copies on P_w
@@ -283,14 +292,24 @@ class Affine:
         reduce = self._reduction(local.range)
         return local if reduce is None else Composition((reduce, local))
 
-    def scatter_parameters(self, weights: Any, bias: Any = None) -> dict[str, np.ndarray]:
-        """A state of :attr:`parameter_space` from global W (and b)."""
+    def scatter_parameters(
+        self,
+        weights: Any,
+        bias: Any = None,
+        *,
+        held: Callable[[Partition], Iterable[Sequence[int]]] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """A state of :attr:`parameter_space` from global W (and b); with ``held`` (a partition's
+        grid indices a process holds: :meth:`~linop.frameworks.torch_placement.Placement.held`),
+        only the blocks at those indices of the weights' and the bias' partitions."""
         if self.bias is None and bias is not None:
             raise LayerError(
                 "Affine: a bias was given to scatter_parameters, but the layer was built with bias=False "
                 "(it has no bias to scatter)"
             )
-        state = self.weights.scatter(require_shape("Affine", "weights", weights, self.weights.global_shape))
+        weights = require_shape("Affine", "weights", weights, self.weights.global_shape)
+        state = self.weights.scatter(weights, None if held is None else held(self.weights.partition))
         if self.bias is not None:
-            state.update(self.bias.scatter(require_shape("Affine", "bias", bias, self.bias.global_shape)))
+            bias = require_shape("Affine", "bias", bias, self.bias.global_shape)
+            state.update(self.bias.scatter(bias, None if held is None else held(self.bias.partition)))
         return state

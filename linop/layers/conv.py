@@ -32,16 +32,17 @@ output) is the identity and left out, so a feature-partitioned layer is just ``L
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, cast
 
 import numpy as np
 
 from .. import AllReduce, BlockGrid, Broadcast
 from ..halo import halo_windows
 from ..halo_geometry import Kernel, halo_geometry
+from ..layout import ProductShapes
 from ..operator import Composition, LinearOperator
-from ..partition import DistributedTensor, Partition, grid_block_name
+from ..partition import DistributedTensor, Partition, WorkerRange, grid_block_name
 from ..space import Block, Space
 from . import kernels, overlap_split
 from .base import (
@@ -273,13 +274,14 @@ class Convolution:
         if not self.broadcasts_input:
             return windows
         px = self.x.partition
-        grid = BlockGrid(self._window_name, px, tuple(self.geometry.window_shape(g) for g in px.indices()))
-        copies = Partition(
-            (self.p_co, 1, self.p_ci, *self.spatial),
-            tuple(
-                self.work.worker((0, co, ci, *s))
-                for co, _, ci, *s in _grid((self.p_co, 1, self.p_ci, *self.spatial))
-            ),
+        extents = tuple(self.geometry.column(d, "window_size") for d in range(self.geometry.ndim))
+        grid = BlockGrid(self._window_name, px, ProductShapes(px.shape, extents))  # described
+        shape = (self.p_co, 1, self.p_ci, *self.spatial)  # P_w's workers in its own C order
+        workers = self.work.workers
+        copies = (
+            Partition.grid(shape, first=workers.start)
+            if isinstance(workers, WorkerRange)
+            else Partition(shape, tuple(self.work.worker((0, co, ci, *s)) for co, _, ci, *s in _grid(shape)))
         )
         return Broadcast(grid, copies, "xt") @ windows
 
@@ -414,8 +416,8 @@ class Convolution:
         weights = Broadcast(self.weights, self.work, "wt", others=bias_space)
         if self.bias is None:
             return weights
-        copies = Space(b for b in weights.range if b.name.startswith("wt["))
-        return Broadcast(self.bias, self._bias_copies, "bt", others=copies) @ weights
+        # the weight copies pass through the bias broadcast: their grid, described (no listing)
+        return Broadcast(self.bias, self._bias_copies, "bt", others=weights.copies.space) @ weights
 
     @property
     def copy_gradient_sum(self) -> LinearOperator:
@@ -439,10 +441,19 @@ class Convolution:
 
     @property
     def _bias_copies(self) -> Partition:
-        return Partition(
-            (*self.spatial, self.p_co),
-            tuple(self.work.worker((0, co, 0, *s)) for *s, co in _grid((*self.spatial, self.p_co))),
-        )
+        """The workers of the bias copies ``bt[*s, co]``: P_w's workers with ci = 0, in C order
+        of ``(*s, co)``; for consecutive workers of P_w in closed form (with P_co = 1 a
+        described grid: no list of the P workers)."""
+        shape = (*self.spatial, self.p_co)
+        workers = self.work.workers
+        if not isinstance(workers, WorkerRange):
+            return Partition(shape, tuple(self.work.worker((0, co, 0, *s)) for *s, co in _grid(shape)))
+        if self.p_co == 1:  # worker (0, 0, 0, *s) = first + C-order position of s
+            return Partition.grid(shape, first=workers.start)
+        area = int(np.prod(self.spatial))  # P_w is 1 x P_co x P_ci x spatial, C order
+        ids = workers.start + np.arange(area)[:, None] + self.p_ci * area * np.arange(self.p_co)[None, :]
+        # an integer array (a sequence of ints to Partition, which checks it at C speed)
+        return Partition(shape, cast(Sequence[int], ids.ravel()))
 
     def local_operands(self, j: Sequence[int]) -> tuple[str, str, str | None]:
         """The blocks worker ``P_w[j]`` computes its partial output from: its input window
@@ -497,20 +508,26 @@ class Convolution:
         factors = [movement, local] if reduce is None else [movement, local, reduce]
         return Composition(tuple(reversed(factors)))
 
-    def scatter_parameters(self, weights: Any, bias: Any = None) -> dict[str, np.ndarray]:
-        """A state of :attr:`parameter_space` from global weights (and bias)."""
+    def scatter_parameters(
+        self,
+        weights: Any,
+        bias: Any = None,
+        *,
+        held: Callable[[Partition], Iterable[Sequence[int]]] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """A state of :attr:`parameter_space` from global weights (and bias); with ``held`` (a partition's
+        grid indices a process holds: :meth:`~linop.frameworks.torch_placement.Placement.held`),
+        only the blocks at those indices of the weights' and the bias' partitions."""
         if self.bias is None and bias is not None:
             raise LayerError(
                 "Convolution: a bias was given to scatter_parameters, but the layer was built with bias=False "
                 "(it has no bias to scatter)"
             )
-        state = self.weights.scatter(
-            require_shape("Convolution", "weights", weights, self.weights.global_shape)
-        )
+        weights = require_shape("Convolution", "weights", weights, self.weights.global_shape)
+        state = self.weights.scatter(weights, None if held is None else held(self.weights.partition))
         if self.bias is not None:
-            state.update(
-                self.bias.scatter(require_shape("Convolution", "bias", bias, self.bias.global_shape))
-            )
+            bias = require_shape("Convolution", "bias", bias, self.bias.global_shape)
+            state.update(self.bias.scatter(bias, None if held is None else held(self.bias.partition)))
         return state
 
 
