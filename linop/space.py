@@ -45,6 +45,7 @@ __all__ = [
     "Block",
     "Space",
     "GridSpace",
+    "grid_index",
     "Region",
     "State",
     "natural_key",
@@ -554,6 +555,27 @@ class GridPartition(Protocol):
     def description(self) -> bytes: ...
 
 
+def grid_index(name: object, prefix: str, shape: Sequence[int]) -> tuple[int, ...] | None:
+    """The grid index of ``shape`` that the block name ``name`` spells, ``prefix[i0,i1,...]``
+    (as :func:`~linop.partition.grid_block_name` writes it: ASCII digits, no leading zeros,
+    no spaces), or None when ``name`` is no such name or the index lies outside ``shape``: a
+    block found from its name alone, with no table of the grid's blocks.
+
+    >>> grid_index("x[1,0]", "x", (2, 3)), grid_index("x[01,0]", "x", (2, 3)), grid_index("x[2,0]", "x", (2, 3))
+    ((1, 0), None, None)
+    """
+    if type(name) is not str or not name.startswith(prefix + "[") or not name.endswith("]"):
+        return None
+    body = name[len(prefix) + 1 : -1]
+    parts = body.split(",") if body else []
+    if len(parts) != len(shape) or not all(
+        p.isascii() and p.isdigit() and (p == "0" or p[0] != "0") for p in parts
+    ):
+        return None  # not the canonical spelling of a grid index
+    index = tuple(int(p) for p in parts)
+    return index if all(i < n for i, n in zip(index, shape)) else None
+
+
 class GridSpace(Space):
     """A space of one block ``prefix[i,j,...]`` per worker of a partition, described by a rule
     instead of a list of blocks (``docs/theory.md#memory-and-blocks``).
@@ -653,17 +675,8 @@ class GridSpace(Space):
 
     def _position_of(self, name: object) -> int | None:
         """The C-order position of the block called ``name``, or None when there is none."""
-        if type(name) is not str or not name.startswith(self._head) or not name.endswith("]"):
-            return None
-        body = name[len(self._head) : -1]
-        parts = body.split(",") if body else []
-        shape = self._partition.shape
-        if len(parts) != len(shape) or not all(p.isdigit() and (p == "0" or p[0] != "0") for p in parts):
-            return None  # not the canonical spelling of a grid index
-        index = tuple(int(p) for p in parts)
-        if not all(i < n for i, n in zip(index, shape)):
-            return None
-        return sum(i * s for i, s in zip(index, self._strides))
+        index = grid_index(name, self._prefix, self._partition.shape)
+        return None if index is None else sum(i * s for i, s in zip(index, self._strides))
 
     def block_of(self, index: tuple[int, ...]) -> Block:
         """The block at grid ``index`` (a checked tuple of ints)."""

@@ -88,7 +88,7 @@ from ..collectives import AllReduce, Broadcast
 from ..layout import BlockGrid, ProductShapes
 from ..operator import LinearOperator
 from ..partition import DistributedTensor, Partition, grid_block_name
-from ..space import Block, Space
+from ..space import Block, Space, grid_index
 from . import templates
 from .base import LayerError, LocalStep, local_stage, require_shape, require_tensor, share_slices
 
@@ -535,25 +535,12 @@ class BatchNorm:
         LayerError
             For a name that is no block of x or y.
         """
-        found = self._index_of(block) if isinstance(block, str) else None
+        found = grid_index(block, self.x.name, self.x.partition.shape)
+        if found is None:
+            found = grid_index(block, self.y.name, self.x.partition.shape)
         if found is None:
             raise LayerError(f"{self.layer}: {block!r} is not a block of {self.x.name!r} or {self.y.name!r}")
         return found
-
-    def _index_of(self, block: str) -> tuple[int, ...] | None:
-        """The grid index named by ``block`` (x's or y's name, then the index in brackets,
-        written as :func:`~linop.partition.grid_block_name` writes it), or None."""
-        shape = self.x.partition.shape
-        for tensor in (self.x.name, self.y.name):
-            if not (block.startswith(tensor + "[") and block.endswith("]")):
-                continue
-            digits = block[len(tensor) + 1 : -1].split(",")  # x has 2 or more dimensions
-            if len(digits) != len(shape) or not all(d.isascii() and d.isdigit() for d in digits):
-                continue
-            index = tuple(int(d) for d in digits)
-            if all(k < n for k, n in zip(index, shape)) and grid_block_name(tensor, index) == block:
-                return index
-        return None
 
     def slot(self, index: tuple[int, ...]) -> int:
         """The slot in its channel group of the block at grid ``index``: the C-order position

@@ -45,6 +45,7 @@ from ..collectives import SumReduce
 from ..layout import BlockGrid
 from ..operator import LinearOperator
 from ..partition import DistributedTensor, Partition
+from ..space import grid_index
 from .base import LayerError, require_tensor
 
 __all__ = ["KINDS", "REDUCTIONS", "Loss", "elementwise", "elementwise_gradient"]
@@ -219,10 +220,10 @@ class Loss:
         return self.y.block_name(self._index(block))
 
     def _index(self, block: str) -> tuple[int, ...]:
-        """The grid index of x's block named ``block``, read from the name (``x[1,2]``) and
-        checked to name it back: no table of x's P names (a rank asks for its own blocks)."""
-        index = _grid_index(block, self.x.name, self.x.partition.shape)
-        if index is None or self.x.block_name(index) != block:
+        """The grid index of x's block named ``block``, read from the name (``x[1,2]``,
+        :func:`~linop.space.grid_index`): no table of x's P names (a rank asks for its own)."""
+        index = grid_index(block, self.x.name, self.x.partition.shape)
+        if index is None:
             raise LayerError(f"{self.layer}: {block!r} is not a block of {self.x.name!r}")
         return index
 
@@ -273,17 +274,3 @@ class Loss:
             n: self.scale * seeds[n] * elementwise_gradient(self.kind, xv, tv, self.options)
             for n, xv, tv in pairs
         }
-
-
-def _grid_index(block: object, name: str, shape: tuple[int, ...]) -> tuple[int, ...] | None:
-    """The grid index ``g`` of ``shape`` that the block name ``name[g0,g1,...]`` spells, or None
-    when ``block`` is no such name (the caller checks that ``g`` names ``block`` back, which
-    refuses spellings such as ``x[01]`` or ``x[ 1]``)."""
-    if not isinstance(block, str) or not block.startswith(f"{name}[") or not block.endswith("]"):
-        return None
-    inner = block[len(name) + 1 : -1]
-    parts = inner.split(",") if inner else []
-    if len(parts) != len(shape) or not all(p.isascii() and p.isdigit() for p in parts):
-        return None
-    index = tuple(int(p) for p in parts)
-    return index if all(i < n for i, n in zip(index, shape)) else None
