@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import random
 
+import numpy as np
 import pytest
 
 from linop import DistributedTensor, Kernel, Partition
@@ -255,3 +256,34 @@ def test_a_loss_describes_its_partial_sums_as_the_listed_grid(shape):
     assert isinstance(loss.partials.shapes, ProductShapes)  # no tuple of P shapes
     assert loss.partials == listed and hash(loss.partials) == hash(listed)
     assert loss.partials.blocks == listed.blocks
+
+
+def test_a_joined_space_s_blocks_on_a_rank_under_a_map_are_found_without_listing_it():
+    """``owned_blocks`` of a :class:`~linop.pieces.JoinedSpace` (a convolution's pass-through
+    parameters next to a grid of copies) under a worker map asks each of the rank's workers
+    (no list of the P blocks), in the order the listed space gives."""
+    from linop.layout import BlockGrid
+    from linop.pieces import JoinedSpace
+    from linop.program import WorkerMap
+    from linop.program.projection import owned_blocks
+    from linop.space import Space
+
+    grid = BlockGrid.uniform("a", Partition((1 << 16,)), (2,)).space
+    few = BlockGrid.uniform("b", Partition((4,), (7, 8, 9, 10)), (1,)).space
+    joined = JoinedSpace((grid, few))
+    found = owned_blocks(joined, 2, WorkerMap.blocked(1 << 16, 1 << 14))  # workers 8-11
+    assert [b.name for b in found] == ["a[8]", "a[9]", "a[10]", "a[11]", "b[1]", "b[2]", "b[3]"]
+    with pytest.raises(AttributeError):
+        object.__getattribute__(joined, "_blocks")  # never listed
+    rng = np.random.default_rng(3)
+    for _ in range(30):  # against the listed space, small
+        n, m = (int(k) for k in rng.integers(1, 12, 2))
+        a = BlockGrid.uniform("a", Partition((n,)), (2,)).space
+        b = BlockGrid.uniform("b", Partition((m,), tuple(range(3, 3 + m))), (1,)).space
+        workers, ranks = max(n, m + 3), int(rng.integers(1, 6))
+        mapping = (
+            WorkerMap.round_robin(workers, ranks) if rng.random() < 0.5 else WorkerMap.blocked(workers, ranks)
+        )
+        for rank in range(ranks):
+            listed = Space(list(a.blocks) + list(b.blocks))
+            assert owned_blocks(JoinedSpace((a, b)), rank, mapping) == owned_blocks(listed, rank, mapping)

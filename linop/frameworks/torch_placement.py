@@ -96,13 +96,13 @@ class Placement:
         """The grid indices of ``partition`` whose workers this process runs, in C order:
         ``[g for g in partition.indices() if self.holds(partition.worker(g))]``, found from
         this rank's own workers (its rank without a map, ``map.workers_on(rank)`` with one)
-        rather than by testing every block, except in one process (every index).
+        rather than by testing every block, except in one process (every index) and where
+        this rank holds more workers than ``partition`` has blocks.
 
-        Raises
-        ------
-        WorkerMapError
-            A worker of ``partition`` is not in the map (tested for every block then, so the
-            error names the same worker as :meth:`holds` would).
+        The map is taken to place every worker of ``partition`` (the constructor checks the
+        workers it is given: a module passes those of all its trees); a worker it leaves out
+        is not found here, and is tested (:class:`~linop.errors.WorkerMapError`, as
+        :meth:`holds` raises) only where every block is tested.
         """
         if self.rank is None:
             return list(partition.indices())

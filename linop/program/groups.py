@@ -246,9 +246,10 @@ def mapped_ranks(root: int, members: Sequence[int], mapping: Any) -> MappedRanks
 def sorted_mapped_ranks(members: Sequence[int], mapping: Any) -> MappedRanks:
     r"""The distinct ranks that ``mapping`` puts the workers ``members`` on, in increasing
     order (a group without a root: an all-reduce's), as runs: O(the runs of ``members``) for
-    members described by runs (:meth:`~linop.partition.WorkerBox.triples`) under a described
-    map (as :func:`mapped_ranks`), else O(the members). Equal to ``tuple(sorted({rank_of(w)
-    for w in members}))``.
+    members described by runs of consecutive workers (:meth:`~linop.partition.WorkerBox.triples`
+    with stride 1) under a described map (as :func:`mapped_ranks`), else O(the members): a
+    strided run's ranks are listed (under a blocked or round-robin map they need not be
+    consecutive). Equal to ``tuple(sorted({rank_of(w) for w in members}))``.
 
     Raises
     ------

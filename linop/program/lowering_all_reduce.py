@@ -105,7 +105,10 @@ class _MappedAllReduceRunner:
         order of the other coordinates), each with the rank's members in C order and the
         group's distinct ranks as runs (:func:`~linop.program.groups.sorted_mapped_ranks`):
         O(the rank's workers) and O(a group's runs), not O(a group's size), for a described
-        map and partition."""
+        map and partition whose groups are runs of consecutive workers (the reduced axes the
+        last ones of the grid, as a batch norm's over (1, 1, s, s)); a group strided through
+        the workers (a reduced axis before a kept one) has its members' ranks listed,
+        O(a group's size)."""
         op, partition = self.op, self.op.tensor.partition
         mine = held_by_group(partition, op.axes, mapping.workers_on(rank))
         entries = []

@@ -26,7 +26,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..errors import UnsupportedNodeError
-from ..space import Block, GridSpace, Space
+from ..pieces import JoinedSpace
+from ..space import Block, GridSpace, Space, natural_key
 from .steps import (
     Branches,
     FastPathStep,
@@ -61,6 +62,9 @@ def owned_blocks(space: Space, rank: int, mapping: WorkerMap | None = None) -> t
         position = space.partition.position
         mine = sorted((p, w) for w in workers if (p := position(w)) is not None)
         return tuple(block for _, w in mine for block in space.owned(w))
+    if isinstance(space, JoinedSpace):  # described parts: each worker's blocks asked for alone
+        found = {block.name: block for w in workers for block in space.owned(w)}
+        return tuple(sorted(found.values(), key=lambda block: natural_key(block.name)))
     held = set(workers)
     return tuple(block for block in space.blocks if block.worker in held)
 
