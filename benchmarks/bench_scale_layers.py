@@ -23,7 +23,8 @@ MPI, for one interior rank of a ``s x s`` spatial grid of ``P = s**2`` workers (
 The cases: ``Convolution`` (``Convolution(x, 4, Kernel(3, padding=1))``, feature
 partition), ``Convolution P_co=2`` (its work partition ``1 x 2 x 1 x s x s``, twice the
 workers: the input broadcast over the output channels), ``Affine`` (4 output features, the
-input features cut over P: a sum-reduce of the partial outputs), ``Interpolate``
+input features cut over P: a sum-reduce of the partial outputs; ``Affine replicate``: the same
+layer, its module with ``replicate=True``), ``Interpolate``
 (``scale_factor=2``, nearest), ``AveragePool`` (kernel 3, padding 1), ``MaxPool``
 (:class:`~linop.layers.MaxPoolJacobian`, kernel 2 stride 2, at the interior rank's window
 only, as a rank builds it under MPI), ``Loss`` (``mse``, mean), ``WindowChain`` (a
@@ -148,6 +149,12 @@ def _layer_module(layer: Any, comm: Any) -> Any:
     return LayerModule(layer, comm=comm)
 
 
+def _replicated_module(layer: Any, comm: Any) -> Any:
+    from linop.frameworks.torch_layers import LayerModule
+
+    return LayerModule(layer, comm=comm, replicate=True)
+
+
 def _pool_module(layer: MaxPoolJacobian, comm: Any) -> Any:
     from linop.frameworks.torch_pooling import MaxPool
 
@@ -176,6 +183,9 @@ CASES: dict[str, Case] = {
     "Convolution": Case(_conv, lambda c, s: c.input_operator(_conv_weights(c)), _layer_module),
     "Convolution P_co=2": Case(_conv_co, lambda c, s: c.input_operator(_conv_weights(c)), _layer_module),
     "Affine": Case(_affine, lambda a, s: a.input_operator(np.ones(a.weights.global_shape)), _layer_module),
+    "Affine replicate": Case(
+        _affine, lambda a, s: a.input_operator(np.ones(a.weights.global_shape)), _replicated_module
+    ),
     "Interpolate": Case(
         lambda s: Interpolate(_x(s), scale_factor=2), lambda i, s: i.operator, _upsample_module
     ),

@@ -46,7 +46,7 @@ from .layout import (
 from .movement import Copy, CopyAdjoint, SendRecv, SendRecvAdjoint
 from .operator import Composition, Identity, LinearOperator, SameSpace
 from .partition import DistributedTensor, Partition, WorkerBox
-from .pieces import NO_OTHERS, Piece, PieceMover, fields_of, make_piece, nonempty_pieces, origin
+from .pieces import NO_OTHERS, JoinedSpace, Piece, PieceMover, fields_of, make_piece, nonempty_pieces, origin
 from .space import Space
 
 __all__ = [
@@ -337,7 +337,11 @@ class AllReduce(SameSpace):
                             f"AllReduce over axes {axes}: block {member.name!r} has shape {member.shape} but "
                             f"block {root.name!r} of the same group has shape {root.shape}"
                         )
-        if len(self.others) or not isinstance(self.others, Space):
+        if isinstance(self.others, Space) and len(self.others):
+            # the tensor's grid and the pass-through blocks, joined without listing either
+            # when they share no name by their rules (else listed, a repeated name raising)
+            space = JoinedSpace.union("AllReduce", self.tensor.space, self.others)
+        elif not isinstance(self.others, Space):
             space = union_space("AllReduce", self.tensor.blocks, self.others)
         else:  # the tensor's own space, described by its rule
             space = self.tensor.space

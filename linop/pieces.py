@@ -15,7 +15,7 @@ import dataclasses
 import functools
 import itertools
 from abc import abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -310,6 +310,16 @@ class JoinedSpace(Space):
             return object.__getattribute__(self, name)
         raise AttributeError(name)
 
+    @staticmethod
+    def union(kind: str, *spaces: Space) -> Space:
+        """The union of ``spaces``: joined (:func:`joined`, no grid listed) when no two share
+        a block name, known without listing a grid (two grids of different prefixes, a few
+        names looked up in a grid); else :func:`~linop.layout.union_space`, which lists them and
+        raises its :class:`~linop.BlockExistsError` naming ``kind`` and a repeated name."""
+        if all(_disjoint(a, b) for a, b in itertools.combinations(spaces, 2)):
+            return joined(kind, *spaces)
+        return union_space(kind, *spaces)
+
     @property
     def parts(self) -> tuple[Space, ...]:
         """The spaces joined, as given."""
@@ -371,6 +381,28 @@ class JoinedSpace(Space):
         length = len(self)
         picks = (_nth(ordered, 0), _nth(ordered, length // 2), _nth(ordered, length - 1))
         return hash((length, *picks))
+
+    def description(self, describe: Callable[[Space], bytes]) -> bytes:
+        """The parts' descriptions as bytes (what a fingerprint reads), in natural order of
+        each part's first block name: ``J<count>:`` then, for each part, the length of
+        ``describe(part)`` and those bytes (no part's bytes can be read as another's).
+
+        Equal for two joined spaces of the same parts in any order (disjoint parts have
+        distinct first names) and the same on every rank. ``describe`` is the fingerprint's
+        description of one part (a grid's rule, a small space's listing); a part that is
+        itself joined is described by its parts (``joined`` never nests them).
+        """
+        parts = [part for part in self._flat_parts() if len(part)]  # an empty part holds nothing
+        parts.sort(key=lambda part: natural_key(_nth([part], 0).name))
+        described = [describe(part) for part in parts]
+        return b"J%d:" % len(parts) + b"".join(b"%d:" % len(text) + text for text in described)
+
+    def _flat_parts(self) -> list[Space]:
+        """The parts, a joined part replaced by its own parts."""
+        flat: list[Space] = []
+        for part in self._parts:
+            flat.extend(part._flat_parts() if isinstance(part, JoinedSpace) else (part,))
+        return flat
 
     def _ordered_parts(self) -> list[Space] | None:
         """The parts in natural order of their names when each part's names all sort before the

@@ -13,10 +13,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from linop import BlockExistsError, Broadcast, DistributedTensor, Kernel, OperandError, Partition, Space
+from linop import (
+    AllReduce,
+    BlockExistsError,
+    Broadcast,
+    DistributedTensor,
+    Identity,
+    Kernel,
+    OperandError,
+    Partition,
+    PartitionError,
+    Space,
+)
 from linop.collectives import BlockGrid, SumReduce
 from linop.layers import Affine, Convolution
+from linop.layers.base import partial_sums_reduction
 from linop.pieces import JoinedSpace, joined
+from linop.program import fingerprint
 from linop.space import GridSpace
 
 LARGE = 1000
@@ -212,7 +225,7 @@ def _rank_of_p(s: int):
 def test_a_layer_module_of_many_workers_lists_no_block_space(case, listings):
     """P = 65,536 (the interior rank of a test communicator): the module's construction lists
     no space of P blocks (the parameter movement, its adjoint, the reduction, the parameters
-    cut), except an affine layer's identity parameter movement, which the fingerprint lists."""
+    cut, the fingerprints, an affine layer's reduction)."""
     from linop.frameworks.torch_layers import LayerModule
 
     s = 256
@@ -225,9 +238,9 @@ def test_a_layer_module_of_many_workers_lists_no_block_space(case, listings):
         layer = Affine(x, 4)
     module = LayerModule(layer, comm=comm)
     rank = (s // 2) * s + s // 2
-    # the fingerprint of an affine layer's Identity(W, b) lists W's grid and then (W, b)
-    expected = [] if case == "conv" else [s * s, s * s + 1]
-    assert listings == expected
+    # the fingerprint of an affine layer's Identity(W, b) describes the joined (W, b) by its
+    # parts (W's rule, b's one block) and its reduction's P workers are a range: none listed
+    assert listings == []
     if case == "conv":  # the parameters live on worker 0; this rank computes one output block
         assert module.parameter_names == () and module.output_names == (f"y[0,0,{s // 2},{s // 2}]",)
     else:  # its weight block (the bias on worker 0); the output is reduced onto worker 0
@@ -250,3 +263,107 @@ def test_a_partition_of_an_integer_array_is_the_partition_of_its_ints():
     for bad in (np.ones(6, dtype=bool), np.zeros(6), np.zeros((2, 3), dtype=int)):
         with pytest.raises(PartitionError, match="must be integers"):
             Partition((2, 3), bad)
+
+
+@pytest.mark.parametrize("order", [("w", "b"), ("b", "w"), ("few", "x", "b"), ("x", "w", "b", "few")])
+def test_a_joined_space_fingerprints_by_its_parts_in_any_order(order):
+    """Equal joined spaces (the same parts given in any order, or one part a joined space of
+    two) fingerprint alike; a different part, a different block or another form of tree
+    differ. Whether a union is joined or listed is decided by its parts' types alone
+    (:func:`joined`: a grid among them), which the layouts fix on every rank, so a joined and
+    a listed space of the same blocks never stand at the same place of two ranks' trees."""
+    named = dict(zip(("w", "b", "x", "few", "inner"), _grids()))
+    spaces = [named[p] for p in order]
+    prints = {
+        fingerprint(Identity(JoinedSpace(tuple(ordering))))
+        for ordering in (spaces, spaces[::-1], spaces[1:] + spaces[:1])
+    }
+    nested = JoinedSpace((JoinedSpace(tuple(spaces[:2])), *spaces[2:]))
+    prints.add(fingerprint(Identity(nested)))
+    assert len(prints) == 1
+    other = JoinedSpace((*spaces[:-1], named["inner"]))
+    assert fingerprint(Identity(other)) not in prints
+    assert fingerprint(Identity(JoinedSpace((*spaces, Space())))) in prints  # an empty part holds nothing
+    moved = Space([("z", (3,), 1), ("a1", (1,), 8)])  # "few" with a block of another shape
+    changed = [moved if p == "few" else named[p] for p in order]
+    if "few" in order:
+        assert fingerprint(Identity(JoinedSpace(tuple(changed)))) not in prints
+    listed = Space([block for space in spaces for block in space])
+    assert isinstance(joined("T", *spaces), JoinedSpace)  # the form by the parts' types
+    assert fingerprint(Identity(listed)) not in prints  # (the listed form: never on the same place)
+
+
+def test_a_joined_space_s_fingerprint_lists_no_grid(listings):
+    x = DistributedTensor("x", (2, 8 * 65536), Partition((1, 65536)))
+    layer = Affine(x, 4)
+    assert isinstance(layer.parameter_space, JoinedSpace)
+    one = fingerprint(Identity(layer.parameter_space))
+    again = Affine(DistributedTensor("x", (2, 8 * 65536), Partition((1, 65536))), 4)
+    assert fingerprint(Identity(JoinedSpace(tuple(reversed(again.parameter_space.parts))))) == one
+    assert fingerprint(Identity(Affine(x, 5).parameter_space)) != one
+    assert listings == []
+
+
+def test_an_all_reduce_s_grid_and_pass_through_blocks_are_joined(listings):
+    """AllReduce(others=) of a grid next to another grid or a few blocks: its space joined, no
+    grid listed (P = 65,536), equal to the listed union; a repeated name raises as before."""
+    weights = DistributedTensor("w", (4, 8 * 65536), Partition((1, 65536)))
+    bias = DistributedTensor("b", (4, 256), Partition((1, 256)))
+    reduce = AllReduce(weights, 1, others=bias.space)
+    assert isinstance(reduce.space, JoinedSpace) and reduce.domain == reduce.range == reduce.space
+    assert listings == []
+    small = DistributedTensor("w", (4, 12), Partition((1, 3)))
+    few = Space([("q", (2,), 1)])
+    for others in (few, bias.space, joined("T", bias.space, few)):
+        described = AllReduce(small, 1, others=others)
+        assert described.space == Space([*small.blocks, *others.blocks])
+        state = described.space.random(3)
+        out = described(state)
+        np.testing.assert_array_equal(out["w[0,2]"], state["w[0,0]"] + state["w[0,1]"] + state["w[0,2]"])
+        passed = "q" if others is few else "b[0,0]"
+        np.testing.assert_array_equal(out[passed], state[passed])
+    for clash in (
+        Space([("w[0,1]", (4, 4), 1)]),
+        small.space,
+        joined("T", bias.space, Space([("w[0,2]", (4, 4), 2)])),
+    ):
+        with pytest.raises(BlockExistsError, match=r"AllReduce: block name 'w\[0,[0-2]\]'"):
+            AllReduce(small, 1, others=clash)
+
+
+def test_partial_sums_over_a_range_of_workers_are_those_over_their_tuple():
+    """The reduction given its consecutive workers as a range (none listed) is the one given
+    the tuple; a wrong count or a negative id raises the same PartitionError."""
+    y = DistributedTensor("y", (2, 4), Partition((1, 1), (5,)))
+    for workers in (range(5, 9), range(0, 4)):
+        assert partial_sums_reduction(y, (4, 1), workers, Space()) == partial_sums_reduction(
+            y, (4, 1), tuple(workers), Space()
+        )
+    for bad in (range(5, 8), range(-1, 3)):
+        with pytest.raises(PartitionError) as described:
+            partial_sums_reduction(y, (4, 1), bad, Space())
+        with pytest.raises(PartitionError) as listed:
+            partial_sums_reduction(y, (4, 1), tuple(bad), Space())
+        assert str(described.value) == str(listed.value)
+
+
+def test_an_affine_layer_s_reduction_checks_no_list_of_its_workers(monkeypatch):
+    """P = 65,536 consecutive workers: the output reduction's partition is given them as a
+    range (described), not as P ints checked one by one."""
+    import linop.partition
+
+    checked: list[int] = []
+    original = linop.partition.strict_ints
+
+    def counted(values):
+        result = original(values)
+        if len(result) > LARGE:
+            checked.append(len(result))
+        return result
+
+    x = DistributedTensor("x", (2, 8 * 65536), Partition((1, 65536)))
+    layer = Affine(x, 4)
+    monkeypatch.setattr(linop.partition, "strict_ints", counted)
+    reduction = layer.output_reduction
+    assert reduction is not None and len(reduction.domain) == 65536
+    assert checked == []

@@ -174,5 +174,8 @@ def partial_sums_reduction(
     through: :math:`R` of an affine or convolution layer whose input features are cut."""
     from ..collectives import SumReduce
 
-    others = Space(b for b in space if not b.name.startswith(f"{partials}["))
-    return SumReduce(y, Partition(shape, tuple(workers)), partials, others=others)
+    # consecutive workers stay a range (the partition describes them, none listed or checked
+    # one by one); nothing passes through an empty space (the module's reduction: none listed)
+    given = workers if isinstance(workers, range) else tuple(workers)
+    others = Space(b for b in space if not b.name.startswith(f"{partials}[")) if len(space) else Space()
+    return SumReduce(y, Partition(shape, given), partials, others=others)

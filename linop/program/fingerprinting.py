@@ -17,6 +17,7 @@ from ..halo_geometry import GeometryRows
 from ..local import LocalKernel
 from ..operator import LinearOperator
 from ..partition import Partition
+from ..pieces import JoinedSpace
 from ..space import Block, GridSpace, Region, Space
 
 __all__ = ["fingerprint"]
@@ -27,7 +28,11 @@ def fingerprint(op: LinearOperator) -> bytes:
     and worker of their block, scalars with their type: ``2`` and ``2.0`` differ).
 
     The same on every process for the same tree (it does not use Python's randomized
-    ``hash``); different trees differ with overwhelming probability.
+    ``hash``); different trees differ with overwhelming probability. A space is read in the
+    form the tree holds it: a grid by its rule, a joined space by its parts (in natural order
+    of their first names), any other by its blocks. The form is fixed by how the layouts were
+    built (:func:`~linop.pieces.joined` joins exactly when a part is a grid), the same on every
+    rank, so equal trees of two ranks hold their spaces in the same form.
     """
     digest = hashlib.blake2b(digest_size=16)
     memo: dict[int, bytes] = {}
@@ -50,17 +55,27 @@ def _block_bytes(block: Block, memo: dict[int, bytes]) -> bytes:
     return text
 
 
+def _space_bytes(space: Space, memo: dict[int, bytes]) -> bytes:
+    """A space as bytes, once per space object: a grid's rule, a joined space's parts (each
+    described so, none listed), any other space's blocks listed."""
+    text = memo.get(id(space))
+    if text is None:
+        if isinstance(space, GridSpace):
+            text = space.description()
+        elif isinstance(space, JoinedSpace):
+            text = space.description(lambda part: _space_bytes(part, memo))
+        else:
+            text = b"S%d:" % len(space) + b",".join(_block_bytes(b, memo) for b in space.blocks)
+        memo[id(space)] = text
+    return text
+
+
 def _feed(value: Any, digest: Any, memo: dict[int, bytes]) -> None:
     # memo: bytes by object id, for the spaces and blocks of the tree (alive while it is fed)
     if isinstance(value, (GridSpace, Partition, GeometryRows)):  # described by their rules, not one by one
         digest.update(value.description())
     elif isinstance(value, Space):
-        text = memo.get(id(value))
-        if text is None:
-            text = memo[id(value)] = b"S%d:" % len(value) + b",".join(
-                _block_bytes(b, memo) for b in value.blocks
-            )
-        digest.update(text)
+        digest.update(_space_bytes(value, memo))
     elif isinstance(value, Region):
         # the block's shape and worker too: a box means a different program on another layout
         digest.update(f"R{value.start}{value.stop}{value.dropped}".encode())
