@@ -288,7 +288,9 @@ class JoinedSpace(Space):
     :class:`~linop.space.GridSpace` lists its blocks). Looking up a block, membership, the
     length, the size, the blocks a worker owns and the largest worker ask the parts
     (:math:`O(\text{parts})` each, no grid listed); two joined spaces of the same parts are
-    equal without either being listed.
+    equal without either being listed. As for a grid space, a name found in no part (the
+    error names the closest blocks) and a block's offset in the flattened state list the
+    blocks, once.
 
     The caller has checked that no two parts share a name (:func:`_disjoint`).
     """

@@ -152,6 +152,17 @@ def test_a_convolution_s_parameter_movement_at_scale_lists_no_grid(p_co, listing
 
 
 @pytest.mark.parametrize("p_co", [1, 2])
+def test_a_convolution_s_replicated_gradient_sum_at_scale_lists_no_grid(p_co, listings):
+    """``copy_gradient_sum`` (LayerModule(..., replicate=True)) of P = 16,384 workers: its
+    grids described, each all-reduce's pass-through the other grid's space, none listed."""
+    x = DistributedTensor("x", (2, 4, 1024, 1024), Partition((1, 1, 128, 128)))
+    layer = Convolution(x, 4, Kernel(3, padding=1), workers=Partition((1, p_co, 1, 128, 128)))
+    total = layer.copy_gradient_sum
+    assert len(total.domain) == 2 * p_co * 128 * 128 and total.range == total.domain
+    assert listings == []
+
+
+@pytest.mark.parametrize("p_co", [1, 2])
 @pytest.mark.parametrize("bias", [True, False])
 def test_a_convolution_s_movements_are_the_listed_ones(p_co, bias):
     """The described pieces (the bias copies' workers, the windows' grid, the spaces) are
@@ -221,7 +232,7 @@ def _rank_of_p(s: int):
     return bench_scale_layers.rank_of_p((s // 2) * s + s // 2, s * s)
 
 
-@pytest.mark.parametrize("case", ["conv", "affine"])
+@pytest.mark.parametrize("case", ["conv", "affine", "affine-replicate"])
 def test_a_layer_module_of_many_workers_lists_no_block_space(case, listings):
     """P = 65,536 (the interior rank of a test communicator): the module's construction lists
     no space of P blocks (the parameter movement, its adjoint, the reduction, the parameters
@@ -236,7 +247,8 @@ def test_a_layer_module_of_many_workers_lists_no_block_space(case, listings):
     else:
         x = DistributedTensor("x", (2, 8 * s * s), Partition((1, s * s)))
         layer = Affine(x, 4)
-    module = LayerModule(layer, comm=comm)
+    # replicated, an affine layer's copies are its blocks (an identity movement): cut alone
+    module = LayerModule(layer, comm=comm, replicate=case == "affine-replicate")
     rank = (s // 2) * s + s // 2
     # the fingerprint of an affine layer's Identity(W, b) describes the joined (W, b) by its
     # parts (W's rule, b's one block) and its reduction's P workers are a range: none listed

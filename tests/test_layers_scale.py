@@ -287,3 +287,33 @@ def test_a_joined_space_s_blocks_on_a_rank_under_a_map_are_found_without_listing
         for rank in range(ranks):
             listed = Space(list(a.blocks) + list(b.blocks))
             assert owned_blocks(JoinedSpace((a, b)), rank, mapping) == owned_blocks(listed, rank, mapping)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("p_co,p_ci", [(1, 1), (2, 1), (1, 2), (2, 3)])
+def test_a_convolution_s_copy_gradient_sum_is_described_and_equals_the_listed_one(p_co, p_ci, bias):
+    """The replicated parameters' gradient sum built from described grids (no list of the P
+    shapes or blocks) moves exactly what the same all-reduces of listed grids move."""
+    from linop.collectives import AllReduce
+    from linop.layout import BlockGrid
+    from linop.space import Space
+
+    x = DistributedTensor("x", (2, 6, 9, 7), Partition((1, p_ci, 3, 2)))
+    layer = Convolution(x, 5, Kernel(3, padding=1), workers=Partition((1, p_co, p_ci, 3, 2)), bias=bias)
+    size = tuple(layer.kernel.size[2:])
+    shapes = tuple((layer.co_sizes[co], layer.ci_sizes[ci], *size) for _, co, ci, *_ in layer.work.indices())
+    weights = BlockGrid("wt", layer.work, shapes)
+    if bias:
+        copies = layer._bias_copies
+        b = BlockGrid("bt", copies, tuple((layer.co_sizes[g[-1]],) for g in copies.indices()))
+        listed = AllReduce(b, (0, 1), others=Space(weights.blocks)) @ AllReduce(
+            weights, (3, 4), others=Space(b.blocks)
+        )
+    else:
+        listed = AllReduce(weights, (3, 4))
+    ours = layer.copy_gradient_sum
+    assert ours.domain == listed.domain and ours.range == listed.range
+    rng = np.random.default_rng(p_co * 10 + p_ci)
+    state = {blk.name: rng.integers(-9, 9, blk.shape) for blk in listed.domain.blocks}
+    got, want = ours.apply(state), listed.apply(state)
+    assert got.keys() == want.keys() and all(np.array_equal(got[k], want[k]) for k in want)

@@ -679,8 +679,10 @@ class LayerModule(torch.nn.Module):
             for _, (_, weight, _) in self.products:
                 self.pieces.weights.setdefault(weight, torch.zeros(0))
         weights = np.zeros(layer.weights.global_shape) if weights is None else np.asarray(weights)
-        # the blocks this process holds, cut alone (every block where the copies are computed)
-        own = None if self.replicate else placement.held
+        # the blocks this process holds, cut alone (every block where the copies are computed
+        # by the movement; an identity movement's copies are the blocks themselves)
+        computed = self.replicate and not isinstance(movement, Identity)
+        own = None if computed else placement.held
         state = (
             layer.scatter_parameters(
                 weights, np.zeros(layer.bias.global_shape) if bias is None else bias, held=own
@@ -688,7 +690,7 @@ class LayerModule(torch.nn.Module):
             if layer.bias is not None
             else layer.scatter_parameters(weights, held=own)
         )
-        if self.replicate:  # every process computes the copies it holds (numpy, no communication)
+        if computed:  # every process computes the copies it holds (numpy, no communication)
             state = movement(state)
         self.blocks = torch.nn.ParameterList(
             torch.nn.Parameter(torch.from_numpy(np.array(state[n])).to(dtype)) for n in self.parameter_names

@@ -429,14 +429,15 @@ class Convolution:
         original block on each (``LayerModule(..., replicate=True)``)."""
         dims = self.dims
         size = tuple(self.kernel.size[2:])  # type: ignore[index]
-        shapes = tuple((self.co_sizes[co], self.ci_sizes[ci], *size) for _, co, ci, *_ in self.work.indices())
+        # both grids described by their rules (no list of the P shapes or blocks)
+        shapes = ProductShapes(self.work.shape, (None, self.co_sizes, self.ci_sizes, *(None,) * dims), size)
         weights = BlockGrid("wt", self.work, shapes)
         if self.bias is None:
             return AllReduce(weights, tuple(range(3, 3 + dims)))
         copies = self._bias_copies
-        bias = BlockGrid("bt", copies, tuple((self.co_sizes[g[-1]],) for g in copies.indices()))
-        return AllReduce(bias, tuple(range(dims)), others=Space(weights.blocks)) @ AllReduce(
-            weights, tuple(range(3, 3 + dims)), others=Space(bias.blocks)
+        bias = BlockGrid("bt", copies, ProductShapes(copies.shape, (*(None,) * dims, self.co_sizes)))
+        return AllReduce(bias, tuple(range(dims)), others=weights.space) @ AllReduce(
+            weights, tuple(range(3, 3 + dims)), others=bias.space
         )
 
     @property
