@@ -119,18 +119,24 @@ def test_an_affine_decides_and_places_as_the_per_block_tests(p_fo, p_fi):
                 assert (layer.broadcasts_input, layer.reduces_output) == (broadcasts, reduces)
 
 
-@pytest.mark.parametrize("layer", ["conv", "affine"])
-def test_a_layer_of_many_workers_is_described_without_a_look_up_per_block(layer, monkeypatch):
-    """P = 65,536 workers (consecutive): the description asks the partitions for a handful of
-    workers, not one per block (the per-block test asked 2 P times)."""
+def _counted(monkeypatch, owner, name):
+    """The indices passed to ``owner.name`` (a method of one index) from now on, as a list."""
     calls = []
-    original = Partition.worker
+    original = getattr(owner, name)
 
     def counted(self, index):
         calls.append(index)
         return original(self, index)
 
-    monkeypatch.setattr(Partition, "worker", counted)
+    monkeypatch.setattr(owner, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("layer", ["conv", "affine"])
+def test_a_layer_of_many_workers_is_described_without_a_look_up_per_block(layer, monkeypatch):
+    """P = 65,536 workers (consecutive): the description asks the partitions for a handful of
+    workers, not one per block (the per-block test asked 2 P times)."""
+    calls = _counted(monkeypatch, Partition, "worker")
     if layer == "conv":
         x = DistributedTensor("x", (2, 4, 2048, 2048), Partition((1, 1, 256, 256)))
         built = Convolution(x, 4, Kernel(3, padding=1))
@@ -177,14 +183,7 @@ def test_a_loss_of_many_workers_names_a_block_without_a_table_of_them(monkeypatc
 
     x = DistributedTensor("x", (1024, 1024), Partition((256, 256)))
     loss = Loss(x, "mse")
-    calls = []
-    original = DistributedTensor.block_name
-
-    def counted(self, index):
-        calls.append(index)
-        return original(self, index)
-
-    monkeypatch.setattr(DistributedTensor, "block_name", counted)
+    calls = _counted(monkeypatch, DistributedTensor, "block_name")
     assert loss.partial_name("x[128,3]") == "loss_part[128,3]"
     assert len(calls) < 4, len(calls)
 

@@ -37,6 +37,7 @@ from .base import (
     require_partition,
     require_shape,
     require_tensor,
+    scatter_weights_and_bias,
     share_slices,
     shares,
 )
@@ -302,14 +303,4 @@ class Affine:
         """A state of :attr:`parameter_space` from global W (and b); with ``held`` (a partition's
         grid indices a process holds: :meth:`~linop.frameworks.torch_placement.Placement.held`),
         only the blocks at those indices of the weights' and the bias' partitions."""
-        if self.bias is None and bias is not None:
-            raise LayerError(
-                "Affine: a bias was given to scatter_parameters, but the layer was built with bias=False "
-                "(it has no bias to scatter)"
-            )
-        weights = require_shape("Affine", "weights", weights, self.weights.global_shape)
-        state = self.weights.scatter(weights, None if held is None else held(self.weights.partition))
-        if self.bias is not None:
-            bias = require_shape("Affine", "bias", bias, self.bias.global_shape)
-            state.update(self.bias.scatter(bias, None if held is None else held(self.bias.partition)))
-        return state
+        return scatter_weights_and_bias("Affine", self.weights, self.bias, weights, bias, held)

@@ -32,6 +32,7 @@ __all__ = [
     "window_stage",
     "require_int",
     "require_shape",
+    "scatter_weights_and_bias",
     "require_tensor",
     "share_slices",
     "shares",
@@ -63,6 +64,37 @@ def require_shape(layer: str, what: str, array: Any, expected: Sequence[int]) ->
     if array.dtype.kind not in "biufcO":
         raise LayerError(f"{layer}: {what} has dtype {array.dtype}, not a numeric dtype")
     return array
+
+
+def scatter_weights_and_bias(
+    layer: str,
+    weights_tensor: DistributedTensor,
+    bias_tensor: DistributedTensor | None,
+    weights: Any,
+    bias: Any = None,
+    held: Callable[[Partition], Iterable[Sequence[int]]] | None = None,
+) -> dict[str, np.ndarray]:
+    """A layer's parameter state from its global weights (and bias): the blocks of
+    ``weights_tensor`` and ``bias_tensor``; with ``held`` (a partition's grid indices a process
+    holds: :meth:`~linop.frameworks.torch_placement.Placement.held`), only the blocks at those
+    indices of each partition.
+
+    Raises
+    ------
+    LayerError
+        A bias given to a layer without one, or an array of the wrong shape.
+    """
+    if bias_tensor is None and bias is not None:
+        raise LayerError(
+            f"{layer}: a bias was given to scatter_parameters, but the layer was built with bias=False "
+            "(it has no bias to scatter)"
+        )
+    weights = require_shape(layer, "weights", weights, weights_tensor.global_shape)
+    state = weights_tensor.scatter(weights, None if held is None else held(weights_tensor.partition))
+    if bias_tensor is not None:
+        bias = require_shape(layer, "bias", bias, bias_tensor.global_shape)
+        state.update(bias_tensor.scatter(bias, None if held is None else held(bias_tensor.partition)))
+    return state
 
 
 def shares(layer: str, what: str, total: int, parts: int, given: object = None) -> tuple[int, ...]:

@@ -54,6 +54,7 @@ from .base import (
     require_partition,
     require_shape,
     require_tensor,
+    scatter_weights_and_bias,
     share_slices,
     shares,
 )
@@ -519,17 +520,7 @@ class Convolution:
         """A state of :attr:`parameter_space` from global weights (and bias); with ``held`` (a partition's
         grid indices a process holds: :meth:`~linop.frameworks.torch_placement.Placement.held`),
         only the blocks at those indices of the weights' and the bias' partitions."""
-        if self.bias is None and bias is not None:
-            raise LayerError(
-                "Convolution: a bias was given to scatter_parameters, but the layer was built with bias=False "
-                "(it has no bias to scatter)"
-            )
-        weights = require_shape("Convolution", "weights", weights, self.weights.global_shape)
-        state = self.weights.scatter(weights, None if held is None else held(self.weights.partition))
-        if self.bias is not None:
-            bias = require_shape("Convolution", "bias", bias, self.bias.global_shape)
-            state.update(self.bias.scatter(bias, None if held is None else held(self.bias.partition)))
-        return state
+        return scatter_weights_and_bias("Convolution", self.weights, self.bias, weights, bias, held)
 
 
 def _grid(shape: Sequence[int]):
